@@ -1,0 +1,69 @@
+//! The contract between a generated kernel and the runtime that launches it.
+//!
+//! The emitter describes each kernel it writes as a [`Kernel`]: entry point,
+//! launch geometry and the meaning of every argument in order. The runtime
+//! marshals arguments by walking [`Kernel::args`], so the argument order lives
+//! in exactly one place: the emitter.
+
+/// One of the four attention operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Operand {
+    Q,
+    K,
+    V,
+    O,
+}
+
+/// A strided axis of an operand (the head-dim axis is always contiguous).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Axis {
+    Batch,
+    Seq,
+    Head,
+}
+
+/// What one kernel argument carries. Pointers are device addresses (u64);
+/// strides are i64 element counts; sizes are i32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ArgKind {
+    /// Base pointer of an operand.
+    Ptr(Operand),
+    /// `float*` row log-sum-exp output `[batch, heads, q_len]`, or null.
+    Lse,
+    Batch,
+    Heads,
+    HeadsKv,
+    QLen,
+    KvLen,
+    Stride(Operand, Axis),
+    /// The softmax scale (`score = scale · q·k`), as f32.
+    Scale,
+    /// The spec's `i`-th runtime param, as i32 or f32.
+    Param(usize),
+    /// Base pointer of the spec's `i`-th captured tensor.
+    Tensor(usize),
+}
+
+/// A kernel argument: its C name and what it carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelArg {
+    pub name: String,
+    pub kind: ArgKind,
+}
+
+/// A generated kernel, ready to compile and launch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kernel {
+    /// The `extern "C"` entry point.
+    pub name: String,
+    /// Self-contained CUDA C++ (no toolkit headers).
+    pub source: String,
+    /// Query rows per thread block: `grid = (ceil(q_len / block_m), heads, batch)`.
+    pub block_m: u32,
+    /// Threads per block (one-dimensional).
+    pub threads: u32,
+    /// Dynamic shared memory per block, in bytes.
+    pub dynamic_smem: u32,
+    /// Arguments in launch order.
+    pub args: Vec<KernelArg>,
+}

@@ -1,0 +1,20 @@
+//! flashgen-codegen: spec → checked IR → CUDA C++.
+//!
+//! Pure by design: no GPU, no file or network I/O. The front end
+//! ([`syntax`]) parses and type-checks specs; [`reference`] interprets them
+//! in f64 on the CPU; [`cuda`] emits kernels described by [`abi::Kernel`].
+
+pub mod abi;
+pub mod cuda;
+pub mod error;
+pub mod reference;
+pub mod spec;
+pub mod syntax;
+
+pub use error::SpecError;
+pub use spec::*;
+pub use syntax::{parse_one, parse_str, parse_tokens, to_source};
+
+/// Bumped whenever generated code changes meaning or ABI; part of every
+/// kernel cache key.
+pub const CODEGEN_VERSION: u32 = 1;

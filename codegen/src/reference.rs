@@ -1,0 +1,1 @@
+//! The f64 CPU reference (being written).

@@ -1,0 +1,415 @@
+//! The spec IR: one checked attention variant.
+//!
+//! A [`Spec`] is only ever built by [`crate::syntax`] after type checking, so
+//! every later stage (reference interpreter, CUDA emitter, runtime) may rely on
+//! its invariants: names resolve, expressions are well typed, tensor indexing
+//! has the declared rank, `score` appears only in the score expression.
+
+use std::fmt;
+
+/// Storage type of Q, K, V and O. Accumulation is always f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dtype {
+    F16,
+    Bf16,
+}
+
+impl Dtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F16 => "f16",
+            Dtype::Bf16 => "bf16",
+        }
+    }
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Scalar type of an expression.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ty {
+    Bool,
+    I32,
+    F32,
+}
+
+impl Ty {
+    pub fn name(self) -> &'static str {
+        match self {
+            Ty::Bool => "bool",
+            Ty::I32 => "i32",
+            Ty::F32 => "f32",
+        }
+    }
+}
+
+impl fmt::Display for Ty {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Element type of a captured tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ElemTy {
+    I32,
+    F32,
+    F16,
+    Bf16,
+}
+
+impl ElemTy {
+    pub fn name(self) -> &'static str {
+        match self {
+            ElemTy::I32 => "i32",
+            ElemTy::F32 => "f32",
+            ElemTy::F16 => "f16",
+            ElemTy::Bf16 => "bf16",
+        }
+    }
+
+    /// The expression type an element reads as: integers stay integers,
+    /// every float storage type widens to f32.
+    pub fn value_ty(self) -> Ty {
+        match self {
+            ElemTy::I32 => Ty::I32,
+            _ => Ty::F32,
+        }
+    }
+
+    pub fn size_bytes(self) -> usize {
+        match self {
+            ElemTy::I32 | ElemTy::F32 => 4,
+            ElemTy::F16 | ElemTy::Bf16 => 2,
+        }
+    }
+}
+
+/// One dimension of a captured tensor: a launch-shape symbol or a constant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dim {
+    /// `B`: the batch size.
+    Batch,
+    /// `H`: the number of query heads.
+    Heads,
+    /// `H_KV`: the number of key/value heads.
+    HeadsKv,
+    /// `Q_LEN`: the query sequence length.
+    QLen,
+    /// `KV_LEN`: the key/value sequence length.
+    KvLen,
+    Const(u32),
+}
+
+impl Dim {
+    pub const SYMBOLS: [(&'static str, Dim); 5] = [
+        ("B", Dim::Batch),
+        ("H", Dim::Heads),
+        ("H_KV", Dim::HeadsKv),
+        ("Q_LEN", Dim::QLen),
+        ("KV_LEN", Dim::KvLen),
+    ];
+
+    /// Resolves the dimension against a launch shape.
+    pub fn resolve(self, shape: &Shape) -> usize {
+        match self {
+            Dim::Batch => shape.batch,
+            Dim::Heads => shape.heads,
+            Dim::HeadsKv => shape.heads_kv,
+            Dim::QLen => shape.q_len,
+            Dim::KvLen => shape.kv_len,
+            Dim::Const(n) => n as usize,
+        }
+    }
+}
+
+impl fmt::Display for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Dim::Const(n) => write!(f, "{n}"),
+            sym => {
+                let name = Dim::SYMBOLS.iter().find(|(_, d)| d == sym).map(|(n, _)| *n);
+                f.write_str(name.unwrap_or("?"))
+            }
+        }
+    }
+}
+
+/// The sizes of one launch. Everything here is a kernel argument, never a
+/// compile-time constant, so changing it never recompiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Shape {
+    pub batch: usize,
+    pub heads: usize,
+    pub heads_kv: usize,
+    pub q_len: usize,
+    pub kv_len: usize,
+}
+
+/// A runtime scalar parameter (`param window: i32`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Param {
+    pub name: String,
+    pub ty: Ty,
+}
+
+/// A captured tensor (`tensor slopes: f32[H]`), row-major and contiguous.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorDecl {
+    pub name: String,
+    pub elem: ElemTy,
+    pub dims: Vec<Dim>,
+}
+
+impl TensorDecl {
+    /// Number of elements the tensor must hold for `shape`.
+    pub fn len(&self, shape: &Shape) -> usize {
+        self.dims.iter().map(|d| d.resolve(shape)).product()
+    }
+
+    pub fn is_empty(&self, shape: &Shape) -> bool {
+        self.len(shape) == 0
+    }
+}
+
+/// A built-in variable of the expression language.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Builtin {
+    /// Batch index.
+    B,
+    /// Query head index.
+    H,
+    /// Query index within the sequence.
+    Q,
+    /// Key index within the sequence.
+    K,
+    QLen,
+    KvLen,
+    /// The scaled score `scale · q·k` (score expression only).
+    Score,
+}
+
+impl Builtin {
+    pub const ALL: [(&'static str, Builtin); 7] = [
+        ("b", Builtin::B),
+        ("h", Builtin::H),
+        ("q", Builtin::Q),
+        ("k", Builtin::K),
+        ("q_len", Builtin::QLen),
+        ("kv_len", Builtin::KvLen),
+        ("score", Builtin::Score),
+    ];
+
+    pub fn name(self) -> &'static str {
+        Builtin::ALL.iter().find(|(_, b)| *b == self).map(|(n, _)| *n).unwrap_or("?")
+    }
+
+    pub fn ty(self) -> Ty {
+        match self {
+            Builtin::Score => Ty::F32,
+            _ => Ty::I32,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnOp {
+    Neg,
+    Not,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Rem,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Eq,
+    Ne,
+    And,
+    Or,
+}
+
+impl BinOp {
+    pub fn symbol(self) -> &'static str {
+        match self {
+            BinOp::Add => "+",
+            BinOp::Sub => "-",
+            BinOp::Mul => "*",
+            BinOp::Div => "/",
+            BinOp::Rem => "%",
+            BinOp::Lt => "<",
+            BinOp::Le => "<=",
+            BinOp::Gt => ">",
+            BinOp::Ge => ">=",
+            BinOp::Eq => "==",
+            BinOp::Ne => "!=",
+            BinOp::And => "&&",
+            BinOp::Or => "||",
+        }
+    }
+
+    /// Binding strength, Rust's order (higher binds tighter).
+    pub const fn precedence(self) -> u8 {
+        match self {
+            BinOp::Or => 1,
+            BinOp::And => 2,
+            BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge | BinOp::Eq | BinOp::Ne => 3,
+            BinOp::Add | BinOp::Sub => 4,
+            BinOp::Mul | BinOp::Div | BinOp::Rem => 5,
+        }
+    }
+
+    pub fn is_comparison(self) -> bool {
+        matches!(self, BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge | BinOp::Eq | BinOp::Ne)
+    }
+
+    pub fn is_logical(self) -> bool {
+        matches!(self, BinOp::And | BinOp::Or)
+    }
+}
+
+/// Built-in functions. Numeric ones work on i32 or f32; the rest on f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Func {
+    Min,
+    Max,
+    Abs,
+    Clamp,
+    Exp,
+    Exp2,
+    Log,
+    Log2,
+    Tanh,
+    Sigmoid,
+    Sqrt,
+    Floor,
+}
+
+impl Func {
+    pub const ALL: [(&'static str, Func); 12] = [
+        ("min", Func::Min),
+        ("max", Func::Max),
+        ("abs", Func::Abs),
+        ("clamp", Func::Clamp),
+        ("exp", Func::Exp),
+        ("exp2", Func::Exp2),
+        ("log", Func::Log),
+        ("log2", Func::Log2),
+        ("tanh", Func::Tanh),
+        ("sigmoid", Func::Sigmoid),
+        ("sqrt", Func::Sqrt),
+        ("floor", Func::Floor),
+    ];
+
+    pub fn name(self) -> &'static str {
+        Func::ALL.iter().find(|(_, f)| *f == self).map(|(n, _)| *n).unwrap_or("?")
+    }
+
+    pub fn arity(self) -> usize {
+        match self {
+            Func::Min | Func::Max => 2,
+            Func::Clamp => 3,
+            _ => 1,
+        }
+    }
+
+    /// Whether the function is defined on i32 as well as f32.
+    pub fn is_numeric(self) -> bool {
+        matches!(self, Func::Min | Func::Max | Func::Abs | Func::Clamp)
+    }
+}
+
+/// A typed expression. Every node carries its result type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Expr {
+    pub ty: Ty,
+    pub kind: ExprKind,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum ExprKind {
+    Bool(bool),
+    Int(i32),
+    Float(f32),
+    Builtin(Builtin),
+    /// Index into [`Spec::params`].
+    Param(usize),
+    /// Index into [`Spec::tensors`], one index expression per dimension.
+    Load(usize, Vec<Expr>),
+    Unary(UnOp, Box<Expr>),
+    Binary(BinOp, Box<Expr>, Box<Expr>),
+    /// A cast to [`Expr::ty`].
+    Cast(Box<Expr>),
+    Call(Func, Vec<Expr>),
+    If(Box<Expr>, Box<Expr>, Box<Expr>),
+}
+
+impl Expr {
+    /// Calls `f` on this node and every node below it, parents first.
+    pub fn walk(&self, f: &mut impl FnMut(&Expr)) {
+        f(self);
+        match &self.kind {
+            ExprKind::Bool(_)
+            | ExprKind::Int(_)
+            | ExprKind::Float(_)
+            | ExprKind::Builtin(_)
+            | ExprKind::Param(_) => {}
+            ExprKind::Load(_, args) | ExprKind::Call(_, args) => args.iter().for_each(|a| a.walk(f)),
+            ExprKind::Unary(_, a) | ExprKind::Cast(a) => a.walk(f),
+            ExprKind::Binary(_, a, b) => {
+                a.walk(f);
+                b.walk(f);
+            }
+            ExprKind::If(c, t, e) => {
+                c.walk(f);
+                t.walk(f);
+                e.walk(f);
+            }
+        }
+    }
+
+    /// Whether the expression reads `var`.
+    pub fn uses(&self, var: Builtin) -> bool {
+        let mut found = false;
+        self.walk(&mut |e| found |= e.kind == ExprKind::Builtin(var));
+        found
+    }
+}
+
+/// Head dimensions: QK and V may differ (e.g. 192/128).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HeadDims {
+    pub qk: u32,
+    pub v: u32,
+}
+
+/// The largest head dimension the kernels support.
+pub const MAX_HEAD_DIM: u32 = 256;
+
+/// One checked attention variant.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Spec {
+    pub name: String,
+    /// The `///` doc comment, one entry per line.
+    pub doc: Vec<String>,
+    /// Whether the macro should make the generated items `pub`.
+    pub public: bool,
+    pub dtype: Dtype,
+    pub head_dims: HeadDims,
+    pub params: Vec<Param>,
+    pub tensors: Vec<TensorDecl>,
+    /// Boolean; `None` keeps every (q, k) pair.
+    pub mask: Option<Expr>,
+    /// f32; `None` leaves the score unchanged.
+    pub score: Option<Expr>,
+}
