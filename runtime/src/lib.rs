@@ -1,1 +1,43 @@
+//! flashgen-runtime: compiles generated kernels with NVRTC, caches them per
+//! device and launches them after checking every shape, stride and buffer
+//! size. The only flashgen crate that touches CUDA.
+//!
+//! Nothing here panics on bad input or a machine without CUDA: missing
+//! libraries, missing GPUs, compile failures and mis-sized buffers are all
+//! [`Error`] variants.
+//!
+//! ```no_run
+//! use flashgen_runtime::{half::bf16, ForwardIo, Layout, Runtime};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let spec = flashgen_codegen::parse_one("Causal { dtype: bf16, head_dim: 128, mask: q >= k }")?;
+//! let rt = Runtime::new(0)?;
+//! let layout = Layout::bshd(2, 1024, 16, 128);
+//! let (q, k, v) = (rt.stream().alloc_zeros::<bf16>(layout.len())?, rt.stream().alloc_zeros(layout.len())?, rt.stream().alloc_zeros(layout.len())?);
+//! let mut o = rt.stream().alloc_zeros::<bf16>(layout.len())?;
+//! let io = ForwardIo { q: (&q, layout), k: (&k, layout), v: (&v, layout), o: (&mut o, layout), lse: None };
+//! rt.forward(&spec, io, &[], &Default::default())?;
+//! rt.stream().synchronize()?;
+//! # Ok(())
+//! # }
+//! ```
 
+mod arch;
+mod args;
+mod check;
+mod element;
+mod error;
+mod forward;
+mod layout;
+mod marshal;
+mod nvrtc;
+mod runtime;
+
+pub use arch::Arch;
+pub use args::ArgValue;
+pub use element::Element;
+pub use error::Error;
+pub use forward::{ForwardIo, ForwardOptions};
+pub use layout::Layout;
+pub use nvrtc::{compile_cubin, nvrtc_version, DUMP_ENV};
+pub use runtime::{LoadedKernel, Runtime};
+pub use {cudarc, half};

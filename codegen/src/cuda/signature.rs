@@ -1,0 +1,81 @@
+//! The kernel's argument list: launch order, C names and C types.
+//!
+//! [`forward_args`] is the single source of the ABI order; the emitter prints
+//! the C signature from the list it returns, and the runtime marshals from the
+//! same list. Names are fixed for the attention operands and prefixed for spec
+//! declarations (`p_window`, `t_slopes`), so a spec name can never collide
+//! with a kernel local or a C keyword.
+
+use super::expr::c_type;
+use crate::abi::{ArgKind, Axis, KernelArg, Operand};
+use crate::spec::{ElemTy, Spec};
+
+/// Q, K, V, O pointers; lse; sizes; 12 strides; scale; params; tensors.
+pub(super) fn forward_args(spec: &Spec) -> Vec<KernelArg> {
+    const OPERANDS: [Operand; 4] = [Operand::Q, Operand::K, Operand::V, Operand::O];
+    let mut kinds: Vec<ArgKind> = OPERANDS.map(ArgKind::Ptr).to_vec();
+    kinds.extend([ArgKind::Lse, ArgKind::Batch, ArgKind::Heads, ArgKind::HeadsKv, ArgKind::QLen, ArgKind::KvLen]);
+    kinds.extend(
+        OPERANDS.into_iter().flat_map(|op| [Axis::Batch, Axis::Seq, Axis::Head].map(|axis| ArgKind::Stride(op, axis))),
+    );
+    kinds.push(ArgKind::Scale);
+    kinds.extend((0..spec.params.len()).map(ArgKind::Param));
+    kinds.extend((0..spec.tensors.len()).map(ArgKind::Tensor));
+    kinds.into_iter().map(|kind| KernelArg { name: arg_name(spec, kind), kind }).collect()
+}
+
+/// The C name of an argument, e.g. `k_seq_stride` or `p_window`.
+pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
+    match kind {
+        ArgKind::Ptr(op) => format!("{}_ptr", operand(op)),
+        ArgKind::Lse => "lse".into(),
+        ArgKind::Batch => "batch".into(),
+        ArgKind::Heads => "heads".into(),
+        ArgKind::HeadsKv => "heads_kv".into(),
+        ArgKind::QLen => "q_len".into(),
+        ArgKind::KvLen => "kv_len".into(),
+        ArgKind::Stride(op, axis) => {
+            let axis = match axis {
+                Axis::Batch => "batch",
+                Axis::Seq => "seq",
+                Axis::Head => "head",
+            };
+            format!("{}_{axis}_stride", operand(op))
+        }
+        ArgKind::Scale => "scale".into(),
+        ArgKind::Param(i) => format!("p_{}", spec.params[i].name),
+        ArgKind::Tensor(i) => format!("t_{}", spec.tensors[i].name),
+    }
+}
+
+/// The C type of an argument. Q/K/V/O hold raw 16-bit patterns.
+pub(super) fn arg_type(spec: &Spec, kind: ArgKind) -> String {
+    match kind {
+        ArgKind::Ptr(Operand::O) => "unsigned short* __restrict__".into(),
+        ArgKind::Ptr(_) => "const unsigned short* __restrict__".into(),
+        ArgKind::Lse => "float* __restrict__".into(),
+        ArgKind::Batch | ArgKind::Heads | ArgKind::HeadsKv | ArgKind::QLen | ArgKind::KvLen => "int".into(),
+        ArgKind::Stride(..) => "long long".into(),
+        ArgKind::Scale => "float".into(),
+        ArgKind::Param(i) => c_type(spec.params[i].ty).into(),
+        ArgKind::Tensor(i) => format!("const {}* __restrict__", elem_type(spec.tensors[i].elem)),
+    }
+}
+
+fn operand(op: Operand) -> &'static str {
+    match op {
+        Operand::Q => "q",
+        Operand::K => "k",
+        Operand::V => "v",
+        Operand::O => "o",
+    }
+}
+
+/// The C type a tensor element is stored as.
+fn elem_type(elem: ElemTy) -> &'static str {
+    match elem {
+        ElemTy::I32 => "int",
+        ElemTy::F32 => "float",
+        ElemTy::F16 | ElemTy::Bf16 => "unsigned short",
+    }
+}

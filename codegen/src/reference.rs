@@ -1,1 +1,0 @@
-//! The f64 CPU reference (being written).

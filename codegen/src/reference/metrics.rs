@@ -1,0 +1,80 @@
+//! Error metrics and FlashAttention's acceptance rule.
+
+use std::fmt;
+
+/// Forward outputs may be off by twice the same-dtype reference's error.
+pub const FORWARD_FACTOR: f64 = 2.0;
+/// Gradients get three times.
+pub const BACKWARD_FACTOR: f64 = 3.0;
+/// Absolute slack, so that exact references do not demand exact results.
+pub const FLASH_SLACK: f64 = 1e-6;
+
+/// |a − b| with equal values (equal infinities included) at 0; NaN stays NaN.
+fn abs_diff(a: f64, b: f64) -> f64 {
+    if a == b {
+        0.0
+    } else {
+        (a - b).abs()
+    }
+}
+
+/// The largest elementwise |a − b|; NaN if any difference is NaN or the
+/// lengths differ, so that a NaN can never pass a tolerance.
+pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
+    if a.len() != b.len() {
+        return f64::NAN;
+    }
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| abs_diff(x, y))
+        .fold(0.0, |max, d| if d > max || d.is_nan() { d } else { max })
+}
+
+/// The mean elementwise |a − b| (0 for empty slices); NaN like
+/// [`max_abs_diff`].
+pub fn mean_abs_diff(a: &[f64], b: &[f64]) -> f64 {
+    if a.len() != b.len() {
+        return f64::NAN;
+    }
+    let total: f64 = a.iter().zip(b).map(|(&x, &y)| abs_diff(x, y)).sum();
+    if a.is_empty() {
+        0.0
+    } else {
+        total / a.len() as f64
+    }
+}
+
+/// The outcome of [`flash_rule`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FlashCheck {
+    /// max |out − golden|.
+    pub error: f64,
+    /// max |same_dtype − golden|: what a same-dtype implementation loses.
+    pub reference_error: f64,
+    /// factor · reference_error + [`FLASH_SLACK`].
+    pub tolerance: f64,
+    pub passed: bool,
+}
+
+/// FlashAttention's test rule: a result passes iff
+/// `max|out − golden| ≤ factor · max|same_dtype − golden| + 1e-6`, i.e. it
+/// is at most `factor` times as wrong as a straightforward implementation in
+/// the same dtype ([`FORWARD_FACTOR`] for outputs, [`BACKWARD_FACTOR`] for
+/// gradients). A NaN anywhere never passes.
+pub fn flash_rule(out: &[f64], same_dtype: &[f64], golden: &[f64], factor: f64) -> FlashCheck {
+    let error = max_abs_diff(out, golden);
+    let reference_error = max_abs_diff(same_dtype, golden);
+    let tolerance = factor * reference_error + FLASH_SLACK;
+    FlashCheck { error, reference_error, tolerance, passed: error <= tolerance }
+}
+
+impl fmt::Display for FlashCheck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let verdict = if self.passed { "ok" } else { "FAILED" };
+        write!(
+            f,
+            "max error {:.3e}, tolerance {:.3e} (same-dtype reference error {:.3e}): {verdict}",
+            self.error, self.tolerance, self.reference_error
+        )
+    }
+}

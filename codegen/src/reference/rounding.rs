@@ -1,0 +1,42 @@
+//! Rounding to the 16-bit storage types, round to nearest even.
+//!
+//! `half` rounds f32 correctly but truncates an f64's low 32 bits (or goes
+//! through f32 with round-to-nearest) first, which can turn a value just above
+//! a tie into a tie. Narrowing to f32 with round-to-odd first keeps the sticky
+//! information, so the second rounding is exact (f32 has more than 2 bits
+//! beyond either target's significand).
+
+use crate::spec::Dtype;
+use half::{bf16, f16};
+
+/// Rounds to the nearest f16 (ties to even). f32 inputs widen exactly.
+pub fn round_f16(x: f64) -> f64 {
+    f16::from_f32(to_f32_odd(x)).to_f64()
+}
+
+/// Rounds to the nearest bf16 (ties to even). f32 inputs widen exactly.
+pub fn round_bf16(x: f64) -> f64 {
+    bf16::from_f32(to_f32_odd(x)).to_f64()
+}
+
+/// Rounds to the nearest value of `dtype`.
+pub fn round_dtype(dtype: Dtype, x: f64) -> f64 {
+    match dtype {
+        Dtype::F16 => round_f16(x),
+        Dtype::Bf16 => round_bf16(x),
+    }
+}
+
+/// f64 → f32 rounding to odd: truncate toward zero, then set the last bit if
+/// anything was lost.
+fn to_f32_odd(x: f64) -> f32 {
+    let nearest = x as f32;
+    if f64::from(nearest) == x || x.is_nan() {
+        return nearest;
+    }
+    let mut bits = nearest.to_bits();
+    if f64::from(nearest).abs() > x.abs() {
+        bits -= 1; // One step toward zero: the truncation.
+    }
+    f32::from_bits(bits | 1)
+}

@@ -1,0 +1,118 @@
+//! Snapshots of the generated forward kernels: one per named variant in
+//! `specs/`, plus edge specs that stress what the named ones don't (odd and
+//! maximal head dims, f16, half-precision tensors, every operator).
+
+use flashgen_codegen::abi::Kernel;
+use flashgen_codegen::cuda::emit_forward;
+use flashgen_codegen::{parse_one, Spec};
+use std::path::PathBuf;
+
+/// The `.attn` stems of `specs/`, sorted.
+const VARIANTS: [&str; 10] = [
+    "alibi",
+    "causal",
+    "causal_bottom_right",
+    "document",
+    "full",
+    "gqa",
+    "prefix_lm",
+    "relative_bias",
+    "sliding_window",
+    "softcap",
+];
+
+/// Specs the named variants leave untested.
+const EDGE_SPECS: [(&str, &str); 3] = [
+    (
+        "edge_odd_dims",
+        "OddDims { dtype: f16, head_dim: 59, v_head_dim: 59, mask: k <= q }",
+    ),
+    (
+        "edge_max_dims",
+        "MaxDims { dtype: bf16, head_dim: 256, param bias: f32, score: score + bias }",
+    ),
+    (
+        "edge_every_operator",
+        "/// Every operator, function and tensor element type once.
+        EveryOperator {
+            dtype: f16, head_dim: 96, v_head_dim: 64,
+            param period: i32,
+            param temp: f32,
+            tensor lo: f16[H, 4],
+            tensor hi: bf16[2, KV_LEN],
+            tensor ids: i32[B, H_KV, Q_LEN],
+            mask: (q / period) % 2 == k % period || !(q - k * 3 > -2147483647 - 1) && ids[b][h][q] != 0,
+            score: if q >= k { min(score, temp) + max(abs(score), exp(score) % 2.5) }
+                   else { clamp(exp2(lo[h][k % 4]), log(hi[1][k]), log2(sqrt(temp))) }
+                   + tanh(sigmoid(floor(score))) + (clamp(abs(q - k), 0, 8) as f32) + ((score as i32) as f32)
+                   - (max(min(-q, k), 1) as f32) / 30,
+        }",
+    ),
+];
+
+fn variant(stem: &str) -> Spec {
+    let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), "..", "specs", &format!("{stem}.attn")].iter().collect();
+    let source = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    parse_one(&source).unwrap_or_else(|e| panic!("{stem}: {}", e.render(&path.display().to_string(), &source)))
+}
+
+/// The launch description, then the source.
+fn render(kernel: &Kernel) -> String {
+    let args: Vec<String> = kernel.args.iter().map(|a| format!("//   {}: {:?}", a.name, a.kind)).collect();
+    format!(
+        "// name: {}\n// block_m: {}, threads: {}, dynamic_smem: {}\n// args:\n{}\n\n{}",
+        kernel.name,
+        kernel.block_m,
+        kernel.threads,
+        kernel.dynamic_smem,
+        args.join("\n"),
+        kernel.source
+    )
+}
+
+#[test]
+fn variants_list_matches_specs_dir() {
+    let dir: PathBuf = [env!("CARGO_MANIFEST_DIR"), "..", "specs"].iter().collect();
+    let mut stems: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().to_str()?.strip_suffix(".attn").map(String::from))
+        .collect();
+    stems.sort();
+    assert_eq!(stems, VARIANTS);
+}
+
+#[test]
+fn forward_kernels_of_named_variants() {
+    for stem in VARIANTS {
+        insta::assert_snapshot!(stem, render(&emit_forward(&variant(stem))));
+    }
+}
+
+#[test]
+fn forward_kernels_of_edge_specs() {
+    for (name, source) in EDGE_SPECS {
+        let spec = parse_one(source).unwrap_or_else(|e| panic!("{name}: {}", e.render(name, source)));
+        insta::assert_snapshot!(name, render(&emit_forward(&spec)));
+    }
+}
+
+#[test]
+fn emission_is_deterministic() {
+    for stem in VARIANTS {
+        let spec = variant(stem);
+        assert_eq!(emit_forward(&spec), emit_forward(&spec.clone()), "{stem}");
+    }
+}
+
+#[test]
+fn signature_follows_args() {
+    for stem in VARIANTS {
+        let kernel = emit_forward(&variant(stem));
+        let entry = format!("{}(\n", kernel.name);
+        let start = kernel.source.find(&entry).expect("entry point") + entry.len();
+        let params = &kernel.source[start..start + kernel.source[start..].find(") {").expect("end of signature")];
+        let names: Vec<&str> = params.split(',').map(|p| p.split_whitespace().last().unwrap()).collect();
+        let expected: Vec<&str> = kernel.args.iter().map(|a| a.name.as_str()).collect();
+        assert_eq!(names, expected, "{stem}");
+    }
+}

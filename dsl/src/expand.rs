@@ -1,0 +1,108 @@
+//! Rust items generated for one checked spec.
+//!
+//! Everything dtype- or declaration-specific is fixed by the types here (the
+//! element type of Q/K/V/O, each param's scalar type, each tensor's element
+//! type), so most launch mistakes are compile errors; the runtime checks the
+//! rest (shapes, strides, buffer sizes).
+
+use flashgen_codegen::{Dtype, ElemTy, Spec, Ty};
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote};
+
+pub fn spec_items(spec: &Spec) -> TokenStream {
+    let name = format_ident!("{}", spec.name);
+    let args_name = format_ident!("{}Args", spec.name);
+    let vis = if spec.public { quote!(pub) } else { quote!() };
+    let source = flashgen_codegen::to_source(spec);
+    let docs = spec.doc.iter().map(|line| quote!(#[doc = #line]));
+    let elem = match spec.dtype {
+        Dtype::F16 => quote!(::flashgen::half::f16),
+        Dtype::Bf16 => quote!(::flashgen::half::bf16),
+    };
+
+    let param_fields = spec.params.iter().map(|p| {
+        let field = format_ident!("{}", p.name);
+        let ty = match p.ty {
+            Ty::I32 => quote!(i32),
+            _ => quote!(f32),
+        };
+        let doc = format!("Runtime param `{}: {}`.", p.name, p.ty);
+        quote!(#[doc = #doc] pub #field: #ty)
+    });
+    let tensor_fields = spec.tensors.iter().map(|t| {
+        let field = format_ident!("{}", t.name);
+        let ty = match t.elem {
+            ElemTy::I32 => quote!(i32),
+            ElemTy::F32 => quote!(f32),
+            ElemTy::F16 => quote!(::flashgen::half::f16),
+            ElemTy::Bf16 => quote!(::flashgen::half::bf16),
+        };
+        let dims: Vec<String> = t.dims.iter().map(|d| d.to_string()).collect();
+        let doc = format!("Captured tensor `{}: {}[{}]`, row-major.", t.name, t.elem.name(), dims.join(", "));
+        quote!(#[doc = #doc] pub #field: &'a ::flashgen::cudarc::driver::CudaSlice<#ty>)
+    });
+    let values = spec
+        .params
+        .iter()
+        .map(|p| format_ident!("{}", p.name))
+        .chain(spec.tensors.iter().map(|t| format_ident!("{}", t.name)))
+        .map(|f| quote!(::flashgen::ArgValue::from(args.#f)));
+
+    let has_fields = !(spec.params.is_empty() && spec.tensors.is_empty());
+    let (lifetime, args_ty) = if spec.tensors.is_empty() {
+        (quote!(), quote!(#args_name))
+    } else {
+        (quote!(<'a>), quote!(#args_name<'_>))
+    };
+    let args_def = if has_fields {
+        quote!(#vis struct #args_name #lifetime { #(#param_fields,)* #(#tensor_fields,)* })
+    } else {
+        quote!(#vis struct #args_name;)
+    };
+    let args_doc = format!("Runtime params and captured tensors of [`{}`].", spec.name);
+    let unused = if has_fields { quote!() } else { quote!(let _ = args;) };
+    let expect_msg = format!("spec `{}` was checked by attention! at compile time", spec.name);
+    let spec_fn = quote!(
+        /// The checked spec, parsed once from [`Self::SOURCE`].
+        pub fn spec() -> &'static ::flashgen::Spec {
+            static SPEC: ::std::sync::OnceLock<::flashgen::Spec> = ::std::sync::OnceLock::new();
+            // Cannot fail: SOURCE is the canonical print of a spec that
+            // attention! already parsed and checked.
+            SPEC.get_or_init(|| ::flashgen::parse_one(Self::SOURCE).expect(#expect_msg))
+        }
+    );
+
+    quote! {
+        #(#docs)*
+        #[derive(Clone, Copy, Debug, Default)]
+        #vis struct #name;
+
+        #[doc = #args_doc]
+        #[derive(Clone, Copy, Debug)]
+        #args_def
+
+        impl #name {
+            /// The spec in canonical `.attn` syntax.
+            pub const SOURCE: &'static str = #source;
+
+            #spec_fn
+
+            /// The generated forward kernel (CUDA source and launch contract).
+            pub fn kernel() -> ::flashgen::codegen::abi::Kernel {
+                ::flashgen::codegen::cuda::emit_forward(Self::spec())
+            }
+
+            /// Launches the forward pass on `rt`'s stream after checking every
+            /// shape, stride and buffer size against the spec.
+            pub fn forward(
+                rt: &::flashgen::Runtime,
+                io: ::flashgen::ForwardIo<'_, #elem>,
+                args: &#args_ty,
+                opts: &::flashgen::ForwardOptions,
+            ) -> ::std::result::Result<(), ::flashgen::Error> {
+                #unused
+                rt.forward(Self::spec(), io, &[#(#values),*], opts)
+            }
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! Everything `forward` checks before a launch, as pure functions over
+//! layouts and buffer lengths so it is testable without a GPU.
+//!
+//! The kernels trust these checks: they index with the given strides and
+//! sizes without bounds tests, so a launch that passes them cannot read or
+//! write outside the buffers it was given.
+
+use crate::args::{check_args, ArgInfo};
+use crate::{Error, Layout};
+use flashgen_codegen::abi::{Axis, Operand};
+use flashgen_codegen::{Dtype, Shape, Spec};
+
+/// CUDA's limit on grid dimensions y and z (heads and batch).
+const MAX_GRID_YZ: usize = 65_535;
+
+/// An operand as the checks see it: its layout and its buffer's length.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Buffer {
+    pub layout: Layout,
+    pub len: usize,
+}
+
+/// A forward launch as the checks see it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Problem {
+    pub dtype: Dtype,
+    pub q: Buffer,
+    pub k: Buffer,
+    pub v: Buffer,
+    pub o: Buffer,
+    /// Length of the LSE buffer, if one was given.
+    pub lse: Option<usize>,
+}
+
+/// Checks a forward launch of `spec`. Returns its shape, or `None` when the
+/// output is empty (no batch or no queries) and nothing should be launched.
+/// An empty key sequence still launches: every row is fully masked and the
+/// kernel must still write O and the LSE.
+pub(crate) fn check_forward(spec: &Spec, p: &Problem, args: &[ArgInfo]) -> Result<Option<Shape>, Error> {
+    if p.dtype != spec.dtype {
+        return Err(Error::Dtype { spec: spec.dtype, got: p.dtype });
+    }
+    let (q, k, v, o) = (&p.q.layout, &p.k.layout, &p.v.layout, &p.o.layout);
+    for (operand, l, other, expected, what) in [
+        (Operand::K, k.batch, Operand::Q, q.batch, "batch"),
+        (Operand::V, v.batch, Operand::Q, q.batch, "batch"),
+        (Operand::O, o.batch, Operand::Q, q.batch, "batch"),
+        (Operand::O, o.heads, Operand::Q, q.heads, "heads"),
+        (Operand::V, v.heads, Operand::K, k.heads, "heads"),
+        (Operand::O, o.seq, Operand::Q, q.seq, "seq"),
+        (Operand::V, v.seq, Operand::K, k.seq, "seq"),
+    ] {
+        if l != expected {
+            return Err(Error::SizeMismatch { operand, other, what, got: l, expected });
+        }
+    }
+    for (operand, got, expected) in [
+        (Operand::Q, q.dim, spec.head_dims.qk),
+        (Operand::K, k.dim, spec.head_dims.qk),
+        (Operand::V, v.dim, spec.head_dims.v),
+        (Operand::O, o.dim, spec.head_dims.v),
+    ] {
+        if got != expected as usize {
+            return Err(Error::HeadDim { operand, got, expected });
+        }
+    }
+    if q.heads == 0 || k.heads == 0 || q.heads % k.heads != 0 {
+        return Err(Error::HeadGroups { heads: q.heads, heads_kv: k.heads });
+    }
+
+    let shape = Shape { batch: q.batch, heads: q.heads, heads_kv: k.heads, q_len: q.seq, kv_len: k.seq };
+    // Sizes are i32 kernel arguments. q_len ≤ i32::MAX also keeps the grid's
+    // x dimension (query tiles) within CUDA's 2^31 - 1, and heads_kv divides
+    // heads, so it needs no check of its own.
+    let int = i32::MAX as usize;
+    for (what, value, max) in [
+        ("batch", shape.batch, MAX_GRID_YZ),
+        ("heads", shape.heads, MAX_GRID_YZ),
+        ("q_len", shape.q_len, int),
+        ("kv_len", shape.kv_len, int),
+    ] {
+        if value > max {
+            return Err(Error::TooLarge { what, value, max });
+        }
+    }
+    check_args(spec, &shape, args)?;
+    for (operand, buffer) in [(Operand::Q, &p.q), (Operand::K, &p.k), (Operand::V, &p.v), (Operand::O, &p.o)] {
+        check_bounds(operand, buffer)?;
+    }
+    if shape.batch == 0 || shape.q_len == 0 {
+        return Ok(None);
+    }
+    if let Some(len) = p.lse {
+        let needed = shape.batch.saturating_mul(shape.heads).saturating_mul(shape.q_len);
+        if len < needed {
+            return Err(Error::LseTooSmall { len, needed });
+        }
+    }
+    Ok(Some(shape))
+}
+
+/// Rejects negative strides, then checks that every element the layout
+/// addresses lies inside the buffer at an offset the kernel's int64 indexing
+/// can hold.
+fn check_bounds(operand: Operand, b: &Buffer) -> Result<(), Error> {
+    let l = &b.layout;
+    let axes = [(Axis::Batch, l.batch), (Axis::Seq, l.seq), (Axis::Head, l.heads)];
+    for ((axis, _), &stride) in axes.iter().zip(&l.strides) {
+        if stride < 0 {
+            return Err(Error::NegativeStride { operand, axis: *axis, stride });
+        }
+    }
+    if l.is_empty() {
+        return Ok(());
+    }
+    let overflow = || Error::OffsetOverflow { operand };
+    // The last element sits at Σ (size - 1) · stride + (dim - 1).
+    let mut last = l.dim as i128 - 1;
+    for ((_, size), &stride) in axes.iter().zip(&l.strides) {
+        let step = (*size as i128 - 1).checked_mul(stride as i128).ok_or_else(overflow)?;
+        last = last.checked_add(step).ok_or_else(overflow)?;
+    }
+    if last > i64::MAX as i128 {
+        return Err(overflow());
+    }
+    let needed = last as u128 + 1;
+    if needed > b.len as u128 {
+        return Err(Error::OutOfBounds { operand, needed, len: b.len });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flashgen_codegen::{parse_one, ElemTy};
+
+    fn gqa() -> Spec {
+        parse_one("G { dtype: bf16, head_dim: 192, v_head_dim: 128, tensor slopes: f32[H] }").unwrap()
+    }
+
+    fn contiguous(layout: Layout) -> Buffer {
+        Buffer { layout, len: layout.len() }
+    }
+
+    /// B=2, Q_LEN=100, KV_LEN=300, H=8, H_KV=2, dims 192/128, BSHD buffers.
+    fn problem() -> Problem {
+        Problem {
+            dtype: Dtype::Bf16,
+            q: contiguous(Layout::bshd(2, 100, 8, 192)),
+            k: contiguous(Layout::bshd(2, 300, 2, 192)),
+            v: contiguous(Layout::bhsd(2, 300, 2, 128)),
+            o: contiguous(Layout::bshd(2, 100, 8, 128)),
+            lse: Some(2 * 8 * 100),
+        }
+    }
+
+    const ARGS: [ArgInfo; 1] = [ArgInfo::Tensor(ElemTy::F32, 8)];
+
+    fn check(p: &Problem) -> Result<Option<Shape>, Error> {
+        check_forward(&gqa(), p, &ARGS)
+    }
+
+    #[test]
+    fn accepts_a_valid_problem() {
+        let shape = check(&problem()).unwrap().unwrap();
+        assert_eq!(shape, Shape { batch: 2, heads: 8, heads_kv: 2, q_len: 100, kv_len: 300 });
+        check(&Problem { lse: None, ..problem() }).unwrap().unwrap();
+    }
+
+    #[test]
+    fn dtype_mismatch() {
+        let err = check(&Problem { dtype: Dtype::F16, ..problem() }).unwrap_err();
+        assert!(matches!(err, Error::Dtype { spec: Dtype::Bf16, got: Dtype::F16 }), "{err}");
+    }
+
+    #[test]
+    fn size_mismatches_name_both_operands() {
+        let mut p = problem();
+        p.v = contiguous(Layout::bshd(2, 299, 2, 128));
+        let err = check(&p).unwrap_err();
+        assert!(
+            matches!(err, Error::SizeMismatch { operand: Operand::V, other: Operand::K, what: "seq", .. }),
+            "{err}"
+        );
+        assert_eq!(err.to_string(), "V has seq = 299 but K has seq = 300");
+
+        let mut p = problem();
+        p.o = contiguous(Layout::bshd(1, 100, 8, 128));
+        assert!(matches!(check(&p), Err(Error::SizeMismatch { operand: Operand::O, what: "batch", .. })));
+    }
+
+    #[test]
+    fn head_dims_come_from_the_spec() {
+        let mut p = problem();
+        p.k = contiguous(Layout::bshd(2, 300, 2, 128));
+        assert!(matches!(check(&p), Err(Error::HeadDim { operand: Operand::K, got: 128, expected: 192 })));
+        let mut p = problem();
+        p.o = contiguous(Layout::bshd(2, 100, 8, 192));
+        assert!(matches!(check(&p), Err(Error::HeadDim { operand: Operand::O, got: 192, expected: 128 })));
+    }
+
+    #[test]
+    fn heads_must_divide() {
+        let mut p = problem();
+        p.k = contiguous(Layout::bshd(2, 300, 3, 192));
+        p.v = contiguous(Layout::bshd(2, 300, 3, 128));
+        assert!(matches!(check(&p), Err(Error::HeadGroups { heads: 8, heads_kv: 3 })));
+        let mut p = problem();
+        p.k = contiguous(Layout::bshd(2, 300, 0, 192));
+        p.v = contiguous(Layout::bshd(2, 300, 0, 128));
+        assert!(matches!(check(&p), Err(Error::HeadGroups { heads_kv: 0, .. })));
+    }
+
+    #[test]
+    fn out_of_bounds_buffer() {
+        let mut p = problem();
+        p.q.len -= 1;
+        let err = check(&p).unwrap_err();
+        assert!(matches!(err, Error::OutOfBounds { operand: Operand::Q, needed, .. } if needed == p.q.len as u128 + 1));
+
+        // A strided view into a larger buffer: stride 2·dim along seq.
+        let mut p = problem();
+        p.k.layout.strides = [300 * 2 * 384, 2 * 384, 192];
+        p.k.len = 300 * 768 + 299 * 768 + 384;
+        check(&p).unwrap();
+        p.k.len -= 1;
+        assert!(matches!(check(&p), Err(Error::OutOfBounds { operand: Operand::K, .. })));
+    }
+
+    #[test]
+    fn negative_and_overflowing_strides() {
+        let mut p = problem();
+        p.v.layout.strides[1] = -128;
+        let err = check(&p).unwrap_err();
+        assert!(
+            matches!(err, Error::NegativeStride { operand: Operand::V, axis: Axis::Seq, stride: -128 }),
+            "{err}"
+        );
+        assert_eq!(err.to_string(), "V has negative seq stride -128");
+
+        let mut p = problem();
+        p.o.layout.strides[0] = i64::MAX;
+        p.o.len = usize::MAX;
+        assert!(matches!(check(&p), Err(Error::OffsetOverflow { operand: Operand::O })));
+    }
+
+    #[test]
+    fn lse_must_cover_every_row() {
+        let err = check(&Problem { lse: Some(1599), ..problem() }).unwrap_err();
+        assert!(matches!(err, Error::LseTooSmall { len: 1599, needed: 1600 }), "{err}");
+    }
+
+    #[test]
+    fn args_are_checked() {
+        assert!(matches!(check_forward(&gqa(), &problem(), &[]), Err(Error::ArgCount { .. })));
+        let small = [ArgInfo::Tensor(ElemTy::F32, 7)];
+        assert!(matches!(check_forward(&gqa(), &problem(), &small), Err(Error::TensorTooSmall { .. })));
+    }
+
+    #[test]
+    fn empty_outputs_launch_nothing() {
+        let mut p = problem();
+        p.q = contiguous(Layout::bshd(2, 0, 8, 192));
+        p.o = contiguous(Layout::bshd(2, 0, 8, 128));
+        p.lse = Some(0);
+        assert_eq!(check(&p).unwrap(), None);
+
+        let mut p = problem();
+        for b in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
+            b.layout.batch = 0;
+            b.len = 0;
+        }
+        assert_eq!(check(&p).unwrap(), None);
+
+        // No keys: still launched, so O gets written.
+        let mut p = problem();
+        p.k = contiguous(Layout::bshd(2, 0, 2, 192));
+        p.v = contiguous(Layout::bshd(2, 0, 2, 128));
+        assert!(check(&p).unwrap().is_some());
+        // Zero heads is never allowed.
+        let mut p = problem();
+        p.q.layout.heads = 0;
+        p.o.layout.heads = 0;
+        assert!(matches!(check(&p), Err(Error::HeadGroups { heads: 0, .. })));
+    }
+
+    #[test]
+    fn grid_and_int_limits() {
+        let mut p = problem();
+        for b in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
+            b.layout.batch = 65_536;
+        }
+        assert!(matches!(check(&p), Err(Error::TooLarge { what: "batch", value: 65_536, max: 65_535 })));
+        let mut p = problem();
+        p.k.layout.seq = 1 << 31;
+        p.v.layout.seq = 1 << 31;
+        assert!(matches!(check(&p), Err(Error::TooLarge { what: "kv_len", .. })));
+    }
+}

@@ -1,0 +1,166 @@
+//! The runtime's one error type.
+//!
+//! Every failure, from a missing CUDA library to a mis-sized buffer, is a
+//! variant here whose message names the offending library, operand or
+//! argument, so callers never have to decode a raw driver code or a panic.
+
+use crate::Arch;
+use cudarc::driver::DriverError;
+use cudarc::nvrtc::result::NvrtcError;
+use flashgen_codegen::abi::{Axis, Operand};
+use flashgen_codegen::Dtype;
+use std::fmt;
+use std::path::PathBuf;
+
+const NVRTC_HINT: &str = "install a CUDA toolkit, or run `python3 -m pip install 'nvidia-cuda-nvrtc>=13,<14'` \
+     and put its `nvidia/cu13/lib` directory on LD_LIBRARY_PATH";
+
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// libnvrtc could not be loaded.
+    NvrtcMissing,
+    /// libcuda (the driver) could not be loaded.
+    DriverMissing,
+    /// There is no GPU with this ordinal.
+    NoDevice { ordinal: usize, count: usize },
+    /// A string that does not name a compute capability.
+    InvalidArch { input: String },
+    /// The GPU is older than the kernels support.
+    UnsupportedArch { arch: Arch, device: String },
+    /// A CUDA driver call failed.
+    Driver { during: String, source: DriverError },
+    /// An NVRTC call other than the compilation itself failed.
+    Nvrtc { during: &'static str, source: NvrtcError },
+    /// NVRTC rejected a kernel. `numbered_source` matches the log's line numbers.
+    Compile { kernel: String, arch: Arch, log: String, numbered_source: String },
+    /// Writing a `FLASHGEN_DUMP` file failed.
+    Dump { path: PathBuf, source: std::io::Error },
+    /// The kernel needs more shared memory per block than the GPU offers.
+    SharedMemory { kernel: String, needed: u32, available: u32 },
+    /// The generated kernel's launch description is inconsistent with its
+    /// spec (a code generator bug, reported rather than trusted).
+    KernelAbi { kernel: String, problem: String },
+    /// The element type of Q/K/V/O differs from the spec's dtype.
+    Dtype { spec: Dtype, got: Dtype },
+    /// A size of `operand` disagrees with the same size of `other`.
+    SizeMismatch { operand: Operand, other: Operand, what: &'static str, got: usize, expected: usize },
+    /// The head dimension of `operand` differs from the spec's.
+    HeadDim { operand: Operand, got: usize, expected: u32 },
+    /// Query heads must be a positive multiple of key/value heads.
+    HeadGroups { heads: usize, heads_kv: usize },
+    NegativeStride { operand: Operand, axis: Axis, stride: i64 },
+    /// The layout addresses elements past the end of the buffer.
+    OutOfBounds { operand: Operand, needed: u128, len: usize },
+    /// The layout's largest element offset overflows the kernel's int64 indexing.
+    OffsetOverflow { operand: Operand },
+    /// A size exceeds what the kernel or the launch grid can index.
+    TooLarge { what: &'static str, value: usize, max: usize },
+    /// The LSE buffer holds fewer than `batch · heads · q_len` floats.
+    LseTooSmall { len: usize, needed: usize },
+    /// The number of launch arguments differs from params + tensors.
+    ArgCount { expected: usize, got: usize, signature: String },
+    /// An argument's variant does not match its declared type.
+    ArgType { name: String, expected: String, got: &'static str },
+    /// A captured tensor's buffer is smaller than its declared shape.
+    TensorTooSmall { name: String, len: usize, needed: usize },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NvrtcMissing => write!(f, "libnvrtc (NVIDIA's runtime compiler) was not found: {NVRTC_HINT}"),
+            Error::DriverMissing => write!(
+                f,
+                "libcuda (the NVIDIA driver) was not found: flashgen needs an NVIDIA GPU with its driver installed"
+            ),
+            Error::NoDevice { ordinal, count } => {
+                write!(f, "no CUDA device with ordinal {ordinal}: the driver reports {count} device(s)")
+            }
+            Error::InvalidArch { input } => {
+                write!(f, "invalid GPU architecture `{input}`: expected e.g. `sm_90`, `sm_90a` or `90`")
+            }
+            Error::UnsupportedArch { arch, device } => {
+                write!(f, "{device} is {arch}; flashgen kernels need {} or newer", Arch::MIN)
+            }
+            Error::Driver { during, source } => write!(f, "CUDA driver error while {during}: {source}"),
+            Error::Nvrtc { during, source } => write!(f, "NVRTC error while {during}: {source}"),
+            Error::Compile { kernel, arch, log, numbered_source } => write!(
+                f,
+                "NVRTC failed to compile `{kernel}` for {arch}:\n{log}\n--- generated source ---\n{numbered_source}"
+            ),
+            Error::Dump { path, source } => {
+                write!(f, "cannot write {} (FLASHGEN_DUMP): {source}", path.display())
+            }
+            Error::SharedMemory { kernel, needed, available } => write!(
+                f,
+                "`{kernel}` needs {needed} bytes of shared memory per block; the GPU offers at most {available}"
+            ),
+            Error::KernelAbi { kernel, problem } => write!(
+                f,
+                "kernel `{kernel}` breaks the launch contract: {problem} (a flashgen code generator bug)"
+            ),
+            Error::Dtype { spec, got } => write!(f, "the spec's dtype is {spec} but Q/K/V/O are {got}"),
+            Error::SizeMismatch { operand, other, what, got, expected } => {
+                write!(f, "{operand:?} has {what} = {got} but {other:?} has {what} = {expected}")
+            }
+            Error::HeadDim { operand, got, expected } => {
+                write!(f, "{operand:?} has head dim {got} but the spec declares {expected}")
+            }
+            Error::HeadGroups { heads, heads_kv } => write!(
+                f,
+                "Q has {heads} heads and K/V have {heads_kv}: query heads must be a positive multiple of key/value heads"
+            ),
+            Error::NegativeStride { operand, axis, stride } => {
+                write!(f, "{operand:?} has negative {} stride {stride}", axis_name(*axis))
+            }
+            Error::OutOfBounds { operand, needed, len } => write!(
+                f,
+                "{operand:?}'s layout addresses {needed} elements but its buffer holds {len}"
+            ),
+            Error::OffsetOverflow { operand } => {
+                write!(f, "{operand:?}'s layout addresses offsets beyond the kernel's 64-bit indexing")
+            }
+            Error::TooLarge { what, value, max } => write!(f, "{what} = {value} exceeds the maximum {max}"),
+            Error::LseTooSmall { len, needed } => {
+                write!(f, "the LSE buffer holds {len} floats but batch · heads · q_len = {needed}")
+            }
+            Error::ArgCount { expected, got, signature } => {
+                write!(f, "expected {expected} argument(s) ({signature}), got {got}")
+            }
+            Error::ArgType { name, expected, got } => {
+                write!(f, "argument `{name}` must be {expected}, got {got}")
+            }
+            Error::TensorTooSmall { name, len, needed } => write!(
+                f,
+                "tensor `{name}` holds {len} elements but its declared shape needs {needed}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Driver { source, .. } => Some(source),
+            Error::Nvrtc { source, .. } => Some(source),
+            Error::Dump { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+fn axis_name(axis: Axis) -> &'static str {
+    match axis {
+        Axis::Batch => "batch",
+        Axis::Seq => "seq",
+        Axis::Head => "head",
+    }
+}
+
+impl Error {
+    /// A driver error with what was being done, for `map_err`.
+    pub(crate) fn driver(during: impl Into<String>, source: DriverError) -> Error {
+        Error::Driver { during: during.into(), source }
+    }
+}

@@ -1,0 +1,98 @@
+//! The checked, asynchronous forward launch.
+
+use crate::args::ArgInfo;
+use crate::check::{check_forward, Buffer, Problem};
+use crate::marshal::{launch_config, marshal, Bindings, Value};
+use crate::{ArgValue, Element, Error, Layout, Runtime};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
+use flashgen_codegen::Spec;
+
+/// The operands of one forward pass. O and the optional row log-sum-exp
+/// (`f32[batch, heads, q_len]`, contiguous) are written.
+pub struct ForwardIo<'a, T> {
+    pub q: (&'a CudaSlice<T>, Layout),
+    pub k: (&'a CudaSlice<T>, Layout),
+    pub v: (&'a CudaSlice<T>, Layout),
+    pub o: (&'a mut CudaSlice<T>, Layout),
+    pub lse: Option<&'a mut CudaSlice<f32>>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ForwardOptions {
+    /// Softmax scale; `None` means `1 / sqrt(head_dims.qk)`.
+    pub scale: Option<f32>,
+}
+
+impl Runtime {
+    /// Checks every size, stride, buffer length and argument against `spec`,
+    /// then queues the kernel on [`Runtime::stream`] without waiting for it.
+    /// A launch with no batch or no queries returns at once.
+    pub fn forward<T: Element>(
+        &self,
+        spec: &Spec,
+        io: ForwardIo<'_, T>,
+        args: &[ArgValue<'_>],
+        opts: &ForwardOptions,
+    ) -> Result<(), Error> {
+        let ForwardIo { q: (q, q_layout), k: (k, k_layout), v: (v, v_layout), o: (o, o_layout), lse } = io;
+        let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
+        let problem = Problem {
+            dtype: T::DTYPE,
+            q: Buffer { layout: q_layout, len: q.len() },
+            k: Buffer { layout: k_layout, len: k.len() },
+            v: Buffer { layout: v_layout, len: v.len() },
+            o: Buffer { layout: o_layout, len: o.len() },
+            lse: lse.as_ref().map(|l| l.len()),
+        };
+        let Some(shape) = check_forward(spec, &problem, &infos)? else {
+            return Ok(());
+        };
+        let loaded = self.load(spec)?;
+        let kernel = loaded.kernel();
+        let config = launch_config(kernel, &shape)?;
+
+        // The guards order the launch after pending work on each buffer and
+        // record it for later work; they must live until after the launch.
+        let stream = self.stream().as_ref();
+        let (q_ptr, _q) = q.device_ptr(stream);
+        let (k_ptr, _k) = k.device_ptr(stream);
+        let (v_ptr, _v) = v.device_ptr(stream);
+        let (o_ptr, _o) = o.device_ptr_mut(stream);
+        let lse = lse.map(|l| l.device_ptr_mut(stream));
+        // The checks put params first, so the tensors are exactly the
+        // arguments with device pointers, in declaration order.
+        let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(stream)).collect();
+        let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
+        let values = marshal(
+            kernel,
+            &Bindings {
+                shape,
+                ptrs: [q_ptr, k_ptr, v_ptr, o_ptr],
+                strides: [q_layout.strides, k_layout.strides, v_layout.strides, o_layout.strides],
+                lse: lse.as_ref().map_or(0, |(ptr, _)| *ptr),
+                scale: opts.scale.unwrap_or((1.0 / f64::from(spec.head_dims.qk).sqrt()) as f32),
+                args: &infos,
+                tensors: &tensor_ptrs,
+            },
+        )?;
+
+        let launching = |e| Error::driver(format!("launching `{}`", kernel.name), e);
+        // Stream waits queued by the guards report failures here, not above.
+        self.context().check_err().map_err(launching)?;
+        let mut launch = stream.launch_builder(loaded.function());
+        for value in &values {
+            match value {
+                Value::Ptr(x) => launch.arg(x),
+                Value::I64(x) => launch.arg(x),
+                Value::I32(x) => launch.arg(x),
+                Value::F32(x) => launch.arg(x),
+            };
+        }
+        // SAFETY: `marshal` followed the kernel's own argument list, so the
+        // values match its parameters in order and type, and `check_forward`
+        // proved every element they let the kernel address is inside the
+        // buffer it belongs to. `values` outlives the launch call.
+        unsafe { launch.launch(config) }.map_err(launching)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,164 @@
+//! Kernel argument values and launch geometry, derived from the kernel's ABI
+//! description ([`Kernel::args`]) so the argument order lives only in the
+//! code generator.
+
+use crate::args::ArgInfo;
+use crate::Error;
+use cudarc::driver::LaunchConfig;
+use flashgen_codegen::abi::{ArgKind, Axis, Kernel, Operand};
+use flashgen_codegen::Shape;
+
+/// One kernel argument, by value, with the C type the ABI gives it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Value {
+    Ptr(u64),
+    I64(i64),
+    I32(i32),
+    F32(f32),
+}
+
+/// Everything a kernel argument can carry, for one checked launch.
+pub(crate) struct Bindings<'a> {
+    /// Sizes checked to fit i32.
+    pub shape: Shape,
+    /// Device addresses of Q, K, V, O.
+    pub ptrs: [u64; 4],
+    /// Batch, seq and head strides of Q, K, V, O.
+    pub strides: [[i64; 3]; 4],
+    /// The LSE output's address, or 0 (null) for none.
+    pub lse: u64,
+    pub scale: f32,
+    /// The checked launch arguments (params read their values here).
+    pub args: &'a [ArgInfo],
+    /// Device addresses of the captured tensors.
+    pub tensors: &'a [u64],
+}
+
+/// The argument values in launch order.
+pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error> {
+    let size = |n: usize| Value::I32(n as i32);
+    kernel
+        .args
+        .iter()
+        .map(|arg| {
+            let abi_error = || Error::KernelAbi { kernel: kernel.name.clone(), problem: format!("argument `{}` refers to a param or tensor the spec lacks", arg.name) };
+            Ok(match arg.kind {
+                ArgKind::Ptr(op) => Value::Ptr(b.ptrs[operand_index(op)]),
+                ArgKind::Lse => Value::Ptr(b.lse),
+                ArgKind::Batch => size(b.shape.batch),
+                ArgKind::Heads => size(b.shape.heads),
+                ArgKind::HeadsKv => size(b.shape.heads_kv),
+                ArgKind::QLen => size(b.shape.q_len),
+                ArgKind::KvLen => size(b.shape.kv_len),
+                ArgKind::Stride(op, axis) => Value::I64(b.strides[operand_index(op)][axis_index(axis)]),
+                ArgKind::Scale => Value::F32(b.scale),
+                ArgKind::Param(i) => match b.args.get(i) {
+                    Some(ArgInfo::I32(v)) => Value::I32(*v),
+                    Some(ArgInfo::F32(v)) => Value::F32(*v),
+                    _ => return Err(abi_error()),
+                },
+                ArgKind::Tensor(i) => Value::Ptr(*b.tensors.get(i).ok_or_else(abi_error)?),
+            })
+        })
+        .collect()
+}
+
+/// `grid = (ceil(q_len / block_m), heads, batch)`; the sizes were checked
+/// against the grid limits, so the narrowing casts are exact.
+pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape) -> Result<LaunchConfig, Error> {
+    if kernel.block_m == 0 || kernel.threads == 0 {
+        let problem = format!("block_m = {}, threads = {}", kernel.block_m, kernel.threads);
+        return Err(Error::KernelAbi { kernel: kernel.name.clone(), problem });
+    }
+    Ok(LaunchConfig {
+        grid_dim: (shape.q_len.div_ceil(kernel.block_m as usize) as u32, shape.heads as u32, shape.batch as u32),
+        block_dim: (kernel.threads, 1, 1),
+        shared_mem_bytes: kernel.dynamic_smem,
+    })
+}
+
+fn operand_index(op: Operand) -> usize {
+    match op {
+        Operand::Q => 0,
+        Operand::K => 1,
+        Operand::V => 2,
+        Operand::O => 3,
+    }
+}
+
+fn axis_index(axis: Axis) -> usize {
+    match axis {
+        Axis::Batch => 0,
+        Axis::Seq => 1,
+        Axis::Head => 2,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flashgen_codegen::abi::KernelArg;
+    use flashgen_codegen::ElemTy;
+
+    fn kernel(kinds: &[ArgKind]) -> Kernel {
+        Kernel {
+            name: "k".into(),
+            source: String::new(),
+            block_m: 64,
+            threads: 128,
+            dynamic_smem: 1024,
+            args: kinds.iter().enumerate().map(|(i, &kind)| KernelArg { name: format!("a{i}"), kind }).collect(),
+        }
+    }
+
+    const SHAPE: Shape = Shape { batch: 3, heads: 8, heads_kv: 2, q_len: 129, kv_len: 7 };
+
+    fn bindings<'a>(args: &'a [ArgInfo], tensors: &'a [u64]) -> Bindings<'a> {
+        Bindings {
+            shape: SHAPE,
+            ptrs: [10, 11, 12, 13],
+            strides: [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]],
+            lse: 0,
+            scale: 0.125,
+            args,
+            tensors,
+        }
+    }
+
+    #[test]
+    fn values_follow_the_abi_order() {
+        let k = kernel(&[
+            ArgKind::Ptr(Operand::V),
+            ArgKind::Lse,
+            ArgKind::Stride(Operand::K, Axis::Head),
+            ArgKind::QLen,
+            ArgKind::HeadsKv,
+            ArgKind::Scale,
+            ArgKind::Param(1),
+            ArgKind::Param(0),
+            ArgKind::Tensor(0),
+        ]);
+        let args = [ArgInfo::I32(-5), ArgInfo::F32(2.5), ArgInfo::Tensor(ElemTy::F32, 8)];
+        let values = marshal(&k, &bindings(&args, &[99])).unwrap();
+        use Value::*;
+        assert_eq!(values, [Ptr(12), Ptr(0), I64(6), I32(129), I32(2), F32(0.125), F32(2.5), I32(-5), Ptr(99)]);
+    }
+
+    #[test]
+    fn dangling_indices_are_abi_errors() {
+        for kind in [ArgKind::Param(1), ArgKind::Tensor(1), ArgKind::Param(2)] {
+            let args = [ArgInfo::I32(1), ArgInfo::Tensor(ElemTy::I32, 1)];
+            let err = marshal(&kernel(&[kind]), &bindings(&args, &[5])).unwrap_err();
+            assert!(matches!(err, Error::KernelAbi { .. }), "{kind:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn grid_covers_every_query_tile() {
+        let cfg = launch_config(&kernel(&[]), &SHAPE).unwrap();
+        assert_eq!((cfg.grid_dim, cfg.block_dim, cfg.shared_mem_bytes), ((3, 8, 3), (128, 1, 1), 1024));
+        let mut k = kernel(&[]);
+        k.block_m = 0;
+        assert!(matches!(launch_config(&k, &SHAPE), Err(Error::KernelAbi { .. })));
+    }
+}

@@ -1,0 +1,140 @@
+//! One GPU: its context, a stream, and the kernels compiled for it.
+
+use crate::nvrtc::{compile_cubin, ensure_nvrtc, options};
+use crate::{Arch, Error};
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use cudarc::nvrtc::Ptx;
+use flashgen_codegen::abi::Kernel;
+use flashgen_codegen::{cuda, to_source, Spec, CODEGEN_VERSION};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// A CUDA device ready to run flashgen kernels. Launches are asynchronous on
+/// [`Runtime::stream`]; kernels are compiled on first use and cached.
+pub struct Runtime {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    arch: Arch,
+    device_name: String,
+    cache: Mutex<HashMap<CacheKey, Arc<LoadedKernel>>>,
+}
+
+/// Everything that determines a compiled kernel.
+#[derive(PartialEq, Eq, Hash)]
+struct CacheKey {
+    spec_source: String,
+    codegen_version: u32,
+    arch: Arch,
+    options: String,
+}
+
+/// A generated kernel, compiled and loaded on a device.
+pub struct LoadedKernel {
+    kernel: Kernel,
+    function: CudaFunction,
+}
+
+impl LoadedKernel {
+    /// The kernel's source and launch contract.
+    pub fn kernel(&self) -> &Kernel {
+        &self.kernel
+    }
+
+    pub fn function(&self) -> &CudaFunction {
+        &self.function
+    }
+}
+
+impl Runtime {
+    /// Opens GPU `ordinal` with a fresh stream.
+    pub fn new(ordinal: usize) -> Result<Runtime, Error> {
+        // cudarc panics on first use of a missing library, so check first;
+        // NVRTC too, so a runtime that opens can always compile.
+        // SAFETY: only tries to dlopen the candidate library names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(Error::DriverMissing);
+        }
+        ensure_nvrtc()?;
+        let count = match CudaContext::device_count() {
+            Ok(n) => usize::try_from(n).unwrap_or(0),
+            Err(e) if e.0 == CUresult::CUDA_ERROR_NO_DEVICE => 0,
+            Err(e) => return Err(Error::driver("initializing the CUDA driver", e)),
+        };
+        if ordinal >= count {
+            return Err(Error::NoDevice { ordinal, count });
+        }
+        let on_device = |what: &str| format!("{what} on device {ordinal}");
+        let ctx = CudaContext::new(ordinal).map_err(|e| Error::driver(on_device("creating a context"), e))?;
+        let (major, minor) =
+            ctx.compute_capability().map_err(|e| Error::driver(on_device("reading the compute capability"), e))?;
+        let arch = Arch::new(major as u32, minor as u32);
+        let device_name = ctx.name().map_err(|e| Error::driver(on_device("reading the name"), e))?;
+        if arch < Arch::MIN {
+            return Err(Error::UnsupportedArch { arch, device: device_name });
+        }
+        let stream = ctx.new_stream().map_err(|e| Error::driver(on_device("creating a stream"), e))?;
+        Ok(Runtime { ctx, stream, arch, device_name, cache: Mutex::default() })
+    }
+
+    pub fn arch(&self) -> Arch {
+        self.arch
+    }
+
+    pub fn device_name(&self) -> String {
+        self.device_name.clone()
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream every launch is queued on; allocate and copy on it too.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The forward kernel of `spec`: generated, compiled and loaded on first
+    /// use, then served from the cache.
+    pub fn load(&self, spec: &Spec) -> Result<Arc<LoadedKernel>, Error> {
+        let options = options(self.arch);
+        let key = CacheKey {
+            spec_source: to_source(spec),
+            codegen_version: CODEGEN_VERSION,
+            arch: self.arch,
+            options: options.join(" "),
+        };
+        // Held while compiling, so concurrent first uses compile only once.
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(loaded) = cache.get(&key) {
+            return Ok(loaded.clone());
+        }
+        let loaded = Arc::new(self.compile_and_load(cuda::emit_forward(spec))?);
+        cache.insert(key, loaded.clone());
+        Ok(loaded)
+    }
+
+    fn compile_and_load(&self, kernel: Kernel) -> Result<LoadedKernel, Error> {
+        let during = |what: &str| format!("{what} `{}`", kernel.name);
+        let available = self
+            .ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(|e| Error::driver("reading the shared memory limit", e))?;
+        let available = u32::try_from(available).unwrap_or(0);
+        if kernel.dynamic_smem > available {
+            return Err(Error::SharedMemory { kernel: kernel.name, needed: kernel.dynamic_smem, available });
+        }
+        let cubin = compile_cubin(&kernel, self.arch)?;
+        let module =
+            self.ctx.load_module(Ptx::from_binary(cubin)).map_err(|e| Error::driver(during("loading the CUBIN of"), e))?;
+        let function = module.load_function(&kernel.name).map_err(|e| Error::driver(during("finding"), e))?;
+        // Dynamic shared memory beyond 48 KiB must be opted into per function.
+        function
+            .set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                kernel.dynamic_smem as i32,
+            )
+            .map_err(|e| Error::driver(during("raising the shared memory limit of"), e))?;
+        Ok(LoadedKernel { kernel, function })
+    }
+}

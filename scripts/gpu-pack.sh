@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds flashgen's GPU tests, benchmark, CLI and quickstart here (release),
+# and packs them with the example specs into .gpu-pack/ (git-ignored), ready
+# to be carried to a GPU machine that has no Rust toolchain and run there
+# with .gpu-pack/run.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+pack=.gpu-pack
+rm -rf "$pack" && mkdir -p "$pack/bin"
+
+# Test binaries: every integration test of the root package and the runtime.
+cargo test --release --workspace --no-run --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        kind = m["target"]["kind"][0]
+        if kind == "test":
+            print(m["target"]["name"], m["executable"])
+' | while read -r name exe; do cp "$exe" "$pack/bin/test-$name"; done
+
+cargo build --release --bin flashgen --example quickstart
+cp target/release/flashgen target/release/examples/quickstart "$pack/bin/"
+if [ -f target/release/flashgen-bench ] || cargo build --release --bin flashgen-bench 2>/dev/null; then
+    cp target/release/flashgen-bench "$pack/bin/"
+fi
+cp -r specs "$pack/"
+cp scripts/gpu-run.sh "$pack/run.sh"
+du -sh "$pack"

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs a pack made by scripts/gpu-pack.sh on a GPU machine: GPU tests, the
+# quickstart, then the benchmark. Logs go to $OUT (or ./gpu-logs); the last
+# lines printed are a summary table.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+out="${OUT:-$here/gpu-logs}"
+mkdir -p "$out"
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+cd "$here"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv >"$out/device.txt" 2>&1
+summary=()
+for t in bin/test-*; do
+    name=${t#bin/test-}
+    if "$t" --test-threads=1 >"$out/$name.log" 2>&1; then status=ok; else status=FAILED; fi
+    summary+=("$(printf '%-28s %s (%s)' "$name" "$status" "$(grep -Eo '[0-9]+ passed; [0-9]+ failed' "$out/$name.log" | tail -1)")")
+done
+if bin/quickstart >"$out/quickstart.log" 2>&1; then q=ok; else q=FAILED; fi
+summary+=("$(printf '%-28s %s' quickstart "$q")")
+if [ -x bin/flashgen-bench ] && [ "${SKIP_BENCH:-0}" != 1 ]; then
+    bin/flashgen-bench ${BENCH_ARGS:-} >"$out/bench.log" 2>&1 || summary+=("bench FAILED")
+fi
+echo "== $(head -2 "$out/device.txt" | tail -1)"
+printf '%s\n' "${summary[@]}"
+[ -f "$out/bench.log" ] && tail -40 "$out/bench.log"

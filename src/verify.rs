@@ -1,0 +1,355 @@
+//! Random inputs, a GPU run and a check against the CPU reference: the loop
+//! shared by the CLI, the quickstart and the GPU tests.
+//!
+//! Every run draws fresh inputs from its seed, poisons O and LSE with NaN
+//! before the launch (an element the kernel forgets to write fails the
+//! check), and judges the result with FlashAttention's rule against the f64
+//! reference.
+
+use crate::codegen::reference::{self, FlashCheck, ParamValue, Precision, Problem, TensorData};
+use crate::codegen::{Dtype, ElemTy, Shape, Spec};
+use crate::cudarc::driver::{CudaSlice, CudaStream, DriverError};
+use crate::half::{bf16, f16};
+use crate::runtime::{ArgValue, Element, Error, ForwardIo, ForwardOptions, Layout, Runtime};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
+use std::sync::Arc;
+
+/// How Q/K/V/O sit in memory on the GPU. The reference always sees BSHD.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OperandLayout {
+    /// Contiguous `[batch, seq, heads, dim]`.
+    Bshd,
+    /// Contiguous `[batch, heads, seq, dim]`.
+    Bhsd,
+    /// BSHD inside a larger buffer: padded heads and batches, so every
+    /// stride differs from the dense one.
+    Padded,
+}
+
+impl OperandLayout {
+    pub fn layout(self, batch: usize, seq: usize, heads: usize, dim: usize) -> Layout {
+        match self {
+            OperandLayout::Bshd => Layout::bshd(batch, seq, heads, dim),
+            OperandLayout::Bhsd => Layout::bhsd(batch, seq, heads, dim),
+            OperandLayout::Padded => {
+                let head = dim as i64 + 8;
+                let seq_stride = heads as i64 * head;
+                Layout { batch, seq, heads, dim, strides: [seq as i64 * seq_stride + 24, seq_stride, head] }
+            }
+        }
+    }
+}
+
+/// Draws an attention problem for `spec`: Q/K/V ~ N(0, 1) rounded to the
+/// spec's dtype; captured tensors not given in `tensors` filled with
+/// plausible random values (sorted small ids for i32, as document ids are;
+/// uniform [0, 1) for floats, rounded to their storage type).
+pub fn random_problem(
+    spec: &Spec,
+    shape: Shape,
+    params: Vec<ParamValue>,
+    mut tensors: Vec<Option<TensorData>>,
+    scale: Option<f32>,
+    seed: u64,
+) -> Problem {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (dqk, dv) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
+    let Shape { batch, heads, heads_kv, q_len, kv_len } = shape;
+    let mut normal = |n: usize| -> Vec<f64> {
+        (0..n).map(|_| round(spec.dtype, rng.sample::<f64, _>(StandardNormal))).collect()
+    };
+    let q = normal(batch * q_len * heads * dqk);
+    let k = normal(batch * kv_len * heads_kv * dqk);
+    let v = normal(batch * kv_len * heads_kv * dv);
+    tensors.resize(spec.tensors.len(), None);
+    let tensors = spec
+        .tensors
+        .iter()
+        .zip(tensors)
+        .map(|(decl, given)| {
+            let row = decl.dims.last().map_or(1, |d| d.resolve(&shape));
+            given.unwrap_or_else(|| random_tensor(decl.elem, decl.len(&shape), row, &mut rng))
+        })
+        .collect();
+    let scale = scale.unwrap_or(1.0 / (dqk as f32).sqrt());
+    Problem { shape, q, k, v, scale: scale as f64, params, tensors }
+}
+
+fn random_tensor(elem: ElemTy, len: usize, row: usize, rng: &mut StdRng) -> TensorData {
+    match elem {
+        ElemTy::I32 => {
+            // Non-decreasing ids in 0..4 along the last axis: document-like.
+            let mut ids = Vec::with_capacity(len);
+            for _ in 0..len.div_ceil(row.max(1)) {
+                let mut cuts: Vec<usize> = (0..3).map(|_| rng.random_range(0..=row)).collect();
+                cuts.sort_unstable();
+                ids.extend((0..row).map(|i| cuts.iter().filter(|&&c| c <= i).count() as i32));
+            }
+            ids.truncate(len);
+            TensorData::I32(ids)
+        }
+        ElemTy::F32 => TensorData::Float((0..len).map(|_| rng.random::<f32>() as f64).collect()),
+        ElemTy::F16 => TensorData::Float((0..len).map(|_| round(Dtype::F16, rng.random())).collect()),
+        ElemTy::Bf16 => TensorData::Float((0..len).map(|_| round(Dtype::Bf16, rng.random())).collect()),
+    }
+}
+
+fn round(dtype: Dtype, x: f64) -> f64 {
+    reference::round_dtype(dtype, x)
+}
+
+/// A GPU result, gathered back into the reference's layouts: O BSHD, LSE
+/// `[batch, heads, q_len]`.
+#[derive(Clone, Debug)]
+pub struct GpuOutput {
+    pub o: Vec<f64>,
+    pub lse: Vec<f64>,
+}
+
+/// Q/K/V/O, LSE and captured tensors resident on the GPU for one problem.
+pub struct DeviceProblem {
+    operands: Operands,
+    lse: CudaSlice<f32>,
+    tensors: Vec<DeviceTensor>,
+    layouts: [Layout; 4],
+    stream: Arc<CudaStream>,
+}
+
+enum Operands {
+    F16([CudaSlice<f16>; 4]),
+    Bf16([CudaSlice<bf16>; 4]),
+}
+
+enum DeviceTensor {
+    I32(CudaSlice<i32>),
+    F32(CudaSlice<f32>),
+    F16(CudaSlice<f16>),
+    Bf16(CudaSlice<bf16>),
+}
+
+impl DeviceTensor {
+    fn arg(&self) -> ArgValue<'_> {
+        match self {
+            DeviceTensor::I32(t) => t.into(),
+            DeviceTensor::F32(t) => t.into(),
+            DeviceTensor::F16(t) => t.into(),
+            DeviceTensor::Bf16(t) => t.into(),
+        }
+    }
+}
+
+/// A host element type Q/K/V/O can be converted from and to.
+trait Storage: Element {
+    fn from_f64(x: f64) -> Self;
+    fn to_f64(self) -> f64;
+    /// A NaN bit pattern, to poison outputs.
+    const NAN: Self;
+}
+
+impl Storage for f16 {
+    fn from_f64(x: f64) -> Self {
+        f16::from_f64(x)
+    }
+    fn to_f64(self) -> f64 {
+        f16::to_f64(self)
+    }
+    const NAN: Self = f16::NAN;
+}
+
+impl Storage for bf16 {
+    fn from_f64(x: f64) -> Self {
+        bf16::from_f64(x)
+    }
+    fn to_f64(self) -> f64 {
+        bf16::to_f64(self)
+    }
+    const NAN: Self = bf16::NAN;
+}
+
+/// Scatters a BSHD host array into a buffer laid out as `layout`; elements
+/// the layout does not address are NaN.
+fn scatter<T: Storage>(bshd: &[f64], layout: &Layout) -> Vec<T> {
+    let mut buf = vec![T::NAN; buffer_len(layout)];
+    for_each_offset(layout, |i, off| buf[off] = T::from_f64(bshd[i]));
+    buf
+}
+
+fn gather<T: Storage>(buf: &[T], layout: &Layout) -> Vec<f64> {
+    let mut out = vec![0.0; layout.len()];
+    for_each_offset(layout, |i, off| out[i] = buf[off].to_f64());
+    out
+}
+
+/// Elements a buffer needs to hold `layout` (its largest offset + 1).
+fn buffer_len(layout: &Layout) -> usize {
+    if layout.is_empty() {
+        return 0;
+    }
+    let [sb, ss, sh] = layout.strides;
+    let last = (layout.batch - 1) as i64 * sb + (layout.seq - 1) as i64 * ss + (layout.heads - 1) as i64 * sh;
+    last as usize + layout.dim
+}
+
+/// Calls `f(bshd_index, buffer_offset)` for every element of `layout`.
+fn for_each_offset(layout: &Layout, mut f: impl FnMut(usize, usize)) {
+    let [sb, ss, sh] = layout.strides.map(|s| s as usize);
+    let mut i = 0;
+    for b in 0..layout.batch {
+        for s in 0..layout.seq {
+            for h in 0..layout.heads {
+                let base = b * sb + s * ss + h * sh;
+                for d in 0..layout.dim {
+                    f(i, base + d);
+                    i += 1;
+                }
+            }
+        }
+    }
+}
+
+impl DeviceProblem {
+    /// Uploads `problem` in `layout`, with O and LSE poisoned.
+    pub fn upload(rt: &Runtime, spec: &Spec, problem: &Problem, layout: OperandLayout) -> Result<Self, Error> {
+        let stream = rt.stream().clone();
+        let Shape { batch, heads, heads_kv, q_len, kv_len } = problem.shape;
+        let (dqk, dv) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
+        let layouts = [
+            layout.layout(batch, q_len, heads, dqk),
+            layout.layout(batch, kv_len, heads_kv, dqk),
+            layout.layout(batch, kv_len, heads_kv, dv),
+            layout.layout(batch, q_len, heads, dv),
+        ];
+        let o_poison = vec![f64::NAN; layouts[3].len()];
+        let host = [&problem.q, &problem.k, &problem.v, &o_poison];
+        fn up<T: Storage>(s: &Arc<CudaStream>, host: [&Vec<f64>; 4], l: &[Layout; 4]) -> Result<[CudaSlice<T>; 4], Error> {
+            let one = |i: usize| s.clone_htod(&scatter::<T>(host[i], &l[i])).map_err(driver("upload operands"));
+            Ok([one(0)?, one(1)?, one(2)?, one(3)?])
+        }
+        let operands = match spec.dtype {
+            Dtype::F16 => Operands::F16(up(&stream, host, &layouts)?),
+            Dtype::Bf16 => Operands::Bf16(up(&stream, host, &layouts)?),
+        };
+        let lse = stream.clone_htod(&vec![f32::NAN; batch * heads * q_len]).map_err(driver("upload LSE"))?;
+        let tensors = spec
+            .tensors
+            .iter()
+            .zip(&problem.tensors)
+            .map(|(decl, data)| {
+                let up = driver("upload a captured tensor");
+                Ok(match (decl.elem, data) {
+                    (ElemTy::I32, TensorData::I32(v)) => DeviceTensor::I32(stream.clone_htod(v).map_err(up)?),
+                    (ElemTy::F32, TensorData::Float(v)) => {
+                        DeviceTensor::F32(stream.clone_htod(&v.iter().map(|&x| x as f32).collect::<Vec<_>>()).map_err(up)?)
+                    }
+                    (ElemTy::F16, TensorData::Float(v)) => {
+                        DeviceTensor::F16(stream.clone_htod(&v.iter().map(|&x| f16::from_f64(x)).collect::<Vec<_>>()).map_err(up)?)
+                    }
+                    (ElemTy::Bf16, TensorData::Float(v)) => DeviceTensor::Bf16(
+                        stream.clone_htod(&v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<_>>()).map_err(up)?,
+                    ),
+                    _ => {
+                        return Err(Error::ArgType {
+                            name: decl.name.clone(),
+                            expected: decl.elem.name().to_string(),
+                            got: "host tensor of another element type",
+                        })
+                    }
+                })
+            })
+            .collect::<Result<_, Error>>()?;
+        Ok(DeviceProblem { operands, lse, tensors, layouts, stream })
+    }
+
+    /// Enqueues one forward launch (asynchronous).
+    pub fn launch(&mut self, rt: &Runtime, spec: &Spec, problem: &Problem) -> Result<(), Error> {
+        let params = problem.params.iter().map(|p| match *p {
+            ParamValue::I32(v) => ArgValue::I32(v),
+            ParamValue::F32(v) => ArgValue::F32(v),
+        });
+        let args: Vec<ArgValue> = params.chain(self.tensors.iter().map(DeviceTensor::arg)).collect();
+        let opts = ForwardOptions { scale: Some(problem.scale as f32) };
+        let [lq, lk, lv, lo] = self.layouts;
+        match &mut self.operands {
+            Operands::F16([q, k, v, o]) => {
+                let io = ForwardIo { q: (q, lq), k: (k, lk), v: (v, lv), o: (o, lo), lse: Some(&mut self.lse) };
+                rt.forward(spec, io, &args, &opts)
+            }
+            Operands::Bf16([q, k, v, o]) => {
+                let io = ForwardIo { q: (q, lq), k: (k, lk), v: (v, lv), o: (o, lo), lse: Some(&mut self.lse) };
+                rt.forward(spec, io, &args, &opts)
+            }
+        }
+    }
+
+    /// Waits for the stream and reads O and LSE back.
+    pub fn download(&self) -> Result<GpuOutput, Error> {
+        let err = driver("download results");
+        self.stream.synchronize().map_err(err)?;
+        let o = match &self.operands {
+            Operands::F16(ops) => gather(&self.stream.clone_dtoh(&ops[3]).map_err(err)?, &self.layouts[3]),
+            Operands::Bf16(ops) => gather(&self.stream.clone_dtoh(&ops[3]).map_err(err)?, &self.layouts[3]),
+        };
+        let lse = self.stream.clone_dtoh(&self.lse).map_err(err)?.into_iter().map(f64::from).collect();
+        Ok(GpuOutput { o, lse })
+    }
+
+    /// Median milliseconds of one launch, timed with CUDA events after
+    /// `warmup` untimed launches.
+    pub fn time(&mut self, rt: &Runtime, spec: &Spec, problem: &Problem, warmup: usize, iters: usize) -> Result<f64, Error> {
+        for _ in 0..warmup {
+            self.launch(rt, spec, problem)?;
+        }
+        let err = driver("time with CUDA events");
+        let mut times = Vec::with_capacity(iters);
+        for _ in 0..iters.max(1) {
+            let start = self.stream.record_event(None).map_err(err)?;
+            self.launch(rt, spec, problem)?;
+            let end = self.stream.record_event(None).map_err(err)?;
+            end.synchronize().map_err(err)?;
+            times.push(start.elapsed_ms(&end).map_err(err)? as f64);
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    }
+}
+
+/// Wraps a driver error with what was being done.
+fn driver(during: &'static str) -> impl Fn(DriverError) -> Error + Copy {
+    move |source| Error::Driver { during: during.to_string(), source }
+}
+
+/// The verdict on one GPU run.
+#[derive(Clone, Copy, Debug)]
+pub struct Report {
+    pub output: FlashCheck,
+    pub lse: FlashCheck,
+}
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        self.output.passed && self.lse.passed
+    }
+}
+
+/// Judges `gpu` against the f64 reference with FlashAttention's rule, for O
+/// and for the log-sum-exp.
+pub fn check(spec: &Spec, problem: &Problem, gpu: &GpuOutput) -> Result<Report, reference::ReferenceError> {
+    let golden = reference::forward(spec, problem, Precision::F64)?;
+    let same = reference::forward(spec, problem, Precision::SameDtype(spec.dtype))?;
+    let f = reference::FORWARD_FACTOR;
+    Ok(Report {
+        output: reference::flash_rule(&gpu.o, &same.o, &golden.o, f),
+        lse: reference::flash_rule(&finite(&gpu.lse, &golden.lse), &finite(&same.lse, &golden.lse), &finite(&golden.lse, &golden.lse), f),
+    })
+}
+
+/// Maps −∞ to a large finite value where the golden LSE is −∞ too, so that
+/// fully masked rows compare equal while a wrong −∞ (or a NaN) still fails.
+fn finite(lse: &[f64], golden: &[f64]) -> Vec<f64> {
+    lse.iter()
+        .zip(golden)
+        .map(|(&x, &g)| if x == f64::NEG_INFINITY && g == f64::NEG_INFINITY { -1e30 } else { x })
+        .collect()
+}
