@@ -36,7 +36,7 @@ impl SpecError {
             } else {
                 1
             };
-            out.push_str(&format!("\n{line:>4} | {text}\n     | {:>col$}", "^".repeat(width)));
+            out.push_str(&format!("\n{line:>4} | {text}\n     | {}{}", " ".repeat(col - 1), "^".repeat(width)));
         }
         out
     }

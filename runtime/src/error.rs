@@ -12,7 +12,8 @@ use flashgen_codegen::Dtype;
 use std::fmt;
 use std::path::PathBuf;
 
-const NVRTC_HINT: &str = "install a CUDA toolkit, or run `python3 -m pip install 'nvidia-cuda-nvrtc>=13,<14'` \
+const NVRTC_HINT: &str =
+    "install a CUDA toolkit, or run `python3 -m pip install 'nvidia-cuda-nvrtc>=13,<14'` \
      and put its `nvidia/cu13/lib` directory on LD_LIBRARY_PATH";
 
 #[derive(Debug)]
@@ -31,39 +32,88 @@ pub enum Error {
     /// A CUDA driver call failed.
     Driver { during: String, source: DriverError },
     /// An NVRTC call other than the compilation itself failed.
-    Nvrtc { during: &'static str, source: NvrtcError },
+    Nvrtc {
+        during: &'static str,
+        source: NvrtcError,
+    },
     /// NVRTC rejected a kernel. `numbered_source` matches the log's line numbers.
-    Compile { kernel: String, arch: Arch, log: String, numbered_source: String },
+    Compile {
+        kernel: String,
+        arch: Arch,
+        log: String,
+        numbered_source: String,
+    },
     /// Writing a `FLASHGEN_DUMP` file failed.
-    Dump { path: PathBuf, source: std::io::Error },
+    Dump {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// The kernel needs more shared memory per block than the GPU offers.
-    SharedMemory { kernel: String, needed: u32, available: u32 },
+    SharedMemory {
+        kernel: String,
+        needed: u32,
+        available: u32,
+    },
     /// The generated kernel's launch description is inconsistent with its
     /// spec (a code generator bug, reported rather than trusted).
     KernelAbi { kernel: String, problem: String },
     /// The element type of Q/K/V/O differs from the spec's dtype.
     Dtype { spec: Dtype, got: Dtype },
     /// A size of `operand` disagrees with the same size of `other`.
-    SizeMismatch { operand: Operand, other: Operand, what: &'static str, got: usize, expected: usize },
+    SizeMismatch {
+        operand: Operand,
+        other: Operand,
+        what: &'static str,
+        got: usize,
+        expected: usize,
+    },
     /// The head dimension of `operand` differs from the spec's.
-    HeadDim { operand: Operand, got: usize, expected: u32 },
+    HeadDim {
+        operand: Operand,
+        got: usize,
+        expected: u32,
+    },
     /// Query heads must be a positive multiple of key/value heads.
     HeadGroups { heads: usize, heads_kv: usize },
-    NegativeStride { operand: Operand, axis: Axis, stride: i64 },
+    NegativeStride {
+        operand: Operand,
+        axis: Axis,
+        stride: i64,
+    },
     /// The layout addresses elements past the end of the buffer.
-    OutOfBounds { operand: Operand, needed: u128, len: usize },
+    OutOfBounds {
+        operand: Operand,
+        needed: u128,
+        len: usize,
+    },
     /// The layout's largest element offset overflows the kernel's int64 indexing.
     OffsetOverflow { operand: Operand },
     /// A size exceeds what the kernel or the launch grid can index.
-    TooLarge { what: &'static str, value: usize, max: usize },
+    TooLarge {
+        what: &'static str,
+        value: usize,
+        max: usize,
+    },
     /// The LSE buffer holds fewer than `batch · heads · q_len` floats.
     LseTooSmall { len: usize, needed: usize },
     /// The number of launch arguments differs from params + tensors.
-    ArgCount { expected: usize, got: usize, signature: String },
+    ArgCount {
+        expected: usize,
+        got: usize,
+        signature: String,
+    },
     /// An argument's variant does not match its declared type.
-    ArgType { name: String, expected: String, got: &'static str },
+    ArgType {
+        name: String,
+        expected: String,
+        got: &'static str,
+    },
     /// A captured tensor's buffer is smaller than its declared shape.
-    TensorTooSmall { name: String, len: usize, needed: usize },
+    TensorTooSmall {
+        name: String,
+        len: usize,
+        needed: usize,
+    },
 }
 
 impl fmt::Display for Error {
@@ -161,6 +211,9 @@ fn axis_name(axis: Axis) -> &'static str {
 impl Error {
     /// A driver error with what was being done, for `map_err`.
     pub(crate) fn driver(during: impl Into<String>, source: DriverError) -> Error {
-        Error::Driver { during: during.into(), source }
+        Error::Driver {
+            during: during.into(),
+            source,
+        }
     }
 }

@@ -9,12 +9,26 @@ fn runtime_new_never_panics() {
         Ok(rt) => assert!(rt.arch() >= Arch::MIN, "{}", rt.device_name()),
         Err(e) => {
             assert!(
-                matches!(e, Error::DriverMissing | Error::NvrtcMissing | Error::NoDevice { .. } | Error::Driver { .. }),
+                matches!(
+                    e,
+                    Error::DriverMissing
+                        | Error::NvrtcMissing
+                        | Error::NoDevice { .. }
+                        | Error::Driver { .. }
+                ),
                 "{e}"
             );
             assert!(!e.to_string().is_empty());
         }
     }
-    let err = Runtime::new(usize::MAX).err().expect("no machine has usize::MAX GPUs");
-    assert!(matches!(err, Error::DriverMissing | Error::NvrtcMissing | Error::NoDevice { .. }), "{err}");
+    let err = Runtime::new(usize::MAX)
+        .err()
+        .expect("no machine has usize::MAX GPUs");
+    assert!(
+        matches!(
+            err,
+            Error::DriverMissing | Error::NvrtcMissing | Error::NoDevice { .. }
+        ),
+        "{err}"
+    );
 }

@@ -7,6 +7,7 @@ use flashgen_codegen::cuda::emit_forward;
 use flashgen_codegen::{parse_str, Spec};
 use flashgen_runtime::{compile_cubin, nvrtc_version, Arch, Error};
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Fails (never skips) without NVRTC: these tests are the compile gate.
 fn require_nvrtc() {
@@ -27,7 +28,8 @@ fn shipped_specs() -> Vec<Spec> {
         .iter()
         .flat_map(|p| {
             let text = std::fs::read_to_string(p).unwrap();
-            parse_str(&text).unwrap_or_else(|e| panic!("{}", e.render(&p.display().to_string(), &text)))
+            parse_str(&text)
+                .unwrap_or_else(|e| panic!("{}", e.render(&p.display().to_string(), &text)))
         })
         .collect()
 }
@@ -36,14 +38,33 @@ fn shipped_specs() -> Vec<Spec> {
 fn every_shipped_spec_compiles_for_sm80_and_sm90() {
     require_nvrtc();
     let specs = shipped_specs();
-    assert!(specs.len() >= 10, "expected the specs/ examples, found {}", specs.len());
-    for spec in &specs {
-        let kernel = emit_forward(spec);
-        for arch in [Arch::new(8, 0), Arch::new(9, 0)] {
-            let cubin = compile_cubin(&kernel, arch).unwrap_or_else(|e| panic!("{} for {arch}: {e}", spec.name));
-            assert!(cubin.starts_with(b"\x7fELF"), "{} for {arch}: not an ELF CUBIN", spec.name);
+    assert!(
+        specs.len() >= 10,
+        "expected the specs/ examples, found {}",
+        specs.len()
+    );
+    let jobs: Vec<(Kernel, Arch)> = specs
+        .iter()
+        .flat_map(|spec| [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (emit_forward(spec), arch)))
+        .collect();
+    // NVRTC takes seconds per kernel; compile on every core.
+    let next = AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                while let Some((kernel, arch)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    let cubin = compile_cubin(kernel, *arch)
+                        .unwrap_or_else(|e| panic!("{} for {arch}: {e}", kernel.name));
+                    assert!(
+                        cubin.starts_with(b"\x7fELF"),
+                        "{} for {arch}: not an ELF CUBIN",
+                        kernel.name
+                    );
+                }
+            });
         }
-    }
+    });
 }
 
 #[test]
@@ -51,17 +72,30 @@ fn compile_errors_carry_the_log_and_numbered_source() {
     require_nvrtc();
     let kernel = Kernel {
         name: "broken".into(),
-        source: "extern \"C\" __global__ void broken(float* o) {\n    o[0] = undeclared_value;\n}\n".into(),
+        source:
+            "extern \"C\" __global__ void broken(float* o) {\n    o[0] = undeclared_value;\n}\n"
+                .into(),
         block_m: 64,
         threads: 128,
         dynamic_smem: 0,
         args: vec![],
     };
     match compile_cubin(&kernel, Arch::new(8, 0)) {
-        Err(Error::Compile { kernel, arch, log, numbered_source }) => {
+        Err(Error::Compile {
+            kernel,
+            arch,
+            log,
+            numbered_source,
+        }) => {
             assert_eq!((kernel.as_str(), arch), ("broken", Arch::new(8, 0)));
-            assert!(log.contains("broken.cu(2)") && log.contains("undeclared_value"), "{log}");
-            assert!(numbered_source.contains("2 |     o[0] = undeclared_value;"), "{numbered_source}");
+            assert!(
+                log.contains("broken.cu(2)") && log.contains("undeclared_value"),
+                "{log}"
+            );
+            assert!(
+                numbered_source.contains("2 |     o[0] = undeclared_value;"),
+                "{numbered_source}"
+            );
         }
         other => panic!("expected Error::Compile, got {other:?}"),
     }

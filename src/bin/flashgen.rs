@@ -182,11 +182,11 @@ fn param_values(spec: &Spec, given: &[String]) -> Result<Vec<ParamValue>, String
                 .rev()
                 .find(|(n, _)| *n == p.name)
                 .ok_or_else(|| format!("missing --param {}=<{}>", p.name, p.ty))?;
-            let bad = |_| format!("--param {}: `{value}` is not an {}", p.name, p.ty);
-            Ok(match p.ty {
-                Ty::I32 => ParamValue::I32(value.parse().map_err(bad)?),
-                _ => ParamValue::F32(value.parse().map_err(bad)?),
-            })
+            let parsed = match p.ty {
+                Ty::I32 => value.parse().ok().map(ParamValue::I32),
+                _ => value.parse().ok().map(ParamValue::F32),
+            };
+            parsed.ok_or_else(|| format!("--param {}: `{value}` is not an {}", p.name, p.ty))
         })
         .collect()
 }
@@ -207,8 +207,8 @@ fn tensor_files(spec: &Spec, given: &[String]) -> Result<Vec<Option<TensorData>>
         }
         let words = bytes.chunks_exact(elem.size_bytes());
         tensors[slot] = Some(match elem {
-            ElemTy::I32 => TensorData::I32(words.map(|w| i32::from_le_bytes(w.try_into().unwrap())).collect()),
-            ElemTy::F32 => TensorData::Float(words.map(|w| f32::from_le_bytes(w.try_into().unwrap()) as f64).collect()),
+            ElemTy::I32 => TensorData::I32(words.map(|w| i32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect()),
+            ElemTy::F32 => TensorData::Float(words.map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]) as f64).collect()),
             ElemTy::F16 => TensorData::Float(
                 words.map(|w| flashgen::half::f16::from_le_bytes([w[0], w[1]]).to_f64()).collect(),
             ),

@@ -7,7 +7,7 @@
 //! define the spec language's semantics where C's would be undefined, and the
 //! CPU reference implements the same rules.
 
-pub(super) const PRELUDE: &str = r#"// ---- 16-bit floats -----------------------------------------------------------
+pub(super) const PRELUDE: &str = r#"// ---- 16-bit floats ----------------------------------------------------------
 // NVRTC ships without cuda_fp16.h / cuda_bf16.h, so half-precision values
 // travel as raw bit patterns in `unsigned short` and each format is a tag type
 // with its two conversions (round-to-nearest-even when narrowing).
@@ -33,14 +33,14 @@ struct f16 {
     }
 };
 
-// ---- constants -----------------------------------------------------------------
+// ---- constants --------------------------------------------------------------
 // Softmax runs in base 2 (exp(x) = exp2(x * LOG2E)); LN2 converts the
 // log-sum-exp back to natural log.
 constexpr float LOG2E = 1.442695f;
 constexpr float LN2 = 0.6931472f;
 __device__ __forceinline__ float neg_inf() { return __int_as_float((int)0xff800000u); }
 
-// ---- spec-language scalars -------------------------------------------------------
+// ---- spec-language scalars --------------------------------------------------
 // i32 arithmetic wraps like Rust's wrapping ops (signed overflow is undefined
 // in C, so it goes through unsigned). Division and remainder by zero give 0;
 // INT_MIN / -1 wraps to INT_MIN and INT_MIN % -1 is 0.
@@ -69,7 +69,7 @@ __device__ __forceinline__ long long clip(int i, long long n) {
     return c > 0 ? c : 0;
 }
 
-// ---- rows and tiles -------------------------------------------------------------
+// ---- rows and tiles ---------------------------------------------------------
 // A query row belongs to LANES adjacent threads of one warp. Lane l of a row
 // owns head-dim elements l, l + LANES, l + 2 * LANES, ... of every row vector:
 // the lanes of a row read adjacent shared-memory words and all rows of a warp

@@ -18,7 +18,11 @@ pub(super) struct Writer<W> {
 
 impl<W: Write> Writer<W> {
     pub fn new(out: W) -> Self {
-        Writer { out, level: 0, line_start: true }
+        Writer {
+            out,
+            level: 0,
+            line_start: true,
+        }
     }
 
     pub fn into_inner(self) -> W {
@@ -34,7 +38,11 @@ impl<W: Write> Writer<W> {
     }
 
     /// Writes `head {`, then `body` one level deeper, then `}`.
-    pub fn block(&mut self, head: fmt::Arguments, body: impl FnOnce(&mut Self) -> fmt::Result) -> fmt::Result {
+    pub fn block(
+        &mut self,
+        head: fmt::Arguments,
+        body: impl FnOnce(&mut Self) -> fmt::Result,
+    ) -> fmt::Result {
         writeln!(self, "{head} {{")?;
         self.indented(body)?;
         writeln!(self, "}}")
@@ -70,6 +78,9 @@ mod tests {
             w.block(format_args!("for (;;)"), |w| w.write_str("y;\nz;\n"))
         })
         .unwrap();
-        assert_eq!(w.into_inner(), "if (a) {\n    x = 1;\n\n    for (;;) {\n        y;\n        z;\n    }\n}\n");
+        assert_eq!(
+            w.into_inner(),
+            "if (a) {\n    x = 1;\n\n    for (;;) {\n        y;\n        z;\n    }\n}\n"
+        );
     }
 }

@@ -47,8 +47,18 @@ pub enum Precision {
 }
 
 /// Computes attention for `spec` on `problem`.
-pub fn forward(spec: &Spec, problem: &Problem, precision: Precision) -> Result<Output, ReferenceError> {
-    let Shape { batch, heads, heads_kv, q_len, kv_len } = problem.shape;
+pub fn forward(
+    spec: &Spec,
+    problem: &Problem,
+    precision: Precision,
+) -> Result<Output, ReferenceError> {
+    let Shape {
+        batch,
+        heads,
+        heads_kv,
+        q_len,
+        kv_len,
+    } = problem.shape;
     if heads_kv == 0 || heads % heads_kv != 0 {
         return Err(ReferenceError::Shape(format!(
             "heads_kv ({heads_kv}) must be positive and divide heads ({heads})"
@@ -58,21 +68,25 @@ pub fn forward(spec: &Spec, problem: &Problem, precision: Precision) -> Result<O
     check_len("q", problem.q.len(), &[batch, q_len, heads, d_qk])?;
     check_len("k", problem.k.len(), &[batch, kv_len, heads_kv, d_qk])?;
     check_len("v", problem.v.len(), &[batch, kv_len, heads_kv, d_v])?;
-    let arith = match precision {
-        Precision::F64 => Arith::F64,
-        Precision::SameDtype(_) => Arith::F32,
-    };
-    let env = Env::new(spec, &problem.shape, &problem.params, &problem.tensors, arith)?;
-    Ok(match precision {
-        Precision::F64 => run::<f64>(spec, problem, &env, None),
-        Precision::SameDtype(dtype) => run::<f32>(spec, problem, &env, Some(dtype)),
-    })
+    match precision {
+        Precision::F64 => run::<f64>(spec, problem, None),
+        Precision::SameDtype(dtype) => run::<f32>(spec, problem, Some(dtype)),
+    }
 }
 
 /// The float type the softmax and matrix products run in.
-trait Real: Copy + PartialOrd + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> + Div<Output = Self> {
+trait Real:
+    Copy
+    + PartialOrd
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+{
     const ZERO: Self;
     const NEG_INFINITY: Self;
+    /// The arithmetic the spec's expressions run in alongside.
+    const ARITH: Arith;
     fn from_f64(x: f64) -> Self;
     fn to_f64(self) -> f64;
     fn exp(self) -> Self;
@@ -81,10 +95,11 @@ trait Real: Copy + PartialOrd + Add<Output = Self> + Sub<Output = Self> + Mul<Ou
 }
 
 macro_rules! impl_real {
-    ($t:ty) => {
+    ($t:ty, $arith:expr) => {
         impl Real for $t {
             const ZERO: Self = 0.0;
             const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
+            const ARITH: Arith = $arith;
             fn from_f64(x: f64) -> Self {
                 x as $t
             }
@@ -104,22 +119,46 @@ macro_rules! impl_real {
     };
 }
 
-impl_real!(f32);
-impl_real!(f64);
+impl_real!(f32, Arith::F32);
+impl_real!(f64, Arith::F64);
 
 /// The forward pass in `F`, rounding S, P and O to `store` when given (the
 /// same-dtype emulation).
-fn run<F: Real>(spec: &Spec, problem: &Problem, env: &Env, store: Option<Dtype>) -> Output {
-    let Shape { batch, heads, heads_kv, q_len, kv_len } = problem.shape;
+fn run<F: Real>(
+    spec: &Spec,
+    problem: &Problem,
+    store: Option<Dtype>,
+) -> Result<Output, ReferenceError> {
+    let env = Env::new(
+        spec,
+        &problem.shape,
+        &problem.params,
+        &problem.tensors,
+        F::ARITH,
+    )?;
+    let Shape {
+        batch,
+        heads,
+        heads_kv,
+        q_len,
+        kv_len,
+    } = problem.shape;
     let (d_qk, d_v) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
     let keep = |x: F| store.map_or(x, |d| F::from_f64(round_dtype(d, x.to_f64())));
     // Rounding in f64 before narrowing avoids rounding twice.
-    let load = |xs: &[f64]| -> Vec<F> { xs.iter().map(|&x| F::from_f64(store.map_or(x, |d| round_dtype(d, x)))).collect() };
+    let load = |xs: &[f64]| -> Vec<F> {
+        xs.iter()
+            .map(|&x| F::from_f64(store.map_or(x, |d| round_dtype(d, x))))
+            .collect()
+    };
     let (q, k, v) = (load(&problem.q), load(&problem.k), load(&problem.v));
     let scale = F::from_f64(problem.scale);
     let group = heads / heads_kv;
 
-    let mut out = Output { o: vec![0.0; batch * q_len * heads * d_v], lse: vec![f64::NEG_INFINITY; batch * heads * q_len] };
+    let mut out = Output {
+        o: vec![0.0; batch * q_len * heads * d_v],
+        lse: vec![f64::NEG_INFINITY; batch * heads * q_len],
+    };
     // Per-row scratch: scores (−∞ for excluded keys), then exp(s − max).
     let mut s = vec![F::NEG_INFINITY; kv_len];
     let mut acc = vec![F::ZERO; d_v];
@@ -132,12 +171,22 @@ fn run<F: Real>(spec: &Spec, problem: &Problem, env: &Env, store: Option<Dtype>)
                 let row = (b * q_len + i) * heads + h;
                 let q_row = &q[row * d_qk..][..d_qk];
                 // Sizes were checked to fit i32 by `Env::new`.
-                let mut at = Position { b: b as i32, h: h as i32, q: i as i32, k: 0, score: 0.0 };
+                let mut at = Position {
+                    b: b as i32,
+                    h: h as i32,
+                    q: i as i32,
+                    k: 0,
+                    score: 0.0,
+                };
                 let mut max = F::NEG_INFINITY;
                 for (j, s_j) in s.iter_mut().enumerate() {
                     at.k = j as i32;
                     *s_j = F::NEG_INFINITY;
-                    if spec.mask.as_ref().is_some_and(|m| !env.eval(m, &at).as_bool()) {
+                    if spec
+                        .mask
+                        .as_ref()
+                        .is_some_and(|m| !env.eval(m, &at).as_bool())
+                    {
                         continue;
                     }
                     let mut x = keep(scale * dot(q_row, &k[kv_offset(j, d_qk)..][..d_qk]));
@@ -177,7 +226,7 @@ fn run<F: Real>(spec: &Spec, problem: &Problem, env: &Env, store: Option<Dtype>)
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// q·k with eight independent accumulators: vectorizable, and no less
@@ -185,7 +234,11 @@ fn run<F: Real>(spec: &Spec, problem: &Problem, env: &Env, store: Option<Dtype>)
 fn dot<F: Real>(a: &[F], b: &[F]) -> F {
     const LANES: usize = 8;
     let (a_chunks, b_chunks) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail = a_chunks.remainder().iter().zip(b_chunks.remainder()).fold(F::ZERO, |s, (&x, &y)| s + x * y);
+    let tail = a_chunks
+        .remainder()
+        .iter()
+        .zip(b_chunks.remainder())
+        .fold(F::ZERO, |s, (&x, &y)| s + x * y);
     let mut lanes = [F::ZERO; LANES];
     for (x, y) in a_chunks.zip(b_chunks) {
         for ((l, &x), &y) in lanes.iter_mut().zip(x).zip(y) {

@@ -65,7 +65,12 @@ pub fn flash_rule(out: &[f64], same_dtype: &[f64], golden: &[f64], factor: f64) 
     let error = max_abs_diff(out, golden);
     let reference_error = max_abs_diff(same_dtype, golden);
     let tolerance = factor * reference_error + FLASH_SLACK;
-    FlashCheck { error, reference_error, tolerance, passed: error <= tolerance }
+    FlashCheck {
+        error,
+        reference_error,
+        tolerance,
+        passed: error <= tolerance,
+    }
 }
 
 impl fmt::Display for FlashCheck {

@@ -89,6 +89,15 @@ impl Checker<'_> {
     }
 
     fn unary(&self, u: &syn::ExprUnary) -> Result<Expr, SpecError> {
+        // `-2147483648` is only in range once negated.
+        if let (syn::UnOp::Neg(_), syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. })) = (&u.op, &*u.expr) {
+            if matches!(i.suffix(), "" | "i32") {
+                return match i.base10_parse::<i64>().ok().and_then(|v| i32::try_from(-v).ok()) {
+                    Some(v) => Ok(Expr { ty: Ty::I32, kind: ExprKind::Int(v) }),
+                    None => err(u.span(), "integer literal out of range for i32"),
+                };
+            }
+        }
         let a = self.expr(&u.expr)?;
         let (op, ok) = match u.op {
             syn::UnOp::Neg(_) => (UnOp::Neg, a.ty != Ty::Bool),
@@ -144,7 +153,8 @@ impl Checker<'_> {
             syn::Type::Path(p) if p.path.is_ident("f32") => Ty::F32,
             other => return err(other.span(), "can only cast to `i32` or `f32`"),
         };
-        if a.ty == ty {
+        // A cast of a literal stays a cast: `1 as i32` is no longer flexible.
+        if a.ty == ty && !matches!(a.kind, ExprKind::Int(_)) {
             return Ok(a);
         }
         if a.ty == Ty::Bool && ty == Ty::F32 {
@@ -257,11 +267,13 @@ fn literal(lit: &syn::Lit) -> Result<Expr, SpecError> {
                 Ok(v) => Ok(Expr { ty: Ty::F32, kind: ExprKind::Float(v) }),
                 Err(_) => err(i.span(), "invalid f32 literal"),
             },
-            _ => err(i.span(), "integer literal out of range for i32"),
+            ("" | "i32", Err(_)) => err(i.span(), "integer literal out of range for i32"),
+            (suffix, _) => err(i.span(), format!("unsupported literal suffix `{suffix}`: expected i32 or f32")),
         },
         syn::Lit::Float(f) => match (f.suffix(), f.base10_parse::<f32>()) {
             ("" | "f32", Ok(v)) if v.is_finite() => Ok(Expr { ty: Ty::F32, kind: ExprKind::Float(v) }),
-            _ => err(f.span(), "invalid f32 literal"),
+            ("" | "f32", _) => err(f.span(), "invalid f32 literal"),
+            (suffix, _) => err(f.span(), format!("unsupported literal suffix `{suffix}`: expected f32")),
         },
         other => err(other.span(), "unsupported literal: expected an integer, a float or a bool"),
     }

@@ -42,7 +42,7 @@ pub fn parse_tokens(tokens: TokenStream) -> Result<Vec<Spec>, SpecError> {
     let file: SpecFile = syn::parse2(tokens)?;
     let mut specs: Vec<Spec> = Vec::new();
     for ast in file.0 {
-        if specs.iter().any(|s| s.name == ast.name.to_string()) {
+        if specs.iter().any(|s| ast.name == s.name) {
             return err(ast.name.span(), format!("spec `{}` is defined twice", ast.name));
         }
         specs.push(lower_spec(ast)?);
@@ -150,14 +150,15 @@ struct Fields {
 }
 
 impl Fields {
-    /// Rejects a second declaration of any name (setting, param or tensor).
-    fn claim(&mut self, name: &Ident) -> Result<(), SpecError> {
+    /// Rejects a second use of any name; `declared` names (params and
+    /// tensors) may not shadow built-ins or take a setting's name.
+    fn claim(&mut self, name: &Ident, declared: bool) -> Result<(), SpecError> {
         let text = name.to_string();
+        if declared && (check::is_reserved(&text) || SETTINGS.contains(&text.as_str())) {
+            return err(name.span(), format!("`{text}` is a built-in name and cannot be redeclared"));
+        }
         if self.seen.contains(&text) {
             return err(name.span(), format!("`{text}` is given twice"));
-        }
-        if check::is_reserved(&text) && !SETTINGS.contains(&text.as_str()) {
-            return err(name.span(), format!("`{text}` is a built-in name and cannot be redeclared"));
         }
         self.seen.push(text);
         Ok(())
@@ -171,7 +172,7 @@ fn lower_spec(ast: SpecAst) -> Result<Spec, SpecError> {
     for field in ast.fields {
         match field {
             FieldAst::Param { name, ty } => {
-                f.claim(&name)?;
+                f.claim(&name, true)?;
                 let ty = match ty.to_string().as_str() {
                     "i32" => Ty::I32,
                     "f32" => Ty::F32,
@@ -180,11 +181,11 @@ fn lower_spec(ast: SpecAst) -> Result<Spec, SpecError> {
                 f.params.push(Param { name: name.to_string(), ty });
             }
             FieldAst::Tensor { name, elem, dims } => {
-                f.claim(&name)?;
+                f.claim(&name, true)?;
                 f.tensors.push(lower_tensor(&name, &elem, &dims)?);
             }
             FieldAst::Setting { key, value } => {
-                f.claim(&key)?;
+                f.claim(&key, false)?;
                 lower_setting(&mut f, &key, value)?;
             }
         }
@@ -277,7 +278,7 @@ fn head_dim(value: &syn::Expr) -> Result<u32, SpecError> {
         return err(value.span(), "a head dimension must be an integer literal");
     };
     match lit.base10_parse::<u32>() {
-        Ok(d) if (1..=MAX_HEAD_DIM).contains(&d) => Ok(d),
+        Ok(d) if lit.suffix().is_empty() && (1..=MAX_HEAD_DIM).contains(&d) => Ok(d),
         _ => err(lit.span(), format!("unsupported head dimension {lit}: expected 1 to {MAX_HEAD_DIM}")),
     }
 }
@@ -294,10 +295,13 @@ fn doc_lines(attrs: &[Attribute]) -> Result<Vec<String>, SpecError> {
         .iter()
         .map(|a| match &a.meta {
             syn::Meta::NameValue(nv) if nv.path.is_ident("doc") => match &nv.value {
-                syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(s), .. }) => Ok(s.value().trim().to_string()),
+                syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(s), .. }) => {
+                    Ok(s.value().lines().map(|l| l.trim().to_string()).collect::<Vec<_>>())
+                }
                 other => err(other.span(), "expected a doc string"),
             },
             _ => err(a.span(), "only `///` doc comments may precede a spec"),
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()
+        .map(|lines| lines.concat())
 }

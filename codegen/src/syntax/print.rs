@@ -51,11 +51,7 @@ fn write_expr(out: &mut String, spec: &Spec, e: &Expr, min_prec: u8) {
             let _ = write!(out, "{v}");
         }
         ExprKind::Int(v) => {
-            if *v == i32::MIN {
-                out.push_str("(-2147483647 - 1)");
-            } else {
-                let _ = write!(out, "{v}");
-            }
+            let _ = write!(out, "{v}");
         }
         ExprKind::Float(v) => {
             let _ = write!(out, "{v:?}");

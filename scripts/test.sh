@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace. Compiling kernels needs NVRTC, not a GPU:
+# nvrtc-env.sh finds a CUDA toolkit's libnvrtc or installs NVIDIA's PyPI
+# wheel into target/pypi-nvrtc. GPU tests run where a GPU is found and are
+# skipped elsewhere.
+set -euo pipefail
+source "$(dirname "$0")/nvrtc-env.sh"
+cd "$flashgen_root"
+cargo test --workspace --all-targets
+cargo test --workspace --doc

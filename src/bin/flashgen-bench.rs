@@ -1,0 +1,114 @@
+//! Forward-pass benchmark over the peer suite of `../shared/anchors.md`:
+//! bf16, 16 heads, batch × seqlen = 32768 tokens, random N(0, 1) inputs,
+//! median of CUDA-event timings after warm-up.
+//! TFLOP/s = 4·b·h·s²·d · density / time, density = the kept fraction of
+//! (q, k) pairs, counted exactly.
+//!
+//! `flashgen-bench [--variants causal,full] [--dims 64,128] [--seqs 1024,4096,16384] [--iters 20]`
+
+use flashgen::codegen::reference::{ParamValue, TensorData};
+use flashgen::codegen::Shape;
+use flashgen::verify::{self, DeviceProblem, OperandLayout};
+use flashgen::Runtime;
+
+const TOKENS: usize = 32768;
+const HEADS: usize = 16;
+const WINDOW: usize = 1024;
+const DOCS: usize = 4;
+
+/// The suite's variants: name and spec body (dtype and head_dim prepended).
+const VARIANTS: [(&str, &str); 6] = [
+    ("full", ""),
+    ("causal", "mask: q >= k,"),
+    ("swa1024", "param window: i32, mask: q >= k && q - k < window,"),
+    ("doc", "tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k],"),
+    ("softcap-causal", "mask: q >= k, score: 30.0 * tanh(score / 30.0),"),
+    (
+        "alibi-causal",
+        "tensor slopes: f32[H], mask: q >= k, score: score + slopes[h] * (k - q) as f32,",
+    ),
+];
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let list = |flag: &str, default: &str| -> Vec<String> {
+        let value = args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1));
+        value.map_or(default, |v| v.as_str()).split(',').map(str::to_string).collect()
+    };
+    let variants = list("--variants", "full,causal,swa1024,doc,softcap-causal,alibi-causal");
+    let dims: Vec<u32> = list("--dims", "128,64").iter().filter_map(|d| d.parse().ok()).collect();
+    let seqs: Vec<usize> = list("--seqs", "1024,4096,16384").iter().filter_map(|s| s.parse().ok()).collect();
+    let iters: usize = list("--iters", "20")[0].parse().unwrap_or(20);
+
+    let rt = match Runtime::new(0) {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("flashgen-bench needs a GPU: {e}");
+            std::process::exit(2);
+        }
+    };
+    println!("device: {} ({}), bf16, {HEADS} heads, {TOKENS} tokens per batch, median of {iters}", rt.device_name(), rt.arch());
+    println!("{:<16} {:>4} {:>6} {:>3} {:>10} {:>9} {:>8}", "variant", "d", "s", "b", "ms", "TFLOP/s", "density");
+    for &d in &dims {
+        for &s in &seqs {
+            let batch = (TOKENS / s).max(1);
+            let shape = Shape { batch, heads: HEADS, heads_kv: HEADS, q_len: s, kv_len: s };
+            // One draw of Q/K/V per shape, shared by the variants.
+            let full = flashgen::parse_one(&format!("Full {{ dtype: bf16, head_dim: {d} }}")).expect("valid spec");
+            let mut problem = verify::random_problem(&full, shape, vec![], vec![], None, s as u64);
+            for name in &variants {
+                let Some((_, body)) = VARIANTS.iter().find(|(n, _)| n == name) else {
+                    eprintln!("unknown variant `{name}`");
+                    continue;
+                };
+                let spec = flashgen::parse_one(&format!("Bench {{ dtype: bf16, head_dim: {d}, {body} }}"))
+                    .expect("bench specs are valid");
+                let density;
+                (problem.params, problem.tensors, density) = inputs(name, batch, s);
+                let timed = DeviceProblem::upload(&rt, &spec, &problem, OperandLayout::Bshd)
+                    .and_then(|mut gpu| gpu.time(&rt, &spec, &problem, 3, iters));
+                match timed {
+                    Ok(ms) => {
+                        let flops = 4.0 * (batch * HEADS) as f64 * (s * s) as f64 * d as f64 * density;
+                        let tflops = flops / (ms * 1e-3) / 1e12;
+                        println!("{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4}");
+                    }
+                    Err(e) => println!("{name:<16} {d:>4} {s:>6} {batch:>3} error: {e}"),
+                }
+            }
+        }
+    }
+}
+
+/// Params, captured tensors and the exact kept fraction for one variant.
+fn inputs(name: &str, batch: usize, s: usize) -> (Vec<ParamValue>, Vec<TensorData>, f64) {
+    let pairs = (s * s) as f64;
+    match name {
+        "causal" | "softcap-causal" => (vec![], vec![], (s * (s + 1) / 2) as f64 / pairs),
+        "alibi-causal" => {
+            let slopes = (0..HEADS).map(|h| 2f64.powf(-8.0 * (h + 1) as f64 / HEADS as f64)).collect();
+            (vec![], vec![TensorData::Float(slopes)], (s * (s + 1) / 2) as f64 / pairs)
+        }
+        "swa1024" => {
+            let kept: usize = (0..s).map(|q| (q + 1).min(WINDOW)).sum();
+            (vec![ParamValue::I32(WINDOW as i32)], vec![], kept as f64 / pairs)
+        }
+        "doc" => {
+            // DOCS sorted documents of pseudo-random lengths per sequence.
+            let mut ids = Vec::with_capacity(batch * s);
+            let mut kept = 0usize;
+            for b in 0..batch {
+                let mut cuts: Vec<usize> = (1..DOCS).map(|i| (i * s / DOCS + (b * 7919 + i * 104729) % (s / 8)) % s).collect();
+                cuts.sort_unstable();
+                let row: Vec<i32> = (0..s).map(|i| cuts.iter().filter(|&&c| c <= i).count() as i32).collect();
+                for doc in 0..DOCS as i32 {
+                    let len = row.iter().filter(|&&d| d == doc).count();
+                    kept += len * len;
+                }
+                ids.extend(row);
+            }
+            (vec![], vec![TensorData::I32(ids)], kept as f64 / (batch as f64 * pairs))
+        }
+        _ => (vec![], vec![], 1.0),
+    }
+}
