@@ -12,3 +12,4 @@ if ! { ldconfig -p 2>/dev/null | grep -q 'libnvrtc\.so'; } \
 fi
 [ -d /usr/local/cuda/lib64 ] && export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 [ -d "$flashgen_pypi_lib" ] && export LD_LIBRARY_PATH="$flashgen_pypi_lib:${LD_LIBRARY_PATH:-}"
+true

@@ -33,19 +33,14 @@ impl FromStr for Arch {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Arch, Error> {
-        let invalid = || Error::InvalidArch {
-            input: s.to_string(),
-        };
+        let invalid = || Error::InvalidArch { input: s.to_string() };
         let digits = s.strip_prefix("sm_").unwrap_or(s);
         let digits = digits.strip_suffix(['a', 'f']).unwrap_or(digits);
         if digits.len() < 2 || !digits.bytes().all(|b| b.is_ascii_digit()) {
             return Err(invalid());
         }
         let (major, minor) = digits.split_at(digits.len() - 1);
-        Ok(Arch {
-            major: major.parse().map_err(|_| invalid())?,
-            minor: minor.parse().map_err(|_| invalid())?,
-        })
+        Ok(Arch { major: major.parse().map_err(|_| invalid())?, minor: minor.parse().map_err(|_| invalid())? })
     }
 }
 
@@ -72,22 +67,9 @@ mod tests {
 
     #[test]
     fn rejects_garbage() {
-        for text in [
-            "",
-            "sm_",
-            "sm_9",
-            "9",
-            "sm_9x",
-            "compute_90",
-            "sm_90b",
-            "+90",
-            "sm_99999999999",
-        ] {
+        for text in ["", "sm_", "sm_9", "9", "sm_9x", "compute_90", "sm_90b", "+90", "sm_99999999999"] {
             let err = text.parse::<Arch>().unwrap_err();
-            assert!(
-                matches!(&err, Error::InvalidArch { input } if input == text),
-                "{text}: {err}"
-            );
+            assert!(matches!(&err, Error::InvalidArch { input } if input == text), "{text}: {err}");
             assert!(err.to_string().contains("sm_90"), "{err}");
         }
     }

@@ -2,7 +2,7 @@
 
 use crate::Error;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
-use flashgen_codegen::{ElemTy, Shape, Spec, Ty};
+use flashgen_codegen::{ElemTy, Shape, Spec, TensorDecl, Ty};
 use half::{bf16, f16};
 
 /// One runtime param or captured tensor: params first, then tensors, each
@@ -59,10 +59,7 @@ impl ArgValue<'_> {
 
     /// A tensor's device address, with the guard that orders the launch after
     /// pending writes to it (drop it after the launch); `None` for scalars.
-    pub(crate) fn device_ptr<'s>(
-        &'s self,
-        stream: &'s CudaStream,
-    ) -> Option<(u64, SyncOnDrop<'s>)> {
+    pub(crate) fn device_ptr<'s>(&'s self, stream: &'s CudaStream) -> Option<(u64, SyncOnDrop<'s>)> {
         match self {
             ArgValue::I32(_) | ArgValue::F32(_) => None,
             ArgValue::I32s(s) => Some(s.device_ptr(stream)),
@@ -90,24 +87,13 @@ impl ArgInfo {
 pub(crate) fn check_args(spec: &Spec, shape: &Shape, args: &[ArgInfo]) -> Result<(), Error> {
     let expected = spec.params.len() + spec.tensors.len();
     if args.len() != expected {
-        return Err(Error::ArgCount {
-            expected,
-            got: args.len(),
-            signature: signature(spec),
-        });
+        return Err(Error::ArgCount { expected, got: args.len(), signature: signature(spec) });
     }
     let (params, tensors) = args.split_at(spec.params.len());
     for (param, &arg) in spec.params.iter().zip(params) {
-        if !matches!(
-            (param.ty, arg),
-            (Ty::I32, ArgInfo::I32(_)) | (Ty::F32, ArgInfo::F32(_))
-        ) {
+        if !matches!((param.ty, arg), (Ty::I32, ArgInfo::I32(_)) | (Ty::F32, ArgInfo::F32(_))) {
             let expected = param.ty.name().to_string();
-            return Err(Error::ArgType {
-                name: param.name.clone(),
-                expected,
-                got: arg.type_name(),
-            });
+            return Err(Error::ArgType { name: param.name.clone(), expected, got: arg.type_name() });
         }
     }
     for (tensor, &arg) in spec.tensors.iter().zip(tensors) {
@@ -115,29 +101,14 @@ pub(crate) fn check_args(spec: &Spec, shape: &Shape, args: &[ArgInfo]) -> Result
             ArgInfo::Tensor(elem, len) if elem == tensor.elem => {
                 // Saturating, unlike `TensorDecl::len`: an overflowing shape
                 // needs more elements than any buffer holds.
-                let needed = tensor
-                    .dims
-                    .iter()
-                    .fold(1usize, |n, d| n.saturating_mul(d.resolve(shape)));
+                let needed = tensor.dims.iter().fold(1usize, |n, d| n.saturating_mul(d.resolve(shape)));
                 if len < needed {
-                    return Err(Error::TensorTooSmall {
-                        name: tensor.name.clone(),
-                        len,
-                        needed,
-                    });
+                    return Err(Error::TensorTooSmall { name: tensor.name.clone(), len, needed });
                 }
             }
             _ => {
-                let expected = format!(
-                    "CudaSlice<{}> for {}",
-                    tensor.elem.name(),
-                    tensor_decl(tensor)
-                );
-                return Err(Error::ArgType {
-                    name: tensor.name.clone(),
-                    expected,
-                    got: arg.type_name(),
-                });
+                let expected = format!("CudaSlice<{}> for {}", tensor.elem.name(), tensor_decl(tensor));
+                return Err(Error::ArgType { name: tensor.name.clone(), expected, got: arg.type_name() });
             }
         }
     }
@@ -147,10 +118,7 @@ pub(crate) fn check_args(spec: &Spec, shape: &Shape, args: &[ArgInfo]) -> Result
 /// `window: i32, slopes: f32[H]`, for error messages.
 fn signature(spec: &Spec) -> String {
     let params = spec.params.iter().map(|p| format!("{}: {}", p.name, p.ty));
-    let tensors = spec
-        .tensors
-        .iter()
-        .map(|t| format!("{}: {}", t.name, tensor_decl(t)));
+    let tensors = spec.tensors.iter().map(|t| format!("{}: {}", t.name, tensor_decl(t)));
     let all: Vec<String> = params.chain(tensors).collect();
     if all.is_empty() {
         "the spec declares no params or tensors".to_string()
@@ -159,7 +127,7 @@ fn signature(spec: &Spec) -> String {
     }
 }
 
-fn tensor_decl(t: &flashgen_codegen::TensorDecl) -> String {
+fn tensor_decl(t: &TensorDecl) -> String {
     let dims: Vec<String> = t.dims.iter().map(|d| d.to_string()).collect();
     format!("{}[{}]", t.elem.name(), dims.join(", "))
 }
@@ -177,19 +145,9 @@ mod tests {
         .unwrap()
     }
 
-    const SHAPE: Shape = Shape {
-        batch: 2,
-        heads: 8,
-        heads_kv: 2,
-        q_len: 100,
-        kv_len: 300,
-    };
-    const GOOD: [ArgInfo; 4] = [
-        ArgInfo::I32(128),
-        ArgInfo::F32(30.0),
-        ArgInfo::Tensor(ElemTy::F32, 8),
-        ArgInfo::Tensor(ElemTy::I32, 600),
-    ];
+    const SHAPE: Shape = Shape { batch: 2, heads: 8, heads_kv: 2, q_len: 100, kv_len: 300 };
+    const GOOD: [ArgInfo; 4] =
+        [ArgInfo::I32(128), ArgInfo::F32(30.0), ArgInfo::Tensor(ElemTy::F32, 8), ArgInfo::Tensor(ElemTy::I32, 600)];
 
     #[test]
     fn accepts_matching_args() {
@@ -203,22 +161,8 @@ mod tests {
     #[test]
     fn wrong_count_lists_the_signature() {
         let err = check_args(&spec(), &SHAPE, &GOOD[..3]).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::ArgCount {
-                    expected: 4,
-                    got: 3,
-                    ..
-                }
-            ),
-            "{err}"
-        );
-        assert!(
-            err.to_string()
-                .contains("window: i32, cap: f32, slopes: f32[H], doc: i32[B, KV_LEN]"),
-            "{err}"
-        );
+        assert!(matches!(err, Error::ArgCount { expected: 4, got: 3, .. }), "{err}");
+        assert!(err.to_string().contains("window: i32, cap: f32, slopes: f32[H], doc: i32[B, KV_LEN]"), "{err}");
     }
 
     #[test]
@@ -232,10 +176,7 @@ mod tests {
             let mut args = GOOD;
             args[i] = bad;
             let err = check_args(&spec(), &SHAPE, &args).unwrap_err();
-            assert!(
-                matches!(&err, Error::ArgType { name: n, .. } if n == name),
-                "{err}"
-            );
+            assert!(matches!(&err, Error::ArgType { name: n, .. } if n == name), "{err}");
             assert!(err.to_string().contains(bad.type_name()), "{err}");
         }
     }
@@ -245,26 +186,10 @@ mod tests {
         let mut args = GOOD;
         args[3] = ArgInfo::Tensor(ElemTy::I32, 599);
         let err = check_args(&spec(), &SHAPE, &args).unwrap_err();
-        assert!(
-            matches!(&err, Error::TensorTooSmall { name, len: 599, needed: 600 } if name == "doc"),
-            "{err}"
-        );
+        assert!(matches!(&err, Error::TensorTooSmall { name, len: 599, needed: 600 } if name == "doc"), "{err}");
         // A shape whose element count overflows can never be satisfied.
-        let huge = Shape {
-            batch: usize::MAX,
-            kv_len: 2,
-            ..SHAPE
-        };
+        let huge = Shape { batch: usize::MAX, kv_len: 2, ..SHAPE };
         let err = check_args(&spec(), &huge, &GOOD).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::TensorTooSmall {
-                    needed: usize::MAX,
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, Error::TensorTooSmall { needed: usize::MAX, .. }), "{err}");
     }
 }

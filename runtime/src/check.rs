@@ -36,16 +36,9 @@ pub(crate) struct Problem {
 /// output is empty (no batch or no queries) and nothing should be launched.
 /// An empty key sequence still launches: every row is fully masked and the
 /// kernel must still write O and the LSE.
-pub(crate) fn check_forward(
-    spec: &Spec,
-    p: &Problem,
-    args: &[ArgInfo],
-) -> Result<Option<Shape>, Error> {
+pub(crate) fn check_forward(spec: &Spec, p: &Problem, args: &[ArgInfo]) -> Result<Option<Shape>, Error> {
     if p.dtype != spec.dtype {
-        return Err(Error::Dtype {
-            spec: spec.dtype,
-            got: p.dtype,
-        });
+        return Err(Error::Dtype { spec: spec.dtype, got: p.dtype });
     }
     let (q, k, v, o) = (&p.q.layout, &p.k.layout, &p.v.layout, &p.o.layout);
     for (operand, l, other, expected, what) in [
@@ -58,13 +51,7 @@ pub(crate) fn check_forward(
         (Operand::V, v.seq, Operand::K, k.seq, "seq"),
     ] {
         if l != expected {
-            return Err(Error::SizeMismatch {
-                operand,
-                other,
-                what,
-                got: l,
-                expected,
-            });
+            return Err(Error::SizeMismatch { operand, other, what, got: l, expected });
         }
     }
     for (operand, got, expected) in [
@@ -74,27 +61,14 @@ pub(crate) fn check_forward(
         (Operand::O, o.dim, spec.head_dims.v),
     ] {
         if got != expected as usize {
-            return Err(Error::HeadDim {
-                operand,
-                got,
-                expected,
-            });
+            return Err(Error::HeadDim { operand, got, expected });
         }
     }
     if q.heads == 0 || k.heads == 0 || q.heads % k.heads != 0 {
-        return Err(Error::HeadGroups {
-            heads: q.heads,
-            heads_kv: k.heads,
-        });
+        return Err(Error::HeadGroups { heads: q.heads, heads_kv: k.heads });
     }
 
-    let shape = Shape {
-        batch: q.batch,
-        heads: q.heads,
-        heads_kv: k.heads,
-        q_len: q.seq,
-        kv_len: k.seq,
-    };
+    let shape = Shape { batch: q.batch, heads: q.heads, heads_kv: k.heads, q_len: q.seq, kv_len: k.seq };
     // Sizes are i32 kernel arguments. q_len ≤ i32::MAX also keeps the grid's
     // x dimension (query tiles) within CUDA's 2^31 - 1, and heads_kv divides
     // heads, so it needs no check of its own.
@@ -110,22 +84,14 @@ pub(crate) fn check_forward(
         }
     }
     check_args(spec, &shape, args)?;
-    for (operand, buffer) in [
-        (Operand::Q, &p.q),
-        (Operand::K, &p.k),
-        (Operand::V, &p.v),
-        (Operand::O, &p.o),
-    ] {
+    for (operand, buffer) in [(Operand::Q, &p.q), (Operand::K, &p.k), (Operand::V, &p.v), (Operand::O, &p.o)] {
         check_bounds(operand, buffer)?;
     }
     if shape.batch == 0 || shape.q_len == 0 {
         return Ok(None);
     }
     if let Some(len) = p.lse {
-        let needed = shape
-            .batch
-            .saturating_mul(shape.heads)
-            .saturating_mul(shape.q_len);
+        let needed = shape.batch.saturating_mul(shape.heads).saturating_mul(shape.q_len);
         if len < needed {
             return Err(Error::LseTooSmall { len, needed });
         }
@@ -138,18 +104,10 @@ pub(crate) fn check_forward(
 /// can hold.
 fn check_bounds(operand: Operand, b: &Buffer) -> Result<(), Error> {
     let l = &b.layout;
-    let axes = [
-        (Axis::Batch, l.batch),
-        (Axis::Seq, l.seq),
-        (Axis::Head, l.heads),
-    ];
+    let axes = [(Axis::Batch, l.batch), (Axis::Seq, l.seq), (Axis::Head, l.heads)];
     for ((axis, _), &stride) in axes.iter().zip(&l.strides) {
         if stride < 0 {
-            return Err(Error::NegativeStride {
-                operand,
-                axis: *axis,
-                stride,
-            });
+            return Err(Error::NegativeStride { operand, axis: *axis, stride });
         }
     }
     if l.is_empty() {
@@ -159,9 +117,7 @@ fn check_bounds(operand: Operand, b: &Buffer) -> Result<(), Error> {
     // The last element sits at Σ (size - 1) · stride + (dim - 1).
     let mut last = l.dim as i128 - 1;
     for ((_, size), &stride) in axes.iter().zip(&l.strides) {
-        let step = (*size as i128 - 1)
-            .checked_mul(stride as i128)
-            .ok_or_else(overflow)?;
+        let step = (*size as i128 - 1).checked_mul(stride as i128).ok_or_else(overflow)?;
         last = last.checked_add(step).ok_or_else(overflow)?;
     }
     if last > i64::MAX as i128 {
@@ -169,11 +125,7 @@ fn check_bounds(operand: Operand, b: &Buffer) -> Result<(), Error> {
     }
     let needed = last as u128 + 1;
     if needed > b.len as u128 {
-        return Err(Error::OutOfBounds {
-            operand,
-            needed,
-            len: b.len,
-        });
+        return Err(Error::OutOfBounds { operand, needed, len: b.len });
     }
     Ok(())
 }
@@ -184,15 +136,11 @@ mod tests {
     use flashgen_codegen::{parse_one, ElemTy};
 
     fn gqa() -> Spec {
-        parse_one("G { dtype: bf16, head_dim: 192, v_head_dim: 128, tensor slopes: f32[H] }")
-            .unwrap()
+        parse_one("G { dtype: bf16, head_dim: 192, v_head_dim: 128, tensor slopes: f32[H] }").unwrap()
     }
 
     fn contiguous(layout: Layout) -> Buffer {
-        Buffer {
-            layout,
-            len: layout.len(),
-        }
+        Buffer { layout, len: layout.len() }
     }
 
     /// B=2, Q_LEN=100, KV_LEN=300, H=8, H_KV=2, dims 192/128, BSHD buffers.
@@ -216,41 +164,14 @@ mod tests {
     #[test]
     fn accepts_a_valid_problem() {
         let shape = check(&problem()).unwrap().unwrap();
-        assert_eq!(
-            shape,
-            Shape {
-                batch: 2,
-                heads: 8,
-                heads_kv: 2,
-                q_len: 100,
-                kv_len: 300
-            }
-        );
-        check(&Problem {
-            lse: None,
-            ..problem()
-        })
-        .unwrap()
-        .unwrap();
+        assert_eq!(shape, Shape { batch: 2, heads: 8, heads_kv: 2, q_len: 100, kv_len: 300 });
+        check(&Problem { lse: None, ..problem() }).unwrap().unwrap();
     }
 
     #[test]
     fn dtype_mismatch() {
-        let err = check(&Problem {
-            dtype: Dtype::F16,
-            ..problem()
-        })
-        .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::Dtype {
-                    spec: Dtype::Bf16,
-                    got: Dtype::F16
-                }
-            ),
-            "{err}"
-        );
+        let err = check(&Problem { dtype: Dtype::F16, ..problem() }).unwrap_err();
+        assert!(matches!(err, Error::Dtype { spec: Dtype::Bf16, got: Dtype::F16 }), "{err}");
     }
 
     #[test]
@@ -259,53 +180,24 @@ mod tests {
         p.v = contiguous(Layout::bshd(2, 299, 2, 128));
         let err = check(&p).unwrap_err();
         assert!(
-            matches!(
-                err,
-                Error::SizeMismatch {
-                    operand: Operand::V,
-                    other: Operand::K,
-                    what: "seq",
-                    ..
-                }
-            ),
+            matches!(err, Error::SizeMismatch { operand: Operand::V, other: Operand::K, what: "seq", .. }),
             "{err}"
         );
         assert_eq!(err.to_string(), "V has seq = 299 but K has seq = 300");
 
         let mut p = problem();
         p.o = contiguous(Layout::bshd(1, 100, 8, 128));
-        assert!(matches!(
-            check(&p),
-            Err(Error::SizeMismatch {
-                operand: Operand::O,
-                what: "batch",
-                ..
-            })
-        ));
+        assert!(matches!(check(&p), Err(Error::SizeMismatch { operand: Operand::O, what: "batch", .. })));
     }
 
     #[test]
     fn head_dims_come_from_the_spec() {
         let mut p = problem();
         p.k = contiguous(Layout::bshd(2, 300, 2, 128));
-        assert!(matches!(
-            check(&p),
-            Err(Error::HeadDim {
-                operand: Operand::K,
-                got: 128,
-                expected: 192
-            })
-        ));
+        assert!(matches!(check(&p), Err(Error::HeadDim { operand: Operand::K, got: 128, expected: 192 })));
         let mut p = problem();
         p.o = contiguous(Layout::bshd(2, 100, 8, 192));
-        assert!(matches!(
-            check(&p),
-            Err(Error::HeadDim {
-                operand: Operand::O,
-                got: 192,
-                expected: 128
-            })
-        ));
+        assert!(matches!(check(&p), Err(Error::HeadDim { operand: Operand::O, got: 192, expected: 128 })));
     }
 
     #[test]
@@ -313,20 +205,11 @@ mod tests {
         let mut p = problem();
         p.k = contiguous(Layout::bshd(2, 300, 3, 192));
         p.v = contiguous(Layout::bshd(2, 300, 3, 128));
-        assert!(matches!(
-            check(&p),
-            Err(Error::HeadGroups {
-                heads: 8,
-                heads_kv: 3
-            })
-        ));
+        assert!(matches!(check(&p), Err(Error::HeadGroups { heads: 8, heads_kv: 3 })));
         let mut p = problem();
         p.k = contiguous(Layout::bshd(2, 300, 0, 192));
         p.v = contiguous(Layout::bshd(2, 300, 0, 128));
-        assert!(matches!(
-            check(&p),
-            Err(Error::HeadGroups { heads_kv: 0, .. })
-        ));
+        assert!(matches!(check(&p), Err(Error::HeadGroups { heads_kv: 0, .. })));
     }
 
     #[test]
@@ -334,9 +217,7 @@ mod tests {
         let mut p = problem();
         p.q.len -= 1;
         let err = check(&p).unwrap_err();
-        assert!(
-            matches!(err, Error::OutOfBounds { operand: Operand::Q, needed, .. } if needed == p.q.len as u128 + 1)
-        );
+        assert!(matches!(err, Error::OutOfBounds { operand: Operand::Q, needed, .. } if needed == p.q.len as u128 + 1));
 
         // A strided view into a larger buffer: stride 2·dim along seq.
         let mut p = problem();
@@ -344,13 +225,7 @@ mod tests {
         p.k.len = 300 * 768 + 299 * 768 + 384;
         check(&p).unwrap();
         p.k.len -= 1;
-        assert!(matches!(
-            check(&p),
-            Err(Error::OutOfBounds {
-                operand: Operand::K,
-                ..
-            })
-        ));
+        assert!(matches!(check(&p), Err(Error::OutOfBounds { operand: Operand::K, .. })));
     }
 
     #[test]
@@ -358,60 +233,26 @@ mod tests {
         let mut p = problem();
         p.v.layout.strides[1] = -128;
         let err = check(&p).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::NegativeStride {
-                    operand: Operand::V,
-                    axis: Axis::Seq,
-                    stride: -128
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, Error::NegativeStride { operand: Operand::V, axis: Axis::Seq, stride: -128 }), "{err}");
         assert_eq!(err.to_string(), "V has negative seq stride -128");
 
         let mut p = problem();
         p.o.layout.strides[0] = i64::MAX;
         p.o.len = usize::MAX;
-        assert!(matches!(
-            check(&p),
-            Err(Error::OffsetOverflow {
-                operand: Operand::O
-            })
-        ));
+        assert!(matches!(check(&p), Err(Error::OffsetOverflow { operand: Operand::O })));
     }
 
     #[test]
     fn lse_must_cover_every_row() {
-        let err = check(&Problem {
-            lse: Some(1599),
-            ..problem()
-        })
-        .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::LseTooSmall {
-                    len: 1599,
-                    needed: 1600
-                }
-            ),
-            "{err}"
-        );
+        let err = check(&Problem { lse: Some(1599), ..problem() }).unwrap_err();
+        assert!(matches!(err, Error::LseTooSmall { len: 1599, needed: 1600 }), "{err}");
     }
 
     #[test]
     fn args_are_checked() {
-        assert!(matches!(
-            check_forward(&gqa(), &problem(), &[]),
-            Err(Error::ArgCount { .. })
-        ));
+        assert!(matches!(check_forward(&gqa(), &problem(), &[]), Err(Error::ArgCount { .. })));
         let small = [ArgInfo::Tensor(ElemTy::F32, 7)];
-        assert!(matches!(
-            check_forward(&gqa(), &problem(), &small),
-            Err(Error::TensorTooSmall { .. })
-        ));
+        assert!(matches!(check_forward(&gqa(), &problem(), &small), Err(Error::TensorTooSmall { .. })));
     }
 
     #[test]
@@ -447,20 +288,10 @@ mod tests {
         for b in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
             b.layout.batch = 65_536;
         }
-        assert!(matches!(
-            check(&p),
-            Err(Error::TooLarge {
-                what: "batch",
-                value: 65_536,
-                max: 65_535
-            })
-        ));
+        assert!(matches!(check(&p), Err(Error::TooLarge { what: "batch", value: 65_536, max: 65_535 })));
         let mut p = problem();
         p.k.layout.seq = 1 << 31;
         p.v.layout.seq = 1 << 31;
-        assert!(matches!(
-            check(&p),
-            Err(Error::TooLarge { what: "kv_len", .. })
-        ));
+        assert!(matches!(check(&p), Err(Error::TooLarge { what: "kv_len", .. })));
     }
 }

@@ -12,8 +12,7 @@ use flashgen_codegen::Dtype;
 use std::fmt;
 use std::path::PathBuf;
 
-const NVRTC_HINT: &str =
-    "install a CUDA toolkit, or run `python3 -m pip install 'nvidia-cuda-nvrtc>=13,<14'` \
+const NVRTC_HINT: &str = "install a CUDA toolkit, or run `python3 -m pip install 'nvidia-cuda-nvrtc>=13,<14'` \
      and put its `nvidia/cu13/lib` directory on LD_LIBRARY_PATH";
 
 #[derive(Debug)]
@@ -24,13 +23,24 @@ pub enum Error {
     /// libcuda (the driver) could not be loaded.
     DriverMissing,
     /// There is no GPU with this ordinal.
-    NoDevice { ordinal: usize, count: usize },
+    NoDevice {
+        ordinal: usize,
+        count: usize,
+    },
     /// A string that does not name a compute capability.
-    InvalidArch { input: String },
+    InvalidArch {
+        input: String,
+    },
     /// The GPU is older than the kernels support.
-    UnsupportedArch { arch: Arch, device: String },
+    UnsupportedArch {
+        arch: Arch,
+        device: String,
+    },
     /// A CUDA driver call failed.
-    Driver { during: String, source: DriverError },
+    Driver {
+        during: String,
+        source: DriverError,
+    },
     /// An NVRTC call other than the compilation itself failed.
     Nvrtc {
         during: &'static str,
@@ -56,9 +66,15 @@ pub enum Error {
     },
     /// The generated kernel's launch description is inconsistent with its
     /// spec (a code generator bug, reported rather than trusted).
-    KernelAbi { kernel: String, problem: String },
+    KernelAbi {
+        kernel: String,
+        problem: String,
+    },
     /// The element type of Q/K/V/O differs from the spec's dtype.
-    Dtype { spec: Dtype, got: Dtype },
+    Dtype {
+        spec: Dtype,
+        got: Dtype,
+    },
     /// A size of `operand` disagrees with the same size of `other`.
     SizeMismatch {
         operand: Operand,
@@ -74,7 +90,10 @@ pub enum Error {
         expected: u32,
     },
     /// Query heads must be a positive multiple of key/value heads.
-    HeadGroups { heads: usize, heads_kv: usize },
+    HeadGroups {
+        heads: usize,
+        heads_kv: usize,
+    },
     NegativeStride {
         operand: Operand,
         axis: Axis,
@@ -87,7 +106,9 @@ pub enum Error {
         len: usize,
     },
     /// The layout's largest element offset overflows the kernel's int64 indexing.
-    OffsetOverflow { operand: Operand },
+    OffsetOverflow {
+        operand: Operand,
+    },
     /// A size exceeds what the kernel or the launch grid can index.
     TooLarge {
         what: &'static str,
@@ -95,7 +116,10 @@ pub enum Error {
         max: usize,
     },
     /// The LSE buffer holds fewer than `batch · heads · q_len` floats.
-    LseTooSmall { len: usize, needed: usize },
+    LseTooSmall {
+        len: usize,
+        needed: usize,
+    },
     /// The number of launch arguments differs from params + tensors.
     ArgCount {
         expected: usize,
@@ -211,9 +235,6 @@ fn axis_name(axis: Axis) -> &'static str {
 impl Error {
     /// A driver error with what was being done, for `map_err`.
     pub(crate) fn driver(during: impl Into<String>, source: DriverError) -> Error {
-        Error::Driver {
-            during: during.into(),
-            source,
-        }
+        Error::Driver { during: during.into(), source }
     }
 }

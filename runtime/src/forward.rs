@@ -34,13 +34,7 @@ impl Runtime {
         args: &[ArgValue<'_>],
         opts: &ForwardOptions,
     ) -> Result<(), Error> {
-        let ForwardIo {
-            q: (q, q_layout),
-            k: (k, k_layout),
-            v: (v, v_layout),
-            o: (o, o_layout),
-            lse,
-        } = io;
+        let ForwardIo { q: (q, q_layout), k: (k, k_layout), v: (v, v_layout), o: (o, o_layout), lse } = io;
         let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
         let buffer = |layout, len| Buffer { layout, len };
         let problem = Problem {
@@ -75,16 +69,9 @@ impl Runtime {
             &Bindings {
                 shape,
                 ptrs: [q_ptr, k_ptr, v_ptr, o_ptr],
-                strides: [
-                    q_layout.strides,
-                    k_layout.strides,
-                    v_layout.strides,
-                    o_layout.strides,
-                ],
+                strides: [q_layout.strides, k_layout.strides, v_layout.strides, o_layout.strides],
                 lse: lse.as_ref().map_or(0, |(ptr, _)| *ptr),
-                scale: opts
-                    .scale
-                    .unwrap_or((1.0 / f64::from(spec.head_dims.qk).sqrt()) as f32),
+                scale: opts.scale.unwrap_or((1.0 / f64::from(spec.head_dims.qk).sqrt()) as f32),
                 args: &infos,
                 tensors: &tensor_ptrs,
             },

@@ -17,32 +17,18 @@ impl Layout {
     /// Contiguous `[batch, seq, heads, dim]` (the FlashAttention layout).
     pub fn bshd(batch: usize, seq: usize, heads: usize, dim: usize) -> Layout {
         let (head, seq_stride) = (dim, heads.saturating_mul(dim));
-        Layout {
-            batch,
-            seq,
-            heads,
-            dim,
-            strides: [seq.saturating_mul(seq_stride), seq_stride, head].map(stride),
-        }
+        Layout { batch, seq, heads, dim, strides: [seq.saturating_mul(seq_stride), seq_stride, head].map(stride) }
     }
 
     /// Contiguous `[batch, heads, seq, dim]` (the PyTorch SDPA layout).
     pub fn bhsd(batch: usize, seq: usize, heads: usize, dim: usize) -> Layout {
         let (seq_stride, head) = (dim, seq.saturating_mul(dim));
-        Layout {
-            batch,
-            seq,
-            heads,
-            dim,
-            strides: [heads.saturating_mul(head), seq_stride, head].map(stride),
-        }
+        Layout { batch, seq, heads, dim, strides: [heads.saturating_mul(head), seq_stride, head].map(stride) }
     }
 
     /// Number of elements a contiguous buffer of this shape holds.
     pub fn len(&self) -> usize {
-        [self.batch, self.seq, self.heads, self.dim]
-            .iter()
-            .fold(1, |n, &d| n.saturating_mul(d))
+        [self.batch, self.seq, self.heads, self.dim].iter().fold(1, |n, &d| n.saturating_mul(d))
     }
 
     pub fn is_empty(&self) -> bool {

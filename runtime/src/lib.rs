@@ -4,7 +4,8 @@
 //!
 //! Nothing here panics on bad input or a machine without CUDA: missing
 //! libraries, missing GPUs, compile failures and mis-sized buffers are all
-//! [`Error`] variants.
+//! [`Error`] variants. Set `FLASHGEN_DUMP=<dir>` to keep the generated source
+//! and NVRTC log of every compile.
 //!
 //! ```no_run
 //! use flashgen_runtime::{half::bf16, ForwardIo, Layout, Runtime};

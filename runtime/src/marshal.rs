@@ -43,10 +43,7 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
         .map(|arg| {
             let abi_error = || Error::KernelAbi {
                 kernel: kernel.name.clone(),
-                problem: format!(
-                    "argument `{}` refers to a param or tensor the spec lacks",
-                    arg.name
-                ),
+                problem: format!("argument `{}` refers to a param or tensor the spec lacks", arg.name),
             };
             Ok(match arg.kind {
                 ArgKind::Ptr(op) => Value::Ptr(b.ptrs[operand_index(op)]),
@@ -56,9 +53,7 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
                 ArgKind::HeadsKv => size(b.shape.heads_kv),
                 ArgKind::QLen => size(b.shape.q_len),
                 ArgKind::KvLen => size(b.shape.kv_len),
-                ArgKind::Stride(op, axis) => {
-                    Value::I64(b.strides[operand_index(op)][axis_index(axis)])
-                }
+                ArgKind::Stride(op, axis) => Value::I64(b.strides[operand_index(op)][axis_index(axis)]),
                 ArgKind::Scale => Value::F32(b.scale),
                 ArgKind::Param(i) => match b.args.get(i) {
                     Some(ArgInfo::I32(v)) => Value::I32(*v),
@@ -76,17 +71,10 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
 pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape) -> Result<LaunchConfig, Error> {
     if kernel.block_m == 0 || kernel.threads == 0 {
         let problem = format!("block_m = {}, threads = {}", kernel.block_m, kernel.threads);
-        return Err(Error::KernelAbi {
-            kernel: kernel.name.clone(),
-            problem,
-        });
+        return Err(Error::KernelAbi { kernel: kernel.name.clone(), problem });
     }
     Ok(LaunchConfig {
-        grid_dim: (
-            shape.q_len.div_ceil(kernel.block_m as usize) as u32,
-            shape.heads as u32,
-            shape.batch as u32,
-        ),
+        grid_dim: (shape.q_len.div_ceil(kernel.block_m as usize) as u32, shape.heads as u32, shape.batch as u32),
         block_dim: (kernel.threads, 1, 1),
         shared_mem_bytes: kernel.dynamic_smem,
     })
@@ -122,24 +110,11 @@ mod tests {
             block_m: 64,
             threads: 128,
             dynamic_smem: 1024,
-            args: kinds
-                .iter()
-                .enumerate()
-                .map(|(i, &kind)| KernelArg {
-                    name: format!("a{i}"),
-                    kind,
-                })
-                .collect(),
+            args: kinds.iter().enumerate().map(|(i, &kind)| KernelArg { name: format!("a{i}"), kind }).collect(),
         }
     }
 
-    const SHAPE: Shape = Shape {
-        batch: 3,
-        heads: 8,
-        heads_kv: 2,
-        q_len: 129,
-        kv_len: 7,
-    };
+    const SHAPE: Shape = Shape { batch: 3, heads: 8, heads_kv: 2, q_len: 129, kv_len: 7 };
 
     fn bindings<'a>(args: &'a [ArgInfo], tensors: &'a [u64]) -> Bindings<'a> {
         Bindings {
@@ -166,27 +141,10 @@ mod tests {
             ArgKind::Param(0),
             ArgKind::Tensor(0),
         ]);
-        let args = [
-            ArgInfo::I32(-5),
-            ArgInfo::F32(2.5),
-            ArgInfo::Tensor(ElemTy::F32, 8),
-        ];
+        let args = [ArgInfo::I32(-5), ArgInfo::F32(2.5), ArgInfo::Tensor(ElemTy::F32, 8)];
         let values = marshal(&k, &bindings(&args, &[99])).unwrap();
         use Value::*;
-        assert_eq!(
-            values,
-            [
-                Ptr(12),
-                Ptr(0),
-                I64(6),
-                I32(129),
-                I32(2),
-                F32(0.125),
-                F32(2.5),
-                I32(-5),
-                Ptr(99)
-            ]
-        );
+        assert_eq!(values, [Ptr(12), Ptr(0), I64(6), I32(129), I32(2), F32(0.125), F32(2.5), I32(-5), Ptr(99)]);
     }
 
     #[test]
@@ -201,15 +159,9 @@ mod tests {
     #[test]
     fn grid_covers_every_query_tile() {
         let cfg = launch_config(&kernel(&[]), &SHAPE).unwrap();
-        assert_eq!(
-            (cfg.grid_dim, cfg.block_dim, cfg.shared_mem_bytes),
-            ((3, 8, 3), (128, 1, 1), 1024)
-        );
+        assert_eq!((cfg.grid_dim, cfg.block_dim, cfg.shared_mem_bytes), ((3, 8, 3), (128, 1, 1), 1024));
         let mut k = kernel(&[]);
         k.block_m = 0;
-        assert!(matches!(
-            launch_config(&k, &SHAPE),
-            Err(Error::KernelAbi { .. })
-        ));
+        assert!(matches!(launch_config(&k, &SHAPE), Err(Error::KernelAbi { .. })));
     }
 }

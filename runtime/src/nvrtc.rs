@@ -19,9 +19,7 @@ pub const DUMP_ENV: &str = "FLASHGEN_DUMP";
 pub fn nvrtc_version() -> Result<(i32, i32), Error> {
     ensure_nvrtc()?;
     let (mut major, mut minor) = (0, 0);
-    unsafe { sys::nvrtcVersion(&mut major, &mut minor) }
-        .result()
-        .map_err(nvrtc_error("querying the NVRTC version"))?;
+    unsafe { sys::nvrtcVersion(&mut major, &mut minor) }.result().map_err(nvrtc_error("querying the NVRTC version"))?;
     Ok((major, minor))
 }
 
@@ -34,37 +32,24 @@ pub fn compile_cubin(kernel: &Kernel, arch: Arch) -> Result<Vec<u8>, Error> {
         log,
         numbered_source: numbered_source(&kernel.source),
     };
-    let source = CString::new(kernel.source.as_str()).map_err(|e| {
-        compile_error(format!(
-            "the source contains a NUL byte at offset {}",
-            e.nul_position()
-        ))
-    })?;
+    let source = CString::new(kernel.source.as_str())
+        .map_err(|e| compile_error(format!("the source contains a NUL byte at offset {}", e.nul_position())))?;
     // The program name is what NVRTC's log prints before line numbers.
     let file_name = CString::new(format!("{}.cu", kernel.name)).ok();
-    let program = Program(
-        nvrtc::create_program(&source, file_name.as_deref())
-            .map_err(nvrtc_error("creating a program"))?,
-    );
+    let program =
+        Program(nvrtc::create_program(&source, file_name.as_deref()).map_err(nvrtc_error("creating a program"))?);
 
     // SAFETY (all `unsafe` below): `program.0` is live until `program` drops.
     let compiled = unsafe { nvrtc::compile_program(program.0, &options(arch)) };
-    let log = unsafe { nvrtc::get_program_log(program.0) }
-        .map_err(nvrtc_error("reading the compile log"))?;
+    let log = unsafe { nvrtc::get_program_log(program.0) }.map_err(nvrtc_error("reading the compile log"))?;
     let log = c_chars_to_string(&log);
     dump(kernel, &log)?;
     if let Err(e) = compiled {
-        return Err(compile_error(if log.is_empty() {
-            e.to_string()
-        } else {
-            log
-        }));
+        return Err(compile_error(if log.is_empty() { e.to_string() } else { log }));
     }
 
     let mut size = 0;
-    unsafe { sys::nvrtcGetCUBINSize(program.0, &mut size) }
-        .result()
-        .map_err(nvrtc_error("reading the CUBIN size"))?;
+    unsafe { sys::nvrtcGetCUBINSize(program.0, &mut size) }.result().map_err(nvrtc_error("reading the CUBIN size"))?;
     let mut cubin = vec![0u8; size];
     unsafe { sys::nvrtcGetCUBIN(program.0, cubin.as_mut_ptr().cast::<c_char>()) }
         .result()
@@ -77,10 +62,7 @@ pub fn compile_cubin(kernel: &Kernel, arch: Arch) -> Result<Vec<u8>, Error> {
 pub(crate) fn options(arch: Arch) -> Vec<String> {
     // Hopper's wgmma/TMA instructions exist only in the arch-specific target.
     let suffix = if arch == Arch::new(9, 0) { "a" } else { "" };
-    vec![
-        format!("--gpu-architecture={arch}{suffix}"),
-        "-std=c++17".to_string(),
-    ]
+    vec![format!("--gpu-architecture={arch}{suffix}"), "-std=c++17".to_string()]
 }
 
 /// Checked before any NVRTC call: cudarc's dynamic loader panics when the
@@ -111,11 +93,7 @@ fn nvrtc_error(during: &'static str) -> impl FnOnce(NvrtcError) -> Error {
 
 /// NVRTC returns logs as NUL-terminated `char` buffers.
 fn c_chars_to_string(chars: &[c_char]) -> String {
-    let bytes: Vec<u8> = chars
-        .iter()
-        .map(|&c| c as u8)
-        .take_while(|&b| b != 0)
-        .collect();
+    let bytes: Vec<u8> = chars.iter().map(|&c| c as u8).take_while(|&b| b != 0).collect();
     String::from_utf8_lossy(&bytes).trim_end().to_string()
 }
 
@@ -123,11 +101,7 @@ fn c_chars_to_string(chars: &[c_char]) -> String {
 /// `file.cu(LINE): error` references.
 pub(crate) fn numbered_source(source: &str) -> String {
     let width = source.lines().count().max(1).to_string().len();
-    source
-        .lines()
-        .enumerate()
-        .map(|(i, line)| format!("{:>width$} | {line}\n", i + 1))
-        .collect()
+    source.lines().enumerate().map(|(i, line)| format!("{:>width$} | {line}\n", i + 1)).collect()
 }
 
 /// Writes the source and log under `$FLASHGEN_DUMP` when it is set.
@@ -137,15 +111,9 @@ fn dump(kernel: &Kernel, log: &str) -> Result<(), Error> {
     };
     let dir = PathBuf::from(dir);
     let write = |path: &Path, text: &str| {
-        std::fs::write(path, text).map_err(|source| Error::Dump {
-            path: path.to_path_buf(),
-            source,
-        })
+        std::fs::write(path, text).map_err(|source| Error::Dump { path: path.to_path_buf(), source })
     };
-    std::fs::create_dir_all(&dir).map_err(|source| Error::Dump {
-        path: dir.clone(),
-        source,
-    })?;
+    std::fs::create_dir_all(&dir).map_err(|source| Error::Dump { path: dir.clone(), source })?;
     write(&dir.join(format!("{}.cu", kernel.name)), &kernel.source)?;
     write(&dir.join(format!("{}.log", kernel.name)), log)
 }
@@ -158,10 +126,7 @@ mod tests {
     fn numbers_lines_right_aligned() {
         let source: String = (1..=10).map(|i| format!("line{i}\n")).collect();
         let numbered = numbered_source(&source);
-        assert!(
-            numbered.starts_with(" 1 | line1\n 2 | line2\n"),
-            "{numbered}"
-        );
+        assert!(numbered.starts_with(" 1 | line1\n 2 | line2\n"), "{numbered}");
         assert!(numbered.ends_with("10 | line10\n"), "{numbered}");
     }
 
@@ -169,8 +134,6 @@ mod tests {
     fn hopper_gets_the_arch_specific_target() {
         assert_eq!(options(Arch::new(9, 0))[0], "--gpu-architecture=sm_90a");
         assert_eq!(options(Arch::new(8, 0))[0], "--gpu-architecture=sm_80");
-        assert!(!options(Arch::new(8, 0))
-            .iter()
-            .any(|o| o.contains("fast-math") || o.contains("fast_math")));
+        assert!(!options(Arch::new(8, 0)).iter().any(|o| o.contains("fast-math") || o.contains("fast_math")));
     }
 }

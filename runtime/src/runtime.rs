@@ -65,31 +65,16 @@ impl Runtime {
             return Err(Error::NoDevice { ordinal, count });
         }
         let on_device = |what: &str| format!("{what} on device {ordinal}");
-        let ctx = CudaContext::new(ordinal)
-            .map_err(|e| Error::driver(on_device("creating a context"), e))?;
-        let (major, minor) = ctx
-            .compute_capability()
-            .map_err(|e| Error::driver(on_device("reading the compute capability"), e))?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| Error::driver(on_device("creating a context"), e))?;
+        let (major, minor) =
+            ctx.compute_capability().map_err(|e| Error::driver(on_device("reading the compute capability"), e))?;
         let arch = Arch::new(major as u32, minor as u32);
-        let device_name = ctx
-            .name()
-            .map_err(|e| Error::driver(on_device("reading the name"), e))?;
+        let device_name = ctx.name().map_err(|e| Error::driver(on_device("reading the name"), e))?;
         if arch < Arch::MIN {
-            return Err(Error::UnsupportedArch {
-                arch,
-                device: device_name,
-            });
+            return Err(Error::UnsupportedArch { arch, device: device_name });
         }
-        let stream = ctx
-            .new_stream()
-            .map_err(|e| Error::driver(on_device("creating a stream"), e))?;
-        Ok(Runtime {
-            ctx,
-            stream,
-            arch,
-            device_name,
-            cache: Mutex::default(),
-        })
+        let stream = ctx.new_stream().map_err(|e| Error::driver(on_device("creating a stream"), e))?;
+        Ok(Runtime { ctx, stream, arch, device_name, cache: Mutex::default() })
     }
 
     pub fn arch(&self) -> Arch {
@@ -137,20 +122,14 @@ impl Runtime {
             .map_err(|e| Error::driver("reading the shared memory limit", e))?;
         let available = u32::try_from(available).unwrap_or(0);
         if kernel.dynamic_smem > available {
-            return Err(Error::SharedMemory {
-                kernel: kernel.name,
-                needed: kernel.dynamic_smem,
-                available,
-            });
+            return Err(Error::SharedMemory { kernel: kernel.name, needed: kernel.dynamic_smem, available });
         }
         let cubin = compile_cubin(&kernel, self.arch)?;
         let module = self
             .ctx
             .load_module(Ptx::from_binary(cubin))
             .map_err(|e| Error::driver(during("loading the CUBIN of"), e))?;
-        let function = module
-            .load_function(&kernel.name)
-            .map_err(|e| Error::driver(during("finding"), e))?;
+        let function = module.load_function(&kernel.name).map_err(|e| Error::driver(during("finding"), e))?;
         // Dynamic shared memory beyond 48 KiB must be opted into per function.
         function
             .set_attribute(

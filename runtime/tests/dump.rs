@@ -13,8 +13,7 @@ fn dumps_source_and_log() {
     }
     let kernel = Kernel {
         name: "dumped".into(),
-        source: "extern \"C\" __global__ void dumped(float* o) { int unused; o[0] = 1.0f; }\n"
-            .into(),
+        source: "extern \"C\" __global__ void dumped(float* o) { int unused; o[0] = 1.0f; }\n".into(),
         block_m: 64,
         threads: 128,
         dynamic_smem: 0,
@@ -23,15 +22,9 @@ fn dumps_source_and_log() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("flashgen-dump");
     std::env::set_var(DUMP_ENV, &dir);
     compile_cubin(&kernel, Arch::new(8, 0)).unwrap();
-    assert_eq!(
-        std::fs::read_to_string(dir.join("dumped.cu")).unwrap(),
-        kernel.source
-    );
+    assert_eq!(std::fs::read_to_string(dir.join("dumped.cu")).unwrap(), kernel.source);
     let log = std::fs::read_to_string(dir.join("dumped.log")).unwrap();
-    assert!(
-        log.contains("unused"),
-        "expected NVRTC's unused-variable warning, got {log:?}"
-    );
+    assert!(log.contains("unused"), "expected NVRTC's unused-variable warning, got {log:?}");
 
     // A dump "directory" below a regular file cannot be created.
     std::env::set_var(DUMP_ENV, dir.join("dumped.cu").join("sub"));

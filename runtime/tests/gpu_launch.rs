@@ -66,9 +66,7 @@ fn span(l: &Layout) -> usize {
 
 fn indices(l: &Layout) -> impl Iterator<Item = (usize, usize, usize, usize)> {
     let (nb, ns, nh, nd) = (l.batch, l.seq, l.heads, l.dim);
-    (0..nb).flat_map(move |b| {
-        (0..ns).flat_map(move |s| (0..nh).flat_map(move |h| (0..nd).map(move |d| (b, s, h, d))))
-    })
+    (0..nb).flat_map(move |b| (0..ns).flat_map(move |s| (0..nh).flat_map(move |h| (0..nd).map(move |d| (b, s, h, d)))))
 }
 
 /// A host buffer for `l`: NaN padding, `value(seed, ..)` where addressed.
@@ -97,29 +95,13 @@ impl<F: Fn(usize, usize) -> usize> OneKey<'_, F> {
     fn check<T: TestElem>(&self, rt: &Runtime) -> TestResult {
         let [ql, kl, vl, ol] = self.layouts;
         let stream = rt.stream();
-        let (q, k) = (
-            stream.clone_htod(&fill::<T>(&ql, 0))?,
-            stream.clone_htod(&fill::<T>(&kl, 1))?,
-        );
+        let (q, k) = (stream.clone_htod(&fill::<T>(&ql, 0))?, stream.clone_htod(&fill::<T>(&kl, 1))?);
         let v_host = fill::<T>(&vl, 2);
         let v = stream.clone_htod(&v_host)?;
         let mut o: CudaSlice<T> = stream.clone_htod(&vec![T::from_f32(f32::NAN); span(&ol)])?;
         let mut lse = stream.clone_htod(&vec![f32::NAN; ql.batch * ql.heads * ql.seq])?;
-        let io = ForwardIo {
-            q: (&q, ql),
-            k: (&k, kl),
-            v: (&v, vl),
-            o: (&mut o, ol),
-            lse: Some(&mut lse),
-        };
-        rt.forward(
-            self.spec,
-            io,
-            self.args,
-            &ForwardOptions {
-                scale: Some(self.scale),
-            },
-        )?;
+        let io = ForwardIo { q: (&q, ql), k: (&k, kl), v: (&v, vl), o: (&mut o, ol), lse: Some(&mut lse) };
+        rt.forward(self.spec, io, self.args, &ForwardOptions { scale: Some(self.scale) })?;
         let (o_host, lse_host) = (stream.clone_dtoh(&o)?, stream.clone_dtoh(&lse)?);
 
         let group = ql.heads / kl.heads;
@@ -127,24 +109,15 @@ impl<F: Fn(usize, usize) -> usize> OneKey<'_, F> {
         for (b, s, h, d) in indices(&ol) {
             let (at, kv) = (offset(&ol, (b, s, h, d)), (self.key)(b, s));
             written[at] = true;
-            assert_eq!(
-                o_host[at],
-                v_host[offset(&vl, (b, kv, h / group, d))],
-                "O[{b}, {s}, {h}, {d}]"
-            );
+            assert_eq!(o_host[at], v_host[offset(&vl, (b, kv, h / group, d))], "O[{b}, {s}, {h}, {d}]");
         }
         for (at, x) in o_host.iter().enumerate() {
-            assert!(
-                written[at] || x.is_nan(),
-                "padding element {at} of O was written"
-            );
+            assert!(written[at] || x.is_nan(), "padding element {at} of O was written");
         }
         for (b, s, h) in indices(&Layout { dim: 1, ..ql }).map(|(b, s, h, _)| (b, s, h)) {
             let kv = (self.key)(b, s);
             let dot: f64 = (0..ql.dim)
-                .map(|d| {
-                    f64::from(value(0, &ql, (b, s, h, d)) * value(1, &kl, (b, kv, h / group, d)))
-                })
+                .map(|d| f64::from(value(0, &ql, (b, s, h, d)) * value(1, &kl, (b, kv, h / group, d))))
                 .sum();
             let expected = f64::from(self.scale) * dot + f64::from(self.bias);
             let got = f64::from(lse_host[(b * ql.heads + h) * ql.seq + s]);
@@ -169,17 +142,7 @@ fn strided(
 ) -> [Layout; 4] {
     let padded = |seq: usize, heads: usize, dim: usize| {
         let head = (dim + 8) as i64;
-        Layout {
-            batch,
-            seq,
-            heads,
-            dim,
-            strides: [
-                seq as i64 * heads as i64 * head + 24,
-                heads as i64 * head,
-                head,
-            ],
-        }
+        Layout { batch, seq, heads, dim, strides: [seq as i64 * heads as i64 * head + 24, heads as i64 * head, head] }
     };
     [
         Layout::bhsd(batch, q_len, heads, dqk),
@@ -215,11 +178,7 @@ fn params_and_tensors_reach_the_kernel() -> TestResult {
          mask: k == pick[b] + offset, score: score + bias }",
     )?;
     let pick = rt.stream().clone_htod(&[1i32, 3])?;
-    let args = [
-        ArgValue::from(1),
-        ArgValue::from(0.75f32),
-        ArgValue::from(&pick),
-    ];
+    let args = [ArgValue::from(1), ArgValue::from(0.75f32), ArgValue::from(&pick)];
     let run = OneKey {
         spec: &spec,
         layouts: strided(2, 65, 5, 3, 3, 16, 16),
@@ -240,70 +199,25 @@ fn bad_launches_are_typed_errors() -> TestResult {
 
     let half16 = stream.alloc_zeros::<f16>(l.len())?;
     let mut o16 = stream.alloc_zeros::<f16>(l.len())?;
-    let io = ForwardIo {
-        q: (&half16, l),
-        k: (&half16, l),
-        v: (&half16, l),
-        o: (&mut o16, l),
-        lse: None,
-    };
-    let err = rt
-        .forward(&spec, io, &[], &ForwardOptions::default())
-        .unwrap_err();
+    let io = ForwardIo { q: (&half16, l), k: (&half16, l), v: (&half16, l), o: (&mut o16, l), lse: None };
+    let err = rt.forward(&spec, io, &[], &ForwardOptions::default()).unwrap_err();
     assert!(matches!(err, Error::Dtype { .. }), "{err}");
 
     let x = stream.alloc_zeros::<bf16>(l.len())?;
     let mut short = stream.alloc_zeros::<bf16>(l.len() - 1)?;
-    let io = ForwardIo {
-        q: (&x, l),
-        k: (&x, l),
-        v: (&x, l),
-        o: (&mut short, l),
-        lse: None,
-    };
-    let err = rt
-        .forward(&spec, io, &[], &ForwardOptions::default())
-        .unwrap_err();
+    let io = ForwardIo { q: (&x, l), k: (&x, l), v: (&x, l), o: (&mut short, l), lse: None };
+    let err = rt.forward(&spec, io, &[], &ForwardOptions::default()).unwrap_err();
     assert!(matches!(err, Error::OutOfBounds { .. }), "{err}");
 
     let scalar = 1i32;
-    let io = ForwardIo {
-        q: (&x, l),
-        k: (&x, l),
-        v: (&x, l),
-        o: (&mut short, l),
-        lse: None,
-    };
-    let err = rt
-        .forward(
-            &spec,
-            io,
-            &[ArgValue::from(scalar)],
-            &ForwardOptions::default(),
-        )
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::ArgCount {
-                expected: 0,
-                got: 1,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    let io = ForwardIo { q: (&x, l), k: (&x, l), v: (&x, l), o: (&mut short, l), lse: None };
+    let err = rt.forward(&spec, io, &[ArgValue::from(scalar)], &ForwardOptions::default()).unwrap_err();
+    assert!(matches!(err, Error::ArgCount { expected: 0, got: 1, .. }), "{err}");
 
     // An empty output launches nothing and succeeds.
     let empty = Layout::bshd(2, 0, 2, 64);
     let mut none = stream.alloc_zeros::<bf16>(1)?;
-    let io = ForwardIo {
-        q: (&x, empty),
-        k: (&x, l),
-        v: (&x, l),
-        o: (&mut none, empty),
-        lse: None,
-    };
+    let io = ForwardIo { q: (&x, empty), k: (&x, l), v: (&x, l), o: (&mut none, empty), lse: None };
     rt.forward(&spec, io, &[], &ForwardOptions::default())?;
     stream.synchronize()?;
     Ok(())

@@ -28,8 +28,7 @@ fn shipped_specs() -> Vec<Spec> {
         .iter()
         .flat_map(|p| {
             let text = std::fs::read_to_string(p).unwrap();
-            parse_str(&text)
-                .unwrap_or_else(|e| panic!("{}", e.render(&p.display().to_string(), &text)))
+            parse_str(&text).unwrap_or_else(|e| panic!("{}", e.render(&p.display().to_string(), &text)))
         })
         .collect()
 }
@@ -38,11 +37,7 @@ fn shipped_specs() -> Vec<Spec> {
 fn every_shipped_spec_compiles_for_sm80_and_sm90() {
     require_nvrtc();
     let specs = shipped_specs();
-    assert!(
-        specs.len() >= 10,
-        "expected the specs/ examples, found {}",
-        specs.len()
-    );
+    assert!(specs.len() >= 10, "expected the specs/ examples, found {}", specs.len());
     let jobs: Vec<(Kernel, Arch)> = specs
         .iter()
         .flat_map(|spec| [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (emit_forward(spec), arch)))
@@ -54,13 +49,9 @@ fn every_shipped_spec_compiles_for_sm80_and_sm90() {
         for _ in 0..workers {
             scope.spawn(|| {
                 while let Some((kernel, arch)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    let cubin = compile_cubin(kernel, *arch)
-                        .unwrap_or_else(|e| panic!("{} for {arch}: {e}", kernel.name));
-                    assert!(
-                        cubin.starts_with(b"\x7fELF"),
-                        "{} for {arch}: not an ELF CUBIN",
-                        kernel.name
-                    );
+                    let cubin =
+                        compile_cubin(kernel, *arch).unwrap_or_else(|e| panic!("{} for {arch}: {e}", kernel.name));
+                    assert!(cubin.starts_with(b"\x7fELF"), "{} for {arch}: not an ELF CUBIN", kernel.name);
                 }
             });
         }
@@ -72,30 +63,17 @@ fn compile_errors_carry_the_log_and_numbered_source() {
     require_nvrtc();
     let kernel = Kernel {
         name: "broken".into(),
-        source:
-            "extern \"C\" __global__ void broken(float* o) {\n    o[0] = undeclared_value;\n}\n"
-                .into(),
+        source: "extern \"C\" __global__ void broken(float* o) {\n    o[0] = undeclared_value;\n}\n".into(),
         block_m: 64,
         threads: 128,
         dynamic_smem: 0,
         args: vec![],
     };
     match compile_cubin(&kernel, Arch::new(8, 0)) {
-        Err(Error::Compile {
-            kernel,
-            arch,
-            log,
-            numbered_source,
-        }) => {
+        Err(Error::Compile { kernel, arch, log, numbered_source }) => {
             assert_eq!((kernel.as_str(), arch), ("broken", Arch::new(8, 0)));
-            assert!(
-                log.contains("broken.cu(2)") && log.contains("undeclared_value"),
-                "{log}"
-            );
-            assert!(
-                numbered_source.contains("2 |     o[0] = undeclared_value;"),
-                "{numbered_source}"
-            );
+            assert!(log.contains("broken.cu(2)") && log.contains("undeclared_value"), "{log}");
+            assert!(numbered_source.contains("2 |     o[0] = undeclared_value;"), "{numbered_source}");
         }
         other => panic!("expected Error::Compile, got {other:?}"),
     }
