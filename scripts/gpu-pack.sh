@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 pack=.gpu-pack
 rm -rf "$pack" && mkdir -p "$pack/bin"
 
-# Test binaries: every integration test of the root package and the runtime.
+# Test binaries: the integration tests that need a GPU (named gpu_*).
 cargo test --release --workspace --no-run --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys
@@ -16,7 +16,7 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         kind = m["target"]["kind"][0]
-        if kind == "test":
+        if kind == "test" and m["target"]["name"].startswith("gpu_"):
             print(m["target"]["name"], m["executable"])
 ' | while read -r name exe; do cp "$exe" "$pack/bin/test-$name"; done
 

@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 
 summary=()
 for t in bin/test-*; do
     name=${t#bin/test-}
-    if "$t" --test-threads=1 >"$out/$name.log" 2>&1; then status=ok; else status=FAILED; fi
+    if "$t" --nocapture >"$out/$name.log" 2>&1; then status=ok; else status=FAILED; fi
     summary+=("$(printf '%-28s %s (%s)' "$name" "$status" "$(grep -Eo '[0-9]+ passed; [0-9]+ failed' "$out/$name.log" | tail -1)")")
 done
 if bin/quickstart >"$out/quickstart.log" 2>&1; then q=ok; else q=FAILED; fi

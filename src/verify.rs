@@ -8,6 +8,7 @@
 
 use crate::codegen::reference::{self, FlashCheck, ParamValue, Precision, Problem, TensorData};
 use crate::codegen::{Dtype, ElemTy, Shape, Spec};
+use crate::cudarc::driver::sys::CUevent_flags;
 use crate::cudarc::driver::{CudaSlice, CudaStream, DriverError};
 use crate::half::{bf16, f16};
 use crate::runtime::{ArgValue, Element, Error, ForwardIo, ForwardOptions, Layout, Runtime};
@@ -304,9 +305,9 @@ impl DeviceProblem {
         let err = driver("time with CUDA events");
         let mut times = Vec::with_capacity(iters);
         for _ in 0..iters.max(1) {
-            let start = self.stream.record_event(None).map_err(err)?;
+            let start = self.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(err)?;
             self.launch(rt, spec, problem)?;
-            let end = self.stream.record_event(None).map_err(err)?;
+            let end = self.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(err)?;
             end.synchronize().map_err(err)?;
             times.push(start.elapsed_ms(&end).map_err(err)? as f64);
         }

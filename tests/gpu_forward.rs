@@ -10,17 +10,18 @@ use flashgen::codegen::{Dtype, HeadDims, Shape, Spec};
 use flashgen::verify::{self, DeviceProblem, OperandLayout};
 use flashgen::{Error, Runtime};
 
-const VARIANTS: [&str; 10] = [
-    "full",
-    "causal",
-    "causal_bottom_right",
-    "sliding_window",
-    "prefix_lm",
-    "document",
-    "alibi",
-    "softcap",
-    "relative_bias",
-    "gqa",
+/// The example specs, embedded so the test binary runs anywhere.
+const VARIANTS: [(&str, &str); 10] = [
+    ("full", include_str!("../specs/full.attn")),
+    ("causal", include_str!("../specs/causal.attn")),
+    ("causal_bottom_right", include_str!("../specs/causal_bottom_right.attn")),
+    ("sliding_window", include_str!("../specs/sliding_window.attn")),
+    ("prefix_lm", include_str!("../specs/prefix_lm.attn")),
+    ("document", include_str!("../specs/document.attn")),
+    ("alibi", include_str!("../specs/alibi.attn")),
+    ("softcap", include_str!("../specs/softcap.attn")),
+    ("relative_bias", include_str!("../specs/relative_bias.attn")),
+    ("gqa", include_str!("../specs/gqa.attn")),
 ];
 
 const SEQLEN_PAIRS: [(usize, usize); 3] = [(113, 203), (128, 217), (1024, 1023)];
@@ -37,9 +38,8 @@ fn runtime() -> Option<Runtime> {
 }
 
 fn spec(variant: &str) -> Spec {
-    let path = format!("{}/specs/{variant}.attn", env!("CARGO_MANIFEST_DIR"));
-    let source = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    flashgen::parse_one(&source).unwrap_or_else(|e| panic!("{}", e.render(&path, &source)))
+    let (_, source) = VARIANTS.iter().find(|(name, _)| *name == variant).expect("a known variant");
+    flashgen::parse_one(source).unwrap_or_else(|e| panic!("{}", e.render(variant, source)))
 }
 
 /// Test values for the params of the example specs.
@@ -124,7 +124,7 @@ fn with(mut spec: Spec, dtype: Dtype, qk: u32, v: u32) -> Spec {
 fn every_variant_at_awkward_seqlens() {
     let Some(rt) = runtime() else { return };
     let mut cases = Vec::new();
-    for variant in VARIANTS {
+    for (variant, _) in VARIANTS {
         for seqs in SEQLEN_PAIRS {
             let heads = if variant == "gqa" { (8, 2) } else { (4, 4) };
             cases.push((spec(variant), Case::new(heads, seqs)));

@@ -23,14 +23,8 @@ const VARIANTS: [&str; 10] = [
 
 /// Specs the named variants leave untested.
 const EDGE_SPECS: [(&str, &str); 3] = [
-    (
-        "edge_odd_dims",
-        "OddDims { dtype: f16, head_dim: 59, v_head_dim: 59, mask: k <= q }",
-    ),
-    (
-        "edge_max_dims",
-        "MaxDims { dtype: bf16, head_dim: 256, param bias: f32, score: score + bias }",
-    ),
+    ("edge_odd_dims", "OddDims { dtype: f16, head_dim: 59, v_head_dim: 59, mask: k <= q }"),
+    ("edge_max_dims", "MaxDims { dtype: bf16, head_dim: 256, param bias: f32, score: score + bias }"),
     (
         "edge_every_operator",
         "/// Every operator, function and tensor element type once.
@@ -51,27 +45,14 @@ const EDGE_SPECS: [(&str, &str); 3] = [
 ];
 
 fn variant(stem: &str) -> Spec {
-    let path: PathBuf = [
-        env!("CARGO_MANIFEST_DIR"),
-        "..",
-        "specs",
-        &format!("{stem}.attn"),
-    ]
-    .iter()
-    .collect();
-    let source =
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    parse_one(&source)
-        .unwrap_or_else(|e| panic!("{stem}: {}", e.render(&path.display().to_string(), &source)))
+    let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), "..", "specs", &format!("{stem}.attn")].iter().collect();
+    let source = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    parse_one(&source).unwrap_or_else(|e| panic!("{stem}: {}", e.render(&path.display().to_string(), &source)))
 }
 
 /// The launch description, then the source.
 fn render(kernel: &Kernel) -> String {
-    let args: Vec<String> = kernel
-        .args
-        .iter()
-        .map(|a| format!("//   {}: {:?}", a.name, a.kind))
-        .collect();
+    let args: Vec<String> = kernel.args.iter().map(|a| format!("//   {}: {:?}", a.name, a.kind)).collect();
     format!(
         "// name: {}\n// block_m: {}, threads: {}, dynamic_smem: {}\n// args:\n{}\n\n{}",
         kernel.name,
@@ -88,13 +69,7 @@ fn variants_list_matches_specs_dir() {
     let dir: PathBuf = [env!("CARGO_MANIFEST_DIR"), "..", "specs"].iter().collect();
     let mut stems: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
-        .filter_map(|e| {
-            e.unwrap()
-                .file_name()
-                .to_str()?
-                .strip_suffix(".attn")
-                .map(String::from)
-        })
+        .filter_map(|e| e.unwrap().file_name().to_str()?.strip_suffix(".attn").map(String::from))
         .collect();
     stems.sort();
     assert_eq!(stems, VARIANTS);
@@ -110,8 +85,7 @@ fn forward_kernels_of_named_variants() {
 #[test]
 fn forward_kernels_of_edge_specs() {
     for (name, source) in EDGE_SPECS {
-        let spec =
-            parse_one(source).unwrap_or_else(|e| panic!("{name}: {}", e.render(name, source)));
+        let spec = parse_one(source).unwrap_or_else(|e| panic!("{name}: {}", e.render(name, source)));
         insta::assert_snapshot!(name, render(&emit_forward(&spec)));
     }
 }
@@ -130,15 +104,8 @@ fn signature_follows_args() {
         let kernel = emit_forward(&variant(stem));
         let entry = format!("{}(\n", kernel.name);
         let start = kernel.source.find(&entry).expect("entry point") + entry.len();
-        let params = &kernel.source[start
-            ..start
-                + kernel.source[start..]
-                    .find(") {")
-                    .expect("end of signature")];
-        let names: Vec<&str> = params
-            .split(',')
-            .map(|p| p.split_whitespace().last().unwrap())
-            .collect();
+        let params = &kernel.source[start..start + kernel.source[start..].find(") {").expect("end of signature")];
+        let names: Vec<&str> = params.split(',').map(|p| p.split_whitespace().last().unwrap()).collect();
         let expected: Vec<&str> = kernel.args.iter().map(|a| a.name.as_str()).collect();
         assert_eq!(names, expected, "{stem}");
     }

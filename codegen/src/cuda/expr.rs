@@ -71,11 +71,7 @@ fn load(spec: &Spec, slot: usize, indices: &[Expr]) -> String {
     for (index, dim) in indices.iter().zip(&tensor.dims) {
         let dim = dim_value(spec, *dim);
         let clipped = format!("clip({}, {dim})", c_expr(spec, index));
-        offset = if offset.is_empty() {
-            clipped
-        } else {
-            format!("({offset} * {dim} + {clipped})")
-        };
+        offset = if offset.is_empty() { clipped } else { format!("({offset} * {dim} + {clipped})") };
     }
     let element = format!("{}[{offset}]", arg_name(spec, ArgKind::Tensor(slot)));
     match tensor.elem {
@@ -137,14 +133,8 @@ fn int_literal(v: i32) -> String {
 /// exact by construction.
 pub(super) fn float_literal(v: f32) -> String {
     let decimal = format!("{v:?}");
-    let exact_via_f64 = decimal
-        .parse::<f64>()
-        .is_ok_and(|d| (d as f32).to_bits() == v.to_bits());
-    let text = if exact_via_f64 {
-        format!("{decimal}f")
-    } else {
-        hex_float(v)
-    };
+    let exact_via_f64 = decimal.parse::<f64>().is_ok_and(|d| (d as f32).to_bits() == v.to_bits());
+    let text = if exact_via_f64 { format!("{decimal}f") } else { hex_float(v) };
     if v.is_sign_negative() {
         format!("({text})")
     } else {
@@ -173,10 +163,7 @@ mod tests {
     /// The C text of a spec's mask and score expressions.
     fn emit(fields: &str) -> (Option<String>, Option<String>) {
         let spec = parse_one(&format!("S {{ dtype: bf16, head_dim: 64, {fields} }}")).unwrap();
-        (
-            spec.mask.as_ref().map(|e| c_expr(&spec, e)),
-            spec.score.as_ref().map(|e| c_expr(&spec, e)),
-        )
+        (spec.mask.as_ref().map(|e| c_expr(&spec, e)), spec.score.as_ref().map(|e| c_expr(&spec, e)))
     }
 
     fn mask(fields: &str) -> String {
@@ -194,10 +181,7 @@ mod tests {
             "(((q >= k) && (sub_i32(q, k) < 3)) || (!(k == 0)))"
         );
         assert_eq!(mask("mask: (q < k) == (k < q)"), "((q < k) == (k < q))");
-        assert_eq!(
-            score("score: -(score * 2.0) / (1.0 - score)"),
-            "((-(score * 2.0f)) / (1.0f - score))"
-        );
+        assert_eq!(score("score: -(score * 2.0) / (1.0 - score)"), "((-(score * 2.0f)) / (1.0f - score))");
     }
 
     #[test]
@@ -236,10 +220,7 @@ mod tests {
             score("tensor t: f16[B, H_KV, Q_LEN], score: t[b][h][q]"),
             "f16::to_f32(t_t[((clip(b, batch) * heads_kv + clip(h, heads_kv)) * q_len + clip(q, q_len))])"
         );
-        assert_eq!(
-            score("tensor t: bf16[KV_LEN], score: t[k]"),
-            "bf16::to_f32(t_t[clip(k, kv_len)])"
-        );
+        assert_eq!(score("tensor t: bf16[KV_LEN], score: t[k]"), "bf16::to_f32(t_t[clip(k, kv_len)])");
     }
 
     #[test]
@@ -258,24 +239,10 @@ mod tests {
 
     #[test]
     fn hex_floats_round_trip() {
-        for v in [
-            1.0f32,
-            -2.5,
-            0.1,
-            1e-40,
-            f32::MIN_POSITIVE,
-            f32::MAX,
-            123456.79,
-        ] {
+        for v in [1.0f32, -2.5, 0.1, 1e-40, f32::MIN_POSITIVE, f32::MAX, 123456.79] {
             let text = hex_float(v);
-            let (negative, digits) = text
-                .strip_prefix('-')
-                .map_or((false, text.as_str()), |t| (true, t));
-            let (mantissa, exp) = digits
-                .trim_start_matches("0x")
-                .trim_end_matches('f')
-                .split_once('p')
-                .unwrap();
+            let (negative, digits) = text.strip_prefix('-').map_or((false, text.as_str()), |t| (true, t));
+            let (mantissa, exp) = digits.trim_start_matches("0x").trim_end_matches('f').split_once('p').unwrap();
             let (lead, frac) = mantissa.split_once('.').unwrap();
             let frac = u32::from_str_radix(frac, 16).unwrap() as f64 / 16f64.powi(6);
             let value = (lead.parse::<f64>().unwrap() + frac) * 2f64.powi(exp.parse().unwrap());

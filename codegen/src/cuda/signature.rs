@@ -14,29 +14,14 @@ use crate::spec::{ElemTy, Spec};
 pub(super) fn forward_args(spec: &Spec) -> Vec<KernelArg> {
     const OPERANDS: [Operand; 4] = [Operand::Q, Operand::K, Operand::V, Operand::O];
     let mut kinds: Vec<ArgKind> = OPERANDS.map(ArgKind::Ptr).to_vec();
-    kinds.extend([
-        ArgKind::Lse,
-        ArgKind::Batch,
-        ArgKind::Heads,
-        ArgKind::HeadsKv,
-        ArgKind::QLen,
-        ArgKind::KvLen,
-    ]);
+    kinds.extend([ArgKind::Lse, ArgKind::Batch, ArgKind::Heads, ArgKind::HeadsKv, ArgKind::QLen, ArgKind::KvLen]);
     kinds.extend(
-        OPERANDS.into_iter().flat_map(|op| {
-            [Axis::Batch, Axis::Seq, Axis::Head].map(|axis| ArgKind::Stride(op, axis))
-        }),
+        OPERANDS.into_iter().flat_map(|op| [Axis::Batch, Axis::Seq, Axis::Head].map(|axis| ArgKind::Stride(op, axis))),
     );
     kinds.push(ArgKind::Scale);
     kinds.extend((0..spec.params.len()).map(ArgKind::Param));
     kinds.extend((0..spec.tensors.len()).map(ArgKind::Tensor));
-    kinds
-        .into_iter()
-        .map(|kind| KernelArg {
-            name: arg_name(spec, kind),
-            kind,
-        })
-        .collect()
+    kinds.into_iter().map(|kind| KernelArg { name: arg_name(spec, kind), kind }).collect()
 }
 
 /// The C name of an argument, e.g. `k_seq_stride` or `p_window`.
@@ -69,9 +54,7 @@ pub(super) fn arg_type(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::Ptr(Operand::O) => "unsigned short* __restrict__".into(),
         ArgKind::Ptr(_) => "const unsigned short* __restrict__".into(),
         ArgKind::Lse => "float* __restrict__".into(),
-        ArgKind::Batch | ArgKind::Heads | ArgKind::HeadsKv | ArgKind::QLen | ArgKind::KvLen => {
-            "int".into()
-        }
+        ArgKind::Batch | ArgKind::Heads | ArgKind::HeadsKv | ArgKind::QLen | ArgKind::KvLen => "int".into(),
         ArgKind::Stride(..) => "long long".into(),
         ArgKind::Scale => "float".into(),
         ArgKind::Param(i) => c_type(spec.params[i].ty).into(),

@@ -18,11 +18,7 @@ pub(super) struct Writer<W> {
 
 impl<W: Write> Writer<W> {
     pub fn new(out: W) -> Self {
-        Writer {
-            out,
-            level: 0,
-            line_start: true,
-        }
+        Writer { out, level: 0, line_start: true }
     }
 
     pub fn into_inner(self) -> W {
@@ -38,11 +34,7 @@ impl<W: Write> Writer<W> {
     }
 
     /// Writes `head {`, then `body` one level deeper, then `}`.
-    pub fn block(
-        &mut self,
-        head: fmt::Arguments,
-        body: impl FnOnce(&mut Self) -> fmt::Result,
-    ) -> fmt::Result {
+    pub fn block(&mut self, head: fmt::Arguments, body: impl FnOnce(&mut Self) -> fmt::Result) -> fmt::Result {
         writeln!(self, "{head} {{")?;
         self.indented(body)?;
         writeln!(self, "}}")
@@ -78,9 +70,6 @@ mod tests {
             w.block(format_args!("for (;;)"), |w| w.write_str("y;\nz;\n"))
         })
         .unwrap();
-        assert_eq!(
-            w.into_inner(),
-            "if (a) {\n    x = 1;\n\n    for (;;) {\n        y;\n        z;\n    }\n}\n"
-        );
+        assert_eq!(w.into_inner(), "if (a) {\n    x = 1;\n\n    for (;;) {\n        y;\n        z;\n    }\n}\n");
     }
 }
