@@ -18,6 +18,7 @@ mod expr;
 mod forward;
 mod prelude;
 mod signature;
+mod tiles;
 mod writer;
 
-pub use forward::emit_forward;
+pub use forward::{emit_forward, emit_forward_with, TileConfig};

@@ -1,0 +1,117 @@
+//! The tensor-core tile library: the handful of named operations the
+//! forward kernel is written in (ThunderKittens style).
+//!
+//! - `cp_async_16` / `load_tile`: global → shared copies, 16 bytes per
+//!   thread and instruction, bypassing registers so the next K/V tile loads
+//!   while the current one is multiplied; a scalar fallback covers head dims
+//!   that are not a multiple of 8 and operands that are not 16-byte aligned.
+//! - `swizzle`: shared tiles store 16-byte chunks XOR-permuted by row, so the
+//!   eight rows an `ldmatrix` reads at once hit eight different bank groups.
+//! - `ldmatrix_x4` (`_trans` for V): shared → the register fragments that
+//!   `mma.sync.m16n8k16` expects, four 8×8 matrices per instruction.
+//! - `mma_16816`: one 16×8×16 tensor-core product, f16/bf16 in, f32 out.
+//! - `pack2`: two f32 → one register of two 16-bit values (P as an operand).
+//!
+//! Fragment coordinates (PTX ISA, "mma.m16n8k16"): with `g = lane / 4` and
+//! `t = lane % 4`, accumulator element `i` of an m16n8 tile sits at row
+//! `g + 8 * (i / 2)` and column `2 * t + i % 2`.
+
+pub(super) const TILES: &str = r#"// ---- tensor-core tiles ----------------------------------------------------------
+// Fragment coordinates (PTX ISA, mma.m16n8k16): with g = lane / 4, t = lane % 4,
+// accumulator element i of an m16n8 tile is at row g + 8 * (i / 2), column
+// 2 * t + i % 2.
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+// 16 bytes global -> shared without a register round trip; src_bytes = 0
+// writes zeros (rows past the end of a sequence).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+// Whether rows starting at p, `stride` elements apart, allow 16-byte copies.
+__device__ __forceinline__ bool aligned16(const unsigned short* p, long long stride) {
+    return (unsigned long long)p % 16 == 0 && stride % 8 == 0;
+}
+
+// Element offset of (row, col) in a swizzled shared tile with COLS columns:
+// the 16-byte chunk index is XORed with the row, so ldmatrix's eight row
+// addresses fall in eight different bank groups.
+template <int COLS>
+__device__ __forceinline__ int swizzle(int row, int col) {
+    constexpr int CHUNKS = COLS / 8;
+    constexpr int PERIOD = CHUNKS % 8 == 0 ? 8 : CHUNKS % 4 == 0 ? 4 : CHUNKS % 2 == 0 ? 2 : 1;
+    return row * COLS + (((col / 8) ^ (row % PERIOD)) * 8) + col % 8;
+}
+
+// Loads rows [0, ROWS) x cols [0, COLS) of a tile whose valid part is
+// `rows` x WIDTH (the rest is zero-filled) from global rows `stride`
+// elements apart into a swizzled shared tile.
+template <int ROWS, int COLS, int WIDTH, int THREADS>
+__device__ __forceinline__ void load_tile(unsigned short* tile, const unsigned short* src, long long stride,
+                                          int rows, bool vector) {
+    if (WIDTH % 8 == 0 && vector) {
+        constexpr int CHUNKS = COLS / 8;
+        #pragma unroll
+        for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
+            const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
+            const bool valid = r < rows && c < WIDTH;
+            cp_async_16(tile + swizzle<COLS>(r, c), valid ? src + r * stride + c : src, valid ? 16 : 0);
+        }
+    } else {
+        for (int i = threadIdx.x; i < ROWS * COLS; i += THREADS) {
+            const int r = i / COLS, c = i % COLS;
+            tile[swizzle<COLS>(r, c)] = r < rows && c < WIDTH ? src[r * stride + c] : (unsigned short)0;
+        }
+    }
+}
+
+// Four 8x8 16-bit matrices from shared memory; lane l supplies the address of
+// row l % 8 of matrix l / 8.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned short* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const unsigned short* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+// c += a * b on one 16x8x16 tile; the storage tag picks bf16 or f16 inputs.
+__device__ __forceinline__ void mma_16816(bf16, float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_16816(f16, float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two f32 -> one register holding two 16-bit values (lo in the low half).
+__device__ __forceinline__ unsigned pack2(bf16, float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ unsigned pack2(f16, float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Max and sum across the four lanes that share an accumulator row.
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+"#;
