@@ -58,9 +58,8 @@ pub fn random_problem(
     let mut rng = StdRng::seed_from_u64(seed);
     let (dqk, dv) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
     let Shape { batch, heads, heads_kv, q_len, kv_len } = shape;
-    let mut normal = |n: usize| -> Vec<f64> {
-        (0..n).map(|_| round(spec.dtype, rng.sample::<f64, _>(StandardNormal))).collect()
-    };
+    let mut normal =
+        |n: usize| -> Vec<f64> { (0..n).map(|_| round(spec.dtype, rng.sample::<f64, _>(StandardNormal))).collect() };
     let q = normal(batch * q_len * heads * dqk);
     let k = normal(batch * kv_len * heads_kv * dqk);
     let v = normal(batch * kv_len * heads_kv * dv);
@@ -224,7 +223,11 @@ impl DeviceProblem {
         ];
         let o_poison = vec![f64::NAN; layouts[3].len()];
         let host = [&problem.q, &problem.k, &problem.v, &o_poison];
-        fn up<T: Storage>(s: &Arc<CudaStream>, host: [&Vec<f64>; 4], l: &[Layout; 4]) -> Result<[CudaSlice<T>; 4], Error> {
+        fn up<T: Storage>(
+            s: &Arc<CudaStream>,
+            host: [&Vec<f64>; 4],
+            l: &[Layout; 4],
+        ) -> Result<[CudaSlice<T>; 4], Error> {
             let one = |i: usize| s.clone_htod(&scatter::<T>(host[i], &l[i])).map_err(driver("upload operands"));
             Ok([one(0)?, one(1)?, one(2)?, one(3)?])
         }
@@ -241,12 +244,12 @@ impl DeviceProblem {
                 let up = driver("upload a captured tensor");
                 Ok(match (decl.elem, data) {
                     (ElemTy::I32, TensorData::I32(v)) => DeviceTensor::I32(stream.clone_htod(v).map_err(up)?),
-                    (ElemTy::F32, TensorData::Float(v)) => {
-                        DeviceTensor::F32(stream.clone_htod(&v.iter().map(|&x| x as f32).collect::<Vec<_>>()).map_err(up)?)
-                    }
-                    (ElemTy::F16, TensorData::Float(v)) => {
-                        DeviceTensor::F16(stream.clone_htod(&v.iter().map(|&x| f16::from_f64(x)).collect::<Vec<_>>()).map_err(up)?)
-                    }
+                    (ElemTy::F32, TensorData::Float(v)) => DeviceTensor::F32(
+                        stream.clone_htod(&v.iter().map(|&x| x as f32).collect::<Vec<_>>()).map_err(up)?,
+                    ),
+                    (ElemTy::F16, TensorData::Float(v)) => DeviceTensor::F16(
+                        stream.clone_htod(&v.iter().map(|&x| f16::from_f64(x)).collect::<Vec<_>>()).map_err(up)?,
+                    ),
                     (ElemTy::Bf16, TensorData::Float(v)) => DeviceTensor::Bf16(
                         stream.clone_htod(&v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<_>>()).map_err(up)?,
                     ),
@@ -298,7 +301,14 @@ impl DeviceProblem {
 
     /// Median milliseconds of one launch, timed with CUDA events after
     /// `warmup` untimed launches.
-    pub fn time(&mut self, rt: &Runtime, spec: &Spec, problem: &Problem, warmup: usize, iters: usize) -> Result<f64, Error> {
+    pub fn time(
+        &mut self,
+        rt: &Runtime,
+        spec: &Spec,
+        problem: &Problem,
+        warmup: usize,
+        iters: usize,
+    ) -> Result<f64, Error> {
         for _ in 0..warmup {
             self.launch(rt, spec, problem)?;
         }
@@ -342,7 +352,12 @@ pub fn check(spec: &Spec, problem: &Problem, gpu: &GpuOutput) -> Result<Report, 
     let f = reference::FORWARD_FACTOR;
     Ok(Report {
         output: reference::flash_rule(&gpu.o, &same.o, &golden.o, f),
-        lse: reference::flash_rule(&finite(&gpu.lse, &golden.lse), &finite(&same.lse, &golden.lse), &finite(&golden.lse, &golden.lse), f),
+        lse: reference::flash_rule(
+            &finite(&gpu.lse, &golden.lse),
+            &finite(&same.lse, &golden.lse),
+            &finite(&golden.lse, &golden.lse),
+            f,
+        ),
     })
 }
 

@@ -194,7 +194,8 @@ fn bad_launches_are_rejected() {
     let q = stream.alloc_zeros::<flashgen::half::bf16>(layout.len()).unwrap();
     let short = stream.alloc_zeros::<flashgen::half::bf16>(layout.len() - 1).unwrap();
     let mut o = stream.alloc_zeros::<flashgen::half::bf16>(layout.len()).unwrap();
-    let io = flashgen::ForwardIo { q: (&q, layout), k: (&short, layout), v: (&q, layout), o: (&mut o, layout), lse: None };
+    let io =
+        flashgen::ForwardIo { q: (&q, layout), k: (&short, layout), v: (&q, layout), o: (&mut o, layout), lse: None };
     let err = rt.forward(&spec, io, &[flashgen::ArgValue::I32(8)], &Default::default()).unwrap_err();
     assert!(matches!(err, Error::OutOfBounds { .. }), "{err}");
     let io = flashgen::ForwardIo { q: (&q, layout), k: (&q, layout), v: (&q, layout), o: (&mut o, layout), lse: None };

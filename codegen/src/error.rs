@@ -31,11 +31,7 @@ impl SpecError {
         let mut out = format!("{file}:{line}:{col}: error: {}", self.message);
         if let Some(text) = source.lines().nth(line.saturating_sub(1)) {
             let end = self.span.end();
-            let width = if end.line == line && end.column + 1 > col {
-                end.column + 1 - col
-            } else {
-                1
-            };
+            let width = if end.line == line && end.column + 1 > col { end.column + 1 - col } else { 1 };
             out.push_str(&format!("\n{line:>4} | {text}\n     | {}{}", " ".repeat(col - 1), "^".repeat(width)));
         }
         out

@@ -106,13 +106,8 @@ pub enum Dim {
 }
 
 impl Dim {
-    pub const SYMBOLS: [(&'static str, Dim); 5] = [
-        ("B", Dim::Batch),
-        ("H", Dim::Heads),
-        ("H_KV", Dim::HeadsKv),
-        ("Q_LEN", Dim::QLen),
-        ("KV_LEN", Dim::KvLen),
-    ];
+    pub const SYMBOLS: [(&'static str, Dim); 5] =
+        [("B", Dim::Batch), ("H", Dim::Heads), ("H_KV", Dim::HeadsKv), ("Q_LEN", Dim::QLen), ("KV_LEN", Dim::KvLen)];
 
     /// Resolves the dimension against a launch shape.
     pub fn resolve(self, shape: &Shape) -> usize {
@@ -359,11 +354,7 @@ impl Expr {
     pub fn walk(&self, f: &mut impl FnMut(&Expr)) {
         f(self);
         match &self.kind {
-            ExprKind::Bool(_)
-            | ExprKind::Int(_)
-            | ExprKind::Float(_)
-            | ExprKind::Builtin(_)
-            | ExprKind::Param(_) => {}
+            ExprKind::Bool(_) | ExprKind::Int(_) | ExprKind::Float(_) | ExprKind::Builtin(_) | ExprKind::Param(_) => {}
             ExprKind::Load(_, args) | ExprKind::Call(_, args) => args.iter().for_each(|a| a.walk(f)),
             ExprKind::Unary(_, a) | ExprKind::Cast(a) => a.walk(f),
             ExprKind::Binary(_, a, b) => {

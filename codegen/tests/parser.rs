@@ -2,8 +2,7 @@
 //! and errors carry their exact message and position.
 
 use flashgen_codegen::{
-    parse_one, parse_str, to_source, BinOp, Builtin, Dim, Dtype, ElemTy, Expr, ExprKind, HeadDims,
-    Spec, Ty,
+    parse_one, parse_str, to_source, BinOp, Builtin, Dim, Dtype, ElemTy, Expr, ExprKind, HeadDims, Spec, Ty,
 };
 use std::path::PathBuf;
 
@@ -13,12 +12,7 @@ fn example_specs() -> Vec<(String, String)> {
         .unwrap()
         .map(|entry| entry.unwrap().path())
         .filter(|path| path.extension().is_some_and(|e| e == "attn"))
-        .map(|path| {
-            (
-                path.display().to_string(),
-                std::fs::read_to_string(&path).unwrap(),
-            )
-        })
+        .map(|path| (path.display().to_string(), std::fs::read_to_string(&path).unwrap()))
         .collect();
     files.sort();
     assert!(!files.is_empty(), "no specs in {}", dir.display());
@@ -29,8 +23,7 @@ fn example_specs() -> Vec<(String, String)> {
 /// stable.
 fn assert_round_trip(spec: &Spec) {
     let printed = to_source(spec);
-    let back = parse_one(&printed)
-        .unwrap_or_else(|e| panic!("{}\n{printed}", e.render("printed", &printed)));
+    let back = parse_one(&printed).unwrap_or_else(|e| panic!("{}\n{printed}", e.render("printed", &printed)));
     assert_eq!(&back, spec, "round trip of\n{printed}");
     assert_eq!(to_source(&back), printed);
 }
@@ -50,51 +43,26 @@ fn every_example_parses_and_round_trips() {
 }
 
 fn example(name: &str) -> Spec {
-    let (path, source) = example_specs()
-        .into_iter()
-        .find(|(p, _)| p.ends_with(&format!("/{name}.attn")))
-        .unwrap();
-    parse_str(&source)
-        .unwrap_or_else(|e| panic!("{}", e.render(&path, &source)))
-        .remove(0)
+    let (path, source) = example_specs().into_iter().find(|(p, _)| p.ends_with(&format!("/{name}.attn"))).unwrap();
+    parse_str(&source).unwrap_or_else(|e| panic!("{}", e.render(&path, &source))).remove(0)
 }
 
 fn builtin(b: Builtin) -> Expr {
-    Expr {
-        ty: b.ty(),
-        kind: ExprKind::Builtin(b),
-    }
+    Expr { ty: b.ty(), kind: ExprKind::Builtin(b) }
 }
 
 fn binary(op: BinOp, ty: Ty, a: Expr, b: Expr) -> Expr {
-    Expr {
-        ty,
-        kind: ExprKind::Binary(op, Box::new(a), Box::new(b)),
-    }
+    Expr { ty, kind: ExprKind::Binary(op, Box::new(a), Box::new(b)) }
 }
 
 #[test]
 fn examples_lower_to_the_expected_ir() {
     let causal = example("causal");
-    assert_eq!(
-        (causal.name.as_str(), causal.dtype, causal.public),
-        ("Causal", Dtype::Bf16, false)
-    );
+    assert_eq!((causal.name.as_str(), causal.dtype, causal.public), ("Causal", Dtype::Bf16, false));
     assert_eq!(causal.head_dims, HeadDims { qk: 128, v: 128 });
-    assert_eq!(
-        causal.mask,
-        Some(binary(
-            BinOp::Ge,
-            Ty::Bool,
-            builtin(Builtin::Q),
-            builtin(Builtin::K)
-        ))
-    );
+    assert_eq!(causal.mask, Some(binary(BinOp::Ge, Ty::Bool, builtin(Builtin::Q), builtin(Builtin::K))));
     assert_eq!(causal.score, None);
-    assert_eq!(
-        causal.doc,
-        ["Causal (top-left aligned): query i sees keys 0..=i."]
-    );
+    assert_eq!(causal.doc, ["Causal (top-left aligned): query i sees keys 0..=i."]);
 
     assert_eq!(example("gqa").head_dims, HeadDims { qk: 192, v: 128 });
     assert_eq!(example("full").mask, None);
@@ -105,16 +73,10 @@ fn examples_lower_to_the_expected_ir() {
     assert_eq!(rel.tensors[0].dims, [Dim::Heads, Dim::Const(257)]);
 
     let doc = example("document");
-    assert_eq!(
-        (doc.tensors[0].elem, &doc.tensors[0].dims[..]),
-        (ElemTy::I32, &[Dim::Batch, Dim::KvLen][..])
-    );
+    assert_eq!((doc.tensors[0].elem, &doc.tensors[0].dims[..]), (ElemTy::I32, &[Dim::Batch, Dim::KvLen][..]));
 
     let softcap = example("softcap");
-    assert_eq!(
-        (softcap.params[0].name.as_str(), softcap.params[0].ty),
-        ("cap", Ty::F32)
-    );
+    assert_eq!((softcap.params[0].name.as_str(), softcap.params[0].ty), ("cap", Ty::F32));
     assert!(softcap.score.as_ref().unwrap().uses(Builtin::Score));
 }
 
@@ -166,29 +128,17 @@ fn printing_is_canonical() {
 #[test]
 fn literals_take_the_type_of_their_f32_neighbour() {
     let spec = parse("T { dtype: bf16, head_dim: 64, score: score / 30 }");
-    let ExprKind::Binary(BinOp::Div, _, rhs) = &spec.score.unwrap().kind else {
-        panic!()
-    };
-    assert_eq!(
-        **rhs,
-        Expr {
-            ty: Ty::F32,
-            kind: ExprKind::Float(30.0)
-        }
-    );
+    let ExprKind::Binary(BinOp::Div, _, rhs) = &spec.score.unwrap().kind else { panic!() };
+    assert_eq!(**rhs, Expr { ty: Ty::F32, kind: ExprKind::Float(30.0) });
     // `-literal` folds, so `-1` stays a flexible literal.
     let spec = parse("T { dtype: bf16, head_dim: 64, score: score * -1 }");
-    let ExprKind::Binary(BinOp::Mul, _, rhs) = &spec.score.unwrap().kind else {
-        panic!()
-    };
+    let ExprKind::Binary(BinOp::Mul, _, rhs) = &spec.score.unwrap().kind else { panic!() };
     assert_eq!(rhs.kind, ExprKind::Float(-1.0));
 }
 
 #[test]
 fn files_hold_several_specs() {
-    let specs =
-        parse_str("A { dtype: bf16, head_dim: 64 }\n/// B.\npub B { dtype: f16, head_dim: 32 }")
-            .unwrap();
+    let specs = parse_str("A { dtype: bf16, head_dim: 64 }\n/// B.\npub B { dtype: f16, head_dim: 32 }").unwrap();
     let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["A", "B"]);
     assert!(specs[1].public);
@@ -207,11 +157,7 @@ fn with_line3(decls: &str, line3: &str) -> String {
 }
 
 fn assert_error(source: &str, line: usize, col: usize, message: &str) {
-    assert_eq!(
-        error(source),
-        (line, col, message.to_string()),
-        "source:\n{source}"
-    );
+    assert_eq!(error(source), (line, col, message.to_string()), "source:\n{source}");
 }
 
 #[test]
@@ -246,40 +192,15 @@ fn name_errors() {
         12,
         "unknown function: expected one of min, max, abs, clamp, exp, exp2, log, log2, tanh, sigmoid, sqrt, floor",
     );
-    assert_error(
-        &with_line3("", "param q: i32"),
-        3,
-        11,
-        "`q` is a built-in name and cannot be redeclared",
-    );
-    assert_error(
-        &with_line3("", "param exp: f32"),
-        3,
-        11,
-        "`exp` is a built-in name and cannot be redeclared",
-    );
+    assert_error(&with_line3("", "param q: i32"), 3, 11, "`q` is a built-in name and cannot be redeclared");
+    assert_error(&with_line3("", "param exp: f32"), 3, 11, "`exp` is a built-in name and cannot be redeclared");
 }
 
 #[test]
 fn type_errors() {
-    assert_error(
-        &with_line3("", "mask: q - k"),
-        3,
-        11,
-        "the mask must be bool, found i32",
-    );
-    assert_error(
-        &with_line3("", "score: q"),
-        3,
-        12,
-        "the score must be f32, found i32",
-    );
-    assert_error(
-        &with_line3("", "score: q + score"),
-        3,
-        12,
-        "mismatched types: i32 + f32; convert one side with `as`",
-    );
+    assert_error(&with_line3("", "mask: q - k"), 3, 11, "the mask must be bool, found i32");
+    assert_error(&with_line3("", "score: q"), 3, 12, "the score must be f32, found i32");
+    assert_error(&with_line3("", "score: q + score"), 3, 12, "mismatched types: i32 + f32; convert one side with `as`");
     assert_error(
         &with_line3("tensor t: f32[H, KV_LEN],", "score: score + t[h]"),
         3,
@@ -292,36 +213,11 @@ fn type_errors() {
         20,
         "tensor `t` has 1 dimension(s) but is indexed with 2",
     );
-    assert_error(
-        &with_line3("tensor t: f32[H],", "score: score + t[score]"),
-        3,
-        22,
-        "an index must be i32, found f32",
-    );
-    assert_error(
-        &with_line3("", "score: tanh(score, 2.0)"),
-        3,
-        12,
-        "`tanh` takes 1 argument(s), found 2",
-    );
-    assert_error(
-        &with_line3("", "score: clamp(score, 1.0)"),
-        3,
-        12,
-        "`clamp` takes 3 argument(s), found 2",
-    );
-    assert_error(
-        &with_line3("", "score: min(score, q)"),
-        3,
-        23,
-        "`min` expects f32 here, found i32",
-    );
-    assert_error(
-        &with_line3("", "score: exp(q)"),
-        3,
-        16,
-        "`exp` expects f32 here, found i32",
-    );
+    assert_error(&with_line3("tensor t: f32[H],", "score: score + t[score]"), 3, 22, "an index must be i32, found f32");
+    assert_error(&with_line3("", "score: tanh(score, 2.0)"), 3, 12, "`tanh` takes 1 argument(s), found 2");
+    assert_error(&with_line3("", "score: clamp(score, 1.0)"), 3, 12, "`clamp` takes 3 argument(s), found 2");
+    assert_error(&with_line3("", "score: min(score, q)"), 3, 23, "`min` expects f32 here, found i32");
+    assert_error(&with_line3("", "score: exp(q)"), 3, 16, "`exp` expects f32 here, found i32");
     assert_error(
         &with_line3("", "score: if q > k { score }"),
         3,
@@ -340,42 +236,17 @@ fn type_errors() {
         12,
         "`if` branches have different types: f32 and i32",
     );
-    assert_error(
-        &with_line3("", "mask: q > k && k"),
-        3,
-        20,
-        "`&&` needs bool operands, found i32",
-    );
-    assert_error(
-        &with_line3("", "mask: !q"),
-        3,
-        11,
-        "cannot apply `!` to i32",
-    );
-    assert_error(
-        &with_line3("", "mask: (q > k) < (k > q)"),
-        3,
-        11,
-        "cannot apply `<` to bool",
-    );
+    assert_error(&with_line3("", "mask: q > k && k"), 3, 20, "`&&` needs bool operands, found i32");
+    assert_error(&with_line3("", "mask: !q"), 3, 11, "cannot apply `!` to i32");
+    assert_error(&with_line3("", "mask: (q > k) < (k > q)"), 3, 11, "cannot apply `<` to bool");
     assert_error(
         &with_line3("", "score: (q > k) as f32"),
         3,
         12,
         "cannot cast bool to f32; cast to i32 first, or use `if`",
     );
-    assert_error(
-        &with_line3("", "score: score as u8"),
-        3,
-        21,
-        "can only cast to `i32` or `f32`",
-    );
-    assert_error(
-        &with_line3("", "mask: q > 2147483648"),
-        3,
-        15,
-        "integer literal out of range for i32",
-    );
+    assert_error(&with_line3("", "score: score as u8"), 3, 21, "can only cast to `i32` or `f32`");
+    assert_error(&with_line3("", "mask: q > 2147483648"), 3, 15, "integer literal out of range for i32");
     assert_error(
         &with_line3("", "score: score.abs()"),
         3,
@@ -386,72 +257,27 @@ fn type_errors() {
 
 #[test]
 fn declaration_errors() {
-    assert_error(
-        "T { head_dim: 64 }",
-        1,
-        3,
-        "missing `dtype: f16` or `dtype: bf16`",
-    );
-    assert_error(
-        "T {\n    dtype: bf16,\n}",
-        1,
-        3,
-        "missing `head_dim: <1..=256>`",
-    );
-    assert_error(
-        "T { dtype: f32, head_dim: 64 }",
-        1,
-        12,
-        "unknown dtype: expected `f16` or `bf16`",
-    );
-    assert_error(
-        "T { dtype: bf16, head_dim: 0 }",
-        1,
-        28,
-        "unsupported head dimension 0: expected 1 to 256",
-    );
-    assert_error(
-        "T { dtype: bf16, head_dim: 300 }",
-        1,
-        28,
-        "unsupported head dimension 300: expected 1 to 256",
-    );
+    assert_error("T { head_dim: 64 }", 1, 3, "missing `dtype: f16` or `dtype: bf16`");
+    assert_error("T {\n    dtype: bf16,\n}", 1, 3, "missing `head_dim: <1..=256>`");
+    assert_error("T { dtype: f32, head_dim: 64 }", 1, 12, "unknown dtype: expected `f16` or `bf16`");
+    assert_error("T { dtype: bf16, head_dim: 0 }", 1, 28, "unsupported head dimension 0: expected 1 to 256");
+    assert_error("T { dtype: bf16, head_dim: 300 }", 1, 28, "unsupported head dimension 300: expected 1 to 256");
     assert_error(
         "T { dtype: bf16, head_dim: 64, v_head_dim: 257 }",
         1,
         44,
         "unsupported head dimension 257: expected 1 to 256",
     );
-    assert_error(
-        "T { dtype: bf16, head_dim: w }",
-        1,
-        28,
-        "a head dimension must be an integer literal",
-    );
-    assert_error(
-        &with_line3("", "dtype: f16"),
-        3,
-        5,
-        "`dtype` is given twice",
-    );
-    assert_error(
-        &with_line3("param w: i32,", "tensor w: f32[H]"),
-        3,
-        12,
-        "`w` is given twice",
-    );
+    assert_error("T { dtype: bf16, head_dim: w }", 1, 28, "a head dimension must be an integer literal");
+    assert_error(&with_line3("", "dtype: f16"), 3, 5, "`dtype` is given twice");
+    assert_error(&with_line3("param w: i32,", "tensor w: f32[H]"), 3, 12, "`w` is given twice");
     assert_error(
         &with_line3("", "tensor t: f32[N]"),
         3,
         19,
         "unknown dimension `N`: expected `B`, `H`, `H_KV`, `Q_LEN`, `KV_LEN` or an integer",
     );
-    assert_error(
-        &with_line3("", "tensor t: f32[0]"),
-        3,
-        19,
-        "a constant dimension must be a positive integer",
-    );
+    assert_error(&with_line3("", "tensor t: f32[0]"), 3, 19, "a constant dimension must be a positive integer");
     assert_error(
         &with_line3("", "tensor t: f32[B, H, Q_LEN, KV_LEN]"),
         3,
@@ -464,12 +290,7 @@ fn declaration_errors() {
         15,
         "unknown tensor element type `f64`: expected `i32`, `f32`, `f16` or `bf16`",
     );
-    assert_error(
-        &with_line3("", "param w: bool"),
-        3,
-        14,
-        "unknown param type `bool`: expected `i32` or `f32`",
-    );
+    assert_error(&with_line3("", "param w: bool"), 3, 14, "unknown param type `bool`: expected `i32` or `f32`");
     assert_error(
         &with_line3("", "window: 4"),
         3,
@@ -480,26 +301,10 @@ fn declaration_errors() {
 
 #[test]
 fn file_errors() {
-    assert_error(
-        "",
-        1,
-        1,
-        "expected at least one spec: `Name { dtype: bf16, head_dim: 128, ... }`",
-    );
-    assert_error(
-        "A { dtype: bf16, head_dim: 64 }\nA { dtype: f16, head_dim: 64 }",
-        2,
-        1,
-        "spec `A` is defined twice",
-    );
-    assert_error(
-        "#[inline] A { dtype: bf16, head_dim: 64 }",
-        1,
-        1,
-        "only `///` doc comments may precede a spec",
-    );
-    let two =
-        parse_one("A { dtype: bf16, head_dim: 64 } B { dtype: bf16, head_dim: 64 }").unwrap_err();
+    assert_error("", 1, 1, "expected at least one spec: `Name { dtype: bf16, head_dim: 128, ... }`");
+    assert_error("A { dtype: bf16, head_dim: 64 }\nA { dtype: f16, head_dim: 64 }", 2, 1, "spec `A` is defined twice");
+    assert_error("#[inline] A { dtype: bf16, head_dim: 64 }", 1, 1, "only `///` doc comments may precede a spec");
+    let two = parse_one("A { dtype: bf16, head_dim: 64 } B { dtype: bf16, head_dim: 64 }").unwrap_err();
     assert_eq!(two.message, "expected one spec, found 2");
     let (line, col, message) = error("A { dtype: bf16, head_dim: 64, mask: q >= k ` }");
     assert_eq!((line, col), (1, 45));
@@ -514,10 +319,7 @@ fn errors_render_with_a_caret() {
     let caret = format!("     | {}^", " ".repeat(15)); // Under `x`, column 16.
     assert_eq!(
         e.render("x.attn", &source),
-        format!(
-            "x.attn:3:16: error: {}\n   3 |     mask: q >= x,\n{caret}",
-            e.message
-        )
+        format!("x.attn:3:16: error: {}\n   3 |     mask: q >= x,\n{caret}", e.message)
     );
 }
 
@@ -528,10 +330,7 @@ fn errors_render_with_a_caret() {
 fn multi_character_carets_start_at_the_error_column() {
     let source = with_line3("", "mask: q >= kk");
     let rendered = parse_str(&source).unwrap_err().render("x.attn", &source);
-    assert!(
-        rendered.ends_with(&format!("\n     | {}^^", " ".repeat(15))),
-        "{rendered}"
-    );
+    assert!(rendered.ends_with(&format!("\n     | {}^^", " ".repeat(15))), "{rendered}");
 }
 
 #[test]
@@ -553,4 +352,18 @@ fn i32_min_is_a_valid_literal() {
 #[test]
 fn multi_line_doc_attributes_round_trip() {
     assert_round_trip(&parse("#[doc = \"a\\nb\"] T { dtype: bf16, head_dim: 64 }"));
+}
+
+#[test]
+fn names_must_be_plain_ascii() {
+    let cases = [
+        ("r#S { dtype: bf16, head_dim: 64 }", 1),
+        ("S { dtype: bf16, head_dim: 64, param r#type: i32 }", 38),
+        ("Caf\u{e9} { dtype: bf16, head_dim: 64 }", 1),
+    ];
+    for (source, col) in cases {
+        let e = flashgen_codegen::parse_str(source).unwrap_err();
+        assert!(e.message.contains("plain ASCII identifiers"), "{source}: {}", e.message);
+        assert_eq!(e.line_col().1, col, "{source}");
+    }
 }

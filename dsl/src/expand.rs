@@ -49,11 +49,8 @@ pub fn spec_items(spec: &Spec) -> TokenStream {
         .map(|f| quote!(::flashgen::ArgValue::from(args.#f)));
 
     let has_fields = !(spec.params.is_empty() && spec.tensors.is_empty());
-    let (lifetime, args_ty) = if spec.tensors.is_empty() {
-        (quote!(), quote!(#args_name))
-    } else {
-        (quote!(<'a>), quote!(#args_name<'_>))
-    };
+    let (lifetime, args_ty) =
+        if spec.tensors.is_empty() { (quote!(), quote!(#args_name)) } else { (quote!(<'a>), quote!(#args_name<'_>)) };
     let args_def = if has_fields {
         quote!(#vis struct #args_name #lifetime { #(#param_fields,)* #(#tensor_fields,)* })
     } else {

@@ -23,10 +23,7 @@ const VARIANTS: [(&str, &str); 6] = [
     ("swa1024", "param window: i32, mask: q >= k && q - k < window,"),
     ("doc", "tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k],"),
     ("softcap-causal", "mask: q >= k, score: 30.0 * tanh(score / 30.0),"),
-    (
-        "alibi-causal",
-        "tensor slopes: f32[H], mask: q >= k, score: score + slopes[h] * (k - q) as f32,",
-    ),
+    ("alibi-causal", "tensor slopes: f32[H], mask: q >= k, score: score + slopes[h] * (k - q) as f32,"),
 ];
 
 fn main() {
@@ -47,7 +44,11 @@ fn main() {
             std::process::exit(2);
         }
     };
-    println!("device: {} ({}), bf16, {HEADS} heads, {TOKENS} tokens per batch, median of {iters}", rt.device_name(), rt.arch());
+    println!(
+        "device: {} ({}), bf16, {HEADS} heads, {TOKENS} tokens per batch, median of {iters}",
+        rt.device_name(),
+        rt.arch()
+    );
     println!("{:<16} {:>4} {:>6} {:>3} {:>10} {:>9} {:>8}", "variant", "d", "s", "b", "ms", "TFLOP/s", "density");
     for &d in &dims {
         for &s in &seqs {
@@ -98,7 +99,8 @@ fn inputs(name: &str, batch: usize, s: usize) -> (Vec<ParamValue>, Vec<TensorDat
             let mut ids = Vec::with_capacity(batch * s);
             let mut kept = 0usize;
             for b in 0..batch {
-                let mut cuts: Vec<usize> = (1..DOCS).map(|i| (i * s / DOCS + (b * 7919 + i * 104729) % (s / 8)) % s).collect();
+                let mut cuts: Vec<usize> =
+                    (1..DOCS).map(|i| (i * s / DOCS + (b * 7919 + i * 104729) % (s / 8)) % s).collect();
                 cuts.sort_unstable();
                 let row: Vec<i32> = (0..s).map(|i| cuts.iter().filter(|&&c| c <= i).count() as i32).collect();
                 for doc in 0..DOCS as i32 {

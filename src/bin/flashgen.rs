@@ -208,13 +208,15 @@ fn tensor_files(spec: &Spec, given: &[String]) -> Result<Vec<Option<TensorData>>
         let words = bytes.chunks_exact(elem.size_bytes());
         tensors[slot] = Some(match elem {
             ElemTy::I32 => TensorData::I32(words.map(|w| i32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect()),
-            ElemTy::F32 => TensorData::Float(words.map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]) as f64).collect()),
-            ElemTy::F16 => TensorData::Float(
-                words.map(|w| flashgen::half::f16::from_le_bytes([w[0], w[1]]).to_f64()).collect(),
-            ),
-            ElemTy::Bf16 => TensorData::Float(
-                words.map(|w| flashgen::half::bf16::from_le_bytes([w[0], w[1]]).to_f64()).collect(),
-            ),
+            ElemTy::F32 => {
+                TensorData::Float(words.map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]) as f64).collect())
+            }
+            ElemTy::F16 => {
+                TensorData::Float(words.map(|w| flashgen::half::f16::from_le_bytes([w[0], w[1]]).to_f64()).collect())
+            }
+            ElemTy::Bf16 => {
+                TensorData::Float(words.map(|w| flashgen::half::bf16::from_le_bytes([w[0], w[1]]).to_f64()).collect())
+            }
         });
     }
     Ok(tensors)

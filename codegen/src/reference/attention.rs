@@ -47,18 +47,8 @@ pub enum Precision {
 }
 
 /// Computes attention for `spec` on `problem`.
-pub fn forward(
-    spec: &Spec,
-    problem: &Problem,
-    precision: Precision,
-) -> Result<Output, ReferenceError> {
-    let Shape {
-        batch,
-        heads,
-        heads_kv,
-        q_len,
-        kv_len,
-    } = problem.shape;
+pub fn forward(spec: &Spec, problem: &Problem, precision: Precision) -> Result<Output, ReferenceError> {
+    let Shape { batch, heads, heads_kv, q_len, kv_len } = problem.shape;
     if heads_kv == 0 || heads % heads_kv != 0 {
         return Err(ReferenceError::Shape(format!(
             "heads_kv ({heads_kv}) must be positive and divide heads ({heads})"
@@ -75,14 +65,7 @@ pub fn forward(
 }
 
 /// The float type the softmax and matrix products run in.
-trait Real:
-    Copy
-    + PartialOrd
-    + Add<Output = Self>
-    + Sub<Output = Self>
-    + Mul<Output = Self>
-    + Div<Output = Self>
-{
+trait Real: Copy + PartialOrd + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> + Div<Output = Self> {
     const ZERO: Self;
     const NEG_INFINITY: Self;
     /// The arithmetic the spec's expressions run in alongside.
@@ -124,41 +107,20 @@ impl_real!(f64, Arith::F64);
 
 /// The forward pass in `F`, rounding S, P and O to `store` when given (the
 /// same-dtype emulation).
-fn run<F: Real>(
-    spec: &Spec,
-    problem: &Problem,
-    store: Option<Dtype>,
-) -> Result<Output, ReferenceError> {
-    let env = Env::new(
-        spec,
-        &problem.shape,
-        &problem.params,
-        &problem.tensors,
-        F::ARITH,
-    )?;
-    let Shape {
-        batch,
-        heads,
-        heads_kv,
-        q_len,
-        kv_len,
-    } = problem.shape;
+fn run<F: Real>(spec: &Spec, problem: &Problem, store: Option<Dtype>) -> Result<Output, ReferenceError> {
+    let env = Env::new(spec, &problem.shape, &problem.params, &problem.tensors, F::ARITH)?;
+    let Shape { batch, heads, heads_kv, q_len, kv_len } = problem.shape;
     let (d_qk, d_v) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
     let keep = |x: F| store.map_or(x, |d| F::from_f64(round_dtype(d, x.to_f64())));
     // Rounding in f64 before narrowing avoids rounding twice.
-    let load = |xs: &[f64]| -> Vec<F> {
-        xs.iter()
-            .map(|&x| F::from_f64(store.map_or(x, |d| round_dtype(d, x))))
-            .collect()
-    };
+    let load =
+        |xs: &[f64]| -> Vec<F> { xs.iter().map(|&x| F::from_f64(store.map_or(x, |d| round_dtype(d, x)))).collect() };
     let (q, k, v) = (load(&problem.q), load(&problem.k), load(&problem.v));
     let scale = F::from_f64(problem.scale);
     let group = heads / heads_kv;
 
-    let mut out = Output {
-        o: vec![0.0; batch * q_len * heads * d_v],
-        lse: vec![f64::NEG_INFINITY; batch * heads * q_len],
-    };
+    let mut out =
+        Output { o: vec![0.0; batch * q_len * heads * d_v], lse: vec![f64::NEG_INFINITY; batch * heads * q_len] };
     // Per-row scratch: scores (−∞ for excluded keys), then exp(s − max).
     let mut s = vec![F::NEG_INFINITY; kv_len];
     let mut acc = vec![F::ZERO; d_v];
@@ -171,22 +133,12 @@ fn run<F: Real>(
                 let row = (b * q_len + i) * heads + h;
                 let q_row = &q[row * d_qk..][..d_qk];
                 // Sizes were checked to fit i32 by `Env::new`.
-                let mut at = Position {
-                    b: b as i32,
-                    h: h as i32,
-                    q: i as i32,
-                    k: 0,
-                    score: 0.0,
-                };
+                let mut at = Position { b: b as i32, h: h as i32, q: i as i32, k: 0, score: 0.0 };
                 let mut max = F::NEG_INFINITY;
                 for (j, s_j) in s.iter_mut().enumerate() {
                     at.k = j as i32;
                     *s_j = F::NEG_INFINITY;
-                    if spec
-                        .mask
-                        .as_ref()
-                        .is_some_and(|m| !env.eval(m, &at).as_bool())
-                    {
+                    if spec.mask.as_ref().is_some_and(|m| !env.eval(m, &at).as_bool()) {
                         continue;
                     }
                     let mut x = keep(scale * dot(q_row, &k[kv_offset(j, d_qk)..][..d_qk]));
@@ -234,11 +186,7 @@ fn run<F: Real>(
 fn dot<F: Real>(a: &[F], b: &[F]) -> F {
     const LANES: usize = 8;
     let (a_chunks, b_chunks) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail = a_chunks
-        .remainder()
-        .iter()
-        .zip(b_chunks.remainder())
-        .fold(F::ZERO, |s, (&x, &y)| s + x * y);
+    let tail = a_chunks.remainder().iter().zip(b_chunks.remainder()).fold(F::ZERO, |s, (&x, &y)| s + x * y);
     let mut lanes = [F::ZERO; LANES];
     for (x, y) in a_chunks.zip(b_chunks) {
         for ((l, &x), &y) in lanes.iter_mut().zip(x).zip(y) {

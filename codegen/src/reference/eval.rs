@@ -134,16 +134,9 @@ impl<'a> Env<'a> {
         tensors: &'a [TensorData],
         arith: Arith,
     ) -> Result<Self, ReferenceError> {
-        let Shape {
-            batch,
-            heads,
-            heads_kv,
-            q_len,
-            kv_len,
-        } = *shape;
+        let Shape { batch, heads, heads_kv, q_len, kv_len } = *shape;
         let to_i32 = |n: usize| {
-            i32::try_from(n)
-                .map_err(|_| ReferenceError::Shape(format!("size {n} does not fit the spec's i32")))
+            i32::try_from(n).map_err(|_| ReferenceError::Shape(format!("size {n} does not fit the spec's i32")))
         };
         for n in [batch, heads, heads_kv] {
             to_i32(n)?;
@@ -193,13 +186,7 @@ impl<'a> Env<'a> {
                 Ok(Tensor { dims, data })
             })
             .collect::<Result<_, _>>()?;
-        Ok(Env {
-            arith,
-            q_len,
-            kv_len,
-            params,
-            tensors,
-        })
+        Ok(Env { arith, q_len, kv_len, params, tensors })
     }
 
     /// Evaluates `e` at `at`. Only branches that are taken are evaluated.
@@ -252,20 +239,8 @@ impl<'a> Env<'a> {
                 }
                 let [x, y, z] = v;
                 match e.ty {
-                    Ty::F32 => Value::F32(float_call(
-                        self.arith,
-                        *func,
-                        x.as_f64(),
-                        y.as_f64(),
-                        z.as_f64(),
-                    )),
-                    Ty::I32 | Ty::Bool => Value::I32(int_call(
-                        self.arith,
-                        *func,
-                        x.as_i32(),
-                        y.as_i32(),
-                        z.as_i32(),
-                    )),
+                    Ty::F32 => Value::F32(float_call(self.arith, *func, x.as_f64(), y.as_f64(), z.as_f64())),
+                    Ty::I32 | Ty::Bool => Value::I32(int_call(self.arith, *func, x.as_i32(), y.as_i32(), z.as_i32())),
                 }
             }
             ExprKind::If(c, t, f) => {
@@ -289,9 +264,7 @@ impl<'a> Env<'a> {
         }
         match t.data {
             TensorData::I32(d) => Value::I32(d.get(offset).copied().unwrap_or(0)),
-            TensorData::Float(d) => {
-                Value::F32(self.arith.round(d.get(offset).copied().unwrap_or(0.0)))
-            }
+            TensorData::Float(d) => Value::F32(self.arith.round(d.get(offset).copied().unwrap_or(0.0))),
         }
     }
 }
@@ -379,15 +352,9 @@ pub(super) fn check_len(buffer: &str, found: usize, dims: &[usize]) -> Result<()
     let expected = dims
         .iter()
         .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .ok_or_else(|| {
-            ReferenceError::Shape(format!("`{buffer}` has more elements than fit in memory"))
-        })?;
+        .ok_or_else(|| ReferenceError::Shape(format!("`{buffer}` has more elements than fit in memory")))?;
     if found != expected {
-        return Err(ReferenceError::Length {
-            buffer: buffer.to_string(),
-            expected,
-            found,
-        });
+        return Err(ReferenceError::Length { buffer: buffer.to_string(), expected, found });
     }
     Ok(())
 }

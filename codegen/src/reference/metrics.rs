@@ -24,10 +24,7 @@ pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
     if a.len() != b.len() {
         return f64::NAN;
     }
-    a.iter()
-        .zip(b)
-        .map(|(&x, &y)| abs_diff(x, y))
-        .fold(0.0, |max, d| if d > max || d.is_nan() { d } else { max })
+    a.iter().zip(b).map(|(&x, &y)| abs_diff(x, y)).fold(0.0, |max, d| if d > max || d.is_nan() { d } else { max })
 }
 
 /// The mean elementwise |a − b| (0 for empty slices); NaN like
@@ -65,12 +62,7 @@ pub fn flash_rule(out: &[f64], same_dtype: &[f64], golden: &[f64], factor: f64) 
     let error = max_abs_diff(out, golden);
     let reference_error = max_abs_diff(same_dtype, golden);
     let tolerance = factor * reference_error + FLASH_SLACK;
-    FlashCheck {
-        error,
-        reference_error,
-        tolerance,
-        passed: error <= tolerance,
-    }
+    FlashCheck { error, reference_error, tolerance, passed: error <= tolerance }
 }
 
 impl fmt::Display for FlashCheck {

@@ -24,10 +24,7 @@ mod rounding;
 
 pub use attention::{forward, Output, Precision, Problem};
 pub use eval::{Arith, Env, ParamValue, Position, TensorData, Value};
-pub use metrics::{
-    flash_rule, max_abs_diff, mean_abs_diff, FlashCheck, BACKWARD_FACTOR, FLASH_SLACK,
-    FORWARD_FACTOR,
-};
+pub use metrics::{flash_rule, max_abs_diff, mean_abs_diff, FlashCheck, BACKWARD_FACTOR, FLASH_SLACK, FORWARD_FACTOR};
 pub use rounding::{round_bf16, round_dtype, round_f16};
 
 use std::fmt;
@@ -40,11 +37,7 @@ pub enum ReferenceError {
     /// (the type of `b`, `h`, `q`, `k`), or a buffer size overflows usize.
     Shape(String),
     /// A buffer's length disagrees with the shape.
-    Length {
-        buffer: String,
-        expected: usize,
-        found: usize,
-    },
+    Length { buffer: String, expected: usize, found: usize },
     /// Params or captured tensors disagree with the spec's declarations.
     Mismatch(String),
 }
@@ -53,11 +46,7 @@ impl fmt::Display for ReferenceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ReferenceError::Shape(m) | ReferenceError::Mismatch(m) => f.write_str(m),
-            ReferenceError::Length {
-                buffer,
-                expected,
-                found,
-            } => {
+            ReferenceError::Length { buffer, expected, found } => {
                 write!(f, "`{buffer}` holds {found} elements, expected {expected}")
             }
         }

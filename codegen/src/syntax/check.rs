@@ -75,7 +75,10 @@ impl Checker<'_> {
         let name = id.to_string();
         if let Some((_, b)) = Builtin::ALL.iter().find(|(n, _)| *n == name) {
             if *b == Builtin::Score && self.role == Role::Mask {
-                return err(id.span(), "`score` cannot be used in a mask: a mask depends only on positions, params and tensors");
+                return err(
+                    id.span(),
+                    "`score` cannot be used in a mask: a mask depends only on positions, params and tensors",
+                );
             }
             return Ok(Expr { ty: b.ty(), kind: ExprKind::Builtin(*b) });
         }
@@ -85,7 +88,10 @@ impl Checker<'_> {
         if self.scope.tensors.iter().any(|t| t.name == name) {
             return err(id.span(), format!("tensor `{name}` must be indexed, e.g. `{name}[h]`"));
         }
-        err(id.span(), format!("unknown name `{name}`: expected b, h, q, k, q_len, kv_len, score, or a declared param or tensor"))
+        err(
+            id.span(),
+            format!("unknown name `{name}`: expected b, h, q, k, q_len, kv_len, score, or a declared param or tensor"),
+        )
     }
 
     fn unary(&self, u: &syn::ExprUnary) -> Result<Expr, SpecError> {

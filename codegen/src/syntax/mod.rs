@@ -31,9 +31,8 @@ pub use print::to_source;
 
 /// Parses and checks every spec in `source` (the text of an `.attn` file).
 pub fn parse_str(source: &str) -> Result<Vec<Spec>, SpecError> {
-    let tokens: TokenStream = source
-        .parse()
-        .map_err(|e: proc_macro2::LexError| SpecError::new(e.span(), format!("invalid token: {e}")))?;
+    let tokens: TokenStream =
+        source.parse().map_err(|e: proc_macro2::LexError| SpecError::new(e.span(), format!("invalid token: {e}")))?;
     parse_tokens(tokens)
 }
 
@@ -153,7 +152,7 @@ impl Fields {
     /// Rejects a second use of any name; `declared` names (params and
     /// tensors) may not shadow built-ins or take a setting's name.
     fn claim(&mut self, name: &Ident, declared: bool) -> Result<(), SpecError> {
-        let text = name.to_string();
+        let text = plain_name(name)?;
         if declared && (check::is_reserved(&text) || SETTINGS.contains(&text.as_str())) {
             return err(name.span(), format!("`{text}` is a built-in name and cannot be redeclared"));
         }
@@ -167,7 +166,17 @@ impl Fields {
 
 const SETTINGS: [&str; 5] = ["dtype", "head_dim", "v_head_dim", "mask", "score"];
 
+/// Names become C identifiers and kernel symbols: ASCII only, no `r#`.
+fn plain_name(name: &Ident) -> Result<String, SpecError> {
+    let text = name.to_string();
+    if text.starts_with("r#") || !text.is_ascii() {
+        return err(name.span(), format!("`{text}`: names must be plain ASCII identifiers"));
+    }
+    Ok(text)
+}
+
 fn lower_spec(ast: SpecAst) -> Result<Spec, SpecError> {
+    let name = plain_name(&ast.name)?;
     let mut f = Fields::default();
     for field in ast.fields {
         match field {
@@ -201,7 +210,7 @@ fn lower_spec(ast: SpecAst) -> Result<Spec, SpecError> {
     let mask = f.mask.as_ref().map(|e| scope.check(e, check::Role::Mask)).transpose()?;
     let score = f.score.as_ref().map(|e| scope.check(e, check::Role::Score)).transpose()?;
     Ok(Spec {
-        name: ast.name.to_string(),
+        name,
         doc: doc_lines(&ast.attrs)?,
         public: ast.public,
         dtype,
@@ -245,7 +254,10 @@ fn lower_tensor(name: &Ident, elem: &Ident, dims: &[DimAst]) -> Result<TensorDec
         "f16" => ElemTy::F16,
         "bf16" => ElemTy::Bf16,
         other => {
-            return err(elem.span(), format!("unknown tensor element type `{other}`: expected `i32`, `f32`, `f16` or `bf16`"))
+            return err(
+                elem.span(),
+                format!("unknown tensor element type `{other}`: expected `i32`, `f32`, `f16` or `bf16`"),
+            )
         }
     };
     if dims.is_empty() || dims.len() > 3 {
@@ -258,16 +270,12 @@ fn lower_tensor(name: &Ident, elem: &Ident, dims: &[DimAst]) -> Result<TensorDec
                 Ok(n) if n > 0 => Ok(Dim::Const(n)),
                 _ => err(lit.span(), "a constant dimension must be a positive integer"),
             },
-            DimAst::Symbol(id) => Dim::SYMBOLS
-                .iter()
-                .find(|(s, _)| id == s)
-                .map(|(_, d)| *d)
-                .ok_or_else(|| {
-                    SpecError::new(
-                        id.span(),
-                        format!("unknown dimension `{id}`: expected `B`, `H`, `H_KV`, `Q_LEN`, `KV_LEN` or an integer"),
-                    )
-                }),
+            DimAst::Symbol(id) => Dim::SYMBOLS.iter().find(|(s, _)| id == s).map(|(_, d)| *d).ok_or_else(|| {
+                SpecError::new(
+                    id.span(),
+                    format!("unknown dimension `{id}`: expected `B`, `H`, `H_KV`, `Q_LEN`, `KV_LEN` or an integer"),
+                )
+            }),
         })
         .collect::<Result<_, _>>()?;
     Ok(TensorDecl { name: name.to_string(), elem: elem_ty, dims })
