@@ -5,6 +5,7 @@
 //! in f64 on the CPU; [`cuda`] emits kernels described by [`abi::Kernel`].
 
 pub mod abi;
+pub mod analysis;
 pub mod cuda;
 pub mod error;
 pub mod reference;

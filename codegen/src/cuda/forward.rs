@@ -24,22 +24,31 @@ use std::fmt::{self, Write};
 /// A tile configuration: how a CTA covers queries and keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TileConfig {
-    /// Warps per CTA; each owns 16 query rows, so `BLOCK_M = 16 · warps`.
+    /// Warps per CTA.
     pub warps: u32,
+    /// 16-row MMA tiles per warp: each K/V fragment read from shared memory
+    /// feeds this many MMAs, so 2 halves the shared-memory traffic per FLOP
+    /// at the price of twice the accumulator registers.
+    pub m_tiles: u32,
     /// Keys per K/V tile (a multiple of 16).
     pub block_n: u32,
 }
 
 impl TileConfig {
-    /// The default for a spec: 4 warps, and K/V tiles as long as shared
-    /// memory and registers allow at its head dims.
+    /// The default for a spec: 4 warps; up to head dim 128, 32 query rows
+    /// per warp and 64-key tiles (FlashAttention-2's 128 × 64); above, the
+    /// O accumulator alone needs 128 registers, so 16 rows and 32 keys.
     pub fn default_for(spec: &Spec) -> TileConfig {
         let widest = pad16(spec.head_dims.qk).max(pad16(spec.head_dims.v));
-        TileConfig { warps: 4, block_n: if widest > 128 { 32 } else { 64 } }
+        if widest > 128 {
+            TileConfig { warps: 4, m_tiles: 1, block_n: 32 }
+        } else {
+            TileConfig { warps: 4, m_tiles: 2, block_n: if widest > 64 { 32 } else { 64 } }
+        }
     }
 
     pub fn block_m(self) -> u32 {
-        16 * self.warps
+        16 * self.m_tiles * self.warps
     }
 
     /// Dynamic shared memory: the Q tile and two stages of K and V tiles,
@@ -113,7 +122,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt:
     };
     let (d, dv) = (spec.head_dims.qk, spec.head_dims.v);
     let (dp, dvp) = (pad16(d), pad16(dv));
-    let TileConfig { warps, block_n } = config;
+    let TileConfig { warps, m_tiles, block_n } = config;
     write!(
         w,
         "\
@@ -125,7 +134,9 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt:
         constexpr int DVP = {dvp};  // DV padded to pairs of 8-wide MMA tiles\n\
         constexpr int WARPS = {warps};\n\
         constexpr int THREADS = 32 * WARPS;\n\
-        constexpr int BLOCK_M = 16 * WARPS;  // query rows per CTA, 16 per warp: grid.x = ceil(q_len / BLOCK_M)\n\
+        constexpr int M_TILES = {m_tiles};  // 16-row MMA tiles per warp\n\
+        constexpr int WARP_M = 16 * M_TILES;  // query rows per warp\n\
+        constexpr int BLOCK_M = WARP_M * WARPS;  // query rows per CTA: grid.x = ceil(q_len / BLOCK_M)\n\
         constexpr int BLOCK_N = {block_n};  // keys per K/V tile\n\
         constexpr int S_TILES = BLOCK_N / 8;  // m16n8 accumulator tiles of a warp's S\n\
         constexpr int O_TILES = DVP / 8;  // m16n8 accumulator tiles of a warp's O\n\
@@ -195,12 +206,14 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         }}\n\
         cp_async_commit();\n\
         \n\
-        // This warp's 16 rows of O (f32), and the online softmax state of its two\n\
-        // rows per lane (g and g + 8): running max m (log2 units) and this lane's\n\
-        // share of the running sum l.\n\
-        float o[O_TILES][4] = {{}};\n\
-        float m[2] = {{neg_inf(), neg_inf()}};\n\
-        float l[2] = {{0.0f, 0.0f}};\n\
+        // This warp's WARP_M rows of O (f32), and the online softmax state of the\n\
+        // lane's rows (g and g + 8 of each m-tile): running max m (log2 units) and\n\
+        // this lane's share of the running sum l.\n\
+        float o[M_TILES][O_TILES][4] = {{}};\n\
+        float m[M_TILES][2];\n\
+        float l[M_TILES][2] = {{}};\n\
+        #pragma unroll\n\
+        for (int mt = 0; mt < M_TILES; ++mt) m[mt][0] = m[mt][1] = neg_inf();\n\
         \n"
     )?;
     w.block(format_args!("for (int j = 0; j < kv_tiles; ++j)"), |w| {
@@ -219,18 +232,26 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
             }}\n\
             cp_async_commit();\n\
             \n\
-            // S = Q K^T on this warp's 16 rows x BLOCK_N keys.\n\
-            float s[S_TILES][4] = {{}};\n\
+            // S = Q K^T on this warp's WARP_M rows x BLOCK_N keys; each K fragment\n\
+            // feeds all M_TILES row tiles.\n\
+            float s[M_TILES][S_TILES][4] = {{}};\n\
             #pragma unroll\n\
             for (int kk = 0; kk < DP / 16; ++kk) {{\n\
-            \x20   unsigned a[4];\n\
-            \x20   ldmatrix_x4(a, q_tile + swizzle<DP>(warp * 16 + lane % 8 + (lane / 8 % 2) * 8, kk * 16 + lane / 16 * 8));\n\
+            \x20   unsigned a[M_TILES][4];\n\
+            \x20   #pragma unroll\n\
+            \x20   for (int mt = 0; mt < M_TILES; ++mt) {{\n\
+            \x20       const int row = warp * WARP_M + mt * 16 + lane % 8 + (lane / 8 % 2) * 8;\n\
+            \x20       ldmatrix_x4(a[mt], q_tile + swizzle<DP>(row, kk * 16 + lane / 16 * 8));\n\
+            \x20   }}\n\
             \x20   #pragma unroll\n\
             \x20   for (int n = 0; n < S_TILES; n += 2) {{\n\
             \x20       unsigned kb[4];\n\
             \x20       ldmatrix_x4(kb, k_tile + swizzle<DP>(n * 8 + lane % 8 + lane / 16 * 8, kk * 16 + (lane / 8 % 2) * 8));\n\
-            \x20       mma_16816(storage{{}}, s[n], a, kb[0], kb[1]);\n\
-            \x20       mma_16816(storage{{}}, s[n + 1], a, kb[2], kb[3]);\n\
+            \x20       #pragma unroll\n\
+            \x20       for (int mt = 0; mt < M_TILES; ++mt) {{\n\
+            \x20           mma_16816(storage{{}}, s[mt][n], a[mt], kb[0], kb[1]);\n\
+            \x20           mma_16816(storage{{}}, s[mt][n + 1], a[mt], kb[2], kb[3]);\n\
+            \x20       }}\n\
             \x20   }}\n\
             }}\n\
             \n\
@@ -238,33 +259,36 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
             // l and O per row and tile. While every key so far is masked, m_new is\n\
             // -inf and m_use = 0 keeps exp2 away from -inf - -inf = NaN.\n\
             #pragma unroll\n\
-            for (int r = 0; r < 2; ++r) {{\n\
-            \x20   const int q = q0 + warp * 16 + g + 8 * r;\n\
+            for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
+            \x20   const int mt = i / 2, r = i % 2;\n\
+            \x20   const int q = q0 + warp * WARP_M + mt * 16 + g + 8 * r;\n\
             \x20   float row_max = neg_inf();\n\
             \x20   #pragma unroll\n\
             \x20   for (int n = 0; n < S_TILES; ++n) {{\n\
             \x20       #pragma unroll\n\
             \x20       for (int c = 0; c < 2; ++c) {{\n\
-            \x20           s[n][2 * r + c] = logit(s[n][2 * r + c], q, kv0 + n * 8 + 2 * t + c);\n\
-            \x20           row_max = fmaxf(row_max, s[n][2 * r + c]);\n\
+            \x20           float& x = s[mt][n][2 * r + c];\n\
+            \x20           x = logit(x, q, kv0 + n * 8 + 2 * t + c);\n\
+            \x20           row_max = fmaxf(row_max, x);\n\
             \x20       }}\n\
             \x20   }}\n\
-            \x20   const float m_new = fmaxf(m[r], quad_max(row_max));\n\
+            \x20   const float m_new = fmaxf(m[mt][r], quad_max(row_max));\n\
             \x20   const float m_use = m_new == neg_inf() ? 0.0f : m_new;\n\
-            \x20   const float alpha = exp2f(m[r] - m_use);\n\
-            \x20   m[r] = m_new;\n\
-            \x20   l[r] *= alpha;\n\
+            \x20   const float alpha = fast_exp2(m[mt][r] - m_use);\n\
+            \x20   m[mt][r] = m_new;\n\
+            \x20   l[mt][r] *= alpha;\n\
             \x20   #pragma unroll\n\
             \x20   for (int n = 0; n < O_TILES; ++n) {{\n\
-            \x20       o[n][2 * r] *= alpha;\n\
-            \x20       o[n][2 * r + 1] *= alpha;\n\
+            \x20       o[mt][n][2 * r] *= alpha;\n\
+            \x20       o[mt][n][2 * r + 1] *= alpha;\n\
             \x20   }}\n\
             \x20   #pragma unroll\n\
             \x20   for (int n = 0; n < S_TILES; ++n) {{\n\
             \x20       #pragma unroll\n\
             \x20       for (int c = 0; c < 2; ++c) {{\n\
-            \x20           s[n][2 * r + c] = exp2f(s[n][2 * r + c] - m_use);\n\
-            \x20           l[r] += s[n][2 * r + c];\n\
+            \x20           float& x = s[mt][n][2 * r + c];\n\
+            \x20           x = fast_exp2(x - m_use);\n\
+            \x20           l[mt][r] += x;\n\
             \x20       }}\n\
             \x20   }}\n\
             }}\n\
@@ -274,18 +298,23 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
             // of the kk-th 16-key step.\n\
             #pragma unroll\n\
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
-            \x20   const unsigned p[4] = {{\n\
-            \x20       pack2(storage{{}}, s[2 * kk][0], s[2 * kk][1]),\n\
-            \x20       pack2(storage{{}}, s[2 * kk][2], s[2 * kk][3]),\n\
-            \x20       pack2(storage{{}}, s[2 * kk + 1][0], s[2 * kk + 1][1]),\n\
-            \x20       pack2(storage{{}}, s[2 * kk + 1][2], s[2 * kk + 1][3]),\n\
-            \x20   }};\n\
+            \x20   unsigned p[M_TILES][4];\n\
+            \x20   #pragma unroll\n\
+            \x20   for (int mt = 0; mt < M_TILES; ++mt) {{\n\
+            \x20       p[mt][0] = pack2(storage{{}}, s[mt][2 * kk][0], s[mt][2 * kk][1]);\n\
+            \x20       p[mt][1] = pack2(storage{{}}, s[mt][2 * kk][2], s[mt][2 * kk][3]);\n\
+            \x20       p[mt][2] = pack2(storage{{}}, s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);\n\
+            \x20       p[mt][3] = pack2(storage{{}}, s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);\n\
+            \x20   }}\n\
             \x20   #pragma unroll\n\
             \x20   for (int n = 0; n < O_TILES; n += 2) {{\n\
             \x20       unsigned vb[4];\n\
             \x20       ldmatrix_x4_trans(vb, v_tile + swizzle<DVP>(kk * 16 + lane % 8 + (lane / 8 % 2) * 8, n * 8 + lane / 16 * 8));\n\
-            \x20       mma_16816(storage{{}}, o[n], p, vb[0], vb[1]);\n\
-            \x20       mma_16816(storage{{}}, o[n + 1], p, vb[2], vb[3]);\n\
+            \x20       #pragma unroll\n\
+            \x20       for (int mt = 0; mt < M_TILES; ++mt) {{\n\
+            \x20           mma_16816(storage{{}}, o[mt][n], p[mt], vb[0], vb[1]);\n\
+            \x20           mma_16816(storage{{}}, o[mt][n + 1], p[mt], vb[2], vb[3]);\n\
+            \x20       }}\n\
             \x20   }}\n\
             }}\n"
         )
@@ -298,9 +327,10 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         // Epilogue: O = o / l and the natural-log LSE; a fully masked row (l == 0)\n\
         // writes O = 0 and LSE = -inf.\n\
         #pragma unroll\n\
-        for (int r = 0; r < 2; ++r) {{\n\
-        \x20   const int q = q0 + warp * 16 + g + 8 * r;\n\
-        \x20   const float sum = quad_sum(l[r]);\n\
+        for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
+        \x20   const int mt = i / 2, r = i % 2;\n\
+        \x20   const int q = q0 + warp * WARP_M + mt * 16 + g + 8 * r;\n\
+        \x20   const float sum = quad_sum(l[mt][r]);\n\
         \x20   if (q >= {q_len}) continue;\n\
         \x20   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;\n\
         \x20   unsigned short* out = o_rows + (long long)q * {o_stride};\n\
@@ -309,11 +339,11 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         \x20       #pragma unroll\n\
         \x20       for (int c = 0; c < 2; ++c) {{\n\
         \x20           const int col = n * 8 + 2 * t + c;\n\
-        \x20           if (col < DV) out[col] = storage::from_f32(o[n][2 * r + c] * inv);\n\
+        \x20           if (col < DV) out[col] = storage::from_f32(o[mt][n][2 * r + c] * inv);\n\
         \x20       }}\n\
         \x20   }}\n\
         \x20   if ({lse} != nullptr && t == 0) {{\n\
-        \x20       {lse}[((long long)b * {heads} + h) * {q_len} + q] = sum > 0.0f ? (m[r] + log2f(sum)) * LN2 : neg_inf();\n\
+        \x20       {lse}[((long long)b * {heads} + h) * {q_len} + q] = sum > 0.0f ? (m[mt][r] + log2f(sum)) * LN2 : neg_inf();\n\
         \x20   }}\n\
         }}\n"
     )

@@ -56,7 +56,9 @@ __device__ __forceinline__ void load_tile(unsigned short* tile, const unsigned s
                                           int rows, bool vector) {
     if (WIDTH % 8 == 0 && vector) {
         constexpr int CHUNKS = COLS / 8;
-        #pragma unroll
+        // Not unrolled: unrolled copies keep one 64-bit source address per
+        // chunk live across the main loop, and the accumulators need them.
+        #pragma unroll 1
         for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
             const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
             const bool valid = r < rows && c < WIDTH;
@@ -102,6 +104,14 @@ __device__ __forceinline__ unsigned pack2(bf16, float lo, float hi) {
 __device__ __forceinline__ unsigned pack2(f16, float lo, float hi) {
     unsigned r;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// 2^x in one MUFU instruction (FlashAttention's exp2f under fast math): ~2 ulp,
+// far below the rounding of P to 16 bits; 2^-inf = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
     return r;
 }
 
