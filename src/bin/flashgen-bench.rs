@@ -7,6 +7,8 @@
 //! `flashgen-bench [--variants causal,full] [--dims 64,128] [--seqs 1024,4096,16384] [--iters 20]`
 
 use flashgen::codegen::reference::{ParamValue, TensorData};
+use flashgen::codegen::analysis::{classify, TileClass};
+use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::Shape;
 use flashgen::verify::{self, DeviceProblem, OperandLayout};
 use flashgen::Runtime;
@@ -49,7 +51,10 @@ fn main() {
         rt.device_name(),
         rt.arch()
     );
-    println!("{:<16} {:>4} {:>6} {:>3} {:>10} {:>9} {:>8}", "variant", "d", "s", "b", "ms", "TFLOP/s", "density");
+    println!(
+        "{:<16} {:>4} {:>6} {:>3} {:>10} {:>9} {:>8} {:>15}",
+        "variant", "d", "s", "b", "ms", "TFLOP/s", "density", "tiles visited"
+    );
     for &d in &dims {
         for &s in &seqs {
             let batch = (TOKENS / s).max(1);
@@ -66,19 +71,38 @@ fn main() {
                     .expect("bench specs are valid");
                 let density;
                 (problem.params, problem.tensors, density) = inputs(name, batch, s);
+                let tiles = visited_tiles(&spec, &problem);
                 let timed = DeviceProblem::upload(&rt, &spec, &problem, OperandLayout::Bshd)
                     .and_then(|mut gpu| gpu.time(&rt, &spec, &problem, 3, iters));
                 match timed {
                     Ok(ms) => {
                         let flops = 4.0 * (batch * HEADS) as f64 * (s * s) as f64 * d as f64 * density;
                         let tflops = flops / (ms * 1e-3) / 1e12;
-                        println!("{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4}");
+                        println!("{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4} {tiles:>15}");
                     }
                     Err(e) => println!("{name:<16} {d:>4} {s:>6} {batch:>3} error: {e}"),
                 }
             }
         }
     }
+}
+
+/// K/V tiles the kernel visits per (batch, head), out of all, by the same
+/// interval analysis the kernel runs (batch 0, head 0).
+fn visited_tiles(spec: &flashgen::Spec, problem: &flashgen::codegen::reference::Problem) -> String {
+    let config = TileConfig::default_for(spec);
+    let (bm, bn) = (config.block_m() as usize, config.block_n as usize);
+    let Shape { q_len, kv_len, .. } = problem.shape;
+    let (mut visited, mut total) = (0, 0);
+    for q0 in (0..q_len).step_by(bm) {
+        for k0 in (0..kv_len).step_by(bn) {
+            let q = (q0 as i32, ((q0 + bm).min(q_len) - 1) as i32);
+            let k = (k0 as i32, ((k0 + bn).min(kv_len) - 1) as i32);
+            total += 1;
+            visited += usize::from(classify(spec, &problem.shape, &problem.params, 0, 0, q, k) != TileClass::Empty);
+        }
+    }
+    format!("{visited}/{total}")
 }
 
 /// Params, captured tensors and the exact kept fraction for one variant.

@@ -13,6 +13,8 @@
 
 use super::expr::c_expr;
 use super::prelude::PRELUDE;
+use super::ranges::RANGES;
+use super::tile_class::tile_class_expr;
 use super::signature::{arg_name, arg_type, forward_args};
 use super::tiles::TILES;
 use super::writer::Writer;
@@ -99,6 +101,8 @@ fn write_kernel(
     }
     writeln!(w)?;
     w.write_str(PRELUDE)?;
+    writeln!(w)?;
+    w.write_str(RANGES)?;
     writeln!(w)?;
     w.write_str(TILES)?;
     writeln!(w)?;
@@ -197,12 +201,19 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         w,
         "\
         \n\
-        // Prologue: the Q tile and the first K/V tile, in flight together.\n\
+        const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;\n"
+    )?;
+    write_tile_classes(w, spec, &q_len, &kv_len)?;
+    write!(
+        w,
+        "\
+        \n\
+        // Prologue: the Q tile and the first visited K/V tile, in flight together.\n\
         load_tile<BLOCK_M, DP, D, THREADS>(q_tile, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, vector);\n\
-        const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;\n\
-        if (kv_tiles > 0) {{\n\
-        \x20   load_tile<BLOCK_N, DP, D, THREADS>(k_tiles, k_rows, {k_stride}, {kv_len}, vector);\n\
-        \x20   load_tile<BLOCK_N, DVP, DV, THREADS>(v_tiles, v_rows, {v_stride}, {kv_len}, vector);\n\
+        int j = next_tile(0);\n\
+        if (j < kv_tiles) {{\n\
+        \x20   load_tile<BLOCK_N, DP, D, THREADS>(k_tiles, k_rows + (long long)j * BLOCK_N * {k_stride}, {k_stride}, {kv_len} - j * BLOCK_N, vector);\n\
+        \x20   load_tile<BLOCK_N, DVP, DV, THREADS>(v_tiles, v_rows + (long long)j * BLOCK_N * {v_stride}, {v_stride}, {kv_len} - j * BLOCK_N, vector);\n\
         }}\n\
         cp_async_commit();\n\
         \n\
@@ -216,19 +227,21 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         for (int mt = 0; mt < M_TILES; ++mt) m[mt][0] = m[mt][1] = neg_inf();\n\
         \n"
     )?;
-    w.block(format_args!("for (int j = 0; j < kv_tiles; ++j)"), |w| {
+    w.block(format_args!("for (int stage = 0; j < kv_tiles; stage ^= 1)"), |w| {
         write!(
             w,
             "\
             const int kv0 = j * BLOCK_N;\n\
-            const unsigned short* k_tile = k_tiles + (j % 2) * K_TILE;\n\
-            const unsigned short* v_tile = v_tiles + (j % 2) * V_TILE;\n\
+            const bool full = tile_full(j);  // the mask keeps every pair: skip evaluating it\n\
+            const int next = next_tile(j + 1);\n\
+            const unsigned short* k_tile = k_tiles + stage * K_TILE;\n\
+            const unsigned short* v_tile = v_tiles + stage * V_TILE;\n\
             cp_async_wait_all();\n\
-            __syncthreads();  // tile j is visible, and every warp is done with tile j - 1\n\
-            if (j + 1 < kv_tiles) {{\n\
-            \x20   const int next = kv0 + BLOCK_N;\n\
-            \x20   load_tile<BLOCK_N, DP, D, THREADS>(k_tiles + ((j + 1) % 2) * K_TILE, k_rows + (long long)next * {k_stride}, {k_stride}, {kv_len} - next, vector);\n\
-            \x20   load_tile<BLOCK_N, DVP, DV, THREADS>(v_tiles + ((j + 1) % 2) * V_TILE, v_rows + (long long)next * {v_stride}, {v_stride}, {kv_len} - next, vector);\n\
+            __syncthreads();  // tile j is visible, and every warp is done with the previous one\n\
+            if (next < kv_tiles) {{\n\
+            \x20   const int n0 = next * BLOCK_N;\n\
+            \x20   load_tile<BLOCK_N, DP, D, THREADS>(k_tiles + (stage ^ 1) * K_TILE, k_rows + (long long)n0 * {k_stride}, {k_stride}, {kv_len} - n0, vector);\n\
+            \x20   load_tile<BLOCK_N, DVP, DV, THREADS>(v_tiles + (stage ^ 1) * V_TILE, v_rows + (long long)n0 * {v_stride}, {v_stride}, {kv_len} - n0, vector);\n\
             }}\n\
             cp_async_commit();\n\
             \n\
@@ -268,7 +281,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
             \x20       #pragma unroll\n\
             \x20       for (int c = 0; c < 2; ++c) {{\n\
             \x20           float& x = s[mt][n][2 * r + c];\n\
-            \x20           x = logit(x, q, kv0 + n * 8 + 2 * t + c);\n\
+            \x20           x = logit(x, q, kv0 + n * 8 + 2 * t + c, full);\n\
             \x20           row_max = fmaxf(row_max, x);\n\
             \x20       }}\n\
             \x20   }}\n\
@@ -316,7 +329,8 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
             \x20           mma_16816(storage{{}}, o[mt][n + 1], p[mt], vb[2], vb[3]);\n\
             \x20       }}\n\
             \x20   }}\n\
-            }}\n"
+            }}\n\
+            j = next;\n"
         )
     })?;
     write!(
@@ -349,15 +363,45 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     )
 }
 
+/// Block sparsity by analysis: `next_tile(j)` is the first K/V tile from `j`
+/// on that the mask does not remove entirely, and `tile_full(j)` says the
+/// mask keeps every pair of tile `j`. Both come from interval arithmetic over
+/// the mask with this CTA's query rows and the tile's keys (see `ranges`),
+/// evaluated with the launch's params, so they cost a few integer ops per
+/// tile and need no mask tensor or precompute pass.
+fn write_tile_classes(w: &mut Writer<String>, spec: &Spec, q_len: &str, kv_len: &str) -> fmt::Result {
+    let Some(class) = tile_class_expr(spec) else {
+        writeln!(w, "// No mask: every tile is visited and kept whole.")?;
+        writeln!(w, "auto next_tile = [](int j) {{ return j; }};")?;
+        return writeln!(w, "auto tile_full = [](int) {{ return true; }};");
+    };
+    write!(
+        w,
+        "\
+        // Tile classes: the mask over this CTA's rows x tile j's keys, in interval\n\
+        // arithmetic (lo = 1: keeps every pair; hi = 0: keeps none).\n\
+        const int q_lo = q0, q_hi = min_i32(q0 + BLOCK_M, {q_len}) - 1;\n\
+        auto tile_class = [&](int j) -> Range {{\n\
+        \x20   const int k_lo = j * BLOCK_N, k_hi = min_i32(k_lo + BLOCK_N, {kv_len}) - 1;\n\
+        \x20   return {class};\n\
+        }};\n\
+        auto next_tile = [&](int j) {{\n\
+        \x20   while (j < kv_tiles && tile_class(j).hi == 0) ++j;\n\
+        \x20   return j;\n\
+        }};\n\
+        auto tile_full = [&](int j) {{ return tile_class(j).lo == 1; }};\n"
+    )
+}
+
 /// The `logit` lambda: dot product at (q, k) → log2-domain logit, or −∞
 /// where the pair is masked or k is past the end of the sequence.
 fn write_logit(w: &mut Writer<String>, spec: &Spec, scale: &str, kv_len: &str) -> fmt::Result {
-    let mask = spec.mask.as_ref().map(|e| format!(" && {}", c_expr(spec, e))).unwrap_or_default();
+    let mask = spec.mask.as_ref().map(|e| format!(" && (full || {})", c_expr(spec, e))).unwrap_or_default();
     match &spec.score {
         None => {
             writeln!(w, "// The spec: scale and mask each element of S (log2 units, -inf where masked).")?;
             writeln!(w, "const float scale_log2 = {scale} * LOG2E;")?;
-            writeln!(w, "auto logit = [&](float dot, int q, int k) -> float {{")?;
+            writeln!(w, "auto logit = [&](float dot, int q, int k, bool full) -> float {{")?;
             w.indented(|w| {
                 writeln!(w, "const bool keep = k < {kv_len}{mask};")?;
                 writeln!(w, "return keep ? dot * scale_log2 : neg_inf();")
@@ -365,7 +409,7 @@ fn write_logit(w: &mut Writer<String>, spec: &Spec, scale: &str, kv_len: &str) -
         }
         Some(e) => {
             writeln!(w, "// The spec: score and mask each element of S (log2 units, -inf where masked).")?;
-            writeln!(w, "auto logit = [&](float dot, int q, int k) -> float {{")?;
+            writeln!(w, "auto logit = [&](float dot, int q, int k, bool full) -> float {{")?;
             w.indented(|w| {
                 writeln!(w, "const float score = dot * {scale};")?;
                 writeln!(w, "const bool keep = k < {kv_len}{mask};")?;

@@ -17,12 +17,8 @@
 mod expr;
 mod forward;
 mod prelude;
-// Block sparsity: read by forward.rs once it classifies tiles; drop the
-// allow then.
-#[allow(dead_code)]
 mod ranges;
 mod signature;
-#[allow(dead_code)]
 mod tile_class;
 mod tiles;
 mod writer;
