@@ -2,7 +2,8 @@
 # Builds flashgen's GPU tests, benchmark, CLI and quickstart here (release),
 # and packs them with the example specs into .gpu-pack/ (git-ignored), ready
 # to be carried to a GPU machine that has no Rust toolchain and run there
-# with .gpu-pack/run.sh.
+# with .gpu-pack/run.sh (PEERS=1 also times the peers with bench/peers.py
+# and compares them with bench/compare.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pack=.gpu-pack
@@ -27,4 +28,6 @@ if [ -f target/release/flashgen-bench ] || cargo build --release --bin flashgen-
 fi
 cp -r specs "$pack/"
 cp scripts/gpu-run.sh "$pack/run.sh"
+# Peers timed in the same run (PEERS=1 .gpu-pack/run.sh): python, no build.
+cp bench/peers.py bench/compare.py "$pack/"
 du -sh "$pack"

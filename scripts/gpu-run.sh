@@ -2,6 +2,9 @@
 # Runs a pack made by scripts/gpu-pack.sh on a GPU machine: GPU tests, the
 # quickstart, then the benchmark. Logs go to $OUT (or ./gpu-logs); the last
 # lines printed are a summary table.
+# PEERS=1: after the benchmark, time the peers on the same shapes
+# (peers.py $BENCH_ARGS > peers.log, its stderr in peers.err), compare them
+# with the benchmark (compare.py > compare.md) and print compare.md last.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${OUT:-$here/gpu-logs}"
@@ -20,6 +23,14 @@ summary+=("$(printf '%-28s %s' quickstart "$q")")
 if [ -x bin/flashgen-bench ] && [ "${SKIP_BENCH:-0}" != 1 ]; then
     bin/flashgen-bench ${BENCH_ARGS:-} >"$out/bench.log" 2>&1 || summary+=("bench FAILED")
 fi
+rm -f "$out/compare.md"
+if [ "${PEERS:-0}" = 1 ]; then
+    python3 peers.py ${BENCH_ARGS:-} >"$out/peers.log" 2>"$out/peers.err" ||
+        summary+=("peers FAILED: $(tail -1 "$out/peers.err")")
+    python3 compare.py "$out/bench.log" "$out/peers.log" >"$out/compare.md" 2>&1 ||
+        summary+=("compare FAILED")
+fi
 echo "== $(head -2 "$out/device.txt" | tail -1)"
 printf '%s\n' "${summary[@]}"
 [ -f "$out/bench.log" ] && tail -40 "$out/bench.log"
+if [ -f "$out/compare.md" ]; then echo; cat "$out/compare.md"; fi

@@ -11,7 +11,7 @@ use crate::codegen::{Dtype, ElemTy, Shape, Spec};
 use crate::cudarc::driver::sys::CUevent_flags;
 use crate::cudarc::driver::{CudaSlice, CudaStream, DriverError};
 use crate::half::{bf16, f16};
-use crate::runtime::{ArgValue, Element, Error, ForwardIo, ForwardOptions, Layout, Runtime};
+use crate::runtime::{ArgValue, BlockMask, Element, Error, ForwardIo, ForwardOptions, Layout, Runtime};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
@@ -115,6 +115,7 @@ pub struct DeviceProblem {
     tensors: Vec<DeviceTensor>,
     layouts: [Layout; 4],
     stream: Arc<CudaStream>,
+    block_mask: Option<BlockMask>,
 }
 
 enum Operands {
@@ -263,17 +264,19 @@ impl DeviceProblem {
                 })
             })
             .collect::<Result<_, Error>>()?;
-        Ok(DeviceProblem { operands, lse, tensors, layouts, stream })
+        Ok(DeviceProblem { operands, lse, tensors, layouts, stream, block_mask: None })
+    }
+
+    /// Builds the spec's block mask for this problem; later launches use it.
+    pub fn build_block_mask(&mut self, rt: &Runtime, spec: &Spec, problem: &Problem) -> Result<&BlockMask, Error> {
+        let mask = rt.block_mask(spec, problem.shape, &launch_args(&self.tensors, problem))?;
+        Ok(self.block_mask.insert(mask))
     }
 
     /// Enqueues one forward launch (asynchronous).
     pub fn launch(&mut self, rt: &Runtime, spec: &Spec, problem: &Problem) -> Result<(), Error> {
-        let params = problem.params.iter().map(|p| match *p {
-            ParamValue::I32(v) => ArgValue::I32(v),
-            ParamValue::F32(v) => ArgValue::F32(v),
-        });
-        let args: Vec<ArgValue> = params.chain(self.tensors.iter().map(DeviceTensor::arg)).collect();
-        let opts = ForwardOptions { scale: Some(problem.scale as f32) };
+        let args = launch_args(&self.tensors, problem);
+        let opts = ForwardOptions { scale: Some(problem.scale as f32), block_mask: self.block_mask.as_ref() };
         let [lq, lk, lv, lo] = self.layouts;
         match &mut self.operands {
             Operands::F16([q, k, v, o]) => {
@@ -324,6 +327,15 @@ impl DeviceProblem {
         times.sort_by(f64::total_cmp);
         Ok(times[times.len() / 2])
     }
+}
+
+/// The params and captured tensors as launch arguments.
+fn launch_args<'a>(tensors: &'a [DeviceTensor], problem: &Problem) -> Vec<ArgValue<'a>> {
+    let params = problem.params.iter().map(|p| match *p {
+        ParamValue::I32(v) => ArgValue::I32(v),
+        ParamValue::F32(v) => ArgValue::F32(v),
+    });
+    params.chain(tensors.iter().map(DeviceTensor::arg)).collect()
 }
 
 /// Wraps a driver error with what was being done.

@@ -202,3 +202,94 @@ fn bad_launches_are_rejected() {
     let err = rt.forward(&spec, io, &[], &Default::default()).unwrap_err();
     assert!(matches!(err, Error::ArgCount { .. }), "{err}");
 }
+
+/// A document mask without causality: interval analysis keeps every tile,
+/// so only the block mask can skip any.
+const DOCUMENTS: &str = "Documents { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }";
+
+/// Block masks: the classes match a brute-force evaluation of the mask on
+/// every tile, and forward passes that use them stay exact.
+#[test]
+fn block_masks_are_exact_and_skip_tiles() {
+    use flashgen::codegen::cuda::TileConfig;
+    use flashgen::codegen::reference::{Arith, Env, Position, Value};
+    let Some(rt) = runtime() else { return };
+    let documents = flashgen::parse_one(DOCUMENTS).unwrap();
+    let mut failures = Vec::new();
+    for (spec, heads, seqs) in [
+        (documents.clone(), (2, 2), (1024, 1024)),
+        (documents, (4, 1), (113, 203)),
+        (spec("document"), (2, 2), (1024, 1023)),
+        (spec("sliding_window"), (2, 2), (1024, 1023)),
+        (spec("prefix_lm"), (3, 3), (300, 555)),
+    ] {
+        let shape = Shape { batch: 2, heads: heads.0, heads_kv: heads.1, q_len: seqs.0, kv_len: seqs.1 };
+        let seed: u64 = rand::random();
+        let problem = verify::random_problem(&spec, shape, params(&spec), vec![], None, seed);
+        let mut gpu = DeviceProblem::upload(&rt, &spec, &problem, OperandLayout::Bshd).unwrap();
+        let mask = gpu.build_block_mask(&rt, &spec, &problem).unwrap();
+        let classes = mask.classes(&rt).unwrap();
+        let (q_tiles, kv_tiles) = mask.tiles();
+
+        // Brute force at batch 1 (the second slice when the mask reads b, the
+        // only one otherwise), head 0.
+        let config = TileConfig::default_for(&spec);
+        let (bm, bn) = (config.block_m() as usize, config.block_n as usize);
+        let env = Env::new(&spec, &shape, &problem.params, &problem.tensors, Arith::F32).unwrap();
+        let slice = if classes.len() > q_tiles * kv_tiles { q_tiles * kv_tiles } else { 0 };
+        let mut skipped = 0;
+        for qt in 0..q_tiles {
+            for kt in 0..kv_tiles {
+                let (mut any, mut all) = (false, true);
+                for q in qt * bm..((qt + 1) * bm).min(seqs.0) {
+                    for k in kt * bn..((kt + 1) * bn).min(seqs.1) {
+                        let at = Position { b: 1, h: 0, q: q as i32, k: k as i32, score: 0.0 };
+                        let keep = env.eval(spec.mask.as_ref().unwrap(), &at) == Value::Bool(true);
+                        any |= keep;
+                        all &= keep;
+                    }
+                }
+                let want = if !any { 0 } else if all { 2 } else { 1 };
+                let got = classes[slice + qt * kv_tiles + kt];
+                skipped += usize::from(got == 0);
+                if got != want {
+                    failures.push(format!("{}: tile ({qt}, {kt}) is {got}, expected {want} (seed {seed})", spec.name));
+                }
+            }
+        }
+        let out = {
+            gpu.launch(&rt, &spec, &problem).unwrap();
+            gpu.download().unwrap()
+        };
+        let report = verify::check(&spec, &problem, &out).unwrap();
+        println!(
+            "{:<16} s={:>4}/{:<4} tiles skipped {skipped}/{}  O: {}",
+            spec.name,
+            seqs.0,
+            seqs.1,
+            q_tiles * kv_tiles,
+            report.output
+        );
+        if !report.passed() {
+            failures.push(format!("{}: O {} LSE {} (seed {seed})", spec.name, report.output, report.lse));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A block mask is only valid for the launch it was built for.
+#[test]
+fn block_mask_must_match_the_launch() {
+    let Some(rt) = runtime() else { return };
+    let spec = spec("sliding_window");
+    let shape = Shape { batch: 1, heads: 2, heads_kv: 2, q_len: 256, kv_len: 256 };
+    let problem = verify::random_problem(&spec, shape, params(&spec), vec![], None, 7);
+    let mut gpu = DeviceProblem::upload(&rt, &spec, &problem, OperandLayout::Bshd).unwrap();
+    gpu.build_block_mask(&rt, &spec, &problem).unwrap();
+    let mut other = problem.clone();
+    other.params = vec![ParamValue::I32(3)];
+    let err = gpu.launch(&rt, &spec, &other).unwrap_err();
+    assert!(matches!(err, Error::BlockMaskMismatch { what: "params or tensors" }), "{err}");
+    let err = rt.block_mask(&self::spec("full"), shape, &[]).err();
+    assert!(matches!(err, Some(Error::NoMask { .. })), "{err:?}");
+}

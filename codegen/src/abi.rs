@@ -42,6 +42,26 @@ pub enum ArgKind {
     Param(usize),
     /// Base pointer of the spec's `i`-th captured tensor.
     Tensor(usize),
+    /// `const unsigned char*` tile classes of a built block mask
+    /// `[batch', heads', q_tiles, kv_tiles]` (0 empty, 1 partial, 2 full), or
+    /// null: the forward kernel then relies on interval analysis alone.
+    BlockMask,
+    /// Element stride of the block mask's batch or head axis; 0 where the
+    /// mask does not depend on it (one slice broadcast to all).
+    BlockMaskStride(Axis),
+    /// `unsigned char*` output of the block-mask kernel.
+    BlockMaskOut,
+}
+
+/// How a kernel's grid covers a launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Grid {
+    /// The forward pass: `(ceil(q_len / block_m), heads, batch)`.
+    QueryTiles,
+    /// The block-mask kernel: one block per tile,
+    /// `(ceil(kv_len / block_n), ceil(q_len / block_m), batch' · heads')` where
+    /// batch' and heads' are 1 unless the mask reads `b` or `h`.
+    MaskTiles,
 }
 
 /// A kernel argument: its C name and what it carries.
@@ -58,8 +78,11 @@ pub struct Kernel {
     pub name: String,
     /// Self-contained CUDA C++ (no toolkit headers).
     pub source: String,
-    /// Query rows per thread block: `grid = (ceil(q_len / block_m), heads, batch)`.
+    pub grid: Grid,
+    /// Query rows per tile.
     pub block_m: u32,
+    /// Keys per tile.
+    pub block_n: u32,
     /// Threads per block (one-dimensional).
     pub threads: u32,
     /// Dynamic shared memory per block, in bytes.

@@ -91,6 +91,13 @@ fn forward_kernels_of_edge_specs() {
 }
 
 #[test]
+fn block_mask_kernel_of_the_document_mask() {
+    let spec = variant("document");
+    let kernel = flashgen_codegen::cuda::emit_block_mask(&spec, flashgen_codegen::cuda::TileConfig::default_for(&spec));
+    insta::assert_snapshot!("block_mask_document", render(&kernel.expect("the document spec has a mask")));
+}
+
+#[test]
 fn emission_is_deterministic() {
     for stem in VARIANTS {
         let spec = variant(stem);

@@ -58,6 +58,22 @@ pub fn spec_items(spec: &Spec) -> TokenStream {
     };
     let args_doc = format!("Runtime params and captured tensors of [`{}`].", spec.name);
     let unused = if has_fields { quote!() } else { quote!(let _ = args;) };
+    let values: Vec<TokenStream> = values.collect();
+    let block_mask = spec.mask.as_ref().map(|_| {
+        quote! {
+            /// Builds the tile classes of this spec's mask for launches of
+            /// `shape` with `args` (see [`::flashgen::Runtime::block_mask`]);
+            /// pass it in [`::flashgen::ForwardOptions::block_mask`].
+            pub fn block_mask(
+                rt: &::flashgen::Runtime,
+                shape: ::flashgen::Shape,
+                args: &#args_ty,
+            ) -> ::std::result::Result<::flashgen::BlockMask, ::flashgen::Error> {
+                #unused
+                rt.block_mask(Self::spec(), shape, &[#(#values),*])
+            }
+        }
+    });
     let expect_msg = format!("spec `{}` was checked by attention! at compile time", spec.name);
     let spec_fn = quote!(
         /// The checked spec, parsed once from [`Self::SOURCE`].
@@ -95,11 +111,13 @@ pub fn spec_items(spec: &Spec) -> TokenStream {
                 rt: &::flashgen::Runtime,
                 io: ::flashgen::ForwardIo<'_, #elem>,
                 args: &#args_ty,
-                opts: &::flashgen::ForwardOptions,
+                opts: &::flashgen::ForwardOptions<'_>,
             ) -> ::std::result::Result<(), ::flashgen::Error> {
                 #unused
                 rt.forward(Self::spec(), io, &[#(#values),*], opts)
             }
+
+            #block_mask
         }
     }
 }

@@ -11,7 +11,7 @@ use flashgen_codegen::abi::{Axis, Operand};
 use flashgen_codegen::{Dtype, Shape, Spec};
 
 /// CUDA's limit on grid dimensions y and z (heads and batch).
-const MAX_GRID_YZ: usize = 65_535;
+pub(crate) const MAX_GRID_YZ: usize = 65_535;
 
 /// An operand as the checks see it: its layout and its buffer's length.
 #[derive(Clone, Copy, Debug)]
@@ -64,11 +64,29 @@ pub(crate) fn check_forward(spec: &Spec, p: &Problem, args: &[ArgInfo]) -> Resul
             return Err(Error::HeadDim { operand, got, expected });
         }
     }
-    if q.heads == 0 || k.heads == 0 || q.heads % k.heads != 0 {
-        return Err(Error::HeadGroups { heads: q.heads, heads_kv: k.heads });
-    }
-
     let shape = Shape { batch: q.batch, heads: q.heads, heads_kv: k.heads, q_len: q.seq, kv_len: k.seq };
+    check_shape(spec, &shape, args)?;
+    for (operand, buffer) in [(Operand::Q, &p.q), (Operand::K, &p.k), (Operand::V, &p.v), (Operand::O, &p.o)] {
+        check_bounds(operand, buffer)?;
+    }
+    if shape.batch == 0 || shape.q_len == 0 {
+        return Ok(None);
+    }
+    if let Some(len) = p.lse {
+        let needed = shape.batch.saturating_mul(shape.heads).saturating_mul(shape.q_len);
+        if len < needed {
+            return Err(Error::LseTooSmall { len, needed });
+        }
+    }
+    Ok(Some(shape))
+}
+
+/// Head groups, size limits and the params and tensors, for a launch of
+/// `shape` (shared by the forward pass and block-mask builds).
+pub(crate) fn check_shape(spec: &Spec, shape: &Shape, args: &[ArgInfo]) -> Result<(), Error> {
+    if shape.heads == 0 || shape.heads_kv == 0 || shape.heads % shape.heads_kv != 0 {
+        return Err(Error::HeadGroups { heads: shape.heads, heads_kv: shape.heads_kv });
+    }
     // Sizes are i32 kernel arguments. q_len ≤ i32::MAX also keeps the grid's
     // x dimension (query tiles) within CUDA's 2^31 - 1, and heads_kv divides
     // heads, so it needs no check of its own.
@@ -83,20 +101,7 @@ pub(crate) fn check_forward(spec: &Spec, p: &Problem, args: &[ArgInfo]) -> Resul
             return Err(Error::TooLarge { what, value, max });
         }
     }
-    check_args(spec, &shape, args)?;
-    for (operand, buffer) in [(Operand::Q, &p.q), (Operand::K, &p.k), (Operand::V, &p.v), (Operand::O, &p.o)] {
-        check_bounds(operand, buffer)?;
-    }
-    if shape.batch == 0 || shape.q_len == 0 {
-        return Ok(None);
-    }
-    if let Some(len) = p.lse {
-        let needed = shape.batch.saturating_mul(shape.heads).saturating_mul(shape.q_len);
-        if len < needed {
-            return Err(Error::LseTooSmall { len, needed });
-        }
-    }
-    Ok(Some(shape))
+    check_args(spec, shape, args)
 }
 
 /// Rejects negative strides, then checks that every element the layout

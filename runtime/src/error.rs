@@ -138,6 +138,11 @@ pub enum Error {
         len: usize,
         needed: usize,
     },
+    /// A block mask was asked of a spec without a mask.
+    NoMask { spec: String },
+    /// A block mask was built for another spec, shape, tile size, params
+    /// or tensors than the launch it was passed to.
+    BlockMaskMismatch { what: &'static str },
 }
 
 impl fmt::Display for Error {
@@ -209,6 +214,10 @@ impl fmt::Display for Error {
                 f,
                 "tensor `{name}` holds {len} elements but its declared shape needs {needed}"
             ),
+            Error::NoMask { spec } => write!(f, "spec `{spec}` has no mask, so it needs no block mask"),
+            Error::BlockMaskMismatch { what } => {
+                write!(f, "the block mask was built for a different {what} than this launch; rebuild it")
+            }
         }
     }
 }

@@ -2,10 +2,11 @@
 
 use crate::args::ArgInfo;
 use crate::check::{check_forward, Buffer, Problem};
-use crate::marshal::{launch_config, marshal, Bindings, Value};
+use crate::block_mask::{BlockMask, BuiltFor};
+use crate::marshal::{launch, launch_config, marshal, Bindings};
 use crate::{ArgValue, Element, Error, Layout, Runtime};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
-use flashgen_codegen::Spec;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use flashgen_codegen::{to_source, Spec};
 
 /// The operands of one forward pass. O and the optional row log-sum-exp
 /// (`f32[batch, heads, q_len]`, contiguous) are written.
@@ -17,10 +18,15 @@ pub struct ForwardIo<'a, T> {
     pub lse: Option<&'a mut CudaSlice<f32>>,
 }
 
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ForwardOptions {
+#[derive(Clone, Copy, Default)]
+pub struct ForwardOptions<'a> {
     /// Softmax scale; `None` means `1 / sqrt(head_dims.qk)`.
     pub scale: Option<f32>,
+    /// Tile classes from [`Runtime::block_mask`] for the same spec, shape,
+    /// params and tensors: lets the kernel skip tiles of data-dependent
+    /// masks. Without one, only tiles the mask's interval analysis decides
+    /// are skipped.
+    pub block_mask: Option<&'a BlockMask>,
 }
 
 impl Runtime {
@@ -32,7 +38,7 @@ impl Runtime {
         spec: &Spec,
         io: ForwardIo<'_, T>,
         args: &[ArgValue<'_>],
-        opts: &ForwardOptions,
+        opts: &ForwardOptions<'_>,
     ) -> Result<(), Error> {
         let ForwardIo { q: (q, q_layout), k: (k, k_layout), v: (v, v_layout), o: (o, o_layout), lse } = io;
         let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
@@ -50,7 +56,7 @@ impl Runtime {
         };
         let loaded = self.load(spec)?;
         let kernel = loaded.kernel();
-        let config = launch_config(kernel, &shape)?;
+        let config = launch_config(kernel, &shape, 1)?;
 
         // The guards order the launch after pending work on each buffer and
         // record it for later work; they must live until after the launch.
@@ -64,6 +70,17 @@ impl Runtime {
         // arguments with device pointers, in declaration order.
         let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(stream)).collect();
         let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
+        if let Some(mask) = opts.block_mask {
+            let launch = BuiltFor {
+                spec_source: to_source(spec),
+                shape,
+                tile: (kernel.block_m, kernel.block_n),
+                args: infos.clone(),
+                tensors: tensor_ptrs.clone(),
+            };
+            check_block_mask(&mask.built_for, &launch)?;
+        }
+        let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(stream), m.strides));
         let values = marshal(
             kernel,
             &Bindings {
@@ -74,26 +91,36 @@ impl Runtime {
                 scale: opts.scale.unwrap_or((1.0 / f64::from(spec.head_dims.qk).sqrt()) as f32),
                 args: &infos,
                 tensors: &tensor_ptrs,
+                block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
+                block_mask_out: 0,
             },
         )?;
 
         let launching = |e| Error::driver(format!("launching `{}`", kernel.name), e);
         // Stream waits queued by the guards report failures here, not above.
         self.context().check_err().map_err(launching)?;
-        let mut launch = stream.launch_builder(loaded.function());
-        for value in &values {
-            match value {
-                Value::Ptr(x) => launch.arg(x),
-                Value::I64(x) => launch.arg(x),
-                Value::I32(x) => launch.arg(x),
-                Value::F32(x) => launch.arg(x),
-            };
-        }
         // SAFETY: `marshal` followed the kernel's own argument list, so the
         // values match its parameters in order and type, and `check_forward`
         // proved every element they let the kernel address is inside the
-        // buffer it belongs to. `values` outlives the launch call.
-        unsafe { launch.launch(config) }.map_err(launching)?;
+        // buffer it belongs to; a block mask was built for this very shape
+        // and tile size, so it holds a byte for every tile the grid reads.
+        unsafe { launch(stream, loaded.function(), &values, config) }.map_err(launching)?;
         Ok(())
     }
+}
+
+/// A block mask must describe exactly the launch it is used for.
+fn check_block_mask(built: &BuiltFor, launch: &BuiltFor) -> Result<(), Error> {
+    let what = if built.spec_source != launch.spec_source {
+        "spec"
+    } else if built.shape != launch.shape {
+        "shape"
+    } else if built.tile != launch.tile {
+        "tile size"
+    } else if built.args != launch.args || built.tensors != launch.tensors {
+        "params or tensors"
+    } else {
+        return Ok(());
+    };
+    Err(Error::BlockMaskMismatch { what })
 }

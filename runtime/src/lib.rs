@@ -24,6 +24,7 @@
 
 mod arch;
 mod args;
+mod block_mask;
 mod check;
 mod element;
 mod error;
@@ -35,6 +36,7 @@ mod runtime;
 
 pub use arch::Arch;
 pub use args::ArgValue;
+pub use block_mask::BlockMask;
 pub use element::Element;
 pub use error::Error;
 pub use forward::{ForwardIo, ForwardOptions};

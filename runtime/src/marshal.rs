@@ -4,8 +4,8 @@
 
 use crate::args::ArgInfo;
 use crate::Error;
-use cudarc::driver::LaunchConfig;
-use flashgen_codegen::abi::{ArgKind, Axis, Kernel, Operand};
+use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
+use flashgen_codegen::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use flashgen_codegen::Shape;
 
 /// One kernel argument, by value, with the C type the ABI gives it.
@@ -32,6 +32,10 @@ pub(crate) struct Bindings<'a> {
     pub args: &'a [ArgInfo],
     /// Device addresses of the captured tensors.
     pub tensors: &'a [u64],
+    /// A built block mask's address (0: none) and its batch and head strides.
+    pub block_mask: (u64, [i64; 2]),
+    /// The block-mask kernel's output address.
+    pub block_mask_out: u64,
 }
 
 /// The argument values in launch order.
@@ -61,20 +65,52 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
                     _ => return Err(abi_error()),
                 },
                 ArgKind::Tensor(i) => Value::Ptr(*b.tensors.get(i).ok_or_else(abi_error)?),
+                ArgKind::BlockMask => Value::Ptr(b.block_mask.0),
+                ArgKind::BlockMaskStride(axis) => Value::I64(b.block_mask.1[usize::from(axis == Axis::Head)]),
+                ArgKind::BlockMaskOut => Value::Ptr(b.block_mask_out),
             })
         })
         .collect()
 }
 
-/// `grid = (ceil(q_len / block_m), heads, batch)`; the sizes were checked
-/// against the grid limits, so the narrowing casts are exact.
-pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape) -> Result<LaunchConfig, Error> {
+/// Queues `function` on `stream` with `values` as its arguments.
+///
+/// # Safety
+/// `values` must match the kernel's parameters in order and type (as
+/// [`marshal`] makes them), and every address they let it touch must be in
+/// bounds of a live allocation.
+pub(crate) unsafe fn launch(
+    stream: &CudaStream,
+    function: &CudaFunction,
+    values: &[Value],
+    config: LaunchConfig,
+) -> Result<(), DriverError> {
+    let mut builder = stream.launch_builder(function);
+    for value in values {
+        match value {
+            Value::Ptr(x) => builder.arg(x),
+            Value::I64(x) => builder.arg(x),
+            Value::I32(x) => builder.arg(x),
+            Value::F32(x) => builder.arg(x),
+        };
+    }
+    builder.launch(config).map(drop)
+}
+
+/// The kernel's grid (see [`Grid`]) for `shape`; `slices` is the number of
+/// (batch, head) slices a block mask holds. The sizes were checked against
+/// the grid limits, so the narrowing casts are exact.
+pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize) -> Result<LaunchConfig, Error> {
     if kernel.block_m == 0 || kernel.threads == 0 {
         let problem = format!("block_m = {}, threads = {}", kernel.block_m, kernel.threads);
         return Err(Error::KernelAbi { kernel: kernel.name.clone(), problem });
     }
+    let q_tiles = shape.q_len.div_ceil(kernel.block_m as usize) as u32;
     Ok(LaunchConfig {
-        grid_dim: (shape.q_len.div_ceil(kernel.block_m as usize) as u32, shape.heads as u32, shape.batch as u32),
+        grid_dim: match kernel.grid {
+            Grid::QueryTiles => (q_tiles, shape.heads as u32, shape.batch as u32),
+            Grid::MaskTiles => (shape.kv_len.div_ceil(kernel.block_n as usize) as u32, q_tiles, slices as u32),
+        },
         block_dim: (kernel.threads, 1, 1),
         shared_mem_bytes: kernel.dynamic_smem,
     })
@@ -107,7 +143,9 @@ mod tests {
         Kernel {
             name: "k".into(),
             source: String::new(),
+            grid: Grid::QueryTiles,
             block_m: 64,
+            block_n: 32,
             threads: 128,
             dynamic_smem: 1024,
             args: kinds.iter().enumerate().map(|(i, &kind)| KernelArg { name: format!("a{i}"), kind }).collect(),
@@ -125,6 +163,8 @@ mod tests {
             scale: 0.125,
             args,
             tensors,
+            block_mask: (77, [40, 0]),
+            block_mask_out: 78,
         }
     }
 
@@ -140,11 +180,17 @@ mod tests {
             ArgKind::Param(1),
             ArgKind::Param(0),
             ArgKind::Tensor(0),
+            ArgKind::BlockMask,
+            ArgKind::BlockMaskStride(Axis::Batch),
+            ArgKind::BlockMaskStride(Axis::Head),
+            ArgKind::BlockMaskOut,
         ]);
         let args = [ArgInfo::I32(-5), ArgInfo::F32(2.5), ArgInfo::Tensor(ElemTy::F32, 8)];
         let values = marshal(&k, &bindings(&args, &[99])).unwrap();
         use Value::*;
-        assert_eq!(values, [Ptr(12), Ptr(0), I64(6), I32(129), I32(2), F32(0.125), F32(2.5), I32(-5), Ptr(99)]);
+        let expected =
+            [Ptr(12), Ptr(0), I64(6), I32(129), I32(2), F32(0.125), F32(2.5), I32(-5), Ptr(99), Ptr(77), I64(40), I64(0), Ptr(78)];
+        assert_eq!(values, expected);
     }
 
     #[test]
@@ -158,10 +204,12 @@ mod tests {
 
     #[test]
     fn grid_covers_every_query_tile() {
-        let cfg = launch_config(&kernel(&[]), &SHAPE).unwrap();
+        let cfg = launch_config(&kernel(&[]), &SHAPE, 1).unwrap();
         assert_eq!((cfg.grid_dim, cfg.block_dim, cfg.shared_mem_bytes), ((3, 8, 3), (128, 1, 1), 1024));
         let mut k = kernel(&[]);
+        k.grid = Grid::MaskTiles;
+        assert_eq!(launch_config(&k, &SHAPE, 6).unwrap().grid_dim, (1, 3, 6));
         k.block_m = 0;
-        assert!(matches!(launch_config(&k, &SHAPE), Err(Error::KernelAbi { .. })));
+        assert!(matches!(launch_config(&k, &SHAPE, 1), Err(Error::KernelAbi { .. })));
     }
 }

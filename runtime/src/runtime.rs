@@ -20,9 +20,17 @@ pub struct Runtime {
     cache: Mutex<HashMap<CacheKey, Arc<LoadedKernel>>>,
 }
 
+/// Which kernel of a spec.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Which {
+    Forward,
+    BlockMask,
+}
+
 /// Everything that determines a compiled kernel.
 #[derive(PartialEq, Eq, Hash)]
 struct CacheKey {
+    which: Which,
     spec_source: String,
     codegen_version: u32,
     arch: Arch,
@@ -97,8 +105,13 @@ impl Runtime {
     /// The forward kernel of `spec`: generated, compiled and loaded on first
     /// use, then served from the cache.
     pub fn load(&self, spec: &Spec) -> Result<Arc<LoadedKernel>, Error> {
+        self.load_which(spec, Which::Forward)
+    }
+
+    pub(crate) fn load_which(&self, spec: &Spec, which: Which) -> Result<Arc<LoadedKernel>, Error> {
         let options = options(self.arch);
         let key = CacheKey {
+            which,
             spec_source: to_source(spec),
             codegen_version: CODEGEN_VERSION,
             arch: self.arch,
@@ -109,7 +122,12 @@ impl Runtime {
         if let Some(loaded) = cache.get(&key) {
             return Ok(loaded.clone());
         }
-        let loaded = Arc::new(self.compile_and_load(cuda::emit_forward(spec))?);
+        let kernel = match which {
+            Which::Forward => cuda::emit_forward(spec),
+            Which::BlockMask => cuda::emit_block_mask(spec, cuda::TileConfig::default_for(spec))
+                .ok_or_else(|| Error::NoMask { spec: spec.name.clone() })?,
+        };
+        let loaded = Arc::new(self.compile_and_load(kernel)?);
         cache.insert(key, loaded.clone());
         Ok(loaded)
     }

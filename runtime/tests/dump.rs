@@ -2,7 +2,7 @@
 //! unwritable dump directory is an error, not a panic. A test binary of its
 //! own: it sets an environment variable.
 
-use flashgen_codegen::abi::Kernel;
+use flashgen_codegen::abi::{Grid, Kernel};
 use flashgen_runtime::{compile_cubin, nvrtc_version, Arch, Error, DUMP_ENV};
 use std::path::Path;
 
@@ -14,7 +14,9 @@ fn dumps_source_and_log() {
     let kernel = Kernel {
         name: "dumped".into(),
         source: "extern \"C\" __global__ void dumped(float* o) { int unused; o[0] = 1.0f; }\n".into(),
+        grid: Grid::QueryTiles,
         block_m: 64,
+        block_n: 32,
         threads: 128,
         dynamic_smem: 0,
         args: vec![],

@@ -1,9 +1,9 @@
-//! Every shipped spec's forward kernel compiles with NVRTC for sm_80 and
+//! Every shipped spec's forward and block-mask kernels compile with NVRTC for sm_80 and
 //! sm_90, and compile errors come back readable. Needs libnvrtc but no GPU;
 //! `scripts/test.sh` installs NVRTC from PyPI when it is missing.
 
-use flashgen_codegen::abi::Kernel;
-use flashgen_codegen::cuda::emit_forward;
+use flashgen_codegen::abi::{Grid, Kernel};
+use flashgen_codegen::cuda::{emit_block_mask, emit_forward, TileConfig};
 use flashgen_codegen::{parse_str, Spec};
 use flashgen_runtime::{compile_cubin, nvrtc_version, Arch, Error};
 use std::path::Path;
@@ -40,7 +40,11 @@ fn every_shipped_spec_compiles_for_sm80_and_sm90() {
     assert!(specs.len() >= 10, "expected the specs/ examples, found {}", specs.len());
     let jobs: Vec<(Kernel, Arch)> = specs
         .iter()
-        .flat_map(|spec| [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (emit_forward(spec), arch)))
+        .flat_map(|spec| {
+            let block_mask = emit_block_mask(spec, TileConfig::default_for(spec));
+            [Some(emit_forward(spec)), block_mask].into_iter().flatten()
+        })
+        .flat_map(|kernel| [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (kernel.clone(), arch)))
         .collect();
     // NVRTC takes seconds per kernel; compile on every core.
     let next = AtomicUsize::new(0);
@@ -64,7 +68,9 @@ fn compile_errors_carry_the_log_and_numbered_source() {
     let kernel = Kernel {
         name: "broken".into(),
         source: "extern \"C\" __global__ void broken(float* o) {\n    o[0] = undeclared_value;\n}\n".into(),
+        grid: Grid::QueryTiles,
         block_m: 64,
+        block_n: 32,
         threads: 128,
         dynamic_smem: 0,
         args: vec![],

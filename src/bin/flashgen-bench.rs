@@ -12,6 +12,7 @@ use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::Shape;
 use flashgen::verify::{self, DeviceProblem, OperandLayout};
 use flashgen::Runtime;
+use std::time::Instant;
 
 const TOKENS: usize = 32768;
 const HEADS: usize = 16;
@@ -71,9 +72,16 @@ fn main() {
                     .expect("bench specs are valid");
                 let density;
                 (problem.params, problem.tensors, density) = inputs(name, batch, s);
-                let tiles = visited_tiles(&spec, &problem);
-                let timed = DeviceProblem::upload(&rt, &spec, &problem, OperandLayout::Bshd)
-                    .and_then(|mut gpu| gpu.time(&rt, &spec, &problem, 3, iters));
+                let mut tiles = visited_tiles(&spec, &problem);
+                let timed = DeviceProblem::upload(&rt, &spec, &problem, OperandLayout::Bshd).and_then(|mut gpu| {
+                    // Data-dependent masks get a block mask, built (and timed) first.
+                    if !spec.tensors.is_empty() && spec.mask.is_some() {
+                        let (ms, kept) = time_block_mask(&rt, &mut gpu, &spec, &problem)?;
+                        tiles = kept;
+                        println!("{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} block-mask build");
+                    }
+                    gpu.time(&rt, &spec, &problem, 3, iters)
+                });
                 match timed {
                     Ok(ms) => {
                         let flops = 4.0 * (batch * HEADS) as f64 * (s * s) as f64 * d as f64 * density;
@@ -85,6 +93,32 @@ fn main() {
             }
         }
     }
+}
+
+/// Median wall time of building the block mask (after one warm-up build),
+/// and the tiles it keeps per (batch, head) slice, out of all.
+fn time_block_mask(
+    rt: &Runtime,
+    gpu: &mut DeviceProblem,
+    spec: &flashgen::Spec,
+    problem: &flashgen::codegen::reference::Problem,
+) -> Result<(f64, String), flashgen::Error> {
+    let sync = |rt: &Runtime| rt.stream().synchronize().map_err(|e| flashgen::Error::Driver { during: "build".into(), source: e });
+    let mut times = Vec::new();
+    for _ in 0..6 {
+        let start = Instant::now();
+        gpu.build_block_mask(rt, spec, problem)?;
+        sync(rt)?;
+        times.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    times.remove(0);
+    times.sort_by(f64::total_cmp);
+    let mask = gpu.build_block_mask(rt, spec, problem)?;
+    let classes = mask.classes(rt)?;
+    let (q_tiles, kv_tiles) = mask.tiles();
+    let per_slice = q_tiles * kv_tiles;
+    let kept = classes.iter().filter(|&&c| c != 0).count() / (classes.len() / per_slice.max(1)).max(1);
+    Ok((times[times.len() / 2], format!("{kept}/{per_slice}")))
 }
 
 /// K/V tiles the kernel visits per (batch, head), out of all, by the same

@@ -14,13 +14,16 @@
 //! - Output is a pure function of the spec: no maps, no hashing, no
 //!   environment, so sources are byte-identical across runs and snapshots.
 
+mod block_mask;
 mod expr;
 mod forward;
 mod prelude;
 mod ranges;
 mod signature;
+mod source;
 mod tile_class;
 mod tiles;
 mod writer;
 
+pub use block_mask::emit_block_mask;
 pub use forward::{emit_forward, emit_forward_with, TileConfig};

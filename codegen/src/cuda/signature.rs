@@ -21,6 +21,25 @@ pub(super) fn forward_args(spec: &Spec) -> Vec<KernelArg> {
     kinds.push(ArgKind::Scale);
     kinds.extend((0..spec.params.len()).map(ArgKind::Param));
     kinds.extend((0..spec.tensors.len()).map(ArgKind::Tensor));
+    if spec.mask.is_some() {
+        kinds.extend([ArgKind::BlockMask, BLOCK_MASK_BATCH_STRIDE, BLOCK_MASK_HEAD_STRIDE]);
+    }
+    named(spec, kinds)
+}
+
+const BLOCK_MASK_BATCH_STRIDE: ArgKind = ArgKind::BlockMaskStride(Axis::Batch);
+const BLOCK_MASK_HEAD_STRIDE: ArgKind = ArgKind::BlockMaskStride(Axis::Head);
+
+/// Sizes; params; tensors; the output classes.
+pub(super) fn block_mask_args(spec: &Spec) -> Vec<KernelArg> {
+    let mut kinds = vec![ArgKind::Batch, ArgKind::Heads, ArgKind::HeadsKv, ArgKind::QLen, ArgKind::KvLen];
+    kinds.extend((0..spec.params.len()).map(ArgKind::Param));
+    kinds.extend((0..spec.tensors.len()).map(ArgKind::Tensor));
+    kinds.push(ArgKind::BlockMaskOut);
+    named(spec, kinds)
+}
+
+fn named(spec: &Spec, kinds: Vec<ArgKind>) -> Vec<KernelArg> {
     kinds.into_iter().map(|kind| KernelArg { name: arg_name(spec, kind), kind }).collect()
 }
 
@@ -45,6 +64,10 @@ pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::Scale => "scale".into(),
         ArgKind::Param(i) => format!("p_{}", spec.params[i].name),
         ArgKind::Tensor(i) => format!("t_{}", spec.tensors[i].name),
+        ArgKind::BlockMask => "block_mask".into(),
+        BLOCK_MASK_BATCH_STRIDE => "block_mask_batch_stride".into(),
+        ArgKind::BlockMaskStride(_) => "block_mask_head_stride".into(),
+        ArgKind::BlockMaskOut => "block_mask_out".into(),
     }
 }
 
@@ -55,7 +78,9 @@ pub(super) fn arg_type(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::Ptr(_) => "const unsigned short* __restrict__".into(),
         ArgKind::Lse => "float* __restrict__".into(),
         ArgKind::Batch | ArgKind::Heads | ArgKind::HeadsKv | ArgKind::QLen | ArgKind::KvLen => "int".into(),
-        ArgKind::Stride(..) => "long long".into(),
+        ArgKind::Stride(..) | ArgKind::BlockMaskStride(_) => "long long".into(),
+        ArgKind::BlockMask => "const unsigned char* __restrict__".into(),
+        ArgKind::BlockMaskOut => "unsigned char* __restrict__".into(),
         ArgKind::Scale => "float".into(),
         ArgKind::Param(i) => c_type(spec.params[i].ty).into(),
         ArgKind::Tensor(i) => format!("const {}* __restrict__", elem_type(spec.tensors[i].elem)),

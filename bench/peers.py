@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""Times flashgen's peers on flashgen-bench's suite, on this GPU.
+
+What: the forward pass of the peers named in ../shared/anchors.md on the same
+shapes and variants as src/bin/flashgen-bench.rs, so flashgen can be compared
+with peers timed in the same run on the same device:
+  sdpa-FLASH  F.scaled_dot_product_attention, FlashAttention-2 backend (full, causal)
+  sdpa-CUDNN  the same with the cuDNN backend (full, causal)
+  flex        torch.compile(flex_attention) + create_block_mask(BLOCK_SIZE=128):
+              full (no mask), causal, swa1024, doc, softcap-causal, alibi-causal
+plus the time create_block_mask takes to build the doc mask (row
+`create_block_mask doc ...`, wall clock with device syncs, median of 5 after
+one warm-up; the TFLOP/s column is `-`).
+
+How: python3 peers.py [--variants full,causal] [--dims 128,64] [--seqs 1024,4096,16384]
+     python3 peers.py --dry-run ...   # no torch needed: prints shapes and densities only
+The flags are flashgen-bench's (--iters is accepted and ignored). Needs
+PyTorch with CUDA and Triton. scripts/gpu-run.sh runs it when PEERS=1 and then
+feeds its output and flashgen-bench's to compare.py.
+
+Conventions (anchors.md, and identical to flashgen-bench): bf16, 16 heads,
+batch = 32768 // s, inputs torch.randn on cuda in BHSD (one draw per shape,
+shared by the variants), time = median of
+triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") in ms,
+TFLOP/s = 4·b·h·s²·d·density / time, density = the exact kept fraction of
+(q, k) pairs, computed as flashgen-bench's `inputs()` does (the doc cut points
+are the same formula). The density is printed as the last column so that
+compare.py can check both sides counted the same FLOPs.
+
+Output: a `device:` line, a header, then one whitespace-separated row per
+(peer, variant, d, s):  peer variant d s b ms TFLOP/s density
+or, when a peer fails for a shape:  peer variant d s b error: <message>
+"""
+import argparse
+import statistics
+import sys
+import time
+
+TOKENS = 32768
+HEADS = 16
+WINDOW = 1024
+DOCS = 4
+VARIANTS = ["full", "causal", "swa1024", "doc", "softcap-causal", "alibi-causal"]
+SDPA_VARIANTS = ("full", "causal")
+
+
+def doc_ids(batch, s):
+    """Document id of every position, one row per sequence: DOCS sorted
+    documents whose cut points are flashgen-bench's formula."""
+    rows = []
+    for b in range(batch):
+        cuts = sorted((i * s // DOCS + (b * 7919 + i * 104729) % (s // 8)) % s for i in range(1, DOCS))
+        rows.append([sum(c <= i for c in cuts) for i in range(s)])
+    return rows
+
+
+def density(variant, batch, s):
+    """Exact fraction of (q, k) pairs the variant's mask keeps."""
+    pairs = s * s
+    if variant in ("causal", "softcap-causal", "alibi-causal"):
+        return (s * (s + 1) // 2) / pairs
+    if variant == "swa1024":
+        return sum(min(q + 1, WINDOW) for q in range(s)) / pairs
+    if variant == "doc":
+        kept = sum(row.count(doc) ** 2 for row in doc_ids(batch, s) for doc in range(DOCS))
+        return kept / (batch * pairs)
+    return 1.0
+
+
+def peers_for(variant):
+    return (["sdpa-FLASH", "sdpa-CUDNN"] if variant in SDPA_VARIANTS else []) + ["flex"]
+
+
+def row(peer, variant, d, s, b, rest):
+    print(f"{peer:<18} {variant:<16} {d:>4} {s:>6} {b:>3} {rest}", flush=True)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--dims", default="128,64")
+    p.add_argument("--seqs", default="1024,4096,16384")
+    p.add_argument("--iters", default=None, help="ignored (do_bench picks its own count)")
+    p.add_argument("--dry-run", action="store_true", help="print shapes and densities; needs no torch")
+    args, _unknown = p.parse_known_args(argv)  # flashgen-bench ignores unknown flags too
+    ints = lambda text: [int(x) for x in text.split(",") if x.strip().isdigit()]
+    variants = []
+    for v in args.variants.split(","):
+        if v in VARIANTS:
+            variants.append(v)
+        else:
+            print(f"unknown variant `{v}`", file=sys.stderr)
+    return variants, ints(args.dims), ints(args.seqs), args.dry_run
+
+
+def main(argv):
+    variants, dims, seqs, dry_run = parse_args(argv)
+    if dry_run:
+        print(f"device: none (dry run), bf16, {HEADS} heads, {TOKENS} tokens per batch")
+        print(f"{'peer':<18} {'variant':<16} {'d':>4} {'s':>6} {'b':>3} {'ms':>10} {'TFLOP/s':>9} {'density':>8}")
+        for d in dims:
+            for s in seqs:
+                b = max(1, TOKENS // s)
+                for v in variants:
+                    dens = density(v, b, s)
+                    for peer in peers_for(v):
+                        row(peer, v, d, s, b, f"{'-':>10} {'-':>9} {dens:>8.4f}")
+        return 0
+    return run(variants, dims, seqs)
+
+
+def run(variants, dims, seqs):
+    import torch
+    import torch.nn.functional as F
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    # Every (variant, shape) is a new graph for Dynamo: lift its recompile limit
+    # (8 by default) so flex never silently drops to its unfused eager path, and
+    # make hitting the limit an error (an `error` row) rather than a slow number.
+    cfg = torch._dynamo.config
+    for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, 1000)
+    for name in ("fail_on_cache_limit_hit", "fail_on_recompile_limit_hit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, True)
+    if hasattr(cfg, "suppress_errors"):
+        cfg.suppress_errors = False
+    flex = torch.compile(flex_attention, dynamic=False)
+
+    dev = torch.cuda.get_device_name()
+    print(f"device: {dev}, torch {torch.__version__}, triton {triton.__version__}, bf16, {HEADS} heads, "
+          f"{TOKENS} tokens per batch, do_bench median (warmup 25, rep 100)")
+    print(f"{'peer':<18} {'variant':<16} {'d':>4} {'s':>6} {'b':>3} {'ms':>10} {'TFLOP/s':>9} {'density':>8}")
+
+    def bench(fn):
+        fn()  # compiles (flex) or picks the kernel; errors surface here
+        torch.cuda.synchronize()
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+    def block_mask(mask_mod, batch, s):
+        return create_block_mask(mask_mod, batch, None, s, s, device="cuda", BLOCK_SIZE=128)
+
+    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / HEADS) for h in range(HEADS)], device="cuda", dtype=torch.float32)
+
+    def causal(b, h, q, k):
+        return q >= k
+
+    def swa(b, h, q, k):
+        return (q >= k) & (q - k < WINDOW)
+
+    def softcap(score, b, h, q, k):
+        return 30.0 * torch.tanh(score / 30.0)
+
+    def alibi(score, b, h, q, k):
+        return score + slopes[h] * (k - q)
+
+    def time_sdpa(peer, variant, q, k, v):
+        backend = SDPBackend.FLASH_ATTENTION if peer == "sdpa-FLASH" else SDPBackend.CUDNN_ATTENTION
+        is_causal = variant == "causal"
+        with sdpa_kernel(backend):
+            return bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal))
+
+    def time_flex(variant, q, k, v, dens):
+        batch, _, s, d = q.shape
+        mask, score_mod = None, None
+        if variant in ("causal", "softcap-causal", "alibi-causal"):
+            mask = block_mask(causal, None, s)
+        elif variant == "swa1024":
+            mask = block_mask(swa, None, s)
+        elif variant == "doc":
+            docs = torch.tensor(doc_ids(batch, s), device="cuda", dtype=torch.int32)
+
+            def same_doc(b, h, qi, ki):
+                return docs[b, qi] == docs[b, ki]
+
+            times = []
+            for _ in range(6):  # one warm-up, then 5 timed builds
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                mask = block_mask(same_doc, batch, s)
+                torch.cuda.synchronize()
+                times.append((time.perf_counter() - t0) * 1e3)
+            build_ms = statistics.median(times[1:])
+            row("create_block_mask", "doc", d, s, batch, f"{build_ms:>10.3f} {'-':>9} {dens:>8.4f}")
+        if variant == "softcap-causal":
+            score_mod = softcap
+        elif variant == "alibi-causal":
+            score_mod = alibi
+        return bench(lambda: flex(q, k, v, score_mod=score_mod, block_mask=mask))
+
+    for d in dims:
+        for s in seqs:
+            batch = max(1, TOKENS // s)
+            torch.manual_seed(s)
+            q, k, v = (torch.randn(batch, HEADS, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            for variant in variants:
+                dens = density(variant, batch, s)
+                flops = 4.0 * batch * HEADS * s * s * d * dens
+                for peer in peers_for(variant):
+                    try:
+                        if peer == "flex":
+                            ms = time_flex(variant, q, k, v, dens)
+                        else:
+                            ms = time_sdpa(peer, variant, q, k, v)
+                        tflops = flops / (ms * 1e-3) / 1e12
+                        row(peer, variant, d, s, batch, f"{ms:>10.3f} {tflops:>9.1f} {dens:>8.4f}")
+                    except Exception as e:  # noqa: BLE001 -- one failing peer must not stop the suite
+                        msg = " ".join(str(e).split())[:200]
+                        row(peer, variant, d, s, batch, f"error: {type(e).__name__}: {msg}")
+                        torch.cuda.empty_cache()
+            del q, k, v
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,111 @@
+//! Block masks: exact per-tile classes of a data-dependent mask, built on
+//! the GPU once and reused by every forward launch with the same inputs
+//! (FlexAttention's `BlockMask`, derived from the spec instead of written by
+//! hand).
+//!
+//! A mask the interval analysis can bound needs none: the forward kernel
+//! classifies such tiles itself. A mask that reads captured tensors (document
+//! ids) or floats is only bounded by evaluating it, which is what the
+//! block-mask kernel does, one thread block per tile.
+
+use crate::args::ArgInfo;
+use crate::check::{check_shape, MAX_GRID_YZ};
+use crate::marshal::{launch, launch_config, marshal, Bindings};
+use crate::runtime::Which;
+use crate::{ArgValue, Error, Runtime};
+use cudarc::driver::{CudaSlice, DevicePtrMut};
+use flashgen_codegen::{to_source, Builtin, Shape, Spec};
+
+/// Tile classes of one spec's mask for one shape and one set of params and
+/// tensors: `u8[batch', heads', q_tiles, kv_tiles]`, 0 = no pair kept,
+/// 1 = some, 2 = all; batch' and heads' are 1 where the mask ignores `b` or
+/// `h`. Rebuild it when a tensor it read changes.
+pub struct BlockMask {
+    pub(crate) classes: CudaSlice<u8>,
+    /// Element strides of the batch and head axes (0 when broadcast).
+    pub(crate) strides: [i64; 2],
+    pub(crate) built_for: BuiltFor,
+}
+
+/// What a block mask is valid for; a forward launch must match it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct BuiltFor {
+    pub spec_source: String,
+    pub shape: Shape,
+    pub tile: (u32, u32),
+    pub args: Vec<ArgInfo>,
+    pub tensors: Vec<u64>,
+}
+
+impl BlockMask {
+    /// `(q_tiles, kv_tiles)` per (batch, head) slice.
+    pub fn tiles(&self) -> (usize, usize) {
+        let Shape { q_len, kv_len, .. } = self.built_for.shape;
+        let (bm, bn) = self.built_for.tile;
+        (q_len.div_ceil(bm as usize), kv_len.div_ceil(bn as usize))
+    }
+
+    /// The classes, copied to the host (for inspection and tests).
+    pub fn classes(&self, rt: &Runtime) -> Result<Vec<u8>, Error> {
+        rt.stream().clone_dtoh(&self.classes).map_err(|e| Error::driver("reading a block mask", e))
+    }
+}
+
+impl Runtime {
+    /// Builds the block mask of `spec` for launches of `shape` with these
+    /// params and tensors (`args`, as for [`Runtime::forward`]). Asynchronous
+    /// on [`Runtime::stream`], like a launch.
+    pub fn block_mask(&self, spec: &Spec, shape: Shape, args: &[ArgValue<'_>]) -> Result<BlockMask, Error> {
+        let mask = spec.mask.as_ref().ok_or_else(|| Error::NoMask { spec: spec.name.clone() })?;
+        let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
+        check_shape(spec, &shape, &infos)?;
+        let loaded = self.load_which(spec, Which::BlockMask)?;
+        let kernel = loaded.kernel();
+        let (q_tiles, kv_tiles) = (shape.q_len.div_ceil(kernel.block_m as usize), shape.kv_len.div_ceil(kernel.block_n as usize));
+        let heads = if mask.uses(Builtin::H) { shape.heads } else { 1 };
+        let batches = if mask.uses(Builtin::B) { shape.batch } else { 1 };
+        let (slices, tiles) = (batches * heads, q_tiles * kv_tiles);
+        if slices > MAX_GRID_YZ || q_tiles > MAX_GRID_YZ {
+            let value = slices.max(q_tiles);
+            return Err(Error::TooLarge { what: "block mask slices or query tiles", value, max: MAX_GRID_YZ });
+        }
+        let stream = self.stream().as_ref();
+        let stride = |used: bool, n: usize| if used { n as i64 } else { 0 };
+        let strides = [stride(batches > 1, heads * tiles), stride(heads > 1, tiles)];
+        let mut classes =
+            self.stream().alloc_zeros::<u8>((slices * tiles).max(1)).map_err(|e| Error::driver("allocating a block mask", e))?;
+        let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(stream)).collect();
+        let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
+        let built_for = BuiltFor {
+            spec_source: to_source(spec),
+            shape,
+            tile: (kernel.block_m, kernel.block_n),
+            args: infos.clone(),
+            tensors: tensor_ptrs.clone(),
+        };
+        if tiles > 0 && shape.batch > 0 {
+            let (out, _guard) = classes.device_ptr_mut(stream);
+            let values = marshal(
+                kernel,
+                &Bindings {
+                    shape,
+                    ptrs: [0; 4],
+                    strides: [[0; 3]; 4],
+                    lse: 0,
+                    scale: 0.0,
+                    args: &infos,
+                    tensors: &tensor_ptrs,
+                    block_mask: (0, [0; 2]),
+                    block_mask_out: out,
+                },
+            )?;
+            let config = launch_config(kernel, &shape, slices)?;
+            // SAFETY: `marshal` followed the kernel's argument list; the grid
+            // is exactly (kv_tiles, q_tiles, slices) and `classes` holds one
+            // byte per tile of it; tensor sizes were checked by `check_shape`.
+            unsafe { launch(stream, loaded.function(), &values, config) }
+                .map_err(|e| Error::driver(format!("launching `{}`", kernel.name), e))?;
+        }
+        Ok(BlockMask { classes, strides, built_for })
+    }
+}
