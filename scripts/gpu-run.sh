@@ -25,7 +25,7 @@ if [ -x bin/flashgen-bench ] && [ "${SKIP_BENCH:-0}" != 1 ]; then
 fi
 rm -f "$out/compare.md"
 if [ "${PEERS:-0}" = 1 ]; then
-    python3 peers.py ${BENCH_ARGS:-} >"$out/peers.log" 2>"$out/peers.err" ||
+    timeout "${PEERS_TIMEOUT:-330}" python3 peers.py ${BENCH_ARGS:-} >"$out/peers.log" 2>"$out/peers.err" ||
         summary+=("peers FAILED: $(tail -1 "$out/peers.err")")
     python3 compare.py "$out/bench.log" "$out/peers.log" >"$out/compare.md" 2>&1 ||
         summary+=("compare FAILED")

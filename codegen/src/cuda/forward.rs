@@ -38,14 +38,17 @@ pub struct TileConfig {
 
 impl TileConfig {
     /// The default for a spec: 4 warps; up to head dim 128, 32 query rows
-    /// per warp and 64-key tiles (FlashAttention-2's 128 × 64); above, the
-    /// O accumulator alone needs 128 registers, so 16 rows and 32 keys.
+    /// per warp (FlashAttention-2's BLOCK_M = 128) with 64-key tiles where
+    /// registers allow (head dim 64, or 128 without mask and score code:
+    /// ptxas spills otherwise); above 128 the O accumulator alone needs 128
+    /// registers, so 16 rows and 32 keys.
     pub fn default_for(spec: &Spec) -> TileConfig {
         let widest = pad16(spec.head_dims.qk).max(pad16(spec.head_dims.v));
-        if widest > 128 {
-            TileConfig { warps: 4, m_tiles: 1, block_n: 32 }
-        } else {
-            TileConfig { warps: 4, m_tiles: 2, block_n: if widest > 64 { 32 } else { 64 } }
+        let plain = spec.mask.is_none() && spec.score.is_none();
+        match widest {
+            0..=64 => TileConfig { warps: 4, m_tiles: 2, block_n: 64 },
+            65..=128 => TileConfig { warps: 4, m_tiles: 2, block_n: if plain { 64 } else { 32 } },
+            _ => TileConfig { warps: 4, m_tiles: 1, block_n: 32 },
         }
     }
 
@@ -207,6 +210,12 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         }}\n\
         cp_async_commit();\n\
         \n\
+        // ldmatrix rows of this lane in the Q, K and V tiles (see LdmLane).\n\
+        const LdmLane<DP> q_lane(warp * WARP_M + lane % 8 + (lane / 8 % 2) * 8, lane / 16);\n\
+        const LdmLane<DP> k_lane(lane % 8 + lane / 16 * 8, lane / 8 % 2);\n\
+        const LdmLane<DVP> v_lane(lane % 8 + (lane / 8 % 2) * 8, lane / 16);\n\
+        const unsigned q_smem = smem_addr(q_tile);\n\
+        \n\
         // This warp's WARP_M rows of O (f32), and the online softmax state of the\n\
         // lane's rows (g and g + 8 of each m-tile): running max m (log2 units) and\n\
         // this lane's share of the running sum l.\n\
@@ -224,8 +233,8 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
             const int kv0 = j * BLOCK_N;\n\
             const bool full = tile_full(j);  // the mask keeps every pair: skip evaluating it\n\
             const int next = next_tile(j + 1);\n\
-            const unsigned short* k_tile = k_tiles + stage * K_TILE;\n\
-            const unsigned short* v_tile = v_tiles + stage * V_TILE;\n\
+            const unsigned k_smem = smem_addr(k_tiles + stage * K_TILE);\n\
+            const unsigned v_smem = smem_addr(v_tiles + stage * V_TILE);\n\
             cp_async_wait_all();\n\
             __syncthreads();  // tile j is visible, and every warp is done with the previous one\n\
             if (next < kv_tiles) {{\n\
@@ -242,14 +251,11 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
             for (int kk = 0; kk < DP / 16; ++kk) {{\n\
             \x20   unsigned a[M_TILES][4];\n\
             \x20   #pragma unroll\n\
-            \x20   for (int mt = 0; mt < M_TILES; ++mt) {{\n\
-            \x20       const int row = warp * WARP_M + mt * 16 + lane % 8 + (lane / 8 % 2) * 8;\n\
-            \x20       ldmatrix_x4(a[mt], q_tile + swizzle<DP>(row, kk * 16 + lane / 16 * 8));\n\
-            \x20   }}\n\
+            \x20   for (int mt = 0; mt < M_TILES; ++mt) ldmatrix_x4(a[mt], q_smem + q_lane.at(mt * 16, kk));\n\
             \x20   #pragma unroll\n\
             \x20   for (int n = 0; n < S_TILES; n += 2) {{\n\
             \x20       unsigned kb[4];\n\
-            \x20       ldmatrix_x4(kb, k_tile + swizzle<DP>(n * 8 + lane % 8 + lane / 16 * 8, kk * 16 + (lane / 8 % 2) * 8));\n\
+            \x20       ldmatrix_x4(kb, k_smem + k_lane.at(n * 8, kk));\n\
             \x20       #pragma unroll\n\
             \x20       for (int mt = 0; mt < M_TILES; ++mt) {{\n\
             \x20           mma_16816(storage{{}}, s[mt][n], a[mt], kb[0], kb[1]);\n\
@@ -312,7 +318,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
             \x20   #pragma unroll\n\
             \x20   for (int n = 0; n < O_TILES; n += 2) {{\n\
             \x20       unsigned vb[4];\n\
-            \x20       ldmatrix_x4_trans(vb, v_tile + swizzle<DVP>(kk * 16 + lane % 8 + (lane / 8 % 2) * 8, n * 8 + lane / 16 * 8));\n\
+            \x20       ldmatrix_x4_trans(vb, v_smem + v_lane.at(kk * 16, n / 2));\n\
             \x20       #pragma unroll\n\
             \x20       for (int mt = 0; mt < M_TILES; ++mt) {{\n\
             \x20           mma_16816(storage{{}}, o[mt][n], p[mt], vb[0], vb[1]);\n\
@@ -368,22 +374,37 @@ fn write_tile_classes(w: &mut Writer<String>, spec: &Spec, q_len: &str, kv_len: 
     write!(
         w,
         "\
-        // Tile classes: the mask over this CTA's rows x tile j's keys, in interval\n\
-        // arithmetic (lo = 1: keeps every pair; hi = 0: keeps none).\n\
+        // Tile classes: the mask over this CTA's rows x the keys of tiles\n\
+        // [j0, j1), in interval arithmetic (lo = 1: keeps every pair; hi = 0:\n\
+        // keeps none).\n\
         const int q_lo = q0, q_hi = min_i32(q0 + BLOCK_M, {q_len}) - 1;\n\
-        auto tile_class = [&](int j) -> Range {{\n\
-        \x20   const int k_lo = j * BLOCK_N, k_hi = min_i32(k_lo + BLOCK_N, {kv_len}) - 1;\n\
+        auto span_class = [&](int j0, int j1) -> Range {{\n\
+        \x20   const int k_lo = j0 * BLOCK_N;\n\
+        \x20   const int k_hi = (int)(j1 * (long long)BLOCK_N < {kv_len} ? j1 * (long long)BLOCK_N : {kv_len}) - 1;\n\
         \x20   return {class};\n\
         }};\n\
         // A block mask built for data-dependent masks (tensor reads) refines\n\
         // them: 0 = no pair kept, 2 = every pair kept, exact per tile.\n\
         const unsigned char* tile_row = block_mask == nullptr ? nullptr\n\
         \x20   : block_mask + b * block_mask_batch_stride + h * block_mask_head_stride + (long long)blockIdx.x * kv_tiles;\n\
+        // The next tile from j on that keeps a pair. Spans the analysis rules out\n\
+        // are skipped whole (the rest of the row, then 16 tiles at a time), so a\n\
+        // sliding window does not pay for a scan over every tile of the row.\n\
         auto next_tile = [&](int j) {{\n\
-        \x20   while (j < kv_tiles && (tile_class(j).hi == 0 || (tile_row != nullptr && tile_row[j] == 0))) ++j;\n\
+        \x20   if (j < kv_tiles && span_class(j, kv_tiles).hi == 0) return kv_tiles;\n\
+        \x20   while (j < kv_tiles) {{\n\
+        \x20       const int j16 = min_i32(j + 16, kv_tiles);\n\
+        \x20       if (span_class(j, j16).hi == 0) {{\n\
+        \x20           j = j16;\n\
+        \x20       }} else if (span_class(j, j + 1).hi == 0 || (tile_row != nullptr && tile_row[j] == 0)) {{\n\
+        \x20           ++j;\n\
+        \x20       }} else {{\n\
+        \x20           return j;\n\
+        \x20       }}\n\
+        \x20   }}\n\
         \x20   return j;\n\
         }};\n\
-        auto tile_full = [&](int j) {{ return tile_class(j).lo == 1 || (tile_row != nullptr && tile_row[j] == 2); }};\n"
+        auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || (tile_row != nullptr && tile_row[j] == 2); }};\n"
     )
 }
 

@@ -72,15 +72,36 @@ __device__ __forceinline__ void load_tile(unsigned short* tile, const unsigned s
     }
 }
 
-// Four 8x8 16-bit matrices from shared memory; lane l supplies the address of
-// row l % 8 of matrix l / 8.
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const unsigned short* p) {
+// Where one lane's ldmatrix rows sit in a swizzled tile with COLS columns.
+// The lane addresses row `row + row_step` (row_step a multiple of 8) at
+// column `16 * step + 8 * half`. With COLS % 64 == 0 the swizzle only moves
+// the low three bits of the chunk index, so four per-lane offsets (one per
+// step % 4) plus compile-time constants give every address: the unrolled
+// loops then keep 4 registers per operand instead of one per access.
+template <int COLS>
+struct LdmLane {
+    int off[4];
+    int row, half;
+    __device__ __forceinline__ LdmLane(int row_, int half_) : row(row_), half(half_) {
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) off[j] = row * COLS + (((2 * j + half) ^ (row % 8)) * 8);
+    }
+    // Byte offset of this lane's row for (row_step, step).
+    __device__ __forceinline__ unsigned at(int row_step, int step) const {
+        if constexpr (COLS % 64 == 0) return 2 * (row_step * COLS + (step / 4) * 64 + off[step % 4]);
+        else return 2 * swizzle<COLS>(row + row_step, 16 * step + 8 * half);
+    }
+};
+
+// Four 8x8 16-bit matrices from shared memory (a 32-bit shared address); lane
+// l supplies the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const unsigned short* p) {
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
 // c += a * b on one 16x8x16 tile; the storage tag picks bf16 or f16 inputs.
