@@ -61,7 +61,8 @@ impl Runtime {
         check_shape(spec, &shape, &infos)?;
         let loaded = self.load_which(spec, Which::BlockMask)?;
         let kernel = loaded.kernel();
-        let (q_tiles, kv_tiles) = (shape.q_len.div_ceil(kernel.block_m as usize), shape.kv_len.div_ceil(kernel.block_n as usize));
+        let (q_tiles, kv_tiles) =
+            (shape.q_len.div_ceil(kernel.block_m as usize), shape.kv_len.div_ceil(kernel.block_n as usize));
         let heads = if mask.uses(Builtin::H) { shape.heads } else { 1 };
         let batches = if mask.uses(Builtin::B) { shape.batch } else { 1 };
         let (slices, tiles) = (batches * heads, q_tiles * kv_tiles);
@@ -72,8 +73,10 @@ impl Runtime {
         let stream = self.stream().as_ref();
         let stride = |used: bool, n: usize| if used { n as i64 } else { 0 };
         let strides = [stride(batches > 1, heads * tiles), stride(heads > 1, tiles)];
-        let mut classes =
-            self.stream().alloc_zeros::<u8>((slices * tiles).max(1)).map_err(|e| Error::driver("allocating a block mask", e))?;
+        let mut classes = self
+            .stream()
+            .alloc_zeros::<u8>((slices * tiles).max(1))
+            .map_err(|e| Error::driver("allocating a block mask", e))?;
         let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(stream)).collect();
         let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
         let built_for = BuiltFor {

@@ -53,6 +53,14 @@ pub enum Error {
         log: String,
         numbered_source: String,
     },
+    /// The kernel cache directory cannot be written (reported by
+    /// precompilation only: launches fall back to compiling).
+    Cache {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Precompilation was asked for with the disk cache disabled.
+    CacheDisabled,
     /// Writing a `FLASHGEN_DUMP` file failed.
     Dump {
         path: PathBuf,
@@ -139,10 +147,14 @@ pub enum Error {
         needed: usize,
     },
     /// A block mask was asked of a spec without a mask.
-    NoMask { spec: String },
+    NoMask {
+        spec: String,
+    },
     /// A block mask was built for another spec, shape, tile size, params
     /// or tensors than the launch it was passed to.
-    BlockMaskMismatch { what: &'static str },
+    BlockMaskMismatch {
+        what: &'static str,
+    },
 }
 
 impl fmt::Display for Error {
@@ -167,6 +179,11 @@ impl fmt::Display for Error {
             Error::Compile { kernel, arch, log, numbered_source } => write!(
                 f,
                 "NVRTC failed to compile `{kernel}` for {arch}:\n{log}\n--- generated source ---\n{numbered_source}"
+            ),
+            Error::Cache { path, source } => write!(f, "cannot write the kernel cache at {}: {source}", path.display()),
+            Error::CacheDisabled => write!(
+                f,
+                "the kernel cache is disabled: unset FLASHGEN_CACHE=off, and set FLASHGEN_CACHE_DIR or HOME"
             ),
             Error::Dump { path, source } => {
                 write!(f, "cannot write {} (FLASHGEN_DUMP): {source}", path.display())
@@ -227,7 +244,7 @@ impl std::error::Error for Error {
         match self {
             Error::Driver { source, .. } => Some(source),
             Error::Nvrtc { source, .. } => Some(source),
-            Error::Dump { source, .. } => Some(source),
+            Error::Cache { source, .. } | Error::Dump { source, .. } => Some(source),
             _ => None,
         }
     }

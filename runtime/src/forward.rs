@@ -1,8 +1,8 @@
 //! The checked, asynchronous forward launch.
 
 use crate::args::ArgInfo;
-use crate::check::{check_forward, Buffer, Problem};
 use crate::block_mask::{BlockMask, BuiltFor};
+use crate::check::{check_forward, Buffer, Problem};
 use crate::marshal::{launch, launch_config, marshal, Bindings};
 use crate::{ArgValue, Element, Error, Layout, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};

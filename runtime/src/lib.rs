@@ -7,6 +7,11 @@
 //! [`Error`] variants. Set `FLASHGEN_DUMP=<dir>` to keep the generated source
 //! and NVRTC log of every compile.
 //!
+//! Compiled kernels persist in a per-user disk cache ([`DiskCache`]:
+//! `$FLASHGEN_CACHE_DIR`, else `$XDG_CACHE_HOME/flashgen`, else
+//! `$HOME/.cache/flashgen`; `FLASHGEN_CACHE=off` disables it), so a variant
+//! compiles once per machine; [`precompile`] fills it ahead of time without a GPU.
+//!
 //! ```no_run
 //! use flashgen_runtime::{half::bf16, ForwardIo, Layout, Runtime};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -26,6 +31,7 @@ mod arch;
 mod args;
 mod block_mask;
 mod check;
+mod disk_cache;
 mod element;
 mod error;
 mod forward;
@@ -33,14 +39,19 @@ mod layout;
 mod marshal;
 mod nvrtc;
 mod runtime;
+mod single_flight;
 
 pub use arch::Arch;
 pub use args::ArgValue;
 pub use block_mask::BlockMask;
+pub use disk_cache::{
+    precompile, DiskCache, Entry, EntryKey, PrecompileReport, CACHE_DIR_ENV, CACHE_ENV, CACHE_MAX_BYTES_ENV,
+    DEFAULT_MAX_BYTES,
+};
 pub use element::Element;
 pub use error::Error;
 pub use forward::{ForwardIo, ForwardOptions};
 pub use layout::Layout;
-pub use nvrtc::{compile_cubin, nvrtc_version, DUMP_ENV};
-pub use runtime::{LoadedKernel, Runtime};
+pub use nvrtc::{compile_count, compile_cubin, nvrtc_version, DUMP_ENV};
+pub use runtime::{CacheStats, LoadedKernel, Runtime};
 pub use {cudarc, half};

@@ -188,8 +188,21 @@ mod tests {
         let args = [ArgInfo::I32(-5), ArgInfo::F32(2.5), ArgInfo::Tensor(ElemTy::F32, 8)];
         let values = marshal(&k, &bindings(&args, &[99])).unwrap();
         use Value::*;
-        let expected =
-            [Ptr(12), Ptr(0), I64(6), I32(129), I32(2), F32(0.125), F32(2.5), I32(-5), Ptr(99), Ptr(77), I64(40), I64(0), Ptr(78)];
+        let expected = [
+            Ptr(12),
+            Ptr(0),
+            I64(6),
+            I32(129),
+            I32(2),
+            F32(0.125),
+            F32(2.5),
+            I32(-5),
+            Ptr(99),
+            Ptr(77),
+            I64(40),
+            I64(0),
+            Ptr(78),
+        ];
         assert_eq!(values, expected);
     }
 

@@ -10,10 +10,20 @@ use cudarc::nvrtc::sys;
 use flashgen_codegen::abi::Kernel;
 use std::ffi::{c_char, CString};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Environment variable naming a directory that receives `<kernel>.cu` and
 /// `<kernel>.log` (the NVRTC log) on every compilation.
 pub const DUMP_ENV: &str = "FLASHGEN_DUMP";
+
+/// NVRTC compilations started by this process.
+static COMPILES: AtomicU64 = AtomicU64::new(0);
+
+/// How many NVRTC compilations this process has started, so tests can prove
+/// a cache served a kernel (no GPU needed).
+pub fn compile_count() -> u64 {
+    COMPILES.load(Ordering::Relaxed)
+}
 
 /// The NVRTC library's version, e.g. `(13, 0)`.
 pub fn nvrtc_version() -> Result<(i32, i32), Error> {
@@ -39,6 +49,7 @@ pub fn compile_cubin(kernel: &Kernel, arch: Arch) -> Result<Vec<u8>, Error> {
     let program =
         Program(nvrtc::create_program(&source, file_name.as_deref()).map_err(nvrtc_error("creating a program"))?);
 
+    COMPILES.fetch_add(1, Ordering::Relaxed);
     // SAFETY (all `unsafe` below): `program.0` is live until `program` drops.
     let compiled = unsafe { nvrtc::compile_program(program.0, &options(arch)) };
     let log = unsafe { nvrtc::get_program_log(program.0) }.map_err(nvrtc_error("reading the compile log"))?;

@@ -1,23 +1,44 @@
 //! One GPU: its context, a stream, and the kernels compiled for it.
+//!
+//! A kernel is looked up in memory, then in the disk cache, and only then
+//! compiled with NVRTC (and stored on disk), once per key however many
+//! threads ask for it at the same time.
 
-use crate::nvrtc::{compile_cubin, ensure_nvrtc, options};
+use crate::disk_cache::{load_or_compile, DiskCache};
+use crate::nvrtc::{ensure_nvrtc, options};
+use crate::single_flight::SingleFlight;
 use crate::{Arch, Error};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::Ptx;
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::{cuda, to_source, Spec, CODEGEN_VERSION};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// A CUDA device ready to run flashgen kernels. Launches are asynchronous on
-/// [`Runtime::stream`]; kernels are compiled on first use and cached.
+/// [`Runtime::stream`]; kernels are compiled on first use and cached in
+/// memory and in the disk cache ([`DiskCache::from_env`]).
 pub struct Runtime {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     arch: Arch,
     device_name: String,
-    cache: Mutex<HashMap<CacheKey, Arc<LoadedKernel>>>,
+    kernels: SingleFlight<CacheKey, Arc<LoadedKernel>>,
+    disk: Option<DiskCache>,
+    memory_hits: AtomicU64,
+    disk_hits: AtomicU64,
+    compiles: AtomicU64,
+}
+
+/// How this runtime's kernel loads were served, so tests and timings can
+/// tell a compile from a cache hit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub memory_hits: u64,
+    pub disk_hits: u64,
+    /// NVRTC compiles.
+    pub compiles: u64,
 }
 
 /// Which kernel of a spec.
@@ -27,7 +48,19 @@ pub(crate) enum Which {
     BlockMask,
 }
 
-/// Everything that determines a compiled kernel.
+impl Which {
+    pub(crate) const ALL: [Which; 2] = [Which::Forward, Which::BlockMask];
+
+    /// The kernel of `spec`; `None` for the block mask of a spec without a mask.
+    pub(crate) fn emit(self, spec: &Spec) -> Option<Kernel> {
+        match self {
+            Which::Forward => Some(cuda::emit_forward(spec)),
+            Which::BlockMask => cuda::emit_block_mask(spec, cuda::TileConfig::default_for(spec)),
+        }
+    }
+}
+
+/// Everything that determines a compiled kernel, without generating it.
 #[derive(PartialEq, Eq, Hash)]
 struct CacheKey {
     which: Which,
@@ -82,7 +115,17 @@ impl Runtime {
             return Err(Error::UnsupportedArch { arch, device: device_name });
         }
         let stream = ctx.new_stream().map_err(|e| Error::driver(on_device("creating a stream"), e))?;
-        Ok(Runtime { ctx, stream, arch, device_name, cache: Mutex::default() })
+        Ok(Runtime {
+            ctx,
+            stream,
+            arch,
+            device_name,
+            kernels: SingleFlight::default(),
+            disk: DiskCache::from_env(),
+            memory_hits: AtomicU64::new(0),
+            disk_hits: AtomicU64::new(0),
+            compiles: AtomicU64::new(0),
+        })
     }
 
     pub fn arch(&self) -> Arch {
@@ -102,6 +145,14 @@ impl Runtime {
         &self.stream
     }
 
+    pub fn cache_stats(&self) -> CacheStats {
+        CacheStats {
+            memory_hits: self.memory_hits.load(Ordering::Relaxed),
+            disk_hits: self.disk_hits.load(Ordering::Relaxed),
+            compiles: self.compiles.load(Ordering::Relaxed),
+        }
+    }
+
     /// The forward kernel of `spec`: generated, compiled and loaded on first
     /// use, then served from the cache.
     pub fn load(&self, spec: &Spec) -> Result<Arc<LoadedKernel>, Error> {
@@ -117,18 +168,13 @@ impl Runtime {
             arch: self.arch,
             options: options.join(" "),
         };
-        // Held while compiling, so concurrent first uses compile only once.
-        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(loaded) = cache.get(&key) {
-            return Ok(loaded.clone());
+        let (loaded, hit) = self.kernels.get_or_try_init(key, || {
+            let kernel = which.emit(spec).ok_or_else(|| Error::NoMask { spec: spec.name.clone() })?;
+            self.compile_and_load(kernel).map(Arc::new)
+        })?;
+        if hit {
+            self.memory_hits.fetch_add(1, Ordering::Relaxed);
         }
-        let kernel = match which {
-            Which::Forward => cuda::emit_forward(spec),
-            Which::BlockMask => cuda::emit_block_mask(spec, cuda::TileConfig::default_for(spec))
-                .ok_or_else(|| Error::NoMask { spec: spec.name.clone() })?,
-        };
-        let loaded = Arc::new(self.compile_and_load(kernel)?);
-        cache.insert(key, loaded.clone());
         Ok(loaded)
     }
 
@@ -142,7 +188,9 @@ impl Runtime {
         if kernel.dynamic_smem > available {
             return Err(Error::SharedMemory { kernel: kernel.name, needed: kernel.dynamic_smem, available });
         }
-        let cubin = compile_cubin(&kernel, self.arch)?;
+        let (cubin, from_disk) = load_or_compile(self.disk.as_ref(), &kernel, self.arch)?;
+        let counter = if from_disk { &self.disk_hits } else { &self.compiles };
+        counter.fetch_add(1, Ordering::Relaxed);
         let module = self
             .ctx
             .load_module(Ptx::from_binary(cubin))
