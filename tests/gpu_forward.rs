@@ -205,7 +205,8 @@ fn bad_launches_are_rejected() {
 
 /// A document mask without causality: interval analysis keeps every tile,
 /// so only the block mask can skip any.
-const DOCUMENTS: &str = "Documents { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }";
+const DOCUMENTS: &str =
+    "Documents { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }";
 
 /// Block masks: the classes match a brute-force evaluation of the mask on
 /// every tile, and forward passes that use them stay exact.
@@ -249,7 +250,13 @@ fn block_masks_are_exact_and_skip_tiles() {
                         all &= keep;
                     }
                 }
-                let want = if !any { 0 } else if all { 2 } else { 1 };
+                let want = if !any {
+                    0
+                } else if all {
+                    2
+                } else {
+                    1
+                };
                 let got = classes[slice + qt * kv_tiles + kt];
                 skipped += usize::from(got == 0);
                 if got != want {

@@ -6,9 +6,9 @@
 //!
 //! `flashgen-bench [--variants causal,full] [--dims 64,128] [--seqs 1024,4096,16384] [--iters 20]`
 
-use flashgen::codegen::reference::{ParamValue, TensorData};
 use flashgen::codegen::analysis::{classify, TileClass};
 use flashgen::codegen::cuda::TileConfig;
+use flashgen::codegen::reference::{ParamValue, TensorData};
 use flashgen::codegen::Shape;
 use flashgen::verify::{self, DeviceProblem, OperandLayout};
 use flashgen::Runtime;
@@ -86,7 +86,9 @@ fn main() {
                     Ok(ms) => {
                         let flops = 4.0 * (batch * HEADS) as f64 * (s * s) as f64 * d as f64 * density;
                         let tflops = flops / (ms * 1e-3) / 1e12;
-                        println!("{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4} {tiles:>15}");
+                        println!(
+                            "{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4} {tiles:>15}"
+                        );
                     }
                     Err(e) => println!("{name:<16} {d:>4} {s:>6} {batch:>3} error: {e}"),
                 }
@@ -110,7 +112,9 @@ fn time_block_mask(
     spec: &flashgen::Spec,
     problem: &flashgen::codegen::reference::Problem,
 ) -> Result<(f64, String), flashgen::Error> {
-    let sync = |rt: &Runtime| rt.stream().synchronize().map_err(|e| flashgen::Error::Driver { during: "build".into(), source: e });
+    let sync = |rt: &Runtime| {
+        rt.stream().synchronize().map_err(|e| flashgen::Error::Driver { during: "build".into(), source: e })
+    };
     let mut times = Vec::new();
     for _ in 0..6 {
         let start = Instant::now();

@@ -1,12 +1,15 @@
-//! The `flashgen` command line: emit, NVRTC-check and run `.attn` specs.
+//! The `flashgen` command line: emit, NVRTC-check, precompile and run `.attn`
+//! specs, and manage the kernel cache.
 
 use clap::{Parser, Subcommand};
 use flashgen::codegen::reference::{ParamValue, TensorData};
 use flashgen::codegen::{cuda, ElemTy, Shape, Spec, Ty};
-use flashgen::runtime::{compile_cubin, Arch, Runtime};
+use flashgen::runtime::{compile_cubin, Arch, DiskCache, Error, Runtime};
 use flashgen::verify::{self, DeviceProblem, OperandLayout};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::{Instant, SystemTime};
 
 #[derive(Parser)]
 #[command(name = "flashgen", version, about = "Fast, exact attention kernels for any attention variant")]
@@ -33,8 +36,31 @@ enum Command {
         #[arg(long)]
         spec: Option<String>,
     },
+    /// Compile every spec in the FILEs into the kernel cache (no GPU needed).
+    Precompile {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Target architecture, e.g. sm_90 (repeatable).
+        #[arg(long = "arch", required = true)]
+        archs: Vec<String>,
+    },
+    /// Inspect or empty the kernel cache.
+    Cache {
+        #[command(subcommand)]
+        action: CacheAction,
+    },
     /// Run a spec on the GPU on random inputs and check it against the CPU reference.
     Run(RunArgs),
+}
+
+#[derive(Subcommand)]
+enum CacheAction {
+    /// Every entry with its size and age, most recently used first.
+    List,
+    /// Delete every entry.
+    Clear,
+    /// Entry count, total size, size cap and directory.
+    Stats,
 }
 
 #[derive(clap::Args)]
@@ -93,7 +119,7 @@ fn run(cli: Cli) -> Result<bool, String> {
             let arch: Arch = arch.parse().map_err(|e| format!("{e}"))?;
             for s in load(&file, spec.as_deref())? {
                 let kernel = cuda::emit_forward(&s);
-                let start = std::time::Instant::now();
+                let start = Instant::now();
                 let cubin = compile_cubin(&kernel, arch).map_err(|e| format!("{}: {e}", s.name))?;
                 println!(
                     "{}: compiled {} for {arch} in {:.0} ms ({} bytes of CUBIN)",
@@ -105,7 +131,87 @@ fn run(cli: Cli) -> Result<bool, String> {
             }
             Ok(true)
         }
+        Command::Precompile { files, archs } => precompile(&files, &archs),
+        Command::Cache { action } => cache(action),
         Command::Run(args) => run_on_gpu(args),
+    }
+}
+
+fn precompile(files: &[PathBuf], archs: &[String]) -> Result<bool, String> {
+    let archs: Vec<Arch> = archs.iter().map(|a| a.parse()).collect::<Result<_, Error>>().map_err(|e| e.to_string())?;
+    let specs: Vec<Spec> = files.iter().map(|f| load(f, None)).collect::<Result<Vec<_>, _>>()?.concat();
+    let cache = disk_cache()?;
+    // A live counter for people; logs and pipes get only the summary.
+    let tty = std::io::stderr().is_terminal();
+    let progress = |done: usize, total: usize| {
+        if tty {
+            eprint!("\rprecompiling: {done}/{total} kernels");
+        }
+    };
+    let start = Instant::now();
+    let report = cache.precompile(&specs, &archs, &progress);
+    if tty {
+        eprintln!();
+    }
+    let report = report.map_err(|e| e.to_string())?;
+    let archs: Vec<String> = archs.iter().map(Arch::to_string).collect();
+    println!(
+        "{} kernel(s) of {} spec(s) for {}: {} compiled, {} already cached, in {:.1} s ({})",
+        report.kernels,
+        specs.len(),
+        archs.join(", "),
+        report.compiled,
+        report.cached,
+        start.elapsed().as_secs_f64(),
+        cache.dir().display()
+    );
+    Ok(true)
+}
+
+fn cache(action: CacheAction) -> Result<bool, String> {
+    let cache = disk_cache()?;
+    let io_error = |e: std::io::Error| format!("kernel cache at {}: {e}", cache.dir().display());
+    match action {
+        CacheAction::List => {
+            let mut entries = cache.entries().map_err(io_error)?;
+            entries.sort_by_key(|e| std::cmp::Reverse(e.modified));
+            let now = SystemTime::now();
+            for e in entries {
+                let name = e.path.file_name().unwrap_or_default().to_string_lossy();
+                let age = now.duration_since(e.modified).unwrap_or_default().as_secs();
+                println!("{name}  {:>10}  {:>8}", mib(e.bytes), format!("{} ago", human_age(age)));
+            }
+        }
+        CacheAction::Clear => {
+            let removed = cache.clear().map_err(io_error)?;
+            println!("removed {removed} entries from {}", cache.dir().display());
+        }
+        CacheAction::Stats => {
+            let entries = cache.entries().map_err(io_error)?;
+            let total: u64 = entries.iter().map(|e| e.bytes).sum();
+            println!("entries: {}", entries.len());
+            println!("total:   {} ({total} bytes)", mib(total));
+            println!("limit:   {}", mib(cache.max_bytes()));
+            println!("dir:     {}", cache.dir().display());
+        }
+    }
+    Ok(true)
+}
+
+fn disk_cache() -> Result<DiskCache, String> {
+    DiskCache::from_env().ok_or_else(|| Error::CacheDisabled.to_string())
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+fn human_age(secs: u64) -> String {
+    match secs {
+        0..60 => format!("{secs}s"),
+        60..3600 => format!("{}m", secs / 60),
+        3600..86400 => format!("{}h", secs / 3600),
+        _ => format!("{}d", secs / 86400),
     }
 }
 
@@ -141,16 +247,21 @@ fn run_on_gpu(args: RunArgs) -> Result<bool, String> {
     let rt = Runtime::new(0).map_err(|e| e.to_string())?;
     let problem = verify::random_problem(spec, shape, params, tensors, args.scale, args.seed);
     let mut gpu = DeviceProblem::upload(&rt, spec, &problem, layout).map_err(|e| e.to_string())?;
-    let start = std::time::Instant::now();
+    let (start, before) = (Instant::now(), rt.cache_stats());
     rt.load(spec).map_err(|e| e.to_string())?;
     let jit_ms = start.elapsed().as_secs_f64() * 1e3;
+    let served_by = match rt.cache_stats() {
+        after if after.compiles > before.compiles => "NVRTC compile",
+        after if after.disk_hits > before.disk_hits => "disk cache hit",
+        _ => "memory cache hit",
+    };
     gpu.launch(&rt, spec, &problem).map_err(|e| e.to_string())?;
     let out = gpu.download().map_err(|e| e.to_string())?;
     let report = verify::check(spec, &problem, &out).map_err(|e| e.to_string())?;
     let ms = gpu.time(&rt, spec, &problem, 3, args.iters).map_err(|e| e.to_string())?;
 
     println!("{} on {} ({}), {shape:?}, {:?}", spec.name, rt.device_name(), rt.arch(), layout);
-    println!("  JIT compile + load: {jit_ms:.0} ms");
+    println!("  JIT compile + load: {jit_ms:.0} ms ({served_by})");
     println!("  O:   {}", report.output);
     println!("  LSE: {}", report.lse);
     println!("  kernel: {ms:.3} ms (median of {})", args.iters);
