@@ -17,7 +17,16 @@ use crate::spec::{BinOp, Builtin, Dim, ElemTy, Expr, ExprKind, Func, Spec, Ty, U
 
 /// `e` as a fully parenthesized C expression.
 pub(super) fn c_expr(spec: &Spec, e: &Expr) -> String {
-    let c = |a: &Expr| c_expr(spec, a);
+    c_expr_in(spec, e, &|_| None)
+}
+
+/// `e` as C, with the subexpressions `hoisted` names (precomputed values,
+/// see [`super::hoist`]) replaced by those names.
+pub(super) fn c_expr_in(spec: &Spec, e: &Expr, hoisted: &dyn Fn(&Expr) -> Option<String>) -> String {
+    if let Some(name) = hoisted(e) {
+        return name;
+    }
+    let c = |a: &Expr| c_expr_in(spec, a, hoisted);
     match &e.kind {
         ExprKind::Bool(v) => v.to_string(),
         ExprKind::Int(v) => int_literal(*v),
@@ -26,7 +35,7 @@ pub(super) fn c_expr(spec: &Spec, e: &Expr) -> String {
         ExprKind::Builtin(Builtin::KvLen) => arg_name(spec, ArgKind::KvLen),
         ExprKind::Builtin(b) => b.name().into(),
         ExprKind::Param(i) => arg_name(spec, ArgKind::Param(*i)),
-        ExprKind::Load(slot, indices) => load(spec, *slot, indices),
+        ExprKind::Load(slot, indices) => load(spec, *slot, indices, hoisted),
         ExprKind::Unary(UnOp::Neg, a) if a.ty == Ty::I32 => format!("neg_i32({})", c(a)),
         ExprKind::Unary(UnOp::Neg, a) => format!("(-{})", c(a)),
         ExprKind::Unary(UnOp::Not, a) => format!("(!{})", c(a)),
@@ -65,12 +74,12 @@ pub(super) fn c_type(ty: Ty) -> &'static str {
 
 /// A row-major element read: each index clipped into `[0, dim - 1]`, the
 /// linear offset built in 64 bits (Horner form), 16-bit floats widened.
-fn load(spec: &Spec, slot: usize, indices: &[Expr]) -> String {
+fn load(spec: &Spec, slot: usize, indices: &[Expr], hoisted: &dyn Fn(&Expr) -> Option<String>) -> String {
     let tensor = &spec.tensors[slot];
     let mut offset = String::new();
     for (index, dim) in indices.iter().zip(&tensor.dims) {
         let dim = dim_value(spec, *dim);
-        let clipped = format!("clip({}, {dim})", c_expr(spec, index));
+        let clipped = format!("clip({}, {dim})", c_expr_in(spec, index, hoisted));
         offset = if offset.is_empty() { clipped } else { format!("({offset} * {dim} + {clipped})") };
     }
     let element = format!("{}[{offset}]", arg_name(spec, ArgKind::Tensor(slot)));

@@ -11,7 +11,8 @@
 //! The spec enters in one place: the `logit` lambda, which maps a dot product
 //! at (q, k) to a log2-domain logit, or −∞ where the mask drops the pair.
 
-use super::expr::c_expr;
+use super::expr::{c_expr, c_expr_in, c_type};
+use super::hoist::{hoist, lookup, Hoisted, Level};
 use super::prelude::PRELUDE;
 use super::ranges::RANGES;
 use super::tile_class::tile_class_expr;
@@ -20,7 +21,7 @@ use super::source::{kernel_name, write_entry, write_header};
 use super::tiles::TILES;
 use super::writer::Writer;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
-use crate::spec::{Dtype, Spec};
+use crate::spec::{Dtype, Expr, Spec};
 use std::fmt::{self, Write};
 
 /// A tile configuration: how a CTA covers queries and keys.
@@ -189,7 +190,10 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         const bool vector = aligned16(q_rows, {q_stride}) && aligned16(k_rows, {k_stride}) && aligned16(v_rows, {v_stride});\n\
         \n"
     )?;
-    write_logit(w, spec, &scale, &kv_len)?;
+    let exprs: Vec<&Expr> = spec.mask.iter().chain(spec.score.iter()).collect();
+    let hoisted = hoist(&exprs);
+    write_invariants(w, spec, &hoisted)?;
+    write_logit(w, spec, &hoisted, &scale, &kv_len)?;
     write!(
         w,
         "\
@@ -242,7 +246,12 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
             \x20   load_tile<BLOCK_N, DP, D, THREADS>(k_tiles + (stage ^ 1) * K_TILE, k_rows + (long long)n0 * {k_stride}, {k_stride}, {kv_len} - n0, vector);\n\
             \x20   load_tile<BLOCK_N, DVP, DV, THREADS>(v_tiles + (stage ^ 1) * V_TILE, v_rows + (long long)n0 * {v_stride}, {v_stride}, {kv_len} - n0, vector);\n\
             }}\n\
-            cp_async_commit();\n\
+            cp_async_commit();\n"
+        )?;
+        write_column_invariants(w, spec, &hoisted)?;
+        write!(
+            w,
+            "\
             \n\
             // S = Q K^T on this warp's WARP_M rows x BLOCK_N keys; each K fragment\n\
             // feeds all M_TILES row tiles.\n\
@@ -277,7 +286,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
             \x20       #pragma unroll\n\
             \x20       for (int c = 0; c < 2; ++c) {{\n\
             \x20           float& x = s[mt][n][2 * r + c];\n\
-            \x20           x = logit(x, q, kv0 + n * 8 + 2 * t + c, full);\n\
+            \x20           x = logit(x, q, kv0 + n * 8 + 2 * t + c, i, n, c, full);\n\
             \x20           row_max = fmaxf(row_max, x);\n\
             \x20       }}\n\
             \x20   }}\n\
@@ -408,15 +417,60 @@ fn write_tile_classes(w: &mut Writer<String>, spec: &Spec, q_len: &str, kv_len: 
     )
 }
 
+/// Hoisted spec terms (see [`super::hoist`]): CTA-level constants, row-level
+/// values for the rows this lane owns (row slot `i`, as in the softmax
+/// loop), and the column-level arrays the tile loop fills.
+fn write_invariants(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted]) -> fmt::Result {
+    if hoisted.is_empty() {
+        return Ok(());
+    }
+    writeln!(w, "// Spec terms that vary per CTA, per row or per key column, computed once there.")?;
+    for h in hoisted {
+        let ty = c_type(h.expr.ty);
+        let value = c_expr(spec, h.expr);
+        match h.level {
+            Level::Cta => writeln!(w, "const {ty} {} = {value};", h.name)?,
+            Level::Row => {
+                writeln!(w, "{ty} {}[2 * M_TILES];", h.name)?;
+                writeln!(w, "#pragma unroll")?;
+                w.block(format_args!("for (int i = 0; i < 2 * M_TILES; ++i)"), |w| {
+                    writeln!(w, "const int q = q0 + warp * WARP_M + (i / 2) * 16 + g + 8 * (i % 2);")?;
+                    writeln!(w, "{}[i] = {value};", h.name)
+                })?
+            }
+            Level::Column => writeln!(w, "{ty} {}[S_TILES][2];  // filled per tile", h.name)?,
+        }
+    }
+    Ok(())
+}
+
+/// Fills the column-level arrays for the keys of tile `kv0`.
+fn write_column_invariants(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted]) -> fmt::Result {
+    for h in hoisted.iter().filter(|h| h.level == Level::Column) {
+        writeln!(w, "#pragma unroll")?;
+        w.block(format_args!("for (int n = 0; n < S_TILES; ++n)"), |w| {
+            writeln!(w, "#pragma unroll")?;
+            w.block(format_args!("for (int c = 0; c < 2; ++c)"), |w| {
+                writeln!(w, "const int k = kv0 + n * 8 + 2 * t + c;")?;
+                writeln!(w, "{}[n][c] = {};", h.name, c_expr(spec, h.expr))
+            })
+        })?;
+    }
+    Ok(())
+}
+
 /// The `logit` lambda: dot product at (q, k) → log2-domain logit, or −∞
-/// where the pair is masked or k is past the end of the sequence.
-fn write_logit(w: &mut Writer<String>, spec: &Spec, scale: &str, kv_len: &str) -> fmt::Result {
-    let mask = spec.mask.as_ref().map(|e| format!(" && (full || {})", c_expr(spec, e))).unwrap_or_default();
+/// where the pair is masked or k is past the end of the sequence. `i` is
+/// the row slot and `(n, c)` the column slot, for hoisted terms.
+fn write_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], scale: &str, kv_len: &str) -> fmt::Result {
+    let c_expr = |e: &Expr| c_expr_in(spec, e, &|x| lookup(hoisted, x));
+    let mask = spec.mask.as_ref().map(|e| format!(" && (full || {})", c_expr(e))).unwrap_or_default();
+    let params = "float dot, int q, int k, int i, int n, int c, bool full";
     match &spec.score {
         None => {
             writeln!(w, "// The spec: scale and mask each element of S (log2 units, -inf where masked).")?;
             writeln!(w, "const float scale_log2 = {scale} * LOG2E;")?;
-            writeln!(w, "auto logit = [&](float dot, int q, int k, bool full) -> float {{")?;
+            writeln!(w, "auto logit = [&]({params}) -> float {{")?;
             w.indented(|w| {
                 writeln!(w, "const bool keep = k < {kv_len}{mask};")?;
                 writeln!(w, "return keep ? dot * scale_log2 : neg_inf();")
@@ -424,11 +478,11 @@ fn write_logit(w: &mut Writer<String>, spec: &Spec, scale: &str, kv_len: &str) -
         }
         Some(e) => {
             writeln!(w, "// The spec: score and mask each element of S (log2 units, -inf where masked).")?;
-            writeln!(w, "auto logit = [&](float dot, int q, int k, bool full) -> float {{")?;
+            writeln!(w, "auto logit = [&]({params}) -> float {{")?;
             w.indented(|w| {
                 writeln!(w, "const float score = dot * {scale};")?;
                 writeln!(w, "const bool keep = k < {kv_len}{mask};")?;
-                writeln!(w, "return keep ? {} * LOG2E : neg_inf();", c_expr(spec, e))
+                writeln!(w, "return keep ? {} * LOG2E : neg_inf();", c_expr(e))
             })?;
         }
     }

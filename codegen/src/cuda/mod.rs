@@ -16,6 +16,7 @@
 
 mod block_mask;
 mod expr;
+mod hoist;
 mod forward;
 mod prelude;
 mod ranges;

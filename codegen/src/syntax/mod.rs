@@ -27,7 +27,7 @@ use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
 use syn::{braced, bracketed, Attribute, Ident, LitInt, Token};
 
-pub use print::to_source;
+pub use print::{expr_source, to_source};
 
 /// Parses and checks every spec in `source` (the text of an `.attn` file).
 pub fn parse_str(source: &str) -> Result<Vec<Spec>, SpecError> {

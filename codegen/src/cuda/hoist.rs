@@ -1,0 +1,118 @@
+//! Loop-invariant spec terms, computed once at the level they vary.
+//!
+//! The forward kernel evaluates the mask and score on every element of S,
+//! but parts of them often vary more slowly: `slopes[h]` is fixed for the
+//! whole thread block, `doc[b][q]` per query row, `doc[b][k]` per key. Such
+//! subexpressions, when they are worth it (they read a tensor or call a
+//! transcendental function), are hoisted: CTA-level ones into a constant at
+//! the top of the kernel, row-level ones into a register per row a lane owns,
+//! column-level ones into a register per key column of the current tile.
+//! Cheap integer arithmetic on positions stays inline.
+
+use crate::spec::{Builtin, Expr, ExprKind, Func};
+
+/// Where a hoisted value is computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Level {
+    /// Once per thread block (depends on b, h, params at most).
+    Cta,
+    /// Once per query row (depends on q, not on k or score).
+    Row,
+    /// Once per key column of each tile (depends on k, not on q or score).
+    Column,
+}
+
+/// A hoisted subexpression and the C name its value goes by.
+pub(super) struct Hoisted<'a> {
+    pub expr: &'a Expr,
+    pub level: Level,
+    pub name: String,
+}
+
+/// The maximal worthwhile invariant subexpressions of `exprs`, in a
+/// deterministic order, named `inv_0`, `inv_1`, ...
+pub(super) fn hoist<'a>(exprs: &[&'a Expr]) -> Vec<Hoisted<'a>> {
+    let mut out = Vec::new();
+    for e in exprs {
+        collect(e, &mut out);
+    }
+    out
+}
+
+/// Looks `e` up among `hoisted` (by identity), giving its C value at the
+/// element loop: a constant, `inv_N[i]` for row slot `i`, `inv_N[n][c]` for
+/// column slot `(n, c)`.
+pub(super) fn lookup(hoisted: &[Hoisted], e: &Expr) -> Option<String> {
+    let h = hoisted.iter().find(|h| std::ptr::eq(h.expr, e))?;
+    Some(match h.level {
+        Level::Cta => h.name.clone(),
+        Level::Row => format!("{}[i]", h.name),
+        Level::Column => format!("{}[n][c]", h.name),
+    })
+}
+
+fn collect<'a>(e: &'a Expr, out: &mut Vec<Hoisted<'a>>) {
+    if let Some(level) = level(e).filter(|_| costly(e)) {
+        let name = format!("inv_{}", out.len());
+        out.push(Hoisted { expr: e, level, name });
+        return;
+    }
+    let mut children = Vec::new();
+    match &e.kind {
+        ExprKind::Load(_, args) | ExprKind::Call(_, args) => children.extend(args),
+        ExprKind::Unary(_, a) | ExprKind::Cast(a) => children.push(&**a),
+        ExprKind::Binary(_, a, b) => children.extend([&**a, &**b]),
+        ExprKind::If(c, t, f) => children.extend([&**c, &**t, &**f]),
+        _ => {}
+    }
+    for child in children {
+        collect(child, out);
+    }
+}
+
+/// The level `e` is invariant at, or `None` if it varies per element.
+fn level(e: &Expr) -> Option<Level> {
+    let (q, k, score) = (e.uses(Builtin::Q), e.uses(Builtin::K), e.uses(Builtin::Score));
+    match (q, k, score) {
+        (_, _, true) | (true, true, _) => None,
+        (true, false, _) => Some(Level::Row),
+        (false, true, _) => Some(Level::Column),
+        (false, false, _) => Some(Level::Cta),
+    }
+}
+
+/// Worth a register: a memory read or a transcendental function somewhere.
+fn costly(e: &Expr) -> bool {
+    let mut found = false;
+    e.walk(&mut |n| {
+        found |= match &n.kind {
+            ExprKind::Load(..) => true,
+            ExprKind::Call(f, _) => !f.is_numeric() && *f != Func::Floor,
+            _ => false,
+        }
+    });
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn levels(source: &str) -> Vec<(Level, String)> {
+        let spec = crate::parse_one(source).unwrap();
+        let exprs: Vec<&Expr> = spec.mask.iter().chain(spec.score.iter()).collect();
+        hoist(&exprs).iter().map(|h| (h.level, crate::syntax::expr_source(&spec, h.expr))).collect()
+    }
+
+    #[test]
+    fn invariant_reads_are_hoisted_to_their_level() {
+        let doc = "S { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] && q >= k }";
+        assert_eq!(levels(doc), [(Level::Row, "doc[b][q]".into()), (Level::Column, "doc[b][k]".into())]);
+        let alibi = "S { dtype: bf16, head_dim: 64, tensor slopes: f32[H], score: score + slopes[h] * (k - q) as f32 }";
+        assert_eq!(levels(alibi), [(Level::Cta, "slopes[h]".into())]);
+        let bias = "S { dtype: bf16, head_dim: 64, tensor rel: f32[H, 9], score: score + rel[h][clamp(k - q, -4, 4) + 4] }";
+        assert_eq!(levels(bias), [], "per-element reads stay in place");
+        let cheap = "S { dtype: bf16, head_dim: 64, param w: i32, mask: q - k < w }";
+        assert_eq!(levels(cheap), [], "integer arithmetic on positions stays inline");
+    }
+}
