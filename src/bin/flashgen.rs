@@ -179,7 +179,7 @@ fn cache(action: CacheAction) -> Result<bool, String> {
             for e in entries {
                 let name = e.path.file_name().unwrap_or_default().to_string_lossy();
                 let age = now.duration_since(e.modified).unwrap_or_default().as_secs();
-                println!("{name}  {:>10}  {:>8}", mib(e.bytes), format!("{} ago", human_age(age)));
+                println!("{name}  {:>10}  {:>8}", human_bytes(e.bytes), format!("{} ago", human_age(age)));
             }
         }
         CacheAction::Clear => {
@@ -190,8 +190,8 @@ fn cache(action: CacheAction) -> Result<bool, String> {
             let entries = cache.entries().map_err(io_error)?;
             let total: u64 = entries.iter().map(|e| e.bytes).sum();
             println!("entries: {}", entries.len());
-            println!("total:   {} ({total} bytes)", mib(total));
-            println!("limit:   {}", mib(cache.max_bytes()));
+            println!("total:   {} ({total} bytes)", human_bytes(total));
+            println!("limit:   {}", human_bytes(cache.max_bytes()));
             println!("dir:     {}", cache.dir().display());
         }
     }
@@ -202,8 +202,12 @@ fn disk_cache() -> Result<DiskCache, String> {
     DiskCache::from_env().ok_or_else(|| Error::CacheDisabled.to_string())
 }
 
-fn mib(bytes: u64) -> String {
-    format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
+fn human_bytes(bytes: u64) -> String {
+    match bytes {
+        0..1024 => format!("{bytes} B"),
+        1024..0x10_0000 => format!("{:.1} KiB", bytes as f64 / 1024.0),
+        _ => format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64),
+    }
 }
 
 fn human_age(secs: u64) -> String {
