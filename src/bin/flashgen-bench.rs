@@ -5,6 +5,11 @@
 //! (q, k) pairs, counted exactly.
 //!
 //! `flashgen-bench [--variants causal,full] [--dims 64,128] [--seqs 1024,4096,16384] [--iters 20]`
+//!
+//! `flashgen-bench --jit` instead measures the JIT for every example spec:
+//! cold compile (codegen + NVRTC to CUBIN, NVRTC already loaded), a disk
+//! cache hit to a launchable kernel in a fresh runtime, and the host time of
+//! one launch on an in-memory hit.
 
 use flashgen::codegen::analysis::{classify, TileClass};
 use flashgen::codegen::cuda::TileConfig;
@@ -40,13 +45,15 @@ fn main() {
     let seqs: Vec<usize> = list("--seqs", "1024,4096,16384").iter().filter_map(|s| s.parse().ok()).collect();
     let iters: usize = list("--iters", "20")[0].parse().unwrap_or(20);
 
-    let rt = match Runtime::new(0) {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("flashgen-bench needs a GPU: {e}");
-            std::process::exit(2);
-        }
-    };
+    if args.iter().any(|a| a == "--jit") {
+        // A fresh cache directory, before any runtime reads the environment.
+        let dir = std::env::temp_dir().join(format!("flashgen-jit-{}", std::process::id()));
+        std::env::set_var("FLASHGEN_CACHE_DIR", &dir);
+        jit(&start_runtime());
+        let _ = std::fs::remove_dir_all(dir);
+        return;
+    }
+    let rt = start_runtime();
     println!(
         "device: {} ({}), bf16, {HEADS} heads, {TOKENS} tokens per batch, median of {iters}",
         rt.device_name(),
@@ -95,6 +102,103 @@ fn main() {
             }
         }
     }
+}
+
+fn start_runtime() -> Runtime {
+    Runtime::new(0).unwrap_or_else(|e| {
+        eprintln!("flashgen-bench needs a GPU: {e}");
+        std::process::exit(2);
+    })
+}
+
+/// The example specs, embedded so the binary runs anywhere.
+const SPECS: [&str; 10] = [
+    include_str!("../../specs/full.attn"),
+    include_str!("../../specs/causal.attn"),
+    include_str!("../../specs/causal_bottom_right.attn"),
+    include_str!("../../specs/sliding_window.attn"),
+    include_str!("../../specs/prefix_lm.attn"),
+    include_str!("../../specs/document.attn"),
+    include_str!("../../specs/alibi.attn"),
+    include_str!("../../specs/softcap.attn"),
+    include_str!("../../specs/relative_bias.attn"),
+    include_str!("../../specs/gqa.attn"),
+];
+
+/// JIT costs per example spec (see the module note), then a summary.
+fn jit(rt: &Runtime) {
+    use flashgen::runtime::compile_cubin;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let specs: Vec<flashgen::Spec> = SPECS.iter().map(|s| flashgen::parse_one(s).expect("valid example")).collect();
+    // Load NVRTC and its builtins once, unmeasured, as a warm process would.
+    let _ = compile_cubin(&flashgen::codegen::cuda::emit_forward(&specs[0]), rt.arch());
+    println!("device: {} ({}); JIT per example spec", rt.device_name(), rt.arch());
+    println!("{:<20} {:>12} {:>14} {:>16}", "spec", "cold ms", "disk hit ms", "launch µs (host)");
+    let (mut cold, mut disk, mut launch) = (Vec::new(), Vec::new(), Vec::new());
+    for spec in &specs {
+        let start = Instant::now();
+        let compiled = compile_cubin(&flashgen::codegen::cuda::emit_forward(spec), rt.arch());
+        let cold_ms = start.elapsed().as_secs_f64() * 1e3;
+        // Fill the disk cache with one runtime, then time a hit in a fresh one.
+        let hit = rt.load(spec).and_then(|_| {
+            let fresh = Runtime::new(0)?;
+            let start = Instant::now();
+            fresh.load(spec)?;
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            assert_eq!(fresh.cache_stats().compiles, 0, "a disk hit must not compile");
+            Ok(ms)
+        });
+        let host_us = launch_overhead(rt, spec);
+        match (compiled, hit, host_us) {
+            (Ok(_), Ok(hit_ms), Ok(us)) => {
+                println!("{:<20} {cold_ms:>12.1} {hit_ms:>14.2} {us:>16.2}", spec.name);
+                cold.push(cold_ms);
+                disk.push(hit_ms);
+                launch.push(us);
+            }
+            (c, h, l) => println!("{:<20} error: {:?} {:?} {:?}", spec.name, c.err(), h.err(), l.err()),
+        }
+    }
+    if !cold.is_empty() {
+        let max = cold.iter().cloned().fold(0.0, f64::max);
+        println!(
+            "cold compile median {:.0} ms, max {max:.0} ms; disk hit median {:.1} ms; launch median {:.1} µs",
+            median(cold),
+            median(disk),
+            median(launch)
+        );
+    }
+}
+
+/// Host microseconds per `forward` on an in-memory hit (checks, marshalling
+/// and the driver's launch call), averaged over 500 launches of a tiny
+/// problem so the GPU never holds the host back for long.
+fn launch_overhead(rt: &Runtime, spec: &flashgen::Spec) -> Result<f64, flashgen::Error> {
+    let shape = Shape { batch: 1, heads: 2, heads_kv: 2, q_len: 16, kv_len: 16 };
+    let params = spec
+        .params
+        .iter()
+        .map(|p| match p.ty {
+            flashgen::codegen::Ty::I32 => ParamValue::I32(8),
+            _ => ParamValue::F32(30.0),
+        })
+        .collect();
+    let problem = verify::random_problem(spec, shape, params, vec![], None, 1);
+    let mut gpu = DeviceProblem::upload(rt, spec, &problem, OperandLayout::Bshd)?;
+    gpu.launch(rt, spec, &problem)?;
+    let sync = || rt.stream().synchronize().map_err(|e| flashgen::Error::Driver { during: "sync".into(), source: e });
+    sync()?;
+    let n = 500;
+    let start = Instant::now();
+    for _ in 0..n {
+        gpu.launch(rt, spec, &problem)?;
+    }
+    let us = start.elapsed().as_secs_f64() * 1e6 / n as f64;
+    sync()?;
+    Ok(us)
 }
 
 /// Whether `e` reads a captured tensor (interval analysis can't bound it).
