@@ -44,7 +44,8 @@ pub fn emit_block_mask(spec: &Spec, config: TileConfig) -> Option<Kernel> {
         writeln!(w, "constexpr int THREADS = {THREADS};\n")?;
         write_entry(w, spec, &name, &args, |w| {
             let arg = |kind| arg_name(spec, kind);
-            let [q_len, kv_len, heads, out] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::BlockMaskOut].map(arg);
+            let [q_len, kv_len, heads, out] =
+                [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::BlockMaskOut].map(arg);
             let (uses_b, uses_h) = (mask.uses(Builtin::B), mask.uses(Builtin::H));
             let slice_heads = if uses_h { heads.as_str() } else { "1" };
             let b = if uses_b { format!("(int)blockIdx.z / {slice_heads}") } else { "0".into() };

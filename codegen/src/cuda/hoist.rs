@@ -110,7 +110,8 @@ mod tests {
         assert_eq!(levels(doc), [(Level::Row, "doc[b][q]".into()), (Level::Column, "doc[b][k]".into())]);
         let alibi = "S { dtype: bf16, head_dim: 64, tensor slopes: f32[H], score: score + slopes[h] * (k - q) as f32 }";
         assert_eq!(levels(alibi), [(Level::Cta, "slopes[h]".into())]);
-        let bias = "S { dtype: bf16, head_dim: 64, tensor rel: f32[H, 9], score: score + rel[h][clamp(k - q, -4, 4) + 4] }";
+        let bias =
+            "S { dtype: bf16, head_dim: 64, tensor rel: f32[H, 9], score: score + rel[h][clamp(k - q, -4, 4) + 4] }";
         assert_eq!(levels(bias), [], "per-element reads stay in place");
         let cheap = "S { dtype: bf16, head_dim: 64, param w: i32, mask: q - k < w }";
         assert_eq!(levels(cheap), [], "integer arithmetic on positions stays inline");

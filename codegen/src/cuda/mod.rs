@@ -16,8 +16,8 @@
 
 mod block_mask;
 mod expr;
-mod hoist;
 mod forward;
+mod hoist;
 mod prelude;
 mod ranges;
 mod signature;
