@@ -381,3 +381,43 @@ fn finite(lse: &[f64], golden: &[f64]) -> Vec<f64> {
         .map(|(&x, &g)| if x == f64::NEG_INFINITY && g == f64::NEG_INFINITY { -1e30 } else { x })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every layout the GPU tests use places each BSHD element at a distinct
+    /// offset inside the buffer, and gathering inverts scattering.
+    #[test]
+    fn layouts_scatter_and_gather_exactly() {
+        let (b, s, h, d) = (2, 5, 3, 4);
+        let bshd: Vec<f64> = (0..b * s * h * d).map(|i| i as f64).collect();
+        for kind in [OperandLayout::Bshd, OperandLayout::Bhsd, OperandLayout::Padded] {
+            let layout = kind.layout(b, s, h, d);
+            let buf: Vec<bf16> = scatter(&bshd, &layout);
+            let written = buf.iter().filter(|x| !x.is_nan()).count();
+            assert_eq!(written, bshd.len(), "{kind:?}: distinct offsets");
+            assert_eq!(gather(&buf, &layout), bshd, "{kind:?}");
+            if kind != OperandLayout::Padded {
+                assert_eq!(buf.len(), bshd.len(), "{kind:?} is dense");
+            }
+        }
+    }
+
+    #[test]
+    fn random_problems_are_rounded_and_sized() {
+        let spec = crate::parse_one(
+            "S { dtype: bf16, head_dim: 8, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }",
+        )
+        .unwrap();
+        let shape = Shape { batch: 2, heads: 4, heads_kv: 2, q_len: 3, kv_len: 7 };
+        let p = random_problem(&spec, shape, vec![], vec![], None, 1);
+        assert_eq!((p.q.len(), p.k.len(), p.v.len()), (2 * 3 * 4 * 8, 2 * 7 * 2 * 8, 2 * 7 * 2 * 8));
+        assert!(p.q.iter().all(|&x| reference::round_dtype(Dtype::Bf16, x) == x));
+        let TensorData::I32(ids) = &p.tensors[0] else { panic!("i32 ids") };
+        assert_eq!(ids.len(), 2 * 7);
+        assert!(ids.chunks(7).all(|row| row.windows(2).all(|w| w[0] <= w[1])), "sorted document ids: {ids:?}");
+        assert_eq!(p.scale, (1.0 / 8f32.sqrt()) as f64);
+        assert_ne!(random_problem(&spec, shape, vec![], vec![], None, 2).q, p.q, "seeds differ");
+    }
+}
