@@ -340,7 +340,7 @@ fn launch_args<'a>(tensors: &'a [DeviceTensor], problem: &Problem) -> Vec<ArgVal
 
 /// Wraps a driver error with what was being done.
 fn driver(during: &'static str) -> impl Fn(DriverError) -> Error + Copy {
-    move |source| Error::Driver { during: during.to_string(), source }
+    move |source| Error::driver(during, source)
 }
 
 /// The verdict on one GPU run.

@@ -260,7 +260,7 @@ fn axis_name(axis: Axis) -> &'static str {
 
 impl Error {
     /// A driver error with what was being done, for `map_err`.
-    pub(crate) fn driver(during: impl Into<String>, source: DriverError) -> Error {
+    pub fn driver(during: impl Into<String>, source: DriverError) -> Error {
         Error::Driver { during: during.into(), source }
     }
 }

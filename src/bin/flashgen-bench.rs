@@ -189,7 +189,7 @@ fn launch_overhead(rt: &Runtime, spec: &flashgen::Spec) -> Result<f64, flashgen:
     let problem = verify::random_problem(spec, shape, params, vec![], None, 1);
     let mut gpu = DeviceProblem::upload(rt, spec, &problem, OperandLayout::Bshd)?;
     gpu.launch(rt, spec, &problem)?;
-    let sync = || rt.stream().synchronize().map_err(|e| flashgen::Error::Driver { during: "sync".into(), source: e });
+    let sync = || rt.stream().synchronize().map_err(|e| flashgen::Error::driver("sync", e));
     sync()?;
     let n = 500;
     let start = Instant::now();
@@ -216,9 +216,7 @@ fn time_block_mask(
     spec: &flashgen::Spec,
     problem: &flashgen::codegen::reference::Problem,
 ) -> Result<(f64, String), flashgen::Error> {
-    let sync = |rt: &Runtime| {
-        rt.stream().synchronize().map_err(|e| flashgen::Error::Driver { during: "build".into(), source: e })
-    };
+    let sync = |rt: &Runtime| rt.stream().synchronize().map_err(|e| flashgen::Error::driver("build", e));
     let mut times = Vec::new();
     for _ in 0..6 {
         let start = Instant::now();
