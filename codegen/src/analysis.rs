@@ -16,10 +16,10 @@
 //! interval widens to all of i32. Anything not tracked (captured tensor loads,
 //! f32 values, float comparisons) is "unknown": all of i32, or `[0, 1]`.
 //!
-//! The mask is first lowered to a [`RangeExpr`], a tree of interval
+//! The mask is first lowered to a `RangeExpr`, a tree of interval
 //! operations; [`classify`] evaluates it here and the CUDA emitter prints the
 //! same tree as calls to prelude helpers of the same names
-//! ([`RangeBinOp::c_name`]), so host and kernel apply identical rules.
+//! (`RangeBinOp::c_name`), so host and kernel apply identical rules.
 
 use crate::reference::ParamValue;
 use crate::spec::{BinOp, Builtin, Expr, ExprKind, Func, Shape, Spec, Ty, UnOp};

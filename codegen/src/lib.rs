@@ -1,13 +1,15 @@
 //! flashgen-codegen: spec → checked IR → CUDA C++.
 //!
 //! Pure by design: no GPU, no file or network I/O. The front end
-//! ([`syntax`]) parses and type-checks specs; [`reference`] interprets them
-//! in f64 on the CPU; [`cuda`] emits kernels described by [`abi::Kernel`].
+//! ([`syntax`]) parses and type-checks specs; [`grad`] differentiates score
+//! expressions; [`reference`](mod@reference) interprets them in f64 on the CPU; [`cuda`]
+//! emits kernels described by [`abi::Kernel`].
 
 pub mod abi;
 pub mod analysis;
 pub mod cuda;
 pub mod error;
+pub mod grad;
 pub mod reference;
 pub mod spec;
 pub mod syntax;

@@ -4,12 +4,12 @@
 //!
 //! Design:
 //! - Every source is standalone text for NVRTC: nothing is `#include`d (the
-//!   PyPI NVRTC ships no toolkit headers), so [`prelude`] spells out the 16-bit
+//!   PyPI NVRTC ships no toolkit headers), so `prelude` spells out the 16-bit
 //!   float conversions and the spec language's scalar semantics.
 //! - Generated code reads like hand-written ThunderKittens-style CUDA: named
 //!   row/tile helpers from the prelude, and a kernel body whose comments say
 //!   which tile is where and why.
-//! - [`signature`] owns the argument list; the C signature is printed from the
+//! - `signature` owns the argument list; the C signature is printed from the
 //!   same `Vec<KernelArg>` the runtime walks, so the order lives in one place.
 //! - Output is a pure function of the spec: no maps, no hashing, no
 //!   environment, so sources are byte-identical across runs and snapshots.

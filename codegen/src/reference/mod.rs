@@ -1,5 +1,6 @@
 //! The CPU reference: an interpreter of the spec IR and the attention it
-//! defines, used by tests, the CLI and the quickstart to check GPU results.
+//! defines (forward, and in f64 the backward), used by tests, the CLI and the
+//! quickstart to check GPU results.
 //!
 //! Semantics shared with the generated kernels:
 //! - `s = scale · q·k`; with a score expression, `s = score(s)` where `score`
@@ -18,11 +19,13 @@
 //! [`flash_rule`].
 
 mod attention;
+mod backward;
 mod eval;
 mod metrics;
 mod rounding;
 
 pub use attention::{forward, Output, Precision, Problem};
+pub use backward::{backward, Gradients};
 pub use eval::{Arith, Env, ParamValue, Position, TensorData, Value};
 pub use metrics::{flash_rule, max_abs_diff, mean_abs_diff, FlashCheck, BACKWARD_FACTOR, FLASH_SLACK, FORWARD_FACTOR};
 pub use rounding::{round_bf16, round_dtype, round_f16};

@@ -1,0 +1,143 @@
+//! The reference backward pass: gradients of O with respect to Q, K, V and
+//! the captured float tensors the score expression reads once, in f64.
+//!
+//! FlashAttention's math, row by row from the forward's log-sum-exp:
+//! P = exp(S′ − LSE) over kept keys, dV = Pᵀ·dO, dP = dO·Vᵀ,
+//! D = rowsum(dO ∘ O), dS′ = P ∘ (dP − D), dS = dS′ · ∂S′/∂S,
+//! dQ = scale · dS·K, dK = scale · dSᵀ·Q, and `dt[i] = Σ dS′ · ∂S′/∂t[i]` over
+//! the pairs that read element i. The partial derivatives are the symbolic
+//! ones of [`crate::grad`], run by the interpreter, so checking this against
+//! finite differences checks the expressions a backward kernel would use.
+
+use super::attention::{forward, Precision, Problem};
+use super::eval::{check_len, Arith, Env, Position};
+use super::ReferenceError;
+use crate::grad::{d_load, d_score, load_indices};
+use crate::spec::{Expr, Shape, Spec};
+
+/// The gradients of a loss with respect to a [`Problem`]'s inputs, in the
+/// same layouts (BSHD contiguous Q, K, V; row-major tensors).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gradients {
+    pub dq: Vec<f64>,
+    pub dk: Vec<f64>,
+    pub dv: Vec<f64>,
+    /// One entry per declared tensor: `Some` where [`d_load`] defines the
+    /// gradient (a float tensor the score reads with one index list), `None`
+    /// for i32 tensors and tensors only the mask or nothing reads.
+    pub d_tensors: Vec<Option<Vec<f64>>>,
+}
+
+/// Backpropagates `d_out` (dL/dO, laid out like O: `[batch, q_len, heads,
+/// d_v]`) through attention for `spec` on `problem`, in f64. Masked pairs
+/// and fully masked rows contribute nothing; dK and dV of a K/V head sum over
+/// its group of query heads.
+pub fn backward(spec: &Spec, problem: &Problem, d_out: &[f64]) -> Result<Gradients, ReferenceError> {
+    // Validates the shape, buffers, params and tensors, and gives O and LSE.
+    let out = forward(spec, problem, Precision::F64)?;
+    let Shape { batch, heads, heads_kv, q_len, kv_len } = problem.shape;
+    let (d_qk, d_v) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
+    check_len("d_out", d_out.len(), &[batch, q_len, heads, d_v])?;
+    let env = Env::new(spec, &problem.shape, &problem.params, &problem.tensors, Arith::F64)?;
+    let d_score = d_score(spec);
+    let mut trainable: Vec<Trainable> = (0..spec.tensors.len())
+        .filter_map(|slot| {
+            let dims: Vec<usize> = spec.tensors[slot].dims.iter().map(|d| d.resolve(&problem.shape)).collect();
+            Some(Trainable {
+                slot,
+                d: d_load(spec, slot)?,
+                indices: load_indices(spec, slot)?,
+                grad: vec![0.0; dims.iter().product()],
+                dims,
+            })
+        })
+        .collect();
+
+    let mut g = Gradients {
+        dq: vec![0.0; problem.q.len()],
+        dk: vec![0.0; problem.k.len()],
+        dv: vec![0.0; problem.v.len()],
+        d_tensors: vec![None; spec.tensors.len()],
+    };
+    let group = heads / heads_kv;
+    for b in 0..batch {
+        for h in 0..heads {
+            let kv_head = h / group;
+            for i in 0..q_len {
+                let lse = out.lse[(b * heads + h) * q_len + i];
+                if lse == f64::NEG_INFINITY {
+                    continue; // Fully masked: O = 0 whatever the inputs.
+                }
+                let row = (b * q_len + i) * heads + h;
+                let q_row = &problem.q[row * d_qk..][..d_qk];
+                let do_row = &d_out[row * d_v..][..d_v];
+                let delta = dot(do_row, &out.o[row * d_v..][..d_v]);
+                // Sizes were checked to fit i32 by `Env::new`.
+                let mut at = Position { b: b as i32, h: h as i32, q: i as i32, k: 0, score: 0.0 };
+                for j in 0..kv_len {
+                    at.k = j as i32;
+                    if spec.mask.as_ref().is_some_and(|m| !env.eval(m, &at).as_bool()) {
+                        continue;
+                    }
+                    let kv_row = (b * kv_len + j) * heads_kv + kv_head;
+                    let k_row = &problem.k[kv_row * d_qk..][..d_qk];
+                    let v_row = &problem.v[kv_row * d_v..][..d_v];
+                    at.score = problem.scale * dot(q_row, k_row);
+                    let s = spec.score.as_ref().map_or(at.score, |e| env.eval(e, &at).as_f64());
+                    let p = (s - lse).exp();
+                    if p == 0.0 {
+                        continue; // No weight, as in the forward; avoids 0 · ∞ from the derivatives.
+                    }
+                    let ds_mod = p * (dot(do_row, v_row) - delta);
+                    let ds = ds_mod * d_score.as_ref().map_or(1.0, |e| env.eval(e, &at).as_f64());
+                    for (dv, &x) in g.dv[kv_row * d_v..][..d_v].iter_mut().zip(do_row) {
+                        *dv += p * x;
+                    }
+                    for (dq, &x) in g.dq[row * d_qk..][..d_qk].iter_mut().zip(k_row) {
+                        *dq += problem.scale * ds * x;
+                    }
+                    for (dk, &x) in g.dk[kv_row * d_qk..][..d_qk].iter_mut().zip(q_row) {
+                        *dk += problem.scale * ds * x;
+                    }
+                    for t in &mut trainable {
+                        let element = t.element(&env, &at);
+                        // An empty tensor reads as 0 and has no element to train.
+                        if let Some(dt) = t.grad.get_mut(element) {
+                            *dt += ds_mod * env.eval(&t.d, &at).as_f64();
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for t in trainable {
+        g.d_tensors[t.slot] = Some(t.grad);
+    }
+    Ok(g)
+}
+
+/// A tensor with a gradient: ∂S′/∂t, the indices of its one read, its
+/// resolved dims and the gradient accumulated so far.
+struct Trainable {
+    slot: usize,
+    d: Expr,
+    indices: Vec<Expr>,
+    dims: Vec<usize>,
+    grad: Vec<f64>,
+}
+
+impl Trainable {
+    /// The element the read hits at `at`: row-major with every index clamped
+    /// into `[0, dim − 1]`, as `Env` loads, so a clamped read trains the
+    /// element it actually read.
+    fn element(&self, env: &Env, at: &Position) -> usize {
+        self.indices.iter().zip(&self.dims).fold(0, |offset, (index, &dim)| {
+            let i = usize::try_from(env.eval(index, at).as_i32()).unwrap_or(0);
+            offset * dim + i.min(dim.saturating_sub(1))
+        })
+    }
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
