@@ -1,0 +1,87 @@
+//! The `flashgen` command line, end to end, without a GPU: emit, NVRTC
+//! check, readable spec errors, precompile into a cache and inspect it.
+//! (`run` needs a GPU; here it must fail with a typed message, not a panic.)
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn flashgen(args: &[&str], cache: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_flashgen"))
+        .args(args)
+        .env("FLASHGEN_CACHE_DIR", cache)
+        .output()
+        .expect("the flashgen binary runs")
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+fn spec(name: &str) -> String {
+    format!("{}/specs/{name}.attn", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn emit_prints_the_kernel() {
+    let out = flashgen(&["emit", &spec("sliding_window")], &scratch("emit"));
+    assert!(out.status.success(), "{}", text(&out));
+    let source = String::from_utf8_lossy(&out.stdout);
+    assert!(source.contains("extern \"C\" __global__ void __launch_bounds__(THREADS) flashgen_fwd_sliding_window("));
+    assert!(source.contains("int p_window"), "params become kernel arguments");
+}
+
+#[test]
+fn spec_errors_name_file_line_and_column() {
+    let dir = scratch("errors");
+    let bad = dir.join("bad.attn");
+    std::fs::write(&bad, "Bad {\n    dtype: bf16, head_dim: 64,\n    mask: q - k,\n}\n").unwrap();
+    let out = flashgen(&["emit", bad.to_str().unwrap()], &dir);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let message = text(&out);
+    assert!(message.contains("bad.attn:3:11: error: the mask must be bool, found i32"), "{message}");
+    assert!(message.contains("   3 |     mask: q - k,"), "{message}");
+}
+
+#[test]
+fn check_and_precompile_use_nvrtc_and_fill_the_cache() {
+    let cache = scratch("cache");
+    let out = flashgen(&["check", &spec("alibi"), "--arch", "sm_80"], &cache);
+    assert!(out.status.success(), "needs NVRTC (scripts/test.sh installs it): {}", text(&out));
+    assert!(text(&out).contains("Alibi: compiled flashgen_fwd_alibi for sm_80"), "{}", text(&out));
+
+    let out = flashgen(&["precompile", &spec("document"), "--arch", "sm_90"], &cache);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = flashgen(&["cache", "stats"], &cache);
+    assert!(out.status.success(), "{}", text(&out));
+    // The document spec has a forward and a block-mask kernel.
+    let entries = std::fs::read_dir(&cache)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "cubin"))
+        .count();
+    assert_eq!(entries, 2, "{}", text(&out));
+    let out = flashgen(&["cache", "clear"], &cache);
+    assert!(out.status.success(), "{}", text(&out));
+    let left = std::fs::read_dir(&cache)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "cubin"))
+        .count();
+    assert_eq!(left, 0);
+}
+
+#[test]
+fn run_reports_bad_arguments_and_missing_gpus_as_errors() {
+    let dir = scratch("run");
+    let out = flashgen(&["run", &spec("sliding_window"), "--seq", "128"], &dir);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("missing --param window=<i32>"), "{}", text(&out));
+    let out = flashgen(&["run", &spec("causal"), "--heads", "8/3", "--seq", "64"], &dir);
+    assert!(!text(&out).contains("panicked"), "{}", text(&out));
+    assert_ne!(out.status.code(), Some(0), "8 query heads cannot share 3 K/V heads: {}", text(&out));
+}
