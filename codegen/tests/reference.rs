@@ -1,35 +1,15 @@
 //! The CPU reference against textbook attention written independently here,
 //! plus the interpreter's edge-case semantics, rounding and error metrics.
 
+mod support;
+
 use flashgen_codegen::reference::{
     flash_rule, forward, max_abs_diff, mean_abs_diff, round_bf16, round_dtype, round_f16, Arith, Env, Output,
     ParamValue, Position, Precision, Problem, ReferenceError, TensorData, Value, FORWARD_FACTOR,
 };
 use flashgen_codegen::{parse_one, Shape, Spec};
 
-/// SplitMix64: deterministic inputs without a dev-dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in (0, 1].
-    fn uniform(&mut self) -> f64 {
-        ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Standard normal (Box–Muller).
-    fn normal(&mut self) -> f64 {
-        let (u, v) = (self.uniform(), self.uniform());
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
-    }
-}
+use support::Rng;
 
 fn shape(batch: usize, heads: usize, heads_kv: usize, q_len: usize, kv_len: usize) -> Shape {
     Shape { batch, heads, heads_kv, q_len, kv_len }

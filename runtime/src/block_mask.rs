@@ -14,6 +14,7 @@ use crate::marshal::{launch, launch_config, marshal, Bindings};
 use crate::runtime::Which;
 use crate::{ArgValue, Error, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtrMut};
+use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::{to_source, Builtin, Shape, Spec};
 
 /// Tile classes of one spec's mask for one shape and one set of params and
@@ -35,6 +36,18 @@ pub(crate) struct BuiltFor {
     pub tile: (u32, u32),
     pub args: Vec<ArgInfo>,
     pub tensors: Vec<u64>,
+}
+
+impl BuiltFor {
+    pub fn new(spec: &Spec, shape: Shape, kernel: &Kernel, args: &[ArgInfo], tensors: &[u64]) -> BuiltFor {
+        BuiltFor {
+            spec_source: to_source(spec),
+            shape,
+            tile: (kernel.block_m, kernel.block_n),
+            args: args.to_vec(),
+            tensors: tensors.to_vec(),
+        }
+    }
 }
 
 impl BlockMask {
@@ -79,13 +92,7 @@ impl Runtime {
             .map_err(|e| Error::driver("allocating a block mask", e))?;
         let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(stream)).collect();
         let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
-        let built_for = BuiltFor {
-            spec_source: to_source(spec),
-            shape,
-            tile: (kernel.block_m, kernel.block_n),
-            args: infos.clone(),
-            tensors: tensor_ptrs.clone(),
-        };
+        let built_for = BuiltFor::new(spec, shape, kernel, &infos, &tensor_ptrs);
         if tiles > 0 && shape.batch > 0 {
             let (out, _guard) = classes.device_ptr_mut(stream);
             let values = marshal(

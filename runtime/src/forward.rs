@@ -6,7 +6,7 @@ use crate::check::{check_forward, Buffer, Problem};
 use crate::marshal::{launch, launch_config, marshal, Bindings};
 use crate::{ArgValue, Element, Error, Layout, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::{to_source, Spec};
+use flashgen_codegen::Spec;
 
 /// The operands of one forward pass. O and the optional row log-sum-exp
 /// (`f32[batch, heads, q_len]`, contiguous) are written.
@@ -71,14 +71,7 @@ impl Runtime {
         let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(stream)).collect();
         let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
         if let Some(mask) = opts.block_mask {
-            let launch = BuiltFor {
-                spec_source: to_source(spec),
-                shape,
-                tile: (kernel.block_m, kernel.block_n),
-                args: infos.clone(),
-                tensors: tensor_ptrs.clone(),
-            };
-            check_block_mask(&mask.built_for, &launch)?;
+            check_block_mask(&mask.built_for, &BuiltFor::new(spec, shape, kernel, &infos, &tensor_ptrs))?;
         }
         let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(stream), m.strides));
         let values = marshal(
