@@ -29,7 +29,7 @@ const SEQLEN_PAIRS: [(usize, usize); 3] = [(113, 203), (128, 217), (1024, 1023)]
 fn runtime() -> Option<Runtime> {
     match Runtime::new(0) {
         Ok(rt) => Some(rt),
-        Err(e @ (Error::DriverMissing | Error::NoDevice { .. })) => {
+        Err(e) if e.is_no_gpu() => {
             eprintln!("skipped: no GPU ({e})");
             None
         }

@@ -11,11 +11,10 @@
 use crate::args::ArgInfo;
 use crate::check::{check_shape, MAX_GRID_YZ};
 use crate::marshal::{launch, launch_config, marshal, Bindings};
-use crate::runtime::Which;
+use crate::runtime::{LoadedKernel, Which};
 use crate::{ArgValue, Error, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtrMut};
-use flashgen_codegen::abi::Kernel;
-use flashgen_codegen::{to_source, Builtin, Shape, Spec};
+use flashgen_codegen::{Builtin, Shape, Spec};
 
 /// Tile classes of one spec's mask for one shape and one set of params and
 /// tensors: `u8[batch', heads', q_tiles, kv_tiles]`, 0 = no pair kept,
@@ -39,9 +38,10 @@ pub(crate) struct BuiltFor {
 }
 
 impl BuiltFor {
-    pub fn new(spec: &Spec, shape: Shape, kernel: &Kernel, args: &[ArgInfo], tensors: &[u64]) -> BuiltFor {
+    pub fn new(loaded: &LoadedKernel, shape: Shape, args: &[ArgInfo], tensors: &[u64]) -> BuiltFor {
+        let kernel = loaded.kernel();
         BuiltFor {
-            spec_source: to_source(spec),
+            spec_source: loaded.spec_source().to_string(),
             shape,
             tile: (kernel.block_m, kernel.block_n),
             args: args.to_vec(),
@@ -92,7 +92,7 @@ impl Runtime {
             .map_err(|e| Error::driver("allocating a block mask", e))?;
         let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(stream)).collect();
         let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
-        let built_for = BuiltFor::new(spec, shape, kernel, &infos, &tensor_ptrs);
+        let built_for = BuiltFor::new(&loaded, shape, &infos, &tensor_ptrs);
         if tiles > 0 && shape.batch > 0 {
             let (out, _guard) = classes.device_ptr_mut(stream);
             let values = marshal(

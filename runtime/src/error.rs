@@ -263,4 +263,10 @@ impl Error {
     pub fn driver(during: impl Into<String>, source: DriverError) -> Error {
         Error::Driver { during: during.into(), source }
     }
+
+    /// Whether this machine has no usable GPU (no driver or no device): the
+    /// one condition under which GPU work may be skipped rather than failed.
+    pub fn is_no_gpu(&self) -> bool {
+        matches!(self, Error::DriverMissing | Error::NoDevice { .. })
+    }
 }

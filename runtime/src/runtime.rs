@@ -5,14 +5,14 @@
 //! threads ask for it at the same time.
 
 use crate::disk_cache::{load_or_compile, DiskCache};
-use crate::nvrtc::{ensure_nvrtc, options};
+use crate::nvrtc::ensure_nvrtc;
 use crate::single_flight::SingleFlight;
 use crate::{Arch, Error};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::Ptx;
 use flashgen_codegen::abi::Kernel;
-use flashgen_codegen::{cuda, to_source, Spec, CODEGEN_VERSION};
+use flashgen_codegen::{cuda, to_source, Spec};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -60,20 +60,21 @@ impl Which {
     }
 }
 
-/// Everything that determines a compiled kernel, without generating it.
+/// What selects a kernel within one runtime, without generating it. The
+/// arch, NVRTC options and codegen version are fixed for a runtime, so they
+/// belong only to the disk cache's key.
 #[derive(PartialEq, Eq, Hash)]
 struct CacheKey {
     which: Which,
     spec_source: String,
-    codegen_version: u32,
-    arch: Arch,
-    options: String,
 }
 
 /// A generated kernel, compiled and loaded on a device.
 pub struct LoadedKernel {
     kernel: Kernel,
     function: CudaFunction,
+    /// The canonical source of the spec it was generated from.
+    spec_source: String,
 }
 
 impl LoadedKernel {
@@ -84,6 +85,11 @@ impl LoadedKernel {
 
     pub fn function(&self) -> &CudaFunction {
         &self.function
+    }
+
+    /// The canonical source of the spec it was generated from.
+    pub(crate) fn spec_source(&self) -> &str {
+        &self.spec_source
     }
 }
 
@@ -160,17 +166,11 @@ impl Runtime {
     }
 
     pub(crate) fn load_which(&self, spec: &Spec, which: Which) -> Result<Arc<LoadedKernel>, Error> {
-        let options = options(self.arch);
-        let key = CacheKey {
-            which,
-            spec_source: to_source(spec),
-            codegen_version: CODEGEN_VERSION,
-            arch: self.arch,
-            options: options.join(" "),
-        };
+        let spec_source = to_source(spec);
+        let key = CacheKey { which, spec_source: spec_source.clone() };
         let (loaded, hit) = self.kernels.get_or_try_init(key, || {
             let kernel = which.emit(spec).ok_or_else(|| Error::NoMask { spec: spec.name.clone() })?;
-            self.compile_and_load(kernel).map(Arc::new)
+            self.compile_and_load(kernel, spec_source).map(Arc::new)
         })?;
         if hit {
             self.memory_hits.fetch_add(1, Ordering::Relaxed);
@@ -178,7 +178,7 @@ impl Runtime {
         Ok(loaded)
     }
 
-    fn compile_and_load(&self, kernel: Kernel) -> Result<LoadedKernel, Error> {
+    fn compile_and_load(&self, kernel: Kernel, spec_source: String) -> Result<LoadedKernel, Error> {
         let during = |what: &str| format!("{what} `{}`", kernel.name);
         let available = self
             .ctx
@@ -203,6 +203,6 @@ impl Runtime {
                 kernel.dynamic_smem as i32,
             )
             .map_err(|e| Error::driver(during("raising the shared memory limit of"), e))?;
-        Ok(LoadedKernel { kernel, function })
+        Ok(LoadedKernel { kernel, function, spec_source })
     }
 }

@@ -127,14 +127,9 @@ struct Trainable {
 }
 
 impl Trainable {
-    /// The element the read hits at `at`: row-major with every index clamped
-    /// into `[0, dim − 1]`, as `Env` loads, so a clamped read trains the
-    /// element it actually read.
+    /// The element the read hits at `at`, clamped exactly as `Env` loads.
     fn element(&self, env: &Env, at: &Position) -> usize {
-        self.indices.iter().zip(&self.dims).fold(0, |offset, (index, &dim)| {
-            let i = usize::try_from(env.eval(index, at).as_i32()).unwrap_or(0);
-            offset * dim + i.min(dim.saturating_sub(1))
-        })
+        env.element(&self.indices, &self.dims, at)
     }
 }
 

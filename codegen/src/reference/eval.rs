@@ -253,15 +253,21 @@ impl<'a> Env<'a> {
         }
     }
 
+    /// The row-major offset `indices` address in a tensor of `dims` at `at`,
+    /// every index clamped into `[0, dim − 1]` (also used by the backward
+    /// pass, so a clamped read trains the element it actually read).
+    pub(crate) fn element(&self, indices: &[Expr], dims: &[usize], at: &Position) -> usize {
+        indices.iter().zip(dims).fold(0, |offset, (index, &dim)| {
+            let i = usize::try_from(self.eval(index, at).as_i32()).unwrap_or(0);
+            offset * dim + i.min(dim.saturating_sub(1))
+        })
+    }
+
     /// Row-major load with every index clamped into `[0, dim − 1]`, the
     /// semantics the kernels share. An empty tensor (possible only when the
     /// launch has no rows or keys to evaluate) reads as 0.
     fn load(&self, t: &Tensor, indices: &[Expr], at: &Position) -> Value {
-        let mut offset = 0usize;
-        for (index, &dim) in indices.iter().zip(&t.dims) {
-            let i = usize::try_from(self.eval(index, at).as_i32()).unwrap_or(0);
-            offset = offset * dim + i.min(dim.saturating_sub(1));
-        }
+        let offset = self.element(indices, &t.dims, at);
         match t.data {
             TensorData::I32(d) => Value::I32(d.get(offset).copied().unwrap_or(0)),
             TensorData::Float(d) => Value::F32(self.arith.round(d.get(offset).copied().unwrap_or(0.0))),
