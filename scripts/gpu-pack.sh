@@ -28,6 +28,7 @@ if [ -f target/release/flashgen-bench ] || cargo build --release --bin flashgen-
 fi
 cp -r specs "$pack/"
 cp scripts/gpu-run.sh "$pack/run.sh"
+cp scripts/gpu-profile.sh "$pack/profile.sh"
 # Peers timed in the same run (PEERS=1 .gpu-pack/run.sh): python, no build.
 cp bench/peers.py bench/compare.py "$pack/"
 du -sh "$pack"
