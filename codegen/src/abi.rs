@@ -5,13 +5,18 @@
 //! marshals arguments by walking [`Kernel::args`], so the argument order lives
 //! in exactly one place: the emitter.
 
-/// One of the four attention operands.
+/// One of the attention operands: the forward's four, and the backward's
+/// incoming gradient dO and its outputs dQ, dK, dV.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Operand {
     Q,
     K,
     V,
     O,
+    DO,
+    DQ,
+    DK,
+    DV,
 }
 
 /// A strided axis of an operand (the head-dim axis is always contiguous).
@@ -51,6 +56,16 @@ pub enum ArgKind {
     BlockMaskStride(Axis),
     /// `unsigned char*` output of the block-mask kernel.
     BlockMaskOut,
+    /// `float*` D = rowsum(dO ∘ O) `[batch, heads, q_len]`: the backward
+    /// preprocess writes it, the gradient kernels read it.
+    Delta,
+    /// `float*` dQ accumulator `[batch, heads, q_len, head_dims.qk]`, zeroed
+    /// before the backward pass; null in the deterministic mode, where a
+    /// separate kernel computes dQ.
+    DqAccum,
+    /// `float*` gradient of the spec's `i`-th captured tensor (its element
+    /// count, zeroed before the pass), or null when not requested.
+    TensorGrad(usize),
 }
 
 /// How a kernel's grid covers a launch.
@@ -58,6 +73,8 @@ pub enum ArgKind {
 pub enum Grid {
     /// The forward pass: `(ceil(q_len / block_m), heads, batch)`.
     QueryTiles,
+    /// The backward dK/dV kernel: `(ceil(kv_len / block_n), heads_kv, batch)`.
+    KeyTiles,
     /// The block-mask kernel: one block per tile,
     /// `(ceil(kv_len / block_n), ceil(q_len / block_m), batch' · heads')` where
     /// batch' and heads' are 1 unless the mask reads `b` or `h`.

@@ -3,7 +3,7 @@
 //! maximal head dims, f16, half-precision tensors, every operator).
 
 use flashgen_codegen::abi::Kernel;
-use flashgen_codegen::cuda::emit_forward;
+use flashgen_codegen::cuda::{emit_backward, emit_forward, BackwardPass};
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
 
@@ -95,6 +95,19 @@ fn block_mask_kernel_of_the_document_mask() {
     let spec = variant("document");
     let kernel = flashgen_codegen::cuda::emit_block_mask(&spec, flashgen_codegen::cuda::TileConfig::default_for(&spec));
     insta::assert_snapshot!("block_mask_document", render(&kernel.expect("the document spec has a mask")));
+}
+
+#[test]
+fn backward_kernels_of_named_variants() {
+    for stem in VARIANTS {
+        let spec = variant(stem);
+        insta::assert_snapshot!(format!("bwd_{stem}"), render(&emit_backward(&spec, BackwardPass::KeyValue)));
+        insta::assert_snapshot!(format!("bwd_dq_{stem}"), render(&emit_backward(&spec, BackwardPass::Query)));
+    }
+    // The row kernels depend on the spec only through dtype and head dims.
+    let spec = variant("causal");
+    insta::assert_snapshot!("bwd_pre_causal", render(&emit_backward(&spec, BackwardPass::Preprocess)));
+    insta::assert_snapshot!("bwd_post_causal", render(&emit_backward(&spec, BackwardPass::Postprocess)));
 }
 
 #[test]

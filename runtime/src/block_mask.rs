@@ -107,6 +107,7 @@ impl Runtime {
                     tensors: &tensor_ptrs,
                     block_mask: (0, [0; 2]),
                     block_mask_out: out,
+                    grads: None,
                 },
             )?;
             let config = launch_config(kernel, &shape, slices)?;

@@ -86,6 +86,7 @@ impl Runtime {
                 tensors: &tensor_ptrs,
                 block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
                 block_mask_out: 0,
+                grads: None,
             },
         )?;
 

@@ -36,6 +36,22 @@ pub(crate) struct Bindings<'a> {
     pub block_mask: (u64, [i64; 2]),
     /// The block-mask kernel's output address.
     pub block_mask_out: u64,
+    /// What only backward kernels take.
+    pub grads: Option<GradBindings<'a>>,
+}
+
+/// The backward kernels' arguments beyond the forward's.
+pub(crate) struct GradBindings<'a> {
+    /// Device addresses of dO, dQ, dK, dV.
+    pub ptrs: [u64; 4],
+    /// Batch, seq and head strides of dO, dQ, dK, dV.
+    pub strides: [[i64; 3]; 4],
+    /// D = rowsum(dO ∘ O), f32 `[batch, heads, q_len]`.
+    pub delta: u64,
+    /// The f32 dQ accumulator, or 0 (null) in the deterministic mode.
+    pub dq_accum: u64,
+    /// Per declared tensor, its gradient buffer's address or 0 (none asked).
+    pub tensor_grads: &'a [u64],
 }
 
 /// The argument values in launch order.
@@ -47,17 +63,24 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
         .map(|arg| {
             let abi_error = || Error::KernelAbi {
                 kernel: kernel.name.clone(),
-                problem: format!("argument `{}` refers to a param or tensor the spec lacks", arg.name),
+                problem: format!("argument `{}` refers to a param, tensor or gradient the launch lacks", arg.name),
             };
+            let grads = || b.grads.as_ref().ok_or_else(abi_error);
             Ok(match arg.kind {
-                ArgKind::Ptr(op) => Value::Ptr(b.ptrs[operand_index(op)]),
+                ArgKind::Ptr(op) => Value::Ptr(match operand_index(op) {
+                    Slot::Forward(i) => b.ptrs[i],
+                    Slot::Grad(i) => grads()?.ptrs[i],
+                }),
                 ArgKind::Lse => Value::Ptr(b.lse),
                 ArgKind::Batch => size(b.shape.batch),
                 ArgKind::Heads => size(b.shape.heads),
                 ArgKind::HeadsKv => size(b.shape.heads_kv),
                 ArgKind::QLen => size(b.shape.q_len),
                 ArgKind::KvLen => size(b.shape.kv_len),
-                ArgKind::Stride(op, axis) => Value::I64(b.strides[operand_index(op)][axis_index(axis)]),
+                ArgKind::Stride(op, axis) => Value::I64(match operand_index(op) {
+                    Slot::Forward(i) => b.strides[i][axis_index(axis)],
+                    Slot::Grad(i) => grads()?.strides[i][axis_index(axis)],
+                }),
                 ArgKind::Scale => Value::F32(b.scale),
                 ArgKind::Param(i) => match b.args.get(i) {
                     Some(ArgInfo::I32(v)) => Value::I32(*v),
@@ -68,6 +91,9 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
                 ArgKind::BlockMask => Value::Ptr(b.block_mask.0),
                 ArgKind::BlockMaskStride(axis) => Value::I64(b.block_mask.1[usize::from(axis == Axis::Head)]),
                 ArgKind::BlockMaskOut => Value::Ptr(b.block_mask_out),
+                ArgKind::Delta => Value::Ptr(grads()?.delta),
+                ArgKind::DqAccum => Value::Ptr(grads()?.dq_accum),
+                ArgKind::TensorGrad(i) => Value::Ptr(*grads()?.tensor_grads.get(i).ok_or_else(abi_error)?),
             })
         })
         .collect()
@@ -101,14 +127,17 @@ pub(crate) unsafe fn launch(
 /// (batch, head) slices a block mask holds. The sizes were checked against
 /// the grid limits, so the narrowing casts are exact.
 pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize) -> Result<LaunchConfig, Error> {
-    if kernel.block_m == 0 || kernel.threads == 0 {
-        let problem = format!("block_m = {}, threads = {}", kernel.block_m, kernel.threads);
+    if kernel.block_m == 0 || kernel.threads == 0 || (kernel.grid == Grid::KeyTiles && kernel.block_n == 0) {
+        let problem = format!("block_m = {}, block_n = {}, threads = {}", kernel.block_m, kernel.block_n, kernel.threads);
         return Err(Error::KernelAbi { kernel: kernel.name.clone(), problem });
     }
     let q_tiles = shape.q_len.div_ceil(kernel.block_m as usize) as u32;
     Ok(LaunchConfig {
         grid_dim: match kernel.grid {
             Grid::QueryTiles => (q_tiles, shape.heads as u32, shape.batch as u32),
+            Grid::KeyTiles => {
+                (shape.kv_len.div_ceil(kernel.block_n as usize) as u32, shape.heads_kv as u32, shape.batch as u32)
+            }
             Grid::MaskTiles => (shape.kv_len.div_ceil(kernel.block_n as usize) as u32, q_tiles, slices as u32),
         },
         block_dim: (kernel.threads, 1, 1),
@@ -116,12 +145,22 @@ pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize) -> Re
     })
 }
 
-fn operand_index(op: Operand) -> usize {
+/// Where an operand's address and strides are bound.
+enum Slot {
+    Forward(usize),
+    Grad(usize),
+}
+
+fn operand_index(op: Operand) -> Slot {
     match op {
-        Operand::Q => 0,
-        Operand::K => 1,
-        Operand::V => 2,
-        Operand::O => 3,
+        Operand::Q => Slot::Forward(0),
+        Operand::K => Slot::Forward(1),
+        Operand::V => Slot::Forward(2),
+        Operand::O => Slot::Forward(3),
+        Operand::DO => Slot::Grad(0),
+        Operand::DQ => Slot::Grad(1),
+        Operand::DK => Slot::Grad(2),
+        Operand::DV => Slot::Grad(3),
     }
 }
 
@@ -165,6 +204,7 @@ mod tests {
             tensors,
             block_mask: (77, [40, 0]),
             block_mask_out: 78,
+            grads: None,
         }
     }
 

@@ -1,9 +1,9 @@
-//! Every shipped spec's forward and block-mask kernels compile with NVRTC for sm_80 and
+//! Every shipped spec's forward, block-mask and backward kernels compile with NVRTC for sm_80 and
 //! sm_90, and compile errors come back readable. Needs libnvrtc but no GPU;
 //! `scripts/test.sh` installs NVRTC from PyPI when it is missing.
 
 use flashgen_codegen::abi::{Grid, Kernel};
-use flashgen_codegen::cuda::{emit_block_mask, emit_forward, TileConfig};
+use flashgen_codegen::cuda::{emit_backward, emit_block_mask, emit_forward, BackwardPass, TileConfig};
 use flashgen_codegen::{parse_str, Spec};
 use flashgen_runtime::{compile_cubin, nvrtc_version, Arch, Error};
 use std::path::Path;
@@ -42,7 +42,9 @@ fn every_shipped_spec_compiles_for_sm80_and_sm90() {
         .iter()
         .flat_map(|spec| {
             let block_mask = emit_block_mask(spec, TileConfig::default_for(spec));
-            [Some(emit_forward(spec)), block_mask].into_iter().flatten()
+            let backward = [BackwardPass::Preprocess, BackwardPass::KeyValue, BackwardPass::Query, BackwardPass::Postprocess]
+                .map(|pass| Some(emit_backward(spec, pass)));
+            [Some(emit_forward(spec)), block_mask].into_iter().chain(backward).flatten()
         })
         .flat_map(|kernel| [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (kernel.clone(), arch)))
         .collect();

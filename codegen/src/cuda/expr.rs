@@ -76,18 +76,30 @@ pub(super) fn c_type(ty: Ty) -> &'static str {
 /// linear offset built in 64 bits (Horner form), 16-bit floats widened.
 fn load(spec: &Spec, slot: usize, indices: &[Expr], hoisted: &dyn Fn(&Expr) -> Option<String>) -> String {
     let tensor = &spec.tensors[slot];
-    let mut offset = String::new();
-    for (index, dim) in indices.iter().zip(&tensor.dims) {
-        let dim = dim_value(spec, *dim);
-        let clipped = format!("clip({}, {dim})", c_expr_in(spec, index, hoisted));
-        offset = if offset.is_empty() { clipped } else { format!("({offset} * {dim} + {clipped})") };
-    }
+    let offset = load_offset(spec, slot, indices, hoisted);
     let element = format!("{}[{offset}]", arg_name(spec, ArgKind::Tensor(slot)));
     match tensor.elem {
         ElemTy::I32 | ElemTy::F32 => element,
         ElemTy::F16 => format!("f16::to_f32({element})"),
         ElemTy::Bf16 => format!("bf16::to_f32({element})"),
     }
+}
+
+/// The element offset a read of tensor `slot` at `indices` hits: each index
+/// clipped into `[0, dim - 1]`, the row-major offset in 64 bits.
+pub(super) fn load_offset(
+    spec: &Spec,
+    slot: usize,
+    indices: &[Expr],
+    hoisted: &dyn Fn(&Expr) -> Option<String>,
+) -> String {
+    let mut offset = String::new();
+    for (index, dim) in indices.iter().zip(&spec.tensors[slot].dims) {
+        let dim = dim_value(spec, *dim);
+        let clipped = format!("clip({}, {dim})", c_expr_in(spec, index, hoisted));
+        offset = if offset.is_empty() { clipped } else { format!("({offset} * {dim} + {clipped})") };
+    }
+    offset
 }
 
 /// A tensor dimension as a C value: a size argument or a constant.

@@ -66,7 +66,7 @@ impl TileConfig {
 }
 
 /// Head dims round up to the MMA k-step (and to pairs of 8-wide n-tiles).
-fn pad16(d: u32) -> u32 {
+pub(super) fn pad16(d: u32) -> u32 {
     d.div_ceil(16) * 16
 }
 

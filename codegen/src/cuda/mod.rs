@@ -14,6 +14,7 @@
 //! - Output is a pure function of the spec: no maps, no hashing, no
 //!   environment, so sources are byte-identical across runs and snapshots.
 
+mod backward;
 mod block_mask;
 mod expr;
 mod forward;
@@ -26,5 +27,6 @@ mod tile_class;
 mod tiles;
 mod writer;
 
+pub use backward::{emit_backward, trainable_tensors, BackwardConfig, BackwardPass};
 pub use block_mask::emit_block_mask;
 pub use forward::{emit_forward, emit_forward_with, TileConfig};

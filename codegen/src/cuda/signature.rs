@@ -39,6 +39,46 @@ pub(super) fn block_mask_args(spec: &Spec) -> Vec<KernelArg> {
     named(spec, kinds)
 }
 
+/// The backward preprocess: O, dO, D; sizes; their strides.
+pub(super) fn backward_pre_args(spec: &Spec) -> Vec<KernelArg> {
+    let mut kinds = vec![ArgKind::Ptr(Operand::O), ArgKind::Ptr(Operand::DO), ArgKind::Delta];
+    kinds.extend([ArgKind::Batch, ArgKind::Heads, ArgKind::QLen]);
+    kinds.extend(strides([Operand::O, Operand::DO]));
+    named(spec, kinds)
+}
+
+/// The backward gradient kernels (dK/dV, and the deterministic dQ): the
+/// operands `ops` then LSE, D and the dQ accumulator; sizes; the operands'
+/// strides; scale; params; tensors; tensor gradients (`tensor_grads`, the
+/// slots that have one); the block mask.
+pub(super) fn backward_args<const N: usize>(spec: &Spec, ops: [Operand; N], tensor_grads: &[usize]) -> Vec<KernelArg> {
+    let mut kinds: Vec<ArgKind> = ops.map(ArgKind::Ptr).to_vec();
+    kinds.extend([ArgKind::Lse, ArgKind::Delta, ArgKind::DqAccum]);
+    kinds.extend([ArgKind::Batch, ArgKind::Heads, ArgKind::HeadsKv, ArgKind::QLen, ArgKind::KvLen]);
+    kinds.extend(strides(ops));
+    kinds.push(ArgKind::Scale);
+    kinds.extend((0..spec.params.len()).map(ArgKind::Param));
+    kinds.extend((0..spec.tensors.len()).map(ArgKind::Tensor));
+    kinds.extend(tensor_grads.iter().map(|&i| ArgKind::TensorGrad(i)));
+    if spec.mask.is_some() {
+        kinds.extend([ArgKind::BlockMask, BLOCK_MASK_BATCH_STRIDE, BLOCK_MASK_HEAD_STRIDE]);
+    }
+    named(spec, kinds)
+}
+
+/// The backward postprocess: the dQ accumulator, dQ; sizes; dQ's strides; scale.
+pub(super) fn backward_post_args(spec: &Spec) -> Vec<KernelArg> {
+    let mut kinds = vec![ArgKind::DqAccum, ArgKind::Ptr(Operand::DQ), ArgKind::Batch, ArgKind::Heads, ArgKind::QLen];
+    kinds.extend(strides([Operand::DQ]));
+    kinds.push(ArgKind::Scale);
+    named(spec, kinds)
+}
+
+/// Batch, seq and head strides of each operand.
+fn strides<const N: usize>(ops: [Operand; N]) -> impl Iterator<Item = ArgKind> {
+    ops.into_iter().flat_map(|op| [Axis::Batch, Axis::Seq, Axis::Head].map(|axis| ArgKind::Stride(op, axis)))
+}
+
 fn named(spec: &Spec, kinds: Vec<ArgKind>) -> Vec<KernelArg> {
     kinds.into_iter().map(|kind| KernelArg { name: arg_name(spec, kind), kind }).collect()
 }
@@ -68,15 +108,18 @@ pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
         BLOCK_MASK_BATCH_STRIDE => "block_mask_batch_stride".into(),
         ArgKind::BlockMaskStride(_) => "block_mask_head_stride".into(),
         ArgKind::BlockMaskOut => "block_mask_out".into(),
+        ArgKind::Delta => "delta".into(),
+        ArgKind::DqAccum => "dq_accum".into(),
+        ArgKind::TensorGrad(i) => format!("dt_{}", spec.tensors[i].name),
     }
 }
 
 /// The C type of an argument. Q/K/V/O hold raw 16-bit patterns.
 pub(super) fn arg_type(spec: &Spec, kind: ArgKind) -> String {
     match kind {
-        ArgKind::Ptr(Operand::O) => "unsigned short* __restrict__".into(),
+        ArgKind::Ptr(Operand::O | Operand::DQ | Operand::DK | Operand::DV) => "unsigned short* __restrict__".into(),
         ArgKind::Ptr(_) => "const unsigned short* __restrict__".into(),
-        ArgKind::Lse => "float* __restrict__".into(),
+        ArgKind::Lse | ArgKind::Delta | ArgKind::DqAccum | ArgKind::TensorGrad(_) => "float* __restrict__".into(),
         ArgKind::Batch | ArgKind::Heads | ArgKind::HeadsKv | ArgKind::QLen | ArgKind::KvLen => "int".into(),
         ArgKind::Stride(..) | ArgKind::BlockMaskStride(_) => "long long".into(),
         ArgKind::BlockMask => "const unsigned char* __restrict__".into(),
@@ -93,6 +136,10 @@ fn operand(op: Operand) -> &'static str {
         Operand::K => "k",
         Operand::V => "v",
         Operand::O => "o",
+        Operand::DO => "dout",
+        Operand::DQ => "dq",
+        Operand::DK => "dk",
+        Operand::DV => "dv",
     }
 }
 

@@ -1,0 +1,392 @@
+//! What the backward kernels share: the source frame, the spec as lambdas
+//! (logit, ∂score′/∂score, tensor-gradient terms), hoisted spec terms in
+//! either tile orientation, the walk over the tiles block sparsity keeps,
+//! and the per-element gradient step.
+
+use super::super::expr::{c_expr, c_expr_in, c_type, load_offset};
+use super::super::forward::pad16;
+use super::super::hoist::{Hoisted, Level};
+use super::super::prelude::PRELUDE;
+use super::super::ranges::RANGES;
+use super::super::signature::arg_name;
+use super::super::source::{write_entry, write_header};
+use super::super::tile_class::tile_class_expr;
+use super::super::tiles::TILES;
+use super::super::writer::Writer;
+use super::super::TileConfig;
+use crate::abi::{ArgKind, KernelArg};
+use crate::grad::{d_load, d_score, load_indices};
+use crate::spec::{Builtin, Dtype, Expr, Spec};
+use std::fmt::{self, Write};
+
+/// Device helpers every backward kernel may use.
+const BACKWARD_ROWS: &str = r#"// ---- backward helpers -----------------------------------------------------------
+// Sum across the 32 lanes of a warp.
+__device__ __forceinline__ float warp_sum(float x) {
+    #pragma unroll
+    for (int m = 16; m > 0; m /= 2) x += __shfl_xor_sync(0xffffffffu, x, m);
+    return x;
+}
+"#;
+
+/// Device helpers of the tiled backward kernels.
+const BACKWARD_TILES: &str = r#"// The class of queries [q_lo, q_hi] x keys [k_lo, k_hi] in a block mask built
+// at the forward's FWD_M x FWD_N tiles (`slice`: one (batch, head) slice with
+// kv_tiles tiles per row): the forward tiles covering it, combined. 0 if every
+// one keeps no pair, 2 if every one keeps all, else 1.
+template <int FWD_M, int FWD_N>
+__device__ __forceinline__ int coarse_class(const unsigned char* slice, int kv_tiles, int q_lo, int q_hi, int k_lo,
+                                            int k_hi) {
+    bool any = false, all = true;
+    for (int i = q_lo / FWD_M; i <= q_hi / FWD_M; ++i) {
+        for (int j = k_lo / FWD_N; j <= k_hi / FWD_N; ++j) {
+            const unsigned char c = slice[(long long)i * kv_tiles + j];
+            any |= c != 0;
+            all &= c == 2;
+        }
+    }
+    return !any ? 0 : all ? 2 : 1;
+}
+// Byte offset of a lane's ldmatrix row (see LdmLane) for a (row_step, step)
+// known only at run time: the swizzle computed in full.
+template <int COLS>
+__device__ __forceinline__ unsigned ldm_at(const LdmLane<COLS>& lane, int row_step, int step) {
+    return 2 * swizzle<COLS>(lane.row + row_step, 16 * step + 8 * lane.half);
+}
+"#;
+
+/// Which prelude sections a kernel needs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Sections {
+    /// Scalars and `warp_sum` (the row kernels).
+    Rows,
+    /// Everything: tile classes, tensor-core tiles, backward helpers.
+    Tiles,
+}
+
+/// Header, prelude sections, the configuration `config` writes, and the
+/// entry point around `body`.
+pub(super) fn write_source(
+    spec: &Spec,
+    sections: Sections,
+    name: &str,
+    args: &[KernelArg],
+    config: impl FnOnce(&mut Writer<String>) -> fmt::Result,
+    body: impl FnOnce(&mut Writer<String>) -> fmt::Result,
+) -> String {
+    let mut w = Writer::new(String::new());
+    let emit = || -> fmt::Result {
+        write_header(&mut w, spec)?;
+        w.write_str(PRELUDE)?;
+        writeln!(w)?;
+        if sections == Sections::Tiles {
+            w.write_str(RANGES)?;
+            writeln!(w)?;
+            w.write_str(TILES)?;
+            writeln!(w)?;
+        }
+        w.write_str(BACKWARD_ROWS)?;
+        if sections == Sections::Tiles {
+            w.write_str(BACKWARD_TILES)?;
+        }
+        writeln!(w)?;
+        writeln!(w, "// ---- kernel configuration ---------------------------------------------------")?;
+        write_dims(&mut w, spec)?;
+        config(&mut w)?;
+        writeln!(w)?;
+        write_entry(&mut w, spec, name, args, body)
+    };
+    emit().expect("formatting into a String cannot fail");
+    w.into_inner()
+}
+
+fn write_dims(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    let storage = match spec.dtype {
+        Dtype::F16 => "f16",
+        Dtype::Bf16 => "bf16",
+    };
+    let (d, dv) = (spec.head_dims.qk, spec.head_dims.v);
+    writeln!(w, "using storage = {storage};  // element format of Q, K, V, O and their gradients")?;
+    writeln!(w, "constexpr int D = {d};  // Q/K head dim")?;
+    writeln!(w, "constexpr int DV = {dv};  // V/O head dim")?;
+    writeln!(w, "constexpr int DP = {};  // D padded to the MMA k-step (zeros beyond D)", pad16(d))?;
+    writeln!(w, "constexpr int DVP = {};  // DV padded to pairs of 8-wide MMA tiles", pad16(dv))
+}
+
+/// The forward's tile sizes, at which a block mask is built.
+pub(super) fn write_forward_tiles(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    let fwd = TileConfig::default_for(spec);
+    writeln!(w, "// The forward's tiles: a block mask holds one class per FWD_M x FWD_N tile.")?;
+    writeln!(w, "constexpr int FWD_M = {};", fwd.block_m())?;
+    writeln!(w, "constexpr int FWD_N = {};", fwd.block_n)
+}
+
+/// Which built-in the rows of a warp's accumulator tiles run over. Lane
+/// slot `i` (0, 1: rows g and g + 8) indexes row-level terms, `(n, c)`
+/// (8-wide tile n, column 2t + c) column-level ones.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Rows {
+    /// Sᵀ: keys are rows, queries columns (the dK/dV kernel).
+    Keys,
+    /// S: queries are rows, keys columns (the dQ kernel, like the forward).
+    Queries,
+}
+
+impl Rows {
+    /// The hoisting level of terms that vary per row.
+    fn row_level(self) -> Level {
+        match self {
+            Rows::Keys => Level::Column,
+            Rows::Queries => Level::Row,
+        }
+    }
+
+    fn vars(self) -> (&'static str, &'static str) {
+        match self {
+            Rows::Keys => ("k", "q"),
+            Rows::Queries => ("q", "k"),
+        }
+    }
+}
+
+/// The spec's expressions the backward evaluates: mask, score, ∂score′/∂score
+/// and, per trainable tensor, ∂score′/∂t and the read's indices.
+pub(super) struct SpecTerms {
+    pub d_score: Option<Expr>,
+    /// (slot, ∂score′/∂t, indices of the read).
+    pub grads: Vec<(usize, Expr, Vec<Expr>)>,
+}
+
+impl SpecTerms {
+    /// `with_grads`: also the tensor-gradient terms.
+    pub fn new(spec: &Spec, with_grads: bool) -> SpecTerms {
+        let grads = if with_grads {
+            super::trainable_tensors(spec)
+                .into_iter()
+                .filter_map(|i| Some((i, d_load(spec, i)?, load_indices(spec, i)?)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        SpecTerms { d_score: d_score(spec), grads }
+    }
+
+    /// Every expression hoisting may draw from.
+    pub fn exprs<'a>(&'a self, spec: &'a Spec) -> Vec<&'a Expr> {
+        let mut all: Vec<&Expr> = spec.mask.iter().chain(spec.score.iter()).chain(self.d_score.iter()).collect();
+        for (_, d, indices) in &self.grads {
+            all.push(d);
+            all.extend(indices);
+        }
+        all
+    }
+}
+
+/// `e`'s hoisted value in the element loop of orientation `rows`.
+fn lookup(hoisted: &[Hoisted], rows: Rows, e: &Expr) -> Option<String> {
+    let h = hoisted.iter().find(|h| std::ptr::eq(h.expr, e))?;
+    Some(match h.level {
+        Level::Cta => h.name.clone(),
+        level if level == rows.row_level() => format!("{}[i]", h.name),
+        _ => format!("{}[n][c]", h.name),
+    })
+}
+
+/// Hoisted terms that vary per (batch, head) at most, and per row of the
+/// warp's tiles (rows from `first_row`), computed once here; the arrays of
+/// the per-column ones, which [`write_column_terms`] fills per tile.
+pub(super) fn write_row_terms(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    hoisted: &[Hoisted],
+    rows: Rows,
+    first_row: &str,
+) -> fmt::Result {
+    if hoisted.is_empty() {
+        return Ok(());
+    }
+    writeln!(w, "// Spec terms that vary per head or per row of this warp, computed once here.")?;
+    let (row_var, _) = rows.vars();
+    for h in hoisted {
+        let (ty, value) = (c_type(h.expr.ty), c_expr(spec, h.expr));
+        if h.level == Level::Cta {
+            writeln!(w, "const {ty} {} = {value};", h.name)?;
+        } else if h.level == rows.row_level() {
+            writeln!(w, "{ty} {}[2];", h.name)?;
+            writeln!(w, "#pragma unroll")?;
+            w.block(format_args!("for (int i = 0; i < 2; ++i)"), |w| {
+                writeln!(w, "const int {row_var} = {first_row} + g + 8 * i;")?;
+                writeln!(w, "{}[i] = {value};", h.name)
+            })?;
+        } else {
+            writeln!(w, "{ty} {}[S_TILES][2];  // filled per tile", h.name)?;
+        }
+    }
+    Ok(())
+}
+
+/// Fills the hoisted terms that vary per column, for the tile whose first
+/// column is `first_col`.
+pub(super) fn write_column_terms(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    hoisted: &[Hoisted],
+    rows: Rows,
+    first_col: &str,
+) -> fmt::Result {
+    let (_, col_var) = rows.vars();
+    for h in hoisted.iter().filter(|h| h.level != Level::Cta && h.level != rows.row_level()) {
+        writeln!(w, "#pragma unroll")?;
+        w.block(format_args!("for (int n = 0; n < S_TILES; ++n)"), |w| {
+            writeln!(w, "#pragma unroll")?;
+            w.block(format_args!("for (int c = 0; c < 2; ++c)"), |w| {
+                writeln!(w, "const int {col_var} = {first_col} + n * 8 + 2 * t + c;")?;
+                writeln!(w, "{}[n][c] = {};", h.name, c_expr(spec, h.expr))
+            })
+        })?;
+    }
+    Ok(())
+}
+
+/// The spec as lambdas of one element (dot product at (q, k), row slot i,
+/// column slot (n, c)): `logit`, the forward's log2-domain logit or −∞;
+/// `d_score`, ∂score′/∂score at the scaled score; per trainable tensor `t`,
+/// `d_t` (∂score′/∂t) and `at_t` (the element offset its read hits).
+pub(super) fn write_spec_lambdas(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    terms: &SpecTerms,
+    hoisted: &[Hoisted],
+    rows: Rows,
+) -> fmt::Result {
+    let c = |e: &Expr| c_expr_in(spec, e, &|x| lookup(hoisted, rows, x));
+    let (scale, kv_len) = (arg_name(spec, ArgKind::Scale), arg_name(spec, ArgKind::KvLen));
+    let mask = spec.mask.as_ref().map(|e| format!(" && (full || {})", c(e))).unwrap_or_default();
+    let slots = "int q, int k, int i, int n, int c";
+    writeln!(w, "// The spec on one element, as the forward evaluates it: the log2-domain logit,")?;
+    writeln!(w, "// or -inf where the mask drops the pair or k is past the end.")?;
+    match &spec.score {
+        None => {
+            writeln!(w, "const float scale_log2 = {scale} * LOG2E;")?;
+            writeln!(w, "auto logit = [&](float dot, {slots}, bool full) -> float {{")?;
+            w.indented(|w| {
+                writeln!(w, "const bool keep = k < {kv_len}{mask};")?;
+                writeln!(w, "return keep ? dot * scale_log2 : neg_inf();")
+            })?;
+        }
+        Some(e) => {
+            writeln!(w, "auto logit = [&](float dot, {slots}, bool full) -> float {{")?;
+            w.indented(|w| {
+                writeln!(w, "const float score = dot * {scale};")?;
+                writeln!(w, "const bool keep = k < {kv_len}{mask};")?;
+                writeln!(w, "return keep ? {} * LOG2E : neg_inf();", c(e))
+            })?;
+        }
+    }
+    w.write_str("};\n")?;
+    if let Some(d) = &terms.d_score {
+        writeln!(w, "// d score' / d score at the scaled score (symbolic, from the spec).")?;
+        writeln!(w, "auto d_score = [&](float score, {slots}) -> float {{ return {}; }};", c(d))?;
+    }
+    for (slot, d, indices) in &terms.grads {
+        let t = &spec.tensors[*slot].name;
+        writeln!(w, "// Tensor `{t}`: d score' / d {t}[at_{t}(..)] at the scaled score.")?;
+        writeln!(w, "auto d_{t} = [&](float score, {slots}) -> float {{ return {}; }};", c(d))?;
+        let offset = load_offset(spec, *slot, indices, &|x| lookup(hoisted, rows, x));
+        writeln!(w, "auto at_{t} = [&]({slots}) -> long long {{ return {offset}; }};")?;
+    }
+    Ok(())
+}
+
+/// Whether tensor gradient `indices` hit one element per (batch, head):
+/// then a thread sums its terms in a register and a warp adds them once.
+pub(super) fn per_head(indices: &[Expr]) -> bool {
+    !indices.iter().any(|e| e.uses(Builtin::Q) || e.uses(Builtin::K))
+}
+
+/// The walk over the tiles of one axis that block sparsity keeps:
+/// `next_tile(j)` is the first tile from `j` on that keeps a pair and
+/// `tile_full(j)` says the mask keeps every pair of tile `j`, by interval
+/// analysis over the fixed range of the other axis (locals `q_lo`/`q_hi` or
+/// `k_lo`/`k_hi`, which the caller defines) and, given one, a block mask.
+pub(super) struct Walk<'a> {
+    /// `q` or `k`: the axis whose tiles are walked.
+    pub axis: &'a str,
+    /// Tile count, tile size and sequence length of that axis, as C.
+    pub tiles: &'a str,
+    pub size: &'a str,
+    pub len: &'a str,
+}
+
+pub(super) fn write_tile_walk(w: &mut Writer<String>, spec: &Spec, walk: &Walk) -> fmt::Result {
+    let Some(class) = tile_class_expr(spec) else {
+        writeln!(w, "// No mask: every tile is visited and kept whole.")?;
+        writeln!(w, "auto next_tile = [](int j) {{ return j; }};")?;
+        return writeln!(w, "auto tile_full = [](int) {{ return true; }};");
+    };
+    let Walk { axis, tiles, size, len } = walk;
+    let kv_len = arg_name(spec, ArgKind::KvLen);
+    let (q_range, k_range) = if *axis == "q" {
+        ("j * {size}, min_i32((j + 1) * {size}, {len}) - 1", "k_lo, k_hi")
+    } else {
+        ("q_lo, q_hi", "j * {size}, min_i32((j + 1) * {size}, {len}) - 1")
+    };
+    let tile_range = |r: &str| r.replace("{size}", size).replace("{len}", len);
+    write!(
+        w,
+        "\
+        // Tile classes: the mask over tiles [j0, j1) of {axis} x the fixed range of the\n\
+        // other axis, in interval arithmetic (lo = 1: keeps every pair; hi = 0: none).\n\
+        auto span_class = [&](int j0, int j1) -> Range {{\n\
+        \x20   const int {axis}_lo = j0 * {size};\n\
+        \x20   const int {axis}_hi = (int)(j1 * (long long){size} < {len} ? j1 * (long long){size} : {len}) - 1;\n\
+        \x20   return {class};\n\
+        }};\n\
+        // A block mask (built for data-dependent masks at the forward's tiles)\n\
+        // refines them: 0 = no pair kept, 2 = every pair kept.\n\
+        const unsigned char* mask_slice = block_mask == nullptr ? nullptr\n\
+        \x20   : block_mask + b * block_mask_batch_stride + h * block_mask_head_stride;\n\
+        const int fwd_kv_tiles = ({kv_len} + FWD_N - 1) / FWD_N;\n\
+        auto mask_class = [&](int j) {{\n\
+        \x20   return mask_slice == nullptr ? 1 : coarse_class<FWD_M, FWD_N>(mask_slice, fwd_kv_tiles, {}, {});\n\
+        }};\n\
+        // The next tile from j on that keeps a pair; spans the analysis rules out\n\
+        // are skipped whole (the rest, then 16 tiles at a time).\n\
+        auto next_tile = [&](int j) {{\n\
+        \x20   if (j < {tiles} && span_class(j, {tiles}).hi == 0) return {tiles};\n\
+        \x20   while (j < {tiles}) {{\n\
+        \x20       const int j16 = min_i32(j + 16, {tiles});\n\
+        \x20       if (span_class(j, j16).hi == 0) {{\n\
+        \x20           j = j16;\n\
+        \x20       }} else if (span_class(j, j + 1).hi == 0 || mask_class(j) == 0) {{\n\
+        \x20           ++j;\n\
+        \x20       }} else {{\n\
+        \x20           return j;\n\
+        \x20       }}\n\
+        \x20   }}\n\
+        \x20   return j;\n\
+        }};\n\
+        auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || mask_class(j) == 2; }};\n",
+        tile_range(q_range),
+        tile_range(k_range),
+    )
+}
+
+/// The gradient step on accumulator element `e = 2 * r + c` of tile `n`,
+/// with `s` holding the dot products and `dp` dP, in the locals `q`, `k`,
+/// `i`, `n`, `c`, `full`, `lse2` and `delta_q` the caller binds: leaves P in
+/// `s` and dS in `dp`, and returns dS′ in `ds_mod` (0 where P = 0).
+pub(super) fn write_gradient_step(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Result {
+    writeln!(w, "const float dot = s[n][e];")?;
+    writeln!(w, "const float p = fast_exp2(logit(dot, q, k, i, n, c, full) - lse2);")?;
+    writeln!(w, "const float ds_mod = p * (dp[n][e] - delta_q);  // dS' = P (dP - D)")?;
+    writeln!(w, "s[n][e] = p;")?;
+    match &terms.d_score {
+        None => writeln!(w, "dp[n][e] = ds_mod;"),
+        Some(_) => {
+            let scale = arg_name(spec, ArgKind::Scale);
+            writeln!(w, "// dS = dS' d score'/d score, evaluated only where P > 0.")?;
+            writeln!(w, "dp[n][e] = p == 0.0f ? 0.0f : ds_mod * d_score(dot * {scale}, q, k, i, n, c);")
+        }
+    }
+}

@@ -1,0 +1,370 @@
+//! The dK/dV kernel (and dQ by atomics): one CTA per (kv tile, K/V head,
+//! batch), keys as the rows of every warp's tiles. See the module note.
+
+use super::common::{
+    per_head, write_column_terms, write_forward_tiles, write_gradient_step, write_row_terms, write_source,
+    write_spec_lambdas, write_tile_walk, Rows, Sections, SpecTerms, Walk,
+};
+use super::BackwardConfig;
+use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
+use crate::cuda::forward::pad16;
+use crate::cuda::hoist::hoist;
+use crate::cuda::signature::arg_name;
+use crate::cuda::signature::backward_args;
+use crate::cuda::source::kernel_name;
+use crate::cuda::writer::Writer;
+use crate::spec::Spec;
+use std::fmt::{self, Write};
+
+const OPERANDS: [Operand; 6] = [Operand::Q, Operand::K, Operand::V, Operand::DO, Operand::DK, Operand::DV];
+
+pub(super) fn emit(spec: &Spec, config: BackwardConfig) -> Kernel {
+    let name = kernel_name("bwd", spec);
+    let terms = SpecTerms::new(spec, true);
+    let slots: Vec<usize> = terms.grads.iter().map(|(slot, ..)| *slot).collect();
+    let args = backward_args(spec, OPERANDS, &slots);
+    let source = write_source(
+        spec,
+        Sections::Tiles,
+        &name,
+        &args,
+        |w| write_config(w, spec, config),
+        |w| write_body(w, spec, &terms),
+    );
+    Kernel {
+        name,
+        source,
+        grid: Grid::KeyTiles,
+        block_m: config.block_m,
+        block_n: config.block_n(),
+        threads: 32 * config.warps,
+        dynamic_smem: smem_bytes(spec, config),
+        args,
+    }
+}
+
+/// K and V of the CTA's keys, Q and dO of one query step, dSᵀ (16-bit), and
+/// two f32 statistics per query.
+fn smem_bytes(spec: &Spec, config: BackwardConfig) -> u32 {
+    let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
+    let (m, n) = (config.block_m, config.block_n());
+    2 * (n * (dp + dvp) + m * (dp + dvp) + n * m) + 4 * 2 * m
+}
+
+fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> fmt::Result {
+    let BackwardConfig { warps, block_m, .. } = config;
+    write!(
+        w,
+        "\
+        constexpr int WARPS = {warps};\n\
+        constexpr int THREADS = 32 * WARPS;\n\
+        constexpr int BLOCK_N = 16 * WARPS;  // keys per CTA, 16 per warp: grid.x = ceil(kv_len / BLOCK_N)\n\
+        constexpr int BLOCK_M = {block_m};  // queries per step of the loop\n\
+        constexpr int S_TILES = BLOCK_M / 8;  // m16n8 tiles of a warp's S^T and dP^T (16 keys x BLOCK_M queries)\n\
+        constexpr int DK_TILES = DP / 8;  // m16n8 tiles of a warp's dK (16 keys x DP)\n\
+        constexpr int DV_TILES = DVP / 8;  // m16n8 tiles of a warp's dV (16 keys x DVP)\n"
+    )?;
+    write_forward_tiles(w, spec)?;
+    write!(
+        w,
+        "\
+        // Shared memory: this CTA's K and V tiles, then per step the Q and dO tiles,\n\
+        // dS^T (for dQ) and two statistics per query.\n\
+        constexpr int K_TILE = BLOCK_N * DP;\n\
+        constexpr int V_TILE = BLOCK_N * DVP;\n\
+        constexpr int Q_TILE = BLOCK_M * DP;\n\
+        constexpr int DO_TILE = BLOCK_M * DVP;\n\
+        constexpr int DS_TILE = BLOCK_N * BLOCK_M;\n"
+    )
+}
+
+fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Result {
+    let n = |kind| arg_name(spec, kind);
+    let [q_len, kv_len, heads, heads_kv, lse, scale] =
+        [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv, ArgKind::Lse, ArgKind::Scale].map(n);
+    let seq = |op| n(ArgKind::Stride(op, Axis::Seq));
+    let [q_stride, k_stride, v_stride, do_stride, dk_stride, dv_stride] = OPERANDS.map(seq);
+    write!(
+        w,
+        "\
+        extern __shared__ __align__(128) unsigned short smem[];\n\
+        unsigned short* k_tile = smem;  // [BLOCK_N][DP], for every step\n\
+        unsigned short* v_tile = k_tile + K_TILE;  // [BLOCK_N][DVP]\n\
+        unsigned short* q_tile = v_tile + V_TILE;  // [BLOCK_M][DP], this step's queries\n\
+        unsigned short* dout_tile = q_tile + Q_TILE;  // [BLOCK_M][DVP]\n\
+        unsigned short* ds_tile = dout_tile + DO_TILE;  // [BLOCK_N][BLOCK_M]: dS^T, for dQ\n\
+        float* lse_col = (float*)(ds_tile + DS_TILE);  // [BLOCK_M]: LSE in log2 units, +inf for no gradient\n\
+        float* delta_col = lse_col + BLOCK_M;  // [BLOCK_M]: D = rowsum(dO * O)\n\
+        \n\
+        // The spec's built-in b (h, q and k are bound in the loops below).\n\
+        const int b = blockIdx.z;\n\
+        const int kv_head = blockIdx.y;\n\
+        const int k0 = blockIdx.x * BLOCK_N;\n\
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
+        const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n\
+        const int group = {heads} / {heads_kv};  // query heads sharing this K/V head\n\
+        const int q_tiles = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
+        const int k_lo = k0, k_hi = min_i32(k0 + BLOCK_N, {kv_len}) - 1;  // this CTA's keys\n\
+        \n"
+    )?;
+    for (op, rows, head) in [
+        (Operand::K, "k_rows", "kv_head"),
+        (Operand::V, "v_rows", "kv_head"),
+        (Operand::DK, "dk_rows", "kv_head"),
+        (Operand::DV, "dv_rows", "kv_head"),
+    ] {
+        write_rows(w, spec, op, rows, head)?;
+    }
+    write!(
+        w,
+        "\
+        const bool kv_vector = aligned16(k_rows, {k_stride}) && aligned16(v_rows, {v_stride});\n\
+        // K and V of this CTA's keys stay in shared memory for the whole kernel.\n\
+        load_tile<BLOCK_N, DP, D, THREADS>(k_tile, k_rows + (long long)k0 * {k_stride}, {k_stride}, {kv_len} - k0, kv_vector);\n\
+        load_tile<BLOCK_N, DVP, DV, THREADS>(v_tile, v_rows + (long long)k0 * {v_stride}, {v_stride}, {kv_len} - k0, kv_vector);\n\
+        cp_async_commit();\n\
+        \n\
+        // ldmatrix rows of this lane (see LdmLane). *_a: the A-operand pattern\n\
+        // (rows 0-15 of a 16-column step), which also reads B operands through\n\
+        // .trans; *_b: the B-operand pattern (two 8-row n-tiles), which also\n\
+        // reads A operands through .trans.\n\
+        const LdmLane<DP> d_a(lane % 8 + (lane / 8 % 2) * 8, lane / 16), d_b(lane % 8 + lane / 16 * 8, lane / 8 % 2);\n\
+        const LdmLane<DVP> dv_a(lane % 8 + (lane / 8 % 2) * 8, lane / 16), dv_b(lane % 8 + lane / 16 * 8, lane / 8 % 2);\n\
+        const LdmLane<BLOCK_M> ds_b(lane % 8 + lane / 16 * 8, lane / 8 % 2);\n\
+        const unsigned k_smem = smem_addr(k_tile), v_smem = smem_addr(v_tile);\n\
+        const unsigned q_smem = smem_addr(q_tile), dout_smem = smem_addr(dout_tile), ds_smem = smem_addr(ds_tile);\n\
+        \n\
+        // This warp's 16 keys of dK and dV (f32), summed over every query of every\n\
+        // head of the group: no atomics.\n\
+        float dk_acc[DK_TILES][4] = {{}};\n\
+        float dv_acc[DV_TILES][4] = {{}};\n\
+        \n"
+    )?;
+    let exprs = terms.exprs(spec);
+    let hoisted = hoist(&exprs);
+    w.block(format_args!("for (int h = kv_head * group; h < (kv_head + 1) * group; ++h)"), |w| {
+        write_rows(w, spec, Operand::Q, "q_rows", "h")?;
+        write_rows(w, spec, Operand::DO, "dout_rows", "h")?;
+        write!(
+            w,
+            "\
+            const bool q_vector = aligned16(q_rows, {q_stride}) && aligned16(dout_rows, {do_stride});\n\
+            const float* lse_row = {lse} + ((long long)b * {heads} + h) * {q_len};\n\
+            const float* delta_row = delta + ((long long)b * {heads} + h) * {q_len};\n"
+        )?;
+        write_row_terms(w, spec, &hoisted, Rows::Keys, "k0 + warp * 16")?;
+        write_spec_lambdas(w, spec, terms, &hoisted, Rows::Keys)?;
+        for (slot, _, indices) in &terms.grads {
+            if per_head(indices) {
+                let t = &spec.tensors[*slot].name;
+                writeln!(w, "float acc_{t} = 0.0f;  // this lane's share of d{t} at this head's element")?;
+            }
+        }
+        write_tile_walk(w, spec, &Walk { axis: "q", tiles: "q_tiles", size: "BLOCK_M", len: &q_len })?;
+        writeln!(w)?;
+        w.block(format_args!("for (int j = next_tile(0); j < q_tiles; j = next_tile(j + 1))"), |w| {
+            write_step(w, spec, terms, &hoisted)
+        })?;
+        for (slot, _, indices) in &terms.grads {
+            if per_head(indices) {
+                let t = &spec.tensors[*slot].name;
+                let dt = n(ArgKind::TensorGrad(*slot));
+                writeln!(w, "// One atomic per warp and head for d{t}.")?;
+                writeln!(w, "const float sum_{t} = warp_sum(acc_{t});")?;
+                writeln!(w, "if ({dt} != nullptr && lane == 0) atomicAdd(&{dt}[at_{t}(0, 0, 0, 0, 0)], sum_{t});")?;
+            }
+        }
+        Ok(())
+    })?;
+    write!(
+        w,
+        "\
+        cp_async_wait_all();  // nothing may stay in flight past the kernel (no step visited)\n\
+        \n\
+        // Epilogue: dK = scale * sum dS^T Q and dV = sum P^T dO, for the keys and\n\
+        // columns that exist.\n\
+        #pragma unroll\n\
+        for (int i = 0; i < 2; ++i) {{\n\
+        \x20   const int k = k0 + warp * 16 + g + 8 * i;\n\
+        \x20   if (k >= {kv_len}) continue;\n\
+        \x20   unsigned short* dk_out = dk_rows + (long long)k * {dk_stride};\n\
+        \x20   unsigned short* dv_out = dv_rows + (long long)k * {dv_stride};\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int n = 0; n < DK_TILES; ++n) {{\n\
+        \x20       #pragma unroll\n\
+        \x20       for (int c = 0; c < 2; ++c) {{\n\
+        \x20           const int col = n * 8 + 2 * t + c;\n\
+        \x20           if (col < D) dk_out[col] = storage::from_f32(dk_acc[n][2 * i + c] * {scale});\n\
+        \x20       }}\n\
+        \x20   }}\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int n = 0; n < DV_TILES; ++n) {{\n\
+        \x20       #pragma unroll\n\
+        \x20       for (int c = 0; c < 2; ++c) {{\n\
+        \x20           const int col = n * 8 + 2 * t + c;\n\
+        \x20           if (col < DV) dv_out[col] = storage::from_f32(dv_acc[n][2 * i + c]);\n\
+        \x20       }}\n\
+        \x20   }}\n\
+        }}\n"
+    )
+}
+
+/// `auto* rows = ptr + b * batch_stride + head * head_stride;`
+pub(super) fn write_rows(w: &mut Writer<String>, spec: &Spec, op: Operand, rows: &str, head: &str) -> fmt::Result {
+    let ptr = arg_name(spec, ArgKind::Ptr(op));
+    let batch_stride = arg_name(spec, ArgKind::Stride(op, Axis::Batch));
+    let head_stride = arg_name(spec, ArgKind::Stride(op, Axis::Head));
+    writeln!(w, "auto* {rows} = {ptr} + b * {batch_stride} + {head} * {head_stride};")
+}
+
+/// One step: the query tile j of head h against this CTA's keys.
+fn write_step(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoisted: &[crate::cuda::hoist::Hoisted]) -> fmt::Result {
+    let n = |kind| arg_name(spec, kind);
+    let [q_len, heads, scale] = [ArgKind::QLen, ArgKind::Heads, ArgKind::Scale].map(n);
+    let seq = |op| n(ArgKind::Stride(op, Axis::Seq));
+    let (q_stride, do_stride) = (seq(Operand::Q), seq(Operand::DO));
+    write!(
+        w,
+        "\
+        const int q0 = j * BLOCK_M;\n\
+        const bool full = tile_full(j);  // the mask keeps every pair: skip evaluating it\n\
+        __syncthreads();  // every warp is done with the previous step's tiles\n\
+        load_tile<BLOCK_M, DP, D, THREADS>(q_tile, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, q_vector);\n\
+        load_tile<BLOCK_M, DVP, DV, THREADS>(dout_tile, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, q_vector);\n\
+        cp_async_commit();\n\
+        for (int r = threadIdx.x; r < BLOCK_M; r += THREADS) {{\n\
+        \x20   const int q = q0 + r;\n\
+        \x20   const float l = q < {q_len} ? lse_row[q] : neg_inf();\n\
+        \x20   // A fully masked row (LSE = -inf) or one past q_len gets +inf: P = 0.\n\
+        \x20   lse_col[r] = l == neg_inf() ? -neg_inf() : l * LOG2E;\n\
+        \x20   delta_col[r] = q < {q_len} ? delta_row[q] : 0.0f;\n\
+        }}\n\
+        cp_async_wait_all();\n\
+        __syncthreads();  // Q, dO and the statistics are visible\n"
+    )?;
+    write_column_terms(w, spec, hoisted, Rows::Keys, "q0")?;
+    write!(
+        w,
+        "\
+        \n\
+        // S^T = K Q^T and dP^T = V dO^T on this warp's 16 keys x BLOCK_M queries.\n\
+        float s[S_TILES][4] = {{}};\n\
+        float dp[S_TILES][4] = {{}};\n\
+        #pragma unroll\n\
+        for (int kk = 0; kk < DP / 16; ++kk) {{\n\
+        \x20   unsigned a[4];\n\
+        \x20   ldmatrix_x4(a, k_smem + d_a.at(warp * 16, kk));\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int n = 0; n < S_TILES; n += 2) {{\n\
+        \x20       unsigned qb[4];\n\
+        \x20       ldmatrix_x4(qb, q_smem + d_b.at(n * 8, kk));\n\
+        \x20       mma_16816(storage{{}}, s[n], a, qb[0], qb[1]);\n\
+        \x20       mma_16816(storage{{}}, s[n + 1], a, qb[2], qb[3]);\n\
+        \x20   }}\n\
+        }}\n\
+        #pragma unroll\n\
+        for (int kk = 0; kk < DVP / 16; ++kk) {{\n\
+        \x20   unsigned a[4];\n\
+        \x20   ldmatrix_x4(a, v_smem + dv_a.at(warp * 16, kk));\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int n = 0; n < S_TILES; n += 2) {{\n\
+        \x20       unsigned ob[4];\n\
+        \x20       ldmatrix_x4(ob, dout_smem + dv_b.at(n * 8, kk));\n\
+        \x20       mma_16816(storage{{}}, dp[n], a, ob[0], ob[1]);\n\
+        \x20       mma_16816(storage{{}}, dp[n + 1], a, ob[2], ob[3]);\n\
+        \x20   }}\n\
+        }}\n\
+        \n\
+        // P and dS on every element: row slot i is key k, column slot (n, c) query q.\n\
+        #pragma unroll\n"
+    )?;
+    w.block(format_args!("for (int i = 0; i < 2; ++i)"), |w| {
+        writeln!(w, "const int k = k0 + warp * 16 + g + 8 * i;")?;
+        writeln!(w, "#pragma unroll")?;
+        w.block(format_args!("for (int n = 0; n < S_TILES; ++n)"), |w| {
+            writeln!(w, "#pragma unroll")?;
+            w.block(format_args!("for (int c = 0; c < 2; ++c)"), |w| {
+                writeln!(w, "const int col = n * 8 + 2 * t + c, q = q0 + col, e = 2 * i + c;")?;
+                writeln!(w, "const float lse2 = lse_col[col], delta_q = delta_col[col];")?;
+                write_gradient_step(w, spec, terms)?;
+                for (slot, _, indices) in &terms.grads {
+                    let t = &spec.tensors[*slot].name;
+                    let term = format!("ds_mod * d_{t}(dot * {scale}, q, k, i, n, c)");
+                    if per_head(indices) {
+                        writeln!(w, "if (p != 0.0f) acc_{t} += {term};")?;
+                    } else {
+                        let dt = n(ArgKind::TensorGrad(*slot));
+                        writeln!(w, "if ({dt} != nullptr && p != 0.0f) atomicAdd(&{dt}[at_{t}(q, k, i, n, c)], {term});")?;
+                    }
+                }
+                Ok(())
+            })
+        })
+    })?;
+    write!(
+        w,
+        "\
+        \n\
+        // dV += P^T dO and dK += dS^T Q, with P^T and dS^T straight from the\n\
+        // registers: the accumulators of query tiles 2kk and 2kk + 1 are exactly the\n\
+        // A fragment of the kk-th 16-query step.\n\
+        #pragma unroll\n\
+        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {{\n\
+        \x20   unsigned pa[4], dsa[4];\n\
+        \x20   pa[0] = pack2(storage{{}}, s[2 * kk][0], s[2 * kk][1]);\n\
+        \x20   pa[1] = pack2(storage{{}}, s[2 * kk][2], s[2 * kk][3]);\n\
+        \x20   pa[2] = pack2(storage{{}}, s[2 * kk + 1][0], s[2 * kk + 1][1]);\n\
+        \x20   pa[3] = pack2(storage{{}}, s[2 * kk + 1][2], s[2 * kk + 1][3]);\n\
+        \x20   dsa[0] = pack2(storage{{}}, dp[2 * kk][0], dp[2 * kk][1]);\n\
+        \x20   dsa[1] = pack2(storage{{}}, dp[2 * kk][2], dp[2 * kk][3]);\n\
+        \x20   dsa[2] = pack2(storage{{}}, dp[2 * kk + 1][0], dp[2 * kk + 1][1]);\n\
+        \x20   dsa[3] = pack2(storage{{}}, dp[2 * kk + 1][2], dp[2 * kk + 1][3]);\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int n = 0; n < DV_TILES; n += 2) {{\n\
+        \x20       unsigned ob[4];\n\
+        \x20       ldmatrix_x4_trans(ob, dout_smem + dv_a.at(kk * 16, n / 2));\n\
+        \x20       mma_16816(storage{{}}, dv_acc[n], pa, ob[0], ob[1]);\n\
+        \x20       mma_16816(storage{{}}, dv_acc[n + 1], pa, ob[2], ob[3]);\n\
+        \x20   }}\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int n = 0; n < DK_TILES; n += 2) {{\n\
+        \x20       unsigned qb[4];\n\
+        \x20       ldmatrix_x4_trans(qb, q_smem + d_a.at(kk * 16, n / 2));\n\
+        \x20       mma_16816(storage{{}}, dk_acc[n], dsa, qb[0], qb[1]);\n\
+        \x20       mma_16816(storage{{}}, dk_acc[n + 1], dsa, qb[2], qb[3]);\n\
+        \x20   }}\n\
+        }}\n\
+        \n\
+        if (dq_accum == nullptr) continue;  // deterministic mode: a separate kernel computes dQ\n\
+        // dS^T to shared memory, so that dQ can read dS with queries as rows.\n\
+        #pragma unroll\n\
+        for (int i = 0; i < 2; ++i) {{\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int n = 0; n < S_TILES; ++n) {{\n\
+        \x20       const int row = warp * 16 + g + 8 * i;\n\
+        \x20       *(unsigned*)&ds_tile[swizzle<BLOCK_M>(row, n * 8 + 2 * t)] = pack2(storage{{}}, dp[n][2 * i], dp[n][2 * i + 1]);\n\
+        \x20   }}\n\
+        }}\n\
+        __syncthreads();  // dS^T is visible\n\
+        // dQ += dS K: the warps take 16-query x 16-column blocks of this step's dQ in\n\
+        // turn and add them to the f32 accumulator with atomics.\n\
+        float* dq_rows = dq_accum + ((long long)b * {heads} + h) * {q_len} * D;\n\
+        for (int blk = warp; blk < (BLOCK_M / 16) * (DP / 16); blk += WARPS) {{\n\
+        \x20   const int m0 = blk / (DP / 16) * 16, c0 = blk % (DP / 16) * 16;\n\
+        \x20   float acc[2][4] = {{}};\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
+        \x20       unsigned a[4], kb[4];\n\
+        \x20       ldmatrix_x4_trans(a, ds_smem + ldm_at(ds_b, kk * 16, m0 / 16));\n\
+        \x20       ldmatrix_x4_trans(kb, k_smem + ldm_at(d_a, kk * 16, c0 / 16));\n\
+        \x20       mma_16816(storage{{}}, acc[0], a, kb[0], kb[1]);\n\
+        \x20       mma_16816(storage{{}}, acc[1], a, kb[2], kb[3]);\n\
+        \x20   }}\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int e = 0; e < 8; ++e) {{\n\
+        \x20       const int q = q0 + m0 + g + 8 * (e % 4 / 2), col = c0 + (e / 4) * 8 + 2 * t + e % 2;\n\
+        \x20       if (q < {q_len} && col < D) atomicAdd(&dq_rows[(long long)q * D + col], acc[e / 4][e % 4]);\n\
+        \x20   }}\n\
+        }}\n"
+    )
+}

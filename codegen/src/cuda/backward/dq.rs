@@ -1,0 +1,253 @@
+//! The deterministic dQ kernel: one CTA per (query tile, head, batch),
+//! queries as the rows of every warp's tiles (the forward's orientation),
+//! walking the kv tiles and keeping dQ in registers. See the module note.
+
+use super::common::{
+    write_column_terms, write_forward_tiles, write_gradient_step, write_row_terms, write_source,
+    write_spec_lambdas, write_tile_walk, Rows, Sections, SpecTerms, Walk,
+};
+use super::dkdv::write_rows;
+use super::BackwardConfig;
+use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
+use crate::cuda::forward::pad16;
+use crate::cuda::hoist::hoist;
+use crate::cuda::signature::arg_name;
+use crate::cuda::signature::backward_args;
+use crate::cuda::source::kernel_name;
+use crate::cuda::writer::Writer;
+use crate::spec::Spec;
+use std::fmt::{self, Write};
+
+const OPERANDS: [Operand; 5] = [Operand::Q, Operand::K, Operand::V, Operand::DO, Operand::DQ];
+const WARPS: u32 = 4;
+
+pub(super) fn emit(spec: &Spec, config: BackwardConfig) -> Kernel {
+    let name = kernel_name("bwd_dq", spec);
+    let terms = SpecTerms::new(spec, false);
+    let args = backward_args(spec, OPERANDS, &[]);
+    let block_n = config.dq_block_n;
+    let source = write_source(
+        spec,
+        Sections::Tiles,
+        &name,
+        &args,
+        |w| write_config(w, spec, block_n),
+        |w| write_body(w, spec, &terms),
+    );
+    let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
+    Kernel {
+        name,
+        source,
+        grid: Grid::QueryTiles,
+        block_m: 16 * WARPS,
+        block_n,
+        threads: 32 * WARPS,
+        dynamic_smem: 2 * (16 * WARPS + block_n) * (dp + dvp),
+        args,
+    }
+}
+
+fn write_config(w: &mut Writer<String>, spec: &Spec, block_n: u32) -> fmt::Result {
+    write!(
+        w,
+        "\
+        constexpr int WARPS = {WARPS};\n\
+        constexpr int THREADS = 32 * WARPS;\n\
+        constexpr int BLOCK_M = 16 * WARPS;  // queries per CTA, 16 per warp: grid.x = ceil(q_len / BLOCK_M)\n\
+        constexpr int BLOCK_N = {block_n};  // keys per step\n\
+        constexpr int S_TILES = BLOCK_N / 8;  // m16n8 tiles of a warp's S and dP (16 queries x BLOCK_N keys)\n\
+        constexpr int DQ_TILES = DP / 8;  // m16n8 tiles of a warp's dQ\n"
+    )?;
+    write_forward_tiles(w, spec)?;
+    write!(
+        w,
+        "\
+        // Shared memory: this CTA's Q and dO tiles, then per step the K and V tiles.\n\
+        constexpr int Q_TILE = BLOCK_M * DP;\n\
+        constexpr int DO_TILE = BLOCK_M * DVP;\n\
+        constexpr int K_TILE = BLOCK_N * DP;\n"
+    )
+}
+
+fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Result {
+    let n = |kind| arg_name(spec, kind);
+    let [q_len, kv_len, heads, heads_kv, lse, scale] =
+        [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv, ArgKind::Lse, ArgKind::Scale].map(n);
+    let seq = |op| n(ArgKind::Stride(op, Axis::Seq));
+    let [q_stride, k_stride, v_stride, do_stride, dq_stride] = OPERANDS.map(seq);
+    write!(
+        w,
+        "\
+        extern __shared__ __align__(128) unsigned short smem[];\n\
+        unsigned short* q_tile = smem;  // [BLOCK_M][DP], for every step\n\
+        unsigned short* dout_tile = q_tile + Q_TILE;  // [BLOCK_M][DVP]\n\
+        unsigned short* k_tile = dout_tile + DO_TILE;  // [BLOCK_N][DP], this step's keys\n\
+        unsigned short* v_tile = k_tile + K_TILE;  // [BLOCK_N][DVP]\n\
+        \n\
+        // The spec's built-ins b and h (q and k are bound per element below).\n\
+        const int b = blockIdx.z;\n\
+        const int h = blockIdx.y;\n\
+        const int q0 = blockIdx.x * BLOCK_M;\n\
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
+        const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n\
+        const int kv_head = h / ({heads} / {heads_kv});\n\
+        const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;\n\
+        const int q_lo = q0, q_hi = min_i32(q0 + BLOCK_M, {q_len}) - 1;  // this CTA's queries\n\
+        \n"
+    )?;
+    for (op, rows, head) in [
+        (Operand::Q, "q_rows", "h"),
+        (Operand::DO, "dout_rows", "h"),
+        (Operand::K, "k_rows", "kv_head"),
+        (Operand::V, "v_rows", "kv_head"),
+        (Operand::DQ, "dq_rows", "h"),
+    ] {
+        write_rows(w, spec, op, rows, head)?;
+    }
+    write!(
+        w,
+        "\
+        const bool vector = aligned16(q_rows, {q_stride}) && aligned16(dout_rows, {do_stride})\n\
+        \x20   && aligned16(k_rows, {k_stride}) && aligned16(v_rows, {v_stride});\n\
+        load_tile<BLOCK_M, DP, D, THREADS>(q_tile, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, vector);\n\
+        load_tile<BLOCK_M, DVP, DV, THREADS>(dout_tile, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, vector);\n\
+        cp_async_commit();\n\
+        \n\
+        // The statistics of this lane's rows: LSE in log2 units (+inf where the row\n\
+        // is fully masked or past q_len, so P = 0) and D.\n\
+        float lse_r[2], delta_r[2];\n\
+        #pragma unroll\n\
+        for (int i = 0; i < 2; ++i) {{\n\
+        \x20   const int q = q0 + warp * 16 + g + 8 * i;\n\
+        \x20   const long long row = ((long long)b * {heads} + h) * {q_len} + q;\n\
+        \x20   const float l = q < {q_len} ? {lse}[row] : neg_inf();\n\
+        \x20   lse_r[i] = l == neg_inf() ? -neg_inf() : l * LOG2E;\n\
+        \x20   delta_r[i] = q < {q_len} ? delta[row] : 0.0f;\n\
+        }}\n\
+        \n\
+        // ldmatrix rows of this lane (see LdmLane): *_a the A-operand pattern (also\n\
+        // B operands through .trans), *_b the B-operand pattern.\n\
+        const LdmLane<DP> d_a(lane % 8 + (lane / 8 % 2) * 8, lane / 16), d_b(lane % 8 + lane / 16 * 8, lane / 8 % 2);\n\
+        const LdmLane<DVP> dv_a(lane % 8 + (lane / 8 % 2) * 8, lane / 16), dv_b(lane % 8 + lane / 16 * 8, lane / 8 % 2);\n\
+        const unsigned q_smem = smem_addr(q_tile), dout_smem = smem_addr(dout_tile);\n\
+        const unsigned k_smem = smem_addr(k_tile), v_smem = smem_addr(v_tile);\n\
+        \n"
+    )?;
+    let exprs = terms.exprs(spec);
+    let hoisted = hoist(&exprs);
+    write_row_terms(w, spec, &hoisted, Rows::Queries, "q0 + warp * 16")?;
+    write_spec_lambdas(w, spec, terms, &hoisted, Rows::Queries)?;
+    write_tile_walk(w, spec, &Walk { axis: "k", tiles: "kv_tiles", size: "BLOCK_N", len: &kv_len })?;
+    write!(
+        w,
+        "\
+        \n\
+        // This warp's 16 rows of dQ (f32), over every key: no atomics.\n\
+        float dq_acc[DQ_TILES][4] = {{}};\n"
+    )?;
+    w.block(format_args!("for (int j = next_tile(0); j < kv_tiles; j = next_tile(j + 1))"), |w| {
+        write!(
+            w,
+            "\
+            const int kv0 = j * BLOCK_N;\n\
+            const bool full = tile_full(j);  // the mask keeps every pair: skip evaluating it\n\
+            __syncthreads();  // every warp is done with the previous step's K and V\n\
+            load_tile<BLOCK_N, DP, D, THREADS>(k_tile, k_rows + (long long)kv0 * {k_stride}, {k_stride}, {kv_len} - kv0, vector);\n\
+            load_tile<BLOCK_N, DVP, DV, THREADS>(v_tile, v_rows + (long long)kv0 * {v_stride}, {v_stride}, {kv_len} - kv0, vector);\n\
+            cp_async_commit();\n\
+            cp_async_wait_all();\n\
+            __syncthreads();  // K and V are visible\n"
+        )?;
+        write_column_terms(w, spec, &hoisted, Rows::Queries, "kv0")?;
+        write!(
+            w,
+            "\
+            \n\
+            // S = Q K^T and dP = dO V^T on this warp's 16 queries x BLOCK_N keys.\n\
+            float s[S_TILES][4] = {{}};\n\
+            float dp[S_TILES][4] = {{}};\n\
+            #pragma unroll\n\
+            for (int kk = 0; kk < DP / 16; ++kk) {{\n\
+            \x20   unsigned a[4];\n\
+            \x20   ldmatrix_x4(a, q_smem + d_a.at(warp * 16, kk));\n\
+            \x20   #pragma unroll\n\
+            \x20   for (int n = 0; n < S_TILES; n += 2) {{\n\
+            \x20       unsigned kb[4];\n\
+            \x20       ldmatrix_x4(kb, k_smem + d_b.at(n * 8, kk));\n\
+            \x20       mma_16816(storage{{}}, s[n], a, kb[0], kb[1]);\n\
+            \x20       mma_16816(storage{{}}, s[n + 1], a, kb[2], kb[3]);\n\
+            \x20   }}\n\
+            }}\n\
+            #pragma unroll\n\
+            for (int kk = 0; kk < DVP / 16; ++kk) {{\n\
+            \x20   unsigned a[4];\n\
+            \x20   ldmatrix_x4(a, dout_smem + dv_a.at(warp * 16, kk));\n\
+            \x20   #pragma unroll\n\
+            \x20   for (int n = 0; n < S_TILES; n += 2) {{\n\
+            \x20       unsigned vb[4];\n\
+            \x20       ldmatrix_x4(vb, v_smem + dv_b.at(n * 8, kk));\n\
+            \x20       mma_16816(storage{{}}, dp[n], a, vb[0], vb[1]);\n\
+            \x20       mma_16816(storage{{}}, dp[n + 1], a, vb[2], vb[3]);\n\
+            \x20   }}\n\
+            }}\n\
+            \n\
+            // P and dS on every element: row slot i is query q, column slot (n, c) key k.\n\
+            #pragma unroll\n"
+        )?;
+        w.block(format_args!("for (int i = 0; i < 2; ++i)"), |w| {
+            writeln!(w, "const int q = q0 + warp * 16 + g + 8 * i;")?;
+            writeln!(w, "const float lse2 = lse_r[i], delta_q = delta_r[i];")?;
+            writeln!(w, "#pragma unroll")?;
+            w.block(format_args!("for (int n = 0; n < S_TILES; ++n)"), |w| {
+                writeln!(w, "#pragma unroll")?;
+                w.block(format_args!("for (int c = 0; c < 2; ++c)"), |w| {
+                    writeln!(w, "const int k = kv0 + n * 8 + 2 * t + c, e = 2 * i + c;")?;
+                    write_gradient_step(w, spec, terms)
+                })
+            })
+        })?;
+        write!(
+            w,
+            "\
+            \n\
+            // dQ += dS K, dS straight from the registers (key tiles 2kk and 2kk + 1\n\
+            // form the A fragment of the kk-th 16-key step).\n\
+            #pragma unroll\n\
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
+            \x20   unsigned dsa[4];\n\
+            \x20   dsa[0] = pack2(storage{{}}, dp[2 * kk][0], dp[2 * kk][1]);\n\
+            \x20   dsa[1] = pack2(storage{{}}, dp[2 * kk][2], dp[2 * kk][3]);\n\
+            \x20   dsa[2] = pack2(storage{{}}, dp[2 * kk + 1][0], dp[2 * kk + 1][1]);\n\
+            \x20   dsa[3] = pack2(storage{{}}, dp[2 * kk + 1][2], dp[2 * kk + 1][3]);\n\
+            \x20   #pragma unroll\n\
+            \x20   for (int n = 0; n < DQ_TILES; n += 2) {{\n\
+            \x20       unsigned kb[4];\n\
+            \x20       ldmatrix_x4_trans(kb, k_smem + d_a.at(kk * 16, n / 2));\n\
+            \x20       mma_16816(storage{{}}, dq_acc[n], dsa, kb[0], kb[1]);\n\
+            \x20       mma_16816(storage{{}}, dq_acc[n + 1], dsa, kb[2], kb[3]);\n\
+            \x20   }}\n\
+            }}\n"
+        )
+    })?;
+    write!(
+        w,
+        "\
+        cp_async_wait_all();  // nothing may stay in flight past the kernel (no step visited)\n\
+        \n\
+        // Epilogue: dQ = scale * sum dS K for the rows and columns that exist.\n\
+        #pragma unroll\n\
+        for (int i = 0; i < 2; ++i) {{\n\
+        \x20   const int q = q0 + warp * 16 + g + 8 * i;\n\
+        \x20   if (q >= {q_len}) continue;\n\
+        \x20   unsigned short* out = dq_rows + (long long)q * {dq_stride};\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int n = 0; n < DQ_TILES; ++n) {{\n\
+        \x20       #pragma unroll\n\
+        \x20       for (int c = 0; c < 2; ++c) {{\n\
+        \x20           const int col = n * 8 + 2 * t + c;\n\
+        \x20           if (col < D) out[col] = storage::from_f32(dq_acc[n][2 * i + c] * {scale});\n\
+        \x20       }}\n\
+        \x20   }}\n\
+        }}\n"
+    )
+}

@@ -1,0 +1,117 @@
+//! The backward pass: FlashAttention-2's, generated from the same spec as the
+//! forward, in four kernels launched in order.
+//!
+//! 1. **Preprocess** (`bwd_pre`): D = rowsum(dO ∘ O) in f32, one warp per
+//!    query row.
+//! 2. **dK/dV** (`bwd`): one CTA per (kv tile, K/V head, batch), 16 keys per
+//!    warp. K and V stay in shared memory while the CTA walks every query
+//!    tile of every query head of its GQA group, so dK and dV accumulate in
+//!    registers and need no atomics. Per step it recomputes Sᵀ = K·Qᵀ with
+//!    the spec's score and mask exactly as the forward (same log2-domain
+//!    logit), P = exp2(S − LSE·log2 e) from the forward's natural-log LSE,
+//!    dPᵀ = V·dOᵀ, dS′ = P ∘ (dP − D), dS = dS′ · ∂score′/∂score
+//!    ([`crate::grad::d_score`]), then dV += Pᵀ·dO and dK += dSᵀ·Q on
+//!    `mma.sync.m16n8k16`. Working on transposed tiles (keys as MMA rows)
+//!    makes Pᵀ and dSᵀ A operands straight from the accumulators, as P is in
+//!    the forward. dQ += dS·K goes through shared memory (dSᵀ stored once,
+//!    read back with `ldmatrix.trans`) into f32 atomics on an accumulator.
+//! 3. **Postprocess** (`bwd_post`): dQ = scale · accumulator, in the
+//!    operand dtype.
+//! 4. **Deterministic dQ** (`bwd_dq`), instead of the atomics and the
+//!    postprocess when asked for: one CTA per query tile walks the kv tiles,
+//!    recomputing P and dS, and keeps dQ in registers, so the result does not
+//!    depend on scheduling. It costs a second recomputation of S and dP.
+//!
+//! Rows past `q_len` and fully masked rows (LSE = −∞) get LSE = +∞ in the
+//! log2 domain, so exp2 gives P = 0 and every gradient they touch stays 0,
+//! never NaN. Where P = 0 the score-mod derivative is not evaluated (it may
+//! be infinite there, e.g. `1 / score`), as in the reference backward.
+//!
+//! Block sparsity: the dK/dV kernel classifies each (query tile × its keys)
+//! and the dQ kernel each (its queries × kv tile) with the forward's interval
+//! analysis, skipping empty tiles and mask evaluation on full ones. A
+//! [`BlockMask`](crate::abi::ArgKind::BlockMask) is built at the forward's
+//! tile sizes; a backward tile takes the combined class of the forward tiles
+//! that cover it (empty only if all are, full only if all are), which is
+//! sound for any tile sizes.
+//!
+//! Captured-tensor gradients ([`crate::grad::d_load`]): dt[i] += dS′ ·
+//! ∂score′/∂t[i], summed in f32 by `atomicAdd` into a zeroed f32 buffer,
+//! from the dK/dV kernel in both modes. A read whose index depends on
+//! neither q nor k (`slopes[h]`) is first summed per thread over a whole
+//! head and then per warp, one atomic per warp and head; others add per
+//! element. The order of f32 atomics varies between runs, so tensor
+//! gradients are **not** bitwise deterministic, even in deterministic mode.
+
+mod common;
+mod dkdv;
+mod dq;
+mod rows;
+
+use super::forward::pad16;
+use crate::abi::Kernel;
+use crate::grad::{d_load, load_indices};
+use crate::spec::Spec;
+
+/// One of the backward kernels of a spec.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackwardPass {
+    /// D = rowsum(dO ∘ O).
+    Preprocess,
+    /// dK, dV, tensor gradients, and dQ by atomics unless deterministic.
+    KeyValue,
+    /// dQ without atomics (the deterministic mode).
+    Query,
+    /// dQ from its f32 accumulator (the atomic mode).
+    Postprocess,
+}
+
+/// How the backward kernels tile a problem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackwardConfig {
+    /// Warps of the dK/dV kernel, 16 keys each: its CTA owns 16 · warps keys.
+    pub warps: u32,
+    /// Queries per step of the dK/dV kernel (a multiple of 16).
+    pub block_m: u32,
+    /// Keys per step of the deterministic dQ kernel (a multiple of 16); its
+    /// CTA owns 64 queries, 16 per warp.
+    pub dq_block_n: u32,
+}
+
+impl BackwardConfig {
+    /// The default for a spec. The dK/dV kernel holds dK and dV (DP/2 +
+    /// DVP/2 f32 per thread) for its whole run, plus Sᵀ and dPᵀ (block_m
+    /// f32 per thread), so block_m shrinks as head dims grow: 64 up to head
+    /// dim 64, 32 up to 128, 16 beyond (where d = 256 still spills).
+    pub fn default_for(spec: &Spec) -> BackwardConfig {
+        let widest = pad16(spec.head_dims.qk).max(pad16(spec.head_dims.v));
+        match widest {
+            0..=64 => BackwardConfig { warps: 4, block_m: 64, dq_block_n: 64 },
+            65..=128 => BackwardConfig { warps: 4, block_m: 32, dq_block_n: 64 },
+            _ => BackwardConfig { warps: 4, block_m: 16, dq_block_n: 32 },
+        }
+    }
+
+    /// Keys per CTA of the dK/dV kernel.
+    pub fn block_n(self) -> u32 {
+        16 * self.warps
+    }
+}
+
+/// Emits one backward kernel of `spec` with its default configuration.
+/// Deterministic, like every emitter.
+pub fn emit_backward(spec: &Spec, pass: BackwardPass) -> Kernel {
+    let config = BackwardConfig::default_for(spec);
+    match pass {
+        BackwardPass::Preprocess => rows::emit_preprocess(spec),
+        BackwardPass::KeyValue => dkdv::emit(spec, config),
+        BackwardPass::Query => dq::emit(spec, config),
+        BackwardPass::Postprocess => rows::emit_postprocess(spec),
+    }
+}
+
+/// The captured tensors that have a gradient: float tensors the score
+/// expression reads with a single index list (see [`crate::grad::d_load`]).
+pub fn trainable_tensors(spec: &Spec) -> Vec<usize> {
+    (0..spec.tensors.len()).filter(|&i| d_load(spec, i).is_some() && load_indices(spec, i).is_some()).collect()
+}

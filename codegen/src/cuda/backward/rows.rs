@@ -1,0 +1,98 @@
+//! The row-wise backward kernels around the gradient kernels: the
+//! preprocess (D = rowsum(dO ∘ O)) and the postprocess (dQ from its f32
+//! accumulator). Memory-bound: one warp per query row, lanes across the row.
+
+use super::common::{write_source, Sections};
+use super::dkdv::write_rows;
+use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
+use crate::cuda::signature::arg_name;
+use crate::cuda::signature::{backward_post_args, backward_pre_args};
+use crate::cuda::source::kernel_name;
+use crate::cuda::writer::Writer;
+use crate::spec::Spec;
+use std::fmt::{self, Write};
+
+const WARPS: u32 = 4;
+/// Query rows per CTA.
+const BLOCK_M: u32 = 64;
+
+pub(super) fn emit_preprocess(spec: &Spec) -> Kernel {
+    let name = kernel_name("bwd_pre", spec);
+    let args = backward_pre_args(spec);
+    let n = |kind| arg_name(spec, kind);
+    let [heads, q_len] = [ArgKind::Heads, ArgKind::QLen].map(n);
+    let (o_stride, do_stride) = (n(ArgKind::Stride(Operand::O, Axis::Seq)), n(ArgKind::Stride(Operand::DO, Axis::Seq)));
+    let source = write_source(spec, Sections::Rows, &name, &args, write_config, |w| {
+        write_prologue(w)?;
+        write_rows(w, spec, Operand::O, "o_rows", "h")?;
+        write_rows(w, spec, Operand::DO, "dout_rows", "h")?;
+        write!(
+            w,
+            "\
+            float* delta_row = delta + ((long long)b * {heads} + h) * {q_len};\n\
+            // D = rowsum(dO * O) in f32, one warp per query row.\n\
+            for (int r = warp; r < BLOCK_M; r += WARPS) {{\n\
+            \x20   const int q = blockIdx.x * BLOCK_M + r;\n\
+            \x20   if (q >= {q_len}) break;\n\
+            \x20   const unsigned short* o = o_rows + (long long)q * {o_stride};\n\
+            \x20   const unsigned short* dout = dout_rows + (long long)q * {do_stride};\n\
+            \x20   float sum = 0.0f;\n\
+            \x20   for (int col = lane; col < DV; col += 32) sum += storage::to_f32(o[col]) * storage::to_f32(dout[col]);\n\
+            \x20   sum = warp_sum(sum);\n\
+            \x20   if (lane == 0) delta_row[q] = sum;\n\
+            }}\n"
+        )
+    });
+    row_kernel(name, source, args)
+}
+
+pub(super) fn emit_postprocess(spec: &Spec) -> Kernel {
+    let name = kernel_name("bwd_post", spec);
+    let args = backward_post_args(spec);
+    let n = |kind| arg_name(spec, kind);
+    let [heads, q_len, scale] = [ArgKind::Heads, ArgKind::QLen, ArgKind::Scale].map(n);
+    let dq_stride = n(ArgKind::Stride(Operand::DQ, Axis::Seq));
+    let source = write_source(spec, Sections::Rows, &name, &args, write_config, |w| {
+        write_prologue(w)?;
+        write_rows(w, spec, Operand::DQ, "dq_rows", "h")?;
+        write!(
+            w,
+            "\
+            const float* acc_rows = dq_accum + ((long long)b * {heads} + h) * {q_len} * D;\n\
+            // dQ = scale * accumulator, in the operand dtype, one warp per query row.\n\
+            for (int r = warp; r < BLOCK_M; r += WARPS) {{\n\
+            \x20   const int q = blockIdx.x * BLOCK_M + r;\n\
+            \x20   if (q >= {q_len}) break;\n\
+            \x20   for (int col = lane; col < D; col += 32) {{\n\
+            \x20       dq_rows[(long long)q * {dq_stride} + col] = storage::from_f32(acc_rows[(long long)q * D + col] * {scale});\n\
+            \x20   }}\n\
+            }}\n"
+        )
+    });
+    row_kernel(name, source, args)
+}
+
+fn write_config(w: &mut Writer<String>) -> fmt::Result {
+    writeln!(w, "constexpr int WARPS = {WARPS};")?;
+    writeln!(w, "constexpr int THREADS = 32 * WARPS;")?;
+    writeln!(w, "constexpr int BLOCK_M = {BLOCK_M};  // query rows per CTA: grid.x = ceil(q_len / BLOCK_M)")
+}
+
+fn write_prologue(w: &mut Writer<String>) -> fmt::Result {
+    writeln!(w, "const int b = blockIdx.z;")?;
+    writeln!(w, "const int h = blockIdx.y;")?;
+    writeln!(w, "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;")
+}
+
+fn row_kernel(name: String, source: String, args: Vec<KernelArg>) -> Kernel {
+    Kernel {
+        name,
+        source,
+        grid: Grid::QueryTiles,
+        block_m: BLOCK_M,
+        block_n: 0,
+        threads: 32 * WARPS,
+        dynamic_smem: 0,
+        args,
+    }
+}
