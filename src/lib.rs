@@ -23,5 +23,7 @@ pub use flashgen_codegen::{parse_one, parse_str, to_source, Dtype, Shape, Spec, 
 pub use flashgen_dsl::attention;
 pub use flashgen_runtime as runtime;
 pub use flashgen_runtime::{cudarc, half};
-pub use flashgen_runtime::{ArgValue, BlockMask, Element, Error, ForwardIo, ForwardOptions, Layout, Runtime};
+pub use flashgen_runtime::{
+    ArgValue, BackwardIo, BackwardOptions, BlockMask, Element, Error, ForwardIo, ForwardOptions, Layout, Runtime,
+};
 pub mod verify;

@@ -56,3 +56,10 @@ fn typed_launch(rt: &Runtime, io: ForwardIo<'_, bf16>, slopes: &CudaSlice<f32>) 
 fn typed_launch_without_args(rt: &Runtime, io: ForwardIo<'_, flashgen::half::f16>) -> Result<(), Error> {
     Plain::forward(rt, io, &PlainArgs, &Default::default())
 }
+
+/// The backward pass takes the same typed args and buffers of the spec's dtype.
+#[allow(dead_code)]
+fn typed_backward(rt: &Runtime, io: flashgen::BackwardIo<'_, bf16>, slopes: &CudaSlice<f32>) -> Result<(), Error> {
+    let opts = flashgen::BackwardOptions { deterministic: true, ..Default::default() };
+    SlidingAlibi::backward(rt, io, &SlidingAlibiArgs { window: 256, slopes }, &opts)
+}

@@ -117,6 +117,19 @@ pub fn spec_items(spec: &Spec) -> TokenStream {
                 rt.forward(Self::spec(), io, &[#(#values),*], opts)
             }
 
+            /// Launches the backward pass on `rt`'s stream: dQ, dK, dV and the
+            /// requested tensor gradients from the forward's O and LSE, with the
+            /// same checks as [`Self::forward`] plus the gradient operands'.
+            pub fn backward(
+                rt: &::flashgen::Runtime,
+                io: ::flashgen::BackwardIo<'_, #elem>,
+                args: &#args_ty,
+                opts: &::flashgen::BackwardOptions<'_>,
+            ) -> ::std::result::Result<(), ::flashgen::Error> {
+                #unused
+                rt.backward(Self::spec(), io, &[#(#values),*], opts)
+            }
+
             #block_mask
         }
     }

@@ -81,6 +81,46 @@ pub(crate) fn check_forward(spec: &Spec, p: &Problem, args: &[ArgInfo]) -> Resul
     Ok(Some(shape))
 }
 
+/// The gradient operands of a backward launch as the checks see them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Grads {
+    pub d_o: Buffer,
+    pub dq: Buffer,
+    pub dk: Buffer,
+    pub dv: Buffer,
+}
+
+/// Checks a backward launch of `spec`: Q, K, V, O, the LSE (`p.lse`, which
+/// must be given) and the params as [`check_forward`] does, then each
+/// gradient operand against its counterpart (dO ~ O, dQ ~ Q, dK ~ K,
+/// dV ~ V) and its buffer. Returns the shape, or `None` without a batch.
+/// Unlike the forward, no queries is still a launch: dK and dV must be 0.
+pub(crate) fn check_backward(spec: &Spec, p: &Problem, g: &Grads, args: &[ArgInfo]) -> Result<Option<Shape>, Error> {
+    check_forward(spec, p, args)?;
+    for (operand, grad, other, of) in [
+        (Operand::DO, &g.d_o, Operand::O, &p.o),
+        (Operand::DQ, &g.dq, Operand::Q, &p.q),
+        (Operand::DK, &g.dk, Operand::K, &p.k),
+        (Operand::DV, &g.dv, Operand::V, &p.v),
+    ] {
+        let (l, expected) = (&grad.layout, &of.layout);
+        for (what, got, want) in
+            [("batch", l.batch, expected.batch), ("seq", l.seq, expected.seq), ("heads", l.heads, expected.heads)]
+        {
+            if got != want {
+                return Err(Error::SizeMismatch { operand, other, what, got, expected: want });
+            }
+        }
+        if l.dim != expected.dim {
+            return Err(Error::HeadDim { operand, got: l.dim, expected: expected.dim as u32 });
+        }
+        check_bounds(operand, grad)?;
+    }
+    let (q, k) = (&p.q.layout, &p.k.layout);
+    let shape = Shape { batch: q.batch, heads: q.heads, heads_kv: k.heads, q_len: q.seq, kv_len: k.seq };
+    Ok((shape.batch > 0).then_some(shape))
+}
+
 /// Head groups, size limits and the params and tensors, for a launch of
 /// `shape` (shared by the forward pass and block-mask builds).
 pub(crate) fn check_shape(spec: &Spec, shape: &Shape, args: &[ArgInfo]) -> Result<(), Error> {
@@ -107,7 +147,7 @@ pub(crate) fn check_shape(spec: &Spec, shape: &Shape, args: &[ArgInfo]) -> Resul
 /// Rejects negative strides, then checks that every element the layout
 /// addresses lies inside the buffer at an offset the kernel's int64 indexing
 /// can hold.
-fn check_bounds(operand: Operand, b: &Buffer) -> Result<(), Error> {
+pub(crate) fn check_bounds(operand: Operand, b: &Buffer) -> Result<(), Error> {
     let l = &b.layout;
     let axes = [(Axis::Batch, l.batch), (Axis::Seq, l.seq), (Axis::Head, l.heads)];
     for ((axis, _), &stride) in axes.iter().zip(&l.strides) {
@@ -285,6 +325,43 @@ mod tests {
         p.q.layout.heads = 0;
         p.o.layout.heads = 0;
         assert!(matches!(check(&p), Err(Error::HeadGroups { heads: 0, .. })));
+    }
+
+    fn grads(p: &Problem) -> Grads {
+        Grads { d_o: p.o, dq: p.q, dk: p.k, dv: p.v }
+    }
+
+    #[test]
+    fn backward_checks_every_gradient_operand() {
+        let p = problem();
+        let shape = check_backward(&gqa(), &p, &grads(&p), &ARGS).unwrap().unwrap();
+        assert_eq!(shape.heads_kv, 2);
+        let mut g = grads(&p);
+        g.dk = contiguous(Layout::bshd(2, 299, 2, 192));
+        let err = check_backward(&gqa(), &p, &g, &ARGS).unwrap_err();
+        assert!(
+            matches!(err, Error::SizeMismatch { operand: Operand::DK, other: Operand::K, what: "seq", .. }),
+            "{err}"
+        );
+        let mut g = grads(&p);
+        g.d_o = contiguous(Layout::bshd(2, 100, 8, 192));
+        let err = check_backward(&gqa(), &p, &g, &ARGS).unwrap_err();
+        assert!(matches!(err, Error::HeadDim { operand: Operand::DO, got: 192, expected: 128 }), "{err}");
+        let mut g = grads(&p);
+        g.dv.len -= 1;
+        assert!(matches!(check_backward(&gqa(), &p, &g, &ARGS), Err(Error::OutOfBounds { operand: Operand::DV, .. })));
+        let short_lse = Problem { lse: Some(1599), ..p };
+        assert!(matches!(check_backward(&gqa(), &short_lse, &g, &ARGS), Err(Error::LseTooSmall { .. })));
+    }
+
+    #[test]
+    fn backward_without_queries_still_launches() {
+        let mut p = problem();
+        p.q = contiguous(Layout::bshd(2, 0, 8, 192));
+        p.o = contiguous(Layout::bshd(2, 0, 8, 128));
+        p.lse = Some(0);
+        let shape = check_backward(&gqa(), &p, &grads(&p), &ARGS).unwrap().unwrap();
+        assert_eq!((shape.q_len, shape.kv_len), (0, 300));
     }
 
     #[test]

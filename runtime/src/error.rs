@@ -155,6 +155,16 @@ pub enum Error {
     BlockMaskMismatch {
         what: &'static str,
     },
+    /// A gradient was asked for a captured tensor that has none (see
+    /// `flashgen_codegen::grad::d_load`).
+    NoTensorGrad {
+        tensor: String,
+    },
+    /// More tensor-gradient slots than the spec declares tensors.
+    TensorGradCount {
+        declared: usize,
+        got: usize,
+    },
 }
 
 impl fmt::Display for Error {
@@ -232,6 +242,13 @@ impl fmt::Display for Error {
                 "tensor `{name}` holds {len} elements but its declared shape needs {needed}"
             ),
             Error::NoMask { spec } => write!(f, "spec `{spec}` has no mask, so it needs no block mask"),
+            Error::NoTensorGrad { tensor } => write!(
+                f,
+                "tensor `{tensor}` has no gradient: only float tensors the score expression reads with one index list do"
+            ),
+            Error::TensorGradCount { declared, got } => {
+                write!(f, "{got} tensor-gradient slots given but the spec declares {declared} tensor(s)")
+            }
             Error::BlockMaskMismatch { what } => {
                 write!(f, "the block mask was built for a different {what} than this launch; rebuild it")
             }

@@ -104,7 +104,7 @@ impl Runtime {
 }
 
 /// A block mask must describe exactly the launch it is used for.
-fn check_block_mask(built: &BuiltFor, launch: &BuiltFor) -> Result<(), Error> {
+pub(crate) fn check_block_mask(built: &BuiltFor, launch: &BuiltFor) -> Result<(), Error> {
     let what = if built.spec_source != launch.spec_source {
         "spec"
     } else if built.shape != launch.shape {

@@ -29,6 +29,7 @@
 
 mod arch;
 mod args;
+mod backward;
 mod block_mask;
 mod check;
 mod disk_cache;
@@ -43,6 +44,7 @@ mod single_flight;
 
 pub use arch::Arch;
 pub use args::ArgValue;
+pub use backward::{BackwardIo, BackwardOptions};
 pub use block_mask::BlockMask;
 pub use disk_cache::{
     precompile, DiskCache, Entry, EntryKey, PrecompileReport, CACHE_DIR_ENV, CACHE_ENV, CACHE_MAX_BYTES_ENV,

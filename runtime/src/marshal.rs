@@ -128,7 +128,8 @@ pub(crate) unsafe fn launch(
 /// the grid limits, so the narrowing casts are exact.
 pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize) -> Result<LaunchConfig, Error> {
     if kernel.block_m == 0 || kernel.threads == 0 || (kernel.grid == Grid::KeyTiles && kernel.block_n == 0) {
-        let problem = format!("block_m = {}, block_n = {}, threads = {}", kernel.block_m, kernel.block_n, kernel.threads);
+        let problem =
+            format!("block_m = {}, block_n = {}, threads = {}", kernel.block_m, kernel.block_n, kernel.threads);
         return Err(Error::KernelAbi { kernel: kernel.name.clone(), problem });
     }
     let q_tiles = shape.q_len.div_ceil(kernel.block_m as usize) as u32;

@@ -46,6 +46,7 @@ pub struct CacheStats {
 pub(crate) enum Which {
     Forward,
     BlockMask,
+    Backward(cuda::BackwardPass),
 }
 
 impl Which {
@@ -56,6 +57,7 @@ impl Which {
         match self {
             Which::Forward => Some(cuda::emit_forward(spec)),
             Which::BlockMask => cuda::emit_block_mask(spec, cuda::TileConfig::default_for(spec)),
+            Which::Backward(pass) => Some(cuda::emit_backward(spec, pass)),
         }
     }
 }

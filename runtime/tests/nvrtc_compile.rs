@@ -42,8 +42,9 @@ fn every_shipped_spec_compiles_for_sm80_and_sm90() {
         .iter()
         .flat_map(|spec| {
             let block_mask = emit_block_mask(spec, TileConfig::default_for(spec));
-            let backward = [BackwardPass::Preprocess, BackwardPass::KeyValue, BackwardPass::Query, BackwardPass::Postprocess]
-                .map(|pass| Some(emit_backward(spec, pass)));
+            let backward =
+                [BackwardPass::Preprocess, BackwardPass::KeyValue, BackwardPass::Query, BackwardPass::Postprocess]
+                    .map(|pass| Some(emit_backward(spec, pass)));
             [Some(emit_forward(spec)), block_mask].into_iter().chain(backward).flatten()
         })
         .flat_map(|kernel| [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (kernel.clone(), arch)))

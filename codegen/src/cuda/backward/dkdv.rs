@@ -218,7 +218,12 @@ pub(super) fn write_rows(w: &mut Writer<String>, spec: &Spec, op: Operand, rows:
 }
 
 /// One step: the query tile j of head h against this CTA's keys.
-fn write_step(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoisted: &[crate::cuda::hoist::Hoisted]) -> fmt::Result {
+fn write_step(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    terms: &SpecTerms,
+    hoisted: &[crate::cuda::hoist::Hoisted],
+) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
     let [q_len, heads, scale] = [ArgKind::QLen, ArgKind::Heads, ArgKind::Scale].map(n);
     let seq = |op| n(ArgKind::Stride(op, Axis::Seq));
@@ -294,7 +299,10 @@ fn write_step(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoisted: &
                         writeln!(w, "if (p != 0.0f) acc_{t} += {term};")?;
                     } else {
                         let dt = n(ArgKind::TensorGrad(*slot));
-                        writeln!(w, "if ({dt} != nullptr && p != 0.0f) atomicAdd(&{dt}[at_{t}(q, k, i, n, c)], {term});")?;
+                        writeln!(
+                            w,
+                            "if ({dt} != nullptr && p != 0.0f) atomicAdd(&{dt}[at_{t}(q, k, i, n, c)], {term});"
+                        )?;
                     }
                 }
                 Ok(())

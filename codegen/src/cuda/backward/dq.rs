@@ -3,8 +3,8 @@
 //! walking the kv tiles and keeping dQ in registers. See the module note.
 
 use super::common::{
-    write_column_terms, write_forward_tiles, write_gradient_step, write_row_terms, write_source,
-    write_spec_lambdas, write_tile_walk, Rows, Sections, SpecTerms, Walk,
+    write_column_terms, write_forward_tiles, write_gradient_step, write_row_terms, write_source, write_spec_lambdas,
+    write_tile_walk, Rows, Sections, SpecTerms, Walk,
 };
 use super::dkdv::write_rows;
 use super::BackwardConfig;

@@ -1,0 +1,235 @@
+//! The checked, asynchronous backward launch: the kernels of
+//! `flashgen_codegen::cuda::emit_backward`, queued in order on the runtime's
+//! stream.
+//!
+//! Workspace: D (`f32[batch, heads, q_len]`) and, in the atomic mode, the dQ
+//! accumulator (`f32[batch, heads, q_len, head_dim]`) are allocated zeroed
+//! on the stream per launch. Requested tensor gradients are zeroed, then
+//! summed into by f32 atomics: they are not bitwise deterministic, in either
+//! mode. dQ, dK and dV are deterministic in the deterministic mode; in the
+//! atomic mode dQ's f32 sum order varies between runs.
+
+use crate::args::ArgInfo;
+use crate::block_mask::{BlockMask, BuiltFor};
+use crate::check::{check_backward, Buffer, Grads, Problem};
+use crate::forward::check_block_mask;
+use crate::marshal::{launch, launch_config, marshal, Bindings, GradBindings};
+use crate::runtime::{LoadedKernel, Which};
+use crate::{ArgValue, Element, Error, Layout, Runtime};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use flashgen_codegen::cuda::{trainable_tensors, BackwardPass, TileConfig};
+use flashgen_codegen::{to_source, Shape, Spec};
+
+/// The operands of one backward pass: the forward's inputs, its output O and
+/// row log-sum-exp (`f32[batch, heads, q_len]`, as [`crate::ForwardIo::lse`]
+/// writes it), the incoming gradient dO (laid out like O), and the gradients
+/// written: dQ, dK, dV (laid out like Q, K, V) and, per declared tensor in
+/// declaration order, an optional f32 buffer of the tensor's element count
+/// for its gradient (overwritten; trailing tensors may be left out).
+pub struct BackwardIo<'a, T> {
+    pub q: (&'a CudaSlice<T>, Layout),
+    pub k: (&'a CudaSlice<T>, Layout),
+    pub v: (&'a CudaSlice<T>, Layout),
+    pub o: (&'a CudaSlice<T>, Layout),
+    pub lse: &'a CudaSlice<f32>,
+    pub d_o: (&'a CudaSlice<T>, Layout),
+    pub dq: (&'a mut CudaSlice<T>, Layout),
+    pub dk: (&'a mut CudaSlice<T>, Layout),
+    pub dv: (&'a mut CudaSlice<T>, Layout),
+    pub d_tensors: Vec<Option<&'a mut CudaSlice<f32>>>,
+}
+
+#[derive(Clone, Copy, Default)]
+pub struct BackwardOptions<'a> {
+    /// Softmax scale; must be the forward's. `None` means `1 / sqrt(head_dims.qk)`.
+    pub scale: Option<f32>,
+    /// The block mask the forward used (same spec, shape, params and
+    /// tensors): the backward kernels skip the same tiles.
+    pub block_mask: Option<&'a BlockMask>,
+    /// Compute dQ in a separate kernel without atomics, so dQ, dK and dV are
+    /// bitwise reproducible (tensor gradients still use atomics).
+    pub deterministic: bool,
+}
+
+impl Runtime {
+    /// Checks every size, stride, buffer length and argument against `spec`
+    /// as [`Runtime::forward`] does, plus the gradient operands, then queues
+    /// the backward kernels on [`Runtime::stream`] without waiting for them.
+    pub fn backward<T: Element>(
+        &self,
+        spec: &Spec,
+        io: BackwardIo<'_, T>,
+        args: &[ArgValue<'_>],
+        opts: &BackwardOptions<'_>,
+    ) -> Result<(), Error> {
+        let BackwardIo { q, k, v, o, lse, d_o, dq, dk, dv, d_tensors } = io;
+        let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
+        let buffer = |layout, len| Buffer { layout, len };
+        let problem = Problem {
+            dtype: T::DTYPE,
+            q: buffer(q.1, q.0.len()),
+            k: buffer(k.1, k.0.len()),
+            v: buffer(v.1, v.0.len()),
+            o: buffer(o.1, o.0.len()),
+            lse: Some(lse.len()),
+        };
+        let grads = Grads {
+            d_o: buffer(d_o.1, d_o.0.len()),
+            dq: buffer(dq.1, dq.0.len()),
+            dk: buffer(dk.1, dk.0.len()),
+            dv: buffer(dv.1, dv.0.len()),
+        };
+        let shape = check_backward(spec, &problem, &grads, &infos)?;
+        check_tensor_grads(spec, shape, &d_tensors)?;
+        let Some(shape) = shape else {
+            return Ok(());
+        };
+        let load = |pass| self.load_which(spec, Which::Backward(pass));
+        let (pre, main) = (load(BackwardPass::Preprocess)?, load(BackwardPass::KeyValue)?);
+        let dq_pass = load(if opts.deterministic { BackwardPass::Query } else { BackwardPass::Postprocess })?;
+
+        let stream = self.stream();
+        let alloc = |n: usize| {
+            stream.alloc_zeros::<f32>(n.max(1)).map_err(|e| Error::driver("allocating backward workspace", e))
+        };
+        let rows = shape.batch * shape.heads * shape.q_len;
+        let mut delta = alloc(rows)?;
+        let mut dq_accum = if opts.deterministic { None } else { Some(alloc(rows * spec.head_dims.qk as usize)?) };
+        let mut d_tensors = d_tensors;
+        for t in d_tensors.iter_mut().flatten() {
+            stream.memset_zeros(*t).map_err(|e| Error::driver("zeroing a tensor gradient", e))?;
+        }
+
+        // The guards order the launches after pending work on each buffer and
+        // record them for later work; they must live until after the launches.
+        let s = stream.as_ref();
+        let (q_ptr, _q) = q.0.device_ptr(s);
+        let (k_ptr, _k) = k.0.device_ptr(s);
+        let (v_ptr, _v) = v.0.device_ptr(s);
+        let (o_ptr, _o) = o.0.device_ptr(s);
+        let (lse_ptr, _lse) = lse.device_ptr(s);
+        let (do_ptr, _do) = d_o.0.device_ptr(s);
+        let (dq_ptr, _dq) = dq.0.device_ptr_mut(s);
+        let (dk_ptr, _dk) = dk.0.device_ptr_mut(s);
+        let (dv_ptr, _dv) = dv.0.device_ptr_mut(s);
+        let (delta_ptr, _delta) = delta.device_ptr_mut(s);
+        let accum = dq_accum.as_mut().map(|a| a.device_ptr_mut(s));
+        let grad_guards: Vec<_> = d_tensors.iter_mut().map(|t| t.as_mut().map(|t| t.device_ptr_mut(s))).collect();
+        let mut tensor_grads: Vec<u64> = grad_guards.iter().map(|g| g.as_ref().map_or(0, |(ptr, _)| *ptr)).collect();
+        tensor_grads.resize(spec.tensors.len(), 0);
+        let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(s)).collect();
+        let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
+        if let Some(mask) = opts.block_mask {
+            let fwd = TileConfig::default_for(spec);
+            let launch = BuiltFor {
+                spec_source: to_source(spec),
+                shape,
+                tile: (fwd.block_m(), fwd.block_n),
+                args: infos.clone(),
+                tensors: tensor_ptrs.clone(),
+            };
+            check_block_mask(&mask.built_for, &launch)?;
+        }
+        let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(s), m.strides));
+        let bindings = Bindings {
+            shape,
+            ptrs: [q_ptr, k_ptr, v_ptr, o_ptr],
+            strides: [q.1.strides, k.1.strides, v.1.strides, o.1.strides],
+            lse: lse_ptr,
+            scale: opts.scale.unwrap_or((1.0 / f64::from(spec.head_dims.qk).sqrt()) as f32),
+            args: &infos,
+            tensors: &tensor_ptrs,
+            block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
+            block_mask_out: 0,
+            grads: Some(GradBindings {
+                ptrs: [do_ptr, dq_ptr, dk_ptr, dv_ptr],
+                strides: [d_o.1.strides, dq.1.strides, dk.1.strides, dv.1.strides],
+                delta: delta_ptr,
+                dq_accum: accum.as_ref().map_or(0, |(ptr, _)| *ptr),
+                tensor_grads: &tensor_grads,
+            }),
+        };
+        // Stream waits queued by the guards report failures here, not below.
+        self.context().check_err().map_err(|e| Error::driver("ordering the backward launches", e))?;
+        let has_queries = shape.q_len > 0;
+        if has_queries {
+            self.launch_pass(&pre, &bindings)?;
+        }
+        if shape.kv_len > 0 {
+            self.launch_pass(&main, &bindings)?;
+        }
+        if has_queries {
+            self.launch_pass(&dq_pass, &bindings)?;
+        }
+        Ok(())
+    }
+
+    fn launch_pass(&self, loaded: &LoadedKernel, bindings: &Bindings) -> Result<(), Error> {
+        let kernel = loaded.kernel();
+        let values = marshal(kernel, bindings)?;
+        let config = launch_config(kernel, &bindings.shape, 1)?;
+        // SAFETY: `marshal` followed the kernel's own argument list, so the
+        // values match its parameters in order and type; `check_backward`
+        // proved every operand's layout inside its buffer, the workspace and
+        // tensor gradients were sized from the checked shape and declarations,
+        // and a block mask was checked to be built for this launch.
+        unsafe { launch(self.stream(), loaded.function(), &values, config) }
+            .map_err(|e| Error::driver(format!("launching `{}`", kernel.name), e))
+    }
+}
+
+/// Each requested tensor gradient belongs to a tensor that has one, and its
+/// buffer holds the tensor's element count.
+fn check_tensor_grads(
+    spec: &Spec,
+    shape: Option<Shape>,
+    d_tensors: &[Option<&mut CudaSlice<f32>>],
+) -> Result<(), Error> {
+    let lens: Vec<Option<usize>> = d_tensors.iter().map(|t| t.as_ref().map(|t| t.len())).collect();
+    check_tensor_grad_lens(spec, shape, &lens)
+}
+
+fn check_tensor_grad_lens(spec: &Spec, shape: Option<Shape>, lens: &[Option<usize>]) -> Result<(), Error> {
+    if lens.len() > spec.tensors.len() {
+        return Err(Error::TensorGradCount { declared: spec.tensors.len(), got: lens.len() });
+    }
+    let trainable = trainable_tensors(spec);
+    for (slot, len) in lens.iter().enumerate() {
+        let Some(len) = *len else { continue };
+        let tensor = &spec.tensors[slot];
+        if !trainable.contains(&slot) {
+            return Err(Error::NoTensorGrad { tensor: tensor.name.clone() });
+        }
+        if let Some(shape) = shape {
+            let needed = tensor.dims.iter().fold(1usize, |n, d| n.saturating_mul(d.resolve(&shape)));
+            if len < needed {
+                return Err(Error::TensorTooSmall { name: format!("d_{}", tensor.name), len, needed });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flashgen_codegen::parse_one;
+
+    #[test]
+    fn tensor_gradients_are_checked() {
+        let spec = parse_one(
+            "S { dtype: bf16, head_dim: 64, tensor slopes: f32[H], tensor doc: i32[B, KV_LEN], \
+             mask: doc[b][q] == doc[b][k], score: score + slopes[h] }",
+        )
+        .unwrap();
+        let shape = Some(Shape { batch: 2, heads: 4, heads_kv: 2, q_len: 10, kv_len: 20 });
+        check_tensor_grad_lens(&spec, shape, &[Some(4)]).unwrap();
+        check_tensor_grad_lens(&spec, shape, &[None, None]).unwrap();
+        let err = check_tensor_grad_lens(&spec, shape, &[Some(3)]).unwrap_err();
+        assert!(matches!(&err, Error::TensorTooSmall { name, len: 3, needed: 4 } if name == "d_slopes"), "{err}");
+        let err = check_tensor_grad_lens(&spec, shape, &[None, Some(40)]).unwrap_err();
+        assert!(matches!(&err, Error::NoTensorGrad { tensor } if tensor == "doc"), "{err}");
+        let err = check_tensor_grad_lens(&spec, shape, &[None, None, None]).unwrap_err();
+        assert!(matches!(err, Error::TensorGradCount { declared: 2, got: 3 }), "{err}");
+    }
+}
