@@ -11,7 +11,9 @@ use crate::codegen::{Dtype, ElemTy, Shape, Spec};
 use crate::cudarc::driver::sys::CUevent_flags;
 use crate::cudarc::driver::{CudaSlice, CudaStream, DriverError};
 use crate::half::{bf16, f16};
-use crate::runtime::{ArgValue, BlockMask, Element, Error, ForwardIo, ForwardOptions, Layout, Runtime};
+use crate::runtime::{
+    ArgValue, BackwardIo, BackwardOptions, BlockMask, Element, Error, ForwardIo, ForwardOptions, Layout, Runtime,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
@@ -329,6 +331,93 @@ impl DeviceProblem {
     }
 }
 
+/// Backward GPU results, gathered into the reference's layouts (dQ, dK, dV
+/// BSHD; tensor gradients row-major, `None` where the tensor has none).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuGradients {
+    pub dq: Vec<f64>,
+    pub dk: Vec<f64>,
+    pub dv: Vec<f64>,
+    pub d_tensors: Vec<Option<Vec<f64>>>,
+}
+
+impl DeviceProblem {
+    /// Runs the backward pass from this problem's O and LSE (run
+    /// [`Self::launch`] first) with the incoming gradient `d_out` (BSHD, like
+    /// O), asking for every tensor gradient the spec has; dQ, dK, dV and the
+    /// tensor gradients start NaN-poisoned. Waits and reads them back.
+    pub fn backward(
+        &self,
+        rt: &Runtime,
+        spec: &Spec,
+        problem: &Problem,
+        d_out: &[f64],
+        deterministic: bool,
+    ) -> Result<GpuGradients, Error> {
+        let opts =
+            BackwardOptions { scale: Some(problem.scale as f32), block_mask: self.block_mask.as_ref(), deterministic };
+        match &self.operands {
+            Operands::F16(ops) => self.backward_as(rt, spec, problem, ops, d_out, &opts),
+            Operands::Bf16(ops) => self.backward_as(rt, spec, problem, ops, d_out, &opts),
+        }
+    }
+
+    fn backward_as<T: Storage>(
+        &self,
+        rt: &Runtime,
+        spec: &Spec,
+        problem: &Problem,
+        [q, k, v, o]: &[CudaSlice<T>; 4],
+        d_out: &[f64],
+        opts: &BackwardOptions<'_>,
+    ) -> Result<GpuGradients, Error> {
+        let s = &self.stream;
+        let [lq, lk, lv, lo] = self.layouts;
+        let up = driver("upload backward operands");
+        let poisoned = |l: &Layout| s.clone_htod(&vec![T::NAN; buffer_len(l)]).map_err(up);
+        let d_o = s.clone_htod(&scatter::<T>(d_out, &lo)).map_err(up)?;
+        let (mut dq, mut dk, mut dv) = (poisoned(&lq)?, poisoned(&lk)?, poisoned(&lv)?);
+        let trainable = crate::codegen::cuda::trainable_tensors(spec);
+        let mut grads: Vec<Option<CudaSlice<f32>>> = (0..spec.tensors.len())
+            .map(|i| {
+                let len = spec.tensors[i].len(&problem.shape);
+                trainable.contains(&i).then(|| s.clone_htod(&vec![f32::NAN; len.max(1)]).map_err(up)).transpose()
+            })
+            .collect::<Result<_, Error>>()?;
+        let io = BackwardIo {
+            q: (q, lq),
+            k: (k, lk),
+            v: (v, lv),
+            o: (o, lo),
+            lse: &self.lse,
+            d_o: (&d_o, lo),
+            dq: (&mut dq, lq),
+            dk: (&mut dk, lk),
+            dv: (&mut dv, lv),
+            d_tensors: grads.iter_mut().map(Option::as_mut).collect(),
+        };
+        rt.backward(spec, io, &launch_args(&self.tensors, problem), opts)?;
+        let down = driver("download gradients");
+        s.synchronize().map_err(down)?;
+        let d_tensors = grads
+            .iter()
+            .zip(&spec.tensors)
+            .map(|(g, decl)| {
+                let len = decl.len(&problem.shape);
+                g.as_ref()
+                    .map(|g| Ok(s.clone_dtoh(g).map_err(down)?.into_iter().take(len).map(f64::from).collect()))
+                    .transpose()
+            })
+            .collect::<Result<_, Error>>()?;
+        Ok(GpuGradients {
+            dq: gather(&s.clone_dtoh(&dq).map_err(down)?, &lq),
+            dk: gather(&s.clone_dtoh(&dk).map_err(down)?, &lk),
+            dv: gather(&s.clone_dtoh(&dv).map_err(down)?, &lv),
+            d_tensors,
+        })
+    }
+}
+
 /// The params and captured tensors as launch arguments.
 fn launch_args<'a>(tensors: &'a [DeviceTensor], problem: &Problem) -> Vec<ArgValue<'a>> {
     let params = problem.params.iter().map(|p| match *p {
@@ -371,6 +460,57 @@ pub fn check(spec: &Spec, problem: &Problem, gpu: &GpuOutput) -> Result<Report, 
             f,
         ),
     })
+}
+
+/// The verdict on one backward run: dQ, dK, dV and each tensor gradient.
+#[derive(Clone, Debug)]
+pub struct BackwardReport {
+    pub dq: FlashCheck,
+    pub dk: FlashCheck,
+    pub dv: FlashCheck,
+    /// (tensor name, check) per tensor with a gradient.
+    pub d_tensors: Vec<(String, FlashCheck)>,
+}
+
+impl BackwardReport {
+    pub fn passed(&self) -> bool {
+        [&self.dq, &self.dk, &self.dv].iter().all(|c| c.passed) && self.d_tensors.iter().all(|(_, c)| c.passed)
+    }
+}
+
+/// Judges backward results with FlashAttention's rule (factor
+/// [`reference::BACKWARD_FACTOR`]) against the f64 reference backward, the
+/// baseline being the same-dtype emulation of [`reference::backward_in`].
+pub fn check_backward(
+    spec: &Spec,
+    problem: &Problem,
+    d_out: &[f64],
+    gpu: &GpuGradients,
+) -> Result<BackwardReport, reference::ReferenceError> {
+    let golden = reference::backward(spec, problem, d_out)?;
+    let same = reference::backward_in(spec, problem, d_out, Precision::SameDtype(spec.dtype))?;
+    let f = reference::BACKWARD_FACTOR;
+    let rule = |out: &[f64], same: &[f64], golden: &[f64]| reference::flash_rule(out, same, golden, f);
+    let mut d_tensors = Vec::new();
+    for (slot, golden_t) in golden.d_tensors.iter().enumerate() {
+        let (Some(golden_t), Some(same_t)) = (golden_t, &same.d_tensors[slot]) else { continue };
+        // A requested gradient that did not come back fails as NaN.
+        let out = gpu.d_tensors.get(slot).cloned().flatten().unwrap_or_else(|| vec![f64::NAN]);
+        d_tensors.push((spec.tensors[slot].name.clone(), rule(&out, same_t, golden_t)));
+    }
+    Ok(BackwardReport {
+        dq: rule(&gpu.dq, &same.dq, &golden.dq),
+        dk: rule(&gpu.dk, &same.dk, &golden.dk),
+        dv: rule(&gpu.dv, &same.dv, &golden.dv),
+        d_tensors,
+    })
+}
+
+/// dL/dO ~ N(0, 1), rounded to the spec's dtype, BSHD like O.
+pub fn random_d_out(spec: &Spec, shape: Shape, seed: u64) -> Vec<f64> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
+    let n = shape.batch * shape.q_len * shape.heads * spec.head_dims.v as usize;
+    (0..n).map(|_| round(spec.dtype, rng.sample::<f64, _>(StandardNormal))).collect()
 }
 
 /// Maps −∞ to a large finite value where the golden LSE is −∞ too, so that

@@ -11,6 +11,7 @@
 
 use super::attention::{forward, Precision, Problem};
 use super::eval::{check_len, Arith, Env, Position};
+use super::rounding::round_dtype;
 use super::ReferenceError;
 use crate::grad::{d_load, d_score, load_indices};
 use crate::spec::{Expr, Shape, Spec};
@@ -33,6 +34,24 @@ pub struct Gradients {
 /// and fully masked rows contribute nothing; dK and dV of a K/V head sum over
 /// its group of query heads.
 pub fn backward(spec: &Spec, problem: &Problem, d_out: &[f64]) -> Result<Gradients, ReferenceError> {
+    backward_in(spec, problem, d_out, Precision::F64)
+}
+
+/// [`backward`] at `precision`. [`Precision::SameDtype`] emulates the
+/// backward of a same-dtype PyTorch reference (the baseline of
+/// [`super::flash_rule`] for gradients): P, dP = dO·Vᵀ, D, dS′ and dS are
+/// rounded to the dtype, as bf16/f16 autograd materializes them, and so are
+/// the gradients (O and LSE come from the f64 forward).
+pub fn backward_in(
+    spec: &Spec,
+    problem: &Problem,
+    d_out: &[f64],
+    precision: Precision,
+) -> Result<Gradients, ReferenceError> {
+    let round = |x: f64| match precision {
+        Precision::F64 => x,
+        Precision::SameDtype(dtype) => round_dtype(dtype, x),
+    };
     // Validates the shape, buffers, params and tensors, and gives O and LSE.
     let out = forward(spec, problem, Precision::F64)?;
     let Shape { batch, heads, heads_kv, q_len, kv_len } = problem.shape;
@@ -71,7 +90,7 @@ pub fn backward(spec: &Spec, problem: &Problem, d_out: &[f64]) -> Result<Gradien
                 let row = (b * q_len + i) * heads + h;
                 let q_row = &problem.q[row * d_qk..][..d_qk];
                 let do_row = &d_out[row * d_v..][..d_v];
-                let delta = dot(do_row, &out.o[row * d_v..][..d_v]);
+                let delta = round(dot(do_row, &out.o[row * d_v..][..d_v]));
                 // Sizes were checked to fit i32 by `Env::new`.
                 let mut at = Position { b: b as i32, h: h as i32, q: i as i32, k: 0, score: 0.0 };
                 for j in 0..kv_len {
@@ -84,12 +103,12 @@ pub fn backward(spec: &Spec, problem: &Problem, d_out: &[f64]) -> Result<Gradien
                     let v_row = &problem.v[kv_row * d_v..][..d_v];
                     at.score = problem.scale * dot(q_row, k_row);
                     let s = spec.score.as_ref().map_or(at.score, |e| env.eval(e, &at).as_f64());
-                    let p = (s - lse).exp();
+                    let p = round((s - lse).exp());
                     if p == 0.0 {
                         continue; // No weight, as in the forward; avoids 0 · ∞ from the derivatives.
                     }
-                    let ds_mod = p * (dot(do_row, v_row) - delta);
-                    let ds = ds_mod * d_score.as_ref().map_or(1.0, |e| env.eval(e, &at).as_f64());
+                    let ds_mod = round(p * (round(dot(do_row, v_row)) - delta));
+                    let ds = round(ds_mod * d_score.as_ref().map_or(1.0, |e| env.eval(e, &at).as_f64()));
                     for (dv, &x) in g.dv[kv_row * d_v..][..d_v].iter_mut().zip(do_row) {
                         *dv += p * x;
                     }
@@ -111,7 +130,10 @@ pub fn backward(spec: &Spec, problem: &Problem, d_out: &[f64]) -> Result<Gradien
         }
     }
     for t in trainable {
-        g.d_tensors[t.slot] = Some(t.grad);
+        g.d_tensors[t.slot] = Some(t.grad.into_iter().map(round).collect());
+    }
+    for x in g.dq.iter_mut().chain(&mut g.dk).chain(&mut g.dv) {
+        *x = round(*x);
     }
     Ok(g)
 }

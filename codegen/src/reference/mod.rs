@@ -25,7 +25,7 @@ mod metrics;
 mod rounding;
 
 pub use attention::{forward, Output, Precision, Problem};
-pub use backward::{backward, Gradients};
+pub use backward::{backward, backward_in, Gradients};
 pub use eval::{Arith, Env, ParamValue, Position, TensorData, Value};
 pub use metrics::{flash_rule, max_abs_diff, mean_abs_diff, FlashCheck, BACKWARD_FACTOR, FLASH_SLACK, FORWARD_FACTOR};
 pub use rounding::{round_bf16, round_dtype, round_f16};

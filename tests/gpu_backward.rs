@@ -1,0 +1,288 @@
+//! GPU correctness of the generated backward kernels: dQ, dK, dV and tensor
+//! gradients judged with FlashAttention's rule (factor 3) against the f64
+//! reference backward, the baseline being a same-dtype emulation.
+//!
+//! Each case runs the GPU forward (O, LSE) and then the backward on fresh
+//! random inputs with NaN-poisoned outputs (the seed is printed with every
+//! row). The CPU references of all cases are computed in parallel after the
+//! GPU runs. Skipped, with the reason printed, only where no GPU exists.
+
+use flashgen::codegen::reference::ParamValue;
+use flashgen::codegen::{Dtype, HeadDims, Shape, Spec};
+use flashgen::verify::{self, DeviceProblem, GpuGradients, OperandLayout};
+use flashgen::{Error, Runtime};
+
+const VARIANTS: [(&str, &str); 10] = [
+    ("full", include_str!("../specs/full.attn")),
+    ("causal", include_str!("../specs/causal.attn")),
+    ("causal_bottom_right", include_str!("../specs/causal_bottom_right.attn")),
+    ("sliding_window", include_str!("../specs/sliding_window.attn")),
+    ("prefix_lm", include_str!("../specs/prefix_lm.attn")),
+    ("document", include_str!("../specs/document.attn")),
+    ("alibi", include_str!("../specs/alibi.attn")),
+    ("softcap", include_str!("../specs/softcap.attn")),
+    ("relative_bias", include_str!("../specs/relative_bias.attn")),
+    ("gqa", include_str!("../specs/gqa.attn")),
+];
+
+fn runtime() -> Option<Runtime> {
+    match Runtime::new(0) {
+        Ok(rt) => Some(rt),
+        Err(e) if e.is_no_gpu() => {
+            eprintln!("skipped: no GPU ({e})");
+            None
+        }
+        Err(e) => panic!("the runtime failed to start on a machine with a GPU: {e}"),
+    }
+}
+
+fn spec(variant: &str) -> Spec {
+    let (_, source) = VARIANTS.iter().find(|(name, _)| *name == variant).expect("a known variant");
+    flashgen::parse_one(source).unwrap_or_else(|e| panic!("{}", e.render(variant, source)))
+}
+
+fn params(spec: &Spec) -> Vec<ParamValue> {
+    spec.params
+        .iter()
+        .map(|p| match p.name.as_str() {
+            "window" => ParamValue::I32(96),
+            "prefix" => ParamValue::I32(70),
+            "cap" => ParamValue::F32(30.0),
+            other => panic!("no test value for param `{other}`"),
+        })
+        .collect()
+}
+
+fn with(mut spec: Spec, dtype: Dtype, qk: u32, v: u32) -> Spec {
+    spec.dtype = dtype;
+    spec.head_dims = HeadDims { qk, v };
+    spec
+}
+
+#[derive(Clone, Copy)]
+struct Case {
+    batch: usize,
+    heads: (usize, usize),
+    seqs: (usize, usize),
+    deterministic: bool,
+    block_mask: bool,
+}
+
+impl Case {
+    fn new(heads: (usize, usize), seqs: (usize, usize)) -> Self {
+        Case { batch: 2, heads, seqs, deterministic: false, block_mask: false }
+    }
+
+    fn deterministic(self) -> Self {
+        Case { deterministic: true, ..self }
+    }
+}
+
+/// Runs every (spec, case) on the GPU, then checks them all against the
+/// reference in parallel; prints a table and fails if any row failed.
+fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
+    let mut runs = Vec::new();
+    let mut failures = Vec::new();
+    for (spec, case) in cases {
+        let shape = Shape {
+            batch: case.batch,
+            heads: case.heads.0,
+            heads_kv: case.heads.1,
+            q_len: case.seqs.0,
+            kv_len: case.seqs.1,
+        };
+        let seed: u64 = rand::random();
+        let problem = verify::random_problem(&spec, shape, params(&spec), vec![], None, seed);
+        let d_out = verify::random_d_out(&spec, shape, seed);
+        let row = format!(
+            "{:<22} {:?} d={}/{} h={}/{} s={}/{} {}{} seed {seed}",
+            spec.name,
+            spec.dtype,
+            spec.head_dims.qk,
+            spec.head_dims.v,
+            case.heads.0,
+            case.heads.1,
+            case.seqs.0,
+            case.seqs.1,
+            if case.deterministic { "deterministic" } else { "atomic" },
+            if case.block_mask { " block-mask" } else { "" },
+        );
+        let gpu = (|| -> Result<GpuGradients, Error> {
+            let mut gpu = DeviceProblem::upload(rt, &spec, &problem, OperandLayout::Bshd)?;
+            if case.block_mask {
+                gpu.build_block_mask(rt, &spec, &problem)?;
+            }
+            gpu.launch(rt, &spec, &problem)?;
+            let grads = gpu.backward(rt, &spec, &problem, &d_out, case.deterministic)?;
+            if case.deterministic {
+                let again = gpu.backward(rt, &spec, &problem, &d_out, true)?;
+                let same = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                if !(same(&grads.dq, &again.dq) && same(&grads.dk, &again.dk) && same(&grads.dv, &again.dv)) {
+                    return Err(Error::KernelAbi {
+                        kernel: spec.name.clone(),
+                        problem: "deterministic mode gave different dQ/dK/dV on a second run".into(),
+                    });
+                }
+            }
+            Ok(grads)
+        })();
+        match gpu {
+            Ok(grads) => runs.push((spec, problem, d_out, grads, row)),
+            Err(e) => {
+                println!("ERROR  {row}  {e}");
+                failures.push(row);
+            }
+        }
+    }
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = runs.len().div_ceil(workers).max(1);
+    let verdicts: Vec<(String, Result<verify::BackwardReport, String>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = runs
+            .chunks(chunk)
+            .map(|part| {
+                scope.spawn(move || {
+                    part.iter()
+                        .map(|(spec, problem, d_out, grads, row)| {
+                            let report = verify::check_backward(spec, problem, d_out, grads).map_err(|e| e.to_string());
+                            (row.clone(), report)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().expect("a reference thread panicked")).collect()
+    });
+    for (row, report) in verdicts {
+        match report {
+            Ok(r) if r.passed() => println!(
+                "ok     {row}  dQ {:.2e}≤{:.2e} dK {:.2e}≤{:.2e} dV {:.2e}≤{:.2e}{}",
+                r.dq.error,
+                r.dq.tolerance,
+                r.dk.error,
+                r.dk.tolerance,
+                r.dv.error,
+                r.dv.tolerance,
+                r.d_tensors
+                    .iter()
+                    .map(|(t, c)| format!(" d{t} {:.2e}≤{:.2e}", c.error, c.tolerance))
+                    .collect::<String>()
+            ),
+            Ok(r) => {
+                println!("FAILED {row}\n       dQ: {}\n       dK: {}\n       dV: {}", r.dq, r.dk, r.dv);
+                for (t, c) in &r.d_tensors {
+                    println!("       d{t}: {c}");
+                }
+                failures.push(row);
+            }
+            Err(e) => {
+                println!("ERROR  {row}  {e}");
+                failures.push(row);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} case(s) failed:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Every example variant (trainable tensors included: ALiBi slopes, the
+/// relative bias) at awkward sequence lengths, MHA and GQA.
+#[test]
+fn every_variant_at_awkward_seqlens() {
+    let Some(rt) = runtime() else { return };
+    let mut cases = Vec::new();
+    for (variant, _) in VARIANTS {
+        for seqs in [(113, 203), (128, 217)] {
+            let heads = if variant == "gqa" { (4, 2) } else { (3, 3) };
+            cases.push((spec(variant), Case::new(heads, seqs)));
+        }
+    }
+    for variant in ["causal", "document", "alibi", "gqa"] {
+        cases.push((spec(variant), Case { batch: 1, ..Case::new((2, 1), (1024, 1023)) }));
+    }
+    run_all(&rt, cases);
+}
+
+#[test]
+fn deterministic_mode_is_exact_and_reproducible() {
+    let Some(rt) = runtime() else { return };
+    let mut cases = Vec::new();
+    for variant in ["full", "causal", "sliding_window", "document", "alibi", "softcap", "relative_bias", "gqa"] {
+        let heads = if variant == "gqa" { (4, 2) } else { (2, 2) };
+        cases.push((spec(variant), Case::new(heads, (113, 203)).deterministic()));
+    }
+    cases.push((spec("causal"), Case { batch: 1, ..Case::new((2, 1), (1024, 1023)) }.deterministic()));
+    run_all(&rt, cases);
+}
+
+#[test]
+fn head_dims_dtypes_and_head_groups() {
+    let Some(rt) = runtime() else { return };
+    let mut cases = Vec::new();
+    for variant in ["causal", "softcap"] {
+        for dtype in [Dtype::F16, Dtype::Bf16] {
+            for (qk, v) in [(64, 64), (128, 128), (59, 59), (96, 96), (192, 128), (256, 256)] {
+                cases.push((with(spec(variant), dtype, qk, v), Case::new((4, 2), (113, 203))));
+            }
+        }
+    }
+    for heads in [(6, 6), (6, 2), (6, 1)] {
+        cases.push((spec("alibi"), Case::new(heads, (128, 217))));
+        cases.push((with(spec("causal"), Dtype::Bf16, 64, 64), Case::new(heads, (128, 217)).deterministic()));
+    }
+    run_all(&rt, cases);
+}
+
+/// q_len > kv_len with a bottom-right causal mask leaves the first rows with
+/// no key at all: their gradients must be 0, never NaN.
+#[test]
+fn fully_masked_rows() {
+    let Some(rt) = runtime() else { return };
+    let mut cases = Vec::new();
+    for deterministic in [false, true] {
+        let case = Case { deterministic, ..Case::new((2, 1), (300, 37)) };
+        cases.push((spec("causal_bottom_right"), case));
+    }
+    run_all(&rt, cases);
+}
+
+/// Block masks built for the forward skip the same tiles in the backward.
+#[test]
+fn block_masks_are_reused() {
+    let Some(rt) = runtime() else { return };
+    let mut cases = Vec::new();
+    for variant in ["document", "sliding_window", "prefix_lm"] {
+        for deterministic in [false, true] {
+            let case = Case { block_mask: true, deterministic, ..Case::new((2, 2), (300, 555)) };
+            cases.push((spec(variant), case));
+        }
+    }
+    run_all(&rt, cases);
+}
+
+/// Bad backward launches are typed errors, never launches.
+#[test]
+fn bad_backward_launches_are_rejected() {
+    let Some(rt) = runtime() else { return };
+    let spec = spec("alibi");
+    let s = rt.stream();
+    let layout = flashgen::Layout::bshd(1, 64, 2, 128);
+    let x = s.alloc_zeros::<flashgen::half::bf16>(layout.len()).unwrap();
+    let lse = s.alloc_zeros::<f32>(128).unwrap();
+    let slopes = s.alloc_zeros::<f32>(2).unwrap();
+    let (mut dq, mut dk) = (s.alloc_zeros(layout.len()).unwrap(), s.alloc_zeros(layout.len()).unwrap());
+    let mut dv = s.alloc_zeros(layout.len() - 1).unwrap();
+    let mut d_slopes = s.alloc_zeros::<f32>(1).unwrap();
+    let io = flashgen::BackwardIo {
+        q: (&x, layout),
+        k: (&x, layout),
+        v: (&x, layout),
+        o: (&x, layout),
+        lse: &lse,
+        d_o: (&x, layout),
+        dq: (&mut dq, layout),
+        dk: (&mut dk, layout),
+        dv: (&mut dv, layout),
+        d_tensors: vec![Some(&mut d_slopes)],
+    };
+    let err = rt.backward(&spec, io, &[(&slopes).into()], &Default::default()).unwrap_err();
+    assert!(matches!(err, Error::OutOfBounds { operand: flashgen::codegen::abi::Operand::DV, .. }), "{err}");
+}
