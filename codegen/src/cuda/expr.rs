@@ -47,6 +47,7 @@ pub(super) fn c_expr_in(spec: &Spec, e: &Expr, hoisted: &dyn Fn(&Expr) -> Option
                 (BinOp::Mul, Ty::I32) => format!("mul_i32({x}, {y})"),
                 (BinOp::Div, Ty::I32) => format!("div_i32({x}, {y})"),
                 (BinOp::Rem, Ty::I32) => format!("rem_i32({x}, {y})"),
+                (BinOp::Div, _) => format!("div_f32({x}, {y})"),
                 (BinOp::Rem, _) => format!("fmodf({x}, {y})"),
                 _ => format!("({x} {} {y})", op.symbol()),
             }
@@ -131,7 +132,7 @@ fn func_name(func: Func, ty: Ty) -> &'static str {
         Func::Exp2 => "exp2f",
         Func::Log => "logf",
         Func::Log2 => "log2f",
-        Func::Tanh => "tanhf",
+        Func::Tanh => "tanh_f32",
         Func::Sigmoid => "sigmoid",
         Func::Sqrt => "sqrtf",
         Func::Floor => "floorf",
@@ -202,7 +203,8 @@ mod tests {
             "(((q >= k) && (sub_i32(q, k) < 3)) || (!(k == 0)))"
         );
         assert_eq!(mask("mask: (q < k) == (k < q)"), "((q < k) == (k < q))");
-        assert_eq!(score("score: -(score * 2.0) / (1.0 - score)"), "((-(score * 2.0f)) / (1.0f - score))");
+        assert_eq!(score("score: -(score * 2.0) - (1.0 - score)"), "((-(score * 2.0f)) - (1.0f - score))");
+        assert_eq!(score("score: score / (1.0 - score)"), "div_f32(score, (1.0f - score))");
     }
 
     #[test]

@@ -39,16 +39,15 @@ pub struct TileConfig {
 
 impl TileConfig {
     /// The default for a spec: 4 warps; up to head dim 128, 32 query rows
-    /// per warp (FlashAttention-2's BLOCK_M = 128) with 64-key tiles where
-    /// registers allow (head dim 64, or 128 without mask and score code:
-    /// ptxas spills otherwise); above 128 the O accumulator alone needs 128
-    /// registers, so 16 rows and 32 keys.
+    /// per warp (FlashAttention-2's BLOCK_M = 128) with 64-key tiles (at
+    /// d = 128 the mask and score code then leaves ptxas a few loop-invariant
+    /// spills, cheaper than halving the tile: 1.1-1.3x on the H200); above
+    /// 128 the O accumulator alone needs 128 registers, so 16 rows and 32
+    /// keys.
     pub fn default_for(spec: &Spec) -> TileConfig {
         let widest = pad16(spec.head_dims.qk).max(pad16(spec.head_dims.v));
-        let plain = spec.mask.is_none() && spec.score.is_none();
         match widest {
-            0..=64 => TileConfig { warps: 4, m_tiles: 2, block_n: 64 },
-            65..=128 => TileConfig { warps: 4, m_tiles: 2, block_n: if plain { 64 } else { 32 } },
+            0..=128 => TileConfig { warps: 4, m_tiles: 2, block_n: 64 },
             _ => TileConfig { warps: 4, m_tiles: 1, block_n: 32 },
         }
     }
@@ -273,33 +272,43 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
             \x20   }}\n\
             }}\n\
             \n\
-            // The spec on every element, then the online softmax: one rescale of\n\
-            // l and O per row and tile. While every key so far is masked, m_new is\n\
-            // -inf and m_use = 0 keeps exp2 away from -inf - -inf = NaN.\n\
+            // The spec on every element of S (log2 units, -inf where masked).\n\
+            // Interior tiles (kept whole, no key past kv_len) run without mask\n\
+            // and bounds code.\n"
+        )?;
+        writeln!(w, "if (full && kv0 + BLOCK_N <= {kv_len}) {{")?;
+        w.indented(|w| write_apply_logits(w, "logit_interior(x, q, kv0 + n * 8 + 2 * t + c, i, n, c)"))?;
+        writeln!(w, "}} else {{")?;
+        w.indented(|w| write_apply_logits(w, "logit(x, q, kv0 + n * 8 + 2 * t + c, i, n, c, full)"))?;
+        writeln!(w, "}}")?;
+        write!(
+            w,
+            "\
+            \n\
+            // Online softmax, base 2, row by row. A row's O and l are rescaled only\n\
+            // when its max grew by more than RESCALE_SLACK: until then exp2 runs\n\
+            // against the stale max, so P <= 2^RESCALE_SLACK, exact enough for f32\n\
+            // sums and 16-bit P (FlashAttention-4's conditional rescaling). The\n\
+            // four lanes of a row agree on the branch. While every key so far is\n\
+            // masked, m is -inf and exp2 runs against 0 (finite_or_zero).\n\
             #pragma unroll\n\
             for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
             \x20   const int mt = i / 2, r = i % 2;\n\
-            \x20   const int q = q0 + warp * WARP_M + mt * 16 + g + 8 * r;\n\
             \x20   float row_max = neg_inf();\n\
             \x20   #pragma unroll\n\
-            \x20   for (int n = 0; n < S_TILES; ++n) {{\n\
+            \x20   for (int n = 0; n < S_TILES; ++n) row_max = fmaxf(row_max, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));\n\
+            \x20   const float m_new = fmaxf(m[mt][r], quad_max(row_max));\n\
+            \x20   if (m_new > m[mt][r] + RESCALE_SLACK) {{\n\
+            \x20       const float alpha = fast_exp2(m[mt][r] - m_new);\n\
+            \x20       m[mt][r] = m_new;\n\
+            \x20       l[mt][r] *= alpha;\n\
             \x20       #pragma unroll\n\
-            \x20       for (int c = 0; c < 2; ++c) {{\n\
-            \x20           float& x = s[mt][n][2 * r + c];\n\
-            \x20           x = logit(x, q, kv0 + n * 8 + 2 * t + c, i, n, c, full);\n\
-            \x20           row_max = fmaxf(row_max, x);\n\
+            \x20       for (int n = 0; n < O_TILES; ++n) {{\n\
+            \x20           o[mt][n][2 * r] *= alpha;\n\
+            \x20           o[mt][n][2 * r + 1] *= alpha;\n\
             \x20       }}\n\
             \x20   }}\n\
-            \x20   const float m_new = fmaxf(m[mt][r], quad_max(row_max));\n\
-            \x20   const float m_use = m_new == neg_inf() ? 0.0f : m_new;\n\
-            \x20   const float alpha = fast_exp2(m[mt][r] - m_use);\n\
-            \x20   m[mt][r] = m_new;\n\
-            \x20   l[mt][r] *= alpha;\n\
-            \x20   #pragma unroll\n\
-            \x20   for (int n = 0; n < O_TILES; ++n) {{\n\
-            \x20       o[mt][n][2 * r] *= alpha;\n\
-            \x20       o[mt][n][2 * r + 1] *= alpha;\n\
-            \x20   }}\n\
+            \x20   const float m_use = finite_or_zero(m[mt][r]);\n\
             \x20   #pragma unroll\n\
             \x20   for (int n = 0; n < S_TILES; ++n) {{\n\
             \x20       #pragma unroll\n\
@@ -462,29 +471,56 @@ fn write_column_invariants(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoist
 /// The `logit` lambda: dot product at (q, k) → log2-domain logit, or −∞
 /// where the pair is masked or k is past the end of the sequence. `i` is
 /// the row slot and `(n, c)` the column slot, for hoisted terms.
+/// `logit_interior` is the same for tiles kept whole and inside the
+/// sequence: no mask or bounds code. (Two lambdas rather than one generic
+/// lambda: NVRTC 13.0 rejects generic lambdas in device code.)
 fn write_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], scale: &str, kv_len: &str) -> fmt::Result {
     let c_expr = |e: &Expr| c_expr_in(spec, e, &|x| lookup(hoisted, x));
     let mask = spec.mask.as_ref().map(|e| format!(" && (full || {})", c_expr(e))).unwrap_or_default();
-    let params = "float dot, int q, int k, int i, int n, int c, bool full";
-    match &spec.score {
+    let (prologue, logit) = match &spec.score {
         None => {
             writeln!(w, "// The spec: scale and mask each element of S (log2 units, -inf where masked).")?;
             writeln!(w, "const float scale_log2 = {scale} * LOG2E;")?;
-            writeln!(w, "auto logit = [&]({params}) -> float {{")?;
-            w.indented(|w| {
-                writeln!(w, "const bool keep = k < {kv_len}{mask};")?;
-                writeln!(w, "return keep ? dot * scale_log2 : neg_inf();")
-            })?;
+            ("", "dot * scale_log2".to_string())
         }
         Some(e) => {
             writeln!(w, "// The spec: score and mask each element of S (log2 units, -inf where masked).")?;
-            writeln!(w, "auto logit = [&]({params}) -> float {{")?;
-            w.indented(|w| {
-                writeln!(w, "const float score = dot * {scale};")?;
-                writeln!(w, "const bool keep = k < {kv_len}{mask};")?;
-                writeln!(w, "return keep ? {} * LOG2E : neg_inf();", c_expr(e))
-            })?;
+            ("const float score = dot * ", format!("{} * LOG2E", c_expr(e)))
         }
-    }
-    w.write_str("};\n")
+    };
+    let prologue = if prologue.is_empty() { String::new() } else { format!("{prologue}{scale};") };
+    let params = "float dot, int q, int k, int i, int n, int c";
+    writeln!(w, "auto logit = [&]({params}, bool full) -> float {{")?;
+    w.indented(|w| {
+        if !prologue.is_empty() {
+            writeln!(w, "{prologue}")?;
+        }
+        writeln!(w, "const bool keep = k < {kv_len}{mask};")?;
+        writeln!(w, "return keep ? {logit} : neg_inf();")
+    })?;
+    writeln!(w, "}};")?;
+    let space = if prologue.is_empty() { "" } else { " " };
+    writeln!(w, "auto logit_interior = [&]({params}) -> float {{ {prologue}{space}return {logit}; }};")
+}
+
+/// Maps this warp's S tile (keys from `kv0`) through `call`, element by
+/// element.
+fn write_apply_logits(w: &mut Writer<String>, call: &str) -> fmt::Result {
+    write!(
+        w,
+        "\
+        #pragma unroll\n\
+        for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
+        \x20   const int mt = i / 2, r = i % 2;\n\
+        \x20   const int q = q0 + warp * WARP_M + mt * 16 + g + 8 * r;\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int n = 0; n < S_TILES; ++n) {{\n\
+        \x20       #pragma unroll\n\
+        \x20       for (int c = 0; c < 2; ++c) {{\n\
+        \x20           float& x = s[mt][n][2 * r + c];\n\
+        \x20           x = {call};\n\
+        \x20       }}\n\
+        \x20   }}\n\
+        }}\n"
+    )
 }

@@ -38,6 +38,12 @@ struct f16 {
 constexpr float LOG2E = 1.442695f;
 constexpr float LN2 = 0.6931472f;
 __device__ __forceinline__ float neg_inf() { return __int_as_float((int)0xff800000u); }
+// A row max used as an exp2 offset: a row with no kept key yet (-inf) uses 0,
+// so exp2 sees -inf - 0 = -inf (P = 0), never -inf - -inf = NaN.
+__device__ __forceinline__ float finite_or_zero(float m) { return m == neg_inf() ? 0.0f : m; }
+// Online softmax: how far (log2 units) a row's max may outgrow the max its O
+// and l were scaled by before they are rescaled; P stays <= 2^8.
+constexpr float RESCALE_SLACK = 8.0f;
 
 // ---- spec-language scalars --------------------------------------------------
 // i32 arithmetic wraps like Rust's wrapping ops (signed overflow is undefined
@@ -55,6 +61,22 @@ __device__ __forceinline__ int abs_i32(int a) { return a < 0 ? neg_i32(a) : a; }
 // clamp(x, lo, hi) = min(max(x, lo), hi), also when lo > hi.
 __device__ __forceinline__ int clamp_i32(int x, int lo, int hi) { return min_i32(max_i32(x, lo), hi); }
 __device__ __forceinline__ float clamp_f32(float x, float lo, float hi) { return fminf(fmaxf(x, lo), hi); }
+// f32 division and tanh without IEEE slow paths (the spec language promises
+// f32 arithmetic to a few ulp, not correct rounding): div.full.f32 is within
+// 2 ulp over the whole range; tanh from one exp2 and one reciprocal is within
+// ~1e-7 absolute and saturates to +-1 (tanhf costs a dozen FMAs and branches
+// per element of S).
+__device__ __forceinline__ float div_f32(float a, float b) {
+    float r;
+    asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float tanh_f32(float x) {
+    float e, r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * (2.0f * LOG2E)));
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+    return 1.0f - 2.0f * r;
+}
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 // Rust's `x as i32`: truncate toward zero, saturate, NaN -> 0 (a C cast is
 // undefined out of range).

@@ -54,8 +54,22 @@ __device__ __forceinline__ int swizzle(int row, int col) {
 template <int ROWS, int COLS, int WIDTH, int THREADS>
 __device__ __forceinline__ void load_tile(unsigned short* tile, const unsigned short* src, long long stride,
                                           int rows, bool vector) {
-    if (WIDTH % 8 == 0 && vector) {
-        constexpr int CHUNKS = COLS / 8;
+    constexpr int CHUNKS = COLS / 8;
+    // Threads per row step: when it is a multiple of 8 (the swizzle's period)
+    // each thread copies one chunk column at rows r0, r0 + STEP, ...: one
+    // shared offset and one global pointer, advanced by constants.
+    constexpr int STEP = THREADS % CHUNKS == 0 ? THREADS / CHUNKS : 1;
+    if (WIDTH % 8 == 0 && vector && STEP % 8 == 0 && ROWS % STEP == 0) {
+        const int r0 = threadIdx.x / CHUNKS, c = (threadIdx.x % CHUNKS) * 8;
+        unsigned short* dst = tile + swizzle<COLS>(r0, c);
+        const unsigned short* from = src + r0 * stride + c;
+        const long long step = STEP * stride;
+        #pragma unroll 1
+        for (int r = r0; r < ROWS; r += STEP, dst += STEP * COLS, from += step) {
+            const bool valid = r < rows && c < WIDTH;
+            cp_async_16(dst, valid ? from : src, valid ? 16 : 0);
+        }
+    } else if (WIDTH % 8 == 0 && vector) {
         // Not unrolled: unrolled copies keep one 64-bit source address per
         // chunk live across the main loop, and the accumulators need them.
         #pragma unroll 1
