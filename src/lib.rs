@@ -26,4 +26,5 @@ pub use flashgen_runtime::{cudarc, half};
 pub use flashgen_runtime::{
     ArgValue, BackwardIo, BackwardOptions, BlockMask, Element, Error, ForwardIo, ForwardOptions, Layout, Runtime,
 };
+pub mod examples;
 pub mod verify;

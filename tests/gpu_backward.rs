@@ -9,21 +9,9 @@
 
 use flashgen::codegen::reference::ParamValue;
 use flashgen::codegen::{Dtype, HeadDims, Shape, Spec};
+use flashgen::examples::SPECS;
 use flashgen::verify::{self, DeviceProblem, GpuGradients, OperandLayout};
 use flashgen::{Error, Runtime};
-
-const VARIANTS: [(&str, &str); 10] = [
-    ("full", include_str!("../specs/full.attn")),
-    ("causal", include_str!("../specs/causal.attn")),
-    ("causal_bottom_right", include_str!("../specs/causal_bottom_right.attn")),
-    ("sliding_window", include_str!("../specs/sliding_window.attn")),
-    ("prefix_lm", include_str!("../specs/prefix_lm.attn")),
-    ("document", include_str!("../specs/document.attn")),
-    ("alibi", include_str!("../specs/alibi.attn")),
-    ("softcap", include_str!("../specs/softcap.attn")),
-    ("relative_bias", include_str!("../specs/relative_bias.attn")),
-    ("gqa", include_str!("../specs/gqa.attn")),
-];
 
 fn runtime() -> Option<Runtime> {
     match Runtime::new(0) {
@@ -37,7 +25,7 @@ fn runtime() -> Option<Runtime> {
 }
 
 fn spec(variant: &str) -> Spec {
-    let (_, source) = VARIANTS.iter().find(|(name, _)| *name == variant).expect("a known variant");
+    let (_, source) = SPECS.iter().find(|(name, _)| *name == variant).expect("a known variant");
     flashgen::parse_one(source).unwrap_or_else(|e| panic!("{}", e.render(variant, source)))
 }
 
@@ -189,7 +177,7 @@ fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
 fn every_variant_at_awkward_seqlens() {
     let Some(rt) = runtime() else { return };
     let mut cases = Vec::new();
-    for (variant, _) in VARIANTS {
+    for (variant, _) in SPECS {
         for seqs in [(113, 203), (128, 217)] {
             let heads = if variant == "gqa" { (4, 2) } else { (3, 3) };
             cases.push((spec(variant), Case::new(heads, seqs)));

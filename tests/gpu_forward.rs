@@ -6,23 +6,10 @@
 //! inputs (the seed is printed with each failure).
 
 use flashgen::codegen::reference::ParamValue;
-use flashgen::codegen::{Dtype, HeadDims, Shape, Spec};
+use flashgen::codegen::{Builtin, Dtype, HeadDims, Shape, Spec};
+use flashgen::examples::SPECS;
 use flashgen::verify::{self, DeviceProblem, OperandLayout};
 use flashgen::{Error, Runtime};
-
-/// The example specs, embedded so the test binary runs anywhere.
-const VARIANTS: [(&str, &str); 10] = [
-    ("full", include_str!("../specs/full.attn")),
-    ("causal", include_str!("../specs/causal.attn")),
-    ("causal_bottom_right", include_str!("../specs/causal_bottom_right.attn")),
-    ("sliding_window", include_str!("../specs/sliding_window.attn")),
-    ("prefix_lm", include_str!("../specs/prefix_lm.attn")),
-    ("document", include_str!("../specs/document.attn")),
-    ("alibi", include_str!("../specs/alibi.attn")),
-    ("softcap", include_str!("../specs/softcap.attn")),
-    ("relative_bias", include_str!("../specs/relative_bias.attn")),
-    ("gqa", include_str!("../specs/gqa.attn")),
-];
 
 const SEQLEN_PAIRS: [(usize, usize); 3] = [(113, 203), (128, 217), (1024, 1023)];
 
@@ -38,7 +25,7 @@ fn runtime() -> Option<Runtime> {
 }
 
 fn spec(variant: &str) -> Spec {
-    let (_, source) = VARIANTS.iter().find(|(name, _)| *name == variant).expect("a known variant");
+    let (_, source) = SPECS.iter().find(|(name, _)| *name == variant).expect("a known variant");
     flashgen::parse_one(source).unwrap_or_else(|e| panic!("{}", e.render(variant, source)))
 }
 
@@ -124,7 +111,7 @@ fn with(mut spec: Spec, dtype: Dtype, qk: u32, v: u32) -> Spec {
 fn every_variant_at_awkward_seqlens() {
     let Some(rt) = runtime() else { return };
     let mut cases = Vec::new();
-    for (variant, _) in VARIANTS {
+    for (variant, _) in SPECS {
         for seqs in SEQLEN_PAIRS {
             let heads = if variant == "gqa" { (8, 2) } else { (4, 4) };
             cases.push((spec(variant), Case::new(heads, seqs)));
@@ -223,6 +210,7 @@ fn block_masks_are_exact_and_skip_tiles() {
         (spec("document"), (2, 2), (1024, 1023)),
         (spec("sliding_window"), (2, 2), (1024, 1023)),
         (spec("prefix_lm"), (3, 3), (300, 555)),
+        (spec("block_sparse"), (2, 2), (1024, 1023)),
     ] {
         let shape = Shape { batch: 2, heads: heads.0, heads_kv: heads.1, q_len: seqs.0, kv_len: seqs.1 };
         let seed: u64 = rand::random();
@@ -232,12 +220,13 @@ fn block_masks_are_exact_and_skip_tiles() {
         let classes = mask.classes(&rt).unwrap();
         let (q_tiles, kv_tiles) = mask.tiles();
 
-        // Brute force at batch 1 (the second slice when the mask reads b, the
-        // only one otherwise), head 0.
+        // Brute force at batch 1, head 0: slice 0 unless the mask reads b.
         let config = TileConfig::default_for(&spec);
         let (bm, bn) = (config.block_m() as usize, config.block_n as usize);
         let env = Env::new(&spec, &shape, &problem.params, &problem.tensors, Arith::F32).unwrap();
-        let slice = if classes.len() > q_tiles * kv_tiles { q_tiles * kv_tiles } else { 0 };
+        let mask_expr = spec.mask.as_ref().unwrap();
+        let heads_per_slice = if mask_expr.uses(Builtin::H) { heads.0 } else { 1 };
+        let slice = if mask_expr.uses(Builtin::B) { heads_per_slice * q_tiles * kv_tiles } else { 0 };
         let mut skipped = 0;
         for qt in 0..q_tiles {
             for kt in 0..kv_tiles {

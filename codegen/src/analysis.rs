@@ -63,6 +63,26 @@ pub fn classify(
     }
 }
 
+/// Whether `mask` is constant over every aligned `block_m` × `block_n` tile:
+/// it reads `q` only as `q / Cq` and `k` only as `k / Ck` with literal block
+/// sizes that are multiples of the tile's (positions are non-negative, so an
+/// aligned tile never straddles a block). Declared block sparsity: a mask
+/// like `layout[h][q / 128][k / 128] != 0` is decided by one pair per tile,
+/// so tiles are never partial and need no per-pair evaluation.
+pub fn block_uniform(mask: &Expr, block_m: u32, block_n: u32) -> bool {
+    let aligned = |divisor: &Expr, tile: u32| matches!(divisor.kind, ExprKind::Int(c) if c > 0 && (c as u32).is_multiple_of(tile));
+    match &mask.kind {
+        ExprKind::Builtin(Builtin::Q | Builtin::K) => false,
+        ExprKind::Binary(BinOp::Div, a, d) if a.kind == ExprKind::Builtin(Builtin::Q) => aligned(d, block_m),
+        ExprKind::Binary(BinOp::Div, a, d) if a.kind == ExprKind::Builtin(Builtin::K) => aligned(d, block_n),
+        ExprKind::Bool(_) | ExprKind::Int(_) | ExprKind::Float(_) | ExprKind::Builtin(_) | ExprKind::Param(_) => true,
+        ExprKind::Load(_, args) | ExprKind::Call(_, args) => args.iter().all(|a| block_uniform(a, block_m, block_n)),
+        ExprKind::Unary(_, a) | ExprKind::Cast(a) => block_uniform(a, block_m, block_n),
+        ExprKind::Binary(_, a, b) => block_uniform(a, block_m, block_n) && block_uniform(b, block_m, block_n),
+        ExprKind::If(c, t, f) => [c, t, f].iter().all(|e| block_uniform(e, block_m, block_n)),
+    }
+}
+
 /// An inclusive interval of i64 values, always within i32 range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Range {

@@ -20,7 +20,7 @@ Smooth {
     dtype: bf16, head_dim: 4,
     param t: f32,
     score: t * tanh(score / t) + exp(score * 0.5) / 3.0 + log(2.0 + sigmoid(score)) * sqrt(score * score + 1.0)
-        - exp2(-score * score) + log2(3.0 + score / (1.5 + sigmoid(score))) - 0.5 / (score * score + 2.0),
+        - exp2(-score * score) + log2(3.0 + tanh(score / (1.5 + sigmoid(score)))) - 0.5 / (score * score + 2.0),
 }
 Piecewise {
     dtype: bf16, head_dim: 4,

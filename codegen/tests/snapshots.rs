@@ -8,8 +8,9 @@ use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
 
 /// The `.attn` stems of `specs/`, sorted.
-const VARIANTS: [&str; 10] = [
+const VARIANTS: [&str; 11] = [
     "alibi",
+    "block_sparse",
     "causal",
     "causal_bottom_right",
     "document",
@@ -91,10 +92,15 @@ fn forward_kernels_of_edge_specs() {
 }
 
 #[test]
-fn block_mask_kernel_of_the_document_mask() {
-    let spec = variant("document");
-    let kernel = flashgen_codegen::cuda::emit_block_mask(&spec, flashgen_codegen::cuda::TileConfig::default_for(&spec));
-    insta::assert_snapshot!("block_mask_document", render(&kernel.expect("the document spec has a mask")));
+fn block_mask_kernels_of_data_dependent_masks() {
+    // Documents evaluate undecided tiles pair by pair; a declared block
+    // layout is decided by one pair per tile.
+    for stem in ["document", "block_sparse"] {
+        let spec = variant(stem);
+        let kernel =
+            flashgen_codegen::cuda::emit_block_mask(&spec, flashgen_codegen::cuda::TileConfig::default_for(&spec));
+        insta::assert_snapshot!(format!("block_mask_{stem}"), render(&kernel.expect("the spec has a mask")));
+    }
 }
 
 #[test]

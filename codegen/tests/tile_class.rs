@@ -1,7 +1,7 @@
 //! Tile classification by interval analysis: soundness against brute force
 //! over random masks, plus the exact classes of the shipped specs.
 
-use flashgen_codegen::analysis::{classify, TileClass};
+use flashgen_codegen::analysis::{block_uniform, classify, TileClass};
 use flashgen_codegen::reference::{Arith, Env, ParamValue, Position, TensorData, Value};
 use flashgen_codegen::{parse_one, Shape, Spec};
 use proptest::prelude::*;
@@ -143,6 +143,80 @@ proptest! {
             Partial => {}
         }
     }
+}
+
+/// Masks over block indices (`q / 32`, `k / 16`, ...), with the odd bare
+/// or finer-grained position mixed in so that non-uniform masks occur too.
+fn block_mask_expr() -> impl Strategy<Value = String> {
+    let leaf = prop_oneof![
+        30 => prop::sample::select(vec![
+            "(q / 32)", "(q / 64)", "(k / 16)", "(k / 48)", "b", "h", "w", "(3)", "doc[b][q / 32]", "doc[h][k / 16]",
+        ]),
+        1 => prop::sample::select(vec!["q", "(k / 8)"]),
+    ]
+    .prop_map(String::from);
+    let int = leaf.prop_recursive(3, 12, 2, |inner| {
+        (inner.clone(), prop::sample::select(vec!["+", "-", "*", "/", "%"]), inner)
+            .prop_map(|(a, op, b)| format!("({a} {op} {b})"))
+    });
+    let cmp = (int.clone(), prop::sample::select(vec!["<", "<=", "==", "!="]), int)
+        .prop_map(|(a, op, b)| format!("({a} {op} {b})"));
+    cmp.prop_recursive(2, 6, 2, |inner| {
+        prop_oneof![
+            (inner.clone(), prop::sample::select(vec!["&&", "||"]), inner.clone())
+                .prop_map(|(a, op, b)| format!("({a} {op} {b})")),
+            inner.prop_map(|a| format!("(!{a})")),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// A mask `block_uniform` accepts keeps all or none of every aligned
+    /// 32 x 16 tile (clipped to the sequence ends).
+    #[test]
+    fn block_uniform_masks_are_constant_over_aligned_tiles(
+        mask in block_mask_expr(),
+        case in case(),
+        (qt, kt) in (0i32..5, 0i32..10),
+        w in param(),
+        seed in any::<u64>(),
+    ) {
+        let spec = mask_spec(&mask);
+        prop_assume!(block_uniform(spec.mask.as_ref().unwrap(), 32, 16));
+        let (q_len, kv_len) = (case.shape.q_len as i32, case.shape.kv_len as i32);
+        let (qt, kt) = (qt % ((q_len + 31) / 32), kt % ((kv_len + 15) / 16));
+        let tile = Case {
+            q: (qt * 32, (qt * 32 + 31).min(q_len - 1)),
+            k: (kt * 16, (kt * 16 + 15).min(kv_len - 1)),
+            ..case
+        };
+        let params = [ParamValue::I32(w), ParamValue::I32(0), ParamValue::F32(0.0)];
+        let len = tile.shape.batch * tile.shape.kv_len;
+        let doc: Vec<i32> = (0..len as u64).map(|i| ((seed.wrapping_mul(i + 1) >> 29) % 3) as i32).collect();
+        let total = ((tile.q.1 - tile.q.0 + 1) * (tile.k.1 - tile.k.0 + 1)) as usize;
+        let n = kept(&spec, &tile, &params, &doc);
+        prop_assert!(n == 0 || n == total, "{n} of {total} pairs kept in a uniform tile");
+    }
+}
+
+#[test]
+fn declared_block_layouts_are_uniform_over_tiles_they_align_with() {
+    let layout = |mask: &str| {
+        let spec =
+            parse_one(&format!("S {{ dtype: bf16, head_dim: 64, tensor layout: i32[H, 64, 64], mask: {mask} }}"))
+                .unwrap();
+        spec.mask.unwrap()
+    };
+    let block_sparse = layout("layout[h][q / 128][k / 128] != 0");
+    assert!(block_uniform(&block_sparse, 128, 64));
+    assert!(block_uniform(&block_sparse, 64, 64), "tiles inside blocks");
+    assert!(!block_uniform(&block_sparse, 256, 64), "a tile would straddle two blocks");
+    assert!(block_uniform(&layout("q / 128 >= k / 128"), 128, 64), "block-causal");
+    assert!(!block_uniform(&layout("q >= k"), 128, 64));
+    assert!(!block_uniform(&layout("layout[h][q / 100][k / 128] != 0"), 128, 64));
+    assert!(!block_uniform(&layout("layout[h][(q + 1) / 128][k / 128] != 0"), 128, 64));
 }
 
 fn shipped(source: &str) -> Spec {

@@ -15,6 +15,7 @@ use flashgen::codegen::analysis::{classify, TileClass};
 use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::reference::{ParamValue, TensorData};
 use flashgen::codegen::Shape;
+use flashgen::examples::SPECS;
 use flashgen::verify::{self, DeviceProblem, OperandLayout};
 use flashgen::Runtime;
 use std::time::Instant;
@@ -111,20 +112,6 @@ fn start_runtime() -> Runtime {
     })
 }
 
-/// The example specs, embedded so the binary runs anywhere.
-const SPECS: [&str; 10] = [
-    include_str!("../../specs/full.attn"),
-    include_str!("../../specs/causal.attn"),
-    include_str!("../../specs/causal_bottom_right.attn"),
-    include_str!("../../specs/sliding_window.attn"),
-    include_str!("../../specs/prefix_lm.attn"),
-    include_str!("../../specs/document.attn"),
-    include_str!("../../specs/alibi.attn"),
-    include_str!("../../specs/softcap.attn"),
-    include_str!("../../specs/relative_bias.attn"),
-    include_str!("../../specs/gqa.attn"),
-];
-
 /// JIT costs per example spec (see the module note), then a summary.
 fn jit(rt: &Runtime) {
     use flashgen::runtime::compile_cubin;
@@ -132,7 +119,8 @@ fn jit(rt: &Runtime) {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let specs: Vec<flashgen::Spec> = SPECS.iter().map(|s| flashgen::parse_one(s).expect("valid example")).collect();
+    let specs: Vec<flashgen::Spec> =
+        SPECS.iter().map(|(_, s)| flashgen::parse_one(s).expect("valid example")).collect();
     // Load NVRTC and its builtins once, unmeasured, as a warm process would.
     let _ = compile_cubin(&flashgen::codegen::cuda::emit_forward(&specs[0]), rt.arch());
     println!("device: {} ({}); JIT per example spec", rt.device_name(), rt.arch());

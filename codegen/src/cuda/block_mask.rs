@@ -11,7 +11,8 @@
 //! Tiles use the forward kernel's `BLOCK_M` × `BLOCK_N`, so the two must be
 //! built from the same [`TileConfig`].
 
-use super::expr::c_expr;
+use super::expr::{c_expr, c_expr_in, c_type};
+use super::hoist::{hoist, Hoisted, Level};
 use super::prelude::PRELUDE;
 use super::ranges::RANGES;
 use super::signature::{arg_name, block_mask_args};
@@ -20,7 +21,8 @@ use super::tile_class::tile_class_expr;
 use super::writer::Writer;
 use super::TileConfig;
 use crate::abi::{ArgKind, Grid, Kernel};
-use crate::spec::{Builtin, Spec};
+use crate::analysis::block_uniform;
+use crate::spec::{Builtin, Expr, Spec};
 use std::fmt::{self, Write};
 
 const THREADS: u32 = 128;
@@ -65,20 +67,22 @@ pub fn emit_block_mask(spec: &Spec, config: TileConfig) -> Option<Kernel> {
                 if (bounds.hi == 0 || bounds.lo == 1) {{\n\
                 \x20   if (threadIdx.x == 0) *cls = bounds.hi == 0 ? 0 : 2;\n\
                 \x20   return;\n\
-                }}\n\
-                bool any = false, all = true;\n\
-                for (int i = threadIdx.x; i < BLOCK_M * BLOCK_N; i += THREADS) {{\n\
-                \x20   const int q = q_lo + i / BLOCK_N, k = k_lo + i % BLOCK_N;\n\
-                \x20   if (q > q_hi || k > k_hi) continue;\n\
-                \x20   const bool keep = {};\n\
-                \x20   any |= keep;\n\
-                \x20   all &= keep;\n\
-                }}\n\
-                any = __syncthreads_or(any);\n\
-                all = __syncthreads_and(all);\n\
-                if (threadIdx.x == 0) *cls = !any ? 0 : all ? 2 : 1;\n",
-                c_expr(spec, mask)
-            )
+                }}\n",
+            )?;
+            if block_uniform(mask, config.block_m(), config.block_n) {
+                return write!(
+                    w,
+                    "\
+                    // The mask reads q and k only through tile-aligned blocks (declared\n\
+                    // block sparsity): the tile's first pair decides it.\n\
+                    if (threadIdx.x == 0) {{\n\
+                    \x20   const int q = q_lo, k = k_lo;\n\
+                    \x20   *cls = {} ? 2 : 0;\n\
+                    }}\n",
+                    c_expr(spec, mask)
+                );
+            }
+            write_evaluation(w, spec, mask)
         })
     };
     body(&mut w).expect("formatting into a String cannot fail");
@@ -92,4 +96,52 @@ pub fn emit_block_mask(spec: &Spec, config: TileConfig) -> Option<Kernel> {
         dynamic_smem: 0,
         args,
     })
+}
+
+/// Exact evaluation of an undecided tile: one query row per thread, its
+/// row-level terms computed once, the tile's column-level terms (`doc[b][k]`)
+/// staged once in shared memory, so each pair costs a compare or two; a
+/// thread stops at the first pair that proves the tile partial.
+fn write_evaluation(w: &mut Writer<String>, spec: &Spec, mask: &Expr) -> fmt::Result {
+    let hoisted = hoist(&[mask]);
+    let lookup = |e: &Expr| {
+        let h = hoisted.iter().find(|h| std::ptr::eq(h.expr, e))?;
+        Some(match h.level {
+            Level::Cta | Level::Row => h.name.clone(),
+            Level::Column => format!("{}[k - k_lo]", h.name),
+        })
+    };
+    let at = |level| hoisted.iter().filter(move |h: &&Hoisted| h.level == level);
+    for h in at(Level::Cta) {
+        writeln!(w, "const {} {} = {};", c_type(h.expr.ty), h.name, c_expr(spec, h.expr))?;
+    }
+    if at(Level::Column).next().is_some() {
+        writeln!(w, "// The mask's terms per key of the tile, computed once.")?;
+        for h in at(Level::Column) {
+            writeln!(w, "__shared__ {} {}[BLOCK_N];", c_type(h.expr.ty), h.name)?;
+        }
+        w.block(format_args!("for (int k = k_lo + threadIdx.x; k <= k_hi; k += THREADS)"), |w| {
+            at(Level::Column).try_for_each(|h| writeln!(w, "{}[k - k_lo] = {};", h.name, c_expr(spec, h.expr)))
+        })?;
+        writeln!(w, "__syncthreads();")?;
+    }
+    writeln!(w, "bool any = false, all = true;")?;
+    w.block(format_args!("for (int q = q_lo + threadIdx.x; q <= q_hi && (all || !any); q += THREADS)"), |w| {
+        for h in at(Level::Row) {
+            writeln!(w, "const {} {} = {};", c_type(h.expr.ty), h.name, c_expr(spec, h.expr))?;
+        }
+        w.block(format_args!("for (int k = k_lo; k <= k_hi; ++k)"), |w| {
+            writeln!(w, "const bool keep = {};", c_expr_in(spec, mask, &lookup))?;
+            writeln!(w, "any |= keep;")?;
+            writeln!(w, "all &= keep;")?;
+            writeln!(w, "if (any && !all) break;  // partial: nothing left to learn")
+        })
+    })?;
+    write!(
+        w,
+        "\
+        any = __syncthreads_or(any);\n\
+        all = __syncthreads_and(all);\n\
+        if (threadIdx.x == 0) *cls = !any ? 0 : all ? 2 : 1;\n"
+    )
 }

@@ -21,6 +21,7 @@ use super::tile_class::tile_class_expr;
 use super::tiles::TILES;
 use super::writer::Writer;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
+use crate::analysis::block_uniform;
 use crate::spec::{Dtype, Expr, Spec};
 use std::fmt::{self, Write};
 
@@ -109,7 +110,7 @@ fn write_kernel(
     writeln!(w)?;
     write_config(w, spec, config)?;
     writeln!(w)?;
-    write_entry(w, spec, name, args, |w| write_body(w, spec))
+    write_entry(w, spec, name, args, |w| write_body(w, spec, config))
 }
 
 fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::Result {
@@ -144,7 +145,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt:
     )
 }
 
-fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::Result {
     let name = |kind| arg_name(spec, kind);
     let [q_len, kv_len, heads, heads_kv, lse, scale] =
         [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv, ArgKind::Lse, ArgKind::Scale].map(name);
@@ -199,7 +200,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         \n\
         const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;\n"
     )?;
-    write_tile_classes(w, spec, &q_len, &kv_len)?;
+    write_tile_classes(w, spec, config, &q_len, &kv_len)?;
     write!(
         w,
         "\
@@ -382,12 +383,36 @@ fn write_body(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
 /// mask keeps every pair of tile `j`. Both come from interval arithmetic over
 /// the mask with this CTA's query rows and the tile's keys (see `ranges`),
 /// evaluated with the launch's params, so they cost a few integer ops per
-/// tile and need no mask tensor or precompute pass.
-fn write_tile_classes(w: &mut Writer<String>, spec: &Spec, q_len: &str, kv_len: &str) -> fmt::Result {
-    let Some(class) = tile_class_expr(spec) else {
+/// tile and need no mask tensor or precompute pass. A mask that reads
+/// positions only as tile-aligned blocks (declared block sparsity, see
+/// [`block_uniform`]) is evaluated once per tile instead.
+fn write_tile_classes(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    config: TileConfig,
+    q_len: &str,
+    kv_len: &str,
+) -> fmt::Result {
+    let (Some(mask), Some(class)) = (&spec.mask, tile_class_expr(spec)) else {
         writeln!(w, "// No mask: every tile is visited and kept whole.")?;
         writeln!(w, "auto next_tile = [](int j) {{ return j; }};")?;
         return writeln!(w, "auto tile_full = [](int) {{ return true; }};");
+    };
+    let (skip, full) = if block_uniform(mask, config.block_m(), config.block_n) {
+        write!(
+            w,
+            "\
+            // The mask reads q and k only through tile-aligned blocks (declared\n\
+            // block sparsity): its value at a tile's first pair holds for the tile.\n\
+            auto block_kept = [&](int j) -> bool {{\n\
+            \x20   const int q = q0, k = j * BLOCK_N;\n\
+            \x20   return {};\n\
+            }};\n",
+            c_expr(spec, mask)
+        )?;
+        (" || !block_kept(j)", " || block_kept(j)")
+    } else {
+        ("", "")
     };
     write!(
         w,
@@ -414,7 +439,7 @@ fn write_tile_classes(w: &mut Writer<String>, spec: &Spec, q_len: &str, kv_len: 
         \x20       const int j16 = min_i32(j + 16, kv_tiles);\n\
         \x20       if (span_class(j, j16).hi == 0) {{\n\
         \x20           j = j16;\n\
-        \x20       }} else if (span_class(j, j + 1).hi == 0 || (tile_row != nullptr && tile_row[j] == 0)) {{\n\
+        \x20       }} else if (span_class(j, j + 1).hi == 0 || (tile_row != nullptr && tile_row[j] == 0){skip}) {{\n\
         \x20           ++j;\n\
         \x20       }} else {{\n\
         \x20           return j;\n\
@@ -422,7 +447,7 @@ fn write_tile_classes(w: &mut Writer<String>, spec: &Spec, q_len: &str, kv_len: 
         \x20   }}\n\
         \x20   return j;\n\
         }};\n\
-        auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || (tile_row != nullptr && tile_row[j] == 2); }};\n"
+        auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || (tile_row != nullptr && tile_row[j] == 2){full}; }};\n"
     )
 }
 
