@@ -12,7 +12,7 @@ plus the time create_block_mask takes to build the doc mask (row
 `create_block_mask doc ...`, wall clock with device syncs, median of 5 after
 one warm-up; the TFLOP/s column is `-`).
 
-How: python3 peers.py [--variants full,causal] [--dims 128,64] [--seqs 1024,4096,16384]
+How: python3 peers.py [--variants full,causal] [--dims 128,64] [--seqs 1024,4096,16384] [--backward]
      python3 peers.py --dry-run ...   # no torch needed: prints shapes and densities only
 The flags are flashgen-bench's (--iters is accepted and ignored). Needs
 PyTorch with CUDA and Triton. scripts/gpu-run.sh runs it when PEERS=1 and then
@@ -26,6 +26,10 @@ TFLOP/s = 4·b·h·s²·d·density / time, density = the exact kept fraction of
 (q, k) pairs, computed as flashgen-bench's `inputs()` does (the doc cut points
 are the same formula). The density is printed as the last column so that
 compare.py can check both sides counted the same FLOPs.
+
+--backward also times one training step (forward, then backward of a
+random dO into Q, K, V) per peer, as rows named `<variant>+bwd` with
+3.5x the forward FLOPs.
 
 Output: a `device:` line, a header, then one whitespace-separated row per
 (peer, variant, d, s):  peer variant d s b ms TFLOP/s density
@@ -82,6 +86,7 @@ def parse_args(argv):
     p.add_argument("--seqs", default="1024,4096,16384")
     p.add_argument("--iters", default=None, help="ignored (do_bench picks its own count)")
     p.add_argument("--dry-run", action="store_true", help="print shapes and densities; needs no torch")
+    p.add_argument("--backward", action="store_true", help="also time forward + backward (rows <variant>+bwd)")
     args, _unknown = p.parse_known_args(argv)  # flashgen-bench ignores unknown flags too
     ints = lambda text: [int(x) for x in text.split(",") if x.strip().isdigit()]
     variants = []
@@ -90,11 +95,11 @@ def parse_args(argv):
             variants.append(v)
         else:
             print(f"unknown variant `{v}`", file=sys.stderr)
-    return variants, ints(args.dims), ints(args.seqs), args.dry_run
+    return variants, ints(args.dims), ints(args.seqs), args.dry_run, args.backward
 
 
 def main(argv):
-    variants, dims, seqs, dry_run = parse_args(argv)
+    variants, dims, seqs, dry_run, backward = parse_args(argv)
     if dry_run:
         print(f"device: none (dry run), bf16, {HEADS} heads, {TOKENS} tokens per batch")
         print(f"{'peer':<18} {'variant':<16} {'d':>4} {'s':>6} {'b':>3} {'ms':>10} {'TFLOP/s':>9} {'density':>8}")
@@ -106,10 +111,10 @@ def main(argv):
                     for peer in peers_for(v):
                         row(peer, v, d, s, b, f"{'-':>10} {'-':>9} {dens:>8.4f}")
         return 0
-    return run(variants, dims, seqs)
+    return run(variants, dims, seqs, backward)
 
 
-def run(variants, dims, seqs):
+def run(variants, dims, seqs, backward):
     import torch
     import torch.nn.functional as F
     import triton
@@ -140,6 +145,19 @@ def run(variants, dims, seqs):
         torch.cuda.synchronize()
         return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
+    def training(attend, q, k, v):
+        """One training step of `attend`: forward, then backward of a fixed
+        random dO into fresh leaf copies of Q, K, V (grads reset each step)."""
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        d_o = torch.randn_like(q)
+
+        def step():
+            for x in leaves:
+                x.grad = None
+            attend(*leaves).backward(d_o)
+
+        return step
+
     def block_mask(mask_mod, batch, s):
         return create_block_mask(mask_mod, batch, None, s, s, device="cuda", BLOCK_SIZE=128)
 
@@ -157,13 +175,17 @@ def run(variants, dims, seqs):
     def alibi(score, b, h, q, k):
         return score + slopes[h] * (k - q)
 
-    def time_sdpa(peer, variant, q, k, v):
+    def time_sdpa(peer, variant, q, k, v, train):
         backend = SDPBackend.FLASH_ATTENTION if peer == "sdpa-FLASH" else SDPBackend.CUDNN_ATTENTION
         is_causal = variant == "causal"
-        with sdpa_kernel(backend):
-            return bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal))
 
-    def time_flex(variant, q, k, v, dens):
+        def attend(q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+        with sdpa_kernel(backend):
+            return bench(training(attend, q, k, v) if train else lambda: attend(q, k, v))
+
+    def time_flex(variant, q, k, v, dens, train):
         batch, _, s, d = q.shape
         mask, score_mod = None, None
         if variant in ("causal", "softcap-causal", "alibi-causal"):
@@ -176,20 +198,27 @@ def run(variants, dims, seqs):
             def same_doc(b, h, qi, ki):
                 return docs[b, qi] == docs[b, ki]
 
-            times = []
-            for _ in range(6):  # one warm-up, then 5 timed builds
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
+            if train:  # the forward rows time the build
                 mask = block_mask(same_doc, batch, s)
-                torch.cuda.synchronize()
-                times.append((time.perf_counter() - t0) * 1e3)
-            build_ms = statistics.median(times[1:])
-            row("create_block_mask", "doc", d, s, batch, f"{build_ms:>10.3f} {'-':>9} {dens:>8.4f}")
+            else:
+                times = []
+                for _ in range(6):  # one warm-up, then 5 timed builds
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    mask = block_mask(same_doc, batch, s)
+                    torch.cuda.synchronize()
+                    times.append((time.perf_counter() - t0) * 1e3)
+                build_ms = statistics.median(times[1:])
+                row("create_block_mask", "doc", d, s, batch, f"{build_ms:>10.3f} {'-':>9} {dens:>8.4f}")
         if variant == "softcap-causal":
             score_mod = softcap
         elif variant == "alibi-causal":
             score_mod = alibi
-        return bench(lambda: flex(q, k, v, score_mod=score_mod, block_mask=mask))
+
+        def attend(q, k, v):
+            return flex(q, k, v, score_mod=score_mod, block_mask=mask)
+
+        return bench(training(attend, q, k, v) if train else lambda: attend(q, k, v))
 
     for d in dims:
         for s in seqs:
@@ -200,17 +229,19 @@ def run(variants, dims, seqs):
                 dens = density(variant, batch, s)
                 flops = 4.0 * batch * HEADS * s * s * d * dens
                 for peer in peers_for(variant):
-                    try:
-                        if peer == "flex":
-                            ms = time_flex(variant, q, k, v, dens)
-                        else:
-                            ms = time_sdpa(peer, variant, q, k, v)
-                        tflops = flops / (ms * 1e-3) / 1e12
-                        row(peer, variant, d, s, batch, f"{ms:>10.3f} {tflops:>9.1f} {dens:>8.4f}")
-                    except Exception as e:  # noqa: BLE001 -- one failing peer must not stop the suite
-                        msg = " ".join(str(e).split())[:200]
-                        row(peer, variant, d, s, batch, f"error: {type(e).__name__}: {msg}")
-                        torch.cuda.empty_cache()
+                    for train in [False, True] if backward else [False]:
+                        name, step_flops = (variant + "+bwd", 3.5 * flops) if train else (variant, flops)
+                        try:
+                            if peer == "flex":
+                                ms = time_flex(variant, q, k, v, dens, train)
+                            else:
+                                ms = time_sdpa(peer, variant, q, k, v, train)
+                            tflops = step_flops / (ms * 1e-3) / 1e12
+                            row(peer, name, d, s, batch, f"{ms:>10.3f} {tflops:>9.1f} {dens:>8.4f}")
+                        except Exception as e:  # noqa: BLE001 -- one failing peer must not stop the suite
+                            msg = " ".join(str(e).split())[:200]
+                            row(peer, name, d, s, batch, f"error: {type(e).__name__}: {msg}")
+                            torch.cuda.empty_cache()
             del q, k, v
             torch.cuda.empty_cache()
     return 0

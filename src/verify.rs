@@ -149,6 +149,8 @@ trait Storage: Element {
     fn to_f64(self) -> f64;
     /// A NaN bit pattern, to poison outputs.
     const NAN: Self;
+    /// Q, K, V and O when they hold this type.
+    fn operands(ops: &Operands) -> Option<&[CudaSlice<Self>; 4]>;
 }
 
 impl Storage for f16 {
@@ -159,6 +161,12 @@ impl Storage for f16 {
         f16::to_f64(self)
     }
     const NAN: Self = f16::NAN;
+    fn operands(ops: &Operands) -> Option<&[CudaSlice<Self>; 4]> {
+        match ops {
+            Operands::F16(ops) => Some(ops),
+            Operands::Bf16(_) => None,
+        }
+    }
 }
 
 impl Storage for bf16 {
@@ -169,6 +177,12 @@ impl Storage for bf16 {
         bf16::to_f64(self)
     }
     const NAN: Self = bf16::NAN;
+    fn operands(ops: &Operands) -> Option<&[CudaSlice<Self>; 4]> {
+        match ops {
+            Operands::Bf16(ops) => Some(ops),
+            Operands::F16(_) => None,
+        }
+    }
 }
 
 /// Scatters a BSHD host array into a buffer laid out as `layout`; elements
@@ -314,14 +328,30 @@ impl DeviceProblem {
         warmup: usize,
         iters: usize,
     ) -> Result<f64, Error> {
+        self.time_steps(rt, spec, problem, warmup, iters, |_| Ok(()))
+    }
+
+    /// Median milliseconds (CUDA events) of a forward launch followed by
+    /// `then`, after `warmup` unmeasured rounds.
+    fn time_steps(
+        &mut self,
+        rt: &Runtime,
+        spec: &Spec,
+        problem: &Problem,
+        warmup: usize,
+        iters: usize,
+        mut then: impl FnMut(&Self) -> Result<(), Error>,
+    ) -> Result<f64, Error> {
         for _ in 0..warmup {
             self.launch(rt, spec, problem)?;
+            then(self)?;
         }
         let err = driver("time with CUDA events");
         let mut times = Vec::with_capacity(iters);
         for _ in 0..iters.max(1) {
             let start = self.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(err)?;
             self.launch(rt, spec, problem)?;
+            then(self)?;
             let end = self.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(err)?;
             end.synchronize().map_err(err)?;
             times.push(start.elapsed_ms(&end).map_err(err)? as f64);
@@ -362,44 +392,62 @@ impl DeviceProblem {
         }
     }
 
+    /// Median milliseconds of one training step's attention, forward and
+    /// backward into Q, K and V (no tensor gradients, as the peers' steps),
+    /// queued back to back with buffers allocated once, after `warmup`
+    /// unmeasured steps.
+    pub fn time_forward_backward(
+        &mut self,
+        rt: &Runtime,
+        spec: &Spec,
+        problem: &Problem,
+        warmup: usize,
+        iters: usize,
+    ) -> Result<f64, Error> {
+        match self.operands {
+            Operands::F16(_) => self.time_training::<f16>(rt, spec, problem, warmup, iters),
+            Operands::Bf16(_) => self.time_training::<bf16>(rt, spec, problem, warmup, iters),
+        }
+    }
+
+    fn time_training<T: Storage>(
+        &mut self,
+        rt: &Runtime,
+        spec: &Spec,
+        problem: &Problem,
+        warmup: usize,
+        iters: usize,
+    ) -> Result<f64, Error> {
+        let d_out = random_d_out(spec, problem.shape, 7);
+        let mut grads = self.grad_buffers::<T>(spec, problem, &d_out, false)?;
+        self.time_steps(rt, spec, problem, warmup, iters, |me| {
+            let ops = T::operands(&me.operands).ok_or(Error::Dtype { spec: spec.dtype, got: T::DTYPE })?;
+            let opts = BackwardOptions {
+                scale: Some(problem.scale as f32),
+                block_mask: me.block_mask.as_ref(),
+                deterministic: false,
+            };
+            me.queue_backward(rt, spec, problem, ops, &mut grads, &opts)
+        })
+    }
+
     fn backward_as<T: Storage>(
         &self,
         rt: &Runtime,
         spec: &Spec,
         problem: &Problem,
-        [q, k, v, o]: &[CudaSlice<T>; 4],
+        ops: &[CudaSlice<T>; 4],
         d_out: &[f64],
         opts: &BackwardOptions<'_>,
     ) -> Result<GpuGradients, Error> {
+        let mut grads = self.grad_buffers::<T>(spec, problem, d_out, true)?;
+        self.queue_backward(rt, spec, problem, ops, &mut grads, opts)?;
         let s = &self.stream;
-        let [lq, lk, lv, lo] = self.layouts;
-        let up = driver("upload backward operands");
-        let poisoned = |l: &Layout| s.clone_htod(&vec![T::NAN; buffer_len(l)]).map_err(up);
-        let d_o = s.clone_htod(&scatter::<T>(d_out, &lo)).map_err(up)?;
-        let (mut dq, mut dk, mut dv) = (poisoned(&lq)?, poisoned(&lk)?, poisoned(&lv)?);
-        let trainable = crate::codegen::cuda::trainable_tensors(spec);
-        let mut grads: Vec<Option<CudaSlice<f32>>> = (0..spec.tensors.len())
-            .map(|i| {
-                let len = spec.tensors[i].len(&problem.shape);
-                trainable.contains(&i).then(|| s.clone_htod(&vec![f32::NAN; len.max(1)]).map_err(up)).transpose()
-            })
-            .collect::<Result<_, Error>>()?;
-        let io = BackwardIo {
-            q: (q, lq),
-            k: (k, lk),
-            v: (v, lv),
-            o: (o, lo),
-            lse: &self.lse,
-            d_o: (&d_o, lo),
-            dq: (&mut dq, lq),
-            dk: (&mut dk, lk),
-            dv: (&mut dv, lv),
-            d_tensors: grads.iter_mut().map(Option::as_mut).collect(),
-        };
-        rt.backward(spec, io, &launch_args(&self.tensors, problem), opts)?;
+        let [lq, lk, lv, _] = self.layouts;
         let down = driver("download gradients");
         s.synchronize().map_err(down)?;
         let d_tensors = grads
+            .tensors
             .iter()
             .zip(&spec.tensors)
             .map(|(g, decl)| {
@@ -410,12 +458,76 @@ impl DeviceProblem {
             })
             .collect::<Result<_, Error>>()?;
         Ok(GpuGradients {
-            dq: gather(&s.clone_dtoh(&dq).map_err(down)?, &lq),
-            dk: gather(&s.clone_dtoh(&dk).map_err(down)?, &lk),
-            dv: gather(&s.clone_dtoh(&dv).map_err(down)?, &lv),
+            dq: gather(&s.clone_dtoh(&grads.dq).map_err(down)?, &lq),
+            dk: gather(&s.clone_dtoh(&grads.dk).map_err(down)?, &lk),
+            dv: gather(&s.clone_dtoh(&grads.dv).map_err(down)?, &lv),
             d_tensors,
         })
     }
+
+    /// dO uploaded; dQ, dK, dV and (with `tensor_grads`) every tensor
+    /// gradient the spec has, NaN-poisoned.
+    fn grad_buffers<T: Storage>(
+        &self,
+        spec: &Spec,
+        problem: &Problem,
+        d_out: &[f64],
+        tensor_grads: bool,
+    ) -> Result<GradBuffers<T>, Error> {
+        let s = &self.stream;
+        let [lq, lk, lv, lo] = self.layouts;
+        let up = driver("upload backward operands");
+        let poisoned = |l: &Layout| s.clone_htod(&vec![T::NAN; buffer_len(l)]).map_err(up);
+        let trainable = if tensor_grads { crate::codegen::cuda::trainable_tensors(spec) } else { vec![] };
+        let tensors = (0..spec.tensors.len())
+            .map(|i| {
+                let len = spec.tensors[i].len(&problem.shape);
+                trainable.contains(&i).then(|| s.clone_htod(&vec![f32::NAN; len.max(1)]).map_err(up)).transpose()
+            })
+            .collect::<Result<_, Error>>()?;
+        Ok(GradBuffers {
+            d_o: s.clone_htod(&scatter::<T>(d_out, &lo)).map_err(up)?,
+            dq: poisoned(&lq)?,
+            dk: poisoned(&lk)?,
+            dv: poisoned(&lv)?,
+            tensors,
+        })
+    }
+
+    /// Queues the backward kernels into `grads` without waiting.
+    fn queue_backward<T: Storage>(
+        &self,
+        rt: &Runtime,
+        spec: &Spec,
+        problem: &Problem,
+        [q, k, v, o]: &[CudaSlice<T>; 4],
+        grads: &mut GradBuffers<T>,
+        opts: &BackwardOptions<'_>,
+    ) -> Result<(), Error> {
+        let [lq, lk, lv, lo] = self.layouts;
+        let io = BackwardIo {
+            q: (q, lq),
+            k: (k, lk),
+            v: (v, lv),
+            o: (o, lo),
+            lse: &self.lse,
+            d_o: (&grads.d_o, lo),
+            dq: (&mut grads.dq, lq),
+            dk: (&mut grads.dk, lk),
+            dv: (&mut grads.dv, lv),
+            d_tensors: grads.tensors.iter_mut().map(Option::as_mut).collect(),
+        };
+        rt.backward(spec, io, &launch_args(&self.tensors, problem), opts)
+    }
+}
+
+/// The backward pass's own buffers: dO in, gradients out.
+struct GradBuffers<T> {
+    d_o: CudaSlice<T>,
+    dq: CudaSlice<T>,
+    dk: CudaSlice<T>,
+    dv: CudaSlice<T>,
+    tensors: Vec<Option<CudaSlice<f32>>>,
 }
 
 /// The params and captured tensors as launch arguments.

@@ -4,7 +4,11 @@
 //! TFLOP/s = 4·b·h·s²·d · density / time, density = the kept fraction of
 //! (q, k) pairs, counted exactly.
 //!
-//! `flashgen-bench [--variants causal,full] [--dims 64,128] [--seqs 1024,4096,16384] [--iters 20]`
+//! `flashgen-bench [--variants causal,full] [--dims 64,128] [--seqs 1024,4096,16384] [--iters 20] [--backward]`
+//!
+//! `--backward` also times one training step (forward, then backward with
+//! every tensor gradient) per variant and shape, as rows `<variant>+bwd`
+//! counting 3.5x the forward FLOPs.
 //!
 //! `flashgen-bench --jit` instead measures the JIT for every example spec:
 //! cold compile (codegen + NVRTC to CUBIN, NVRTC already loaded), a disk
@@ -45,6 +49,7 @@ fn main() {
     let dims: Vec<u32> = list("--dims", "128,64").iter().filter_map(|d| d.parse().ok()).collect();
     let seqs: Vec<usize> = list("--seqs", "1024,4096,16384").iter().filter_map(|s| s.parse().ok()).collect();
     let iters: usize = list("--iters", "20")[0].parse().unwrap_or(20);
+    let backward = args.iter().any(|a| a == "--backward");
 
     if args.iter().any(|a| a == "--jit") {
         // A fresh cache directory, before any runtime reads the environment.
@@ -88,15 +93,23 @@ fn main() {
                         tiles = kept;
                         println!("{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} block-mask build");
                     }
-                    gpu.time(&rt, &spec, &problem, 3, iters)
+                    let forward = gpu.time(&rt, &spec, &problem, 3, iters)?;
+                    let step =
+                        backward.then(|| gpu.time_forward_backward(&rt, &spec, &problem, 3, iters)).transpose()?;
+                    Ok((forward, step))
                 });
                 match timed {
-                    Ok(ms) => {
+                    Ok((ms, step)) => {
                         let flops = 4.0 * (batch * HEADS) as f64 * (s * s) as f64 * d as f64 * density;
                         let tflops = flops / (ms * 1e-3) / 1e12;
                         println!(
                             "{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4} {tiles:>15}"
                         );
+                        if let Some(ms) = step {
+                            let tflops = 3.5 * flops / (ms * 1e-3) / 1e12;
+                            let name = format!("{name}+bwd");
+                            println!("{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4}");
+                        }
                     }
                     Err(e) => println!("{name:<16} {d:>4} {s:>6} {batch:>3} error: {e}"),
                 }
