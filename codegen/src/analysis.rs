@@ -280,6 +280,10 @@ pub(crate) enum RangeExpr {
     Key,
     UnknownInt,
     UnknownBool,
+    /// An i32 subexpression the kernel bounds at run time (the i-th of the
+    /// caller's list, e.g. a tensor read's min and max over the tile);
+    /// unknown here.
+    Bounded(usize),
     Unary(RangeUnOp, Box<RangeExpr>),
     Binary(RangeBinOp, Box<RangeExpr>, Box<RangeExpr>),
     /// `clamp(x, lo, hi)` = `min(max(x, lo), hi)`.
@@ -301,11 +305,21 @@ fn unknown(ty: Ty) -> RangeExpr {
 /// Lowers a spec expression, following the interpreter's typing: operands
 /// of i32/bool operations are read as i32, conditions and logic by truth.
 pub(crate) fn lower(e: &Expr) -> RangeExpr {
+    lower_with(e, &|_| None)
+}
+
+/// [`lower`], with the i32 subexpressions `bounded` numbers lowered to
+/// [`RangeExpr::Bounded`].
+pub(crate) fn lower_with(e: &Expr, bounded: &dyn Fn(&Expr) -> Option<usize>) -> RangeExpr {
     use RangeExpr as R;
+    let lower = |a: &Expr| lower_with(a, bounded);
     let un = |op, a: &Expr| R::Unary(op, Box::new(lower(a)));
     let bin = |op, a: &Expr, b: &Expr| R::Binary(op, Box::new(lower(a)), Box::new(lower(b)));
     if e.ty == Ty::F32 {
         return R::UnknownInt;
+    }
+    if let Some(i) = bounded(e).filter(|_| e.ty == Ty::I32) {
+        return R::Bounded(i);
     }
     match &e.kind {
         ExprKind::Bool(v) => R::Point(Known::Int(i32::from(*v))),
@@ -370,7 +384,7 @@ impl RangeExpr {
             },
             RangeExpr::Query => Range { lo: tile.q.0.into(), hi: tile.q.1.into() },
             RangeExpr::Key => Range { lo: tile.k.0.into(), hi: tile.k.1.into() },
-            RangeExpr::UnknownInt => INT,
+            RangeExpr::UnknownInt | RangeExpr::Bounded(_) => INT,
             RangeExpr::UnknownBool => BOOL,
             RangeExpr::Unary(op, a) => Range::unary(*op, a.eval(tile)),
             RangeExpr::Binary(op, a, b) => Range::binary(*op, a.eval(tile), b.eval(tile)),

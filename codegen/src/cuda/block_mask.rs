@@ -1,12 +1,16 @@
 //! The block-mask kernel: exact tile classes for masks interval analysis
 //! cannot bound (captured tensors such as document ids, float arithmetic).
 //!
-//! One thread block per (q tile, kv tile, batch', head'): tiles the analysis
-//! already decides are written at once; the rest evaluate the mask on every
-//! pair of the tile and reduce with `__syncthreads_or` / `__syncthreads_and`.
-//! The output, one byte per tile (0 empty, 1 partial, 2 full), is what the
-//! forward kernel's `next_tile` / `tile_full` read. Batch and head get their
-//! own slices only if the mask reads `b` or `h`; otherwise one slice is
+//! One thread block per (q tile, kv tile, batch', head'), in three steps,
+//! each only for the tiles the previous one leaves undecided: the static
+//! interval analysis; the same analysis with each hoisted i32 term (such as
+//! `doc[b][q]`) bounded by its min and max over the tile, computed at run
+//! time; and evaluation of the mask on the tile's pairs, reduced with
+//! `__syncthreads_or` / `__syncthreads_and`. A mask that reads positions only
+//! as tile-aligned blocks (declared block sparsity) is decided by its first
+//! pair. The output, one byte per tile (0 empty, 1 partial, 2 full), is what
+//! the forward kernel's `next_tile` / `tile_full` read. Batch and head get
+//! their own slices only if the mask reads `b` or `h`; otherwise one slice is
 //! broadcast, so a document mask costs one pass per batch, not per head.
 //! Tiles use the forward kernel's `BLOCK_M` × `BLOCK_N`, so the two must be
 //! built from the same [`TileConfig`].
@@ -17,12 +21,12 @@ use super::prelude::PRELUDE;
 use super::ranges::RANGES;
 use super::signature::{arg_name, block_mask_args};
 use super::source::{kernel_name, write_entry, write_header};
-use super::tile_class::tile_class_expr;
+use super::tile_class::{bounded_class_expr, tile_class_expr};
 use super::writer::Writer;
 use super::TileConfig;
 use crate::abi::{ArgKind, Grid, Kernel};
 use crate::analysis::block_uniform;
-use crate::spec::{Builtin, Expr, Spec};
+use crate::spec::{Builtin, Expr, Spec, Ty};
 use std::fmt::{self, Write};
 
 const THREADS: u32 = 128;
@@ -98,10 +102,14 @@ pub fn emit_block_mask(spec: &Spec, config: TileConfig) -> Option<Kernel> {
     })
 }
 
-/// Exact evaluation of an undecided tile: one query row per thread, its
-/// row-level terms computed once, the tile's column-level terms (`doc[b][k]`)
-/// staged once in shared memory, so each pair costs a compare or two; a
-/// thread stops at the first pair that proves the tile partial.
+/// Exact classes for tiles the static analysis leaves undecided. First the
+/// tile's range of each hoisted i32 term (row terms over its queries,
+/// column terms over its keys, e.g. `doc[b][q]` and `doc[b][k]`) tightens
+/// the interval analysis: a document mask is then only undecided where a
+/// document boundary falls inside the tile. The rest are evaluated one query
+/// row per thread, row terms computed once, column terms staged in shared
+/// memory, each thread stopping at the first pair that proves the tile
+/// partial.
 fn write_evaluation(w: &mut Writer<String>, spec: &Spec, mask: &Expr) -> fmt::Result {
     let hoisted = hoist(&[mask]);
     let lookup = |e: &Expr| {
@@ -112,18 +120,68 @@ fn write_evaluation(w: &mut Writer<String>, spec: &Spec, mask: &Expr) -> fmt::Re
         })
     };
     let at = |level| hoisted.iter().filter(move |h: &&Hoisted| h.level == level);
+    let bounded: Vec<&Hoisted> = hoisted.iter().filter(|h| h.level != Level::Cta && h.expr.ty == Ty::I32).collect();
     for h in at(Level::Cta) {
         writeln!(w, "const {} {} = {};", c_type(h.expr.ty), h.name, c_expr(spec, h.expr))?;
     }
-    if at(Level::Column).next().is_some() {
-        writeln!(w, "// The mask's terms per key of the tile, computed once.")?;
-        for h in at(Level::Column) {
-            writeln!(w, "__shared__ {} {}[BLOCK_N];", c_type(h.expr.ty), h.name)?;
+    for h in at(Level::Column) {
+        writeln!(w, "__shared__ {} {}[BLOCK_N];  // per key of the tile", c_type(h.expr.ty), h.name)?;
+    }
+    if !bounded.is_empty() {
+        writeln!(w, "// Each term's min and max over the tile.")?;
+        for h in &bounded {
+            writeln!(w, "__shared__ int {0}_lo, {0}_hi;", h.name)?;
         }
-        w.block(format_args!("for (int k = k_lo + threadIdx.x; k <= k_hi; k += THREADS)"), |w| {
-            at(Level::Column).try_for_each(|h| writeln!(w, "{}[k - k_lo] = {};", h.name, c_expr(spec, h.expr)))
+        w.block(format_args!("if (threadIdx.x == 0)"), |w| {
+            bounded.iter().try_for_each(|h| writeln!(w, "{0}_lo = 2147483647, {0}_hi = -2147483647 - 1;", h.name))
         })?;
         writeln!(w, "__syncthreads();")?;
+    }
+    for (level, var, lo, hi) in [(Level::Column, "k", "k_lo", "k_hi"), (Level::Row, "q", "q_lo", "q_hi")] {
+        let terms: Vec<&Hoisted> = bounded.iter().copied().filter(|h| h.level == level).collect();
+        let staged: Vec<&Hoisted> = at(Level::Column).filter(|_| level == Level::Column).collect();
+        if terms.is_empty() && staged.is_empty() {
+            continue;
+        }
+        for h in &terms {
+            writeln!(w, "int {0}_min = 2147483647, {0}_max = -2147483647 - 1;", h.name)?;
+        }
+        w.block(format_args!("for (int {var} = {lo} + threadIdx.x; {var} <= {hi}; {var} += THREADS)"), |w| {
+            for h in &staged {
+                writeln!(w, "{}[k - k_lo] = {};", h.name, c_expr(spec, h.expr))?;
+            }
+            for h in &terms {
+                let value = if level == Level::Column { format!("{}[k - k_lo]", h.name) } else { c_expr(spec, h.expr) };
+                writeln!(w, "const int {}_v = {value};", h.name)?;
+                writeln!(w, "{0}_min = min_i32({0}_min, {0}_v);", h.name)?;
+                writeln!(w, "{0}_max = max_i32({0}_max, {0}_v);", h.name)?;
+            }
+            Ok(())
+        })?;
+        for h in &terms {
+            writeln!(w, "{0}_min = __reduce_min_sync(0xffffffffu, {0}_min);", h.name)?;
+            writeln!(w, "{0}_max = __reduce_max_sync(0xffffffffu, {0}_max);", h.name)?;
+            w.block(format_args!("if (threadIdx.x % 32 == 0)"), |w| {
+                writeln!(w, "atomicMin(&{0}_lo, {0}_min);", h.name)?;
+                writeln!(w, "atomicMax(&{0}_hi, {0}_max);", h.name)
+            })?;
+        }
+    }
+    if !bounded.is_empty() || at(Level::Column).next().is_some() {
+        writeln!(w, "__syncthreads();")?;
+    }
+    if !bounded.is_empty() {
+        let names: Vec<(&Expr, &str)> = bounded.iter().map(|h| (h.expr, h.name.as_str())).collect();
+        write!(
+            w,
+            "\
+            const Range tight = {};\n\
+            if (tight.hi == 0 || tight.lo == 1) {{\n\
+            \x20   if (threadIdx.x == 0) *cls = tight.hi == 0 ? 0 : 2;\n\
+            \x20   return;\n\
+            }}\n",
+            bounded_class_expr(spec, mask, &names)
+        )?;
     }
     writeln!(w, "bool any = false, all = true;")?;
     w.block(format_args!("for (int q = q_lo + threadIdx.x; q <= q_hi && (all || !any); q += THREADS)"), |w| {

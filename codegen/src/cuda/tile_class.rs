@@ -8,17 +8,26 @@
 
 use super::signature::arg_name;
 use crate::abi::ArgKind;
-use crate::analysis::{lower, Known, RangeExpr};
-use crate::spec::Spec;
+use crate::analysis::{lower, lower_with, Known, RangeExpr};
+use crate::spec::{Expr, Spec};
 
 /// The mask's `Range` as a C expression in the locals `q_lo`, `q_hi`, `k_lo`,
 /// `k_hi`, `b`, `h` and the kernel arguments; `None` without a mask.
 pub(super) fn tile_class_expr(spec: &Spec) -> Option<String> {
-    spec.mask.as_ref().map(|mask| c_range(spec, &lower(mask)))
+    spec.mask.as_ref().map(|mask| c_range(spec, &lower(mask), &[]))
 }
 
-fn c_range(spec: &Spec, r: &RangeExpr) -> String {
-    let c = |a: &RangeExpr| c_range(spec, a);
+/// [`tile_class_expr`] of `mask` with each i32 subexpression of `bounded`
+/// (identified by address) read as `r_span(<name>_lo, <name>_hi)`: bounds
+/// the kernel computed at run time.
+pub(super) fn bounded_class_expr(spec: &Spec, mask: &Expr, bounded: &[(&Expr, &str)]) -> String {
+    let index = |e: &Expr| bounded.iter().position(|(b, _)| std::ptr::eq(*b, e));
+    let names: Vec<&str> = bounded.iter().map(|(_, name)| *name).collect();
+    c_range(spec, &lower_with(mask, &index), &names)
+}
+
+fn c_range(spec: &Spec, r: &RangeExpr, bounded: &[&str]) -> String {
+    let c = |a: &RangeExpr| c_range(spec, a, bounded);
     match r {
         RangeExpr::Point(known) => {
             let value = match *known {
@@ -35,6 +44,7 @@ fn c_range(spec: &Spec, r: &RangeExpr) -> String {
         RangeExpr::Key => "r_span(k_lo, k_hi)".into(),
         RangeExpr::UnknownInt => "r_unknown_int()".into(),
         RangeExpr::UnknownBool => "r_unknown_bool()".into(),
+        RangeExpr::Bounded(i) => format!("r_span({0}_lo, {0}_hi)", bounded[*i]),
         RangeExpr::Unary(op, a) => format!("{}({})", op.c_name(), c(a)),
         RangeExpr::Binary(op, a, b) => format!("{}({}, {})", op.c_name(), c(a), c(b)),
         RangeExpr::Clamp(args) => format!("r_clamp({}, {}, {})", c(&args[0]), c(&args[1]), c(&args[2])),
