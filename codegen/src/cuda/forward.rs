@@ -163,7 +163,11 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         // The spec's built-ins b and h (q and k are bound per element below).\n\
         const int b = blockIdx.z;\n\
         const int h = blockIdx.y;\n\
-        const int q0 = blockIdx.x * BLOCK_M;\n\
+        // Query tiles in reverse launch order: under a causal mask the last rows\n\
+        // do the most work, and starting them first leaves light tiles for the\n\
+        // grid's tail.\n\
+        const int q_block = gridDim.x - 1 - blockIdx.x;\n\
+        const int q0 = q_block * BLOCK_M;\n\
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
         const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n\
         // GQA / MQA: each group of {heads} / {heads_kv} query heads shares one K/V head.\n\
@@ -353,28 +357,29 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         "\
         cp_async_wait_all();  // nothing may stay in flight past the kernel (kv_len = 0)\n\
         \n\
-        // Epilogue: O = o / l and the natural-log LSE; a fully masked row (l == 0)\n\
-        // writes O = 0 and LSE = -inf.\n\
+        __syncthreads();  // every warp is done with the Q and K/V tiles: their space stages O\n\
+        \n\
+        // Epilogue: O = o / l into a swizzled shared tile, then to memory in\n\
+        // 16-byte row chunks; and the natural-log LSE. A fully masked row\n\
+        // (l == 0) writes O = 0 and LSE = -inf.\n\
+        unsigned short* o_tile = smem;  // [BLOCK_M][DVP]\n\
         #pragma unroll\n\
         for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
         \x20   const int mt = i / 2, r = i % 2;\n\
-        \x20   const int q = q0 + warp * WARP_M + mt * 16 + g + 8 * r;\n\
+        \x20   const int row = warp * WARP_M + mt * 16 + g + 8 * r;\n\
         \x20   const float sum = quad_sum(l[mt][r]);\n\
-        \x20   if (q >= {q_len}) continue;\n\
         \x20   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;\n\
-        \x20   unsigned short* out = o_rows + (long long)q * {o_stride};\n\
         \x20   #pragma unroll\n\
         \x20   for (int n = 0; n < O_TILES; ++n) {{\n\
-        \x20       #pragma unroll\n\
-        \x20       for (int c = 0; c < 2; ++c) {{\n\
-        \x20           const int col = n * 8 + 2 * t + c;\n\
-        \x20           if (col < DV) out[col] = storage::from_f32(o[mt][n][2 * r + c] * inv);\n\
-        \x20       }}\n\
+        \x20       *(unsigned*)(o_tile + swizzle<DVP>(row, n * 8 + 2 * t)) =\n\
+        \x20           pack2(storage{{}}, o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);\n\
         \x20   }}\n\
-        \x20   if ({lse} != nullptr && t == 0) {{\n\
-        \x20       {lse}[((long long)b * {heads} + h) * {q_len} + q] = sum > 0.0f ? (m[mt][r] + log2f(sum)) * LN2 : neg_inf();\n\
+        \x20   if ({lse} != nullptr && t == 0 && q0 + row < {q_len}) {{\n\
+        \x20       {lse}[((long long)b * {heads} + h) * {q_len} + q0 + row] = sum > 0.0f ? (m[mt][r] + log2f(sum)) * LN2 : neg_inf();\n\
         \x20   }}\n\
-        }}\n"
+        }}\n\
+        __syncthreads();\n\
+        store_tile<BLOCK_M, DVP, DV, THREADS>(o_tile, o_rows + (long long)q0 * {o_stride}, {o_stride}, {q_len} - q0, aligned16(o_rows, {o_stride}));\n"
     )
 }
 
@@ -429,7 +434,7 @@ fn write_tile_classes(
         // A block mask built for data-dependent masks (tensor reads) refines\n\
         // them: 0 = no pair kept, 2 = every pair kept, exact per tile.\n\
         const unsigned char* tile_row = block_mask == nullptr ? nullptr\n\
-        \x20   : block_mask + b * block_mask_batch_stride + h * block_mask_head_stride + (long long)blockIdx.x * kv_tiles;\n\
+        \x20   : block_mask + b * block_mask_batch_stride + h * block_mask_head_stride + (long long)q_block * kv_tiles;\n\
         // The next tile from j on that keeps a pair. Spans the analysis rules out\n\
         // are skipped whole (the rest of the row, then 16 tiles at a time), so a\n\
         // sliding window does not pay for a scan over every tile of the row.\n\

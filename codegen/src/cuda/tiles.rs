@@ -1,6 +1,8 @@
 //! The tensor-core tile library: the handful of named operations the
 //! forward kernel is written in (ThunderKittens style).
 //!
+//! - `store_tile`: shared → global, 16 bytes per thread where rows allow
+//!   (the output tile leaves through shared memory in coalesced rows).
 //! - `cp_async_16` / `load_tile`: global → shared copies, 16 bytes per
 //!   thread and instruction, bypassing registers so the next K/V tile loads
 //!   while the current one is multiplied; a scalar fallback covers head dims
@@ -29,6 +31,10 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 // writes zeros (rows past the end of a sequence).
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+// 4 bytes global -> shared (a per-row statistic), with the same zero fill.
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
@@ -82,6 +88,28 @@ __device__ __forceinline__ void load_tile(unsigned short* tile, const unsigned s
         for (int i = threadIdx.x; i < ROWS * COLS; i += THREADS) {
             const int r = i / COLS, c = i % COLS;
             tile[swizzle<COLS>(r, c)] = r < rows && c < WIDTH ? src[r * stride + c] : (unsigned short)0;
+        }
+    }
+}
+
+// Stores rows [0, rows) x cols [0, WIDTH) of a swizzled shared tile with
+// COLS columns to global rows `stride` elements apart: 16 bytes per thread
+// and instruction where the rows allow it, element by element otherwise.
+template <int ROWS, int COLS, int WIDTH, int THREADS>
+__device__ __forceinline__ void store_tile(const unsigned short* tile, unsigned short* dst, long long stride, int rows,
+                                           bool vector) {
+    if (WIDTH % 8 == 0 && vector) {
+        constexpr int CHUNKS = COLS / 8;
+        for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
+            const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
+            if (r < rows && c < WIDTH) {
+                *(uint4*)(dst + r * stride + c) = *(const uint4*)(tile + swizzle<COLS>(r, c));
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < ROWS * COLS; i += THREADS) {
+            const int r = i / COLS, c = i % COLS;
+            if (r < rows && c < WIDTH) dst[r * stride + c] = tile[swizzle<COLS>(r, c)];
         }
     }
 }
