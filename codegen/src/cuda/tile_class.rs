@@ -83,4 +83,20 @@ mod tests {
              r_point(b))))"
         );
     }
+    #[test]
+    fn bounded_terms_print_as_runtime_spans() {
+        let spec = parse_one(
+            "S { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] && q >= k }",
+        )
+        .unwrap();
+        let mask = spec.mask.as_ref().unwrap();
+        let crate::spec::ExprKind::Binary(_, eq, _) = &mask.kind else { panic!("an && at the top") };
+        let crate::spec::ExprKind::Binary(_, row, col) = &eq.kind else { panic!("an == below it") };
+        assert_eq!(
+            bounded_class_expr(&spec, mask, &[(row, "inv_0"), (col, "inv_1")]),
+            "r_and(r_eq(r_span(inv_0_lo, inv_0_hi), r_span(inv_1_lo, inv_1_hi)), \
+             r_ge(r_span(q_lo, q_hi), r_span(k_lo, k_hi)))"
+        );
+        assert_eq!(bounded_class_expr(&spec, mask, &[]), tile_class_expr(&spec).unwrap());
+    }
 }
