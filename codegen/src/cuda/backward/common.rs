@@ -53,6 +53,44 @@ template <int COLS>
 __device__ __forceinline__ unsigned ldm_at(const LdmLane<COLS>& lane, int row_step, int step) {
     return 2 * swizzle<COLS>(lane.row + row_step, 16 * step + 8 * lane.half);
 }
+// dst[0..4) += (a, b, c, d): one 16-byte f32 reduction on sm_90 (dst 16-byte
+// aligned), four scalar atomics before it.
+__device__ __forceinline__ void red_add4(float* dst, float a, float b, float c, float d) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" :: "l"(dst), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+#else
+    atomicAdd(dst, a);
+    atomicAdd(dst + 1, b);
+    atomicAdd(dst + 2, c);
+    atomicAdd(dst + 3, d);
+#endif
+}
+// Adds a warp's m16n8 f32 accumulator tile to rows [row0, row0 + 16) x
+// columns [col0, col0 + 8) of a row-major f32 matrix of `rows` x COLS (rows
+// and columns past the end are dropped). Lanes t and t ^ 1 swap half their
+// elements, so that each lane holds four consecutive columns of one row
+// (row g for even t, g + 8 for odd): one red_add4 per lane, not four atomics.
+template <int COLS>
+__device__ __forceinline__ void red_add_tile(float* m, int rows, int row0, int col0, const float (&acc)[4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    if constexpr (COLS % 4 == 0) {
+        const bool odd = t % 2 == 1;
+        const float x0 = __shfl_xor_sync(0xffffffffu, odd ? acc[0] : acc[2], 1);
+        const float x1 = __shfl_xor_sync(0xffffffffu, odd ? acc[1] : acc[3], 1);
+        const int row = row0 + g + (odd ? 8 : 0), col = col0 + 2 * (t & ~1);
+        if (row < rows && col < COLS) {
+            float* dst = m + (long long)row * COLS + col;
+            if (odd) red_add4(dst, x0, x1, acc[2], acc[3]);
+            else red_add4(dst, acc[0], acc[1], x0, x1);
+        }
+    } else {
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int row = row0 + g + 8 * (e / 2), col = col0 + 2 * t + e % 2;
+            if (row < rows && col < COLS) atomicAdd(&m[(long long)row * COLS + col], acc[e]);
+        }
+    }
+}
 "#;
 
 /// Which prelude sections a kernel needs.

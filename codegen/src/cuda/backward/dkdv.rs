@@ -43,12 +43,12 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig) -> Kernel {
     }
 }
 
-/// K and V of the CTA's keys, Q and dO of one query step, dSᵀ (16-bit), and
-/// two f32 statistics per query.
+/// K and V of the CTA's keys, two buffers of a query step's Q, dO and two
+/// f32 statistics per query, and dSᵀ (16-bit).
 fn smem_bytes(spec: &Spec, config: BackwardConfig) -> u32 {
     let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
     let (m, n) = (config.block_m, config.block_n());
-    2 * (n * (dp + dvp) + m * (dp + dvp) + n * m) + 4 * 2 * m
+    2 * (n * (dp + dvp) + 2 * m * (dp + dvp) + n * m) + 2 * 4 * 2 * m
 }
 
 fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> fmt::Result {
@@ -62,14 +62,16 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> 
         constexpr int BLOCK_M = {block_m};  // queries per step of the loop\n\
         constexpr int S_TILES = BLOCK_M / 8;  // m16n8 tiles of a warp's S^T and dP^T (16 keys x BLOCK_M queries)\n\
         constexpr int DK_TILES = DP / 8;  // m16n8 tiles of a warp's dK (16 keys x DP)\n\
-        constexpr int DV_TILES = DVP / 8;  // m16n8 tiles of a warp's dV (16 keys x DVP)\n"
+        constexpr int DV_TILES = DVP / 8;  // m16n8 tiles of a warp's dV (16 keys x DVP)\n\
+        constexpr int DQ_COLS = DP % 32 == 0 ? 32 : 16;  // columns of a warp's dQ block per step\n"
     )?;
     write_forward_tiles(w, spec)?;
     write!(
         w,
         "\
-        // Shared memory: this CTA's K and V tiles, then per step the Q and dO tiles,\n\
-        // dS^T (for dQ) and two statistics per query.\n\
+        // Shared memory: this CTA's K and V tiles; two buffers of a step's Q and dO\n\
+        // tiles and two statistics per query (the next step's load into one while\n\
+        // the other is multiplied); dS^T (for dQ).\n\
         constexpr int K_TILE = BLOCK_N * DP;\n\
         constexpr int V_TILE = BLOCK_N * DVP;\n\
         constexpr int Q_TILE = BLOCK_M * DP;\n\
@@ -90,11 +92,11 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         extern __shared__ __align__(128) unsigned short smem[];\n\
         unsigned short* k_tile = smem;  // [BLOCK_N][DP], for every step\n\
         unsigned short* v_tile = k_tile + K_TILE;  // [BLOCK_N][DVP]\n\
-        unsigned short* q_tile = v_tile + V_TILE;  // [BLOCK_M][DP], this step's queries\n\
-        unsigned short* dout_tile = q_tile + Q_TILE;  // [BLOCK_M][DVP]\n\
-        unsigned short* ds_tile = dout_tile + DO_TILE;  // [BLOCK_N][BLOCK_M]: dS^T, for dQ\n\
-        float* lse_col = (float*)(ds_tile + DS_TILE);  // [BLOCK_M]: LSE in log2 units, +inf for no gradient\n\
-        float* delta_col = lse_col + BLOCK_M;  // [BLOCK_M]: D = rowsum(dO * O)\n\
+        unsigned short* q_tiles = v_tile + V_TILE;  // [2][BLOCK_M][DP]: a step's queries\n\
+        unsigned short* dout_tiles = q_tiles + 2 * Q_TILE;  // [2][BLOCK_M][DVP]\n\
+        unsigned short* ds_tile = dout_tiles + 2 * DO_TILE;  // [BLOCK_N][BLOCK_M]: dS^T, for dQ\n\
+        float* lse_cols = (float*)(ds_tile + DS_TILE);  // [2][BLOCK_M]: LSE in log2 units, +inf for no gradient\n\
+        float* delta_cols = lse_cols + 2 * BLOCK_M;  // [2][BLOCK_M]: D = rowsum(dO * O)\n\
         \n\
         // The spec's built-in b (h, q and k are bound in the loops below).\n\
         const int b = blockIdx.z;\n\
@@ -103,7 +105,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
         const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n\
         const int group = {heads} / {heads_kv};  // query heads sharing this K/V head\n\
-        const int q_tiles = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
+        const int q_steps = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
         const int k_lo = k0, k_hi = min_i32(k0 + BLOCK_N, {kv_len}) - 1;  // this CTA's keys\n\
         \n"
     )?;
@@ -132,12 +134,13 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         const LdmLane<DVP> dv_a(lane % 8 + (lane / 8 % 2) * 8, lane / 16), dv_b(lane % 8 + lane / 16 * 8, lane / 8 % 2);\n\
         const LdmLane<BLOCK_M> ds_b(lane % 8 + lane / 16 * 8, lane / 8 % 2);\n\
         const unsigned k_smem = smem_addr(k_tile), v_smem = smem_addr(v_tile);\n\
-        const unsigned q_smem = smem_addr(q_tile), dout_smem = smem_addr(dout_tile), ds_smem = smem_addr(ds_tile);\n\
+        const unsigned ds_smem = smem_addr(ds_tile);\n\
         \n\
         // This warp's 16 keys of dK and dV (f32), summed over every query of every\n\
         // head of the group: no atomics.\n\
         float dk_acc[DK_TILES][4] = {{}};\n\
         float dv_acc[DV_TILES][4] = {{}};\n\
+        int buf = 0;  // the buffer the next load fills: the one no warp may still read\n\
         \n"
     )?;
     let exprs = terms.exprs(spec);
@@ -150,7 +153,19 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
             "\
             const bool q_vector = aligned16(q_rows, {q_stride}) && aligned16(dout_rows, {do_stride});\n\
             const float* lse_row = {lse} + ((long long)b * {heads} + h) * {q_len};\n\
-            const float* delta_row = delta + ((long long)b * {heads} + h) * {q_len};\n"
+            const float* delta_row = delta + ((long long)b * {heads} + h) * {q_len};\n\
+            // Queues the copies of query tile jj's Q, dO and statistics into buffer bb.\n\
+            auto load_step = [&](int jj, int bb) {{\n\
+            \x20   const int q0 = jj * BLOCK_M;\n\
+            \x20   load_tile<BLOCK_M, DP, D, THREADS>(q_tiles + bb * Q_TILE, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, q_vector);\n\
+            \x20   load_tile<BLOCK_M, DVP, DV, THREADS>(dout_tiles + bb * DO_TILE, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, q_vector);\n\
+            \x20   for (int r = threadIdx.x; r < BLOCK_M; r += THREADS) {{\n\
+            \x20       const bool valid = q0 + r < {q_len};\n\
+            \x20       cp_async_4(&lse_cols[bb * BLOCK_M + r], valid ? lse_row + q0 + r : lse_row, valid ? 4 : 0);\n\
+            \x20       cp_async_4(&delta_cols[bb * BLOCK_M + r], valid ? delta_row + q0 + r : delta_row, valid ? 4 : 0);\n\
+            \x20   }}\n\
+            \x20   cp_async_commit();\n\
+            }};\n"
         )?;
         write_row_terms(w, spec, &hoisted, Rows::Keys, "k0 + warp * 16")?;
         write_spec_lambdas(w, spec, terms, &hoisted, Rows::Keys)?;
@@ -160,9 +175,11 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
                 writeln!(w, "float acc_{t} = 0.0f;  // this lane's share of d{t} at this head's element")?;
             }
         }
-        write_tile_walk(w, spec, &Walk { axis: "q", tiles: "q_tiles", size: "BLOCK_M", len: &q_len })?;
+        write_tile_walk(w, spec, &Walk { axis: "q", tiles: "q_steps", size: "BLOCK_M", len: &q_len })?;
         writeln!(w)?;
-        w.block(format_args!("for (int j = next_tile(0); j < q_tiles; j = next_tile(j + 1))"), |w| {
+        writeln!(w, "const int first = next_tile(0);")?;
+        writeln!(w, "if (first < q_steps) load_step(first, buf);")?;
+        w.block(format_args!("for (int j = first, j_next; j < q_steps; j = j_next, buf ^= 1)"), |w| {
             write_step(w, spec, terms, &hoisted)
         })?;
         for (slot, _, indices) in &terms.grads {
@@ -226,26 +243,25 @@ fn write_step(
 ) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
     let [q_len, heads, scale] = [ArgKind::QLen, ArgKind::Heads, ArgKind::Scale].map(n);
-    let seq = |op| n(ArgKind::Stride(op, Axis::Seq));
-    let (q_stride, do_stride) = (seq(Operand::Q), seq(Operand::DO));
     write!(
         w,
         "\
+        j_next = next_tile(j + 1);\n\
         const int q0 = j * BLOCK_M;\n\
         const bool full = tile_full(j);  // the mask keeps every pair: skip evaluating it\n\
-        __syncthreads();  // every warp is done with the previous step's tiles\n\
-        load_tile<BLOCK_M, DP, D, THREADS>(q_tile, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, q_vector);\n\
-        load_tile<BLOCK_M, DVP, DV, THREADS>(dout_tile, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, q_vector);\n\
-        cp_async_commit();\n\
+        unsigned short* q_tile = q_tiles + buf * Q_TILE;\n\
+        float* lse_col = lse_cols + buf * BLOCK_M;\n\
+        const float* delta_col = delta_cols + buf * BLOCK_M;\n\
+        const unsigned q_smem = smem_addr(q_tile), dout_smem = smem_addr(dout_tiles + buf * DO_TILE);\n\
+        cp_async_wait_all();  // this thread's copies of step j, queued a step ahead, have landed\n\
+        // LSE to log2 units, each by the thread that copied it. A fully masked row\n\
+        // (LSE = -inf) or one past q_len gets +inf: P = 0.\n\
         for (int r = threadIdx.x; r < BLOCK_M; r += THREADS) {{\n\
-        \x20   const int q = q0 + r;\n\
-        \x20   const float l = q < {q_len} ? lse_row[q] : neg_inf();\n\
-        \x20   // A fully masked row (LSE = -inf) or one past q_len gets +inf: P = 0.\n\
-        \x20   lse_col[r] = l == neg_inf() ? -neg_inf() : l * LOG2E;\n\
-        \x20   delta_col[r] = q < {q_len} ? delta_row[q] : 0.0f;\n\
+        \x20   const float l = lse_col[r];\n\
+        \x20   lse_col[r] = q0 + r >= {q_len} || l == neg_inf() ? -neg_inf() : l * LOG2E;\n\
         }}\n\
-        cp_async_wait_all();\n\
-        __syncthreads();  // Q, dO and the statistics are visible\n"
+        __syncthreads();  // step j's tiles are visible, and every warp is done with the other buffer\n\
+        if (j_next < q_steps) load_step(j_next, buf ^ 1);  // the next step's copies overlap this step's math\n"
     )?;
     write_column_terms(w, spec, hoisted, Rows::Keys, "q0")?;
     write!(
@@ -354,25 +370,26 @@ fn write_step(
         \x20   }}\n\
         }}\n\
         __syncthreads();  // dS^T is visible\n\
-        // dQ += dS K: the warps take 16-query x 16-column blocks of this step's dQ in\n\
-        // turn and add them to the f32 accumulator with atomics.\n\
+        // dQ += dS K: the warps take 16-query x DQ_COLS-column blocks of this step's\n\
+        // dQ in turn and add them to the f32 accumulator by vector reductions.\n\
         float* dq_rows = dq_accum + ((long long)b * {heads} + h) * {q_len} * D;\n\
-        for (int blk = warp; blk < (BLOCK_M / 16) * (DP / 16); blk += WARPS) {{\n\
-        \x20   const int m0 = blk / (DP / 16) * 16, c0 = blk % (DP / 16) * 16;\n\
-        \x20   float acc[2][4] = {{}};\n\
+        for (int blk = warp; blk < (BLOCK_M / 16) * (DP / DQ_COLS); blk += WARPS) {{\n\
+        \x20   const int m0 = blk / (DP / DQ_COLS) * 16, c0 = blk % (DP / DQ_COLS) * DQ_COLS;\n\
+        \x20   float acc[DQ_COLS / 8][4] = {{}};\n\
         \x20   #pragma unroll\n\
         \x20   for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
-        \x20       unsigned a[4], kb[4];\n\
+        \x20       unsigned a[4];\n\
         \x20       ldmatrix_x4_trans(a, ds_smem + ldm_at(ds_b, kk * 16, m0 / 16));\n\
-        \x20       ldmatrix_x4_trans(kb, k_smem + ldm_at(d_a, kk * 16, c0 / 16));\n\
-        \x20       mma_16816(storage{{}}, acc[0], a, kb[0], kb[1]);\n\
-        \x20       mma_16816(storage{{}}, acc[1], a, kb[2], kb[3]);\n\
+        \x20       #pragma unroll\n\
+        \x20       for (int n = 0; n < DQ_COLS / 8; n += 2) {{\n\
+        \x20           unsigned kb[4];\n\
+        \x20           ldmatrix_x4_trans(kb, k_smem + ldm_at(d_a, kk * 16, (c0 + 8 * n) / 16));\n\
+        \x20           mma_16816(storage{{}}, acc[n], a, kb[0], kb[1]);\n\
+        \x20           mma_16816(storage{{}}, acc[n + 1], a, kb[2], kb[3]);\n\
+        \x20       }}\n\
         \x20   }}\n\
         \x20   #pragma unroll\n\
-        \x20   for (int e = 0; e < 8; ++e) {{\n\
-        \x20       const int q = q0 + m0 + g + 8 * (e % 4 / 2), col = c0 + (e / 4) * 8 + 2 * t + e % 2;\n\
-        \x20       if (q < {q_len} && col < D) atomicAdd(&dq_rows[(long long)q * D + col], acc[e / 4][e % 4]);\n\
-        \x20   }}\n\
+        \x20   for (int n = 0; n < DQ_COLS / 8; ++n) red_add_tile<D>(dq_rows, {q_len}, q0 + m0, c0 + 8 * n, acc[n]);\n\
         }}\n"
     )
 }

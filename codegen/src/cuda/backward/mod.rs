@@ -14,7 +14,11 @@
 //!    `mma.sync.m16n8k16`. Working on transposed tiles (keys as MMA rows)
 //!    makes Pᵀ and dSᵀ A operands straight from the accumulators, as P is in
 //!    the forward. dQ += dS·K goes through shared memory (dSᵀ stored once,
-//!    read back with `ldmatrix.trans`) into f32 atomics on an accumulator.
+//!    read back with `ldmatrix.trans`) into f32 atomics on an accumulator:
+//!    16-byte `red.global.add.v4.f32` on sm_90, after lanes t and t ^ 1
+//!    swap halves of their m16n8 tiles. The Q, dO and statistics tiles are
+//!    double-buffered: step j + 1's `cp.async` copies are queued right after
+//!    step j's barrier and land while step j multiplies.
 //! 3. **Postprocess** (`bwd_post`): dQ = scale · accumulator, in the
 //!    operand dtype.
 //! 4. **Deterministic dQ** (`bwd_dq`), instead of the atomics and the
@@ -69,7 +73,10 @@ pub enum BackwardPass {
 /// How the backward kernels tile a problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BackwardConfig {
-    /// Warps of the dK/dV kernel, 16 keys each: its CTA owns 16 · warps keys.
+    /// Warps of the dK/dV kernel, 16 keys each: its CTA owns 16 · warps keys
+    /// (128 at head dims up to 128, as FlashAttention-2: each Q/dO tile
+    /// loaded serves twice the keys of 4 warps, and dQ takes half the
+    /// reductions).
     pub warps: u32,
     /// Queries per step of the dK/dV kernel (a multiple of 16).
     pub block_m: u32,
@@ -87,7 +94,7 @@ impl BackwardConfig {
         let widest = pad16(spec.head_dims.qk).max(pad16(spec.head_dims.v));
         match widest {
             0..=64 => BackwardConfig { warps: 4, block_m: 64, dq_block_n: 64 },
-            65..=128 => BackwardConfig { warps: 4, block_m: 32, dq_block_n: 64 },
+            65..=128 => BackwardConfig { warps: 8, block_m: 32, dq_block_n: 64 },
             _ => BackwardConfig { warps: 4, block_m: 16, dq_block_n: 32 },
         }
     }
