@@ -78,11 +78,9 @@ __device__ __forceinline__ void red_add_tile(float* m, int rows, int row0, int c
         const float x0 = __shfl_xor_sync(0xffffffffu, odd ? acc[0] : acc[2], 1);
         const float x1 = __shfl_xor_sync(0xffffffffu, odd ? acc[1] : acc[3], 1);
         const int row = row0 + g + (odd ? 8 : 0), col = col0 + 2 * (t & ~1);
-        if (row < rows && col < COLS) {
-            float* dst = m + (long long)row * COLS + col;
-            if (odd) red_add4(dst, x0, x1, acc[2], acc[3]);
-            else red_add4(dst, acc[0], acc[1], x0, x1);
-        }
+        const float v0 = odd ? x0 : acc[0], v1 = odd ? x1 : acc[1];
+        const float v2 = odd ? acc[2] : x0, v3 = odd ? acc[3] : x1;
+        if (row < rows && col < COLS) red_add4(m + (long long)row * COLS + col, v0, v1, v2, v3);
     } else {
         #pragma unroll
         for (int e = 0; e < 4; ++e) {

@@ -43,12 +43,12 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig) -> Kernel {
     }
 }
 
-/// K and V of the CTA's keys, two buffers of a query step's Q, dO and two
-/// f32 statistics per query, and dSᵀ (16-bit).
+/// K and V of the CTA's keys, and two buffers of a query step's Q, dO, dSᵀ
+/// (16-bit) and two f32 statistics per query.
 fn smem_bytes(spec: &Spec, config: BackwardConfig) -> u32 {
     let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
     let (m, n) = (config.block_m, config.block_n());
-    2 * (n * (dp + dvp) + 2 * m * (dp + dvp) + n * m) + 2 * 4 * 2 * m
+    2 * (n * (dp + dvp) + 2 * m * (dp + dvp + n)) + 2 * 4 * 2 * m
 }
 
 fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> fmt::Result {
@@ -71,7 +71,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> 
         "\
         // Shared memory: this CTA's K and V tiles; two buffers of a step's Q and dO\n\
         // tiles and two statistics per query (the next step's load into one while\n\
-        // the other is multiplied); dS^T (for dQ).\n\
+        // the other is multiplied) and of its dS^T (read by the next step's dQ).\n\
         constexpr int K_TILE = BLOCK_N * DP;\n\
         constexpr int V_TILE = BLOCK_N * DVP;\n\
         constexpr int Q_TILE = BLOCK_M * DP;\n\
@@ -94,8 +94,8 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         unsigned short* v_tile = k_tile + K_TILE;  // [BLOCK_N][DVP]\n\
         unsigned short* q_tiles = v_tile + V_TILE;  // [2][BLOCK_M][DP]: a step's queries\n\
         unsigned short* dout_tiles = q_tiles + 2 * Q_TILE;  // [2][BLOCK_M][DVP]\n\
-        unsigned short* ds_tile = dout_tiles + 2 * DO_TILE;  // [BLOCK_N][BLOCK_M]: dS^T, for dQ\n\
-        float* lse_cols = (float*)(ds_tile + DS_TILE);  // [2][BLOCK_M]: LSE in log2 units, +inf for no gradient\n\
+        unsigned short* ds_tiles = dout_tiles + 2 * DO_TILE;  // [2][BLOCK_N][BLOCK_M]: dS^T, for dQ\n\
+        float* lse_cols = (float*)(ds_tiles + 2 * DS_TILE);  // [2][BLOCK_M]: LSE in log2 units, +inf for no gradient\n\
         float* delta_cols = lse_cols + 2 * BLOCK_M;  // [2][BLOCK_M]: D = rowsum(dO * O)\n\
         \n\
         // The spec's built-in b (h, q and k are bound in the loops below).\n\
@@ -134,7 +134,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         const LdmLane<DVP> dv_a(lane % 8 + (lane / 8 % 2) * 8, lane / 16), dv_b(lane % 8 + lane / 16 * 8, lane / 8 % 2);\n\
         const LdmLane<BLOCK_M> ds_b(lane % 8 + lane / 16 * 8, lane / 8 % 2);\n\
         const unsigned k_smem = smem_addr(k_tile), v_smem = smem_addr(v_tile);\n\
-        const unsigned ds_smem = smem_addr(ds_tile);\n\
+        const unsigned ds_smem = smem_addr(ds_tiles);\n\
         \n\
         // This warp's 16 keys of dK and dV (f32), summed over every query of every\n\
         // head of the group: no atomics.\n\
@@ -165,6 +165,30 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
             \x20       cp_async_4(&delta_cols[bb * BLOCK_M + r], valid ? delta_row + q0 + r : delta_row, valid ? 4 : 0);\n\
             \x20   }}\n\
             \x20   cp_async_commit();\n\
+            }};\n\
+            // dQ += dS K for the step at queries q0 from dS^T buffer bb, once every warp\n\
+            // has stored it: the warps take 16-query x DQ_COLS-column blocks in turn and\n\
+            // add them to the f32 accumulator by vector reductions.\n\
+            float* dq_rows = dq_accum + ((long long)b * {heads} + h) * {q_len} * D;\n\
+            auto add_dq = [&](int q0, int bb) {{\n\
+            \x20   for (int blk = warp; blk < (BLOCK_M / 16) * (DP / DQ_COLS); blk += WARPS) {{\n\
+            \x20       const int m0 = blk / (DP / DQ_COLS) * 16, c0 = blk % (DP / DQ_COLS) * DQ_COLS;\n\
+            \x20       float acc[DQ_COLS / 8][4] = {{}};\n\
+            \x20       #pragma unroll\n\
+            \x20       for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
+            \x20           unsigned a[4];\n\
+            \x20           ldmatrix_x4_trans(a, ds_smem + 2 * bb * DS_TILE + ldm_at(ds_b, kk * 16, m0 / 16));\n\
+            \x20           #pragma unroll\n\
+            \x20           for (int n = 0; n < DQ_COLS / 8; n += 2) {{\n\
+            \x20               unsigned kb[4];\n\
+            \x20               ldmatrix_x4_trans(kb, k_smem + ldm_at(d_a, kk * 16, (c0 + 8 * n) / 16));\n\
+            \x20               mma_16816(storage{{}}, acc[n], a, kb[0], kb[1]);\n\
+            \x20               mma_16816(storage{{}}, acc[n + 1], a, kb[2], kb[3]);\n\
+            \x20           }}\n\
+            \x20       }}\n\
+            \x20       #pragma unroll\n\
+            \x20       for (int n = 0; n < DQ_COLS / 8; ++n) red_add_tile<D>(dq_rows, {q_len}, q0 + m0, c0 + 8 * n, acc[n]);\n\
+            \x20   }}\n\
             }};\n"
         )?;
         write_row_terms(w, spec, &hoisted, Rows::Keys, "k0 + warp * 16")?;
@@ -179,9 +203,14 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         writeln!(w)?;
         writeln!(w, "const int first = next_tile(0);")?;
         writeln!(w, "if (first < q_steps) load_step(first, buf);")?;
+        writeln!(w, "int dq_pending = -1;  // first query of the step whose dS^T awaits its dQ")?;
         w.block(format_args!("for (int j = first, j_next; j < q_steps; j = j_next, buf ^= 1)"), |w| {
             write_step(w, spec, terms, &hoisted)
         })?;
+        writeln!(w, "if (dq_pending >= 0) {{")?;
+        writeln!(w, "    __syncthreads();  // the last step's dS^T is visible")?;
+        writeln!(w, "    add_dq(dq_pending, buf ^ 1);")?;
+        writeln!(w, "}}")?;
         for (slot, _, indices) in &terms.grads {
             if per_head(indices) {
                 let t = &spec.tensors[*slot].name;
@@ -242,7 +271,7 @@ fn write_step(
     hoisted: &[crate::cuda::hoist::Hoisted],
 ) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
-    let [q_len, heads, scale] = [ArgKind::QLen, ArgKind::Heads, ArgKind::Scale].map(n);
+    let [q_len, scale] = [ArgKind::QLen, ArgKind::Scale].map(n);
     write!(
         w,
         "\
@@ -261,7 +290,9 @@ fn write_step(
         \x20   lse_col[r] = q0 + r >= {q_len} || l == neg_inf() ? -neg_inf() : l * LOG2E;\n\
         }}\n\
         __syncthreads();  // step j's tiles are visible, and every warp is done with the other buffer\n\
-        if (j_next < q_steps) load_step(j_next, buf ^ 1);  // the next step's copies overlap this step's math\n"
+        if (j_next < q_steps) load_step(j_next, buf ^ 1);  // the next step's copies overlap this step's math\n\
+        // The previous step's dQ: its dS^T became visible at the barrier above.\n\
+        if (dq_pending >= 0) add_dq(dq_pending, buf ^ 1);\n"
     )?;
     write_column_terms(w, spec, hoisted, Rows::Keys, "q0")?;
     write!(
@@ -360,7 +391,9 @@ fn write_step(
         }}\n\
         \n\
         if (dq_accum == nullptr) continue;  // deterministic mode: a separate kernel computes dQ\n\
-        // dS^T to shared memory, so that dQ can read dS with queries as rows.\n\
+        // dS^T to shared memory, so that the next step's dQ can read dS with queries\n\
+        // as rows (its barrier makes it visible: no barrier here).\n\
+        unsigned short* ds_tile = ds_tiles + buf * DS_TILE;\n\
         #pragma unroll\n\
         for (int i = 0; i < 2; ++i) {{\n\
         \x20   #pragma unroll\n\
@@ -369,27 +402,6 @@ fn write_step(
         \x20       *(unsigned*)&ds_tile[swizzle<BLOCK_M>(row, n * 8 + 2 * t)] = pack2(storage{{}}, dp[n][2 * i], dp[n][2 * i + 1]);\n\
         \x20   }}\n\
         }}\n\
-        __syncthreads();  // dS^T is visible\n\
-        // dQ += dS K: the warps take 16-query x DQ_COLS-column blocks of this step's\n\
-        // dQ in turn and add them to the f32 accumulator by vector reductions.\n\
-        float* dq_rows = dq_accum + ((long long)b * {heads} + h) * {q_len} * D;\n\
-        for (int blk = warp; blk < (BLOCK_M / 16) * (DP / DQ_COLS); blk += WARPS) {{\n\
-        \x20   const int m0 = blk / (DP / DQ_COLS) * 16, c0 = blk % (DP / DQ_COLS) * DQ_COLS;\n\
-        \x20   float acc[DQ_COLS / 8][4] = {{}};\n\
-        \x20   #pragma unroll\n\
-        \x20   for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
-        \x20       unsigned a[4];\n\
-        \x20       ldmatrix_x4_trans(a, ds_smem + ldm_at(ds_b, kk * 16, m0 / 16));\n\
-        \x20       #pragma unroll\n\
-        \x20       for (int n = 0; n < DQ_COLS / 8; n += 2) {{\n\
-        \x20           unsigned kb[4];\n\
-        \x20           ldmatrix_x4_trans(kb, k_smem + ldm_at(d_a, kk * 16, (c0 + 8 * n) / 16));\n\
-        \x20           mma_16816(storage{{}}, acc[n], a, kb[0], kb[1]);\n\
-        \x20           mma_16816(storage{{}}, acc[n + 1], a, kb[2], kb[3]);\n\
-        \x20       }}\n\
-        \x20   }}\n\
-        \x20   #pragma unroll\n\
-        \x20   for (int n = 0; n < DQ_COLS / 8; ++n) red_add_tile<D>(dq_rows, {q_len}, q0 + m0, c0 + 8 * n, acc[n]);\n\
-        }}\n"
+        dq_pending = q0;\n"
     )
 }
