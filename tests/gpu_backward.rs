@@ -7,45 +7,13 @@
 //! row). The CPU references of all cases are computed in parallel after the
 //! GPU runs. Skipped, with the reason printed, only where no GPU exists.
 
-use flashgen::codegen::reference::ParamValue;
-use flashgen::codegen::{Dtype, HeadDims, Shape, Spec};
+mod support;
+
+use flashgen::codegen::{Dtype, Shape, Spec};
 use flashgen::examples::SPECS;
 use flashgen::verify::{self, DeviceProblem, GpuGradients, OperandLayout};
 use flashgen::{Error, Runtime};
-
-fn runtime() -> Option<Runtime> {
-    match Runtime::new(0) {
-        Ok(rt) => Some(rt),
-        Err(e) if e.is_no_gpu() => {
-            eprintln!("skipped: no GPU ({e})");
-            None
-        }
-        Err(e) => panic!("the runtime failed to start on a machine with a GPU: {e}"),
-    }
-}
-
-fn spec(variant: &str) -> Spec {
-    let (_, source) = SPECS.iter().find(|(name, _)| *name == variant).expect("a known variant");
-    flashgen::parse_one(source).unwrap_or_else(|e| panic!("{}", e.render(variant, source)))
-}
-
-fn params(spec: &Spec) -> Vec<ParamValue> {
-    spec.params
-        .iter()
-        .map(|p| match p.name.as_str() {
-            "window" => ParamValue::I32(96),
-            "prefix" => ParamValue::I32(70),
-            "cap" => ParamValue::F32(30.0),
-            other => panic!("no test value for param `{other}`"),
-        })
-        .collect()
-}
-
-fn with(mut spec: Spec, dtype: Dtype, qk: u32, v: u32) -> Spec {
-    spec.dtype = dtype;
-    spec.head_dims = HeadDims { qk, v };
-    spec
-}
+use support::{params, runtime, spec, with};
 
 #[derive(Clone, Copy)]
 struct Case {

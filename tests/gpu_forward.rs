@@ -5,42 +5,16 @@
 //! no device); any other runtime error fails. Every case draws fresh random
 //! inputs (the seed is printed with each failure).
 
+mod support;
+
 use flashgen::codegen::reference::ParamValue;
-use flashgen::codegen::{Builtin, Dtype, HeadDims, Shape, Spec};
+use flashgen::codegen::{Builtin, Dtype, Shape, Spec};
 use flashgen::examples::SPECS;
 use flashgen::verify::{self, DeviceProblem, OperandLayout};
 use flashgen::{Error, Runtime};
+use support::{params, runtime, spec, with};
 
 const SEQLEN_PAIRS: [(usize, usize); 3] = [(113, 203), (128, 217), (1024, 1023)];
-
-fn runtime() -> Option<Runtime> {
-    match Runtime::new(0) {
-        Ok(rt) => Some(rt),
-        Err(e) if e.is_no_gpu() => {
-            eprintln!("skipped: no GPU ({e})");
-            None
-        }
-        Err(e) => panic!("the runtime failed to start on a machine with a GPU: {e}"),
-    }
-}
-
-fn spec(variant: &str) -> Spec {
-    let (_, source) = SPECS.iter().find(|(name, _)| *name == variant).expect("a known variant");
-    flashgen::parse_one(source).unwrap_or_else(|e| panic!("{}", e.render(variant, source)))
-}
-
-/// Test values for the params of the example specs.
-fn params(spec: &Spec) -> Vec<ParamValue> {
-    spec.params
-        .iter()
-        .map(|p| match p.name.as_str() {
-            "window" => ParamValue::I32(96),
-            "prefix" => ParamValue::I32(70),
-            "cap" => ParamValue::F32(30.0),
-            other => panic!("no test value for param `{other}`"),
-        })
-        .collect()
-}
 
 struct Case {
     batch: usize,
@@ -99,12 +73,6 @@ fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
         }
     }
     assert!(failures.is_empty(), "{} case(s) failed:\n{}", failures.len(), failures.join("\n"));
-}
-
-fn with(mut spec: Spec, dtype: Dtype, qk: u32, v: u32) -> Spec {
-    spec.dtype = dtype;
-    spec.head_dims = HeadDims { qk, v };
-    spec
 }
 
 #[test]

@@ -1,0 +1,46 @@
+//! What the GPU test files share: the runtime (or a printed skip where no
+//! GPU exists), the example specs and test values for their params.
+
+use flashgen::codegen::reference::ParamValue;
+use flashgen::codegen::{Dtype, HeadDims, Spec};
+use flashgen::examples::SPECS;
+use flashgen::Runtime;
+
+/// The first GPU, or `None` (printed) where no GPU exists; any other
+/// failure to start is a test failure.
+pub fn runtime() -> Option<Runtime> {
+    match Runtime::new(0) {
+        Ok(rt) => Some(rt),
+        Err(e) if e.is_no_gpu() => {
+            eprintln!("skipped: no GPU ({e})");
+            None
+        }
+        Err(e) => panic!("the runtime failed to start on a machine with a GPU: {e}"),
+    }
+}
+
+/// The example spec `specs/<variant>.attn`.
+pub fn spec(variant: &str) -> Spec {
+    let (_, source) = SPECS.iter().find(|(name, _)| *name == variant).expect("a known variant");
+    flashgen::parse_one(source).unwrap_or_else(|e| panic!("{}", e.render(variant, source)))
+}
+
+/// Test values for the params of the example specs.
+pub fn params(spec: &Spec) -> Vec<ParamValue> {
+    spec.params
+        .iter()
+        .map(|p| match p.name.as_str() {
+            "window" => ParamValue::I32(96),
+            "prefix" => ParamValue::I32(70),
+            "cap" => ParamValue::F32(30.0),
+            other => panic!("no test value for param `{other}`"),
+        })
+        .collect()
+}
+
+/// `spec` at another dtype and head dims.
+pub fn with(mut spec: Spec, dtype: Dtype, qk: u32, v: u32) -> Spec {
+    spec.dtype = dtype;
+    spec.head_dims = HeadDims { qk, v };
+    spec
+}
