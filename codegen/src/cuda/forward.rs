@@ -252,7 +252,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
             }}\n\
             cp_async_commit();\n"
         )?;
-        write_column_invariants(w, spec, &hoisted)?;
+        write_column_terms(w, spec, &hoisted, Level::Column, "k", "kv0")?;
         write!(
             w,
             "\
@@ -437,22 +437,37 @@ fn write_tile_classes(
         \x20   : block_mask + b * block_mask_batch_stride + h * block_mask_head_stride + (long long)q_block * kv_tiles;\n\
         // The next tile from j on that keeps a pair. Spans the analysis rules out\n\
         // are skipped whole (the rest of the row, then 16 tiles at a time), so a\n\
-        // sliding window does not pay for a scan over every tile of the row.\n\
+        // sliding window does not pay for a scan over every tile of the row.\n"
+    )?;
+    write_next_tile(w, "kv_tiles", &format!("(tile_row != nullptr && tile_row[j] == 0){skip}"))?;
+    writeln!(
+        w,
+        "auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || (tile_row != nullptr && tile_row[j] == 2){full}; }};"
+    )
+}
+
+/// The `next_tile` lambda over `tiles` tiles: the first tile from j on that
+/// keeps a pair, by the `span_class` lambda (spans it rules out are skipped
+/// whole: the rest, then 16 tiles at a time) and, per tile, the C condition
+/// `empty` (true where a finer source says the tile keeps no pair).
+pub(super) fn write_next_tile(w: &mut Writer<String>, tiles: &str, empty: &str) -> fmt::Result {
+    write!(
+        w,
+        "\
         auto next_tile = [&](int j) {{\n\
-        \x20   if (j < kv_tiles && span_class(j, kv_tiles).hi == 0) return kv_tiles;\n\
-        \x20   while (j < kv_tiles) {{\n\
-        \x20       const int j16 = min_i32(j + 16, kv_tiles);\n\
+        \x20   if (j < {tiles} && span_class(j, {tiles}).hi == 0) return {tiles};\n\
+        \x20   while (j < {tiles}) {{\n\
+        \x20       const int j16 = min_i32(j + 16, {tiles});\n\
         \x20       if (span_class(j, j16).hi == 0) {{\n\
         \x20           j = j16;\n\
-        \x20       }} else if (span_class(j, j + 1).hi == 0 || (tile_row != nullptr && tile_row[j] == 0){skip}) {{\n\
+        \x20       }} else if (span_class(j, j + 1).hi == 0 || {empty}) {{\n\
         \x20           ++j;\n\
         \x20       }} else {{\n\
         \x20           return j;\n\
         \x20       }}\n\
         \x20   }}\n\
         \x20   return j;\n\
-        }};\n\
-        auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || (tile_row != nullptr && tile_row[j] == 2){full}; }};\n"
+        }};\n"
     )
 }
 
@@ -483,14 +498,24 @@ fn write_invariants(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted]) ->
     Ok(())
 }
 
-/// Fills the column-level arrays for the keys of tile `kv0`.
-fn write_column_invariants(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted]) -> fmt::Result {
-    for h in hoisted.iter().filter(|h| h.level == Level::Column) {
+/// Fills the per-column arrays of the hoisted terms at `level` for the tile
+/// whose first column is `first_col`, with the column's built-in bound as
+/// `var`. The forward's columns are keys (`Level::Column`, `k`, from `kv0`);
+/// the backward's dK/dV kernel has queries as columns (`Level::Row`).
+pub(super) fn write_column_terms(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    hoisted: &[Hoisted],
+    level: Level,
+    var: &str,
+    first_col: &str,
+) -> fmt::Result {
+    for h in hoisted.iter().filter(|h| h.level == level) {
         writeln!(w, "#pragma unroll")?;
         w.block(format_args!("for (int n = 0; n < S_TILES; ++n)"), |w| {
             writeln!(w, "#pragma unroll")?;
             w.block(format_args!("for (int c = 0; c < 2; ++c)"), |w| {
-                writeln!(w, "const int k = kv0 + n * 8 + 2 * t + c;")?;
+                writeln!(w, "const int {var} = {first_col} + n * 8 + 2 * t + c;")?;
                 writeln!(w, "{}[n][c] = {};", h.name, c_expr(spec, h.expr))
             })
         })?;

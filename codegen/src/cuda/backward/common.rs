@@ -1,10 +1,10 @@
 //! What the backward kernels share: the source frame, the spec as lambdas
 //! (logit, ∂score′/∂score, tensor-gradient terms), hoisted spec terms in
-//! either tile orientation, the walk over the tiles block sparsity keeps,
-//! and the per-element gradient step.
+//! either tile orientation and the walk over the tiles block sparsity keeps
+//! (the math of a step is in `step`).
 
 use super::super::expr::{c_expr, c_expr_in, c_type, load_offset};
-use super::super::forward::pad16;
+use super::super::forward::{self, pad16};
 use super::super::hoist::{Hoisted, Level};
 use super::super::prelude::PRELUDE;
 use super::super::ranges::RANGES;
@@ -177,7 +177,16 @@ impl Rows {
         }
     }
 
-    fn vars(self) -> (&'static str, &'static str) {
+    /// The hoisting level of terms that vary per column: the other one.
+    fn column_level(self) -> Level {
+        match self {
+            Rows::Keys => Level::Row,
+            Rows::Queries => Level::Column,
+        }
+    }
+
+    /// The built-ins of the rows and of the columns: `("k", "q")` or `("q", "k")`.
+    pub(super) fn vars(self) -> (&'static str, &'static str) {
         match self {
             Rows::Keys => ("k", "q"),
             Rows::Queries => ("q", "k"),
@@ -271,17 +280,7 @@ pub(super) fn write_column_terms(
     first_col: &str,
 ) -> fmt::Result {
     let (_, col_var) = rows.vars();
-    for h in hoisted.iter().filter(|h| h.level != Level::Cta && h.level != rows.row_level()) {
-        writeln!(w, "#pragma unroll")?;
-        w.block(format_args!("for (int n = 0; n < S_TILES; ++n)"), |w| {
-            writeln!(w, "#pragma unroll")?;
-            w.block(format_args!("for (int c = 0; c < 2; ++c)"), |w| {
-                writeln!(w, "const int {col_var} = {first_col} + n * 8 + 2 * t + c;")?;
-                writeln!(w, "{}[n][c] = {};", h.name, c_expr(spec, h.expr))
-            })
-        })?;
-    }
-    Ok(())
+    forward::write_column_terms(w, spec, hoisted, rows.column_level(), col_var, first_col)
 }
 
 /// The spec as lambdas of one element (dot product at (q, k), row slot i,
@@ -387,42 +386,10 @@ pub(super) fn write_tile_walk(w: &mut Writer<String>, spec: &Spec, walk: &Walk) 
         \x20   return mask_slice == nullptr ? 1 : coarse_class<FWD_M, FWD_N>(mask_slice, fwd_kv_tiles, {}, {});\n\
         }};\n\
         // The next tile from j on that keeps a pair; spans the analysis rules out\n\
-        // are skipped whole (the rest, then 16 tiles at a time).\n\
-        auto next_tile = [&](int j) {{\n\
-        \x20   if (j < {tiles} && span_class(j, {tiles}).hi == 0) return {tiles};\n\
-        \x20   while (j < {tiles}) {{\n\
-        \x20       const int j16 = min_i32(j + 16, {tiles});\n\
-        \x20       if (span_class(j, j16).hi == 0) {{\n\
-        \x20           j = j16;\n\
-        \x20       }} else if (span_class(j, j + 1).hi == 0 || mask_class(j) == 0) {{\n\
-        \x20           ++j;\n\
-        \x20       }} else {{\n\
-        \x20           return j;\n\
-        \x20       }}\n\
-        \x20   }}\n\
-        \x20   return j;\n\
-        }};\n\
-        auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || mask_class(j) == 2; }};\n",
+        // are skipped whole (the rest, then 16 tiles at a time).\n",
         tile_range(q_range),
         tile_range(k_range),
-    )
-}
-
-/// The gradient step on accumulator element `e = 2 * r + c` of tile `n`,
-/// with `s` holding the dot products and `dp` dP, in the locals `q`, `k`,
-/// `i`, `n`, `c`, `full`, `lse2` and `delta_q` the caller binds: leaves P in
-/// `s` and dS in `dp`, and returns dS′ in `ds_mod` (0 where P = 0).
-pub(super) fn write_gradient_step(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Result {
-    writeln!(w, "const float dot = s[n][e];")?;
-    writeln!(w, "const float p = fast_exp2(logit(dot, q, k, i, n, c, full) - lse2);")?;
-    writeln!(w, "const float ds_mod = p * (dp[n][e] - delta_q);  // dS' = P (dP - D)")?;
-    writeln!(w, "s[n][e] = p;")?;
-    match &terms.d_score {
-        None => writeln!(w, "dp[n][e] = ds_mod;"),
-        Some(_) => {
-            let scale = arg_name(spec, ArgKind::Scale);
-            writeln!(w, "// dS = dS' d score'/d score, evaluated only where P > 0.")?;
-            writeln!(w, "dp[n][e] = p == 0.0f ? 0.0f : ds_mod * d_score(dot * {scale}, q, k, i, n, c);")
-        }
-    }
+    )?;
+    forward::write_next_tile(w, tiles, "mask_class(j) == 0")?;
+    writeln!(w, "auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || mask_class(j) == 2; }};")
 }

@@ -2,9 +2,10 @@
 //! batch), keys as the rows of every warp's tiles. See the module note.
 
 use super::common::{
-    per_head, write_column_terms, write_forward_tiles, write_gradient_step, write_row_terms, write_source,
-    write_spec_lambdas, write_tile_walk, Rows, Sections, SpecTerms, Walk,
+    per_head, write_column_terms, write_forward_tiles, write_row_terms, write_source, write_spec_lambdas,
+    write_tile_walk, Rows, Sections, SpecTerms, Walk,
 };
+use super::step::{write_elements, write_register_products, write_scores, write_stores, FromRegisters, Store};
 use super::BackwardConfig;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::forward::pad16;
@@ -228,31 +229,27 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         cp_async_wait_all();  // nothing may stay in flight past the kernel (no step visited)\n\
         \n\
         // Epilogue: dK = scale * sum dS^T Q and dV = sum P^T dO, for the keys and\n\
-        // columns that exist.\n\
-        #pragma unroll\n\
-        for (int i = 0; i < 2; ++i) {{\n\
-        \x20   const int k = k0 + warp * 16 + g + 8 * i;\n\
-        \x20   if (k >= {kv_len}) continue;\n\
-        \x20   unsigned short* dk_out = dk_rows + (long long)k * {dk_stride};\n\
-        \x20   unsigned short* dv_out = dv_rows + (long long)k * {dv_stride};\n\
-        \x20   #pragma unroll\n\
-        \x20   for (int n = 0; n < DK_TILES; ++n) {{\n\
-        \x20       #pragma unroll\n\
-        \x20       for (int c = 0; c < 2; ++c) {{\n\
-        \x20           const int col = n * 8 + 2 * t + c;\n\
-        \x20           if (col < D) dk_out[col] = storage::from_f32(dk_acc[n][2 * i + c] * {scale});\n\
-        \x20       }}\n\
-        \x20   }}\n\
-        \x20   #pragma unroll\n\
-        \x20   for (int n = 0; n < DV_TILES; ++n) {{\n\
-        \x20       #pragma unroll\n\
-        \x20       for (int c = 0; c < 2; ++c) {{\n\
-        \x20           const int col = n * 8 + 2 * t + c;\n\
-        \x20           if (col < DV) dv_out[col] = storage::from_f32(dv_acc[n][2 * i + c]);\n\
-        \x20       }}\n\
-        \x20   }}\n\
-        }}\n"
-    )
+        // columns that exist.\n"
+    )?;
+    let dk = Store {
+        out: "dk_out",
+        rows: "dk_rows",
+        stride: &dk_stride,
+        acc: "dk_acc",
+        tiles: "DK_TILES",
+        cols: "D",
+        factor: Some(&scale),
+    };
+    let dv = Store {
+        out: "dv_out",
+        rows: "dv_rows",
+        stride: &dv_stride,
+        acc: "dv_acc",
+        tiles: "DV_TILES",
+        cols: "DV",
+        factor: None,
+    };
+    write_stores(w, Rows::Keys, "k0 + warp * 16", &kv_len, &[dk, dv])
 }
 
 /// `auto* rows = ptr + b * batch_stride + head * head_stride;`
@@ -270,8 +267,7 @@ fn write_step(
     terms: &SpecTerms,
     hoisted: &[crate::cuda::hoist::Hoisted],
 ) -> fmt::Result {
-    let n = |kind| arg_name(spec, kind);
-    let [q_len, scale] = [ArgKind::QLen, ArgKind::Scale].map(n);
+    let q_len = arg_name(spec, ArgKind::QLen);
     write!(
         w,
         "\
@@ -295,100 +291,31 @@ fn write_step(
         if (dq_pending >= 0) add_dq(dq_pending, buf ^ 1);\n"
     )?;
     write_column_terms(w, spec, hoisted, Rows::Keys, "q0")?;
-    write!(
-        w,
-        "\
-        \n\
-        // S^T = K Q^T and dP^T = V dO^T on this warp's 16 keys x BLOCK_M queries.\n\
-        float s[S_TILES][4] = {{}};\n\
-        float dp[S_TILES][4] = {{}};\n\
-        #pragma unroll\n\
-        for (int kk = 0; kk < DP / 16; ++kk) {{\n\
-        \x20   unsigned a[4];\n\
-        \x20   ldmatrix_x4(a, k_smem + d_a.at(warp * 16, kk));\n\
-        \x20   #pragma unroll\n\
-        \x20   for (int n = 0; n < S_TILES; n += 2) {{\n\
-        \x20       unsigned qb[4];\n\
-        \x20       ldmatrix_x4(qb, q_smem + d_b.at(n * 8, kk));\n\
-        \x20       mma_16816(storage{{}}, s[n], a, qb[0], qb[1]);\n\
-        \x20       mma_16816(storage{{}}, s[n + 1], a, qb[2], qb[3]);\n\
-        \x20   }}\n\
-        }}\n\
-        #pragma unroll\n\
-        for (int kk = 0; kk < DVP / 16; ++kk) {{\n\
-        \x20   unsigned a[4];\n\
-        \x20   ldmatrix_x4(a, v_smem + dv_a.at(warp * 16, kk));\n\
-        \x20   #pragma unroll\n\
-        \x20   for (int n = 0; n < S_TILES; n += 2) {{\n\
-        \x20       unsigned ob[4];\n\
-        \x20       ldmatrix_x4(ob, dout_smem + dv_b.at(n * 8, kk));\n\
-        \x20       mma_16816(storage{{}}, dp[n], a, ob[0], ob[1]);\n\
-        \x20       mma_16816(storage{{}}, dp[n + 1], a, ob[2], ob[3]);\n\
-        \x20   }}\n\
-        }}\n\
-        \n\
-        // P and dS on every element: row slot i is key k, column slot (n, c) query q.\n\
-        #pragma unroll\n"
-    )?;
-    w.block(format_args!("for (int i = 0; i < 2; ++i)"), |w| {
-        writeln!(w, "const int k = k0 + warp * 16 + g + 8 * i;")?;
-        writeln!(w, "#pragma unroll")?;
-        w.block(format_args!("for (int n = 0; n < S_TILES; ++n)"), |w| {
-            writeln!(w, "#pragma unroll")?;
-            w.block(format_args!("for (int c = 0; c < 2; ++c)"), |w| {
-                writeln!(w, "const int col = n * 8 + 2 * t + c, q = q0 + col, e = 2 * i + c;")?;
-                writeln!(w, "const float lse2 = lse_col[col], delta_q = delta_col[col];")?;
-                write_gradient_step(w, spec, terms)?;
-                for (slot, _, indices) in &terms.grads {
-                    let t = &spec.tensors[*slot].name;
-                    let term = format!("ds_mod * d_{t}(dot * {scale}, q, k, i, n, c)");
-                    if per_head(indices) {
-                        writeln!(w, "if (p != 0.0f) acc_{t} += {term};")?;
-                    } else {
-                        let dt = n(ArgKind::TensorGrad(*slot));
-                        writeln!(
-                            w,
-                            "if ({dt} != nullptr && p != 0.0f) atomicAdd(&{dt}[at_{t}(q, k, i, n, c)], {term});"
-                        )?;
-                    }
-                }
-                Ok(())
-            })
-        })
-    })?;
+    write_scores(w, Rows::Keys)?;
+    write_elements(w, spec, terms, Rows::Keys, "k0 + warp * 16", "q0")?;
     write!(
         w,
         "\
         \n\
         // dV += P^T dO and dK += dS^T Q, with P^T and dS^T straight from the\n\
         // registers: the accumulators of query tiles 2kk and 2kk + 1 are exactly the\n\
-        // A fragment of the kk-th 16-query step.\n\
-        #pragma unroll\n\
-        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {{\n\
-        \x20   unsigned pa[4], dsa[4];\n\
-        \x20   pa[0] = pack2(storage{{}}, s[2 * kk][0], s[2 * kk][1]);\n\
-        \x20   pa[1] = pack2(storage{{}}, s[2 * kk][2], s[2 * kk][3]);\n\
-        \x20   pa[2] = pack2(storage{{}}, s[2 * kk + 1][0], s[2 * kk + 1][1]);\n\
-        \x20   pa[3] = pack2(storage{{}}, s[2 * kk + 1][2], s[2 * kk + 1][3]);\n\
-        \x20   dsa[0] = pack2(storage{{}}, dp[2 * kk][0], dp[2 * kk][1]);\n\
-        \x20   dsa[1] = pack2(storage{{}}, dp[2 * kk][2], dp[2 * kk][3]);\n\
-        \x20   dsa[2] = pack2(storage{{}}, dp[2 * kk + 1][0], dp[2 * kk + 1][1]);\n\
-        \x20   dsa[3] = pack2(storage{{}}, dp[2 * kk + 1][2], dp[2 * kk + 1][3]);\n\
-        \x20   #pragma unroll\n\
-        \x20   for (int n = 0; n < DV_TILES; n += 2) {{\n\
-        \x20       unsigned ob[4];\n\
-        \x20       ldmatrix_x4_trans(ob, dout_smem + dv_a.at(kk * 16, n / 2));\n\
-        \x20       mma_16816(storage{{}}, dv_acc[n], pa, ob[0], ob[1]);\n\
-        \x20       mma_16816(storage{{}}, dv_acc[n + 1], pa, ob[2], ob[3]);\n\
-        \x20   }}\n\
-        \x20   #pragma unroll\n\
-        \x20   for (int n = 0; n < DK_TILES; n += 2) {{\n\
-        \x20       unsigned qb[4];\n\
-        \x20       ldmatrix_x4_trans(qb, q_smem + d_a.at(kk * 16, n / 2));\n\
-        \x20       mma_16816(storage{{}}, dk_acc[n], dsa, qb[0], qb[1]);\n\
-        \x20       mma_16816(storage{{}}, dk_acc[n + 1], dsa, qb[2], qb[3]);\n\
-        \x20   }}\n\
-        }}\n\
+        // A fragment of the kk-th 16-query step.\n"
+    )?;
+    let dv = FromRegisters {
+        a: "pa",
+        from: "s",
+        acc: "dv_acc",
+        tiles: "DV_TILES",
+        b: "ob",
+        smem: "dout_smem",
+        lane: "dv_a",
+    };
+    let dk =
+        FromRegisters { a: "dsa", from: "dp", acc: "dk_acc", tiles: "DK_TILES", b: "qb", smem: "q_smem", lane: "d_a" };
+    write_register_products(w, "BLOCK_M / 16", &[dv, dk])?;
+    write!(
+        w,
+        "\
         \n\
         if (dq_accum == nullptr) continue;  // deterministic mode: a separate kernel computes dQ\n\
         // dS^T to shared memory, so that the next step's dQ can read dS with queries\n\

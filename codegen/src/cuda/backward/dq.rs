@@ -3,10 +3,11 @@
 //! walking the kv tiles and keeping dQ in registers. See the module note.
 
 use super::common::{
-    write_column_terms, write_forward_tiles, write_gradient_step, write_row_terms, write_source, write_spec_lambdas,
-    write_tile_walk, Rows, Sections, SpecTerms, Walk,
+    write_column_terms, write_forward_tiles, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows,
+    Sections, SpecTerms, Walk,
 };
 use super::dkdv::write_rows;
+use super::step::{write_elements, write_register_products, write_scores, write_stores, FromRegisters, Store};
 use super::BackwardConfig;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::forward::pad16;
@@ -159,95 +160,33 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
             __syncthreads();  // K and V are visible\n"
         )?;
         write_column_terms(w, spec, &hoisted, Rows::Queries, "kv0")?;
-        write!(
-            w,
-            "\
-            \n\
-            // S = Q K^T and dP = dO V^T on this warp's 16 queries x BLOCK_N keys.\n\
-            float s[S_TILES][4] = {{}};\n\
-            float dp[S_TILES][4] = {{}};\n\
-            #pragma unroll\n\
-            for (int kk = 0; kk < DP / 16; ++kk) {{\n\
-            \x20   unsigned a[4];\n\
-            \x20   ldmatrix_x4(a, q_smem + d_a.at(warp * 16, kk));\n\
-            \x20   #pragma unroll\n\
-            \x20   for (int n = 0; n < S_TILES; n += 2) {{\n\
-            \x20       unsigned kb[4];\n\
-            \x20       ldmatrix_x4(kb, k_smem + d_b.at(n * 8, kk));\n\
-            \x20       mma_16816(storage{{}}, s[n], a, kb[0], kb[1]);\n\
-            \x20       mma_16816(storage{{}}, s[n + 1], a, kb[2], kb[3]);\n\
-            \x20   }}\n\
-            }}\n\
-            #pragma unroll\n\
-            for (int kk = 0; kk < DVP / 16; ++kk) {{\n\
-            \x20   unsigned a[4];\n\
-            \x20   ldmatrix_x4(a, dout_smem + dv_a.at(warp * 16, kk));\n\
-            \x20   #pragma unroll\n\
-            \x20   for (int n = 0; n < S_TILES; n += 2) {{\n\
-            \x20       unsigned vb[4];\n\
-            \x20       ldmatrix_x4(vb, v_smem + dv_b.at(n * 8, kk));\n\
-            \x20       mma_16816(storage{{}}, dp[n], a, vb[0], vb[1]);\n\
-            \x20       mma_16816(storage{{}}, dp[n + 1], a, vb[2], vb[3]);\n\
-            \x20   }}\n\
-            }}\n\
-            \n\
-            // P and dS on every element: row slot i is query q, column slot (n, c) key k.\n\
-            #pragma unroll\n"
-        )?;
-        w.block(format_args!("for (int i = 0; i < 2; ++i)"), |w| {
-            writeln!(w, "const int q = q0 + warp * 16 + g + 8 * i;")?;
-            writeln!(w, "const float lse2 = lse_r[i], delta_q = delta_r[i];")?;
-            writeln!(w, "#pragma unroll")?;
-            w.block(format_args!("for (int n = 0; n < S_TILES; ++n)"), |w| {
-                writeln!(w, "#pragma unroll")?;
-                w.block(format_args!("for (int c = 0; c < 2; ++c)"), |w| {
-                    writeln!(w, "const int k = kv0 + n * 8 + 2 * t + c, e = 2 * i + c;")?;
-                    write_gradient_step(w, spec, terms)
-                })
-            })
-        })?;
+        write_scores(w, Rows::Queries)?;
+        write_elements(w, spec, terms, Rows::Queries, "q0 + warp * 16", "kv0")?;
         write!(
             w,
             "\
             \n\
             // dQ += dS K, dS straight from the registers (key tiles 2kk and 2kk + 1\n\
-            // form the A fragment of the kk-th 16-key step).\n\
-            #pragma unroll\n\
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
-            \x20   unsigned dsa[4];\n\
-            \x20   dsa[0] = pack2(storage{{}}, dp[2 * kk][0], dp[2 * kk][1]);\n\
-            \x20   dsa[1] = pack2(storage{{}}, dp[2 * kk][2], dp[2 * kk][3]);\n\
-            \x20   dsa[2] = pack2(storage{{}}, dp[2 * kk + 1][0], dp[2 * kk + 1][1]);\n\
-            \x20   dsa[3] = pack2(storage{{}}, dp[2 * kk + 1][2], dp[2 * kk + 1][3]);\n\
-            \x20   #pragma unroll\n\
-            \x20   for (int n = 0; n < DQ_TILES; n += 2) {{\n\
-            \x20       unsigned kb[4];\n\
-            \x20       ldmatrix_x4_trans(kb, k_smem + d_a.at(kk * 16, n / 2));\n\
-            \x20       mma_16816(storage{{}}, dq_acc[n], dsa, kb[0], kb[1]);\n\
-            \x20       mma_16816(storage{{}}, dq_acc[n + 1], dsa, kb[2], kb[3]);\n\
-            \x20   }}\n\
-            }}\n"
-        )
+            // form the A fragment of the kk-th 16-key step).\n"
+        )?;
+        let dq = FromRegisters { a: "dsa", from: "dp", acc: "dq_acc", tiles: "DQ_TILES", b: "kb", smem: "k_smem", lane: "d_a" };
+        write_register_products(w, "BLOCK_N / 16", &[dq])
     })?;
     write!(
         w,
         "\
         cp_async_wait_all();  // nothing may stay in flight past the kernel (no step visited)\n\
         \n\
-        // Epilogue: dQ = scale * sum dS K for the rows and columns that exist.\n\
-        #pragma unroll\n\
-        for (int i = 0; i < 2; ++i) {{\n\
-        \x20   const int q = q0 + warp * 16 + g + 8 * i;\n\
-        \x20   if (q >= {q_len}) continue;\n\
-        \x20   unsigned short* out = dq_rows + (long long)q * {dq_stride};\n\
-        \x20   #pragma unroll\n\
-        \x20   for (int n = 0; n < DQ_TILES; ++n) {{\n\
-        \x20       #pragma unroll\n\
-        \x20       for (int c = 0; c < 2; ++c) {{\n\
-        \x20           const int col = n * 8 + 2 * t + c;\n\
-        \x20           if (col < D) out[col] = storage::from_f32(dq_acc[n][2 * i + c] * {scale});\n\
-        \x20       }}\n\
-        \x20   }}\n\
-        }}\n"
-    )
+        // Epilogue: dQ = scale * sum dS K for the rows and columns that exist.\n"
+    )?;
+    let dq = Store {
+        out: "out",
+        rows: "dq_rows",
+        stride: &dq_stride,
+        acc: "dq_acc",
+        tiles: "DQ_TILES",
+        cols: "D",
+        factor: Some(&scale),
+    };
+    write_stores(w, Rows::Queries, "q0 + warp * 16", &q_len, &[dq])
 }

@@ -51,6 +51,7 @@ mod common;
 mod dkdv;
 mod dq;
 mod rows;
+mod step;
 
 use super::forward::pad16;
 use crate::abi::Kernel;

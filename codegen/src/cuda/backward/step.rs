@@ -1,0 +1,219 @@
+//! The warp-tile code both tiled backward kernels emit, in either tile
+//! orientation ([`Rows`]): per step, S and dP on the warp's 16 rows, P and
+//! dS on every element, and MMAs whose A operands are those accumulators
+//! packed in registers; at the end, the stores of the f32 accumulators.
+
+use super::common::{per_head, Rows, SpecTerms};
+use crate::abi::ArgKind;
+use crate::cuda::signature::arg_name;
+use crate::cuda::writer::Writer;
+use crate::spec::Spec;
+use std::fmt::{self, Write};
+
+/// `s` = S and `dp` = dP on this warp's 16 rows × S_TILES m16n8 tiles: the
+/// row operands (K and V, or Q and dO) are the A operands, the column
+/// operands the B operands, all in shared memory (`*_smem`, read through
+/// the lane patterns `d_a`, `d_b`, `dv_a`, `dv_b`).
+pub(super) fn write_scores(w: &mut Writer<String>, rows: Rows) -> fmt::Result {
+    // (A tile, B tile, B fragment) of S, then of dP.
+    let (what, [s_operands, dp_operands]) = match rows {
+        Rows::Keys => (
+            "S^T = K Q^T and dP^T = V dO^T on this warp's 16 keys x BLOCK_M queries",
+            [("k_smem", "q_smem", "qb"), ("v_smem", "dout_smem", "ob")],
+        ),
+        Rows::Queries => (
+            "S = Q K^T and dP = dO V^T on this warp's 16 queries x BLOCK_N keys",
+            [("q_smem", "k_smem", "kb"), ("dout_smem", "v_smem", "vb")],
+        ),
+    };
+    writeln!(w)?;
+    writeln!(w, "// {what}.")?;
+    writeln!(w, "float s[S_TILES][4] = {{}};")?;
+    writeln!(w, "float dp[S_TILES][4] = {{}};")?;
+    for (acc, steps, (a_smem, b_smem, b), (a_lane, b_lane)) in
+        [("s", "DP / 16", s_operands, ("d_a", "d_b")), ("dp", "DVP / 16", dp_operands, ("dv_a", "dv_b"))]
+    {
+        writeln!(w, "#pragma unroll")?;
+        w.block(format_args!("for (int kk = 0; kk < {steps}; ++kk)"), |w| {
+            writeln!(w, "unsigned a[4];")?;
+            writeln!(w, "ldmatrix_x4(a, {a_smem} + {a_lane}.at(warp * 16, kk));")?;
+            let load = format!("ldmatrix_x4({b}, {b_smem} + {b_lane}.at(n * 8, kk))");
+            write_tile_pairs(w, "S_TILES", acc, "a", b, &load)
+        })?;
+    }
+    Ok(())
+}
+
+/// P and dS on every element of the warp's `s` and `dp` tiles, rows from
+/// `first_row` and columns from `first_col`, in place (P in `s`, dS in
+/// `dp`), and each tensor-gradient term of `terms` added where P > 0. The
+/// per-query statistics (log2-domain LSE and D) come from registers by row
+/// slot (`lse_r`, `delta_r`) where queries are rows, from shared memory by
+/// column (`lse_col`, `delta_col`) where they are columns. Where P = 0,
+/// ∂score′/∂score is not evaluated (it may be infinite there).
+pub(super) fn write_elements(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    terms: &SpecTerms,
+    rows: Rows,
+    first_row: &str,
+    first_col: &str,
+) -> fmt::Result {
+    let (row_var, col_var) = rows.vars();
+    let (row_what, col_what) = match rows {
+        Rows::Keys => ("key", "query"),
+        Rows::Queries => ("query", "key"),
+    };
+    writeln!(w)?;
+    writeln!(
+        w,
+        "// P and dS on every element: row slot i is {row_what} {row_var}, column slot (n, c) {col_what} {col_var}."
+    )?;
+    writeln!(w, "#pragma unroll")?;
+    w.block(format_args!("for (int i = 0; i < 2; ++i)"), |w| {
+        writeln!(w, "const int {row_var} = {first_row} + g + 8 * i;")?;
+        if rows == Rows::Queries {
+            writeln!(w, "const float lse2 = lse_r[i], delta_q = delta_r[i];")?;
+        }
+        writeln!(w, "#pragma unroll")?;
+        w.block(format_args!("for (int n = 0; n < S_TILES; ++n)"), |w| {
+            writeln!(w, "#pragma unroll")?;
+            w.block(format_args!("for (int c = 0; c < 2; ++c)"), |w| {
+                match rows {
+                    Rows::Keys => {
+                        writeln!(w, "const int col = n * 8 + 2 * t + c, q = {first_col} + col, e = 2 * i + c;")?;
+                        writeln!(w, "const float lse2 = lse_col[col], delta_q = delta_col[col];")?;
+                    }
+                    Rows::Queries => writeln!(w, "const int k = {first_col} + n * 8 + 2 * t + c, e = 2 * i + c;")?,
+                }
+                write_element(w, spec, terms)
+            })
+        })
+    })
+}
+
+/// The gradient step on accumulator element `e` of tile `n` (locals `q`,
+/// `k`, `i`, `n`, `c`, `e`, `full`, `lse2` and `delta_q` bound): P, dS′ =
+/// P (dP − D) in `ds_mod`, dS, and the tensor-gradient terms dS′ ·
+/// ∂score′/∂t, summed per thread into `acc_t` for reads of one element per
+/// head, else added by atomics.
+fn write_element(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Result {
+    let scale = arg_name(spec, ArgKind::Scale);
+    writeln!(w, "const float dot = s[n][e];")?;
+    writeln!(w, "const float p = fast_exp2(logit(dot, q, k, i, n, c, full) - lse2);")?;
+    writeln!(w, "const float ds_mod = p * (dp[n][e] - delta_q);  // dS' = P (dP - D)")?;
+    writeln!(w, "s[n][e] = p;")?;
+    match &terms.d_score {
+        None => writeln!(w, "dp[n][e] = ds_mod;")?,
+        Some(_) => {
+            writeln!(w, "// dS = dS' d score'/d score, evaluated only where P > 0.")?;
+            writeln!(w, "dp[n][e] = p == 0.0f ? 0.0f : ds_mod * d_score(dot * {scale}, q, k, i, n, c);")?;
+        }
+    }
+    for (slot, _, indices) in &terms.grads {
+        let t = &spec.tensors[*slot].name;
+        let term = format!("ds_mod * d_{t}(dot * {scale}, q, k, i, n, c)");
+        if per_head(indices) {
+            writeln!(w, "if (p != 0.0f) acc_{t} += {term};")?;
+        } else {
+            let dt = arg_name(spec, ArgKind::TensorGrad(*slot));
+            writeln!(w, "if ({dt} != nullptr && p != 0.0f) atomicAdd(&{dt}[at_{t}(q, k, i, n, c)], {term});")?;
+        }
+    }
+    Ok(())
+}
+
+/// One product of [`write_register_products`]: `acc += from · B`, with the
+/// 16-bit A fragment `a` packed from the accumulator tiles `from` and B
+/// (`tiles` m16n8 tiles of `acc`) read transposed from `smem` through the
+/// lane pattern `lane` into fragment `b`.
+pub(super) struct FromRegisters<'a> {
+    pub a: &'a str,
+    pub from: &'a str,
+    pub acc: &'a str,
+    pub tiles: &'a str,
+    pub b: &'a str,
+    pub smem: &'a str,
+    pub lane: &'a str,
+}
+
+/// The loop over `steps` 16-column steps of the warp's accumulators that
+/// runs `products`: accumulator tiles 2kk and 2kk + 1 are exactly the A
+/// fragment of step kk, so P and dS need no trip through shared memory.
+pub(super) fn write_register_products(w: &mut Writer<String>, steps: &str, products: &[FromRegisters]) -> fmt::Result {
+    writeln!(w, "#pragma unroll")?;
+    w.block(format_args!("for (int kk = 0; kk < {steps}; ++kk)"), |w| {
+        let fragments: Vec<String> = products.iter().map(|p| format!("{}[4]", p.a)).collect();
+        writeln!(w, "unsigned {};", fragments.join(", "))?;
+        for FromRegisters { a, from, .. } in products {
+            for (r, (tile, e)) in
+                [("2 * kk", 0), ("2 * kk", 2), ("2 * kk + 1", 0), ("2 * kk + 1", 2)].into_iter().enumerate()
+            {
+                writeln!(w, "{a}[{r}] = pack2(storage{{}}, {from}[{tile}][{e}], {from}[{tile}][{}]);", e + 1)?;
+            }
+        }
+        for p in products {
+            let load = format!("ldmatrix_x4_trans({}, {} + {}.at(kk * 16, n / 2))", p.b, p.smem, p.lane);
+            write_tile_pairs(w, p.tiles, p.acc, p.a, p.b, &load)?;
+        }
+        Ok(())
+    })
+}
+
+/// `acc[n]` and `acc[n + 1]` += `a` · B for each pair of 8-column tiles
+/// n < `tiles`, `load` filling fragment `b` with both tiles' B.
+fn write_tile_pairs(w: &mut Writer<String>, tiles: &str, acc: &str, a: &str, b: &str, load: &str) -> fmt::Result {
+    writeln!(w, "#pragma unroll")?;
+    w.block(format_args!("for (int n = 0; n < {tiles}; n += 2)"), |w| {
+        writeln!(w, "unsigned {b}[4];")?;
+        writeln!(w, "{load};")?;
+        writeln!(w, "mma_16816(storage{{}}, {acc}[n], {a}, {b}[0], {b}[1]);")?;
+        writeln!(w, "mma_16816(storage{{}}, {acc}[n + 1], {a}, {b}[2], {b}[3]);")
+    })
+}
+
+/// One output of [`write_stores`]: `tiles` m16n8 f32 accumulator tiles
+/// `acc`, times `factor` where given, stored to the 16-bit rows `rows`
+/// (row stride `stride`) through the local pointer `out`, columns below
+/// `cols`.
+pub(super) struct Store<'a> {
+    pub out: &'a str,
+    pub rows: &'a str,
+    pub stride: &'a str,
+    pub acc: &'a str,
+    pub tiles: &'a str,
+    pub cols: &'a str,
+    pub factor: Option<&'a str>,
+}
+
+/// The epilogue's stores of this warp's 16 rows (from `first_row`; those
+/// from `len` on do not exist), each output in turn per row slot.
+pub(super) fn write_stores(
+    w: &mut Writer<String>,
+    rows: Rows,
+    first_row: &str,
+    len: &str,
+    stores: &[Store],
+) -> fmt::Result {
+    let (row_var, _) = rows.vars();
+    writeln!(w, "#pragma unroll")?;
+    w.block(format_args!("for (int i = 0; i < 2; ++i)"), |w| {
+        writeln!(w, "const int {row_var} = {first_row} + g + 8 * i;")?;
+        writeln!(w, "if ({row_var} >= {len}) continue;")?;
+        for Store { out, rows, stride, .. } in stores {
+            writeln!(w, "unsigned short* {out} = {rows} + (long long){row_var} * {stride};")?;
+        }
+        for Store { out, acc, tiles, cols, factor, .. } in stores {
+            let factor = factor.map(|f| format!(" * {f}")).unwrap_or_default();
+            writeln!(w, "#pragma unroll")?;
+            w.block(format_args!("for (int n = 0; n < {tiles}; ++n)"), |w| {
+                writeln!(w, "#pragma unroll")?;
+                w.block(format_args!("for (int c = 0; c < 2; ++c)"), |w| {
+                    writeln!(w, "const int col = n * 8 + 2 * t + c;")?;
+                    writeln!(w, "if (col < {cols}) {out}[col] = storage::from_f32({acc}[n][2 * i + c]{factor});")
+                })
+            })?;
+        }
+        Ok(())
+    })
+}
