@@ -92,7 +92,7 @@ fn every_variant_at_awkward_seqlens() {
 fn both_dtypes_and_several_head_dims() {
     let Some(rt) = runtime() else { return };
     let mut cases = Vec::new();
-    for variant in ["causal", "alibi", "document", "softcap"] {
+    for variant in ["full", "causal", "alibi", "document", "softcap"] {
         for dtype in [Dtype::F16, Dtype::Bf16] {
             for (qk, v) in [(64, 64), (128, 128), (59, 59), (96, 96), (256, 256), (192, 128)] {
                 cases.push((with(spec(variant), dtype, qk, v), Case::new((4, 2), (113, 203))));
