@@ -12,7 +12,7 @@
 //! cache, with one warning on stderr per process.
 
 use crate::nvrtc::{compile_cubin, nvrtc_version, options};
-use crate::runtime::Which;
+use crate::runtime::{KernelSet, Which};
 use crate::{Arch, Error};
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::{Spec, CODEGEN_VERSION};
@@ -195,20 +195,21 @@ impl DiskCache {
         Ok(entries.len())
     }
 
-    /// Compiles the forward and block-mask kernels of `specs` for every arch
-    /// into this cache, different kernels in parallel over the available
-    /// cores. Needs NVRTC, not a GPU. `progress(done, total)` is called after
-    /// each kernel. Stops at the first compile error and returns it.
+    /// Compiles the kernels `set` names of `specs` for every arch into this
+    /// cache, different kernels in parallel over the available cores. Needs
+    /// NVRTC, not a GPU. `progress(done, total)` is called after each
+    /// kernel. Stops at the first compile error and returns it.
     pub fn precompile(
         &self,
         specs: &[Spec],
         archs: &[Arch],
+        set: KernelSet,
         progress: &(dyn Fn(usize, usize) + Sync),
     ) -> Result<PrecompileReport, Error> {
         let cache_error = |source| Error::Cache { path: self.dir.clone(), source };
         fs::create_dir_all(&self.dir).map_err(cache_error)?;
         let kernels: Vec<Kernel> =
-            specs.iter().flat_map(|s| Which::ALL.into_iter().filter_map(|w| w.emit(s))).collect();
+            specs.iter().flat_map(|s| Which::all(set).into_iter().filter_map(|w| w.emit(s))).collect();
         let mut seen = HashSet::new();
         let mut jobs = Vec::new();
         for kernel in &kernels {
@@ -356,10 +357,10 @@ impl DiskCache {
     }
 }
 
-/// Compiles all kernels of `specs` for `archs` into the cache the environment
+/// Compiles the kernels `set` names of `specs` for `archs` into the cache the environment
 /// names (see [`DiskCache::from_env`]), so later launches load them from disk.
-pub fn precompile(specs: &[Spec], archs: &[Arch]) -> Result<PrecompileReport, Error> {
-    DiskCache::from_env().ok_or(Error::CacheDisabled)?.precompile(specs, archs, &|_, _| {})
+pub fn precompile(specs: &[Spec], archs: &[Arch], set: KernelSet) -> Result<PrecompileReport, Error> {
+    DiskCache::from_env().ok_or(Error::CacheDisabled)?.precompile(specs, archs, set, &|_, _| {})
 }
 
 /// The CUBIN of `kernel` for a launch: from `disk` if there, else compiled

@@ -55,5 +55,5 @@ pub use error::Error;
 pub use forward::{ForwardIo, ForwardOptions};
 pub use layout::Layout;
 pub use nvrtc::{compile_count, compile_cubin, nvrtc_version, DUMP_ENV};
-pub use runtime::{CacheStats, LoadedKernel, Runtime};
+pub use runtime::{CacheStats, KernelSet, LoadedKernel, Runtime};
 pub use {cudarc, half};

@@ -49,8 +49,26 @@ pub(crate) enum Which {
     Backward(cuda::BackwardPass),
 }
 
+/// Which kernels of a spec to precompile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelSet {
+    /// The forward kernel and, for a masked spec, the block-mask kernel.
+    Inference,
+    /// Those and the four backward kernels (preprocess, dK/dV, the
+    /// deterministic dQ, the dQ postprocess).
+    Training,
+}
+
 impl Which {
-    pub(crate) const ALL: [Which; 2] = [Which::Forward, Which::BlockMask];
+    /// The kernels `set` names.
+    pub(crate) fn all(set: KernelSet) -> Vec<Which> {
+        let mut which = vec![Which::Forward, Which::BlockMask];
+        if set == KernelSet::Training {
+            use cuda::BackwardPass::{KeyValue, Postprocess, Preprocess, Query};
+            which.extend([Preprocess, KeyValue, Query, Postprocess].map(Which::Backward));
+        }
+        which
+    }
 
     /// The kernel of `spec`; `None` for the block mask of a spec without a mask.
     pub(crate) fn emit(self, spec: &Spec) -> Option<Kernel> {

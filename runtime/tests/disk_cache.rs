@@ -5,7 +5,7 @@
 
 use flashgen_codegen::cuda::emit_forward;
 use flashgen_codegen::parse_one;
-use flashgen_runtime::{compile_count, nvrtc_version, precompile, Arch, DiskCache, EntryKey, CACHE_DIR_ENV};
+use flashgen_runtime::{compile_count, nvrtc_version, precompile, Arch, DiskCache, EntryKey, KernelSet, CACHE_DIR_ENV};
 use std::path::Path;
 
 /// Fails (never skips) without NVRTC, like the other compile tests.
@@ -26,14 +26,14 @@ fn precompile_compiles_once_and_recompiles_only_corrupt_entries() {
     let sm90 = [Arch::new(9, 0)];
 
     let before = compile_count();
-    let first = precompile(std::slice::from_ref(&spec), &sm90).unwrap();
+    let first = precompile(std::slice::from_ref(&spec), &sm90, KernelSet::Inference).unwrap();
     assert_eq!((first.kernels, first.compiled, first.cached), (2, 2, 0));
     assert_eq!(compile_count() - before, 2);
     let entries = DiskCache::at(&dir).entries().unwrap();
     assert_eq!(entries.len(), 2);
 
     let before = compile_count();
-    let second = precompile(std::slice::from_ref(&spec), &sm90).unwrap();
+    let second = precompile(std::slice::from_ref(&spec), &sm90, KernelSet::Inference).unwrap();
     assert_eq!((second.compiled, second.cached), (0, 2));
     assert_eq!(compile_count(), before, "a warm cache compiles nothing");
 
@@ -42,12 +42,18 @@ fn precompile_compiles_once_and_recompiles_only_corrupt_entries() {
     bytes[last] ^= 0xff;
     std::fs::write(&entries[0].path, bytes).unwrap();
     let before = compile_count();
-    let third = precompile(std::slice::from_ref(&spec), &sm90).unwrap();
+    let third = precompile(std::slice::from_ref(&spec), &sm90, KernelSet::Inference).unwrap();
     assert_eq!((third.compiled, third.cached), (1, 1));
     assert_eq!(compile_count() - before, 1, "only the corrupt entry is recompiled");
     assert_eq!(DiskCache::at(&dir).entries().unwrap().len(), 2);
 
-    assert_eq!(DiskCache::at(&dir).clear().unwrap(), 2);
+    // Training adds the four backward kernels; the two others are cached.
+    let before = compile_count();
+    let training = precompile(std::slice::from_ref(&spec), &sm90, KernelSet::Training).unwrap();
+    assert_eq!((training.kernels, training.compiled, training.cached), (6, 4, 2));
+    assert_eq!(compile_count() - before, 4);
+
+    assert_eq!(DiskCache::at(&dir).clear().unwrap(), 6);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -4,7 +4,7 @@
 use clap::{Parser, Subcommand};
 use flashgen::codegen::reference::{ParamValue, TensorData};
 use flashgen::codegen::{cuda, ElemTy, Shape, Spec, Ty};
-use flashgen::runtime::{compile_cubin, Arch, DiskCache, Error, Runtime};
+use flashgen::runtime::{compile_cubin, Arch, DiskCache, Error, KernelSet, Runtime};
 use flashgen::verify::{self, DeviceProblem, OperandLayout};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -43,6 +43,9 @@ enum Command {
         /// Target architecture, e.g. sm_90 (repeatable).
         #[arg(long = "arch", required = true)]
         archs: Vec<String>,
+        /// Also the backward kernels (for training).
+        #[arg(long)]
+        backward: bool,
     },
     /// Inspect or empty the kernel cache.
     Cache {
@@ -131,13 +134,15 @@ fn run(cli: Cli) -> Result<bool, String> {
             }
             Ok(true)
         }
-        Command::Precompile { files, archs } => precompile(&files, &archs),
+        Command::Precompile { files, archs, backward } => {
+            precompile(&files, &archs, if backward { KernelSet::Training } else { KernelSet::Inference })
+        }
         Command::Cache { action } => cache(action),
         Command::Run(args) => run_on_gpu(args),
     }
 }
 
-fn precompile(files: &[PathBuf], archs: &[String]) -> Result<bool, String> {
+fn precompile(files: &[PathBuf], archs: &[String], set: KernelSet) -> Result<bool, String> {
     let archs: Vec<Arch> = archs.iter().map(|a| a.parse()).collect::<Result<_, Error>>().map_err(|e| e.to_string())?;
     let specs: Vec<Spec> = files.iter().map(|f| load(f, None)).collect::<Result<Vec<_>, _>>()?.concat();
     let cache = disk_cache()?;
@@ -149,7 +154,7 @@ fn precompile(files: &[PathBuf], archs: &[String]) -> Result<bool, String> {
         }
     };
     let start = Instant::now();
-    let report = cache.precompile(&specs, &archs, &progress);
+    let report = cache.precompile(&specs, &archs, set, &progress);
     if tty {
         eprintln!();
     }
