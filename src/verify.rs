@@ -153,37 +153,28 @@ trait Storage: Element {
     fn operands(ops: &Operands) -> Option<&[CudaSlice<Self>; 4]>;
 }
 
-impl Storage for f16 {
-    fn from_f64(x: f64) -> Self {
-        f16::from_f64(x)
-    }
-    fn to_f64(self) -> f64 {
-        f16::to_f64(self)
-    }
-    const NAN: Self = f16::NAN;
-    fn operands(ops: &Operands) -> Option<&[CudaSlice<Self>; 4]> {
-        match ops {
-            Operands::F16(ops) => Some(ops),
-            Operands::Bf16(_) => None,
+/// `Storage` for a 16-bit type held by the `Operands` variant `$mine`.
+macro_rules! storage {
+    ($t:ident, $mine:ident, $other:ident) => {
+        impl Storage for $t {
+            fn from_f64(x: f64) -> Self {
+                $t::from_f64(x)
+            }
+            fn to_f64(self) -> f64 {
+                $t::to_f64(self)
+            }
+            const NAN: Self = $t::NAN;
+            fn operands(ops: &Operands) -> Option<&[CudaSlice<Self>; 4]> {
+                match ops {
+                    Operands::$mine(ops) => Some(ops),
+                    Operands::$other(_) => None,
+                }
+            }
         }
-    }
+    };
 }
-
-impl Storage for bf16 {
-    fn from_f64(x: f64) -> Self {
-        bf16::from_f64(x)
-    }
-    fn to_f64(self) -> f64 {
-        bf16::to_f64(self)
-    }
-    const NAN: Self = bf16::NAN;
-    fn operands(ops: &Operands) -> Option<&[CudaSlice<Self>; 4]> {
-        match ops {
-            Operands::Bf16(ops) => Some(ops),
-            Operands::F16(_) => None,
-        }
-    }
-}
+storage!(f16, F16, Bf16);
+storage!(bf16, Bf16, F16);
 
 /// Scatters a BSHD host array into a buffer laid out as `layout`; elements
 /// the layout does not address are NaN.

@@ -16,7 +16,7 @@
 //! built from the same [`TileConfig`].
 
 use super::expr::{c_expr, c_expr_in, c_type};
-use super::hoist::{hoist, Hoisted, Level};
+use super::hoist::{hoist, lookup_indexed, Hoisted, Level};
 use super::prelude::PRELUDE;
 use super::ranges::RANGES;
 use super::signature::{arg_name, block_mask_args};
@@ -112,13 +112,8 @@ pub fn emit_block_mask(spec: &Spec, config: TileConfig) -> Option<Kernel> {
 /// partial.
 fn write_evaluation(w: &mut Writer<String>, spec: &Spec, mask: &Expr) -> fmt::Result {
     let hoisted = hoist(&[mask]);
-    let lookup = |e: &Expr| {
-        let h = hoisted.iter().find(|h| std::ptr::eq(h.expr, e))?;
-        Some(match h.level {
-            Level::Cta | Level::Row => h.name.clone(),
-            Level::Column => format!("{}[k - k_lo]", h.name),
-        })
-    };
+    // Row and CTA terms are scalars here; column terms sit in shared memory.
+    let lookup = |e: &Expr| lookup_indexed(&hoisted, e, |level| if level == Level::Column { "[k - k_lo]" } else { "" });
     let at = |level| hoisted.iter().filter(move |h: &&Hoisted| h.level == level);
     let bounded: Vec<&Hoisted> = hoisted.iter().filter(|h| h.level != Level::Cta && h.expr.ty == Ty::I32).collect();
     for h in at(Level::Cta) {
@@ -139,7 +134,8 @@ fn write_evaluation(w: &mut Writer<String>, spec: &Spec, mask: &Expr) -> fmt::Re
     }
     for (level, var, lo, hi) in [(Level::Column, "k", "k_lo", "k_hi"), (Level::Row, "q", "q_lo", "q_hi")] {
         let terms: Vec<&Hoisted> = bounded.iter().copied().filter(|h| h.level == level).collect();
-        let staged: Vec<&Hoisted> = at(Level::Column).filter(|_| level == Level::Column).collect();
+        // Column terms are also staged in shared memory by the same loop.
+        let staged: Vec<&Hoisted> = if level == Level::Column { at(level).collect() } else { Vec::new() };
         if terms.is_empty() && staged.is_empty() {
             continue;
         }

@@ -536,26 +536,25 @@ fn write_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], scale: 
         None => {
             writeln!(w, "// The spec: scale and mask each element of S (log2 units, -inf where masked).")?;
             writeln!(w, "const float scale_log2 = {scale} * LOG2E;")?;
-            ("", "dot * scale_log2".to_string())
+            (None, "dot * scale_log2".to_string())
         }
         Some(e) => {
             writeln!(w, "// The spec: score and mask each element of S (log2 units, -inf where masked).")?;
-            ("const float score = dot * ", format!("{} * LOG2E", c_expr(e)))
+            (Some(format!("const float score = dot * {scale};")), format!("{} * LOG2E", c_expr(e)))
         }
     };
-    let prologue = if prologue.is_empty() { String::new() } else { format!("{prologue}{scale};") };
     let params = "float dot, int q, int k, int i, int n, int c";
     writeln!(w, "auto logit = [&]({params}, bool full) -> float {{")?;
     w.indented(|w| {
-        if !prologue.is_empty() {
+        if let Some(prologue) = &prologue {
             writeln!(w, "{prologue}")?;
         }
         writeln!(w, "const bool keep = k < {kv_len}{mask};")?;
         writeln!(w, "return keep ? {logit} : neg_inf();")
     })?;
     writeln!(w, "}};")?;
-    let space = if prologue.is_empty() { "" } else { " " };
-    writeln!(w, "auto logit_interior = [&]({params}) -> float {{ {prologue}{space}return {logit}; }};")
+    let prologue = prologue.map(|p| p + " ").unwrap_or_default();
+    writeln!(w, "auto logit_interior = [&]({params}) -> float {{ {prologue}return {logit}; }};")
 }
 
 /// Maps this warp's S tile (keys from `kv0`) through `call`, element by

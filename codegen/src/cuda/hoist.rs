@@ -40,15 +40,21 @@ pub(super) fn hoist<'a>(exprs: &[&'a Expr]) -> Vec<Hoisted<'a>> {
 }
 
 /// Looks `e` up among `hoisted` (by identity), giving its C value at the
-/// element loop: a constant, `inv_N[i]` for row slot `i`, `inv_N[n][c]` for
-/// column slot `(n, c)`.
+/// forward's element loop: a constant, `inv_N[i]` for row slot `i`,
+/// `inv_N[n][c]` for column slot `(n, c)`.
 pub(super) fn lookup(hoisted: &[Hoisted], e: &Expr) -> Option<String> {
-    let h = hoisted.iter().find(|h| std::ptr::eq(h.expr, e))?;
-    Some(match h.level {
-        Level::Cta => h.name.clone(),
-        Level::Row => format!("{}[i]", h.name),
-        Level::Column => format!("{}[n][c]", h.name),
+    lookup_indexed(hoisted, e, |level| match level {
+        Level::Cta => "",
+        Level::Row => "[i]",
+        Level::Column => "[n][c]",
     })
+}
+
+/// Looks `e` up among `hoisted` (by identity): its name followed by the
+/// index a loop keeps values of its level under (`index(level)`).
+pub(super) fn lookup_indexed(hoisted: &[Hoisted], e: &Expr, index: impl Fn(Level) -> &'static str) -> Option<String> {
+    let h = hoisted.iter().find(|h| std::ptr::eq(h.expr, e))?;
+    Some(format!("{}{}", h.name, index(h.level)))
 }
 
 fn collect<'a>(e: &'a Expr, out: &mut Vec<Hoisted<'a>>) {

@@ -5,7 +5,7 @@
 
 use super::super::expr::{c_expr, c_expr_in, c_type, load_offset};
 use super::super::forward::{self, pad16};
-use super::super::hoist::{Hoisted, Level};
+use super::super::hoist::{lookup_indexed, Hoisted, Level};
 use super::super::prelude::PRELUDE;
 use super::super::ranges::RANGES;
 use super::super::signature::arg_name;
@@ -229,11 +229,10 @@ impl SpecTerms {
 
 /// `e`'s hoisted value in the element loop of orientation `rows`.
 fn lookup(hoisted: &[Hoisted], rows: Rows, e: &Expr) -> Option<String> {
-    let h = hoisted.iter().find(|h| std::ptr::eq(h.expr, e))?;
-    Some(match h.level {
-        Level::Cta => h.name.clone(),
-        level if level == rows.row_level() => format!("{}[i]", h.name),
-        _ => format!("{}[n][c]", h.name),
+    lookup_indexed(hoisted, e, |level| match level {
+        Level::Cta => "",
+        level if level == rows.row_level() => "[i]",
+        _ => "[n][c]",
     })
 }
 
