@@ -5,15 +5,11 @@
 
 use flashgen_codegen::cuda::emit_forward;
 use flashgen_codegen::parse_one;
-use flashgen_runtime::{compile_count, nvrtc_version, precompile, Arch, DiskCache, EntryKey, KernelSet, CACHE_DIR_ENV};
-use std::path::Path;
+mod support;
 
-/// Fails (never skips) without NVRTC, like the other compile tests.
-fn require_nvrtc() {
-    if let Err(e) = nvrtc_version() {
-        panic!("{e}\n(scripts/test.sh installs NVRTC from PyPI into target/pypi-nvrtc and sets LD_LIBRARY_PATH)");
-    }
-}
+use flashgen_runtime::{compile_count, precompile, Arch, DiskCache, EntryKey, KernelSet, CACHE_DIR_ENV};
+use std::path::Path;
+use support::require_nvrtc;
 
 #[test]
 fn precompile_compiles_once_and_recompiles_only_corrupt_entries() {

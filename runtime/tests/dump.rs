@@ -2,25 +2,16 @@
 //! unwritable dump directory is an error, not a panic. A test binary of its
 //! own: it sets an environment variable.
 
-use flashgen_codegen::abi::{Grid, Kernel};
-use flashgen_runtime::{compile_cubin, nvrtc_version, Arch, Error, DUMP_ENV};
+mod support;
+
+use flashgen_runtime::{compile_cubin, Arch, Error, DUMP_ENV};
 use std::path::Path;
 
 #[test]
 fn dumps_source_and_log() {
-    if let Err(e) = nvrtc_version() {
-        panic!("{e}\n(scripts/test.sh installs NVRTC from PyPI)");
-    }
-    let kernel = Kernel {
-        name: "dumped".into(),
-        source: "extern \"C\" __global__ void dumped(float* o) { int unused; o[0] = 1.0f; }\n".into(),
-        grid: Grid::QueryTiles,
-        block_m: 64,
-        block_n: 32,
-        threads: 128,
-        dynamic_smem: 0,
-        args: vec![],
-    };
+    support::require_nvrtc();
+    let kernel =
+        support::raw_kernel("dumped", "extern \"C\" __global__ void dumped(float* o) { int unused; o[0] = 1.0f; }\n");
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("flashgen-dump");
     std::env::set_var(DUMP_ENV, &dir);
     compile_cubin(&kernel, Arch::new(8, 0)).unwrap();

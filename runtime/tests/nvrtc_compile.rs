@@ -2,19 +2,15 @@
 //! sm_90, and compile errors come back readable. Needs libnvrtc but no GPU;
 //! `scripts/test.sh` installs NVRTC from PyPI when it is missing.
 
-use flashgen_codegen::abi::{Grid, Kernel};
+mod support;
+
+use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{emit_backward, emit_block_mask, emit_forward, BackwardPass, TileConfig};
 use flashgen_codegen::{parse_str, Spec};
-use flashgen_runtime::{compile_cubin, nvrtc_version, Arch, Error};
+use flashgen_runtime::{compile_cubin, Arch, Error};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// Fails (never skips) without NVRTC: these tests are the compile gate.
-fn require_nvrtc() {
-    if let Err(e) = nvrtc_version() {
-        panic!("{e}\n(scripts/test.sh installs NVRTC from PyPI into target/pypi-nvrtc and sets LD_LIBRARY_PATH)");
-    }
-}
+use support::{raw_kernel, require_nvrtc};
 
 fn shipped_specs() -> Vec<Spec> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../specs");
@@ -68,16 +64,8 @@ fn every_shipped_spec_compiles_for_sm80_and_sm90() {
 #[test]
 fn compile_errors_carry_the_log_and_numbered_source() {
     require_nvrtc();
-    let kernel = Kernel {
-        name: "broken".into(),
-        source: "extern \"C\" __global__ void broken(float* o) {\n    o[0] = undeclared_value;\n}\n".into(),
-        grid: Grid::QueryTiles,
-        block_m: 64,
-        block_n: 32,
-        threads: 128,
-        dynamic_smem: 0,
-        args: vec![],
-    };
+    let kernel =
+        raw_kernel("broken", "extern \"C\" __global__ void broken(float* o) {\n    o[0] = undeclared_value;\n}\n");
     match compile_cubin(&kernel, Arch::new(8, 0)) {
         Err(Error::Compile { kernel, arch, log, numbered_source }) => {
             assert_eq!((kernel.as_str(), arch), ("broken", Arch::new(8, 0)));
