@@ -1,6 +1,7 @@
 //! GPU compute capabilities (`sm_XY`), the unit NVRTC compiles for.
 
 use crate::Error;
+use flashgen_codegen::cuda::Target;
 use std::fmt;
 use std::str::FromStr;
 
@@ -17,6 +18,11 @@ impl Arch {
 
     pub const fn new(major: u32, minor: u32) -> Arch {
         Arch { major, minor }
+    }
+
+    /// What kernels compiled for this arch may use beyond sm_80.
+    pub fn target(self) -> Target {
+        Target::for_sm(self.major, self.minor)
     }
 }
 

@@ -120,11 +120,10 @@ impl Runtime {
         let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(s)).collect();
         let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
         if let Some(mask) = opts.block_mask {
-            let fwd = TileConfig::default_for(spec);
             let launch = BuiltFor {
                 spec_source: to_source(spec),
                 shape,
-                tile: (fwd.block_m(), fwd.block_n),
+                tile: TileConfig::mask_tile(spec),
                 args: infos.clone(),
                 tensors: tensor_ptrs.clone(),
             };

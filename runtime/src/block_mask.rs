@@ -14,6 +14,7 @@ use crate::marshal::{launch, launch_config, marshal, Bindings};
 use crate::runtime::{LoadedKernel, Which};
 use crate::{ArgValue, Error, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtrMut};
+use flashgen_codegen::cuda::TileConfig;
 use flashgen_codegen::{Builtin, Shape, Spec};
 
 /// Tile classes of one spec's mask for one shape and one set of params and
@@ -38,12 +39,13 @@ pub(crate) struct BuiltFor {
 }
 
 impl BuiltFor {
-    pub fn new(loaded: &LoadedKernel, shape: Shape, args: &[ArgInfo], tensors: &[u64]) -> BuiltFor {
-        let kernel = loaded.kernel();
+    /// For launches of `loaded`, a kernel of `spec`. Every forward tile
+    /// configuration reads block masks at the spec's mask tile.
+    pub fn new(spec: &Spec, loaded: &LoadedKernel, shape: Shape, args: &[ArgInfo], tensors: &[u64]) -> BuiltFor {
         BuiltFor {
             spec_source: loaded.spec_source().to_string(),
             shape,
-            tile: (kernel.block_m, kernel.block_n),
+            tile: TileConfig::mask_tile(spec),
             args: args.to_vec(),
             tensors: tensors.to_vec(),
         }
@@ -92,7 +94,7 @@ impl Runtime {
             .map_err(|e| Error::driver("allocating a block mask", e))?;
         let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(stream)).collect();
         let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
-        let built_for = BuiltFor::new(&loaded, shape, &infos, &tensor_ptrs);
+        let built_for = BuiltFor::new(spec, &loaded, shape, &infos, &tensor_ptrs);
         if tiles > 0 && shape.batch > 0 {
             let (out, _guard) = classes.device_ptr_mut(stream);
             let values = marshal(

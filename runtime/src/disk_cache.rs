@@ -208,15 +208,15 @@ impl DiskCache {
     ) -> Result<PrecompileReport, Error> {
         let cache_error = |source| Error::Cache { path: self.dir.clone(), source };
         fs::create_dir_all(&self.dir).map_err(cache_error)?;
-        let kernels: Vec<Kernel> =
-            specs.iter().flat_map(|s| Which::all(set).into_iter().filter_map(|w| w.emit(s))).collect();
         let mut seen = HashSet::new();
         let mut jobs = Vec::new();
-        for kernel in &kernels {
-            for &arch in archs {
-                let key = EntryKey::new(kernel, arch)?;
-                if seen.insert(key) {
-                    jobs.push((key, kernel, arch));
+        for &arch in archs {
+            for spec in specs {
+                for kernel in Which::all(spec, set, arch.target()).into_iter().filter_map(|w| w.emit(spec)) {
+                    let key = EntryKey::new(&kernel, arch)?;
+                    if seen.insert(key) {
+                        jobs.push((key, kernel, arch));
+                    }
                 }
             }
         }
@@ -226,7 +226,7 @@ impl DiskCache {
         std::thread::scope(|scope| {
             for _ in 0..workers {
                 scope.spawn(|| {
-                    while let Some(&(key, kernel, arch)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    while let Some(&(key, ref kernel, arch)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
                         // A precompile that stores nothing must not look like success.
                         let result = self.get_or_compile(key, kernel, arch).and_then(|(_, origin)| match origin {
                             Origin::Disk => Ok(()),

@@ -71,7 +71,7 @@ impl Runtime {
         let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(stream)).collect();
         let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
         if let Some(mask) = opts.block_mask {
-            check_block_mask(&mask.built_for, &BuiltFor::new(&loaded, shape, &infos, &tensor_ptrs))?;
+            check_block_mask(&mask.built_for, &BuiltFor::new(spec, &loaded, shape, &infos, &tensor_ptrs))?;
         }
         let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(stream), m.strides));
         let values = marshal(

@@ -12,7 +12,8 @@ use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::Ptx;
 use flashgen_codegen::abi::Kernel;
-use flashgen_codegen::{cuda, to_source, Spec};
+use flashgen_codegen::cuda::{self, Target, TileConfig};
+use flashgen_codegen::{to_source, Spec};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -44,7 +45,7 @@ pub struct CacheStats {
 /// Which kernel of a spec.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Which {
-    Forward,
+    Forward(cuda::TileConfig),
     BlockMask,
     Backward(cuda::BackwardPass),
 }
@@ -60,9 +61,10 @@ pub enum KernelSet {
 }
 
 impl Which {
-    /// The kernels `set` names.
-    pub(crate) fn all(set: KernelSet) -> Vec<Which> {
-        let mut which = vec![Which::Forward, Which::BlockMask];
+    /// The kernels `set` names for `spec` on `target` (the forward in its
+    /// configuration without tuning).
+    pub(crate) fn all(spec: &Spec, set: KernelSet, target: Target) -> Vec<Which> {
+        let mut which = vec![Which::Forward(TileConfig::preferred(spec, target)), Which::BlockMask];
         if set == KernelSet::Training {
             use cuda::BackwardPass::{KeyValue, Postprocess, Preprocess, Query};
             which.extend([Preprocess, KeyValue, Query, Postprocess].map(Which::Backward));
@@ -73,8 +75,8 @@ impl Which {
     /// The kernel of `spec`; `None` for the block mask of a spec without a mask.
     pub(crate) fn emit(self, spec: &Spec) -> Option<Kernel> {
         match self {
-            Which::Forward => Some(cuda::emit_forward(spec)),
-            Which::BlockMask => cuda::emit_block_mask(spec, cuda::TileConfig::default_for(spec)),
+            Which::Forward(config) => Some(cuda::emit_forward_with(spec, config)),
+            Which::BlockMask => cuda::emit_block_mask(spec, TileConfig::default_for(spec)),
             Which::Backward(pass) => Some(cuda::emit_backward(spec, pass)),
         }
     }
@@ -179,10 +181,21 @@ impl Runtime {
         }
     }
 
-    /// The forward kernel of `spec`: generated, compiled and loaded on first
+    /// What this device's kernels may use beyond sm_80.
+    pub fn target(&self) -> Target {
+        self.arch.target()
+    }
+
+    /// The forward kernel of `spec` in its configuration without tuning
+    /// ([`TileConfig::preferred`]): generated, compiled and loaded on first
     /// use, then served from the cache.
     pub fn load(&self, spec: &Spec) -> Result<Arc<LoadedKernel>, Error> {
-        self.load_which(spec, Which::Forward)
+        self.load_forward(spec, TileConfig::preferred(spec, self.target()))
+    }
+
+    /// The forward kernel of `spec` in tile configuration `config`.
+    pub fn load_forward(&self, spec: &Spec, config: TileConfig) -> Result<Arc<LoadedKernel>, Error> {
+        self.load_which(spec, Which::Forward(config))
     }
 
     pub(crate) fn load_which(&self, spec: &Spec, which: Which) -> Result<Arc<LoadedKernel>, Error> {

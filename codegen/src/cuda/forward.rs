@@ -25,32 +25,91 @@ use crate::analysis::block_uniform;
 use crate::spec::{Dtype, Expr, Spec};
 use std::fmt::{self, Write};
 
+/// Which tensor-core instructions a forward kernel is written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mma {
+    /// Warp-level `mma.sync.m16n8k16` fed by `ldmatrix`: every GPU from sm_80.
+    Sync,
+    /// Hopper's warpgroup-level `wgmma.mma_async` reading K and V (and Q)
+    /// straight from shared memory: sm_90a only.
+    Wgmma,
+}
+
+/// What the GPU a kernel is generated for offers beyond sm_80.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Target {
+    /// `wgmma` (compute capability 9.0, compiled as sm_90a).
+    pub wgmma: bool,
+}
+
+impl Target {
+    /// Any sm_80-class GPU.
+    pub const PORTABLE: Target = Target { wgmma: false };
+
+    /// The target of compute capability `major.minor`.
+    pub fn for_sm(major: u32, minor: u32) -> Target {
+        Target { wgmma: (major, minor) == (9, 0) }
+    }
+}
+
 /// A tile configuration: how a CTA covers queries and keys.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TileConfig {
-    /// Warps per CTA.
+    pub mma: Mma,
+    /// Warps per CTA (with `Mma::Wgmma`, four per warpgroup).
     pub warps: u32,
     /// 16-row MMA tiles per warp: each K/V fragment read from shared memory
     /// feeds this many MMAs, so 2 halves the shared-memory traffic per FLOP
-    /// at the price of twice the accumulator registers.
+    /// at the price of twice the accumulator registers. 1 with `Mma::Wgmma`
+    /// (a warpgroup's 64 rows are 16 per warp).
     pub m_tiles: u32,
     /// Keys per K/V tile (a multiple of 16).
     pub block_n: u32,
 }
 
 impl TileConfig {
-    /// The default for a spec: 4 warps; up to head dim 128, 32 query rows
-    /// per warp (FlashAttention-2's BLOCK_M = 128) with 64-key tiles (at
-    /// d = 128 the mask and score code then leaves ptxas a few loop-invariant
-    /// spills, cheaper than halving the tile: 1.1-1.3x on the H200); above
-    /// 128 the O accumulator alone needs 128 registers, so 16 rows and 32
-    /// keys.
+    /// The portable default for a spec (`Mma::Sync`), whose tile is also the
+    /// granularity of the spec's block masks ([`TileConfig::mask_tile`]): 4
+    /// warps; up to head dim 128, 32 query rows per warp (FlashAttention-2's
+    /// BLOCK_M = 128) with 64-key tiles (at d = 128 the mask and score code
+    /// then leaves ptxas a few loop-invariant spills, cheaper than halving
+    /// the tile: 1.1-1.3x on the H200); above 128 the O accumulator alone
+    /// needs 128 registers, so 16 rows and 32 keys.
     pub fn default_for(spec: &Spec) -> TileConfig {
-        let widest = pad16(spec.head_dims.qk).max(pad16(spec.head_dims.v));
-        match widest {
-            0..=128 => TileConfig { warps: 4, m_tiles: 2, block_n: 64 },
-            _ => TileConfig { warps: 4, m_tiles: 1, block_n: 32 },
+        let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
+        match widest(spec) {
+            0..=128 => sync(4, 2, 64),
+            _ => sync(4, 1, 32),
         }
+    }
+
+    /// The configuration used without autotuning on `target`: the first of
+    /// [`TileConfig::candidates`].
+    pub fn preferred(spec: &Spec, target: Target) -> TileConfig {
+        TileConfig::candidates(spec, target)[0]
+    }
+
+    /// The configurations worth timing for `spec` on `target`, preferred
+    /// first. Each covers the same query rows per CTA as the block-mask tile
+    /// and a whole number of its key columns, so one block mask serves all.
+    pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
+        let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
+        let mut all = vec![TileConfig::default_for(spec)];
+        match widest(spec) {
+            0..=64 => all.extend([sync(4, 2, 128), sync(8, 1, 64)]),
+            65..=128 => all.push(sync(8, 1, 64)),
+            _ => all.push(sync(4, 1, 64)),
+        }
+        let mask = TileConfig::mask_tile(spec);
+        debug_assert!(all.iter().all(|c| c.block_m() == mask.0 && c.block_n % mask.1 == 0));
+        all
+    }
+
+    /// `(rows, keys)` of a block-mask tile for `spec`: the portable
+    /// default's tile, whatever configuration a forward launch uses.
+    pub fn mask_tile(spec: &Spec) -> (u32, u32) {
+        let config = TileConfig::default_for(spec);
+        (config.block_m(), config.block_n)
     }
 
     pub fn block_m(self) -> u32 {
@@ -63,6 +122,11 @@ impl TileConfig {
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
         2 * (self.block_m() * dp + 2 * self.block_n * (dp + dvp))
     }
+}
+
+/// The wider head dim, padded to the MMA k-step.
+fn widest(spec: &Spec) -> u32 {
+    pad16(spec.head_dims.qk).max(pad16(spec.head_dims.v))
 }
 
 /// Head dims round up to the MMA k-step (and to pairs of 8-wide n-tiles).
@@ -120,7 +184,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt:
     };
     let (d, dv) = (spec.head_dims.qk, spec.head_dims.v);
     let (dp, dvp) = (pad16(d), pad16(dv));
-    let TileConfig { warps, m_tiles, block_n } = config;
+    let TileConfig { mma: _, warps, m_tiles, block_n } = config;
     write!(
         w,
         "\
@@ -432,18 +496,42 @@ fn write_tile_classes(
         \x20   return {class};\n\
         }};\n\
         // A block mask built for data-dependent masks (tensor reads) refines\n\
-        // them: 0 = no pair kept, 2 = every pair kept, exact per tile.\n\
-        const unsigned char* tile_row = block_mask == nullptr ? nullptr\n\
-        \x20   : block_mask + b * block_mask_batch_stride + h * block_mask_head_stride + (long long)q_block * kv_tiles;\n\
+        // them: 0 = no pair kept, 2 = every pair kept, exact per tile.\n"
+    )?;
+    let (mask_m, mask_n) = TileConfig::mask_tile(spec);
+    let (empty, kept) = if (mask_m, mask_n) == (config.block_m(), config.block_n) {
+        write!(
+            w,
+            "\
+            const unsigned char* tile_row = block_mask == nullptr ? nullptr\n\
+            \x20   : block_mask + b * block_mask_batch_stride + h * block_mask_head_stride + (long long)q_block * kv_tiles;\n"
+        )?;
+        ("(tile_row != nullptr && tile_row[j] == 0)", "(tile_row != nullptr && tile_row[j] == 2)")
+    } else {
+        write!(
+            w,
+            "\
+            // Its tiles are MASK_M x MASK_N; a K/V tile here spans several.\n\
+            constexpr int MASK_M = {mask_m}, MASK_N = {mask_n};\n\
+            const unsigned char* mask_slice = block_mask == nullptr ? nullptr\n\
+            \x20   : block_mask + b * block_mask_batch_stride + h * block_mask_head_stride;\n\
+            const int mask_kv_tiles = ({kv_len} + MASK_N - 1) / MASK_N;\n\
+            auto mask_class = [&](int j) {{\n\
+            \x20   const int k_lo = j * BLOCK_N, k_hi = min_i32(k_lo + BLOCK_N, {kv_len}) - 1;\n\
+            \x20   return mask_slice == nullptr ? 1 : coarse_class<MASK_M, MASK_N>(mask_slice, mask_kv_tiles, q_lo, q_hi, k_lo, k_hi);\n\
+            }};\n"
+        )?;
+        ("mask_class(j) == 0", "mask_class(j) == 2")
+    };
+    write!(
+        w,
+        "\
         // The next tile from j on that keeps a pair. Spans the analysis rules out\n\
         // are skipped whole (the rest of the row, then 16 tiles at a time), so a\n\
         // sliding window does not pay for a scan over every tile of the row.\n"
     )?;
-    write_next_tile(w, "kv_tiles", &format!("(tile_row != nullptr && tile_row[j] == 0){skip}"))?;
-    writeln!(
-        w,
-        "auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || (tile_row != nullptr && tile_row[j] == 2){full}; }};"
-    )
+    write_next_tile(w, "kv_tiles", &format!("{empty}{skip}"))?;
+    writeln!(w, "auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || {kept}{full}; }};")
 }
 
 /// The `next_tile` lambda over `tiles` tiles: the first tile from j on that

@@ -29,4 +29,4 @@ mod writer;
 
 pub use backward::{emit_backward, trainable_tensors, BackwardConfig, BackwardPass};
 pub use block_mask::emit_block_mask;
-pub use forward::{emit_forward, emit_forward_with, TileConfig};
+pub use forward::{emit_forward, emit_forward_with, Mma, Target, TileConfig};

@@ -77,4 +77,21 @@ __device__ __forceinline__ Range r_if(Range c, Range t, Range f) {
     const Range k = r_truth(c);
     return k.lo == 1 ? t : k.hi == 0 ? f : Range{r_min_ll(t.lo, f.lo), r_max_ll(t.hi, f.hi)};
 }
+// The class of queries [q_lo, q_hi] x keys [k_lo, k_hi] in a block mask built
+// at MASK_M x MASK_N tiles (`slice`: one (batch, head) slice with kv_tiles
+// tiles per row): the mask tiles covering it, combined. 0 if every one keeps
+// no pair, 2 if every one keeps all, else 1.
+template <int MASK_M, int MASK_N>
+__device__ __forceinline__ int coarse_class(const unsigned char* slice, int kv_tiles, int q_lo, int q_hi, int k_lo,
+                                            int k_hi) {
+    bool any = false, all = true;
+    for (int i = q_lo / MASK_M; i <= q_hi / MASK_M; ++i) {
+        for (int j = k_lo / MASK_N; j <= k_hi / MASK_N; ++j) {
+            const unsigned char c = slice[(long long)i * kv_tiles + j];
+            any |= c != 0;
+            all &= c == 2;
+        }
+    }
+    return !any ? 0 : all ? 2 : 1;
+}
 "#;

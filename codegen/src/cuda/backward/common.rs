@@ -30,24 +30,7 @@ __device__ __forceinline__ float warp_sum(float x) {
 "#;
 
 /// Device helpers of the tiled backward kernels.
-const BACKWARD_TILES: &str = r#"// The class of queries [q_lo, q_hi] x keys [k_lo, k_hi] in a block mask built
-// at the forward's FWD_M x FWD_N tiles (`slice`: one (batch, head) slice with
-// kv_tiles tiles per row): the forward tiles covering it, combined. 0 if every
-// one keeps no pair, 2 if every one keeps all, else 1.
-template <int FWD_M, int FWD_N>
-__device__ __forceinline__ int coarse_class(const unsigned char* slice, int kv_tiles, int q_lo, int q_hi, int k_lo,
-                                            int k_hi) {
-    bool any = false, all = true;
-    for (int i = q_lo / FWD_M; i <= q_hi / FWD_M; ++i) {
-        for (int j = k_lo / FWD_N; j <= k_hi / FWD_N; ++j) {
-            const unsigned char c = slice[(long long)i * kv_tiles + j];
-            any |= c != 0;
-            all &= c == 2;
-        }
-    }
-    return !any ? 0 : all ? 2 : 1;
-}
-// Byte offset of a lane's ldmatrix row (see LdmLane) for a (row_step, step)
+const BACKWARD_TILES: &str = r#"// Byte offset of a lane's ldmatrix row (see LdmLane) for a (row_step, step)
 // known only at run time: the swizzle computed in full.
 template <int COLS>
 __device__ __forceinline__ unsigned ldm_at(const LdmLane<COLS>& lane, int row_step, int step) {
@@ -149,12 +132,12 @@ fn write_dims(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     writeln!(w, "constexpr int DVP = {};  // DV padded to pairs of 8-wide MMA tiles", pad16(dv))
 }
 
-/// The forward's tile sizes, at which a block mask is built.
-pub(super) fn write_forward_tiles(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
-    let fwd = TileConfig::default_for(spec);
-    writeln!(w, "// The forward's tiles: a block mask holds one class per FWD_M x FWD_N tile.")?;
-    writeln!(w, "constexpr int FWD_M = {};", fwd.block_m())?;
-    writeln!(w, "constexpr int FWD_N = {};", fwd.block_n)
+/// The tile sizes at which a block mask is built.
+pub(super) fn write_mask_tiles(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    let (rows, keys) = TileConfig::mask_tile(spec);
+    writeln!(w, "// A block mask holds one class per MASK_M x MASK_N tile.")?;
+    writeln!(w, "constexpr int MASK_M = {rows};")?;
+    writeln!(w, "constexpr int MASK_N = {keys};")
 }
 
 /// Which built-in the rows of a warp's accumulator tiles run over. Lane
@@ -380,9 +363,9 @@ pub(super) fn write_tile_walk(w: &mut Writer<String>, spec: &Spec, walk: &Walk) 
         // refines them: 0 = no pair kept, 2 = every pair kept.\n\
         const unsigned char* mask_slice = block_mask == nullptr ? nullptr\n\
         \x20   : block_mask + b * block_mask_batch_stride + h * block_mask_head_stride;\n\
-        const int fwd_kv_tiles = ({kv_len} + FWD_N - 1) / FWD_N;\n\
+        const int mask_kv_tiles = ({kv_len} + MASK_N - 1) / MASK_N;\n\
         auto mask_class = [&](int j) {{\n\
-        \x20   return mask_slice == nullptr ? 1 : coarse_class<FWD_M, FWD_N>(mask_slice, fwd_kv_tiles, {}, {});\n\
+        \x20   return mask_slice == nullptr ? 1 : coarse_class<MASK_M, MASK_N>(mask_slice, mask_kv_tiles, {}, {});\n\
         }};\n\
         // The next tile from j on that keeps a pair; spans the analysis rules out\n\
         // are skipped whole (the rest, then 16 tiles at a time).\n",

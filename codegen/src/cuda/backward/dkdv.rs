@@ -2,8 +2,8 @@
 //! batch), keys as the rows of every warp's tiles. See the module note.
 
 use super::common::{
-    per_head, write_column_terms, write_forward_tiles, write_row_terms, write_source, write_spec_lambdas,
-    write_tile_walk, Rows, Sections, SpecTerms, Walk,
+    per_head, write_column_terms, write_mask_tiles, write_row_terms, write_source, write_spec_lambdas, write_tile_walk,
+    Rows, Sections, SpecTerms, Walk,
 };
 use super::step::{write_elements, write_register_products, write_scores, write_stores, FromRegisters, Store};
 use super::BackwardConfig;
@@ -66,7 +66,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> 
         constexpr int DV_TILES = DVP / 8;  // m16n8 tiles of a warp's dV (16 keys x DVP)\n\
         constexpr int DQ_COLS = DP % 32 == 0 ? 32 : 16;  // columns of a warp's dQ block per step\n"
     )?;
-    write_forward_tiles(w, spec)?;
+    write_mask_tiles(w, spec)?;
     write!(
         w,
         "\

@@ -3,7 +3,7 @@
 //! walking the kv tiles and keeping dQ in registers. See the module note.
 
 use super::common::{
-    write_column_terms, write_forward_tiles, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows,
+    write_column_terms, write_mask_tiles, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows,
     Sections, SpecTerms, Walk,
 };
 use super::dkdv::write_rows;
@@ -59,7 +59,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, block_n: u32) -> fmt::Resul
         constexpr int S_TILES = BLOCK_N / 8;  // m16n8 tiles of a warp's S and dP (16 queries x BLOCK_N keys)\n\
         constexpr int DQ_TILES = DP / 8;  // m16n8 tiles of a warp's dQ\n"
     )?;
-    write_forward_tiles(w, spec)?;
+    write_mask_tiles(w, spec)?;
     write!(
         w,
         "\
