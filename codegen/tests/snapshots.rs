@@ -3,7 +3,7 @@
 //! maximal head dims, f16, half-precision tensors, every operator).
 
 use flashgen_codegen::abi::Kernel;
-use flashgen_codegen::cuda::{emit_backward, emit_forward, BackwardPass};
+use flashgen_codegen::cuda::{emit_backward, emit_forward, emit_forward_with, BackwardPass, Mma, Target, TileConfig};
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
 
@@ -84,6 +84,18 @@ fn forward_kernels_of_named_variants() {
 }
 
 #[test]
+fn hopper_forward_kernels_of_named_variants() {
+    // The wgmma kernel the runtime prefers on sm_90: plain, analytic mask,
+    // block mask (128-key tiles over 64-key mask tiles) and a score mod.
+    for stem in ["full", "causal", "document", "softcap"] {
+        let spec = variant(stem);
+        let config = TileConfig::preferred(&spec, Target::for_sm(9, 0));
+        assert_eq!(config.mma, Mma::Wgmma, "{stem}");
+        insta::assert_snapshot!(format!("wgmma_{stem}"), render(&emit_forward_with(&spec, config)));
+    }
+}
+
+#[test]
 fn forward_kernels_of_edge_specs() {
     for (name, source) in EDGE_SPECS {
         let spec = parse_one(source).unwrap_or_else(|e| panic!("{name}: {}", e.render(name, source)));
@@ -97,8 +109,7 @@ fn block_mask_kernels_of_data_dependent_masks() {
     // layout is decided by one pair per tile.
     for stem in ["document", "block_sparse"] {
         let spec = variant(stem);
-        let kernel =
-            flashgen_codegen::cuda::emit_block_mask(&spec, flashgen_codegen::cuda::TileConfig::default_for(&spec));
+        let kernel = flashgen_codegen::cuda::emit_block_mask(&spec, TileConfig::default_for(&spec));
         insta::assert_snapshot!(format!("block_mask_{stem}"), render(&kernel.expect("the spec has a mask")));
     }
 }

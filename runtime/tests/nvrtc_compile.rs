@@ -5,7 +5,9 @@
 mod support;
 
 use flashgen_codegen::abi::Kernel;
-use flashgen_codegen::cuda::{emit_backward, emit_block_mask, emit_forward, BackwardPass, TileConfig};
+use flashgen_codegen::cuda::{
+    emit_backward, emit_block_mask, emit_forward_with, BackwardPass, Mma, Target, TileConfig,
+};
 use flashgen_codegen::{parse_str, Spec};
 use flashgen_runtime::{compile_cubin, Arch, Error};
 use std::path::Path;
@@ -41,9 +43,17 @@ fn every_shipped_spec_compiles_for_sm80_and_sm90() {
             let backward =
                 [BackwardPass::Preprocess, BackwardPass::KeyValue, BackwardPass::Query, BackwardPass::Postprocess]
                     .map(|pass| Some(emit_backward(spec, pass)));
-            [Some(emit_forward(spec)), block_mask].into_iter().chain(backward).flatten()
+            let shared = [block_mask].into_iter().chain(backward).flatten();
+            let both = shared.flat_map(|kernel| [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (kernel.clone(), arch)));
+            // Every forward configuration the runtime may pick (or tune) on each arch;
+            // the portable ones once, on sm_80.
+            let sm80 = TileConfig::candidates(spec, Target::PORTABLE).into_iter().map(|c| (c, Arch::new(8, 0)));
+            let hopper =
+                TileConfig::candidates(spec, Arch::new(9, 0).target()).into_iter().filter(|c| c.mma == Mma::Wgmma);
+            let forward =
+                sm80.chain(hopper.map(|c| (c, Arch::new(9, 0)))).map(|(c, arch)| (emit_forward_with(spec, c), arch));
+            both.chain(forward).collect::<Vec<_>>()
         })
-        .flat_map(|kernel| [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (kernel.clone(), arch)))
         .collect();
     // NVRTC takes seconds per kernel; compile on every core.
     let next = AtomicUsize::new(0);

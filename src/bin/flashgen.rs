@@ -2,8 +2,9 @@
 //! specs, and manage the kernel cache.
 
 use clap::{Parser, Subcommand};
+use flashgen::codegen::cuda::{self, TileConfig};
 use flashgen::codegen::reference::{ParamValue, TensorData};
-use flashgen::codegen::{cuda, ElemTy, Shape, Spec, Ty};
+use flashgen::codegen::{ElemTy, Shape, Spec, Ty};
 use flashgen::runtime::{compile_cubin, Arch, DiskCache, Error, KernelSet, Runtime};
 use flashgen::verify::{self, DeviceProblem, OperandLayout};
 use std::io::IsTerminal;
@@ -26,6 +27,10 @@ enum Command {
         /// Only this spec of the file.
         #[arg(long)]
         spec: Option<String>,
+        /// The kernel the runtime would use on this architecture (e.g. sm_90:
+        /// Hopper's wgmma) instead of the portable one.
+        #[arg(long)]
+        arch: Option<String>,
     },
     /// Compile every spec in FILE with NVRTC (no GPU needed).
     Check {
@@ -112,16 +117,19 @@ fn main() -> ExitCode {
 /// Runs one command; `Ok(false)` is a completed run whose check failed.
 fn run(cli: Cli) -> Result<bool, String> {
     match cli.command {
-        Command::Emit { file, spec } => {
+        Command::Emit { file, spec, arch } => {
+            let arch: Option<Arch> = arch.map(|a| a.parse()).transpose().map_err(|e| format!("{e}"))?;
             for s in load(&file, spec.as_deref())? {
-                print!("{}", cuda::emit_forward(&s).source);
+                let config =
+                    arch.map_or_else(|| TileConfig::default_for(&s), |a| TileConfig::preferred(&s, a.target()));
+                print!("{}", cuda::emit_forward_with(&s, config).source);
             }
             Ok(true)
         }
         Command::Check { file, arch, spec } => {
             let arch: Arch = arch.parse().map_err(|e| format!("{e}"))?;
             for s in load(&file, spec.as_deref())? {
-                let kernel = cuda::emit_forward(&s);
+                let kernel = cuda::emit_forward_with(&s, TileConfig::preferred(&s, arch.target()));
                 let start = Instant::now();
                 let cubin = compile_cubin(&kernel, arch).map_err(|e| format!("{}: {e}", s.name))?;
                 println!(

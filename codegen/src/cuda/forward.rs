@@ -19,6 +19,7 @@ use super::signature::{arg_name, forward_args};
 use super::source::{kernel_name, write_entry, write_header};
 use super::tile_class::tile_class_expr;
 use super::tiles::TILES;
+use super::wgmma::{write_wgmma_op, AFrom, WGMMA};
 use super::writer::Writer;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
 use crate::analysis::block_uniform;
@@ -94,7 +95,13 @@ impl TileConfig {
     /// and a whole number of its key columns, so one block mask serves all.
     pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
         let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
-        let mut all = vec![TileConfig::default_for(spec)];
+        // Two warpgroups of 64 rows: BLOCK_M = 128, as the mask tile.
+        let wgmma = |block_n| TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n };
+        let mut all = Vec::new();
+        if target.wgmma && widest(spec) <= 128 {
+            all.extend([wgmma(128), wgmma(64)]);
+        }
+        all.push(TileConfig::default_for(spec));
         match widest(spec) {
             0..=64 => all.extend([sync(4, 2, 128), sync(8, 1, 64)]),
             65..=128 => all.push(sync(8, 1, 64)),
@@ -117,10 +124,17 @@ impl TileConfig {
     }
 
     /// Dynamic shared memory: the Q tile and two stages of K and V tiles,
-    /// 16-bit elements.
+    /// 16-bit elements; wgmma's tiles are whole 64-column panels, 1024-byte
+    /// aligned (the slack is reserved).
     pub fn smem_bytes(self, spec: &Spec) -> u32 {
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
-        2 * (self.block_m() * dp + 2 * self.block_n * (dp + dvp))
+        match self.mma {
+            Mma::Sync => 2 * (self.block_m() * dp + 2 * self.block_n * (dp + dvp)),
+            Mma::Wgmma => {
+                let (qk, v) = (dp.next_multiple_of(64), dvp.next_multiple_of(64));
+                2 * (self.block_m() * qk + 2 * self.block_n * (qk + v)) + 1024
+            }
+        }
     }
 }
 
@@ -172,6 +186,12 @@ fn write_kernel(
     writeln!(w)?;
     w.write_str(TILES)?;
     writeln!(w)?;
+    if config.mma == Mma::Wgmma {
+        w.write_str(WGMMA)?;
+        write_wgmma_op(w, spec.dtype, config.block_n, AFrom::Shared)?;
+        write_wgmma_op(w, spec.dtype, pad16(spec.head_dims.v), AFrom::Registers)?;
+        writeln!(w)?;
+    }
     write_config(w, spec, config)?;
     writeln!(w)?;
     write_entry(w, spec, name, args, |w| write_body(w, spec, config))
@@ -184,7 +204,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt:
     };
     let (d, dv) = (spec.head_dims.qk, spec.head_dims.v);
     let (dp, dvp) = (pad16(d), pad16(dv));
-    let TileConfig { mma: _, warps, m_tiles, block_n } = config;
+    let TileConfig { mma, warps, m_tiles, block_n } = config;
     write!(
         w,
         "\
@@ -202,11 +222,36 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt:
         constexpr int BLOCK_N = {block_n};  // keys per K/V tile\n\
         constexpr int S_TILES = BLOCK_N / 8;  // m16n8 accumulator tiles of a warp's S\n\
         constexpr int O_TILES = DVP / 8;  // m16n8 accumulator tiles of a warp's O\n\
-        // Shared memory: the Q tile, then two pipeline stages of K and of V tiles.\n\
-        constexpr int Q_TILE = BLOCK_M * DP;\n\
-        constexpr int K_TILE = BLOCK_N * DP;\n\
-        constexpr int V_TILE = BLOCK_N * DVP;\n"
-    )
+        // Shared memory: the Q tile, then two pipeline stages of K and of V tiles.\n"
+    )?;
+    let cols = ShmemCols::of(mma);
+    if mma == Mma::Wgmma {
+        writeln!(w, "// wgmma reads whole 64-column panels (zeros beyond DP and DVP).")?;
+        writeln!(w, "constexpr int QK_COLS = {};", dp.next_multiple_of(64))?;
+        writeln!(w, "constexpr int V_COLS = {};", dvp.next_multiple_of(64))?;
+    }
+    let ShmemCols { qk, v, .. } = cols;
+    writeln!(w, "constexpr int Q_TILE = BLOCK_M * {qk};")?;
+    writeln!(w, "constexpr int K_TILE = BLOCK_N * {qk};")?;
+    writeln!(w, "constexpr int V_TILE = BLOCK_N * {v};")
+}
+
+/// The shared-tile column counts and layout flag `load_tile` gets, as C.
+#[derive(Clone, Copy)]
+struct ShmemCols {
+    qk: &'static str,
+    v: &'static str,
+    /// `load_tile`'s trailing template argument: wgmma's panel layout.
+    panels: &'static str,
+}
+
+impl ShmemCols {
+    fn of(mma: Mma) -> ShmemCols {
+        match mma {
+            Mma::Sync => ShmemCols { qk: "DP", v: "DVP", panels: "" },
+            Mma::Wgmma => ShmemCols { qk: "QK_COLS", v: "V_COLS", panels: ", true" },
+        }
+    }
 }
 
 fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::Result {
@@ -216,10 +261,20 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
     let seq_stride = |op| name(ArgKind::Stride(op, Axis::Seq));
     let [q_stride, k_stride, v_stride, o_stride] = [Operand::Q, Operand::K, Operand::V, Operand::O].map(seq_stride);
 
+    let ShmemCols { qk: qk_cols, v: v_cols, panels } = ShmemCols::of(config.mma);
+    match config.mma {
+        Mma::Sync => writeln!(w, "extern __shared__ __align__(128) unsigned short smem[];")?,
+        Mma::Wgmma => write!(
+            w,
+            "\
+            // wgmma's swizzle atoms are 1024-byte aligned; the launch reserves the slack.\n\
+            extern __shared__ __align__(1024) unsigned char smem_raw[];\n\
+            unsigned short* smem = (unsigned short*)(smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024);\n"
+        )?,
+    }
     write!(
         w,
         "\
-        extern __shared__ __align__(128) unsigned short smem[];\n\
         unsigned short* q_tile = smem;\n\
         unsigned short* k_tiles = q_tile + Q_TILE;  // [2][K_TILE]\n\
         unsigned short* v_tiles = k_tiles + 2 * K_TILE;  // [2][V_TILE]\n\
@@ -274,19 +329,35 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         "\
         \n\
         // Prologue: the Q tile and the first visited K/V tile, in flight together.\n\
-        load_tile<BLOCK_M, DP, D, THREADS>(q_tile, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, vector);\n\
+        load_tile<BLOCK_M, {qk_cols}, D, THREADS{panels}>(q_tile, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, vector);\n\
         int j = next_tile(0);\n\
         if (j < kv_tiles) {{\n\
-        \x20   load_tile<BLOCK_N, DP, D, THREADS>(k_tiles, k_rows + (long long)j * BLOCK_N * {k_stride}, {k_stride}, {kv_len} - j * BLOCK_N, vector);\n\
-        \x20   load_tile<BLOCK_N, DVP, DV, THREADS>(v_tiles, v_rows + (long long)j * BLOCK_N * {v_stride}, {v_stride}, {kv_len} - j * BLOCK_N, vector);\n\
+        \x20   load_tile<BLOCK_N, {qk_cols}, D, THREADS{panels}>(k_tiles, k_rows + (long long)j * BLOCK_N * {k_stride}, {k_stride}, {kv_len} - j * BLOCK_N, vector);\n\
+        \x20   load_tile<BLOCK_N, {v_cols}, DV, THREADS{panels}>(v_tiles, v_rows + (long long)j * BLOCK_N * {v_stride}, {v_stride}, {kv_len} - j * BLOCK_N, vector);\n\
         }}\n\
         cp_async_commit();\n\
-        \n\
-        // ldmatrix rows of this lane in the Q, K and V tiles (see LdmLane).\n\
-        const LdmLane<DP> q_lane(warp * WARP_M + lane % 8 + (lane / 8 % 2) * 8, lane / 16);\n\
-        const LdmLane<DP> k_lane(lane % 8 + lane / 16 * 8, lane / 8 % 2);\n\
-        const LdmLane<DVP> v_lane(lane % 8 + (lane / 8 % 2) * 8, lane / 16);\n\
-        const unsigned q_smem = smem_addr(q_tile);\n\
+        \n"
+    )?;
+    match config.mma {
+        Mma::Sync => write!(
+            w,
+            "\
+            // ldmatrix rows of this lane in the Q, K and V tiles (see LdmLane).\n\
+            const LdmLane<DP> q_lane(warp * WARP_M + lane % 8 + (lane / 8 % 2) * 8, lane / 16);\n\
+            const LdmLane<DP> k_lane(lane % 8 + lane / 16 * 8, lane / 8 % 2);\n\
+            const LdmLane<DVP> v_lane(lane % 8 + (lane / 8 % 2) * 8, lane / 16);\n\
+            const unsigned q_smem = smem_addr(q_tile);\n"
+        )?,
+        Mma::Wgmma => write!(
+            w,
+            "\
+            // This warpgroup's 64 rows of the Q tile (128-byte rows in each panel).\n\
+            const unsigned q_smem = smem_addr(q_tile) + warp / 4 * 64 * 128;\n"
+        )?,
+    }
+    write!(
+        w,
+        "\
         \n\
         // This warp's WARP_M rows of O (f32), and the online softmax state of the\n\
         // lane's rows (g and g + 8 of each m-tile): running max m (log2 units) and\n\
@@ -307,20 +378,28 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
             const int next = next_tile(j + 1);\n\
             const unsigned k_smem = smem_addr(k_tiles + stage * K_TILE);\n\
             const unsigned v_smem = smem_addr(v_tiles + stage * V_TILE);\n\
-            cp_async_wait_all();\n\
+            cp_async_wait_all();\n"
+        )?;
+        if config.mma == Mma::Wgmma {
+            writeln!(w, "fence_async_smem();  // the tensor cores read the tile through the async proxy")?;
+        }
+        write!(
+            w,
+            "\
             __syncthreads();  // tile j is visible, and every warp is done with the previous one\n\
             if (next < kv_tiles) {{\n\
             \x20   const int n0 = next * BLOCK_N;\n\
-            \x20   load_tile<BLOCK_N, DP, D, THREADS>(k_tiles + (stage ^ 1) * K_TILE, k_rows + (long long)n0 * {k_stride}, {k_stride}, {kv_len} - n0, vector);\n\
-            \x20   load_tile<BLOCK_N, DVP, DV, THREADS>(v_tiles + (stage ^ 1) * V_TILE, v_rows + (long long)n0 * {v_stride}, {v_stride}, {kv_len} - n0, vector);\n\
+            \x20   load_tile<BLOCK_N, {qk_cols}, D, THREADS{panels}>(k_tiles + (stage ^ 1) * K_TILE, k_rows + (long long)n0 * {k_stride}, {k_stride}, {kv_len} - n0, vector);\n\
+            \x20   load_tile<BLOCK_N, {v_cols}, DV, THREADS{panels}>(v_tiles + (stage ^ 1) * V_TILE, v_rows + (long long)n0 * {v_stride}, {v_stride}, {kv_len} - n0, vector);\n\
             }}\n\
             cp_async_commit();\n"
         )?;
         write_column_terms(w, spec, &hoisted, Level::Column, "k", "kv0")?;
-        write!(
-            w,
-            "\
-            \n\
+        writeln!(w)?;
+        match config.mma {
+            Mma::Sync => write!(
+                w,
+                "\
             // S = Q K^T on this warp's WARP_M rows x BLOCK_N keys; each K fragment\n\
             // feeds all M_TILES row tiles.\n\
             float s[M_TILES][S_TILES][4] = {{}};\n\
@@ -339,7 +418,29 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
             \x20           mma_16816(storage{{}}, s[mt][n + 1], a[mt], kb[2], kb[3]);\n\
             \x20       }}\n\
             \x20   }}\n\
-            }}\n\
+            }}\n"
+            )?,
+            Mma::Wgmma => write!(
+                w,
+                "\
+                // S = Q K^T on this warpgroup's 64 rows x BLOCK_N keys, both operands\n\
+                // from shared memory; the first k-step overwrites S.\n\
+                float s[M_TILES][S_TILES][4];\n\
+                wgmma_fence();\n\
+                #pragma unroll\n\
+                for (int kk = 0; kk < DP / 16; ++kk) {{\n\
+                \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
+                \x20   wgmma_ss_n{block_n}(s[0], gmma_desc(q_smem + panel * BLOCK_M * 128 + step, 16, 1024),\n\
+                \x20                    gmma_desc(k_smem + panel * BLOCK_N * 128 + step, 16, 1024), kk);\n\
+                }}\n\
+                wgmma_commit();\n\
+                wgmma_wait();\n",
+                block_n = config.block_n
+            )?,
+        }
+        write!(
+            w,
+            "\
             \n\
             // The spec on every element of S (log2 units, -inf where masked).\n\
             // Interior tiles (kept whole, no key past kv_len) run without mask\n\
@@ -388,20 +489,18 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
             \x20       }}\n\
             \x20   }}\n\
             }}\n\
-            \n\
-            // O += P V, with P taken straight from the S registers: the m16n8\n\
-            // accumulators of key tiles 2kk and 2kk + 1 are exactly the A fragment\n\
-            // of the kk-th 16-key step.\n\
+            \n"
+        )?;
+        match config.mma {
+            Mma::Sync => write!(
+                w,
+                "\
+            // O += P V, with P taken straight from the S registers (pack_p).\n\
             #pragma unroll\n\
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
             \x20   unsigned p[M_TILES][4];\n\
             \x20   #pragma unroll\n\
-            \x20   for (int mt = 0; mt < M_TILES; ++mt) {{\n\
-            \x20       p[mt][0] = pack2(storage{{}}, s[mt][2 * kk][0], s[mt][2 * kk][1]);\n\
-            \x20       p[mt][1] = pack2(storage{{}}, s[mt][2 * kk][2], s[mt][2 * kk][3]);\n\
-            \x20       p[mt][2] = pack2(storage{{}}, s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);\n\
-            \x20       p[mt][3] = pack2(storage{{}}, s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);\n\
-            \x20   }}\n\
+            \x20   for (int mt = 0; mt < M_TILES; ++mt) pack_p(storage{{}}, p[mt], s[mt], kk);\n\
             \x20   #pragma unroll\n\
             \x20   for (int n = 0; n < O_TILES; n += 2) {{\n\
             \x20       unsigned vb[4];\n\
@@ -412,9 +511,27 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
             \x20           mma_16816(storage{{}}, o[mt][n + 1], p[mt], vb[2], vb[3]);\n\
             \x20       }}\n\
             \x20   }}\n\
-            }}\n\
-            j = next;\n"
-        )
+            }}\n"
+            )?,
+            Mma::Wgmma => write!(
+                w,
+                "\
+                // O += P V: P from the S registers (pack_p), V from shared memory\n\
+                // (MN-major). wgmma reads P asynchronously, so all of it stays live.\n\
+                unsigned p[BLOCK_N / 16][4];\n\
+                #pragma unroll\n\
+                for (int kk = 0; kk < BLOCK_N / 16; ++kk) pack_p(storage{{}}, p[kk], s[0], kk);\n\
+                wgmma_fence();\n\
+                #pragma unroll\n\
+                for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
+                \x20   wgmma_rs_n{dvp}(o[0], p[kk], gmma_desc(v_smem + kk * 16 * 128, BLOCK_N * 128, 1024));\n\
+                }}\n\
+                wgmma_commit();\n\
+                wgmma_wait();\n",
+                dvp = pad16(spec.head_dims.v)
+            )?,
+        }
+        writeln!(w, "j = next;")
     })?;
     write!(
         w,

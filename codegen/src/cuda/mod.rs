@@ -25,6 +25,7 @@ mod signature;
 mod source;
 mod tile_class;
 mod tiles;
+mod wgmma;
 mod writer;
 
 pub use backward::{emit_backward, trainable_tensors, BackwardConfig, BackwardPass};

@@ -54,10 +54,20 @@ __device__ __forceinline__ int swizzle(int row, int col) {
     return row * COLS + (((col / 8) ^ (row % PERIOD)) * 8) + col % 8;
 }
 
+// Element offset of (row, col) in a shared tile of ROWS x COLS: swizzled
+// rows (ldmatrix), or with PANELS wgmma's 128-byte swizzle: COLS in 64-column
+// panels of ROWS x 128 bytes, chunks XORed with row % 8 as the hardware
+// expects.
+template <int ROWS, int COLS, bool PANELS>
+__device__ __forceinline__ int tile_offset(int row, int col) {
+    if constexpr (PANELS) return (col / 64) * (ROWS * 64) + row * 64 + ((((col % 64) / 8) ^ (row % 8)) * 8) + col % 8;
+    else return swizzle<COLS>(row, col);
+}
+
 // Loads rows [0, ROWS) x cols [0, COLS) of a tile whose valid part is
 // `rows` x WIDTH (the rest is zero-filled) from global rows `stride`
-// elements apart into a swizzled shared tile.
-template <int ROWS, int COLS, int WIDTH, int THREADS>
+// elements apart into a swizzled shared tile (see tile_offset).
+template <int ROWS, int COLS, int WIDTH, int THREADS, bool PANELS = false>
 __device__ __forceinline__ void load_tile(unsigned short* tile, const unsigned short* src, long long stride,
                                           int rows, bool vector) {
     constexpr int CHUNKS = COLS / 8;
@@ -67,11 +77,11 @@ __device__ __forceinline__ void load_tile(unsigned short* tile, const unsigned s
     constexpr int STEP = THREADS % CHUNKS == 0 ? THREADS / CHUNKS : 1;
     if (WIDTH % 8 == 0 && vector && STEP % 8 == 0 && ROWS % STEP == 0) {
         const int r0 = threadIdx.x / CHUNKS, c = (threadIdx.x % CHUNKS) * 8;
-        unsigned short* dst = tile + swizzle<COLS>(r0, c);
+        unsigned short* dst = tile + tile_offset<ROWS, COLS, PANELS>(r0, c);
         const unsigned short* from = src + r0 * stride + c;
         const long long step = STEP * stride;
         #pragma unroll 1
-        for (int r = r0; r < ROWS; r += STEP, dst += STEP * COLS, from += step) {
+        for (int r = r0; r < ROWS; r += STEP, dst += STEP * (PANELS ? 64 : COLS), from += step) {
             const bool valid = r < rows && c < WIDTH;
             cp_async_16(dst, valid ? from : src, valid ? 16 : 0);
         }
@@ -82,12 +92,12 @@ __device__ __forceinline__ void load_tile(unsigned short* tile, const unsigned s
         for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
             const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
             const bool valid = r < rows && c < WIDTH;
-            cp_async_16(tile + swizzle<COLS>(r, c), valid ? src + r * stride + c : src, valid ? 16 : 0);
+            cp_async_16(tile + tile_offset<ROWS, COLS, PANELS>(r, c), valid ? src + r * stride + c : src, valid ? 16 : 0);
         }
     } else {
         for (int i = threadIdx.x; i < ROWS * COLS; i += THREADS) {
             const int r = i / COLS, c = i % COLS;
-            tile[swizzle<COLS>(r, c)] = r < rows && c < WIDTH ? src[r * stride + c] : (unsigned short)0;
+            tile[tile_offset<ROWS, COLS, PANELS>(r, c)] = r < rows && c < WIDTH ? src[r * stride + c] : (unsigned short)0;
         }
     }
 }
@@ -168,6 +178,16 @@ __device__ __forceinline__ unsigned pack2(f16, float lo, float hi) {
     unsigned r;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
+}
+
+// The A fragment of the kk-th 16-key step of P V from P's f32 accumulators:
+// the m16n8 tiles of keys 2kk and 2kk + 1, packed to 16 bits.
+template <class T, int TILES>
+__device__ __forceinline__ void pack_p(T tag, unsigned (&p)[4], const float (&s)[TILES][4], int kk) {
+    p[0] = pack2(tag, s[2 * kk][0], s[2 * kk][1]);
+    p[1] = pack2(tag, s[2 * kk][2], s[2 * kk][3]);
+    p[2] = pack2(tag, s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    p[3] = pack2(tag, s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
 // 2^x in one MUFU instruction (FlashAttention's exp2f under fast math): ~2 ulp,
