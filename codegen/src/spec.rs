@@ -375,6 +375,14 @@ impl Expr {
         self.walk(&mut |e| found |= e.kind == ExprKind::Builtin(var));
         found
     }
+
+    /// Whether the expression reads a captured tensor (a mask that does
+    /// needs a block mask to skip tiles: interval analysis can't bound it).
+    pub fn reads_tensor(&self) -> bool {
+        let mut found = false;
+        self.walk(&mut |e| found |= matches!(e.kind, ExprKind::Load(..)));
+        found
+    }
 }
 
 /// Head dimensions: QK and V may differ (e.g. 192/128).

@@ -88,7 +88,7 @@ fn main() {
                 let mut tiles = visited_tiles(&spec, &problem);
                 let timed = DeviceProblem::upload(&rt, &spec, &problem, OperandLayout::Bshd).and_then(|mut gpu| {
                     // Data-dependent masks get a block mask, built (and timed) first.
-                    if spec.mask.as_ref().is_some_and(reads_tensor) {
+                    if spec.mask.as_ref().is_some_and(flashgen::codegen::Expr::reads_tensor) {
                         let (ms, kept) = time_block_mask(&rt, &mut gpu, &spec, &problem)?;
                         tiles = kept;
                         println!("{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} block-mask build");
@@ -200,13 +200,6 @@ fn launch_overhead(rt: &Runtime, spec: &flashgen::Spec) -> Result<f64, flashgen:
     let us = start.elapsed().as_secs_f64() * 1e6 / n as f64;
     sync()?;
     Ok(us)
-}
-
-/// Whether `e` reads a captured tensor (interval analysis can't bound it).
-fn reads_tensor(e: &flashgen::codegen::Expr) -> bool {
-    let mut found = false;
-    e.walk(&mut |node| found |= matches!(node.kind, flashgen::codegen::ExprKind::Load(..)));
-    found
 }
 
 /// Median wall time of building the block mask (after one warm-up build),

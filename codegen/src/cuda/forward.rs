@@ -93,20 +93,28 @@ impl TileConfig {
     /// The configurations worth timing for `spec` on `target`, preferred
     /// first. Each covers the same query rows per CTA as the block-mask tile
     /// and a whole number of its key columns, so one block mask serves all.
+    ///
+    /// The order is what the H200 measured (bench/RESULTS.md): from head dim
+    /// 65 to 128 Hopper's wgmma with 128-key tiles, except under masks that
+    /// read tensors (document ids), where the portable kernel's two CTAs per
+    /// SM hide the block-mask and id loads that one wgmma CTA per SM exposes;
+    /// up to 64, mma.sync, with 128-key tiles for plain specs (masks and
+    /// score mods then spill).
     pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
         let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
         // Two warpgroups of 64 rows: BLOCK_M = 128, as the mask tile.
         let wgmma = |block_n| TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n };
-        let mut all = Vec::new();
-        if target.wgmma && widest(spec) <= 128 {
-            all.extend([wgmma(128), wgmma(64)]);
-        }
-        all.push(TileConfig::default_for(spec));
-        match widest(spec) {
-            0..=64 => all.extend([sync(4, 2, 128), sync(8, 1, 64)]),
-            65..=128 => all.push(sync(8, 1, 64)),
-            _ => all.push(sync(4, 1, 64)),
-        }
+        let default = TileConfig::default_for(spec);
+        let plain = spec.mask.is_none() && spec.score.is_none();
+        let tensor_mask = spec.mask.as_ref().is_some_and(Expr::reads_tensor);
+        let hopper: &[TileConfig] = if target.wgmma { &[wgmma(128), wgmma(64)] } else { &[] };
+        let all: Vec<TileConfig> = match widest(spec) {
+            0..=64 if plain => [&[sync(4, 2, 128), default, sync(8, 1, 64)], hopper].concat(),
+            0..=64 => [&[default, sync(4, 2, 128), sync(8, 1, 64)], hopper].concat(),
+            65..=128 if tensor_mask => [&[default, sync(8, 1, 64)], hopper].concat(),
+            65..=128 => [hopper, &[default, sync(8, 1, 64)]].concat(),
+            _ => vec![default, sync(4, 1, 64)],
+        };
         let mask = TileConfig::mask_tile(spec);
         debug_assert!(all.iter().all(|c| c.block_m() == mask.0 && c.block_n % mask.1 == 0));
         all
@@ -336,6 +344,9 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         \x20   load_tile<BLOCK_N, {v_cols}, DV, THREADS{panels}>(v_tiles, v_rows + (long long)j * BLOCK_N * {v_stride}, {v_stride}, {kv_len} - j * BLOCK_N, vector);\n\
         }}\n\
         cp_async_commit();\n\
+        // The tile after j, one ahead: finding it may read the block mask, and a\n\
+        // tile's compute hides that load's latency.\n\
+        int next = j < kv_tiles ? next_tile(j + 1) : kv_tiles;\n\
         \n"
     )?;
     match config.mma {
@@ -375,7 +386,6 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
             "\
             const int kv0 = j * BLOCK_N;\n\
             const bool full = tile_full(j);  // the mask keeps every pair: skip evaluating it\n\
-            const int next = next_tile(j + 1);\n\
             const unsigned k_smem = smem_addr(k_tiles + stage * K_TILE);\n\
             const unsigned v_smem = smem_addr(v_tiles + stage * V_TILE);\n\
             cp_async_wait_all();\n"
@@ -392,9 +402,12 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
             \x20   load_tile<BLOCK_N, {qk_cols}, D, THREADS{panels}>(k_tiles + (stage ^ 1) * K_TILE, k_rows + (long long)n0 * {k_stride}, {k_stride}, {kv_len} - n0, vector);\n\
             \x20   load_tile<BLOCK_N, {v_cols}, DV, THREADS{panels}>(v_tiles + (stage ^ 1) * V_TILE, v_rows + (long long)n0 * {v_stride}, {v_stride}, {kv_len} - n0, vector);\n\
             }}\n\
-            cp_async_commit();\n"
+            cp_async_commit();\n\
+            const int after = next < kv_tiles ? next_tile(next + 1) : kv_tiles;\n"
         )?;
-        write_column_terms(w, spec, &hoisted, Level::Column, "k", "kv0")?;
+        if config.mma == Mma::Sync {
+            write_column_terms(w, spec, &hoisted, Level::Column, "k", "kv0")?;
+        }
         writeln!(w)?;
         match config.mma {
             Mma::Sync => write!(
@@ -420,23 +433,29 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
             \x20   }}\n\
             }}\n"
             )?,
-            Mma::Wgmma => write!(
-                w,
-                "\
-                // S = Q K^T on this warpgroup's 64 rows x BLOCK_N keys, both operands\n\
-                // from shared memory; the first k-step overwrites S.\n\
-                float s[M_TILES][S_TILES][4];\n\
-                wgmma_fence();\n\
-                #pragma unroll\n\
-                for (int kk = 0; kk < DP / 16; ++kk) {{\n\
-                \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
-                \x20   wgmma_ss_n{block_n}(s[0], gmma_desc(q_smem + panel * BLOCK_M * 128 + step, 16, 1024),\n\
-                \x20                    gmma_desc(k_smem + panel * BLOCK_N * 128 + step, 16, 1024), kk);\n\
-                }}\n\
-                wgmma_commit();\n\
-                wgmma_wait();\n",
-                block_n = config.block_n
-            )?,
+            Mma::Wgmma => {
+                write!(
+                    w,
+                    "\
+                    // S = Q K^T on this warpgroup's 64 rows x BLOCK_N keys, both operands\n\
+                    // from shared memory; the first k-step overwrites S.\n\
+                    float s[M_TILES][S_TILES][4];\n\
+                    wgmma_fence();\n\
+                    #pragma unroll\n\
+                    for (int kk = 0; kk < DP / 16; ++kk) {{\n\
+                    \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
+                    \x20   wgmma_ss_n{block_n}(s[0], gmma_desc(q_smem + panel * BLOCK_M * 128 + step, 16, 1024),\n\
+                    \x20                    gmma_desc(k_smem + panel * BLOCK_N * 128 + step, 16, 1024), kk);\n\
+                    }}\n\
+                    wgmma_commit();\n",
+                    block_n = config.block_n
+                )?;
+                if hoisted.iter().any(|h| h.level == Level::Column) {
+                    writeln!(w, "// While the tensor cores run: the tile's per-key spec terms.")?;
+                    write_column_terms(w, spec, &hoisted, Level::Column, "k", "kv0")?;
+                }
+                writeln!(w, "wgmma_wait();")?;
+            }
         }
         write!(
             w,
@@ -531,7 +550,8 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
                 dvp = pad16(spec.head_dims.v)
             )?,
         }
-        writeln!(w, "j = next;")
+        writeln!(w, "j = next;")?;
+        writeln!(w, "next = after;")
     })?;
     write!(
         w,
