@@ -91,8 +91,8 @@ impl TileConfig {
     }
 
     /// The configurations worth timing for `spec` on `target`, preferred
-    /// first. Each covers the same query rows per CTA as the block-mask tile
-    /// and a whole number of its key columns, so one block mask serves all.
+    /// first. A block mask serves them all: a forward tile that differs from
+    /// the mask tile combines the mask tiles it overlaps (`coarse_class`).
     ///
     /// The order is what the H200 measured (bench/RESULTS.md): from head dim
     /// 65 to 128 Hopper's wgmma with 128-key tiles, except under masks that
@@ -102,12 +102,13 @@ impl TileConfig {
     /// score mods then spill).
     pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
         let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
-        // Two warpgroups of 64 rows: BLOCK_M = 128, as the mask tile.
-        let wgmma = |block_n| TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n };
+        // Warpgroups of 64 rows: two share each K/V tile; one alone leaves
+        // room for two CTAs per SM that overlap each other's softmax.
+        let wgmma = |warps, block_n| TileConfig { mma: Mma::Wgmma, warps, m_tiles: 1, block_n };
         let default = TileConfig::default_for(spec);
         let plain = spec.mask.is_none() && spec.score.is_none();
         let tensor_mask = spec.mask.as_ref().is_some_and(Expr::reads_tensor);
-        let hopper: &[TileConfig] = if target.wgmma { &[wgmma(128), wgmma(64)] } else { &[] };
+        let hopper: &[TileConfig] = if target.wgmma { &[wgmma(8, 128), wgmma(8, 64), wgmma(4, 64)] } else { &[] };
         let all: Vec<TileConfig> = match widest(spec) {
             0..=64 if plain => [&[sync(4, 2, 128), default, sync(8, 1, 64)], hopper].concat(),
             0..=64 => [&[default, sync(4, 2, 128), sync(8, 1, 64)], hopper].concat(),
@@ -115,8 +116,6 @@ impl TileConfig {
             65..=128 => [hopper, &[default, sync(8, 1, 64)]].concat(),
             _ => vec![default, sync(4, 1, 64)],
         };
-        let mask = TileConfig::mask_tile(spec);
-        debug_assert!(all.iter().all(|c| c.block_m() == mask.0 && c.block_n % mask.1 == 0));
         all
     }
 
@@ -648,7 +647,8 @@ fn write_tile_classes(
         write!(
             w,
             "\
-            // Its tiles are MASK_M x MASK_N; a K/V tile here spans several.\n\
+            // Its tiles are MASK_M x MASK_N, not this kernel's: combine the ones\n\
+            // a tile overlaps.\n\
             constexpr int MASK_M = {mask_m}, MASK_N = {mask_n};\n\
             const unsigned char* mask_slice = block_mask == nullptr ? nullptr\n\
             \x20   : block_mask + b * block_mask_batch_stride + h * block_mask_head_stride;\n\
