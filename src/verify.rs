@@ -6,13 +6,14 @@
 //! check), and judges the result with FlashAttention's rule against the f64
 //! reference.
 
+use crate::codegen::cuda::TileConfig;
 use crate::codegen::reference::{self, FlashCheck, ParamValue, Precision, Problem, TensorData};
 use crate::codegen::{Dtype, ElemTy, Shape, Spec};
-use crate::cudarc::driver::sys::CUevent_flags;
 use crate::cudarc::driver::{CudaSlice, CudaStream, DriverError};
 use crate::half::{bf16, f16};
 use crate::runtime::{
-    ArgValue, BackwardIo, BackwardOptions, BlockMask, Element, Error, ForwardIo, ForwardOptions, Layout, Runtime,
+    median_ms, ArgValue, BackwardIo, BackwardOptions, BlockMask, Element, Error, ForwardIo, ForwardOptions, Layout,
+    Runtime, TuneReport,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -118,6 +119,7 @@ pub struct DeviceProblem {
     layouts: [Layout; 4],
     stream: Arc<CudaStream>,
     block_mask: Option<BlockMask>,
+    config: Option<TileConfig>,
 }
 
 enum Operands {
@@ -217,6 +219,31 @@ fn for_each_offset(layout: &Layout, mut f: impl FnMut(usize, usize)) {
     }
 }
 
+/// Evaluates `$call` with this problem's forward operands as `$io` (whichever
+/// element type they hold), its params and tensors as `$args` and its
+/// options as `$opts`.
+macro_rules! forward_io {
+    ($me:ident, $problem:ident, |$io:ident, $args:ident, $opts:ident| $call:expr) => {{
+        let $args = launch_args(&$me.tensors, $problem);
+        let $opts = ForwardOptions {
+            scale: Some($problem.scale as f32),
+            block_mask: $me.block_mask.as_ref(),
+            config: $me.config,
+        };
+        let [lq, lk, lv, lo] = $me.layouts;
+        match &mut $me.operands {
+            Operands::F16([q, k, v, o]) => {
+                let $io = ForwardIo { q: (q, lq), k: (k, lk), v: (v, lv), o: (o, lo), lse: Some(&mut $me.lse) };
+                $call
+            }
+            Operands::Bf16([q, k, v, o]) => {
+                let $io = ForwardIo { q: (q, lq), k: (k, lk), v: (v, lv), o: (o, lo), lse: Some(&mut $me.lse) };
+                $call
+            }
+        }
+    }};
+}
+
 impl DeviceProblem {
     /// Uploads `problem` in `layout`, with O and LSE poisoned.
     pub fn upload(rt: &Runtime, spec: &Spec, problem: &Problem, layout: OperandLayout) -> Result<Self, Error> {
@@ -271,7 +298,13 @@ impl DeviceProblem {
                 })
             })
             .collect::<Result<_, Error>>()?;
-        Ok(DeviceProblem { operands, lse, tensors, layouts, stream, block_mask: None })
+        Ok(DeviceProblem { operands, lse, tensors, layouts, stream, block_mask: None, config: None })
+    }
+
+    /// Later launches use tile configuration `config` (one of the spec's
+    /// candidates), or with `None` the runtime's own choice.
+    pub fn pin_config(&mut self, config: Option<TileConfig>) {
+        self.config = config;
     }
 
     /// Builds the spec's block mask for this problem; later launches use it.
@@ -282,19 +315,13 @@ impl DeviceProblem {
 
     /// Enqueues one forward launch (asynchronous).
     pub fn launch(&mut self, rt: &Runtime, spec: &Spec, problem: &Problem) -> Result<(), Error> {
-        let args = launch_args(&self.tensors, problem);
-        let opts = ForwardOptions { scale: Some(problem.scale as f32), block_mask: self.block_mask.as_ref() };
-        let [lq, lk, lv, lo] = self.layouts;
-        match &mut self.operands {
-            Operands::F16([q, k, v, o]) => {
-                let io = ForwardIo { q: (q, lq), k: (k, lk), v: (v, lv), o: (o, lo), lse: Some(&mut self.lse) };
-                rt.forward(spec, io, &args, &opts)
-            }
-            Operands::Bf16([q, k, v, o]) => {
-                let io = ForwardIo { q: (q, lq), k: (k, lk), v: (v, lv), o: (o, lo), lse: Some(&mut self.lse) };
-                rt.forward(spec, io, &args, &opts)
-            }
-        }
+        forward_io!(self, problem, |io, args, opts| rt.forward(spec, io, &args, &opts))
+    }
+
+    /// Autotunes the forward on this problem ([`Runtime::autotune`]): O and
+    /// LSE then hold a forward's result.
+    pub fn autotune(&mut self, rt: &Runtime, spec: &Spec, problem: &Problem) -> Result<TuneReport, Error> {
+        forward_io!(self, problem, |io, args, opts| rt.autotune(spec, io, &args, &opts))
     }
 
     /// Waits for the stream and reads O and LSE back.
@@ -333,22 +360,11 @@ impl DeviceProblem {
         iters: usize,
         mut then: impl FnMut(&Self) -> Result<(), Error>,
     ) -> Result<f64, Error> {
-        for _ in 0..warmup {
+        let stream = self.stream.clone();
+        median_ms(&stream, warmup, iters, || {
             self.launch(rt, spec, problem)?;
-            then(self)?;
-        }
-        let err = driver("time with CUDA events");
-        let mut times = Vec::with_capacity(iters);
-        for _ in 0..iters.max(1) {
-            let start = self.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(err)?;
-            self.launch(rt, spec, problem)?;
-            then(self)?;
-            let end = self.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(err)?;
-            end.synchronize().map_err(err)?;
-            times.push(start.elapsed_ms(&end).map_err(err)? as f64);
-        }
-        times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
+            then(self)
+        })
     }
 }
 
@@ -551,18 +567,39 @@ impl Report {
 /// Judges `gpu` against the f64 reference with FlashAttention's rule, for O
 /// and for the log-sum-exp.
 pub fn check(spec: &Spec, problem: &Problem, gpu: &GpuOutput) -> Result<Report, reference::ReferenceError> {
-    let golden = reference::forward(spec, problem, Precision::F64)?;
-    let same = reference::forward(spec, problem, Precision::SameDtype(spec.dtype))?;
-    let f = reference::FORWARD_FACTOR;
-    Ok(Report {
-        output: reference::flash_rule(&gpu.o, &same.o, &golden.o, f),
-        lse: reference::flash_rule(
-            &finite(&gpu.lse, &golden.lse),
-            &finite(&same.lse, &golden.lse),
-            &finite(&golden.lse, &golden.lse),
-            f,
-        ),
-    })
+    Ok(Expected::new(spec, problem)?.check(gpu))
+}
+
+/// The references one problem's GPU results are judged against (the f64
+/// forward and its same-dtype emulation), computed once for any number of
+/// runs, e.g. one per tile configuration.
+pub struct Expected {
+    golden: reference::Output,
+    same: reference::Output,
+}
+
+impl Expected {
+    pub fn new(spec: &Spec, problem: &Problem) -> Result<Expected, reference::ReferenceError> {
+        Ok(Expected {
+            golden: reference::forward(spec, problem, Precision::F64)?,
+            same: reference::forward(spec, problem, Precision::SameDtype(spec.dtype))?,
+        })
+    }
+
+    /// Judges `gpu` as [`check`] does.
+    pub fn check(&self, gpu: &GpuOutput) -> Report {
+        let Expected { golden, same } = self;
+        let f = reference::FORWARD_FACTOR;
+        Report {
+            output: reference::flash_rule(&gpu.o, &same.o, &golden.o, f),
+            lse: reference::flash_rule(
+                &finite(&gpu.lse, &golden.lse),
+                &finite(&same.lse, &golden.lse),
+                &finite(&golden.lse, &golden.lse),
+                f,
+            ),
+        }
+    }
 }
 
 /// The verdict on one backward run: dQ, dK, dV and each tensor gradient.

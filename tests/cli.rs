@@ -1,5 +1,6 @@
 //! The `flashgen` command line, end to end, without a GPU: emit, NVRTC
-//! check, readable spec errors, precompile into a cache and inspect it.
+//! check, readable spec errors, precompile into a cache and inspect it
+//! (kernels and tuning records).
 //! (`run` needs a GPU; here it must fail with a typed message, not a panic.)
 
 use std::path::{Path, PathBuf};
@@ -84,4 +85,20 @@ fn run_reports_bad_arguments_and_missing_gpus_as_errors() {
     let out = flashgen(&["run", &spec("causal"), "--heads", "8/3", "--seq", "64"], &dir);
     assert!(!text(&out).contains("panicked"), "{}", text(&out));
     assert_ne!(out.status.code(), Some(0), "8 query heads cannot share 3 K/V heads: {}", text(&out));
+}
+
+#[test]
+fn cache_commands_count_list_and_clear_tuning_records() {
+    let cache = scratch("tuning");
+    std::fs::create_dir_all(cache.join("tuning")).unwrap();
+    std::fs::write(cache.join("tuning").join("0123abcd.txt"), "flashgen-tuning 1\nend\n").unwrap();
+    let out = flashgen(&["cache", "stats"], &cache);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("entries: 0\n"), "{}", text(&out));
+    assert!(text(&out).contains("tuning:  1 records"), "{}", text(&out));
+    let out = flashgen(&["cache", "list"], &cache);
+    assert!(text(&out).contains("tuning/0123abcd.txt"), "{}", text(&out));
+    let out = flashgen(&["cache", "clear"], &cache);
+    assert!(text(&out).contains("removed 0 kernels and 1 tuning records"), "{}", text(&out));
+    assert!(!cache.join("tuning").join("0123abcd.txt").exists());
 }

@@ -10,69 +10,25 @@ mod support;
 use flashgen::codegen::reference::ParamValue;
 use flashgen::codegen::{Builtin, Dtype, Shape, Spec};
 use flashgen::examples::SPECS;
-use flashgen::verify::{self, DeviceProblem, OperandLayout};
+use flashgen::verify::{self, DeviceProblem, Expected, OperandLayout};
 use flashgen::{Error, Runtime};
+use support::forward::{run_once, Case, Table};
 use support::{params, runtime, spec, with};
 
 const SEQLEN_PAIRS: [(usize, usize); 3] = [(113, 203), (128, 217), (1024, 1023)];
 
-struct Case {
-    batch: usize,
-    heads: (usize, usize),
-    seqs: (usize, usize),
-    layout: OperandLayout,
-}
-
-impl Case {
-    fn new(heads: (usize, usize), seqs: (usize, usize)) -> Self {
-        Case { batch: 2, heads, seqs, layout: OperandLayout::Bshd }
-    }
-}
-
 /// Runs every (spec, case) pair, prints a table and fails if any row failed.
 fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
-    let mut failures = Vec::new();
+    let mut table = Table::default();
     for (spec, case) in cases {
-        let shape = Shape {
-            batch: case.batch,
-            heads: case.heads.0,
-            heads_kv: case.heads.1,
-            q_len: case.seqs.0,
-            kv_len: case.seqs.1,
-        };
         let seed: u64 = rand::random();
-        let problem = verify::random_problem(&spec, shape, params(&spec), vec![], None, seed);
-        let row = format!(
-            "{:<18} {:<4} d={:>3}/{:<3} h={:>2}/{:<2} s={:>4}/{:<4} {:<7} seed={seed}",
-            spec.name,
-            spec.dtype.name(),
-            spec.head_dims.qk,
-            spec.head_dims.v,
-            case.heads.0,
-            case.heads.1,
-            case.seqs.0,
-            case.seqs.1,
-            format!("{:?}", case.layout),
-        );
-        let outcome = DeviceProblem::upload(rt, &spec, &problem, case.layout)
-            .and_then(|mut gpu| gpu.launch(rt, &spec, &problem).and_then(|()| gpu.download()))
-            .map_err(|e| e.to_string())
-            .and_then(|out| verify::check(&spec, &problem, &out).map_err(|e| e.to_string()));
-        match outcome {
-            Ok(report) if report.passed() => {
-                println!("ok     {row}  err {:.2e} ≤ {:.2e}", report.output.error, report.output.tolerance)
-            }
-            Ok(report) => {
-                println!("FAILED {row}  O: {}  LSE: {}", report.output, report.lse);
-                failures.push(row);
-            }
-            Err(e) => {
-                println!("ERROR  {row}  {e}");
-                failures.push(row);
-            }
-        }
+        let problem = verify::random_problem(&spec, case.shape(), params(&spec), vec![], None, seed);
+        let outcome = Expected::new(&spec, &problem).map_err(|e| e.to_string()).and_then(|expected| {
+            run_once(rt, &spec, &problem, case.layout, None, false, &expected).map_err(|e| e.to_string())
+        });
+        table.record(case.row(&spec, seed), outcome);
     }
-    assert!(failures.is_empty(), "{} case(s) failed:\n{}", failures.len(), failures.join("\n"));
+    table.finish();
 }
 
 #[test]

@@ -52,6 +52,13 @@ fn typed_launch(rt: &Runtime, io: ForwardIo<'_, bf16>, slopes: &CudaSlice<f32>) 
     SlidingAlibi::forward(rt, io, &SlidingAlibiArgs { window: 256, slopes }, &Default::default())
 }
 
+/// Autotuning takes the same typed args and buffers as `forward`.
+#[allow(dead_code)]
+fn typed_autotune(rt: &Runtime, io: ForwardIo<'_, bf16>, slopes: &CudaSlice<f32>) -> Result<String, Error> {
+    let report = SlidingAlibi::autotune(rt, io, &SlidingAlibiArgs { window: 256, slopes }, &Default::default())?;
+    Ok(report.to_string())
+}
+
 #[allow(dead_code)]
 fn typed_launch_without_args(rt: &Runtime, io: ForwardIo<'_, flashgen::half::f16>) -> Result<(), Error> {
     Plain::forward(rt, io, &PlainArgs, &Default::default())

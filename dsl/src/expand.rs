@@ -117,6 +117,19 @@ pub fn spec_items(spec: &Spec) -> TokenStream {
                 rt.forward(Self::spec(), io, &[#(#values),*], opts)
             }
 
+            /// Times every tile configuration of the forward on these operands
+            /// and remembers the fastest for their shape class (see
+            /// [`::flashgen::Runtime::autotune`]). A forward pass: writes O and the LSE.
+            pub fn autotune(
+                rt: &::flashgen::Runtime,
+                io: ::flashgen::ForwardIo<'_, #elem>,
+                args: &#args_ty,
+                opts: &::flashgen::ForwardOptions<'_>,
+            ) -> ::std::result::Result<::flashgen::TuneReport, ::flashgen::Error> {
+                #unused
+                rt.autotune(Self::spec(), io, &[#(#values),*], opts)
+            }
+
             /// Launches the backward pass on `rt`'s stream: dQ, dK, dV and the
             /// requested tensor gradients from the forward's O and LSE, with the
             /// same checks as [`Self::forward`] plus the gradient operands'.

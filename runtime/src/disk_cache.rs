@@ -10,6 +10,10 @@
 //! evicting the least recently used entries; hits touch their file's mtime.
 //! Cache I/O never fails a launch: the kernel is compiled as if there were no
 //! cache, with one warning on stderr per process.
+//!
+//! Autotuning's remembered choices live next to the kernels, in the
+//! `tuning/` subdirectory (see `crate::tuning`): small text files outside
+//! the size cap, removed by [`DiskCache::clear`] with the kernels.
 
 use crate::nvrtc::{compile_cubin, nvrtc_version, options};
 use crate::runtime::{KernelSet, Which};
@@ -41,6 +45,8 @@ const FORMAT_VERSION: u32 = 1;
 const HEADER_LEN: usize = 8 + 4 + 16 + 8 + 16;
 const EXTENSION: &str = "cubin";
 const TEMP_EXTENSION: &str = "tmp";
+/// Tuning records: `tuning/<key>.txt`.
+pub(crate) const TUNING_EXTENSION: &str = "txt";
 /// Temp files this old were left by a crashed writer.
 const STALE_TEMP: Duration = Duration::from_secs(3600);
 
@@ -48,20 +54,27 @@ const STALE_TEMP: Duration = Duration::from_secs(3600);
 /// across processes and Rust versions, which a key stored on disk needs. 128
 /// bits make an accidental collision (loading the wrong kernel) negligible.
 #[derive(Clone, Copy)]
-struct Fnv1a(u128);
+pub(crate) struct Fnv1a(pub(crate) u128);
 
 impl Fnv1a {
     const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
     const PRIME: u128 = 0x0000000001000000000000000000013b;
 
-    fn new() -> Fnv1a {
+    pub(crate) fn new() -> Fnv1a {
         Fnv1a(Self::OFFSET)
     }
 
-    fn write(&mut self, bytes: &[u8]) {
+    pub(crate) fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
             self.0 = (self.0 ^ u128::from(b)).wrapping_mul(Self::PRIME);
         }
+    }
+
+    /// Writes `bytes` length-prefixed, so that no two different lists of
+    /// fields hash the same bytes.
+    pub(crate) fn field(&mut self, bytes: &[u8]) {
+        self.write(&(bytes.len() as u64).to_le_bytes());
+        self.write(bytes);
     }
 
     fn of(bytes: &[u8]) -> u128 {
@@ -85,11 +98,9 @@ impl EntryKey {
 
     fn from_parts(source: &str, options: &[String], nvrtc: (i32, i32), arch: Arch, codegen: u32) -> EntryKey {
         let mut h = Fnv1a::new();
-        // Length-prefixed fields, so no two different inputs hash the same bytes.
         let fields = [source, &options.join("\0"), &format!("{}.{}", nvrtc.0, nvrtc.1), &arch.to_string()];
         for field in fields {
-            h.write(&(field.len() as u64).to_le_bytes());
-            h.write(field.as_bytes());
+            h.field(field.as_bytes());
         }
         h.write(&codegen.to_le_bytes());
         EntryKey(h.0)
@@ -117,6 +128,15 @@ pub struct Entry {
     pub bytes: u64,
     /// Last written or hit.
     pub modified: SystemTime,
+}
+
+/// What [`DiskCache::clear`] removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cleared {
+    /// Cached CUBINs.
+    pub kernels: usize,
+    /// Autotuning records.
+    pub tunings: usize,
 }
 
 /// What [`precompile`] did.
@@ -181,18 +201,30 @@ impl DiskCache {
         self.max_bytes
     }
 
-    /// The cached CUBINs, in no particular order.
-    pub fn entries(&self) -> io::Result<Vec<Entry>> {
-        self.scan(|_, _| {})
+    /// Where autotuning remembers its choices: `tuning/` in the cache directory.
+    pub fn tuning_dir(&self) -> PathBuf {
+        self.dir.join("tuning")
     }
 
-    /// Removes every entry and, best effort, temp files; returns how many entries.
-    pub fn clear(&self) -> io::Result<usize> {
-        let entries = self.scan(|temp, _| {
+    /// The cached CUBINs, in no particular order.
+    pub fn entries(&self) -> io::Result<Vec<Entry>> {
+        scan(&self.dir, EXTENSION, |_, _| {})
+    }
+
+    /// The autotuning records (text files), in no particular order.
+    pub fn tunings(&self) -> io::Result<Vec<Entry>> {
+        scan(&self.tuning_dir(), TUNING_EXTENSION, |_, _| {})
+    }
+
+    /// Removes every entry and tuning record and, best effort, temp files.
+    pub fn clear(&self) -> io::Result<Cleared> {
+        let remove_temp = |temp: &Path, _| {
             let _ = fs::remove_file(temp);
-        })?;
-        entries.iter().try_for_each(|e| remove(&e.path))?;
-        Ok(entries.len())
+        };
+        let entries = scan(&self.dir, EXTENSION, remove_temp)?;
+        let tunings = scan(&self.tuning_dir(), TUNING_EXTENSION, remove_temp)?;
+        entries.iter().chain(&tunings).try_for_each(|e| remove(&e.path))?;
+        Ok(Cleared { kernels: entries.len(), tunings: tunings.len() })
     }
 
     /// Compiles the kernels `set` names of `specs` for every arch into this
@@ -292,20 +324,10 @@ impl DiskCache {
         Some(bytes)
     }
 
-    /// Stores `cubin` atomically (temp file + rename), then evicts down to the cap.
+    /// Stores `cubin` atomically, then evicts down to the cap.
     fn put(&self, key: EntryKey, cubin: &[u8]) -> io::Result<()> {
-        // Unique per process and call: concurrent writers never share a temp file.
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        fs::create_dir_all(&self.dir)?;
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let temp = self.dir.join(format!(".{key}.{}.{n}.{TEMP_EXTENSION}", std::process::id()));
         // No fsync: an entry torn by a power loss fails validation and is recompiled.
-        let written = fs::write(&temp, [header(key, cubin).as_slice(), cubin].concat())
-            .and_then(|()| fs::rename(&temp, self.path(key)));
-        if written.is_err() {
-            let _ = fs::remove_file(&temp);
-        }
-        written?;
+        write_atomic(&self.path(key), &[header(key, cubin).as_slice(), cubin].concat())?;
         self.evict(&self.path(key))
     }
 
@@ -313,7 +335,7 @@ impl DiskCache {
     /// never `keep` (the entry just stored), and stale temp files.
     fn evict(&self, keep: &Path) -> io::Result<()> {
         let now = SystemTime::now();
-        let mut entries = self.scan(|temp, modified| {
+        let mut entries = scan(&self.dir, EXTENSION, |temp, modified| {
             // Younger ones may be another writer's entry in flight.
             if now.duration_since(modified).is_ok_and(|age| age > STALE_TEMP) {
                 let _ = fs::remove_file(temp);
@@ -330,31 +352,49 @@ impl DiskCache {
         }
         Ok(())
     }
+}
 
-    /// The entries of the directory (none if it does not exist); temp files
-    /// go to `on_temp` with their modification time.
-    fn scan(&self, mut on_temp: impl FnMut(&Path, SystemTime)) -> io::Result<Vec<Entry>> {
-        let dir = match fs::read_dir(&self.dir) {
-            Ok(dir) => dir,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e),
-        };
-        let mut entries = Vec::new();
-        for item in dir {
-            let item = item?;
-            let path = item.path();
-            // Vanished since listed: another process evicted or cleared it.
-            let Ok(meta) = item.metadata() else { continue };
-            let (Some(ext), true) = (path.extension(), meta.is_file()) else { continue };
-            let modified = meta.modified()?;
-            if ext == EXTENSION {
-                entries.push(Entry { path, bytes: meta.len(), modified });
-            } else if ext == TEMP_EXTENSION {
-                on_temp(&path, modified);
-            }
+/// The files of `dir` named `*.{extension}` (none if `dir` does not exist);
+/// temp files go to `on_temp` with their modification time.
+fn scan(dir: &Path, extension: &str, mut on_temp: impl FnMut(&Path, SystemTime)) -> io::Result<Vec<Entry>> {
+    let listing = match fs::read_dir(dir) {
+        Ok(listing) => listing,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut entries = Vec::new();
+    for item in listing {
+        let item = item?;
+        let path = item.path();
+        // Vanished since listed: another process evicted or cleared it.
+        let Ok(meta) = item.metadata() else { continue };
+        let (Some(ext), true) = (path.extension(), meta.is_file()) else { continue };
+        let modified = meta.modified()?;
+        if ext == extension {
+            entries.push(Entry { path, bytes: meta.len(), modified });
+        } else if ext == TEMP_EXTENSION {
+            on_temp(&path, modified);
         }
-        Ok(entries)
     }
+    Ok(entries)
+}
+
+/// Writes `bytes` to `path` through a temp file and a rename (creating the
+/// directory), so readers see the whole file or none.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    // Unique per process and call: concurrent writers never share a temp file.
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a file path"));
+    };
+    fs::create_dir_all(dir)?;
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let temp = dir.join(format!(".{}.{}.{n}.{TEMP_EXTENSION}", name.to_string_lossy(), std::process::id()));
+    let written = fs::write(&temp, bytes).and_then(|()| fs::rename(&temp, path));
+    if written.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    written
 }
 
 /// Compiles the kernels `set` names of `specs` for `archs` into the cache the environment
@@ -393,7 +433,7 @@ fn header(key: EntryKey, payload: &[u8]) -> Vec<u8> {
 }
 
 /// Removes a file another process may have removed first.
-fn remove(path: &Path) -> io::Result<()> {
+pub(crate) fn remove(path: &Path) -> io::Result<()> {
     match fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
@@ -471,7 +511,7 @@ mod tests {
         assert_eq!(entries.len(), 1);
         assert_eq!(entries[0].bytes, (HEADER_LEN + 10) as u64);
         assert!(fs::read(&entries[0].path).unwrap().starts_with(MAGIC));
-        assert_eq!(cache.clear().unwrap(), 1);
+        assert_eq!(cache.clear().unwrap(), Cleared { kernels: 1, tunings: 0 });
         assert_eq!(cache.get(key(1)), None);
     }
 
@@ -543,7 +583,7 @@ mod tests {
         fs::File::options().write(true).open(&stale).unwrap().set_modified(old).unwrap();
         cache.put(key(2), b"y").unwrap();
         assert!(fresh.exists() && !stale.exists());
-        assert_eq!(cache.clear().unwrap(), 2);
+        assert_eq!(cache.clear().unwrap().kernels, 2);
         assert!(!fresh.exists());
     }
 

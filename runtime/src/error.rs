@@ -165,6 +165,18 @@ pub enum Error {
         declared: usize,
         got: usize,
     },
+    /// A launch asked for a tile configuration that is not one of the
+    /// spec's candidates on this GPU (`TileConfig::candidates`).
+    NotACandidate {
+        config: String,
+        spec: String,
+        arch: Arch,
+    },
+    /// Autotuning could run no candidate: each one's name and error.
+    Tuning {
+        spec: String,
+        failures: Vec<(String, Error)>,
+    },
 }
 
 impl fmt::Display for Error {
@@ -251,6 +263,13 @@ impl fmt::Display for Error {
             }
             Error::BlockMaskMismatch { what } => {
                 write!(f, "the block mask was built for a different {what} than this launch; rebuild it")
+            }
+            Error::NotACandidate { config, spec, arch } => {
+                write!(f, "tile configuration {config} is not a candidate of spec `{spec}` on {arch}")
+            }
+            Error::Tuning { spec, failures } => {
+                write!(f, "autotuning `{spec}`: every tile configuration failed")?;
+                failures.iter().try_for_each(|(config, e)| write!(f, "\n{config}: {e}"))
             }
         }
     }

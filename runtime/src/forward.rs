@@ -4,9 +4,11 @@ use crate::args::ArgInfo;
 use crate::block_mask::{BlockMask, BuiltFor};
 use crate::check::{check_forward, Buffer, Problem};
 use crate::marshal::{launch, launch_config, marshal, Bindings};
+use crate::runtime::Which;
 use crate::{ArgValue, Element, Error, Layout, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::Spec;
+use flashgen_codegen::cuda::TileConfig;
+use flashgen_codegen::{to_source, Shape, Spec};
 
 /// The operands of one forward pass. O and the optional row log-sum-exp
 /// (`f32[batch, heads, q_len]`, contiguous) are written.
@@ -27,12 +29,21 @@ pub struct ForwardOptions<'a> {
     /// masks. Without one, only tiles the mask's interval analysis decides
     /// are skipped.
     pub block_mask: Option<&'a BlockMask>,
+    /// Launch in this tile configuration, which must be one of
+    /// [`TileConfig::candidates`] for [`Runtime::target`]. `None`: the
+    /// choice autotuning remembered for the launch's shape class, else
+    /// [`TileConfig::preferred`] (see [`Runtime::autotune`]).
+    pub config: Option<TileConfig>,
 }
 
 impl Runtime {
     /// Checks every size, stride, buffer length and argument against `spec`,
     /// then queues the kernel on [`Runtime::stream`] without waiting for it.
     /// A launch with no batch or no queries returns at once.
+    ///
+    /// With autotuning on forward launches ([`Runtime::with_autotune`],
+    /// `FLASHGEN_AUTOTUNE=1`), a launch whose shape class has no choice yet
+    /// first runs [`Runtime::autotune`] on these buffers, which waits for the GPU.
     pub fn forward<T: Element>(
         &self,
         spec: &Spec,
@@ -40,38 +51,71 @@ impl Runtime {
         args: &[ArgValue<'_>],
         opts: &ForwardOptions<'_>,
     ) -> Result<(), Error> {
-        let ForwardIo { q: (q, q_layout), k: (k, k_layout), v: (v, v_layout), o: (o, o_layout), lse } = io;
+        let Some(mut launch) = ForwardLaunch::check(spec, io, args)? else {
+            return Ok(());
+        };
+        let config = match opts.config {
+            Some(config) => self.candidate(spec, config)?,
+            None => self.config_for(&mut launch, opts)?,
+        };
+        launch.run(self, config, opts)
+    }
+}
+
+/// A forward launch whose operands passed the checks, ready to queue in any
+/// tile configuration as often as needed (autotuning times each candidate on it).
+pub(crate) struct ForwardLaunch<'a, 'r, T> {
+    pub spec: &'r Spec,
+    /// The spec's canonical source, computed once per launch.
+    pub spec_source: String,
+    pub shape: Shape,
+    io: ForwardIo<'a, T>,
+    args: &'r [ArgValue<'r>],
+    infos: Vec<ArgInfo>,
+}
+
+impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
+    /// Checks every size, stride, buffer length and argument against `spec`;
+    /// `None` for a launch with no batch or no queries.
+    pub fn check(spec: &'r Spec, io: ForwardIo<'a, T>, args: &'r [ArgValue<'r>]) -> Result<Option<Self>, Error> {
         let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
         let buffer = |layout, len| Buffer { layout, len };
         let problem = Problem {
             dtype: T::DTYPE,
-            q: buffer(q_layout, q.len()),
-            k: buffer(k_layout, k.len()),
-            v: buffer(v_layout, v.len()),
-            o: buffer(o_layout, o.len()),
-            lse: lse.as_ref().map(|l| l.len()),
+            q: buffer(io.q.1, io.q.0.len()),
+            k: buffer(io.k.1, io.k.0.len()),
+            v: buffer(io.v.1, io.v.0.len()),
+            o: buffer(io.o.1, io.o.0.len()),
+            lse: io.lse.as_ref().map(|l| l.len()),
         };
         let Some(shape) = check_forward(spec, &problem, &infos)? else {
-            return Ok(());
+            return Ok(None);
         };
-        let loaded = self.load(spec)?;
+        Ok(Some(ForwardLaunch { spec, spec_source: to_source(spec), shape, io, args, infos }))
+    }
+
+    /// Queues the kernel in `config` without waiting for it.
+    pub fn run(&mut self, rt: &Runtime, config: TileConfig, opts: &ForwardOptions<'_>) -> Result<(), Error> {
+        let (spec, shape, infos) = (self.spec, self.shape, &self.infos);
+        let loaded = rt.load_keyed(spec, &self.spec_source, Which::Forward(config))?;
         let kernel = loaded.kernel();
-        let config = launch_config(kernel, &shape, 1)?;
+        let grid = launch_config(kernel, &shape, 1)?;
+        let ForwardIo { q: (q, q_layout), k: (k, k_layout), v: (v, v_layout), o: (o, o_layout), lse } = &mut self.io;
 
         // The guards order the launch after pending work on each buffer and
         // record it for later work; they must live until after the launch.
-        let stream = self.stream().as_ref();
+        let stream = rt.stream().as_ref();
         let (q_ptr, _q) = q.device_ptr(stream);
         let (k_ptr, _k) = k.device_ptr(stream);
         let (v_ptr, _v) = v.device_ptr(stream);
         let (o_ptr, _o) = o.device_ptr_mut(stream);
-        let lse = lse.map(|l| l.device_ptr_mut(stream));
+        let lse = lse.as_mut().map(|l| l.device_ptr_mut(stream));
         // The checks put params first, so the tensors are exactly the
         // arguments with device pointers, in declaration order.
-        let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(stream)).collect();
+        let tensors: Vec<_> = self.args.iter().filter_map(|a| a.device_ptr(stream)).collect();
         let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
         if let Some(mask) = opts.block_mask {
-            check_block_mask(&mask.built_for, &BuiltFor::new(spec, &loaded, shape, &infos, &tensor_ptrs))?;
+            check_block_mask(&mask.built_for, &BuiltFor::new(spec, &loaded, shape, infos, &tensor_ptrs))?;
         }
         let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(stream), m.strides));
         let values = marshal(
@@ -82,7 +126,7 @@ impl Runtime {
                 strides: [q_layout.strides, k_layout.strides, v_layout.strides, o_layout.strides],
                 lse: lse.as_ref().map_or(0, |(ptr, _)| *ptr),
                 scale: opts.scale.unwrap_or((1.0 / f64::from(spec.head_dims.qk).sqrt()) as f32),
-                args: &infos,
+                args: infos,
                 tensors: &tensor_ptrs,
                 block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
                 block_mask_out: 0,
@@ -92,13 +136,14 @@ impl Runtime {
 
         let launching = |e| Error::driver(format!("launching `{}`", kernel.name), e);
         // Stream waits queued by the guards report failures here, not above.
-        self.context().check_err().map_err(launching)?;
+        rt.context().check_err().map_err(launching)?;
         // SAFETY: `marshal` followed the kernel's own argument list, so the
         // values match its parameters in order and type, and `check_forward`
         // proved every element they let the kernel address is inside the
         // buffer it belongs to; a block mask was built for this very shape
-        // and tile size, so it holds a byte for every tile the grid reads.
-        unsafe { launch(stream, loaded.function(), &values, config) }.map_err(launching)?;
+        // and the mask tile every candidate configuration reads, so it holds
+        // a byte for every tile the grid reads.
+        unsafe { launch(stream, loaded.function(), &values, grid) }.map_err(launching)?;
         Ok(())
     }
 }

@@ -12,6 +12,14 @@
 //! `$HOME/.cache/flashgen`; `FLASHGEN_CACHE=off` disables it), so a variant
 //! compiles once per machine; [`precompile`] fills it ahead of time without a GPU.
 //!
+//! The forward kernel comes in a few tile configurations per spec and GPU
+//! (`TileConfig::candidates`). A launch uses the one [`Runtime::autotune`]
+//! found fastest for its [`ShapeClass`] — remembered in memory and in the
+//! disk cache's `tuning/` records, so later processes reuse it — else the
+//! documented default, `TileConfig::preferred`. With
+//! `FLASHGEN_AUTOTUNE=1` ([`AUTOTUNE_ENV`], or [`Runtime::with_autotune`]) the
+//! first launch of an untuned class tunes on its own buffers.
+//!
 //! ```no_run
 //! use flashgen_runtime::{half::bf16, ForwardIo, Layout, Runtime};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -29,6 +37,7 @@
 
 mod arch;
 mod args;
+mod autotune;
 mod backward;
 mod block_mask;
 mod check;
@@ -41,13 +50,16 @@ mod marshal;
 mod nvrtc;
 mod runtime;
 mod single_flight;
+mod timing;
+mod tuning;
 
 pub use arch::Arch;
 pub use args::ArgValue;
+pub use autotune::TuneReport;
 pub use backward::{BackwardIo, BackwardOptions};
 pub use block_mask::BlockMask;
 pub use disk_cache::{
-    precompile, DiskCache, Entry, EntryKey, PrecompileReport, CACHE_DIR_ENV, CACHE_ENV, CACHE_MAX_BYTES_ENV,
+    precompile, Cleared, DiskCache, Entry, EntryKey, PrecompileReport, CACHE_DIR_ENV, CACHE_ENV, CACHE_MAX_BYTES_ENV,
     DEFAULT_MAX_BYTES,
 };
 pub use element::Element;
@@ -56,4 +68,6 @@ pub use forward::{ForwardIo, ForwardOptions};
 pub use layout::Layout;
 pub use nvrtc::{compile_count, compile_cubin, nvrtc_version, DUMP_ENV};
 pub use runtime::{CacheStats, KernelSet, LoadedKernel, Runtime};
+pub use timing::median_ms;
+pub use tuning::{config_name, ShapeClass, AUTOTUNE_ENV};
 pub use {cudarc, half};

@@ -4,9 +4,11 @@
 //! compiled with NVRTC (and stored on disk), once per key however many
 //! threads ask for it at the same time.
 
+use crate::autotune::Choices;
 use crate::disk_cache::{load_or_compile, DiskCache};
 use crate::nvrtc::ensure_nvrtc;
 use crate::single_flight::SingleFlight;
+use crate::tuning::{autotune_from, AUTOTUNE_ENV};
 use crate::{Arch, Error};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
@@ -25,8 +27,13 @@ pub struct Runtime {
     stream: Arc<CudaStream>,
     arch: Arch,
     device_name: String,
+    sm_count: u32,
     kernels: SingleFlight<CacheKey, Arc<LoadedKernel>>,
-    disk: Option<DiskCache>,
+    pub(crate) disk: Option<DiskCache>,
+    /// Tile configurations per spec and shape class (see `crate::autotune`).
+    pub(crate) choices: Choices,
+    /// Whether a forward launch of an untuned shape class tunes first.
+    pub(crate) autotune_forward: bool,
     memory_hits: AtomicU64,
     disk_hits: AtomicU64,
     compiles: AtomicU64,
@@ -139,6 +146,9 @@ impl Runtime {
             ctx.compute_capability().map_err(|e| Error::driver(on_device("reading the compute capability"), e))?;
         let arch = Arch::new(major as u32, minor as u32);
         let device_name = ctx.name().map_err(|e| Error::driver(on_device("reading the name"), e))?;
+        let sm_count = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| Error::driver(on_device("reading the SM count"), e))?;
         if arch < Arch::MIN {
             return Err(Error::UnsupportedArch { arch, device: device_name });
         }
@@ -148,16 +158,36 @@ impl Runtime {
             stream,
             arch,
             device_name,
+            sm_count: u32::try_from(sm_count).unwrap_or(1),
             kernels: SingleFlight::default(),
             disk: DiskCache::from_env(),
+            choices: Choices::default(),
+            autotune_forward: autotune_from(std::env::var_os(AUTOTUNE_ENV)),
             memory_hits: AtomicU64::new(0),
             disk_hits: AtomicU64::new(0),
             compiles: AtomicU64::new(0),
         })
     }
 
+    /// This runtime with `cache` (or none) for kernels and tuning records
+    /// instead of the one the environment names ([`DiskCache::from_env`]).
+    pub fn with_disk_cache(self, cache: Option<DiskCache>) -> Runtime {
+        Runtime { disk: cache, ..self }
+    }
+
+    /// This runtime with autotuning on forward launches on or off (default:
+    /// on iff `FLASHGEN_AUTOTUNE=1`): see [`Runtime::forward`].
+    pub fn with_autotune(self, on: bool) -> Runtime {
+        Runtime { autotune_forward: on, ..self }
+    }
+
     pub fn arch(&self) -> Arch {
         self.arch
+    }
+
+    /// Streaming multiprocessors: what a launch's grid fills in waves.
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
     }
 
     pub fn device_name(&self) -> String {
@@ -199,11 +229,15 @@ impl Runtime {
     }
 
     pub(crate) fn load_which(&self, spec: &Spec, which: Which) -> Result<Arc<LoadedKernel>, Error> {
-        let spec_source = to_source(spec);
-        let key = CacheKey { which, spec_source: spec_source.clone() };
+        self.load_keyed(spec, &to_source(spec), which)
+    }
+
+    /// [`Runtime::load_which`] where the caller has the spec's canonical source.
+    pub(crate) fn load_keyed(&self, spec: &Spec, spec_source: &str, which: Which) -> Result<Arc<LoadedKernel>, Error> {
+        let key = CacheKey { which, spec_source: spec_source.to_string() };
         let (loaded, hit) = self.kernels.get_or_try_init(key, || {
             let kernel = which.emit(spec).ok_or_else(|| Error::NoMask { spec: spec.name.clone() })?;
-            self.compile_and_load(kernel, spec_source).map(Arc::new)
+            self.compile_and_load(kernel, spec_source.to_string()).map(Arc::new)
         })?;
         if hit {
             self.memory_hits.fetch_add(1, Ordering::Relaxed);

@@ -101,7 +101,7 @@ impl<F: Fn(usize, usize) -> usize> OneKey<'_, F> {
         let mut o: CudaSlice<T> = stream.clone_htod(&vec![T::from_f32(f32::NAN); span(&ol)])?;
         let mut lse = stream.clone_htod(&vec![f32::NAN; ql.batch * ql.heads * ql.seq])?;
         let io = ForwardIo { q: (&q, ql), k: (&k, kl), v: (&v, vl), o: (&mut o, ol), lse: Some(&mut lse) };
-        rt.forward(self.spec, io, self.args, &ForwardOptions { scale: Some(self.scale), block_mask: None })?;
+        rt.forward(self.spec, io, self.args, &ForwardOptions { scale: Some(self.scale), ..Default::default() })?;
         let (o_host, lse_host) = (stream.clone_dtoh(&o)?, stream.clone_dtoh(&lse)?);
 
         let group = ql.heads / kl.heads;

@@ -4,11 +4,18 @@
 //! TFLOP/s = 4·b·h·s²·d · density / time, density = the kept fraction of
 //! (q, k) pairs, counted exactly.
 //!
-//! `flashgen-bench [--variants causal,full] [--dims 64,128] [--seqs 1024,4096,16384] [--iters 20] [--backward]`
+//! `flashgen-bench [--variants causal,full] [--dims 64,128] [--seqs 1024,4096,16384] [--iters 20] [--backward] [--tune]`
 //!
 //! `--backward` also times one training step (forward, then backward with
 //! every tensor gradient) per variant and shape, as rows `<variant>+bwd`
 //! counting 3.5x the forward FLOPs.
+//!
+//! `--tune` autotunes the forward of each variant and shape first
+//! (`Runtime::autotune`, remembered in the kernel cache like any tuning):
+//! a `tune` line per row lists every candidate's median time, and the rows
+//! gain a last column naming the configuration they ran. Without it, rows
+//! run what the runtime would: a choice an earlier tuning left in the cache,
+//! else the preferred configuration.
 //!
 //! `flashgen-bench --jit` instead measures the JIT for every example spec:
 //! cold compile (codegen + NVRTC to CUBIN, NVRTC already loaded), a disk
@@ -20,6 +27,7 @@ use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::reference::{ParamValue, TensorData};
 use flashgen::codegen::Shape;
 use flashgen::examples::SPECS;
+use flashgen::runtime::config_name;
 use flashgen::verify::{self, DeviceProblem, OperandLayout};
 use flashgen::Runtime;
 use std::time::Instant;
@@ -50,6 +58,7 @@ fn main() {
     let seqs: Vec<usize> = list("--seqs", "1024,4096,16384").iter().filter_map(|s| s.parse().ok()).collect();
     let iters: usize = list("--iters", "20")[0].parse().unwrap_or(20);
     let backward = args.iter().any(|a| a == "--backward");
+    let tune = args.iter().any(|a| a == "--tune");
 
     if args.iter().any(|a| a == "--jit") {
         // A fresh cache directory, before any runtime reads the environment.
@@ -66,8 +75,16 @@ fn main() {
         rt.arch()
     );
     println!(
-        "{:<16} {:>4} {:>6} {:>3} {:>10} {:>9} {:>8} {:>15}",
-        "variant", "d", "s", "b", "ms", "TFLOP/s", "density", "tiles visited"
+        "{:<16} {:>4} {:>6} {:>3} {:>10} {:>9} {:>8} {:>15}{}",
+        "variant",
+        "d",
+        "s",
+        "b",
+        "ms",
+        "TFLOP/s",
+        "density",
+        "tiles visited",
+        if tune { "  config" } else { "" }
     );
     for &d in &dims {
         for &s in &seqs {
@@ -93,22 +110,32 @@ fn main() {
                         tiles = kept;
                         println!("{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} block-mask build");
                     }
+                    // compare.py skips these lines: the third word is no number.
+                    let config = if tune {
+                        let report = gpu.autotune(&rt, &spec, &problem)?;
+                        println!("tune {name} d={d} s={s} {report}");
+                        format!("  {}", config_name(report.best))
+                    } else {
+                        String::new()
+                    };
                     let forward = gpu.time(&rt, &spec, &problem, 3, iters)?;
                     let step =
                         backward.then(|| gpu.time_forward_backward(&rt, &spec, &problem, 3, iters)).transpose()?;
-                    Ok((forward, step))
+                    Ok((forward, step, config))
                 });
                 match timed {
-                    Ok((ms, step)) => {
+                    Ok((ms, step, config)) => {
                         let flops = 4.0 * (batch * HEADS) as f64 * (s * s) as f64 * d as f64 * density;
                         let tflops = flops / (ms * 1e-3) / 1e12;
                         println!(
-                            "{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4} {tiles:>15}"
+                            "{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4} {tiles:>15}{config}"
                         );
                         if let Some(ms) = step {
                             let tflops = 3.5 * flops / (ms * 1e-3) / 1e12;
                             let name = format!("{name}+bwd");
-                            println!("{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4}");
+                            println!(
+                                "{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4}{config}"
+                            );
                         }
                     }
                     Err(e) => println!("{name:<16} {d:>4} {s:>6} {batch:>3} error: {e}"),

@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 use flashgen::codegen::cuda::{self, TileConfig};
 use flashgen::codegen::reference::{ParamValue, TensorData};
 use flashgen::codegen::{ElemTy, Shape, Spec, Ty};
-use flashgen::runtime::{compile_cubin, Arch, DiskCache, Error, KernelSet, Runtime};
+use flashgen::runtime::{compile_cubin, config_name, Arch, DiskCache, Error, KernelSet, Runtime};
 use flashgen::verify::{self, DeviceProblem, OperandLayout};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -52,7 +52,7 @@ enum Command {
         #[arg(long)]
         backward: bool,
     },
-    /// Inspect or empty the kernel cache.
+    /// Inspect or empty the kernel cache (compiled kernels and autotuning records).
     Cache {
         #[command(subcommand)]
         action: CacheAction,
@@ -63,11 +63,11 @@ enum Command {
 
 #[derive(Subcommand)]
 enum CacheAction {
-    /// Every entry with its size and age, most recently used first.
+    /// Every kernel and tuning record with its size and age, most recently used first.
     List,
-    /// Delete every entry.
+    /// Delete every kernel and tuning record.
     Clear,
-    /// Entry count, total size, size cap and directory.
+    /// Kernel and tuning record counts, sizes, the size cap and the directory.
     Stats,
 }
 
@@ -186,25 +186,37 @@ fn cache(action: CacheAction) -> Result<bool, String> {
     let io_error = |e: std::io::Error| format!("kernel cache at {}: {e}", cache.dir().display());
     match action {
         CacheAction::List => {
-            let mut entries = cache.entries().map_err(io_error)?;
-            entries.sort_by_key(|e| std::cmp::Reverse(e.modified));
+            // Tuning records by their path in the cache: `tuning/<key>.txt`.
+            let tunings = cache.tunings().map_err(io_error)?.into_iter().map(|e| (Path::new("tuning"), e));
+            let mut entries: Vec<_> =
+                cache.entries().map_err(io_error)?.into_iter().map(|e| (Path::new(""), e)).collect();
+            entries.extend(tunings);
+            entries.sort_by_key(|(_, e)| std::cmp::Reverse(e.modified));
             let now = SystemTime::now();
-            for e in entries {
-                let name = e.path.file_name().unwrap_or_default().to_string_lossy();
+            for (dir, e) in entries {
+                let name = dir.join(e.path.file_name().unwrap_or_default());
                 let age = now.duration_since(e.modified).unwrap_or_default().as_secs();
-                println!("{name}  {:>10}  {:>8}", human_bytes(e.bytes), format!("{} ago", human_age(age)));
+                let age = format!("{} ago", human_age(age));
+                println!("{}  {:>10}  {age:>8}", name.display(), human_bytes(e.bytes));
             }
         }
         CacheAction::Clear => {
             let removed = cache.clear().map_err(io_error)?;
-            println!("removed {removed} entries from {}", cache.dir().display());
+            println!(
+                "removed {} kernels and {} tuning records from {}",
+                removed.kernels,
+                removed.tunings,
+                cache.dir().display()
+            );
         }
         CacheAction::Stats => {
             let entries = cache.entries().map_err(io_error)?;
             let total: u64 = entries.iter().map(|e| e.bytes).sum();
+            let tunings = cache.tunings().map_err(io_error)?;
             println!("entries: {}", entries.len());
             println!("total:   {} ({total} bytes)", human_bytes(total));
             println!("limit:   {}", human_bytes(cache.max_bytes()));
+            println!("tuning:  {} records ({})", tunings.len(), human_bytes(tunings.iter().map(|e| e.bytes).sum()));
             println!("dir:     {}", cache.dir().display());
         }
     }
@@ -264,8 +276,10 @@ fn run_on_gpu(args: RunArgs) -> Result<bool, String> {
     let rt = Runtime::new(0).map_err(|e| e.to_string())?;
     let problem = verify::random_problem(spec, shape, params, tensors, args.scale, args.seed);
     let mut gpu = DeviceProblem::upload(&rt, spec, &problem, layout).map_err(|e| e.to_string())?;
+    let preferred = TileConfig::preferred(spec, rt.target());
     let (start, before) = (Instant::now(), rt.cache_stats());
-    rt.load(spec).map_err(|e| e.to_string())?;
+    // The kernel the launch uses: an earlier tuning's choice, else the preferred one.
+    rt.load_forward(spec, rt.tuned_config(spec, &shape).unwrap_or(preferred)).map_err(|e| e.to_string())?;
     let jit_ms = start.elapsed().as_secs_f64() * 1e3;
     let served_by = match rt.cache_stats() {
         after if after.compiles > before.compiles => "NVRTC compile",
@@ -276,12 +290,16 @@ fn run_on_gpu(args: RunArgs) -> Result<bool, String> {
     let out = gpu.download().map_err(|e| e.to_string())?;
     let report = verify::check(spec, &problem, &out).map_err(|e| e.to_string())?;
     let ms = gpu.time(&rt, spec, &problem, 3, args.iters).map_err(|e| e.to_string())?;
+    let config = match rt.tuned_config(spec, &shape) {
+        Some(tuned) => format!("{} (tuned)", config_name(tuned)),
+        None => format!("{} (preferred, untuned)", config_name(preferred)),
+    };
 
     println!("{} on {} ({}), {shape:?}, {:?}", spec.name, rt.device_name(), rt.arch(), layout);
     println!("  JIT compile + load: {jit_ms:.0} ms ({served_by})");
     println!("  O:   {}", report.output);
     println!("  LSE: {}", report.lse);
-    println!("  kernel: {ms:.3} ms (median of {})", args.iters);
+    println!("  kernel: {ms:.3} ms (median of {}), tile config {config}", args.iters);
     Ok(report.passed())
 }
 

@@ -6,6 +6,9 @@ use flashgen::codegen::{Dtype, HeadDims, Spec};
 use flashgen::examples::SPECS;
 use flashgen::Runtime;
 
+#[allow(dead_code)] // the backward tests launch no forward cases of their own
+pub mod forward;
+
 /// The first GPU, or `None` (printed) where no GPU exists; any other
 /// failure to start is a test failure.
 pub fn runtime() -> Option<Runtime> {

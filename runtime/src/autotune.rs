@@ -1,0 +1,197 @@
+//! Autotuning the forward kernel: time every candidate tile configuration
+//! on the caller's buffers, keep the fastest per (spec, shape class), and
+//! remember it in memory and in the disk cache's `tuning/` records.
+//!
+//! A forward launch asks memory first (one read lock, no allocation), then,
+//! once per (spec, shape class) and runtime, the disk; what it finds, or
+//! that there is nothing, is cached in memory, so the launch path never
+//! touches a file twice. Without a remembered choice it uses
+//! [`TileConfig::preferred`].
+
+use crate::forward::ForwardLaunch;
+use crate::timing::median_ms;
+use crate::tuning::{config_name, Record, ShapeClass, TuningKey};
+use crate::{ArgValue, Element, Error, ForwardIo, ForwardOptions, Runtime};
+use flashgen_codegen::cuda::TileConfig;
+use flashgen_codegen::{Shape, Spec, CODEGEN_VERSION};
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{PoisonError, RwLock};
+
+/// Untimed launches per candidate (the first also compiles or loads it).
+const WARMUP: usize = 2;
+/// Timed launches per candidate; the median counts.
+const RUNS: usize = 7;
+
+/// The configuration per canonical spec source and shape class, keyed in two
+/// levels so a lookup borrows the source instead of allocating a key.
+pub(crate) type Choices = RwLock<HashMap<String, HashMap<ShapeClass, Choice>>>;
+
+/// What a forward launch of one class uses.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Choice {
+    config: TileConfig,
+    /// Chosen by timing; else the preferred config, for want of a record.
+    tuned: bool,
+}
+
+/// What [`Runtime::autotune`] measured and chose.
+#[derive(Debug)]
+pub struct TuneReport {
+    /// The spec's name.
+    pub spec: String,
+    pub class: ShapeClass,
+    /// The fastest candidate, now remembered for the class.
+    pub best: TileConfig,
+    /// Every candidate in [`TileConfig::candidates`] order with its median
+    /// milliseconds, or why it could not run (e.g. too much shared memory).
+    /// Empty for a launch with no batch or no queries (nothing to time,
+    /// nothing remembered).
+    pub candidates: Vec<(TileConfig, Result<f64, Error>)>,
+}
+
+/// `class: best NAME | NAME 0.123 ms, NAME failed (why), …`
+impl fmt::Display for TuneReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: best {} |", self.class, config_name(self.best))?;
+        for (i, (config, ms)) in self.candidates.iter().enumerate() {
+            let sep = if i == 0 { " " } else { ", " };
+            match ms {
+                Ok(ms) => write!(f, "{sep}{} {ms:.3} ms", config_name(*config))?,
+                // An NVRTC error carries the whole source: its first line says enough.
+                Err(e) => write!(f, "{sep}{} failed ({})", config_name(*config), first_line(e))?,
+            }
+        }
+        Ok(())
+    }
+}
+
+fn first_line(e: &Error) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_string()
+}
+
+impl Runtime {
+    /// Times every candidate tile configuration of `spec`
+    /// ([`TileConfig::candidates`] for [`Runtime::target`]) on these
+    /// operands — `WARMUP` untimed launches, then the median of `RUNS`
+    /// CUDA-event timings each — and remembers the fastest for the
+    /// launch's [`ShapeClass`], in memory and (unless `FLASHGEN_CACHE=off`)
+    /// in the disk cache, where later runtimes find it. Later forward
+    /// launches of the class use it.
+    ///
+    /// This is a forward pass: it overwrites O and the LSE (with the result
+    /// of the last candidate that ran), and it waits for the GPU. A candidate
+    /// that fails to compile or launch is reported in the
+    /// [`TuneReport`] and skipped; only if all fail is it an error
+    /// ([`Error::Tuning`]). `opts.config` is ignored.
+    pub fn autotune<T: Element>(
+        &self,
+        spec: &Spec,
+        io: ForwardIo<'_, T>,
+        args: &[ArgValue<'_>],
+        opts: &ForwardOptions<'_>,
+    ) -> Result<TuneReport, Error> {
+        let (q, k) = (io.q.1, io.k.1);
+        let shape = Shape { batch: q.batch, heads: q.heads, heads_kv: k.heads, q_len: q.seq, kv_len: k.seq };
+        match ForwardLaunch::check(spec, io, args)? {
+            Some(mut launch) => self.tune(&mut launch, opts),
+            None => Ok(TuneReport {
+                spec: spec.name.clone(),
+                class: self.shape_class(spec, &shape),
+                best: TileConfig::preferred(spec, self.target()),
+                candidates: Vec::new(),
+            }),
+        }
+    }
+
+    /// The shape class of a launch of `spec` at `shape` on this GPU.
+    pub fn shape_class(&self, spec: &Spec, shape: &Shape) -> ShapeClass {
+        ShapeClass::new(spec, shape, self.sm_count())
+    }
+
+    /// The configuration autotuning chose for launches of `spec` at `shape`'s
+    /// class (remembered by this runtime or found in the disk cache), if any.
+    pub fn tuned_config(&self, spec: &Spec, shape: &Shape) -> Option<TileConfig> {
+        let choice = self.choice(spec, &flashgen_codegen::to_source(spec), self.shape_class(spec, shape));
+        choice.tuned.then_some(choice.config)
+    }
+
+    /// `config` if it is a candidate of `spec` here: only those share the
+    /// block-mask tile, and only those are known to compile for the target.
+    pub(crate) fn candidate(&self, spec: &Spec, config: TileConfig) -> Result<TileConfig, Error> {
+        if TileConfig::candidates(spec, self.target()).contains(&config) {
+            Ok(config)
+        } else {
+            Err(Error::NotACandidate { config: config_name(config), spec: spec.name.clone(), arch: self.arch() })
+        }
+    }
+
+    /// The configuration of a forward launch without one given: tuned first
+    /// if the class has no choice yet and tuning on launch is on.
+    pub(crate) fn config_for<T: Element>(
+        &self,
+        launch: &mut ForwardLaunch<'_, '_, T>,
+        opts: &ForwardOptions<'_>,
+    ) -> Result<TileConfig, Error> {
+        let choice = self.choice(launch.spec, &launch.spec_source, self.shape_class(launch.spec, &launch.shape));
+        if !choice.tuned && self.autotune_forward {
+            return self.tune(launch, opts).map(|report| report.best);
+        }
+        Ok(choice.config)
+    }
+
+    /// The class's choice from memory, else from the disk (then remembered
+    /// in memory, found or not).
+    fn choice(&self, spec: &Spec, spec_source: &str, class: ShapeClass) -> Choice {
+        let remembered = self.choices.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(&choice) = remembered.get(spec_source).and_then(|classes| classes.get(&class)) {
+            return choice;
+        }
+        drop(remembered);
+        let candidates = TileConfig::candidates(spec, self.target());
+        let key = TuningKey::new(spec_source, class, self.arch(), CODEGEN_VERSION);
+        let choice = match self.disk.as_ref().and_then(|disk| disk.load_tuning(key, &candidates)) {
+            Some(config) => Choice { config, tuned: true },
+            None => Choice { config: TileConfig::preferred(spec, self.target()), tuned: false },
+        };
+        let mut choices = self.choices.write().unwrap_or_else(PoisonError::into_inner);
+        // A tuning that finished meanwhile wins.
+        *choices.entry(spec_source.to_string()).or_default().entry(class).or_insert(choice)
+    }
+
+    /// Times every candidate on `launch` and remembers the fastest.
+    pub(crate) fn tune<T: Element>(
+        &self,
+        launch: &mut ForwardLaunch<'_, '_, T>,
+        opts: &ForwardOptions<'_>,
+    ) -> Result<TuneReport, Error> {
+        let spec = launch.spec;
+        let class = self.shape_class(spec, &launch.shape);
+        let candidates: Vec<(TileConfig, Result<f64, Error>)> = TileConfig::candidates(spec, self.target())
+            .into_iter()
+            .map(|config| (config, median_ms(self.stream(), WARMUP, RUNS, || launch.run(self, config, opts))))
+            .collect();
+        let fastest = candidates
+            .iter()
+            .filter_map(|(config, ms)| Some((*config, *ms.as_ref().ok()?)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        let Some((best, _)) = fastest else {
+            let failures = candidates.into_iter().filter_map(|(c, ms)| Some((config_name(c), ms.err()?))).collect();
+            return Err(Error::Tuning { spec: spec.name.clone(), failures });
+        };
+
+        let mut choices = self.choices.write().unwrap_or_else(PoisonError::into_inner);
+        choices.entry(launch.spec_source.clone()).or_default().insert(class, Choice { config: best, tuned: true });
+        drop(choices);
+        if let Some(disk) = &self.disk {
+            let times: Vec<_> = candidates.iter().map(|(c, ms)| (*c, ms.as_ref().ok().copied())).collect();
+            let key = TuningKey::new(&launch.spec_source, class, self.arch(), CODEGEN_VERSION);
+            let record = Record { key, spec, class, arch: self.arch(), times: &times, best };
+            // Like the kernel cache, a failed store only costs a later tuning.
+            if let Err(e) = disk.store_tuning(&record) {
+                eprintln!("flashgen: warning: cannot store a tuning record in {}: {e}", disk.tuning_dir().display());
+            }
+        }
+        Ok(TuneReport { spec: spec.name.clone(), class, best, candidates })
+    }
+}

@@ -1,0 +1,130 @@
+//! Autotuning on the GPU: every candidate tile configuration of every example
+//! spec is exact (tuning may pick any of them), and a tuned choice is
+//! remembered on disk for the next runtime.
+//!
+//! Skipped, with the reason printed, only where no GPU exists.
+
+mod support;
+
+use flashgen::codegen::cuda::TileConfig;
+use flashgen::codegen::Dtype;
+use flashgen::examples::SPECS;
+use flashgen::runtime::{config_name, DiskCache};
+use flashgen::verify::{self, DeviceProblem, Expected};
+use flashgen::{Error, Runtime};
+use std::path::Path;
+use support::forward::{run_once, Case, Table};
+use support::{params, runtime, spec, with};
+
+/// Every example spec, and some at other head dims, whose candidate lists
+/// differ (see `TileConfig::candidates`). Ragged lengths: neither is a
+/// multiple of any candidate's tile (64 or 128 query rows, 32 to 128 keys);
+/// data-dependent masks also run with a block mask, which every candidate
+/// reads at the spec's mask tile.
+#[test]
+fn every_candidate_config_is_exact() {
+    let Some(rt) = runtime() else { return };
+    let mut specs: Vec<_> = SPECS.iter().map(|(variant, _)| (*variant, spec(variant))).collect();
+    specs.extend([
+        ("full", with(spec("full"), Dtype::Bf16, 64, 64)),
+        ("causal", with(spec("causal"), Dtype::F16, 64, 64)),
+        ("document", with(spec("document"), Dtype::Bf16, 96, 96)),
+        ("alibi", with(spec("alibi"), Dtype::F16, 256, 256)),
+    ]);
+    let mut table = Table::default();
+    for (variant, spec) in specs {
+        let heads = if variant == "gqa" { (8, 2) } else { (4, 4) };
+        let block_masks: &[bool] =
+            if spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) { &[false, true] } else { &[false] };
+        for seqs in [(113, 203), (300, 555)] {
+            let case = Case::new(heads, seqs);
+            let seed: u64 = rand::random();
+            let problem = verify::random_problem(&spec, case.shape(), params(&spec), vec![], None, seed);
+            let expected = match Expected::new(&spec, &problem) {
+                Ok(expected) => expected,
+                Err(e) => {
+                    table.record(case.row(&spec, seed), Err(e.to_string()));
+                    continue;
+                }
+            };
+            for config in TileConfig::candidates(&spec, rt.target()) {
+                for &block_mask in block_masks {
+                    let mask = if block_mask { " +block mask" } else { "" };
+                    let row = format!("{} {}{mask}", case.row(&spec, seed), config_name(config));
+                    let outcome = run_once(&rt, &spec, &problem, case.layout, Some(config), block_mask, &expected);
+                    table.record(row, outcome.map_err(|e| e.to_string()));
+                }
+            }
+        }
+    }
+    table.finish();
+}
+
+/// `autotune` times every candidate and keeps the fastest; a second runtime
+/// on the same cache finds the record and, even with tuning on launch,
+/// launches the winner without tuning again; a class without a record is
+/// tuned on launch.
+#[test]
+fn a_tuned_choice_is_remembered_on_disk() {
+    let Some(rt) = runtime() else { return };
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gpu-autotune-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cache = || Some(DiskCache::at(&dir));
+    let rt = rt.with_disk_cache(cache()).with_autotune(false);
+    let spec = spec("causal");
+    let case = Case::new((4, 4), (1024, 1024));
+    let shape = case.shape();
+    let problem = verify::random_problem(&spec, shape, vec![], vec![], None, 1);
+    let expected = Expected::new(&spec, &problem).unwrap();
+
+    assert_eq!(rt.tuned_config(&spec, &shape), None);
+    let mut gpu = DeviceProblem::upload(&rt, &spec, &problem, case.layout).unwrap();
+    let report = gpu.autotune(&rt, &spec, &problem).unwrap();
+    println!("{report}");
+    let candidates = TileConfig::candidates(&spec, rt.target());
+    assert_eq!(report.candidates.iter().map(|(c, _)| *c).collect::<Vec<_>>(), candidates);
+    let fastest = report
+        .candidates
+        .iter()
+        .filter_map(|(c, ms)| Some((*c, *ms.as_ref().ok()?)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(c, _)| c);
+    assert_eq!(Some(report.best), fastest);
+    assert_eq!(rt.tuned_config(&spec, &shape), Some(report.best));
+    assert!(expected.check(&gpu.download().unwrap()).passed(), "tuning leaves a forward's result in O and LSE");
+    assert_eq!(DiskCache::at(&dir).tunings().unwrap().len(), 1);
+
+    let fresh = Runtime::new(0).unwrap().with_disk_cache(cache()).with_autotune(true);
+    let mut gpu = DeviceProblem::upload(&fresh, &spec, &problem, case.layout).unwrap();
+    gpu.launch(&fresh, &spec, &problem).unwrap();
+    let stats = fresh.cache_stats();
+    assert_eq!((stats.compiles, stats.disk_hits), (0, 1), "only the winner, from disk: {stats:?}");
+    assert_eq!(fresh.tuned_config(&spec, &shape), Some(report.best));
+    assert!(expected.check(&gpu.download().unwrap()).passed());
+
+    let ragged = Case::new((4, 4), (113, 203));
+    let problem = verify::random_problem(&spec, ragged.shape(), vec![], vec![], None, 2);
+    let mut gpu = DeviceProblem::upload(&fresh, &spec, &problem, ragged.layout).unwrap();
+    assert_eq!(fresh.tuned_config(&spec, &ragged.shape()), None, "another shape class");
+    gpu.launch(&fresh, &spec, &problem).unwrap();
+    assert!(fresh.tuned_config(&spec, &ragged.shape()).is_some(), "tuned on launch");
+    assert_eq!(DiskCache::at(&dir).tunings().unwrap().len(), 2);
+    let out = gpu.download().unwrap();
+    assert!(Expected::new(&spec, &problem).unwrap().check(&out).passed());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A launch may pin a candidate, and nothing else: another tile would not
+/// match the block-mask tile every candidate shares.
+#[test]
+fn only_candidates_can_be_pinned() {
+    let Some(rt) = runtime() else { return };
+    let spec = spec("document");
+    let case = Case::new((2, 2), (256, 256));
+    let problem = verify::random_problem(&spec, case.shape(), vec![], vec![], None, 3);
+    let mut gpu = DeviceProblem::upload(&rt, &spec, &problem, case.layout).unwrap();
+    let preferred = TileConfig::preferred(&spec, rt.target());
+    gpu.pin_config(Some(TileConfig { block_n: preferred.block_n + 16, ..preferred }));
+    let err = gpu.launch(&rt, &spec, &problem).unwrap_err();
+    assert!(matches!(err, Error::NotACandidate { .. }), "{err}");
+}
