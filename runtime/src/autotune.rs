@@ -73,11 +73,11 @@ fn first_line(e: &Error) -> String {
 impl Runtime {
     /// Times every candidate tile configuration of `spec`
     /// ([`TileConfig::candidates`] for [`Runtime::target`]) on these
-    /// operands — `WARMUP` untimed launches, then the median of `RUNS`
-    /// CUDA-event timings each — and remembers the fastest for the
-    /// launch's [`ShapeClass`], in memory and (unless `FLASHGEN_CACHE=off`)
-    /// in the disk cache, where later runtimes find it. Later forward
-    /// launches of the class use it.
+    /// operands — two untimed launches (the first compiles or loads it),
+    /// then the median of seven CUDA-event timings — and remembers the
+    /// fastest for the launch's [`ShapeClass`], in memory and (unless
+    /// `FLASHGEN_CACHE=off`) in the disk cache, where later runtimes find
+    /// it. Later forward launches of the class use it.
     ///
     /// This is a forward pass: it overwrites O and the LSE (with the result
     /// of the last candidate that ran), and it waits for the GPU. A candidate
