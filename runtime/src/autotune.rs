@@ -116,8 +116,9 @@ impl Runtime {
         choice.tuned.then_some(choice.config)
     }
 
-    /// `config` if it is a candidate of `spec` here: only those share the
-    /// block-mask tile, and only those are known to compile for the target.
+    /// `config` if it is a candidate of `spec` here: only those are known to
+    /// compile for the target and are tested for exactness (other tile
+    /// shapes or MMA kinds may be invalid for the spec or the GPU).
     pub(crate) fn candidate(&self, spec: &Spec, config: TileConfig) -> Result<TileConfig, Error> {
         if TileConfig::candidates(spec, self.target()).contains(&config) {
             Ok(config)

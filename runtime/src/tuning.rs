@@ -35,11 +35,12 @@ pub(crate) fn autotune_from(value: Option<OsString>) -> bool {
 /// each CTA's loop (how well a deep pipeline or a large tile pays off), the
 /// query length how many of a CTA's rows are real and, with the heads and
 /// batch, the grid. The grid counts against the GPU: a launch of
-/// batch · heads · q-tiles CTAs (q-tiles at the block-mask tile's rows,
-/// which every candidate shares) fills some number of *waves* of the SMs,
+/// batch · heads · q-tiles CTAs fills some number of *waves* of the SMs,
 /// and whether that is a fraction of a wave (latency-bound), about one, or
 /// many (throughput-bound) is what separates, say, one large CTA per SM from
-/// two smaller ones. Each is bucketed by powers of two, so a handful of
+/// two smaller ones. Q-tiles are counted at the block-mask tile's rows, one
+/// fixed yardstick per spec: a candidate with smaller tiles launches
+/// proportionally more CTAs, which changes no class boundary's meaning. Each is bucketed by powers of two, so a handful of
 /// tunings covers a model's shapes; head dims, dtype, mask and score are in
 /// the spec, which keys the choice too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
