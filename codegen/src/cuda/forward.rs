@@ -94,12 +94,13 @@ impl TileConfig {
     /// first. A block mask serves them all: a forward tile that differs from
     /// the mask tile combines the mask tiles it overlaps (`coarse_class`).
     ///
-    /// The order is what the H200 measured (bench/RESULTS.md): from head dim
-    /// 65 to 128 Hopper's wgmma with 128-key tiles, except under masks that
-    /// read tensors (document ids), where the portable kernel's two CTAs per
-    /// SM hide the block-mask and id loads that one wgmma CTA per SM exposes;
-    /// up to 64, mma.sync, with 128-key tiles for plain specs (masks and
-    /// score mods then spill).
+    /// The order is what the H200 measured with `flashgen-bench --tune`
+    /// (bench/RESULTS.md): Hopper's wgmma first up to head dim 128 (two
+    /// warpgroups; 128-key tiles from d = 65, 64-key tiles below), except
+    /// under masks that read tensors (document ids), where the portable
+    /// kernel's two CTAs per SM hide the id loads that one wgmma CTA per SM
+    /// exposes; among mma.sync configs, 128-key tiles only for plain
+    /// d <= 64 specs (masks and score mods then spill).
     pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
         let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
         // Warpgroups of 64 rows: two share each K/V tile; one alone leaves
@@ -107,16 +108,20 @@ impl TileConfig {
         let wgmma = |warps, block_n| TileConfig { mma: Mma::Wgmma, warps, m_tiles: 1, block_n };
         let default = TileConfig::default_for(spec);
         let plain = spec.mask.is_none() && spec.score.is_none();
-        let tensor_mask = spec.mask.as_ref().is_some_and(Expr::reads_tensor);
-        let hopper: &[TileConfig] = if target.wgmma { &[wgmma(8, 128), wgmma(8, 64), wgmma(4, 64)] } else { &[] };
-        let all: Vec<TileConfig> = match widest(spec) {
-            0..=64 if plain => [&[sync(4, 2, 128), default, sync(8, 1, 64)], hopper].concat(),
-            0..=64 => [&[default, sync(4, 2, 128), sync(8, 1, 64)], hopper].concat(),
-            65..=128 if tensor_mask => [&[default, sync(8, 1, 64)], hopper].concat(),
-            65..=128 => [hopper, &[default, sync(8, 1, 64)]].concat(),
-            _ => vec![default, sync(4, 1, 64)],
+        let (hopper, portable) = match widest(spec) {
+            0..=64 if plain => {
+                (vec![wgmma(8, 64), wgmma(4, 64), wgmma(8, 128)], vec![sync(4, 2, 128), default, sync(8, 1, 64)])
+            }
+            0..=64 => (vec![wgmma(8, 64), wgmma(4, 64), wgmma(8, 128)], vec![default, sync(4, 2, 128), sync(8, 1, 64)]),
+            65..=128 => (vec![wgmma(8, 128), wgmma(8, 64), wgmma(4, 64)], vec![default, sync(8, 1, 64)]),
+            _ => (vec![], vec![default, sync(4, 1, 64)]),
         };
-        all
+        let hopper = if target.wgmma { hopper } else { vec![] };
+        if spec.mask.as_ref().is_some_and(Expr::reads_tensor) {
+            [portable, hopper].concat()
+        } else {
+            [hopper, portable].concat()
+        }
     }
 
     /// `(rows, keys)` of a block-mask tile for `spec`: the portable
