@@ -640,31 +640,40 @@ fn write_tile_classes(
         // them: 0 = no pair kept, 2 = every pair kept, exact per tile.\n"
     )?;
     let (mask_m, mask_n) = TileConfig::mask_tile(spec);
-    let (empty, kept) = if (mask_m, mask_n) == (config.block_m(), config.block_n) {
+    write!(
+        w,
+        "\
+        // Its tiles are MASK_M x MASK_N; a K/V tile here combines the ones it overlaps.\n\
+        constexpr int MASK_M = {mask_m}, MASK_N = {mask_n};\n\
+        const unsigned char* mask_slice = block_mask == nullptr ? nullptr\n\
+        \x20   : block_mask + b * block_mask_batch_stride + h * block_mask_head_stride;\n\
+        const int mask_kv_tiles = ({kv_len} + MASK_N - 1) / MASK_N;\n\
+        auto block_class = [&](int j) {{\n\
+        \x20   const int k_lo = j * BLOCK_N, k_hi = min_i32(k_lo + BLOCK_N, {kv_len}) - 1;\n\
+        \x20   return mask_slice == nullptr ? 1 : coarse_class<MASK_M, MASK_N>(mask_slice, mask_kv_tiles, q_lo, q_hi, k_lo, k_hi);\n\
+        }};\n"
+    )?;
+    if mask.reads_tensor() {
         write!(
             w,
             "\
-            const unsigned char* tile_row = block_mask == nullptr ? nullptr\n\
-            \x20   : block_mask + b * block_mask_batch_stride + h * block_mask_head_stride + (long long)q_block * kv_tiles;\n"
+            // The mask reads tensors, so the block mask decides most tiles: its\n\
+            // classes for this CTA's row are staged in shared memory once, and\n\
+            // next_tile's scan over removed tiles costs no dependent global loads\n\
+            // (they would stall a CTA that has the SM to itself).\n\
+            constexpr int STAGED_TILES = 1024;\n\
+            __shared__ unsigned char staged_class[STAGED_TILES];\n\
+            const bool staged = mask_slice != nullptr && kv_tiles <= STAGED_TILES;\n\
+            if (staged) {{\n\
+            \x20   for (int j = threadIdx.x; j < kv_tiles; j += THREADS) staged_class[j] = (unsigned char)block_class(j);\n\
+            }}\n\
+            __syncthreads();\n\
+            auto mask_class = [&](int j) {{ return staged ? (int)staged_class[j] : block_class(j); }};\n"
         )?;
-        ("(tile_row != nullptr && tile_row[j] == 0)", "(tile_row != nullptr && tile_row[j] == 2)")
     } else {
-        write!(
-            w,
-            "\
-            // Its tiles are MASK_M x MASK_N, not this kernel's: combine the ones\n\
-            // a tile overlaps.\n\
-            constexpr int MASK_M = {mask_m}, MASK_N = {mask_n};\n\
-            const unsigned char* mask_slice = block_mask == nullptr ? nullptr\n\
-            \x20   : block_mask + b * block_mask_batch_stride + h * block_mask_head_stride;\n\
-            const int mask_kv_tiles = ({kv_len} + MASK_N - 1) / MASK_N;\n\
-            auto mask_class = [&](int j) {{\n\
-            \x20   const int k_lo = j * BLOCK_N, k_hi = min_i32(k_lo + BLOCK_N, {kv_len}) - 1;\n\
-            \x20   return mask_slice == nullptr ? 1 : coarse_class<MASK_M, MASK_N>(mask_slice, mask_kv_tiles, q_lo, q_hi, k_lo, k_hi);\n\
-            }};\n"
-        )?;
-        ("mask_class(j) == 0", "mask_class(j) == 2")
-    };
+        writeln!(w, "auto mask_class = block_class;")?;
+    }
+    let (empty, kept) = ("mask_class(j) == 0", "mask_class(j) == 2");
     write!(
         w,
         "\
