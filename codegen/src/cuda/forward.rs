@@ -333,15 +333,15 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         w,
         "\
         \n\
+        // Prologue: the Q tile, then (once the tile classes say which) the first\n\
+        // visited K/V tile, in flight together.\n\
+        load_tile<BLOCK_M, {qk_cols}, D, THREADS{panels}>(q_tile, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, vector);\n\
         const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;\n"
     )?;
     write_tile_classes(w, spec, config, &q_len, &kv_len)?;
     write!(
         w,
         "\
-        \n\
-        // Prologue: the Q tile and the first visited K/V tile, in flight together.\n\
-        load_tile<BLOCK_M, {qk_cols}, D, THREADS{panels}>(q_tile, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, vector);\n\
         int j = next_tile(0);\n\
         if (j < kv_tiles) {{\n\
         \x20   load_tile<BLOCK_N, {qk_cols}, D, THREADS{panels}>(k_tiles, k_rows + (long long)j * BLOCK_N * {k_stride}, {k_stride}, {kv_len} - j * BLOCK_N, vector);\n\
