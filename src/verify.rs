@@ -583,7 +583,14 @@ impl BackwardReport {
 
 /// Judges backward results with FlashAttention's rule (factor
 /// [`reference::BACKWARD_FACTOR`]) against the f64 reference backward, the
-/// baseline being the same-dtype emulation of [`reference::backward_in`].
+/// baseline's error being its mean over [`reference::BACKWARD_BASELINES`]
+/// same-dtype emulations ([`reference::same_dtype_backwards`],
+/// [`reference::flash_rule_averaged`]). One emulation is not enough for a
+/// tensor gradient of a few elements (ALiBi's one f32 per head): each is a
+/// sum over a whole head that nearly cancels, so one baseline's error can
+/// be accidentally tiny and its tolerance with it (issue 5: half the runs
+/// failed on a correct kernel). Over dQ, dK and dV the mean changes little:
+/// the maximum over that many elements hardly varies between draws.
 pub fn check_backward(
     spec: &Spec,
     problem: &Problem,
@@ -591,20 +598,23 @@ pub fn check_backward(
     gpu: &GpuGradients,
 ) -> Result<BackwardReport, reference::ReferenceError> {
     let golden = reference::backward(spec, problem, d_out)?;
-    let same = reference::backward_in(spec, problem, d_out, Precision::SameDtype(spec.dtype))?;
-    let f = reference::BACKWARD_FACTOR;
-    let rule = |out: &[f64], same: &[f64], golden: &[f64]| reference::flash_rule(out, same, golden, f);
+    let same = reference::same_dtype_backwards(spec, problem, d_out, reference::BACKWARD_BASELINES)?;
+    let rule = |out: &[f64], same: Vec<&[f64]>, golden: &[f64]| {
+        reference::flash_rule_averaged(out, same, golden, reference::BACKWARD_FACTOR)
+    };
     let mut d_tensors = Vec::new();
     for (slot, golden_t) in golden.d_tensors.iter().enumerate() {
-        let (Some(golden_t), Some(same_t)) = (golden_t, &same.d_tensors[slot]) else { continue };
+        let Some(golden_t) = golden_t else { continue };
         // A requested gradient that did not come back fails as NaN.
         let out = gpu.d_tensors.get(slot).cloned().flatten().unwrap_or_else(|| vec![f64::NAN]);
+        // The emulations train the same tensors as the golden backward.
+        let same_t = same.iter().map(|g| g.d_tensors[slot].as_deref().unwrap_or_default()).collect();
         d_tensors.push((spec.tensors[slot].name.clone(), rule(&out, same_t, golden_t)));
     }
     Ok(BackwardReport {
-        dq: rule(&gpu.dq, &same.dq, &golden.dq),
-        dk: rule(&gpu.dk, &same.dk, &golden.dk),
-        dv: rule(&gpu.dv, &same.dv, &golden.dv),
+        dq: rule(&gpu.dq, same.iter().map(|g| &g.dq[..]).collect(), &golden.dq),
+        dk: rule(&gpu.dk, same.iter().map(|g| &g.dk[..]).collect(), &golden.dk),
+        dv: rule(&gpu.dv, same.iter().map(|g| &g.dv[..]).collect(), &golden.dv),
         d_tensors,
     })
 }
