@@ -24,7 +24,8 @@ pub use flashgen_dsl::attention;
 pub use flashgen_runtime as runtime;
 pub use flashgen_runtime::{cudarc, half};
 pub use flashgen_runtime::{
-    ArgValue, BackwardIo, BackwardOptions, BlockMask, Element, Error, ForwardIo, ForwardOptions, Layout, Runtime,
+    ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, Element, Error, ForwardIo, ForwardOptions,
+    Layout, Runtime,
 };
 pub mod examples;
 pub mod verify;

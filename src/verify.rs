@@ -12,7 +12,8 @@ use crate::cudarc::driver::sys::CUevent_flags;
 use crate::cudarc::driver::{CudaSlice, CudaStream, DriverError};
 use crate::half::{bf16, f16};
 use crate::runtime::{
-    ArgValue, BackwardIo, BackwardOptions, BlockMask, Element, Error, ForwardIo, ForwardOptions, Layout, Runtime,
+    ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, Element, Error, ForwardIo, ForwardOptions,
+    Layout, Runtime,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -365,8 +366,9 @@ pub struct GpuGradients {
 impl DeviceProblem {
     /// Runs the backward pass from this problem's O and LSE (run
     /// [`Self::launch`] first) with the incoming gradient `d_out` (BSHD, like
-    /// O), asking for every tensor gradient the spec has; dQ, dK, dV and the
-    /// tensor gradients start NaN-poisoned. Waits and reads them back.
+    /// O), asking for every tensor gradient the spec has, in `workspace` if
+    /// given; dQ, dK, dV and the tensor gradients start NaN-poisoned. Waits
+    /// and reads them back.
     pub fn backward(
         &self,
         rt: &Runtime,
@@ -374,9 +376,14 @@ impl DeviceProblem {
         problem: &Problem,
         d_out: &[f64],
         deterministic: bool,
+        workspace: Option<&BackwardWorkspace>,
     ) -> Result<GpuGradients, Error> {
-        let opts =
-            BackwardOptions { scale: Some(problem.scale as f32), block_mask: self.block_mask.as_ref(), deterministic };
+        let opts = BackwardOptions {
+            scale: Some(problem.scale as f32),
+            block_mask: self.block_mask.as_ref(),
+            deterministic,
+            workspace,
+        };
         match &self.operands {
             Operands::F16(ops) => self.backward_as(rt, spec, problem, ops, d_out, &opts),
             Operands::Bf16(ops) => self.backward_as(rt, spec, problem, ops, d_out, &opts),
@@ -385,8 +392,8 @@ impl DeviceProblem {
 
     /// Median milliseconds of one training step's attention, forward and
     /// backward into Q, K and V (no tensor gradients, as the peers' steps),
-    /// queued back to back with buffers allocated once, after `warmup`
-    /// unmeasured steps.
+    /// queued back to back with buffers (the backward's workspace included)
+    /// allocated once, after `warmup` unmeasured steps.
     pub fn time_forward_backward(
         &mut self,
         rt: &Runtime,
@@ -411,12 +418,14 @@ impl DeviceProblem {
     ) -> Result<f64, Error> {
         let d_out = random_d_out(spec, problem.shape, 7);
         let mut grads = self.grad_buffers::<T>(spec, problem, &d_out, false)?;
+        let workspace = BackwardWorkspace::default();
         self.time_steps(rt, spec, problem, warmup, iters, |me| {
             let ops = T::operands(&me.operands).ok_or(Error::Dtype { spec: spec.dtype, got: T::DTYPE })?;
             let opts = BackwardOptions {
                 scale: Some(problem.scale as f32),
                 block_mask: me.block_mask.as_ref(),
                 deterministic: false,
+                workspace: Some(&workspace),
             };
             me.queue_backward(rt, spec, problem, ops, &mut grads, &opts)
         })

@@ -17,7 +17,7 @@ mod support;
 use flashgen::codegen::{Dtype, Shape, Spec};
 use flashgen::examples::SPECS;
 use flashgen::verify::{self, DeviceProblem, GpuGradients, OperandLayout};
-use flashgen::{Error, Runtime};
+use flashgen::{BackwardWorkspace, Error, Runtime};
 use support::{params, runtime, spec, with};
 
 #[derive(Clone, Copy)]
@@ -40,10 +40,14 @@ impl Case {
 }
 
 /// Runs every (spec, case) on the GPU, then checks them all against the
-/// reference in parallel; prints a table and fails if any row failed.
+/// reference in parallel; prints a table and fails if any row failed. The
+/// checked runs share one workspace, reused and grown across cases (a stale
+/// dQ accumulator would fail the check); the deterministic mode's second run
+/// allocates its own and must match bit for bit.
 fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
     let mut runs = Vec::new();
     let mut failures = Vec::new();
+    let workspace = BackwardWorkspace::default();
     for (spec, case) in cases {
         let shape = Shape {
             batch: case.batch,
@@ -74,9 +78,9 @@ fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
                 gpu.build_block_mask(rt, &spec, &problem)?;
             }
             gpu.launch(rt, &spec, &problem)?;
-            let grads = gpu.backward(rt, &spec, &problem, &d_out, case.deterministic)?;
+            let grads = gpu.backward(rt, &spec, &problem, &d_out, case.deterministic, Some(&workspace))?;
             if case.deterministic {
-                let again = gpu.backward(rt, &spec, &problem, &d_out, true)?;
+                let again = gpu.backward(rt, &spec, &problem, &d_out, true, None)?;
                 let same = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
                 if !(same(&grads.dq, &again.dq) && same(&grads.dk, &again.dk) && same(&grads.dv, &again.dv)) {
                     return Err(Error::KernelAbi {

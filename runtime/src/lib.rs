@@ -44,7 +44,7 @@ mod single_flight;
 
 pub use arch::Arch;
 pub use args::ArgValue;
-pub use backward::{BackwardIo, BackwardOptions};
+pub use backward::{BackwardIo, BackwardOptions, BackwardWorkspace};
 pub use block_mask::BlockMask;
 pub use disk_cache::{
     precompile, DiskCache, Entry, EntryKey, PrecompileReport, CACHE_DIR_ENV, CACHE_ENV, CACHE_MAX_BYTES_ENV,
