@@ -12,8 +12,8 @@ use crate::codegen::{Dtype, ElemTy, Shape, Spec};
 use crate::cudarc::driver::{CudaSlice, CudaStream, DriverError};
 use crate::half::{bf16, f16};
 use crate::runtime::{
-    median_ms, ArgValue, BackwardIo, BackwardOptions, BlockMask, Element, Error, ForwardIo, ForwardOptions, Layout,
-    Runtime, TuneReport,
+    median_ms, ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, Element, Error, ForwardIo,
+    ForwardOptions, Layout, Runtime, TuneReport,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -381,8 +381,9 @@ pub struct GpuGradients {
 impl DeviceProblem {
     /// Runs the backward pass from this problem's O and LSE (run
     /// [`Self::launch`] first) with the incoming gradient `d_out` (BSHD, like
-    /// O), asking for every tensor gradient the spec has; dQ, dK, dV and the
-    /// tensor gradients start NaN-poisoned. Waits and reads them back.
+    /// O), asking for every tensor gradient the spec has, in `workspace` if
+    /// given; dQ, dK, dV and the tensor gradients start NaN-poisoned. Waits
+    /// and reads them back.
     pub fn backward(
         &self,
         rt: &Runtime,
@@ -390,9 +391,14 @@ impl DeviceProblem {
         problem: &Problem,
         d_out: &[f64],
         deterministic: bool,
+        workspace: Option<&BackwardWorkspace>,
     ) -> Result<GpuGradients, Error> {
-        let opts =
-            BackwardOptions { scale: Some(problem.scale as f32), block_mask: self.block_mask.as_ref(), deterministic };
+        let opts = BackwardOptions {
+            scale: Some(problem.scale as f32),
+            block_mask: self.block_mask.as_ref(),
+            deterministic,
+            workspace,
+        };
         match &self.operands {
             Operands::F16(ops) => self.backward_as(rt, spec, problem, ops, d_out, &opts),
             Operands::Bf16(ops) => self.backward_as(rt, spec, problem, ops, d_out, &opts),
@@ -401,8 +407,8 @@ impl DeviceProblem {
 
     /// Median milliseconds of one training step's attention, forward and
     /// backward into Q, K and V (no tensor gradients, as the peers' steps),
-    /// queued back to back with buffers allocated once, after `warmup`
-    /// unmeasured steps.
+    /// queued back to back with buffers (the backward's workspace included)
+    /// allocated once, after `warmup` unmeasured steps.
     pub fn time_forward_backward(
         &mut self,
         rt: &Runtime,
@@ -427,12 +433,14 @@ impl DeviceProblem {
     ) -> Result<f64, Error> {
         let d_out = random_d_out(spec, problem.shape, 7);
         let mut grads = self.grad_buffers::<T>(spec, problem, &d_out, false)?;
+        let workspace = BackwardWorkspace::default();
         self.time_steps(rt, spec, problem, warmup, iters, |me| {
             let ops = T::operands(&me.operands).ok_or(Error::Dtype { spec: spec.dtype, got: T::DTYPE })?;
             let opts = BackwardOptions {
                 scale: Some(problem.scale as f32),
                 block_mask: me.block_mask.as_ref(),
                 deterministic: false,
+                workspace: Some(&workspace),
             };
             me.queue_backward(rt, spec, problem, ops, &mut grads, &opts)
         })
@@ -620,7 +628,14 @@ impl BackwardReport {
 
 /// Judges backward results with FlashAttention's rule (factor
 /// [`reference::BACKWARD_FACTOR`]) against the f64 reference backward, the
-/// baseline being the same-dtype emulation of [`reference::backward_in`].
+/// baseline's error being its mean over [`reference::BACKWARD_BASELINES`]
+/// same-dtype emulations ([`reference::same_dtype_backwards`],
+/// [`reference::flash_rule_averaged`]). One emulation is not enough for a
+/// tensor gradient of a few elements (ALiBi's one f32 per head): each is a
+/// sum over a whole head that nearly cancels, so one baseline's error can
+/// be accidentally tiny and its tolerance with it (issue 5: half the runs
+/// failed on a correct kernel). Over dQ, dK and dV the mean changes little:
+/// the maximum over that many elements hardly varies between draws.
 pub fn check_backward(
     spec: &Spec,
     problem: &Problem,
@@ -628,20 +643,23 @@ pub fn check_backward(
     gpu: &GpuGradients,
 ) -> Result<BackwardReport, reference::ReferenceError> {
     let golden = reference::backward(spec, problem, d_out)?;
-    let same = reference::backward_in(spec, problem, d_out, Precision::SameDtype(spec.dtype))?;
-    let f = reference::BACKWARD_FACTOR;
-    let rule = |out: &[f64], same: &[f64], golden: &[f64]| reference::flash_rule(out, same, golden, f);
+    let same = reference::same_dtype_backwards(spec, problem, d_out, reference::BACKWARD_BASELINES)?;
+    let rule = |out: &[f64], same: Vec<&[f64]>, golden: &[f64]| {
+        reference::flash_rule_averaged(out, same, golden, reference::BACKWARD_FACTOR)
+    };
     let mut d_tensors = Vec::new();
     for (slot, golden_t) in golden.d_tensors.iter().enumerate() {
-        let (Some(golden_t), Some(same_t)) = (golden_t, &same.d_tensors[slot]) else { continue };
+        let Some(golden_t) = golden_t else { continue };
         // A requested gradient that did not come back fails as NaN.
         let out = gpu.d_tensors.get(slot).cloned().flatten().unwrap_or_else(|| vec![f64::NAN]);
+        // The emulations train the same tensors as the golden backward.
+        let same_t = same.iter().map(|g| g.d_tensors[slot].as_deref().unwrap_or_default()).collect();
         d_tensors.push((spec.tensors[slot].name.clone(), rule(&out, same_t, golden_t)));
     }
     Ok(BackwardReport {
-        dq: rule(&gpu.dq, &same.dq, &golden.dq),
-        dk: rule(&gpu.dk, &same.dk, &golden.dk),
-        dv: rule(&gpu.dv, &same.dv, &golden.dv),
+        dq: rule(&gpu.dq, same.iter().map(|g| &g.dq[..]).collect(), &golden.dq),
+        dk: rule(&gpu.dk, same.iter().map(|g| &g.dk[..]).collect(), &golden.dk),
+        dv: rule(&gpu.dv, same.iter().map(|g| &g.dv[..]).collect(), &golden.dv),
         d_tensors,
     })
 }

@@ -1,6 +1,11 @@
 //! GPU correctness of the generated backward kernels: dQ, dK, dV and tensor
 //! gradients judged with FlashAttention's rule (factor 3) against the f64
-//! reference backward, the baseline being a same-dtype emulation.
+//! reference backward, the baseline's error being its mean over 16
+//! same-dtype emulations that round on shifted grids
+//! ([`verify::check_backward`]). One emulation is too noisy a yardstick for
+//! ALiBi's slopes gradient (one f32 per head, a sum that nearly cancels):
+//! its error was sometimes accidentally tiny, and a correct kernel failed
+//! about one run in two (issue 5; see bench/RESULTS.md).
 //!
 //! Each case runs the GPU forward (O, LSE) and then the backward on fresh
 //! random inputs with NaN-poisoned outputs (the seed is printed with every
@@ -12,7 +17,7 @@ mod support;
 use flashgen::codegen::{Dtype, Shape, Spec};
 use flashgen::examples::SPECS;
 use flashgen::verify::{self, DeviceProblem, GpuGradients, OperandLayout};
-use flashgen::{Error, Runtime};
+use flashgen::{BackwardWorkspace, Error, Runtime};
 use support::{params, runtime, spec, with};
 
 #[derive(Clone, Copy)]
@@ -35,10 +40,14 @@ impl Case {
 }
 
 /// Runs every (spec, case) on the GPU, then checks them all against the
-/// reference in parallel; prints a table and fails if any row failed.
+/// reference in parallel; prints a table and fails if any row failed. The
+/// checked runs share one workspace, reused and grown across cases (a stale
+/// dQ accumulator would fail the check); the deterministic mode's second run
+/// allocates its own and must match bit for bit.
 fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
     let mut runs = Vec::new();
     let mut failures = Vec::new();
+    let workspace = BackwardWorkspace::default();
     for (spec, case) in cases {
         let shape = Shape {
             batch: case.batch,
@@ -69,9 +78,9 @@ fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
                 gpu.build_block_mask(rt, &spec, &problem)?;
             }
             gpu.launch(rt, &spec, &problem)?;
-            let grads = gpu.backward(rt, &spec, &problem, &d_out, case.deterministic)?;
+            let grads = gpu.backward(rt, &spec, &problem, &d_out, case.deterministic, Some(&workspace))?;
             if case.deterministic {
-                let again = gpu.backward(rt, &spec, &problem, &d_out, true)?;
+                let again = gpu.backward(rt, &spec, &problem, &d_out, true, None)?;
                 let same = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
                 if !(same(&grads.dq, &again.dq) && same(&grads.dk, &again.dk) && same(&grads.dv, &again.dv)) {
                     return Err(Error::KernelAbi {

@@ -59,9 +59,9 @@ pub enum ArgKind {
     /// `float*` D = rowsum(dO ∘ O) `[batch, heads, q_len]`: the backward
     /// preprocess writes it, the gradient kernels read it.
     Delta,
-    /// `float*` dQ accumulator `[batch, heads, q_len, head_dims.qk]`, zeroed
-    /// before the backward pass; null in the deterministic mode, where a
-    /// separate kernel computes dQ.
+    /// `float*` dQ accumulator `[batch, heads, q_len, head_dims.qk]` of the
+    /// dK/dV kernel and the postprocess, zeroed before the backward pass;
+    /// null in the deterministic mode, where a separate kernel computes dQ.
     DqAccum,
     /// `float*` gradient of the spec's `i`-th captured tensor (its element
     /// count, zeroed before the pass), or null when not requested.

@@ -7,7 +7,8 @@ mod support;
 
 use flashgen_codegen::grad::{d_load, d_score};
 use flashgen_codegen::reference::{
-    backward, forward, Arith, Env, ParamValue, Position, Precision, Problem, ReferenceError, TensorData, Value,
+    backward, backward_in, flash_rule_averaged, forward, max_abs_diff, round_bf16, same_dtype_backwards, Arith, Env,
+    Gradients, ParamValue, Position, Precision, Problem, ReferenceError, TensorData, Value, BACKWARD_FACTOR,
 };
 use flashgen_codegen::{parse_one, parse_str, to_source, ElemTy, Expr, HeadDims, Shape, Spec, Ty};
 use std::path::PathBuf;
@@ -237,6 +238,50 @@ fn fully_masked_rows_have_zero_gradients() {
         assert!(row0.iter().all(|&x| x == 0.0), "{row0:?}");
     }
     assert!(g.dq.iter().any(|&x| x != 0.0));
+}
+
+/// The same-dtype baselines: the first is `backward_in`'s, each is off the
+/// golden gradients by a plausible amount and off in its own way (independent
+/// draws); dQ, dK, dV are in the dtype and an f32 tensor's gradient in f32.
+/// The averaged rule passes the golden slopes gradient and fails one with a
+/// head's sign flipped or its gradient lost.
+#[test]
+fn same_dtype_baselines_are_independent_draws() {
+    let spec = parse_one(
+        "Alibi { dtype: bf16, head_dim: 32, tensor slopes: f32[H], mask: q >= k, \
+         score: score + slopes[h] * (k - q) as f32 }",
+    )
+    .unwrap();
+    let mut rng = Rng(5);
+    let mut p = problem(&spec, Shape { batch: 1, heads: 2, heads_kv: 2, q_len: 40, kv_len: 48 }, &mut rng);
+    for x in p.q.iter_mut().chain(&mut p.k).chain(&mut p.v) {
+        *x = round_bf16(*x);
+    }
+    p.tensors = vec![TensorData::Float(vec![0.5, 0.0625])]; // ALiBi's geometric slopes
+    let d_out: Vec<f64> = (0..p.q.len()).map(|_| round_bf16(rng.normal())).collect();
+    let golden = backward(&spec, &p, &d_out).unwrap();
+    let same = same_dtype_backwards(&spec, &p, &d_out, 4).unwrap();
+    assert_eq!(same[0], backward_in(&spec, &p, &d_out, Precision::SameDtype(spec.dtype)).unwrap());
+    let scale = golden.dq.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    for (i, s) in same.iter().enumerate() {
+        let err = max_abs_diff(&s.dq, &golden.dq);
+        assert!(err > 0.0 && err < 0.05 * scale, "baseline {i}: dQ error {err} of {scale}");
+        assert!(same[..i].iter().all(|other| other.dq != s.dq), "baseline {i} repeats another");
+    }
+    assert!(same[0].dq.iter().chain(&same[0].dk).chain(&same[0].dv).all(|&x| round_bf16(x) == x));
+    let slopes = |g: &Gradients| g.d_tensors[0].clone().unwrap();
+    assert!(slopes(&same[0]).iter().all(|&x| f64::from(x as f32) == x));
+    assert!(slopes(&same[0]).iter().any(|&x| round_bf16(x) != x), "not rounded to bf16");
+
+    let baselines: Vec<Vec<f64>> = same.iter().map(slopes).collect();
+    let rule =
+        |out: &[f64]| flash_rule_averaged(out, baselines.iter().map(Vec::as_slice), &slopes(&golden), BACKWARD_FACTOR);
+    let golden_slopes = slopes(&golden);
+    assert!(rule(&golden_slopes).passed);
+    let flipped = [golden_slopes[0], -golden_slopes[1]];
+    assert!(!rule(&flipped).passed, "{}", rule(&flipped));
+    let dropped = [golden_slopes[0], 0.0];
+    assert!(!rule(&dropped).passed, "{}", rule(&dropped));
 }
 
 #[test]

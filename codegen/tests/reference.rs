@@ -4,8 +4,8 @@
 mod support;
 
 use flashgen_codegen::reference::{
-    flash_rule, forward, max_abs_diff, mean_abs_diff, round_bf16, round_dtype, round_f16, Arith, Env, Output,
-    ParamValue, Position, Precision, Problem, ReferenceError, TensorData, Value, FORWARD_FACTOR,
+    flash_rule, flash_rule_averaged, forward, max_abs_diff, mean_abs_diff, round_bf16, round_dtype, round_f16, Arith,
+    Env, Output, ParamValue, Position, Precision, Problem, ReferenceError, TensorData, Value, FORWARD_FACTOR,
 };
 use flashgen_codegen::{parse_one, Shape, Spec};
 
@@ -203,6 +203,20 @@ fn flash_rule_never_passes_nan() {
     assert!(!flash_rule(&golden, &[f64::NAN, 2.0], &golden, FORWARD_FACTOR).passed);
     assert!(!flash_rule(&[1.0], &golden, &golden, FORWARD_FACTOR).passed, "length mismatch");
     assert!(flash_rule(&[1.0, 2.0 + 5e-7], &golden, &golden, FORWARD_FACTOR).passed, "within the slack");
+}
+
+#[test]
+fn averaged_rule_uses_the_mean_baseline_error() {
+    let golden = [1.0, 2.0];
+    let (near, far) = ([1.0, 2.1], [1.5, 2.0]);
+    let check = flash_rule_averaged(&[1.0, 2.5], [&near[..], &far[..]], &golden, 2.0);
+    assert!((check.reference_error - 0.3).abs() < 1e-12 && check.passed, "{check}");
+    assert!(!flash_rule_averaged(&[1.0, 2.7], [&near[..], &far[..]], &golden, 2.0).passed);
+    assert_eq!(
+        flash_rule_averaged(&[1.0, 2.1], [&near[..]], &golden, 2.0),
+        flash_rule(&[1.0, 2.1], &near, &golden, 2.0)
+    );
+    assert!(!flash_rule_averaged(&golden, [], &golden, 2.0).passed, "no baseline");
 }
 
 #[test]

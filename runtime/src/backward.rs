@@ -3,8 +3,9 @@
 //! stream.
 //!
 //! Workspace: D (`f32[batch, heads, q_len]`) and, in the atomic mode, the dQ
-//! accumulator (`f32[batch, heads, q_len, head_dim]`) are allocated zeroed
-//! on the stream per launch. Requested tensor gradients are zeroed, then
+//! accumulator (`f32[batch, heads, q_len, head_dim]`, zeroed) live in one
+//! buffer, allocated on the stream per launch or kept between launches in a
+//! [`BackwardWorkspace`]. Requested tensor gradients are zeroed, then
 //! summed into by f32 atomics: they are not bitwise deterministic, in either
 //! mode. dQ, dK and dV are deterministic in the deterministic mode; in the
 //! atomic mode dQ's f32 sum order varies between runs.
@@ -19,6 +20,7 @@ use crate::{ArgValue, Element, Error, Layout, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::cuda::{trainable_tensors, BackwardPass, TileConfig};
 use flashgen_codegen::{to_source, Shape, Spec};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// The operands of one backward pass: the forward's inputs, its output O and
 /// row log-sum-exp (`f32[batch, heads, q_len]`, as [`crate::ForwardIo::lse`]
@@ -39,6 +41,16 @@ pub struct BackwardIo<'a, T> {
     pub d_tensors: Vec<Option<&'a mut CudaSlice<f32>>>,
 }
 
+/// Device memory for the backward pass's intermediates, kept between the
+/// launches given it in [`BackwardOptions::workspace`] so that they skip an
+/// allocation each. It grows to the largest launch it served (and moves to
+/// another device's memory when a launch there needs it). Launches reuse it
+/// in stream order, as cudarc orders every buffer: each waits for the work
+/// queued on it before, on whichever stream, so no launch sees another's
+/// values.
+#[derive(Default)]
+pub struct BackwardWorkspace(Mutex<Option<CudaSlice<f32>>>);
+
 #[derive(Clone, Copy, Default)]
 pub struct BackwardOptions<'a> {
     /// Softmax scale; must be the forward's. `None` means `1 / sqrt(head_dims.qk)`.
@@ -49,6 +61,8 @@ pub struct BackwardOptions<'a> {
     /// Compute dQ in a separate kernel without atomics, so dQ, dK and dV are
     /// bitwise reproducible (tensor gradients still use atomics).
     pub deterministic: bool,
+    /// Where D and the dQ accumulator live; `None` allocates them per call.
+    pub workspace: Option<&'a BackwardWorkspace>,
 }
 
 impl Runtime {
@@ -89,12 +103,31 @@ impl Runtime {
         let dq_pass = load(if opts.deterministic { BackwardPass::Query } else { BackwardPass::Postprocess })?;
 
         let stream = self.stream();
-        let alloc = |n: usize| {
-            stream.alloc_zeros::<f32>(n.max(1)).map_err(|e| Error::driver("allocating backward workspace", e))
-        };
         let rows = shape.batch * shape.heads * shape.q_len;
-        let mut delta = alloc(rows)?;
-        let mut dq_accum = if opts.deterministic { None } else { Some(alloc(rows * spec.head_dims.qk as usize)?) };
+        // No accumulator (a null pointer) in the deterministic mode, or without queries.
+        let accum_len = if opts.deterministic { 0 } else { rows * spec.head_dims.qk as usize };
+        let len = (rows + accum_len).max(1);
+        let alloc = || stream.alloc_zeros::<f32>(len).map_err(|e| Error::driver("allocating backward workspace", e));
+        let mut kept = opts.workspace.map(|w| w.0.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut fresh = None;
+        let buffer = match kept.as_deref_mut() {
+            Some(slot) => match slot {
+                Some(b) if b.len() >= len && Arc::ptr_eq(b.context(), self.context()) => b,
+                _ => {
+                    // Freed (after the work queued on it) before its successor
+                    // is allocated, so the pool can reuse the memory.
+                    *slot = None;
+                    slot.insert(alloc()?)
+                }
+            },
+            None => fresh.insert(alloc()?),
+        };
+        // The preprocess writes every row of D; the accumulator starts at 0.
+        let (mut delta, mut rest) = buffer.split_at_mut(rows);
+        let mut dq_accum = (accum_len > 0).then(|| rest.slice_mut(..accum_len));
+        if let Some(accum) = &mut dq_accum {
+            stream.memset_zeros(accum).map_err(|e| Error::driver("zeroing the dQ accumulator", e))?;
+        }
         let mut d_tensors = d_tensors;
         for t in d_tensors.iter_mut().flatten() {
             stream.memset_zeros(*t).map_err(|e| Error::driver("zeroing a tensor gradient", e))?;

@@ -56,7 +56,7 @@ mod tuning;
 pub use arch::Arch;
 pub use args::ArgValue;
 pub use autotune::TuneReport;
-pub use backward::{BackwardIo, BackwardOptions};
+pub use backward::{BackwardIo, BackwardOptions, BackwardWorkspace};
 pub use block_mask::BlockMask;
 pub use disk_cache::{
     precompile, Cleared, DiskCache, Entry, EntryKey, PrecompileReport, CACHE_DIR_ENV, CACHE_ENV, CACHE_MAX_BYTES_ENV,

@@ -48,12 +48,16 @@ pub(super) fn backward_pre_args(spec: &Spec) -> Vec<KernelArg> {
 }
 
 /// The backward gradient kernels (dK/dV, and the deterministic dQ): the
-/// operands `ops` then LSE, D and the dQ accumulator; sizes; the operands'
-/// strides; scale; params; tensors; tensor gradients (`tensor_grads`, the
-/// slots that have one); the block mask.
+/// operands `ops` then LSE, D and, unless the kernel writes dQ itself (DQ in
+/// `ops`), the dQ accumulator; sizes; the operands' strides; scale; params;
+/// tensors; tensor gradients (`tensor_grads`, the slots that have one); the
+/// block mask.
 pub(super) fn backward_args<const N: usize>(spec: &Spec, ops: [Operand; N], tensor_grads: &[usize]) -> Vec<KernelArg> {
     let mut kinds: Vec<ArgKind> = ops.map(ArgKind::Ptr).to_vec();
-    kinds.extend([ArgKind::Lse, ArgKind::Delta, ArgKind::DqAccum]);
+    kinds.extend([ArgKind::Lse, ArgKind::Delta]);
+    if !ops.contains(&Operand::DQ) {
+        kinds.push(ArgKind::DqAccum);
+    }
     kinds.extend([ArgKind::Batch, ArgKind::Heads, ArgKind::HeadsKv, ArgKind::QLen, ArgKind::KvLen]);
     kinds.extend(strides(ops));
     kinds.push(ArgKind::Scale);

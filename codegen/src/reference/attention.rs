@@ -2,7 +2,7 @@
 //! then P·V. O(B·H·Q·K·D) and allocation-free inside the loops.
 
 use super::eval::{check_len, Arith, Env, ParamValue, Position, TensorData};
-use super::rounding::round_dtype;
+use super::rounding::{round_dtype, Grid};
 use super::ReferenceError;
 use crate::spec::{Dtype, Shape, Spec};
 use std::ops::{Add, Div, Mul, Sub};
@@ -48,6 +48,19 @@ pub enum Precision {
 
 /// Computes attention for `spec` on `problem`.
 pub fn forward(spec: &Spec, problem: &Problem, precision: Precision) -> Result<Output, ReferenceError> {
+    forward_on(
+        spec,
+        problem,
+        match precision {
+            Precision::F64 => None,
+            Precision::SameDtype(dtype) => Some(Grid::of(dtype)),
+        },
+    )
+}
+
+/// [`forward`] in f64 without a grid, else the same-dtype emulation rounding
+/// S, P and O on `grid`.
+pub(super) fn forward_on(spec: &Spec, problem: &Problem, grid: Option<Grid>) -> Result<Output, ReferenceError> {
     let Shape { batch, heads, heads_kv, q_len, kv_len } = problem.shape;
     if heads_kv == 0 || heads % heads_kv != 0 {
         return Err(ReferenceError::Shape(format!(
@@ -58,9 +71,9 @@ pub fn forward(spec: &Spec, problem: &Problem, precision: Precision) -> Result<O
     check_len("q", problem.q.len(), &[batch, q_len, heads, d_qk])?;
     check_len("k", problem.k.len(), &[batch, kv_len, heads_kv, d_qk])?;
     check_len("v", problem.v.len(), &[batch, kv_len, heads_kv, d_v])?;
-    match precision {
-        Precision::F64 => run::<f64>(spec, problem, None),
-        Precision::SameDtype(dtype) => run::<f32>(spec, problem, Some(dtype)),
+    match grid {
+        None => run::<f64>(spec, problem, None),
+        Some(grid) => run::<f32>(spec, problem, Some(grid)),
     }
 }
 
@@ -105,16 +118,18 @@ macro_rules! impl_real {
 impl_real!(f32, Arith::F32);
 impl_real!(f64, Arith::F64);
 
-/// The forward pass in `F`, rounding S, P and O to `store` when given (the
+/// The forward pass in `F`, rounding S, P and O on `store` when given (the
 /// same-dtype emulation).
-fn run<F: Real>(spec: &Spec, problem: &Problem, store: Option<Dtype>) -> Result<Output, ReferenceError> {
+fn run<F: Real>(spec: &Spec, problem: &Problem, store: Option<Grid>) -> Result<Output, ReferenceError> {
     let env = Env::new(spec, &problem.shape, &problem.params, &problem.tensors, F::ARITH)?;
     let Shape { batch, heads, heads_kv, q_len, kv_len } = problem.shape;
     let (d_qk, d_v) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
-    let keep = |x: F| store.map_or(x, |d| F::from_f64(round_dtype(d, x.to_f64())));
-    // Rounding in f64 before narrowing avoids rounding twice.
-    let load =
-        |xs: &[f64]| -> Vec<F> { xs.iter().map(|&x| F::from_f64(store.map_or(x, |d| round_dtype(d, x)))).collect() };
+    let keep = |x: F| store.map_or(x, |g| F::from_f64(g.round(x.to_f64())));
+    // Inputs round to the dtype itself, whatever the grid; rounding in f64
+    // before narrowing avoids rounding twice.
+    let load = |xs: &[f64]| -> Vec<F> {
+        xs.iter().map(|&x| F::from_f64(store.map_or(x, |g| round_dtype(g.dtype, x)))).collect()
+    };
     let (q, k, v) = (load(&problem.q), load(&problem.k), load(&problem.v));
     let scale = F::from_f64(problem.scale);
     let group = heads / heads_kv;

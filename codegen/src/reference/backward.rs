@@ -9,12 +9,12 @@
 //! ones of [`crate::grad`], run by the interpreter, so checking this against
 //! finite differences checks the expressions a backward kernel would use.
 
-use super::attention::{forward, Precision, Problem};
+use super::attention::{forward, forward_on, Output, Precision, Problem};
 use super::eval::{check_len, Arith, Env, Position};
-use super::rounding::round_dtype;
+use super::rounding::Grid;
 use super::ReferenceError;
 use crate::grad::{d_load, d_score, load_indices};
-use crate::spec::{Expr, Shape, Spec};
+use crate::spec::{Dtype, ElemTy, Expr, Shape, Spec};
 
 /// The gradients of a loss with respect to a [`Problem`]'s inputs, in the
 /// same layouts (BSHD contiguous Q, K, V; row-major tensors).
@@ -38,22 +38,57 @@ pub fn backward(spec: &Spec, problem: &Problem, d_out: &[f64]) -> Result<Gradien
 }
 
 /// [`backward`] at `precision`. [`Precision::SameDtype`] emulates the
-/// backward of a same-dtype PyTorch reference (the baseline of
+/// backward of a same-dtype implementation (the baseline of
 /// [`super::flash_rule`] for gradients): P, dP = dO·Vᵀ, D, dS′ and dS are
-/// rounded to the dtype, as bf16/f16 autograd materializes them, and so are
-/// the gradients (O and LSE come from the f64 forward).
+/// rounded to the dtype, as bf16/f16 autograd materializes them; D =
+/// rowsum(dO ∘ O) comes from the O of a same-dtype forward, as a
+/// FlashAttention backward only ever has the rounded O (LSE comes from the
+/// f64 forward, as a kernel's f32 LSE is nearly exact); dQ, dK and dV are
+/// rounded to the dtype and tensor gradients to their tensor's element type,
+/// as autograd keeps a gradient in its input's dtype.
 pub fn backward_in(
     spec: &Spec,
     problem: &Problem,
     d_out: &[f64],
     precision: Precision,
 ) -> Result<Gradients, ReferenceError> {
-    let round = |x: f64| match precision {
-        Precision::F64 => x,
-        Precision::SameDtype(dtype) => round_dtype(dtype, x),
+    let exact = forward(spec, problem, Precision::F64)?;
+    let grid = match precision {
+        Precision::F64 => None,
+        Precision::SameDtype(dtype) => Some(Grid::of(dtype)),
     };
-    // Validates the shape, buffers, params and tensors, and gives O and LSE.
-    let out = forward(spec, problem, Precision::F64)?;
+    backward_on(spec, problem, d_out, &exact, grid)
+}
+
+/// `shifts` same-dtype emulations of the backward, the first as
+/// [`backward_in`]`(.., Precision::SameDtype(spec.dtype))`, the others
+/// rounding every intermediate to the dtype's values scaled by 2^(−i /
+/// shifts): each as precise as the dtype, but with its rounding points
+/// elsewhere, so their errors are independent draws of the baseline's, and
+/// a tolerance can rest on their typical size rather than on one draw (see
+/// [`super::flash_rule_averaged`]).
+pub fn same_dtype_backwards(
+    spec: &Spec,
+    problem: &Problem,
+    d_out: &[f64],
+    shifts: u32,
+) -> Result<Vec<Gradients>, ReferenceError> {
+    let exact = forward(spec, problem, Precision::F64)?;
+    (0..shifts).map(|i| backward_on(spec, problem, d_out, &exact, Some(Grid::shifted(spec.dtype, i, shifts)))).collect()
+}
+
+/// The backward from the f64 forward's `exact` output: in f64 without a
+/// grid, else the same-dtype emulation rounding on `grid`.
+fn backward_on(
+    spec: &Spec,
+    problem: &Problem,
+    d_out: &[f64],
+    exact: &Output,
+    grid: Option<Grid>,
+) -> Result<Gradients, ReferenceError> {
+    let round = |x: f64| grid.map_or(x, |g| g.round(x));
+    let rounded_o = grid.map(|g| forward_on(spec, problem, Some(g))).transpose()?.map(|out| out.o);
+    let o = rounded_o.as_ref().unwrap_or(&exact.o);
     let Shape { batch, heads, heads_kv, q_len, kv_len } = problem.shape;
     let (d_qk, d_v) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
     check_len("d_out", d_out.len(), &[batch, q_len, heads, d_v])?;
@@ -83,14 +118,14 @@ pub fn backward_in(
         for h in 0..heads {
             let kv_head = h / group;
             for i in 0..q_len {
-                let lse = out.lse[(b * heads + h) * q_len + i];
+                let lse = exact.lse[(b * heads + h) * q_len + i];
                 if lse == f64::NEG_INFINITY {
                     continue; // Fully masked: O = 0 whatever the inputs.
                 }
                 let row = (b * q_len + i) * heads + h;
                 let q_row = &problem.q[row * d_qk..][..d_qk];
                 let do_row = &d_out[row * d_v..][..d_v];
-                let delta = round(dot(do_row, &out.o[row * d_v..][..d_v]));
+                let delta = round(dot(do_row, &o[row * d_v..][..d_v]));
                 // Sizes were checked to fit i32 by `Env::new`.
                 let mut at = Position { b: b as i32, h: h as i32, q: i as i32, k: 0, score: 0.0 };
                 for j in 0..kv_len {
@@ -130,7 +165,13 @@ pub fn backward_in(
         }
     }
     for t in trainable {
-        g.d_tensors[t.slot] = Some(t.grad.into_iter().map(round).collect());
+        let store = |x: f64| match (grid, spec.tensors[t.slot].elem) {
+            (Some(g), ElemTy::F16) => g.with_dtype(Dtype::F16).round(x),
+            (Some(g), ElemTy::Bf16) => g.with_dtype(Dtype::Bf16).round(x),
+            (Some(_), _) => f64::from(x as f32),
+            (None, _) => x,
+        };
+        g.d_tensors[t.slot] = Some(t.grad.into_iter().map(store).collect());
     }
     for x in g.dq.iter_mut().chain(&mut g.dk).chain(&mut g.dv) {
         *x = round(*x);

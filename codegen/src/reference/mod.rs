@@ -16,7 +16,8 @@
 //! [`Precision::F64`] is the golden reference (every float operation in
 //! f64); [`Precision::SameDtype`] emulates a same-dtype PyTorch reference,
 //! whose error against the golden one sets the tolerance of
-//! [`flash_rule`].
+//! [`flash_rule`]; for gradients, its mean over several emulations
+//! ([`same_dtype_backwards`], [`flash_rule_averaged`]).
 
 mod attention;
 mod backward;
@@ -25,9 +26,12 @@ mod metrics;
 mod rounding;
 
 pub use attention::{forward, Output, Precision, Problem};
-pub use backward::{backward, backward_in, Gradients};
+pub use backward::{backward, backward_in, same_dtype_backwards, Gradients};
 pub use eval::{Arith, Env, ParamValue, Position, TensorData, Value};
-pub use metrics::{flash_rule, max_abs_diff, mean_abs_diff, FlashCheck, BACKWARD_FACTOR, FLASH_SLACK, FORWARD_FACTOR};
+pub use metrics::{
+    flash_rule, flash_rule_averaged, max_abs_diff, mean_abs_diff, FlashCheck, BACKWARD_BASELINES, BACKWARD_FACTOR,
+    FLASH_SLACK, FORWARD_FACTOR,
+};
 pub use rounding::{round_bf16, round_dtype, round_f16};
 
 use std::fmt;

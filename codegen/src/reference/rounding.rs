@@ -27,6 +27,41 @@ pub fn round_dtype(dtype: Dtype, x: f64) -> f64 {
     }
 }
 
+/// The values a same-dtype emulation rounds its intermediates to: a 16-bit
+/// dtype's, all scaled by 2^(−shift / shifts). A scaled grid is exactly as
+/// precise as the dtype's own, but its rounding points fall elsewhere, so
+/// emulations on grids `0..shifts` are independent draws of the same kind of
+/// rounding error (grid 0 is the dtype itself).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Grid {
+    pub dtype: Dtype,
+    shift: u32,
+    shifts: u32,
+}
+
+impl Grid {
+    /// The dtype's own values.
+    pub fn of(dtype: Dtype) -> Grid {
+        Grid { dtype, shift: 0, shifts: 1 }
+    }
+
+    /// The `shift`-th of `shifts` grids spread evenly over one binade.
+    pub fn shifted(dtype: Dtype, shift: u32, shifts: u32) -> Grid {
+        Grid { dtype, shift, shifts }
+    }
+
+    /// This grid with `dtype`'s values in place of its own, scaled alike.
+    pub fn with_dtype(self, dtype: Dtype) -> Grid {
+        Grid { dtype, ..self }
+    }
+
+    /// Rounds to the nearest grid value (ties to even on the scaled values).
+    pub fn round(self, x: f64) -> f64 {
+        let scale = (f64::from(self.shift) / f64::from(self.shifts)).exp2();
+        round_dtype(self.dtype, x * scale) / scale
+    }
+}
+
 /// f64 → f32 rounding to odd: truncate toward zero, then set the last bit if
 /// anything was lost.
 fn to_f32_odd(x: f64) -> f32 {
