@@ -106,7 +106,10 @@ impl Runtime {
         let rows = shape.batch * shape.heads * shape.q_len;
         // No accumulator (a null pointer) in the deterministic mode, or without queries.
         let accum_len = if opts.deterministic { 0 } else { rows * spec.head_dims.qk as usize };
-        let len = (rows + accum_len).max(1);
+        // The accumulator starts 256 bytes aligned, as a fresh allocation
+        // would: the dK/dV kernel adds to it with 16-byte vector reductions.
+        let delta_span = rows.next_multiple_of(64);
+        let len = (delta_span + accum_len).max(1);
         let alloc = || stream.alloc_zeros::<f32>(len).map_err(|e| Error::driver("allocating backward workspace", e));
         let mut kept = opts.workspace.map(|w| w.0.lock().unwrap_or_else(PoisonError::into_inner));
         let mut fresh = None;
@@ -123,7 +126,7 @@ impl Runtime {
             None => fresh.insert(alloc()?),
         };
         // The preprocess writes every row of D; the accumulator starts at 0.
-        let (mut delta, mut rest) = buffer.split_at_mut(rows);
+        let (mut delta, mut rest) = buffer.split_at_mut(delta_span.min(buffer.len()));
         let mut dq_accum = (accum_len > 0).then(|| rest.slice_mut(..accum_len));
         if let Some(accum) = &mut dq_accum {
             stream.memset_zeros(accum).map_err(|e| Error::driver("zeroing the dQ accumulator", e))?;
