@@ -96,7 +96,8 @@ impl TileConfig {
     ///
     /// The order is what the H200 measured with `flashgen-bench --tune`
     /// (bench/RESULTS.md): Hopper's wgmma first up to head dim 128 (two
-    /// warpgroups; 128-key tiles from d = 65, 64-key tiles below), except
+    /// warpgroups; 128-key tiles from d = 65, 64-key tiles below, and one
+    /// warpgroup per CTA for masked or scored d <= 64 specs), except
     /// under masks that read tensors (document ids), where the portable
     /// kernel's two CTAs per SM hide the id loads that one wgmma CTA per SM
     /// exposes; among mma.sync configs, 128-key tiles only for plain
@@ -112,7 +113,7 @@ impl TileConfig {
             0..=64 if plain => {
                 (vec![wgmma(8, 64), wgmma(4, 64), wgmma(8, 128)], vec![sync(4, 2, 128), default, sync(8, 1, 64)])
             }
-            0..=64 => (vec![wgmma(8, 64), wgmma(4, 64), wgmma(8, 128)], vec![default, sync(4, 2, 128), sync(8, 1, 64)]),
+            0..=64 => (vec![wgmma(4, 64), wgmma(8, 64), wgmma(8, 128)], vec![default, sync(4, 2, 128), sync(8, 1, 64)]),
             65..=128 => (vec![wgmma(8, 128), wgmma(8, 64), wgmma(4, 64)], vec![default, sync(8, 1, 64)]),
             _ => (vec![], vec![default, sync(4, 1, 64)]),
         };
