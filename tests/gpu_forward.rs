@@ -145,8 +145,8 @@ fn block_masks_are_exact_and_skip_tiles() {
         let (q_tiles, kv_tiles) = mask.tiles();
 
         // Brute force at batch 1, head 0: slice 0 unless the mask reads b.
-        let config = TileConfig::default_for(&spec);
-        let (bm, bn) = (config.block_m() as usize, config.block_n as usize);
+        let (bm, bn) = TileConfig::mask_tile(&spec);
+        let (bm, bn) = (bm as usize, bn as usize);
         let env = Env::new(&spec, &shape, &problem.params, &problem.tensors, Arith::F32).unwrap();
         let mask_expr = spec.mask.as_ref().unwrap();
         let heads_per_slice = if mask_expr.uses(Builtin::H) { heads.0 } else { 1 };

@@ -109,7 +109,7 @@ fn block_mask_kernels_of_data_dependent_masks() {
     // layout is decided by one pair per tile.
     for stem in ["document", "block_sparse"] {
         let spec = variant(stem);
-        let kernel = flashgen_codegen::cuda::emit_block_mask(&spec, TileConfig::default_for(&spec));
+        let kernel = flashgen_codegen::cuda::emit_block_mask(&spec);
         insta::assert_snapshot!(format!("block_mask_{stem}"), render(&kernel.expect("the spec has a mask")));
     }
 }

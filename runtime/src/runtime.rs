@@ -83,7 +83,7 @@ impl Which {
     pub(crate) fn emit(self, spec: &Spec) -> Option<Kernel> {
         match self {
             Which::Forward(config) => Some(cuda::emit_forward_with(spec, config)),
-            Which::BlockMask => cuda::emit_block_mask(spec, TileConfig::default_for(spec)),
+            Which::BlockMask => cuda::emit_block_mask(spec),
             Which::Backward(pass) => Some(cuda::emit_backward(spec, pass)),
         }
     }

@@ -39,7 +39,7 @@ fn every_shipped_spec_compiles_for_sm80_and_sm90() {
     let jobs: Vec<(Kernel, Arch)> = specs
         .iter()
         .flat_map(|spec| {
-            let block_mask = emit_block_mask(spec, TileConfig::default_for(spec));
+            let block_mask = emit_block_mask(spec);
             let backward =
                 [BackwardPass::Preprocess, BackwardPass::KeyValue, BackwardPass::Query, BackwardPass::Postprocess]
                     .map(|pass| Some(emit_backward(spec, pass)));

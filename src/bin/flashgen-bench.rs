@@ -255,11 +255,11 @@ fn time_block_mask(
     Ok((times[times.len() / 2], format!("{kept}/{per_slice}")))
 }
 
-/// K/V tiles the kernel visits per (batch, head), out of all, by the same
+/// Block-mask tiles the kernel visits per (batch, head), out of all, by the same
 /// interval analysis the kernel runs (batch 0, head 0).
 fn visited_tiles(spec: &flashgen::Spec, problem: &flashgen::codegen::reference::Problem) -> String {
-    let config = TileConfig::default_for(spec);
-    let (bm, bn) = (config.block_m() as usize, config.block_n as usize);
+    let (bm, bn) = TileConfig::mask_tile(spec);
+    let (bm, bn) = (bm as usize, bn as usize);
     let Shape { q_len, kv_len, .. } = problem.shape;
     let (mut visited, mut total) = (0, 0);
     for q0 in (0..q_len).step_by(bm) {

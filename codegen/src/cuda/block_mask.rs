@@ -12,8 +12,8 @@
 //! the forward kernel's `next_tile` / `tile_full` read. Batch and head get
 //! their own slices only if the mask reads `b` or `h`; otherwise one slice is
 //! broadcast, so a document mask costs one pass per batch, not per head.
-//! Tiles use the forward kernel's `BLOCK_M` × `BLOCK_N`, so the two must be
-//! built from the same [`TileConfig`].
+//! Tiles are the spec's mask tile ([`TileConfig::mask_tile`]); forward
+//! kernels of any tile size combine the ones their tiles overlap.
 
 use super::expr::{c_expr, c_expr_in, c_type};
 use super::hoist::{hoist, lookup_indexed, Hoisted, Level};
@@ -31,9 +31,10 @@ use std::fmt::{self, Write};
 
 const THREADS: u32 = 128;
 
-/// Emits the block-mask kernel of `spec` for the tiles of `config`; `None`
-/// when the spec has no mask (every tile is kept whole).
-pub fn emit_block_mask(spec: &Spec, config: TileConfig) -> Option<Kernel> {
+/// Emits the block-mask kernel of `spec` (tiles of [`TileConfig::mask_tile`]);
+/// `None` when the spec has no mask (every tile is kept whole).
+pub fn emit_block_mask(spec: &Spec) -> Option<Kernel> {
+    let (block_m, block_n) = TileConfig::mask_tile(spec);
     let mask = spec.mask.as_ref()?;
     let class = tile_class_expr(spec)?;
     let name = kernel_name("mask", spec);
@@ -45,8 +46,8 @@ pub fn emit_block_mask(spec: &Spec, config: TileConfig) -> Option<Kernel> {
         writeln!(w)?;
         w.write_str(RANGES)?;
         writeln!(w)?;
-        writeln!(w, "constexpr int BLOCK_M = {};  // the forward kernel's query rows per tile", config.block_m())?;
-        writeln!(w, "constexpr int BLOCK_N = {};  // the forward kernel's keys per tile", config.block_n)?;
+        writeln!(w, "constexpr int BLOCK_M = {block_m};  // query rows per mask tile")?;
+        writeln!(w, "constexpr int BLOCK_N = {block_n};  // keys per mask tile")?;
         writeln!(w, "constexpr int THREADS = {THREADS};\n")?;
         write_entry(w, spec, &name, &args, |w| {
             let arg = |kind| arg_name(spec, kind);
@@ -73,7 +74,7 @@ pub fn emit_block_mask(spec: &Spec, config: TileConfig) -> Option<Kernel> {
                 \x20   return;\n\
                 }}\n",
             )?;
-            if block_uniform(mask, config.block_m(), config.block_n) {
+            if block_uniform(mask, block_m, block_n) {
                 return write!(
                     w,
                     "\
@@ -94,8 +95,8 @@ pub fn emit_block_mask(spec: &Spec, config: TileConfig) -> Option<Kernel> {
         name,
         source: w.into_inner(),
         grid: Grid::MaskTiles,
-        block_m: config.block_m(),
-        block_n: config.block_n,
+        block_m,
+        block_n,
         threads: THREADS,
         dynamic_smem: 0,
         args,

@@ -246,7 +246,11 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt:
     let ShmemCols { qk, v, .. } = cols;
     writeln!(w, "constexpr int Q_TILE = BLOCK_M * {qk};")?;
     writeln!(w, "constexpr int K_TILE = BLOCK_N * {qk};")?;
-    writeln!(w, "constexpr int V_TILE = BLOCK_N * {v};")
+    writeln!(w, "constexpr int V_TILE = BLOCK_N * {v};")?;
+    if spec.mask.is_some() {
+        write_mask_tiles(w, spec)?;
+    }
+    Ok(())
 }
 
 /// The shared-tile column counts and layout flag `load_tile` gets, as C.
@@ -640,21 +644,11 @@ fn write_tile_classes(
         // A block mask built for data-dependent masks (tensor reads) refines\n\
         // them: 0 = no pair kept, 2 = every pair kept, exact per tile.\n"
     )?;
-    let (mask_m, mask_n) = TileConfig::mask_tile(spec);
-    write!(
-        w,
-        "\
-        // Its tiles are MASK_M x MASK_N; a K/V tile here combines the ones it overlaps.\n\
-        constexpr int MASK_M = {mask_m}, MASK_N = {mask_n};\n\
-        const unsigned char* mask_slice = block_mask == nullptr ? nullptr\n\
-        \x20   : block_mask + b * block_mask_batch_stride + h * block_mask_head_stride;\n\
-        const int mask_kv_tiles = ({kv_len} + MASK_N - 1) / MASK_N;\n\
-        auto block_class = [&](int j) {{\n\
-        \x20   const int k_lo = j * BLOCK_N, k_hi = min_i32(k_lo + BLOCK_N, {kv_len}) - 1;\n\
-        \x20   return mask_slice == nullptr ? 1 : coarse_class<MASK_M, MASK_N>(mask_slice, mask_kv_tiles, q_lo, q_hi, k_lo, k_hi);\n\
-        }};\n"
-    )?;
-    if mask.reads_tensor() {
+    let keys = format!("j * BLOCK_N, min_i32((j + 1) * BLOCK_N, {kv_len}) - 1");
+    if !mask.reads_tensor() {
+        write_block_class(w, "mask_class", kv_len, "q_lo, q_hi", &keys)?;
+    } else {
+        write_block_class(w, "block_class", kv_len, "q_lo, q_hi", &keys)?;
         write!(
             w,
             "\
@@ -671,10 +665,7 @@ fn write_tile_classes(
             __syncthreads();\n\
             auto mask_class = [&](int j) {{ return staged ? (int)staged_class[j] : block_class(j); }};\n"
         )?;
-    } else {
-        writeln!(w, "auto mask_class = block_class;")?;
     }
-    let (empty, kept) = ("mask_class(j) == 0", "mask_class(j) == 2");
     write!(
         w,
         "\
@@ -682,8 +673,38 @@ fn write_tile_classes(
         // are skipped whole (the rest of the row, then 16 tiles at a time), so a\n\
         // sliding window does not pay for a scan over every tile of the row.\n"
     )?;
-    write_next_tile(w, "kv_tiles", &format!("{empty}{skip}"))?;
-    writeln!(w, "auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || {kept}{full}; }};")
+    write_next_tile(w, "kv_tiles", &format!("mask_class(j) == 0{skip}"))?;
+    writeln!(w, "auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || mask_class(j) == 2{full}; }};")
+}
+
+/// The tile sizes at which a block mask is built ([`TileConfig::mask_tile`]).
+pub(super) fn write_mask_tiles(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    let (rows, keys) = TileConfig::mask_tile(spec);
+    writeln!(w, "// A block mask holds one class per MASK_M x MASK_N tile.")?;
+    writeln!(w, "constexpr int MASK_M = {rows};")?;
+    writeln!(w, "constexpr int MASK_N = {keys};")
+}
+
+/// This (batch, head)'s slice of the block mask and the lambda `name(j)`:
+/// the class of tile j (queries `q_span`, keys `k_span`, each "lo, hi" in C)
+/// combined over the mask tiles it overlaps; 1 (undecided) without a mask.
+pub(super) fn write_block_class(
+    w: &mut Writer<String>,
+    name: &str,
+    kv_len: &str,
+    q_span: &str,
+    k_span: &str,
+) -> fmt::Result {
+    write!(
+        w,
+        "\
+        const unsigned char* mask_slice = block_mask == nullptr ? nullptr\n\
+        \x20   : block_mask + b * block_mask_batch_stride + h * block_mask_head_stride;\n\
+        const int mask_kv_tiles = ({kv_len} + MASK_N - 1) / MASK_N;\n\
+        auto {name} = [&](int j) {{\n\
+        \x20   return mask_slice == nullptr ? 1 : coarse_class<MASK_M, MASK_N>(mask_slice, mask_kv_tiles, {q_span}, {k_span});\n\
+        }};\n"
+    )
 }
 
 /// The `next_tile` lambda over `tiles` tiles: the first tile from j on that

@@ -13,7 +13,6 @@ use super::super::source::{write_entry, write_header};
 use super::super::tile_class::tile_class_expr;
 use super::super::tiles::TILES;
 use super::super::writer::Writer;
-use super::super::TileConfig;
 use crate::abi::{ArgKind, KernelArg};
 use crate::grad::{d_load, d_score, load_indices};
 use crate::spec::{Builtin, Dtype, Expr, Spec};
@@ -130,14 +129,6 @@ fn write_dims(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     writeln!(w, "constexpr int DV = {dv};  // V/O head dim")?;
     writeln!(w, "constexpr int DP = {};  // D padded to the MMA k-step (zeros beyond D)", pad16(d))?;
     writeln!(w, "constexpr int DVP = {};  // DV padded to pairs of 8-wide MMA tiles", pad16(dv))
-}
-
-/// The tile sizes at which a block mask is built.
-pub(super) fn write_mask_tiles(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
-    let (rows, keys) = TileConfig::mask_tile(spec);
-    writeln!(w, "// A block mask holds one class per MASK_M x MASK_N tile.")?;
-    writeln!(w, "constexpr int MASK_M = {rows};")?;
-    writeln!(w, "constexpr int MASK_N = {keys};")
 }
 
 /// Which built-in the rows of a warp's accumulator tiles run over. Lane
@@ -359,19 +350,12 @@ pub(super) fn write_tile_walk(w: &mut Writer<String>, spec: &Spec, walk: &Walk) 
         \x20   const int {axis}_hi = (int)(j1 * (long long){size} < {len} ? j1 * (long long){size} : {len}) - 1;\n\
         \x20   return {class};\n\
         }};\n\
-        // A block mask (built for data-dependent masks at the forward's tiles)\n\
-        // refines them: 0 = no pair kept, 2 = every pair kept.\n\
-        const unsigned char* mask_slice = block_mask == nullptr ? nullptr\n\
-        \x20   : block_mask + b * block_mask_batch_stride + h * block_mask_head_stride;\n\
-        const int mask_kv_tiles = ({kv_len} + MASK_N - 1) / MASK_N;\n\
-        auto mask_class = [&](int j) {{\n\
-        \x20   return mask_slice == nullptr ? 1 : coarse_class<MASK_M, MASK_N>(mask_slice, mask_kv_tiles, {}, {});\n\
-        }};\n\
-        // The next tile from j on that keeps a pair; spans the analysis rules out\n\
-        // are skipped whole (the rest, then 16 tiles at a time).\n",
-        tile_range(q_range),
-        tile_range(k_range),
+        // A block mask (built for data-dependent masks) refines them: 0 = no\n\
+        // pair kept, 2 = every pair kept.\n"
     )?;
+    forward::write_block_class(w, "mask_class", &kv_len, &tile_range(q_range), &tile_range(k_range))?;
+    writeln!(w, "// The next tile from j on that keeps a pair; spans the analysis rules out")?;
+    writeln!(w, "// are skipped whole (the rest, then 16 tiles at a time).")?;
     forward::write_next_tile(w, tiles, "mask_class(j) == 0")?;
     writeln!(w, "auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || mask_class(j) == 2; }};")
 }

@@ -2,13 +2,13 @@
 //! batch), keys as the rows of every warp's tiles. See the module note.
 
 use super::common::{
-    per_head, write_column_terms, write_mask_tiles, write_row_terms, write_source, write_spec_lambdas, write_tile_walk,
-    Rows, Sections, SpecTerms, Walk,
+    per_head, write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows, Sections,
+    SpecTerms, Walk,
 };
 use super::step::{write_elements, write_register_products, write_scores, write_stores, FromRegisters, Store};
 use super::BackwardConfig;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
-use crate::cuda::forward::pad16;
+use crate::cuda::forward::{pad16, write_mask_tiles};
 use crate::cuda::hoist::hoist;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::backward_args;

@@ -3,14 +3,14 @@
 //! walking the kv tiles and keeping dQ in registers. See the module note.
 
 use super::common::{
-    write_column_terms, write_mask_tiles, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows,
-    Sections, SpecTerms, Walk,
+    write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows, Sections, SpecTerms,
+    Walk,
 };
 use super::dkdv::write_rows;
 use super::step::{write_elements, write_register_products, write_scores, write_stores, FromRegisters, Store};
 use super::BackwardConfig;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
-use crate::cuda::forward::pad16;
+use crate::cuda::forward::{pad16, write_mask_tiles};
 use crate::cuda::hoist::hoist;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::backward_args;
