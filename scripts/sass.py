@@ -47,7 +47,8 @@ def main():
     p.add_argument("--sass", action="store_true")
     a = p.parse_args()
     log, cubin = compile_cubin(nvrtc(), open(a.source).read(), a.arch)
-    print("\n".join(l for l in log.splitlines() if "registers" in l or "spill" in l or "smem" in l))
+    keep = ("registers", "spill", "smem", "arning", "serialized")
+    print("\n".join(l for l in log.splitlines() if any(k in l for k in keep)))
     if not a.sass:
         return
     tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump") or sys.exit("cuobjdump not found")

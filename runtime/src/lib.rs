@@ -66,7 +66,7 @@ pub use element::Element;
 pub use error::Error;
 pub use forward::{ForwardIo, ForwardOptions};
 pub use layout::Layout;
-pub use nvrtc::{compile_count, compile_cubin, nvrtc_version, DUMP_ENV};
+pub use nvrtc::{compile_count, compile_cubin, compile_cubin_with_log, nvrtc_version, DUMP_ENV};
 pub use runtime::{CacheStats, KernelSet, LoadedKernel, Runtime};
 pub use timing::median_ms;
 pub use tuning::{config_name, ShapeClass, AUTOTUNE_ENV};

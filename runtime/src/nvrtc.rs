@@ -35,6 +35,12 @@ pub fn nvrtc_version() -> Result<(i32, i32), Error> {
 
 /// Compiles `kernel` to a CUBIN for `arch`. Needs libnvrtc, not a GPU.
 pub fn compile_cubin(kernel: &Kernel, arch: Arch) -> Result<Vec<u8>, Error> {
+    compile_cubin_with_log(kernel, arch).map(|(cubin, _)| cubin)
+}
+
+/// [`compile_cubin`], with the compile log of a successful compile: ptxas's
+/// notes, e.g. that it serialized a kernel's wgmma pipeline.
+pub fn compile_cubin_with_log(kernel: &Kernel, arch: Arch) -> Result<(Vec<u8>, String), Error> {
     ensure_nvrtc()?;
     let compile_error = |log: String| Error::Compile {
         kernel: kernel.name.clone(),
@@ -65,7 +71,7 @@ pub fn compile_cubin(kernel: &Kernel, arch: Arch) -> Result<Vec<u8>, Error> {
     unsafe { sys::nvrtcGetCUBIN(program.0, cubin.as_mut_ptr().cast::<c_char>()) }
         .result()
         .map_err(nvrtc_error("reading the CUBIN"))?;
-    Ok(cubin)
+    Ok((cubin, log))
 }
 
 /// NVRTC options for `arch`; part of the kernel cache key. No fast math:

@@ -278,7 +278,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
     let seq_stride = |op| name(ArgKind::Stride(op, Axis::Seq));
     let [q_stride, k_stride, v_stride, o_stride] = [Operand::Q, Operand::K, Operand::V, Operand::O].map(seq_stride);
 
-    let ShmemCols { qk: qk_cols, v: v_cols, panels } = ShmemCols::of(config.mma);
+    let ShmemCols { qk: qk_cols, panels, .. } = ShmemCols::of(config.mma);
     match config.mma {
         Mma::Sync => writeln!(w, "extern __shared__ __align__(128) unsigned short smem[];")?,
         Mma::Wgmma => write!(
@@ -344,14 +344,21 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;\n"
     )?;
     write_tile_classes(w, spec, config, &q_len, &kv_len)?;
+    let kv = KvLoads { cols: ShmemCols::of(config.mma), k_stride: &k_stride, v_stride: &v_stride, kv_len: &kv_len };
+    let wgmma = config.mma == Mma::Wgmma;
+    let pipelined = pipelined(config);
+    writeln!(w, "int j = next_tile(0);")?;
+    w.block(format_args!("if (j < kv_tiles)"), |w| {
+        kv.k(w, "k_tiles", "j")?;
+        // Pipelined kernels load a tile's V one iteration after its K (see below).
+        if !pipelined {
+            kv.v(w, "v_tiles", "j")?;
+        }
+        Ok(())
+    })?;
     write!(
         w,
         "\
-        int j = next_tile(0);\n\
-        if (j < kv_tiles) {{\n\
-        \x20   load_tile<BLOCK_N, {qk_cols}, D, THREADS{panels}>(k_tiles, k_rows + (long long)j * BLOCK_N * {k_stride}, {k_stride}, {kv_len} - j * BLOCK_N, vector);\n\
-        \x20   load_tile<BLOCK_N, {v_cols}, DV, THREADS{panels}>(v_tiles, v_rows + (long long)j * BLOCK_N * {v_stride}, {v_stride}, {kv_len} - j * BLOCK_N, vector);\n\
-        }}\n\
         cp_async_commit();\n\
         // The tile after j, one ahead: finding it may read the block mask, and a\n\
         // tile's compute hides that load's latency.\n\
@@ -386,182 +393,92 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         float m[M_TILES][2];\n\
         float l[M_TILES][2] = {{}};\n\
         #pragma unroll\n\
-        for (int mt = 0; mt < M_TILES; ++mt) m[mt][0] = m[mt][1] = neg_inf();\n\
-        \n"
+        for (int mt = 0; mt < M_TILES; ++mt) m[mt][0] = m[mt][1] = neg_inf();\n"
     )?;
-    w.block(format_args!("for (int stage = 0; j < kv_tiles; stage ^= 1)"), |w| {
+    if pipelined {
+        write!(
+            w,
+            "\
+            // P of the previous visited tile: the A operand of its P V, which runs\n\
+            // on the tensor cores behind the next tile's S while the softmax of\n\
+            // that S runs on the CUDA cores (FlashAttention-3's intra-warpgroup\n\
+            // overlap). V of tile j therefore loads with K of the tile after it.\n\
+            unsigned p[BLOCK_N / 16][4];\n\
+            bool pv_pending = false;\n"
+        )?;
+        if ping_pong(config) {
+            write!(
+                w,
+                "\
+                // The two warpgroups take turns issuing their products (named barrier\n\
+                // 1 + warpgroup: wait for the turn; arrive on the other's): the tensor\n\
+                // cores then run one warpgroup's S and P V while the other runs its\n\
+                // softmax (FlashAttention-3's ping-pong). Warpgroup 0 goes first.\n\
+                const int warpgroup = warp / 4;\n\
+                if (warpgroup == 1) named_barrier_arrive(1, 256);\n"
+            )?;
+        }
+    }
+    writeln!(w)?;
+    let v_stage = if pipelined { "(stage ^ 1)" } else { "stage" };
+    writeln!(w, "int stage = 0;")?;
+    w.block(format_args!("for (; j < kv_tiles; stage ^= 1)"), |w| {
         write!(
             w,
             "\
             const int kv0 = j * BLOCK_N;\n\
             const bool full = tile_full(j);  // the mask keeps every pair: skip evaluating it\n\
             const unsigned k_smem = smem_addr(k_tiles + stage * K_TILE);\n\
-            const unsigned v_smem = smem_addr(v_tiles + stage * V_TILE);\n\
+            const unsigned v_smem = smem_addr(v_tiles + {v_stage} * V_TILE);\n\
             cp_async_wait_all();\n"
         )?;
-        if config.mma == Mma::Wgmma {
-            writeln!(w, "fence_async_smem();  // the tensor cores read the tile through the async proxy")?;
+        if wgmma {
+            writeln!(w, "fence_async_smem();  // the tensor cores read the tiles through the async proxy")?;
+            writeln!(w, "__syncthreads();  // this iteration's tiles are visible; the stages the loads")?;
+            writeln!(w, "                  // below overwrite are done with (their products were waited for)")?;
+        } else {
+            writeln!(w, "__syncthreads();  // tile j is visible, and every warp is done with the previous one")?;
         }
-        write!(
-            w,
-            "\
-            __syncthreads();  // tile j is visible, and every warp is done with the previous one\n\
-            if (next < kv_tiles) {{\n\
-            \x20   const int n0 = next * BLOCK_N;\n\
-            \x20   load_tile<BLOCK_N, {qk_cols}, D, THREADS{panels}>(k_tiles + (stage ^ 1) * K_TILE, k_rows + (long long)n0 * {k_stride}, {k_stride}, {kv_len} - n0, vector);\n\
-            \x20   load_tile<BLOCK_N, {v_cols}, DV, THREADS{panels}>(v_tiles + (stage ^ 1) * V_TILE, v_rows + (long long)n0 * {v_stride}, {v_stride}, {kv_len} - n0, vector);\n\
-            }}\n\
-            cp_async_commit();\n\
-            const int after = next < kv_tiles ? next_tile(next + 1) : kv_tiles;\n"
-        )?;
-        if config.mma == Mma::Sync {
-            write_column_terms(w, spec, &hoisted, Level::Column, "k", "kv0")?;
-        }
-        writeln!(w)?;
-        match config.mma {
-            Mma::Sync => write!(
-                w,
-                "\
-            // S = Q K^T on this warp's WARP_M rows x BLOCK_N keys; each K fragment\n\
-            // feeds all M_TILES row tiles.\n\
-            float s[M_TILES][S_TILES][4] = {{}};\n\
-            #pragma unroll\n\
-            for (int kk = 0; kk < DP / 16; ++kk) {{\n\
-            \x20   unsigned a[M_TILES][4];\n\
-            \x20   #pragma unroll\n\
-            \x20   for (int mt = 0; mt < M_TILES; ++mt) ldmatrix_x4(a[mt], q_smem + q_lane.at(mt * 16, kk));\n\
-            \x20   #pragma unroll\n\
-            \x20   for (int n = 0; n < S_TILES; n += 2) {{\n\
-            \x20       unsigned kb[4];\n\
-            \x20       ldmatrix_x4(kb, k_smem + k_lane.at(n * 8, kk));\n\
-            \x20       #pragma unroll\n\
-            \x20       for (int mt = 0; mt < M_TILES; ++mt) {{\n\
-            \x20           mma_16816(storage{{}}, s[mt][n], a[mt], kb[0], kb[1]);\n\
-            \x20           mma_16816(storage{{}}, s[mt][n + 1], a[mt], kb[2], kb[3]);\n\
-            \x20       }}\n\
-            \x20   }}\n\
-            }}\n"
-            )?,
-            Mma::Wgmma => {
-                write!(
-                    w,
-                    "\
-                    // S = Q K^T on this warpgroup's 64 rows x BLOCK_N keys, both operands\n\
-                    // from shared memory; the first k-step overwrites S.\n\
-                    float s[M_TILES][S_TILES][4];\n\
-                    wgmma_fence();\n\
-                    #pragma unroll\n\
-                    for (int kk = 0; kk < DP / 16; ++kk) {{\n\
-                    \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
-                    \x20   wgmma_ss_n{block_n}(s[0], gmma_desc(q_smem + panel * BLOCK_M * 128 + step, 16, 1024),\n\
-                    \x20                    gmma_desc(k_smem + panel * BLOCK_N * 128 + step, 16, 1024), kk);\n\
-                    }}\n\
-                    wgmma_commit();\n",
-                    block_n = config.block_n
-                )?;
-                if hoisted.iter().any(|h| h.level == Level::Column) {
-                    writeln!(w, "// While the tensor cores run: the tile's per-key spec terms.")?;
-                    write_column_terms(w, spec, &hoisted, Level::Column, "k", "kv0")?;
-                }
-                writeln!(w, "wgmma_wait();")?;
+        // The next loads: K of `next` and V of `next` (pipelined: of j) into the stages
+        // the previous iteration finished with. (Issuing them after the
+        // wgmmas instead measured 4-6% slower on the H200.)
+        w.block(format_args!("if (next < kv_tiles)"), |w| {
+            kv.k(w, "k_tiles + (stage ^ 1) * K_TILE", "next")?;
+            if !pipelined {
+                kv.v(w, "v_tiles + (stage ^ 1) * V_TILE", "next")?;
             }
+            Ok(())
+        })?;
+        if pipelined {
+            kv.v(w, "v_tiles + stage * V_TILE", "j")?;
         }
-        write!(
-            w,
-            "\
-            \n\
-            // The spec on every element of S (log2 units, -inf where masked).\n\
-            // Interior tiles (kept whole, no key past kv_len) run without mask\n\
-            // and bounds code.\n"
-        )?;
-        writeln!(w, "if (full && kv0 + BLOCK_N <= {kv_len}) {{")?;
-        w.indented(|w| write_apply_logits(w, "logit_interior(x, q, kv0 + n * 8 + 2 * t + c, i, n, c)"))?;
-        writeln!(w, "}} else {{")?;
-        w.indented(|w| write_apply_logits(w, "logit(x, q, kv0 + n * 8 + 2 * t + c, i, n, c, full)"))?;
-        writeln!(w, "}}")?;
-        write!(
-            w,
-            "\
-            \n\
-            // Online softmax, base 2, row by row. A row's O and l are rescaled only\n\
-            // when its max grew by more than RESCALE_SLACK: until then exp2 runs\n\
-            // against the stale max, so P <= 2^RESCALE_SLACK, exact enough for f32\n\
-            // sums and 16-bit P (FlashAttention-4's conditional rescaling). The\n\
-            // four lanes of a row agree on the branch. While every key so far is\n\
-            // masked, m is -inf and exp2 runs against 0 (finite_or_zero).\n\
-            #pragma unroll\n\
-            for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
-            \x20   const int mt = i / 2, r = i % 2;\n\
-            \x20   float row_max = neg_inf();\n\
-            \x20   #pragma unroll\n\
-            \x20   for (int n = 0; n < S_TILES; ++n) row_max = fmaxf(row_max, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));\n\
-            \x20   const float m_new = fmaxf(m[mt][r], quad_max(row_max));\n\
-            \x20   if (m_new > m[mt][r] + RESCALE_SLACK) {{\n\
-            \x20       const float alpha = fast_exp2(m[mt][r] - m_new);\n\
-            \x20       m[mt][r] = m_new;\n\
-            \x20       l[mt][r] *= alpha;\n\
-            \x20       #pragma unroll\n\
-            \x20       for (int n = 0; n < O_TILES; ++n) {{\n\
-            \x20           o[mt][n][2 * r] *= alpha;\n\
-            \x20           o[mt][n][2 * r + 1] *= alpha;\n\
-            \x20       }}\n\
-            \x20   }}\n\
-            \x20   const float m_use = finite_or_zero(m[mt][r]);\n\
-            \x20   #pragma unroll\n\
-            \x20   for (int n = 0; n < S_TILES; ++n) {{\n\
-            \x20       #pragma unroll\n\
-            \x20       for (int c = 0; c < 2; ++c) {{\n\
-            \x20           float& x = s[mt][n][2 * r + c];\n\
-            \x20           x = fast_exp2(x - m_use);\n\
-            \x20           l[mt][r] += x;\n\
-            \x20       }}\n\
-            \x20   }}\n\
-            }}\n\
-            \n"
-        )?;
+        writeln!(w, "cp_async_commit();")?;
+        writeln!(w, "const int after = next < kv_tiles ? next_tile(next + 1) : kv_tiles;")?;
         match config.mma {
-            Mma::Sync => write!(
-                w,
-                "\
-            // O += P V, with P taken straight from the S registers (pack_p).\n\
-            #pragma unroll\n\
-            for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
-            \x20   unsigned p[M_TILES][4];\n\
-            \x20   #pragma unroll\n\
-            \x20   for (int mt = 0; mt < M_TILES; ++mt) pack_p(storage{{}}, p[mt], s[mt], kk);\n\
-            \x20   #pragma unroll\n\
-            \x20   for (int n = 0; n < O_TILES; n += 2) {{\n\
-            \x20       unsigned vb[4];\n\
-            \x20       ldmatrix_x4_trans(vb, v_smem + v_lane.at(kk * 16, n / 2));\n\
-            \x20       #pragma unroll\n\
-            \x20       for (int mt = 0; mt < M_TILES; ++mt) {{\n\
-            \x20           mma_16816(storage{{}}, o[mt][n], p[mt], vb[0], vb[1]);\n\
-            \x20           mma_16816(storage{{}}, o[mt][n + 1], p[mt], vb[2], vb[3]);\n\
-            \x20       }}\n\
-            \x20   }}\n\
-            }}\n"
-            )?,
-            Mma::Wgmma => write!(
-                w,
-                "\
-                // O += P V: P from the S registers (pack_p), V from shared memory\n\
-                // (MN-major). wgmma reads P asynchronously, so all of it stays live.\n\
-                unsigned p[BLOCK_N / 16][4];\n\
-                #pragma unroll\n\
-                for (int kk = 0; kk < BLOCK_N / 16; ++kk) pack_p(storage{{}}, p[kk], s[0], kk);\n\
-                wgmma_fence();\n\
-                #pragma unroll\n\
-                for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
-                \x20   wgmma_rs_n{dvp}(o[0], p[kk], gmma_desc(v_smem + kk * 16 * 128, BLOCK_N * 128, 1024));\n\
-                }}\n\
-                wgmma_commit();\n\
-                wgmma_wait();\n",
-                dvp = pad16(spec.head_dims.v)
-            )?,
-        }
+            Mma::Sync => write_sync_step(w, spec, &hoisted, &kv_len),
+            Mma::Wgmma if pipelined => write_wgmma_step(w, spec, config, &hoisted, &kv_len),
+            Mma::Wgmma => write_wgmma_serial_step(w, spec, config, &hoisted, &kv_len),
+        }?;
         writeln!(w, "j = next;")?;
         writeln!(w, "next = after;")
     })?;
+    if pipelined {
+        writeln!(w, "// The last visited tile's P V.")?;
+        w.block(format_args!("if (pv_pending)"), |w| {
+            writeln!(w, "const unsigned v_smem = smem_addr(v_tiles + (stage ^ 1) * V_TILE);")?;
+            writeln!(w, "cp_async_wait_all();")?;
+            writeln!(w, "fence_async_smem();")?;
+            writeln!(w, "__syncthreads();  // its V is visible")?;
+            writeln!(w, "wgmma_fence();")?;
+            write_wgmma_pv(w, spec)?;
+            writeln!(w, "wgmma_commit();")?;
+            writeln!(w, "wgmma_wait<0>();")?;
+            writeln!(w, "fence_operands(o[0]);")
+        })?;
+        if ping_pong(config) {
+            writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn warpgroup 1 passed last")?;
+        }
+    }
     write!(
         w,
         "\
@@ -816,6 +733,332 @@ fn write_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], scale: 
     writeln!(w, "}};")?;
     let prologue = prologue.map(|p| p + " ").unwrap_or_default();
     writeln!(w, "auto logit_interior = [&]({params}) -> float {{ {prologue}return {logit}; }};")
+}
+
+/// How the kernel copies one K or V tile (keys from `tile * BLOCK_N`) into
+/// shared memory.
+struct KvLoads<'a> {
+    cols: ShmemCols,
+    k_stride: &'a str,
+    v_stride: &'a str,
+    kv_len: &'a str,
+}
+
+impl KvLoads<'_> {
+    fn k(&self, w: &mut Writer<String>, dst: &str, tile: &str) -> fmt::Result {
+        self.load(w, ["k_rows", self.cols.qk, "D", self.k_stride], dst, tile)
+    }
+
+    fn v(&self, w: &mut Writer<String>, dst: &str, tile: &str) -> fmt::Result {
+        self.load(w, ["v_rows", self.cols.v, "DV", self.v_stride], dst, tile)
+    }
+
+    /// `source`: the operand's rows, shared-tile columns, valid width and
+    /// row stride.
+    fn load(&self, w: &mut Writer<String>, source: [&str; 4], dst: &str, tile: &str) -> fmt::Result {
+        let [rows, cols, width, stride] = source;
+        let (panels, kv_len) = (self.cols.panels, self.kv_len);
+        writeln!(
+            w,
+            "load_tile<BLOCK_N, {cols}, {width}, THREADS{panels}>({dst}, {rows} + (long long){tile} * BLOCK_N * {stride}, {stride}, {kv_len} - {tile} * BLOCK_N, vector);"
+        )
+    }
+}
+
+/// One K/V tile of the `mma.sync` kernel: S, the spec, the softmax and P V,
+/// back to back (two CTAs per SM overlap each other's phases).
+fn write_sync_step(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], kv_len: &str) -> fmt::Result {
+    write_column_terms(w, spec, hoisted, Level::Column, "k", "kv0")?;
+    write!(
+        w,
+        "\
+        \n\
+        // S = Q K^T on this warp's WARP_M rows x BLOCK_N keys; each K fragment\n\
+        // feeds all M_TILES row tiles.\n\
+        float s[M_TILES][S_TILES][4] = {{}};\n\
+        #pragma unroll\n\
+        for (int kk = 0; kk < DP / 16; ++kk) {{\n\
+        \x20   unsigned a[M_TILES][4];\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int mt = 0; mt < M_TILES; ++mt) ldmatrix_x4(a[mt], q_smem + q_lane.at(mt * 16, kk));\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int n = 0; n < S_TILES; n += 2) {{\n\
+        \x20       unsigned kb[4];\n\
+        \x20       ldmatrix_x4(kb, k_smem + k_lane.at(n * 8, kk));\n\
+        \x20       #pragma unroll\n\
+        \x20       for (int mt = 0; mt < M_TILES; ++mt) {{\n\
+        \x20           mma_16816(storage{{}}, s[mt][n], a[mt], kb[0], kb[1]);\n\
+        \x20           mma_16816(storage{{}}, s[mt][n + 1], a[mt], kb[2], kb[3]);\n\
+        \x20       }}\n\
+        \x20   }}\n\
+        }}\n"
+    )?;
+    write_logits(w, kv_len)?;
+    write_softmax(w, Rescale::Inline)?;
+    write!(
+        w,
+        "\
+        // O += P V, with P taken straight from the S registers (pack_p).\n\
+        #pragma unroll\n\
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
+        \x20   unsigned p[M_TILES][4];\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int mt = 0; mt < M_TILES; ++mt) pack_p(storage{{}}, p[mt], s[mt], kk);\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int n = 0; n < O_TILES; n += 2) {{\n\
+        \x20       unsigned vb[4];\n\
+        \x20       ldmatrix_x4_trans(vb, v_smem + v_lane.at(kk * 16, n / 2));\n\
+        \x20       #pragma unroll\n\
+        \x20       for (int mt = 0; mt < M_TILES; ++mt) {{\n\
+        \x20           mma_16816(storage{{}}, o[mt][n], p[mt], vb[0], vb[1]);\n\
+        \x20           mma_16816(storage{{}}, o[mt][n + 1], p[mt], vb[2], vb[3]);\n\
+        \x20       }}\n\
+        \x20   }}\n\
+        }}\n"
+    )
+}
+
+/// Whether a wgmma kernel has two warpgroups to take turns on the tensor
+/// cores (measured on the H200, bench/RESULTS.md: +4-8% at d = 128, +2-3%
+/// at d = 64).
+fn ping_pong(config: TileConfig) -> bool {
+    pipelined(config) && config.warps == 8
+}
+
+/// Whether a wgmma kernel runs P V of one tile behind S of the next
+/// ([`write_wgmma_step`]). Measured on the H200 (bench/RESULTS.md): it pays
+/// with 128-key tiles; with 64-key tiles the back-to-back schedule
+/// ([`write_wgmma_serial_step`]) was 4-7% faster on full attention and
+/// 1.45x on causal at d = 64.
+fn pipelined(config: TileConfig) -> bool {
+    config.mma == Mma::Wgmma && config.block_n >= 128
+}
+
+/// Issues and commits S = Q K^T on this warpgroup's 64 rows x BLOCK_N keys,
+/// both operands from shared memory.
+fn write_wgmma_s(w: &mut Writer<String>, config: TileConfig) -> fmt::Result {
+    write!(
+        w,
+        "\
+        \n\
+        // S = Q K^T on this warpgroup's 64 rows x BLOCK_N keys, both operands\n\
+        // from shared memory; the first k-step overwrites S.\n\
+        float s[M_TILES][S_TILES][4];\n\
+        wgmma_fence();\n\
+        #pragma unroll\n\
+        for (int kk = 0; kk < DP / 16; ++kk) {{\n\
+        \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
+        \x20   wgmma_ss_n{block_n}(s[0], gmma_desc(q_smem + panel * BLOCK_M * 128 + step, 16, 1024),\n\
+        \x20                    gmma_desc(k_smem + panel * BLOCK_N * 128 + step, 16, 1024), kk);\n\
+        }}\n\
+        wgmma_commit();\n",
+        block_n = config.block_n
+    )
+}
+
+/// One K/V tile of the wgmma kernel, back to back: S, the spec, the softmax
+/// and P V, each product waited for before the next step.
+fn write_wgmma_serial_step(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    config: TileConfig,
+    hoisted: &[Hoisted],
+    kv_len: &str,
+) -> fmt::Result {
+    write_wgmma_s(w, config)?;
+    if hoisted.iter().any(|h| h.level == Level::Column) {
+        writeln!(w, "// While the tensor cores run: the tile's per-key spec terms.")?;
+        write_column_terms(w, spec, hoisted, Level::Column, "k", "kv0")?;
+    }
+    writeln!(w, "wgmma_wait<0>();")?;
+    writeln!(w, "fence_operands(s[0]);")?;
+    write_logits(w, kv_len)?;
+    write_softmax(w, Rescale::Inline)?;
+    writeln!(w, "// O += P V: P from the S registers (pack_p), V from shared memory (MN-major).")?;
+    writeln!(w, "unsigned p[BLOCK_N / 16][4];")?;
+    writeln!(w, "#pragma unroll")?;
+    writeln!(w, "for (int kk = 0; kk < BLOCK_N / 16; ++kk) pack_p(storage{{}}, p[kk], s[0], kk);")?;
+    writeln!(w, "wgmma_fence();")?;
+    write_wgmma_pv(w, spec)?;
+    writeln!(w, "wgmma_commit();")?;
+    writeln!(w, "wgmma_wait<0>();")?;
+    writeln!(w, "fence_operands(o[0]);")
+}
+
+/// One K/V tile of the wgmma kernel, software-pipelined: S of tile j and
+/// P V of the previous tile are issued together, the softmax of S runs while
+/// the tensor cores still work on P V, and O is rescaled once P V is done.
+fn write_wgmma_step(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    config: TileConfig,
+    hoisted: &[Hoisted],
+    kv_len: &str,
+) -> fmt::Result {
+    let ping_pong = ping_pong(config);
+    if ping_pong {
+        writeln!(w)?;
+        writeln!(w, "named_barrier_sync(1 + warpgroup, 256);  // this warpgroup's turn on the tensor cores")?;
+    }
+    write_wgmma_s(w, config)?;
+    let end_turn = |w: &mut Writer<String>| match ping_pong {
+        true => writeln!(w, "named_barrier_arrive(2 - warpgroup, 256);  // the other warpgroup's turn"),
+        false => Ok(()),
+    };
+    // Once the products are issued, while the tensor cores run: the other
+    // warpgroup's turn and the tile's per-key spec terms.
+    let overlapped = |w: &mut Writer<String>| {
+        end_turn(w)?;
+        write_column_terms(w, spec, hoisted, Level::Column, "k", "kv0")
+    };
+    writeln!(w, "// Behind S, O += P V of the previous tile, in a group of its own (an")?;
+    writeln!(w, "// empty group would become a dummy wgmma); then wait for S alone. ptxas")?;
+    writeln!(w, "// checks each path on its own, so each branch fences, commits and waits")?;
+    writeln!(w, "// itself: anything less serializes every wgmma of the kernel (C7514/C7519).")?;
+    w.block(format_args!("if (pv_pending)"), |w| {
+        writeln!(w, "wgmma_fence();")?;
+        write_wgmma_pv(w, spec)?;
+        writeln!(w, "wgmma_commit();")?;
+        overlapped(w)?;
+        writeln!(w, "wgmma_wait<1>();")
+    })?;
+    w.block(format_args!("else"), |w| {
+        overlapped(w)?;
+        writeln!(w, "wgmma_wait<0>();")
+    })?;
+    writeln!(w, "fence_operands(s[0]);")?;
+    write_logits(w, kv_len)?;
+    write_softmax(w, Rescale::Deferred)?;
+    write!(
+        w,
+        "\
+        wgmma_wait<0>();  // P V is done: O and p are this warpgroup's again\n\
+        fence_operands(o[0]);\n\
+        #pragma unroll\n\
+        for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
+        \x20   const int mt = i / 2, r = i % 2;\n\
+        \x20   if (alpha[i] != 1.0f) {{\n\
+        \x20       #pragma unroll\n\
+        \x20       for (int n = 0; n < O_TILES; ++n) {{\n\
+        \x20           o[mt][n][2 * r] *= alpha[i];\n\
+        \x20           o[mt][n][2 * r + 1] *= alpha[i];\n\
+        \x20       }}\n\
+        \x20   }}\n\
+        }}\n\
+        #pragma unroll\n\
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) pack_p(storage{{}}, p[kk], s[0], kk);\n\
+        pv_pending = true;\n"
+    )
+}
+
+/// Issues O += P V on the tensor cores (P from the registers `p`, V
+/// MN-major from `v_smem`), uncommitted. wgmma reads P asynchronously, so
+/// all of it stays live until its group is waited for.
+fn write_wgmma_pv(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    write!(
+        w,
+        "\
+        #pragma unroll\n\
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
+        \x20   wgmma_rs_n{dvp}(o[0], p[kk], gmma_desc(v_smem + kk * 16 * 128, BLOCK_N * 128, 1024));\n\
+        }}\n",
+        dvp = pad16(spec.head_dims.v)
+    )
+}
+
+/// The spec on every element of S (see `write_logit`).
+fn write_logits(w: &mut Writer<String>, kv_len: &str) -> fmt::Result {
+    write!(
+        w,
+        "\
+        \n\
+        // The spec on every element of S (log2 units, -inf where masked).\n\
+        // Interior tiles (kept whole, no key past kv_len) run without mask\n\
+        // and bounds code.\n"
+    )?;
+    writeln!(w, "if (full && kv0 + BLOCK_N <= {kv_len}) {{")?;
+    w.indented(|w| write_apply_logits(w, "logit_interior(x, q, kv0 + n * 8 + 2 * t + c, i, n, c)"))?;
+    writeln!(w, "}} else {{")?;
+    w.indented(|w| write_apply_logits(w, "logit(x, q, kv0 + n * 8 + 2 * t + c, i, n, c, full)"))?;
+    writeln!(w, "}}")
+}
+
+/// When the online softmax's rescale of O happens.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rescale {
+    /// Right where a row's max grows: O is in registers the warp owns.
+    Inline,
+    /// Later: the previous tile's P V still accumulates into O, so each
+    /// row's factor waits in `alpha` (1 where the row is not rescaled).
+    Deferred,
+}
+
+/// The online softmax over S, in place: S becomes P.
+fn write_softmax(w: &mut Writer<String>, rescale: Rescale) -> fmt::Result {
+    write!(
+        w,
+        "\
+        \n\
+        // Online softmax, base 2, row by row. A row's O and l are rescaled only\n\
+        // when its max grew by more than RESCALE_SLACK: until then exp2 runs\n\
+        // against the stale max, so P <= 2^RESCALE_SLACK, exact enough for f32\n\
+        // sums and 16-bit P (FlashAttention-4's conditional rescaling). The\n\
+        // four lanes of a row agree on the branch. While every key so far is\n\
+        // masked, m is -inf and exp2 runs against 0 (finite_or_zero).\n"
+    )?;
+    if rescale == Rescale::Deferred {
+        writeln!(w, "float alpha[2 * M_TILES];")?;
+    }
+    let (alpha, scale_o) = match rescale {
+        Rescale::Inline => (
+            "const float alpha",
+            "\
+            \x20       #pragma unroll\n\
+            \x20       for (int n = 0; n < O_TILES; ++n) {\n\
+            \x20           o[mt][n][2 * r] *= alpha;\n\
+            \x20           o[mt][n][2 * r + 1] *= alpha;\n\
+            \x20       }\n",
+        ),
+        Rescale::Deferred => ("alpha[i]", ""),
+    };
+    let keep = match rescale {
+        Rescale::Inline => "",
+        Rescale::Deferred => "\x20   alpha[i] = 1.0f;\n",
+    };
+    let l_scale = match rescale {
+        Rescale::Inline => "alpha",
+        Rescale::Deferred => "alpha[i]",
+    };
+    write!(
+        w,
+        "\
+        #pragma unroll\n\
+        for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
+        \x20   const int mt = i / 2, r = i % 2;\n\
+        \x20   float row_max = neg_inf();\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int n = 0; n < S_TILES; ++n) row_max = fmaxf(row_max, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));\n\
+        \x20   const float m_new = fmaxf(m[mt][r], quad_max(row_max));\n\
+        {keep}\
+        \x20   if (m_new > m[mt][r] + RESCALE_SLACK) {{\n\
+        \x20       {alpha} = fast_exp2(m[mt][r] - m_new);\n\
+        \x20       m[mt][r] = m_new;\n\
+        \x20       l[mt][r] *= {l_scale};\n\
+        {scale_o}\
+        \x20   }}\n\
+        \x20   const float m_use = finite_or_zero(m[mt][r]);\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int n = 0; n < S_TILES; ++n) {{\n\
+        \x20       #pragma unroll\n\
+        \x20       for (int c = 0; c < 2; ++c) {{\n\
+        \x20           float& x = s[mt][n][2 * r + c];\n\
+        \x20           x = fast_exp2(x - m_use);\n\
+        \x20           l[mt][r] += x;\n\
+        \x20       }}\n\
+        \x20   }}\n\
+        }}\n\
+        \n"
+    )
 }
 
 /// Maps this warp's S tile (keys from `kv0`) through `call`, element by

@@ -9,7 +9,9 @@
 //! one layout wgmma reads both K-major (Q and K: the reduction runs along the
 //! row) and MN-major (V, with the transpose flag). The instruction is
 //! asynchronous: `wgmma_fence` orders earlier register writes before it,
-//! `wgmma_commit` closes a group and `wgmma_wait` blocks until it finished.
+//! `wgmma_commit` closes a group and `wgmma_wait<N>` blocks until at most N
+//! groups are still running, so one product can run behind the code that
+//! consumes another.
 //!
 //! The accumulator layout per warp equals `mma.sync.m16n8k16`'s m16n8 tiles
 //! side by side (warp w of the warpgroup holds rows 16w..16w + 15), and P
@@ -31,7 +33,28 @@ __device__ __forceinline__ unsigned long long gmma_desc(unsigned addr, unsigned 
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Blocks until at most N committed groups are still running.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
+// Pins accumulator registers at this point of the asm order: without it the
+// compiler may move their reads or writes across a wgmma_wait (they are not
+// its operands) and touch registers the tensor cores still own.
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&d)[N][4]) {
+    #pragma unroll
+    for (int i = 0; i < N; ++i) {
+        #pragma unroll
+        for (int c = 0; c < 4; ++c) asm volatile("" : "+f"(d[i][c]) :: "memory");
+    }
+}
+// Named barriers (id 1..15; 0 is __syncthreads) over `threads` threads:
+// sync waits for the barrier to complete, arrive only counts towards it.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
 // Makes this thread's shared-memory writes (cp.async, stores) visible to the
 // tensor cores' async proxy; a barrier then publishes them to the warpgroup.
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
