@@ -8,6 +8,12 @@
 //! (base 2, one rescale per tile), and is repacked in place as the A operand
 //! of P·V. No score matrix ever reaches memory.
 //!
+//! On Hopper the same loop runs on `wgmma` (see `wgmma.rs`); with 128-key
+//! tiles it is software-pipelined (FlashAttention-3): P·V of tile j is
+//! issued behind S of tile j + 1 and runs while the softmax of that S does,
+//! so V loads one iteration after its K, O's rescale waits for P·V, and two
+//! warpgroups take turns issuing their products.
+//!
 //! The spec enters in one place: the `logit` lambda, which maps a dot product
 //! at (q, k) to a log2-domain logit, or −∞ where the mask drops the pair.
 
