@@ -354,14 +354,8 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
     let wgmma = config.mma == Mma::Wgmma;
     let pipelined = pipelined(config);
     writeln!(w, "int j = next_tile(0);")?;
-    w.block(format_args!("if (j < kv_tiles)"), |w| {
-        kv.k(w, "k_tiles", "j")?;
-        // Pipelined kernels load a tile's V one iteration after its K (see below).
-        if !pipelined {
-            kv.v(w, "v_tiles", "j")?;
-        }
-        Ok(())
-    })?;
+    // Pipelined kernels load a tile's V one iteration after its K (see below).
+    kv.load_if(w, "j < kv_tiles", "", "j", !pipelined)?;
     write!(
         w,
         "\
@@ -448,13 +442,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         // The next loads: K of `next` and V of `next` (pipelined: of j) into the stages
         // the previous iteration finished with. (Issuing them after the
         // wgmmas instead measured 4-6% slower on the H200.)
-        w.block(format_args!("if (next < kv_tiles)"), |w| {
-            kv.k(w, "k_tiles + (stage ^ 1) * K_TILE", "next")?;
-            if !pipelined {
-                kv.v(w, "v_tiles + (stage ^ 1) * V_TILE", "next")?;
-            }
-            Ok(())
-        })?;
+        kv.load_if(w, "next < kv_tiles", " + (stage ^ 1)", "next", !pipelined)?;
         if pipelined {
             kv.v(w, "v_tiles + stage * V_TILE", "j")?;
         }
@@ -751,6 +739,22 @@ struct KvLoads<'a> {
 }
 
 impl KvLoads<'_> {
+    /// When `cond` holds: K of `tile`, and V with it when `with_v`, into the
+    /// stage `k_tiles{stage} * K_TILE` (`stage` empty: the first one).
+    fn load_if(&self, w: &mut Writer<String>, cond: &str, stage: &str, tile: &str, with_v: bool) -> fmt::Result {
+        let dst = |tiles: &str, size: &str| match stage {
+            "" => tiles.to_string(),
+            _ => format!("{tiles}{stage} * {size}"),
+        };
+        w.block(format_args!("if ({cond})"), |w| {
+            self.k(w, &dst("k_tiles", "K_TILE"), tile)?;
+            if with_v {
+                self.v(w, &dst("v_tiles", "V_TILE"), tile)?;
+            }
+            Ok(())
+        })
+    }
+
     fn k(&self, w: &mut Writer<String>, dst: &str, tile: &str) -> fmt::Result {
         self.load(w, ["k_rows", self.cols.qk, "D", self.k_stride], dst, tile)
     }
