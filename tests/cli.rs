@@ -34,7 +34,7 @@ fn emit_prints_the_kernel() {
     let out = flashgen(&["emit", &spec("sliding_window")], &scratch("emit"));
     assert!(out.status.success(), "{}", text(&out));
     let source = String::from_utf8_lossy(&out.stdout);
-    assert!(source.contains("extern \"C\" __global__ void __launch_bounds__(THREADS) flashgen_fwd_sliding_window("));
+    assert!(source.contains("extern \"C\" __global__ void __launch_bounds__(CTA_THREADS) flashgen_fwd_sliding_window("));
     assert!(source.contains("int p_window"), "params become kernel arguments");
 }
 

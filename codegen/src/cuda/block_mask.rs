@@ -49,7 +49,7 @@ pub fn emit_block_mask(spec: &Spec) -> Option<Kernel> {
         writeln!(w, "constexpr int BLOCK_M = {block_m};  // query rows per mask tile")?;
         writeln!(w, "constexpr int BLOCK_N = {block_n};  // keys per mask tile")?;
         writeln!(w, "constexpr int THREADS = {THREADS};\n")?;
-        write_entry(w, spec, &name, &args, |w| {
+        write_entry(w, spec, (&name, "THREADS"), &args, |w| {
             let arg = |kind| arg_name(spec, kind);
             let [q_len, kv_len, heads, out] =
                 [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::BlockMaskOut].map(arg);

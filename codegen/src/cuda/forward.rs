@@ -21,6 +21,7 @@ use super::expr::{c_expr, c_expr_in, c_type};
 use super::hoist::{hoist, lookup, Hoisted, Level};
 use super::prelude::PRELUDE;
 use super::ranges::RANGES;
+use super::ring::RING;
 use super::signature::{arg_name, forward_args};
 use super::source::{kernel_name, write_entry, write_header};
 use super::tile_class::tile_class_expr;
@@ -142,20 +143,32 @@ impl TileConfig {
         16 * self.m_tiles * self.warps
     }
 
-    /// Dynamic shared memory: the Q tile and two stages of K and V tiles,
+    /// Threads per CTA: the `warps` that multiply, plus the producer
+    /// warpgroup of a warp-specialized kernel.
+    pub fn threads(self) -> u32 {
+        32 * self.warps + if warp_specialized(self) { PRODUCER_THREADS } else { 0 }
+    }
+
+    /// Dynamic shared memory: the Q tile and `STAGES` stages of K and V tiles,
     /// 16-bit elements; wgmma's tiles are whole 64-column panels, 1024-byte
     /// aligned (the slack is reserved).
     pub fn smem_bytes(self, spec: &Spec) -> u32 {
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
         match self.mma {
-            Mma::Sync => 2 * (self.block_m() * dp + 2 * self.block_n * (dp + dvp)),
+            Mma::Sync => 2 * (self.block_m() * dp + STAGES * self.block_n * (dp + dvp)),
             Mma::Wgmma => {
                 let (qk, v) = (dp.next_multiple_of(64), dvp.next_multiple_of(64));
-                2 * (self.block_m() * qk + 2 * self.block_n * (qk + v)) + 1024
+                2 * (self.block_m() * qk + STAGES * self.block_n * (qk + v)) + 1024
             }
         }
     }
 }
+
+/// K/V pipeline stages in shared memory.
+const STAGES: u32 = 2;
+
+/// Threads of a warp-specialized kernel's producer warpgroup.
+const PRODUCER_THREADS: u32 = 128;
 
 /// The wider head dim, padded to the MMA k-step.
 fn widest(spec: &Spec) -> u32 {
@@ -185,7 +198,7 @@ pub fn emit_forward_with(spec: &Spec, config: TileConfig) -> Kernel {
         grid: Grid::QueryTiles,
         block_m: config.block_m(),
         block_n: config.block_n,
-        threads: 32 * config.warps,
+        threads: config.threads(),
         dynamic_smem: config.smem_bytes(spec),
         args,
     }
@@ -211,9 +224,13 @@ fn write_kernel(
         write_wgmma_op(w, spec.dtype, pad16(spec.head_dims.v), AFrom::Registers)?;
         writeln!(w)?;
     }
+    if warp_specialized(config) {
+        w.write_str(RING)?;
+        writeln!(w)?;
+    }
     write_config(w, spec, config)?;
     writeln!(w)?;
-    write_entry(w, spec, name, args, |w| write_body(w, spec, config))
+    write_entry(w, spec, (name, "CTA_THREADS"), args, |w| write_body(w, spec, config))
 }
 
 fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::Result {
@@ -234,15 +251,31 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt:
         constexpr int DP = {dp};  // D padded to the MMA k-step (zeros beyond D)\n\
         constexpr int DVP = {dvp};  // DV padded to pairs of 8-wide MMA tiles\n\
         constexpr int WARPS = {warps};\n\
-        constexpr int THREADS = 32 * WARPS;\n\
+        constexpr int THREADS = 32 * WARPS;  // the threads that multiply\n\
         constexpr int M_TILES = {m_tiles};  // 16-row MMA tiles per warp\n\
         constexpr int WARP_M = 16 * M_TILES;  // query rows per warp\n\
         constexpr int BLOCK_M = WARP_M * WARPS;  // query rows per CTA: grid.x = ceil(q_len / BLOCK_M)\n\
         constexpr int BLOCK_N = {block_n};  // keys per K/V tile\n\
         constexpr int S_TILES = BLOCK_N / 8;  // m16n8 accumulator tiles of a warp's S\n\
         constexpr int O_TILES = DVP / 8;  // m16n8 accumulator tiles of a warp's O\n\
-        // Shared memory: the Q tile, then two pipeline stages of K and of V tiles.\n"
+        // Shared memory: the Q tile, then STAGES pipeline stages of K and of V tiles.\n"
     )?;
+    if warp_specialized(config) {
+        write!(
+            w,
+            "\
+            // Warp specialization: one more warpgroup copies Q and the K/V tiles into\n\
+            // a ring of STAGES stages (see the stage ring above) and hands most of its\n\
+            // registers to the two that multiply (168 each at launch: 24 + 2 x 240).\n\
+            constexpr int PRODUCER_THREADS = {PRODUCER_THREADS};\n\
+            constexpr int CTA_THREADS = THREADS + PRODUCER_THREADS;\n\
+            constexpr int PRODUCER_REGS = 24;\n\
+            constexpr int CONSUMER_REGS = 240;\n"
+        )?;
+    } else {
+        writeln!(w, "constexpr int CTA_THREADS = THREADS;")?;
+    }
+    writeln!(w, "constexpr int STAGES = {STAGES};  // K/V pipeline stages")?;
     let cols = ShmemCols::of(mma);
     if mma == Mma::Wgmma {
         writeln!(w, "// wgmma reads whole 64-column panels (zeros beyond DP and DVP).")?;
@@ -279,10 +312,10 @@ impl ShmemCols {
 
 fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::Result {
     let name = |kind| arg_name(spec, kind);
-    let [q_len, kv_len, heads, heads_kv, lse, scale] =
-        [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv, ArgKind::Lse, ArgKind::Scale].map(name);
+    let [q_len, kv_len, heads, heads_kv] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv].map(name);
     let seq_stride = |op| name(ArgKind::Stride(op, Axis::Seq));
-    let [q_stride, k_stride, v_stride, o_stride] = [Operand::Q, Operand::K, Operand::V, Operand::O].map(seq_stride);
+    let [q_stride, k_stride, v_stride] = [Operand::Q, Operand::K, Operand::V].map(seq_stride);
+    let ws = warp_specialized(config);
 
     let ShmemCols { qk: qk_cols, panels, .. } = ShmemCols::of(config.mma);
     match config.mma {
@@ -299,8 +332,8 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         w,
         "\
         unsigned short* q_tile = smem;\n\
-        unsigned short* k_tiles = q_tile + Q_TILE;  // [2][K_TILE]\n\
-        unsigned short* v_tiles = k_tiles + 2 * K_TILE;  // [2][V_TILE]\n\
+        unsigned short* k_tiles = q_tile + Q_TILE;  // [STAGES][K_TILE]\n\
+        unsigned short* v_tiles = k_tiles + STAGES * K_TILE;  // [STAGES][V_TILE]\n\
         \n\
         // The spec's built-ins b and h (q and k are bound per element below).\n\
         const int b = blockIdx.z;\n\
@@ -336,35 +369,37 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         const bool vector = aligned16(q_rows, {q_stride}) && aligned16(k_rows, {k_stride}) && aligned16(v_rows, {v_stride});\n\
         \n"
     )?;
+    let q_load = format!("(q_tile, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, vector);");
+    if !ws {
+        writeln!(w, "// Prologue: the Q tile, then (once the tile classes say which) the first")?;
+        writeln!(w, "// visited K/V tile, in flight together.")?;
+        writeln!(w, "load_tile<BLOCK_M, {qk_cols}, D, THREADS{panels}>{q_load}")?;
+    }
+    writeln!(w, "const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;")?;
+    write_tile_classes(w, spec, config, &q_len, &kv_len)?;
+    let kv = KvLoads { ws, cols: ShmemCols::of(config.mma), k_stride: &k_stride, v_stride: &v_stride, kv_len: &kv_len };
+    let pipelined = pipelined(config);
+    if ws {
+        write_producer(w, &kv, &q_load)?;
+    } else {
+        writeln!(w, "int j = next_tile(0);")?;
+        // Pipelined kernels load a tile's V one iteration after its K (see below).
+        kv.load_if(w, "j < kv_tiles", "", "j", !pipelined)?;
+        write!(
+            w,
+            "\
+            cp_async_commit();\n\
+            // The tile after j, one ahead: finding it may read the block mask, and a\n\
+            // tile's compute hides that load's latency.\n\
+            int next = j < kv_tiles ? next_tile(j + 1) : kv_tiles;\n"
+        )?;
+    }
+    writeln!(w)?;
     let exprs: Vec<&Expr> = spec.mask.iter().chain(spec.score.iter()).collect();
     let hoisted = hoist(&exprs);
     write_invariants(w, spec, &hoisted)?;
-    write_logit(w, spec, &hoisted, &scale, &kv_len)?;
-    write!(
-        w,
-        "\
-        \n\
-        // Prologue: the Q tile, then (once the tile classes say which) the first\n\
-        // visited K/V tile, in flight together.\n\
-        load_tile<BLOCK_M, {qk_cols}, D, THREADS{panels}>(q_tile, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, vector);\n\
-        const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;\n"
-    )?;
-    write_tile_classes(w, spec, config, &q_len, &kv_len)?;
-    let kv = KvLoads { cols: ShmemCols::of(config.mma), k_stride: &k_stride, v_stride: &v_stride, kv_len: &kv_len };
-    let wgmma = config.mma == Mma::Wgmma;
-    let pipelined = pipelined(config);
-    writeln!(w, "int j = next_tile(0);")?;
-    // Pipelined kernels load a tile's V one iteration after its K (see below).
-    kv.load_if(w, "j < kv_tiles", "", "j", !pipelined)?;
-    write!(
-        w,
-        "\
-        cp_async_commit();\n\
-        // The tile after j, one ahead: finding it may read the block mask, and a\n\
-        // tile's compute hides that load's latency.\n\
-        int next = j < kv_tiles ? next_tile(j + 1) : kv_tiles;\n\
-        \n"
-    )?;
+    write_logit(w, spec, &hoisted, &name(ArgKind::Scale), &kv_len)?;
+    writeln!(w)?;
     match config.mma {
         Mma::Sync => write!(
             w,
@@ -420,6 +455,115 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         }
     }
     writeln!(w)?;
+    let step = |w: &mut Writer<String>| match config.mma {
+        Mma::Sync => write_sync_step(w, spec, &hoisted, &kv_len),
+        Mma::Wgmma if pipelined => write_wgmma_step(w, spec, config, &hoisted, &kv_len),
+        Mma::Wgmma => write_wgmma_serial_step(w, spec, config, &hoisted, &kv_len),
+    };
+    if ws {
+        write_ring_loop(w, spec, step)?;
+    } else {
+        write_cta_loop(w, spec, config, &kv, step)?;
+    }
+    if ping_pong(config) {
+        writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn warpgroup 1 passed last")?;
+    }
+    write_epilogue(w, spec, ws)
+}
+
+/// The producer warpgroup of a warp-specialized kernel: Q, then K and V of
+/// each visited tile into the stage ring, as far ahead of the consumers as
+/// the ring allows; it ends the branch with `return`, and the consumers
+/// take their registers.
+fn write_producer(w: &mut Writer<String>, kv: &KvLoads, q_load: &str) -> fmt::Result {
+    write!(
+        w,
+        "\
+        \n\
+        // The stage ring's barriers (see the stage ring above): Q's, then per stage\n\
+        // K full, V full, K empty, V empty.\n\
+        __shared__ __align__(8) unsigned long long ring_bars[1 + 4 * STAGES];\n\
+        const unsigned q_full = smem_addr(ring_bars), k_full = q_full + 8, v_full = k_full + 8 * STAGES;\n\
+        const unsigned k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;\n\
+        if (threadIdx.x == 0) {{\n\
+        \x20   mbar_init(q_full, PRODUCER_THREADS);\n\
+        \x20   for (int s = 0; s < STAGES; ++s) {{\n\
+        \x20       mbar_init(k_full + 8 * s, PRODUCER_THREADS);\n\
+        \x20       mbar_init(v_full + 8 * s, PRODUCER_THREADS);\n\
+        \x20       mbar_init(k_empty + 8 * s, WARPS);  // one arrival per consumer warp\n\
+        \x20       mbar_init(v_empty + 8 * s, WARPS);\n\
+        \x20   }}\n\
+        }}\n\
+        __syncthreads();\n\
+        \n"
+    )?;
+    w.block(format_args!("if (warp >= WARPS)"), |w| {
+        writeln!(w, "// ---- the producer warpgroup ----")?;
+        writeln!(w, "regs_release<PRODUCER_REGS>();")?;
+        writeln!(w, "load_tile<BLOCK_M, QK_COLS, D, PRODUCER_THREADS, true, THREADS>{q_load}")?;
+        writeln!(w, "mbar_arrive_loaded<D>(q_full, vector);")?;
+        writeln!(w, "int it = 0;  // visited tiles so far: tile `it` goes to stage it % STAGES")?;
+        w.block(format_args!("for (int j = next_tile(0); j < kv_tiles; j = next_tile(j + 1), ++it)"), |w| {
+            writeln!(w, "const int stage = it % STAGES, empty_parity = (it / STAGES + 1) % 2;")?;
+            writeln!(w, "mbar_wait(k_empty + 8 * stage, empty_parity);")?;
+            kv.k(w, "k_tiles + stage * K_TILE", "j")?;
+            writeln!(w, "mbar_arrive_loaded<D>(k_full + 8 * stage, vector);")?;
+            writeln!(w, "mbar_wait(v_empty + 8 * stage, empty_parity);")?;
+            kv.v(w, "v_tiles + stage * V_TILE", "j")?;
+            writeln!(w, "mbar_arrive_loaded<DV>(v_full + 8 * stage, vector);")
+        })?;
+        writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
+        writeln!(w, "return;")
+    })?;
+    writeln!(w, "// ---- the consumer warpgroups ----")?;
+    writeln!(w, "regs_acquire<CONSUMER_REGS>();")
+}
+
+/// The tile loop of a warp-specialized kernel's consumers: each tile waits
+/// for its stage of the ring; the step releases the stages it is done with.
+fn write_ring_loop(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    step: impl Fn(&mut Writer<String>) -> fmt::Result,
+) -> fmt::Result {
+    writeln!(w, "mbar_wait(q_full, 0);")?;
+    writeln!(w, "int it = 0;  // visited tiles so far, as the producer counts them")?;
+    w.block(format_args!("for (int j = next_tile(0); j < kv_tiles; j = next_tile(j + 1), ++it)"), |w| {
+        write!(
+            w,
+            "\
+            const int kv0 = j * BLOCK_N;\n\
+            const bool full = tile_full(j);  // the mask keeps every pair: skip evaluating it\n\
+            // K of this tile, and V of the previous one (its P V runs in this step).\n\
+            const int stage = it % STAGES, v_stage = (it + STAGES - 1) % STAGES;\n\
+            const unsigned k_smem = smem_addr(k_tiles + stage * K_TILE);\n\
+            const unsigned v_smem = smem_addr(v_tiles + v_stage * V_TILE);\n\
+            mbar_wait(k_full + 8 * stage, it / STAGES % 2);\n\
+            if (pv_pending) mbar_wait(v_full + 8 * v_stage, (it - 1) / STAGES % 2);\n\
+            fence_async_smem();  // the tensor cores read the stages through the async proxy\n"
+        )?;
+        step(w)
+    })?;
+    writeln!(w, "// The last visited tile's P V.")?;
+    w.block(format_args!("if (pv_pending)"), |w| {
+        writeln!(w, "const int v_stage = (it - 1) % STAGES;")?;
+        writeln!(w, "const unsigned v_smem = smem_addr(v_tiles + v_stage * V_TILE);")?;
+        writeln!(w, "mbar_wait(v_full + 8 * v_stage, (it - 1) / STAGES % 2);")?;
+        writeln!(w, "fence_async_smem();")?;
+        write_last_pv(w, spec)
+    })
+}
+
+/// The tile loop of kernels whose threads all load and all multiply: two
+/// stages, every thread's copies waited for and published by a CTA barrier.
+fn write_cta_loop(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    config: TileConfig,
+    kv: &KvLoads,
+    step: impl Fn(&mut Writer<String>) -> fmt::Result,
+) -> fmt::Result {
+    let pipelined = pipelined(config);
     let v_stage = if pipelined { "(stage ^ 1)" } else { "stage" };
     writeln!(w, "int stage = 0;")?;
     w.block(format_args!("for (; j < kv_tiles; stage ^= 1)"), |w| {
@@ -432,7 +576,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
             const unsigned v_smem = smem_addr(v_tiles + {v_stage} * V_TILE);\n\
             cp_async_wait_all();\n"
         )?;
-        if wgmma {
+        if config.mma == Mma::Wgmma {
             writeln!(w, "fence_async_smem();  // the tensor cores read the tiles through the async proxy")?;
             writeln!(w, "__syncthreads();  // this iteration's tiles are visible; the stages the loads")?;
             writeln!(w, "                  // below overwrite are done with (their products were waited for)")?;
@@ -448,11 +592,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         }
         writeln!(w, "cp_async_commit();")?;
         writeln!(w, "const int after = next < kv_tiles ? next_tile(next + 1) : kv_tiles;")?;
-        match config.mma {
-            Mma::Sync => write_sync_step(w, spec, &hoisted, &kv_len),
-            Mma::Wgmma if pipelined => write_wgmma_step(w, spec, config, &hoisted, &kv_len),
-            Mma::Wgmma => write_wgmma_serial_step(w, spec, config, &hoisted, &kv_len),
-        }?;
+        step(w)?;
         writeln!(w, "j = next;")?;
         writeln!(w, "next = after;")
     })?;
@@ -463,22 +603,34 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
             writeln!(w, "cp_async_wait_all();")?;
             writeln!(w, "fence_async_smem();")?;
             writeln!(w, "__syncthreads();  // its V is visible")?;
-            writeln!(w, "wgmma_fence();")?;
-            write_wgmma_pv(w, spec)?;
-            writeln!(w, "wgmma_commit();")?;
-            writeln!(w, "wgmma_wait<0>();")?;
-            writeln!(w, "fence_operands(o[0]);")
+            write_last_pv(w, spec)
         })?;
-        if ping_pong(config) {
-            writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn warpgroup 1 passed last")?;
-        }
     }
+    writeln!(w, "cp_async_wait_all();  // nothing may stay in flight past the kernel (kv_len = 0)")
+}
+
+/// The last visited tile's P V (pipelined kernels), once its V is visible.
+fn write_last_pv(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    writeln!(w, "wgmma_fence();")?;
+    write_wgmma_pv(w, spec)?;
+    writeln!(w, "wgmma_commit();")?;
+    writeln!(w, "wgmma_wait<0>();")?;
+    writeln!(w, "fence_operands(o[0]);")
+}
+
+/// O = o / l into a swizzled shared tile, then to memory; and the LSE. Only
+/// the threads that multiply get here: a warp-specialized kernel meets on a
+/// named barrier of theirs instead of `__syncthreads`.
+fn write_epilogue(w: &mut Writer<String>, spec: &Spec, ws: bool) -> fmt::Result {
+    let name = |kind| arg_name(spec, kind);
+    let [q_len, heads, lse] = [ArgKind::QLen, ArgKind::Heads, ArgKind::Lse].map(name);
+    let o_stride = name(ArgKind::Stride(Operand::O, Axis::Seq));
+    let sync = if ws { "named_barrier_sync(3, THREADS);" } else { "__syncthreads();" };
     write!(
         w,
         "\
-        cp_async_wait_all();  // nothing may stay in flight past the kernel (kv_len = 0)\n\
         \n\
-        __syncthreads();  // every warp is done with the Q and K/V tiles: their space stages O\n\
+        {sync}  // every warp is done with the Q and K/V tiles: their space stages O\n\
         \n\
         // Epilogue: O = o / l into a swizzled shared tile, then to memory in\n\
         // 16-byte row chunks; and the natural-log LSE. A fully masked row\n\
@@ -499,7 +651,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         \x20       {lse}[((long long)b * {heads} + h) * {q_len} + q0 + row] = sum > 0.0f ? (m[mt][r] + log2f(sum)) * LN2 : neg_inf();\n\
         \x20   }}\n\
         }}\n\
-        __syncthreads();\n\
+        {sync}\n\
         store_tile<BLOCK_M, DVP, DV, THREADS>(o_tile, o_rows + (long long)q0 * {o_stride}, {o_stride}, {q_len} - q0, aligned16(o_rows, {o_stride}));\n"
     )
 }
@@ -571,7 +723,7 @@ fn write_tile_classes(
             __shared__ unsigned char staged_class[STAGED_TILES];\n\
             const bool staged = mask_slice != nullptr && kv_tiles <= STAGED_TILES;\n\
             if (staged) {{\n\
-            \x20   for (int j = threadIdx.x; j < kv_tiles; j += THREADS) staged_class[j] = (unsigned char)block_class(j);\n\
+            \x20   for (int j = threadIdx.x; j < kv_tiles; j += CTA_THREADS) staged_class[j] = (unsigned char)block_class(j);\n\
             }}\n\
             __syncthreads();\n\
             auto mask_class = [&](int j) {{ return staged ? (int)staged_class[j] : block_class(j); }};\n"
@@ -732,6 +884,9 @@ fn write_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], scale: 
 /// How the kernel copies one K or V tile (keys from `tile * BLOCK_N`) into
 /// shared memory.
 struct KvLoads<'a> {
+    /// Copied by a warp-specialized kernel's producer warpgroup (else by
+    /// every thread).
+    ws: bool,
     cols: ShmemCols,
     k_stride: &'a str,
     v_stride: &'a str,
@@ -767,10 +922,14 @@ impl KvLoads<'_> {
     /// row stride.
     fn load(&self, w: &mut Writer<String>, source: [&str; 4], dst: &str, tile: &str) -> fmt::Result {
         let [rows, cols, width, stride] = source;
-        let (panels, kv_len) = (self.cols.panels, self.kv_len);
+        let kv_len = self.kv_len;
+        let threads = match self.ws {
+            true => "PRODUCER_THREADS, true, THREADS".to_string(),
+            false => format!("THREADS{}", self.cols.panels),
+        };
         writeln!(
             w,
-            "load_tile<BLOCK_N, {cols}, {width}, THREADS{panels}>({dst}, {rows} + (long long){tile} * BLOCK_N * {stride}, {stride}, {kv_len} - {tile} * BLOCK_N, vector);"
+            "load_tile<BLOCK_N, {cols}, {width}, {threads}>({dst}, {rows} + (long long){tile} * BLOCK_N * {stride}, {stride}, {kv_len} - {tile} * BLOCK_N, vector);"
         )
     }
 }
@@ -833,6 +992,13 @@ fn write_sync_step(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], kv_
 /// at d = 64).
 fn ping_pong(config: TileConfig) -> bool {
     pipelined(config) && config.warps == 8
+}
+
+/// Whether a kernel has a producer warpgroup that feeds a stage ring (see
+/// `ring.rs`): the ping-pong kernels, whose consumers then never meet at a
+/// CTA barrier and issue no copies.
+fn warp_specialized(config: TileConfig) -> bool {
+    ping_pong(config)
 }
 
 /// Whether a wgmma kernel runs P V of one tile behind S of the next
@@ -937,13 +1103,20 @@ fn write_wgmma_step(
         writeln!(w, "wgmma_wait<0>();")
     })?;
     writeln!(w, "fence_operands(s[0]);")?;
+    let ring = warp_specialized(config);
+    if ring {
+        writeln!(w, "if (lane == 0) mbar_arrive(k_empty + 8 * stage);  // S is done with this K")?;
+    }
     write_logits(w, kv_len)?;
     write_softmax(w, Rescale::Deferred)?;
+    writeln!(w, "wgmma_wait<0>();  // P V is done: O and p are this warpgroup's again")?;
+    writeln!(w, "fence_operands(o[0]);")?;
+    if ring {
+        writeln!(w, "if (pv_pending && lane == 0) mbar_arrive(v_empty + 8 * v_stage);  // and with its V")?;
+    }
     write!(
         w,
         "\
-        wgmma_wait<0>();  // P V is done: O and p are this warpgroup's again\n\
-        fence_operands(o[0]);\n\
         #pragma unroll\n\
         for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
         \x20   const int mt = i / 2, r = i % 2;\n\

@@ -21,6 +21,7 @@ mod forward;
 mod hoist;
 mod prelude;
 mod ranges;
+mod ring;
 mod signature;
 mod source;
 mod tile_class;

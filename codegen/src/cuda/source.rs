@@ -24,16 +24,16 @@ pub(super) fn write_header(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
 }
 
 /// `extern "C" __global__ void name(args) { body }`, the parameters printed
-/// from `args` (the same list the runtime marshals from). The kernel's
-/// configuration must define `THREADS`.
+/// from `args` (the same list the runtime marshals from), launched with the
+/// C constant `threads` threads per CTA.
 pub(super) fn write_entry(
     w: &mut Writer<String>,
     spec: &Spec,
-    name: &str,
+    (name, threads): (&str, &str),
     args: &[KernelArg],
     body: impl FnOnce(&mut Writer<String>) -> fmt::Result,
 ) -> fmt::Result {
-    writeln!(w, "extern \"C\" __global__ void __launch_bounds__(THREADS) {name}(")?;
+    writeln!(w, "extern \"C\" __global__ void __launch_bounds__({threads}) {name}(")?;
     w.indented(|w| {
         for (i, arg) in args.iter().enumerate() {
             let sep = if i + 1 < args.len() { "," } else { ") {" };

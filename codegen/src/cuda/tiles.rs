@@ -66,17 +66,19 @@ __device__ __forceinline__ int tile_offset(int row, int col) {
 
 // Loads rows [0, ROWS) x cols [0, COLS) of a tile whose valid part is
 // `rows` x WIDTH (the rest is zero-filled) from global rows `stride`
-// elements apart into a swizzled shared tile (see tile_offset).
-template <int ROWS, int COLS, int WIDTH, int THREADS, bool PANELS = false>
+// elements apart into a swizzled shared tile (see tile_offset). The THREADS
+// threads from thread FIRST on copy it.
+template <int ROWS, int COLS, int WIDTH, int THREADS, bool PANELS = false, int FIRST = 0>
 __device__ __forceinline__ void load_tile(unsigned short* tile, const unsigned short* src, long long stride,
                                           int rows, bool vector) {
+    const int tid = threadIdx.x - FIRST;
     constexpr int CHUNKS = COLS / 8;
     // Threads per row step: when it is a multiple of 8 (the swizzle's period)
     // each thread copies one chunk column at rows r0, r0 + STEP, ...: one
     // shared offset and one global pointer, advanced by constants.
     constexpr int STEP = THREADS % CHUNKS == 0 ? THREADS / CHUNKS : 1;
     if (WIDTH % 8 == 0 && vector && STEP % 8 == 0 && ROWS % STEP == 0) {
-        const int r0 = threadIdx.x / CHUNKS, c = (threadIdx.x % CHUNKS) * 8;
+        const int r0 = tid / CHUNKS, c = (tid % CHUNKS) * 8;
         unsigned short* dst = tile + tile_offset<ROWS, COLS, PANELS>(r0, c);
         const unsigned short* from = src + r0 * stride + c;
         const long long step = STEP * stride;
@@ -89,13 +91,13 @@ __device__ __forceinline__ void load_tile(unsigned short* tile, const unsigned s
         // Not unrolled: unrolled copies keep one 64-bit source address per
         // chunk live across the main loop, and the accumulators need them.
         #pragma unroll 1
-        for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
+        for (int i = tid; i < ROWS * CHUNKS; i += THREADS) {
             const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
             const bool valid = r < rows && c < WIDTH;
             cp_async_16(tile + tile_offset<ROWS, COLS, PANELS>(r, c), valid ? src + r * stride + c : src, valid ? 16 : 0);
         }
     } else {
-        for (int i = threadIdx.x; i < ROWS * COLS; i += THREADS) {
+        for (int i = tid; i < ROWS * COLS; i += THREADS) {
             const int r = i / COLS, c = i % COLS;
             tile[tile_offset<ROWS, COLS, PANELS>(r, c)] = r < rows && c < WIDTH ? src[r * stride + c] : (unsigned short)0;
         }

@@ -112,7 +112,7 @@ pub(super) fn write_source(
         write_dims(&mut w, spec)?;
         config(&mut w)?;
         writeln!(w)?;
-        write_entry(&mut w, spec, name, args, body)
+        write_entry(&mut w, spec, (name, "THREADS"), args, body)
     };
     emit().expect("formatting into a String cannot fail");
     w.into_inner()
