@@ -102,13 +102,11 @@ impl TileConfig {
     /// the mask tile combines the mask tiles it overlaps (`coarse_class`).
     ///
     /// The order is what the H200 measured with `flashgen-bench --tune`
-    /// (bench/RESULTS.md): Hopper's wgmma first up to head dim 128 (two
-    /// warpgroups; 128-key tiles from d = 65, 64-key tiles below, and one
-    /// warpgroup per CTA for masked or scored d <= 64 specs), except
-    /// under masks that read tensors (document ids), where the portable
-    /// kernel's two CTAs per SM hide the id loads that one wgmma CTA per SM
-    /// exposes; among mma.sync configs, 128-key tiles only for plain
-    /// d <= 64 specs (masks and score mods then spill).
+    /// (bench/RESULTS.md): up to head dim 128, Hopper's warp-specialized
+    /// wgmma kernel first (two warpgroups, 128-key tiles), then its 64-key
+    /// back-to-back kernels (two warpgroups, one); among mma.sync configs,
+    /// 128-key tiles only for plain d <= 64 specs (masks and score mods
+    /// then spill).
     pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
         let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
         // Warpgroups of 64 rows: two share each K/V tile; one alone leaves
@@ -116,20 +114,15 @@ impl TileConfig {
         let wgmma = |warps, block_n| TileConfig { mma: Mma::Wgmma, warps, m_tiles: 1, block_n };
         let default = TileConfig::default_for(spec);
         let plain = spec.mask.is_none() && spec.score.is_none();
+        let hopper = vec![wgmma(8, 128), wgmma(8, 64), wgmma(4, 64)];
         let (hopper, portable) = match widest(spec) {
-            0..=64 if plain => {
-                (vec![wgmma(8, 64), wgmma(4, 64), wgmma(8, 128)], vec![sync(4, 2, 128), default, sync(8, 1, 64)])
-            }
-            0..=64 => (vec![wgmma(4, 64), wgmma(8, 64), wgmma(8, 128)], vec![default, sync(4, 2, 128), sync(8, 1, 64)]),
-            65..=128 => (vec![wgmma(8, 128), wgmma(8, 64), wgmma(4, 64)], vec![default, sync(8, 1, 64)]),
+            0..=64 if plain => (hopper, vec![sync(4, 2, 128), default, sync(8, 1, 64)]),
+            0..=64 => (hopper, vec![default, sync(4, 2, 128), sync(8, 1, 64)]),
+            65..=128 => (hopper, vec![default, sync(8, 1, 64)]),
             _ => (vec![], vec![default, sync(4, 1, 64)]),
         };
         let hopper = if target.wgmma { hopper } else { vec![] };
-        if spec.mask.as_ref().is_some_and(Expr::reads_tensor) {
-            [portable, hopper].concat()
-        } else {
-            [hopper, portable].concat()
-        }
+        [hopper, portable].concat()
     }
 
     /// `(rows, keys)` of a block-mask tile for `spec`: the portable
@@ -149,23 +142,34 @@ impl TileConfig {
         32 * self.warps + if warp_specialized(self) { PRODUCER_THREADS } else { 0 }
     }
 
-    /// Dynamic shared memory: the Q tile and `STAGES` stages of K and V tiles,
+    /// K/V pipeline stages in shared memory: a ring of `RING_STAGES` for a
+    /// warp-specialized kernel, else two (loads of tile j + 1 while tile j
+    /// is multiplied).
+    pub fn stages(self) -> u32 {
+        if warp_specialized(self) {
+            RING_STAGES
+        } else {
+            2
+        }
+    }
+
+    /// Dynamic shared memory: the Q tile and `stages` stages of K and V tiles,
     /// 16-bit elements; wgmma's tiles are whole 64-column panels, 1024-byte
     /// aligned (the slack is reserved).
     pub fn smem_bytes(self, spec: &Spec) -> u32 {
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
         match self.mma {
-            Mma::Sync => 2 * (self.block_m() * dp + STAGES * self.block_n * (dp + dvp)),
+            Mma::Sync => 2 * (self.block_m() * dp + self.stages() * self.block_n * (dp + dvp)),
             Mma::Wgmma => {
                 let (qk, v) = (dp.next_multiple_of(64), dvp.next_multiple_of(64));
-                2 * (self.block_m() * qk + STAGES * self.block_n * (qk + v)) + 1024
+                2 * (self.block_m() * qk + self.stages() * self.block_n * (qk + v)) + 1024
             }
         }
     }
 }
 
-/// K/V pipeline stages in shared memory.
-const STAGES: u32 = 2;
+/// Stages of a warp-specialized kernel's ring.
+const RING_STAGES: u32 = 3;
 
 /// Threads of a warp-specialized kernel's producer warpgroup.
 const PRODUCER_THREADS: u32 = 128;
@@ -275,7 +279,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt:
     } else {
         writeln!(w, "constexpr int CTA_THREADS = THREADS;")?;
     }
-    writeln!(w, "constexpr int STAGES = {STAGES};  // K/V pipeline stages")?;
+    writeln!(w, "constexpr int STAGES = {};  // K/V pipeline stages", config.stages())?;
     let cols = ShmemCols::of(mma);
     if mma == Mma::Wgmma {
         writeln!(w, "// wgmma reads whole 64-column panels (zeros beyond DP and DVP).")?;
@@ -829,7 +833,7 @@ fn write_invariants(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted]) ->
 pub(super) fn write_column_terms(
     w: &mut Writer<String>,
     spec: &Spec,
-    hoisted: &[Hoisted],
+    hoisted: &[&Hoisted],
     level: Level,
     var: &str,
     first_col: &str,
@@ -845,6 +849,26 @@ pub(super) fn write_column_terms(
         })?;
     }
     Ok(())
+}
+
+/// The forward's per-key terms for the tile at `kv0`. Terms of the mask
+/// alone are skipped on tiles the mask keeps whole: `logit_interior` never
+/// reads them, and under a document mask most visited tiles are such.
+fn write_key_terms(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted]) -> fmt::Result {
+    let in_mask = |h: &&Hoisted| {
+        let mut found = false;
+        if let Some(mask) = &spec.mask {
+            mask.walk(&mut |e| found |= std::ptr::eq(e, h.expr));
+        }
+        found
+    };
+    let (mask_terms, terms): (Vec<&Hoisted>, Vec<&Hoisted>) =
+        hoisted.iter().filter(|h| h.level == Level::Column).partition(in_mask);
+    write_column_terms(w, spec, &terms, Level::Column, "k", "kv0")?;
+    if mask_terms.is_empty() {
+        return Ok(());
+    }
+    w.block(format_args!("if (!full)"), |w| write_column_terms(w, spec, &mask_terms, Level::Column, "k", "kv0"))
 }
 
 /// The `logit` lambda: dot product at (q, k) → log2-domain logit, or −∞
@@ -937,7 +961,7 @@ impl KvLoads<'_> {
 /// One K/V tile of the `mma.sync` kernel: S, the spec, the softmax and P V,
 /// back to back (two CTAs per SM overlap each other's phases).
 fn write_sync_step(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], kv_len: &str) -> fmt::Result {
-    write_column_terms(w, spec, hoisted, Level::Column, "k", "kv0")?;
+    write_key_terms(w, spec, hoisted)?;
     write!(
         w,
         "\
@@ -1044,7 +1068,7 @@ fn write_wgmma_serial_step(
     write_wgmma_s(w, config)?;
     if hoisted.iter().any(|h| h.level == Level::Column) {
         writeln!(w, "// While the tensor cores run: the tile's per-key spec terms.")?;
-        write_column_terms(w, spec, hoisted, Level::Column, "k", "kv0")?;
+        write_key_terms(w, spec, hoisted)?;
     }
     writeln!(w, "wgmma_wait<0>();")?;
     writeln!(w, "fence_operands(s[0]);")?;
@@ -1085,7 +1109,7 @@ fn write_wgmma_step(
     // warpgroup's turn and the tile's per-key spec terms.
     let overlapped = |w: &mut Writer<String>| {
         end_turn(w)?;
-        write_column_terms(w, spec, hoisted, Level::Column, "k", "kv0")
+        write_key_terms(w, spec, hoisted)
     };
     writeln!(w, "// Behind S, O += P V of the previous tile, in a group of its own (an")?;
     writeln!(w, "// empty group would become a dummy wgmma); then wait for S alone. ptxas")?;

@@ -253,7 +253,8 @@ pub(super) fn write_column_terms(
     first_col: &str,
 ) -> fmt::Result {
     let (_, col_var) = rows.vars();
-    forward::write_column_terms(w, spec, hoisted, rows.column_level(), col_var, first_col)
+    let terms: Vec<&Hoisted> = hoisted.iter().collect();
+    forward::write_column_terms(w, spec, &terms, rows.column_level(), col_var, first_col)
 }
 
 /// The spec as lambdas of one element (dot product at (q, k), row slot i,
