@@ -263,6 +263,15 @@ impl Runtime {
             .load_module(Ptx::from_binary(cubin))
             .map_err(|e| Error::driver(during("loading the CUBIN of"), e))?;
         let function = module.load_function(&kernel.name).map_err(|e| Error::driver(during("finding"), e))?;
+        // The limit covers the kernel's static shared memory too (barriers,
+        // staged block-mask classes), which only the CUBIN knows.
+        let fixed = function
+            .get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+            .map_err(|e| Error::driver(during("reading the static shared memory of"), e))?;
+        let needed = kernel.dynamic_smem + u32::try_from(fixed).unwrap_or(0);
+        if needed > available {
+            return Err(Error::SharedMemory { kernel: kernel.name, needed, available });
+        }
         // Dynamic shared memory beyond 48 KiB must be opted into per function.
         function
             .set_attribute(

@@ -24,13 +24,13 @@ use super::ranges::RANGES;
 use super::ring::RING;
 use super::signature::{arg_name, forward_args};
 use super::source::{kernel_name, write_entry, write_header};
-use super::tile_class::tile_class_expr;
+use super::tile_class::{class_expr, tile_class_expr};
 use super::tiles::TILES;
 use super::wgmma::{write_wgmma_op, AFrom, WGMMA};
 use super::writer::Writer;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
 use crate::analysis::block_uniform;
-use crate::spec::{Dtype, Expr, Spec};
+use crate::spec::{BinOp, Dtype, Expr, ExprKind, Spec};
 use std::fmt::{self, Write};
 
 /// Which tensor-core instructions a forward kernel is written in.
@@ -711,6 +711,19 @@ fn write_tile_classes(
         // A block mask built for data-dependent masks (tensor reads) refines\n\
         // them: 0 = no pair kept, 2 = every pair kept, exact per tile.\n"
     )?;
+    if let Some([a, b]) = two_conjuncts(spec) {
+        let [a, b] = [a, b].map(|e| class_expr(spec, e));
+        write!(
+            w,
+            "\
+            // Bit x: conjunct x of the mask keeps every pair of tile j (see logit_only).\n\
+            auto whole_conjuncts = [&](int j) -> int {{\n\
+            \x20   const int k_lo = j * BLOCK_N;\n\
+            \x20   const int k_hi = (int)((j + 1) * (long long)BLOCK_N < {kv_len} ? (j + 1) * (long long)BLOCK_N : {kv_len}) - 1;\n\
+            \x20   return ({a}.lo == 1 ? 1 : 0) | ({b}.lo == 1 ? 2 : 0);\n\
+            }};\n"
+        )?;
+    }
     let keys = format!("j * BLOCK_N, min_i32((j + 1) * BLOCK_N, {kv_len}) - 1");
     if !mask.reads_tensor() {
         write_block_class(w, "mask_class", kv_len, "q_lo, q_hi", &keys)?;
@@ -902,7 +915,29 @@ fn write_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], scale: 
     })?;
     writeln!(w, "}};")?;
     let prologue = prologue.map(|p| p + " ").unwrap_or_default();
-    writeln!(w, "auto logit_interior = [&]({params}) -> float {{ {prologue}return {logit}; }};")
+    writeln!(w, "auto logit_interior = [&]({params}) -> float {{ {prologue}return {logit}; }};")?;
+    if let Some(conjuncts) = two_conjuncts(spec) {
+        writeln!(w, "// Partial tiles on which one conjunct of the mask holds throughout: the other alone.")?;
+        for (x, e) in conjuncts.iter().enumerate() {
+            let keep = format!("k < {kv_len} && {}", c_expr(e));
+            writeln!(
+                w,
+                "auto logit_only{x} = [&]({params}) -> float {{ {prologue}return {keep} ? {logit} : neg_inf(); }};"
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The mask's two top-level conjuncts, when it is `a && b`: on a partial
+/// tile one of them often holds throughout (the diagonal tile of a sliding
+/// window is inside the window, its far edge is below the diagonal), and
+/// the kernel then evaluates only the other.
+fn two_conjuncts(spec: &Spec) -> Option<[&Expr; 2]> {
+    match &spec.mask.as_ref()?.kind {
+        ExprKind::Binary(BinOp::And, a, b) => Some([&**a, &**b]),
+        _ => None,
+    }
 }
 
 /// How the kernel copies one K or V tile (keys from `tile * BLOCK_N`) into
@@ -986,7 +1021,7 @@ fn write_sync_step(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], kv_
         \x20   }}\n\
         }}\n"
     )?;
-    write_logits(w, kv_len)?;
+    write_logits(w, spec, kv_len)?;
     write_softmax(w, Rescale::Inline)?;
     write!(
         w,
@@ -1072,7 +1107,7 @@ fn write_wgmma_serial_step(
     }
     writeln!(w, "wgmma_wait<0>();")?;
     writeln!(w, "fence_operands(s[0]);")?;
-    write_logits(w, kv_len)?;
+    write_logits(w, spec, kv_len)?;
     write_softmax(w, Rescale::Inline)?;
     writeln!(w, "// O += P V: P from the S registers (pack_p), V from shared memory (MN-major).")?;
     writeln!(w, "unsigned p[BLOCK_N / 16][4];")?;
@@ -1131,7 +1166,7 @@ fn write_wgmma_step(
     if ring {
         writeln!(w, "if (lane == 0) mbar_arrive(k_empty + 8 * stage);  // S is done with this K")?;
     }
-    write_logits(w, kv_len)?;
+    write_logits(w, spec, kv_len)?;
     write_softmax(w, Rescale::Deferred)?;
     writeln!(w, "wgmma_wait<0>();  // P V is done: O and p are this warpgroup's again")?;
     writeln!(w, "fence_operands(o[0]);")?;
@@ -1174,7 +1209,7 @@ fn write_wgmma_pv(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
 }
 
 /// The spec on every element of S (see `write_logit`).
-fn write_logits(w: &mut Writer<String>, kv_len: &str) -> fmt::Result {
+fn write_logits(w: &mut Writer<String>, spec: &Spec, kv_len: &str) -> fmt::Result {
     write!(
         w,
         "\
@@ -1183,8 +1218,18 @@ fn write_logits(w: &mut Writer<String>, kv_len: &str) -> fmt::Result {
         // Interior tiles (kept whole, no key past kv_len) run without mask\n\
         // and bounds code.\n"
     )?;
+    let conjuncts = two_conjuncts(spec).is_some();
+    if conjuncts {
+        writeln!(w, "const int whole = full ? 0 : whole_conjuncts(j);")?;
+    }
     writeln!(w, "if (full && kv0 + BLOCK_N <= {kv_len}) {{")?;
     w.indented(|w| write_apply_logits(w, "logit_interior(x, q, kv0 + n * 8 + 2 * t + c, i, n, c)"))?;
+    if conjuncts {
+        for (x, whole) in [(0, 2), (1, 1)] {
+            writeln!(w, "}} else if (whole == {whole}) {{")?;
+            w.indented(|w| write_apply_logits(w, &format!("logit_only{x}(x, q, kv0 + n * 8 + 2 * t + c, i, n, c)")))?;
+        }
+    }
     writeln!(w, "}} else {{")?;
     w.indented(|w| write_apply_logits(w, "logit(x, q, kv0 + n * 8 + 2 * t + c, i, n, c, full)"))?;
     writeln!(w, "}}")

@@ -14,7 +14,13 @@ use crate::spec::{Expr, Spec};
 /// The mask's `Range` as a C expression in the locals `q_lo`, `q_hi`, `k_lo`,
 /// `k_hi`, `b`, `h` and the kernel arguments; `None` without a mask.
 pub(super) fn tile_class_expr(spec: &Spec) -> Option<String> {
-    spec.mask.as_ref().map(|mask| c_range(spec, &lower(mask), &[]))
+    spec.mask.as_ref().map(|mask| class_expr(spec, mask))
+}
+
+/// The `Range` of the boolean `e` (a part of the mask) as a C expression in
+/// the same locals as [`tile_class_expr`].
+pub(super) fn class_expr(spec: &Spec, e: &Expr) -> String {
+    c_range(spec, &lower(e), &[])
 }
 
 /// [`tile_class_expr`] of `mask` with each i32 subexpression of `bounded`
