@@ -749,9 +749,9 @@ fn write_tile_classes(
     write!(
         w,
         "\
-        // The next tile from j on that keeps a pair. Spans the analysis rules out\n\
-        // are skipped whole (the rest of the row, then 16 tiles at a time), so a\n\
-        // sliding window does not pay for a scan over every tile of the row.\n"
+        // The next tile from j on that keeps a pair. Runs of tiles the analysis\n\
+        // rules out are skipped by binary search, so a sliding window does not\n\
+        // pay for a scan over every tile of the row.\n"
     )?;
     write_next_tile(w, "kv_tiles", &format!("mask_class(j) == 0{skip}"))?;
     writeln!(w, "auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || mask_class(j) == 2{full}; }};")
@@ -788,24 +788,30 @@ pub(super) fn write_block_class(
 }
 
 /// The `next_tile` lambda over `tiles` tiles: the first tile from j on that
-/// keeps a pair, by the `span_class` lambda (spans it rules out are skipped
-/// whole: the rest, then 16 tiles at a time) and, per tile, the C condition
-/// `empty` (true where a finer source says the tile keeps no pair).
+/// keeps a pair, by the `span_class` lambda and, per tile, the C condition
+/// `empty` (true where a finer source says the tile keeps no pair). A
+/// visited next tile costs one span evaluation; a run of tiles the analysis
+/// rules out whole (the far side of a sliding window, other documents) is
+/// skipped by binary search over the spans from j, which only grow.
 pub(super) fn write_next_tile(w: &mut Writer<String>, tiles: &str, empty: &str) -> fmt::Result {
     write!(
         w,
         "\
         auto next_tile = [&](int j) {{\n\
-        \x20   if (j < {tiles} && span_class(j, {tiles}).hi == 0) return {tiles};\n\
         \x20   while (j < {tiles}) {{\n\
-        \x20       const int j16 = min_i32(j + 16, {tiles});\n\
-        \x20       if (span_class(j, j16).hi == 0) {{\n\
-        \x20           j = j16;\n\
-        \x20       }} else if (span_class(j, j + 1).hi == 0 || {empty}) {{\n\
+        \x20       if (span_class(j, j + 1).hi != 0) {{\n\
+        \x20           if (!({empty})) return j;\n\
         \x20           ++j;\n\
-        \x20       }} else {{\n\
-        \x20           return j;\n\
+        \x20           continue;\n\
         \x20       }}\n\
+        \x20       // Tiles [j, lo) keep no pair; [j, hi) keeps one, or hi is the end.\n\
+        \x20       int lo = j + 1, hi = {tiles};\n\
+        \x20       if (span_class(j, hi).hi == 0) return hi;\n\
+        \x20       while (hi - lo > 1) {{\n\
+        \x20           const int mid = lo + (hi - lo) / 2;\n\
+        \x20           if (span_class(j, mid).hi == 0) lo = mid; else hi = mid;\n\
+        \x20       }}\n\
+        \x20       j = lo;\n\
         \x20   }}\n\
         \x20   return j;\n\
         }};\n"

@@ -355,8 +355,8 @@ pub(super) fn write_tile_walk(w: &mut Writer<String>, spec: &Spec, walk: &Walk) 
         // pair kept, 2 = every pair kept.\n"
     )?;
     forward::write_block_class(w, "mask_class", &kv_len, &tile_range(q_range), &tile_range(k_range))?;
-    writeln!(w, "// The next tile from j on that keeps a pair; spans the analysis rules out")?;
-    writeln!(w, "// are skipped whole (the rest, then 16 tiles at a time).")?;
+    writeln!(w, "// The next tile from j on that keeps a pair; runs of tiles the analysis")?;
+    writeln!(w, "// rules out are skipped by binary search.")?;
     forward::write_next_tile(w, tiles, "mask_class(j) == 0")?;
     writeln!(w, "auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || mask_class(j) == 2; }};")
 }
