@@ -33,7 +33,7 @@ use super::wgmma::{write_wgmma_op, AFrom, WGMMA};
 use super::writer::Writer;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
 use crate::analysis::block_uniform;
-use crate::spec::{BinOp, Dtype, Expr, ExprKind, Spec};
+use crate::spec::{BinOp, Dtype, Expr, ExprKind, Func, Spec};
 use std::fmt::{self, Write};
 
 /// Which tensor-core instructions a forward kernel is written in.
@@ -106,8 +106,10 @@ impl TileConfig {
     ///
     /// The order is what the H200 measured with `flashgen-bench --tune`
     /// (bench/RESULTS.md): up to head dim 128, Hopper's warp-specialized
-    /// wgmma kernel first (two warpgroups, 128-key tiles), then its 64-key
-    /// back-to-back kernels (two warpgroups, one); among mma.sync configs,
+    /// wgmma kernel first (two warpgroups, 128-key tiles; at d <= 64 its
+    /// 192-key tiles second, or last when the mask has two conjuncts or the
+    /// score calls a transcendental function), then the 64-key back-to-back
+    /// kernels (two warpgroups, one); among mma.sync configs,
     /// 128-key tiles only for plain d <= 64 specs (masks and score mods
     /// then spill).
     pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
@@ -118,9 +120,20 @@ impl TileConfig {
         let default = TileConfig::default_for(spec);
         let plain = spec.mask.is_none() && spec.score.is_none();
         let hopper = vec![wgmma(8, 128), wgmma(8, 64), wgmma(4, 64)];
+        // 192-key tiles at d <= 64 cut the per-tile overhead per FLOP again
+        // (the tuner's pick from 4k keys on), but S and P take 144 registers:
+        // a two-conjunct mask's partial-tile code or a transcendental score
+        // then spills, and at 1k keys the ragged last tile costs more than
+        // that saves (measured, RESULTS).
+        let light = two_conjuncts(spec).is_none() && !spec.score.as_ref().is_some_and(transcendental);
+        let (first, rest) = hopper.split_at(1);
+        let small = match light {
+            true => [first, &[wgmma(8, 192)], rest].concat(),
+            false => [first, rest, &[wgmma(8, 192)]].concat(),
+        };
         let (hopper, portable) = match widest(spec) {
-            0..=64 if plain => (hopper, vec![sync(4, 2, 128), default, sync(8, 1, 64)]),
-            0..=64 => (hopper, vec![default, sync(4, 2, 128), sync(8, 1, 64)]),
+            0..=64 if plain => (small, vec![sync(4, 2, 128), default, sync(8, 1, 64)]),
+            0..=64 => (small, vec![default, sync(4, 2, 128), sync(8, 1, 64)]),
             65..=128 => (hopper, vec![default, sync(8, 1, 64)]),
             _ => (vec![], vec![default, sync(4, 1, 64)]),
         };
@@ -176,6 +189,13 @@ const RING_STAGES: u32 = 3;
 
 /// Threads of a warp-specialized kernel's producer warpgroup.
 const PRODUCER_THREADS: u32 = 128;
+
+/// Whether `e` calls a transcendental function (tanh, exp, …).
+fn transcendental(e: &Expr) -> bool {
+    let mut found = false;
+    e.walk(&mut |n| found |= matches!(&n.kind, ExprKind::Call(f, _) if !f.is_numeric() && *f != Func::Floor));
+    found
+}
 
 /// The wider head dim, padded to the MMA k-step.
 fn widest(spec: &Spec) -> u32 {
