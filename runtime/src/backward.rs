@@ -79,14 +79,8 @@ impl Runtime {
         let BackwardIo { q, k, v, o, lse, d_o, dq, dk, dv, d_tensors } = io;
         let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
         let buffer = |layout, len| Buffer { layout, len };
-        let problem = Problem {
-            dtype: T::DTYPE,
-            q: buffer(q.1, q.0.len()),
-            k: buffer(k.1, k.0.len()),
-            v: buffer(v.1, v.0.len()),
-            o: buffer(o.1, o.0.len()),
-            lse: Some(lse.len()),
-        };
+        let operands = [(q.1, q.0.len()), (k.1, k.0.len()), (v.1, v.0.len()), (o.1, o.0.len())];
+        let problem = Problem::new(T::DTYPE, operands, Some(lse.len()));
         let grads = Grads {
             d_o: buffer(d_o.1, d_o.0.len()),
             dq: buffer(dq.1, dq.0.len()),

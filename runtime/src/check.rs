@@ -32,6 +32,14 @@ pub(crate) struct Problem {
     pub lse: Option<usize>,
 }
 
+impl Problem {
+    /// Q, K, V and O as (layout, buffer length), in that order.
+    pub fn new(dtype: Dtype, operands: [(Layout, usize); 4], lse: Option<usize>) -> Problem {
+        let [q, k, v, o] = operands.map(|(layout, len)| Buffer { layout, len });
+        Problem { dtype, q, k, v, o, lse }
+    }
+}
+
 /// Checks a forward launch of `spec`. Returns its shape, or `None` when the
 /// output is empty (no batch or no queries) and nothing should be launched.
 /// An empty key sequence still launches: every row is fully masked and the

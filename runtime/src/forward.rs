@@ -2,7 +2,7 @@
 
 use crate::args::ArgInfo;
 use crate::block_mask::{BlockMask, BuiltFor};
-use crate::check::{check_forward, Buffer, Problem};
+use crate::check::{check_forward, Problem};
 use crate::marshal::{launch, launch_config, marshal, Bindings};
 use crate::runtime::Which;
 use crate::{ArgValue, Element, Error, Layout, Runtime};
@@ -79,15 +79,8 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
     /// `None` for a launch with no batch or no queries.
     pub fn check(spec: &'r Spec, io: ForwardIo<'a, T>, args: &'r [ArgValue<'r>]) -> Result<Option<Self>, Error> {
         let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
-        let buffer = |layout, len| Buffer { layout, len };
-        let problem = Problem {
-            dtype: T::DTYPE,
-            q: buffer(io.q.1, io.q.0.len()),
-            k: buffer(io.k.1, io.k.0.len()),
-            v: buffer(io.v.1, io.v.0.len()),
-            o: buffer(io.o.1, io.o.0.len()),
-            lse: io.lse.as_ref().map(|l| l.len()),
-        };
+        let operands = [(io.q.1, io.q.0.len()), (io.k.1, io.k.0.len()), (io.v.1, io.v.0.len()), (io.o.1, io.o.0.len())];
+        let problem = Problem::new(T::DTYPE, operands, io.lse.as_ref().map(|l| l.len()));
         let Some(shape) = check_forward(spec, &problem, &infos)? else {
             return Ok(None);
         };
