@@ -571,14 +571,12 @@ fn write_ring_loop(
         )?;
         step(w)
     })?;
-    writeln!(w, "// The last visited tile's P V.")?;
-    w.block(format_args!("if (pv_pending)"), |w| {
-        writeln!(w, "const int v_stage = (it - 1) % STAGES;")?;
-        writeln!(w, "const unsigned v_smem = smem_addr(v_tiles + v_stage * V_TILE);")?;
-        writeln!(w, "mbar_wait(v_full + 8 * v_stage, (it - 1) / STAGES % 2);")?;
-        writeln!(w, "fence_async_smem();")?;
-        write_last_pv(w, spec)
-    })
+    let wait = [
+        "const int v_stage = (it - 1) % STAGES;",
+        "mbar_wait(v_full + 8 * v_stage, (it - 1) / STAGES % 2);",
+        "fence_async_smem();",
+    ];
+    write_last_pv(w, spec, &wait, "v_stage")
 }
 
 /// The tile loop of kernels whose threads all load and all multiply: two
@@ -624,20 +622,29 @@ fn write_cta_loop(
         writeln!(w, "next = after;")
     })?;
     if pipelined {
-        writeln!(w, "// The last visited tile's P V.")?;
-        w.block(format_args!("if (pv_pending)"), |w| {
-            writeln!(w, "const unsigned v_smem = smem_addr(v_tiles + (stage ^ 1) * V_TILE);")?;
-            writeln!(w, "cp_async_wait_all();")?;
-            writeln!(w, "fence_async_smem();")?;
-            writeln!(w, "__syncthreads();  // its V is visible")?;
-            write_last_pv(w, spec)
-        })?;
+        let wait = ["cp_async_wait_all();", "fence_async_smem();", "__syncthreads();  // its V is visible"];
+        write_last_pv(w, spec, &wait, "(stage ^ 1)")?;
     }
     writeln!(w, "cp_async_wait_all();  // nothing may stay in flight past the kernel (kv_len = 0)")
 }
 
-/// The last visited tile's P V (pipelined kernels), once its V is visible.
-fn write_last_pv(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+/// The last visited tile's P V (pipelined kernels): the `wait` lines make
+/// its V, in stage `v_stage`, visible to the tensor cores (async proxy)
+/// first.
+fn write_last_pv(w: &mut Writer<String>, spec: &Spec, wait: &[&str], v_stage: &str) -> fmt::Result {
+    writeln!(w, "// The last visited tile's P V.")?;
+    w.block(format_args!("if (pv_pending)"), |w| {
+        for line in wait {
+            writeln!(w, "{line}")?;
+        }
+        writeln!(w, "const unsigned v_smem = smem_addr(v_tiles + {v_stage} * V_TILE);")?;
+        write_pv_waited(w, spec)
+    })
+}
+
+/// O += P V on the tensor cores, issued and waited for: O is the
+/// warpgroup's again afterwards.
+fn write_pv_waited(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     writeln!(w, "wgmma_fence();")?;
     write_wgmma_pv(w, spec)?;
     writeln!(w, "wgmma_commit();")?;
@@ -1142,11 +1149,7 @@ fn write_wgmma_serial_step(
     writeln!(w, "unsigned p[BLOCK_N / 16][4];")?;
     writeln!(w, "#pragma unroll")?;
     writeln!(w, "for (int kk = 0; kk < BLOCK_N / 16; ++kk) pack_p(storage{{}}, p[kk], s[0], kk);")?;
-    writeln!(w, "wgmma_fence();")?;
-    write_wgmma_pv(w, spec)?;
-    writeln!(w, "wgmma_commit();")?;
-    writeln!(w, "wgmma_wait<0>();")?;
-    writeln!(w, "fence_operands(o[0]);")
+    write_pv_waited(w, spec)
 }
 
 /// One K/V tile of the wgmma kernel, software-pipelined: S of tile j and
