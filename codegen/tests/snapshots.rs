@@ -3,7 +3,10 @@
 //! maximal head dims, f16, half-precision tensors, every operator).
 
 use flashgen_codegen::abi::Kernel;
-use flashgen_codegen::cuda::{emit_backward, emit_forward, emit_forward_with, BackwardPass, Mma, Target, TileConfig};
+use flashgen_codegen::cuda::{
+    emit_backward, emit_backward_with, emit_forward, emit_forward_with, BackwardConfig, BackwardPass, Mma, Target,
+    TileConfig,
+};
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
 
@@ -125,6 +128,21 @@ fn backward_kernels_of_named_variants() {
     let spec = variant("causal");
     insta::assert_snapshot!("bwd_pre_causal", render(&emit_backward(&spec, BackwardPass::Preprocess)));
     insta::assert_snapshot!("bwd_post_causal", render(&emit_backward(&spec, BackwardPass::Postprocess)));
+}
+
+#[test]
+fn hopper_backward_kernels_of_named_variants() {
+    // The warp-specialized wgmma dK/dV kernel: analytic mask, block mask, and a
+    // score mod with a trainable tensor (ALiBi slopes).
+    for stem in ["causal", "document", "alibi"] {
+        let spec = variant(stem);
+        let config = BackwardConfig::preferred(&spec, Target::for_sm(9, 0));
+        assert_eq!(config.mma, Mma::Wgmma, "{stem}");
+        insta::assert_snapshot!(
+            format!("wgmma_bwd_{stem}"),
+            render(&emit_backward_with(&spec, BackwardPass::KeyValue, config))
+        );
+    }
 }
 
 #[test]

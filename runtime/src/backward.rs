@@ -18,7 +18,7 @@ use crate::marshal::{launch, launch_config, marshal, Bindings, GradBindings};
 use crate::runtime::{LoadedKernel, Which};
 use crate::{ArgValue, Element, Error, Layout, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::cuda::{trainable_tensors, BackwardPass, TileConfig};
+use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, TileConfig};
 use flashgen_codegen::{to_source, Shape, Spec};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -92,7 +92,8 @@ impl Runtime {
         let Some(shape) = shape else {
             return Ok(());
         };
-        let load = |pass| self.load_which(spec, Which::Backward(pass));
+        let config = BackwardConfig::preferred(spec, self.target());
+        let load = |pass| self.load_which(spec, Which::Backward(pass, config));
         let (pre, main) = (load(BackwardPass::Preprocess)?, load(BackwardPass::KeyValue)?);
         let dq_pass = load(if opts.deterministic { BackwardPass::Query } else { BackwardPass::Postprocess })?;
 

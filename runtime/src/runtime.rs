@@ -54,7 +54,7 @@ pub struct CacheStats {
 pub(crate) enum Which {
     Forward(cuda::TileConfig),
     BlockMask,
-    Backward(cuda::BackwardPass),
+    Backward(cuda::BackwardPass, cuda::BackwardConfig),
 }
 
 /// Which kernels of a spec to precompile.
@@ -74,7 +74,8 @@ impl Which {
         let mut which = vec![Which::Forward(TileConfig::preferred(spec, target)), Which::BlockMask];
         if set == KernelSet::Training {
             use cuda::BackwardPass::{KeyValue, Postprocess, Preprocess, Query};
-            which.extend([Preprocess, KeyValue, Query, Postprocess].map(Which::Backward));
+            let config = cuda::BackwardConfig::preferred(spec, target);
+            which.extend([Preprocess, KeyValue, Query, Postprocess].map(|pass| Which::Backward(pass, config)));
         }
         which
     }
@@ -84,7 +85,7 @@ impl Which {
         match self {
             Which::Forward(config) => Some(cuda::emit_forward_with(spec, config)),
             Which::BlockMask => cuda::emit_block_mask(spec),
-            Which::Backward(pass) => Some(cuda::emit_backward(spec, pass)),
+            Which::Backward(pass, config) => Some(cuda::emit_backward_with(spec, pass, config)),
         }
     }
 }

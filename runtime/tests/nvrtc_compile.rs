@@ -6,7 +6,8 @@ mod support;
 
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{
-    emit_backward, emit_block_mask, emit_forward_with, BackwardPass, Mma, Target, TileConfig,
+    emit_backward, emit_backward_with, emit_block_mask, emit_forward_with, BackwardConfig, BackwardPass, Mma, Target,
+    TileConfig,
 };
 use flashgen_codegen::{parse_str, Spec};
 use flashgen_runtime::{compile_cubin, compile_cubin_with_log, Arch, Error};
@@ -52,7 +53,11 @@ fn every_shipped_spec_compiles_for_sm80_and_sm90() {
                 TileConfig::candidates(spec, Arch::new(9, 0).target()).into_iter().filter(|c| c.mma == Mma::Wgmma);
             let forward =
                 sm80.chain(hopper.map(|c| (c, Arch::new(9, 0)))).map(|(c, arch)| (emit_forward_with(spec, c), arch));
-            both.chain(forward).collect::<Vec<_>>()
+            // The Hopper dK/dV kernel, where the spec's head dims have one.
+            let bwd_config = BackwardConfig::preferred(spec, Arch::new(9, 0).target());
+            let hopper_bwd = (bwd_config.mma == Mma::Wgmma)
+                .then(|| (emit_backward_with(spec, BackwardPass::KeyValue, bwd_config), Arch::new(9, 0)));
+            both.chain(forward).chain(hopper_bwd).collect::<Vec<_>>()
         })
         .collect();
     // NVRTC takes seconds per kernel; compile on every core.

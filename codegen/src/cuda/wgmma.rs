@@ -66,6 +66,9 @@ pub(super) enum AFrom {
     /// Shared memory, K-major, like B (`wgmma_ss_n{n}`: S = Q·Kᵀ; the
     /// accumulator is overwritten when `accumulate` is 0).
     Shared,
+    /// Shared memory, K-major, with B MN-major (`wgmma_ss_mn_n{n}`: the
+    /// backward's dQ = dS·K, K's rows being the reduction).
+    SharedMnB,
     /// Registers in the m16n8k16 A-fragment layout, with B MN-major
     /// (`wgmma_rs_n{n}`: O += P·V, always accumulating).
     Registers,
@@ -83,13 +86,16 @@ pub(super) fn write_wgmma_op(w: &mut Writer<String>, dtype: Dtype, n: u32, a: AF
     let d_operands = (0..regs).map(|i| format!("\"+f\"(d[{}][{}])", i / 4, i % 4)).collect::<Vec<_>>().join(", ");
     let op = format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty}");
     let (name, params, scale_d, operands, inputs) = match a {
-        AFrom::Shared => (
-            "ss",
-            "unsigned long long a, unsigned long long b, int accumulate",
-            format!("%{}", regs + 2),
-            format!("%{}, %{}, p, 1, 1, 0, 0", regs, regs + 1),
-            "\"l\"(a), \"l\"(b), \"r\"(accumulate)",
-        ),
+        AFrom::Shared | AFrom::SharedMnB => {
+            let (name, transpose_b) = if matches!(a, AFrom::Shared) { ("ss", 0) } else { ("ss_mn", 1) };
+            (
+                name,
+                "unsigned long long a, unsigned long long b, int accumulate",
+                format!("%{}", regs + 2),
+                format!("%{}, %{}, p, 1, 1, 0, {transpose_b}", regs, regs + 1),
+                "\"l\"(a), \"l\"(b), \"r\"(accumulate)",
+            )
+        }
         AFrom::Registers => (
             "rs",
             "const unsigned (&a)[4], unsigned long long b",

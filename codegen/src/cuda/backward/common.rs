@@ -13,6 +13,7 @@ use super::super::source::{write_entry, write_header};
 use super::super::tile_class::tile_class_expr;
 use super::super::tiles::TILES;
 use super::super::writer::Writer;
+use super::BackwardConfig;
 use crate::abi::{ArgKind, KernelArg};
 use crate::grad::{d_load, d_score, load_indices};
 use crate::spec::{Builtin, Dtype, Expr, Spec};
@@ -80,6 +81,9 @@ pub(super) enum Sections {
     Rows,
     /// Everything: tile classes, tensor-core tiles, backward helpers.
     Tiles,
+    /// Those, Hopper's warpgroup MMA and the stage ring, for a kernel of
+    /// `CTA_THREADS` threads in this configuration.
+    Hopper(BackwardConfig),
 }
 
 /// Header, prelude sections, the configuration `config` writes, and the
@@ -97,14 +101,18 @@ pub(super) fn write_source(
         write_header(&mut w, spec)?;
         w.write_str(PRELUDE)?;
         writeln!(w)?;
-        if sections == Sections::Tiles {
+        let tiles = sections != Sections::Rows;
+        if tiles {
             w.write_str(RANGES)?;
             writeln!(w)?;
             w.write_str(TILES)?;
             writeln!(w)?;
         }
+        if let Sections::Hopper(config) = sections {
+            super::dkdv_wgmma::write_prelude(&mut w, spec, config)?;
+        }
         w.write_str(BACKWARD_ROWS)?;
-        if sections == Sections::Tiles {
+        if tiles {
             w.write_str(BACKWARD_TILES)?;
         }
         writeln!(w)?;
@@ -112,7 +120,8 @@ pub(super) fn write_source(
         write_dims(&mut w, spec)?;
         config(&mut w)?;
         writeln!(w)?;
-        write_entry(&mut w, spec, (name, "THREADS"), args, body)
+        let threads = if let Sections::Hopper(_) = sections { "CTA_THREADS" } else { "THREADS" };
+        write_entry(&mut w, spec, (name, threads), args, body)
     };
     emit().expect("formatting into a String cannot fail");
     w.into_inner()

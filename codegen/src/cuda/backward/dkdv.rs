@@ -83,10 +83,10 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> 
 
 fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
-    let [q_len, kv_len, heads, heads_kv, lse, scale] =
-        [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv, ArgKind::Lse, ArgKind::Scale].map(n);
+    let [q_len, kv_len, heads, heads_kv, lse] =
+        [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv, ArgKind::Lse].map(n);
     let seq = |op| n(ArgKind::Stride(op, Axis::Seq));
-    let [q_stride, k_stride, v_stride, do_stride, dk_stride, dv_stride] = OPERANDS.map(seq);
+    let [q_stride, k_stride, v_stride, do_stride] = [Operand::Q, Operand::K, Operand::V, Operand::DO].map(seq);
     write!(
         w,
         "\
@@ -194,12 +194,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         )?;
         write_row_terms(w, spec, &hoisted, Rows::Keys, "k0 + warp * 16")?;
         write_spec_lambdas(w, spec, terms, &hoisted, Rows::Keys)?;
-        for (slot, _, indices) in &terms.grads {
-            if per_head(indices) {
-                let t = &spec.tensors[*slot].name;
-                writeln!(w, "float acc_{t} = 0.0f;  // this lane's share of d{t} at this head's element")?;
-            }
-        }
+        write_head_grad_sums(w, spec, terms)?;
         write_tile_walk(w, spec, &Walk { axis: "q", tiles: "q_steps", size: "BLOCK_M", len: &q_len })?;
         writeln!(w)?;
         writeln!(w, "const int first = next_tile(0);")?;
@@ -212,16 +207,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         writeln!(w, "    __syncthreads();  // the last step's dS^T is visible")?;
         writeln!(w, "    add_dq(dq_pending, buf ^ 1);")?;
         writeln!(w, "}}")?;
-        for (slot, _, indices) in &terms.grads {
-            if per_head(indices) {
-                let t = &spec.tensors[*slot].name;
-                let dt = n(ArgKind::TensorGrad(*slot));
-                writeln!(w, "// One atomic per warp and head for d{t}.")?;
-                writeln!(w, "const float sum_{t} = warp_sum(acc_{t});")?;
-                writeln!(w, "if ({dt} != nullptr && lane == 0) atomicAdd(&{dt}[at_{t}(0, 0, 0, 0, 0)], sum_{t});")?;
-            }
-        }
-        Ok(())
+        write_head_grad_adds(w, spec, terms)
     })?;
     write!(
         w,
@@ -231,6 +217,41 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         // Epilogue: dK = scale * sum dS^T Q and dV = sum P^T dO, for the keys and\n\
         // columns that exist.\n"
     )?;
+    write_key_stores(w, spec)
+}
+
+/// Per trainable tensor read once per head (`slopes[h]`): the lane's running
+/// sum of its gradient terms at this head (see [`write_head_grad_adds`]).
+pub(super) fn write_head_grad_sums(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Result {
+    for (slot, _, indices) in &terms.grads {
+        if per_head(indices) {
+            let t = &spec.tensors[*slot].name;
+            writeln!(w, "float acc_{t} = 0.0f;  // this lane's share of d{t} at this head's element")?;
+        }
+    }
+    Ok(())
+}
+
+/// The sums of [`write_head_grad_sums`] added to their gradients, one atomic
+/// per warp and head.
+pub(super) fn write_head_grad_adds(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Result {
+    for (slot, _, indices) in &terms.grads {
+        if per_head(indices) {
+            let t = &spec.tensors[*slot].name;
+            let dt = arg_name(spec, ArgKind::TensorGrad(*slot));
+            writeln!(w, "// One atomic per warp and head for d{t}.")?;
+            writeln!(w, "const float sum_{t} = warp_sum(acc_{t});")?;
+            writeln!(w, "if ({dt} != nullptr && lane == 0) atomicAdd(&{dt}[at_{t}(0, 0, 0, 0, 0)], sum_{t});")?;
+        }
+    }
+    Ok(())
+}
+
+/// The epilogue of a dK/dV kernel: dK = scale · dk_acc and dV = dv_acc, this
+/// warp's 16 keys, for the keys and columns that exist.
+pub(super) fn write_key_stores(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    let [kv_len, scale] = [ArgKind::KvLen, ArgKind::Scale].map(|kind| arg_name(spec, kind));
+    let [dk_stride, dv_stride] = [Operand::DK, Operand::DV].map(|op| arg_name(spec, ArgKind::Stride(op, Axis::Seq)));
     let dk = Store {
         out: "dk_out",
         rows: "dk_rows",

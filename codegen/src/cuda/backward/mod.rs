@@ -49,11 +49,12 @@
 
 mod common;
 mod dkdv;
+mod dkdv_wgmma;
 mod dq;
 mod rows;
 mod step;
 
-use super::forward::pad16;
+use super::forward::{pad16, Mma, Target};
 use crate::abi::Kernel;
 use crate::grad::{d_load, load_indices};
 use crate::spec::Spec;
@@ -72,8 +73,12 @@ pub enum BackwardPass {
 }
 
 /// How the backward kernels tile a problem.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BackwardConfig {
+    /// The dK/dV kernel's MMA: `mma.sync` warps, or on Hopper the
+    /// warp-specialized `wgmma` kernel (see `dkdv_wgmma`); the other
+    /// backward kernels are the same for both.
+    pub mma: Mma,
     /// Warps of the dK/dV kernel, 16 keys each: its CTA owns 16 · warps keys
     /// (128 at head dims up to 128, as FlashAttention-2: each Q/dO tile
     /// loaded serves twice the keys of 4 warps, and dQ takes half the
@@ -94,9 +99,22 @@ impl BackwardConfig {
     pub fn default_for(spec: &Spec) -> BackwardConfig {
         let widest = pad16(spec.head_dims.qk).max(pad16(spec.head_dims.v));
         match widest {
-            0..=64 => BackwardConfig { warps: 4, block_m: 64, dq_block_n: 64 },
-            65..=128 => BackwardConfig { warps: 8, block_m: 32, dq_block_n: 64 },
-            _ => BackwardConfig { warps: 4, block_m: 16, dq_block_n: 32 },
+            0..=64 => BackwardConfig { mma: Mma::Sync, warps: 4, block_m: 64, dq_block_n: 64 },
+            65..=128 => BackwardConfig { mma: Mma::Sync, warps: 8, block_m: 32, dq_block_n: 64 },
+            _ => BackwardConfig { mma: Mma::Sync, warps: 4, block_m: 16, dq_block_n: 32 },
+        }
+    }
+
+    /// The configuration the runtime uses on `target`: on Hopper, for head
+    /// dims that pad to 128 (Q/K and V alike), the wgmma dK/dV kernel with
+    /// two consumer warpgroups of 64 keys and 64-query steps
+    /// (FlashAttention-3's hdim-128 tile); otherwise [`Self::default_for`].
+    pub fn preferred(spec: &Spec, target: Target) -> BackwardConfig {
+        let portable = BackwardConfig::default_for(spec);
+        let dims = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
+        match target.wgmma && dims == (128, 128) {
+            true => BackwardConfig { mma: Mma::Wgmma, warps: 8, block_m: 64, ..portable },
+            false => portable,
         }
     }
 
@@ -106,12 +124,17 @@ impl BackwardConfig {
     }
 }
 
-/// Emits one backward kernel of `spec` with its default configuration.
+/// Emits one backward kernel of `spec` with its portable configuration.
 /// Deterministic, like every emitter.
 pub fn emit_backward(spec: &Spec, pass: BackwardPass) -> Kernel {
-    let config = BackwardConfig::default_for(spec);
+    emit_backward_with(spec, pass, BackwardConfig::default_for(spec))
+}
+
+/// Emits one backward kernel of `spec` with configuration `config`.
+pub fn emit_backward_with(spec: &Spec, pass: BackwardPass, config: BackwardConfig) -> Kernel {
     match pass {
         BackwardPass::Preprocess => rows::emit_preprocess(spec),
+        BackwardPass::KeyValue if config.mma == Mma::Wgmma => dkdv_wgmma::emit(spec, config),
         BackwardPass::KeyValue => dkdv::emit(spec, config),
         BackwardPass::Query => dq::emit(spec, config),
         BackwardPass::Postprocess => rows::emit_postprocess(spec),

@@ -1,0 +1,451 @@
+//! The dK/dV kernel on Hopper's warpgroup MMA (sm_90a), warp-specialized
+//! like the forward's 128-key kernel (FlashAttention-3's backward).
+//!
+//! A CTA owns 128 keys: two consumer warpgroups of 64 keys each, plus a
+//! producer warpgroup that copies this CTA's K and V once and then each
+//! visited query step's Q, dO and statistics into a two-stage ring
+//! (`ring.rs`: full/empty `mbarrier`s; `setmaxnreg` gives the consumers
+//! 240 registers). Per step a consumer warpgroup computes, keys as rows:
+//!
+//! - Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, both operands from shared memory (K-major);
+//! - P and dS on its registers, the same element code as the `mma.sync`
+//!   kernel (`step::write_elements`: the accumulator layouts agree);
+//! - dV += Pᵀ·dO and dK += dSᵀ·Q with Pᵀ and dSᵀ as register A operands,
+//!   dO and Q MN-major from the stage, into accumulators that live for the
+//!   whole kernel (64 + 64 registers at d = 128);
+//! - dS itself (queries as rows) into shared memory by `stmatrix.trans`, and
+//!   once both warpgroups' halves are there (a named barrier),
+//!   dQ = dS·K for its half of dQ's columns, added to the f32 accumulator by
+//!   vector reductions.
+//!
+//! The element code, spec lambdas, tile walk and epilogue are the
+//! `mma.sync` kernel's (`dkdv.rs`); only the products and the data movement
+//! differ.
+
+use super::common::{
+    write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows, Sections, SpecTerms,
+    Walk,
+};
+use super::dkdv::{write_head_grad_adds, write_head_grad_sums, write_key_stores, write_rows};
+use super::step::write_elements;
+use super::BackwardConfig;
+use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
+use crate::cuda::forward::{pad16, write_mask_tiles};
+use crate::cuda::hoist::{hoist, Hoisted};
+use crate::cuda::ring::RING;
+use crate::cuda::signature::{arg_name, backward_args};
+use crate::cuda::source::kernel_name;
+use crate::cuda::wgmma::{write_wgmma_op, AFrom, WGMMA};
+use crate::cuda::writer::Writer;
+use crate::spec::Spec;
+use std::fmt::{self, Write};
+
+const OPERANDS: [Operand; 6] = [Operand::Q, Operand::K, Operand::V, Operand::DO, Operand::DK, Operand::DV];
+
+/// Q/dO stages of the ring.
+const STAGES: u32 = 2;
+
+/// Threads of the producer warpgroup.
+const PRODUCER_THREADS: u32 = 128;
+
+/// Helpers only this kernel uses.
+const HOPPER_BACKWARD: &str = r#"// Four 8x8 16-bit matrices from registers (the m16n8k16 A-fragment layout)
+// to shared memory, each transposed: lane l gives the address of row l % 8 of
+// matrix l / 8 as stored.
+__device__ __forceinline__ void stmatrix_x4_trans(const unsigned (&r)[4], unsigned addr) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
+                 :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+// Keeps register A operands alive up to this point: the tensor cores read
+// them until their wgmma group has been waited for.
+template <int N>
+__device__ __forceinline__ void keep_operands(const unsigned (&a)[N][4]) {
+    #pragma unroll
+    for (int i = 0; i < N; ++i) {
+        #pragma unroll
+        for (int c = 0; c < 4; ++c) asm volatile("" :: "r"(a[i][c]) : "memory");
+    }
+}
+"#;
+
+pub(super) fn emit(spec: &Spec, config: BackwardConfig) -> Kernel {
+    let name = kernel_name("bwd", spec);
+    let terms = SpecTerms::new(spec, true);
+    let slots: Vec<usize> = terms.grads.iter().map(|(slot, ..)| *slot).collect();
+    let args = backward_args(spec, OPERANDS, &slots);
+    let source = write_source(
+        spec,
+        Sections::Hopper(config),
+        &name,
+        &args,
+        |w| write_config(w, spec, config),
+        |w| write_body(w, spec, config, &terms),
+    );
+    Kernel {
+        name,
+        source,
+        grid: Grid::KeyTiles,
+        block_m: config.block_m,
+        block_n: config.block_n(),
+        threads: 32 * config.warps + PRODUCER_THREADS,
+        dynamic_smem: smem_bytes(spec, config),
+        args,
+    }
+}
+
+/// K and V of the CTA's keys, STAGES stages of Q, dO and two statistics per
+/// query, two dS tiles, and the slack that aligns them to 1024 bytes.
+fn smem_bytes(spec: &Spec, config: BackwardConfig) -> u32 {
+    let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
+    let (m, n) = (config.block_m, config.block_n());
+    2 * (n * (dp + dvp) + STAGES * m * (dp + dvp) + 2 * m * n) + 4 * 2 * STAGES * m + 1024
+}
+
+/// The warpgroup MMA and stage-ring preludes and the products this kernel
+/// issues: m64 by BLOCK_M (Sᵀ, dPᵀ), by DP / 2 (a warpgroup's dQ columns),
+/// by DP and DVP (dK, dV).
+pub(super) fn write_prelude(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> fmt::Result {
+    let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
+    w.write_str(WGMMA)?;
+    write_wgmma_op(w, spec.dtype, config.block_m, AFrom::Shared)?;
+    write_wgmma_op(w, spec.dtype, dp / 2, AFrom::SharedMnB)?;
+    write_wgmma_op(w, spec.dtype, dp, AFrom::Registers)?;
+    if dvp != dp {
+        write_wgmma_op(w, spec.dtype, dvp, AFrom::Registers)?;
+    }
+    w.write_str(HOPPER_BACKWARD)?;
+    writeln!(w)?;
+    w.write_str(RING)?;
+    writeln!(w)
+}
+
+fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> fmt::Result {
+    let BackwardConfig { warps, block_m, .. } = config;
+    write!(
+        w,
+        "\
+        constexpr int WARPS = {warps};  // the consumer warps: two warpgroups of 64 keys\n\
+        constexpr int THREADS = 32 * WARPS;  // the threads that multiply\n\
+        // Warp specialization: one more warpgroup copies K, V and the query steps'\n\
+        // tiles into a ring of STAGES stages (see the stage ring above) and hands\n\
+        // most of its registers to the two that multiply (24 + 2 x 240).\n\
+        constexpr int PRODUCER_THREADS = {PRODUCER_THREADS};\n\
+        constexpr int CTA_THREADS = THREADS + PRODUCER_THREADS;\n\
+        constexpr int PRODUCER_REGS = 24;\n\
+        constexpr int CONSUMER_REGS = 240;\n\
+        constexpr int STAGES = {STAGES};  // Q/dO stages of the ring\n\
+        constexpr int BLOCK_N = 16 * WARPS;  // keys per CTA: grid.x = ceil(kv_len / BLOCK_N)\n\
+        constexpr int BLOCK_M = {block_m};  // queries per step of the loop\n\
+        constexpr int S_TILES = BLOCK_M / 8;  // m16n8 tiles of a warp's S^T and dP^T (16 keys x BLOCK_M queries)\n\
+        constexpr int DK_TILES = DP / 8;  // m16n8 tiles of a warp's dK (16 keys x DP)\n\
+        constexpr int DV_TILES = DVP / 8;  // m16n8 tiles of a warp's dV (16 keys x DVP)\n\
+        constexpr int DQ_TILES = DP / 16;  // m16n8 tiles of a warp's dQ: its warpgroup's half of the columns\n\
+        // Whether any tile copy may use cp.async (see mbar_arrive_loaded).\n\
+        constexpr int COPY_WIDTH = D % 8 == 0 || DV % 8 == 0 ? 8 : 1;\n"
+    )?;
+    write_mask_tiles(w, spec)?;
+    write!(
+        w,
+        "\
+        // Shared memory, every tile in wgmma's 64-column panels: this CTA's K and V;\n\
+        // STAGES stages of a step's Q and dO tiles and two statistics per query; two\n\
+        // dS tiles (queries as rows: the A operand of dQ = dS K).\n\
+        constexpr int K_TILE = BLOCK_N * DP;\n\
+        constexpr int V_TILE = BLOCK_N * DVP;\n\
+        constexpr int Q_TILE = BLOCK_M * DP;\n\
+        constexpr int DO_TILE = BLOCK_M * DVP;\n\
+        constexpr int DS_TILE = BLOCK_M * BLOCK_N;\n"
+    )
+}
+
+fn write_body(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig, terms: &SpecTerms) -> fmt::Result {
+    let n = |kind| arg_name(spec, kind);
+    let [q_len, kv_len, heads, heads_kv] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv].map(n);
+    let [k_stride, v_stride] = [Operand::K, Operand::V].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
+    write!(
+        w,
+        "\
+        // wgmma's swizzle atoms are 1024-byte aligned; the launch reserves the slack.\n\
+        extern __shared__ __align__(1024) unsigned char smem_raw[];\n\
+        unsigned short* smem = (unsigned short*)(smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024);\n\
+        unsigned short* k_tile = smem;  // [BLOCK_N][DP], for every step\n\
+        unsigned short* v_tile = k_tile + K_TILE;  // [BLOCK_N][DVP]\n\
+        unsigned short* q_tiles = v_tile + V_TILE;  // [STAGES][BLOCK_M][DP]\n\
+        unsigned short* dout_tiles = q_tiles + STAGES * Q_TILE;  // [STAGES][BLOCK_M][DVP]\n\
+        unsigned short* ds_tiles = dout_tiles + STAGES * DO_TILE;  // [2][BLOCK_M][BLOCK_N]: dS, for dQ\n\
+        float* lse_cols = (float*)(ds_tiles + 2 * DS_TILE);  // [STAGES][BLOCK_M]: LSE in log2 units, +inf for no gradient\n\
+        float* delta_cols = lse_cols + STAGES * BLOCK_M;  // [STAGES][BLOCK_M]: D = rowsum(dO * O)\n\
+        \n\
+        // The spec's built-in b (h, q and k are bound in the loops below).\n\
+        const int b = blockIdx.z;\n\
+        const int kv_head = blockIdx.y;\n\
+        const int k0 = blockIdx.x * BLOCK_N;\n\
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
+        const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n\
+        const int group = {heads} / {heads_kv};  // query heads sharing this K/V head\n\
+        const int q_steps = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
+        const int k_lo = k0, k_hi = min_i32(k0 + BLOCK_N, {kv_len}) - 1;  // this CTA's keys\n\
+        \n"
+    )?;
+    for (op, rows) in
+        [(Operand::K, "k_rows"), (Operand::V, "v_rows"), (Operand::DK, "dk_rows"), (Operand::DV, "dv_rows")]
+    {
+        write_rows(w, spec, op, rows, "kv_head")?;
+    }
+    write!(
+        w,
+        "\
+        const bool kv_vector = aligned16(k_rows, {k_stride}) && aligned16(v_rows, {v_stride});\n\
+        \n\
+        // The ring's barriers: K/V's, then per stage full and empty. A full barrier\n\
+        // takes two arrivals per producer thread: its copies landed, its statistics\n\
+        // stored.\n\
+        __shared__ __align__(8) unsigned long long ring_bars[1 + 2 * STAGES];\n\
+        const unsigned kv_full = smem_addr(ring_bars), stage_full = kv_full + 8, stage_empty = stage_full + 8 * STAGES;\n\
+        if (threadIdx.x == 0) {{\n\
+        \x20   mbar_init(kv_full, 2 * PRODUCER_THREADS);\n\
+        \x20   for (int s = 0; s < STAGES; ++s) {{\n\
+        \x20       mbar_init(stage_full + 8 * s, 2 * PRODUCER_THREADS);\n\
+        \x20       mbar_init(stage_empty + 8 * s, WARPS);  // one arrival per consumer warp\n\
+        \x20   }}\n\
+        }}\n\
+        __syncthreads();\n\
+        int it = 0;  // visited steps so far, over every head: step `it` uses stage it % STAGES\n\
+        \n"
+    )?;
+    let exprs = terms.exprs(spec);
+    let hoisted = hoist(&exprs);
+    w.block(format_args!("if (warp >= WARPS)"), |w| write_producer(w, spec))?;
+    writeln!(w, "// ---- the consumer warpgroups ----")?;
+    writeln!(w, "regs_acquire<CONSUMER_REGS>();")?;
+    write_consumers(w, spec, config, terms, &hoisted)
+}
+
+/// `for (int h ...)` over the query heads of this CTA's K/V head, binding
+/// the head's walk over query steps, then `body`.
+fn write_head_loop(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    body: impl FnOnce(&mut Writer<String>) -> fmt::Result,
+) -> fmt::Result {
+    let q_len = arg_name(spec, ArgKind::QLen);
+    w.block(format_args!("for (int h = kv_head * group; h < (kv_head + 1) * group; ++h)"), |w| {
+        write_tile_walk(w, spec, &Walk { axis: "q", tiles: "q_steps", size: "BLOCK_M", len: &q_len })?;
+        body(w)
+    })
+}
+
+/// The producer warpgroup: K and V once, then per visited step its Q and dO
+/// tiles and statistics into the next stage; it ends with `return`.
+fn write_producer(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    let n = |kind| arg_name(spec, kind);
+    let [q_len, kv_len, heads, lse] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::Lse].map(n);
+    let [q_stride, k_stride, v_stride, do_stride] =
+        [Operand::Q, Operand::K, Operand::V, Operand::DO].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
+    write!(
+        w,
+        "\
+        // ---- the producer warpgroup ----\n\
+        regs_release<PRODUCER_REGS>();\n\
+        load_tile<BLOCK_N, DP, D, PRODUCER_THREADS, true, THREADS>(k_tile, k_rows + (long long)k0 * {k_stride}, {k_stride}, {kv_len} - k0, kv_vector);\n\
+        load_tile<BLOCK_N, DVP, DV, PRODUCER_THREADS, true, THREADS>(v_tile, v_rows + (long long)k0 * {v_stride}, {v_stride}, {kv_len} - k0, kv_vector);\n\
+        mbar_arrive_loaded<COPY_WIDTH>(kv_full, kv_vector);\n\
+        mbar_arrive(kv_full);\n"
+    )?;
+    write_head_loop(w, spec, |w| {
+        write_rows(w, spec, Operand::Q, "q_rows", "h")?;
+        write_rows(w, spec, Operand::DO, "dout_rows", "h")?;
+        write!(
+            w,
+            "\
+            const bool q_vector = aligned16(q_rows, {q_stride}) && aligned16(dout_rows, {do_stride});\n\
+            const float* lse_row = {lse} + ((long long)b * {heads} + h) * {q_len};\n\
+            const float* delta_row = delta + ((long long)b * {heads} + h) * {q_len};\n"
+        )?;
+        w.block(format_args!("for (int j = next_tile(0); j < q_steps; j = next_tile(j + 1), ++it)"), |w| {
+            write!(
+                w,
+                "\
+                const int stage = it % STAGES, q0 = j * BLOCK_M;\n\
+                mbar_wait(stage_empty + 8 * stage, (it / STAGES + 1) % 2);\n\
+                load_tile<BLOCK_M, DP, D, PRODUCER_THREADS, true, THREADS>(q_tiles + stage * Q_TILE, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, q_vector);\n\
+                load_tile<BLOCK_M, DVP, DV, PRODUCER_THREADS, true, THREADS>(dout_tiles + stage * DO_TILE, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, q_vector);\n\
+                mbar_arrive_loaded<COPY_WIDTH>(stage_full + 8 * stage, q_vector);\n\
+                // The statistics, LSE to log2 units: a fully masked row (LSE = -inf) or\n\
+                // one past q_len gets +inf, so P = 0.\n\
+                const int r = threadIdx.x - THREADS;\n\
+                if (r < BLOCK_M) {{\n\
+                \x20   const bool valid = q0 + r < {q_len};\n\
+                \x20   const float l = valid ? lse_row[q0 + r] : neg_inf();\n\
+                \x20   lse_cols[stage * BLOCK_M + r] = l == neg_inf() ? -neg_inf() : l * LOG2E;\n\
+                \x20   delta_cols[stage * BLOCK_M + r] = valid ? delta_row[q0 + r] : 0.0f;\n\
+                }}\n\
+                mbar_arrive(stage_full + 8 * stage);\n"
+            )
+        })
+    })?;
+    writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
+    writeln!(w, "return;")
+}
+
+/// The consumer warpgroups: per head and visited step, the products of the
+/// module note; at the end dK and dV.
+fn write_consumers(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    config: BackwardConfig,
+    terms: &SpecTerms,
+    hoisted: &[Hoisted],
+) -> fmt::Result {
+    let [q_len, heads] = [ArgKind::QLen, ArgKind::Heads].map(|kind| arg_name(spec, kind));
+    write!(
+        w,
+        "\
+        const int warpgroup = warp / 4;\n\
+        // This warpgroup's 64 keys of the K and V tiles (128-byte rows in each panel).\n\
+        const unsigned k_smem = smem_addr(k_tile), v_smem = smem_addr(v_tile);\n\
+        const unsigned k_own = k_smem + warpgroup * 64 * 128, v_own = v_smem + warpgroup * 64 * 128;\n\
+        // This warp's 16 keys of dK and dV (f32), summed over every query of every\n\
+        // head of the group: no atomics.\n\
+        float dk_acc[DK_TILES][4] = {{}};\n\
+        float dv_acc[DV_TILES][4] = {{}};\n\
+        mbar_wait(kv_full, 0);\n"
+    )?;
+    write_head_loop(w, spec, |w| {
+        writeln!(w, "float* dq_rows = dq_accum + ((long long)b * {heads} + h) * {q_len} * D;")?;
+        write_row_terms(w, spec, hoisted, Rows::Keys, "k0 + warp * 16")?;
+        write_spec_lambdas(w, spec, terms, hoisted, Rows::Keys)?;
+        write_head_grad_sums(w, spec, terms)?;
+        w.block(format_args!("for (int j = next_tile(0); j < q_steps; j = next_tile(j + 1), ++it)"), |w| {
+            write_step(w, spec, config, terms, hoisted)
+        })?;
+        write_head_grad_adds(w, spec, terms)
+    })?;
+    writeln!(w)?;
+    writeln!(w, "// Epilogue: dK = scale * sum dS^T Q and dV = sum P^T dO, for the keys and")?;
+    writeln!(w, "// columns that exist (every product was waited for in its step).")?;
+    writeln!(w, "fence_operands(dk_acc);")?;
+    writeln!(w, "fence_operands(dv_acc);")?;
+    write_key_stores(w, spec)
+}
+
+/// One step: query tile j of head h against this warpgroup's keys.
+fn write_step(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    config: BackwardConfig,
+    terms: &SpecTerms,
+    hoisted: &[Hoisted],
+) -> fmt::Result {
+    let q_len = arg_name(spec, ArgKind::QLen);
+    write!(
+        w,
+        "\
+        const int stage = it % STAGES, q0 = j * BLOCK_M;\n\
+        const bool full = tile_full(j);  // the mask keeps every pair: skip evaluating it\n\
+        const unsigned q_smem = smem_addr(q_tiles + stage * Q_TILE), dout_smem = smem_addr(dout_tiles + stage * DO_TILE);\n\
+        const float* lse_col = lse_cols + stage * BLOCK_M;\n\
+        const float* delta_col = delta_cols + stage * BLOCK_M;\n"
+    )?;
+    write_column_terms(w, spec, hoisted, Rows::Keys, "q0")?;
+    write!(
+        w,
+        "\
+        mbar_wait(stage_full + 8 * stage, it / STAGES % 2);\n\
+        fence_async_smem();  // the tensor cores read the stage through the async proxy\n\
+        \n\
+        // S^T = K Q^T and dP^T = V dO^T on this warpgroup's 64 keys x BLOCK_M queries,\n\
+        // both operands from shared memory; the first k-step overwrites them.\n\
+        float s[S_TILES][4], dp[S_TILES][4];\n\
+        wgmma_fence();\n\
+        #pragma unroll\n\
+        for (int kk = 0; kk < DP / 16; ++kk) {{\n\
+        \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
+        \x20   wgmma_ss_n{block_m}(s, gmma_desc(k_own + panel * BLOCK_N * 128 + step, 16, 1024),\n\
+        \x20                   gmma_desc(q_smem + panel * BLOCK_M * 128 + step, 16, 1024), kk);\n\
+        }}\n\
+        #pragma unroll\n\
+        for (int kk = 0; kk < DVP / 16; ++kk) {{\n\
+        \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
+        \x20   wgmma_ss_n{block_m}(dp, gmma_desc(v_own + panel * BLOCK_N * 128 + step, 16, 1024),\n\
+        \x20                   gmma_desc(dout_smem + panel * BLOCK_M * 128 + step, 16, 1024), kk);\n\
+        }}\n\
+        wgmma_commit();\n\
+        wgmma_wait<0>();\n\
+        fence_operands(s);\n\
+        fence_operands(dp);\n",
+        block_m = config.block_m
+    )?;
+    write_elements(w, spec, terms, Rows::Keys, "k0 + warp * 16", "q0")?;
+    write!(
+        w,
+        "\
+        \n\
+        // dV += P^T dO and dK += dS^T Q: P^T and dS^T are register A operands (the\n\
+        // accumulators of query tiles 2kk and 2kk + 1 are the kk-th 16-query\n\
+        // step's fragment), dO and Q MN-major from the stage.\n\
+        unsigned pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];\n\
+        #pragma unroll\n\
+        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {{\n\
+        \x20   pack_p(storage{{}}, pa[kk], s, kk);\n\
+        \x20   pack_p(storage{{}}, dsa[kk], dp, kk);\n\
+        }}\n\
+        wgmma_fence();\n\
+        #pragma unroll\n\
+        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {{\n\
+        \x20   wgmma_rs_n{dvp}(dv_acc, pa[kk], gmma_desc(dout_smem + kk * 16 * 128, BLOCK_M * 128, 1024));\n\
+        }}\n\
+        #pragma unroll\n\
+        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {{\n\
+        \x20   wgmma_rs_n{dp}(dk_acc, dsa[kk], gmma_desc(q_smem + kk * 16 * 128, BLOCK_M * 128, 1024));\n\
+        }}\n\
+        wgmma_commit();\n",
+        dvp = pad16(spec.head_dims.v),
+        dp = pad16(spec.head_dims.qk),
+    )?;
+    let release = "\
+        keep_operands(pa);\n\
+        keep_operands(dsa);\n\
+        if (lane == 0) mbar_arrive(stage_empty + 8 * stage);  // this warp is done with the stage\n";
+    w.block(format_args!("if (dq_accum != nullptr)"), |w| {
+        write!(
+            w,
+            "\
+            // dS with queries as rows, for dQ = dS K: stmatrix transposes each warp's\n\
+            // 16 keys x 16 queries per instruction. Buffers alternate per step: the\n\
+            // barrier below keeps either warpgroup from reusing one the other reads.\n\
+            const unsigned ds_smem = smem_addr(ds_tiles + it % 2 * DS_TILE);\n\
+            #pragma unroll\n\
+            for (int kk = 0; kk < BLOCK_M / 16; ++kk) {{\n\
+            \x20   const int row = kk * 16 + lane / 16 * 8 + lane % 8, col = warp * 16 + lane / 8 % 2 * 8;\n\
+            \x20   stmatrix_x4_trans(dsa[kk], ds_smem + 2 * tile_offset<BLOCK_M, BLOCK_N, true>(row, col));\n\
+            }}\n\
+            fence_async_smem();\n\
+            named_barrier_sync(1, THREADS);  // both warpgroups' dS are in place\n\
+            // dQ = dS K on BLOCK_M queries x this warpgroup's half of the columns (K\n\
+            // MN-major: its rows are the reduction), added to the f32 accumulator.\n\
+            float dq[DQ_TILES][4];\n\
+            wgmma_fence();\n\
+            #pragma unroll\n\
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
+            \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
+            \x20   wgmma_ss_mn_n{half}(dq, gmma_desc(ds_smem + panel * BLOCK_M * 128 + step, 16, 1024),\n\
+            \x20                    gmma_desc(k_smem + warpgroup * BLOCK_N * 128 + kk * 16 * 128, BLOCK_N * 128, 1024), kk);\n\
+            }}\n\
+            wgmma_commit();\n\
+            wgmma_wait<0>();\n\
+            fence_operands(dq);\n\
+            {release}\
+            #pragma unroll\n\
+            for (int n = 0; n < DQ_TILES; ++n) {{\n\
+            \x20   red_add_tile<D>(dq_rows, {q_len}, q0 + warp % 4 * 16, warpgroup * (DP / 2) + n * 8, dq[n]);\n\
+            }}\n",
+            half = pad16(spec.head_dims.qk) / 2,
+        )
+    })?;
+    w.block(format_args!("else"), |w| {
+        writeln!(w, "// Deterministic mode: a separate kernel computes dQ.")?;
+        writeln!(w, "wgmma_wait<0>();")?;
+        w.write_str(release)
+    })
+}
