@@ -5,7 +5,7 @@ use super::common::{
     per_head, write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows, Sections,
     SpecTerms, Walk,
 };
-use super::step::{write_elements, write_register_products, write_scores, write_stores, FromRegisters, Store};
+use super::step::{write_elements, Part, write_register_products, write_scores, write_stores, FromRegisters, Store};
 use super::BackwardConfig;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::forward::{pad16, write_mask_tiles};
@@ -313,7 +313,7 @@ fn write_step(
     )?;
     write_column_terms(w, spec, hoisted, Rows::Keys, "q0")?;
     write_scores(w, Rows::Keys)?;
-    write_elements(w, spec, terms, Rows::Keys, "k0 + warp * 16", "q0")?;
+    write_elements(w, spec, terms, Rows::Keys, ("k0 + warp * 16", "q0"), Part::Both)?;
     write!(
         w,
         "\

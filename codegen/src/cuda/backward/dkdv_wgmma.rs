@@ -27,7 +27,7 @@ use super::common::{
     Walk,
 };
 use super::dkdv::{write_head_grad_adds, write_head_grad_sums, write_key_stores, write_rows};
-use super::step::write_elements;
+use super::step::{write_elements, Part};
 use super::BackwardConfig;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::forward::{pad16, write_mask_tiles};
@@ -354,55 +354,67 @@ fn write_step(
         mbar_wait(stage_full + 8 * stage, it / STAGES % 2);\n\
         fence_async_smem();  // the tensor cores read the stage through the async proxy\n\
         \n\
-        // S^T = K Q^T and dP^T = V dO^T on this warpgroup's 64 keys x BLOCK_M queries,\n\
-        // both operands from shared memory; the first k-step overwrites them.\n\
+        // S^T = K Q^T, then dP^T = V dO^T, each in a group of its own, on this\n\
+        // warpgroup's 64 keys x BLOCK_M queries, both operands from shared memory;\n\
+        // the first k-step overwrites them.\n\
         float s[S_TILES][4], dp[S_TILES][4];\n\
-        wgmma_fence();\n\
-        #pragma unroll\n\
-        for (int kk = 0; kk < DP / 16; ++kk) {{\n\
-        \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
-        \x20   wgmma_ss_n{block_m}(s, gmma_desc(k_own + panel * BLOCK_N * 128 + step, 16, 1024),\n\
-        \x20                   gmma_desc(q_smem + panel * BLOCK_M * 128 + step, 16, 1024), kk);\n\
-        }}\n\
-        #pragma unroll\n\
-        for (int kk = 0; kk < DVP / 16; ++kk) {{\n\
-        \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
-        \x20   wgmma_ss_n{block_m}(dp, gmma_desc(v_own + panel * BLOCK_N * 128 + step, 16, 1024),\n\
-        \x20                   gmma_desc(dout_smem + panel * BLOCK_M * 128 + step, 16, 1024), kk);\n\
-        }}\n\
-        wgmma_commit();\n\
-        wgmma_wait<0>();\n\
-        fence_operands(s);\n\
-        fence_operands(dp);\n",
-        block_m = config.block_m
+        wgmma_fence();\n"
     )?;
-    write_elements(w, spec, terms, Rows::Keys, "k0 + warp * 16", "q0")?;
-    write!(
-        w,
-        "\
-        \n\
-        // dV += P^T dO and dK += dS^T Q: P^T and dS^T are register A operands (the\n\
-        // accumulators of query tiles 2kk and 2kk + 1 are the kk-th 16-query\n\
-        // step's fragment), dO and Q MN-major from the stage.\n\
-        unsigned pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];\n\
-        #pragma unroll\n\
-        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {{\n\
-        \x20   pack_p(storage{{}}, pa[kk], s, kk);\n\
-        \x20   pack_p(storage{{}}, dsa[kk], dp, kk);\n\
-        }}\n\
-        wgmma_fence();\n\
-        #pragma unroll\n\
-        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {{\n\
-        \x20   wgmma_rs_n{dvp}(dv_acc, pa[kk], gmma_desc(dout_smem + kk * 16 * 128, BLOCK_M * 128, 1024));\n\
-        }}\n\
-        #pragma unroll\n\
-        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {{\n\
-        \x20   wgmma_rs_n{dp}(dk_acc, dsa[kk], gmma_desc(q_smem + kk * 16 * 128, BLOCK_M * 128, 1024));\n\
-        }}\n\
-        wgmma_commit();\n",
-        dvp = pad16(spec.head_dims.v),
-        dp = pad16(spec.head_dims.qk),
-    )?;
+    let block_m = config.block_m;
+    for (acc, dims, a, b) in [("s", "DP", "k_own", "q_smem"), ("dp", "DVP", "v_own", "dout_smem")] {
+        write!(
+            w,
+            "\
+            #pragma unroll\n\
+            for (int kk = 0; kk < {dims} / 16; ++kk) {{\n\
+            \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
+            \x20   wgmma_ss_n{block_m}({acc}, gmma_desc({a} + panel * BLOCK_N * 128 + step, 16, 1024),\n\
+            \x20                   gmma_desc({b} + panel * BLOCK_M * 128 + step, 16, 1024), kk);\n\
+            }}\n\
+            wgmma_commit();\n"
+        )?;
+    }
+    let rows = ("k0 + warp * 16", "q0");
+    // dV += P^T dO (`pa`) and dK += dS^T Q (`dsa`), P^T and dS^T register A
+    // operands, dO and Q MN-major from the stage.
+    let issue = |w: &mut Writer<String>, fragment: &str, from: &str, acc: &str, n: u32, b: &str| {
+        write!(
+            w,
+            "\
+            #pragma unroll\n\
+            for (int kk = 0; kk < BLOCK_M / 16; ++kk) pack_p(storage{{}}, {fragment}[kk], {from}, kk);\n\
+            wgmma_fence();\n\
+            #pragma unroll\n\
+            for (int kk = 0; kk < BLOCK_M / 16; ++kk) {{\n\
+            \x20   wgmma_rs_n{n}({acc}, {fragment}[kk], gmma_desc({b} + kk * 16 * 128, BLOCK_M * 128, 1024));\n\
+            }}\n\
+            wgmma_commit();\n"
+        )
+    };
+    let [dp_n, dvp_n] = [spec.head_dims.qk, spec.head_dims.v].map(pad16);
+    writeln!(w)?;
+    writeln!(w, "// The A fragments of dV += P^T dO and dK += dS^T Q: the accumulators of query")?;
+    writeln!(w, "// tiles 2kk and 2kk + 1 are the kk-th 16-query step's fragment.")?;
+    writeln!(w, "unsigned pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];")?;
+    if Part::splits(terms) {
+        writeln!(w, "wgmma_wait<1>();  // S^T is done; dP^T may still run")?;
+        writeln!(w, "fence_operands(s);")?;
+        write_elements(w, spec, terms, Rows::Keys, rows, Part::P)?;
+        writeln!(w, "// dV += P^T dO behind dP^T, while dS waits for it.")?;
+        issue(w, "pa", "s", "dv_acc", dvp_n, "dout_smem")?;
+        writeln!(w, "wgmma_wait<1>();  // dP^T is done; dV may still run")?;
+        writeln!(w, "fence_operands(dp);")?;
+        write_elements(w, spec, terms, Rows::Keys, rows, Part::Ds)?;
+    } else {
+        writeln!(w, "wgmma_wait<0>();")?;
+        writeln!(w, "fence_operands(s);")?;
+        writeln!(w, "fence_operands(dp);")?;
+        write_elements(w, spec, terms, Rows::Keys, rows, Part::Both)?;
+        writeln!(w, "// dV += P^T dO.")?;
+        issue(w, "pa", "s", "dv_acc", dvp_n, "dout_smem")?;
+    }
+    writeln!(w, "// dK += dS^T Q.")?;
+    issue(w, "dsa", "dp", "dk_acc", dp_n, "q_smem")?;
     let release = "\
         keep_operands(pa);\n\
         keep_operands(dsa);\n\

@@ -7,7 +7,7 @@ use super::common::{
     Walk,
 };
 use super::dkdv::write_rows;
-use super::step::{write_elements, write_register_products, write_scores, write_stores, FromRegisters, Store};
+use super::step::{write_elements, Part, write_register_products, write_scores, write_stores, FromRegisters, Store};
 use super::BackwardConfig;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::forward::{pad16, write_mask_tiles};
@@ -161,7 +161,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         )?;
         write_column_terms(w, spec, &hoisted, Rows::Queries, "kv0")?;
         write_scores(w, Rows::Queries)?;
-        write_elements(w, spec, terms, Rows::Queries, "q0 + warp * 16", "kv0")?;
+        write_elements(w, spec, terms, Rows::Queries, ("q0 + warp * 16", "kv0"), Part::Both)?;
         write!(
             w,
             "\

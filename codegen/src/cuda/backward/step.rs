@@ -44,9 +44,31 @@ pub(super) fn write_scores(w: &mut Writer<String>, rows: Rows) -> fmt::Result {
     Ok(())
 }
 
+/// Which part of the element step [`write_elements`] writes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Part {
+    /// P and dS together.
+    Both,
+    /// P alone (`s` may be read before `dp` is ready) ...
+    P,
+    /// ... then dS from P: only where dS needs nothing but P and dP, i.e.
+    /// without a score mod or tensor gradients ([`Part::splits`]).
+    Ds,
+}
+
+impl Part {
+    /// Whether the element step of `terms` may run as [`Part::P`] then
+    /// [`Part::Ds`]: ∂score′/∂score and the tensor-gradient terms read the
+    /// raw dot product, which P overwrites.
+    pub fn splits(terms: &SpecTerms) -> bool {
+        terms.d_score.is_none() && terms.grads.is_empty()
+    }
+}
+
 /// P and dS on every element of the warp's `s` and `dp` tiles, rows from
 /// `first_row` and columns from `first_col`, in place (P in `s`, dS in
-/// `dp`), and each tensor-gradient term of `terms` added where P > 0. The
+/// `dp`), and each tensor-gradient term of `terms` added where P > 0, or
+/// one `part` of that. The
 /// per-query statistics (log2-domain LSE and D) come from registers by row
 /// slot (`lse_r`, `delta_r`) where queries are rows, from shared memory by
 /// column (`lse_col`, `delta_col`) where they are columns. Where P = 0,
@@ -56,8 +78,8 @@ pub(super) fn write_elements(
     spec: &Spec,
     terms: &SpecTerms,
     rows: Rows,
-    first_row: &str,
-    first_col: &str,
+    (first_row, first_col): (&str, &str),
+    part: Part,
 ) -> fmt::Result {
     let (row_var, col_var) = rows.vars();
     let (row_what, col_what) = match rows {
@@ -72,8 +94,15 @@ pub(super) fn write_elements(
     writeln!(w, "#pragma unroll")?;
     w.block(format_args!("for (int i = 0; i < 2; ++i)"), |w| {
         writeln!(w, "const int {row_var} = {first_row} + g + 8 * i;")?;
+        // The statistics this part reads, by row slot or column.
+        let stats = match part {
+            Part::Both => "const float lse2 = {lse}, delta_q = {delta};",
+            Part::P => "const float lse2 = {lse};",
+            Part::Ds => "const float delta_q = {delta};",
+        };
+        let stats = |lse: &str, delta: &str| stats.replace("{lse}", lse).replace("{delta}", delta);
         if rows == Rows::Queries {
-            writeln!(w, "const float lse2 = lse_r[i], delta_q = delta_r[i];")?;
+            writeln!(w, "{}", stats("lse_r[i]", "delta_r[i]"))?;
         }
         writeln!(w, "#pragma unroll")?;
         w.block(format_args!("for (int n = 0; n < S_TILES; ++n)"), |w| {
@@ -82,11 +111,17 @@ pub(super) fn write_elements(
                 match rows {
                     Rows::Keys => {
                         writeln!(w, "const int col = n * 8 + 2 * t + c, q = {first_col} + col, e = 2 * i + c;")?;
-                        writeln!(w, "const float lse2 = lse_col[col], delta_q = delta_col[col];")?;
+                        writeln!(w, "{}", stats("lse_col[col]", "delta_col[col]"))?;
                     }
                     Rows::Queries => writeln!(w, "const int k = {first_col} + n * 8 + 2 * t + c, e = 2 * i + c;")?,
                 }
-                write_element(w, spec, terms)
+                match part {
+                    Part::Both => write_element(w, spec, terms),
+                    Part::P => {
+                        writeln!(w, "s[n][e] = fast_exp2(logit(s[n][e], q, k, i, n, c, full) - lse2);")
+                    }
+                    Part::Ds => writeln!(w, "dp[n][e] = s[n][e] * (dp[n][e] - delta_q);  // dS = P (dP - D)"),
+                }
             })
         })
     })
