@@ -5,7 +5,7 @@ use super::common::{
     per_head, write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows, Sections,
     SpecTerms, Walk,
 };
-use super::step::{write_elements, Part, write_register_products, write_scores, write_stores, FromRegisters, Store};
+use super::step::{write_elements, write_register_products, write_scores, write_stores, FromRegisters, Part, Store};
 use super::BackwardConfig;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::forward::{pad16, write_mask_tiles};

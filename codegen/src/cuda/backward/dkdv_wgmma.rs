@@ -56,6 +56,13 @@ __device__ __forceinline__ void stmatrix_x4_trans(const unsigned (&r)[4], unsign
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
                  :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
 }
+// The descriptor of the tile `bytes` further on: the start address sits in
+// bits 0-13 as addr >> 4, and shared addresses stay below 2^18, so the sum
+// never carries out of the field. Descriptors of a loop's k-steps are then
+// one add from a base built once.
+__device__ __forceinline__ unsigned long long desc_plus(unsigned long long desc, unsigned bytes) {
+    return desc + (bytes >> 4);
+}
 // Keeps register A operands alive up to this point: the tensor cores read
 // them until their wgmma group has been waited for.
 template <int N>
@@ -304,7 +311,11 @@ fn write_consumers(
         const int warpgroup = warp / 4;\n\
         // This warpgroup's 64 keys of the K and V tiles (128-byte rows in each panel).\n\
         const unsigned k_smem = smem_addr(k_tile), v_smem = smem_addr(v_tile);\n\
-        const unsigned k_own = k_smem + warpgroup * 64 * 128, v_own = v_smem + warpgroup * 64 * 128;\n\
+        // Descriptors of those rows, K-major (S^T, dP^T), and of this warpgroup's\n\
+        // half of K's columns, MN-major (dQ = dS K).\n\
+        const unsigned long long k_own = gmma_desc(k_smem + warpgroup * 64 * 128, 16, 1024);\n\
+        const unsigned long long v_own = gmma_desc(v_smem + warpgroup * 64 * 128, 16, 1024);\n\
+        const unsigned long long k_half = gmma_desc(k_smem + warpgroup * BLOCK_N * 128, BLOCK_N * 128, 1024);\n\
         // This warp's 16 keys of dK and dV (f32), summed over every query of every\n\
         // head of the group: no atomics.\n\
         float dk_acc[DK_TILES][4] = {{}};\n\
@@ -344,6 +355,10 @@ fn write_step(
         const int stage = it % STAGES, q0 = j * BLOCK_M;\n\
         const bool full = tile_full(j);  // the mask keeps every pair: skip evaluating it\n\
         const unsigned q_smem = smem_addr(q_tiles + stage * Q_TILE), dout_smem = smem_addr(dout_tiles + stage * DO_TILE);\n\
+        // Descriptors of the stage's Q and dO tiles: K-major (S^T, dP^T) and\n\
+        // MN-major (dK, dV).\n\
+        const unsigned long long q_smem_k = gmma_desc(q_smem, 16, 1024), q_smem_mn = gmma_desc(q_smem, BLOCK_M * 128, 1024);\n\
+        const unsigned long long dout_smem_k = gmma_desc(dout_smem, 16, 1024), dout_smem_mn = gmma_desc(dout_smem, BLOCK_M * 128, 1024);\n\
         const float* lse_col = lse_cols + stage * BLOCK_M;\n\
         const float* delta_col = delta_cols + stage * BLOCK_M;\n"
     )?;
@@ -368,8 +383,8 @@ fn write_step(
             #pragma unroll\n\
             for (int kk = 0; kk < {dims} / 16; ++kk) {{\n\
             \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
-            \x20   wgmma_ss_n{block_m}({acc}, gmma_desc({a} + panel * BLOCK_N * 128 + step, 16, 1024),\n\
-            \x20                   gmma_desc({b} + panel * BLOCK_M * 128 + step, 16, 1024), kk);\n\
+            \x20   wgmma_ss_n{block_m}({acc}, desc_plus({a}, panel * BLOCK_N * 128 + step),\n\
+            \x20                   desc_plus({b}_k, panel * BLOCK_M * 128 + step), kk);\n\
             }}\n\
             wgmma_commit();\n"
         )?;
@@ -386,7 +401,7 @@ fn write_step(
             wgmma_fence();\n\
             #pragma unroll\n\
             for (int kk = 0; kk < BLOCK_M / 16; ++kk) {{\n\
-            \x20   wgmma_rs_n{n}({acc}, {fragment}[kk], gmma_desc({b} + kk * 16 * 128, BLOCK_M * 128, 1024));\n\
+            \x20   wgmma_rs_n{n}({acc}, {fragment}[kk], desc_plus({b}_mn, kk * 16 * 128));\n\
             }}\n\
             wgmma_commit();\n"
         )
@@ -427,6 +442,7 @@ fn write_step(
             // 16 keys x 16 queries per instruction. Buffers alternate per step: the\n\
             // barrier below keeps either warpgroup from reusing one the other reads.\n\
             const unsigned ds_smem = smem_addr(ds_tiles + it % 2 * DS_TILE);\n\
+            const unsigned long long ds_k = gmma_desc(ds_smem, 16, 1024);\n\
             #pragma unroll\n\
             for (int kk = 0; kk < BLOCK_M / 16; ++kk) {{\n\
             \x20   const int row = kk * 16 + lane / 16 * 8 + lane % 8, col = warp * 16 + lane / 8 % 2 * 8;\n\
@@ -441,8 +457,7 @@ fn write_step(
             #pragma unroll\n\
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
             \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
-            \x20   wgmma_ss_mn_n{half}(dq, gmma_desc(ds_smem + panel * BLOCK_M * 128 + step, 16, 1024),\n\
-            \x20                    gmma_desc(k_smem + warpgroup * BLOCK_N * 128 + kk * 16 * 128, BLOCK_N * 128, 1024), kk);\n\
+            \x20   wgmma_ss_mn_n{half}(dq, desc_plus(ds_k, panel * BLOCK_M * 128 + step), desc_plus(k_half, kk * 16 * 128), kk);\n\
             }}\n\
             wgmma_commit();\n\
             wgmma_wait<0>();\n\

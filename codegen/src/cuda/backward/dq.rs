@@ -7,7 +7,7 @@ use super::common::{
     Walk,
 };
 use super::dkdv::write_rows;
-use super::step::{write_elements, Part, write_register_products, write_scores, write_stores, FromRegisters, Store};
+use super::step::{write_elements, write_register_products, write_scores, write_stores, FromRegisters, Part, Store};
 use super::BackwardConfig;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::forward::{pad16, write_mask_tiles};
