@@ -1115,12 +1115,12 @@ fn write_wgmma_s(w: &mut Writer<String>, config: TileConfig) -> fmt::Result {
         // S = Q K^T on this warpgroup's 64 rows x BLOCK_N keys, both operands\n\
         // from shared memory; the first k-step overwrites S.\n\
         float s[M_TILES][S_TILES][4];\n\
-        const unsigned long long q_desc = gmma_desc(q_smem, 16, 1024), k_desc = gmma_desc(k_smem, 16, 1024);\n\
         wgmma_fence();\n\
         #pragma unroll\n\
         for (int kk = 0; kk < DP / 16; ++kk) {{\n\
         \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
-        \x20   wgmma_ss_n{block_n}(s[0], desc_plus(q_desc, panel * BLOCK_M * 128 + step), desc_plus(k_desc, panel * BLOCK_N * 128 + step), kk);\n\
+        \x20   wgmma_ss_n{block_n}(s[0], gmma_desc(q_smem + panel * BLOCK_M * 128 + step, 16, 1024),\n\
+        \x20                    gmma_desc(k_smem + panel * BLOCK_N * 128 + step, 16, 1024), kk);\n\
         }}\n\
         wgmma_commit();\n",
         block_n = config.block_n
@@ -1232,9 +1232,10 @@ fn write_wgmma_pv(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     write!(
         w,
         "\
-        const unsigned long long v_desc = gmma_desc(v_smem, BLOCK_N * 128, 1024);\n\
         #pragma unroll\n\
-        for (int kk = 0; kk < BLOCK_N / 16; ++kk) wgmma_rs_n{dvp}(o[0], p[kk], desc_plus(v_desc, kk * 16 * 128));\n",
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
+        \x20   wgmma_rs_n{dvp}(o[0], p[kk], gmma_desc(v_smem + kk * 16 * 128, BLOCK_N * 128, 1024));\n\
+        }}\n",
         dvp = pad16(spec.head_dims.v)
     )
 }

@@ -316,6 +316,26 @@ pub(super) fn write_spec_lambdas(
     Ok(())
 }
 
+/// `logit_whole`: the `logit` of [`write_spec_lambdas`] (which it follows)
+/// for a pair the mask keeps and whose key exists, without testing either.
+pub(super) fn write_whole_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], rows: Rows) -> fmt::Result {
+    let slots = "int q, int k, int i, int n, int c";
+    writeln!(w, "// The logit of a pair the mask keeps and whose key exists.")?;
+    match &spec.score {
+        None => writeln!(w, "auto logit_whole = [&](float dot, {slots}) -> float {{ return dot * scale_log2; }};"),
+        Some(e) => {
+            let scale = arg_name(spec, ArgKind::Scale);
+            let score = c_expr_in(spec, e, &|x| lookup(hoisted, rows, x));
+            writeln!(w, "auto logit_whole = [&](float dot, {slots}) -> float {{")?;
+            w.indented(|w| {
+                writeln!(w, "const float score = dot * {scale};")?;
+                writeln!(w, "return {score} * LOG2E;")
+            })?;
+            w.write_str("};\n")
+        }
+    }
+}
+
 /// Whether tensor gradient `indices` hit one element per (batch, head):
 /// then a thread sums its terms in a register and a warp adds them once.
 pub(super) fn per_head(indices: &[Expr]) -> bool {

@@ -23,8 +23,8 @@
 //! differ.
 
 use super::common::{
-    write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows, Sections, SpecTerms,
-    Walk,
+    write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, write_whole_logit, Rows,
+    Sections, SpecTerms, Walk,
 };
 use super::dkdv::{write_head_grad_adds, write_head_grad_sums, write_key_stores, write_rows};
 use super::step::{write_elements, Part};
@@ -55,6 +55,13 @@ const HOPPER_BACKWARD: &str = r#"// Four 8x8 16-bit matrices from registers (the
 __device__ __forceinline__ void stmatrix_x4_trans(const unsigned (&r)[4], unsigned addr) {
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
                  :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+// The descriptor of the tile `bytes` further on: the start address sits in
+// bits 0-13 as addr >> 4, and shared addresses stay below 2^18, so the sum
+// never carries out of the field. Descriptors of a loop's k-steps are then
+// one add from a base built once.
+__device__ __forceinline__ unsigned long long desc_plus(unsigned long long desc, unsigned bytes) {
+    return desc + (bytes >> 4);
 }
 // Keeps register A operands alive up to this point: the tensor cores read
 // them until their wgmma group has been waited for.
@@ -319,6 +326,9 @@ fn write_consumers(
         writeln!(w, "float* dq_rows = dq_accum + ((long long)b * {heads} + h) * {q_len} * D;")?;
         write_row_terms(w, spec, hoisted, Rows::Keys, "k0 + warp * 16")?;
         write_spec_lambdas(w, spec, terms, hoisted, Rows::Keys)?;
+        if Part::splits(terms) {
+            write_whole_logit(w, spec, hoisted, Rows::Keys)?;
+        }
         write_head_grad_sums(w, spec, terms)?;
         w.block(format_args!("for (int j = next_tile(0); j < q_steps; j = next_tile(j + 1), ++it)"), |w| {
             write_step(w, spec, config, terms, hoisted)
@@ -407,7 +417,12 @@ fn write_step(
     if Part::splits(terms) {
         writeln!(w, "wgmma_wait<1>();  // S^T is done; dP^T may still run")?;
         writeln!(w, "fence_operands(s);")?;
-        write_elements(w, spec, terms, Rows::Keys, rows, Part::P)?;
+        let kv_len = arg_name(spec, ArgKind::KvLen);
+        writeln!(w, "// A tile the mask keeps whole, with every key: P without mask or bounds.")?;
+        w.block(format_args!("if (full && k0 + BLOCK_N <= {kv_len})"), |w| {
+            write_elements(w, spec, terms, Rows::Keys, rows, Part::PWhole)
+        })?;
+        w.block(format_args!("else"), |w| write_elements(w, spec, terms, Rows::Keys, rows, Part::P))?;
         writeln!(w, "// dV += P^T dO behind dP^T, while dS waits for it.")?;
         issue(w, "pa", "s", "dv_acc", dvp_n, "dout_smem")?;
         writeln!(w, "wgmma_wait<1>();  // dP^T is done; dV may still run")?;

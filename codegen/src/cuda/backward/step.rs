@@ -51,6 +51,10 @@ pub(super) enum Part {
     Both,
     /// P alone (`s` may be read before `dp` is ready) ...
     P,
+    /// ... or, on a tile the mask keeps whole and whose keys all exist,
+    /// without mask or bounds (`logit_whole`, see
+    /// [`write_whole_logit`](super::common::write_whole_logit)) ...
+    PWhole,
     /// ... then dS from P: only where dS needs nothing but P and dP, i.e.
     /// without a score mod or tensor gradients ([`Part::splits`]).
     Ds,
@@ -97,7 +101,7 @@ pub(super) fn write_elements(
         // The statistics this part reads, by row slot or column.
         let stats = match part {
             Part::Both => "const float lse2 = {lse}, delta_q = {delta};",
-            Part::P => "const float lse2 = {lse};",
+            Part::P | Part::PWhole => "const float lse2 = {lse};",
             Part::Ds => "const float delta_q = {delta};",
         };
         let stats = |lse: &str, delta: &str| stats.replace("{lse}", lse).replace("{delta}", delta);
@@ -120,6 +124,7 @@ pub(super) fn write_elements(
                     Part::P => {
                         writeln!(w, "s[n][e] = fast_exp2(logit(s[n][e], q, k, i, n, c, full) - lse2);")
                     }
+                    Part::PWhole => writeln!(w, "s[n][e] = fast_exp2(logit_whole(s[n][e], q, k, i, n, c) - lse2);"),
                     Part::Ds => writeln!(w, "dp[n][e] = s[n][e] * (dp[n][e] - delta_q);  // dS = P (dP - D)"),
                 }
             })
