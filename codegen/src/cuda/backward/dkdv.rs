@@ -313,7 +313,7 @@ fn write_step(
     )?;
     write_column_terms(w, spec, hoisted, Rows::Keys, "q0")?;
     write_scores(w, Rows::Keys)?;
-    write_elements(w, spec, terms, Rows::Keys, ("k0 + warp * 16", "q0"), Part::Both)?;
+    write_elements(w, spec, terms, Rows::Keys, ("k0 + warp * 16", "q0"), Part::Both, false)?;
     write!(
         w,
         "\

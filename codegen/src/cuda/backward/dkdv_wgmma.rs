@@ -326,9 +326,7 @@ fn write_consumers(
         writeln!(w, "float* dq_rows = dq_accum + ((long long)b * {heads} + h) * {q_len} * D;")?;
         write_row_terms(w, spec, hoisted, Rows::Keys, "k0 + warp * 16")?;
         write_spec_lambdas(w, spec, terms, hoisted, Rows::Keys)?;
-        if Part::splits(terms) {
-            write_whole_logit(w, spec, hoisted, Rows::Keys)?;
-        }
+        write_whole_logit(w, spec, hoisted, Rows::Keys)?;
         write_head_grad_sums(w, spec, terms)?;
         w.block(format_args!("for (int j = next_tile(0); j < q_steps; j = next_tile(j + 1), ++it)"), |w| {
             write_step(w, spec, config, terms, hoisted)
@@ -414,25 +412,30 @@ fn write_step(
     writeln!(w, "// The A fragments of dV += P^T dO and dK += dS^T Q: the accumulators of query")?;
     writeln!(w, "// tiles 2kk and 2kk + 1 are the kk-th 16-query step's fragment.")?;
     writeln!(w, "unsigned pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];")?;
+    // The first element pass, on a tile the mask keeps whole with every key
+    // present without mask or bounds.
+    let kv_len = arg_name(spec, ArgKind::KvLen);
+    let first_pass = |w: &mut Writer<String>, part: Part| {
+        writeln!(w, "// A tile the mask keeps whole, with every key: no mask or bounds.")?;
+        w.block(format_args!("if (full && k0 + BLOCK_N <= {kv_len})"), |w| {
+            write_elements(w, spec, terms, Rows::Keys, rows, part, true)
+        })?;
+        w.block(format_args!("else"), |w| write_elements(w, spec, terms, Rows::Keys, rows, part, false))
+    };
     if Part::splits(terms) {
         writeln!(w, "wgmma_wait<1>();  // S^T is done; dP^T may still run")?;
         writeln!(w, "fence_operands(s);")?;
-        let kv_len = arg_name(spec, ArgKind::KvLen);
-        writeln!(w, "// A tile the mask keeps whole, with every key: P without mask or bounds.")?;
-        w.block(format_args!("if (full && k0 + BLOCK_N <= {kv_len})"), |w| {
-            write_elements(w, spec, terms, Rows::Keys, rows, Part::PWhole)
-        })?;
-        w.block(format_args!("else"), |w| write_elements(w, spec, terms, Rows::Keys, rows, Part::P))?;
+        first_pass(w, Part::P)?;
         writeln!(w, "// dV += P^T dO behind dP^T, while dS waits for it.")?;
         issue(w, "pa", "s", "dv_acc", dvp_n, "dout_smem")?;
         writeln!(w, "wgmma_wait<1>();  // dP^T is done; dV may still run")?;
         writeln!(w, "fence_operands(dp);")?;
-        write_elements(w, spec, terms, Rows::Keys, rows, Part::Ds)?;
+        write_elements(w, spec, terms, Rows::Keys, rows, Part::Ds, false)?;
     } else {
         writeln!(w, "wgmma_wait<0>();")?;
         writeln!(w, "fence_operands(s);")?;
         writeln!(w, "fence_operands(dp);")?;
-        write_elements(w, spec, terms, Rows::Keys, rows, Part::Both)?;
+        first_pass(w, Part::Both)?;
         writeln!(w, "// dV += P^T dO.")?;
         issue(w, "pa", "s", "dv_acc", dvp_n, "dout_smem")?;
     }

@@ -161,7 +161,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         )?;
         write_column_terms(w, spec, &hoisted, Rows::Queries, "kv0")?;
         write_scores(w, Rows::Queries)?;
-        write_elements(w, spec, terms, Rows::Queries, ("q0 + warp * 16", "kv0"), Part::Both)?;
+        write_elements(w, spec, terms, Rows::Queries, ("q0 + warp * 16", "kv0"), Part::Both, false)?;
         write!(
             w,
             "\

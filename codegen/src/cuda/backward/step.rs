@@ -51,10 +51,6 @@ pub(super) enum Part {
     Both,
     /// P alone (`s` may be read before `dp` is ready) ...
     P,
-    /// ... or, on a tile the mask keeps whole and whose keys all exist,
-    /// without mask or bounds (`logit_whole`, see
-    /// [`write_whole_logit`](super::common::write_whole_logit)) ...
-    PWhole,
     /// ... then dS from P: only where dS needs nothing but P and dP, i.e.
     /// without a score mod or tensor gradients ([`Part::splits`]).
     Ds,
@@ -72,7 +68,9 @@ impl Part {
 /// P and dS on every element of the warp's `s` and `dp` tiles, rows from
 /// `first_row` and columns from `first_col`, in place (P in `s`, dS in
 /// `dp`), and each tensor-gradient term of `terms` added where P > 0, or
-/// one `part` of that. The
+/// one `part` of that. With `whole` (a tile the mask keeps whole, every key
+/// present) the logit is `logit_whole`, without mask or bounds (see
+/// [`write_whole_logit`](super::common::write_whole_logit)). The
 /// per-query statistics (log2-domain LSE and D) come from registers by row
 /// slot (`lse_r`, `delta_r`) where queries are rows, from shared memory by
 /// column (`lse_col`, `delta_col`) where they are columns. Where P = 0,
@@ -84,6 +82,7 @@ pub(super) fn write_elements(
     rows: Rows,
     (first_row, first_col): (&str, &str),
     part: Part,
+    whole: bool,
 ) -> fmt::Result {
     let (row_var, col_var) = rows.vars();
     let (row_what, col_what) = match rows {
@@ -101,7 +100,7 @@ pub(super) fn write_elements(
         // The statistics this part reads, by row slot or column.
         let stats = match part {
             Part::Both => "const float lse2 = {lse}, delta_q = {delta};",
-            Part::P | Part::PWhole => "const float lse2 = {lse};",
+            Part::P => "const float lse2 = {lse};",
             Part::Ds => "const float delta_q = {delta};",
         };
         let stats = |lse: &str, delta: &str| stats.replace("{lse}", lse).replace("{delta}", delta);
@@ -119,12 +118,16 @@ pub(super) fn write_elements(
                     }
                     Rows::Queries => writeln!(w, "const int k = {first_col} + n * 8 + 2 * t + c, e = 2 * i + c;")?,
                 }
+                let logit = match whole {
+                    true => "logit_whole(dot, q, k, i, n, c)",
+                    false => "logit(dot, q, k, i, n, c, full)",
+                };
                 match part {
-                    Part::Both => write_element(w, spec, terms),
+                    Part::Both => write_element(w, spec, terms, logit),
                     Part::P => {
-                        writeln!(w, "s[n][e] = fast_exp2(logit(s[n][e], q, k, i, n, c, full) - lse2);")
+                        writeln!(w, "const float dot = s[n][e];")?;
+                        writeln!(w, "s[n][e] = fast_exp2({logit} - lse2);")
                     }
-                    Part::PWhole => writeln!(w, "s[n][e] = fast_exp2(logit_whole(s[n][e], q, k, i, n, c) - lse2);"),
                     Part::Ds => writeln!(w, "dp[n][e] = s[n][e] * (dp[n][e] - delta_q);  // dS = P (dP - D)"),
                 }
             })
@@ -137,10 +140,10 @@ pub(super) fn write_elements(
 /// P (dP − D) in `ds_mod`, dS, and the tensor-gradient terms dS′ ·
 /// ∂score′/∂t, summed per thread into `acc_t` for reads of one element per
 /// head, else added by atomics.
-fn write_element(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Result {
+fn write_element(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, logit: &str) -> fmt::Result {
     let scale = arg_name(spec, ArgKind::Scale);
     writeln!(w, "const float dot = s[n][e];")?;
-    writeln!(w, "const float p = fast_exp2(logit(dot, q, k, i, n, c, full) - lse2);")?;
+    writeln!(w, "const float p = fast_exp2({logit} - lse2);")?;
     writeln!(w, "const float ds_mod = p * (dp[n][e] - delta_q);  // dS' = P (dP - D)")?;
     writeln!(w, "s[n][e] = p;")?;
     match &terms.d_score {
