@@ -1,5 +1,5 @@
 //! Hopper's warpgroup MMA (`wgmma.mma_async`, sm_90a), the tile operations
-//! of `Mma::Wgmma` forward kernels.
+//! of `Mma::Wgmma` kernels (the forward's, and the backward's dK/dV).
 //!
 //! A warpgroup (four warps) multiplies a 64-row A tile by an N-column B
 //! tile that the tensor cores read straight from shared memory through a

@@ -9,7 +9,10 @@
 //!
 //! - Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, both operands from shared memory (K-major);
 //! - P and dS on its registers, the same element code as the `mma.sync`
-//!   kernel (`step::write_elements`: the accumulator layouts agree);
+//!   kernel (`step::write_elements`: the accumulator layouts agree), with
+//!   the logit of a tile the mask keeps whole (every key present) free of
+//!   mask and bounds; without a score mod P is computed, and dV issued,
+//!   while dPᵀ is still on the tensor cores;
 //! - dV += Pᵀ·dO and dK += dSᵀ·Q with Pᵀ and dSᵀ as register A operands,
 //!   dO and Q MN-major from the stage, into accumulators that live for the
 //!   whole kernel (64 + 64 registers at d = 128);

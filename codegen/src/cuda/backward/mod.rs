@@ -19,6 +19,12 @@
 //!    swap halves of their m16n8 tiles. The Q, dO and statistics tiles are
 //!    double-buffered: step j + 1's `cp.async` copies are queued right after
 //!    step j's barrier and land while step j multiplies.
+//!
+//!    On Hopper (`BackwardConfig::preferred`, head dims padding to 128) the
+//!    dK/dV kernel is the warp-specialized wgmma one of `dkdv_wgmma`: the
+//!    same per-element code and tile walk, with 128 keys per CTA in two
+//!    consumer warpgroups, a producer warpgroup streaming the query steps,
+//!    and dQ = dS·K on the tensor cores from a shared dS tile.
 //! 3. **Postprocess** (`bwd_post`): dQ = scale · accumulator, in the
 //!    operand dtype.
 //! 4. **Deterministic dQ** (`bwd_dq`), instead of the atomics and the
