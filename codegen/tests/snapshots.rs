@@ -146,6 +146,28 @@ fn hopper_backward_kernels_of_named_variants() {
 }
 
 #[test]
+fn wgmma_backward_covers_only_head_dims_padding_to_128() {
+    let hopper = Target::for_sm(9, 0);
+    for (source, wgmma) in [
+        ("A { dtype: bf16, head_dim: 128, mask: q >= k }", true),
+        ("B { dtype: f16, head_dim: 120, mask: q >= k }", true),
+        ("C { dtype: bf16, head_dim: 64, mask: q >= k }", false),
+        ("D { dtype: bf16, head_dim: 128, v_head_dim: 64 }", false),
+        ("E { dtype: bf16, head_dim: 192, v_head_dim: 128 }", false),
+    ] {
+        let spec = parse_one(source).unwrap();
+        assert_eq!(BackwardConfig::preferred(&spec, hopper).mma == Mma::Wgmma, wgmma, "{source}");
+        // A wgmma configuration where the kernel does not apply emits the portable one.
+        let forced = BackwardConfig { mma: Mma::Wgmma, ..BackwardConfig::default_for(&spec) };
+        let kernel = emit_backward_with(&spec, BackwardPass::KeyValue, forced);
+        assert_eq!(kernel.source.contains("wgmma.mma_async"), wgmma, "{source}");
+        if !wgmma {
+            assert_eq!(kernel.source, emit_backward(&spec, BackwardPass::KeyValue).source, "{source}");
+        }
+    }
+}
+
+#[test]
 fn emission_is_deterministic() {
     for stem in VARIANTS {
         let spec = variant(stem);

@@ -13,7 +13,6 @@ use super::super::source::{write_entry, write_header};
 use super::super::tile_class::tile_class_expr;
 use super::super::tiles::TILES;
 use super::super::writer::Writer;
-use super::BackwardConfig;
 use crate::abi::{ArgKind, KernelArg};
 use crate::grad::{d_load, d_score, load_indices};
 use crate::spec::{Builtin, Dtype, Expr, Spec};
@@ -82,8 +81,8 @@ pub(super) enum Sections {
     /// Everything: tile classes, tensor-core tiles, backward helpers.
     Tiles,
     /// Those, Hopper's warpgroup MMA and the stage ring, for a kernel of
-    /// `CTA_THREADS` threads in this configuration.
-    Hopper(BackwardConfig),
+    /// `CTA_THREADS` threads (`dkdv_wgmma`).
+    Hopper,
 }
 
 /// Header, prelude sections, the configuration `config` writes, and the
@@ -108,8 +107,8 @@ pub(super) fn write_source(
             w.write_str(TILES)?;
             writeln!(w)?;
         }
-        if let Sections::Hopper(config) = sections {
-            super::dkdv_wgmma::write_prelude(&mut w, spec, config)?;
+        if sections == Sections::Hopper {
+            super::dkdv_wgmma::write_prelude(&mut w, spec)?;
         }
         w.write_str(BACKWARD_ROWS)?;
         if tiles {
@@ -120,7 +119,7 @@ pub(super) fn write_source(
         write_dims(&mut w, spec)?;
         config(&mut w)?;
         writeln!(w)?;
-        let threads = if let Sections::Hopper(_) = sections { "CTA_THREADS" } else { "THREADS" };
+        let threads = if sections == Sections::Hopper { "CTA_THREADS" } else { "THREADS" };
         write_entry(&mut w, spec, (name, threads), args, body)
     };
     emit().expect("formatting into a String cannot fail");

@@ -31,7 +31,6 @@ use super::common::{
 };
 use super::dkdv::{write_head_grad_adds, write_head_grad_sums, write_key_stores, write_rows};
 use super::step::{write_elements, Part};
-use super::BackwardConfig;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::forward::{pad16, write_mask_tiles};
 use crate::cuda::hoist::{hoist, Hoisted};
@@ -47,6 +46,20 @@ const OPERANDS: [Operand; 6] = [Operand::Q, Operand::K, Operand::V, Operand::DO,
 
 /// Q/dO stages of the ring.
 const STAGES: u32 = 2;
+
+/// Consumer warps: two warpgroups of 64 keys, so 128 keys per CTA.
+const WARPS: u32 = 8;
+
+/// Queries per step: with 64 keys per warpgroup, Sᵀ and dPᵀ (32 registers
+/// each) fit next to dK and dV (64 each at d = 128) in 240 registers.
+const BLOCK_M: u32 = 64;
+
+/// Whether this kernel covers `spec`'s head dims: both pad to 128 (the dK
+/// and dV accumulators fill the registers, and dQ's columns split into one
+/// 64-column panel per warpgroup).
+pub(super) fn supports(spec: &Spec) -> bool {
+    (pad16(spec.head_dims.qk), pad16(spec.head_dims.v)) == (128, 128)
+}
 
 /// Threads of the producer warpgroup.
 const PRODUCER_THREADS: u32 = 128;
@@ -78,46 +91,40 @@ __device__ __forceinline__ void keep_operands(const unsigned (&a)[N][4]) {
 }
 "#;
 
-pub(super) fn emit(spec: &Spec, config: BackwardConfig) -> Kernel {
+pub(super) fn emit(spec: &Spec) -> Kernel {
     let name = kernel_name("bwd", spec);
     let terms = SpecTerms::new(spec, true);
     let slots: Vec<usize> = terms.grads.iter().map(|(slot, ..)| *slot).collect();
     let args = backward_args(spec, OPERANDS, &slots);
-    let source = write_source(
-        spec,
-        Sections::Hopper(config),
-        &name,
-        &args,
-        |w| write_config(w, spec, config),
-        |w| write_body(w, spec, config, &terms),
-    );
+    let source =
+        write_source(spec, Sections::Hopper, &name, &args, |w| write_config(w, spec), |w| write_body(w, spec, &terms));
     Kernel {
         name,
         source,
         grid: Grid::KeyTiles,
-        block_m: config.block_m,
-        block_n: config.block_n(),
-        threads: 32 * config.warps + PRODUCER_THREADS,
-        dynamic_smem: smem_bytes(spec, config),
+        block_m: BLOCK_M,
+        block_n: 16 * WARPS,
+        threads: 32 * WARPS + PRODUCER_THREADS,
+        dynamic_smem: smem_bytes(spec),
         args,
     }
 }
 
 /// K and V of the CTA's keys, STAGES stages of Q, dO and two statistics per
 /// query, two dS tiles, and the slack that aligns them to 1024 bytes.
-fn smem_bytes(spec: &Spec, config: BackwardConfig) -> u32 {
+fn smem_bytes(spec: &Spec) -> u32 {
     let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
-    let (m, n) = (config.block_m, config.block_n());
+    let (m, n) = (BLOCK_M, 16 * WARPS);
     2 * (n * (dp + dvp) + STAGES * m * (dp + dvp) + 2 * m * n) + 4 * 2 * STAGES * m + 1024
 }
 
 /// The warpgroup MMA and stage-ring preludes and the products this kernel
 /// issues: m64 by BLOCK_M (Sᵀ, dPᵀ), by DP / 2 (a warpgroup's dQ columns),
 /// by DP and DVP (dK, dV).
-pub(super) fn write_prelude(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> fmt::Result {
+pub(super) fn write_prelude(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
     w.write_str(WGMMA)?;
-    write_wgmma_op(w, spec.dtype, config.block_m, AFrom::Shared)?;
+    write_wgmma_op(w, spec.dtype, BLOCK_M, AFrom::Shared)?;
     write_wgmma_op(w, spec.dtype, dp / 2, AFrom::SharedMnB)?;
     write_wgmma_op(w, spec.dtype, dp, AFrom::Registers)?;
     if dvp != dp {
@@ -129,8 +136,8 @@ pub(super) fn write_prelude(w: &mut Writer<String>, spec: &Spec, config: Backwar
     writeln!(w)
 }
 
-fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> fmt::Result {
-    let BackwardConfig { warps, block_m, .. } = config;
+fn write_config(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    let (warps, block_m) = (WARPS, BLOCK_M);
     write!(
         w,
         "\
@@ -168,7 +175,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> 
     )
 }
 
-fn write_body(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig, terms: &SpecTerms) -> fmt::Result {
+fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
     let [q_len, kv_len, heads, heads_kv] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv].map(n);
     let [k_stride, v_stride] = [Operand::K, Operand::V].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
@@ -228,7 +235,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig, terms
     w.block(format_args!("if (warp >= WARPS)"), |w| write_producer(w, spec))?;
     writeln!(w, "// ---- the consumer warpgroups ----")?;
     writeln!(w, "regs_acquire<CONSUMER_REGS>();")?;
-    write_consumers(w, spec, config, terms, &hoisted)
+    write_consumers(w, spec, terms, &hoisted)
 }
 
 /// `for (int h ...)` over the query heads of this CTA's K/V head, binding
@@ -300,13 +307,7 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
 
 /// The consumer warpgroups: per head and visited step, the products of the
 /// module note; at the end dK and dV.
-fn write_consumers(
-    w: &mut Writer<String>,
-    spec: &Spec,
-    config: BackwardConfig,
-    terms: &SpecTerms,
-    hoisted: &[Hoisted],
-) -> fmt::Result {
+fn write_consumers(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoisted: &[Hoisted]) -> fmt::Result {
     let [q_len, heads] = [ArgKind::QLen, ArgKind::Heads].map(|kind| arg_name(spec, kind));
     write!(
         w,
@@ -332,7 +333,7 @@ fn write_consumers(
         write_whole_logit(w, spec, hoisted, Rows::Keys)?;
         write_head_grad_sums(w, spec, terms)?;
         w.block(format_args!("for (int j = next_tile(0); j < q_steps; j = next_tile(j + 1), ++it)"), |w| {
-            write_step(w, spec, config, terms, hoisted)
+            write_step(w, spec, terms, hoisted)
         })?;
         write_head_grad_adds(w, spec, terms)
     })?;
@@ -345,13 +346,7 @@ fn write_consumers(
 }
 
 /// One step: query tile j of head h against this warpgroup's keys.
-fn write_step(
-    w: &mut Writer<String>,
-    spec: &Spec,
-    config: BackwardConfig,
-    terms: &SpecTerms,
-    hoisted: &[Hoisted],
-) -> fmt::Result {
+fn write_step(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoisted: &[Hoisted]) -> fmt::Result {
     let q_len = arg_name(spec, ArgKind::QLen);
     write!(
         w,
@@ -379,7 +374,7 @@ fn write_step(
         float s[S_TILES][4], dp[S_TILES][4];\n\
         wgmma_fence();\n"
     )?;
-    let block_m = config.block_m;
+    let block_m = BLOCK_M;
     for (acc, dims, a, b) in [("s", "DP", "k_own", "q_smem"), ("dp", "DVP", "v_own", "dout_smem")] {
         write!(
             w,

@@ -82,8 +82,10 @@ pub enum BackwardPass {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BackwardConfig {
     /// The dK/dV kernel's MMA: `mma.sync` warps, or on Hopper the
-    /// warp-specialized `wgmma` kernel (see `dkdv_wgmma`); the other
-    /// backward kernels are the same for both.
+    /// warp-specialized `wgmma` kernel (see `dkdv_wgmma`), whose tile is
+    /// fixed (128 keys, 64-query steps) and which covers head dims that pad
+    /// to 128; elsewhere `Mma::Wgmma` emits the `mma.sync` kernel with this
+    /// configuration. The other backward kernels are the same for both.
     pub mma: Mma,
     /// Warps of the dK/dV kernel, 16 keys each: its CTA owns 16 · warps keys
     /// (128 at head dims up to 128, as FlashAttention-2: each Q/dO tile
@@ -117,9 +119,8 @@ impl BackwardConfig {
     /// (FlashAttention-3's hdim-128 tile); otherwise [`Self::default_for`].
     pub fn preferred(spec: &Spec, target: Target) -> BackwardConfig {
         let portable = BackwardConfig::default_for(spec);
-        let dims = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
-        match target.wgmma && dims == (128, 128) {
-            true => BackwardConfig { mma: Mma::Wgmma, warps: 8, block_m: 64, ..portable },
+        match target.wgmma && dkdv_wgmma::supports(spec) {
+            true => BackwardConfig { mma: Mma::Wgmma, ..portable },
             false => portable,
         }
     }
@@ -140,7 +141,7 @@ pub fn emit_backward(spec: &Spec, pass: BackwardPass) -> Kernel {
 pub fn emit_backward_with(spec: &Spec, pass: BackwardPass, config: BackwardConfig) -> Kernel {
     match pass {
         BackwardPass::Preprocess => rows::emit_preprocess(spec),
-        BackwardPass::KeyValue if config.mma == Mma::Wgmma => dkdv_wgmma::emit(spec, config),
+        BackwardPass::KeyValue if config.mma == Mma::Wgmma && dkdv_wgmma::supports(spec) => dkdv_wgmma::emit(spec),
         BackwardPass::KeyValue => dkdv::emit(spec, config),
         BackwardPass::Query => dq::emit(spec, config),
         BackwardPass::Postprocess => rows::emit_postprocess(spec),
