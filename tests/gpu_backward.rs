@@ -27,11 +27,13 @@ struct Case {
     seqs: (usize, usize),
     deterministic: bool,
     block_mask: bool,
+    /// Whether the run asks for the trainable tensors' gradients.
+    tensor_grads: bool,
 }
 
 impl Case {
     fn new(heads: (usize, usize), seqs: (usize, usize)) -> Self {
-        Case { batch: 2, heads, seqs, deterministic: false, block_mask: false }
+        Case { batch: 2, heads, seqs, deterministic: false, block_mask: false, tensor_grads: true }
     }
 
     fn deterministic(self) -> Self {
@@ -60,7 +62,7 @@ fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
         let problem = verify::random_problem(&spec, shape, params(&spec), vec![], None, seed);
         let d_out = verify::random_d_out(&spec, shape, seed);
         let row = format!(
-            "{:<22} {:?} d={}/{} h={}/{} s={}/{} {}{} seed {seed}",
+            "{:<22} {:?} d={}/{} h={}/{} s={}/{} {}{}{} seed {seed}",
             spec.name,
             spec.dtype,
             spec.head_dims.qk,
@@ -71,6 +73,7 @@ fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
             case.seqs.1,
             if case.deterministic { "deterministic" } else { "atomic" },
             if case.block_mask { " block-mask" } else { "" },
+            if case.tensor_grads { "" } else { " no-tensor-grads" },
         );
         let gpu = (|| -> Result<GpuGradients, Error> {
             let mut gpu = DeviceProblem::upload(rt, &spec, &problem, OperandLayout::Bshd)?;
@@ -78,9 +81,10 @@ fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
                 gpu.build_block_mask(rt, &spec, &problem)?;
             }
             gpu.launch(rt, &spec, &problem)?;
-            let grads = gpu.backward(rt, &spec, &problem, &d_out, case.deterministic, Some(&workspace))?;
+            let grads =
+                gpu.backward(rt, &spec, &problem, &d_out, case.deterministic, case.tensor_grads, Some(&workspace))?;
             if case.deterministic {
-                let again = gpu.backward(rt, &spec, &problem, &d_out, true, None)?;
+                let again = gpu.backward(rt, &spec, &problem, &d_out, true, case.tensor_grads, None)?;
                 let same = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
                 if !(same(&grads.dq, &again.dq) && same(&grads.dk, &again.dk) && same(&grads.dv, &again.dv)) {
                     return Err(Error::KernelAbi {
@@ -162,6 +166,12 @@ fn every_variant_at_awkward_seqlens() {
     }
     for variant in ["causal", "document", "alibi", "gqa"] {
         cases.push((spec(variant), Case { batch: 1, ..Case::new((2, 1), (1024, 1023)) }));
+    }
+    // Trainable tensors whose gradients nobody asks for: a dK/dV kernel
+    // without their terms.
+    for variant in ["alibi", "relative_bias"] {
+        cases.push((spec(variant), Case { tensor_grads: false, ..Case::new((3, 3), (113, 203)) }));
+        cases.push((spec(variant), Case { tensor_grads: false, ..Case::new((2, 1), (1024, 1023)) }.deterministic()));
     }
     run_all(&rt, cases);
 }

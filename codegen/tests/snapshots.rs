@@ -2,7 +2,7 @@
 //! `specs/`, plus edge specs that stress what the named ones don't (odd and
 //! maximal head dims, f16, half-precision tensors, every operator).
 
-use flashgen_codegen::abi::Kernel;
+use flashgen_codegen::abi::{ArgKind, Kernel};
 use flashgen_codegen::cuda::{
     emit_backward, emit_backward_with, emit_forward, emit_forward_with, BackwardConfig, BackwardPass, Mma, Target,
     TileConfig,
@@ -143,6 +143,12 @@ fn hopper_backward_kernels_of_named_variants() {
             render(&emit_backward_with(&spec, BackwardPass::KeyValue, config))
         );
     }
+    // ALiBi without the slopes' gradient: P and dS split as for a plain score.
+    let spec = variant("alibi");
+    let config = BackwardConfig { tensor_grads: false, ..BackwardConfig::preferred(&spec, Target::for_sm(9, 0)) };
+    let kernel = emit_backward_with(&spec, BackwardPass::KeyValue, config);
+    assert!(kernel.args.iter().all(|a| !matches!(a.kind, ArgKind::TensorGrad(_))));
+    insta::assert_snapshot!("wgmma_bwd_alibi_no_tensor_grads", render(&kernel));
 }
 
 #[test]

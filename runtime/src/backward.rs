@@ -92,8 +92,10 @@ impl Runtime {
         let Some(shape) = shape else {
             return Ok(());
         };
+        // Tensor gradients nobody asked for are not computed at all.
+        let tensor_grads = d_tensors.iter().any(Option::is_some);
         let config = BackwardConfig::preferred(spec, self.target());
-        let load = |pass| self.load_which(spec, Which::Backward(pass, config));
+        let load = |pass| self.load_which(spec, Which::backward(pass, BackwardConfig { tensor_grads, ..config }));
         let (pre, main) = (load(BackwardPass::Preprocess)?, load(BackwardPass::KeyValue)?);
         let dq_pass = load(if opts.deterministic { BackwardPass::Query } else { BackwardPass::Postprocess })?;
 

@@ -75,9 +75,20 @@ impl Which {
         if set == KernelSet::Training {
             use cuda::BackwardPass::{KeyValue, Postprocess, Preprocess, Query};
             let config = cuda::BackwardConfig::preferred(spec, target);
-            which.extend([Preprocess, KeyValue, Query, Postprocess].map(|pass| Which::Backward(pass, config)));
+            which.extend([Preprocess, KeyValue, Query, Postprocess].map(|pass| Which::backward(pass, config)));
+            // The dK/dV kernel without tensor gradients, for calls that ask for none.
+            if !cuda::trainable_tensors(spec).is_empty() {
+                which.push(Which::backward(KeyValue, cuda::BackwardConfig { tensor_grads: false, ..config }));
+            }
         }
         which
+    }
+
+    /// Backward kernel `pass` in `config`; `tensor_grads` only selects among
+    /// dK/dV kernels, so the others have one cache entry.
+    pub(crate) fn backward(pass: cuda::BackwardPass, config: cuda::BackwardConfig) -> Which {
+        let tensor_grads = config.tensor_grads || pass != cuda::BackwardPass::KeyValue;
+        Which::Backward(pass, cuda::BackwardConfig { tensor_grads, ..config })
     }
 
     /// The kernel of `spec`; `None` for the block mask of a spec without a mask.

@@ -53,10 +53,13 @@ fn every_shipped_spec_compiles_for_sm80_and_sm90() {
                 TileConfig::candidates(spec, Arch::new(9, 0).target()).into_iter().filter(|c| c.mma == Mma::Wgmma);
             let forward =
                 sm80.chain(hopper.map(|c| (c, Arch::new(9, 0)))).map(|(c, arch)| (emit_forward_with(spec, c), arch));
-            // The Hopper dK/dV kernel, where the spec's head dims have one.
+            // The Hopper dK/dV kernel, where the spec's head dims have one, with
+            // and without tensor gradients.
             let bwd_config = BackwardConfig::preferred(spec, Arch::new(9, 0).target());
-            let hopper_bwd = (bwd_config.mma == Mma::Wgmma)
-                .then(|| (emit_backward_with(spec, BackwardPass::KeyValue, bwd_config), Arch::new(9, 0)));
+            let hopper_bwd = [true, false].into_iter().filter(|_| bwd_config.mma == Mma::Wgmma).map(|tensor_grads| {
+                let config = BackwardConfig { tensor_grads, ..bwd_config };
+                (emit_backward_with(spec, BackwardPass::KeyValue, config), Arch::new(9, 0))
+            });
             both.chain(forward).chain(hopper_bwd).collect::<Vec<_>>()
         })
         .collect();

@@ -6,8 +6,9 @@
 //!
 //! `flashgen-bench [--variants causal,full] [--dims 64,128] [--seqs 1024,4096,16384] [--iters 20] [--backward] [--tune]`
 //!
-//! `--backward` also times one training step (forward, then backward with
-//! every tensor gradient) per variant and shape, as rows `<variant>+bwd`
+//! `--backward` also times one training step (forward, then backward into
+//! Q, K and V, no tensor gradients, as the peers' steps) per variant and
+//! shape, as rows `<variant>+bwd`
 //! counting 3.5x the forward FLOPs.
 //!
 //! `--tune` autotunes the forward of each variant and shape first

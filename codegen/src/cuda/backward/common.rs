@@ -15,7 +15,7 @@ use super::super::tiles::TILES;
 use super::super::writer::Writer;
 use crate::abi::{ArgKind, KernelArg};
 use crate::grad::{d_load, d_score, load_indices};
-use crate::spec::{Builtin, Dtype, Expr, Spec};
+use crate::spec::{Builtin, Dtype, Expr, ExprKind, Spec};
 use std::fmt::{self, Write};
 
 /// Device helpers every backward kernel may use.
@@ -179,6 +179,8 @@ impl Rows {
 /// The spec's expressions the backward evaluates: mask, score, ∂score′/∂score
 /// and, per trainable tensor, ∂score′/∂t and the read's indices.
 pub(super) struct SpecTerms {
+    /// ∂score′/∂score; `None` where it is 1 (no score mod, or one that only
+    /// adds terms).
     pub d_score: Option<Expr>,
     /// (slot, ∂score′/∂t, indices of the read).
     pub grads: Vec<(usize, Expr, Vec<Expr>)>,
@@ -195,7 +197,9 @@ impl SpecTerms {
         } else {
             Vec::new()
         };
-        SpecTerms { d_score: d_score(spec), grads }
+        // A score mod that only adds terms has ∂score′/∂score = 1: dS = dS′.
+        let d_score = d_score(spec).filter(|d| !matches!(d.kind, ExprKind::Float(x) if x == 1.0));
+        SpecTerms { d_score, grads }
     }
 
     /// Every expression hoisting may draw from.

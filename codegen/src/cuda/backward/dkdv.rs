@@ -21,7 +21,7 @@ const OPERANDS: [Operand; 6] = [Operand::Q, Operand::K, Operand::V, Operand::DO,
 
 pub(super) fn emit(spec: &Spec, config: BackwardConfig) -> Kernel {
     let name = kernel_name("bwd", spec);
-    let terms = SpecTerms::new(spec, true);
+    let terms = SpecTerms::new(spec, config.tensor_grads);
     let slots: Vec<usize> = terms.grads.iter().map(|(slot, ..)| *slot).collect();
     let args = backward_args(spec, OPERANDS, &slots);
     let source = write_source(

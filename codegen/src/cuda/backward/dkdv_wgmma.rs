@@ -91,9 +91,9 @@ __device__ __forceinline__ void keep_operands(const unsigned (&a)[N][4]) {
 }
 "#;
 
-pub(super) fn emit(spec: &Spec) -> Kernel {
+pub(super) fn emit(spec: &Spec, tensor_grads: bool) -> Kernel {
     let name = kernel_name("bwd", spec);
-    let terms = SpecTerms::new(spec, true);
+    let terms = SpecTerms::new(spec, tensor_grads);
     let slots: Vec<usize> = terms.grads.iter().map(|(slot, ..)| *slot).collect();
     let args = backward_args(spec, OPERANDS, &slots);
     let source =

@@ -97,6 +97,11 @@ pub struct BackwardConfig {
     /// Keys per step of the deterministic dQ kernel (a multiple of 16); its
     /// CTA owns 64 queries, 16 per warp.
     pub dq_block_n: u32,
+    /// Whether the dK/dV kernel computes the gradients of the trainable
+    /// tensors (and takes their arguments). Without them a score mod that
+    /// only adds a tensor's value needs no per-element gradient terms, and
+    /// its P and dS can split like a plain score's. No other kernel reads it.
+    pub tensor_grads: bool,
 }
 
 impl BackwardConfig {
@@ -107,9 +112,9 @@ impl BackwardConfig {
     pub fn default_for(spec: &Spec) -> BackwardConfig {
         let widest = pad16(spec.head_dims.qk).max(pad16(spec.head_dims.v));
         match widest {
-            0..=64 => BackwardConfig { mma: Mma::Sync, warps: 4, block_m: 64, dq_block_n: 64 },
-            65..=128 => BackwardConfig { mma: Mma::Sync, warps: 8, block_m: 32, dq_block_n: 64 },
-            _ => BackwardConfig { mma: Mma::Sync, warps: 4, block_m: 16, dq_block_n: 32 },
+            0..=64 => BackwardConfig { mma: Mma::Sync, warps: 4, block_m: 64, dq_block_n: 64, tensor_grads: true },
+            65..=128 => BackwardConfig { mma: Mma::Sync, warps: 8, block_m: 32, dq_block_n: 64, tensor_grads: true },
+            _ => BackwardConfig { mma: Mma::Sync, warps: 4, block_m: 16, dq_block_n: 32, tensor_grads: true },
         }
     }
 
@@ -141,7 +146,9 @@ pub fn emit_backward(spec: &Spec, pass: BackwardPass) -> Kernel {
 pub fn emit_backward_with(spec: &Spec, pass: BackwardPass, config: BackwardConfig) -> Kernel {
     match pass {
         BackwardPass::Preprocess => rows::emit_preprocess(spec),
-        BackwardPass::KeyValue if config.mma == Mma::Wgmma && dkdv_wgmma::supports(spec) => dkdv_wgmma::emit(spec),
+        BackwardPass::KeyValue if config.mma == Mma::Wgmma && dkdv_wgmma::supports(spec) => {
+            dkdv_wgmma::emit(spec, config.tensor_grads)
+        }
         BackwardPass::KeyValue => dkdv::emit(spec, config),
         BackwardPass::Query => dq::emit(spec, config),
         BackwardPass::Postprocess => rows::emit_postprocess(spec),
