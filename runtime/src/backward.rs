@@ -38,6 +38,9 @@ pub struct BackwardIo<'a, T> {
     pub dq: (&'a mut CudaSlice<T>, Layout),
     pub dk: (&'a mut CudaSlice<T>, Layout),
     pub dv: (&'a mut CudaSlice<T>, Layout),
+    /// One per declared tensor: the f32 gradient of a trainable tensor, or
+    /// `None`. With `None` for every tensor the dK/dV kernel computes no
+    /// tensor-gradient terms at all.
     pub d_tensors: Vec<Option<&'a mut CudaSlice<f32>>>,
 }
 
