@@ -61,18 +61,34 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> 
         constexpr int THREADS = 32 * WARPS;\n\
         constexpr int BLOCK_N = 16 * WARPS;  // keys per CTA, 16 per warp: grid.x = ceil(kv_len / BLOCK_N)\n\
         constexpr int BLOCK_M = {block_m};  // queries per step of the loop\n\
-        constexpr int S_TILES = BLOCK_M / 8;  // m16n8 tiles of a warp's S^T and dP^T (16 keys x BLOCK_M queries)\n\
-        constexpr int DK_TILES = DP / 8;  // m16n8 tiles of a warp's dK (16 keys x DP)\n\
-        constexpr int DV_TILES = DVP / 8;  // m16n8 tiles of a warp's dV (16 keys x DVP)\n\
         constexpr int DQ_COLS = DP % 32 == 0 ? 32 : 16;  // columns of a warp's dQ block per step\n"
     )?;
-    write_mask_tiles(w, spec)?;
-    write!(
+    write_key_tiles(
         w,
+        spec,
         "\
         // Shared memory: this CTA's K and V tiles; two buffers of a step's Q and dO\n\
         // tiles and two statistics per query (the next step's load into one while\n\
-        // the other is multiplied) and of its dS^T (read by the next step's dQ).\n\
+        // the other is multiplied) and of its dS^T (read by the next step's dQ).\n",
+    )
+}
+
+/// The tile constants both dK/dV kernels share (after their BLOCK_M and
+/// BLOCK_N): each warp's m16n8 tile counts, the block mask's tile, and after
+/// `layout` (a comment on the shared-memory layout) the tile sizes.
+pub(super) fn write_key_tiles(w: &mut Writer<String>, spec: &Spec, layout: &str) -> fmt::Result {
+    write!(
+        w,
+        "\
+        constexpr int S_TILES = BLOCK_M / 8;  // m16n8 tiles of a warp's S^T and dP^T (16 keys x BLOCK_M queries)\n\
+        constexpr int DK_TILES = DP / 8;  // m16n8 tiles of a warp's dK (16 keys x DP)\n\
+        constexpr int DV_TILES = DVP / 8;  // m16n8 tiles of a warp's dV (16 keys x DVP)\n"
+    )?;
+    write_mask_tiles(w, spec)?;
+    w.write_str(layout)?;
+    write!(
+        w,
+        "\
         constexpr int K_TILE = BLOCK_N * DP;\n\
         constexpr int V_TILE = BLOCK_N * DVP;\n\
         constexpr int Q_TILE = BLOCK_M * DP;\n\
@@ -81,10 +97,37 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> 
     )
 }
 
+/// A dK/dV kernel's CTA: its batch, K/V head and keys, the query heads of
+/// its group, the query steps, and the rows of K, V, dK and dV.
+pub(super) fn write_key_cta(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    let n = |kind| arg_name(spec, kind);
+    let [q_len, kv_len, heads, heads_kv] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv].map(n);
+    let [k_stride, v_stride] = [Operand::K, Operand::V].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
+    write!(
+        w,
+        "\
+        // The spec's built-in b (h, q and k are bound in the loops below).\n\
+        const int b = blockIdx.z;\n\
+        const int kv_head = blockIdx.y;\n\
+        const int k0 = blockIdx.x * BLOCK_N;\n\
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
+        const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n\
+        const int group = {heads} / {heads_kv};  // query heads sharing this K/V head\n\
+        const int q_steps = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
+        const int k_lo = k0, k_hi = min_i32(k0 + BLOCK_N, {kv_len}) - 1;  // this CTA's keys\n\
+        \n"
+    )?;
+    for (op, rows) in
+        [(Operand::K, "k_rows"), (Operand::V, "v_rows"), (Operand::DK, "dk_rows"), (Operand::DV, "dv_rows")]
+    {
+        write_rows(w, spec, op, rows, "kv_head")?;
+    }
+    writeln!(w, "const bool kv_vector = aligned16(k_rows, {k_stride}) && aligned16(v_rows, {v_stride});")
+}
+
 fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
-    let [q_len, kv_len, heads, heads_kv, lse] =
-        [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv, ArgKind::Lse].map(n);
+    let [q_len, kv_len, heads, lse] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::Lse].map(n);
     let seq = |op| n(ArgKind::Stride(op, Axis::Seq));
     let [q_stride, k_stride, v_stride, do_stride] = [Operand::Q, Operand::K, Operand::V, Operand::DO].map(seq);
     write!(
@@ -98,30 +141,12 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         unsigned short* ds_tiles = dout_tiles + 2 * DO_TILE;  // [2][BLOCK_N][BLOCK_M]: dS^T, for dQ\n\
         float* lse_cols = (float*)(ds_tiles + 2 * DS_TILE);  // [2][BLOCK_M]: LSE in log2 units, +inf for no gradient\n\
         float* delta_cols = lse_cols + 2 * BLOCK_M;  // [2][BLOCK_M]: D = rowsum(dO * O)\n\
-        \n\
-        // The spec's built-in b (h, q and k are bound in the loops below).\n\
-        const int b = blockIdx.z;\n\
-        const int kv_head = blockIdx.y;\n\
-        const int k0 = blockIdx.x * BLOCK_N;\n\
-        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
-        const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n\
-        const int group = {heads} / {heads_kv};  // query heads sharing this K/V head\n\
-        const int q_steps = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
-        const int k_lo = k0, k_hi = min_i32(k0 + BLOCK_N, {kv_len}) - 1;  // this CTA's keys\n\
         \n"
     )?;
-    for (op, rows, head) in [
-        (Operand::K, "k_rows", "kv_head"),
-        (Operand::V, "v_rows", "kv_head"),
-        (Operand::DK, "dk_rows", "kv_head"),
-        (Operand::DV, "dv_rows", "kv_head"),
-    ] {
-        write_rows(w, spec, op, rows, head)?;
-    }
+    write_key_cta(w, spec)?;
     write!(
         w,
         "\
-        const bool kv_vector = aligned16(k_rows, {k_stride}) && aligned16(v_rows, {v_stride});\n\
         // K and V of this CTA's keys stay in shared memory for the whole kernel.\n\
         load_tile<BLOCK_N, DP, D, THREADS>(k_tile, k_rows + (long long)k0 * {k_stride}, {k_stride}, {kv_len} - k0, kv_vector);\n\
         load_tile<BLOCK_N, DVP, DV, THREADS>(v_tile, v_rows + (long long)k0 * {v_stride}, {v_stride}, {kv_len} - k0, kv_vector);\n\

@@ -29,10 +29,12 @@ use super::common::{
     write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, write_whole_logit, Rows,
     Sections, SpecTerms, Walk,
 };
-use super::dkdv::{write_head_grad_adds, write_head_grad_sums, write_key_stores, write_rows};
+use super::dkdv::{
+    write_head_grad_adds, write_head_grad_sums, write_key_cta, write_key_stores, write_key_tiles, write_rows,
+};
 use super::step::{write_elements, Part};
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
-use crate::cuda::forward::{pad16, write_mask_tiles};
+use crate::cuda::forward::pad16;
 use crate::cuda::hoist::{hoist, Hoisted};
 use crate::cuda::ring::RING;
 use crate::cuda::signature::{arg_name, backward_args};
@@ -153,32 +155,21 @@ fn write_config(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         constexpr int STAGES = {STAGES};  // Q/dO stages of the ring\n\
         constexpr int BLOCK_N = 16 * WARPS;  // keys per CTA: grid.x = ceil(kv_len / BLOCK_N)\n\
         constexpr int BLOCK_M = {block_m};  // queries per step of the loop\n\
-        constexpr int S_TILES = BLOCK_M / 8;  // m16n8 tiles of a warp's S^T and dP^T (16 keys x BLOCK_M queries)\n\
-        constexpr int DK_TILES = DP / 8;  // m16n8 tiles of a warp's dK (16 keys x DP)\n\
-        constexpr int DV_TILES = DVP / 8;  // m16n8 tiles of a warp's dV (16 keys x DVP)\n\
         constexpr int DQ_TILES = DP / 16;  // m16n8 tiles of a warp's dQ: its warpgroup's half of the columns\n\
         // Whether any tile copy may use cp.async (see mbar_arrive_loaded).\n\
         constexpr int COPY_WIDTH = D % 8 == 0 || DV % 8 == 0 ? 8 : 1;\n"
     )?;
-    write_mask_tiles(w, spec)?;
-    write!(
+    write_key_tiles(
         w,
+        spec,
         "\
         // Shared memory, every tile in wgmma's 64-column panels: this CTA's K and V;\n\
         // STAGES stages of a step's Q and dO tiles and two statistics per query; two\n\
-        // dS tiles (queries as rows: the A operand of dQ = dS K).\n\
-        constexpr int K_TILE = BLOCK_N * DP;\n\
-        constexpr int V_TILE = BLOCK_N * DVP;\n\
-        constexpr int Q_TILE = BLOCK_M * DP;\n\
-        constexpr int DO_TILE = BLOCK_M * DVP;\n\
-        constexpr int DS_TILE = BLOCK_M * BLOCK_N;\n"
+        // dS tiles (queries as rows: the A operand of dQ = dS K).\n",
     )
 }
 
 fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Result {
-    let n = |kind| arg_name(spec, kind);
-    let [q_len, kv_len, heads, heads_kv] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv].map(n);
-    let [k_stride, v_stride] = [Operand::K, Operand::V].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
     write!(
         w,
         "\
@@ -192,27 +183,12 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         unsigned short* ds_tiles = dout_tiles + STAGES * DO_TILE;  // [2][BLOCK_M][BLOCK_N]: dS, for dQ\n\
         float* lse_cols = (float*)(ds_tiles + 2 * DS_TILE);  // [STAGES][BLOCK_M]: LSE in log2 units, +inf for no gradient\n\
         float* delta_cols = lse_cols + STAGES * BLOCK_M;  // [STAGES][BLOCK_M]: D = rowsum(dO * O)\n\
-        \n\
-        // The spec's built-in b (h, q and k are bound in the loops below).\n\
-        const int b = blockIdx.z;\n\
-        const int kv_head = blockIdx.y;\n\
-        const int k0 = blockIdx.x * BLOCK_N;\n\
-        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
-        const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n\
-        const int group = {heads} / {heads_kv};  // query heads sharing this K/V head\n\
-        const int q_steps = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
-        const int k_lo = k0, k_hi = min_i32(k0 + BLOCK_N, {kv_len}) - 1;  // this CTA's keys\n\
         \n"
     )?;
-    for (op, rows) in
-        [(Operand::K, "k_rows"), (Operand::V, "v_rows"), (Operand::DK, "dk_rows"), (Operand::DV, "dv_rows")]
-    {
-        write_rows(w, spec, op, rows, "kv_head")?;
-    }
+    write_key_cta(w, spec)?;
     write!(
         w,
         "\
-        const bool kv_vector = aligned16(k_rows, {k_stride}) && aligned16(v_rows, {v_stride});\n\
         \n\
         // The ring's barriers: K/V's, then per stage full and empty. A full barrier\n\
         // takes two arrivals per producer thread: its copies landed, its statistics\n\
