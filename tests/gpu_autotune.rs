@@ -18,7 +18,7 @@ use support::{params, runtime, spec, with};
 
 /// Every example spec, and some at other head dims, whose candidate lists
 /// differ (see `TileConfig::candidates`). Ragged lengths: neither is a
-/// multiple of any candidate's tile (64 or 128 query rows, 32 to 128 keys);
+/// multiple of any candidate's tile (64 to 192 query rows, 32 to 192 keys);
 /// data-dependent masks also run with a block mask, built at the spec's mask
 /// tile whatever tile a candidate uses.
 #[test]
@@ -28,6 +28,10 @@ fn every_candidate_config_is_exact() {
     specs.extend([
         ("full", with(spec("full"), Dtype::Bf16, 64, 64)),
         ("causal", with(spec("causal"), Dtype::F16, 64, 64)),
+        ("sliding_window", with(spec("sliding_window"), Dtype::Bf16, 64, 64)),
+        ("document", with(spec("document"), Dtype::Bf16, 64, 64)),
+        ("softcap", with(spec("softcap"), Dtype::Bf16, 64, 64)),
+        ("alibi", with(spec("alibi"), Dtype::Bf16, 64, 64)),
         ("document", with(spec("document"), Dtype::Bf16, 96, 96)),
         ("alibi", with(spec("alibi"), Dtype::F16, 256, 256)),
     ]);

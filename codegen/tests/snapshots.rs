@@ -99,6 +99,16 @@ fn hopper_forward_kernels_of_named_variants() {
 }
 
 #[test]
+fn hopper_three_warpgroup_forward_kernel() {
+    // At d <= 64 plain attention prefers three consumer warpgroups (192 query
+    // rows): the cycle of turns and the 160-register split.
+    let spec = parse_one("Full64 { dtype: bf16, head_dim: 64 }").unwrap();
+    let config = TileConfig::preferred(&spec, Target::for_sm(9, 0));
+    assert_eq!((config.mma, config.warps, config.block_m()), (Mma::Wgmma, 12, 192));
+    insta::assert_snapshot!("wgmma_full64", render(&emit_forward_with(&spec, config)));
+}
+
+#[test]
 fn forward_kernels_of_edge_specs() {
     for (name, source) in EDGE_SPECS {
         let spec = parse_one(source).unwrap_or_else(|e| panic!("{name}: {}", e.render(name, source)));

@@ -108,10 +108,11 @@ impl TileConfig {
     /// (bench/RESULTS.md): up to head dim 128, Hopper's warp-specialized
     /// wgmma kernel first (two warpgroups, 128-key tiles; at d <= 64 its
     /// 192-key tiles second, or last when the mask has two conjuncts or the
-    /// score calls a transcendental function), then the 64-key back-to-back
-    /// kernels (two warpgroups, one); among mma.sync configs,
-    /// 128-key tiles only for plain d <= 64 specs (masks and score mods
-    /// then spill).
+    /// score calls a transcendental function; at d <= 64 three warpgroups
+    /// first for plain specs, third for masks of one conjunct that read no
+    /// tensor, else last), then the 64-key back-to-back kernels (two
+    /// warpgroups, one); among mma.sync configs, 128-key tiles only for
+    /// plain d <= 64 specs (masks and score mods then spill).
     pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
         let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
         // Warpgroups of 64 rows: two share each K/V tile; one alone leaves
@@ -130,6 +131,20 @@ impl TileConfig {
         let small = match light {
             true => [first, &[wgmma(8, 192)], rest].concat(),
             false => [first, rest, &[wgmma(8, 192)]].concat(),
+        };
+        // Three warpgroups of 64 rows (FlashAttention-3's d <= 64 tile): at
+        // d <= 64 a tile's softmax outlasts its products, and a third
+        // warpgroup keeps the tensor cores busy through it. S, P and O fit
+        // in its 160 registers; partial-tile code of two conjuncts or of
+        // tensor reads, and transcendental scores, spill (measured:
+        // 1.14-1.17x on full attention from 4k keys, +3-5% causal, slower
+        // at 1k keys, where the ragged last 192-row tile wastes work).
+        let three = wgmma(12, 128);
+        let simple_mask = light && !spec.mask.as_ref().is_some_and(|m| m.reads_tensor());
+        let small = match (plain, simple_mask) {
+            (true, _) => [&[three], small.as_slice()].concat(),
+            (false, true) => [&small[..2], &[three], &small[2..]].concat(),
+            (false, false) => [small.as_slice(), &[three]].concat(),
         };
         let (hopper, portable) = match widest(spec) {
             0..=64 if plain => (small, vec![sync(4, 2, 128), default, sync(8, 1, 64)]),
@@ -189,6 +204,17 @@ const RING_STAGES: u32 = 3;
 
 /// Threads of a warp-specialized kernel's producer warpgroup.
 const PRODUCER_THREADS: u32 = 128;
+
+/// Registers per thread a warp-specialized kernel's producer keeps
+/// (`setmaxnreg`): it only computes addresses.
+const PRODUCER_REGS: u32 = 24;
+
+/// Registers per thread of a warp-specialized kernel's consumers: the SM's
+/// 64K registers less the producer's, shared by the consumer warpgroups, in
+/// `setmaxnreg`'s multiples of 8 (two warpgroups: 240, three: 160).
+fn consumer_regs(config: TileConfig) -> u32 {
+    ((65536 / 128 - PRODUCER_REGS) / (config.warps / 4)).min(240) / 8 * 8
+}
 
 /// Whether `e` calls a transcendental function (tanh, exp, …).
 fn transcendental(e: &Expr) -> bool {
@@ -288,16 +314,20 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt:
         // Shared memory: the Q tile, then STAGES pipeline stages of K and of V tiles.\n"
     )?;
     if warp_specialized(config) {
+        let groups = config.warps / 4;
+        let launch = 65536 / config.threads() / 8 * 8;
+        let consumer = consumer_regs(config);
         write!(
             w,
             "\
             // Warp specialization: one more warpgroup copies Q and the K/V tiles into\n\
             // a ring of STAGES stages (see the stage ring above) and hands most of its\n\
-            // registers to the two that multiply (168 each at launch: 24 + 2 x 240).\n\
+            // registers to the {groups} warpgroups that multiply ({launch} each at launch: {PRODUCER_REGS} + {groups} x {consumer}).\n\
+            constexpr int WARPGROUPS = WARPS / 4;  // consumer warpgroups, 64 rows each\n\
             constexpr int PRODUCER_THREADS = {PRODUCER_THREADS};\n\
             constexpr int CTA_THREADS = THREADS + PRODUCER_THREADS;\n\
-            constexpr int PRODUCER_REGS = 24;\n\
-            constexpr int CONSUMER_REGS = 240;\n"
+            constexpr int PRODUCER_REGS = {PRODUCER_REGS};\n\
+            constexpr int CONSUMER_REGS = {consumer};\n"
         )?;
     } else {
         writeln!(w, "constexpr int CTA_THREADS = THREADS;")?;
@@ -472,12 +502,13 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
             write!(
                 w,
                 "\
-                // The two warpgroups take turns issuing their products (named barrier\n\
-                // 1 + warpgroup: wait for the turn; arrive on the other's): the tensor\n\
-                // cores then run one warpgroup's S and P V while the other runs its\n\
-                // softmax (FlashAttention-3's ping-pong). Warpgroup 0 goes first.\n\
+                // The warpgroups take turns issuing their products, in a cycle (named\n\
+                // barrier 1 + warpgroup: wait for the turn; arrive on the next one's):\n\
+                // the tensor cores then run one warpgroup's S and P V while the others\n\
+                // run their softmax (FlashAttention-3's ping-pong). Warpgroup 0 goes\n\
+                // first: the last one has passed it the turn.\n\
                 const int warpgroup = warp / 4;\n\
-                if (warpgroup == 1) named_barrier_arrive(1, 256);\n"
+                if (warpgroup == WARPGROUPS - 1) named_barrier_arrive(1, 256);\n"
             )?;
         }
     }
@@ -493,7 +524,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         write_cta_loop(w, spec, config, &kv, step)?;
     }
     if ping_pong(config) {
-        writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn warpgroup 1 passed last")?;
+        writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn the last warpgroup passed last")?;
     }
     write_epilogue(w, spec, ws)
 }
@@ -659,7 +690,8 @@ fn write_epilogue(w: &mut Writer<String>, spec: &Spec, ws: bool) -> fmt::Result 
     let name = |kind| arg_name(spec, kind);
     let [q_len, heads, lse] = [ArgKind::QLen, ArgKind::Heads, ArgKind::Lse].map(name);
     let o_stride = name(ArgKind::Stride(Operand::O, Axis::Seq));
-    let sync = if ws { "named_barrier_sync(3, THREADS);" } else { "__syncthreads();" };
+    // Named barriers 1..=WARPGROUPS pass the turns; the next one is free.
+    let sync = if ws { "named_barrier_sync(1 + WARPGROUPS, THREADS);" } else { "__syncthreads();" };
     write!(
         w,
         "\
@@ -1082,11 +1114,11 @@ fn write_sync_step(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], kv_
     )
 }
 
-/// Whether a wgmma kernel has two warpgroups to take turns on the tensor
-/// cores (measured on the H200, bench/RESULTS.md: +4-8% at d = 128, +2-3%
+/// Whether a wgmma kernel has two or three warpgroups to take turns on the
+/// tensor cores (measured on the H200, bench/RESULTS.md: +4-8% at d = 128, +2-3%
 /// at d = 64).
 fn ping_pong(config: TileConfig) -> bool {
-    pipelined(config) && config.warps == 8
+    pipelined(config) && config.warps >= 8
 }
 
 /// Whether a kernel has a producer warpgroup that feeds a stage ring (see
@@ -1169,7 +1201,9 @@ fn write_wgmma_step(
     }
     write_wgmma_s(w, config)?;
     let end_turn = |w: &mut Writer<String>| match ping_pong {
-        true => writeln!(w, "named_barrier_arrive(2 - warpgroup, 256);  // the other warpgroup's turn"),
+        true => {
+            writeln!(w, "named_barrier_arrive(1 + (warpgroup + 1) % WARPGROUPS, 256);  // the next warpgroup's turn")
+        }
         false => Ok(()),
     };
     // Once the products are issued, while the tensor cores run: the other
