@@ -66,6 +66,10 @@ pub enum ArgKind {
     /// `float*` gradient of the spec's `i`-th captured tensor (its element
     /// count, zeroed before the pass), or null when not requested.
     TensorGrad(usize),
+    /// `unsigned long long*` a persistent kernel's work counter: how many
+    /// work items its CTAs have claimed beyond their first ones. Zeroed
+    /// before each launch.
+    WorkCounter,
 }
 
 /// How a kernel's grid covers a launch.
@@ -73,6 +77,10 @@ pub enum ArgKind {
 pub enum Grid {
     /// The forward pass: `(ceil(q_len / block_m), heads, batch)`.
     QueryTiles,
+    /// A persistent forward pass: one block per SM, or one per work item
+    /// (`ceil(q_len / block_m) · heads · batch` of them) if there are fewer;
+    /// each block walks the items.
+    Persistent,
     /// The backward dK/dV kernel: `(ceil(kv_len / block_n), heads_kv, batch)`.
     KeyTiles,
     /// The block-mask kernel: one block per tile,

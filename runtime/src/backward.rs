@@ -176,6 +176,7 @@ impl Runtime {
             tensors: &tensor_ptrs,
             block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
             block_mask_out: 0,
+            work_counter: None,
             grads: Some(GradBindings {
                 ptrs: [do_ptr, dq_ptr, dk_ptr, dv_ptr],
                 strides: [d_o.1.strides, dq.1.strides, dk.1.strides, dv.1.strides],
@@ -202,7 +203,7 @@ impl Runtime {
     fn launch_pass(&self, loaded: &LoadedKernel, bindings: &Bindings) -> Result<(), Error> {
         let kernel = loaded.kernel();
         let values = marshal(kernel, bindings)?;
-        let config = launch_config(kernel, &bindings.shape, 1)?;
+        let config = launch_config(kernel, &bindings.shape, 1, self.sm_count())?;
         // SAFETY: `marshal` followed the kernel's own argument list, so the
         // values match its parameters in order and type; `check_backward`
         // proved every operand's layout inside its buffer, the workspace and

@@ -109,10 +109,11 @@ impl Runtime {
                     tensors: &tensor_ptrs,
                     block_mask: (0, [0; 2]),
                     block_mask_out: out,
+                    work_counter: None,
                     grads: None,
                 },
             )?;
-            let config = launch_config(kernel, &shape, slices)?;
+            let config = launch_config(kernel, &shape, slices, self.sm_count())?;
             // SAFETY: `marshal` followed the kernel's argument list; the grid
             // is exactly (kv_tiles, q_tiles, slices) and `classes` holds one
             // byte per tile of it; tensor sizes were checked by `check_shape`.

@@ -7,6 +7,7 @@ use crate::marshal::{launch, launch_config, marshal, Bindings};
 use crate::runtime::Which;
 use crate::{ArgValue, Element, Error, Layout, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use flashgen_codegen::abi::Grid;
 use flashgen_codegen::cuda::TileConfig;
 use flashgen_codegen::{to_source, Shape, Spec};
 
@@ -92,7 +93,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         let (spec, shape, infos) = (self.spec, self.shape, &self.infos);
         let loaded = rt.load_keyed(spec, &self.spec_source, Which::Forward(config))?;
         let kernel = loaded.kernel();
-        let grid = launch_config(kernel, &shape, 1)?;
+        let grid = launch_config(kernel, &shape, 1, rt.sm_count())?;
         let ForwardIo { q: (q, q_layout), k: (k, k_layout), v: (v, v_layout), o: (o, o_layout), lse } = &mut self.io;
 
         // The guards order the launch after pending work on each buffer and
@@ -111,6 +112,12 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
             check_block_mask(&mask.built_for, &BuiltFor::new(spec, &loaded, shape, infos, &tensor_ptrs))?;
         }
         let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(stream), m.strides));
+        // Held until the launch is queued (see Runtime::work_counter).
+        let counter = match kernel.grid {
+            Grid::Persistent => Some(rt.work_counter()?),
+            _ => None,
+        };
+        let work_counter = counter.as_ref().and_then(|c| c.as_ref()).map(|c| c.device_ptr(stream));
         let values = marshal(
             kernel,
             &Bindings {
@@ -124,6 +131,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
                 block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
                 block_mask_out: 0,
                 grads: None,
+                work_counter: work_counter.as_ref().map(|(ptr, _)| *ptr),
             },
         )?;
 

@@ -38,6 +38,8 @@ pub(crate) struct Bindings<'a> {
     pub block_mask_out: u64,
     /// What only backward kernels take.
     pub grads: Option<GradBindings<'a>>,
+    /// A persistent kernel's zeroed work counter.
+    pub work_counter: Option<u64>,
 }
 
 /// The backward kernels' arguments beyond the forward's.
@@ -94,6 +96,7 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
                 ArgKind::Delta => Value::Ptr(grads()?.delta),
                 ArgKind::DqAccum => Value::Ptr(grads()?.dq_accum),
                 ArgKind::TensorGrad(i) => Value::Ptr(*grads()?.tensor_grads.get(i).ok_or_else(abi_error)?),
+                ArgKind::WorkCounter => Value::Ptr(b.work_counter.ok_or_else(abi_error)?),
             })
         })
         .collect()
@@ -123,10 +126,11 @@ pub(crate) unsafe fn launch(
     builder.launch(config).map(drop)
 }
 
-/// The kernel's grid (see [`Grid`]) for `shape`; `slices` is the number of
-/// (batch, head) slices a block mask holds. The sizes were checked against
-/// the grid limits, so the narrowing casts are exact.
-pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize) -> Result<LaunchConfig, Error> {
+/// The kernel's grid (see [`Grid`]) for `shape` on a GPU with `sms` SMs;
+/// `slices` is the number of (batch, head) slices a block mask holds. The
+/// sizes were checked against the grid limits, so the narrowing casts are
+/// exact.
+pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize, sms: u32) -> Result<LaunchConfig, Error> {
     if kernel.block_m == 0 || kernel.threads == 0 || (kernel.grid == Grid::KeyTiles && kernel.block_n == 0) {
         let problem =
             format!("block_m = {}, block_n = {}, threads = {}", kernel.block_m, kernel.block_n, kernel.threads);
@@ -136,6 +140,10 @@ pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize) -> Re
     Ok(LaunchConfig {
         grid_dim: match kernel.grid {
             Grid::QueryTiles => (q_tiles, shape.heads as u32, shape.batch as u32),
+            Grid::Persistent => {
+                let items = u64::from(q_tiles) * shape.heads as u64 * shape.batch as u64;
+                (items.min(u64::from(sms.max(1))) as u32, 1, 1)
+            }
             Grid::KeyTiles => {
                 (shape.kv_len.div_ceil(kernel.block_n as usize) as u32, shape.heads_kv as u32, shape.batch as u32)
             }
@@ -205,6 +213,7 @@ mod tests {
             tensors,
             block_mask: (77, [40, 0]),
             block_mask_out: 78,
+            work_counter: None,
             grads: None,
         }
     }
@@ -258,12 +267,16 @@ mod tests {
 
     #[test]
     fn grid_covers_every_query_tile() {
-        let cfg = launch_config(&kernel(&[]), &SHAPE, 1).unwrap();
+        let cfg = launch_config(&kernel(&[]), &SHAPE, 1, 132).unwrap();
         assert_eq!((cfg.grid_dim, cfg.block_dim, cfg.shared_mem_bytes), ((3, 8, 3), (128, 1, 1), 1024));
         let mut k = kernel(&[]);
         k.grid = Grid::MaskTiles;
-        assert_eq!(launch_config(&k, &SHAPE, 6).unwrap().grid_dim, (1, 3, 6));
+        assert_eq!(launch_config(&k, &SHAPE, 6, 132).unwrap().grid_dim, (1, 3, 6));
+        // Persistent: one block per SM, but never more than the 72 items.
+        k.grid = Grid::Persistent;
+        assert_eq!(launch_config(&k, &SHAPE, 1, 132).unwrap().grid_dim, (72, 1, 1));
+        assert_eq!(launch_config(&k, &SHAPE, 1, 16).unwrap().grid_dim, (16, 1, 1));
         k.block_m = 0;
-        assert!(matches!(launch_config(&k, &SHAPE, 1), Err(Error::KernelAbi { .. })));
+        assert!(matches!(launch_config(&k, &SHAPE, 1, 132), Err(Error::KernelAbi { .. })));
     }
 }

@@ -11,13 +11,13 @@ use crate::single_flight::SingleFlight;
 use crate::tuning::{autotune_from, AUTOTUNE_ENV};
 use crate::{Arch, Error};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream};
 use cudarc::nvrtc::Ptx;
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{self, Target, TileConfig};
 use flashgen_codegen::{to_source, Spec};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A CUDA device ready to run flashgen kernels. Launches are asynchronous on
 /// [`Runtime::stream`]; kernels are compiled on first use and cached in
@@ -37,6 +37,9 @@ pub struct Runtime {
     memory_hits: AtomicU64,
     disk_hits: AtomicU64,
     compiles: AtomicU64,
+    /// The work counter of persistent forward kernels, allocated on first
+    /// use; see [`Runtime::work_counter`].
+    work_counter: Mutex<Option<CudaSlice<u64>>>,
 }
 
 /// How this runtime's kernel loads were served, so tests and timings can
@@ -178,6 +181,7 @@ impl Runtime {
             memory_hits: AtomicU64::new(0),
             disk_hits: AtomicU64::new(0),
             compiles: AtomicU64::new(0),
+            work_counter: Mutex::new(None),
         })
     }
 
@@ -195,6 +199,19 @@ impl Runtime {
 
     pub fn arch(&self) -> Arch {
         self.arch
+    }
+
+    /// The persistent kernels' work counter, zeroed on the stream. Hold the
+    /// guard until the launch that uses it is queued: launches on the stream
+    /// run in order, so each one finds it zero.
+    pub(crate) fn work_counter(&self) -> Result<MutexGuard<'_, Option<CudaSlice<u64>>>, Error> {
+        let mut counter = self.work_counter.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let zeroing = |e| Error::driver("zeroing the work counter", e);
+        match counter.as_mut() {
+            Some(slice) => self.stream.memset_zeros(slice).map_err(zeroing)?,
+            None => *counter = Some(self.stream.alloc_zeros::<u64>(1).map_err(zeroing)?),
+        }
+        Ok(counter)
     }
 
     /// Streaming multiprocessors: what a launch's grid fills in waves.

@@ -173,47 +173,67 @@ impl TileConfig {
         32 * self.warps + if warp_specialized(self) { PRODUCER_THREADS } else { 0 }
     }
 
-    /// K/V pipeline stages in shared memory: a ring of `RING_STAGES` for a
-    /// warp-specialized kernel, else two (loads of tile j + 1 while tile j
-    /// is multiplied).
-    pub fn stages(self) -> u32 {
-        if warp_specialized(self) {
-            RING_STAGES
-        } else {
-            2
+    /// K/V pipeline stages in shared memory: for a warp-specialized kernel
+    /// a ring of as many as fit beside its two Q buffers, up to
+    /// `RING_STAGES` (two at d = 128, three at d = 64); else two (loads of
+    /// tile j + 1 while tile j is multiplied).
+    pub fn stages(self, spec: &Spec) -> u32 {
+        if !warp_specialized(self) {
+            return 2;
         }
+        let (q, stage) = self.tile_bytes(spec);
+        (2..=RING_STAGES).rev().find(|s| 2 * q + s * stage + 1024 <= WS_SMEM_BUDGET).unwrap_or(2)
     }
 
-    /// Dynamic shared memory: the Q tile and `stages` stages of K and V tiles,
-    /// 16-bit elements; wgmma's tiles are whole 64-column panels, 1024-byte
-    /// aligned (the slack is reserved).
+    /// Dynamic shared memory: the Q tile (a warp-specialized kernel: two Q
+    /// buffers) and `stages` stages of K and V tiles, 16-bit elements;
+    /// wgmma's tiles are whole 64-column panels, 1024-byte aligned (the
+    /// slack is reserved).
     pub fn smem_bytes(self, spec: &Spec) -> u32 {
+        let (q, stage) = self.tile_bytes(spec);
+        let q_buffers = if warp_specialized(self) { 2 } else { 1 };
+        let slack = if self.mma == Mma::Wgmma { 1024 } else { 0 };
+        q_buffers * q + self.stages(spec) * stage + slack
+    }
+
+    /// Bytes of the Q tile and of one K/V stage in shared memory. A
+    /// warp-specialized kernel's Q buffer also stages its O: as wide as
+    /// the wider of the two.
+    fn tile_bytes(self, spec: &Spec) -> (u32, u32) {
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
-        match self.mma {
-            Mma::Sync => 2 * (self.block_m() * dp + self.stages() * self.block_n * (dp + dvp)),
-            Mma::Wgmma => {
-                let (qk, v) = (dp.next_multiple_of(64), dvp.next_multiple_of(64));
-                2 * (self.block_m() * qk + self.stages() * self.block_n * (qk + v)) + 1024
-            }
-        }
+        let (qk, v) = match self.mma {
+            Mma::Sync => (dp, dvp),
+            Mma::Wgmma => (dp.next_multiple_of(64), dvp.next_multiple_of(64)),
+        };
+        let q_cols = if warp_specialized(self) { qk.max(v) } else { qk };
+        (2 * self.block_m() * q_cols, 2 * self.block_n * (qk + v))
     }
 }
 
-/// Stages of a warp-specialized kernel's ring.
+/// Stages of a warp-specialized kernel's ring, at most.
 const RING_STAGES: u32 = 3;
+
+/// Dynamic shared memory a warp-specialized kernel may take: sm_90's 227 KiB
+/// per block, less room for its static shared memory (barriers, staged
+/// block-mask classes).
+const WS_SMEM_BUDGET: u32 = 227 * 1024 - 4 * 1024;
 
 /// Threads of a warp-specialized kernel's producer warpgroup.
 const PRODUCER_THREADS: u32 = 128;
 
-/// Registers per thread a warp-specialized kernel's producer keeps
-/// (`setmaxnreg`): it only computes addresses.
-const PRODUCER_REGS: u32 = 24;
-
-/// Registers per thread of a warp-specialized kernel's consumers: the SM's
-/// 64K registers less the producer's, shared by the consumer warpgroups, in
-/// `setmaxnreg`'s multiples of 8 (two warpgroups: 240, three: 160).
-fn consumer_regs(config: TileConfig) -> u32 {
-    ((65536 / 128 - PRODUCER_REGS) / (config.warps / 4)).min(240) / 8 * 8
+/// Registers per thread of a warp-specialized kernel after `setmaxnreg`,
+/// (producer, consumers). `setmaxnreg` moves registers within the pool the
+/// CTA got at launch (its threads times the launch count, the register file
+/// over the threads in multiples of 8), and a request the pool cannot meet
+/// blocks forever: the consumers get the most it allows, in multiples of 8
+/// up to 240, the producer (which only computes addresses) at least 24 and
+/// the rest. Two consumer warpgroups: 24 / 240 of 168 at launch; three:
+/// 32 / 160 of 128.
+fn ws_regs(config: TileConfig) -> (u32, u32) {
+    let pool = 65536 / config.threads() / 8 * 8 * config.threads() / 128;
+    let groups = config.warps / 4;
+    let consumer = ((pool - 24) / groups).min(240) / 8 * 8;
+    (pool - groups * consumer, consumer)
 }
 
 /// Whether `e` calls a transcendental function (tanh, exp, …).
@@ -242,13 +262,13 @@ pub fn emit_forward(spec: &Spec) -> Kernel {
 /// Emits the forward kernel for `spec` with an explicit tile configuration.
 pub fn emit_forward_with(spec: &Spec, config: TileConfig) -> Kernel {
     let name = kernel_name("fwd", spec);
-    let args = forward_args(spec);
+    let args = forward_args(spec, warp_specialized(config));
     let mut w = Writer::new(String::new());
     write_kernel(&mut w, spec, config, &name, &args).expect("formatting into a String cannot fail");
     Kernel {
         name,
         source: w.into_inner(),
-        grid: Grid::QueryTiles,
+        grid: if warp_specialized(config) { Grid::Persistent } else { Grid::QueryTiles },
         block_m: config.block_m(),
         block_n: config.block_n,
         threads: config.threads(),
@@ -316,23 +336,23 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt:
     if warp_specialized(config) {
         let groups = config.warps / 4;
         let launch = 65536 / config.threads() / 8 * 8;
-        let consumer = consumer_regs(config);
+        let (producer, consumer) = ws_regs(config);
         write!(
             w,
             "\
             // Warp specialization: one more warpgroup copies Q and the K/V tiles into\n\
             // a ring of STAGES stages (see the stage ring above) and hands most of its\n\
-            // registers to the {groups} warpgroups that multiply ({launch} each at launch: {PRODUCER_REGS} + {groups} x {consumer}).\n\
+            // registers to the {groups} warpgroups that multiply ({launch} each at launch: {producer} + {groups} x {consumer}).\n\
             constexpr int WARPGROUPS = WARPS / 4;  // consumer warpgroups, 64 rows each\n\
             constexpr int PRODUCER_THREADS = {PRODUCER_THREADS};\n\
             constexpr int CTA_THREADS = THREADS + PRODUCER_THREADS;\n\
-            constexpr int PRODUCER_REGS = {PRODUCER_REGS};\n\
+            constexpr int PRODUCER_REGS = {producer};\n\
             constexpr int CONSUMER_REGS = {consumer};\n"
         )?;
     } else {
         writeln!(w, "constexpr int CTA_THREADS = THREADS;")?;
     }
-    writeln!(w, "constexpr int STAGES = {};  // K/V pipeline stages", config.stages())?;
+    writeln!(w, "constexpr int STAGES = {};  // K/V pipeline stages", config.stages(spec))?;
     let cols = ShmemCols::of(mma);
     if mma == Mma::Wgmma {
         writeln!(w, "// wgmma reads whole 64-column panels (zeros beyond DP and DVP).")?;
@@ -340,7 +360,13 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt:
         writeln!(w, "constexpr int V_COLS = {};", dvp.next_multiple_of(64))?;
     }
     let ShmemCols { qk, v, .. } = cols;
-    writeln!(w, "constexpr int Q_TILE = BLOCK_M * {qk};")?;
+    match warp_specialized(config) {
+        true => writeln!(
+            w,
+            "constexpr int Q_TILE = BLOCK_M * (QK_COLS > V_COLS ? QK_COLS : V_COLS);  // a Q buffer; it also stages O"
+        )?,
+        false => writeln!(w, "constexpr int Q_TILE = BLOCK_M * {qk};")?,
+    }
     writeln!(w, "constexpr int K_TILE = BLOCK_N * {qk};")?;
     writeln!(w, "constexpr int V_TILE = BLOCK_N * {v};")?;
     if spec.mask.is_some() {
@@ -368,13 +394,6 @@ impl ShmemCols {
 }
 
 fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::Result {
-    let name = |kind| arg_name(spec, kind);
-    let [q_len, kv_len, heads, heads_kv] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv].map(name);
-    let seq_stride = |op| name(ArgKind::Stride(op, Axis::Seq));
-    let [q_stride, k_stride, v_stride] = [Operand::Q, Operand::K, Operand::V].map(seq_stride);
-    let ws = warp_specialized(config);
-
-    let ShmemCols { qk: qk_cols, panels, .. } = ShmemCols::of(config.mma);
     match config.mma {
         Mma::Sync => writeln!(w, "extern __shared__ __align__(128) unsigned short smem[];")?,
         Mma::Wgmma => write!(
@@ -385,6 +404,12 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
             unsigned short* smem = (unsigned short*)(smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024);\n"
         )?,
     }
+    if warp_specialized(config) {
+        return write_persistent_body(w, spec, config);
+    }
+    let name = |kind| arg_name(spec, kind);
+    let [q_len, kv_len] = [ArgKind::QLen, ArgKind::KvLen].map(name);
+    let ShmemCols { qk: qk_cols, panels, .. } = ShmemCols::of(config.mma);
     write!(
         w,
         "\
@@ -399,20 +424,214 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         // do the most work, and starting them first leaves light tiles for the\n\
         // grid's tail.\n\
         const int q_block = gridDim.x - 1 - blockIdx.x;\n\
-        const int q0 = q_block * BLOCK_M;\n\
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
+        const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n"
+    )?;
+    write_item_rows(w, spec, true)?;
+    let q_load = q_load(spec);
+    writeln!(w, "// Prologue: the Q tile, then (once the tile classes say which) the first")?;
+    writeln!(w, "// visited K/V tile, in flight together.")?;
+    writeln!(w, "load_tile<BLOCK_M, {qk_cols}, D, THREADS{panels}>{q_load}")?;
+    writeln!(w, "const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;")?;
+    write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::CTA)?;
+    let kv = KvLoads::of(spec, config);
+    let pipelined = pipelined(config);
+    writeln!(w, "int j = next_tile(0);")?;
+    // Pipelined kernels load a tile's V one iteration after its K (see below).
+    kv.load_if(w, "j < kv_tiles", "", "j", !pipelined)?;
+    write!(
+        w,
+        "\
+        cp_async_commit();\n\
+        // The tile after j, one ahead: finding it may read the block mask, and a\n\
+        // tile's compute hides that load's latency.\n\
+        int next = j < kv_tiles ? next_tile(j + 1) : kv_tiles;\n"
+    )?;
+    writeln!(w)?;
+    let hoisted = write_spec_terms(w, spec, &kv_len)?;
+    write_accumulators(w, config)?;
+    writeln!(w)?;
+    let step = |w: &mut Writer<String>| match config.mma {
+        Mma::Sync => write_sync_step(w, spec, &hoisted, &kv_len),
+        Mma::Wgmma if pipelined => write_wgmma_step(w, spec, config, &hoisted, &kv_len),
+        Mma::Wgmma => write_wgmma_serial_step(w, spec, config, &hoisted, &kv_len),
+    };
+    write_cta_loop(w, spec, config, &kv, step)?;
+    write_epilogue(w, spec, Staging::Cta)
+}
+
+/// The body of a warp-specialized kernel: persistent CTAs, one per SM, walk
+/// the work items (query tiles of every (batch, head), heaviest first). The
+/// producer warpgroup runs ahead into the next item (its Q into the other of
+/// two Q buffers, its K/V tiles into the stage ring, which runs on across
+/// items) while the consumers finish the current one and write its O, so an
+/// item's loads and a CTA's start-up cost no idle tensor cores.
+fn write_persistent_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::Result {
+    let name = |kind| arg_name(spec, kind);
+    let [q_len, kv_len, heads, batch] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::Batch].map(name);
+    let counter = name(ArgKind::WorkCounter);
+    write!(
+        w,
+        "\
+        unsigned short* q_bufs = smem;  // [2][Q_TILE]: this item's and the next one's\n\
+        unsigned short* k_tiles = q_bufs + 2 * Q_TILE;  // [STAGES][K_TILE]\n\
+        unsigned short* v_tiles = k_tiles + STAGES * K_TILE;  // [STAGES][V_TILE]\n\
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
         const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n\
+        \n\
+        // Work items: the query tiles of every (batch, head), the tiles of one\n\
+        // (batch, head) consecutive and last rows first (under a causal mask\n\
+        // they do the most work), so the CTAs at work at one time share K/V\n\
+        // through L2, as a grid of one CTA per tile would. A CTA's first item is\n\
+        // its index; it claims each further one from the work counter when it\n\
+        // is ready for it, so a CTA whose items were light takes more of them.\n\
+        const int q_tiles = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
+        const long long items = (long long)q_tiles * {heads} * {batch};\n\
+        const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;\n\
+        \n\
+        // The stage ring's barriers (see the stage ring above): per Q buffer the\n\
+        // claimed item (its slot), Q full and Q empty, then per stage K full,\n\
+        // V full, K empty, V empty.\n\
+        __shared__ long long item_slot[2];\n\
+        __shared__ __align__(8) unsigned long long ring_bars[6 + 4 * STAGES];\n\
+        const unsigned item_full = smem_addr(ring_bars), q_full = item_full + 16, q_empty = q_full + 16;\n\
+        const unsigned k_full = q_empty + 16, v_full = k_full + 8 * STAGES, k_empty = v_full + 8 * STAGES;\n\
+        const unsigned v_empty = k_empty + 8 * STAGES;\n\
+        if (threadIdx.x == 0) {{\n\
+        \x20   for (int s = 0; s < 2; ++s) {{\n\
+        \x20       mbar_init(item_full + 8 * s, 1);  // the claiming thread\n\
+        \x20       mbar_init(q_full + 8 * s, PRODUCER_THREADS);\n\
+        \x20       mbar_init(q_empty + 8 * s, WARPS);  // one arrival per consumer warp\n\
+        \x20   }}\n\
+        \x20   for (int s = 0; s < STAGES; ++s) {{\n\
+        \x20       mbar_init(k_full + 8 * s, PRODUCER_THREADS);\n\
+        \x20       mbar_init(v_full + 8 * s, PRODUCER_THREADS);\n\
+        \x20       mbar_init(k_empty + 8 * s, WARPS);\n\
+        \x20       mbar_init(v_empty + 8 * s, WARPS);\n\
+        \x20   }}\n\
+        }}\n\
+        __syncthreads();\n\
+        \n"
+    )?;
+    w.block(format_args!("if (warp >= WARPS)"), |w| {
+        write!(
+            w,
+            "\
+            // ---- the producer warpgroup ----\n\
+            regs_release<PRODUCER_REGS>();\n\
+            int it = 0;  // visited tiles so far, over all items: tile `it` goes to stage it % STAGES\n"
+        )?;
+        w.block(format_args!("for (int done = 0;; ++done)"), |w| {
+            write!(
+                w,
+                "\
+                // Item `done` of this CTA goes to Q buffer and slot qb, once the\n\
+                // consumers have stored the O of the item that had them before.\n\
+                const int qb = done % 2;\n\
+                mbar_wait(q_empty + 8 * qb, (done / 2 + 1) % 2);\n\
+                if (threadIdx.x == THREADS) {{\n\
+                \x20   item_slot[qb] = done == 0 ? blockIdx.x : gridDim.x + (long long)atomicAdd({counter}, 1ull);\n\
+                \x20   mbar_arrive(item_full + 8 * qb);\n\
+                }}\n\
+                named_barrier_sync(2 + WARPGROUPS, PRODUCER_THREADS);  // every producer thread sees the claim\n\
+                const long long item = item_slot[qb];\n\
+                if (item >= items) break;  // the consumers stop at the same claim\n"
+            )?;
+            write_item_coords(w, spec, false)?;
+            write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::PRODUCER)?;
+            writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
+            writeln!(w, "load_tile<BLOCK_M, QK_COLS, D, PRODUCER_THREADS, true, THREADS>{}", q_load(spec))?;
+            writeln!(w, "mbar_arrive_loaded<D>(q_full + 8 * qb, vector);")?;
+            let kv = KvLoads::of(spec, config);
+            w.block(format_args!("for (int j = next_tile(0); j < kv_tiles; j = next_tile(j + 1), ++it)"), |w| {
+                writeln!(w, "const int stage = it % STAGES, empty_parity = (it / STAGES + 1) % 2;")?;
+                writeln!(w, "mbar_wait(k_empty + 8 * stage, empty_parity);")?;
+                kv.k(w, "k_tiles + stage * K_TILE", "j")?;
+                writeln!(w, "mbar_arrive_loaded<D>(k_full + 8 * stage, vector);")?;
+                writeln!(w, "mbar_wait(v_empty + 8 * stage, empty_parity);")?;
+                kv.v(w, "v_tiles + stage * V_TILE", "j")?;
+                writeln!(w, "mbar_arrive_loaded<DV>(v_full + 8 * stage, vector);")
+            })
+        })?;
+        writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
+        writeln!(w, "return;")
+    })?;
+    write!(
+        w,
+        "\
+        // ---- the consumer warpgroups ----\n\
+        regs_acquire<CONSUMER_REGS>();\n\
+        // The warpgroups take turns issuing their products, in a cycle (named\n\
+        // barrier 1 + warpgroup: wait for the turn; arrive on the next one's):\n\
+        // the tensor cores then run one warpgroup's S and P V while the others\n\
+        // run their softmax (FlashAttention-3's ping-pong). Warpgroup 0 goes\n\
+        // first: the last one has passed it the turn. Every warpgroup takes a\n\
+        // turn per visited tile, so the cycle runs on across items.\n\
+        const int warpgroup = warp / 4;\n\
+        if (warpgroup == WARPGROUPS - 1) named_barrier_arrive(1, 256);\n\
+        int it = 0;  // visited tiles so far, as the producer counts them\n"
+    )?;
+    w.block(format_args!("for (int done = 0;; ++done)"), |w| {
+        write!(
+            w,
+            "\
+            const int qb = done % 2;\n\
+            mbar_wait(item_full + 8 * qb, done / 2 % 2);  // the producer's claim\n\
+            const long long item = item_slot[qb];\n\
+            if (item >= items) break;\n"
+        )?;
+        write_item_coords(w, spec, true)?;
+        write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::CONSUMERS)?;
+        writeln!(w)?;
+        let hoisted = write_spec_terms(w, spec, &kv_len)?;
+        writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
+        write_accumulators(w, config)?;
+        writeln!(w)?;
+        writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);")?;
+        write_ring_loop(w, spec, |w| write_wgmma_step(w, spec, config, &hoisted, &kv_len))?;
+        write_epilogue(w, spec, Staging::QBuffer)
+    })?;
+    writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn the last warpgroup passed last")
+}
+
+/// A warp-specialized kernel's work item: its (batch, head) and query tile,
+/// then its rows (see [`write_item_rows`]).
+fn write_item_coords(w: &mut Writer<String>, spec: &Spec, stores_o: bool) -> fmt::Result {
+    let heads = arg_name(spec, ArgKind::Heads);
+    write!(
+        w,
+        "\
+        // The spec's built-ins b and h (q and k are bound per element below).\n\
+        const int q_block = q_tiles - 1 - (int)(item % q_tiles);\n\
+        const int h = (int)(item / q_tiles % {heads});\n\
+        const int b = (int)(item / q_tiles / {heads});\n"
+    )?;
+    write_item_rows(w, spec, stores_o)
+}
+
+/// From the query tile `q_block` and `b`, `h`: its first row, the K/V head,
+/// this (batch, head)'s rows of Q, K, V (and O when `stores_o`) and whether
+/// they allow 16-byte copies.
+fn write_item_rows(w: &mut Writer<String>, spec: &Spec, stores_o: bool) -> fmt::Result {
+    let name = |kind| arg_name(spec, kind);
+    let [heads, heads_kv] = [ArgKind::Heads, ArgKind::HeadsKv].map(name);
+    let seq_stride = |op| name(ArgKind::Stride(op, Axis::Seq));
+    let [q_stride, k_stride, v_stride] = [Operand::Q, Operand::K, Operand::V].map(seq_stride);
+    write!(
+        w,
+        "\
+        const int q0 = q_block * BLOCK_M;\n\
         // GQA / MQA: each group of {heads} / {heads_kv} query heads shares one K/V head.\n\
         const int kv_head = h / ({heads} / {heads_kv});\n\
         \n\
         // This (batch, head)'s rows of each operand; 64-bit offsets throughout.\n"
     )?;
-    for (op, rows, head) in [
-        (Operand::Q, "q_rows", "h"),
-        (Operand::K, "k_rows", "kv_head"),
-        (Operand::V, "v_rows", "kv_head"),
-        (Operand::O, "o_rows", "h"),
-    ] {
+    let o = stores_o.then_some((Operand::O, "o_rows", "h"));
+    for (op, rows, head) in
+        [(Operand::Q, "q_rows", "h"), (Operand::K, "k_rows", "kv_head"), (Operand::V, "v_rows", "kv_head")]
+            .into_iter()
+            .chain(o)
+    {
         let ptr = name(ArgKind::Ptr(op));
         let batch_stride = name(ArgKind::Stride(op, Axis::Batch));
         let head_stride = name(ArgKind::Stride(op, Axis::Head));
@@ -425,38 +644,29 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         // offsets) the tiles load element by element. Uniform across the CTA.\n\
         const bool vector = aligned16(q_rows, {q_stride}) && aligned16(k_rows, {k_stride}) && aligned16(v_rows, {v_stride});\n\
         \n"
-    )?;
-    let q_load = format!("(q_tile, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, vector);");
-    if !ws {
-        writeln!(w, "// Prologue: the Q tile, then (once the tile classes say which) the first")?;
-        writeln!(w, "// visited K/V tile, in flight together.")?;
-        writeln!(w, "load_tile<BLOCK_M, {qk_cols}, D, THREADS{panels}>{q_load}")?;
-    }
-    writeln!(w, "const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;")?;
-    write_tile_classes(w, spec, config, &q_len, &kv_len)?;
-    let kv = KvLoads { ws, cols: ShmemCols::of(config.mma), k_stride: &k_stride, v_stride: &v_stride, kv_len: &kv_len };
-    let pipelined = pipelined(config);
-    if ws {
-        write_producer(w, &kv, &q_load)?;
-    } else {
-        writeln!(w, "int j = next_tile(0);")?;
-        // Pipelined kernels load a tile's V one iteration after its K (see below).
-        kv.load_if(w, "j < kv_tiles", "", "j", !pipelined)?;
-        write!(
-            w,
-            "\
-            cp_async_commit();\n\
-            // The tile after j, one ahead: finding it may read the block mask, and a\n\
-            // tile's compute hides that load's latency.\n\
-            int next = j < kv_tiles ? next_tile(j + 1) : kv_tiles;\n"
-        )?;
-    }
-    writeln!(w)?;
+    )
+}
+
+/// `load_tile`'s arguments for the Q tile into `q_tile`.
+fn q_load(spec: &Spec) -> String {
+    let [q_len, q_stride] = [ArgKind::QLen, ArgKind::Stride(Operand::Q, Axis::Seq)].map(|kind| arg_name(spec, kind));
+    format!("(q_tile, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, vector);")
+}
+
+/// The spec's hoisted terms and the `logit` lambdas; returns the hoisted
+/// terms the tile steps read.
+fn write_spec_terms<'s>(w: &mut Writer<String>, spec: &'s Spec, kv_len: &str) -> Result<Vec<Hoisted<'s>>, fmt::Error> {
     let exprs: Vec<&Expr> = spec.mask.iter().chain(spec.score.iter()).collect();
     let hoisted = hoist(&exprs);
     write_invariants(w, spec, &hoisted)?;
-    write_logit(w, spec, &hoisted, &name(ArgKind::Scale), &kv_len)?;
+    write_logit(w, spec, &hoisted, &arg_name(spec, ArgKind::Scale), kv_len)?;
     writeln!(w)?;
+    Ok(hoisted)
+}
+
+/// The Q operand's address, the O accumulators and the online softmax
+/// state; for pipelined kernels also P of the previous tile.
+fn write_accumulators(w: &mut Writer<String>, config: TileConfig) -> fmt::Result {
     match config.mma {
         Mma::Sync => write!(
             w,
@@ -487,7 +697,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         #pragma unroll\n\
         for (int mt = 0; mt < M_TILES; ++mt) m[mt][0] = m[mt][1] = neg_inf();\n"
     )?;
-    if pipelined {
+    if pipelined(config) {
         write!(
             w,
             "\
@@ -498,83 +708,8 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
             unsigned p[BLOCK_N / 16][4];\n\
             bool pv_pending = false;\n"
         )?;
-        if ping_pong(config) {
-            write!(
-                w,
-                "\
-                // The warpgroups take turns issuing their products, in a cycle (named\n\
-                // barrier 1 + warpgroup: wait for the turn; arrive on the next one's):\n\
-                // the tensor cores then run one warpgroup's S and P V while the others\n\
-                // run their softmax (FlashAttention-3's ping-pong). Warpgroup 0 goes\n\
-                // first: the last one has passed it the turn.\n\
-                const int warpgroup = warp / 4;\n\
-                if (warpgroup == WARPGROUPS - 1) named_barrier_arrive(1, 256);\n"
-            )?;
-        }
     }
-    writeln!(w)?;
-    let step = |w: &mut Writer<String>| match config.mma {
-        Mma::Sync => write_sync_step(w, spec, &hoisted, &kv_len),
-        Mma::Wgmma if pipelined => write_wgmma_step(w, spec, config, &hoisted, &kv_len),
-        Mma::Wgmma => write_wgmma_serial_step(w, spec, config, &hoisted, &kv_len),
-    };
-    if ws {
-        write_ring_loop(w, spec, step)?;
-    } else {
-        write_cta_loop(w, spec, config, &kv, step)?;
-    }
-    if ping_pong(config) {
-        writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn the last warpgroup passed last")?;
-    }
-    write_epilogue(w, spec, ws)
-}
-
-/// The producer warpgroup of a warp-specialized kernel: Q, then K and V of
-/// each visited tile into the stage ring, as far ahead of the consumers as
-/// the ring allows; it ends the branch with `return`, and the consumers
-/// take their registers.
-fn write_producer(w: &mut Writer<String>, kv: &KvLoads, q_load: &str) -> fmt::Result {
-    write!(
-        w,
-        "\
-        \n\
-        // The stage ring's barriers (see the stage ring above): Q's, then per stage\n\
-        // K full, V full, K empty, V empty.\n\
-        __shared__ __align__(8) unsigned long long ring_bars[1 + 4 * STAGES];\n\
-        const unsigned q_full = smem_addr(ring_bars), k_full = q_full + 8, v_full = k_full + 8 * STAGES;\n\
-        const unsigned k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;\n\
-        if (threadIdx.x == 0) {{\n\
-        \x20   mbar_init(q_full, PRODUCER_THREADS);\n\
-        \x20   for (int s = 0; s < STAGES; ++s) {{\n\
-        \x20       mbar_init(k_full + 8 * s, PRODUCER_THREADS);\n\
-        \x20       mbar_init(v_full + 8 * s, PRODUCER_THREADS);\n\
-        \x20       mbar_init(k_empty + 8 * s, WARPS);  // one arrival per consumer warp\n\
-        \x20       mbar_init(v_empty + 8 * s, WARPS);\n\
-        \x20   }}\n\
-        }}\n\
-        __syncthreads();\n\
-        \n"
-    )?;
-    w.block(format_args!("if (warp >= WARPS)"), |w| {
-        writeln!(w, "// ---- the producer warpgroup ----")?;
-        writeln!(w, "regs_release<PRODUCER_REGS>();")?;
-        writeln!(w, "load_tile<BLOCK_M, QK_COLS, D, PRODUCER_THREADS, true, THREADS>{q_load}")?;
-        writeln!(w, "mbar_arrive_loaded<D>(q_full, vector);")?;
-        writeln!(w, "int it = 0;  // visited tiles so far: tile `it` goes to stage it % STAGES")?;
-        w.block(format_args!("for (int j = next_tile(0); j < kv_tiles; j = next_tile(j + 1), ++it)"), |w| {
-            writeln!(w, "const int stage = it % STAGES, empty_parity = (it / STAGES + 1) % 2;")?;
-            writeln!(w, "mbar_wait(k_empty + 8 * stage, empty_parity);")?;
-            kv.k(w, "k_tiles + stage * K_TILE", "j")?;
-            writeln!(w, "mbar_arrive_loaded<D>(k_full + 8 * stage, vector);")?;
-            writeln!(w, "mbar_wait(v_empty + 8 * stage, empty_parity);")?;
-            kv.v(w, "v_tiles + stage * V_TILE", "j")?;
-            writeln!(w, "mbar_arrive_loaded<DV>(v_full + 8 * stage, vector);")
-        })?;
-        writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
-        writeln!(w, "return;")
-    })?;
-    writeln!(w, "// ---- the consumer warpgroups ----")?;
-    writeln!(w, "regs_acquire<CONSUMER_REGS>();")
+    Ok(())
 }
 
 /// The tile loop of a warp-specialized kernel's consumers: each tile waits
@@ -584,8 +719,6 @@ fn write_ring_loop(
     spec: &Spec,
     step: impl Fn(&mut Writer<String>) -> fmt::Result,
 ) -> fmt::Result {
-    writeln!(w, "mbar_wait(q_full, 0);")?;
-    writeln!(w, "int it = 0;  // visited tiles so far, as the producer counts them")?;
     w.block(format_args!("for (int j = next_tile(0); j < kv_tiles; j = next_tile(j + 1), ++it)"), |w| {
         write!(
             w,
@@ -607,7 +740,9 @@ fn write_ring_loop(
         "mbar_wait(v_full + 8 * v_stage, (it - 1) / STAGES % 2);",
         "fence_async_smem();",
     ];
-    write_last_pv(w, spec, &wait, "v_stage")
+    // The ring runs on into the next item: the stage goes back to the producer.
+    let done = ["if (lane == 0) mbar_arrive(v_empty + 8 * v_stage);  // done with its V"];
+    write_last_pv(w, spec, &wait, "v_stage", &done)
 }
 
 /// The tile loop of kernels whose threads all load and all multiply: two
@@ -654,22 +789,23 @@ fn write_cta_loop(
     })?;
     if pipelined {
         let wait = ["cp_async_wait_all();", "fence_async_smem();", "__syncthreads();  // its V is visible"];
-        write_last_pv(w, spec, &wait, "(stage ^ 1)")?;
+        write_last_pv(w, spec, &wait, "(stage ^ 1)", &[])?;
     }
     writeln!(w, "cp_async_wait_all();  // nothing may stay in flight past the kernel (kv_len = 0)")
 }
 
 /// The last visited tile's P V (pipelined kernels): the `wait` lines make
 /// its V, in stage `v_stage`, visible to the tensor cores (async proxy)
-/// first.
-fn write_last_pv(w: &mut Writer<String>, spec: &Spec, wait: &[&str], v_stage: &str) -> fmt::Result {
+/// first, the `done` lines follow it.
+fn write_last_pv(w: &mut Writer<String>, spec: &Spec, wait: &[&str], v_stage: &str, done: &[&str]) -> fmt::Result {
     writeln!(w, "// The last visited tile's P V.")?;
     w.block(format_args!("if (pv_pending)"), |w| {
         for line in wait {
             writeln!(w, "{line}")?;
         }
         writeln!(w, "const unsigned v_smem = smem_addr(v_tiles + {v_stage} * V_TILE);")?;
-        write_pv_waited(w, spec)
+        write_pv_waited(w, spec)?;
+        done.iter().try_for_each(|line| writeln!(w, "{line}"))
     })
 }
 
@@ -686,22 +822,31 @@ fn write_pv_waited(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
 /// O = o / l into a swizzled shared tile, then to memory; and the LSE. Only
 /// the threads that multiply get here: a warp-specialized kernel meets on a
 /// named barrier of theirs instead of `__syncthreads`.
-fn write_epilogue(w: &mut Writer<String>, spec: &Spec, ws: bool) -> fmt::Result {
+fn write_epilogue(w: &mut Writer<String>, spec: &Spec, staging: Staging) -> fmt::Result {
     let name = |kind| arg_name(spec, kind);
     let [q_len, heads, lse] = [ArgKind::QLen, ArgKind::Heads, ArgKind::Lse].map(name);
     let o_stride = name(ArgKind::Stride(Operand::O, Axis::Seq));
-    // Named barriers 1..=WARPGROUPS pass the turns; the next one is free.
-    let sync = if ws { "named_barrier_sync(1 + WARPGROUPS, THREADS);" } else { "__syncthreads();" };
+    let (sync, done, o_tile) = match staging {
+        Staging::Cta => {
+            ("__syncthreads();", "every warp is done with the Q and K/V tiles: their space stages O", "smem")
+        }
+        Staging::QBuffer => (
+            // Named barriers 1..=WARPGROUPS pass the turns; the next one is free.
+            "named_barrier_sync(1 + WARPGROUPS, THREADS);",
+            "every consumer warp is done with this item's Q: its buffer stages O",
+            "q_tile",
+        ),
+    };
     write!(
         w,
         "\
         \n\
-        {sync}  // every warp is done with the Q and K/V tiles: their space stages O\n\
+        {sync}  // {done}\n\
         \n\
         // Epilogue: O = o / l into a swizzled shared tile, then to memory in\n\
         // 16-byte row chunks; and the natural-log LSE. A fully masked row\n\
         // (l == 0) writes O = 0 and LSE = -inf.\n\
-        unsigned short* o_tile = smem;  // [BLOCK_M][DVP]\n\
+        unsigned short* o_tile = {o_tile};  // [BLOCK_M][DVP]\n\
         #pragma unroll\n\
         for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
         \x20   const int mt = i / 2, r = i % 2;\n\
@@ -719,7 +864,23 @@ fn write_epilogue(w: &mut Writer<String>, spec: &Spec, ws: bool) -> fmt::Result 
         }}\n\
         {sync}\n\
         store_tile<BLOCK_M, DVP, DV, THREADS>(o_tile, o_rows + (long long)q0 * {o_stride}, {o_stride}, {q_len} - q0, aligned16(o_rows, {o_stride}));\n"
-    )
+    )?;
+    if staging == Staging::QBuffer {
+        writeln!(w, "__syncwarp();  // the warp's reads of o_tile are done:")?;
+        writeln!(w, "if (lane == 0) mbar_arrive(q_empty + 8 * qb);  // the buffer takes the Q of the item after next")?;
+    }
+    Ok(())
+}
+
+/// Where the epilogue stages O in shared memory.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Staging {
+    /// From the start, once every thread of the CTA is done with its tiles.
+    Cta,
+    /// A warp-specialized kernel: in the item's Q buffer, once every
+    /// consumer is done with it (the producer is already filling the ring
+    /// and the other Q buffer); each consumer warp then frees the buffer.
+    QBuffer,
 }
 
 /// Block sparsity by analysis: `next_tile(j)` is the first K/V tile from `j`
@@ -736,10 +897,14 @@ fn write_tile_classes(
     config: TileConfig,
     q_len: &str,
     kv_len: &str,
+    stagers: &Stagers,
 ) -> fmt::Result {
     let (Some(mask), Some(class)) = (&spec.mask, tile_class_expr(spec)) else {
         writeln!(w, "// No mask: every tile is visited and kept whole.")?;
         writeln!(w, "auto next_tile = [](int j) {{ return j; }};")?;
+        if !stagers.multiply {
+            return Ok(());
+        }
         return writeln!(w, "auto tile_full = [](int) {{ return true; }};");
     };
     let (skip, full) = if block_uniform(mask, config.block_m(), config.block_n) {
@@ -773,7 +938,7 @@ fn write_tile_classes(
         // A block mask built for data-dependent masks (tensor reads) refines\n\
         // them: 0 = no pair kept, 2 = every pair kept, exact per tile.\n"
     )?;
-    if let Some([a, b]) = two_conjuncts(spec) {
+    if let Some([a, b]) = two_conjuncts(spec).filter(|_| stagers.multiply) {
         let [a, b] = [a, b].map(|e| class_expr(spec, e));
         write!(
             w,
@@ -791,20 +956,21 @@ fn write_tile_classes(
         write_block_class(w, "mask_class", kv_len, "q_lo, q_hi", &keys)?;
     } else {
         write_block_class(w, "block_class", kv_len, "q_lo, q_hi", &keys)?;
+        let Stagers { first, count, after, .. } = stagers;
         write!(
             w,
             "\
             // The mask reads tensors, so the block mask decides most tiles: its\n\
-            // classes for this CTA's row are staged in shared memory once, and\n\
+            // classes for this tile's rows are staged in shared memory once, and\n\
             // next_tile's scan over removed tiles costs no dependent global loads\n\
             // (they would stall a CTA that has the SM to itself).\n\
             constexpr int STAGED_TILES = 1024;\n\
             __shared__ unsigned char staged_class[STAGED_TILES];\n\
             const bool staged = mask_slice != nullptr && kv_tiles <= STAGED_TILES;\n\
             if (staged) {{\n\
-            \x20   for (int j = threadIdx.x; j < kv_tiles; j += CTA_THREADS) staged_class[j] = (unsigned char)block_class(j);\n\
+            \x20   for (int j = {first}; j < kv_tiles; j += {count}) staged_class[j] = (unsigned char)block_class(j);\n\
             }}\n\
-            __syncthreads();\n\
+            {after}\n\
             auto mask_class = [&](int j) {{ return staged ? (int)staged_class[j] : block_class(j); }};\n"
         )?;
     }
@@ -816,7 +982,47 @@ fn write_tile_classes(
         // pay for a scan over every tile of the row.\n"
     )?;
     write_next_tile(w, "kv_tiles", &format!("mask_class(j) == 0{skip}"))?;
+    if !stagers.multiply {
+        return Ok(());
+    }
     writeln!(w, "auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || mask_class(j) == 2{full}; }};")
+}
+
+/// The threads that stage a tensor mask's block classes in shared memory
+/// (`staged_class`, each set of stagers its own), C: the first one's index
+/// among them, their count, and the barrier that publishes the classes
+/// (`after`). Every reader of the previous item's classes has passed a
+/// barrier of theirs since (the producer's claim, the consumers' epilogue).
+struct Stagers {
+    first: &'static str,
+    count: &'static str,
+    after: &'static str,
+    /// Whether they multiply: `tile_full` and `whole_conjuncts` serve the
+    /// element loops (a producer only walks the tiles).
+    multiply: bool,
+}
+
+impl Stagers {
+    /// Every thread of a CTA that owns one query tile.
+    const CTA: Stagers =
+        Stagers { first: "threadIdx.x", count: "CTA_THREADS", after: "__syncthreads();", multiply: true };
+    /// A warp-specialized kernel's producer, per item, past the barrier on
+    /// which it reads its claim (named barrier 2 + WARPGROUPS: the consumers
+    /// hold 1..=1 + WARPGROUPS).
+    const PRODUCER: Stagers = Stagers {
+        first: "threadIdx.x - THREADS",
+        count: "PRODUCER_THREADS",
+        after: "named_barrier_sync(2 + WARPGROUPS, PRODUCER_THREADS);",
+        multiply: false,
+    };
+    /// A warp-specialized kernel's consumers, per item: the last item's
+    /// epilogue barriers follow their last read of the classes.
+    const CONSUMERS: Stagers = Stagers {
+        first: "threadIdx.x",
+        count: "THREADS",
+        after: "named_barrier_sync(1 + WARPGROUPS, THREADS);",
+        multiply: true,
+    };
 }
 
 /// The tile sizes at which a block mask is built ([`TileConfig::mask_tile`]).
@@ -1010,17 +1216,28 @@ fn two_conjuncts(spec: &Spec) -> Option<[&Expr; 2]> {
 
 /// How the kernel copies one K or V tile (keys from `tile * BLOCK_N`) into
 /// shared memory.
-struct KvLoads<'a> {
+struct KvLoads {
     /// Copied by a warp-specialized kernel's producer warpgroup (else by
     /// every thread).
     ws: bool,
     cols: ShmemCols,
-    k_stride: &'a str,
-    v_stride: &'a str,
-    kv_len: &'a str,
+    k_stride: String,
+    v_stride: String,
+    kv_len: String,
 }
 
-impl KvLoads<'_> {
+impl KvLoads {
+    fn of(spec: &Spec, config: TileConfig) -> KvLoads {
+        let name = |kind| arg_name(spec, kind);
+        KvLoads {
+            ws: warp_specialized(config),
+            cols: ShmemCols::of(config.mma),
+            k_stride: name(ArgKind::Stride(Operand::K, Axis::Seq)),
+            v_stride: name(ArgKind::Stride(Operand::V, Axis::Seq)),
+            kv_len: name(ArgKind::KvLen),
+        }
+    }
+
     /// When `cond` holds: K of `tile`, and V with it when `with_v`, into the
     /// stage `k_tiles{stage} * K_TILE` (`stage` empty: the first one).
     fn load_if(&self, w: &mut Writer<String>, cond: &str, stage: &str, tile: &str, with_v: bool) -> fmt::Result {
@@ -1038,18 +1255,18 @@ impl KvLoads<'_> {
     }
 
     fn k(&self, w: &mut Writer<String>, dst: &str, tile: &str) -> fmt::Result {
-        self.load(w, ["k_rows", self.cols.qk, "D", self.k_stride], dst, tile)
+        self.load(w, ["k_rows", self.cols.qk, "D", &self.k_stride], dst, tile)
     }
 
     fn v(&self, w: &mut Writer<String>, dst: &str, tile: &str) -> fmt::Result {
-        self.load(w, ["v_rows", self.cols.v, "DV", self.v_stride], dst, tile)
+        self.load(w, ["v_rows", self.cols.v, "DV", &self.v_stride], dst, tile)
     }
 
     /// `source`: the operand's rows, shared-tile columns, valid width and
     /// row stride.
     fn load(&self, w: &mut Writer<String>, source: [&str; 4], dst: &str, tile: &str) -> fmt::Result {
         let [rows, cols, width, stride] = source;
-        let kv_len = self.kv_len;
+        let kv_len = &self.kv_len;
         let threads = match self.ws {
             true => "PRODUCER_THREADS, true, THREADS".to_string(),
             false => format!("THREADS{}", self.cols.panels),
@@ -1399,4 +1616,27 @@ fn write_apply_logits(w: &mut Writer<String>, call: &str) -> fmt::Result {
         \x20   }}\n\
         }}\n"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `setmaxnreg` only moves registers within the pool a CTA got at launch:
+    /// a split that asks for more blocks the consumers forever.
+    #[test]
+    fn register_splits_fit_the_launch_pool() {
+        let specs = ["S { dtype: bf16, head_dim: 64 }", "S { dtype: f16, head_dim: 128, mask: q >= k }"];
+        for source in specs {
+            let spec = crate::parse_one(source).unwrap();
+            for config in
+                TileConfig::candidates(&spec, Target::for_sm(9, 0)).into_iter().filter(|c| warp_specialized(*c))
+            {
+                let (producer, consumer) = ws_regs(config);
+                let pool = 65536 / config.threads() / 8 * 8 * config.threads();
+                assert!(producer * 128 + consumer * 32 * config.warps <= pool, "{config:?}");
+                assert!(producer >= 24 && consumer <= 240 && producer % 8 == 0 && consumer % 8 == 0, "{config:?}");
+            }
+        }
+    }
 }

@@ -10,8 +10,9 @@ use super::expr::c_type;
 use crate::abi::{ArgKind, Axis, KernelArg, Operand};
 use crate::spec::{ElemTy, Spec};
 
-/// Q, K, V, O pointers; lse; sizes; 12 strides; scale; params; tensors.
-pub(super) fn forward_args(spec: &Spec) -> Vec<KernelArg> {
+/// Q, K, V, O pointers; lse; sizes; 12 strides; scale; params; tensors; a
+/// mask's block mask; a persistent kernel's work counter.
+pub(super) fn forward_args(spec: &Spec, persistent: bool) -> Vec<KernelArg> {
     const OPERANDS: [Operand; 4] = [Operand::Q, Operand::K, Operand::V, Operand::O];
     let mut kinds: Vec<ArgKind> = OPERANDS.map(ArgKind::Ptr).to_vec();
     kinds.extend([ArgKind::Lse, ArgKind::Batch, ArgKind::Heads, ArgKind::HeadsKv, ArgKind::QLen, ArgKind::KvLen]);
@@ -23,6 +24,9 @@ pub(super) fn forward_args(spec: &Spec) -> Vec<KernelArg> {
     kinds.extend((0..spec.tensors.len()).map(ArgKind::Tensor));
     if spec.mask.is_some() {
         kinds.extend([ArgKind::BlockMask, BLOCK_MASK_BATCH_STRIDE, BLOCK_MASK_HEAD_STRIDE]);
+    }
+    if persistent {
+        kinds.push(ArgKind::WorkCounter);
     }
     named(spec, kinds)
 }
@@ -115,6 +119,7 @@ pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::Delta => "delta".into(),
         ArgKind::DqAccum => "dq_accum".into(),
         ArgKind::TensorGrad(i) => format!("dt_{}", spec.tensors[i].name),
+        ArgKind::WorkCounter => "work_counter".into(),
     }
 }
 
@@ -131,6 +136,7 @@ pub(super) fn arg_type(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::Scale => "float".into(),
         ArgKind::Param(i) => c_type(spec.params[i].ty).into(),
         ArgKind::Tensor(i) => format!("const {}* __restrict__", elem_type(spec.tensors[i].elem)),
+        ArgKind::WorkCounter => "unsigned long long* __restrict__".into(),
     }
 }
 
