@@ -11,11 +11,13 @@
 //! On Hopper the same loop runs on `wgmma` (see `wgmma.rs`); with 128-key
 //! tiles it is software-pipelined (FlashAttention-3): P·V of tile j is
 //! issued behind S of tile j + 1 and runs while the softmax of that S does,
-//! so V loads one iteration after its K, O's rescale waits for P·V, and two
-//! warpgroups take turns issuing their products. With two warpgroups it is
-//! warp-specialized (see `ring.rs`): a third warpgroup issues every copy
-//! into a ring of stages, so the warpgroups that multiply never wait at a
-//! CTA barrier.
+//! so V loads one iteration after its K, O's rescale waits for P·V, and the
+//! warpgroups take turns issuing their products. With two or three
+//! warpgroups it is warp-specialized (see `ring.rs`) and persistent: one
+//! more warpgroup issues every copy into a ring of stages, so the
+//! warpgroups that multiply never wait at a CTA barrier, and each CTA (one
+//! per SM) walks work items it claims from a counter, the next item's loads
+//! running while the current one finishes.
 //!
 //! The spec enters in one place: the `logit` lambda, which maps a dot product
 //! at (q, k) to a log2-domain logit, or −∞ where the mask drops the pair.
