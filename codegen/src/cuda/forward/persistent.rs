@@ -1,0 +1,199 @@
+//! The warp-specialized forward kernel's body: persistent CTAs, one per SM,
+//! walk work items (query tiles of every (batch, head)), claiming each
+//! further item from a work counter. A producer warpgroup claims an item,
+//! loads its Q into one of two Q buffers and its K/V tiles into the stage
+//! ring (`ring.rs`), which runs on across items; the consumer warpgroups
+//! take turns on the tensor cores, finish the item and stage its O in its
+//! own Q buffer while the producer already loads the next one. Everything
+//! per item (coordinates, tile classes, spec terms) is computed by each
+//! role on its own, so the two never meet at a CTA barrier.
+
+use super::{
+    q_load, write_accumulators, write_epilogue, write_item_rows, write_last_pv, write_spec_terms, write_tile_classes,
+    write_wgmma_step, KvLoads, Stagers, Staging, TileConfig,
+};
+use crate::abi::ArgKind;
+use crate::cuda::signature::arg_name;
+use crate::cuda::writer::Writer;
+use crate::spec::Spec;
+use std::fmt::{self, Write};
+
+/// The body of a warp-specialized kernel (see the module note): the
+/// producer runs ahead into the next item while the consumers finish the
+/// current one and write its O, so neither an item's loads nor a CTA's
+/// start-up leave the tensor cores idle.
+pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::Result {
+    let name = |kind| arg_name(spec, kind);
+    let [q_len, kv_len, heads, batch] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::Batch].map(name);
+    let counter = name(ArgKind::WorkCounter);
+    write!(
+        w,
+        "\
+        unsigned short* q_bufs = smem;  // [2][Q_TILE]: this item's and the next one's\n\
+        unsigned short* k_tiles = q_bufs + 2 * Q_TILE;  // [STAGES][K_TILE]\n\
+        unsigned short* v_tiles = k_tiles + STAGES * K_TILE;  // [STAGES][V_TILE]\n\
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
+        const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n\
+        \n\
+        // Work items: the query tiles of every (batch, head), the tiles of one\n\
+        // (batch, head) consecutive and last rows first (under a causal mask\n\
+        // they do the most work), so the CTAs at work at one time share K/V\n\
+        // through L2, as a grid of one CTA per tile would. A CTA's first item is\n\
+        // its index; it claims each further one from the work counter when it\n\
+        // is ready for it, so a CTA whose items were light takes more of them.\n\
+        const int q_tiles = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
+        const long long items = (long long)q_tiles * {heads} * {batch};\n\
+        const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;\n\
+        \n\
+        // The stage ring's barriers (see the stage ring above): per Q buffer the\n\
+        // claimed item (its slot), Q full and Q empty, then per stage K full,\n\
+        // V full, K empty, V empty.\n\
+        __shared__ long long item_slot[2];\n\
+        __shared__ __align__(8) unsigned long long ring_bars[6 + 4 * STAGES];\n\
+        const unsigned item_full = smem_addr(ring_bars), q_full = item_full + 16, q_empty = q_full + 16;\n\
+        const unsigned k_full = q_empty + 16, v_full = k_full + 8 * STAGES, k_empty = v_full + 8 * STAGES;\n\
+        const unsigned v_empty = k_empty + 8 * STAGES;\n\
+        if (threadIdx.x == 0) {{\n\
+        \x20   for (int s = 0; s < 2; ++s) {{\n\
+        \x20       mbar_init(item_full + 8 * s, 1);  // the claiming thread\n\
+        \x20       mbar_init(q_full + 8 * s, PRODUCER_THREADS);\n\
+        \x20       mbar_init(q_empty + 8 * s, WARPS);  // one arrival per consumer warp\n\
+        \x20   }}\n\
+        \x20   for (int s = 0; s < STAGES; ++s) {{\n\
+        \x20       mbar_init(k_full + 8 * s, PRODUCER_THREADS);\n\
+        \x20       mbar_init(v_full + 8 * s, PRODUCER_THREADS);\n\
+        \x20       mbar_init(k_empty + 8 * s, WARPS);\n\
+        \x20       mbar_init(v_empty + 8 * s, WARPS);\n\
+        \x20   }}\n\
+        }}\n\
+        __syncthreads();\n\
+        \n"
+    )?;
+    w.block(format_args!("if (warp >= WARPS)"), |w| {
+        write!(
+            w,
+            "\
+            // ---- the producer warpgroup ----\n\
+            regs_release<PRODUCER_REGS>();\n\
+            int it = 0;  // visited tiles so far, over all items: tile `it` goes to stage it % STAGES\n"
+        )?;
+        w.block(format_args!("for (int done = 0;; ++done)"), |w| {
+            write!(
+                w,
+                "\
+                // Item `done` of this CTA goes to Q buffer and slot qb, once the\n\
+                // consumers have stored the O of the item that had them before.\n\
+                const int qb = done % 2;\n\
+                mbar_wait(q_empty + 8 * qb, (done / 2 + 1) % 2);\n\
+                if (threadIdx.x == THREADS) {{\n\
+                \x20   item_slot[qb] = done == 0 ? blockIdx.x : gridDim.x + (long long)atomicAdd({counter}, 1ull);\n\
+                \x20   mbar_arrive(item_full + 8 * qb);\n\
+                }}\n\
+                named_barrier_sync(2 + WARPGROUPS, PRODUCER_THREADS);  // every producer thread sees the claim\n\
+                const long long item = item_slot[qb];\n\
+                if (item >= items) break;  // the consumers stop at the same claim\n"
+            )?;
+            write_item_coords(w, spec, false)?;
+            write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::PRODUCER)?;
+            writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
+            writeln!(w, "load_tile<BLOCK_M, QK_COLS, D, PRODUCER_THREADS, true, THREADS>{}", q_load(spec))?;
+            writeln!(w, "mbar_arrive_loaded<D>(q_full + 8 * qb, vector);")?;
+            let kv = KvLoads::of(spec, config);
+            w.block(format_args!("for (int j = next_tile(0); j < kv_tiles; j = next_tile(j + 1), ++it)"), |w| {
+                writeln!(w, "const int stage = it % STAGES, empty_parity = (it / STAGES + 1) % 2;")?;
+                writeln!(w, "mbar_wait(k_empty + 8 * stage, empty_parity);")?;
+                kv.k(w, "k_tiles + stage * K_TILE", "j")?;
+                writeln!(w, "mbar_arrive_loaded<D>(k_full + 8 * stage, vector);")?;
+                writeln!(w, "mbar_wait(v_empty + 8 * stage, empty_parity);")?;
+                kv.v(w, "v_tiles + stage * V_TILE", "j")?;
+                writeln!(w, "mbar_arrive_loaded<DV>(v_full + 8 * stage, vector);")
+            })
+        })?;
+        writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
+        writeln!(w, "return;")
+    })?;
+    write!(
+        w,
+        "\
+        // ---- the consumer warpgroups ----\n\
+        regs_acquire<CONSUMER_REGS>();\n\
+        // The warpgroups take turns issuing their products, in a cycle (named\n\
+        // barrier 1 + warpgroup: wait for the turn; arrive on the next one's):\n\
+        // the tensor cores then run one warpgroup's S and P V while the others\n\
+        // run their softmax (FlashAttention-3's ping-pong). Warpgroup 0 goes\n\
+        // first: the last one has passed it the turn. Every warpgroup takes a\n\
+        // turn per visited tile, so the cycle runs on across items.\n\
+        const int warpgroup = warp / 4;\n\
+        if (warpgroup == WARPGROUPS - 1) named_barrier_arrive(1, 256);\n\
+        int it = 0;  // visited tiles so far, as the producer counts them\n"
+    )?;
+    w.block(format_args!("for (int done = 0;; ++done)"), |w| {
+        write!(
+            w,
+            "\
+            const int qb = done % 2;\n\
+            mbar_wait(item_full + 8 * qb, done / 2 % 2);  // the producer's claim\n\
+            const long long item = item_slot[qb];\n\
+            if (item >= items) break;\n"
+        )?;
+        write_item_coords(w, spec, true)?;
+        write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::CONSUMERS)?;
+        writeln!(w)?;
+        let hoisted = write_spec_terms(w, spec, &kv_len)?;
+        writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
+        write_accumulators(w, config)?;
+        writeln!(w)?;
+        writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);")?;
+        write_ring_loop(w, spec, |w| write_wgmma_step(w, spec, config, &hoisted, &kv_len))?;
+        write_epilogue(w, spec, Staging::QBuffer)
+    })?;
+    writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn the last warpgroup passed last")
+}
+
+/// A warp-specialized kernel's work item: its (batch, head) and query tile,
+/// then its rows (see [`write_item_rows`]).
+fn write_item_coords(w: &mut Writer<String>, spec: &Spec, stores_o: bool) -> fmt::Result {
+    let heads = arg_name(spec, ArgKind::Heads);
+    write!(
+        w,
+        "\
+        // The spec's built-ins b and h (q and k are bound per element below).\n\
+        const int q_block = q_tiles - 1 - (int)(item % q_tiles);\n\
+        const int h = (int)(item / q_tiles % {heads});\n\
+        const int b = (int)(item / q_tiles / {heads});\n"
+    )?;
+    write_item_rows(w, spec, stores_o)
+}
+
+/// The tile loop of a warp-specialized kernel's consumers: each tile waits
+/// for its stage of the ring; the step releases the stages it is done with.
+fn write_ring_loop(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    step: impl Fn(&mut Writer<String>) -> fmt::Result,
+) -> fmt::Result {
+    w.block(format_args!("for (int j = next_tile(0); j < kv_tiles; j = next_tile(j + 1), ++it)"), |w| {
+        write!(
+            w,
+            "\
+            const int kv0 = j * BLOCK_N;\n\
+            const bool full = tile_full(j);  // the mask keeps every pair: skip evaluating it\n\
+            // K of this tile, and V of the previous one (its P V runs in this step).\n\
+            const int stage = it % STAGES, v_stage = (it + STAGES - 1) % STAGES;\n\
+            const unsigned k_smem = smem_addr(k_tiles + stage * K_TILE);\n\
+            const unsigned v_smem = smem_addr(v_tiles + v_stage * V_TILE);\n\
+            mbar_wait(k_full + 8 * stage, it / STAGES % 2);\n\
+            if (pv_pending) mbar_wait(v_full + 8 * v_stage, (it - 1) / STAGES % 2);\n\
+            fence_async_smem();  // the tensor cores read the stages through the async proxy\n"
+        )?;
+        step(w)
+    })?;
+    let wait = [
+        "const int v_stage = (it - 1) % STAGES;",
+        "mbar_wait(v_full + 8 * v_stage, (it - 1) / STAGES % 2);",
+        "fence_async_smem();",
+    ];
+    // The ring runs on into the next item: the stage goes back to the producer.
+    let done = ["if (lane == 0) mbar_arrive(v_empty + 8 * v_stage);  // done with its V"];
+    write_last_pv(w, spec, &wait, "v_stage", &done)
+}
