@@ -461,7 +461,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         Mma::Wgmma => write_wgmma_serial_step(w, spec, config, &hoisted, &kv_len),
     };
     write_cta_loop(w, spec, config, &kv, step)?;
-    write_epilogue(w, spec, Staging::Cta)
+    write_epilogue(w, spec, OStaging::Cta)
 }
 
 /// From the query tile `q_block` and `b`, `h`: its first row, the K/V head,
@@ -644,15 +644,15 @@ fn write_pv_waited(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
 /// O = o / l into a swizzled shared tile, then to memory; and the LSE. Only
 /// the threads that multiply get here: a warp-specialized kernel meets on a
 /// named barrier of theirs instead of `__syncthreads`.
-fn write_epilogue(w: &mut Writer<String>, spec: &Spec, staging: Staging) -> fmt::Result {
+fn write_epilogue(w: &mut Writer<String>, spec: &Spec, staging: OStaging) -> fmt::Result {
     let name = |kind| arg_name(spec, kind);
     let [q_len, heads, lse] = [ArgKind::QLen, ArgKind::Heads, ArgKind::Lse].map(name);
     let o_stride = name(ArgKind::Stride(Operand::O, Axis::Seq));
     let (sync, done, o_tile) = match staging {
-        Staging::Cta => {
+        OStaging::Cta => {
             ("__syncthreads();", "every warp is done with the Q and K/V tiles: their space stages O", "smem")
         }
-        Staging::QBuffer => (
+        OStaging::QBuffer => (
             // Named barriers 1..=WARPGROUPS pass the turns; the next one is free.
             "named_barrier_sync(1 + WARPGROUPS, THREADS);",
             "every consumer warp is done with this item's Q: its buffer stages O",
@@ -687,16 +687,17 @@ fn write_epilogue(w: &mut Writer<String>, spec: &Spec, staging: Staging) -> fmt:
         {sync}\n\
         store_tile<BLOCK_M, DVP, DV, THREADS>(o_tile, o_rows + (long long)q0 * {o_stride}, {o_stride}, {q_len} - q0, aligned16(o_rows, {o_stride}));\n"
     )?;
-    if staging == Staging::QBuffer {
+    if staging == OStaging::QBuffer {
         writeln!(w, "__syncwarp();  // the warp's reads of o_tile are done:")?;
         writeln!(w, "if (lane == 0) mbar_arrive(q_empty + 8 * qb);  // the buffer takes the Q of the item after next")?;
     }
     Ok(())
 }
 
-/// Where the epilogue stages O in shared memory.
+/// Where the epilogue stages O in shared memory (unrelated to [`Stagers`],
+/// who stage a tensor mask's block classes).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Staging {
+enum OStaging {
     /// From the start, once every thread of the CTA is done with its tiles.
     Cta,
     /// A warp-specialized kernel: in the item's Q buffer, once every

@@ -10,7 +10,7 @@
 
 use super::{
     q_load, write_accumulators, write_epilogue, write_item_rows, write_last_pv, write_spec_terms, write_tile_classes,
-    write_wgmma_step, KvLoads, Stagers, Staging, TileConfig,
+    write_wgmma_step, KvLoads, OStaging, Stagers, TileConfig,
 };
 use crate::abi::ArgKind;
 use crate::cuda::signature::arg_name;
@@ -145,7 +145,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         writeln!(w)?;
         writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);")?;
         write_ring_loop(w, spec, |w| write_wgmma_step(w, spec, config, &hoisted, &kv_len))?;
-        write_epilogue(w, spec, Staging::QBuffer)
+        write_epilogue(w, spec, OStaging::QBuffer)
     })?;
     writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn the last warpgroup passed last")
 }
