@@ -66,9 +66,10 @@ pub enum ArgKind {
     /// `float*` gradient of the spec's `i`-th captured tensor (its element
     /// count, zeroed before the pass), or null when not requested.
     TensorGrad(usize),
-    /// `unsigned long long*` a persistent kernel's work counter: how many
-    /// work items its CTAs have claimed beyond their first ones. Zeroed
-    /// before each launch.
+    /// `unsigned long long*` a persistent kernel's work counter, two words:
+    /// how many work items its CTAs have claimed beyond their first ones,
+    /// and how many CTAs are done claiming. Zero before the first launch;
+    /// each launch leaves it zero.
     WorkCounter,
 }
 

@@ -12,7 +12,7 @@
 
 use crate::args::ArgInfo;
 use crate::block_mask::{BlockMask, BuiltFor};
-use crate::check::{check_backward, Buffer, Grads, Problem};
+use crate::check::{check_backward, softmax_scale, Buffer, Grads, Problem};
 use crate::forward::check_block_mask;
 use crate::marshal::{launch, launch_config, marshal, Bindings, GradBindings};
 use crate::runtime::{LoadedKernel, Which};
@@ -91,6 +91,7 @@ impl Runtime {
             dv: buffer(dv.1, dv.0.len()),
         };
         let shape = check_backward(spec, &problem, &grads, &infos)?;
+        let scale = softmax_scale(spec, opts.scale)?;
         check_tensor_grads(spec, shape, &d_tensors)?;
         let Some(shape) = shape else {
             return Ok(());
@@ -171,7 +172,7 @@ impl Runtime {
             ptrs: [q_ptr, k_ptr, v_ptr, o_ptr],
             strides: [q.1.strides, k.1.strides, v.1.strides, o.1.strides],
             lse: lse_ptr,
-            scale: opts.scale.unwrap_or((1.0 / f64::from(spec.head_dims.qk).sqrt()) as f32),
+            scale,
             args: &infos,
             tensors: &tensor_ptrs,
             block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),

@@ -40,6 +40,18 @@ impl Problem {
     }
 }
 
+/// The launch's softmax scale: the given one, else `1 / sqrt(head_dims.qk)`.
+/// It must be positive and finite: the kernels take a row's max before
+/// scaling it (`SUnits::Dots` in the forward's code generator), which a
+/// negative, zero or NaN scale would turn into a wrong softmax.
+pub(crate) fn softmax_scale(spec: &Spec, scale: Option<f32>) -> Result<f32, Error> {
+    let scale = scale.unwrap_or((1.0 / f64::from(spec.head_dims.qk).sqrt()) as f32);
+    match scale.is_finite() && scale > 0.0 {
+        true => Ok(scale),
+        false => Err(Error::Scale { scale }),
+    }
+}
+
 /// Checks a forward launch of `spec`. Returns its shape, or `None` when the
 /// output is empty (no batch or no queries) and nothing should be launched.
 /// An empty key sequence still launches: every row is fully masked and the
@@ -212,6 +224,17 @@ mod tests {
 
     fn check(p: &Problem) -> Result<Option<Shape>, Error> {
         check_forward(&gqa(), p, &ARGS)
+    }
+
+    #[test]
+    fn softmax_scale_defaults_to_the_head_dim_and_must_be_positive() {
+        assert_eq!(softmax_scale(&gqa(), None).unwrap(), (1.0 / 192f64.sqrt()) as f32);
+        assert_eq!(softmax_scale(&gqa(), Some(0.5)).unwrap(), 0.5);
+        for bad in [0.0, -0.125, f32::NAN, f32::INFINITY] {
+            let err = softmax_scale(&gqa(), Some(bad)).unwrap_err();
+            assert!(matches!(err, Error::Scale { .. }), "{err}");
+            assert!(err.to_string().contains("positive and finite"), "{err}");
+        }
     }
 
     #[test]

@@ -123,6 +123,10 @@ pub enum Error {
         value: usize,
         max: usize,
     },
+    /// The softmax scale is not a positive finite number.
+    Scale {
+        scale: f32,
+    },
     /// The LSE buffer holds fewer than `batch · heads · q_len` floats.
     LseTooSmall {
         len: usize,
@@ -240,6 +244,7 @@ impl fmt::Display for Error {
                 write!(f, "{operand:?}'s layout addresses offsets beyond the kernel's 64-bit indexing")
             }
             Error::TooLarge { what, value, max } => write!(f, "{what} = {value} exceeds the maximum {max}"),
+            Error::Scale { scale } => write!(f, "the softmax scale must be positive and finite, got {scale}"),
             Error::LseTooSmall { len, needed } => {
                 write!(f, "the LSE buffer holds {len} floats but batch · heads · q_len = {needed}")
             }

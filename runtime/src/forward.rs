@@ -2,7 +2,7 @@
 
 use crate::args::ArgInfo;
 use crate::block_mask::{BlockMask, BuiltFor};
-use crate::check::{check_forward, Problem};
+use crate::check::{check_forward, softmax_scale, Problem};
 use crate::marshal::{launch, launch_config, marshal, Bindings};
 use crate::runtime::Which;
 use crate::{ArgValue, Element, Error, Layout, Runtime};
@@ -52,6 +52,7 @@ impl Runtime {
         args: &[ArgValue<'_>],
         opts: &ForwardOptions<'_>,
     ) -> Result<(), Error> {
+        softmax_scale(spec, opts.scale)?;
         let Some(mut launch) = ForwardLaunch::check(spec, io, args)? else {
             return Ok(());
         };
@@ -125,7 +126,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
                 ptrs: [q_ptr, k_ptr, v_ptr, o_ptr],
                 strides: [q_layout.strides, k_layout.strides, v_layout.strides, o_layout.strides],
                 lse: lse.as_ref().map_or(0, |(ptr, _)| *ptr),
-                scale: opts.scale.unwrap_or((1.0 / f64::from(spec.head_dims.qk).sqrt()) as f32),
+                scale: softmax_scale(spec, opts.scale)?,
                 args: infos,
                 tensors: &tensor_ptrs,
                 block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),

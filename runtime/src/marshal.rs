@@ -38,7 +38,7 @@ pub(crate) struct Bindings<'a> {
     pub block_mask_out: u64,
     /// What only backward kernels take.
     pub grads: Option<GradBindings<'a>>,
-    /// A persistent kernel's zeroed work counter.
+    /// A persistent kernel's work counter (zero between launches).
     pub work_counter: Option<u64>,
 }
 

@@ -201,15 +201,15 @@ impl Runtime {
         self.arch
     }
 
-    /// The persistent kernels' work counter, zeroed on the stream. Hold the
-    /// guard until the launch that uses it is queued: launches on the stream
-    /// run in order, so each one finds it zero.
+    /// The persistent kernels' work counter: claims and CTAs done claiming,
+    /// allocated zeroed on first use. A launch leaves it zero (its last CTA
+    /// done claiming resets it), so launches on the stream, which run in
+    /// order, each find it zero. Hold the guard until the launch is queued.
     pub(crate) fn work_counter(&self) -> Result<MutexGuard<'_, Option<CudaSlice<u64>>>, Error> {
         let mut counter = self.work_counter.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let zeroing = |e| Error::driver("zeroing the work counter", e);
-        match counter.as_mut() {
-            Some(slice) => self.stream.memset_zeros(slice).map_err(zeroing)?,
-            None => *counter = Some(self.stream.alloc_zeros::<u64>(1).map_err(zeroing)?),
+        if counter.is_none() {
+            let alloc = |e| Error::driver("allocating the work counter", e);
+            *counter = Some(self.stream.alloc_zeros::<u64>(2).map_err(alloc)?);
         }
         Ok(counter)
     }

@@ -304,6 +304,8 @@ fn write_kernel(
     if warp_specialized(config) {
         w.write_str(RING)?;
         writeln!(w)?;
+        w.write_str(persistent::WORK_CLAIMS)?;
+        writeln!(w)?;
     }
     write_config(w, spec, config)?;
     writeln!(w)?;
@@ -725,9 +727,6 @@ fn write_tile_classes(
     let (Some(mask), Some(class)) = (&spec.mask, tile_class_expr(spec)) else {
         writeln!(w, "// No mask: every tile is visited and kept whole.")?;
         writeln!(w, "auto next_tile = [](int j) {{ return j; }};")?;
-        if !stagers.multiply {
-            return Ok(());
-        }
         return writeln!(w, "auto tile_full = [](int) {{ return true; }};");
     };
     let (skip, full) = if block_uniform(mask, config.block_m(), config.block_n) {
@@ -761,7 +760,7 @@ fn write_tile_classes(
         // A block mask built for data-dependent masks (tensor reads) refines\n\
         // them: 0 = no pair kept, 2 = every pair kept, exact per tile.\n"
     )?;
-    if let Some([a, b]) = two_conjuncts(spec).filter(|_| stagers.multiply) {
+    if let Some([a, b]) = two_conjuncts(spec) {
         let [a, b] = [a, b].map(|e| class_expr(spec, e));
         write!(
             w,
@@ -779,7 +778,7 @@ fn write_tile_classes(
         write_block_class(w, "mask_class", kv_len, "q_lo, q_hi", &keys)?;
     } else {
         write_block_class(w, "block_class", kv_len, "q_lo, q_hi", &keys)?;
-        let Stagers { first, count, after, .. } = stagers;
+        let Stagers { first, count, after } = stagers;
         write!(
             w,
             "\
@@ -805,46 +804,29 @@ fn write_tile_classes(
         // pay for a scan over every tile of the row.\n"
     )?;
     write_next_tile(w, "kv_tiles", &format!("mask_class(j) == 0{skip}"))?;
-    if !stagers.multiply {
-        return Ok(());
-    }
     writeln!(w, "auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || mask_class(j) == 2{full}; }};")
 }
 
 /// The threads that stage a tensor mask's block classes in shared memory
-/// (`staged_class`, each set of stagers its own), C: the first one's index
-/// among them, their count, and the barrier that publishes the classes
-/// (`after`). Every reader of the previous item's classes has passed a
-/// barrier of theirs since (the producer's claim, the consumers' epilogue).
+/// (`staged_class`), C: the first one's index among them, their count, and
+/// the barrier that publishes the classes (`after`). Every reader of the
+/// previous item's classes has passed a barrier of theirs since.
 struct Stagers {
     first: &'static str,
     count: &'static str,
     after: &'static str,
-    /// Whether they multiply: `tile_full` and `whole_conjuncts` serve the
-    /// element loops (a producer only walks the tiles).
-    multiply: bool,
 }
 
 impl Stagers {
     /// Every thread of a CTA that owns one query tile.
-    const CTA: Stagers =
-        Stagers { first: "threadIdx.x", count: "CTA_THREADS", after: "__syncthreads();", multiply: true };
+    const CTA: Stagers = Stagers { first: "threadIdx.x", count: "CTA_THREADS", after: "__syncthreads();" };
     /// A warp-specialized kernel's producer, per item, past the barrier on
     /// which it reads its claim (named barrier 2 + WARPGROUPS: the consumers
-    /// hold 1..=1 + WARPGROUPS).
+    /// hold 1..=1 + WARPGROUPS). Its consumers take each tile's class from it.
     const PRODUCER: Stagers = Stagers {
         first: "threadIdx.x - THREADS",
         count: "PRODUCER_THREADS",
         after: "named_barrier_sync(2 + WARPGROUPS, PRODUCER_THREADS);",
-        multiply: false,
-    };
-    /// A warp-specialized kernel's consumers, per item: the last item's
-    /// epilogue barriers follow their last read of the classes.
-    const CONSUMERS: Stagers = Stagers {
-        first: "threadIdx.x",
-        count: "THREADS",
-        after: "named_barrier_sync(1 + WARPGROUPS, THREADS);",
-        multiply: true,
     };
 }
 
@@ -992,9 +974,10 @@ fn write_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], scale: 
     let mask = spec.mask.as_ref().map(|e| format!(" && (full || {})", c_expr(e))).unwrap_or_default();
     let (prologue, logit) = match &spec.score {
         None => {
-            writeln!(w, "// The spec: scale and mask each element of S (log2 units, -inf where masked).")?;
+            // S stays in dot-product units (see `SUnits::Dots`).
+            writeln!(w, "// The spec: mask each element of S (-inf where masked); the softmax scales it.")?;
             writeln!(w, "const float scale_log2 = {scale} * LOG2E;")?;
-            (None, "dot * scale_log2".to_string())
+            (None, "dot".to_string())
         }
         Some(e) => {
             writeln!(w, "// The spec: score and mask each element of S (log2 units, -inf where masked).")?;
@@ -1129,8 +1112,8 @@ fn write_sync_step(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], kv_
         \x20   }}\n\
         }}\n"
     )?;
-    write_logits(w, spec, kv_len)?;
-    write_softmax(w, Rescale::Inline)?;
+    write_logits(w, spec, kv_len, "whole_conjuncts(j)")?;
+    write_softmax(w, SUnits::of(spec), Rescale::Inline)?;
     write!(
         w,
         "\
@@ -1215,8 +1198,8 @@ fn write_wgmma_serial_step(
     }
     writeln!(w, "wgmma_wait<0>();")?;
     writeln!(w, "fence_operands(s[0]);")?;
-    write_logits(w, spec, kv_len)?;
-    write_softmax(w, Rescale::Inline)?;
+    write_logits(w, spec, kv_len, "whole_conjuncts(j)")?;
+    write_softmax(w, SUnits::of(spec), Rescale::Inline)?;
     writeln!(w, "// O += P V: P from the S registers (pack_p), V from shared memory (MN-major).")?;
     writeln!(w, "unsigned p[BLOCK_N / 16][4];")?;
     writeln!(w, "#pragma unroll")?;
@@ -1272,8 +1255,9 @@ fn write_wgmma_step(
     if ring {
         writeln!(w, "if (lane == 0) mbar_arrive(k_empty + 8 * stage);  // S is done with this K")?;
     }
-    write_logits(w, spec, kv_len)?;
-    write_softmax(w, Rescale::Deferred)?;
+    // A ring's consumers have the tile's class from the producer (`tile`).
+    write_logits(w, spec, kv_len, if ring { "(tile / TILE_WHOLE & 3)" } else { "whole_conjuncts(j)" })?;
+    write_softmax(w, SUnits::of(spec), Rescale::Deferred)?;
     writeln!(w, "wgmma_wait<0>();  // P V is done: O and p are this warpgroup's again")?;
     writeln!(w, "fence_operands(o[0]);")?;
     if ring {
@@ -1314,19 +1298,20 @@ fn write_wgmma_pv(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     )
 }
 
-/// The spec on every element of S (see `write_logit`).
-fn write_logits(w: &mut Writer<String>, spec: &Spec, kv_len: &str) -> fmt::Result {
+/// The spec on every element of S (see `write_logit`). `whole` is the C
+/// expression of the tile's `whole_conjuncts` bits.
+fn write_logits(w: &mut Writer<String>, spec: &Spec, kv_len: &str, whole: &str) -> fmt::Result {
     write!(
         w,
         "\
         \n\
-        // The spec on every element of S (log2 units, -inf where masked).\n\
+        // The spec on every element of S (-inf where masked).\n\
         // Interior tiles (kept whole, no key past kv_len) run without mask\n\
         // and bounds code.\n"
     )?;
     let conjuncts = two_conjuncts(spec).is_some();
     if conjuncts {
-        writeln!(w, "const int whole = full ? 0 : whole_conjuncts(j);")?;
+        writeln!(w, "const int whole = full ? 0 : {whole};")?;
     }
     writeln!(w, "if (full && kv0 + BLOCK_N <= {kv_len}) {{")?;
     w.indented(|w| write_apply_logits(w, "logit_interior(x, q, kv0 + n * 8 + 2 * t + c, i, n, c)"))?;
@@ -1351,8 +1336,29 @@ enum Rescale {
     Deferred,
 }
 
+/// What S holds when the softmax starts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SUnits {
+    /// Masked dot products, for specs without a score expression: the scale
+    /// goes into exp2's argument as one FFMA per element (FlashAttention's
+    /// `x * scale - max * scale`), and the row max is taken before scaling,
+    /// which the runtime's positive scale (`check::softmax_scale`) allows.
+    Dots,
+    /// Logits in log2 units: a score expression needs the scaled score.
+    Log2,
+}
+
+impl SUnits {
+    fn of(spec: &Spec) -> SUnits {
+        match spec.score {
+            None => SUnits::Dots,
+            Some(_) => SUnits::Log2,
+        }
+    }
+}
+
 /// The online softmax over S, in place: S becomes P.
-fn write_softmax(w: &mut Writer<String>, rescale: Rescale) -> fmt::Result {
+fn write_softmax(w: &mut Writer<String>, units: SUnits, rescale: Rescale) -> fmt::Result {
     write!(
         w,
         "\
@@ -1387,6 +1393,10 @@ fn write_softmax(w: &mut Writer<String>, rescale: Rescale) -> fmt::Result {
         Rescale::Inline => "alpha",
         Rescale::Deferred => "alpha[i]",
     };
+    let (to_log2, exp2_arg) = match units {
+        SUnits::Dots => (" * scale_log2", "fmaf(x, scale_log2, -m_use)"),
+        SUnits::Log2 => ("", "x - m_use"),
+    };
     write!(
         w,
         "\
@@ -1396,7 +1406,7 @@ fn write_softmax(w: &mut Writer<String>, rescale: Rescale) -> fmt::Result {
         \x20   float row_max = neg_inf();\n\
         \x20   #pragma unroll\n\
         \x20   for (int n = 0; n < S_TILES; ++n) row_max = fmaxf(row_max, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));\n\
-        \x20   const float m_new = fmaxf(m[mt][r], quad_max(row_max));\n\
+        \x20   const float m_new = fmaxf(m[mt][r], quad_max(row_max){to_log2});\n\
         {keep}\
         \x20   if (m_new > m[mt][r] + RESCALE_SLACK) {{\n\
         \x20       {alpha} = fast_exp2(m[mt][r] - m_new);\n\
@@ -1410,7 +1420,7 @@ fn write_softmax(w: &mut Writer<String>, rescale: Rescale) -> fmt::Result {
         \x20       #pragma unroll\n\
         \x20       for (int c = 0; c < 2; ++c) {{\n\
         \x20           float& x = s[mt][n][2 * r + c];\n\
-        \x20           x = fast_exp2(x - m_use);\n\
+        \x20           x = fast_exp2({exp2_arg});\n\
         \x20           l[mt][r] += x;\n\
         \x20       }}\n\
         \x20   }}\n\

@@ -4,19 +4,43 @@
 //! loads its Q into one of two Q buffers and its K/V tiles into the stage
 //! ring (`ring.rs`), which runs on across items; the consumer warpgroups
 //! take turns on the tensor cores, finish the item and stage its O in its
-//! own Q buffer while the producer already loads the next one. Everything
-//! per item (coordinates, tile classes, spec terms) is computed by each
-//! role on its own, so the two never meet at a CTA barrier.
+//! own Q buffer while the producer already loads the next one. The producer
+//! alone walks an item's tiles (skipping and classifying them) and hands
+//! each tile's index and class to the consumers with its K, so the
+//! consumers' instruction stream is the products and the softmax; the two
+//! roles never meet at a CTA barrier.
 
 use super::{
-    q_load, write_accumulators, write_epilogue, write_item_rows, write_last_pv, write_spec_terms, write_tile_classes,
-    write_wgmma_step, KvLoads, OStaging, Stagers, TileConfig,
+    q_load, two_conjuncts, write_accumulators, write_epilogue, write_item_rows, write_last_pv, write_spec_terms,
+    write_tile_classes, write_wgmma_step, KvLoads, OStaging, Stagers, TileConfig,
 };
 use crate::abi::ArgKind;
 use crate::cuda::signature::arg_name;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
+
+/// Work claims over the two-word work counter (claims beyond the first
+/// items, CTAs done claiming) that every launch finds zero and leaves zero.
+pub(super) const WORK_CLAIMS: &str = r#"// ---- work claims (persistent CTAs) ---------------------------------------------
+// The `done`-th item of this CTA: its index first, then the next unclaimed
+// one. Each CTA claims until it gets an index past the last item, once. The
+// last CTA to do so resets the counter for the next launch on the stream
+// (every other CTA has made its last claim by then): no launch pays for a
+// memset.
+__device__ __forceinline__ long long claim(unsigned long long* counter, int done, long long items) {
+    if (done == 0) return blockIdx.x;  // the grid never exceeds the items
+    const long long item = gridDim.x + (long long)atomicAdd(counter, 1ull);
+    if (item >= items) {
+        __threadfence();  // this CTA's last claim is done before it counts itself out
+        if (atomicAdd(counter + 1, 1ull) == gridDim.x - 1) {
+            atomicExch(counter, 0ull);
+            atomicExch(counter + 1, 0ull);
+        }
+    }
+    return item;
+}
+"#;
 
 /// The body of a warp-specialized kernel (see the module note): the
 /// producer runs ahead into the next item while the consumers finish the
@@ -46,9 +70,14 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;\n\
         \n\
         // The stage ring's barriers (see the stage ring above): per Q buffer the\n\
-        // claimed item (its slot), Q full and Q empty, then per stage K full,\n\
-        // V full, K empty, V empty.\n\
+        // claimed item (its slot), Q full (with Q, whether the item visits a\n\
+        // tile) and Q empty, then per stage K full, V full, K empty, V empty.\n\
+        // With each K the producer sends the tile's word (TILE_* bits, index\n\
+        // above them).\n\
         __shared__ long long item_slot[2];\n\
+        __shared__ bool item_visits[2];\n\
+        __shared__ int tile_word[STAGES];\n\
+        constexpr int TILE_FULL = 1, TILE_WHOLE = 2, TILE_LAST = 8, TILE_SHIFT = 4;  // TILE_WHOLE: 2 bits\n\
         __shared__ __align__(8) unsigned long long ring_bars[6 + 4 * STAGES];\n\
         const unsigned item_full = smem_addr(ring_bars), q_full = item_full + 16, q_empty = q_full + 16;\n\
         const unsigned k_full = q_empty + 16, v_full = k_full + 8 * STAGES, k_empty = v_full + 8 * STAGES;\n\
@@ -56,11 +85,11 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         if (threadIdx.x == 0) {{\n\
         \x20   for (int s = 0; s < 2; ++s) {{\n\
         \x20       mbar_init(item_full + 8 * s, 1);  // the claiming thread\n\
-        \x20       mbar_init(q_full + 8 * s, PRODUCER_THREADS);\n\
+        \x20       mbar_init(q_full + 8 * s, PRODUCER_THREADS + 1);  // + the item_visits writer\n\
         \x20       mbar_init(q_empty + 8 * s, WARPS);  // one arrival per consumer warp\n\
         \x20   }}\n\
         \x20   for (int s = 0; s < STAGES; ++s) {{\n\
-        \x20       mbar_init(k_full + 8 * s, PRODUCER_THREADS);\n\
+        \x20       mbar_init(k_full + 8 * s, PRODUCER_THREADS + 1);  // + the tile word's writer\n\
         \x20       mbar_init(v_full + 8 * s, PRODUCER_THREADS);\n\
         \x20       mbar_init(k_empty + 8 * s, WARPS);\n\
         \x20       mbar_init(v_empty + 8 * s, WARPS);\n\
@@ -85,8 +114,9 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
                 // consumers have stored the O of the item that had them before.\n\
                 const int qb = done % 2;\n\
                 mbar_wait(q_empty + 8 * qb, (done / 2 + 1) % 2);\n\
-                if (threadIdx.x == THREADS) {{\n\
-                \x20   item_slot[qb] = done == 0 ? blockIdx.x : gridDim.x + (long long)atomicAdd({counter}, 1ull);\n\
+                const bool leader = threadIdx.x == THREADS;  // claims, and writes what the consumers read\n\
+                if (leader) {{\n\
+                \x20   item_slot[qb] = claim({counter}, done, items);\n\
                 \x20   mbar_arrive(item_full + 8 * qb);\n\
                 }}\n\
                 named_barrier_sync(2 + WARPGROUPS, PRODUCER_THREADS);  // every producer thread sees the claim\n\
@@ -98,15 +128,40 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
             writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
             writeln!(w, "load_tile<BLOCK_M, QK_COLS, D, PRODUCER_THREADS, true, THREADS>{}", q_load(spec))?;
             writeln!(w, "mbar_arrive_loaded<D>(q_full + 8 * qb, vector);")?;
+            writeln!(w, "int j = next_tile(0);")?;
+            w.block(format_args!("if (leader)"), |w| {
+                writeln!(w, "item_visits[qb] = j < kv_tiles;")?;
+                writeln!(w, "mbar_arrive(q_full + 8 * qb);")
+            })?;
             let kv = KvLoads::of(spec, config);
-            w.block(format_args!("for (int j = next_tile(0); j < kv_tiles; j = next_tile(j + 1), ++it)"), |w| {
-                writeln!(w, "const int stage = it % STAGES, empty_parity = (it / STAGES + 1) % 2;")?;
-                writeln!(w, "mbar_wait(k_empty + 8 * stage, empty_parity);")?;
+            w.block(format_args!("while (j < kv_tiles)"), |w| {
+                write!(
+                    w,
+                    "\
+                    const int next = next_tile(j + 1);\n\
+                    const int stage = it % STAGES, empty_parity = (it / STAGES + 1) % 2;\n\
+                    mbar_wait(k_empty + 8 * stage, empty_parity);\n"
+                )?;
+                w.block(format_args!("if (leader)"), |w| {
+                    let whole = match two_conjuncts(spec) {
+                        Some(_) => "whole_conjuncts(j) * TILE_WHOLE",
+                        None => "0",
+                    };
+                    write!(
+                        w,
+                        "\
+                        const bool full = tile_full(j);\n\
+                        tile_word[stage] = j << TILE_SHIFT | (full ? TILE_FULL : {whole}) | (next < kv_tiles ? 0 : TILE_LAST);\n\
+                        mbar_arrive(k_full + 8 * stage);\n"
+                    )
+                })?;
                 kv.k(w, "k_tiles + stage * K_TILE", "j")?;
                 writeln!(w, "mbar_arrive_loaded<D>(k_full + 8 * stage, vector);")?;
                 writeln!(w, "mbar_wait(v_empty + 8 * stage, empty_parity);")?;
                 kv.v(w, "v_tiles + stage * V_TILE", "j")?;
-                writeln!(w, "mbar_arrive_loaded<DV>(v_full + 8 * stage, vector);")
+                writeln!(w, "mbar_arrive_loaded<DV>(v_full + 8 * stage, vector);")?;
+                writeln!(w, "j = next;")?;
+                writeln!(w, "++it;")
             })
         })?;
         writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
@@ -137,7 +192,6 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
             if (item >= items) break;\n"
         )?;
         write_item_coords(w, spec, true)?;
-        write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::CONSUMERS)?;
         writeln!(w)?;
         let hoisted = write_spec_terms(w, spec, &kv_len)?;
         writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
@@ -172,17 +226,19 @@ fn write_ring_loop(
     spec: &Spec,
     step: impl Fn(&mut Writer<String>) -> fmt::Result,
 ) -> fmt::Result {
-    w.block(format_args!("for (int j = next_tile(0); j < kv_tiles; j = next_tile(j + 1), ++it)"), |w| {
+    w.block(format_args!("for (bool more = item_visits[qb]; more; ++it)"), |w| {
         write!(
             w,
             "\
-            const int kv0 = j * BLOCK_N;\n\
-            const bool full = tile_full(j);  // the mask keeps every pair: skip evaluating it\n\
             // K of this tile, and V of the previous one (its P V runs in this step).\n\
             const int stage = it % STAGES, v_stage = (it + STAGES - 1) % STAGES;\n\
             const unsigned k_smem = smem_addr(k_tiles + stage * K_TILE);\n\
             const unsigned v_smem = smem_addr(v_tiles + v_stage * V_TILE);\n\
             mbar_wait(k_full + 8 * stage, it / STAGES % 2);\n\
+            const int tile = tile_word[stage];  // which tile, and its class (the producer's word)\n\
+            const int j = tile >> TILE_SHIFT, kv0 = j * BLOCK_N;\n\
+            const bool full = tile & TILE_FULL;  // the mask keeps every pair: skip evaluating it\n\
+            more = !(tile & TILE_LAST);\n\
             if (pv_pending) mbar_wait(v_full + 8 * v_stage, (it - 1) / STAGES % 2);\n\
             fence_async_smem();  // the tensor cores read the stages through the async proxy\n"
         )?;
