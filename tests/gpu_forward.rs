@@ -85,14 +85,20 @@ fn strided_operand_layouts() {
 
 /// More work items (query tiles of every head) than SMs: each persistent
 /// warp-specialized CTA walks several, with both Q buffers, the stage ring
-/// and the warpgroups' turns running on from item to item.
+/// and the warpgroups' turns running on from item to item; its producer
+/// copying with TMA, then with cp.async (the path of layouts TMA cannot
+/// address).
 #[test]
 fn persistent_ctas_walk_many_items() {
     let Some(rt) = runtime() else { return };
-    let case = || Case { batch: 4, heads: (16, 4), seqs: (520, 700), layout: OperandLayout::Bshd };
-    let mut cases: Vec<_> = ["causal", "sliding_window", "document", "softcap"].map(|v| (spec(v), case())).into();
-    cases.push((with(spec("full"), Dtype::Bf16, 64, 64), case()));
-    run_all(&rt, cases);
+    let cases = || {
+        let case = || Case { batch: 4, heads: (16, 4), seqs: (520, 700), layout: OperandLayout::Bshd };
+        let mut cases: Vec<_> = ["causal", "sliding_window", "document", "softcap"].map(|v| (spec(v), case())).into();
+        cases.push((with(spec("full"), Dtype::Bf16, 64, 64), case()));
+        cases
+    };
+    run_all(&rt, cases());
+    run_all(&rt.with_tma(false), cases());
 }
 
 /// q_len > kv_len with a bottom-right causal mask leaves the first rows with

@@ -178,6 +178,7 @@ impl Runtime {
             block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
             block_mask_out: 0,
             work_counter: None,
+            tensor_maps: None,
             grads: Some(GradBindings {
                 ptrs: [do_ptr, dq_ptr, dk_ptr, dv_ptr],
                 strides: [d_o.1.strides, dq.1.strides, dk.1.strides, dv.1.strides],

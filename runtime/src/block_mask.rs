@@ -110,6 +110,7 @@ impl Runtime {
                     block_mask: (0, [0; 2]),
                     block_mask_out: out,
                     work_counter: None,
+                    tensor_maps: None,
                     grads: None,
                 },
             )?;

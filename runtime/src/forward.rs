@@ -5,6 +5,7 @@ use crate::block_mask::{BlockMask, BuiltFor};
 use crate::check::{check_forward, softmax_scale, Problem};
 use crate::marshal::{launch, launch_config, marshal, Bindings};
 use crate::runtime::Which;
+use crate::tma::{self, TensorMap};
 use crate::{ArgValue, Element, Error, Layout, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::Grid;
@@ -119,6 +120,19 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
             _ => None,
         };
         let work_counter = counter.as_ref().and_then(|c| c.as_ref()).map(|c| c.device_ptr(stream));
+        // The persistent kernels' producer copies with TMA where all three
+        // operands allow it.
+        let tensor_maps = (kernel.grid == Grid::Persistent && rt.tma)
+            .then(|| {
+                let maps = [
+                    (q_ptr, &*q_layout, kernel.block_m),
+                    (k_ptr, k_layout, kernel.block_n),
+                    (v_ptr, v_layout, kernel.block_n),
+                ]
+                .map(|(ptr, layout, rows)| tma::encode(ptr, layout, spec.dtype, rows));
+                maps.iter().all(Option::is_some).then(|| maps.map(|m| m.unwrap_or(TensorMap::NONE)))
+            })
+            .flatten();
         let values = marshal(
             kernel,
             &Bindings {
@@ -133,6 +147,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
                 block_mask_out: 0,
                 grads: None,
                 work_counter: work_counter.as_ref().map(|(ptr, _)| *ptr),
+                tensor_maps,
             },
         )?;
 

@@ -51,6 +51,7 @@ mod nvrtc;
 mod runtime;
 mod single_flight;
 mod timing;
+mod tma;
 mod tuning;
 
 pub use arch::Arch;
@@ -69,5 +70,6 @@ pub use layout::Layout;
 pub use nvrtc::{compile_count, compile_cubin, compile_cubin_with_log, nvrtc_version, DUMP_ENV};
 pub use runtime::{CacheStats, KernelSet, LoadedKernel, Runtime};
 pub use timing::median_ms;
+pub use tma::TMA_ENV;
 pub use tuning::{config_name, ShapeClass, AUTOTUNE_ENV};
 pub use {cudarc, half};

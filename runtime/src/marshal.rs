@@ -3,6 +3,7 @@
 //! code generator.
 
 use crate::args::ArgInfo;
+use crate::tma::TensorMap;
 use crate::Error;
 use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
 use flashgen_codegen::abi::{ArgKind, Axis, Grid, Kernel, Operand};
@@ -15,6 +16,7 @@ pub(crate) enum Value {
     I64(i64),
     I32(i32),
     F32(f32),
+    TensorMap(TensorMap),
 }
 
 /// Everything a kernel argument can carry, for one checked launch.
@@ -40,6 +42,9 @@ pub(crate) struct Bindings<'a> {
     pub grads: Option<GradBindings<'a>>,
     /// A persistent kernel's work counter (zero between launches).
     pub work_counter: Option<u64>,
+    /// A persistent kernel's TMA descriptors of Q, K and V, where it copies
+    /// with TMA.
+    pub tensor_maps: Option<[TensorMap; 3]>,
 }
 
 /// The backward kernels' arguments beyond the forward's.
@@ -97,6 +102,12 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
                 ArgKind::DqAccum => Value::Ptr(grads()?.dq_accum),
                 ArgKind::TensorGrad(i) => Value::Ptr(*grads()?.tensor_grads.get(i).ok_or_else(abi_error)?),
                 ArgKind::WorkCounter => Value::Ptr(b.work_counter.ok_or_else(abi_error)?),
+                ArgKind::TensorMap(op) => Value::TensorMap(match (b.tensor_maps, operand_index(op)) {
+                    (None, _) => TensorMap::NONE,
+                    (Some(maps), Slot::Forward(i)) if i < 3 => maps[i],
+                    _ => return Err(abi_error()),
+                }),
+                ArgKind::Tma => Value::I32(i32::from(b.tensor_maps.is_some())),
             })
         })
         .collect()
@@ -121,6 +132,7 @@ pub(crate) unsafe fn launch(
             Value::I64(x) => builder.arg(x),
             Value::I32(x) => builder.arg(x),
             Value::F32(x) => builder.arg(x),
+            Value::TensorMap(x) => builder.arg(x),
         };
     }
     builder.launch(config).map(drop)
@@ -214,6 +226,7 @@ mod tests {
             block_mask: (77, [40, 0]),
             block_mask_out: 78,
             work_counter: None,
+            tensor_maps: None,
             grads: None,
         }
     }

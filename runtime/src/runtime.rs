@@ -8,6 +8,7 @@ use crate::autotune::Choices;
 use crate::disk_cache::{load_or_compile, DiskCache};
 use crate::nvrtc::ensure_nvrtc;
 use crate::single_flight::SingleFlight;
+use crate::tma::{tma_from, TMA_ENV};
 use crate::tuning::{autotune_from, AUTOTUNE_ENV};
 use crate::{Arch, Error};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
@@ -34,6 +35,9 @@ pub struct Runtime {
     pub(crate) choices: Choices,
     /// Whether a forward launch of an untuned shape class tunes first.
     pub(crate) autotune_forward: bool,
+    /// Whether persistent kernels copy with TMA where the layout allows
+    /// (`FLASHGEN_TMA`, on unless `0`): see [`Runtime::with_tma`].
+    pub(crate) tma: bool,
     memory_hits: AtomicU64,
     disk_hits: AtomicU64,
     compiles: AtomicU64,
@@ -178,6 +182,7 @@ impl Runtime {
             disk: DiskCache::from_env(),
             choices: Choices::default(),
             autotune_forward: autotune_from(std::env::var_os(AUTOTUNE_ENV)),
+            tma: tma_from(std::env::var_os(TMA_ENV)),
             memory_hits: AtomicU64::new(0),
             disk_hits: AtomicU64::new(0),
             compiles: AtomicU64::new(0),
@@ -195,6 +200,13 @@ impl Runtime {
     /// on iff `FLASHGEN_AUTOTUNE=1`): see [`Runtime::forward`].
     pub fn with_autotune(self, on: bool) -> Runtime {
         Runtime { autotune_forward: on, ..self }
+    }
+
+    /// The same runtime with the persistent forward kernels' TMA copies on
+    /// or off (off: every producer thread copies with cp.async, as on
+    /// layouts TMA cannot address).
+    pub fn with_tma(self, on: bool) -> Runtime {
+        Runtime { tma: on, ..self }
     }
 
     pub fn arch(&self) -> Arch {

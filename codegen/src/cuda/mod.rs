@@ -26,6 +26,7 @@ mod signature;
 mod source;
 mod tile_class;
 mod tiles;
+mod tma;
 mod wgmma;
 mod writer;
 

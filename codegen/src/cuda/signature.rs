@@ -11,7 +11,8 @@ use crate::abi::{ArgKind, Axis, KernelArg, Operand};
 use crate::spec::{ElemTy, Spec};
 
 /// Q, K, V, O pointers; lse; sizes; 12 strides; scale; params; tensors; a
-/// mask's block mask; a persistent kernel's work counter.
+/// mask's block mask; a persistent kernel's work counter and TMA
+/// descriptors.
 pub(super) fn forward_args(spec: &Spec, persistent: bool) -> Vec<KernelArg> {
     const OPERANDS: [Operand; 4] = [Operand::Q, Operand::K, Operand::V, Operand::O];
     let mut kinds: Vec<ArgKind> = OPERANDS.map(ArgKind::Ptr).to_vec();
@@ -27,6 +28,8 @@ pub(super) fn forward_args(spec: &Spec, persistent: bool) -> Vec<KernelArg> {
     }
     if persistent {
         kinds.push(ArgKind::WorkCounter);
+        kinds.extend([Operand::Q, Operand::K, Operand::V].map(ArgKind::TensorMap));
+        kinds.push(ArgKind::Tma);
     }
     named(spec, kinds)
 }
@@ -120,6 +123,8 @@ pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::DqAccum => "dq_accum".into(),
         ArgKind::TensorGrad(i) => format!("dt_{}", spec.tensors[i].name),
         ArgKind::WorkCounter => "work_counter".into(),
+        ArgKind::TensorMap(op) => format!("{}_map", operand(op)),
+        ArgKind::Tma => "tma".into(),
     }
 }
 
@@ -137,6 +142,8 @@ pub(super) fn arg_type(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::Param(i) => c_type(spec.params[i].ty).into(),
         ArgKind::Tensor(i) => format!("const {}* __restrict__", elem_type(spec.tensors[i].elem)),
         ArgKind::WorkCounter => "unsigned long long* __restrict__".into(),
+        ArgKind::TensorMap(_) => "const __grid_constant__ TensorMap".into(),
+        ArgKind::Tma => "int".into(),
     }
 }
 

@@ -33,6 +33,7 @@ use super::signature::{arg_name, forward_args};
 use super::source::{kernel_name, write_entry, write_header};
 use super::tile_class::{class_expr, tile_class_expr};
 use super::tiles::TILES;
+use super::tma::TMA;
 use super::wgmma::{write_wgmma_op, AFrom, WGMMA};
 use super::writer::Writer;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
@@ -305,6 +306,8 @@ fn write_kernel(
         w.write_str(RING)?;
         writeln!(w)?;
         w.write_str(persistent::WORK_CLAIMS)?;
+        writeln!(w)?;
+        w.write_str(TMA)?;
         writeln!(w)?;
     }
     write_config(w, spec, config)?;

@@ -77,20 +77,23 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         __shared__ long long item_slot[2];\n\
         __shared__ bool item_visits[2];\n\
         __shared__ int tile_word[STAGES];\n\
-        constexpr int TILE_FULL = 1, TILE_WHOLE = 2, TILE_LAST = 8, TILE_SHIFT = 4;  // TILE_WHOLE: 2 bits\n\
+        enum : int {{ TILE_FULL = 1, TILE_WHOLE = 2, TILE_LAST = 8, TILE_SHIFT = 4 }};  // TILE_WHOLE: 2 bits\n\
         __shared__ __align__(8) unsigned long long ring_bars[6 + 4 * STAGES];\n\
         const unsigned item_full = smem_addr(ring_bars), q_full = item_full + 16, q_empty = q_full + 16;\n\
         const unsigned k_full = q_empty + 16, v_full = k_full + 8 * STAGES, k_empty = v_full + 8 * STAGES;\n\
         const unsigned v_empty = k_empty + 8 * STAGES;\n\
+        // The threads whose copies complete a tile: with TMA one producer\n\
+        // thread hands each tile to the copy engine, else all of them copy.\n\
+        const int copiers = tma ? 1 : PRODUCER_THREADS;\n\
         if (threadIdx.x == 0) {{\n\
         \x20   for (int s = 0; s < 2; ++s) {{\n\
         \x20       mbar_init(item_full + 8 * s, 1);  // the claiming thread\n\
-        \x20       mbar_init(q_full + 8 * s, PRODUCER_THREADS + 1);  // + the item_visits writer\n\
+        \x20       mbar_init(q_full + 8 * s, copiers + 1);  // + the item_visits writer\n\
         \x20       mbar_init(q_empty + 8 * s, WARPS);  // one arrival per consumer warp\n\
         \x20   }}\n\
         \x20   for (int s = 0; s < STAGES; ++s) {{\n\
-        \x20       mbar_init(k_full + 8 * s, PRODUCER_THREADS + 1);  // + the tile word's writer\n\
-        \x20       mbar_init(v_full + 8 * s, PRODUCER_THREADS);\n\
+        \x20       mbar_init(k_full + 8 * s, tma ? 1 : copiers + 1);  // + the tile word's writer (with TMA: its copier)\n\
+        \x20       mbar_init(v_full + 8 * s, copiers);\n\
         \x20       mbar_init(k_empty + 8 * s, WARPS);\n\
         \x20       mbar_init(v_empty + 8 * s, WARPS);\n\
         \x20   }}\n\
@@ -126,13 +129,17 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
             write_item_coords(w, spec, false)?;
             write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::PRODUCER)?;
             writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
-            writeln!(w, "load_tile<BLOCK_M, QK_COLS, D, PRODUCER_THREADS, true, THREADS>{}", q_load(spec))?;
-            writeln!(w, "mbar_arrive_loaded<D>(q_full + 8 * qb, vector);")?;
+            copy(w, "q_full + 8 * qb", "<BLOCK_M, QK_COLS>(q_tile, q_map", "q0, h", |w| {
+                writeln!(w, "load_tile<BLOCK_M, QK_COLS, D, PRODUCER_THREADS, true, THREADS>{}", q_load(spec))?;
+                writeln!(w, "mbar_arrive_loaded<D>(q_full + 8 * qb, vector);")
+            })?;
             writeln!(w, "int j = next_tile(0);")?;
             w.block(format_args!("if (leader)"), |w| {
                 writeln!(w, "item_visits[qb] = j < kv_tiles;")?;
                 writeln!(w, "mbar_arrive(q_full + 8 * qb);")
             })?;
+            writeln!(w, "// With TMA the leader's warp alone walks the tiles; the others wait for the next claim.")?;
+            writeln!(w, "if (tma && warp != WARPS) continue;")?;
             let kv = KvLoads::of(spec, config);
             w.block(format_args!("while (j < kv_tiles)"), |w| {
                 write!(
@@ -152,14 +159,19 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
                         "\
                         const bool full = tile_full(j);\n\
                         tile_word[stage] = j << TILE_SHIFT | (full ? TILE_FULL : {whole}) | (next < kv_tiles ? 0 : TILE_LAST);\n\
-                        mbar_arrive(k_full + 8 * stage);\n"
+                        if (tma) tma_load_tile<BLOCK_N, QK_COLS>(k_tiles + stage * K_TILE, k_map, k_full + 8 * stage, j * BLOCK_N, kv_head, b);\n\
+                        else mbar_arrive(k_full + 8 * stage);\n"
                     )
                 })?;
-                kv.k(w, "k_tiles + stage * K_TILE", "j")?;
-                writeln!(w, "mbar_arrive_loaded<D>(k_full + 8 * stage, vector);")?;
+                w.block(format_args!("if (!tma)"), |w| {
+                    kv.k(w, "k_tiles + stage * K_TILE", "j")?;
+                    writeln!(w, "mbar_arrive_loaded<D>(k_full + 8 * stage, vector);")
+                })?;
                 writeln!(w, "mbar_wait(v_empty + 8 * stage, empty_parity);")?;
-                kv.v(w, "v_tiles + stage * V_TILE", "j")?;
-                writeln!(w, "mbar_arrive_loaded<DV>(v_full + 8 * stage, vector);")?;
+                copy(w, "v_full + 8 * stage", "<BLOCK_N, V_COLS>(v_tiles + stage * V_TILE, v_map", "j * BLOCK_N, kv_head", |w| {
+                    kv.v(w, "v_tiles + stage * V_TILE", "j")?;
+                    writeln!(w, "mbar_arrive_loaded<DV>(v_full + 8 * stage, vector);")
+                })?;
                 writeln!(w, "j = next;")?;
                 writeln!(w, "++it;")
             })
@@ -202,6 +214,23 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         write_epilogue(w, spec, OStaging::QBuffer)
     })?;
     writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn the last warpgroup passed last")
+}
+
+/// Copies a tile into shared memory and completes barrier `bar` with it:
+/// with TMA the leader issues `tma_load_tile{tile}, bar, {row_head}, b)`,
+/// else every producer thread runs `cp_async` (its copies and arrival).
+fn copy(
+    w: &mut Writer<String>,
+    bar: &str,
+    tile: &str,
+    row_head: &str,
+    cp_async: impl Fn(&mut Writer<String>) -> fmt::Result,
+) -> fmt::Result {
+    writeln!(w, "if (tma) {{")?;
+    w.indented(|w| writeln!(w, "if (leader) tma_load_tile{tile}, {bar}, {row_head}, b);"))?;
+    writeln!(w, "}} else {{")?;
+    w.indented(cp_async)?;
+    writeln!(w, "}}")
 }
 
 /// A warp-specialized kernel's work item: its (batch, head) and query tile,

@@ -1,0 +1,113 @@
+//! TMA descriptors (`CUtensorMap`) of Q, K and V for the persistent forward
+//! kernels, whose producer then copies a tile with one instruction
+//! (`codegen/src/cuda/tma.rs`). A descriptor describes an operand as the
+//! 4-d tensor `[batch, seq, heads, dim]` with its element strides, copied
+//! in boxes of 64 columns (128 bytes, the swizzle's span) by the tile's
+//! rows; rows and columns past the tensor's end read zeros, as the cp.async
+//! copies' zero fill does. Where the copy engine cannot address a layout
+//! (an address or stride not a multiple of 16 bytes, a zero stride), the
+//! launch passes no descriptors and the kernel copies with cp.async.
+
+use crate::Layout;
+use cudarc::driver::sys::{
+    cuTensorMapEncodeTiled, CUresult, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
+    CUtensorMapL2promotion, CUtensorMapSwizzle,
+};
+use cudarc::driver::DeviceRepr;
+use flashgen_codegen::Dtype;
+
+/// Environment variable: `0` keeps the persistent kernels on cp.async
+/// copies (for comparison and for testing that path).
+pub const TMA_ENV: &str = "FLASHGEN_TMA";
+
+/// A descriptor as the kernel parameter it is passed as.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(transparent)]
+pub(crate) struct TensorMap(CUtensorMap);
+
+// SAFETY: a plain 128-byte, 128-byte aligned C struct, passed by value.
+unsafe impl DeviceRepr for TensorMap {}
+
+impl TensorMap {
+    /// What a kernel gets where it copies without TMA (it never reads it).
+    pub const NONE: TensorMap = TensorMap(CUtensorMap { opaque: [0; 16] });
+}
+
+/// Columns per box: 128 bytes of 16-bit elements.
+const BOX_COLS: u32 = 64;
+
+/// The descriptor of the operand at `ptr` with `layout`, copied in boxes
+/// of `rows` rows; `None` where TMA cannot address it.
+pub(crate) fn encode(ptr: u64, layout: &Layout, dtype: Dtype, rows: u32) -> Option<TensorMap> {
+    const ELEM: u64 = 2;
+    let [batch, seq, head] = layout.strides;
+    // Innermost first. An empty axis is never read (no tile is visited),
+    // but a descriptor's sizes must be at least 1.
+    let dims = [layout.dim, layout.seq, layout.heads, layout.batch].map(|n| (n as u64).max(1));
+    let mut strides = [0u64; 3];
+    for (out, (stride, size)) in strides.iter_mut().zip([(seq, dims[1]), (head, dims[2]), (batch, dims[3])]) {
+        let bytes = u64::try_from(stride).ok()? * ELEM;
+        // A size-1 axis is only ever read at index 0: any legal stride does.
+        *out = if size == 1 { 16 } else { bytes };
+        if *out == 0 || *out % 16 != 0 || *out >= 1 << 40 {
+            return None;
+        }
+    }
+    if ptr % 16 != 0 || dims.iter().any(|&n| n > u64::from(u32::MAX)) || rows == 0 || rows > 256 {
+        return None;
+    }
+    let data_type = match dtype {
+        Dtype::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        Dtype::Bf16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+    };
+    let boxes = [BOX_COLS, rows, 1, 1];
+    let element_strides = [1u32; 4];
+    let mut map = TensorMap::NONE;
+    // SAFETY: every array has the rank's length (strides one less), `map`
+    // is a 128-byte aligned CUtensorMap, and the driver only reads `ptr`.
+    let result = unsafe {
+        cuTensorMapEncodeTiled(
+            &mut map.0,
+            data_type,
+            4,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            element_strides.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    (result == CUresult::CUDA_SUCCESS).then_some(map)
+}
+
+/// Whether `FLASHGEN_TMA` allows TMA (anything but `0`).
+pub(crate) fn tma_from(value: Option<std::ffi::OsString>) -> bool {
+    value.is_none_or(|v| v != "0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_tma_cannot_address_get_no_descriptor() {
+        // Checked before the driver is called, so no GPU is needed.
+        let odd_heads = Layout::bshd(2, 100, 8, 59);
+        assert!(encode(0x1000, &odd_heads, Dtype::Bf16, 128).is_none(), "head stride 118 bytes");
+        assert!(encode(0x1008, &Layout::bshd(2, 100, 8, 64), Dtype::Bf16, 128).is_none(), "address");
+        let broadcast = Layout { strides: [0, 64, 0], ..Layout::bshd(2, 100, 8, 64) };
+        assert!(encode(0x1000, &broadcast, Dtype::Bf16, 128).is_none(), "zero stride");
+        assert!(encode(0x1000, &Layout::bshd(2, 100, 8, 64), Dtype::Bf16, 512).is_none(), "box rows");
+    }
+
+    #[test]
+    fn tma_is_on_unless_the_environment_says_0() {
+        assert!(tma_from(None));
+        assert!(tma_from(Some("1".into())));
+        assert!(!tma_from(Some("0".into())));
+    }
+}
