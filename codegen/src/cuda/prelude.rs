@@ -38,6 +38,13 @@ struct f16 {
 constexpr float LOG2E = 1.442695f;
 constexpr float LN2 = 0.6931472f;
 __device__ __forceinline__ float neg_inf() { return __int_as_float((int)0xff800000u); }
+// x where `keep`, else -inf, as one select: a plain `keep ? x : -inf`
+// (nothing to compute where the pair is kept) becomes a branch per element.
+__device__ __forceinline__ float kept_or_neg_inf(bool keep, float x) {
+    float r;
+    asm("{ .reg .pred p; setp.ne.u32 p, %1, 0; selp.f32 %0, %2, 0fFF800000, p; }" : "=f"(r) : "r"((unsigned)keep), "f"(x));
+    return r;
+}
 // A row max used as an exp2 offset: a row with no kept key yet (-inf) uses 0,
 // so exp2 sees -inf - 0 = -inf (P = 0), never -inf - -inf = NaN.
 __device__ __forceinline__ float finite_or_zero(float m) { return m == neg_inf() ? 0.0f : m; }

@@ -994,7 +994,7 @@ fn write_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], scale: 
             writeln!(w, "{prologue}")?;
         }
         writeln!(w, "const bool keep = k < {kv_len}{mask};")?;
-        writeln!(w, "return keep ? {logit} : neg_inf();")
+        writeln!(w, "return kept_or_neg_inf(keep, {logit});")
     })?;
     writeln!(w, "}};")?;
     let prologue = prologue.map(|p| p + " ").unwrap_or_default();
@@ -1005,7 +1005,7 @@ fn write_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], scale: 
             let keep = format!("k < {kv_len} && {}", c_expr(e));
             writeln!(
                 w,
-                "auto logit_only{x} = [&]({params}) -> float {{ {prologue}return {keep} ? {logit} : neg_inf(); }};"
+                "auto logit_only{x} = [&]({params}) -> float {{ {prologue}return kept_or_neg_inf({keep}, {logit}); }};"
             )?;
         }
     }

@@ -127,12 +127,13 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
                 if (item >= items) break;  // the consumers stop at the same claim\n"
             )?;
             write_item_coords(w, spec, false)?;
-            write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::PRODUCER)?;
+            writeln!(w, "// Q first: its copy runs while the tiles are classified.")?;
             writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
             copy(w, "q_full + 8 * qb", "<BLOCK_M, QK_COLS>(q_tile, q_map", "q0, h", |w| {
                 writeln!(w, "load_tile<BLOCK_M, QK_COLS, D, PRODUCER_THREADS, true, THREADS>{}", q_load(spec))?;
                 writeln!(w, "mbar_arrive_loaded<D>(q_full + 8 * qb, vector);")
             })?;
+            write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::PRODUCER)?;
             writeln!(w, "int j = next_tile(0);")?;
             w.block(format_args!("if (leader)"), |w| {
                 writeln!(w, "item_visits[qb] = j < kv_tiles;")?;
