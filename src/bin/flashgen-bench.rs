@@ -19,7 +19,8 @@
 //! else the preferred configuration.
 //!
 //! `flashgen-bench --jit` instead measures the JIT for every example spec:
-//! cold compile (codegen + NVRTC to CUBIN, NVRTC already loaded), a disk
+//! cold compile of the kernel the runtime launches untuned on this GPU
+//! (codegen + NVRTC to CUBIN, NVRTC already loaded), a disk
 //! cache hit to a launchable kernel in a fresh runtime, and the host time of
 //! one launch on an in-memory hit.
 
@@ -162,14 +163,18 @@ fn jit(rt: &Runtime) {
     };
     let specs: Vec<flashgen::Spec> =
         SPECS.iter().map(|(_, s)| flashgen::parse_one(s).expect("valid example")).collect();
+    // The kernel the runtime launches untuned on this GPU.
+    let emit = |spec: &flashgen::Spec| {
+        flashgen::codegen::cuda::emit_forward_with(spec, TileConfig::preferred(spec, rt.target()))
+    };
     // Load NVRTC and its builtins once, unmeasured, as a warm process would.
-    let _ = compile_cubin(&flashgen::codegen::cuda::emit_forward(&specs[0]), rt.arch());
+    let _ = compile_cubin(&emit(&specs[0]), rt.arch());
     println!("device: {} ({}); JIT per example spec", rt.device_name(), rt.arch());
     println!("{:<20} {:>12} {:>14} {:>16}", "spec", "cold ms", "disk hit ms", "launch µs (host)");
     let (mut cold, mut disk, mut launch) = (Vec::new(), Vec::new(), Vec::new());
     for spec in &specs {
         let start = Instant::now();
-        let compiled = compile_cubin(&flashgen::codegen::cuda::emit_forward(spec), rt.arch());
+        let compiled = compile_cubin(&emit(spec), rt.arch());
         let cold_ms = start.elapsed().as_secs_f64() * 1e3;
         // Fill the disk cache with one runtime, then time a hit in a fresh one.
         let hit = rt.load(spec).and_then(|_| {
