@@ -4,8 +4,9 @@
 //! of CTA-wide barriers (FlashAttention-3's producer/consumer split).
 //!
 //! Every stage has a *full* barrier (the producer's 128 threads arrive once
-//! their copies have landed) and an *empty* barrier (each consumer warp
-//! arrives once its products have read the stage). A barrier completes a
+//! their copies have landed, or, with TMA, one thread arrives and the copy
+//! engine completes the bytes it announced) and an *empty* barrier (each
+//! consumer warp arrives once its products have read the stage). A barrier completes a
 //! phase per round of the ring, so a waiter names the phase by its parity:
 //! round `r` of a stage waits for parity `r % 2` on *full* and, one round
 //! behind, `(r + 1) % 2` on *empty* (a fresh barrier counts the phase before
