@@ -206,6 +206,20 @@ fn head_dims_dtypes_and_head_groups() {
     run_all(&rt, cases);
 }
 
+/// The Hopper dK/dV kernel's producer copying with cp.async, as on layouts
+/// TMA cannot address (elsewhere the tests run it with TMA where it can).
+#[test]
+fn without_tma() {
+    let Some(rt) = runtime() else { return };
+    let rt = rt.with_tma(false);
+    let mut cases = Vec::new();
+    for variant in ["causal", "document", "alibi"] {
+        cases.push((spec(variant), Case::new((3, 3), (113, 203))));
+        cases.push((spec(variant), Case { batch: 1, ..Case::new((2, 1), (1024, 1023)) }));
+    }
+    run_all(&rt, cases);
+}
+
 /// q_len > kv_len with a bottom-right causal mask leaves the first rows with
 /// no key at all: their gradients must be 0, never NaN.
 #[test]

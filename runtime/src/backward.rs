@@ -16,8 +16,10 @@ use crate::check::{check_backward, softmax_scale, Buffer, Grads, Problem};
 use crate::forward::check_block_mask;
 use crate::marshal::{launch, launch_config, marshal, Bindings, GradBindings};
 use crate::runtime::{LoadedKernel, Which};
+use crate::tma;
 use crate::{ArgValue, Element, Error, Layout, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use flashgen_codegen::abi::Operand;
 use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, TileConfig};
 use flashgen_codegen::{to_source, Shape, Spec};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -167,6 +169,14 @@ impl Runtime {
             check_block_mask(&mask.built_for, &launch)?;
         }
         let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(s), m.strides));
+        // The main kernel's producer copies Q, dO, K and V with TMA where it can.
+        let tensor_maps = tma::tensor_maps(main.kernel(), spec.dtype, self.tma, |op| match op {
+            Operand::Q => Some((q_ptr, &q.1)),
+            Operand::K => Some((k_ptr, &k.1)),
+            Operand::V => Some((v_ptr, &v.1)),
+            Operand::DO => Some((do_ptr, &d_o.1)),
+            _ => None,
+        });
         let bindings = Bindings {
             shape,
             ptrs: [q_ptr, k_ptr, v_ptr, o_ptr],
@@ -178,7 +188,7 @@ impl Runtime {
             block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
             block_mask_out: 0,
             work_counter: None,
-            tensor_maps: None,
+            tensor_maps,
             grads: Some(GradBindings {
                 ptrs: [do_ptr, dq_ptr, dk_ptr, dv_ptr],
                 strides: [d_o.1.strides, dq.1.strides, dk.1.strides, dv.1.strides],

@@ -5,10 +5,10 @@ use crate::block_mask::{BlockMask, BuiltFor};
 use crate::check::{check_forward, softmax_scale, Problem};
 use crate::marshal::{launch, launch_config, marshal, Bindings};
 use crate::runtime::Which;
-use crate::tma::{self, TensorMap};
+use crate::tma;
 use crate::{ArgValue, Element, Error, Layout, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::abi::Grid;
+use flashgen_codegen::abi::{Grid, Operand};
 use flashgen_codegen::cuda::TileConfig;
 use flashgen_codegen::{to_source, Shape, Spec};
 
@@ -120,19 +120,12 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
             _ => None,
         };
         let work_counter = counter.as_ref().and_then(|c| c.as_ref()).map(|c| c.device_ptr(stream));
-        // The persistent kernels' producer copies with TMA where all three
-        // operands allow it.
-        let tensor_maps = (kernel.grid == Grid::Persistent && rt.tma)
-            .then(|| {
-                let maps = [
-                    (q_ptr, &*q_layout, kernel.block_m),
-                    (k_ptr, k_layout, kernel.block_n),
-                    (v_ptr, v_layout, kernel.block_n),
-                ]
-                .map(|(ptr, layout, rows)| tma::encode(ptr, layout, spec.dtype, rows));
-                maps.iter().all(Option::is_some).then(|| maps.map(|m| m.unwrap_or(TensorMap::NONE)))
-            })
-            .flatten();
+        let tensor_maps = tma::tensor_maps(kernel, spec.dtype, rt.tma, |op| match op {
+            Operand::Q => Some((q_ptr, &*q_layout)),
+            Operand::K => Some((k_ptr, &*k_layout)),
+            Operand::V => Some((v_ptr, &*v_layout)),
+            _ => None,
+        });
         let values = marshal(
             kernel,
             &Bindings {

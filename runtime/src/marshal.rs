@@ -42,9 +42,9 @@ pub(crate) struct Bindings<'a> {
     pub grads: Option<GradBindings<'a>>,
     /// A persistent kernel's work counter (zero between launches).
     pub work_counter: Option<u64>,
-    /// A persistent kernel's TMA descriptors of Q, K and V, where it copies
-    /// with TMA.
-    pub tensor_maps: Option<[TensorMap; 3]>,
+    /// The TMA descriptors of a kernel that copies with TMA (see
+    /// `tma::tensor_maps`).
+    pub tensor_maps: Option<Vec<(Operand, TensorMap)>>,
 }
 
 /// The backward kernels' arguments beyond the forward's.
@@ -102,10 +102,9 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
                 ArgKind::DqAccum => Value::Ptr(grads()?.dq_accum),
                 ArgKind::TensorGrad(i) => Value::Ptr(*grads()?.tensor_grads.get(i).ok_or_else(abi_error)?),
                 ArgKind::WorkCounter => Value::Ptr(b.work_counter.ok_or_else(abi_error)?),
-                ArgKind::TensorMap(op) => Value::TensorMap(match (b.tensor_maps, operand_index(op)) {
-                    (None, _) => TensorMap::NONE,
-                    (Some(maps), Slot::Forward(i)) if i < 3 => maps[i],
-                    _ => return Err(abi_error()),
+                ArgKind::TensorMap(op) => Value::TensorMap(match &b.tensor_maps {
+                    None => TensorMap::NONE,
+                    Some(maps) => maps.iter().find(|(o, _)| *o == op).ok_or_else(abi_error)?.1,
                 }),
                 ArgKind::Tma => Value::I32(i32::from(b.tensor_maps.is_some())),
             })

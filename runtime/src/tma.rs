@@ -14,6 +14,7 @@ use cudarc::driver::sys::{
     CUtensorMapL2promotion, CUtensorMapSwizzle,
 };
 use cudarc::driver::DeviceRepr;
+use flashgen_codegen::abi::{ArgKind, Kernel, Operand};
 use flashgen_codegen::Dtype;
 
 /// Environment variable: `0` keeps the persistent kernels on cp.async
@@ -33,12 +34,46 @@ impl TensorMap {
     pub const NONE: TensorMap = TensorMap(CUtensorMap { opaque: [0; 16] });
 }
 
+/// The kernel's TMA descriptors, one per [`ArgKind::TensorMap`] argument,
+/// of the operands `operand` gives (address and layout) in boxes of the
+/// kernel's `block_m` (Q, dO) or `block_n` (K, V) rows. `None` when the
+/// kernel takes none, TMA is off (`on`), or a layout rules TMA out for one
+/// of them: the kernel then copies every tile with cp.async.
+pub(crate) fn tensor_maps<'l>(
+    kernel: &Kernel,
+    dtype: Dtype,
+    on: bool,
+    operand: impl Fn(Operand) -> Option<(u64, &'l Layout)>,
+) -> Option<Vec<(Operand, TensorMap)>> {
+    let ops: Vec<Operand> = kernel
+        .args
+        .iter()
+        .filter_map(|arg| match arg.kind {
+            ArgKind::TensorMap(op) => Some(op),
+            _ => None,
+        })
+        .collect();
+    if !on || ops.is_empty() {
+        return None;
+    }
+    ops.into_iter()
+        .map(|op| {
+            let rows = match op {
+                Operand::K | Operand::V => kernel.block_n,
+                _ => kernel.block_m,
+            };
+            let (ptr, layout) = operand(op)?;
+            Some((op, encode(ptr, layout, dtype, rows)?))
+        })
+        .collect()
+}
+
 /// Columns per box: 128 bytes of 16-bit elements.
 const BOX_COLS: u32 = 64;
 
 /// The descriptor of the operand at `ptr` with `layout`, copied in boxes
 /// of `rows` rows; `None` where TMA cannot address it.
-pub(crate) fn encode(ptr: u64, layout: &Layout, dtype: Dtype, rows: u32) -> Option<TensorMap> {
+fn encode(ptr: u64, layout: &Layout, dtype: Dtype, rows: u32) -> Option<TensorMap> {
     const ELEM: u64 = 2;
     let [batch, seq, head] = layout.strides;
     // Innermost first. An empty axis is never read (no tile is visited),

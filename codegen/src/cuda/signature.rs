@@ -28,10 +28,21 @@ pub(super) fn forward_args(spec: &Spec, persistent: bool) -> Vec<KernelArg> {
     }
     if persistent {
         kinds.push(ArgKind::WorkCounter);
-        kinds.extend([Operand::Q, Operand::K, Operand::V].map(ArgKind::TensorMap));
-        kinds.push(ArgKind::Tma);
+        kinds.extend(tma_kinds(&[Operand::Q, Operand::K, Operand::V]));
     }
     named(spec, kinds)
+}
+
+/// The TMA descriptors of `ops` and the flag that says they are valid.
+fn tma_kinds(ops: &[Operand]) -> impl Iterator<Item = ArgKind> + '_ {
+    ops.iter().map(|&op| ArgKind::TensorMap(op)).chain([ArgKind::Tma])
+}
+
+/// A kernel's arguments `args` followed by TMA descriptors of `ops` (see
+/// [`ArgKind::TensorMap`]).
+pub(super) fn with_tma_args(spec: &Spec, mut args: Vec<KernelArg>, ops: &[Operand]) -> Vec<KernelArg> {
+    args.extend(named(spec, tma_kinds(ops).collect()));
+    args
 }
 
 const BLOCK_MASK_BATCH_STRIDE: ArgKind = ArgKind::BlockMaskStride(Axis::Batch);

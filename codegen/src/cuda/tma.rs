@@ -1,5 +1,6 @@
-//! Hopper's tensor memory accelerator (TMA) for the warp-specialized
-//! forward's producer: one thread hands the copy engine a whole tile (a
+//! Hopper's tensor memory accelerator (TMA) for the producers of the
+//! warp-specialized kernels (the persistent forward, the backward's dK/dV
+//! kernel): one thread hands the copy engine a whole tile (a
 //! descriptor, coordinates and a barrier), where cp.async needs every
 //! producer thread to compute and issue 16 bytes at a time. The runtime
 //! encodes the descriptors (`runtime/src/tma.rs`); a tile in shared memory

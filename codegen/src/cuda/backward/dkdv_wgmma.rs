@@ -37,8 +37,9 @@ use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::forward::pad16;
 use crate::cuda::hoist::{hoist, Hoisted};
 use crate::cuda::ring::RING;
-use crate::cuda::signature::{arg_name, backward_args};
+use crate::cuda::signature::{arg_name, backward_args, with_tma_args};
 use crate::cuda::source::kernel_name;
+use crate::cuda::tma::TMA;
 use crate::cuda::wgmma::{write_wgmma_op, AFrom, WGMMA};
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
@@ -97,7 +98,8 @@ pub(super) fn emit(spec: &Spec, tensor_grads: bool) -> Kernel {
     let name = kernel_name("bwd", spec);
     let terms = SpecTerms::new(spec, tensor_grads);
     let slots: Vec<usize> = terms.grads.iter().map(|(slot, ..)| *slot).collect();
-    let args = backward_args(spec, OPERANDS, &slots);
+    let tma = [Operand::Q, Operand::K, Operand::V, Operand::DO];
+    let args = with_tma_args(spec, backward_args(spec, OPERANDS, &slots), &tma);
     let source =
         write_source(spec, Sections::Hopper, &name, &args, |w| write_config(w, spec), |w| write_body(w, spec, &terms));
     Kernel {
@@ -135,6 +137,8 @@ pub(super) fn write_prelude(w: &mut Writer<String>, spec: &Spec) -> fmt::Result 
     w.write_str(HOPPER_BACKWARD)?;
     writeln!(w)?;
     w.write_str(RING)?;
+    writeln!(w)?;
+    w.write_str(TMA)?;
     writeln!(w)
 }
 
@@ -191,14 +195,16 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         "\
         \n\
         // The ring's barriers: K/V's, then per stage full and empty. A full barrier\n\
-        // takes two arrivals per producer thread: its copies landed, its statistics\n\
-        // stored.\n\
+        // takes the copies' arrivals (with TMA: one per tile, from the thread that\n\
+        // issues them; else one per producer thread) and a stage's also one per\n\
+        // producer thread once its statistics are stored.\n\
         __shared__ __align__(8) unsigned long long ring_bars[1 + 2 * STAGES];\n\
         const unsigned kv_full = smem_addr(ring_bars), stage_full = kv_full + 8, stage_empty = stage_full + 8 * STAGES;\n\
+        const int copy_arrivals = tma ? 2 : PRODUCER_THREADS;\n\
         if (threadIdx.x == 0) {{\n\
-        \x20   mbar_init(kv_full, 2 * PRODUCER_THREADS);\n\
+        \x20   mbar_init(kv_full, copy_arrivals + (tma ? 0 : PRODUCER_THREADS));\n\
         \x20   for (int s = 0; s < STAGES; ++s) {{\n\
-        \x20       mbar_init(stage_full + 8 * s, 2 * PRODUCER_THREADS);\n\
+        \x20       mbar_init(stage_full + 8 * s, copy_arrivals + PRODUCER_THREADS);\n\
         \x20       mbar_init(stage_empty + 8 * s, WARPS);  // one arrival per consumer warp\n\
         \x20   }}\n\
         }}\n\
@@ -240,10 +246,18 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         "\
         // ---- the producer warpgroup ----\n\
         regs_release<PRODUCER_REGS>();\n\
-        load_tile<BLOCK_N, DP, D, PRODUCER_THREADS, true, THREADS>(k_tile, k_rows + (long long)k0 * {k_stride}, {k_stride}, {kv_len} - k0, kv_vector);\n\
-        load_tile<BLOCK_N, DVP, DV, PRODUCER_THREADS, true, THREADS>(v_tile, v_rows + (long long)k0 * {v_stride}, {v_stride}, {kv_len} - k0, kv_vector);\n\
-        mbar_arrive_loaded<COPY_WIDTH>(kv_full, kv_vector);\n\
-        mbar_arrive(kv_full);\n"
+        const bool leader = threadIdx.x == THREADS;  // issues the TMA copies\n\
+        if (tma) {{\n\
+        \x20   if (leader) {{\n\
+        \x20       tma_load_tile<BLOCK_N, DP>(k_tile, k_map, kv_full, k0, kv_head, b);\n\
+        \x20       tma_load_tile<BLOCK_N, DVP>(v_tile, v_map, kv_full, k0, kv_head, b);\n\
+        \x20   }}\n\
+        }} else {{\n\
+        \x20   load_tile<BLOCK_N, DP, D, PRODUCER_THREADS, true, THREADS>(k_tile, k_rows + (long long)k0 * {k_stride}, {k_stride}, {kv_len} - k0, kv_vector);\n\
+        \x20   load_tile<BLOCK_N, DVP, DV, PRODUCER_THREADS, true, THREADS>(v_tile, v_rows + (long long)k0 * {v_stride}, {v_stride}, {kv_len} - k0, kv_vector);\n\
+        \x20   mbar_arrive_loaded<COPY_WIDTH>(kv_full, kv_vector);\n\
+        \x20   mbar_arrive(kv_full);\n\
+        }}\n"
     )?;
     write_head_loop(w, spec, |w| {
         write_rows(w, spec, Operand::Q, "q_rows", "h")?;
@@ -261,9 +275,16 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
                 "\
                 const int stage = it % STAGES, q0 = j * BLOCK_M;\n\
                 mbar_wait(stage_empty + 8 * stage, (it / STAGES + 1) % 2);\n\
-                load_tile<BLOCK_M, DP, D, PRODUCER_THREADS, true, THREADS>(q_tiles + stage * Q_TILE, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, q_vector);\n\
-                load_tile<BLOCK_M, DVP, DV, PRODUCER_THREADS, true, THREADS>(dout_tiles + stage * DO_TILE, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, q_vector);\n\
-                mbar_arrive_loaded<COPY_WIDTH>(stage_full + 8 * stage, q_vector);\n\
+                if (tma) {{\n\
+                \x20   if (leader) {{\n\
+                \x20       tma_load_tile<BLOCK_M, DP>(q_tiles + stage * Q_TILE, q_map, stage_full + 8 * stage, q0, h, b);\n\
+                \x20       tma_load_tile<BLOCK_M, DVP>(dout_tiles + stage * DO_TILE, dout_map, stage_full + 8 * stage, q0, h, b);\n\
+                \x20   }}\n\
+                }} else {{\n\
+                \x20   load_tile<BLOCK_M, DP, D, PRODUCER_THREADS, true, THREADS>(q_tiles + stage * Q_TILE, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, q_vector);\n\
+                \x20   load_tile<BLOCK_M, DVP, DV, PRODUCER_THREADS, true, THREADS>(dout_tiles + stage * DO_TILE, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, q_vector);\n\
+                \x20   mbar_arrive_loaded<COPY_WIDTH>(stage_full + 8 * stage, q_vector);\n\
+                }}\n\
                 // The statistics, LSE to log2 units: a fully masked row (LSE = -inf) or\n\
                 // one past q_len gets +inf, so P = 0.\n\
                 const int r = threadIdx.x - THREADS;\n\
