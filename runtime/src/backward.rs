@@ -58,7 +58,8 @@ pub struct BackwardWorkspace(Mutex<Option<CudaSlice<f32>>>);
 
 #[derive(Clone, Copy, Default)]
 pub struct BackwardOptions<'a> {
-    /// Softmax scale; must be the forward's. `None` means `1 / sqrt(head_dims.qk)`.
+    /// Softmax scale; must be the forward's (positive and finite). `None`
+    /// means `1 / sqrt(head_dims.qk)`.
     pub scale: Option<f32>,
     /// The block mask the forward used (same spec, shape, params and
     /// tensors): the backward kernels skip the same tiles.

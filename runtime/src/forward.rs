@@ -24,7 +24,8 @@ pub struct ForwardIo<'a, T> {
 
 #[derive(Clone, Copy, Default)]
 pub struct ForwardOptions<'a> {
-    /// Softmax scale; `None` means `1 / sqrt(head_dims.qk)`.
+    /// Softmax scale, positive and finite (else `Error::Scale`); `None`
+    /// means `1 / sqrt(head_dims.qk)`.
     pub scale: Option<f32>,
     /// Tile classes from [`Runtime::block_mask`] for the same spec, shape,
     /// params and tensors: lets the kernel skip tiles of data-dependent
