@@ -115,12 +115,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
             check_block_mask(&mask.built_for, &BuiltFor::new(spec, &loaded, shape, infos, &tensor_ptrs))?;
         }
         let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(stream), m.strides));
-        // Held until the launch is queued (see Runtime::work_counter).
-        let counter = match kernel.grid {
-            Grid::Persistent => Some(rt.work_counter()?),
-            _ => None,
-        };
-        let work_counter = counter.as_ref().and_then(|c| c.as_ref()).map(|c| c.device_ptr(stream));
+        let work_counter = (kernel.grid == Grid::Persistent).then(|| rt.work_counter().device_ptr(stream));
         let tensor_maps = tma::tensor_maps(kernel, spec.dtype, rt.tma, |op| match op {
             Operand::Q => Some((q_ptr, &*q_layout)),
             Operand::K => Some((k_ptr, &*k_layout)),

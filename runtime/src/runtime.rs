@@ -18,7 +18,7 @@ use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{self, Target, TileConfig};
 use flashgen_codegen::{to_source, Spec};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 /// A CUDA device ready to run flashgen kernels. Launches are asynchronous on
 /// [`Runtime::stream`]; kernels are compiled on first use and cached in
@@ -41,9 +41,9 @@ pub struct Runtime {
     memory_hits: AtomicU64,
     disk_hits: AtomicU64,
     compiles: AtomicU64,
-    /// The work counter of persistent forward kernels, allocated on first
-    /// use; see [`Runtime::work_counter`].
-    work_counter: Mutex<Option<CudaSlice<u64>>>,
+    /// The work counter of persistent forward kernels; see
+    /// [`Runtime::work_counter`].
+    work_counter: CudaSlice<u64>,
 }
 
 /// How this runtime's kernel loads were served, so tests and timings can
@@ -172,6 +172,8 @@ impl Runtime {
             return Err(Error::UnsupportedArch { arch, device: device_name });
         }
         let stream = ctx.new_stream().map_err(|e| Error::driver(on_device("creating a stream"), e))?;
+        let work_counter =
+            stream.alloc_zeros::<u64>(2).map_err(|e| Error::driver(on_device("allocating the work counter"), e))?;
         Ok(Runtime {
             ctx,
             stream,
@@ -186,7 +188,7 @@ impl Runtime {
             memory_hits: AtomicU64::new(0),
             disk_hits: AtomicU64::new(0),
             compiles: AtomicU64::new(0),
-            work_counter: Mutex::new(None),
+            work_counter,
         })
     }
 
@@ -214,16 +216,11 @@ impl Runtime {
     }
 
     /// The persistent kernels' work counter: claims and CTAs done claiming,
-    /// allocated zeroed on first use. A launch leaves it zero (its last CTA
-    /// done claiming resets it), so launches on the stream, which run in
-    /// order, each find it zero. Hold the guard until the launch is queued.
-    pub(crate) fn work_counter(&self) -> Result<MutexGuard<'_, Option<CudaSlice<u64>>>, Error> {
-        let mut counter = self.work_counter.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if counter.is_none() {
-            let alloc = |e| Error::driver("allocating the work counter", e);
-            *counter = Some(self.stream.alloc_zeros::<u64>(2).map_err(alloc)?);
-        }
-        Ok(counter)
+    /// zero from the start. A launch leaves it zero (its last CTA done
+    /// claiming resets it), and launches on the stream run in order, so each
+    /// finds it zero.
+    pub(crate) fn work_counter(&self) -> &CudaSlice<u64> {
+        &self.work_counter
     }
 
     /// Streaming multiprocessors: what a launch's grid fills in waves.
