@@ -1103,17 +1103,9 @@ fn write_sync_step(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], kv_
         \x20   unsigned a[M_TILES][4];\n\
         \x20   #pragma unroll\n\
         \x20   for (int mt = 0; mt < M_TILES; ++mt) ldmatrix_x4(a[mt], q_smem + q_lane.at(mt * 16, kk));\n\
-        \x20   #pragma unroll\n\
-        \x20   for (int n = 0; n < S_TILES; n += 2) {{\n\
-        \x20       unsigned kb[4];\n\
-        \x20       ldmatrix_x4(kb, k_smem + k_lane.at(n * 8, kk));\n\
-        \x20       #pragma unroll\n\
-        \x20       for (int mt = 0; mt < M_TILES; ++mt) {{\n\
-        \x20           mma_16816(storage{{}}, s[mt][n], a[mt], kb[0], kb[1]);\n\
-        \x20           mma_16816(storage{{}}, s[mt][n + 1], a[mt], kb[2], kb[3]);\n\
-        \x20       }}\n\
-        \x20   }}\n\
-        }}\n"
+        {sweep}\
+        }}\n",
+        sweep = mma_sweep("s", "a", "S_TILES", "kb", "ldmatrix_x4(kb, k_smem + k_lane.at(n * 8, kk))")
     )?;
     write_logits(w, spec, kv_len, "whole_conjuncts(j)")?;
     write_softmax(w, SUnits::of(spec), Rescale::Inline)?;
@@ -1126,17 +1118,29 @@ fn write_sync_step(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], kv_
         \x20   unsigned p[M_TILES][4];\n\
         \x20   #pragma unroll\n\
         \x20   for (int mt = 0; mt < M_TILES; ++mt) pack_p(storage{{}}, p[mt], s[mt], kk);\n\
+        {sweep}\
+        }}\n",
+        sweep = mma_sweep("o", "p", "O_TILES", "vb", "ldmatrix_x4_trans(vb, v_smem + v_lane.at(kk * 16, n / 2))")
+    )
+}
+
+/// One k-step of an `mma.sync` product, inside a loop over `kk`:
+/// `acc[mt][n]` += `a[mt]` x B for every pair of 8-column tiles n of
+/// `tiles`, B's fragments for the pair loaded into `b` by `load_b` (C,
+/// with `n` and `kk` bound), each feeding all M_TILES row tiles.
+fn mma_sweep(acc: &str, a: &str, tiles: &str, b: &str, load_b: &str) -> String {
+    format!(
+        "\
         \x20   #pragma unroll\n\
-        \x20   for (int n = 0; n < O_TILES; n += 2) {{\n\
-        \x20       unsigned vb[4];\n\
-        \x20       ldmatrix_x4_trans(vb, v_smem + v_lane.at(kk * 16, n / 2));\n\
+        \x20   for (int n = 0; n < {tiles}; n += 2) {{\n\
+        \x20       unsigned {b}[4];\n\
+        \x20       {load_b};\n\
         \x20       #pragma unroll\n\
         \x20       for (int mt = 0; mt < M_TILES; ++mt) {{\n\
-        \x20           mma_16816(storage{{}}, o[mt][n], p[mt], vb[0], vb[1]);\n\
-        \x20           mma_16816(storage{{}}, o[mt][n + 1], p[mt], vb[2], vb[3]);\n\
+        \x20           mma_16816(storage{{}}, {acc}[mt][n], {a}[mt], {b}[0], {b}[1]);\n\
+        \x20           mma_16816(storage{{}}, {acc}[mt][n + 1], {a}[mt], {b}[2], {b}[3]);\n\
         \x20       }}\n\
-        \x20   }}\n\
-        }}\n"
+        \x20   }}\n"
     )
 }
 
