@@ -54,8 +54,7 @@ impl Runtime {
         args: &[ArgValue<'_>],
         opts: &ForwardOptions<'_>,
     ) -> Result<(), Error> {
-        softmax_scale(spec, opts.scale)?;
-        let Some(mut launch) = ForwardLaunch::check(spec, io, args)? else {
+        let Some(mut launch) = ForwardLaunch::check(spec, io, args, opts)? else {
             return Ok(());
         };
         let config = match opts.config {
@@ -76,19 +75,27 @@ pub(crate) struct ForwardLaunch<'a, 'r, T> {
     io: ForwardIo<'a, T>,
     args: &'r [ArgValue<'r>],
     infos: Vec<ArgInfo>,
+    scale: f32,
 }
 
 impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
-    /// Checks every size, stride, buffer length and argument against `spec`;
-    /// `None` for a launch with no batch or no queries.
-    pub fn check(spec: &'r Spec, io: ForwardIo<'a, T>, args: &'r [ArgValue<'r>]) -> Result<Option<Self>, Error> {
+    /// Checks every size, stride, buffer length and argument against `spec`,
+    /// and `opts`' softmax scale; `None` for a launch with no batch or no
+    /// queries.
+    pub fn check(
+        spec: &'r Spec,
+        io: ForwardIo<'a, T>,
+        args: &'r [ArgValue<'r>],
+        opts: &ForwardOptions<'_>,
+    ) -> Result<Option<Self>, Error> {
+        let scale = softmax_scale(spec, opts.scale)?;
         let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
         let operands = [(io.q.1, io.q.0.len()), (io.k.1, io.k.0.len()), (io.v.1, io.v.0.len()), (io.o.1, io.o.0.len())];
         let problem = Problem::new(T::DTYPE, operands, io.lse.as_ref().map(|l| l.len()));
         let Some(shape) = check_forward(spec, &problem, &infos)? else {
             return Ok(None);
         };
-        Ok(Some(ForwardLaunch { spec, spec_source: to_source(spec), shape, io, args, infos }))
+        Ok(Some(ForwardLaunch { spec, spec_source: to_source(spec), shape, io, args, infos, scale }))
     }
 
     /// Queues the kernel in `config` without waiting for it.
@@ -129,7 +136,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
                 ptrs: [q_ptr, k_ptr, v_ptr, o_ptr],
                 strides: [q_layout.strides, k_layout.strides, v_layout.strides, o_layout.strides],
                 lse: lse.as_ref().map_or(0, |(ptr, _)| *ptr),
-                scale: softmax_scale(spec, opts.scale)?,
+                scale: self.scale,
                 args: infos,
                 tensors: &tensor_ptrs,
                 block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),

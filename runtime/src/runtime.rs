@@ -35,7 +35,7 @@ pub struct Runtime {
     pub(crate) choices: Choices,
     /// Whether a forward launch of an untuned shape class tunes first.
     pub(crate) autotune_forward: bool,
-    /// Whether persistent kernels copy with TMA where the layout allows
+    /// Whether the Hopper kernels copy with TMA where the layout allows
     /// (`FLASHGEN_TMA`, on unless `0`): see [`Runtime::with_tma`].
     pub(crate) tma: bool,
     memory_hits: AtomicU64,
@@ -204,9 +204,9 @@ impl Runtime {
         Runtime { autotune_forward: on, ..self }
     }
 
-    /// The same runtime with the persistent forward kernels' TMA copies on
-    /// or off (off: every producer thread copies with cp.async, as on
-    /// layouts TMA cannot address).
+    /// The same runtime with the Hopper kernels' TMA copies (the persistent
+    /// forward, the backward's dK/dV kernel) on or off (off: every producer
+    /// thread copies with cp.async, as on layouts TMA cannot address).
     pub fn with_tma(self, on: bool) -> Runtime {
         Runtime { tma: on, ..self }
     }

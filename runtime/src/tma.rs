@@ -1,12 +1,13 @@
-//! TMA descriptors (`CUtensorMap`) of Q, K and V for the persistent forward
-//! kernels, whose producer then copies a tile with one instruction
-//! (`codegen/src/cuda/tma.rs`). A descriptor describes an operand as the
-//! 4-d tensor `[batch, seq, heads, dim]` with its element strides, copied
-//! in boxes of 64 columns (128 bytes, the swizzle's span) by the tile's
-//! rows; rows and columns past the tensor's end read zeros, as the cp.async
-//! copies' zero fill does. Where the copy engine cannot address a layout
-//! (an address or stride not a multiple of 16 bytes, a zero stride), the
-//! launch passes no descriptors and the kernel copies with cp.async.
+//! TMA descriptors (`CUtensorMap`) for the Hopper kernels whose producer
+//! copies a tile with one instruction (`codegen/src/cuda/tma.rs`): Q, K and
+//! V of the persistent forward, Q, K, V and dO of the dK/dV kernel. A
+//! descriptor describes an operand as the 4-d tensor `[batch, seq, heads,
+//! dim]` with its element strides, copied in boxes of 64 columns (128
+//! bytes, the swizzle's span) by the tile's rows; rows and columns past the
+//! tensor's end read zeros, as the cp.async copies' zero fill does. Where
+//! the copy engine cannot address a layout (an address or stride not a
+//! multiple of 16 bytes, a zero stride), the launch passes no descriptors
+//! and the kernel copies with cp.async.
 
 use crate::Layout;
 use cudarc::driver::sys::{
@@ -17,8 +18,8 @@ use cudarc::driver::DeviceRepr;
 use flashgen_codegen::abi::{ArgKind, Kernel, Operand};
 use flashgen_codegen::Dtype;
 
-/// Environment variable: `0` keeps the persistent kernels on cp.async
-/// copies (for comparison and for testing that path).
+/// Environment variable: `0` keeps the Hopper kernels on cp.async copies
+/// (for comparison and for testing that path).
 pub const TMA_ENV: &str = "FLASHGEN_TMA";
 
 /// A descriptor as the kernel parameter it is passed as.
