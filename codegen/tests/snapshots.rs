@@ -4,8 +4,8 @@
 
 use flashgen_codegen::abi::{ArgKind, Kernel};
 use flashgen_codegen::cuda::{
-    emit_backward, emit_backward_with, emit_forward, emit_forward_with, BackwardConfig, BackwardPass, Mma, Target,
-    TileConfig,
+    emit_backward, emit_backward_with, emit_forward, emit_forward_with, BackwardConfig, BackwardPass, DqAccum, Mma,
+    Target, TileConfig,
 };
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
@@ -159,6 +159,14 @@ fn hopper_backward_kernels_of_named_variants() {
     let kernel = emit_backward_with(&spec, BackwardPass::KeyValue, config);
     assert!(kernel.args.iter().all(|a| !matches!(a.kind, ArgKind::TensorGrad(_))));
     insta::assert_snapshot!("wgmma_bwd_alibi_no_tensor_grads", render(&kernel));
+    // Its dQ accumulator, in fragment order, back to rows.
+    let spec = variant("causal");
+    let config = BackwardConfig::preferred(&spec, Target::for_sm(9, 0));
+    assert_eq!(config.dq_accum(&spec), DqAccum::Fragments);
+    insta::assert_snapshot!(
+        "wgmma_bwd_post_causal",
+        render(&emit_backward_with(&spec, BackwardPass::Postprocess, config))
+    );
 }
 
 #[test]

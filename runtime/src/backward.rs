@@ -3,7 +3,8 @@
 //! stream.
 //!
 //! Workspace: D (`f32[batch, heads, q_len]`) and, in the atomic mode, the dQ
-//! accumulator (`f32[batch, heads, q_len, head_dim]`, zeroed) live in one
+//! accumulator (zeroed; `f32[batch, heads, q_len, head_dim]`, or per
+//! 64-query tile in the Hopper kernel's fragment order: `DqAccum`) live in one
 //! buffer, allocated on the stream per launch or kept between launches in a
 //! [`BackwardWorkspace`]. Requested tensor gradients are zeroed, then
 //! summed into by f32 atomics: they are not bitwise deterministic, in either
@@ -107,9 +108,10 @@ impl Runtime {
         let dq_pass = load(if opts.deterministic { BackwardPass::Query } else { BackwardPass::Postprocess })?;
 
         let stream = self.stream();
-        let rows = shape.batch * shape.heads * shape.q_len;
+        let heads = shape.batch * shape.heads;
+        let rows = heads * shape.q_len;
         // No accumulator (a null pointer) in the deterministic mode, or without queries.
-        let accum_len = if opts.deterministic { 0 } else { rows * spec.head_dims.qk as usize };
+        let accum_len = if opts.deterministic { 0 } else { config.dq_accum(spec).len(spec, heads, shape.q_len) };
         // The accumulator starts 256 bytes aligned, as a fresh allocation
         // would: the dK/dV kernel adds to it with 16-byte vector reductions.
         let delta_span = rows.next_multiple_of(64);

@@ -54,11 +54,15 @@ fn every_shipped_spec_compiles_for_sm80_and_sm90() {
             let forward =
                 sm80.chain(hopper.map(|c| (c, Arch::new(9, 0)))).map(|(c, arch)| (emit_forward_with(spec, c), arch));
             // The Hopper dK/dV kernel, where the spec's head dims have one, with
-            // and without tensor gradients.
+            // and without tensor gradients, and the postprocess of its dQ
+            // accumulator.
             let bwd_config = BackwardConfig::preferred(spec, Arch::new(9, 0).target());
-            let hopper_bwd = [true, false].into_iter().filter(|_| bwd_config.mma == Mma::Wgmma).map(|tensor_grads| {
+            let passes = [(BackwardPass::KeyValue, true), (BackwardPass::KeyValue, false)]
+                .into_iter()
+                .chain([(BackwardPass::Postprocess, true)]);
+            let hopper_bwd = passes.filter(|_| bwd_config.mma == Mma::Wgmma).map(|(pass, tensor_grads)| {
                 let config = BackwardConfig { tensor_grads, ..bwd_config };
-                (emit_backward_with(spec, BackwardPass::KeyValue, config), Arch::new(9, 0))
+                (emit_backward_with(spec, pass, config), Arch::new(9, 0))
             });
             both.chain(forward).chain(hopper_bwd).collect::<Vec<_>>()
         })

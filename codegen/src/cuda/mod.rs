@@ -30,6 +30,6 @@ mod tma;
 mod wgmma;
 mod writer;
 
-pub use backward::{emit_backward, emit_backward_with, trainable_tensors, BackwardConfig, BackwardPass};
+pub use backward::{emit_backward, emit_backward_with, trainable_tensors, BackwardConfig, BackwardPass, DqAccum};
 pub use block_mask::emit_block_mask;
 pub use forward::{emit_forward, emit_forward_with, Mma, Target, TileConfig};

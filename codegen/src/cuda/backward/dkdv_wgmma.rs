@@ -18,8 +18,11 @@
 //!   whole kernel (64 + 64 registers at d = 128);
 //! - dS itself (queries as rows) into shared memory by `stmatrix.trans`, and
 //!   once both warpgroups' halves are there (a named barrier),
-//!   dQ = dS·K for its half of dQ's columns, added to the f32 accumulator by
-//!   vector reductions.
+//!   dQ = dS·K for its half of dQ's columns, added to the f32 accumulator:
+//!   stored to one of two shared tiles in fragment order (conflict-free
+//!   16-byte stores) that one producer thread adds to global memory with a
+//!   single bulk reduction (`cp.reduce.async.bulk`), as FlashAttention-3
+//!   does: the consumers issue no global atomics.
 //!
 //! The element code, spec lambdas, tile walk and epilogue are the
 //! `mma.sync` kernel's (`dkdv.rs`); only the products and the data movement
@@ -55,7 +58,26 @@ const WARPS: u32 = 8;
 
 /// Queries per step: with 64 keys per warpgroup, Sᵀ and dPᵀ (32 registers
 /// each) fit next to dK and dV (64 each at d = 128) in 240 registers.
-const BLOCK_M: u32 = 64;
+pub(super) const BLOCK_M: u32 = 64;
+
+/// The order of a step's dQ accumulator tile ([`super::DqAccum::Fragments`]),
+/// shared with the postprocess. `tiles` is DQ_TILES, m16n8 tiles per
+/// warpgroup's half of the columns.
+pub(super) const DQ_FRAGMENTS: &str = r#"// A 64-query step's dQ accumulator tile in the dK/dV kernel's fragment order:
+// 16-byte chunk (warpgroup * tiles + n) * 128 + thread holds that consumer
+// thread's m16n8 tile n of its warpgroup's columns, so a warp's chunks of one
+// tile are 512 contiguous bytes.
+__device__ __forceinline__ int dq_chunk(int tiles, int warpgroup, int n, int thread) {
+    return (warpgroup * tiles + n) * 128 + thread;
+}
+// The inverse: chunk c holds (row, col), (row, col + 1), (row + 8, col) and
+// (row + 8, col + 1) of the tile (the m16n8 accumulator layout).
+__device__ __forceinline__ void dq_chunk_origin(int tiles, int c, int& row, int& col) {
+    const int thread = c % 128, n = c / 128 % tiles, warpgroup = c / (128 * tiles);
+    row = thread / 32 * 16 + thread % 32 / 4;
+    col = (warpgroup * tiles + n) * 8 + thread % 4 * 2;
+}
+"#;
 
 /// Whether this kernel covers `spec`'s head dims: both pad to 128 (the dK
 /// and dV accumulators fill the registers, and dQ's columns split into one
@@ -82,6 +104,21 @@ __device__ __forceinline__ void stmatrix_x4_trans(const unsigned (&r)[4], unsign
 __device__ __forceinline__ unsigned long long desc_plus(unsigned long long desc, unsigned bytes) {
     return desc + (bytes >> 4);
 }
+// 16 bytes to shared memory.
+__device__ __forceinline__ void st_shared_v4(unsigned addr, const float (&v)[4]) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" :: "r"(addr), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]) : "memory");
+}
+// Adds `bytes` of f32 from shared memory to global memory in one bulk
+// reduction by the copy engine (both 16-byte aligned); commit_group closes
+// the thread's group of them.
+__device__ __forceinline__ void bulk_reduce_add(float* dst, unsigned src, unsigned bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
+                 :: "l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+// wait_read<N>: until all but the last N of its groups have read their source.
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(N) : "memory"); }
 // Keeps register A operands alive up to this point: the tensor cores read
 // them until their wgmma group has been waited for.
 template <int N>
@@ -115,11 +152,12 @@ pub(super) fn emit(spec: &Spec, tensor_grads: bool) -> Kernel {
 }
 
 /// K and V of the CTA's keys, STAGES stages of Q, dO and two statistics per
-/// query, two dS tiles, and the slack that aligns them to 1024 bytes.
+/// query, two dS tiles, two steps' f32 dQ, and the slack that aligns them to
+/// 1024 bytes (226 KB in all at d = 128, just under Hopper's 227).
 fn smem_bytes(spec: &Spec) -> u32 {
     let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
     let (m, n) = (BLOCK_M, 16 * WARPS);
-    2 * (n * (dp + dvp) + STAGES * m * (dp + dvp) + 2 * m * n) + 4 * 2 * STAGES * m + 1024
+    2 * (n * (dp + dvp) + STAGES * m * (dp + dvp) + 2 * m * n) + 4 * (2 * STAGES * m + 2 * m * dp) + 1024
 }
 
 /// The warpgroup MMA and stage-ring preludes and the products this kernel
@@ -135,6 +173,7 @@ pub(super) fn write_prelude(w: &mut Writer<String>, spec: &Spec) -> fmt::Result 
         write_wgmma_op(w, spec.dtype, dvp, AFrom::Registers)?;
     }
     w.write_str(HOPPER_BACKWARD)?;
+    w.write_str(DQ_FRAGMENTS)?;
     writeln!(w)?;
     w.write_str(RING)?;
     writeln!(w)?;
@@ -160,6 +199,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         constexpr int BLOCK_N = 16 * WARPS;  // keys per CTA: grid.x = ceil(kv_len / BLOCK_N)\n\
         constexpr int BLOCK_M = {block_m};  // queries per step of the loop\n\
         constexpr int DQ_TILES = DP / 16;  // m16n8 tiles of a warp's dQ: its warpgroup's half of the columns\n\
+        constexpr int DQ_TILE = BLOCK_M * DP;  // f32 of a step's dQ accumulator tile\n\
         // Whether any tile copy may use cp.async (see mbar_arrive_loaded).\n\
         constexpr int COPY_WIDTH = D % 8 == 0 || DV % 8 == 0 ? 8 : 1;\n"
     )?;
@@ -169,7 +209,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         "\
         // Shared memory, every tile in wgmma's 64-column panels: this CTA's K and V;\n\
         // STAGES stages of a step's Q and dO tiles and two statistics per query; two\n\
-        // dS tiles (queries as rows: the A operand of dQ = dS K).\n",
+        // dS tiles (queries as rows: the A operand of dQ = dS K); two steps' dQ.\n",
     )
 }
 
@@ -187,6 +227,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         unsigned short* ds_tiles = dout_tiles + STAGES * DO_TILE;  // [2][BLOCK_M][BLOCK_N]: dS, for dQ\n\
         float* lse_cols = (float*)(ds_tiles + 2 * DS_TILE);  // [STAGES][BLOCK_M]: LSE in log2 units, +inf for no gradient\n\
         float* delta_cols = lse_cols + STAGES * BLOCK_M;  // [STAGES][BLOCK_M]: D = rowsum(dO * O)\n\
+        float* dq_tiles = delta_cols + STAGES * BLOCK_M;  // [2][DQ_TILE]: step it's dQ in it % 2, for the bulk reduction\n\
         \n"
     )?;
     write_key_cta(w, spec)?;
@@ -197,15 +238,22 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         // The ring's barriers: K/V's, then per stage full and empty. A full barrier\n\
         // takes the copies' arrivals (with TMA: one per tile, from the thread that\n\
         // issues them; else one per producer thread) and a stage's also one per\n\
-        // producer thread once its statistics are stored.\n\
-        __shared__ __align__(8) unsigned long long ring_bars[1 + 2 * STAGES];\n\
+        // thread that stores statistics (with TMA only those BLOCK_M: the others\n\
+        // copy nothing). Then per dQ tile full (one arrival per consumer warp) and\n\
+        // empty (the adding thread's, once the copy engine has read the tile).\n\
+        __shared__ __align__(8) unsigned long long ring_bars[1 + 2 * STAGES + 4];\n\
         const unsigned kv_full = smem_addr(ring_bars), stage_full = kv_full + 8, stage_empty = stage_full + 8 * STAGES;\n\
+        const unsigned dq_full = stage_empty + 8 * STAGES, dq_empty = dq_full + 16;\n\
         const int copy_arrivals = tma ? 2 : PRODUCER_THREADS;\n\
         if (threadIdx.x == 0) {{\n\
         \x20   mbar_init(kv_full, copy_arrivals + (tma ? 0 : PRODUCER_THREADS));\n\
         \x20   for (int s = 0; s < STAGES; ++s) {{\n\
-        \x20       mbar_init(stage_full + 8 * s, copy_arrivals + PRODUCER_THREADS);\n\
+        \x20       mbar_init(stage_full + 8 * s, copy_arrivals + (tma ? BLOCK_M : PRODUCER_THREADS));\n\
         \x20       mbar_init(stage_empty + 8 * s, WARPS);  // one arrival per consumer warp\n\
+        \x20   }}\n\
+        \x20   for (int s = 0; s < 2; ++s) {{\n\
+        \x20       mbar_init(dq_full + 8 * s, WARPS);\n\
+        \x20       mbar_init(dq_empty + 8 * s, 1);\n\
         \x20   }}\n\
         }}\n\
         __syncthreads();\n\
@@ -235,7 +283,8 @@ fn write_head_loop(
 }
 
 /// The producer warpgroup: K and V once, then per visited step its Q and dO
-/// tiles and statistics into the next stage; it ends with `return`.
+/// tiles and statistics into the next stage, and the previous step's dQ
+/// tile into the accumulator; it ends with `return`.
 fn write_producer(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
     let [q_len, kv_len, heads, lse] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::Lse].map(n);
@@ -247,6 +296,22 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         // ---- the producer warpgroup ----\n\
         regs_release<PRODUCER_REGS>();\n\
         const bool leader = threadIdx.x == THREADS;  // issues the TMA copies\n\
+        // With TMA the first two warps copy (the leader) and store statistics; else\n\
+        // all four copy. One thread adds each visited step's dQ tile to the\n\
+        // accumulator once the consumers have stored it, a step late (the visit of\n\
+        // the next step, or the end, names it): with TMA the last warp's first\n\
+        // lane, else the leader between its copies.\n\
+        const bool copies = !tma || warp < WARPS + 2;\n\
+        const bool adds_dq = dq_accum != nullptr && (tma ? warp == WARPS + 3 && lane == 0 : leader);\n\
+        if (!copies && !adds_dq) return;\n\
+        auto add_dq = [&](float* dst, int s) {{\n\
+        \x20   mbar_wait(dq_full + 8 * (s % 2), s / 2 % 2);\n\
+        \x20   bulk_reduce_add(dst, smem_addr(dq_tiles + s % 2 * DQ_TILE), DQ_TILE * 4);\n\
+        \x20   bulk_commit();\n\
+        \x20   bulk_wait_read<1>();  // the one before has read its tile: free it\n\
+        \x20   if (s > 0) mbar_arrive(dq_empty + 8 * ((s - 1) % 2));\n\
+        }};\n\
+        float* dq_last = nullptr;  // the last visited step's accumulator tile\n\
         if (tma) {{\n\
         \x20   if (leader) {{\n\
         \x20       tma_load_tile<BLOCK_N, DP>(k_tile, k_map, kv_full, k0, kv_head, b);\n\
@@ -270,33 +335,43 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
             const float* delta_row = delta + ((long long)b * {heads} + h) * {q_len};\n"
         )?;
         w.block(format_args!("for (int j = next_tile(0); j < q_steps; j = next_tile(j + 1), ++it)"), |w| {
-            write!(
-                w,
-                "\
-                const int stage = it % STAGES, q0 = j * BLOCK_M;\n\
-                mbar_wait(stage_empty + 8 * stage, (it / STAGES + 1) % 2);\n\
-                if (tma) {{\n\
-                \x20   if (leader) {{\n\
-                \x20       tma_load_tile<BLOCK_M, DP>(q_tiles + stage * Q_TILE, q_map, stage_full + 8 * stage, q0, h, b);\n\
-                \x20       tma_load_tile<BLOCK_M, DVP>(dout_tiles + stage * DO_TILE, dout_map, stage_full + 8 * stage, q0, h, b);\n\
-                \x20   }}\n\
-                }} else {{\n\
-                \x20   load_tile<BLOCK_M, DP, D, PRODUCER_THREADS, true, THREADS>(q_tiles + stage * Q_TILE, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, q_vector);\n\
-                \x20   load_tile<BLOCK_M, DVP, DV, PRODUCER_THREADS, true, THREADS>(dout_tiles + stage * DO_TILE, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, q_vector);\n\
-                \x20   mbar_arrive_loaded<COPY_WIDTH>(stage_full + 8 * stage, q_vector);\n\
-                }}\n\
-                // The statistics, LSE to log2 units: a fully masked row (LSE = -inf) or\n\
-                // one past q_len gets +inf, so P = 0.\n\
-                const int r = threadIdx.x - THREADS;\n\
-                if (r < BLOCK_M) {{\n\
-                \x20   const bool valid = q0 + r < {q_len};\n\
-                \x20   const float l = valid ? lse_row[q0 + r] : neg_inf();\n\
-                \x20   lse_cols[stage * BLOCK_M + r] = l == neg_inf() ? -neg_inf() : l * LOG2E;\n\
-                \x20   delta_cols[stage * BLOCK_M + r] = valid ? delta_row[q0 + r] : 0.0f;\n\
-                }}\n\
-                mbar_arrive(stage_full + 8 * stage);\n"
-            )
+            w.block(format_args!("if (copies)"), |w| {
+                write!(
+                    w,
+                    "\
+                    const int stage = it % STAGES, q0 = j * BLOCK_M;\n\
+                    mbar_wait(stage_empty + 8 * stage, (it / STAGES + 1) % 2);\n\
+                    if (tma) {{\n\
+                    \x20   if (leader) {{\n\
+                    \x20       tma_load_tile<BLOCK_M, DP>(q_tiles + stage * Q_TILE, q_map, stage_full + 8 * stage, q0, h, b);\n\
+                    \x20       tma_load_tile<BLOCK_M, DVP>(dout_tiles + stage * DO_TILE, dout_map, stage_full + 8 * stage, q0, h, b);\n\
+                    \x20   }}\n\
+                    }} else {{\n\
+                    \x20   load_tile<BLOCK_M, DP, D, PRODUCER_THREADS, true, THREADS>(q_tiles + stage * Q_TILE, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, q_vector);\n\
+                    \x20   load_tile<BLOCK_M, DVP, DV, PRODUCER_THREADS, true, THREADS>(dout_tiles + stage * DO_TILE, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, q_vector);\n\
+                    \x20   mbar_arrive_loaded<COPY_WIDTH>(stage_full + 8 * stage, q_vector);\n\
+                    }}\n\
+                    // The statistics, LSE to log2 units: a fully masked row (LSE = -inf) or\n\
+                    // one past q_len gets +inf, so P = 0.\n\
+                    const int r = threadIdx.x - THREADS;\n\
+                    if (r < BLOCK_M) {{\n\
+                    \x20   const bool valid = q0 + r < {q_len};\n\
+                    \x20   const float l = valid ? lse_row[q0 + r] : neg_inf();\n\
+                    \x20   lse_cols[stage * BLOCK_M + r] = l == neg_inf() ? -neg_inf() : l * LOG2E;\n\
+                    \x20   delta_cols[stage * BLOCK_M + r] = valid ? delta_row[q0 + r] : 0.0f;\n\
+                    }}\n\
+                    mbar_arrive(stage_full + 8 * stage);\n"
+                )
+            })?;
+            w.block(format_args!("if (adds_dq)"), |w| {
+                writeln!(w, "if (dq_last != nullptr) add_dq(dq_last, it - 1);")?;
+                writeln!(w, "dq_last = dq_accum + (((long long)b * {heads} + h) * q_steps + j) * DQ_TILE;")
+            })
         })
+    })?;
+    w.block(format_args!("if (dq_last != nullptr)"), |w| {
+        writeln!(w, "add_dq(dq_last, it - 1);")?;
+        writeln!(w, "bulk_wait_read<0>();  // shared memory outlives the reads; the adds land by the kernel's end")
     })?;
     writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
     writeln!(w, "return;")
@@ -305,7 +380,6 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
 /// The consumer warpgroups: per head and visited step, the products of the
 /// module note; at the end dK and dV.
 fn write_consumers(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoisted: &[Hoisted]) -> fmt::Result {
-    let [q_len, heads] = [ArgKind::QLen, ArgKind::Heads].map(|kind| arg_name(spec, kind));
     write!(
         w,
         "\
@@ -324,7 +398,6 @@ fn write_consumers(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoist
         mbar_wait(kv_full, 0);\n"
     )?;
     write_head_loop(w, spec, |w| {
-        writeln!(w, "float* dq_rows = dq_accum + ((long long)b * {heads} + h) * {q_len} * D;")?;
         write_row_terms(w, spec, hoisted, Rows::Keys, "k0 + warp * 16")?;
         write_spec_lambdas(w, spec, terms, hoisted, Rows::Keys)?;
         write_whole_logit(w, spec, hoisted, Rows::Keys)?;
@@ -344,7 +417,6 @@ fn write_consumers(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoist
 
 /// One step: query tile j of head h against this warpgroup's keys.
 fn write_step(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoisted: &[Hoisted]) -> fmt::Result {
-    let q_len = arg_name(spec, ArgKind::QLen);
     write!(
         w,
         "\
@@ -469,10 +541,16 @@ fn write_step(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoisted: &
             wgmma_wait<0>();\n\
             fence_operands(dq);\n\
             {release}\
+            // The step's dQ tile in fragment order (dq_chunk), into shared tile\n\
+            // it % 2 once the copy engine has read what step it - 2 left there;\n\
+            // the leader adds it to the accumulator.\n\
+            const unsigned dq_tile = smem_addr(dq_tiles + it % 2 * DQ_TILE);\n\
+            mbar_wait(dq_empty + 8 * (it % 2), (it / 2 + 1) % 2);\n\
             #pragma unroll\n\
-            for (int n = 0; n < DQ_TILES; ++n) {{\n\
-            \x20   red_add_tile<D>(dq_rows, {q_len}, q0 + warp % 4 * 16, warpgroup * (DP / 2) + n * 8, dq[n]);\n\
-            }}\n",
+            for (int n = 0; n < DQ_TILES; ++n) st_shared_v4(dq_tile + 16 * dq_chunk(DQ_TILES, warpgroup, n, threadIdx.x % 128), dq[n]);\n\
+            fence_async_smem();  // the copy engine reads the tile through the async proxy\n\
+            __syncwarp();\n\
+            if (lane == 0) mbar_arrive(dq_full + 8 * (it % 2));\n",
             half = pad16(spec.head_dims.qk) / 2,
         )
     })?;

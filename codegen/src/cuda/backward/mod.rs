@@ -25,6 +25,10 @@
 //!    same per-element code and tile walk, with 128 keys per CTA in two
 //!    consumer warpgroups, a producer warpgroup streaming the query steps,
 //!    and dQ = dS·K on the tensor cores from a shared dS tile.
+//!    Its dQ accumulator is laid out in the consumers' fragment order
+//!    ([`DqAccum::Fragments`]): a consumer thread's 16-byte adds of a step
+//!    are one contiguous 512-byte run per warp, and with TMA the step's tile
+//!    goes through shared memory to one bulk reduction instead.
 //! 3. **Postprocess** (`bwd_post`): dQ = scale · accumulator, in the
 //!    operand dtype.
 //! 4. **Deterministic dQ** (`bwd_dq`), instead of the atomics and the
@@ -134,6 +138,40 @@ impl BackwardConfig {
     pub fn block_n(self) -> u32 {
         16 * self.warps
     }
+
+    /// The dQ accumulator's layout under this configuration.
+    pub fn dq_accum(self, spec: &Spec) -> DqAccum {
+        match self.mma == Mma::Wgmma && dkdv_wgmma::supports(spec) {
+            true => DqAccum::Fragments,
+            false => DqAccum::Rows,
+        }
+    }
+}
+
+/// How the atomic mode's f32 dQ accumulator is laid out (zeroed before the
+/// dK/dV kernel; the postprocess reads it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DqAccum {
+    /// `[batch, heads, q_len, D]`, row-major (the `mma.sync` kernel).
+    Rows,
+    /// `[batch, heads, ceil(q_len / 64), 64 · DP]`: one contiguous tile per
+    /// 64-query step of the wgmma kernel, in its consumers' accumulator
+    /// order (see `dkdv_wgmma::DQ_FRAGMENTS`), rows past `q_len` included.
+    Fragments,
+}
+
+impl DqAccum {
+    /// f32 elements of the accumulator of `heads` (batch · heads) heads of
+    /// `q_len` queries.
+    pub fn len(self, spec: &Spec, heads: usize, q_len: usize) -> usize {
+        match self {
+            DqAccum::Rows => heads * q_len * spec.head_dims.qk as usize,
+            DqAccum::Fragments => {
+                let rows = q_len.next_multiple_of(dkdv_wgmma::BLOCK_M as usize);
+                heads * rows * pad16(spec.head_dims.qk) as usize
+            }
+        }
+    }
 }
 
 /// Emits one backward kernel of `spec` with its portable configuration.
@@ -146,12 +184,12 @@ pub fn emit_backward(spec: &Spec, pass: BackwardPass) -> Kernel {
 pub fn emit_backward_with(spec: &Spec, pass: BackwardPass, config: BackwardConfig) -> Kernel {
     match pass {
         BackwardPass::Preprocess => rows::emit_preprocess(spec),
-        BackwardPass::KeyValue if config.mma == Mma::Wgmma && dkdv_wgmma::supports(spec) => {
-            dkdv_wgmma::emit(spec, config.tensor_grads)
-        }
-        BackwardPass::KeyValue => dkdv::emit(spec, config),
+        BackwardPass::KeyValue => match config.dq_accum(spec) {
+            DqAccum::Fragments => dkdv_wgmma::emit(spec, config.tensor_grads),
+            DqAccum::Rows => dkdv::emit(spec, config),
+        },
         BackwardPass::Query => dq::emit(spec, config),
-        BackwardPass::Postprocess => rows::emit_postprocess(spec),
+        BackwardPass::Postprocess => rows::emit_postprocess(spec, config.dq_accum(spec)),
     }
 }
 

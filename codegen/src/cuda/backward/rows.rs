@@ -1,9 +1,13 @@
 //! The row-wise backward kernels around the gradient kernels: the
 //! preprocess (D = rowsum(dO ∘ O)) and the postprocess (dQ from its f32
-//! accumulator). Memory-bound: one warp per query row, lanes across the row.
+//! accumulator). Memory-bound: one warp per query row, lanes across the row;
+//! an accumulator in fragment order is read in its own order instead, one
+//! 16-byte chunk per thread, mapped back to rows and columns.
 
 use super::common::{write_source, Sections};
 use super::dkdv::write_rows;
+use super::dkdv_wgmma::{self, DQ_FRAGMENTS};
+use super::DqAccum;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::{backward_post_args, backward_pre_args};
@@ -13,8 +17,9 @@ use crate::spec::Spec;
 use std::fmt::{self, Write};
 
 const WARPS: u32 = 4;
-/// Query rows per CTA.
-const BLOCK_M: u32 = 64;
+/// Query rows per CTA: one step of the wgmma dK/dV kernel, whose dQ
+/// accumulator tiles the postprocess reads whole.
+const BLOCK_M: u32 = dkdv_wgmma::BLOCK_M;
 
 pub(super) fn emit_preprocess(spec: &Spec) -> Kernel {
     let name = kernel_name("bwd_pre", spec);
@@ -46,15 +51,43 @@ pub(super) fn emit_preprocess(spec: &Spec) -> Kernel {
     row_kernel(name, source, args)
 }
 
-pub(super) fn emit_postprocess(spec: &Spec) -> Kernel {
+pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum) -> Kernel {
     let name = kernel_name("bwd_post", spec);
     let args = backward_post_args(spec);
     let n = |kind| arg_name(spec, kind);
     let [heads, q_len, scale] = [ArgKind::Heads, ArgKind::QLen, ArgKind::Scale].map(n);
     let dq_stride = n(ArgKind::Stride(Operand::DQ, Axis::Seq));
-    let source = write_source(spec, Sections::Rows, &name, &args, write_config, |w| {
+    let config = |w: &mut Writer<String>| {
+        write_config(w)?;
+        match accum {
+            DqAccum::Fragments => w.write_str(DQ_FRAGMENTS),
+            DqAccum::Rows => Ok(()),
+        }
+    };
+    let source = write_source(spec, Sections::Rows, &name, &args, config, |w| {
         write_prologue(w)?;
         write_rows(w, spec, Operand::DQ, "dq_rows", "h")?;
+        if accum == DqAccum::Fragments {
+            return write!(
+                w,
+                "\
+                const int q_tiles = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
+                const float* acc_tile = dq_accum + (((long long)b * {heads} + h) * q_tiles + blockIdx.x) * (BLOCK_M * DP);\n\
+                // dQ = scale * accumulator, in the operand dtype: the tile's 16-byte\n\
+                // chunks in order, each to its two rows and two columns.\n\
+                for (int c = threadIdx.x; c < BLOCK_M * DP / 4; c += THREADS) {{\n\
+                \x20   const float4 v = reinterpret_cast<const float4*>(acc_tile)[c];\n\
+                \x20   const float x[4] = {{v.x, v.y, v.z, v.w}};\n\
+                \x20   int row, col;\n\
+                \x20   dq_chunk_origin(DP / 16, c, row, col);\n\
+                \x20   #pragma unroll\n\
+                \x20   for (int e = 0; e < 4; ++e) {{\n\
+                \x20       const int q = blockIdx.x * BLOCK_M + row + e / 2 * 8, cc = col + e % 2;\n\
+                \x20       if (q < {q_len} && cc < D) dq_rows[(long long)q * {dq_stride} + cc] = storage::from_f32(x[e] * {scale});\n\
+                \x20   }}\n\
+                }}\n"
+            );
+        }
         write!(
             w,
             "\
