@@ -103,13 +103,10 @@ pub(super) fn write_key_cta(w: &mut Writer<String>, spec: &Spec) -> fmt::Result 
     let n = |kind| arg_name(spec, kind);
     let [q_len, kv_len, heads, heads_kv] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv].map(n);
     let [k_stride, v_stride] = [Operand::K, Operand::V].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
+    write_cta_order(w, spec)?;
     write!(
         w,
         "\
-        // The spec's built-in b (h, q and k are bound in the loops below).\n\
-        const int b = blockIdx.z;\n\
-        const int kv_head = blockIdx.y;\n\
-        const int k0 = blockIdx.x * BLOCK_N;\n\
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
         const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n\
         const int group = {heads} / {heads_kv};  // query heads sharing this K/V head\n\
@@ -123,6 +120,38 @@ pub(super) fn write_key_cta(w: &mut Writer<String>, spec: &Spec) -> fmt::Result 
         write_rows(w, spec, op, rows, "kv_head")?;
     }
     writeln!(w, "const bool kv_vector = aligned16(k_rows, {k_stride}) && aligned16(v_rows, {v_stride});")
+}
+
+/// The CTA's keys, K/V head and batch from its block index: under an
+/// analytic mask, whose first keys may see the most queries (causal), in an
+/// order that starts long CTAs early; else the launch order (no mask keeps
+/// the work even, and a data-dependent one gives no hint).
+fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    if !spec.mask.as_ref().is_some_and(|mask| !mask.reads_tensor()) {
+        // No mask, or a data-dependent one: no key tile is known to be longer.
+        return w.write_str(
+            "\
+            // The spec's built-in b (h, q and k are bound in the loops below).\n\
+            const int b = blockIdx.z;\n\
+            const int kv_head = blockIdx.y;\n\
+            const int k0 = blockIdx.x * BLOCK_N;\n",
+        );
+    }
+    w.write_str(
+        "\
+        // The spec's built-in b (h, q and k are bound in the loops below). CTAs\n\
+        // start in launch order; here in bands of BAND (batch, K/V head) pairs,\n\
+        // which run together and share their heads' Q, dO and dQ in L2, key tile\n\
+        // by key tile: a band's last CTAs are its last keys', under a causal mask\n\
+        // the shortest, not a long one that trails the grid.\n\
+        constexpr int BAND = 4;\n\
+        const int pairs = gridDim.y * gridDim.z, cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);\n\
+        const int band = cta / (BAND * gridDim.x), in_band = cta % (BAND * gridDim.x);\n\
+        const int band_pairs = min_i32(BAND, pairs - band * BAND), pair = band * BAND + in_band % band_pairs;\n\
+        const int b = pair / gridDim.y;\n\
+        const int kv_head = pair % gridDim.y;\n\
+        const int k0 = in_band / band_pairs * BLOCK_N;\n",
+    )
 }
 
 fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Result {
