@@ -127,7 +127,7 @@ pub(super) fn write_key_cta(w: &mut Writer<String>, spec: &Spec) -> fmt::Result 
 /// order that starts long CTAs early; else the launch order (no mask keeps
 /// the work even, and a data-dependent one gives no hint).
 fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
-    if !spec.mask.as_ref().is_some_and(|mask| !mask.reads_tensor()) {
+    if spec.mask.as_ref().is_none_or(|mask| mask.reads_tensor()) {
         // No mask, or a data-dependent one: no key tile is known to be longer.
         return w.write_str(
             "\
