@@ -113,7 +113,7 @@ impl Runtime {
         // No accumulator (a null pointer) in the deterministic mode, or without queries.
         let accum_len = if opts.deterministic { 0 } else { config.dq_accum(spec).len(spec, heads, shape.q_len) };
         // The accumulator starts 256 bytes aligned, as a fresh allocation
-        // would: the dK/dV kernel adds to it with 16-byte vector reductions.
+        // would: the dK/dV kernel adds to it with 16-byte vector or bulk reductions.
         let delta_span = rows.next_multiple_of(64);
         let len = (delta_span + accum_len).max(1);
         let alloc = || stream.alloc_zeros::<f32>(len).map_err(|e| Error::driver("allocating backward workspace", e));

@@ -65,8 +65,8 @@ pub(super) const BLOCK_M: u32 = 64;
 /// warpgroup's half of the columns.
 pub(super) const DQ_FRAGMENTS: &str = r#"// A 64-query step's dQ accumulator tile in the dK/dV kernel's fragment order:
 // 16-byte chunk (warpgroup * tiles + n) * 128 + thread holds that consumer
-// thread's m16n8 tile n of its warpgroup's columns, so a warp's chunks of one
-// tile are 512 contiguous bytes.
+// thread's m16n8 tile n of its warpgroup's columns, so a warp's 16-byte
+// stores of one tile are 512 contiguous bytes (no bank conflicts).
 __device__ __forceinline__ int dq_chunk(int tiles, int warpgroup, int n, int thread) {
     return (warpgroup * tiles + n) * 128 + thread;
 }
@@ -110,12 +110,12 @@ __device__ __forceinline__ void st_shared_v4(unsigned addr, const float (&v)[4])
 }
 // Adds `bytes` of f32 from shared memory to global memory in one bulk
 // reduction by the copy engine (both 16-byte aligned); commit_group closes
-// the thread's group of them.
+// the thread's group of them, and wait_read<N> waits until all but its last N
+// groups have read their source.
 __device__ __forceinline__ void bulk_reduce_add(float* dst, unsigned src, unsigned bytes) {
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
                  :: "l"(dst), "r"(src), "r"(bytes) : "memory");
 }
-// wait_read<N>: until all but the last N of its groups have read their source.
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(N) : "memory"); }
@@ -543,7 +543,7 @@ fn write_step(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoisted: &
             {release}\
             // The step's dQ tile in fragment order (dq_chunk), into shared tile\n\
             // it % 2 once the copy engine has read what step it - 2 left there;\n\
-            // the leader adds it to the accumulator.\n\
+            // a producer thread adds it to the accumulator (add_dq).\n\
             const unsigned dq_tile = smem_addr(dq_tiles + it % 2 * DQ_TILE);\n\
             mbar_wait(dq_empty + 8 * (it % 2), (it / 2 + 1) % 2);\n\
             #pragma unroll\n\

@@ -25,10 +25,9 @@
 //!    same per-element code and tile walk, with 128 keys per CTA in two
 //!    consumer warpgroups, a producer warpgroup streaming the query steps,
 //!    and dQ = dS·K on the tensor cores from a shared dS tile.
-//!    Its dQ accumulator is laid out in the consumers' fragment order
-//!    ([`DqAccum::Fragments`]): a consumer thread's 16-byte adds of a step
-//!    are one contiguous 512-byte run per warp, and with TMA the step's tile
-//!    goes through shared memory to one bulk reduction instead.
+//!    Its consumers store each step's dQ to shared memory in their fragment
+//!    order, and one producer thread adds the tile with a single bulk
+//!    reduction, so the accumulator keeps that order ([`DqAccum::Fragments`]).
 //! 3. **Postprocess** (`bwd_post`): dQ = scale · accumulator, in the
 //!    operand dtype.
 //! 4. **Deterministic dQ** (`bwd_dq`), instead of the atomics and the
