@@ -233,6 +233,27 @@ fn fully_masked_rows() {
     run_all(&rt, cases);
 }
 
+/// The Hopper dK/dV kernel's producer walks the query heads of a group in
+/// turn and tells the consumers which tile and head come next. A mask that
+/// depends on the head leaves some heads of a group without a step for a
+/// key tile (and some key tiles without any); documents without causality
+/// leave runs of tiles only the block mask removes, one by one.
+#[test]
+fn walks_over_heads_and_documents() {
+    let Some(rt) = runtime() else { return };
+    let parse = |source: &str| flashgen::parse_one(source).unwrap();
+    let by_head = parse("ByHead { dtype: bf16, head_dim: 128, mask: k <= q + 64 * h }");
+    let documents =
+        parse("Documents { dtype: bf16, head_dim: 128, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }");
+    let mut cases = Vec::new();
+    for heads in [(4, 2), (4, 1)] {
+        cases.push((by_head.clone(), Case::new(heads, (113, 700))));
+        cases.push((documents.clone(), Case { batch: 1, ..Case::new(heads, (1024, 1023)) }));
+    }
+    cases.push((documents, Case { block_mask: true, ..Case::new((2, 2), (300, 555)) }));
+    run_all(&rt, cases);
+}
+
 /// Block masks built for the forward skip the same tiles in the backward.
 #[test]
 fn block_masks_are_reused() {

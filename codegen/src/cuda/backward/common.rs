@@ -160,7 +160,7 @@ impl Rows {
     }
 
     /// The hoisting level of terms that vary per column: the other one.
-    fn column_level(self) -> Level {
+    pub(super) fn column_level(self) -> Level {
         match self {
             Rows::Keys => Level::Row,
             Rows::Queries => Level::Column,
@@ -256,7 +256,8 @@ pub(super) fn write_row_terms(
 }
 
 /// Fills the hoisted terms that vary per column, for the tile whose first
-/// column is `first_col`.
+/// column is `first_col`; those of the mask alone only where the tile is not
+/// kept whole (`full`, which the caller defines).
 pub(super) fn write_column_terms(
     w: &mut Writer<String>,
     spec: &Spec,
@@ -265,8 +266,7 @@ pub(super) fn write_column_terms(
     first_col: &str,
 ) -> fmt::Result {
     let (_, col_var) = rows.vars();
-    let terms: Vec<&Hoisted> = hoisted.iter().collect();
-    forward::write_column_terms(w, spec, &terms, rows.column_level(), col_var, first_col)
+    forward::write_tile_terms(w, spec, hoisted, rows.column_level(), col_var, first_col)
 }
 
 /// The spec as lambdas of one element (dot product at (q, k), row slot i,

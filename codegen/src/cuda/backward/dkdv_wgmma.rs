@@ -237,16 +237,22 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         \n\
         // The ring's barriers: K/V's, then per stage full and empty. A full barrier\n\
         // takes the copies' arrivals (with TMA: one per tile, from the thread that\n\
-        // issues them; else one per producer thread) and a stage's also one per\n\
+        // issues them; else one per producer thread), K/V's also the walk's (the\n\
+        // leader's with TMA, else every producer thread's) and a stage's one per\n\
         // thread that stores statistics (with TMA only those BLOCK_M: the others\n\
         // copy nothing). Then per dQ tile full (one arrival per consumer warp) and\n\
         // empty (the adding thread's, once the copy engine has read the tile).\n\
         __shared__ __align__(8) unsigned long long ring_bars[1 + 2 * STAGES + 4];\n\
         const unsigned kv_full = smem_addr(ring_bars), stage_full = kv_full + 8, stage_empty = stage_full + 8 * STAGES;\n\
         const unsigned dq_full = stage_empty + 8 * STAGES, dq_empty = dq_full + 16;\n\
+        // Only the producer walks the tiles. It publishes with K/V the head of the\n\
+        // first visited step (-1: none), and with each stage its step's words: the\n\
+        // query tile and its class (j << 1 | full), and the head of the step after\n\
+        // it (-1: none).\n\
+        __shared__ int first_head, step_tile[STAGES], step_next[STAGES];\n\
         const int copy_arrivals = tma ? 2 : PRODUCER_THREADS;\n\
         if (threadIdx.x == 0) {{\n\
-        \x20   mbar_init(kv_full, copy_arrivals + (tma ? 0 : PRODUCER_THREADS));\n\
+        \x20   mbar_init(kv_full, copy_arrivals + (tma ? 1 : PRODUCER_THREADS));  // + the first head's publishers\n\
         \x20   for (int s = 0; s < STAGES; ++s) {{\n\
         \x20       mbar_init(stage_full + 8 * s, copy_arrivals + (tma ? BLOCK_M : PRODUCER_THREADS));\n\
         \x20       mbar_init(stage_empty + 8 * s, WARPS);  // one arrival per consumer warp\n\
@@ -266,20 +272,6 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
     writeln!(w, "// ---- the consumer warpgroups ----")?;
     writeln!(w, "regs_acquire<CONSUMER_REGS>();")?;
     write_consumers(w, spec, terms, &hoisted)
-}
-
-/// `for (int h ...)` over the query heads of this CTA's K/V head, binding
-/// the head's walk over query steps, then `body`.
-fn write_head_loop(
-    w: &mut Writer<String>,
-    spec: &Spec,
-    body: impl FnOnce(&mut Writer<String>) -> fmt::Result,
-) -> fmt::Result {
-    let q_len = arg_name(spec, ArgKind::QLen);
-    w.block(format_args!("for (int h = kv_head * group; h < (kv_head + 1) * group; ++h)"), |w| {
-        write_tile_walk(w, spec, &Walk { axis: "q", tiles: "q_steps", size: "BLOCK_M", len: &q_len })?;
-        body(w)
-    })
 }
 
 /// The producer warpgroup: K and V once, then per visited step its Q and dO
@@ -321,53 +313,77 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         \x20   load_tile<BLOCK_N, DP, D, PRODUCER_THREADS, true, THREADS>(k_tile, k_rows + (long long)k0 * {k_stride}, {k_stride}, {kv_len} - k0, kv_vector);\n\
         \x20   load_tile<BLOCK_N, DVP, DV, PRODUCER_THREADS, true, THREADS>(v_tile, v_rows + (long long)k0 * {v_stride}, {v_stride}, {kv_len} - k0, kv_vector);\n\
         \x20   mbar_arrive_loaded<COPY_WIDTH>(kv_full, kv_vector);\n\
-        \x20   mbar_arrive(kv_full);\n\
-        }}\n"
+        }}\n\
+        // The walk over every query head of the group in turn: its lambdas read the\n\
+        // head h, and seek(j) is the first visited tile from tile j of head h on,\n\
+        // moving h along (q_steps past the group's last head).\n\
+        int h = kv_head * group;\n"
     )?;
-    write_head_loop(w, spec, |w| {
-        write_rows(w, spec, Operand::Q, "q_rows", "h")?;
-        write_rows(w, spec, Operand::DO, "dout_rows", "h")?;
-        write!(
-            w,
-            "\
-            const bool q_vector = aligned16(q_rows, {q_stride}) && aligned16(dout_rows, {do_stride});\n\
-            const float* lse_row = {lse} + ((long long)b * {heads} + h) * {q_len};\n\
-            const float* delta_row = delta + ((long long)b * {heads} + h) * {q_len};\n"
-        )?;
-        w.block(format_args!("for (int j = next_tile(0); j < q_steps; j = next_tile(j + 1), ++it)"), |w| {
-            w.block(format_args!("if (copies)"), |w| {
-                write!(
-                    w,
-                    "\
-                    const int stage = it % STAGES, q0 = j * BLOCK_M;\n\
-                    mbar_wait(stage_empty + 8 * stage, (it / STAGES + 1) % 2);\n\
-                    if (tma) {{\n\
-                    \x20   if (leader) {{\n\
-                    \x20       tma_load_tile<BLOCK_M, DP>(q_tiles + stage * Q_TILE, q_map, stage_full + 8 * stage, q0, h, b);\n\
-                    \x20       tma_load_tile<BLOCK_M, DVP>(dout_tiles + stage * DO_TILE, dout_map, stage_full + 8 * stage, q0, h, b);\n\
-                    \x20   }}\n\
-                    }} else {{\n\
-                    \x20   load_tile<BLOCK_M, DP, D, PRODUCER_THREADS, true, THREADS>(q_tiles + stage * Q_TILE, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, q_vector);\n\
-                    \x20   load_tile<BLOCK_M, DVP, DV, PRODUCER_THREADS, true, THREADS>(dout_tiles + stage * DO_TILE, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, q_vector);\n\
-                    \x20   mbar_arrive_loaded<COPY_WIDTH>(stage_full + 8 * stage, q_vector);\n\
-                    }}\n\
-                    // The statistics, LSE to log2 units: a fully masked row (LSE = -inf) or\n\
-                    // one past q_len gets +inf, so P = 0.\n\
-                    const int r = threadIdx.x - THREADS;\n\
-                    if (r < BLOCK_M) {{\n\
-                    \x20   const bool valid = q0 + r < {q_len};\n\
-                    \x20   const float l = valid ? lse_row[q0 + r] : neg_inf();\n\
-                    \x20   lse_cols[stage * BLOCK_M + r] = l == neg_inf() ? -neg_inf() : l * LOG2E;\n\
-                    \x20   delta_cols[stage * BLOCK_M + r] = valid ? delta_row[q0 + r] : 0.0f;\n\
-                    }}\n\
-                    mbar_arrive(stage_full + 8 * stage);\n"
-                )
+    write_tile_walk(w, spec, &Walk { axis: "q", tiles: "q_steps", size: "BLOCK_M", len: &q_len })?;
+    write!(
+        w,
+        "\
+        auto seek = [&](int j) {{\n\
+        \x20   for (;;) {{\n\
+        \x20       j = next_tile(j);\n\
+        \x20       if (j < q_steps || h + 1 == (kv_head + 1) * group) return j;\n\
+        \x20       ++h;\n\
+        \x20       j = 0;\n\
+        \x20   }}\n\
+        }};\n\
+        int j = seek(0);\n\
+        if (leader) first_head = j < q_steps ? h : -1;\n\
+        if (copies && (!tma || leader)) mbar_arrive(kv_full);\n"
+    )?;
+    w.block(format_args!("while (j < q_steps)"), |w| {
+        writeln!(w, "// Step `it` is tile j of head h.")?;
+        writeln!(w, "const int step_h = h, step_j = j, stage = it % STAGES;")?;
+        writeln!(w, "const bool full = tile_full(j);")?;
+        w.block(format_args!("if (copies)"), |w| {
+            write_rows(w, spec, Operand::Q, "q_rows", "step_h")?;
+            write_rows(w, spec, Operand::DO, "dout_rows", "step_h")?;
+            write!(
+                w,
+                "\
+                const bool q_vector = aligned16(q_rows, {q_stride}) && aligned16(dout_rows, {do_stride});\n\
+                const float* lse_row = {lse} + ((long long)b * {heads} + step_h) * {q_len};\n\
+                const float* delta_row = delta + ((long long)b * {heads} + step_h) * {q_len};\n\
+                const int q0 = step_j * BLOCK_M;\n\
+                mbar_wait(stage_empty + 8 * stage, (it / STAGES + 1) % 2);\n\
+                if (tma) {{\n\
+                \x20   if (leader) {{\n\
+                \x20       tma_load_tile<BLOCK_M, DP>(q_tiles + stage * Q_TILE, q_map, stage_full + 8 * stage, q0, step_h, b);\n\
+                \x20       tma_load_tile<BLOCK_M, DVP>(dout_tiles + stage * DO_TILE, dout_map, stage_full + 8 * stage, q0, step_h, b);\n\
+                \x20   }}\n\
+                }} else {{\n\
+                \x20   load_tile<BLOCK_M, DP, D, PRODUCER_THREADS, true, THREADS>(q_tiles + stage * Q_TILE, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, q_vector);\n\
+                \x20   load_tile<BLOCK_M, DVP, DV, PRODUCER_THREADS, true, THREADS>(dout_tiles + stage * DO_TILE, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, q_vector);\n\
+                \x20   mbar_arrive_loaded<COPY_WIDTH>(stage_full + 8 * stage, q_vector);\n\
+                }}\n\
+                // The statistics, LSE to log2 units: a fully masked row (LSE = -inf) or\n\
+                // one past q_len gets +inf, so P = 0.\n\
+                const int r = threadIdx.x - THREADS;\n\
+                if (r < BLOCK_M) {{\n\
+                \x20   const bool valid = q0 + r < {q_len};\n\
+                \x20   const float l = valid ? lse_row[q0 + r] : neg_inf();\n\
+                \x20   lse_cols[stage * BLOCK_M + r] = l == neg_inf() ? -neg_inf() : l * LOG2E;\n\
+                \x20   delta_cols[stage * BLOCK_M + r] = valid ? delta_row[q0 + r] : 0.0f;\n\
+                }}\n"
+            )
+        })?;
+        writeln!(w, "j = seek(j + 1);  // the next step, whose head the stage's words name")?;
+        w.block(format_args!("if (copies)"), |w| {
+            w.block(format_args!("if (leader)"), |w| {
+                writeln!(w, "step_tile[stage] = step_j << 1 | (full ? 1 : 0);")?;
+                writeln!(w, "step_next[stage] = j < q_steps ? h : -1;")
             })?;
-            w.block(format_args!("if (adds_dq)"), |w| {
-                writeln!(w, "if (dq_last != nullptr) add_dq(dq_last, it - 1);")?;
-                writeln!(w, "dq_last = dq_accum + (((long long)b * {heads} + h) * q_steps + j) * DQ_TILE;")
-            })
-        })
+            writeln!(w, "mbar_arrive(stage_full + 8 * stage);")
+        })?;
+        w.block(format_args!("if (adds_dq)"), |w| {
+            writeln!(w, "if (dq_last != nullptr) add_dq(dq_last, it - 1);")?;
+            writeln!(w, "dq_last = dq_accum + (((long long)b * {heads} + step_h) * q_steps + step_j) * DQ_TILE;")
+        })?;
+        writeln!(w, "++it;")
     })?;
     w.block(format_args!("if (dq_last != nullptr)"), |w| {
         writeln!(w, "add_dq(dq_last, it - 1);")?;
@@ -395,16 +411,16 @@ fn write_consumers(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoist
         // head of the group: no atomics.\n\
         float dk_acc[DK_TILES][4] = {{}};\n\
         float dv_acc[DV_TILES][4] = {{}};\n\
-        mbar_wait(kv_full, 0);\n"
+        mbar_wait(kv_full, 0);\n\
+        int next_h = first_head;  // the head of the next visited step (the producer's word)\n"
     )?;
-    write_head_loop(w, spec, |w| {
+    w.block(format_args!("for (int h = kv_head * group; h < (kv_head + 1) * group; ++h)"), |w| {
+        writeln!(w, "if (h != next_h) continue;  // the head visits no step")?;
         write_row_terms(w, spec, hoisted, Rows::Keys, "k0 + warp * 16")?;
         write_spec_lambdas(w, spec, terms, hoisted, Rows::Keys)?;
         write_whole_logit(w, spec, hoisted, Rows::Keys)?;
         write_head_grad_sums(w, spec, terms)?;
-        w.block(format_args!("for (int j = next_tile(0); j < q_steps; j = next_tile(j + 1), ++it)"), |w| {
-            write_step(w, spec, terms, hoisted)
-        })?;
+        w.block(format_args!("for (; next_h == h; ++it)"), |w| write_step(w, spec, terms, hoisted))?;
         write_head_grad_adds(w, spec, terms)
     })?;
     writeln!(w)?;
@@ -415,13 +431,18 @@ fn write_consumers(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoist
     write_key_stores(w, spec)
 }
 
-/// One step: query tile j of head h against this warpgroup's keys.
+/// One step: the producer's query tile j of head h against this
+/// warpgroup's keys.
 fn write_step(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoisted: &[Hoisted]) -> fmt::Result {
     write!(
         w,
         "\
-        const int stage = it % STAGES, q0 = j * BLOCK_M;\n\
-        const bool full = tile_full(j);  // the mask keeps every pair: skip evaluating it\n\
+        const int stage = it % STAGES;\n\
+        mbar_wait(stage_full + 8 * stage, it / STAGES % 2);\n\
+        const int tile = step_tile[stage];\n\
+        next_h = step_next[stage];\n\
+        const int j = tile >> 1, q0 = j * BLOCK_M;\n\
+        const bool full = tile & 1;  // the mask keeps every pair: skip evaluating it\n\
         const unsigned q_smem = smem_addr(q_tiles + stage * Q_TILE), dout_smem = smem_addr(dout_tiles + stage * DO_TILE);\n\
         // Descriptors of the stage's Q and dO tiles: K-major (S^T, dP^T) and\n\
         // MN-major (dK, dV).\n\
@@ -430,11 +451,9 @@ fn write_step(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoisted: &
         const float* lse_col = lse_cols + stage * BLOCK_M;\n\
         const float* delta_col = delta_cols + stage * BLOCK_M;\n"
     )?;
-    write_column_terms(w, spec, hoisted, Rows::Keys, "q0")?;
     write!(
         w,
         "\
-        mbar_wait(stage_full + 8 * stage, it / STAGES % 2);\n\
         fence_async_smem();  // the tensor cores read the stage through the async proxy\n\
         \n\
         // S^T = K Q^T, then dP^T = V dO^T, each in a group of its own, on this\n\
@@ -456,6 +475,10 @@ fn write_step(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoisted: &
             }}\n\
             wgmma_commit();\n"
         )?;
+    }
+    if hoisted.iter().any(|h| h.level == Rows::Keys.column_level()) {
+        writeln!(w, "// The spec's terms of the tile's queries, loaded while the products run.")?;
+        write_column_terms(w, spec, hoisted, Rows::Keys, "q0")?;
     }
     let rows = ("k0 + warp * 16", "q0");
     // dV += P^T dO (`pa`) and dK += dS^T Q (`dsa`), P^T and dS^T register A

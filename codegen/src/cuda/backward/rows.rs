@@ -2,7 +2,8 @@
 //! preprocess (D = rowsum(dO ∘ O)) and the postprocess (dQ from its f32
 //! accumulator). Memory-bound: one warp per query row, lanes across the row;
 //! an accumulator in fragment order is read in its own order instead, one
-//! 16-byte chunk per thread, mapped back to rows and columns.
+//! 16-byte chunk per thread, mapped back to rows and columns in a shared
+//! tile, so that dQ's rows still go out 16 bytes per thread.
 
 use super::common::{write_source, Sections};
 use super::dkdv::write_rows;
@@ -71,19 +72,33 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum) -> Kernel {
             return write!(
                 w,
                 "\
-                const int q_tiles = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
+                const int q0 = blockIdx.x * BLOCK_M, q_tiles = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
                 const float* acc_tile = dq_accum + (((long long)b * {heads} + h) * q_tiles + blockIdx.x) * (BLOCK_M * DP);\n\
-                // dQ = scale * accumulator, in the operand dtype: the tile's 16-byte\n\
-                // chunks in order, each to its two rows and two columns.\n\
+                // dQ = scale * accumulator, in the operand dtype. The tile's 16-byte chunks\n\
+                // are read in order (coalesced) and land as two column pairs of two rows\n\
+                // in a shared row-major tile (its 8-element pad spreads the pairs of a\n\
+                // warp over all 32 banks); the rows then go out 16 bytes per thread.\n\
+                __shared__ __align__(16) unsigned short tile[BLOCK_M][DP + 8];\n\
+                auto pair = [&](float x, float y) {{\n\
+                \x20   return (unsigned)storage::from_f32(x * {scale}) | (unsigned)storage::from_f32(y * {scale}) << 16;\n\
+                }};\n\
                 for (int c = threadIdx.x; c < BLOCK_M * DP / 4; c += THREADS) {{\n\
                 \x20   const float4 v = reinterpret_cast<const float4*>(acc_tile)[c];\n\
-                \x20   const float x[4] = {{v.x, v.y, v.z, v.w}};\n\
                 \x20   int row, col;\n\
                 \x20   dq_chunk_origin(DP / 16, c, row, col);\n\
-                \x20   #pragma unroll\n\
-                \x20   for (int e = 0; e < 4; ++e) {{\n\
-                \x20       const int q = blockIdx.x * BLOCK_M + row + e / 2 * 8, cc = col + e % 2;\n\
-                \x20       if (q < {q_len} && cc < D) dq_rows[(long long)q * {dq_stride} + cc] = storage::from_f32(x[e] * {scale});\n\
+                \x20   *reinterpret_cast<unsigned*>(&tile[row][col]) = pair(v.x, v.y);\n\
+                \x20   *reinterpret_cast<unsigned*>(&tile[row + 8][col]) = pair(v.z, v.w);\n\
+                }}\n\
+                __syncthreads();\n\
+                const bool vector = D % 8 == 0 && (unsigned long long)dq_rows % 16 == 0 && {dq_stride} % 8 == 0;\n\
+                for (int i = threadIdx.x; i < BLOCK_M * DP / 8; i += THREADS) {{\n\
+                \x20   const int row = i / (DP / 8), col = i % (DP / 8) * 8, q = q0 + row;\n\
+                \x20   if (q >= {q_len} || col >= D) continue;\n\
+                \x20   unsigned short* out = dq_rows + (long long)q * {dq_stride} + col;\n\
+                \x20   if (vector) {{\n\
+                \x20       *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(&tile[row][col]);\n\
+                \x20   }} else {{\n\
+                \x20       for (int e = 0; e < 8 && col + e < D; ++e) out[e] = tile[row][col + e];\n\
                 \x20   }}\n\
                 }}\n"
             );

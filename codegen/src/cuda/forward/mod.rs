@@ -791,7 +791,7 @@ fn write_tile_classes(
             // (they would stall a CTA that has the SM to itself).\n\
             constexpr int STAGED_TILES = 1024;\n\
             __shared__ unsigned char staged_class[STAGED_TILES];\n\
-            const bool staged = mask_slice != nullptr && kv_tiles <= STAGED_TILES;\n\
+            const bool staged = block_mask != nullptr && kv_tiles <= STAGED_TILES;\n\
             if (staged) {{\n\
             \x20   for (int j = {first}; j < kv_tiles; j += {count}) staged_class[j] = (unsigned char)block_class(j);\n\
             }}\n\
@@ -841,9 +841,10 @@ pub(super) fn write_mask_tiles(w: &mut Writer<String>, spec: &Spec) -> fmt::Resu
     writeln!(w, "constexpr int MASK_N = {keys};")
 }
 
-/// This (batch, head)'s slice of the block mask and the lambda `name(j)`:
-/// the class of tile j (queries `q_span`, keys `k_span`, each "lo, hi" in C)
-/// combined over the mask tiles it overlaps; 1 (undecided) without a mask.
+/// The lambda `name(j)`: the class of tile j (queries `q_span`, keys
+/// `k_span`, each "lo, hi" in C) in the block mask's slice of (`b`, `h`) at
+/// the call (a walk over several heads moves `h`), combined over the mask
+/// tiles it overlaps; 1 (undecided) without a mask.
 pub(super) fn write_block_class(
     w: &mut Writer<String>,
     name: &str,
@@ -854,11 +855,11 @@ pub(super) fn write_block_class(
     write!(
         w,
         "\
-        const unsigned char* mask_slice = block_mask == nullptr ? nullptr\n\
-        \x20   : block_mask + b * block_mask_batch_stride + h * block_mask_head_stride;\n\
         const int mask_kv_tiles = ({kv_len} + MASK_N - 1) / MASK_N;\n\
         auto {name} = [&](int j) {{\n\
-        \x20   return mask_slice == nullptr ? 1 : coarse_class<MASK_M, MASK_N>(mask_slice, mask_kv_tiles, {q_span}, {k_span});\n\
+        \x20   if (block_mask == nullptr) return 1;\n\
+        \x20   const unsigned char* slice = block_mask + b * block_mask_batch_stride + h * block_mask_head_stride;\n\
+        \x20   return coarse_class<MASK_M, MASK_N>(slice, mask_kv_tiles, {q_span}, {k_span});\n\
         }};\n"
     )
 }
@@ -946,10 +947,24 @@ pub(super) fn write_column_terms(
     Ok(())
 }
 
-/// The forward's per-key terms for the tile at `kv0`. Terms of the mask
-/// alone are skipped on tiles the mask keeps whole: `logit_interior` never
-/// reads them, and under a document mask most visited tiles are such.
+/// The forward's per-key terms for the tile at `kv0` (see
+/// [`write_tile_terms`]).
 fn write_key_terms(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted]) -> fmt::Result {
+    write_tile_terms(w, spec, hoisted, Level::Column, "k", "kv0")
+}
+
+/// Fills the hoisted terms of `level` for the tile whose first column
+/// (`var`) is `first_col`. Terms of the mask alone are skipped on tiles the
+/// mask keeps whole (`full`): the logit never reads them there, and under a
+/// document mask most visited tiles are such.
+pub(super) fn write_tile_terms(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    hoisted: &[Hoisted],
+    level: Level,
+    var: &str,
+    first_col: &str,
+) -> fmt::Result {
     let in_mask = |h: &&Hoisted| {
         let mut found = false;
         if let Some(mask) = &spec.mask {
@@ -958,12 +973,12 @@ fn write_key_terms(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted]) -> 
         found
     };
     let (mask_terms, terms): (Vec<&Hoisted>, Vec<&Hoisted>) =
-        hoisted.iter().filter(|h| h.level == Level::Column).partition(in_mask);
-    write_column_terms(w, spec, &terms, Level::Column, "k", "kv0")?;
+        hoisted.iter().filter(|h| h.level == level).partition(in_mask);
+    write_column_terms(w, spec, &terms, level, var, first_col)?;
     if mask_terms.is_empty() {
         return Ok(());
     }
-    w.block(format_args!("if (!full)"), |w| write_column_terms(w, spec, &mask_terms, Level::Column, "k", "kv0"))
+    w.block(format_args!("if (!full)"), |w| write_column_terms(w, spec, &mask_terms, level, var, first_col))
 }
 
 /// The `logit` lambda: dot product at (q, k) → log2-domain logit, or −∞
