@@ -806,7 +806,7 @@ fn write_tile_classes(
         // rules out are skipped by binary search, so a sliding window does not\n\
         // pay for a scan over every tile of the row.\n"
     )?;
-    write_next_tile(w, "kv_tiles", &format!("mask_class(j) == 0{skip}"))?;
+    write_next_tile(w, "kv_tiles", &format!("mask_class(j) == 0{skip}"), false)?;
     writeln!(w, "auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || mask_class(j) == 2{full}; }};")
 }
 
@@ -870,15 +870,35 @@ pub(super) fn write_block_class(
 /// visited next tile costs one span evaluation; a run of tiles the analysis
 /// rules out whole (the far side of a sliding window, other documents) is
 /// skipped by binary search over the spans from j, which only grow.
-pub(super) fn write_next_tile(w: &mut Writer<String>, tiles: &str, empty: &str) -> fmt::Result {
+///
+/// With `warp_scan`, a whole warp calls it with the same j (C `lane` is the
+/// lane), and where the analysis keeps tile j the warp tests tiles j to
+/// j + 31 at once: a run of tiles that only `empty` removes (other documents
+/// of a block mask) then costs one round of independent loads per 32 tiles,
+/// not a dependent load per tile.
+pub(super) fn write_next_tile(w: &mut Writer<String>, tiles: &str, empty: &str, warp_scan: bool) -> fmt::Result {
+    let kept = if warp_scan {
+        format!(
+            "\
+            \x20           const int mine = j + lane;\n\
+            \x20           const bool kept = mine < {tiles} && span_class(mine, mine + 1).hi != 0 && !removed(mine);\n\
+            \x20           const unsigned ahead = __ballot_sync(0xffffffffu, kept);\n\
+            \x20           if (ahead != 0) return j + __ffs(ahead) - 1;\n\
+            \x20           j += 32;\n"
+        )
+    } else {
+        format!("\x20           if (!({empty})) return j;\n\x20           ++j;\n")
+    };
+    if warp_scan {
+        writeln!(w, "auto removed = [&](int j) {{ return {empty}; }};")?;
+    }
     write!(
         w,
         "\
         auto next_tile = [&](int j) {{\n\
         \x20   while (j < {tiles}) {{\n\
         \x20       if (span_class(j, j + 1).hi != 0) {{\n\
-        \x20           if (!({empty})) return j;\n\
-        \x20           ++j;\n\
+        {kept}\
         \x20           continue;\n\
         \x20       }}\n\
         \x20       // Tiles [j, lo) keep no pair; [j, hi) keeps one, or hi is the end.\n\
