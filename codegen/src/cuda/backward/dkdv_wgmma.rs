@@ -26,7 +26,9 @@
 //!
 //! The element code, spec lambdas, tile walk and epilogue are the
 //! `mma.sync` kernel's (`dkdv.rs`); only the products and the data movement
-//! differ.
+//! differ, and only the producer walks: with each stage it writes the step's
+//! query tile and class and the next step's head, which the consumers read
+//! behind the stage's full barrier.
 
 use super::common::{
     write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, write_whole_logit, Rows,

@@ -23,7 +23,8 @@
 //!    On Hopper (`BackwardConfig::preferred`, head dims padding to 128) the
 //!    dK/dV kernel is the warp-specialized wgmma one of `dkdv_wgmma`: the
 //!    same per-element code and tile walk, with 128 keys per CTA in two
-//!    consumer warpgroups, a producer warpgroup streaming the query steps,
+//!    consumer warpgroups, a producer warpgroup that walks the query steps
+//!    and streams them (telling the consumers each step's tile and class),
 //!    and dQ = dS·K on the tensor cores from a shared dS tile.
 //!    Its consumers store each step's dQ to shared memory in their fragment
 //!    order, and one producer thread adds the tile with a single bulk
