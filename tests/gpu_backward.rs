@@ -237,7 +237,8 @@ fn fully_masked_rows() {
 /// turn and tells the consumers which tile and head come next. A mask that
 /// depends on the head leaves some heads of a group without a step for a
 /// key tile (and some key tiles without any); documents without causality
-/// leave runs of tiles only the block mask removes, one by one.
+/// leave runs of tiles only the block mask removes, which a warp tests 32 at
+/// a time (in both dK/dV kernels).
 #[test]
 fn walks_over_heads_and_documents() {
     let Some(rt) = runtime() else { return };
@@ -250,7 +251,9 @@ fn walks_over_heads_and_documents() {
         cases.push((by_head.clone(), Case::new(heads, (113, 700))));
         cases.push((documents.clone(), Case { batch: 1, ..Case::new(heads, (1024, 1023)) }));
     }
-    cases.push((documents, Case { block_mask: true, ..Case::new((2, 2), (300, 555)) }));
+    cases.push((documents.clone(), Case { block_mask: true, ..Case::new((2, 2), (300, 555)) }));
+    // Head dim 64: the mma.sync dK/dV kernel, whose threads all walk.
+    cases.push((with(documents, Dtype::Bf16, 64, 64), Case { batch: 1, ..Case::new((4, 2), (1024, 1023)) }));
     run_all(&rt, cases);
 }
 
