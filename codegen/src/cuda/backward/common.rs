@@ -29,7 +29,42 @@ __device__ __forceinline__ float warp_sum(float x) {
 "#;
 
 /// Device helpers of the tiled backward kernels.
-const BACKWARD_TILES: &str = r#"// Byte offset of a lane's ldmatrix row (see LdmLane) for a (row_step, step)
+const BACKWARD_TILES: &str = r#"// A warp's 16 key rows of an f32 accumulator (TILES m16n8 tiles) times
+// `factor` out to global memory in 16 bits, through `stage`: this warp's
+// 16 x 16 * TILES bytes of a free shared tile. The column pairs land with
+// each row's 16-byte chunks XORed with the row (a warp's pair stores then hit
+// all 32 banks where TILES is a multiple of 8); the rows leave 16 bytes per lane where `vector` (rows
+// 16-byte aligned) and the chunk holds only columns below `cols`, else
+// element by element. Only the first `rows` rows exist.
+template <class S, int TILES>
+__device__ __forceinline__ void store_key_rows(S, unsigned char* stage, const float (&acc)[TILES][4], float factor,
+                                               unsigned short* out, long long stride, int rows, int cols, bool vector) {
+    constexpr int PERIOD = TILES % 8 == 0 ? 8 : TILES % 4 == 0 ? 4 : TILES % 2 == 0 ? 2 : 1;
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    #pragma unroll
+    for (int n = 0; n < TILES; ++n) {
+        #pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int row = g + 8 * i;
+            const unsigned pair = (unsigned)S::from_f32(acc[n][2 * i] * factor) | (unsigned)S::from_f32(acc[n][2 * i + 1] * factor) << 16;
+            *reinterpret_cast<unsigned*>(stage + row * 16 * TILES + (n ^ row % PERIOD) * 16 + 4 * t) = pair;
+        }
+    }
+    __syncwarp();
+    #pragma unroll
+    for (int c = lane; c < 16 * TILES; c += 32) {
+        const int row = c / TILES, chunk = c % TILES;
+        if (row >= rows) break;
+        const unsigned char* from = stage + row * 16 * TILES + (chunk ^ row % PERIOD) * 16;
+        unsigned short* to = out + row * stride + chunk * 8;
+        if (vector && chunk * 8 + 8 <= cols) {
+            *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(from);
+        } else {
+            for (int e = 0; e < 8 && chunk * 8 + e < cols; ++e) to[e] = reinterpret_cast<const unsigned short*>(from)[e];
+        }
+    }
+}
+// Byte offset of a lane's ldmatrix row (see LdmLane) for a (row_step, step)
 // known only at run time: the swizzle computed in full.
 template <int COLS>
 __device__ __forceinline__ unsigned ldm_at(const LdmLane<COLS>& lane, int row_step, int step) {

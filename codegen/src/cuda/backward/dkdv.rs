@@ -5,7 +5,7 @@ use super::common::{
     per_head, write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows, Sections,
     SpecTerms, Walk,
 };
-use super::step::{write_elements, write_register_products, write_scores, write_stores, FromRegisters, Part, Store};
+use super::step::{write_elements, write_register_products, write_scores, FromRegisters, Part};
 use super::BackwardConfig;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::forward::{pad16, write_mask_tiles};
@@ -268,8 +268,9 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         "\
         cp_async_wait_all();  // nothing may stay in flight past the kernel (no step visited)\n\
         \n\
-        // Epilogue: dK = scale * sum dS^T Q and dV = sum P^T dO, for the keys and\n\
-        // columns that exist.\n"
+        // Epilogue: dK = scale * sum dS^T Q and dV = sum P^T dO. Every warp's dQ\n\
+        // reads every key: once all are done, K and V stage the stores.\n\
+        __syncthreads();\n"
     )?;
     write_key_stores(w, spec)
 }
@@ -301,30 +302,23 @@ pub(super) fn write_head_grad_adds(w: &mut Writer<String>, spec: &Spec, terms: &
     Ok(())
 }
 
-/// The epilogue of a dK/dV kernel: dK = scale · dk_acc and dV = dv_acc, this
-/// warp's 16 keys, for the keys and columns that exist.
+/// The epilogue of a dK/dV kernel: dK = scale · dk_acc and dV = dv_acc,
+/// this warp's 16 keys, for the keys and columns that exist, staged in the
+/// warp's own rows of the K and V tiles, which the caller has freed: rows
+/// leave 16 bytes per lane (a 2-byte store per element kept the window's
+/// short CTAs waiting on the store queue for ~14% of their time).
 pub(super) fn write_key_stores(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     let [kv_len, scale] = [ArgKind::KvLen, ArgKind::Scale].map(|kind| arg_name(spec, kind));
     let [dk_stride, dv_stride] = [Operand::DK, Operand::DV].map(|op| arg_name(spec, ArgKind::Stride(op, Axis::Seq)));
-    let dk = Store {
-        out: "dk_out",
-        rows: "dk_rows",
-        stride: &dk_stride,
-        acc: "dk_acc",
-        tiles: "DK_TILES",
-        cols: "D",
-        factor: Some(&scale),
-    };
-    let dv = Store {
-        out: "dv_out",
-        rows: "dv_rows",
-        stride: &dv_stride,
-        acc: "dv_acc",
-        tiles: "DV_TILES",
-        cols: "DV",
-        factor: None,
-    };
-    write_stores(w, Rows::Keys, "k0 + warp * 16", &kv_len, &[dk, dv])
+    write!(
+        w,
+        "\
+        const int key = k0 + warp * 16, keys = min_i32(16, {kv_len} - key);\n\
+        unsigned short* dk_out = dk_rows + (long long)key * {dk_stride};\n\
+        unsigned short* dv_out = dv_rows + (long long)key * {dv_stride};\n\
+        store_key_rows(storage{{}}, (unsigned char*)(k_tile + warp * 16 * DP), dk_acc, {scale}, dk_out, {dk_stride}, keys, D, aligned16(dk_rows, {dk_stride}));\n\
+        store_key_rows(storage{{}}, (unsigned char*)(v_tile + warp * 16 * DVP), dv_acc, 1.0f, dv_out, {dv_stride}, keys, DV, aligned16(dv_rows, {dv_stride}));\n"
+    )
 }
 
 /// `auto* rows = ptr + b * batch_stride + head * head_stride;`

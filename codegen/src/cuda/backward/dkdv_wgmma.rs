@@ -34,7 +34,9 @@ use super::common::{
     write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, write_whole_logit, Rows,
     Sections, SpecTerms, Walk,
 };
-use super::dkdv::{write_head_grad_adds, write_head_grad_sums, write_key_cta, write_key_tiles, write_rows};
+use super::dkdv::{
+    write_head_grad_adds, write_head_grad_sums, write_key_cta, write_key_stores, write_key_tiles, write_rows,
+};
 use super::step::{write_elements, Part};
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::forward::pad16;
@@ -119,40 +121,6 @@ __device__ __forceinline__ void bulk_reduce_add(float* dst, unsigned src, unsign
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(N) : "memory"); }
-// A warp's 16 key rows of an f32 accumulator (TILES m16n8 tiles) times
-// `factor` out to global memory in 16 bits, through `stage`: this warp's
-// 16 x 16 * TILES bytes of a free shared tile. The column pairs land with
-// each row's 16-byte chunks XORed with row % 8 (a warp's pair stores then hit
-// all 32 banks); the rows leave 16 bytes per lane where `vector` (rows
-// 16-byte aligned) and the chunk holds only columns below `cols`, else
-// element by element. Only the first `rows` rows exist.
-template <class S, int TILES>
-__device__ __forceinline__ void store_key_rows(S, unsigned char* stage, const float (&acc)[TILES][4], float factor,
-                                               unsigned short* out, long long stride, int rows, int cols, bool vector) {
-    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    #pragma unroll
-    for (int n = 0; n < TILES; ++n) {
-        #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int row = g + 8 * i;
-            const unsigned pair = (unsigned)S::from_f32(acc[n][2 * i] * factor) | (unsigned)S::from_f32(acc[n][2 * i + 1] * factor) << 16;
-            *reinterpret_cast<unsigned*>(stage + row * 16 * TILES + (n ^ row % 8) * 16 + 4 * t) = pair;
-        }
-    }
-    __syncwarp();
-    #pragma unroll
-    for (int c = lane; c < 16 * TILES; c += 32) {
-        const int row = c / TILES, chunk = c % TILES;
-        if (row >= rows) break;
-        const unsigned char* from = stage + row * 16 * TILES + (chunk ^ row % 8) * 16;
-        unsigned short* to = out + row * stride + chunk * 8;
-        if (vector && chunk * 8 + 8 <= cols) {
-            *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(from);
-        } else {
-            for (int e = 0; e < 8 && chunk * 8 + e < cols; ++e) to[e] = reinterpret_cast<const unsigned short*>(from)[e];
-        }
-    }
-}
 // Keeps register A operands alive up to this point: the tensor cores read
 // them until their wgmma group has been waited for.
 template <int N>
@@ -468,31 +436,12 @@ fn write_consumers(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoist
         write_head_grad_adds(w, spec, terms)
     })?;
     writeln!(w)?;
-    write_epilogue(w, spec)
-}
-
-/// dK = scale · Σ dSᵀ Q and dV = Σ Pᵀ dO out through the K and V tiles,
-/// which no product reads any more: 16-byte rows instead of a 2-byte store
-/// per element (one 2-byte store per element spent an item's worth of the
-/// window's short CTAs waiting on the store queue).
-fn write_epilogue(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
-    let [kv_len, scale] = [ArgKind::KvLen, ArgKind::Scale].map(|kind| arg_name(spec, kind));
-    let [dk_stride, dv_stride] = [Operand::DK, Operand::DV].map(|op| arg_name(spec, ArgKind::Stride(op, Axis::Seq)));
-    write!(
-        w,
-        "\
-        // Epilogue: dK = scale * sum dS^T Q and dV = sum P^T dO for this warp's 16\n\
-        // keys, staged in its 16 rows of the K and V tiles once every warp's last\n\
-        // product has read them (dQ = dS K reads both warpgroups' keys).\n\
-        fence_operands(dk_acc);\n\
-        fence_operands(dv_acc);\n\
-        named_barrier_sync(1, THREADS);\n\
-        const int key = k0 + warp * 16, keys = min_i32(16, {kv_len} - key);\n\
-        unsigned short* dk_out = dk_rows + (long long)key * {dk_stride};\n\
-        unsigned short* dv_out = dv_rows + (long long)key * {dv_stride};\n\
-        store_key_rows(storage{{}}, (unsigned char*)(k_tile + warp * 16 * DP), dk_acc, {scale}, dk_out, {dk_stride}, keys, D, aligned16(dk_rows, {dk_stride}));\n\
-        store_key_rows(storage{{}}, (unsigned char*)(v_tile + warp * 16 * DVP), dv_acc, 1.0f, dv_out, {dv_stride}, keys, DV, aligned16(dv_rows, {dv_stride}));\n"
-    )
+    writeln!(w, "// Epilogue (every product was waited for in its step).")?;
+    writeln!(w, "fence_operands(dk_acc);")?;
+    writeln!(w, "fence_operands(dv_acc);")?;
+    writeln!(w, "// dQ = dS K reads both warpgroups' keys: the consumers' barrier frees K and V.")?;
+    writeln!(w, "named_barrier_sync(1, THREADS);")?;
+    write_key_stores(w, spec)
 }
 
 /// One step: the producer's query tile j of head h against this
