@@ -95,10 +95,16 @@ pub(super) fn load_offset(
     hoisted: &dyn Fn(&Expr) -> Option<String>,
 ) -> String {
     let mut offset = String::new();
-    for (index, dim) in indices.iter().zip(&spec.tensors[slot].dims) {
-        let dim = dim_value(spec, *dim);
-        let clipped = format!("clip({}, {dim})", c_expr_in(spec, index, hoisted));
-        offset = if offset.is_empty() { clipped } else { format!("({offset} * {dim} + {clipped})") };
+    for (index, &dim) in indices.iter().zip(&spec.tensors[slot].dims) {
+        let wide = matches!(dim, Dim::Const(n) if n > i32::MAX as u32);
+        let (dim, clip) = (dim_value(spec, dim), if wide { "clip_wide" } else { "clip" });
+        let clipped = format!("{clip}({}, {dim})", c_expr_in(spec, index, hoisted));
+        // The first index widens the sum: every later term is 64-bit.
+        offset = match offset.is_empty() {
+            true if indices.len() > 1 && !wide => format!("(long long){clipped}"),
+            true => clipped,
+            false => format!("({offset} * {dim} + {clipped})"),
+        };
     }
     offset
 }
@@ -237,13 +243,15 @@ mod tests {
     fn loads_clip_every_index_and_widen_half_types() {
         assert_eq!(
             score("tensor rel: f32[H, 257], score: score + rel[h][k - q]"),
-            "(score + t_rel[(clip(h, heads) * 257 + clip(sub_i32(k, q), 257))])"
+            "(score + t_rel[((long long)clip(h, heads) * 257 + clip(sub_i32(k, q), 257))])"
         );
         assert_eq!(
             score("tensor t: f16[B, H_KV, Q_LEN], score: t[b][h][q]"),
-            "f16::to_f32(t_t[((clip(b, batch) * heads_kv + clip(h, heads_kv)) * q_len + clip(q, q_len))])"
+            "f16::to_f32(t_t[(((long long)clip(b, batch) * heads_kv + clip(h, heads_kv)) * q_len + clip(q, q_len))])"
         );
         assert_eq!(score("tensor t: bf16[KV_LEN], score: t[k]"), "bf16::to_f32(t_t[clip(k, kv_len)])");
+        // Constant dimensions past i32::MAX clip in 64 bits.
+        assert_eq!(score("tensor t: f32[4000000000], score: score + t[k]"), "(score + t_t[clip_wide(k, 4000000000)])");
     }
 
     #[test]

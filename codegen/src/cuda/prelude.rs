@@ -91,8 +91,10 @@ __device__ __forceinline__ int f32_to_i32(float x) {
     return x != x ? 0 : x >= 2147483648.0f ? 2147483647 : x <= -2147483648.0f ? (-2147483647 - 1) : (int)x;
 }
 // Tensor indices are clipped into [0, n - 1] (JAX's "clip" gather mode): a
-// spec can never read outside a captured tensor.
-__device__ __forceinline__ long long clip(int i, long long n) {
+// spec can never read outside a captured tensor. Dimensions are ints but for
+// constants past 2^31 - 1 (clip_wide).
+__device__ __forceinline__ int clip(int i, int n) { return max(min(i, n - 1), 0); }
+__device__ __forceinline__ long long clip_wide(int i, long long n) {
     const long long c = i < n - 1 ? (long long)i : n - 1;
     return c > 0 ? c : 0;
 }
