@@ -32,10 +32,11 @@ __device__ __forceinline__ float warp_sum(float x) {
 const BACKWARD_TILES: &str = r#"// A warp's 16 key rows of an f32 accumulator (TILES m16n8 tiles) times
 // `factor` out to global memory in 16 bits, through `stage`: this warp's
 // 16 x 16 * TILES bytes of a free shared tile. The column pairs land with
-// each row's 16-byte chunks XORed with the row (a warp's pair stores then hit
-// all 32 banks where TILES is a multiple of 8); the rows leave 16 bytes per lane where `vector` (rows
-// 16-byte aligned) and the chunk holds only columns below `cols`, else
-// element by element. Only the first `rows` rows exist.
+// each row's 16-byte chunks XORed with the row (a warp's pair stores then
+// hit all 32 banks where TILES is a multiple of 8); the rows leave 16 bytes
+// per lane where `vector` (rows 16-byte aligned) and the chunk holds only
+// columns below `cols`, else element by element. Only the first `rows` rows
+// exist.
 template <class S, int TILES>
 __device__ __forceinline__ void store_key_rows(S, unsigned char* stage, const float (&acc)[TILES][4], float factor,
                                                unsigned short* out, long long stride, int rows, int cols, bool vector) {
