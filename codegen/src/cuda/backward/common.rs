@@ -29,7 +29,7 @@ __device__ __forceinline__ float warp_sum(float x) {
 "#;
 
 /// Device helpers of the tiled backward kernels.
-const BACKWARD_TILES: &str = r#"// A warp's 16 key rows of an f32 accumulator (TILES m16n8 tiles) times
+const BACKWARD_TILES: &str = r#"// A warp's 16 rows of an f32 accumulator (TILES m16n8 tiles) times
 // `factor` out to global memory in 16 bits, through `stage`: this warp's
 // 16 x 16 * TILES bytes of a free shared tile. The column pairs land with
 // each row's 16-byte chunks XORed with the row (a warp's pair stores then
@@ -38,7 +38,7 @@ const BACKWARD_TILES: &str = r#"// A warp's 16 key rows of an f32 accumulator (T
 // columns below `cols`, else element by element. Only the first `rows` rows
 // exist.
 template <class S, int TILES>
-__device__ __forceinline__ void store_key_rows(S, unsigned char* stage, const float (&acc)[TILES][4], float factor,
+__device__ __forceinline__ void store_warp_rows(S, unsigned char* stage, const float (&acc)[TILES][4], float factor,
                                                unsigned short* out, long long stride, int rows, int cols, bool vector) {
     constexpr int PERIOD = TILES % 8 == 0 ? 8 : TILES % 4 == 0 ? 4 : TILES % 2 == 0 ? 2 : 1;
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;

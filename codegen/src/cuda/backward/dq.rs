@@ -7,7 +7,7 @@ use super::common::{
     Walk,
 };
 use super::dkdv::write_rows;
-use super::step::{write_elements, write_register_products, write_scores, write_stores, FromRegisters, Part, Store};
+use super::step::{write_elements, write_register_products, write_scores, FromRegisters, Part};
 use super::BackwardConfig;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::forward::{pad16, write_mask_tiles};
@@ -177,16 +177,10 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         "\
         cp_async_wait_all();  // nothing may stay in flight past the kernel (no step visited)\n\
         \n\
-        // Epilogue: dQ = scale * sum dS K for the rows and columns that exist.\n"
-    )?;
-    let dq = Store {
-        out: "out",
-        rows: "dq_rows",
-        stride: &dq_stride,
-        acc: "dq_acc",
-        tiles: "DQ_TILES",
-        cols: "D",
-        factor: Some(&scale),
-    };
-    write_stores(w, Rows::Queries, "q0 + warp * 16", &q_len, &[dq])
+        // Epilogue: dQ = scale * sum dS K for the rows and columns that exist,\n\
+        // staged in this warp's rows of the Q tile once every product has read it.\n\
+        __syncthreads();\n\
+        const int query = q0 + warp * 16;\n\
+        store_warp_rows(storage{{}}, (unsigned char*)(q_tile + warp * 16 * DP), dq_acc, {scale}, dq_rows + (long long)query * {dq_stride}, {dq_stride}, min_i32(16, {q_len} - query), D, aligned16(dq_rows, {dq_stride}));\n"
+    )
 }
