@@ -30,33 +30,37 @@ __device__ __forceinline__ float warp_sum(float x) {
 
 /// Device helpers of the tiled backward kernels.
 const BACKWARD_TILES: &str = r#"// A warp's 16 rows of an f32 accumulator (TILES m16n8 tiles) times
-// `factor` out to global memory in 16 bits, through `stage`: this warp's
-// 16 x 16 * TILES bytes of a free shared tile. The column pairs land with
+// `factor`, rows first..first + 15 of the 16-bit `rows` (`len` of them exist,
+// `cols` columns), out to global memory through `stage`: this warp's 16 rows
+// of a free shared tile 8 * TILES columns wide. The column pairs land with
 // each row's 16-byte chunks XORed with the row (a warp's pair stores then
 // hit all 32 banks where TILES is a multiple of 8); the rows leave 16 bytes
-// per lane where `vector` (rows 16-byte aligned) and the chunk holds only
-// columns below `cols`, else element by element. Only the first `rows` rows
-// exist.
+// per lane where they are 16-byte aligned and the chunk holds only columns
+// below `cols`, else element by element.
 template <class S, int TILES>
-__device__ __forceinline__ void store_warp_rows(S, unsigned char* stage, const float (&acc)[TILES][4], float factor,
-                                               unsigned short* out, long long stride, int rows, int cols, bool vector) {
+__device__ __forceinline__ void store_warp_rows(S, unsigned short* stage, const float (&acc)[TILES][4], float factor,
+                                                unsigned short* rows, long long stride, int first, int len, int cols) {
     constexpr int PERIOD = TILES % 8 == 0 ? 8 : TILES % 4 == 0 ? 4 : TILES % 2 == 0 ? 2 : 1;
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    unsigned char* bytes = reinterpret_cast<unsigned char*>(stage);
     #pragma unroll
     for (int n = 0; n < TILES; ++n) {
         #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const int row = g + 8 * i;
             const unsigned pair = (unsigned)S::from_f32(acc[n][2 * i] * factor) | (unsigned)S::from_f32(acc[n][2 * i + 1] * factor) << 16;
-            *reinterpret_cast<unsigned*>(stage + row * 16 * TILES + (n ^ row % PERIOD) * 16 + 4 * t) = pair;
+            *reinterpret_cast<unsigned*>(bytes + row * 16 * TILES + (n ^ row % PERIOD) * 16 + 4 * t) = pair;
         }
     }
     __syncwarp();
+    unsigned short* out = rows + first * stride;
+    const int count = min_i32(16, len - first);
+    const bool vector = aligned16(rows, stride);
     #pragma unroll
     for (int c = lane; c < 16 * TILES; c += 32) {
         const int row = c / TILES, chunk = c % TILES;
-        if (row >= rows) break;
-        const unsigned char* from = stage + row * 16 * TILES + (chunk ^ row % PERIOD) * 16;
+        if (row >= count) break;
+        const unsigned char* from = bytes + row * 16 * TILES + (chunk ^ row % PERIOD) * 16;
         unsigned short* to = out + row * stride + chunk * 8;
         if (vector && chunk * 8 + 8 <= cols) {
             *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(from);

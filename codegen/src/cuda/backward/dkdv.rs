@@ -313,11 +313,8 @@ pub(super) fn write_key_stores(w: &mut Writer<String>, spec: &Spec) -> fmt::Resu
     write!(
         w,
         "\
-        const int key = k0 + warp * 16, keys = min_i32(16, {kv_len} - key);\n\
-        unsigned short* dk_out = dk_rows + (long long)key * {dk_stride};\n\
-        unsigned short* dv_out = dv_rows + (long long)key * {dv_stride};\n\
-        store_warp_rows(storage{{}}, (unsigned char*)(k_tile + warp * 16 * DP), dk_acc, {scale}, dk_out, {dk_stride}, keys, D, aligned16(dk_rows, {dk_stride}));\n\
-        store_warp_rows(storage{{}}, (unsigned char*)(v_tile + warp * 16 * DVP), dv_acc, 1.0f, dv_out, {dv_stride}, keys, DV, aligned16(dv_rows, {dv_stride}));\n"
+        store_warp_rows(storage{{}}, k_tile + warp * 16 * DP, dk_acc, {scale}, dk_rows, {dk_stride}, k0 + warp * 16, {kv_len}, D);\n\
+        store_warp_rows(storage{{}}, v_tile + warp * 16 * DVP, dv_acc, 1.0f, dv_rows, {dv_stride}, k0 + warp * 16, {kv_len}, DV);\n"
     )
 }
 

@@ -180,7 +180,6 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         // Epilogue: dQ = scale * sum dS K for the rows and columns that exist,\n\
         // staged in this warp's rows of the Q tile once every product has read it.\n\
         __syncthreads();\n\
-        const int query = q0 + warp * 16;\n\
-        store_warp_rows(storage{{}}, (unsigned char*)(q_tile + warp * 16 * DP), dq_acc, {scale}, dq_rows + (long long)query * {dq_stride}, {dq_stride}, min_i32(16, {q_len} - query), D, aligned16(dq_rows, {dq_stride}));\n"
+        store_warp_rows(storage{{}}, q_tile + warp * 16 * DP, dq_acc, {scale}, dq_rows, {dq_stride}, q0 + warp * 16, {q_len}, D);\n"
     )
 }
