@@ -297,7 +297,7 @@ pub(super) fn write_row_terms(
 
 /// Fills the hoisted terms that vary per column, for the tile whose first
 /// column is `first_col`; those of the mask alone only where the tile is not
-/// kept whole (`full`, which the caller defines).
+/// `interior` (which the caller defines, see [`forward::interior_decl`]).
 pub(super) fn write_column_terms(
     w: &mut Writer<String>,
     spec: &Spec,
@@ -311,6 +311,7 @@ pub(super) fn write_column_terms(
 
 /// The spec as lambdas of one element (dot product at (q, k), row slot i,
 /// column slot (n, c)): `logit`, the forward's log2-domain logit or −∞;
+/// `logit_whole`, the same on `interior` tiles;
 /// `d_score`, ∂score′/∂score at the scaled score; per trainable tensor `t`,
 /// `d_t` (∂score′/∂t) and `at_t` (the element offset its read hits).
 pub(super) fn write_spec_lambdas(
@@ -322,29 +323,30 @@ pub(super) fn write_spec_lambdas(
 ) -> fmt::Result {
     let c = |e: &Expr| c_expr_in(spec, e, &|x| lookup(hoisted, rows, x));
     let (scale, kv_len) = (arg_name(spec, ArgKind::Scale), arg_name(spec, ArgKind::KvLen));
-    let mask = spec.mask.as_ref().map(|e| format!(" && (full || {})", c(e))).unwrap_or_default();
+    let mask = spec.mask.as_ref().map(|e| format!(" && ({})", c(e))).unwrap_or_default();
     let slots = "int q, int k, int i, int n, int c";
     writeln!(w, "// The spec on one element, as the forward evaluates it: the log2-domain logit,")?;
     writeln!(w, "// or -inf where the mask drops the pair or k is past the end.")?;
     match &spec.score {
         None => {
             writeln!(w, "const float scale_log2 = {scale} * LOG2E;")?;
-            writeln!(w, "auto logit = [&](float dot, {slots}, bool full) -> float {{")?;
+            writeln!(w, "auto logit = [&](float dot, {slots}) -> float {{")?;
             w.indented(|w| {
                 writeln!(w, "const bool keep = k < {kv_len}{mask};")?;
-                writeln!(w, "return keep ? dot * scale_log2 : neg_inf();")
+                writeln!(w, "return kept_or_neg_inf(keep, dot * scale_log2);")
             })?;
         }
         Some(e) => {
-            writeln!(w, "auto logit = [&](float dot, {slots}, bool full) -> float {{")?;
+            writeln!(w, "auto logit = [&](float dot, {slots}) -> float {{")?;
             w.indented(|w| {
                 writeln!(w, "const float score = dot * {scale};")?;
                 writeln!(w, "const bool keep = k < {kv_len}{mask};")?;
-                writeln!(w, "return keep ? {} * LOG2E : neg_inf();", c(e))
+                writeln!(w, "return kept_or_neg_inf(keep, {} * LOG2E);", c(e))
             })?;
         }
     }
     w.write_str("};\n")?;
+    write_whole_logit(w, spec, hoisted, rows)?;
     if let Some(d) = &terms.d_score {
         writeln!(w, "// d score' / d score at the scaled score (symbolic, from the spec).")?;
         writeln!(w, "auto d_score = [&](float score, {slots}) -> float {{ return {}; }};", c(d))?;
@@ -361,7 +363,7 @@ pub(super) fn write_spec_lambdas(
 
 /// `logit_whole`: the `logit` of [`write_spec_lambdas`] (which it follows)
 /// for a pair the mask keeps and whose key exists, without testing either.
-pub(super) fn write_whole_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], rows: Rows) -> fmt::Result {
+fn write_whole_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], rows: Rows) -> fmt::Result {
     let slots = "int q, int k, int i, int n, int c";
     writeln!(w, "// The logit of a pair the mask keeps and whose key exists.")?;
     match &spec.score {

@@ -5,10 +5,10 @@ use super::common::{
     per_head, write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows, Sections,
     SpecTerms, Walk,
 };
-use super::step::{write_elements, write_register_products, write_scores, FromRegisters, Part};
+use super::step::{write_register_products, write_scores, write_split_elements, FromRegisters, Part};
 use super::BackwardConfig;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
-use crate::cuda::forward::{pad16, write_mask_tiles};
+use crate::cuda::forward::{interior_decl, pad16, write_mask_tiles};
 use crate::cuda::hoist::hoist;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::backward_args;
@@ -334,12 +334,14 @@ fn write_step(
     hoisted: &[crate::cuda::hoist::Hoisted],
 ) -> fmt::Result {
     let q_len = arg_name(spec, ArgKind::QLen);
+    let interior = interior_decl(spec, "k0");
     write!(
         w,
         "\
         j_next = next_tile(j + 1);\n\
         const int q0 = j * BLOCK_M;\n\
         const bool full = tile_full(j);  // the mask keeps every pair: skip evaluating it\n\
+        {interior}\
         unsigned short* q_tile = q_tiles + buf * Q_TILE;\n\
         float* lse_col = lse_cols + buf * BLOCK_M;\n\
         const float* delta_col = delta_cols + buf * BLOCK_M;\n\
@@ -358,7 +360,7 @@ fn write_step(
     )?;
     write_column_terms(w, spec, hoisted, Rows::Keys, "q0")?;
     write_scores(w, Rows::Keys)?;
-    write_elements(w, spec, terms, Rows::Keys, ("k0 + warp * 16", "q0"), Part::Both, false)?;
+    write_split_elements(w, spec, terms, Rows::Keys, ("k0 + warp * 16", "q0"), Part::Both)?;
     write!(
         w,
         "\

@@ -31,15 +31,15 @@
 //! behind the stage's full barrier.
 
 use super::common::{
-    write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, write_whole_logit, Rows,
-    Sections, SpecTerms, Walk,
+    write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows, Sections, SpecTerms,
+    Walk,
 };
 use super::dkdv::{
     write_head_grad_adds, write_head_grad_sums, write_key_cta, write_key_stores, write_key_tiles, write_rows,
 };
-use super::step::{write_elements, Part};
+use super::step::{write_elements, write_split_elements, Part};
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
-use crate::cuda::forward::pad16;
+use crate::cuda::forward::{interior_decl, pad16};
 use crate::cuda::hoist::{hoist, Hoisted};
 use crate::cuda::ring::RING;
 use crate::cuda::signature::{arg_name, backward_args, with_tma_args};
@@ -430,7 +430,6 @@ fn write_consumers(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoist
         writeln!(w, "if (h != next_h) continue;  // the head visits no step")?;
         write_row_terms(w, spec, hoisted, Rows::Keys, "k0 + warp * 16")?;
         write_spec_lambdas(w, spec, terms, hoisted, Rows::Keys)?;
-        write_whole_logit(w, spec, hoisted, Rows::Keys)?;
         write_head_grad_sums(w, spec, terms)?;
         w.block(format_args!("for (; next_h == h; ++it)"), |w| write_step(w, spec, terms, hoisted))?;
         write_head_grad_adds(w, spec, terms)
@@ -447,6 +446,7 @@ fn write_consumers(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoist
 /// One step: the producer's query tile j of head h against this
 /// warpgroup's keys.
 fn write_step(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoisted: &[Hoisted]) -> fmt::Result {
+    let interior = interior_decl(spec, "k0");
     write!(
         w,
         "\
@@ -456,6 +456,7 @@ fn write_step(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoisted: &
         next_h = step_next[stage];\n\
         const int j = tile >> 1, q0 = j * BLOCK_M;\n\
         const bool full = tile & 1;  // the mask keeps every pair: skip evaluating it\n\
+        {interior}\
         const unsigned q_smem = smem_addr(q_tiles + stage * Q_TILE), dout_smem = smem_addr(dout_tiles + stage * DO_TILE);\n\
         // Descriptors of the stage's Q and dO tiles: K-major (S^T, dP^T) and\n\
         // MN-major (dK, dV).\n\
@@ -515,16 +516,7 @@ fn write_step(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoisted: &
     writeln!(w, "// The A fragments of dV += P^T dO and dK += dS^T Q: the accumulators of query")?;
     writeln!(w, "// tiles 2kk and 2kk + 1 are the kk-th 16-query step's fragment.")?;
     writeln!(w, "unsigned pa[BLOCK_M / 16][4], dsa[BLOCK_M / 16][4];")?;
-    // The first element pass, on a tile the mask keeps whole with every key
-    // present without mask or bounds.
-    let kv_len = arg_name(spec, ArgKind::KvLen);
-    let first_pass = |w: &mut Writer<String>, part: Part| {
-        writeln!(w, "// A tile the mask keeps whole, with every key: no mask or bounds.")?;
-        w.block(format_args!("if (full && k0 + BLOCK_N <= {kv_len})"), |w| {
-            write_elements(w, spec, terms, Rows::Keys, rows, part, true)
-        })?;
-        w.block(format_args!("else"), |w| write_elements(w, spec, terms, Rows::Keys, rows, part, false))
-    };
+    let first_pass = |w: &mut Writer<String>, part: Part| write_split_elements(w, spec, terms, Rows::Keys, rows, part);
     if Part::splits(terms) {
         writeln!(w, "wgmma_wait<1>();  // S^T is done; dP^T may still run")?;
         writeln!(w, "fence_operands(s);")?;

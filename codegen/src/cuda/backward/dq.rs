@@ -7,10 +7,10 @@ use super::common::{
     Walk,
 };
 use super::dkdv::write_rows;
-use super::step::{write_elements, write_register_products, write_scores, FromRegisters, Part};
+use super::step::{write_register_products, write_scores, write_split_elements, FromRegisters, Part};
 use super::BackwardConfig;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
-use crate::cuda::forward::{pad16, write_mask_tiles};
+use crate::cuda::forward::{interior_decl, pad16, write_mask_tiles};
 use crate::cuda::hoist::hoist;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::backward_args;
@@ -146,12 +146,14 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         // This warp's 16 rows of dQ (f32), over every key: no atomics.\n\
         float dq_acc[DQ_TILES][4] = {{}};\n"
     )?;
+    let interior = interior_decl(spec, "kv0");
     w.block(format_args!("for (int j = next_tile(0); j < kv_tiles; j = next_tile(j + 1))"), |w| {
         write!(
             w,
             "\
             const int kv0 = j * BLOCK_N;\n\
             const bool full = tile_full(j);  // the mask keeps every pair: skip evaluating it\n\
+        {interior}\
             __syncthreads();  // every warp is done with the previous step's K and V\n\
             load_tile<BLOCK_N, DP, D, THREADS>(k_tile, k_rows + (long long)kv0 * {k_stride}, {k_stride}, {kv_len} - kv0, vector);\n\
             load_tile<BLOCK_N, DVP, DV, THREADS>(v_tile, v_rows + (long long)kv0 * {v_stride}, {v_stride}, {kv_len} - kv0, vector);\n\
@@ -161,7 +163,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         )?;
         write_column_terms(w, spec, &hoisted, Rows::Queries, "kv0")?;
         write_scores(w, Rows::Queries)?;
-        write_elements(w, spec, terms, Rows::Queries, ("q0 + warp * 16", "kv0"), Part::Both, false)?;
+        write_split_elements(w, spec, terms, Rows::Queries, ("q0 + warp * 16", "kv0"), Part::Both)?;
         write!(
             w,
             "\

@@ -120,7 +120,7 @@ pub(super) fn write_elements(
                 }
                 let logit = match whole {
                     true => "logit_whole(dot, q, k, i, n, c)",
-                    false => "logit(dot, q, k, i, n, c, full)",
+                    false => "logit(dot, q, k, i, n, c)",
                 };
                 match part {
                     Part::Both => write_element(w, spec, terms, logit),
@@ -133,6 +133,22 @@ pub(super) fn write_elements(
             })
         })
     })
+}
+
+/// [`write_elements`] on the whole path (`interior` tiles, see
+/// [`interior_decl`](crate::cuda::forward::interior_decl)) and on the
+/// masked one.
+pub(super) fn write_split_elements(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    terms: &SpecTerms,
+    rows: Rows,
+    firsts: (&str, &str),
+    part: Part,
+) -> fmt::Result {
+    writeln!(w, "// A tile the mask keeps whole, with every key: no mask or bounds.")?;
+    w.block(format_args!("if (interior)"), |w| write_elements(w, spec, terms, rows, firsts, part, true))?;
+    w.block(format_args!("else"), |w| write_elements(w, spec, terms, rows, firsts, part, false))
 }
 
 /// The gradient step on accumulator element `e` of tile `n` (locals `q`,

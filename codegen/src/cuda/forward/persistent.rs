@@ -11,8 +11,8 @@
 //! roles never meet at a CTA barrier.
 
 use super::{
-    q_load, two_conjuncts, write_accumulators, write_epilogue, write_item_rows, write_last_pv, write_spec_terms,
-    write_tile_classes, write_wgmma_step, KvLoads, OStaging, Stagers, TileConfig,
+    interior_decl, q_load, two_conjuncts, write_accumulators, write_epilogue, write_item_rows, write_last_pv,
+    write_spec_terms, write_tile_classes, write_wgmma_step, KvLoads, OStaging, Stagers, TileConfig,
 };
 use crate::abi::ArgKind;
 use crate::cuda::signature::arg_name;
@@ -211,7 +211,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         write_accumulators(w, config)?;
         writeln!(w)?;
         writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);")?;
-        write_ring_loop(w, spec, |w| write_wgmma_step(w, spec, config, &hoisted, &kv_len))?;
+        write_ring_loop(w, spec, |w| write_wgmma_step(w, spec, config, &hoisted))?;
         write_epilogue(w, spec, OStaging::QBuffer)
     })?;
     writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn the last warpgroup passed last")
@@ -256,6 +256,7 @@ fn write_ring_loop(
     spec: &Spec,
     step: impl Fn(&mut Writer<String>) -> fmt::Result,
 ) -> fmt::Result {
+    let interior = interior_decl(spec, "kv0");
     w.block(format_args!("for (bool more = item_visits[qb]; more; ++it)"), |w| {
         write!(
             w,
@@ -268,6 +269,7 @@ fn write_ring_loop(
             const int tile = tile_word[stage];  // which tile, and its class (the producer's word)\n\
             const int j = tile >> TILE_SHIFT, kv0 = j * BLOCK_N;\n\
             const bool full = tile & TILE_FULL;  // the mask keeps every pair: skip evaluating it\n\
+            {interior}\
             more = !(tile & TILE_LAST);\n\
             if (pv_pending) mbar_wait(v_full + 8 * v_stage, (it - 1) / STAGES % 2);\n\
             fence_async_smem();  // the tensor cores read the stages through the async proxy\n"
