@@ -306,7 +306,7 @@ pub(super) fn write_column_terms(
     first_col: &str,
 ) -> fmt::Result {
     let (_, col_var) = rows.vars();
-    forward::write_tile_terms(w, spec, hoisted, rows.column_level(), col_var, first_col)
+    forward::write_tile_terms(w, spec, hoisted, rows.column_level(), col_var, first_col, forward::KeyTerms::PerThread)
 }
 
 /// The spec as lambdas of one element (dot product at (q, k), row slot i,

@@ -187,7 +187,8 @@ impl TileConfig {
             return 2;
         }
         let (q, stage) = self.tile_bytes(spec);
-        (2..=RING_STAGES).rev().find(|s| 2 * q + s * stage + 1024 <= WS_SMEM_BUDGET).unwrap_or(2)
+        let budget = WS_SMEM_BUDGET - KeyTerms::of(self).static_bytes(spec, self);
+        (2..=RING_STAGES).rev().find(|s| 2 * q + s * stage + 1024 <= budget).unwrap_or(2)
     }
 
     /// Dynamic shared memory: the Q tile (a warp-specialized kernel: two Q
@@ -457,7 +458,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         int next = j < kv_tiles ? next_tile(j + 1) : kv_tiles;\n"
     )?;
     writeln!(w)?;
-    let hoisted = write_spec_terms(w, spec, &kv_len)?;
+    let hoisted = write_spec_terms(w, spec, &kv_len, KeyTerms::of(config))?;
     write_accumulators(w, config)?;
     writeln!(w)?;
     let step = |w: &mut Writer<String>| match config.mma {
@@ -515,10 +516,15 @@ fn q_load(spec: &Spec) -> String {
 
 /// The spec's hoisted terms and the `logit` lambdas; returns the hoisted
 /// terms the tile steps read.
-fn write_spec_terms<'s>(w: &mut Writer<String>, spec: &'s Spec, kv_len: &str) -> Result<Vec<Hoisted<'s>>, fmt::Error> {
+fn write_spec_terms<'s>(
+    w: &mut Writer<String>,
+    spec: &'s Spec,
+    kv_len: &str,
+    keys: KeyTerms,
+) -> Result<Vec<Hoisted<'s>>, fmt::Error> {
     let exprs: Vec<&Expr> = spec.mask.iter().chain(spec.score.iter()).collect();
     let hoisted = hoist(&exprs);
-    write_invariants(w, spec, &hoisted)?;
+    write_invariants(w, spec, &hoisted, keys)?;
     write_logit(w, spec, &hoisted, &arg_name(spec, ArgKind::Scale), kv_len)?;
     writeln!(w)?;
     Ok(hoisted)
@@ -917,10 +923,45 @@ pub(super) fn write_next_tile(w: &mut Writer<String>, tiles: &str, empty: &str, 
     )
 }
 
+/// How a tile's per-key spec terms reach the threads that read them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum KeyTerms {
+    /// Each thread evaluates the terms of its own 32 keys.
+    PerThread,
+    /// Each thread of a warpgroup evaluates one key's terms into shared
+    /// memory and reads its keys' back after a warpgroup barrier: one
+    /// evaluation per key instead of 32 per thread (a tensor read is ~7
+    /// instructions: clip, 64-bit offset, load).
+    Staged,
+}
+
+impl KeyTerms {
+    /// Staged in the warp-specialized wgmma kernels (a warpgroup per 64
+    /// rows, and a named barrier to spare).
+    pub(super) fn of(config: TileConfig) -> Self {
+        match config.mma == Mma::Wgmma && warp_specialized(config) {
+            true => KeyTerms::Staged,
+            false => KeyTerms::PerThread,
+        }
+    }
+
+    /// Static shared memory of the staging buffers (4 bytes per element at
+    /// most), which the ring leaves room for.
+    fn static_bytes(self, spec: &Spec, config: TileConfig) -> u32 {
+        if self == KeyTerms::PerThread {
+            return 0;
+        }
+        let exprs: Vec<&Expr> = spec.mask.iter().chain(spec.score.iter()).collect();
+        let terms = hoist(&exprs).iter().filter(|h| h.level == Level::Column).count() as u32;
+        terms * config.warps / 4 * 2 * config.block_n * 4
+    }
+}
+
 /// Hoisted spec terms (see [`super::hoist`]): CTA-level constants, row-level
 /// values for the rows this lane owns (row slot `i`, as in the softmax
-/// loop), and the column-level arrays the tile loop fills.
-fn write_invariants(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted]) -> fmt::Result {
+/// loop), and the column-level arrays the tile loop fills (and, `Staged`,
+/// their two shared staging buffers per warpgroup).
+fn write_invariants(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], keys: KeyTerms) -> fmt::Result {
     if hoisted.is_empty() {
         return Ok(());
     }
@@ -938,8 +979,16 @@ fn write_invariants(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted]) ->
                     writeln!(w, "{}[i] = {value};", h.name)
                 })?
             }
-            Level::Column => writeln!(w, "{ty} {}[S_TILES][2];  // filled per tile", h.name)?,
+            Level::Column => {
+                writeln!(w, "{ty} {}[S_TILES][2];  // filled per tile", h.name)?;
+                if keys == KeyTerms::Staged {
+                    writeln!(w, "__shared__ {ty} staged_{}[WARPGROUPS][2][BLOCK_N];", h.name)?;
+                }
+            }
         }
+    }
+    if keys == KeyTerms::Staged && hoisted.iter().any(|h| h.level == Level::Column) {
+        writeln!(w, "int staged_half = 0;  // the staging buffers the next staged tile uses")?;
     }
     Ok(())
 }
@@ -971,8 +1020,8 @@ pub(super) fn write_column_terms(
 
 /// The forward's per-key terms for the tile at `kv0` (see
 /// [`write_tile_terms`]).
-fn write_key_terms(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted]) -> fmt::Result {
-    write_tile_terms(w, spec, hoisted, Level::Column, "k", "kv0")
+fn write_key_terms(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], keys: KeyTerms) -> fmt::Result {
+    write_tile_terms(w, spec, hoisted, Level::Column, "k", "kv0", keys)
 }
 
 /// Fills the hoisted terms of `level` for the tile whose first column
@@ -986,6 +1035,7 @@ pub(super) fn write_tile_terms(
     level: Level,
     var: &str,
     first_col: &str,
+    keys: KeyTerms,
 ) -> fmt::Result {
     let in_mask = |h: &&Hoisted| {
         let mut found = false;
@@ -996,11 +1046,46 @@ pub(super) fn write_tile_terms(
     };
     let (mask_terms, terms): (Vec<&Hoisted>, Vec<&Hoisted>) =
         hoisted.iter().filter(|h| h.level == level).partition(in_mask);
-    write_column_terms(w, spec, &terms, level, var, first_col)?;
+    let write = |w: &mut Writer<String>, terms: &[&Hoisted]| match keys {
+        KeyTerms::PerThread => write_column_terms(w, spec, terms, level, var, first_col),
+        KeyTerms::Staged => write_staged_key_terms(w, spec, terms),
+    };
+    write(w, &terms)?;
     if mask_terms.is_empty() {
         return Ok(());
     }
-    w.block(format_args!("if (!interior)"), |w| write_column_terms(w, spec, &mask_terms, level, var, first_col))
+    w.block(format_args!("if (!interior)"), |w| write(w, &mask_terms))
+}
+
+/// [`KeyTerms::Staged`]: the warpgroup's 128 threads evaluate the tile's
+/// keys' `hoisted` terms into this warpgroup's staging buffers of the half
+/// `staged_half`, meet at their named barrier, and each reads its 32 keys'.
+/// Two halves, switched per staging: a warp writing one has passed the
+/// barrier after which every warp read it last.
+fn write_staged_key_terms(w: &mut Writer<String>, spec: &Spec, hoisted: &[&Hoisted]) -> fmt::Result {
+    let hoisted: Vec<&&Hoisted> = hoisted.iter().filter(|h| h.level == Level::Column).collect();
+    if hoisted.is_empty() {
+        return Ok(());
+    }
+    w.block(format_args!("for (int col = threadIdx.x % 128; col < BLOCK_N; col += 128)"), |w| {
+        writeln!(w, "const int k = kv0 + col;")?;
+        for h in &hoisted {
+            writeln!(w, "staged_{}[warpgroup][staged_half][col] = {};", h.name, c_expr(spec, h.expr))?;
+        }
+        Ok(())
+    })?;
+    writeln!(w, "named_barrier_sync(3 + WARPGROUPS + warpgroup, 128);  // this warpgroup's keys are staged")?;
+    writeln!(w, "#pragma unroll")?;
+    w.block(format_args!("for (int n = 0; n < S_TILES; ++n)"), |w| {
+        writeln!(w, "#pragma unroll")?;
+        w.block(format_args!("for (int c = 0; c < 2; ++c)"), |w| {
+            for h in &hoisted {
+                writeln!(w, "{0}[n][c] = staged_{0}[warpgroup][staged_half][n * 8 + 2 * t + c];", h.name)?;
+            }
+            Ok(())
+        })
+    })?;
+    writeln!(w, "staged_half ^= 1;")
 }
 
 /// `interior`: the tile whose first key is `first_key` is kept whole and
@@ -1151,7 +1236,7 @@ impl KvLoads {
 /// One K/V tile of the `mma.sync` kernel: S, the spec, the softmax and P V,
 /// back to back (two CTAs per SM overlap each other's phases).
 fn write_sync_step(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted]) -> fmt::Result {
-    write_key_terms(w, spec, hoisted)?;
+    write_key_terms(w, spec, hoisted, KeyTerms::PerThread)?;
     write!(
         w,
         "\
@@ -1261,7 +1346,7 @@ fn write_wgmma_serial_step(
     write_wgmma_s(w, config)?;
     if hoisted.iter().any(|h| h.level == Level::Column) {
         writeln!(w, "// While the tensor cores run: the tile's per-key spec terms.")?;
-        write_key_terms(w, spec, hoisted)?;
+        write_key_terms(w, spec, hoisted, KeyTerms::PerThread)?;
     }
     writeln!(w, "wgmma_wait<0>();")?;
     writeln!(w, "fence_operands(s[0]);")?;
@@ -1294,7 +1379,7 @@ fn write_wgmma_step(w: &mut Writer<String>, spec: &Spec, config: TileConfig, hoi
     // warpgroup's turn and the tile's per-key spec terms.
     let overlapped = |w: &mut Writer<String>| {
         end_turn(w)?;
-        write_key_terms(w, spec, hoisted)
+        write_key_terms(w, spec, hoisted, KeyTerms::of(config))
     };
     writeln!(w, "// Behind S, O += P V of the previous tile, in a group of its own (an")?;
     writeln!(w, "// empty group would become a dummy wgmma); then wait for S alone. ptxas")?;

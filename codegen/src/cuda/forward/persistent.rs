@@ -12,7 +12,7 @@
 
 use super::{
     interior_decl, q_load, two_conjuncts, write_accumulators, write_epilogue, write_item_rows, write_last_pv,
-    write_spec_terms, write_tile_classes, write_wgmma_step, KvLoads, OStaging, Stagers, TileConfig,
+    write_spec_terms, write_tile_classes, write_wgmma_step, KeyTerms, KvLoads, OStaging, Stagers, TileConfig,
 };
 use crate::abi::ArgKind;
 use crate::cuda::signature::arg_name;
@@ -206,7 +206,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         )?;
         write_item_coords(w, spec, true)?;
         writeln!(w)?;
-        let hoisted = write_spec_terms(w, spec, &kv_len)?;
+        let hoisted = write_spec_terms(w, spec, &kv_len, KeyTerms::of(config))?;
         writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
         write_accumulators(w, config)?;
         writeln!(w)?;
