@@ -152,7 +152,7 @@ pub(super) fn write_split_elements(
 }
 
 /// The gradient step on accumulator element `e` of tile `n` (locals `q`,
-/// `k`, `i`, `n`, `c`, `e`, `full`, `lse2` and `delta_q` bound): P, dS′ =
+/// `k`, `i`, `n`, `c`, `e`, `lse2` and `delta_q` bound): P, dS′ =
 /// P (dP − D) in `ds_mod`, dS, and the tensor-gradient terms dS′ ·
 /// ∂score′/∂t, summed per thread into `acc_t` for reads of one element per
 /// head, else added by atomics.
