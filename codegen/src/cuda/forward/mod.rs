@@ -1618,4 +1618,24 @@ mod tests {
             }
         }
     }
+
+    /// Staged per-key terms take static shared memory that the ring's
+    /// stages leave room for: with two per-key terms (a mask's and a
+    /// score's) every warp-specialized candidate's dynamic and staged shared
+    /// memory stays within the budget.
+    #[test]
+    fn staged_key_terms_fit_beside_the_ring() {
+        let source = "S { dtype: bf16, head_dim: HD, tensor doc: i32[B, KV_LEN], tensor bias: f32[B, KV_LEN], \
+                      mask: doc[b][q] == doc[b][k], score: score + bias[b][k] }";
+        for head_dim in [64, 128] {
+            let spec = crate::parse_one(&source.replace("HD", &head_dim.to_string())).unwrap();
+            for config in
+                TileConfig::candidates(&spec, Target::for_sm(9, 0)).into_iter().filter(|c| warp_specialized(*c))
+            {
+                let staged = KeyTerms::of(config).static_bytes(&spec, config);
+                assert_eq!(staged, 2 * config.warps / 4 * 2 * config.block_n * 4, "{config:?}");
+                assert!(config.smem_bytes(&spec) + staged <= WS_SMEM_BUDGET, "{config:?}");
+            }
+        }
+    }
 }
