@@ -153,7 +153,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
             "\
             const int kv0 = j * BLOCK_N;\n\
             const bool full = tile_full(j);  // the mask keeps every pair: skip evaluating it\n\
-        {interior}\
+            {interior}\
             __syncthreads();  // every warp is done with the previous step's K and V\n\
             load_tile<BLOCK_N, DP, D, THREADS>(k_tile, k_rows + (long long)kv0 * {k_stride}, {k_stride}, {kv_len} - kv0, vector);\n\
             load_tile<BLOCK_N, DVP, DV, THREADS>(v_tile, v_rows + (long long)kv0 * {v_stride}, {v_stride}, {kv_len} - kv0, vector);\n\
