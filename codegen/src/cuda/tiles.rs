@@ -107,19 +107,20 @@ __device__ __forceinline__ void load_tile(unsigned short* tile, const unsigned s
 // Stores rows [0, rows) x cols [0, WIDTH) of a swizzled shared tile with
 // COLS columns to global rows `stride` elements apart: 16 bytes per thread
 // and instruction where the rows allow it, element by element otherwise.
+// THREADS threads store it; this one is `tid` among them.
 template <int ROWS, int COLS, int WIDTH, int THREADS>
 __device__ __forceinline__ void store_tile(const unsigned short* tile, unsigned short* dst, long long stride, int rows,
-                                           bool vector) {
+                                           bool vector, int tid) {
     if (WIDTH % 8 == 0 && vector) {
         constexpr int CHUNKS = COLS / 8;
-        for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
+        for (int i = tid; i < ROWS * CHUNKS; i += THREADS) {
             const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
             if (r < rows && c < WIDTH) {
                 *(uint4*)(dst + r * stride + c) = *(const uint4*)(tile + swizzle<COLS>(r, c));
             }
         }
     } else {
-        for (int i = threadIdx.x; i < ROWS * COLS; i += THREADS) {
+        for (int i = tid; i < ROWS * COLS; i += THREADS) {
             const int r = i / COLS, c = i % COLS;
             if (r < rows && c < WIDTH) dst[r * stride + c] = tile[swizzle<COLS>(r, c)];
         }

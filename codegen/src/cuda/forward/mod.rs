@@ -666,10 +666,22 @@ fn write_epilogue(w: &mut Writer<String>, spec: &Spec, staging: OStaging) -> fmt
             ("__syncthreads();", "every warp is done with the Q and K/V tiles: their space stages O", "smem")
         }
         OStaging::QBuffer => (
-            // Named barriers 1..=WARPGROUPS pass the turns; the next one is free.
-            "named_barrier_sync(1 + WARPGROUPS, THREADS);",
-            "every consumer warp is done with this item's Q: its buffer stages O",
+            // The warpgroup's own named barrier (as for staged key terms).
+            "named_barrier_sync(3 + WARPGROUPS + warpgroup, 128);",
+            "the warpgroup is done with its rows of this item's Q: they stage its O",
             "q_tile",
+        ),
+    };
+    // Who stores which rows: a warp-specialized kernel's warpgroups each
+    // store their own 64, so none waits for another's last tile.
+    let store = match staging {
+        OStaging::Cta => format!(
+            "store_tile<BLOCK_M, DVP, DV, THREADS>(o_tile, o_rows + (long long)q0 * {o_stride}, {o_stride}, {q_len} - q0, aligned16(o_rows, {o_stride}), threadIdx.x);"
+        ),
+        OStaging::QBuffer => format!(
+            "const int wg_row = warpgroup * 4 * WARP_M;\n\
+            store_tile<4 * WARP_M, DVP, DV, 128>(o_tile + wg_row * DVP, o_rows + (long long)(q0 + wg_row) * {o_stride}, {o_stride},\n\
+            \x20                                    {q_len} - q0 - wg_row, aligned16(o_rows, {o_stride}), threadIdx.x % 128);"
         ),
     };
     write!(
@@ -698,7 +710,7 @@ fn write_epilogue(w: &mut Writer<String>, spec: &Spec, staging: OStaging) -> fmt
         \x20   }}\n\
         }}\n\
         {sync}\n\
-        store_tile<BLOCK_M, DVP, DV, THREADS>(o_tile, o_rows + (long long)q0 * {o_stride}, {o_stride}, {q_len} - q0, aligned16(o_rows, {o_stride}));\n"
+        {store}\n"
     )?;
     if staging == OStaging::QBuffer {
         writeln!(w, "__syncwarp();  // the warp's reads of o_tile are done:")?;
@@ -713,9 +725,11 @@ fn write_epilogue(w: &mut Writer<String>, spec: &Spec, staging: OStaging) -> fmt
 enum OStaging {
     /// From the start, once every thread of the CTA is done with its tiles.
     Cta,
-    /// A warp-specialized kernel: in the item's Q buffer, once every
-    /// consumer is done with it (the producer is already filling the ring
-    /// and the other Q buffer); each consumer warp then frees the buffer.
+    /// A warp-specialized kernel: in the item's Q buffer (the producer is
+    /// already filling the ring and the other Q buffer), each warpgroup in
+    /// its own rows once it is done with them, on its own barrier: the
+    /// warpgroups' turns on the tensor cores stay staggered across items.
+    /// Each consumer warp then frees its share of the buffer.
     QBuffer,
 }
 
@@ -833,7 +847,9 @@ impl Stagers {
     const CTA: Stagers = Stagers { first: "threadIdx.x", count: "CTA_THREADS", after: "__syncthreads();" };
     /// A warp-specialized kernel's producer, per item, past the barrier on
     /// which it reads its claim (named barrier 2 + WARPGROUPS: the consumers
-    /// hold 1..=1 + WARPGROUPS). Its consumers take each tile's class from it.
+    /// pass their turns on 1..=WARPGROUPS, and each warpgroup meets its own
+    /// threads on 3 + WARPGROUPS + warpgroup). Its consumers take each
+    /// tile's class from it.
     const PRODUCER: Stagers = Stagers {
         first: "threadIdx.x - THREADS",
         count: "PRODUCER_THREADS",
