@@ -104,25 +104,26 @@ __device__ __forceinline__ void load_tile(unsigned short* tile, const unsigned s
     }
 }
 
-// Stores rows [0, rows) x cols [0, WIDTH) of a swizzled shared tile with
-// COLS columns to global rows `stride` elements apart: 16 bytes per thread
-// and instruction where the rows allow it, element by element otherwise.
+// Stores ROWS rows of a shared tile of TILE_ROWS x COLS (laid out as
+// tile_offset says), from row `first` on, to global rows `stride` elements
+// apart: the first `rows` of them, cols [0, WIDTH); 16 bytes per thread and
+// instruction where the rows allow it, element by element otherwise.
 // THREADS threads store it; this one is `tid` among them.
-template <int ROWS, int COLS, int WIDTH, int THREADS>
+template <int ROWS, int COLS, int WIDTH, int THREADS, bool PANELS = false, int TILE_ROWS = ROWS>
 __device__ __forceinline__ void store_tile(const unsigned short* tile, unsigned short* dst, long long stride, int rows,
-                                           bool vector, int tid) {
+                                           bool vector, int tid, int first = 0) {
     if (WIDTH % 8 == 0 && vector) {
         constexpr int CHUNKS = COLS / 8;
         for (int i = tid; i < ROWS * CHUNKS; i += THREADS) {
             const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
             if (r < rows && c < WIDTH) {
-                *(uint4*)(dst + r * stride + c) = *(const uint4*)(tile + swizzle<COLS>(r, c));
+                *(uint4*)(dst + r * stride + c) = *(const uint4*)(tile + tile_offset<TILE_ROWS, COLS, PANELS>(first + r, c));
             }
         }
     } else {
         for (int i = tid; i < ROWS * COLS; i += THREADS) {
             const int r = i / COLS, c = i % COLS;
-            if (r < rows && c < WIDTH) dst[r * stride + c] = tile[swizzle<COLS>(r, c)];
+            if (r < rows && c < WIDTH) dst[r * stride + c] = tile[tile_offset<TILE_ROWS, COLS, PANELS>(first + r, c)];
         }
     }
 }

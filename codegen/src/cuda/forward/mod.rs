@@ -662,26 +662,37 @@ fn write_epilogue(w: &mut Writer<String>, spec: &Spec, staging: OStaging) -> fmt
     let [q_len, heads, lse] = [ArgKind::QLen, ArgKind::Heads, ArgKind::Lse].map(name);
     let o_stride = name(ArgKind::Stride(Operand::O, Axis::Seq));
     let (sync, done, o_tile) = match staging {
-        OStaging::Cta => {
-            ("__syncthreads();", "every warp is done with the Q and K/V tiles: their space stages O", "smem")
-        }
+        OStaging::Cta => (
+            "__syncthreads();",
+            "every warp is done with the Q and K/V tiles: their space stages O",
+            "smem;  // [BLOCK_M][DVP]",
+        ),
         OStaging::QBuffer => (
             // The warpgroup's own named barrier (as for staged key terms).
             "named_barrier_sync(3 + WARPGROUPS + warpgroup, 128);",
             "the warpgroup is done with its rows of this item's Q: they stage its O",
-            "q_tile",
+            "q_tile;  // [BLOCK_M][DVP] in 64-column panels, as Q",
         ),
     };
     // Who stores which rows: a warp-specialized kernel's warpgroups each
-    // store their own 64, so none waits for another's last tile.
-    let store = match staging {
-        OStaging::Cta => format!(
-            "store_tile<BLOCK_M, DVP, DV, THREADS>(o_tile, o_rows + (long long)q0 * {o_stride}, {o_stride}, {q_len} - q0, aligned16(o_rows, {o_stride}), threadIdx.x);"
+    // store their own 64, so none waits for another's last tile. They stage
+    // O in the Q buffer's 64-column panels, as Q lies there: a warpgroup's
+    // rows of O then overwrite only its own rows of Q (at d > 64 a row-major
+    // O would reach into another warpgroup's rows of a later panel).
+    let (at, store) = match staging {
+        OStaging::Cta => (
+            "swizzle<DVP>(row, n * 8 + 2 * t)",
+            format!(
+                "store_tile<BLOCK_M, DVP, DV, THREADS>(o_tile, o_rows + (long long)q0 * {o_stride}, {o_stride}, {q_len} - q0, aligned16(o_rows, {o_stride}), threadIdx.x);"
+            ),
         ),
-        OStaging::QBuffer => format!(
-            "const int wg_row = warpgroup * 4 * WARP_M;\n\
-            store_tile<4 * WARP_M, DVP, DV, 128>(o_tile + wg_row * DVP, o_rows + (long long)(q0 + wg_row) * {o_stride}, {o_stride},\n\
-            \x20                                    {q_len} - q0 - wg_row, aligned16(o_rows, {o_stride}), threadIdx.x % 128);"
+        OStaging::QBuffer => (
+            "tile_offset<BLOCK_M, DVP, true>(row, n * 8 + 2 * t)",
+            format!(
+                "const int wg_row = warpgroup * 4 * WARP_M;\n\
+                store_tile<4 * WARP_M, DVP, DV, 128, true, BLOCK_M>(o_tile, o_rows + (long long)(q0 + wg_row) * {o_stride}, {o_stride},\n\
+                \x20                                                  {q_len} - q0 - wg_row, aligned16(o_rows, {o_stride}), threadIdx.x % 128, wg_row);"
+            ),
         ),
     };
     write!(
@@ -693,7 +704,7 @@ fn write_epilogue(w: &mut Writer<String>, spec: &Spec, staging: OStaging) -> fmt
         // Epilogue: O = o / l into a swizzled shared tile, then to memory in\n\
         // 16-byte row chunks; and the natural-log LSE. A fully masked row\n\
         // (l == 0) writes O = 0 and LSE = -inf.\n\
-        unsigned short* o_tile = {o_tile};  // [BLOCK_M][DVP]\n\
+        unsigned short* o_tile = {o_tile}\n\
         #pragma unroll\n\
         for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
         \x20   const int mt = i / 2, r = i % 2;\n\
@@ -702,7 +713,7 @@ fn write_epilogue(w: &mut Writer<String>, spec: &Spec, staging: OStaging) -> fmt
         \x20   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;\n\
         \x20   #pragma unroll\n\
         \x20   for (int n = 0; n < O_TILES; ++n) {{\n\
-        \x20       *(unsigned*)(o_tile + swizzle<DVP>(row, n * 8 + 2 * t)) =\n\
+        \x20       *(unsigned*)(o_tile + {at}) =\n\
         \x20           pack2(storage{{}}, o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);\n\
         \x20   }}\n\
         \x20   if ({lse} != nullptr && t == 0 && q0 + row < {q_len}) {{\n\
