@@ -567,10 +567,10 @@ fn write_accumulators(w: &mut Writer<String>, config: TileConfig) -> fmt::Result
         write!(
             w,
             "\
-            // P of the previous visited tile: the A operand of its P V, which runs\n\
-            // on the tensor cores behind the next tile's S while the softmax of\n\
-            // that S runs on the CUDA cores (FlashAttention-3's intra-warpgroup\n\
-            // overlap). V of tile j therefore loads with K of the tile after it.\n\
+            // P of the previous visited tile: the A operand of its P V, issued\n\
+            // behind the next tile's S (FlashAttention-3's intra-warpgroup\n\
+            // pipelining; ptxas places the wait for it before that S's softmax).\n\
+            // V of tile j therefore loads with K of the tile after it.\n\
             unsigned p[BLOCK_N / 16][4];\n\
             bool pv_pending = false;\n"
         )?;
@@ -1387,8 +1387,11 @@ fn write_wgmma_serial_step(
 }
 
 /// One K/V tile of the wgmma kernel, software-pipelined: S of tile j and
-/// P V of the previous tile are issued together, the softmax of S runs while
-/// the tensor cores still work on P V, and O is rescaled once P V is done.
+/// P V of the previous tile are issued together, and O is rescaled once P V
+/// is done. The source waits for P V after the softmax of S, but ptxas
+/// schedules that wait at the softmax's top: holding it there lost at
+/// d = 128 (bench/RESULTS.md, thirteenth session), so the other warpgroups'
+/// products are what the softmax overlaps.
 fn write_wgmma_step(w: &mut Writer<String>, spec: &Spec, config: TileConfig, hoisted: &[Hoisted]) -> fmt::Result {
     let ping_pong = ping_pong(config);
     if ping_pong {
