@@ -432,10 +432,6 @@ pub(super) fn write_tile_walk(w: &mut Writer<String>, spec: &Spec, walk: &Walk) 
     writeln!(w, "// The next tile from j on that keeps a pair; runs of tiles the analysis")?;
     writeln!(w, "// rules out are skipped by binary search.")?;
     let data_dependent = spec.mask.as_ref().is_some_and(|m| m.reads_tensor());
-    if data_dependent {
-        writeln!(w, "// Where the block mask alone removes tiles (other documents), a warp")?;
-        writeln!(w, "// tests 32 at once: every lane of a warp walks with the same j.")?;
-    }
     forward::write_next_tile(w, tiles, "mask_class(j) == 0", data_dependent)?;
     writeln!(w, "auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || mask_class(j) == 2; }};")
 }

@@ -839,7 +839,7 @@ fn write_tile_classes(
         // rules out are skipped by binary search, so a sliding window does not\n\
         // pay for a scan over every tile of the row.\n"
     )?;
-    write_next_tile(w, "kv_tiles", &format!("mask_class(j) == 0{skip}"), false)?;
+    write_next_tile(w, "kv_tiles", &format!("mask_class(j) == 0{skip}"), mask.reads_tensor())?;
     writeln!(w, "auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || mask_class(j) == 2{full}; }};")
 }
 
@@ -925,6 +925,8 @@ pub(super) fn write_next_tile(w: &mut Writer<String>, tiles: &str, empty: &str, 
         format!("\x20           if (!({empty})) return j;\n\x20           ++j;\n")
     };
     if warp_scan {
+        writeln!(w, "// Where the block mask alone removes tiles (other documents), a warp")?;
+        writeln!(w, "// tests 32 at once: every lane of a warp walks with the same j.")?;
         writeln!(w, "auto removed = [&](int j) {{ return {empty}; }};")?;
     }
     write!(
@@ -955,10 +957,19 @@ pub(super) fn write_next_tile(w: &mut Writer<String>, tiles: &str, empty: &str, 
 pub(super) enum KeyTerms {
     /// Each thread evaluates the terms of its own 32 keys.
     PerThread,
-    /// Each thread of a warpgroup evaluates one key's terms into shared
-    /// memory and reads its keys' back after a warpgroup barrier: one
-    /// evaluation per key instead of 32 per thread (a tensor read is ~7
-    /// instructions: clip, 64-bit offset, load).
+    /// The producer evaluates each visited tile's terms into a slot of
+    /// shared memory (`staged_inv_N[KEY_SLOTS][BLOCK_N]`, visited tile `it`
+    /// in slot `it % KEY_SLOTS`) and publishes them with its K; the
+    /// consumers' logit reads them there. One evaluation per key instead of
+    /// 32 per consumer thread (a tensor read is ~7 instructions: clip,
+    /// 64-bit offset, load), and no load latency or barrier on the
+    /// consumers' path. Read in place, not copied to registers: 32 of them
+    /// beside S, O and P spill the three-warpgroup kernel.
+    ///
+    /// One slot more than the ring has stages, so K's stage still goes back
+    /// once S is done: the producer fills tile `it`'s slot after every
+    /// consumer warp released tile `it - STAGES`'s K, so after each is done
+    /// with the logit of tile `it - STAGES - 1`, the slot's last reader.
     Staged,
 }
 
@@ -972,15 +983,15 @@ impl KeyTerms {
         }
     }
 
-    /// Static shared memory of the staging buffers (4 bytes per element at
-    /// most), which the ring leaves room for.
+    /// Static shared memory of the staging slots (4 bytes per element at
+    /// most, for as many stages as a ring may have), which the ring leaves
+    /// room for.
     fn static_bytes(self, spec: &Spec, config: TileConfig) -> u32 {
-        if self == KeyTerms::PerThread {
-            return 0;
+        let slots = RING_STAGES + 1;
+        match self {
+            KeyTerms::PerThread => 0,
+            KeyTerms::Staged => key_terms(&hoist(&spec_exprs(spec))).count() as u32 * slots * config.block_n * 4,
         }
-        let exprs: Vec<&Expr> = spec.mask.iter().chain(spec.score.iter()).collect();
-        let terms = hoist(&exprs).iter().filter(|h| h.level == Level::Column).count() as u32;
-        terms * config.warps / 4 * 2 * config.block_n * 4
     }
 }
 
@@ -1006,16 +1017,15 @@ fn write_invariants(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], ke
                     writeln!(w, "{}[i] = {value};", h.name)
                 })?
             }
-            Level::Column => {
-                writeln!(w, "{ty} {}[S_TILES][2];  // filled per tile", h.name)?;
-                if keys == KeyTerms::Staged {
-                    writeln!(w, "__shared__ {ty} staged_{}[WARPGROUPS][2][BLOCK_N];", h.name)?;
+            Level::Column => match keys {
+                KeyTerms::PerThread => writeln!(w, "{ty} {}[S_TILES][2];  // filled per tile", h.name)?,
+                KeyTerms::Staged => {
+                    let name = &h.name;
+                    writeln!(w, "// This lane's keys of the tile's slot: [n][c] is key n * 8 + 2 * t + c.")?;
+                    writeln!(w, "const {ty} (*{name})[8] = (const {ty} (*)[8])&staged_{name}[0][2 * t];")?
                 }
-            }
+            },
         }
-    }
-    if keys == KeyTerms::Staged && hoisted.iter().any(|h| h.level == Level::Column) {
-        writeln!(w, "int staged_half = 0;  // the staging buffers the next staged tile uses")?;
     }
     Ok(())
 }
@@ -1052,9 +1062,7 @@ fn write_key_terms(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], key
 }
 
 /// Fills the hoisted terms of `level` for the tile whose first column
-/// (`var`) is `first_col`. Terms of the mask alone are skipped on
-/// `interior` tiles ([`interior_decl`]): the logit never reads them there,
-/// and under a document mask most visited tiles are such.
+/// (`var`) is `first_col` (see [`write_split_terms`]).
 pub(super) fn write_tile_terms(
     w: &mut Writer<String>,
     spec: &Spec,
@@ -1063,6 +1071,22 @@ pub(super) fn write_tile_terms(
     var: &str,
     first_col: &str,
     keys: KeyTerms,
+) -> fmt::Result {
+    write_split_terms(w, spec, hoisted, level, |w, terms| match keys {
+        KeyTerms::PerThread => write_column_terms(w, spec, terms, level, var, first_col),
+        KeyTerms::Staged => write_stage_pointers(w, terms),
+    })
+}
+
+/// `write`s the hoisted terms of `level`: those of the mask alone only
+/// where a tile is not `interior` ([`interior_decl`]): the logit never
+/// reads them there, and under a document mask most visited tiles are such.
+fn write_split_terms<'h, 's>(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    hoisted: &'h [Hoisted<'s>],
+    level: Level,
+    write: impl Fn(&mut Writer<String>, &[&'h Hoisted<'s>]) -> fmt::Result,
 ) -> fmt::Result {
     let in_mask = |h: &&Hoisted| {
         let mut found = false;
@@ -1073,46 +1097,77 @@ pub(super) fn write_tile_terms(
     };
     let (mask_terms, terms): (Vec<&Hoisted>, Vec<&Hoisted>) =
         hoisted.iter().filter(|h| h.level == level).partition(in_mask);
-    let write = |w: &mut Writer<String>, terms: &[&Hoisted]| match keys {
-        KeyTerms::PerThread => write_column_terms(w, spec, terms, level, var, first_col),
-        KeyTerms::Staged => write_staged_key_terms(w, spec, terms),
-    };
-    write(w, &terms)?;
+    if !terms.is_empty() {
+        write(w, &terms)?;
+    }
     if mask_terms.is_empty() {
         return Ok(());
     }
     w.block(format_args!("if (!interior)"), |w| write(w, &mask_terms))
 }
 
-/// [`KeyTerms::Staged`]: the warpgroup's 128 threads evaluate the tile's
-/// keys' `hoisted` terms into this warpgroup's staging buffers of the half
-/// `staged_half`, meet at their named barrier, and each reads its 32 keys'.
-/// Two halves, switched per staging: a warp writing one has passed the
-/// barrier after which every warp read it last.
-fn write_staged_key_terms(w: &mut Writer<String>, spec: &Spec, hoisted: &[&Hoisted]) -> fmt::Result {
-    let hoisted: Vec<&&Hoisted> = hoisted.iter().filter(|h| h.level == Level::Column).collect();
-    if hoisted.is_empty() {
+/// [`KeyTerms::Staged`], the consumers: each term's name points at the
+/// lane's keys in visited tile `it`'s slot, where the producer put them.
+fn write_stage_pointers(w: &mut Writer<String>, hoisted: &[&Hoisted]) -> fmt::Result {
+    for h in hoisted.iter().filter(|h| h.level == Level::Column) {
+        let (ty, name) = (c_type(h.expr.ty), &h.name);
+        writeln!(w, "{name} = (const {ty} (*)[8])&staged_{name}[it % KEY_SLOTS][2 * t];")?;
+    }
+    Ok(())
+}
+
+/// The spec's mask and score, the expressions its terms are hoisted from.
+fn spec_exprs(spec: &Spec) -> Vec<&Expr> {
+    spec.mask.iter().chain(spec.score.iter()).collect()
+}
+
+/// The per-key terms among `hoisted`.
+fn key_terms<'h, 's>(hoisted: &'h [Hoisted<'s>]) -> impl Iterator<Item = &'h Hoisted<'s>> {
+    hoisted.iter().filter(|h| h.level == Level::Column)
+}
+
+/// Whether the spec has per-key terms (see [`super::hoist`]).
+pub(super) fn has_key_terms(spec: &Spec) -> bool {
+    key_terms(&hoist(&spec_exprs(spec))).next().is_some()
+}
+
+/// [`KeyTerms::Staged`]: the shared staging slots of the spec's per-key
+/// terms, declared where producer and consumers both see them.
+pub(super) fn write_staged_key_buffers(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    let hoisted = hoist(&spec_exprs(spec));
+    if key_terms(&hoisted).next().is_none() {
         return Ok(());
     }
-    w.block(format_args!("for (int col = threadIdx.x % 128; col < BLOCK_N; col += 128)"), |w| {
-        writeln!(w, "const int k = kv0 + col;")?;
-        for h in &hoisted {
-            writeln!(w, "staged_{}[warpgroup][staged_half][col] = {};", h.name, c_expr(spec, h.expr))?;
-        }
-        Ok(())
-    })?;
-    writeln!(w, "named_barrier_sync(3 + WARPGROUPS + warpgroup, 128);  // this warpgroup's keys are staged")?;
-    writeln!(w, "#pragma unroll")?;
-    w.block(format_args!("for (int n = 0; n < S_TILES; ++n)"), |w| {
-        writeln!(w, "#pragma unroll")?;
-        w.block(format_args!("for (int c = 0; c < 2; ++c)"), |w| {
-            for h in &hoisted {
-                writeln!(w, "{0}[n][c] = staged_{0}[warpgroup][staged_half][n * 8 + 2 * t + c];", h.name)?;
-            }
-            Ok(())
-        })
-    })?;
-    writeln!(w, "staged_half ^= 1;")
+    writeln!(w, "// Per-key spec terms of the visited tiles, tile it in slot it % KEY_SLOTS: one")?;
+    writeln!(w, "// slot more than stages, so K's stage goes back before the logit reads them.")?;
+    writeln!(w, "constexpr int KEY_SLOTS = STAGES + 1;")?;
+    for h in key_terms(&hoisted) {
+        writeln!(w, "__shared__ {} staged_{}[KEY_SLOTS][BLOCK_N];", c_type(h.expr.ty), h.name)?;
+    }
+    Ok(())
+}
+
+/// [`KeyTerms::Staged`], the producer, once tile `j`'s K is on its way:
+/// the leader's warp evaluates the tile's per-key terms into its slot
+/// (those of the mask alone only where the consumers evaluate the mask),
+/// and the leader publishes them, with the tile's word, on K's barrier.
+pub(super) fn write_staged_key_terms(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    let hoisted = hoist(&spec_exprs(spec));
+    w.block(format_args!("if (warp == WARPS)"), |w| {
+        writeln!(w, "const int kv0 = j * BLOCK_N;")?;
+        write!(w, "{}", interior_decl(spec, "kv0"))?;
+        write_split_terms(w, spec, &hoisted, Level::Column, |w, terms| {
+            w.block(format_args!("for (int col = lane; col < BLOCK_N; col += 32)"), |w| {
+                writeln!(w, "const int k = kv0 + col;")?;
+                let store = |h: &&Hoisted| {
+                    writeln!(w, "staged_{}[it % KEY_SLOTS][col] = {};", h.name, c_expr(spec, h.expr))
+                };
+                terms.iter().try_for_each(store)
+            })
+        })?;
+        writeln!(w, "__syncwarp();  // the warp's terms are in, for the leader's release")?;
+        writeln!(w, "if (leader) mbar_arrive(k_full + 8 * stage);")
+    })
 }
 
 /// `interior`: the tile whose first key is `first_key` is kept whole and
@@ -1663,7 +1718,7 @@ mod tests {
                 TileConfig::candidates(&spec, Target::for_sm(9, 0)).into_iter().filter(|c| warp_specialized(*c))
             {
                 let staged = KeyTerms::of(config).static_bytes(&spec, config);
-                assert_eq!(staged, 2 * config.warps / 4 * 2 * config.block_n * 4, "{config:?}");
+                assert_eq!(staged, 2 * (RING_STAGES + 1) * config.block_n * 4, "{config:?}");
                 assert!(config.smem_bytes(&spec) + staged <= WS_SMEM_BUDGET, "{config:?}");
             }
         }

@@ -12,7 +12,8 @@
 
 use super::{
     interior_decl, q_load, two_conjuncts, write_accumulators, write_epilogue, write_item_rows, write_last_pv,
-    write_spec_terms, write_tile_classes, write_wgmma_step, KeyTerms, KvLoads, OStaging, Stagers, TileConfig,
+    has_key_terms, write_spec_terms, write_staged_key_buffers, write_staged_key_terms, write_tile_classes,
+    write_wgmma_step, KeyTerms, KvLoads, OStaging, Stagers, TileConfig,
 };
 use crate::abi::ArgKind;
 use crate::cuda::signature::arg_name;
@@ -50,6 +51,11 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
     let name = |kind| arg_name(spec, kind);
     let [q_len, kv_len, heads, batch] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::Batch].map(name);
     let counter = name(ArgKind::WorkCounter);
+    let staged_terms = has_key_terms(spec);
+    let k_writers = match staged_terms {
+        true => "copiers + 1);  // + the writer of the tile word and key terms",
+        false => "tma ? 1 : copiers + 1);  // + the tile word's writer (with TMA: its copier)",
+    };
     write!(
         w,
         "\
@@ -92,15 +98,16 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         \x20       mbar_init(q_empty + 8 * s, WARPS);  // one arrival per consumer warp\n\
         \x20   }}\n\
         \x20   for (int s = 0; s < STAGES; ++s) {{\n\
-        \x20       mbar_init(k_full + 8 * s, tma ? 1 : copiers + 1);  // + the tile word's writer (with TMA: its copier)\n\
+        \x20       mbar_init(k_full + 8 * s, {k_writers}\n\
         \x20       mbar_init(v_full + 8 * s, copiers);\n\
         \x20       mbar_init(k_empty + 8 * s, WARPS);\n\
         \x20       mbar_init(v_empty + 8 * s, WARPS);\n\
         \x20   }}\n\
         }}\n\
-        __syncthreads();\n\
-        \n"
+        __syncthreads();\n"
     )?;
+    write_staged_key_buffers(w, spec)?;
+    writeln!(w)?;
     w.block(format_args!("if (warp >= WARPS)"), |w| {
         write!(
             w,
@@ -150,7 +157,15 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
                     const int stage = it % STAGES, empty_parity = (it / STAGES + 1) % 2;\n\
                     mbar_wait(k_empty + 8 * stage, empty_parity);\n"
                 )?;
+                // The key terms' writers need the class too.
+                let full = "const bool full = tile_full(j);";
+                if staged_terms {
+                    writeln!(w, "{full}")?;
+                }
                 w.block(format_args!("if (leader)"), |w| {
+                    if !staged_terms {
+                        writeln!(w, "{full}")?;
+                    }
                     let whole = match two_conjuncts(spec) {
                         Some(_) => "whole_conjuncts(j) * TILE_WHOLE",
                         None => "0",
@@ -158,16 +173,21 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
                     write!(
                         w,
                         "\
-                        const bool full = tile_full(j);\n\
                         tile_word[stage] = j << TILE_SHIFT | (full ? TILE_FULL : {whole}) | (next < kv_tiles ? 0 : TILE_LAST);\n\
-                        if (tma) tma_load_tile<BLOCK_N, QK_COLS>(k_tiles + stage * K_TILE, k_map, k_full + 8 * stage, j * BLOCK_N, kv_head, b);\n\
-                        else mbar_arrive(k_full + 8 * stage);\n"
-                    )
+                        if (tma) tma_load_tile<BLOCK_N, QK_COLS>(k_tiles + stage * K_TILE, k_map, k_full + 8 * stage, j * BLOCK_N, kv_head, b);\n"
+                    )?;
+                    match staged_terms {
+                        true => Ok(()),
+                        false => writeln!(w, "else mbar_arrive(k_full + 8 * stage);"),
+                    }
                 })?;
                 w.block(format_args!("if (!tma)"), |w| {
                     kv.k(w, "k_tiles + stage * K_TILE", "j")?;
                     writeln!(w, "mbar_arrive_loaded<D>(k_full + 8 * stage, vector);")
                 })?;
+                if staged_terms {
+                    write_staged_key_terms(w, spec)?;
+                }
                 writeln!(w, "mbar_wait(v_empty + 8 * stage, empty_parity);")?;
                 copy(w, "v_full + 8 * stage", "<BLOCK_N, V_COLS>(v_tiles + stage * V_TILE, v_map", "j * BLOCK_N, kv_head", |w| {
                     kv.v(w, "v_tiles + stage * V_TILE", "j")?;
