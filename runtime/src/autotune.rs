@@ -98,7 +98,7 @@ impl Runtime {
             None => Ok(TuneReport {
                 spec: spec.name.clone(),
                 class: self.shape_class(spec, &shape),
-                best: TileConfig::preferred(spec, self.target()),
+                best: TileConfig::preferred_for(spec, self.target(), shape.kv_len),
                 candidates: Vec::new(),
             }),
         }
@@ -153,7 +153,9 @@ impl Runtime {
         let key = TuningKey::new(spec_source, class, self.arch(), CODEGEN_VERSION);
         let choice = match self.disk.as_ref().and_then(|disk| disk.load_tuning(key, &candidates)) {
             Some(config) => Choice { config, tuned: true },
-            None => Choice { config: TileConfig::preferred(spec, self.target()), tuned: false },
+            None => {
+                Choice { config: TileConfig::preferred_for(spec, self.target(), class.kv_len_bound()), tuned: false }
+            }
         };
         let mut choices = self.choices.write().unwrap_or_else(PoisonError::into_inner);
         // A tuning that finished meanwhile wins.

@@ -76,9 +76,14 @@ pub enum KernelSet {
 
 impl Which {
     /// The kernels `set` names for `spec` on `target` (the forward in its
-    /// configuration without tuning).
+    /// configurations without tuning).
     pub(crate) fn all(spec: &Spec, set: KernelSet, target: Target) -> Vec<Which> {
-        let mut which = vec![Which::Forward(TileConfig::preferred(spec, target)), Which::BlockMask];
+        // Short keys' and long keys' forward (TileConfig::preferred_for).
+        let forward = [TileConfig::preferred(spec, target), TileConfig::preferred_for(spec, target, usize::MAX)];
+        let mut which = vec![Which::Forward(forward[0]), Which::BlockMask];
+        if forward[1] != forward[0] {
+            which.push(Which::Forward(forward[1]));
+        }
         if set == KernelSet::Training {
             use cuda::BackwardPass::{KeyValue, Postprocess, Preprocess, Query};
             let config = cuda::BackwardConfig::preferred(spec, target);

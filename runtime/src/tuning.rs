@@ -72,6 +72,11 @@ impl ShapeClass {
             waves_log2: (min..max).find(|&k| fits(k)).unwrap_or(max),
         }
     }
+
+    /// The most keys a launch of the class has.
+    pub fn kv_len_bound(&self) -> usize {
+        1usize.checked_shl(self.kv_len_log2.into()).unwrap_or(usize::MAX)
+    }
 }
 
 /// ⌈log₂ n⌉, 0 for n ≤ 1.

@@ -276,7 +276,7 @@ fn run_on_gpu(args: RunArgs) -> Result<bool, String> {
     let rt = Runtime::new(0).map_err(|e| e.to_string())?;
     let problem = verify::random_problem(spec, shape, params, tensors, args.scale, args.seed);
     let mut gpu = DeviceProblem::upload(&rt, spec, &problem, layout).map_err(|e| e.to_string())?;
-    let preferred = TileConfig::preferred(spec, rt.target());
+    let preferred = TileConfig::preferred_for(spec, rt.target(), shape.kv_len);
     let (start, before) = (Instant::now(), rt.cache_stats());
     // The kernel the launch uses: an earlier tuning's choice, else the preferred one.
     rt.load_forward(spec, rt.tuned_config(spec, &shape).unwrap_or(preferred)).map_err(|e| e.to_string())?;

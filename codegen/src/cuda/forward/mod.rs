@@ -99,10 +99,26 @@ impl TileConfig {
         }
     }
 
-    /// The configuration used without autotuning on `target`: the first of
-    /// [`TileConfig::candidates`].
+    /// The configuration used without autotuning on `target` when the key
+    /// length is unknown: the first of [`TileConfig::candidates`].
     pub fn preferred(spec: &Spec, target: Target) -> TileConfig {
         TileConfig::candidates(spec, target)[0]
+    }
+
+    /// The configuration used without autotuning on `target` for `kv_len`
+    /// keys. [`TileConfig::preferred`], except that from 4096 keys on at
+    /// d <= 64 three warpgroups lead for every spec whose S, P and O fit
+    /// their registers (no two-conjunct mask, no transcendental score): the
+    /// H200 measured them ahead there for causal, documents, ALiBi and the
+    /// sliding window alike, and behind at 1024 keys, where the ragged last
+    /// 192-row tile wastes work (bench/RESULTS.md, fourteenth session).
+    pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
+        let three = TileConfig { mma: Mma::Wgmma, warps: 12, m_tiles: 1, block_n: 128 };
+        let long = kv_len > LONG_KEYS && widest(spec) <= 64 && light(spec);
+        match long && TileConfig::candidates(spec, target).contains(&three) {
+            true => three,
+            false => TileConfig::preferred(spec, target),
+        }
     }
 
     /// The configurations worth timing for `spec` on `target`, preferred
@@ -131,7 +147,7 @@ impl TileConfig {
         // a two-conjunct mask's partial-tile code or a transcendental score
         // then spills, and at 1k keys the ragged last tile costs more than
         // that saves (measured, RESULTS).
-        let light = two_conjuncts(spec).is_none() && !spec.score.as_ref().is_some_and(transcendental);
+        let light = light(spec);
         let (first, rest) = hopper.split_at(1);
         let small = match light {
             true => [first, &[wgmma(8, 192)], rest].concat(),
@@ -243,6 +259,17 @@ fn ws_regs(config: TileConfig) -> (u32, u32) {
 }
 
 /// Whether `e` calls a transcendental function (tanh, exp, …).
+/// Keys beyond which [`TileConfig::preferred_for`] may differ from
+/// [`TileConfig::preferred`].
+const LONG_KEYS: usize = 2048;
+
+/// Whether a spec's partial-tile code and score fit the registers of the
+/// d <= 64 tiles that hold the most (192-key S, three warpgroups): no
+/// two-conjunct mask, no transcendental score.
+fn light(spec: &Spec) -> bool {
+    two_conjuncts(spec).is_none() && !spec.score.as_ref().is_some_and(transcendental)
+}
+
 fn transcendental(e: &Expr) -> bool {
     let mut found = false;
     e.walk(&mut |n| found |= matches!(&n.kind, ExprKind::Call(f, _) if !f.is_numeric() && *f != Func::Floor));
@@ -1159,9 +1186,8 @@ pub(super) fn write_staged_key_terms(w: &mut Writer<String>, spec: &Spec) -> fmt
         write_split_terms(w, spec, &hoisted, Level::Column, |w, terms| {
             w.block(format_args!("for (int col = lane; col < BLOCK_N; col += 32)"), |w| {
                 writeln!(w, "const int k = kv0 + col;")?;
-                let store = |h: &&Hoisted| {
-                    writeln!(w, "staged_{}[it % KEY_SLOTS][col] = {};", h.name, c_expr(spec, h.expr))
-                };
+                let store =
+                    |h: &&Hoisted| writeln!(w, "staged_{}[it % KEY_SLOTS][col] = {};", h.name, c_expr(spec, h.expr));
                 terms.iter().try_for_each(store)
             })
         })?;

@@ -11,8 +11,8 @@
 //! roles never meet at a CTA barrier.
 
 use super::{
-    interior_decl, q_load, two_conjuncts, write_accumulators, write_epilogue, write_item_rows, write_last_pv,
-    has_key_terms, write_spec_terms, write_staged_key_buffers, write_staged_key_terms, write_tile_classes,
+    has_key_terms, interior_decl, q_load, two_conjuncts, write_accumulators, write_epilogue, write_item_rows,
+    write_last_pv, write_spec_terms, write_staged_key_buffers, write_staged_key_terms, write_tile_classes,
     write_wgmma_step, KeyTerms, KvLoads, OStaging, Stagers, TileConfig,
 };
 use crate::abi::ArgKind;
