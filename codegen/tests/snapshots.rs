@@ -109,6 +109,18 @@ fn hopper_three_warpgroup_forward_kernel() {
 }
 
 #[test]
+fn hopper_long_keys_document_kernel_at_d64() {
+    // From 4096 keys a d = 64 document mask prefers three warpgroups, whose
+    // three-stage ring lets the producer stage the item's per-query document
+    // ids with Q, beside each tile's per-key ones.
+    let source = "Document64 { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }";
+    let spec = parse_one(source).unwrap();
+    let config = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), 4096);
+    assert_eq!((config.mma, config.warps, config.stages(&spec)), (Mma::Wgmma, 12, 3));
+    insta::assert_snapshot!("wgmma_document64", render(&emit_forward_with(&spec, config)));
+}
+
+#[test]
 fn forward_kernels_of_edge_specs() {
     for (name, source) in EDGE_SPECS {
         let spec = parse_one(source).unwrap_or_else(|e| panic!("{name}: {}", e.render(name, source)));

@@ -485,7 +485,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         int next = j < kv_tiles ? next_tile(j + 1) : kv_tiles;\n"
     )?;
     writeln!(w)?;
-    let hoisted = write_spec_terms(w, spec, &kv_len, KeyTerms::of(config))?;
+    let hoisted = write_spec_terms(w, spec, &kv_len, KeyTerms::of(config), false)?;
     write_accumulators(w, config)?;
     writeln!(w)?;
     let step = |w: &mut Writer<String>| match config.mma {
@@ -542,16 +542,17 @@ fn q_load(spec: &Spec) -> String {
 }
 
 /// The spec's hoisted terms and the `logit` lambdas; returns the hoisted
-/// terms the tile steps read.
+/// terms the tile steps read. `staged_items`: the producer staged the
+/// item's terms per CTA and per query ([`stages_item_terms`]).
 fn write_spec_terms<'s>(
     w: &mut Writer<String>,
     spec: &'s Spec,
     kv_len: &str,
     keys: KeyTerms,
+    staged_items: bool,
 ) -> Result<Vec<Hoisted<'s>>, fmt::Error> {
-    let exprs: Vec<&Expr> = spec.mask.iter().chain(spec.score.iter()).collect();
-    let hoisted = hoist(&exprs);
-    write_invariants(w, spec, &hoisted, keys)?;
+    let hoisted = hoist(&spec_exprs(spec));
+    write_invariants(w, spec, &hoisted, keys, staged_items)?;
     write_logit(w, spec, &hoisted, &arg_name(spec, ArgKind::Scale), kv_len)?;
     writeln!(w)?;
     Ok(hoisted)
@@ -1014,19 +1015,29 @@ impl KeyTerms {
     /// most, for as many stages as a ring may have), which the ring leaves
     /// room for.
     fn static_bytes(self, spec: &Spec, config: TileConfig) -> u32 {
-        let slots = RING_STAGES + 1;
-        match self {
-            KeyTerms::PerThread => 0,
-            KeyTerms::Staged => key_terms(&hoist(&spec_exprs(spec))).count() as u32 * slots * config.block_n * 4,
+        if self == KeyTerms::PerThread {
+            return 0;
         }
+        let hoisted = hoist(&spec_exprs(spec));
+        let count = |level| hoisted.iter().filter(|h| h.level == level).count() as u32;
+        let slots = RING_STAGES + 1;
+        4 * (count(Level::Column) * slots * config.block_n
+            + count(Level::Row) * 2 * config.block_m()
+            + count(Level::Cta) * 2)
     }
 }
 
 /// Hoisted spec terms (see [`super::hoist`]): CTA-level constants, row-level
 /// values for the rows this lane owns (row slot `i`, as in the softmax
-/// loop), and the column-level arrays the tile loop fills (and, `Staged`,
-/// their two shared staging buffers per warpgroup).
-fn write_invariants(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], keys: KeyTerms) -> fmt::Result {
+/// loop), and the column-level arrays the tile loop fills (`Staged`: each
+/// read from the staging the producer filled).
+fn write_invariants(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    hoisted: &[Hoisted],
+    keys: KeyTerms,
+    staged_items: bool,
+) -> fmt::Result {
     if hoisted.is_empty() {
         return Ok(());
     }
@@ -1034,14 +1045,19 @@ fn write_invariants(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], ke
     for h in hoisted {
         let ty = c_type(h.expr.ty);
         let value = c_expr(spec, h.expr);
+        // Staged items: the producer evaluated the item's terms with its Q.
+        let (cta, row) = match staged_items {
+            false => (value.clone(), value),
+            true => (format!("staged_{}[qb]", h.name), format!("staged_{}[qb][q - q0]", h.name)),
+        };
         match h.level {
-            Level::Cta => writeln!(w, "const {ty} {} = {value};", h.name)?,
+            Level::Cta => writeln!(w, "const {ty} {} = {cta};", h.name)?,
             Level::Row => {
                 writeln!(w, "{ty} {}[2 * M_TILES];", h.name)?;
                 writeln!(w, "#pragma unroll")?;
                 w.block(format_args!("for (int i = 0; i < 2 * M_TILES; ++i)"), |w| {
                     writeln!(w, "const int q = q0 + warp * WARP_M + (i / 2) * 16 + g + 8 * (i % 2);")?;
-                    writeln!(w, "{}[i] = {value};", h.name)
+                    writeln!(w, "{}[i] = {row};", h.name)
                 })?
             }
             Level::Column => match keys {
@@ -1153,15 +1169,38 @@ fn key_terms<'h, 's>(hoisted: &'h [Hoisted<'s>]) -> impl Iterator<Item = &'h Hoi
     hoisted.iter().filter(|h| h.level == Level::Column)
 }
 
+/// Whether a warp-specialized kernel's producer stages the spec's terms
+/// per CTA and per query with each item's Q ([`write_item_term_loads`]):
+/// where the ring has three stages. The consumers then meet no global load
+/// at an item's first tile (documents d = 64 +5-6% at 4k and 16k keys), but
+/// the producer's item prologue grows, and with two stages it has too
+/// little lead to hide that (documents d = 128 -3 to -5% at 1k and 4k;
+/// bench/RESULTS.md, fourteenth session).
+pub(super) fn stages_item_terms(spec: &Spec, config: TileConfig) -> bool {
+    let terms = hoist(&spec_exprs(spec)).iter().any(|h| h.level != Level::Column);
+    terms && warp_specialized(config) && config.stages(spec) >= 3
+}
+
 /// Whether the spec has per-key terms (see [`super::hoist`]).
 pub(super) fn has_key_terms(spec: &Spec) -> bool {
     key_terms(&hoist(&spec_exprs(spec))).next().is_some()
 }
 
-/// [`KeyTerms::Staged`]: the shared staging slots of the spec's per-key
-/// terms, declared where producer and consumers both see them.
-pub(super) fn write_staged_key_buffers(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+/// [`KeyTerms::Staged`]: the shared staging of the spec's terms (per CTA
+/// and per query for each Q buffer's item, per key in slots of visited
+/// tiles), declared where producer and consumers both see them.
+pub(super) fn write_staged_term_buffers(w: &mut Writer<String>, spec: &Spec, items: bool) -> fmt::Result {
     let hoisted = hoist(&spec_exprs(spec));
+    for h in hoisted.iter().filter(|h| items && h.level != Level::Column) {
+        let (ty, name) = (c_type(h.expr.ty), &h.name);
+        match h.level {
+            Level::Cta => writeln!(w, "__shared__ {ty} staged_{name}[2];  // spec term of each Q buffer's item")?,
+            _ => writeln!(
+                w,
+                "__shared__ {ty} staged_{name}[2][BLOCK_M];  // per-query spec terms of each Q buffer's item"
+            )?,
+        }
+    }
     if key_terms(&hoisted).next().is_none() {
         return Ok(());
     }
@@ -1172,6 +1211,57 @@ pub(super) fn write_staged_key_buffers(w: &mut Writer<String>, spec: &Spec) -> f
         writeln!(w, "__shared__ {} staged_{}[KEY_SLOTS][BLOCK_N];", c_type(h.expr.ty), h.name)?;
     }
     Ok(())
+}
+
+/// [`KeyTerms::Staged`], the producer, with item `qb`'s Q on its way: its
+/// producer threads load the item's per-CTA and per-query terms into
+/// registers (`item_inv_N`, row `r` of the thread's slot `i` is
+/// `threadIdx.x - THREADS + i * PRODUCER_THREADS`), so that their latency
+/// overlaps the tile classes' loads; [`write_item_term_stores`] stages them.
+pub(super) fn write_item_term_loads(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    let hoisted = hoist(&spec_exprs(spec));
+    let items: Vec<&Hoisted> = hoisted.iter().filter(|h| h.level != Level::Column).collect();
+    if items.is_empty() {
+        return Ok(());
+    }
+    writeln!(w, "// The item's spec terms per CTA and per query, for its consumers.")?;
+    writeln!(w, "constexpr int ITEM_ROWS = (BLOCK_M + PRODUCER_THREADS - 1) / PRODUCER_THREADS;")?;
+    for h in &items {
+        writeln!(w, "{} item_{}[ITEM_ROWS];", c_type(h.expr.ty), h.name)?;
+    }
+    write_item_rows_loop(w, |w| {
+        writeln!(w, "const int q = q0 + threadIdx.x - THREADS + i * PRODUCER_THREADS;")?;
+        items.iter().try_for_each(|h| writeln!(w, "item_{}[i] = {};", h.name, c_expr(spec, h.expr)))
+    })
+}
+
+/// The producer's stores of [`write_item_term_loads`]' terms into the Q
+/// buffer's staging; after the producer threads' barrier, the leader
+/// publishes them on Q's barrier, and the consumers read them once Q is
+/// in: no global load latency at an item's first tile.
+pub(super) fn write_item_term_stores(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    let hoisted = hoist(&spec_exprs(spec));
+    if hoisted.iter().all(|h| h.level == Level::Column) {
+        return Ok(());
+    }
+    for h in hoisted.iter().filter(|h| h.level == Level::Cta) {
+        writeln!(w, "if (leader) staged_{0}[qb] = item_{0}[0];", h.name)?;
+    }
+    let rows: Vec<&Hoisted> = hoisted.iter().filter(|h| h.level == Level::Row).collect();
+    if !rows.is_empty() {
+        write_item_rows_loop(w, |w| {
+            writeln!(w, "const int r = threadIdx.x - THREADS + i * PRODUCER_THREADS;")?;
+            let store = |h: &&Hoisted| writeln!(w, "if (r < BLOCK_M) staged_{0}[qb][r] = item_{0}[i];", h.name);
+            rows.iter().try_for_each(store)
+        })?;
+    }
+    writeln!(w, "named_barrier_sync(2 + WARPGROUPS, PRODUCER_THREADS);  // the leader publishes them with Q")
+}
+
+/// A loop over a producer thread's slots of the item's query rows.
+fn write_item_rows_loop(w: &mut Writer<String>, body: impl FnOnce(&mut Writer<String>) -> fmt::Result) -> fmt::Result {
+    writeln!(w, "#pragma unroll")?;
+    w.block(format_args!("for (int i = 0; i < ITEM_ROWS; ++i)"), body)
 }
 
 /// [`KeyTerms::Staged`], the producer, once tile `j`'s K is on its way:
@@ -1730,12 +1820,12 @@ mod tests {
         }
     }
 
-    /// Staged per-key terms take static shared memory that the ring's
+    /// Staged spec terms take static shared memory that the ring's
     /// stages leave room for: with two per-key terms (a mask's and a
     /// score's) every warp-specialized candidate's dynamic and staged shared
     /// memory stays within the budget.
     #[test]
-    fn staged_key_terms_fit_beside_the_ring() {
+    fn staged_terms_fit_beside_the_ring() {
         let source = "S { dtype: bf16, head_dim: HD, tensor doc: i32[B, KV_LEN], tensor bias: f32[B, KV_LEN], \
                       mask: doc[b][q] == doc[b][k], score: score + bias[b][k] }";
         for head_dim in [64, 128] {
@@ -1744,7 +1834,9 @@ mod tests {
                 TileConfig::candidates(&spec, Target::for_sm(9, 0)).into_iter().filter(|c| warp_specialized(*c))
             {
                 let staged = KeyTerms::of(config).static_bytes(&spec, config);
-                assert_eq!(staged, 2 * (RING_STAGES + 1) * config.block_n * 4, "{config:?}");
+                // doc[b][k] and bias[b][k] per key, doc[b][q] per query.
+                let expected = 4 * (2 * (RING_STAGES + 1) * config.block_n + 2 * config.block_m());
+                assert_eq!(staged, expected, "{config:?}");
                 assert!(config.smem_bytes(&spec) + staged <= WS_SMEM_BUDGET, "{config:?}");
             }
         }

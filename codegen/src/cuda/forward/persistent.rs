@@ -11,9 +11,10 @@
 //! roles never meet at a CTA barrier.
 
 use super::{
-    has_key_terms, interior_decl, q_load, two_conjuncts, write_accumulators, write_epilogue, write_item_rows,
-    write_last_pv, write_spec_terms, write_staged_key_buffers, write_staged_key_terms, write_tile_classes,
-    write_wgmma_step, KeyTerms, KvLoads, OStaging, Stagers, TileConfig,
+    has_key_terms, interior_decl, q_load, stages_item_terms, two_conjuncts, write_accumulators, write_epilogue,
+    write_item_rows, write_item_term_loads, write_item_term_stores, write_last_pv, write_spec_terms,
+    write_staged_key_terms, write_staged_term_buffers, write_tile_classes, write_wgmma_step, KeyTerms, KvLoads,
+    OStaging, Stagers, TileConfig,
 };
 use crate::abi::ArgKind;
 use crate::cuda::signature::arg_name;
@@ -106,7 +107,8 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         }}\n\
         __syncthreads();\n"
     )?;
-    write_staged_key_buffers(w, spec)?;
+    let item_terms = stages_item_terms(spec, config);
+    write_staged_term_buffers(w, spec, item_terms)?;
     writeln!(w)?;
     w.block(format_args!("if (warp >= WARPS)"), |w| {
         write!(
@@ -140,7 +142,13 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
                 writeln!(w, "load_tile<BLOCK_M, QK_COLS, D, PRODUCER_THREADS, true, THREADS>{}", q_load(spec))?;
                 writeln!(w, "mbar_arrive_loaded<D>(q_full + 8 * qb, vector);")
             })?;
+            if item_terms {
+                write_item_term_loads(w, spec)?;
+            }
             write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::PRODUCER)?;
+            if item_terms {
+                write_item_term_stores(w, spec)?;
+            }
             writeln!(w, "int j = next_tile(0);")?;
             w.block(format_args!("if (leader)"), |w| {
                 writeln!(w, "item_visits[qb] = j < kv_tiles;")?;
@@ -226,11 +234,17 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         )?;
         write_item_coords(w, spec, true)?;
         writeln!(w)?;
-        let hoisted = write_spec_terms(w, spec, &kv_len, KeyTerms::of(config))?;
+        // The item's staged spec terms come with Q.
+        if item_terms {
+            writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);  // Q, and the item's spec terms")?;
+        }
+        let hoisted = write_spec_terms(w, spec, &kv_len, KeyTerms::of(config), item_terms)?;
         writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
         write_accumulators(w, config)?;
         writeln!(w)?;
-        writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);")?;
+        if !item_terms {
+            writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);")?;
+        }
         write_ring_loop(w, spec, |w| write_wgmma_step(w, spec, config, &hoisted))?;
         write_epilogue(w, spec, OStaging::QBuffer)
     })?;
