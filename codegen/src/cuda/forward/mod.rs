@@ -696,7 +696,7 @@ fn write_epilogue(w: &mut Writer<String>, spec: &Spec, staging: OStaging) -> fmt
             "smem;  // [BLOCK_M][DVP]",
         ),
         OStaging::QBuffer => (
-            // The warpgroup's own named barrier (as for staged key terms).
+            // The warpgroup's own named barrier: the other warpgroups go on.
             "named_barrier_sync(3 + WARPGROUPS + warpgroup, 128);",
             "the warpgroup is done with its rows of this item's Q: they stage its O",
             "q_tile;  // [BLOCK_M][DVP] in 64-column panels, as Q",
@@ -1002,8 +1002,8 @@ pub(super) enum KeyTerms {
 }
 
 impl KeyTerms {
-    /// Staged in the warp-specialized wgmma kernels (a warpgroup per 64
-    /// rows, and a named barrier to spare).
+    /// Staged in the warp-specialized wgmma kernels, whose producer walks
+    /// the tiles ahead of the consumers.
     pub(super) fn of(config: TileConfig) -> Self {
         match config.mma == Mma::Wgmma && warp_specialized(config) {
             true => KeyTerms::Staged,

@@ -6,7 +6,8 @@
 //! take turns on the tensor cores, finish the item and stage its O in its
 //! own Q buffer while the producer already loads the next one. The producer
 //! alone walks an item's tiles (skipping and classifying them) and hands
-//! each tile's index and class to the consumers with its K, so the
+//! each tile's index, class and per-key spec terms to the consumers with its
+//! K (and an item's per-query terms with its Q), so the
 //! consumers' instruction stream is the products and the softmax; the two
 //! roles never meet at a CTA barrier.
 
