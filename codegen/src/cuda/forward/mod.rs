@@ -1215,7 +1215,7 @@ pub(super) fn write_staged_term_buffers(w: &mut Writer<String>, spec: &Spec, ite
 
 /// [`KeyTerms::Staged`], the producer, with item `qb`'s Q on its way: its
 /// producer threads load the item's per-CTA and per-query terms into
-/// registers (`item_inv_N`, row `r` of the thread's slot `i` is
+/// registers (`item_inv_N`; per query, the thread's slot `i` holds row
 /// `threadIdx.x - THREADS + i * PRODUCER_THREADS`), so that their latency
 /// overlaps the tile classes' loads; [`write_item_term_stores`] stages them.
 pub(super) fn write_item_term_loads(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
@@ -1226,12 +1226,19 @@ pub(super) fn write_item_term_loads(w: &mut Writer<String>, spec: &Spec) -> fmt:
     }
     writeln!(w, "// The item's spec terms per CTA and per query, for its consumers.")?;
     writeln!(w, "constexpr int ITEM_ROWS = (BLOCK_M + PRODUCER_THREADS - 1) / PRODUCER_THREADS;")?;
-    for h in &items {
+    let (ctas, rows): (Vec<&Hoisted>, Vec<&Hoisted>) = items.into_iter().partition(|h| h.level == Level::Cta);
+    for h in &ctas {
+        writeln!(w, "const {} item_{} = {};", c_type(h.expr.ty), h.name, c_expr(spec, h.expr))?;
+    }
+    if rows.is_empty() {
+        return Ok(());
+    }
+    for h in &rows {
         writeln!(w, "{} item_{}[ITEM_ROWS];", c_type(h.expr.ty), h.name)?;
     }
     write_item_rows_loop(w, |w| {
         writeln!(w, "const int q = q0 + threadIdx.x - THREADS + i * PRODUCER_THREADS;")?;
-        items.iter().try_for_each(|h| writeln!(w, "item_{}[i] = {};", h.name, c_expr(spec, h.expr)))
+        rows.iter().try_for_each(|h| writeln!(w, "item_{}[i] = {};", h.name, c_expr(spec, h.expr)))
     })
 }
 
@@ -1245,7 +1252,7 @@ pub(super) fn write_item_term_stores(w: &mut Writer<String>, spec: &Spec) -> fmt
         return Ok(());
     }
     for h in hoisted.iter().filter(|h| h.level == Level::Cta) {
-        writeln!(w, "if (leader) staged_{0}[qb] = item_{0}[0];", h.name)?;
+        writeln!(w, "if (leader) staged_{0}[qb] = item_{0};", h.name)?;
     }
     let rows: Vec<&Hoisted> = hoisted.iter().filter(|h| h.level == Level::Row).collect();
     if !rows.is_empty() {
