@@ -12,10 +12,9 @@
 //! roles never meet at a CTA barrier.
 
 use super::{
-    has_key_terms, interior_decl, q_load, stages_item_terms, two_conjuncts, write_accumulators, write_epilogue,
-    write_item_rows, write_item_term_loads, write_item_term_stores, write_last_pv, write_spec_terms,
-    write_staged_key_terms, write_staged_term_buffers, write_tile_classes, write_wgmma_step, KeyTerms, KvLoads,
-    OStaging, Stagers, TileConfig,
+    interior_decl, q_load, two_conjuncts, write_accumulators, write_epilogue, write_item_rows, write_last_pv,
+    write_spec_terms, write_tile_classes, write_wgmma_step, KeyTerms, KvLoads, OStaging, StagedTerms, Stagers,
+    TileConfig,
 };
 use crate::abi::ArgKind;
 use crate::cuda::signature::arg_name;
@@ -53,8 +52,9 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
     let name = |kind| arg_name(spec, kind);
     let [q_len, kv_len, heads, batch] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::Batch].map(name);
     let counter = name(ArgKind::WorkCounter);
-    let staged_terms = has_key_terms(spec);
-    let k_writers = match staged_terms {
+    let staged = StagedTerms::of(spec, config);
+    let per_key = staged.per_key();
+    let k_writers = match per_key {
         true => "copiers + 1);  // + the writer of the tile word and key terms",
         false => "tma ? 1 : copiers + 1);  // + the tile word's writer (with TMA: its copier)",
     };
@@ -108,8 +108,8 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         }}\n\
         __syncthreads();\n"
     )?;
-    let item_terms = stages_item_terms(spec, config);
-    write_staged_term_buffers(w, spec, item_terms)?;
+    let item_terms = staged.items;
+    staged.write_buffers(w)?;
     writeln!(w)?;
     w.block(format_args!("if (warp >= WARPS)"), |w| {
         write!(
@@ -143,13 +143,9 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
                 writeln!(w, "load_tile<BLOCK_M, QK_COLS, D, PRODUCER_THREADS, true, THREADS>{}", q_load(spec))?;
                 writeln!(w, "mbar_arrive_loaded<D>(q_full + 8 * qb, vector);")
             })?;
-            if item_terms {
-                write_item_term_loads(w, spec)?;
-            }
+            staged.write_item_loads(w)?;
             write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::PRODUCER)?;
-            if item_terms {
-                write_item_term_stores(w, spec)?;
-            }
+            staged.write_item_stores(w)?;
             writeln!(w, "int j = next_tile(0);")?;
             w.block(format_args!("if (leader)"), |w| {
                 writeln!(w, "item_visits[qb] = j < kv_tiles;")?;
@@ -168,11 +164,11 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
                 )?;
                 // The key terms' writers need the class too.
                 let full = "const bool full = tile_full(j);";
-                if staged_terms {
+                if per_key {
                     writeln!(w, "{full}")?;
                 }
                 w.block(format_args!("if (leader)"), |w| {
-                    if !staged_terms {
+                    if !per_key {
                         writeln!(w, "{full}")?;
                     }
                     let whole = match two_conjuncts(spec) {
@@ -185,7 +181,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
                         tile_word[stage] = j << TILE_SHIFT | (full ? TILE_FULL : {whole}) | (next < kv_tiles ? 0 : TILE_LAST);\n\
                         if (tma) tma_load_tile<BLOCK_N, QK_COLS>(k_tiles + stage * K_TILE, k_map, k_full + 8 * stage, j * BLOCK_N, kv_head, b);\n"
                     )?;
-                    match staged_terms {
+                    match per_key {
                         true => Ok(()),
                         false => writeln!(w, "else mbar_arrive(k_full + 8 * stage);"),
                     }
@@ -194,8 +190,8 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
                     kv.k(w, "k_tiles + stage * K_TILE", "j")?;
                     writeln!(w, "mbar_arrive_loaded<D>(k_full + 8 * stage, vector);")
                 })?;
-                if staged_terms {
-                    write_staged_key_terms(w, spec)?;
+                if per_key {
+                    staged.write_key_terms(w)?;
                 }
                 writeln!(w, "mbar_wait(v_empty + 8 * stage, empty_parity);")?;
                 copy(w, "v_full + 8 * stage", "<BLOCK_N, V_COLS>(v_tiles + stage * V_TILE, v_map", "j * BLOCK_N, kv_head", |w| {
