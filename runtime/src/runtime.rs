@@ -259,9 +259,10 @@ impl Runtime {
         self.arch.target()
     }
 
-    /// The forward kernel of `spec` in its configuration without tuning
-    /// ([`TileConfig::preferred`]): generated, compiled and loaded on first
-    /// use, then served from the cache.
+    /// The forward kernel of `spec` in its configuration without tuning for
+    /// keys of unknown length ([`TileConfig::preferred`]; untuned launches
+    /// of long keys may use [`TileConfig::preferred_for`]'s): generated,
+    /// compiled and loaded on first use, then served from the cache.
     pub fn load(&self, spec: &Spec) -> Result<Arc<LoadedKernel>, Error> {
         self.load_forward(spec, TileConfig::preferred(spec, self.target()))
     }

@@ -109,14 +109,14 @@ impl TileConfig {
     /// keys. [`TileConfig::preferred`], except that from 4096 keys on at
     /// d <= 64 three warpgroups lead for every spec whose S, P and O fit
     /// their registers (no two-conjunct mask, no transcendental score): the
-    /// H200 measured them ahead there for causal, documents, ALiBi and the
-    /// sliding window alike, and behind at 1024 keys, where the ragged last
-    /// 192-row tile wastes work (bench/RESULTS.md, fourteenth session).
+    /// H200 measured them ahead there for causal, documents and ALiBi (the
+    /// sliding window, two conjuncts, ran even), and behind at 1024 keys,
+    /// where the ragged last 192-row tile wastes work (bench/RESULTS.md,
+    /// fourteenth session).
     pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
-        let three = TileConfig { mma: Mma::Wgmma, warps: 12, m_tiles: 1, block_n: 128 };
         let long = kv_len > LONG_KEYS && widest(spec) <= 64 && light(spec);
-        match long && TileConfig::candidates(spec, target).contains(&three) {
-            true => three,
+        match long && TileConfig::candidates(spec, target).contains(&THREE_WARPGROUPS) {
+            true => THREE_WARPGROUPS,
             false => TileConfig::preferred(spec, target),
         }
     }
@@ -160,7 +160,7 @@ impl TileConfig {
         // tensor reads, and transcendental scores, spill (measured:
         // 1.14-1.17x on full attention from 4k keys, +3-5% causal, slower
         // at 1k keys, where the ragged last 192-row tile wastes work).
-        let three = wgmma(12, 128);
+        let three = THREE_WARPGROUPS;
         let simple_mask = light && !spec.mask.as_ref().is_some_and(|m| m.reads_tensor());
         let small = match (plain, simple_mask) {
             (true, _) => [&[three], small.as_slice()].concat(),
@@ -258,10 +258,13 @@ fn ws_regs(config: TileConfig) -> (u32, u32) {
     (pool - groups * consumer, consumer)
 }
 
-/// Whether `e` calls a transcendental function (tanh, exp, …).
 /// Keys beyond which [`TileConfig::preferred_for`] may differ from
 /// [`TileConfig::preferred`].
 const LONG_KEYS: usize = 2048;
+
+/// The d <= 64 wgmma tile of three consumer warpgroups (192 query rows,
+/// 128-key tiles).
+const THREE_WARPGROUPS: TileConfig = TileConfig { mma: Mma::Wgmma, warps: 12, m_tiles: 1, block_n: 128 };
 
 /// Whether a spec's partial-tile code and score fit the registers of the
 /// d <= 64 tiles that hold the most (192-key S, three warpgroups): no
@@ -270,6 +273,7 @@ fn light(spec: &Spec) -> bool {
     two_conjuncts(spec).is_none() && !spec.score.as_ref().is_some_and(transcendental)
 }
 
+/// Whether `e` calls a transcendental function (tanh, exp, …).
 fn transcendental(e: &Expr) -> bool {
     let mut found = false;
     e.walk(&mut |n| found |= matches!(&n.kind, ExprKind::Call(f, _) if !f.is_numeric() && *f != Func::Floor));
