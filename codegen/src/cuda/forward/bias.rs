@@ -1,0 +1,115 @@
+//! Additive score biases, strength-reduced in the forward's logit.
+//!
+//! A score `score + T` (T free of `score`: a bias) needs, in log2 units,
+//! `dot · scale · LOG2E + T · LOG2E`: one FFMA over a hoisted `scale · LOG2E`
+//! instead of a multiply by the scale, the add and a multiply by LOG2E.
+//!
+//! A *key-linear* bias `a * (X as f32)`, `a` free of k and X = ±k + R (R free
+//! of k; ALiBi's `slopes[h] * (k - q) as f32`), costs per element an integer
+//! op, a conversion and a multiply when written as is. The logit's element
+//! at key k = k0 + j (k0 = kv0 + 2t the lane's first key of the tile, and
+//! j = 8n + c a constant of the unrolled loop) has X = X(k0) ± j, so
+//! `T · LOG2E = fmaf(a · LOG2E, ±j, a · LOG2E · X(k0))`: one FFMA with an
+//! immediate per element, the rest once per row of the tile (LLVM hoists
+//! and shares what the elements of a row have in common). At d = 64 the
+//! softmax's instruction issue, not the tensor cores, bounds ALiBi, so every
+//! instruction per element counts.
+//!
+//! Rounding: `X(k0)` and `j` convert exactly while |X| ≤ 2^24 (sequences of
+//! 16M keys); past that, and in the reassociated products, the bias differs
+//! from the spec's by a few ulp, which the spec language allows for f32.
+
+use crate::spec::{BinOp, Builtin, Expr, ExprKind, Ty};
+
+/// The bias of a score `score + T` or `T + score`.
+pub(super) fn additive_bias(score: &Expr) -> Option<&Expr> {
+    let ExprKind::Binary(BinOp::Add, a, b) = &score.kind else { return None };
+    let is_score = |e: &Expr| e.kind == ExprKind::Builtin(Builtin::Score);
+    let bias = match (is_score(a), is_score(b)) {
+        (true, false) => b,
+        (false, true) => a,
+        _ => return None,
+    };
+    (!bias.uses(Builtin::Score)).then_some(&**bias)
+}
+
+/// A key-linear bias `a * (X as f32)` (either factor order).
+pub(super) struct KeyLinear<'e> {
+    /// The factor free of k.
+    pub(super) factor: &'e Expr,
+    /// The i32 X, linear in k with coefficient `sign`.
+    pub(super) position: &'e Expr,
+    /// +1 for `k + R`, `R + k`, `k - R` and `k`; -1 for `R - k`.
+    pub(super) sign: i32,
+}
+
+impl<'e> KeyLinear<'e> {
+    pub(super) fn of(bias: &'e Expr) -> Option<Self> {
+        let ExprKind::Binary(BinOp::Mul, a, b) = &bias.kind else { return None };
+        [(a, b), (b, a)].into_iter().find_map(|(factor, cast)| {
+            let ExprKind::Cast(position) = &cast.kind else { return None };
+            let sign = key_sign(position)?;
+            (position.ty == Ty::I32 && !factor.uses(Builtin::K)).then_some(KeyLinear { factor, position, sign })
+        })
+    }
+}
+
+/// The coefficient of k in `e` when `e` is k, `k ± R`, `R + k` or `R - k`
+/// with R free of k.
+fn key_sign(e: &Expr) -> Option<i32> {
+    let is_k = |e: &Expr| e.kind == ExprKind::Builtin(Builtin::K);
+    if is_k(e) {
+        return Some(1);
+    }
+    let ExprKind::Binary(op, a, b) = &e.kind else { return None };
+    let (k_left, k_right) = (is_k(a) && !b.uses(Builtin::K), is_k(b) && !a.uses(Builtin::K));
+    match op {
+        BinOp::Add if k_left || k_right => Some(1),
+        BinOp::Sub if k_left => Some(1),
+        BinOp::Sub if k_right => Some(-1),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse_one;
+
+    fn score(body: &str) -> Expr {
+        let spec = parse_one(&format!("S {{ dtype: bf16, head_dim: 64, tensor slopes: f32[H], {body} }}")).unwrap();
+        spec.score.unwrap()
+    }
+
+    #[test]
+    fn alibi_is_a_key_linear_bias() {
+        for (body, sign) in [
+            ("score: score + slopes[h] * (k - q) as f32,", 1),
+            ("score: (q - k) as f32 * slopes[h] + score,", -1),
+            ("score: score + 0.5 * (k + q) as f32,", 1),
+            ("score: score + slopes[h] * k as f32,", 1),
+        ] {
+            let score = score(body);
+            let bias = additive_bias(&score).expect(body);
+            assert_eq!(KeyLinear::of(bias).map(|l| l.sign), Some(sign), "{body}");
+        }
+    }
+
+    #[test]
+    fn other_scores_are_not() {
+        // Not additive in the score, or the bias not linear in k.
+        for body in ["score: score * 2.0,", "score: score + score * 0.5,", "score: tanh(score / 30.0) * 30.0,"] {
+            assert!(additive_bias(&score(body)).is_none(), "{body}");
+        }
+        for body in [
+            "score: score + slopes[h] * (k * 2) as f32,",
+            "score: score + (k - q) as f32 * (k - q) as f32,",
+            "score: score + slopes[h],",
+            "score: score + slopes[h] * (k - k) as f32,",
+        ] {
+            let score = score(body);
+            let bias = additive_bias(&score).expect(body);
+            assert!(KeyLinear::of(bias).is_none(), "{body}");
+        }
+    }
+}
