@@ -19,7 +19,9 @@
 //! 16M keys); past that, and in the reassociated products, the bias differs
 //! from the spec's by a few ulp, which the spec language allows for f32.
 
-use crate::spec::{BinOp, Builtin, Expr, ExprKind, Ty};
+use crate::cuda::expr::c_expr_in;
+use crate::cuda::hoist::{lookup, Hoisted};
+use crate::spec::{BinOp, Builtin, Expr, ExprKind, Spec, Ty};
 
 /// The bias of a score `score + T` or `T + score`.
 pub(super) fn additive_bias(score: &Expr) -> Option<&Expr> {
@@ -33,18 +35,38 @@ pub(super) fn additive_bias(score: &Expr) -> Option<&Expr> {
     (!bias.uses(Builtin::Score)).then_some(&**bias)
 }
 
+/// The logit lambdas' body for a score with the additive `bias`, in log2
+/// units over the kernel's `scale_log2`: the statements they start with, if
+/// any, and the logit expression. `hoisted` names the spec's hoisted terms.
+pub(super) fn biased_logit(spec: &Spec, bias: &Expr, hoisted: &[Hoisted]) -> (Option<String>, String) {
+    let c_expr = |e: &Expr| c_expr_in(spec, e, &|x| lookup(hoisted, x));
+    let Some(linear) = KeyLinear::of(bias) else {
+        return (None, format!("fmaf(dot, scale_log2, {} * LOG2E)", c_expr(bias)));
+    };
+    // X at the lane's first key of the tile: names hoisted per key are X at
+    // other keys.
+    let at_k0 = |x: &Expr| match x.uses(Builtin::K) {
+        true => (x.kind == ExprKind::Builtin(Builtin::K)).then(|| "k0".to_string()),
+        false => lookup(hoisted, x),
+    };
+    let x0 = c_expr_in(spec, linear.position, &at_k0);
+    let j = if linear.sign < 0 { "-(n * 8 + c)" } else { "n * 8 + c" };
+    let prologue = format!("const int k0 = k - (n * 8 + c); const float key_step = {} * LOG2E;", c_expr(linear.factor));
+    (Some(prologue), format!("fmaf(dot, scale_log2, fmaf(key_step, (float)({j}), key_step * (float){x0}))"))
+}
+
 /// A key-linear bias `a * (X as f32)` (either factor order).
-pub(super) struct KeyLinear<'e> {
+struct KeyLinear<'e> {
     /// The factor free of k.
-    pub(super) factor: &'e Expr,
+    factor: &'e Expr,
     /// The i32 X, linear in k with coefficient `sign`.
-    pub(super) position: &'e Expr,
+    position: &'e Expr,
     /// +1 for `k + R`, `R + k`, `k - R` and `k`; -1 for `R - k`.
-    pub(super) sign: i32,
+    sign: i32,
 }
 
 impl<'e> KeyLinear<'e> {
-    pub(super) fn of(bias: &'e Expr) -> Option<Self> {
+    fn of(bias: &'e Expr) -> Option<Self> {
         let ExprKind::Binary(BinOp::Mul, a, b) = &bias.kind else { return None };
         [(a, b), (b, a)].into_iter().find_map(|(factor, cast)| {
             let ExprKind::Cast(position) = &cast.kind else { return None };

@@ -39,8 +39,8 @@ use super::wgmma::{write_wgmma_op, AFrom, WGMMA};
 use super::writer::Writer;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
 use crate::analysis::block_uniform;
-use crate::spec::{BinOp, Builtin, Dtype, Expr, ExprKind, Func, Spec};
-use bias::{additive_bias, KeyLinear};
+use crate::spec::{BinOp, Dtype, Expr, ExprKind, Func, Spec};
+use bias::{additive_bias, biased_logit};
 use std::fmt::{self, Write};
 
 /// Which tensor-core instructions a forward kernel is written in.
@@ -1346,26 +1346,7 @@ fn write_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], scale: 
                 writeln!(w, "// The spec: score and mask each element of S (log2 units, -inf where masked);")?;
                 writeln!(w, "// the score adds a bias to the scaled dot product, one FFMA.")?;
                 writeln!(w, "const float scale_log2 = {scale} * LOG2E;")?;
-                match KeyLinear::of(bias) {
-                    None => (None, format!("fmaf(dot, scale_log2, {} * LOG2E)", c_expr(bias))),
-                    Some(linear) => {
-                        // X at the lane's first key of the tile: names hoisted per key
-                        // are X at other keys.
-                        let at_k0 = |x: &Expr| match x.uses(Builtin::K) {
-                            true => (x.kind == ExprKind::Builtin(Builtin::K)).then(|| "k0".to_string()),
-                            false => lookup(hoisted, x),
-                        };
-                        let x0 = c_expr_in(spec, linear.position, &at_k0);
-                        let j = if linear.sign < 0 { "-(n * 8 + c)" } else { "n * 8 + c" };
-                        let prologue = format!(
-                            "const int k0 = k - (n * 8 + c); const float key_step = {} * LOG2E;",
-                            c_expr(linear.factor)
-                        );
-                        let logit =
-                            format!("fmaf(dot, scale_log2, fmaf(key_step, (float)({j}), key_step * (float){x0}))");
-                        (Some(prologue), logit)
-                    }
-                }
+                biased_logit(spec, bias, hoisted)
             }
         },
     };
