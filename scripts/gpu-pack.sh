@@ -3,7 +3,7 @@
 # and packs them with the example specs into .gpu-pack/ (git-ignored), ready
 # to be carried to a GPU machine that has no Rust toolchain and run there
 # with .gpu-pack/run.sh (PEERS=1 also times the peers with bench/peers.py
-# and compares them with bench/compare.py).
+# and compares them with bench/compare.py), or A/B-timed with .gpu-pack/ab.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pack=.gpu-pack
@@ -29,6 +29,9 @@ fi
 cp -r specs "$pack/"
 cp scripts/gpu-run.sh "$pack/run.sh"
 cp scripts/gpu-profile.sh "$pack/profile.sh"
+cp scripts/gpu-ab.sh "$pack/ab.sh"
+# A/B against another build: BASE_BENCH=path/to/its/flashgen-bench.
+if [ -n "${BASE_BENCH:-}" ]; then cp "$BASE_BENCH" "$pack/bin/base-bench"; fi
 # Peers timed in the same run (PEERS=1 .gpu-pack/run.sh): python, no build.
 cp bench/peers.py bench/compare.py "$pack/"
 du -sh "$pack"

@@ -3,7 +3,7 @@
 //! stream.
 //!
 //! Workspace: D (`f32[batch, heads, q_len]`) and, in the atomic mode, the dQ
-//! accumulator (zeroed; `f32[batch, heads, q_len, head_dim]`, or per
+//! accumulator (zeroed by the preprocess; `f32[batch, heads, q_len, head_dim]`, or per
 //! 64-query tile in the Hopper kernel's fragment order: `DqAccum`) live in one
 //! buffer, allocated on the stream per launch or kept between launches in a
 //! [`BackwardWorkspace`]. Requested tensor gradients are zeroed, then
@@ -131,12 +131,9 @@ impl Runtime {
             },
             None => fresh.insert(alloc()?),
         };
-        // The preprocess writes every row of D; the accumulator starts at 0.
+        // The preprocess writes every row of D and zeroes the accumulator.
         let (mut delta, mut rest) = buffer.split_at_mut(delta_span.min(buffer.len()));
         let mut dq_accum = (accum_len > 0).then(|| rest.slice_mut(..accum_len));
-        if let Some(accum) = &mut dq_accum {
-            stream.memset_zeros(accum).map_err(|e| Error::driver("zeroing the dQ accumulator", e))?;
-        }
         let mut d_tensors = d_tensors;
         for t in d_tensors.iter_mut().flatten() {
             stream.memset_zeros(*t).map_err(|e| Error::driver("zeroing a tensor gradient", e))?;

@@ -57,9 +57,10 @@ pub(super) fn block_mask_args(spec: &Spec) -> Vec<KernelArg> {
     named(spec, kinds)
 }
 
-/// The backward preprocess: O, dO, D; sizes; their strides.
+/// The backward preprocess: O, dO, D, the dQ accumulator it zeroes (null in
+/// the deterministic mode); sizes; O's and dO's strides.
 pub(super) fn backward_pre_args(spec: &Spec) -> Vec<KernelArg> {
-    let mut kinds = vec![ArgKind::Ptr(Operand::O), ArgKind::Ptr(Operand::DO), ArgKind::Delta];
+    let mut kinds = vec![ArgKind::Ptr(Operand::O), ArgKind::Ptr(Operand::DO), ArgKind::Delta, ArgKind::DqAccum];
     kinds.extend([ArgKind::Batch, ArgKind::Heads, ArgKind::QLen]);
     kinds.extend(strides([Operand::O, Operand::DO]));
     named(spec, kinds)

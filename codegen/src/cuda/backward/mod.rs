@@ -1,8 +1,8 @@
 //! The backward pass: FlashAttention-2's, generated from the same spec as the
 //! forward, in four kernels launched in order.
 //!
-//! 1. **Preprocess** (`bwd_pre`): D = rowsum(dO ∘ O) in f32, one warp per
-//!    query row.
+//! 1. **Preprocess** (`bwd_pre`): D = rowsum(dO ∘ O) in f32, and the
+//!    atomic mode's dQ accumulator zeroed, 64 query rows per CTA.
 //! 2. **dK/dV** (`bwd`): one CTA per (kv tile, K/V head, batch), 16 keys per
 //!    warp. K and V stay in shared memory while the CTA walks every query
 //!    tile of every query head of its GQA group, so dK and dV accumulate in
@@ -72,7 +72,7 @@ use crate::spec::Spec;
 /// One of the backward kernels of a spec.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BackwardPass {
-    /// D = rowsum(dO ∘ O).
+    /// D = rowsum(dO ∘ O); zeroes the dQ accumulator.
     Preprocess,
     /// dK, dV, tensor gradients, and dQ by atomics unless deterministic.
     KeyValue,
@@ -148,8 +148,8 @@ impl BackwardConfig {
     }
 }
 
-/// How the atomic mode's f32 dQ accumulator is laid out (zeroed before the
-/// dK/dV kernel; the postprocess reads it).
+/// How the atomic mode's f32 dQ accumulator is laid out (zeroed by the
+/// preprocess; the postprocess reads it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DqAccum {
     /// `[batch, heads, q_len, D]`, row-major (the `mma.sync` kernel).
@@ -183,7 +183,7 @@ pub fn emit_backward(spec: &Spec, pass: BackwardPass) -> Kernel {
 /// Emits one backward kernel of `spec` with configuration `config`.
 pub fn emit_backward_with(spec: &Spec, pass: BackwardPass, config: BackwardConfig) -> Kernel {
     match pass {
-        BackwardPass::Preprocess => rows::emit_preprocess(spec),
+        BackwardPass::Preprocess => rows::emit_preprocess(spec, config.dq_accum(spec)),
         BackwardPass::KeyValue => match config.dq_accum(spec) {
             DqAccum::Fragments => dkdv_wgmma::emit(spec, config.tensor_grads),
             DqAccum::Rows => dkdv::emit(spec, config),

@@ -1,9 +1,11 @@
 //! The row-wise backward kernels around the gradient kernels: the
-//! preprocess (D = rowsum(dO ∘ O)) and the postprocess (dQ from its f32
-//! accumulator). Memory-bound: one warp per query row, lanes across the row;
-//! an accumulator in fragment order is read in its own order instead, one
-//! 16-byte chunk per thread, mapped back to rows and columns in a shared
-//! tile, so that dQ's rows still go out 16 bytes per thread.
+//! preprocess (D = rowsum(dO ∘ O), and the dQ accumulator zeroed) and the
+//! postprocess (dQ from its f32 accumulator). Memory-bound: the preprocess
+//! gives each row a power-of-two group of lanes with one 16-byte chunk each
+//! and keeps all of a thread's rows' loads in flight; the postprocess reads
+//! rows with one warp each, or an accumulator in fragment order in its own
+//! order, one 16-byte chunk per thread, mapped back to rows and columns in a
+//! shared tile, so that dQ's rows still go out 16 bytes per thread.
 
 use super::common::{write_source, Sections};
 use super::dkdv::write_rows;
@@ -22,12 +24,23 @@ const WARPS: u32 = 4;
 /// accumulator tiles the postprocess reads whole.
 const BLOCK_M: u32 = dkdv_wgmma::BLOCK_M;
 
-pub(super) fn emit_preprocess(spec: &Spec) -> Kernel {
+pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum) -> Kernel {
     let name = kernel_name("bwd_pre", spec);
     let args = backward_pre_args(spec);
     let n = |kind| arg_name(spec, kind);
     let [heads, q_len] = [ArgKind::Heads, ArgKind::QLen].map(n);
     let (o_stride, do_stride) = (n(ArgKind::Stride(Operand::O, Axis::Seq)), n(ArgKind::Stride(Operand::DO, Axis::Seq)));
+    // Lanes per row: a power of two with one 8-element chunk each (at least
+    // two, so that a pass of the CTA covers at most BLOCK_M rows).
+    let lanes = spec.head_dims.v.div_ceil(8).next_power_of_two().max(2);
+    // This CTA's part of the accumulator: one contiguous range in either layout.
+    let (zero_from, zero_len) = match accum {
+        DqAccum::Fragments => {
+            ("(((long long)b * {heads} + h) * gridDim.x + blockIdx.x) * (BLOCK_M * DP)", "BLOCK_M * DP")
+        }
+        DqAccum::Rows => ("(((long long)b * {heads} + h) * {q_len} + q0) * D", "(long long)rows * D"),
+    };
+    let [zero_from, zero_len] = [zero_from, zero_len].map(|e| e.replace("{heads}", &heads).replace("{q_len}", &q_len));
     let source = write_source(spec, Sections::Rows, &name, &args, write_config, |w| {
         write_prologue(w)?;
         write_rows(w, spec, Operand::O, "o_rows", "h")?;
@@ -35,17 +48,55 @@ pub(super) fn emit_preprocess(spec: &Spec) -> Kernel {
         write!(
             w,
             "\
-            float* delta_row = delta + ((long long)b * {heads} + h) * {q_len};\n\
-            // D = rowsum(dO * O) in f32, one warp per query row.\n\
-            for (int r = warp; r < BLOCK_M; r += WARPS) {{\n\
-            \x20   const int q = blockIdx.x * BLOCK_M + r;\n\
-            \x20   if (q >= {q_len}) break;\n\
-            \x20   const unsigned short* o = o_rows + (long long)q * {o_stride};\n\
-            \x20   const unsigned short* dout = dout_rows + (long long)q * {do_stride};\n\
+            const int q0 = blockIdx.x * BLOCK_M, rows = min_i32(BLOCK_M, {q_len} - q0);\n\
+            // The dQ accumulator starts at 0: this CTA zeroes its rows of it, so no\n\
+            // separate pass over it runs before the dK/dV kernel adds to it.\n\
+            if (dq_accum != nullptr) {{\n\
+            \x20   float* zero = dq_accum + {zero_from};\n\
+            \x20   const long long len = {zero_len};\n\
+            \x20   if ((unsigned long long)zero % 16 == 0 && len % 4 == 0) {{\n\
+            \x20       for (long long i = threadIdx.x; i < len / 4; i += THREADS) reinterpret_cast<float4*>(zero)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n\
+            \x20   }} else {{\n\
+            \x20       for (long long i = threadIdx.x; i < len; i += THREADS) zero[i] = 0.0f;\n\
+            \x20   }}\n\
+            }}\n\
+            // D = rowsum(dO * O) in f32: LANES lanes per row, each dotting one 8-element\n\
+            // chunk (16-byte loads where rows allow), every row of a thread's loads in\n\
+            // flight at once; then a shuffle sum in a fixed order, so D is the same on\n\
+            // every run.\n\
+            constexpr int CHUNKS = (DV + 7) / 8, LANES = {lanes}, PASS = THREADS / LANES;\n\
+            const bool vector = DV % 8 == 0 && (unsigned long long)o_rows % 16 == 0 && (unsigned long long)dout_rows % 16 == 0\n\
+            \x20   && {o_stride} % 8 == 0 && {do_stride} % 8 == 0;\n\
+            const int part = threadIdx.x % LANES, col = part * 8;\n\
+            float sums[BLOCK_M / PASS];\n\
+            #pragma unroll\n\
+            for (int i = 0; i < BLOCK_M / PASS; ++i) {{\n\
+            \x20   const int r = i * PASS + threadIdx.x / LANES;\n\
+            \x20   const unsigned short* o = o_rows + (long long)(q0 + r) * {o_stride} + col;\n\
+            \x20   const unsigned short* dout = dout_rows + (long long)(q0 + r) * {do_stride} + col;\n\
             \x20   float sum = 0.0f;\n\
-            \x20   for (int col = lane; col < DV; col += 32) sum += storage::to_f32(o[col]) * storage::to_f32(dout[col]);\n\
-            \x20   sum = warp_sum(sum);\n\
-            \x20   if (lane == 0) delta_row[q] = sum;\n\
+            \x20   if (r < rows && part < CHUNKS) {{\n\
+            \x20       if (vector) {{\n\
+            \x20           const uint4 x = *reinterpret_cast<const uint4*>(o), y = *reinterpret_cast<const uint4*>(dout);\n\
+            \x20           const unsigned xs[4] = {{x.x, x.y, x.z, x.w}}, ys[4] = {{y.x, y.y, y.z, y.w}};\n\
+            \x20           #pragma unroll\n\
+            \x20           for (int e = 0; e < 4; ++e) {{\n\
+            \x20               sum += storage::to_f32(xs[e] & 0xffff) * storage::to_f32(ys[e] & 0xffff);\n\
+            \x20               sum += storage::to_f32(xs[e] >> 16) * storage::to_f32(ys[e] >> 16);\n\
+            \x20           }}\n\
+            \x20       }} else {{\n\
+            \x20           for (int e = 0; e < 8 && col + e < DV; ++e) sum += storage::to_f32(o[e]) * storage::to_f32(dout[e]);\n\
+            \x20       }}\n\
+            \x20   }}\n\
+            \x20   sums[i] = sum;\n\
+            }}\n\
+            float* delta_row = delta + ((long long)b * {heads} + h) * {q_len};\n\
+            #pragma unroll\n\
+            for (int i = 0; i < BLOCK_M / PASS; ++i) {{\n\
+            \x20   #pragma unroll\n\
+            \x20   for (int off = LANES / 2; off > 0; off /= 2) sums[i] += __shfl_xor_sync(0xffffffffu, sums[i], off);\n\
+            \x20   const int r = i * PASS + threadIdx.x / LANES;\n\
+            \x20   if (part == 0 && r < rows) delta_row[q0 + r] = sums[i];\n\
             }}\n"
         )
     });
