@@ -159,6 +159,7 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum) -> Kernel {
             "\
             const float* acc_rows = dq_accum + ((long long)b * {heads} + h) * {q_len} * D;\n\
             // dQ = scale * accumulator, in the operand dtype, one warp per query row.\n\
+            const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
             for (int r = warp; r < BLOCK_M; r += WARPS) {{\n\
             \x20   const int q = blockIdx.x * BLOCK_M + r;\n\
             \x20   if (q >= {q_len}) break;\n\
@@ -179,8 +180,7 @@ fn write_config(w: &mut Writer<String>) -> fmt::Result {
 
 fn write_prologue(w: &mut Writer<String>) -> fmt::Result {
     writeln!(w, "const int b = blockIdx.z;")?;
-    writeln!(w, "const int h = blockIdx.y;")?;
-    writeln!(w, "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;")
+    writeln!(w, "const int h = blockIdx.y;")
 }
 
 fn row_kernel(name: String, source: String, args: Vec<KernelArg>) -> Kernel {
