@@ -13,10 +13,7 @@
 #   PEERS=1                last time the peers with the same ARGS
 # Logs go to $OUT (or ./gpu-logs), tarred into logs.tgz.
 set -uo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
-out="${OUT:-$here/gpu-logs}"
-mkdir -p "$out"
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+source "$(dirname "$0")/env.sh"  # here, out, LD_LIBRARY_PATH, ncu
 cd "$here"
 bins=(${BINS:-flashgen})
 rounds="${ROUNDS:-2}"

@@ -27,9 +27,12 @@ if [ -f target/release/flashgen-bench ] || cargo build --release --bin flashgen-
     cp target/release/flashgen-bench "$pack/bin/"
 fi
 cp -r specs "$pack/"
+cp scripts/gpu-env.sh "$pack/env.sh"
 cp scripts/gpu-run.sh "$pack/run.sh"
 cp scripts/gpu-profile.sh "$pack/profile.sh"
 cp scripts/gpu-ab.sh "$pack/ab.sh"
+cp scripts/gpu-stalls.sh "$pack/stalls.sh"
+cp scripts/stalls.py "$pack/"
 # A/B against another build: BASE_BENCH=path/to/its/flashgen-bench.
 if [ -n "${BASE_BENCH:-}" ]; then cp "$BASE_BENCH" "$pack/bin/base-bench"; fi
 # Peers timed in the same run (PEERS=1 .gpu-pack/run.sh): python, no build.

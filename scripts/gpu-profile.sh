@@ -10,11 +10,7 @@
 # issued instructions by pipe, shared-memory bank conflicts, registers,
 # occupancy and the top warp stall reasons.
 set -uo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
-out="${OUT:-$here/gpu-logs}"
-mkdir -p "$out"
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-ncu="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
+source "$(dirname "$0")/env.sh"  # here, out, LD_LIBRARY_PATH, ncu
 variant="${1:-full}" d="${2:-128}" s="${3:-4096}"
 b=$((32768 / s))
 sections=(--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats

@@ -6,10 +6,7 @@
 # (peers.py $BENCH_ARGS > peers.log, its stderr in peers.err), compare them
 # with the benchmark (compare.py > compare.md) and print compare.md last.
 set -uo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
-out="${OUT:-$here/gpu-logs}"
-mkdir -p "$out"
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+source "$(dirname "$0")/env.sh"  # here, out, LD_LIBRARY_PATH, ncu
 cd "$here"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv >"$out/device.txt" 2>&1
 summary=()

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Where one flashgen kernel waits, on a GPU machine, from a pack made by
+# scripts/gpu-pack.sh (copied there as stalls.sh): Nsight Compute's source
+# counters and SM balance for one launch of the kernels matching KERNEL in
+# a flashgen-bench run, then the instructions with the most stall samples
+# (stalls.py).
+#
+#   KERNEL=flashgen_bwd_bench SKIP=3 stalls.sh --backward --variants doc --dims 128 --seqs 16384 --iters 1
+#
+# KERNEL: a regex of kernel names (default flashgen_fwd); SKIP: launches of
+# it to skip first (warm-up; default 3). Reports go to $OUT (or
+# ./gpu-logs): stalls.txt (the details page), sass.csv (per instruction).
+# SM balance: sm__cycles_active.avg against .max and sm__cycles_elapsed.max
+# says how long SMs sat idle at the grid's end.
+set -uo pipefail
+source "$(dirname "$0")/env.sh"  # here, out, LD_LIBRARY_PATH, ncu
+report="$(mktemp -d)/stalls"
+balance=sm__cycles_active.avg,sm__cycles_active.max,sm__cycles_elapsed.max,gpu__time_duration.sum
+FLASHGEN_CACHE_DIR="$(mktemp -d)" "$ncu" --clock-control none --section WarpStateStats --section SourceCounters \
+    --section LaunchStats --metrics "$balance" --kernel-name "regex:${KERNEL:-flashgen_fwd}" \
+    --launch-skip "${SKIP:-3}" --launch-count 1 -o "$report" "$here/bin/flashgen-bench" "$@" >"$out/stalls.run.txt" 2>&1
+"$ncu" -i "$report.ncu-rep" --page details >"$out/stalls.txt" 2>&1
+"$ncu" -i "$report.ncu-rep" --page source --csv --print-source sass >"$out/sass.csv" 2>&1
+grep -E "flashgen_|Duration|sm__cycles|Warp Cycles Per Issued|Registers Per Thread" "$out/stalls.txt" | sed -E 's/ +/ /g'
+python3 "$here/stalls.py" "$out/sass.csv" --top "${TOP:-25}"

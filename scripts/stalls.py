@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Where a kernel's warps wait: the SASS page of an Nsight Compute report
+(`ncu -i rep.ncu-rep --page source --csv --print-source sass > sass.csv`,
+as scripts/gpu-stalls.sh writes it) summarized per instruction.
+
+How: python3 stalls.py sass.csv [--top 30] [--per N]
+
+Prints the total warp-stall samples, then the instructions with the most
+samples: their share, how often they ran, the SASS and their two largest
+stall reasons. With --per N every count is also divided by N (the kernel's
+visited steps, say), so two kernels can be compared per unit of work.
+Needs only the standard library.
+"""
+import csv
+import sys
+
+
+def main(argv):
+    if not argv or argv[0].startswith("-"):
+        print(__doc__.strip())
+        return 2
+    path, top, per = argv[0], 30, None
+    rest = argv[1:]
+    while rest:
+        flag, value, rest = rest[0], rest[1], rest[2:]
+        if flag == "--top":
+            top = int(value)
+        elif flag == "--per":
+            per = float(value)
+    rows = list(csv.reader(open(path, encoding="utf-8", errors="replace")))
+    # The first row names the kernel; the second is the header.
+    header, data = rows[1], rows[2:]
+    samples = header.index("Warp Stall Sampling (All Samples)")
+    executed = header.index("Instructions Executed")
+    reasons = [i for i, h in enumerate(header) if h.startswith("stall_") and "(Not Issued)" not in h]
+    number = lambda s: float(s) if s.replace(".", "", 1).isdigit() else 0.0
+    total = sum(number(r[samples]) for r in data)
+    scale = f" ({total / per:.3f} per unit)" if per else ""
+    print(f"{path}: {len(data)} instructions, {total:.0f} samples{scale}")
+    ranked = sorted(range(len(data)), key=lambda i: -number(data[i][samples]))[:top]
+    for i in ranked:
+        r = data[i]
+        s = number(r[samples])
+        why = sorted(((number(r[j]), header[j][len("stall_"):]) for j in reasons), reverse=True)[:2]
+        why = ", ".join(f"{name} {count:.0f}" for count, name in why if count > 0)
+        unit = f" {s / per:7.3f}/unit" if per else ""
+        print(f"{i:5d} {s:8.0f} {100 * s / max(total, 1):5.1f}%{unit} x{r[executed]:>10} {r[1].strip()[:64]:64} {why}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
