@@ -60,7 +60,7 @@ pub enum ArgKind {
     /// preprocess writes it, the gradient kernels read it.
     Delta,
     /// `float*` dQ accumulator `[batch, heads, q_len, head_dims.qk]` of the
-    /// dK/dV kernel and the postprocess, zeroed before the backward pass;
+    /// dK/dV kernel and the postprocess, zeroed by the preprocess;
     /// null in the deterministic mode, where a separate kernel computes dQ.
     DqAccum,
     /// `float*` gradient of the spec's `i`-th captured tensor (its element
