@@ -8,7 +8,8 @@
 #   KERNEL=flashgen_bwd_bench SKIP=3 stalls.sh --backward --variants doc --dims 128 --seqs 16384 --iters 1
 #
 # KERNEL: a regex of kernel names (default flashgen_fwd); SKIP: launches of
-# it to skip first (warm-up; default 3). Reports go to $OUT (or
+# it to skip first (warm-up; default 3); TOP: instructions listed (default
+# 25). Reports go to $OUT (or
 # ./gpu-logs): stalls.txt (the details page), sass.csv (per instruction).
 # SM balance: sm__cycles_active.avg against .max and sm__cycles_elapsed.max
 # says how long SMs sat idle at the grid's end.

@@ -19,14 +19,14 @@ def main(argv):
     if not argv or argv[0].startswith("-"):
         print(__doc__.strip())
         return 2
-    path, top, per = argv[0], 30, None
+    path, options = argv[0], {"--top": 30.0, "--per": None}
     rest = argv[1:]
     while rest:
-        flag, value, rest = rest[0], rest[1], rest[2:]
-        if flag == "--top":
-            top = int(value)
-        elif flag == "--per":
-            per = float(value)
+        if rest[0] not in options or len(rest) < 2:
+            print(f"stalls.py: expected --top N or --per N, got {' '.join(rest)}", file=sys.stderr)
+            return 2
+        options[rest[0]], rest = float(rest[1]), rest[2:]
+    top, per = int(options["--top"]), options["--per"]
     rows = list(csv.reader(open(path, encoding="utf-8", errors="replace")))
     # The first row names the kernel; the second is the header.
     header, data = rows[1], rows[2:]
