@@ -61,12 +61,13 @@ fn check_and_precompile_use_nvrtc_and_fill_the_cache() {
     assert!(out.status.success(), "{}", text(&out));
     let out = flashgen(&["cache", "stats"], &cache);
     assert!(out.status.success(), "{}", text(&out));
-    // The document spec has a forward and a block-mask kernel.
+    // The document spec has a forward, a block-mask kernel and the
+    // persistent forward's work order.
     let entries = std::fs::read_dir(&cache)
         .unwrap()
         .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "cubin"))
         .count();
-    assert_eq!(entries, 2, "{}", text(&out));
+    assert_eq!(entries, 3, "{}", text(&out));
     let out = flashgen(&["cache", "clear"], &cache);
     assert!(out.status.success(), "{}", text(&out));
     let left = std::fs::read_dir(&cache)

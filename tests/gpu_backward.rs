@@ -251,7 +251,11 @@ fn walks_over_heads_and_documents() {
         cases.push((by_head.clone(), Case::new(heads, (113, 700))));
         cases.push((documents.clone(), Case { batch: 1, ..Case::new(heads, (1024, 1023)) }));
     }
-    cases.push((documents.clone(), Case { block_mask: true, ..Case::new((2, 2), (300, 555)) }));
+    // A block mask orders the dK/dV kernel's CTAs longest first (the key
+    // order), over every head of a GQA group.
+    for heads in [(2, 2), (4, 2)] {
+        cases.push((documents.clone(), Case { block_mask: true, ..Case::new(heads, (300, 555)) }));
+    }
     // Head dim 64: the mma.sync dK/dV kernel, whose threads all walk.
     cases.push((with(documents, Dtype::Bf16, 64, 64), Case { batch: 1, ..Case::new((4, 2), (1024, 1023)) }));
     run_all(&rt, cases);

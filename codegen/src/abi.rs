@@ -79,6 +79,12 @@ pub enum ArgKind {
     /// `int`: 1 when the `TensorMap`s are descriptors the kernel copies
     /// with; 0 (a layout TMA cannot address) makes it copy with cp.async.
     Tma,
+    /// `int*` a work order under a data-dependent mask: the dK/dV kernel's
+    /// CTAs or a persistent forward's items, longest first, as their indices
+    /// in launch (claim) order, then as many scratch words. A work-order
+    /// kernel writes it from a block mask; the others read it (null: launch
+    /// order).
+    WorkOrder,
 }
 
 /// How a kernel's grid covers a launch.
@@ -96,6 +102,8 @@ pub enum Grid {
     /// `(ceil(kv_len / block_n), ceil(q_len / block_m), batch' · heads')` where
     /// batch' and heads' are 1 unless the mask reads `b` or `h`.
     MaskTiles,
+    /// One block.
+    Single,
 }
 
 /// A kernel argument: its C name and what it carries.

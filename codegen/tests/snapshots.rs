@@ -137,6 +137,14 @@ fn block_mask_kernels_of_data_dependent_masks() {
         let kernel = flashgen_codegen::cuda::emit_block_mask(&spec);
         insta::assert_snapshot!(format!("block_mask_{stem}"), render(&kernel.expect("the spec has a mask")));
     }
+    // Work orders come from the block mask: the dK/dV kernel's 128-key CTAs,
+    // a persistent forward's 128-query items.
+    use flashgen_codegen::cuda::{emit_work_order, Work};
+    for (name, work) in [("key", Work::KeyTiles { block_n: 128 }), ("item", Work::QueryTiles { block_m: 128 })] {
+        let order = emit_work_order(&variant("document"), work).expect("documents have a block mask");
+        insta::assert_snapshot!(format!("{name}_order_document"), render(&order));
+        assert!(emit_work_order(&variant("causal"), work).is_none());
+    }
 }
 
 #[test]

@@ -20,8 +20,8 @@ use crate::runtime::{LoadedKernel, Which};
 use crate::tma;
 use crate::{ArgValue, Element, Error, Layout, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::abi::Operand;
-use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, TileConfig};
+use flashgen_codegen::abi::{ArgKind, Operand};
+use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, TileConfig, Work};
 use flashgen_codegen::{to_source, Shape, Spec};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -169,6 +169,14 @@ impl Runtime {
             check_block_mask(&mask.built_for, &launch)?;
         }
         let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(s), m.strides));
+        // Under a data-dependent mask the dK/dV kernel starts its longest CTAs first.
+        let key_order = match opts.block_mask {
+            Some(mask) if main.kernel().args.iter().any(|a| a.kind == ArgKind::WorkOrder) => {
+                Some(mask.work_order(self, spec, Work::KeyTiles { block_n: main.kernel().block_n })?)
+            }
+            _ => None,
+        };
+        let key_order = key_order.as_ref().map(|order| order.device_ptr(s));
         // The main kernel's producer copies Q, dO, K and V with TMA where it can.
         let tensor_maps = tma::tensor_maps(main.kernel(), spec.dtype, self.tma, |op| match op {
             Operand::Q => Some((q_ptr, &q.1)),
@@ -187,6 +195,7 @@ impl Runtime {
             tensors: &tensor_ptrs,
             block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
             block_mask_out: 0,
+            work_order: key_order.as_ref().map_or(0, |(ptr, _)| *ptr),
             work_counter: None,
             tensor_maps,
             grads: Some(GradBindings {

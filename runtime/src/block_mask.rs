@@ -13,9 +13,10 @@ use crate::check::{check_shape, MAX_GRID_YZ};
 use crate::marshal::{launch, launch_config, marshal, Bindings};
 use crate::runtime::{LoadedKernel, Which};
 use crate::{ArgValue, Error, Runtime};
-use cudarc::driver::{CudaSlice, DevicePtrMut};
-use flashgen_codegen::cuda::TileConfig;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use flashgen_codegen::cuda::{TileConfig, Work};
 use flashgen_codegen::{Builtin, Shape, Spec};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Tile classes of one spec's mask for one shape and one set of params and
 /// tensors: `u8[batch', heads', q_tiles, kv_tiles]`, 0 = no pair kept,
@@ -26,6 +27,9 @@ pub struct BlockMask {
     /// Element strides of the batch and head axes (0 when broadcast).
     pub(crate) strides: [i64; 2],
     pub(crate) built_for: BuiltFor,
+    /// Work orders under this mask (`ArgKind::WorkOrder`), each made by the
+    /// first launch that needs it, then kept.
+    work_orders: Mutex<Vec<(Work, Arc<CudaSlice<i32>>)>>,
 }
 
 /// What a block mask is valid for; a forward launch must match it.
@@ -63,6 +67,59 @@ impl BlockMask {
     /// The classes, copied to the host (for inspection and tests).
     pub fn classes(&self, rt: &Runtime) -> Result<Vec<u8>, Error> {
         rt.stream().clone_dtoh(&self.classes).map_err(|e| Error::driver("reading a block mask", e))
+    }
+
+    /// `spec`'s `work` under this mask in its work order (longest first,
+    /// see `flashgen_codegen::cuda::emit_work_order`): queued on `rt`'s
+    /// stream the first time, then kept.
+    pub(crate) fn work_order(&self, rt: &Runtime, spec: &Spec, work: Work) -> Result<Arc<CudaSlice<i32>>, Error> {
+        let mut orders = self.work_orders.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, order)) = orders.iter().find(|(made_for, _)| *made_for == work) {
+            return Ok(Arc::clone(order));
+        }
+        let loaded = rt.load_keyed(spec, &self.built_for.spec_source, Which::WorkOrder(work))?;
+        let shape = self.built_for.shape;
+        let units = match work {
+            Work::KeyTiles { block_n } => shape.batch * shape.heads_kv * shape.kv_len.div_ceil(block_n as usize),
+            Work::QueryTiles { block_m } => shape.batch * shape.heads * shape.q_len.div_ceil(block_m as usize),
+        };
+        let stream = rt.stream();
+        // The order, then as many words of scratch.
+        let mut order =
+            stream.alloc_zeros::<i32>((2 * units).max(1)).map_err(|e| Error::driver("allocating a work order", e))?;
+        if units > 0 {
+            let s = stream.as_ref();
+            let (out, _out) = order.device_ptr_mut(s);
+            let (classes, _classes) = self.classes.device_ptr(s);
+            let kernel = loaded.kernel();
+            let values = marshal(
+                kernel,
+                &Bindings {
+                    shape,
+                    ptrs: [0; 4],
+                    strides: [[0; 3]; 4],
+                    lse: 0,
+                    scale: 0.0,
+                    args: &self.built_for.args,
+                    tensors: &self.built_for.tensors,
+                    block_mask: (classes, self.strides),
+                    block_mask_out: 0,
+                    work_order: out,
+                    work_counter: None,
+                    tensor_maps: None,
+                    grads: None,
+                },
+            )?;
+            let config = launch_config(kernel, &shape, 1, rt.sm_count())?;
+            // SAFETY: `marshal` followed the kernel's argument list; the kernel
+            // reads the classes within the shape the mask was built for and
+            // writes 2 * units words of `order`.
+            unsafe { launch(s, loaded.function(), &values, config) }
+                .map_err(|e| Error::driver(format!("launching `{}`", kernel.name), e))?;
+        }
+        let order = Arc::new(order);
+        orders.push((work, Arc::clone(&order)));
+        Ok(order)
     }
 }
 
@@ -109,6 +166,7 @@ impl Runtime {
                     tensors: &tensor_ptrs,
                     block_mask: (0, [0; 2]),
                     block_mask_out: out,
+                    work_order: 0,
                     work_counter: None,
                     tensor_maps: None,
                     grads: None,
@@ -121,6 +179,6 @@ impl Runtime {
             unsafe { launch(stream, loaded.function(), &values, config) }
                 .map_err(|e| Error::driver(format!("launching `{}`", kernel.name), e))?;
         }
-        Ok(BlockMask { classes, strides, built_for })
+        Ok(BlockMask { classes, strides, built_for, work_orders: Mutex::new(Vec::new()) })
     }
 }

@@ -8,8 +8,8 @@ use crate::runtime::Which;
 use crate::tma;
 use crate::{ArgValue, Element, Error, Layout, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::abi::{Grid, Operand};
-use flashgen_codegen::cuda::TileConfig;
+use flashgen_codegen::abi::{ArgKind, Grid, Operand};
+use flashgen_codegen::cuda::{TileConfig, Work};
 use flashgen_codegen::{to_source, Shape, Spec};
 
 /// The operands of one forward pass. O and the optional row log-sum-exp
@@ -122,6 +122,14 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
             check_block_mask(&mask.built_for, &BuiltFor::new(spec, &loaded, shape, infos, &tensor_ptrs))?;
         }
         let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(stream), m.strides));
+        // Under a data-dependent mask a persistent kernel claims its longest items first.
+        let item_order = match opts.block_mask {
+            Some(mask) if kernel.args.iter().any(|a| a.kind == ArgKind::WorkOrder) => {
+                Some(mask.work_order(rt, spec, Work::QueryTiles { block_m: kernel.block_m })?)
+            }
+            _ => None,
+        };
+        let item_order = item_order.as_ref().map(|order| order.device_ptr(stream));
         let work_counter = (kernel.grid == Grid::Persistent).then(|| rt.work_counter().device_ptr(stream));
         let tensor_maps = tma::tensor_maps(kernel, spec.dtype, rt.tma, |op| match op {
             Operand::Q => Some((q_ptr, &*q_layout)),
@@ -141,6 +149,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
                 tensors: &tensor_ptrs,
                 block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
                 block_mask_out: 0,
+                work_order: item_order.as_ref().map_or(0, |(ptr, _)| *ptr),
                 grads: None,
                 work_counter: work_counter.as_ref().map(|(ptr, _)| *ptr),
                 tensor_maps,

@@ -38,6 +38,9 @@ pub(crate) struct Bindings<'a> {
     pub block_mask: (u64, [i64; 2]),
     /// The block-mask kernel's output address.
     pub block_mask_out: u64,
+    /// A block mask's work order for the kernel (0: none), or a work-order
+    /// kernel's output.
+    pub work_order: u64,
     /// What only backward kernels take.
     pub grads: Option<GradBindings<'a>>,
     /// A persistent kernel's work counter (zero between launches).
@@ -107,6 +110,7 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
                     Some(maps) => maps.iter().find(|(o, _)| *o == op).ok_or_else(abi_error)?.1,
                 }),
                 ArgKind::Tma => Value::I32(i32::from(b.tensor_maps.is_some())),
+                ArgKind::WorkOrder => Value::Ptr(b.work_order),
             })
         })
         .collect()
@@ -159,6 +163,7 @@ pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize, sms: 
                 (shape.kv_len.div_ceil(kernel.block_n as usize) as u32, shape.heads_kv as u32, shape.batch as u32)
             }
             Grid::MaskTiles => (shape.kv_len.div_ceil(kernel.block_n as usize) as u32, q_tiles, slices as u32),
+            Grid::Single => (1, 1, 1),
         },
         block_dim: (kernel.threads, 1, 1),
         shared_mem_bytes: kernel.dynamic_smem,
@@ -224,6 +229,7 @@ mod tests {
             tensors,
             block_mask: (77, [40, 0]),
             block_mask_out: 78,
+            work_order: 79,
             work_counter: None,
             tensor_maps: None,
             grads: None,
@@ -288,6 +294,8 @@ mod tests {
         k.grid = Grid::Persistent;
         assert_eq!(launch_config(&k, &SHAPE, 1, 132).unwrap().grid_dim, (72, 1, 1));
         assert_eq!(launch_config(&k, &SHAPE, 1, 16).unwrap().grid_dim, (16, 1, 1));
+        k.grid = Grid::Single;
+        assert_eq!(launch_config(&k, &SHAPE, 1, 132).unwrap().grid_dim, (1, 1, 1));
         k.block_m = 0;
         assert!(matches!(launch_config(&k, &SHAPE, 1, 132), Err(Error::KernelAbi { .. })));
     }

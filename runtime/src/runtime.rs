@@ -61,6 +61,8 @@ pub struct CacheStats {
 pub(crate) enum Which {
     Forward(cuda::TileConfig),
     BlockMask,
+    /// A work order under the spec's block mask.
+    WorkOrder(cuda::Work),
     Backward(cuda::BackwardPass, cuda::BackwardConfig),
 }
 
@@ -70,7 +72,8 @@ pub enum KernelSet {
     /// The forward kernel and, for a masked spec, the block-mask kernel.
     Inference,
     /// Those and the four backward kernels (preprocess, dK/dV, the
-    /// deterministic dQ, the dQ postprocess).
+    /// deterministic dQ, the dQ postprocess) and, under a data-dependent
+    /// mask, the dK/dV kernel's work order.
     Training,
 }
 
@@ -84,10 +87,18 @@ impl Which {
         if forward[1] != forward[0] {
             which.push(Which::Forward(forward[1]));
         }
+        // Persistent forwards' item orders under a data-dependent mask.
+        for config in forward.iter().filter(|c| c.persistent()) {
+            let order = Which::WorkOrder(cuda::Work::QueryTiles { block_m: config.block_m() });
+            if !which.contains(&order) {
+                which.push(order);
+            }
+        }
         if set == KernelSet::Training {
             use cuda::BackwardPass::{KeyValue, Postprocess, Preprocess, Query};
             let config = cuda::BackwardConfig::preferred(spec, target);
             which.extend([Preprocess, KeyValue, Query, Postprocess].map(|pass| Which::backward(pass, config)));
+            which.push(Which::WorkOrder(cuda::Work::KeyTiles { block_n: config.block_n() }));
             // The dK/dV kernel without tensor gradients, for calls that ask for none.
             if !cuda::trainable_tensors(spec).is_empty() {
                 which.push(Which::backward(KeyValue, cuda::BackwardConfig { tensor_grads: false, ..config }));
@@ -103,11 +114,13 @@ impl Which {
         Which::Backward(pass, cuda::BackwardConfig { tensor_grads, ..config })
     }
 
-    /// The kernel of `spec`; `None` for the block mask of a spec without a mask.
+    /// The kernel of `spec`; `None` for the block mask of a spec without a
+    /// mask, and for a work order of one without a data-dependent mask.
     pub(crate) fn emit(self, spec: &Spec) -> Option<Kernel> {
         match self {
             Which::Forward(config) => Some(cuda::emit_forward_with(spec, config)),
             Which::BlockMask => cuda::emit_block_mask(spec),
+            Which::WorkOrder(work) => cuda::emit_work_order(spec, work),
             Which::Backward(pass, config) => Some(cuda::emit_backward_with(spec, pass, config)),
         }
     }

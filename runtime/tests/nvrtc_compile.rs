@@ -6,8 +6,8 @@ mod support;
 
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{
-    emit_backward, emit_backward_with, emit_block_mask, emit_forward_with, BackwardConfig, BackwardPass, Mma, Target,
-    TileConfig,
+    emit_backward, emit_backward_with, emit_block_mask, emit_forward_with, emit_work_order, BackwardConfig,
+    BackwardPass, Mma, Target, TileConfig, Work,
 };
 use flashgen_codegen::{parse_str, Spec};
 use flashgen_runtime::{compile_cubin, compile_cubin_with_log, Arch, Error};
@@ -41,10 +41,18 @@ fn every_shipped_spec_compiles_for_sm80_and_sm90() {
         .iter()
         .flat_map(|spec| {
             let block_mask = emit_block_mask(spec);
+            // Work orders: the dK/dV kernel's, and every persistent forward's items'.
+            let block_n = BackwardConfig::preferred(spec, Arch::new(9, 0).target()).block_n();
+            let items = TileConfig::candidates(spec, Arch::new(9, 0).target()).into_iter().filter(|c| c.persistent());
+            let orders: Vec<Option<Kernel>> = [Work::KeyTiles { block_n }]
+                .into_iter()
+                .chain(items.map(|c| Work::QueryTiles { block_m: c.block_m() }))
+                .map(|work| emit_work_order(spec, work))
+                .collect();
             let backward =
                 [BackwardPass::Preprocess, BackwardPass::KeyValue, BackwardPass::Query, BackwardPass::Postprocess]
                     .map(|pass| Some(emit_backward(spec, pass)));
-            let shared = [block_mask].into_iter().chain(backward).flatten();
+            let shared = [block_mask].into_iter().chain(orders).chain(backward).flatten();
             let both = shared.flat_map(|kernel| [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (kernel.clone(), arch)));
             // Every forward configuration the runtime may pick (or tune) on each arch;
             // the portable ones once, on sm_80.

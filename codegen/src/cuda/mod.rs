@@ -28,8 +28,10 @@ mod tile_class;
 mod tiles;
 mod tma;
 mod wgmma;
+mod work_order;
 mod writer;
 
 pub use backward::{emit_backward, emit_backward_with, trainable_tensors, BackwardConfig, BackwardPass, DqAccum};
 pub use block_mask::emit_block_mask;
 pub use forward::{emit_forward, emit_forward_with, Mma, Target, TileConfig};
+pub use work_order::{emit_work_order, Work};

@@ -11,8 +11,8 @@ use crate::abi::{ArgKind, Axis, KernelArg, Operand};
 use crate::spec::{ElemTy, Spec};
 
 /// Q, K, V, O pointers; lse; sizes; 12 strides; scale; params; tensors; a
-/// mask's block mask; a persistent kernel's work counter and TMA
-/// descriptors.
+/// mask's block mask; a persistent kernel's work counter, work order (under
+/// a data-dependent mask) and TMA descriptors.
 pub(super) fn forward_args(spec: &Spec, persistent: bool) -> Vec<KernelArg> {
     const OPERANDS: [Operand; 4] = [Operand::Q, Operand::K, Operand::V, Operand::O];
     let mut kinds: Vec<ArgKind> = OPERANDS.map(ArgKind::Ptr).to_vec();
@@ -28,6 +28,10 @@ pub(super) fn forward_args(spec: &Spec, persistent: bool) -> Vec<KernelArg> {
     }
     if persistent {
         kinds.push(ArgKind::WorkCounter);
+        // The items' claim order under a data-dependent mask.
+        if spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) {
+            kinds.push(ArgKind::WorkOrder);
+        }
         kinds.extend(tma_kinds(&[Operand::Q, Operand::K, Operand::V]));
     }
     named(spec, kinds)
@@ -70,7 +74,7 @@ pub(super) fn backward_pre_args(spec: &Spec) -> Vec<KernelArg> {
 /// operands `ops` then LSE, D and, unless the kernel writes dQ itself (DQ in
 /// `ops`), the dQ accumulator; sizes; the operands' strides; scale; params;
 /// tensors; tensor gradients (`tensor_grads`, the slots that have one); the
-/// block mask.
+/// block mask; a dK/dV kernel's key order.
 pub(super) fn backward_args<const N: usize>(spec: &Spec, ops: [Operand; N], tensor_grads: &[usize]) -> Vec<KernelArg> {
     let mut kinds: Vec<ArgKind> = ops.map(ArgKind::Ptr).to_vec();
     kinds.extend([ArgKind::Lse, ArgKind::Delta]);
@@ -86,6 +90,17 @@ pub(super) fn backward_args<const N: usize>(spec: &Spec, ops: [Operand; N], tens
     if spec.mask.is_some() {
         kinds.extend([ArgKind::BlockMask, BLOCK_MASK_BATCH_STRIDE, BLOCK_MASK_HEAD_STRIDE]);
     }
+    // The dK/dV kernels' CTA order under a data-dependent mask.
+    if ops.contains(&Operand::DK) && spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) {
+        kinds.push(ArgKind::WorkOrder);
+    }
+    named(spec, kinds)
+}
+
+/// A work-order kernel: the block mask it reads; sizes; its output.
+pub(super) fn work_order_args(spec: &Spec) -> Vec<KernelArg> {
+    let mut kinds = vec![ArgKind::BlockMask, BLOCK_MASK_BATCH_STRIDE, BLOCK_MASK_HEAD_STRIDE];
+    kinds.extend([ArgKind::Batch, ArgKind::Heads, ArgKind::HeadsKv, ArgKind::QLen, ArgKind::KvLen, ArgKind::WorkOrder]);
     named(spec, kinds)
 }
 
@@ -137,6 +152,7 @@ pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::WorkCounter => "work_counter".into(),
         ArgKind::TensorMap(op) => format!("{}_map", operand(op)),
         ArgKind::Tma => "tma".into(),
+        ArgKind::WorkOrder => "work_order".into(),
     }
 }
 
@@ -156,6 +172,7 @@ pub(super) fn arg_type(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::WorkCounter => "unsigned long long* __restrict__".into(),
         ArgKind::TensorMap(_) => "const __grid_constant__ TensorMap".into(),
         ArgKind::Tma => "int".into(),
+        ArgKind::WorkOrder => "int* __restrict__".into(),
     }
 }
 

@@ -124,17 +124,32 @@ pub(super) fn write_key_cta(w: &mut Writer<String>, spec: &Spec) -> fmt::Result 
 
 /// The CTA's keys, K/V head and batch from its block index: under an
 /// analytic mask, whose first keys may see the most queries (causal), in an
-/// order that starts long CTAs early; else the launch order (no mask keeps
-/// the work even, and a data-dependent one gives no hint).
+/// order that starts long CTAs early; under a data-dependent one in the
+/// block mask's order, longest first (`work_order`); else the launch order
+/// (no mask keeps the work even).
 fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
-    if spec.mask.as_ref().is_none_or(|mask| mask.reads_tensor()) {
-        // No mask, or a data-dependent one: no key tile is known to be longer.
+    let Some(mask) = &spec.mask else {
         return w.write_str(
             "\
             // The spec's built-in b (h, q and k are bound in the loops below).\n\
             const int b = blockIdx.z;\n\
             const int kv_head = blockIdx.y;\n\
             const int k0 = blockIdx.x * BLOCK_N;\n",
+        );
+    };
+    if mask.reads_tensor() {
+        let order = arg_name(spec, ArgKind::WorkOrder);
+        return write!(
+            w,
+            "\
+            // The spec's built-in b (h, q and k are bound in the loops below). CTAs\n\
+            // start in launch order; with the block mask's work order, longest first, so\n\
+            // that the grid ends on short CTAs (null: in launch order).\n\
+            const int cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);\n\
+            const int slot = {order} != nullptr ? {order}[cta] : cta;\n\
+            const int b = slot / (gridDim.x * gridDim.y);\n\
+            const int kv_head = slot / gridDim.x % gridDim.y;\n\
+            const int k0 = slot % gridDim.x * BLOCK_N;\n"
         );
     }
     w.write_str(

@@ -186,6 +186,12 @@ impl TileConfig {
         (config.block_m(), config.block_n)
     }
 
+    /// Whether the kernel is persistent (warp-specialized): it claims work
+    /// items, in a block mask's work order where it has one.
+    pub fn persistent(self) -> bool {
+        warp_specialized(self)
+    }
+
     pub fn block_m(self) -> u32 {
         16 * self.m_tiles * self.warps
     }

@@ -52,6 +52,18 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
     let name = |kind| arg_name(spec, kind);
     let [q_len, kv_len, heads, batch] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::Batch].map(name);
     let counter = name(ArgKind::WorkCounter);
+    // Under a data-dependent mask the claims walk the block mask's work
+    // order (longest items first) where the launch has one.
+    let claim = match spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) {
+        true => {
+            let order = name(ArgKind::WorkOrder);
+            format!(
+                "claim({counter}, done, items);\n\x20   \
+                 if ({order} != nullptr && item_slot[qb] < items) item_slot[qb] = {order}[item_slot[qb]]"
+            )
+        }
+        false => format!("claim({counter}, done, items)"),
+    };
     let staged = StagedTerms::of(spec, config);
     let per_key = staged.per_key();
     let k_writers = match per_key {
@@ -129,7 +141,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
                 mbar_wait(q_empty + 8 * qb, (done / 2 + 1) % 2);\n\
                 const bool leader = threadIdx.x == THREADS;  // claims, and writes what the consumers read\n\
                 if (leader) {{\n\
-                \x20   item_slot[qb] = claim({counter}, done, items);\n\
+                \x20   item_slot[qb] = {claim};\n\
                 \x20   mbar_arrive(item_full + 8 * qb);\n\
                 }}\n\
                 named_barrier_sync(2 + WARPGROUPS, PRODUCER_THREADS);  // every producer thread sees the claim\n\
