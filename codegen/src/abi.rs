@@ -102,8 +102,10 @@ pub enum Grid {
     /// `(ceil(kv_len / block_n), ceil(q_len / block_m), batch' · heads')` where
     /// batch' and heads' are 1 unless the mask reads `b` or `h`.
     MaskTiles,
-    /// One block.
-    Single,
+    /// One block per (batch, head): `(1, heads, batch)`.
+    Heads,
+    /// One block per (batch, K/V head): `(1, heads_kv, batch)`.
+    KvHeads,
 }
 
 /// A kernel argument: its C name and what it carries.

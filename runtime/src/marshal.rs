@@ -163,7 +163,8 @@ pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize, sms: 
                 (shape.kv_len.div_ceil(kernel.block_n as usize) as u32, shape.heads_kv as u32, shape.batch as u32)
             }
             Grid::MaskTiles => (shape.kv_len.div_ceil(kernel.block_n as usize) as u32, q_tiles, slices as u32),
-            Grid::Single => (1, 1, 1),
+            Grid::Heads => (1, shape.heads as u32, shape.batch as u32),
+            Grid::KvHeads => (1, shape.heads_kv as u32, shape.batch as u32),
         },
         block_dim: (kernel.threads, 1, 1),
         shared_mem_bytes: kernel.dynamic_smem,
@@ -294,8 +295,11 @@ mod tests {
         k.grid = Grid::Persistent;
         assert_eq!(launch_config(&k, &SHAPE, 1, 132).unwrap().grid_dim, (72, 1, 1));
         assert_eq!(launch_config(&k, &SHAPE, 1, 16).unwrap().grid_dim, (16, 1, 1));
-        k.grid = Grid::Single;
-        assert_eq!(launch_config(&k, &SHAPE, 1, 132).unwrap().grid_dim, (1, 1, 1));
+        // Work orders: one block per (batch, head) or (batch, K/V head).
+        k.grid = Grid::Heads;
+        assert_eq!(launch_config(&k, &SHAPE, 1, 132).unwrap().grid_dim, (1, SHAPE.heads as u32, SHAPE.batch as u32));
+        k.grid = Grid::KvHeads;
+        assert_eq!(launch_config(&k, &SHAPE, 1, 132).unwrap().grid_dim, (1, SHAPE.heads_kv as u32, SHAPE.batch as u32));
         k.block_m = 0;
         assert!(matches!(launch_config(&k, &SHAPE, 1, 132), Err(Error::KernelAbi { .. })));
     }
