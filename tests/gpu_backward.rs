@@ -252,8 +252,9 @@ fn walks_over_heads_and_documents() {
         cases.push((documents.clone(), Case { batch: 1, ..Case::new(heads, (1024, 1023)) }));
     }
     // A block mask orders the dK/dV kernel's CTAs longest first (the key
-    // order), over every head of a GQA group.
-    for heads in [(2, 2), (4, 2)] {
+    // order), over every head of a GQA group, in windows of 4 K/V heads (6:
+    // a whole window and a part).
+    for heads in [(2, 2), (4, 2), (6, 6)] {
         cases.push((documents.clone(), Case { block_mask: true, ..Case::new(heads, (300, 555)) }));
     }
     // Head dim 64: the mma.sync dK/dV kernel, whose threads all walk.

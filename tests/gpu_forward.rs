@@ -150,6 +150,8 @@ fn block_masks_are_exact_and_skip_tiles() {
         (documents.clone(), (2, 2), (1024, 1024)),
         (documents, (4, 1), (113, 203)),
         (spec("document"), (2, 2), (1024, 1023)),
+        // Work orders sort items in windows of 4 heads: a whole one and a part.
+        (spec("document"), (6, 3), (520, 700)),
         (spec("sliding_window"), (2, 2), (1024, 1023)),
         (spec("prefix_lm"), (3, 3), (300, 555)),
         (spec("block_sparse"), (2, 2), (1024, 1023)),

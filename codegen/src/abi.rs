@@ -102,10 +102,12 @@ pub enum Grid {
     /// `(ceil(kv_len / block_n), ceil(q_len / block_m), batch' · heads')` where
     /// batch' and heads' are 1 unless the mask reads `b` or `h`.
     MaskTiles,
-    /// One block per (batch, head): `(1, heads, batch)`.
-    Heads,
-    /// One block per (batch, K/V head): `(1, heads_kv, batch)`.
-    KvHeads,
+    /// One block per `per_block` heads of a batch:
+    /// `(1, ceil(heads / per_block), batch)`.
+    Heads { per_block: u32 },
+    /// One block per `per_block` K/V heads of a batch:
+    /// `(1, ceil(heads_kv / per_block), batch)`.
+    KvHeads { per_block: u32 },
 }
 
 /// A kernel argument: its C name and what it carries.

@@ -146,9 +146,16 @@ pub(crate) unsafe fn launch(
 /// sizes were checked against the grid limits, so the narrowing casts are
 /// exact.
 pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize, sms: u32) -> Result<LaunchConfig, Error> {
-    if kernel.block_m == 0 || kernel.threads == 0 || (kernel.grid == Grid::KeyTiles && kernel.block_n == 0) {
-        let problem =
-            format!("block_m = {}, block_n = {}, threads = {}", kernel.block_m, kernel.block_n, kernel.threads);
+    let zero_divisor = match kernel.grid {
+        Grid::KeyTiles => kernel.block_n == 0,
+        Grid::Heads { per_block } | Grid::KvHeads { per_block } => per_block == 0,
+        _ => false,
+    };
+    if kernel.block_m == 0 || kernel.threads == 0 || zero_divisor {
+        let problem = format!(
+            "block_m = {}, block_n = {}, threads = {}, grid = {:?}",
+            kernel.block_m, kernel.block_n, kernel.threads, kernel.grid
+        );
         return Err(Error::KernelAbi { kernel: kernel.name.clone(), problem });
     }
     let q_tiles = shape.q_len.div_ceil(kernel.block_m as usize) as u32;
@@ -163,8 +170,8 @@ pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize, sms: 
                 (shape.kv_len.div_ceil(kernel.block_n as usize) as u32, shape.heads_kv as u32, shape.batch as u32)
             }
             Grid::MaskTiles => (shape.kv_len.div_ceil(kernel.block_n as usize) as u32, q_tiles, slices as u32),
-            Grid::Heads => (1, shape.heads as u32, shape.batch as u32),
-            Grid::KvHeads => (1, shape.heads_kv as u32, shape.batch as u32),
+            Grid::Heads { per_block } => (1, shape.heads.div_ceil(per_block as usize) as u32, shape.batch as u32),
+            Grid::KvHeads { per_block } => (1, shape.heads_kv.div_ceil(per_block as usize) as u32, shape.batch as u32),
         },
         block_dim: (kernel.threads, 1, 1),
         shared_mem_bytes: kernel.dynamic_smem,
@@ -295,11 +302,14 @@ mod tests {
         k.grid = Grid::Persistent;
         assert_eq!(launch_config(&k, &SHAPE, 1, 132).unwrap().grid_dim, (72, 1, 1));
         assert_eq!(launch_config(&k, &SHAPE, 1, 16).unwrap().grid_dim, (16, 1, 1));
-        // Work orders: one block per (batch, head) or (batch, K/V head).
-        k.grid = Grid::Heads;
-        assert_eq!(launch_config(&k, &SHAPE, 1, 132).unwrap().grid_dim, (1, SHAPE.heads as u32, SHAPE.batch as u32));
-        k.grid = Grid::KvHeads;
-        assert_eq!(launch_config(&k, &SHAPE, 1, 132).unwrap().grid_dim, (1, SHAPE.heads_kv as u32, SHAPE.batch as u32));
+        // Work orders: one block per few heads (8 here) or K/V heads (2) of a batch.
+        k.grid = Grid::Heads { per_block: 3 };
+        assert_eq!(launch_config(&k, &SHAPE, 1, 132).unwrap().grid_dim, (1, 3, 3));
+        k.grid = Grid::KvHeads { per_block: 3 };
+        assert_eq!(launch_config(&k, &SHAPE, 1, 132).unwrap().grid_dim, (1, 1, 3));
+        k.grid = Grid::Heads { per_block: 0 };
+        assert!(matches!(launch_config(&k, &SHAPE, 1, 132), Err(Error::KernelAbi { .. })));
+        k.grid = Grid::Heads { per_block: 1 };
         k.block_m = 0;
         assert!(matches!(launch_config(&k, &SHAPE, 1, 132), Err(Error::KernelAbi { .. })));
     }

@@ -1,5 +1,5 @@
 //! Work orders: under a data-dependent mask, a kernel's units of work
-//! longest first within each head.
+//! longest first within each few heads.
 //!
 //! A dK/dV CTA owns one key tile of one (batch, K/V head) and walks the
 //! query tiles its keys see; a persistent forward's item is one query tile
@@ -11,16 +11,16 @@
 //! the grid ends on short units instead, as a causal grid does by
 //! construction (`dkdv::write_cta_order`, the forward's last rows first).
 //!
-//! The sort stays inside each (batch, head): heads keep launch order, so the
-//! units in flight still share one or a few heads' K/V (forward) or Q/dO
-//! (dK/dV) in L2. A sort across heads moved the tiles that straddle two
-//! documents, the longest, away from both documents' other tiles, and
-//! doubled the kernels' DRAM reads (an H200, 4 documents: 1.7-2.2×, and
-//! 9% slower at 1k). The head in flight last still ends on its short units.
+//! The sort stays inside windows of HEADS_PER_BLOCK heads of one batch, and
+//! windows keep launch order, so the units in flight still share a few
+//! heads' K/V (forward) or Q/dO (dK/dV) in L2. A sort across all heads moved
+//! the tiles that straddle two documents, the longest, away from both
+//! documents' other tiles, and doubled the kernels' DRAM reads (an H200, 4
+//! documents: 1.7-2.2×, and 9% slower at 1k).
 //!
 //! Lengths come from a built block mask, so an order is made once per block
 //! mask and tile size (the runtime keeps it with the mask), by one thread
-//! block per head: each unit's count of visited mask tiles, then a stable
+//! block per window: each unit's count of visited mask tiles, then a stable
 //! counting sort into BUCKETS length classes, longest class first. Within a
 //! class units keep launch order (no kernel's results depend on the order).
 //! The output holds the order, then each unit's count.
@@ -36,9 +36,16 @@ use std::fmt::{self, Write};
 
 const THREADS: u32 = 256;
 
-/// Length classes of the sort: units of a head within 1/BUCKETS of its
+/// Length classes of the sort: units of a window within 1/BUCKETS of its
 /// longest's length of each other keep launch order.
 const BUCKETS: u32 = 64;
+
+/// Heads (K/V heads for key tiles) a window sorts together: enough units
+/// that the grid's last wave ends on short ones, few enough heads that their
+/// operands stay in L2 while the window is in flight. On an H200, documents
+/// at d = 128 and 16k (128 units a head, 264 in flight), fwd+bwd ran at 438
+/// TFLOP/s with 1 head, 441 with 4, 442 with 8; at 1k all within noise.
+const HEADS_PER_BLOCK: u32 = 4;
 
 /// What a work order orders.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -72,7 +79,7 @@ pub fn emit_work_order(spec: &Spec, work: Work) -> Option<Kernel> {
         writeln!(w)?;
         writeln!(w, "constexpr int MASK_M = {mask_m}, MASK_N = {mask_n};  // the block mask's tiles")?;
         writeln!(w, "constexpr int TILE = {tile};  // {tile_line}")?;
-        writeln!(w, "constexpr int THREADS = {THREADS}, BUCKETS = {BUCKETS};\n")?;
+        writeln!(w, "constexpr int THREADS = {THREADS}, BUCKETS = {BUCKETS}, HEADS_PER_BLOCK = {HEADS_PER_BLOCK};\n")?;
         write_entry(w, spec, (&name, "THREADS"), &args, |w| {
             let n = |kind| arg_name(spec, kind);
             let [batch, heads, heads_kv, q_len, kv_len, mask, order] = [
@@ -90,9 +97,10 @@ pub fn emit_work_order(spec: &Spec, work: Work) -> Option<Kernel> {
                 w,
                 "const int mask_q_tiles = ({q_len} + MASK_M - 1) / MASK_M, mask_kv_tiles = ({kv_len} + MASK_N - 1) / MASK_N;"
             )?;
-            // Block (head, batch) orders its head's units, first .. first + tiles of
-            // them all: unit c is tile c % tiles of head c / tiles % heads (K/V heads
-            // for key tiles), batch c / tiles / heads.
+            // Block (window, batch) orders the units of heads head0 .. head0 +
+            // HEADS_PER_BLOCK, first .. first + span of them all: unit c is tile
+            // c % tiles of head c / tiles % heads (K/V heads for key tiles), batch
+            // c / tiles / heads.
             let (len, heads_of_units) = match work {
                 Work::KeyTiles { .. } => (&kv_len, &heads_kv),
                 Work::QueryTiles { .. } => (&q_len, &heads),
@@ -101,17 +109,20 @@ pub fn emit_work_order(spec: &Spec, work: Work) -> Option<Kernel> {
                 w,
                 "\
                 const int tiles = ({len} + TILE - 1) / TILE, units = {batch} * {heads_of_units} * tiles;\n\
-                const int b = blockIdx.z, head = blockIdx.y, first = (b * {heads_of_units} + head) * tiles;\n"
+                const int b = blockIdx.z, head0 = blockIdx.y * HEADS_PER_BLOCK, first = (b * {heads_of_units} + head0) * tiles;\n\
+                const int span = min_i32(HEADS_PER_BLOCK, {heads_of_units} - head0) * tiles;\n"
             )?;
             match work {
                 Work::KeyTiles { .. } => write!(
                     w,
                     "\
-                    // Key tile i's count: the mask query tiles with a pair kept by its keys,\n\
-                    // over the query heads of its K/V head.\n\
+                    // Unit i is key tile i % tiles of K/V head head0 + i / tiles; its count:\n\
+                    // the mask query tiles with a pair kept by its keys, over the query heads\n\
+                    // of its K/V head.\n\
                     const int group = {heads} / {heads_kv};\n\
                     auto count_of = [&](int i) {{\n\
-                    \x20   const int col0 = i * TILE / MASK_N, col1 = min_i32(((i + 1) * TILE + MASK_N - 1) / MASK_N, mask_kv_tiles);\n\
+                    \x20   const int head = head0 + i / tiles, t = i % tiles;\n\
+                    \x20   const int col0 = t * TILE / MASK_N, col1 = min_i32(((t + 1) * TILE + MASK_N - 1) / MASK_N, mask_kv_tiles);\n\
                     \x20   int count = 0;\n\
                     \x20   for (int h = head * group; h < (head + 1) * group; ++h) {{\n\
                     \x20       const unsigned char* slice = {mask} + b * {batch_stride} + h * {head_stride};\n\
@@ -128,11 +139,12 @@ pub fn emit_work_order(spec: &Spec, work: Work) -> Option<Kernel> {
                 Work::QueryTiles { .. } => write!(
                     w,
                     "\
-                    // Item i is query tile tiles - 1 - i (claims start at the last rows); its\n\
-                    // count: the mask key tiles with a pair kept for its queries.\n\
-                    const unsigned char* slice = {mask} + b * {batch_stride} + head * {head_stride};\n\
+                    // Unit i is query tile tiles - 1 - i % tiles (claims start at the last\n\
+                    // rows) of head head0 + i / tiles; its count: the mask key tiles with a\n\
+                    // pair kept for its queries.\n\
                     auto count_of = [&](int i) {{\n\
-                    \x20   const int t = tiles - 1 - i;\n\
+                    \x20   const int head = head0 + i / tiles, t = tiles - 1 - i % tiles;\n\
+                    \x20   const unsigned char* slice = {mask} + b * {batch_stride} + head * {head_stride};\n\
                     \x20   const int row0 = t * TILE / MASK_M, row1 = min_i32(((t + 1) * TILE + MASK_M - 1) / MASK_M, mask_q_tiles);\n\
                     \x20   int count = 0;\n\
                     \x20   #pragma unroll 4\n\
@@ -153,16 +165,16 @@ pub fn emit_work_order(spec: &Spec, work: Work) -> Option<Kernel> {
                 if (threadIdx.x == 0) longest = 0;\n\
                 if (threadIdx.x < BUCKETS) starts[threadIdx.x] = 0;\n\
                 __syncthreads();\n\
-                for (int i = threadIdx.x; i < tiles; i += THREADS) {{\n\
+                for (int i = threadIdx.x; i < span; i += THREADS) {{\n\
                 \x20   counts[i] = count_of(i);\n\
                 \x20   atomicMax(&longest, counts[i]);\n\
                 }}\n\
                 __syncthreads();\n\
-                // Bucket 0 holds the head's longest units.\n\
+                // Bucket 0 holds the window's longest units.\n\
                 auto bucket = [&](int count) {{\n\
                 \x20   return (int)((long long)(longest - count) * (BUCKETS - 1) / max_i32(longest, 1));\n\
                 }};\n\
-                for (int i = threadIdx.x; i < tiles; i += THREADS) atomicAdd(&starts[bucket(counts[i])], 1);\n\
+                for (int i = threadIdx.x; i < span; i += THREADS) atomicAdd(&starts[bucket(counts[i])], 1);\n\
                 __syncthreads();\n\
                 if (threadIdx.x == 0) {{\n\
                 \x20   int sum = 0;\n\
@@ -177,9 +189,9 @@ pub fn emit_work_order(spec: &Spec, work: Work) -> Option<Kernel> {
                 const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
                 for (int k = warp; k < BUCKETS; k += THREADS / 32) {{\n\
                 \x20   int at = first + starts[k];\n\
-                \x20   for (int i0 = 0; i0 < tiles; i0 += 32) {{\n\
+                \x20   for (int i0 = 0; i0 < span; i0 += 32) {{\n\
                 \x20       const int i = i0 + lane;\n\
-                \x20       const bool mine = i < tiles && bucket(counts[i]) == k;\n\
+                \x20       const bool mine = i < span && bucket(counts[i]) == k;\n\
                 \x20       const unsigned ballot = __ballot_sync(0xffffffffu, mine);\n\
                 \x20       if (mine) {order}[at + __popc(ballot & ((1u << lane) - 1))] = first + i;\n\
                 \x20       at += __popc(ballot);\n\
@@ -193,8 +205,8 @@ pub fn emit_work_order(spec: &Spec, work: Work) -> Option<Kernel> {
         name,
         source: w.into_inner(),
         grid: match work {
-            Work::KeyTiles { .. } => Grid::KvHeads,
-            Work::QueryTiles { .. } => Grid::Heads,
+            Work::KeyTiles { .. } => Grid::KvHeads { per_block: HEADS_PER_BLOCK },
+            Work::QueryTiles { .. } => Grid::Heads { per_block: HEADS_PER_BLOCK },
         },
         block_m: mask_m,
         block_n: mask_n,
