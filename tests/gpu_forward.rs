@@ -217,6 +217,70 @@ fn block_masks_are_exact_and_skip_tiles() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Work orders, checked against the block mask's classes: each unit's count
+/// of visited mask tiles is right, and within every window of heads of a
+/// batch (4 heads; 6 here: a whole window and a part) the order is a
+/// permutation of the window's units, longest class first, launch order
+/// within a class.
+#[test]
+fn work_orders_sort_each_window_longest_first() {
+    use flashgen::codegen::cuda::{TileConfig, Work};
+    let Some(rt) = runtime() else { return };
+    let spec = spec("document");
+    // Query and key tiles alike: as many of each, 6 (K/V) heads.
+    let shape = Shape { batch: 2, heads: 6, heads_kv: 6, q_len: 1000, kv_len: 1000 };
+    let problem = verify::random_problem(&spec, shape, params(&spec), vec![], None, rand::random());
+    let mut gpu = DeviceProblem::upload(&rt, &spec, &problem, OperandLayout::Bshd).unwrap();
+    let mask = gpu.build_block_mask(&rt, &spec, &problem).unwrap();
+    let classes = mask.classes(&rt).unwrap();
+    let (mask_q, mask_kv) = mask.tiles();
+    let (mask_m, mask_n) = TileConfig::mask_tile(&spec);
+    // The mask reads b, not h: one slice per batch.
+    let kept = |b: usize, row: usize, col: usize| classes[(b * mask_q + row) * mask_kv + col] != 0;
+    let tile = 128;
+    let tiles = shape.q_len.div_ceil(tile);
+    // The count of unit i of a head of batch b: query tiles run last first.
+    let count_of = |work: Work, b: usize, i: usize| -> i32 {
+        let span = |t: usize, mask_tile: u32, mask_tiles: usize| {
+            t * tile / mask_tile as usize..((t + 1) * tile).div_ceil(mask_tile as usize).min(mask_tiles)
+        };
+        let count = match work {
+            Work::QueryTiles { .. } => {
+                let rows = span(tiles - 1 - i, mask_m, mask_q);
+                (0..mask_kv).filter(|&col| rows.clone().any(|row| kept(b, row, col))).count()
+            }
+            Work::KeyTiles { .. } => {
+                let cols = span(i, mask_n, mask_kv);
+                (0..mask_q).filter(|&row| cols.clone().any(|col| kept(b, row, col))).count()
+            }
+        };
+        count as i32
+    };
+    for work in [Work::QueryTiles { block_m: tile as u32 }, Work::KeyTiles { block_n: tile as u32 }] {
+        let found = mask.work_order_host(&rt, &spec, work).unwrap();
+        let units = shape.batch * shape.heads * tiles;
+        let (order, counts) = found.split_at(units);
+        for (c, &count) in counts.iter().enumerate() {
+            let (b, i) = (c / tiles / shape.heads, c % tiles);
+            assert_eq!(count, count_of(work, b, i), "{work:?}: count of unit {c}");
+        }
+        let windows = (0..shape.batch).flat_map(|b| (0..shape.heads).step_by(4).map(move |h| (b, h)));
+        for (b, h0) in windows {
+            let window = (b * shape.heads + h0) * tiles..(b * shape.heads + (h0 + 4).min(shape.heads)) * tiles;
+            let walked = &order[window.clone()];
+            let mut sorted: Vec<usize> = walked.iter().map(|&c| c as usize).collect();
+            sorted.sort_unstable();
+            assert!(sorted.iter().copied().eq(window.clone()), "{work:?}: window {window:?} walks {walked:?}");
+            let longest = walked.iter().map(|&c| counts[c as usize]).max().unwrap();
+            let class = |c: i32| (longest - counts[c as usize]) * 63 / longest.max(1);
+            for pair in walked.windows(2) {
+                let (x, y) = (pair[0], pair[1]);
+                assert!((class(x), x) < (class(y), y), "{work:?}: {x} walks before {y} in {walked:?}");
+            }
+        }
+    }
+}
+
 /// A block mask is only valid for the launch it was built for.
 #[test]
 fn block_mask_must_match_the_launch() {
@@ -225,7 +289,13 @@ fn block_mask_must_match_the_launch() {
     let shape = Shape { batch: 1, heads: 2, heads_kv: 2, q_len: 256, kv_len: 256 };
     let problem = verify::random_problem(&spec, shape, params(&spec), vec![], None, 7);
     let mut gpu = DeviceProblem::upload(&rt, &spec, &problem, OperandLayout::Bshd).unwrap();
-    gpu.build_block_mask(&rt, &spec, &problem).unwrap();
+    let mask = gpu.build_block_mask(&rt, &spec, &problem).unwrap();
+    // Work orders exist only under masks that read tensors, for the mask's spec.
+    let work = flashgen::codegen::cuda::Work::KeyTiles { block_n: 128 };
+    let err = mask.work_order_host(&rt, &spec, work).unwrap_err();
+    assert!(matches!(err, Error::NoWorkOrder { .. }), "{err}");
+    let err = mask.work_order_host(&rt, &self::spec("document"), work).unwrap_err();
+    assert!(matches!(err, Error::BlockMaskMismatch { what: "spec" }), "{err}");
     let mut other = problem.clone();
     other.params = vec![ParamValue::I32(3)];
     let err = gpu.launch(&rt, &spec, &other).unwrap_err();

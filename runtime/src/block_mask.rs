@@ -15,7 +15,7 @@ use crate::runtime::{LoadedKernel, Which};
 use crate::{ArgValue, Error, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::cuda::{TileConfig, Work};
-use flashgen_codegen::{Builtin, Shape, Spec};
+use flashgen_codegen::{to_source, Builtin, Shape, Spec};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Tile classes of one spec's mask for one shape and one set of params and
@@ -120,6 +120,21 @@ impl BlockMask {
         let order = Arc::new(order);
         orders.push((work, Arc::clone(&order)));
         Ok(order)
+    }
+
+    /// `spec`'s `work` order under this mask, made if no launch has made it
+    /// yet, copied to the host (for inspection and tests): the units in the
+    /// order the kernel walks them, then each unit's count of visited mask
+    /// tiles. `spec` must be the one the mask was built for.
+    pub fn work_order_host(&self, rt: &Runtime, spec: &Spec, work: Work) -> Result<Vec<i32>, Error> {
+        if to_source(spec) != self.built_for.spec_source {
+            return Err(Error::BlockMaskMismatch { what: "spec" });
+        }
+        if !spec.mask.as_ref().is_some_and(|mask| mask.reads_tensor()) {
+            return Err(Error::NoWorkOrder { spec: spec.name.clone() });
+        }
+        let order = self.work_order(rt, spec, work)?;
+        rt.stream().clone_dtoh(order.as_ref()).map_err(|e| Error::driver("reading a work order", e))
     }
 }
 

@@ -154,6 +154,11 @@ pub enum Error {
     NoMask {
         spec: String,
     },
+    /// A work order was asked under a mask that reads no tensor: its
+    /// kernels walk a fixed order.
+    NoWorkOrder {
+        spec: String,
+    },
     /// A block mask was built for another spec, shape, tile size, params
     /// or tensors than the launch it was passed to.
     BlockMaskMismatch {
@@ -259,6 +264,9 @@ impl fmt::Display for Error {
                 "tensor `{name}` holds {len} elements but its declared shape needs {needed}"
             ),
             Error::NoMask { spec } => write!(f, "spec `{spec}` has no mask, so it needs no block mask"),
+            Error::NoWorkOrder { spec } => {
+                write!(f, "the mask of spec `{spec}` reads no tensor, so its kernels walk a fixed order, not a work order")
+            }
             Error::NoTensorGrad { tensor } => write!(
                 f,
                 "tensor `{tensor}` has no gradient: only float tensors the score expression reads with one index list do"
