@@ -80,8 +80,9 @@ pub enum ArgKind {
     /// with; 0 (a layout TMA cannot address) makes it copy with cp.async.
     Tma,
     /// `int*` a work order under a data-dependent mask: the dK/dV kernel's
-    /// CTAs or a persistent forward's items, longest first, as their indices
-    /// in launch (claim) order, then as many scratch words. A work-order
+    /// CTAs or a persistent forward's items, longest first within windows of
+    /// a few heads, as their indices in launch (claim) order, then each
+    /// unit's count of visited mask tiles. A work-order
     /// kernel writes it from a block mask; the others read it (null: launch
     /// order).
     WorkOrder,

@@ -69,8 +69,8 @@ impl BlockMask {
         rt.stream().clone_dtoh(&self.classes).map_err(|e| Error::driver("reading a block mask", e))
     }
 
-    /// `spec`'s `work` under this mask in its work order (longest first,
-    /// see `flashgen_codegen::cuda::emit_work_order`): queued on `rt`'s
+    /// `spec`'s `work` under this mask in its work order (longest first
+    /// within windows of heads, see `flashgen_codegen::cuda::emit_work_order`): queued on `rt`'s
     /// stream the first time, then kept.
     pub(crate) fn work_order(&self, rt: &Runtime, spec: &Spec, work: Work) -> Result<Arc<CudaSlice<i32>>, Error> {
         let mut orders = self.work_orders.lock().unwrap_or_else(PoisonError::into_inner);

@@ -125,7 +125,8 @@ pub(super) fn write_key_cta(w: &mut Writer<String>, spec: &Spec) -> fmt::Result 
 /// The CTA's keys, K/V head and batch from its block index: under an
 /// analytic mask, whose first keys may see the most queries (causal), in an
 /// order that starts long CTAs early; under a data-dependent one in the
-/// block mask's order, longest first (`work_order`); else the launch order
+/// block mask's work order, longest first within windows of a few heads
+/// (`work_order`); else the launch order
 /// (no mask keeps the work even).
 fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     let Some(mask) = &spec.mask else {
@@ -143,8 +144,9 @@ fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
             w,
             "\
             // The spec's built-in b (h, q and k are bound in the loops below). CTAs\n\
-            // start in launch order; with the block mask's work order, longest first, so\n\
-            // that the grid ends on short CTAs (null: in launch order).\n\
+            // start in launch order; with the block mask's work order, longest first\n\
+            // within windows of heads, so that the grid ends on short CTAs (null:\n\
+            // in launch order).\n\
             const int cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);\n\
             const int slot = {order} != nullptr ? {order}[cta] : cta;\n\
             const int b = slot / (gridDim.x * gridDim.y);\n\

@@ -53,7 +53,8 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
     let [q_len, kv_len, heads, batch] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::Batch].map(name);
     let counter = name(ArgKind::WorkCounter);
     // Under a data-dependent mask the claims walk the block mask's work
-    // order (longest items first) where the launch has one.
+    // order (longest items first within windows of a few heads) where the
+    // launch has one.
     let claim = match spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) {
         true => {
             let order = name(ArgKind::WorkOrder);
