@@ -95,19 +95,9 @@ impl BlockMask {
             let values = marshal(
                 kernel,
                 &Bindings {
-                    shape,
-                    ptrs: [0; 4],
-                    strides: [[0; 3]; 4],
-                    lse: 0,
-                    scale: 0.0,
-                    args: &self.built_for.args,
-                    tensors: &self.built_for.tensors,
                     block_mask: (classes, self.strides),
-                    block_mask_out: 0,
                     work_order: out,
-                    work_counter: None,
-                    tensor_maps: None,
-                    grads: None,
+                    ..Bindings::without_operands(shape, &self.built_for.args, &self.built_for.tensors)
                 },
             )?;
             let config = launch_config(kernel, &shape, 1, rt.sm_count())?;
@@ -171,21 +161,7 @@ impl Runtime {
             let (out, _guard) = classes.device_ptr_mut(stream);
             let values = marshal(
                 kernel,
-                &Bindings {
-                    shape,
-                    ptrs: [0; 4],
-                    strides: [[0; 3]; 4],
-                    lse: 0,
-                    scale: 0.0,
-                    args: &infos,
-                    tensors: &tensor_ptrs,
-                    block_mask: (0, [0; 2]),
-                    block_mask_out: out,
-                    work_order: 0,
-                    work_counter: None,
-                    tensor_maps: None,
-                    grads: None,
-                },
+                &Bindings { block_mask_out: out, ..Bindings::without_operands(shape, &infos, &tensor_ptrs) },
             )?;
             let config = launch_config(kernel, &shape, slices, self.sm_count())?;
             // SAFETY: `marshal` followed the kernel's argument list; the grid

@@ -50,6 +50,29 @@ pub(crate) struct Bindings<'a> {
     pub tensor_maps: Option<Vec<(Operand, TensorMap)>>,
 }
 
+impl<'a> Bindings<'a> {
+    /// For the kernels of a block mask (building one, ordering work under
+    /// one): sizes, params and tensors, no operands; the caller sets the
+    /// mask's addresses.
+    pub fn without_operands(shape: Shape, args: &'a [ArgInfo], tensors: &'a [u64]) -> Bindings<'a> {
+        Bindings {
+            shape,
+            ptrs: [0; 4],
+            strides: [[0; 3]; 4],
+            lse: 0,
+            scale: 0.0,
+            args,
+            tensors,
+            block_mask: (0, [0; 2]),
+            block_mask_out: 0,
+            work_order: 0,
+            grads: None,
+            work_counter: None,
+            tensor_maps: None,
+        }
+    }
+}
+
 /// The backward kernels' arguments beyond the forward's.
 pub(crate) struct GradBindings<'a> {
     /// Device addresses of dO, dQ, dK, dV.
