@@ -121,6 +121,18 @@ fn hopper_long_keys_document_kernel_at_d64() {
 }
 
 #[test]
+fn hopper_alibi_kernel_at_d64() {
+    // At d <= 64 ALiBi's logits leave out each row's part of the bias
+    // (slope * (q0 - q)): the key terms are shared by a lane's rows, and the
+    // LSE adds the row's part back.
+    let source = "Alibi64 { dtype: bf16, head_dim: 64, tensor slopes: f32[H], mask: q >= k, \
+                  score: score + slopes[h] * (k - q) as f32 }";
+    let spec = parse_one(source).unwrap();
+    let config = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), 4096);
+    insta::assert_snapshot!("wgmma_alibi64", render(&emit_forward_with(&spec, config)));
+}
+
+#[test]
 fn forward_kernels_of_edge_specs() {
     for (name, source) in EDGE_SPECS {
         let spec = parse_one(source).unwrap_or_else(|e| panic!("{name}: {}", e.render(name, source)));

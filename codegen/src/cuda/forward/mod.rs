@@ -40,7 +40,7 @@ use super::writer::Writer;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
 use crate::analysis::block_uniform;
 use crate::spec::{BinOp, Dtype, Expr, ExprKind, Func, Spec};
-use bias::{additive_bias, biased_logit};
+use bias::{additive_bias, biased_logit, lse_row_term};
 use std::fmt::{self, Write};
 
 /// Which tensor-core instructions a forward kernel is written in.
@@ -506,7 +506,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         Mma::Wgmma => write_wgmma_serial_step(w, spec, config, &hoisted),
     };
     write_cta_loop(w, spec, config, &kv, step)?;
-    write_epilogue(w, spec, OStaging::Cta)
+    write_epilogue(w, spec, &hoisted, OStaging::Cta)
 }
 
 /// From the query tile `q_block` and `b`, `h`: its first row, the K/V head,
@@ -697,7 +697,7 @@ fn write_pv_waited(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
 /// O = o / l into a swizzled shared tile, then to memory; and the LSE. Only
 /// the threads that multiply get here: a warp-specialized kernel meets on a
 /// named barrier of theirs instead of `__syncthreads`.
-fn write_epilogue(w: &mut Writer<String>, spec: &Spec, staging: OStaging) -> fmt::Result {
+fn write_epilogue(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], staging: OStaging) -> fmt::Result {
     let name = |kind| arg_name(spec, kind);
     let [q_len, heads, lse] = [ArgKind::QLen, ArgKind::Heads, ArgKind::Lse].map(name);
     let o_stride = name(ArgKind::Stride(Operand::O, Axis::Seq));
@@ -735,6 +735,11 @@ fn write_epilogue(w: &mut Writer<String>, spec: &Spec, staging: OStaging) -> fmt
             ),
         ),
     };
+    // The logits leave out a row's part of a key-linear bias: its LSE adds it.
+    let row_term = match lse_row_term(spec, hoisted) {
+        Some(term) => format!(" + {term}"),
+        None => String::new(),
+    };
     write!(
         w,
         "\
@@ -757,7 +762,8 @@ fn write_epilogue(w: &mut Writer<String>, spec: &Spec, staging: OStaging) -> fmt
         \x20           pack2(storage{{}}, o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);\n\
         \x20   }}\n\
         \x20   if ({lse} != nullptr && t == 0 && q0 + row < {q_len}) {{\n\
-        \x20       {lse}[((long long)b * {heads} + h) * {q_len} + q0 + row] = sum > 0.0f ? (m[mt][r] + log2f(sum)) * LN2 : neg_inf();\n\
+        \x20       const int q = q0 + row;\n\
+        \x20       {lse}[((long long)b * {heads} + h) * {q_len} + q] = sum > 0.0f ? (m[mt][r] + log2f(sum){row_term}) * LN2 : neg_inf();\n\
         \x20   }}\n\
         }}\n\
         {sync}\n\

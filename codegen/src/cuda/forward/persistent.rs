@@ -256,7 +256,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
             writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);")?;
         }
         write_ring_loop(w, spec, |w| write_wgmma_step(w, spec, config, &hoisted))?;
-        write_epilogue(w, spec, OStaging::QBuffer)
+        write_epilogue(w, spec, &hoisted, OStaging::QBuffer)
     })?;
     writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn the last warpgroup passed last")
 }
