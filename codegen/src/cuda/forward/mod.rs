@@ -1256,13 +1256,13 @@ impl<'s> StagedTerms<'s> {
             return Ok(());
         }
         writeln!(w, "// The item's spec terms per CTA and per query, for its consumers.")?;
-        writeln!(w, "constexpr int ITEM_ROWS = (BLOCK_M + PRODUCER_THREADS - 1) / PRODUCER_THREADS;")?;
         for h in &ctas {
             writeln!(w, "const {} item_{} = {};", c_type(h.expr.ty), h.name, c_expr(self.spec, h.expr))?;
         }
         if rows.is_empty() {
             return Ok(());
         }
+        writeln!(w, "constexpr int ITEM_ROWS = (BLOCK_M + PRODUCER_THREADS - 1) / PRODUCER_THREADS;")?;
         for h in &rows {
             writeln!(w, "{} item_{}[ITEM_ROWS];", c_type(h.expr.ty), h.name)?;
         }
