@@ -125,16 +125,13 @@ fn key_sign(e: &Expr) -> Option<(i32, Option<i32>)> {
     }
     let ExprKind::Binary(op, a, b) = &e.kind else { return None };
     let (k_left, k_right) = (is(a, Builtin::K) && !b.uses(Builtin::K), is(b, Builtin::K) && !a.uses(Builtin::K));
-    let (rest, k_sign) = match op {
-        BinOp::Add if k_left => (b, 1),
-        BinOp::Add if k_right => (a, 1),
-        BinOp::Sub if k_left => (b, 1),
-        BinOp::Sub if k_right => (a, -1),
+    // X = k_sign * k + rest_sign * rest.
+    let (rest, k_sign, rest_sign) = match op {
+        BinOp::Add if k_left => (b, 1, 1),
+        BinOp::Add if k_right => (a, 1, 1),
+        BinOp::Sub if k_left => (b, 1, -1),
+        BinOp::Sub if k_right => (a, -1, 1),
         _ => return None,
-    };
-    let rest_sign = match (op, k_left) {
-        (BinOp::Sub, true) => -1,
-        _ => 1,
     };
     Some((k_sign, is(rest, Builtin::Q).then_some(rest_sign)))
 }
