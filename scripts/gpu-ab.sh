@@ -11,7 +11,8 @@
 #   ROUNDS=2               alternating rounds
 #   TESTS=1                first run the GPU tests (TESTLIST: names, else all)
 #   PEERS=1                last time the peers with the same ARGS
-# Logs go to $OUT (or ./gpu-logs), tarred into logs.tgz.
+# Logs go to $OUT (or ./gpu-logs), tarred into logs.tgz; where that leaves
+# more than the 8 files the device tool brings back, only logs.tgz stays.
 set -uo pipefail
 source "$(dirname "$0")/env.sh"  # here, out, LD_LIBRARY_PATH, ncu
 cd "$here"
@@ -82,3 +83,7 @@ for key in order:
     cells = [", ".join(f"{x:.1f}" for x in rows[key].get(c, [])) or "-" for c in cols]
     print(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + " |")
 EOF
+# The summary is printed: past 8 files, the loose logs are in logs.tgz only.
+if [ "$(find "$out" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
+    find "$out" -maxdepth 1 -type f \( -name '*.log' -o -name peers.err \) -delete
+fi

@@ -9,8 +9,10 @@
 #
 # KERNEL: a regex of kernel names (default flashgen_fwd); SKIP: launches of
 # it to skip first (warm-up; default 3); TOP: instructions listed (default
-# 25). Reports go to $OUT (or
-# ./gpu-logs): stalls.txt (the details page), sass.csv (per instruction).
+# 25). The samples come split by role first (stalls.py --roles). Reports go
+# to $OUT (or ./gpu-logs) as one stalls-<TAG>.tgz (TAG default: the
+# kernel's name pattern; the device tool brings back at most 8 files): the
+# details page (stalls.txt), per instruction (sass.csv) and the run's log.
 # SM balance: sm__cycles_active.avg against .max and sm__cycles_elapsed.max
 # says how long SMs sat idle at the grid's end.
 set -uo pipefail
@@ -20,7 +22,11 @@ balance=sm__cycles_active.avg,sm__cycles_active.max,sm__cycles_elapsed.max,gpu__
 FLASHGEN_CACHE_DIR="$(mktemp -d)" "$ncu" --clock-control none --section WarpStateStats --section SourceCounters \
     --section LaunchStats --metrics "$balance" --kernel-name "regex:${KERNEL:-flashgen_fwd}" \
     --launch-skip "${SKIP:-3}" --launch-count 1 -o "$report" "$here/bin/flashgen-bench" "$@" >"$out/stalls.run.txt" 2>&1
-"$ncu" -i "$report.ncu-rep" --page details >"$out/stalls.txt" 2>&1
-"$ncu" -i "$report.ncu-rep" --page source --csv --print-source sass >"$out/sass.csv" 2>&1
-grep -E "flashgen_|Duration|sm__cycles|Warp Cycles Per Issued|Registers Per Thread" "$out/stalls.txt" | sed -E 's/ +/ /g'
-python3 "$here/stalls.py" "$out/sass.csv" --top "${TOP:-25}"
+work="$(dirname "$report")"
+mv "$out/stalls.run.txt" "$work/"
+"$ncu" -i "$report.ncu-rep" --page details >"$work/stalls.txt" 2>&1
+"$ncu" -i "$report.ncu-rep" --page source --csv --print-source sass >"$work/sass.csv" 2>&1
+grep -E "flashgen_|Duration|sm__cycles|Warp Cycles Per Issued|Registers Per Thread" "$work/stalls.txt" | sed -E 's/ +/ /g'
+python3 "$here/stalls.py" "$work/sass.csv" --roles --top "${TOP:-25}"
+tag="${TAG:-${KERNEL:-flashgen_fwd}}"
+tar -czf "$out/stalls-${tag//[^A-Za-z0-9._-]/_}.tgz" -C "$work" stalls.txt sass.csv stalls.run.txt
