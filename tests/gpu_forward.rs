@@ -224,7 +224,7 @@ fn block_masks_are_exact_and_skip_tiles() {
 /// within a class.
 #[test]
 fn work_orders_sort_each_window_longest_first() {
-    use flashgen::codegen::cuda::{TileConfig, Work};
+    use flashgen::codegen::cuda::{TileConfig, Work, BUCKETS, HEADS_PER_BLOCK};
     let Some(rt) = runtime() else { return };
     let spec = spec("document");
     // Query and key tiles alike: as many of each, 6 (K/V) heads.
@@ -264,15 +264,16 @@ fn work_orders_sort_each_window_longest_first() {
             let (b, i) = (c / tiles / shape.heads, c % tiles);
             assert_eq!(count, count_of(work, b, i), "{work:?}: count of unit {c}");
         }
-        let windows = (0..shape.batch).flat_map(|b| (0..shape.heads).step_by(4).map(move |h| (b, h)));
+        let per_block = HEADS_PER_BLOCK as usize;
+        let windows = (0..shape.batch).flat_map(|b| (0..shape.heads).step_by(per_block).map(move |h| (b, h)));
         for (b, h0) in windows {
-            let window = (b * shape.heads + h0) * tiles..(b * shape.heads + (h0 + 4).min(shape.heads)) * tiles;
+            let window = (b * shape.heads + h0) * tiles..(b * shape.heads + (h0 + per_block).min(shape.heads)) * tiles;
             let walked = &order[window.clone()];
             let mut sorted: Vec<usize> = walked.iter().map(|&c| c as usize).collect();
             sorted.sort_unstable();
             assert!(sorted.iter().copied().eq(window.clone()), "{work:?}: window {window:?} walks {walked:?}");
             let longest = walked.iter().map(|&c| counts[c as usize]).max().unwrap();
-            let class = |c: i32| (longest - counts[c as usize]) * 63 / longest.max(1);
+            let class = |c: i32| (longest - counts[c as usize]) * (BUCKETS as i32 - 1) / longest.max(1);
             for pair in walked.windows(2) {
                 let (x, y) = (pair[0], pair[1]);
                 assert!((class(x), x) < (class(y), y), "{work:?}: {x} walks before {y} in {walked:?}");

@@ -70,8 +70,8 @@ impl BlockMask {
     }
 
     /// `spec`'s `work` under this mask in its work order (longest first
-    /// within windows of heads, see `flashgen_codegen::cuda::emit_work_order`): queued on `rt`'s
-    /// stream the first time, then kept.
+    /// within windows of heads, see `flashgen_codegen::cuda::emit_work_order`):
+    /// queued on `rt`'s stream the first time, then kept.
     pub(crate) fn work_order(&self, rt: &Runtime, spec: &Spec, work: Work) -> Result<Arc<CudaSlice<i32>>, Error> {
         let mut orders = self.work_orders.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((_, order)) = orders.iter().find(|(made_for, _)| *made_for == work) {

@@ -34,4 +34,4 @@ mod writer;
 pub use backward::{emit_backward, emit_backward_with, trainable_tensors, BackwardConfig, BackwardPass, DqAccum};
 pub use block_mask::emit_block_mask;
 pub use forward::{emit_forward, emit_forward_with, Mma, Target, TileConfig};
-pub use work_order::{emit_work_order, Work};
+pub use work_order::{emit_work_order, Work, BUCKETS, HEADS_PER_BLOCK};

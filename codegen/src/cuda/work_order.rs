@@ -1,5 +1,5 @@
 //! Work orders: under a data-dependent mask, a kernel's units of work
-//! longest first within each few heads.
+//! longest first within windows of a few heads.
 //!
 //! A dK/dV CTA owns one key tile of one (batch, K/V head) and walks the
 //! query tiles its keys see; a persistent forward's item is one query tile
@@ -38,14 +38,14 @@ const THREADS: u32 = 256;
 
 /// Length classes of the sort: units of a window within 1/BUCKETS of its
 /// longest's length of each other keep launch order.
-const BUCKETS: u32 = 64;
+pub const BUCKETS: u32 = 64;
 
 /// Heads (K/V heads for key tiles) a window sorts together: enough units
 /// that the grid's last wave ends on short ones, few enough heads that their
 /// operands stay in L2 while the window is in flight. On an H200, documents
 /// at d = 128 and 16k (128 units a head, 264 in flight), fwd+bwd ran at 438
 /// TFLOP/s with 1 head, 441 with 4, 442 with 8; at 1k all within noise.
-const HEADS_PER_BLOCK: u32 = 4;
+pub const HEADS_PER_BLOCK: u32 = 4;
 
 /// What a work order orders.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
