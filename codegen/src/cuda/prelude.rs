@@ -90,6 +90,18 @@ __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-
 __device__ __forceinline__ int f32_to_i32(float x) {
     return x != x ? 0 : x >= 2147483648.0f ? 2147483647 : x <= -2147483648.0f ? (-2147483647 - 1) : (int)x;
 }
+// A bound on a logit's column j in [0, N) (forward/key_bounds.rs), clamped
+// into [-1, N]: j compares with it as with the exact 64-bit bound.
+template <int N>
+__device__ __forceinline__ int key_bound(long long b) { return (int)(b < -1 ? -1 : b > N ? N : b); }
+// x where lo <= j <= hi, else -inf. One asm that reads x: as C compares,
+// LLVM would evaluate them before x exists and carry the booleans along.
+__device__ __forceinline__ float kept_between(int j, int lo, int hi, float x) {
+    float r;
+    asm("{ .reg .pred p; setp.ge.s32 p, %1, %2; setp.le.and.s32 p, %1, %3, p; selp.f32 %0, %4, 0fFF800000, p; }"
+        : "=f"(r) : "r"(j), "r"(lo), "r"(hi), "f"(x));
+    return r;
+}
 // Tensor indices are clipped into [0, n - 1] (JAX's "clip" gather mode): a
 // spec can never read outside a captured tensor. Dimensions are ints but for
 // constants past 2^31 - 1 (clip_wide).

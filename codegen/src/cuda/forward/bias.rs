@@ -47,7 +47,8 @@ pub(super) fn additive_bias(score: &Expr) -> Option<&Expr> {
 
 /// The logit lambdas' body for a score with the additive `bias`, in log2
 /// units over the kernel's `scale_log2`: the statements they start with, if
-/// any, and the logit expression. `hoisted` names the spec's hoisted terms.
+/// any, and the logit expression (which may read `k0`: [`reads_first_key`]).
+/// `hoisted` names the spec's hoisted terms.
 pub(super) fn biased_logit(spec: &Spec, bias: &Expr, hoisted: &[Hoisted]) -> (Option<String>, String) {
     let c_expr = |e: &Expr| c_expr_in(spec, e, &|x| lookup(hoisted, x));
     let Some(linear) = KeyLinear::of(bias) else {
@@ -65,8 +66,14 @@ pub(super) fn biased_logit(spec: &Spec, bias: &Expr, hoisted: &[Hoisted]) -> (Op
     };
     let x0 = c_expr_in(spec, linear.position, &at_k0);
     let j = if linear.sign < 0 { "-(n * 8 + c)" } else { "n * 8 + c" };
-    let prologue = format!("const int k0 = k - (n * 8 + c); const float key_step = {} * LOG2E;", c_expr(linear.factor));
+    let prologue = format!("const float key_step = {} * LOG2E;", c_expr(linear.factor));
     (Some(prologue), format!("fmaf(dot, scale_log2, fmaf(key_step, (float)({j}), key_step * (float){x0}))"))
+}
+
+/// Whether [`biased_logit`] reads `k0`, the lane's first key of the tile
+/// (`key_bounds::FIRST_KEY`, which the lambda declares).
+pub(super) fn reads_first_key(bias: &Expr) -> bool {
+    KeyLinear::of(bias).is_some()
 }
 
 /// What the LSE of a row adds to the logits' log-sum-exp (log2 units),

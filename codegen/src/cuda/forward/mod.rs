@@ -23,6 +23,7 @@
 //! at (q, k) to a log2-domain logit, or −∞ where the mask drops the pair.
 
 mod bias;
+mod key_bounds;
 mod persistent;
 
 use super::expr::{c_expr, c_expr_in, c_type};
@@ -40,7 +41,8 @@ use super::writer::Writer;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
 use crate::analysis::block_uniform;
 use crate::spec::{BinOp, Dtype, Expr, ExprKind, Func, Spec};
-use bias::{additive_bias, biased_logit, lse_row_term};
+use bias::{additive_bias, biased_logit, lse_row_term, reads_first_key};
+use key_bounds::{column_interval, key_bounds, FIRST_KEY};
 use std::fmt::{self, Write};
 
 /// Which tensor-core instructions a forward kernel is written in.
@@ -110,11 +112,11 @@ impl TileConfig {
     /// The configuration used without autotuning on `target` for `kv_len`
     /// keys. [`TileConfig::preferred`], except that from 4096 keys on at
     /// d <= 64 three warpgroups lead for every spec whose S, P and O fit
-    /// their registers (no two-conjunct mask, no transcendental score): the
-    /// H200 measured them ahead there for causal, documents and ALiBi (the
-    /// sliding window, two conjuncts, ran even), and behind at 1024 keys,
-    /// where the ragged last 192-row tile wastes work (bench/RESULTS.md,
-    /// fourteenth session).
+    /// their registers ([`light`]): the H200 measured them ahead there for
+    /// causal, documents and ALiBi (fourteenth session) and the sliding
+    /// window once its partial tiles tested column bounds (nineteenth), and
+    /// behind at 1024 keys, where the ragged last 192-row tile wastes work
+    /// (bench/RESULTS.md).
     pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
         let long = kv_len > LONG_KEYS && widest(spec) <= 64 && light(spec);
         match long && TileConfig::candidates(spec, target).contains(&THREE_WARPGROUPS) {
@@ -130,8 +132,8 @@ impl TileConfig {
     /// The order is what the H200 measured with `flashgen-bench --tune`
     /// (bench/RESULTS.md): up to head dim 128, Hopper's warp-specialized
     /// wgmma kernel first (two warpgroups, 128-key tiles; at d <= 64 its
-    /// 192-key tiles second, or last when the mask has two conjuncts or the
-    /// score calls a transcendental function; at d <= 64 three warpgroups
+    /// 192-key tiles second, or last when the mask has two conjuncts that
+    /// do not both bound k or the score calls a transcendental function; at d <= 64 three warpgroups
     /// first for plain specs, third for masks of one conjunct that read no
     /// tensor, else last), then the 64-key back-to-back kernels (two
     /// warpgroups, one); among mma.sync configs, 128-key tiles only for
@@ -146,9 +148,9 @@ impl TileConfig {
         let hopper = vec![wgmma(8, 128), wgmma(8, 64), wgmma(4, 64)];
         // 192-key tiles at d <= 64 cut the per-tile overhead per FLOP again
         // (the tuner's pick from 4k keys on), but S and P take 144 registers:
-        // a two-conjunct mask's partial-tile code or a transcendental score
-        // then spills, and at 1k keys the ragged last tile costs more than
-        // that saves (measured, RESULTS).
+        // a two-conjunct mask's partial-tile code (unless its conjuncts bound
+        // k) or a transcendental score then spills, and at 1k keys the ragged
+        // last tile costs more than that saves (measured, RESULTS).
         let light = light(spec);
         let (first, rest) = hopper.split_at(1);
         let small = match light {
@@ -158,8 +160,8 @@ impl TileConfig {
         // Three warpgroups of 64 rows (FlashAttention-3's d <= 64 tile): at
         // d <= 64 a tile's softmax outlasts its products, and a third
         // warpgroup keeps the tensor cores busy through it. S, P and O fit
-        // in its 160 registers; partial-tile code of two conjuncts or of
-        // tensor reads, and transcendental scores, spill (measured:
+        // in its 160 registers; partial-tile code of two conjuncts (but for
+        // bounds on k) or of tensor reads, and transcendental scores, spill (measured:
         // 1.14-1.17x on full attention from 4k keys, +3-5% causal, slower
         // at 1k keys, where the ragged last 192-row tile wastes work).
         let three = THREE_WARPGROUPS;
@@ -275,10 +277,13 @@ const LONG_KEYS: usize = 2048;
 const THREE_WARPGROUPS: TileConfig = TileConfig { mma: Mma::Wgmma, warps: 12, m_tiles: 1, block_n: 128 };
 
 /// Whether a spec's partial-tile code and score fit the registers of the
-/// d <= 64 tiles that hold the most (192-key S, three warpgroups): no
-/// two-conjunct mask, no transcendental score.
+/// d <= 64 tiles that hold the most (192-key S, three warpgroups): no mask
+/// of two conjuncts unless each bounds k (a sliding window: its partial
+/// tiles keep an interval of columns per row, `key_bounds`), no
+/// transcendental score.
 fn light(spec: &Spec) -> bool {
-    two_conjuncts(spec).is_none() && !spec.score.as_ref().is_some_and(transcendental)
+    let mask_fits = two_conjuncts(spec).is_none() || key_bounds(spec.mask.as_ref()).is_some();
+    mask_fits && !spec.score.as_ref().is_some_and(transcendental)
 }
 
 /// Whether `e` calls a transcendental function (tanh, exp, …).
@@ -1341,7 +1346,6 @@ pub(crate) fn interior_decl(spec: &Spec, first_key: &str) -> String {
 /// lambda: NVRTC 13.0 rejects generic lambdas in device code.)
 fn write_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], scale: &str, kv_len: &str) -> fmt::Result {
     let c_expr = |e: &Expr| c_expr_in(spec, e, &|x| lookup(hoisted, x));
-    let mask = spec.mask.as_ref().map(|e| skip_if_full(e, &c_expr(e))).unwrap_or_default();
     let (prologue, logit) = match &spec.score {
         None => {
             // S stays in dot-product units (see `SUnits::Dots`).
@@ -1362,26 +1366,50 @@ fn write_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], scale: 
             }
         },
     };
-    let params = "float dot, int q, int k, int i, int n, int c";
-    writeln!(w, "auto logit = [&]({params}, bool full) -> float {{")?;
-    w.indented(|w| {
-        if let Some(prologue) = &prologue {
-            writeln!(w, "{prologue}")?;
+    let bias_reads_k0 = spec.score.as_ref().and_then(additive_bias).is_some_and(reads_first_key);
+    // A lambda's statements: k0 where it tests column bounds or the bias
+    // reads it, then the score's.
+    let statements = |k0: bool| -> Vec<String> {
+        let k0 = k0.then(|| FIRST_KEY.to_string());
+        k0.into_iter().chain(prologue.clone()).collect()
+    };
+    // How a lambda keeps the pairs `mask` (all of it, or one conjunct)
+    // keeps, given the C condition `full` that skips it: as an interval of
+    // columns where every conjunct bounds k (`key_bounds`), else as written.
+    let keep = |mask: Option<&Expr>, full: Option<&str>| -> (Vec<String>, String) {
+        match key_bounds(mask) {
+            Some(bounds) => {
+                // The interval declares k0.
+                let interval = column_interval(kv_len, &bounds, full, c_expr);
+                let lines = interval.into_iter().chain(statements(false)).collect();
+                (lines, format!("kept_between(n * 8 + c, lo, hi, {logit})"))
+            }
+            None => {
+                let cond = match (mask, full) {
+                    (Some(e), Some(_)) => skip_if_full(e, &c_expr(e)),
+                    (Some(e), None) => format!(" && {}", c_expr(e)),
+                    (None, _) => String::new(),
+                };
+                (statements(bias_reads_k0), format!("kept_or_neg_inf(k < {kv_len}{cond}, {logit})"))
+            }
         }
-        writeln!(w, "const bool keep = k < {kv_len}{mask};")?;
-        writeln!(w, "return kept_or_neg_inf(keep, {logit});")
-    })?;
-    writeln!(w, "}};")?;
-    let prologue = prologue.map(|p| p + " ").unwrap_or_default();
-    writeln!(w, "auto logit_interior = [&]({params}) -> float {{ {prologue}return {logit}; }};")?;
+    };
+    let params = "float dot, int q, int k, int i, int n, int c";
+    let lambda = |w: &mut Writer<String>, head: &str, (lines, kept): (Vec<String>, String)| {
+        writeln!(w, "{head} {{")?;
+        w.indented(|w| {
+            lines.iter().try_for_each(|line| writeln!(w, "{line}"))?;
+            writeln!(w, "return {kept};")
+        })?;
+        writeln!(w, "}};")
+    };
+    lambda(w, &format!("auto logit = [&]({params}, bool full) -> float"), keep(spec.mask.as_ref(), Some("full")))?;
+    let interior: String = statements(bias_reads_k0).iter().map(|line| format!("{line} ")).collect();
+    writeln!(w, "auto logit_interior = [&]({params}) -> float {{ {interior}return {logit}; }};")?;
     if let Some(conjuncts) = two_conjuncts(spec) {
         writeln!(w, "// Partial tiles on which one conjunct of the mask holds throughout: the other alone.")?;
         for (x, e) in conjuncts.iter().enumerate() {
-            let keep = format!("k < {kv_len} && {}", c_expr(e));
-            writeln!(
-                w,
-                "auto logit_only{x} = [&]({params}) -> float {{ {prologue}return kept_or_neg_inf({keep}, {logit}); }};"
-            )?;
+            lambda(w, &format!("auto logit_only{x} = [&]({params}) -> float"), keep(Some(e), None))?;
         }
     }
     Ok(())

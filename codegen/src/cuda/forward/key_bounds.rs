@@ -1,0 +1,239 @@
+//! Mask comparisons linear in k, tested as bounds on the element's column.
+//!
+//! A mask conjunct that compares a k-free i32 term R with k, q − k or k − q
+//! (causal's `q >= k`, a sliding window's `q - k < window`) keeps, along a
+//! row of a tile, an interval of keys, and so does `k < kv_len`. The
+//! logit's element at key k = k0 + j (k0 = kv0 + 2t, the lane's first key
+//! of the tile; j = 8n + c, a constant of the unrolled loop) is then kept
+//! where `j OP B`, with a bound B that is the same for every element of a
+//! row (LLVM computes it once per row after unrolling, as it does the
+//! bias's `X(k0)` in `bias.rs`): one compare with an immediate and the
+//! select per element, where `q - k < window` cost a subtraction, a compare
+//! and the column's key and bounds check. On partial tiles (a causal
+//! diagonal, a window's two edges) that is most of the mask's cost.
+//!
+//! Exact for every input: the k side never wraps in i32 (k, q ∈ [0, 2^31),
+//! so k, q − k and k − q all fit), R is evaluated as the spec says, and the
+//! bound in 64 bits, then clamped into [−1, BLOCK_N] (`key_bound`), where
+//! every j ∈ [0, BLOCK_N) compares as it does with the unclamped bound.
+//!
+//! Where every conjunct of a mask is such a bound, the row's bounds meet in
+//! one interval [lo, hi] of columns, and the element's test and select are
+//! one `kept_between` (an inline-PTX compare pair and select that reads the
+//! element: written as C compares, LLVM evaluates them ahead of the wait for
+//! S, and ptxas then carries 64 booleans across it in registers). Masks of
+//! other shapes keep the spec's expression.
+
+use crate::spec::{BinOp, Builtin, Expr, ExprKind, Ty};
+
+/// Declares `k0`, the lane's first key of the tile, in a logit lambda
+/// (whose `k` is `k0 + n * 8 + c`).
+pub(super) const FIRST_KEY: &str = "const int k0 = k - (n * 8 + c);";
+
+/// The conjuncts of `mask` (all of `a && b && ...`) as key bounds, when
+/// every one is; no mask is the empty conjunction.
+pub(super) fn key_bounds(mask: Option<&Expr>) -> Option<Vec<KeyBound<'_>>> {
+    fn flatten<'e>(e: &'e Expr, out: &mut Vec<KeyBound<'e>>) -> Option<()> {
+        match &e.kind {
+            ExprKind::Binary(BinOp::And, a, b) => {
+                flatten(a, out)?;
+                flatten(b, out)
+            }
+            _ => {
+                out.push(KeyBound::of(e)?);
+                Some(())
+            }
+        }
+    }
+    let mut out = Vec::new();
+    match mask {
+        Some(e) => flatten(e, &mut out).map(|()| out),
+        None => Some(out),
+    }
+}
+
+/// The statements of a logit lambda that keep the columns [lo, hi] of
+/// the row: `k < kv_len` and the `bounds` (C of each R by `c_rest`), the
+/// latter skipped where the C condition `full` holds (if any). The lambda
+/// then returns `kept_between(n * 8 + c, lo, hi, logit)`.
+pub(super) fn column_interval(
+    kv_len: &str,
+    bounds: &[KeyBound],
+    full: Option<&str>,
+    c_rest: impl Fn(&Expr) -> String,
+) -> [String; 3] {
+    let (mut mask_lo, mut mask_hi) = (Vec::new(), Vec::new());
+    for bound in bounds {
+        let b = format!("key_bound<BLOCK_N>({})", bound.c_bound(&c_rest(bound.rest)));
+        match bound.op {
+            BinOp::Lt => mask_hi.push(format!("{b} - 1")),
+            BinOp::Le => mask_hi.push(b),
+            BinOp::Gt => mask_lo.push(format!("{b} + 1")),
+            _ => mask_lo.push(b),
+        }
+    }
+    // The bound of `f` over `base` and the mask's `terms`, `base` alone where `full`.
+    let fold = |base: String, terms: Vec<String>, f: &str| {
+        let with_mask = terms.iter().fold(base.clone(), |acc, t| format!("{f}({acc}, {t})"));
+        match full {
+            Some(full) if !terms.is_empty() => format!("{full} ? {base} : {with_mask}"),
+            _ => with_mask,
+        }
+    };
+    let lo = fold("0".to_string(), mask_lo, "max_i32");
+    let hi = fold(format!("key_bound<BLOCK_N>((long long){kv_len} - k0) - 1"), mask_hi, "min_i32");
+    [FIRST_KEY.to_string(), format!("const int lo = {lo};"), format!("const int hi = {hi};")]
+}
+
+/// A mask comparison `R OP k`, `R OP q - k`, `R OP k - q` (either side),
+/// R free of k.
+pub(super) struct KeyBound<'e> {
+    /// The comparison as `k OP bound`, once k is alone on the left.
+    op: BinOp,
+    /// R, the k-free side.
+    rest: &'e Expr,
+    /// How the k side reads: `k`, `q - k` or `k - q`.
+    side: KeySide,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KeySide {
+    K,
+    QMinusK,
+    KMinusQ,
+}
+
+impl<'e> KeyBound<'e> {
+    pub(super) fn of(e: &'e Expr) -> Option<Self> {
+        let ExprKind::Binary(op, a, b) = &e.kind else { return None };
+        if !matches!(op, BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge) || a.ty != Ty::I32 {
+            return None;
+        }
+        // `k side OP R`, the k side on the left.
+        let (k_side, rest, op) = match (a.uses(Builtin::K), b.uses(Builtin::K)) {
+            (true, false) => (a, b, *op),
+            (false, true) => (b, a, swapped(*op)),
+            _ => return None,
+        };
+        let is = |e: &Expr, x| e.kind == ExprKind::Builtin(x);
+        let side = match &k_side.kind {
+            ExprKind::Builtin(Builtin::K) => KeySide::K,
+            ExprKind::Binary(BinOp::Sub, x, y) if is(x, Builtin::Q) && is(y, Builtin::K) => KeySide::QMinusK,
+            ExprKind::Binary(BinOp::Sub, x, y) if is(x, Builtin::K) && is(y, Builtin::Q) => KeySide::KMinusQ,
+            _ => return None,
+        };
+        // q - k OP R  <=>  k OP' q - R (OP mirrored).
+        let op = if side == KeySide::QMinusK { swapped(op) } else { op };
+        Some(KeyBound { op, rest, side })
+    }
+
+    /// The 64-bit bound B of `j OP B`, given R as C (`rest`).
+    fn c_bound(&self, rest: &str) -> String {
+        match self.side {
+            KeySide::K => format!("(long long){rest} - k0"),
+            KeySide::QMinusK => format!("(long long)q - {rest} - k0"),
+            KeySide::KMinusQ => format!("(long long){rest} + q - k0"),
+        }
+    }
+}
+
+/// `a OP b` as `b OP' a`.
+fn swapped(op: BinOp) -> BinOp {
+    match op {
+        BinOp::Lt => BinOp::Gt,
+        BinOp::Le => BinOp::Ge,
+        BinOp::Gt => BinOp::Lt,
+        BinOp::Ge => BinOp::Le,
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse_one;
+
+    fn mask(body: &str) -> Expr {
+        parse_one(&format!("S {{ dtype: bf16, head_dim: 64, param w: i32, mask: {body} }}")).unwrap().mask.unwrap()
+    }
+
+    /// R's value: q, or the param's.
+    fn rest_value(e: &Expr, q: i32, w: i32) -> i32 {
+        if e.kind == ExprKind::Builtin(Builtin::Q) {
+            q
+        } else {
+            w
+        }
+    }
+
+    /// The rewritten test, evaluated as the kernel does: the bound in 64
+    /// bits, clamped into [-1, block_n].
+    fn column_keeps(bound: &KeyBound, q: i32, k0: i32, j: i32, w: i32, block_n: i32) -> bool {
+        let rest = rest_value(bound.rest, q, w);
+        let (q, k0, rest) = (q as i64, k0 as i64, rest as i64);
+        let b = match bound.side {
+            KeySide::K => rest - k0,
+            KeySide::QMinusK => q - rest - k0,
+            KeySide::KMinusQ => rest + q - k0,
+        };
+        let b = b.clamp(-1, block_n as i64) as i32;
+        match bound.op {
+            BinOp::Lt => j < b,
+            BinOp::Le => j <= b,
+            BinOp::Gt => j > b,
+            _ => j >= b,
+        }
+    }
+
+    /// The spec's comparison with i32 semantics (the k side as written).
+    fn spec_keeps(e: &Expr, q: i32, k: i32, w: i32) -> bool {
+        let ExprKind::Binary(op, a, b) = &e.kind else { unreachable!() };
+        let side = |x: &Expr| match &x.kind {
+            ExprKind::Builtin(Builtin::K) => k,
+            ExprKind::Binary(BinOp::Sub, l, _) if l.kind == ExprKind::Builtin(Builtin::Q) => q.wrapping_sub(k),
+            ExprKind::Binary(BinOp::Sub, ..) => k.wrapping_sub(q),
+            _ => rest_value(x, q, w),
+        };
+        let (x, y) = (side(a), side(b));
+        match op {
+            BinOp::Lt => x < y,
+            BinOp::Le => x <= y,
+            BinOp::Gt => x > y,
+            _ => x >= y,
+        }
+    }
+
+    fn iproduct(a: &[i32], b: &[i32], c: &[i32], d: &[i32]) -> Vec<(i32, i32, i32, i32)> {
+        let mut out = Vec::new();
+        for &x in a {
+            for &y in b {
+                for &z in c {
+                    out.extend(d.iter().map(|&u| (x, y, z, u)));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn linear_key_comparisons_become_column_bounds() {
+        let values = [0, 1, 5, 63, 64, 127, 128, 1000, 1 << 20, i32::MAX - 200, i32::MAX];
+        let windows = [i32::MIN, -1_000_000, -129, -1, 0, 1, 7, 127, 1024, 1 << 30, i32::MAX];
+        for body in ["q >= k", "q - k < w", "k <= q", "w > q - k", "k - q >= w", "k < w", "q - k <= w", "w <= k - q"] {
+            let e = mask(body);
+            let bound = KeyBound::of(&e).unwrap_or_else(|| panic!("{body}"));
+            for (q, k0, w, j) in iproduct(&values, &values, &windows, &[0, 1, 7, 8, 63, 126, 127]) {
+                let Some(k) = k0.checked_add(j) else { continue };
+                let (kept, spec) = (column_keeps(&bound, q, k0, j, w, 128), spec_keeps(&e, q, k, w));
+                assert_eq!(kept, spec, "{body}: q={q} k={k} w={w}");
+            }
+        }
+    }
+
+    #[test]
+    fn other_comparisons_stay_as_written() {
+        for body in ["q + k < w", "2 * k <= q", "k == q", "q - k - 1 < w", "k - q < k", "(k as f32) < 3.0"] {
+            assert!(KeyBound::of(&mask(body)).is_none(), "{body}");
+        }
+    }
+}
