@@ -257,14 +257,18 @@ const PRODUCER_THREADS: u32 = 128;
 /// (producer, consumers). `setmaxnreg` moves registers within the pool the
 /// CTA got at launch (its threads times the launch count, the register file
 /// over the threads in multiples of 8), and a request the pool cannot meet
-/// blocks forever: the consumers get the most it allows, in multiples of 8
-/// up to 240, the producer (which only computes addresses) at least 24 and
-/// the rest. Two consumer warpgroups: 24 / 240 of 168 at launch; three:
-/// 32 / 160 of 128.
-fn ws_regs(config: TileConfig) -> (u32, u32) {
+/// blocks forever: the consumers get the most it allows, in multiples of 8,
+/// up to what their tiles need, the producer at least 24 and the rest. A
+/// consumer thread holds S and P (3/4 of a register per key of the tile), O
+/// (DVP / 2) and, by ptxas's reports, ~80 more: 208 at d <= 64 with 128-key
+/// tiles, where 240 left the producer 24 and it spilled ~300 instructions
+/// in its tile walk (20 at 88); 240 (the most) otherwise. Two consumer
+/// warpgroups: 24 / 240 or 88 / 208 of 168 at launch; three: 32 / 160 of 128.
+fn ws_regs(spec: &Spec, config: TileConfig) -> (u32, u32) {
     let pool = 65536 / config.threads() / 8 * 8 * config.threads() / 128;
     let groups = config.warps / 4;
-    let consumer = ((pool - 24) / groups).min(240) / 8 * 8;
+    let need = 3 * config.block_n / 4 + pad16(spec.head_dims.v) / 2 + 80;
+    let consumer = ((pool - 24) / groups).min(need).min(240) / 8 * 8;
     (pool - groups * consumer, consumer)
 }
 
@@ -390,7 +394,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt:
     if warp_specialized(config) {
         let groups = config.warps / 4;
         let launch = 65536 / config.threads() / 8 * 8;
-        let (producer, consumer) = ws_regs(config);
+        let (producer, consumer) = ws_regs(spec, config);
         write!(
             w,
             "\
@@ -1886,7 +1890,7 @@ mod tests {
             for config in
                 TileConfig::candidates(&spec, Target::for_sm(9, 0)).into_iter().filter(|c| warp_specialized(*c))
             {
-                let (producer, consumer) = ws_regs(config);
+                let (producer, consumer) = ws_regs(&spec, config);
                 let pool = 65536 / config.threads() / 8 * 8 * config.threads();
                 assert!(producer * 128 + consumer * 32 * config.warps <= pool, "{config:?}");
                 assert!(producer >= 24 && consumer <= 240 && producer % 8 == 0 && consumer % 8 == 0, "{config:?}");
