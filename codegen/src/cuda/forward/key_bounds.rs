@@ -7,10 +7,10 @@
 //! of the tile; j = 8n + c, a constant of the unrolled loop) is then kept
 //! where `j OP B`, with a bound B that is the same for every element of a
 //! row (LLVM computes it once per row after unrolling, as it does the
-//! bias's `X(k0)` in `bias.rs`): one compare with an immediate and the
-//! select per element, where `q - k < window` cost a subtraction, a compare
-//! and the column's key and bounds check. On partial tiles (a causal
-//! diagonal, a window's two edges) that is most of the mask's cost.
+//! bias's `X(k0)` in `bias.rs`): a compare with an immediate per bound and
+//! the select per element, where `q - k < window` cost a subtraction, a
+//! compare and the column's key and bounds check. On partial tiles (a
+//! causal diagonal, a window's two edges) that is most of the mask's cost.
 //!
 //! Exact for every input: the k side never wraps in i32 (k, q ∈ [0, 2^31),
 //! so k, q − k and k − q all fit), R is evaluated as the spec says, and the

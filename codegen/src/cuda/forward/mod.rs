@@ -133,9 +133,10 @@ impl TileConfig {
     /// (bench/RESULTS.md): up to head dim 128, Hopper's warp-specialized
     /// wgmma kernel first (two warpgroups, 128-key tiles; at d <= 64 its
     /// 192-key tiles second, or last when the mask has two conjuncts that
-    /// do not both bound k or the score calls a transcendental function; at d <= 64 three warpgroups
-    /// first for plain specs, third for masks of one conjunct that read no
-    /// tensor, else last), then the 64-key back-to-back kernels (two
+    /// do not both bound k or the score calls a transcendental function; at
+    /// d <= 64 three warpgroups first for plain specs, third for masks of
+    /// one conjunct or of bounds on k that read no tensor, else last), then
+    /// the 64-key back-to-back kernels (two
     /// warpgroups, one); among mma.sync configs, 128-key tiles only for
     /// plain d <= 64 specs (masks and score mods then spill).
     pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
@@ -161,9 +162,9 @@ impl TileConfig {
         // d <= 64 a tile's softmax outlasts its products, and a third
         // warpgroup keeps the tensor cores busy through it. S, P and O fit
         // in its 160 registers; partial-tile code of two conjuncts (but for
-        // bounds on k) or of tensor reads, and transcendental scores, spill (measured:
-        // 1.14-1.17x on full attention from 4k keys, +3-5% causal, slower
-        // at 1k keys, where the ragged last 192-row tile wastes work).
+        // bounds on k) or of tensor reads, and transcendental scores, spill
+        // (measured: 1.14-1.17x on full attention from 4k keys, +3-5% causal,
+        // slower at 1k keys, where the ragged last 192-row tile wastes work).
         let three = THREE_WARPGROUPS;
         let simple_mask = light && !spec.mask.as_ref().is_some_and(|m| m.reads_tensor());
         let small = match (plain, simple_mask) {
