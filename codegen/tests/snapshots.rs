@@ -121,6 +121,20 @@ fn hopper_long_keys_document_kernel_at_d64() {
 }
 
 #[test]
+fn hopper_long_keys_window_kernel_at_d64() {
+    // A sliding window's conjuncts both bound k: its partial tiles keep an
+    // interval of columns per row, which fits three warpgroups' registers,
+    // so from 4096 keys it takes them as causal does; at 1024 keys two.
+    let source = "Window64 { dtype: bf16, head_dim: 64, param window: i32, mask: q >= k && q - k < window }";
+    let spec = parse_one(source).unwrap();
+    let short = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), 1024);
+    assert_eq!((short.mma, short.warps), (Mma::Wgmma, 8));
+    let config = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), 4096);
+    assert_eq!((config.mma, config.warps), (Mma::Wgmma, 12));
+    insta::assert_snapshot!("wgmma_window64", render(&emit_forward_with(&spec, config)));
+}
+
+#[test]
 fn hopper_alibi_kernel_at_d64() {
     // At d <= 64 ALiBi's logits leave out each row's part of the bias
     // (slope * (q0 - q)): the key terms are shared by a lane's rows, and the
