@@ -52,16 +52,16 @@ pub(super) fn key_bounds(mask: Option<&Expr>) -> Option<Vec<KeyBound<'_>>> {
     }
 }
 
-/// The statements of a logit lambda that keep the columns [lo, hi] of
-/// the row: `k < kv_len` and the `bounds` (C of each R by `c_rest`), the
-/// latter skipped where the C condition `full` holds (if any). The lambda
-/// then returns `kept_between(n * 8 + c, lo, hi, logit)`.
+/// The statements of a logit lambda (after [`FIRST_KEY`]) that keep the
+/// columns [lo, hi] of the row: `k < kv_len` and the `bounds` (C of each R
+/// by `c_rest`), the latter skipped where the C condition `full` holds (if
+/// any). The lambda then returns `kept_between(n * 8 + c, lo, hi, logit)`.
 pub(super) fn column_interval(
     kv_len: &str,
     bounds: &[KeyBound],
     full: Option<&str>,
     c_rest: impl Fn(&Expr) -> String,
-) -> [String; 3] {
+) -> [String; 2] {
     let (mut mask_lo, mut mask_hi) = (Vec::new(), Vec::new());
     for bound in bounds {
         let b = format!("key_bound<BLOCK_N>({})", bound.c_bound(&c_rest(bound.rest)));
@@ -82,7 +82,7 @@ pub(super) fn column_interval(
     };
     let lo = fold("0".to_string(), mask_lo, "max_i32");
     let hi = fold(format!("key_bound<BLOCK_N>((long long){kv_len} - k0) - 1"), mask_hi, "min_i32");
-    [FIRST_KEY.to_string(), format!("const int lo = {lo};"), format!("const int hi = {hi};")]
+    [format!("const int lo = {lo};"), format!("const int hi = {hi};")]
 }
 
 /// A mask comparison `R OP k`, `R OP q - k`, `R OP k - q` (either side),

@@ -1384,9 +1384,8 @@ fn write_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], scale: 
     let keep = |mask: Option<&Expr>, full: Option<&str>| -> (Vec<String>, String) {
         match key_bounds(mask) {
             Some(bounds) => {
-                // The interval declares k0.
                 let interval = column_interval(kv_len, &bounds, full, c_expr);
-                let lines = interval.into_iter().chain(statements(false)).collect();
+                let lines = [FIRST_KEY.to_string()].into_iter().chain(interval).chain(statements(false)).collect();
                 (lines, format!("kept_between(n * 8 + c, lo, hi, {logit})"))
             }
             None => {
