@@ -214,7 +214,8 @@ impl TileConfig {
             return 2;
         }
         let (q, stage) = self.tile_bytes(spec);
-        let budget = WS_SMEM_BUDGET - KeyTerms::of(self).static_bytes(spec, self);
+        let ones = if RowSums::of(spec, self) == RowSums::TensorCores { ONES_TILE_BYTES } else { 0 };
+        let budget = WS_SMEM_BUDGET - KeyTerms::of(self).static_bytes(spec, self) - ones;
         (2..=RING_STAGES).rev().find(|s| 2 * q + s * stage + 1024 <= budget).unwrap_or(2)
     }
 
@@ -250,6 +251,11 @@ const RING_STAGES: u32 = 3;
 /// per block, less room for its static shared memory (barriers, staged
 /// block-mask classes).
 const WS_SMEM_BUDGET: u32 = 227 * 1024 - 4 * 1024;
+
+/// Static shared memory of the tile of ones that row sums on the tensor
+/// cores multiply P with (`ones_tile`): an m64n8k16 product's B operand,
+/// two 8-key groups of 128-byte rows.
+pub(super) const ONES_TILE_BYTES: u32 = 2048;
 
 /// Threads of a warp-specialized kernel's producer warpgroup.
 const PRODUCER_THREADS: u32 = 128;
@@ -350,6 +356,9 @@ fn write_kernel(
         w.write_str(WGMMA)?;
         write_wgmma_op(w, spec.dtype, config.block_n, AFrom::Shared)?;
         write_wgmma_op(w, spec.dtype, pad16(spec.head_dims.v), AFrom::Registers)?;
+        if RowSums::of(spec, config) == RowSums::TensorCores {
+            write_wgmma_op(w, spec.dtype, 8, AFrom::Registers)?;
+        }
         writeln!(w)?;
     }
     if warp_specialized(config) {
@@ -508,7 +517,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
     )?;
     writeln!(w)?;
     let hoisted = write_spec_terms(w, spec, &kv_len, KeyTerms::of(config), false)?;
-    write_accumulators(w, config)?;
+    write_accumulators(w, config, RowSums::Fadd)?;
     writeln!(w)?;
     let step = |w: &mut Writer<String>| match config.mma {
         Mma::Sync => write_sync_step(w, spec, &hoisted),
@@ -516,7 +525,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         Mma::Wgmma => write_wgmma_serial_step(w, spec, config, &hoisted),
     };
     write_cta_loop(w, spec, config, &kv, step)?;
-    write_epilogue(w, spec, &hoisted, OStaging::Cta)
+    write_epilogue(w, spec, &hoisted, OStaging::Cta, RowSums::Fadd)
 }
 
 /// From the query tile `q_block` and `b`, `h`: its first row, the K/V head,
@@ -582,7 +591,7 @@ fn write_spec_terms<'s>(
 
 /// The Q operand's address, the O accumulators and the online softmax
 /// state; for pipelined kernels also P of the previous tile.
-fn write_accumulators(w: &mut Writer<String>, config: TileConfig) -> fmt::Result {
+fn write_accumulators(w: &mut Writer<String>, config: TileConfig, sums: RowSums) -> fmt::Result {
     match config.mma {
         Mma::Sync => write!(
             w,
@@ -600,16 +609,23 @@ fn write_accumulators(w: &mut Writer<String>, config: TileConfig) -> fmt::Result
             const unsigned q_smem = smem_addr(q_tile) + warp / 4 * 64 * 128;\n"
         )?,
     }
+    let (sum, sum_decl) = match sums {
+        RowSums::Fadd => ("this lane's share of the running sum l.", "float l[M_TILES][2] = {};"),
+        RowSums::TensorCores => (
+            "the running sum, P times ones: row r's is row_sum[mt][2 * r] (and 2 * r + 1).",
+            "float row_sum[M_TILES][4] = {};",
+        ),
+    };
     write!(
         w,
         "\
         \n\
         // This warp's WARP_M rows of O (f32), and the online softmax state of the\n\
         // lane's rows (g and g + 8 of each m-tile): running max m (log2 units) and\n\
-        // this lane's share of the running sum l.\n\
+        // {sum}\n\
         float o[M_TILES][O_TILES][4] = {{}};\n\
         float m[M_TILES][2];\n\
-        float l[M_TILES][2] = {{}};\n\
+        {sum_decl}\n\
         #pragma unroll\n\
         for (int mt = 0; mt < M_TILES; ++mt) m[mt][0] = m[mt][1] = neg_inf();\n"
     )?;
@@ -674,7 +690,7 @@ fn write_cta_loop(
     })?;
     if pipelined {
         let wait = ["cp_async_wait_all();", "fence_async_smem();", "__syncthreads();  // its V is visible"];
-        write_last_pv(w, spec, &wait, "(stage ^ 1)", &[])?;
+        write_last_pv(w, spec, &wait, "(stage ^ 1)", &[], RowSums::Fadd)?;
     }
     writeln!(w, "cp_async_wait_all();  // nothing may stay in flight past the kernel (kv_len = 0)")
 }
@@ -682,32 +698,54 @@ fn write_cta_loop(
 /// The last visited tile's P V (pipelined kernels): the `wait` lines make
 /// its V, in stage `v_stage`, visible to the tensor cores (async proxy)
 /// first, the `done` lines follow it.
-fn write_last_pv(w: &mut Writer<String>, spec: &Spec, wait: &[&str], v_stage: &str, done: &[&str]) -> fmt::Result {
+fn write_last_pv(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    wait: &[&str],
+    v_stage: &str,
+    done: &[&str],
+    sums: RowSums,
+) -> fmt::Result {
     writeln!(w, "// The last visited tile's P V.")?;
     w.block(format_args!("if (pv_pending)"), |w| {
         for line in wait {
             writeln!(w, "{line}")?;
         }
         writeln!(w, "const unsigned v_smem = smem_addr(v_tiles + {v_stage} * V_TILE);")?;
-        write_pv_waited(w, spec)?;
+        write_pv_waited(w, spec, sums)?;
         done.iter().try_for_each(|line| writeln!(w, "{line}"))
     })
 }
 
 /// O += P V on the tensor cores, issued and waited for: O is the
 /// warpgroup's again afterwards.
-fn write_pv_waited(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+fn write_pv_waited(w: &mut Writer<String>, spec: &Spec, sums: RowSums) -> fmt::Result {
     writeln!(w, "wgmma_fence();")?;
-    write_wgmma_pv(w, spec)?;
+    write_wgmma_pv(w, spec, sums)?;
     writeln!(w, "wgmma_commit();")?;
     writeln!(w, "wgmma_wait<0>();")?;
-    writeln!(w, "fence_operands(o[0]);")
+    write_fence_accumulators(w, sums)
+}
+
+/// Pins O (and the row sums on the tensor cores) after a wait for P V.
+fn write_fence_accumulators(w: &mut Writer<String>, sums: RowSums) -> fmt::Result {
+    writeln!(w, "fence_operands(o[0]);")?;
+    match sums {
+        RowSums::Fadd => Ok(()),
+        RowSums::TensorCores => writeln!(w, "fence_operands(row_sum);"),
+    }
 }
 
 /// O = o / l into a swizzled shared tile, then to memory; and the LSE. Only
 /// the threads that multiply get here: a warp-specialized kernel meets on a
 /// named barrier of theirs instead of `__syncthreads`.
-fn write_epilogue(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], staging: OStaging) -> fmt::Result {
+fn write_epilogue(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    hoisted: &[Hoisted],
+    staging: OStaging,
+    sums: RowSums,
+) -> fmt::Result {
     let name = |kind| arg_name(spec, kind);
     let [q_len, heads, lse] = [ArgKind::QLen, ArgKind::Heads, ArgKind::Lse].map(name);
     let o_stride = name(ArgKind::Stride(Operand::O, Axis::Seq));
@@ -746,6 +784,10 @@ fn write_epilogue(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], stag
         ),
     };
     // The logits leave out a row's part of a key-linear bias: its LSE adds it.
+    let sum = match sums {
+        RowSums::Fadd => "quad_sum(l[mt][r])",
+        RowSums::TensorCores => "row_sum[mt][2 * r]",
+    };
     let row_term = match lse_row_term(spec, hoisted) {
         Some(term) => format!(" + {term}"),
         None => String::new(),
@@ -764,7 +806,7 @@ fn write_epilogue(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], stag
         for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
         \x20   const int mt = i / 2, r = i % 2;\n\
         \x20   const int row = warp * WARP_M + mt * 16 + g + 8 * r;\n\
-        \x20   const float sum = quad_sum(l[mt][r]);\n\
+        \x20   const float sum = {sum};\n\
         \x20   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;\n\
         \x20   #pragma unroll\n\
         \x20   for (int n = 0; n < O_TILES; ++n) {{\n\
@@ -1530,7 +1572,7 @@ fn write_sync_step(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted]) -> 
         sweep = mma_sweep("s", "a", "S_TILES", "kb", "ldmatrix_x4(kb, k_smem + k_lane.at(n * 8, kk))")
     )?;
     write_logits(w, spec, "whole_conjuncts(j)")?;
-    write_softmax(w, SUnits::of(spec), Rescale::Inline)?;
+    write_softmax(w, SUnits::of(spec), Rescale::Inline, RowSums::Fadd)?;
     write!(
         w,
         "\
@@ -1627,12 +1669,12 @@ fn write_wgmma_serial_step(
     writeln!(w, "wgmma_wait<0>();")?;
     writeln!(w, "fence_operands(s[0]);")?;
     write_logits(w, spec, "whole_conjuncts(j)")?;
-    write_softmax(w, SUnits::of(spec), Rescale::Inline)?;
+    write_softmax(w, SUnits::of(spec), Rescale::Inline, RowSums::Fadd)?;
     writeln!(w, "// O += P V: P from the S registers (pack_p), V from shared memory (MN-major).")?;
     writeln!(w, "unsigned p[BLOCK_N / 16][4];")?;
     writeln!(w, "#pragma unroll")?;
     writeln!(w, "for (int kk = 0; kk < BLOCK_N / 16; ++kk) pack_p(storage{{}}, p[kk], s[0], kk);")?;
-    write_pv_waited(w, spec)
+    write_pv_waited(w, spec, RowSums::Fadd)
 }
 
 /// One K/V tile of the wgmma kernel, software-pipelined: S of tile j and
@@ -1648,6 +1690,7 @@ fn write_wgmma_step(w: &mut Writer<String>, spec: &Spec, config: TileConfig, hoi
         writeln!(w, "named_barrier_sync(1 + warpgroup, 256);  // this warpgroup's turn on the tensor cores")?;
     }
     write_wgmma_s(w, config)?;
+    let sums = RowSums::of(spec, config);
     let end_turn = |w: &mut Writer<String>| match ping_pong {
         true => {
             writeln!(w, "named_barrier_arrive(1 + (warpgroup + 1) % WARPGROUPS, 256);  // the next warpgroup's turn")
@@ -1666,7 +1709,7 @@ fn write_wgmma_step(w: &mut Writer<String>, spec: &Spec, config: TileConfig, hoi
     writeln!(w, "// itself: anything less serializes every wgmma of the kernel (C7514/C7519).")?;
     w.block(format_args!("if (pv_pending)"), |w| {
         writeln!(w, "wgmma_fence();")?;
-        write_wgmma_pv(w, spec)?;
+        write_wgmma_pv(w, spec, sums)?;
         writeln!(w, "wgmma_commit();")?;
         overlapped(w)?;
         writeln!(w, "wgmma_wait<1>();")
@@ -1682,12 +1725,19 @@ fn write_wgmma_step(w: &mut Writer<String>, spec: &Spec, config: TileConfig, hoi
     }
     // A ring's consumers have the tile's class from the producer (`tile`).
     write_logits(w, spec, if ring { "(tile / TILE_WHOLE & 3)" } else { "whole_conjuncts(j)" })?;
-    write_softmax(w, SUnits::of(spec), Rescale::Deferred)?;
+    write_softmax(w, SUnits::of(spec), Rescale::Deferred, sums)?;
     writeln!(w, "wgmma_wait<0>();  // P V is done: O and p are this warpgroup's again")?;
-    writeln!(w, "fence_operands(o[0]);")?;
+    write_fence_accumulators(w, sums)?;
     if ring {
         writeln!(w, "if (pv_pending && lane == 0) mbar_arrive(v_empty + 8 * v_stage);  // and with its V")?;
     }
+    let row_sum = match sums {
+        RowSums::Fadd => "",
+        RowSums::TensorCores => {
+            "\x20       row_sum[mt][2 * r] *= alpha[i];\n\
+                                 \x20       row_sum[mt][2 * r + 1] *= alpha[i];\n"
+        }
+    };
     write!(
         w,
         "\
@@ -1700,6 +1750,7 @@ fn write_wgmma_step(w: &mut Writer<String>, spec: &Spec, config: TileConfig, hoi
         \x20           o[mt][n][2 * r] *= alpha[i];\n\
         \x20           o[mt][n][2 * r + 1] *= alpha[i];\n\
         \x20       }}\n\
+        {row_sum}\
         \x20   }}\n\
         }}\n\
         #pragma unroll\n\
@@ -1711,13 +1762,18 @@ fn write_wgmma_step(w: &mut Writer<String>, spec: &Spec, config: TileConfig, hoi
 /// Issues O += P V on the tensor cores (P from the registers `p`, V
 /// MN-major from `v_smem`), uncommitted. wgmma reads P asynchronously, so
 /// all of it stays live until its group is waited for.
-fn write_wgmma_pv(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+fn write_wgmma_pv(w: &mut Writer<String>, spec: &Spec, sums: RowSums) -> fmt::Result {
+    let row_sums = match sums {
+        RowSums::Fadd => "",
+        RowSums::TensorCores => "\x20   wgmma_rs_n8(row_sum, p[kk], ones);  // and the row sums\n",
+    };
     write!(
         w,
         "\
         #pragma unroll\n\
         for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
         \x20   wgmma_rs_n{dvp}(o[0], p[kk], gmma_desc(v_smem + kk * 16 * 128, BLOCK_N * 128, 1024));\n\
+        {row_sums}\
         }}\n",
         dvp = pad16(spec.head_dims.v)
     )
@@ -1761,6 +1817,36 @@ enum Rescale {
     Deferred,
 }
 
+/// Where the softmax's row sums l accumulate.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RowSums {
+    /// One FADD per element of P into the lane's share; the epilogue adds
+    /// the four lanes of a row.
+    Fadd,
+    /// On the tensor cores, beside P V: P times a tile of ones (`ones`, one
+    /// m64n8 product per 16 keys) into `row_sum`, each of whose columns
+    /// holds the whole row's sum, so the epilogue needs no shuffles. The sum
+    /// is then of P as rounded for P V: the weights O averages with.
+    TensorCores,
+}
+
+impl RowSums {
+    /// At d <= 64 a warp's softmax chain, not the tensor cores, bounds a
+    /// warp-specialized kernel's tile: the FADDs leave it (64 of ~1450
+    /// consumer instructions) for 1/8 more P V. The H200 measured +3-4%
+    /// on causal from 4k keys, +1% on the sliding window and full
+    /// attention, and 2-3% lost on ALiBi and softcap and 2% on documents
+    /// at 4k (bench/RESULTS.md, twentieth session): specs with a score or
+    /// a tensor-reading mask keep the FADDs.
+    fn of(spec: &Spec, config: TileConfig) -> RowSums {
+        let plain_scores = spec.score.is_none() && !spec.mask.as_ref().is_some_and(|m| m.reads_tensor());
+        match warp_specialized(config) && widest(spec) <= 64 && plain_scores {
+            true => RowSums::TensorCores,
+            false => RowSums::Fadd,
+        }
+    }
+}
+
 /// What S holds when the softmax starts.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum SUnits {
@@ -1783,7 +1869,7 @@ impl SUnits {
 }
 
 /// The online softmax over S, in place: S becomes P.
-fn write_softmax(w: &mut Writer<String>, units: SUnits, rescale: Rescale) -> fmt::Result {
+fn write_softmax(w: &mut Writer<String>, units: SUnits, rescale: Rescale, sums: RowSums) -> fmt::Result {
     write!(
         w,
         "\
@@ -1814,9 +1900,11 @@ fn write_softmax(w: &mut Writer<String>, units: SUnits, rescale: Rescale) -> fmt
         Rescale::Inline => "",
         Rescale::Deferred => "\x20   alpha[i] = 1.0f;\n",
     };
-    let l_scale = match rescale {
-        Rescale::Inline => "alpha",
-        Rescale::Deferred => "alpha[i]",
+    // Row sums on the tensor cores are rescaled with O.
+    let (l_scale, l_add) = match (sums, rescale) {
+        (RowSums::Fadd, Rescale::Inline) => ("\x20       l[mt][r] *= alpha;\n", "\x20           l[mt][r] += x;\n"),
+        (RowSums::Fadd, Rescale::Deferred) => ("\x20       l[mt][r] *= alpha[i];\n", "\x20           l[mt][r] += x;\n"),
+        (RowSums::TensorCores, _) => ("", ""),
     };
     let (to_log2, exp2_arg) = match units {
         SUnits::Dots => (" * scale_log2", "fmaf(x, scale_log2, -m_use)"),
@@ -1836,7 +1924,7 @@ fn write_softmax(w: &mut Writer<String>, units: SUnits, rescale: Rescale) -> fmt
         \x20   if (m_new > m[mt][r] + RESCALE_SLACK) {{\n\
         \x20       {alpha} = fast_exp2(m[mt][r] - m_new);\n\
         \x20       m[mt][r] = m_new;\n\
-        \x20       l[mt][r] *= {l_scale};\n\
+        {l_scale}\
         {scale_o}\
         \x20   }}\n\
         \x20   const float m_use = finite_or_zero(m[mt][r]);\n\
@@ -1846,7 +1934,7 @@ fn write_softmax(w: &mut Writer<String>, units: SUnits, rescale: Rescale) -> fmt
         \x20       for (int c = 0; c < 2; ++c) {{\n\
         \x20           float& x = s[mt][n][2 * r + c];\n\
         \x20           x = fast_exp2({exp2_arg});\n\
-        \x20           l[mt][r] += x;\n\
+        {l_add}\
         \x20       }}\n\
         \x20   }}\n\
         }}\n\

@@ -13,8 +13,8 @@
 
 use super::{
     interior_decl, q_load, two_conjuncts, write_accumulators, write_epilogue, write_item_rows, write_last_pv,
-    write_spec_terms, write_tile_classes, write_wgmma_step, KeyTerms, KvLoads, OStaging, StagedTerms, Stagers,
-    TileConfig,
+    write_spec_terms, write_tile_classes, write_wgmma_step, KeyTerms, KvLoads, OStaging, RowSums, StagedTerms, Stagers,
+    TileConfig, ONES_TILE_BYTES,
 };
 use crate::abi::ArgKind;
 use crate::cuda::signature::arg_name;
@@ -118,9 +118,22 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         \x20       mbar_init(k_empty + 8 * s, WARPS);\n\
         \x20       mbar_init(v_empty + 8 * s, WARPS);\n\
         \x20   }}\n\
-        }}\n\
-        __syncthreads();\n"
+        }}\n"
     )?;
+    let sums = RowSums::of(spec, config);
+    if sums == RowSums::TensorCores {
+        let ones = ONES_TILE_BYTES / 2;
+        write!(
+            w,
+            "\
+            // The B operand of the row sums (RowSums::TensorCores): ones, in any\n\
+            // layout; an m64n8k16 product reads two 8-key groups 1024 bytes apart.\n\
+            __shared__ __align__(1024) unsigned short ones_tile[{ones}];\n\
+            for (int i = threadIdx.x; i < {ones}; i += CTA_THREADS) ones_tile[i] = storage::from_f32(1.0f);\n\
+            fence_async_smem();  // the tensor cores read it through the async proxy\n"
+        )?;
+    }
+    writeln!(w, "__syncthreads();")?;
     let item_terms = staged.items;
     staged.write_buffers(w)?;
     writeln!(w)?;
@@ -233,6 +246,9 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         if (warpgroup == WARPGROUPS - 1) named_barrier_arrive(1, 256);\n\
         int it = 0;  // visited tiles so far, as the producer counts them\n"
     )?;
+    if sums == RowSums::TensorCores {
+        writeln!(w, "const unsigned long long ones = gmma_desc(smem_addr(ones_tile), 16, 1024);")?;
+    }
     w.block(format_args!("for (int done = 0;; ++done)"), |w| {
         write!(
             w,
@@ -250,13 +266,13 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         }
         let hoisted = write_spec_terms(w, spec, &kv_len, KeyTerms::of(config), item_terms)?;
         writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
-        write_accumulators(w, config)?;
+        write_accumulators(w, config, sums)?;
         writeln!(w)?;
         if !item_terms {
             writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);")?;
         }
-        write_ring_loop(w, spec, |w| write_wgmma_step(w, spec, config, &hoisted))?;
-        write_epilogue(w, spec, &hoisted, OStaging::QBuffer)
+        write_ring_loop(w, spec, sums, |w| write_wgmma_step(w, spec, config, &hoisted))?;
+        write_epilogue(w, spec, &hoisted, OStaging::QBuffer, sums)
     })?;
     writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn the last warpgroup passed last")
 }
@@ -298,6 +314,7 @@ fn write_item_coords(w: &mut Writer<String>, spec: &Spec, stores_o: bool) -> fmt
 fn write_ring_loop(
     w: &mut Writer<String>,
     spec: &Spec,
+    sums: RowSums,
     step: impl Fn(&mut Writer<String>) -> fmt::Result,
 ) -> fmt::Result {
     let interior = interior_decl(spec, "kv0");
@@ -327,5 +344,5 @@ fn write_ring_loop(
     ];
     // The ring runs on into the next item: the stage goes back to the producer.
     let done = ["if (lane == 0) mbar_arrive(v_empty + 8 * v_stage);  // done with its V"];
-    write_last_pv(w, spec, &wait, "v_stage", &done)
+    write_last_pv(w, spec, &wait, "v_stage", &done, sums)
 }
