@@ -93,10 +93,10 @@ pub enum ArgKind {
 pub enum Grid {
     /// The forward pass: `(ceil(q_len / block_m), heads, batch)`.
     QueryTiles,
-    /// A persistent forward pass: one block per SM, or one per work item
-    /// (`ceil(q_len / block_m) · heads · batch` of them) if there are fewer;
-    /// each block walks the items.
-    Persistent,
+    /// A persistent forward pass: `per_sm` blocks per SM (the most that fit
+    /// one), or one per work item (`ceil(q_len / block_m) · heads · batch`
+    /// of them) if there are fewer; each block walks the items.
+    Persistent { per_sm: u32 },
     /// The backward dK/dV kernel: `(ceil(kv_len / block_n), heads_kv, batch)`.
     KeyTiles,
     /// The block-mask kernel: one block per tile,

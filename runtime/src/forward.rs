@@ -130,7 +130,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
             _ => None,
         };
         let item_order = item_order.as_ref().map(|order| order.device_ptr(stream));
-        let work_counter = (kernel.grid == Grid::Persistent).then(|| rt.work_counter().device_ptr(stream));
+        let work_counter = matches!(kernel.grid, Grid::Persistent { .. }).then(|| rt.work_counter().device_ptr(stream));
         let tensor_maps = tma::tensor_maps(kernel, spec.dtype, rt.tma, |op| match op {
             Operand::Q => Some((q_ptr, &*q_layout)),
             Operand::K => Some((k_ptr, &*k_layout)),

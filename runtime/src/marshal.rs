@@ -172,6 +172,7 @@ pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize, sms: 
     let zero_divisor = match kernel.grid {
         Grid::KeyTiles => kernel.block_n == 0,
         Grid::Heads { per_block } | Grid::KvHeads { per_block } => per_block == 0,
+        Grid::Persistent { per_sm } => per_sm == 0,
         _ => false,
     };
     if kernel.block_m == 0 || kernel.threads == 0 || zero_divisor {
@@ -185,9 +186,9 @@ pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize, sms: 
     Ok(LaunchConfig {
         grid_dim: match kernel.grid {
             Grid::QueryTiles => (q_tiles, shape.heads as u32, shape.batch as u32),
-            Grid::Persistent => {
+            Grid::Persistent { per_sm } => {
                 let items = u64::from(q_tiles) * shape.heads as u64 * shape.batch as u64;
-                (items.min(u64::from(sms.max(1))) as u32, 1, 1)
+                (items.min(u64::from(sms.max(1)) * u64::from(per_sm)) as u32, 1, 1)
             }
             Grid::KeyTiles => {
                 (shape.kv_len.div_ceil(kernel.block_n as usize) as u32, shape.heads_kv as u32, shape.batch as u32)
@@ -321,10 +322,13 @@ mod tests {
         let mut k = kernel(&[]);
         k.grid = Grid::MaskTiles;
         assert_eq!(launch_config(&k, &SHAPE, 6, 132).unwrap().grid_dim, (1, 3, 6));
-        // Persistent: one block per SM, but never more than the 72 items.
-        k.grid = Grid::Persistent;
+        // Persistent: per_sm blocks per SM, but never more than the 72 items.
+        k.grid = Grid::Persistent { per_sm: 1 };
         assert_eq!(launch_config(&k, &SHAPE, 1, 132).unwrap().grid_dim, (72, 1, 1));
         assert_eq!(launch_config(&k, &SHAPE, 1, 16).unwrap().grid_dim, (16, 1, 1));
+        k.grid = Grid::Persistent { per_sm: 2 };
+        assert_eq!(launch_config(&k, &SHAPE, 1, 16).unwrap().grid_dim, (32, 1, 1));
+        assert_eq!(launch_config(&k, &SHAPE, 1, 132).unwrap().grid_dim, (72, 1, 1));
         // Work orders: one block per few heads (8 here) or K/V heads (2) of a batch.
         k.grid = Grid::Heads { per_block: 3 };
         assert_eq!(launch_config(&k, &SHAPE, 1, 132).unwrap().grid_dim, (1, 3, 3));

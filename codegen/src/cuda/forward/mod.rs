@@ -172,6 +172,9 @@ impl TileConfig {
             (false, true) => [&small[..2], &[three], &small[2..]].concat(),
             (false, false) => [small.as_slice(), &[three]].concat(),
         };
+        // One consumer warpgroup, two CTAs per SM: one CTA's item boundary
+        // (last P V, epilogue, first S) overlaps the other's tiles.
+        let small = [small.as_slice(), &[wgmma(4, 128)]].concat();
         let (hopper, portable) = match widest(spec) {
             0..=64 if plain => (small, vec![sync(4, 2, 128), default, sync(8, 1, 64)]),
             0..=64 => (small, vec![default, sync(4, 2, 128), sync(8, 1, 64)]),
@@ -199,6 +202,17 @@ impl TileConfig {
         16 * self.m_tiles * self.warps
     }
 
+    /// CTAs a warp-specialized kernel runs per SM: two of one consumer
+    /// warpgroup each (their items' ends then overlap the other CTA's
+    /// tiles), else one.
+    pub fn per_sm(self) -> u32 {
+        if warp_specialized(self) && self.warps == 4 {
+            2
+        } else {
+            1
+        }
+    }
+
     /// Threads per CTA: the `warps` that multiply, plus the producer
     /// warpgroup of a warp-specialized kernel.
     pub fn threads(self) -> u32 {
@@ -215,7 +229,9 @@ impl TileConfig {
         }
         let (q, stage) = self.tile_bytes(spec);
         let ones = if RowSums::of(spec, self) == RowSums::TensorCores { ONES_TILE_BYTES } else { 0 };
-        let budget = WS_SMEM_BUDGET - KeyTerms::of(self).static_bytes(spec, self) - ones;
+        let budget = SM_SMEM / self.per_sm() - CTA_SMEM_RESERVE - STATIC_SMEM_SLACK
+            - KeyTerms::of(self).static_bytes(spec, self)
+            - ones;
         (2..=RING_STAGES).rev().find(|s| 2 * q + s * stage + 1024 <= budget).unwrap_or(2)
     }
 
@@ -247,10 +263,14 @@ impl TileConfig {
 /// Stages of a warp-specialized kernel's ring, at most.
 const RING_STAGES: u32 = 3;
 
-/// Dynamic shared memory a warp-specialized kernel may take: sm_90's 227 KiB
-/// per block, less room for its static shared memory (barriers, staged
-/// block-mask classes).
-const WS_SMEM_BUDGET: u32 = 227 * 1024 - 4 * 1024;
+/// Shared memory of an sm_90 SM, of which the driver reserves
+/// `CTA_SMEM_RESERVE` per resident CTA; a warp-specialized kernel's
+/// dynamic shared memory leaves `STATIC_SMEM_SLACK` for its static shared
+/// memory (barriers, staged block-mask classes) besides what `stages`
+/// counts.
+const SM_SMEM: u32 = 228 * 1024;
+const CTA_SMEM_RESERVE: u32 = 1024;
+const STATIC_SMEM_SLACK: u32 = 4 * 1024;
 
 /// Static shared memory of the tile of ones that row sums on the tensor
 /// cores multiply P with (`ones_tile`): an m64n8k16 product's B operand,
@@ -272,11 +292,17 @@ const PRODUCER_THREADS: u32 = 128;
 /// in its tile walk (20 at 88); 240 (the most) otherwise. Two consumer
 /// warpgroups: 24 / 240 or 88 / 208 of 168 at launch; three: 32 / 160 of 128.
 fn ws_regs(spec: &Spec, config: TileConfig) -> (u32, u32) {
-    let pool = 65536 / config.threads() / 8 * 8 * config.threads() / 128;
+    let pool = launch_regs(config) * config.threads() / 128;
     let groups = config.warps / 4;
     let need = 3 * config.block_n / 4 + pad16(spec.head_dims.v) / 2 + 80;
     let consumer = ((pool - 24) / groups).min(need).min(240) / 8 * 8;
     (pool - groups * consumer, consumer)
+}
+
+/// Registers per thread at launch: the register file shared by the CTAs
+/// of an SM, in multiples of 8.
+fn launch_regs(config: TileConfig) -> u32 {
+    65536 / config.per_sm() / config.threads() / 8 * 8
 }
 
 /// Keys beyond which [`TileConfig::preferred_for`] may differ from
@@ -329,7 +355,10 @@ pub fn emit_forward_with(spec: &Spec, config: TileConfig) -> Kernel {
     Kernel {
         name,
         source: w.into_inner(),
-        grid: if warp_specialized(config) { Grid::Persistent } else { Grid::QueryTiles },
+        grid: match warp_specialized(config) {
+            true => Grid::Persistent { per_sm: config.per_sm() },
+            false => Grid::QueryTiles,
+        },
         block_m: config.block_m(),
         block_n: config.block_n,
         threads: config.threads(),
@@ -371,7 +400,11 @@ fn write_kernel(
     }
     write_config(w, spec, config)?;
     writeln!(w)?;
-    write_entry(w, spec, (name, "CTA_THREADS"), args, |w| write_body(w, spec, config))
+    let bounds = match config.per_sm() {
+        1 => "CTA_THREADS".to_string(),
+        n => format!("CTA_THREADS, {n}"),
+    };
+    write_entry(w, spec, (name, &bounds), args, |w| write_body(w, spec, config))
 }
 
 fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::Result {
@@ -403,7 +436,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt:
     )?;
     if warp_specialized(config) {
         let groups = config.warps / 4;
-        let launch = 65536 / config.threads() / 8 * 8;
+        let launch = launch_regs(config);
         let (producer, consumer) = ws_regs(spec, config);
         write!(
             w,
@@ -1619,7 +1652,7 @@ fn ping_pong(config: TileConfig) -> bool {
 /// `ring.rs`): the ping-pong kernels, whose consumers then never meet at a
 /// CTA barrier and issue no copies.
 fn warp_specialized(config: TileConfig) -> bool {
-    ping_pong(config)
+    pipelined(config)
 }
 
 /// Whether a wgmma kernel runs P V of one tile behind S of the next
@@ -1979,8 +2012,9 @@ mod tests {
                 TileConfig::candidates(&spec, Target::for_sm(9, 0)).into_iter().filter(|c| warp_specialized(*c))
             {
                 let (producer, consumer) = ws_regs(&spec, config);
-                let pool = 65536 / config.threads() / 8 * 8 * config.threads();
+                let pool = launch_regs(config) * config.threads();
                 assert!(producer * 128 + consumer * 32 * config.warps <= pool, "{config:?}");
+                assert!(pool * config.per_sm() <= 65536, "{config:?}");
                 assert!(producer >= 24 && consumer <= 240 && producer % 8 == 0 && consumer % 8 == 0, "{config:?}");
             }
         }
@@ -2003,7 +2037,8 @@ mod tests {
                 // doc[b][k] and bias[b][k] per key, doc[b][q] per query.
                 let expected = 4 * (2 * (RING_STAGES + 1) * config.block_n + 2 * config.block_m());
                 assert_eq!(staged, expected, "{config:?}");
-                assert!(config.smem_bytes(&spec) + staged <= WS_SMEM_BUDGET, "{config:?}");
+                let budget = SM_SMEM / config.per_sm() - CTA_SMEM_RESERVE - STATIC_SMEM_SLACK;
+                assert!(config.smem_bytes(&spec) + staged <= budget, "{config:?}");
             }
         }
     }

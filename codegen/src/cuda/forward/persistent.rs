@@ -231,21 +231,32 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
         writeln!(w, "return;")
     })?;
-    write!(
-        w,
-        "\
-        // ---- the consumer warpgroups ----\n\
-        regs_acquire<CONSUMER_REGS>();\n\
-        // The warpgroups take turns issuing their products, in a cycle (named\n\
-        // barrier 1 + warpgroup: wait for the turn; arrive on the next one's):\n\
-        // the tensor cores then run one warpgroup's S and P V while the others\n\
-        // run their softmax (FlashAttention-3's ping-pong). Warpgroup 0 goes\n\
-        // first: the last one has passed it the turn. Every warpgroup takes a\n\
-        // turn per visited tile, so the cycle runs on across items.\n\
-        const int warpgroup = warp / 4;\n\
-        if (warpgroup == WARPGROUPS - 1) named_barrier_arrive(1, 256);\n\
-        int it = 0;  // visited tiles so far, as the producer counts them\n"
-    )?;
+    writeln!(w, "// ---- the consumer warpgroups ----")?;
+    writeln!(w, "regs_acquire<CONSUMER_REGS>();")?;
+    let turns = config.warps >= 8;
+    match turns {
+        true => write!(
+            w,
+            "\
+            // The warpgroups take turns issuing their products, in a cycle (named\n\
+            // barrier 1 + warpgroup: wait for the turn; arrive on the next one's):\n\
+            // the tensor cores then run one warpgroup's S and P V while the others\n\
+            // run their softmax (FlashAttention-3's ping-pong). Warpgroup 0 goes\n\
+            // first: the last one has passed it the turn. Every warpgroup takes a\n\
+            // turn per visited tile, so the cycle runs on across items.\n\
+            const int warpgroup = warp / 4;\n\
+            if (warpgroup == WARPGROUPS - 1) named_barrier_arrive(1, 256);\n"
+        )?,
+        // One warpgroup overlaps the other CTA on its SM instead.
+        false => write!(
+            w,
+            "\
+            // One warpgroup: the other CTA on this SM runs its products while this\n\
+            // one's softmax does.\n\
+            const int warpgroup = 0;\n"
+        )?,
+    }
+    writeln!(w, "int it = 0;  // visited tiles so far, as the producer counts them")?;
     if sums == RowSums::TensorCores {
         writeln!(w, "const unsigned long long ones = gmma_desc(smem_addr(ones_tile), 16, 1024);")?;
     }
@@ -274,7 +285,10 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         write_ring_loop(w, spec, sums, |w| write_wgmma_step(w, spec, config, &hoisted))?;
         write_epilogue(w, spec, &hoisted, OStaging::QBuffer, sums)
     })?;
-    writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn the last warpgroup passed last")
+    match turns {
+        true => writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn the last warpgroup passed last"),
+        false => Ok(()),
+    }
 }
 
 /// Copies a tile into shared memory and completes barrier `bar` with it:
