@@ -290,12 +290,16 @@ const PRODUCER_THREADS: u32 = 128;
 /// (DVP / 2) and, by ptxas's reports, ~80 more: 208 at d <= 64 with 128-key
 /// tiles, where 240 left the producer 24 and it spilled ~300 instructions
 /// in its tile walk (20 at 88); 240 (the most) otherwise. Two consumer
-/// warpgroups: 24 / 240 or 88 / 208 of 168 at launch; three: 32 / 160 of 128.
+/// warpgroups: 24 / 240 or 88 / 208 of 168 at launch; three: 32 / 160 of
+/// 128. One (two CTAs per SM) shares 128 at launch with the producer, which
+/// keeps 88 there (at 48 it spilled ~100 instructions; the consumers' 168
+/// spill 2).
 fn ws_regs(spec: &Spec, config: TileConfig) -> (u32, u32) {
     let pool = launch_regs(config) * config.threads() / 128;
     let groups = config.warps / 4;
     let need = 3 * config.block_n / 4 + pad16(spec.head_dims.v) / 2 + 80;
-    let consumer = ((pool - 24) / groups).min(need).min(240) / 8 * 8;
+    let producer_floor = if groups == 1 { 88 } else { 24 };
+    let consumer = ((pool - producer_floor) / groups).min(need).min(240) / 8 * 8;
     (pool - groups * consumer, consumer)
 }
 
