@@ -72,9 +72,10 @@ pub enum ArgKind {
     /// each launch leaves it zero.
     WorkCounter,
     /// `const __grid_constant__ TensorMap`: a TMA descriptor (CUtensorMap)
-    /// of Q, K, V or dO as `[batch, seq, heads, dim]`, copied in boxes of 64
-    /// columns by the kernel's `block_m` (Q, dO) or `block_n` (K, V) rows
-    /// with the 128-byte swizzle; all zeros when [`ArgKind::Tma`] is 0.
+    /// of Q, K, V, O or dO as `[batch, seq, heads, dim]`, copied in boxes of
+    /// 64 columns by the kernel's `block_m` (Q, dO) or `block_n` (K, V) rows,
+    /// or by [`O_STORE_ROWS`] (O), with the 128-byte swizzle; all zeros when
+    /// [`ArgKind::Tma`] is 0.
     TensorMap(Operand),
     /// `int`: 1 when the `TensorMap`s are descriptors the kernel copies
     /// with; 0 (a layout TMA cannot address) makes it copy with cp.async.
@@ -87,6 +88,9 @@ pub enum ArgKind {
     /// order).
     WorkOrder,
 }
+
+/// Rows of O a persistent forward stores per TMA copy: one warp's.
+pub const O_STORE_ROWS: u32 = 16;
 
 /// How a kernel's grid covers a launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -135,6 +135,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
             Operand::Q => Some((q_ptr, &*q_layout)),
             Operand::K => Some((k_ptr, &*k_layout)),
             Operand::V => Some((v_ptr, &*v_layout)),
+            Operand::O => Some((o_ptr, &*o_layout)),
             _ => None,
         });
         let values = marshal(

@@ -1,6 +1,7 @@
 //! TMA descriptors (`CUtensorMap`) for the Hopper kernels whose producer
 //! copies a tile with one instruction (`codegen/src/cuda/tma.rs`): Q, K and
-//! V of the persistent forward, Q, K, V and dO of the dK/dV kernel. A
+//! V of the persistent forward (and O, which its consumers store), Q, K, V
+//! and dO of the dK/dV kernel. A
 //! descriptor describes an operand as the 4-d tensor `[batch, seq, heads,
 //! dim]` with its element strides, copied in boxes of 64 columns (128
 //! bytes, the swizzle's span) by the tile's rows; rows and columns past the
@@ -15,7 +16,7 @@ use cudarc::driver::sys::{
     CUtensorMapL2promotion, CUtensorMapSwizzle,
 };
 use cudarc::driver::DeviceRepr;
-use flashgen_codegen::abi::{ArgKind, Kernel, Operand};
+use flashgen_codegen::abi::{ArgKind, Kernel, Operand, O_STORE_ROWS};
 use flashgen_codegen::Dtype;
 
 /// Environment variable: `0` keeps the Hopper kernels on cp.async copies
@@ -37,7 +38,8 @@ impl TensorMap {
 
 /// The kernel's TMA descriptors, one per [`ArgKind::TensorMap`] argument,
 /// of the operands `operand` gives (address and layout) in boxes of the
-/// kernel's `block_m` (Q, dO) or `block_n` (K, V) rows. `None` when the
+/// kernel's `block_m` (Q, dO) or `block_n` (K, V) rows, or of
+/// [`O_STORE_ROWS`] (O). `None` when the
 /// kernel takes none, TMA is off (`on`), or a layout rules TMA out for one
 /// of them: the kernel then copies every tile with cp.async.
 pub(crate) fn tensor_maps<'l>(
@@ -61,6 +63,7 @@ pub(crate) fn tensor_maps<'l>(
         .map(|op| {
             let rows = match op {
                 Operand::K | Operand::V => kernel.block_n,
+                Operand::O => O_STORE_ROWS,
                 _ => kernel.block_m,
             };
             let (ptr, layout) = operand(op)?;

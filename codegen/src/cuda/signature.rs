@@ -32,7 +32,7 @@ pub(super) fn forward_args(spec: &Spec, persistent: bool) -> Vec<KernelArg> {
         if spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) {
             kinds.push(ArgKind::WorkOrder);
         }
-        kinds.extend(tma_kinds(&[Operand::Q, Operand::K, Operand::V]));
+        kinds.extend(tma_kinds(&[Operand::Q, Operand::K, Operand::V, Operand::O]));
     }
     named(spec, kinds)
 }

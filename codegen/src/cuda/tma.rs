@@ -2,7 +2,8 @@
 //! warp-specialized kernels (the persistent forward, the backward's dK/dV
 //! kernel): one thread hands the copy engine a whole tile (a
 //! descriptor, coordinates and a barrier), where cp.async needs every
-//! producer thread to compute and issue 16 bytes at a time. The runtime
+//! producer thread to compute and issue 16 bytes at a time. The persistent
+//! forward's consumers store O the same way, one bulk store per warp. The runtime
 //! encodes the descriptors (`runtime/src/tma.rs`); a tile in shared memory
 //! is the layout wgmma reads: 64-column panels of 128-byte rows, 16-byte
 //! chunks XORed with the row (the copy engine's 128-byte swizzle).
@@ -33,4 +34,28 @@ __device__ __forceinline__ void tma_load_tile(unsigned short* tile, const Tensor
     #pragma unroll
     for (int p = 0; p < COLS / 64; ++p) tma_load(smem_addr(tile + p * ROWS * 64), map, bar, p * 64, row, head, batch);
 }
+"#;
+
+/// The copy engine's stores, for the persistent forward's O.
+pub(super) const TMA_STORE: &str = r#"// One thread stores ROWS rows of a shared tile laid out as tma_load_tile
+// writes it (panels of TILE_ROWS rows), from `tile` (a row 8-aligned in
+// panel 0) to rows [row, row + ROWS) of the descriptor's tensor, one bulk
+// group; rows and columns past the tensor's end are not written. The
+// threads that wrote the tile fenced their writes for the async proxy.
+template <int ROWS, int COLS, int TILE_ROWS>
+__device__ __forceinline__ void tma_store_tile(const unsigned short* tile, const TensorMap& map, int row, int head, int batch) {
+    #pragma unroll
+    for (int p = 0; p < COLS / 64; ++p) {
+        asm volatile(
+            "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];"
+            :: "l"(reinterpret_cast<unsigned long long>(&map)), "r"(p * 64), "r"(row), "r"(head), "r"(batch),
+               "r"(smem_addr(tile + p * TILE_ROWS * 64))
+            : "memory");
+    }
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+// Waits until this thread's bulk stores have read their shared memory
+// (`_read`), or have written global memory.
+__device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void tma_store_wait() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 "#;

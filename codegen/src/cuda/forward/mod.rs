@@ -35,7 +35,7 @@ use super::signature::{arg_name, forward_args};
 use super::source::{kernel_name, write_entry, write_header};
 use super::tile_class::{class_expr, tile_class_expr};
 use super::tiles::TILES;
-use super::tma::TMA;
+use super::tma::{TMA, TMA_STORE};
 use super::wgmma::{write_wgmma_op, AFrom, WGMMA};
 use super::writer::Writer;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
@@ -400,6 +400,7 @@ fn write_kernel(
         w.write_str(persistent::WORK_CLAIMS)?;
         writeln!(w)?;
         w.write_str(TMA)?;
+        w.write_str(TMA_STORE)?;
         writeln!(w)?;
     }
     write_config(w, spec, config)?;
@@ -855,14 +856,42 @@ fn write_epilogue(
         \x20       {lse}[((long long)b * {heads} + h) * {q_len} + q] = sum > 0.0f ? (m[mt][r] + log2f(sum){row_term}) * LN2 : neg_inf();\n\
         \x20   }}\n\
         }}\n\
-        {sync}\n\
-        {store}\n"
+        "
     )?;
+    match staging {
+        OStaging::Cta => writeln!(w, "{sync}\n{store}")?,
+        OStaging::QBuffer => write_o_store(w, sync, &store)?,
+    }
     if staging == OStaging::QBuffer {
         writeln!(w, "__syncwarp();  // the warp's reads of o_tile are done:")?;
         writeln!(w, "if (lane == 0) mbar_arrive(q_empty + 8 * qb);  // the buffer takes the Q of the item after next")?;
     }
     Ok(())
+}
+
+/// O from a warp-specialized kernel's Q buffer to memory: with TMA each
+/// warp's lane 0 hands its 16 rows to the copy engine (no warpgroup barrier,
+/// no per-thread address math; the copy engine clips rows past q_len), and
+/// frees the buffer once the copy has read it; else the warpgroup meets
+/// and its threads store 16 bytes at a time.
+fn write_o_store(w: &mut Writer<String>, barrier: &str, store: &str) -> fmt::Result {
+    write!(
+        w,
+        "\
+        if (tma) {{  // the copy engine stores the warp's rows\n\
+        \x20   fence_async_smem();  // this thread's O, visible to the copy engine\n\
+        \x20   __syncwarp();\n\
+        \x20   if (lane == 0) {{\n\
+        \x20       tma_store_tile<WARP_M, V_COLS, BLOCK_M>(o_tile + warp * WARP_M * 64, o_map, q0 + warp * WARP_M, h, b);\n\
+        \x20       tma_store_wait_read();\n\
+        \x20   }}\n\
+        }} else {{\n"
+    )?;
+    w.indented(|w| {
+        writeln!(w, "{barrier}")?;
+        writeln!(w, "{store}")
+    })?;
+    writeln!(w, "}}")
 }
 
 /// Where the epilogue stages O in shared memory (unrelated to [`Stagers`],

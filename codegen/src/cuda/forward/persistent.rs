@@ -285,6 +285,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         write_ring_loop(w, spec, sums, |w| write_wgmma_step(w, spec, config, &hoisted))?;
         write_epilogue(w, spec, &hoisted, OStaging::QBuffer, sums)
     })?;
+    writeln!(w, "if (tma && lane == 0) tma_store_wait();  // the last O is written before the CTA exits")?;
     match turns {
         true => writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn the last warpgroup passed last"),
         false => Ok(()),
