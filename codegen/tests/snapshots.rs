@@ -121,6 +121,18 @@ fn hopper_long_keys_document_kernel_at_d64() {
 }
 
 #[test]
+fn hopper_short_keys_document_kernel_at_d64() {
+    // Up to 2048 keys a d = 64 document mask prefers one consumer warpgroup
+    // per CTA and two CTAs per SM: launch bounds for two, a two-stage ring,
+    // no turns between warpgroups.
+    let source = "Document64 { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }";
+    let spec = parse_one(source).unwrap();
+    let config = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), 1024);
+    assert_eq!((config.mma, config.warps, config.per_sm(), config.stages(&spec)), (Mma::Wgmma, 4, 2, 2));
+    insta::assert_snapshot!("wgmma_pair_document64", render(&emit_forward_with(&spec, config)));
+}
+
+#[test]
 fn hopper_long_keys_window_kernel_at_d64() {
     // A sliding window's conjuncts both bound k: its partial tiles keep an
     // interval of columns per row, which fits three warpgroups' registers,

@@ -12,12 +12,13 @@
 //! tiles it is software-pipelined (FlashAttention-3): P·V of tile j is
 //! issued behind S of tile j + 1 and runs while the softmax of that S does,
 //! so V loads one iteration after its K, O's rescale waits for P·V, and the
-//! warpgroups take turns issuing their products. With two or three
-//! warpgroups it is warp-specialized (see `ring.rs`) and persistent: one
-//! more warpgroup issues every copy into a ring of stages, so the
-//! warpgroups that multiply never wait at a CTA barrier, and each CTA (one
-//! per SM) walks work items it claims from a counter, the next item's loads
-//! running while the current one finishes.
+//! warpgroups take turns issuing their products. Then it is warp-specialized
+//! (see `ring.rs`) and persistent: one more warpgroup issues every copy into
+//! a ring of stages, so the warpgroups that multiply never wait at a CTA
+//! barrier, and each CTA (one per SM; two of one consumer warpgroup each,
+//! which overlap each other instead of taking turns) walks work items it
+//! claims from a counter, the next item's loads running while the current
+//! one finishes.
 //!
 //! The spec enters in one place: the `logit` lambda, which maps a dot product
 //! at (q, k) to a log2-domain logit, or −∞ where the mask drops the pair.
@@ -135,10 +136,11 @@ impl TileConfig {
     /// 192-key tiles second, or last when the mask has two conjuncts that
     /// do not both bound k or the score calls a transcendental function; at
     /// d <= 64 three warpgroups first for plain specs, third for masks of
-    /// one conjunct or of bounds on k that read no tensor, else last), then
-    /// the 64-key back-to-back kernels (two
-    /// warpgroups, one); among mma.sync configs, 128-key tiles only for
-    /// plain d <= 64 specs (masks and score mods then spill).
+    /// one conjunct or of bounds on k that read no tensor, else last; at
+    /// d <= 64 one warpgroup, two CTAs per SM, first for specs with a score
+    /// or a tensor-reading mask, else last), then the 64-key back-to-back
+    /// kernels (two warpgroups, one); among mma.sync configs, 128-key tiles
+    /// only for plain d <= 64 specs (masks and score mods then spill).
     pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
         let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
         // Warpgroups of 64 rows: two share each K/V tile; one alone leaves
@@ -166,15 +168,23 @@ impl TileConfig {
         // (measured: 1.14-1.17x on full attention from 4k keys, +3-5% causal,
         // slower at 1k keys, where the ragged last 192-row tile wastes work).
         let three = THREE_WARPGROUPS;
-        let simple_mask = light && !spec.mask.as_ref().is_some_and(|m| m.reads_tensor());
+        let reads_tensor = spec.mask.as_ref().is_some_and(|m| m.reads_tensor());
+        let simple_mask = light && !reads_tensor;
         let small = match (plain, simple_mask) {
             (true, _) => [&[three], small.as_slice()].concat(),
             (false, true) => [&small[..2], &[three], &small[2..]].concat(),
             (false, false) => [small.as_slice(), &[three]].concat(),
         };
-        // One consumer warpgroup, two CTAs per SM: one CTA's item boundary
-        // (last P V, epilogue, first S) overlaps the other's tiles.
-        let small = [small.as_slice(), &[wgmma(4, 128)]].concat();
+        // One consumer warpgroup, two CTAs per SM: each CTA's item boundary
+        // (last P V, epilogue, next claim, first S) overlaps the other's
+        // tiles. First where a score or a tensor-reading mask lengthens the
+        // softmax and the partial tiles (measured at 1k keys: documents and
+        // ALiBi 2-4% ahead of two warpgroups), else last.
+        let pair = ONE_WARPGROUP_PAIR;
+        let small = match spec.score.is_some() || reads_tensor {
+            true => [&[pair], small.as_slice()].concat(),
+            false => [small.as_slice(), &[pair]].concat(),
+        };
         let (hopper, portable) = match widest(spec) {
             0..=64 if plain => (small, vec![sync(4, 2, 128), default, sync(8, 1, 64)]),
             0..=64 => (small, vec![default, sync(4, 2, 128), sync(8, 1, 64)]),
@@ -312,6 +322,10 @@ fn launch_regs(config: TileConfig) -> u32 {
 /// Keys beyond which [`TileConfig::preferred_for`] may differ from
 /// [`TileConfig::preferred`].
 const LONG_KEYS: usize = 2048;
+
+/// The d <= 64 wgmma tile of one consumer warpgroup (64 query rows,
+/// 128-key tiles), two CTAs per SM.
+const ONE_WARPGROUP_PAIR: TileConfig = TileConfig { mma: Mma::Wgmma, warps: 4, m_tiles: 1, block_n: 128 };
 
 /// The d <= 64 wgmma tile of three consumer warpgroups (192 query rows,
 /// 128-key tiles).

@@ -1,10 +1,11 @@
-//! The warp-specialized forward kernel's body: persistent CTAs, one per SM,
-//! walk work items (query tiles of every (batch, head)), claiming each
+//! The warp-specialized forward kernel's body: persistent CTAs, one per SM
+//! (two with one consumer warpgroup each), walk work items (query tiles of every (batch, head)), claiming each
 //! further item from a work counter. A producer warpgroup claims an item,
 //! loads its Q into one of two Q buffers and its K/V tiles into the stage
 //! ring (`ring.rs`), which runs on across items; the consumer warpgroups
 //! take turns on the tensor cores, finish the item and stage its O in its
-//! own Q buffer while the producer already loads the next one. The producer
+//! own Q buffer, from where each warp's rows leave by TMA, while the
+//! producer already loads the next one. The producer
 //! alone walks an item's tiles (skipping and classifying them) and hands
 //! each tile's index, class and per-key spec terms to the consumers with its
 //! K (and an item's per-query terms with its Q), so the
