@@ -239,7 +239,9 @@ impl TileConfig {
         }
         let (q, stage) = self.tile_bytes(spec);
         let ones = if RowSums::of(spec, self) == RowSums::TensorCores { ONES_TILE_BYTES } else { 0 };
-        let budget = SM_SMEM / self.per_sm() - CTA_SMEM_RESERVE - STATIC_SMEM_SLACK
+        let budget = SM_SMEM / self.per_sm()
+            - CTA_SMEM_RESERVE
+            - STATIC_SMEM_SLACK
             - KeyTerms::of(self).static_bytes(spec, self)
             - ones;
         (2..=RING_STAGES).rev().find(|s| 2 * q + s * stage + 1024 <= budget).unwrap_or(2)

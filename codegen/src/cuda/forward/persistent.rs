@@ -288,7 +288,9 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
     })?;
     writeln!(w, "if (tma && lane == 0) tma_store_wait();  // the last O is written before the CTA exits")?;
     match turns {
-        true => writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn the last warpgroup passed last"),
+        true => {
+            writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn the last warpgroup passed last")
+        }
         false => Ok(()),
     }
 }
