@@ -303,9 +303,11 @@ const PRODUCER_THREADS: u32 = 128;
 /// tiles, where 240 left the producer 24 and it spilled ~300 instructions
 /// in its tile walk (20 at 88); 240 (the most) otherwise. Two consumer
 /// warpgroups: 24 / 240 or 88 / 208 of 168 at launch; three: 32 / 160 of
-/// 128. One (two CTAs per SM) shares 128 at launch with the producer, which
-/// keeps 88 there (at 48 it spilled ~100 instructions; the consumers' 168
-/// spill 2).
+/// 128 (the three-warpgroup producer spills ~100-200 instructions at 32,
+/// but 152 made ptxas serialize the consumers' wgmma, C7512: -40%). One
+/// (two CTAs per SM) shares 128 at launch with the producer, which keeps
+/// 88 there (at 48 it spilled ~100 instructions; the consumers' 168 spill
+/// 2).
 fn ws_regs(spec: &Spec, config: TileConfig) -> (u32, u32) {
     let pool = launch_regs(config) * config.threads() / 128;
     let groups = config.warps / 4;
