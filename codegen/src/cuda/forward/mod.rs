@@ -1695,13 +1695,14 @@ fn mma_sweep(acc: &str, a: &str, tiles: &str, b: &str, load_b: &str) -> String {
 /// Whether a wgmma kernel has two or three warpgroups to take turns on the
 /// tensor cores (measured on the H200, bench/RESULTS.md: +4-8% at d = 128, +2-3%
 /// at d = 64).
-fn ping_pong(config: TileConfig) -> bool {
+pub(super) fn ping_pong(config: TileConfig) -> bool {
     pipelined(config) && config.warps >= 8
 }
 
 /// Whether a kernel has a producer warpgroup that feeds a stage ring (see
-/// `ring.rs`): the ping-pong kernels, whose consumers then never meet at a
-/// CTA barrier and issue no copies.
+/// `ring.rs`): the pipelined wgmma kernels (the ping-pong ones, and one
+/// consumer warpgroup two CTAs per SM), whose consumers then never meet at
+/// a CTA barrier and issue no copies.
 fn warp_specialized(config: TileConfig) -> bool {
     pipelined(config)
 }
@@ -2051,6 +2052,7 @@ fn write_apply_logits(w: &mut Writer<String>, call: &str) -> fmt::Result {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::abi::O_STORE_ROWS;
 
     /// `setmaxnreg` only moves registers within the pool a CTA got at launch:
     /// a split that asks for more blocks the consumers forever.
@@ -2062,6 +2064,8 @@ mod tests {
             for config in
                 TileConfig::candidates(&spec, Target::for_sm(9, 0)).into_iter().filter(|c| warp_specialized(*c))
             {
+                // The consumers' TMA store of O takes one warp's rows.
+                assert_eq!(16 * config.m_tiles, O_STORE_ROWS, "{config:?}");
                 let (producer, consumer) = ws_regs(&spec, config);
                 let pool = launch_regs(config) * config.threads();
                 assert!(producer * 128 + consumer * 32 * config.warps <= pool, "{config:?}");

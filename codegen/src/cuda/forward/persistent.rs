@@ -1,6 +1,6 @@
 //! The warp-specialized forward kernel's body: persistent CTAs, one per SM
-//! (two with one consumer warpgroup each), walk work items (query tiles of every (batch, head)), claiming each
-//! further item from a work counter. A producer warpgroup claims an item,
+//! (two with one consumer warpgroup each), walk work items (query tiles of
+//! every (batch, head)), claiming each further item from a work counter. A producer warpgroup claims an item,
 //! loads its Q into one of two Q buffers and its K/V tiles into the stage
 //! ring (`ring.rs`), which runs on across items; the consumer warpgroups
 //! take turns on the tensor cores, finish the item and stage its O in its
@@ -13,9 +13,9 @@
 //! roles never meet at a CTA barrier.
 
 use super::{
-    interior_decl, q_load, two_conjuncts, write_accumulators, write_epilogue, write_item_rows, write_last_pv,
-    write_spec_terms, write_tile_classes, write_wgmma_step, KeyTerms, KvLoads, OStaging, RowSums, StagedTerms, Stagers,
-    TileConfig, ONES_TILE_BYTES,
+    interior_decl, ping_pong, q_load, two_conjuncts, write_accumulators, write_epilogue, write_item_rows,
+    write_last_pv, write_spec_terms, write_tile_classes, write_wgmma_step, KeyTerms, KvLoads, OStaging, RowSums,
+    StagedTerms, Stagers, TileConfig, ONES_TILE_BYTES,
 };
 use crate::abi::ArgKind;
 use crate::cuda::signature::arg_name;
@@ -234,7 +234,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
     })?;
     writeln!(w, "// ---- the consumer warpgroups ----")?;
     writeln!(w, "regs_acquire<CONSUMER_REGS>();")?;
-    let turns = config.warps >= 8;
+    let turns = ping_pong(config);
     match turns {
         true => write!(
             w,
