@@ -109,27 +109,20 @@ fn hopper_three_warpgroup_forward_kernel() {
 }
 
 #[test]
-fn hopper_long_keys_document_kernel_at_d64() {
-    // From 4096 keys a d = 64 document mask prefers three warpgroups, whose
-    // three-stage ring lets the producer stage the item's per-query document
-    // ids with Q, beside each tile's per-key ones.
-    let source = "Document64 { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }";
-    let spec = parse_one(source).unwrap();
-    let config = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), 4096);
-    assert_eq!((config.mma, config.warps, config.stages(&spec)), (Mma::Wgmma, 12, 3));
-    insta::assert_snapshot!("wgmma_document64", render(&emit_forward_with(&spec, config)));
-}
-
-#[test]
-fn hopper_short_keys_document_kernel_at_d64() {
+fn hopper_document_kernels_at_d64() {
     // Up to 2048 keys a d = 64 document mask prefers one consumer warpgroup
     // per CTA and two CTAs per SM: launch bounds for two, a two-stage ring,
-    // no turns between warpgroups.
+    // no turns between warpgroups. From 4096 keys it prefers three
+    // warpgroups, whose three-stage ring lets the producer stage the item's
+    // per-query document ids with Q, beside each tile's per-key ones.
     let source = "Document64 { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }";
     let spec = parse_one(source).unwrap();
-    let config = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), 1024);
-    assert_eq!((config.mma, config.warps, config.per_sm(), config.stages(&spec)), (Mma::Wgmma, 4, 2, 2));
-    insta::assert_snapshot!("wgmma_pair_document64", render(&emit_forward_with(&spec, config)));
+    let short = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), 1024);
+    assert_eq!((short.mma, short.warps, short.per_sm(), short.stages(&spec)), (Mma::Wgmma, 4, 2, 2));
+    insta::assert_snapshot!("wgmma_pair_document64", render(&emit_forward_with(&spec, short)));
+    let long = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), 4096);
+    assert_eq!((long.mma, long.warps, long.per_sm(), long.stages(&spec)), (Mma::Wgmma, 12, 1, 3));
+    insta::assert_snapshot!("wgmma_document64", render(&emit_forward_with(&spec, long)));
 }
 
 #[test]
