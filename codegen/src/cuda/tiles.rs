@@ -13,6 +13,9 @@
 //!   `mma.sync.m16n8k16` expects, four 8×8 matrices per instruction.
 //! - `mma_16816`: one 16×8×16 tensor-core product, f16/bf16 in, f32 out.
 //! - `pack2`: two f32 → one register of two 16-bit values (P as an operand).
+//! - `row_max` / `row_sum`: one row of a warp's S tiles reduced in a
+//!   pairwise tree, so the softmax waits on log2 of a row's elements
+//!   dependent steps rather than on a chain through all of them.
 //!
 //! Fragment coordinates (PTX ISA, "mma.m16n8k16"): with `g = lane / 4` and
 //! `t = lane % 4`, accumulator element `i` of an m16n8 tile sits at row
@@ -182,6 +185,30 @@ __device__ __forceinline__ unsigned pack2(f16, float lo, float hi) {
     unsigned r;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
+}
+
+// Row r (0: g, 1: g + 8) of a warp's TILES m16n8 accumulator tiles, this
+// lane's 2 * TILES elements, reduced pairwise: a tree of dependent steps,
+// not a chain through every element (max and sum).
+template <int TILES, class F>
+__device__ __forceinline__ float row_reduce(const float (&s)[TILES][4], int r, F op) {
+    float v[TILES];
+    #pragma unroll
+    for (int n = 0; n < TILES; ++n) v[n] = op(s[n][2 * r], s[n][2 * r + 1]);
+    #pragma unroll
+    for (int step = 1; step < TILES; step *= 2) {
+        #pragma unroll
+        for (int n = 0; n + step < TILES; n += 2 * step) v[n] = op(v[n], v[n + step]);
+    }
+    return v[0];
+}
+template <int TILES>
+__device__ __forceinline__ float row_max(const float (&s)[TILES][4], int r) {
+    return row_reduce(s, r, [](float a, float b) { return fmaxf(a, b); });
+}
+template <int TILES>
+__device__ __forceinline__ float row_sum(const float (&s)[TILES][4], int r) {
+    return row_reduce(s, r, [](float a, float b) { return a + b; });
 }
 
 // The A fragment of the kk-th 16-key step of P V from P's f32 accumulators:

@@ -1987,8 +1987,12 @@ fn write_softmax(w: &mut Writer<String>, units: SUnits, rescale: Rescale, sums: 
     };
     // Row sums on the tensor cores are rescaled with O.
     let (l_scale, l_add) = match (sums, rescale) {
-        (RowSums::Fadd, Rescale::Inline) => ("\x20       l[mt][r] *= alpha;\n", "\x20           l[mt][r] += x;\n"),
-        (RowSums::Fadd, Rescale::Deferred) => ("\x20       l[mt][r] *= alpha[i];\n", "\x20           l[mt][r] += x;\n"),
+        (RowSums::Fadd, Rescale::Inline) => {
+            ("\x20       l[mt][r] *= alpha;\n", "\x20   l[mt][r] += row_sum(s[mt], r);\n")
+        }
+        (RowSums::Fadd, Rescale::Deferred) => {
+            ("\x20       l[mt][r] *= alpha[i];\n", "\x20   l[mt][r] += row_sum(s[mt], r);\n")
+        }
         (RowSums::TensorCores, _) => ("", ""),
     };
     let (to_log2, exp2_arg) = match units {
@@ -2001,10 +2005,7 @@ fn write_softmax(w: &mut Writer<String>, units: SUnits, rescale: Rescale, sums: 
         #pragma unroll\n\
         for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
         \x20   const int mt = i / 2, r = i % 2;\n\
-        \x20   float row_max = neg_inf();\n\
-        \x20   #pragma unroll\n\
-        \x20   for (int n = 0; n < S_TILES; ++n) row_max = fmaxf(row_max, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));\n\
-        \x20   const float m_new = fmaxf(m[mt][r], quad_max(row_max){to_log2});\n\
+        \x20   const float m_new = fmaxf(m[mt][r], quad_max(row_max(s[mt], r)){to_log2});\n\
         {keep}\
         \x20   if (m_new > m[mt][r] + RESCALE_SLACK) {{\n\
         \x20       {alpha} = fast_exp2(m[mt][r] - m_new);\n\
@@ -2019,9 +2020,9 @@ fn write_softmax(w: &mut Writer<String>, units: SUnits, rescale: Rescale, sums: 
         \x20       for (int c = 0; c < 2; ++c) {{\n\
         \x20           float& x = s[mt][n][2 * r + c];\n\
         \x20           x = fast_exp2({exp2_arg});\n\
-        {l_add}\
         \x20       }}\n\
         \x20   }}\n\
+        {l_add}\
         }}\n\
         \n"
     )
