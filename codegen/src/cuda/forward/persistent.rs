@@ -244,18 +244,19 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
             // the tensor cores then run one warpgroup's S and P V while the others\n\
             // run their softmax (FlashAttention-3's ping-pong). Warpgroup 0 goes\n\
             // first: the last one has passed it the turn. Every warpgroup takes a\n\
-            // turn per visited tile, so the cycle runs on across items.\n\
-            const int warpgroup = warp / 4;\n\
-            if (warpgroup == WARPGROUPS - 1) named_barrier_arrive(1, 256);\n"
+            // turn per visited tile, so the cycle runs on across items.\n"
         )?,
         // One warpgroup overlaps the other CTA on its SM instead.
         false => write!(
             w,
             "\
             // One warpgroup: the other CTA on this SM runs its products while this\n\
-            // one's softmax does.\n\
-            const int warpgroup = 0;\n"
+            // one's softmax does.\n"
         )?,
+    }
+    writeln!(w, "const int warpgroup = warp / 4;")?;
+    if turns {
+        writeln!(w, "if (warpgroup == WARPGROUPS - 1) named_barrier_arrive(1, 256);")?;
     }
     writeln!(w, "int it = 0;  // visited tiles so far, as the producer counts them")?;
     if sums == RowSums::TensorCores {
