@@ -1986,14 +1986,14 @@ fn write_softmax(w: &mut Writer<String>, units: SUnits, rescale: Rescale, sums: 
         Rescale::Deferred => "\x20   alpha[i] = 1.0f;\n",
     };
     // Row sums on the tensor cores are rescaled with O.
-    let (l_scale, l_add) = match (sums, rescale) {
-        (RowSums::Fadd, Rescale::Inline) => {
-            ("\x20       l[mt][r] *= alpha;\n", "\x20   l[mt][r] += row_sum(s[mt], r);\n")
-        }
-        (RowSums::Fadd, Rescale::Deferred) => {
-            ("\x20       l[mt][r] *= alpha[i];\n", "\x20   l[mt][r] += row_sum(s[mt], r);\n")
-        }
-        (RowSums::TensorCores, _) => ("", ""),
+    let l_scale = match (sums, rescale) {
+        (RowSums::Fadd, Rescale::Inline) => "\x20       l[mt][r] *= alpha;\n",
+        (RowSums::Fadd, Rescale::Deferred) => "\x20       l[mt][r] *= alpha[i];\n",
+        (RowSums::TensorCores, _) => "",
+    };
+    let l_add = match sums {
+        RowSums::Fadd => "\x20   l[mt][r] += row_sum(s[mt], r);\n",
+        RowSums::TensorCores => "",
     };
     let (to_log2, exp2_arg) = match units {
         SUnits::Dots => (" * scale_log2", "fmaf(x, scale_log2, -m_use)"),
