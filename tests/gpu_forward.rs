@@ -95,6 +95,10 @@ fn persistent_ctas_walk_many_items() {
         let case = || Case { batch: 4, heads: (16, 4), seqs: (520, 700), layout: OperandLayout::Bshd };
         let mut cases: Vec<_> = ["causal", "sliding_window", "document", "softcap"].map(|v| (spec(v), case())).into();
         cases.push((with(spec("full"), Dtype::Bf16, 64, 64), case()));
+        // d = 64 past 2048 keys: three warpgroups, which pass their turns on
+        // the tiles their rows keep no pair of.
+        let long_keys = Case { seqs: (520, 2100), ..case() };
+        cases.push((with(spec("sliding_window"), Dtype::Bf16, 64, 64), long_keys));
         cases
     };
     run_all(&rt, cases());

@@ -966,15 +966,16 @@ fn write_tile_classes(
     write!(
         w,
         "\
-        // Tile classes: the mask over this CTA's rows x the keys of tiles\n\
+        // Tile classes: the mask over rows [q_lo, q_hi] x the keys of tiles\n\
         // [j0, j1), in interval arithmetic (lo = 1: keeps every pair; hi = 0:\n\
-        // keeps none).\n\
-        const int q_lo = q0, q_hi = min_i32(q0 + BLOCK_M, {q_len}) - 1;\n\
-        auto span_class = [&](int j0, int j1) -> Range {{\n\
+        // keeps none); span_class over this CTA's rows.\n\
+        auto rows_class = [&](int q_lo, int q_hi, int j0, int j1) -> Range {{\n\
         \x20   const int k_lo = j0 * BLOCK_N;\n\
         \x20   const int k_hi = (int)(j1 * (long long)BLOCK_N < {kv_len} ? j1 * (long long)BLOCK_N : {kv_len}) - 1;\n\
         \x20   return {class};\n\
         }};\n\
+        const int q_lo = q0, q_hi = min_i32(q0 + BLOCK_M, {q_len}) - 1;\n\
+        auto span_class = [&](int j0, int j1) {{ return rows_class(q_lo, q_hi, j0, j1); }};\n\
         // A block mask built for data-dependent masks (tensor reads) refines\n\
         // them: 0 = no pair kept, 2 = every pair kept, exact per tile.\n"
     )?;

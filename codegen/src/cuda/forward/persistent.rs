@@ -68,6 +68,11 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
     };
     let staged = StagedTerms::of(spec, config);
     let per_key = staged.per_key();
+    let groups = group_classes(spec, config);
+    let group_decl = match groups {
+        true => GROUP_WORD,
+        false => "",
+    };
     let k_writers = match per_key {
         true => "copiers + 1);  // + the writer of the tile word and key terms",
         false => "tma ? 1 : copiers + 1);  // + the tile word's writer (with TMA: its copier)",
@@ -100,6 +105,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         __shared__ bool item_visits[2];\n\
         __shared__ int tile_word[STAGES];\n\
         enum : int {{ TILE_FULL = 1, TILE_WHOLE = 2, TILE_LAST = 8, TILE_SHIFT = 4 }};  // TILE_WHOLE: 2 bits\n\
+        {group_decl}\
         __shared__ __align__(8) unsigned long long ring_bars[6 + 4 * STAGES];\n\
         const unsigned item_full = smem_addr(ring_bars), q_full = item_full + 16, q_empty = q_full + 16;\n\
         const unsigned k_full = q_empty + 16, v_full = k_full + 8 * STAGES, k_empty = v_full + 8 * STAGES;\n\
@@ -172,6 +178,9 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
             })?;
             staged.write_item_loads(w)?;
             write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::PRODUCER)?;
+            if groups {
+                write_group_classes(w, &q_len)?;
+            }
             staged.write_item_stores(w)?;
             writeln!(w, "int j = next_tile(0);")?;
             w.block(format_args!("if (leader)"), |w| {
@@ -185,7 +194,14 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
                 write!(
                     w,
                     "\
-                    const int next = next_tile(j + 1);\n\
+                    const int next = next_tile(j + 1);\n"
+                )?;
+                if groups {
+                    writeln!(w, "const int groups = group_classes(j);  // ahead of the wait: the K copy waits for no class")?;
+                }
+                write!(
+                    w,
+                    "\
                     const int stage = it % STAGES, empty_parity = (it / STAGES + 1) % 2;\n\
                     mbar_wait(k_empty + 8 * stage, empty_parity);\n"
                 )?;
@@ -202,6 +218,9 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
                         Some(_) => "whole_conjuncts(j) * TILE_WHOLE",
                         None => "0",
                     };
+                    if groups {
+                        writeln!(w, "group_word[stage] = groups;")?;
+                    }
                     write!(
                         w,
                         "\
@@ -262,6 +281,9 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
     if sums == RowSums::TensorCores {
         writeln!(w, "const unsigned long long ones = gmma_desc(smem_addr(ones_tile), 16, 1024);")?;
     }
+    if groups {
+        w.write_str(PASS_TURN)?;
+    }
     w.block(format_args!("for (int done = 0;; ++done)"), |w| {
         write!(
             w,
@@ -284,7 +306,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         if !item_terms {
             writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);")?;
         }
-        write_ring_loop(w, spec, sums, |w| write_wgmma_step(w, spec, config, &hoisted))?;
+        write_ring_loop(w, spec, sums, groups, |w| write_wgmma_step(w, spec, config, &hoisted))?;
         write_epilogue(w, spec, &hoisted, OStaging::QBuffer, sums)
     })?;
     writeln!(w, "if (tma && lane == 0) tma_store_wait();  // the last O is written before the CTA exits")?;
@@ -330,13 +352,19 @@ fn write_item_coords(w: &mut Writer<String>, spec: &Spec, stores_o: bool) -> fmt
 
 /// The tile loop of a warp-specialized kernel's consumers: each tile waits
 /// for its stage of the ring; the step releases the stages it is done with.
+/// With `groups` ([`group_classes`]) a warpgroup passes its turn on the
+/// tiles before and after those its rows keep pairs of.
 fn write_ring_loop(
     w: &mut Writer<String>,
     spec: &Spec,
     sums: RowSums,
+    groups: bool,
     step: impl Fn(&mut Writer<String>) -> fmt::Result,
 ) -> fmt::Result {
     let interior = interior_decl(spec, "kv0");
+    if groups {
+        writeln!(w, "bool finished = false;  // this warpgroup's rows keep no pair of the item's remaining tiles")?;
+    }
     w.block(format_args!("for (bool more = item_visits[qb]; more; ++it)"), |w| {
         write!(
             w,
@@ -347,10 +375,40 @@ fn write_ring_loop(
             const unsigned v_smem = smem_addr(v_tiles + v_stage * V_TILE);\n\
             mbar_wait(k_full + 8 * stage, it / STAGES % 2);\n\
             const int tile = tile_word[stage];  // which tile, and its class (the producer's word)\n\
-            const int j = tile >> TILE_SHIFT, kv0 = j * BLOCK_N;\n\
-            const bool full = tile & TILE_FULL;  // the mask keeps every pair: skip evaluating it\n\
-            {interior}\
-            more = !(tile & TILE_LAST);\n\
+            const int j = tile >> TILE_SHIFT, kv0 = j * BLOCK_N;\n"
+        )?;
+        match groups {
+            true => write!(
+                w,
+                "\
+                const int group = group_word[stage] >> warpgroup;  // this warpgroup's classes (GROUP_*)\n\
+                // The mask keeps every pair (of the CTA's rows, or of this warpgroup's): skip evaluating it.\n\
+                const bool full = (tile & TILE_FULL) || (group & GROUP_FULL);\n\
+                {interior}\
+                more = !(tile & TILE_LAST);\n\
+                // Branches on warp votes, which ptxas knows to be uniform: on the\n\
+                // shared word itself it moves the loop's stage arithmetic out of\n\
+                // the uniform registers (10-15% slower on the H200).\n\
+                if (__all_sync(0xffffffffu, group & GROUP_BEFORE)) {{\n\
+                \x20   pass_turn();  // no pair of this tile or of one before it\n\
+                \x20   continue;\n\
+                }}\n\
+                if (__all_sync(0xffffffffu, group & GROUP_AFTER)) {{  // none of this tile or of one after it: finish the item\n\
+                \x20   finished = true;\n\
+                \x20   break;\n\
+                }}\n"
+            )?,
+            false => write!(
+                w,
+                "\
+                const bool full = tile & TILE_FULL;  // the mask keeps every pair: skip evaluating it\n\
+                {interior}\
+                more = !(tile & TILE_LAST);\n"
+            )?,
+        }
+        write!(
+            w,
+            "\
             if (pv_pending) mbar_wait(v_full + 8 * v_stage, (it - 1) / STAGES % 2);\n\
             fence_async_smem();  // the tensor cores read the stages through the async proxy\n"
         )?;
@@ -363,5 +421,89 @@ fn write_ring_loop(
     ];
     // The ring runs on into the next item: the stage goes back to the producer.
     let done = ["if (lane == 0) mbar_arrive(v_empty + 8 * v_stage);  // done with its V"];
-    write_last_pv(w, spec, &wait, "v_stage", &done, sums)
+    write_last_pv(w, spec, &wait, "v_stage", &done, sums)?;
+    if !groups {
+        return Ok(());
+    }
+    writeln!(w, "// The item's remaining tiles, from the one this warpgroup finished at.")?;
+    w.block(format_args!("for (bool more = finished; more; ++it)"), |w| {
+        write!(
+            w,
+            "\
+            const int stage = it % STAGES;\n\
+            mbar_wait(k_full + 8 * stage, it / STAGES % 2);\n\
+            more = !(tile_word[stage] & TILE_LAST);\n\
+            pass_turn();\n"
+        )
+    })
 }
+
+/// Whether the producer classifies each tile for each consumer warpgroup's
+/// rows besides the CTA's (`group_word`), so that a warpgroup passes its
+/// turn on the tiles at an item's ends that its rows keep no pair of and
+/// skips the mask on tiles its rows keep whole. That pays where an item is
+/// taller than a key tile and the mask is a band of two conjuncts, whose
+/// both ends move with the rows: a sliding window's three-warpgroup items
+/// visit ten tiles, each warpgroup's rows keep pairs of nine (measured on
+/// the H200, bench/RESULTS.md: +4% from 4k keys; causal masks, with
+/// passes at one end only, within ±2%; two warpgroups' 128-row items, no
+/// passes, -2 to -6%). It needs turns and a mask the interval arithmetic
+/// bounds without reading tensors.
+fn group_classes(spec: &Spec, config: TileConfig) -> bool {
+    ping_pong(config)
+        && config.block_m() > config.block_n
+        && spec.mask.as_ref().is_some_and(|m| !m.reads_tensor())
+        && two_conjuncts(spec).is_some()
+}
+
+/// The per-warpgroup classes of each ring stage's tile ([`group_classes`]).
+const GROUP_WORD: &str = "\
+// Per consumer warpgroup w (bit w of each class; the consumer shifts by w):
+// its rows keep no pair of the tile or of one before it in the item, none
+// of it or of one after it, every pair of it.
+__shared__ int group_word[STAGES];
+enum : int { GROUP_BEFORE = 1, GROUP_AFTER = 1 << WARPGROUPS, GROUP_FULL = 1 << 2 * WARPGROUPS };
+";
+
+/// The producer's lambda that fills `group_word` for tile j: lane
+/// `x * WARPGROUPS + w` answers class x for warpgroup w, the walking warp
+/// votes.
+fn write_group_classes(w: &mut Writer<String>, q_len: &str) -> fmt::Result {
+    write!(
+        w,
+        "\
+        // Tile j's classes over each consumer warpgroup's 64 rows (GROUP_*):\n\
+        // lane x * WARPGROUPS + w answers class x for warpgroup w. Rows past\n\
+        // the sequence keep no pair.\n\
+        auto group_classes = [&](int j) -> int {{\n\
+        \x20   const int x = lane / WARPGROUPS, w_lo = q0 + lane % WARPGROUPS * 64;\n\
+        \x20   const int w_hi = min_i32(w_lo + 64, {q_len}) - 1;\n\
+        \x20   bool bit = x < 2 && w_lo > w_hi;\n\
+        \x20   if (x < 3 && w_lo <= w_hi) {{\n\
+        \x20       const Range r = rows_class(w_lo, w_hi, x == 0 ? 0 : j, x == 1 ? kv_tiles : j + 1);\n\
+        \x20       bit = x == 2 ? r.lo == 1 : r.hi == 0;\n\
+        \x20   }}\n\
+        \x20   return (int)__ballot_sync(0xffffffffu, bit);\n\
+        }};\n"
+    )
+}
+
+/// A consumer warpgroup's turn on a tile its rows keep no pair of: it
+/// passes the turn on and releases the tile's stage. It waits for the
+/// stage's V, which it never reads, before it releases it: then the
+/// stage's previous tile has been released by every warp (the producer
+/// waited for that before it loaded V), so these arrivals count towards
+/// this tile, and no copy outlives the CTA's last reader. (K is there: the
+/// step has waited for it.)
+const PASS_TURN: &str = "\
+auto pass_turn = [&]() {  // on tile `it`
+    const int stage = it % STAGES;
+    named_barrier_sync(1 + warpgroup, 256);
+    named_barrier_arrive(1 + (warpgroup + 1) % WARPGROUPS, 256);
+    mbar_wait(v_full + 8 * stage, it / STAGES % 2);
+    if (lane == 0) {
+        mbar_arrive(k_empty + 8 * stage);
+        mbar_arrive(v_empty + 8 * stage);
+    }
+};
+";
