@@ -191,11 +191,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
             writeln!(w, "if (tma && warp != WARPS) continue;")?;
             let kv = KvLoads::of(spec, config);
             w.block(format_args!("while (j < kv_tiles)"), |w| {
-                write!(
-                    w,
-                    "\
-                    const int next = next_tile(j + 1);\n"
-                )?;
+                writeln!(w, "const int next = next_tile(j + 1);")?;
                 if groups {
                     writeln!(w, "const int groups = group_classes(j);  // ahead of the wait: the K copy waits for no class")?;
                 }
