@@ -1515,6 +1515,11 @@ fn write_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], scale: 
                 let lines = [FIRST_KEY.to_string()].into_iter().chain(interval).chain(statements(false)).collect();
                 (lines, format!("kept_between(n * 8 + c, lo, hi, {logit})"))
             }
+            None if mask.is_some_and(|e| e.reads_tensor()) => {
+                let e = mask.expect("matched");
+                let kept = format!("(n * 8 + c < {kv_len} - (k - n * 8 - c)) & ({})", c_expr(e));
+                (statements(bias_reads_k0), format!("kept_or_neg_inf({kept}, {logit})"))
+            }
             None => {
                 let cond = match (mask, full) {
                     (Some(e), Some(_)) => skip_if_full(e, &c_expr(e)),
