@@ -1515,19 +1515,24 @@ fn write_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], scale: 
                 let lines = [FIRST_KEY.to_string()].into_iter().chain(interval).chain(statements(false)).collect();
                 (lines, format!("kept_between(n * 8 + c, lo, hi, {logit})"))
             }
-            None if mask.is_some_and(|e| e.reads_tensor()) => {
-                let e = mask.expect("matched");
-                let kept = format!("(n * 8 + c < {kv_len} - (k - n * 8 - c)) & ({})", c_expr(e));
-                (statements(bias_reads_k0), format!("kept_or_neg_inf({kept}, {logit})"))
-            }
-            None => {
-                let cond = match (mask, full) {
-                    (Some(e), Some(_)) => skip_if_full(e, &c_expr(e)),
-                    (Some(e), None) => format!(" && {}", c_expr(e)),
-                    (None, _) => String::new(),
-                };
-                (statements(bias_reads_k0), format!("kept_or_neg_inf(k < {kv_len}{cond}, {logit})"))
-            }
+            // A tensor mask: the column against the keys left (one compare
+            // with an immediate) and, not short-circuited, the mask, so each
+            // column's staged key term loads once for both of a lane's rows
+            // (its reads are clipped, so in bounds past kv_len too).
+            None => match mask {
+                Some(e) if e.reads_tensor() => {
+                    let kept = format!("(n * 8 + c < {kv_len} - (k - n * 8 - c)) & ({})", c_expr(e));
+                    (statements(bias_reads_k0), format!("kept_or_neg_inf({kept}, {logit})"))
+                }
+                _ => {
+                    let cond = match (mask, full) {
+                        (Some(e), Some(_)) => skip_if_full(e, &c_expr(e)),
+                        (Some(e), None) => format!(" && {}", c_expr(e)),
+                        (None, _) => String::new(),
+                    };
+                    (statements(bias_reads_k0), format!("kept_or_neg_inf(k < {kv_len}{cond}, {logit})"))
+                }
+            },
         }
     };
     let params = "float dot, int q, int k, int i, int n, int c";

@@ -68,7 +68,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
     };
     let staged = StagedTerms::of(spec, config);
     let per_key = staged.per_key();
-    let groups = group_classes(spec, config);
+    let groups = classifies_groups(spec, config);
     let group_decl = match groups {
         true => GROUP_WORD,
         false => "",
@@ -348,7 +348,7 @@ fn write_item_coords(w: &mut Writer<String>, spec: &Spec, stores_o: bool) -> fmt
 
 /// The tile loop of a warp-specialized kernel's consumers: each tile waits
 /// for its stage of the ring; the step releases the stages it is done with.
-/// With `groups` ([`group_classes`]) a warpgroup passes its turn on the
+/// With `groups` ([`classifies_groups`]) a warpgroup passes its turn on the
 /// tiles before and after those its rows keep pairs of.
 fn write_ring_loop(
     w: &mut Writer<String>,
@@ -445,14 +445,14 @@ fn write_ring_loop(
 /// passes at one end only, within ±2%; two warpgroups' 128-row items, no
 /// passes, -2 to -6%). It needs turns and a mask the interval arithmetic
 /// bounds without reading tensors.
-fn group_classes(spec: &Spec, config: TileConfig) -> bool {
+fn classifies_groups(spec: &Spec, config: TileConfig) -> bool {
     ping_pong(config)
         && config.block_m() > config.block_n
         && spec.mask.as_ref().is_some_and(|m| !m.reads_tensor())
         && two_conjuncts(spec).is_some()
 }
 
-/// The per-warpgroup classes of each ring stage's tile ([`group_classes`]).
+/// The per-warpgroup classes of each ring stage's tile ([`classifies_groups`]).
 const GROUP_WORD: &str = "\
 // Per consumer warpgroup w (bit w of each class; the consumer shifts by w):
 // its rows keep no pair of the tile or of one before it in the item, none
