@@ -110,19 +110,34 @@ fn hopper_three_warpgroup_forward_kernel() {
 
 #[test]
 fn hopper_document_kernels_at_d64() {
-    // Up to 2048 keys a d = 64 document mask prefers one consumer warpgroup
-    // per CTA and two CTAs per SM: launch bounds for two, a two-stage ring,
-    // no turns between warpgroups. From 4096 keys it prefers three
-    // warpgroups, whose three-stage ring lets the producer stage the item's
-    // per-query document ids with Q, beside each tile's per-key ones.
+    // Up to 2048 keys a d = 64 document mask prefers two consumer
+    // warpgroups; from 4096 keys three, whose three-stage ring lets the
+    // producer stage the item's per-query document ids with Q, beside each
+    // tile's per-key ones.
     let source = "Document64 { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }";
     let spec = parse_one(source).unwrap();
     let short = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), 1024);
-    assert_eq!((short.mma, short.warps, short.per_sm(), short.stages(&spec)), (Mma::Wgmma, 4, 2, 2));
-    insta::assert_snapshot!("wgmma_pair_document64", render(&emit_forward_with(&spec, short)));
+    assert_eq!((short.mma, short.warps, short.per_sm()), (Mma::Wgmma, 8, 1));
     let long = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), 4096);
     assert_eq!((long.mma, long.warps, long.per_sm(), long.stages(&spec)), (Mma::Wgmma, 12, 1, 3));
     insta::assert_snapshot!("wgmma_document64", render(&emit_forward_with(&spec, long)));
+}
+
+#[test]
+fn hopper_softcap_kernel_at_d64() {
+    // A transcendental score crowds two warpgroups' registers: at d = 64
+    // softcap prefers one consumer warpgroup per CTA and two CTAs per SM at
+    // every length: launch bounds for two, a two-stage ring, no turns
+    // between warpgroups.
+    let source =
+        "Softcap64 { dtype: bf16, head_dim: 64, param cap: f32, mask: q >= k, score: cap * tanh(score / cap) }";
+    let spec = parse_one(source).unwrap();
+    for kv_len in [1024, 16384] {
+        let config = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), kv_len);
+        assert_eq!((config.mma, config.warps, config.per_sm(), config.stages(&spec)), (Mma::Wgmma, 4, 2, 2));
+    }
+    let config = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), 1024);
+    insta::assert_snapshot!("wgmma_pair_softcap64", render(&emit_forward_with(&spec, config)));
 }
 
 #[test]

@@ -137,8 +137,8 @@ impl TileConfig {
     /// do not both bound k or the score calls a transcendental function; at
     /// d <= 64 three warpgroups first for plain specs, third for masks of
     /// one conjunct or of bounds on k that read no tensor, else last; at
-    /// d <= 64 one warpgroup, two CTAs per SM, first for specs with a score
-    /// or a tensor-reading mask, else last), then the 64-key back-to-back
+    /// d <= 64 one warpgroup, two CTAs per SM, first for specs that are not
+    /// `light`, else last), then the 64-key back-to-back
     /// kernels (two warpgroups, one); among mma.sync configs, 128-key tiles
     /// only for plain d <= 64 specs (masks and score mods then spill).
     pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
@@ -177,11 +177,12 @@ impl TileConfig {
         };
         // One consumer warpgroup, two CTAs per SM: each CTA's item boundary
         // (last P V, epilogue, next claim, first S) overlaps the other's
-        // tiles. First where a score or a tensor-reading mask lengthens the
-        // softmax and the partial tiles (measured at 1k keys: documents and
-        // ALiBi 2-4% ahead of two warpgroups), else last.
+        // tiles. First where a transcendental score or a partial tile of two
+        // conjuncts crowds two warpgroups' registers (softcap), else last
+        // (measured at 1k and 2k keys, three rounds: two warpgroups 4-9%
+        // ahead on documents and ALiBi; softcap a tie).
         let pair = ONE_WARPGROUP_PAIR;
-        let small = match spec.score.is_some() || reads_tensor {
+        let small = match !light {
             true => [&[pair], small.as_slice()].concat(),
             false => [small.as_slice(), &[pair]].concat(),
         };
