@@ -115,8 +115,18 @@ fn fully_masked_rows() {
         (spec("causal_bottom_right"), Case::new((2, 1), (1024, 1000))),
         // d = 64: the warp-specialized kernel sums rows on the tensor cores.
         (with(spec("causal_bottom_right"), Dtype::Bf16, 64, 64), Case::new((2, 2), (300, 37))),
+        // A band past 2048 keys: three warpgroups, which pass their turns on
+        // every tile their rows keep no pair of, the fully masked ones on all.
+        (bottom_right_window(), Case::new((2, 2), (2400, 2100))),
     ];
     run_all(&rt, cases);
+}
+
+/// A sliding window aligned to the bottom-right corner at d = 64.
+fn bottom_right_window() -> Spec {
+    let source = "BottomRightWindow { dtype: bf16, head_dim: 64, param window: i32, \
+                  mask: q + kv_len - q_len >= k && q - k < window + q_len - kv_len }";
+    flashgen::parse_one(source).expect("a valid spec")
 }
 
 /// Bad launches are typed errors, never launches.
