@@ -102,6 +102,18 @@ __device__ __forceinline__ float kept_between(int j, int lo, int hi, float x) {
         : "=f"(r) : "r"(j), "r"(lo), "r"(hi), "f"(x));
     return r;
 }
+// x where j <= hi (where lo <= j), else -inf: one compare where the row has
+// a bound on one side only.
+__device__ __forceinline__ float kept_at_most(int j, int hi, float x) {
+    float r;
+    asm("{ .reg .pred p; setp.le.s32 p, %1, %2; selp.f32 %0, %3, 0fFF800000, p; }" : "=f"(r) : "r"(j), "r"(hi), "f"(x));
+    return r;
+}
+__device__ __forceinline__ float kept_at_least(int j, int lo, float x) {
+    float r;
+    asm("{ .reg .pred p; setp.ge.s32 p, %1, %2; selp.f32 %0, %3, 0fFF800000, p; }" : "=f"(r) : "r"(j), "r"(lo), "f"(x));
+    return r;
+}
 // Tensor indices are clipped into [0, n - 1] (JAX's "clip" gather mode): a
 // spec can never read outside a captured tensor. Dimensions are ints but for
 // constants past 2^31 - 1 (clip_wide).

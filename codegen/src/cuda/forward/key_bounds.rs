@@ -21,8 +21,9 @@
 //! one interval [lo, hi] of columns, and the element's test and select are
 //! one `kept_between` (an inline-PTX compare pair and select that reads the
 //! element: written as C compares, LLVM evaluates them ahead of the wait for
-//! S, and ptxas then carries 64 booleans across it in registers). Masks of
-//! other shapes keep the spec's expression.
+//! S, and ptxas then carries 64 booleans across it in registers), or one
+//! `kept_at_most` / `kept_at_least` where the row is bounded on one side
+//! only. Masks of other shapes keep the spec's expression.
 
 use crate::spec::{BinOp, Builtin, Expr, ExprKind, Ty};
 
@@ -52,16 +53,21 @@ pub(super) fn key_bounds(mask: Option<&Expr>) -> Option<Vec<KeyBound<'_>>> {
     }
 }
 
-/// The statements of a logit lambda (after [`FIRST_KEY`]) that keep the
-/// columns [lo, hi] of the row: `k < kv_len` and the `bounds` (C of each R
-/// by `c_rest`), the latter skipped where the C condition `full` holds (if
-/// any). The lambda then returns `kept_between(n * 8 + c, lo, hi, logit)`.
-pub(super) fn column_interval(
+/// How a logit lambda (after [`FIRST_KEY`]) keeps the columns of the row
+/// that `k < kv_len` and the `bounds` keep (C of each R by `c_rest`), the
+/// latter skipped where the C condition `full` holds (if any): its
+/// statements, and the call that keeps the logit, which ends in `(logit)`.
+/// With `in_bounds` every key of the tile exists and `k < kv_len` goes. A
+/// row bounded on one side only tests that side: one compare and the
+/// select per element instead of two and the select (a causal diagonal;
+/// each edge of a sliding window, whose other conjunct holds there).
+pub(super) fn column_test(
     kv_len: &str,
     bounds: &[KeyBound],
     full: Option<&str>,
+    in_bounds: bool,
     c_rest: impl Fn(&Expr) -> String,
-) -> [String; 2] {
+) -> (Vec<String>, &'static str) {
     let (mut mask_lo, mut mask_hi) = (Vec::new(), Vec::new());
     for bound in bounds {
         let b = format!("key_bound<BLOCK_N>({})", bound.c_bound(&c_rest(bound.rest)));
@@ -80,9 +86,24 @@ pub(super) fn column_interval(
             _ => with_mask,
         }
     };
+    let has_lo = !mask_lo.is_empty();
     let lo = fold("0".to_string(), mask_lo, "max_i32");
-    let hi = fold(format!("key_bound<BLOCK_N>((long long){kv_len} - k0) - 1"), mask_hi, "min_i32");
-    [format!("const int lo = {lo};"), format!("const int hi = {hi};")]
+    let hi = match in_bounds {
+        // `hi` is a mask term here: fold's base starts the min over them.
+        true => (!mask_hi.is_empty()).then(|| {
+            let first = mask_hi.remove(0);
+            fold(first, mask_hi, "min_i32")
+        }),
+        false => Some(fold(format!("key_bound<BLOCK_N>((long long){kv_len} - k0) - 1"), mask_hi, "min_i32")),
+    };
+    match (has_lo, hi) {
+        (true, Some(hi)) => {
+            (vec![format!("const int lo = {lo};"), format!("const int hi = {hi};")], "kept_between(n * 8 + c, lo, hi, ")
+        }
+        (false, Some(hi)) => (vec![format!("const int hi = {hi};")], "kept_at_most(n * 8 + c, hi, "),
+        (true, None) => (vec![format!("const int lo = {lo};")], "kept_at_least(n * 8 + c, lo, "),
+        (false, None) => (Vec::new(), "("),
+    }
 }
 
 /// A mask comparison `R OP k`, `R OP q - k`, `R OP k - q` (either side),
@@ -228,6 +249,30 @@ mod tests {
                 assert_eq!(kept, spec, "{body}: q={q} k={k} w={w}");
             }
         }
+    }
+
+    #[test]
+    fn rows_bounded_on_one_side_test_one_side() {
+        let test = |body: &str, in_bounds| {
+            let e = mask(body);
+            let bounds = key_bounds(Some(&e)).unwrap();
+            let c_rest = |e: &Expr| if e.kind == ExprKind::Builtin(Builtin::Q) { "q" } else { "p_w" }.to_string();
+            let (lines, call) = column_test("kv_len", &bounds, None, in_bounds, c_rest);
+            (lines.join(" "), call)
+        };
+        // Below the diagonal: an upper bound only, and kv_len's where keys may be missing.
+        let (lines, call) = test("q >= k", true);
+        assert_eq!(
+            (lines.as_str(), call),
+            ("const int hi = key_bound<BLOCK_N>((long long)q - k0);", "kept_at_most(n * 8 + c, hi, ")
+        );
+        let (lines, call) = test("q >= k", false);
+        assert!(lines.contains("kv_len") && call.starts_with("kept_at_most"), "{lines}");
+        // A window's far edge: a lower bound alone, unless keys may be missing.
+        let (lines, call) = test("q - k < w", true);
+        assert!(!lines.contains("kv_len") && call.starts_with("kept_at_least"), "{lines}");
+        assert!(test("q - k < w", false).1.starts_with("kept_between"));
+        assert!(test("q >= k && q - k < w", true).1.starts_with("kept_between"));
     }
 
     #[test]

@@ -43,7 +43,7 @@ use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
 use crate::analysis::block_uniform;
 use crate::spec::{BinOp, Dtype, Expr, ExprKind, Func, Spec};
 use bias::{additive_bias, biased_logit, lse_row_term, reads_first_key};
-use key_bounds::{column_interval, key_bounds, FIRST_KEY};
+use key_bounds::{column_test, key_bounds, FIRST_KEY};
 use std::fmt::{self, Write};
 
 /// Which tensor-core instructions a forward kernel is written in.
@@ -985,10 +985,11 @@ fn write_tile_classes(
         write!(
             w,
             "\
-            // Bit x: conjunct x of the mask keeps every pair of tile j (see logit_only).\n\
+            // Bit x: conjunct x of the mask keeps every pair of tile j, and every\n\
+            // key of the tile exists (logit_only tests no bound at kv_len).\n\
             auto whole_conjuncts = [&](int j) -> int {{\n\
-            \x20   const int k_lo = j * BLOCK_N;\n\
-            \x20   const int k_hi = (int)((j + 1) * (long long)BLOCK_N < {kv_len} ? (j + 1) * (long long)BLOCK_N : {kv_len}) - 1;\n\
+            \x20   if ((j + 1) * (long long)BLOCK_N > {kv_len}) return 0;\n\
+            \x20   const int k_lo = j * BLOCK_N, k_hi = k_lo + BLOCK_N - 1;\n\
             \x20   return ({a}.lo == 1 ? 1 : 0) | ({b}.lo == 1 ? 2 : 0);\n\
             }};\n"
         )?;
@@ -1509,12 +1510,13 @@ fn write_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], scale: 
     // How a lambda keeps the pairs `mask` (all of it, or one conjunct)
     // keeps, given the C condition `full` that skips it: as an interval of
     // columns where every conjunct bounds k (`key_bounds`), else as written.
-    let keep = |mask: Option<&Expr>, full: Option<&str>| -> (Vec<String>, String) {
+    // `in_bounds`: the lambda only sees tiles whose keys all exist.
+    let keep = |mask: Option<&Expr>, full: Option<&str>, in_bounds: bool| -> (Vec<String>, String) {
         match key_bounds(mask) {
             Some(bounds) => {
-                let interval = column_interval(kv_len, &bounds, full, c_expr);
-                let lines = [FIRST_KEY.to_string()].into_iter().chain(interval).chain(statements(false)).collect();
-                (lines, format!("kept_between(n * 8 + c, lo, hi, {logit})"))
+                let (test, call) = column_test(kv_len, &bounds, full, in_bounds, c_expr);
+                let lines = [FIRST_KEY.to_string()].into_iter().chain(test).chain(statements(false)).collect();
+                (lines, format!("{call}{logit})"))
             }
             // A tensor mask: the column against the keys left (one compare
             // with an immediate) and, not short-circuited, the mask, so each
@@ -1545,13 +1547,18 @@ fn write_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], scale: 
         })?;
         writeln!(w, "}};")
     };
-    lambda(w, &format!("auto logit = [&]({params}, bool full) -> float"), keep(spec.mask.as_ref(), Some("full")))?;
+    lambda(
+        w,
+        &format!("auto logit = [&]({params}, bool full) -> float"),
+        keep(spec.mask.as_ref(), Some("full"), false),
+    )?;
     let interior: String = statements(bias_reads_k0).iter().map(|line| format!("{line} ")).collect();
     writeln!(w, "auto logit_interior = [&]({params}) -> float {{ {interior}return {logit}; }};")?;
     if let Some(conjuncts) = two_conjuncts(spec) {
-        writeln!(w, "// Partial tiles on which one conjunct of the mask holds throughout: the other alone.")?;
+        writeln!(w, "// Partial tiles on which one conjunct of the mask holds throughout, every")?;
+        writeln!(w, "// key present (whole_conjuncts): the other conjunct alone.")?;
         for (x, e) in conjuncts.iter().enumerate() {
-            lambda(w, &format!("auto logit_only{x} = [&]({params}) -> float"), keep(Some(e), None))?;
+            lambda(w, &format!("auto logit_only{x} = [&]({params}) -> float"), keep(Some(e), None, true))?;
         }
     }
     Ok(())
