@@ -39,6 +39,22 @@ fn emit_prints_the_kernel() {
 }
 
 #[test]
+fn emit_takes_a_named_tile_config() {
+    let dir = scratch("emit-config");
+    let emit = |config: &str| flashgen(&["emit", &spec("causal"), "--arch", "sm_90", "--config", config], &dir);
+    let out = emit("wgmma.w8.m1.n64");
+    assert!(out.status.success(), "{}", text(&out));
+    let source = String::from_utf8_lossy(&out.stdout);
+    assert!(source.contains("constexpr int WARPS = 8;") && source.contains("constexpr int BLOCK_N = 64;"), "{source}");
+
+    let out = emit("wgmma.w5.m1.n64");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let message = text(&out);
+    assert!(message.contains("no tile configuration `wgmma.w5.m1.n64` on sm_90"), "{message}");
+    assert!(message.contains("its candidates: wgmma.w8.m1.n128"), "{message}");
+}
+
+#[test]
 fn spec_errors_name_file_line_and_column() {
     let dir = scratch("errors");
     let bad = dir.join("bad.attn");

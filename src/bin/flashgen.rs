@@ -31,6 +31,10 @@ enum Command {
         /// Hopper's wgmma) instead of the portable one.
         #[arg(long)]
         arch: Option<String>,
+        /// The kernel of this tile configuration, named as tuning reports name
+        /// them (e.g. wgmma.w12.m1.n128); one of the architecture's candidates.
+        #[arg(long, requires = "arch")]
+        config: Option<String>,
     },
     /// Compile every spec in FILE with NVRTC (no GPU needed).
     Check {
@@ -117,11 +121,14 @@ fn main() -> ExitCode {
 /// Runs one command; `Ok(false)` is a completed run whose check failed.
 fn run(cli: Cli) -> Result<bool, String> {
     match cli.command {
-        Command::Emit { file, spec, arch } => {
+        Command::Emit { file, spec, arch, config } => {
             let arch: Option<Arch> = arch.map(|a| a.parse()).transpose().map_err(|e| format!("{e}"))?;
             for s in load(&file, spec.as_deref())? {
-                let config =
-                    arch.map_or_else(|| TileConfig::default_for(&s), |a| TileConfig::preferred(&s, a.target()));
+                let config = match (arch, &config) {
+                    (Some(a), Some(name)) => named_config(&s, a, name)?,
+                    (Some(a), None) => TileConfig::preferred(&s, a.target()),
+                    (None, _) => TileConfig::default_for(&s),
+                };
                 print!("{}", cuda::emit_forward_with(&s, config).source);
             }
             Ok(true)
@@ -242,6 +249,15 @@ fn human_age(secs: u64) -> String {
         3600..86400 => format!("{}h", secs / 3600),
         _ => format!("{}d", secs / 86400),
     }
+}
+
+/// The candidate tile configuration of `spec` on `arch` called `name`.
+fn named_config(spec: &Spec, arch: Arch, name: &str) -> Result<TileConfig, String> {
+    let candidates = TileConfig::candidates(spec, arch.target());
+    candidates.iter().copied().find(|&c| config_name(c) == name).ok_or_else(|| {
+        let names: Vec<String> = candidates.into_iter().map(config_name).collect();
+        format!("{}: no tile configuration `{name}` on {arch}; its candidates: {}", spec.name, names.join(", "))
+    })
 }
 
 fn load(file: &Path, only: Option<&str>) -> Result<Vec<Spec>, String> {
