@@ -8,3 +8,8 @@ source "$(dirname "$0")/nvrtc-env.sh"
 cd "$flashgen_root"
 cargo test --workspace --all-targets
 cargo test --workspace --doc
+# The trace tool's anchors (scripts/trace/instrument.py) in today's kernels.
+for entry in sliding_window:window=1024 causal:; do
+    cargo run -q --bin flashgen -- emit --arch sm_90 --config wgmma.w8.m1.n128 "specs/${entry%%:*}.attn" |
+        python3 scripts/trace/instrument.py /dev/stdin ${entry#*:} >/dev/null
+done
