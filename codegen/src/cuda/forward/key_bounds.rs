@@ -86,23 +86,20 @@ pub(super) fn column_test(
             _ => with_mask,
         }
     };
-    let has_lo = !mask_lo.is_empty();
+    // A side with no bound keeps every column: lo = 0, or hi = BLOCK_N - 1 in bounds.
+    let (has_lo, has_hi) = (!mask_lo.is_empty(), !in_bounds || !mask_hi.is_empty());
     let lo = fold("0".to_string(), mask_lo, "max_i32");
-    let hi = match in_bounds {
-        // `hi` is a mask term here: fold's base starts the min over them.
-        true => (!mask_hi.is_empty()).then(|| {
-            let first = mask_hi.remove(0);
-            fold(first, mask_hi, "min_i32")
-        }),
-        false => Some(fold(format!("key_bound<BLOCK_N>((long long){kv_len} - k0) - 1"), mask_hi, "min_i32")),
+    let last = match in_bounds {
+        true => "BLOCK_N - 1".to_string(),
+        false => format!("key_bound<BLOCK_N>((long long){kv_len} - k0) - 1"),
     };
-    match (has_lo, hi) {
-        (true, Some(hi)) => {
-            (vec![format!("const int lo = {lo};"), format!("const int hi = {hi};")], "kept_between(n * 8 + c, lo, hi, ")
-        }
-        (false, Some(hi)) => (vec![format!("const int hi = {hi};")], "kept_at_most(n * 8 + c, hi, "),
-        (true, None) => (vec![format!("const int lo = {lo};")], "kept_at_least(n * 8 + c, lo, "),
-        (false, None) => (Vec::new(), "("),
+    let hi = fold(last, mask_hi, "min_i32");
+    let [lo, hi] = [format!("const int lo = {lo};"), format!("const int hi = {hi};")];
+    match (has_lo, has_hi) {
+        (true, true) => (vec![lo, hi], "kept_between(n * 8 + c, lo, hi, "),
+        (false, true) => (vec![hi], "kept_at_most(n * 8 + c, hi, "),
+        (true, false) => (vec![lo], "kept_at_least(n * 8 + c, lo, "),
+        (false, false) => (Vec::new(), "("),
     }
 }
 
@@ -264,7 +261,10 @@ mod tests {
         let (lines, call) = test("q >= k", true);
         assert_eq!(
             (lines.as_str(), call),
-            ("const int hi = key_bound<BLOCK_N>((long long)q - k0);", "kept_at_most(n * 8 + c, hi, ")
+            (
+                "const int hi = min_i32(BLOCK_N - 1, key_bound<BLOCK_N>((long long)q - k0));",
+                "kept_at_most(n * 8 + c, hi, "
+            )
         );
         let (lines, call) = test("q >= k", false);
         assert!(lines.contains("kv_len") && call.starts_with("kept_at_most"), "{lines}");
