@@ -40,6 +40,11 @@ fn every_candidate_config_is_exact() {
         let heads = if variant == "gqa" { (8, 2) } else { (4, 4) };
         let block_masks: &[bool] =
             if spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) { &[false, true] } else { &[false] };
+        // Compiled in parallel up front; a failed load (not cached, so a
+        // launch would compile it again) is each of its rows' failure.
+        let configs = TileConfig::candidates(&spec, rt.target());
+        let loads: Vec<Result<(), String>> =
+            rt.load_forwards(&spec, &configs).into_iter().map(|l| l.map(drop).map_err(|e| e.to_string())).collect();
         for seqs in [(113, 203), (300, 555)] {
             let case = Case::new(heads, seqs);
             let seed: u64 = rand::random();
@@ -51,12 +56,15 @@ fn every_candidate_config_is_exact() {
                     continue;
                 }
             };
-            for config in TileConfig::candidates(&spec, rt.target()) {
+            for (&config, load) in configs.iter().zip(&loads) {
                 for &block_mask in block_masks {
                     let mask = if block_mask { " +block mask" } else { "" };
                     let row = format!("{} {}{mask}", case.row(&spec, seed), config_name(config));
-                    let outcome = run_once(&rt, &spec, &problem, case.layout, Some(config), block_mask, &expected);
-                    table.record(row, outcome.map_err(|e| e.to_string()));
+                    let outcome = load.clone().and_then(|()| {
+                        run_once(&rt, &spec, &problem, case.layout, Some(config), block_mask, &expected)
+                            .map_err(|e| e.to_string())
+                    });
+                    table.record(row, outcome);
                 }
             }
         }

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{PoisonError, RwLock};
 
-/// Untimed launches per candidate (the first also compiles or loads it).
+/// Untimed launches per candidate, after all candidates were loaded.
 const WARMUP: usize = 2;
 /// Timed launches per candidate; the median counts.
 const RUNS: usize = 7;
@@ -73,9 +73,10 @@ fn first_line(e: &Error) -> String {
 impl Runtime {
     /// Times every candidate tile configuration of `spec`
     /// ([`TileConfig::candidates`] for [`Runtime::target`]) on these
-    /// operands — two untimed launches (the first compiles or loads it),
-    /// then the median of seven CUDA-event timings — and remembers the
-    /// fastest for the launch's [`ShapeClass`], in memory and (unless
+    /// operands — all loaded first, compiled in parallel where not cached
+    /// ([`Runtime::load_forwards`]), then one after another two untimed
+    /// launches and the median of seven CUDA-event timings — and remembers
+    /// the fastest for the launch's [`ShapeClass`], in memory and (unless
     /// `FLASHGEN_CACHE=off`) in the disk cache, where later runtimes find
     /// it. Later forward launches of the class use it.
     ///
@@ -162,7 +163,8 @@ impl Runtime {
         *choices.entry(spec_source.to_string()).or_default().entry(class).or_insert(choice)
     }
 
-    /// Times every candidate on `launch` and remembers the fastest.
+    /// Loads every candidate at once, times them one after another on
+    /// `launch` and remembers the fastest.
     pub(crate) fn tune<T: Element>(
         &self,
         launch: &mut ForwardLaunch<'_, '_, T>,
@@ -170,9 +172,16 @@ impl Runtime {
     ) -> Result<TuneReport, Error> {
         let spec = launch.spec;
         let class = self.shape_class(spec, &launch.shape);
-        let candidates: Vec<(TileConfig, Result<f64, Error>)> = TileConfig::candidates(spec, self.target())
+        let configs = TileConfig::candidates(spec, self.target());
+        let loads = self.load_forwards(spec, &configs);
+        // A failed load is not cached: launching that candidate would compile it again.
+        let candidates: Vec<(TileConfig, Result<f64, Error>)> = configs
             .into_iter()
-            .map(|config| (config, median_ms(self.stream(), WARMUP, RUNS, || launch.run(self, config, opts))))
+            .zip(loads)
+            .map(|(config, loaded)| {
+                let ms = loaded.and_then(|_| median_ms(self.stream(), WARMUP, RUNS, || launch.run(self, config, opts)));
+                (config, ms)
+            })
             .collect();
         let fastest = candidates
             .iter()

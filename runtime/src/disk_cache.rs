@@ -16,6 +16,7 @@
 //! the size cap, removed by [`DiskCache::clear`] with the kernels.
 
 use crate::nvrtc::{compile_cubin, nvrtc_version, options};
+use crate::parallel;
 use crate::runtime::{KernelSet, Which};
 use crate::{Arch, Error};
 use flashgen_codegen::abi::Kernel;
@@ -26,8 +27,8 @@ use std::fmt;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, Once, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Once;
 use std::time::{Duration, SystemTime};
 
 /// `off` (or `0`) disables the disk cache; anything else leaves it on.
@@ -252,38 +253,26 @@ impl DiskCache {
                 }
             }
         }
-        let (next, done, compiled) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0));
-        let failure = Mutex::new(None);
-        let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len());
-        std::thread::scope(|scope| {
-            for _ in 0..workers {
-                scope.spawn(|| {
-                    while let Some(&(key, ref kernel, arch)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        // A precompile that stores nothing must not look like success.
-                        let result = self.get_or_compile(key, kernel, arch).and_then(|(_, origin)| match origin {
-                            Origin::Disk => Ok(()),
-                            Origin::Compiled { stored } => {
-                                compiled.fetch_add(1, Ordering::Relaxed);
-                                stored.map_err(cache_error)
-                            }
-                        });
-                        let mut failure = failure.lock().unwrap_or_else(PoisonError::into_inner);
-                        if let Err(e) = result {
-                            failure.get_or_insert(e);
-                        }
-                        if failure.is_some() {
-                            return;
-                        }
-                        drop(failure);
-                        progress(done.fetch_add(1, Ordering::Relaxed) + 1, jobs.len());
-                    }
-                });
+        let (done, failed) = (AtomicUsize::new(0), AtomicBool::new(false));
+        // Per job, whether NVRTC compiled it (else it was cached); `None`
+        // where skipped after another job failed.
+        let outcomes = parallel::map(&jobs, |(key, kernel, arch)| {
+            if failed.load(Ordering::Relaxed) {
+                return None;
             }
+            // A precompile that stores nothing must not look like success.
+            let outcome = self.get_or_compile(*key, kernel, *arch).and_then(|(_, origin)| match origin {
+                Origin::Disk => Ok(false),
+                Origin::Compiled { stored } => stored.map(|()| true).map_err(cache_error),
+            });
+            match &outcome {
+                Ok(_) => progress(done.fetch_add(1, Ordering::Relaxed) + 1, jobs.len()),
+                Err(_) => failed.store(true, Ordering::Relaxed),
+            }
+            Some(outcome)
         });
-        if let Some(e) = failure.into_inner().unwrap_or_else(PoisonError::into_inner) {
-            return Err(e);
-        }
-        let compiled = compiled.into_inner();
+        let compiled =
+            outcomes.into_iter().flatten().try_fold(0, |n, compiled| compiled.map(|c| n + usize::from(c)))?;
         Ok(PrecompileReport { kernels: jobs.len(), compiled, cached: jobs.len() - compiled })
     }
 

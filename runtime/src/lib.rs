@@ -48,6 +48,7 @@ mod forward;
 mod layout;
 mod marshal;
 mod nvrtc;
+mod parallel;
 mod runtime;
 mod single_flight;
 mod timing;

@@ -7,6 +7,7 @@
 use crate::autotune::Choices;
 use crate::disk_cache::{load_or_compile, DiskCache};
 use crate::nvrtc::ensure_nvrtc;
+use crate::parallel;
 use crate::single_flight::SingleFlight;
 use crate::tma::{tma_from, TMA_ENV};
 use crate::tuning::{autotune_from, AUTOTUNE_ENV};
@@ -285,6 +286,14 @@ impl Runtime {
         self.load_which(spec, Which::Forward(config))
     }
 
+    /// The forward kernels of `spec` in `configs`, in that order, loaded
+    /// like [`Runtime::load_forward`] but compiled in parallel over the
+    /// CPU's cores, where one after another they would take seconds each.
+    pub fn load_forwards(&self, spec: &Spec, configs: &[TileConfig]) -> Vec<Result<Arc<LoadedKernel>, Error>> {
+        let spec_source = to_source(spec);
+        parallel::map(configs, |&config| self.load_keyed(spec, &spec_source, Which::Forward(config)))
+    }
+
     pub(crate) fn load_which(&self, spec: &Spec, which: Which) -> Result<Arc<LoadedKernel>, Error> {
         self.load_keyed(spec, &to_source(spec), which)
     }
@@ -315,6 +324,10 @@ impl Runtime {
         let (cubin, from_disk) = load_or_compile(self.disk.as_ref(), &kernel, self.arch)?;
         let counter = if from_disk { &self.disk_hits } else { &self.compiles };
         counter.fetch_add(1, Ordering::Relaxed);
+        // Loads run on any thread (see `load_forwards`): bind the context for
+        // the driver calls below, as cudarc's `load_function` and
+        // `set_attribute` do not.
+        self.ctx.bind_to_thread().map_err(|e| Error::driver("binding the context to a loading thread", e))?;
         let module = self
             .ctx
             .load_module(Ptx::from_binary(cubin))

@@ -5,6 +5,7 @@
 //! here every row keeps exactly one key, so its softmax weight is exactly 1
 //! and O must equal a V row bit for bit.
 
+use flashgen_codegen::cuda::TileConfig;
 use flashgen_codegen::{parse_one, Spec};
 use flashgen_runtime::cudarc::driver::CudaSlice;
 use flashgen_runtime::half::{bf16, f16};
@@ -167,6 +168,19 @@ fn single_key_copies_v_through_strided_gqa_layouts() -> TestResult {
     run.check::<bf16>(&rt)?;
     // Served from the cache from now on.
     assert!(Arc::ptr_eq(&rt.load(&spec)?, &rt.load(&spec)?));
+    Ok(())
+}
+
+/// Kernels loaded in parallel come back in their configs' order, and are
+/// the ones the cache then serves one at a time.
+#[test]
+fn parallel_loads_are_in_config_order() -> TestResult {
+    let Some(rt) = runtime() else { return Ok(()) };
+    let spec = parse_one("Parallel { dtype: f16, head_dim: 64 }")?;
+    let configs = TileConfig::candidates(&spec, rt.target());
+    for (&config, loaded) in configs.iter().zip(rt.load_forwards(&spec, &configs)) {
+        assert!(Arc::ptr_eq(&loaded?, &rt.load_forward(&spec, config)?));
+    }
     Ok(())
 }
 
