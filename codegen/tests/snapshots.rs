@@ -4,8 +4,8 @@
 
 use flashgen_codegen::abi::{ArgKind, Kernel};
 use flashgen_codegen::cuda::{
-    emit_backward, emit_backward_with, emit_forward, emit_forward_with, BackwardConfig, BackwardPass, DqAccum, Mma,
-    Target, TileConfig,
+    emit_backward, emit_backward_with, emit_forward, emit_forward_copying, emit_forward_with, BackwardConfig,
+    BackwardPass, DqAccum, Mma, Target, TileConfig, TileCopy,
 };
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
@@ -152,6 +152,10 @@ fn hopper_long_keys_window_kernel_at_d64() {
     let config = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), 4096);
     assert_eq!((config.mma, config.warps), (Mma::Wgmma, 12));
     insta::assert_snapshot!("wgmma_window64", render(&emit_forward_with(&spec, config)));
+    // For layouts TMA cannot address: the producer's threads copy the tiles
+    // and the consumers' store O.
+    let threads = emit_forward_copying(&spec, config, TileCopy::Threads);
+    insta::assert_snapshot!("wgmma_window64_threads", render(&threads));
 }
 
 #[test]

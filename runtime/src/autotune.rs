@@ -173,7 +173,8 @@ impl Runtime {
         let spec = launch.spec;
         let class = self.shape_class(spec, &launch.shape);
         let configs = TileConfig::candidates(spec, self.target());
-        let loads = self.load_forwards(spec, &configs);
+        let which: Vec<_> = configs.iter().map(|&config| launch.which(self, config)).collect();
+        let loads = self.load_all(spec, &launch.spec_source, &which);
         // A failed load is not cached: launching that candidate would compile it again.
         let candidates: Vec<(TileConfig, Result<f64, Error>)> = configs
             .into_iter()

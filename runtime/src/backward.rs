@@ -178,7 +178,8 @@ impl Runtime {
         };
         let key_order = key_order.as_ref().map(|order| order.device_ptr(s));
         // The main kernel's producer copies Q, dO, K and V with TMA where it can.
-        let tensor_maps = tma::tensor_maps(main.kernel(), spec.dtype, self.tma, |op| match op {
+        let (ops, tile) = (tma::mapped_operands(main.kernel()), tma::Tile::of(main.kernel()));
+        let tensor_maps = tma::tensor_maps(&ops, tile, spec.dtype, self.tma, |op| match op {
             Operand::Q => Some((q_ptr, &q.1)),
             Operand::K => Some((k_ptr, &k.1)),
             Operand::V => Some((v_ptr, &v.1)),

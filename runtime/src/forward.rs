@@ -5,11 +5,11 @@ use crate::block_mask::{BlockMask, BuiltFor};
 use crate::check::{check_forward, softmax_scale, Problem};
 use crate::marshal::{launch, launch_config, marshal, Bindings};
 use crate::runtime::Which;
-use crate::tma;
+use crate::tma::{self, TensorMap};
 use crate::{ArgValue, Element, Error, Layout, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::abi::{ArgKind, Grid, Operand};
-use flashgen_codegen::cuda::{TileConfig, Work};
+use flashgen_codegen::abi::{ArgKind, Grid, Operand, FORWARD_TENSOR_MAPS};
+use flashgen_codegen::cuda::{TileConfig, TileCopy, Work};
 use flashgen_codegen::{to_source, Shape, Spec};
 
 /// The operands of one forward pass. O and the optional row log-sum-exp
@@ -98,12 +98,23 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         Ok(Some(ForwardLaunch { spec, spec_source: to_source(spec), shape, io, args, infos, scale }))
     }
 
+    /// The kernel a launch in `config` runs: see [`tensor_maps`].
+    pub(crate) fn which(&self, rt: &Runtime, config: TileConfig) -> Which {
+        let stream = rt.stream().as_ref();
+        let ForwardIo { q, k, v, o, .. } = &self.io;
+        let ptrs =
+            [q.0.device_ptr(stream).0, k.0.device_ptr(stream).0, v.0.device_ptr(stream).0, o.0.device_ptr(stream).0];
+        let layouts = [&q.1, &k.1, &v.1, &o.1];
+        let copy = match tensor_maps(rt, self.spec, config, ptrs, layouts) {
+            Some(_) => TileCopy::Tma,
+            None => TileCopy::Threads,
+        };
+        Which::forward(config, copy)
+    }
+
     /// Queues the kernel in `config` without waiting for it.
     pub fn run(&mut self, rt: &Runtime, config: TileConfig, opts: &ForwardOptions<'_>) -> Result<(), Error> {
         let (spec, shape, infos) = (self.spec, self.shape, &self.infos);
-        let loaded = rt.load_keyed(spec, &self.spec_source, Which::Forward(config))?;
-        let kernel = loaded.kernel();
-        let grid = launch_config(kernel, &shape, 1, rt.sm_count())?;
         let ForwardIo { q: (q, q_layout), k: (k, k_layout), v: (v, v_layout), o: (o, o_layout), lse } = &mut self.io;
 
         // The guards order the launch after pending work on each buffer and
@@ -114,6 +125,12 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         let (v_ptr, _v) = v.device_ptr(stream);
         let (o_ptr, _o) = o.device_ptr_mut(stream);
         let lse = lse.as_mut().map(|l| l.device_ptr_mut(stream));
+        let layouts = [&*q_layout, &*k_layout, &*v_layout, &*o_layout];
+        let tensor_maps = tensor_maps(rt, spec, config, [q_ptr, k_ptr, v_ptr, o_ptr], layouts);
+        let copy = if tensor_maps.is_some() { TileCopy::Tma } else { TileCopy::Threads };
+        let loaded = rt.load_keyed(spec, &self.spec_source, Which::forward(config, copy))?;
+        let kernel = loaded.kernel();
+        let grid = launch_config(kernel, &shape, 1, rt.sm_count())?;
         // The checks put params first, so the tensors are exactly the
         // arguments with device pointers, in declaration order.
         let tensors: Vec<_> = self.args.iter().filter_map(|a| a.device_ptr(stream)).collect();
@@ -131,13 +148,6 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         };
         let item_order = item_order.as_ref().map(|order| order.device_ptr(stream));
         let work_counter = matches!(kernel.grid, Grid::Persistent { .. }).then(|| rt.work_counter().device_ptr(stream));
-        let tensor_maps = tma::tensor_maps(kernel, spec.dtype, rt.tma, |op| match op {
-            Operand::Q => Some((q_ptr, &*q_layout)),
-            Operand::K => Some((k_ptr, &*k_layout)),
-            Operand::V => Some((v_ptr, &*v_layout)),
-            Operand::O => Some((o_ptr, &*o_layout)),
-            _ => None,
-        });
         let values = marshal(
             kernel,
             &Bindings {
@@ -169,6 +179,25 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         unsafe { launch(stream, loaded.function(), &values, grid) }.map_err(launching)?;
         Ok(())
     }
+}
+
+/// The TMA descriptors of Q, K, V and O (`ptrs`, `layouts`) a launch in
+/// `config` copies with: a warp-specialized configuration's, where TMA is
+/// on and can address every operand; else `None`, and the kernel copies
+/// with its threads.
+fn tensor_maps(
+    rt: &Runtime,
+    spec: &Spec,
+    config: TileConfig,
+    ptrs: [u64; 4],
+    layouts: [&Layout; 4],
+) -> Option<Vec<(Operand, TensorMap)>> {
+    let tile = tma::Tile { block_m: config.block_m(), block_n: config.block_n };
+    let on = rt.tma && config.persistent();
+    tma::tensor_maps(&FORWARD_TENSOR_MAPS, tile, spec.dtype, on, |op| {
+        let i = FORWARD_TENSOR_MAPS.iter().position(|&o| o == op)?;
+        Some((ptrs[i], layouts[i]))
+    })
 }
 
 /// A block mask must describe exactly the launch it is used for.

@@ -16,7 +16,7 @@ use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream};
 use cudarc::nvrtc::Ptx;
 use flashgen_codegen::abi::Kernel;
-use flashgen_codegen::cuda::{self, Target, TileConfig};
+use flashgen_codegen::cuda::{self, Target, TileConfig, TileCopy};
 use flashgen_codegen::{to_source, Spec};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -60,7 +60,8 @@ pub struct CacheStats {
 /// Which kernel of a spec.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Which {
-    Forward(cuda::TileConfig),
+    /// Made by [`Which::forward`].
+    Forward(TileConfig, TileCopy),
     BlockMask,
     /// A work order under the spec's block mask.
     WorkOrder(cuda::Work),
@@ -84,9 +85,10 @@ impl Which {
     pub(crate) fn all(spec: &Spec, set: KernelSet, target: Target) -> Vec<Which> {
         // Short keys' and long keys' forward (TileConfig::preferred_for).
         let forward = [TileConfig::preferred(spec, target), TileConfig::preferred_for(spec, target, usize::MAX)];
-        let mut which = vec![Which::Forward(forward[0]), Which::BlockMask];
+        // Copying with TMA, as launches on contiguous operands do.
+        let mut which = vec![Which::forward(forward[0], TileCopy::Tma), Which::BlockMask];
         if forward[1] != forward[0] {
-            which.push(Which::Forward(forward[1]));
+            which.push(Which::forward(forward[1], TileCopy::Tma));
         }
         // Persistent forwards' item orders under a data-dependent mask.
         for config in forward.iter().filter(|c| c.persistent()) {
@@ -108,6 +110,13 @@ impl Which {
         which
     }
 
+    /// The forward kernel in `config`, copying as `copy` says where the
+    /// configuration is warp-specialized; the others have one kernel, and
+    /// one cache entry.
+    pub(crate) fn forward(config: TileConfig, copy: TileCopy) -> Which {
+        Which::Forward(config, if config.persistent() { copy } else { TileCopy::Threads })
+    }
+
     /// Backward kernel `pass` in `config`; `tensor_grads` only selects among
     /// dK/dV kernels, so the others have one cache entry.
     pub(crate) fn backward(pass: cuda::BackwardPass, config: cuda::BackwardConfig) -> Which {
@@ -119,7 +128,7 @@ impl Which {
     /// mask, and for a work order of one without a data-dependent mask.
     pub(crate) fn emit(self, spec: &Spec) -> Option<Kernel> {
         match self {
-            Which::Forward(config) => Some(cuda::emit_forward_with(spec, config)),
+            Which::Forward(config, copy) => Some(cuda::emit_forward_copying(spec, config, copy)),
             Which::BlockMask => cuda::emit_block_mask(spec),
             Which::WorkOrder(work) => cuda::emit_work_order(spec, work),
             Which::Backward(pass, config) => Some(cuda::emit_backward_with(spec, pass, config)),
@@ -281,17 +290,29 @@ impl Runtime {
         self.load_forward(spec, TileConfig::preferred(spec, self.target()))
     }
 
-    /// The forward kernel of `spec` in tile configuration `config`.
+    /// The forward kernel of `spec` in tile configuration `config` (copying
+    /// with TMA where it is warp-specialized, as launches on operands TMA
+    /// can address do).
     pub fn load_forward(&self, spec: &Spec, config: TileConfig) -> Result<Arc<LoadedKernel>, Error> {
-        self.load_which(spec, Which::Forward(config))
+        self.load_which(spec, Which::forward(config, TileCopy::Tma))
     }
 
     /// The forward kernels of `spec` in `configs`, in that order, loaded
     /// like [`Runtime::load_forward`] but compiled in parallel over the
     /// CPU's cores, where one after another they would take seconds each.
     pub fn load_forwards(&self, spec: &Spec, configs: &[TileConfig]) -> Vec<Result<Arc<LoadedKernel>, Error>> {
-        let spec_source = to_source(spec);
-        parallel::map(configs, |&config| self.load_keyed(spec, &spec_source, Which::Forward(config)))
+        let which: Vec<_> = configs.iter().map(|&config| Which::forward(config, TileCopy::Tma)).collect();
+        self.load_all(spec, &to_source(spec), &which)
+    }
+
+    /// The kernels `which` of `spec`, in that order, compiled in parallel.
+    pub(crate) fn load_all(
+        &self,
+        spec: &Spec,
+        spec_source: &str,
+        which: &[Which],
+    ) -> Vec<Result<Arc<LoadedKernel>, Error>> {
+        parallel::map(which, |&which| self.load_keyed(spec, spec_source, which))
     }
 
     pub(crate) fn load_which(&self, spec: &Spec, which: Which) -> Result<Arc<LoadedKernel>, Error> {

@@ -36,38 +36,55 @@ impl TensorMap {
     pub const NONE: TensorMap = TensorMap(CUtensorMap { opaque: [0; 16] });
 }
 
-/// The kernel's TMA descriptors, one per [`ArgKind::TensorMap`] argument,
-/// of the operands `operand` gives (address and layout) in boxes of the
-/// kernel's `block_m` (Q, dO) or `block_n` (K, V) rows, or of
-/// [`O_STORE_ROWS`] (O). `None` when the
-/// kernel takes none, TMA is off (`on`), or a layout rules TMA out for one
-/// of them: the kernel then copies every tile with cp.async.
+/// TMA descriptors of `ops`, as `operand` gives them (address and layout),
+/// in boxes of `tile`'s rows: `block_m` for Q and dO, `block_n` for K and V,
+/// [`O_STORE_ROWS`] for O. `None` when there are none to make, TMA is off
+/// (`on`), or a layout rules TMA out for one of them: the kernel then
+/// copies every tile with cp.async.
 pub(crate) fn tensor_maps<'l>(
-    kernel: &Kernel,
+    ops: &[Operand],
+    tile: Tile,
     dtype: Dtype,
     on: bool,
     operand: impl Fn(Operand) -> Option<(u64, &'l Layout)>,
 ) -> Option<Vec<(Operand, TensorMap)>> {
-    let ops: Vec<Operand> = kernel
+    if !on || ops.is_empty() {
+        return None;
+    }
+    ops.iter()
+        .map(|&op| {
+            let rows = match op {
+                Operand::K | Operand::V => tile.block_n,
+                Operand::O => O_STORE_ROWS,
+                _ => tile.block_m,
+            };
+            let (ptr, layout) = operand(op)?;
+            Some((op, encode(ptr, layout, dtype, rows)?))
+        })
+        .collect()
+}
+
+/// A kernel's query and key rows per tile: the TMA boxes' rows.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Tile {
+    pub block_m: u32,
+    pub block_n: u32,
+}
+
+impl Tile {
+    pub(crate) fn of(kernel: &Kernel) -> Tile {
+        Tile { block_m: kernel.block_m, block_n: kernel.block_n }
+    }
+}
+
+/// The operands `kernel` takes TMA descriptors of, in argument order.
+pub(crate) fn mapped_operands(kernel: &Kernel) -> Vec<Operand> {
+    kernel
         .args
         .iter()
         .filter_map(|arg| match arg.kind {
             ArgKind::TensorMap(op) => Some(op),
             _ => None,
-        })
-        .collect();
-    if !on || ops.is_empty() {
-        return None;
-    }
-    ops.into_iter()
-        .map(|op| {
-            let rows = match op {
-                Operand::K | Operand::V => kernel.block_n,
-                Operand::O => O_STORE_ROWS,
-                _ => kernel.block_m,
-            };
-            let (ptr, layout) = operand(op)?;
-            Some((op, encode(ptr, layout, dtype, rows)?))
         })
         .collect()
 }

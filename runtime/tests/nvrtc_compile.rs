@@ -6,8 +6,8 @@ mod support;
 
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{
-    emit_backward, emit_backward_with, emit_block_mask, emit_forward_with, emit_work_order, BackwardConfig,
-    BackwardPass, Mma, Target, TileConfig, Work,
+    emit_backward, emit_backward_with, emit_block_mask, emit_forward_copying, emit_work_order, BackwardConfig,
+    BackwardPass, Mma, Target, TileConfig, TileCopy, Work,
 };
 use flashgen_codegen::{parse_str, Spec};
 use flashgen_runtime::{compile_cubin, compile_cubin_with_log, Arch, Error};
@@ -55,12 +55,20 @@ fn every_shipped_spec_compiles_for_sm80_and_sm90() {
             let shared = [block_mask].into_iter().chain(orders).chain(backward).flatten();
             let both = shared.flat_map(|kernel| [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (kernel.clone(), arch)));
             // Every forward configuration the runtime may pick (or tune) on each arch;
-            // the portable ones once, on sm_80.
-            let sm80 = TileConfig::candidates(spec, Target::PORTABLE).into_iter().map(|c| (c, Arch::new(8, 0)));
-            let hopper =
-                TileConfig::candidates(spec, Arch::new(9, 0).target()).into_iter().filter(|c| c.mma == Mma::Wgmma);
-            let forward =
-                sm80.chain(hopper.map(|c| (c, Arch::new(9, 0)))).map(|(c, arch)| (emit_forward_with(spec, c), arch));
+            // the portable ones once, on sm_80; the warp-specialized ones copying
+            // either way.
+            let sm80 = TileConfig::candidates(spec, Target::PORTABLE)
+                .into_iter()
+                .map(|c| (emit_forward_copying(spec, c, TileCopy::Threads), Arch::new(8, 0)));
+            let hopper = TileConfig::candidates(spec, Arch::new(9, 0).target())
+                .into_iter()
+                .filter(|c| c.mma == Mma::Wgmma)
+                .flat_map(|c| {
+                    let copies =
+                        if c.persistent() { &[TileCopy::Tma, TileCopy::Threads][..] } else { &[TileCopy::Tma] };
+                    copies.iter().map(move |&copy| (emit_forward_copying(spec, c, copy), Arch::new(9, 0)))
+                });
+            let forward = sm80.chain(hopper);
             // The Hopper dK/dV kernel, where the spec's head dims have one, with
             // and without tensor gradients, and the postprocess of its dQ
             // accumulator.

@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
     auto launch = [&]() {
         KERNEL<<<grid, CTA_THREADS, smem>>>(q, k, v, o, nullptr, batch, heads, heads, seq, seq, seq * qs, qs, D, seq * qs, qs, D,
                                             seq * vs, vs, DV, seq * vs, vs, DV, 0.125f, EXTRA_ARGS counter, q_map, k_map,
-                                            v_map, o_map, 1);
+                                            v_map, o_map);
     };
     for (int i = 0; i < 5; ++i) launch();
     CHECK(cudaDeviceSynchronize());

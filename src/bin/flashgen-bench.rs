@@ -20,9 +20,10 @@
 //!
 //! `flashgen-bench --jit` instead measures the JIT for every example spec:
 //! cold compile of the kernel the runtime launches untuned on this GPU
-//! (codegen + NVRTC to CUBIN, NVRTC already loaded), a disk
-//! cache hit to a launchable kernel in a fresh runtime, and the host time of
-//! one launch on an in-memory hit.
+//! (codegen + NVRTC to CUBIN, NVRTC already loaded; NVRTC 13's own compute
+//! cache, which answers a source it compiled before in ~40 ms even across
+//! processes, is turned off), a disk cache hit to a launchable kernel in a
+//! fresh runtime, and the host time of one launch on an in-memory hit.
 
 use flashgen::codegen::analysis::{classify, TileClass};
 use flashgen::codegen::cuda::TileConfig;
@@ -63,9 +64,11 @@ fn main() {
     let tune = args.iter().any(|a| a == "--tune");
 
     if args.iter().any(|a| a == "--jit") {
-        // A fresh cache directory, before any runtime reads the environment.
+        // A fresh cache directory, before any runtime reads the environment,
+        // and no NVRTC compute cache (~/.nv/ComputeCache), before NVRTC loads.
         let dir = std::env::temp_dir().join(format!("flashgen-jit-{}", std::process::id()));
         std::env::set_var("FLASHGEN_CACHE_DIR", &dir);
+        std::env::set_var("CUDA_CACHE_DISABLE", "1");
         jit(&start_runtime());
         let _ = std::fs::remove_dir_all(dir);
         return;

@@ -33,5 +33,6 @@ mod writer;
 
 pub use backward::{emit_backward, emit_backward_with, trainable_tensors, BackwardConfig, BackwardPass, DqAccum};
 pub use block_mask::emit_block_mask;
-pub use forward::{emit_forward, emit_forward_with, Mma, Target, TileConfig};
+pub use forward::{emit_forward, emit_forward_copying, emit_forward_with, Mma, Target, TileConfig};
+pub use tma::TileCopy;
 pub use work_order::{emit_work_order, Work, BUCKETS, HEADS_PER_BLOCK};

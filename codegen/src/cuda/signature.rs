@@ -7,13 +7,15 @@
 //! with a kernel local or a C keyword.
 
 use super::expr::c_type;
-use crate::abi::{ArgKind, Axis, KernelArg, Operand};
+use super::tma::TileCopy;
+use crate::abi::{ArgKind, Axis, KernelArg, Operand, FORWARD_TENSOR_MAPS};
 use crate::spec::{ElemTy, Spec};
 
 /// Q, K, V, O pointers; lse; sizes; 12 strides; scale; params; tensors; a
-/// mask's block mask; a persistent kernel's work counter, work order (under
-/// a data-dependent mask) and TMA descriptors.
-pub(super) fn forward_args(spec: &Spec, persistent: bool) -> Vec<KernelArg> {
+/// mask's block mask; a persistent kernel's (`persistent`: how it copies)
+/// work counter, work order (under a data-dependent mask) and, copying with
+/// TMA, its descriptors.
+pub(super) fn forward_args(spec: &Spec, persistent: Option<TileCopy>) -> Vec<KernelArg> {
     const OPERANDS: [Operand; 4] = [Operand::Q, Operand::K, Operand::V, Operand::O];
     let mut kinds: Vec<ArgKind> = OPERANDS.map(ArgKind::Ptr).to_vec();
     kinds.extend([ArgKind::Lse, ArgKind::Batch, ArgKind::Heads, ArgKind::HeadsKv, ArgKind::QLen, ArgKind::KvLen]);
@@ -26,26 +28,25 @@ pub(super) fn forward_args(spec: &Spec, persistent: bool) -> Vec<KernelArg> {
     if spec.mask.is_some() {
         kinds.extend([ArgKind::BlockMask, BLOCK_MASK_BATCH_STRIDE, BLOCK_MASK_HEAD_STRIDE]);
     }
-    if persistent {
+    if let Some(copy) = persistent {
         kinds.push(ArgKind::WorkCounter);
         // The items' claim order under a data-dependent mask.
         if spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) {
             kinds.push(ArgKind::WorkOrder);
         }
-        kinds.extend(tma_kinds(&[Operand::Q, Operand::K, Operand::V, Operand::O]));
+        if copy == TileCopy::Tma {
+            kinds.extend(FORWARD_TENSOR_MAPS.map(ArgKind::TensorMap));
+        }
     }
     named(spec, kinds)
 }
 
-/// The TMA descriptors of `ops` and the flag that says they are valid.
-fn tma_kinds(ops: &[Operand]) -> impl Iterator<Item = ArgKind> + '_ {
-    ops.iter().map(|&op| ArgKind::TensorMap(op)).chain([ArgKind::Tma])
-}
-
 /// A kernel's arguments `args` followed by TMA descriptors of `ops` (see
-/// [`ArgKind::TensorMap`]).
+/// [`ArgKind::TensorMap`]) and the flag that says they are valid: the dK/dV
+/// kernel chooses its copies at run time.
 pub(super) fn with_tma_args(spec: &Spec, mut args: Vec<KernelArg>, ops: &[Operand]) -> Vec<KernelArg> {
-    args.extend(named(spec, tma_kinds(ops).collect()));
+    let kinds = ops.iter().map(|&op| ArgKind::TensorMap(op)).chain([ArgKind::Tma]);
+    args.extend(named(spec, kinds.collect()));
     args
 }
 

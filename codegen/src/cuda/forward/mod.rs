@@ -36,7 +36,7 @@ use super::signature::{arg_name, forward_args};
 use super::source::{kernel_name, write_entry, write_header};
 use super::tile_class::{class_expr, tile_class_expr};
 use super::tiles::TILES;
-use super::tma::{TMA, TMA_STORE};
+use super::tma::{TileCopy, TMA, TMA_STORE};
 use super::wgmma::{write_wgmma_op, AFrom, WGMMA};
 use super::writer::Writer;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
@@ -369,12 +369,20 @@ pub fn emit_forward(spec: &Spec) -> Kernel {
     emit_forward_with(spec, TileConfig::default_for(spec))
 }
 
-/// Emits the forward kernel for `spec` with an explicit tile configuration.
+/// Emits the forward kernel for `spec` with an explicit tile configuration;
+/// a warp-specialized one copies with TMA.
 pub fn emit_forward_with(spec: &Spec, config: TileConfig) -> Kernel {
+    emit_forward_copying(spec, config, TileCopy::Tma)
+}
+
+/// [`emit_forward_with`], copying tiles as `copy` says where the
+/// configuration is warp-specialized (the others copy with their threads).
+pub fn emit_forward_copying(spec: &Spec, config: TileConfig, copy: TileCopy) -> Kernel {
     let name = kernel_name("fwd", spec);
-    let args = forward_args(spec, warp_specialized(config));
+    let copy = warp_specialized(config).then_some(copy);
+    let args = forward_args(spec, copy);
     let mut w = Writer::new(String::new());
-    write_kernel(&mut w, spec, config, &name, &args).expect("formatting into a String cannot fail");
+    write_kernel(&mut w, spec, config, copy, &name, &args).expect("formatting into a String cannot fail");
     Kernel {
         name,
         source: w.into_inner(),
@@ -390,10 +398,12 @@ pub fn emit_forward_with(spec: &Spec, config: TileConfig) -> Kernel {
     }
 }
 
+/// `copy`: how a warp-specialized kernel copies (`None` for the others).
 fn write_kernel(
     w: &mut Writer<String>,
     spec: &Spec,
     config: TileConfig,
+    copy: Option<TileCopy>,
     name: &str,
     args: &[KernelArg],
 ) -> fmt::Result {
@@ -413,14 +423,16 @@ fn write_kernel(
         }
         writeln!(w)?;
     }
-    if warp_specialized(config) {
+    if let Some(copy) = copy {
         w.write_str(RING)?;
         writeln!(w)?;
         w.write_str(persistent::WORK_CLAIMS)?;
         writeln!(w)?;
-        w.write_str(TMA)?;
-        w.write_str(TMA_STORE)?;
-        writeln!(w)?;
+        if copy == TileCopy::Tma {
+            w.write_str(TMA)?;
+            w.write_str(TMA_STORE)?;
+            writeln!(w)?;
+        }
     }
     write_config(w, spec, config)?;
     writeln!(w)?;
@@ -428,7 +440,7 @@ fn write_kernel(
         1 => "CTA_THREADS".to_string(),
         n => format!("CTA_THREADS, {n}"),
     };
-    write_entry(w, spec, (name, &bounds), args, |w| write_body(w, spec, config))
+    write_entry(w, spec, (name, &bounds), args, |w| write_body(w, spec, config, copy))
 }
 
 fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::Result {
@@ -446,8 +458,8 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt:
         using storage = {storage};  // element format of Q, K, V and O\n\
         constexpr int D = {d};  // Q/K head dim\n\
         constexpr int DV = {dv};  // V/O head dim\n\
-        constexpr int DP = {dp};  // D padded to the MMA k-step (zeros beyond D)\n\
-        constexpr int DVP = {dvp};  // DV padded to pairs of 8-wide MMA tiles\n\
+        constexpr int DP = (D + 15) / 16 * 16;  // D padded to the MMA k-step (zeros beyond D)\n\
+        constexpr int DVP = (DV + 15) / 16 * 16;  // DV padded to pairs of 8-wide MMA tiles\n\
         constexpr int WARPS = {warps};\n\
         constexpr int THREADS = 32 * WARPS;  // the threads that multiply\n\
         constexpr int M_TILES = {m_tiles};  // 16-row MMA tiles per warp\n\
@@ -518,7 +530,7 @@ impl ShmemCols {
     }
 }
 
-fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::Result {
+fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig, copy: Option<TileCopy>) -> fmt::Result {
     match config.mma {
         Mma::Sync => writeln!(w, "extern __shared__ __align__(128) unsigned short smem[];")?,
         Mma::Wgmma => write!(
@@ -529,8 +541,8 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
             unsigned short* smem = (unsigned short*)(smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024);\n"
         )?,
     }
-    if warp_specialized(config) {
-        return persistent::write_body(w, spec, config);
+    if let Some(copy) = copy {
+        return persistent::write_body(w, spec, config, copy);
     }
     let name = |kind| arg_name(spec, kind);
     let [q_len, kv_len] = [ArgKind::QLen, ArgKind::KvLen].map(name);
@@ -552,7 +564,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
         const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n"
     )?;
-    write_item_rows(w, spec, true)?;
+    write_item_rows(w, spec, ItemRole::Cta)?;
     let q_load = q_load(spec);
     writeln!(w, "// Prologue: the Q tile, then (once the tile classes say which) the first")?;
     writeln!(w, "// visited K/V tile, in flight together.")?;
@@ -585,42 +597,56 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::R
     write_epilogue(w, spec, &hoisted, OStaging::Cta, RowSums::Fadd)
 }
 
-/// From the query tile `q_block` and `b`, `h`: its first row, the K/V head,
-/// this (batch, head)'s rows of Q, K, V (and O when `stores_o`) and whether
-/// they allow 16-byte copies.
-fn write_item_rows(w: &mut Writer<String>, spec: &Spec, stores_o: bool) -> fmt::Result {
+/// Who works on an item, which decides the operands' rows it addresses.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ItemRole {
+    /// Every thread of a CTA: it loads Q, K and V and stores O itself.
+    Cta,
+    /// A warp-specialized kernel's producer: it copies Q, K and V (with
+    /// TMA, by coordinates alone).
+    Producer(TileCopy),
+    /// Its consumers: they store O (with TMA, by coordinates alone).
+    Consumers(TileCopy),
+}
+
+/// From the query tile `q_block` and `b`, `h`: its first row, the K/V head
+/// of a `role` that loads K and V, and this (batch, head)'s rows of the
+/// operands the role addresses, with whether Q's, K's and V's allow 16-byte
+/// copies.
+fn write_item_rows(w: &mut Writer<String>, spec: &Spec, role: ItemRole) -> fmt::Result {
     let name = |kind| arg_name(spec, kind);
     let [heads, heads_kv] = [ArgKind::Heads, ArgKind::HeadsKv].map(name);
     let seq_stride = |op| name(ArgKind::Stride(op, Axis::Seq));
     let [q_stride, k_stride, v_stride] = [Operand::Q, Operand::K, Operand::V].map(seq_stride);
-    write!(
-        w,
-        "\
-        const int q0 = q_block * BLOCK_M;\n\
-        // GQA / MQA: each group of {heads} / {heads_kv} query heads shares one K/V head.\n\
-        const int kv_head = h / ({heads} / {heads_kv});\n\
-        \n\
-        // This (batch, head)'s rows of each operand; 64-bit offsets throughout.\n"
-    )?;
-    let o = stores_o.then_some((Operand::O, "o_rows", "h"));
-    for (op, rows, head) in
-        [(Operand::Q, "q_rows", "h"), (Operand::K, "k_rows", "kv_head"), (Operand::V, "v_rows", "kv_head")]
-            .into_iter()
-            .chain(o)
-    {
+    writeln!(w, "const int q0 = q_block * BLOCK_M;")?;
+    if !matches!(role, ItemRole::Consumers(_)) {
+        writeln!(w, "// GQA / MQA: each group of {heads} / {heads_kv} query heads shares one K/V head.")?;
+        writeln!(w, "const int kv_head = h / ({heads} / {heads_kv});")?;
+    }
+    let copies = matches!(role, ItemRole::Cta | ItemRole::Producer(TileCopy::Threads));
+    let stores = matches!(role, ItemRole::Cta | ItemRole::Consumers(TileCopy::Threads));
+    let qkv = [(Operand::Q, "q_rows", "h"), (Operand::K, "k_rows", "kv_head"), (Operand::V, "v_rows", "kv_head")];
+    let o = stores.then_some((Operand::O, "o_rows", "h"));
+    let ops: Vec<_> = qkv.into_iter().filter(|_| copies).chain(o).collect();
+    if !ops.is_empty() {
+        writeln!(w, "\n// This (batch, head)'s rows of each operand; 64-bit offsets throughout.")?;
+    }
+    for (op, rows, head) in ops {
         let ptr = name(ArgKind::Ptr(op));
         let batch_stride = name(ArgKind::Stride(op, Axis::Batch));
         let head_stride = name(ArgKind::Stride(op, Axis::Head));
         writeln!(w, "auto* {rows} = {ptr} + b * {batch_stride} + {head} * {head_stride};")?;
     }
-    write!(
-        w,
-        "\
-        // 16-byte copies need 16-byte aligned rows; otherwise (odd strides, odd\n\
-        // offsets) the tiles load element by element. Uniform across the CTA.\n\
-        const bool vector = aligned16(q_rows, {q_stride}) && aligned16(k_rows, {k_stride}) && aligned16(v_rows, {v_stride});\n\
-        \n"
-    )
+    if copies {
+        write!(
+            w,
+            "\
+            // 16-byte copies need 16-byte aligned rows; otherwise (odd strides, odd\n\
+            // offsets) the tiles load element by element. Uniform across the CTA.\n\
+            const bool vector = aligned16(q_rows, {q_stride}) && aligned16(k_rows, {k_stride}) && aligned16(v_rows, {v_stride});\n"
+        )?;
+    }
+    writeln!(w)
 }
 
 /// `load_tile`'s arguments for the Q tile into `q_tile`.
@@ -812,7 +838,7 @@ fn write_epilogue(
             "every warp is done with the Q and K/V tiles: their space stages O",
             "smem;  // [BLOCK_M][DVP]",
         ),
-        OStaging::QBuffer => (
+        OStaging::QBuffer(_) => (
             // The warpgroup's own named barrier: the other warpgroups go on.
             "named_barrier_sync(3 + WARPGROUPS + warpgroup, 128);",
             "the warpgroup is done with its rows of this item's Q: they stage its O",
@@ -831,7 +857,7 @@ fn write_epilogue(
                 "store_tile<BLOCK_M, DVP, DV, THREADS>(o_tile, o_rows + (long long)q0 * {o_stride}, {o_stride}, {q_len} - q0, aligned16(o_rows, {o_stride}), threadIdx.x);"
             ),
         ),
-        OStaging::QBuffer => (
+        OStaging::QBuffer(_) => (
             "tile_offset<BLOCK_M, DVP, true>(row, n * 8 + 2 * t)",
             format!(
                 "const int wg_row = warpgroup * 4 * WARP_M;\n\
@@ -878,14 +904,16 @@ fn write_epilogue(
         "
     )?;
     match staging {
-        OStaging::Cta => writeln!(w, "{sync}\n{store}")?,
-        OStaging::QBuffer => write_o_store(w, sync, &store)?,
+        OStaging::Cta => writeln!(w, "{sync}\n{store}"),
+        OStaging::QBuffer(copy) => {
+            write_o_store(w, copy, sync, &store)?;
+            writeln!(w, "__syncwarp();  // the warp's reads of o_tile are done:")?;
+            writeln!(
+                w,
+                "if (lane == 0) mbar_arrive(q_empty + 8 * qb);  // the buffer takes the Q of the item after next"
+            )
+        }
     }
-    if staging == OStaging::QBuffer {
-        writeln!(w, "__syncwarp();  // the warp's reads of o_tile are done:")?;
-        writeln!(w, "if (lane == 0) mbar_arrive(q_empty + 8 * qb);  // the buffer takes the Q of the item after next")?;
-    }
-    Ok(())
 }
 
 /// O from a warp-specialized kernel's Q buffer to memory: with TMA each
@@ -893,24 +921,21 @@ fn write_epilogue(
 /// no per-thread address math; the copy engine clips rows past q_len), and
 /// frees the buffer once the copy has read it; else the warpgroup meets
 /// and its threads store 16 bytes at a time.
-fn write_o_store(w: &mut Writer<String>, barrier: &str, store: &str) -> fmt::Result {
-    write!(
-        w,
-        "\
-        if (tma) {{  // the copy engine stores the warp's rows\n\
-        \x20   fence_async_smem();  // this thread's O, visible to the copy engine\n\
-        \x20   __syncwarp();\n\
-        \x20   if (lane == 0) {{\n\
-        \x20       tma_store_tile<WARP_M, V_COLS, BLOCK_M>(o_tile + warp * WARP_M * 64, o_map, q0 + warp * WARP_M, h, b);\n\
-        \x20       tma_store_wait_read();\n\
-        \x20   }}\n\
-        }} else {{\n"
-    )?;
-    w.indented(|w| {
-        writeln!(w, "{barrier}")?;
-        writeln!(w, "{store}")
-    })?;
-    writeln!(w, "}}")
+fn write_o_store(w: &mut Writer<String>, copy: TileCopy, barrier: &str, store: &str) -> fmt::Result {
+    match copy {
+        TileCopy::Tma => write!(
+            w,
+            "\
+            // The copy engine stores the warp's rows.\n\
+            fence_async_smem();  // this thread's O, visible to the copy engine\n\
+            __syncwarp();\n\
+            if (lane == 0) {{\n\
+            \x20   tma_store_tile<WARP_M, V_COLS, BLOCK_M>(o_tile + warp * WARP_M * 64, o_map, q0 + warp * WARP_M, h, b);\n\
+            \x20   tma_store_wait_read();\n\
+            }}\n"
+        ),
+        TileCopy::Threads => writeln!(w, "{barrier}\n{store}"),
+    }
 }
 
 /// Where the epilogue stages O in shared memory (unrelated to [`Stagers`],
@@ -923,8 +948,9 @@ enum OStaging {
     /// already filling the ring and the other Q buffer), each warpgroup in
     /// its own rows once it is done with them, on its own barrier: the
     /// warpgroups' turns on the tensor cores stay staggered across items.
-    /// Each consumer warp then frees its share of the buffer.
-    QBuffer,
+    /// Each consumer warp then frees its share of the buffer, once O has
+    /// left it as the kernel copies.
+    QBuffer(TileCopy),
 }
 
 /// Block sparsity by analysis: `next_tile(j)` is the first K/V tile from `j`

@@ -14,11 +14,12 @@
 
 use super::{
     interior_decl, ping_pong, q_load, two_conjuncts, write_accumulators, write_epilogue, write_item_rows,
-    write_last_pv, write_spec_terms, write_tile_classes, write_wgmma_step, KeyTerms, KvLoads, OStaging, RowSums,
-    StagedTerms, Stagers, TileConfig, ONES_TILE_BYTES,
+    write_last_pv, write_spec_terms, write_tile_classes, write_wgmma_step, ItemRole, KeyTerms, KvLoads, OStaging,
+    RowSums, StagedTerms, Stagers, TileConfig, ONES_TILE_BYTES,
 };
 use crate::abi::ArgKind;
 use crate::cuda::signature::arg_name;
+use crate::cuda::tma::TileCopy;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
@@ -49,7 +50,7 @@ __device__ __forceinline__ long long claim(unsigned long long* counter, int done
 /// producer runs ahead into the next item while the consumers finish the
 /// current one and write its O, so neither an item's loads nor a CTA's
 /// start-up leave the tensor cores idle.
-pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::Result {
+pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig, copy: TileCopy) -> fmt::Result {
     let name = |kind| arg_name(spec, kind);
     let [q_len, kv_len, heads, batch] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::Batch].map(name);
     let counter = name(ArgKind::WorkCounter);
@@ -73,9 +74,15 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         true => GROUP_WORD,
         false => "",
     };
-    let k_writers = match per_key {
-        true => "copiers + 1);  // + the writer of the tile word and key terms",
-        false => "tma ? 1 : copiers + 1);  // + the tile word's writer (with TMA: its copier)",
+    let k_writers = match (per_key, copy) {
+        (true, _) => "copiers + 1);  // + the writer of the tile word and key terms",
+        (false, TileCopy::Tma) => "1);  // the tile word's writer, its copier",
+        (false, TileCopy::Threads) => "copiers + 1);  // + the tile word's writer",
+    };
+    // The threads whose copies complete a tile.
+    let copiers = match copy {
+        TileCopy::Tma => "1;  // one producer thread hands each tile to the copy engine",
+        TileCopy::Threads => "PRODUCER_THREADS;  // each producer thread copies a share of it",
     };
     write!(
         w,
@@ -110,9 +117,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         const unsigned item_full = smem_addr(ring_bars), q_full = item_full + 16, q_empty = q_full + 16;\n\
         const unsigned k_full = q_empty + 16, v_full = k_full + 8 * STAGES, k_empty = v_full + 8 * STAGES;\n\
         const unsigned v_empty = k_empty + 8 * STAGES;\n\
-        // The threads whose copies complete a tile: with TMA one producer\n\
-        // thread hands each tile to the copy engine, else all of them copy.\n\
-        const int copiers = tma ? 1 : PRODUCER_THREADS;\n\
+        const int copiers = {copiers}\n\
         if (threadIdx.x == 0) {{\n\
         \x20   for (int s = 0; s < 2; ++s) {{\n\
         \x20       mbar_init(item_full + 8 * s, 1);  // the claiming thread\n\
@@ -169,10 +174,10 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
                 const long long item = item_slot[qb];\n\
                 if (item >= items) break;  // the consumers stop at the same claim\n"
             )?;
-            write_item_coords(w, spec, false)?;
+            write_item_coords(w, spec, ItemRole::Producer(copy))?;
             writeln!(w, "// Q first: its copy runs while the tiles are classified.")?;
             writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
-            copy(w, "q_full + 8 * qb", "<BLOCK_M, QK_COLS>(q_tile, q_map", "q0, h", |w| {
+            copy_tile(w, copy, "q_full + 8 * qb", "<BLOCK_M, QK_COLS>(q_tile, q_map", "q0, h", |w| {
                 writeln!(w, "load_tile<BLOCK_M, QK_COLS, D, PRODUCER_THREADS, true, THREADS>{}", q_load(spec))?;
                 writeln!(w, "mbar_arrive_loaded<D>(q_full + 8 * qb, vector);")
             })?;
@@ -187,8 +192,9 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
                 writeln!(w, "item_visits[qb] = j < kv_tiles;")?;
                 writeln!(w, "mbar_arrive(q_full + 8 * qb);")
             })?;
-            writeln!(w, "// With TMA the leader's warp alone walks the tiles; the others wait for the next claim.")?;
-            writeln!(w, "if (tma && warp != WARPS) continue;")?;
+            if copy == TileCopy::Tma {
+                writeln!(w, "if (warp != WARPS) continue;  // the leader's warp alone walks the tiles; the others wait for the next claim")?;
+            }
             let kv = KvLoads::of(spec, config);
             w.block(format_args!("while (j < kv_tiles)"), |w| {
                 writeln!(w, "const int next = next_tile(j + 1);")?;
@@ -217,26 +223,28 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
                     if groups {
                         writeln!(w, "group_word[stage] = groups;")?;
                     }
-                    write!(
+                    writeln!(
                         w,
-                        "\
-                        tile_word[stage] = j << TILE_SHIFT | (full ? TILE_FULL : {whole}) | (next < kv_tiles ? 0 : TILE_LAST);\n\
-                        if (tma) tma_load_tile<BLOCK_N, QK_COLS>(k_tiles + stage * K_TILE, k_map, k_full + 8 * stage, j * BLOCK_N, kv_head, b);\n"
+                        "tile_word[stage] = j << TILE_SHIFT | (full ? TILE_FULL : {whole}) | (next < kv_tiles ? 0 : TILE_LAST);"
                     )?;
-                    match per_key {
-                        true => Ok(()),
-                        false => writeln!(w, "else mbar_arrive(k_full + 8 * stage);"),
+                    match (copy, per_key) {
+                        (TileCopy::Tma, _) => writeln!(
+                            w,
+                            "tma_load_tile<BLOCK_N, QK_COLS>(k_tiles + stage * K_TILE, k_map, k_full + 8 * stage, j * BLOCK_N, kv_head, b);"
+                        ),
+                        (TileCopy::Threads, false) => writeln!(w, "mbar_arrive(k_full + 8 * stage);"),
+                        (TileCopy::Threads, true) => Ok(()),
                     }
                 })?;
-                w.block(format_args!("if (!tma)"), |w| {
+                if copy == TileCopy::Threads {
                     kv.k(w, "k_tiles + stage * K_TILE", "j")?;
-                    writeln!(w, "mbar_arrive_loaded<D>(k_full + 8 * stage, vector);")
-                })?;
+                    writeln!(w, "mbar_arrive_loaded<D>(k_full + 8 * stage, vector);")?;
+                }
                 if per_key {
                     staged.write_key_terms(w)?;
                 }
                 writeln!(w, "mbar_wait(v_empty + 8 * stage, empty_parity);")?;
-                copy(w, "v_full + 8 * stage", "<BLOCK_N, V_COLS>(v_tiles + stage * V_TILE, v_map", "j * BLOCK_N, kv_head", |w| {
+                copy_tile(w, copy, "v_full + 8 * stage", "<BLOCK_N, V_COLS>(v_tiles + stage * V_TILE, v_map", "j * BLOCK_N, kv_head", |w| {
                     kv.v(w, "v_tiles + stage * V_TILE", "j")?;
                     writeln!(w, "mbar_arrive_loaded<DV>(v_full + 8 * stage, vector);")
                 })?;
@@ -289,7 +297,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
             const long long item = item_slot[qb];\n\
             if (item >= items) break;\n"
         )?;
-        write_item_coords(w, spec, true)?;
+        write_item_coords(w, spec, ItemRole::Consumers(copy))?;
         writeln!(w)?;
         // The item's staged spec terms come with Q.
         if item_terms {
@@ -303,9 +311,11 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
             writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);")?;
         }
         write_ring_loop(w, spec, sums, groups, |w| write_wgmma_step(w, spec, config, &hoisted))?;
-        write_epilogue(w, spec, &hoisted, OStaging::QBuffer, sums)
+        write_epilogue(w, spec, &hoisted, OStaging::QBuffer(copy), sums)
     })?;
-    writeln!(w, "if (tma && lane == 0) tma_store_wait();  // the last O is written before the CTA exits")?;
+    if copy == TileCopy::Tma {
+        writeln!(w, "if (lane == 0) tma_store_wait();  // the last O is written before the CTA exits")?;
+    }
     match turns {
         true => {
             writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn the last warpgroup passed last")
@@ -317,23 +327,23 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
 /// Copies a tile into shared memory and completes barrier `bar` with it:
 /// with TMA the leader issues `tma_load_tile{tile}, bar, {row_head}, b)`,
 /// else every producer thread runs `cp_async` (its copies and arrival).
-fn copy(
+fn copy_tile(
     w: &mut Writer<String>,
+    copy: TileCopy,
     bar: &str,
     tile: &str,
     row_head: &str,
     cp_async: impl Fn(&mut Writer<String>) -> fmt::Result,
 ) -> fmt::Result {
-    writeln!(w, "if (tma) {{")?;
-    w.indented(|w| writeln!(w, "if (leader) tma_load_tile{tile}, {bar}, {row_head}, b);"))?;
-    writeln!(w, "}} else {{")?;
-    w.indented(cp_async)?;
-    writeln!(w, "}}")
+    match copy {
+        TileCopy::Tma => writeln!(w, "if (leader) tma_load_tile{tile}, {bar}, {row_head}, b);"),
+        TileCopy::Threads => cp_async(w),
+    }
 }
 
 /// A warp-specialized kernel's work item: its (batch, head) and query tile,
-/// then its rows (see [`write_item_rows`]).
-fn write_item_coords(w: &mut Writer<String>, spec: &Spec, stores_o: bool) -> fmt::Result {
+/// then what `role` needs of its rows (see [`write_item_rows`]).
+fn write_item_coords(w: &mut Writer<String>, spec: &Spec, role: ItemRole) -> fmt::Result {
     let heads = arg_name(spec, ArgKind::Heads);
     write!(
         w,
@@ -343,7 +353,7 @@ fn write_item_coords(w: &mut Writer<String>, spec: &Spec, stores_o: bool) -> fmt
         const int h = (int)(item / q_tiles % {heads});\n\
         const int b = (int)(item / q_tiles / {heads});\n"
     )?;
-    write_item_rows(w, spec, stores_o)
+    write_item_rows(w, spec, role)
 }
 
 /// The tile loop of a warp-specialized kernel's consumers: each tile waits
