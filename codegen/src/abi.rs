@@ -74,14 +74,9 @@ pub enum ArgKind {
     /// `const __grid_constant__ TensorMap`: a TMA descriptor (CUtensorMap)
     /// of Q, K, V, O or dO as `[batch, seq, heads, dim]`, copied in boxes of
     /// 64 columns by the kernel's `block_m` (Q, dO) or `block_n` (K, V) rows,
-    /// or by [`O_STORE_ROWS`] (O), with the 128-byte swizzle. A persistent
-    /// forward takes them only where generated to copy with TMA; the dK/dV
-    /// kernel always, all zeros when [`ArgKind::Tma`] is 0.
+    /// or by [`O_STORE_ROWS`] (O), with the 128-byte swizzle. Only kernels
+    /// generated to copy with TMA take them (`cuda::TileCopy`).
     TensorMap(Operand),
-    /// `int` (the dK/dV kernel): 1 when the `TensorMap`s are descriptors
-    /// the kernel copies with; 0 (a layout TMA cannot address) makes it copy
-    /// with cp.async.
-    Tma,
     /// `int*` a work order under a data-dependent mask: the dK/dV kernel's
     /// CTAs or a persistent forward's items, longest first within windows of
     /// a few heads, as their indices in launch (claim) order, then each
@@ -90,10 +85,6 @@ pub enum ArgKind {
     /// order).
     WorkOrder,
 }
-
-/// The operands a persistent forward copying with TMA takes descriptors of,
-/// in argument order.
-pub const FORWARD_TENSOR_MAPS: [Operand; 4] = [Operand::Q, Operand::K, Operand::V, Operand::O];
 
 /// Rows of O a persistent forward stores per TMA copy: one warp's.
 pub const O_STORE_ROWS: u32 = 16;

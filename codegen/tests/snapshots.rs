@@ -229,6 +229,13 @@ fn hopper_backward_kernels_of_named_variants() {
     let kernel = emit_backward_with(&spec, BackwardPass::KeyValue, config);
     assert!(kernel.args.iter().all(|a| !matches!(a.kind, ArgKind::TensorGrad(_))));
     insta::assert_snapshot!("wgmma_bwd_alibi_no_tensor_grads", render(&kernel));
+    // For layouts TMA cannot address: every producer thread copies, and no
+    // descriptor is an argument.
+    let spec = variant("causal");
+    let config = BackwardConfig { copy: TileCopy::Threads, ..BackwardConfig::preferred(&spec, Target::for_sm(9, 0)) };
+    let kernel = emit_backward_with(&spec, BackwardPass::KeyValue, config);
+    assert!(kernel.args.iter().all(|a| !matches!(a.kind, ArgKind::TensorMap(_))));
+    insta::assert_snapshot!("wgmma_bwd_causal_threads", render(&kernel));
     // Its dQ accumulator, in fragment order, back to rows.
     let spec = variant("causal");
     let config = BackwardConfig::preferred(&spec, Target::for_sm(9, 0));

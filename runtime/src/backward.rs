@@ -21,7 +21,7 @@ use crate::tma;
 use crate::{ArgValue, Element, Error, Layout, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::{ArgKind, Operand};
-use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, TileConfig, Work};
+use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, TileConfig, TileCopy, Work};
 use flashgen_codegen::{to_source, Shape, Spec};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -103,11 +103,24 @@ impl Runtime {
         // Tensor gradients nobody asked for are not computed at all.
         let tensor_grads = d_tensors.iter().any(Option::is_some);
         let config = BackwardConfig::preferred(spec, self.target());
-        let load = |pass| self.load_which(spec, Which::backward(pass, BackwardConfig { tensor_grads, ..config }));
+        // The Hopper dK/dV kernel copies Q, dO, K and V with TMA where it can.
+        let stream = self.stream();
+        let tensor_maps = config.key_value_tma_tile(spec).and_then(|(block_m, block_n)| {
+            let s = stream.as_ref();
+            let operands = [
+                (Operand::Q, q.0.device_ptr(s).0, &q.1),
+                (Operand::K, k.0.device_ptr(s).0, &k.1),
+                (Operand::V, v.0.device_ptr(s).0, &v.1),
+                (Operand::DO, d_o.0.device_ptr(s).0, &d_o.1),
+            ];
+            tma::tensor_maps(&operands, tma::Tile { block_m, block_n }, spec.dtype, self.tma)
+        });
+        let copy = if tensor_maps.is_some() { TileCopy::Tma } else { TileCopy::Threads };
+        let config = BackwardConfig { tensor_grads, copy, ..config };
+        let load = |pass| self.load_which(spec, Which::backward(pass, config));
         let (pre, main) = (load(BackwardPass::Preprocess)?, load(BackwardPass::KeyValue)?);
         let dq_pass = load(if opts.deterministic { BackwardPass::Query } else { BackwardPass::Postprocess })?;
 
-        let stream = self.stream();
         let heads = shape.batch * shape.heads;
         let rows = heads * shape.q_len;
         // No accumulator (a null pointer) in the deterministic mode, or without queries.
@@ -177,15 +190,6 @@ impl Runtime {
             _ => None,
         };
         let key_order = key_order.as_ref().map(|order| order.device_ptr(s));
-        // The main kernel's producer copies Q, dO, K and V with TMA where it can.
-        let (ops, tile) = (tma::mapped_operands(main.kernel()), tma::Tile::of(main.kernel()));
-        let tensor_maps = tma::tensor_maps(&ops, tile, spec.dtype, self.tma, |op| match op {
-            Operand::Q => Some((q_ptr, &q.1)),
-            Operand::K => Some((k_ptr, &k.1)),
-            Operand::V => Some((v_ptr, &v.1)),
-            Operand::DO => Some((do_ptr, &d_o.1)),
-            _ => None,
-        });
         let bindings = Bindings {
             shape,
             ptrs: [q_ptr, k_ptr, v_ptr, o_ptr],

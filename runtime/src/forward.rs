@@ -8,7 +8,7 @@ use crate::runtime::Which;
 use crate::tma::{self, TensorMap};
 use crate::{ArgValue, Element, Error, Layout, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::abi::{ArgKind, Grid, Operand, FORWARD_TENSOR_MAPS};
+use flashgen_codegen::abi::{ArgKind, Grid, Operand};
 use flashgen_codegen::cuda::{TileConfig, TileCopy, Work};
 use flashgen_codegen::{to_source, Shape, Spec};
 
@@ -102,10 +102,13 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
     pub(crate) fn which(&self, rt: &Runtime, config: TileConfig) -> Which {
         let stream = rt.stream().as_ref();
         let ForwardIo { q, k, v, o, .. } = &self.io;
-        let ptrs =
-            [q.0.device_ptr(stream).0, k.0.device_ptr(stream).0, v.0.device_ptr(stream).0, o.0.device_ptr(stream).0];
-        let layouts = [&q.1, &k.1, &v.1, &o.1];
-        let copy = match tensor_maps(rt, self.spec, config, ptrs, layouts) {
+        let operands = [
+            (Operand::Q, q.0.device_ptr(stream).0, &q.1),
+            (Operand::K, k.0.device_ptr(stream).0, &k.1),
+            (Operand::V, v.0.device_ptr(stream).0, &v.1),
+            (Operand::O, o.0.device_ptr(stream).0, &o.1),
+        ];
+        let copy = match tensor_maps(rt, self.spec, config, &operands) {
             Some(_) => TileCopy::Tma,
             None => TileCopy::Threads,
         };
@@ -125,8 +128,13 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         let (v_ptr, _v) = v.device_ptr(stream);
         let (o_ptr, _o) = o.device_ptr_mut(stream);
         let lse = lse.as_mut().map(|l| l.device_ptr_mut(stream));
-        let layouts = [&*q_layout, &*k_layout, &*v_layout, &*o_layout];
-        let tensor_maps = tensor_maps(rt, spec, config, [q_ptr, k_ptr, v_ptr, o_ptr], layouts);
+        let operands = [
+            (Operand::Q, q_ptr, &*q_layout),
+            (Operand::K, k_ptr, &*k_layout),
+            (Operand::V, v_ptr, &*v_layout),
+            (Operand::O, o_ptr, &*o_layout),
+        ];
+        let tensor_maps = tensor_maps(rt, spec, config, &operands);
         let copy = if tensor_maps.is_some() { TileCopy::Tma } else { TileCopy::Threads };
         let loaded = rt.load_keyed(spec, &self.spec_source, Which::forward(config, copy))?;
         let kernel = loaded.kernel();
@@ -181,23 +189,18 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
     }
 }
 
-/// The TMA descriptors of Q, K, V and O (`ptrs`, `layouts`) a launch in
-/// `config` copies with: a warp-specialized configuration's, where TMA is
-/// on and can address every operand; else `None`, and the kernel copies
-/// with its threads.
+/// The TMA descriptors of Q, K, V and O (`operands`) a launch in `config`
+/// copies with: a warp-specialized configuration's, where TMA is on and can
+/// address every operand; else `None`, and the kernel copies with its
+/// threads.
 fn tensor_maps(
     rt: &Runtime,
     spec: &Spec,
     config: TileConfig,
-    ptrs: [u64; 4],
-    layouts: [&Layout; 4],
+    operands: &[(Operand, u64, &Layout); 4],
 ) -> Option<Vec<(Operand, TensorMap)>> {
     let tile = tma::Tile { block_m: config.block_m(), block_n: config.block_n };
-    let on = rt.tma && config.persistent();
-    tma::tensor_maps(&FORWARD_TENSOR_MAPS, tile, spec.dtype, on, |op| {
-        let i = FORWARD_TENSOR_MAPS.iter().position(|&o| o == op)?;
-        Some((ptrs[i], layouts[i]))
-    })
+    tma::tensor_maps(operands, tile, spec.dtype, rt.tma && config.persistent())
 }
 
 /// A block mask must describe exactly the launch it is used for.

@@ -128,11 +128,14 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
                 ArgKind::DqAccum => Value::Ptr(grads()?.dq_accum),
                 ArgKind::TensorGrad(i) => Value::Ptr(*grads()?.tensor_grads.get(i).ok_or_else(abi_error)?),
                 ArgKind::WorkCounter => Value::Ptr(b.work_counter.ok_or_else(abi_error)?),
-                ArgKind::TensorMap(op) => Value::TensorMap(match &b.tensor_maps {
-                    None => TensorMap::NONE,
-                    Some(maps) => maps.iter().find(|(o, _)| *o == op).ok_or_else(abi_error)?.1,
-                }),
-                ArgKind::Tma => Value::I32(i32::from(b.tensor_maps.is_some())),
+                // A kernel takes descriptors only where generated to copy with them.
+                ArgKind::TensorMap(op) => Value::TensorMap(
+                    b.tensor_maps
+                        .as_ref()
+                        .and_then(|maps| maps.iter().find(|(o, _)| *o == op))
+                        .ok_or_else(abi_error)?
+                        .1,
+                ),
                 ArgKind::WorkOrder => Value::Ptr(b.work_order),
             })
         })

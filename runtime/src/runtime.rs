@@ -117,11 +117,14 @@ impl Which {
         Which::Forward(config, if config.persistent() { copy } else { TileCopy::Threads })
     }
 
-    /// Backward kernel `pass` in `config`; `tensor_grads` only selects among
-    /// dK/dV kernels, so the others have one cache entry.
+    /// Backward kernel `pass` in `config`; `tensor_grads` and `copy` only
+    /// select among dK/dV kernels (`copy` among Hopper ones), so the others
+    /// have one cache entry.
     pub(crate) fn backward(pass: cuda::BackwardPass, config: cuda::BackwardConfig) -> Which {
-        let tensor_grads = config.tensor_grads || pass != cuda::BackwardPass::KeyValue;
-        Which::Backward(pass, cuda::BackwardConfig { tensor_grads, ..config })
+        let key_value = pass == cuda::BackwardPass::KeyValue;
+        let tensor_grads = config.tensor_grads || !key_value;
+        let copy = if key_value && config.mma == cuda::Mma::Wgmma { config.copy } else { TileCopy::Tma };
+        Which::Backward(pass, cuda::BackwardConfig { tensor_grads, copy, ..config })
     }
 
     /// The kernel of `spec`; `None` for the block mask of a spec without a

@@ -7,8 +7,9 @@
 //! bytes, the swizzle's span) by the tile's rows; rows and columns past the
 //! tensor's end read zeros, as the cp.async copies' zero fill does. Where
 //! the copy engine cannot address a layout (an address or stride not a
-//! multiple of 16 bytes, a zero stride), the launch passes no descriptors
-//! and the kernel copies with cp.async.
+//! multiple of 16 bytes, a zero stride), there are no descriptors and the
+//! launch runs the kernel generated to copy with cp.async
+//! (`cuda::TileCopy::Threads`).
 
 use crate::Layout;
 use cudarc::driver::sys::{
@@ -16,7 +17,7 @@ use cudarc::driver::sys::{
     CUtensorMapL2promotion, CUtensorMapSwizzle,
 };
 use cudarc::driver::DeviceRepr;
-use flashgen_codegen::abi::{ArgKind, Kernel, Operand, O_STORE_ROWS};
+use flashgen_codegen::abi::{Operand, O_STORE_ROWS};
 use flashgen_codegen::Dtype;
 
 /// Environment variable: `0` keeps the Hopper kernels on cp.async copies
@@ -32,61 +33,42 @@ pub(crate) struct TensorMap(CUtensorMap);
 unsafe impl DeviceRepr for TensorMap {}
 
 impl TensorMap {
-    /// What a kernel gets where it copies without TMA (it never reads it).
-    pub const NONE: TensorMap = TensorMap(CUtensorMap { opaque: [0; 16] });
+    /// All zeros, for the driver to fill.
+    const ZERO: TensorMap = TensorMap(CUtensorMap { opaque: [0; 16] });
 }
 
-/// TMA descriptors of `ops`, as `operand` gives them (address and layout),
-/// in boxes of `tile`'s rows: `block_m` for Q and dO, `block_n` for K and V,
-/// [`O_STORE_ROWS`] for O. `None` when there are none to make, TMA is off
-/// (`on`), or a layout rules TMA out for one of them: the kernel then
-/// copies every tile with cp.async.
-pub(crate) fn tensor_maps<'l>(
-    ops: &[Operand],
+/// TMA descriptors of `operands` (each with its address and layout) in
+/// boxes of `tile`'s rows: `block_m` for Q and dO, `block_n` for K and V,
+/// [`O_STORE_ROWS`] for O. `None` when TMA is off (`on`) or a layout rules
+/// it out for one of them: the launch then runs the kernel that copies with
+/// its threads.
+pub(crate) fn tensor_maps(
+    operands: &[(Operand, u64, &Layout)],
     tile: Tile,
     dtype: Dtype,
     on: bool,
-    operand: impl Fn(Operand) -> Option<(u64, &'l Layout)>,
 ) -> Option<Vec<(Operand, TensorMap)>> {
-    if !on || ops.is_empty() {
+    if !on {
         return None;
     }
-    ops.iter()
-        .map(|&op| {
+    operands
+        .iter()
+        .map(|&(op, ptr, layout)| {
             let rows = match op {
                 Operand::K | Operand::V => tile.block_n,
                 Operand::O => O_STORE_ROWS,
                 _ => tile.block_m,
             };
-            let (ptr, layout) = operand(op)?;
             Some((op, encode(ptr, layout, dtype, rows)?))
         })
         .collect()
 }
 
-/// A kernel's query and key rows per tile: the TMA boxes' rows.
+/// A kernel's query and key rows per tile: its TMA boxes' rows.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Tile {
     pub block_m: u32,
     pub block_n: u32,
-}
-
-impl Tile {
-    pub(crate) fn of(kernel: &Kernel) -> Tile {
-        Tile { block_m: kernel.block_m, block_n: kernel.block_n }
-    }
-}
-
-/// The operands `kernel` takes TMA descriptors of, in argument order.
-pub(crate) fn mapped_operands(kernel: &Kernel) -> Vec<Operand> {
-    kernel
-        .args
-        .iter()
-        .filter_map(|arg| match arg.kind {
-            ArgKind::TensorMap(op) => Some(op),
-            _ => None,
-        })
-        .collect()
 }
 
 /// Columns per box: 128 bytes of 16-bit elements.
@@ -118,7 +100,7 @@ fn encode(ptr: u64, layout: &Layout, dtype: Dtype, rows: u32) -> Option<TensorMa
     };
     let boxes = [BOX_COLS, rows, 1, 1];
     let element_strides = [1u32; 4];
-    let mut map = TensorMap::NONE;
+    let mut map = TensorMap::ZERO;
     // SAFETY: every array has the rank's length (strides one less), `map`
     // is a 128-byte aligned CUtensorMap, and the driver only reads `ptr`.
     let result = unsafe {

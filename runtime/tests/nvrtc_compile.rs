@@ -73,13 +73,17 @@ fn every_shipped_spec_compiles_for_sm80_and_sm90() {
             // and without tensor gradients, and the postprocess of its dQ
             // accumulator.
             let bwd_config = BackwardConfig::preferred(spec, Arch::new(9, 0).target());
-            let passes = [(BackwardPass::KeyValue, true), (BackwardPass::KeyValue, false)]
-                .into_iter()
-                .chain([(BackwardPass::Postprocess, true)]);
-            let hopper_bwd = passes.filter(|_| bwd_config.mma == Mma::Wgmma).map(|(pass, tensor_grads)| {
-                let config = BackwardConfig { tensor_grads, ..bwd_config };
-                (emit_backward_with(spec, pass, config), Arch::new(9, 0))
-            });
+            let passes = [
+                (BackwardPass::KeyValue, true, TileCopy::Tma),
+                (BackwardPass::KeyValue, false, TileCopy::Tma),
+                (BackwardPass::KeyValue, true, TileCopy::Threads),
+                (BackwardPass::Postprocess, true, TileCopy::Tma),
+            ];
+            let hopper_bwd =
+                passes.into_iter().filter(|_| bwd_config.mma == Mma::Wgmma).map(|(pass, tensor_grads, copy)| {
+                    let config = BackwardConfig { tensor_grads, copy, ..bwd_config };
+                    (emit_backward_with(spec, pass, config), Arch::new(9, 0))
+                });
             both.chain(forward).chain(hopper_bwd).collect::<Vec<_>>()
         })
         .collect();

@@ -8,7 +8,7 @@
 
 use super::expr::c_type;
 use super::tma::TileCopy;
-use crate::abi::{ArgKind, Axis, KernelArg, Operand, FORWARD_TENSOR_MAPS};
+use crate::abi::{ArgKind, Axis, KernelArg, Operand};
 use crate::spec::{ElemTy, Spec};
 
 /// Q, K, V, O pointers; lse; sizes; 12 strides; scale; params; tensors; a
@@ -28,25 +28,24 @@ pub(super) fn forward_args(spec: &Spec, persistent: Option<TileCopy>) -> Vec<Ker
     if spec.mask.is_some() {
         kinds.extend([ArgKind::BlockMask, BLOCK_MASK_BATCH_STRIDE, BLOCK_MASK_HEAD_STRIDE]);
     }
-    if let Some(copy) = persistent {
+    if persistent.is_some() {
         kinds.push(ArgKind::WorkCounter);
         // The items' claim order under a data-dependent mask.
         if spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) {
             kinds.push(ArgKind::WorkOrder);
         }
-        if copy == TileCopy::Tma {
-            kinds.extend(FORWARD_TENSOR_MAPS.map(ArgKind::TensorMap));
-        }
     }
-    named(spec, kinds)
+    let args = named(spec, kinds);
+    match persistent {
+        Some(TileCopy::Tma) => with_tensor_maps(spec, args, &[Operand::Q, Operand::K, Operand::V, Operand::O]),
+        _ => args,
+    }
 }
 
 /// A kernel's arguments `args` followed by TMA descriptors of `ops` (see
-/// [`ArgKind::TensorMap`]) and the flag that says they are valid: the dK/dV
-/// kernel chooses its copies at run time.
-pub(super) fn with_tma_args(spec: &Spec, mut args: Vec<KernelArg>, ops: &[Operand]) -> Vec<KernelArg> {
-    let kinds = ops.iter().map(|&op| ArgKind::TensorMap(op)).chain([ArgKind::Tma]);
-    args.extend(named(spec, kinds.collect()));
+/// [`ArgKind::TensorMap`]).
+pub(super) fn with_tensor_maps(spec: &Spec, mut args: Vec<KernelArg>, ops: &[Operand]) -> Vec<KernelArg> {
+    args.extend(named(spec, ops.iter().map(|&op| ArgKind::TensorMap(op)).collect()));
     args
 }
 
@@ -152,7 +151,6 @@ pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::TensorGrad(i) => format!("dt_{}", spec.tensors[i].name),
         ArgKind::WorkCounter => "work_counter".into(),
         ArgKind::TensorMap(op) => format!("{}_map", operand(op)),
-        ArgKind::Tma => "tma".into(),
         ArgKind::WorkOrder => "work_order".into(),
     }
 }
@@ -172,7 +170,6 @@ pub(super) fn arg_type(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::Tensor(i) => format!("const {}* __restrict__", elem_type(spec.tensors[i].elem)),
         ArgKind::WorkCounter => "unsigned long long* __restrict__".into(),
         ArgKind::TensorMap(_) => "const __grid_constant__ TensorMap".into(),
-        ArgKind::Tma => "int".into(),
         ArgKind::WorkOrder => "int* __restrict__".into(),
     }
 }

@@ -12,6 +12,7 @@ use super::super::signature::arg_name;
 use super::super::source::{write_entry, write_header};
 use super::super::tile_class::tile_class_expr;
 use super::super::tiles::TILES;
+use super::super::tma::TileCopy;
 use super::super::writer::Writer;
 use crate::abi::{ArgKind, KernelArg};
 use crate::grad::{d_load, d_score, load_indices};
@@ -120,9 +121,10 @@ pub(super) enum Sections {
     Rows,
     /// Everything: tile classes, tensor-core tiles, backward helpers.
     Tiles,
-    /// Those, Hopper's warpgroup MMA and the stage ring, for a kernel of
-    /// `CTA_THREADS` threads (`dkdv_wgmma`).
-    Hopper,
+    /// Those, Hopper's warpgroup MMA and the stage ring (and the TMA
+    /// copies, if it copies with them), for a kernel of `CTA_THREADS`
+    /// threads (`dkdv_wgmma`).
+    Hopper(TileCopy),
 }
 
 /// Header, prelude sections, the configuration `config` writes, and the
@@ -147,8 +149,8 @@ pub(super) fn write_source(
             w.write_str(TILES)?;
             writeln!(w)?;
         }
-        if sections == Sections::Hopper {
-            super::dkdv_wgmma::write_prelude(&mut w, spec)?;
+        if let Sections::Hopper(copy) = sections {
+            super::dkdv_wgmma::write_prelude(&mut w, spec, copy)?;
         }
         w.write_str(BACKWARD_ROWS)?;
         if tiles {
@@ -159,7 +161,7 @@ pub(super) fn write_source(
         write_dims(&mut w, spec)?;
         config(&mut w)?;
         writeln!(w)?;
-        let threads = if sections == Sections::Hopper { "CTA_THREADS" } else { "THREADS" };
+        let threads = if matches!(sections, Sections::Hopper(_)) { "CTA_THREADS" } else { "THREADS" };
         write_entry(&mut w, spec, (name, threads), args, body)
     };
     emit().expect("formatting into a String cannot fail");

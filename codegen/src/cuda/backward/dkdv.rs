@@ -98,8 +98,9 @@ pub(super) fn write_key_tiles(w: &mut Writer<String>, spec: &Spec, layout: &str)
 }
 
 /// A dK/dV kernel's CTA: its batch, K/V head and keys, the query heads of
-/// its group, the query steps, and the rows of K, V, dK and dV.
-pub(super) fn write_key_cta(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+/// its group, the query steps, and the rows of dK and dV, and of K and V
+/// where its threads `load_kv`.
+pub(super) fn write_key_cta(w: &mut Writer<String>, spec: &Spec, load_kv: bool) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
     let [q_len, kv_len, heads, heads_kv] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv].map(n);
     let [k_stride, v_stride] = [Operand::K, Operand::V].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
@@ -114,12 +115,14 @@ pub(super) fn write_key_cta(w: &mut Writer<String>, spec: &Spec) -> fmt::Result 
         const int k_lo = k0, k_hi = min_i32(k0 + BLOCK_N, {kv_len}) - 1;  // this CTA's keys\n\
         \n"
     )?;
-    for (op, rows) in
-        [(Operand::K, "k_rows"), (Operand::V, "v_rows"), (Operand::DK, "dk_rows"), (Operand::DV, "dv_rows")]
-    {
+    let kv = [(Operand::K, "k_rows"), (Operand::V, "v_rows")].into_iter().filter(|_| load_kv);
+    for (op, rows) in kv.chain([(Operand::DK, "dk_rows"), (Operand::DV, "dv_rows")]) {
         write_rows(w, spec, op, rows, "kv_head")?;
     }
-    writeln!(w, "const bool kv_vector = aligned16(k_rows, {k_stride}) && aligned16(v_rows, {v_stride});")
+    match load_kv {
+        true => writeln!(w, "const bool kv_vector = aligned16(k_rows, {k_stride}) && aligned16(v_rows, {v_stride});"),
+        false => Ok(()),
+    }
 }
 
 /// The CTA's keys, K/V head and batch from its block index: under an
@@ -189,7 +192,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         float* delta_cols = lse_cols + 2 * BLOCK_M;  // [2][BLOCK_M]: D = rowsum(dO * O)\n\
         \n"
     )?;
-    write_key_cta(w, spec)?;
+    write_key_cta(w, spec, true)?;
     write!(
         w,
         "\

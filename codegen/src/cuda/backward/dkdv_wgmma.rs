@@ -42,9 +42,9 @@ use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::forward::{interior_decl, pad16};
 use crate::cuda::hoist::{hoist, Hoisted};
 use crate::cuda::ring::RING;
-use crate::cuda::signature::{arg_name, backward_args, with_tma_args};
+use crate::cuda::signature::{arg_name, backward_args, with_tensor_maps};
 use crate::cuda::source::kernel_name;
-use crate::cuda::tma::TMA;
+use crate::cuda::tma::{TileCopy, TMA};
 use crate::cuda::wgmma::{write_wgmma_op, AFrom, WGMMA};
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
@@ -57,6 +57,9 @@ const STAGES: u32 = 2;
 
 /// Consumer warps: two warpgroups of 64 keys, so 128 keys per CTA.
 const WARPS: u32 = 8;
+
+/// Keys per CTA.
+pub(super) const BLOCK_N: u32 = 16 * WARPS;
 
 /// Queries per step: with 64 keys per warpgroup, Sᵀ and dPᵀ (32 registers
 /// each) fit next to dK and dV (64 each at d = 128) in 240 registers.
@@ -133,20 +136,30 @@ __device__ __forceinline__ void keep_operands(const unsigned (&a)[N][4]) {
 }
 "#;
 
-pub(super) fn emit(spec: &Spec, tensor_grads: bool) -> Kernel {
+/// The kernel, copying its tiles as `copy` says.
+pub(super) fn emit(spec: &Spec, tensor_grads: bool, copy: TileCopy) -> Kernel {
     let name = kernel_name("bwd", spec);
     let terms = SpecTerms::new(spec, tensor_grads);
     let slots: Vec<usize> = terms.grads.iter().map(|(slot, ..)| *slot).collect();
-    let tma = [Operand::Q, Operand::K, Operand::V, Operand::DO];
-    let args = with_tma_args(spec, backward_args(spec, OPERANDS, &slots), &tma);
-    let source =
-        write_source(spec, Sections::Hopper, &name, &args, |w| write_config(w, spec), |w| write_body(w, spec, &terms));
+    let args = backward_args(spec, OPERANDS, &slots);
+    let args = match copy {
+        TileCopy::Tma => with_tensor_maps(spec, args, &[Operand::Q, Operand::K, Operand::V, Operand::DO]),
+        TileCopy::Threads => args,
+    };
+    let source = write_source(
+        spec,
+        Sections::Hopper(copy),
+        &name,
+        &args,
+        |w| write_config(w, spec),
+        |w| write_body(w, spec, &terms, copy),
+    );
     Kernel {
         name,
         source,
         grid: Grid::KeyTiles,
         block_m: BLOCK_M,
-        block_n: 16 * WARPS,
+        block_n: BLOCK_N,
         threads: 32 * WARPS + PRODUCER_THREADS,
         dynamic_smem: smem_bytes(spec),
         args,
@@ -165,7 +178,7 @@ fn smem_bytes(spec: &Spec) -> u32 {
 /// The warpgroup MMA and stage-ring preludes and the products this kernel
 /// issues: m64 by BLOCK_M (Sᵀ, dPᵀ), by DP / 2 (a warpgroup's dQ columns),
 /// by DP and DVP (dK, dV).
-pub(super) fn write_prelude(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+pub(super) fn write_prelude(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> fmt::Result {
     let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
     w.write_str(WGMMA)?;
     write_wgmma_op(w, spec.dtype, BLOCK_M, AFrom::Shared)?;
@@ -179,8 +192,11 @@ pub(super) fn write_prelude(w: &mut Writer<String>, spec: &Spec) -> fmt::Result 
     writeln!(w)?;
     w.write_str(RING)?;
     writeln!(w)?;
-    w.write_str(TMA)?;
-    writeln!(w)
+    if copy == TileCopy::Tma {
+        w.write_str(TMA)?;
+        writeln!(w)?;
+    }
+    Ok(())
 }
 
 fn write_config(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
@@ -215,7 +231,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     )
 }
 
-fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Result {
+fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, copy: TileCopy) -> fmt::Result {
     write!(
         w,
         "\
@@ -232,17 +248,24 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         float* dq_tiles = delta_cols + STAGES * BLOCK_M;  // [2][DQ_TILE]: step it's dQ in it % 2, for the bulk reduction\n\
         \n"
     )?;
-    write_key_cta(w, spec)?;
+    write_key_cta(w, spec, copy == TileCopy::Threads)?;
+    // A full barrier's arrivals: the copies', K/V's also the walk's (it
+    // publishes the first head) and a stage's also those of the threads that
+    // store statistics.
+    let (copies, walkers, statistics) = match copy {
+        // One per tile, from the thread that issues them; the leader; those BLOCK_M.
+        TileCopy::Tma => ("2", "1", "BLOCK_M"),
+        // One per producer thread, each time.
+        TileCopy::Threads => ("PRODUCER_THREADS", "PRODUCER_THREADS", "PRODUCER_THREADS"),
+    };
     write!(
         w,
         "\
         \n\
         // The ring's barriers: K/V's, then per stage full and empty. A full barrier\n\
-        // takes the copies' arrivals (with TMA: one per tile, from the thread that\n\
-        // issues them; else one per producer thread), K/V's also the walk's (the\n\
-        // leader's with TMA, else every producer thread's) and a stage's one per\n\
-        // thread that stores statistics (with TMA only those BLOCK_M: the others\n\
-        // copy nothing). Then per dQ tile full (one arrival per consumer warp) and\n\
+        // takes the copies' arrivals, K/V's also those of the walk's publishers and\n\
+        // a stage's those of the threads that store its statistics. Then per dQ\n\
+        // tile full (one arrival per consumer warp) and\n\
         // empty (the adding thread's, once the copy engine has read the tile).\n\
         __shared__ __align__(8) unsigned long long ring_bars[1 + 2 * STAGES + 4];\n\
         const unsigned kv_full = smem_addr(ring_bars), stage_full = kv_full + 8, stage_empty = stage_full + 8 * STAGES;\n\
@@ -252,11 +275,10 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         // query tile and its class (j << 1 | full), and the head of the step after\n\
         // it (-1: none).\n\
         __shared__ int first_head, step_tile[STAGES], step_next[STAGES];\n\
-        const int copy_arrivals = tma ? 2 : PRODUCER_THREADS;\n\
         if (threadIdx.x == 0) {{\n\
-        \x20   mbar_init(kv_full, copy_arrivals + (tma ? 1 : PRODUCER_THREADS));  // + the first head's publishers\n\
+        \x20   mbar_init(kv_full, {copies} + {walkers});  // the copies + the first head's publishers\n\
         \x20   for (int s = 0; s < STAGES; ++s) {{\n\
-        \x20       mbar_init(stage_full + 8 * s, copy_arrivals + (tma ? BLOCK_M : PRODUCER_THREADS));\n\
+        \x20       mbar_init(stage_full + 8 * s, {copies} + {statistics});  // the copies + the statistics' writers\n\
         \x20       mbar_init(stage_empty + 8 * s, WARPS);  // one arrival per consumer warp\n\
         \x20   }}\n\
         \x20   for (int s = 0; s < 2; ++s) {{\n\
@@ -270,7 +292,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
     )?;
     let exprs = terms.exprs(spec);
     let hoisted = hoist(&exprs);
-    w.block(format_args!("if (warp >= WARPS)"), |w| write_producer(w, spec))?;
+    w.block(format_args!("if (warp >= WARPS)"), |w| write_producer(w, spec, copy))?;
     writeln!(w, "// ---- the consumer warpgroups ----")?;
     writeln!(w, "regs_acquire<CONSUMER_REGS>();")?;
     write_consumers(w, spec, terms, &hoisted)
@@ -279,15 +301,33 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
 /// The producer warpgroup: K and V once, then per visited step its Q and dO
 /// tiles and statistics into the next stage, and the previous step's dQ
 /// tile into the accumulator; it ends with `return`.
-fn write_producer(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+fn write_producer(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
-    // Under a data-dependent mask the walk tests tiles a warp at a time (see
+    // Who copies and who adds dQ (see the comment written below). Under a
+    // data-dependent mask the walk tests tiles a warp at a time (see
     // `write_tile_walk`), so the adder's whole warp walks: the walk needs
     // every lane. Elsewhere the lone lane walks (the whole warp measured 6%
     // slower on causal).
-    let keep = match spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) {
-        true => "if (!copies && !(dq_accum != nullptr && tma && warp == WARPS + 3)) return;  // the adder's warp walks",
-        false => "if (!copies && !adds_dq) return;",
+    let (roles, copiers, adder) = match copy {
+        TileCopy::Tma => (
+            "// The first two warps copy (the leader issues TMA) and store statistics; the\n\
+             // last warp's first lane adds each visited step's dQ tile to the accumulator\n",
+            "warp < WARPS + 2",
+            "warp == WARPS + 3 && lane == 0",
+        ),
+        TileCopy::Threads => (
+            "// All four warps copy; the leader, between its copies, adds each visited\n\
+             // step's dQ tile to the accumulator\n",
+            "true",
+            "leader",
+        ),
+    };
+    let keep = match (copy, spec.mask.as_ref().is_some_and(|m| m.reads_tensor())) {
+        (TileCopy::Threads, _) => "",
+        (TileCopy::Tma, true) => {
+            "if (!copies && !(dq_accum != nullptr && warp == WARPS + 3)) return;  // the adder's warp walks\n"
+        }
+        (TileCopy::Tma, false) => "if (!copies && !adds_dq) return;\n",
     };
     let [q_len, kv_len, heads, lse] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::Lse].map(n);
     let [q_stride, k_stride, v_stride, do_stride] =
@@ -297,15 +337,13 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         "\
         // ---- the producer warpgroup ----\n\
         regs_release<PRODUCER_REGS>();\n\
-        const bool leader = threadIdx.x == THREADS;  // issues the TMA copies\n\
-        // With TMA the first two warps copy (the leader) and store statistics; else\n\
-        // all four copy. One thread adds each visited step's dQ tile to the\n\
-        // accumulator once the consumers have stored it, a step late (the visit of\n\
-        // the next step, or the end, names it): with TMA the last warp's first\n\
-        // lane, else the leader between its copies. Each walks the tiles itself.\n\
-        const bool copies = !tma || warp < WARPS + 2;\n\
-        const bool adds_dq = dq_accum != nullptr && (tma ? warp == WARPS + 3 && lane == 0 : leader);\n\
-        {keep}\n\
+        const bool leader = threadIdx.x == THREADS;  // publishes the walk's words\n\
+        {roles}\
+        // once the consumers have stored it, a step late (the visit of the next step,\n\
+        // or the end, names it). Each walks the tiles itself.\n\
+        const bool copies = {copiers};\n\
+        const bool adds_dq = dq_accum != nullptr && {adder};\n\
+        {keep}\
         auto add_dq = [&](float* dst, int s) {{\n\
         \x20   mbar_wait(dq_full + 8 * (s % 2), s / 2 % 2);\n\
         \x20   bulk_reduce_add(dst, smem_addr(dq_tiles + s % 2 * DQ_TILE), DQ_TILE * 4);\n\
@@ -313,17 +351,33 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         \x20   bulk_wait_read<1>();  // the one before has read its tile: free it\n\
         \x20   if (s > 0) mbar_arrive(dq_empty + 8 * ((s - 1) % 2));\n\
         }};\n\
-        float* dq_last = nullptr;  // the last visited step's accumulator tile\n\
-        if (tma) {{\n\
-        \x20   if (leader) {{\n\
-        \x20       tma_load_tile<BLOCK_N, DP>(k_tile, k_map, kv_full, k0, kv_head, b);\n\
-        \x20       tma_load_tile<BLOCK_N, DVP>(v_tile, v_map, kv_full, k0, kv_head, b);\n\
-        \x20   }}\n\
-        }} else {{\n\
-        \x20   load_tile<BLOCK_N, DP, D, PRODUCER_THREADS, true, THREADS>(k_tile, k_rows + (long long)k0 * {k_stride}, {k_stride}, {kv_len} - k0, kv_vector);\n\
-        \x20   load_tile<BLOCK_N, DVP, DV, PRODUCER_THREADS, true, THREADS>(v_tile, v_rows + (long long)k0 * {v_stride}, {v_stride}, {kv_len} - k0, kv_vector);\n\
-        \x20   mbar_arrive_loaded<COPY_WIDTH>(kv_full, kv_vector);\n\
-        }}\n\
+        float* dq_last = nullptr;  // the last visited step's accumulator tile\n"
+    )?;
+    match copy {
+        TileCopy::Tma => write!(
+            w,
+            "\
+            if (leader) {{\n\
+            \x20   tma_load_tile<BLOCK_N, DP>(k_tile, k_map, kv_full, k0, kv_head, b);\n\
+            \x20   tma_load_tile<BLOCK_N, DVP>(v_tile, v_map, kv_full, k0, kv_head, b);\n\
+            }}\n"
+        )?,
+        TileCopy::Threads => write!(
+            w,
+            "\
+            load_tile<BLOCK_N, DP, D, PRODUCER_THREADS, true, THREADS>(k_tile, k_rows + (long long)k0 * {k_stride}, {k_stride}, {kv_len} - k0, kv_vector);\n\
+            load_tile<BLOCK_N, DVP, DV, PRODUCER_THREADS, true, THREADS>(v_tile, v_rows + (long long)k0 * {v_stride}, {v_stride}, {kv_len} - k0, kv_vector);\n\
+            mbar_arrive_loaded<COPY_WIDTH>(kv_full, kv_vector);\n"
+        )?,
+    }
+    // With TMA the leader also publishes for the copies it issued.
+    let publish = match copy {
+        TileCopy::Tma => "if (leader) ",
+        TileCopy::Threads => "",
+    };
+    write!(
+        w,
+        "\
         // The walk over every query head of the group in turn: its lambdas read the\n\
         // head h, and seek(j) is the first visited tile from tile j of head h on,\n\
         // moving h along (q_steps past the group's last head).\n\
@@ -343,19 +397,21 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         }};\n\
         int j = seek(0);\n\
         if (leader) first_head = j < q_steps ? h : -1;\n\
-        if (copies && (!tma || leader)) mbar_arrive(kv_full);\n"
+        {publish}mbar_arrive(kv_full);\n"
     )?;
     w.block(format_args!("while (j < q_steps)"), |w| {
         writeln!(w, "// Step `it` is tile j of head h.")?;
         writeln!(w, "const int step_h = h, step_j = j, stage = it % STAGES;")?;
         writeln!(w, "const bool full = tile_full(j);")?;
         w.block(format_args!("if (copies)"), |w| {
-            write_rows(w, spec, Operand::Q, "q_rows", "step_h")?;
-            write_rows(w, spec, Operand::DO, "dout_rows", "step_h")?;
+            if copy == TileCopy::Threads {
+                write_rows(w, spec, Operand::Q, "q_rows", "step_h")?;
+                write_rows(w, spec, Operand::DO, "dout_rows", "step_h")?;
+                writeln!(w, "const bool q_vector = aligned16(q_rows, {q_stride}) && aligned16(dout_rows, {do_stride});")?;
+            }
             write!(
                 w,
                 "\
-                const bool q_vector = aligned16(q_rows, {q_stride}) && aligned16(dout_rows, {do_stride});\n\
                 const float* lse_row = {lse} + ((long long)b * {heads} + step_h) * {q_len};\n\
                 const float* delta_row = delta + ((long long)b * {heads} + step_h) * {q_len};\n\
                 const int q0 = step_j * BLOCK_M;\n\
@@ -366,17 +422,28 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
                 const bool valid = r < BLOCK_M && q0 + r < {q_len};\n\
                 const float l = valid ? lse_row[q0 + r] : neg_inf();\n\
                 const float d = valid ? delta_row[q0 + r] : 0.0f;\n\
-                mbar_wait(stage_empty + 8 * stage, (it / STAGES + 1) % 2);\n\
-                if (tma) {{\n\
-                \x20   if (leader) {{\n\
-                \x20       tma_load_tile<BLOCK_M, DP>(q_tiles + stage * Q_TILE, q_map, stage_full + 8 * stage, q0, step_h, b);\n\
-                \x20       tma_load_tile<BLOCK_M, DVP>(dout_tiles + stage * DO_TILE, dout_map, stage_full + 8 * stage, q0, step_h, b);\n\
-                \x20   }}\n\
-                }} else {{\n\
-                \x20   load_tile<BLOCK_M, DP, D, PRODUCER_THREADS, true, THREADS>(q_tiles + stage * Q_TILE, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, q_vector);\n\
-                \x20   load_tile<BLOCK_M, DVP, DV, PRODUCER_THREADS, true, THREADS>(dout_tiles + stage * DO_TILE, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, q_vector);\n\
-                \x20   mbar_arrive_loaded<COPY_WIDTH>(stage_full + 8 * stage, q_vector);\n\
-                }}\n\
+                mbar_wait(stage_empty + 8 * stage, (it / STAGES + 1) % 2);\n"
+            )?;
+            match copy {
+                TileCopy::Tma => write!(
+                    w,
+                    "\
+                    if (leader) {{\n\
+                    \x20   tma_load_tile<BLOCK_M, DP>(q_tiles + stage * Q_TILE, q_map, stage_full + 8 * stage, q0, step_h, b);\n\
+                    \x20   tma_load_tile<BLOCK_M, DVP>(dout_tiles + stage * DO_TILE, dout_map, stage_full + 8 * stage, q0, step_h, b);\n\
+                    }}\n"
+                )?,
+                TileCopy::Threads => write!(
+                    w,
+                    "\
+                    load_tile<BLOCK_M, DP, D, PRODUCER_THREADS, true, THREADS>(q_tiles + stage * Q_TILE, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, q_vector);\n\
+                    load_tile<BLOCK_M, DVP, DV, PRODUCER_THREADS, true, THREADS>(dout_tiles + stage * DO_TILE, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, q_vector);\n\
+                    mbar_arrive_loaded<COPY_WIDTH>(stage_full + 8 * stage, q_vector);\n"
+                )?,
+            }
+            write!(
+                w,
+                "\
                 if (r < BLOCK_M) {{\n\
                 \x20   lse_cols[stage * BLOCK_M + r] = l == neg_inf() ? -neg_inf() : l * LOG2E;\n\
                 \x20   delta_cols[stage * BLOCK_M + r] = d;\n\
@@ -401,7 +468,9 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         writeln!(w, "add_dq(dq_last, it - 1);")?;
         writeln!(w, "bulk_wait_read<0>();  // shared memory outlives the reads; the adds land by the kernel's end")
     })?;
-    writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
+    if copy == TileCopy::Threads {
+        writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
+    }
     writeln!(w, "return;")
 }
 

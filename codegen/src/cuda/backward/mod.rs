@@ -65,6 +65,7 @@ mod rows;
 mod step;
 
 use super::forward::{pad16, Mma, Target};
+use super::tma::TileCopy;
 use crate::abi::Kernel;
 use crate::grad::{d_load, load_indices};
 use crate::spec::Spec;
@@ -106,6 +107,10 @@ pub struct BackwardConfig {
     /// only adds a tensor's value needs no per-element gradient terms, and
     /// its P and dS can split like a plain score's. No other kernel reads it.
     pub tensor_grads: bool,
+    /// How the Hopper dK/dV kernel's producer copies K, V, Q and dO, chosen
+    /// per launch like `tensor_grads`: with TMA where it can address them.
+    /// No other kernel reads it.
+    pub copy: TileCopy,
 }
 
 impl BackwardConfig {
@@ -115,11 +120,12 @@ impl BackwardConfig {
     /// dim 64, 32 up to 128, 16 beyond (where d = 256 still spills).
     pub fn default_for(spec: &Spec) -> BackwardConfig {
         let widest = pad16(spec.head_dims.qk).max(pad16(spec.head_dims.v));
-        match widest {
-            0..=64 => BackwardConfig { mma: Mma::Sync, warps: 4, block_m: 64, dq_block_n: 64, tensor_grads: true },
-            65..=128 => BackwardConfig { mma: Mma::Sync, warps: 8, block_m: 32, dq_block_n: 64, tensor_grads: true },
-            _ => BackwardConfig { mma: Mma::Sync, warps: 4, block_m: 16, dq_block_n: 32, tensor_grads: true },
-        }
+        let (warps, block_m, dq_block_n) = match widest {
+            0..=64 => (4, 64, 64),
+            65..=128 => (8, 32, 64),
+            _ => (4, 16, 32),
+        };
+        BackwardConfig { mma: Mma::Sync, warps, block_m, dq_block_n, tensor_grads: true, copy: TileCopy::Tma }
     }
 
     /// The configuration the runtime uses on `target`: on Hopper, for head
@@ -145,6 +151,13 @@ impl BackwardConfig {
             true => DqAccum::Fragments,
             false => DqAccum::Rows,
         }
+    }
+
+    /// The (query, key) rows per tile of the dK/dV kernel — its TMA boxes'
+    /// rows — where it is the Hopper kernel, which may copy with TMA
+    /// ([`BackwardConfig::copy`]); `None` for the one that never does.
+    pub fn key_value_tma_tile(self, spec: &Spec) -> Option<(u32, u32)> {
+        (self.dq_accum(spec) == DqAccum::Fragments).then_some((dkdv_wgmma::BLOCK_M, dkdv_wgmma::BLOCK_N))
     }
 }
 
@@ -185,7 +198,7 @@ pub fn emit_backward_with(spec: &Spec, pass: BackwardPass, config: BackwardConfi
     match pass {
         BackwardPass::Preprocess => rows::emit_preprocess(spec, config.dq_accum(spec)),
         BackwardPass::KeyValue => match config.dq_accum(spec) {
-            DqAccum::Fragments => dkdv_wgmma::emit(spec, config.tensor_grads),
+            DqAccum::Fragments => dkdv_wgmma::emit(spec, config.tensor_grads, config.copy),
             DqAccum::Rows => dkdv::emit(spec, config),
         },
         BackwardPass::Query => dq::emit(spec, config),
