@@ -8,9 +8,9 @@
 //! is the layout wgmma reads: 64-column panels of 128-byte rows, 16-byte
 //! chunks XORed with the row (the copy engine's 128-byte swizzle).
 
-/// How a warp-specialized forward's producer fills its shared tiles and its
-/// consumers store O, fixed when the kernel is generated: its source holds
-/// that path alone. The copy engine (`Tma`, with descriptors among the
+/// How a warp-specialized kernel's producer fills its shared tiles (and a
+/// forward's consumers store O), fixed when the kernel is generated: its
+/// source holds that path alone. The copy engine (`Tma`, with descriptors among the
 /// kernel's arguments) is what a launch uses wherever TMA can address the
 /// operands; the producer's threads (`Threads`, cp.async) take the layouts
 /// it cannot. Without the other path a kernel compiles about a quarter
