@@ -21,7 +21,7 @@ use crate::tma;
 use crate::{ArgValue, Element, Error, Layout, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::{ArgKind, Operand};
-use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, TileConfig, TileCopy, Work};
+use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, TileConfig, Work};
 use flashgen_codegen::{to_source, Shape, Spec};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -115,8 +115,7 @@ impl Runtime {
             ];
             tma::tensor_maps(&operands, tma::Tile { block_m, block_n }, spec.dtype, self.tma)
         });
-        let copy = if tensor_maps.is_some() { TileCopy::Tma } else { TileCopy::Threads };
-        let config = BackwardConfig { tensor_grads, copy, ..config };
+        let config = BackwardConfig { tensor_grads, copy: tma::copy_with(&tensor_maps), ..config };
         let load = |pass| self.load_which(spec, Which::backward(pass, config));
         let (pre, main) = (load(BackwardPass::Preprocess)?, load(BackwardPass::KeyValue)?);
         let dq_pass = load(if opts.deterministic { BackwardPass::Query } else { BackwardPass::Postprocess })?;

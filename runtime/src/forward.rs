@@ -9,7 +9,7 @@ use crate::tma::{self, TensorMap};
 use crate::{ArgValue, Element, Error, Layout, Runtime};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::{ArgKind, Grid, Operand};
-use flashgen_codegen::cuda::{TileConfig, TileCopy, Work};
+use flashgen_codegen::cuda::{TileConfig, Work};
 use flashgen_codegen::{to_source, Shape, Spec};
 
 /// The operands of one forward pass. O and the optional row log-sum-exp
@@ -108,11 +108,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
             (Operand::V, v.0.device_ptr(stream).0, &v.1),
             (Operand::O, o.0.device_ptr(stream).0, &o.1),
         ];
-        let copy = match tensor_maps(rt, self.spec, config, &operands) {
-            Some(_) => TileCopy::Tma,
-            None => TileCopy::Threads,
-        };
-        Which::forward(config, copy)
+        Which::forward(config, tma::copy_with(&tensor_maps(rt, self.spec, config, &operands)))
     }
 
     /// Queues the kernel in `config` without waiting for it.
@@ -135,8 +131,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
             (Operand::O, o_ptr, &*o_layout),
         ];
         let tensor_maps = tensor_maps(rt, spec, config, &operands);
-        let copy = if tensor_maps.is_some() { TileCopy::Tma } else { TileCopy::Threads };
-        let loaded = rt.load_keyed(spec, &self.spec_source, Which::forward(config, copy))?;
+        let loaded = rt.load_keyed(spec, &self.spec_source, Which::forward(config, tma::copy_with(&tensor_maps)))?;
         let kernel = loaded.kernel();
         let grid = launch_config(kernel, &shape, 1, rt.sm_count())?;
         // The checks put params first, so the tensors are exactly the

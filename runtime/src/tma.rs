@@ -18,6 +18,7 @@ use cudarc::driver::sys::{
 };
 use cudarc::driver::DeviceRepr;
 use flashgen_codegen::abi::{Operand, O_STORE_ROWS};
+use flashgen_codegen::cuda::TileCopy;
 use flashgen_codegen::Dtype;
 
 /// Environment variable: `0` keeps the Hopper kernels on cp.async copies
@@ -62,6 +63,14 @@ pub(crate) fn tensor_maps(
             Some((op, encode(ptr, layout, dtype, rows)?))
         })
         .collect()
+}
+
+/// The copy of the kernel a launch with `maps` runs.
+pub(crate) fn copy_with(maps: &Option<Vec<(Operand, TensorMap)>>) -> TileCopy {
+    match maps {
+        Some(_) => TileCopy::Tma,
+        None => TileCopy::Threads,
+    }
 }
 
 /// A kernel's query and key rows per tile: its TMA boxes' rows.
