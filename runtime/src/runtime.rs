@@ -123,7 +123,7 @@ impl Which {
     pub(crate) fn backward(pass: cuda::BackwardPass, config: cuda::BackwardConfig) -> Which {
         let key_value = pass == cuda::BackwardPass::KeyValue;
         let tensor_grads = config.tensor_grads || !key_value;
-        let copy = if key_value && config.mma == cuda::Mma::Wgmma { config.copy } else { TileCopy::Tma };
+        let copy = if key_value && config.mma == cuda::Mma::Wgmma { config.copy } else { TileCopy::Threads };
         Which::Backward(pass, cuda::BackwardConfig { tensor_grads, copy, ..config })
     }
 

@@ -37,7 +37,7 @@ pub(super) fn forward_args(spec: &Spec, persistent: Option<TileCopy>) -> Vec<Ker
     }
     let args = named(spec, kinds);
     match persistent {
-        Some(TileCopy::Tma) => with_tensor_maps(spec, args, &[Operand::Q, Operand::K, Operand::V, Operand::O]),
+        Some(TileCopy::Tma) => with_tensor_maps(spec, args, &OPERANDS),
         _ => args,
     }
 }

@@ -109,7 +109,7 @@ pub struct BackwardConfig {
     pub tensor_grads: bool,
     /// How the Hopper dK/dV kernel's producer copies K, V, Q and dO, chosen
     /// per launch like `tensor_grads`: with TMA where it can address them.
-    /// No other kernel reads it.
+    /// No other kernel reads it (they copy with their threads).
     pub copy: TileCopy,
 }
 
@@ -125,7 +125,7 @@ impl BackwardConfig {
             65..=128 => (8, 32, 64),
             _ => (4, 16, 32),
         };
-        BackwardConfig { mma: Mma::Sync, warps, block_m, dq_block_n, tensor_grads: true, copy: TileCopy::Tma }
+        BackwardConfig { mma: Mma::Sync, warps, block_m, dq_block_n, tensor_grads: true, copy: TileCopy::Threads }
     }
 
     /// The configuration the runtime uses on `target`: on Hopper, for head
@@ -135,7 +135,7 @@ impl BackwardConfig {
     pub fn preferred(spec: &Spec, target: Target) -> BackwardConfig {
         let portable = BackwardConfig::default_for(spec);
         match target.wgmma && dkdv_wgmma::supports(spec) {
-            true => BackwardConfig { mma: Mma::Wgmma, ..portable },
+            true => BackwardConfig { mma: Mma::Wgmma, copy: TileCopy::Tma, ..portable },
             false => portable,
         }
     }
