@@ -348,10 +348,13 @@ fn write_item_coords(w: &mut Writer<String>, spec: &Spec, role: ItemRole) -> fmt
     write!(
         w,
         "\
-        // The spec's built-ins b and h (q and k are bound per element below).\n\
-        const int q_block = q_tiles - 1 - (int)(item % q_tiles);\n\
-        const int h = (int)(item / q_tiles % {heads});\n\
-        const int b = (int)(item / q_tiles / {heads});\n"
+        // The spec's built-ins b and h (q and k are bound per element below),\n\
+        // in 32 bits (the runtime launches fewer than 2^32 items): 64-bit\n\
+        // division is a long call on the way from one item to the next.\n\
+        const unsigned bh = (unsigned)item / (unsigned)q_tiles;  // b * heads + h\n\
+        const int q_block = q_tiles - 1 - (int)((unsigned)item - bh * (unsigned)q_tiles);\n\
+        const int h = (int)(bh % (unsigned){heads});\n\
+        const int b = (int)(bh / (unsigned){heads});\n"
     )?;
     write_item_rows(w, spec, role)
 }
