@@ -190,10 +190,10 @@ pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize, sms: 
         grid_dim: match kernel.grid {
             Grid::QueryTiles => (q_tiles, shape.heads as u32, shape.batch as u32),
             Grid::Persistent { per_sm } => {
-                // The kernel decodes an item's coordinates in 32 bits.
+                // The kernel decodes an item's coordinates in 31 bits.
                 let items = u64::from(q_tiles) * shape.heads as u64 * shape.batch as u64;
-                if items > u64::from(u32::MAX) {
-                    let (what, max) = ("work items (query tiles × heads × batch)", u32::MAX as usize);
+                if items > i32::MAX as u64 {
+                    let (what, max) = ("work items (query tiles × heads × batch)", i32::MAX as usize);
                     return Err(Error::TooLarge { what, value: items as usize, max });
                 }
                 (items.min(u64::from(sms.max(1)) * u64::from(per_sm)) as u32, 1, 1)
@@ -337,10 +337,10 @@ mod tests {
         k.grid = Grid::Persistent { per_sm: 2 };
         assert_eq!(launch_config(&k, &SHAPE, 1, 16).unwrap().grid_dim, (32, 1, 1));
         assert_eq!(launch_config(&k, &SHAPE, 1, 132).unwrap().grid_dim, (72, 1, 1));
-        // Its items' coordinates are decoded in 32 bits: 2^32 items are refused.
-        let huge = Shape { batch: 65_536, heads: 65_536, q_len: 64, ..SHAPE };
-        assert!(matches!(launch_config(&k, &huge, 1, 132), Err(Error::TooLarge { value: 4_294_967_296, .. })));
-        let most = Shape { batch: 65_535, ..huge };
+        // Its items' coordinates are decoded in 31 bits: 2^31 items are refused.
+        let huge = Shape { batch: 32_768, heads: 65_536, q_len: 64, ..SHAPE };
+        assert!(matches!(launch_config(&k, &huge, 1, 132), Err(Error::TooLarge { value: 2_147_483_648, .. })));
+        let most = Shape { batch: 32_767, ..huge };
         assert!(launch_config(&k, &most, 1, 132).is_ok());
         // Work orders: one block per few heads (8 here) or K/V heads (2) of a batch.
         k.grid = Grid::Heads { per_block: 3 };

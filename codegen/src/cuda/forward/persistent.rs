@@ -44,6 +44,21 @@ __device__ __forceinline__ long long claim(unsigned long long* counter, int done
     }
     return item;
 }
+// Division by a divisor fixed for the launch as a multiply-high and a shift
+// (m = ceil(2^p / d), p = 31 + ceil(log2 d)), exact for dividends below 2^31
+// (the runtime launches fewer items): built once per CTA, it takes an item's
+// coordinates off the long 64-bit division call between items.
+struct FastDiv {
+    unsigned d, m = 0, s = 0;
+    __device__ explicit FastDiv(unsigned divisor) : d(divisor) {
+        if (d > 1) {
+            const unsigned p = 31 + (32 - __clz(d - 1));
+            m = (unsigned)(((1ull << p) + d - 1) / d);
+            s = p - 32;
+        }
+    }
+    __device__ unsigned div(unsigned n) const { return d == 1 ? n : __umulhi(n, m) >> s; }
+};
 "#;
 
 /// The body of a warp-specialized kernel (see the module note): the
@@ -101,6 +116,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         // is ready for it, so a CTA whose items were light takes more of them.\n\
         const int q_tiles = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
         const long long items = (long long)q_tiles * {heads} * {batch};\n\
+        const FastDiv by_q_tiles(q_tiles), by_heads({heads});  // to decode items\n\
         const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;\n\
         \n\
         // The stage ring's barriers (see the stage ring above): per Q buffer the\n\
@@ -348,13 +364,10 @@ fn write_item_coords(w: &mut Writer<String>, spec: &Spec, role: ItemRole) -> fmt
     write!(
         w,
         "\
-        // The spec's built-ins b and h (q and k are bound per element below),\n\
-        // in 32 bits (the runtime launches fewer than 2^32 items): 64-bit\n\
-        // division is a long call on the way from one item to the next.\n\
-        const unsigned bh = (unsigned)item / (unsigned)q_tiles;  // b * heads + h\n\
+        // The spec's built-ins b and h (q and k are bound per element below).\n\
+        const unsigned bh = by_q_tiles.div((unsigned)item), b_ = by_heads.div(bh);  // bh = b * heads + h\n\
         const int q_block = q_tiles - 1 - (int)((unsigned)item - bh * (unsigned)q_tiles);\n\
-        const int h = (int)(bh % (unsigned){heads});\n\
-        const int b = (int)(bh / (unsigned){heads});\n"
+        const int h = (int)(bh - b_ * (unsigned){heads}), b = (int)b_;\n"
     )?;
     write_item_rows(w, spec, role)
 }
