@@ -239,24 +239,46 @@ impl TileConfig {
             return 2;
         }
         let (q, stage) = self.tile_bytes(spec);
-        let ones = if RowSums::of(spec, self) == RowSums::TensorCores { ONES_TILE_BYTES } else { 0 };
-        let budget = SM_SMEM / self.per_sm()
-            - CTA_SMEM_RESERVE
-            - STATIC_SMEM_SLACK
-            - KeyTerms::of(self).static_bytes(spec, self)
-            - ones;
+        let budget = self.smem_budget(spec) - self.o_buffer_bytes(spec);
         (2..=RING_STAGES).rev().find(|s| 2 * q + s * stage + 1024 <= budget).unwrap_or(2)
     }
 
+    /// Whether a warp-specialized kernel stages O in a buffer of its own
+    /// (`OStaging::OBuffer`): where one fits beside its two Q buffers and a
+    /// full ring (at d <= 64, two or three consumer warpgroups).
+    pub(super) fn o_buffer(self, spec: &Spec) -> bool {
+        let (q, stage) = self.tile_bytes(spec);
+        let o = 2 * self.block_m() * pad16(spec.head_dims.v).next_multiple_of(64);
+        warp_specialized(self) && 2 * q + RING_STAGES * stage + o + 1024 <= self.smem_budget(spec)
+    }
+
+    fn o_buffer_bytes(self, spec: &Spec) -> u32 {
+        match self.o_buffer(spec) {
+            true => 2 * self.block_m() * pad16(spec.head_dims.v).next_multiple_of(64),
+            false => 0,
+        }
+    }
+
+    /// What a warp-specialized kernel's dynamic shared memory may take: an
+    /// SM's share, less the static arrays beside it.
+    fn smem_budget(self, spec: &Spec) -> u32 {
+        let ones = if RowSums::of(spec, self) == RowSums::TensorCores { ONES_TILE_BYTES } else { 0 };
+        SM_SMEM / self.per_sm()
+            - CTA_SMEM_RESERVE
+            - STATIC_SMEM_SLACK
+            - KeyTerms::of(self).static_bytes(spec, self)
+            - ones
+    }
+
     /// Dynamic shared memory: the Q tile (a warp-specialized kernel: two Q
-    /// buffers) and `stages` stages of K and V tiles, 16-bit elements;
-    /// wgmma's tiles are whole 64-column panels, 1024-byte aligned (the
-    /// slack is reserved).
+    /// buffers, and O's own buffer where it has one) and `stages` stages of
+    /// K and V tiles, 16-bit elements; wgmma's tiles are whole 64-column
+    /// panels, 1024-byte aligned (the slack is reserved).
     pub fn smem_bytes(self, spec: &Spec) -> u32 {
         let (q, stage) = self.tile_bytes(spec);
         let q_buffers = if warp_specialized(self) { 2 } else { 1 };
         let slack = if self.mma == Mma::Wgmma { 1024 } else { 0 };
-        q_buffers * q + self.stages(spec) * stage + slack
+        q_buffers * q + self.stages(spec) * stage + self.o_buffer_bytes(spec) + slack
     }
 
     /// Bytes of the Q tile and of one K/V stage in shared memory. A
@@ -497,12 +519,19 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt:
         writeln!(w, "constexpr int V_COLS = {};", dvp.next_multiple_of(64))?;
     }
     let ShmemCols { qk, v, .. } = cols;
-    match warp_specialized(config) {
-        true => writeln!(
-            w,
-            "constexpr int Q_TILE = BLOCK_M * (QK_COLS > V_COLS ? QK_COLS : V_COLS);  // a Q buffer; it also stages O"
-        )?,
-        false => writeln!(w, "constexpr int Q_TILE = BLOCK_M * {qk};")?,
+    match (warp_specialized(config), config.o_buffer(spec)) {
+        (true, true) => {
+            writeln!(w, "constexpr int Q_TILE = BLOCK_M * (QK_COLS > V_COLS ? QK_COLS : V_COLS);  // a Q buffer")?;
+            writeln!(w, "constexpr int O_TILE = BLOCK_M * V_COLS;  // O's own staging buffer")?
+        }
+        (true, false) => {
+            writeln!(
+                w,
+                "constexpr int Q_TILE = BLOCK_M * (QK_COLS > V_COLS ? QK_COLS : V_COLS);  // a Q buffer; it also stages O"
+            )?;
+            writeln!(w, "constexpr int O_TILE = 0;  // O is staged in the item's Q buffer")?
+        }
+        (false, _) => writeln!(w, "constexpr int Q_TILE = BLOCK_M * {qk};")?,
     }
     writeln!(w, "constexpr int K_TILE = BLOCK_N * {qk};")?;
     writeln!(w, "constexpr int V_TILE = BLOCK_N * {v};")?;
@@ -844,6 +873,16 @@ fn write_epilogue(
             "the warpgroup is done with its rows of this item's Q: they stage its O",
             "q_tile;  // [BLOCK_M][DVP] in 64-column panels, as Q",
         ),
+        OStaging::OBuffer(TileCopy::Threads) => (
+            "named_barrier_sync(3 + WARPGROUPS + warpgroup, 128);",
+            "the warpgroup's threads are done storing its previous O",
+            "o_buf;  // [BLOCK_M][V_COLS] in 64-column panels, as Q",
+        ),
+        OStaging::OBuffer(TileCopy::Tma) => (
+            "if (lane == 0) tma_store_wait_read();\n__syncwarp();",
+            "the copy engine has read the warp's previous O",
+            "o_buf;  // [BLOCK_M][V_COLS] in 64-column panels, as Q",
+        ),
     };
     // Who stores which rows: a warp-specialized kernel's warpgroups each
     // store their own 64, so none waits for another's last tile. They stage
@@ -857,7 +896,7 @@ fn write_epilogue(
                 "store_tile<BLOCK_M, DVP, DV, THREADS>(o_tile, o_rows + (long long)q0 * {o_stride}, {o_stride}, {q_len} - q0, aligned16(o_rows, {o_stride}), threadIdx.x);"
             ),
         ),
-        OStaging::QBuffer(_) => (
+        OStaging::QBuffer(_) | OStaging::OBuffer(_) => (
             "tile_offset<BLOCK_M, DVP, true>(row, n * 8 + 2 * t)",
             format!(
                 "const int wg_row = warpgroup * 4 * WARP_M;\n\
@@ -875,6 +914,13 @@ fn write_epilogue(
         Some(term) => format!(" + {term}"),
         None => String::new(),
     };
+    if let OStaging::OBuffer(_) = staging {
+        // The warp's last S has read its rows of Q: the producer may refill the buffer.
+        writeln!(
+            w,
+            "\nif (lane == 0) mbar_arrive(q_empty + 8 * qb);  // the Q buffer takes the Q of the item after next"
+        )?;
+    }
     write!(
         w,
         "\
@@ -906,34 +952,43 @@ fn write_epilogue(
     match staging {
         OStaging::Cta => writeln!(w, "{sync}\n{store}"),
         OStaging::QBuffer(copy) => {
-            write_o_store(w, copy, sync, &store)?;
+            write_o_store(w, copy, sync, &store, true)?;
             writeln!(w, "__syncwarp();  // the warp's reads of o_tile are done:")?;
             writeln!(
                 w,
                 "if (lane == 0) mbar_arrive(q_empty + 8 * qb);  // the buffer takes the Q of the item after next"
             )
         }
+        // Nothing waits for the store here: the next item's epilogue does.
+        OStaging::OBuffer(copy) => {
+            write_o_store(w, copy, "named_barrier_sync(3 + WARPGROUPS + warpgroup, 128);", &store, false)
+        }
     }
 }
 
-/// O from a warp-specialized kernel's Q buffer to memory: with TMA each
+/// O from a warp-specialized kernel's staging tile to memory: with TMA each
 /// warp's lane 0 hands its 16 rows to the copy engine (no warpgroup barrier,
-/// no per-thread address math; the copy engine clips rows past q_len), and
-/// frees the buffer once the copy has read it; else the warpgroup meets
-/// and its threads store 16 bytes at a time.
-fn write_o_store(w: &mut Writer<String>, copy: TileCopy, barrier: &str, store: &str) -> fmt::Result {
+/// no per-thread address math; the copy engine clips rows past q_len),
+/// waiting until the copy has read them where `wait_read` (the tile is the
+/// Q buffer the warp frees next); else the warpgroup meets and its threads
+/// store 16 bytes at a time.
+fn write_o_store(w: &mut Writer<String>, copy: TileCopy, barrier: &str, store: &str, wait_read: bool) -> fmt::Result {
     match copy {
-        TileCopy::Tma => write!(
-            w,
-            "\
-            // The copy engine stores the warp's rows.\n\
-            fence_async_smem();  // this thread's O, visible to the copy engine\n\
-            __syncwarp();\n\
-            if (lane == 0) {{\n\
-            \x20   tma_store_tile<WARP_M, V_COLS, BLOCK_M>(o_tile + warp * WARP_M * 64, o_map, q0 + warp * WARP_M, h, b);\n\
-            \x20   tma_store_wait_read();\n\
-            }}\n"
-        ),
+        TileCopy::Tma => {
+            write!(
+                w,
+                "\
+                // The copy engine stores the warp's rows.\n\
+                fence_async_smem();  // this thread's O, visible to the copy engine\n\
+                __syncwarp();\n\
+                if (lane == 0) {{\n\
+                \x20   tma_store_tile<WARP_M, V_COLS, BLOCK_M>(o_tile + warp * WARP_M * 64, o_map, q0 + warp * WARP_M, h, b);\n"
+            )?;
+            if wait_read {
+                writeln!(w, "\x20   tma_store_wait_read();")?;
+            }
+            writeln!(w, "}}")
+        }
         TileCopy::Threads => writeln!(w, "{barrier}\n{store}"),
     }
 }
@@ -951,6 +1006,13 @@ enum OStaging {
     /// Each consumer warp then frees its share of the buffer, once O has
     /// left it as the kernel copies.
     QBuffer(TileCopy),
+    /// A warp-specialized kernel with room for it (`TileConfig::o_buffer`):
+    /// in O's own buffer. Each warp frees its share of the Q buffer as the
+    /// epilogue starts (its last S has read Q) and waits only for its own
+    /// previous O to leave the buffer (with TMA, for the copy engine's read
+    /// it did not wait for then; with threads, on the warpgroup's barrier),
+    /// so no barrier or wait sits between an item's last P V and its store.
+    OBuffer(TileCopy),
 }
 
 /// Block sparsity by analysis: `next_tile(j)` is the first K/V tile from `j`

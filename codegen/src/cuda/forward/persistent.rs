@@ -94,6 +94,10 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         (false, TileCopy::Tma) => "1);  // the tile word's writer, its copier",
         (false, TileCopy::Threads) => "copiers + 1);  // + the tile word's writer",
     };
+    let o_buf = match config.o_buffer(spec) {
+        true => "unsigned short* o_buf = v_tiles + STAGES * V_TILE;  // [O_TILE]: the epilogue stages O here\n",
+        false => "",
+    };
     // The threads whose copies complete a tile.
     let copiers = match copy {
         TileCopy::Tma => "1;  // one producer thread hands each tile to the copy engine",
@@ -105,6 +109,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         unsigned short* q_bufs = smem;  // [2][Q_TILE]: this item's and the next one's\n\
         unsigned short* k_tiles = q_bufs + 2 * Q_TILE;  // [STAGES][K_TILE]\n\
         unsigned short* v_tiles = k_tiles + STAGES * K_TILE;  // [STAGES][V_TILE]\n\
+        {o_buf}\
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
         const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n\
         \n\
@@ -327,7 +332,11 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
             writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);")?;
         }
         write_ring_loop(w, spec, sums, groups, |w| write_wgmma_step(w, spec, config, &hoisted))?;
-        write_epilogue(w, spec, &hoisted, OStaging::QBuffer(copy), sums)
+        let staging = match config.o_buffer(spec) {
+            true => OStaging::OBuffer(copy),
+            false => OStaging::QBuffer(copy),
+        };
+        write_epilogue(w, spec, &hoisted, staging, sums)
     })?;
     if copy == TileCopy::Tma {
         writeln!(w, "if (lane == 0) tma_store_wait();  // the last O is written before the CTA exits")?;
