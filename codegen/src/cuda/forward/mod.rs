@@ -248,15 +248,21 @@ impl TileConfig {
     /// full ring (at d <= 64, two or three consumer warpgroups).
     pub(super) fn o_buffer(self, spec: &Spec) -> bool {
         let (q, stage) = self.tile_bytes(spec);
-        let o = 2 * self.block_m() * pad16(spec.head_dims.v).next_multiple_of(64);
+        let o = self.o_tile_bytes(spec);
         warp_specialized(self) && 2 * q + RING_STAGES * stage + o + 1024 <= self.smem_budget(spec)
     }
 
+    /// O's own buffer, where the kernel has one.
     fn o_buffer_bytes(self, spec: &Spec) -> u32 {
         match self.o_buffer(spec) {
-            true => 2 * self.block_m() * pad16(spec.head_dims.v).next_multiple_of(64),
+            true => self.o_tile_bytes(spec),
             false => 0,
         }
+    }
+
+    /// A staged O tile: 64-column panels of 16-bit elements.
+    fn o_tile_bytes(self, spec: &Spec) -> u32 {
+        2 * self.block_m() * pad16(spec.head_dims.v).next_multiple_of(64)
     }
 
     /// What a warp-specialized kernel's dynamic shared memory may take: an
@@ -519,19 +525,15 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt:
         writeln!(w, "constexpr int V_COLS = {};", dvp.next_multiple_of(64))?;
     }
     let ShmemCols { qk, v, .. } = cols;
-    match (warp_specialized(config), config.o_buffer(spec)) {
-        (true, true) => {
-            writeln!(w, "constexpr int Q_TILE = BLOCK_M * (QK_COLS > V_COLS ? QK_COLS : V_COLS);  // a Q buffer")?;
-            writeln!(w, "constexpr int O_TILE = BLOCK_M * V_COLS;  // O's own staging buffer")?
-        }
-        (true, false) => {
-            writeln!(
-                w,
-                "constexpr int Q_TILE = BLOCK_M * (QK_COLS > V_COLS ? QK_COLS : V_COLS);  // a Q buffer; it also stages O"
-            )?;
-            writeln!(w, "constexpr int O_TILE = 0;  // O is staged in the item's Q buffer")?
-        }
-        (false, _) => writeln!(w, "constexpr int Q_TILE = BLOCK_M * {qk};")?,
+    if warp_specialized(config) {
+        let (q_note, o_tile) = match config.o_buffer(spec) {
+            true => ("", "BLOCK_M * V_COLS;  // O's own staging buffer"),
+            false => ("; it also stages O", "0;  // O is staged in the item's Q buffer"),
+        };
+        writeln!(w, "constexpr int Q_TILE = BLOCK_M * (QK_COLS > V_COLS ? QK_COLS : V_COLS);  // a Q buffer{q_note}")?;
+        writeln!(w, "constexpr int O_TILE = {o_tile}")?;
+    } else {
+        writeln!(w, "constexpr int Q_TILE = BLOCK_M * {qk};")?;
     }
     writeln!(w, "constexpr int K_TILE = BLOCK_N * {qk};")?;
     writeln!(w, "constexpr int V_TILE = BLOCK_N * {v};")?;
