@@ -10,10 +10,12 @@ cargo test --workspace --all-targets
 cargo test --workspace --doc
 # The trace tool's anchors (scripts/trace/instrument.py) in today's kernels,
 # at d = 128 (O staged in the Q buffer) and d = 64 (O in a buffer of its own).
+spec=$(mktemp --suffix=.attn)
+trap 'rm -f "$spec"' EXIT
 for entry in sliding_window:window=1024 causal:; do
     for d in 128 64; do
-        sed "s/head_dim: 128/head_dim: $d/" "specs/${entry%%:*}.attn" >"target/trace-anchors.attn"
-        cargo run -q --bin flashgen -- emit --arch sm_90 --config wgmma.w8.m1.n128 target/trace-anchors.attn |
+        sed "s/head_dim: 128/head_dim: $d/" "specs/${entry%%:*}.attn" >"$spec"
+        cargo run -q --bin flashgen -- emit --arch sm_90 --config wgmma.w8.m1.n128 "$spec" |
             python3 scripts/trace/instrument.py /dev/stdin ${entry#*:} >/dev/null
     done
 done
