@@ -870,13 +870,12 @@ fn write_epilogue(
             "smem;  // [BLOCK_M][DVP]",
         ),
         OStaging::QBuffer(_) => (
-            // The warpgroup's own named barrier: the other warpgroups go on.
-            "named_barrier_sync(3 + WARPGROUPS + warpgroup, 128);",
+            WARPGROUP_SYNC,
             "the warpgroup is done with its rows of this item's Q: they stage its O",
             "q_tile;  // [BLOCK_M][DVP] in 64-column panels, as Q",
         ),
         OStaging::OBuffer(TileCopy::Threads) => (
-            "named_barrier_sync(3 + WARPGROUPS + warpgroup, 128);",
+            WARPGROUP_SYNC,
             "the warpgroup's threads are done storing its previous O",
             "o_buf;  // [BLOCK_M][V_COLS] in 64-column panels, as Q",
         ),
@@ -954,7 +953,7 @@ fn write_epilogue(
     match staging {
         OStaging::Cta => writeln!(w, "{sync}\n{store}"),
         OStaging::QBuffer(copy) => {
-            write_o_store(w, copy, sync, &store, true)?;
+            write_o_store(w, copy, &store, true)?;
             writeln!(w, "__syncwarp();  // the warp's reads of o_tile are done:")?;
             writeln!(
                 w,
@@ -962,9 +961,7 @@ fn write_epilogue(
             )
         }
         // Nothing waits for the store here: the next item's epilogue does.
-        OStaging::OBuffer(copy) => {
-            write_o_store(w, copy, "named_barrier_sync(3 + WARPGROUPS + warpgroup, 128);", &store, false)
-        }
+        OStaging::OBuffer(copy) => write_o_store(w, copy, &store, false),
     }
 }
 
@@ -974,7 +971,7 @@ fn write_epilogue(
 /// waiting until the copy has read them where `wait_read` (the tile is the
 /// Q buffer the warp frees next); else the warpgroup meets and its threads
 /// store 16 bytes at a time.
-fn write_o_store(w: &mut Writer<String>, copy: TileCopy, barrier: &str, store: &str, wait_read: bool) -> fmt::Result {
+fn write_o_store(w: &mut Writer<String>, copy: TileCopy, store: &str, wait_read: bool) -> fmt::Result {
     match copy {
         TileCopy::Tma => {
             write!(
@@ -991,9 +988,12 @@ fn write_o_store(w: &mut Writer<String>, copy: TileCopy, barrier: &str, store: &
             }
             writeln!(w, "}}")
         }
-        TileCopy::Threads => writeln!(w, "{barrier}\n{store}"),
+        TileCopy::Threads => writeln!(w, "{WARPGROUP_SYNC}\n{store}"),
     }
 }
+
+/// A consumer warpgroup's own named barrier (the other warpgroups go on).
+const WARPGROUP_SYNC: &str = "named_barrier_sync(3 + WARPGROUPS + warpgroup, 128);";
 
 /// Where the epilogue stages O in shared memory (unrelated to [`Stagers`],
 /// who stage a tensor mask's block classes).
