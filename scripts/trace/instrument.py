@@ -56,11 +56,17 @@ PRELUDE = r"""
 __device__ unsigned long long g_trace[TRACE_CTAS][5][TRACE_N];
 __device__ int g_trace_n[TRACE_CTAS][5];
 #if TRACE_ON
+// The count lives in a register (trace_n_, declared at the kernel's top) and
+// is only stored: a load of it from global memory would put an L2 round trip
+// into every traced span.
 #define TR(code) do { if (blockIdx.x < TRACE_CTAS && threadIdx.x % 128 == 0) { \
-    const int role_ = threadIdx.x / 128, n_ = g_trace_n[blockIdx.x][role_]++; \
-    if (n_ < TRACE_N) g_trace[blockIdx.x][role_][n_] = (unsigned long long)(code) << 56 | ((unsigned long long)clock64() & ((1ull << 56) - 1)); } } while (0)
+    const int role_ = threadIdx.x / 128, n_ = trace_n_++; \
+    if (n_ < TRACE_N) g_trace[blockIdx.x][role_][n_] = (unsigned long long)(code) << 56 | ((unsigned long long)clock64() & ((1ull << 56) - 1)); \
+    g_trace_n[blockIdx.x][role_] = trace_n_; } } while (0)
+#define TRACE_COUNTER int trace_n_ = 0;
 #else
 #define TR(code) do {} while (0)
+#define TRACE_COUNTER
 #endif
 """
 
@@ -110,6 +116,8 @@ def main():
             continue
         point = lambda m: (m.group(0) + f"TR({code});\n" if after else f"TR({code});\n" + m.group(0))
         src = pattern.sub(point, src)
+    body = re.search(r'extern "C" __global__ void __launch_bounds__\([^)]*\) \w+\(.*?\) \{\n', src, re.S)
+    src = src[: body.end()] + "    TRACE_COUNTER\n" + src[body.end() :]
     head = src.index('extern "C" __global__')
     extra = "".join(f"{a}, " for a in args)
     launch = f"#define KERNEL {name}\n#define EXTRA_ARGS {extra}\n"

@@ -601,7 +601,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig, copy: Opt
     writeln!(w, "// visited K/V tile, in flight together.")?;
     writeln!(w, "load_tile<BLOCK_M, {qk_cols}, D, THREADS{panels}>{q_load}")?;
     writeln!(w, "const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;")?;
-    write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::CTA)?;
+    write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::CTA, ClassReader::Cta)?;
     let kv = KvLoads::of(spec, config);
     let pipelined = pipelined(config);
     writeln!(w, "int j = next_tile(0);")?;
@@ -1032,11 +1032,15 @@ fn write_tile_classes(
     q_len: &str,
     kv_len: &str,
     stagers: &Stagers,
+    reader: ClassReader,
 ) -> fmt::Result {
     let (Some(mask), Some(class)) = (&spec.mask, tile_class_expr(spec)) else {
         writeln!(w, "// No mask: every tile is visited and kept whole.")?;
         writeln!(w, "auto next_tile = [](int j) {{ return j; }};")?;
-        return writeln!(w, "auto tile_full = [](int) {{ return true; }};");
+        return match reader {
+            ClassReader::Cta => writeln!(w, "auto tile_full = [](int) {{ return true; }};"),
+            ClassReader::RingWord => writeln!(w, "auto tile_bits = [](int) {{ return (int)TILE_FULL; }};"),
+        };
     };
     let (skip, full) = if block_uniform(mask, config.block_m(), config.block_n) {
         write!(
@@ -1070,8 +1074,8 @@ fn write_tile_classes(
         // A block mask built for data-dependent masks (tensor reads) refines\n\
         // them: 0 = no pair kept, 2 = every pair kept, exact per tile.\n"
     )?;
-    if let Some([a, b]) = two_conjuncts(spec) {
-        let [a, b] = [a, b].map(|e| class_expr(spec, e));
+    let conjuncts = two_conjuncts(spec).map(|pair| pair.map(|e| class_expr(spec, e)));
+    if let (Some([a, b]), ClassReader::Cta) = (&conjuncts, reader) {
         write!(
             w,
             "\
@@ -1115,7 +1119,39 @@ fn write_tile_classes(
         // pay for a scan over every tile of the row.\n"
     )?;
     write_next_tile(w, "kv_tiles", &format!("mask_class(j) == 0{skip}"), mask.reads_tensor())?;
-    writeln!(w, "auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || mask_class(j) == 2{full}; }};")
+    match (reader, conjuncts) {
+        (ClassReader::Cta, _) => {
+            writeln!(w, "auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || mask_class(j) == 2{full}; }};")
+        }
+        (ClassReader::RingWord, None) => writeln!(
+            w,
+            "auto tile_bits = [&](int j) -> int {{ return span_class(j, j + 1).lo == 1 || mask_class(j) == 2{full} ? TILE_FULL : 0; }};"
+        ),
+        // The producer classifies every tile it copies: each conjunct once.
+        (ClassReader::RingWord, Some([a, b])) => write!(
+            w,
+            "\
+            // Tile j's bits of its word: TILE_FULL where the mask keeps every pair,\n\
+            // else bit x (in TILE_WHOLE units) where conjunct x keeps every pair\n\
+            // and every key exists (logit_only tests no bound at kv_len).\n\
+            auto tile_bits = [&](int j) -> int {{\n\
+            \x20   const int k_lo = j * BLOCK_N, k_hi = min_i32((j + 1) * BLOCK_N, {kv_len}) - 1;\n\
+            \x20   const Range a = {a}, b = {b};\n\
+            \x20   if (r_and(a, b).lo == 1 || mask_class(j) == 2{full}) return TILE_FULL;\n\
+            \x20   if ((j + 1) * (long long)BLOCK_N > {kv_len}) return 0;\n\
+            \x20   return ((a.lo == 1 ? 1 : 0) | (b.lo == 1 ? 2 : 0)) * TILE_WHOLE;\n\
+            }};\n"
+        ),
+    }
+}
+
+/// Who reads the tile classes: a CTA's own main loop (`tile_full`, and
+/// `whole_conjuncts` under a two-conjunct mask), or a ring producer that packs
+/// them into each tile's word (`tile_bits`).
+#[derive(Clone, Copy)]
+enum ClassReader {
+    Cta,
+    RingWord,
 }
 
 /// The threads that stage a tensor mask's block classes in shared memory

@@ -14,8 +14,8 @@
 
 use super::{
     interior_decl, ping_pong, q_load, two_conjuncts, write_accumulators, write_epilogue, write_item_rows,
-    write_last_pv, write_spec_terms, write_tile_classes, write_wgmma_step, ItemRole, KeyTerms, KvLoads, OStaging,
-    RowSums, StagedTerms, Stagers, TileConfig, ONES_TILE_BYTES,
+    write_last_pv, write_spec_terms, write_tile_classes, write_wgmma_step, ClassReader, ItemRole, KeyTerms, KvLoads,
+    OStaging, RowSums, StagedTerms, Stagers, TileConfig, ONES_TILE_BYTES,
 };
 use crate::abi::ArgKind;
 use crate::cuda::signature::arg_name;
@@ -203,7 +203,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
                 writeln!(w, "mbar_arrive_loaded<D>(q_full + 8 * qb, vector);")
             })?;
             staged.write_item_loads(w)?;
-            write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::PRODUCER)?;
+            write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::PRODUCER, ClassReader::RingWord)?;
             if groups {
                 write_group_classes(w, &q_len)?;
             }
@@ -219,8 +219,13 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
             let kv = KvLoads::of(spec, config);
             w.block(format_args!("while (j < kv_tiles)"), |w| {
                 writeln!(w, "const int next = next_tile(j + 1);")?;
+                writeln!(w, "// The tile's classes, ahead of the wait: the K copy waits for none of them.")?;
                 if groups {
-                    writeln!(w, "const int groups = group_classes(j);  // ahead of the wait: the K copy waits for no class")?;
+                    writeln!(w, "const int groups = group_classes(j);")?;
+                }
+                writeln!(w, "const int word = j << TILE_SHIFT | tile_bits(j) | (next < kv_tiles ? 0 : TILE_LAST);")?;
+                if per_key {
+                    writeln!(w, "const bool full = word & TILE_FULL;  // the key terms' writers need the class too")?;
                 }
                 write!(
                     w,
@@ -228,26 +233,11 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
                     const int stage = it % STAGES, empty_parity = (it / STAGES + 1) % 2;\n\
                     mbar_wait(k_empty + 8 * stage, empty_parity);\n"
                 )?;
-                // The key terms' writers need the class too.
-                let full = "const bool full = tile_full(j);";
-                if per_key {
-                    writeln!(w, "{full}")?;
-                }
                 w.block(format_args!("if (leader)"), |w| {
-                    if !per_key {
-                        writeln!(w, "{full}")?;
-                    }
-                    let whole = match two_conjuncts(spec) {
-                        Some(_) => "whole_conjuncts(j) * TILE_WHOLE",
-                        None => "0",
-                    };
                     if groups {
                         writeln!(w, "group_word[stage] = groups;")?;
                     }
-                    writeln!(
-                        w,
-                        "tile_word[stage] = j << TILE_SHIFT | (full ? TILE_FULL : {whole}) | (next < kv_tiles ? 0 : TILE_LAST);"
-                    )?;
+                    writeln!(w, "tile_word[stage] = word;")?;
                     match (copy, per_key) {
                         (TileCopy::Tma, _) => writeln!(
                             w,
