@@ -1,6 +1,6 @@
 // Times one traced forward kernel (scripts/trace/instrument.py) on the
 // bench suite's shape (16 heads, 32k tokens per batch, bshd, random bf16)
-// and writes the trace of one more launch.
+// (O and the LSE written) and writes the trace of one more launch.
 //
 //   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 \
 //        -DKERNEL_FILE='"traced.cu"' [-DTRACE_ON=0] harness.cu -o h
@@ -66,11 +66,13 @@ int main(int argc, char** argv) {
     const int seq = atoi(argv[1]), heads = 16, batch = 32768 / seq, launches = 30;
     const size_t qk = (size_t)batch * seq * heads * D, vo = (size_t)batch * seq * heads * DV;
     unsigned short *q, *k, *v, *o;
+    float* lse;  // written, as a training forward writes it for the backward
     unsigned long long* counter;
     CHECK(cudaMalloc(&q, 2 * qk));
     CHECK(cudaMalloc(&k, 2 * qk));
     CHECK(cudaMalloc(&v, 2 * vo));
     CHECK(cudaMalloc(&o, 2 * vo));
+    CHECK(cudaMalloc(&lse, sizeof(float) * batch * heads * seq));
     CHECK(cudaMalloc(&counter, 16));
     CHECK(cudaMemset(counter, 0, 16));
     fill<<<1024, 256>>>(q, qk, 1);
@@ -93,7 +95,7 @@ int main(int argc, char** argv) {
     const int grid = (int)std::min<long long>(items, (long long)sms * per_sm);
     const long long qs = (long long)heads * D, vs = (long long)heads * DV;
     auto launch = [&]() {
-        KERNEL<<<grid, CTA_THREADS, smem>>>(q, k, v, o, nullptr, batch, heads, heads, seq, seq, seq * qs, qs, D, seq * qs, qs, D,
+        KERNEL<<<grid, CTA_THREADS, smem>>>(q, k, v, o, lse, batch, heads, heads, seq, seq, seq * qs, qs, D, seq * qs, qs, D,
                                             seq * vs, vs, DV, seq * vs, vs, DV, 0.125f, EXTRA_ARGS counter, q_map, k_map,
                                             v_map, o_map);
     };

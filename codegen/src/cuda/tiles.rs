@@ -229,6 +229,14 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return r;
 }
 
+// log2(x) in one MUFU instruction (FlashAttention's LSE uses the fast log as
+// well): ~2^-22 absolute near 1, far below the LSE check's tolerance.
+__device__ __forceinline__ float fast_log2(float x) {
+    float r;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
 // Max and sum across the four lanes that share an accumulator row.
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
