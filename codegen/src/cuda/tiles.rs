@@ -229,11 +229,18 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return r;
 }
 
-// log2(x) in one MUFU instruction (FlashAttention's LSE uses the fast log as
-// well): ~2^-22 absolute near 1, far below the LSE check's tolerance.
+// log2(x) and 1 / x in one MUFU instruction each (FlashAttention's epilogue,
+// built with fast math, uses the same): ~2^-22 and 1 ulp, far below the
+// rounding of O to 16 bits and the LSE check's tolerance. IEEE division
+// would add a call for its slow path to every epilogue.
 __device__ __forceinline__ float fast_log2(float x) {
     float r;
     asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ float fast_rcp(float x) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
     return r;
 }
 

@@ -948,7 +948,7 @@ fn write_epilogue(
         for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
         \x20   const int mt = i / 2, r = i % 2;\n\
         \x20   const int row = warp * WARP_M + mt * 16 + g + 8 * r;\n\
-        \x20   const float inv = sums[i] > 0.0f ? 1.0f / sums[i] : 0.0f;\n\
+        \x20   const float inv = sums[i] > 0.0f ? fast_rcp(sums[i]) : 0.0f;\n\
         \x20   #pragma unroll\n\
         \x20   for (int n = 0; n < O_TILES; ++n) {{\n\
         \x20       *(unsigned*)(o_tile + {at}) =\n\
