@@ -2,7 +2,8 @@
 # On a GPU machine, from the pack scripts/gpu-trace-pack.sh made: builds each
 # traced kernel with nvcc, with and without its trace points, times both at
 # each of SEQS (default "4096 16384") and writes each trace and its summary
-# to $OUT (or ./trace-logs).
+# to $OUT (or ./trace-logs). A launch that hangs (a hand edit's deadlock) is
+# killed after a minute instead of eating the device call.
 set -uo pipefail
 cd "$(dirname "$0")"
 out="${OUT:-$PWD/trace-logs}"
@@ -18,8 +19,8 @@ wait
 for name in $(cat kernels); do
     for seq in ${SEQS:-4096 16384}; do
         [ -x "h-$name-0" ] && [ -x "h-$name-1" ] || { echo "$name: build failed (see build-$name-*.log)"; continue; }
-        printf '%-12s untraced  %s\n' "$name" "$("./h-$name-0" "$seq" /dev/null)"
-        printf '%-12s traced    %s\n' "$name" "$("./h-$name-1" "$seq" "$out/$name.$seq.trace")"
+        printf '%-12s untraced  %s\n' "$name" "$(timeout 60 "./h-$name-0" "$seq" /dev/null)"
+        printf '%-12s traced    %s\n' "$name" "$(timeout 60 "./h-$name-1" "$seq" "$out/$name.$seq.trace")"
         python3 analyze.py "$out/$name.$seq.trace" >"$out/$name.$seq.txt"
     done
 done
