@@ -1126,14 +1126,12 @@ fn write_tile_classes(
         // pay for a scan over every tile of the row.\n"
     )?;
     write_next_tile(w, "kv_tiles", &format!("mask_class(j) == 0{skip}"), mask.reads_tensor())?;
+    let keeps_all = format!("span_class(j, j + 1).lo == 1 || mask_class(j) == 2{full}");
     match (reader, conjuncts) {
-        (ClassReader::Cta, _) => {
-            writeln!(w, "auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || mask_class(j) == 2{full}; }};")
+        (ClassReader::Cta, _) => writeln!(w, "auto tile_full = [&](int j) {{ return {keeps_all}; }};"),
+        (ClassReader::RingWord, None) => {
+            writeln!(w, "auto tile_bits = [&](int j) -> int {{ return {keeps_all} ? TILE_FULL : 0; }};")
         }
-        (ClassReader::RingWord, None) => writeln!(
-            w,
-            "auto tile_bits = [&](int j) -> int {{ return span_class(j, j + 1).lo == 1 || mask_class(j) == 2{full} ? TILE_FULL : 0; }};"
-        ),
         // The producer classifies every tile it copies: each conjunct once.
         (ClassReader::RingWord, Some([a, b])) => write!(
             w,
