@@ -70,7 +70,7 @@ pub use forward::{ForwardIo, ForwardOptions};
 pub use layout::Layout;
 pub use nvrtc::{compile_count, compile_cubin, compile_cubin_with_log, nvrtc_version, DUMP_ENV};
 pub use runtime::{CacheStats, KernelSet, LoadedKernel, Runtime};
-pub use timing::median_ms;
+pub use timing::{median_ms, median_ms_after};
 pub use tma::TMA_ENV;
 pub use tuning::{config_name, ShapeClass, AUTOTUNE_ENV};
 pub use {cudarc, half};
