@@ -15,17 +15,18 @@
 //! Tiles are the spec's mask tile ([`TileConfig::mask_tile`]); forward
 //! kernels of any tile size combine the ones their tiles overlap.
 
-use super::expr::{c_expr, c_expr_in, c_type};
-use super::hoist::{hoist, lookup_indexed, Hoisted, Level};
-use super::prelude::PRELUDE;
-use super::ranges::RANGES;
-use super::signature::{arg_name, block_mask_args};
-use super::source::{kernel_name, write_entry, write_header};
-use super::tile_class::{bounded_class_expr, tile_class_expr};
-use super::writer::Writer;
-use super::TileConfig;
 use crate::abi::{ArgKind, Grid, Kernel};
 use crate::analysis::block_uniform;
+use crate::cuda::kit::expr::{c_expr, c_expr_in};
+use crate::cuda::kit::hoist::{hoist, lookup_indexed, Hoisted, Level};
+use crate::cuda::kit::tile_class::{bounded_class_expr, tile_class_expr};
+use crate::cuda::prelude::PRELUDE;
+use crate::cuda::ranges::RANGES;
+use crate::cuda::signature::c_type;
+use crate::cuda::signature::{arg_name, block_mask_args};
+use crate::cuda::source::{kernel_name, write_entry, write_header};
+use crate::cuda::writer::Writer;
+use crate::cuda::TileConfig;
 use crate::spec::{Builtin, Expr, Spec, Ty};
 use std::fmt::{self, Write};
 

@@ -16,15 +16,15 @@
 
 mod backward;
 mod block_mask;
-mod expr;
 mod forward;
-mod hoist;
+mod kit;
 mod prelude;
 mod ranges;
 mod ring;
 mod signature;
 mod source;
-mod tile_class;
+mod target;
+mod tile_config;
 mod tiles;
 mod tma;
 mod wgmma;
@@ -33,6 +33,8 @@ mod writer;
 
 pub use backward::{emit_backward, emit_backward_with, trainable_tensors, BackwardConfig, BackwardPass, DqAccum};
 pub use block_mask::emit_block_mask;
-pub use forward::{emit_forward, emit_forward_copying, emit_forward_with, Mma, Target, TileConfig};
+pub use forward::{emit_forward, emit_forward_copying, emit_forward_with};
+pub use target::{Mma, Target};
+pub use tile_config::TileConfig;
 pub use tma::TileCopy;
 pub use work_order::{emit_work_order, Work, BUCKETS, HEADS_PER_BLOCK};

@@ -6,10 +6,9 @@
 //! declarations (`p_window`, `t_slopes`), so a spec name can never collide
 //! with a kernel local or a C keyword.
 
-use super::expr::c_type;
-use super::tma::TileCopy;
 use crate::abi::{ArgKind, Axis, KernelArg, Operand};
-use crate::spec::{ElemTy, Spec};
+use crate::cuda::tma::TileCopy;
+use crate::spec::{ElemTy, Spec, Ty};
 
 /// Q, K, V, O pointers; lse; sizes; 12 strides; scale; params; tensors; a
 /// mask's block mask; a persistent kernel's (`persistent`: how it copies)
@@ -184,6 +183,15 @@ fn operand(op: Operand) -> &'static str {
         Operand::DQ => "dq",
         Operand::DK => "dk",
         Operand::DV => "dv",
+    }
+}
+
+/// The C type of an expression type.
+pub(crate) fn c_type(ty: Ty) -> &'static str {
+    match ty {
+        Ty::Bool => "bool",
+        Ty::I32 => "int",
+        Ty::F32 => "float",
     }
 }
 

@@ -2,9 +2,9 @@
 //! quoting the spec, and the `extern "C"` entry point printed from the
 //! kernel's argument list.
 
-use super::signature::arg_type;
-use super::writer::Writer;
 use crate::abi::KernelArg;
+use crate::cuda::signature::arg_type;
+use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use crate::syntax::to_source;
 use std::fmt::{self, Write};

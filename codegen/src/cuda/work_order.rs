@@ -25,12 +25,12 @@
 //! class units keep launch order (no kernel's results depend on the order).
 //! The output holds the order, then each unit's count.
 
-use super::prelude::PRELUDE;
-use super::signature::{arg_name, work_order_args};
-use super::source::{kernel_name, write_entry, write_header};
-use super::writer::Writer;
-use super::TileConfig;
 use crate::abi::{ArgKind, Axis, Grid, Kernel};
+use crate::cuda::prelude::PRELUDE;
+use crate::cuda::signature::{arg_name, work_order_args};
+use crate::cuda::source::{kernel_name, write_entry, write_header};
+use crate::cuda::writer::Writer;
+use crate::cuda::TileConfig;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 

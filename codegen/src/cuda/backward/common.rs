@@ -3,18 +3,21 @@
 //! either tile orientation and the walk over the tiles block sparsity keeps
 //! (the math of a step is in `step`).
 
-use super::super::expr::{c_expr, c_expr_in, c_type, load_offset};
-use super::super::forward::{self, pad16};
-use super::super::hoist::{lookup_indexed, Hoisted, Level};
-use super::super::prelude::PRELUDE;
-use super::super::ranges::RANGES;
-use super::super::signature::arg_name;
-use super::super::source::{write_entry, write_header};
-use super::super::tile_class::tile_class_expr;
-use super::super::tiles::TILES;
-use super::super::tma::TileCopy;
-use super::super::writer::Writer;
 use crate::abi::{ArgKind, KernelArg};
+use crate::cuda::kit::expr::{c_expr, c_expr_in, load_offset};
+use crate::cuda::kit::hoist::{lookup_indexed, Hoisted, Level};
+use crate::cuda::kit::terms::{write_tile_terms, KeyTerms};
+use crate::cuda::kit::tile_class::tile_class_expr;
+use crate::cuda::kit::tile_walk::{write_block_class, write_next_tile};
+use crate::cuda::prelude::PRELUDE;
+use crate::cuda::ranges::RANGES;
+use crate::cuda::signature::arg_name;
+use crate::cuda::signature::c_type;
+use crate::cuda::source::{write_entry, write_header};
+use crate::cuda::target::pad16;
+use crate::cuda::tiles::TILES;
+use crate::cuda::tma::TileCopy;
+use crate::cuda::writer::Writer;
 use crate::grad::{d_load, d_score, load_indices};
 use crate::spec::{Builtin, Dtype, Expr, ExprKind, Spec};
 use std::fmt::{self, Write};
@@ -308,7 +311,7 @@ pub(super) fn write_column_terms(
     first_col: &str,
 ) -> fmt::Result {
     let (_, col_var) = rows.vars();
-    forward::write_tile_terms(w, spec, hoisted, rows.column_level(), col_var, first_col, forward::KeyTerms::PerThread)
+    write_tile_terms(w, spec, hoisted, rows.column_level(), col_var, first_col, KeyTerms::PerThread)
 }
 
 /// The spec as lambdas of one element (dot product at (q, k), row slot i,
@@ -430,10 +433,10 @@ pub(super) fn write_tile_walk(w: &mut Writer<String>, spec: &Spec, walk: &Walk) 
         // A block mask (built for data-dependent masks) refines them: 0 = no\n\
         // pair kept, 2 = every pair kept.\n"
     )?;
-    forward::write_block_class(w, "mask_class", &kv_len, &tile_range(q_range), &tile_range(k_range))?;
+    write_block_class(w, "mask_class", &kv_len, &tile_range(q_range), &tile_range(k_range))?;
     writeln!(w, "// The next tile from j on that keeps a pair; runs of tiles the analysis")?;
     writeln!(w, "// rules out are skipped by binary search.")?;
     let data_dependent = spec.mask.as_ref().is_some_and(|m| m.reads_tensor());
-    forward::write_next_tile(w, tiles, "mask_class(j) == 0", data_dependent)?;
+    write_next_tile(w, tiles, "mask_class(j) == 0", data_dependent)?;
     writeln!(w, "auto tile_full = [&](int j) {{ return span_class(j, j + 1).lo == 1 || mask_class(j) == 2; }};")
 }

@@ -8,11 +8,13 @@ use super::common::{
 use super::step::{write_register_products, write_scores, write_split_elements, FromRegisters, Part};
 use super::BackwardConfig;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
-use crate::cuda::forward::{interior_decl, pad16, write_mask_tiles};
-use crate::cuda::hoist::hoist;
+use crate::cuda::kit::hoist::hoist;
+use crate::cuda::kit::terms::interior_decl;
+use crate::cuda::kit::tile_walk::write_mask_tiles;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::backward_args;
 use crate::cuda::source::kernel_name;
+use crate::cuda::target::pad16;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
@@ -351,7 +353,7 @@ fn write_step(
     w: &mut Writer<String>,
     spec: &Spec,
     terms: &SpecTerms,
-    hoisted: &[crate::cuda::hoist::Hoisted],
+    hoisted: &[crate::cuda::kit::hoist::Hoisted],
 ) -> fmt::Result {
     let q_len = arg_name(spec, ArgKind::QLen);
     let interior = interior_decl(spec, "k0");

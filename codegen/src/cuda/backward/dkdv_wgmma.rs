@@ -39,11 +39,12 @@ use super::dkdv::{
 };
 use super::step::{write_elements, write_split_elements, Part};
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
-use crate::cuda::forward::{interior_decl, pad16};
-use crate::cuda::hoist::{hoist, Hoisted};
+use crate::cuda::kit::hoist::{hoist, Hoisted};
+use crate::cuda::kit::terms::interior_decl;
 use crate::cuda::ring::RING;
 use crate::cuda::signature::{arg_name, backward_args, with_tensor_maps};
 use crate::cuda::source::kernel_name;
+use crate::cuda::target::pad16;
 use crate::cuda::tma::{TileCopy, TMA};
 use crate::cuda::wgmma::{write_wgmma_op, AFrom, WGMMA};
 use crate::cuda::writer::Writer;

@@ -64,7 +64,7 @@ mod dq;
 mod rows;
 mod step;
 
-use super::forward::{pad16, Mma, Target};
+use super::target::{pad16, Mma, Target};
 use super::tma::TileCopy;
 use crate::abi::Kernel;
 use crate::grad::{d_load, load_indices};

@@ -29,8 +29,8 @@
 //! 16M keys); past that, and in the reassociated products, the bias differs
 //! from the spec's by a few ulp, which the spec language allows for f32.
 
-use crate::cuda::expr::c_expr_in;
-use crate::cuda::hoist::{lookup, Hoisted};
+use crate::cuda::kit::expr::c_expr_in;
+use crate::cuda::kit::hoist::{lookup, Hoisted};
 use crate::spec::{BinOp, Builtin, Expr, ExprKind, Spec, Ty};
 
 /// The bias of a score `score + T` or `T + score`.

@@ -12,13 +12,19 @@
 //! consumers' instruction stream is the products and the softmax; the two
 //! roles never meet at a CTA barrier.
 
-use super::{
-    interior_decl, ping_pong, q_load, two_conjuncts, write_accumulators, write_epilogue, write_item_rows,
-    write_last_pv, write_spec_terms, write_tile_classes, write_wgmma_step, ClassReader, ItemRole, KeyTerms, KvLoads,
-    OStaging, RowSums, StagedTerms, Stagers, TileConfig, ONES_TILE_BYTES,
-};
+use super::classes::{write_tile_classes, ClassReader, Stagers};
+use super::epilogue::{write_epilogue, OStaging};
+use super::item::{q_load, write_accumulators, write_item_rows, write_spec_terms, ItemRole};
+use super::kv_loads::KvLoads;
+use super::logit::two_conjuncts;
+use super::plan::ONES_TILE_BYTES;
+use super::softmax::RowSums;
+use super::staged_terms::StagedTerms;
+use super::wgmma_step::{write_last_pv, write_wgmma_step};
 use crate::abi::ArgKind;
+use crate::cuda::kit::terms::{interior_decl, KeyTerms};
 use crate::cuda::signature::arg_name;
+use crate::cuda::tile_config::{ping_pong, TileConfig};
 use crate::cuda::tma::TileCopy;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;

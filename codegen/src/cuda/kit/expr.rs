@@ -11,18 +11,18 @@
 //! locals of the same name; `q_len`/`kv_len`, params and tensors are kernel
 //! arguments named by [`signature`](super::signature).
 
-use super::signature::arg_name;
 use crate::abi::ArgKind;
+use crate::cuda::signature::{arg_name, c_type};
 use crate::spec::{BinOp, Builtin, Dim, ElemTy, Expr, ExprKind, Func, Spec, Ty, UnOp};
 
 /// `e` as a fully parenthesized C expression.
-pub(super) fn c_expr(spec: &Spec, e: &Expr) -> String {
+pub(crate) fn c_expr(spec: &Spec, e: &Expr) -> String {
     c_expr_in(spec, e, &|_| None)
 }
 
 /// `e` as C, with the subexpressions `hoisted` names (precomputed values,
 /// see [`super::hoist`]) replaced by those names.
-pub(super) fn c_expr_in(spec: &Spec, e: &Expr, hoisted: &dyn Fn(&Expr) -> Option<String>) -> String {
+pub(crate) fn c_expr_in(spec: &Spec, e: &Expr, hoisted: &dyn Fn(&Expr) -> Option<String>) -> String {
     if let Some(name) = hoisted(e) {
         return name;
     }
@@ -64,15 +64,6 @@ pub(super) fn c_expr_in(spec: &Spec, e: &Expr, hoisted: &dyn Fn(&Expr) -> Option
     }
 }
 
-/// The C type of an expression type.
-pub(super) fn c_type(ty: Ty) -> &'static str {
-    match ty {
-        Ty::Bool => "bool",
-        Ty::I32 => "int",
-        Ty::F32 => "float",
-    }
-}
-
 /// A row-major element read: each index clipped into `[0, dim - 1]`, the
 /// linear offset built in 64 bits (Horner form), 16-bit floats widened.
 fn load(spec: &Spec, slot: usize, indices: &[Expr], hoisted: &dyn Fn(&Expr) -> Option<String>) -> String {
@@ -88,7 +79,7 @@ fn load(spec: &Spec, slot: usize, indices: &[Expr], hoisted: &dyn Fn(&Expr) -> O
 
 /// The element offset a read of tensor `slot` at `indices` hits: each index
 /// clipped into `[0, dim - 1]`, the row-major offset in 64 bits.
-pub(super) fn load_offset(
+pub(crate) fn load_offset(
     spec: &Spec,
     slot: usize,
     indices: &[Expr],
@@ -159,7 +150,7 @@ fn int_literal(v: i32) -> String {
 /// decimal (`30.0f`, `1e-5f`) is used when it names `v` whether the C front
 /// end rounds it straight to f32 or via f64; otherwise a hex float, which is
 /// exact by construction.
-pub(super) fn float_literal(v: f32) -> String {
+pub(crate) fn float_literal(v: f32) -> String {
     let decimal = format!("{v:?}");
     let exact_via_f64 = decimal.parse::<f64>().is_ok_and(|d| (d as f32).to_bits() == v.to_bits());
     let text = if exact_via_f64 { format!("{decimal}f") } else { hex_float(v) };

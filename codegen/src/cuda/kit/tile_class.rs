@@ -6,27 +6,27 @@
 //! evaluates, so the kernel skips (`hi == 0`) and runs unmasked
 //! (`lo == 1`) exactly the tiles `classify` calls `Empty` and `Full`.
 
-use super::signature::arg_name;
 use crate::abi::ArgKind;
 use crate::analysis::{lower, lower_with, Known, RangeExpr};
+use crate::cuda::signature::arg_name;
 use crate::spec::{Expr, Spec};
 
 /// The mask's `Range` as a C expression in the locals `q_lo`, `q_hi`, `k_lo`,
 /// `k_hi`, `b`, `h` and the kernel arguments; `None` without a mask.
-pub(super) fn tile_class_expr(spec: &Spec) -> Option<String> {
+pub(crate) fn tile_class_expr(spec: &Spec) -> Option<String> {
     spec.mask.as_ref().map(|mask| class_expr(spec, mask))
 }
 
 /// The `Range` of the boolean `e` (a part of the mask) as a C expression in
 /// the same locals as [`tile_class_expr`].
-pub(super) fn class_expr(spec: &Spec, e: &Expr) -> String {
+pub(crate) fn class_expr(spec: &Spec, e: &Expr) -> String {
     c_range(spec, &lower(e), &[])
 }
 
 /// [`tile_class_expr`] of `mask` with each i32 subexpression of `bounded`
 /// (identified by address) read as `r_span(<name>_lo, <name>_hi)`: bounds
 /// the kernel computed at run time.
-pub(super) fn bounded_class_expr(spec: &Spec, mask: &Expr, bounded: &[(&Expr, &str)]) -> String {
+pub(crate) fn bounded_class_expr(spec: &Spec, mask: &Expr, bounded: &[(&Expr, &str)]) -> String {
     let index = |e: &Expr| bounded.iter().position(|(b, _)| std::ptr::eq(*b, e));
     let names: Vec<&str> = bounded.iter().map(|(_, name)| *name).collect();
     c_range(spec, &lower_with(mask, &index), &names)

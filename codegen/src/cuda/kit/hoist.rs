@@ -13,7 +13,7 @@ use crate::spec::{Builtin, Expr, ExprKind, Func};
 
 /// Where a hoisted value is computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Level {
+pub(crate) enum Level {
     /// Once per thread block (depends on b, h, params at most).
     Cta,
     /// Once per query row (depends on q, not on k or score).
@@ -23,7 +23,7 @@ pub(super) enum Level {
 }
 
 /// A hoisted subexpression and the C name its value goes by.
-pub(super) struct Hoisted<'a> {
+pub(crate) struct Hoisted<'a> {
     pub expr: &'a Expr,
     pub level: Level,
     pub name: String,
@@ -31,7 +31,7 @@ pub(super) struct Hoisted<'a> {
 
 /// The maximal worthwhile invariant subexpressions of `exprs`, in a
 /// deterministic order, named `inv_0`, `inv_1`, ...
-pub(super) fn hoist<'a>(exprs: &[&'a Expr]) -> Vec<Hoisted<'a>> {
+pub(crate) fn hoist<'a>(exprs: &[&'a Expr]) -> Vec<Hoisted<'a>> {
     let mut out = Vec::new();
     for e in exprs {
         collect(e, &mut out);
@@ -42,7 +42,7 @@ pub(super) fn hoist<'a>(exprs: &[&'a Expr]) -> Vec<Hoisted<'a>> {
 /// Looks `e` up among `hoisted` (by identity), giving its C value at the
 /// forward's element loop: a constant, `inv_N[i]` for row slot `i`,
 /// `inv_N[n][c]` for column slot `(n, c)`.
-pub(super) fn lookup(hoisted: &[Hoisted], e: &Expr) -> Option<String> {
+pub(crate) fn lookup(hoisted: &[Hoisted], e: &Expr) -> Option<String> {
     lookup_indexed(hoisted, e, |level| match level {
         Level::Cta => "",
         Level::Row => "[i]",
@@ -52,7 +52,7 @@ pub(super) fn lookup(hoisted: &[Hoisted], e: &Expr) -> Option<String> {
 
 /// Looks `e` up among `hoisted` (by identity): its name followed by the
 /// index a loop keeps values of its level under (`index(level)`).
-pub(super) fn lookup_indexed(hoisted: &[Hoisted], e: &Expr, index: impl Fn(Level) -> &'static str) -> Option<String> {
+pub(crate) fn lookup_indexed(hoisted: &[Hoisted], e: &Expr, index: impl Fn(Level) -> &'static str) -> Option<String> {
     let h = hoisted.iter().find(|h| std::ptr::eq(h.expr, e))?;
     Some(format!("{}{}", h.name, index(h.level)))
 }

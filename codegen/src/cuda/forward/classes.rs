@@ -1,0 +1,174 @@
+//! Block sparsity in the forward: which K/V tiles an item visits
+//! (`next_tile`) and which it keeps whole (`tile_full`, or the ring
+//! producer's `tile_bits`), from interval arithmetic over the mask and,
+//! under a data-dependent mask, the block mask.
+
+use super::logit::two_conjuncts;
+use crate::analysis::block_uniform;
+use crate::cuda::kit::expr::c_expr;
+use crate::cuda::kit::tile_class::{class_expr, tile_class_expr};
+use crate::cuda::kit::tile_walk::{write_block_class, write_next_tile};
+use crate::cuda::tile_config::TileConfig;
+use crate::cuda::writer::Writer;
+use crate::spec::Spec;
+use std::fmt::{self, Write};
+
+/// Block sparsity by analysis: `next_tile(j)` is the first K/V tile from `j`
+/// on that the mask does not remove entirely, and `tile_full(j)` says the
+/// mask keeps every pair of tile `j`. Both come from interval arithmetic over
+/// the mask with this CTA's query rows and the tile's keys (see `ranges`),
+/// evaluated with the launch's params, so they cost a few integer ops per
+/// tile and need no mask tensor or precompute pass. A mask that reads
+/// positions only as tile-aligned blocks (declared block sparsity, see
+/// [`block_uniform`]) is evaluated once per tile instead.
+pub(super) fn write_tile_classes(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    config: TileConfig,
+    q_len: &str,
+    kv_len: &str,
+    stagers: &Stagers,
+    reader: ClassReader,
+) -> fmt::Result {
+    let (Some(mask), Some(class)) = (&spec.mask, tile_class_expr(spec)) else {
+        writeln!(w, "// No mask: every tile is visited and kept whole.")?;
+        writeln!(w, "auto next_tile = [](int j) {{ return j; }};")?;
+        return match reader {
+            ClassReader::Cta => writeln!(w, "auto tile_full = [](int) {{ return true; }};"),
+            ClassReader::RingWord => writeln!(w, "auto tile_bits = [](int) {{ return (int)TILE_FULL; }};"),
+        };
+    };
+    let (skip, full) = if block_uniform(mask, config.block_m(), config.block_n) {
+        write!(
+            w,
+            "\
+            // The mask reads q and k only through tile-aligned blocks (declared\n\
+            // block sparsity): its value at a tile's first pair holds for the tile.\n\
+            auto block_kept = [&](int j) -> bool {{\n\
+            \x20   const int q = q0, k = j * BLOCK_N;\n\
+            \x20   return {};\n\
+            }};\n",
+            c_expr(spec, mask)
+        )?;
+        (" || !block_kept(j)", " || block_kept(j)")
+    } else {
+        ("", "")
+    };
+    write!(
+        w,
+        "\
+        // Tile classes: the mask over rows [q_lo, q_hi] x the keys of tiles\n\
+        // [j0, j1), in interval arithmetic (lo = 1: keeps every pair; hi = 0:\n\
+        // keeps none); span_class over this CTA's rows.\n\
+        auto rows_class = [&](int q_lo, int q_hi, int j0, int j1) -> Range {{\n\
+        \x20   const int k_lo = j0 * BLOCK_N;\n\
+        \x20   const int k_hi = (int)(j1 * (long long)BLOCK_N < {kv_len} ? j1 * (long long)BLOCK_N : {kv_len}) - 1;\n\
+        \x20   return {class};\n\
+        }};\n\
+        const int q_lo = q0, q_hi = min_i32(q0 + BLOCK_M, {q_len}) - 1;\n\
+        auto span_class = [&](int j0, int j1) {{ return rows_class(q_lo, q_hi, j0, j1); }};\n\
+        // A block mask built for data-dependent masks (tensor reads) refines\n\
+        // them: 0 = no pair kept, 2 = every pair kept, exact per tile.\n"
+    )?;
+    let conjuncts = two_conjuncts(spec).map(|pair| pair.map(|e| class_expr(spec, e)));
+    if let (Some([a, b]), ClassReader::Cta) = (&conjuncts, reader) {
+        write!(
+            w,
+            "\
+            // Bit x: conjunct x of the mask keeps every pair of tile j, and every\n\
+            // key of the tile exists (logit_only tests no bound at kv_len).\n\
+            auto whole_conjuncts = [&](int j) -> int {{\n\
+            \x20   if ((j + 1) * (long long)BLOCK_N > {kv_len}) return 0;\n\
+            \x20   const int k_lo = j * BLOCK_N, k_hi = k_lo + BLOCK_N - 1;\n\
+            \x20   return ({a}.lo == 1 ? 1 : 0) | ({b}.lo == 1 ? 2 : 0);\n\
+            }};\n"
+        )?;
+    }
+    let keys = format!("j * BLOCK_N, min_i32((j + 1) * BLOCK_N, {kv_len}) - 1");
+    if !mask.reads_tensor() {
+        write_block_class(w, "mask_class", kv_len, "q_lo, q_hi", &keys)?;
+    } else {
+        write_block_class(w, "block_class", kv_len, "q_lo, q_hi", &keys)?;
+        let Stagers { first, count, after } = stagers;
+        write!(
+            w,
+            "\
+            // The mask reads tensors, so the block mask decides most tiles: its\n\
+            // classes for this tile's rows are staged in shared memory once, and\n\
+            // next_tile's scan over removed tiles costs no dependent global loads\n\
+            // (they would stall a CTA that has the SM to itself).\n\
+            constexpr int STAGED_TILES = 1024;\n\
+            __shared__ unsigned char staged_class[STAGED_TILES];\n\
+            const bool staged = block_mask != nullptr && kv_tiles <= STAGED_TILES;\n\
+            if (staged) {{\n\
+            \x20   for (int j = {first}; j < kv_tiles; j += {count}) staged_class[j] = (unsigned char)block_class(j);\n\
+            }}\n\
+            {after}\n\
+            auto mask_class = [&](int j) {{ return staged ? (int)staged_class[j] : block_class(j); }};\n"
+        )?;
+    }
+    write!(
+        w,
+        "\
+        // The next tile from j on that keeps a pair. Runs of tiles the analysis\n\
+        // rules out are skipped by binary search, so a sliding window does not\n\
+        // pay for a scan over every tile of the row.\n"
+    )?;
+    write_next_tile(w, "kv_tiles", &format!("mask_class(j) == 0{skip}"), mask.reads_tensor())?;
+    let keeps_all = format!("span_class(j, j + 1).lo == 1 || mask_class(j) == 2{full}");
+    match (reader, conjuncts) {
+        (ClassReader::Cta, _) => writeln!(w, "auto tile_full = [&](int j) {{ return {keeps_all}; }};"),
+        (ClassReader::RingWord, None) => {
+            writeln!(w, "auto tile_bits = [&](int j) -> int {{ return {keeps_all} ? TILE_FULL : 0; }};")
+        }
+        // The producer classifies every tile it copies: each conjunct once.
+        (ClassReader::RingWord, Some([a, b])) => write!(
+            w,
+            "\
+            // Tile j's bits of its word: TILE_FULL where the mask keeps every pair,\n\
+            // else bit x (in TILE_WHOLE units) where conjunct x keeps every pair\n\
+            // and every key exists (logit_only tests no bound at kv_len).\n\
+            auto tile_bits = [&](int j) -> int {{\n\
+            \x20   const int k_lo = j * BLOCK_N, k_hi = min_i32((j + 1) * BLOCK_N, {kv_len}) - 1;\n\
+            \x20   const Range a = {a}, b = {b};\n\
+            \x20   if (r_and(a, b).lo == 1 || mask_class(j) == 2{full}) return TILE_FULL;\n\
+            \x20   if ((j + 1) * (long long)BLOCK_N > {kv_len}) return 0;\n\
+            \x20   return ((a.lo == 1 ? 1 : 0) | (b.lo == 1 ? 2 : 0)) * TILE_WHOLE;\n\
+            }};\n"
+        ),
+    }
+}
+
+/// Who reads the tile classes: a CTA's own main loop (`tile_full`, and
+/// `whole_conjuncts` under a two-conjunct mask), or a ring producer that packs
+/// them into each tile's word (`tile_bits`).
+#[derive(Clone, Copy)]
+pub(super) enum ClassReader {
+    Cta,
+    RingWord,
+}
+
+/// The threads that stage a tensor mask's block classes in shared memory
+/// (`staged_class`), C: the first one's index among them, their count, and
+/// the barrier that publishes the classes (`after`). Every reader of the
+/// previous item's classes has passed a barrier of theirs since.
+pub(super) struct Stagers {
+    first: &'static str,
+    count: &'static str,
+    after: &'static str,
+}
+
+impl Stagers {
+    /// Every thread of a CTA that owns one query tile.
+    pub(super) const CTA: Stagers = Stagers { first: "threadIdx.x", count: "CTA_THREADS", after: "__syncthreads();" };
+    /// A warp-specialized kernel's producer, per item, past the barrier on
+    /// which it reads its claim (named barrier 2 + WARPGROUPS: the consumers
+    /// pass their turns on 1..=WARPGROUPS, and each warpgroup meets its own
+    /// threads on 3 + WARPGROUPS + warpgroup). Its consumers take each
+    /// tile's class from it.
+    pub(super) const PRODUCER: Stagers = Stagers {
+        first: "threadIdx.x - THREADS",
+        count: "PRODUCER_THREADS",
+        after: "named_barrier_sync(2 + WARPGROUPS, PRODUCER_THREADS);",
+    };
+}

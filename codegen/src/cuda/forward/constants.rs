@@ -1,0 +1,100 @@
+//! The kernel's `constexpr` block: dtype, head dims, tile sizes, stages,
+//! the warp-specialized register split and the shared tiles' sizes.
+
+use super::plan::{launch_regs, ws_regs};
+use crate::cuda::kit::tile_walk::write_mask_tiles;
+use crate::cuda::target::{pad16, Mma};
+use crate::cuda::tile_config::{warp_specialized, TileConfig, PRODUCER_THREADS};
+use crate::cuda::writer::Writer;
+use crate::spec::{Dtype, Spec};
+use std::fmt::{self, Write};
+
+pub(super) fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::Result {
+    let storage = match spec.dtype {
+        Dtype::F16 => "f16",
+        Dtype::Bf16 => "bf16",
+    };
+    let (d, dv) = (spec.head_dims.qk, spec.head_dims.v);
+    let (dp, dvp) = (pad16(d), pad16(dv));
+    let TileConfig { mma, warps, m_tiles, block_n } = config;
+    write!(
+        w,
+        "\
+        // ---- kernel configuration ---------------------------------------------------\n\
+        using storage = {storage};  // element format of Q, K, V and O\n\
+        constexpr int D = {d};  // Q/K head dim\n\
+        constexpr int DV = {dv};  // V/O head dim\n\
+        constexpr int DP = (D + 15) / 16 * 16;  // D padded to the MMA k-step (zeros beyond D)\n\
+        constexpr int DVP = (DV + 15) / 16 * 16;  // DV padded to pairs of 8-wide MMA tiles\n\
+        constexpr int WARPS = {warps};\n\
+        constexpr int THREADS = 32 * WARPS;  // the threads that multiply\n\
+        constexpr int M_TILES = {m_tiles};  // 16-row MMA tiles per warp\n\
+        constexpr int WARP_M = 16 * M_TILES;  // query rows per warp\n\
+        constexpr int BLOCK_M = WARP_M * WARPS;  // query rows per CTA: grid.x = ceil(q_len / BLOCK_M)\n\
+        constexpr int BLOCK_N = {block_n};  // keys per K/V tile\n\
+        constexpr int S_TILES = BLOCK_N / 8;  // m16n8 accumulator tiles of a warp's S\n\
+        constexpr int O_TILES = DVP / 8;  // m16n8 accumulator tiles of a warp's O\n\
+        // Shared memory: the Q tile, then STAGES pipeline stages of K and of V tiles.\n"
+    )?;
+    if warp_specialized(config) {
+        let groups = config.warps / 4;
+        let launch = launch_regs(config);
+        let (producer, consumer) = ws_regs(spec, config);
+        write!(
+            w,
+            "\
+            // Warp specialization: one more warpgroup copies Q and the K/V tiles into\n\
+            // a ring of STAGES stages (see the stage ring above) and hands most of its\n\
+            // registers to the {groups} warpgroups that multiply ({launch} each at launch: {producer} + {groups} x {consumer}).\n\
+            constexpr int WARPGROUPS = WARPS / 4;  // consumer warpgroups, 64 rows each\n\
+            constexpr int PRODUCER_THREADS = {PRODUCER_THREADS};\n\
+            constexpr int CTA_THREADS = THREADS + PRODUCER_THREADS;\n\
+            constexpr int PRODUCER_REGS = {producer};\n\
+            constexpr int CONSUMER_REGS = {consumer};\n"
+        )?;
+    } else {
+        writeln!(w, "constexpr int CTA_THREADS = THREADS;")?;
+    }
+    writeln!(w, "constexpr int STAGES = {};  // K/V pipeline stages", config.stages(spec))?;
+    let cols = ShmemCols::of(mma);
+    if mma == Mma::Wgmma {
+        writeln!(w, "// wgmma reads whole 64-column panels (zeros beyond DP and DVP).")?;
+        writeln!(w, "constexpr int QK_COLS = {};", dp.next_multiple_of(64))?;
+        writeln!(w, "constexpr int V_COLS = {};", dvp.next_multiple_of(64))?;
+    }
+    let ShmemCols { qk, v, .. } = cols;
+    if warp_specialized(config) {
+        let (q_note, o_tile) = match config.o_buffer(spec) {
+            true => ("", "BLOCK_M * V_COLS;  // O's own staging buffer"),
+            false => ("; it also stages O", "0;  // O is staged in the item's Q buffer"),
+        };
+        writeln!(w, "constexpr int Q_TILE = BLOCK_M * (QK_COLS > V_COLS ? QK_COLS : V_COLS);  // a Q buffer{q_note}")?;
+        writeln!(w, "constexpr int O_TILE = {o_tile}")?;
+    } else {
+        writeln!(w, "constexpr int Q_TILE = BLOCK_M * {qk};")?;
+    }
+    writeln!(w, "constexpr int K_TILE = BLOCK_N * {qk};")?;
+    writeln!(w, "constexpr int V_TILE = BLOCK_N * {v};")?;
+    if spec.mask.is_some() {
+        write_mask_tiles(w, spec)?;
+    }
+    Ok(())
+}
+
+/// The shared-tile column counts and layout flag `load_tile` gets, as C.
+#[derive(Clone, Copy)]
+pub(super) struct ShmemCols {
+    pub(super) qk: &'static str,
+    pub(super) v: &'static str,
+    /// `load_tile`'s trailing template argument: wgmma's panel layout.
+    pub(super) panels: &'static str,
+}
+
+impl ShmemCols {
+    pub(super) fn of(mma: Mma) -> ShmemCols {
+        match mma {
+            Mma::Sync => ShmemCols { qk: "DP", v: "DVP", panels: "" },
+            Mma::Wgmma => ShmemCols { qk: "QK_COLS", v: "V_COLS", panels: ", true" },
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! The forward body of kernels whose threads all load and all multiply
+//! (mma.sync, and wgmma with 64-key tiles): one CTA per query tile, a
+//! two-stage `cp.async` pipeline paced by CTA barriers.
+
+use super::classes::{write_tile_classes, ClassReader, Stagers};
+use super::constants::ShmemCols;
+use super::epilogue::{write_epilogue, OStaging};
+use super::item::{q_load, write_accumulators, write_item_rows, write_spec_terms, ItemRole};
+use super::kv_loads::KvLoads;
+use super::persistent;
+use super::softmax::RowSums;
+use super::sync_step::write_sync_step;
+use super::wgmma_step::{write_last_pv, write_wgmma_serial_step, write_wgmma_step};
+use crate::abi::ArgKind;
+use crate::cuda::kit::terms::{interior_decl, KeyTerms};
+use crate::cuda::signature::arg_name;
+use crate::cuda::target::Mma;
+use crate::cuda::tile_config::{pipelined, TileConfig};
+use crate::cuda::tma::TileCopy;
+use crate::cuda::writer::Writer;
+use crate::spec::Spec;
+use std::fmt::{self, Write};
+
+pub(super) fn write_body(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    config: TileConfig,
+    copy: Option<TileCopy>,
+) -> fmt::Result {
+    match config.mma {
+        Mma::Sync => writeln!(w, "extern __shared__ __align__(128) unsigned short smem[];")?,
+        Mma::Wgmma => write!(
+            w,
+            "\
+            // wgmma's swizzle atoms are 1024-byte aligned; the launch reserves the slack.\n\
+            extern __shared__ __align__(1024) unsigned char smem_raw[];\n\
+            unsigned short* smem = (unsigned short*)(smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024);\n"
+        )?,
+    }
+    if let Some(copy) = copy {
+        return persistent::write_body(w, spec, config, copy);
+    }
+    let name = |kind| arg_name(spec, kind);
+    let [q_len, kv_len] = [ArgKind::QLen, ArgKind::KvLen].map(name);
+    let ShmemCols { qk: qk_cols, panels, .. } = ShmemCols::of(config.mma);
+    write!(
+        w,
+        "\
+        unsigned short* q_tile = smem;\n\
+        unsigned short* k_tiles = q_tile + Q_TILE;  // [STAGES][K_TILE]\n\
+        unsigned short* v_tiles = k_tiles + STAGES * K_TILE;  // [STAGES][V_TILE]\n\
+        \n\
+        // The spec's built-ins b and h (q and k are bound per element below).\n\
+        const int b = blockIdx.z;\n\
+        const int h = blockIdx.y;\n\
+        // Query tiles in reverse launch order: under a causal mask the last rows\n\
+        // do the most work, and starting them first leaves light tiles for the\n\
+        // grid's tail.\n\
+        const int q_block = gridDim.x - 1 - blockIdx.x;\n\
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
+        const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n"
+    )?;
+    write_item_rows(w, spec, ItemRole::Cta)?;
+    let q_load = q_load(spec);
+    writeln!(w, "// Prologue: the Q tile, then (once the tile classes say which) the first")?;
+    writeln!(w, "// visited K/V tile, in flight together.")?;
+    writeln!(w, "load_tile<BLOCK_M, {qk_cols}, D, THREADS{panels}>{q_load}")?;
+    writeln!(w, "const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;")?;
+    write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::CTA, ClassReader::Cta)?;
+    let kv = KvLoads::of(spec, config);
+    let pipelined = pipelined(config);
+    writeln!(w, "int j = next_tile(0);")?;
+    // Pipelined kernels load a tile's V one iteration after its K (see below).
+    kv.load_if(w, "j < kv_tiles", "", "j", !pipelined)?;
+    write!(
+        w,
+        "\
+        cp_async_commit();\n\
+        // The tile after j, one ahead: finding it may read the block mask, and a\n\
+        // tile's compute hides that load's latency.\n\
+        int next = j < kv_tiles ? next_tile(j + 1) : kv_tiles;\n"
+    )?;
+    writeln!(w)?;
+    let hoisted = write_spec_terms(w, spec, &kv_len, KeyTerms::of(config), false)?;
+    write_accumulators(w, config, RowSums::Fadd)?;
+    writeln!(w)?;
+    let step = |w: &mut Writer<String>| match config.mma {
+        Mma::Sync => write_sync_step(w, spec, &hoisted),
+        Mma::Wgmma if pipelined => write_wgmma_step(w, spec, config, &hoisted),
+        Mma::Wgmma => write_wgmma_serial_step(w, spec, config, &hoisted),
+    };
+    write_cta_loop(w, spec, config, &kv, step)?;
+    write_epilogue(w, spec, &hoisted, OStaging::Cta, RowSums::Fadd)
+}
+
+/// The tile loop of kernels whose threads all load and all multiply: two
+/// stages, every thread's copies waited for and published by a CTA barrier.
+pub(super) fn write_cta_loop(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    config: TileConfig,
+    kv: &KvLoads,
+    step: impl Fn(&mut Writer<String>) -> fmt::Result,
+) -> fmt::Result {
+    let pipelined = pipelined(config);
+    let v_stage = if pipelined { "(stage ^ 1)" } else { "stage" };
+    writeln!(w, "int stage = 0;")?;
+    let interior = interior_decl(spec, "kv0");
+    w.block(format_args!("for (; j < kv_tiles; stage ^= 1)"), |w| {
+        write!(
+            w,
+            "\
+            const int kv0 = j * BLOCK_N;\n\
+            const bool full = tile_full(j);  // the mask keeps every pair: skip evaluating it\n\
+            {interior}\
+            const unsigned k_smem = smem_addr(k_tiles + stage * K_TILE);\n\
+            const unsigned v_smem = smem_addr(v_tiles + {v_stage} * V_TILE);\n\
+            cp_async_wait_all();\n"
+        )?;
+        if config.mma == Mma::Wgmma {
+            writeln!(w, "fence_async_smem();  // the tensor cores read the tiles through the async proxy")?;
+            writeln!(w, "__syncthreads();  // this iteration's tiles are visible; the stages the loads")?;
+            writeln!(w, "                  // below overwrite are done with (their products were waited for)")?;
+        } else {
+            writeln!(w, "__syncthreads();  // tile j is visible, and every warp is done with the previous one")?;
+        }
+        // The next loads: K of `next` and V of `next` (pipelined: of j) into the stages
+        // the previous iteration finished with. (Issuing them after the
+        // wgmmas instead measured 4-6% slower on the H200.)
+        kv.load_if(w, "next < kv_tiles", " + (stage ^ 1)", "next", !pipelined)?;
+        if pipelined {
+            kv.v(w, "v_tiles + stage * V_TILE", "j")?;
+        }
+        writeln!(w, "cp_async_commit();")?;
+        writeln!(w, "const int after = next < kv_tiles ? next_tile(next + 1) : kv_tiles;")?;
+        step(w)?;
+        writeln!(w, "j = next;")?;
+        writeln!(w, "next = after;")
+    })?;
+    if pipelined {
+        let wait = ["cp_async_wait_all();", "fence_async_smem();", "__syncthreads();  // its V is visible"];
+        write_last_pv(w, spec, &wait, "(stage ^ 1)", &[], RowSums::Fadd)?;
+    }
+    writeln!(w, "cp_async_wait_all();  // nothing may stay in flight past the kernel (kv_len = 0)")
+}

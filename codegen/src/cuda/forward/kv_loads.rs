@@ -1,0 +1,81 @@
+//! How a forward kernel copies one K or V tile into shared memory with
+//! `cp.async` (every thread, or the producer warpgroup's).
+
+use super::constants::ShmemCols;
+use crate::abi::{ArgKind, Axis, Operand};
+use crate::cuda::signature::arg_name;
+use crate::cuda::tile_config::{warp_specialized, TileConfig};
+use crate::cuda::writer::Writer;
+use crate::spec::Spec;
+use std::fmt::{self, Write};
+
+/// How the kernel copies one K or V tile (keys from `tile * BLOCK_N`) into
+/// shared memory.
+pub(super) struct KvLoads {
+    /// Copied by a warp-specialized kernel's producer warpgroup (else by
+    /// every thread).
+    ws: bool,
+    cols: ShmemCols,
+    k_stride: String,
+    v_stride: String,
+    kv_len: String,
+}
+
+impl KvLoads {
+    pub(super) fn of(spec: &Spec, config: TileConfig) -> KvLoads {
+        let name = |kind| arg_name(spec, kind);
+        KvLoads {
+            ws: warp_specialized(config),
+            cols: ShmemCols::of(config.mma),
+            k_stride: name(ArgKind::Stride(Operand::K, Axis::Seq)),
+            v_stride: name(ArgKind::Stride(Operand::V, Axis::Seq)),
+            kv_len: name(ArgKind::KvLen),
+        }
+    }
+
+    /// When `cond` holds: K of `tile`, and V with it when `with_v`, into the
+    /// stage `k_tiles{stage} * K_TILE` (`stage` empty: the first one).
+    pub(super) fn load_if(
+        &self,
+        w: &mut Writer<String>,
+        cond: &str,
+        stage: &str,
+        tile: &str,
+        with_v: bool,
+    ) -> fmt::Result {
+        let dst = |tiles: &str, size: &str| match stage {
+            "" => tiles.to_string(),
+            _ => format!("{tiles}{stage} * {size}"),
+        };
+        w.block(format_args!("if ({cond})"), |w| {
+            self.k(w, &dst("k_tiles", "K_TILE"), tile)?;
+            if with_v {
+                self.v(w, &dst("v_tiles", "V_TILE"), tile)?;
+            }
+            Ok(())
+        })
+    }
+
+    pub(super) fn k(&self, w: &mut Writer<String>, dst: &str, tile: &str) -> fmt::Result {
+        self.load(w, ["k_rows", self.cols.qk, "D", &self.k_stride], dst, tile)
+    }
+
+    pub(super) fn v(&self, w: &mut Writer<String>, dst: &str, tile: &str) -> fmt::Result {
+        self.load(w, ["v_rows", self.cols.v, "DV", &self.v_stride], dst, tile)
+    }
+
+    /// `source`: the operand's rows, shared-tile columns, valid width and
+    /// row stride.
+    pub(super) fn load(&self, w: &mut Writer<String>, source: [&str; 4], dst: &str, tile: &str) -> fmt::Result {
+        let [rows, cols, width, stride] = source;
+        let kv_len = &self.kv_len;
+        let threads = match self.ws {
+            true => "PRODUCER_THREADS, true, THREADS".to_string(),
+            false => format!("THREADS{}", self.cols.panels),
+        };
+        writeln!(
+            w,
+            "load_tile<BLOCK_N, {cols}, {width}, {threads}>({dst}, {rows} + (long long){tile} * BLOCK_N * {stride}, {stride}, {kv_len} - {tile} * BLOCK_N, vector);"
+        )
+    }
+}

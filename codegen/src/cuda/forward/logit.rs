@@ -1,0 +1,197 @@
+//! The spec in the forward: the `logit` lambdas (dot product at (q, k) to a
+//! log2-domain logit, or -inf where the mask drops the pair) and their
+//! application to every element of S, interior tiles without mask code.
+
+use super::bias::{additive_bias, biased_logit, reads_first_key};
+use super::key_bounds::{column_test, key_bounds, FIRST_KEY};
+use crate::cuda::kit::expr::c_expr_in;
+use crate::cuda::kit::hoist::{lookup, Hoisted};
+use crate::cuda::writer::Writer;
+use crate::spec::{BinOp, Expr, ExprKind, Spec};
+use std::fmt::{self, Write};
+
+/// The `logit` lambda: dot product at (q, k) → log2-domain logit, or −∞
+/// where the pair is masked or k is past the end of the sequence. `i` is
+/// the row slot and `(n, c)` the column slot, for hoisted terms.
+/// `logit_interior` is the same on `interior` tiles ([`interior_decl`]):
+/// no mask or bounds code. (Two lambdas rather than one generic
+/// lambda: NVRTC 13.0 rejects generic lambdas in device code.)
+pub(super) fn write_logit(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    hoisted: &[Hoisted],
+    scale: &str,
+    kv_len: &str,
+) -> fmt::Result {
+    let c_expr = |e: &Expr| c_expr_in(spec, e, &|x| lookup(hoisted, x));
+    let (prologue, logit) = match &spec.score {
+        None => {
+            // S stays in dot-product units (see `SUnits::Dots`).
+            writeln!(w, "// The spec: mask each element of S (-inf where masked); the softmax scales it.")?;
+            writeln!(w, "const float scale_log2 = {scale} * LOG2E;")?;
+            (None, "dot".to_string())
+        }
+        Some(e) => match additive_bias(e) {
+            None => {
+                writeln!(w, "// The spec: score and mask each element of S (log2 units, -inf where masked).")?;
+                (Some(format!("const float score = dot * {scale};")), format!("{} * LOG2E", c_expr(e)))
+            }
+            Some(bias) => {
+                writeln!(w, "// The spec: score and mask each element of S (log2 units, -inf where masked);")?;
+                writeln!(w, "// the score adds a bias to the scaled dot product, one FFMA.")?;
+                writeln!(w, "const float scale_log2 = {scale} * LOG2E;")?;
+                biased_logit(spec, bias, hoisted)
+            }
+        },
+    };
+    let bias_reads_k0 = spec.score.as_ref().and_then(additive_bias).is_some_and(reads_first_key);
+    // A lambda's statements: k0 where it tests column bounds or the bias
+    // reads it, then the score's.
+    let statements = |k0: bool| -> Vec<String> {
+        let k0 = k0.then(|| FIRST_KEY.to_string());
+        k0.into_iter().chain(prologue.clone()).collect()
+    };
+    // How a lambda keeps the pairs `mask` (all of it, or one conjunct)
+    // keeps, given the C condition `full` that skips it: as an interval of
+    // columns where every conjunct bounds k (`key_bounds`), else as written.
+    // `in_bounds`: the lambda only sees tiles whose keys all exist.
+    let keep = |mask: Option<&Expr>, full: Option<&str>, in_bounds: bool| -> (Vec<String>, String) {
+        match key_bounds(mask) {
+            Some(bounds) => {
+                let (test, call) = column_test(kv_len, &bounds, full, in_bounds, c_expr);
+                let lines = [FIRST_KEY.to_string()].into_iter().chain(test).chain(statements(false)).collect();
+                (lines, format!("{call}{logit})"))
+            }
+            // A tensor mask: the column against the keys left (one compare
+            // with an immediate) and, not short-circuited, the mask, so each
+            // column's staged key term loads once for both of a lane's rows
+            // (its reads are clipped, so in bounds past kv_len too).
+            None => match mask {
+                Some(e) if e.reads_tensor() => {
+                    let kept = format!("(n * 8 + c < {kv_len} - (k - n * 8 - c)) & ({})", c_expr(e));
+                    (statements(bias_reads_k0), format!("kept_or_neg_inf({kept}, {logit})"))
+                }
+                _ => {
+                    let cond = match (mask, full) {
+                        (Some(e), Some(_)) => skip_if_full(e, &c_expr(e)),
+                        (Some(e), None) => format!(" && {}", c_expr(e)),
+                        (None, _) => String::new(),
+                    };
+                    (statements(bias_reads_k0), format!("kept_or_neg_inf(k < {kv_len}{cond}, {logit})"))
+                }
+            },
+        }
+    };
+    let params = "float dot, int q, int k, int i, int n, int c";
+    let lambda = |w: &mut Writer<String>, head: &str, (lines, kept): (Vec<String>, String)| {
+        writeln!(w, "{head} {{")?;
+        w.indented(|w| {
+            lines.iter().try_for_each(|line| writeln!(w, "{line}"))?;
+            writeln!(w, "return {kept};")
+        })?;
+        writeln!(w, "}};")
+    };
+    lambda(
+        w,
+        &format!("auto logit = [&]({params}, bool full) -> float"),
+        keep(spec.mask.as_ref(), Some("full"), false),
+    )?;
+    let interior: String = statements(bias_reads_k0).iter().map(|line| format!("{line} ")).collect();
+    writeln!(w, "auto logit_interior = [&]({params}) -> float {{ {interior}return {logit}; }};")?;
+    if let Some(conjuncts) = two_conjuncts(spec) {
+        writeln!(w, "// Partial tiles on which one conjunct of the mask holds throughout, every")?;
+        writeln!(w, "// key present (whole_conjuncts): the other conjunct alone.")?;
+        for (x, e) in conjuncts.iter().enumerate() {
+            lambda(w, &format!("auto logit_only{x} = [&]({params}) -> float"), keep(Some(e), None, true))?;
+        }
+    }
+    Ok(())
+}
+
+/// The mask term of `logit`, ` && (full || mask)`: a tile kept whole but
+/// cut by kv_len skips the mask. Not for a mask that reads tensors: there LLVM
+/// moves each element's compare up to the loads of the tile's column terms
+/// and carries the results across the wait for S, and ptxas packs them into
+/// bits of a register and unpacks them again: ~12 instructions per element
+/// instead of 2 (documents forward at 4k: 321 → 375 TFLOP/s on the H200).
+/// Masks without tensors keep the `full ||`: without it, the sliding window
+/// and softcap forward lost 2–3% to a spill in the tile loop.
+pub(super) fn skip_if_full(mask: &Expr, c_mask: &str) -> String {
+    match mask.reads_tensor() {
+        true => format!(" && {c_mask}"),
+        false => format!(" && (full || {c_mask})"),
+    }
+}
+
+/// The mask's two top-level conjuncts, when it is `a && b`: on a partial
+/// tile one of them often holds throughout (the diagonal tile of a sliding
+/// window is inside the window, its far edge is below the diagonal), and
+/// the kernel then evaluates only the other.
+pub(super) fn two_conjuncts(spec: &Spec) -> Option<[&Expr; 2]> {
+    match &spec.mask.as_ref()?.kind {
+        ExprKind::Binary(BinOp::And, a, b) => Some([&**a, &**b]),
+        _ => None,
+    }
+}
+
+/// The spec on every element of S (see `write_logit`). `whole` is the C
+/// expression of the tile's `whole_conjuncts` bits.
+pub(super) fn write_logits(w: &mut Writer<String>, spec: &Spec, whole: &str) -> fmt::Result {
+    write!(
+        w,
+        "\
+        \n\
+        // The spec on every element of S (-inf where masked).\n\
+        // Interior tiles (kept whole, no key past kv_len) run without mask\n\
+        // and bounds code.\n"
+    )?;
+    let conjuncts = two_conjuncts(spec).is_some();
+    if conjuncts {
+        writeln!(w, "const int whole = {whole};  // read only where the tile is not interior")?;
+    }
+    writeln!(w, "if (interior) {{")?;
+    w.indented(|w| write_apply_logits(w, "logit_interior(x, q, kv0 + n * 8 + 2 * t + c, i, n, c)"))?;
+    let logit = "logit(x, q, kv0 + n * 8 + 2 * t + c, i, n, c, full)";
+    let only = |x| format!("logit_only{x}(x, q, kv0 + n * 8 + 2 * t + c, i, n, c)");
+    // Tiles where conjunct 1 holds whole (conjunct 0 alone decides) go last,
+    // their code falling through into the softmax: with a causal conjunct
+    // first (sliding windows) they are the diagonal tiles that every item
+    // visits. The H200 measured 1.5% at 1k keys against them first.
+    match conjuncts {
+        true => {
+            writeln!(w, "}} else if (whole == 1) {{")?;
+            w.indented(|w| write_apply_logits(w, &only(1)))?;
+            writeln!(w, "}} else if (whole == 0) {{")?;
+            w.indented(|w| write_apply_logits(w, logit))?;
+            writeln!(w, "}} else {{  // whole == 2")?;
+            w.indented(|w| write_apply_logits(w, &only(0)))?;
+        }
+        false => {
+            writeln!(w, "}} else {{")?;
+            w.indented(|w| write_apply_logits(w, logit))?;
+        }
+    }
+    writeln!(w, "}}")
+}
+
+/// Maps this warp's S tile (keys from `kv0`) through `call`, element by
+/// element.
+pub(super) fn write_apply_logits(w: &mut Writer<String>, call: &str) -> fmt::Result {
+    write!(
+        w,
+        "\
+        #pragma unroll\n\
+        for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
+        \x20   const int mt = i / 2, r = i % 2;\n\
+        \x20   const int q = q0 + warp * WARP_M + mt * 16 + g + 8 * r;\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int n = 0; n < S_TILES; ++n) {{\n\
+        \x20       #pragma unroll\n\
+        \x20       for (int c = 0; c < 2; ++c) {{\n\
+        \x20           float& x = s[mt][n][2 * r + c];\n\
+        \x20           x = {call};\n\
+        \x20       }}\n\
+        \x20   }}\n\
+        }}\n"
+    )
+}

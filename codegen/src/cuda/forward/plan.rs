@@ -1,0 +1,207 @@
+//! The forward's resource plan for a tile configuration: pipeline stages,
+//! O's staging buffer, shared memory and the warp-specialized register
+//! split, all within what the target's SM offers.
+
+use super::softmax::RowSums;
+use crate::cuda::kit::hoist::{hoist, Level};
+use crate::cuda::kit::terms::{spec_exprs, KeyTerms};
+use crate::cuda::target::{pad16, Mma};
+use crate::cuda::tile_config::{warp_specialized, TileConfig};
+use crate::spec::Spec;
+
+impl TileConfig {
+    /// K/V pipeline stages in shared memory: for a warp-specialized kernel
+    /// a ring of as many as fit beside its two Q buffers, up to
+    /// `RING_STAGES` (two at d = 128, three at d = 64); else two (loads of
+    /// tile j + 1 while tile j is multiplied).
+    pub fn stages(self, spec: &Spec) -> u32 {
+        if !warp_specialized(self) {
+            return 2;
+        }
+        let (q, stage) = self.tile_bytes(spec);
+        let budget = self.smem_budget(spec) - self.o_buffer_bytes(spec);
+        (2..=RING_STAGES).rev().find(|s| 2 * q + s * stage + 1024 <= budget).unwrap_or(2)
+    }
+
+    /// Whether a warp-specialized kernel stages O in a buffer of its own
+    /// (`OStaging::OBuffer`): where one fits beside its two Q buffers and a
+    /// full ring (at d <= 64, two or three consumer warpgroups).
+    pub(super) fn o_buffer(self, spec: &Spec) -> bool {
+        let (q, stage) = self.tile_bytes(spec);
+        let o = self.o_tile_bytes(spec);
+        warp_specialized(self) && 2 * q + RING_STAGES * stage + o + 1024 <= self.smem_budget(spec)
+    }
+
+    /// O's own buffer, where the kernel has one.
+    pub(super) fn o_buffer_bytes(self, spec: &Spec) -> u32 {
+        match self.o_buffer(spec) {
+            true => self.o_tile_bytes(spec),
+            false => 0,
+        }
+    }
+
+    /// A staged O tile: 64-column panels of 16-bit elements.
+    pub(super) fn o_tile_bytes(self, spec: &Spec) -> u32 {
+        2 * self.block_m() * pad16(spec.head_dims.v).next_multiple_of(64)
+    }
+
+    /// What a warp-specialized kernel's dynamic shared memory may take: an
+    /// SM's share, less the static arrays beside it.
+    pub(super) fn smem_budget(self, spec: &Spec) -> u32 {
+        let ones = if RowSums::of(spec, self) == RowSums::TensorCores { ONES_TILE_BYTES } else { 0 };
+        SM_SMEM / self.per_sm()
+            - CTA_SMEM_RESERVE
+            - STATIC_SMEM_SLACK
+            - KeyTerms::of(self).static_bytes(spec, self)
+            - ones
+    }
+
+    /// Dynamic shared memory: the Q tile (a warp-specialized kernel: two Q
+    /// buffers, and O's own buffer where it has one) and `stages` stages of
+    /// K and V tiles, 16-bit elements; wgmma's tiles are whole 64-column
+    /// panels, 1024-byte aligned (the slack is reserved).
+    pub fn smem_bytes(self, spec: &Spec) -> u32 {
+        let (q, stage) = self.tile_bytes(spec);
+        let q_buffers = if warp_specialized(self) { 2 } else { 1 };
+        let slack = if self.mma == Mma::Wgmma { 1024 } else { 0 };
+        q_buffers * q + self.stages(spec) * stage + self.o_buffer_bytes(spec) + slack
+    }
+
+    /// Bytes of the Q tile and of one K/V stage in shared memory. A
+    /// warp-specialized kernel's Q buffer also stages its O: as wide as
+    /// the wider of the two.
+    pub(super) fn tile_bytes(self, spec: &Spec) -> (u32, u32) {
+        let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
+        let (qk, v) = match self.mma {
+            Mma::Sync => (dp, dvp),
+            Mma::Wgmma => (dp.next_multiple_of(64), dvp.next_multiple_of(64)),
+        };
+        let q_cols = if warp_specialized(self) { qk.max(v) } else { qk };
+        (2 * self.block_m() * q_cols, 2 * self.block_n * (qk + v))
+    }
+}
+
+/// Stages of a warp-specialized kernel's ring, at most.
+pub(super) const RING_STAGES: u32 = 3;
+
+/// Shared memory of an sm_90 SM, of which the driver reserves
+/// `CTA_SMEM_RESERVE` per resident CTA; a warp-specialized kernel's
+/// dynamic shared memory leaves `STATIC_SMEM_SLACK` for its static shared
+/// memory (barriers, staged block-mask classes) besides what `stages`
+/// counts.
+pub(super) const SM_SMEM: u32 = 228 * 1024;
+pub(super) const CTA_SMEM_RESERVE: u32 = 1024;
+pub(super) const STATIC_SMEM_SLACK: u32 = 4 * 1024;
+
+/// Static shared memory of the tile of ones that row sums on the tensor
+/// cores multiply P with (`ones_tile`): an m64n8k16 product's B operand,
+/// two 8-key groups of 128-byte rows.
+pub(super) const ONES_TILE_BYTES: u32 = 2048;
+
+/// Registers per thread of a warp-specialized kernel after `setmaxnreg`,
+/// (producer, consumers). `setmaxnreg` moves registers within the pool the
+/// CTA got at launch (its threads times the launch count, the register file
+/// over the threads in multiples of 8), and a request the pool cannot meet
+/// blocks forever: the consumers get the most it allows, in multiples of 8,
+/// up to what their tiles need, the producer at least 24 and the rest. A
+/// consumer thread holds S and P (3/4 of a register per key of the tile), O
+/// (DVP / 2) and, by ptxas's reports, ~80 more: 208 at d <= 64 with 128-key
+/// tiles, where 240 left the producer 24 and it spilled ~300 instructions
+/// in its tile walk (20 at 88); 240 (the most) otherwise. Two consumer
+/// warpgroups: 24 / 240 or 88 / 208 of 168 at launch; three: 32 / 160 of
+/// 128 (the three-warpgroup producer spills ~100-200 instructions at 32,
+/// but 152 made ptxas serialize the consumers' wgmma, C7512: -40%). One
+/// (two CTAs per SM) shares 128 at launch with the producer, which keeps
+/// 88 there (at 48 it spilled ~100 instructions; the consumers' 168 spill
+/// 2).
+pub(super) fn ws_regs(spec: &Spec, config: TileConfig) -> (u32, u32) {
+    let pool = launch_regs(config) * config.threads() / 128;
+    let groups = config.warps / 4;
+    let need = 3 * config.block_n / 4 + pad16(spec.head_dims.v) / 2 + 80;
+    let producer_floor = if groups == 1 { 88 } else { 24 };
+    let consumer = ((pool - producer_floor) / groups).min(need).min(240) / 8 * 8;
+    (pool - groups * consumer, consumer)
+}
+
+/// Registers per thread at launch: the register file shared by the CTAs
+/// of an SM, in multiples of 8.
+pub(super) fn launch_regs(config: TileConfig) -> u32 {
+    65536 / config.per_sm() / config.threads() / 8 * 8
+}
+
+impl KeyTerms {
+    /// Staged in the warp-specialized wgmma kernels, whose producer walks
+    /// the tiles ahead of the consumers.
+    pub(crate) fn of(config: TileConfig) -> Self {
+        match config.mma == Mma::Wgmma && warp_specialized(config) {
+            true => KeyTerms::Staged,
+            false => KeyTerms::PerThread,
+        }
+    }
+
+    /// Static shared memory of the staging slots (4 bytes per element at
+    /// most, for as many stages as a ring may have), which the ring leaves
+    /// room for.
+    pub(super) fn static_bytes(self, spec: &Spec, config: TileConfig) -> u32 {
+        if self == KeyTerms::PerThread {
+            return 0;
+        }
+        let hoisted = hoist(&spec_exprs(spec));
+        let count = |level| hoisted.iter().filter(|h| h.level == level).count() as u32;
+        let slots = RING_STAGES + 1;
+        4 * (count(Level::Column) * slots * config.block_n
+            + count(Level::Row) * 2 * config.block_m()
+            + count(Level::Cta) * 2)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::O_STORE_ROWS;
+    use crate::cuda::target::Target;
+
+    /// `setmaxnreg` only moves registers within the pool a CTA got at launch:
+    /// a split that asks for more blocks the consumers forever.
+    #[test]
+    pub(super) fn register_splits_fit_the_launch_pool() {
+        let specs = ["S { dtype: bf16, head_dim: 64 }", "S { dtype: f16, head_dim: 128, mask: q >= k }"];
+        for source in specs {
+            let spec = crate::parse_one(source).unwrap();
+            for config in
+                TileConfig::candidates(&spec, Target::for_sm(9, 0)).into_iter().filter(|c| warp_specialized(*c))
+            {
+                // The consumers' TMA store of O takes one warp's rows.
+                assert_eq!(16 * config.m_tiles, O_STORE_ROWS, "{config:?}");
+                let (producer, consumer) = ws_regs(&spec, config);
+                let pool = launch_regs(config) * config.threads();
+                assert!(producer * 128 + consumer * 32 * config.warps <= pool, "{config:?}");
+                assert!(pool * config.per_sm() <= 65536, "{config:?}");
+                assert!(producer >= 24 && consumer <= 240 && producer % 8 == 0 && consumer % 8 == 0, "{config:?}");
+            }
+        }
+    }
+
+    /// Staged spec terms take static shared memory that the ring's
+    /// stages leave room for: with two per-key terms (a mask's and a
+    /// score's) every warp-specialized candidate's dynamic and staged shared
+    /// memory stays within the budget.
+    #[test]
+    pub(super) fn staged_terms_fit_beside_the_ring() {
+        let source = "S { dtype: bf16, head_dim: HD, tensor doc: i32[B, KV_LEN], tensor bias: f32[B, KV_LEN], \
+                      mask: doc[b][q] == doc[b][k], score: score + bias[b][k] }";
+        for head_dim in [64, 128] {
+            let spec = crate::parse_one(&source.replace("HD", &head_dim.to_string())).unwrap();
+            for config in
+                TileConfig::candidates(&spec, Target::for_sm(9, 0)).into_iter().filter(|c| warp_specialized(*c))
+            {
+                let staged = KeyTerms::of(config).static_bytes(&spec, config);
+                // doc[b][k] and bias[b][k] per key, doc[b][q] per query.
+                let expected = 4 * (2 * (RING_STAGES + 1) * config.block_n + 2 * config.block_m());
+                assert_eq!(staged, expected, "{config:?}");
+                let budget = SM_SMEM / config.per_sm() - CTA_SMEM_RESERVE - STATIC_SMEM_SLACK;
+                assert!(config.smem_bytes(&spec) + staged <= budget, "{config:?}");
+            }
+        }
+    }
+}

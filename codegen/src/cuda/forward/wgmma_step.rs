@@ -1,0 +1,207 @@
+//! One K/V tile on Hopper's wgmma: back to back, or software-pipelined
+//! (P V of one tile behind S of the next) with the warpgroups taking turns.
+
+use super::item::write_key_terms;
+use super::logit::write_logits;
+use super::softmax::{write_softmax, Rescale, RowSums, SUnits};
+use crate::cuda::kit::hoist::{Hoisted, Level};
+use crate::cuda::kit::terms::KeyTerms;
+use crate::cuda::target::pad16;
+use crate::cuda::tile_config::{ping_pong, warp_specialized, TileConfig};
+use crate::cuda::writer::Writer;
+use crate::spec::Spec;
+use std::fmt::{self, Write};
+
+/// The last visited tile's P V (pipelined kernels): the `wait` lines make
+/// its V, in stage `v_stage`, visible to the tensor cores (async proxy)
+/// first, the `done` lines follow it.
+pub(super) fn write_last_pv(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    wait: &[&str],
+    v_stage: &str,
+    done: &[&str],
+    sums: RowSums,
+) -> fmt::Result {
+    writeln!(w, "// The last visited tile's P V.")?;
+    w.block(format_args!("if (pv_pending)"), |w| {
+        for line in wait {
+            writeln!(w, "{line}")?;
+        }
+        writeln!(w, "const unsigned v_smem = smem_addr(v_tiles + {v_stage} * V_TILE);")?;
+        write_pv_waited(w, spec, sums)?;
+        done.iter().try_for_each(|line| writeln!(w, "{line}"))
+    })
+}
+
+/// O += P V on the tensor cores, issued and waited for: O is the
+/// warpgroup's again afterwards.
+pub(super) fn write_pv_waited(w: &mut Writer<String>, spec: &Spec, sums: RowSums) -> fmt::Result {
+    writeln!(w, "wgmma_fence();")?;
+    write_wgmma_pv(w, spec, sums)?;
+    writeln!(w, "wgmma_commit();")?;
+    writeln!(w, "wgmma_wait<0>();")?;
+    write_fence_accumulators(w, sums)
+}
+
+/// Pins O (and the row sums on the tensor cores) after a wait for P V.
+pub(super) fn write_fence_accumulators(w: &mut Writer<String>, sums: RowSums) -> fmt::Result {
+    writeln!(w, "fence_operands(o[0]);")?;
+    match sums {
+        RowSums::Fadd => Ok(()),
+        RowSums::TensorCores => writeln!(w, "fence_operands(row_sum);"),
+    }
+}
+
+/// Issues and commits S = Q K^T on this warpgroup's 64 rows x BLOCK_N keys,
+/// both operands from shared memory.
+pub(super) fn write_wgmma_s(w: &mut Writer<String>, config: TileConfig) -> fmt::Result {
+    write!(
+        w,
+        "\
+        \n\
+        // S = Q K^T on this warpgroup's 64 rows x BLOCK_N keys, both operands\n\
+        // from shared memory; the first k-step overwrites S.\n\
+        float s[M_TILES][S_TILES][4];\n\
+        wgmma_fence();\n\
+        #pragma unroll\n\
+        for (int kk = 0; kk < DP / 16; ++kk) {{\n\
+        \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
+        \x20   wgmma_ss_n{block_n}(s[0], gmma_desc(q_smem + panel * BLOCK_M * 128 + step, 16, 1024),\n\
+        \x20                    gmma_desc(k_smem + panel * BLOCK_N * 128 + step, 16, 1024), kk);\n\
+        }}\n\
+        wgmma_commit();\n",
+        block_n = config.block_n
+    )
+}
+
+/// One K/V tile of the wgmma kernel, back to back: S, the spec, the softmax
+/// and P V, each product waited for before the next step.
+pub(super) fn write_wgmma_serial_step(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    config: TileConfig,
+    hoisted: &[Hoisted],
+) -> fmt::Result {
+    write_wgmma_s(w, config)?;
+    if hoisted.iter().any(|h| h.level == Level::Column) {
+        writeln!(w, "// While the tensor cores run: the tile's per-key spec terms.")?;
+        write_key_terms(w, spec, hoisted, KeyTerms::PerThread)?;
+    }
+    writeln!(w, "wgmma_wait<0>();")?;
+    writeln!(w, "fence_operands(s[0]);")?;
+    write_logits(w, spec, "whole_conjuncts(j)")?;
+    write_softmax(w, SUnits::of(spec), Rescale::Inline, RowSums::Fadd)?;
+    writeln!(w, "// O += P V: P from the S registers (pack_p), V from shared memory (MN-major).")?;
+    writeln!(w, "unsigned p[BLOCK_N / 16][4];")?;
+    writeln!(w, "#pragma unroll")?;
+    writeln!(w, "for (int kk = 0; kk < BLOCK_N / 16; ++kk) pack_p(storage{{}}, p[kk], s[0], kk);")?;
+    write_pv_waited(w, spec, RowSums::Fadd)
+}
+
+/// One K/V tile of the wgmma kernel, software-pipelined: S of tile j and
+/// P V of the previous tile are issued together, and O is rescaled once P V
+/// is done. The source waits for P V after the softmax of S, but ptxas
+/// schedules that wait at the softmax's top: holding it there lost at
+/// d = 128 (bench/RESULTS.md, thirteenth session), so the other warpgroups'
+/// products are what the softmax overlaps.
+pub(super) fn write_wgmma_step(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    config: TileConfig,
+    hoisted: &[Hoisted],
+) -> fmt::Result {
+    let ping_pong = ping_pong(config);
+    if ping_pong {
+        writeln!(w)?;
+        writeln!(w, "named_barrier_sync(1 + warpgroup, 256);  // this warpgroup's turn on the tensor cores")?;
+    }
+    write_wgmma_s(w, config)?;
+    let sums = RowSums::of(spec, config);
+    let end_turn = |w: &mut Writer<String>| match ping_pong {
+        true => {
+            writeln!(w, "named_barrier_arrive(1 + (warpgroup + 1) % WARPGROUPS, 256);  // the next warpgroup's turn")
+        }
+        false => Ok(()),
+    };
+    // Once the products are issued, while the tensor cores run: the other
+    // warpgroup's turn and the tile's per-key spec terms.
+    let overlapped = |w: &mut Writer<String>| {
+        end_turn(w)?;
+        write_key_terms(w, spec, hoisted, KeyTerms::of(config))
+    };
+    writeln!(w, "// Behind S, O += P V of the previous tile, in a group of its own (an")?;
+    writeln!(w, "// empty group would become a dummy wgmma); then wait for S alone. ptxas")?;
+    writeln!(w, "// checks each path on its own, so each branch fences, commits and waits")?;
+    writeln!(w, "// itself: anything less serializes every wgmma of the kernel (C7514/C7519).")?;
+    w.block(format_args!("if (pv_pending)"), |w| {
+        writeln!(w, "wgmma_fence();")?;
+        write_wgmma_pv(w, spec, sums)?;
+        writeln!(w, "wgmma_commit();")?;
+        overlapped(w)?;
+        writeln!(w, "wgmma_wait<1>();")
+    })?;
+    w.block(format_args!("else"), |w| {
+        overlapped(w)?;
+        writeln!(w, "wgmma_wait<0>();")
+    })?;
+    writeln!(w, "fence_operands(s[0]);")?;
+    let ring = warp_specialized(config);
+    if ring {
+        writeln!(w, "if (lane == 0) mbar_arrive(k_empty + 8 * stage);  // S is done with this K")?;
+    }
+    // A ring's consumers have the tile's class from the producer (`tile`).
+    write_logits(w, spec, if ring { "(tile / TILE_WHOLE & 3)" } else { "whole_conjuncts(j)" })?;
+    write_softmax(w, SUnits::of(spec), Rescale::Deferred, sums)?;
+    writeln!(w, "wgmma_wait<0>();  // P V is done: O and p are this warpgroup's again")?;
+    write_fence_accumulators(w, sums)?;
+    if ring {
+        writeln!(w, "if (pv_pending && lane == 0) mbar_arrive(v_empty + 8 * v_stage);  // and with its V")?;
+    }
+    let row_sum = match sums {
+        RowSums::Fadd => "",
+        RowSums::TensorCores => {
+            "\x20       row_sum[mt][2 * r] *= alpha[i];\n\
+                                 \x20       row_sum[mt][2 * r + 1] *= alpha[i];\n"
+        }
+    };
+    write!(
+        w,
+        "\
+        #pragma unroll\n\
+        for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
+        \x20   const int mt = i / 2, r = i % 2;\n\
+        \x20   if (alpha[i] != 1.0f) {{\n\
+        \x20       #pragma unroll\n\
+        \x20       for (int n = 0; n < O_TILES; ++n) {{\n\
+        \x20           o[mt][n][2 * r] *= alpha[i];\n\
+        \x20           o[mt][n][2 * r + 1] *= alpha[i];\n\
+        \x20       }}\n\
+        {row_sum}\
+        \x20   }}\n\
+        }}\n\
+        #pragma unroll\n\
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) pack_p(storage{{}}, p[kk], s[0], kk);\n\
+        pv_pending = true;\n"
+    )
+}
+
+/// Issues O += P V on the tensor cores (P from the registers `p`, V
+/// MN-major from `v_smem`), uncommitted. wgmma reads P asynchronously, so
+/// all of it stays live until its group is waited for.
+pub(super) fn write_wgmma_pv(w: &mut Writer<String>, spec: &Spec, sums: RowSums) -> fmt::Result {
+    let row_sums = match sums {
+        RowSums::Fadd => "",
+        RowSums::TensorCores => "\x20   wgmma_rs_n8(row_sum, p[kk], ones);  // and the row sums\n",
+    };
+    write!(
+        w,
+        "\
+        #pragma unroll\n\
+        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
+        \x20   wgmma_rs_n{dvp}(o[0], p[kk], gmma_desc(v_smem + kk * 16 * 128, BLOCK_N * 128, 1024));\n\
+        {row_sums}\
+        }}\n",
+        dvp = pad16(spec.head_dims.v)
+    )
+}

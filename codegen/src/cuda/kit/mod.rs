@@ -1,0 +1,9 @@
+//! The kit every kernel is built from: spec expressions in C, hoisting of
+//! spec terms, tile classification and the tile walk. Kernels import the
+//! kit, never each other.
+
+pub(crate) mod expr;
+pub(crate) mod hoist;
+pub(crate) mod terms;
+pub(crate) mod tile_class;
+pub(crate) mod tile_walk;

@@ -1,0 +1,105 @@
+//! A tile configuration: how a CTA covers queries and keys, and the
+//! properties every kernel derives from it (rows per CTA, threads, CTAs per
+//! SM, whether it is warp-specialized). The forward's resource plan lives in
+//! `forward::plan`; the block-mask granularity is [`TileConfig::mask_tile`].
+
+use crate::cuda::target::{pad16, Mma};
+use crate::spec::Spec;
+
+/// A tile configuration: how a CTA covers queries and keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TileConfig {
+    pub mma: Mma,
+    /// Warps per CTA (with `Mma::Wgmma`, four per warpgroup).
+    pub warps: u32,
+    /// 16-row MMA tiles per warp: each K/V fragment read from shared memory
+    /// feeds this many MMAs, so 2 halves the shared-memory traffic per FLOP
+    /// at the price of twice the accumulator registers. 1 with `Mma::Wgmma`
+    /// (a warpgroup's 64 rows are 16 per warp).
+    pub m_tiles: u32,
+    /// Keys per K/V tile (a multiple of 16).
+    pub block_n: u32,
+}
+
+impl TileConfig {
+    /// The portable default for a spec (`Mma::Sync`), whose tile is also the
+    /// granularity of the spec's block masks ([`TileConfig::mask_tile`]): 4
+    /// warps; up to head dim 128, 32 query rows per warp (FlashAttention-2's
+    /// BLOCK_M = 128) with 64-key tiles (at d = 128 the mask and score code
+    /// then leaves ptxas a few loop-invariant spills, cheaper than halving
+    /// the tile: 1.1-1.3x on the H200); above 128 the O accumulator alone
+    /// needs 128 registers, so 16 rows and 32 keys.
+    pub fn default_for(spec: &Spec) -> TileConfig {
+        let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
+        match widest(spec) {
+            0..=128 => sync(4, 2, 64),
+            _ => sync(4, 1, 32),
+        }
+    }
+
+    /// `(rows, keys)` of a block-mask tile for `spec`: the portable
+    /// default's tile, whatever configuration a forward launch uses.
+    pub fn mask_tile(spec: &Spec) -> (u32, u32) {
+        let config = TileConfig::default_for(spec);
+        (config.block_m(), config.block_n)
+    }
+
+    /// Whether the kernel is persistent (warp-specialized): it claims work
+    /// items, in a block mask's work order where it has one.
+    pub fn persistent(self) -> bool {
+        warp_specialized(self)
+    }
+
+    pub fn block_m(self) -> u32 {
+        16 * self.m_tiles * self.warps
+    }
+
+    /// CTAs a warp-specialized kernel runs per SM: two of one consumer
+    /// warpgroup each (their items' ends then overlap the other CTA's
+    /// tiles), else one.
+    pub fn per_sm(self) -> u32 {
+        if warp_specialized(self) && self.warps == 4 {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Threads per CTA: the `warps` that multiply, plus the producer
+    /// warpgroup of a warp-specialized kernel.
+    pub fn threads(self) -> u32 {
+        32 * self.warps + if warp_specialized(self) { PRODUCER_THREADS } else { 0 }
+    }
+}
+
+/// Threads of a warp-specialized kernel's producer warpgroup.
+pub(crate) const PRODUCER_THREADS: u32 = 128;
+
+/// The wider head dim, padded to the MMA k-step.
+pub(crate) fn widest(spec: &Spec) -> u32 {
+    pad16(spec.head_dims.qk).max(pad16(spec.head_dims.v))
+}
+
+/// Whether a wgmma kernel has two or three warpgroups to take turns on the
+/// tensor cores (measured on the H200, bench/RESULTS.md: +4-8% at d = 128, +2-3%
+/// at d = 64).
+pub(crate) fn ping_pong(config: TileConfig) -> bool {
+    pipelined(config) && config.warps >= 8
+}
+
+/// Whether a kernel has a producer warpgroup that feeds a stage ring (see
+/// `ring.rs`): the pipelined wgmma kernels (the ping-pong ones, and one
+/// consumer warpgroup two CTAs per SM), whose consumers then never meet at
+/// a CTA barrier and issue no copies.
+pub(crate) fn warp_specialized(config: TileConfig) -> bool {
+    pipelined(config)
+}
+
+/// Whether a wgmma kernel runs P V of one tile behind S of the next
+/// ([`write_wgmma_step`]). Measured on the H200 (bench/RESULTS.md): it pays
+/// with 128-key tiles; with 64-key tiles the back-to-back schedule
+/// ([`write_wgmma_serial_step`]) was 4-7% faster on full attention and
+/// 1.45x on causal at d = 64.
+pub(crate) fn pipelined(config: TileConfig) -> bool {
+    config.mma == Mma::Wgmma && config.block_n >= 128
+}
