@@ -20,11 +20,10 @@ use crate::analysis::block_uniform;
 use crate::cuda::kit::expr::{c_expr, c_expr_in};
 use crate::cuda::kit::hoist::{hoist, lookup_indexed, Hoisted, Level};
 use crate::cuda::kit::tile_class::{bounded_class_expr, tile_class_expr};
-use crate::cuda::prelude::PRELUDE;
-use crate::cuda::ranges::RANGES;
+use crate::cuda::library::Part;
 use crate::cuda::signature::c_type;
 use crate::cuda::signature::{arg_name, block_mask_args};
-use crate::cuda::source::{kernel_name, write_entry, write_header};
+use crate::cuda::source::{assemble, kernel_name, Entry, Piece};
 use crate::cuda::writer::Writer;
 use crate::cuda::TileConfig;
 use crate::spec::{Builtin, Expr, Spec, Ty};
@@ -40,68 +39,55 @@ pub fn emit_block_mask(spec: &Spec) -> Option<Kernel> {
     let class = tile_class_expr(spec)?;
     let name = kernel_name("mask", spec);
     let args = block_mask_args(spec);
-    let mut w = Writer::new(String::new());
-    let body = |w: &mut Writer<String>| -> fmt::Result {
-        write_header(w, spec)?;
-        w.write_str(PRELUDE)?;
-        writeln!(w)?;
-        w.write_str(RANGES)?;
-        writeln!(w)?;
+    let config = |w: &mut Writer<String>| -> fmt::Result {
         writeln!(w, "constexpr int BLOCK_M = {block_m};  // query rows per mask tile")?;
         writeln!(w, "constexpr int BLOCK_N = {block_n};  // keys per mask tile")?;
         writeln!(w, "constexpr int THREADS = {THREADS};\n")?;
-        write_entry(w, spec, (&name, "THREADS"), &args, |w| {
-            let arg = |kind| arg_name(spec, kind);
-            let [q_len, kv_len, heads, out] =
-                [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::BlockMaskOut].map(arg);
-            let (uses_b, uses_h) = (mask.uses(Builtin::B), mask.uses(Builtin::H));
-            let slice_heads = if uses_h { heads.as_str() } else { "1" };
-            let b = if uses_b { format!("(int)blockIdx.z / {slice_heads}") } else { "0".into() };
-            let h = if uses_h { format!("(int)blockIdx.z % {heads}") } else { "0".into() };
-            write!(
+        Ok(())
+    };
+    let library = [vec![Piece::Part(Part::Prelude)], vec![Piece::Part(Part::Ranges)]];
+    let entry = Entry { name: &name, bounds: "THREADS", args: &args };
+    let source = assemble(spec, &library, config, entry, |w| {
+        let arg = |kind| arg_name(spec, kind);
+        let [q_len, kv_len, heads, out] =
+            [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::BlockMaskOut].map(arg);
+        let (uses_b, uses_h) = (mask.uses(Builtin::B), mask.uses(Builtin::H));
+        let slice_heads = if uses_h { heads.as_str() } else { "1" };
+        let b = if uses_b { format!("(int)blockIdx.z / {slice_heads}") } else { "0".into() };
+        let h = if uses_h { format!("(int)blockIdx.z % {heads}") } else { "0".into() };
+        write!(
+            w,
+            "\
+            // Tile (blockIdx.y, blockIdx.x) of slice blockIdx.z; a mask that ignores b\n\
+            // (or h) is evaluated at b = 0 (h = 0) and broadcast.\n\
+            const int b = {b};\n\
+            const int h = {h};\n\
+            const int q_lo = blockIdx.y * BLOCK_M, q_hi = min_i32(q_lo + BLOCK_M, {q_len}) - 1;\n\
+            const int k_lo = blockIdx.x * BLOCK_N, k_hi = min_i32(k_lo + BLOCK_N, {kv_len}) - 1;\n\
+            unsigned char* cls = {out} + ((long long)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;\n\
+            // Tiles the interval analysis decides need no evaluation.\n\
+            const Range bounds = {class};\n\
+            if (bounds.hi == 0 || bounds.lo == 1) {{\n\
+            \x20   if (threadIdx.x == 0) *cls = bounds.hi == 0 ? 0 : 2;\n\
+            \x20   return;\n\
+            }}\n",
+        )?;
+        if block_uniform(mask, block_m, block_n) {
+            return write!(
                 w,
                 "\
-                // Tile (blockIdx.y, blockIdx.x) of slice blockIdx.z; a mask that ignores b\n\
-                // (or h) is evaluated at b = 0 (h = 0) and broadcast.\n\
-                const int b = {b};\n\
-                const int h = {h};\n\
-                const int q_lo = blockIdx.y * BLOCK_M, q_hi = min_i32(q_lo + BLOCK_M, {q_len}) - 1;\n\
-                const int k_lo = blockIdx.x * BLOCK_N, k_hi = min_i32(k_lo + BLOCK_N, {kv_len}) - 1;\n\
-                unsigned char* cls = {out} + ((long long)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;\n\
-                // Tiles the interval analysis decides need no evaluation.\n\
-                const Range bounds = {class};\n\
-                if (bounds.hi == 0 || bounds.lo == 1) {{\n\
-                \x20   if (threadIdx.x == 0) *cls = bounds.hi == 0 ? 0 : 2;\n\
-                \x20   return;\n\
+                // The mask reads q and k only through tile-aligned blocks (declared\n\
+                // block sparsity): the tile's first pair decides it.\n\
+                if (threadIdx.x == 0) {{\n\
+                \x20   const int q = q_lo, k = k_lo;\n\
+                \x20   *cls = {} ? 2 : 0;\n\
                 }}\n",
-            )?;
-            if block_uniform(mask, block_m, block_n) {
-                return write!(
-                    w,
-                    "\
-                    // The mask reads q and k only through tile-aligned blocks (declared\n\
-                    // block sparsity): the tile's first pair decides it.\n\
-                    if (threadIdx.x == 0) {{\n\
-                    \x20   const int q = q_lo, k = k_lo;\n\
-                    \x20   *cls = {} ? 2 : 0;\n\
-                    }}\n",
-                    c_expr(spec, mask)
-                );
-            }
-            write_evaluation(w, spec, mask)
-        })
-    };
-    body(&mut w).expect("formatting into a String cannot fail");
-    Some(Kernel {
-        name,
-        source: w.into_inner(),
-        grid: Grid::MaskTiles,
-        block_m,
-        block_n,
-        threads: THREADS,
-        dynamic_smem: 0,
-        args,
-    })
+                c_expr(spec, mask)
+            );
+        }
+        write_evaluation(w, spec, mask)
+    });
+    Some(Kernel { name, source, grid: Grid::MaskTiles, block_m, block_n, threads: THREADS, dynamic_smem: 0, args })
 }
 
 /// Exact classes for tiles the static analysis leaves undecided. First the

@@ -7,7 +7,7 @@
 //! with a kernel local or a C keyword.
 
 use crate::abi::{ArgKind, Axis, KernelArg, Operand};
-use crate::cuda::tma::TileCopy;
+use crate::cuda::tile_config::TileCopy;
 use crate::spec::{ElemTy, Spec, Ty};
 
 /// Q, K, V, O pointers; lse; sizes; 12 strides; scale; params; tensors; a

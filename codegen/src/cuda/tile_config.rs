@@ -103,3 +103,16 @@ pub(crate) fn warp_specialized(config: TileConfig) -> bool {
 pub(crate) fn pipelined(config: TileConfig) -> bool {
     config.mma == Mma::Wgmma && config.block_n >= 128
 }
+
+/// How a warp-specialized kernel's producer fills its shared tiles (and a
+/// forward's consumers store O), fixed when the kernel is generated: its
+/// source holds that path alone. The copy engine (`Tma`, with descriptors among the
+/// kernel's arguments) is what a launch uses wherever TMA can address the
+/// operands; the producer's threads (`Threads`, cp.async) take the layouts
+/// it cannot. A kernel holds one path: it compiles faster and
+/// its producer needs fewer registers than with both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TileCopy {
+    Tma,
+    Threads,
+}

@@ -26,9 +26,9 @@
 //! The output holds the order, then each unit's count.
 
 use crate::abi::{ArgKind, Axis, Grid, Kernel};
-use crate::cuda::prelude::PRELUDE;
+use crate::cuda::library::Part;
 use crate::cuda::signature::{arg_name, work_order_args};
-use crate::cuda::source::{kernel_name, write_entry, write_header};
+use crate::cuda::source::{assemble, kernel_name, Entry, Piece};
 use crate::cuda::writer::Writer;
 use crate::cuda::TileConfig;
 use crate::spec::Spec;
@@ -72,138 +72,136 @@ pub fn emit_work_order(spec: &Spec, work: Work) -> Option<Kernel> {
     };
     let name = kernel_name(kind, spec);
     let args = work_order_args(spec);
-    let mut w = Writer::new(String::new());
-    let body = |w: &mut Writer<String>| -> fmt::Result {
-        write_header(w, spec)?;
-        w.write_str(PRELUDE)?;
-        writeln!(w)?;
+    let config = |w: &mut Writer<String>| -> fmt::Result {
         writeln!(w, "constexpr int MASK_M = {mask_m}, MASK_N = {mask_n};  // the block mask's tiles")?;
         writeln!(w, "constexpr int TILE = {tile};  // {tile_line}")?;
         writeln!(w, "constexpr int THREADS = {THREADS}, BUCKETS = {BUCKETS}, HEADS_PER_BLOCK = {HEADS_PER_BLOCK};\n")?;
-        write_entry(w, spec, (&name, "THREADS"), &args, |w| {
-            let n = |kind| arg_name(spec, kind);
-            let [batch, heads, heads_kv, q_len, kv_len, mask, order] = [
-                ArgKind::Batch,
-                ArgKind::Heads,
-                ArgKind::HeadsKv,
-                ArgKind::QLen,
-                ArgKind::KvLen,
-                ArgKind::BlockMask,
-                ArgKind::WorkOrder,
-            ]
-            .map(n);
-            let [batch_stride, head_stride] = [Axis::Batch, Axis::Head].map(|a| n(ArgKind::BlockMaskStride(a)));
-            writeln!(
-                w,
-                "const int mask_q_tiles = ({q_len} + MASK_M - 1) / MASK_M, mask_kv_tiles = ({kv_len} + MASK_N - 1) / MASK_N;"
-            )?;
-            // Block (window, batch) orders the units of heads head0 .. head0 +
-            // HEADS_PER_BLOCK, first .. first + span of them all: unit c is tile
-            // c % tiles of head c / tiles % heads (K/V heads for key tiles), batch
-            // c / tiles / heads.
-            let (len, heads_of_units) = match work {
-                Work::KeyTiles { .. } => (&kv_len, &heads_kv),
-                Work::QueryTiles { .. } => (&q_len, &heads),
-            };
-            write!(
-                w,
-                "\
-                const int tiles = ({len} + TILE - 1) / TILE, units = {batch} * {heads_of_units} * tiles;\n\
-                const int b = blockIdx.z, head0 = blockIdx.y * HEADS_PER_BLOCK, first = (b * {heads_of_units} + head0) * tiles;\n\
-                const int span = min_i32(HEADS_PER_BLOCK, {heads_of_units} - head0) * tiles;\n"
-            )?;
-            match work {
-                Work::KeyTiles { .. } => write!(
-                    w,
-                    "\
-                    // Unit i is key tile i % tiles of K/V head head0 + i / tiles; its count:\n\
-                    // the mask query tiles with a pair kept by its keys, over the query heads\n\
-                    // of its K/V head.\n\
-                    const int group = {heads} / {heads_kv};\n\
-                    auto count_of = [&](int i) {{\n\
-                    \x20   const int head = head0 + i / tiles, t = i % tiles;\n\
-                    \x20   const int col0 = t * TILE / MASK_N, col1 = min_i32(((t + 1) * TILE + MASK_N - 1) / MASK_N, mask_kv_tiles);\n\
-                    \x20   int count = 0;\n\
-                    \x20   for (int h = head * group; h < (head + 1) * group; ++h) {{\n\
-                    \x20       const unsigned char* slice = {mask} + b * {batch_stride} + h * {head_stride};\n\
-                    \x20       #pragma unroll 4\n\
-                    \x20       for (int j = 0; j < mask_q_tiles; ++j) {{\n\
-                    \x20           bool kept = false;\n\
-                    \x20           for (int col = col0; col < col1; ++col) kept |= slice[(long long)j * mask_kv_tiles + col] != 0;\n\
-                    \x20           count += kept;\n\
-                    \x20       }}\n\
-                    \x20   }}\n\
-                    \x20   return count;\n\
-                    }};\n"
-                )?,
-                Work::QueryTiles { .. } => write!(
-                    w,
-                    "\
-                    // Unit i is query tile tiles - 1 - i % tiles (claims start at the last\n\
-                    // rows) of head head0 + i / tiles; its count: the mask key tiles with a\n\
-                    // pair kept for its queries.\n\
-                    auto count_of = [&](int i) {{\n\
-                    \x20   const int head = head0 + i / tiles, t = tiles - 1 - i % tiles;\n\
-                    \x20   const unsigned char* slice = {mask} + b * {batch_stride} + head * {head_stride};\n\
-                    \x20   const int row0 = t * TILE / MASK_M, row1 = min_i32(((t + 1) * TILE + MASK_M - 1) / MASK_M, mask_q_tiles);\n\
-                    \x20   int count = 0;\n\
-                    \x20   #pragma unroll 4\n\
-                    \x20   for (int j = 0; j < mask_kv_tiles; ++j) {{\n\
-                    \x20       bool kept = false;\n\
-                    \x20       for (int row = row0; row < row1; ++row) kept |= slice[(long long)row * mask_kv_tiles + j] != 0;\n\
-                    \x20       count += kept;\n\
-                    \x20   }}\n\
-                    \x20   return count;\n\
-                    }};\n"
-                )?,
-            }
-            write!(
-                w,
-                "\
-                int* counts = {order} + units + first;  // after the order\n\
-                __shared__ int longest, starts[BUCKETS];\n\
-                if (threadIdx.x == 0) longest = 0;\n\
-                if (threadIdx.x < BUCKETS) starts[threadIdx.x] = 0;\n\
-                __syncthreads();\n\
-                for (int i = threadIdx.x; i < span; i += THREADS) {{\n\
-                \x20   counts[i] = count_of(i);\n\
-                \x20   atomicMax(&longest, counts[i]);\n\
-                }}\n\
-                __syncthreads();\n\
-                // Bucket 0 holds the window's longest units.\n\
-                auto bucket = [&](int count) {{\n\
-                \x20   return (int)((long long)(longest - count) * (BUCKETS - 1) / max_i32(longest, 1));\n\
-                }};\n\
-                for (int i = threadIdx.x; i < span; i += THREADS) atomicAdd(&starts[bucket(counts[i])], 1);\n\
-                __syncthreads();\n\
-                if (threadIdx.x == 0) {{\n\
-                \x20   int sum = 0;\n\
-                \x20   for (int k = 0; k < BUCKETS; ++k) {{\n\
-                \x20       const int size = starts[k];\n\
-                \x20       starts[k] = sum;\n\
-                \x20       sum += size;\n\
-                \x20   }}\n\
-                }}\n\
-                __syncthreads();\n\
-                // Stable: a warp writes a class's units in launch order, 32 at a time.\n\
-                const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
-                for (int k = warp; k < BUCKETS; k += THREADS / 32) {{\n\
-                \x20   int at = first + starts[k];\n\
-                \x20   for (int i0 = 0; i0 < span; i0 += 32) {{\n\
-                \x20       const int i = i0 + lane;\n\
-                \x20       const bool mine = i < span && bucket(counts[i]) == k;\n\
-                \x20       const unsigned ballot = __ballot_sync(0xffffffffu, mine);\n\
-                \x20       if (mine) {order}[at + __popc(ballot & ((1u << lane) - 1))] = first + i;\n\
-                \x20       at += __popc(ballot);\n\
-                \x20   }}\n\
-                }}\n"
-            )
-        })
+        Ok(())
     };
-    body(&mut w).expect("formatting into a String cannot fail");
+    let library = [vec![Piece::Part(Part::Prelude)]];
+    let entry = Entry { name: &name, bounds: "THREADS", args: &args };
+    let source = assemble(spec, &library, config, entry, |w| {
+        let n = |kind| arg_name(spec, kind);
+        let [batch, heads, heads_kv, q_len, kv_len, mask, order] = [
+            ArgKind::Batch,
+            ArgKind::Heads,
+            ArgKind::HeadsKv,
+            ArgKind::QLen,
+            ArgKind::KvLen,
+            ArgKind::BlockMask,
+            ArgKind::WorkOrder,
+        ]
+        .map(n);
+        let [batch_stride, head_stride] = [Axis::Batch, Axis::Head].map(|a| n(ArgKind::BlockMaskStride(a)));
+        writeln!(
+            w,
+            "const int mask_q_tiles = ({q_len} + MASK_M - 1) / MASK_M, mask_kv_tiles = ({kv_len} + MASK_N - 1) / MASK_N;"
+        )?;
+        // Block (window, batch) orders the units of heads head0 .. head0 +
+        // HEADS_PER_BLOCK, first .. first + span of them all: unit c is tile
+        // c % tiles of head c / tiles % heads (K/V heads for key tiles), batch
+        // c / tiles / heads.
+        let (len, heads_of_units) = match work {
+            Work::KeyTiles { .. } => (&kv_len, &heads_kv),
+            Work::QueryTiles { .. } => (&q_len, &heads),
+        };
+        write!(
+            w,
+            "\
+            const int tiles = ({len} + TILE - 1) / TILE, units = {batch} * {heads_of_units} * tiles;\n\
+            const int b = blockIdx.z, head0 = blockIdx.y * HEADS_PER_BLOCK, first = (b * {heads_of_units} + head0) * tiles;\n\
+            const int span = min_i32(HEADS_PER_BLOCK, {heads_of_units} - head0) * tiles;\n"
+        )?;
+        match work {
+            Work::KeyTiles { .. } => write!(
+                w,
+                "\
+                // Unit i is key tile i % tiles of K/V head head0 + i / tiles; its count:\n\
+                // the mask query tiles with a pair kept by its keys, over the query heads\n\
+                // of its K/V head.\n\
+                const int group = {heads} / {heads_kv};\n\
+                auto count_of = [&](int i) {{\n\
+                \x20   const int head = head0 + i / tiles, t = i % tiles;\n\
+                \x20   const int col0 = t * TILE / MASK_N, col1 = min_i32(((t + 1) * TILE + MASK_N - 1) / MASK_N, mask_kv_tiles);\n\
+                \x20   int count = 0;\n\
+                \x20   for (int h = head * group; h < (head + 1) * group; ++h) {{\n\
+                \x20       const unsigned char* slice = {mask} + b * {batch_stride} + h * {head_stride};\n\
+                \x20       #pragma unroll 4\n\
+                \x20       for (int j = 0; j < mask_q_tiles; ++j) {{\n\
+                \x20           bool kept = false;\n\
+                \x20           for (int col = col0; col < col1; ++col) kept |= slice[(long long)j * mask_kv_tiles + col] != 0;\n\
+                \x20           count += kept;\n\
+                \x20       }}\n\
+                \x20   }}\n\
+                \x20   return count;\n\
+                }};\n"
+            )?,
+            Work::QueryTiles { .. } => write!(
+                w,
+                "\
+                // Unit i is query tile tiles - 1 - i % tiles (claims start at the last\n\
+                // rows) of head head0 + i / tiles; its count: the mask key tiles with a\n\
+                // pair kept for its queries.\n\
+                auto count_of = [&](int i) {{\n\
+                \x20   const int head = head0 + i / tiles, t = tiles - 1 - i % tiles;\n\
+                \x20   const unsigned char* slice = {mask} + b * {batch_stride} + head * {head_stride};\n\
+                \x20   const int row0 = t * TILE / MASK_M, row1 = min_i32(((t + 1) * TILE + MASK_M - 1) / MASK_M, mask_q_tiles);\n\
+                \x20   int count = 0;\n\
+                \x20   #pragma unroll 4\n\
+                \x20   for (int j = 0; j < mask_kv_tiles; ++j) {{\n\
+                \x20       bool kept = false;\n\
+                \x20       for (int row = row0; row < row1; ++row) kept |= slice[(long long)row * mask_kv_tiles + j] != 0;\n\
+                \x20       count += kept;\n\
+                \x20   }}\n\
+                \x20   return count;\n\
+                }};\n"
+            )?,
+        }
+        write!(
+            w,
+            "\
+            int* counts = {order} + units + first;  // after the order\n\
+            __shared__ int longest, starts[BUCKETS];\n\
+            if (threadIdx.x == 0) longest = 0;\n\
+            if (threadIdx.x < BUCKETS) starts[threadIdx.x] = 0;\n\
+            __syncthreads();\n\
+            for (int i = threadIdx.x; i < span; i += THREADS) {{\n\
+            \x20   counts[i] = count_of(i);\n\
+            \x20   atomicMax(&longest, counts[i]);\n\
+            }}\n\
+            __syncthreads();\n\
+            // Bucket 0 holds the window's longest units.\n\
+            auto bucket = [&](int count) {{\n\
+            \x20   return (int)((long long)(longest - count) * (BUCKETS - 1) / max_i32(longest, 1));\n\
+            }};\n\
+            for (int i = threadIdx.x; i < span; i += THREADS) atomicAdd(&starts[bucket(counts[i])], 1);\n\
+            __syncthreads();\n\
+            if (threadIdx.x == 0) {{\n\
+            \x20   int sum = 0;\n\
+            \x20   for (int k = 0; k < BUCKETS; ++k) {{\n\
+            \x20       const int size = starts[k];\n\
+            \x20       starts[k] = sum;\n\
+            \x20       sum += size;\n\
+            \x20   }}\n\
+            }}\n\
+            __syncthreads();\n\
+            // Stable: a warp writes a class's units in launch order, 32 at a time.\n\
+            const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
+            for (int k = warp; k < BUCKETS; k += THREADS / 32) {{\n\
+            \x20   int at = first + starts[k];\n\
+            \x20   for (int i0 = 0; i0 < span; i0 += 32) {{\n\
+            \x20       const int i = i0 + lane;\n\
+            \x20       const bool mine = i < span && bucket(counts[i]) == k;\n\
+            \x20       const unsigned ballot = __ballot_sync(0xffffffffu, mine);\n\
+            \x20       if (mine) {order}[at + __popc(ballot & ((1u << lane) - 1))] = first + i;\n\
+            \x20       at += __popc(ballot);\n\
+            \x20   }}\n\
+            }}\n"
+        )
+    });
     Some(Kernel {
         name,
-        source: w.into_inner(),
+        source,
         grid: match work {
             Work::KeyTiles { .. } => Grid::KvHeads { per_block: HEADS_PER_BLOCK },
             Work::QueryTiles { .. } => Grid::Heads { per_block: HEADS_PER_BLOCK },

@@ -9,7 +9,7 @@ use std::fmt::{self, Write};
 
 const INDENT: &str = "    ";
 
-pub(super) struct Writer<W> {
+pub(crate) struct Writer<W> {
     out: W,
     level: usize,
     /// Whether the next character starts a line (and so needs indentation).

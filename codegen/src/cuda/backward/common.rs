@@ -9,128 +9,28 @@ use crate::cuda::kit::hoist::{lookup_indexed, Hoisted, Level};
 use crate::cuda::kit::terms::{write_tile_terms, KeyTerms};
 use crate::cuda::kit::tile_class::tile_class_expr;
 use crate::cuda::kit::tile_walk::{write_block_class, write_next_tile};
-use crate::cuda::prelude::PRELUDE;
-use crate::cuda::ranges::RANGES;
+use crate::cuda::library::Part;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::c_type;
-use crate::cuda::source::{write_entry, write_header};
+use crate::cuda::source::{assemble, Entry, Piece};
 use crate::cuda::target::pad16;
-use crate::cuda::tiles::TILES;
-use crate::cuda::tma::TileCopy;
 use crate::cuda::writer::Writer;
 use crate::grad::{d_load, d_score, load_indices};
 use crate::spec::{Builtin, Dtype, Expr, ExprKind, Spec};
 use std::fmt::{self, Write};
 
-/// Device helpers every backward kernel may use.
-const BACKWARD_ROWS: &str = r#"// ---- backward helpers -----------------------------------------------------------
-// Sum across the 32 lanes of a warp.
-__device__ __forceinline__ float warp_sum(float x) {
-    #pragma unroll
-    for (int m = 16; m > 0; m /= 2) x += __shfl_xor_sync(0xffffffffu, x, m);
-    return x;
-}
-"#;
-
-/// Device helpers of the tiled backward kernels.
-const BACKWARD_TILES: &str = r#"// A warp's 16 rows of an f32 accumulator (TILES m16n8 tiles) times
-// `factor`, rows first..first + 15 of the 16-bit `rows` (`len` of them exist,
-// `cols` columns), out to global memory through `stage`: this warp's 16 rows
-// of a free shared tile 8 * TILES columns wide. The column pairs land with
-// each row's 16-byte chunks XORed with the row (a warp's pair stores then
-// hit all 32 banks where TILES is a multiple of 8); the rows leave 16 bytes
-// per lane where they are 16-byte aligned and the chunk holds only columns
-// below `cols`, else element by element.
-template <class S, int TILES>
-__device__ __forceinline__ void store_warp_rows(S, unsigned short* stage, const float (&acc)[TILES][4], float factor,
-                                                unsigned short* rows, long long stride, int first, int len, int cols) {
-    constexpr int PERIOD = TILES % 8 == 0 ? 8 : TILES % 4 == 0 ? 4 : TILES % 2 == 0 ? 2 : 1;
-    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    unsigned char* bytes = reinterpret_cast<unsigned char*>(stage);
-    #pragma unroll
-    for (int n = 0; n < TILES; ++n) {
-        #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int row = g + 8 * i;
-            const unsigned pair = (unsigned)S::from_f32(acc[n][2 * i] * factor) | (unsigned)S::from_f32(acc[n][2 * i + 1] * factor) << 16;
-            *reinterpret_cast<unsigned*>(bytes + row * 16 * TILES + (n ^ row % PERIOD) * 16 + 4 * t) = pair;
-        }
-    }
-    __syncwarp();
-    unsigned short* out = rows + first * stride;
-    const int count = min_i32(16, len - first);
-    const bool vector = aligned16(rows, stride);
-    #pragma unroll
-    for (int c = lane; c < 16 * TILES; c += 32) {
-        const int row = c / TILES, chunk = c % TILES;
-        if (row >= count) break;
-        const unsigned char* from = bytes + row * 16 * TILES + (chunk ^ row % PERIOD) * 16;
-        unsigned short* to = out + row * stride + chunk * 8;
-        if (vector && chunk * 8 + 8 <= cols) {
-            *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(from);
-        } else {
-            for (int e = 0; e < 8 && chunk * 8 + e < cols; ++e) to[e] = reinterpret_cast<const unsigned short*>(from)[e];
-        }
-    }
-}
-// Byte offset of a lane's ldmatrix row (see LdmLane) for a (row_step, step)
-// known only at run time: the swizzle computed in full.
-template <int COLS>
-__device__ __forceinline__ unsigned ldm_at(const LdmLane<COLS>& lane, int row_step, int step) {
-    return 2 * swizzle<COLS>(lane.row + row_step, 16 * step + 8 * lane.half);
-}
-// dst[0..4) += (a, b, c, d): one 16-byte f32 reduction on sm_90 (dst 16-byte
-// aligned), four scalar atomics before it.
-__device__ __forceinline__ void red_add4(float* dst, float a, float b, float c, float d) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" :: "l"(dst), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
-#else
-    atomicAdd(dst, a);
-    atomicAdd(dst + 1, b);
-    atomicAdd(dst + 2, c);
-    atomicAdd(dst + 3, d);
-#endif
-}
-// Adds a warp's m16n8 f32 accumulator tile to rows [row0, row0 + 16) x
-// columns [col0, col0 + 8) of a row-major f32 matrix of `rows` x COLS (rows
-// and columns past the end are dropped). Lanes t and t ^ 1 swap half their
-// elements, so that each lane holds four consecutive columns of one row
-// (row g for even t, g + 8 for odd): one red_add4 per lane, not four atomics.
-template <int COLS>
-__device__ __forceinline__ void red_add_tile(float* m, int rows, int row0, int col0, const float (&acc)[4]) {
-    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    if constexpr (COLS % 4 == 0) {
-        const bool odd = t % 2 == 1;
-        const float x0 = __shfl_xor_sync(0xffffffffu, odd ? acc[0] : acc[2], 1);
-        const float x1 = __shfl_xor_sync(0xffffffffu, odd ? acc[1] : acc[3], 1);
-        const int row = row0 + g + (odd ? 8 : 0), col = col0 + 2 * (t & ~1);
-        const float v0 = odd ? x0 : acc[0], v1 = odd ? x1 : acc[1];
-        const float v2 = odd ? acc[2] : x0, v3 = odd ? acc[3] : x1;
-        if (row < rows && col < COLS) red_add4(m + (long long)row * COLS + col, v0, v1, v2, v3);
-    } else {
-        #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int row = row0 + g + 8 * (e / 2), col = col0 + 2 * t + e % 2;
-            if (row < rows && col < COLS) atomicAdd(&m[(long long)row * COLS + col], acc[e]);
-        }
-    }
-}
-"#;
-
-/// Which prelude sections a kernel needs.
-#[derive(Clone, Copy, PartialEq, Eq)]
+/// Which library sections a kernel needs.
 pub(super) enum Sections {
     /// Scalars and `warp_sum` (the row kernels).
     Rows,
     /// Everything: tile classes, tensor-core tiles, backward helpers.
     Tiles,
-    /// Those, Hopper's warpgroup MMA and the stage ring (and the TMA
-    /// copies, if it copies with them), for a kernel of `CTA_THREADS`
-    /// threads (`dkdv_wgmma`).
-    Hopper(TileCopy),
+    /// Those and the given Hopper sections (warpgroup MMA, the stage ring,
+    /// TMA copies), for a kernel of `CTA_THREADS` threads (`dkdv_wgmma`).
+    Hopper(Vec<Vec<Piece>>),
 }
 
-/// Header, prelude sections, the configuration `config` writes, and the
+/// Header, library sections, the configuration `config` writes, and the
 /// entry point around `body`.
 pub(super) fn write_source(
     spec: &Spec,
@@ -140,35 +40,27 @@ pub(super) fn write_source(
     config: impl FnOnce(&mut Writer<String>) -> fmt::Result,
     body: impl FnOnce(&mut Writer<String>) -> fmt::Result,
 ) -> String {
-    let mut w = Writer::new(String::new());
-    let emit = || -> fmt::Result {
-        write_header(&mut w, spec)?;
-        w.write_str(PRELUDE)?;
-        writeln!(w)?;
-        let tiles = sections != Sections::Rows;
-        if tiles {
-            w.write_str(RANGES)?;
-            writeln!(w)?;
-            w.write_str(TILES)?;
-            writeln!(w)?;
+    let tiles = !matches!(sections, Sections::Rows);
+    let mut library = vec![vec![Piece::Part(Part::Prelude)]];
+    if tiles {
+        library.extend([vec![Piece::Part(Part::Ranges)], vec![Piece::Part(Part::Tiles)]]);
+    }
+    let bounds = match sections {
+        Sections::Hopper(hopper) => {
+            library.extend(hopper);
+            "CTA_THREADS"
         }
-        if let Sections::Hopper(copy) = sections {
-            super::dkdv_wgmma::write_prelude(&mut w, spec, copy)?;
-        }
-        w.write_str(BACKWARD_ROWS)?;
-        if tiles {
-            w.write_str(BACKWARD_TILES)?;
-        }
-        writeln!(w)?;
-        writeln!(w, "// ---- kernel configuration ---------------------------------------------------")?;
-        write_dims(&mut w, spec)?;
-        config(&mut w)?;
-        writeln!(w)?;
-        let threads = if matches!(sections, Sections::Hopper(_)) { "CTA_THREADS" } else { "THREADS" };
-        write_entry(&mut w, spec, (name, threads), args, body)
+        _ => "THREADS",
     };
-    emit().expect("formatting into a String cannot fail");
-    w.into_inner()
+    let helpers = [Part::BackwardRows, Part::BackwardTiles];
+    library.push(helpers[..1 + tiles as usize].iter().map(|&part| Piece::Part(part)).collect());
+    let config = |w: &mut Writer<String>| {
+        writeln!(w, "// ---- kernel configuration ---------------------------------------------------")?;
+        write_dims(w, spec)?;
+        config(w)?;
+        writeln!(w)
+    };
+    assemble(spec, &library, config, Entry { name, bounds, args }, body)
 }
 
 fn write_dims(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {

@@ -41,12 +41,13 @@ use super::step::{write_elements, write_split_elements, Part};
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::kit::hoist::{hoist, Hoisted};
 use crate::cuda::kit::terms::interior_decl;
-use crate::cuda::ring::RING;
+use crate::cuda::library;
+use crate::cuda::library::wgmma_ops::AFrom;
 use crate::cuda::signature::{arg_name, backward_args, with_tensor_maps};
 use crate::cuda::source::kernel_name;
+use crate::cuda::source::Piece;
 use crate::cuda::target::pad16;
-use crate::cuda::tma::{TileCopy, TMA};
-use crate::cuda::wgmma::{write_wgmma_op, AFrom, WGMMA};
+use crate::cuda::tile_config::TileCopy;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
@@ -66,25 +67,6 @@ pub(super) const BLOCK_N: u32 = 16 * WARPS;
 /// each) fit next to dK and dV (64 each at d = 128) in 240 registers.
 pub(super) const BLOCK_M: u32 = 64;
 
-/// The order of a step's dQ accumulator tile ([`super::DqAccum::Fragments`]),
-/// shared with the postprocess. `tiles` is DQ_TILES, m16n8 tiles per
-/// warpgroup's half of the columns.
-pub(super) const DQ_FRAGMENTS: &str = r#"// A 64-query step's dQ accumulator tile in the dK/dV kernel's fragment order:
-// 16-byte chunk (warpgroup * tiles + n) * 128 + thread holds that consumer
-// thread's m16n8 tile n of its warpgroup's columns, so a warp's 16-byte
-// stores of one tile are 512 contiguous bytes (no bank conflicts).
-__device__ __forceinline__ int dq_chunk(int tiles, int warpgroup, int n, int thread) {
-    return (warpgroup * tiles + n) * 128 + thread;
-}
-// The inverse: chunk c holds (row, col), (row, col + 1), (row + 8, col) and
-// (row + 8, col + 1) of the tile (the m16n8 accumulator layout).
-__device__ __forceinline__ void dq_chunk_origin(int tiles, int c, int& row, int& col) {
-    const int thread = c % 128, n = c / 128 % tiles, warpgroup = c / (128 * tiles);
-    row = thread / 32 * 16 + thread % 32 / 4;
-    col = (warpgroup * tiles + n) * 8 + thread % 4 * 2;
-}
-"#;
-
 /// Whether this kernel covers `spec`'s head dims: both pad to 128 (the dK
 /// and dV accumulators fill the registers, and dQ's columns split into one
 /// 64-column panel per warpgroup).
@@ -94,48 +76,6 @@ pub(super) fn supports(spec: &Spec) -> bool {
 
 /// Threads of the producer warpgroup.
 const PRODUCER_THREADS: u32 = 128;
-
-/// Helpers only this kernel uses.
-const HOPPER_BACKWARD: &str = r#"// Four 8x8 16-bit matrices from registers (the m16n8k16 A-fragment layout)
-// to shared memory, each transposed: lane l gives the address of row l % 8 of
-// matrix l / 8 as stored.
-__device__ __forceinline__ void stmatrix_x4_trans(const unsigned (&r)[4], unsigned addr) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
-                 :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
-}
-// The descriptor of the tile `bytes` further on: the start address sits in
-// bits 0-13 as addr >> 4, and shared addresses stay below 2^18, so the sum
-// never carries out of the field. Descriptors of a loop's k-steps are then
-// one add from a base built once.
-__device__ __forceinline__ unsigned long long desc_plus(unsigned long long desc, unsigned bytes) {
-    return desc + (bytes >> 4);
-}
-// 16 bytes to shared memory.
-__device__ __forceinline__ void st_shared_v4(unsigned addr, const float (&v)[4]) {
-    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" :: "r"(addr), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]) : "memory");
-}
-// Adds `bytes` of f32 from shared memory to global memory in one bulk
-// reduction by the copy engine (both 16-byte aligned); commit_group closes
-// the thread's group of them, and wait_read<N> waits until all but its last N
-// groups have read their source.
-__device__ __forceinline__ void bulk_reduce_add(float* dst, unsigned src, unsigned bytes) {
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
-                 :: "l"(dst), "r"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(N) : "memory"); }
-// Keeps register A operands alive up to this point: the tensor cores read
-// them until their wgmma group has been waited for.
-template <int N>
-__device__ __forceinline__ void keep_operands(const unsigned (&a)[N][4]) {
-    #pragma unroll
-    for (int i = 0; i < N; ++i) {
-        #pragma unroll
-        for (int c = 0; c < 4; ++c) asm volatile("" :: "r"(a[i][c]) : "memory");
-    }
-}
-"#;
 
 /// The kernel, copying its tiles as `copy` says.
 pub(super) fn emit(spec: &Spec, tensor_grads: bool, copy: TileCopy) -> Kernel {
@@ -149,7 +89,7 @@ pub(super) fn emit(spec: &Spec, tensor_grads: bool, copy: TileCopy) -> Kernel {
     };
     let source = write_source(
         spec,
-        Sections::Hopper(copy),
+        Sections::Hopper(hopper_library(spec, copy)),
         &name,
         &args,
         |w| write_config(w, spec),
@@ -176,28 +116,26 @@ fn smem_bytes(spec: &Spec) -> u32 {
     2 * (n * (dp + dvp) + STAGES * m * (dp + dvp) + 2 * m * n) + 4 * (2 * STAGES * m + 2 * m * dp) + 1024
 }
 
-/// The warpgroup MMA and stage-ring preludes and the products this kernel
-/// issues: m64 by BLOCK_M (Sᵀ, dPᵀ), by DP / 2 (a warpgroup's dQ columns),
-/// by DP and DVP (dK, dV).
-pub(super) fn write_prelude(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> fmt::Result {
+/// The warpgroup MMA and stage-ring library sections and the products
+/// this kernel issues: m64 by BLOCK_M (Sᵀ, dPᵀ), by DP / 2 (a warpgroup's
+/// dQ columns), by DP and DVP (dK, dV).
+fn hopper_library(spec: &Spec, copy: TileCopy) -> Vec<Vec<Piece>> {
     let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
-    w.write_str(WGMMA)?;
-    write_wgmma_op(w, spec.dtype, BLOCK_M, AFrom::Shared)?;
-    write_wgmma_op(w, spec.dtype, dp / 2, AFrom::SharedMnB)?;
-    write_wgmma_op(w, spec.dtype, dp, AFrom::Registers)?;
+    let mut wgmma = vec![
+        Piece::Part(library::Part::Wgmma),
+        Piece::Wgmma(BLOCK_M, AFrom::Shared),
+        Piece::Wgmma(dp / 2, AFrom::SharedMnB),
+        Piece::Wgmma(dp, AFrom::Registers),
+    ];
     if dvp != dp {
-        write_wgmma_op(w, spec.dtype, dvp, AFrom::Registers)?;
+        wgmma.push(Piece::Wgmma(dvp, AFrom::Registers));
     }
-    w.write_str(HOPPER_BACKWARD)?;
-    w.write_str(DQ_FRAGMENTS)?;
-    writeln!(w)?;
-    w.write_str(RING)?;
-    writeln!(w)?;
+    wgmma.extend([Piece::Part(library::Part::HopperBackward), Piece::Part(library::Part::DqFragments)]);
+    let mut sections = vec![wgmma, vec![Piece::Part(library::Part::Ring)]];
     if copy == TileCopy::Tma {
-        w.write_str(TMA)?;
-        writeln!(w)?;
+        sections.push(vec![Piece::Part(library::Part::Tma)]);
     }
-    Ok(())
+    sections
 }
 
 fn write_config(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {

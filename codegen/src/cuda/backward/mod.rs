@@ -65,7 +65,7 @@ mod rows;
 mod step;
 
 use super::target::{pad16, Mma, Target};
-use super::tma::TileCopy;
+use super::tile_config::TileCopy;
 use crate::abi::Kernel;
 use crate::grad::{d_load, load_indices};
 use crate::spec::Spec;

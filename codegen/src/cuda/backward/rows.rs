@@ -9,9 +9,10 @@
 
 use super::common::{write_source, Sections};
 use super::dkdv::write_rows;
-use super::dkdv_wgmma::{self, DQ_FRAGMENTS};
+use super::dkdv_wgmma;
 use super::DqAccum;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
+use crate::cuda::library::Part;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::{backward_post_args, backward_pre_args};
 use crate::cuda::source::kernel_name;
@@ -112,7 +113,7 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum) -> Kernel {
     let config = |w: &mut Writer<String>| {
         write_config(w)?;
         match accum {
-            DqAccum::Fragments => w.write_str(DQ_FRAGMENTS),
+            DqAccum::Fragments => w.write_str(Part::DqFragments.text()),
             DqAccum::Rows => Ok(()),
         }
     };

@@ -6,7 +6,7 @@ use super::softmax::RowSums;
 use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::kit::hoist::Hoisted;
 use crate::cuda::signature::arg_name;
-use crate::cuda::tma::TileCopy;
+use crate::cuda::tile_config::TileCopy;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};

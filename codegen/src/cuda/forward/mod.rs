@@ -49,23 +49,19 @@ mod staged_terms;
 mod sync_step;
 mod wgmma_step;
 
-use crate::abi::{Grid, Kernel, KernelArg};
-use crate::cuda::prelude::PRELUDE;
-use crate::cuda::ranges::RANGES;
-use crate::cuda::ring::RING;
+use crate::abi::{Grid, Kernel};
+use crate::cuda::library::wgmma_ops::AFrom;
+use crate::cuda::library::Part;
 use crate::cuda::signature::forward_args;
-use crate::cuda::source::{kernel_name, write_entry, write_header};
+use crate::cuda::source::{assemble, kernel_name, Entry, Piece};
 use crate::cuda::target::{pad16, Mma};
-use crate::cuda::tile_config::{warp_specialized, TileConfig};
-use crate::cuda::tiles::TILES;
-use crate::cuda::tma::{TileCopy, TMA, TMA_STORE};
-use crate::cuda::wgmma::{write_wgmma_op, AFrom, WGMMA};
+use crate::cuda::tile_config::{warp_specialized, TileConfig, TileCopy};
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use constants::write_config;
 use cta::write_body;
 use softmax::RowSums;
-use std::fmt::{self, Write};
+use std::fmt::Write;
 
 /// Emits the forward kernel for `spec` with its default tile configuration.
 /// Deterministic: the same spec always gives byte-identical source.
@@ -85,11 +81,20 @@ pub fn emit_forward_copying(spec: &Spec, config: TileConfig, copy: TileCopy) -> 
     let name = kernel_name("fwd", spec);
     let copy = warp_specialized(config).then_some(copy);
     let args = forward_args(spec, copy);
-    let mut w = Writer::new(String::new());
-    write_kernel(&mut w, spec, config, copy, &name, &args).expect("formatting into a String cannot fail");
+    let bounds = match config.per_sm() {
+        1 => "CTA_THREADS".to_string(),
+        n => format!("CTA_THREADS, {n}"),
+    };
+    let config_lines = |w: &mut Writer<String>| {
+        write_config(w, spec, config)?;
+        writeln!(w)
+    };
+    let entry = Entry { name: &name, bounds: &bounds, args: &args };
+    let source =
+        assemble(spec, &library(spec, config, copy), config_lines, entry, |w| write_body(w, spec, config, copy));
     Kernel {
         name,
-        source: w.into_inner(),
+        source,
         grid: match warp_specialized(config) {
             true => Grid::Persistent { per_sm: config.per_sm() },
             false => Grid::QueryTiles,
@@ -102,47 +107,28 @@ pub fn emit_forward_copying(spec: &Spec, config: TileConfig, copy: TileCopy) -> 
     }
 }
 
-/// `copy`: how a warp-specialized kernel copies (`None` for the others).
-fn write_kernel(
-    w: &mut Writer<String>,
-    spec: &Spec,
-    config: TileConfig,
-    copy: Option<TileCopy>,
-    name: &str,
-    args: &[KernelArg],
-) -> fmt::Result {
-    write_header(w, spec)?;
-    w.write_str(PRELUDE)?;
-    writeln!(w)?;
-    w.write_str(RANGES)?;
-    writeln!(w)?;
-    w.write_str(TILES)?;
-    writeln!(w)?;
+/// The library sections a forward kernel uses; `copy`: how a
+/// warp-specialized kernel copies (`None` for the others).
+fn library(spec: &Spec, config: TileConfig, copy: Option<TileCopy>) -> Vec<Vec<Piece>> {
+    let mut sections =
+        vec![vec![Piece::Part(Part::Prelude)], vec![Piece::Part(Part::Ranges)], vec![Piece::Part(Part::Tiles)]];
     if config.mma == Mma::Wgmma {
-        w.write_str(WGMMA)?;
-        write_wgmma_op(w, spec.dtype, config.block_n, AFrom::Shared)?;
-        write_wgmma_op(w, spec.dtype, pad16(spec.head_dims.v), AFrom::Registers)?;
+        let mut wgmma = vec![
+            Piece::Part(Part::Wgmma),
+            Piece::Wgmma(config.block_n, AFrom::Shared),
+            Piece::Wgmma(pad16(spec.head_dims.v), AFrom::Registers),
+        ];
         if RowSums::of(spec, config) == RowSums::TensorCores {
-            write_wgmma_op(w, spec.dtype, 8, AFrom::Registers)?;
+            wgmma.push(Piece::Wgmma(8, AFrom::Registers));
         }
-        writeln!(w)?;
+        sections.push(wgmma);
     }
     if let Some(copy) = copy {
-        w.write_str(RING)?;
-        writeln!(w)?;
-        w.write_str(persistent::WORK_CLAIMS)?;
-        writeln!(w)?;
+        sections.push(vec![Piece::Part(Part::Ring)]);
+        sections.push(vec![Piece::Part(Part::WorkClaims)]);
         if copy == TileCopy::Tma {
-            w.write_str(TMA)?;
-            w.write_str(TMA_STORE)?;
-            writeln!(w)?;
+            sections.push(vec![Piece::Part(Part::Tma), Piece::Part(Part::TmaStore)]);
         }
     }
-    write_config(w, spec, config)?;
-    writeln!(w)?;
-    let bounds = match config.per_sm() {
-        1 => "CTA_THREADS".to_string(),
-        n => format!("CTA_THREADS, {n}"),
-    };
-    write_entry(w, spec, (name, &bounds), args, |w| write_body(w, spec, config, copy))
+    sections
 }

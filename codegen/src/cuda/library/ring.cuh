@@ -1,21 +1,4 @@
-//! The stage ring of warp-specialized kernels: one producer warpgroup copies
-//! tiles into a ring of shared-memory stages while the consumer warpgroups
-//! multiply them, each side paced by the other through `mbarrier`s instead
-//! of CTA-wide barriers (FlashAttention-3's producer/consumer split).
-//!
-//! Every stage has a *full* barrier (the producer's 128 threads arrive once
-//! their copies have landed, or, with TMA, one thread arrives and the copy
-//! engine completes the bytes it announced) and an *empty* barrier (each
-//! consumer warp arrives once its products have read the stage). A barrier completes a
-//! phase per round of the ring, so a waiter names the phase by its parity:
-//! round `r` of a stage waits for parity `r % 2` on *full* and, one round
-//! behind, `(r + 1) % 2` on *empty* (a fresh barrier counts the phase before
-//! its first as complete, so the producer's first round does not wait).
-//!
-//! The producer needs few registers and the consumers many: `setmaxnreg`
-//! moves them, so the CTA still fits the register file.
-
-pub(super) const RING: &str = r#"// ---- stage ring (warp specialization) -----------------------------------------
+// ---- stage ring (warp specialization) -----------------------------------------
 __device__ __forceinline__ void mbar_init(unsigned bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
 }
@@ -43,4 +26,3 @@ template <int N>
 __device__ __forceinline__ void regs_release() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N)); }
 template <int N>
 __device__ __forceinline__ void regs_acquire() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N)); }
-"#;

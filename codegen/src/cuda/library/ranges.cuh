@@ -1,13 +1,4 @@
-//! The prelude section for tile classification: interval arithmetic over the
-//! spec language, the kernel-side twin of [`crate::analysis`].
-//!
-//! Each helper here implements the rule of the same name in
-//! `analysis.rs` (`r_add` ↔ `RangeBinOp::Add`, …) bound for bound, so a tile
-//! is classified identically on host and device. Bounds are exact in 64 bits;
-//! one that leaves i32 range means the i32 operation may wrap, so the result
-//! widens to all of i32 (`r_norm`). Bools are sub-intervals of [0, 1].
-
-pub(super) const RANGES: &str = r#"// ---- tile classification ----------------------------------------------------
+// ---- tile classification ----------------------------------------------------
 // Interval arithmetic over the spec language: a Range holds every value an
 // expression can take over a tile of (q, k) pairs. Bools are sub-ranges of
 // [0, 1]: lo == 1 means always true, hi == 0 always false. Bounds are exact in
@@ -94,4 +85,3 @@ __device__ __forceinline__ int coarse_class(const unsigned char* slice, int kv_t
     }
     return !any ? 0 : all ? 2 : 1;
 }
-"#;

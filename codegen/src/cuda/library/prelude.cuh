@@ -1,12 +1,4 @@
-//! The prelude every generated kernel starts with: 16-bit float formats and
-//! the scalar helpers of the spec language.
-//!
-//! It is fixed text, independent of the spec, so it is easy to read and
-//! review as CUDA. The scalar helpers define the spec language's semantics
-//! where C's would be undefined, and the CPU reference implements the same
-//! rules. The tensor-core tile operations live in [`super::tiles`].
-
-pub(super) const PRELUDE: &str = r#"// ---- 16-bit floats ----------------------------------------------------------
+// ---- 16-bit floats ----------------------------------------------------------
 // NVRTC ships without cuda_fp16.h / cuda_bf16.h, so half-precision values
 // travel as raw bit patterns in `unsigned short` and each format is a tag type
 // with its two conversions (round-to-nearest-even when narrowing).
@@ -122,4 +114,3 @@ __device__ __forceinline__ long long clip_wide(int i, long long n) {
     const long long c = i < n - 1 ? (long long)i : n - 1;
     return c > 0 ? c : 0;
 }
-"#;

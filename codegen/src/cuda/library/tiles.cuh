@@ -1,27 +1,4 @@
-//! The tensor-core tile library: the handful of named operations the
-//! forward kernel is written in (ThunderKittens style).
-//!
-//! - `store_tile`: shared → global, 16 bytes per thread where rows allow
-//!   (the output tile leaves through shared memory in coalesced rows).
-//! - `cp_async_16` / `load_tile`: global → shared copies, 16 bytes per
-//!   thread and instruction, bypassing registers so the next K/V tile loads
-//!   while the current one is multiplied; a scalar fallback covers head dims
-//!   that are not a multiple of 8 and operands that are not 16-byte aligned.
-//! - `swizzle`: shared tiles store 16-byte chunks XOR-permuted by row, so the
-//!   eight rows an `ldmatrix` reads at once hit eight different bank groups.
-//! - `ldmatrix_x4` (`_trans` for V): shared → the register fragments that
-//!   `mma.sync.m16n8k16` expects, four 8×8 matrices per instruction.
-//! - `mma_16816`: one 16×8×16 tensor-core product, f16/bf16 in, f32 out.
-//! - `pack2`: two f32 → one register of two 16-bit values (P as an operand).
-//! - `row_max` / `row_sum`: one row of a warp's S tiles reduced in a
-//!   pairwise tree, so the softmax waits on log2 of a row's elements
-//!   dependent steps rather than on a chain through all of them.
-//!
-//! Fragment coordinates (PTX ISA, "mma.m16n8k16"): with `g = lane / 4` and
-//! `t = lane % 4`, accumulator element `i` of an m16n8 tile sits at row
-//! `g + 8 * (i / 2)` and column `2 * t + i % 2`.
-
-pub(super) const TILES: &str = r#"// ---- tensor-core tiles ----------------------------------------------------------
+// ---- tensor-core tiles ----------------------------------------------------------
 // Fragment coordinates (PTX ISA, mma.m16n8k16): with g = lane / 4, t = lane % 4,
 // accumulator element i of an m16n8 tile is at row g + 8 * (i / 2), column
 // 2 * t + i % 2.
@@ -253,4 +230,3 @@ __device__ __forceinline__ float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
-"#;

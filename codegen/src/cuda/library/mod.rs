@@ -1,0 +1,183 @@
+//! The CUDA library: real `.cuh` files, pulled in with `include_str!`, that
+//! every kernel's source starts with (no `#include`: NVRTC from PyPI ships
+//! no toolkit headers, so each source is self-contained). [`Part`] names
+//! them; `source::assemble` prints the parts a kernel asks for, in order.
+//! The only library code generated per kernel is the wgmma instruction
+//! wrappers ([`wgmma_ops`]), one per operand width.
+
+pub(crate) mod wgmma_ops;
+
+/// One file of the CUDA library.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    /// The prelude every generated kernel starts with: 16-bit float formats and
+    /// the scalar helpers of the spec language.
+    ///
+    /// It is fixed text, independent of the spec, so it is easy to read and
+    /// review as CUDA. The scalar helpers define the spec language's semantics
+    /// where C's would be undefined, and the CPU reference implements the same
+    /// rules. The tensor-core tile operations live in [`Part::Tiles`].
+    Prelude,
+
+    /// The prelude section for tile classification: interval arithmetic over the
+    /// spec language, the kernel-side twin of [`crate::analysis`].
+    ///
+    /// Each helper here implements the rule of the same name in
+    /// `analysis.rs` (`r_add` ↔ `RangeBinOp::Add`, …) bound for bound, so a tile
+    /// is classified identically on host and device. Bounds are exact in 64 bits;
+    /// one that leaves i32 range means the i32 operation may wrap, so the result
+    /// widens to all of i32 (`r_norm`). Bools are sub-intervals of [0, 1].
+    Ranges,
+
+    /// The tensor-core tile library: the handful of named operations the
+    /// forward kernel is written in (ThunderKittens style).
+    ///
+    /// - `store_tile`: shared → global, 16 bytes per thread where rows allow
+    ///   (the output tile leaves through shared memory in coalesced rows).
+    /// - `cp_async_16` / `load_tile`: global → shared copies, 16 bytes per
+    ///   thread and instruction, bypassing registers so the next K/V tile loads
+    ///   while the current one is multiplied; a scalar fallback covers head dims
+    ///   that are not a multiple of 8 and operands that are not 16-byte aligned.
+    /// - `swizzle`: shared tiles store 16-byte chunks XOR-permuted by row, so the
+    ///   eight rows an `ldmatrix` reads at once hit eight different bank groups.
+    /// - `ldmatrix_x4` (`_trans` for V): shared → the register fragments that
+    ///   `mma.sync.m16n8k16` expects, four 8×8 matrices per instruction.
+    /// - `mma_16816`: one 16×8×16 tensor-core product, f16/bf16 in, f32 out.
+    /// - `pack2`: two f32 → one register of two 16-bit values (P as an operand).
+    /// - `row_max` / `row_sum`: one row of a warp's S tiles reduced in a
+    ///   pairwise tree, so the softmax waits on log2 of a row's elements
+    ///   dependent steps rather than on a chain through all of them.
+    ///
+    /// Fragment coordinates (PTX ISA, "mma.m16n8k16"): with `g = lane / 4` and
+    /// `t = lane % 4`, accumulator element `i` of an m16n8 tile sits at row
+    /// `g + 8 * (i / 2)` and column `2 * t + i % 2`.
+    Tiles,
+
+    /// Hopper's warpgroup MMA (`wgmma.mma_async`, sm_90a), the tile operations
+    /// of `Mma::Wgmma` kernels (the forward's, and the backward's dK/dV).
+    ///
+    /// A warpgroup (four warps) multiplies a 64-row A tile by an N-column B
+    /// tile that the tensor cores read straight from shared memory through a
+    /// 64-bit *matrix descriptor*: no `ldmatrix`, no B fragments in registers.
+    /// Operands sit in the 128-byte-swizzle layout (`tile_offset<…, true>`:
+    /// 64-column panels of 128-byte rows, eight rows per 1024-byte atom), the
+    /// one layout wgmma reads both K-major (Q and K: the reduction runs along the
+    /// row) and MN-major (V, with the transpose flag). The instruction is
+    /// asynchronous: `wgmma_fence` orders earlier register writes before it,
+    /// `wgmma_commit` closes a group and `wgmma_wait<N>` blocks until at most N
+    /// groups are still running, so one product can run behind the code that
+    /// consumes another.
+    ///
+    /// The accumulator layout per warp equals `mma.sync.m16n8k16`'s m16n8 tiles
+    /// side by side (warp w of the warpgroup holds rows 16w..16w + 15), and P
+    /// feeds the second product from registers in the m16n8k16 A-fragment
+    /// layout, so the element loop and the online softmax are the same code
+    /// for both MMA kinds. Instruction wrappers are generated per N because each
+    /// accumulator register is its own asm operand.
+    Wgmma,
+
+    /// The stage ring of warp-specialized kernels: one producer warpgroup copies
+    /// tiles into a ring of shared-memory stages while the consumer warpgroups
+    /// multiply them, each side paced by the other through `mbarrier`s instead
+    /// of CTA-wide barriers (FlashAttention-3's producer/consumer split).
+    ///
+    /// Every stage has a *full* barrier (the producer's 128 threads arrive once
+    /// their copies have landed, or, with TMA, one thread arrives and the copy
+    /// engine completes the bytes it announced) and an *empty* barrier (each
+    /// consumer warp arrives once its products have read the stage). A barrier completes a
+    /// phase per round of the ring, so a waiter names the phase by its parity:
+    /// round `r` of a stage waits for parity `r % 2` on *full* and, one round
+    /// behind, `(r + 1) % 2` on *empty* (a fresh barrier counts the phase before
+    /// its first as complete, so the producer's first round does not wait).
+    ///
+    /// The producer needs few registers and the consumers many: `setmaxnreg`
+    /// moves them, so the CTA still fits the register file.
+    Ring,
+
+    /// Work claims of persistent CTAs: the work counter, and the multiply-high
+    /// divisions that decode an item into its query tile, head and batch.
+    WorkClaims,
+
+    /// Hopper's tensor memory accelerator (TMA) for the producers of the
+    /// warp-specialized kernels (the persistent forward, the backward's dK/dV
+    /// kernel): one thread hands the copy engine a whole tile (a
+    /// descriptor, coordinates and a barrier), where cp.async needs every
+    /// producer thread to compute and issue 16 bytes at a time. The persistent
+    /// forward's consumers store O the same way, one bulk store per warp. The runtime
+    /// encodes the descriptors (`runtime/src/tma.rs`); a tile in shared memory
+    /// is the layout wgmma reads: 64-column panels of 128-byte rows, 16-byte
+    /// chunks XORed with the row (the copy engine's 128-byte swizzle).
+    Tma,
+
+    /// The copy engine's stores, for the persistent forward's O.
+    TmaStore,
+
+    /// Row helpers of the backward kernels (`warp_sum`).
+    BackwardRows,
+
+    /// Tile helpers of the backward kernels: f32 accumulator tiles times
+    /// 16-bit tiles, vector reductions into global accumulators.
+    BackwardTiles,
+
+    /// The Hopper dK/dV kernel's fragment moves (`stmatrix`, register-fed
+    /// operands).
+    HopperBackward,
+
+    /// A 64-query step's dQ accumulator tile in the Hopper dK/dV kernel's
+    /// fragment order, and its mapping back to rows.
+    DqFragments,
+}
+
+impl Part {
+    /// Every part, in the order kernels include them.
+    pub const ALL: [Part; 12] = [
+        Part::Prelude,
+        Part::Ranges,
+        Part::Tiles,
+        Part::Wgmma,
+        Part::Ring,
+        Part::WorkClaims,
+        Part::Tma,
+        Part::TmaStore,
+        Part::BackwardRows,
+        Part::BackwardTiles,
+        Part::HopperBackward,
+        Part::DqFragments,
+    ];
+
+    /// The part's CUDA text, verbatim.
+    pub fn text(self) -> &'static str {
+        match self {
+            Part::Prelude => include_str!("prelude.cuh"),
+            Part::Ranges => include_str!("ranges.cuh"),
+            Part::Tiles => include_str!("tiles.cuh"),
+            Part::Wgmma => include_str!("wgmma.cuh"),
+            Part::Ring => include_str!("ring.cuh"),
+            Part::WorkClaims => include_str!("work_claims.cuh"),
+            Part::Tma => include_str!("tma.cuh"),
+            Part::TmaStore => include_str!("tma_store.cuh"),
+            Part::BackwardRows => include_str!("backward_rows.cuh"),
+            Part::BackwardTiles => include_str!("backward_tiles.cuh"),
+            Part::HopperBackward => include_str!("hopper_backward.cuh"),
+            Part::DqFragments => include_str!("dq_fragments.cuh"),
+        }
+    }
+
+    /// The part's file name under `codegen/src/cuda/library/`.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Part::Prelude => "prelude.cuh",
+            Part::Ranges => "ranges.cuh",
+            Part::Tiles => "tiles.cuh",
+            Part::Wgmma => "wgmma.cuh",
+            Part::Ring => "ring.cuh",
+            Part::WorkClaims => "work_claims.cuh",
+            Part::Tma => "tma.cuh",
+            Part::TmaStore => "tma_store.cuh",
+            Part::BackwardRows => "backward_rows.cuh",
+            Part::BackwardTiles => "backward_tiles.cuh",
+            Part::HopperBackward => "hopper_backward.cuh",
+            Part::DqFragments => "dq_fragments.cuh",
+        }
+    }
+}

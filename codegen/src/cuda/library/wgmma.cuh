@@ -1,0 +1,34 @@
+// ---- warpgroup MMA (sm_90a) --------------------------------------------------
+// Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start
+// address, leading and stride byte offsets (16-byte units), 128-byte swizzle.
+__device__ __forceinline__ unsigned long long gmma_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (unsigned long long)((lbo >> 4) & 0x3FFF) << 16
+         | (unsigned long long)((sbo >> 4) & 0x3FFF) << 32 | 1ull << 62;
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+// Blocks until at most N committed groups are still running.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
+// Pins accumulator registers at this point of the asm order: without it the
+// compiler may move their reads or writes across a wgmma_wait (they are not
+// its operands) and touch registers the tensor cores still own.
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&d)[N][4]) {
+    #pragma unroll
+    for (int i = 0; i < N; ++i) {
+        #pragma unroll
+        for (int c = 0; c < 4; ++c) asm volatile("" : "+f"(d[i][c]) :: "memory");
+    }
+}
+// Named barriers (id 1..15; 0 is __syncthreads) over `threads` threads:
+// sync waits for the barrier to complete, arrive only counts towards it.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+// Makes this thread's shared-memory writes (cp.async, stores) visible to the
+// tensor cores' async proxy; a barrier then publishes them to the warpgroup.
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
