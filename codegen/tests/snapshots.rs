@@ -1,8 +1,14 @@
-//! Snapshots of the generated forward kernels: one per named variant in
+//! Snapshots of the generated kernels: one per named variant in
 //! `specs/`, plus edge specs that stress what the named ones don't (odd and
 //! maximal head dims, f16, half-precision tensors, every operator).
+//!
+//! After an intended change to generated code, bless the new output with
+//! `INSTA_UPDATE=always cargo test -p flashgen-codegen --test snapshots`
+//! (or `cargo insta review`) and read the diff: it shows only what each
+//! variant generates, since library parts appear by name.
 
 use flashgen_codegen::abi::{ArgKind, Kernel};
+use flashgen_codegen::cuda::library::Part;
 use flashgen_codegen::cuda::{
     emit_backward, emit_backward_with, emit_forward, emit_forward_copying, emit_forward_with, BackwardConfig,
     BackwardPass, DqAccum, Mma, Target, TileConfig, TileCopy,
@@ -54,8 +60,13 @@ fn variant(stem: &str) -> Spec {
     parse_one(&source).unwrap_or_else(|e| panic!("{stem}: {}", e.render(&path.display().to_string(), &source)))
 }
 
-/// The launch description, then the source.
+/// The launch description, then the source with each CUDA library part it
+/// includes named instead of repeated: the `.cuh` files pin the library
+/// once, and a snapshot shows what the variant itself generates.
 fn render(kernel: &Kernel) -> String {
+    let source = Part::ALL.iter().fold(kernel.source.clone(), |source, part| {
+        source.replacen(part.text(), &format!("// [library part: {}]\n", part.file_name()), 1)
+    });
     let args: Vec<String> = kernel.args.iter().map(|a| format!("//   {}: {:?}", a.name, a.kind)).collect();
     format!(
         "// name: {}\n// block_m: {}, threads: {}, dynamic_smem: {}\n// args:\n{}\n\n{}",
@@ -64,7 +75,7 @@ fn render(kernel: &Kernel) -> String {
         kernel.threads,
         kernel.dynamic_smem,
         args.join("\n"),
-        kernel.source
+        source
     )
 }
 
