@@ -134,7 +134,7 @@ impl BackwardConfig {
     /// (FlashAttention-3's hdim-128 tile); otherwise [`Self::default_for`].
     pub fn preferred(spec: &Spec, target: Target) -> BackwardConfig {
         let portable = BackwardConfig::default_for(spec);
-        match target.wgmma && dkdv_wgmma::supports(spec) {
+        match target.mma == Mma::Wgmma && dkdv_wgmma::supports(spec) {
             true => BackwardConfig { mma: Mma::Wgmma, copy: TileCopy::Tma, ..portable },
             false => portable,
         }

@@ -96,7 +96,7 @@ impl TileConfig {
             65..=128 => (hopper, vec![default, sync(8, 1, 64)]),
             _ => (vec![], vec![default, sync(4, 1, 64)]),
         };
-        let hopper = if target.wgmma { hopper } else { vec![] };
+        let hopper = if target.mma == Mma::Wgmma { hopper } else { vec![] };
         [hopper, portable].concat()
     }
 }

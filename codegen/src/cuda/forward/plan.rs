@@ -5,7 +5,7 @@
 use super::softmax::RowSums;
 use crate::cuda::kit::hoist::{hoist, Level};
 use crate::cuda::kit::terms::{spec_exprs, KeyTerms};
-use crate::cuda::target::{pad16, Mma};
+use crate::cuda::target::{pad16, Mma, Target};
 use crate::cuda::tile_config::{warp_specialized, TileConfig};
 use crate::spec::Spec;
 
@@ -49,8 +49,9 @@ impl TileConfig {
     /// SM's share, less the static arrays beside it.
     pub(super) fn smem_budget(self, spec: &Spec) -> u32 {
         let ones = if RowSums::of(spec, self) == RowSums::TensorCores { ONES_TILE_BYTES } else { 0 };
-        SM_SMEM / self.per_sm()
-            - CTA_SMEM_RESERVE
+        let target = Target::of_mma(self.mma);
+        target.smem_per_sm / self.per_sm()
+            - target.smem_reserved_per_cta
             - STATIC_SMEM_SLACK
             - KeyTerms::of(self).static_bytes(spec, self)
             - ones
@@ -84,13 +85,9 @@ impl TileConfig {
 /// Stages of a warp-specialized kernel's ring, at most.
 pub(super) const RING_STAGES: u32 = 3;
 
-/// Shared memory of an sm_90 SM, of which the driver reserves
-/// `CTA_SMEM_RESERVE` per resident CTA; a warp-specialized kernel's
-/// dynamic shared memory leaves `STATIC_SMEM_SLACK` for its static shared
-/// memory (barriers, staged block-mask classes) besides what `stages`
-/// counts.
-pub(super) const SM_SMEM: u32 = 228 * 1024;
-pub(super) const CTA_SMEM_RESERVE: u32 = 1024;
+/// What a warp-specialized kernel's dynamic shared memory leaves of its
+/// share of the SM for its static shared memory (barriers, staged
+/// block-mask classes) besides what `stages` counts.
 pub(super) const STATIC_SMEM_SLACK: u32 = 4 * 1024;
 
 /// Static shared memory of the tile of ones that row sums on the tensor
@@ -126,7 +123,7 @@ pub(super) fn ws_regs(spec: &Spec, config: TileConfig) -> (u32, u32) {
 /// Registers per thread at launch: the register file shared by the CTAs
 /// of an SM, in multiples of 8.
 pub(super) fn launch_regs(config: TileConfig) -> u32 {
-    65536 / config.per_sm() / config.threads() / 8 * 8
+    Target::of_mma(config.mma).regs_per_sm / config.per_sm() / config.threads() / 8 * 8
 }
 
 impl KeyTerms {
@@ -159,7 +156,6 @@ impl KeyTerms {
 mod tests {
     use super::*;
     use crate::abi::O_STORE_ROWS;
-    use crate::cuda::target::Target;
 
     /// `setmaxnreg` only moves registers within the pool a CTA got at launch:
     /// a split that asks for more blocks the consumers forever.
@@ -176,7 +172,7 @@ mod tests {
                 let (producer, consumer) = ws_regs(&spec, config);
                 let pool = launch_regs(config) * config.threads();
                 assert!(producer * 128 + consumer * 32 * config.warps <= pool, "{config:?}");
-                assert!(pool * config.per_sm() <= 65536, "{config:?}");
+                assert!(pool * config.per_sm() <= Target::HOPPER.regs_per_sm, "{config:?}");
                 assert!(producer >= 24 && consumer <= 240 && producer % 8 == 0 && consumer % 8 == 0, "{config:?}");
             }
         }
@@ -199,7 +195,8 @@ mod tests {
                 // doc[b][k] and bias[b][k] per key, doc[b][q] per query.
                 let expected = 4 * (2 * (RING_STAGES + 1) * config.block_n + 2 * config.block_m());
                 assert_eq!(staged, expected, "{config:?}");
-                let budget = SM_SMEM / config.per_sm() - CTA_SMEM_RESERVE - STATIC_SMEM_SLACK;
+                let hopper = Target::HOPPER;
+                let budget = hopper.smem_per_sm / config.per_sm() - hopper.smem_reserved_per_cta - STATIC_SMEM_SLACK;
                 assert!(config.smem_bytes(&spec) + staged <= budget, "{config:?}");
             }
         }
