@@ -234,7 +234,7 @@ mod tests {
     use flashgen_codegen::{parse_one, CODEGEN_VERSION};
 
     const SM90: Arch = Arch::new(9, 0);
-    const HOPPER: Target = Target { wgmma: true };
+    const HOPPER: Target = Target::HOPPER;
 
     fn spec(head_dim: u32) -> Spec {
         parse_one(&format!("Causal {{ dtype: bf16, head_dim: {head_dim}, mask: q >= k }}")).unwrap()
