@@ -1,15 +1,16 @@
 //! The kernel's `constexpr` block: dtype, head dims, tile sizes, stages,
 //! the warp-specialized register split and the shared tiles' sizes.
 
-use super::plan::{launch_regs, ws_regs};
+use super::plan::{Plan, Regs};
 use crate::cuda::kit::tile_walk::write_mask_tiles;
 use crate::cuda::target::{pad16, Mma};
 use crate::cuda::tile_config::{warp_specialized, TileConfig, PRODUCER_THREADS};
 use crate::cuda::writer::Writer;
-use crate::spec::{Dtype, Spec};
+use crate::spec::Dtype;
 use std::fmt::{self, Write};
 
-pub(super) fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::Result {
+pub(super) fn write_config(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
+    let (spec, config) = (plan.spec, plan.config);
     let storage = match spec.dtype {
         Dtype::F16 => "f16",
         Dtype::Bf16 => "bf16",
@@ -36,10 +37,8 @@ pub(super) fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConf
         constexpr int O_TILES = DVP / 8;  // m16n8 accumulator tiles of a warp's O\n\
         // Shared memory: the Q tile, then STAGES pipeline stages of K and of V tiles.\n"
     )?;
-    if warp_specialized(config) {
+    if let Some(Regs { launch, producer, consumer }) = plan.regs {
         let groups = config.warps / 4;
-        let launch = launch_regs(config);
-        let (producer, consumer) = ws_regs(spec, config);
         write!(
             w,
             "\
@@ -55,7 +54,7 @@ pub(super) fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConf
     } else {
         writeln!(w, "constexpr int CTA_THREADS = THREADS;")?;
     }
-    writeln!(w, "constexpr int STAGES = {};  // K/V pipeline stages", config.stages(spec))?;
+    writeln!(w, "constexpr int STAGES = {};  // K/V pipeline stages", plan.stages)?;
     let cols = ShmemCols::of(mma);
     if mma == Mma::Wgmma {
         writeln!(w, "// wgmma reads whole 64-column panels (zeros beyond DP and DVP).")?;
@@ -64,7 +63,7 @@ pub(super) fn write_config(w: &mut Writer<String>, spec: &Spec, config: TileConf
     }
     let ShmemCols { qk, v, .. } = cols;
     if warp_specialized(config) {
-        let (q_note, o_tile) = match config.o_buffer(spec) {
+        let (q_note, o_tile) = match plan.o_buffer {
             true => ("", "BLOCK_M * V_COLS;  // O's own staging buffer"),
             false => ("; it also stages O", "0;  // O is staged in the item's Q buffer"),
         };

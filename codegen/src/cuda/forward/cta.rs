@@ -8,25 +8,20 @@ use super::epilogue::{write_epilogue, OStaging};
 use super::item::{q_load, write_accumulators, write_item_rows, write_spec_terms, ItemRole};
 use super::kv_loads::KvLoads;
 use super::persistent;
-use super::softmax::RowSums;
+use super::plan::Plan;
 use super::sync_step::write_sync_step;
-use super::wgmma_step::{write_last_pv, write_wgmma_serial_step, write_wgmma_step};
+use super::wgmma_step::write_wgmma_serial_step;
 use crate::abi::ArgKind;
-use crate::cuda::kit::terms::{interior_decl, KeyTerms};
+use crate::cuda::kit::terms::interior_decl;
 use crate::cuda::signature::arg_name;
 use crate::cuda::target::Mma;
-use crate::cuda::tile_config::TileCopy;
-use crate::cuda::tile_config::{pipelined, TileConfig};
 use crate::cuda::writer::Writer;
-use crate::spec::Spec;
 use std::fmt::{self, Write};
 
-pub(super) fn write_body(
-    w: &mut Writer<String>,
-    spec: &Spec,
-    config: TileConfig,
-    copy: Option<TileCopy>,
-) -> fmt::Result {
+/// A forward kernel's body: the persistent one where the plan is
+/// warp-specialized, else one CTA per query tile (this module).
+pub(super) fn write_body(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
+    let (spec, config) = (plan.spec, plan.config);
     match config.mma {
         Mma::Sync => writeln!(w, "extern __shared__ __align__(128) unsigned short smem[];")?,
         Mma::Wgmma => write!(
@@ -37,8 +32,8 @@ pub(super) fn write_body(
             unsigned short* smem = (unsigned short*)(smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024);\n"
         )?,
     }
-    if let Some(copy) = copy {
-        return persistent::write_body(w, spec, config, copy);
+    if let Some(copy) = plan.copy {
+        return persistent::write_body(w, plan, copy);
     }
     let name = |kind| arg_name(spec, kind);
     let [q_len, kv_len] = [ArgKind::QLen, ArgKind::KvLen].map(name);
@@ -68,10 +63,8 @@ pub(super) fn write_body(
     writeln!(w, "const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;")?;
     write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::CTA, ClassReader::Cta)?;
     let kv = KvLoads::of(spec, config);
-    let pipelined = pipelined(config);
     writeln!(w, "int j = next_tile(0);")?;
-    // Pipelined kernels load a tile's V one iteration after its K (see below).
-    kv.load_if(w, "j < kv_tiles", "", "j", !pipelined)?;
+    kv.load_if(w, "j < kv_tiles", "", "j", true)?;
     write!(
         w,
         "\
@@ -81,31 +74,27 @@ pub(super) fn write_body(
         int next = j < kv_tiles ? next_tile(j + 1) : kv_tiles;\n"
     )?;
     writeln!(w)?;
-    let hoisted = write_spec_terms(w, spec, &kv_len, KeyTerms::of(config), false)?;
-    write_accumulators(w, config, RowSums::Fadd)?;
+    let hoisted = write_spec_terms(w, spec, &kv_len, plan.key_terms, false)?;
+    write_accumulators(w, config, plan.row_sums)?;
     writeln!(w)?;
     let step = |w: &mut Writer<String>| match config.mma {
-        Mma::Sync => write_sync_step(w, spec, &hoisted),
-        Mma::Wgmma if pipelined => write_wgmma_step(w, spec, config, &hoisted),
-        Mma::Wgmma => write_wgmma_serial_step(w, spec, config, &hoisted),
+        Mma::Sync => write_sync_step(w, plan, &hoisted),
+        Mma::Wgmma => write_wgmma_serial_step(w, plan, &hoisted),
     };
-    write_cta_loop(w, spec, config, &kv, step)?;
-    write_epilogue(w, spec, &hoisted, OStaging::Cta, RowSums::Fadd)
+    write_cta_loop(w, plan, &kv, step)?;
+    write_epilogue(w, spec, &hoisted, OStaging::Cta, plan.row_sums)
 }
 
 /// The tile loop of kernels whose threads all load and all multiply: two
 /// stages, every thread's copies waited for and published by a CTA barrier.
-pub(super) fn write_cta_loop(
+fn write_cta_loop(
     w: &mut Writer<String>,
-    spec: &Spec,
-    config: TileConfig,
+    plan: &Plan,
     kv: &KvLoads,
     step: impl Fn(&mut Writer<String>) -> fmt::Result,
 ) -> fmt::Result {
-    let pipelined = pipelined(config);
-    let v_stage = if pipelined { "(stage ^ 1)" } else { "stage" };
     writeln!(w, "int stage = 0;")?;
-    let interior = interior_decl(spec, "kv0");
+    let interior = interior_decl(plan.spec, "kv0");
     w.block(format_args!("for (; j < kv_tiles; stage ^= 1)"), |w| {
         write!(
             w,
@@ -114,32 +103,24 @@ pub(super) fn write_cta_loop(
             const bool full = tile_full(j);  // the mask keeps every pair: skip evaluating it\n\
             {interior}\
             const unsigned k_smem = smem_addr(k_tiles + stage * K_TILE);\n\
-            const unsigned v_smem = smem_addr(v_tiles + {v_stage} * V_TILE);\n\
+            const unsigned v_smem = smem_addr(v_tiles + stage * V_TILE);\n\
             cp_async_wait_all();\n"
         )?;
-        if config.mma == Mma::Wgmma {
+        if plan.config.mma == Mma::Wgmma {
             writeln!(w, "fence_async_smem();  // the tensor cores read the tiles through the async proxy")?;
             writeln!(w, "__syncthreads();  // this iteration's tiles are visible; the stages the loads")?;
             writeln!(w, "                  // below overwrite are done with (their products were waited for)")?;
         } else {
             writeln!(w, "__syncthreads();  // tile j is visible, and every warp is done with the previous one")?;
         }
-        // The next loads: K of `next` and V of `next` (pipelined: of j) into the stages
-        // the previous iteration finished with. (Issuing them after the
-        // wgmmas instead measured 4-6% slower on the H200.)
-        kv.load_if(w, "next < kv_tiles", " + (stage ^ 1)", "next", !pipelined)?;
-        if pipelined {
-            kv.v(w, "v_tiles + stage * V_TILE", "j")?;
-        }
+        // The next loads, K and V of `next`, into the stage the previous
+        // iteration finished with, issued ahead of this tile's products.
+        kv.load_if(w, "next < kv_tiles", " + (stage ^ 1)", "next", true)?;
         writeln!(w, "cp_async_commit();")?;
         writeln!(w, "const int after = next < kv_tiles ? next_tile(next + 1) : kv_tiles;")?;
         step(w)?;
         writeln!(w, "j = next;")?;
         writeln!(w, "next = after;")
     })?;
-    if pipelined {
-        let wait = ["cp_async_wait_all();", "fence_async_smem();", "__syncthreads();  // its V is visible"];
-        write_last_pv(w, spec, &wait, "(stage ^ 1)", &[], RowSums::Fadd)?;
-    }
     writeln!(w, "cp_async_wait_all();  // nothing may stay in flight past the kernel (kv_len = 0)")
 }

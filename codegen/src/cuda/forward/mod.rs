@@ -60,6 +60,7 @@ use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use constants::write_config;
 use cta::write_body;
+use plan::Plan;
 use softmax::RowSums;
 use std::fmt::Write;
 
@@ -79,19 +80,18 @@ pub fn emit_forward_with(spec: &Spec, config: TileConfig) -> Kernel {
 /// configuration is warp-specialized (the others copy with their threads).
 pub fn emit_forward_copying(spec: &Spec, config: TileConfig, copy: TileCopy) -> Kernel {
     let name = kernel_name("fwd", spec);
-    let copy = warp_specialized(config).then_some(copy);
-    let args = forward_args(spec, copy);
+    let plan = Plan::new(spec, config, copy);
+    let args = forward_args(spec, plan.copy);
     let bounds = match config.per_sm() {
         1 => "CTA_THREADS".to_string(),
         n => format!("CTA_THREADS, {n}"),
     };
     let config_lines = |w: &mut Writer<String>| {
-        write_config(w, spec, config)?;
+        write_config(w, &plan)?;
         writeln!(w)
     };
     let entry = Entry { name: &name, bounds: &bounds, args: &args };
-    let source =
-        assemble(spec, &library(spec, config, copy), config_lines, entry, |w| write_body(w, spec, config, copy));
+    let source = assemble(spec, &library(&plan), config_lines, entry, |w| write_body(w, &plan));
     Kernel {
         name,
         source,
@@ -102,14 +102,14 @@ pub fn emit_forward_copying(spec: &Spec, config: TileConfig, copy: TileCopy) -> 
         block_m: config.block_m(),
         block_n: config.block_n,
         threads: config.threads(),
-        dynamic_smem: config.smem_bytes(spec),
+        dynamic_smem: plan.smem_bytes,
         args,
     }
 }
 
-/// The library sections a forward kernel uses; `copy`: how a
-/// warp-specialized kernel copies (`None` for the others).
-fn library(spec: &Spec, config: TileConfig, copy: Option<TileCopy>) -> Vec<Vec<Piece>> {
+/// The library sections a forward kernel uses.
+fn library(plan: &Plan) -> Vec<Vec<Piece>> {
+    let (spec, config) = (plan.spec, plan.config);
     let mut sections =
         vec![vec![Piece::Part(Part::Prelude)], vec![Piece::Part(Part::Ranges)], vec![Piece::Part(Part::Tiles)]];
     if config.mma == Mma::Wgmma {
@@ -118,12 +118,12 @@ fn library(spec: &Spec, config: TileConfig, copy: Option<TileCopy>) -> Vec<Vec<P
             Piece::Wgmma(config.block_n, AFrom::Shared),
             Piece::Wgmma(pad16(spec.head_dims.v), AFrom::Registers),
         ];
-        if RowSums::of(spec, config) == RowSums::TensorCores {
+        if plan.row_sums == RowSums::TensorCores {
             wgmma.push(Piece::Wgmma(8, AFrom::Registers));
         }
         sections.push(wgmma);
     }
-    if let Some(copy) = copy {
+    if let Some(copy) = plan.copy {
         sections.push(vec![Piece::Part(Part::Ring)]);
         sections.push(vec![Piece::Part(Part::WorkClaims)]);
         if copy == TileCopy::Tma {

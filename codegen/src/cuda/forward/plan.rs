@@ -2,12 +2,66 @@
 //! O's staging buffer, shared memory and the warp-specialized register
 //! split, all within what the target's SM offers.
 
-use super::softmax::RowSums;
+use super::softmax::{RowSums, SUnits};
 use crate::cuda::kit::hoist::{hoist, Level};
 use crate::cuda::kit::terms::{spec_exprs, KeyTerms};
 use crate::cuda::target::{pad16, Mma, Target};
-use crate::cuda::tile_config::{warp_specialized, TileConfig};
+use crate::cuda::tile_config::{warp_specialized, TileConfig, TileCopy};
 use crate::spec::Spec;
+
+/// Every choice of one forward kernel, made before anything is printed:
+/// the emitters print a plan and decide nothing of their own.
+pub(super) struct Plan<'s> {
+    pub spec: &'s Spec,
+    pub config: TileConfig,
+    /// How a warp-specialized kernel copies its tiles; `None`: a kernel
+    /// whose threads all copy (cp.async) and all multiply.
+    pub copy: Option<TileCopy>,
+    /// K/V pipeline stages ([`TileConfig::stages`]).
+    pub stages: u32,
+    /// O staged in a buffer of its own ([`TileConfig::o_buffer`]).
+    pub o_buffer: bool,
+    pub row_sums: RowSums,
+    pub key_terms: KeyTerms,
+    pub units: SUnits,
+    /// A warp-specialized kernel's registers per thread (see [`ws_regs`]).
+    pub regs: Option<Regs>,
+    /// Dynamic shared memory, bytes ([`TileConfig::smem_bytes`]).
+    pub smem_bytes: u32,
+}
+
+/// Registers per thread of a warp-specialized kernel: at launch, then the
+/// producer's and each consumer's after `setmaxnreg`.
+#[derive(Clone, Copy)]
+pub(super) struct Regs {
+    pub launch: u32,
+    pub producer: u32,
+    pub consumer: u32,
+}
+
+impl<'s> Plan<'s> {
+    /// The plan of `spec`'s kernel in `config`; `copy` applies where the
+    /// configuration is warp-specialized.
+    pub(super) fn new(spec: &'s Spec, config: TileConfig, copy: TileCopy) -> Plan<'s> {
+        let ws = warp_specialized(config);
+        let regs = ws.then(|| {
+            let (producer, consumer) = ws_regs(spec, config);
+            Regs { launch: launch_regs(config), producer, consumer }
+        });
+        Plan {
+            spec,
+            config,
+            copy: ws.then_some(copy),
+            stages: config.stages(spec),
+            o_buffer: config.o_buffer(spec),
+            row_sums: RowSums::of(spec, config),
+            key_terms: KeyTerms::of(config),
+            units: SUnits::of(spec),
+            regs,
+            smem_bytes: config.smem_bytes(spec),
+        }
+    }
+}
 
 impl TileConfig {
     /// K/V pipeline stages in shared memory: for a warp-specialized kernel

@@ -1,11 +1,12 @@
 //! A warp-specialized forward's spec terms that its producer evaluates for
 //! the consumers: per key with each tile's K, per item with its Q.
 
+use super::plan::Plan;
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::kit::hoist::{hoist, Hoisted, Level};
 use crate::cuda::kit::terms::{interior_decl, key_terms, spec_exprs, write_split_terms};
 use crate::cuda::signature::c_type;
-use crate::cuda::tile_config::{warp_specialized, TileConfig};
+use crate::cuda::tile_config::warp_specialized;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
@@ -25,10 +26,11 @@ pub(super) struct StagedTerms<'s> {
 }
 
 impl<'s> StagedTerms<'s> {
-    pub(super) fn of(spec: &'s Spec, config: TileConfig) -> Self {
+    pub(super) fn of(plan: &Plan<'s>) -> Self {
+        let spec = plan.spec;
         let hoisted = hoist(&spec_exprs(spec));
         let any_item = hoisted.iter().any(|h| h.level != Level::Column);
-        let items = any_item && warp_specialized(config) && config.stages(spec) >= 3;
+        let items = any_item && warp_specialized(plan.config) && plan.stages >= 3;
         StagedTerms { spec, hoisted, items }
     }
 

@@ -3,17 +3,17 @@
 
 use super::item::write_key_terms;
 use super::logit::write_logits;
-use super::softmax::{write_softmax, Rescale, RowSums, SUnits};
+use super::plan::Plan;
+use super::softmax::{write_softmax, Rescale};
 use crate::cuda::kit::hoist::Hoisted;
-use crate::cuda::kit::terms::KeyTerms;
 use crate::cuda::writer::Writer;
-use crate::spec::Spec;
 use std::fmt::{self, Write};
 
 /// One K/V tile of the `mma.sync` kernel: S, the spec, the softmax and P V,
 /// back to back (two CTAs per SM overlap each other's phases).
-pub(super) fn write_sync_step(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted]) -> fmt::Result {
-    write_key_terms(w, spec, hoisted, KeyTerms::PerThread)?;
+pub(super) fn write_sync_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[Hoisted]) -> fmt::Result {
+    let spec = plan.spec;
+    write_key_terms(w, spec, hoisted, plan.key_terms)?;
     write!(
         w,
         "\
@@ -31,7 +31,7 @@ pub(super) fn write_sync_step(w: &mut Writer<String>, spec: &Spec, hoisted: &[Ho
         sweep = mma_sweep("s", "a", "S_TILES", "kb", "ldmatrix_x4(kb, k_smem + k_lane.at(n * 8, kk))")
     )?;
     write_logits(w, spec, "whole_conjuncts(j)")?;
-    write_softmax(w, SUnits::of(spec), Rescale::Inline, RowSums::Fadd)?;
+    write_softmax(w, plan.units, Rescale::Inline, plan.row_sums)?;
     write!(
         w,
         "\

@@ -3,11 +3,11 @@
 
 use super::item::write_key_terms;
 use super::logit::write_logits;
-use super::softmax::{write_softmax, Rescale, RowSums, SUnits};
+use super::plan::Plan;
+use super::softmax::{write_softmax, Rescale, RowSums};
 use crate::cuda::kit::hoist::{Hoisted, Level};
-use crate::cuda::kit::terms::KeyTerms;
 use crate::cuda::target::pad16;
-use crate::cuda::tile_config::{ping_pong, warp_specialized, TileConfig};
+use crate::cuda::tile_config::{ping_pong, TileConfig};
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
@@ -77,47 +77,39 @@ pub(super) fn write_wgmma_s(w: &mut Writer<String>, config: TileConfig) -> fmt::
 
 /// One K/V tile of the wgmma kernel, back to back: S, the spec, the softmax
 /// and P V, each product waited for before the next step.
-pub(super) fn write_wgmma_serial_step(
-    w: &mut Writer<String>,
-    spec: &Spec,
-    config: TileConfig,
-    hoisted: &[Hoisted],
-) -> fmt::Result {
-    write_wgmma_s(w, config)?;
+pub(super) fn write_wgmma_serial_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[Hoisted]) -> fmt::Result {
+    let spec = plan.spec;
+    write_wgmma_s(w, plan.config)?;
     if hoisted.iter().any(|h| h.level == Level::Column) {
         writeln!(w, "// While the tensor cores run: the tile's per-key spec terms.")?;
-        write_key_terms(w, spec, hoisted, KeyTerms::PerThread)?;
+        write_key_terms(w, spec, hoisted, plan.key_terms)?;
     }
     writeln!(w, "wgmma_wait<0>();")?;
     writeln!(w, "fence_operands(s[0]);")?;
     write_logits(w, spec, "whole_conjuncts(j)")?;
-    write_softmax(w, SUnits::of(spec), Rescale::Inline, RowSums::Fadd)?;
+    write_softmax(w, plan.units, Rescale::Inline, plan.row_sums)?;
     writeln!(w, "// O += P V: P from the S registers (pack_p), V from shared memory (MN-major).")?;
     writeln!(w, "unsigned p[BLOCK_N / 16][4];")?;
     writeln!(w, "#pragma unroll")?;
     writeln!(w, "for (int kk = 0; kk < BLOCK_N / 16; ++kk) pack_p(storage{{}}, p[kk], s[0], kk);")?;
-    write_pv_waited(w, spec, RowSums::Fadd)
+    write_pv_waited(w, spec, plan.row_sums)
 }
 
-/// One K/V tile of the wgmma kernel, software-pipelined: S of tile j and
-/// P V of the previous tile are issued together, and O is rescaled once P V
-/// is done. The source waits for P V after the softmax of S, but ptxas
-/// schedules that wait at the softmax's top: holding it there lost at
-/// d = 128 (bench/RESULTS.md, thirteenth session), so the other warpgroups'
-/// products are what the softmax overlaps.
-pub(super) fn write_wgmma_step(
-    w: &mut Writer<String>,
-    spec: &Spec,
-    config: TileConfig,
-    hoisted: &[Hoisted],
-) -> fmt::Result {
+/// One K/V tile of the warp-specialized wgmma kernel, software-pipelined:
+/// S of tile j and P V of the previous tile are issued together, and O is
+/// rescaled once P V is done. The source waits for P V after the softmax of
+/// S, but ptxas schedules that wait at the softmax's top (holding it there
+/// was slower at d = 128), so the other warpgroups' products are what the
+/// softmax overlaps.
+pub(super) fn write_wgmma_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[Hoisted]) -> fmt::Result {
+    let (spec, config) = (plan.spec, plan.config);
     let ping_pong = ping_pong(config);
     if ping_pong {
         writeln!(w)?;
         writeln!(w, "named_barrier_sync(1 + warpgroup, 256);  // this warpgroup's turn on the tensor cores")?;
     }
     write_wgmma_s(w, config)?;
-    let sums = RowSums::of(spec, config);
+    let sums = plan.row_sums;
     let end_turn = |w: &mut Writer<String>| match ping_pong {
         true => {
             writeln!(w, "named_barrier_arrive(1 + (warpgroup + 1) % WARPGROUPS, 256);  // the next warpgroup's turn")
@@ -128,7 +120,7 @@ pub(super) fn write_wgmma_step(
     // warpgroup's turn and the tile's per-key spec terms.
     let overlapped = |w: &mut Writer<String>| {
         end_turn(w)?;
-        write_key_terms(w, spec, hoisted, KeyTerms::of(config))
+        write_key_terms(w, spec, hoisted, plan.key_terms)
     };
     writeln!(w, "// Behind S, O += P V of the previous tile, in a group of its own (an")?;
     writeln!(w, "// empty group would become a dummy wgmma); then wait for S alone. ptxas")?;
@@ -146,18 +138,13 @@ pub(super) fn write_wgmma_step(
         writeln!(w, "wgmma_wait<0>();")
     })?;
     writeln!(w, "fence_operands(s[0]);")?;
-    let ring = warp_specialized(config);
-    if ring {
-        writeln!(w, "if (lane == 0) mbar_arrive(k_empty + 8 * stage);  // S is done with this K")?;
-    }
-    // A ring's consumers have the tile's class from the producer (`tile`).
-    write_logits(w, spec, if ring { "(tile / TILE_WHOLE & 3)" } else { "whole_conjuncts(j)" })?;
-    write_softmax(w, SUnits::of(spec), Rescale::Deferred, sums)?;
+    writeln!(w, "if (lane == 0) mbar_arrive(k_empty + 8 * stage);  // S is done with this K")?;
+    // The consumers have the tile's class from the producer (`tile`).
+    write_logits(w, spec, "(tile / TILE_WHOLE & 3)")?;
+    write_softmax(w, plan.units, Rescale::Deferred, sums)?;
     writeln!(w, "wgmma_wait<0>();  // P V is done: O and p are this warpgroup's again")?;
     write_fence_accumulators(w, sums)?;
-    if ring {
-        writeln!(w, "if (pv_pending && lane == 0) mbar_arrive(v_empty + 8 * v_stage);  // and with its V")?;
-    }
+    writeln!(w, "if (pv_pending && lane == 0) mbar_arrive(v_empty + 8 * v_stage);  // and with its V")?;
     let row_sum = match sums {
         RowSums::Fadd => "",
         RowSums::TensorCores => {

@@ -11,49 +11,58 @@
 //! K (and an item's per-query terms with its Q), so the
 //! consumers' instruction stream is the products and the softmax; the two
 //! roles never meet at a CTA barrier.
+//!
+//! `producer` prints the producer warpgroup's item loop and tile walk,
+//! `consumers` the consumer warpgroups'; this module the shared setup (smem
+//! carve-up, work items, the ring's barriers) and what both roles use.
 
-use super::classes::{write_tile_classes, ClassReader, Stagers};
-use super::epilogue::{write_epilogue, OStaging};
-use super::item::{q_load, write_accumulators, write_item_rows, write_spec_terms, ItemRole};
-use super::kv_loads::KvLoads;
+mod consumers;
+mod producer;
+
+use super::item::{write_item_rows, ItemRole};
 use super::logit::two_conjuncts;
-use super::plan::ONES_TILE_BYTES;
+use super::plan::{Plan, ONES_TILE_BYTES};
 use super::softmax::RowSums;
 use super::staged_terms::StagedTerms;
-use super::wgmma_step::{write_last_pv, write_wgmma_step};
+use super::wgmma_step::write_last_pv;
 use crate::abi::ArgKind;
-use crate::cuda::kit::terms::{interior_decl, KeyTerms};
+use crate::cuda::kit::terms::interior_decl;
 use crate::cuda::signature::arg_name;
-use crate::cuda::tile_config::TileCopy;
-use crate::cuda::tile_config::{ping_pong, TileConfig};
+use crate::cuda::tile_config::{ping_pong, TileConfig, TileCopy};
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
+
+/// What both roles' code is printed from: the plan, how the kernel copies,
+/// the producer's share of the spec, and whether tiles are classified per
+/// consumer warpgroup ([`classifies_groups`]).
+struct Roles<'p, 's> {
+    plan: &'p Plan<'s>,
+    copy: TileCopy,
+    staged: StagedTerms<'s>,
+    groups: bool,
+}
 
 /// The body of a warp-specialized kernel (see the module note): the
 /// producer runs ahead into the next item while the consumers finish the
 /// current one and write its O, so neither an item's loads nor a CTA's
 /// start-up leave the tensor cores idle.
-pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig, copy: TileCopy) -> fmt::Result {
-    let name = |kind| arg_name(spec, kind);
+pub(super) fn write_body(w: &mut Writer<String>, plan: &Plan, copy: TileCopy) -> fmt::Result {
+    let roles = Roles { plan, copy, staged: StagedTerms::of(plan), groups: classifies_groups(plan.spec, plan.config) };
+    write_setup(w, &roles)?;
+    roles.staged.write_buffers(w)?;
+    writeln!(w)?;
+    w.block(format_args!("if (warp >= WARPS)"), |w| producer::write_producer(w, &roles))?;
+    consumers::write_consumers(w, &roles)
+}
+
+/// Shared memory, the work items and the ring's barriers, set up by every
+/// thread before the roles part.
+fn write_setup(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
+    let (plan, copy) = (roles.plan, roles.copy);
+    let name = |kind| arg_name(plan.spec, kind);
     let [q_len, kv_len, heads, batch] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::Batch].map(name);
-    let counter = name(ArgKind::WorkCounter);
-    // Under a data-dependent mask the claims walk the block mask's work
-    // order (longest items first within windows of a few heads) where the
-    // launch has one.
-    let claim = match spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) {
-        true => {
-            let order = name(ArgKind::WorkOrder);
-            format!(
-                "claim({counter}, done, items);\n\x20   \
-                 if ({order} != nullptr && item_slot[qb] < items) item_slot[qb] = {order}[item_slot[qb]]"
-            )
-        }
-        false => format!("claim({counter}, done, items)"),
-    };
-    let staged = StagedTerms::of(spec, config);
-    let per_key = staged.per_key();
-    let groups = classifies_groups(spec, config);
+    let (per_key, groups) = (roles.staged.per_key(), roles.groups);
     let group_decl = match groups {
         true => GROUP_WORD,
         false => "",
@@ -63,7 +72,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         (false, TileCopy::Tma) => "1);  // the tile word's writer, its copier",
         (false, TileCopy::Threads) => "copiers + 1);  // + the tile word's writer",
     };
-    let o_buf = match config.o_buffer(spec) {
+    let o_buf = match plan.o_buffer {
         true => "unsigned short* o_buf = v_tiles + STAGES * V_TILE;  // [O_TILE]: the epilogue stages O here\n",
         false => "",
     };
@@ -122,8 +131,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
         \x20   }}\n\
         }}\n"
     )?;
-    let sums = RowSums::of(spec, config);
-    if sums == RowSums::TensorCores {
+    if plan.row_sums == RowSums::TensorCores {
         let ones = ONES_TILE_BYTES / 2;
         write!(
             w,
@@ -135,177 +143,7 @@ pub(super) fn write_body(w: &mut Writer<String>, spec: &Spec, config: TileConfig
             fence_async_smem();  // the tensor cores read it through the async proxy\n"
         )?;
     }
-    writeln!(w, "__syncthreads();")?;
-    let item_terms = staged.items;
-    staged.write_buffers(w)?;
-    writeln!(w)?;
-    w.block(format_args!("if (warp >= WARPS)"), |w| {
-        write!(
-            w,
-            "\
-            // ---- the producer warpgroup ----\n\
-            regs_release<PRODUCER_REGS>();\n\
-            int it = 0;  // visited tiles so far, over all items: tile `it` goes to stage it % STAGES\n"
-        )?;
-        w.block(format_args!("for (int done = 0;; ++done)"), |w| {
-            write!(
-                w,
-                "\
-                // Item `done` of this CTA goes to Q buffer and slot qb, once the\n\
-                // consumers have stored the O of the item that had them before.\n\
-                const int qb = done % 2;\n\
-                mbar_wait(q_empty + 8 * qb, (done / 2 + 1) % 2);\n\
-                const bool leader = threadIdx.x == THREADS;  // claims, and writes what the consumers read\n\
-                if (leader) {{\n\
-                \x20   item_slot[qb] = {claim};\n\
-                \x20   mbar_arrive(item_full + 8 * qb);\n\
-                }}\n\
-                named_barrier_sync(2 + WARPGROUPS, PRODUCER_THREADS);  // every producer thread sees the claim\n\
-                const long long item = item_slot[qb];\n\
-                if (item >= items) break;  // the consumers stop at the same claim\n"
-            )?;
-            write_item_coords(w, spec, ItemRole::Producer(copy))?;
-            writeln!(w, "// Q first: its copy runs while the tiles are classified.")?;
-            writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
-            copy_tile(w, copy, "q_full + 8 * qb", "<BLOCK_M, QK_COLS>(q_tile, q_map", "q0, h", |w| {
-                writeln!(w, "load_tile<BLOCK_M, QK_COLS, D, PRODUCER_THREADS, true, THREADS>{}", q_load(spec))?;
-                writeln!(w, "mbar_arrive_loaded<D>(q_full + 8 * qb, vector);")
-            })?;
-            staged.write_item_loads(w)?;
-            write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::PRODUCER, ClassReader::RingWord)?;
-            if groups {
-                write_group_classes(w, &q_len)?;
-            }
-            staged.write_item_stores(w)?;
-            writeln!(w, "int j = next_tile(0);")?;
-            w.block(format_args!("if (leader)"), |w| {
-                writeln!(w, "item_visits[qb] = j < kv_tiles;")?;
-                writeln!(w, "mbar_arrive(q_full + 8 * qb);")
-            })?;
-            if copy == TileCopy::Tma {
-                writeln!(w, "if (warp != WARPS) continue;  // the leader's warp alone walks the tiles; the others wait for the next claim")?;
-            }
-            let kv = KvLoads::of(spec, config);
-            w.block(format_args!("while (j < kv_tiles)"), |w| {
-                writeln!(w, "const int next = next_tile(j + 1);")?;
-                writeln!(w, "// The tile's classes, ahead of the wait: the K copy waits for none of them.")?;
-                if groups {
-                    writeln!(w, "const int groups = group_classes(j);")?;
-                }
-                writeln!(w, "const int word = j << TILE_SHIFT | tile_bits(j) | (next < kv_tiles ? 0 : TILE_LAST);")?;
-                if per_key {
-                    writeln!(w, "const bool full = word & TILE_FULL;  // the key terms' writers need the class too")?;
-                }
-                write!(
-                    w,
-                    "\
-                    const int stage = it % STAGES, empty_parity = (it / STAGES + 1) % 2;\n\
-                    mbar_wait(k_empty + 8 * stage, empty_parity);\n"
-                )?;
-                w.block(format_args!("if (leader)"), |w| {
-                    if groups {
-                        writeln!(w, "group_word[stage] = groups;")?;
-                    }
-                    writeln!(w, "tile_word[stage] = word;")?;
-                    match (copy, per_key) {
-                        (TileCopy::Tma, _) => writeln!(
-                            w,
-                            "tma_load_tile<BLOCK_N, QK_COLS>(k_tiles + stage * K_TILE, k_map, k_full + 8 * stage, j * BLOCK_N, kv_head, b);"
-                        ),
-                        (TileCopy::Threads, false) => writeln!(w, "mbar_arrive(k_full + 8 * stage);"),
-                        (TileCopy::Threads, true) => Ok(()),
-                    }
-                })?;
-                if copy == TileCopy::Threads {
-                    kv.k(w, "k_tiles + stage * K_TILE", "j")?;
-                    writeln!(w, "mbar_arrive_loaded<D>(k_full + 8 * stage, vector);")?;
-                }
-                if per_key {
-                    staged.write_key_terms(w)?;
-                }
-                writeln!(w, "mbar_wait(v_empty + 8 * stage, empty_parity);")?;
-                copy_tile(w, copy, "v_full + 8 * stage", "<BLOCK_N, V_COLS>(v_tiles + stage * V_TILE, v_map", "j * BLOCK_N, kv_head", |w| {
-                    kv.v(w, "v_tiles + stage * V_TILE", "j")?;
-                    writeln!(w, "mbar_arrive_loaded<DV>(v_full + 8 * stage, vector);")
-                })?;
-                writeln!(w, "j = next;")?;
-                writeln!(w, "++it;")
-            })
-        })?;
-        writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
-        writeln!(w, "return;")
-    })?;
-    writeln!(w, "// ---- the consumer warpgroups ----")?;
-    writeln!(w, "regs_acquire<CONSUMER_REGS>();")?;
-    let turns = ping_pong(config);
-    match turns {
-        true => write!(
-            w,
-            "\
-            // The warpgroups take turns issuing their products, in a cycle (named\n\
-            // barrier 1 + warpgroup: wait for the turn; arrive on the next one's):\n\
-            // the tensor cores then run one warpgroup's S and P V while the others\n\
-            // run their softmax (FlashAttention-3's ping-pong). Warpgroup 0 goes\n\
-            // first: the last one has passed it the turn. Every warpgroup takes a\n\
-            // turn per visited tile, so the cycle runs on across items.\n"
-        )?,
-        // One warpgroup overlaps the other CTA on its SM instead.
-        false => write!(
-            w,
-            "\
-            // One warpgroup: the other CTA on this SM runs its products while this\n\
-            // one's softmax does.\n"
-        )?,
-    }
-    writeln!(w, "const int warpgroup = warp / 4;")?;
-    if turns {
-        writeln!(w, "if (warpgroup == WARPGROUPS - 1) named_barrier_arrive(1, 256);")?;
-    }
-    writeln!(w, "int it = 0;  // visited tiles so far, as the producer counts them")?;
-    if sums == RowSums::TensorCores {
-        writeln!(w, "const unsigned long long ones = gmma_desc(smem_addr(ones_tile), 16, 1024);")?;
-    }
-    if groups {
-        w.write_str(PASS_TURN)?;
-    }
-    w.block(format_args!("for (int done = 0;; ++done)"), |w| {
-        write!(
-            w,
-            "\
-            const int qb = done % 2;\n\
-            mbar_wait(item_full + 8 * qb, done / 2 % 2);  // the producer's claim\n\
-            const long long item = item_slot[qb];\n\
-            if (item >= items) break;\n"
-        )?;
-        write_item_coords(w, spec, ItemRole::Consumers(copy))?;
-        writeln!(w)?;
-        // The item's staged spec terms come with Q.
-        if item_terms {
-            writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);  // Q, and the item's spec terms")?;
-        }
-        let hoisted = write_spec_terms(w, spec, &kv_len, KeyTerms::of(config), item_terms)?;
-        writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
-        write_accumulators(w, config, sums)?;
-        writeln!(w)?;
-        if !item_terms {
-            writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);")?;
-        }
-        write_ring_loop(w, spec, sums, groups, |w| write_wgmma_step(w, spec, config, &hoisted))?;
-        let staging = match config.o_buffer(spec) {
-            true => OStaging::OBuffer(copy),
-            false => OStaging::QBuffer(copy),
-        };
-        write_epilogue(w, spec, &hoisted, staging, sums)
-    })?;
-    if copy == TileCopy::Tma {
-        writeln!(w, "if (lane == 0) tma_store_wait();  // the last O is written before the CTA exits")?;
-    }
-    match turns {
-        true => {
-            writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn the last warpgroup passed last")
-        }
-        false => Ok(()),
-    }
+    writeln!(w, "__syncthreads();")
 }
 
 /// Copies a tile into shared memory and completes barrier `bar` with it:

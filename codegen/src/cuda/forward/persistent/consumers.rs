@@ -1,0 +1,93 @@
+//! The consumer warpgroups of the persistent forward: per claimed item they
+//! take their turns on the tensor cores over the ring's tiles, then write
+//! the item's LSE and O.
+
+use super::{write_item_coords, write_ring_loop, Roles, PASS_TURN};
+use crate::abi::ArgKind;
+use crate::cuda::forward::epilogue::{write_epilogue, OStaging};
+use crate::cuda::forward::item::{write_accumulators, write_spec_terms, ItemRole};
+use crate::cuda::forward::softmax::RowSums;
+use crate::cuda::forward::wgmma_step::write_wgmma_step;
+use crate::cuda::signature::arg_name;
+use crate::cuda::tile_config::{ping_pong, TileCopy};
+use crate::cuda::writer::Writer;
+use std::fmt::{self, Write};
+
+/// The consumers' item loop, after the producer's branch.
+pub(super) fn write_consumers(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
+    let (plan, copy, groups) = (roles.plan, roles.copy, roles.groups);
+    let (spec, config, sums) = (plan.spec, plan.config, plan.row_sums);
+    let item_terms = roles.staged.items;
+    let kv_len = arg_name(spec, ArgKind::KvLen);
+    writeln!(w, "// ---- the consumer warpgroups ----")?;
+    writeln!(w, "regs_acquire<CONSUMER_REGS>();")?;
+    let turns = ping_pong(config);
+    match turns {
+        true => write!(
+            w,
+            "\
+            // The warpgroups take turns issuing their products, in a cycle (named\n\
+            // barrier 1 + warpgroup: wait for the turn; arrive on the next one's):\n\
+            // the tensor cores then run one warpgroup's S and P V while the others\n\
+            // run their softmax (FlashAttention-3's ping-pong). Warpgroup 0 goes\n\
+            // first: the last one has passed it the turn. Every warpgroup takes a\n\
+            // turn per visited tile, so the cycle runs on across items.\n"
+        )?,
+        // One warpgroup overlaps the other CTA on its SM instead.
+        false => write!(
+            w,
+            "\
+            // One warpgroup: the other CTA on this SM runs its products while this\n\
+            // one's softmax does.\n"
+        )?,
+    }
+    writeln!(w, "const int warpgroup = warp / 4;")?;
+    if turns {
+        writeln!(w, "if (warpgroup == WARPGROUPS - 1) named_barrier_arrive(1, 256);")?;
+    }
+    writeln!(w, "int it = 0;  // visited tiles so far, as the producer counts them")?;
+    if sums == RowSums::TensorCores {
+        writeln!(w, "const unsigned long long ones = gmma_desc(smem_addr(ones_tile), 16, 1024);")?;
+    }
+    if groups {
+        w.write_str(PASS_TURN)?;
+    }
+    w.block(format_args!("for (int done = 0;; ++done)"), |w| {
+        write!(
+            w,
+            "\
+            const int qb = done % 2;\n\
+            mbar_wait(item_full + 8 * qb, done / 2 % 2);  // the producer's claim\n\
+            const long long item = item_slot[qb];\n\
+            if (item >= items) break;\n"
+        )?;
+        write_item_coords(w, spec, ItemRole::Consumers(copy))?;
+        writeln!(w)?;
+        // The item's staged spec terms come with Q.
+        if item_terms {
+            writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);  // Q, and the item's spec terms")?;
+        }
+        let hoisted = write_spec_terms(w, spec, &kv_len, plan.key_terms, item_terms)?;
+        writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
+        write_accumulators(w, config, sums)?;
+        writeln!(w)?;
+        if !item_terms {
+            writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);")?;
+        }
+        write_ring_loop(w, spec, sums, groups, |w| write_wgmma_step(w, plan, &hoisted))?;
+        let staging = match plan.o_buffer {
+            true => OStaging::OBuffer(copy),
+            false => OStaging::QBuffer(copy),
+        };
+        write_epilogue(w, spec, &hoisted, staging, sums)
+    })?;
+    if copy == TileCopy::Tma {
+        writeln!(w, "if (lane == 0) tma_store_wait();  // the last O is written before the CTA exits")?;
+    }
+    match turns {
+        true => {
+            writeln!(w, "if (warpgroup == 0) named_barrier_sync(1, 256);  // the turn the last warpgroup passed last")
+        }
+        false => Ok(()),
+    }
+}

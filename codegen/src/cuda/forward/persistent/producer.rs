@@ -1,0 +1,137 @@
+//! The producer warpgroup of the persistent forward: it claims each item,
+//! copies its Q, classifies its K/V tiles and walks them into the stage
+//! ring, handing the consumers each tile's word (and per-key spec terms).
+
+use super::{copy_tile, write_group_classes, write_item_coords, Roles};
+use crate::abi::ArgKind;
+use crate::cuda::forward::classes::{write_tile_classes, ClassReader, Stagers};
+use crate::cuda::forward::item::{q_load, ItemRole};
+use crate::cuda::forward::kv_loads::KvLoads;
+use crate::cuda::signature::arg_name;
+use crate::cuda::tile_config::TileCopy;
+use crate::cuda::writer::Writer;
+use std::fmt::{self, Write};
+
+/// The producer's item loop (the body of `if (warp >= WARPS)`).
+pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
+    let (spec, config, copy, groups) = (roles.plan.spec, roles.plan.config, roles.copy, roles.groups);
+    let staged = &roles.staged;
+    let name = |kind| arg_name(spec, kind);
+    let [q_len, kv_len] = [ArgKind::QLen, ArgKind::KvLen].map(name);
+    let counter = name(ArgKind::WorkCounter);
+    // Under a data-dependent mask the claims walk the block mask's work
+    // order (longest items first within windows of a few heads) where the
+    // launch has one.
+    let claim = match spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) {
+        true => {
+            let order = name(ArgKind::WorkOrder);
+            format!(
+                "claim({counter}, done, items);\n\x20   \
+                 if ({order} != nullptr && item_slot[qb] < items) item_slot[qb] = {order}[item_slot[qb]]"
+            )
+        }
+        false => format!("claim({counter}, done, items)"),
+    };
+    write!(
+        w,
+        "\
+        // ---- the producer warpgroup ----\n\
+        regs_release<PRODUCER_REGS>();\n\
+        int it = 0;  // visited tiles so far, over all items: tile `it` goes to stage it % STAGES\n"
+    )?;
+    w.block(format_args!("for (int done = 0;; ++done)"), |w| {
+        write!(
+            w,
+            "\
+            // Item `done` of this CTA goes to Q buffer and slot qb, once the\n\
+            // consumers have stored the O of the item that had them before.\n\
+            const int qb = done % 2;\n\
+            mbar_wait(q_empty + 8 * qb, (done / 2 + 1) % 2);\n\
+            const bool leader = threadIdx.x == THREADS;  // claims, and writes what the consumers read\n\
+            if (leader) {{\n\
+            \x20   item_slot[qb] = {claim};\n\
+            \x20   mbar_arrive(item_full + 8 * qb);\n\
+            }}\n\
+            named_barrier_sync(2 + WARPGROUPS, PRODUCER_THREADS);  // every producer thread sees the claim\n\
+            const long long item = item_slot[qb];\n\
+            if (item >= items) break;  // the consumers stop at the same claim\n"
+        )?;
+        write_item_coords(w, spec, ItemRole::Producer(copy))?;
+        writeln!(w, "// Q first: its copy runs while the tiles are classified.")?;
+        writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
+        copy_tile(w, copy, "q_full + 8 * qb", "<BLOCK_M, QK_COLS>(q_tile, q_map", "q0, h", |w| {
+            writeln!(w, "load_tile<BLOCK_M, QK_COLS, D, PRODUCER_THREADS, true, THREADS>{}", q_load(spec))?;
+            writeln!(w, "mbar_arrive_loaded<D>(q_full + 8 * qb, vector);")
+        })?;
+        staged.write_item_loads(w)?;
+        write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::PRODUCER, ClassReader::RingWord)?;
+        if groups {
+            write_group_classes(w, &q_len)?;
+        }
+        staged.write_item_stores(w)?;
+        writeln!(w, "int j = next_tile(0);")?;
+        w.block(format_args!("if (leader)"), |w| {
+            writeln!(w, "item_visits[qb] = j < kv_tiles;")?;
+            writeln!(w, "mbar_arrive(q_full + 8 * qb);")
+        })?;
+        if copy == TileCopy::Tma {
+            writeln!(w, "if (warp != WARPS) continue;  // the leader's warp alone walks the tiles; the others wait for the next claim")?;
+        }
+        write_tile_walk(w, roles)
+    })?;
+    writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
+    writeln!(w, "return;")
+}
+
+/// The walk over an item's visited tiles: each tile's word, its K (and
+/// per-key terms) and V into the next stage of the ring.
+fn write_tile_walk(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
+    let (spec, config, copy, groups) = (roles.plan.spec, roles.plan.config, roles.copy, roles.groups);
+    let (staged, per_key) = (&roles.staged, roles.staged.per_key());
+    let kv = KvLoads::of(spec, config);
+    w.block(format_args!("while (j < kv_tiles)"), |w| {
+        writeln!(w, "const int next = next_tile(j + 1);")?;
+        writeln!(w, "// The tile's classes, ahead of the wait: the K copy waits for none of them.")?;
+        if groups {
+            writeln!(w, "const int groups = group_classes(j);")?;
+        }
+        writeln!(w, "const int word = j << TILE_SHIFT | tile_bits(j) | (next < kv_tiles ? 0 : TILE_LAST);")?;
+        if per_key {
+            writeln!(w, "const bool full = word & TILE_FULL;  // the key terms' writers need the class too")?;
+        }
+        write!(
+            w,
+            "\
+            const int stage = it % STAGES, empty_parity = (it / STAGES + 1) % 2;\n\
+            mbar_wait(k_empty + 8 * stage, empty_parity);\n"
+        )?;
+        w.block(format_args!("if (leader)"), |w| {
+            if groups {
+                writeln!(w, "group_word[stage] = groups;")?;
+            }
+            writeln!(w, "tile_word[stage] = word;")?;
+            match (copy, per_key) {
+                (TileCopy::Tma, _) => writeln!(
+                    w,
+                    "tma_load_tile<BLOCK_N, QK_COLS>(k_tiles + stage * K_TILE, k_map, k_full + 8 * stage, j * BLOCK_N, kv_head, b);"
+                ),
+                (TileCopy::Threads, false) => writeln!(w, "mbar_arrive(k_full + 8 * stage);"),
+                (TileCopy::Threads, true) => Ok(()),
+            }
+        })?;
+        if copy == TileCopy::Threads {
+            kv.k(w, "k_tiles + stage * K_TILE", "j")?;
+            writeln!(w, "mbar_arrive_loaded<D>(k_full + 8 * stage, vector);")?;
+        }
+        if per_key {
+            staged.write_key_terms(w)?;
+        }
+        writeln!(w, "mbar_wait(v_empty + 8 * stage, empty_parity);")?;
+        copy_tile(w, copy, "v_full + 8 * stage", "<BLOCK_N, V_COLS>(v_tiles + stage * V_TILE, v_map", "j * BLOCK_N, kv_head", |w| {
+            kv.v(w, "v_tiles + stage * V_TILE", "j")?;
+            writeln!(w, "mbar_arrive_loaded<DV>(v_full + 8 * stage, vector);")
+        })?;
+        writeln!(w, "j = next;")?;
+        writeln!(w, "++it;")
+    })
+}
