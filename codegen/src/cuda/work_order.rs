@@ -80,125 +80,7 @@ pub fn emit_work_order(spec: &Spec, work: Work) -> Option<Kernel> {
     };
     let library = [vec![Piece::Part(Part::Prelude)]];
     let entry = Entry { name: &name, bounds: "THREADS", args: &args };
-    let source = assemble(spec, &library, config, entry, |w| {
-        let n = |kind| arg_name(spec, kind);
-        let [batch, heads, heads_kv, q_len, kv_len, mask, order] = [
-            ArgKind::Batch,
-            ArgKind::Heads,
-            ArgKind::HeadsKv,
-            ArgKind::QLen,
-            ArgKind::KvLen,
-            ArgKind::BlockMask,
-            ArgKind::WorkOrder,
-        ]
-        .map(n);
-        let [batch_stride, head_stride] = [Axis::Batch, Axis::Head].map(|a| n(ArgKind::BlockMaskStride(a)));
-        writeln!(
-            w,
-            "const int mask_q_tiles = ({q_len} + MASK_M - 1) / MASK_M, mask_kv_tiles = ({kv_len} + MASK_N - 1) / MASK_N;"
-        )?;
-        // Block (window, batch) orders the units of heads head0 .. head0 +
-        // HEADS_PER_BLOCK, first .. first + span of them all: unit c is tile
-        // c % tiles of head c / tiles % heads (K/V heads for key tiles), batch
-        // c / tiles / heads.
-        let (len, heads_of_units) = match work {
-            Work::KeyTiles { .. } => (&kv_len, &heads_kv),
-            Work::QueryTiles { .. } => (&q_len, &heads),
-        };
-        write!(
-            w,
-            "\
-            const int tiles = ({len} + TILE - 1) / TILE, units = {batch} * {heads_of_units} * tiles;\n\
-            const int b = blockIdx.z, head0 = blockIdx.y * HEADS_PER_BLOCK, first = (b * {heads_of_units} + head0) * tiles;\n\
-            const int span = min_i32(HEADS_PER_BLOCK, {heads_of_units} - head0) * tiles;\n"
-        )?;
-        match work {
-            Work::KeyTiles { .. } => write!(
-                w,
-                "\
-                // Unit i is key tile i % tiles of K/V head head0 + i / tiles; its count:\n\
-                // the mask query tiles with a pair kept by its keys, over the query heads\n\
-                // of its K/V head.\n\
-                const int group = {heads} / {heads_kv};\n\
-                auto count_of = [&](int i) {{\n\
-                \x20   const int head = head0 + i / tiles, t = i % tiles;\n\
-                \x20   const int col0 = t * TILE / MASK_N, col1 = min_i32(((t + 1) * TILE + MASK_N - 1) / MASK_N, mask_kv_tiles);\n\
-                \x20   int count = 0;\n\
-                \x20   for (int h = head * group; h < (head + 1) * group; ++h) {{\n\
-                \x20       const unsigned char* slice = {mask} + b * {batch_stride} + h * {head_stride};\n\
-                \x20       #pragma unroll 4\n\
-                \x20       for (int j = 0; j < mask_q_tiles; ++j) {{\n\
-                \x20           bool kept = false;\n\
-                \x20           for (int col = col0; col < col1; ++col) kept |= slice[(long long)j * mask_kv_tiles + col] != 0;\n\
-                \x20           count += kept;\n\
-                \x20       }}\n\
-                \x20   }}\n\
-                \x20   return count;\n\
-                }};\n"
-            )?,
-            Work::QueryTiles { .. } => write!(
-                w,
-                "\
-                // Unit i is query tile tiles - 1 - i % tiles (claims start at the last\n\
-                // rows) of head head0 + i / tiles; its count: the mask key tiles with a\n\
-                // pair kept for its queries.\n\
-                auto count_of = [&](int i) {{\n\
-                \x20   const int head = head0 + i / tiles, t = tiles - 1 - i % tiles;\n\
-                \x20   const unsigned char* slice = {mask} + b * {batch_stride} + head * {head_stride};\n\
-                \x20   const int row0 = t * TILE / MASK_M, row1 = min_i32(((t + 1) * TILE + MASK_M - 1) / MASK_M, mask_q_tiles);\n\
-                \x20   int count = 0;\n\
-                \x20   #pragma unroll 4\n\
-                \x20   for (int j = 0; j < mask_kv_tiles; ++j) {{\n\
-                \x20       bool kept = false;\n\
-                \x20       for (int row = row0; row < row1; ++row) kept |= slice[(long long)row * mask_kv_tiles + j] != 0;\n\
-                \x20       count += kept;\n\
-                \x20   }}\n\
-                \x20   return count;\n\
-                }};\n"
-            )?,
-        }
-        write!(
-            w,
-            "\
-            int* counts = {order} + units + first;  // after the order\n\
-            __shared__ int longest, starts[BUCKETS];\n\
-            if (threadIdx.x == 0) longest = 0;\n\
-            if (threadIdx.x < BUCKETS) starts[threadIdx.x] = 0;\n\
-            __syncthreads();\n\
-            for (int i = threadIdx.x; i < span; i += THREADS) {{\n\
-            \x20   counts[i] = count_of(i);\n\
-            \x20   atomicMax(&longest, counts[i]);\n\
-            }}\n\
-            __syncthreads();\n\
-            // Bucket 0 holds the window's longest units.\n\
-            auto bucket = [&](int count) {{\n\
-            \x20   return (int)((long long)(longest - count) * (BUCKETS - 1) / max_i32(longest, 1));\n\
-            }};\n\
-            for (int i = threadIdx.x; i < span; i += THREADS) atomicAdd(&starts[bucket(counts[i])], 1);\n\
-            __syncthreads();\n\
-            if (threadIdx.x == 0) {{\n\
-            \x20   int sum = 0;\n\
-            \x20   for (int k = 0; k < BUCKETS; ++k) {{\n\
-            \x20       const int size = starts[k];\n\
-            \x20       starts[k] = sum;\n\
-            \x20       sum += size;\n\
-            \x20   }}\n\
-            }}\n\
-            __syncthreads();\n\
-            // Stable: a warp writes a class's units in launch order, 32 at a time.\n\
-            const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
-            for (int k = warp; k < BUCKETS; k += THREADS / 32) {{\n\
-            \x20   int at = first + starts[k];\n\
-            \x20   for (int i0 = 0; i0 < span; i0 += 32) {{\n\
-            \x20       const int i = i0 + lane;\n\
-            \x20       const bool mine = i < span && bucket(counts[i]) == k;\n\
-            \x20       const unsigned ballot = __ballot_sync(0xffffffffu, mine);\n\
-            \x20       if (mine) {order}[at + __popc(ballot & ((1u << lane) - 1))] = first + i;\n\
-            \x20       at += __popc(ballot);\n\
-            \x20   }}\n\
-            }}\n"
-        )
-    });
+    let source = assemble(spec, &library, config, entry, |w| write_order(w, spec, work));
     Some(Kernel {
         name,
         source,
@@ -212,4 +94,133 @@ pub fn emit_work_order(spec: &Spec, work: Work) -> Option<Kernel> {
         dynamic_smem: 0,
         args,
     })
+}
+
+/// The block of one (window of heads, batch): every unit's count of visited
+/// tiles, then a stable counting sort of the units, longest first.
+fn write_order(w: &mut Writer<String>, spec: &Spec, work: Work) -> fmt::Result {
+    let n = |kind| arg_name(spec, kind);
+    let [batch, heads, heads_kv, q_len, kv_len, mask, order] = [
+        ArgKind::Batch,
+        ArgKind::Heads,
+        ArgKind::HeadsKv,
+        ArgKind::QLen,
+        ArgKind::KvLen,
+        ArgKind::BlockMask,
+        ArgKind::WorkOrder,
+    ]
+    .map(n);
+    let [batch_stride, head_stride] = [Axis::Batch, Axis::Head].map(|a| n(ArgKind::BlockMaskStride(a)));
+    writeln!(
+        w,
+        "const int mask_q_tiles = ({q_len} + MASK_M - 1) / MASK_M, mask_kv_tiles = ({kv_len} + MASK_N - 1) / MASK_N;"
+    )?;
+    // Block (window, batch) orders the units of heads head0 .. head0 +
+    // HEADS_PER_BLOCK, first .. first + span of them all: unit c is tile
+    // c % tiles of head c / tiles % heads (K/V heads for key tiles), batch
+    // c / tiles / heads.
+    let (len, heads_of_units) = match work {
+        Work::KeyTiles { .. } => (&kv_len, &heads_kv),
+        Work::QueryTiles { .. } => (&q_len, &heads),
+    };
+    write!(
+        w,
+        "\
+        const int tiles = ({len} + TILE - 1) / TILE, units = {batch} * {heads_of_units} * tiles;\n\
+        const int b = blockIdx.z, head0 = blockIdx.y * HEADS_PER_BLOCK, first = (b * {heads_of_units} + head0) * tiles;\n\
+        const int span = min_i32(HEADS_PER_BLOCK, {heads_of_units} - head0) * tiles;\n"
+    )?;
+    write_count_of(w, work, [&heads, &heads_kv, &mask, &batch_stride, &head_stride])?;
+    write!(
+        w,
+        "\
+        int* counts = {order} + units + first;  // after the order\n\
+        __shared__ int longest, starts[BUCKETS];\n\
+        if (threadIdx.x == 0) longest = 0;\n\
+        if (threadIdx.x < BUCKETS) starts[threadIdx.x] = 0;\n\
+        __syncthreads();\n\
+        for (int i = threadIdx.x; i < span; i += THREADS) {{\n\
+        \x20   counts[i] = count_of(i);\n\
+        \x20   atomicMax(&longest, counts[i]);\n\
+        }}\n\
+        __syncthreads();\n\
+        // Bucket 0 holds the window's longest units.\n\
+        auto bucket = [&](int count) {{\n\
+        \x20   return (int)((long long)(longest - count) * (BUCKETS - 1) / max_i32(longest, 1));\n\
+        }};\n\
+        for (int i = threadIdx.x; i < span; i += THREADS) atomicAdd(&starts[bucket(counts[i])], 1);\n\
+        __syncthreads();\n\
+        if (threadIdx.x == 0) {{\n\
+        \x20   int sum = 0;\n\
+        \x20   for (int k = 0; k < BUCKETS; ++k) {{\n\
+        \x20       const int size = starts[k];\n\
+        \x20       starts[k] = sum;\n\
+        \x20       sum += size;\n\
+        \x20   }}\n\
+        }}\n\
+        __syncthreads();\n\
+        // Stable: a warp writes a class's units in launch order, 32 at a time.\n\
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
+        for (int k = warp; k < BUCKETS; k += THREADS / 32) {{\n\
+        \x20   int at = first + starts[k];\n\
+        \x20   for (int i0 = 0; i0 < span; i0 += 32) {{\n\
+        \x20       const int i = i0 + lane;\n\
+        \x20       const bool mine = i < span && bucket(counts[i]) == k;\n\
+        \x20       const unsigned ballot = __ballot_sync(0xffffffffu, mine);\n\
+        \x20       if (mine) {order}[at + __popc(ballot & ((1u << lane) - 1))] = first + i;\n\
+        \x20       at += __popc(ballot);\n\
+        \x20   }}\n\
+        }}\n"
+    )
+}
+
+/// The lambda `count_of(i)`: the tiles unit i visits, from the block mask
+/// (`names`: heads, K/V heads, the mask and its batch and head strides).
+fn write_count_of(w: &mut Writer<String>, work: Work, names: [&str; 5]) -> fmt::Result {
+    let [heads, heads_kv, mask, batch_stride, head_stride] = names;
+    match work {
+        Work::KeyTiles { .. } => write!(
+            w,
+            "\
+            // Unit i is key tile i % tiles of K/V head head0 + i / tiles; its count:\n\
+            // the mask query tiles with a pair kept by its keys, over the query heads\n\
+            // of its K/V head.\n\
+            const int group = {heads} / {heads_kv};\n\
+            auto count_of = [&](int i) {{\n\
+            \x20   const int head = head0 + i / tiles, t = i % tiles;\n\
+            \x20   const int col0 = t * TILE / MASK_N, col1 = min_i32(((t + 1) * TILE + MASK_N - 1) / MASK_N, mask_kv_tiles);\n\
+            \x20   int count = 0;\n\
+            \x20   for (int h = head * group; h < (head + 1) * group; ++h) {{\n\
+            \x20       const unsigned char* slice = {mask} + b * {batch_stride} + h * {head_stride};\n\
+            \x20       #pragma unroll 4\n\
+            \x20       for (int j = 0; j < mask_q_tiles; ++j) {{\n\
+            \x20           bool kept = false;\n\
+            \x20           for (int col = col0; col < col1; ++col) kept |= slice[(long long)j * mask_kv_tiles + col] != 0;\n\
+            \x20           count += kept;\n\
+            \x20       }}\n\
+            \x20   }}\n\
+            \x20   return count;\n\
+            }};\n"
+        ),
+        Work::QueryTiles { .. } => write!(
+            w,
+            "\
+            // Unit i is query tile tiles - 1 - i % tiles (claims start at the last\n\
+            // rows) of head head0 + i / tiles; its count: the mask key tiles with a\n\
+            // pair kept for its queries.\n\
+            auto count_of = [&](int i) {{\n\
+            \x20   const int head = head0 + i / tiles, t = tiles - 1 - i % tiles;\n\
+            \x20   const unsigned char* slice = {mask} + b * {batch_stride} + head * {head_stride};\n\
+            \x20   const int row0 = t * TILE / MASK_M, row1 = min_i32(((t + 1) * TILE + MASK_M - 1) / MASK_M, mask_q_tiles);\n\
+            \x20   int count = 0;\n\
+            \x20   #pragma unroll 4\n\
+            \x20   for (int j = 0; j < mask_kv_tiles; ++j) {{\n\
+            \x20       bool kept = false;\n\
+            \x20       for (int row = row0; row < row1; ++row) kept |= slice[(long long)row * mask_kv_tiles + j] != 0;\n\
+            \x20       count += kept;\n\
+            \x20   }}\n\
+            \x20   return count;\n\
+            }};\n"
+        ),
+    }
 }
