@@ -268,9 +268,8 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> fmt::R
         }
         (TileCopy::Tma, false) => "if (!copies && !adds_dq) return;\n",
     };
-    let [q_len, kv_len, heads, lse] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::Lse].map(n);
-    let [q_stride, k_stride, v_stride, do_stride] =
-        [Operand::Q, Operand::K, Operand::V, Operand::DO].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
+    let [q_len, kv_len] = [ArgKind::QLen, ArgKind::KvLen].map(n);
+    let [k_stride, v_stride] = [Operand::K, Operand::V].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
     write!(
         w,
         "\
@@ -338,71 +337,7 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> fmt::R
         if (leader) first_head = j < q_steps ? h : -1;\n\
         {publish}mbar_arrive(kv_full);\n"
     )?;
-    w.block(format_args!("while (j < q_steps)"), |w| {
-        writeln!(w, "// Step `it` is tile j of head h.")?;
-        writeln!(w, "const int step_h = h, step_j = j, stage = it % STAGES;")?;
-        writeln!(w, "const bool full = tile_full(j);")?;
-        w.block(format_args!("if (copies)"), |w| {
-            if copy == TileCopy::Threads {
-                write_rows(w, spec, Operand::Q, "q_rows", "step_h")?;
-                write_rows(w, spec, Operand::DO, "dout_rows", "step_h")?;
-                writeln!(w, "const bool q_vector = aligned16(q_rows, {q_stride}) && aligned16(dout_rows, {do_stride});")?;
-            }
-            write!(
-                w,
-                "\
-                const float* lse_row = {lse} + ((long long)b * {heads} + step_h) * {q_len};\n\
-                const float* delta_row = delta + ((long long)b * {heads} + step_h) * {q_len};\n\
-                const int q0 = step_j * BLOCK_M;\n\
-                // The statistics, LSE to log2 units: a fully masked row (LSE = -inf) or\n\
-                // one past q_len gets +inf, so P = 0. Read before the stage is free,\n\
-                // so that their latency hides behind the wait.\n\
-                const int r = threadIdx.x - THREADS;\n\
-                const bool valid = r < BLOCK_M && q0 + r < {q_len};\n\
-                const float l = valid ? lse_row[q0 + r] : neg_inf();\n\
-                const float d = valid ? delta_row[q0 + r] : 0.0f;\n\
-                mbar_wait(stage_empty + 8 * stage, (it / STAGES + 1) % 2);\n"
-            )?;
-            match copy {
-                TileCopy::Tma => write!(
-                    w,
-                    "\
-                    if (leader) {{\n\
-                    \x20   tma_load_tile<BLOCK_M, DP>(q_tiles + stage * Q_TILE, q_map, stage_full + 8 * stage, q0, step_h, b);\n\
-                    \x20   tma_load_tile<BLOCK_M, DVP>(dout_tiles + stage * DO_TILE, dout_map, stage_full + 8 * stage, q0, step_h, b);\n\
-                    }}\n"
-                )?,
-                TileCopy::Threads => write!(
-                    w,
-                    "\
-                    load_tile<BLOCK_M, DP, D, PRODUCER_THREADS, true, THREADS>(q_tiles + stage * Q_TILE, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, q_vector);\n\
-                    load_tile<BLOCK_M, DVP, DV, PRODUCER_THREADS, true, THREADS>(dout_tiles + stage * DO_TILE, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, q_vector);\n\
-                    mbar_arrive_loaded<COPY_WIDTH>(stage_full + 8 * stage, q_vector);\n"
-                )?,
-            }
-            write!(
-                w,
-                "\
-                if (r < BLOCK_M) {{\n\
-                \x20   lse_cols[stage * BLOCK_M + r] = l == neg_inf() ? -neg_inf() : l * LOG2E;\n\
-                \x20   delta_cols[stage * BLOCK_M + r] = d;\n\
-                }}\n"
-            )
-        })?;
-        writeln!(w, "j = seek(j + 1);  // the next step, whose head the stage's words name")?;
-        w.block(format_args!("if (copies)"), |w| {
-            w.block(format_args!("if (leader)"), |w| {
-                writeln!(w, "step_tile[stage] = step_j << 1 | (full ? 1 : 0);")?;
-                writeln!(w, "step_next[stage] = j < q_steps ? h : -1;")
-            })?;
-            writeln!(w, "mbar_arrive(stage_full + 8 * stage);")
-        })?;
-        w.block(format_args!("if (adds_dq)"), |w| {
-            writeln!(w, "if (dq_last != nullptr) add_dq(dq_last, it - 1);")?;
-            writeln!(w, "dq_last = dq_accum + (((long long)b * {heads} + step_h) * q_steps + step_j) * DQ_TILE;")
-        })?;
-        writeln!(w, "++it;")
-    })?;
+    w.block(format_args!("while (j < q_steps)"), |w| write_producer_step(w, spec, copy))?;
     w.block(format_args!("if (dq_last != nullptr)"), |w| {
         writeln!(w, "add_dq(dq_last, it - 1);")?;
         writeln!(w, "bulk_wait_read<0>();  // shared memory outlives the reads; the adds land by the kernel's end")
@@ -411,6 +346,78 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> fmt::R
         writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
     }
     writeln!(w, "return;")
+}
+
+/// One visited step of the producer's walk: the step's Q and dO tiles and
+/// statistics into the next stage, its words for the consumers, and the
+/// previous step's dQ tile into the accumulator.
+fn write_producer_step(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> fmt::Result {
+    let n = |kind| arg_name(spec, kind);
+    let [q_len, heads, lse] = [ArgKind::QLen, ArgKind::Heads, ArgKind::Lse].map(n);
+    let [q_stride, do_stride] = [Operand::Q, Operand::DO].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
+    writeln!(w, "// Step `it` is tile j of head h.")?;
+    writeln!(w, "const int step_h = h, step_j = j, stage = it % STAGES;")?;
+    writeln!(w, "const bool full = tile_full(j);")?;
+    w.block(format_args!("if (copies)"), |w| {
+        if copy == TileCopy::Threads {
+            write_rows(w, spec, Operand::Q, "q_rows", "step_h")?;
+            write_rows(w, spec, Operand::DO, "dout_rows", "step_h")?;
+            writeln!(w, "const bool q_vector = aligned16(q_rows, {q_stride}) && aligned16(dout_rows, {do_stride});")?;
+        }
+        write!(
+            w,
+            "\
+            const float* lse_row = {lse} + ((long long)b * {heads} + step_h) * {q_len};\n\
+            const float* delta_row = delta + ((long long)b * {heads} + step_h) * {q_len};\n\
+            const int q0 = step_j * BLOCK_M;\n\
+            // The statistics, LSE to log2 units: a fully masked row (LSE = -inf) or\n\
+            // one past q_len gets +inf, so P = 0. Read before the stage is free,\n\
+            // so that their latency hides behind the wait.\n\
+            const int r = threadIdx.x - THREADS;\n\
+            const bool valid = r < BLOCK_M && q0 + r < {q_len};\n\
+            const float l = valid ? lse_row[q0 + r] : neg_inf();\n\
+            const float d = valid ? delta_row[q0 + r] : 0.0f;\n\
+            mbar_wait(stage_empty + 8 * stage, (it / STAGES + 1) % 2);\n"
+        )?;
+        match copy {
+            TileCopy::Tma => write!(
+                w,
+                "\
+                if (leader) {{\n\
+                \x20   tma_load_tile<BLOCK_M, DP>(q_tiles + stage * Q_TILE, q_map, stage_full + 8 * stage, q0, step_h, b);\n\
+                \x20   tma_load_tile<BLOCK_M, DVP>(dout_tiles + stage * DO_TILE, dout_map, stage_full + 8 * stage, q0, step_h, b);\n\
+                }}\n"
+            )?,
+            TileCopy::Threads => write!(
+                w,
+                "\
+                load_tile<BLOCK_M, DP, D, PRODUCER_THREADS, true, THREADS>(q_tiles + stage * Q_TILE, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, q_vector);\n\
+                load_tile<BLOCK_M, DVP, DV, PRODUCER_THREADS, true, THREADS>(dout_tiles + stage * DO_TILE, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, q_vector);\n\
+                mbar_arrive_loaded<COPY_WIDTH>(stage_full + 8 * stage, q_vector);\n"
+            )?,
+        }
+        write!(
+            w,
+            "\
+            if (r < BLOCK_M) {{\n\
+            \x20   lse_cols[stage * BLOCK_M + r] = l == neg_inf() ? -neg_inf() : l * LOG2E;\n\
+            \x20   delta_cols[stage * BLOCK_M + r] = d;\n\
+            }}\n"
+        )
+    })?;
+    writeln!(w, "j = seek(j + 1);  // the next step, whose head the stage's words name")?;
+    w.block(format_args!("if (copies)"), |w| {
+        w.block(format_args!("if (leader)"), |w| {
+            writeln!(w, "step_tile[stage] = step_j << 1 | (full ? 1 : 0);")?;
+            writeln!(w, "step_next[stage] = j < q_steps ? h : -1;")
+        })?;
+        writeln!(w, "mbar_arrive(stage_full + 8 * stage);")
+    })?;
+    w.block(format_args!("if (adds_dq)"), |w| {
+        writeln!(w, "if (dq_last != nullptr) add_dq(dq_last, it - 1);")?;
+        writeln!(w, "dq_last = dq_accum + (((long long)b * {heads} + step_h) * q_steps + step_j) * DQ_TILE;")
+    })?;
+    writeln!(w, "++it;")
 }
 
 /// The consumer warpgroups: per head and visited step, the products of the
@@ -544,6 +551,13 @@ fn write_step(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoisted: &
     }
     writeln!(w, "// dK += dS^T Q.")?;
     issue(w, "dsa", "dp", "dk_acc", dp_n, "q_smem")?;
+    write_step_dq(w, spec)
+}
+
+/// The end of a step: with a dQ accumulator, dQ = dS K from a transposed dS
+/// tile, staged in fragment order for the producer's bulk add; the stage is
+/// released once the products that read it are done.
+fn write_step_dq(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     let release = "\
         keep_operands(pa);\n\
         keep_operands(dsa);\n\
