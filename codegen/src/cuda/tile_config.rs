@@ -27,7 +27,7 @@ impl TileConfig {
     /// warps; up to head dim 128, 32 query rows per warp (FlashAttention-2's
     /// BLOCK_M = 128) with 64-key tiles (at d = 128 the mask and score code
     /// then leaves ptxas a few loop-invariant spills, cheaper than halving
-    /// the tile: 1.1-1.3x on the H200); above 128 the O accumulator alone
+    /// the tile); above 128 the O accumulator alone
     /// needs 128 registers, so 16 rows and 32 keys.
     pub fn default_for(spec: &Spec) -> TileConfig {
         let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
@@ -81,14 +81,13 @@ pub(crate) fn widest(spec: &Spec) -> u32 {
 }
 
 /// Whether a wgmma kernel has two or three warpgroups to take turns on the
-/// tensor cores (measured on the H200, bench/RESULTS.md: +4-8% at d = 128, +2-3%
-/// at d = 64).
+/// tensor cores, so that one's softmax overlaps the others' products.
 pub(crate) fn ping_pong(config: TileConfig) -> bool {
     pipelined(config) && config.warps >= 8
 }
 
 /// Whether a kernel has a producer warpgroup that feeds a stage ring (see
-/// `ring.rs`): the pipelined wgmma kernels (the ping-pong ones, and one
+/// `library/ring.cuh`): the pipelined wgmma kernels (the ping-pong ones, and one
 /// consumer warpgroup two CTAs per SM), whose consumers then never meet at
 /// a CTA barrier and issue no copies.
 pub(crate) fn warp_specialized(config: TileConfig) -> bool {
@@ -96,10 +95,9 @@ pub(crate) fn warp_specialized(config: TileConfig) -> bool {
 }
 
 /// Whether a wgmma kernel runs P V of one tile behind S of the next
-/// ([`write_wgmma_step`]). Measured on the H200 (bench/RESULTS.md): it pays
-/// with 128-key tiles; with 64-key tiles the back-to-back schedule
-/// ([`write_wgmma_serial_step`]) was 4-7% faster on full attention and
-/// 1.45x on causal at d = 64.
+/// (`forward::wgmma_step`). It pays with 128-key tiles; with 64-key tiles
+/// the back-to-back schedule is faster, as a 64-key product is too short
+/// to hide a softmax behind.
 pub(crate) fn pipelined(config: TileConfig) -> bool {
     config.mma == Mma::Wgmma && config.block_n >= 128
 }

@@ -6,8 +6,8 @@
 //! of one (batch, head) and walks the key tiles its queries see. Under a
 //! document mask either's length is its document's. In launch order the
 //! last wave holds units of every length, and SMs that drew short ones idle
-//! while the long ones finish (4% of the dK/dV kernel's SM time at 4
-//! documents, up to 7% of the forward's, on an H200). Issued longest first,
+//! while the long ones finish (a few percent of the kernels' SM time under
+//! a document mask; docs/kernels.md). Issued longest first,
 //! the grid ends on short units instead, as a causal grid does by
 //! construction (`dkdv::write_cta_order`, the forward's last rows first).
 //!
@@ -15,8 +15,7 @@
 //! windows keep launch order, so the units in flight still share a few
 //! heads' K/V (forward) or Q/dO (dK/dV) in L2. A sort across all heads moved
 //! the tiles that straddle two documents, the longest, away from both
-//! documents' other tiles, and doubled the kernels' DRAM reads (an H200, 4
-//! documents: 1.7-2.2×, and 9% slower at 1k).
+//! documents' other tiles, and about doubled the kernels' DRAM reads.
 //!
 //! Lengths come from a built block mask, so an order is made once per block
 //! mask and tile size (the runtime keeps it with the mask), by one thread
@@ -42,9 +41,8 @@ pub const BUCKETS: u32 = 64;
 
 /// Heads (K/V heads for key tiles) a window sorts together: enough units
 /// that the grid's last wave ends on short ones, few enough heads that their
-/// operands stay in L2 while the window is in flight. On an H200, documents
-/// at d = 128 and 16k (128 units a head, 264 in flight), fwd+bwd ran at 438
-/// TFLOP/s with 1 head, 441 with 4, 442 with 8; at 1k all within noise.
+/// operands stay in L2 while the window is in flight (1, 4 and 8 heads
+/// were within 1% of each other; docs/kernels.md).
 pub const HEADS_PER_BLOCK: u32 = 4;
 
 /// What a work order orders.

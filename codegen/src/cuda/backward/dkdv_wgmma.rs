@@ -245,8 +245,8 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> fmt::R
     // Who copies and who adds dQ (see the comment written below). Under a
     // data-dependent mask the walk tests tiles a warp at a time (see
     // `write_tile_walk`), so the adder's whole warp walks: the walk needs
-    // every lane. Elsewhere the lone lane walks (the whole warp measured 6%
-    // slower on causal).
+    // every lane. Elsewhere the lone lane walks (a whole warp walking was
+    // slower under causal masks).
     let (roles, copiers, adder) = match copy {
         TileCopy::Tma => (
             "// The first two warps copy (the leader issues TMA) and store statistics; the\n\

@@ -21,9 +21,8 @@
 //! by one constant, so at head dims up to 64 the logits leave it out (X is
 //! taken at q0, and the FFMA of `j` is the same for the lane's rows: LLVM
 //! computes it once per column instead of once per element) and only the
-//! row's LSE adds it back ([`lse_row_term`]). On an H200 that took ALiBi at
-//! d = 64 from 334 to 347 TFLOP/s (4k) and 404 to 420 (16k); at d = 128,
-//! where the tensor cores bound the tile, the same kernel lost 3-5%.
+//! row's LSE adds it back ([`lse_row_term`]). That pays at d <= 64, where
+//! the softmax bounds a tile; at d = 128 the tensor cores do, and it cost.
 //!
 //! Rounding: `X(k0)` and `j` convert exactly while |X| ≤ 2^24 (sequences of
 //! 16M keys); past that, and in the reassociated products, the bias differs

@@ -113,7 +113,7 @@ pub(super) fn write_logit(
 /// moves each element's compare up to the loads of the tile's column terms
 /// and carries the results across the wait for S, and ptxas packs them into
 /// bits of a register and unpacks them again: ~12 instructions per element
-/// instead of 2 (documents forward at 4k: 321 → 375 TFLOP/s on the H200).
+/// instead of 2 (the document-mask forward lost a seventh of its speed).
 /// Masks without tensors keep the `full ||`: without it, the sliding window
 /// and softcap forward lost 2–3% to a spill in the tile loop.
 pub(super) fn skip_if_full(mask: &Expr, c_mask: &str) -> String {
@@ -156,7 +156,7 @@ pub(super) fn write_logits(w: &mut Writer<String>, spec: &Spec, whole: &str) -> 
     // Tiles where conjunct 1 holds whole (conjunct 0 alone decides) go last,
     // their code falling through into the softmax: with a causal conjunct
     // first (sliding windows) they are the diagonal tiles that every item
-    // visits. The H200 measured 1.5% at 1k keys against them first.
+    // visits.
     match conjuncts {
         true => {
             writeln!(w, "}} else if (whole == 1) {{")?;

@@ -33,11 +33,9 @@ pub(super) enum RowSums {
 impl RowSums {
     /// At d <= 64 a warp's softmax chain, not the tensor cores, bounds a
     /// warp-specialized kernel's tile: the FADDs (one per element of P, 64
-    /// per tile and thread) leave it for 1/8 more P V. The H200 measured +3-4%
-    /// on causal from 4k keys, +1% on the sliding window and full
-    /// attention, and 2-3% lost on ALiBi and softcap and 2% on documents
-    /// at 4k (bench/RESULTS.md, twentieth session): specs with a score or
-    /// a tensor-reading mask keep the FADDs.
+    /// per tile and thread) leave it for 1/8 more P V. That gains on plain
+    /// masks and loses where a score or a tensor-reading mask already
+    /// crowds the consumers' registers: those specs keep the FADDs.
     pub(super) fn of(spec: &Spec, config: TileConfig) -> RowSums {
         let unscored = spec.score.is_none() && !spec.mask.as_ref().is_some_and(|m| m.reads_tensor());
         match warp_specialized(config) && widest(spec) <= 64 && unscored {

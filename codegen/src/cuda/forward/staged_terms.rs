@@ -18,10 +18,8 @@ pub(super) struct StagedTerms<'s> {
     hoisted: Vec<Hoisted<'s>>,
     /// The item's per-CTA and per-query terms come with its Q: where the
     /// ring has three stages. The consumers then meet no global load at an
-    /// item's first tile (documents d = 64 +5-6% at 4k and 16k keys), but
-    /// the producer's item prologue grows, and with two stages it has too
-    /// little lead to hide that (documents d = 128 -3 to -5% at 1k and 4k;
-    /// bench/RESULTS.md, fourteenth session).
+    /// item's first tile, but the producer's item prologue grows, and with
+    /// two stages it has too little lead to hide that.
     pub items: bool,
 }
 

@@ -216,7 +216,7 @@ fn write_ring_loop(
                 more = !(tile & TILE_LAST);\n\
                 // Branches on warp votes, which ptxas knows to be uniform: on the\n\
                 // shared word itself it moves the loop's stage arithmetic out of\n\
-                // the uniform registers (10-15% slower on the H200).\n\
+                // the uniform registers (10-15% slower).\n\
                 if (__all_sync(0xffffffffu, group & GROUP_BEFORE)) {{\n\
                 \x20   pass_turn();  // no pair of this tile or of one before it\n\
                 \x20   continue;\n\
@@ -272,10 +272,9 @@ fn write_ring_loop(
 /// skips the mask on tiles its rows keep whole. That pays where an item is
 /// taller than a key tile and the mask is a band of two conjuncts, whose
 /// both ends move with the rows: a sliding window's three-warpgroup items
-/// visit ten tiles, each warpgroup's rows keep pairs of nine (measured on
-/// the H200, bench/RESULTS.md: +4% from 4k keys; causal masks, with
-/// passes at one end only, within ±2%; two warpgroups' 128-row items, no
-/// passes, -2 to -6%). It needs turns and a mask the interval arithmetic
+/// visit ten tiles, each warpgroup's rows keep pairs of nine (causal
+/// masks pass at one end only and gain nothing; two warpgroups' 128-row
+/// items pass no turn and only pay for the classes). It needs turns and a mask the interval arithmetic
 /// bounds without reading tensors.
 fn classifies_groups(spec: &Spec, config: TileConfig) -> bool {
     ping_pong(config)
