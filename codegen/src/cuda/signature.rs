@@ -120,6 +120,21 @@ fn named(spec: &Spec, kinds: Vec<ArgKind>) -> Vec<KernelArg> {
     kinds.into_iter().map(|kind| KernelArg { name: arg_name(spec, kind), kind }).collect()
 }
 
+/// The C names of the arguments that emitters name in kernel text; each is
+/// defined here once and used by name there.
+pub(crate) mod names {
+    pub const BLOCK_MASK: &str = "block_mask";
+    pub const BLOCK_MASK_BATCH_STRIDE: &str = "block_mask_batch_stride";
+    pub const BLOCK_MASK_HEAD_STRIDE: &str = "block_mask_head_stride";
+    pub const DELTA: &str = "delta";
+    pub const DQ_ACCUM: &str = "dq_accum";
+    pub const Q_MAP: &str = "q_map";
+    pub const K_MAP: &str = "k_map";
+    pub const V_MAP: &str = "v_map";
+    pub const O_MAP: &str = "o_map";
+    pub const DOUT_MAP: &str = "dout_map";
+}
+
 /// The C name of an argument, e.g. `k_seq_stride` or `p_window`.
 pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
     match kind {
@@ -141,15 +156,22 @@ pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::Scale => "scale".into(),
         ArgKind::Param(i) => format!("p_{}", spec.params[i].name),
         ArgKind::Tensor(i) => format!("t_{}", spec.tensors[i].name),
-        ArgKind::BlockMask => "block_mask".into(),
-        BLOCK_MASK_BATCH_STRIDE => "block_mask_batch_stride".into(),
-        ArgKind::BlockMaskStride(_) => "block_mask_head_stride".into(),
+        ArgKind::BlockMask => names::BLOCK_MASK.into(),
+        BLOCK_MASK_BATCH_STRIDE => names::BLOCK_MASK_BATCH_STRIDE.into(),
+        ArgKind::BlockMaskStride(_) => names::BLOCK_MASK_HEAD_STRIDE.into(),
         ArgKind::BlockMaskOut => "block_mask_out".into(),
-        ArgKind::Delta => "delta".into(),
-        ArgKind::DqAccum => "dq_accum".into(),
+        ArgKind::Delta => names::DELTA.into(),
+        ArgKind::DqAccum => names::DQ_ACCUM.into(),
         ArgKind::TensorGrad(i) => format!("dt_{}", spec.tensors[i].name),
         ArgKind::WorkCounter => "work_counter".into(),
-        ArgKind::TensorMap(op) => format!("{}_map", operand(op)),
+        ArgKind::TensorMap(op) => match op {
+            Operand::Q => names::Q_MAP.into(),
+            Operand::K => names::K_MAP.into(),
+            Operand::V => names::V_MAP.into(),
+            Operand::O => names::O_MAP.into(),
+            Operand::DO => names::DOUT_MAP.into(),
+            _ => format!("{}_map", operand(op)),
+        },
         ArgKind::WorkOrder => "work_order".into(),
     }
 }

@@ -13,6 +13,7 @@ use crate::cuda::kit::terms::interior_decl;
 use crate::cuda::kit::tile_walk::write_mask_tiles;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::backward_args;
+use crate::cuda::signature::names::{DELTA, DQ_ACCUM};
 use crate::cuda::source::kernel_name;
 use crate::cuda::target::pad16;
 use crate::cuda::writer::Writer;
@@ -230,7 +231,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
             "\
             const bool q_vector = aligned16(q_rows, {q_stride}) && aligned16(dout_rows, {do_stride});\n\
             const float* lse_row = {lse} + ((long long)b * {heads} + h) * {q_len};\n\
-            const float* delta_row = delta + ((long long)b * {heads} + h) * {q_len};\n\
+            const float* delta_row = {DELTA} + ((long long)b * {heads} + h) * {q_len};\n\
             // Queues the copies of query tile jj's Q, dO and statistics into buffer bb.\n\
             auto load_step = [&](int jj, int bb) {{\n\
             \x20   const int q0 = jj * BLOCK_M;\n\
@@ -246,7 +247,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
             // dQ += dS K for the step at queries q0 from dS^T buffer bb, once every warp\n\
             // has stored it: the warps take 16-query x DQ_COLS-column blocks in turn and\n\
             // add them to the f32 accumulator by vector reductions.\n\
-            float* dq_rows = dq_accum + ((long long)b * {heads} + h) * {q_len} * D;\n\
+            float* dq_rows = {DQ_ACCUM} + ((long long)b * {heads} + h) * {q_len} * D;\n\
             auto add_dq = [&](int q0, int bb) {{\n\
             \x20   for (int blk = warp; blk < (BLOCK_M / 16) * (DP / DQ_COLS); blk += WARPS) {{\n\
             \x20       const int m0 = blk / (DP / DQ_COLS) * 16, c0 = blk % (DP / DQ_COLS) * DQ_COLS;\n\
@@ -407,7 +408,7 @@ fn write_step(
         w,
         "\
         \n\
-        if (dq_accum == nullptr) continue;  // deterministic mode: a separate kernel computes dQ\n\
+        if ({DQ_ACCUM} == nullptr) continue;  // deterministic mode: a separate kernel computes dQ\n\
         // dS^T to shared memory, so that the next step's dQ can read dS with queries\n\
         // as rows (its barrier makes it visible: no barrier here).\n\
         unsigned short* ds_tile = ds_tiles + buf * DS_TILE;\n\

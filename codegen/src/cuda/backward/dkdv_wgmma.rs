@@ -43,6 +43,7 @@ use crate::cuda::kit::hoist::{hoist, Hoisted};
 use crate::cuda::kit::terms::interior_decl;
 use crate::cuda::library;
 use crate::cuda::library::wgmma_ops::AFrom;
+use crate::cuda::signature::names::{DELTA, DOUT_MAP, DQ_ACCUM, K_MAP, Q_MAP, V_MAP};
 use crate::cuda::signature::{arg_name, backward_args, with_tensor_maps};
 use crate::cuda::source::kernel_name;
 use crate::cuda::source::Piece;
@@ -262,11 +263,13 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> fmt::R
         ),
     };
     let keep = match (copy, spec.mask.as_ref().is_some_and(|m| m.reads_tensor())) {
-        (TileCopy::Threads, _) => "",
+        (TileCopy::Threads, _) => String::new(),
         (TileCopy::Tma, true) => {
-            "if (!copies && !(dq_accum != nullptr && warp == WARPS + 3)) return;  // the adder's warp walks\n"
+            format!(
+                "if (!copies && !({DQ_ACCUM} != nullptr && warp == WARPS + 3)) return;  // the adder's warp walks\n"
+            )
         }
-        (TileCopy::Tma, false) => "if (!copies && !adds_dq) return;\n",
+        (TileCopy::Tma, false) => "if (!copies && !adds_dq) return;\n".to_string(),
     };
     let [q_len, kv_len] = [ArgKind::QLen, ArgKind::KvLen].map(n);
     let [k_stride, v_stride] = [Operand::K, Operand::V].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
@@ -280,7 +283,7 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> fmt::R
         // once the consumers have stored it, a step late (the visit of the next step,\n\
         // or the end, names it). Each walks the tiles itself.\n\
         const bool copies = {copiers};\n\
-        const bool adds_dq = dq_accum != nullptr && {adder};\n\
+        const bool adds_dq = {DQ_ACCUM} != nullptr && {adder};\n\
         {keep}\
         auto add_dq = [&](float* dst, int s) {{\n\
         \x20   mbar_wait(dq_full + 8 * (s % 2), s / 2 % 2);\n\
@@ -296,8 +299,8 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> fmt::R
             w,
             "\
             if (leader) {{\n\
-            \x20   tma_load_tile<BLOCK_N, DP>(k_tile, k_map, kv_full, k0, kv_head, b);\n\
-            \x20   tma_load_tile<BLOCK_N, DVP>(v_tile, v_map, kv_full, k0, kv_head, b);\n\
+            \x20   tma_load_tile<BLOCK_N, DP>(k_tile, {K_MAP}, kv_full, k0, kv_head, b);\n\
+            \x20   tma_load_tile<BLOCK_N, DVP>(v_tile, {V_MAP}, kv_full, k0, kv_head, b);\n\
             }}\n"
         )?,
         TileCopy::Threads => write!(
@@ -368,7 +371,7 @@ fn write_producer_step(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> f
             w,
             "\
             const float* lse_row = {lse} + ((long long)b * {heads} + step_h) * {q_len};\n\
-            const float* delta_row = delta + ((long long)b * {heads} + step_h) * {q_len};\n\
+            const float* delta_row = {DELTA} + ((long long)b * {heads} + step_h) * {q_len};\n\
             const int q0 = step_j * BLOCK_M;\n\
             // The statistics, LSE to log2 units: a fully masked row (LSE = -inf) or\n\
             // one past q_len gets +inf, so P = 0. Read before the stage is free,\n\
@@ -384,8 +387,8 @@ fn write_producer_step(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> f
                 w,
                 "\
                 if (leader) {{\n\
-                \x20   tma_load_tile<BLOCK_M, DP>(q_tiles + stage * Q_TILE, q_map, stage_full + 8 * stage, q0, step_h, b);\n\
-                \x20   tma_load_tile<BLOCK_M, DVP>(dout_tiles + stage * DO_TILE, dout_map, stage_full + 8 * stage, q0, step_h, b);\n\
+                \x20   tma_load_tile<BLOCK_M, DP>(q_tiles + stage * Q_TILE, {Q_MAP}, stage_full + 8 * stage, q0, step_h, b);\n\
+                \x20   tma_load_tile<BLOCK_M, DVP>(dout_tiles + stage * DO_TILE, {DOUT_MAP}, stage_full + 8 * stage, q0, step_h, b);\n\
                 }}\n"
             )?,
             TileCopy::Threads => write!(
@@ -415,7 +418,7 @@ fn write_producer_step(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> f
     })?;
     w.block(format_args!("if (adds_dq)"), |w| {
         writeln!(w, "if (dq_last != nullptr) add_dq(dq_last, it - 1);")?;
-        writeln!(w, "dq_last = dq_accum + (((long long)b * {heads} + step_h) * q_steps + step_j) * DQ_TILE;")
+        writeln!(w, "dq_last = {DQ_ACCUM} + (((long long)b * {heads} + step_h) * q_steps + step_j) * DQ_TILE;")
     })?;
     writeln!(w, "++it;")
 }
@@ -562,7 +565,7 @@ fn write_step_dq(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         keep_operands(pa);\n\
         keep_operands(dsa);\n\
         if (lane == 0) mbar_arrive(stage_empty + 8 * stage);  // this warp is done with the stage\n";
-    w.block(format_args!("if (dq_accum != nullptr)"), |w| {
+    w.block(format_args!("if ({DQ_ACCUM} != nullptr)"), |w| {
         write!(
             w,
             "\

@@ -15,6 +15,7 @@ use crate::cuda::kit::terms::interior_decl;
 use crate::cuda::kit::tile_walk::write_mask_tiles;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::backward_args;
+use crate::cuda::signature::names::DELTA;
 use crate::cuda::source::kernel_name;
 use crate::cuda::target::pad16;
 use crate::cuda::writer::Writer;
@@ -125,7 +126,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         \x20   const long long row = ((long long)b * {heads} + h) * {q_len} + q;\n\
         \x20   const float l = q < {q_len} ? {lse}[row] : neg_inf();\n\
         \x20   lse_r[i] = l == neg_inf() ? -neg_inf() : l * LOG2E;\n\
-        \x20   delta_r[i] = q < {q_len} ? delta[row] : 0.0f;\n\
+        \x20   delta_r[i] = q < {q_len} ? {DELTA}[row] : 0.0f;\n\
         }}\n\
         \n\
         // ldmatrix rows of this lane (see LdmLane): *_a the A-operand pattern (also\n\

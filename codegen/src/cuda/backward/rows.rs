@@ -14,6 +14,7 @@ use super::DqAccum;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
 use crate::cuda::library::Part;
 use crate::cuda::signature::arg_name;
+use crate::cuda::signature::names::{DELTA, DQ_ACCUM};
 use crate::cuda::signature::{backward_post_args, backward_pre_args};
 use crate::cuda::source::kernel_name;
 use crate::cuda::writer::Writer;
@@ -52,8 +53,8 @@ pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum) -> Kernel {
             const int q0 = blockIdx.x * BLOCK_M, rows = min_i32(BLOCK_M, {q_len} - q0);\n\
             // The dQ accumulator starts at 0: this CTA zeroes its rows of it, so no\n\
             // separate pass over it runs before the dK/dV kernel adds to it.\n\
-            if (dq_accum != nullptr) {{\n\
-            \x20   float* zero = dq_accum + {zero_from};\n\
+            if ({DQ_ACCUM} != nullptr) {{\n\
+            \x20   float* zero = {DQ_ACCUM} + {zero_from};\n\
             \x20   const long long len = {zero_len};\n\
             \x20   if ((unsigned long long)zero % 16 == 0 && len % 4 == 0) {{\n\
             \x20       for (long long i = threadIdx.x; i < len / 4; i += THREADS) reinterpret_cast<float4*>(zero)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n\
@@ -91,7 +92,7 @@ pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum) -> Kernel {
             \x20   }}\n\
             \x20   sums[i] = sum;\n\
             }}\n\
-            float* delta_row = delta + ((long long)b * {heads} + h) * {q_len};\n\
+            float* delta_row = {DELTA} + ((long long)b * {heads} + h) * {q_len};\n\
             #pragma unroll\n\
             for (int i = 0; i < BLOCK_M / PASS; ++i) {{\n\
             \x20   #pragma unroll\n\
@@ -125,7 +126,7 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum) -> Kernel {
                 w,
                 "\
                 const int q0 = blockIdx.x * BLOCK_M, q_tiles = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
-                const float* acc_tile = dq_accum + (((long long)b * {heads} + h) * q_tiles + blockIdx.x) * (BLOCK_M * DP);\n\
+                const float* acc_tile = {DQ_ACCUM} + (((long long)b * {heads} + h) * q_tiles + blockIdx.x) * (BLOCK_M * DP);\n\
                 // dQ = scale * accumulator, in the operand dtype. The tile's 16-byte chunks\n\
                 // are read in order (coalesced) and land as two column pairs of two rows\n\
                 // in a shared row-major tile (its 8-element pad spreads the pairs of a\n\
@@ -158,7 +159,7 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum) -> Kernel {
         write!(
             w,
             "\
-            const float* acc_rows = dq_accum + ((long long)b * {heads} + h) * {q_len} * D;\n\
+            const float* acc_rows = {DQ_ACCUM} + ((long long)b * {heads} + h) * {q_len} * D;\n\
             // dQ = scale * accumulator, in the operand dtype, one warp per query row.\n\
             const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
             for (int r = warp; r < BLOCK_M; r += WARPS) {{\n\

@@ -8,6 +8,7 @@ use crate::analysis::block_uniform;
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::kit::tile_class::{class_expr, tile_class_expr};
 use crate::cuda::kit::tile_walk::{write_block_class, write_next_tile};
+use crate::cuda::signature::names::BLOCK_MASK;
 use crate::cuda::tile_config::TileConfig;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
@@ -99,7 +100,7 @@ pub(super) fn write_tile_classes(
             // (they would stall a CTA that has the SM to itself).\n\
             constexpr int STAGED_TILES = 1024;\n\
             __shared__ unsigned char staged_class[STAGED_TILES];\n\
-            const bool staged = block_mask != nullptr && kv_tiles <= STAGED_TILES;\n\
+            const bool staged = {BLOCK_MASK} != nullptr && kv_tiles <= STAGED_TILES;\n\
             if (staged) {{\n\
             \x20   for (int j = {first}; j < kv_tiles; j += {count}) staged_class[j] = (unsigned char)block_class(j);\n\
             }}\n\

@@ -6,6 +6,7 @@ use super::softmax::RowSums;
 use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::kit::hoist::Hoisted;
 use crate::cuda::signature::arg_name;
+use crate::cuda::signature::names::O_MAP;
 use crate::cuda::tile_config::TileCopy;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
@@ -149,7 +150,7 @@ pub(super) fn write_o_store(w: &mut Writer<String>, copy: TileCopy, store: &str,
                 fence_async_smem();  // this thread's O, visible to the copy engine\n\
                 __syncwarp();\n\
                 if (lane == 0) {{\n\
-                \x20   tma_store_tile<WARP_M, V_COLS, BLOCK_M>(o_tile + warp * WARP_M * 64, o_map, q0 + warp * WARP_M, h, b);\n"
+                \x20   tma_store_tile<WARP_M, V_COLS, BLOCK_M>(o_tile + warp * WARP_M * 64, {O_MAP}, q0 + warp * WARP_M, h, b);\n"
             )?;
             if wait_read {
                 writeln!(w, "\x20   tma_store_wait_read();")?;

@@ -2,6 +2,7 @@
 //! sizes, a tile's class in the block mask, and `next_tile`, which skips
 //! runs of removed tiles by binary search. Shared by every kernel.
 
+use crate::cuda::signature::names::{BLOCK_MASK, BLOCK_MASK_BATCH_STRIDE, BLOCK_MASK_HEAD_STRIDE};
 use crate::cuda::tile_config::TileConfig;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
@@ -31,8 +32,8 @@ pub(crate) fn write_block_class(
         "\
         const int mask_kv_tiles = ({kv_len} + MASK_N - 1) / MASK_N;\n\
         auto {name} = [&](int j) {{\n\
-        \x20   if (block_mask == nullptr) return 1;\n\
-        \x20   const unsigned char* slice = block_mask + b * block_mask_batch_stride + h * block_mask_head_stride;\n\
+        \x20   if ({BLOCK_MASK} == nullptr) return 1;\n\
+        \x20   const unsigned char* slice = {BLOCK_MASK} + b * {BLOCK_MASK_BATCH_STRIDE} + h * {BLOCK_MASK_HEAD_STRIDE};\n\
         \x20   return coarse_class<MASK_M, MASK_N>(slice, mask_kv_tiles, {q_span}, {k_span});\n\
         }};\n"
     )

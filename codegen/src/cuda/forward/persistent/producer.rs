@@ -8,6 +8,7 @@ use crate::cuda::forward::classes::{write_tile_classes, ClassReader, Stagers};
 use crate::cuda::forward::item::{q_load, ItemRole};
 use crate::cuda::forward::kv_loads::KvLoads;
 use crate::cuda::signature::arg_name;
+use crate::cuda::signature::names::{K_MAP, Q_MAP, V_MAP};
 use crate::cuda::tile_config::TileCopy;
 use crate::cuda::writer::Writer;
 use std::fmt::{self, Write};
@@ -59,7 +60,7 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
         write_item_coords(w, spec, ItemRole::Producer(copy))?;
         writeln!(w, "// Q first: its copy runs while the tiles are classified.")?;
         writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
-        copy_tile(w, copy, "q_full + 8 * qb", "<BLOCK_M, QK_COLS>(q_tile, q_map", "q0, h", |w| {
+        copy_tile(w, copy, "q_full + 8 * qb", &format!("<BLOCK_M, QK_COLS>(q_tile, {Q_MAP}"), "q0, h", |w| {
             writeln!(w, "load_tile<BLOCK_M, QK_COLS, D, PRODUCER_THREADS, true, THREADS>{}", q_load(spec))?;
             writeln!(w, "mbar_arrive_loaded<D>(q_full + 8 * qb, vector);")
         })?;
@@ -113,7 +114,7 @@ fn write_tile_walk(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
             match (copy, per_key) {
                 (TileCopy::Tma, _) => writeln!(
                     w,
-                    "tma_load_tile<BLOCK_N, QK_COLS>(k_tiles + stage * K_TILE, k_map, k_full + 8 * stage, j * BLOCK_N, kv_head, b);"
+                    "tma_load_tile<BLOCK_N, QK_COLS>(k_tiles + stage * K_TILE, {K_MAP}, k_full + 8 * stage, j * BLOCK_N, kv_head, b);"
                 ),
                 (TileCopy::Threads, false) => writeln!(w, "mbar_arrive(k_full + 8 * stage);"),
                 (TileCopy::Threads, true) => Ok(()),
@@ -127,7 +128,7 @@ fn write_tile_walk(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
             staged.write_key_terms(w)?;
         }
         writeln!(w, "mbar_wait(v_empty + 8 * stage, empty_parity);")?;
-        copy_tile(w, copy, "v_full + 8 * stage", "<BLOCK_N, V_COLS>(v_tiles + stage * V_TILE, v_map", "j * BLOCK_N, kv_head", |w| {
+        copy_tile(w, copy, "v_full + 8 * stage", &format!("<BLOCK_N, V_COLS>(v_tiles + stage * V_TILE, {V_MAP}"), "j * BLOCK_N, kv_head", |w| {
             kv.v(w, "v_tiles + stage * V_TILE", "j")?;
             writeln!(w, "mbar_arrive_loaded<DV>(v_full + 8 * stage, vector);")
         })?;
