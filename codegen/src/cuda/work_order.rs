@@ -29,7 +29,7 @@ use crate::cuda::library::Part;
 use crate::cuda::signature::{arg_name, work_order_args};
 use crate::cuda::source::{assemble, kernel_name, Entry, Piece};
 use crate::cuda::writer::Writer;
-use crate::cuda::TileConfig;
+use crate::cuda::tile_config::TileConfig;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 
