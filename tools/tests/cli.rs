@@ -19,7 +19,7 @@ fn text(out: &Output) -> String {
 }
 
 fn spec(name: &str) -> String {
-    format!("{}/specs/{name}.attn", env!("CARGO_MANIFEST_DIR"))
+    format!("{}/../specs/{name}.attn", env!("CARGO_MANIFEST_DIR"))
 }
 
 fn scratch(name: &str) -> PathBuf {
