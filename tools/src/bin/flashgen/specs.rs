@@ -4,7 +4,7 @@
 use crate::Failure;
 use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::Spec;
-use flashgen::runtime::{config_name, Arch};
+use flashgen::runtime::{config_name, Arch, Error};
 use std::path::Path;
 
 /// The architectures named when one is refused: every kernel runs on sm_80
@@ -23,6 +23,22 @@ pub fn arch(text: &str) -> Result<Arch, String> {
         ));
     }
     Ok(arch)
+}
+
+/// A failed compile of `spec` for `arch`, with NVRTC's log and the numbered
+/// source; only the log's first line when NVRTC does not know the arch (the
+/// source is not at fault).
+pub fn compile_error(spec: &Spec, arch: Arch, error: Error) -> String {
+    match error {
+        Error::Compile { log, .. } if log.contains("--gpu-architecture") => {
+            let reason = log.lines().next().unwrap_or_default();
+            format!(
+                "{}: this NVRTC cannot compile for {arch} ({reason}); flashgen supports {SUPPORTED_ARCHES}",
+                spec.name
+            )
+        }
+        other => format!("{}: {other}", spec.name),
+    }
 }
 
 /// Every spec of `file`, or only the one named `only`.
