@@ -111,18 +111,18 @@ fn check_and_precompile_use_nvrtc_and_fill_the_cache() {
     assert!(out.status.success(), "{}", text(&out));
     // The document spec has a forward, a block-mask kernel and the
     // persistent forward's work order.
-    let entries = std::fs::read_dir(&cache)
-        .unwrap()
-        .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "cubin"))
-        .count();
-    assert_eq!(entries, 3, "{}", text(&out));
+    assert_eq!(cubins(&cache), 3, "{}", text(&out));
     let out = flashgen(&["cache", "clear"], &cache);
     assert!(out.status.success(), "{}", text(&out));
-    let left = std::fs::read_dir(&cache)
+    assert_eq!(cubins(&cache), 0);
+}
+
+/// How many compiled kernels the cache folder `dir` holds.
+fn cubins(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
         .unwrap()
         .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "cubin"))
-        .count();
-    assert_eq!(left, 0);
+        .count()
 }
 
 #[test]
