@@ -5,7 +5,7 @@
 //! Run with `scripts/quickstart.sh` (it fetches NVRTC when no CUDA toolkit is
 //! installed), or `cargo run --release --example quickstart`.
 
-use flashgen::codegen::reference::{self, ParamValue, Precision, TensorData};
+use flashgen::codegen::reference::{self, ParamValue, Precision, Problem, TensorData};
 use flashgen::half::bf16;
 use flashgen::runtime::{compile_cubin, Arch};
 use flashgen::{attention, ForwardIo, ForwardOptions, Layout, Runtime, Shape};
@@ -47,14 +47,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let shape = Shape { batch: 2, heads: 8, heads_kv: 8, q_len: 1024, kv_len: 1024 };
     let window = 256;
     let slopes: Vec<f64> = (0..shape.heads).map(|h| 2f64.powf(-8.0 * (h + 1) as f64 / shape.heads as f64)).collect();
-    let problem = flashgen::verify::random_problem(
-        SlidingAlibi::spec(),
+    let mut random = uniform_bf16(seed());
+    let len = shape.batch * shape.q_len * shape.heads * 128;
+    let problem = Problem {
         shape,
-        vec![ParamValue::I32(window)],
-        vec![Some(TensorData::Float(slopes.clone()))],
-        None,
-        rand_seed(),
-    );
+        q: random(len),
+        k: random(len),
+        v: random(len),
+        scale: (1.0 / 128f32.sqrt()) as f64, // the launch default, as the GPU gets it
+        params: vec![ParamValue::I32(window)],
+        tensors: vec![TensorData::Float(slopes.clone())],
+    };
 
     // Upload, poison O with NaN, launch through the typed API.
     let stream = rt.stream();
@@ -86,6 +89,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// Fresh inputs on every run.
-fn rand_seed() -> u64 {
+fn seed() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Draws of `n` values uniform in [-1, 1), exactly representable in bf16
+/// (xorshift64*: no dependency for a demo's inputs).
+fn uniform_bf16(seed: u64) -> impl FnMut(usize) -> Vec<f64> {
+    let mut state = seed | 1;
+    move |n| {
+        (0..n)
+            .map(|_| {
+                state ^= state >> 12;
+                state ^= state << 25;
+                state ^= state >> 27;
+                let unit = (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64;
+                bf16::from_f64(2.0 * unit - 1.0).to_f64()
+            })
+            .collect()
+    }
 }

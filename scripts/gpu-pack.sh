@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 pack=.gpu-pack
 rm -rf "$pack" && mkdir -p "$pack/bin"
 
-# Test binaries: the integration tests that need a GPU (named gpu_*).
+# Test binaries: the integration tests that need a GPU (named gpu_*; they are
+# #[ignore]d, so run.sh passes --include-ignored).
 cargo test --release --workspace --no-run --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys
@@ -21,11 +22,9 @@ for line in sys.stdin:
             print(m["target"]["name"], m["executable"])
 ' | while read -r name exe; do cp "$exe" "$pack/bin/test-$name"; done
 
-cargo build --release --bin flashgen --example quickstart
-cp target/release/flashgen target/release/examples/quickstart "$pack/bin/"
-if [ -f target/release/flashgen-bench ] || cargo build --release --bin flashgen-bench 2>/dev/null; then
-    cp target/release/flashgen-bench "$pack/bin/"
-fi
+cargo build --release -p flashgen --example quickstart
+cargo build --release -p flashgen-tools --bins
+cp target/release/flashgen target/release/flashgen-bench target/release/examples/quickstart "$pack/bin/"
 cp -r specs "$pack/"
 cp scripts/gpu-env.sh "$pack/env.sh"
 cp scripts/gpu-run.sh "$pack/run.sh"

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs a pack made by scripts/gpu-pack.sh on a GPU machine: GPU tests, the
 # quickstart, then the benchmark. Logs go to $OUT (or ./gpu-logs); the last
-# lines printed are a summary table.
+# lines printed are a summary table. The GPU tests are #[ignore]d by default
+# (a plain `cargo test` has no GPU to run them on), so they run here with
+# --include-ignored: one that finds no GPU fails rather than skips. Exits
+# non-zero when a test, the quickstart or the benchmark failed.
 # PEERS=1: after the benchmark, time the peers on the same shapes
 # (peers.py $BENCH_ARGS > peers.log, its stderr in peers.err), compare them
 # with the benchmark (compare.py > compare.md) and print compare.md last.
@@ -10,15 +13,17 @@ source "$(dirname "$0")/env.sh"  # here, out, LD_LIBRARY_PATH, ncu
 cd "$here"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv >"$out/device.txt" 2>&1
 summary=()
+failed=0
 for t in bin/test-*; do
     name=${t#bin/test-}
-    if "$t" --nocapture >"$out/$name.log" 2>&1; then status=ok; else status=FAILED; fi
-    summary+=("$(printf '%-28s %s (%s)' "$name" "$status" "$(grep -Eo '[0-9]+ passed; [0-9]+ failed' "$out/$name.log" | tail -1)")")
+    if "$t" --include-ignored --nocapture >"$out/$name.log" 2>&1; then status=ok; else status=FAILED failed=1; fi
+    counts=$(grep -Eo '[0-9]+ passed; [0-9]+ failed; [0-9]+ ignored' "$out/$name.log" | tail -1)
+    summary+=("$(printf '%-28s %s (%s)' "$name" "$status" "$counts")")
 done
-if bin/quickstart >"$out/quickstart.log" 2>&1; then q=ok; else q=FAILED; fi
+if bin/quickstart >"$out/quickstart.log" 2>&1; then q=ok; else q=FAILED failed=1; fi
 summary+=("$(printf '%-28s %s' quickstart "$q")")
 if [ -x bin/flashgen-bench ] && [ "${SKIP_BENCH:-0}" != 1 ]; then
-    bin/flashgen-bench ${BENCH_ARGS:-} >"$out/bench.log" 2>&1 || summary+=("bench FAILED")
+    bin/flashgen-bench ${BENCH_ARGS:-} >"$out/bench.log" 2>&1 || { summary+=("bench FAILED"); failed=1; }
 fi
 rm -f "$out/compare.md"
 if [ "${PEERS:-0}" = 1 ]; then
@@ -31,3 +36,4 @@ echo "== $(head -2 "$out/device.txt" | tail -1)"
 printf '%s\n' "${summary[@]}"
 [ -f "$out/bench.log" ] && tail -40 "$out/bench.log"
 if [ -f "$out/compare.md" ]; then echo; cat "$out/compare.md"; fi
+exit "$failed"

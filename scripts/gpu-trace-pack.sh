@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 [ $# -gt 0 ] || { sed -n '2,13p' "$0"; exit 2; }
 out=.gpu-pack/trace
 rm -rf "$out" && mkdir -p "$out"
-cargo build --release --bin flashgen
+cargo build --release -p flashgen-tools --bin flashgen
 cp scripts/trace/harness.cu scripts/trace/instrument.py scripts/trace/analyze.py scripts/trace/run.sh "$out/"
 for entry in "$@"; do
     IFS=: read -r name spec config params <<<"$entry"

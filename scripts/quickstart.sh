@@ -4,4 +4,4 @@
 set -euo pipefail
 source "$(dirname "$0")/nvrtc-env.sh"
 cd "$flashgen_root"
-cargo run --release --example quickstart
+cargo run --release -p flashgen --example quickstart

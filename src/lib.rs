@@ -27,5 +27,3 @@ pub use flashgen_runtime::{
     ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, Element, Error, ForwardIo, ForwardOptions,
     Layout, Runtime, TuneReport,
 };
-pub mod examples;
-pub mod verify;

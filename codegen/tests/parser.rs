@@ -268,7 +268,8 @@ fn declaration_errors() {
         44,
         "unsupported head dimension 257: expected 1 to 256",
     );
-    assert_error("T { dtype: bf16, head_dim: w }", 1, 28, "a head dimension must be an integer literal");
+    assert_error("T { dtype: bf16, head_dim: w }", 1, 28, "a head dimension must be an integer literal from 1 to 256");
+    assert_error("T { dtype: bf16, head_dim: -4 }", 1, 28, "unsupported head dimension -4: expected 1 to 256");
     assert_error(&with_line3("", "dtype: f16"), 3, 5, "`dtype` is given twice");
     assert_error(&with_line3("param w: i32,", "tensor w: f32[H]"), 3, 12, "`w` is given twice");
     assert_error(
@@ -309,6 +310,19 @@ fn file_errors() {
     let (line, col, message) = error("A { dtype: bf16, head_dim: 64, mask: q >= k ` }");
     assert_eq!((line, col), (1, 45));
     assert!(message.starts_with("invalid token"), "{message}");
+}
+
+#[test]
+fn unbalanced_delimiters_name_where_they_opened() {
+    let unclosed = "/// Doc with a stray ( in it.\nA {\n    dtype: bf16, head_dim: 64,\n    mask: (q >= k,\n";
+    assert_error(unclosed, 4, 11, "unclosed `(` opened at 4:11: no `)` before the end");
+    let brace = "A {\n    dtype: bf16, head_dim: 64, // a comment with }\n";
+    assert_error(brace, 1, 3, "unclosed `{` opened at 1:3: no `}` before the end");
+    let crossed = "A {\n    dtype: bf16, head_dim: 64,\n    mask: (q >= k },\n";
+    assert_error(crossed, 3, 19, "`}` does not close `(` opened at 3:11 (expected `)`)");
+    assert_error("A { dtype: bf16, head_dim: 64 } )", 1, 33, "unexpected `)`: nothing is open here");
+    let rendered = parse_str(brace).unwrap_err().render("b.attn", brace);
+    assert!(rendered.starts_with("b.attn:1:3: error: unclosed `{`") && rendered.contains("\n     |   ^"), "{rendered}");
 }
 
 #[test]

@@ -18,6 +18,7 @@
 //! ```
 
 mod check;
+mod delimiters;
 mod print;
 
 use crate::error::{err, SpecError};
@@ -31,8 +32,9 @@ pub use print::{expr_source, to_source};
 
 /// Parses and checks every spec in `source` (the text of an `.attn` file).
 pub fn parse_str(source: &str) -> Result<Vec<Spec>, SpecError> {
-    let tokens: TokenStream =
-        source.parse().map_err(|e: proc_macro2::LexError| SpecError::new(e.span(), format!("invalid token: {e}")))?;
+    let tokens: TokenStream = source.parse().map_err(|e: proc_macro2::LexError| {
+        delimiters::unbalanced(source).unwrap_or_else(|| SpecError::new(e.span(), format!("invalid token: {e}")))
+    })?;
     parse_tokens(tokens)
 }
 
@@ -283,11 +285,24 @@ fn lower_tensor(name: &Ident, elem: &Ident, dims: &[DimAst]) -> Result<TensorDec
 
 fn head_dim(value: &syn::Expr) -> Result<u32, SpecError> {
     let syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(lit), .. }) = value else {
-        return err(value.span(), "a head dimension must be an integer literal");
+        let message = match negative_int(value) {
+            Some(lit) => format!("unsupported head dimension -{lit}: expected 1 to {MAX_HEAD_DIM}"),
+            None => format!("a head dimension must be an integer literal from 1 to {MAX_HEAD_DIM}"),
+        };
+        return err(value.span(), message);
     };
     match lit.base10_parse::<u32>() {
         Ok(d) if lit.suffix().is_empty() && (1..=MAX_HEAD_DIM).contains(&d) => Ok(d),
         _ => err(lit.span(), format!("unsupported head dimension {lit}: expected 1 to {MAX_HEAD_DIM}")),
+    }
+}
+
+/// The literal of `-<integer literal>`.
+fn negative_int(e: &syn::Expr) -> Option<&LitInt> {
+    let syn::Expr::Unary(syn::ExprUnary { op: syn::UnOp::Neg(_), expr, .. }) = e else { return None };
+    match &**expr {
+        syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(lit), .. }) => Some(lit),
+        _ => None,
     }
 }
 

@@ -5,8 +5,8 @@
 use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::reference::Problem;
 use flashgen::codegen::{Shape, Spec};
-use flashgen::verify::{DeviceProblem, Expected, OperandLayout, Report};
 use flashgen::{Error, Runtime};
+use flashgen_tools::verify::{DeviceProblem, Expected, OperandLayout, Report};
 
 pub struct Case {
     pub batch: usize,

@@ -1,17 +1,17 @@
 //! Random inputs, a GPU run and a check against the CPU reference: the loop
-//! shared by the CLI, the quickstart and the GPU tests.
+//! shared by the CLI, the benchmark and the GPU tests.
 //!
 //! Every run draws fresh inputs from its seed, poisons O and LSE with NaN
 //! before the launch (an element the kernel forgets to write fails the
 //! check), and judges the result with FlashAttention's rule against the f64
 //! reference.
 
-use crate::codegen::cuda::TileConfig;
-use crate::codegen::reference::{self, FlashCheck, ParamValue, Precision, Problem, TensorData};
-use crate::codegen::{Dtype, ElemTy, Shape, Spec};
-use crate::cudarc::driver::{CudaSlice, CudaStream, DriverError};
-use crate::half::{bf16, f16};
-use crate::runtime::{
+use flashgen::codegen::cuda::TileConfig;
+use flashgen::codegen::reference::{self, FlashCheck, ParamValue, Precision, Problem, TensorData};
+use flashgen::codegen::{Dtype, ElemTy, Shape, Spec};
+use flashgen::cudarc::driver::{CudaSlice, CudaStream, DriverError};
+use flashgen::half::{bf16, f16};
+use flashgen::runtime::{
     median_ms_after, ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, Element, Error, ForwardIo,
     ForwardOptions, Layout, Runtime, TuneReport,
 };
@@ -520,7 +520,7 @@ impl DeviceProblem {
         let [lq, lk, lv, lo] = self.layouts;
         let up = driver("upload backward operands");
         let poisoned = |l: &Layout| s.clone_htod(&vec![T::NAN; buffer_len(l)]).map_err(up);
-        let trainable = if tensor_grads { crate::codegen::cuda::trainable_tensors(spec) } else { vec![] };
+        let trainable = if tensor_grads { flashgen::codegen::cuda::trainable_tensors(spec) } else { vec![] };
         let tensors = (0..spec.tensors.len())
             .map(|i| {
                 let len = spec.tensors[i].len(&problem.shape);
@@ -736,7 +736,7 @@ mod tests {
 
     #[test]
     fn random_problems_are_rounded_and_sized() {
-        let spec = crate::parse_one(
+        let spec = flashgen::parse_one(
             "S { dtype: bf16, head_dim: 8, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }",
         )
         .unwrap();

@@ -31,10 +31,10 @@ use flashgen::codegen::analysis::{classify, TileClass};
 use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::reference::{ParamValue, TensorData};
 use flashgen::codegen::Shape;
-use flashgen::examples::SPECS;
 use flashgen::runtime::config_name;
-use flashgen::verify::{self, DeviceProblem, OperandLayout};
 use flashgen::Runtime;
+use flashgen_tools::examples::SPECS;
+use flashgen_tools::verify::{self, DeviceProblem, OperandLayout};
 use std::time::Instant;
 
 const TOKENS: usize = 32768;

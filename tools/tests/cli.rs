@@ -19,7 +19,7 @@ fn text(out: &Output) -> String {
 }
 
 fn spec(name: &str) -> String {
-    format!("{}/specs/{name}.attn", env!("CARGO_MANIFEST_DIR"))
+    format!("{}/../specs/{name}.attn", env!("CARGO_MANIFEST_DIR"))
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -64,6 +64,38 @@ fn spec_errors_name_file_line_and_column() {
     let message = text(&out);
     assert!(message.contains("bad.attn:3:11: error: the mask must be bool, found i32"), "{message}");
     assert!(message.contains("   3 |     mask: q - k,"), "{message}");
+    assert_eq!(message.matches("error:").count(), 1, "one `error:` label: {message}");
+
+    std::fs::write(&bad, "Open {\n    dtype: bf16, head_dim: 64,\n").unwrap();
+    let message = text(&flashgen(&["check", bad.to_str().unwrap()], &dir));
+    assert!(message.contains("bad.attn:1:6: error: unclosed `{` opened at 1:6"), "{message}");
+    assert_eq!(message.matches("error:").count(), 1, "one `error:` label: {message}");
+}
+
+#[test]
+fn unknown_spec_names_list_the_files_specs() {
+    let dir = scratch("spec-name");
+    let out = flashgen(&["emit", &spec("causal"), "--spec", "Nope"], &dir);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("has no spec named `Nope`; its specs: `Causal`"), "{}", text(&out));
+}
+
+#[test]
+fn unsupported_arches_are_refused_before_nvrtc() {
+    let dir = scratch("arch");
+    let out = flashgen(&["check", &spec("causal"), "--arch", "sm_70"], &dir);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let message = text(&out);
+    assert!(message.starts_with("error: sm_70 is not supported: flashgen kernels need sm_80 or newer"), "{message}");
+    assert!(message.contains("sm_86") && message.contains("sm_90"), "lists the supported arches: {message}");
+    assert_eq!(message.lines().count(), 1, "no kernel source: {message}");
+    let out = flashgen(&["emit", &spec("causal"), "--arch", "sm_75"], &dir);
+    assert!(text(&out).contains("sm_75 is not supported"), "{}", text(&out));
+    // An arch NVRTC does not know is NVRTC's to refuse, in one line too.
+    let out = flashgen(&["check", &spec("causal"), "--arch", "sm_99"], &dir);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("this NVRTC cannot compile for sm_99"), "{}", text(&out));
+    assert_eq!(text(&out).lines().count(), 1, "no kernel source: {}", text(&out));
 }
 
 #[test]
@@ -79,18 +111,18 @@ fn check_and_precompile_use_nvrtc_and_fill_the_cache() {
     assert!(out.status.success(), "{}", text(&out));
     // The document spec has a forward, a block-mask kernel and the
     // persistent forward's work order.
-    let entries = std::fs::read_dir(&cache)
-        .unwrap()
-        .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "cubin"))
-        .count();
-    assert_eq!(entries, 3, "{}", text(&out));
+    assert_eq!(cubins(&cache), 3, "{}", text(&out));
     let out = flashgen(&["cache", "clear"], &cache);
     assert!(out.status.success(), "{}", text(&out));
-    let left = std::fs::read_dir(&cache)
+    assert_eq!(cubins(&cache), 0);
+}
+
+/// How many compiled kernels the cache folder `dir` holds.
+fn cubins(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
         .unwrap()
         .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "cubin"))
-        .count();
-    assert_eq!(left, 0);
+        .count()
 }
 
 #[test]
@@ -99,9 +131,17 @@ fn run_reports_bad_arguments_and_missing_gpus_as_errors() {
     let out = flashgen(&["run", &spec("sliding_window"), "--seq", "128"], &dir);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("missing --param window=<i32>"), "{}", text(&out));
-    let out = flashgen(&["run", &spec("causal"), "--heads", "8/3", "--seq", "64"], &dir);
-    assert!(!text(&out).contains("panicked"), "{}", text(&out));
-    assert_ne!(out.status.code(), Some(0), "8 query heads cannot share 3 K/V heads: {}", text(&out));
+    // Arguments are checked before the GPU is looked for.
+    for (args, expected) in [
+        (["--heads", "16/5", "--seq", "64"], "--heads 16/5: 16 query heads cannot share 5 K/V heads"),
+        (["--heads", "8", "--seq", "0"], "--seq 0: sizes must be at least 1"),
+        (["--heads", "0/0", "--seq", "64"], "--heads 0/0: sizes must be at least 1"),
+        (["--heads", "8", "--seq", "1k"], "--seq 1k: expected N or N/M"),
+    ] {
+        let out = flashgen(&[&["run", &spec("causal")][..], &args].concat(), &dir);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert!(text(&out).starts_with(&format!("error: {expected}")), "{}", text(&out));
+    }
 }
 
 #[test]

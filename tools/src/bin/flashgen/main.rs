@@ -1,0 +1,134 @@
+//! The `flashgen` command line: emit, NVRTC-check, precompile and run `.attn`
+//! specs, and manage the kernel cache.
+
+mod cache;
+mod run;
+mod specs;
+
+use clap::{Parser, Subcommand};
+use flashgen::codegen::cuda::{self, TileConfig};
+use flashgen::runtime::{compile_cubin, KernelSet};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(name = "flashgen", version, about = "Fast, exact attention kernels for any attention variant")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the generated CUDA source of every spec in FILE.
+    Emit {
+        file: PathBuf,
+        /// Only this spec of the file.
+        #[arg(long)]
+        spec: Option<String>,
+        /// The kernel the runtime would use on this architecture (e.g. sm_90:
+        /// Hopper's wgmma) instead of the portable one.
+        #[arg(long)]
+        arch: Option<String>,
+        /// The kernel of this tile configuration, named as tuning reports name
+        /// them (e.g. wgmma.w12.m1.n128); one of the architecture's candidates.
+        #[arg(long, requires = "arch")]
+        config: Option<String>,
+    },
+    /// Compile every spec in FILE with NVRTC (no GPU needed).
+    Check {
+        file: PathBuf,
+        /// Target architecture, sm_80 or newer (e.g. sm_80 or sm_90).
+        #[arg(long, default_value = "sm_90")]
+        arch: String,
+        #[arg(long)]
+        spec: Option<String>,
+    },
+    /// Compile every spec in the FILEs into the kernel cache (no GPU needed).
+    Precompile {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Target architecture, sm_80 or newer (repeatable).
+        #[arg(long = "arch", required = true)]
+        archs: Vec<String>,
+        /// Also the backward kernels (for training).
+        #[arg(long)]
+        backward: bool,
+    },
+    /// Inspect or empty the kernel cache (compiled kernels and autotuning records).
+    Cache {
+        #[command(subcommand)]
+        action: cache::CacheAction,
+    },
+    /// Run a spec on the GPU on random inputs and check it against the CPU reference.
+    Run(run::RunArgs),
+}
+
+/// Why a command failed.
+enum Failure {
+    /// A message, printed after `error: `.
+    Message(String),
+    /// A spec error rendered rustc-style (`file:line:col: error: ...` and
+    /// the source line), printed as it is.
+    Rendered(String),
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Failure::Message(message)
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(failure) => {
+            match failure {
+                Failure::Message(message) => eprintln!("error: {message}"),
+                Failure::Rendered(diagnostic) => eprintln!("{diagnostic}"),
+            }
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Runs one command; `Ok(false)` is a completed run whose check failed.
+fn run(cli: Cli) -> Result<bool, Failure> {
+    match cli.command {
+        Command::Emit { file, spec, arch, config } => {
+            let arch = arch.as_deref().map(specs::arch).transpose()?;
+            for s in specs::load(&file, spec.as_deref())? {
+                let config = match (arch, &config) {
+                    (Some(a), Some(name)) => specs::named_config(&s, a, name)?,
+                    (Some(a), None) => TileConfig::preferred(&s, a.target()),
+                    (None, _) => TileConfig::default_for(&s),
+                };
+                print!("{}", cuda::emit_forward_with(&s, config).source);
+            }
+            Ok(true)
+        }
+        Command::Check { file, arch, spec } => {
+            let arch = specs::arch(&arch)?;
+            for s in specs::load(&file, spec.as_deref())? {
+                let kernel = cuda::emit_forward_with(&s, TileConfig::preferred(&s, arch.target()));
+                let start = Instant::now();
+                let cubin = compile_cubin(&kernel, arch).map_err(|e| specs::compile_error(&s, arch, e))?;
+                println!(
+                    "{}: compiled {} for {arch} in {:.0} ms ({} bytes of CUBIN)",
+                    s.name,
+                    kernel.name,
+                    start.elapsed().as_secs_f64() * 1e3,
+                    cubin.len()
+                );
+            }
+            Ok(true)
+        }
+        Command::Precompile { files, archs, backward } => {
+            cache::precompile(&files, &archs, if backward { KernelSet::Training } else { KernelSet::Inference })
+        }
+        Command::Cache { action } => Ok(cache::run(action)?),
+        Command::Run(args) => run::on_gpu(args),
+    }
+}
