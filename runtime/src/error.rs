@@ -4,7 +4,7 @@
 //! variant here whose message names the offending library, operand or
 //! argument, so callers never have to decode a raw driver code or a panic.
 
-use crate::Arch;
+use crate::arch::Arch;
 use cudarc::driver::DriverError;
 use cudarc::nvrtc::result::NvrtcError;
 use flashgen_codegen::abi::{Axis, Operand};

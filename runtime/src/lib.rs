@@ -35,25 +35,37 @@
 //! # }
 //! ```
 
+// Layered bottom-up: each module imports only modules listed above it.
+// The vocabulary: no CUDA calls, no state.
 mod arch;
+mod arch_parse;
 mod args;
+mod atomic_file;
+mod check;
+mod element;
+mod error;
+mod kernels;
+mod layout;
+mod parallel;
+mod single_flight;
+mod stable_hash;
+// Compiling, and the caches of kernels and tuning records.
+mod choices;
+mod disk_cache;
+mod nvrtc;
+mod tuning;
+// One GPU and what launches on it.
 mod autotune;
 mod backward;
 mod block_mask;
-mod check;
-mod disk_cache;
-mod element;
-mod error;
 mod forward;
-mod layout;
+mod forward_launch;
 mod marshal;
-mod nvrtc;
-mod parallel;
 mod runtime;
-mod single_flight;
+#[cfg(test)]
+mod test_dir;
 mod timing;
 mod tma;
-mod tuning;
 
 pub use arch::Arch;
 pub use args::ArgValue;
@@ -66,10 +78,11 @@ pub use disk_cache::{
 };
 pub use element::Element;
 pub use error::Error;
-pub use forward::{ForwardIo, ForwardOptions};
+pub use forward_launch::{ForwardIo, ForwardOptions};
+pub use kernels::{KernelSet, LoadedKernel};
 pub use layout::Layout;
 pub use nvrtc::{compile_count, compile_cubin, compile_cubin_with_log, nvrtc_version, DUMP_ENV};
-pub use runtime::{CacheStats, KernelSet, LoadedKernel, Runtime};
+pub use runtime::{CacheStats, Runtime};
 pub use timing::{median_ms, median_ms_after};
 pub use tma::TMA_ENV;
 pub use tuning::{config_name, ShapeClass, AUTOTUNE_ENV};

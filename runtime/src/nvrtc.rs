@@ -4,7 +4,8 @@
 //! first load; asking NVRTC for a CUBIN of the device's own `sm_XY` skips
 //! that and lets [`compile_cubin`] run (and be tested) without a GPU.
 
-use crate::{Arch, Error};
+use crate::arch::Arch;
+use crate::error::Error;
 use cudarc::nvrtc::result::{self as nvrtc, NvrtcError};
 use cudarc::nvrtc::sys;
 use flashgen_codegen::abi::Kernel;
