@@ -53,6 +53,7 @@ mod stable_hash;
 mod choices;
 mod disk_cache;
 mod nvrtc;
+mod nvrtc_lib;
 mod tuning;
 // One GPU and what launches on it.
 mod autotune;

@@ -9,7 +9,7 @@ use crate::choices::Choices;
 use crate::disk_cache::{load_or_compile, DiskCache};
 use crate::error::Error;
 use crate::kernels::{LoadedKernel, Which};
-use crate::nvrtc::ensure_nvrtc;
+use crate::nvrtc_lib::ensure_nvrtc;
 use crate::parallel;
 use crate::single_flight::SingleFlight;
 use crate::tma::{tma_from, TMA_ENV};
