@@ -35,8 +35,10 @@
 //! # }
 //! ```
 
-// Layered bottom-up: each module imports only modules listed above it.
-// The vocabulary: no CUDA calls, no state.
+// Four layers, the lowest first: a module imports only from its own layer
+// and the layers listed before it.
+//
+// The vocabulary: types, checks and small tools, no CUDA calls.
 mod arch;
 mod arch_parse;
 mod args;
@@ -49,24 +51,29 @@ mod layout;
 mod parallel;
 mod single_flight;
 mod stable_hash;
-// Compiling, and the caches of kernels and tuning records.
+
+// Launch plumbing: argument values, TMA descriptors, event timing.
+mod marshal;
+mod timing;
+mod tma;
+
+// Compiling, and what persists: the kernel cache and tuning records.
 mod choices;
 mod disk_cache;
 mod nvrtc;
 mod nvrtc_lib;
 mod tuning;
-// One GPU and what launches on it.
+
+// One GPU and the launches on it.
 mod autotune;
 mod backward;
 mod block_mask;
 mod forward;
 mod forward_launch;
-mod marshal;
 mod runtime;
+
 #[cfg(test)]
 mod test_dir;
-mod timing;
-mod tma;
 
 pub use arch::Arch;
 pub use args::ArgValue;
