@@ -41,18 +41,20 @@ fn find() -> Result<Option<Library>, Vec<PathBuf>> {
     }
     let var = |name: &str| std::env::var_os(name);
     let exe = std::env::current_exe().ok();
-    let mut searched = search_dirs(&var, Path::new(env!("CARGO_MANIFEST_DIR")), exe.as_deref());
+    let mut dirs = search_dirs(&var, Path::new(env!("CARGO_MANIFEST_DIR")), exe.as_deref());
     for prefix in env_prefixes(&var) {
-        searched.extend(wheel_dirs(&site_packages_under(&prefix)));
+        dirs.extend(wheel_dirs(&site_packages_under(&prefix)));
     }
-    if let Some(lib) = load_first(&dedup(&searched)) {
+    let mut searched = dedup(&dirs);
+    if let Some(lib) = load_first(&searched) {
         return Ok(Some(lib));
     }
-    // Last, as it starts a process: the `python3` on PATH's own directories.
+    // Last, as it starts a process: the site-packages of the `python3` on PATH.
     let asked = dedup(&wheel_dirs(&python_site_packages()));
     let asked: Vec<PathBuf> = asked.into_iter().filter(|dir| !searched.contains(dir)).collect();
-    searched.extend(asked.iter().cloned());
-    load_first(&asked).map(Some).ok_or_else(|| dedup(&searched))
+    let found = load_first(&asked);
+    searched.extend(asked);
+    found.map(Some).ok_or(searched)
 }
 
 /// Whether cudarc's own load by name succeeds.
