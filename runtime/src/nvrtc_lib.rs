@@ -8,7 +8,7 @@
 //! load by name, which matches the library's soname (`libnvrtc.so.13`).
 
 use crate::error::Error;
-use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+use libloading::Library;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -66,18 +66,30 @@ fn cudarc_finds_nvrtc() -> bool {
 /// The first library in `dirs` that loads and that cudarc then finds.
 fn load_first(dirs: &[PathBuf]) -> Option<Library> {
     let files = dirs.iter().flat_map(|dir| FILE_NAMES.map(|name| dir.join(name)));
-    files.filter(|file| file.is_file()).find_map(|file| {
-        // SAFETY: loading NVRTC runs no initializers beyond the C runtime's
-        // own. RTLD_GLOBAL lets the loader match cudarc's load by soname.
-        match unsafe { Library::open(Some(&file), RTLD_NOW | RTLD_GLOBAL) } {
-            Ok(lib) if cudarc_finds_nvrtc() => Some(lib),
-            Ok(_) => None,
-            Err(e) => {
-                eprintln!("flashgen: warning: cannot load {}: {e}", file.display());
-                None
-            }
+    files.filter(|file| file.is_file()).find_map(|file| match open(&file) {
+        Ok(lib) if cudarc_finds_nvrtc() => Some(lib),
+        Ok(_) => None,
+        Err(e) => {
+            eprintln!("flashgen: warning: cannot load {}: {e}", file.display());
+            None
         }
     })
+}
+
+/// Loads the library at `path` for the whole process.
+#[cfg(unix)]
+fn open(path: &Path) -> Result<Library, libloading::Error> {
+    use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+    // SAFETY: loading NVRTC runs no initializers beyond the C runtime's own.
+    // RTLD_GLOBAL lets the loader match cudarc's load by soname.
+    unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }.map(Into::into)
+}
+
+/// Loads the library at `path`; Windows matches a later load by file name.
+#[cfg(not(unix))]
+fn open(path: &Path) -> Result<Library, libloading::Error> {
+    // SAFETY: loading NVRTC runs no initializers beyond the C runtime's own.
+    unsafe { Library::new(path) }
 }
 
 /// The directories to search after the system's library path, in order:
