@@ -1,6 +1,8 @@
-# Sourced by the set-up scripts: makes libnvrtc loadable. Uses a CUDA
-# toolkit's NVRTC when one is installed, else installs NVIDIA's PyPI wheel
-# (nvidia-cuda-nvrtc, CUDA 13) into target/pypi-nvrtc once.
+# Sourced by the set-up scripts: makes sure libnvrtc is installed. Uses a
+# CUDA toolkit's NVRTC when one is installed, else installs NVIDIA's PyPI
+# wheel (nvidia-cuda-nvrtc, CUDA 13) into target/pypi-nvrtc once. The
+# runtime looks in both places itself (runtime/src/nvrtc_lib.rs), so plain
+# cargo commands find it; LD_LIBRARY_PATH is set for other tools' sake.
 flashgen_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 flashgen_pypi="$flashgen_root/target/pypi-nvrtc"
 flashgen_pypi_lib="$flashgen_pypi/nvidia/cu13/lib"

@@ -1,6 +1,6 @@
 //! Launch values of a spec's runtime params and captured tensors.
 
-use crate::Error;
+use crate::error::Error;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
 use flashgen_codegen::{ElemTy, Shape, Spec, TensorDecl, Ty};
 use half::{bf16, f16};

@@ -8,32 +8,22 @@
 //! touches a file twice. Without a remembered choice it uses
 //! [`TileConfig::preferred`].
 
-use crate::forward::ForwardLaunch;
+use crate::args::ArgValue;
+use crate::choices::Choice;
+use crate::element::Element;
+use crate::error::Error;
+use crate::forward_launch::{ForwardIo, ForwardLaunch, ForwardOptions};
+use crate::runtime::Runtime;
 use crate::timing::median_ms;
 use crate::tuning::{config_name, Record, ShapeClass, TuningKey};
-use crate::{ArgValue, Element, Error, ForwardIo, ForwardOptions, Runtime};
 use flashgen_codegen::cuda::TileConfig;
 use flashgen_codegen::{Shape, Spec, CODEGEN_VERSION};
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{PoisonError, RwLock};
 
 /// Untimed launches per candidate, after all candidates were loaded.
 const WARMUP: usize = 2;
 /// Timed launches per candidate; the median counts.
 const RUNS: usize = 7;
-
-/// The configuration per canonical spec source and shape class, keyed in two
-/// levels so a lookup borrows the source instead of allocating a key.
-pub(crate) type Choices = RwLock<HashMap<String, HashMap<ShapeClass, Choice>>>;
-
-/// What a forward launch of one class uses.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Choice {
-    config: TileConfig,
-    /// Chosen by timing; else the preferred config, for want of a record.
-    tuned: bool,
-}
 
 /// What [`Runtime::autotune`] measured and chose.
 #[derive(Debug)]
@@ -145,11 +135,9 @@ impl Runtime {
     /// The class's choice from memory, else from the disk (then remembered
     /// in memory, found or not).
     fn choice(&self, spec: &Spec, spec_source: &str, class: ShapeClass) -> Choice {
-        let remembered = self.choices.read().unwrap_or_else(PoisonError::into_inner);
-        if let Some(&choice) = remembered.get(spec_source).and_then(|classes| classes.get(&class)) {
+        if let Some(choice) = self.choices.get(spec_source, class) {
             return choice;
         }
-        drop(remembered);
         let candidates = TileConfig::candidates(spec, self.target());
         let key = TuningKey::new(spec_source, class, self.arch(), CODEGEN_VERSION);
         let choice = match self.disk.as_ref().and_then(|disk| disk.load_tuning(key, &candidates)) {
@@ -158,9 +146,7 @@ impl Runtime {
                 Choice { config: TileConfig::preferred_for(spec, self.target(), class.kv_len_bound()), tuned: false }
             }
         };
-        let mut choices = self.choices.write().unwrap_or_else(PoisonError::into_inner);
-        // A tuning that finished meanwhile wins.
-        *choices.entry(spec_source.to_string()).or_default().entry(class).or_insert(choice)
+        self.choices.keep_first(spec_source, class, choice)
     }
 
     /// Loads every candidate at once, times them one after another on
@@ -193,9 +179,7 @@ impl Runtime {
             return Err(Error::Tuning { spec: spec.name.clone(), failures });
         };
 
-        let mut choices = self.choices.write().unwrap_or_else(PoisonError::into_inner);
-        choices.entry(launch.spec_source.clone()).or_default().insert(class, Choice { config: best, tuned: true });
-        drop(choices);
+        self.choices.replace(&launch.spec_source, class, Choice { config: best, tuned: true });
         if let Some(disk) = &self.disk {
             let times: Vec<_> = candidates.iter().map(|(c, ms)| (*c, ms.as_ref().ok().copied())).collect();
             let key = TuningKey::new(&launch.spec_source, class, self.arch(), CODEGEN_VERSION);

@@ -11,18 +11,20 @@
 //! mode. dQ, dK and dV are deterministic in the deterministic mode; in the
 //! atomic mode dQ's f32 sum order varies between runs.
 
-use crate::args::ArgInfo;
+use crate::args::{ArgInfo, ArgValue};
 use crate::block_mask::{BlockMask, BuiltFor};
 use crate::check::{check_backward, softmax_scale, Buffer, Grads, Problem};
-use crate::forward::check_block_mask;
+use crate::element::Element;
+use crate::error::Error;
+use crate::kernels::{LoadedKernel, Which};
+use crate::layout::Layout;
 use crate::marshal::{launch, launch_config, marshal, Bindings, GradBindings};
-use crate::runtime::{LoadedKernel, Which};
-use crate::tma;
-use crate::{ArgValue, Element, Error, Layout, Runtime};
+use crate::runtime::Runtime;
+use crate::tma::{self, TensorMap};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::{ArgKind, Operand};
-use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, TileConfig, Work};
-use flashgen_codegen::{to_source, Shape, Spec};
+use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, Work};
+use flashgen_codegen::{Shape, Spec};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// The operands of one backward pass: the forward's inputs, its output O and
@@ -72,6 +74,46 @@ pub struct BackwardOptions<'a> {
     pub workspace: Option<&'a BackwardWorkspace>,
 }
 
+impl<T: Element> BackwardIo<'_, T> {
+    /// Checks the operands and dO, dQ, dK, dV against `spec`; the launch's
+    /// shape, `None` where there is nothing to compute.
+    fn check(&self, spec: &Spec, infos: &[ArgInfo]) -> Result<Option<Shape>, Error> {
+        let Self { q, k, v, o, lse, d_o, dq, dk, dv, .. } = self;
+        let buffer = |layout, len| Buffer { layout, len };
+        let operands = [(q.1, q.0.len()), (k.1, k.0.len()), (v.1, v.0.len()), (o.1, o.0.len())];
+        let problem = Problem::new(T::DTYPE, operands, Some(lse.len()));
+        let grads = Grads {
+            d_o: buffer(d_o.1, d_o.0.len()),
+            dq: buffer(dq.1, dq.0.len()),
+            dk: buffer(dk.1, dk.0.len()),
+            dv: buffer(dv.1, dv.0.len()),
+        };
+        check_backward(spec, &problem, &grads, infos)
+    }
+
+    /// `config` with the dK/dV kernel's copies: TMA where the Hopper kernel
+    /// can address Q, dO, K and V with it (and the descriptors), else its threads.
+    fn with_copies(
+        &self,
+        rt: &Runtime,
+        spec: &Spec,
+        config: BackwardConfig,
+    ) -> (BackwardConfig, Option<Vec<(Operand, TensorMap)>>) {
+        let s = rt.stream().as_ref();
+        let Self { q, k, v, d_o, .. } = self;
+        let tensor_maps = config.key_value_tma_tile(spec).and_then(|(block_m, block_n)| {
+            let operands = [
+                (Operand::Q, q.0.device_ptr(s).0, &q.1),
+                (Operand::K, k.0.device_ptr(s).0, &k.1),
+                (Operand::V, v.0.device_ptr(s).0, &v.1),
+                (Operand::DO, d_o.0.device_ptr(s).0, &d_o.1),
+            ];
+            tma::tensor_maps(&operands, tma::Tile { block_m, block_n }, spec.dtype, rt.tma)
+        });
+        (BackwardConfig { copy: tma::copy_with(&tensor_maps), ..config }, tensor_maps)
+    }
+}
+
 impl Runtime {
     /// Checks every size, stride, buffer length and argument against `spec`
     /// as [`Runtime::forward`] does, plus the gradient operands, then queues
@@ -83,70 +125,36 @@ impl Runtime {
         args: &[ArgValue<'_>],
         opts: &BackwardOptions<'_>,
     ) -> Result<(), Error> {
-        let BackwardIo { q, k, v, o, lse, d_o, dq, dk, dv, d_tensors } = io;
         let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
-        let buffer = |layout, len| Buffer { layout, len };
-        let operands = [(q.1, q.0.len()), (k.1, k.0.len()), (v.1, v.0.len()), (o.1, o.0.len())];
-        let problem = Problem::new(T::DTYPE, operands, Some(lse.len()));
-        let grads = Grads {
-            d_o: buffer(d_o.1, d_o.0.len()),
-            dq: buffer(dq.1, dq.0.len()),
-            dk: buffer(dk.1, dk.0.len()),
-            dv: buffer(dv.1, dv.0.len()),
-        };
-        let shape = check_backward(spec, &problem, &grads, &infos)?;
+        let checked = io.check(spec, &infos)?;
         let scale = softmax_scale(spec, opts.scale)?;
-        check_tensor_grads(spec, shape, &d_tensors)?;
-        let Some(shape) = shape else {
+        check_tensor_grads(spec, checked, &io.d_tensors)?;
+        let Some(shape) = checked else {
             return Ok(());
         };
         // Tensor gradients nobody asked for are not computed at all.
-        let tensor_grads = d_tensors.iter().any(Option::is_some);
-        let config = BackwardConfig::preferred(spec, self.target());
-        // The Hopper dK/dV kernel copies Q, dO, K and V with TMA where it can.
-        let stream = self.stream();
-        let tensor_maps = config.key_value_tma_tile(spec).and_then(|(block_m, block_n)| {
-            let s = stream.as_ref();
-            let operands = [
-                (Operand::Q, q.0.device_ptr(s).0, &q.1),
-                (Operand::K, k.0.device_ptr(s).0, &k.1),
-                (Operand::V, v.0.device_ptr(s).0, &v.1),
-                (Operand::DO, d_o.0.device_ptr(s).0, &d_o.1),
-            ];
-            tma::tensor_maps(&operands, tma::Tile { block_m, block_n }, spec.dtype, self.tma)
-        });
-        let config = BackwardConfig { tensor_grads, copy: tma::copy_with(&tensor_maps), ..config };
+        let tensor_grads = io.d_tensors.iter().any(Option::is_some);
+        let config = BackwardConfig { tensor_grads, ..BackwardConfig::preferred(spec, self.target()) };
+        let (config, tensor_maps) = io.with_copies(self, spec, config);
         let load = |pass| self.load_which(spec, Which::backward(pass, config));
         let (pre, main) = (load(BackwardPass::Preprocess)?, load(BackwardPass::KeyValue)?);
         let dq_pass = load(if opts.deterministic { BackwardPass::Query } else { BackwardPass::Postprocess })?;
 
         let heads = shape.batch * shape.heads;
-        let rows = heads * shape.q_len;
         // No accumulator (a null pointer) in the deterministic mode, or without queries.
         let accum_len = if opts.deterministic { 0 } else { config.dq_accum(spec).len(spec, heads, shape.q_len) };
         // The accumulator starts 256 bytes aligned, as a fresh allocation
         // would: the dK/dV kernel adds to it with 16-byte vector or bulk reductions.
-        let delta_span = rows.next_multiple_of(64);
-        let len = (delta_span + accum_len).max(1);
-        let alloc = || stream.alloc_zeros::<f32>(len).map_err(|e| Error::driver("allocating backward workspace", e));
+        let delta_span = (heads * shape.q_len).next_multiple_of(64);
         let mut kept = opts.workspace.map(|w| w.0.lock().unwrap_or_else(PoisonError::into_inner));
         let mut fresh = None;
-        let buffer = match kept.as_deref_mut() {
-            Some(slot) => match slot {
-                Some(b) if b.len() >= len && Arc::ptr_eq(b.context(), self.context()) => b,
-                _ => {
-                    // Freed (after the work queued on it) before its successor
-                    // is allocated, so the pool can reuse the memory.
-                    *slot = None;
-                    slot.insert(alloc()?)
-                }
-            },
-            None => fresh.insert(alloc()?),
-        };
+        let slot = kept.as_deref_mut().unwrap_or(&mut fresh);
+        let buffer = self.workspace_in(slot, (delta_span + accum_len).max(1))?;
         // The preprocess writes every row of D and zeroes the accumulator.
         let (mut delta, mut rest) = buffer.split_at_mut(delta_span.min(buffer.len()));
         let mut dq_accum = (accum_len > 0).then(|| rest.slice_mut(..accum_len));
-        let mut d_tensors = d_tensors;
+        let BackwardIo { q, k, v, o, lse, d_o, dq, dk, dv, mut d_tensors } = io;
+        let stream = self.stream();
         for t in d_tensors.iter_mut().flatten() {
             stream.memset_zeros(*t).map_err(|e| Error::driver("zeroing a tensor gradient", e))?;
         }
@@ -171,14 +179,7 @@ impl Runtime {
         let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(s)).collect();
         let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
         if let Some(mask) = opts.block_mask {
-            let launch = BuiltFor {
-                spec_source: to_source(spec),
-                shape,
-                tile: TileConfig::mask_tile(spec),
-                args: infos.clone(),
-                tensors: tensor_ptrs.clone(),
-            };
-            check_block_mask(&mask.built_for, &launch)?;
+            mask.built_for.check_launch(&BuiltFor::new(spec, &main, shape, &infos, &tensor_ptrs))?;
         }
         let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(s), m.strides));
         // Under a data-dependent mask the dK/dV kernel starts its longest CTAs first.
@@ -223,6 +224,25 @@ impl Runtime {
             self.launch_pass(&dq_pass, &bindings)?;
         }
         Ok(())
+    }
+
+    /// The workspace in `slot` if it holds `len` floats on this device, else
+    /// a fresh one in its place.
+    fn workspace_in<'s>(
+        &self,
+        slot: &'s mut Option<CudaSlice<f32>>,
+        len: usize,
+    ) -> Result<&'s mut CudaSlice<f32>, Error> {
+        let buffer = match slot.take() {
+            Some(b) if b.len() >= len && Arc::ptr_eq(b.context(), self.context()) => b,
+            old => {
+                // Freed (after the work queued on it) before its successor
+                // is allocated, so the pool can reuse the memory.
+                drop(old);
+                self.stream().alloc_zeros::<f32>(len).map_err(|e| Error::driver("allocating backward workspace", e))?
+            }
+        };
+        Ok(slot.insert(buffer))
     }
 
     fn launch_pass(&self, loaded: &LoadedKernel, bindings: &Bindings) -> Result<(), Error> {

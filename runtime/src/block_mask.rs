@@ -8,11 +8,12 @@
 //! ids) or floats is only bounded by evaluating it, which is what the
 //! block-mask kernel does, one thread block per tile.
 
-use crate::args::ArgInfo;
+use crate::args::{ArgInfo, ArgValue};
 use crate::check::{check_shape, MAX_GRID_YZ};
+use crate::error::Error;
+use crate::kernels::{LoadedKernel, Which};
 use crate::marshal::{launch, launch_config, marshal, Bindings};
-use crate::runtime::{LoadedKernel, Which};
-use crate::{ArgValue, Error, Runtime};
+use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::cuda::{TileConfig, Work};
 use flashgen_codegen::{to_source, Builtin, Shape, Spec};
@@ -53,6 +54,23 @@ impl BuiltFor {
             args: args.to_vec(),
             tensors: tensors.to_vec(),
         }
+    }
+
+    /// Whether a mask built for `self` serves `launch`: only one built for
+    /// exactly that launch does.
+    pub fn check_launch(&self, launch: &BuiltFor) -> Result<(), Error> {
+        let what = if self.spec_source != launch.spec_source {
+            "spec"
+        } else if self.shape != launch.shape {
+            "shape"
+        } else if self.tile != launch.tile {
+            "tile size"
+        } else if self.args != launch.args || self.tensors != launch.tensors {
+            "params or tensors"
+        } else {
+            return Ok(());
+        };
+        Err(Error::BlockMaskMismatch { what })
     }
 }
 

@@ -6,7 +6,8 @@
 //! write outside the buffers it was given.
 
 use crate::args::{check_args, ArgInfo};
-use crate::{Error, Layout};
+use crate::error::Error;
+use crate::layout::Layout;
 use flashgen_codegen::abi::{Axis, Operand};
 use flashgen_codegen::{Dtype, Shape, Spec};
 

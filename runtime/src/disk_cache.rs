@@ -15,10 +15,13 @@
 //! `tuning/` subdirectory (see `crate::tuning`): small text files outside
 //! the size cap, removed by [`DiskCache::clear`] with the kernels.
 
+use crate::arch::Arch;
+use crate::atomic_file::{remove_if_present, write_atomic, TEMP_EXTENSION};
+use crate::error::Error;
+use crate::kernels::{KernelSet, Which};
 use crate::nvrtc::{compile_cubin, nvrtc_version, options};
 use crate::parallel;
-use crate::runtime::{KernelSet, Which};
-use crate::{Arch, Error};
+use crate::stable_hash::Fnv1a;
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::{Spec, CODEGEN_VERSION};
 use std::collections::HashSet;
@@ -27,7 +30,7 @@ use std::fmt;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Once;
 use std::time::{Duration, SystemTime};
 
@@ -45,45 +48,10 @@ const FORMAT_VERSION: u32 = 1;
 /// Magic, format version, key, payload length, payload checksum.
 const HEADER_LEN: usize = 8 + 4 + 16 + 8 + 16;
 const EXTENSION: &str = "cubin";
-const TEMP_EXTENSION: &str = "tmp";
 /// Tuning records: `tuning/<key>.txt`.
 pub(crate) const TUNING_EXTENSION: &str = "txt";
 /// Temp files this old were left by a crashed writer.
 const STALE_TEMP: Duration = Duration::from_secs(3600);
-
-/// FNV-1a 128: tiny, and unlike `std`'s `DefaultHasher` its output is fixed
-/// across processes and Rust versions, which a key stored on disk needs. 128
-/// bits make an accidental collision (loading the wrong kernel) negligible.
-#[derive(Clone, Copy)]
-pub(crate) struct Fnv1a(pub(crate) u128);
-
-impl Fnv1a {
-    const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
-    const PRIME: u128 = 0x0000000001000000000000000000013b;
-
-    pub(crate) fn new() -> Fnv1a {
-        Fnv1a(Self::OFFSET)
-    }
-
-    pub(crate) fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u128::from(b)).wrapping_mul(Self::PRIME);
-        }
-    }
-
-    /// Writes `bytes` length-prefixed, so that no two different lists of
-    /// fields hash the same bytes.
-    pub(crate) fn field(&mut self, bytes: &[u8]) {
-        self.write(&(bytes.len() as u64).to_le_bytes());
-        self.write(bytes);
-    }
-
-    fn of(bytes: &[u8]) -> u128 {
-        let mut h = Fnv1a::new();
-        h.write(bytes);
-        h.0
-    }
-}
 
 /// The disk cache key of one kernel compiled for one arch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -224,7 +192,7 @@ impl DiskCache {
         };
         let entries = scan(&self.dir, EXTENSION, remove_temp)?;
         let tunings = scan(&self.tuning_dir(), TUNING_EXTENSION, remove_temp)?;
-        entries.iter().chain(&tunings).try_for_each(|e| remove(&e.path))?;
+        entries.iter().chain(&tunings).try_for_each(|e| remove_if_present(&e.path))?;
         Ok(Cleared { kernels: entries.len(), tunings: tunings.len() })
     }
 
@@ -336,7 +304,7 @@ impl DiskCache {
             if total <= self.max_bytes {
                 break;
             }
-            remove(&entry.path)?;
+            remove_if_present(&entry.path)?;
             total -= entry.bytes;
         }
         Ok(())
@@ -366,24 +334,6 @@ fn scan(dir: &Path, extension: &str, mut on_temp: impl FnMut(&Path, SystemTime))
         }
     }
     Ok(entries)
-}
-
-/// Writes `bytes` to `path` through a temp file and a rename (creating the
-/// directory), so readers see the whole file or none.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    // Unique per process and call: concurrent writers never share a temp file.
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a file path"));
-    };
-    fs::create_dir_all(dir)?;
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let temp = dir.join(format!(".{}.{}.{n}.{TEMP_EXTENSION}", name.to_string_lossy(), std::process::id()));
-    let written = fs::write(&temp, bytes).and_then(|()| fs::rename(&temp, path));
-    if written.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    written
 }
 
 /// Compiles the kernels `set` names of `specs` for `archs` into the cache the environment
@@ -421,14 +371,6 @@ fn header(key: EntryKey, payload: &[u8]) -> Vec<u8> {
     header
 }
 
-/// Removes a file another process may have removed first.
-pub(crate) fn remove(path: &Path) -> io::Result<()> {
-    match fs::remove_file(path) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
-}
-
 /// One warning per process: a broken cache directory would otherwise print
 /// on every launch.
 fn warn(path: &Path, error: &io::Error) {
@@ -441,33 +383,10 @@ fn warn(path: &Path, error: &io::Error) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A fresh directory, removed when dropped.
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new(name: &str) -> TempDir {
-            let dir = std::env::temp_dir().join(format!("flashgen-disk-cache-{}-{name}", std::process::id()));
-            let _ = fs::remove_dir_all(&dir);
-            TempDir(dir)
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::test_dir::TempDir;
 
     fn key(n: u128) -> EntryKey {
         EntryKey(n)
-    }
-
-    #[test]
-    fn fnv1a_128_matches_the_reference_vectors() {
-        assert_eq!(Fnv1a::of(b""), Fnv1a::OFFSET);
-        assert_eq!(Fnv1a::of(b"a"), 0xd228cb696f1a8caf78912b704e4a8964);
-        assert_eq!(Fnv1a::of(b"foobar"), 0x343e1662793c64bf6f0d3597ba446f18);
     }
 
     #[test]
@@ -489,7 +408,7 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let tmp = TempDir::new("round-trip");
+        let tmp = TempDir::new("disk-cache-round-trip");
         let cache = DiskCache::at(&tmp.0);
         assert_eq!(cache.get(key(1)), None);
         assert_eq!(cache.entries().unwrap().len(), 0, "a missing directory is an empty cache");
@@ -506,7 +425,7 @@ mod tests {
 
     #[test]
     fn corrupt_entries_are_deleted_not_loaded() {
-        let tmp = TempDir::new("corrupt");
+        let tmp = TempDir::new("disk-cache-corrupt");
         let cache = DiskCache::at(&tmp.0);
         let path = cache.path(key(1));
         let good = || {
@@ -540,7 +459,7 @@ mod tests {
 
     #[test]
     fn evicts_least_recently_used_under_the_cap() {
-        let tmp = TempDir::new("evict");
+        let tmp = TempDir::new("disk-cache-evict");
         let entry = (HEADER_LEN + 1000) as u64;
         let cache = DiskCache::at(&tmp.0).with_max_bytes(2 * entry);
         let pause = || std::thread::sleep(Duration::from_millis(20));
@@ -562,7 +481,7 @@ mod tests {
 
     #[test]
     fn stale_temp_files_are_cleared() {
-        let tmp = TempDir::new("temp");
+        let tmp = TempDir::new("disk-cache-temp");
         let cache = DiskCache::at(&tmp.0);
         cache.put(key(1), b"x").unwrap();
         let (fresh, stale) = (tmp.0.join(".a.1.0.tmp"), tmp.0.join(".b.1.1.tmp"));
@@ -578,7 +497,7 @@ mod tests {
 
     #[test]
     fn concurrent_writers_never_expose_a_partial_entry() {
-        let tmp = TempDir::new("concurrent");
+        let tmp = TempDir::new("disk-cache-concurrent");
         let cache = DiskCache::at(&tmp.0);
         let len = 256 * 1024;
         std::thread::scope(|s| {

@@ -4,7 +4,7 @@
 //! variant here whose message names the offending library, operand or
 //! argument, so callers never have to decode a raw driver code or a panic.
 
-use crate::Arch;
+use crate::arch::Arch;
 use cudarc::driver::DriverError;
 use cudarc::nvrtc::result::NvrtcError;
 use flashgen_codegen::abi::{Axis, Operand};
@@ -12,14 +12,16 @@ use flashgen_codegen::Dtype;
 use std::fmt;
 use std::path::PathBuf;
 
-const NVRTC_HINT: &str = "install a CUDA toolkit, or run `python3 -m pip install 'nvidia-cuda-nvrtc>=13,<14'` \
-     and put its `nvidia/cu13/lib` directory on LD_LIBRARY_PATH";
-
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
-    /// libnvrtc could not be loaded.
-    NvrtcMissing,
+    /// libnvrtc could not be loaded: not on the system's library path, nor
+    /// in any of the `searched` directories. `fix` is a command that
+    /// installs it where the search looks.
+    NvrtcMissing {
+        searched: Vec<PathBuf>,
+        fix: String,
+    },
     /// libcuda (the driver) could not be loaded.
     DriverMissing,
     /// There is no GPU with this ordinal.
@@ -191,7 +193,12 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::NvrtcMissing => write!(f, "libnvrtc (NVIDIA's runtime compiler) was not found: {NVRTC_HINT}"),
+            Error::NvrtcMissing { searched, fix } => {
+                write!(f, "libnvrtc (NVIDIA's runtime compiler) was not found on the system's library path")?;
+                write!(f, " (LD_LIBRARY_PATH, ldconfig) nor in:")?;
+                searched.iter().try_for_each(|dir| write!(f, "\n  {}", dir.display()))?;
+                write!(f, "\nto install it, run: {fix}\n(or install a CUDA toolkit, or set CUDA_PATH to one)")
+            }
             Error::DriverMissing => write!(
                 f,
                 "libcuda (the NVIDIA driver) was not found: flashgen needs an NVIDIA GPU with its driver installed"

@@ -35,25 +35,45 @@
 //! # }
 //! ```
 
+// Four layers, the lowest first: a module imports only from its own layer
+// and the layers listed before it.
+//
+// The vocabulary: types, checks and small tools, no CUDA calls.
 mod arch;
+mod arch_parse;
 mod args;
+mod atomic_file;
+mod check;
+mod element;
+mod error;
+mod kernels;
+mod layout;
+mod parallel;
+mod single_flight;
+mod stable_hash;
+
+// Launch plumbing: argument values, TMA descriptors, event timing.
+mod marshal;
+mod timing;
+mod tma;
+
+// Compiling, and what persists: the kernel cache and tuning records.
+mod choices;
+mod disk_cache;
+mod nvrtc;
+mod nvrtc_lib;
+mod tuning;
+
+// One GPU and the launches on it.
 mod autotune;
 mod backward;
 mod block_mask;
-mod check;
-mod disk_cache;
-mod element;
-mod error;
 mod forward;
-mod layout;
-mod marshal;
-mod nvrtc;
-mod parallel;
+mod forward_launch;
 mod runtime;
-mod single_flight;
-mod timing;
-mod tma;
-mod tuning;
+
+#[cfg(test)]
+mod test_dir;
 
 pub use arch::Arch;
 pub use args::ArgValue;
@@ -66,10 +86,11 @@ pub use disk_cache::{
 };
 pub use element::Element;
 pub use error::Error;
-pub use forward::{ForwardIo, ForwardOptions};
+pub use forward_launch::{ForwardIo, ForwardOptions};
+pub use kernels::{KernelSet, LoadedKernel};
 pub use layout::Layout;
 pub use nvrtc::{compile_count, compile_cubin, compile_cubin_with_log, nvrtc_version, DUMP_ENV};
-pub use runtime::{CacheStats, KernelSet, LoadedKernel, Runtime};
+pub use runtime::{CacheStats, Runtime};
 pub use timing::{median_ms, median_ms_after};
 pub use tma::TMA_ENV;
 pub use tuning::{config_name, ShapeClass, AUTOTUNE_ENV};

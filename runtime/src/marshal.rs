@@ -3,8 +3,8 @@
 //! code generator.
 
 use crate::args::ArgInfo;
+use crate::error::Error;
 use crate::tma::TensorMap;
-use crate::Error;
 use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
 use flashgen_codegen::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use flashgen_codegen::Shape;

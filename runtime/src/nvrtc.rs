@@ -4,7 +4,9 @@
 //! first load; asking NVRTC for a CUBIN of the device's own `sm_XY` skips
 //! that and lets [`compile_cubin`] run (and be tested) without a GPU.
 
-use crate::{Arch, Error};
+use crate::arch::Arch;
+use crate::error::Error;
+use crate::nvrtc_lib::ensure_nvrtc;
 use cudarc::nvrtc::result::{self as nvrtc, NvrtcError};
 use cudarc::nvrtc::sys;
 use flashgen_codegen::abi::Kernel;
@@ -80,17 +82,6 @@ pub(crate) fn options(arch: Arch) -> Vec<String> {
     // Hopper's wgmma/TMA instructions exist only in the arch-specific target.
     let suffix = if arch == Arch::new(9, 0) { "a" } else { "" };
     vec![format!("--gpu-architecture={arch}{suffix}"), "-std=c++17".to_string()]
-}
-
-/// Checked before any NVRTC call: cudarc's dynamic loader panics when the
-/// library is missing.
-pub(crate) fn ensure_nvrtc() -> Result<(), Error> {
-    // SAFETY: only tries to dlopen the candidate library names.
-    if unsafe { sys::is_culib_present() } {
-        Ok(())
-    } else {
-        Err(Error::NvrtcMissing)
-    }
 }
 
 /// Destroys the program on every exit path.

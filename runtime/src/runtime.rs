@@ -4,19 +4,21 @@
 //! compiled with NVRTC (and stored on disk), once per key however many
 //! threads ask for it at the same time.
 
-use crate::autotune::Choices;
+use crate::arch::Arch;
+use crate::choices::Choices;
 use crate::disk_cache::{load_or_compile, DiskCache};
-use crate::nvrtc::ensure_nvrtc;
+use crate::error::Error;
+use crate::kernels::{LoadedKernel, Which};
+use crate::nvrtc_lib::ensure_nvrtc;
 use crate::parallel;
 use crate::single_flight::SingleFlight;
 use crate::tma::{tma_from, TMA_ENV};
 use crate::tuning::{autotune_from, AUTOTUNE_ENV};
-use crate::{Arch, Error};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudarc::nvrtc::Ptx;
 use flashgen_codegen::abi::Kernel;
-use flashgen_codegen::cuda::{self, Target, TileConfig, TileCopy};
+use flashgen_codegen::cuda::{Target, TileConfig, TileCopy};
 use flashgen_codegen::{to_source, Spec};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -57,88 +59,6 @@ pub struct CacheStats {
     pub compiles: u64,
 }
 
-/// Which kernel of a spec.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Which {
-    /// Made by [`Which::forward`].
-    Forward(TileConfig, TileCopy),
-    BlockMask,
-    /// A work order under the spec's block mask.
-    WorkOrder(cuda::Work),
-    Backward(cuda::BackwardPass, cuda::BackwardConfig),
-}
-
-/// Which kernels of a spec to precompile.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KernelSet {
-    /// The forward kernel and, for a masked spec, the block-mask kernel.
-    Inference,
-    /// Those and the four backward kernels (preprocess, dK/dV, the
-    /// deterministic dQ, the dQ postprocess) and, under a data-dependent
-    /// mask, the dK/dV kernel's work order.
-    Training,
-}
-
-impl Which {
-    /// The kernels `set` names for `spec` on `target` (the forward in its
-    /// configurations without tuning).
-    pub(crate) fn all(spec: &Spec, set: KernelSet, target: Target) -> Vec<Which> {
-        // Short keys' and long keys' forward (TileConfig::preferred_for).
-        let forward = [TileConfig::preferred(spec, target), TileConfig::preferred_for(spec, target, usize::MAX)];
-        // Copying with TMA, as launches on contiguous operands do.
-        let mut which = vec![Which::forward(forward[0], TileCopy::Tma), Which::BlockMask];
-        if forward[1] != forward[0] {
-            which.push(Which::forward(forward[1], TileCopy::Tma));
-        }
-        // Persistent forwards' item orders under a data-dependent mask.
-        for config in forward.iter().filter(|c| c.persistent()) {
-            let order = Which::WorkOrder(cuda::Work::QueryTiles { block_m: config.block_m() });
-            if !which.contains(&order) {
-                which.push(order);
-            }
-        }
-        if set == KernelSet::Training {
-            use cuda::BackwardPass::{KeyValue, Postprocess, Preprocess, Query};
-            let config = cuda::BackwardConfig::preferred(spec, target);
-            which.extend([Preprocess, KeyValue, Query, Postprocess].map(|pass| Which::backward(pass, config)));
-            which.push(Which::WorkOrder(cuda::Work::KeyTiles { block_n: config.block_n() }));
-            // The dK/dV kernel without tensor gradients, for calls that ask for none.
-            if !cuda::trainable_tensors(spec).is_empty() {
-                which.push(Which::backward(KeyValue, cuda::BackwardConfig { tensor_grads: false, ..config }));
-            }
-        }
-        which
-    }
-
-    /// The forward kernel in `config`, copying as `copy` says where the
-    /// configuration is warp-specialized; the others have one kernel, and
-    /// one cache entry.
-    pub(crate) fn forward(config: TileConfig, copy: TileCopy) -> Which {
-        Which::Forward(config, if config.persistent() { copy } else { TileCopy::Threads })
-    }
-
-    /// Backward kernel `pass` in `config`; `tensor_grads` and `copy` only
-    /// select among dK/dV kernels (`copy` among Hopper ones), so the others
-    /// have one cache entry.
-    pub(crate) fn backward(pass: cuda::BackwardPass, config: cuda::BackwardConfig) -> Which {
-        let key_value = pass == cuda::BackwardPass::KeyValue;
-        let tensor_grads = config.tensor_grads || !key_value;
-        let copy = if key_value && config.mma == cuda::Mma::Wgmma { config.copy } else { TileCopy::Threads };
-        Which::Backward(pass, cuda::BackwardConfig { tensor_grads, copy, ..config })
-    }
-
-    /// The kernel of `spec`; `None` for the block mask of a spec without a
-    /// mask, and for a work order of one without a data-dependent mask.
-    pub(crate) fn emit(self, spec: &Spec) -> Option<Kernel> {
-        match self {
-            Which::Forward(config, copy) => Some(cuda::emit_forward_copying(spec, config, copy)),
-            Which::BlockMask => cuda::emit_block_mask(spec),
-            Which::WorkOrder(work) => cuda::emit_work_order(spec, work),
-            Which::Backward(pass, config) => Some(cuda::emit_backward_with(spec, pass, config)),
-        }
-    }
-}
-
 /// What selects a kernel within one runtime, without generating it. The
 /// arch, NVRTC options and codegen version are fixed for a runtime, so they
 /// belong only to the disk cache's key.
@@ -146,30 +66,6 @@ impl Which {
 struct CacheKey {
     which: Which,
     spec_source: String,
-}
-
-/// A generated kernel, compiled and loaded on a device.
-pub struct LoadedKernel {
-    kernel: Kernel,
-    function: CudaFunction,
-    /// The canonical source of the spec it was generated from.
-    spec_source: String,
-}
-
-impl LoadedKernel {
-    /// The kernel's source and launch contract.
-    pub fn kernel(&self) -> &Kernel {
-        &self.kernel
-    }
-
-    pub fn function(&self) -> &CudaFunction {
-        &self.function
-    }
-
-    /// The canonical source of the spec it was generated from.
-    pub(crate) fn spec_source(&self) -> &str {
-        &self.spec_source
-    }
 }
 
 impl Runtime {
@@ -373,6 +269,6 @@ impl Runtime {
                 kernel.dynamic_smem as i32,
             )
             .map_err(|e| Error::driver(during("raising the shared memory limit of"), e))?;
-        Ok(LoadedKernel { kernel, function, spec_source })
+        Ok(LoadedKernel::new(kernel, function, spec_source))
     }
 }

@@ -1,7 +1,7 @@
 //! GPU time of queued work, by CUDA events: what autotuning ranks candidates
 //! by, and what the benchmark and the CLI report.
 
-use crate::Error;
+use crate::error::Error;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaStream;
 

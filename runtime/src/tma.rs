@@ -11,7 +11,7 @@
 //! launch runs the kernel generated to copy with cp.async
 //! (`cuda::TileCopy::Threads`).
 
-use crate::Layout;
+use crate::layout::Layout;
 use cudarc::driver::sys::{
     cuTensorMapEncodeTiled, CUresult, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
     CUtensorMapL2promotion, CUtensorMapSwizzle,

@@ -10,8 +10,10 @@
 //! never panics and trusts nothing it reads: the winner is looked up by name
 //! among the current candidates, never built from the file.
 
-use crate::disk_cache::{remove, write_atomic, Fnv1a, TUNING_EXTENSION};
-use crate::{Arch, DiskCache};
+use crate::arch::Arch;
+use crate::atomic_file::{remove_if_present, write_atomic};
+use crate::disk_cache::{DiskCache, TUNING_EXTENSION};
+use crate::stable_hash::Fnv1a;
 use flashgen_codegen::cuda::TileConfig;
 use flashgen_codegen::{Shape, Spec};
 use std::ffi::OsString;
@@ -216,7 +218,7 @@ impl DiskCache {
             .map_err(|why| {
                 eprintln!("flashgen: warning: ignoring tuning record {}: {why}", path.display());
                 // Best effort: a later tuning overwrites it anyway.
-                let _ = remove(&path);
+                let _ = remove_if_present(&path);
             })
             .ok()
     }
@@ -230,6 +232,7 @@ impl DiskCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_dir::TempDir;
     use flashgen_codegen::cuda::Target;
     use flashgen_codegen::{parse_one, CODEGEN_VERSION};
 
@@ -242,23 +245,6 @@ mod tests {
 
     fn shape(batch: usize, heads: usize, q_len: usize, kv_len: usize) -> Shape {
         Shape { batch, heads, heads_kv: heads, q_len, kv_len }
-    }
-
-    /// A fresh directory, removed when dropped.
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new(name: &str) -> TempDir {
-            let dir = std::env::temp_dir().join(format!("flashgen-tuning-{}-{name}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            TempDir(dir)
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
     }
 
     #[test]
@@ -351,7 +337,7 @@ mod tests {
 
     #[test]
     fn records_round_trip_through_the_disk_cache() {
-        let tmp = TempDir::new("round-trip");
+        let tmp = TempDir::new("tuning-round-trip");
         let cache = DiskCache::at(&tmp.0);
         let spec = spec(128);
         let key = TuningKey::new("S", ShapeClass::new(&spec, &shape(4, 16, 1024, 1024), 132), SM90, CODEGEN_VERSION);
@@ -374,7 +360,7 @@ mod tests {
 
     #[test]
     fn stale_and_damaged_records_are_ignored_and_deleted() {
-        let tmp = TempDir::new("damaged");
+        let tmp = TempDir::new("tuning-damaged");
         let cache = DiskCache::at(&tmp.0);
         let spec = spec(128);
         let key = TuningKey::new("S", ShapeClass::new(&spec, &shape(4, 16, 1024, 1024), 132), SM90, CODEGEN_VERSION);

@@ -1,0 +1,178 @@
+//! A forward launch whose operands passed every check, runnable in any tile
+//! configuration: what [`Runtime::forward`] queues once and autotuning
+//! times per candidate.
+
+use crate::args::{ArgInfo, ArgValue};
+use crate::block_mask::{BlockMask, BuiltFor};
+use crate::check::{check_forward, softmax_scale, Problem};
+use crate::element::Element;
+use crate::error::Error;
+use crate::kernels::Which;
+use crate::layout::Layout;
+use crate::marshal::{launch, launch_config, marshal, Bindings};
+use crate::runtime::Runtime;
+use crate::tma::{self, TensorMap};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use flashgen_codegen::abi::{ArgKind, Grid, Operand};
+use flashgen_codegen::cuda::{TileConfig, Work};
+use flashgen_codegen::{to_source, Shape, Spec};
+
+/// The operands of one forward pass. O and the optional row log-sum-exp
+/// (`f32[batch, heads, q_len]`, contiguous) are written.
+pub struct ForwardIo<'a, T> {
+    pub q: (&'a CudaSlice<T>, Layout),
+    pub k: (&'a CudaSlice<T>, Layout),
+    pub v: (&'a CudaSlice<T>, Layout),
+    pub o: (&'a mut CudaSlice<T>, Layout),
+    pub lse: Option<&'a mut CudaSlice<f32>>,
+}
+
+#[derive(Clone, Copy, Default)]
+pub struct ForwardOptions<'a> {
+    /// Softmax scale, positive and finite (else `Error::Scale`); `None`
+    /// means `1 / sqrt(head_dims.qk)`.
+    pub scale: Option<f32>,
+    /// Tile classes from [`Runtime::block_mask`] for the same spec, shape,
+    /// params and tensors: lets the kernel skip tiles of data-dependent
+    /// masks. Without one, only tiles the mask's interval analysis decides
+    /// are skipped.
+    pub block_mask: Option<&'a BlockMask>,
+    /// Launch in this tile configuration, which must be one of
+    /// [`TileConfig::candidates`] for [`Runtime::target`]. `None`: the
+    /// choice autotuning remembered for the launch's shape class, else
+    /// [`TileConfig::preferred`] (see [`Runtime::autotune`]).
+    pub config: Option<TileConfig>,
+}
+
+/// A forward launch whose operands passed the checks, ready to queue in any
+/// tile configuration as often as needed (autotuning times each candidate on it).
+pub(crate) struct ForwardLaunch<'a, 'r, T> {
+    pub spec: &'r Spec,
+    /// The spec's canonical source, computed once per launch.
+    pub spec_source: String,
+    pub shape: Shape,
+    io: ForwardIo<'a, T>,
+    args: &'r [ArgValue<'r>],
+    infos: Vec<ArgInfo>,
+    scale: f32,
+}
+
+impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
+    /// Checks every size, stride, buffer length and argument against `spec`,
+    /// and `opts`' softmax scale; `None` for a launch with no batch or no
+    /// queries.
+    pub fn check(
+        spec: &'r Spec,
+        io: ForwardIo<'a, T>,
+        args: &'r [ArgValue<'r>],
+        opts: &ForwardOptions<'_>,
+    ) -> Result<Option<Self>, Error> {
+        let scale = softmax_scale(spec, opts.scale)?;
+        let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
+        let operands = [(io.q.1, io.q.0.len()), (io.k.1, io.k.0.len()), (io.v.1, io.v.0.len()), (io.o.1, io.o.0.len())];
+        let problem = Problem::new(T::DTYPE, operands, io.lse.as_ref().map(|l| l.len()));
+        let Some(shape) = check_forward(spec, &problem, &infos)? else {
+            return Ok(None);
+        };
+        Ok(Some(ForwardLaunch { spec, spec_source: to_source(spec), shape, io, args, infos, scale }))
+    }
+
+    /// The kernel a launch in `config` runs: see [`tensor_maps`].
+    pub(crate) fn which(&self, rt: &Runtime, config: TileConfig) -> Which {
+        let stream = rt.stream().as_ref();
+        let ForwardIo { q, k, v, o, .. } = &self.io;
+        let operands = [
+            (Operand::Q, q.0.device_ptr(stream).0, &q.1),
+            (Operand::K, k.0.device_ptr(stream).0, &k.1),
+            (Operand::V, v.0.device_ptr(stream).0, &v.1),
+            (Operand::O, o.0.device_ptr(stream).0, &o.1),
+        ];
+        Which::forward(config, tma::copy_with(&tensor_maps(rt, self.spec, config, &operands)))
+    }
+
+    /// Queues the kernel in `config` without waiting for it.
+    pub fn run(&mut self, rt: &Runtime, config: TileConfig, opts: &ForwardOptions<'_>) -> Result<(), Error> {
+        let (spec, shape, infos) = (self.spec, self.shape, &self.infos);
+        let ForwardIo { q: (q, q_layout), k: (k, k_layout), v: (v, v_layout), o: (o, o_layout), lse } = &mut self.io;
+
+        // The guards order the launch after pending work on each buffer and
+        // record it for later work; they must live until after the launch.
+        let stream = rt.stream().as_ref();
+        let (q_ptr, _q) = q.device_ptr(stream);
+        let (k_ptr, _k) = k.device_ptr(stream);
+        let (v_ptr, _v) = v.device_ptr(stream);
+        let (o_ptr, _o) = o.device_ptr_mut(stream);
+        let lse = lse.as_mut().map(|l| l.device_ptr_mut(stream));
+        let operands = [
+            (Operand::Q, q_ptr, &*q_layout),
+            (Operand::K, k_ptr, &*k_layout),
+            (Operand::V, v_ptr, &*v_layout),
+            (Operand::O, o_ptr, &*o_layout),
+        ];
+        let tensor_maps = tensor_maps(rt, spec, config, &operands);
+        let loaded = rt.load_keyed(spec, &self.spec_source, Which::forward(config, tma::copy_with(&tensor_maps)))?;
+        let kernel = loaded.kernel();
+        let grid = launch_config(kernel, &shape, 1, rt.sm_count())?;
+        // The checks put params first, so the tensors are exactly the
+        // arguments with device pointers, in declaration order.
+        let tensors: Vec<_> = self.args.iter().filter_map(|a| a.device_ptr(stream)).collect();
+        let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
+        if let Some(mask) = opts.block_mask {
+            mask.built_for.check_launch(&BuiltFor::new(spec, &loaded, shape, infos, &tensor_ptrs))?;
+        }
+        let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(stream), m.strides));
+        // Under a data-dependent mask a persistent kernel claims its longest items first.
+        let item_order = match opts.block_mask {
+            Some(mask) if kernel.args.iter().any(|a| a.kind == ArgKind::WorkOrder) => {
+                Some(mask.work_order(rt, spec, Work::QueryTiles { block_m: kernel.block_m })?)
+            }
+            _ => None,
+        };
+        let item_order = item_order.as_ref().map(|order| order.device_ptr(stream));
+        let work_counter = matches!(kernel.grid, Grid::Persistent { .. }).then(|| rt.work_counter().device_ptr(stream));
+        let values = marshal(
+            kernel,
+            &Bindings {
+                shape,
+                ptrs: [q_ptr, k_ptr, v_ptr, o_ptr],
+                strides: [q_layout.strides, k_layout.strides, v_layout.strides, o_layout.strides],
+                lse: lse.as_ref().map_or(0, |(ptr, _)| *ptr),
+                scale: self.scale,
+                args: infos,
+                tensors: &tensor_ptrs,
+                block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
+                block_mask_out: 0,
+                work_order: item_order.as_ref().map_or(0, |(ptr, _)| *ptr),
+                grads: None,
+                work_counter: work_counter.as_ref().map(|(ptr, _)| *ptr),
+                tensor_maps,
+            },
+        )?;
+
+        let launching = |e| Error::driver(format!("launching `{}`", kernel.name), e);
+        // Stream waits queued by the guards report failures here, not above.
+        rt.context().check_err().map_err(launching)?;
+        // SAFETY: `marshal` followed the kernel's own argument list, so the
+        // values match its parameters in order and type, and `check_forward`
+        // proved every element they let the kernel address is inside the
+        // buffer it belongs to; a block mask was built for this very shape
+        // and the mask tile every candidate configuration reads, so it holds
+        // a byte for every tile the grid reads.
+        unsafe { launch(stream, loaded.function(), &values, grid) }.map_err(launching)?;
+        Ok(())
+    }
+}
+
+/// The TMA descriptors of Q, K, V and O (`operands`) a launch in `config`
+/// copies with: a warp-specialized configuration's, where TMA is on and can
+/// address every operand; else `None`, and the kernel copies with its
+/// threads.
+fn tensor_maps(
+    rt: &Runtime,
+    spec: &Spec,
+    config: TileConfig,
+    operands: &[(Operand, u64, &Layout); 4],
+) -> Option<Vec<(Operand, TensorMap)>> {
+    let tile = tma::Tile { block_m: config.block_m(), block_n: config.block_n };
+    tma::tensor_maps(operands, tile, spec.dtype, rt.tma && config.persistent())
+}

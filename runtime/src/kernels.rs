@@ -1,0 +1,118 @@
+//! Kernel identity: which kernel of a spec a launch or a precompile needs
+//! ([`Which`], [`KernelSet`]), and one compiled and loaded on a device
+//! ([`LoadedKernel`]).
+
+use cudarc::driver::CudaFunction;
+use flashgen_codegen::abi::Kernel;
+use flashgen_codegen::cuda::{self, Target, TileConfig, TileCopy};
+use flashgen_codegen::Spec;
+
+/// Which kernel of a spec.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Which {
+    /// Made by [`Which::forward`].
+    Forward(TileConfig, TileCopy),
+    BlockMask,
+    /// A work order under the spec's block mask.
+    WorkOrder(cuda::Work),
+    Backward(cuda::BackwardPass, cuda::BackwardConfig),
+}
+
+/// Which kernels of a spec to precompile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelSet {
+    /// The forward kernel and, for a masked spec, the block-mask kernel.
+    Inference,
+    /// Those and the four backward kernels (preprocess, dK/dV, the
+    /// deterministic dQ, the dQ postprocess) and, under a data-dependent
+    /// mask, the dK/dV kernel's work order.
+    Training,
+}
+
+impl Which {
+    /// The kernels `set` names for `spec` on `target` (the forward in its
+    /// configurations without tuning).
+    pub(crate) fn all(spec: &Spec, set: KernelSet, target: Target) -> Vec<Which> {
+        // Short keys' and long keys' forward (TileConfig::preferred_for).
+        let forward = [TileConfig::preferred(spec, target), TileConfig::preferred_for(spec, target, usize::MAX)];
+        // Copying with TMA, as launches on contiguous operands do.
+        let mut which = vec![Which::forward(forward[0], TileCopy::Tma), Which::BlockMask];
+        if forward[1] != forward[0] {
+            which.push(Which::forward(forward[1], TileCopy::Tma));
+        }
+        // Persistent forwards' item orders under a data-dependent mask.
+        for config in forward.iter().filter(|c| c.persistent()) {
+            let order = Which::WorkOrder(cuda::Work::QueryTiles { block_m: config.block_m() });
+            if !which.contains(&order) {
+                which.push(order);
+            }
+        }
+        if set == KernelSet::Training {
+            use cuda::BackwardPass::{KeyValue, Postprocess, Preprocess, Query};
+            let config = cuda::BackwardConfig::preferred(spec, target);
+            which.extend([Preprocess, KeyValue, Query, Postprocess].map(|pass| Which::backward(pass, config)));
+            which.push(Which::WorkOrder(cuda::Work::KeyTiles { block_n: config.block_n() }));
+            // The dK/dV kernel without tensor gradients, for calls that ask for none.
+            if !cuda::trainable_tensors(spec).is_empty() {
+                which.push(Which::backward(KeyValue, cuda::BackwardConfig { tensor_grads: false, ..config }));
+            }
+        }
+        which
+    }
+
+    /// The forward kernel in `config`, copying as `copy` says where the
+    /// configuration is warp-specialized; the others have one kernel, and
+    /// one cache entry.
+    pub(crate) fn forward(config: TileConfig, copy: TileCopy) -> Which {
+        Which::Forward(config, if config.persistent() { copy } else { TileCopy::Threads })
+    }
+
+    /// Backward kernel `pass` in `config`; `tensor_grads` and `copy` only
+    /// select among dK/dV kernels (`copy` among Hopper ones), so the others
+    /// have one cache entry.
+    pub(crate) fn backward(pass: cuda::BackwardPass, config: cuda::BackwardConfig) -> Which {
+        let key_value = pass == cuda::BackwardPass::KeyValue;
+        let tensor_grads = config.tensor_grads || !key_value;
+        let copy = if key_value && config.mma == cuda::Mma::Wgmma { config.copy } else { TileCopy::Threads };
+        Which::Backward(pass, cuda::BackwardConfig { tensor_grads, copy, ..config })
+    }
+
+    /// The kernel of `spec`; `None` for the block mask of a spec without a
+    /// mask, and for a work order of one without a data-dependent mask.
+    pub(crate) fn emit(self, spec: &Spec) -> Option<Kernel> {
+        match self {
+            Which::Forward(config, copy) => Some(cuda::emit_forward_copying(spec, config, copy)),
+            Which::BlockMask => cuda::emit_block_mask(spec),
+            Which::WorkOrder(work) => cuda::emit_work_order(spec, work),
+            Which::Backward(pass, config) => Some(cuda::emit_backward_with(spec, pass, config)),
+        }
+    }
+}
+
+/// A generated kernel, compiled and loaded on a device.
+pub struct LoadedKernel {
+    kernel: Kernel,
+    function: CudaFunction,
+    /// The canonical source of the spec it was generated from.
+    spec_source: String,
+}
+
+impl LoadedKernel {
+    pub(crate) fn new(kernel: Kernel, function: CudaFunction, spec_source: String) -> LoadedKernel {
+        LoadedKernel { kernel, function, spec_source }
+    }
+
+    /// The kernel's source and launch contract.
+    pub fn kernel(&self) -> &Kernel {
+        &self.kernel
+    }
+
+    pub fn function(&self) -> &CudaFunction {
+        &self.function
+    }
+
+    /// The canonical source of the spec it was generated from.
+    pub(crate) fn spec_source(&self) -> &str {
+        &self.spec_source
+    }
+}

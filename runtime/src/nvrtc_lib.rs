@@ -1,0 +1,252 @@
+//! Finding libnvrtc where users have it. cudarc loads NVRTC by file name
+//! only, from the system's library path, and panics where it is not there.
+//! Before its first NVRTC call this module looks, in order, on that path,
+//! in a CUDA toolkit, in this workspace's `target/pypi-nvrtc` (where
+//! `scripts/nvrtc-env.sh` installs NVIDIA's wheel) and in the active Python
+//! environment's `nvidia-cuda-nvrtc` wheel. A library found by full path is
+//! loaded once and kept loaded: the dynamic loader then hands it to cudarc's
+//! load by name, which matches the library's soname (`libnvrtc.so.13`).
+
+use crate::error::Error;
+use libloading::Library;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The wheel that provides NVRTC 13, as pip names it.
+const WHEEL: &str = "nvidia-cuda-nvrtc>=13,<14";
+/// Where the wheels put the library under `site-packages` (or a pip
+/// `--target`): CUDA 13's, then CUDA 12's (PyTorch's cu12x builds).
+const WHEEL_LIB_DIRS: [&str; 2] = ["nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib"];
+/// File names to load from a directory, the version the bindings target first.
+const FILE_NAMES: [&str; 3] = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"];
+
+/// Makes NVRTC loadable by cudarc, or says where it looked. Searches once
+/// per process; what it found stays loaded for the process's lifetime.
+pub(crate) fn ensure_nvrtc() -> Result<(), Error> {
+    static FOUND: OnceLock<Result<Option<Library>, Vec<PathBuf>>> = OnceLock::new();
+    match FOUND.get_or_init(find) {
+        Ok(_) => Ok(()),
+        Err(searched) => Err(Error::NvrtcMissing { searched: searched.clone(), fix: install_command() }),
+    }
+}
+
+/// The library: `None` where cudarc finds one on its own, else the one
+/// loaded from the first directory that has it; else every directory
+/// searched.
+fn find() -> Result<Option<Library>, Vec<PathBuf>> {
+    if cudarc_finds_nvrtc() {
+        return Ok(None);
+    }
+    let var = |name: &str| std::env::var_os(name);
+    let exe = std::env::current_exe().ok();
+    let mut dirs = search_dirs(&var, Path::new(env!("CARGO_MANIFEST_DIR")), exe.as_deref());
+    for prefix in env_prefixes(&var) {
+        dirs.extend(wheel_dirs(&site_packages_under(&prefix)));
+    }
+    let mut searched = dedup(&dirs);
+    if let Some(lib) = load_first(&searched) {
+        return Ok(Some(lib));
+    }
+    // Last, as it starts a process: the site-packages of the `python3` on PATH.
+    let asked = dedup(&wheel_dirs(&python_site_packages()));
+    let asked: Vec<PathBuf> = asked.into_iter().filter(|dir| !searched.contains(dir)).collect();
+    let found = load_first(&asked);
+    searched.extend(asked);
+    found.map(Some).ok_or(searched)
+}
+
+/// Whether cudarc's own load by name succeeds.
+fn cudarc_finds_nvrtc() -> bool {
+    // SAFETY: only tries to dlopen cudarc's candidate file names.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// The first library in `dirs` that loads and that cudarc then finds.
+fn load_first(dirs: &[PathBuf]) -> Option<Library> {
+    let files = dirs.iter().flat_map(|dir| FILE_NAMES.map(|name| dir.join(name)));
+    files.filter(|file| file.is_file()).find_map(|file| match open(&file) {
+        Ok(lib) if cudarc_finds_nvrtc() => Some(lib),
+        Ok(_) => None,
+        Err(e) => {
+            eprintln!("flashgen: warning: cannot load {}: {e}", file.display());
+            None
+        }
+    })
+}
+
+/// Loads the library at `path` for the whole process.
+#[cfg(unix)]
+fn open(path: &Path) -> Result<Library, libloading::Error> {
+    use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+    // SAFETY: loading NVRTC runs no initializers beyond the C runtime's own.
+    // RTLD_GLOBAL lets the loader match cudarc's load by soname.
+    unsafe { Library::open(Some(path), RTLD_NOW | RTLD_GLOBAL) }.map(Into::into)
+}
+
+/// Loads the library at `path`; Windows matches a later load by file name.
+#[cfg(not(unix))]
+fn open(path: &Path) -> Result<Library, libloading::Error> {
+    // SAFETY: loading NVRTC runs no initializers beyond the C runtime's own.
+    unsafe { Library::new(path) }
+}
+
+/// The directories to search after the system's library path, in order:
+/// a CUDA toolkit's (`CUDA_PATH`, `CUDA_HOME`, `CUDA_ROOT`, then the usual
+/// install places), then `target/pypi-nvrtc` of the workspace that holds
+/// `manifest_dir` (the runtime crate's) and of the one `exe` was built in.
+fn search_dirs(var: &dyn Fn(&str) -> Option<OsString>, manifest_dir: &Path, exe: Option<&Path>) -> Vec<PathBuf> {
+    let roots = ["CUDA_PATH", "CUDA_HOME", "CUDA_ROOT"].iter().filter_map(|name| var(name)).filter(|v| !v.is_empty());
+    let roots = roots.map(PathBuf::from).chain(["/usr/local/cuda", "/opt/cuda"].map(PathBuf::from));
+    let mut dirs: Vec<PathBuf> = roots.flat_map(|root| [root.join("lib64"), root.join("lib")]).collect();
+    let built_in = manifest_dir.parent().map(|workspace| workspace.join("target"));
+    // A cargo-built executable lies under `target/<profile>/`, tests under `deps/` too.
+    let running_from = exe.and_then(|exe| exe.ancestors().find(|dir| dir.file_name() == Some("target".as_ref())));
+    for target in built_in.iter().map(PathBuf::as_path).chain(running_from) {
+        dirs.extend(wheel_dirs(&[target.join("pypi-nvrtc")]));
+    }
+    dirs
+}
+
+/// The prefixes of the active Python environments: a virtualenv's, a conda
+/// environment's.
+fn env_prefixes(var: &dyn Fn(&str) -> Option<OsString>) -> Vec<PathBuf> {
+    ["VIRTUAL_ENV", "CONDA_PREFIX"]
+        .iter()
+        .filter_map(|name| var(name))
+        .filter(|v| !v.is_empty())
+        .map(Into::into)
+        .collect()
+}
+
+/// `prefix/lib/python3.*/site-packages`, the versions in name order.
+fn site_packages_under(prefix: &Path) -> Vec<PathBuf> {
+    let Ok(listing) = prefix.join("lib").read_dir() else {
+        return Vec::new();
+    };
+    let mut versions: Vec<PathBuf> = listing
+        .filter_map(|entry| entry.ok())
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with("python3"))
+        .map(|entry| entry.path().join("site-packages"))
+        .collect();
+    versions.sort();
+    versions
+}
+
+/// The site-packages directories of the `python3` on `PATH` (its
+/// environment's and the user's), or none where there is no such Python.
+fn python_site_packages() -> Vec<PathBuf> {
+    let script = "import site, sysconfig; print(sysconfig.get_paths()['purelib']); print(site.getusersitepackages())";
+    match Command::new("python3").args(["-c", script]).output() {
+        Ok(out) if out.status.success() => parse_lines(&out.stdout),
+        _ => Vec::new(),
+    }
+}
+
+/// One path per non-empty line.
+fn parse_lines(stdout: &[u8]) -> Vec<PathBuf> {
+    String::from_utf8_lossy(stdout).lines().map(str::trim).filter(|l| !l.is_empty()).map(PathBuf::from).collect()
+}
+
+/// Where the wheels put the library under each of `roots`.
+fn wheel_dirs(roots: &[PathBuf]) -> Vec<PathBuf> {
+    roots.iter().flat_map(|root| WHEEL_LIB_DIRS.map(|dir| root.join(dir))).collect()
+}
+
+/// `dirs` without repeats, in first-seen order.
+fn dedup(dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let mut unique: Vec<PathBuf> = Vec::with_capacity(dirs.len());
+    for dir in dirs {
+        if !unique.contains(dir) {
+            unique.push(dir.clone());
+        }
+    }
+    unique
+}
+
+/// The one command that installs NVRTC where [`ensure_nvrtc`] looks.
+fn install_command() -> String {
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let target = manifest_dir.parent().unwrap_or(manifest_dir).join("target").join("pypi-nvrtc");
+    format!("python3 -m pip install --target '{}' '{WHEEL}'", target.display())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_dir::TempDir;
+
+    fn vars(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<OsString> {
+        move |name| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| OsString::from(v))
+    }
+
+    fn paths(list: &[&str]) -> Vec<PathBuf> {
+        list.iter().map(PathBuf::from).collect()
+    }
+
+    #[test]
+    fn toolkits_come_first_then_the_workspace_and_the_executables_target() {
+        let var = vars(&[("CUDA_HOME", "/cuda-home"), ("CUDA_PATH", ""), ("CUDA_ROOT", "/cuda-root")]);
+        let exe = Path::new("/other/target/debug/deps/runtime-0123");
+        let dirs = search_dirs(&var, Path::new("/ws/runtime"), Some(exe));
+        let expected = paths(&[
+            "/cuda-home/lib64",
+            "/cuda-home/lib",
+            "/cuda-root/lib64",
+            "/cuda-root/lib",
+            "/usr/local/cuda/lib64",
+            "/usr/local/cuda/lib",
+            "/opt/cuda/lib64",
+            "/opt/cuda/lib",
+            "/ws/target/pypi-nvrtc/nvidia/cu13/lib",
+            "/ws/target/pypi-nvrtc/nvidia/cuda_nvrtc/lib",
+            "/other/target/pypi-nvrtc/nvidia/cu13/lib",
+            "/other/target/pypi-nvrtc/nvidia/cuda_nvrtc/lib",
+        ]);
+        assert_eq!(dirs, expected);
+    }
+
+    #[test]
+    fn an_executable_outside_a_target_dir_adds_nothing() {
+        let dirs = search_dirs(&vars(&[]), Path::new("/ws/runtime"), Some(Path::new("/usr/bin/flashgen")));
+        assert_eq!(dirs.len(), 6, "{dirs:?}");
+        assert_eq!(search_dirs(&vars(&[]), Path::new("/ws/runtime"), None), dirs);
+    }
+
+    #[test]
+    fn python_environments_are_found_by_prefix() {
+        let var = vars(&[("VIRTUAL_ENV", "/venv"), ("CONDA_PREFIX", "")]);
+        assert_eq!(env_prefixes(&var), paths(&["/venv"]));
+        let tmp = TempDir::new("nvrtc-lib-prefix");
+        for dir in ["lib/python3.12/site-packages", "lib/python3.10/site-packages", "lib/pkgconfig"] {
+            std::fs::create_dir_all(tmp.0.join(dir)).unwrap();
+        }
+        let found = site_packages_under(&tmp.0);
+        assert_eq!(found, [tmp.0.join("lib/python3.10/site-packages"), tmp.0.join("lib/python3.12/site-packages")]);
+        assert!(site_packages_under(&tmp.0.join("missing")).is_empty());
+        let wheels = wheel_dirs(&found[..1]);
+        assert_eq!(wheels[1], tmp.0.join("lib/python3.10/site-packages/nvidia/cuda_nvrtc/lib"));
+    }
+
+    #[test]
+    fn pythons_answer_is_read_line_by_line() {
+        let lines = parse_lines(b"/usr/lib/python3/dist-packages\n\n/root/.local/lib/python3.12/site-packages\n");
+        assert_eq!(lines, paths(&["/usr/lib/python3/dist-packages", "/root/.local/lib/python3.12/site-packages"]));
+        assert!(parse_lines(b"").is_empty());
+    }
+
+    #[test]
+    fn repeats_are_dropped_in_order() {
+        assert_eq!(dedup(&paths(&["/a", "/b", "/a", "/c", "/b"])), paths(&["/a", "/b", "/c"]));
+    }
+
+    #[test]
+    fn the_fix_installs_the_wheel_where_the_search_looks() {
+        let fix = install_command();
+        assert!(fix.starts_with("python3 -m pip install --target '"), "{fix}");
+        assert!(fix.ends_with("/target/pypi-nvrtc' 'nvidia-cuda-nvrtc>=13,<14'"), "{fix}");
+        let installed = PathBuf::from(fix.split('\'').nth(1).unwrap()).join(WHEEL_LIB_DIRS[0]);
+        assert!(search_dirs(&vars(&[]), Path::new(env!("CARGO_MANIFEST_DIR")), None).contains(&installed));
+    }
+}
