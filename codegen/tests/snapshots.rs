@@ -31,6 +31,12 @@ const VARIANTS: [&str; 11] = [
     "softcap",
 ];
 
+/// The Hopper tile configurations the snapshots pin: two or three consumer
+/// warpgroups of 64 rows, or one per CTA and two CTAs per SM; 128-key tiles.
+const TWO_WARPGROUPS: TileConfig = TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n: 128 };
+const THREE_WARPGROUPS: TileConfig = TileConfig { mma: Mma::Wgmma, warps: 12, m_tiles: 1, block_n: 128 };
+const ONE_WARPGROUP_PAIR: TileConfig = TileConfig { mma: Mma::Wgmma, warps: 4, m_tiles: 1, block_n: 128 };
+
 /// Specs the named variants leave untested.
 const EDGE_SPECS: [(&str, &str); 3] = [
     ("edge_odd_dims", "OddDims { dtype: f16, head_dim: 59, v_head_dim: 59, mask: k <= q }"),
@@ -99,69 +105,52 @@ fn forward_kernels_of_named_variants() {
 
 #[test]
 fn hopper_forward_kernels_of_named_variants() {
-    // The first wgmma kernel of the sm_90 candidates: plain, analytic mask,
-    // block mask (128-key tiles over 64-key mask tiles) and a score mod.
+    // Two consumer warpgroups, 128-key tiles (the d = 128 preference): plain,
+    // analytic mask, block mask (128-key tiles over 64-key mask tiles) and a
+    // score mod.
     for stem in ["full", "causal", "document", "softcap"] {
         let spec = variant(stem);
-        let candidates = TileConfig::candidates(&spec, Target::for_sm(9, 0));
-        let config = candidates.into_iter().find(|c| c.mma == Mma::Wgmma).expect("a wgmma candidate");
-        insta::assert_snapshot!(format!("wgmma_{stem}"), render(&emit_forward_with(&spec, config)));
+        insta::assert_snapshot!(format!("wgmma_{stem}"), render(&emit_forward_with(&spec, TWO_WARPGROUPS)));
     }
 }
 
 #[test]
 fn hopper_three_warpgroup_forward_kernel() {
-    // At d <= 64 plain attention prefers three consumer warpgroups (192 query
-    // rows): the cycle of turns and the 160-register split.
+    // Three consumer warpgroups (192 query rows): the cycle of turns and the
+    // 160-register split.
     let spec = parse_one("Full64 { dtype: bf16, head_dim: 64 }").unwrap();
-    let config = TileConfig::preferred(&spec, Target::for_sm(9, 0));
-    assert_eq!((config.mma, config.warps, config.block_m()), (Mma::Wgmma, 12, 192));
-    insta::assert_snapshot!("wgmma_full64", render(&emit_forward_with(&spec, config)));
+    insta::assert_snapshot!("wgmma_full64", render(&emit_forward_with(&spec, THREE_WARPGROUPS)));
 }
 
 #[test]
 fn hopper_document_kernels_at_d64() {
-    // Up to 2048 keys a d = 64 document mask prefers two consumer
-    // warpgroups; from 4096 keys three, whose three-stage ring lets the
-    // producer stage the item's per-query document ids with Q, beside each
-    // tile's per-key ones.
+    // Three warpgroups: their three-stage ring lets the producer stage the
+    // item's per-query document ids with Q, beside each tile's per-key ones.
     let source = "Document64 { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }";
     let spec = parse_one(source).unwrap();
-    let short = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), 1024);
-    assert_eq!((short.mma, short.warps, short.per_sm()), (Mma::Wgmma, 8, 1));
-    let long = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), 4096);
-    assert_eq!((long.mma, long.warps, long.per_sm(), long.stages(&spec)), (Mma::Wgmma, 12, 1, 3));
-    insta::assert_snapshot!("wgmma_document64", render(&emit_forward_with(&spec, long)));
+    assert_eq!(THREE_WARPGROUPS.stages(&spec), 3);
+    insta::assert_snapshot!("wgmma_document64", render(&emit_forward_with(&spec, THREE_WARPGROUPS)));
 }
 
 #[test]
 fn hopper_softcap_kernel_at_d64() {
-    // A transcendental score crowds two warpgroups' registers: at d = 64
-    // softcap prefers one consumer warpgroup per CTA and two CTAs per SM at
-    // every length: launch bounds for two, a two-stage ring, no turns
+    // One consumer warpgroup per CTA, two CTAs per SM (softcap's d = 64
+    // preference): launch bounds for two, a two-stage ring, no turns
     // between warpgroups.
     let source =
         "Softcap64 { dtype: bf16, head_dim: 64, param cap: f32, mask: q >= k, score: cap * tanh(score / cap) }";
     let spec = parse_one(source).unwrap();
-    for kv_len in [1024, 16384] {
-        let config = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), kv_len);
-        assert_eq!((config.mma, config.warps, config.per_sm(), config.stages(&spec)), (Mma::Wgmma, 4, 2, 2));
-    }
-    let config = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), 1024);
-    insta::assert_snapshot!("wgmma_pair_softcap64", render(&emit_forward_with(&spec, config)));
+    assert_eq!((ONE_WARPGROUP_PAIR.per_sm(), ONE_WARPGROUP_PAIR.stages(&spec)), (2, 2));
+    insta::assert_snapshot!("wgmma_pair_softcap64", render(&emit_forward_with(&spec, ONE_WARPGROUP_PAIR)));
 }
 
 #[test]
 fn hopper_long_keys_window_kernel_at_d64() {
     // A sliding window's conjuncts both bound k: its partial tiles keep an
-    // interval of columns per row, which fits three warpgroups' registers,
-    // so from 4096 keys it takes them as causal does; at 1024 keys two.
+    // interval of columns per row, which fits three warpgroups' registers.
     let source = "Window64 { dtype: bf16, head_dim: 64, param window: i32, mask: q >= k && q - k < window }";
     let spec = parse_one(source).unwrap();
-    let short = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), 1024);
-    assert_eq!((short.mma, short.warps), (Mma::Wgmma, 8));
-    let config = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), 4096);
-    assert_eq!((config.mma, config.warps), (Mma::Wgmma, 12));
+    let config = THREE_WARPGROUPS;
     insta::assert_snapshot!("wgmma_window64", render(&emit_forward_with(&spec, config)));
     // For layouts TMA cannot address: the producer's threads copy the tiles
     // and the consumers' store O.
@@ -177,8 +166,7 @@ fn hopper_alibi_kernel_at_d64() {
     let source = "Alibi64 { dtype: bf16, head_dim: 64, tensor slopes: f32[H], mask: q >= k, \
                   score: score + slopes[h] * (k - q) as f32 }";
     let spec = parse_one(source).unwrap();
-    let config = TileConfig::preferred_for(&spec, Target::for_sm(9, 0), 4096);
-    insta::assert_snapshot!("wgmma_alibi64", render(&emit_forward_with(&spec, config)));
+    insta::assert_snapshot!("wgmma_alibi64", render(&emit_forward_with(&spec, THREE_WARPGROUPS)));
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! once per (spec, shape class) and runtime, the disk; what it finds, or
 //! that there is nothing, is cached in memory, so the launch path never
 //! touches a file twice. Without a remembered choice it uses
-//! [`TileConfig::preferred`].
+//! [`tile_choice::preferred`](crate::tile_choice::preferred).
 
 use crate::args::ArgValue;
 use crate::choices::Choice;
@@ -33,7 +33,7 @@ pub struct TuneReport {
     pub class: ShapeClass,
     /// The fastest candidate, now remembered for the class.
     pub best: TileConfig,
-    /// Every candidate in [`TileConfig::candidates`] order with its median
+    /// Every candidate in [`tile_choice::candidates`](crate::tile_choice::candidates) order with its median
     /// milliseconds, or why it could not run (e.g. too much shared memory).
     /// Empty for a launch with no batch or no queries (nothing to time,
     /// nothing remembered).
@@ -62,7 +62,7 @@ fn first_line(e: &Error) -> String {
 
 impl Runtime {
     /// Times every candidate tile configuration of `spec`
-    /// ([`TileConfig::candidates`] for [`Runtime::target`]) on these
+    /// ([`tile_choice::candidates`](crate::tile_choice::candidates) for [`Runtime::target`]) on these
     /// operands — all loaded first, compiled in parallel where not cached
     /// ([`Runtime::load_forwards`]), then one after another two untimed
     /// launches and the median of seven CUDA-event timings — and remembers
@@ -89,7 +89,7 @@ impl Runtime {
             None => Ok(TuneReport {
                 spec: spec.name.clone(),
                 class: self.shape_class(spec, &shape),
-                best: TileConfig::preferred_for(spec, self.target(), shape.kv_len),
+                best: crate::tile_choice::preferred_for(spec, self.target(), shape.kv_len),
                 candidates: Vec::new(),
             }),
         }
@@ -111,7 +111,7 @@ impl Runtime {
     /// compile for the target and are tested for exactness (other tile
     /// shapes or MMA kinds may be invalid for the spec or the GPU).
     pub(crate) fn candidate(&self, spec: &Spec, config: TileConfig) -> Result<TileConfig, Error> {
-        if TileConfig::candidates(spec, self.target()).contains(&config) {
+        if crate::tile_choice::candidates(spec, self.target()).contains(&config) {
             Ok(config)
         } else {
             Err(Error::NotACandidate { config: config_name(config), spec: spec.name.clone(), arch: self.arch() })
@@ -138,13 +138,14 @@ impl Runtime {
         if let Some(choice) = self.choices.get(spec_source, class) {
             return choice;
         }
-        let candidates = TileConfig::candidates(spec, self.target());
+        let candidates = crate::tile_choice::candidates(spec, self.target());
         let key = TuningKey::new(spec_source, class, self.arch(), CODEGEN_VERSION);
         let choice = match self.disk.as_ref().and_then(|disk| disk.load_tuning(key, &candidates)) {
             Some(config) => Choice { config, tuned: true },
-            None => {
-                Choice { config: TileConfig::preferred_for(spec, self.target(), class.kv_len_bound()), tuned: false }
-            }
+            None => Choice {
+                config: crate::tile_choice::preferred_for(spec, self.target(), class.kv_len_bound()),
+                tuned: false,
+            },
         };
         self.choices.keep_first(spec_source, class, choice)
     }
@@ -158,7 +159,7 @@ impl Runtime {
     ) -> Result<TuneReport, Error> {
         let spec = launch.spec;
         let class = self.shape_class(spec, &launch.shape);
-        let configs = TileConfig::candidates(spec, self.target());
+        let configs = crate::tile_choice::candidates(spec, self.target());
         let which: Vec<_> = configs.iter().map(|&config| launch.which(self, config)).collect();
         let loads = self.load_all(spec, &launch.spec_source, &which);
         // A failed load is not cached: launching that candidate would compile it again.

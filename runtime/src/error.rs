@@ -177,7 +177,7 @@ pub enum Error {
         got: usize,
     },
     /// A launch asked for a tile configuration that is not one of the
-    /// spec's candidates on this GPU (`TileConfig::candidates`).
+    /// spec's candidates on this GPU (`tile_choice::candidates`).
     NotACandidate {
         config: String,
         spec: String,

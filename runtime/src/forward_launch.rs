@@ -38,9 +38,9 @@ pub struct ForwardOptions<'a> {
     /// are skipped.
     pub block_mask: Option<&'a BlockMask>,
     /// Launch in this tile configuration, which must be one of
-    /// [`TileConfig::candidates`] for [`Runtime::target`]. `None`: the
+    /// [`tile_choice::candidates`](crate::tile_choice::candidates) for [`Runtime::target`]. `None`: the
     /// choice autotuning remembered for the launch's shape class, else
-    /// [`TileConfig::preferred`] (see [`Runtime::autotune`]).
+    /// [`tile_choice::preferred`](crate::tile_choice::preferred) (see [`Runtime::autotune`]).
     pub config: Option<TileConfig>,
 }
 

@@ -33,8 +33,9 @@ impl Which {
     /// The kernels `set` names for `spec` on `target` (the forward in its
     /// configurations without tuning).
     pub(crate) fn all(spec: &Spec, set: KernelSet, target: Target) -> Vec<Which> {
-        // Short keys' and long keys' forward (TileConfig::preferred_for).
-        let forward = [TileConfig::preferred(spec, target), TileConfig::preferred_for(spec, target, usize::MAX)];
+        // Short keys' and long keys' forward (tile_choice::preferred_for).
+        let forward =
+            [crate::tile_choice::preferred(spec, target), crate::tile_choice::preferred_for(spec, target, usize::MAX)];
         // Copying with TMA, as launches on contiguous operands do.
         let mut which = vec![Which::forward(forward[0], TileCopy::Tma), Which::BlockMask];
         if forward[1] != forward[0] {

@@ -13,10 +13,10 @@
 //! compiles once per machine; [`precompile`] fills it ahead of time without a GPU.
 //!
 //! The forward kernel comes in a few tile configurations per spec and GPU
-//! (`TileConfig::candidates`). A launch uses the one [`Runtime::autotune`]
+//! ([`tile_choice::candidates`]). A launch uses the one [`Runtime::autotune`]
 //! found fastest for its [`ShapeClass`] — remembered in memory and in the
 //! disk cache's `tuning/` records, so later processes reuse it — else the
-//! documented default, `TileConfig::preferred`. With
+//! documented default, [`tile_choice::preferred_for`]. With
 //! `FLASHGEN_AUTOTUNE=1` ([`AUTOTUNE_ENV`], or [`Runtime::with_autotune`]) the
 //! first launch of an untuned class tunes on its own buffers.
 //!
@@ -62,6 +62,7 @@ mod choices;
 mod disk_cache;
 mod nvrtc;
 mod nvrtc_lib;
+pub mod tile_choice;
 mod tuning;
 
 // One GPU and the launches on it.

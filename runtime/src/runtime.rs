@@ -182,11 +182,11 @@ impl Runtime {
     }
 
     /// The forward kernel of `spec` in its configuration without tuning for
-    /// keys of unknown length ([`TileConfig::preferred`]; untuned launches
-    /// of long keys may use [`TileConfig::preferred_for`]'s): generated,
+    /// keys of unknown length ([`tile_choice::preferred`](crate::tile_choice::preferred); untuned launches
+    /// of long keys may use [`tile_choice::preferred_for`](crate::tile_choice::preferred_for)'s): generated,
     /// compiled and loaded on first use, then served from the cache.
     pub fn load(&self, spec: &Spec) -> Result<Arc<LoadedKernel>, Error> {
-        self.load_forward(spec, TileConfig::preferred(spec, self.target()))
+        self.load_forward(spec, crate::tile_choice::preferred(spec, self.target()))
     }
 
     /// The forward kernel of `spec` in tile configuration `config` (copying

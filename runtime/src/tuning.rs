@@ -297,7 +297,7 @@ mod tests {
         for head_dim in [32, 64, 96, 128, 192, 256] {
             for target in [Target::PORTABLE, HOPPER] {
                 let names: Vec<String> =
-                    TileConfig::candidates(&spec(head_dim), target).into_iter().map(config_name).collect();
+                    crate::tile_choice::candidates(&spec(head_dim), target).into_iter().map(config_name).collect();
                 let mut unique = names.clone();
                 unique.sort();
                 unique.dedup();
@@ -328,7 +328,7 @@ mod tests {
 
     /// A record of `spec` on Hopper whose second candidate won.
     fn record_text(spec: &Spec, key: TuningKey) -> (String, TileConfig) {
-        let all = TileConfig::candidates(spec, HOPPER);
+        let all = crate::tile_choice::candidates(spec, HOPPER);
         let times: Vec<_> = all.iter().enumerate().map(|(i, &c)| (c, (i != 0).then_some(1.0 + i as f64))).collect();
         let class = ShapeClass::new(spec, &shape(4, 16, 1024, 1024), 132);
         let record = Record { key, spec, class, arch: SM90, times: &times, best: all[1] };
@@ -341,7 +341,7 @@ mod tests {
         let cache = DiskCache::at(&tmp.0);
         let spec = spec(128);
         let key = TuningKey::new("S", ShapeClass::new(&spec, &shape(4, 16, 1024, 1024), 132), SM90, CODEGEN_VERSION);
-        let all = TileConfig::candidates(&spec, HOPPER);
+        let all = crate::tile_choice::candidates(&spec, HOPPER);
         assert_eq!(cache.load_tuning(key, &all), None, "no record yet");
         let times: Vec<_> = all.iter().map(|&c| (c, Some(0.5))).collect();
         let class = ShapeClass::new(&spec, &shape(4, 16, 1024, 1024), 132);
@@ -365,7 +365,7 @@ mod tests {
         let spec = spec(128);
         let key = TuningKey::new("S", ShapeClass::new(&spec, &shape(4, 16, 1024, 1024), 132), SM90, CODEGEN_VERSION);
         let (good, best) = record_text(&spec, key);
-        let hopper = TileConfig::candidates(&spec, HOPPER);
+        let hopper = crate::tile_choice::candidates(&spec, HOPPER);
         let path = cache.tuning_path(key);
         let damaged: Vec<(&str, Vec<u8>)> = vec![
             ("truncated", good.as_bytes()[..good.len() / 2].to_vec()),
@@ -388,7 +388,7 @@ mod tests {
         }
         // Tuned among Hopper's candidates: stale where the candidates differ.
         std::fs::write(&path, &good).unwrap();
-        assert_eq!(cache.load_tuning(key, &TileConfig::candidates(&spec, Target::PORTABLE)), None);
+        assert_eq!(cache.load_tuning(key, &crate::tile_choice::candidates(&spec, Target::PORTABLE)), None);
         assert!(!path.exists());
         std::fs::write(&path, &good).unwrap();
         assert_eq!(cache.load_tuning(key, &hopper), Some(best), "the untouched record is fine");
@@ -401,7 +401,7 @@ mod tests {
         let spec = spec(64);
         let key = TuningKey::new("S", ShapeClass::new(&spec, &shape(1, 1, 1, 1), 1), SM90, 1);
         let (good, _) = record_text(&spec, key);
-        let all = TileConfig::candidates(&spec, HOPPER);
+        let all = crate::tile_choice::candidates(&spec, HOPPER);
         for end in 0..good.len() {
             let _ = parse(&good[..end], key, &all);
         }

@@ -6,10 +6,10 @@
 //! here every row keeps exactly one key, so its softmax weight is exactly 1
 //! and O must equal a V row bit for bit.
 
-use flashgen_codegen::cuda::TileConfig;
 use flashgen_codegen::{parse_one, Spec};
 use flashgen_runtime::cudarc::driver::CudaSlice;
 use flashgen_runtime::half::{bf16, f16};
+use flashgen_runtime::tile_choice;
 use flashgen_runtime::{ArgValue, Element, Error, ForwardIo, ForwardOptions, Layout, Runtime};
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -174,7 +174,7 @@ fn single_key_copies_v_through_strided_gqa_layouts() -> TestResult {
 fn parallel_loads_are_in_config_order() -> TestResult {
     let rt = runtime();
     let spec = parse_one("Parallel { dtype: f16, head_dim: 64 }")?;
-    let configs = TileConfig::candidates(&spec, rt.target());
+    let configs = tile_choice::candidates(&spec, rt.target());
     for (&config, loaded) in configs.iter().zip(rt.load_forwards(&spec, &configs)) {
         assert!(Arc::ptr_eq(&loaded?, &rt.load_forward(&spec, config)?));
     }

@@ -7,9 +7,10 @@ mod support;
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{
     emit_backward, emit_backward_with, emit_block_mask, emit_forward_copying, emit_work_order, BackwardConfig,
-    BackwardPass, Mma, Target, TileConfig, TileCopy, Work,
+    BackwardPass, Mma, Target, TileCopy, Work,
 };
 use flashgen_codegen::{parse_str, Spec};
+use flashgen_runtime::tile_choice;
 use flashgen_runtime::{compile_cubin, compile_cubin_with_log, Arch, Error};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -43,7 +44,7 @@ fn every_shipped_spec_compiles_for_sm80_and_sm90() {
             let block_mask = emit_block_mask(spec);
             // Work orders: the dK/dV kernel's, and every persistent forward's items'.
             let block_n = BackwardConfig::preferred(spec, Arch::new(9, 0).target()).block_n();
-            let items = TileConfig::candidates(spec, Arch::new(9, 0).target()).into_iter().filter(|c| c.persistent());
+            let items = tile_choice::candidates(spec, Arch::new(9, 0).target()).into_iter().filter(|c| c.persistent());
             let orders: Vec<Option<Kernel>> = [Work::KeyTiles { block_n }]
                 .into_iter()
                 .chain(items.map(|c| Work::QueryTiles { block_m: c.block_m() }))
@@ -57,10 +58,10 @@ fn every_shipped_spec_compiles_for_sm80_and_sm90() {
             // Every forward configuration the runtime may pick (or tune) on each arch;
             // the portable ones once, on sm_80; the warp-specialized ones copying
             // either way.
-            let sm80 = TileConfig::candidates(spec, Target::PORTABLE)
+            let sm80 = tile_choice::candidates(spec, Target::PORTABLE)
                 .into_iter()
                 .map(|c| (emit_forward_copying(spec, c, TileCopy::Threads), Arch::new(8, 0)));
-            let hopper = TileConfig::candidates(spec, Arch::new(9, 0).target())
+            let hopper = tile_choice::candidates(spec, Arch::new(9, 0).target())
                 .into_iter()
                 .filter(|c| c.mma == Mma::Wgmma)
                 .flat_map(|c| {

@@ -9,6 +9,7 @@ mod support;
 
 use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::Dtype;
+use flashgen::runtime::tile_choice;
 use flashgen::runtime::{config_name, DiskCache};
 use flashgen::{Error, Runtime};
 use flashgen_tools::examples::SPECS;
@@ -44,7 +45,7 @@ fn every_candidate_config_is_exact() {
             if spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) { &[false, true] } else { &[false] };
         // Compiled in parallel up front; a failed load (not cached, so a
         // launch would compile it again) is each of its rows' failure.
-        let configs = TileConfig::candidates(&spec, rt.target());
+        let configs = tile_choice::candidates(&spec, rt.target());
         let loads: Vec<Result<(), String>> =
             rt.load_forwards(&spec, &configs).into_iter().map(|l| l.map(drop).map_err(|e| e.to_string())).collect();
         for seqs in [(113, 203), (300, 555)] {
@@ -96,7 +97,7 @@ fn a_tuned_choice_is_remembered_on_disk() {
     let mut gpu = DeviceProblem::upload(&rt, &spec, &problem, case.layout).unwrap();
     let report = gpu.autotune(&rt, &spec, &problem).unwrap();
     println!("{report}");
-    let candidates = TileConfig::candidates(&spec, rt.target());
+    let candidates = tile_choice::candidates(&spec, rt.target());
     assert_eq!(report.candidates.iter().map(|(c, _)| *c).collect::<Vec<_>>(), candidates);
     let fastest = report
         .candidates
@@ -139,7 +140,7 @@ fn only_candidates_can_be_pinned() {
     let case = Case::new((2, 2), (256, 256));
     let problem = verify::random_problem(&spec, case.shape(), vec![], vec![], None, 3);
     let mut gpu = DeviceProblem::upload(&rt, &spec, &problem, case.layout).unwrap();
-    let preferred = TileConfig::preferred(&spec, rt.target());
+    let preferred = tile_choice::preferred(&spec, rt.target());
     gpu.pin_config(Some(TileConfig { block_n: preferred.block_n + 16, ..preferred }));
     let err = gpu.launch(&rt, &spec, &problem).unwrap_err();
     assert!(matches!(err, Error::NotACandidate { .. }), "{err}");

@@ -24,8 +24,8 @@ use crate::cuda::library::Part;
 use crate::cuda::signature::c_type;
 use crate::cuda::signature::{arg_name, block_mask_args};
 use crate::cuda::source::{assemble, kernel_name, Entry, Piece};
-use crate::cuda::writer::Writer;
 use crate::cuda::tile_config::TileConfig;
+use crate::cuda::writer::Writer;
 use crate::spec::{Builtin, Expr, Spec, Ty};
 use std::fmt::{self, Write};
 

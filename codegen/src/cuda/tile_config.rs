@@ -3,7 +3,7 @@
 //! SM, whether it is warp-specialized). The forward's resource plan lives in
 //! `forward::plan`; the block-mask granularity is [`TileConfig::mask_tile`].
 
-use crate::cuda::target::{pad16, Mma};
+use crate::cuda::target::{pad16, Mma, Target};
 use crate::spec::Spec;
 
 /// A tile configuration: how a CTA covers queries and keys.
@@ -35,6 +35,33 @@ impl TileConfig {
             0..=128 => sync(4, 2, 64),
             _ => sync(4, 1, 32),
         }
+    }
+
+    /// Every configuration the generator supports for `spec` on `target`:
+    /// the autotuner times them all, and the runtime orders them
+    /// (`flashgen_runtime::tile_choice`).
+    pub fn feasible(spec: &Spec, target: Target) -> Vec<TileConfig> {
+        let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
+        // Warpgroups of 64 rows; 192-key tiles and three warpgroups only
+        // where S, P and O fit their registers at d <= 64.
+        let wgmma = |warps, block_n| TileConfig { mma: Mma::Wgmma, warps, m_tiles: 1, block_n };
+        let default = TileConfig::default_for(spec);
+        let (hopper, portable) = match widest(spec) {
+            0..=64 => (
+                vec![wgmma(8, 128), wgmma(8, 64), wgmma(4, 64), wgmma(8, 192), wgmma(12, 128), wgmma(4, 128)],
+                vec![default, sync(4, 2, 128), sync(8, 1, 64)],
+            ),
+            65..=128 => (vec![wgmma(8, 128), wgmma(8, 64), wgmma(4, 64)], vec![default, sync(8, 1, 64)]),
+            _ => (vec![], vec![default, sync(4, 1, 64)]),
+        };
+        let hopper = if target.mma == Mma::Wgmma { hopper } else { vec![] };
+        [hopper, portable].concat()
+    }
+
+    /// The wider of the spec's head dims, padded to the MMA k-step: what
+    /// decides which tiles fit.
+    pub fn padded_head_dim(spec: &Spec) -> u32 {
+        widest(spec)
     }
 
     /// `(rows, keys)` of a block-mask tile for `spec`: the portable

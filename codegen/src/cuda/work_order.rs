@@ -28,8 +28,8 @@ use crate::abi::{ArgKind, Axis, Grid, Kernel};
 use crate::cuda::library::Part;
 use crate::cuda::signature::{arg_name, work_order_args};
 use crate::cuda::source::{assemble, kernel_name, Entry, Piece};
-use crate::cuda::writer::Writer;
 use crate::cuda::tile_config::TileConfig;
+use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 

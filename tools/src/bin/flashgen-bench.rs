@@ -32,6 +32,7 @@ use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::reference::{ParamValue, TensorData};
 use flashgen::codegen::Shape;
 use flashgen::runtime::config_name;
+use flashgen::runtime::tile_choice;
 use flashgen::Runtime;
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::{self, DeviceProblem, OperandLayout};
@@ -173,7 +174,7 @@ fn jit(rt: &Runtime) {
         SPECS.iter().map(|(_, s)| flashgen::parse_one(s).expect("valid example")).collect();
     // The kernel the runtime launches untuned on this GPU.
     let emit = |spec: &flashgen::Spec| {
-        flashgen::codegen::cuda::emit_forward_with(spec, TileConfig::preferred(spec, rt.target()))
+        flashgen::codegen::cuda::emit_forward_with(spec, tile_choice::preferred(spec, rt.target()))
     };
     // Load NVRTC and its builtins once, unmeasured, as a warm process would.
     let _ = compile_cubin(&emit(&specs[0]), rt.arch());

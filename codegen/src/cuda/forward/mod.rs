@@ -24,8 +24,8 @@
 //! at (q, k) to a log2-domain logit, or −∞ where the mask drops the pair.
 
 //!
-//! Modules, in the order a kernel is printed: `candidates` and `plan` (the
-//! tile configuration and its resources), `constants`, `item` (per-item
+//! Modules, in the order a kernel is printed: `plan` (the tile
+//! configuration's resources; `light` says which tiles a spec's code fits), `constants`, `item` (per-item
 //! setup), `classes` (which tiles to visit), `logit`, `kv_loads`, the tile
 //! steps (`sync_step`, `wgmma_step`) with `softmax`, `epilogue`; `cta` is
 //! the body of kernels whose threads all load and multiply, `persistent`
@@ -33,7 +33,6 @@
 //! share of the spec).
 
 mod bias;
-mod candidates;
 mod classes;
 mod constants;
 mod cta;
@@ -41,6 +40,7 @@ mod epilogue;
 mod item;
 mod key_bounds;
 mod kv_loads;
+mod light;
 mod logit;
 mod persistent;
 mod plan;
@@ -60,6 +60,7 @@ use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use constants::write_config;
 use cta::write_body;
+pub use light::is_light;
 use plan::Plan;
 use softmax::RowSums;
 use std::fmt::Write;

@@ -218,9 +218,7 @@ mod tests {
         let specs = ["S { dtype: bf16, head_dim: 64 }", "S { dtype: f16, head_dim: 128, mask: q >= k }"];
         for source in specs {
             let spec = crate::parse_one(source).unwrap();
-            for config in
-                TileConfig::candidates(&spec, Target::for_sm(9, 0)).into_iter().filter(|c| warp_specialized(*c))
-            {
+            for config in TileConfig::feasible(&spec, Target::HOPPER).into_iter().filter(|c| warp_specialized(*c)) {
                 // The consumers' TMA store of O takes one warp's rows.
                 assert_eq!(16 * config.m_tiles, O_STORE_ROWS, "{config:?}");
                 let (producer, consumer) = ws_regs(&spec, config);
@@ -242,9 +240,7 @@ mod tests {
                       mask: doc[b][q] == doc[b][k], score: score + bias[b][k] }";
         for head_dim in [64, 128] {
             let spec = crate::parse_one(&source.replace("HD", &head_dim.to_string())).unwrap();
-            for config in
-                TileConfig::candidates(&spec, Target::for_sm(9, 0)).into_iter().filter(|c| warp_specialized(*c))
-            {
+            for config in TileConfig::feasible(&spec, Target::HOPPER).into_iter().filter(|c| warp_specialized(*c)) {
                 let staged = KeyTerms::of(config).static_bytes(&spec, config);
                 // doc[b][k] and bias[b][k] per key, doc[b][q] per query.
                 let expected = 4 * (2 * (RING_STAGES + 1) * config.block_n + 2 * config.block_m());

@@ -7,6 +7,7 @@ mod specs;
 
 use clap::{Parser, Subcommand};
 use flashgen::codegen::cuda::{self, TileConfig};
+use flashgen::runtime::tile_choice;
 use flashgen::runtime::{compile_cubin, KernelSet};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -102,7 +103,7 @@ fn run(cli: Cli) -> Result<bool, Failure> {
             for s in specs::load(&file, spec.as_deref())? {
                 let config = match (arch, &config) {
                     (Some(a), Some(name)) => specs::named_config(&s, a, name)?,
-                    (Some(a), None) => TileConfig::preferred(&s, a.target()),
+                    (Some(a), None) => tile_choice::preferred(&s, a.target()),
                     (None, _) => TileConfig::default_for(&s),
                 };
                 print!("{}", cuda::emit_forward_with(&s, config).source);
@@ -112,7 +113,7 @@ fn run(cli: Cli) -> Result<bool, Failure> {
         Command::Check { file, arch, spec } => {
             let arch = specs::arch(&arch)?;
             for s in specs::load(&file, spec.as_deref())? {
-                let kernel = cuda::emit_forward_with(&s, TileConfig::preferred(&s, arch.target()));
+                let kernel = cuda::emit_forward_with(&s, tile_choice::preferred(&s, arch.target()));
                 let start = Instant::now();
                 let cubin = compile_cubin(&kernel, arch).map_err(|e| specs::compile_error(&s, arch, e))?;
                 println!(

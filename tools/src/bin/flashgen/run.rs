@@ -3,9 +3,9 @@
 //! before the GPU is looked for.
 
 use crate::{specs, Failure};
-use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::reference::{ParamValue, TensorData};
 use flashgen::codegen::{ElemTy, Shape, Spec, Ty};
+use flashgen::runtime::tile_choice;
 use flashgen::runtime::{config_name, Runtime};
 use flashgen_tools::verify::{self, DeviceProblem, OperandLayout};
 use std::path::PathBuf;
@@ -68,7 +68,7 @@ pub fn on_gpu(args: RunArgs) -> Result<bool, Failure> {
     let rt = Runtime::new(0).map_err(|e| e.to_string())?;
     let problem = verify::random_problem(spec, shape, params, tensors, args.scale, args.seed);
     let mut gpu = DeviceProblem::upload(&rt, spec, &problem, layout).map_err(|e| e.to_string())?;
-    let preferred = TileConfig::preferred_for(spec, rt.target(), shape.kv_len);
+    let preferred = tile_choice::preferred_for(spec, rt.target(), shape.kv_len);
     let (start, before) = (Instant::now(), rt.cache_stats());
     // The kernel the launch uses: an earlier tuning's choice, else the preferred one.
     rt.load_forward(spec, rt.tuned_config(spec, &shape).unwrap_or(preferred)).map_err(|e| e.to_string())?;

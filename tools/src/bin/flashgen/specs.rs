@@ -4,6 +4,7 @@
 use crate::Failure;
 use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::Spec;
+use flashgen::runtime::tile_choice;
 use flashgen::runtime::{config_name, Arch, Error};
 use std::path::Path;
 
@@ -56,7 +57,7 @@ pub fn load(file: &Path, only: Option<&str>) -> Result<Vec<Spec>, Failure> {
 
 /// The candidate tile configuration of `spec` on `arch` called `name`.
 pub fn named_config(spec: &Spec, arch: Arch, name: &str) -> Result<TileConfig, String> {
-    let candidates = TileConfig::candidates(spec, arch.target());
+    let candidates = tile_choice::candidates(spec, arch.target());
     candidates.iter().copied().find(|&c| config_name(c) == name).ok_or_else(|| {
         let names: Vec<String> = candidates.into_iter().map(config_name).collect();
         format!("{}: no tile configuration `{name}` on {arch}; its candidates: {}", spec.name, names.join(", "))

@@ -1,0 +1,24 @@
+//! Whether a spec's per-element code is light enough for the d <= 64 tiles
+//! that hold the most registers: a fact about the generated code that the
+//! runtime's tile preferences need.
+
+use super::key_bounds::key_bounds;
+use super::logit::two_conjuncts;
+use crate::spec::{Expr, ExprKind, Func, Spec};
+
+/// Whether a spec's partial-tile code and score fit the registers of the
+/// d <= 64 tiles that hold the most (192-key S, three warpgroups): no mask
+/// of two conjuncts unless each bounds k (a sliding window: its partial
+/// tiles keep an interval of columns per row, `key_bounds`), no
+/// transcendental score.
+pub fn is_light(spec: &Spec) -> bool {
+    let mask_fits = two_conjuncts(spec).is_none() || key_bounds(spec.mask.as_ref()).is_some();
+    mask_fits && !spec.score.as_ref().is_some_and(transcendental)
+}
+
+/// Whether `e` calls a transcendental function (tanh, exp, …).
+fn transcendental(e: &Expr) -> bool {
+    let mut found = false;
+    e.walk(&mut |n| found |= matches!(&n.kind, ExprKind::Call(f, _) if !f.is_numeric() && *f != Func::Floor));
+    found
+}

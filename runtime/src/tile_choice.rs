@@ -1,0 +1,161 @@
+//! Which forward tile configurations a launch may use, in order of
+//! preference: the autotuner's candidates, and the configuration a launch
+//! uses without tuning. Codegen says which configurations it can generate
+//! for a spec ([`TileConfig::feasible`]); the order among them is a
+//! measured policy and lives here (docs/kernels.md gives the measurements).
+
+use flashgen_codegen::cuda::{is_light, Mma, Target, TileConfig};
+use flashgen_codegen::Spec;
+
+/// The configuration used without autotuning on `target` when the key
+/// length is unknown: the first of [`candidates`].
+pub fn preferred(spec: &Spec, target: Target) -> TileConfig {
+    candidates(spec, target)[0]
+}
+
+/// The configuration used without autotuning on `target` for `kv_len`
+/// keys: [`preferred`], except that from 4096 keys on at d <= 64 three
+/// warpgroups lead for every spec whose S, P and O fit their registers
+/// ([`is_light`]). At 1024 keys they trail: the ragged last 192-row tile
+/// wastes work.
+pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
+    let long = kv_len > LONG_KEYS && TileConfig::padded_head_dim(spec) <= 64 && is_light(spec);
+    match long && candidates(spec, target).contains(&THREE_WARPGROUPS) {
+        true => THREE_WARPGROUPS,
+        false => preferred(spec, target),
+    }
+}
+
+/// The configurations worth timing for `spec` on `target`, preferred
+/// first. A block mask serves them all: a forward tile that differs from
+/// the mask tile combines the mask tiles it overlaps (`coarse_class`).
+///
+/// The order is what `flashgen-bench --tune` measured: up to head dim 128, Hopper's warp-specialized
+/// wgmma kernel first (two warpgroups, 128-key tiles; at d <= 64 its
+/// 192-key tiles second, or last when the mask has two conjuncts that
+/// do not both bound k or the score calls a transcendental function; at
+/// d <= 64 three warpgroups first for plain specs, third for masks of
+/// one conjunct or of bounds on k that read no tensor, else last; at
+/// d <= 64 one warpgroup, two CTAs per SM, first for specs that are not
+/// `light`, else last), then the 64-key back-to-back
+/// kernels (two warpgroups, one); among mma.sync configs, 128-key tiles
+/// only for plain d <= 64 specs (masks and score mods then spill).
+pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
+    let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
+    // Warpgroups of 64 rows: two share each K/V tile; one alone leaves
+    // room for two CTAs per SM that overlap each other's softmax.
+    let wgmma = |warps, block_n| TileConfig { mma: Mma::Wgmma, warps, m_tiles: 1, block_n };
+    let default = TileConfig::default_for(spec);
+    let plain = spec.mask.is_none() && spec.score.is_none();
+    let hopper = vec![wgmma(8, 128), wgmma(8, 64), wgmma(4, 64)];
+    // 192-key tiles at d <= 64 cut the per-tile overhead per FLOP again
+    // (the tuner's pick from 4k keys on), but S and P take 144 registers:
+    // a two-conjunct mask's partial-tile code (unless its conjuncts bound
+    // k) or a transcendental score then spills, and at 1k keys the ragged
+    // last tile costs more than that saves.
+    let light = is_light(spec);
+    let (first, rest) = hopper.split_at(1);
+    let small = match light {
+        true => [first, &[wgmma(8, 192)], rest].concat(),
+        false => [first, rest, &[wgmma(8, 192)]].concat(),
+    };
+    // Three warpgroups of 64 rows (FlashAttention-3's d <= 64 tile): at
+    // d <= 64 a tile's softmax outlasts its products, and a third
+    // warpgroup keeps the tensor cores busy through it. S, P and O fit
+    // in its 160 registers; partial-tile code of two conjuncts (but for
+    // bounds on k) or of tensor reads, and transcendental scores, spill.
+    // Slower at 1k keys, where the ragged last 192-row tile wastes work.
+    let three = THREE_WARPGROUPS;
+    let reads_tensor = spec.mask.as_ref().is_some_and(|m| m.reads_tensor());
+    let simple_mask = light && !reads_tensor;
+    let small = match (plain, simple_mask) {
+        (true, _) => [&[three], small.as_slice()].concat(),
+        (false, true) => [&small[..2], &[three], &small[2..]].concat(),
+        (false, false) => [small.as_slice(), &[three]].concat(),
+    };
+    // One consumer warpgroup, two CTAs per SM: each CTA's item boundary
+    // (last P V, epilogue, next claim, first S) overlaps the other's
+    // tiles. First where a transcendental score or a partial tile of two
+    // conjuncts crowds two warpgroups' registers (softcap), else last (two
+    // warpgroups lead on documents and ALiBi).
+    let pair = ONE_WARPGROUP_PAIR;
+    let small = match !light {
+        true => [&[pair], small.as_slice()].concat(),
+        false => [small.as_slice(), &[pair]].concat(),
+    };
+    let (hopper, portable) = match TileConfig::padded_head_dim(spec) {
+        0..=64 if plain => (small, vec![sync(4, 2, 128), default, sync(8, 1, 64)]),
+        0..=64 => (small, vec![default, sync(4, 2, 128), sync(8, 1, 64)]),
+        65..=128 => (hopper, vec![default, sync(8, 1, 64)]),
+        _ => (vec![], vec![default, sync(4, 1, 64)]),
+    };
+    let hopper = if target.mma == Mma::Wgmma { hopper } else { vec![] };
+    [hopper, portable].concat()
+}
+
+/// Keys beyond which [`preferred_for`] may differ from
+/// [`preferred`].
+const LONG_KEYS: usize = 2048;
+
+/// The d <= 64 wgmma tile of one consumer warpgroup (64 query rows,
+/// 128-key tiles), two CTAs per SM.
+const ONE_WARPGROUP_PAIR: TileConfig = TileConfig { mma: Mma::Wgmma, warps: 4, m_tiles: 1, block_n: 128 };
+
+/// The d <= 64 wgmma tile of three consumer warpgroups (192 query rows,
+/// 128-key tiles).
+const THREE_WARPGROUPS: TileConfig = TileConfig { mma: Mma::Wgmma, warps: 12, m_tiles: 1, block_n: 128 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flashgen_codegen::parse_one;
+
+    /// The tuner times exactly what codegen can generate, each once.
+    #[test]
+    fn candidates_are_the_feasible_configurations() {
+        let specs = [
+            "S { dtype: bf16, head_dim: 64 }",
+            "S { dtype: bf16, head_dim: 64, param w: i32, mask: q >= k && q - k < w }",
+            "S { dtype: bf16, head_dim: 64, param cap: f32, mask: q >= k, score: cap * tanh(score / cap) }",
+            "S { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }",
+            "S { dtype: f16, head_dim: 128, mask: q >= k }",
+            "S { dtype: bf16, head_dim: 256 }",
+        ];
+        for source in specs {
+            let spec = parse_one(source).unwrap();
+            for target in [Target::PORTABLE, Target::HOPPER] {
+                let mut ordered = candidates(&spec, target);
+                let mut feasible = TileConfig::feasible(&spec, target);
+                let key = |c: &TileConfig| (c.mma == Mma::Wgmma, c.warps, c.m_tiles, c.block_n);
+                ordered.sort_by_key(key);
+                feasible.sort_by_key(key);
+                assert_eq!(ordered, feasible, "{source} on {target:?}");
+            }
+        }
+    }
+
+    /// At d <= 64: plain attention prefers three consumer warpgroups; a
+    /// document mask two up to 2048 keys, three from 4096; a transcendental
+    /// score one warpgroup per CTA, two CTAs per SM, at every length; a
+    /// sliding window (both conjuncts bound k) three from 4096 keys.
+    #[test]
+    fn d64_preferences() {
+        let hopper = Target::HOPPER;
+        let shape = |c: TileConfig| (c.mma, c.warps, c.per_sm());
+        let full = parse_one("S { dtype: bf16, head_dim: 64 }").unwrap();
+        assert_eq!(shape(preferred(&full, hopper)), (Mma::Wgmma, 12, 1));
+        let doc =
+            parse_one("S { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }")
+                .unwrap();
+        assert_eq!(shape(preferred_for(&doc, hopper, 1024)), (Mma::Wgmma, 8, 1));
+        assert_eq!(shape(preferred_for(&doc, hopper, 4096)), (Mma::Wgmma, 12, 1));
+        let softcap = "S { dtype: bf16, head_dim: 64, param cap: f32, mask: q >= k, score: cap * tanh(score / cap) }";
+        let softcap = parse_one(softcap).unwrap();
+        for kv_len in [1024, 16384] {
+            assert_eq!(shape(preferred_for(&softcap, hopper, kv_len)), (Mma::Wgmma, 4, 2));
+        }
+        let window = parse_one("S { dtype: bf16, head_dim: 64, param w: i32, mask: q >= k && q - k < w }").unwrap();
+        assert_eq!(shape(preferred_for(&window, hopper, 1024)), (Mma::Wgmma, 8, 1));
+        assert_eq!(shape(preferred_for(&window, hopper, 4096)), (Mma::Wgmma, 12, 1));
+    }
+}
