@@ -62,20 +62,15 @@ impl Which {
     }
 
     /// The forward kernel in `config`, copying as `copy` says where the
-    /// configuration is warp-specialized; the others have one kernel, and
-    /// one cache entry.
+    /// configuration has the choice ([`TileConfig::kernel_copy`]).
     pub(crate) fn forward(config: TileConfig, copy: TileCopy) -> Which {
-        Which::Forward(config, if config.persistent() { copy } else { TileCopy::Threads })
+        Which::Forward(config, config.kernel_copy(copy))
     }
 
-    /// Backward kernel `pass` in `config`; `tensor_grads` and `copy` only
-    /// select among dK/dV kernels (`copy` among Hopper ones), so the others
-    /// have one cache entry.
+    /// Backward kernel `pass` in `config`, keyed by the fields its kernel
+    /// reads ([`cuda::BackwardConfig::for_pass`]).
     pub(crate) fn backward(pass: cuda::BackwardPass, config: cuda::BackwardConfig) -> Which {
-        let key_value = pass == cuda::BackwardPass::KeyValue;
-        let tensor_grads = config.tensor_grads || !key_value;
-        let copy = if key_value && config.mma == cuda::Mma::Wgmma { config.copy } else { TileCopy::Threads };
-        Which::Backward(pass, cuda::BackwardConfig { tensor_grads, copy, ..config })
+        Which::Backward(pass, config.for_pass(pass))
     }
 
     /// The kernel of `spec`; `None` for the block mask of a spec without a

@@ -64,6 +64,17 @@ impl TileConfig {
         widest(spec)
     }
 
+    /// How this configuration's forward kernel copies when a launch asks
+    /// for `copy`: only warp-specialized kernels have the choice, the others
+    /// copy with their threads (one kernel, one cache entry).
+    pub fn kernel_copy(self, copy: TileCopy) -> TileCopy {
+        if self.persistent() {
+            copy
+        } else {
+            TileCopy::Threads
+        }
+    }
+
     /// `(rows, keys)` of a block-mask tile for `spec`: the portable
     /// default's tile, whatever configuration a forward launch uses.
     pub fn mask_tile(spec: &Spec) -> (u32, u32) {

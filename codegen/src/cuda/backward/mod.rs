@@ -145,6 +145,17 @@ impl BackwardConfig {
         16 * self.warps
     }
 
+    /// This configuration with the fields `pass`'s kernel does not read
+    /// set to one value, so that equal kernels have equal configurations
+    /// (and one cache entry): `tensor_grads` and `copy` select among dK/dV
+    /// kernels only, and `copy` among Hopper ones.
+    pub fn for_pass(self, pass: BackwardPass) -> BackwardConfig {
+        let key_value = pass == BackwardPass::KeyValue;
+        let tensor_grads = self.tensor_grads || !key_value;
+        let copy = if key_value && self.mma == Mma::Wgmma { self.copy } else { TileCopy::Threads };
+        BackwardConfig { tensor_grads, copy, ..self }
+    }
+
     /// The dQ accumulator's layout under this configuration.
     pub fn dq_accum(self, spec: &Spec) -> DqAccum {
         match self.mma == Mma::Wgmma && dkdv_wgmma::supports(spec) {
