@@ -73,8 +73,7 @@ pub enum ArgKind {
     WorkCounter,
     /// `const __grid_constant__ TensorMap`: a TMA descriptor (CUtensorMap)
     /// of Q, K, V, O or dO as `[batch, seq, heads, dim]`, copied in boxes of
-    /// 64 columns by the kernel's `block_m` (Q, dO) or `block_n` (K, V) rows,
-    /// or by [`O_STORE_ROWS`] (O), with the 128-byte swizzle. Only kernels
+    /// [`TmaBox::of`], with the 128-byte swizzle. Only kernels
     /// generated to copy with TMA take them (`cuda::TileCopy`).
     TensorMap(Operand),
     /// `int*` a work order under a data-dependent mask: the dK/dV kernel's
@@ -88,6 +87,33 @@ pub enum ArgKind {
 
 /// Rows of O a persistent forward stores per TMA copy: one warp's.
 pub const O_STORE_ROWS: u32 = 16;
+
+/// The box a kernel's TMA descriptor of one operand copies: `cols` elements
+/// of the head dim (128 bytes of 16-bit elements, the span of the 128-byte
+/// swizzle the kernels' shared tiles use) by `rows` rows of the sequence,
+/// one head of one batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TmaBox {
+    pub cols: u32,
+    pub rows: u32,
+}
+
+impl TmaBox {
+    /// Columns per box.
+    pub const COLS: u32 = 64;
+
+    /// The box of `op` for a kernel of `block_m` query rows and `block_n`
+    /// keys per tile: a tile's rows for Q and dO (`block_m`) and K and V
+    /// (`block_n`), one warp's rows of O ([`O_STORE_ROWS`]).
+    pub fn of(op: Operand, block_m: u32, block_n: u32) -> TmaBox {
+        let rows = match op {
+            Operand::K | Operand::V => block_n,
+            Operand::O => O_STORE_ROWS,
+            _ => block_m,
+        };
+        TmaBox { cols: TmaBox::COLS, rows }
+    }
+}
 
 /// How a kernel's grid covers a launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -1,10 +1,10 @@
 //! TMA descriptors (`CUtensorMap`) for the Hopper kernels whose producer
-//! copies a tile with one instruction (`codegen/src/cuda/tma.rs`): Q, K and
+//! copies a tile with one instruction (`codegen/src/cuda/library/tma.cuh`): Q, K and
 //! V of the persistent forward (and O, which its consumers store), Q, K, V
 //! and dO of the dK/dV kernel. A
 //! descriptor describes an operand as the 4-d tensor `[batch, seq, heads,
-//! dim]` with its element strides, copied in boxes of 64 columns (128
-//! bytes, the swizzle's span) by the tile's rows; rows and columns past the
+//! dim]` with its element strides, copied in the boxes codegen defines
+//! (`abi::TmaBox`); rows and columns past the
 //! tensor's end read zeros, as the cp.async copies' zero fill does. Where
 //! the copy engine cannot address a layout (an address or stride not a
 //! multiple of 16 bytes, a zero stride), there are no descriptors and the
@@ -17,7 +17,7 @@ use cudarc::driver::sys::{
     CUtensorMapL2promotion, CUtensorMapSwizzle,
 };
 use cudarc::driver::DeviceRepr;
-use flashgen_codegen::abi::{Operand, O_STORE_ROWS};
+use flashgen_codegen::abi::{Operand, TmaBox};
 use flashgen_codegen::cuda::TileCopy;
 use flashgen_codegen::Dtype;
 
@@ -39,8 +39,7 @@ impl TensorMap {
 }
 
 /// TMA descriptors of `operands` (each with its address and layout) in
-/// boxes of `tile`'s rows: `block_m` for Q and dO, `block_n` for K and V,
-/// [`O_STORE_ROWS`] for O. `None` when TMA is off (`on`) or a layout rules
+/// the boxes of a kernel with `tile` ([`TmaBox::of`]). `None` when TMA is off (`on`) or a layout rules
 /// it out for one of them: the launch then runs the kernel that copies with
 /// its threads.
 pub(crate) fn tensor_maps(
@@ -54,14 +53,7 @@ pub(crate) fn tensor_maps(
     }
     operands
         .iter()
-        .map(|&(op, ptr, layout)| {
-            let rows = match op {
-                Operand::K | Operand::V => tile.block_n,
-                Operand::O => O_STORE_ROWS,
-                _ => tile.block_m,
-            };
-            Some((op, encode(ptr, layout, dtype, rows)?))
-        })
+        .map(|&(op, ptr, layout)| Some((op, encode(ptr, layout, dtype, TmaBox::of(op, tile.block_m, tile.block_n))?)))
         .collect()
 }
 
@@ -80,12 +72,10 @@ pub(crate) struct Tile {
     pub block_n: u32,
 }
 
-/// Columns per box: 128 bytes of 16-bit elements.
-const BOX_COLS: u32 = 64;
-
 /// The descriptor of the operand at `ptr` with `layout`, copied in boxes
-/// of `rows` rows; `None` where TMA cannot address it.
-fn encode(ptr: u64, layout: &Layout, dtype: Dtype, rows: u32) -> Option<TensorMap> {
+/// of `tma_box`; `None` where TMA cannot address it.
+fn encode(ptr: u64, layout: &Layout, dtype: Dtype, tma_box: TmaBox) -> Option<TensorMap> {
+    let rows = tma_box.rows;
     const ELEM: u64 = 2;
     let [batch, seq, head] = layout.strides;
     // Innermost first. An empty axis is never read (no tile is visited),
@@ -107,7 +97,7 @@ fn encode(ptr: u64, layout: &Layout, dtype: Dtype, rows: u32) -> Option<TensorMa
         Dtype::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         Dtype::Bf16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
     };
-    let boxes = [BOX_COLS, rows, 1, 1];
+    let boxes = [tma_box.cols, rows, 1, 1];
     let element_strides = [1u32; 4];
     let mut map = TensorMap::ZERO;
     // SAFETY: every array has the rank's length (strides one less), `map`
@@ -144,11 +134,25 @@ mod tests {
     fn layouts_tma_cannot_address_get_no_descriptor() {
         // Checked before the driver is called, so no GPU is needed.
         let odd_heads = Layout::bshd(2, 100, 8, 59);
-        assert!(encode(0x1000, &odd_heads, Dtype::Bf16, 128).is_none(), "head stride 118 bytes");
-        assert!(encode(0x1008, &Layout::bshd(2, 100, 8, 64), Dtype::Bf16, 128).is_none(), "address");
+        assert!(
+            encode(0x1000, &odd_heads, Dtype::Bf16, TmaBox { cols: TmaBox::COLS, rows: 128 }).is_none(),
+            "head stride 118 bytes"
+        );
+        assert!(
+            encode(0x1008, &Layout::bshd(2, 100, 8, 64), Dtype::Bf16, TmaBox { cols: TmaBox::COLS, rows: 128 })
+                .is_none(),
+            "address"
+        );
         let broadcast = Layout { strides: [0, 64, 0], ..Layout::bshd(2, 100, 8, 64) };
-        assert!(encode(0x1000, &broadcast, Dtype::Bf16, 128).is_none(), "zero stride");
-        assert!(encode(0x1000, &Layout::bshd(2, 100, 8, 64), Dtype::Bf16, 512).is_none(), "box rows");
+        assert!(
+            encode(0x1000, &broadcast, Dtype::Bf16, TmaBox { cols: TmaBox::COLS, rows: 128 }).is_none(),
+            "zero stride"
+        );
+        assert!(
+            encode(0x1000, &Layout::bshd(2, 100, 8, 64), Dtype::Bf16, TmaBox { cols: TmaBox::COLS, rows: 512 })
+                .is_none(),
+            "box rows"
+        );
     }
 
     #[test]
