@@ -2,7 +2,7 @@
 """Times flashgen's peers on flashgen-bench's suite, on this GPU.
 
 What: the forward pass of the peers named in ../shared/anchors.md on the same
-shapes and variants as src/bin/flashgen-bench.rs, so flashgen can be compared
+shapes and variants as tools/src/bin/flashgen-bench.rs, so flashgen can be compared
 with peers timed in the same run on the same device:
   sdpa-FLASH  F.scaled_dot_product_attention, FlashAttention-2 backend (full, causal)
   sdpa-CUDNN  the same with the cuDNN backend (full, causal)
