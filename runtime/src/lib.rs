@@ -51,6 +51,7 @@ mod layout;
 mod parallel;
 mod single_flight;
 mod stable_hash;
+pub mod tile_choice;
 
 // Launch plumbing: argument values, TMA descriptors, event timing.
 mod marshal;
@@ -62,7 +63,6 @@ mod choices;
 mod disk_cache;
 mod nvrtc;
 mod nvrtc_lib;
-pub mod tile_choice;
 mod tuning;
 
 // One GPU and the launches on it.

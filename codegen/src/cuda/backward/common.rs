@@ -194,7 +194,7 @@ pub(super) fn write_row_terms(
 
 /// Fills the hoisted terms that vary per column, for the tile whose first
 /// column is `first_col`; those of the mask alone only where the tile is not
-/// `interior` (which the caller defines, see [`forward::interior_decl`]).
+/// `interior` (which the caller defines, see [`interior_decl`](crate::cuda::kit::terms::interior_decl)).
 pub(super) fn write_column_terms(
     w: &mut Writer<String>,
     spec: &Spec,

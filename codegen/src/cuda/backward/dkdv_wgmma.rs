@@ -4,7 +4,7 @@
 //! A CTA owns 128 keys: two consumer warpgroups of 64 keys each, plus a
 //! producer warpgroup that copies this CTA's K and V once and then each
 //! visited query step's Q, dO and statistics into a two-stage ring
-//! (`ring.rs`: full/empty `mbarrier`s; `setmaxnreg` gives the consumers
+//! (`library/ring.cuh`: full/empty `mbarrier`s; `setmaxnreg` gives the consumers
 //! 240 registers). Per step a consumer warpgroup computes, keys as rows:
 //!
 //! - Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, both operands from shared memory (K-major);

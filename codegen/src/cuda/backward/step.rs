@@ -136,7 +136,7 @@ pub(super) fn write_elements(
 }
 
 /// [`write_elements`] on the whole path (`interior` tiles, see
-/// [`interior_decl`](crate::cuda::forward::interior_decl)) and on the
+/// [`interior_decl`](crate::cuda::kit::terms::interior_decl)) and on the
 /// masked one.
 pub(super) fn write_split_elements(
     w: &mut Writer<String>,

@@ -8,12 +8,12 @@
 //! (base 2, one rescale per tile), and is repacked in place as the A operand
 //! of P·V. No score matrix ever reaches memory.
 //!
-//! On Hopper the same loop runs on `wgmma` (see `wgmma.rs`); with 128-key
+//! On Hopper the same loop runs on `wgmma` (see `library/wgmma.cuh`); with 128-key
 //! tiles it is software-pipelined (FlashAttention-3): P·V of tile j is
 //! issued behind S of tile j + 1 and runs while the softmax of that S does,
 //! so V loads one iteration after its K, O's rescale waits for P·V, and the
 //! warpgroups take turns issuing their products. Then it is warp-specialized
-//! (see `ring.rs`) and persistent: one more warpgroup issues every copy into
+//! (see `library/ring.cuh`) and persistent: one more warpgroup issues every copy into
 //! a ring of stages, so the warpgroups that multiply never wait at a CTA
 //! barrier, and each CTA (one per SM; two of one consumer warpgroup each,
 //! which overlap each other instead of taking turns) walks work items it

@@ -3,7 +3,7 @@
 //! no toolkit headers, so each source is self-contained). [`Part`] names
 //! them; `source::assemble` prints the parts a kernel asks for, in order.
 //! The only library code generated per kernel is the wgmma instruction
-//! wrappers ([`wgmma_ops`]), one per operand width.
+//! wrappers (`wgmma_ops`), one per operand width.
 
 pub(crate) mod wgmma_ops;
 

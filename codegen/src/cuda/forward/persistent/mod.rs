@@ -2,7 +2,7 @@
 //! (two with one consumer warpgroup each), walk work items (query tiles of
 //! every (batch, head)), claiming each further item from a work counter. A producer warpgroup claims an item,
 //! loads its Q into one of two Q buffers and its K/V tiles into the stage
-//! ring (`ring.rs`), which runs on across items; the consumer warpgroups
+//! ring (`library/ring.cuh`), which runs on across items; the consumer warpgroups
 //! take turns on the tensor cores, finish the item and stage its O in its
 //! own Q buffer, from where each warp's rows leave by TMA, while the
 //! producer already loads the next one. The producer
