@@ -6,7 +6,7 @@
 //! rest (shapes, strides, buffer sizes).
 
 use flashgen_codegen::{Dtype, ElemTy, Spec, Ty};
-use proc_macro2::TokenStream;
+use proc_macro2::{Ident, TokenStream};
 use quote::{format_ident, quote};
 
 pub fn spec_items(spec: &Spec) -> TokenStream {
@@ -20,27 +20,6 @@ pub fn spec_items(spec: &Spec) -> TokenStream {
         Dtype::Bf16 => quote!(::flashgen::half::bf16),
     };
 
-    let param_fields = spec.params.iter().map(|p| {
-        let field = format_ident!("{}", p.name);
-        let ty = match p.ty {
-            Ty::I32 => quote!(i32),
-            _ => quote!(f32),
-        };
-        let doc = format!("Runtime param `{}: {}`.", p.name, p.ty);
-        quote!(#[doc = #doc] pub #field: #ty)
-    });
-    let tensor_fields = spec.tensors.iter().map(|t| {
-        let field = format_ident!("{}", t.name);
-        let ty = match t.elem {
-            ElemTy::I32 => quote!(i32),
-            ElemTy::F32 => quote!(f32),
-            ElemTy::F16 => quote!(::flashgen::half::f16),
-            ElemTy::Bf16 => quote!(::flashgen::half::bf16),
-        };
-        let dims: Vec<String> = t.dims.iter().map(|d| d.to_string()).collect();
-        let doc = format!("Captured tensor `{}: {}[{}]`, row-major.", t.name, t.elem.name(), dims.join(", "));
-        quote!(#[doc = #doc] pub #field: &'a ::flashgen::cudarc::driver::CudaSlice<#ty>)
-    });
     let values = spec
         .params
         .iter()
@@ -49,13 +28,7 @@ pub fn spec_items(spec: &Spec) -> TokenStream {
         .map(|f| quote!(::flashgen::ArgValue::from(args.#f)));
 
     let has_fields = !(spec.params.is_empty() && spec.tensors.is_empty());
-    let (lifetime, args_ty) =
-        if spec.tensors.is_empty() { (quote!(), quote!(#args_name)) } else { (quote!(<'a>), quote!(#args_name<'_>)) };
-    let args_def = if has_fields {
-        quote!(#vis struct #args_name #lifetime { #(#param_fields,)* #(#tensor_fields,)* })
-    } else {
-        quote!(#vis struct #args_name;)
-    };
+    let (args_def, args_ty) = args_struct(spec, &vis, &args_name);
     let args_doc = format!("Runtime params and captured tensors of [`{}`].", spec.name);
     let unused = if has_fields { quote!() } else { quote!(let _ = args;) };
     let values: Vec<TokenStream> = values.collect();
@@ -146,4 +119,39 @@ pub fn spec_items(spec: &Spec) -> TokenStream {
             #block_mask
         }
     }
+}
+
+/// The `…Args` struct (one field per param and captured tensor, or a unit
+/// struct) and the type a launch takes it as.
+fn args_struct(spec: &Spec, vis: &TokenStream, args_name: &Ident) -> (TokenStream, TokenStream) {
+    let param_fields = spec.params.iter().map(|p| {
+        let field = format_ident!("{}", p.name);
+        let ty = match p.ty {
+            Ty::I32 => quote!(i32),
+            _ => quote!(f32),
+        };
+        let doc = format!("Runtime param `{}: {}`.", p.name, p.ty);
+        quote!(#[doc = #doc] pub #field: #ty)
+    });
+    let tensor_fields = spec.tensors.iter().map(|t| {
+        let field = format_ident!("{}", t.name);
+        let ty = match t.elem {
+            ElemTy::I32 => quote!(i32),
+            ElemTy::F32 => quote!(f32),
+            ElemTy::F16 => quote!(::flashgen::half::f16),
+            ElemTy::Bf16 => quote!(::flashgen::half::bf16),
+        };
+        let dims: Vec<String> = t.dims.iter().map(|d| d.to_string()).collect();
+        let doc = format!("Captured tensor `{}: {}[{}]`, row-major.", t.name, t.elem.name(), dims.join(", "));
+        quote!(#[doc = #doc] pub #field: &'a ::flashgen::cudarc::driver::CudaSlice<#ty>)
+    });
+    let has_fields = !(spec.params.is_empty() && spec.tensors.is_empty());
+    let (lifetime, args_ty) =
+        if spec.tensors.is_empty() { (quote!(), quote!(#args_name)) } else { (quote!(<'a>), quote!(#args_name<'_>)) };
+    let args_def = if has_fields {
+        quote!(#vis struct #args_name #lifetime { #(#param_fields,)* #(#tensor_fields,)* })
+    } else {
+        quote!(#vis struct #args_name;)
+    };
+    (args_def, args_ty)
 }
