@@ -6,6 +6,7 @@
 use crate::abi::{ArgKind, KernelArg};
 use crate::cuda::kit::expr::{c_expr, c_expr_in, load_offset};
 use crate::cuda::kit::hoist::{lookup_indexed, Hoisted, Level};
+use crate::cuda::kit::logit::{kept, ScoredLogit};
 use crate::cuda::kit::terms::{write_tile_terms, KeyTerms};
 use crate::cuda::kit::tile_class::tile_class_expr;
 use crate::cuda::kit::tile_walk::{write_block_class, write_next_tile};
@@ -224,21 +225,22 @@ pub(super) fn write_spec_lambdas(
     let slots = "int q, int k, int i, int n, int c";
     writeln!(w, "// The spec on one element, as the forward evaluates it: the log2-domain logit,")?;
     writeln!(w, "// or -inf where the mask drops the pair or k is past the end.")?;
-    match &spec.score {
+    let keep = kept(&kv_len, &mask);
+    match ScoredLogit::of(spec, &scale, c) {
         None => {
             writeln!(w, "const float scale_log2 = {scale} * LOG2E;")?;
             writeln!(w, "auto logit = [&](float dot, {slots}) -> float {{")?;
             w.indented(|w| {
-                writeln!(w, "const bool keep = k < {kv_len}{mask};")?;
+                writeln!(w, "const bool keep = {keep};")?;
                 writeln!(w, "return kept_or_neg_inf(keep, dot * scale_log2);")
             })?;
         }
-        Some(e) => {
+        Some(ScoredLogit { binding, log2 }) => {
             writeln!(w, "auto logit = [&](float dot, {slots}) -> float {{")?;
             w.indented(|w| {
-                writeln!(w, "const float score = dot * {scale};")?;
-                writeln!(w, "const bool keep = k < {kv_len}{mask};")?;
-                writeln!(w, "return kept_or_neg_inf(keep, {} * LOG2E);", c(e))
+                writeln!(w, "{binding}")?;
+                writeln!(w, "const bool keep = {keep};")?;
+                writeln!(w, "return kept_or_neg_inf(keep, {log2});")
             })?;
         }
     }
@@ -263,15 +265,14 @@ pub(super) fn write_spec_lambdas(
 fn write_whole_logit(w: &mut Writer<String>, spec: &Spec, hoisted: &[Hoisted], rows: Rows) -> fmt::Result {
     let slots = "int q, int k, int i, int n, int c";
     writeln!(w, "// The logit of a pair the mask keeps and whose key exists.")?;
-    match &spec.score {
+    let scale = arg_name(spec, ArgKind::Scale);
+    match ScoredLogit::of(spec, &scale, |e| c_expr_in(spec, e, &|x| lookup(hoisted, rows, x))) {
         None => writeln!(w, "auto logit_whole = [&](float dot, {slots}) -> float {{ return dot * scale_log2; }};"),
-        Some(e) => {
-            let scale = arg_name(spec, ArgKind::Scale);
-            let score = c_expr_in(spec, e, &|x| lookup(hoisted, rows, x));
+        Some(ScoredLogit { binding, log2 }) => {
             writeln!(w, "auto logit_whole = [&](float dot, {slots}) -> float {{")?;
             w.indented(|w| {
-                writeln!(w, "const float score = dot * {scale};")?;
-                writeln!(w, "return {score} * LOG2E;")
+                writeln!(w, "{binding}")?;
+                writeln!(w, "return {log2};")
             })?;
             w.write_str("};\n")
         }

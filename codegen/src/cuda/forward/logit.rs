@@ -6,6 +6,7 @@ use super::bias::{additive_bias, biased_logit, reads_first_key};
 use super::key_bounds::{column_test, key_bounds, FIRST_KEY};
 use crate::cuda::kit::expr::c_expr_in;
 use crate::cuda::kit::hoist::{lookup, Hoisted};
+use crate::cuda::kit::logit::{kept, ScoredLogit};
 use crate::cuda::writer::Writer;
 use crate::spec::{BinOp, Expr, ExprKind, Spec};
 use std::fmt::{self, Write};
@@ -34,7 +35,8 @@ pub(super) fn write_logit(
         Some(e) => match additive_bias(e) {
             None => {
                 writeln!(w, "// The spec: score and mask each element of S (log2 units, -inf where masked).")?;
-                (Some(format!("const float score = dot * {scale};")), format!("{} * LOG2E", c_expr(e)))
+                let ScoredLogit { binding, log2 } = ScoredLogit::for_score(e, scale, c_expr);
+                (Some(binding), log2)
             }
             Some(bias) => {
                 writeln!(w, "// The spec: score and mask each element of S (log2 units, -inf where masked);")?;
@@ -77,7 +79,7 @@ pub(super) fn write_logit(
                         (Some(e), None) => format!(" && {}", c_expr(e)),
                         (None, _) => String::new(),
                     };
-                    (statements(bias_reads_k0), format!("kept_or_neg_inf(k < {kv_len}{cond}, {logit})"))
+                    (statements(bias_reads_k0), format!("kept_or_neg_inf({}, {logit})", kept(kv_len, &cond)))
                 }
             },
         }

@@ -4,6 +4,7 @@
 
 pub(crate) mod expr;
 pub(crate) mod hoist;
+pub(crate) mod logit;
 pub(crate) mod terms;
 pub(crate) mod tile_class;
 pub(crate) mod tile_walk;
