@@ -41,6 +41,7 @@ use super::step::{write_elements, write_split_elements, Part};
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::kit::hoist::{hoist, Hoisted};
 use crate::cuda::kit::terms::interior_decl;
+use crate::cuda::kit::warp_roles::write_roles;
 use crate::cuda::library;
 use crate::cuda::library::wgmma_ops::AFrom;
 use crate::cuda::signature::names::{DELTA, DOUT_MAP, DQ_ACCUM, K_MAP, Q_MAP, V_MAP};
@@ -232,10 +233,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, copy: Tile
     )?;
     let exprs = terms.exprs(spec);
     let hoisted = hoist(&exprs);
-    w.block(format_args!("if (warp >= WARPS)"), |w| write_producer(w, spec, copy))?;
-    writeln!(w, "// ---- the consumer warpgroups ----")?;
-    writeln!(w, "regs_acquire<CONSUMER_REGS>();")?;
-    write_consumers(w, spec, terms, &hoisted)
+    write_roles(w, |w| write_producer(w, spec, copy), |w| write_consumers(w, spec, terms, &hoisted))
 }
 
 /// The producer warpgroup: K and V once, then per visited step its Q and dO
@@ -276,8 +274,6 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> fmt::R
     write!(
         w,
         "\
-        // ---- the producer warpgroup ----\n\
-        regs_release<PRODUCER_REGS>();\n\
         const bool leader = threadIdx.x == THREADS;  // publishes the walk's words\n\
         {roles}\
         // once the consumers have stored it, a step late (the visit of the next step,\n\

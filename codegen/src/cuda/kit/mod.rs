@@ -8,3 +8,4 @@ pub(crate) mod logit;
 pub(crate) mod terms;
 pub(crate) mod tile_class;
 pub(crate) mod tile_walk;
+pub(crate) mod warp_roles;

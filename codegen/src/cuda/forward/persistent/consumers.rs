@@ -13,14 +13,12 @@ use crate::cuda::tile_config::{ping_pong, TileCopy};
 use crate::cuda::writer::Writer;
 use std::fmt::{self, Write};
 
-/// The consumers' item loop, after the producer's branch.
+/// The consumers' item loop.
 pub(super) fn write_consumers(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
     let (plan, copy, groups) = (roles.plan, roles.copy, roles.groups);
     let (spec, config, sums) = (plan.spec, plan.config, plan.row_sums);
     let item_terms = roles.staged.items;
     let kv_len = arg_name(spec, ArgKind::KvLen);
-    writeln!(w, "// ---- the consumer warpgroups ----")?;
-    writeln!(w, "regs_acquire<CONSUMER_REGS>();")?;
     let turns = ping_pong(config);
     match turns {
         true => write!(

@@ -27,6 +27,7 @@ use super::staged_terms::StagedTerms;
 use super::wgmma_step::write_last_pv;
 use crate::abi::ArgKind;
 use crate::cuda::kit::terms::interior_decl;
+use crate::cuda::kit::warp_roles::write_roles;
 use crate::cuda::signature::arg_name;
 use crate::cuda::tile_config::{ping_pong, TileConfig, TileCopy};
 use crate::cuda::writer::Writer;
@@ -52,8 +53,7 @@ pub(super) fn write_body(w: &mut Writer<String>, plan: &Plan, copy: TileCopy) ->
     write_setup(w, &roles)?;
     roles.staged.write_buffers(w)?;
     writeln!(w)?;
-    w.block(format_args!("if (warp >= WARPS)"), |w| producer::write_producer(w, &roles))?;
-    consumers::write_consumers(w, &roles)
+    write_roles(w, |w| producer::write_producer(w, &roles), |w| consumers::write_consumers(w, &roles))
 }
 
 /// Shared memory, the work items and the ring's barriers, set up by every

@@ -13,7 +13,7 @@ use crate::cuda::tile_config::TileCopy;
 use crate::cuda::writer::Writer;
 use std::fmt::{self, Write};
 
-/// The producer's item loop (the body of `if (warp >= WARPS)`).
+/// The producer's item loop.
 pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
     let (spec, config, copy, groups) = (roles.plan.spec, roles.plan.config, roles.copy, roles.groups);
     let staged = &roles.staged;
@@ -36,8 +36,6 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
     write!(
         w,
         "\
-        // ---- the producer warpgroup ----\n\
-        regs_release<PRODUCER_REGS>();\n\
         int it = 0;  // visited tiles so far, over all items: tile `it` goes to stage it % STAGES\n"
     )?;
     w.block(format_args!("for (int done = 0;; ++done)"), |w| {
