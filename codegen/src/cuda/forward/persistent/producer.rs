@@ -33,11 +33,7 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
         }
         false => format!("claim({counter}, done, items)"),
     };
-    write!(
-        w,
-        "\
-        int it = 0;  // visited tiles so far, over all items: tile `it` goes to stage it % STAGES\n"
-    )?;
+    writeln!(w, "int it = 0;  // visited tiles so far, over all items: tile `it` goes to stage it % STAGES")?;
     w.block(format_args!("for (int done = 0;; ++done)"), |w| {
         write!(
             w,
