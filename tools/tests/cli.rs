@@ -96,6 +96,10 @@ fn unsupported_arches_are_refused_before_nvrtc() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("this NVRTC cannot compile for sm_99"), "{}", text(&out));
     assert_eq!(text(&out).lines().count(), 1, "no kernel source: {}", text(&out));
+    let out = flashgen(&["precompile", &spec("causal"), "--arch", "sm_99"], &dir);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("this NVRTC cannot compile for sm_99"), "{}", text(&out));
+    assert_eq!(text(&out).lines().count(), 1, "no kernel source: {}", text(&out));
 }
 
 #[test]

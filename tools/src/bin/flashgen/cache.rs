@@ -35,7 +35,7 @@ pub fn precompile(files: &[PathBuf], archs: &[String], set: KernelSet) -> Result
     if tty {
         eprintln!();
     }
-    let report = report.map_err(|e| e.to_string())?;
+    let report = report.map_err(|e| specs::arch_error(&e).unwrap_or_else(|| e.to_string()))?;
     let archs: Vec<String> = archs.iter().map(Arch::to_string).collect();
     println!(
         "{} kernel(s) of {} spec(s) for {}: {} compiled, {} already cached, in {:.1} s ({})",

@@ -115,7 +115,7 @@ fn run(cli: Cli) -> Result<bool, Failure> {
             for s in specs::load(&file, spec.as_deref())? {
                 let kernel = cuda::emit_forward_with(&s, tile_choice::preferred(&s, arch.target()));
                 let start = Instant::now();
-                let cubin = compile_cubin(&kernel, arch).map_err(|e| specs::compile_error(&s, arch, e))?;
+                let cubin = compile_cubin(&kernel, arch).map_err(|e| specs::compile_error(&s, e))?;
                 println!(
                     "{}: compiled {} for {arch} in {:.0} ms ({} bytes of CUBIN)",
                     s.name,

@@ -26,19 +26,21 @@ pub fn arch(text: &str) -> Result<Arch, String> {
     Ok(arch)
 }
 
-/// A failed compile of `spec` for `arch`, with NVRTC's log and the numbered
+/// A failed compile of `spec`, with NVRTC's log and the numbered
 /// source; only the log's first line when NVRTC does not know the arch (the
 /// source is not at fault).
-pub fn compile_error(spec: &Spec, arch: Arch, error: Error) -> String {
+pub fn compile_error(spec: &Spec, error: Error) -> String {
+    format!("{}: {}", spec.name, arch_error(&error).unwrap_or_else(|| error.to_string()))
+}
+
+/// NVRTC's refusal of the arch itself, in one line; `None` for other errors.
+pub fn arch_error(error: &Error) -> Option<String> {
     match error {
-        Error::Compile { log, .. } if log.contains("--gpu-architecture") => {
+        Error::Compile { log, arch, .. } if log.contains("--gpu-architecture") => {
             let reason = log.lines().next().unwrap_or_default();
-            format!(
-                "{}: this NVRTC cannot compile for {arch} ({reason}); flashgen supports {SUPPORTED_ARCHES}",
-                spec.name
-            )
+            Some(format!("this NVRTC cannot compile for {arch} ({reason}); flashgen supports {SUPPORTED_ARCHES}"))
         }
-        other => format!("{}: {other}", spec.name),
+        _ => None,
     }
 }
 
