@@ -1,6 +1,7 @@
 //! The kernel's `constexpr` block: dtype, head dims, tile sizes, stages,
 //! the warp-specialized register split and the shared tiles' sizes.
 
+use super::mma::{tile_cols, ShmemCols};
 use super::plan::{Plan, Regs};
 use crate::cuda::kit::tile_walk::write_mask_tiles;
 use crate::cuda::target::{pad16, Mma};
@@ -58,8 +59,8 @@ pub(super) fn write_config(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
     let cols = ShmemCols::of(mma);
     if mma == Mma::Wgmma {
         writeln!(w, "// wgmma reads whole 64-column panels (zeros beyond DP and DVP).")?;
-        writeln!(w, "constexpr int QK_COLS = {};", dp.next_multiple_of(64))?;
-        writeln!(w, "constexpr int V_COLS = {};", dvp.next_multiple_of(64))?;
+        writeln!(w, "constexpr int QK_COLS = {};", tile_cols(mma, dp))?;
+        writeln!(w, "constexpr int V_COLS = {};", tile_cols(mma, dvp))?;
     }
     let ShmemCols { qk, v, .. } = cols;
     if warp_specialized(config) {
@@ -78,22 +79,4 @@ pub(super) fn write_config(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
         write_mask_tiles(w, spec)?;
     }
     Ok(())
-}
-
-/// The shared-tile column counts and layout flag `load_tile` gets, as C.
-#[derive(Clone, Copy)]
-pub(super) struct ShmemCols {
-    pub(super) qk: &'static str,
-    pub(super) v: &'static str,
-    /// `load_tile`'s trailing template argument: wgmma's panel layout.
-    pub(super) panels: &'static str,
-}
-
-impl ShmemCols {
-    pub(super) fn of(mma: Mma) -> ShmemCols {
-        match mma {
-            Mma::Sync => ShmemCols { qk: "DP", v: "DVP", panels: "" },
-            Mma::Wgmma => ShmemCols { qk: "QK_COLS", v: "V_COLS", panels: ", true" },
-        }
-    }
 }

@@ -3,18 +3,15 @@
 //! two-stage `cp.async` pipeline paced by CTA barriers.
 
 use super::classes::{write_tile_classes, ClassReader, Stagers};
-use super::constants::ShmemCols;
 use super::epilogue::{write_epilogue, OStaging};
 use super::item::{q_load, write_accumulators, write_item_rows, write_spec_terms, ItemRole};
 use super::kv_loads::KvLoads;
+use super::mma::{write_cta_step, write_smem_decl, write_tiles_visible, ShmemCols};
 use super::persistent;
 use super::plan::Plan;
-use super::sync_step::write_sync_step;
-use super::wgmma_step::write_wgmma_serial_step;
 use crate::abi::ArgKind;
 use crate::cuda::kit::terms::interior_decl;
 use crate::cuda::signature::arg_name;
-use crate::cuda::target::Mma;
 use crate::cuda::writer::Writer;
 use std::fmt::{self, Write};
 
@@ -22,16 +19,7 @@ use std::fmt::{self, Write};
 /// warp-specialized, else one CTA per query tile (this module).
 pub(super) fn write_body(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
     let (spec, config) = (plan.spec, plan.config);
-    match config.mma {
-        Mma::Sync => writeln!(w, "extern __shared__ __align__(128) unsigned short smem[];")?,
-        Mma::Wgmma => write!(
-            w,
-            "\
-            // wgmma's swizzle atoms are 1024-byte aligned; the launch reserves the slack.\n\
-            extern __shared__ __align__(1024) unsigned char smem_raw[];\n\
-            unsigned short* smem = (unsigned short*)(smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024);\n"
-        )?,
-    }
+    write_smem_decl(w, config.mma)?;
     if let Some(copy) = plan.copy {
         return persistent::write_body(w, plan, copy);
     }
@@ -77,10 +65,7 @@ pub(super) fn write_body(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
     let hoisted = write_spec_terms(w, spec, &kv_len, plan.key_terms, false)?;
     write_accumulators(w, config, plan.row_sums)?;
     writeln!(w)?;
-    let step = |w: &mut Writer<String>| match config.mma {
-        Mma::Sync => write_sync_step(w, plan, &hoisted),
-        Mma::Wgmma => write_wgmma_serial_step(w, plan, &hoisted),
-    };
+    let step = |w: &mut Writer<String>| write_cta_step(w, plan, &hoisted);
     write_cta_loop(w, plan, &kv, step)?;
     write_epilogue(w, spec, &hoisted, OStaging::Cta, plan.row_sums)
 }
@@ -106,13 +91,7 @@ fn write_cta_loop(
             const unsigned v_smem = smem_addr(v_tiles + stage * V_TILE);\n\
             cp_async_wait_all();\n"
         )?;
-        if plan.config.mma == Mma::Wgmma {
-            writeln!(w, "fence_async_smem();  // the tensor cores read the tiles through the async proxy")?;
-            writeln!(w, "__syncthreads();  // this iteration's tiles are visible; the stages the loads")?;
-            writeln!(w, "                  // below overwrite are done with (their products were waited for)")?;
-        } else {
-            writeln!(w, "__syncthreads();  // tile j is visible, and every warp is done with the previous one")?;
-        }
+        write_tiles_visible(w, plan.config.mma)?;
         // The next loads, K and V of `next`, into the stage the previous
         // iteration finished with, issued ahead of this tile's products.
         kv.load_if(w, "next < kv_tiles", " + (stage ^ 1)", "next", true)?;

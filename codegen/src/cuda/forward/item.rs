@@ -3,13 +3,13 @@
 //! accumulators and online-softmax state.
 
 use super::logit::write_logit;
+use super::mma::write_operand_lanes;
 use super::softmax::RowSums;
 use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::kit::hoist::{hoist, Hoisted, Level};
 use crate::cuda::kit::terms::{spec_exprs, write_tile_terms, KeyTerms};
 use crate::cuda::signature::{arg_name, c_type};
-use crate::cuda::target::Mma;
 use crate::cuda::tile_config::TileCopy;
 use crate::cuda::tile_config::{pipelined, TileConfig};
 use crate::cuda::writer::Writer;
@@ -94,23 +94,7 @@ pub(super) fn write_spec_terms<'s>(
 /// The Q operand's address, the O accumulators and the online softmax
 /// state; for pipelined kernels also P of the previous tile.
 pub(super) fn write_accumulators(w: &mut Writer<String>, config: TileConfig, sums: RowSums) -> fmt::Result {
-    match config.mma {
-        Mma::Sync => write!(
-            w,
-            "\
-            // ldmatrix rows of this lane in the Q, K and V tiles (see LdmLane).\n\
-            const LdmLane<DP> q_lane(warp * WARP_M + lane % 8 + (lane / 8 % 2) * 8, lane / 16);\n\
-            const LdmLane<DP> k_lane(lane % 8 + lane / 16 * 8, lane / 8 % 2);\n\
-            const LdmLane<DVP> v_lane(lane % 8 + (lane / 8 % 2) * 8, lane / 16);\n\
-            const unsigned q_smem = smem_addr(q_tile);\n"
-        )?,
-        Mma::Wgmma => write!(
-            w,
-            "\
-            // This warpgroup's 64 rows of the Q tile (128-byte rows in each panel).\n\
-            const unsigned q_smem = smem_addr(q_tile) + warp / 4 * 64 * 128;\n"
-        )?,
-    }
+    write_operand_lanes(w, config.mma)?;
     let (sum, sum_decl) = match sums {
         RowSums::Fadd => ("this lane's share of the running sum l.", "float l[M_TILES][2] = {};"),
         RowSums::TensorCores => (

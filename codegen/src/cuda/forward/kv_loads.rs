@@ -1,7 +1,7 @@
 //! How a forward kernel copies one K or V tile into shared memory with
 //! `cp.async` (every thread, or the producer warpgroup's).
 
-use super::constants::ShmemCols;
+use super::mma::ShmemCols;
 use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::signature::arg_name;
 use crate::cuda::tile_config::{warp_specialized, TileConfig};

@@ -25,9 +25,10 @@
 
 //!
 //! Modules, in the order a kernel is printed: `plan` (the tile
-//! configuration's resources; `light` says which tiles a spec's code fits), `constants`, `item` (per-item
-//! setup), `classes` (which tiles to visit), `logit`, `kv_loads`, the tile
-//! steps (`sync_step`, `wgmma_step`) with `softmax`, `epilogue`; `cta` is
+//! configuration's resources; `light` says which tiles a spec's code fits),
+//! `constants`, `item` (per-item setup), `classes` (which tiles to visit),
+//! `logit`, `kv_loads`, the tile steps (`sync_step`, `wgmma_step`) with
+//! `softmax`, `epilogue`; `mma` gathers what differs per MMA kind; `cta` is
 //! the body of kernels whose threads all load and multiply, `persistent`
 //! that of the warp-specialized ones (`staged_terms` is their producer's
 //! share of the spec).
@@ -42,6 +43,7 @@ mod key_bounds;
 mod kv_loads;
 mod light;
 mod logit;
+mod mma;
 mod persistent;
 mod plan;
 mod softmax;

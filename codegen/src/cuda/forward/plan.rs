@@ -2,6 +2,7 @@
 //! O's staging buffer, shared memory and the warp-specialized register
 //! split, all within what the target's SM offers.
 
+use super::mma::{smem_slack, tile_cols};
 use super::softmax::{RowSums, SUnits};
 use crate::cuda::kit::hoist::{hoist, Level};
 use crate::cuda::kit::terms::{spec_exprs, KeyTerms};
@@ -118,7 +119,7 @@ impl TileConfig {
     pub fn smem_bytes(self, spec: &Spec) -> u32 {
         let (q, stage) = self.tile_bytes(spec);
         let q_buffers = if warp_specialized(self) { 2 } else { 1 };
-        let slack = if self.mma == Mma::Wgmma { 1024 } else { 0 };
+        let slack = smem_slack(self.mma);
         q_buffers * q + self.stages(spec) * stage + self.o_buffer_bytes(spec) + slack
     }
 
@@ -127,10 +128,7 @@ impl TileConfig {
     /// the wider of the two.
     pub(super) fn tile_bytes(self, spec: &Spec) -> (u32, u32) {
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
-        let (qk, v) = match self.mma {
-            Mma::Sync => (dp, dvp),
-            Mma::Wgmma => (dp.next_multiple_of(64), dvp.next_multiple_of(64)),
-        };
+        let (qk, v) = (tile_cols(self.mma, dp), tile_cols(self.mma, dvp));
         let q_cols = if warp_specialized(self) { qk.max(v) } else { qk };
         (2 * self.block_m() * q_cols, 2 * self.block_n * (qk + v))
     }
