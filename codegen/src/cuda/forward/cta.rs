@@ -6,12 +6,16 @@ use super::classes::{write_tile_classes, ClassReader, Stagers};
 use super::epilogue::{write_epilogue, OStaging};
 use super::item::{q_load, write_accumulators, write_item_rows, write_spec_terms, ItemRole};
 use super::kv_loads::KvLoads;
-use super::mma::{write_cta_step, write_smem_decl, write_tiles_visible, ShmemCols};
+use super::mma::{write_smem_decl, write_tiles_visible, ShmemCols};
 use super::persistent;
 use super::plan::Plan;
+use super::sync_step::write_sync_step;
+use super::wgmma_step::write_wgmma_serial_step;
 use crate::abi::ArgKind;
+use crate::cuda::kit::hoist::Hoisted;
 use crate::cuda::kit::terms::interior_decl;
 use crate::cuda::signature::arg_name;
+use crate::cuda::target::Mma;
 use crate::cuda::writer::Writer;
 use std::fmt::{self, Write};
 
@@ -102,4 +106,12 @@ fn write_cta_loop(
         writeln!(w, "next = after;")
     })?;
     writeln!(w, "cp_async_wait_all();  // nothing may stay in flight past the kernel (kv_len = 0)")
+}
+
+/// One K/V tile of a CTA loop, back to back, on the plan's MMA kind.
+fn write_cta_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[Hoisted]) -> fmt::Result {
+    match plan.config.mma {
+        Mma::Sync => write_sync_step(w, plan, hoisted),
+        Mma::Wgmma => write_wgmma_serial_step(w, plan, hoisted),
+    }
 }

@@ -3,13 +3,9 @@
 //! `ldmatrix`, 64-column panels in 1024-byte atoms for `wgmma`'s
 //! descriptors), the operand addressing each lane or warpgroup starts
 //! from, how a tile becomes visible to the tensor cores, and which step
-//! multiplies a tile. A new MMA kind adds its arm here and its step module
-//! (as `sync_step` and `wgmma_step`).
+//! multiplies a tile (`cta::write_cta_step`). A new MMA kind adds its arms
+//! here and its step module (as `sync_step` and `wgmma_step`).
 
-use super::plan::Plan;
-use super::sync_step::write_sync_step;
-use super::wgmma_step::write_wgmma_serial_step;
-use crate::cuda::kit::hoist::Hoisted;
 use crate::cuda::target::Mma;
 use crate::cuda::writer::Writer;
 use std::fmt::{self, Write};
@@ -99,13 +95,5 @@ pub(super) fn write_tiles_visible(w: &mut Writer<String>, mma: Mma) -> fmt::Resu
         Mma::Sync => {
             writeln!(w, "__syncthreads();  // tile j is visible, and every warp is done with the previous one")
         }
-    }
-}
-
-/// One K/V tile of a CTA loop, back to back, on the plan's MMA kind.
-pub(super) fn write_cta_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[Hoisted]) -> fmt::Result {
-    match plan.config.mma {
-        Mma::Sync => write_sync_step(w, plan, hoisted),
-        Mma::Wgmma => write_wgmma_serial_step(w, plan, hoisted),
     }
 }
