@@ -29,6 +29,11 @@ pub enum Error {
         ordinal: usize,
         count: usize,
     },
+    /// `Runtime::on_stream` was given a stream of another device.
+    StreamDevice {
+        stream: usize,
+        runtime: usize,
+    },
     /// A string that does not name a compute capability.
     InvalidArch {
         input: String,
@@ -206,6 +211,11 @@ impl fmt::Display for Error {
             Error::NoDevice { ordinal, count } => {
                 write!(f, "no CUDA device with ordinal {ordinal}: the driver reports {count} device(s)")
             }
+            Error::StreamDevice { stream, runtime } => write!(
+                f,
+                "the stream belongs to device {stream}, the runtime to device {runtime}: \
+                 open a runtime on that device (Runtime::from_stream) instead"
+            ),
             Error::InvalidArch { input } => {
                 write!(f, "invalid GPU architecture `{input}`: expected e.g. `sm_90`, `sm_90a` or `90`")
             }

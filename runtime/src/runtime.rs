@@ -1,4 +1,6 @@
-//! One GPU: its context, a stream, and the kernels compiled for it.
+//! One GPU: its context, a stream, and the kernels compiled for it. Runtimes
+//! on other streams of the same device ([`Runtime::on_stream`]) share its
+//! kernels; each has its own stream and work counter.
 //!
 //! A kernel is looked up in memory, then in the disk cache, and only then
 //! compiled with NVRTC (and stored on disk), once per key however many
@@ -24,29 +26,38 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A CUDA device ready to run flashgen kernels. Launches are asynchronous on
-/// [`Runtime::stream`]; kernels are compiled on first use and cached in
-/// memory and in the disk cache ([`DiskCache::from_env`]).
+/// [`Runtime::stream`] (flashgen's own, or a caller's: [`Runtime::from_stream`],
+/// [`Runtime::on_stream`]) and ordered with the caller's work on it; no call
+/// synchronizes the stream unless it documents so. Kernels are compiled on
+/// first use and cached in memory, per device, and in the disk cache
+/// ([`DiskCache::from_env`]).
 pub struct Runtime {
-    ctx: Arc<CudaContext>,
+    device: Arc<Device>,
     stream: Arc<CudaStream>,
-    arch: Arch,
-    device_name: String,
-    sm_count: u32,
-    kernels: SingleFlight<CacheKey, Arc<LoadedKernel>>,
     pub(crate) disk: Option<DiskCache>,
     /// Tile configurations per spec and shape class (see `crate::autotune`).
-    pub(crate) choices: Choices,
+    pub(crate) choices: Arc<Choices>,
     /// Whether a forward launch of an untuned shape class tunes first.
     pub(crate) autotune_forward: bool,
     /// Whether the Hopper kernels copy with TMA where the layout allows
     /// (`FLASHGEN_TMA`, on unless `0`): see [`Runtime::with_tma`].
     pub(crate) tma: bool,
+    /// The work counter of persistent forward kernels, one per stream; see
+    /// [`Runtime::work_counter`].
+    work_counter: CudaSlice<u64>,
+}
+
+/// What the runtimes of one device share, whatever their streams: the
+/// context, the device's facts and the kernels loaded on it.
+struct Device {
+    ctx: Arc<CudaContext>,
+    arch: Arch,
+    name: String,
+    sm_count: u32,
+    kernels: SingleFlight<CacheKey, Arc<LoadedKernel>>,
     memory_hits: AtomicU64,
     disk_hits: AtomicU64,
     compiles: AtomicU64,
-    /// The work counter of persistent forward kernels; see
-    /// [`Runtime::work_counter`].
-    work_counter: CudaSlice<u64>,
 }
 
 /// How this runtime's kernel loads were served, so tests and timings can
@@ -71,50 +82,51 @@ struct CacheKey {
 impl Runtime {
     /// Opens GPU `ordinal` with a fresh stream.
     pub fn new(ordinal: usize) -> Result<Runtime, Error> {
-        // cudarc panics on first use of a missing library, so check first;
-        // NVRTC too, so a runtime that opens can always compile.
-        // SAFETY: only tries to dlopen the candidate library names.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err(Error::DriverMissing);
+        let ctx = Device::context(ordinal)?;
+        let stream =
+            ctx.new_stream().map_err(|e| Error::driver(format!("creating a stream on device {ordinal}"), e))?;
+        Runtime::with_device(Arc::new(Device::open(ctx)?), stream)
+    }
+
+    /// A runtime that queues every launch on the caller's `stream` (and
+    /// uses its context), in order with the caller's own work there: no
+    /// copies between streams, no hidden synchronization.
+    pub fn from_stream(stream: Arc<CudaStream>) -> Result<Runtime, Error> {
+        Device::check_libraries()?;
+        let device = Device::open(stream.context().clone())?;
+        Runtime::with_device(Arc::new(device), stream)
+    }
+
+    /// This runtime on another `stream` of the same device: the compiled
+    /// kernels, the disk cache and the tuning choices are shared; launches
+    /// go to `stream`, with a work counter of their own. A stream of another
+    /// device is an error.
+    pub fn on_stream(&self, stream: Arc<CudaStream>) -> Result<Runtime, Error> {
+        let (ordinal, expected) = (stream.context().ordinal(), self.device.ctx.ordinal());
+        if ordinal != expected {
+            return Err(Error::StreamDevice { stream: ordinal, runtime: expected });
         }
-        ensure_nvrtc()?;
-        let count = match CudaContext::device_count() {
-            Ok(n) => usize::try_from(n).unwrap_or(0),
-            Err(e) if e.0 == CUresult::CUDA_ERROR_NO_DEVICE => 0,
-            Err(e) => return Err(Error::driver("initializing the CUDA driver", e)),
-        };
-        if ordinal >= count {
-            return Err(Error::NoDevice { ordinal, count });
-        }
-        let on_device = |what: &str| format!("{what} on device {ordinal}");
-        let ctx = CudaContext::new(ordinal).map_err(|e| Error::driver(on_device("creating a context"), e))?;
-        let (major, minor) =
-            ctx.compute_capability().map_err(|e| Error::driver(on_device("reading the compute capability"), e))?;
-        let arch = Arch::new(major as u32, minor as u32);
-        let device_name = ctx.name().map_err(|e| Error::driver(on_device("reading the name"), e))?;
-        let sm_count = ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|e| Error::driver(on_device("reading the SM count"), e))?;
-        if arch < Arch::MIN {
-            return Err(Error::UnsupportedArch { arch, device: device_name });
-        }
-        let stream = ctx.new_stream().map_err(|e| Error::driver(on_device("creating a stream"), e))?;
-        let work_counter =
-            stream.alloc_zeros::<u64>(2).map_err(|e| Error::driver(on_device("allocating the work counter"), e))?;
+        let work_counter = Device::work_counter(&stream)?;
         Ok(Runtime {
-            ctx,
+            device: self.device.clone(),
             stream,
-            arch,
-            device_name,
-            sm_count: u32::try_from(sm_count).unwrap_or(1),
-            kernels: SingleFlight::default(),
+            disk: self.disk.clone(),
+            choices: self.choices.clone(),
+            autotune_forward: self.autotune_forward,
+            tma: self.tma,
+            work_counter,
+        })
+    }
+
+    fn with_device(device: Arc<Device>, stream: Arc<CudaStream>) -> Result<Runtime, Error> {
+        let work_counter = Device::work_counter(&stream)?;
+        Ok(Runtime {
+            device,
+            stream,
             disk: DiskCache::from_env(),
-            choices: Choices::default(),
+            choices: Arc::default(),
             autotune_forward: autotune_from(std::env::var_os(AUTOTUNE_ENV)),
             tma: tma_from(std::env::var_os(TMA_ENV)),
-            memory_hits: AtomicU64::new(0),
-            disk_hits: AtomicU64::new(0),
-            compiles: AtomicU64::new(0),
             work_counter,
         })
     }
@@ -139,7 +151,7 @@ impl Runtime {
     }
 
     pub fn arch(&self) -> Arch {
-        self.arch
+        self.device.arch
     }
 
     /// The persistent kernels' work counter: claims and CTAs done claiming,
@@ -152,15 +164,15 @@ impl Runtime {
 
     /// Streaming multiprocessors: what a launch's grid fills in waves.
     pub fn sm_count(&self) -> u32 {
-        self.sm_count
+        self.device.sm_count
     }
 
     pub fn device_name(&self) -> String {
-        self.device_name.clone()
+        self.device.name.clone()
     }
 
     pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
+        &self.device.ctx
     }
 
     /// The stream every launch is queued on; allocate and copy on it too.
@@ -168,17 +180,20 @@ impl Runtime {
         &self.stream
     }
 
+    /// How the device's kernel loads were served, over every stream's
+    /// runtime.
     pub fn cache_stats(&self) -> CacheStats {
+        let d = &self.device;
         CacheStats {
-            memory_hits: self.memory_hits.load(Ordering::Relaxed),
-            disk_hits: self.disk_hits.load(Ordering::Relaxed),
-            compiles: self.compiles.load(Ordering::Relaxed),
+            memory_hits: d.memory_hits.load(Ordering::Relaxed),
+            disk_hits: d.disk_hits.load(Ordering::Relaxed),
+            compiles: d.compiles.load(Ordering::Relaxed),
         }
     }
 
     /// What this device's kernels may use beyond sm_80.
     pub fn target(&self) -> Target {
-        self.arch.target()
+        self.device.arch.target()
     }
 
     /// The forward kernel of `spec` in its configuration without tuning for
@@ -221,37 +236,35 @@ impl Runtime {
     /// [`Runtime::load_which`] where the caller has the spec's canonical source.
     pub(crate) fn load_keyed(&self, spec: &Spec, spec_source: &str, which: Which) -> Result<Arc<LoadedKernel>, Error> {
         let key = CacheKey { which, spec_source: spec_source.to_string() };
-        let (loaded, hit) = self.kernels.get_or_try_init(key, || {
+        let (loaded, hit) = self.device.kernels.get_or_try_init(key, || {
             let kernel = which.emit(spec).ok_or_else(|| Error::NoMask { spec: spec.name.clone() })?;
             self.compile_and_load(kernel, spec_source.to_string()).map(Arc::new)
         })?;
         if hit {
-            self.memory_hits.fetch_add(1, Ordering::Relaxed);
+            self.device.memory_hits.fetch_add(1, Ordering::Relaxed);
         }
         Ok(loaded)
     }
 
     fn compile_and_load(&self, kernel: Kernel, spec_source: String) -> Result<LoadedKernel, Error> {
         let during = |what: &str| format!("{what} `{}`", kernel.name);
-        let available = self
-            .ctx
+        let ctx = &self.device.ctx;
+        let available = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(|e| Error::driver("reading the shared memory limit", e))?;
         let available = u32::try_from(available).unwrap_or(0);
         if kernel.dynamic_smem > available {
             return Err(Error::SharedMemory { kernel: kernel.name, needed: kernel.dynamic_smem, available });
         }
-        let (cubin, from_disk) = load_or_compile(self.disk.as_ref(), &kernel, self.arch)?;
-        let counter = if from_disk { &self.disk_hits } else { &self.compiles };
+        let (cubin, from_disk) = load_or_compile(self.disk.as_ref(), &kernel, self.device.arch)?;
+        let counter = if from_disk { &self.device.disk_hits } else { &self.device.compiles };
         counter.fetch_add(1, Ordering::Relaxed);
         // Loads run on any thread (see `load_forwards`): bind the context for
         // the driver calls below, as cudarc's `load_function` and
         // `set_attribute` do not.
-        self.ctx.bind_to_thread().map_err(|e| Error::driver("binding the context to a loading thread", e))?;
-        let module = self
-            .ctx
-            .load_module(Ptx::from_binary(cubin))
-            .map_err(|e| Error::driver(during("loading the CUBIN of"), e))?;
+        ctx.bind_to_thread().map_err(|e| Error::driver("binding the context to a loading thread", e))?;
+        let module =
+            ctx.load_module(Ptx::from_binary(cubin)).map_err(|e| Error::driver(during("loading the CUBIN of"), e))?;
         let function = module.load_function(&kernel.name).map_err(|e| Error::driver(during("finding"), e))?;
         // The limit covers the kernel's static shared memory too (barriers,
         // staged block-mask classes), which only the CUBIN knows.
@@ -270,5 +283,65 @@ impl Runtime {
             )
             .map_err(|e| Error::driver(during("raising the shared memory limit of"), e))?;
         Ok(LoadedKernel::new(kernel, function, spec_source))
+    }
+}
+
+impl Device {
+    /// The driver and NVRTC are there: cudarc panics on first use of a
+    /// missing library, so this runs first; NVRTC too, so a runtime that
+    /// opens can always compile.
+    fn check_libraries() -> Result<(), Error> {
+        // SAFETY: only tries to dlopen the candidate library names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(Error::DriverMissing);
+        }
+        ensure_nvrtc()
+    }
+
+    /// The context of GPU `ordinal`, after checking the libraries and that
+    /// the GPU exists.
+    fn context(ordinal: usize) -> Result<Arc<CudaContext>, Error> {
+        Device::check_libraries()?;
+        let count = match CudaContext::device_count() {
+            Ok(n) => usize::try_from(n).unwrap_or(0),
+            Err(e) if e.0 == CUresult::CUDA_ERROR_NO_DEVICE => 0,
+            Err(e) => return Err(Error::driver("initializing the CUDA driver", e)),
+        };
+        if ordinal >= count {
+            return Err(Error::NoDevice { ordinal, count });
+        }
+        CudaContext::new(ordinal).map_err(|e| Error::driver(format!("creating a context on device {ordinal}"), e))
+    }
+
+    /// The device of `ctx`, refused where it is older than the kernels
+    /// support.
+    fn open(ctx: Arc<CudaContext>) -> Result<Device, Error> {
+        let ordinal = ctx.ordinal();
+        let on_device = |what: &str| format!("{what} on device {ordinal}");
+        let (major, minor) =
+            ctx.compute_capability().map_err(|e| Error::driver(on_device("reading the compute capability"), e))?;
+        let arch = Arch::new(major as u32, minor as u32);
+        let name = ctx.name().map_err(|e| Error::driver(on_device("reading the name"), e))?;
+        let sm_count = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| Error::driver(on_device("reading the SM count"), e))?;
+        if arch < Arch::MIN {
+            return Err(Error::UnsupportedArch { arch, device: name });
+        }
+        Ok(Device {
+            ctx,
+            arch,
+            name,
+            sm_count: u32::try_from(sm_count).unwrap_or(1),
+            kernels: SingleFlight::default(),
+            memory_hits: AtomicU64::new(0),
+            disk_hits: AtomicU64::new(0),
+            compiles: AtomicU64::new(0),
+        })
+    }
+
+    /// A zeroed work counter for the persistent kernels launched on `stream`.
+    fn work_counter(stream: &Arc<CudaStream>) -> Result<CudaSlice<u64>, Error> {
+        stream.alloc_zeros::<u64>(2).map_err(|e| Error::driver("allocating the work counter", e))
     }
 }

@@ -1,7 +1,8 @@
 //! The runtime's launch contract on a real GPU: strided layouts, GQA head
-//! mapping, params, captured tensors, scale, LSE, the kernel cache and typed
-//! errors with real buffers. Ignored by a plain `cargo test`: they need a
-//! GPU; run them with `--include-ignored`, where a missing GPU fails them.
+//! mapping, params, captured tensors, scale, LSE, the kernel cache, callers'
+//! streams and typed errors with real buffers. Ignored by a plain `cargo
+//! test`: they need a GPU; run them with `--include-ignored`, where a
+//! missing GPU fails them.
 //! Accuracy against the CPU reference is tested by flashgen-tools' GPU tests;
 //! here every row keeps exactly one key, so its softmax weight is exactly 1
 //! and O must equal a V row bit for bit.
@@ -164,6 +165,37 @@ fn single_key_copies_v_through_strided_gqa_layouts() -> TestResult {
     run.check::<bf16>(&rt)?;
     // Served from the cache from now on.
     assert!(Arc::ptr_eq(&rt.load(&spec)?, &rt.load(&spec)?));
+    Ok(())
+}
+
+/// A runtime on the caller's stream queues there, in order with the
+/// caller's copies; a runtime on another stream of the device shares the
+/// loaded kernels (no second compile or disk read) and launches its
+/// persistent kernels with a work counter of its own.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn callers_streams_share_the_kernels() -> TestResult {
+    let ctx = flashgen_runtime::cudarc::driver::CudaContext::new(0)?;
+    let caller = ctx.new_stream()?;
+    let rt = Runtime::from_stream(caller.clone())?;
+    assert!(Arc::ptr_eq(rt.stream(), &caller));
+    let spec = parse_one("Streams { dtype: bf16, head_dim: 64 }")?;
+    let run = OneKey {
+        spec: &spec,
+        layouts: strided(2, 300, 1, 4, 2, 64, 64),
+        args: &[],
+        scale: 0.25,
+        bias: 0.0,
+        key: |_, _| 0,
+    };
+    run.check::<bf16>(&rt)?;
+    let before = rt.cache_stats();
+    let other = rt.on_stream(ctx.new_stream()?)?;
+    run.check::<bf16>(&other)?;
+    run.check::<bf16>(&rt)?;
+    let after = other.cache_stats();
+    assert_eq!((after.compiles, after.disk_hits), (before.compiles, before.disk_hits));
+    assert!(after.memory_hits > before.memory_hits);
     Ok(())
 }
 
