@@ -103,10 +103,10 @@ impl<T: Element> BackwardIo<'_, T> {
         let Self { q, k, v, d_o, .. } = self;
         let tensor_maps = config.key_value_tma_tile(spec).and_then(|(block_m, block_n)| {
             let operands = [
-                (Operand::Q, q.0.device_ptr(s).0, &q.1),
-                (Operand::K, k.0.device_ptr(s).0, &k.1),
-                (Operand::V, v.0.device_ptr(s).0, &v.1),
-                (Operand::DO, d_o.0.device_ptr(s).0, &d_o.1),
+                (Operand::Q, q.1.address(q.0.device_ptr(s).0), &q.1),
+                (Operand::K, k.1.address(k.0.device_ptr(s).0), &k.1),
+                (Operand::V, v.1.address(v.0.device_ptr(s).0), &v.1),
+                (Operand::DO, d_o.1.address(d_o.0.device_ptr(s).0), &d_o.1),
             ];
             tma::tensor_maps(&operands, tma::Tile { block_m, block_n }, spec.dtype, rt.tma)
         });
@@ -171,6 +171,17 @@ impl Runtime {
         let (dq_ptr, _dq) = dq.0.device_ptr_mut(s);
         let (dk_ptr, _dk) = dk.0.device_ptr_mut(s);
         let (dv_ptr, _dv) = dv.0.device_ptr_mut(s);
+        let [q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr] = [
+            (q_ptr, &q.1),
+            (k_ptr, &k.1),
+            (v_ptr, &v.1),
+            (o_ptr, &o.1),
+            (do_ptr, &d_o.1),
+            (dq_ptr, &dq.1),
+            (dk_ptr, &dk.1),
+            (dv_ptr, &dv.1),
+        ]
+        .map(|(p, l)| l.address(p));
         let (delta_ptr, _delta) = delta.device_ptr_mut(s);
         let accum = dq_accum.as_mut().map(|a| a.device_ptr_mut(s));
         let grad_guards: Vec<_> = d_tensors.iter_mut().map(|t| t.as_mut().map(|t| t.device_ptr_mut(s))).collect();

@@ -180,8 +180,8 @@ pub(crate) fn check_bounds(operand: Operand, b: &Buffer) -> Result<(), Error> {
         return Ok(());
     }
     let overflow = || Error::OffsetOverflow { operand };
-    // The last element sits at Σ (size - 1) · stride + (dim - 1).
-    let mut last = l.dim as i128 - 1;
+    // The last element sits at offset + Σ (size - 1) · stride + (dim - 1).
+    let mut last = l.offset as i128 + l.dim as i128 - 1;
     for ((_, size), &stride) in axes.iter().zip(&l.strides) {
         let step = (*size as i128 - 1).checked_mul(stride as i128).ok_or_else(overflow)?;
         last = last.checked_add(step).ok_or_else(overflow)?;
@@ -317,6 +317,15 @@ mod tests {
         p.o.layout.strides[0] = i64::MAX;
         p.o.len = usize::MAX;
         assert!(matches!(check(&p), Err(Error::OffsetOverflow { operand: Operand::O })));
+    }
+
+    #[test]
+    fn offsets_count_toward_the_bounds() {
+        let mut p = problem();
+        let needed = p.q.len as u128;
+        p.q.layout.offset = 1;
+        let err = check(&p).unwrap_err();
+        assert!(matches!(err, Error::OutOfBounds { operand: Operand::Q, needed: n, .. } if n == needed + 1), "{err}");
     }
 
     #[test]

@@ -82,10 +82,10 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         let stream = rt.stream().as_ref();
         let ForwardIo { q, k, v, o, .. } = &self.io;
         let operands = [
-            (Operand::Q, q.0.device_ptr(stream).0, &q.1),
-            (Operand::K, k.0.device_ptr(stream).0, &k.1),
-            (Operand::V, v.0.device_ptr(stream).0, &v.1),
-            (Operand::O, o.0.device_ptr(stream).0, &o.1),
+            (Operand::Q, q.1.address(q.0.device_ptr(stream).0), &q.1),
+            (Operand::K, k.1.address(k.0.device_ptr(stream).0), &k.1),
+            (Operand::V, v.1.address(v.0.device_ptr(stream).0), &v.1),
+            (Operand::O, o.1.address(o.0.device_ptr(stream).0), &o.1),
         ];
         Which::forward(config, tma::copy_with(&tensor_maps(rt, self.spec, config, &operands)))
     }
@@ -102,6 +102,9 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         let (k_ptr, _k) = k.device_ptr(stream);
         let (v_ptr, _v) = v.device_ptr(stream);
         let (o_ptr, _o) = o.device_ptr_mut(stream);
+        let [q_ptr, k_ptr, v_ptr, o_ptr] =
+            [(q_ptr, &*q_layout), (k_ptr, &*k_layout), (v_ptr, &*v_layout), (o_ptr, &*o_layout)]
+                .map(|(p, l)| l.address(p));
         let lse = lse.as_mut().map(|l| l.device_ptr_mut(stream));
         let operands = [
             (Operand::Q, q_ptr, &*q_layout),

@@ -1,8 +1,10 @@
 //! Strided 4-D layouts of the Q, K, V and O operands.
 
-/// Sizes and element strides of one `[batch, seq, heads, dim]` operand. The
-/// head-dim axis is always contiguous (stride 1), so any permutation of the
-/// other three axes, or a slice of a larger buffer, is expressible.
+/// Sizes and element strides of one `[batch, seq, heads, dim]` operand, and
+/// where it starts in its buffer. The head-dim axis is always contiguous
+/// (stride 1), so any permutation of the other three axes, or a view into a
+/// larger buffer (Q, K and V of one fused projection, [`Layout::fused_qkv`]),
+/// is expressible.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     pub batch: usize,
@@ -11,19 +13,45 @@ pub struct Layout {
     pub dim: usize,
     /// Element strides of the batch, seq and head axes.
     pub strides: [i64; 3],
+    /// Elements of the buffer before the operand's first element.
+    pub offset: usize,
 }
 
 impl Layout {
     /// Contiguous `[batch, seq, heads, dim]` (the FlashAttention layout).
     pub fn bshd(batch: usize, seq: usize, heads: usize, dim: usize) -> Layout {
         let (head, seq_stride) = (dim, heads.saturating_mul(dim));
-        Layout { batch, seq, heads, dim, strides: [seq.saturating_mul(seq_stride), seq_stride, head].map(stride) }
+        let strides = [seq.saturating_mul(seq_stride), seq_stride, head].map(stride);
+        Layout { batch, seq, heads, dim, strides, offset: 0 }
     }
 
     /// Contiguous `[batch, heads, seq, dim]` (the PyTorch SDPA layout).
     pub fn bhsd(batch: usize, seq: usize, heads: usize, dim: usize) -> Layout {
         let (seq_stride, head) = (dim, seq.saturating_mul(dim));
-        Layout { batch, seq, heads, dim, strides: [heads.saturating_mul(head), seq_stride, head].map(stride) }
+        let strides = [heads.saturating_mul(head), seq_stride, head].map(stride);
+        Layout { batch, seq, heads, dim, strides, offset: 0 }
+    }
+
+    /// Q, K and V inside one fused projection's output `[batch, seq, heads +
+    /// 2 * heads_kv, dim]` (each token's query heads, then its K heads, then
+    /// its V heads), as views of that one buffer: no copy.
+    pub fn fused_qkv(batch: usize, seq: usize, heads: usize, heads_kv: usize, dim: usize) -> [Layout; 3] {
+        let row = heads.saturating_add(heads_kv.saturating_mul(2));
+        let seq_stride = row.saturating_mul(dim);
+        let strides = [seq.saturating_mul(seq_stride), seq_stride, dim].map(stride);
+        let view = |heads, first_head: usize| Layout { batch, seq, heads, dim, strides, offset: first_head * dim };
+        [view(heads, 0), view(heads_kv, heads), view(heads_kv, heads + heads_kv)]
+    }
+
+    /// This layout starting `offset` elements into its buffer.
+    pub fn at(self, offset: usize) -> Layout {
+        Layout { offset, ..self }
+    }
+
+    /// The device address of the operand's first element in a buffer of
+    /// 16-bit elements at `base` (the offset was checked against the buffer).
+    pub(crate) fn address(&self, base: u64) -> u64 {
+        base + 2 * self.offset as u64
     }
 
     /// Number of elements a contiguous buffer of this shape holds.
@@ -56,6 +84,15 @@ mod tests {
         assert_eq!(l.strides, [3 * 5 * 64, 64, 5 * 64]);
         assert_eq!(l.len(), 2 * 5 * 3 * 64);
         assert!(Layout::bshd(0, 5, 3, 64).is_empty());
+    }
+
+    #[test]
+    fn fused_qkv_views_interleave_heads() {
+        let [q, k, v] = Layout::fused_qkv(2, 5, 8, 2, 64);
+        assert_eq!(q.strides, [5 * 12 * 64, 12 * 64, 64]);
+        assert_eq!((q.heads, k.heads, v.heads), (8, 2, 2));
+        assert_eq!((q.offset, k.offset, v.offset), (0, 8 * 64, 10 * 64));
+        assert!(k.strides == q.strides && v.strides == q.strides);
     }
 
     #[test]

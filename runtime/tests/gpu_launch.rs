@@ -139,7 +139,14 @@ fn strided(
 ) -> [Layout; 4] {
     let padded = |seq: usize, heads: usize, dim: usize| {
         let head = (dim + 8) as i64;
-        Layout { batch, seq, heads, dim, strides: [seq as i64 * heads as i64 * head + 24, heads as i64 * head, head] }
+        Layout {
+            batch,
+            seq,
+            heads,
+            dim,
+            strides: [seq as i64 * heads as i64 * head + 24, heads as i64 * head, head],
+            offset: 0,
+        }
     };
     [
         Layout::bhsd(batch, q_len, heads, dqk),
@@ -196,6 +203,46 @@ fn callers_streams_share_the_kernels() -> TestResult {
     let after = other.cache_stats();
     assert_eq!((after.compiles, after.disk_hits), (before.compiles, before.disk_hits));
     assert!(after.memory_hits > before.memory_hits);
+    Ok(())
+}
+
+/// Q, K and V as views into one fused projection's output (offsets into the
+/// buffer, its row stride) run without a copy and give, bit for bit, the O
+/// of the same values in buffers of their own.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn fused_qkv_views_match_separate_buffers() -> TestResult {
+    let rt = runtime();
+    let spec = parse_one("Fused { dtype: bf16, head_dim: 64, mask: q >= k }")?;
+    let (batch, seq, heads, heads_kv, dim) = (2, 200, 4, 2, 64);
+    let views = Layout::fused_qkv(batch, seq, heads, heads_kv, dim);
+    let len = batch * seq * (heads + 2 * heads_kv) * dim;
+    let host: Vec<bf16> = (0..len).map(|i| bf16::from_f32(((i * 7919) % 13) as f32 * 0.25 - 1.5)).collect();
+    let stream = rt.stream();
+    let fused = stream.clone_htod(&host)?;
+    let own = views.map(|l| Layout::bshd(l.batch, l.seq, l.heads, l.dim));
+    let gathered: Vec<CudaSlice<bf16>> = views
+        .iter()
+        .zip(&own)
+        .map(|(view, l)| {
+            stream.clone_htod(&indices(l).map(|at| host[view.offset + offset(view, at)]).collect::<Vec<_>>())
+        })
+        .collect::<Result<_, _>>()?;
+    let ol = Layout::bshd(batch, seq, heads, dim);
+    let mut outputs = Vec::new();
+    for (q, k, v, [ql, kl, vl]) in [(&fused, &fused, &fused, views), (&gathered[0], &gathered[1], &gathered[2], own)] {
+        let mut o = stream.alloc_zeros::<bf16>(ol.len())?;
+        let io = ForwardIo { q: (q, ql), k: (k, kl), v: (v, vl), o: (&mut o, ol), lse: None };
+        rt.forward(&spec, io, &[], &ForwardOptions::default())?;
+        outputs.push(stream.clone_dtoh(&o)?);
+    }
+    assert!(outputs[0] == outputs[1], "O from the fused views differs from O from separate buffers");
+    // A view that reaches past the buffer is refused.
+    let past = views[2].at(views[2].offset + dim);
+    let mut o = stream.alloc_zeros::<bf16>(ol.len())?;
+    let io = ForwardIo { q: (&fused, views[0]), k: (&fused, views[1]), v: (&fused, past), o: (&mut o, ol), lse: None };
+    let err = rt.forward(&spec, io, &[], &ForwardOptions::default()).unwrap_err();
+    assert!(matches!(err, Error::OutOfBounds { .. }), "{err}");
     Ok(())
 }
 

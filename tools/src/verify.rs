@@ -40,7 +40,7 @@ impl OperandLayout {
             OperandLayout::Padded => {
                 let head = dim as i64 + 8;
                 let seq_stride = heads as i64 * head;
-                Layout { batch, seq, heads, dim, strides: [seq as i64 * seq_stride + 24, seq_stride, head] }
+                Layout { batch, seq, heads, dim, strides: [seq as i64 * seq_stride + 24, seq_stride, head], offset: 0 }
             }
         }
     }
