@@ -15,6 +15,8 @@ cd "$flashgen_root"
 cargo test --workspace --all-targets
 cargo test --workspace --doc
 flashgen="${CARGO_TARGET_DIR:-target}/debug/flashgen"
+# CUDA 12 drivers need CUDA 12's NVRTC: every shipped spec compiles with it too.
+scripts/nvrtc12-check.sh "$flashgen"
 # The trace tool's anchors (scripts/trace/instrument.py) in today's kernels,
 # at d = 128 (O staged in the Q buffer) and d = 64 (O in a buffer of its own).
 spec=$(mktemp --suffix=.attn)

@@ -8,7 +8,7 @@ mod specs;
 use clap::{Parser, Subcommand};
 use flashgen::codegen::cuda::{self, TileConfig};
 use flashgen::runtime::tile_choice;
-use flashgen::runtime::{compile_cubin, KernelSet};
+use flashgen::runtime::{compile_cubin, nvrtc_version, KernelSet};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -116,8 +116,9 @@ fn run(cli: Cli) -> Result<bool, Failure> {
                 let kernel = cuda::emit_forward_with(&s, tile_choice::preferred(&s, arch.target()));
                 let start = Instant::now();
                 let cubin = compile_cubin(&kernel, arch).map_err(|e| specs::compile_error(&s, e))?;
+                let (major, minor) = nvrtc_version().map_err(|e| e.to_string())?;
                 println!(
-                    "{}: compiled {} for {arch} in {:.0} ms ({} bytes of CUBIN)",
+                    "{}: compiled {} for {arch} with NVRTC {major}.{minor} in {:.0} ms ({} bytes of CUBIN)",
                     s.name,
                     kernel.name,
                     start.elapsed().as_secs_f64() * 1e3,
