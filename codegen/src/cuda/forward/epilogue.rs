@@ -16,7 +16,12 @@ use std::fmt::{self, Write};
 /// O = o / l into a swizzled shared tile, then to memory; and the LSE. Only
 /// the threads that multiply get here: a warp-specialized kernel meets on a
 /// named barrier of theirs instead of `__syncthreads`.
-pub(super) fn write_epilogue(w: &mut Writer<String>, plan: &Plan, hoisted: &[Hoisted], staging: OStaging) -> fmt::Result {
+pub(super) fn write_epilogue(
+    w: &mut Writer<String>,
+    plan: &Plan,
+    hoisted: &[Hoisted],
+    staging: OStaging,
+) -> fmt::Result {
     let (spec, sums) = (plan.spec, plan.row_sums);
     let name = |kind| arg_name(spec, kind);
     let [q_len, heads, lse] = [ArgKind::QLen, ArgKind::Heads, ArgKind::Lse].map(name);
