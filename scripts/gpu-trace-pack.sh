@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Packs traced forward kernels into .gpu-pack/trace/ (git-ignored) for
 # scripts/trace/run.sh on a GPU machine: each argument NAME:SPEC:CONFIG[:P=V,...]
-# emits SPEC's kernel of tile config CONFIG (`flashgen emit --arch sm_90
-# --config`), with the spec's params P=V, and puts clock64() trace points into
-# it (scripts/trace/instrument.py). There:
+# emits SPEC's kernel of tile config CONFIG with its clock64() trace points
+# (`flashgen emit --trace --arch sm_90 --config`) and the harness's launch
+# arguments for the spec's params P=V (scripts/trace/harness_args.py). There:
 #
 #   SEQS="4096 16384" bash .gpu-pack/trace/run.sh
 #
@@ -17,13 +17,13 @@ cd "$(dirname "$0")/.."
 out=.gpu-pack/trace
 rm -rf "$out" && mkdir -p "$out"
 cargo build --release -p flashgen-tools --bin flashgen
-cp scripts/trace/harness.cu scripts/trace/instrument.py scripts/trace/analyze.py scripts/trace/run.sh "$out/"
+cp scripts/trace/harness.cu scripts/trace/harness_args.py scripts/trace/analyze.py scripts/trace/run.sh "$out/"
 for entry in "$@"; do
     IFS=: read -r name spec config params <<<"$entry"
-    target/release/flashgen emit --arch sm_90 --config "$config" "$spec" >"$out/$name.plain.cu"
+    target/release/flashgen emit --trace --arch sm_90 --config "$config" "$spec" >"$out/$name.cu"
     # shellcheck disable=SC2086
-    python3 scripts/trace/instrument.py "$out/$name.plain.cu" ${params//,/ } >"$out/$name.cu"
-    rm "$out/$name.plain.cu"
+    args=$(python3 scripts/trace/harness_args.py "$out/$name.cu" ${params//,/ })
+    echo "$args" >>"$out/$name.cu"
     echo "$name" >>"$out/kernels"
 done
 ls "$out"

@@ -17,14 +17,16 @@ cargo test --workspace --doc
 flashgen="${CARGO_TARGET_DIR:-target}/debug/flashgen"
 # CUDA 12 drivers need CUDA 12's NVRTC: every shipped spec compiles with it too.
 scripts/nvrtc12-check.sh "$flashgen"
-# The trace tool's anchors (scripts/trace/instrument.py) in today's kernels,
-# at d = 128 (O staged in the Q buffer) and d = 64 (O in a buffer of its own).
+# The trace harness's launch arguments (scripts/trace/harness_args.py) off
+# today's traced kernels, at d = 128 (O staged in the Q buffer) and d = 64 (O
+# in a buffer of its own); codegen's tests check the trace points themselves.
 spec=$(mktemp --suffix=.attn)
-trap 'rm -f "$spec"' EXIT
+kernel=$(mktemp --suffix=.cu)
+trap 'rm -f "$spec" "$kernel"' EXIT
 for entry in sliding_window:window=1024 causal:; do
     for d in 128 64; do
         sed "s/head_dim: 128/head_dim: $d/" "specs/${entry%%:*}.attn" >"$spec"
-        "$flashgen" emit --arch sm_90 --config wgmma.w8.m1.n128 "$spec" |
-            python3 scripts/trace/instrument.py /dev/stdin ${entry#*:} >/dev/null
+        "$flashgen" emit --trace --arch sm_90 --config wgmma.w8.m1.n128 "$spec" >"$kernel"
+        python3 scripts/trace/harness_args.py "$kernel" ${entry#*:} >/dev/null
     done
 done

@@ -14,7 +14,7 @@ import sys
 from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from instrument import EVENTS  # noqa: E402
+from harness_args import EVENTS  # noqa: E402
 
 NAMES = {code: name for code, name, *_ in EVENTS}
 PRODUCER = 20  # event codes from here on are the producer's

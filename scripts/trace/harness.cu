@@ -1,4 +1,5 @@
-// Times one traced forward kernel (scripts/trace/instrument.py) on the
+// Times one traced forward kernel (`flashgen emit --trace`, with the
+// KERNEL and EXTRA_ARGS defines of scripts/trace/harness_args.py) on the
 // bench suite's shape (16 heads, 32k tokens per batch, bshd, random bf16)
 // (O and the LSE written) and writes the trace of one more launch.
 //

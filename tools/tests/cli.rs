@@ -55,6 +55,23 @@ fn emit_takes_a_named_tile_config() {
 }
 
 #[test]
+fn emit_traces_warp_specialized_configs_only() {
+    let dir = scratch("emit-trace");
+    let emit =
+        |config: &str| flashgen(&["emit", &spec("causal"), "--trace", "--arch", "sm_90", "--config", config], &dir);
+    let out = emit("wgmma.w8.m1.n128");
+    assert!(out.status.success(), "{}", text(&out));
+    let source = String::from_utf8_lossy(&out.stdout);
+    assert!(source.contains("TRACE_COUNTER\n") && source.contains("TR(20);"), "{source}");
+
+    let out = emit("wgmma.w8.m1.n64");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("--trace needs a warp-specialized --config"), "{}", text(&out));
+    let out = flashgen(&["emit", &spec("causal"), "--trace"], &dir);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+#[test]
 fn spec_errors_name_file_line_and_column() {
     let dir = scratch("errors");
     let bad = dir.join("bad.attn");

@@ -6,9 +6,9 @@ mod run;
 mod specs;
 
 use clap::{Parser, Subcommand};
-use flashgen::codegen::cuda::{self, TileConfig};
+use flashgen::codegen::cuda::{self, TileConfig, TileCopy};
 use flashgen::runtime::tile_choice;
-use flashgen::runtime::{compile_cubin, nvrtc_version, KernelSet};
+use flashgen::runtime::{compile_cubin, config_name, nvrtc_version, KernelSet};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -36,6 +36,11 @@ enum Command {
         /// them (e.g. wgmma.w12.m1.n128); one of the architecture's candidates.
         #[arg(long, requires = "arch")]
         config: Option<String>,
+        /// With clock64() trace points, for scripts/trace/harness.cu (see
+        /// scripts/gpu-trace-pack.sh); needs a warp-specialized --config
+        /// (e.g. --arch sm_90 --config wgmma.w8.m1.n128).
+        #[arg(long, requires = "config")]
+        trace: bool,
     },
     /// Compile every spec in FILE with NVRTC (no GPU needed).
     Check {
@@ -98,7 +103,7 @@ fn main() -> ExitCode {
 /// Runs one command; `Ok(false)` is a completed run whose check failed.
 fn run(cli: Cli) -> Result<bool, Failure> {
     match cli.command {
-        Command::Emit { file, spec, arch, config } => {
+        Command::Emit { file, spec, arch, config, trace } => {
             let arch = arch.as_deref().map(specs::arch).transpose()?;
             for s in specs::load(&file, spec.as_deref())? {
                 let config = match (arch, &config) {
@@ -106,7 +111,20 @@ fn run(cli: Cli) -> Result<bool, Failure> {
                     (Some(a), None) => tile_choice::preferred(&s, a.target()),
                     (None, _) => TileConfig::default_for(&s),
                 };
-                print!("{}", cuda::emit_forward_with(&s, config).source);
+                let kernel = match trace {
+                    // The trace points are the producer's and the consumers' events.
+                    true if !config.persistent() => {
+                        return Err(format!(
+                            "--trace needs a warp-specialized --config (wgmma.w4/w8/w12 with 128-key tiles on sm_90); \
+                             {} is not one",
+                            config_name(config)
+                        )
+                        .into())
+                    }
+                    true => cuda::emit_forward_traced(&s, config, TileCopy::Tma),
+                    false => cuda::emit_forward_with(&s, config),
+                };
+                print!("{}", kernel.source);
             }
             Ok(true)
         }

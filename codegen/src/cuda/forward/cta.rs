@@ -10,6 +10,7 @@ use super::mma::{write_smem_decl, write_tiles_visible, ShmemCols};
 use super::persistent;
 use super::plan::Plan;
 use super::sync_step::write_sync_step;
+use super::trace;
 use super::wgmma_step::write_wgmma_serial_step;
 use crate::abi::ArgKind;
 use crate::cuda::kit::hoist::Hoisted;
@@ -23,6 +24,7 @@ use std::fmt::{self, Write};
 /// warp-specialized, else one CTA per query tile (this module).
 pub(super) fn write_body(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
     let (spec, config) = (plan.spec, plan.config);
+    trace::counter(w, plan)?;
     write_smem_decl(w, config.mma)?;
     if let Some(copy) = plan.copy {
         return persistent::write_body(w, plan, copy);
@@ -71,7 +73,7 @@ pub(super) fn write_body(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
     writeln!(w)?;
     let step = |w: &mut Writer<String>| write_cta_step(w, plan, &hoisted);
     write_cta_loop(w, plan, &kv, step)?;
-    write_epilogue(w, spec, &hoisted, OStaging::Cta, plan.row_sums)
+    write_epilogue(w, plan, &hoisted, OStaging::Cta)
 }
 
 /// The tile loop of kernels whose threads all load and all multiply: two

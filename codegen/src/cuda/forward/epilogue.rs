@@ -2,14 +2,15 @@
 //! and stored (by the CTA, or per warpgroup or warp with TMA).
 
 use super::bias::lse_row_term;
+use super::plan::Plan;
 use super::softmax::RowSums;
+use super::trace::{self, Event};
 use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::kit::hoist::Hoisted;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::names::O_MAP;
 use crate::cuda::tile_config::TileCopy;
 use crate::cuda::writer::Writer;
-use crate::spec::Spec;
 use std::fmt::{self, Write};
 
 /// O = o / l into a swizzled shared tile, then to memory; and the LSE. Only
@@ -17,11 +18,11 @@ use std::fmt::{self, Write};
 /// named barrier of theirs instead of `__syncthreads`.
 pub(super) fn write_epilogue(
     w: &mut Writer<String>,
-    spec: &Spec,
+    plan: &Plan,
     hoisted: &[Hoisted],
     staging: OStaging,
-    sums: RowSums,
 ) -> fmt::Result {
+    let (spec, sums) = (plan.spec, plan.row_sums);
     let name = |kind| arg_name(spec, kind);
     let [q_len, heads, lse] = [ArgKind::QLen, ArgKind::Heads, ArgKind::Lse].map(name);
     let o_stride = name(ArgKind::Stride(Operand::O, Axis::Seq));
@@ -83,12 +84,13 @@ pub(super) fn write_epilogue(
             w,
             "\nif (lane == 0) mbar_arrive(q_empty + 8 * qb);  // the Q buffer takes the Q of the item after next"
         )?;
+        trace::point(w, plan, Event::Epi)?;
     }
+    writeln!(w, "\n{sync}  // {done}")?;
+    trace::point(w, plan, Event::EpiStart)?;
     write!(
         w,
         "\
-        \n\
-        {sync}  // {done}\n\
         \n\
         // Epilogue: the natural-log LSE, then O = o / l into a swizzled shared\n\
         // tile and to memory in 16-byte row chunks. A fully masked row (l == 0)\n\
@@ -122,15 +124,16 @@ pub(super) fn write_epilogue(
     match staging {
         OStaging::Cta => writeln!(w, "{sync}\n{store}"),
         OStaging::QBuffer(copy) => {
-            write_o_store(w, copy, &store, true)?;
+            write_o_store(w, plan, copy, &store, true)?;
             writeln!(w, "__syncwarp();  // the warp's reads of o_tile are done:")?;
             writeln!(
                 w,
                 "if (lane == 0) mbar_arrive(q_empty + 8 * qb);  // the buffer takes the Q of the item after next"
-            )
+            )?;
+            trace::point(w, plan, Event::Epi)
         }
         // Nothing waits for the store here: the next item's epilogue does.
-        OStaging::OBuffer(copy) => write_o_store(w, copy, &store, false),
+        OStaging::OBuffer(copy) => write_o_store(w, plan, copy, &store, false),
     }
 }
 
@@ -140,9 +143,16 @@ pub(super) fn write_epilogue(
 /// waiting until the copy has read them where `wait_read` (the tile is the
 /// Q buffer the warp frees next); else the warpgroup meets and its threads
 /// store 16 bytes at a time.
-pub(super) fn write_o_store(w: &mut Writer<String>, copy: TileCopy, store: &str, wait_read: bool) -> fmt::Result {
+pub(super) fn write_o_store(
+    w: &mut Writer<String>,
+    plan: &Plan,
+    copy: TileCopy,
+    store: &str,
+    wait_read: bool,
+) -> fmt::Result {
     match copy {
         TileCopy::Tma => {
+            trace::point(w, plan, Event::OStaged)?;
             write!(
                 w,
                 "\
@@ -155,7 +165,8 @@ pub(super) fn write_o_store(w: &mut Writer<String>, copy: TileCopy, store: &str,
             if wait_read {
                 writeln!(w, "\x20   tma_store_wait_read();")?;
             }
-            writeln!(w, "}}")
+            writeln!(w, "}}")?;
+            trace::point(w, plan, Event::OStored)
         }
         TileCopy::Threads => writeln!(w, "{WARPGROUP_SYNC}\n{store}"),
     }

@@ -28,7 +28,8 @@
 //! configuration's resources; `light` says which tiles a spec's code fits),
 //! `constants`, `item` (per-item setup), `classes` (which tiles to visit),
 //! `logit`, `kv_loads`, the tile steps (`sync_step`, `wgmma_step`) with
-//! `softmax`, `epilogue`; `mma` gathers what differs per MMA kind; `cta` is
+//! `softmax`, `epilogue`; `trace` prints a traced kernel's trace points;
+//! `mma` gathers what differs per MMA kind; `cta` is
 //! the body of kernels whose threads all load and multiply, `persistent`
 //! that of the warp-specialized ones (`staged_terms` is their producer's
 //! share of the spec).
@@ -49,6 +50,7 @@ mod plan;
 mod softmax;
 mod staged_terms;
 mod sync_step;
+mod trace;
 mod wgmma_step;
 
 use crate::abi::{Grid, Kernel};
@@ -82,8 +84,30 @@ pub fn emit_forward_with(spec: &Spec, config: TileConfig) -> Kernel {
 /// [`emit_forward_with`], copying tiles as `copy` says where the
 /// configuration is warp-specialized (the others copy with their threads).
 pub fn emit_forward_copying(spec: &Spec, config: TileConfig, copy: TileCopy) -> Kernel {
+    emit(Plan::new(spec, config, copy))
+}
+
+/// [`emit_forward_copying`] with `clock64()` trace points, for
+/// `scripts/trace/harness.cu`: the library's trace section
+/// (`library/trace.cuh`: the `g_trace` rows, `TR`, `TRACE_COUNTER`),
+/// `TRACE_COUNTER` at the body's top and `TR(code);` at each of the events
+/// of `trace::Event` that the configuration has. Thread 0 of each
+/// warpgroup of the first `TRACE_CTAS` CTAs appends `code << 56 | clock64`
+/// to its row; compiled with `-DTRACE_ON=0` the points vanish.
+///
+/// # Panics
+///
+/// Where `config` is not warp-specialized: the events are the producer's
+/// and the consumers'.
+pub fn emit_forward_traced(spec: &Spec, config: TileConfig, copy: TileCopy) -> Kernel {
+    assert!(warp_specialized(config), "trace points need a warp-specialized configuration, not {config:?}");
+    emit(Plan { trace: true, ..Plan::new(spec, config, copy) })
+}
+
+/// The kernel that `plan` describes.
+fn emit(plan: Plan) -> Kernel {
+    let (spec, config) = (plan.spec, plan.config);
     let name = kernel_name("fwd", spec);
-    let plan = Plan::new(spec, config, copy);
     let args = forward_args(spec, plan.copy);
     let bounds = match config.per_sm() {
         1 => "CTA_THREADS".to_string(),
@@ -132,6 +156,9 @@ fn library(plan: &Plan) -> Vec<Vec<Piece>> {
         if copy == TileCopy::Tma {
             sections.push(vec![Piece::Part(Part::Tma), Piece::Part(Part::TmaStore)]);
         }
+    }
+    if plan.trace {
+        sections.push(vec![Piece::Part(Part::Trace)]);
     }
     sections
 }

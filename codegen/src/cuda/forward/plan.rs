@@ -29,6 +29,8 @@ pub(super) struct Plan<'s> {
     pub regs: Option<Regs>,
     /// Dynamic shared memory, bytes ([`TileConfig::smem_bytes`]).
     pub smem_bytes: u32,
+    /// Whether the kernel prints its trace points (`trace::point`).
+    pub trace: bool,
 }
 
 /// Registers per thread of a warp-specialized kernel: at launch, then the
@@ -41,8 +43,8 @@ pub(super) struct Regs {
 }
 
 impl<'s> Plan<'s> {
-    /// The plan of `spec`'s kernel in `config`; `copy` applies where the
-    /// configuration is warp-specialized.
+    /// The plan of `spec`'s kernel in `config`, untraced; `copy` applies
+    /// where the configuration is warp-specialized.
     pub(super) fn new(spec: &'s Spec, config: TileConfig, copy: TileCopy) -> Plan<'s> {
         let ws = warp_specialized(config);
         let regs = ws.then(|| {
@@ -60,6 +62,7 @@ impl<'s> Plan<'s> {
             units: SUnits::of(spec),
             regs,
             smem_bytes: config.smem_bytes(spec),
+            trace: false,
         }
     }
 }

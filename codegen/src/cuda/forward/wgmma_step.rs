@@ -5,6 +5,7 @@ use super::item::write_key_terms;
 use super::logit::write_logits;
 use super::plan::Plan;
 use super::softmax::{write_softmax, Rescale, RowSums};
+use super::trace::{self, Event};
 use crate::cuda::kit::hoist::{Hoisted, Level};
 use crate::cuda::target::pad16;
 use crate::cuda::tile_config::{ping_pong, TileConfig};
@@ -107,6 +108,7 @@ pub(super) fn write_wgmma_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[H
     if ping_pong {
         writeln!(w)?;
         writeln!(w, "named_barrier_sync(1 + warpgroup, 256);  // this warpgroup's turn on the tensor cores")?;
+        trace::point(w, plan, Event::Turn)?;
     }
     write_wgmma_s(w, config)?;
     let sums = plan.row_sums;
@@ -138,11 +140,14 @@ pub(super) fn write_wgmma_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[H
         writeln!(w, "wgmma_wait<0>();")
     })?;
     writeln!(w, "fence_operands(s[0]);")?;
+    trace::point(w, plan, Event::SDone)?;
     writeln!(w, "if (lane == 0) mbar_arrive(k_empty + 8 * stage);  // S is done with this K")?;
     // The consumers have the tile's class from the producer (`tile`).
     write_logits(w, spec, "(tile / TILE_WHOLE & 3)")?;
     write_softmax(w, plan.units, Rescale::Deferred, sums)?;
+    trace::point(w, plan, Event::SMax)?;
     writeln!(w, "wgmma_wait<0>();  // P V is done: O and p are this warpgroup's again")?;
+    trace::point(w, plan, Event::PvDone)?;
     write_fence_accumulators(w, sums)?;
     writeln!(w, "if (pv_pending && lane == 0) mbar_arrive(v_empty + 8 * v_stage);  // and with its V")?;
     let row_sum = match sums {
@@ -170,7 +175,8 @@ pub(super) fn write_wgmma_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[H
         #pragma unroll\n\
         for (int kk = 0; kk < BLOCK_N / 16; ++kk) pack_p(storage{{}}, p[kk], s[0], kk);\n\
         pv_pending = true;\n"
-    )
+    )?;
+    trace::point(w, plan, Event::TileEnd)
 }
 
 /// Issues O += P V on the tensor cores (P from the registers `p`, V

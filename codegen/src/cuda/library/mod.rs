@@ -112,6 +112,14 @@ pub enum Part {
     /// The copy engine's stores, for the persistent forward's O.
     TmaStore,
 
+    /// `clock64()` trace points of a traced forward kernel
+    /// (`emit_forward_traced`, for `scripts/trace/harness.cu`): the `g_trace`
+    /// rows, `TR(code)`, which thread 0 of each warpgroup of the first
+    /// `TRACE_CTAS` CTAs uses to append `code << 56 | clock64`, and
+    /// `TRACE_COUNTER`, the count `TR` keeps in a register. `-DTRACE_ON=0`
+    /// leaves both empty: the same kernel, untimed.
+    Trace,
+
     /// Row helpers of the backward kernels (`warp_sum`).
     BackwardRows,
 
@@ -130,7 +138,7 @@ pub enum Part {
 
 impl Part {
     /// Every part, in the order kernels include them.
-    pub const ALL: [Part; 12] = [
+    pub const ALL: [Part; 13] = [
         Part::Prelude,
         Part::Ranges,
         Part::Tiles,
@@ -139,6 +147,7 @@ impl Part {
         Part::WorkClaims,
         Part::Tma,
         Part::TmaStore,
+        Part::Trace,
         Part::BackwardRows,
         Part::BackwardTiles,
         Part::HopperBackward,
@@ -156,6 +165,7 @@ impl Part {
             Part::WorkClaims => include_str!("work_claims.cuh"),
             Part::Tma => include_str!("tma.cuh"),
             Part::TmaStore => include_str!("tma_store.cuh"),
+            Part::Trace => include_str!("trace.cuh"),
             Part::BackwardRows => include_str!("backward_rows.cuh"),
             Part::BackwardTiles => include_str!("backward_tiles.cuh"),
             Part::HopperBackward => include_str!("hopper_backward.cuh"),
@@ -174,6 +184,7 @@ impl Part {
             Part::WorkClaims => "work_claims.cuh",
             Part::Tma => "tma.cuh",
             Part::TmaStore => "tma_store.cuh",
+            Part::Trace => "trace.cuh",
             Part::BackwardRows => "backward_rows.cuh",
             Part::BackwardTiles => "backward_tiles.cuh",
             Part::HopperBackward => "hopper_backward.cuh",

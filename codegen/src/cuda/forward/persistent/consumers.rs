@@ -2,11 +2,12 @@
 //! take their turns on the tensor cores over the ring's tiles, then write
 //! the item's LSE and O.
 
-use super::{write_item_coords, write_ring_loop, Roles, PASS_TURN};
+use super::{write_item_coords, write_pass_turn, write_ring_loop, Roles};
 use crate::abi::ArgKind;
 use crate::cuda::forward::epilogue::{write_epilogue, OStaging};
 use crate::cuda::forward::item::{write_accumulators, write_spec_terms, ItemRole};
 use crate::cuda::forward::softmax::RowSums;
+use crate::cuda::forward::trace::{self, Event};
 use crate::cuda::forward::wgmma_step::write_wgmma_step;
 use crate::cuda::signature::arg_name;
 use crate::cuda::tile_config::{ping_pong, TileCopy};
@@ -48,22 +49,24 @@ pub(super) fn write_consumers(w: &mut Writer<String>, roles: &Roles) -> fmt::Res
         writeln!(w, "const unsigned long long ones = gmma_desc(smem_addr(ones_tile), 16, 1024);")?;
     }
     if groups {
-        w.write_str(PASS_TURN)?;
+        write_pass_turn(w, plan)?;
     }
     w.block(format_args!("for (int done = 0;; ++done)"), |w| {
         write!(
             w,
             "\
             const int qb = done % 2;\n\
-            mbar_wait(item_full + 8 * qb, done / 2 % 2);  // the producer's claim\n\
-            const long long item = item_slot[qb];\n\
-            if (item >= items) break;\n"
+            mbar_wait(item_full + 8 * qb, done / 2 % 2);  // the producer's claim\n"
         )?;
+        trace::point(w, plan, Event::Item)?;
+        writeln!(w, "const long long item = item_slot[qb];")?;
+        writeln!(w, "if (item >= items) break;")?;
         write_item_coords(w, spec, ItemRole::Consumers(copy))?;
         writeln!(w)?;
         // The item's staged spec terms come with Q.
         if item_terms {
             writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);  // Q, and the item's spec terms")?;
+            trace::point(w, plan, Event::QFull)?;
         }
         let hoisted = write_spec_terms(w, spec, &kv_len, plan.key_terms, item_terms)?;
         writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
@@ -71,13 +74,14 @@ pub(super) fn write_consumers(w: &mut Writer<String>, roles: &Roles) -> fmt::Res
         writeln!(w)?;
         if !item_terms {
             writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);")?;
+            trace::point(w, plan, Event::QFull)?;
         }
-        write_ring_loop(w, spec, sums, groups, |w| write_wgmma_step(w, plan, &hoisted))?;
+        write_ring_loop(w, plan, groups, |w| write_wgmma_step(w, plan, &hoisted))?;
         let staging = match plan.o_buffer {
             true => OStaging::OBuffer(copy),
             false => OStaging::QBuffer(copy),
         };
-        write_epilogue(w, spec, &hoisted, staging, sums)
+        write_epilogue(w, plan, &hoisted, staging)
     })?;
     if copy == TileCopy::Tma {
         writeln!(w, "if (lane == 0) tma_store_wait();  // the last O is written before the CTA exits")?;

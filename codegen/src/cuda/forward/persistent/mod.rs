@@ -24,6 +24,7 @@ use super::logit::two_conjuncts;
 use super::plan::{Plan, ONES_TILE_BYTES};
 use super::softmax::RowSums;
 use super::staged_terms::StagedTerms;
+use super::trace::{self, Event};
 use super::wgmma_step::write_last_pv;
 use crate::abi::ArgKind;
 use crate::cuda::kit::terms::interior_decl;
@@ -184,11 +185,11 @@ fn write_item_coords(w: &mut Writer<String>, spec: &Spec, role: ItemRole) -> fmt
 /// tiles before and after those its rows keep pairs of.
 fn write_ring_loop(
     w: &mut Writer<String>,
-    spec: &Spec,
-    sums: RowSums,
+    plan: &Plan,
     groups: bool,
     step: impl Fn(&mut Writer<String>) -> fmt::Result,
 ) -> fmt::Result {
+    let (spec, sums) = (plan.spec, plan.row_sums);
     let interior = interior_decl(spec, "kv0");
     if groups {
         writeln!(w, "bool finished = false;  // this warpgroup's rows keep no pair of the item's remaining tiles")?;
@@ -201,10 +202,11 @@ fn write_ring_loop(
             const int stage = it % STAGES, v_stage = (it + STAGES - 1) % STAGES;\n\
             const unsigned k_smem = smem_addr(k_tiles + stage * K_TILE);\n\
             const unsigned v_smem = smem_addr(v_tiles + v_stage * V_TILE);\n\
-            mbar_wait(k_full + 8 * stage, it / STAGES % 2);\n\
-            const int tile = tile_word[stage];  // which tile, and its class (the producer's word)\n\
-            const int j = tile >> TILE_SHIFT, kv0 = j * BLOCK_N;\n"
+            mbar_wait(k_full + 8 * stage, it / STAGES % 2);\n"
         )?;
+        trace::point(w, plan, Event::KFull)?;
+        writeln!(w, "const int tile = tile_word[stage];  // which tile, and its class (the producer's word)")?;
+        writeln!(w, "const int j = tile >> TILE_SHIFT, kv0 = j * BLOCK_N;")?;
         match groups {
             true => write!(
                 w,
@@ -249,7 +251,9 @@ fn write_ring_loop(
     ];
     // The ring runs on into the next item: the stage goes back to the producer.
     let done = ["if (lane == 0) mbar_arrive(v_empty + 8 * v_stage);  // done with its V"];
+    trace::point(w, plan, Event::LoopExit)?;
     write_last_pv(w, spec, &wait, "v_stage", &done, sums)?;
+    trace::point(w, plan, Event::LastPv)?;
     if !groups {
         return Ok(());
     }
@@ -322,6 +326,13 @@ fn write_group_classes(w: &mut Writer<String>, q_len: &str) -> fmt::Result {
 /// waited for that before it loaded V), so these arrivals count towards
 /// this tile, and no copy outlives the CTA's last reader. (K is there: the
 /// step has waited for it.)
+fn write_pass_turn(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
+    w.write_str(PASS_TURN)?;
+    w.indented(|w| trace::point(w, plan, Event::Pass))?;
+    writeln!(w, "}};")
+}
+
+/// [`write_pass_turn`]'s lambda up to its end.
 const PASS_TURN: &str = "\
 auto pass_turn = [&]() {  // on tile `it`
     const int stage = it % STAGES;
@@ -332,5 +343,4 @@ auto pass_turn = [&]() {  // on tile `it`
         mbar_arrive(k_empty + 8 * stage);
         mbar_arrive(v_empty + 8 * stage);
     }
-};
 ";

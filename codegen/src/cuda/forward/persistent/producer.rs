@@ -7,6 +7,7 @@ use crate::abi::ArgKind;
 use crate::cuda::forward::classes::{write_tile_classes, ClassReader, Stagers};
 use crate::cuda::forward::item::{q_load, ItemRole};
 use crate::cuda::forward::kv_loads::KvLoads;
+use crate::cuda::forward::trace::{self, Event};
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::names::{K_MAP, Q_MAP, V_MAP};
 use crate::cuda::tile_config::TileCopy;
@@ -41,16 +42,22 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
             // Item `done` of this CTA goes to Q buffer and slot qb, once the\n\
             // consumers have stored the O of the item that had them before.\n\
             const int qb = done % 2;\n\
-            mbar_wait(q_empty + 8 * qb, (done / 2 + 1) % 2);\n\
+            mbar_wait(q_empty + 8 * qb, (done / 2 + 1) % 2);\n"
+        )?;
+        trace::point(w, roles.plan, Event::PQEmpty)?;
+        write!(
+            w,
+            "\
             const bool leader = threadIdx.x == THREADS;  // claims, and writes what the consumers read\n\
             if (leader) {{\n\
             \x20   item_slot[qb] = {claim};\n\
             \x20   mbar_arrive(item_full + 8 * qb);\n\
             }}\n\
             named_barrier_sync(2 + WARPGROUPS, PRODUCER_THREADS);  // every producer thread sees the claim\n\
-            const long long item = item_slot[qb];\n\
-            if (item >= items) break;  // the consumers stop at the same claim\n"
+            const long long item = item_slot[qb];\n"
         )?;
+        trace::point(w, roles.plan, Event::PClaim)?;
+        writeln!(w, "if (item >= items) break;  // the consumers stop at the same claim")?;
         write_item_coords(w, spec, ItemRole::Producer(copy))?;
         writeln!(w, "// Q first: its copy runs while the tiles are classified.")?;
         writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
@@ -65,6 +72,7 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
         }
         staged.write_item_stores(w)?;
         writeln!(w, "int j = next_tile(0);")?;
+        trace::point(w, roles.plan, Event::PFirst)?;
         w.block(format_args!("if (leader)"), |w| {
             writeln!(w, "item_visits[qb] = j < kv_tiles;")?;
             writeln!(w, "mbar_arrive(q_full + 8 * qb);")
@@ -94,12 +102,10 @@ fn write_tile_walk(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
         if per_key {
             writeln!(w, "const bool full = word & TILE_FULL;  // the key terms' writers need the class too")?;
         }
-        write!(
-            w,
-            "\
-            const int stage = it % STAGES, empty_parity = (it / STAGES + 1) % 2;\n\
-            mbar_wait(k_empty + 8 * stage, empty_parity);\n"
-        )?;
+        writeln!(w, "const int stage = it % STAGES, empty_parity = (it / STAGES + 1) % 2;")?;
+        trace::point(w, roles.plan, Event::PTile)?;
+        writeln!(w, "mbar_wait(k_empty + 8 * stage, empty_parity);")?;
+        trace::point(w, roles.plan, Event::PKEmpty)?;
         w.block(format_args!("if (leader)"), |w| {
             if groups {
                 writeln!(w, "group_word[stage] = groups;")?;
@@ -122,6 +128,7 @@ fn write_tile_walk(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
             staged.write_key_terms(w)?;
         }
         writeln!(w, "mbar_wait(v_empty + 8 * stage, empty_parity);")?;
+        trace::point(w, roles.plan, Event::PVEmpty)?;
         copy_tile(w, copy, "v_full + 8 * stage", &format!("<BLOCK_N, V_COLS>(v_tiles + stage * V_TILE, {V_MAP}"), "j * BLOCK_N, kv_head", |w| {
             kv.v(w, "v_tiles + stage * V_TILE", "j")?;
             writeln!(w, "mbar_arrive_loaded<DV>(v_full + 8 * stage, vector);")
