@@ -44,6 +44,7 @@ mod arch_parse;
 mod args;
 mod atomic_file;
 mod check;
+mod cuda_libs;
 mod element;
 mod error;
 mod kernels;
@@ -62,6 +63,7 @@ mod tma;
 mod choices;
 mod disk_cache;
 mod nvrtc;
+#[cfg(feature = "dynamic-loading")]
 mod nvrtc_lib;
 mod tuning;
 

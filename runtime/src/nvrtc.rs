@@ -5,8 +5,8 @@
 //! that and lets [`compile_cubin`] run (and be tested) without a GPU.
 
 use crate::arch::Arch;
+use crate::cuda_libs::ensure_nvrtc;
 use crate::error::Error;
-use crate::nvrtc_lib::ensure_nvrtc;
 use cudarc::nvrtc::result::{self as nvrtc, NvrtcError};
 use cudarc::nvrtc::sys;
 use flashgen_codegen::abi::Kernel;

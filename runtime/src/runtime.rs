@@ -8,10 +8,10 @@
 
 use crate::arch::Arch;
 use crate::choices::Choices;
+use crate::cuda_libs::{driver_present, ensure_nvrtc};
 use crate::disk_cache::{load_or_compile, DiskCache};
 use crate::error::Error;
 use crate::kernels::{LoadedKernel, Which};
-use crate::nvrtc_lib::ensure_nvrtc;
 use crate::parallel;
 use crate::single_flight::SingleFlight;
 use crate::tma::{tma_from, TMA_ENV};
@@ -291,8 +291,7 @@ impl Device {
     /// missing library, so this runs first; NVRTC too, so a runtime that
     /// opens can always compile.
     fn check_libraries() -> Result<(), Error> {
-        // SAFETY: only tries to dlopen the candidate library names.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        if !driver_present() {
             return Err(Error::DriverMissing);
         }
         ensure_nvrtc()
