@@ -24,6 +24,6 @@ pub use flashgen_dsl::attention;
 pub use flashgen_runtime as runtime;
 pub use flashgen_runtime::{cudarc, half};
 pub use flashgen_runtime::{
-    ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, Element, Error, ForwardIo, ForwardOptions,
-    Layout, Runtime, TuneReport,
+    ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, DeviceInput, DeviceOutput, Element, Error,
+    ForwardIo, ForwardOptions, Layout, Runtime, TuneReport,
 };

@@ -19,6 +19,7 @@ use crate::error::Error;
 use crate::kernels::{LoadedKernel, Which};
 use crate::layout::Layout;
 use crate::marshal::{launch, launch_config, marshal, Bindings, GradBindings};
+use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use crate::tma::{self, TensorMap};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
@@ -34,15 +35,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// declaration order, an optional f32 buffer of the tensor's element count
 /// for its gradient (overwritten; trailing tensors may be left out).
 pub struct BackwardIo<'a, T> {
-    pub q: (&'a CudaSlice<T>, Layout),
-    pub k: (&'a CudaSlice<T>, Layout),
-    pub v: (&'a CudaSlice<T>, Layout),
-    pub o: (&'a CudaSlice<T>, Layout),
+    pub q: (&'a dyn DeviceInput<T>, Layout),
+    pub k: (&'a dyn DeviceInput<T>, Layout),
+    pub v: (&'a dyn DeviceInput<T>, Layout),
+    pub o: (&'a dyn DeviceInput<T>, Layout),
     pub lse: &'a CudaSlice<f32>,
-    pub d_o: (&'a CudaSlice<T>, Layout),
-    pub dq: (&'a mut CudaSlice<T>, Layout),
-    pub dk: (&'a mut CudaSlice<T>, Layout),
-    pub dv: (&'a mut CudaSlice<T>, Layout),
+    pub d_o: (&'a dyn DeviceInput<T>, Layout),
+    pub dq: (&'a mut dyn DeviceOutput<T>, Layout),
+    pub dk: (&'a mut dyn DeviceOutput<T>, Layout),
+    pub dv: (&'a mut dyn DeviceOutput<T>, Layout),
     /// One per declared tensor: the f32 gradient of a trainable tensor, or
     /// `None`. With `None` for every tensor the dK/dV kernel computes no
     /// tensor-gradient terms at all.

@@ -10,6 +10,7 @@ use crate::error::Error;
 use crate::kernels::Which;
 use crate::layout::Layout;
 use crate::marshal::{launch, launch_config, marshal, Bindings};
+use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use crate::tma::{self, TensorMap};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
@@ -20,10 +21,10 @@ use flashgen_codegen::{to_source, Shape, Spec};
 /// The operands of one forward pass. O and the optional row log-sum-exp
 /// (`f32[batch, heads, q_len]`, contiguous) are written.
 pub struct ForwardIo<'a, T> {
-    pub q: (&'a CudaSlice<T>, Layout),
-    pub k: (&'a CudaSlice<T>, Layout),
-    pub v: (&'a CudaSlice<T>, Layout),
-    pub o: (&'a mut CudaSlice<T>, Layout),
+    pub q: (&'a dyn DeviceInput<T>, Layout),
+    pub k: (&'a dyn DeviceInput<T>, Layout),
+    pub v: (&'a dyn DeviceInput<T>, Layout),
+    pub o: (&'a mut dyn DeviceOutput<T>, Layout),
     pub lse: Option<&'a mut CudaSlice<f32>>,
 }
 

@@ -246,6 +246,38 @@ fn fused_qkv_views_match_separate_buffers() -> TestResult {
     Ok(())
 }
 
+/// Operands may be views of larger buffers (`CudaView`, `CudaViewMut`): O
+/// written through a view equals O from whole buffers, and the view's
+/// neighbours stay untouched.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn cuda_views_are_operands() -> TestResult {
+    let rt = runtime();
+    let spec = parse_one("Views { dtype: f16, head_dim: 64, mask: q >= k }")?;
+    let l = Layout::bshd(2, 150, 2, 64);
+    let stream = rt.stream();
+    let host = fill::<f16>(&l, 3);
+    let whole = stream.clone_htod(&host)?;
+    let mut padded_host = vec![f16::from_f32(f32::NAN); 40];
+    padded_host.extend(&host);
+    padded_host.extend(vec![f16::from_f32(f32::NAN); 24]);
+    let padded = stream.clone_htod(&padded_host)?;
+    let view = padded.slice(40..40 + l.len());
+    let mut o_whole = stream.alloc_zeros::<f16>(l.len())?;
+    let io = ForwardIo { q: (&whole, l), k: (&whole, l), v: (&whole, l), o: (&mut o_whole, l), lse: None };
+    rt.forward(&spec, io, &[], &ForwardOptions::default())?;
+    let mut o_padded = stream.clone_htod(&vec![f16::from_f32(f32::NAN); l.len() + 64])?;
+    {
+        let mut o_view = o_padded.slice_mut(32..32 + l.len());
+        let io = ForwardIo { q: (&view, l), k: (&view, l), v: (&view, l), o: (&mut o_view, l), lse: None };
+        rt.forward(&spec, io, &[], &ForwardOptions::default())?;
+    }
+    let (expected, got) = (stream.clone_dtoh(&o_whole)?, stream.clone_dtoh(&o_padded)?);
+    assert!(got[32..32 + l.len()] == expected[..], "O through views differs");
+    assert!(got[..32].iter().chain(&got[32 + l.len()..]).all(|x| x.is_nan()), "a view's neighbour was written");
+    Ok(())
+}
+
 /// Kernels loaded in parallel come back in their configs' order, and are
 /// the ones the cache then serves one at a time.
 #[test]
