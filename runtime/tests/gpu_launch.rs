@@ -11,7 +11,9 @@ use flashgen_codegen::{parse_one, Spec};
 use flashgen_runtime::cudarc::driver::CudaSlice;
 use flashgen_runtime::half::{bf16, f16};
 use flashgen_runtime::tile_choice;
-use flashgen_runtime::{ArgValue, Element, Error, ForwardIo, ForwardOptions, Layout, Runtime};
+use flashgen_runtime::{
+    ArgValue, DeviceInput, DeviceOutput, Element, Error, ForwardIo, ForwardOptions, Layout, Runtime,
+};
 use std::fmt::Debug;
 use std::sync::Arc;
 
@@ -206,6 +208,17 @@ fn callers_streams_share_the_kernels() -> TestResult {
     Ok(())
 }
 
+/// `spec`'s forward, without params, from Q, K and V into `o` (each its
+/// memory and layout).
+fn forward<'a, T: Element>(
+    rt: &Runtime,
+    spec: &Spec,
+    [q, k, v]: [(&'a dyn DeviceInput<T>, Layout); 3],
+    o: (&'a mut dyn DeviceOutput<T>, Layout),
+) -> Result<(), Error> {
+    rt.forward(spec, ForwardIo { q, k, v, o, lse: None }, &[], &ForwardOptions::default())
+}
+
 /// Q, K and V as views into one fused projection's output (offsets into the
 /// buffer, its row stride) run without a copy and give, bit for bit, the O
 /// of the same values in buffers of their own.
@@ -232,16 +245,14 @@ fn fused_qkv_views_match_separate_buffers() -> TestResult {
     let mut outputs = Vec::new();
     for (q, k, v, [ql, kl, vl]) in [(&fused, &fused, &fused, views), (&gathered[0], &gathered[1], &gathered[2], own)] {
         let mut o = stream.alloc_zeros::<bf16>(ol.len())?;
-        let io = ForwardIo { q: (q, ql), k: (k, kl), v: (v, vl), o: (&mut o, ol), lse: None };
-        rt.forward(&spec, io, &[], &ForwardOptions::default())?;
+        forward(&rt, &spec, [(q, ql), (k, kl), (v, vl)], (&mut o, ol))?;
         outputs.push(stream.clone_dtoh(&o)?);
     }
     assert!(outputs[0] == outputs[1], "O from the fused views differs from O from separate buffers");
     // A view that reaches past the buffer is refused.
     let past = views[2].at(views[2].offset + dim);
     let mut o = stream.alloc_zeros::<bf16>(ol.len())?;
-    let io = ForwardIo { q: (&fused, views[0]), k: (&fused, views[1]), v: (&fused, past), o: (&mut o, ol), lse: None };
-    let err = rt.forward(&spec, io, &[], &ForwardOptions::default()).unwrap_err();
+    let err = forward(&rt, &spec, [(&fused, views[0]), (&fused, views[1]), (&fused, past)], (&mut o, ol)).unwrap_err();
     assert!(matches!(err, Error::OutOfBounds { .. }), "{err}");
     Ok(())
 }
@@ -264,13 +275,11 @@ fn cuda_views_are_operands() -> TestResult {
     let padded = stream.clone_htod(&padded_host)?;
     let view = padded.slice(40..40 + l.len());
     let mut o_whole = stream.alloc_zeros::<f16>(l.len())?;
-    let io = ForwardIo { q: (&whole, l), k: (&whole, l), v: (&whole, l), o: (&mut o_whole, l), lse: None };
-    rt.forward(&spec, io, &[], &ForwardOptions::default())?;
+    forward(&rt, &spec, [(&whole, l); 3], (&mut o_whole, l))?;
     let mut o_padded = stream.clone_htod(&vec![f16::from_f32(f32::NAN); l.len() + 64])?;
     {
         let mut o_view = o_padded.slice_mut(32..32 + l.len());
-        let io = ForwardIo { q: (&view, l), k: (&view, l), v: (&view, l), o: (&mut o_view, l), lse: None };
-        rt.forward(&spec, io, &[], &ForwardOptions::default())?;
+        forward(&rt, &spec, [(&view, l); 3], (&mut o_view, l))?;
     }
     let (expected, got) = (stream.clone_dtoh(&o_whole)?, stream.clone_dtoh(&o_padded)?);
     assert!(got[32..32 + l.len()] == expected[..], "O through views differs");
