@@ -31,7 +31,7 @@ impl TileConfig {
     /// needs 128 registers, so 16 rows and 32 keys.
     pub fn default_for(spec: &Spec) -> TileConfig {
         let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
-        match widest(spec) {
+        match TileConfig::padded_head_dim(spec) {
             0..=128 => sync(4, 2, 64),
             _ => sync(4, 1, 32),
         }
@@ -46,7 +46,7 @@ impl TileConfig {
         // where S, P and O fit their registers at d <= 64.
         let wgmma = |warps, block_n| TileConfig { mma: Mma::Wgmma, warps, m_tiles: 1, block_n };
         let default = TileConfig::default_for(spec);
-        let (hopper, portable) = match widest(spec) {
+        let (hopper, portable) = match TileConfig::padded_head_dim(spec) {
             0..=64 => (
                 vec![wgmma(8, 128), wgmma(8, 64), wgmma(4, 64), wgmma(8, 192), wgmma(12, 128), wgmma(4, 128)],
                 vec![default, sync(4, 2, 128), sync(8, 1, 64)],
@@ -61,7 +61,7 @@ impl TileConfig {
     /// The wider of the spec's head dims, padded to the MMA k-step: what
     /// decides which tiles fit.
     pub fn padded_head_dim(spec: &Spec) -> u32 {
-        widest(spec)
+        pad16(spec.head_dims.qk).max(pad16(spec.head_dims.v))
     }
 
     /// How this configuration's forward kernel copies when a launch asks
@@ -112,11 +112,6 @@ impl TileConfig {
 
 /// Threads of a warp-specialized kernel's producer warpgroup.
 pub(crate) const PRODUCER_THREADS: u32 = 128;
-
-/// The wider head dim, padded to the MMA k-step.
-pub(crate) fn widest(spec: &Spec) -> u32 {
-    pad16(spec.head_dims.qk).max(pad16(spec.head_dims.v))
-}
 
 /// Whether a wgmma kernel has two or three warpgroups to take turns on the
 /// tensor cores, so that one's softmax overlaps the others' products.

@@ -113,15 +113,13 @@ fn run(cli: Cli) -> Result<bool, Failure> {
                 };
                 let kernel = match trace {
                     // The trace points are the producer's and the consumers' events.
-                    true if !config.persistent() => {
-                        return Err(format!(
+                    true => cuda::emit_forward_traced(&s, config, TileCopy::Tma).ok_or_else(|| {
+                        format!(
                             "--trace needs a warp-specialized --config (wgmma.w4/w8/w12 with 128-key tiles on sm_90); \
                              {} is not one",
                             config_name(config)
                         )
-                        .into())
-                    }
-                    true => cuda::emit_forward_traced(&s, config, TileCopy::Tma),
+                    })?,
                     false => cuda::emit_forward_with(&s, config),
                 };
                 print!("{}", kernel.source);

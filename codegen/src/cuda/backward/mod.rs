@@ -65,7 +65,7 @@ mod rows;
 mod step;
 
 use super::target::{pad16, Mma, Target};
-use super::tile_config::TileCopy;
+use super::tile_config::{TileConfig, TileCopy};
 use crate::abi::Kernel;
 use crate::grad::{d_load, load_indices};
 use crate::spec::Spec;
@@ -119,7 +119,7 @@ impl BackwardConfig {
     /// f32 per thread), so block_m shrinks as head dims grow: 64 up to head
     /// dim 64, 32 up to 128, 16 beyond (where d = 256 still spills).
     pub fn default_for(spec: &Spec) -> BackwardConfig {
-        let widest = pad16(spec.head_dims.qk).max(pad16(spec.head_dims.v));
+        let widest = TileConfig::padded_head_dim(spec);
         let (warps, block_m, dq_block_n) = match widest {
             0..=64 => (4, 64, 64),
             65..=128 => (8, 32, 64),

@@ -94,14 +94,10 @@ pub fn emit_forward_copying(spec: &Spec, config: TileConfig, copy: TileCopy) -> 
 /// of `trace::Event` that the configuration has. Thread 0 of each
 /// warpgroup of the first `TRACE_CTAS` CTAs appends `code << 56 | clock64`
 /// to its row; compiled with `-DTRACE_ON=0` the points vanish.
-///
-/// # Panics
-///
-/// Where `config` is not warp-specialized: the events are the producer's
-/// and the consumers'.
-pub fn emit_forward_traced(spec: &Spec, config: TileConfig, copy: TileCopy) -> Kernel {
-    assert!(warp_specialized(config), "trace points need a warp-specialized configuration, not {config:?}");
-    emit(Plan { trace: true, ..Plan::new(spec, config, copy) })
+/// `None` where `config` is not warp-specialized: the events are the
+/// producer's and the consumers'.
+pub fn emit_forward_traced(spec: &Spec, config: TileConfig, copy: TileCopy) -> Option<Kernel> {
+    warp_specialized(config).then(|| emit(Plan { trace: true, ..Plan::new(spec, config, copy) }))
 }
 
 /// The kernel that `plan` describes.

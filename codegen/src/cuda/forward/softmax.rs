@@ -2,7 +2,7 @@
 //! and the policies it is printed with: when O is rescaled, where row sums
 //! accumulate, and what S holds when it starts.
 
-use crate::cuda::tile_config::{warp_specialized, widest, TileConfig};
+use crate::cuda::tile_config::{warp_specialized, TileConfig};
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
@@ -38,7 +38,7 @@ impl RowSums {
     /// crowds the consumers' registers: those specs keep the FADDs.
     pub(super) fn of(spec: &Spec, config: TileConfig) -> RowSums {
         let unscored = spec.score.is_none() && !spec.mask.as_ref().is_some_and(|m| m.reads_tensor());
-        match warp_specialized(config) && widest(spec) <= 64 && unscored {
+        match warp_specialized(config) && TileConfig::padded_head_dim(spec) <= 64 && unscored {
             true => RowSums::TensorCores,
             false => RowSums::Fadd,
         }

@@ -123,7 +123,7 @@ mod tests {
                 [(128, [EpiStart, OStaged, OStored, Epi]), (64, [Epi, EpiStart, OStaged, OStored])]
             {
                 let spec = spec(source, head_dim);
-                let kernel = emit_forward_traced(&spec, config, TileCopy::Tma).source;
+                let kernel = emit_forward_traced(&spec, config, TileCopy::Tma).unwrap().source;
                 assert_eq!(codes(&kernel), expected(&[&PRODUCER, &TILES, &epilogue]), "{source} at d = {head_dim}");
                 let entry = kernel.split_once("extern \"C\"").unwrap().1;
                 let body = entry.split_once(") {\n").unwrap().1;
@@ -140,14 +140,14 @@ mod tests {
     fn optional_events_follow_the_configuration() {
         let window = spec(WINDOW, 64);
         let wgmma = |warps| TileConfig { mma: Mma::Wgmma, warps, m_tiles: 1, block_n: 128 };
-        let one = emit_forward_traced(&window, wgmma(4), TileCopy::Tma).source;
+        let one = emit_forward_traced(&window, wgmma(4), TileCopy::Tma).unwrap().source;
         let tiles: Vec<Event> = TILES.into_iter().filter(|&e| e != Turn).collect();
         let epilogue = [EpiStart, OStaged, OStored, Epi];
         assert_eq!(codes(&one), expected(&[&PRODUCER, &tiles, &epilogue]));
-        let three = emit_forward_traced(&window, wgmma(12), TileCopy::Tma).source;
+        let three = emit_forward_traced(&window, wgmma(12), TileCopy::Tma).unwrap().source;
         let epilogue = [Epi, EpiStart, OStaged, OStored];
         assert_eq!(codes(&three), expected(&[&PRODUCER, &[Pass], &TILES, &epilogue]));
-        let threads = emit_forward_traced(&spec(CAUSAL, 128), wgmma(8), TileCopy::Threads).source;
+        let threads = emit_forward_traced(&spec(CAUSAL, 128), wgmma(8), TileCopy::Threads).unwrap().source;
         assert_eq!(codes(&threads), expected(&[&PRODUCER, &TILES, &[EpiStart, Epi]]));
     }
 
@@ -164,7 +164,7 @@ mod tests {
                         assert!(!kernel.contains("TR(") && !kernel.contains("TRACE"), "{config:?} {copy:?}");
                     }
                     if warp_specialized(config) {
-                        let traced = emit_forward_traced(&spec, config, TileCopy::Tma).source;
+                        let traced = emit_forward_traced(&spec, config, TileCopy::Tma).unwrap().source;
                         assert!(codes(&traced).len() >= PRODUCER.len() + TILES.len() - 1, "{config:?}");
                     }
                 }
