@@ -39,7 +39,14 @@ impl Layout {
         let row = heads.saturating_add(heads_kv.saturating_mul(2));
         let seq_stride = row.saturating_mul(dim);
         let strides = [seq.saturating_mul(seq_stride), seq_stride, dim].map(stride);
-        let view = |heads, first_head: usize| Layout { batch, seq, heads, dim, strides, offset: first_head * dim };
+        let view = |heads, first_head: usize| Layout {
+            batch,
+            seq,
+            heads,
+            dim,
+            strides,
+            offset: first_head.saturating_mul(dim),
+        };
         [view(heads, 0), view(heads_kv, heads), view(heads_kv, heads + heads_kv)]
     }
 

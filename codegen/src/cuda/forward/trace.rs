@@ -1,5 +1,5 @@
 //! Trace points of the warp-specialized forward ([`emit_forward_traced`]):
-//! `TR(code);` lines (library/trace.cuh) at 20 events of the producer's and
+//! `TR(code);` lines (library/trace.cuh) at 21 events of the producer's and
 //! the consumers' loops, printed where the emitters print the lines they
 //! time, and nothing at all in a kernel that does not trace, so the
 //! untraced kernels stay byte-identical. `scripts/trace/analyze.py` names
@@ -96,6 +96,26 @@ mod tests {
 
     /// The consumers' events up to the epilogue, with turns (ping-pong).
     const TILES: [Event; 10] = [Item, QFull, KFull, Turn, SDone, SMax, PvDone, TileEnd, LoopExit, LastPv];
+
+    /// analyze.py names the codes from `scripts/trace/harness_args.py`'s
+    /// table, kept by hand: it must hold exactly [`Event`]'s codes.
+    #[test]
+    fn the_harness_table_has_every_code() {
+        let every = [
+            Item, QFull, KFull, Turn, SDone, SMax, PvDone, TileEnd, Pass, LoopExit, LastPv, EpiStart, OStaged, OStored,
+            Epi, PQEmpty, PClaim, PFirst, PTile, PKEmpty, PVEmpty,
+        ];
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/trace/harness_args.py");
+        let script = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let table = &script[script.find("EVENTS = [").expect("the EVENTS table")..];
+        let table = &table[..table.find("\n]").expect("the table's end")];
+        let mut listed: Vec<u8> =
+            table.lines().filter_map(|line| line.trim().strip_prefix('(')?.split(',').next()?.parse().ok()).collect();
+        let mut codes: Vec<u8> = every.iter().map(|&e| e as u8).collect();
+        listed.sort_unstable();
+        codes.sort_unstable();
+        assert_eq!(listed, codes, "{path}'s EVENTS against trace::Event");
+    }
 
     fn spec(source: &str, head_dim: u32) -> crate::spec::Spec {
         crate::parse_one(&source.replace("HD", &head_dim.to_string())).unwrap()
