@@ -1,0 +1,329 @@
+//! One attention call on candle tensors: its operands, the flashgen forward
+//! and backward launches on the tensors' own stream, and what the forward
+//! leaves for the backward (the row log-sum-exp) and the backward for the
+//! graph (every gradient, computed in one pass).
+
+use crate::error::{self, Error};
+use crate::layout::{is_compact, operand_layout};
+use crate::Attention;
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
+use candle_core::{DType, Shape, Storage, Tensor};
+use flashgen::cudarc::driver::{CudaSlice, DeviceRepr};
+use flashgen::half::{bf16, f16};
+use flashgen::{ArgValue, BackwardIo, BackwardOptions, Dtype, Element, ForwardIo, ForwardOptions, Layout};
+use std::sync::{Mutex, PoisonError};
+
+/// A runtime param or captured tensor, in the spec's declaration order:
+/// params first, then tensors.
+#[derive(Clone, Debug)]
+pub enum Arg {
+    I32(i32),
+    F32(f32),
+    /// A captured tensor on the operands' device, of the declared element
+    /// type (i32, f32, f16 or bf16) and element count; read as row-major.
+    Tensor(Tensor),
+}
+
+impl From<i32> for Arg {
+    fn from(v: i32) -> Self {
+        Arg::I32(v)
+    }
+}
+
+impl From<f32> for Arg {
+    fn from(v: f32) -> Self {
+        Arg::F32(v)
+    }
+}
+
+impl From<&Tensor> for Arg {
+    fn from(t: &Tensor) -> Self {
+        Arg::Tensor(t.clone())
+    }
+}
+
+/// Every gradient of one call, from one backward launch: dQ, dK, dV and one
+/// per captured tensor (`None` for those not trained).
+pub(crate) struct Grads {
+    pub qkv: [Tensor; 3],
+    pub tensors: Vec<Option<Tensor>>,
+}
+
+/// The state one forward call shares between the ops it put in candle's
+/// graph.
+pub(crate) struct Call {
+    pub attention: Attention,
+    /// Q, K, V as flashgen reads them (a compact copy where the caller's
+    /// layout was not addressable).
+    pub qkv: [Tensor; 3],
+    pub args: Vec<Arg>,
+    /// Per captured tensor: whether the backward computes its gradient.
+    pub train: Vec<bool>,
+    /// Whether the forward keeps the LSE (some operand tracks gradients).
+    pub keep_lse: bool,
+    pub lse: Mutex<Option<CudaSlice<f32>>>,
+    pub grads: Mutex<Option<Grads>>,
+}
+
+const NAMES: [&str; 3] = ["Q", "K", "V"];
+
+impl Call {
+    /// Takes the operands, copying only those flashgen cannot address.
+    pub fn new(attention: &Attention, q: &Tensor, k: &Tensor, v: &Tensor, args: &[Arg]) -> candle_core::Result<Call> {
+        let mut qkv = [q.clone(), k.clone(), v.clone()];
+        let qkv_tracked = qkv.iter().any(Tensor::track_op);
+        for (t, name) in qkv.iter_mut().zip(NAMES) {
+            check_device(name, t, q)?;
+            if operand_layout(name, t.layout())?.is_none() {
+                *t = t.detach().contiguous()?;
+            }
+        }
+        let spec = attention.spec();
+        let declared = spec.params.len() + spec.tensors.len();
+        if args.len() != declared {
+            let detail = format!("spec `{}` declares {declared} params and tensors; got {}", spec.name, args.len());
+            return Err(Error::Args { detail }.into());
+        }
+        let trainable = flashgen::codegen::cuda::trainable_tensors(spec);
+        let mut train = vec![false; spec.tensors.len()];
+        let mut args = args.to_vec();
+        for (i, arg) in args.iter_mut().enumerate().skip(spec.params.len()) {
+            let index = i - spec.params.len();
+            let Arg::Tensor(t) = arg else {
+                let detail = format!("argument {i} (`{}`) must be a tensor", spec.tensors[index].name);
+                return Err(Error::Args { detail }.into());
+            };
+            check_device(&spec.tensors[index].name, t, q)?;
+            train[index] = trainable.contains(&index) && t.track_op();
+            let (storage, layout) = t.storage_and_layout();
+            let len = storage_len(&storage);
+            if !is_compact(layout, len) {
+                drop(storage);
+                *t = t.detach().force_contiguous()?;
+            }
+        }
+        let keep_lse = qkv_tracked || train.contains(&true);
+        let none = Mutex::new(None);
+        Ok(Call { attention: attention.clone(), qkv, args, train, keep_lse, lse: none, grads: Mutex::new(None) })
+    }
+
+    /// Runs the forward on the operands' stream: O as a compact
+    /// `[batch, q_len, heads, v_dim]` tensor's storage, and its shape.
+    pub fn forward(&self) -> candle_core::Result<(CudaStorage, Shape)> {
+        match self.attention.spec().dtype {
+            Dtype::Bf16 => self.forward_as::<bf16>(),
+            Dtype::F16 => self.forward_as::<f16>(),
+        }
+    }
+
+    /// Runs the backward on the operands' stream from the forward's output
+    /// and the incoming gradient, keeping every gradient for the graph.
+    pub fn backward(&self, o: &Tensor, d_o: &Tensor) -> candle_core::Result<()> {
+        let grads = match self.attention.spec().dtype {
+            Dtype::Bf16 => self.backward_as::<bf16>(o, d_o)?,
+            Dtype::F16 => self.backward_as::<f16>(o, d_o)?,
+        };
+        *self.grads.lock().unwrap_or_else(PoisonError::into_inner) = Some(grads);
+        Ok(())
+    }
+
+    fn forward_as<T: Element + CudaDType>(&self) -> candle_core::Result<(CudaStorage, Shape)> {
+        let device = cuda_device(&self.qkv[0], "Q")?;
+        let rt = self.attention.runtime(&device)?;
+        let guards = self.qkv.each_ref().map(|t| t.storage_and_layout());
+        let [q, k, v] = operands::<T, 3>(NAMES, &guards);
+        let (q, k, v) = (q?, k?, v?);
+        let (batch, q_len, heads, v_dim) = (q.1.batch, q.1.seq, q.1.heads, v.1.dim);
+        let o_layout = Layout::bshd(batch, q_len, heads, v_dim);
+        // SAFETY: the kernel writes every element of O before anything reads it.
+        let mut o = unsafe { device.alloc::<T>(o_layout.len())? };
+        let mut lse = match self.keep_lse {
+            true => Some(unsafe { device.alloc::<f32>(batch * heads * q_len)? }),
+            false => None,
+        };
+        let tensor_guards: Vec<_> = self.tensors().map(|t| t.storage_and_layout()).collect();
+        let args = self.arg_values(&tensor_guards)?;
+        let io = ForwardIo { q, k, v, o: (&mut o, o_layout), lse: lse.as_mut() };
+        let opts = ForwardOptions { scale: self.attention.scale(), ..Default::default() };
+        rt.forward(self.attention.spec(), io, &args, &opts).map_err(error::flashgen)?;
+        *self.lse.lock().unwrap_or_else(PoisonError::into_inner) = lse;
+        Ok((CudaStorage::wrap_cuda_slice(o, device), Shape::from((batch, q_len, heads, v_dim))))
+    }
+
+    fn backward_as<T: Element + CudaDType>(&self, o: &Tensor, d_o: &Tensor) -> candle_core::Result<Grads> {
+        let device = cuda_device(&self.qkv[0], "Q")?;
+        let rt = self.attention.runtime(&device)?;
+        let lse = self.lse.lock().unwrap_or_else(PoisonError::into_inner);
+        let lse = lse.as_ref().ok_or_else(|| candle_core::Error::msg("flashgen: the forward kept no LSE"))?;
+        let d_o = match operand_layout("dO", d_o.layout())? {
+            Some(_) => d_o.clone(),
+            None => d_o.contiguous()?,
+        };
+        let guards = self.qkv.each_ref().map(|t| t.storage_and_layout());
+        let [q, k, v] = operands::<T, 3>(NAMES, &guards);
+        let (q, k, v) = (q?, k?, v?);
+        let out_guards = [o, &d_o].map(|t| t.storage_and_layout());
+        let [o_io, d_o_io] = operands::<T, 2>(["O", "dO"], &out_guards);
+        let (o_io, d_o_io) = (o_io?, d_o_io?);
+        let shapes = [q.1, k.1, v.1].map(|l| Layout::bshd(l.batch, l.seq, l.heads, l.dim));
+        // SAFETY: the backward kernels write every element of dQ, dK and dV.
+        let alloc = |l: Layout| unsafe { device.alloc::<T>(l.len()) };
+        let (mut dq, mut dk, mut dv) = (alloc(shapes[0])?, alloc(shapes[1])?, alloc(shapes[2])?);
+        let tensor_guards: Vec<_> = self.tensors().map(|t| t.storage_and_layout()).collect();
+        let args = self.arg_values(&tensor_guards)?;
+        let mut d_tensors = self.tensor_grad_buffers(&device)?;
+        let io = BackwardIo {
+            q,
+            k,
+            v,
+            o: o_io,
+            lse,
+            d_o: d_o_io,
+            dq: (&mut dq, shapes[0]),
+            dk: (&mut dk, shapes[1]),
+            dv: (&mut dv, shapes[2]),
+            d_tensors: d_tensors.iter_mut().map(Option::as_mut).collect(),
+        };
+        let workspace = self.attention.workspace(&device)?;
+        let opts = BackwardOptions { scale: self.attention.scale(), workspace: Some(&workspace), ..Default::default() };
+        rt.backward(self.attention.spec(), io, &args, &opts).map_err(error::flashgen)?;
+        let wrap = |slice, l: Layout| tensor(slice, &device, (l.batch, l.seq, l.heads, l.dim));
+        let qkv = [wrap(dq, shapes[0])?, wrap(dk, shapes[1])?, wrap(dv, shapes[2])?];
+        Ok(Grads { qkv, tensors: self.tensor_grads(d_tensors, &device)? })
+    }
+
+    fn tensors(&self) -> impl Iterator<Item = &Tensor> {
+        self.args.iter().filter_map(|a| match a {
+            Arg::Tensor(t) => Some(t),
+            _ => None,
+        })
+    }
+
+    /// flashgen's launch values, borrowing the captured tensors' storage.
+    fn arg_values<'g>(
+        &self,
+        guards: &'g [(candle_core::StorageRef<'_>, &candle_core::Layout)],
+    ) -> candle_core::Result<Vec<ArgValue<'g>>> {
+        let spec = self.attention.spec();
+        let scalars = self.args.iter().filter_map(|a| match *a {
+            Arg::I32(v) => Some(Ok(ArgValue::I32(v))),
+            Arg::F32(v) => Some(Ok(ArgValue::F32(v))),
+            Arg::Tensor(_) => None,
+        });
+        let tensors = guards.iter().zip(&spec.tensors).map(|((storage, _), decl)| {
+            let slice = cuda_storage(storage, &decl.name)?;
+            Ok(match &slice.slice {
+                candle_core::cuda_backend::CudaStorageSlice::I32(s) => ArgValue::I32s(s),
+                candle_core::cuda_backend::CudaStorageSlice::F32(s) => ArgValue::F32s(s),
+                candle_core::cuda_backend::CudaStorageSlice::F16(s) => ArgValue::F16s(s),
+                candle_core::cuda_backend::CudaStorageSlice::BF16(s) => ArgValue::Bf16s(s),
+                _ => {
+                    let (operand, got) = (decl.name.clone(), slice.dtype());
+                    return Err(Error::Dtype { operand, got, expected: "i32, f32, f16 or bf16" }.into());
+                }
+            })
+        });
+        let values: candle_core::Result<Vec<_>> = scalars.chain(tensors).collect();
+        let values = values?;
+        if values.len() != spec.params.len() + spec.tensors.len() {
+            let detail = format!("spec `{}` wants its {} params before its tensors", spec.name, spec.params.len());
+            return Err(Error::Args { detail }.into());
+        }
+        Ok(values)
+    }
+
+    /// A zeroed f32 buffer per trained tensor (the kernels add into it).
+    fn tensor_grad_buffers(&self, device: &CudaDevice) -> candle_core::Result<Vec<Option<CudaSlice<f32>>>> {
+        let counts = self.tensors().map(Tensor::elem_count);
+        counts.zip(&self.train).map(|(n, &train)| train.then(|| device.alloc_zeros::<f32>(n)).transpose()).collect()
+    }
+
+    /// The tensor gradients as tensors of their tensors' shapes and dtypes.
+    fn tensor_grads(
+        &self,
+        buffers: Vec<Option<CudaSlice<f32>>>,
+        device: &CudaDevice,
+    ) -> candle_core::Result<Vec<Option<Tensor>>> {
+        let grads = buffers.into_iter().zip(self.tensors()).map(|(buffer, t)| {
+            let Some(buffer) = buffer else { return Ok(None) };
+            let grad = tensor(buffer, device, t.shape().clone())?;
+            Ok(Some(if t.dtype() == DType::F32 { grad } else { grad.to_dtype(t.dtype())? }))
+        });
+        grads.collect()
+    }
+}
+
+/// Checks that `t` is a CUDA tensor on Q's device.
+fn check_device(operand: &str, t: &Tensor, q: &Tensor) -> Result<(), Error> {
+    match (t.device(), q.device()) {
+        (candle_core::Device::Cuda(a), candle_core::Device::Cuda(b)) if a.id() == b.id() => Ok(()),
+        (candle_core::Device::Cuda(_), candle_core::Device::Cuda(_)) => {
+            Err(Error::Devices { operand: operand.to_string() })
+        }
+        (candle_core::Device::Cuda(_), _) => Err(Error::NotCuda { operand: "Q".to_string() }),
+        _ => Err(Error::NotCuda { operand: operand.to_string() }),
+    }
+}
+
+fn cuda_device(t: &Tensor, operand: &str) -> Result<CudaDevice, Error> {
+    match t.device() {
+        candle_core::Device::Cuda(device) => Ok(device.clone()),
+        _ => Err(Error::NotCuda { operand: operand.to_string() }),
+    }
+}
+
+fn cuda_storage<'s>(storage: &'s Storage, operand: &str) -> Result<&'s CudaStorage, Error> {
+    match storage {
+        Storage::Cuda(s) => Ok(s),
+        _ => Err(Error::NotCuda { operand: operand.to_string() }),
+    }
+}
+
+/// Elements in a storage's buffer (a view's tensor may use fewer).
+fn storage_len(storage: &Storage) -> usize {
+    use candle_core::cuda_backend::CudaStorageSlice as S;
+    let Storage::Cuda(storage) = storage else { return 0 };
+    match &storage.slice {
+        S::U8(s) | S::F6E2M3(s) | S::F6E3M2(s) | S::F4(s) | S::F8E8M0(s) => s.len(),
+        S::U32(s) => s.len(),
+        S::I16(s) => s.len(),
+        S::I32(s) => s.len(),
+        S::I64(s) => s.len(),
+        S::BF16(s) => s.len(),
+        S::F16(s) => s.len(),
+        S::F32(s) => s.len(),
+        S::F64(s) => s.len(),
+        S::F8E4M3(s) => s.len(),
+    }
+}
+
+/// The `[batch, seq, heads, dim]` operands behind `guards` as flashgen
+/// reads them: each tensor's whole buffer and the layout addressing it.
+fn operands<'g, T: Element + CudaDType + DeviceRepr, const N: usize>(
+    names: [&str; N],
+    guards: &'g [(candle_core::StorageRef<'_>, &candle_core::Layout); N],
+) -> [candle_core::Result<(&'g dyn flashgen::DeviceInput<T>, Layout)>; N] {
+    let mut i = 0;
+    guards.each_ref().map(|(storage, layout)| {
+        let name = names[i];
+        i += 1;
+        let wrong_dtype =
+            |_| Error::Dtype { operand: name.to_string(), got: storage.dtype(), expected: T::DTYPE.name() };
+        let slice: &dyn flashgen::DeviceInput<T> =
+            cuda_storage(storage, name)?.as_cuda_slice::<T>().map_err(wrong_dtype)?;
+        // Q, K, V and dO were made addressable before; O is compact.
+        let layout = operand_layout(name, layout)?.ok_or_else(|| candle_core::Error::msg("flashgen: layout"))?;
+        Ok((slice, layout))
+    })
+}
+
+/// A compact candle tensor owning `slice`, outside the graph.
+fn tensor<T: CudaDType>(
+    slice: CudaSlice<T>,
+    device: &CudaDevice,
+    shape: impl Into<Shape>,
+) -> candle_core::Result<Tensor> {
+    let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, device.clone()));
+    Ok(Tensor::from_storage(storage, shape, candle_core::op::BackpropOp::none(), false))
+}
