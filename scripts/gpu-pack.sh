@@ -10,9 +10,11 @@ pack=.gpu-pack
 rm -rf "$pack" && mkdir -p "$pack/bin"
 
 # Test binaries: the integration tests that need a GPU (named gpu_*; they are
-# #[ignore]d, so run.sh passes --include-ignored).
-cargo test --release --workspace --no-run --message-format=json 2>/dev/null |
-    python3 -c '
+# #[ignore]d, so run.sh passes --include-ignored), of the workspace cargo
+# runs in.
+copy_gpu_tests() {
+    cargo test --release --no-run --message-format=json "$@" 2>/dev/null |
+        python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
@@ -21,6 +23,20 @@ for line in sys.stdin:
         if kind == "test" and m["target"]["name"].startswith("gpu_"):
             print(m["target"]["name"], m["executable"])
 ' | while read -r name exe; do cp "$exe" "$pack/bin/test-$name"; done
+}
+copy_gpu_tests --workspace
+
+# CANDLE=1: flashgen-candle's GPU tests and examples too (its own workspace,
+# linked against CUDA as candle is; slow to build the first time).
+if [ "${CANDLE:-0}" = 1 ]; then
+    (
+        source scripts/cuda-build-env.sh
+        cd candle
+        pack="../$pack" copy_gpu_tests
+        cargo build --release --examples
+    )
+    cp candle/target/release/examples/candle_{llama_block,train,overhead} "$pack/bin/"
+fi
 
 cargo build --release -p flashgen --example quickstart
 cargo build --release -p flashgen-tools --bins

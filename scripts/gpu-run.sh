@@ -22,6 +22,13 @@ for t in bin/test-*; do
 done
 if bin/quickstart >"$out/quickstart.log" 2>&1; then q=ok; else q=FAILED failed=1; fi
 summary+=("$(printf '%-28s %s' quickstart "$q")")
+# flashgen-candle's examples (packed with CANDLE=1): each checks itself.
+for e in bin/candle_*; do
+    [ -x "$e" ] || continue
+    name=${e#bin/}
+    if "$e" >"$out/$name.log" 2>&1; then status=ok; else status=FAILED failed=1; fi
+    summary+=("$(printf '%-28s %s' "$name" "$status")")
+done
 if [ -x bin/flashgen-bench ] && [ "${SKIP_BENCH:-0}" != 1 ]; then
     bin/flashgen-bench ${BENCH_ARGS:-} >"$out/bench.log" 2>&1 || { summary+=("bench FAILED"); failed=1; }
 fi
@@ -34,6 +41,7 @@ if [ "${PEERS:-0}" = 1 ]; then
 fi
 echo "== $(head -2 "$out/device.txt" | tail -1)"
 printf '%s\n' "${summary[@]}"
+for log in "$out"/candle_*.log; do [ -f "$log" ] && { echo "-- ${log##*/}"; tail -12 "$log"; }; done
 [ -f "$out/bench.log" ] && tail -40 "$out/bench.log"
 if [ -f "$out/compare.md" ]; then echo; cat "$out/compare.md"; fi
 exit "$failed"

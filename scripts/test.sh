@@ -15,6 +15,18 @@ cd "$flashgen_root"
 cargo test --workspace --all-targets
 cargo test --workspace --doc
 flashgen="${CARGO_TARGET_DIR:-target}/debug/flashgen"
+# flashgen-candle, a workspace of its own linked against CUDA as candle is:
+# its CPU tests. Without a toolkit its binaries start against the link stubs
+# (scripts/cuda-build-env.sh), which abort if a test reaches CUDA.
+(
+    source scripts/cuda-build-env.sh
+    if [ -d "${CUDA_ROOT:-}/lib/stubs" ]; then
+        export LD_LIBRARY_PATH="$CUDA_ROOT/lib/stubs:$CUDA_ROOT/lib:${LD_LIBRARY_PATH:-}"
+    fi
+    cd candle
+    cargo test --all-targets
+    cargo test --doc
+)
 # CUDA 12 drivers need CUDA 12's NVRTC: every shipped spec compiles with it too.
 scripts/nvrtc12-check.sh "$flashgen"
 # The trace harness's launch arguments (scripts/trace/harness_args.py) off

@@ -22,3 +22,39 @@ pub(crate) fn ensure_nvrtc() -> Result<(), Error> {
     #[cfg(not(feature = "dynamic-loading"))]
     Ok(())
 }
+
+/// The newest CUDA version the driver supports, e.g. `(13, 0)`.
+pub(crate) fn driver_version() -> Result<(i32, i32), Error> {
+    let mut version = 0;
+    // SAFETY: writes one int; the driver was loaded by the caller's checks.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) }
+        .result()
+        .map_err(|e| Error::driver("reading the driver's CUDA version", e))?;
+    Ok((version / 1000, version % 1000 / 10))
+}
+
+/// NVRTC's CUBINs load on a driver of its CUDA major version or newer (a
+/// newer minor version within one major is fine: minor version
+/// compatibility).
+pub(crate) fn check_nvrtc_fits(nvrtc: (i32, i32), driver: (i32, i32)) -> Result<(), Error> {
+    match nvrtc.0 > driver.0 {
+        true => Err(Error::NvrtcNewerThanDriver { nvrtc, driver }),
+        false => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nvrtc_must_not_be_of_a_newer_major_version_than_the_driver() {
+        assert!(check_nvrtc_fits((12, 9), (13, 0)).is_ok());
+        assert!(check_nvrtc_fits((12, 9), (12, 4)).is_ok(), "minor version compatibility");
+        let err = check_nvrtc_fits((13, 0), (12, 8)).unwrap_err();
+        assert!(matches!(err, Error::NvrtcNewerThanDriver { nvrtc: (13, 0), driver: (12, 8) }));
+        let text = err.to_string();
+        assert!(text.contains("NVRTC 13.0") && text.contains("CUDA 12.8 driver"), "{text}");
+        assert!(text.contains("nvidia-cuda-nvrtc-cu12"), "{text}");
+    }
+}

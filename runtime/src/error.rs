@@ -24,6 +24,12 @@ pub enum Error {
     },
     /// libcuda (the driver) could not be loaded.
     DriverMissing,
+    /// The NVRTC found is of a newer CUDA major version than the driver,
+    /// which cannot load the kernels it compiles.
+    NvrtcNewerThanDriver {
+        nvrtc: (i32, i32),
+        driver: (i32, i32),
+    },
     /// There is no GPU with this ordinal.
     NoDevice {
         ordinal: usize,
@@ -207,6 +213,13 @@ impl fmt::Display for Error {
             Error::DriverMissing => write!(
                 f,
                 "libcuda (the NVIDIA driver) was not found: flashgen needs an NVIDIA GPU with its driver installed"
+            ),
+            Error::NvrtcNewerThanDriver { nvrtc: (nv, nv_minor), driver: (dv, dv_minor) } => write!(
+                f,
+                "NVRTC {nv}.{nv_minor} compiles kernels that the CUDA {dv}.{dv_minor} driver cannot load: \
+                 put NVRTC {dv} first (`pip install nvidia-cuda-nvrtc-cu{dv}`, or a CUDA {dv} toolkit on the \
+                 library path; flashgen built for CUDA {dv}'s bindings, e.g. `cuda-12080`, looks for it first), or update \
+                 the driver"
             ),
             Error::NoDevice { ordinal, count } => {
                 write!(f, "no CUDA device with ordinal {ordinal}: the driver reports {count} device(s)")

@@ -8,10 +8,11 @@
 
 use crate::arch::Arch;
 use crate::choices::Choices;
-use crate::cuda_libs::{driver_present, ensure_nvrtc};
+use crate::cuda_libs::{check_nvrtc_fits, driver_present, driver_version, ensure_nvrtc};
 use crate::disk_cache::{load_or_compile, DiskCache};
 use crate::error::Error;
 use crate::kernels::{LoadedKernel, Which};
+use crate::nvrtc::nvrtc_version;
 use crate::parallel;
 use crate::single_flight::SingleFlight;
 use crate::tma::{tma_from, TMA_ENV};
@@ -327,6 +328,7 @@ impl Device {
         if arch < Arch::MIN {
             return Err(Error::UnsupportedArch { arch, device: name });
         }
+        check_nvrtc_fits(nvrtc_version()?, driver_version()?)?;
         Ok(Device {
             ctx,
             arch,
