@@ -1,5 +1,6 @@
 //! What the candle op costs over a direct flashgen launch on the same
-//! buffers: GPU time per call at 4k tokens, and host time per call.
+//! buffers: time per call to completion and host time per call, medians
+//! of alternating rounds.
 //!
 //! Run on a machine with an NVIDIA GPU: `cargo run --release --example
 //! candle_overhead` in candle/.
@@ -34,6 +35,11 @@ fn per_call(
     Ok((host * 1e3 / calls as f64, total * 1e3 / calls as f64))
 }
 
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dev = Device::new_cuda(0)?;
     let Device::Cuda(cuda) = &dev else { return Err("no CUDA device".into()) };
@@ -53,21 +59,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let [qs, ks, vs] = slices;
         let (qs, ks, vs) = (qs?, ks?, vs?);
         let calls = if seq >= 4096 { 50 } else { 1000 };
-        let direct = per_call(&dev, calls, || {
-            let io = ForwardIo { q: (qs, layout), k: (ks, layout), v: (vs, layout), o: (&mut o, layout), lse: None };
-            rt.forward(Causal::spec(), io, &[] as &[ArgValue], &ForwardOptions::default())
-                .map_err(candle_core::Error::wrap)
-        })?;
+        let mut direct = || {
+            per_call(&dev, calls, || {
+                let io =
+                    ForwardIo { q: (qs, layout), k: (ks, layout), v: (vs, layout), o: (&mut o, layout), lse: None };
+                rt.forward(Causal::spec(), io, &[] as &[ArgValue], &ForwardOptions::default())
+                    .map_err(candle_core::Error::wrap)
+            })
+        };
+        let op = || per_call(&dev, calls, || attention.forward(&q, &k, &v, &[] as &[Arg]).map(drop));
+        // Alternating rounds, so that clocks and the memory pool's state
+        // favour neither; medians of each.
+        let mut samples: [Vec<f64>; 4] = Default::default();
+        for _ in 0..7 {
+            let ((direct_host, direct_ms), (op_host, op_ms)) = (direct()?, op()?);
+            for (sample, value) in samples.iter_mut().zip([direct_host, direct_ms, op_host, op_ms]) {
+                sample.push(value);
+            }
+        }
+        let [direct_host, direct_ms, op_host, op_ms] = samples.map(median);
         drop(guards);
-        let op = per_call(&dev, calls, || attention.forward(&q, &k, &v, &[] as &[Arg]).map(drop))?;
         let name = format!("{batch}×{seq}, {heads} heads");
         println!(
             "{name:<24} {:>9.1} µs {:>9.1} µs {:>9.3} ms {:>9.3} ms  (op ÷ direct {:.3})",
-            direct.0 * 1e3,
-            op.0 * 1e3,
-            direct.1,
-            op.1,
-            op.1 / direct.1
+            direct_host * 1e3,
+            op_host * 1e3,
+            direct_ms,
+            op_ms,
+            op_ms / direct_ms
         );
     }
     Ok(())

@@ -1,7 +1,7 @@
 //! A few training steps of a one-block model whose attention is flashgen's
 //! candle op with ALiBi, whose per-head slopes are trained too: the
 //! gradients of every weight and of the slopes match candle's own attention
-//! by FlashAttention's backward rule, and the loss falls.
+//! by FlashAttention's backward rule, and the loss falls under Adam.
 //!
 //! Run on a machine with an NVIDIA GPU: `cargo run --release --example
 //! candle_train` in candle/.
@@ -67,6 +67,34 @@ impl Model {
     }
 }
 
+/// Adam (β = 0.9, 0.999) with its moments per variable.
+struct Adam {
+    moments: Vec<(Tensor, Tensor)>,
+    steps: i32,
+}
+
+impl Adam {
+    const LR: f64 = 3e-3;
+
+    fn new(vars: &[&Var]) -> candle_core::Result<Adam> {
+        let zeros = |v: &&Var| Ok((v.zeros_like()?, v.zeros_like()?));
+        Ok(Adam { moments: vars.iter().map(zeros).collect::<candle_core::Result<_>>()?, steps: 0 })
+    }
+
+    fn step(&mut self, vars: &[&Var], grads: &candle_core::backprop::GradStore) -> candle_core::Result<()> {
+        self.steps += 1;
+        let (c1, c2) = (1.0 - 0.9f64.powi(self.steps), 1.0 - 0.999f64.powi(self.steps));
+        for (var, (m, v)) in vars.iter().zip(&mut self.moments) {
+            let Some(g) = grads.get(var.as_tensor()) else { continue };
+            *m = ((&*m * 0.9)? + (g * 0.1)?)?;
+            *v = ((&*v * 0.999)? + (g.sqr()? * 0.001)?)?;
+            let update = ((&*m / c1)? / ((&*v / c2)?.sqrt()? + 1e-8)?)?;
+            var.set(&(var.as_tensor() - (update * Self::LR)?)?)?;
+        }
+        Ok(())
+    }
+}
+
 fn loss(out: &Tensor, target: &Tensor) -> candle_core::Result<Tensor> {
     (out.to_dtype(DType::F32)? - target)?.sqr()?.mean_all()
 }
@@ -107,17 +135,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
 
-    // Training: plain SGD with flashgen's attention.
-    let lr = 0.05;
+    // Training with flashgen's attention: Adam, every weight and the slopes.
+    let mut adam = Adam::new(&student.vars())?;
     let mut losses = Vec::new();
     for step in 0..40 {
         let l = loss(&student.forward(&x, &rope, None, DType::BF16)?, &target)?;
-        let grads = l.backward()?;
-        for var in student.vars() {
-            if let Some(g) = grads.get(var.as_tensor()) {
-                var.set(&(var.as_tensor() - (g * lr)?)?)?;
-            }
-        }
+        adam.step(&student.vars(), &l.backward()?)?;
         losses.push(l.to_scalar::<f32>()?);
         if step % 10 == 0 {
             println!("step {step:>2}: loss {:.4}", losses[step]);

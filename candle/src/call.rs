@@ -85,7 +85,6 @@ impl Call {
             let detail = format!("spec `{}` declares {declared} params and tensors; got {}", spec.name, args.len());
             return Err(Error::Args { detail }.into());
         }
-        let trainable = flashgen::codegen::cuda::trainable_tensors(spec);
         let mut train = vec![false; spec.tensors.len()];
         let mut args = args.to_vec();
         for (i, arg) in args.iter_mut().enumerate().skip(spec.params.len()) {
@@ -95,7 +94,7 @@ impl Call {
                 return Err(Error::Args { detail }.into());
             };
             check_device(&spec.tensors[index].name, t, q)?;
-            train[index] = trainable.contains(&index) && t.track_op();
+            train[index] = attention.trainable().contains(&index) && t.track_op();
             let (storage, layout) = t.storage_and_layout();
             let len = storage_len(&storage);
             if !is_compact(layout, len) {

@@ -43,6 +43,8 @@ pub struct Attention {
 
 struct Inner {
     spec: Spec,
+    /// The captured tensors the backward can differentiate, by index.
+    trainable: Vec<usize>,
     scale: Option<f32>,
     /// A runtime on the stream of each candle CUDA device used so far (one
     /// GPU's runtimes share their compiled kernels), with the backward
@@ -65,7 +67,8 @@ impl Attention {
 
     /// The op for `spec` with softmax scale `scale` (`None`: `1 / sqrt(head_dims.qk)`).
     pub fn with_scale(spec: &Spec, scale: Option<f32>) -> Attention {
-        let inner = Inner { spec: spec.clone(), scale, devices: Mutex::default() };
+        let trainable = flashgen::codegen::cuda::trainable_tensors(spec);
+        let inner = Inner { spec: spec.clone(), trainable, scale, devices: Mutex::default() };
         Attention { inner: Arc::new(inner) }
     }
 
@@ -75,6 +78,10 @@ impl Attention {
 
     pub fn scale(&self) -> Option<f32> {
         self.inner.scale
+    }
+
+    fn trainable(&self) -> &[usize] {
+        &self.inner.trainable
     }
 
     /// O for `q`, `k`, `v` and the spec's params and captured tensors
