@@ -45,6 +45,7 @@ impl From<&Tensor> for Arg {
 
 /// Every gradient of one call, from one backward launch: dQ, dK, dV and one
 /// per captured tensor (`None` for those not trained).
+#[derive(Clone)]
 pub(crate) struct Grads {
     pub qkv: [Tensor; 3],
     pub tensors: Vec<Option<Tensor>>,

@@ -10,7 +10,7 @@
 //! gradient in one pass and keeps them in the [`Call`], from which each
 //! `Gather` hands candle its own inputs' share.
 
-use crate::call::{Call, Grads};
+use crate::call::Call;
 use candle_core::cuda_backend::CudaStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Shape, Tensor};
 use std::sync::{Arc, PoisonError};
@@ -57,8 +57,16 @@ pub(crate) fn attend(call: Call, graph: [&Tensor; 3], tensors: &[Tensor]) -> can
     }
 }
 
-/// The gradients of `slots`' inputs from the call's kept gradients.
-fn share(grads: &Grads, slots: &[Slot], inputs: &[&Tensor]) -> candle_core::Result<Vec<Option<Tensor>>> {
+/// The gradients of `slots`' inputs from the call's kept gradients. The op
+/// over Q, K and V runs its backward last in the chain: it takes them, so
+/// they are not kept as long as the graph.
+fn share(call: &Call, slots: &[Slot], inputs: &[&Tensor]) -> candle_core::Result<Vec<Option<Tensor>>> {
+    let mut kept = call.grads.lock().unwrap_or_else(PoisonError::into_inner);
+    let grads = match slots.first() {
+        Some(Slot::Q) => kept.take(),
+        _ => kept.clone(),
+    };
+    let grads = grads.ok_or_else(|| candle_core::Error::msg("flashgen: the backward kept no gradients"))?;
     let grad = |(slot, input): (&Slot, &&Tensor)| -> candle_core::Result<Option<Tensor>> {
         Ok(match *slot {
             Slot::Q => Some(grads.qkv[0].clone()),
@@ -84,9 +92,7 @@ struct Attend {
 impl Attend {
     fn backward(&self, inputs: &[&Tensor], o: &Tensor, d_o: &Tensor) -> candle_core::Result<Vec<Option<Tensor>>> {
         self.call.backward(o, d_o)?;
-        let grads = self.call.grads.lock().unwrap_or_else(PoisonError::into_inner);
-        let grads = grads.as_ref().ok_or_else(|| candle_core::Error::msg("flashgen: backward kept no gradients"))?;
-        share(grads, &self.slots, inputs)
+        share(&self.call, &self.slots, inputs)
     }
 }
 
@@ -213,9 +219,7 @@ impl CustomOp3 for Gather {
         _: &Tensor,
         _: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let grads = self.call.grads.lock().unwrap_or_else(PoisonError::into_inner);
-        let grads = grads.as_ref().ok_or_else(|| candle_core::Error::msg("flashgen: backward kept no gradients"))?;
-        let mut grads = share(grads, &self.slots, &[a, b, c])?.into_iter();
+        let mut grads = share(&self.call, &self.slots, &[a, b, c])?.into_iter();
         Ok((grads.next().flatten(), grads.next().flatten(), grads.next().flatten()))
     }
 }
