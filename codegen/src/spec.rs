@@ -214,7 +214,10 @@ impl Builtin {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnOp {
     Neg,
+    /// Logical not of a bool.
     Not,
+    /// Bitwise complement of an i32, written `!` as in Rust.
+    BitNot,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -232,6 +235,14 @@ pub enum BinOp {
     Ne,
     And,
     Or,
+    BitAnd,
+    BitOr,
+    BitXor,
+    /// `a << n`: shifts by `n`'s low 5 bits, zeros in (Rust's `wrapping_shl`).
+    Shl,
+    /// `a >> n`: shifts by `n`'s low 5 bits, copies of the sign bit in
+    /// (Rust's `wrapping_shr` on i32).
+    Shr,
 }
 
 impl BinOp {
@@ -250,6 +261,11 @@ impl BinOp {
             BinOp::Ne => "!=",
             BinOp::And => "&&",
             BinOp::Or => "||",
+            BinOp::BitAnd => "&",
+            BinOp::BitOr => "|",
+            BinOp::BitXor => "^",
+            BinOp::Shl => "<<",
+            BinOp::Shr => ">>",
         }
     }
 
@@ -259,8 +275,12 @@ impl BinOp {
             BinOp::Or => 1,
             BinOp::And => 2,
             BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge | BinOp::Eq | BinOp::Ne => 3,
-            BinOp::Add | BinOp::Sub => 4,
-            BinOp::Mul | BinOp::Div | BinOp::Rem => 5,
+            BinOp::BitOr => 4,
+            BinOp::BitXor => 5,
+            BinOp::BitAnd => 6,
+            BinOp::Shl | BinOp::Shr => 7,
+            BinOp::Add | BinOp::Sub => 8,
+            BinOp::Mul | BinOp::Div | BinOp::Rem => 9,
         }
     }
 
@@ -271,9 +291,25 @@ impl BinOp {
     pub fn is_logical(self) -> bool {
         matches!(self, BinOp::And | BinOp::Or)
     }
+
+    /// The operators defined on i32 only: `& | ^ << >>`.
+    pub fn is_bitwise(self) -> bool {
+        matches!(self, BinOp::BitAnd | BinOp::BitOr | BinOp::BitXor | BinOp::Shl | BinOp::Shr)
+    }
 }
 
-/// Built-in functions. Numeric ones work on i32 or f32; the rest on f32.
+/// The argument types a [`Func`] takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Domain {
+    /// f32 only (`exp`, `floor`, ...).
+    Float,
+    /// i32 or f32, the result of the arguments' type (`min`, `abs`, ...).
+    Numeric,
+    /// i32 only (`rem_euclid`, `div_euclid`).
+    Int,
+}
+
+/// Built-in functions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Func {
     Min,
@@ -288,10 +324,16 @@ pub enum Func {
     Sigmoid,
     Sqrt,
     Floor,
+    /// `rem_euclid(a, b)`: the remainder of Euclidean division, in
+    /// `0..|b|` (Rust's `wrapping_rem_euclid`); by 0 it is 0.
+    RemEuclid,
+    /// `div_euclid(a, b)`: the quotient with `a = q * b + rem_euclid(a, b)`
+    /// (Rust's `wrapping_div_euclid`); by 0 it is 0.
+    DivEuclid,
 }
 
 impl Func {
-    pub const ALL: [(&'static str, Func); 12] = [
+    pub const ALL: [(&'static str, Func); 14] = [
         ("min", Func::Min),
         ("max", Func::Max),
         ("abs", Func::Abs),
@@ -304,6 +346,8 @@ impl Func {
         ("sigmoid", Func::Sigmoid),
         ("sqrt", Func::Sqrt),
         ("floor", Func::Floor),
+        ("rem_euclid", Func::RemEuclid),
+        ("div_euclid", Func::DivEuclid),
     ];
 
     pub fn name(self) -> &'static str {
@@ -312,15 +356,24 @@ impl Func {
 
     pub fn arity(self) -> usize {
         match self {
-            Func::Min | Func::Max => 2,
+            Func::Min | Func::Max | Func::RemEuclid | Func::DivEuclid => 2,
             Func::Clamp => 3,
             _ => 1,
         }
     }
 
-    /// Whether the function is defined on i32 as well as f32.
-    pub fn is_numeric(self) -> bool {
-        matches!(self, Func::Min | Func::Max | Func::Abs | Func::Clamp)
+    pub fn domain(self) -> Domain {
+        match self {
+            Func::Min | Func::Max | Func::Abs | Func::Clamp => Domain::Numeric,
+            Func::RemEuclid | Func::DivEuclid => Domain::Int,
+            _ => Domain::Float,
+        }
+    }
+
+    /// A float library function worth a register when hoisted (everything
+    /// but the cheap arithmetic of `min`, `floor`, `rem_euclid`, ...).
+    pub fn is_transcendental(self) -> bool {
+        matches!(self, Func::Exp | Func::Exp2 | Func::Log | Func::Log2 | Func::Tanh | Func::Sigmoid | Func::Sqrt)
     }
 }
 

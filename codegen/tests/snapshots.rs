@@ -177,6 +177,27 @@ fn forward_kernels_of_edge_specs() {
     }
 }
 
+/// The i32 operators (`& | ^ << >> !`, `rem_euclid`, `div_euclid`) in
+/// every kernel kind: with their optional library parts, which no named
+/// variant includes.
+#[test]
+fn kernels_of_int_operators() {
+    let source = include_str!("specs/int_operators.attn");
+    let spec = parse_one(source).unwrap_or_else(|e| panic!("{}", e.render("int_operators.attn", source)));
+    insta::assert_snapshot!("int_operators", render(&emit_forward(&spec)));
+    insta::assert_snapshot!("hopper_int_operators", render(&emit_forward_with(&spec, TWO_WARPGROUPS)));
+    insta::assert_snapshot!("bwd_int_operators", render(&emit_backward(&spec, BackwardPass::KeyValue)));
+    let block_mask = flashgen_codegen::cuda::emit_block_mask(&spec).expect("the spec has a mask");
+    insta::assert_snapshot!("block_mask_int_operators", render(&block_mask));
+    for kernel in [emit_forward(&spec), block_mask] {
+        assert!(kernel.source.contains(Part::IntOps.text()), "{}: the scalar helpers", kernel.name);
+        assert!(kernel.source.contains(Part::IntRanges.text()), "{}: its mask's interval rules", kernel.name);
+    }
+    // A named variant includes neither.
+    let causal = emit_forward(&variant("causal")).source;
+    assert!(!causal.contains(Part::IntOps.text()) && !causal.contains(Part::IntRanges.text()));
+}
+
 #[test]
 fn block_mask_kernels_of_data_dependent_masks() {
     // Documents evaluate undecided tiles pair by pair; a declared block

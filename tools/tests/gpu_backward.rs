@@ -19,7 +19,7 @@ use flashgen::codegen::{Dtype, Shape, Spec};
 use flashgen::{BackwardWorkspace, Error, Runtime};
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::{self, DeviceProblem, GpuGradients, OperandLayout};
-use support::{params, runtime, spec, with};
+use support::{language_spec, params, runtime, spec, with};
 
 #[derive(Clone, Copy)]
 struct Case {
@@ -175,6 +175,21 @@ fn every_variant_at_awkward_seqlens() {
         cases.push((spec(variant), Case { tensor_grads: false, ..Case::new((3, 3), (113, 203)) }));
         cases.push((spec(variant), Case { tensor_grads: false, ..Case::new((2, 1), (1024, 1023)) }.deterministic()));
     }
+    run_all(&rt, cases);
+}
+
+/// The i32 operators and Euclidean builtins (`int_operators.attn`): in the
+/// mask, the score and the index of a trainable tensor.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn int_operators() {
+    let rt = runtime();
+    let spec = language_spec("int_operators");
+    let cases = vec![
+        (spec.clone(), Case::new((4, 4), (113, 203))),
+        (spec.clone(), Case { block_mask: true, ..Case::new((4, 2), (1024, 1023)) }),
+        (spec, Case::new((2, 1), (300, 555)).deterministic()),
+    ];
     run_all(&rt, cases);
 }
 

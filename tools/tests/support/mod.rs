@@ -22,7 +22,17 @@ pub fn spec(variant: &str) -> Spec {
     flashgen::parse_one(source).unwrap_or_else(|e| panic!("{}", e.render(variant, source)))
 }
 
-/// Test values for the params of the example specs.
+/// A spec of the language-feature fixtures, `codegen/tests/specs/<name>.attn`.
+#[allow(dead_code)] // the autotuning tests read none
+pub fn language_spec(name: &str) -> Spec {
+    let source = match name {
+        "int_operators" => include_str!("../../../codegen/tests/specs/int_operators.attn"),
+        other => panic!("no language fixture `{other}`"),
+    };
+    flashgen::parse_one(source).unwrap_or_else(|e| panic!("{}", e.render(name, source)))
+}
+
+/// Test values for the params of the example specs and fixtures.
 pub fn params(spec: &Spec) -> Vec<ParamValue> {
     spec.params
         .iter()
@@ -30,6 +40,7 @@ pub fn params(spec: &Spec) -> Vec<ParamValue> {
             "window" => ParamValue::I32(96),
             "prefix" => ParamValue::I32(70),
             "cap" => ParamValue::F32(30.0),
+            "shift" => ParamValue::I32(6),
             other => panic!("no test value for param `{other}`"),
         })
         .collect()

@@ -4,8 +4,9 @@
 //! differs from Rust's, e.g. for `&` vs `==`) never matters and the output
 //! needs no precedence table. Anything C leaves undefined goes through a
 //! prelude helper with Rust's semantics, shared with the CPU reference: i32
-//! arithmetic wraps, `/` and `%` by zero give 0, f32 → i32 saturates, and
-//! tensor indices are clamped into range.
+//! arithmetic wraps, `/` and `%` by zero give 0, shifts take the amount's
+//! low 5 bits, f32 → i32 saturates, and tensor indices are clamped into
+//! range. `& | ^ ~` are C's own (defined on every int).
 //!
 //! Names: the kernel binds the built-ins `b`, `h`, `q`, `k` and `score` to C
 //! locals of the same name; `q_len`/`kv_len`, params and tensors are kernel
@@ -39,6 +40,7 @@ pub(crate) fn c_expr_in(spec: &Spec, e: &Expr, hoisted: &dyn Fn(&Expr) -> Option
         ExprKind::Unary(UnOp::Neg, a) if a.ty == Ty::I32 => format!("neg_i32({})", c(a)),
         ExprKind::Unary(UnOp::Neg, a) => format!("(-{})", c(a)),
         ExprKind::Unary(UnOp::Not, a) => format!("(!{})", c(a)),
+        ExprKind::Unary(UnOp::BitNot, a) => format!("(~{})", c(a)),
         ExprKind::Binary(op, a, b) => {
             let (x, y) = (c(a), c(b));
             match (op, a.ty) {
@@ -47,6 +49,8 @@ pub(crate) fn c_expr_in(spec: &Spec, e: &Expr, hoisted: &dyn Fn(&Expr) -> Option
                 (BinOp::Mul, Ty::I32) => format!("mul_i32({x}, {y})"),
                 (BinOp::Div, Ty::I32) => format!("div_i32({x}, {y})"),
                 (BinOp::Rem, Ty::I32) => format!("rem_i32({x}, {y})"),
+                (BinOp::Shl, _) => format!("shl_i32({x}, {y})"),
+                (BinOp::Shr, _) => format!("shr_i32({x}, {y})"),
                 (BinOp::Div, _) => format!("div_f32({x}, {y})"),
                 (BinOp::Rem, _) => format!("fmodf({x}, {y})"),
                 _ => format!("({x} {} {y})", op.symbol()),
@@ -133,6 +137,8 @@ fn func_name(func: Func, ty: Ty) -> &'static str {
         Func::Sigmoid => "sigmoid",
         Func::Sqrt => "sqrtf",
         Func::Floor => "floorf",
+        Func::RemEuclid => "rem_euclid_i32",
+        Func::DivEuclid => "div_euclid_i32",
     }
 }
 
@@ -211,6 +217,14 @@ mod tests {
             "(add_i32(div_i32(q, p_n), mul_i32(rem_i32(q, p_n), neg_i32(k))) > 0)"
         );
         assert_eq!(score("score: score % 2.5"), "fmodf(score, 2.5f)");
+    }
+
+    #[test]
+    fn bit_operators_are_cs_and_shifts_and_euclid_helpers() {
+        assert_eq!(
+            mask("param n: i32, mask: (q & k | q ^ !k) << n >> 2 == rem_euclid(q, n) + div_euclid(k, 8)"),
+            "(shr_i32(shl_i32(((q & k) | (q ^ (~k))), p_n), 2) == add_i32(rem_euclid_i32(q, p_n), div_euclid_i32(k, 8)))"
+        );
     }
 
     #[test]
