@@ -283,7 +283,8 @@ fn declaration_errors() {
         &with_line3("", "tensor t: f32[N]"),
         3,
         19,
-        "unknown dimension `N`: expected `B`, `H`, `H_KV`, `Q_LEN`, `KV_LEN` or an integer",
+        "unknown dimension `N`: expected `B`, `H`, `H_KV`, `Q_LEN`, `KV_LEN`, a positive integer, or `+ - *` of them \
+         and `/` by a positive integer (e.g. `2 * KV_LEN - 1`)",
     );
     assert_error(&with_line3("", "tensor t: f32[0]"), 3, 19, "a constant dimension must be a positive integer");
     assert_error(

@@ -41,13 +41,14 @@ fn every_shipped_spec_compiles_for_sm80_and_sm90() {
     compile_all(specs.iter().flat_map(every_kernel).collect());
 }
 
-/// The language's features no shipped spec uses (the i32 bit operators and
-/// Euclidean builtins), in every kernel, like a shipped spec's.
+/// The language's features no shipped spec uses (the i32 bit operators,
+/// Euclidean builtins, dimension expressions), in every kernel, like a
+/// shipped spec's.
 #[test]
 fn language_feature_specs_compile_for_sm80_and_sm90() {
     require_nvrtc();
-    let source = include_str!("../../codegen/tests/specs/int_operators.attn");
-    let specs = parse_str(source).unwrap_or_else(|e| panic!("{}", e.render("int_operators.attn", source)));
+    let source = include_str!("../../codegen/tests/specs/language.attn");
+    let specs = parse_str(source).unwrap_or_else(|e| panic!("{}", e.render("language.attn", source)));
     compile_all(specs.iter().flat_map(every_kernel).collect());
 }
 

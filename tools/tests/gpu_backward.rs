@@ -178,13 +178,14 @@ fn every_variant_at_awkward_seqlens() {
     run_all(&rt, cases);
 }
 
-/// The i32 operators and Euclidean builtins (`int_operators.attn`): in the
-/// mask, the score and the index of a trainable tensor.
+/// The i32 operators, Euclidean builtins and dimension expressions
+/// (`language.attn`): in the mask, the score and the index of a trainable
+/// tensor sized by an expression.
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
-fn int_operators() {
+fn language_features() {
     let rt = runtime();
-    let spec = language_spec("int_operators");
+    let spec = language_spec();
     let cases = vec![
         (spec.clone(), Case::new((4, 4), (113, 203))),
         (spec.clone(), Case { block_mask: true, ..Case::new((4, 2), (1024, 1023)) }),

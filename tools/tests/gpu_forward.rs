@@ -113,15 +113,16 @@ fn persistent_ctas_walk_many_items() {
     run_all(&rt.with_tma(false), cases());
 }
 
-/// The i32 operators and Euclidean builtins (`int_operators.attn`) in every
-/// candidate configuration of the GPU, with and without a block mask: the
-/// kernels' helpers and interval rules against the reference's.
+/// The i32 operators, Euclidean builtins and dimension expressions
+/// (`language.attn`) in every candidate configuration of the GPU, with and
+/// without a block mask: the kernels' helpers and interval rules against
+/// the reference's.
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
-fn int_operators_in_every_configuration() {
+fn language_features_in_every_configuration() {
     use flashgen::runtime::tile_choice;
     let rt = runtime();
-    let spec = language_spec("int_operators");
+    let spec = language_spec();
     let mut table = Table::default();
     for (heads, seqs) in [((4, 4), (113, 203)), ((4, 2), (1024, 1023)), ((2, 1), (300, 2100))] {
         let case = Case::new(heads, seqs);

@@ -181,6 +181,7 @@ impl<'a> Env<'a> {
                         )))
                     }
                 };
+                decl.check_dims(shape).map_err(|e| ReferenceError::Shape(e.to_string()))?;
                 let dims: Vec<usize> = decl.dims.iter().map(|d| d.resolve(shape)).collect();
                 check_len(&decl.name, found, &dims)?;
                 Ok(Tensor { dims, data })

@@ -22,14 +22,12 @@ pub fn spec(variant: &str) -> Spec {
     flashgen::parse_one(source).unwrap_or_else(|e| panic!("{}", e.render(variant, source)))
 }
 
-/// A spec of the language-feature fixtures, `codegen/tests/specs/<name>.attn`.
+/// The fixture of the language's later additions (bit operators, Euclidean
+/// builtins, dimension expressions), `codegen/tests/specs/language.attn`.
 #[allow(dead_code)] // the autotuning tests read none
-pub fn language_spec(name: &str) -> Spec {
-    let source = match name {
-        "int_operators" => include_str!("../../../codegen/tests/specs/int_operators.attn"),
-        other => panic!("no language fixture `{other}`"),
-    };
-    flashgen::parse_one(source).unwrap_or_else(|e| panic!("{}", e.render(name, source)))
+pub fn language_spec() -> Spec {
+    let source = include_str!("../../../codegen/tests/specs/language.attn");
+    flashgen::parse_one(source).unwrap_or_else(|e| panic!("{}", e.render("language.attn", source)))
 }
 
 /// Test values for the params of the example specs and fixtures.

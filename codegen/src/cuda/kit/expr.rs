@@ -90,8 +90,8 @@ pub(crate) fn load_offset(
     hoisted: &dyn Fn(&Expr) -> Option<String>,
 ) -> String {
     let mut offset = String::new();
-    for (index, &dim) in indices.iter().zip(&spec.tensors[slot].dims) {
-        let wide = matches!(dim, Dim::Const(n) if n > i32::MAX as u32);
+    for (index, dim) in indices.iter().zip(&spec.tensors[slot].dims) {
+        let wide = matches!(dim, Dim::Const(n) if *n > i32::MAX as u32);
         let (dim, clip) = (dim_value(spec, dim), if wide { "clip_wide" } else { "clip" });
         let clipped = format!("{clip}({}, {dim})", c_expr_in(spec, index, hoisted));
         // The first index widens the sum: every later term is 64-bit.
@@ -104,10 +104,13 @@ pub(crate) fn load_offset(
     offset
 }
 
-/// A tensor dimension as a C value: a size argument or a constant.
-fn dim_value(spec: &Spec, dim: Dim) -> String {
+/// A tensor dimension as a C value: a size argument, a constant, or an
+/// expression of them in plain int arithmetic (the launch checked that every
+/// value along the way fits, `TensorDecl::check_dims`).
+fn dim_value(spec: &Spec, dim: &Dim) -> String {
     let kind = match dim {
         Dim::Const(n) => return n.to_string(),
+        Dim::Op(op, a, b) => return format!("({} {} {})", dim_value(spec, a), op.symbol(), dim_value(spec, b)),
         Dim::Batch => ArgKind::Batch,
         Dim::Heads => ArgKind::Heads,
         Dim::HeadsKv => ArgKind::HeadsKv,
@@ -255,6 +258,11 @@ mod tests {
             "f16::to_f32(t_t[(((long long)clip(b, batch) * heads_kv + clip(h, heads_kv)) * q_len + clip(q, q_len))])"
         );
         assert_eq!(score("tensor t: bf16[KV_LEN], score: t[k]"), "bf16::to_f32(t_t[clip(k, kv_len)])");
+        // Dimension expressions print as int arithmetic (checked at launch).
+        assert_eq!(
+            score("tensor rel: f32[2 * KV_LEN - 1], score: score + rel[k - q + kv_len - 1]"),
+            "(score + t_rel[clip(sub_i32(add_i32(sub_i32(k, q), kv_len), 1), ((2 * kv_len) - 1))])"
+        );
         // Constant dimensions past i32::MAX clip in 64 bits.
         assert_eq!(score("tensor t: f32[4000000000], score: score + t[k]"), "(score + t_t[clip_wide(k, 4000000000)])");
     }
