@@ -53,7 +53,7 @@ pub fn classify(
     }
     let Some(mask) = &spec.mask else { return TileClass::Full };
     let len = |n: usize| i32::try_from(n).ok();
-    let tile = Tile { b, h, q, k, q_len: len(shape.q_len), kv_len: len(shape.kv_len), params };
+    let tile = Tile { b: (b, b), h: (h, h), q, k, q_len: len(shape.q_len), kv_len: len(shape.kv_len), params };
     let r = lower(mask).eval(&tile);
     // A bool-typed expression stays within [0, 1].
     match (r.lo, r.hi) {
@@ -61,6 +61,26 @@ pub fn classify(
         (1, _) => TileClass::Full,
         _ => TileClass::Partial,
     }
+}
+
+/// Batches, heads, queries and keys of a launch (inclusive ranges).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    pub b: (i32, i32),
+    pub h: (i32, i32),
+    pub q: (i32, i32),
+    pub k: (i32, i32),
+}
+
+/// Bounds on the values the i32 expression `e` takes over `region` of a
+/// launch of `shape`, params unknown: sound as [`classify`] is, so a
+/// bound of i32's own means none could be proven.
+pub fn int_range(e: &Expr, shape: &Shape, region: Region) -> (i64, i64) {
+    let len = |n: usize| i32::try_from(n).ok();
+    let Region { b, h, q, k } = region;
+    let tile = Tile { b, h, q, k, q_len: len(shape.q_len), kv_len: len(shape.kv_len), params: &[] };
+    let r = lower(e).eval(&tile);
+    (r.lo, r.hi)
 }
 
 /// Whether `mask` is constant over every aligned `block_m` × `block_n` tile:
@@ -266,10 +286,12 @@ fn bit_fill(v: i64) -> i64 {
     (1i64 << (64 - v.leading_zeros())) - 1
 }
 
-/// The known values of one tile (None: a size that does not fit i32).
+/// The known values of one tile (None: a size that does not fit i32). A
+/// kernel's tile has one batch and head; a region of [`int_range`] spans
+/// several.
 struct Tile<'a> {
-    b: i32,
-    h: i32,
+    b: (i32, i32),
+    h: (i32, i32),
     q: (i32, i32),
     k: (i32, i32),
     q_len: Option<i32>,
@@ -482,8 +504,8 @@ impl RangeExpr {
         match self {
             RangeExpr::Point(known) => match *known {
                 Known::Int(v) => point(Some(v)),
-                Known::B => point(Some(tile.b)),
-                Known::H => point(Some(tile.h)),
+                Known::B => Range { lo: tile.b.0.into(), hi: tile.b.1.into() },
+                Known::H => Range { lo: tile.h.0.into(), hi: tile.h.1.into() },
                 Known::QLen => point(tile.q_len),
                 Known::KvLen => point(tile.kv_len),
                 Known::Param(i) => match tile.params.get(i) {
