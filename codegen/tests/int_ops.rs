@@ -138,6 +138,11 @@ fn type_errors_name_the_operator_and_the_operand() {
     }
     // The mask of a bitwise expression is i32, not bool.
     assert_eq!(line3_error("mask: q & k"), (3, 11, "the mask must be bool, found i32".to_string()));
+    // C's `~` is not Rust's.
+    assert_eq!(
+        line3_error("mask: ~q & 1 == 0"),
+        (3, 11, "`~` is not an operator here: bitwise not is `!` on i32, as in Rust".to_string())
+    );
     // Compound assignments are not operators of the language.
     assert_eq!(
         line3_error("mask: q <<= k").2,

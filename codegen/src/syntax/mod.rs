@@ -24,7 +24,7 @@ mod print;
 
 use crate::error::{err, SpecError};
 use crate::spec::{Dtype, ElemTy, HeadDims, Param, Spec, TensorDecl, Ty, MAX_HEAD_DIM};
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Span, TokenStream, TokenTree};
 use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
 use syn::{braced, bracketed, Attribute, Ident, LitInt, Token};
@@ -41,6 +41,7 @@ pub fn parse_str(source: &str) -> Result<Vec<Spec>, SpecError> {
 
 /// Parses and checks every spec in a token stream (the body of `attention!`).
 pub fn parse_tokens(tokens: TokenStream) -> Result<Vec<Spec>, SpecError> {
+    reject_tilde(tokens.clone())?;
     let file: SpecFile = syn::parse2(tokens)?;
     let mut specs: Vec<Spec> = Vec::new();
     for ast in file.0 {
@@ -53,6 +54,21 @@ pub fn parse_tokens(tokens: TokenStream) -> Result<Vec<Spec>, SpecError> {
         return err(Span::call_site(), "expected at least one spec: `Name { dtype: bf16, head_dim: 128, ... }`");
     }
     Ok(specs)
+}
+
+/// C's `~` is no Rust operator (syn would only say "expected an
+/// expression"): point C users at `!`.
+fn reject_tilde(tokens: TokenStream) -> Result<(), SpecError> {
+    for tree in tokens {
+        match tree {
+            TokenTree::Punct(p) if p.as_char() == '~' => {
+                return err(p.span(), "`~` is not an operator here: bitwise not is `!` on i32, as in Rust")
+            }
+            TokenTree::Group(g) => reject_tilde(g.stream())?,
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Parses a source holding exactly one spec.
