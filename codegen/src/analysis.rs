@@ -1,5 +1,6 @@
 //! Block sparsity by analysis: classifies a spec's mask over a tile of
-//! (query, key) pairs as empty, full or partial, by interval arithmetic.
+//! (query, key) pairs as empty, full or partial, by interval arithmetic
+//! (and bounds any i32 expression over a whole launch: [`int_range`]).
 //!
 //! Every i32 value is over-approximated by an inclusive interval `[lo, hi]`
 //! and every bool by a sub-interval of `[0, 1]` (`[1, 1]`: always true,
@@ -52,9 +53,7 @@ pub fn classify(
         return TileClass::Empty;
     }
     let Some(mask) = &spec.mask else { return TileClass::Full };
-    let len = |n: usize| i32::try_from(n).ok();
-    let tile = Tile { b: (b, b), h: (h, h), q, k, q_len: len(shape.q_len), kv_len: len(shape.kv_len), params };
-    let r = lower(mask).eval(&tile);
+    let r = lower(mask).eval(&Tile::new(shape, params, Region { b: (b, b), h: (h, h), q, k }));
     // A bool-typed expression stays within [0, 1].
     match (r.lo, r.hi) {
         (_, 0) => TileClass::Empty,
@@ -76,10 +75,7 @@ pub struct Region {
 /// launch of `shape`, params unknown: sound as [`classify`] is, so a
 /// bound of i32's own means none could be proven.
 pub fn int_range(e: &Expr, shape: &Shape, region: Region) -> (i64, i64) {
-    let len = |n: usize| i32::try_from(n).ok();
-    let Region { b, h, q, k } = region;
-    let tile = Tile { b, h, q, k, q_len: len(shape.q_len), kv_len: len(shape.kv_len), params: &[] };
-    let r = lower(e).eval(&tile);
+    let r = lower(e).eval(&Tile::new(shape, &[], region));
     (r.lo, r.hi)
 }
 
@@ -297,6 +293,14 @@ struct Tile<'a> {
     q_len: Option<i32>,
     kv_len: Option<i32>,
     params: &'a [ParamValue],
+}
+
+impl<'a> Tile<'a> {
+    fn new(shape: &Shape, params: &'a [ParamValue], region: Region) -> Self {
+        let len = |n: usize| i32::try_from(n).ok();
+        let Region { b, h, q, k } = region;
+        Tile { b, h, q, k, q_len: len(shape.q_len), kv_len: len(shape.kv_len), params }
+    }
 }
 
 /// A unary interval operation.
