@@ -135,3 +135,81 @@ fn the_reference_checks_dimensions_before_lengths() {
     let data = [TensorData::Float(vec![0.0; 599])];
     Env::new(&spec, &SHAPE, &[ParamValue::I32(0)], &data, Arith::F64).unwrap();
 }
+
+/// A dimension expression drawn by the proptest below, printed fully
+/// parenthesized and evaluated independently of the crate.
+#[derive(Clone, Debug)]
+enum Drawn {
+    Symbol(&'static str),
+    Const(i64),
+    Op(char, Box<Drawn>, Box<Drawn>),
+}
+
+impl Drawn {
+    fn text(&self) -> String {
+        match self {
+            Drawn::Symbol(s) => s.to_string(),
+            Drawn::Const(c) => c.to_string(),
+            Drawn::Op(op, a, b) => format!("({} {op} {})", a.text(), b.text()),
+        }
+    }
+
+    /// The value at `shape` in i128, each step checked against i32 as the
+    /// kernels need (constants only: folded, any size until the end).
+    fn value(&self, shape: &Shape) -> Option<i128> {
+        let v = match self {
+            Drawn::Symbol(s) => {
+                let d = Dim::SYMBOLS.iter().find(|(n, _)| n == s).unwrap().1.clone();
+                i128::from(d.value(shape)?)
+            }
+            Drawn::Const(c) => i128::from(*c),
+            Drawn::Op(op, a, b) => {
+                let (a, b) = (a.value(shape)?, b.value(shape)?);
+                match op {
+                    '+' => a + b,
+                    '-' => a - b,
+                    '*' => a * b,
+                    _ => a / b,
+                }
+            }
+        };
+        i32::try_from(v).is_ok().then_some(v)
+    }
+}
+
+fn drawn() -> impl proptest::strategy::Strategy<Value = Drawn> {
+    use proptest::prelude::*;
+    let leaf = prop_oneof![
+        prop::sample::select(vec!["B", "H", "H_KV", "Q_LEN", "KV_LEN"]).prop_map(Drawn::Symbol),
+        (0i64..100).prop_map(Drawn::Const),
+    ];
+    leaf.prop_recursive(4, 16, 2, |inner| {
+        prop_oneof![
+            (prop::sample::select(vec!['+', '-', '*']), inner.clone(), inner.clone()).prop_map(|(op, a, b)| Drawn::Op(
+                op,
+                Box::new(a),
+                Box::new(b)
+            )),
+            (inner, 1i64..9).prop_map(|(a, c)| Drawn::Op('/', Box::new(a), Box::new(Drawn::Const(c)))),
+        ]
+    })
+}
+
+proptest::proptest! {
+    /// Any expression parses or fails with an error (never a panic); one
+    /// that parses prints back to itself and has the drawn value where
+    /// every step fits i32.
+    #[test]
+    fn drawn_dimensions_round_trip_and_evaluate(d in drawn()) {
+        let source = format!("T {{ dtype: bf16, head_dim: 64, tensor t: f32[{}] }}", d.text());
+        let Ok(spec) = parse_one(&source) else { return Ok(()) };
+        let back = parse_one(&to_source(&spec)).unwrap();
+        proptest::prop_assert_eq!(&back, &spec);
+        for shape in [SHAPE, Shape { batch: 1, heads: 1, heads_kv: 1, q_len: 1, kv_len: 70_000 }] {
+            let got = spec.tensors[0].dims[0].value(&shape);
+            if let Some(want) = d.value(&shape) {
+                proptest::prop_assert_eq!(got.map(i128::from), Some(want), "{}", d.text());
+            }
+        }
+    }
+}
