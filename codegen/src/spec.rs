@@ -276,9 +276,10 @@ impl TensorDecl {
         Ok(())
     }
 
-    /// Number of elements the tensor must hold for `shape`.
+    /// Number of elements the tensor must hold for `shape`, saturating: a
+    /// shape whose count overflows needs more than any buffer holds.
     pub fn len(&self, shape: &Shape) -> usize {
-        self.dims.iter().map(|d| d.resolve(shape)).product()
+        self.dims.iter().fold(1usize, |n, d| n.saturating_mul(d.resolve(shape)))
     }
 
     pub fn is_empty(&self, shape: &Shape) -> bool {

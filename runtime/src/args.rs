@@ -100,9 +100,7 @@ pub(crate) fn check_args(spec: &Spec, shape: &Shape, args: &[ArgInfo]) -> Result
         match arg {
             ArgInfo::Tensor(elem, len) if elem == tensor.elem => {
                 tensor.check_dims(shape).map_err(Error::TensorDim)?;
-                // Saturating, unlike `TensorDecl::len`: an overflowing shape
-                // needs more elements than any buffer holds.
-                let needed = tensor.dims.iter().fold(1usize, |n, d| n.saturating_mul(d.resolve(shape)));
+                let needed = tensor.len(shape);
                 if len < needed {
                     return Err(Error::TensorTooSmall { name: tensor.name.clone(), len, needed });
                 }
