@@ -21,6 +21,33 @@ attention! {
         param cap: f32,
         score: cap * tanh(score / cap),
     }
+
+    BitPacked {
+        dtype: bf16, head_dim: 64,
+        tensor bits: i32[H, 64],
+        mask: bits[h][q >> 5] >> (k & 31) & 1 == 1 && rem_euclid(k - q, 3) != 0 || !q & 1 == 0 | 0,
+        score: score + (div_euclid(q ^ k, 4) | 1 << 2) as f32,
+    }
+}
+
+/// [`BitPacked`] as `.attn` text: the macro's tokens and a string's parse
+/// alike (`&`/`|` next to `&&`/`||`, shifts, `!` on i32).
+const BIT_PACKED: &str = "BitPacked {
+    dtype: bf16, head_dim: 64,
+    tensor bits: i32[H, 64],
+    mask: bits[h][q >> 5] >> (k & 31) & 1 == 1 && rem_euclid(k - q, 3) != 0 || !q & 1 == 0 | 0,
+    score: score + (div_euclid(q ^ k, 4) | 1 << 2) as f32,
+}";
+
+#[test]
+fn bit_operators_mean_the_same_in_the_macro_and_in_text() {
+    assert_eq!(BitPacked::spec(), &flashgen::parse_one(BIT_PACKED).unwrap());
+    assert!(
+        BitPacked::SOURCE
+            .contains("mask: bits[h][q >> 5] >> (k & 31) & 1 == 1 && rem_euclid(k - q, 3) != 0 || !q & 1 == 0 | 0,"),
+        "{}",
+        BitPacked::SOURCE
+    );
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Block sparsity by analysis: classifies a spec's mask over a tile of
-//! (query, key) pairs as empty, full or partial, by interval arithmetic.
+//! (query, key) pairs as empty, full or partial, by interval arithmetic
+//! (and bounds any i32 expression over a whole launch: [`int_range`]).
 //!
 //! Every i32 value is over-approximated by an inclusive interval `[lo, hi]`
 //! and every bool by a sub-interval of `[0, 1]` (`[1, 1]`: always true,
@@ -52,15 +53,30 @@ pub fn classify(
         return TileClass::Empty;
     }
     let Some(mask) = &spec.mask else { return TileClass::Full };
-    let len = |n: usize| i32::try_from(n).ok();
-    let tile = Tile { b, h, q, k, q_len: len(shape.q_len), kv_len: len(shape.kv_len), params };
-    let r = lower(mask).eval(&tile);
+    let r = lower(mask).eval(&Tile::new(shape, params, Region { b: (b, b), h: (h, h), q, k }));
     // A bool-typed expression stays within [0, 1].
     match (r.lo, r.hi) {
         (_, 0) => TileClass::Empty,
         (1, _) => TileClass::Full,
         _ => TileClass::Partial,
     }
+}
+
+/// Batches, heads, queries and keys of a launch (inclusive ranges).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Region {
+    pub b: (i32, i32),
+    pub h: (i32, i32),
+    pub q: (i32, i32),
+    pub k: (i32, i32),
+}
+
+/// Bounds on the values the i32 expression `e` takes over `region` of a
+/// launch of `shape`, params unknown: sound as [`classify`] is, so a
+/// bound of i32's own means none could be proven.
+pub fn int_range(e: &Expr, shape: &Shape, region: Region) -> (i64, i64) {
+    let r = lower(e).eval(&Tile::new(shape, &[], region));
+    (r.lo, r.hi)
 }
 
 /// Whether `mask` is constant over every aligned `block_m` × `block_n` tile:
@@ -140,6 +156,13 @@ impl Range {
             }
             RangeBinOp::Div => div(a, b),
             RangeBinOp::Rem => rem(a, b),
+            RangeBinOp::DivEuclid => div_euclid(a, b),
+            RangeBinOp::RemEuclid => rem_euclid(a, b),
+            RangeBinOp::Shl => shl(a, b),
+            RangeBinOp::Shr => shr(a, b),
+            RangeBinOp::BitAnd => bit_and(a, b),
+            RangeBinOp::BitOr => bit_or(a, b),
+            RangeBinOp::BitXor => bit_xor(a, b),
             RangeBinOp::Min => Range { lo: a.lo.min(b.lo), hi: a.hi.min(b.hi) },
             RangeBinOp::Max => Range { lo: a.lo.max(b.lo), hi: a.hi.max(b.hi) },
             RangeBinOp::Lt => Range::from_bool(a.hi < b.lo, a.lo < b.hi),
@@ -182,15 +205,102 @@ fn rem(a: Range, d: Range) -> Range {
     Range { lo: a.lo.min(0).max(1 - m), hi: a.hi.max(0).min(m - 1) }
 }
 
-/// The known values of one tile (None: a size that does not fit i32).
+/// Euclidean division: by a positive constant it is floor division,
+/// monotone; otherwise `|q| <= |x|` as for `/` (x = q·y + r with
+/// 0 <= r < |y| gives |q| <= (|x| + |y| − 1) / |y|), and `i32::MIN` by −1
+/// wraps, which the bound 2^31 widens to everything.
+fn div_euclid(a: Range, d: Range) -> Range {
+    if d.lo == d.hi && d.lo > 0 {
+        return Range { lo: a.lo.div_euclid(d.lo), hi: a.hi.div_euclid(d.lo) };
+    }
+    div(a, INT)
+}
+
+/// The Euclidean remainder lies in [0, |y| − 1] (0 by 0), and for x >= 0
+/// at most x. By a positive constant, over one quotient, it is monotone.
+fn rem_euclid(a: Range, d: Range) -> Range {
+    if d.lo == d.hi && d.lo > 0 && a.lo.div_euclid(d.lo) == a.hi.div_euclid(d.lo) {
+        return Range { lo: a.lo.rem_euclid(d.lo), hi: a.hi.rem_euclid(d.lo) };
+    }
+    let m = d.lo.abs().max(d.hi.abs()).max(1);
+    Range { lo: 0, hi: if a.lo >= 0 { a.hi.min(m - 1) } else { m - 1 } }
+}
+
+/// By a constant amount (low 5 bits: c), `x << c` is x·2^c, exact unless a
+/// bound leaves i32; otherwise anything.
+fn shl(a: Range, n: Range) -> Range {
+    if n.lo != n.hi {
+        return INT;
+    }
+    let scale = 1i64 << (n.lo & 31);
+    Range::norm(a.lo * scale, a.hi * scale)
+}
+
+/// `x >> c` is ⌊x / 2^c⌋: monotone for a constant c, and for any c between
+/// 0 and x (−1 and x for negative x).
+fn shr(a: Range, n: Range) -> Range {
+    if n.lo == n.hi {
+        let c = n.lo & 31;
+        return Range { lo: a.lo >> c, hi: a.hi >> c };
+    }
+    Range { lo: a.lo.min(0), hi: a.hi.max(0) }
+}
+
+/// An and only clears bits: with a non-negative operand it lies in
+/// [0, that operand]; of two negative ones it is at most either; in any
+/// case at most the larger operand.
+fn bit_and(a: Range, b: Range) -> Range {
+    let hi = match (a.lo >= 0, b.lo >= 0) {
+        (true, true) => a.hi.min(b.hi),
+        (true, false) => a.hi,
+        (false, true) => b.hi,
+        (false, false) if a.hi < 0 && b.hi < 0 => a.hi.min(b.hi),
+        (false, false) => a.hi.max(b.hi),
+    };
+    Range { lo: if a.lo >= 0 || b.lo >= 0 { 0 } else { INT.lo }, hi }
+}
+
+/// Of non-negative operands, an or is at least either and has no more bits
+/// than the wider; anything otherwise.
+fn bit_or(a: Range, b: Range) -> Range {
+    if a.lo < 0 || b.lo < 0 {
+        return INT;
+    }
+    Range { lo: a.lo.max(b.lo), hi: bit_fill(a.hi.max(b.hi)) }
+}
+
+/// Of non-negative operands, an xor has no more bits than the wider.
+fn bit_xor(a: Range, b: Range) -> Range {
+    if a.lo < 0 || b.lo < 0 {
+        return INT;
+    }
+    Range { lo: 0, hi: bit_fill(a.hi.max(b.hi)) }
+}
+
+/// The largest value of `v`'s bit length, 2^k − 1 (v >= 0).
+fn bit_fill(v: i64) -> i64 {
+    (1i64 << (64 - v.leading_zeros())) - 1
+}
+
+/// The known values of one tile (None: a size that does not fit i32). A
+/// kernel's tile has one batch and head; a region of [`int_range`] spans
+/// several.
 struct Tile<'a> {
-    b: i32,
-    h: i32,
+    b: (i32, i32),
+    h: (i32, i32),
     q: (i32, i32),
     k: (i32, i32),
     q_len: Option<i32>,
     kv_len: Option<i32>,
     params: &'a [ParamValue],
+}
+
+impl<'a> Tile<'a> {
+    fn new(shape: &Shape, params: &'a [ParamValue], region: Region) -> Self {
+        let len = |n: usize| i32::try_from(n).ok();
+        let Region { b, h, q, k } = region;
+        Tile { b, h, q, k, q_len: len(shape.q_len), kv_len: len(shape.kv_len), params }
+    }
 }
 
 /// A unary interval operation.
@@ -211,6 +321,13 @@ pub(crate) enum RangeBinOp {
     Mul,
     Div,
     Rem,
+    DivEuclid,
+    RemEuclid,
+    Shl,
+    Shr,
+    BitAnd,
+    BitOr,
+    BitXor,
     Min,
     Max,
     Lt,
@@ -244,6 +361,13 @@ impl RangeBinOp {
             RangeBinOp::Mul => "r_mul",
             RangeBinOp::Div => "r_div",
             RangeBinOp::Rem => "r_rem",
+            RangeBinOp::DivEuclid => "r_div_euclid",
+            RangeBinOp::RemEuclid => "r_rem_euclid",
+            RangeBinOp::Shl => "r_shl",
+            RangeBinOp::Shr => "r_shr",
+            RangeBinOp::BitAnd => "r_bit_and",
+            RangeBinOp::BitOr => "r_bit_or",
+            RangeBinOp::BitXor => "r_bit_xor",
             RangeBinOp::Min => "r_min",
             RangeBinOp::Max => "r_max",
             RangeBinOp::Lt => "r_lt",
@@ -333,6 +457,10 @@ pub(crate) fn lower_with(e: &Expr, bounded: &dyn Fn(&Expr) -> Option<usize>) -> 
         ExprKind::Param(i) if e.ty == Ty::I32 => R::Point(Known::Param(*i)),
         ExprKind::Unary(UnOp::Neg, a) => un(RangeUnOp::Neg, a),
         ExprKind::Unary(UnOp::Not, a) => un(RangeUnOp::Not, a),
+        // !x = −1 − x exactly, and never wraps.
+        ExprKind::Unary(UnOp::BitNot, a) => {
+            R::Binary(RangeBinOp::Sub, Box::new(R::Point(Known::Int(-1))), Box::new(lower(a)))
+        }
         ExprKind::Binary(_, a, _) if a.ty == Ty::F32 => unknown(e.ty),
         ExprKind::Binary(op, a, b) => {
             let op = match op {
@@ -349,6 +477,11 @@ pub(crate) fn lower_with(e: &Expr, bounded: &dyn Fn(&Expr) -> Option<usize>) -> 
                 BinOp::Ne => RangeBinOp::Ne,
                 BinOp::And => RangeBinOp::And,
                 BinOp::Or => RangeBinOp::Or,
+                BinOp::BitAnd => RangeBinOp::BitAnd,
+                BinOp::BitOr => RangeBinOp::BitOr,
+                BinOp::BitXor => RangeBinOp::BitXor,
+                BinOp::Shl => RangeBinOp::Shl,
+                BinOp::Shr => RangeBinOp::Shr,
             };
             bin(op, a, b)
         }
@@ -358,6 +491,8 @@ pub(crate) fn lower_with(e: &Expr, bounded: &dyn Fn(&Expr) -> Option<usize>) -> 
         ExprKind::Call(Func::Min, args) if args.len() == 2 => bin(RangeBinOp::Min, &args[0], &args[1]),
         ExprKind::Call(Func::Max, args) if args.len() == 2 => bin(RangeBinOp::Max, &args[0], &args[1]),
         ExprKind::Call(Func::Abs, args) if args.len() == 1 => un(RangeUnOp::Abs, &args[0]),
+        ExprKind::Call(Func::RemEuclid, args) if args.len() == 2 => bin(RangeBinOp::RemEuclid, &args[0], &args[1]),
+        ExprKind::Call(Func::DivEuclid, args) if args.len() == 2 => bin(RangeBinOp::DivEuclid, &args[0], &args[1]),
         ExprKind::Call(Func::Clamp, args) if args.len() == 3 => {
             R::Clamp(Box::new([lower(&args[0]), lower(&args[1]), lower(&args[2])]))
         }
@@ -373,8 +508,8 @@ impl RangeExpr {
         match self {
             RangeExpr::Point(known) => match *known {
                 Known::Int(v) => point(Some(v)),
-                Known::B => point(Some(tile.b)),
-                Known::H => point(Some(tile.h)),
+                Known::B => Range { lo: tile.b.0.into(), hi: tile.b.1.into() },
+                Known::H => Range { lo: tile.h.0.into(), hi: tile.h.1.into() },
                 Known::QLen => point(tile.q_len),
                 Known::KvLen => point(tile.kv_len),
                 Known::Param(i) => match tile.params.get(i) {

@@ -80,7 +80,7 @@ fn derive(e: &Expr, var: &dyn Fn(&Expr) -> bool) -> Expr {
         | ExprKind::Builtin(_)
         | ExprKind::Param(_)
         | ExprKind::Load(..)
-        | ExprKind::Unary(UnOp::Not, _) => lit(0.0),
+        | ExprKind::Unary(UnOp::Not | UnOp::BitNot, _) => lit(0.0),
         // An f32 cast reads an i32 (the checker drops f32 → f32 casts): 0.
         ExprKind::Cast(a) => d(a),
         ExprKind::Unary(UnOp::Neg, a) => neg(d(a)),
@@ -288,6 +288,12 @@ mod tests {
         assert_eq!(printed("score: clamp(score, -5.0, 5.0)"), "if score >= -5.0 && score <= 5.0 { 1.0 } else { 0.0 }");
         assert_eq!(printed("score: if q > k { score * 3.0 } else { score }"), "if q > k { 3.0 } else { 1.0 }");
         assert_eq!(printed("score: floor(score) + score % 2.0"), "1.0");
+    }
+
+    #[test]
+    fn integer_operators_have_no_derivative() {
+        assert_eq!(printed("score: score * (q << 1 | rem_euclid(k, 3)) as f32"), "(q << 1 | rem_euclid(k, 3)) as f32");
+        assert_eq!(printed("score: score + (div_euclid(k - q, 4) ^ !k >> 2) as f32"), "1.0");
     }
 
     #[test]

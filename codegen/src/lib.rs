@@ -10,6 +10,7 @@ pub mod analysis;
 pub mod cuda;
 pub mod error;
 pub mod grad;
+pub mod index_check;
 pub mod reference;
 pub mod spec;
 pub mod syntax;

@@ -89,8 +89,9 @@ impl ElemTy {
     }
 }
 
-/// One dimension of a captured tensor: a launch-shape symbol or a constant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// One dimension of a captured tensor: a launch-shape symbol, a constant,
+/// or `+ - * /` of dimensions (`2 * KV_LEN - 1`, `(Q_LEN + 63) / 64`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Dim {
     /// `B`: the batch size.
     Batch,
@@ -103,29 +104,101 @@ pub enum Dim {
     /// `KV_LEN`: the key/value sequence length.
     KvLen,
     Const(u32),
+    /// Two dimensions combined; a divisor is a positive constant. Every
+    /// value along the way must fit an i32 ([`Dim::value`]).
+    Op(DimOp, Box<Dim>, Box<Dim>),
+}
+
+/// An operator of a dimension expression.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DimOp {
+    Add,
+    Sub,
+    Mul,
+    /// Truncating, by a positive constant.
+    Div,
+}
+
+impl DimOp {
+    pub fn symbol(self) -> &'static str {
+        match self {
+            DimOp::Add => "+",
+            DimOp::Sub => "-",
+            DimOp::Mul => "*",
+            DimOp::Div => "/",
+        }
+    }
+
+    fn precedence(self) -> u8 {
+        match self {
+            DimOp::Add | DimOp::Sub => 1,
+            DimOp::Mul | DimOp::Div => 2,
+        }
+    }
 }
 
 impl Dim {
     pub const SYMBOLS: [(&'static str, Dim); 5] =
         [("B", Dim::Batch), ("H", Dim::Heads), ("H_KV", Dim::HeadsKv), ("Q_LEN", Dim::QLen), ("KV_LEN", Dim::KvLen)];
 
-    /// Resolves the dimension against a launch shape.
-    pub fn resolve(self, shape: &Shape) -> usize {
+    /// Resolves the dimension against a launch shape: a symbol's or
+    /// constant's size, an expression's once [`TensorDecl::check_dims`]
+    /// accepted the shape (else a negative value reads as 0, one past i32
+    /// as `usize::MAX`: no buffer is large enough).
+    pub fn resolve(&self, shape: &Shape) -> usize {
         match self {
             Dim::Batch => shape.batch,
             Dim::Heads => shape.heads,
             Dim::HeadsKv => shape.heads_kv,
             Dim::QLen => shape.q_len,
             Dim::KvLen => shape.kv_len,
-            Dim::Const(n) => n as usize,
+            Dim::Const(n) => *n as usize,
+            Dim::Op(..) => self.value(shape).map_or(usize::MAX, |v| usize::try_from(v).unwrap_or(0)),
         }
     }
-}
 
-impl fmt::Display for Dim {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    /// The dimension's value at `shape`, `None` if it or any value along
+    /// the way leaves i32 (the kernels compute it in i32, exactly then).
+    pub fn value(&self, shape: &Shape) -> Option<i64> {
+        let int = |n: usize| i64::try_from(n).ok().filter(|&v| v <= i64::from(i32::MAX));
+        let v = match self {
+            Dim::Op(op, a, b) => {
+                let (a, b) = (a.value(shape)?, b.value(shape)?);
+                match op {
+                    DimOp::Add => a + b,
+                    DimOp::Sub => a - b,
+                    DimOp::Mul => a * b,
+                    DimOp::Div if b > 0 => a / b,
+                    DimOp::Div => return None,
+                }
+            }
+            // A constant past i32 stands alone (the kernels clip in 64 bits).
+            Dim::Const(n) => return Some(i64::from(*n)),
+            _ => return int(self.resolve(shape)),
+        };
+        i32::try_from(v).is_ok().then_some(v)
+    }
+
+    /// Writes the dimension, parenthesizing operands that bind looser than
+    /// `min_prec`.
+    fn write(&self, f: &mut fmt::Formatter<'_>, min_prec: u8) -> fmt::Result {
         match self {
             Dim::Const(n) => write!(f, "{n}"),
+            Dim::Op(op, a, b) => {
+                let prec = op.precedence();
+                let open = prec < min_prec;
+                if open {
+                    f.write_str("(")?;
+                }
+                // Left-associative: the right operand must bind tighter.
+                a.write(f, prec)?;
+                write!(f, " {} ", op.symbol())?;
+                b.write(f, prec + 1)?;
+                if open {
+                    f.write_str(")")?;
+                }
+                Ok(())
+            }
             sym => {
                 let name = Dim::SYMBOLS.iter().find(|(_, d)| d == sym).map(|(n, _)| *n);
                 f.write_str(name.unwrap_or("?"))
@@ -133,6 +206,35 @@ impl fmt::Display for Dim {
         }
     }
 }
+
+impl fmt::Display for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write(f, 0)
+    }
+}
+
+/// A dimension expression a launch's shape makes invalid: below 1, or
+/// leaving i32 along the way.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DimError {
+    pub tensor: String,
+    /// The dimension as written in the spec.
+    pub dim: String,
+    /// Its value, `None` where it left i32.
+    pub value: Option<i64>,
+}
+
+impl fmt::Display for DimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let DimError { tensor, dim, value } = self;
+        match value {
+            Some(v) => write!(f, "tensor `{tensor}`: dimension `{dim}` is {v} for this launch; it must be at least 1"),
+            None => write!(f, "tensor `{tensor}`: dimension `{dim}` leaves the i32 range for this launch"),
+        }
+    }
+}
+
+impl std::error::Error for DimError {}
 
 /// The sizes of one launch. Everything here is a kernel argument, never a
 /// compile-time constant, so changing it never recompiles.
@@ -161,9 +263,23 @@ pub struct TensorDecl {
 }
 
 impl TensorDecl {
-    /// Number of elements the tensor must hold for `shape`.
+    /// Checks every dimension expression at `shape`: each value along the
+    /// way fits an i32 and the dimension is at least 1 (a kernel clips
+    /// indices into it, so an empty one could not be read).
+    pub fn check_dims(&self, shape: &Shape) -> Result<(), DimError> {
+        for dim in self.dims.iter().filter(|d| matches!(d, Dim::Op(..))) {
+            match dim.value(shape) {
+                Some(v) if v >= 1 => {}
+                value => return Err(DimError { tensor: self.name.clone(), dim: dim.to_string(), value }),
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of elements the tensor must hold for `shape`, saturating: a
+    /// shape whose count overflows needs more than any buffer holds.
     pub fn len(&self, shape: &Shape) -> usize {
-        self.dims.iter().map(|d| d.resolve(shape)).product()
+        self.dims.iter().fold(1usize, |n, d| n.saturating_mul(d.resolve(shape)))
     }
 
     pub fn is_empty(&self, shape: &Shape) -> bool {
@@ -214,7 +330,10 @@ impl Builtin {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnOp {
     Neg,
+    /// Logical not of a bool.
     Not,
+    /// Bitwise complement of an i32, written `!` as in Rust.
+    BitNot,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -232,6 +351,14 @@ pub enum BinOp {
     Ne,
     And,
     Or,
+    BitAnd,
+    BitOr,
+    BitXor,
+    /// `a << n`: shifts by `n`'s low 5 bits, zeros in (Rust's `wrapping_shl`).
+    Shl,
+    /// `a >> n`: shifts by `n`'s low 5 bits, copies of the sign bit in
+    /// (Rust's `wrapping_shr` on i32).
+    Shr,
 }
 
 impl BinOp {
@@ -250,6 +377,11 @@ impl BinOp {
             BinOp::Ne => "!=",
             BinOp::And => "&&",
             BinOp::Or => "||",
+            BinOp::BitAnd => "&",
+            BinOp::BitOr => "|",
+            BinOp::BitXor => "^",
+            BinOp::Shl => "<<",
+            BinOp::Shr => ">>",
         }
     }
 
@@ -259,8 +391,12 @@ impl BinOp {
             BinOp::Or => 1,
             BinOp::And => 2,
             BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge | BinOp::Eq | BinOp::Ne => 3,
-            BinOp::Add | BinOp::Sub => 4,
-            BinOp::Mul | BinOp::Div | BinOp::Rem => 5,
+            BinOp::BitOr => 4,
+            BinOp::BitXor => 5,
+            BinOp::BitAnd => 6,
+            BinOp::Shl | BinOp::Shr => 7,
+            BinOp::Add | BinOp::Sub => 8,
+            BinOp::Mul | BinOp::Div | BinOp::Rem => 9,
         }
     }
 
@@ -271,9 +407,25 @@ impl BinOp {
     pub fn is_logical(self) -> bool {
         matches!(self, BinOp::And | BinOp::Or)
     }
+
+    /// The operators defined on i32 only: `& | ^ << >>`.
+    pub fn is_bitwise(self) -> bool {
+        matches!(self, BinOp::BitAnd | BinOp::BitOr | BinOp::BitXor | BinOp::Shl | BinOp::Shr)
+    }
 }
 
-/// Built-in functions. Numeric ones work on i32 or f32; the rest on f32.
+/// The argument types a [`Func`] takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Domain {
+    /// f32 only (`exp`, `floor`, ...).
+    Float,
+    /// i32 or f32, the result of the arguments' type (`min`, `abs`, ...).
+    Numeric,
+    /// i32 only (`rem_euclid`, `div_euclid`).
+    Int,
+}
+
+/// Built-in functions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Func {
     Min,
@@ -288,10 +440,16 @@ pub enum Func {
     Sigmoid,
     Sqrt,
     Floor,
+    /// `rem_euclid(a, b)`: the remainder of Euclidean division, in
+    /// `0..|b|` (Rust's `wrapping_rem_euclid`); by 0 it is 0.
+    RemEuclid,
+    /// `div_euclid(a, b)`: the quotient with `a = q * b + rem_euclid(a, b)`
+    /// (Rust's `wrapping_div_euclid`); by 0 it is 0.
+    DivEuclid,
 }
 
 impl Func {
-    pub const ALL: [(&'static str, Func); 12] = [
+    pub const ALL: [(&'static str, Func); 14] = [
         ("min", Func::Min),
         ("max", Func::Max),
         ("abs", Func::Abs),
@@ -304,6 +462,8 @@ impl Func {
         ("sigmoid", Func::Sigmoid),
         ("sqrt", Func::Sqrt),
         ("floor", Func::Floor),
+        ("rem_euclid", Func::RemEuclid),
+        ("div_euclid", Func::DivEuclid),
     ];
 
     pub fn name(self) -> &'static str {
@@ -312,15 +472,24 @@ impl Func {
 
     pub fn arity(self) -> usize {
         match self {
-            Func::Min | Func::Max => 2,
+            Func::Min | Func::Max | Func::RemEuclid | Func::DivEuclid => 2,
             Func::Clamp => 3,
             _ => 1,
         }
     }
 
-    /// Whether the function is defined on i32 as well as f32.
-    pub fn is_numeric(self) -> bool {
-        matches!(self, Func::Min | Func::Max | Func::Abs | Func::Clamp)
+    pub fn domain(self) -> Domain {
+        match self {
+            Func::Min | Func::Max | Func::Abs | Func::Clamp => Domain::Numeric,
+            Func::RemEuclid | Func::DivEuclid => Domain::Int,
+            _ => Domain::Float,
+        }
+    }
+
+    /// A float library function worth a register when hoisted (everything
+    /// but the cheap arithmetic of `min`, `floor`, `rem_euclid`, ...).
+    pub fn is_transcendental(self) -> bool {
+        matches!(self, Func::Exp | Func::Exp2 | Func::Log | Func::Log2 | Func::Tanh | Func::Sigmoid | Func::Sqrt)
     }
 }
 

@@ -15,7 +15,8 @@ use std::path::PathBuf;
 
 /// Variants beyond the shipped ones: every differentiation rule, trainable
 /// tensors (one read through a clamped index), a tensor read twice (no
-/// gradient) and a mask that empties row 0.
+/// gradient), a mask that empties row 0, and i32 operators (constants to
+/// the derivative) in the mask, the score and a trainable tensor's index.
 const EXTRA: &str = r#"
 Smooth {
     dtype: bf16, head_dim: 4,
@@ -47,6 +48,12 @@ MaskedRow {
     dtype: bf16, head_dim: 4,
     mask: k < q,
     score: score * 0.5,
+}
+IntOperators {
+    dtype: bf16, head_dim: 4,
+    tensor gain: f32[H, 16],
+    mask: rem_euclid(k - q, 3) != 2 || q >> 1 == k >> 1,
+    score: gain[h][(q ^ k) & 15] * score + (div_euclid(k - q, 2) | !q << 1) as f32 * 0.1 + score * (q & 1) as f32,
 }
 "#;
 

@@ -190,7 +190,8 @@ fn name_errors() {
         &with_line3("", "score: foo(score)"),
         3,
         12,
-        "unknown function: expected one of min, max, abs, clamp, exp, exp2, log, log2, tanh, sigmoid, sqrt, floor",
+        "unknown function: expected one of min, max, abs, clamp, exp, exp2, log, log2, tanh, sigmoid, sqrt, floor, \
+         rem_euclid, div_euclid",
     );
     assert_error(&with_line3("", "param q: i32"), 3, 11, "`q` is a built-in name and cannot be redeclared");
     assert_error(&with_line3("", "param exp: f32"), 3, 11, "`exp` is a built-in name and cannot be redeclared");
@@ -237,7 +238,12 @@ fn type_errors() {
         "`if` branches have different types: f32 and i32",
     );
     assert_error(&with_line3("", "mask: q > k && k"), 3, 20, "`&&` needs bool operands, found i32");
-    assert_error(&with_line3("", "mask: !q"), 3, 11, "cannot apply `!` to i32");
+    assert_error(
+        &with_line3("", "score: !score"),
+        3,
+        12,
+        "cannot apply `!` to f32: it is logical not on bool, bitwise not on i32",
+    );
     assert_error(&with_line3("", "mask: (q > k) < (k > q)"), 3, 11, "cannot apply `<` to bool");
     assert_error(
         &with_line3("", "score: (q > k) as f32"),
@@ -251,7 +257,8 @@ fn type_errors() {
         &with_line3("", "score: score.abs()"),
         3,
         12,
-        "unsupported expression: expected arithmetic, comparisons, `&&`/`||`/`!`, `if`/`else`, casts, calls or tensor indexing",
+        "unsupported expression: expected arithmetic, bitwise operators, comparisons, `&&`/`||`/`!`, `if`/`else`, \
+         casts, calls or tensor indexing",
     );
 }
 
@@ -276,7 +283,8 @@ fn declaration_errors() {
         &with_line3("", "tensor t: f32[N]"),
         3,
         19,
-        "unknown dimension `N`: expected `B`, `H`, `H_KV`, `Q_LEN`, `KV_LEN` or an integer",
+        "unknown dimension `N`: expected `B`, `H`, `H_KV`, `Q_LEN`, `KV_LEN`, a positive integer, or `+ - *` of them \
+         and `/` by a positive integer (e.g. `2 * KV_LEN - 1`)",
     );
     assert_error(&with_line3("", "tensor t: f32[0]"), 3, 19, "a constant dimension must be a positive integer");
     assert_error(

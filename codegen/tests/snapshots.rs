@@ -177,6 +177,27 @@ fn forward_kernels_of_edge_specs() {
     }
 }
 
+/// The language's later additions (`language.attn`: `& | ^ << >> !`,
+/// `rem_euclid`, `div_euclid`, dimension expressions) in every kernel kind,
+/// with the optional library parts no named variant includes.
+#[test]
+fn kernels_of_language_features() {
+    let source = include_str!("specs/language.attn");
+    let spec = parse_one(source).unwrap_or_else(|e| panic!("{}", e.render("language.attn", source)));
+    insta::assert_snapshot!("language", render(&emit_forward(&spec)));
+    insta::assert_snapshot!("hopper_language", render(&emit_forward_with(&spec, TWO_WARPGROUPS)));
+    insta::assert_snapshot!("bwd_language", render(&emit_backward(&spec, BackwardPass::KeyValue)));
+    let block_mask = flashgen_codegen::cuda::emit_block_mask(&spec).expect("the spec has a mask");
+    insta::assert_snapshot!("block_mask_language", render(&block_mask));
+    for kernel in [emit_forward(&spec), block_mask] {
+        assert!(kernel.source.contains(Part::IntOps.text()), "{}: the scalar helpers", kernel.name);
+        assert!(kernel.source.contains(Part::IntRanges.text()), "{}: its mask's interval rules", kernel.name);
+    }
+    // A named variant includes neither.
+    let causal = emit_forward(&variant("causal")).source;
+    assert!(!causal.contains(Part::IntOps.text()) && !causal.contains(Part::IntRanges.text()));
+}
+
 #[test]
 fn block_mask_kernels_of_data_dependent_masks() {
     // Documents evaluate undecided tiles pair by pair; a declared block

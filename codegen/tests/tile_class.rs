@@ -31,9 +31,17 @@ fn int_expr() -> impl Strategy<Value = String> {
         prop_oneof![
             (inner.clone(), prop::sample::select(vec!["+", "-", "*", "/", "%"]), inner.clone())
                 .prop_map(|(a, op, b)| format!("({a} {op} {b})")),
-            (prop::sample::select(vec!["min", "max"]), inner.clone(), inner.clone())
+            (inner.clone(), prop::sample::select(vec!["&", "|", "^", "<<", ">>"]), inner.clone())
+                .prop_map(|(a, op, b)| format!("({a} {op} {b})")),
+            // Shifts by a constant and Euclid by a positive one have exact rules.
+            (inner.clone(), prop::sample::select(vec!["<<", ">>"]), 0i32..34)
+                .prop_map(|(a, op, c)| format!("({a} {op} {c})")),
+            (prop::sample::select(vec!["rem_euclid", "div_euclid"]), inner.clone(), 1i32..70)
+                .prop_map(|(f, a, c)| format!("{f}({a}, {c})")),
+            (prop::sample::select(vec!["min", "max", "rem_euclid", "div_euclid"]), inner.clone(), inner.clone())
                 .prop_map(|(f, a, b)| format!("{f}({a}, {b})")),
             inner.clone().prop_map(|a| format!("abs({a})")),
+            inner.clone().prop_map(|a| format!("(!{a})")),
             inner.clone().prop_map(|a| format!("(-{a})")),
             (inner.clone(), inner.clone(), inner.clone()).prop_map(|(a, b, c)| format!("clamp({a}, {b}, {c})")),
             (cmp.clone(), inner.clone(), inner.clone())
@@ -156,7 +164,7 @@ fn block_mask_expr() -> impl Strategy<Value = String> {
     ]
     .prop_map(String::from);
     let int = leaf.prop_recursive(3, 12, 2, |inner| {
-        (inner.clone(), prop::sample::select(vec!["+", "-", "*", "/", "%"]), inner)
+        (inner.clone(), prop::sample::select(vec!["+", "-", "*", "/", "%", "&", "|", "^", ">>"]), inner)
             .prop_map(|(a, op, b)| format!("({a} {op} {b})"))
     });
     let cmp = (int.clone(), prop::sample::select(vec!["<", "<=", "==", "!="]), int)

@@ -99,9 +99,8 @@ pub(crate) fn check_args(spec: &Spec, shape: &Shape, args: &[ArgInfo]) -> Result
     for (tensor, &arg) in spec.tensors.iter().zip(tensors) {
         match arg {
             ArgInfo::Tensor(elem, len) if elem == tensor.elem => {
-                // Saturating, unlike `TensorDecl::len`: an overflowing shape
-                // needs more elements than any buffer holds.
-                let needed = tensor.dims.iter().fold(1usize, |n, d| n.saturating_mul(d.resolve(shape)));
+                tensor.check_dims(shape).map_err(Error::TensorDim)?;
+                let needed = tensor.len(shape);
                 if len < needed {
                     return Err(Error::TensorTooSmall { name: tensor.name.clone(), len, needed });
                 }
@@ -179,6 +178,23 @@ mod tests {
             assert!(matches!(&err, Error::ArgType { name: n, .. } if n == name), "{err}");
             assert!(err.to_string().contains(bad.type_name()), "{err}");
         }
+    }
+
+    #[test]
+    fn dimension_expressions_are_checked_before_sizes() {
+        let spec =
+            flashgen_codegen::parse_one("S { dtype: bf16, head_dim: 64, tensor rel: f32[H, Q_LEN - KV_LEN] }").unwrap();
+        let args = [ArgInfo::Tensor(ElemTy::F32, 1 << 20)];
+        let err = check_args(&spec, &SHAPE, &args).unwrap_err();
+        assert!(matches!(&err, Error::TensorDim(e) if e.value == Some(-200)), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "tensor `rel`: dimension `Q_LEN - KV_LEN` is -200 for this launch; it must be at least 1"
+        );
+        let longer_queries = Shape { q_len: 310, ..SHAPE };
+        check_args(&spec, &longer_queries, &args).unwrap();
+        let err = check_args(&spec, &longer_queries, &[ArgInfo::Tensor(ElemTy::F32, 79)]).unwrap_err();
+        assert!(matches!(err, Error::TensorTooSmall { needed: 80, .. }), "{err}");
     }
 
     #[test]

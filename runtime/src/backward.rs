@@ -294,7 +294,7 @@ fn check_tensor_grad_lens(spec: &Spec, shape: Option<Shape>, lens: &[Option<usiz
             return Err(Error::NoTensorGrad { tensor: tensor.name.clone() });
         }
         if let Some(shape) = shape {
-            let needed = tensor.dims.iter().fold(1usize, |n, d| n.saturating_mul(d.resolve(&shape)));
+            let needed = tensor.len(&shape);
             if len < needed {
                 return Err(Error::TensorTooSmall { name: format!("d_{}", tensor.name), len, needed });
             }

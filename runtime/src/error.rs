@@ -163,6 +163,9 @@ pub enum Error {
         len: usize,
         needed: usize,
     },
+    /// A captured tensor's dimension expression is below 1 or leaves i32
+    /// for the launch's shape.
+    TensorDim(flashgen_codegen::DimError),
     /// A block mask was asked of a spec without a mask.
     NoMask {
         spec: String,
@@ -293,6 +296,7 @@ impl fmt::Display for Error {
                 f,
                 "tensor `{name}` holds {len} elements but its declared shape needs {needed}"
             ),
+            Error::TensorDim(e) => write!(f, "{e}"),
             Error::NoMask { spec } => write!(f, "spec `{spec}` has no mask, so it needs no block mask"),
             Error::NoWorkOrder { spec } => {
                 write!(f, "the mask of spec `{spec}` reads no tensor, so its kernels walk a fixed order, not a work order")

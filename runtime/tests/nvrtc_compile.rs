@@ -38,57 +38,68 @@ fn every_shipped_spec_compiles_for_sm80_and_sm90() {
     require_nvrtc();
     let specs = shipped_specs();
     assert!(specs.len() >= 10, "expected the specs/ examples, found {}", specs.len());
-    let jobs: Vec<(Kernel, Arch)> = specs
-        .iter()
-        .flat_map(|spec| {
-            let block_mask = emit_block_mask(spec);
-            // Work orders: the dK/dV kernel's, and every persistent forward's items'.
-            let block_n = BackwardConfig::preferred(spec, Arch::new(9, 0).target()).block_n();
-            let items = tile_choice::candidates(spec, Arch::new(9, 0).target()).into_iter().filter(|c| c.persistent());
-            let orders: Vec<Option<Kernel>> = [Work::KeyTiles { block_n }]
-                .into_iter()
-                .chain(items.map(|c| Work::QueryTiles { block_m: c.block_m() }))
-                .map(|work| emit_work_order(spec, work))
-                .collect();
-            let backward =
-                [BackwardPass::Preprocess, BackwardPass::KeyValue, BackwardPass::Query, BackwardPass::Postprocess]
-                    .map(|pass| Some(emit_backward(spec, pass)));
-            let shared = [block_mask].into_iter().chain(orders).chain(backward).flatten();
-            let both = shared.flat_map(|kernel| [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (kernel.clone(), arch)));
-            // Every forward configuration the runtime may pick (or tune) on each arch;
-            // the portable ones once, on sm_80; the warp-specialized ones copying
-            // either way.
-            let sm80 = tile_choice::candidates(spec, Target::PORTABLE)
-                .into_iter()
-                .map(|c| (emit_forward_copying(spec, c, TileCopy::Threads), Arch::new(8, 0)));
-            let hopper = tile_choice::candidates(spec, Arch::new(9, 0).target())
-                .into_iter()
-                .filter(|c| c.mma == Mma::Wgmma)
-                .flat_map(|c| {
-                    let copies =
-                        if c.persistent() { &[TileCopy::Tma, TileCopy::Threads][..] } else { &[TileCopy::Tma] };
-                    copies.iter().map(move |&copy| (emit_forward_copying(spec, c, copy), Arch::new(9, 0)))
-                });
-            let forward = sm80.chain(hopper);
-            // The Hopper dK/dV kernel, where the spec's head dims have one, with
-            // and without tensor gradients, and the postprocess of its dQ
-            // accumulator.
-            let bwd_config = BackwardConfig::preferred(spec, Arch::new(9, 0).target());
-            let passes = [
-                (BackwardPass::KeyValue, true, TileCopy::Tma),
-                (BackwardPass::KeyValue, false, TileCopy::Tma),
-                (BackwardPass::KeyValue, true, TileCopy::Threads),
-                (BackwardPass::Postprocess, true, TileCopy::Tma),
-            ];
-            let hopper_bwd =
-                passes.into_iter().filter(|_| bwd_config.mma == Mma::Wgmma).map(|(pass, tensor_grads, copy)| {
-                    let config = BackwardConfig { tensor_grads, copy, ..bwd_config };
-                    (emit_backward_with(spec, pass, config), Arch::new(9, 0))
-                });
-            both.chain(forward).chain(hopper_bwd).collect::<Vec<_>>()
-        })
+    compile_all(specs.iter().flat_map(every_kernel).collect());
+}
+
+/// The language's features no shipped spec uses (the i32 bit operators,
+/// Euclidean builtins, dimension expressions), in every kernel, like a
+/// shipped spec's.
+#[test]
+fn language_feature_specs_compile_for_sm80_and_sm90() {
+    require_nvrtc();
+    let source = include_str!("../../codegen/tests/specs/language.attn");
+    let specs = parse_str(source).unwrap_or_else(|e| panic!("{}", e.render("language.attn", source)));
+    compile_all(specs.iter().flat_map(every_kernel).collect());
+}
+
+/// Every kernel the runtime may compile for `spec`, with its arch.
+fn every_kernel(spec: &Spec) -> Vec<(Kernel, Arch)> {
+    let block_mask = emit_block_mask(spec);
+    // Work orders: the dK/dV kernel's, and every persistent forward's items'.
+    let block_n = BackwardConfig::preferred(spec, Arch::new(9, 0).target()).block_n();
+    let items = tile_choice::candidates(spec, Arch::new(9, 0).target()).into_iter().filter(|c| c.persistent());
+    let orders: Vec<Option<Kernel>> = [Work::KeyTiles { block_n }]
+        .into_iter()
+        .chain(items.map(|c| Work::QueryTiles { block_m: c.block_m() }))
+        .map(|work| emit_work_order(spec, work))
         .collect();
-    // NVRTC takes seconds per kernel; compile on every core.
+    let backward = [BackwardPass::Preprocess, BackwardPass::KeyValue, BackwardPass::Query, BackwardPass::Postprocess]
+        .map(|pass| Some(emit_backward(spec, pass)));
+    let shared = [block_mask].into_iter().chain(orders).chain(backward).flatten();
+    let both = shared.flat_map(|kernel| [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (kernel.clone(), arch)));
+    // Every forward configuration the runtime may pick (or tune) on each arch;
+    // the portable ones once, on sm_80; the warp-specialized ones copying
+    // either way.
+    let sm80 = tile_choice::candidates(spec, Target::PORTABLE)
+        .into_iter()
+        .map(|c| (emit_forward_copying(spec, c, TileCopy::Threads), Arch::new(8, 0)));
+    let hopper = tile_choice::candidates(spec, Arch::new(9, 0).target())
+        .into_iter()
+        .filter(|c| c.mma == Mma::Wgmma)
+        .flat_map(|c| {
+            let copies = if c.persistent() { &[TileCopy::Tma, TileCopy::Threads][..] } else { &[TileCopy::Tma] };
+            copies.iter().map(move |&copy| (emit_forward_copying(spec, c, copy), Arch::new(9, 0)))
+        });
+    let forward = sm80.chain(hopper);
+    // The Hopper dK/dV kernel, where the spec's head dims have one, with
+    // and without tensor gradients, and the postprocess of its dQ
+    // accumulator.
+    let bwd_config = BackwardConfig::preferred(spec, Arch::new(9, 0).target());
+    let passes = [
+        (BackwardPass::KeyValue, true, TileCopy::Tma),
+        (BackwardPass::KeyValue, false, TileCopy::Tma),
+        (BackwardPass::KeyValue, true, TileCopy::Threads),
+        (BackwardPass::Postprocess, true, TileCopy::Tma),
+    ];
+    let hopper_bwd = passes.into_iter().filter(|_| bwd_config.mma == Mma::Wgmma).map(|(pass, tensor_grads, copy)| {
+        let config = BackwardConfig { tensor_grads, copy, ..bwd_config };
+        (emit_backward_with(spec, pass, config), Arch::new(9, 0))
+    });
+    both.chain(forward).chain(hopper_bwd).collect::<Vec<_>>()
+}
+
+/// Compiles `jobs` on every core (NVRTC takes seconds per kernel).
+fn compile_all(jobs: Vec<(Kernel, Arch)>) {
     let next = AtomicUsize::new(0);
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|scope| {

@@ -138,6 +138,25 @@ fn check_and_precompile_use_nvrtc_and_fill_the_cache() {
     assert_eq!(cubins(&cache), 0);
 }
 
+#[test]
+fn check_warns_of_indices_that_may_leave_their_dimension() {
+    let dir = scratch("index-warnings");
+    let out = flashgen(&["check", &spec("document"), "--arch", "sm_80"], &dir);
+    assert!(out.status.success(), "a warning is no failure: {}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.lines().next(),
+        Some(
+            "warning: Document: `doc[b][q]`: index 2 `q` can reach 1023, past dimension `KV_LEN` = 512, at B = 1, \
+             H = 1, H_KV = 1, Q_LEN = 1024, KV_LEN = 512; out-of-range indices read the nearest element"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "`doc[b][k]` stays inside: {stderr}");
+    let out = flashgen(&["check", &spec("relative_bias"), "--arch", "sm_80"], &dir);
+    assert!(out.status.success() && out.stderr.is_empty(), "a clamped offset warns of nothing: {}", text(&out));
+}
+
 /// How many compiled kernels the cache folder `dir` holds.
 fn cubins(dir: &Path) -> usize {
     std::fs::read_dir(dir)

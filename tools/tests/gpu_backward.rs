@@ -19,7 +19,7 @@ use flashgen::codegen::{Dtype, Shape, Spec};
 use flashgen::{BackwardWorkspace, Error, Runtime};
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::{self, DeviceProblem, GpuGradients, OperandLayout};
-use support::{params, runtime, spec, with};
+use support::{language_spec, params, runtime, spec, with};
 
 #[derive(Clone, Copy)]
 struct Case {
@@ -175,6 +175,22 @@ fn every_variant_at_awkward_seqlens() {
         cases.push((spec(variant), Case { tensor_grads: false, ..Case::new((3, 3), (113, 203)) }));
         cases.push((spec(variant), Case { tensor_grads: false, ..Case::new((2, 1), (1024, 1023)) }.deterministic()));
     }
+    run_all(&rt, cases);
+}
+
+/// The i32 operators, Euclidean builtins and dimension expressions
+/// (`language.attn`): in the mask, the score and the index of a trainable
+/// tensor sized by an expression.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn language_features() {
+    let rt = runtime();
+    let spec = language_spec();
+    let cases = vec![
+        (spec.clone(), Case::new((4, 4), (113, 203))),
+        (spec.clone(), Case { block_mask: true, ..Case::new((4, 2), (1024, 1023)) }),
+        (spec, Case::new((2, 1), (300, 555)).deterministic()),
+    ];
     run_all(&rt, cases);
 }
 

@@ -49,7 +49,12 @@ pub(crate) fn assemble(
         for section in library {
             for piece in section {
                 match *piece {
-                    Piece::Part(part) => w.write_str(part.text())?,
+                    Piece::Part(part) => {
+                        w.write_str(part.text())?;
+                        if let Some(extension) = part.extension(spec) {
+                            w.write_str(extension.text())?;
+                        }
+                    }
                     Piece::Wgmma(n, a) => write_wgmma_op(&mut w, spec.dtype, n, a)?,
                 }
             }

@@ -181,6 +181,7 @@ impl<'a> Env<'a> {
                         )))
                     }
                 };
+                decl.check_dims(shape).map_err(|e| ReferenceError::Shape(e.to_string()))?;
                 let dims: Vec<usize> = decl.dims.iter().map(|d| d.resolve(shape)).collect();
                 check_len(&decl.name, found, &dims)?;
                 Ok(Tensor { dims, data })
@@ -210,6 +211,7 @@ impl<'a> Env<'a> {
             },
             ExprKind::Load(slot, indices) => self.load(&self.tensors[*slot], indices, at),
             ExprKind::Unary(UnOp::Not, a) => Value::Bool(!self.eval(a, at).as_bool()),
+            ExprKind::Unary(UnOp::BitNot, a) => Value::I32(!self.eval(a, at).as_i32()),
             ExprKind::Unary(UnOp::Neg, a) => match self.eval(a, at) {
                 Value::F32(x) => Value::F32(-x),
                 v => Value::I32(v.as_i32().wrapping_neg()),
@@ -275,16 +277,25 @@ impl<'a> Env<'a> {
     }
 }
 
-/// Integer operators: `+ - *` wrap, `/` and `%` by zero give 0, and
-/// `i32::MIN / -1` wraps to `i32::MIN` (`% -1` gives 0).
+/// Integer operators: `+ - *` wrap, `/` and `%` truncate toward zero (the
+/// remainder takes the dividend's sign), by zero they give 0, and
+/// `i32::MIN / -1` wraps to `i32::MIN` (`% -1` gives 0). Shifts use the
+/// amount's low 5 bits; `>>` is arithmetic.
 fn int_binary(op: BinOp, x: i32, y: i32) -> Value {
     let int = |v| Value::I32(v);
+    // Two's complement: the shift amount's low 5 bits, as `wrapping_shl` takes them.
+    let amount = y as u32;
     match op {
         BinOp::Add => int(x.wrapping_add(y)),
         BinOp::Sub => int(x.wrapping_sub(y)),
         BinOp::Mul => int(x.wrapping_mul(y)),
         BinOp::Div => int(if y == 0 { 0 } else { x.wrapping_div(y) }),
         BinOp::Rem => int(if y == 0 { 0 } else { x.wrapping_rem(y) }),
+        BinOp::BitAnd => int(x & y),
+        BinOp::BitOr => int(x | y),
+        BinOp::BitXor => int(x ^ y),
+        BinOp::Shl => int(x.wrapping_shl(amount)),
+        BinOp::Shr => int(x.wrapping_shr(amount)),
         _ => Value::Bool(compare(op, x, y)),
     }
 }
@@ -316,11 +327,20 @@ fn compare<T: PartialOrd + Default>(op: BinOp, x: T, y: T) -> bool {
         BinOp::And => truth(&x) && truth(&y),
         BinOp::Or => truth(&x) || truth(&y),
         // Arithmetic is handled by the callers.
-        BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Rem => false,
+        BinOp::Add
+        | BinOp::Sub
+        | BinOp::Mul
+        | BinOp::Div
+        | BinOp::Rem
+        | BinOp::BitAnd
+        | BinOp::BitOr
+        | BinOp::BitXor
+        | BinOp::Shl
+        | BinOp::Shr => false,
     }
 }
 
-/// Numeric functions on i32; `clamp(x, lo, hi) = min(max(x, lo), hi)`, so
+/// Functions on i32; `clamp(x, lo, hi) = min(max(x, lo), hi)`, so
 /// `lo > hi` gives `hi` rather than a panic. Float-only functions (never
 /// typed i32 by the checker) compute in float and truncate.
 fn int_call(arith: Arith, func: Func, x: i32, y: i32, z: i32) -> i32 {
@@ -329,6 +349,20 @@ fn int_call(arith: Arith, func: Func, x: i32, y: i32, z: i32) -> i32 {
         Func::Max => x.max(y),
         Func::Abs => x.wrapping_abs(),
         Func::Clamp => x.max(y).min(z),
+        Func::RemEuclid => {
+            if y == 0 {
+                0
+            } else {
+                x.wrapping_rem_euclid(y)
+            }
+        }
+        Func::DivEuclid => {
+            if y == 0 {
+                0
+            } else {
+                x.wrapping_div_euclid(y)
+            }
+        }
         _ => float_call(arith, func, f64::from(x), f64::from(y), f64::from(z)) as i32,
     }
 }
@@ -350,6 +384,8 @@ fn float_call(arith: Arith, func: Func, x: f64, y: f64, z: f64) -> f64 {
         Func::Tanh => arith.apply(x, f32::tanh, f64::tanh),
         // 1 / (1 + exp(−x)), each step rounded like the GPU's f32 code.
         Func::Sigmoid => arith.round(1.0 / arith.round(1.0 + arith.apply(-x, f32::exp, f64::exp))),
+        // i32-only (never typed f32 by the checker): in i32.
+        Func::RemEuclid | Func::DivEuclid => f64::from(int_call(arith, func, x as i32, y as i32, z as i32)),
     }
 }
 

@@ -3,10 +3,11 @@
 //! The language is a small, Rust-flavoured scalar language over i32, f32 and
 //! bool. Types are strict like Rust's (mixing i32 and f32 needs `as`), with
 //! one convenience: an integer literal next to an f32 operand is read as f32,
-//! so `score / 30` works.
+//! so `score / 30` works. As in Rust, `!` is logical not on bool and
+//! bitwise complement on i32, and `& | ^ << >>` take i32 only.
 
 use crate::error::{err, SpecError};
-use crate::spec::{BinOp, Builtin, Expr, ExprKind, Func, Param, TensorDecl, Ty, UnOp};
+use crate::spec::{BinOp, Builtin, Domain, Expr, ExprKind, Func, Param, TensorDecl, Ty, UnOp};
 use syn::spanned::Spanned;
 
 /// Which expression is being checked: it decides the expected result type
@@ -64,7 +65,7 @@ impl Checker<'_> {
             syn::Expr::Index(i) => self.index(i),
             syn::Expr::If(i) => self.if_else(i),
             syn::Expr::Block(b) => self.block(&b.block),
-            other => err(other.span(), "unsupported expression: expected arithmetic, comparisons, `&&`/`||`/`!`, `if`/`else`, casts, calls or tensor indexing"),
+            other => err(other.span(), "unsupported expression: expected arithmetic, bitwise operators, comparisons, `&&`/`||`/`!`, `if`/`else`, casts, calls or tensor indexing"),
         }
     }
 
@@ -105,15 +106,19 @@ impl Checker<'_> {
             }
         }
         let a = self.expr(&u.expr)?;
-        let (op, ok) = match u.op {
-            syn::UnOp::Neg(_) => (UnOp::Neg, a.ty != Ty::Bool),
-            syn::UnOp::Not(_) => (UnOp::Not, a.ty == Ty::Bool),
+        let op = match (u.op, a.ty) {
+            (syn::UnOp::Neg(_), Ty::I32 | Ty::F32) => UnOp::Neg,
+            (syn::UnOp::Not(_), Ty::Bool) => UnOp::Not,
+            (syn::UnOp::Not(_), Ty::I32) => UnOp::BitNot,
+            (syn::UnOp::Neg(_), _) => return err(u.span(), format!("cannot apply `-` to {}", a.ty)),
+            (syn::UnOp::Not(_), _) => {
+                return err(
+                    u.span(),
+                    format!("cannot apply `!` to {}: it is logical not on bool, bitwise not on i32", a.ty),
+                )
+            }
             _ => return err(u.op.span(), "unsupported unary operator"),
         };
-        if !ok {
-            let sym = if op == UnOp::Neg { "-" } else { "!" };
-            return err(u.span(), format!("cannot apply `{sym}` to {}", a.ty));
-        }
         // Fold `-literal` so that literals keep their flexible type.
         let kind = match (op, &a.kind) {
             (UnOp::Neg, ExprKind::Int(v)) => ExprKind::Int(v.wrapping_neg()),
@@ -125,16 +130,25 @@ impl Checker<'_> {
 
     fn binary(&self, b: &syn::ExprBinary) -> Result<Expr, SpecError> {
         let op = bin_op(&b.op).ok_or_else(|| {
-            SpecError::new(b.op.span(), "unsupported operator: expected + - * / % < <= > >= == != && ||")
+            SpecError::new(b.op.span(), "unsupported operator: expected + - * / % & | ^ << >> < <= > >= == != && ||")
         })?;
         let (l, r) = (self.expr(&b.left)?, self.expr(&b.right)?);
-        if op.is_logical() {
+        // Logic takes bools and bit operations i32s, with no literal
+        // coercion: `x & 1.0` is an error, not a float operation.
+        let only = if op.is_logical() { Some(Ty::Bool) } else { op.is_bitwise().then_some(Ty::I32) };
+        if let Some(want) = only {
             for (side, e) in [(&*b.left, &l), (&*b.right, &r)] {
-                if e.ty != Ty::Bool {
-                    return err(side.span(), format!("`{}` needs bool operands, found {}", op.symbol(), e.ty));
+                if e.ty != want {
+                    let hint = match (op, e.ty) {
+                        (BinOp::BitAnd, Ty::Bool) => "; for bools use `&&`",
+                        (BinOp::BitOr, Ty::Bool) => "; for bools use `||`",
+                        _ => "",
+                    };
+                    let sym = op.symbol();
+                    return err(side.span(), format!("`{sym}` needs {want} operands, found {}{hint}", e.ty));
                 }
             }
-            return Ok(Expr { ty: Ty::Bool, kind: ExprKind::Binary(op, Box::new(l), Box::new(r)) });
+            return Ok(Expr { ty: want, kind: ExprKind::Binary(op, Box::new(l), Box::new(r)) });
         }
         let (lt, rt) = (l.ty, r.ty);
         let (l, r) = (coerce_literal(l, rt), coerce_literal(r, lt));
@@ -185,9 +199,13 @@ impl Checker<'_> {
             );
         }
         let args: Vec<Expr> = c.args.iter().map(|a| self.expr(a)).collect::<Result<_, _>>()?;
-        // The result type: f32 if any argument is f32 (or the function is
-        // float-only), else i32.
-        let ty = if !func.is_numeric() || args.iter().any(|a| a.ty == Ty::F32) { Ty::F32 } else { Ty::I32 };
+        // A numeric function's result is f32 if any argument is f32.
+        let ty = match func.domain() {
+            Domain::Float => Ty::F32,
+            Domain::Int => Ty::I32,
+            Domain::Numeric if args.iter().any(|a| a.ty == Ty::F32) => Ty::F32,
+            Domain::Numeric => Ty::I32,
+        };
         let args: Vec<Expr> = args.into_iter().map(|a| coerce_literal(a, ty)).collect();
         for (a, syn_a) in args.iter().zip(&c.args) {
             if a.ty != ty {
@@ -301,6 +319,11 @@ fn bin_op(op: &syn::BinOp) -> Option<BinOp> {
         S::Ne(_) => BinOp::Ne,
         S::And(_) => BinOp::And,
         S::Or(_) => BinOp::Or,
+        S::BitAnd(_) => BinOp::BitAnd,
+        S::BitOr(_) => BinOp::BitOr,
+        S::BitXor(_) => BinOp::BitXor,
+        S::Shl(_) => BinOp::Shl,
+        S::Shr(_) => BinOp::Shr,
         _ => return None,
     })
 }

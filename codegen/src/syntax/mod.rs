@@ -19,11 +19,12 @@
 
 mod check;
 mod delimiters;
+mod dims;
 mod print;
 
 use crate::error::{err, SpecError};
-use crate::spec::{Dim, Dtype, ElemTy, HeadDims, Param, Spec, TensorDecl, Ty, MAX_HEAD_DIM};
-use proc_macro2::{Span, TokenStream};
+use crate::spec::{Dtype, ElemTy, HeadDims, Param, Spec, TensorDecl, Ty, MAX_HEAD_DIM};
+use proc_macro2::{Span, TokenStream, TokenTree};
 use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
 use syn::{braced, bracketed, Attribute, Ident, LitInt, Token};
@@ -40,6 +41,7 @@ pub fn parse_str(source: &str) -> Result<Vec<Spec>, SpecError> {
 
 /// Parses and checks every spec in a token stream (the body of `attention!`).
 pub fn parse_tokens(tokens: TokenStream) -> Result<Vec<Spec>, SpecError> {
+    reject_tilde(tokens.clone())?;
     let file: SpecFile = syn::parse2(tokens)?;
     let mut specs: Vec<Spec> = Vec::new();
     for ast in file.0 {
@@ -52,6 +54,21 @@ pub fn parse_tokens(tokens: TokenStream) -> Result<Vec<Spec>, SpecError> {
         return err(Span::call_site(), "expected at least one spec: `Name { dtype: bf16, head_dim: 128, ... }`");
     }
     Ok(specs)
+}
+
+/// C's `~` is no Rust operator (syn would only say "expected an
+/// expression"): point C users at `!`.
+fn reject_tilde(tokens: TokenStream) -> Result<(), SpecError> {
+    for tree in tokens {
+        match tree {
+            TokenTree::Punct(p) if p.as_char() == '~' => {
+                return err(p.span(), "`~` is not an operator here: bitwise not is `!` on i32, as in Rust")
+            }
+            TokenTree::Group(g) => reject_tilde(g.stream())?,
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Parses a source holding exactly one spec.
@@ -76,12 +93,7 @@ struct SpecAst {
 enum FieldAst {
     Setting { key: Ident, value: syn::Expr },
     Param { name: Ident, ty: Ident },
-    Tensor { name: Ident, elem: Ident, dims: Vec<DimAst> },
-}
-
-enum DimAst {
-    Symbol(Ident),
-    Const(LitInt),
+    Tensor { name: Ident, elem: Ident, dims: Vec<syn::Expr> },
 }
 
 impl Parse for SpecFile {
@@ -119,21 +131,11 @@ impl Parse for FieldAst {
             }
             let dims;
             bracketed!(dims in input);
-            let dims = dims.parse_terminated(DimAst::parse, Token![,])?;
+            let dims = dims.parse_terminated(syn::Expr::parse, Token![,])?;
             return Ok(FieldAst::Tensor { name, elem: ty, dims: dims.into_iter().collect() });
         }
         input.parse::<Token![:]>()?;
         Ok(FieldAst::Setting { key, value: input.parse()? })
-    }
-}
-
-impl Parse for DimAst {
-    fn parse(input: ParseStream) -> syn::Result<Self> {
-        if input.peek(LitInt) {
-            Ok(DimAst::Const(input.parse()?))
-        } else {
-            Ok(DimAst::Symbol(input.parse()?))
-        }
     }
 }
 
@@ -193,7 +195,7 @@ fn lower_spec(ast: SpecAst) -> Result<Spec, SpecError> {
             }
             FieldAst::Tensor { name, elem, dims } => {
                 f.claim(&name, true)?;
-                f.tensors.push(lower_tensor(&name, &elem, &dims)?);
+                f.tensors.push(lower_tensor(&name, &elem, &dims, &f.params)?);
             }
             FieldAst::Setting { key, value } => {
                 f.claim(&key, false)?;
@@ -249,7 +251,7 @@ fn lower_setting(f: &mut Fields, key: &Ident, value: syn::Expr) -> Result<(), Sp
     Ok(())
 }
 
-fn lower_tensor(name: &Ident, elem: &Ident, dims: &[DimAst]) -> Result<TensorDecl, SpecError> {
+fn lower_tensor(name: &Ident, elem: &Ident, dims: &[syn::Expr], params: &[Param]) -> Result<TensorDecl, SpecError> {
     let elem_ty = match elem.to_string().as_str() {
         "i32" => ElemTy::I32,
         "f32" => ElemTy::F32,
@@ -265,21 +267,7 @@ fn lower_tensor(name: &Ident, elem: &Ident, dims: &[DimAst]) -> Result<TensorDec
     if dims.is_empty() || dims.len() > 3 {
         return err(name.span(), format!("tensor `{name}` has {} dimensions: expected 1 to 3", dims.len()));
     }
-    let dims = dims
-        .iter()
-        .map(|d| match d {
-            DimAst::Const(lit) => match lit.base10_parse::<u32>() {
-                Ok(n) if n > 0 => Ok(Dim::Const(n)),
-                _ => err(lit.span(), "a constant dimension must be a positive integer"),
-            },
-            DimAst::Symbol(id) => Dim::SYMBOLS.iter().find(|(s, _)| id == s).map(|(_, d)| *d).ok_or_else(|| {
-                SpecError::new(
-                    id.span(),
-                    format!("unknown dimension `{id}`: expected `B`, `H`, `H_KV`, `Q_LEN`, `KV_LEN` or an integer"),
-                )
-            }),
-        })
-        .collect::<Result<_, _>>()?;
+    let dims = dims.iter().map(|d| dims::lower_dim(d, params)).collect::<Result<_, _>>()?;
     Ok(TensorDecl { name: name.to_string(), elem: elem_ty, dims })
 }
 

@@ -7,6 +7,7 @@ mod specs;
 
 use clap::{Parser, Subcommand};
 use flashgen::codegen::cuda::{self, TileConfig, TileCopy};
+use flashgen::codegen::index_check::index_warnings;
 use flashgen::runtime::tile_choice;
 use flashgen::runtime::{compile_cubin, config_name, nvrtc_version, KernelSet};
 use std::path::PathBuf;
@@ -42,7 +43,8 @@ enum Command {
         #[arg(long, requires = "config")]
         trace: bool,
     },
-    /// Compile every spec in FILE with NVRTC (no GPU needed).
+    /// Compile every spec in FILE with NVRTC (no GPU needed), warning of
+    /// tensor indices that may leave their dimension (they are clamped).
     Check {
         file: PathBuf,
         /// Target architecture, sm_80 or newer (e.g. sm_80 or sm_90).
@@ -129,6 +131,9 @@ fn run(cli: Cli) -> Result<bool, Failure> {
         Command::Check { file, arch, spec } => {
             let arch = specs::arch(&arch)?;
             for s in specs::load(&file, spec.as_deref())? {
+                for warning in index_warnings(&s) {
+                    eprintln!("warning: {}: {warning}", s.name);
+                }
                 let kernel = cuda::emit_forward_with(&s, tile_choice::preferred(&s, arch.target()));
                 let start = Instant::now();
                 let cubin = compile_cubin(&kernel, arch).map_err(|e| specs::compile_error(&s, e))?;

@@ -22,7 +22,15 @@ pub fn spec(variant: &str) -> Spec {
     flashgen::parse_one(source).unwrap_or_else(|e| panic!("{}", e.render(variant, source)))
 }
 
-/// Test values for the params of the example specs.
+/// The fixture of the language's later additions (bit operators, Euclidean
+/// builtins, dimension expressions), `codegen/tests/specs/language.attn`.
+#[allow(dead_code)] // the autotuning tests read none
+pub fn language_spec() -> Spec {
+    let source = include_str!("../../../codegen/tests/specs/language.attn");
+    flashgen::parse_one(source).unwrap_or_else(|e| panic!("{}", e.render("language.attn", source)))
+}
+
+/// Test values for the params of the example specs and fixtures.
 pub fn params(spec: &Spec) -> Vec<ParamValue> {
     spec.params
         .iter()
@@ -30,6 +38,7 @@ pub fn params(spec: &Spec) -> Vec<ParamValue> {
             "window" => ParamValue::I32(96),
             "prefix" => ParamValue::I32(70),
             "cap" => ParamValue::F32(30.0),
+            "shift" => ParamValue::I32(6),
             other => panic!("no test value for param `{other}`"),
         })
         .collect()

@@ -4,7 +4,7 @@
 
 use super::key_bounds::key_bounds;
 use super::logit::two_conjuncts;
-use crate::spec::{Expr, ExprKind, Func, Spec};
+use crate::spec::{Expr, ExprKind, Spec};
 
 /// Whether a spec's partial-tile code and score fit the registers of the
 /// d <= 64 tiles that hold the most (192-key S, three warpgroups): no mask
@@ -19,6 +19,6 @@ pub fn is_light(spec: &Spec) -> bool {
 /// Whether `e` calls a transcendental function (tanh, exp, …).
 fn transcendental(e: &Expr) -> bool {
     let mut found = false;
-    e.walk(&mut |n| found |= matches!(&n.kind, ExprKind::Call(f, _) if !f.is_numeric() && *f != Func::Floor));
+    e.walk(&mut |n| found |= matches!(&n.kind, ExprKind::Call(f, _) if f.is_transcendental()));
     found
 }

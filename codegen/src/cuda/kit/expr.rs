@@ -4,8 +4,9 @@
 //! differs from Rust's, e.g. for `&` vs `==`) never matters and the output
 //! needs no precedence table. Anything C leaves undefined goes through a
 //! prelude helper with Rust's semantics, shared with the CPU reference: i32
-//! arithmetic wraps, `/` and `%` by zero give 0, f32 → i32 saturates, and
-//! tensor indices are clamped into range.
+//! arithmetic wraps, `/` and `%` by zero give 0, shifts take the amount's
+//! low 5 bits, f32 → i32 saturates, and tensor indices are clamped into
+//! range. `& | ^ ~` are C's own (defined on every int).
 //!
 //! Names: the kernel binds the built-ins `b`, `h`, `q`, `k` and `score` to C
 //! locals of the same name; `q_len`/`kv_len`, params and tensors are kernel
@@ -39,6 +40,7 @@ pub(crate) fn c_expr_in(spec: &Spec, e: &Expr, hoisted: &dyn Fn(&Expr) -> Option
         ExprKind::Unary(UnOp::Neg, a) if a.ty == Ty::I32 => format!("neg_i32({})", c(a)),
         ExprKind::Unary(UnOp::Neg, a) => format!("(-{})", c(a)),
         ExprKind::Unary(UnOp::Not, a) => format!("(!{})", c(a)),
+        ExprKind::Unary(UnOp::BitNot, a) => format!("(~{})", c(a)),
         ExprKind::Binary(op, a, b) => {
             let (x, y) = (c(a), c(b));
             match (op, a.ty) {
@@ -47,6 +49,8 @@ pub(crate) fn c_expr_in(spec: &Spec, e: &Expr, hoisted: &dyn Fn(&Expr) -> Option
                 (BinOp::Mul, Ty::I32) => format!("mul_i32({x}, {y})"),
                 (BinOp::Div, Ty::I32) => format!("div_i32({x}, {y})"),
                 (BinOp::Rem, Ty::I32) => format!("rem_i32({x}, {y})"),
+                (BinOp::Shl, _) => format!("shl_i32({x}, {y})"),
+                (BinOp::Shr, _) => format!("shr_i32({x}, {y})"),
                 (BinOp::Div, _) => format!("div_f32({x}, {y})"),
                 (BinOp::Rem, _) => format!("fmodf({x}, {y})"),
                 _ => format!("({x} {} {y})", op.symbol()),
@@ -86,8 +90,8 @@ pub(crate) fn load_offset(
     hoisted: &dyn Fn(&Expr) -> Option<String>,
 ) -> String {
     let mut offset = String::new();
-    for (index, &dim) in indices.iter().zip(&spec.tensors[slot].dims) {
-        let wide = matches!(dim, Dim::Const(n) if n > i32::MAX as u32);
+    for (index, dim) in indices.iter().zip(&spec.tensors[slot].dims) {
+        let wide = matches!(dim, Dim::Const(n) if *n > i32::MAX as u32);
         let (dim, clip) = (dim_value(spec, dim), if wide { "clip_wide" } else { "clip" });
         let clipped = format!("{clip}({}, {dim})", c_expr_in(spec, index, hoisted));
         // The first index widens the sum: every later term is 64-bit.
@@ -100,10 +104,13 @@ pub(crate) fn load_offset(
     offset
 }
 
-/// A tensor dimension as a C value: a size argument or a constant.
-fn dim_value(spec: &Spec, dim: Dim) -> String {
+/// A tensor dimension as a C value: a size argument, a constant, or an
+/// expression of them in plain int arithmetic (the launch checked that every
+/// value along the way fits, `TensorDecl::check_dims`).
+fn dim_value(spec: &Spec, dim: &Dim) -> String {
     let kind = match dim {
         Dim::Const(n) => return n.to_string(),
+        Dim::Op(op, a, b) => return format!("({} {} {})", dim_value(spec, a), op.symbol(), dim_value(spec, b)),
         Dim::Batch => ArgKind::Batch,
         Dim::Heads => ArgKind::Heads,
         Dim::HeadsKv => ArgKind::HeadsKv,
@@ -133,6 +140,8 @@ fn func_name(func: Func, ty: Ty) -> &'static str {
         Func::Sigmoid => "sigmoid",
         Func::Sqrt => "sqrtf",
         Func::Floor => "floorf",
+        Func::RemEuclid => "rem_euclid_i32",
+        Func::DivEuclid => "div_euclid_i32",
     }
 }
 
@@ -214,6 +223,14 @@ mod tests {
     }
 
     #[test]
+    fn bit_operators_are_cs_and_shifts_and_euclid_helpers() {
+        assert_eq!(
+            mask("param n: i32, mask: (q & k | q ^ !k) << n >> 2 == rem_euclid(q, n) + div_euclid(k, 8)"),
+            "(shr_i32(shl_i32(((q & k) | (q ^ (~k))), p_n), 2) == add_i32(rem_euclid_i32(q, p_n), div_euclid_i32(k, 8)))"
+        );
+    }
+
+    #[test]
     fn casts_calls_and_if() {
         assert_eq!(
             score("score: (k - q) as f32 + (score as i32) as f32"),
@@ -241,6 +258,11 @@ mod tests {
             "f16::to_f32(t_t[(((long long)clip(b, batch) * heads_kv + clip(h, heads_kv)) * q_len + clip(q, q_len))])"
         );
         assert_eq!(score("tensor t: bf16[KV_LEN], score: t[k]"), "bf16::to_f32(t_t[clip(k, kv_len)])");
+        // Dimension expressions print as int arithmetic (checked at launch).
+        assert_eq!(
+            score("tensor rel: f32[2 * KV_LEN - 1], score: score + rel[k - q + kv_len - 1]"),
+            "(score + t_rel[clip(sub_i32(add_i32(sub_i32(k, q), kv_len), 1), ((2 * kv_len) - 1))])"
+        );
         // Constant dimensions past i32::MAX clip in 64 bits.
         assert_eq!(score("tensor t: f32[4000000000], score: score + t[k]"), "(score + t_t[clip_wide(k, 4000000000)])");
     }

@@ -9,7 +9,7 @@
 //! column-level ones into a register per key column of the current tile.
 //! Cheap integer arithmetic on positions stays inline.
 
-use crate::spec::{Builtin, Expr, ExprKind, Func};
+use crate::spec::{Builtin, Expr, ExprKind};
 
 /// Where a hoisted value is computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,7 +93,7 @@ fn costly(e: &Expr) -> bool {
     e.walk(&mut |n| {
         found |= match &n.kind {
             ExprKind::Load(..) => true,
-            ExprKind::Call(f, _) => !f.is_numeric() && *f != Func::Floor,
+            ExprKind::Call(f, _) => f.is_transcendental(),
             _ => false,
         }
     });

@@ -7,6 +7,8 @@
 
 pub(crate) mod wgmma_ops;
 
+use crate::spec::{Domain, Expr, ExprKind, Spec, UnOp};
+
 /// One file of the CUDA library.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Part {
@@ -19,6 +21,11 @@ pub enum Part {
     /// rules. The tensor-core tile operations live in [`Part::Tiles`].
     Prelude,
 
+    /// The scalar helpers of the bit shifts and Euclidean division, after
+    /// the prelude in kernels of specs that use bit operations or
+    /// `rem_euclid`/`div_euclid` ([`Part::extension`]).
+    IntOps,
+
     /// The prelude section for tile classification: interval arithmetic over the
     /// spec language, the kernel-side twin of [`crate::analysis`].
     ///
@@ -28,6 +35,10 @@ pub enum Part {
     /// one that leaves i32 range means the i32 operation may wrap, so the result
     /// widens to all of i32 (`r_norm`). Bools are sub-intervals of [0, 1].
     Ranges,
+
+    /// The interval rules of bit operations and Euclidean division, after
+    /// [`Part::Ranges`] in kernels whose mask uses them.
+    IntRanges,
 
     /// The tensor-core tile library: the handful of named operations the
     /// forward kernel is written in (ThunderKittens style).
@@ -138,9 +149,11 @@ pub enum Part {
 
 impl Part {
     /// Every part, in the order kernels include them.
-    pub const ALL: [Part; 13] = [
+    pub const ALL: [Part; 15] = [
         Part::Prelude,
+        Part::IntOps,
         Part::Ranges,
+        Part::IntRanges,
         Part::Tiles,
         Part::Wgmma,
         Part::Ring,
@@ -158,7 +171,9 @@ impl Part {
     pub fn text(self) -> &'static str {
         match self {
             Part::Prelude => include_str!("prelude.cuh"),
+            Part::IntOps => include_str!("int_ops.cuh"),
             Part::Ranges => include_str!("ranges.cuh"),
+            Part::IntRanges => include_str!("int_ranges.cuh"),
             Part::Tiles => include_str!("tiles.cuh"),
             Part::Wgmma => include_str!("wgmma.cuh"),
             Part::Ring => include_str!("ring.cuh"),
@@ -177,7 +192,9 @@ impl Part {
     pub fn file_name(self) -> &'static str {
         match self {
             Part::Prelude => "prelude.cuh",
+            Part::IntOps => "int_ops.cuh",
             Part::Ranges => "ranges.cuh",
+            Part::IntRanges => "int_ranges.cuh",
             Part::Tiles => "tiles.cuh",
             Part::Wgmma => "wgmma.cuh",
             Part::Ring => "ring.cuh",
@@ -191,4 +208,29 @@ impl Part {
             Part::DqFragments => "dq_fragments.cuh",
         }
     }
+
+    /// The optional part that follows `self` in a kernel of `spec`: helpers
+    /// of operators only some specs use, so that the kernels of the others
+    /// stay as they were.
+    pub fn extension(self, spec: &Spec) -> Option<Part> {
+        match self {
+            Part::Prelude if spec.mask.iter().chain(&spec.score).any(uses_int_ops) => Some(Part::IntOps),
+            Part::Ranges if spec.mask.as_ref().is_some_and(uses_int_ops) => Some(Part::IntRanges),
+            _ => None,
+        }
+    }
+}
+
+/// Whether `e` uses a bit operation or an i32-only function.
+fn uses_int_ops(e: &Expr) -> bool {
+    let mut found = false;
+    e.walk(&mut |n| {
+        found |= match &n.kind {
+            ExprKind::Binary(op, ..) => op.is_bitwise(),
+            ExprKind::Unary(op, _) => *op == UnOp::BitNot,
+            ExprKind::Call(f, _) => f.domain() == Domain::Int,
+            _ => false,
+        }
+    });
+    found
 }
