@@ -103,6 +103,14 @@ pub enum Dim {
     /// `KV_LEN`: the key/value sequence length.
     KvLen,
     Const(u32),
+    /// `Q_LEN` of a tensor read by a varlen kernel, where the built-in
+    /// `q_len` is one sequence's length: the longest sequence's, so the
+    /// tensor keeps one row-major layout for the launch. Only in the view a
+    /// varlen kernel is emitted from ([`Spec::varlen_view`]); it resolves
+    /// and prints as `Q_LEN`.
+    MaxQLen,
+    /// `KV_LEN` in a varlen kernel's view, as [`Dim::MaxQLen`].
+    MaxKvLen,
 }
 
 impl Dim {
@@ -115,8 +123,8 @@ impl Dim {
             Dim::Batch => shape.batch,
             Dim::Heads => shape.heads,
             Dim::HeadsKv => shape.heads_kv,
-            Dim::QLen => shape.q_len,
-            Dim::KvLen => shape.kv_len,
+            Dim::QLen | Dim::MaxQLen => shape.q_len,
+            Dim::KvLen | Dim::MaxKvLen => shape.kv_len,
             Dim::Const(n) => n as usize,
         }
     }
@@ -126,6 +134,8 @@ impl fmt::Display for Dim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Dim::Const(n) => write!(f, "{n}"),
+            Dim::MaxQLen => Dim::QLen.fmt(f),
+            Dim::MaxKvLen => Dim::KvLen.fmt(f),
             sym => {
                 let name = Dim::SYMBOLS.iter().find(|(_, d)| d == sym).map(|(n, _)| *n);
                 f.write_str(name.unwrap_or("?"))
@@ -411,4 +421,22 @@ pub struct Spec {
     pub mask: Option<Expr>,
     /// f32; `None` leaves the score unchanged.
     pub score: Option<Expr>,
+}
+
+impl Spec {
+    /// The spec as a varlen kernel reads it: the same spec, its tensors'
+    /// `Q_LEN` and `KV_LEN` dims the longest sequence's lengths
+    /// ([`Dim::MaxQLen`]) while `q_len` and `kv_len` in its expressions are
+    /// each sequence's own. Prints as the spec itself.
+    pub fn varlen_view(&self) -> Spec {
+        let mut view = self.clone();
+        for dim in view.tensors.iter_mut().flat_map(|t| t.dims.iter_mut()) {
+            *dim = match *dim {
+                Dim::QLen => Dim::MaxQLen,
+                Dim::KvLen => Dim::MaxKvLen,
+                other => other,
+            };
+        }
+        view
+    }
 }

@@ -6,7 +6,7 @@ use crate::args::ArgInfo;
 use crate::error::Error;
 use crate::tma::TensorMap;
 use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
-use flashgen_codegen::abi::{ArgKind, Axis, Grid, Kernel, Operand};
+use flashgen_codegen::abi::{ArgKind, Axis, Grid, Kernel, Operand, Side};
 use flashgen_codegen::Shape;
 
 /// One kernel argument, by value, with the C type the ABI gives it.
@@ -48,6 +48,18 @@ pub(crate) struct Bindings<'a> {
     /// The TMA descriptors of a kernel that copies with TMA (see
     /// `tma::tensor_maps`).
     pub tensor_maps: Option<Vec<(Operand, TensorMap)>>,
+    /// What only varlen kernels take; their `shape` holds the longest
+    /// sequences' lengths.
+    pub varlen: Option<VarlenBindings>,
+}
+
+/// A varlen launch's sequences, queries' then keys'.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct VarlenBindings {
+    /// Device addresses of `cu_seqlens_q` and `cu_seqlens_k`.
+    pub cu_seqlens: [u64; 2],
+    /// Tokens in Q (and O) and in K (and V), checked to fit i32.
+    pub tokens: [usize; 2],
 }
 
 impl<'a> Bindings<'a> {
@@ -69,6 +81,7 @@ impl<'a> Bindings<'a> {
             grads: None,
             work_counter: None,
             tensor_maps: None,
+            varlen: None,
         }
     }
 }
@@ -99,6 +112,8 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
                 problem: format!("argument `{}` refers to a param, tensor or gradient the launch lacks", arg.name),
             };
             let grads = || b.grads.as_ref().ok_or_else(abi_error);
+            let varlen = || b.varlen.ok_or_else(abi_error);
+            let side = |side| usize::from(side == Side::Keys);
             Ok(match arg.kind {
                 ArgKind::Ptr(op) => Value::Ptr(match operand_index(op) {
                     Slot::Forward(i) => b.ptrs[i],
@@ -137,6 +152,10 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
                         .1,
                 ),
                 ArgKind::WorkOrder => Value::Ptr(b.work_order),
+                ArgKind::CuSeqlens(s) => Value::Ptr(varlen()?.cu_seqlens[side(s)]),
+                ArgKind::MaxLen(Side::Queries) => size(b.shape.q_len),
+                ArgKind::MaxLen(Side::Keys) => size(b.shape.kv_len),
+                ArgKind::Tokens(s) => size(varlen()?.tokens[side(s)]),
             })
         })
         .collect()
@@ -273,6 +292,7 @@ mod tests {
             work_counter: None,
             tensor_maps: None,
             grads: None,
+            varlen: None,
         }
     }
 

@@ -98,6 +98,10 @@ pub enum Part {
     /// divisions that decode an item into its query tile, head and batch.
     WorkClaims,
 
+    /// Varlen (packed) operands: a sequence's span of tokens from the prefix
+    /// sums, clamped into the buffers.
+    Varlen,
+
     /// Hopper's tensor memory accelerator (TMA) for the producers of the
     /// warp-specialized kernels (the persistent forward, the backward's dK/dV
     /// kernel): one thread hands the copy engine a whole tile (a
@@ -138,13 +142,14 @@ pub enum Part {
 
 impl Part {
     /// Every part, in the order kernels include them.
-    pub const ALL: [Part; 13] = [
+    pub const ALL: [Part; 14] = [
         Part::Prelude,
         Part::Ranges,
         Part::Tiles,
         Part::Wgmma,
         Part::Ring,
         Part::WorkClaims,
+        Part::Varlen,
         Part::Tma,
         Part::TmaStore,
         Part::Trace,
@@ -163,6 +168,7 @@ impl Part {
             Part::Wgmma => include_str!("wgmma.cuh"),
             Part::Ring => include_str!("ring.cuh"),
             Part::WorkClaims => include_str!("work_claims.cuh"),
+            Part::Varlen => include_str!("varlen.cuh"),
             Part::Tma => include_str!("tma.cuh"),
             Part::TmaStore => include_str!("tma_store.cuh"),
             Part::Trace => include_str!("trace.cuh"),
@@ -182,6 +188,7 @@ impl Part {
             Part::Wgmma => "wgmma.cuh",
             Part::Ring => "ring.cuh",
             Part::WorkClaims => "work_claims.cuh",
+            Part::Varlen => "varlen.cuh",
             Part::Tma => "tma.cuh",
             Part::TmaStore => "tma_store.cuh",
             Part::Trace => "trace.cuh",
