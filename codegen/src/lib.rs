@@ -13,6 +13,7 @@ pub mod grad;
 pub mod reference;
 pub mod spec;
 pub mod syntax;
+pub mod varlen;
 
 pub use error::SpecError;
 pub use spec::*;

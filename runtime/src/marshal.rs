@@ -4,6 +4,7 @@
 
 use crate::args::ArgInfo;
 use crate::error::Error;
+use crate::layout::Layout;
 use crate::tma::TensorMap;
 use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
 use flashgen_codegen::abi::{ArgKind, Axis, Grid, Kernel, Operand, Side};
@@ -83,6 +84,15 @@ impl<'a> Bindings<'a> {
             tensor_maps: None,
             varlen: None,
         }
+    }
+}
+
+impl Bindings<'_> {
+    /// These bindings with Q, K, V and O in buffers at `bases` laid out as
+    /// `layouts`, the LSE at `lse` (0: none) and the softmax `scale`.
+    pub fn with_operands(self, bases: [u64; 4], layouts: [Layout; 4], lse: u64, scale: f32) -> Self {
+        let ptrs = [0, 1, 2, 3].map(|i| layouts[i].address(bases[i]));
+        Bindings { ptrs, strides: layouts.map(|l| l.strides), lse, scale, ..self }
     }
 }
 

@@ -42,7 +42,12 @@ const FORWARD_OPERANDS: [Operand; 4] = [Operand::Q, Operand::K, Operand::V, Oper
 
 /// `kinds`, then a forward's arguments from the scale on (see
 /// [`forward_args`]), the work order where `work_order` and persistent.
-fn forward_tail(spec: &Spec, mut kinds: Vec<ArgKind>, persistent: Option<TileCopy>, work_order: bool) -> Vec<KernelArg> {
+fn forward_tail(
+    spec: &Spec,
+    mut kinds: Vec<ArgKind>,
+    persistent: Option<TileCopy>,
+    work_order: bool,
+) -> Vec<KernelArg> {
     kinds.push(ArgKind::Scale);
     kinds.extend((0..spec.params.len()).map(ArgKind::Param));
     kinds.extend((0..spec.tensors.len()).map(ArgKind::Tensor));

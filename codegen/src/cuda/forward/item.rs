@@ -3,10 +3,10 @@
 //! accumulators and online-softmax state.
 
 use super::logit::write_logit;
-use super::plan::Plan;
-use super::varlen;
 use super::mma::write_operand_lanes;
+use super::plan::Plan;
 use super::softmax::RowSums;
+use super::varlen;
 use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::kit::hoist::{hoist, Hoisted, Level};
