@@ -34,7 +34,12 @@ fn varlen_problem(spec: &Spec) -> VarlenProblem {
     let mut rng = Rng(7);
     let (dk, dv) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
     let cu = |side: fn(&(usize, usize)) -> usize| -> Vec<usize> {
-        std::iter::once(0).chain(LENS.iter().scan(0, |sum, len| Some(*sum += side(len)).map(|_| *sum))).collect()
+        std::iter::once(0)
+            .chain(LENS.iter().scan(0, |sum, len| {
+                *sum += side(len);
+                Some(*sum)
+            }))
+            .collect()
     };
     let (cu_q, cu_k) = (cu(|l| l.0), cu(|l| l.1));
     let (total_q, total_kv) = (cu_q[LENS.len()], cu_k[LENS.len()]);

@@ -11,8 +11,12 @@ use std::collections::HashSet;
 /// Prefix sums of `lens`, and the tokens of a buffer that holds them and
 /// `pad` more.
 fn prefix_sums(lens: &[i32], pad: i32) -> (Vec<i32>, i32) {
-    let cu: Vec<i32> =
-        std::iter::once(0).chain(lens.iter().scan(0, |sum, len| Some(*sum += len).map(|_| *sum))).collect();
+    let cu: Vec<i32> = std::iter::once(0)
+        .chain(lens.iter().scan(0, |sum, &len| {
+            *sum += len;
+            Some(*sum)
+        }))
+        .collect();
     let total = cu[lens.len()] + pad;
     (cu, total)
 }

@@ -100,7 +100,7 @@ impl PackedLayout {
 
     /// The same elements as a [`Layout`] of one batch row of `tokens`
     /// positions, which the bounds checks and addresses read.
-    pub(crate) fn as_layout(&self) -> Layout {
+    pub fn as_layout(&self) -> Layout {
         let [token, head] = self.strides;
         let strides = [0, token, head];
         Layout { batch: 1, seq: self.tokens, heads: self.heads, dim: self.dim, strides, offset: self.offset }

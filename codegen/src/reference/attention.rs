@@ -123,7 +123,7 @@ fn grid_of(precision: Precision) -> Option<Grid> {
 }
 
 fn check_heads(heads: usize, heads_kv: usize) -> Result<(), ReferenceError> {
-    match heads_kv != 0 && heads % heads_kv == 0 {
+    match heads_kv != 0 && heads.is_multiple_of(heads_kv) {
         true => Ok(()),
         false => {
             Err(ReferenceError::Shape(format!("heads_kv ({heads_kv}) must be positive and divide heads ({heads})")))
