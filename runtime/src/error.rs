@@ -134,7 +134,8 @@ pub enum Error {
     Scale {
         scale: f32,
     },
-    /// The LSE buffer holds fewer than `batch · heads · q_len` floats.
+    /// The LSE buffer holds fewer than `batch · heads · q_len` floats (a
+    /// varlen launch's: `heads · total_q`).
     LseTooSmall {
         len: usize,
         needed: usize,
@@ -286,7 +287,7 @@ impl fmt::Display for Error {
             Error::TooLarge { what, value, max } => write!(f, "{what} = {value} exceeds the maximum {max}"),
             Error::Scale { scale } => write!(f, "the softmax scale must be positive and finite, got {scale}"),
             Error::LseTooSmall { len, needed } => {
-                write!(f, "the LSE buffer holds {len} floats but batch · heads · q_len = {needed}")
+                write!(f, "the LSE buffer holds {len} floats but the launch writes {needed} (batch · heads · q_len, varlen: heads · total_q)")
             }
             Error::ArgCount { expected, got, signature } => {
                 write!(f, "expected {expected} argument(s) ({signature}), got {got}")
