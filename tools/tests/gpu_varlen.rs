@@ -10,6 +10,7 @@ mod support;
 
 use flashgen::codegen::cuda::{Mma, TileConfig};
 use flashgen::codegen::reference::VarlenProblem;
+use flashgen::codegen::varlen::seq_span;
 use flashgen::codegen::{Dtype, Spec};
 use flashgen::half::bf16;
 use flashgen::runtime::tile_choice;
@@ -186,11 +187,19 @@ fn bad_device_prefix_sums_stay_in_bounds() {
     let lens = [(40, 50), (30, 60), (20, 20)];
     let problem = random_varlen_problem(&spec, (2, 1), &lens, vec![], rand::random());
     let expected = Expected::varlen(&spec, &problem).unwrap();
+    // total_q = 90, total_kv = 130: the outer sums clamp to 0 and the ends,
+    // as the kernels' CPU twin says.
+    let (bad_q, bad_k) = ([-5, 40, 70, 1_000_000], [i32::MIN, 50, 110, i32::MAX]);
+    for (bad, good, total, max) in [(bad_q, &problem.cu_seqlens_q, 90, 40), (bad_k, &problem.cu_seqlens_k, 130, 60)] {
+        for b in 0..lens.len() {
+            let span = seq_span(&bad, b, total, max);
+            assert_eq!((span.start as usize, (span.start + span.len) as usize), (good[b], good[b + 1]));
+        }
+    }
     for config in tile_choice::candidates(&spec, rt.target()) {
         let mut gpu = DeviceVarlen::upload(&rt, &spec, &problem, Packing::Thd).unwrap();
         gpu.pin_config(Some(config));
-        // total_q = 90, total_kv = 130: the outer sums clamp to 0 and the ends.
-        gpu.set_device_seqlens(&[-5, 40, 70, 1_000_000], &[i32::MIN, 50, 110, i32::MAX]).unwrap();
+        gpu.set_device_seqlens(&bad_q, &bad_k).unwrap();
         gpu.launch(&rt, &spec, &problem).unwrap();
         let report = expected.check(&gpu.download().unwrap());
         assert!(report.passed(), "{config:?}: O {}  LSE {}", report.output, report.lse);
