@@ -344,6 +344,43 @@ mod tests {
         assert_eq!(values, expected);
     }
 
+    /// A varlen kernel's sequences, longest lengths and token counts come
+    /// from the varlen bindings and the shape, its strides from each
+    /// operand's token and head axes; without varlen bindings it is refused.
+    #[test]
+    fn varlen_kernels_marshal_their_sequences() {
+        use flashgen_codegen::cuda::{emit_forward_varlen, Mma, TileConfig};
+        let spec = flashgen_codegen::parse_one(
+            "D { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }",
+        )
+        .unwrap();
+        let args = [ArgInfo::Tensor(ElemTy::I32, 3 * 7)];
+        let persistent = TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n: 128 };
+        for config in [TileConfig::default_for(&spec), persistent] {
+            let kernel = emit_forward_varlen(&spec, config);
+            let varlen = Some(VarlenBindings { cu_seqlens: [91, 92], tokens: [500, 700] });
+            let b = Bindings { varlen, work_counter: Some(93), ..bindings(&args, &[99]) };
+            let values = marshal(&kernel, &b).unwrap();
+            let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];
+            use Value::*;
+            for (name, expected) in [
+                ("cu_seqlens_q", Ptr(91)),
+                ("cu_seqlens_k", Ptr(92)),
+                ("max_q_len", I32(129)),
+                ("max_kv_len", I32(7)),
+                ("total_q", I32(500)),
+                ("total_kv", I32(700)),
+                ("q_seq_stride", I64(2)),
+                ("v_head_stride", I64(9)),
+                ("t_doc", Ptr(99)),
+            ] {
+                assert_eq!(value(name), expected, "{name} in {config:?}");
+            }
+            let err = marshal(&kernel, &Bindings { varlen: None, ..b }).unwrap_err();
+            assert!(matches!(err, Error::KernelAbi { .. }), "{err}");
+        }
+    }
+
     #[test]
     fn dangling_indices_are_abi_errors() {
         for kind in [ArgKind::Param(1), ArgKind::Tensor(1), ArgKind::Param(2)] {
