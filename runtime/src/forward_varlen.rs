@@ -20,7 +20,8 @@ use flashgen_codegen::{to_source, Spec};
 /// The operands of one varlen forward pass. O and the optional row
 /// log-sum-exp are written; the LSE is `f32[heads, total_q]` (row `t` of
 /// head `h` at `h · total_q + t`, FlashAttention's varlen layout), where
-/// `total_q` is Q's token count.
+/// `total_q` is Q's token count. Tokens of no sequence (past
+/// `cu_seqlens_q[batch]`) are left as they were in O and the LSE.
 pub struct VarlenIo<'a, T> {
     pub q: (&'a dyn DeviceInput<T>, PackedLayout),
     pub k: (&'a dyn DeviceInput<T>, PackedLayout),
