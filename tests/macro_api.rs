@@ -86,6 +86,12 @@ fn typed_autotune(rt: &Runtime, io: ForwardIo<'_, bf16>, slopes: &CudaSlice<f32>
     Ok(report.to_string())
 }
 
+/// The varlen forward takes the same typed args, on packed buffers.
+#[allow(dead_code)]
+fn typed_varlen_launch(rt: &Runtime, io: flashgen::VarlenIo<'_, bf16>, slopes: &CudaSlice<f32>) -> Result<(), Error> {
+    SlidingAlibi::forward_varlen(rt, io, &SlidingAlibiArgs { window: 256, slopes }, &Default::default())
+}
+
 #[allow(dead_code)]
 fn typed_launch_without_args(rt: &Runtime, io: ForwardIo<'_, flashgen::half::f16>) -> Result<(), Error> {
     Plain::forward(rt, io, &PlainArgs, &Default::default())

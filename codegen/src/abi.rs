@@ -33,7 +33,8 @@ pub enum Axis {
 pub enum ArgKind {
     /// Base pointer of an operand.
     Ptr(Operand),
-    /// `float*` row log-sum-exp output `[batch, heads, q_len]`, or null.
+    /// `float*` row log-sum-exp output `[batch, heads, q_len]` (a varlen
+    /// kernel's: `[heads, total_q]`, FlashAttention's), or null.
     Lse,
     Batch,
     Heads,
@@ -76,6 +77,16 @@ pub enum ArgKind {
     /// [`TmaBox::of`], with the 128-byte swizzle. Only kernels
     /// generated to copy with TMA take them (`cuda::TileCopy`).
     TensorMap(Operand),
+    /// `const int*` a varlen launch's prefix sums of its sequences' query
+    /// (Q and O tokens) or key (K and V tokens) counts, `i32[batch + 1]`
+    /// on the device. Kernels clamp what they read into the buffers.
+    CuSeqlens(Side),
+    /// A varlen launch's longest sequence of queries or keys: the grid
+    /// covers its query tiles, and tensors' `Q_LEN` / `KV_LEN` dims are these.
+    MaxLen(Side),
+    /// A varlen launch's tokens in Q and O, or in K and V: what sequences
+    /// are clamped into, and (queries) the LSE's row count.
+    Tokens(Side),
     /// `int*` a work order under a data-dependent mask: the dK/dV kernel's
     /// CTAs or a persistent forward's items, longest first within windows of
     /// a few heads, as their indices in launch (claim) order, then each
@@ -83,6 +94,14 @@ pub enum ArgKind {
     /// kernel writes it from a block mask; the others read it (null: launch
     /// order).
     WorkOrder,
+}
+
+/// Which tokens of a varlen launch an argument describes: the queries' (Q,
+/// O, the LSE) or the keys' (K, V).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Side {
+    Queries,
+    Keys,
 }
 
 /// Rows of O a persistent forward stores per TMA copy: one warp's.

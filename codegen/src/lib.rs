@@ -14,6 +14,7 @@ pub mod index_check;
 pub mod reference;
 pub mod spec;
 pub mod syntax;
+pub mod varlen;
 
 pub use error::SpecError;
 pub use spec::*;

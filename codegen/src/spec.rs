@@ -107,6 +107,14 @@ pub enum Dim {
     /// Two dimensions combined; a divisor is a positive constant. Every
     /// value along the way must fit an i32 ([`Dim::value`]).
     Op(DimOp, Box<Dim>, Box<Dim>),
+    /// `Q_LEN` of a tensor read by a varlen kernel, where the built-in
+    /// `q_len` is one sequence's length: the longest sequence's, so the
+    /// tensor keeps one row-major layout for the launch. Only in the view a
+    /// varlen kernel is emitted from ([`Spec::varlen_view`]); it resolves
+    /// and prints as `Q_LEN`.
+    MaxQLen,
+    /// `KV_LEN` in a varlen kernel's view, as [`Dim::MaxQLen`].
+    MaxKvLen,
 }
 
 /// An operator of a dimension expression.
@@ -150,8 +158,8 @@ impl Dim {
             Dim::Batch => shape.batch,
             Dim::Heads => shape.heads,
             Dim::HeadsKv => shape.heads_kv,
-            Dim::QLen => shape.q_len,
-            Dim::KvLen => shape.kv_len,
+            Dim::QLen | Dim::MaxQLen => shape.q_len,
+            Dim::KvLen | Dim::MaxKvLen => shape.kv_len,
             Dim::Const(n) => *n as usize,
             Dim::Op(..) => self.value(shape).map_or(usize::MAX, |v| usize::try_from(v).unwrap_or(0)),
         }
@@ -179,6 +187,17 @@ impl Dim {
         i32::try_from(v).is_ok().then_some(v)
     }
 
+    /// This dimension with `Q_LEN` and `KV_LEN` read as the longest
+    /// sequence's ([`Spec::varlen_view`]), inside expressions too.
+    fn longest(&self) -> Dim {
+        match self {
+            Dim::QLen => Dim::MaxQLen,
+            Dim::KvLen => Dim::MaxKvLen,
+            Dim::Op(op, a, b) => Dim::Op(*op, Box::new(a.longest()), Box::new(b.longest())),
+            other => other.clone(),
+        }
+    }
+
     /// Writes the dimension, parenthesizing operands that bind looser than
     /// `min_prec`.
     fn write(&self, f: &mut fmt::Formatter<'_>, min_prec: u8) -> fmt::Result {
@@ -199,6 +218,8 @@ impl Dim {
                 }
                 Ok(())
             }
+            Dim::MaxQLen => Dim::QLen.write(f, min_prec),
+            Dim::MaxKvLen => Dim::KvLen.write(f, min_prec),
             sym => {
                 let name = Dim::SYMBOLS.iter().find(|(_, d)| d == sym).map(|(n, _)| *n);
                 f.write_str(name.unwrap_or("?"))
@@ -580,4 +601,18 @@ pub struct Spec {
     pub mask: Option<Expr>,
     /// f32; `None` leaves the score unchanged.
     pub score: Option<Expr>,
+}
+
+impl Spec {
+    /// The spec as a varlen kernel reads it: the same spec, its tensors'
+    /// `Q_LEN` and `KV_LEN` dims the longest sequence's lengths
+    /// ([`Dim::MaxQLen`]) while `q_len` and `kv_len` in its expressions are
+    /// each sequence's own. Prints as the spec itself.
+    pub fn varlen_view(&self) -> Spec {
+        let mut view = self.clone();
+        for dim in view.tensors.iter_mut().flat_map(|t| t.dims.iter_mut()) {
+            *dim = dim.longest();
+        }
+        view
+    }
 }

@@ -10,8 +10,8 @@
 use flashgen_codegen::abi::{ArgKind, Kernel};
 use flashgen_codegen::cuda::library::Part;
 use flashgen_codegen::cuda::{
-    emit_backward, emit_backward_with, emit_forward, emit_forward_copying, emit_forward_with, BackwardConfig,
-    BackwardPass, DqAccum, Mma, Target, TileConfig, TileCopy,
+    emit_backward, emit_backward_with, emit_forward, emit_forward_copying, emit_forward_varlen, emit_forward_with,
+    BackwardConfig, BackwardPass, DqAccum, Mma, Target, TileConfig, TileCopy,
 };
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
@@ -111,6 +111,19 @@ fn hopper_forward_kernels_of_named_variants() {
     for stem in ["full", "causal", "document", "softcap"] {
         let spec = variant(stem);
         insta::assert_snapshot!(format!("wgmma_{stem}"), render(&emit_forward_with(&spec, TWO_WARPGROUPS)));
+    }
+}
+
+#[test]
+fn varlen_forward_kernels() {
+    // Per-sequence lengths (bottom-right causal), a per-sequence tensor sized
+    // by the longest sequence (documents), on mma.sync and on the persistent
+    // wgmma kernel, whose producer claims past tiles beyond their sequence.
+    for stem in ["causal_bottom_right", "document"] {
+        let spec = variant(stem);
+        let sync = emit_forward_varlen(&spec, TileConfig::default_for(&spec));
+        insta::assert_snapshot!(format!("varlen_{stem}"), render(&sync));
+        insta::assert_snapshot!(format!("varlen_wgmma_{stem}"), render(&emit_forward_varlen(&spec, TWO_WARPGROUPS)));
     }
 }
 

@@ -90,6 +90,19 @@ pub fn spec_items(spec: &Spec) -> TokenStream {
                 rt.forward(Self::spec(), io, &[#(#values),*], opts)
             }
 
+            /// Launches the forward pass on packed (varlen) sequences on `rt`'s
+            /// stream: `b` is the sequence, `q_len` / `kv_len` its lengths
+            /// (see [`::flashgen::Runtime::forward_varlen`]).
+            pub fn forward_varlen(
+                rt: &::flashgen::Runtime,
+                io: ::flashgen::VarlenIo<'_, #elem>,
+                args: &#args_ty,
+                opts: &::flashgen::ForwardOptions<'_>,
+            ) -> ::std::result::Result<(), ::flashgen::Error> {
+                #unused
+                rt.forward_varlen(Self::spec(), io, &[#(#values),*], opts)
+            }
+
             /// Times every tile configuration of the forward on these operands
             /// and remembers the fastest for their shape class (see
             /// [`::flashgen::Runtime::autotune`]). A forward pass: writes O and the LSE.

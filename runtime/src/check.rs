@@ -58,6 +58,28 @@ pub(crate) fn softmax_scale(spec: &Spec, scale: Option<f32>) -> Result<f32, Erro
 /// An empty key sequence still launches: every row is fully masked and the
 /// kernel must still write O and the LSE.
 pub(crate) fn check_forward(spec: &Spec, p: &Problem, args: &[ArgInfo]) -> Result<Option<Shape>, Error> {
+    check_operands(spec, p)?;
+    let (q, k) = (&p.q.layout, &p.k.layout);
+    let shape = Shape { batch: q.batch, heads: q.heads, heads_kv: k.heads, q_len: q.seq, kv_len: k.seq };
+    check_shape(spec, &shape, args)?;
+    for (operand, buffer) in [(Operand::Q, &p.q), (Operand::K, &p.k), (Operand::V, &p.v), (Operand::O, &p.o)] {
+        check_bounds(operand, buffer)?;
+    }
+    if shape.batch == 0 || shape.q_len == 0 {
+        return Ok(None);
+    }
+    if let Some(len) = p.lse {
+        let needed = shape.batch.saturating_mul(shape.heads).saturating_mul(shape.q_len);
+        if len < needed {
+            return Err(Error::LseTooSmall { len, needed });
+        }
+    }
+    Ok(Some(shape))
+}
+
+/// The dtype, and the sizes the operands must share with each other and
+/// with the spec's head dims.
+pub(crate) fn check_operands(spec: &Spec, p: &Problem) -> Result<(), Error> {
     if p.dtype != spec.dtype {
         return Err(Error::Dtype { spec: spec.dtype, got: p.dtype });
     }
@@ -85,21 +107,7 @@ pub(crate) fn check_forward(spec: &Spec, p: &Problem, args: &[ArgInfo]) -> Resul
             return Err(Error::HeadDim { operand, got, expected });
         }
     }
-    let shape = Shape { batch: q.batch, heads: q.heads, heads_kv: k.heads, q_len: q.seq, kv_len: k.seq };
-    check_shape(spec, &shape, args)?;
-    for (operand, buffer) in [(Operand::Q, &p.q), (Operand::K, &p.k), (Operand::V, &p.v), (Operand::O, &p.o)] {
-        check_bounds(operand, buffer)?;
-    }
-    if shape.batch == 0 || shape.q_len == 0 {
-        return Ok(None);
-    }
-    if let Some(len) = p.lse {
-        let needed = shape.batch.saturating_mul(shape.heads).saturating_mul(shape.q_len);
-        if len < needed {
-            return Err(Error::LseTooSmall { len, needed });
-        }
-    }
-    Ok(Some(shape))
+    Ok(())
 }
 
 /// The gradient operands of a backward launch as the checks see them.

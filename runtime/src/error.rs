@@ -140,7 +140,8 @@ pub enum Error {
     Scale {
         scale: f32,
     },
-    /// The LSE buffer holds fewer than `batch · heads · q_len` floats.
+    /// The LSE buffer holds fewer than `batch · heads · q_len` floats (a
+    /// varlen launch's: `heads · total_q`).
     LseTooSmall {
         len: usize,
         needed: usize,
@@ -202,6 +203,24 @@ pub enum Error {
         spec: String,
         failures: Vec<(String, Error)>,
     },
+    /// A varlen launch's prefix sums (`cu_seqlens_q` or `cu_seqlens_k`)
+    /// do not hold `batch + 1` entries.
+    CuSeqlensLen {
+        which: &'static str,
+        len: usize,
+        expected: usize,
+    },
+    /// A varlen launch's longest sequence (`max_q_len` or `max_kv_len`)
+    /// disagrees with its buffers: longer than the tokens they hold, or 0
+    /// while they hold tokens.
+    MaxSeqlen {
+        which: &'static str,
+        max: usize,
+        tokens: usize,
+    },
+    /// A block mask was passed to a varlen launch: block masks are built
+    /// over a batch of equal lengths.
+    VarlenBlockMask,
 }
 
 impl fmt::Display for Error {
@@ -284,7 +303,7 @@ impl fmt::Display for Error {
             Error::TooLarge { what, value, max } => write!(f, "{what} = {value} exceeds the maximum {max}"),
             Error::Scale { scale } => write!(f, "the softmax scale must be positive and finite, got {scale}"),
             Error::LseTooSmall { len, needed } => {
-                write!(f, "the LSE buffer holds {len} floats but batch · heads · q_len = {needed}")
+                write!(f, "the LSE buffer holds {len} floats but the launch writes {needed} (batch · heads · q_len, varlen: heads · total_q)")
             }
             Error::ArgCount { expected, got, signature } => {
                 write!(f, "expected {expected} argument(s) ({signature}), got {got}")
@@ -314,6 +333,17 @@ impl fmt::Display for Error {
             Error::NotACandidate { config, spec, arch } => {
                 write!(f, "tile configuration {config} is not a candidate of spec `{spec}` on {arch}")
             }
+            Error::CuSeqlensLen { which, len, expected } => {
+                write!(f, "{which} holds {len} entries but batch + 1 = {expected}")
+            }
+            Error::MaxSeqlen { which, max, tokens } => match max {
+                0 => write!(f, "{which} is 0 but the buffers hold {tokens} tokens"),
+                _ => write!(f, "{which} = {max} exceeds the {tokens} tokens the buffers hold"),
+            },
+            Error::VarlenBlockMask => write!(
+                f,
+                "a varlen launch takes no block mask (it is built for equal lengths); launch without one"
+            ),
             Error::Tuning { spec, failures } => {
                 write!(f, "autotuning `{spec}`: every tile configuration failed")?;
                 failures.iter().try_for_each(|(config, e)| write!(f, "\n{config}: {e}"))

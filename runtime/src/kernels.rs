@@ -12,6 +12,8 @@ use flashgen_codegen::Spec;
 pub(crate) enum Which {
     /// Made by [`Which::forward`].
     Forward(TileConfig, TileCopy),
+    /// The varlen forward in a configuration (it copies with threads).
+    ForwardVarlen(TileConfig),
     BlockMask,
     /// A work order under the spec's block mask.
     WorkOrder(cuda::Work),
@@ -78,6 +80,7 @@ impl Which {
     pub(crate) fn emit(self, spec: &Spec) -> Option<Kernel> {
         match self {
             Which::Forward(config, copy) => Some(cuda::emit_forward_copying(spec, config, copy)),
+            Which::ForwardVarlen(config) => Some(cuda::emit_forward_varlen(spec, config)),
             Which::BlockMask => cuda::emit_block_mask(spec),
             Which::WorkOrder(work) => cuda::emit_work_order(spec, work),
             Which::Backward(pass, config) => Some(cuda::emit_backward_with(spec, pass, config)),

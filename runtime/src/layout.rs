@@ -71,6 +71,42 @@ impl Layout {
     }
 }
 
+/// Sizes and element strides of one varlen (packed, "THD") operand
+/// `[tokens, heads, dim]`: the tokens of all sequences back to back, which
+/// `cu_seqlens` split into sequences. The head-dim axis is contiguous; the
+/// token and head axes take any strides, as [`Layout`]'s do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PackedLayout {
+    pub tokens: usize,
+    pub heads: usize,
+    pub dim: usize,
+    /// Element strides of the token and head axes.
+    pub strides: [i64; 2],
+    /// Elements of the buffer before the operand's first element.
+    pub offset: usize,
+}
+
+impl PackedLayout {
+    /// Contiguous `[tokens, heads, dim]` (FlashAttention's varlen layout).
+    pub fn thd(tokens: usize, heads: usize, dim: usize) -> PackedLayout {
+        let strides = [heads.saturating_mul(dim), dim].map(stride);
+        PackedLayout { tokens, heads, dim, strides, offset: 0 }
+    }
+
+    /// This layout starting `offset` elements into its buffer.
+    pub fn at(self, offset: usize) -> PackedLayout {
+        PackedLayout { offset, ..self }
+    }
+
+    /// The same elements as a [`Layout`] of one batch row of `tokens`
+    /// positions, which the bounds checks and addresses read.
+    pub fn as_layout(&self) -> Layout {
+        let [token, head] = self.strides;
+        let strides = [0, token, head];
+        Layout { batch: 1, seq: self.tokens, heads: self.heads, dim: self.dim, strides, offset: self.offset }
+    }
+}
+
 /// Absurd sizes saturate rather than wrap, so the bounds check rejects them
 /// instead of accepting a wrapped stride.
 fn stride(n: usize) -> i64 {
@@ -100,6 +136,15 @@ mod tests {
         assert_eq!((q.heads, k.heads, v.heads), (8, 2, 2));
         assert_eq!((q.offset, k.offset, v.offset), (0, 8 * 64, 10 * 64));
         assert!(k.strides == q.strides && v.strides == q.strides);
+    }
+
+    #[test]
+    fn packed_layouts_are_one_batch_row() {
+        let l = PackedLayout::thd(37, 4, 64).at(8);
+        assert_eq!(l.strides, [4 * 64, 64]);
+        let dense = l.as_layout();
+        assert_eq!((dense.batch, dense.seq, dense.heads, dense.dim, dense.offset), (1, 37, 4, 64, 8));
+        assert_eq!(dense.strides, [0, 4 * 64, 64]);
     }
 
     #[test]

@@ -44,6 +44,7 @@ mod arch_parse;
 mod args;
 mod atomic_file;
 mod check;
+mod check_varlen;
 mod cuda_libs;
 mod element;
 mod error;
@@ -74,6 +75,7 @@ mod backward;
 mod block_mask;
 mod forward;
 mod forward_launch;
+mod forward_varlen;
 mod runtime;
 
 #[cfg(test)]
@@ -91,8 +93,9 @@ pub use disk_cache::{
 pub use element::Element;
 pub use error::Error;
 pub use forward_launch::{ForwardIo, ForwardOptions};
+pub use forward_varlen::{Sequences, VarlenIo};
 pub use kernels::{KernelSet, LoadedKernel};
-pub use layout::Layout;
+pub use layout::{Layout, PackedLayout};
 pub use nvrtc::{compile_count, compile_cubin, compile_cubin_with_log, nvrtc_version, DUMP_ENV};
 pub use operand::{DeviceInput, DeviceOutput};
 pub use runtime::{CacheStats, Runtime};

@@ -4,9 +4,10 @@
 
 use crate::args::ArgInfo;
 use crate::error::Error;
+use crate::layout::Layout;
 use crate::tma::TensorMap;
 use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
-use flashgen_codegen::abi::{ArgKind, Axis, Grid, Kernel, Operand};
+use flashgen_codegen::abi::{ArgKind, Axis, Grid, Kernel, Operand, Side};
 use flashgen_codegen::Shape;
 
 /// One kernel argument, by value, with the C type the ABI gives it.
@@ -48,6 +49,18 @@ pub(crate) struct Bindings<'a> {
     /// The TMA descriptors of a kernel that copies with TMA (see
     /// `tma::tensor_maps`).
     pub tensor_maps: Option<Vec<(Operand, TensorMap)>>,
+    /// What only varlen kernels take; their `shape` holds the longest
+    /// sequences' lengths.
+    pub varlen: Option<VarlenBindings>,
+}
+
+/// A varlen launch's sequences, queries' then keys'.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct VarlenBindings {
+    /// Device addresses of `cu_seqlens_q` and `cu_seqlens_k`.
+    pub cu_seqlens: [u64; 2],
+    /// Tokens in Q (and O) and in K (and V), checked to fit i32.
+    pub tokens: [usize; 2],
 }
 
 impl<'a> Bindings<'a> {
@@ -69,7 +82,17 @@ impl<'a> Bindings<'a> {
             grads: None,
             work_counter: None,
             tensor_maps: None,
+            varlen: None,
         }
+    }
+}
+
+impl Bindings<'_> {
+    /// These bindings with Q, K, V and O in buffers at `bases` laid out as
+    /// `layouts`, the LSE at `lse` (0: none) and the softmax `scale`.
+    pub fn with_operands(self, bases: [u64; 4], layouts: [Layout; 4], lse: u64, scale: f32) -> Self {
+        let ptrs = [0, 1, 2, 3].map(|i| layouts[i].address(bases[i]));
+        Bindings { ptrs, strides: layouts.map(|l| l.strides), lse, scale, ..self }
     }
 }
 
@@ -99,6 +122,8 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
                 problem: format!("argument `{}` refers to a param, tensor or gradient the launch lacks", arg.name),
             };
             let grads = || b.grads.as_ref().ok_or_else(abi_error);
+            let varlen = || b.varlen.ok_or_else(abi_error);
+            let side = |side| usize::from(side == Side::Keys);
             Ok(match arg.kind {
                 ArgKind::Ptr(op) => Value::Ptr(match operand_index(op) {
                     Slot::Forward(i) => b.ptrs[i],
@@ -137,6 +162,10 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
                         .1,
                 ),
                 ArgKind::WorkOrder => Value::Ptr(b.work_order),
+                ArgKind::CuSeqlens(s) => Value::Ptr(varlen()?.cu_seqlens[side(s)]),
+                ArgKind::MaxLen(Side::Queries) => size(b.shape.q_len),
+                ArgKind::MaxLen(Side::Keys) => size(b.shape.kv_len),
+                ArgKind::Tokens(s) => size(varlen()?.tokens[side(s)]),
             })
         })
         .collect()
@@ -273,6 +302,7 @@ mod tests {
             work_counter: None,
             tensor_maps: None,
             grads: None,
+            varlen: None,
         }
     }
 
@@ -312,6 +342,43 @@ mod tests {
             Ptr(78),
         ];
         assert_eq!(values, expected);
+    }
+
+    /// A varlen kernel's sequences, longest lengths and token counts come
+    /// from the varlen bindings and the shape, its strides from each
+    /// operand's token and head axes; without varlen bindings it is refused.
+    #[test]
+    fn varlen_kernels_marshal_their_sequences() {
+        use flashgen_codegen::cuda::{emit_forward_varlen, Mma, TileConfig};
+        let spec = flashgen_codegen::parse_one(
+            "D { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }",
+        )
+        .unwrap();
+        let args = [ArgInfo::Tensor(ElemTy::I32, 3 * 7)];
+        let persistent = TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n: 128 };
+        for config in [TileConfig::default_for(&spec), persistent] {
+            let kernel = emit_forward_varlen(&spec, config);
+            let varlen = Some(VarlenBindings { cu_seqlens: [91, 92], tokens: [500, 700] });
+            let b = Bindings { varlen, work_counter: Some(93), ..bindings(&args, &[99]) };
+            let values = marshal(&kernel, &b).unwrap();
+            let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];
+            use Value::*;
+            for (name, expected) in [
+                ("cu_seqlens_q", Ptr(91)),
+                ("cu_seqlens_k", Ptr(92)),
+                ("max_q_len", I32(129)),
+                ("max_kv_len", I32(7)),
+                ("total_q", I32(500)),
+                ("total_kv", I32(700)),
+                ("q_seq_stride", I64(2)),
+                ("v_head_stride", I64(9)),
+                ("t_doc", Ptr(99)),
+            ] {
+                assert_eq!(value(name), expected, "{name} in {config:?}");
+            }
+            let err = marshal(&kernel, &Bindings { varlen: None, ..b }).unwrap_err();
+            assert!(matches!(err, Error::KernelAbi { .. }), "{err}");
+        }
     }
 
     #[test]

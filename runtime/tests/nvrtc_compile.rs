@@ -6,8 +6,8 @@ mod support;
 
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{
-    emit_backward, emit_backward_with, emit_block_mask, emit_forward_copying, emit_work_order, BackwardConfig,
-    BackwardPass, Mma, Target, TileCopy, Work,
+    emit_backward, emit_backward_with, emit_block_mask, emit_forward_copying, emit_forward_varlen, emit_work_order,
+    BackwardConfig, BackwardPass, Mma, Target, TileCopy, Work,
 };
 use flashgen_codegen::{parse_str, Spec};
 use flashgen_runtime::tile_choice;
@@ -96,6 +96,26 @@ fn every_kernel(spec: &Spec) -> Vec<(Kernel, Arch)> {
         (emit_backward_with(spec, pass, config), Arch::new(9, 0))
     });
     both.chain(forward).chain(hopper_bwd).collect::<Vec<_>>()
+}
+
+/// Every shipped spec's varlen forward, in every configuration the runtime
+/// may pick on sm_80 and sm_90 (the persistent ones copy with threads).
+#[test]
+fn every_shipped_spec_compiles_varlen_for_sm80_and_sm90() {
+    require_nvrtc();
+    let jobs: Vec<(Kernel, Arch)> = shipped_specs()
+        .iter()
+        .flat_map(|spec| {
+            let sm80 = tile_choice::candidates(spec, Target::PORTABLE).into_iter().map(|c| (c, Arch::new(8, 0)));
+            let hopper = tile_choice::candidates(spec, Arch::new(9, 0).target())
+                .into_iter()
+                .filter(|c| c.mma == Mma::Wgmma)
+                .map(|c| (c, Arch::new(9, 0)));
+            sm80.chain(hopper).map(|(c, arch)| (emit_forward_varlen(spec, c), arch)).collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(jobs.iter().any(|(k, _)| k.source.contains("claim(work_counter, done + 1, items)")));
+    compile_all(jobs);
 }
 
 /// Compiles `jobs` on every core (NVRTC takes seconds per kernel).

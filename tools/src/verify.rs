@@ -7,7 +7,7 @@
 //! reference.
 
 use flashgen::codegen::cuda::TileConfig;
-use flashgen::codegen::reference::{self, FlashCheck, ParamValue, Precision, Problem, TensorData};
+use flashgen::codegen::reference::{self, FlashCheck, ParamValue, Precision, Problem, TensorData, VarlenProblem};
 use flashgen::codegen::{Dtype, ElemTy, Shape, Spec};
 use flashgen::cudarc::driver::{CudaSlice, CudaStream, DriverError};
 use flashgen::half::{bf16, f16};
@@ -19,6 +19,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 use std::sync::Arc;
+
+pub mod varlen;
 
 /// How Q/K/V/O sit in memory on the GPU. The reference always sees BSHD.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,17 +69,22 @@ pub fn random_problem(
     let k = normal(batch * kv_len * heads_kv * dqk);
     let v = normal(batch * kv_len * heads_kv * dv);
     tensors.resize(spec.tensors.len(), None);
-    let tensors = spec
-        .tensors
-        .iter()
-        .zip(tensors)
-        .map(|(decl, given)| {
-            let row = decl.dims.last().map_or(1, |d| d.resolve(&shape));
-            given.unwrap_or_else(|| random_tensor(decl.elem, decl.len(&shape), row, &mut rng))
-        })
-        .collect();
+    let tensors = random_tensors(spec, &shape, tensors, &mut rng);
     let scale = scale.unwrap_or(1.0 / (dqk as f32).sqrt());
     Problem { shape, q, k, v, scale: scale as f64, params, tensors }
+}
+
+/// The captured tensors for `shape`: each `given` one, the others drawn as
+/// [`random_problem`] draws them.
+fn random_tensors(spec: &Spec, shape: &Shape, given: Vec<Option<TensorData>>, rng: &mut StdRng) -> Vec<TensorData> {
+    spec.tensors
+        .iter()
+        .zip(given)
+        .map(|(decl, given)| {
+            let row = decl.dims.last().map_or(1, |d| d.resolve(shape));
+            given.unwrap_or_else(|| random_tensor(decl.elem, decl.len(shape), row, rng))
+        })
+        .collect()
 }
 
 fn random_tensor(elem: ElemTy, len: usize, row: usize, rng: &mut StdRng) -> TensorData {
@@ -221,6 +228,46 @@ fn for_each_offset(layout: &Layout, mut f: impl FnMut(usize, usize)) {
     }
 }
 
+/// Uploads Q, K, V and O (`host`, BSHD) into buffers laid out as `layouts`.
+fn upload_operands<T: Storage>(
+    stream: &Arc<CudaStream>,
+    host: [&Vec<f64>; 4],
+    layouts: &[Layout; 4],
+) -> Result<[CudaSlice<T>; 4], Error> {
+    let one = |i: usize| stream.clone_htod(&scatter::<T>(host[i], &layouts[i])).map_err(driver("upload operands"));
+    Ok([one(0)?, one(1)?, one(2)?, one(3)?])
+}
+
+/// Uploads the captured tensors `data` as the spec declares them.
+fn upload_tensors(stream: &Arc<CudaStream>, spec: &Spec, data: &[TensorData]) -> Result<Vec<DeviceTensor>, Error> {
+    spec.tensors
+        .iter()
+        .zip(data)
+        .map(|(decl, data)| {
+            let up = driver("upload a captured tensor");
+            Ok(match (decl.elem, data) {
+                (ElemTy::I32, TensorData::I32(v)) => DeviceTensor::I32(stream.clone_htod(v).map_err(up)?),
+                (ElemTy::F32, TensorData::Float(v)) => {
+                    DeviceTensor::F32(stream.clone_htod(&v.iter().map(|&x| x as f32).collect::<Vec<_>>()).map_err(up)?)
+                }
+                (ElemTy::F16, TensorData::Float(v)) => DeviceTensor::F16(
+                    stream.clone_htod(&v.iter().map(|&x| f16::from_f64(x)).collect::<Vec<_>>()).map_err(up)?,
+                ),
+                (ElemTy::Bf16, TensorData::Float(v)) => DeviceTensor::Bf16(
+                    stream.clone_htod(&v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<_>>()).map_err(up)?,
+                ),
+                _ => {
+                    return Err(Error::ArgType {
+                        name: decl.name.clone(),
+                        expected: decl.elem.name().to_string(),
+                        got: "host tensor of another element type",
+                    })
+                }
+            })
+        })
+        .collect()
+}
+
 /// Evaluates `$call` with this problem's forward operands as `$io` (whichever
 /// element type they hold), its params and tensors as `$args` and its
 /// options as `$opts`.
@@ -260,46 +307,12 @@ impl DeviceProblem {
         ];
         let o_poison = vec![f64::NAN; layouts[3].len()];
         let host = [&problem.q, &problem.k, &problem.v, &o_poison];
-        fn up<T: Storage>(
-            s: &Arc<CudaStream>,
-            host: [&Vec<f64>; 4],
-            l: &[Layout; 4],
-        ) -> Result<[CudaSlice<T>; 4], Error> {
-            let one = |i: usize| s.clone_htod(&scatter::<T>(host[i], &l[i])).map_err(driver("upload operands"));
-            Ok([one(0)?, one(1)?, one(2)?, one(3)?])
-        }
         let operands = match spec.dtype {
-            Dtype::F16 => Operands::F16(up(&stream, host, &layouts)?),
-            Dtype::Bf16 => Operands::Bf16(up(&stream, host, &layouts)?),
+            Dtype::F16 => Operands::F16(upload_operands(&stream, host, &layouts)?),
+            Dtype::Bf16 => Operands::Bf16(upload_operands(&stream, host, &layouts)?),
         };
         let lse = stream.clone_htod(&vec![f32::NAN; batch * heads * q_len]).map_err(driver("upload LSE"))?;
-        let tensors = spec
-            .tensors
-            .iter()
-            .zip(&problem.tensors)
-            .map(|(decl, data)| {
-                let up = driver("upload a captured tensor");
-                Ok(match (decl.elem, data) {
-                    (ElemTy::I32, TensorData::I32(v)) => DeviceTensor::I32(stream.clone_htod(v).map_err(up)?),
-                    (ElemTy::F32, TensorData::Float(v)) => DeviceTensor::F32(
-                        stream.clone_htod(&v.iter().map(|&x| x as f32).collect::<Vec<_>>()).map_err(up)?,
-                    ),
-                    (ElemTy::F16, TensorData::Float(v)) => DeviceTensor::F16(
-                        stream.clone_htod(&v.iter().map(|&x| f16::from_f64(x)).collect::<Vec<_>>()).map_err(up)?,
-                    ),
-                    (ElemTy::Bf16, TensorData::Float(v)) => DeviceTensor::Bf16(
-                        stream.clone_htod(&v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<_>>()).map_err(up)?,
-                    ),
-                    _ => {
-                        return Err(Error::ArgType {
-                            name: decl.name.clone(),
-                            expected: decl.elem.name().to_string(),
-                            got: "host tensor of another element type",
-                        })
-                    }
-                })
-            })
-            .collect::<Result<_, Error>>()?;
+        let tensors = upload_tensors(&stream, spec, &problem.tensors)?;
         Ok(DeviceProblem { operands, lse, tensors, layouts, stream, block_mask: None, config: None, l2_flush: None })
     }
 
@@ -618,6 +631,15 @@ impl Expected {
         Ok(Expected {
             golden: reference::forward(spec, problem, Precision::F64)?,
             same: reference::forward(spec, problem, Precision::SameDtype(spec.dtype))?,
+        })
+    }
+
+    /// The references of a varlen problem (O `[total_q, heads, d_v]`, LSE
+    /// `[heads, total_q]`, as [`varlen::DeviceVarlen::download`] gives them).
+    pub fn varlen(spec: &Spec, problem: &VarlenProblem) -> Result<Expected, reference::ReferenceError> {
+        Ok(Expected {
+            golden: reference::forward_varlen(spec, problem, Precision::F64)?,
+            same: reference::forward_varlen(spec, problem, Precision::SameDtype(spec.dtype))?,
         })
     }
 

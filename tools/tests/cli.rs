@@ -55,6 +55,22 @@ fn emit_takes_a_named_tile_config() {
 }
 
 #[test]
+fn emit_prints_varlen_kernels() {
+    let dir = scratch("emit-varlen");
+    for arch in [&["--arch", "sm_80"][..], &["--arch", "sm_90", "--config", "wgmma.w8.m1.n128"]] {
+        let out = flashgen(&[&["emit", &spec("document"), "--varlen"], arch].concat(), &dir);
+        assert!(out.status.success(), "{}", text(&out));
+        let source = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            source.contains("flashgen_fwd_varlen_document(") && source.contains("seq_span(cu_seqlens_q"),
+            "{source}"
+        );
+    }
+    let out = flashgen(&["emit", &spec("causal"), "--varlen", "--trace", "--arch", "sm_90", "--config", "x"], &dir);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+#[test]
 fn emit_traces_warp_specialized_configs_only() {
     let dir = scratch("emit-trace");
     let emit =

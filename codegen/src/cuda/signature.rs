@@ -6,7 +6,7 @@
 //! declarations (`p_window`, `t_slopes`), so a spec name can never collide
 //! with a kernel local or a C keyword.
 
-use crate::abi::{ArgKind, Axis, KernelArg, Operand};
+use crate::abi::{ArgKind, Axis, KernelArg, Operand, Side};
 use crate::cuda::tile_config::TileCopy;
 use crate::spec::{ElemTy, Spec, Ty};
 
@@ -15,12 +15,39 @@ use crate::spec::{ElemTy, Spec, Ty};
 /// work counter, work order (under a data-dependent mask) and, copying with
 /// TMA, its descriptors.
 pub(super) fn forward_args(spec: &Spec, persistent: Option<TileCopy>) -> Vec<KernelArg> {
-    const OPERANDS: [Operand; 4] = [Operand::Q, Operand::K, Operand::V, Operand::O];
-    let mut kinds: Vec<ArgKind> = OPERANDS.map(ArgKind::Ptr).to_vec();
+    let mut kinds: Vec<ArgKind> = FORWARD_OPERANDS.map(ArgKind::Ptr).to_vec();
     kinds.extend([ArgKind::Lse, ArgKind::Batch, ArgKind::Heads, ArgKind::HeadsKv, ArgKind::QLen, ArgKind::KvLen]);
-    kinds.extend(
-        OPERANDS.into_iter().flat_map(|op| [Axis::Batch, Axis::Seq, Axis::Head].map(|axis| ArgKind::Stride(op, axis))),
-    );
+    kinds.extend(strides(FORWARD_OPERANDS));
+    // The items' claim order under a data-dependent mask.
+    let work_order = spec.mask.as_ref().is_some_and(|m| m.reads_tensor());
+    forward_tail(spec, kinds, persistent, work_order)
+}
+
+/// A varlen forward's arguments: as [`forward_args`]', with the sequences'
+/// prefix sums, longest lengths and token counts for the lengths, each
+/// operand's token and head strides (no batch axis), and neither a work
+/// order nor TMA descriptors (its tiles may cross into the next sequence:
+/// the threads copy them, clipped).
+pub(super) fn forward_varlen_args(spec: &Spec, persistent: bool) -> Vec<KernelArg> {
+    let mut kinds: Vec<ArgKind> = FORWARD_OPERANDS.map(ArgKind::Ptr).to_vec();
+    kinds.extend([ArgKind::Lse, ArgKind::Batch, ArgKind::Heads, ArgKind::HeadsKv]);
+    for side in [Side::Queries, Side::Keys] {
+        kinds.extend([ArgKind::CuSeqlens(side), ArgKind::MaxLen(side), ArgKind::Tokens(side)]);
+    }
+    kinds.extend(FORWARD_OPERANDS.into_iter().flat_map(|op| [Axis::Seq, Axis::Head].map(|a| ArgKind::Stride(op, a))));
+    forward_tail(spec, kinds, persistent.then_some(TileCopy::Threads), false)
+}
+
+const FORWARD_OPERANDS: [Operand; 4] = [Operand::Q, Operand::K, Operand::V, Operand::O];
+
+/// `kinds`, then a forward's arguments from the scale on (see
+/// [`forward_args`]), the work order where `work_order` and persistent.
+fn forward_tail(
+    spec: &Spec,
+    mut kinds: Vec<ArgKind>,
+    persistent: Option<TileCopy>,
+    work_order: bool,
+) -> Vec<KernelArg> {
     kinds.push(ArgKind::Scale);
     kinds.extend((0..spec.params.len()).map(ArgKind::Param));
     kinds.extend((0..spec.tensors.len()).map(ArgKind::Tensor));
@@ -29,14 +56,13 @@ pub(super) fn forward_args(spec: &Spec, persistent: Option<TileCopy>) -> Vec<Ker
     }
     if persistent.is_some() {
         kinds.push(ArgKind::WorkCounter);
-        // The items' claim order under a data-dependent mask.
-        if spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) {
+        if work_order {
             kinds.push(ArgKind::WorkOrder);
         }
     }
     let args = named(spec, kinds);
     match persistent {
-        Some(TileCopy::Tma) => with_tensor_maps(spec, args, &OPERANDS),
+        Some(TileCopy::Tma) => with_tensor_maps(spec, args, &FORWARD_OPERANDS),
         _ => args,
     }
 }
@@ -133,6 +159,12 @@ pub(crate) mod names {
     pub const V_MAP: &str = "v_map";
     pub const O_MAP: &str = "o_map";
     pub const DOUT_MAP: &str = "dout_map";
+    pub const CU_SEQLENS_Q: &str = "cu_seqlens_q";
+    pub const CU_SEQLENS_K: &str = "cu_seqlens_k";
+    pub const MAX_Q_LEN: &str = "max_q_len";
+    pub const MAX_KV_LEN: &str = "max_kv_len";
+    pub const TOTAL_Q: &str = "total_q";
+    pub const TOTAL_KV: &str = "total_kv";
 }
 
 /// The C name of an argument, e.g. `k_seq_stride` or `p_window`.
@@ -173,6 +205,12 @@ pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
             _ => format!("{}_map", operand(op)),
         },
         ArgKind::WorkOrder => "work_order".into(),
+        ArgKind::CuSeqlens(Side::Queries) => names::CU_SEQLENS_Q.into(),
+        ArgKind::CuSeqlens(Side::Keys) => names::CU_SEQLENS_K.into(),
+        ArgKind::MaxLen(Side::Queries) => names::MAX_Q_LEN.into(),
+        ArgKind::MaxLen(Side::Keys) => names::MAX_KV_LEN.into(),
+        ArgKind::Tokens(Side::Queries) => names::TOTAL_Q.into(),
+        ArgKind::Tokens(Side::Keys) => names::TOTAL_KV.into(),
     }
 }
 
@@ -183,6 +221,8 @@ pub(super) fn arg_type(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::Ptr(_) => "const unsigned short* __restrict__".into(),
         ArgKind::Lse | ArgKind::Delta | ArgKind::DqAccum | ArgKind::TensorGrad(_) => "float* __restrict__".into(),
         ArgKind::Batch | ArgKind::Heads | ArgKind::HeadsKv | ArgKind::QLen | ArgKind::KvLen => "int".into(),
+        ArgKind::MaxLen(_) | ArgKind::Tokens(_) => "int".into(),
+        ArgKind::CuSeqlens(_) => "const int* __restrict__".into(),
         ArgKind::Stride(..) | ArgKind::BlockMaskStride(_) => "long long".into(),
         ArgKind::BlockMask => "const unsigned char* __restrict__".into(),
         ArgKind::BlockMaskOut => "unsigned char* __restrict__".into(),

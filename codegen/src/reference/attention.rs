@@ -24,9 +24,24 @@ pub struct Problem {
     pub tensors: Vec<TensorData>,
 }
 
+/// A varlen (packed) problem: the tokens of all sequences back to back.
+/// `problem`'s Q, K and V are `[total, heads, d]` (BSHD of one batch row),
+/// its shape's `batch` the number of sequences and its `q_len` / `kv_len`
+/// the longest sequence's (the lengths a tensor's `Q_LEN` / `KV_LEN` dims
+/// take). Sequence `b` holds query tokens `cu_seqlens_q[b] ..
+/// cu_seqlens_q[b + 1]` and key tokens `cu_seqlens_k[b] .. cu_seqlens_k[b +
+/// 1]`; in the spec, `b` is the sequence and `q_len` / `kv_len` its lengths.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VarlenProblem {
+    pub problem: Problem,
+    pub cu_seqlens_q: Vec<usize>,
+    pub cu_seqlens_k: Vec<usize>,
+}
+
 /// The result of [`forward`]: O `[batch, q_len, heads, d_v]` and the row
 /// log-sum-exp `[batch, heads, q_len]` (natural log; −∞ for a fully masked
-/// row).
+/// row). Of [`forward_varlen`]: O `[total_q, heads, d_v]` and the LSE
+/// `[heads, total_q]` (FlashAttention's varlen layout).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Output {
     pub o: Vec<f64>,
@@ -48,32 +63,114 @@ pub enum Precision {
 
 /// Computes attention for `spec` on `problem`.
 pub fn forward(spec: &Spec, problem: &Problem, precision: Precision) -> Result<Output, ReferenceError> {
-    forward_on(
-        spec,
-        problem,
-        match precision {
-            Precision::F64 => None,
-            Precision::SameDtype(dtype) => Some(Grid::of(dtype)),
-        },
-    )
+    forward_on(spec, problem, grid_of(precision))
+}
+
+/// Computes attention for `spec` on the packed sequences of `varlen`, each
+/// as [`forward`] computes a batch row.
+pub fn forward_varlen(spec: &Spec, varlen: &VarlenProblem, precision: Precision) -> Result<Output, ReferenceError> {
+    let problem = &varlen.problem;
+    let Shape { batch, heads, heads_kv, q_len, kv_len } = problem.shape;
+    check_heads(heads, heads_kv)?;
+    let (d_qk, d_v) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
+    let spans = |name: &str, cu: &[usize], max: usize| -> Result<usize, ReferenceError> {
+        check_len(name, cu.len(), &[batch + 1])?;
+        let monotone = cu[0] == 0 && cu.windows(2).all(|w| w[0] <= w[1] && w[1] - w[0] <= max);
+        match monotone {
+            true => Ok(cu[batch]),
+            false => Err(ReferenceError::Shape(format!("`{name}` must rise from 0 by at most {max} per sequence"))),
+        }
+    };
+    let (total_q, total_kv) =
+        (spans("cu_seqlens_q", &varlen.cu_seqlens_q, q_len)?, spans("cu_seqlens_k", &varlen.cu_seqlens_k, kv_len)?);
+    check_len("q", problem.q.len(), &[total_q, heads, d_qk])?;
+    check_len("k", problem.k.len(), &[total_kv, heads_kv, d_qk])?;
+    check_len("v", problem.v.len(), &[total_kv, heads_kv, d_v])?;
+    let (cu_q, cu_k) = (&varlen.cu_seqlens_q, &varlen.cu_seqlens_k);
+    let seqs: Vec<Sequence> = (0..batch)
+        .map(|b| Sequence {
+            b,
+            q_start: cu_q[b],
+            q_len: cu_q[b + 1] - cu_q[b],
+            kv_start: cu_k[b],
+            kv_len: cu_k[b + 1] - cu_k[b],
+        })
+        .collect();
+    let rows = Rows { seqs: &seqs, total_q, lse: LseLayout::Varlen };
+    run_in(spec, problem, &rows, grid_of(precision))
 }
 
 /// [`forward`] in f64 without a grid, else the same-dtype emulation rounding
 /// S, P and O on `grid`.
 pub(super) fn forward_on(spec: &Spec, problem: &Problem, grid: Option<Grid>) -> Result<Output, ReferenceError> {
     let Shape { batch, heads, heads_kv, q_len, kv_len } = problem.shape;
-    if heads_kv == 0 || heads % heads_kv != 0 {
-        return Err(ReferenceError::Shape(format!(
-            "heads_kv ({heads_kv}) must be positive and divide heads ({heads})"
-        )));
-    }
+    check_heads(heads, heads_kv)?;
     let (d_qk, d_v) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
     check_len("q", problem.q.len(), &[batch, q_len, heads, d_qk])?;
     check_len("k", problem.k.len(), &[batch, kv_len, heads_kv, d_qk])?;
     check_len("v", problem.v.len(), &[batch, kv_len, heads_kv, d_v])?;
+    let seqs: Vec<Sequence> =
+        (0..batch).map(|b| Sequence { b, q_start: b * q_len, q_len, kv_start: b * kv_len, kv_len }).collect();
+    let rows = Rows { seqs: &seqs, total_q: batch * q_len, lse: LseLayout::Batched };
+    run_in(spec, problem, &rows, grid)
+}
+
+fn grid_of(precision: Precision) -> Option<Grid> {
+    match precision {
+        Precision::F64 => None,
+        Precision::SameDtype(dtype) => Some(Grid::of(dtype)),
+    }
+}
+
+fn check_heads(heads: usize, heads_kv: usize) -> Result<(), ReferenceError> {
+    match heads_kv != 0 && heads.is_multiple_of(heads_kv) {
+        true => Ok(()),
+        false => {
+            Err(ReferenceError::Shape(format!("heads_kv ({heads_kv}) must be positive and divide heads ({heads})")))
+        }
+    }
+}
+
+/// [`run`] in f64 without a grid, else in f32 rounding on `grid`.
+fn run_in(spec: &Spec, problem: &Problem, rows: &Rows, grid: Option<Grid>) -> Result<Output, ReferenceError> {
     match grid {
-        None => run::<f64>(spec, problem, None),
-        Some(grid) => run::<f32>(spec, problem, Some(grid)),
+        None => run::<f64>(spec, problem, rows, None),
+        Some(grid) => run::<f32>(spec, problem, rows, Some(grid)),
+    }
+}
+
+/// Where a problem's sequences sit in its buffers (Q, K, V and O as tokens
+/// × heads × dim), and how its LSE is laid out.
+struct Rows<'a> {
+    seqs: &'a [Sequence],
+    /// Query tokens over all sequences (rows of O).
+    total_q: usize,
+    lse: LseLayout,
+}
+
+/// One sequence: a dense problem's batch row, or a varlen one's tokens.
+struct Sequence {
+    b: usize,
+    q_start: usize,
+    q_len: usize,
+    kv_start: usize,
+    kv_len: usize,
+}
+
+/// `[batch, heads, q_len]`, or a varlen problem's `[heads, total_q]`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LseLayout {
+    Batched,
+    Varlen,
+}
+
+impl Rows<'_> {
+    /// The LSE's index of query `i` of `seq` at head `h`.
+    fn lse_index(&self, seq: &Sequence, h: usize, i: usize, heads: usize) -> usize {
+        match self.lse {
+            LseLayout::Batched => (seq.b * heads + h) * seq.q_len + i,
+            LseLayout::Varlen => h * self.total_q + seq.q_start + i,
+        }
     }
 }
 
@@ -118,11 +215,11 @@ macro_rules! impl_real {
 impl_real!(f32, Arith::F32);
 impl_real!(f64, Arith::F64);
 
-/// The forward pass in `F`, rounding S, P and O on `store` when given (the
-/// same-dtype emulation).
-fn run<F: Real>(spec: &Spec, problem: &Problem, store: Option<Grid>) -> Result<Output, ReferenceError> {
-    let env = Env::new(spec, &problem.shape, &problem.params, &problem.tensors, F::ARITH)?;
-    let Shape { batch, heads, heads_kv, q_len, kv_len } = problem.shape;
+/// The forward pass over `rows`' sequences in `F`, rounding S, P and O on
+/// `store` when given (the same-dtype emulation).
+fn run<F: Real>(spec: &Spec, problem: &Problem, rows: &Rows, store: Option<Grid>) -> Result<Output, ReferenceError> {
+    let mut env = Env::new(spec, &problem.shape, &problem.params, &problem.tensors, F::ARITH)?;
+    let Shape { heads, heads_kv, kv_len, .. } = problem.shape;
     let (d_qk, d_v) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
     let keep = |x: F| store.map_or(x, |g| F::from_f64(g.round(x.to_f64())));
     // Inputs round to the dtype itself, whatever the grid; rounding in f64
@@ -134,21 +231,23 @@ fn run<F: Real>(spec: &Spec, problem: &Problem, store: Option<Grid>) -> Result<O
     let scale = F::from_f64(problem.scale);
     let group = heads / heads_kv;
 
-    let mut out =
-        Output { o: vec![0.0; batch * q_len * heads * d_v], lse: vec![f64::NEG_INFINITY; batch * heads * q_len] };
+    let total_q = rows.total_q;
+    let mut out = Output { o: vec![0.0; total_q * heads * d_v], lse: vec![f64::NEG_INFINITY; heads * total_q] };
     // Per-row scratch: scores (−∞ for excluded keys), then exp(s − max).
-    let mut s = vec![F::NEG_INFINITY; kv_len];
+    let mut scratch = vec![F::NEG_INFINITY; kv_len];
     let mut acc = vec![F::ZERO; d_v];
-    for b in 0..batch {
+    for seq in rows.seqs {
+        // Each length is at most the shape's, which `Env::new` checked to fit i32.
+        env.set_lens(seq.q_len as i32, seq.kv_len as i32);
+        let s = &mut scratch[..seq.kv_len];
         for h in 0..heads {
             let kv_head = h / group;
             // Offset of key `j`'s row in a K/V buffer of head dimension `d`.
-            let kv_offset = |j: usize, d: usize| ((b * kv_len + j) * heads_kv + kv_head) * d;
-            for i in 0..q_len {
-                let row = (b * q_len + i) * heads + h;
+            let kv_offset = |j: usize, d: usize| ((seq.kv_start + j) * heads_kv + kv_head) * d;
+            for i in 0..seq.q_len {
+                let row = (seq.q_start + i) * heads + h;
                 let q_row = &q[row * d_qk..][..d_qk];
-                // Sizes were checked to fit i32 by `Env::new`.
-                let mut at = Position { b: b as i32, h: h as i32, q: i as i32, k: 0, score: 0.0 };
+                let mut at = Position { b: seq.b as i32, h: h as i32, q: i as i32, k: 0, score: 0.0 };
                 let mut max = F::NEG_INFINITY;
                 for (j, s_j) in s.iter_mut().enumerate() {
                     at.k = j as i32;
@@ -189,7 +288,7 @@ fn run<F: Real>(spec: &Spec, problem: &Problem, store: Option<Grid>) -> Result<O
                 for (o, &a) in out.o[row * d_v..][..d_v].iter_mut().zip(&acc) {
                     *o = keep(a).to_f64();
                 }
-                out.lse[(b * heads + h) * q_len + i] = (max + sum.ln()).to_f64();
+                out.lse[rows.lse_index(seq, h, i, heads)] = (max + sum.ln()).to_f64();
             }
         }
     }

@@ -190,6 +190,12 @@ impl<'a> Env<'a> {
         Ok(Env { arith, q_len, kv_len, params, tensors })
     }
 
+    /// The built-ins `q_len` and `kv_len` from here on: one varlen
+    /// sequence's lengths (at most the shape's, which `new` checked).
+    pub(super) fn set_lens(&mut self, q_len: i32, kv_len: i32) {
+        (self.q_len, self.kv_len) = (q_len, kv_len);
+    }
+
     /// Evaluates `e` at `at`. Only branches that are taken are evaluated.
     pub fn eval(&self, e: &Expr, at: &Position) -> Value {
         match &e.kind {

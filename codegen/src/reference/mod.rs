@@ -25,7 +25,7 @@ mod eval;
 mod metrics;
 mod rounding;
 
-pub use attention::{forward, Output, Precision, Problem};
+pub use attention::{forward, forward_varlen, Output, Precision, Problem, VarlenProblem};
 pub use backward::{backward, backward_in, same_dtype_backwards, Gradients};
 pub use eval::{Arith, Env, ParamValue, Position, TensorData, Value};
 pub use metrics::{

@@ -42,6 +42,9 @@ enum Command {
         /// (e.g. --arch sm_90 --config wgmma.w8.m1.n128).
         #[arg(long, requires = "config")]
         trace: bool,
+        /// The varlen kernel, on packed sequences (Runtime::forward_varlen).
+        #[arg(long, conflicts_with = "trace")]
+        varlen: bool,
     },
     /// Compile every spec in FILE with NVRTC (no GPU needed), warning of
     /// tensor indices that may leave their dimension (they are clamped).
@@ -105,7 +108,7 @@ fn main() -> ExitCode {
 /// Runs one command; `Ok(false)` is a completed run whose check failed.
 fn run(cli: Cli) -> Result<bool, Failure> {
     match cli.command {
-        Command::Emit { file, spec, arch, config, trace } => {
+        Command::Emit { file, spec, arch, config, trace, varlen } => {
             let arch = arch.as_deref().map(specs::arch).transpose()?;
             for s in specs::load(&file, spec.as_deref())? {
                 let config = match (arch, &config) {
@@ -122,6 +125,7 @@ fn run(cli: Cli) -> Result<bool, Failure> {
                             config_name(config)
                         )
                     })?,
+                    false if varlen => cuda::emit_forward_varlen(&s, config),
                     false => cuda::emit_forward_with(&s, config),
                 };
                 print!("{}", kernel.source);

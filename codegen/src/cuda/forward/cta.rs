@@ -49,7 +49,10 @@ pub(super) fn write_body(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
         const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n"
     )?;
-    write_item_rows(w, spec, ItemRole::Cta)?;
+    write_item_rows(w, plan, ItemRole::Cta)?;
+    if plan.varlen {
+        writeln!(w, "if (q0 >= {q_len}) return;  // a tile past its sequence's end: no rows\n")?;
+    }
     let q_load = q_load(spec);
     writeln!(w, "// Prologue: the Q tile, then (once the tile classes say which) the first")?;
     writeln!(w, "// visited K/V tile, in flight together.")?;

@@ -5,6 +5,7 @@ use super::bias::lse_row_term;
 use super::plan::Plan;
 use super::softmax::RowSums;
 use super::trace::{self, Event};
+use super::varlen;
 use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::kit::hoist::Hoisted;
 use crate::cuda::signature::arg_name;
@@ -69,6 +70,10 @@ pub(super) fn write_epilogue(
             ),
         ),
     };
+    let lse_index = match plan.varlen {
+        true => varlen::lse_index(spec),
+        false => format!("((long long)b * {heads} + h) * {q_len} + q"),
+    };
     // The logits leave out a row's part of a key-linear bias: its LSE adds it.
     let sum = match sums {
         RowSums::Fadd => "quad_sum(l[mt][r])",
@@ -104,7 +109,7 @@ pub(super) fn write_epilogue(
         \x20   const int q = q0 + warp * WARP_M + mt * 16 + g + 8 * r;\n\
         \x20   const float sum = sums[i] = {sum};\n\
         \x20   if ({lse} != nullptr && t == 0 && q < {q_len}) {{\n\
-        \x20       {lse}[((long long)b * {heads} + h) * {q_len} + q] = sum > 0.0f ? (m[mt][r] + fast_log2(sum){row_term}) * LN2 : neg_inf();\n\
+        \x20       {lse}[{lse_index}] = sum > 0.0f ? (m[mt][r] + fast_log2(sum){row_term}) * LN2 : neg_inf();\n\
         \x20   }}\n\
         }}\n\
         unsigned short* o_tile = {o_tile}\n\

@@ -4,7 +4,9 @@
 
 use super::logit::write_logit;
 use super::mma::write_operand_lanes;
+use super::plan::Plan;
 use super::softmax::RowSums;
+use super::varlen;
 use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::kit::hoist::{hoist, Hoisted, Level};
@@ -28,12 +30,17 @@ pub(super) enum ItemRole {
     Consumers(TileCopy),
 }
 
-/// From the query tile `q_block` and `b`, `h`: its first row, the K/V head
+/// From the query tile `q_block` and `b`, `h`: its first row (a varlen
+/// kernel's: its sequence, see [`varlen::write_sequence`]), the K/V head
 /// of a `role` that loads K and V, and this (batch, head)'s rows of the
 /// operands the role addresses, with whether Q's, K's and V's allow 16-byte
 /// copies.
-pub(super) fn write_item_rows(w: &mut Writer<String>, spec: &Spec, role: ItemRole) -> fmt::Result {
+pub(super) fn write_item_rows(w: &mut Writer<String>, plan: &Plan, role: ItemRole) -> fmt::Result {
+    let spec = plan.spec;
     let name = |kind| arg_name(spec, kind);
+    if plan.varlen {
+        varlen::write_sequence(w, spec)?;
+    }
     let [heads, heads_kv] = [ArgKind::Heads, ArgKind::HeadsKv].map(name);
     let seq_stride = |op| name(ArgKind::Stride(op, Axis::Seq));
     let [q_stride, k_stride, v_stride] = [Operand::Q, Operand::K, Operand::V].map(seq_stride);
@@ -52,9 +59,12 @@ pub(super) fn write_item_rows(w: &mut Writer<String>, spec: &Spec, role: ItemRol
     }
     for (op, rows, head) in ops {
         let ptr = name(ArgKind::Ptr(op));
-        let batch_stride = name(ArgKind::Stride(op, Axis::Batch));
+        let origin = match plan.varlen {
+            true => varlen::rows_origin(spec, op),
+            false => format!("b * {}", name(ArgKind::Stride(op, Axis::Batch))),
+        };
         let head_stride = name(ArgKind::Stride(op, Axis::Head));
-        writeln!(w, "auto* {rows} = {ptr} + b * {batch_stride} + {head} * {head_stride};")?;
+        writeln!(w, "auto* {rows} = {ptr} + {origin} + {head} * {head_stride};")?;
     }
     if copies {
         write!(

@@ -51,12 +51,13 @@ mod softmax;
 mod staged_terms;
 mod sync_step;
 mod trace;
+mod varlen;
 mod wgmma_step;
 
 use crate::abi::{Grid, Kernel};
 use crate::cuda::library::wgmma_ops::AFrom;
 use crate::cuda::library::Part;
-use crate::cuda::signature::forward_args;
+use crate::cuda::signature::{forward_args, forward_varlen_args};
 use crate::cuda::source::{assemble, kernel_name, Entry, Piece};
 use crate::cuda::target::{pad16, Mma};
 use crate::cuda::tile_config::{warp_specialized, TileConfig, TileCopy};
@@ -87,6 +88,14 @@ pub fn emit_forward_copying(spec: &Spec, config: TileConfig, copy: TileCopy) -> 
     emit(Plan::new(spec, config, copy))
 }
 
+/// The forward kernel of `spec` in `config` on varlen (packed) operands:
+/// tokens of all sequences back to back, `cu_seqlens_q` / `cu_seqlens_k`
+/// prefix sums on the device (see `varlen`). Deterministic, like
+/// [`emit_forward`]; warp-specialized configurations copy with their threads.
+pub fn emit_forward_varlen(spec: &Spec, config: TileConfig) -> Kernel {
+    emit(Plan::varlen(&spec.varlen_view(), config))
+}
+
 /// [`emit_forward_copying`] with `clock64()` trace points, for
 /// `scripts/trace/harness.cu`: the library's trace section
 /// (`library/trace.cuh`: the `g_trace` rows, `TR`, `TRACE_COUNTER`),
@@ -103,8 +112,11 @@ pub fn emit_forward_traced(spec: &Spec, config: TileConfig, copy: TileCopy) -> O
 /// The kernel that `plan` describes.
 fn emit(plan: Plan) -> Kernel {
     let (spec, config) = (plan.spec, plan.config);
-    let name = kernel_name("fwd", spec);
-    let args = forward_args(spec, plan.copy);
+    let name = kernel_name(if plan.varlen { "fwd_varlen" } else { "fwd" }, spec);
+    let args = match plan.varlen {
+        true => forward_varlen_args(spec, plan.copy.is_some()),
+        false => forward_args(spec, plan.copy),
+    };
     let bounds = match config.per_sm() {
         1 => "CTA_THREADS".to_string(),
         n => format!("CTA_THREADS, {n}"),
@@ -146,12 +158,15 @@ fn library(plan: &Plan) -> Vec<Vec<Piece>> {
         }
         sections.push(wgmma);
     }
-    if let Some(copy) = plan.copy {
+    if plan.copy.is_some() {
         sections.push(vec![Piece::Part(Part::Ring)]);
         sections.push(vec![Piece::Part(Part::WorkClaims)]);
-        if copy == TileCopy::Tma {
-            sections.push(vec![Piece::Part(Part::Tma), Piece::Part(Part::TmaStore)]);
-        }
+    }
+    if plan.varlen {
+        sections.push(vec![Piece::Part(Part::Varlen)]);
+    }
+    if plan.copy == Some(TileCopy::Tma) {
+        sections.push(vec![Piece::Part(Part::Tma), Piece::Part(Part::TmaStore)]);
     }
     if plan.trace {
         sections.push(vec![Piece::Part(Part::Trace)]);

@@ -31,6 +31,9 @@ pub(super) struct Plan<'s> {
     pub smem_bytes: u32,
     /// Whether the kernel prints its trace points (`trace::point`).
     pub trace: bool,
+    /// Whether Q, K, V and O are packed sequences (`varlen`): `spec` is
+    /// then the spec's [`Spec::varlen_view`], and `copy` the threads'.
+    pub varlen: bool,
 }
 
 /// Registers per thread of a warp-specialized kernel: at launch, then the
@@ -63,7 +66,16 @@ impl<'s> Plan<'s> {
             regs,
             smem_bytes: config.smem_bytes(spec),
             trace: false,
+            varlen: false,
         }
+    }
+
+    /// The plan of a varlen kernel in `config` for `view`, a spec's
+    /// [`Spec::varlen_view`]: a tile may run past its sequence into the
+    /// next one, which TMA's boxes would read and write, so a
+    /// warp-specialized kernel copies with its threads, clipped per sequence.
+    pub(super) fn varlen(view: &'s Spec, config: TileConfig) -> Plan<'s> {
+        Plan { varlen: true, ..Plan::new(view, config, TileCopy::Threads) }
     }
 }
 

@@ -12,7 +12,7 @@
 //! locals of the same name; `q_len`/`kv_len`, params and tensors are kernel
 //! arguments named by [`signature`](super::signature).
 
-use crate::abi::ArgKind;
+use crate::abi::{ArgKind, Side};
 use crate::cuda::signature::{arg_name, c_type};
 use crate::spec::{BinOp, Builtin, Dim, ElemTy, Expr, ExprKind, Func, Spec, Ty, UnOp};
 
@@ -116,6 +116,8 @@ fn dim_value(spec: &Spec, dim: &Dim) -> String {
         Dim::HeadsKv => ArgKind::HeadsKv,
         Dim::QLen => ArgKind::QLen,
         Dim::KvLen => ArgKind::KvLen,
+        Dim::MaxQLen => ArgKind::MaxLen(Side::Queries),
+        Dim::MaxKvLen => ArgKind::MaxLen(Side::Keys),
     };
     arg_name(spec, kind)
 }

@@ -109,6 +109,10 @@ pub enum Part {
     /// divisions that decode an item into its query tile, head and batch.
     WorkClaims,
 
+    /// Varlen (packed) operands: a sequence's span of tokens from the prefix
+    /// sums, clamped into the buffers.
+    Varlen,
+
     /// Hopper's tensor memory accelerator (TMA) for the producers of the
     /// warp-specialized kernels (the persistent forward, the backward's dK/dV
     /// kernel): one thread hands the copy engine a whole tile (a
@@ -149,7 +153,7 @@ pub enum Part {
 
 impl Part {
     /// Every part, in the order kernels include them.
-    pub const ALL: [Part; 15] = [
+    pub const ALL: [Part; 16] = [
         Part::Prelude,
         Part::IntOps,
         Part::Ranges,
@@ -158,6 +162,7 @@ impl Part {
         Part::Wgmma,
         Part::Ring,
         Part::WorkClaims,
+        Part::Varlen,
         Part::Tma,
         Part::TmaStore,
         Part::Trace,
@@ -178,6 +183,7 @@ impl Part {
             Part::Wgmma => include_str!("wgmma.cuh"),
             Part::Ring => include_str!("ring.cuh"),
             Part::WorkClaims => include_str!("work_claims.cuh"),
+            Part::Varlen => include_str!("varlen.cuh"),
             Part::Tma => include_str!("tma.cuh"),
             Part::TmaStore => include_str!("tma_store.cuh"),
             Part::Trace => include_str!("trace.cuh"),
@@ -199,6 +205,7 @@ impl Part {
             Part::Wgmma => "wgmma.cuh",
             Part::Ring => "ring.cuh",
             Part::WorkClaims => "work_claims.cuh",
+            Part::Varlen => "varlen.cuh",
             Part::Tma => "tma.cuh",
             Part::TmaStore => "tma_store.cuh",
             Part::Trace => "trace.cuh",

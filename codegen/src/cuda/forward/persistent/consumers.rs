@@ -61,7 +61,7 @@ pub(super) fn write_consumers(w: &mut Writer<String>, roles: &Roles) -> fmt::Res
         trace::point(w, plan, Event::Item)?;
         writeln!(w, "const long long item = item_slot[qb];")?;
         writeln!(w, "if (item >= items) break;")?;
-        write_item_coords(w, spec, ItemRole::Consumers(copy))?;
+        write_item_coords(w, plan, ItemRole::Consumers(copy))?;
         writeln!(w)?;
         // The item's staged spec terms come with Q.
         if item_terms {

@@ -26,7 +26,7 @@ use super::softmax::RowSums;
 use super::staged_terms::StagedTerms;
 use super::trace::{self, Event};
 use super::wgmma_step::write_last_pv;
-use crate::abi::ArgKind;
+use crate::abi::{ArgKind, Side};
 use crate::cuda::kit::terms::interior_decl;
 use crate::cuda::kit::warp_roles::write_roles;
 use crate::cuda::signature::arg_name;
@@ -62,7 +62,13 @@ pub(super) fn write_body(w: &mut Writer<String>, plan: &Plan, copy: TileCopy) ->
 fn write_setup(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
     let (plan, copy) = (roles.plan, roles.copy);
     let name = |kind| arg_name(plan.spec, kind);
-    let [q_len, kv_len, heads, batch] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::Batch].map(name);
+    let [heads, batch] = [ArgKind::Heads, ArgKind::Batch].map(name);
+    // A varlen kernel's items cover its longest sequence's query tiles for
+    // every sequence; its key tiles are counted per item.
+    let (q_len, kv_tiles) = match plan.varlen {
+        true => (name(ArgKind::MaxLen(Side::Queries)), String::new()),
+        false => (name(ArgKind::QLen), kv_tiles_decl(plan.spec)),
+    };
     let (per_key, groups) = (roles.staged.per_key(), roles.groups);
     let group_decl = match groups {
         true => GROUP_WORD,
@@ -101,7 +107,7 @@ fn write_setup(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
         const int q_tiles = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
         const long long items = (long long)q_tiles * {heads} * {batch};\n\
         const FastDiv by_q_tiles(q_tiles), by_heads({heads});  // to decode items\n\
-        const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;\n\
+        {kv_tiles}\
         \n\
         // The stage ring's barriers (see the stage ring above): per Q buffer the\n\
         // claimed item (its slot), Q full (with Q, whether the item visits a\n\
@@ -164,10 +170,15 @@ fn copy_tile(
     }
 }
 
+/// `kv_tiles`, the item's key tiles (C declaration and newline).
+fn kv_tiles_decl(spec: &Spec) -> String {
+    format!("const int kv_tiles = ({} + BLOCK_N - 1) / BLOCK_N;\n", arg_name(spec, ArgKind::KvLen))
+}
+
 /// A warp-specialized kernel's work item: its (batch, head) and query tile,
 /// then what `role` needs of its rows (see [`write_item_rows`]).
-fn write_item_coords(w: &mut Writer<String>, spec: &Spec, role: ItemRole) -> fmt::Result {
-    let heads = arg_name(spec, ArgKind::Heads);
+fn write_item_coords(w: &mut Writer<String>, plan: &Plan, role: ItemRole) -> fmt::Result {
+    let heads = arg_name(plan.spec, ArgKind::Heads);
     write!(
         w,
         "\
@@ -176,7 +187,7 @@ fn write_item_coords(w: &mut Writer<String>, spec: &Spec, role: ItemRole) -> fmt
         const int q_block = q_tiles - 1 - (int)((unsigned)item - bh * (unsigned)q_tiles);\n\
         const int h = (int)(bh - b_ * (unsigned){heads}), b = (int)b_;\n"
     )?;
-    write_item_rows(w, spec, role)
+    write_item_rows(w, plan, role)
 }
 
 /// The tile loop of a warp-specialized kernel's consumers: each tile waits

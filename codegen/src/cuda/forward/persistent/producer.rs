@@ -2,12 +2,13 @@
 //! copies its Q, classifies its K/V tiles and walks them into the stage
 //! ring, handing the consumers each tile's word (and per-key spec terms).
 
-use super::{copy_tile, write_group_classes, write_item_coords, Roles};
+use super::{copy_tile, kv_tiles_decl, write_group_classes, write_item_coords, Roles};
 use crate::abi::ArgKind;
 use crate::cuda::forward::classes::{write_tile_classes, ClassReader, Stagers};
 use crate::cuda::forward::item::{q_load, ItemRole};
 use crate::cuda::forward::kv_loads::KvLoads;
 use crate::cuda::forward::trace::{self, Event};
+use crate::cuda::forward::varlen::claim_with_rows;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::names::{K_MAP, Q_MAP, V_MAP};
 use crate::cuda::tile_config::TileCopy;
@@ -25,6 +26,7 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
     // order (longest items first within windows of a few heads) where the
     // launch has one.
     let claim = match spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) {
+        _ if roles.plan.varlen => claim_with_rows(spec, &counter),
         true => {
             let order = name(ArgKind::WorkOrder);
             format!(
@@ -58,7 +60,10 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
         )?;
         trace::point(w, roles.plan, Event::PClaim)?;
         writeln!(w, "if (item >= items) break;  // the consumers stop at the same claim")?;
-        write_item_coords(w, spec, ItemRole::Producer(copy))?;
+        write_item_coords(w, roles.plan, ItemRole::Producer(copy))?;
+        if roles.plan.varlen {
+            w.write_str(&kv_tiles_decl(spec))?;
+        }
         writeln!(w, "// Q first: its copy runs while the tiles are classified.")?;
         writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
         copy_tile(w, copy, "q_full + 8 * qb", &format!("<BLOCK_M, QK_COLS>(q_tile, {Q_MAP}"), "q0, h", |w| {

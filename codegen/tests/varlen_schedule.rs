@@ -1,0 +1,112 @@
+//! The varlen forward's schedule (`flashgen_codegen::varlen`, the CPU twin
+//! of the kernels' sequence spans and tile decode): every (sequence, head,
+//! query tile) with rows is computed once, and a tile reads only tokens of
+//! its own sequence; whatever the prefix sums hold, every read stays inside
+//! the buffers.
+
+use flashgen_codegen::varlen::{seq_span, work_tiles, Walk, WorkTile};
+use proptest::prelude::*;
+use std::collections::HashSet;
+
+/// Prefix sums of `lens`, and the tokens of a buffer that holds them and
+/// `pad` more.
+fn prefix_sums(lens: &[i32], pad: i32) -> (Vec<i32>, i32) {
+    let cu: Vec<i32> = std::iter::once(0)
+        .chain(lens.iter().scan(0, |sum, &len| {
+            *sum += len;
+            Some(*sum)
+        }))
+        .collect();
+    let total = cu[lens.len()] + pad;
+    (cu, total)
+}
+
+/// Lengths of up to 6 sequences, 0 and 1 included, sometimes one much
+/// longer than the rest.
+fn lengths() -> impl Strategy<Value = Vec<i32>> {
+    (prop::collection::vec(prop_oneof![Just(0), Just(1), 0..200i32], 0..6), any::<bool>()).prop_map(
+        |(mut lens, long)| {
+            if long && !lens.is_empty() {
+                lens[0] = 1500;
+            }
+            lens
+        },
+    )
+}
+
+/// The rows `tile` reads and writes, as token indices of the packed buffer.
+fn rows(tile: &WorkTile, cu: &[i32], total: i32, max: i32, block_m: i32) -> std::ops::Range<i32> {
+    let span = seq_span(cu, tile.seq, total, max);
+    let q0 = tile.q_block * block_m;
+    span.start + q0..span.start + (q0 + block_m).min(span.len)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_query_tile_with_rows_runs_once_inside_its_sequence(
+        lens in lengths(),
+        pad in 0..40i32,
+        extra_max in 0..70i32,
+        heads in 1..4usize,
+        block_m in prop::sample::select(vec![64, 128, 192]),
+        walk in prop::sample::select(vec![Walk::Grid, Walk::Items]),
+    ) {
+        let (cu, total) = prefix_sums(&lens, pad);
+        // The host requires max_q_len <= total; any such bound at least the
+        // longest length is valid.
+        let longest = lens.iter().copied().max().unwrap_or(0);
+        let max = (longest + extra_max).min(total);
+        let tiles = work_tiles(&cu, heads, total, max, block_m, walk);
+        let unique: HashSet<WorkTile> = tiles.iter().copied().collect();
+        prop_assert_eq!(unique.len(), tiles.len(), "a tile runs twice");
+        let expected: HashSet<WorkTile> = (0..lens.len())
+            .flat_map(|seq| (0..heads).map(move |head| (seq, head)))
+            .flat_map(|(seq, head)| {
+                let q_tiles = (lens[seq] + block_m - 1) / block_m;
+                (0..q_tiles).map(move |q_block| WorkTile { seq, head, q_block })
+            })
+            .collect();
+        prop_assert_eq!(&unique, &expected);
+        for tile in &tiles {
+            let r = rows(tile, &cu, total, max, block_m);
+            prop_assert!(cu[tile.seq] <= r.start && r.start < r.end && r.end <= cu[tile.seq + 1], "{tile:?} reads {r:?}");
+        }
+        // Every row of every sequence is written by exactly one tile per head.
+        let written: usize = tiles.iter().map(|t| rows(t, &cu, total, max, block_m).len()).sum();
+        prop_assert_eq!(written, heads * lens.iter().sum::<i32>() as usize);
+    }
+
+    #[test]
+    fn bad_prefix_sums_stay_inside_the_buffer(
+        cu in prop::collection::vec(prop_oneof![Just(i32::MIN), Just(i32::MAX), -50..400i32], 1..7),
+        total in 0..300i32,
+        max in 0..300i32,
+        heads in 1..3usize,
+        block_m in prop::sample::select(vec![64, 128]),
+    ) {
+        let max = max.min(total);
+        let tiles = work_tiles(&cu, heads, total, max, block_m, Walk::Items);
+        prop_assert_eq!(tiles.iter().copied().collect::<HashSet<_>>().len(), tiles.len());
+        for b in 0..cu.len() - 1 {
+            let span = seq_span(&cu, b, total, max);
+            prop_assert!(0 <= span.start && 0 <= span.len && span.len <= max && span.start + span.len <= total, "{span:?}");
+        }
+        for tile in &tiles {
+            let r = rows(tile, &cu, total, max, block_m);
+            prop_assert!(0 <= r.start && r.start < r.end && r.end <= total, "{tile:?} reads {r:?}");
+        }
+    }
+}
+
+#[test]
+fn well_formed_prefix_sums_are_read_as_they_are() {
+    let (cu, total) = prefix_sums(&[5, 0, 1, 130], 3);
+    let spans: Vec<_> = (0..4).map(|b| seq_span(&cu, b, total, 130)).collect();
+    let expected = [(0, 5), (5, 0), (5, 1), (6, 130)];
+    assert_eq!(spans.iter().map(|s| (s.start, s.len)).collect::<Vec<_>>(), expected);
+    // 130 rows in 64-row tiles: three tiles for the long sequence, one each
+    // for the short ones, none for the empty one; per head.
+    assert_eq!(work_tiles(&cu, 2, total, 130, 64, Walk::Grid).len(), 2 * (1 + 1 + 3));
+}

@@ -1,0 +1,206 @@
+//! Everything `forward_varlen` checks before a launch, as pure functions
+//! over layouts and lengths so it is testable without a GPU.
+//!
+//! The host sees the buffers' lengths, the prefix sums' entry counts and
+//! the longest lengths, not the prefix sums themselves (they are on the
+//! device): the kernels clamp each sequence into the buffers
+//! (`library/varlen.cuh`), so what these checks cannot see gives wrong rows,
+//! never an access out of bounds.
+
+use crate::args::ArgInfo;
+use crate::check::{check_bounds, check_operands, check_shape, Problem};
+use crate::error::Error;
+use flashgen_codegen::abi::Operand;
+use flashgen_codegen::{Shape, Spec};
+
+/// A varlen forward launch as the checks see it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct VarlenProblem {
+    /// The packed operands as one batch row of `tokens` positions each
+    /// (`PackedLayout::as_layout`), and the LSE's length.
+    pub operands: Problem,
+    pub batch: usize,
+    /// Entries of `cu_seqlens_q` and `cu_seqlens_k`.
+    pub cu_seqlens: [usize; 2],
+    /// `max_q_len` and `max_kv_len`.
+    pub max_lens: [usize; 2],
+}
+
+/// A checked varlen launch: its shape (the lengths are the longest
+/// sequences', which size the grid and the tensors' `Q_LEN` / `KV_LEN`
+/// dims) and the tokens of Q (and O) and of K (and V).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct VarlenShape {
+    pub shape: Shape,
+    pub tokens: [usize; 2],
+}
+
+/// Checks a varlen forward launch of `spec`. Returns its shape, or `None`
+/// when there is nothing to compute (no sequence, or no queries). Keys may
+/// be absent: every row is then fully masked, and the kernel still writes
+/// O and the LSE.
+pub(crate) fn check_varlen(spec: &Spec, p: &VarlenProblem, args: &[ArgInfo]) -> Result<Option<VarlenShape>, Error> {
+    let ops = &p.operands;
+    check_operands(spec, ops)?;
+    let tokens = [ops.q.layout.seq, ops.k.layout.seq];
+    for (which, len) in ["cu_seqlens_q", "cu_seqlens_k"].into_iter().zip(p.cu_seqlens) {
+        let expected = p.batch.saturating_add(1);
+        if len != expected {
+            return Err(Error::CuSeqlensLen { which, len, expected });
+        }
+    }
+    // A sequence cannot outgrow its buffer, and a longest length of 0 while
+    // the buffers hold tokens is almost surely a caller's mistake (every
+    // row would be left unwritten).
+    for ((which, max), tokens) in ["max_q_len", "max_kv_len"].into_iter().zip(p.max_lens).zip(tokens) {
+        if max > tokens || (max == 0 && tokens > 0) {
+            return Err(Error::MaxSeqlen { which, max, tokens });
+        }
+    }
+    let [q_len, kv_len] = p.max_lens;
+    let shape = Shape { batch: p.batch, heads: ops.q.layout.heads, heads_kv: ops.k.layout.heads, q_len, kv_len };
+    check_shape(spec, &shape, args)?;
+    // Token counts are i32 kernel arguments.
+    for (what, value) in [("total_q (tokens of Q)", tokens[0]), ("total_kv (tokens of K)", tokens[1])] {
+        if value > i32::MAX as usize {
+            return Err(Error::TooLarge { what, value, max: i32::MAX as usize });
+        }
+    }
+    for (operand, buffer) in [(Operand::Q, &ops.q), (Operand::K, &ops.k), (Operand::V, &ops.v), (Operand::O, &ops.o)] {
+        check_bounds(operand, buffer)?;
+    }
+    if shape.batch == 0 || shape.q_len == 0 {
+        return Ok(None);
+    }
+    if let Some(len) = ops.lse {
+        let needed = shape.heads.saturating_mul(tokens[0]);
+        if len < needed {
+            return Err(Error::LseTooSmall { len, needed });
+        }
+    }
+    Ok(Some(VarlenShape { shape, tokens }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::Buffer;
+    use crate::layout::PackedLayout;
+    use flashgen_codegen::{parse_one, Dtype, ElemTy};
+
+    /// Per-sequence tensors are `[B, max_len]`.
+    fn spec() -> Spec {
+        parse_one("G { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }").unwrap()
+    }
+
+    fn buffer(layout: PackedLayout) -> Buffer {
+        let layout = layout.as_layout();
+        Buffer { layout, len: layout.len() }
+    }
+
+    /// 3 sequences, 100 query and 300 key tokens, the longest 60 and 200;
+    /// 8 query heads, 2 K/V heads.
+    fn problem() -> VarlenProblem {
+        let [q, o] = [PackedLayout::thd(100, 8, 64); 2].map(buffer);
+        let [k, v] = [PackedLayout::thd(300, 2, 64); 2].map(buffer);
+        let operands = Problem { dtype: Dtype::Bf16, q, k, v, o, lse: Some(8 * 100) };
+        VarlenProblem { operands, batch: 3, cu_seqlens: [4, 4], max_lens: [60, 200] }
+    }
+
+    fn args(batch: usize, max_kv: usize) -> [ArgInfo; 1] {
+        [ArgInfo::Tensor(ElemTy::I32, batch * max_kv)]
+    }
+
+    fn check(p: &VarlenProblem) -> Result<Option<VarlenShape>, Error> {
+        check_varlen(&spec(), p, &args(3, 200))
+    }
+
+    #[test]
+    fn accepts_a_valid_launch() {
+        let checked = check(&problem()).unwrap().unwrap();
+        let shape = Shape { batch: 3, heads: 8, heads_kv: 2, q_len: 60, kv_len: 200 };
+        assert_eq!(checked, VarlenShape { shape, tokens: [100, 300] });
+        // Strided views are fine where they stay inside their buffers.
+        let mut p = problem();
+        p.operands.q = Buffer {
+            layout: PackedLayout { strides: [1024, 64], ..PackedLayout::thd(100, 8, 64) }.as_layout(),
+            len: 100 * 1024,
+        };
+        check(&p).unwrap().unwrap();
+    }
+
+    #[test]
+    fn prefix_sums_need_batch_plus_one_entries() {
+        for (cu_seqlens, which, len) in
+            [([3, 4], "cu_seqlens_q", 3), ([4, 5], "cu_seqlens_k", 5), ([0, 4], "cu_seqlens_q", 0)]
+        {
+            let err = check(&VarlenProblem { cu_seqlens, ..problem() }).unwrap_err();
+            assert!(
+                matches!(err, Error::CuSeqlensLen { which: w, len: l, expected: 4 } if w == which && l == len),
+                "{err}"
+            );
+            assert!(err.to_string().contains("batch + 1 = 4"), "{err}");
+        }
+    }
+
+    #[test]
+    fn longest_lengths_must_fit_the_buffers() {
+        for (max_lens, which, max) in [
+            ([101, 200], "max_q_len", 101),
+            ([60, 301], "max_kv_len", 301),
+            ([0, 200], "max_q_len", 0),
+            ([60, 0], "max_kv_len", 0),
+        ] {
+            let err = check(&VarlenProblem { max_lens, ..problem() }).unwrap_err();
+            assert!(matches!(err, Error::MaxSeqlen { which: w, max: m, .. } if w == which && m == max), "{err}");
+        }
+    }
+
+    #[test]
+    fn empty_launches_launch_nothing_but_empty_keys_do() {
+        // No queries at all: nothing to write.
+        let mut p = problem();
+        let [q, o] = [PackedLayout::thd(0, 8, 64); 2].map(buffer);
+        (p.operands.q, p.operands.o, p.max_lens[0]) = (q, o, 0);
+        assert_eq!(check(&p).unwrap(), None);
+        // No sequences.
+        let p = VarlenProblem { batch: 0, cu_seqlens: [1, 1], ..problem() };
+        assert_eq!(check_varlen(&spec(), &p, &args(0, 200)).unwrap(), None);
+        // No keys: rows are fully masked, O and the LSE still written.
+        let mut p = problem();
+        let [k, v] = [PackedLayout::thd(0, 2, 64); 2].map(buffer);
+        (p.operands.k, p.operands.v, p.max_lens[1]) = (k, v, 0);
+        let checked = check_varlen(&spec(), &p, &args(3, 0)).unwrap().unwrap();
+        assert_eq!((checked.shape.kv_len, checked.tokens), (0, [100, 0]));
+    }
+
+    #[test]
+    fn heads_must_group() {
+        let mut p = problem();
+        let [k, v] = [PackedLayout::thd(300, 3, 64); 2].map(buffer);
+        (p.operands.k, p.operands.v) = (k, v);
+        let err = check(&p).unwrap_err();
+        assert!(matches!(err, Error::HeadGroups { heads: 8, heads_kv: 3 }), "{err}");
+    }
+
+    #[test]
+    fn buffers_must_hold_their_tokens() {
+        let mut p = problem();
+        p.operands.k.len -= 1;
+        let err = check(&p).unwrap_err();
+        assert!(matches!(err, Error::OutOfBounds { operand: Operand::K, .. }), "{err}");
+        let mut p = problem();
+        p.operands.o = buffer(PackedLayout::thd(99, 8, 64));
+        let err = check(&p).unwrap_err();
+        assert!(matches!(err, Error::SizeMismatch { operand: Operand::O, other: Operand::Q, .. }), "{err}");
+        let err = check(&VarlenProblem { operands: Problem { lse: Some(799), ..problem().operands }, ..problem() });
+        assert!(matches!(err, Err(Error::LseTooSmall { len: 799, needed: 800 })), "{err:?}");
+    }
+
+    #[test]
+    fn tensors_are_sized_by_the_longest_sequences() {
+        // doc: i32[B, KV_LEN] holds batch · max_kv_len elements.
+        let err = check_varlen(&spec(), &problem(), &args(3, 199)).unwrap_err();
+        assert!(matches!(err, Error::TensorTooSmall { needed: 600, .. }), "{err}");
+    }
+}
