@@ -6,12 +6,17 @@
 //! TFLOP/s = 4·b·h·s²·d · density / time, density = the kept fraction of
 //! (q, k) pairs, counted exactly.
 //!
-//! `flashgen-bench [--variants causal,full] [--dims 64,128] [--seqs 1024,4096,16384] [--iters 20] [--backward] [--tune]`
+//! `flashgen-bench [--variants causal,full] [--dims 64,128] [--seqs 1024,4096,16384] [--iters 20] [--backward] [--tune] [--varlen]`
 //!
 //! `--backward` also times one training step (forward, then backward into
 //! Q, K and V, no tensor gradients, as the peers' steps) per variant and
 //! shape, as rows `<variant>+bwd`
 //! counting 3.5x the forward FLOPs.
+//!
+//! `--varlen` adds a row `doc-varlen` after each `doc` row: the same
+//! documents packed as varlen sequences (each attending within itself, the
+//! pairs the document mask keeps), launched with `Runtime::forward_varlen`:
+//! the same FLOPs without a mask or a block mask.
 //!
 //! `--tune` autotunes the forward of each variant and shape first
 //! (`Runtime::autotune`, remembered in the kernel cache like any tuning):
@@ -67,6 +72,7 @@ fn main() {
     let iters: usize = list("--iters", "20")[0].parse().unwrap_or(20);
     let backward = args.iter().any(|a| a == "--backward");
     let tune = args.iter().any(|a| a == "--tune");
+    let varlen = args.iter().any(|a| a == "--varlen");
 
     if args.iter().any(|a| a == "--jit") {
         // A fresh cache directory, before any runtime reads the environment,
@@ -151,8 +157,36 @@ fn main() {
                     }
                     Err(e) => println!("{name:<16} {d:>4} {s:>6} {batch:>3} error: {e}"),
                 }
+                if varlen && name == "doc" {
+                    varlen_documents(&rt, &problem, d, iters);
+                }
             }
         }
+    }
+}
+
+/// Times the documents of `dense`'s `doc` ids as packed varlen sequences
+/// and prints a `doc-varlen` row (its TFLOP/s over the pairs kept).
+fn varlen_documents(rt: &Runtime, dense: &flashgen::codegen::reference::Problem, d: u32, iters: usize) {
+    let Some(TensorData::I32(ids)) = dense.tensors.first() else { return };
+    let (batch, s) = (dense.shape.batch, dense.shape.q_len);
+    let mut lens = Vec::new();
+    for row in ids.chunks(s) {
+        lens.extend(row.chunk_by(|a, b| a == b).map(|doc| (doc.len(), doc.len())));
+    }
+    let kept: usize = lens.iter().map(|&(q, k)| q * k).sum();
+    let spec = flashgen::parse_one(&format!("Full {{ dtype: bf16, head_dim: {d} }}")).expect("valid spec");
+    let problem = verify::varlen::random_varlen_problem(&spec, (HEADS, HEADS), &lens, vec![], s as u64);
+    let timed = verify::varlen::DeviceVarlen::upload(rt, &spec, &problem, verify::varlen::Packing::Thd)
+        .and_then(|mut gpu| gpu.time(rt, &spec, &problem, L2_FLUSH_BYTES, (3, iters)));
+    let name = "doc-varlen";
+    match timed {
+        Ok(ms) => {
+            let tflops = 4.0 * (HEADS * kept) as f64 * d as f64 / (ms * 1e-3) / 1e12;
+            let density = kept as f64 / (batch * s * s) as f64;
+            println!("{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4} {:>15}", lens.len());
+        }
+        Err(e) => println!("{name:<16} {d:>4} {s:>6} {batch:>3} error: {e}"),
     }
 }
 

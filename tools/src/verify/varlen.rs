@@ -4,8 +4,8 @@
 //! LSE `[heads, total_q]`) for [`Expected::varlen`].
 
 use super::{
-    driver, gather, launch_args, random_tensors, round, upload_operands, upload_tensors, DeviceTensor, GpuOutput,
-    Operands,
+    driver, gather, launch_args, median_ms_after, random_tensors, round, upload_operands, upload_tensors, DeviceTensor,
+    GpuOutput, Operands,
 };
 use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::reference::{ParamValue, Problem, VarlenProblem};
@@ -166,6 +166,24 @@ impl DeviceVarlen {
                 rt.forward_varlen(spec, io, &args, &opts)
             }
         }
+    }
+
+    /// Median milliseconds (CUDA events) of a varlen forward launch after
+    /// `warmup` unmeasured ones, each after `flush_bytes` of zeros written
+    /// (a cold L2, as [`super::DeviceProblem::flush_l2`] gives the dense
+    /// launches).
+    pub fn time(
+        &mut self,
+        rt: &Runtime,
+        spec: &Spec,
+        problem: &VarlenProblem,
+        flush_bytes: usize,
+        (warmup, iters): (usize, usize),
+    ) -> Result<f64, Error> {
+        let stream = self.stream.clone();
+        let mut flush = stream.alloc_zeros::<u8>(flush_bytes).map_err(driver("allocate the L2 flush buffer"))?;
+        let zero = || stream.memset_zeros(&mut flush).map_err(driver("flush the L2"));
+        median_ms_after(&stream, warmup, iters, zero, || self.launch(rt, spec, problem))
     }
 
     /// Waits for the stream and reads O (as THD) and the LSE back.
