@@ -11,7 +11,9 @@ use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage};
 use candle_core::{DType, Shape, Storage, Tensor};
 use flashgen::cudarc::driver::{CudaSlice, DeviceRepr};
 use flashgen::half::{bf16, f16};
-use flashgen::{ArgValue, BackwardIo, BackwardOptions, Dtype, Element, ForwardIo, ForwardOptions, Layout};
+use flashgen::{
+    ArgValue, BackwardIo, BackwardOptions, BlockMask, Dtype, Element, ForwardIo, ForwardOptions, Layout, Runtime,
+};
 use std::sync::{Mutex, PoisonError};
 
 /// A runtime param or captured tensor, in the spec's declaration order:
@@ -64,6 +66,9 @@ pub(crate) struct Call {
     /// Whether the forward keeps the LSE (some operand tracks gradients).
     pub keep_lse: bool,
     pub lse: Mutex<Option<CudaSlice<f32>>>,
+    /// The tile classes of a mask that reads captured tensors (built by the
+    /// forward, so both passes skip the tiles it proves empty).
+    pub block_mask: Mutex<Option<BlockMask>>,
     pub grads: Mutex<Option<Grads>>,
 }
 
@@ -104,8 +109,16 @@ impl Call {
             }
         }
         let keep_lse = qkv_tracked || train.contains(&true);
-        let none = Mutex::new(None);
-        Ok(Call { attention: attention.clone(), qkv, args, train, keep_lse, lse: none, grads: Mutex::new(None) })
+        Ok(Call {
+            attention: attention.clone(),
+            qkv,
+            args,
+            train,
+            keep_lse,
+            lse: Mutex::default(),
+            block_mask: Mutex::default(),
+            grads: Mutex::default(),
+        })
     }
 
     /// Runs the forward on the operands' stream: O as a compact
@@ -144,9 +157,12 @@ impl Call {
         };
         let tensor_guards: Vec<_> = self.tensors().map(|t| t.storage_and_layout()).collect();
         let args = self.arg_values(&tensor_guards)?;
+        let block_mask = self.build_block_mask(&rt, [q.1, k.1], &args)?;
         let io = ForwardIo { q, k, v, o: (&mut o, o_layout), lse: lse.as_mut() };
-        let opts = ForwardOptions { scale: self.attention.scale(), ..Default::default() };
+        let opts =
+            ForwardOptions { scale: self.attention.scale(), block_mask: block_mask.as_ref(), ..Default::default() };
         rt.forward(self.attention.spec(), io, &args, &opts).map_err(error::flashgen)?;
+        *self.block_mask.lock().unwrap_or_else(PoisonError::into_inner) = block_mask;
         *self.lse.lock().unwrap_or_else(PoisonError::into_inner) = lse;
         Ok((CudaStorage::wrap_cuda_slice(o, device), Shape::from((batch, q_len, heads, v_dim))))
     }
@@ -186,11 +202,33 @@ impl Call {
             d_tensors: d_tensors.iter_mut().map(Option::as_mut).collect(),
         };
         let workspace = self.attention.workspace(&device)?;
-        let opts = BackwardOptions { scale: self.attention.scale(), workspace: Some(&workspace), ..Default::default() };
+        let block_mask = self.block_mask.lock().unwrap_or_else(PoisonError::into_inner);
+        let opts = BackwardOptions {
+            scale: self.attention.scale(),
+            workspace: Some(&workspace),
+            block_mask: block_mask.as_ref(),
+            ..Default::default()
+        };
         rt.backward(self.attention.spec(), io, &args, &opts).map_err(error::flashgen)?;
         let wrap = |slice, l: Layout| tensor(slice, &device, (l.batch, l.seq, l.heads, l.dim));
         let qkv = [wrap(dq, shapes[0])?, wrap(dk, shapes[1])?, wrap(dv, shapes[2])?];
         Ok(Grads { qkv, tensors: self.tensor_grads(d_tensors, &device)? })
+    }
+
+    /// The block mask of a mask that reads captured tensors (no other mask
+    /// needs one: its interval analysis is exact enough without).
+    fn build_block_mask(
+        &self,
+        rt: &Runtime,
+        [q, k]: [Layout; 2],
+        args: &[ArgValue<'_>],
+    ) -> candle_core::Result<Option<BlockMask>> {
+        let spec = self.attention.spec();
+        if !spec.mask.as_ref().is_some_and(flashgen::codegen::Expr::reads_tensor) {
+            return Ok(None);
+        }
+        let shape = flashgen::Shape { batch: q.batch, heads: q.heads, heads_kv: k.heads, q_len: q.seq, kv_len: k.seq };
+        rt.block_mask(spec, shape, args).map(Some).map_err(error::flashgen)
     }
 
     fn tensors(&self) -> impl Iterator<Item = &Tensor> {

@@ -9,6 +9,8 @@ use flashgen::{parse_one, Shape, Spec};
 use flashgen_candle::{plain, Arg, Attention};
 
 const WINDOW: &str = "Window { dtype: DTYPE, head_dim: 64, param window: i32, mask: q >= k && q - k < window }";
+const DOCUMENT: &str =
+    "Document { dtype: DTYPE, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }";
 const ALIBI: &str = "Alibi { dtype: DTYPE, head_dim: 64, tensor slopes: f32[H], mask: q >= k, \
                      score: score + slopes[h] * (k - q) as f32 }";
 
@@ -195,6 +197,36 @@ fn trained_captured_tensors_get_gradients() {
     let o = Attention::new(&spec).forward(&vars[0], &vars[1], &vars[2], &[slopes.as_tensor().into()]).unwrap();
     let d_o = Random::new().values(o.elem_count(), DType::BF16);
     check_backward(&spec, &case, &[&vars[0], &vars[1], &vars[2]], &o, &d_o, &[&slopes]);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn a_mask_that_reads_a_tensor_runs_with_its_block_mask() {
+    let dev = device();
+    let spec = spec(DOCUMENT, DType::BF16);
+    let (batch, seq) = (2, 400);
+    // Documents of 150, 90 and 160 tokens in row 0; 300 and 100 in row 1.
+    let ids: Vec<i32> = (0..batch * seq)
+        .map(|i| {
+            let (b, t) = (i / seq, i % seq);
+            match b {
+                0 => (t >= 150) as i32 + (t >= 240) as i32,
+                _ => (t >= 300) as i32,
+            }
+        })
+        .collect();
+    let shape = Shape { batch, heads: 4, heads_kv: 2, q_len: seq, kv_len: seq };
+    let case = Case::new(shape, DType::BF16, vec![], vec![TensorData::I32(ids.clone())], &dev);
+    let doc = Tensor::from_vec(ids, (batch, seq), &dev).unwrap();
+    let vars = [&case.q, &case.k, &case.v].map(|t| Var::from_tensor(t).unwrap());
+    let o = Attention::new(&spec).forward(&vars[0], &vars[1], &vars[2], &[(&doc).into()]).unwrap();
+    let golden = reference::forward(&spec, &case.problem, Precision::F64).unwrap();
+    let same = reference::forward(&spec, &case.problem, Precision::SameDtype(spec.dtype)).unwrap();
+    let check = reference::flash_rule(&host(&o), &same.o, &golden.o, reference::FORWARD_FACTOR);
+    println!("document forward: {check}");
+    assert!(check.passed, "{check}");
+    let d_o = Random::new().values(o.elem_count(), DType::BF16);
+    check_backward(&spec, &case, &[&vars[0], &vars[1], &vars[2]], &o, &d_o, &[]);
 }
 
 #[test]
