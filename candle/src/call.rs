@@ -91,6 +91,11 @@ impl Call {
             let detail = format!("spec `{}` declares {declared} params and tensors; got {}", spec.name, args.len());
             return Err(Error::Args { detail }.into());
         }
+        if let Some((i, _)) = args.iter().enumerate().take(spec.params.len()).find(|(_, a)| matches!(a, Arg::Tensor(_)))
+        {
+            let detail = format!("argument {i} (`{}`) is a param: pass a number", spec.params[i].name);
+            return Err(Error::Args { detail }.into());
+        }
         let mut train = vec![false; spec.tensors.len()];
         let mut args = args.to_vec();
         for (i, arg) in args.iter_mut().enumerate().skip(spec.params.len()) {
@@ -262,13 +267,8 @@ impl Call {
                 }
             })
         });
-        let values: candle_core::Result<Vec<_>> = scalars.chain(tensors).collect();
-        let values = values?;
-        if values.len() != spec.params.len() + spec.tensors.len() {
-            let detail = format!("spec `{}` wants its {} params before its tensors", spec.name, spec.params.len());
-            return Err(Error::Args { detail }.into());
-        }
-        Ok(values)
+        // Call::new checked that params and tensors sit in their slots.
+        scalars.chain(tensors).collect()
     }
 
     /// A zeroed f32 buffer per trained tensor (the kernels add into it).
@@ -342,10 +342,8 @@ fn operands<'g, T: Element + CudaDType + DeviceRepr, const N: usize>(
     names: [&str; N],
     guards: &'g [(candle_core::StorageRef<'_>, &candle_core::Layout); N],
 ) -> [candle_core::Result<(&'g dyn flashgen::DeviceInput<T>, Layout)>; N] {
-    let mut i = 0;
-    guards.each_ref().map(|(storage, layout)| {
-        let name = names[i];
-        i += 1;
+    std::array::from_fn(|i| {
+        let ((storage, layout), name) = (&guards[i], names[i]);
         let wrong_dtype =
             |_| Error::Dtype { operand: name.to_string(), got: storage.dtype(), expected: T::DTYPE.name() };
         let slice: &dyn flashgen::DeviceInput<T> =
