@@ -63,6 +63,7 @@ mod tma;
 
 // Compiling, and what persists: the kernel cache and tuning records.
 mod choices;
+mod compile_lock;
 mod disk_cache;
 mod nvrtc;
 #[cfg(feature = "dynamic-loading")]

@@ -155,6 +155,33 @@ fn check_and_precompile_use_nvrtc_and_fill_the_cache() {
 }
 
 #[test]
+fn precompiles_started_together_compile_each_kernel_once() {
+    let cache = scratch("cache-shared");
+    let spawn = || {
+        Command::new(env!("CARGO_BIN_EXE_flashgen"))
+            .args(["precompile", &spec("document"), "--arch", "sm_90"])
+            .env("FLASHGEN_CACHE_DIR", &cache)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the flashgen binary runs")
+    };
+    let ranks: Vec<_> = (0..4).map(|_| spawn()).collect();
+    let compiled: usize = ranks
+        .into_iter()
+        .map(|rank| {
+            let out = rank.wait_with_output().unwrap();
+            assert!(out.status.success(), "{}", text(&out));
+            let report = String::from_utf8_lossy(&out.stdout).into_owned();
+            let count = report.split(": ").nth(1).and_then(|rest| rest.split(' ').next());
+            count.and_then(|n| n.parse::<usize>().ok()).unwrap_or_else(|| panic!("a report: {report}"))
+        })
+        .sum();
+    assert_eq!(compiled, 3, "the document spec's three kernels, each compiled by one process");
+    assert_eq!(cubins(&cache), 3);
+}
+
+#[test]
 fn check_warns_of_indices_that_may_leave_their_dimension() {
     let dir = scratch("index-warnings");
     let out = flashgen(&["check", &spec("document"), "--arch", "sm_80"], &dir);
