@@ -155,6 +155,20 @@ fn check_and_precompile_use_nvrtc_and_fill_the_cache() {
 }
 
 #[test]
+fn check_all_compiles_every_kernel_a_launch_may_use() {
+    let dir = scratch("check-all");
+    let out = flashgen(&["check", &spec("causal"), "--arch", "sm_80", "--all"], &dir);
+    assert!(out.status.success(), "{}", text(&out));
+    let report = text(&out);
+    let count = report.split("compiled ").nth(1).and_then(|rest| rest.split(' ').next());
+    let count: usize = count.and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("a kernel count: {report}"));
+    // Causal at d = 128 on sm_80: two forward configurations, dense and
+    // varlen, the block-mask kernel and the four backward kernels.
+    assert_eq!(count, 9, "{report}");
+    assert!(report.contains(" kernels for sm_80 with NVRTC"), "{report}");
+}
+
+#[test]
 fn precompiles_started_together_compile_each_kernel_once() {
     let cache = scratch("cache-shared");
     let spawn = || {
