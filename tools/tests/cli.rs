@@ -239,6 +239,18 @@ fn run_reports_bad_arguments_and_missing_gpus_as_errors() {
         assert_eq!(out.status.code(), Some(2), "{}", text(&out));
         assert!(text(&out).starts_with(&format!("error: {expected}")), "{}", text(&out));
     }
+    // So are input files: Q of [1, 4, 2, 128] is 1024 values.
+    let q = dir.join("q.bin");
+    std::fs::write(&q, vec![0u8; 4 * 1000]).unwrap();
+    let q = q.to_str().unwrap();
+    let out = flashgen(&["run", &spec("causal"), "--seq", "4", "--heads", "2", "--q", q], &dir);
+    assert!(
+        text(&out).starts_with(&format!("error: {q}: holds 1000 elements, the shape needs 1024")),
+        "{}",
+        text(&out)
+    );
+    let out = flashgen(&["run", &spec("causal"), "--d-out", q], &dir);
+    assert!(text(&out).contains("--backward"), "dO needs --backward: {}", text(&out));
 }
 
 #[test]

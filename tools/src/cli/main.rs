@@ -1,6 +1,7 @@
 //! The `flashgen` command line: emit, NVRTC-check, precompile and run `.attn`
 //! specs, and manage the kernel cache.
 
+mod arrays;
 mod cache;
 mod check;
 mod run;
@@ -76,7 +77,7 @@ enum Command {
         action: cache::CacheAction,
     },
     /// Run a spec on the GPU on random inputs and check it against the CPU reference.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
 }
 
 /// Why a command failed.
@@ -140,6 +141,6 @@ fn run(cli: Cli) -> Result<bool, Failure> {
             cache::precompile(&files, &archs, if backward { KernelSet::Training } else { KernelSet::Inference })
         }
         Command::Cache { action } => Ok(cache::run(action)?),
-        Command::Run(args) => run::on_gpu(args),
+        Command::Run(args) => run::on_gpu(*args),
     }
 }
