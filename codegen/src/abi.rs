@@ -87,6 +87,22 @@ pub enum ArgKind {
     /// A varlen launch's tokens in Q and O, or in K and V: what sequences
     /// are clamped into, and (queries) the LSE's row count.
     Tokens(Side),
+    /// `const int*` a paged launch's K/V length of each sequence, `i32[batch]`
+    /// on the device; kernels clamp each into its pages and `MaxLen(Keys)`.
+    KvLens,
+    /// `const int*` a paged launch's block table `i32[batch,
+    /// pages_per_seq]`: the page ids of each sequence's keys, in order, on
+    /// the device; kernels clamp each id into `[0, num_pages)`.
+    BlockTable,
+    /// Columns of the block table: the most pages one sequence holds.
+    PagesPerSeq,
+    /// Rows (keys) per page.
+    PageSize,
+    /// Pages in the K and V caches.
+    NumPages,
+    /// Element stride between the pages of a K or V cache (`Stride(op,
+    /// Axis::Seq)` is its rows', `Stride(op, Axis::Head)` its heads').
+    PageStride(Operand),
     /// `int*` a work order under a data-dependent mask: the dK/dV kernel's
     /// CTAs or a persistent forward's items, longest first within windows of
     /// a few heads, as their indices in launch (claim) order, then each

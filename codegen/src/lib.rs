@@ -13,6 +13,7 @@ pub mod grad;
 pub mod index_check;
 pub mod reference;
 pub mod spec;
+pub mod paged;
 pub mod syntax;
 pub mod varlen;
 

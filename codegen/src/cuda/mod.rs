@@ -29,7 +29,7 @@ mod writer;
 pub use backward::{emit_backward, emit_backward_with, trainable_tensors, BackwardConfig, BackwardPass, DqAccum};
 pub use block_mask::emit_block_mask;
 pub use forward::{
-    emit_forward, emit_forward_copying, emit_forward_traced, emit_forward_varlen, emit_forward_with, is_light,
+    emit_forward, emit_forward_copying, emit_forward_paged, emit_forward_traced, emit_forward_varlen, emit_forward_with, is_light,
 };
 pub use target::{Mma, Target};
 pub use tile_config::TileConfig;
