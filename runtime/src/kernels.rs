@@ -14,6 +14,8 @@ pub(crate) enum Which {
     Forward(TileConfig, TileCopy),
     /// The varlen forward in a configuration (it copies with threads).
     ForwardVarlen(TileConfig),
+    /// The paged forward in a configuration (it gathers with threads).
+    ForwardPaged(TileConfig),
     BlockMask,
     /// A work order under the spec's block mask.
     WorkOrder(cuda::Work),
@@ -81,6 +83,7 @@ impl Which {
         match self {
             Which::Forward(config, copy) => Some(cuda::emit_forward_copying(spec, config, copy)),
             Which::ForwardVarlen(config) => Some(cuda::emit_forward_varlen(spec, config)),
+            Which::ForwardPaged(config) => Some(cuda::emit_forward_paged(spec, config)),
             Which::BlockMask => cuda::emit_block_mask(spec),
             Which::WorkOrder(work) => cuda::emit_work_order(spec, work),
             Which::Backward(pass, config) => Some(cuda::emit_backward_with(spec, pass, config)),
