@@ -57,16 +57,21 @@ pub(super) fn write_sequence(w: &mut Writer<String>, plan: &Plan) -> fmt::Result
 
 /// `seq_span(...)` of sequence `seq` (C) on `side`.
 fn seq_span(spec: &Spec, side: Side, seq: &str) -> String {
+    span_call(spec, "seq_span", side, seq)
+}
+
+/// `function(cu, seq, total, max)`: a span of sequence `seq` on `side`.
+fn span_call(spec: &Spec, function: &str, side: Side, seq: &str) -> String {
     let [cu, total, max] = [ArgKind::CuSeqlens(side), ArgKind::Tokens(side), ArgKind::MaxLen(side)];
     let [cu, total, max] = [cu, total, max].map(|kind| arg_name(spec, kind));
-    format!("seq_span({cu}, {seq}, {total}, {max})")
+    format!("{function}({cu}, {seq}, {total}, {max})")
 }
 
 /// Sequence `b`'s queries (C): [`seq_span`]'s, or a paged kernel's
-/// `query_span`, which also takes dense queries.
+/// `query_span`, which also takes dense queries (null prefix sums).
 fn query_span(plan: &Plan, seq: &str) -> String {
     match plan.paged {
-        true => format!("query_{}", seq_span(plan.spec, Side::Queries, seq)),
+        true => span_call(plan.spec, "query_span", Side::Queries, seq),
         false => seq_span(plan.spec, Side::Queries, seq),
     }
 }
