@@ -14,13 +14,13 @@ proptest! {
     fn every_key_stays_inside_the_table_and_the_cache(
         page_size in prop_oneof![Just(1), Just(3), Just(16), Just(64), Just(256), 1..300i32],
         pages_per_seq in 0..6i32,
-        num_pages in 1..12i32,
+        num_pages in 0..12i32,
         ids in prop::collection::vec(-5..20i32, 6),
         kv_len in -10..2000i32,
         max_len in 0..2000i32,
     ) {
         let pages = &ids[..pages_per_seq as usize];
-        let len = paged_kv_len(&[kv_len], 0, pages_per_seq, page_size, max_len);
+        let len = paged_kv_len(&[kv_len], 0, pages_per_seq, page_size, num_pages, max_len);
         prop_assert!(0 <= len && len <= max_len && len as i64 <= pages_per_seq as i64 * page_size as i64);
         let (row_stride, page_stride) = (8i64, 8 * page_size as i64 + 3);
         let p = PagedRows { pages, page_size, num_pages, page_stride, row_stride };
@@ -40,12 +40,13 @@ proptest! {
 #[test]
 fn lengths_clamp_to_the_table_and_the_longest_length() {
     // 3 pages of 16 rows: 48 keys at most, and at most max_len.
-    assert_eq!(paged_kv_len(&[100, -4, 20], 0, 3, 16, 64), 48);
-    assert_eq!(paged_kv_len(&[100, -4, 20], 1, 3, 16, 64), 0);
-    assert_eq!(paged_kv_len(&[100, -4, 20], 2, 3, 16, 64), 20);
-    assert_eq!(paged_kv_len(&[100], 0, 3, 16, 30), 30);
-    // No i32 overflow in the cap.
-    assert_eq!(paged_kv_len(&[i32::MAX], 0, i32::MAX, 256, 7), 7);
+    assert_eq!(paged_kv_len(&[100, -4, 20], 0, 3, 16, 9, 64), 48);
+    assert_eq!(paged_kv_len(&[100, -4, 20], 1, 3, 16, 9, 64), 0);
+    assert_eq!(paged_kv_len(&[100, -4, 20], 2, 3, 16, 9, 64), 20);
+    assert_eq!(paged_kv_len(&[100], 0, 3, 16, 9, 30), 30);
+    // No i32 overflow in the cap; no keys in caches of no pages.
+    assert_eq!(paged_kv_len(&[i32::MAX], 0, i32::MAX, 256, 9, 7), 7);
+    assert_eq!(paged_kv_len(&[5], 0, 3, 16, 0, 64), 0);
 }
 
 #[test]

@@ -10,7 +10,7 @@
 use flashgen_codegen::abi::{ArgKind, Kernel};
 use flashgen_codegen::cuda::library::Part;
 use flashgen_codegen::cuda::{
-    emit_backward, emit_backward_with, emit_forward, emit_forward_copying, emit_forward_paged, emit_forward_varlen, emit_forward_with,
+    emit_backward, emit_backward_with, emit_forward, emit_forward_copying, emit_forward_paged, emit_forward_varlen, emit_paged_append, emit_forward_with,
     BackwardConfig, BackwardPass, DqAccum, Mma, Target, TileConfig, TileCopy,
 };
 use flashgen_codegen::{parse_one, Spec};
@@ -135,6 +135,7 @@ fn paged_forward_kernels() {
     let spec = variant("causal_bottom_right");
     insta::assert_snapshot!("paged_causal_bottom_right", render(&emit_forward_paged(&spec, TileConfig::default_for(&spec))));
     insta::assert_snapshot!("paged_wgmma_causal_bottom_right", render(&emit_forward_paged(&spec, TWO_WARPGROUPS)));
+    insta::assert_snapshot!("paged_append_causal_bottom_right", render(&emit_paged_append(&spec)));
 }
 
 #[test]

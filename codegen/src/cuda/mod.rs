@@ -23,6 +23,7 @@ mod signature;
 mod source;
 mod target;
 mod tile_config;
+mod paged_append;
 mod work_order;
 mod writer;
 
@@ -34,4 +35,5 @@ pub use forward::{
 pub use target::{Mma, Target};
 pub use tile_config::TileConfig;
 pub use tile_config::TileCopy;
+pub use paged_append::emit_paged_append;
 pub use work_order::{emit_work_order, Work, BUCKETS, HEADS_PER_BLOCK};

@@ -28,8 +28,14 @@ pub(super) fn write_sequence(w: &mut Writer<String>, plan: &Plan) -> fmt::Result
     let spec = plan.spec;
     if plan.paged {
         let name = |kind| arg_name(spec, kind);
-        let [lens, pages, page_size, max] =
-            [ArgKind::KvLens, ArgKind::PagesPerSeq, ArgKind::PageSize, ArgKind::MaxLen(Side::Keys)].map(name);
+        let [lens, pages, page_size, num_pages, max] = [
+            ArgKind::KvLens,
+            ArgKind::PagesPerSeq,
+            ArgKind::PageSize,
+            ArgKind::NumPages,
+            ArgKind::MaxLen(Side::Keys),
+        ]
+        .map(name);
         let table = name(ArgKind::BlockTable);
         let q_seq = query_span(plan, "b");
         return write!(
@@ -39,7 +45,7 @@ pub(super) fn write_sequence(w: &mut Writer<String>, plan: &Plan) -> fmt::Result
             // of the pages its row of the block table (kv_pages) names.\n\
             const SeqSpan q_seq = {q_seq};\n\
             const int q_len = q_seq.len;\n\
-            const int kv_len = paged_kv_len({lens}, b, {pages}, {page_size}, {max});\n\
+            const int kv_len = paged_kv_len({lens}, b, {pages}, {page_size}, {num_pages}, {max});\n\
             const int* kv_pages = {table} + (long long)b * {pages};\n"
         );
     }

@@ -11,10 +11,11 @@ struct PagedRows {
     int page_size, num_pages;
     long long page_stride, row_stride;
 };
-// Sequence b's key count, clamped into [0, min(pages_per_seq * page_size, max_len)].
+// Sequence b's key count, clamped into [0, min(pages_per_seq * page_size, max_len)]
+// (0 in caches of no pages).
 __device__ __forceinline__ int paged_kv_len(const int* __restrict__ kv_lens, int b, int pages_per_seq, int page_size,
-                                            int max_len) {
-    const long long cap = min((long long)pages_per_seq * page_size, (long long)max_len);
+                                            int num_pages, int max_len) {
+    const long long cap = num_pages > 0 ? min((long long)pages_per_seq * page_size, (long long)max_len) : 0ll;
     return (int)min(max((long long)kv_lens[b], 0ll), cap);
 }
 // The element offset of key k (0 <= k < its sequence's clamped length).
@@ -50,5 +51,20 @@ __device__ __forceinline__ void load_paged_tile(unsigned short* tile, const unsi
             tile[tile_offset<ROWS, COLS, PANELS>(r, c)] =
                 r < rows && c < WIDTH ? src[paged_row(p, k0 + r) + c] : (unsigned short)0;
         }
+    }
+}
+// Copies new rows [r0, r1) of one sequence (row r at src + r * src_stride,
+// heads src_head apart) to its keys start + r in the cache (heads
+// cache_head apart), one element per thread and step; keys at or past
+// `cap` (the sequence's pages' rows) are dropped.
+template <int WIDTH, int THREADS>
+__device__ __forceinline__ void append_rows(unsigned short* cache, long long cache_head, const PagedRows& p,
+                                            const unsigned short* src, long long src_stride, long long src_head,
+                                            int heads, int start, int r0, int r1, int cap) {
+    const int per_row = heads * WIDTH;
+    for (long long i = threadIdx.x; i < (long long)(r1 - r0) * per_row; i += THREADS) {
+        const int r = r0 + (int)(i / per_row), e = (int)(i % per_row), h = e / WIDTH, c = e % WIDTH;
+        const long long key = (long long)start + r;
+        if (key < cap) cache[paged_row(p, (int)key) + h * cache_head + c] = src[r * src_stride + h * src_head + c];
     }
 }
