@@ -1,5 +1,5 @@
-//! Everything `forward_paged` checks before a launch, as pure functions
-//! over layouts and lengths so it is testable without a GPU.
+//! Everything `forward_paged` and `append_paged` check before a launch, as
+//! pure functions over layouts and lengths so it is testable without a GPU.
 //!
 //! The host sees the caches' layouts and buffer lengths, the block table's
 //! and the lengths' entry counts and the longest lengths; not the page ids,
@@ -8,7 +8,7 @@
 //! never an access out of bounds.
 
 use crate::args::ArgInfo;
-use crate::check::{check_bounds, check_shape, Buffer};
+use crate::check::{check_bounds, check_shape, Buffer, MAX_GRID_YZ};
 use crate::error::Error;
 use crate::paged::PagedShape;
 use flashgen_codegen::abi::Operand;
@@ -69,6 +69,78 @@ pub(crate) fn check_paged(spec: &Spec, p: &PagedProblem, args: &[ArgInfo]) -> Re
         }
     }
     Ok(Some(PagedChecked { shape, total_q }))
+}
+
+/// A paged append as the checks see it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AppendProblem {
+    pub dtype: Dtype,
+    /// The new K and V rows as one batch row of tokens.
+    pub rows: [Buffer; 2],
+    /// The caches, table and lengths (`max_kv_len` unused).
+    pub kv: PagedShape,
+    /// Entries of the new rows' prefix sums.
+    pub cu_seqlens: usize,
+    pub max_new_len: usize,
+    /// Entries of the buffers for the lengths after and the dropped count.
+    pub new_kv_lens: Option<usize>,
+    pub dropped: Option<usize>,
+}
+
+/// Checks a paged append of rows sized by `spec`'s head dims. Returns
+/// whether there is anything to copy (sequences with new rows).
+pub(crate) fn check_append(spec: &Spec, p: &AppendProblem) -> Result<bool, Error> {
+    if p.dtype != spec.dtype {
+        return Err(Error::Dtype { spec: spec.dtype, got: p.dtype });
+    }
+    check_caches(spec, &p.kv)?;
+    let cache = p.kv.caches[0].0;
+    let [k, v] = p.rows.map(|b| b.layout);
+    for (operand, what, got, expected) in
+        [(Operand::V, "tokens", v.seq, k.seq), (Operand::K, "heads", k.heads, cache.heads), (Operand::V, "heads", v.heads, cache.heads)]
+    {
+        if got != expected {
+            let other = if what == "tokens" { Operand::K } else { operand };
+            return Err(Error::SizeMismatch { operand, other, what, got, expected });
+        }
+    }
+    for (operand, got, expected) in [(Operand::K, k.dim, spec.head_dims.qk), (Operand::V, v.dim, spec.head_dims.v)] {
+        if got != expected as usize {
+            return Err(Error::HeadDim { operand, got, expected });
+        }
+    }
+    let (batch, tokens, max) = (p.kv.batch, k.seq, p.max_new_len);
+    if p.cu_seqlens != batch.saturating_add(1) {
+        return Err(Error::CuSeqlensLen { which: "cu_seqlens", len: p.cu_seqlens, expected: batch.saturating_add(1) });
+    }
+    if max > tokens || (max == 0 && tokens > 0) {
+        return Err(Error::MaxSeqlen { which: "max_new_len", max, tokens });
+    }
+    for (which, len, needed) in [("new_kv_lens", p.new_kv_lens, batch), ("dropped", p.dropped, 1)] {
+        match len {
+            Some(len) if len < needed => return Err(Error::PagedEntries { which, len, expected: needed }),
+            _ => {}
+        }
+    }
+    let int = i32::MAX as usize;
+    for (what, value, max) in [
+        ("batch", batch, MAX_GRID_YZ),
+        ("tokens of the new rows", tokens, int),
+        ("num_pages", cache.num_pages, int),
+        ("page_size", cache.page_size, int),
+        ("pages_per_seq", p.kv.pages_per_seq, int),
+    ] {
+        if value > max {
+            return Err(Error::TooLarge { what, value, max });
+        }
+    }
+    for (operand, rows) in [Operand::K, Operand::V].into_iter().zip(&p.rows) {
+        check_bounds(operand, rows)?;
+    }
+    for (operand, (layout, len)) in [Operand::K, Operand::V].into_iter().zip(p.kv.caches) {
+        check_bounds(operand, &Buffer { layout: layout.as_layout(), len })?;
+    }
+    Ok(batch > 0 && max > 0)
 }
 
 /// Q and O: equal sizes, the spec's head dims, and their split into
@@ -254,6 +326,38 @@ mod tests {
         let p = with_kv(|kv| (kv.batch, kv.table_len, kv.kv_lens_len) = (0, 0, 0));
         let p = PagedProblem { cu_seqlens_q: Some(1), ..p };
         assert_eq!(check_paged(&spec(), &p, &[ArgInfo::Tensor(ElemTy::I32, 0)]).unwrap(), None);
+    }
+
+    /// 3 sequences appending 10 rows (the most 6) to `problem`'s caches.
+    fn append() -> AppendProblem {
+        AppendProblem {
+            dtype: Dtype::Bf16,
+            rows: [PackedLayout::thd(10, 2, 64); 2].map(buffer),
+            kv: PagedShape { max_kv_len: 0, ..problem().kv },
+            cu_seqlens: 4,
+            max_new_len: 6,
+            new_kv_lens: Some(3),
+            dropped: Some(1),
+        }
+    }
+
+    #[test]
+    fn appends_check_rows_caches_and_reports() {
+        assert!(check_append(&spec(), &append()).unwrap());
+        assert!(!check_append(&spec(), &AppendProblem { rows: [PackedLayout::thd(0, 2, 64); 2].map(buffer), max_new_len: 0, ..append() }).unwrap());
+        let cases: [(AppendProblem, fn(&Error) -> bool); 7] = [
+            (AppendProblem { kv: PagedShape { caches: caches(PagedLayout::contiguous(40, 0, 2, 64)), ..append().kv }, ..append() }, |e| matches!(e, Error::ZeroPageSize)),
+            (AppendProblem { kv: PagedShape { table_len: 16, ..append().kv }, ..append() }, |e| matches!(e, Error::PagedEntries { which: "block_table", .. })),
+            (AppendProblem { cu_seqlens: 3, ..append() }, |e| matches!(e, Error::CuSeqlensLen { which: "cu_seqlens", .. })),
+            (AppendProblem { max_new_len: 11, ..append() }, |e| matches!(e, Error::MaxSeqlen { which: "max_new_len", .. })),
+            (AppendProblem { new_kv_lens: Some(2), ..append() }, |e| matches!(e, Error::PagedEntries { which: "new_kv_lens", .. })),
+            (AppendProblem { rows: [buffer(PackedLayout::thd(10, 2, 64)), buffer(PackedLayout::thd(10, 1, 64))], ..append() }, |e| matches!(e, Error::SizeMismatch { operand: Operand::V, what: "heads", .. })),
+            (AppendProblem { rows: [Buffer { len: 10 * 128 - 1, ..buffer(PackedLayout::thd(10, 2, 64)) }, buffer(PackedLayout::thd(10, 2, 64))], ..append() }, |e| matches!(e, Error::OutOfBounds { operand: Operand::K, .. })),
+        ];
+        for (p, expected) in cases {
+            let err = check_append(&spec(), &p).unwrap_err();
+            assert!(expected(&err), "{err}");
+        }
     }
 
     #[test]

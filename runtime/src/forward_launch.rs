@@ -152,6 +152,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
                 tensor_maps,
                 varlen: None,
                 paged: None,
+                append: None,
             },
         )?;
 

@@ -16,6 +16,8 @@ pub(crate) enum Which {
     ForwardVarlen(TileConfig),
     /// The paged forward in a configuration (it gathers with threads).
     ForwardPaged(TileConfig),
+    /// The paged append into caches of the spec's head dims.
+    PagedAppend,
     BlockMask,
     /// A work order under the spec's block mask.
     WorkOrder(cuda::Work),
@@ -84,6 +86,7 @@ impl Which {
             Which::Forward(config, copy) => Some(cuda::emit_forward_copying(spec, config, copy)),
             Which::ForwardVarlen(config) => Some(cuda::emit_forward_varlen(spec, config)),
             Which::ForwardPaged(config) => Some(cuda::emit_forward_paged(spec, config)),
+            Which::PagedAppend => Some(cuda::emit_paged_append(spec)),
             Which::BlockMask => cuda::emit_block_mask(spec),
             Which::WorkOrder(work) => cuda::emit_work_order(spec, work),
             Which::Backward(pass, config) => Some(cuda::emit_backward_with(spec, pass, config)),

@@ -72,6 +72,7 @@ mod nvrtc_lib;
 mod tuning;
 
 // One GPU and the launches on it.
+mod append_paged;
 mod autotune;
 mod backward;
 mod block_mask;
@@ -84,6 +85,7 @@ mod runtime;
 #[cfg(test)]
 mod test_dir;
 
+pub use append_paged::PagedAppend;
 pub use arch::Arch;
 pub use args::ArgValue;
 pub use autotune::TuneReport;

@@ -55,6 +55,9 @@ pub(crate) struct Bindings<'a> {
     /// What only paged kernels take (their K and V strides are the
     /// caches' page, row and head strides).
     pub paged: Option<PagedBindings>,
+    /// What only the paged append takes (its caches are `ptrs[1]` and
+    /// `ptrs[2]`, with K's and V's strides).
+    pub append: Option<AppendBindings>,
 }
 
 /// A varlen launch's sequences, queries' then keys'.
@@ -78,6 +81,18 @@ pub(crate) struct PagedBindings {
     pub num_pages: usize,
 }
 
+/// The paged append's new rows and what it reports.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AppendBindings {
+    /// Device addresses of the new K and V rows.
+    pub rows: [u64; 2],
+    /// Token and head strides of the new K and V rows.
+    pub strides: [[i64; 2]; 2],
+    /// The lengths after the append and the dropped rows' count (0: none).
+    pub new_kv_lens: u64,
+    pub dropped: u64,
+}
+
 impl<'a> Bindings<'a> {
     /// For the kernels of a block mask (building one, ordering work under
     /// one): sizes, params and tensors, no operands; the caller sets the
@@ -99,6 +114,7 @@ impl<'a> Bindings<'a> {
             tensor_maps: None,
             varlen: None,
             paged: None,
+            append: None,
         }
     }
 }
@@ -140,6 +156,12 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
             let grads = || b.grads.as_ref().ok_or_else(abi_error);
             let varlen = || b.varlen.ok_or_else(abi_error);
             let paged = || b.paged.ok_or_else(abi_error);
+            let append = || b.append.ok_or_else(abi_error);
+            let kv = |op| match op {
+                Operand::K => Ok(0),
+                Operand::V => Ok(1),
+                _ => Err(abi_error()),
+            };
             let side = |side| usize::from(side == Side::Keys);
             Ok(match arg.kind {
                 ArgKind::Ptr(op) => Value::Ptr(match operand_index(op) {
@@ -193,6 +215,14 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
                     Slot::Forward(i) if b.paged.is_some() => Value::I64(b.strides[i][0]),
                     _ => return Err(abi_error()),
                 },
+                ArgKind::NewRows(op) => Value::Ptr(append()?.rows[kv(op)?]),
+                ArgKind::NewRowStride(op, axis) => match axis {
+                    Axis::Seq | Axis::Head => Value::I64(append()?.strides[kv(op)?][usize::from(axis == Axis::Head)]),
+                    Axis::Batch => return Err(abi_error()),
+                },
+                ArgKind::Cache(op) => Value::Ptr(b.ptrs[1 + kv(op)?]),
+                ArgKind::NewKvLens => Value::Ptr(append()?.new_kv_lens),
+                ArgKind::Dropped => Value::Ptr(append()?.dropped),
             })
         })
         .collect()
@@ -260,6 +290,7 @@ pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize, sms: 
             Grid::MaskTiles => (shape.kv_len.div_ceil(kernel.block_n as usize) as u32, q_tiles, slices as u32),
             Grid::Heads { per_block } => (1, shape.heads.div_ceil(per_block as usize) as u32, shape.batch as u32),
             Grid::KvHeads { per_block } => (1, shape.heads_kv.div_ceil(per_block as usize) as u32, shape.batch as u32),
+            Grid::NewRows => (shape.kv_len.div_ceil(kernel.block_m as usize) as u32, shape.batch as u32, 1),
         },
         block_dim: (kernel.threads, 1, 1),
         shared_mem_bytes: kernel.dynamic_smem,
@@ -331,6 +362,7 @@ mod tests {
             grads: None,
             varlen: None,
             paged: None,
+            append: None,
         }
     }
 
