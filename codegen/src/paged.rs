@@ -23,7 +23,14 @@ pub struct PagedRows<'a> {
 /// the kernels clamp it: into `[0, min(pages_per_seq · page_size, max_len)]`
 /// (0 in caches of no pages), so no key lies past the table's pages or the
 /// longest length the grid and the tensors are sized by.
-pub fn paged_kv_len(kv_lens: &[i32], b: usize, pages_per_seq: i32, page_size: i32, num_pages: i32, max_len: i32) -> i32 {
+pub fn paged_kv_len(
+    kv_lens: &[i32],
+    b: usize,
+    pages_per_seq: i32,
+    page_size: i32,
+    num_pages: i32,
+    max_len: i32,
+) -> i32 {
     let cap = match num_pages > 0 {
         true => (pages_per_seq as i64 * page_size as i64).min(max_len as i64),
         false => 0,

@@ -6,8 +6,7 @@
 mod support;
 
 use flashgen_codegen::reference::{
-    forward, forward_paged, forward_varlen, PagedProblem, Precision, Problem, ReferenceError, TensorData,
-    VarlenProblem,
+    forward, forward_paged, forward_varlen, PagedProblem, Precision, Problem, ReferenceError, TensorData, VarlenProblem,
 };
 use flashgen_codegen::{parse_one, Shape, Spec};
 use support::Rng;
@@ -133,7 +132,8 @@ fn paged(spec: &Spec, varlen: &VarlenProblem, page_size: usize) -> PagedProblem 
     let pages_per_seq = kv_lens.iter().max().unwrap().div_ceil(page_size);
     let num_pages = LENS.len() * pages_per_seq + 1;
     // Page ids reversed and interleaved across sequences: none contiguous.
-    let block_table: Vec<usize> = (0..LENS.len() * pages_per_seq).map(|i| num_pages - 1 - (i * 7) % (num_pages - 1)).collect();
+    let block_table: Vec<usize> =
+        (0..LENS.len() * pages_per_seq).map(|i| num_pages - 1 - (i * 7) % (num_pages - 1)).collect();
     let (mut k, mut v) = (vec![0.0; num_pages * page_size * widths[0]], vec![0.0; num_pages * page_size * widths[1]]);
     for (b, &len) in kv_lens.iter().enumerate() {
         for key in 0..len {

@@ -52,8 +52,20 @@ impl Runtime {
     /// past its sequence's pages is dropped (and counted in `dropped`), a
     /// bad page id writes the nearest page, never outside the caches.
     pub fn append_paged<T: Element>(&self, spec: &Spec, append: PagedAppend<'_, T>) -> Result<(), Error> {
-        let PagedAppend { k, v, cu_seqlens, max_new_len, k_cache, v_cache, block_table, pages_per_seq, kv_lens, new_kv_lens, dropped, batch } =
-            append;
+        let PagedAppend {
+            k,
+            v,
+            cu_seqlens,
+            max_new_len,
+            k_cache,
+            v_cache,
+            block_table,
+            pages_per_seq,
+            kv_lens,
+            new_kv_lens,
+            dropped,
+            batch,
+        } = append;
         let cache = k_cache.1;
         let problem = AppendProblem {
             dtype: T::DTYPE,

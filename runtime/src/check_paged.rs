@@ -45,11 +45,22 @@ pub(crate) fn check_paged(spec: &Spec, p: &PagedProblem, args: &[ArgInfo]) -> Re
     let k = p.kv.caches[0].0;
     check_queries(spec, p)?;
     check_caches(spec, &p.kv)?;
-    let shape = Shape { batch: p.kv.batch, heads: p.q.layout.heads, heads_kv: k.heads, q_len: p.max_q_len, kv_len: p.kv.max_kv_len };
+    let shape = Shape {
+        batch: p.kv.batch,
+        heads: p.q.layout.heads,
+        heads_kv: k.heads,
+        q_len: p.max_q_len,
+        kv_len: p.kv.max_kv_len,
+    };
     check_shape(spec, &shape, args)?;
     let total_q = p.q.layout.seq;
     // Sizes the kernel takes as i32 (lengths: `check_shape`).
-    for (what, value) in [("total_q (tokens of Q)", total_q), ("num_pages", k.num_pages), ("page_size", k.page_size), ("pages_per_seq", p.kv.pages_per_seq)] {
+    for (what, value) in [
+        ("total_q (tokens of Q)", total_q),
+        ("num_pages", k.num_pages),
+        ("page_size", k.page_size),
+        ("pages_per_seq", p.kv.pages_per_seq),
+    ] {
         if value > i32::MAX as usize {
             return Err(Error::TooLarge { what, value, max: i32::MAX as usize });
         }
@@ -96,9 +107,11 @@ pub(crate) fn check_append(spec: &Spec, p: &AppendProblem) -> Result<bool, Error
     check_caches(spec, &p.kv)?;
     let cache = p.kv.caches[0].0;
     let [k, v] = p.rows.map(|b| b.layout);
-    for (operand, what, got, expected) in
-        [(Operand::V, "tokens", v.seq, k.seq), (Operand::K, "heads", k.heads, cache.heads), (Operand::V, "heads", v.heads, cache.heads)]
-    {
+    for (operand, what, got, expected) in [
+        (Operand::V, "tokens", v.seq, k.seq),
+        (Operand::K, "heads", k.heads, cache.heads),
+        (Operand::V, "heads", v.heads, cache.heads),
+    ] {
         if got != expected {
             let other = if what == "tokens" { Operand::K } else { operand };
             return Err(Error::SizeMismatch { operand, other, what, got, expected });
@@ -163,7 +176,9 @@ fn check_queries(spec: &Spec, p: &PagedProblem) -> Result<(), Error> {
         Some(len) if len != batch.saturating_add(1) => {
             Err(Error::CuSeqlensLen { which: "cu_seqlens_q", len, expected: batch.saturating_add(1) })
         }
-        Some(_) if max > tokens || (max == 0 && tokens > 0) => Err(Error::MaxSeqlen { which: "max_q_len", max, tokens }),
+        Some(_) if max > tokens || (max == 0 && tokens > 0) => {
+            Err(Error::MaxSeqlen { which: "max_q_len", max, tokens })
+        }
         None if batch.checked_mul(max) != Some(tokens) => Err(Error::DenseQueries { tokens, batch, q_len: max }),
         _ => Ok(()),
     }
@@ -344,15 +359,48 @@ mod tests {
     #[test]
     fn appends_check_rows_caches_and_reports() {
         assert!(check_append(&spec(), &append()).unwrap());
-        assert!(!check_append(&spec(), &AppendProblem { rows: [PackedLayout::thd(0, 2, 64); 2].map(buffer), max_new_len: 0, ..append() }).unwrap());
+        assert!(!check_append(
+            &spec(),
+            &AppendProblem { rows: [PackedLayout::thd(0, 2, 64); 2].map(buffer), max_new_len: 0, ..append() }
+        )
+        .unwrap());
         let cases: [(AppendProblem, fn(&Error) -> bool); 7] = [
-            (AppendProblem { kv: PagedShape { caches: caches(PagedLayout::contiguous(40, 0, 2, 64)), ..append().kv }, ..append() }, |e| matches!(e, Error::ZeroPageSize)),
-            (AppendProblem { kv: PagedShape { table_len: 16, ..append().kv }, ..append() }, |e| matches!(e, Error::PagedEntries { which: "block_table", .. })),
-            (AppendProblem { cu_seqlens: 3, ..append() }, |e| matches!(e, Error::CuSeqlensLen { which: "cu_seqlens", .. })),
-            (AppendProblem { max_new_len: 11, ..append() }, |e| matches!(e, Error::MaxSeqlen { which: "max_new_len", .. })),
-            (AppendProblem { new_kv_lens: Some(2), ..append() }, |e| matches!(e, Error::PagedEntries { which: "new_kv_lens", .. })),
-            (AppendProblem { rows: [buffer(PackedLayout::thd(10, 2, 64)), buffer(PackedLayout::thd(10, 1, 64))], ..append() }, |e| matches!(e, Error::SizeMismatch { operand: Operand::V, what: "heads", .. })),
-            (AppendProblem { rows: [Buffer { len: 10 * 128 - 1, ..buffer(PackedLayout::thd(10, 2, 64)) }, buffer(PackedLayout::thd(10, 2, 64))], ..append() }, |e| matches!(e, Error::OutOfBounds { operand: Operand::K, .. })),
+            (
+                AppendProblem {
+                    kv: PagedShape { caches: caches(PagedLayout::contiguous(40, 0, 2, 64)), ..append().kv },
+                    ..append()
+                },
+                |e| matches!(e, Error::ZeroPageSize),
+            ),
+            (AppendProblem { kv: PagedShape { table_len: 16, ..append().kv }, ..append() }, |e| {
+                matches!(e, Error::PagedEntries { which: "block_table", .. })
+            }),
+            (AppendProblem { cu_seqlens: 3, ..append() }, |e| {
+                matches!(e, Error::CuSeqlensLen { which: "cu_seqlens", .. })
+            }),
+            (AppendProblem { max_new_len: 11, ..append() }, |e| {
+                matches!(e, Error::MaxSeqlen { which: "max_new_len", .. })
+            }),
+            (AppendProblem { new_kv_lens: Some(2), ..append() }, |e| {
+                matches!(e, Error::PagedEntries { which: "new_kv_lens", .. })
+            }),
+            (
+                AppendProblem {
+                    rows: [buffer(PackedLayout::thd(10, 2, 64)), buffer(PackedLayout::thd(10, 1, 64))],
+                    ..append()
+                },
+                |e| matches!(e, Error::SizeMismatch { operand: Operand::V, what: "heads", .. }),
+            ),
+            (
+                AppendProblem {
+                    rows: [
+                        Buffer { len: 10 * 128 - 1, ..buffer(PackedLayout::thd(10, 2, 64)) },
+                        buffer(PackedLayout::thd(10, 2, 64)),
+                    ],
+                    ..append()
+                },
+                |e| matches!(e, Error::OutOfBounds { operand: Operand::K, .. }),
+            ),
         ];
         for (p, expected) in cases {
             let err = check_append(&spec(), &p).unwrap_err();

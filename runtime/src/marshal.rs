@@ -447,12 +447,14 @@ mod tests {
     #[test]
     fn paged_kernels_marshal_their_caches() {
         use flashgen_codegen::cuda::{emit_forward_paged, Mma, TileConfig};
-        let spec = flashgen_codegen::parse_one("C { dtype: bf16, head_dim: 64, mask: q + kv_len - q_len >= k }").unwrap();
+        let spec =
+            flashgen_codegen::parse_one("C { dtype: bf16, head_dim: 64, mask: q + kv_len - q_len >= k }").unwrap();
         let persistent = TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n: 128 };
         for config in [TileConfig::default_for(&spec), persistent] {
             let kernel = emit_forward_paged(&spec, config);
             let varlen = Some(VarlenBindings { cu_seqlens: [0, 0], tokens: [500, 0] });
-            let paged = Some(PagedBindings { kv_lens: 94, block_table: 95, pages_per_seq: 6, page_size: 3, num_pages: 17 });
+            let paged =
+                Some(PagedBindings { kv_lens: 94, block_table: 95, pages_per_seq: 6, page_size: 3, num_pages: 17 });
             let b = Bindings { varlen, paged, work_counter: Some(93), ..bindings(&[], &[]) };
             let values = marshal(&kernel, &b).unwrap();
             let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];

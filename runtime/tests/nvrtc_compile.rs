@@ -6,8 +6,8 @@ mod support;
 
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{
-    emit_backward, emit_backward_with, emit_block_mask, emit_forward_copying, emit_forward_paged, emit_forward_varlen, emit_paged_append, emit_work_order,
-    BackwardConfig, BackwardPass, Mma, Target, TileCopy, Work,
+    emit_backward, emit_backward_with, emit_block_mask, emit_forward_copying, emit_forward_paged, emit_forward_varlen,
+    emit_paged_append, emit_work_order, BackwardConfig, BackwardPass, Mma, Target, TileCopy, Work,
 };
 use flashgen_codegen::{parse_str, Spec};
 use flashgen_runtime::tile_choice;

@@ -33,11 +33,11 @@ mod rounding;
 pub use attention::{forward, forward_varlen, Output, Precision, Problem, VarlenProblem};
 pub use backward::{backward, backward_in, same_dtype_backwards, Gradients};
 pub use eval::{Arith, Env, ParamValue, Position, TensorData, Value};
-pub use paged::{forward_paged, gather, PagedProblem};
 pub use metrics::{
     flash_rule, flash_rule_averaged, max_abs_diff, mean_abs_diff, FlashCheck, BACKWARD_BASELINES, BACKWARD_FACTOR,
     FLASH_SLACK, FORWARD_FACTOR,
 };
+pub use paged::{forward_paged, gather, PagedProblem};
 pub use rounding::{round_bf16, round_dtype, round_f16};
 
 use std::fmt;

@@ -53,7 +53,8 @@ pub fn into_pages(spec: &Spec, problem: &VarlenProblem, page_size: usize, spare:
     let noise = |rng: &mut StdRng, n: usize| -> Vec<f64> {
         (0..n).map(|_| reference::round_dtype(spec.dtype, rng.random_range(-30.0..30.0))).collect()
     };
-    let (mut k, mut v) = (noise(&mut rng, num_pages * page_size * widths[0]), noise(&mut rng, num_pages * page_size * widths[1]));
+    let (mut k, mut v) =
+        (noise(&mut rng, num_pages * page_size * widths[0]), noise(&mut rng, num_pages * page_size * widths[1]));
     for (b, &len) in kv_lens.iter().enumerate() {
         for key in 0..len {
             let row = block_table[b * pages_per_seq + key / page_size] * page_size + key % page_size;
@@ -94,9 +95,8 @@ pub fn hold_back(spec: &Spec, problem: &PagedProblem, new: &[usize]) -> (PagedPr
         for key in len - n..len {
             let row = problem.block_table[b * problem.pages_per_seq + key / problem.page_size] * problem.page_size
                 + key % problem.page_size;
-            for ((cache, out), w) in [(&mut before.problem.k, &mut rows.k), (&mut before.problem.v, &mut rows.v)]
-                .into_iter()
-                .zip(widths)
+            for ((cache, out), w) in
+                [(&mut before.problem.k, &mut rows.k), (&mut before.problem.v, &mut rows.v)].into_iter().zip(widths)
             {
                 out.extend_from_slice(&cache[row * w..][..w]);
                 cache[row * w..][..w].fill(1e3);
@@ -231,7 +231,8 @@ impl DevicePaged {
         let mut new_lens = stream.alloc_zeros::<i32>(self.state.shape.batch).map_err(alloc)?;
         let mut dropped = stream.alloc_zeros::<u32>(1).map_err(alloc)?;
         let max_new_len = rows.cu_seqlens.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
-        let target = AppendTarget { rows, layouts, cu: &cu, max_new_len, new_lens: &mut new_lens, dropped: &mut dropped };
+        let target =
+            AppendTarget { rows, layouts, cu: &cu, max_new_len, new_lens: &mut new_lens, dropped: &mut dropped };
         match &mut self.operands {
             Operands::F16(ops) => append_on(rt, spec, ops, &self.state, target)?,
             Operands::Bf16(ops) => append_on(rt, spec, ops, &self.state, target)?,
@@ -314,4 +315,53 @@ fn append_on<T: Storage>(
         batch: s.shape.batch,
     };
     rt.append_paged(spec, append)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flashgen::codegen::reference::forward_varlen;
+
+    fn spec() -> Spec {
+        flashgen::parse_one("S { dtype: bf16, head_dim: 8, mask: q + kv_len - q_len >= k }").unwrap()
+    }
+
+    /// Pages hold each sequence's keys whatever their size, so the paged
+    /// reference is the varlen one; no sequence's pages are all in order.
+    #[test]
+    fn pages_hold_the_sequences_keys() {
+        let spec = spec();
+        let varlen = three_sequences(&spec);
+        let expected = forward_varlen(&spec, &varlen, Precision::F64).unwrap();
+        for page_size in [1, 3, 16, 256] {
+            let paged = into_pages(&spec, &varlen, page_size, 2, 5);
+            assert_eq!(reference::forward_paged(&spec, &paged, Precision::F64).unwrap(), expected, "{page_size}");
+            assert_eq!(paged.problem.k.len(), (3 * paged.pages_per_seq + 2) * page_size * 2 * 8);
+        }
+        let paged = into_pages(&spec, &varlen, 1, 0, 5);
+        assert!(paged.block_table.windows(2).any(|w| w[1] != w[0] + 1));
+    }
+
+    /// Held back rows are the sequences' last keys, and the caches no
+    /// longer hold them.
+    #[test]
+    fn held_back_rows_are_the_last_keys() {
+        let spec = spec();
+        let varlen = three_sequences(&spec);
+        let full = into_pages(&spec, &varlen, 3, 1, 9);
+        let (before, rows) = hold_back(&spec, &full, &[2, 0, 5]);
+        assert_eq!(before.kv_lens, vec![3, 7, 0]);
+        assert_eq!(rows.cu_seqlens, vec![0, 2, 2, 7]);
+        // Sequence 0's keys 3 and 4, then sequence 2's 0..5.
+        let w = 2 * 8;
+        let token = |t: usize| &varlen.problem.k[t * w..][..w];
+        assert_eq!(&rows.k[..w], token(3));
+        assert_eq!(&rows.k[2 * w..3 * w], token(12));
+        assert_ne!(before.problem.k, full.problem.k);
+    }
+
+    /// Three sequences of (queries, keys) (2, 5), (1, 7), (4, 5); two K/V heads.
+    fn three_sequences(spec: &Spec) -> VarlenProblem {
+        super::super::varlen::random_varlen_problem(spec, (2, 2), &[(2, 5), (1, 7), (4, 5)], vec![], 3)
+    }
 }

@@ -28,14 +28,9 @@ pub(super) fn write_sequence(w: &mut Writer<String>, plan: &Plan) -> fmt::Result
     let spec = plan.spec;
     if plan.paged {
         let name = |kind| arg_name(spec, kind);
-        let [lens, pages, page_size, num_pages, max] = [
-            ArgKind::KvLens,
-            ArgKind::PagesPerSeq,
-            ArgKind::PageSize,
-            ArgKind::NumPages,
-            ArgKind::MaxLen(Side::Keys),
-        ]
-        .map(name);
+        let [lens, pages, page_size, num_pages, max] =
+            [ArgKind::KvLens, ArgKind::PagesPerSeq, ArgKind::PageSize, ArgKind::NumPages, ArgKind::MaxLen(Side::Keys)]
+                .map(name);
         let table = name(ArgKind::BlockTable);
         let q_seq = query_span(plan, "b");
         return write!(
