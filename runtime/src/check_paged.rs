@@ -356,56 +356,33 @@ mod tests {
         }
     }
 
+    fn append_err(p: AppendProblem) -> Error {
+        check_append(&spec(), &p).unwrap_err()
+    }
+
     #[test]
     fn appends_check_rows_caches_and_reports() {
         assert!(check_append(&spec(), &append()).unwrap());
-        assert!(!check_append(
-            &spec(),
-            &AppendProblem { rows: [PackedLayout::thd(0, 2, 64); 2].map(buffer), max_new_len: 0, ..append() }
-        )
-        .unwrap());
-        let cases: [(AppendProblem, fn(&Error) -> bool); 7] = [
-            (
-                AppendProblem {
-                    kv: PagedShape { caches: caches(PagedLayout::contiguous(40, 0, 2, 64)), ..append().kv },
-                    ..append()
-                },
-                |e| matches!(e, Error::ZeroPageSize),
-            ),
-            (AppendProblem { kv: PagedShape { table_len: 16, ..append().kv }, ..append() }, |e| {
-                matches!(e, Error::PagedEntries { which: "block_table", .. })
-            }),
-            (AppendProblem { cu_seqlens: 3, ..append() }, |e| {
-                matches!(e, Error::CuSeqlensLen { which: "cu_seqlens", .. })
-            }),
-            (AppendProblem { max_new_len: 11, ..append() }, |e| {
-                matches!(e, Error::MaxSeqlen { which: "max_new_len", .. })
-            }),
-            (AppendProblem { new_kv_lens: Some(2), ..append() }, |e| {
-                matches!(e, Error::PagedEntries { which: "new_kv_lens", .. })
-            }),
-            (
-                AppendProblem {
-                    rows: [buffer(PackedLayout::thd(10, 2, 64)), buffer(PackedLayout::thd(10, 1, 64))],
-                    ..append()
-                },
-                |e| matches!(e, Error::SizeMismatch { operand: Operand::V, what: "heads", .. }),
-            ),
-            (
-                AppendProblem {
-                    rows: [
-                        Buffer { len: 10 * 128 - 1, ..buffer(PackedLayout::thd(10, 2, 64)) },
-                        buffer(PackedLayout::thd(10, 2, 64)),
-                    ],
-                    ..append()
-                },
-                |e| matches!(e, Error::OutOfBounds { operand: Operand::K, .. }),
-            ),
-        ];
-        for (p, expected) in cases {
-            let err = check_append(&spec(), &p).unwrap_err();
-            assert!(expected(&err), "{err}");
-        }
+        let none = [PackedLayout::thd(0, 2, 64); 2].map(buffer);
+        assert!(!check_append(&spec(), &AppendProblem { rows: none, max_new_len: 0, ..append() }).unwrap());
+        let zero_pages = caches(PagedLayout::contiguous(40, 0, 2, 64));
+        let err = append_err(AppendProblem { kv: PagedShape { caches: zero_pages, ..append().kv }, ..append() });
+        assert!(matches!(err, Error::ZeroPageSize), "{err}");
+        let err = append_err(AppendProblem { kv: PagedShape { table_len: 16, ..append().kv }, ..append() });
+        assert!(matches!(err, Error::PagedEntries { which: "block_table", .. }), "{err}");
+        let err = append_err(AppendProblem { cu_seqlens: 3, ..append() });
+        assert!(matches!(err, Error::CuSeqlensLen { which: "cu_seqlens", .. }), "{err}");
+        let err = append_err(AppendProblem { max_new_len: 11, ..append() });
+        assert!(matches!(err, Error::MaxSeqlen { which: "max_new_len", .. }), "{err}");
+        let err = append_err(AppendProblem { new_kv_lens: Some(2), ..append() });
+        assert!(matches!(err, Error::PagedEntries { which: "new_kv_lens", .. }), "{err}");
+        let rows = [PackedLayout::thd(10, 2, 64), PackedLayout::thd(10, 1, 64)].map(buffer);
+        let err = append_err(AppendProblem { rows, ..append() });
+        assert!(matches!(err, Error::SizeMismatch { operand: Operand::V, what: "heads", .. }), "{err}");
+        let mut rows = [PackedLayout::thd(10, 2, 64); 2].map(buffer);
+        rows[0].len -= 1;
+        let err = append_err(AppendProblem { rows, ..append() });
+        assert!(matches!(err, Error::OutOfBounds { operand: Operand::K, .. }), "{err}");
     }
 
     #[test]
