@@ -182,7 +182,7 @@ pub enum Grid {
     /// One block per `per_block` heads of a batch:
     /// `(1, ceil(heads / per_block), batch)`.
     Heads { per_block: u32 },
-    /// The append kernel: `(ceil(kv_len / block_m), batch)`, `kv_len`
+    /// The append kernel: `(max(1, ceil(kv_len / block_m)), batch)`, `kv_len`
     /// being the most new rows of one sequence.
     NewRows,
     /// One block per `per_block` K/V heads of a batch:

@@ -99,7 +99,8 @@ pub(crate) struct AppendProblem {
 }
 
 /// Checks a paged append of rows sized by `spec`'s head dims. Returns
-/// whether there is anything to copy (sequences with new rows).
+/// whether to launch: there are sequences (with no new rows the kernel
+/// still writes their lengths after).
 pub(crate) fn check_append(spec: &Spec, p: &AppendProblem) -> Result<bool, Error> {
     if p.dtype != spec.dtype {
         return Err(Error::Dtype { spec: spec.dtype, got: p.dtype });
@@ -153,7 +154,7 @@ pub(crate) fn check_append(spec: &Spec, p: &AppendProblem) -> Result<bool, Error
     for (operand, (layout, len)) in [Operand::K, Operand::V].into_iter().zip(p.kv.caches) {
         check_bounds(operand, &Buffer { layout: layout.as_layout(), len })?;
     }
-    Ok(batch > 0 && max > 0)
+    Ok(batch > 0)
 }
 
 /// Q and O: equal sizes, the spec's head dims, and their split into
@@ -364,7 +365,10 @@ mod tests {
     fn appends_check_rows_caches_and_reports() {
         assert!(check_append(&spec(), &append()).unwrap());
         let none = [PackedLayout::thd(0, 2, 64); 2].map(buffer);
-        assert!(!check_append(&spec(), &AppendProblem { rows: none, max_new_len: 0, ..append() }).unwrap());
+        assert!(check_append(&spec(), &AppendProblem { rows: none, max_new_len: 0, ..append() }).unwrap());
+        let kv = PagedShape { batch: 0, table_len: 0, kv_lens_len: 0, ..append().kv };
+        let no_seqs = AppendProblem { rows: none, max_new_len: 0, cu_seqlens: 1, kv, ..append() };
+        assert!(!check_append(&spec(), &no_seqs).unwrap());
         let zero_pages = caches(PagedLayout::contiguous(40, 0, 2, 64));
         let err = append_err(AppendProblem { kv: PagedShape { caches: zero_pages, ..append().kv }, ..append() });
         assert!(matches!(err, Error::ZeroPageSize), "{err}");

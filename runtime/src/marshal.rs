@@ -290,7 +290,8 @@ pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize, sms: 
             Grid::MaskTiles => (shape.kv_len.div_ceil(kernel.block_n as usize) as u32, q_tiles, slices as u32),
             Grid::Heads { per_block } => (1, shape.heads.div_ceil(per_block as usize) as u32, shape.batch as u32),
             Grid::KvHeads { per_block } => (1, shape.heads_kv.div_ceil(per_block as usize) as u32, shape.batch as u32),
-            Grid::NewRows => (shape.kv_len.div_ceil(kernel.block_m as usize) as u32, shape.batch as u32, 1),
+            // One block per sequence at least: it writes the length after.
+            Grid::NewRows => (shape.kv_len.div_ceil(kernel.block_m as usize).max(1) as u32, shape.batch as u32, 1),
         },
         block_dim: (kernel.threads, 1, 1),
         shared_mem_bytes: kernel.dynamic_smem,
