@@ -92,6 +92,18 @@ fn typed_varlen_launch(rt: &Runtime, io: flashgen::VarlenIo<'_, bf16>, slopes: &
     SlidingAlibi::forward_varlen(rt, io, &SlidingAlibiArgs { window: 256, slopes }, &Default::default())
 }
 
+/// The paged forward and append take the same typed args and buffers.
+#[allow(dead_code)]
+fn typed_paged_launch(
+    rt: &Runtime,
+    io: flashgen::PagedIo<'_, bf16>,
+    append: flashgen::PagedAppend<'_, bf16>,
+    slopes: &CudaSlice<f32>,
+) -> Result<(), Error> {
+    SlidingAlibi::append_paged(rt, append)?;
+    SlidingAlibi::forward_paged(rt, io, &SlidingAlibiArgs { window: 256, slopes }, &Default::default())
+}
+
 #[allow(dead_code)]
 fn typed_launch_without_args(rt: &Runtime, io: ForwardIo<'_, flashgen::half::f16>) -> Result<(), Error> {
     Plain::forward(rt, io, &PlainArgs, &Default::default())

@@ -87,6 +87,36 @@ pub enum ArgKind {
     /// A varlen launch's tokens in Q and O, or in K and V: what sequences
     /// are clamped into, and (queries) the LSE's row count.
     Tokens(Side),
+    /// `const int*` a paged launch's K/V length of each sequence, `i32[batch]`
+    /// on the device; kernels clamp each into its pages and `MaxLen(Keys)`.
+    KvLens,
+    /// `const int*` a paged launch's block table `i32[batch,
+    /// pages_per_seq]`: the page ids of each sequence's keys, in order, on
+    /// the device; kernels clamp each id into `[0, num_pages)`.
+    BlockTable,
+    /// Columns of the block table: the most pages one sequence holds.
+    PagesPerSeq,
+    /// Rows (keys) per page.
+    PageSize,
+    /// Pages in the K and V caches.
+    NumPages,
+    /// Element stride between the pages of a K or V cache (`Stride(op,
+    /// Axis::Seq)` is its rows', `Stride(op, Axis::Head)` its heads').
+    PageStride(Operand),
+    /// `const unsigned short*` the append kernel's new K or V rows, packed
+    /// `[tokens, heads_kv, dim]` (split into sequences by `CuSeqlens(Keys)`).
+    NewRows(Operand),
+    /// Element stride of the new K or V rows' token (`Axis::Seq`) or head axis.
+    NewRowStride(Operand, Axis),
+    /// `unsigned short*` the append kernel's K or V cache, written (its
+    /// strides: `PageStride` and `Stride(op, Seq | Head)`).
+    Cache(Operand),
+    /// `int*` the append kernel's lengths after the append, `i32[batch]`,
+    /// or null.
+    NewKvLens,
+    /// `unsigned int*` the append kernel's count of rows dropped past a
+    /// sequence's pages, added to; or null.
+    Dropped,
     /// `int*` a work order under a data-dependent mask: the dK/dV kernel's
     /// CTAs or a persistent forward's items, longest first within windows of
     /// a few heads, as their indices in launch (claim) order, then each
@@ -152,6 +182,9 @@ pub enum Grid {
     /// One block per `per_block` heads of a batch:
     /// `(1, ceil(heads / per_block), batch)`.
     Heads { per_block: u32 },
+    /// The append kernel: `(max(1, ceil(kv_len / block_m)), batch)`, `kv_len`
+    /// being the most new rows of one sequence.
+    NewRows,
     /// One block per `per_block` K/V heads of a batch:
     /// `(1, ceil(heads_kv / per_block), batch)`.
     KvHeads { per_block: u32 },

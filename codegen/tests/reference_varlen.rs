@@ -1,11 +1,12 @@
 //! The varlen reference: each packed sequence is attended to as a dense
 //! batch row of its own lengths, with `b` the sequence and `q_len` /
-//! `kv_len` its lengths; its LSE is `[heads, total_q]`.
+//! `kv_len` its lengths; its LSE is `[heads, total_q]`. Paged K/V caches
+//! gathered back are the same packed sequences.
 
 mod support;
 
 use flashgen_codegen::reference::{
-    forward, forward_varlen, Precision, Problem, ReferenceError, TensorData, VarlenProblem,
+    forward, forward_paged, forward_varlen, PagedProblem, Precision, Problem, ReferenceError, TensorData, VarlenProblem,
 };
 use flashgen_codegen::{parse_one, Shape, Spec};
 use support::Rng;
@@ -120,4 +121,47 @@ fn malformed_prefix_sums_are_errors() {
         let err = forward_varlen(&spec, &bad, Precision::F64).unwrap_err();
         assert!(matches!(err, ReferenceError::Shape(_) | ReferenceError::Length { .. }), "{what}: {err}");
     }
+}
+
+/// `varlen`'s keys and values scattered into pages of `page_size` rows,
+/// each sequence's pages in a shuffled order, with one spare page.
+fn paged(spec: &Spec, varlen: &VarlenProblem, page_size: usize) -> PagedProblem {
+    let p = &varlen.problem;
+    let widths = [spec.head_dims.qk, spec.head_dims.v].map(|d| HEADS.1 * d as usize);
+    let kv_lens: Vec<usize> = varlen.cu_seqlens_k.windows(2).map(|w| w[1] - w[0]).collect();
+    let pages_per_seq = kv_lens.iter().max().unwrap().div_ceil(page_size);
+    let num_pages = LENS.len() * pages_per_seq + 1;
+    // Page ids reversed and interleaved across sequences: none contiguous.
+    let block_table: Vec<usize> =
+        (0..LENS.len() * pages_per_seq).map(|i| num_pages - 1 - (i * 7) % (num_pages - 1)).collect();
+    let (mut k, mut v) = (vec![0.0; num_pages * page_size * widths[0]], vec![0.0; num_pages * page_size * widths[1]]);
+    for (b, &len) in kv_lens.iter().enumerate() {
+        for key in 0..len {
+            let row = block_table[b * pages_per_seq + key / page_size] * page_size + key % page_size;
+            let token = varlen.cu_seqlens_k[b] + key;
+            for ((cache, packed), w) in [(&mut k, &p.k), (&mut v, &p.v)].into_iter().zip(widths) {
+                cache[row * w..][..w].copy_from_slice(&packed[token * w..][..w]);
+            }
+        }
+    }
+    let problem = Problem { k, v, ..p.clone() };
+    PagedProblem { problem, cu_seqlens_q: varlen.cu_seqlens_q.clone(), block_table, pages_per_seq, page_size, kv_lens }
+}
+
+#[test]
+fn paged_caches_are_their_gathered_sequences() {
+    let spec = spec();
+    let varlen = varlen_problem(&spec);
+    let expected = forward_varlen(&spec, &varlen, Precision::F64).unwrap();
+    for page_size in [1, 3, 16, 256] {
+        let paged = paged(&spec, &varlen, page_size);
+        assert_eq!(forward_paged(&spec, &paged, Precision::F64).unwrap(), expected, "page_size {page_size}");
+    }
+    // Page ids and lengths the caches cannot hold are refused, not clamped.
+    let mut bad = paged(&spec, &varlen, 16);
+    bad.block_table[0] = 10_000;
+    assert!(matches!(forward_paged(&spec, &bad, Precision::F64), Err(ReferenceError::Shape(_))));
+    let mut bad = paged(&spec, &varlen, 16);
+    bad.kv_lens[0] = bad.pages_per_seq * 16 + 1;
+    assert!(matches!(forward_paged(&spec, &bad, Precision::F64), Err(ReferenceError::Shape(_))));
 }

@@ -10,8 +10,8 @@
 use flashgen_codegen::abi::{ArgKind, Kernel};
 use flashgen_codegen::cuda::library::Part;
 use flashgen_codegen::cuda::{
-    emit_backward, emit_backward_with, emit_forward, emit_forward_copying, emit_forward_varlen, emit_forward_with,
-    BackwardConfig, BackwardPass, DqAccum, Mma, Target, TileConfig, TileCopy,
+    emit_backward, emit_backward_with, emit_forward, emit_forward_copying, emit_forward_paged, emit_forward_varlen,
+    emit_forward_with, emit_paged_append, BackwardConfig, BackwardPass, DqAccum, Mma, Target, TileConfig, TileCopy,
 };
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
@@ -125,6 +125,20 @@ fn varlen_forward_kernels() {
         insta::assert_snapshot!(format!("varlen_{stem}"), render(&sync));
         insta::assert_snapshot!(format!("varlen_wgmma_{stem}"), render(&emit_forward_varlen(&spec, TWO_WARPGROUPS)));
     }
+}
+
+#[test]
+fn paged_forward_kernels() {
+    // Paged K/V under a bottom-right causal mask (chunked prefill): the
+    // sequence's clamped K/V length, rows gathered through the block table,
+    // on mma.sync and on the persistent wgmma kernel.
+    let spec = variant("causal_bottom_right");
+    insta::assert_snapshot!(
+        "paged_causal_bottom_right",
+        render(&emit_forward_paged(&spec, TileConfig::default_for(&spec)))
+    );
+    insta::assert_snapshot!("paged_wgmma_causal_bottom_right", render(&emit_forward_paged(&spec, TWO_WARPGROUPS)));
+    insta::assert_snapshot!("paged_append_causal_bottom_right", render(&emit_paged_append(&spec)));
 }
 
 #[test]

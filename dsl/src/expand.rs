@@ -103,6 +103,28 @@ pub fn spec_items(spec: &Spec) -> TokenStream {
                 rt.forward_varlen(Self::spec(), io, &[#(#values),*], opts)
             }
 
+            /// Launches the forward pass over paged K/V caches on `rt`'s
+            /// stream: `b` is the sequence, `q_len` / `kv_len` its lengths
+            /// (see [`::flashgen::Runtime::forward_paged`]).
+            pub fn forward_paged(
+                rt: &::flashgen::Runtime,
+                io: ::flashgen::PagedIo<'_, #elem>,
+                args: &#args_ty,
+                opts: &::flashgen::ForwardOptions<'_>,
+            ) -> ::std::result::Result<(), ::flashgen::Error> {
+                #unused
+                rt.forward_paged(Self::spec(), io, &[#(#values),*], opts)
+            }
+
+            /// Appends new K/V rows to paged caches this spec's paged forward
+            /// reads (see [`::flashgen::Runtime::append_paged`]).
+            pub fn append_paged(
+                rt: &::flashgen::Runtime,
+                append: ::flashgen::PagedAppend<'_, #elem>,
+            ) -> ::std::result::Result<(), ::flashgen::Error> {
+                rt.append_paged(Self::spec(), append)
+            }
+
             /// Times every tile configuration of the forward on these operands
             /// and remembers the fastest for their shape class (see
             /// [`::flashgen::Runtime::autotune`]). A forward pass: writes O and the LSE.

@@ -221,6 +221,27 @@ pub enum Error {
     /// A block mask was passed to a varlen launch: block masks are built
     /// over a batch of equal lengths.
     VarlenBlockMask,
+    /// A paged cache's pages hold no rows.
+    ZeroPageSize,
+    /// A paged launch's `block_table` (`batch · pages_per_seq` entries) or
+    /// `kv_lens` (`batch`) holds another number of entries.
+    PagedEntries {
+        which: &'static str,
+        len: usize,
+        expected: usize,
+    },
+    /// A paged launch's `max_kv_len` exceeds the rows a sequence's pages
+    /// can hold (`pages_per_seq · page_size`, 0 in caches of no pages).
+    MaxKvLenPastPages {
+        max_kv_len: usize,
+        capacity: usize,
+    },
+    /// Dense queries of a paged launch: Q's tokens are not `batch · q_len`.
+    DenseQueries {
+        tokens: usize,
+        batch: usize,
+        q_len: usize,
+    },
 }
 
 impl fmt::Display for Error {
@@ -340,6 +361,18 @@ impl fmt::Display for Error {
                 0 => write!(f, "{which} is 0 but the buffers hold {tokens} tokens"),
                 _ => write!(f, "{which} = {max} exceeds the {tokens} tokens the buffers hold"),
             },
+            Error::ZeroPageSize => write!(f, "the paged caches' page_size is 0: a page holds at least one row"),
+            Error::PagedEntries { which, len, expected } => {
+                write!(f, "{which} holds {len} entries but the launch reads {expected}")
+            }
+            Error::MaxKvLenPastPages { max_kv_len, capacity } => write!(
+                f,
+                "max_kv_len = {max_kv_len} exceeds the {capacity} rows a sequence's pages hold (pages_per_seq · page_size, 0 without pages)"
+            ),
+            Error::DenseQueries { tokens, batch, q_len } => write!(
+                f,
+                "dense queries: Q holds {tokens} tokens but batch · q_len = {batch} · {q_len}"
+            ),
             Error::VarlenBlockMask => write!(
                 f,
                 "a varlen launch takes no block mask (it is built for equal lengths); launch without one"

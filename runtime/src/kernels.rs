@@ -14,6 +14,10 @@ pub(crate) enum Which {
     Forward(TileConfig, TileCopy),
     /// The varlen forward in a configuration (it copies with threads).
     ForwardVarlen(TileConfig),
+    /// The paged forward in a configuration (it gathers with threads).
+    ForwardPaged(TileConfig),
+    /// The paged append into caches of the spec's head dims.
+    PagedAppend,
     BlockMask,
     /// A work order under the spec's block mask.
     WorkOrder(cuda::Work),
@@ -31,7 +35,8 @@ pub enum KernelSet {
     Training,
     /// Every kernel a launch of the spec may use: those of `Training`, the
     /// forward in every configuration autotuning may pick, copying both
-    /// ways where it has the choice, and the varlen forward in each.
+    /// ways where it has the choice, the varlen and paged forwards in each,
+    /// and the paged append.
     Every,
 }
 
@@ -76,10 +81,12 @@ impl Which {
                     which.push(w);
                 }
             };
+            add(Which::PagedAppend);
             for config in TileConfig::feasible(spec, target) {
                 add(Which::forward(config, TileCopy::Tma));
                 add(Which::forward(config, TileCopy::Threads));
                 add(Which::ForwardVarlen(config));
+                add(Which::ForwardPaged(config));
                 if config.persistent() {
                     add(Which::WorkOrder(cuda::Work::QueryTiles { block_m: config.block_m() }));
                 }
@@ -106,6 +113,8 @@ impl Which {
         match self {
             Which::Forward(config, copy) => Some(cuda::emit_forward_copying(spec, config, copy)),
             Which::ForwardVarlen(config) => Some(cuda::emit_forward_varlen(spec, config)),
+            Which::ForwardPaged(config) => Some(cuda::emit_forward_paged(spec, config)),
+            Which::PagedAppend => Some(cuda::emit_paged_append(spec)),
             Which::BlockMask => cuda::emit_block_mask(spec),
             Which::WorkOrder(work) => cuda::emit_work_order(spec, work),
             Which::Backward(pass, config) => Some(cuda::emit_backward_with(spec, pass, config)),

@@ -44,6 +44,7 @@ mod arch_parse;
 mod args;
 mod atomic_file;
 mod check;
+mod check_paged;
 mod check_varlen;
 mod cuda_libs;
 mod element;
@@ -51,6 +52,7 @@ mod error;
 mod kernels;
 mod layout;
 mod operand;
+mod paged;
 mod parallel;
 mod single_flight;
 mod stable_hash;
@@ -71,17 +73,20 @@ mod nvrtc_lib;
 mod tuning;
 
 // One GPU and the launches on it.
+mod append_paged;
 mod autotune;
 mod backward;
 mod block_mask;
 mod forward;
 mod forward_launch;
+mod forward_paged;
 mod forward_varlen;
 mod runtime;
 
 #[cfg(test)]
 mod test_dir;
 
+pub use append_paged::PagedAppend;
 pub use arch::Arch;
 pub use args::ArgValue;
 pub use autotune::TuneReport;
@@ -94,11 +99,13 @@ pub use disk_cache::{
 pub use element::Element;
 pub use error::Error;
 pub use forward_launch::{ForwardIo, ForwardOptions};
+pub use forward_paged::{PagedIo, PagedQueries};
 pub use forward_varlen::{Sequences, VarlenIo};
 pub use kernels::{spec_kernels, KernelSet, LoadedKernel};
 pub use layout::{Layout, PackedLayout};
 pub use nvrtc::{compile_count, compile_cubin, compile_cubin_with_log, nvrtc_version, DUMP_ENV};
 pub use operand::{DeviceInput, DeviceOutput};
+pub use paged::{PagedKv, PagedLayout};
 pub use runtime::{CacheStats, Runtime};
 pub use timing::{median_ms, median_ms_after};
 pub use tma::TMA_ENV;

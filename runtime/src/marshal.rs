@@ -52,6 +52,12 @@ pub(crate) struct Bindings<'a> {
     /// What only varlen kernels take; their `shape` holds the longest
     /// sequences' lengths.
     pub varlen: Option<VarlenBindings>,
+    /// What only paged kernels take (their K and V strides are the
+    /// caches' page, row and head strides).
+    pub paged: Option<PagedBindings>,
+    /// What only the paged append takes (its caches are `ptrs[1]` and
+    /// `ptrs[2]`, with K's and V's strides).
+    pub append: Option<AppendBindings>,
 }
 
 /// A varlen launch's sequences, queries' then keys'.
@@ -61,6 +67,30 @@ pub(crate) struct VarlenBindings {
     pub cu_seqlens: [u64; 2],
     /// Tokens in Q (and O) and in K (and V), checked to fit i32.
     pub tokens: [usize; 2],
+}
+
+/// A paged launch's caches beyond their addresses and strides.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PagedBindings {
+    /// Device addresses of `kv_lens` and the block table.
+    pub kv_lens: u64,
+    pub block_table: u64,
+    /// Checked to fit i32.
+    pub pages_per_seq: usize,
+    pub page_size: usize,
+    pub num_pages: usize,
+}
+
+/// The paged append's new rows and what it reports.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AppendBindings {
+    /// Device addresses of the new K and V rows.
+    pub rows: [u64; 2],
+    /// Token and head strides of the new K and V rows.
+    pub strides: [[i64; 2]; 2],
+    /// The lengths after the append and the dropped rows' count (0: none).
+    pub new_kv_lens: u64,
+    pub dropped: u64,
 }
 
 impl<'a> Bindings<'a> {
@@ -83,6 +113,8 @@ impl<'a> Bindings<'a> {
             work_counter: None,
             tensor_maps: None,
             varlen: None,
+            paged: None,
+            append: None,
         }
     }
 }
@@ -123,6 +155,13 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
             };
             let grads = || b.grads.as_ref().ok_or_else(abi_error);
             let varlen = || b.varlen.ok_or_else(abi_error);
+            let paged = || b.paged.ok_or_else(abi_error);
+            let append = || b.append.ok_or_else(abi_error);
+            let kv = |op| match op {
+                Operand::K => Ok(0),
+                Operand::V => Ok(1),
+                _ => Err(abi_error()),
+            };
             let side = |side| usize::from(side == Side::Keys);
             Ok(match arg.kind {
                 ArgKind::Ptr(op) => Value::Ptr(match operand_index(op) {
@@ -166,6 +205,24 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
                 ArgKind::MaxLen(Side::Queries) => size(b.shape.q_len),
                 ArgKind::MaxLen(Side::Keys) => size(b.shape.kv_len),
                 ArgKind::Tokens(s) => size(varlen()?.tokens[side(s)]),
+                ArgKind::KvLens => Value::Ptr(paged()?.kv_lens),
+                ArgKind::BlockTable => Value::Ptr(paged()?.block_table),
+                ArgKind::PagesPerSeq => size(paged()?.pages_per_seq),
+                ArgKind::PageSize => size(paged()?.page_size),
+                ArgKind::NumPages => size(paged()?.num_pages),
+                // A cache's pages are its layout's batch axis (`PagedLayout::as_layout`).
+                ArgKind::PageStride(op) => match operand_index(op) {
+                    Slot::Forward(i) if b.paged.is_some() => Value::I64(b.strides[i][0]),
+                    _ => return Err(abi_error()),
+                },
+                ArgKind::NewRows(op) => Value::Ptr(append()?.rows[kv(op)?]),
+                ArgKind::NewRowStride(op, axis) => match axis {
+                    Axis::Seq | Axis::Head => Value::I64(append()?.strides[kv(op)?][usize::from(axis == Axis::Head)]),
+                    Axis::Batch => return Err(abi_error()),
+                },
+                ArgKind::Cache(op) => Value::Ptr(b.ptrs[1 + kv(op)?]),
+                ArgKind::NewKvLens => Value::Ptr(append()?.new_kv_lens),
+                ArgKind::Dropped => Value::Ptr(append()?.dropped),
             })
         })
         .collect()
@@ -233,6 +290,8 @@ pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize, sms: 
             Grid::MaskTiles => (shape.kv_len.div_ceil(kernel.block_n as usize) as u32, q_tiles, slices as u32),
             Grid::Heads { per_block } => (1, shape.heads.div_ceil(per_block as usize) as u32, shape.batch as u32),
             Grid::KvHeads { per_block } => (1, shape.heads_kv.div_ceil(per_block as usize) as u32, shape.batch as u32),
+            // One block per sequence at least: it writes the length after.
+            Grid::NewRows => (shape.kv_len.div_ceil(kernel.block_m as usize).max(1) as u32, shape.batch as u32, 1),
         },
         block_dim: (kernel.threads, 1, 1),
         shared_mem_bytes: kernel.dynamic_smem,
@@ -303,6 +362,8 @@ mod tests {
             tensor_maps: None,
             grads: None,
             varlen: None,
+            paged: None,
+            append: None,
         }
     }
 
@@ -377,6 +438,44 @@ mod tests {
                 assert_eq!(value(name), expected, "{name} in {config:?}");
             }
             let err = marshal(&kernel, &Bindings { varlen: None, ..b }).unwrap_err();
+            assert!(matches!(err, Error::KernelAbi { .. }), "{err}");
+        }
+    }
+
+    /// A paged kernel's caches: pages' strides from their layouts' batch
+    /// axis, the table, lengths and sizes from the paged bindings; without
+    /// them it is refused.
+    #[test]
+    fn paged_kernels_marshal_their_caches() {
+        use flashgen_codegen::cuda::{emit_forward_paged, Mma, TileConfig};
+        let spec =
+            flashgen_codegen::parse_one("C { dtype: bf16, head_dim: 64, mask: q + kv_len - q_len >= k }").unwrap();
+        let persistent = TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n: 128 };
+        for config in [TileConfig::default_for(&spec), persistent] {
+            let kernel = emit_forward_paged(&spec, config);
+            let varlen = Some(VarlenBindings { cu_seqlens: [0, 0], tokens: [500, 0] });
+            let paged =
+                Some(PagedBindings { kv_lens: 94, block_table: 95, pages_per_seq: 6, page_size: 3, num_pages: 17 });
+            let b = Bindings { varlen, paged, work_counter: Some(93), ..bindings(&[], &[]) };
+            let values = marshal(&kernel, &b).unwrap();
+            let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];
+            use Value::*;
+            for (name, expected) in [
+                ("cu_seqlens_q", Ptr(0)),
+                ("kv_lens", Ptr(94)),
+                ("block_table", Ptr(95)),
+                ("pages_per_seq", I32(6)),
+                ("page_size", I32(3)),
+                ("num_pages", I32(17)),
+                ("max_kv_len", I32(7)),
+                ("k_page_stride", I64(4)),
+                ("k_seq_stride", I64(5)),
+                ("v_page_stride", I64(7)),
+                ("v_head_stride", I64(9)),
+            ] {
+                assert_eq!(value(name), expected, "{name} in {config:?}");
+            }
+            let err = marshal(&kernel, &Bindings { paged: None, ..b }).unwrap_err();
             assert!(matches!(err, Error::KernelAbi { .. }), "{err}");
         }
     }

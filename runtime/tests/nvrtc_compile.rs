@@ -6,8 +6,8 @@ mod support;
 
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{
-    emit_backward, emit_backward_with, emit_block_mask, emit_forward_copying, emit_forward_varlen, emit_work_order,
-    BackwardConfig, BackwardPass, Mma, Target, TileCopy, Work,
+    emit_backward, emit_backward_with, emit_block_mask, emit_forward_copying, emit_forward_paged, emit_forward_varlen,
+    emit_paged_append, emit_work_order, BackwardConfig, BackwardPass, Mma, Target, TileCopy, Work,
 };
 use flashgen_codegen::{parse_str, Spec};
 use flashgen_runtime::tile_choice;
@@ -115,6 +115,29 @@ fn every_shipped_spec_compiles_varlen_for_sm80_and_sm90() {
         })
         .collect();
     assert!(jobs.iter().any(|(k, _)| k.source.contains("claim(work_counter, done + 1, items)")));
+    compile_all(jobs);
+}
+
+/// Every shipped spec's paged forward on sm_80 (its preferred configuration)
+/// and sm_90 (every wgmma candidate: the persistent ones gather with
+/// threads), and its paged append.
+#[test]
+fn every_shipped_spec_compiles_paged_for_sm80_and_sm90() {
+    require_nvrtc();
+    let jobs: Vec<(Kernel, Arch)> = shipped_specs()
+        .iter()
+        .flat_map(|spec| {
+            let sm80 = [(tile_choice::preferred(spec, Target::PORTABLE), Arch::new(8, 0))];
+            let hopper = tile_choice::candidates(spec, Arch::new(9, 0).target())
+                .into_iter()
+                .filter(|c| c.mma == Mma::Wgmma)
+                .map(|c| (c, Arch::new(9, 0)));
+            let append = [(emit_paged_append(spec), Arch::new(8, 0))];
+            let forward = sm80.into_iter().chain(hopper).map(|(c, arch)| (emit_forward_paged(spec, c), arch));
+            forward.chain(append).collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(jobs.iter().any(|(k, _)| k.source.contains("load_paged_tile<BLOCK_N")));
     compile_all(jobs);
 }
 

@@ -19,6 +19,7 @@ mod block_mask;
 mod forward;
 mod kit;
 pub mod library;
+mod paged_append;
 mod signature;
 mod source;
 mod target;
@@ -29,8 +30,10 @@ mod writer;
 pub use backward::{emit_backward, emit_backward_with, trainable_tensors, BackwardConfig, BackwardPass, DqAccum};
 pub use block_mask::emit_block_mask;
 pub use forward::{
-    emit_forward, emit_forward_copying, emit_forward_traced, emit_forward_varlen, emit_forward_with, is_light,
+    emit_forward, emit_forward_copying, emit_forward_paged, emit_forward_traced, emit_forward_varlen,
+    emit_forward_with, is_light,
 };
+pub use paged_append::emit_paged_append;
 pub use target::{Mma, Target};
 pub use tile_config::TileConfig;
 pub use tile_config::TileCopy;

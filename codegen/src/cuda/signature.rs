@@ -38,6 +38,45 @@ pub(super) fn forward_varlen_args(spec: &Spec, persistent: bool) -> Vec<KernelAr
     forward_tail(spec, kinds, persistent.then_some(TileCopy::Threads), false)
 }
 
+/// A paged forward's arguments: as [`forward_varlen_args`]', the keys'
+/// prefix sums and token count replaced by the per-sequence K/V lengths and
+/// the block table with its sizes, and K's and V's strides by their page,
+/// row and head strides.
+pub(super) fn forward_paged_args(spec: &Spec, persistent: bool) -> Vec<KernelArg> {
+    let mut kinds: Vec<ArgKind> = FORWARD_OPERANDS.map(ArgKind::Ptr).to_vec();
+    kinds.extend([ArgKind::Lse, ArgKind::Batch, ArgKind::Heads, ArgKind::HeadsKv]);
+    kinds.extend([ArgKind::CuSeqlens(Side::Queries), ArgKind::MaxLen(Side::Queries), ArgKind::Tokens(Side::Queries)]);
+    kinds.extend([ArgKind::KvLens, ArgKind::MaxLen(Side::Keys), ArgKind::BlockTable, ArgKind::PagesPerSeq]);
+    kinds.extend([ArgKind::PageSize, ArgKind::NumPages]);
+    for op in FORWARD_OPERANDS {
+        if matches!(op, Operand::K | Operand::V) {
+            kinds.push(ArgKind::PageStride(op));
+        }
+        kinds.extend([Axis::Seq, Axis::Head].map(|a| ArgKind::Stride(op, a)));
+    }
+    forward_tail(spec, kinds, persistent.then_some(TileCopy::Threads), false)
+}
+
+/// The paged append: new K and V rows, the caches; the sequences (prefix
+/// sums of new rows, the most of them, their total; lengths before the
+/// append); the block table and its sizes; what it reports (lengths after,
+/// dropped rows); the strides of the new rows and of the caches.
+pub(super) fn paged_append_args(spec: &Spec) -> Vec<KernelArg> {
+    const KV: [Operand; 2] = [Operand::K, Operand::V];
+    let mut kinds: Vec<ArgKind> = KV.map(ArgKind::NewRows).to_vec();
+    kinds.extend(KV.map(ArgKind::Cache));
+    kinds.extend([ArgKind::Batch, ArgKind::HeadsKv]);
+    kinds.extend([ArgKind::CuSeqlens(Side::Keys), ArgKind::MaxLen(Side::Keys), ArgKind::Tokens(Side::Keys)]);
+    kinds.extend([ArgKind::KvLens, ArgKind::BlockTable, ArgKind::PagesPerSeq, ArgKind::PageSize, ArgKind::NumPages]);
+    kinds.extend([ArgKind::NewKvLens, ArgKind::Dropped]);
+    for op in KV {
+        kinds.extend([Axis::Seq, Axis::Head].map(|a| ArgKind::NewRowStride(op, a)));
+        kinds.push(ArgKind::PageStride(op));
+        kinds.extend([Axis::Seq, Axis::Head].map(|a| ArgKind::Stride(op, a)));
+    }
+    named(spec, kinds)
+}
+
 const FORWARD_OPERANDS: [Operand; 4] = [Operand::Q, Operand::K, Operand::V, Operand::O];
 
 /// `kinds`, then a forward's arguments from the scale on (see
@@ -165,6 +204,13 @@ pub(crate) mod names {
     pub const MAX_KV_LEN: &str = "max_kv_len";
     pub const TOTAL_Q: &str = "total_q";
     pub const TOTAL_KV: &str = "total_kv";
+    pub const KV_LENS: &str = "kv_lens";
+    pub const BLOCK_TABLE: &str = "block_table";
+    pub const PAGES_PER_SEQ: &str = "pages_per_seq";
+    pub const PAGE_SIZE: &str = "page_size";
+    pub const NUM_PAGES: &str = "num_pages";
+    pub const NEW_KV_LENS: &str = "new_kv_lens";
+    pub const DROPPED: &str = "dropped";
 }
 
 /// The C name of an argument, e.g. `k_seq_stride` or `p_window`.
@@ -211,6 +257,17 @@ pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::MaxLen(Side::Keys) => names::MAX_KV_LEN.into(),
         ArgKind::Tokens(Side::Queries) => names::TOTAL_Q.into(),
         ArgKind::Tokens(Side::Keys) => names::TOTAL_KV.into(),
+        ArgKind::KvLens => names::KV_LENS.into(),
+        ArgKind::BlockTable => names::BLOCK_TABLE.into(),
+        ArgKind::PagesPerSeq => names::PAGES_PER_SEQ.into(),
+        ArgKind::PageSize => names::PAGE_SIZE.into(),
+        ArgKind::NumPages => names::NUM_PAGES.into(),
+        ArgKind::PageStride(op) => format!("{}_page_stride", operand(op)),
+        ArgKind::NewRows(op) => format!("new_{}", operand(op)),
+        ArgKind::NewRowStride(op, axis) => format!("new_{}", arg_name(spec, ArgKind::Stride(op, axis))),
+        ArgKind::Cache(op) => format!("{}_cache", operand(op)),
+        ArgKind::NewKvLens => names::NEW_KV_LENS.into(),
+        ArgKind::Dropped => names::DROPPED.into(),
     }
 }
 
@@ -218,12 +275,18 @@ pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
 pub(super) fn arg_type(spec: &Spec, kind: ArgKind) -> String {
     match kind {
         ArgKind::Ptr(Operand::O | Operand::DQ | Operand::DK | Operand::DV) => "unsigned short* __restrict__".into(),
-        ArgKind::Ptr(_) => "const unsigned short* __restrict__".into(),
+        ArgKind::Ptr(_) | ArgKind::NewRows(_) => "const unsigned short* __restrict__".into(),
+        ArgKind::Cache(_) => "unsigned short* __restrict__".into(),
+        ArgKind::NewKvLens => "int* __restrict__".into(),
+        ArgKind::Dropped => "unsigned int* __restrict__".into(),
         ArgKind::Lse | ArgKind::Delta | ArgKind::DqAccum | ArgKind::TensorGrad(_) => "float* __restrict__".into(),
         ArgKind::Batch | ArgKind::Heads | ArgKind::HeadsKv | ArgKind::QLen | ArgKind::KvLen => "int".into(),
         ArgKind::MaxLen(_) | ArgKind::Tokens(_) => "int".into(),
-        ArgKind::CuSeqlens(_) => "const int* __restrict__".into(),
-        ArgKind::Stride(..) | ArgKind::BlockMaskStride(_) => "long long".into(),
+        ArgKind::PagesPerSeq | ArgKind::PageSize | ArgKind::NumPages => "int".into(),
+        ArgKind::CuSeqlens(_) | ArgKind::KvLens | ArgKind::BlockTable => "const int* __restrict__".into(),
+        ArgKind::Stride(..) | ArgKind::BlockMaskStride(_) | ArgKind::PageStride(_) | ArgKind::NewRowStride(..) => {
+            "long long".into()
+        }
         ArgKind::BlockMask => "const unsigned char* __restrict__".into(),
         ArgKind::BlockMaskOut => "unsigned char* __restrict__".into(),
         ArgKind::Scale => "float".into(),

@@ -13,6 +13,10 @@
 //! - Q, K, V and O are BSHD contiguous, LSE is `[batch, heads, q_len]` in
 //!   natural log.
 //!
+//! Packed sequences ([`forward_varlen`]) and paged K/V caches
+//! ([`forward_paged`], gathered into packed ones) reuse that definition per
+//! sequence.
+//!
 //! [`Precision::F64`] is the golden reference (every float operation in
 //! f64); [`Precision::SameDtype`] emulates a same-dtype PyTorch reference,
 //! whose error against the golden one sets the tolerance of
@@ -23,6 +27,7 @@ mod attention;
 mod backward;
 mod eval;
 mod metrics;
+mod paged;
 mod rounding;
 
 pub use attention::{forward, forward_varlen, Output, Precision, Problem, VarlenProblem};
@@ -32,6 +37,7 @@ pub use metrics::{
     flash_rule, flash_rule_averaged, max_abs_diff, mean_abs_diff, FlashCheck, BACKWARD_BASELINES, BACKWARD_FACTOR,
     FLASH_SLACK, FORWARD_FACTOR,
 };
+pub use paged::{forward_paged, gather, PagedProblem};
 pub use rounding::{round_bf16, round_dtype, round_f16};
 
 use std::fmt;

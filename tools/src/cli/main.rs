@@ -45,6 +45,9 @@ enum Command {
         /// The varlen kernel, on packed sequences (Runtime::forward_varlen).
         #[arg(long, conflicts_with = "trace")]
         varlen: bool,
+        /// The paged kernel, over paged K/V caches (Runtime::forward_paged).
+        #[arg(long, conflicts_with_all = ["trace", "varlen"])]
+        paged: bool,
     },
     /// Compile every spec in FILE with NVRTC (no GPU needed), warning of
     /// tensor indices that may leave their dimension (they are clamped).
@@ -112,7 +115,7 @@ fn main() -> ExitCode {
 /// Runs one command; `Ok(false)` is a completed run whose check failed.
 fn run(cli: Cli) -> Result<bool, Failure> {
     match cli.command {
-        Command::Emit { file, spec, arch, config, trace, varlen } => {
+        Command::Emit { file, spec, arch, config, trace, varlen, paged } => {
             let arch = arch.as_deref().map(specs::arch).transpose()?;
             for s in specs::load(&file, spec.as_deref())? {
                 let config = match (arch, &config) {
@@ -130,6 +133,7 @@ fn run(cli: Cli) -> Result<bool, Failure> {
                         )
                     })?,
                     false if varlen => cuda::emit_forward_varlen(&s, config),
+                    false if paged => cuda::emit_forward_paged(&s, config),
                     false => cuda::emit_forward_with(&s, config),
                 };
                 print!("{}", kernel.source);

@@ -59,7 +59,7 @@ pub(super) fn write_body(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
     writeln!(w, "load_tile<BLOCK_M, {qk_cols}, D, THREADS{panels}>{q_load}")?;
     writeln!(w, "const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;")?;
     write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::CTA, ClassReader::Cta)?;
-    let kv = KvLoads::of(spec, config);
+    let kv = KvLoads::of(plan);
     writeln!(w, "int j = next_tile(0);")?;
     kv.load_if(w, "j < kv_tiles", "", "j", true)?;
     write!(

@@ -39,7 +39,7 @@ pub(super) fn write_item_rows(w: &mut Writer<String>, plan: &Plan, role: ItemRol
     let spec = plan.spec;
     let name = |kind| arg_name(spec, kind);
     if plan.varlen {
-        varlen::write_sequence(w, spec)?;
+        varlen::write_sequence(w, plan)?;
     }
     let [heads, heads_kv] = [ArgKind::Heads, ArgKind::HeadsKv].map(name);
     let seq_stride = |op| name(ArgKind::Stride(op, Axis::Seq));
@@ -60,19 +60,33 @@ pub(super) fn write_item_rows(w: &mut Writer<String>, plan: &Plan, role: ItemRol
     for (op, rows, head) in ops {
         let ptr = name(ArgKind::Ptr(op));
         let origin = match plan.varlen {
-            true => varlen::rows_origin(spec, op),
-            false => format!("b * {}", name(ArgKind::Stride(op, Axis::Batch))),
+            true => varlen::rows_origin(plan, op),
+            false => Some(format!("b * {}", name(ArgKind::Stride(op, Axis::Batch)))),
         };
         let head_stride = name(ArgKind::Stride(op, Axis::Head));
-        writeln!(w, "auto* {rows} = {ptr} + {origin} + {head} * {head_stride};")?;
+        match origin {
+            Some(origin) => writeln!(w, "auto* {rows} = {ptr} + {origin} + {head} * {head_stride};")?,
+            None => {
+                writeln!(w, "auto* {rows} = {ptr} + {head} * {head_stride};  // the head's first element of page 0")?;
+                varlen::paged_rows(w, spec, op, rows)?;
+            }
+        }
     }
     if copies {
+        // Paged rows are 16-byte aligned where pages are 16 bytes apart too.
+        let pages_aligned = match plan.paged {
+            true => {
+                let [k, v] = [Operand::K, Operand::V].map(|op| name(ArgKind::PageStride(op)));
+                format!("\n    && {k} % 8 == 0 && {v} % 8 == 0")
+            }
+            false => String::new(),
+        };
         write!(
             w,
             "\
             // 16-byte copies need 16-byte aligned rows; otherwise (odd strides, odd\n\
             // offsets) the tiles load element by element. Uniform across the CTA.\n\
-            const bool vector = aligned16(q_rows, {q_stride}) && aligned16(k_rows, {k_stride}) && aligned16(v_rows, {v_stride});\n"
+            const bool vector = aligned16(q_rows, {q_stride}) && aligned16(k_rows, {k_stride}) && aligned16(v_rows, {v_stride}){pages_aligned};\n"
         )?;
     }
     writeln!(w)

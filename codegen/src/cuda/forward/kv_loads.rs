@@ -1,12 +1,14 @@
 //! How a forward kernel copies one K or V tile into shared memory with
-//! `cp.async` (every thread, or the producer warpgroup's).
+//! `cp.async` (every thread, or the producer warpgroup's): strided rows,
+//! or a paged kernel's rows gathered through its block table.
 
 use super::mma::ShmemCols;
+use super::plan::Plan;
+use super::varlen::pages_var;
 use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::signature::arg_name;
-use crate::cuda::tile_config::{warp_specialized, TileConfig};
+use crate::cuda::tile_config::warp_specialized;
 use crate::cuda::writer::Writer;
-use crate::spec::Spec;
 use std::fmt::{self, Write};
 
 /// How the kernel copies one K or V tile (keys from `tile * BLOCK_N`) into
@@ -15,6 +17,8 @@ pub(super) struct KvLoads {
     /// Copied by a warp-specialized kernel's producer warpgroup (else by
     /// every thread).
     ws: bool,
+    /// Rows gathered from pages (`load_paged_tile`), else strided.
+    paged: bool,
     cols: ShmemCols,
     k_stride: String,
     v_stride: String,
@@ -22,10 +26,12 @@ pub(super) struct KvLoads {
 }
 
 impl KvLoads {
-    pub(super) fn of(spec: &Spec, config: TileConfig) -> KvLoads {
+    pub(super) fn of(plan: &Plan) -> KvLoads {
+        let (spec, config) = (plan.spec, plan.config);
         let name = |kind| arg_name(spec, kind);
         KvLoads {
             ws: warp_specialized(config),
+            paged: plan.paged,
             cols: ShmemCols::of(config.mma),
             k_stride: name(ArgKind::Stride(Operand::K, Axis::Seq)),
             v_stride: name(ArgKind::Stride(Operand::V, Axis::Seq)),
@@ -73,6 +79,13 @@ impl KvLoads {
             true => "PRODUCER_THREADS, true, THREADS".to_string(),
             false => format!("THREADS{}", self.cols.panels),
         };
+        if self.paged {
+            let pages = pages_var(rows);
+            return writeln!(
+                w,
+                "load_paged_tile<BLOCK_N, {cols}, {width}, {threads}>({dst}, {rows}, {pages}, {tile} * BLOCK_N, {kv_len} - {tile} * BLOCK_N, vector);"
+            );
+        }
         writeln!(
             w,
             "load_tile<BLOCK_N, {cols}, {width}, {threads}>({dst}, {rows} + (long long){tile} * BLOCK_N * {stride}, {stride}, {kv_len} - {tile} * BLOCK_N, vector);"

@@ -57,7 +57,7 @@ mod wgmma_step;
 use crate::abi::{Grid, Kernel};
 use crate::cuda::library::wgmma_ops::AFrom;
 use crate::cuda::library::Part;
-use crate::cuda::signature::{forward_args, forward_varlen_args};
+use crate::cuda::signature::{forward_args, forward_paged_args, forward_varlen_args};
 use crate::cuda::source::{assemble, kernel_name, Entry, Piece};
 use crate::cuda::target::{pad16, Mma};
 use crate::cuda::tile_config::{warp_specialized, TileConfig, TileCopy};
@@ -96,6 +96,14 @@ pub fn emit_forward_varlen(spec: &Spec, config: TileConfig) -> Kernel {
     emit(Plan::varlen(&spec.varlen_view(), config))
 }
 
+/// The forward kernel of `spec` in `config` over paged K/V caches: queries
+/// packed (or dense), keys gathered through a block table of pages, each
+/// sequence's K/V length on the device (see `varlen`). Deterministic, like
+/// [`emit_forward`]; warp-specialized configurations copy with their threads.
+pub fn emit_forward_paged(spec: &Spec, config: TileConfig) -> Kernel {
+    emit(Plan::paged(&spec.varlen_view(), config))
+}
+
 /// [`emit_forward_copying`] with `clock64()` trace points, for
 /// `scripts/trace/harness.cu`: the library's trace section
 /// (`library/trace.cuh`: the `g_trace` rows, `TR`, `TRACE_COUNTER`),
@@ -112,11 +120,12 @@ pub fn emit_forward_traced(spec: &Spec, config: TileConfig, copy: TileCopy) -> O
 /// The kernel that `plan` describes.
 fn emit(plan: Plan) -> Kernel {
     let (spec, config) = (plan.spec, plan.config);
-    let name = kernel_name(if plan.varlen { "fwd_varlen" } else { "fwd" }, spec);
-    let args = match plan.varlen {
-        true => forward_varlen_args(spec, plan.copy.is_some()),
-        false => forward_args(spec, plan.copy),
+    let (name, args) = match (plan.paged, plan.varlen) {
+        (true, _) => ("fwd_paged", forward_paged_args(spec, plan.copy.is_some())),
+        (false, true) => ("fwd_varlen", forward_varlen_args(spec, plan.copy.is_some())),
+        (false, false) => ("fwd", forward_args(spec, plan.copy)),
     };
+    let name = kernel_name(name, spec);
     let bounds = match config.per_sm() {
         1 => "CTA_THREADS".to_string(),
         n => format!("CTA_THREADS, {n}"),
@@ -164,6 +173,9 @@ fn library(plan: &Plan) -> Vec<Vec<Piece>> {
     }
     if plan.varlen {
         sections.push(vec![Piece::Part(Part::Varlen)]);
+    }
+    if plan.paged {
+        sections.push(vec![Piece::Part(Part::Paged)]);
     }
     if plan.copy == Some(TileCopy::Tma) {
         sections.push(vec![Piece::Part(Part::Tma), Piece::Part(Part::TmaStore)]);

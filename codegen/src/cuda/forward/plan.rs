@@ -34,6 +34,10 @@ pub(super) struct Plan<'s> {
     /// Whether Q, K, V and O are packed sequences (`varlen`): `spec` is
     /// then the spec's [`Spec::varlen_view`], and `copy` the threads'.
     pub varlen: bool,
+    /// Whether K and V are paged caches read through a block table
+    /// (`varlen`'s paged form, `varlen` set too): queries stay packed (or
+    /// dense), keys are gathered row by row.
+    pub paged: bool,
 }
 
 /// Registers per thread of a warp-specialized kernel: at launch, then the
@@ -67,6 +71,7 @@ impl<'s> Plan<'s> {
             smem_bytes: config.smem_bytes(spec),
             trace: false,
             varlen: false,
+            paged: false,
         }
     }
 
@@ -76,6 +81,12 @@ impl<'s> Plan<'s> {
     /// warp-specialized kernel copies with its threads, clipped per sequence.
     pub(super) fn varlen(view: &'s Spec, config: TileConfig) -> Plan<'s> {
         Plan { varlen: true, ..Plan::new(view, config, TileCopy::Threads) }
+    }
+
+    /// The plan of a paged kernel in `config` for `view`, as [`Plan::varlen`]'s:
+    /// a K/V tile gathers rows from scattered pages, which only threads copy.
+    pub(super) fn paged(view: &'s Spec, config: TileConfig) -> Plan<'s> {
+        Plan { paged: true, ..Plan::varlen(view, config) }
     }
 }
 

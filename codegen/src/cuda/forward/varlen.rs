@@ -8,7 +8,13 @@
 //! sequence's query tiles for every sequence; a tile past its sequence's
 //! end does nothing (a CTA returns at once, a persistent producer claims the
 //! next item instead), so no tile multiplies padding.
+//!
+//! A paged kernel (`Plan::paged`) is the same with its keys in a paged
+//! cache: `kv_len` is the sequence's clamped K/V length, K and V rows are
+//! gathered through its row of the block table (`library/paged.cuh`), and
+//! queries may be dense (no prefix sums: `max_q_len` rows per sequence).
 
+use super::plan::Plan;
 use crate::abi::{ArgKind, Axis, Operand, Side};
 use crate::cuda::signature::arg_name;
 use crate::cuda::writer::Writer;
@@ -16,8 +22,28 @@ use crate::spec::Spec;
 use std::fmt::{self, Write};
 
 /// Sequence `b`'s spans of the packed tokens (`q_seq`, `kv_seq`) and its
-/// lengths as `q_len` and `kv_len`.
-pub(super) fn write_sequence(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+/// lengths as `q_len` and `kv_len`; a paged kernel's keys are `kv_len` rows
+/// of its pages (`kv_pages`, its row of the block table).
+pub(super) fn write_sequence(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
+    let spec = plan.spec;
+    if plan.paged {
+        let name = |kind| arg_name(spec, kind);
+        let [lens, pages, page_size, num_pages, max] =
+            [ArgKind::KvLens, ArgKind::PagesPerSeq, ArgKind::PageSize, ArgKind::NumPages, ArgKind::MaxLen(Side::Keys)]
+                .map(name);
+        let table = name(ArgKind::BlockTable);
+        let q_seq = query_span(plan, "b");
+        return write!(
+            w,
+            "\
+            // Paged: sequence b's tokens of Q and O (q_seq), and its keys: kv_len rows\n\
+            // of the pages its row of the block table (kv_pages) names.\n\
+            const SeqSpan q_seq = {q_seq};\n\
+            const int q_len = q_seq.len;\n\
+            const int kv_len = paged_kv_len({lens}, b, {pages}, {page_size}, {num_pages}, {max});\n\
+            const int* kv_pages = {table} + (long long)b * {pages};\n"
+        );
+    }
     let [q_seq, kv_seq] = [Side::Queries, Side::Keys].map(|side| seq_span(spec, side, "b"));
     write!(
         w,
@@ -32,19 +58,51 @@ pub(super) fn write_sequence(w: &mut Writer<String>, spec: &Spec) -> fmt::Result
 
 /// `seq_span(...)` of sequence `seq` (C) on `side`.
 fn seq_span(spec: &Spec, side: Side, seq: &str) -> String {
+    span_call(spec, "seq_span", side, seq)
+}
+
+/// `function(cu, seq, total, max)`: a span of sequence `seq` on `side`.
+fn span_call(spec: &Spec, function: &str, side: Side, seq: &str) -> String {
     let [cu, total, max] = [ArgKind::CuSeqlens(side), ArgKind::Tokens(side), ArgKind::MaxLen(side)];
     let [cu, total, max] = [cu, total, max].map(|kind| arg_name(spec, kind));
-    format!("seq_span({cu}, {seq}, {total}, {max})")
+    format!("{function}({cu}, {seq}, {total}, {max})")
+}
+
+/// Sequence `b`'s queries (C): [`seq_span`]'s, or a paged kernel's
+/// `query_span`, which also takes dense queries (null prefix sums).
+fn query_span(plan: &Plan, seq: &str) -> String {
+    match plan.paged {
+        true => span_call(plan.spec, "query_span", Side::Queries, seq),
+        false => seq_span(plan.spec, Side::Queries, seq),
+    }
 }
 
 /// The offset of sequence `b`'s first row of `op` (K and V: the keys'
-/// sequence), 64-bit.
-pub(super) fn rows_origin(spec: &Spec, op: Operand) -> String {
+/// sequence), 64-bit; `None` for a paged kernel's K and V, whose rows are
+/// found per key ([`paged_rows`]).
+pub(super) fn rows_origin(plan: &Plan, op: Operand) -> Option<String> {
     let seq = match op {
+        Operand::K | Operand::V if plan.paged => return None,
         Operand::K | Operand::V => "kv_seq",
         _ => "q_seq",
     };
-    format!("(long long){seq}.start * {}", arg_name(spec, ArgKind::Stride(op, Axis::Seq)))
+    Some(format!("(long long){seq}.start * {}", arg_name(plan.spec, ArgKind::Stride(op, Axis::Seq))))
+}
+
+/// A paged kernel's `PagedRows` of `op` (K or V) as `{rows}_pages`, and the
+/// condition (C) under which its rows allow 16-byte copies beyond
+/// `aligned16`: pages 16-byte apart.
+pub(super) fn paged_rows(w: &mut Writer<String>, spec: &Spec, op: Operand, rows: &str) -> fmt::Result {
+    let name = |kind| arg_name(spec, kind);
+    let [page_size, num_pages] = [ArgKind::PageSize, ArgKind::NumPages].map(name);
+    let [page_stride, row_stride] = [ArgKind::PageStride(op), ArgKind::Stride(op, Axis::Seq)].map(name);
+    let var = pages_var(rows);
+    writeln!(w, "const PagedRows {var} = {{kv_pages, {page_size}, {num_pages}, {page_stride}, {row_stride}}};")
+}
+
+/// The name of the `PagedRows` of an operand's `rows`.
+pub(super) fn pages_var(rows: &str) -> String {
+    format!("{}_pages", rows.trim_end_matches("_rows"))
 }
 
 /// The LSE's index of row `q` of head `h`: `[heads, total_q]`,
@@ -57,8 +115,8 @@ pub(super) fn lse_index(spec: &Spec) -> String {
 /// claimed item whose query tile has rows in its sequence, or one past the
 /// last item. Items of tiles past their sequence's end are claimed and
 /// passed over by the producer alone, so the consumers never see them.
-pub(super) fn claim_with_rows(spec: &Spec, counter: &str) -> String {
-    let q_seq = seq_span(spec, Side::Queries, "(int)by_heads.div(bh)");
+pub(super) fn claim_with_rows(plan: &Plan, counter: &str) -> String {
+    let q_seq = query_span(plan, "(int)by_heads.div(bh)");
     format!(
         "claim({counter}, done, items);\n\
         \x20   // Varlen: pass over items whose query tile lies past its sequence's end.\n\

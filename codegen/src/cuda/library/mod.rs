@@ -113,6 +113,10 @@ pub enum Part {
     /// sums, clamped into the buffers.
     Varlen,
 
+    /// Paged K/V: a key's row through the block table, lengths and page ids
+    /// clamped, and the gathering tile copy. Follows `Varlen`.
+    Paged,
+
     /// Hopper's tensor memory accelerator (TMA) for the producers of the
     /// warp-specialized kernels (the persistent forward, the backward's dK/dV
     /// kernel): one thread hands the copy engine a whole tile (a
@@ -153,7 +157,7 @@ pub enum Part {
 
 impl Part {
     /// Every part, in the order kernels include them.
-    pub const ALL: [Part; 16] = [
+    pub const ALL: [Part; 17] = [
         Part::Prelude,
         Part::IntOps,
         Part::Ranges,
@@ -163,6 +167,7 @@ impl Part {
         Part::Ring,
         Part::WorkClaims,
         Part::Varlen,
+        Part::Paged,
         Part::Tma,
         Part::TmaStore,
         Part::Trace,
@@ -184,6 +189,7 @@ impl Part {
             Part::Ring => include_str!("ring.cuh"),
             Part::WorkClaims => include_str!("work_claims.cuh"),
             Part::Varlen => include_str!("varlen.cuh"),
+            Part::Paged => include_str!("paged.cuh"),
             Part::Tma => include_str!("tma.cuh"),
             Part::TmaStore => include_str!("tma_store.cuh"),
             Part::Trace => include_str!("trace.cuh"),
@@ -206,6 +212,7 @@ impl Part {
             Part::Ring => "ring.cuh",
             Part::WorkClaims => "work_claims.cuh",
             Part::Varlen => "varlen.cuh",
+            Part::Paged => "paged.cuh",
             Part::Tma => "tma.cuh",
             Part::TmaStore => "tma_store.cuh",
             Part::Trace => "trace.cuh",

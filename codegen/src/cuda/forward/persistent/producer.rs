@@ -26,7 +26,7 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
     // order (longest items first within windows of a few heads) where the
     // launch has one.
     let claim = match spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) {
-        _ if roles.plan.varlen => claim_with_rows(spec, &counter),
+        _ if roles.plan.varlen => claim_with_rows(roles.plan, &counter),
         true => {
             let order = name(ArgKind::WorkOrder);
             format!(
@@ -94,9 +94,9 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
 /// The walk over an item's visited tiles: each tile's word, its K (and
 /// per-key terms) and V into the next stage of the ring.
 fn write_tile_walk(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
-    let (spec, config, copy, groups) = (roles.plan.spec, roles.plan.config, roles.copy, roles.groups);
+    let (copy, groups) = (roles.copy, roles.groups);
     let (staged, per_key) = (&roles.staged, roles.staged.per_key());
-    let kv = KvLoads::of(spec, config);
+    let kv = KvLoads::of(roles.plan);
     w.block(format_args!("while (j < kv_tiles)"), |w| {
         writeln!(w, "const int next = next_tile(j + 1);")?;
         writeln!(w, "// The tile's classes, ahead of the wait: the K copy waits for none of them.")?;

@@ -1,0 +1,170 @@
+//! The checked, asynchronous paged forward launch: queries packed (or
+//! dense), keys and values in paged caches read through a block table
+//! (`paged`), each sequence's K/V length on the device. Chunked prefill is
+//! a launch whose sequences have fewer queries than keys: the spec's
+//! `q_len` and `kv_len` are each sequence's own, so a mask written
+//! bottom-right (`q + kv_len - q_len >= k`) aligns a chunk's queries with
+//! the last of its keys.
+
+use crate::args::{ArgInfo, ArgValue};
+use crate::check::{softmax_scale, Buffer};
+use crate::check_paged::{check_paged, PagedProblem};
+use crate::element::Element;
+use crate::error::Error;
+use crate::forward_launch::ForwardOptions;
+use crate::kernels::Which;
+use crate::layout::PackedLayout;
+use crate::marshal::{launch, launch_config, marshal, Bindings, PagedBindings, VarlenBindings};
+use crate::operand::{DeviceInput, DeviceOutput};
+use crate::paged::PagedKv;
+use crate::runtime::Runtime;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use flashgen_codegen::abi::Grid;
+use flashgen_codegen::{to_source, Spec};
+
+/// The operands of one paged forward pass. Q and O are `[tokens, heads,
+/// dim]`; O and the optional LSE (`f32[heads, total_q]`, as
+/// [`VarlenIo`](crate::VarlenIo)'s) are written.
+pub struct PagedIo<'a, T> {
+    pub q: (&'a dyn DeviceInput<T>, PackedLayout),
+    pub o: (&'a mut dyn DeviceOutput<T>, PackedLayout),
+    pub lse: Option<&'a mut CudaSlice<f32>>,
+    pub queries: PagedQueries<'a>,
+    pub kv: PagedKv<'a, T>,
+}
+
+/// How Q's tokens split into the sequences of [`PagedKv::batch`].
+pub enum PagedQueries<'a> {
+    /// Sequence `b`'s queries are Q's tokens `cu_seqlens_q[b] ..
+    /// cu_seqlens_q[b + 1]` (`i32[batch + 1]` on the device, clamped there
+    /// as [`Sequences`](crate::Sequences)' are), at most `max_q_len`.
+    Packed { cu_seqlens_q: &'a dyn DeviceInput<i32>, max_q_len: usize },
+    /// Every sequence has `q_len` queries, Q's tokens `b · q_len ..`: a
+    /// `[batch, q_len, heads, dim]` tensor whose batch rows follow each
+    /// other, as its `batch · q_len` tokens.
+    Dense { q_len: usize },
+}
+
+impl PagedQueries<'_> {
+    /// The longest sequence's queries.
+    fn max_q_len(&self) -> usize {
+        match *self {
+            PagedQueries::Packed { max_q_len, .. } => max_q_len,
+            PagedQueries::Dense { q_len } => q_len,
+        }
+    }
+}
+
+impl Runtime {
+    /// Attention of packed (or dense) queries over paged K/V caches: in
+    /// `spec`, `b` is the sequence, `q` and `k` positions inside it and
+    /// `q_len` / `kv_len` its own lengths, as in
+    /// [`Runtime::forward_varlen`]; key `k` of sequence `b` is read from its
+    /// page `block_table[b][k / page_size]`. Captured tensors are sized by
+    /// the longest lengths (`max_q_len`, `max_kv_len`).
+    ///
+    /// Checks sizes, strides, buffer lengths, the block table's and the
+    /// lengths' entry counts, the longest lengths and `args` against
+    /// `spec`, then queues the kernel on [`Runtime::stream`] without
+    /// waiting. Page ids and lengths stay on the device: the kernel clamps
+    /// them (a length into `[0, min(pages_per_seq · page_size,
+    /// max_kv_len)]`, a page id into `[0, num_pages)`), so bad values give
+    /// wrong rows, never an access out of bounds. Runs in `opts.config` or
+    /// the preferred configuration for `max_kv_len` keys; no block mask
+    /// ([`Error::VarlenBlockMask`]) and no autotuning; threads gather the
+    /// K/V rows (no TMA).
+    pub fn forward_paged<T: Element>(
+        &self,
+        spec: &Spec,
+        io: PagedIo<'_, T>,
+        args: &[ArgValue<'_>],
+        opts: &ForwardOptions<'_>,
+    ) -> Result<(), Error> {
+        let scale = softmax_scale(spec, opts.scale)?;
+        if opts.block_mask.is_some() {
+            return Err(Error::VarlenBlockMask);
+        }
+        let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
+        let PagedIo { q, o, lse, queries, kv } = io;
+        let [q_layout, o_layout] = [q.1, o.1].map(|l| l.as_layout());
+        let problem = PagedProblem {
+            dtype: T::DTYPE,
+            q: Buffer { layout: q_layout, len: q.0.len() },
+            o: Buffer { layout: o_layout, len: o.0.len() },
+            lse: lse.as_ref().map(|l| l.len()),
+            kv: kv.shape(),
+            cu_seqlens_q: match queries {
+                PagedQueries::Packed { cu_seqlens_q, .. } => Some(cu_seqlens_q.len()),
+                PagedQueries::Dense { .. } => None,
+            },
+            max_q_len: queries.max_q_len(),
+        };
+        let Some(checked) = check_paged(spec, &problem, &infos)? else {
+            return Ok(());
+        };
+        let config = match opts.config {
+            Some(config) => self.candidate(spec, config)?,
+            None => crate::tile_choice::preferred_for(spec, self.target(), kv.max_kv_len),
+        };
+        let loaded = self.load_keyed(spec, &to_source(spec), Which::ForwardPaged(config))?;
+        let kernel = loaded.kernel();
+        let grid = launch_config(kernel, &checked.shape, 1, self.sm_count())?;
+
+        // The guards order the launch after pending work on each buffer and
+        // record it for later work; they must live until after the launch.
+        let stream = self.stream().as_ref();
+        let (q_ptr, _q) = q.0.device_ptr(stream);
+        let (k_ptr, _k) = kv.k.0.device_ptr(stream);
+        let (v_ptr, _v) = kv.v.0.device_ptr(stream);
+        let (o_ptr, _o) = o.0.device_ptr_mut(stream);
+        let cu_q = match queries {
+            PagedQueries::Packed { cu_seqlens_q, .. } => Some(cu_seqlens_q.device_ptr(stream)),
+            PagedQueries::Dense { .. } => None,
+        };
+        let (table, _table) = kv.block_table.device_ptr(stream);
+        let (kv_lens, _kv_lens) = kv.kv_lens.device_ptr(stream);
+        let lse = lse.map(|l| l.device_ptr_mut(stream));
+        let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(stream)).collect();
+        let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
+        let work_counter =
+            matches!(kernel.grid, Grid::Persistent { .. }).then(|| self.work_counter().device_ptr(stream));
+        let layouts = [q_layout, kv.k.1.as_layout(), kv.v.1.as_layout(), o_layout];
+        let cache = kv.k.1;
+        let values = marshal(
+            kernel,
+            &Bindings {
+                work_counter: work_counter.as_ref().map(|(ptr, _)| *ptr),
+                // Null prefix sums: dense queries.
+                varlen: Some(VarlenBindings {
+                    cu_seqlens: [cu_q.as_ref().map_or(0, |(ptr, _)| *ptr), 0],
+                    tokens: [checked.total_q, 0],
+                }),
+                paged: Some(PagedBindings {
+                    kv_lens,
+                    block_table: table,
+                    pages_per_seq: kv.pages_per_seq,
+                    page_size: cache.page_size,
+                    num_pages: cache.num_pages,
+                }),
+                ..Bindings::without_operands(checked.shape, &infos, &tensor_ptrs).with_operands(
+                    [q_ptr, k_ptr, v_ptr, o_ptr],
+                    layouts,
+                    lse.as_ref().map_or(0, |(ptr, _)| *ptr),
+                    scale,
+                )
+            },
+        )?;
+
+        let launching = |e| Error::driver(format!("launching `{}`", kernel.name), e);
+        // Stream waits queued by the guards report failures here, not above.
+        self.context().check_err().map_err(launching)?;
+        // SAFETY: `marshal` followed the kernel's own argument list, so the
+        // values match its parameters in order and type; `check_paged`
+        // proved every row of the caches and every token of Q and O the
+        // layouts address is inside its buffer, the block table holds batch
+        // · pages_per_seq entries and kv_lens batch, and the kernel clamps
+        // every length, page id and query span into them (`paged.cuh`).
+        unsafe { launch(stream, loaded.function(), &values, grid) }.map_err(launching)?;
+        Ok(())
+    }
+}
