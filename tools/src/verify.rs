@@ -52,6 +52,20 @@ impl OperandLayout {
 /// Draws an attention problem for `spec`: Q/K/V ~ N(0, 1) rounded to the
 /// spec's dtype; captured tensors not given in `tensors` filled with
 /// plausible random values (sorted small ids for i32, as document ids are;
+/// Median milliseconds (CUDA events) of `launch` after `warmup`
+/// unmeasured runs, each run after `flush_bytes` of zeros written (a cold
+/// L2, as [`DeviceProblem::flush_l2`] gives the dense launches).
+pub(crate) fn cold_median_ms(
+    stream: &Arc<CudaStream>,
+    flush_bytes: usize,
+    (warmup, iters): (usize, usize),
+    launch: impl FnMut() -> Result<(), Error>,
+) -> Result<f64, Error> {
+    let mut flush = stream.alloc_zeros::<u8>(flush_bytes).map_err(driver("allocate the L2 flush buffer"))?;
+    let zero = || stream.memset_zeros(&mut flush).map_err(driver("flush the L2"));
+    median_ms_after(stream, warmup, iters, zero, launch)
+}
+
 /// uniform [0, 1) for floats, rounded to their storage type).
 pub fn random_problem(
     spec: &Spec,

@@ -244,6 +244,20 @@ impl DevicePaged {
         Ok((lens, dropped))
     }
 
+    /// Median milliseconds (CUDA events) of a paged forward launch after
+    /// `warmup` unmeasured ones, each after `flush_bytes` of zeros written.
+    pub fn time(
+        &mut self,
+        rt: &Runtime,
+        spec: &Spec,
+        problem: &PagedProblem,
+        flush_bytes: usize,
+        runs: (usize, usize),
+    ) -> Result<f64, Error> {
+        let stream = self.stream.clone();
+        super::cold_median_ms(&stream, flush_bytes, runs, || self.launch(rt, spec, problem))
+    }
+
     /// Waits for the stream and reads O (as THD) and the LSE back.
     pub fn download(&self) -> Result<GpuOutput, Error> {
         let err = driver("download results");

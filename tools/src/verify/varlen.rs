@@ -4,7 +4,7 @@
 //! LSE `[heads, total_q]`) for [`Expected::varlen`].
 
 use super::{
-    driver, gather, launch_args, median_ms_after, random_tensors, round, upload_operands, upload_tensors, DeviceTensor,
+    cold_median_ms, driver, gather, launch_args, random_tensors, round, upload_operands, upload_tensors, DeviceTensor,
     GpuOutput, Operands,
 };
 use flashgen::codegen::cuda::TileConfig;
@@ -181,9 +181,7 @@ impl DeviceVarlen {
         (warmup, iters): (usize, usize),
     ) -> Result<f64, Error> {
         let stream = self.stream.clone();
-        let mut flush = stream.alloc_zeros::<u8>(flush_bytes).map_err(driver("allocate the L2 flush buffer"))?;
-        let zero = || stream.memset_zeros(&mut flush).map_err(driver("flush the L2"));
-        median_ms_after(&stream, warmup, iters, zero, || self.launch(rt, spec, problem))
+        cold_median_ms(&stream, flush_bytes, (warmup, iters), || self.launch(rt, spec, problem))
     }
 
     /// Waits for the stream and reads O (as THD) and the LSE back.
