@@ -151,6 +151,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
                 work_counter: work_counter.as_ref().map(|(ptr, _)| *ptr),
                 tensor_maps,
                 varlen: None,
+                decode: None,
             },
         )?;
 

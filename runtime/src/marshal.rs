@@ -52,6 +52,19 @@ pub(crate) struct Bindings<'a> {
     /// What only varlen kernels take; their `shape` holds the longest
     /// sequences' lengths.
     pub varlen: Option<VarlenBindings>,
+    /// What only decode kernels take; their `shape`'s `kv_len` is the
+    /// cache's rows.
+    pub decode: Option<DecodeBindings>,
+}
+
+/// A decode launch's per-sequence key counts, split count and workspace.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DecodeBindings {
+    /// Device address of `kv_lens`, `i32[batch]`.
+    pub kv_lens: u64,
+    pub splits: u32,
+    /// Device addresses of the partial O and LSE (0 with one split).
+    pub partial: [u64; 2],
 }
 
 /// A varlen launch's sequences, queries' then keys'.
@@ -83,6 +96,7 @@ impl<'a> Bindings<'a> {
             work_counter: None,
             tensor_maps: None,
             varlen: None,
+            decode: None,
         }
     }
 }
@@ -123,6 +137,7 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
             };
             let grads = || b.grads.as_ref().ok_or_else(abi_error);
             let varlen = || b.varlen.ok_or_else(abi_error);
+            let decode = || b.decode.ok_or_else(abi_error);
             let side = |side| usize::from(side == Side::Keys);
             Ok(match arg.kind {
                 ArgKind::Ptr(op) => Value::Ptr(match operand_index(op) {
@@ -166,6 +181,10 @@ pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error
                 ArgKind::MaxLen(Side::Queries) => size(b.shape.q_len),
                 ArgKind::MaxLen(Side::Keys) => size(b.shape.kv_len),
                 ArgKind::Tokens(s) => size(varlen()?.tokens[side(s)]),
+                ArgKind::KvLens => Value::Ptr(decode()?.kv_lens),
+                ArgKind::Splits => Value::I32(decode()?.splits as i32),
+                ArgKind::PartialO => Value::Ptr(decode()?.partial[0]),
+                ArgKind::PartialLse => Value::Ptr(decode()?.partial[1]),
             })
         })
         .collect()
@@ -197,7 +216,8 @@ pub(crate) unsafe fn launch(
 }
 
 /// The kernel's grid (see [`Grid`]) for `shape` on a GPU with `sms` SMs;
-/// `slices` is the number of (batch, head) slices a block mask holds. The
+/// `slices` is the number of (batch, head) slices a block mask holds
+/// (`Grid::MaskTiles`), or a decode launch's split count (`Grid::KvGroups`). The
 /// sizes were checked against the grid limits, so the narrowing casts are
 /// exact.
 pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize, sms: u32) -> Result<LaunchConfig, Error> {
@@ -233,6 +253,11 @@ pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize, sms: 
             Grid::MaskTiles => (shape.kv_len.div_ceil(kernel.block_n as usize) as u32, q_tiles, slices as u32),
             Grid::Heads { per_block } => (1, shape.heads.div_ceil(per_block as usize) as u32, shape.batch as u32),
             Grid::KvHeads { per_block } => (1, shape.heads_kv.div_ceil(per_block as usize) as u32, shape.batch as u32),
+            Grid::KvGroups => {
+                let rows = (shape.heads / shape.heads_kv.max(1)) * shape.q_len;
+                let tiles = rows.div_ceil(kernel.block_m as usize) * slices;
+                (tiles as u32, shape.heads_kv as u32, shape.batch as u32)
+            }
         },
         block_dim: (kernel.threads, 1, 1),
         shared_mem_bytes: kernel.dynamic_smem,
@@ -303,6 +328,7 @@ mod tests {
             tensor_maps: None,
             grads: None,
             varlen: None,
+            decode: None,
         }
     }
 

@@ -113,6 +113,11 @@ pub enum Part {
     /// sums, clamped into the buffers.
     Varlen,
 
+    /// Decode kernels' KV cache (`KvRows`: the one place cache rows are
+    /// addressed; `cache_len`: per-sequence lengths clamped into it), their
+    /// multi-stage waits and the Q rows of a K/V head's query group.
+    Decode,
+
     /// Hopper's tensor memory accelerator (TMA) for the producers of the
     /// warp-specialized kernels (the persistent forward, the backward's dK/dV
     /// kernel): one thread hands the copy engine a whole tile (a
@@ -153,7 +158,7 @@ pub enum Part {
 
 impl Part {
     /// Every part, in the order kernels include them.
-    pub const ALL: [Part; 16] = [
+    pub const ALL: [Part; 17] = [
         Part::Prelude,
         Part::IntOps,
         Part::Ranges,
@@ -163,6 +168,7 @@ impl Part {
         Part::Ring,
         Part::WorkClaims,
         Part::Varlen,
+        Part::Decode,
         Part::Tma,
         Part::TmaStore,
         Part::Trace,
@@ -184,6 +190,7 @@ impl Part {
             Part::Ring => include_str!("ring.cuh"),
             Part::WorkClaims => include_str!("work_claims.cuh"),
             Part::Varlen => include_str!("varlen.cuh"),
+            Part::Decode => include_str!("decode.cuh"),
             Part::Tma => include_str!("tma.cuh"),
             Part::TmaStore => include_str!("tma_store.cuh"),
             Part::Trace => include_str!("trace.cuh"),
@@ -206,6 +213,7 @@ impl Part {
             Part::Ring => "ring.cuh",
             Part::WorkClaims => "work_claims.cuh",
             Part::Varlen => "varlen.cuh",
+            Part::Decode => "decode.cuh",
             Part::Tma => "tma.cuh",
             Part::TmaStore => "tma_store.cuh",
             Part::Trace => "trace.cuh",
