@@ -18,6 +18,10 @@ pub(crate) enum Which {
     /// A work order under the spec's block mask.
     WorkOrder(cuda::Work),
     Backward(cuda::BackwardPass, cuda::BackwardConfig),
+    /// The decode kernel in a configuration (`cuda::DecodeConfig::for_rows`).
+    Decode(cuda::DecodeConfig),
+    /// The split decode's combine kernel.
+    DecodeCombine,
 }
 
 /// Which kernels of a spec to precompile.
@@ -84,6 +88,8 @@ impl Which {
             Which::BlockMask => cuda::emit_block_mask(spec),
             Which::WorkOrder(work) => cuda::emit_work_order(spec, work),
             Which::Backward(pass, config) => Some(cuda::emit_backward_with(spec, pass, config)),
+            Which::Decode(config) => Some(cuda::emit_decode(spec, config)),
+            Which::DecodeCombine => Some(cuda::emit_decode_combine(spec)),
         }
     }
 }

@@ -44,6 +44,7 @@ mod arch_parse;
 mod args;
 mod atomic_file;
 mod check;
+mod check_decode;
 mod check_varlen;
 mod cuda_libs;
 mod element;
@@ -73,6 +74,7 @@ mod tuning;
 mod autotune;
 mod backward;
 mod block_mask;
+mod decode;
 mod forward;
 mod forward_launch;
 mod forward_varlen;
@@ -86,6 +88,8 @@ pub use args::ArgValue;
 pub use autotune::TuneReport;
 pub use backward::{BackwardIo, BackwardOptions, BackwardWorkspace};
 pub use block_mask::BlockMask;
+pub use check_decode::DecodeShape;
+pub use decode::{DecodeIo, DecodeOptions, DecodePlan};
 pub use disk_cache::{
     precompile, Cleared, DiskCache, Entry, EntryKey, PrecompileReport, CACHE_DIR_ENV, CACHE_ENV, CACHE_MAX_BYTES_ENV,
     DEFAULT_MAX_BYTES,
