@@ -20,6 +20,7 @@ use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 use std::sync::Arc;
 
+pub mod decode;
 pub mod varlen;
 
 /// How Q/K/V/O sit in memory on the GPU. The reference always sees BSHD.
