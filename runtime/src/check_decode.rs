@@ -49,7 +49,8 @@ pub(crate) fn check_plan_shape(shape: &DecodeShape) -> Result<(), Error> {
     }
     let grid_yz = crate::check::MAX_GRID_YZ;
     let int = i32::MAX as usize;
-    for (what, value, max) in [("batch", batch, grid_yz), ("heads_kv", heads_kv, grid_yz), ("max_kv_len", max_kv_len, int)]
+    for (what, value, max) in
+        [("batch", batch, grid_yz), ("heads_kv", heads_kv, grid_yz), ("max_kv_len", max_kv_len, int)]
     {
         if value > max {
             return Err(Error::TooLarge { what, value, max });
@@ -57,7 +58,11 @@ pub(crate) fn check_plan_shape(shape: &DecodeShape) -> Result<(), Error> {
     }
     let rows = batch.saturating_mul(heads).saturating_mul(q_len);
     if rows.saturating_mul(MAX_SPLITS as usize) > int {
-        return Err(Error::TooLarge { what: "query rows (batch · heads · q_len)", value: rows, max: int / MAX_SPLITS as usize });
+        return Err(Error::TooLarge {
+            what: "query rows (batch · heads · q_len)",
+            value: rows,
+            max: int / MAX_SPLITS as usize,
+        });
     }
     Ok(())
 }
@@ -66,7 +71,9 @@ pub(crate) fn check_plan_shape(shape: &DecodeShape) -> Result<(), Error> {
 pub(crate) fn check_splits(splits: usize) -> Result<u32, Error> {
     match splits {
         1.. if splits <= MAX_SPLITS as usize => Ok(splits as u32),
-        _ => Err(Error::DecodeShape { problem: format!("{splits} splits: a decode splits its keys 1 to {MAX_SPLITS} ways") }),
+        _ => Err(Error::DecodeShape {
+            problem: format!("{splits} splits: a decode splits its keys 1 to {MAX_SPLITS} ways"),
+        }),
     }
 }
 

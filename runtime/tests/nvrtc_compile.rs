@@ -125,9 +125,10 @@ fn every_shipped_spec_compiles_varlen_for_sm80_and_sm90() {
 fn every_shipped_spec_compiles_decode_for_sm80_and_sm90() {
     require_nvrtc();
     let mut specs = shipped_specs();
-    specs.extend(["D64 { dtype: f16, head_dim: 64, mask: q >= k }", "D256 { dtype: bf16, head_dim: 256 }"].map(|text| {
-        parse_str(text).unwrap().remove(0)
-    }));
+    specs.extend(
+        ["D64 { dtype: f16, head_dim: 64, mask: q >= k }", "D256 { dtype: bf16, head_dim: 256 }"]
+            .map(|text| parse_str(text).unwrap().remove(0)),
+    );
     let jobs: Vec<(Kernel, Arch)> = specs
         .iter()
         .flat_map(|spec| {

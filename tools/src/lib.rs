@@ -4,5 +4,6 @@
 //! and checks them against the CPU reference (used by the `flashgen` CLI,
 //! `flashgen-bench` and the GPU tests).
 
+pub mod decode_bench;
 pub mod examples;
 pub mod verify;

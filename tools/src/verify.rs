@@ -596,7 +596,7 @@ fn launch_args<'a>(tensors: &'a [DeviceTensor], problem: &Problem) -> Vec<ArgVal
 }
 
 /// Wraps a driver error with what was being done.
-fn driver(during: &'static str) -> impl Fn(DriverError) -> Error + Copy {
+pub(crate) fn driver(during: &'static str) -> impl Fn(DriverError) -> Error + Copy {
     move |source| Error::driver(during, source)
 }
 

@@ -129,7 +129,8 @@ fn head_groups_lengths_and_splits() {
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn one_long_sequence() {
     let rt = runtime();
-    let case = Case { spec: spec("causal_bottom_right"), shape: shape((8, 2), 1, 1, 65536), lens: vec![65536], splits: None };
+    let case =
+        Case { spec: spec("causal_bottom_right"), shape: shape((8, 2), 1, 1, 65536), lens: vec![65536], splits: None };
     run_all(&rt, vec![case]);
 }
 

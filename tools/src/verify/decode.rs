@@ -79,7 +79,6 @@ impl DecodeProblem {
     }
 }
 
-
 /// A decode problem's operands, LSE, lengths and tensors on the GPU.
 pub struct DeviceDecode {
     operands: Operands,
@@ -191,8 +190,10 @@ mod tests {
 
     #[test]
     fn the_reference_sees_each_sequences_first_rows() {
-        let spec = flashgen::parse_one("S { dtype: bf16, head_dim: 8, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }")
-            .unwrap();
+        let spec = flashgen::parse_one(
+            "S { dtype: bf16, head_dim: 8, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }",
+        )
+        .unwrap();
         let shape = DecodeShape { batch: 3, heads: 4, heads_kv: 2, q_len: 2, max_kv_len: 5 };
         let p = random_decode_problem(&spec, shape, &[5, 0, 3], vec![], 7);
         let r = &p.reference;

@@ -56,17 +56,19 @@ pub fn emit_decode(spec: &Spec, config: DecodeConfig) -> Kernel {
     let name = kernel_name("decode", spec);
     let args = decode_args(&view);
     let bounds = format!("THREADS, {}", config.ctas_per_sm);
-    let library = [
-        vec![Piece::Part(Part::Prelude)],
-        vec![Piece::Part(Part::Tiles)],
-        vec![Piece::Part(Part::Decode)],
-    ];
+    let library = [vec![Piece::Part(Part::Prelude)], vec![Piece::Part(Part::Tiles)], vec![Piece::Part(Part::Decode)]];
     let entry = Entry { name: &name, bounds: &bounds, args: &args };
-    let source = assemble(&view, &library, |w| write_config(w, &view, config), entry, |w| {
-        write_setup(w)?;
-        write_tile_loop(w, &view)?;
-        write_epilogue(w)
-    });
+    let source = assemble(
+        &view,
+        &library,
+        |w| write_config(w, &view, config),
+        entry,
+        |w| {
+            write_setup(w)?;
+            write_tile_loop(w, &view)?;
+            write_epilogue(w)
+        },
+    );
     Kernel {
         name,
         source,
