@@ -10,8 +10,9 @@
 use flashgen_codegen::abi::{ArgKind, Kernel};
 use flashgen_codegen::cuda::library::Part;
 use flashgen_codegen::cuda::{
-    emit_backward, emit_backward_with, emit_forward, emit_forward_copying, emit_forward_varlen, emit_forward_with,
-    BackwardConfig, BackwardPass, DqAccum, Mma, Target, TileConfig, TileCopy,
+    emit_backward, emit_backward_with, emit_decode, emit_decode_combine, emit_forward, emit_forward_copying,
+    emit_forward_varlen, emit_forward_with, BackwardConfig, BackwardPass, DecodeConfig, DqAccum, Mma, Target,
+    TileConfig, TileCopy,
 };
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
@@ -125,6 +126,17 @@ fn varlen_forward_kernels() {
         insta::assert_snapshot!(format!("varlen_{stem}"), render(&sync));
         insta::assert_snapshot!(format!("varlen_wgmma_{stem}"), render(&emit_forward_varlen(&spec, TWO_WARPGROUPS)));
     }
+}
+
+#[test]
+fn decode_kernels() {
+    // A score expression and a per-head tensor (ALiBi) read per row of a
+    // GQA-packed tile: 8 query heads per K/V head, one token, on Hopper;
+    // and the split decode's combine kernel.
+    let spec = variant("alibi");
+    let config = DecodeConfig::for_rows(&spec, Target::HOPPER, 8).unwrap();
+    insta::assert_snapshot!("decode_alibi", render(&emit_decode(&spec, config)));
+    insta::assert_snapshot!("decode_combine_alibi", render(&emit_decode_combine(&spec)));
 }
 
 #[test]

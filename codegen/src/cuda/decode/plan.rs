@@ -42,13 +42,14 @@ impl DecodeConfig {
     /// The configuration for `rows` query rows per K/V head
     /// (`heads / heads_kv · q_len`) of `spec` on `target`: as many 16-row
     /// tiles as the rows need, at most what O's accumulators leave
-    /// registers for (two at `d_v` <= 128, else one); then the stages and
+    /// registers for (two where both head dims are at most 128, else one:
+    /// Q's fragments stay in registers across the tiles); then the stages and
     /// CTAs per SM that keep the most K/V tiles in flight per SM (each CTA
     /// `stages − 1` of them; ties: more CTAs, whose barriers then overlap).
     /// `None` where not even two stages fit an SM (d = 256 on GPUs with
     /// 100 KiB of shared memory per SM).
     pub fn for_rows(spec: &Spec, target: Target, rows: u32) -> Option<DecodeConfig> {
-        let most = if pad16(spec.head_dims.v) <= 128 { 2 } else { 1 };
+        let most = if pad16(spec.head_dims.qk.max(spec.head_dims.v)) <= 128 { 2 } else { 1 };
         let m_tiles = rows.div_ceil(16).clamp(1, most);
         let fits = |stages: u32| {
             let config = DecodeConfig { m_tiles, stages, ctas_per_sm: 1 };
