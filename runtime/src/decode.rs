@@ -4,26 +4,30 @@
 //! The plan makes every decision on the host up front (the kernel's rows
 //! per tile and stages, the split count from the shapes and the SM count,
 //! the compiled kernels, the split workspace); [`DecodePlan::run`] checks
-//! the operands against it and queues one or two launches: no device
-//! allocation, no copy between host and device, no synchronization, no
-//! spec hashing. The sequences' key counts are read on the device, so a
+//! the operands against it and queues one or two launches: no allocation
+//! (host or device), no copy between host and device, no synchronization,
+//! no spec hashing. The sequences' key counts are read on the device, so a
 //! step can be captured into a CUDA graph once and replayed with new
 //! lengths written to the same `kv_lens` buffer.
 
-use crate::args::{ArgInfo, ArgValue};
+use crate::args::{signature, ArgInfo, ArgValue};
 use crate::check::{check_forward, softmax_scale, Problem};
 use crate::check_decode::{check_launch, check_plan_shape, check_splits, DecodeShape};
 use crate::element::Element;
 use crate::error::Error;
 use crate::kernels::{LoadedKernel, Which};
 use crate::layout::Layout;
-use crate::marshal::{launch, launch_config, marshal, Bindings, DecodeBindings};
+use crate::marshal::{launch_config, launch_inline, marshal_into, Bindings, DecodeBindings, Value, INLINE_ARGS};
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use flashgen_codegen::cuda::{split_count, DecodeConfig, DECODE_BLOCK_N};
 use flashgen_codegen::{to_source, Spec};
 use std::sync::Arc;
+
+/// The most params and tensors a decode spec declares: a launch keeps
+/// their values and guards in arrays of this size (no host allocation).
+const SPEC_ARGS: usize = 16;
 
 /// How a plan runs: the softmax scale and, to override the plan's choice,
 /// the split count.
@@ -80,9 +84,14 @@ impl Runtime {
     /// A decode plan for `spec` within `shape`'s bounds on this runtime's
     /// GPU: compiles (or loads) its kernels and allocates the split
     /// workspace. Errors: heads not in groups, no queries, a split count
-    /// out of range, head dims whose stages do not fit the GPU.
+    /// out of range, head dims whose stages do not fit the GPU, more than
+    /// 16 params and tensors.
     pub fn decode_plan(&self, spec: &Spec, shape: DecodeShape, opts: &DecodeOptions) -> Result<DecodePlan, Error> {
         check_plan_shape(&shape)?;
+        if spec.params.len() + spec.tensors.len() > SPEC_ARGS {
+            let problem = format!("spec `{}` declares more than {SPEC_ARGS} params and tensors", spec.name);
+            return Err(Error::DecodeShape { problem });
+        }
         let scale = softmax_scale(spec, opts.scale)?;
         let rows = u32::try_from(shape.group_rows()).unwrap_or(u32::MAX);
         let config = DecodeConfig::for_rows(spec, self.target(), rows).ok_or_else(|| Error::DecodeShape {
@@ -135,12 +144,18 @@ impl DecodePlan {
     /// params, then its tensors) against the plan, then launches the decode
     /// kernel and, with splits, the combine kernel.
     pub fn run<T: Element>(&self, rt: &Runtime, io: DecodeIo<'_, T>, args: &[ArgValue<'_>]) -> Result<(), Error> {
-        let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
+        // Params and tensors in arrays, not vectors: a run allocates nothing.
+        if args.len() > SPEC_ARGS {
+            let expected = self.spec.params.len() + self.spec.tensors.len();
+            return Err(Error::ArgCount { expected, got: args.len(), signature: signature(&self.spec) });
+        }
+        let infos: [ArgInfo; SPEC_ARGS] = std::array::from_fn(|i| args.get(i).map_or(ArgInfo::I32(0), ArgValue::info));
+        let infos = &infos[..args.len()];
         let DecodeIo { q, k, v, o, lse, kv_lens } = io;
         let layouts = [q.1, k.1, v.1, o.1];
         let operands = [(q.1, q.0.len()), (k.1, k.0.len()), (v.1, v.0.len()), (o.1, o.0.len())];
         let problem = Problem::new(T::DTYPE, operands, lse.as_ref().map(|l| l.len()));
-        let Some(shape) = check_forward(&self.spec, &problem, &infos)? else {
+        let Some(shape) = check_forward(&self.spec, &problem, infos)? else {
             return Ok(());
         };
         check_launch(&self.shape, &shape, kv_lens.len())?;
@@ -155,13 +170,21 @@ impl DecodePlan {
         let (lens_ptr, _lens) = kv_lens.device_ptr(stream);
         let lse = lse.map(|l| l.device_ptr_mut(stream));
         let lse_ptr = lse.as_ref().map_or(0, |(ptr, _)| *ptr);
-        let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(stream)).collect();
-        let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
+        // The checks put params first: the tensors are the arguments with
+        // device pointers, in declaration order.
+        let tensors: [_; SPEC_ARGS] = std::array::from_fn(|i| args.get(i).and_then(|a| a.device_ptr(stream)));
+        let mut tensor_ptrs = [0u64; SPEC_ARGS];
+        let mut count = 0;
+        for (ptr, _) in tensors.iter().flatten() {
+            tensor_ptrs[count] = *ptr;
+            count += 1;
+        }
+        let tensor_ptrs = &tensor_ptrs[..count];
         let partial = self.split.as_ref().map(|s| (s.partial_o.device_ptr(stream), s.partial_lse.device_ptr(stream)));
         let partial_ptrs = partial.as_ref().map_or([0; 2], |((o, _), (l, _))| [*o, *l]);
         let bindings = Bindings {
             decode: Some(DecodeBindings { kv_lens: lens_ptr, splits: self.splits, partial: partial_ptrs }),
-            ..Bindings::without_operands(shape, &infos, &tensor_ptrs).with_operands(
+            ..Bindings::without_operands(shape, infos, tensor_ptrs).with_operands(
                 [q_ptr, k_ptr, v_ptr, o_ptr],
                 layouts,
                 lse_ptr,
@@ -177,16 +200,18 @@ impl DecodePlan {
 
     fn launch(&self, rt: &Runtime, loaded: &LoadedKernel, b: &Bindings, grid: LaunchConfig) -> Result<(), Error> {
         let kernel = loaded.kernel();
-        let values = marshal(kernel, b)?;
+        let mut values = [Value::I32(0); INLINE_ARGS];
+        let count = marshal_into(kernel, b, &mut values)?;
         let launching = |e| Error::driver(format!("launching `{}`", kernel.name), e);
         // Stream waits queued by the guards report failures here.
         rt.context().check_err().map_err(launching)?;
-        // SAFETY: `marshal` followed the kernel's own argument list, so the
+        // SAFETY: `marshal_into` followed the kernel's own argument list, so the
         // values match its parameters in order and type; `check_forward`
         // proved every element Q, K, V, O and the LSE's layouts address is
         // inside its buffer, `check_launch` that the shape is the plan's (the
         // workspace's and the grid's) and that `kv_lens` holds an entry per
         // sequence; the kernel clamps each length into the cache.
-        unsafe { launch(rt.stream(), loaded.function(), &values, grid) }.map_err(launching)
+        // `marshal_into` wrote at most INLINE_ARGS values.
+        unsafe { launch_inline(rt.stream(), loaded.function(), &values[..count], grid) }.map_err(launching)
     }
 }

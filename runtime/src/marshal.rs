@@ -7,8 +7,9 @@ use crate::error::Error;
 use crate::layout::Layout;
 use crate::tma::TensorMap;
 use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
-use flashgen_codegen::abi::{ArgKind, Axis, Grid, Kernel, Operand, Side};
+use flashgen_codegen::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand, Side};
 use flashgen_codegen::Shape;
+use std::ffi::c_void;
 
 /// One kernel argument, by value, with the C type the ABI gives it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -126,68 +127,113 @@ pub(crate) struct GradBindings<'a> {
 
 /// The argument values in launch order.
 pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error> {
+    kernel.args.iter().map(|arg| value_of(kernel, arg, b)).collect()
+}
+
+/// The most arguments [`marshal_into`] and [`launch_inline`] take.
+pub(crate) const INLINE_ARGS: usize = 64;
+
+/// [`marshal`] into `out`, without allocating: how many values it wrote.
+/// An ABI error where the kernel takes more arguments than `out` holds.
+pub(crate) fn marshal_into(kernel: &Kernel, b: &Bindings, out: &mut [Value]) -> Result<usize, Error> {
+    if kernel.args.len() > out.len() {
+        let problem = format!("{} arguments, more than the {} an inline launch takes", kernel.args.len(), out.len());
+        return Err(Error::KernelAbi { kernel: kernel.name.clone(), problem });
+    }
+    for (slot, arg) in out.iter_mut().zip(&kernel.args) {
+        *slot = value_of(kernel, arg, b)?;
+    }
+    Ok(kernel.args.len())
+}
+
+/// The value of `kernel`'s argument `arg` under the bindings `b`.
+fn value_of(kernel: &Kernel, arg: &KernelArg, b: &Bindings) -> Result<Value, Error> {
     let size = |n: usize| Value::I32(n as i32);
-    kernel
-        .args
-        .iter()
-        .map(|arg| {
-            let abi_error = || Error::KernelAbi {
-                kernel: kernel.name.clone(),
-                problem: format!("argument `{}` refers to a param, tensor or gradient the launch lacks", arg.name),
-            };
-            let grads = || b.grads.as_ref().ok_or_else(abi_error);
-            let varlen = || b.varlen.ok_or_else(abi_error);
-            let decode = || b.decode.ok_or_else(abi_error);
-            let side = |side| usize::from(side == Side::Keys);
-            Ok(match arg.kind {
-                ArgKind::Ptr(op) => Value::Ptr(match operand_index(op) {
-                    Slot::Forward(i) => b.ptrs[i],
-                    Slot::Grad(i) => grads()?.ptrs[i],
-                }),
-                ArgKind::Lse => Value::Ptr(b.lse),
-                ArgKind::Batch => size(b.shape.batch),
-                ArgKind::Heads => size(b.shape.heads),
-                ArgKind::HeadsKv => size(b.shape.heads_kv),
-                ArgKind::QLen => size(b.shape.q_len),
-                ArgKind::KvLen => size(b.shape.kv_len),
-                ArgKind::Stride(op, axis) => Value::I64(match operand_index(op) {
-                    Slot::Forward(i) => b.strides[i][axis_index(axis)],
-                    Slot::Grad(i) => grads()?.strides[i][axis_index(axis)],
-                }),
-                ArgKind::Scale => Value::F32(b.scale),
-                ArgKind::Param(i) => match b.args.get(i) {
-                    Some(ArgInfo::I32(v)) => Value::I32(*v),
-                    Some(ArgInfo::F32(v)) => Value::F32(*v),
-                    _ => return Err(abi_error()),
-                },
-                ArgKind::Tensor(i) => Value::Ptr(*b.tensors.get(i).ok_or_else(abi_error)?),
-                ArgKind::BlockMask => Value::Ptr(b.block_mask.0),
-                ArgKind::BlockMaskStride(axis) => Value::I64(b.block_mask.1[usize::from(axis == Axis::Head)]),
-                ArgKind::BlockMaskOut => Value::Ptr(b.block_mask_out),
-                ArgKind::Delta => Value::Ptr(grads()?.delta),
-                ArgKind::DqAccum => Value::Ptr(grads()?.dq_accum),
-                ArgKind::TensorGrad(i) => Value::Ptr(*grads()?.tensor_grads.get(i).ok_or_else(abi_error)?),
-                ArgKind::WorkCounter => Value::Ptr(b.work_counter.ok_or_else(abi_error)?),
-                // A kernel takes descriptors only where generated to copy with them.
-                ArgKind::TensorMap(op) => Value::TensorMap(
-                    b.tensor_maps
-                        .as_ref()
-                        .and_then(|maps| maps.iter().find(|(o, _)| *o == op))
-                        .ok_or_else(abi_error)?
-                        .1,
-                ),
-                ArgKind::WorkOrder => Value::Ptr(b.work_order),
-                ArgKind::CuSeqlens(s) => Value::Ptr(varlen()?.cu_seqlens[side(s)]),
-                ArgKind::MaxLen(Side::Queries) => size(b.shape.q_len),
-                ArgKind::MaxLen(Side::Keys) => size(b.shape.kv_len),
-                ArgKind::Tokens(s) => size(varlen()?.tokens[side(s)]),
-                ArgKind::KvLens => Value::Ptr(decode()?.kv_lens),
-                ArgKind::Splits => Value::I32(decode()?.splits as i32),
-                ArgKind::PartialO => Value::Ptr(decode()?.partial[0]),
-                ArgKind::PartialLse => Value::Ptr(decode()?.partial[1]),
-            })
-        })
-        .collect()
+    let abi_error = || Error::KernelAbi {
+        kernel: kernel.name.clone(),
+        problem: format!("argument `{}` refers to a param, tensor or gradient the launch lacks", arg.name),
+    };
+    let grads = || b.grads.as_ref().ok_or_else(abi_error);
+    let varlen = || b.varlen.ok_or_else(abi_error);
+    let decode = || b.decode.ok_or_else(abi_error);
+    let side = |side| usize::from(side == Side::Keys);
+    Ok(match arg.kind {
+        ArgKind::Ptr(op) => Value::Ptr(match operand_index(op) {
+            Slot::Forward(i) => b.ptrs[i],
+            Slot::Grad(i) => grads()?.ptrs[i],
+        }),
+        ArgKind::Lse => Value::Ptr(b.lse),
+        ArgKind::Batch => size(b.shape.batch),
+        ArgKind::Heads => size(b.shape.heads),
+        ArgKind::HeadsKv => size(b.shape.heads_kv),
+        ArgKind::QLen => size(b.shape.q_len),
+        ArgKind::KvLen => size(b.shape.kv_len),
+        ArgKind::Stride(op, axis) => Value::I64(match operand_index(op) {
+            Slot::Forward(i) => b.strides[i][axis_index(axis)],
+            Slot::Grad(i) => grads()?.strides[i][axis_index(axis)],
+        }),
+        ArgKind::Scale => Value::F32(b.scale),
+        ArgKind::Param(i) => match b.args.get(i) {
+            Some(ArgInfo::I32(v)) => Value::I32(*v),
+            Some(ArgInfo::F32(v)) => Value::F32(*v),
+            _ => return Err(abi_error()),
+        },
+        ArgKind::Tensor(i) => Value::Ptr(*b.tensors.get(i).ok_or_else(abi_error)?),
+        ArgKind::BlockMask => Value::Ptr(b.block_mask.0),
+        ArgKind::BlockMaskStride(axis) => Value::I64(b.block_mask.1[usize::from(axis == Axis::Head)]),
+        ArgKind::BlockMaskOut => Value::Ptr(b.block_mask_out),
+        ArgKind::Delta => Value::Ptr(grads()?.delta),
+        ArgKind::DqAccum => Value::Ptr(grads()?.dq_accum),
+        ArgKind::TensorGrad(i) => Value::Ptr(*grads()?.tensor_grads.get(i).ok_or_else(abi_error)?),
+        ArgKind::WorkCounter => Value::Ptr(b.work_counter.ok_or_else(abi_error)?),
+        // A kernel takes descriptors only where generated to copy with them.
+        ArgKind::TensorMap(op) => Value::TensorMap(
+            b.tensor_maps.as_ref().and_then(|maps| maps.iter().find(|(o, _)| *o == op)).ok_or_else(abi_error)?.1,
+        ),
+        ArgKind::WorkOrder => Value::Ptr(b.work_order),
+        ArgKind::CuSeqlens(s) => Value::Ptr(varlen()?.cu_seqlens[side(s)]),
+        ArgKind::MaxLen(Side::Queries) => size(b.shape.q_len),
+        ArgKind::MaxLen(Side::Keys) => size(b.shape.kv_len),
+        ArgKind::Tokens(s) => size(varlen()?.tokens[side(s)]),
+        ArgKind::KvLens => Value::Ptr(decode()?.kv_lens),
+        ArgKind::Splits => Value::I32(decode()?.splits as i32),
+        ArgKind::PartialO => Value::Ptr(decode()?.partial[0]),
+        ArgKind::PartialLse => Value::Ptr(decode()?.partial[1]),
+    })
+}
+
+/// [`launch`] without allocating: the values' addresses go to the driver
+/// from the stack, so a launch costs no host allocation.
+///
+/// # Safety
+/// As [`launch`]; `values` holds at most [`INLINE_ARGS`] values.
+pub(crate) unsafe fn launch_inline(
+    stream: &CudaStream,
+    function: &CudaFunction,
+    values: &[Value],
+    config: LaunchConfig,
+) -> Result<(), DriverError> {
+    let mut params = [std::ptr::null_mut::<c_void>(); INLINE_ARGS];
+    for (param, value) in params.iter_mut().zip(values) {
+        *param = match value {
+            Value::Ptr(x) => x as *const u64 as *mut c_void,
+            Value::I64(x) => x as *const i64 as *mut c_void,
+            Value::I32(x) => x as *const i32 as *mut c_void,
+            Value::F32(x) => x as *const f32 as *mut c_void,
+            Value::TensorMap(x) => x as *const TensorMap as *mut c_void,
+        };
+    }
+    stream.context().bind_to_thread()?;
+    let LaunchConfig { grid_dim, block_dim, shared_mem_bytes } = config;
+    let params = &mut params[..values.len().min(INLINE_ARGS)];
+    cudarc::driver::result::launch_kernel(
+        function.cu_function(),
+        grid_dim,
+        block_dim,
+        shared_mem_bytes,
+        stream.cu_stream(),
+        params,
+    )
 }
 
 /// Queues `function` on `stream` with `values` as its arguments.
