@@ -120,11 +120,12 @@ fn every_shipped_spec_compiles_varlen_for_sm80_and_sm90() {
 
 /// Every shipped spec's decode kernels (one and two 16-row tiles, each
 /// target's stages) and its combine kernel compile for sm_80 and sm_90, and
-/// so do head dims 64 and 256.
+/// so do head dims 64 and 256 and the language's other features.
 #[test]
 fn every_shipped_spec_compiles_decode_for_sm80_and_sm90() {
     require_nvrtc();
     let mut specs = shipped_specs();
+    specs.extend(parse_str(include_str!("../../codegen/tests/specs/language.attn")).unwrap());
     specs.extend(
         ["D64 { dtype: f16, head_dim: 64, mask: q >= k }", "D256 { dtype: bf16, head_dim: 256 }"]
             .map(|text| parse_str(text).unwrap().remove(0)),
