@@ -3,13 +3,21 @@
 //! the spec, the online softmax, O += P·V on `mma.sync`).
 
 use super::logit::write_logit;
+use super::tiles::write_tile_kept;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 
 /// The CTA's coordinates, its split of the keys, the K/V row addressing
 /// and the prologue: Q, then `STAGES - 1` K/V tiles in flight.
-pub(super) fn write_setup(w: &mut Writer<String>) -> fmt::Result {
+pub(super) fn write_setup(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    write_coordinates(w)?;
+    write_tile_kept(w, spec)?;
+    write_prologue(w)
+}
+
+/// Which rows, keys and split the CTA owns, and how it addresses the cache.
+fn write_coordinates(w: &mut Writer<String>) -> fmt::Result {
     w.write_str(
         "\
 extern __shared__ __align__(128) unsigned short smem[];
@@ -40,7 +48,16 @@ const int tile_end = min(tile_begin + per_split, kv_tiles);
 const KvRows k_rows{k_ptr + b * k_batch_stride + kv_head * k_head_stride, k_seq_stride};
 const KvRows v_rows{v_ptr + b * v_batch_stride + kv_head * v_head_stride, v_seq_stride};
 const bool k_vector = k_rows.vector(), v_vector = v_rows.vector();
+",
+    )
+}
+
+/// The K/V loads, then the prologue: Q, and `STAGES - 1` tiles in flight.
+fn write_prologue(w: &mut Writer<String>) -> fmt::Result {
+    w.write_str(
+        "\
 auto load_kv = [&](int j, int stage) {
+    if (!tile_kept(j)) return;
     const int first = j * BLOCK_N;
     load_kv_tile<BLOCK_N, DP, D, THREADS>(k_tiles + stage * K_TILE, k_rows, first, kv_len - first, k_vector);
     load_kv_tile<BLOCK_N, DVP, DV, THREADS>(v_tiles + stage * V_TILE, v_rows, first, kv_len - first, v_vector);
@@ -100,6 +117,7 @@ for (int j = tile_begin; j < tile_end; ++j) {
     __syncthreads();
     if (j + STAGES - 1 < tile_end) load_kv(j + STAGES - 1, (j - tile_begin + STAGES - 1) % STAGES);
     cp_async_commit();
+    if (!tile_kept(j)) continue;
     const int stage = (j - tile_begin) % STAGES;
     const unsigned k_smem = smem_addr(k_tiles + stage * K_TILE);
     const unsigned v_smem = smem_addr(v_tiles + stage * V_TILE);

@@ -27,14 +27,18 @@
 //!   (`q + kv_len - q_len >= k`, `specs/causal_bottom_right.attn`).
 //!   Tensors' `KV_LEN` dims are the cache's rows, `Q_LEN` dims `q_len`.
 //!
+//! - **Tiles the mask drops** (interval analysis over the CTA's tokens,
+//!   `tiles`) are neither loaded nor multiplied: a window reads the window.
+//!
 //! Modules: `plan` (decisions), `body` (setup, pipeline, tile step),
-//! `logit`, `epilogue`, `combine`.
+//! `tiles`, `logit`, `epilogue`, `combine`.
 
 mod body;
 mod combine;
 mod epilogue;
 mod logit;
 mod plan;
+mod tiles;
 
 pub use plan::{split_count, DecodeConfig, DECODE_BLOCK_N, DECODE_WARPS, MAX_SPLITS};
 
@@ -64,7 +68,7 @@ pub fn emit_decode(spec: &Spec, config: DecodeConfig) -> Kernel {
         |w| write_config(w, &view, config),
         entry,
         |w| {
-            write_setup(w)?;
+            write_setup(w, &view)?;
             write_tile_loop(w, &view)?;
             write_epilogue(w)
         },
