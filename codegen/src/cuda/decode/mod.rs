@@ -60,7 +60,11 @@ pub fn emit_decode(spec: &Spec, config: DecodeConfig) -> Kernel {
     let name = kernel_name("decode", spec);
     let args = decode_args(&view);
     let bounds = format!("THREADS, {}", config.ctas_per_sm);
-    let library = [vec![Piece::Part(Part::Prelude)], vec![Piece::Part(Part::Tiles)], vec![Piece::Part(Part::Decode)]];
+    let mut library = vec![vec![Piece::Part(Part::Prelude)]];
+    if tiles::classifies(spec) {
+        library.push(vec![Piece::Part(Part::Ranges)]);
+    }
+    library.extend([vec![Piece::Part(Part::Tiles)], vec![Piece::Part(Part::Decode)]]);
     let entry = Entry { name: &name, bounds: &bounds, args: &args };
     let source = assemble(
         &view,
