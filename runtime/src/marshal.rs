@@ -453,6 +453,46 @@ mod tests {
         }
     }
 
+    /// A decode kernel's lengths, split count and workspace come from the
+    /// decode bindings, the cache's rows from the shape; inline marshalling
+    /// gives the same values as `marshal`; the grid covers every row tile
+    /// of every split.
+    #[test]
+    fn decode_kernels_marshal_their_lengths_and_splits() {
+        use flashgen_codegen::cuda::{emit_decode, DecodeConfig, Target};
+        let spec = flashgen_codegen::parse_one(
+            "D { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }",
+        )
+        .unwrap();
+        let kernel = emit_decode(&spec, DecodeConfig::for_rows(&spec, Target::HOPPER, 8).unwrap());
+        let args = [ArgInfo::Tensor(ElemTy::I32, 3 * 7)];
+        let decode = Some(DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96] });
+        let b = Bindings { decode, ..bindings(&args, &[99]) };
+        let values = marshal(&kernel, &b).unwrap();
+        let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];
+        use Value::*;
+        for (name, expected) in [
+            ("kv_lens", Ptr(94)),
+            ("num_splits", I32(5)),
+            ("partial_o", Ptr(95)),
+            ("partial_lse", Ptr(96)),
+            ("max_kv_len", I32(7)),
+            ("max_q_len", I32(129)),
+            ("k_seq_stride", I64(5)),
+            ("t_doc", Ptr(99)),
+        ] {
+            assert_eq!(value(name), expected, "{name}");
+        }
+        let mut inline = [Value::I32(0); INLINE_ARGS];
+        let count = marshal_into(&kernel, &b, &mut inline).unwrap();
+        assert_eq!(&inline[..count], &values[..]);
+        assert!(matches!(marshal_into(&kernel, &b, &mut inline[..3]), Err(Error::KernelAbi { .. })));
+        assert!(matches!(marshal(&kernel, &Bindings { decode: None, ..b }), Err(Error::KernelAbi { .. })));
+        // 8 heads over 2 K/V heads x 129 queries = 516 rows: 33 tiles of 16, 5 splits each.
+        let grid = launch_config(&kernel, &SHAPE, 5, 132).unwrap();
+        assert_eq!(grid.grid_dim, (33 * 5, 2, 3));
+    }
+
     #[test]
     fn dangling_indices_are_abi_errors() {
         for kind in [ArgKind::Param(1), ArgKind::Tensor(1), ArgKind::Param(2)] {
