@@ -39,12 +39,7 @@ if (row0 >= rows) return;
 const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair
 const int kv_len = cache_len(kv_lens, b, max_kv_len);
-// This split's K/V tiles: an even share of the sequence's (an empty share
-// still stores its rows: no keys, LSE -inf).
 const int kv_tiles = (kv_len + BLOCK_N - 1) / BLOCK_N;
-const int per_split = (kv_tiles + num_splits - 1) / num_splits;
-const int tile_begin = min(split * per_split, kv_tiles);
-const int tile_end = min(tile_begin + per_split, kv_tiles);
 const KvRows k_rows{k_ptr + b * k_batch_stride + kv_head * k_head_stride, k_seq_stride};
 const KvRows v_rows{v_ptr + b * v_batch_stride + kv_head * v_head_stride, v_seq_stride};
 const bool k_vector = k_rows.vector(), v_vector = v_rows.vector();
@@ -52,10 +47,16 @@ const bool k_vector = k_rows.vector(), v_vector = v_rows.vector();
     )
 }
 
-/// The K/V loads, then the prologue: Q, and `STAGES - 1` tiles in flight.
+/// This split's tiles, the K/V loads, then the prologue: Q, and
+/// `STAGES - 1` tiles in flight.
 fn write_prologue(w: &mut Writer<String>) -> fmt::Result {
     w.write_str(
         "\
+// This split's K/V tiles: an even share of the band of tiles the mask may
+// keep (an empty share still stores its rows: no keys, LSE -inf).
+const int per_split = (band_end - band_begin + num_splits - 1) / num_splits;
+const int tile_begin = min(band_begin + split * per_split, band_end);
+const int tile_end = min(tile_begin + per_split, band_end);
 auto load_kv = [&](int j, int stage) {
     if (!tile_kept(j)) return;
     const int first = j * BLOCK_N;
