@@ -100,13 +100,22 @@ fn every_variant_at_each_query_count() {
 }
 
 /// GQA ratios 1, 4 and 8 and MQA; key counts 1, 17 and 4097 (the last a
-/// tile's first key); split and unsplit; head dims 64, 128 and 256.
+/// tile's first key); split and unsplit; head dims 64, 128 and 256; a
+/// window at the end of the cache.
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn head_groups_lengths_and_splits() {
     let rt = runtime();
     let mut cases = Vec::new();
-    let specs = [spec("causal_bottom_right"), spec("alibi"), with(spec("full"), flashgen::codegen::Dtype::F16, 64, 64)];
+    // A window at the cache's end: the splits divide its band of tiles.
+    let window = "DecodeWindow { dtype: bf16, head_dim: 128, param window: i32, \
+                  mask: q + kv_len - q_len >= k && q + kv_len - q_len - k < window }";
+    let specs = [
+        spec("causal_bottom_right"),
+        spec("alibi"),
+        with(spec("full"), flashgen::codegen::Dtype::F16, 64, 64),
+        flashgen::parse_one(window).unwrap(),
+    ];
     for spec in specs {
         for heads in [(8, 8), (8, 2), (16, 2), (8, 1)] {
             for kv_len in [1usize, 17, 4097] {
