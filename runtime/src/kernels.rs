@@ -33,6 +33,17 @@ pub enum KernelSet {
     /// deterministic dQ, the dQ postprocess) and, under a data-dependent
     /// mask, the dK/dV kernel's work order.
     Training,
+    /// Every kernel a launch of the spec may use: those of `Training`, the
+    /// forward in every configuration autotuning may pick, copying both
+    /// ways where it has the choice, the varlen forward in each, and the
+    /// decode kernels (one and two row tiles) with their combine kernel.
+    Every,
+}
+
+/// The kernels `set` names for `spec` on `arch`, generated (no NVRTC): what
+/// `flashgen check --all` compiles.
+pub fn spec_kernels(spec: &Spec, set: KernelSet, arch: crate::Arch) -> Vec<Kernel> {
+    Which::all(spec, set, arch.target()).into_iter().filter_map(|w| w.emit(spec)).collect()
 }
 
 impl Which {
@@ -54,7 +65,7 @@ impl Which {
                 which.push(order);
             }
         }
-        if set == KernelSet::Training {
+        if set != KernelSet::Inference {
             use cuda::BackwardPass::{KeyValue, Postprocess, Preprocess, Query};
             let config = cuda::BackwardConfig::preferred(spec, target);
             which.extend([Preprocess, KeyValue, Query, Postprocess].map(|pass| Which::backward(pass, config)));
@@ -63,6 +74,27 @@ impl Which {
             if !cuda::trainable_tensors(spec).is_empty() {
                 which.push(Which::backward(KeyValue, cuda::BackwardConfig { tensor_grads: false, ..config }));
             }
+        }
+        if set == KernelSet::Every {
+            let mut add = |w: Which| {
+                if !which.contains(&w) {
+                    which.push(w);
+                }
+            };
+            for config in TileConfig::feasible(spec, target) {
+                add(Which::forward(config, TileCopy::Tma));
+                add(Which::forward(config, TileCopy::Threads));
+                add(Which::ForwardVarlen(config));
+                if config.persistent() {
+                    add(Which::WorkOrder(cuda::Work::QueryTiles { block_m: config.block_m() }));
+                }
+            }
+            for rows in [16, 32] {
+                if let Some(config) = cuda::DecodeConfig::for_rows(spec, target, rows) {
+                    add(Which::Decode(config));
+                }
+            }
+            add(Which::DecodeCombine);
         }
         which
     }

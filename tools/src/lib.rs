@@ -6,4 +6,5 @@
 
 pub mod decode_bench;
 pub mod examples;
+pub mod spec_gen;
 pub mod verify;
