@@ -27,6 +27,12 @@ TFLOP/s = 4·b·h·s²·d·density / time, density = the exact kept fraction of
 are the same formula). The density is printed as the last column so that
 compare.py can check both sides counted the same FLOPs.
 
+--decode instead times decoding as flashgen-bench --decode does: bf16,
+d = 128, 32 query heads over 8 K/V heads, one query token, every key kept,
+batch x cache length from --batches / --kv-lens; sdpa (FLASH, CUDNN and
+EFFICIENT backends, enable_gqa) and flex (enable_gqa, no mask), rows
+`peer decode batch kv_len ms GB/s` with GB/s = K and V bytes / time.
+
 --backward also times one training step (forward, then backward of a
 random dO into Q, K, V) per peer, as rows named `<variant>+bwd` with
 3.5x the forward FLOPs.
@@ -87,6 +93,9 @@ def parse_args(argv):
     p.add_argument("--iters", default=None, help="ignored (do_bench picks its own count)")
     p.add_argument("--dry-run", action="store_true", help="print shapes and densities; needs no torch")
     p.add_argument("--backward", action="store_true", help="also time forward + backward (rows <variant>+bwd)")
+    p.add_argument("--decode", action="store_true", help="time decoding instead (see the module note)")
+    p.add_argument("--batches", default="1,16,64,256")
+    p.add_argument("--kv-lens", default="1024,4096,16384,65536")
     args, _unknown = p.parse_known_args(argv)  # flashgen-bench ignores unknown flags too
     ints = lambda text: [int(x) for x in text.split(",") if x.strip().isdigit()]
     variants = []
@@ -95,11 +104,67 @@ def parse_args(argv):
             variants.append(v)
         else:
             print(f"unknown variant `{v}`", file=sys.stderr)
+    if args.decode:
+        return "decode", ints(args.batches), ints(args.kv_lens), args.dry_run, False
     return variants, ints(args.dims), ints(args.seqs), args.dry_run, args.backward
+
+
+DECODE_HEADS = (32, 8)
+DECODE_D = 128
+DECODE_MAX_BYTES = 40 << 30  # flashgen-bench skips caches past this too
+
+
+def run_decode(batches, kv_lens):
+    import torch
+    import torch.nn.functional as F
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import flex_attention
+
+    flex = torch.compile(flex_attention, dynamic=False)
+    backends = {"sdpa-FLASH": SDPBackend.FLASH_ATTENTION, "sdpa-CUDNN": SDPBackend.CUDNN_ATTENTION,
+                "sdpa-EFFICIENT": SDPBackend.EFFICIENT_ATTENTION}
+    hq, hkv = DECODE_HEADS
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, decode: bf16, d={DECODE_D}, "
+          f"heads {hq}/{hkv}, q_len 1, do_bench median (warmup 25, rep 100)")
+    print(f"{'peer':<18} {'row':<8} {'batch':>5} {'kv_len':>7} {'ms':>10} {'GB/s':>9}")
+    for kv in kv_lens:
+        for b in batches:
+            nbytes = 2 * b * kv * hkv * DECODE_D * 2
+            if nbytes > DECODE_MAX_BYTES:
+                print(f"{'-':<18} {'decode':<8} {b:>5} {kv:>7} skipped: {nbytes >> 30} GiB of K/V", flush=True)
+                continue
+            q = torch.randn(b, hq, 1, DECODE_D, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(b, hkv, kv, DECODE_D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            peers = {name: (lambda be=be: sdpa_step(F, sdpa_kernel, be, q, k, v)) for name, be in backends.items()}
+            peers["flex"] = lambda: flex(q, k, v, enable_gqa=True)
+            for name, step in peers.items():
+                try:
+                    step()
+                    torch.cuda.synchronize()
+                    ms = triton.testing.do_bench(step, warmup=25, rep=100, return_mode="median")
+                    gbs = nbytes / (ms * 1e-3) / 1e9
+                    print(f"{name:<18} {'decode':<8} {b:>5} {kv:>7} {ms:>10.4f} {gbs:>9.0f}", flush=True)
+                except Exception as e:  # noqa: BLE001 -- one failing peer must not stop the suite
+                    msg = " ".join(str(e).split())[:200]
+                    print(f"{name:<18} {'decode':<8} {b:>5} {kv:>7} error: {type(e).__name__}: {msg}", flush=True)
+            del q, k, v
+            torch.cuda.empty_cache()
+    return 0
+
+
+def sdpa_step(F, sdpa_kernel, backend, q, k, v):
+    with sdpa_kernel(backend):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
 
 def main(argv):
     variants, dims, seqs, dry_run, backward = parse_args(argv)
+    if variants == "decode":
+        if dry_run:
+            print("decode rows: batches", dims, "kv_lens", seqs)
+            return 0
+        return run_decode(dims, seqs)
     if dry_run:
         print(f"device: none (dry run), bf16, {HEADS} heads, {TOKENS} tokens per batch")
         print(f"{'peer':<18} {'variant':<16} {'d':>4} {'s':>6} {'b':>3} {'ms':>10} {'TFLOP/s':>9} {'density':>8}")

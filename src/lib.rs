@@ -24,7 +24,7 @@ pub use flashgen_dsl::attention;
 pub use flashgen_runtime as runtime;
 pub use flashgen_runtime::{cudarc, half};
 pub use flashgen_runtime::{
-    ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, DeviceInput, DeviceOutput, Element, Error,
-    ForwardIo, ForwardOptions, Layout, PackedLayout, PagedAppend, PagedIo, PagedKv, PagedLayout, PagedQueries, Runtime,
-    Sequences, TuneReport, VarlenIo,
+    ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, DecodeIo, DecodeOptions, DecodePlan,
+    DecodeShape, DeviceInput, DeviceOutput, Element, Error, ForwardIo, ForwardOptions, Layout, PackedLayout,
+    PagedAppend, PagedIo, PagedKv, PagedLayout, PagedQueries, Runtime, Sequences, TuneReport, VarlenIo,
 };

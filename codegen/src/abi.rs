@@ -87,8 +87,9 @@ pub enum ArgKind {
     /// A varlen launch's tokens in Q and O, or in K and V: what sequences
     /// are clamped into, and (queries) the LSE's row count.
     Tokens(Side),
-    /// `const int*` a paged launch's K/V length of each sequence, `i32[batch]`
-    /// on the device; kernels clamp each into its pages and `MaxLen(Keys)`.
+    /// `const int*` a paged or decode launch's K/V length of each sequence,
+    /// `i32[batch]` on the device, read each launch (so a captured CUDA graph
+    /// replays with new lengths); kernels clamp each into the cache.
     KvLens,
     /// `const int*` a paged launch's block table `i32[batch,
     /// pages_per_seq]`: the page ids of each sequence's keys, in order, on
@@ -124,6 +125,15 @@ pub enum ArgKind {
     /// kernel writes it from a block mask; the others read it (null: launch
     /// order).
     WorkOrder,
+    /// A decode launch's split count: the CTAs each sequence's keys are
+    /// divided among (1: the kernel writes O and the LSE itself).
+    Splits,
+    /// `float*` a split decode's partial O `[splits, batch, heads, q_len,
+    /// head_dims.v]`, each split's rows normalized by their own sums.
+    PartialO,
+    /// `float*` a split decode's partial LSE `[splits, batch, heads,
+    /// q_len]` (natural log, −∞ for a split without kept keys).
+    PartialLse,
 }
 
 /// Which tokens of a varlen launch an argument describes: the queries' (Q,
@@ -188,6 +198,11 @@ pub enum Grid {
     /// One block per `per_block` K/V heads of a batch:
     /// `(1, ceil(heads_kv / per_block), batch)`.
     KvHeads { per_block: u32 },
+    /// The decode kernel: `(splits · ceil(heads / heads_kv · q_len /
+    /// block_m), heads_kv, batch)`, the query rows sharing a K/V head in
+    /// tiles of `block_m`; the split count is the launch's (a `DecodePlan`
+    /// in the runtime sizes this grid).
+    KvGroups,
 }
 
 /// A kernel argument: its C name and what it carries.

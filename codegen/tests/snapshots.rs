@@ -10,8 +10,9 @@
 use flashgen_codegen::abi::{ArgKind, Kernel};
 use flashgen_codegen::cuda::library::Part;
 use flashgen_codegen::cuda::{
-    emit_backward, emit_backward_with, emit_forward, emit_forward_copying, emit_forward_paged, emit_forward_varlen,
-    emit_forward_with, emit_paged_append, BackwardConfig, BackwardPass, DqAccum, Mma, Target, TileConfig, TileCopy,
+    emit_backward, emit_backward_with, emit_decode, emit_decode_combine, emit_forward, emit_forward_copying,
+    emit_forward_paged, emit_forward_varlen, emit_forward_with, emit_paged_append, BackwardConfig, BackwardPass,
+    DecodeConfig, DqAccum, Mma, Target, TileConfig, TileCopy,
 };
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
@@ -139,6 +140,17 @@ fn paged_forward_kernels() {
     );
     insta::assert_snapshot!("paged_wgmma_causal_bottom_right", render(&emit_forward_paged(&spec, TWO_WARPGROUPS)));
     insta::assert_snapshot!("paged_append_causal_bottom_right", render(&emit_paged_append(&spec)));
+}
+
+#[test]
+fn decode_kernels() {
+    // A score expression and a per-head tensor (ALiBi) read per row of a
+    // GQA-packed tile: 8 query heads per K/V head, one token, on Hopper;
+    // and the split decode's combine kernel.
+    let spec = variant("alibi");
+    let config = DecodeConfig::for_rows(&spec, Target::HOPPER, 8).unwrap();
+    insta::assert_snapshot!("decode_alibi", render(&emit_decode(&spec, config)));
+    insta::assert_snapshot!("decode_combine_alibi", render(&emit_decode_combine(&spec)));
 }
 
 #[test]

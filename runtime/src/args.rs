@@ -115,7 +115,7 @@ pub(crate) fn check_args(spec: &Spec, shape: &Shape, args: &[ArgInfo]) -> Result
 }
 
 /// `window: i32, slopes: f32[H]`, for error messages.
-fn signature(spec: &Spec) -> String {
+pub(crate) fn signature(spec: &Spec) -> String {
     let params = spec.params.iter().map(|p| format!("{}: {}", p.name, p.ty));
     let tensors = spec.tensors.iter().map(|t| format!("{}: {}", t.name, tensor_decl(t)));
     let all: Vec<String> = params.chain(tensors).collect();

@@ -242,6 +242,23 @@ pub enum Error {
         batch: usize,
         q_len: usize,
     },
+    /// A decode launch's operands disagree with the plan they run in
+    /// (`what`: batch, heads, heads_kv, q_len or the cache's rows).
+    DecodePlanMismatch {
+        what: &'static str,
+        plan: usize,
+        got: usize,
+    },
+    /// A decode launch's `kv_lens` holds fewer than `batch` entries.
+    KvLensLen {
+        len: usize,
+        batch: usize,
+    },
+    /// A decode plan that cannot be made: no queries, a split count out of
+    /// range, or head dims whose stages do not fit the GPU's shared memory.
+    DecodeShape {
+        problem: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -354,6 +371,11 @@ impl fmt::Display for Error {
             Error::NotACandidate { config, spec, arch } => {
                 write!(f, "tile configuration {config} is not a candidate of spec `{spec}` on {arch}")
             }
+            Error::DecodePlanMismatch { what, plan, got } => {
+                write!(f, "the decode operands' {what} is {got} but the plan was made for {plan}: make a plan for them")
+            }
+            Error::KvLensLen { len, batch } => write!(f, "kv_lens holds {len} entries but batch = {batch}"),
+            Error::DecodeShape { problem } => write!(f, "no decode plan: {problem}"),
             Error::CuSeqlensLen { which, len, expected } => {
                 write!(f, "{which} holds {len} entries but batch + 1 = {expected}")
             }

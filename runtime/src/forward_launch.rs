@@ -153,6 +153,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
                 varlen: None,
                 paged: None,
                 append: None,
+                decode: None,
             },
         )?;
 

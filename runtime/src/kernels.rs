@@ -22,6 +22,10 @@ pub(crate) enum Which {
     /// A work order under the spec's block mask.
     WorkOrder(cuda::Work),
     Backward(cuda::BackwardPass, cuda::BackwardConfig),
+    /// The decode kernel in a configuration (`cuda::DecodeConfig::for_rows`).
+    Decode(cuda::DecodeConfig),
+    /// The split decode's combine kernel.
+    DecodeCombine,
 }
 
 /// Which kernels of a spec to precompile.
@@ -36,7 +40,8 @@ pub enum KernelSet {
     /// Every kernel a launch of the spec may use: those of `Training`, the
     /// forward in every configuration autotuning may pick, copying both
     /// ways where it has the choice, the varlen and paged forwards in each,
-    /// and the paged append.
+    /// the paged append, and the decode kernels (one and two row tiles) with
+    /// their combine kernel.
     Every,
 }
 
@@ -91,6 +96,12 @@ impl Which {
                     add(Which::WorkOrder(cuda::Work::QueryTiles { block_m: config.block_m() }));
                 }
             }
+            for rows in [16, 32] {
+                if let Some(config) = cuda::DecodeConfig::for_rows(spec, target, rows) {
+                    add(Which::Decode(config));
+                }
+            }
+            add(Which::DecodeCombine);
         }
         which
     }
@@ -118,6 +129,8 @@ impl Which {
             Which::BlockMask => cuda::emit_block_mask(spec),
             Which::WorkOrder(work) => cuda::emit_work_order(spec, work),
             Which::Backward(pass, config) => Some(cuda::emit_backward_with(spec, pass, config)),
+            Which::Decode(config) => Some(cuda::emit_decode(spec, config)),
+            Which::DecodeCombine => Some(cuda::emit_decode_combine(spec)),
         }
     }
 }

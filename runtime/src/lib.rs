@@ -44,6 +44,7 @@ mod arch_parse;
 mod args;
 mod atomic_file;
 mod check;
+mod check_decode;
 mod check_paged;
 mod check_varlen;
 mod cuda_libs;
@@ -77,6 +78,7 @@ mod append_paged;
 mod autotune;
 mod backward;
 mod block_mask;
+mod decode;
 mod forward;
 mod forward_launch;
 mod forward_paged;
@@ -92,6 +94,8 @@ pub use args::ArgValue;
 pub use autotune::TuneReport;
 pub use backward::{BackwardIo, BackwardOptions, BackwardWorkspace};
 pub use block_mask::BlockMask;
+pub use check_decode::DecodeShape;
+pub use decode::{DecodeIo, DecodeOptions, DecodePlan};
 pub use disk_cache::{
     precompile, Cleared, DiskCache, Entry, EntryKey, PrecompileReport, CACHE_DIR_ENV, CACHE_ENV, CACHE_MAX_BYTES_ENV,
     DEFAULT_MAX_BYTES,

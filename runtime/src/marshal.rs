@@ -7,8 +7,9 @@ use crate::error::Error;
 use crate::layout::Layout;
 use crate::tma::TensorMap;
 use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
-use flashgen_codegen::abi::{ArgKind, Axis, Grid, Kernel, Operand, Side};
+use flashgen_codegen::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand, Side};
 use flashgen_codegen::Shape;
+use std::ffi::c_void;
 
 /// One kernel argument, by value, with the C type the ABI gives it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -58,6 +59,19 @@ pub(crate) struct Bindings<'a> {
     /// What only the paged append takes (its caches are `ptrs[1]` and
     /// `ptrs[2]`, with K's and V's strides).
     pub append: Option<AppendBindings>,
+    /// What only decode kernels take; their `shape`'s `kv_len` is the
+    /// cache's rows.
+    pub decode: Option<DecodeBindings>,
+}
+
+/// A decode launch's per-sequence key counts, split count and workspace.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DecodeBindings {
+    /// Device address of `kv_lens`, `i32[batch]`.
+    pub kv_lens: u64,
+    pub splits: u32,
+    /// Device addresses of the partial O and LSE (0 with one split).
+    pub partial: [u64; 2],
 }
 
 /// A varlen launch's sequences, queries' then keys'.
@@ -115,6 +129,7 @@ impl<'a> Bindings<'a> {
             varlen: None,
             paged: None,
             append: None,
+            decode: None,
         }
     }
 }
@@ -144,88 +159,141 @@ pub(crate) struct GradBindings<'a> {
 
 /// The argument values in launch order.
 pub(crate) fn marshal(kernel: &Kernel, b: &Bindings) -> Result<Vec<Value>, Error> {
+    kernel.args.iter().map(|arg| value_of(kernel, arg, b)).collect()
+}
+
+/// The most arguments [`marshal_into`] and [`launch_inline`] take.
+pub(crate) const INLINE_ARGS: usize = 64;
+
+/// [`marshal`] into `out`, without allocating: how many values it wrote.
+/// An ABI error where the kernel takes more arguments than `out` holds.
+pub(crate) fn marshal_into(kernel: &Kernel, b: &Bindings, out: &mut [Value]) -> Result<usize, Error> {
+    if kernel.args.len() > out.len() {
+        let problem = format!("{} arguments, more than the {} an inline launch takes", kernel.args.len(), out.len());
+        return Err(Error::KernelAbi { kernel: kernel.name.clone(), problem });
+    }
+    for (slot, arg) in out.iter_mut().zip(&kernel.args) {
+        *slot = value_of(kernel, arg, b)?;
+    }
+    Ok(kernel.args.len())
+}
+
+/// The value of `kernel`'s argument `arg` under the bindings `b`.
+fn value_of(kernel: &Kernel, arg: &KernelArg, b: &Bindings) -> Result<Value, Error> {
     let size = |n: usize| Value::I32(n as i32);
-    kernel
-        .args
-        .iter()
-        .map(|arg| {
-            let abi_error = || Error::KernelAbi {
-                kernel: kernel.name.clone(),
-                problem: format!("argument `{}` refers to a param, tensor or gradient the launch lacks", arg.name),
-            };
-            let grads = || b.grads.as_ref().ok_or_else(abi_error);
-            let varlen = || b.varlen.ok_or_else(abi_error);
-            let paged = || b.paged.ok_or_else(abi_error);
-            let append = || b.append.ok_or_else(abi_error);
-            let kv = |op| match op {
-                Operand::K => Ok(0),
-                Operand::V => Ok(1),
-                _ => Err(abi_error()),
-            };
-            let side = |side| usize::from(side == Side::Keys);
-            Ok(match arg.kind {
-                ArgKind::Ptr(op) => Value::Ptr(match operand_index(op) {
-                    Slot::Forward(i) => b.ptrs[i],
-                    Slot::Grad(i) => grads()?.ptrs[i],
-                }),
-                ArgKind::Lse => Value::Ptr(b.lse),
-                ArgKind::Batch => size(b.shape.batch),
-                ArgKind::Heads => size(b.shape.heads),
-                ArgKind::HeadsKv => size(b.shape.heads_kv),
-                ArgKind::QLen => size(b.shape.q_len),
-                ArgKind::KvLen => size(b.shape.kv_len),
-                ArgKind::Stride(op, axis) => Value::I64(match operand_index(op) {
-                    Slot::Forward(i) => b.strides[i][axis_index(axis)],
-                    Slot::Grad(i) => grads()?.strides[i][axis_index(axis)],
-                }),
-                ArgKind::Scale => Value::F32(b.scale),
-                ArgKind::Param(i) => match b.args.get(i) {
-                    Some(ArgInfo::I32(v)) => Value::I32(*v),
-                    Some(ArgInfo::F32(v)) => Value::F32(*v),
-                    _ => return Err(abi_error()),
-                },
-                ArgKind::Tensor(i) => Value::Ptr(*b.tensors.get(i).ok_or_else(abi_error)?),
-                ArgKind::BlockMask => Value::Ptr(b.block_mask.0),
-                ArgKind::BlockMaskStride(axis) => Value::I64(b.block_mask.1[usize::from(axis == Axis::Head)]),
-                ArgKind::BlockMaskOut => Value::Ptr(b.block_mask_out),
-                ArgKind::Delta => Value::Ptr(grads()?.delta),
-                ArgKind::DqAccum => Value::Ptr(grads()?.dq_accum),
-                ArgKind::TensorGrad(i) => Value::Ptr(*grads()?.tensor_grads.get(i).ok_or_else(abi_error)?),
-                ArgKind::WorkCounter => Value::Ptr(b.work_counter.ok_or_else(abi_error)?),
-                // A kernel takes descriptors only where generated to copy with them.
-                ArgKind::TensorMap(op) => Value::TensorMap(
-                    b.tensor_maps
-                        .as_ref()
-                        .and_then(|maps| maps.iter().find(|(o, _)| *o == op))
-                        .ok_or_else(abi_error)?
-                        .1,
-                ),
-                ArgKind::WorkOrder => Value::Ptr(b.work_order),
-                ArgKind::CuSeqlens(s) => Value::Ptr(varlen()?.cu_seqlens[side(s)]),
-                ArgKind::MaxLen(Side::Queries) => size(b.shape.q_len),
-                ArgKind::MaxLen(Side::Keys) => size(b.shape.kv_len),
-                ArgKind::Tokens(s) => size(varlen()?.tokens[side(s)]),
-                ArgKind::KvLens => Value::Ptr(paged()?.kv_lens),
-                ArgKind::BlockTable => Value::Ptr(paged()?.block_table),
-                ArgKind::PagesPerSeq => size(paged()?.pages_per_seq),
-                ArgKind::PageSize => size(paged()?.page_size),
-                ArgKind::NumPages => size(paged()?.num_pages),
-                // A cache's pages are its layout's batch axis (`PagedLayout::as_layout`).
-                ArgKind::PageStride(op) => match operand_index(op) {
-                    Slot::Forward(i) if b.paged.is_some() => Value::I64(b.strides[i][0]),
-                    _ => return Err(abi_error()),
-                },
-                ArgKind::NewRows(op) => Value::Ptr(append()?.rows[kv(op)?]),
-                ArgKind::NewRowStride(op, axis) => match axis {
-                    Axis::Seq | Axis::Head => Value::I64(append()?.strides[kv(op)?][usize::from(axis == Axis::Head)]),
-                    Axis::Batch => return Err(abi_error()),
-                },
-                ArgKind::Cache(op) => Value::Ptr(b.ptrs[1 + kv(op)?]),
-                ArgKind::NewKvLens => Value::Ptr(append()?.new_kv_lens),
-                ArgKind::Dropped => Value::Ptr(append()?.dropped),
-            })
-        })
-        .collect()
+    let abi_error = || Error::KernelAbi {
+        kernel: kernel.name.clone(),
+        problem: format!("argument `{}` refers to a param, tensor or gradient the launch lacks", arg.name),
+    };
+    let grads = || b.grads.as_ref().ok_or_else(abi_error);
+    let varlen = || b.varlen.ok_or_else(abi_error);
+    let decode = || b.decode.ok_or_else(abi_error);
+    let paged = || b.paged.ok_or_else(abi_error);
+    let append = || b.append.ok_or_else(abi_error);
+    let kv = |op| match op {
+        Operand::K => Ok(0),
+        Operand::V => Ok(1),
+        _ => Err(abi_error()),
+    };
+    let side = |side| usize::from(side == Side::Keys);
+    Ok(match arg.kind {
+        ArgKind::Ptr(op) => Value::Ptr(match operand_index(op) {
+            Slot::Forward(i) => b.ptrs[i],
+            Slot::Grad(i) => grads()?.ptrs[i],
+        }),
+        ArgKind::Lse => Value::Ptr(b.lse),
+        ArgKind::Batch => size(b.shape.batch),
+        ArgKind::Heads => size(b.shape.heads),
+        ArgKind::HeadsKv => size(b.shape.heads_kv),
+        ArgKind::QLen => size(b.shape.q_len),
+        ArgKind::KvLen => size(b.shape.kv_len),
+        ArgKind::Stride(op, axis) => Value::I64(match operand_index(op) {
+            Slot::Forward(i) => b.strides[i][axis_index(axis)],
+            Slot::Grad(i) => grads()?.strides[i][axis_index(axis)],
+        }),
+        ArgKind::Scale => Value::F32(b.scale),
+        ArgKind::Param(i) => match b.args.get(i) {
+            Some(ArgInfo::I32(v)) => Value::I32(*v),
+            Some(ArgInfo::F32(v)) => Value::F32(*v),
+            _ => return Err(abi_error()),
+        },
+        ArgKind::Tensor(i) => Value::Ptr(*b.tensors.get(i).ok_or_else(abi_error)?),
+        ArgKind::BlockMask => Value::Ptr(b.block_mask.0),
+        ArgKind::BlockMaskStride(axis) => Value::I64(b.block_mask.1[usize::from(axis == Axis::Head)]),
+        ArgKind::BlockMaskOut => Value::Ptr(b.block_mask_out),
+        ArgKind::Delta => Value::Ptr(grads()?.delta),
+        ArgKind::DqAccum => Value::Ptr(grads()?.dq_accum),
+        ArgKind::TensorGrad(i) => Value::Ptr(*grads()?.tensor_grads.get(i).ok_or_else(abi_error)?),
+        ArgKind::WorkCounter => Value::Ptr(b.work_counter.ok_or_else(abi_error)?),
+        // A kernel takes descriptors only where generated to copy with them.
+        ArgKind::TensorMap(op) => Value::TensorMap(
+            b.tensor_maps.as_ref().and_then(|maps| maps.iter().find(|(o, _)| *o == op)).ok_or_else(abi_error)?.1,
+        ),
+        ArgKind::WorkOrder => Value::Ptr(b.work_order),
+        ArgKind::CuSeqlens(s) => Value::Ptr(varlen()?.cu_seqlens[side(s)]),
+        ArgKind::MaxLen(Side::Queries) => size(b.shape.q_len),
+        ArgKind::MaxLen(Side::Keys) => size(b.shape.kv_len),
+        ArgKind::Tokens(s) => size(varlen()?.tokens[side(s)]),
+        ArgKind::KvLens => Value::Ptr(match (b.paged, b.decode) {
+            (Some(paged), _) => paged.kv_lens,
+            (None, Some(decode)) => decode.kv_lens,
+            (None, None) => return Err(abi_error()),
+        }),
+        ArgKind::BlockTable => Value::Ptr(paged()?.block_table),
+        ArgKind::PagesPerSeq => size(paged()?.pages_per_seq),
+        ArgKind::PageSize => size(paged()?.page_size),
+        ArgKind::NumPages => size(paged()?.num_pages),
+        // A cache's pages are its layout's batch axis (`PagedLayout::as_layout`).
+        ArgKind::PageStride(op) => match operand_index(op) {
+            Slot::Forward(i) if b.paged.is_some() => Value::I64(b.strides[i][0]),
+            _ => return Err(abi_error()),
+        },
+        ArgKind::NewRows(op) => Value::Ptr(append()?.rows[kv(op)?]),
+        ArgKind::NewRowStride(op, axis) => match axis {
+            Axis::Seq | Axis::Head => Value::I64(append()?.strides[kv(op)?][usize::from(axis == Axis::Head)]),
+            Axis::Batch => return Err(abi_error()),
+        },
+        ArgKind::Cache(op) => Value::Ptr(b.ptrs[1 + kv(op)?]),
+        ArgKind::NewKvLens => Value::Ptr(append()?.new_kv_lens),
+        ArgKind::Dropped => Value::Ptr(append()?.dropped),
+        ArgKind::Splits => Value::I32(decode()?.splits as i32),
+        ArgKind::PartialO => Value::Ptr(decode()?.partial[0]),
+        ArgKind::PartialLse => Value::Ptr(decode()?.partial[1]),
+    })
+}
+
+/// [`launch`] without allocating: the values' addresses go to the driver
+/// from the stack, so a launch costs no host allocation.
+///
+/// # Safety
+/// As [`launch`]; `values` holds at most [`INLINE_ARGS`] values.
+pub(crate) unsafe fn launch_inline(
+    stream: &CudaStream,
+    function: &CudaFunction,
+    values: &[Value],
+    config: LaunchConfig,
+) -> Result<(), DriverError> {
+    let mut params = [std::ptr::null_mut::<c_void>(); INLINE_ARGS];
+    for (param, value) in params.iter_mut().zip(values) {
+        *param = match value {
+            Value::Ptr(x) => x as *const u64 as *mut c_void,
+            Value::I64(x) => x as *const i64 as *mut c_void,
+            Value::I32(x) => x as *const i32 as *mut c_void,
+            Value::F32(x) => x as *const f32 as *mut c_void,
+            Value::TensorMap(x) => x as *const TensorMap as *mut c_void,
+        };
+    }
+    stream.context().bind_to_thread()?;
+    let LaunchConfig { grid_dim, block_dim, shared_mem_bytes } = config;
+    let params = &mut params[..values.len().min(INLINE_ARGS)];
+    cudarc::driver::result::launch_kernel(
+        function.cu_function(),
+        grid_dim,
+        block_dim,
+        shared_mem_bytes,
+        stream.cu_stream(),
+        params,
+    )
 }
 
 /// Queues `function` on `stream` with `values` as its arguments.
@@ -254,7 +322,8 @@ pub(crate) unsafe fn launch(
 }
 
 /// The kernel's grid (see [`Grid`]) for `shape` on a GPU with `sms` SMs;
-/// `slices` is the number of (batch, head) slices a block mask holds. The
+/// `slices` is the number of (batch, head) slices a block mask holds
+/// (`Grid::MaskTiles`), or a decode launch's split count (`Grid::KvGroups`). The
 /// sizes were checked against the grid limits, so the narrowing casts are
 /// exact.
 pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize, sms: u32) -> Result<LaunchConfig, Error> {
@@ -292,6 +361,11 @@ pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize, sms: 
             Grid::KvHeads { per_block } => (1, shape.heads_kv.div_ceil(per_block as usize) as u32, shape.batch as u32),
             // One block per sequence at least: it writes the length after.
             Grid::NewRows => (shape.kv_len.div_ceil(kernel.block_m as usize).max(1) as u32, shape.batch as u32, 1),
+            Grid::KvGroups => {
+                let rows = (shape.heads / shape.heads_kv.max(1)) * shape.q_len;
+                let tiles = rows.div_ceil(kernel.block_m as usize) * slices;
+                (tiles as u32, shape.heads_kv as u32, shape.batch as u32)
+            }
         },
         block_dim: (kernel.threads, 1, 1),
         shared_mem_bytes: kernel.dynamic_smem,
@@ -364,6 +438,7 @@ mod tests {
             varlen: None,
             paged: None,
             append: None,
+            decode: None,
         }
     }
 
@@ -478,6 +553,46 @@ mod tests {
             let err = marshal(&kernel, &Bindings { paged: None, ..b }).unwrap_err();
             assert!(matches!(err, Error::KernelAbi { .. }), "{err}");
         }
+    }
+
+    /// A decode kernel's lengths, split count and workspace come from the
+    /// decode bindings, the cache's rows from the shape; inline marshalling
+    /// gives the same values as `marshal`; the grid covers every row tile
+    /// of every split.
+    #[test]
+    fn decode_kernels_marshal_their_lengths_and_splits() {
+        use flashgen_codegen::cuda::{emit_decode, DecodeConfig, Target};
+        let spec = flashgen_codegen::parse_one(
+            "D { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }",
+        )
+        .unwrap();
+        let kernel = emit_decode(&spec, DecodeConfig::for_rows(&spec, Target::HOPPER, 8).unwrap());
+        let args = [ArgInfo::Tensor(ElemTy::I32, 3 * 7)];
+        let decode = Some(DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96] });
+        let b = Bindings { decode, ..bindings(&args, &[99]) };
+        let values = marshal(&kernel, &b).unwrap();
+        let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];
+        use Value::*;
+        for (name, expected) in [
+            ("kv_lens", Ptr(94)),
+            ("num_splits", I32(5)),
+            ("partial_o", Ptr(95)),
+            ("partial_lse", Ptr(96)),
+            ("max_kv_len", I32(7)),
+            ("max_q_len", I32(129)),
+            ("k_seq_stride", I64(5)),
+            ("t_doc", Ptr(99)),
+        ] {
+            assert_eq!(value(name), expected, "{name}");
+        }
+        let mut inline = [Value::I32(0); INLINE_ARGS];
+        let count = marshal_into(&kernel, &b, &mut inline).unwrap();
+        assert_eq!(&inline[..count], &values[..]);
+        assert!(matches!(marshal_into(&kernel, &b, &mut inline[..3]), Err(Error::KernelAbi { .. })));
+        assert!(matches!(marshal(&kernel, &Bindings { decode: None, ..b }), Err(Error::KernelAbi { .. })));
+        // 8 heads over 2 K/V heads x 129 queries = 516 rows: 33 tiles of 16, 5 splits each.
+        let grid = launch_config(&kernel, &SHAPE, 5, 132).unwrap();
+        assert_eq!(grid.grid_dim, (33 * 5, 2, 3));
     }
 
     #[test]

@@ -6,8 +6,9 @@ mod support;
 
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{
-    emit_backward, emit_backward_with, emit_block_mask, emit_forward_copying, emit_forward_paged, emit_forward_varlen,
-    emit_paged_append, emit_work_order, BackwardConfig, BackwardPass, Mma, Target, TileCopy, Work,
+    emit_backward, emit_backward_with, emit_block_mask, emit_decode, emit_decode_combine, emit_forward_copying,
+    emit_forward_paged, emit_forward_varlen, emit_paged_append, emit_work_order, BackwardConfig, BackwardPass,
+    DecodeConfig, Mma, Target, TileCopy, Work,
 };
 use flashgen_codegen::{parse_str, Spec};
 use flashgen_runtime::tile_choice;
@@ -138,6 +139,33 @@ fn every_shipped_spec_compiles_paged_for_sm80_and_sm90() {
         })
         .collect();
     assert!(jobs.iter().any(|(k, _)| k.source.contains("load_paged_tile<BLOCK_N")));
+    compile_all(jobs);
+}
+
+/// Every shipped spec's decode kernels (one and two 16-row tiles, each
+/// target's stages) and its combine kernel compile for sm_80 and sm_90, and
+/// so do head dims 64 and 256 and the language's other features.
+#[test]
+fn every_shipped_spec_compiles_decode_for_sm80_and_sm90() {
+    require_nvrtc();
+    let mut specs = shipped_specs();
+    specs.extend(parse_str(include_str!("../../codegen/tests/specs/language.attn")).unwrap());
+    specs.extend(
+        ["D64 { dtype: f16, head_dim: 64, mask: q >= k }", "D256 { dtype: bf16, head_dim: 256 }"]
+            .map(|text| parse_str(text).unwrap().remove(0)),
+    );
+    let jobs: Vec<(Kernel, Arch)> = specs
+        .iter()
+        .flat_map(|spec| {
+            let decodes = [(Target::PORTABLE, Arch::new(8, 0)), (Arch::new(9, 0).target(), Arch::new(9, 0))]
+                .into_iter()
+                .flat_map(|(target, arch)| {
+                    [4, 32].map(|rows| (emit_decode(spec, DecodeConfig::for_rows(spec, target, rows).unwrap()), arch))
+                });
+            let combine = [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (emit_decode_combine(spec), arch));
+            decodes.chain(combine).collect::<Vec<_>>()
+        })
+        .collect();
     compile_all(jobs);
 }
 

@@ -20,6 +20,7 @@ use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 use std::sync::Arc;
 
+pub mod decode;
 pub mod paged;
 pub mod varlen;
 
@@ -610,7 +611,7 @@ fn launch_args<'a>(tensors: &'a [DeviceTensor], problem: &Problem) -> Vec<ArgVal
 }
 
 /// Wraps a driver error with what was being done.
-fn driver(during: &'static str) -> impl Fn(DriverError) -> Error + Copy {
+pub(crate) fn driver(during: &'static str) -> impl Fn(DriverError) -> Error + Copy {
     move |source| Error::driver(during, source)
 }
 

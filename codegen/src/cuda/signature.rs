@@ -176,6 +176,32 @@ pub(super) fn backward_post_args(spec: &Spec) -> Vec<KernelArg> {
     named(spec, kinds)
 }
 
+/// A decode kernel: Q, K, V, O, the LSE; sizes (the cache's rows as the
+/// keys' `MaxLen`, which tensors' `KV_LEN` dims are); the per-sequence key
+/// counts; the operands' strides; scale, params, tensors; the split count
+/// and a split launch's partial results.
+pub(super) fn decode_args(spec: &Spec) -> Vec<KernelArg> {
+    let mut kinds: Vec<ArgKind> = FORWARD_OPERANDS.map(ArgKind::Ptr).to_vec();
+    kinds.extend([ArgKind::Lse, ArgKind::Batch, ArgKind::Heads, ArgKind::HeadsKv, ArgKind::QLen]);
+    kinds.extend([ArgKind::MaxLen(Side::Queries), ArgKind::MaxLen(Side::Keys), ArgKind::KvLens]);
+    kinds.extend(strides(FORWARD_OPERANDS));
+    kinds.push(ArgKind::Scale);
+    kinds.extend((0..spec.params.len()).map(ArgKind::Param));
+    kinds.extend((0..spec.tensors.len()).map(ArgKind::Tensor));
+    kinds.extend([ArgKind::Splits, ArgKind::PartialO, ArgKind::PartialLse]);
+    named(spec, kinds)
+}
+
+/// The split decode's combine kernel: the partial results; O and the LSE;
+/// sizes; O's strides; the split count.
+pub(super) fn decode_combine_args(spec: &Spec) -> Vec<KernelArg> {
+    let mut kinds = vec![ArgKind::PartialO, ArgKind::PartialLse, ArgKind::Ptr(Operand::O), ArgKind::Lse];
+    kinds.extend([ArgKind::Batch, ArgKind::Heads, ArgKind::QLen]);
+    kinds.extend(strides([Operand::O]));
+    kinds.push(ArgKind::Splits);
+    named(spec, kinds)
+}
+
 /// Batch, seq and head strides of each operand.
 fn strides<const N: usize>(ops: [Operand; N]) -> impl Iterator<Item = ArgKind> {
     ops.into_iter().flat_map(|op| [Axis::Batch, Axis::Seq, Axis::Head].map(|axis| ArgKind::Stride(op, axis)))
@@ -211,6 +237,9 @@ pub(crate) mod names {
     pub const NUM_PAGES: &str = "num_pages";
     pub const NEW_KV_LENS: &str = "new_kv_lens";
     pub const DROPPED: &str = "dropped";
+    pub const SPLITS: &str = "num_splits";
+    pub const PARTIAL_O: &str = "partial_o";
+    pub const PARTIAL_LSE: &str = "partial_lse";
 }
 
 /// The C name of an argument, e.g. `k_seq_stride` or `p_window`.
@@ -268,6 +297,9 @@ pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::Cache(op) => format!("{}_cache", operand(op)),
         ArgKind::NewKvLens => names::NEW_KV_LENS.into(),
         ArgKind::Dropped => names::DROPPED.into(),
+        ArgKind::Splits => names::SPLITS.into(),
+        ArgKind::PartialO => names::PARTIAL_O.into(),
+        ArgKind::PartialLse => names::PARTIAL_LSE.into(),
     }
 }
 
@@ -281,9 +313,10 @@ pub(super) fn arg_type(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::Dropped => "unsigned int* __restrict__".into(),
         ArgKind::Lse | ArgKind::Delta | ArgKind::DqAccum | ArgKind::TensorGrad(_) => "float* __restrict__".into(),
         ArgKind::Batch | ArgKind::Heads | ArgKind::HeadsKv | ArgKind::QLen | ArgKind::KvLen => "int".into(),
-        ArgKind::MaxLen(_) | ArgKind::Tokens(_) => "int".into(),
+        ArgKind::MaxLen(_) | ArgKind::Tokens(_) | ArgKind::Splits => "int".into(),
         ArgKind::PagesPerSeq | ArgKind::PageSize | ArgKind::NumPages => "int".into(),
         ArgKind::CuSeqlens(_) | ArgKind::KvLens | ArgKind::BlockTable => "const int* __restrict__".into(),
+        ArgKind::PartialO | ArgKind::PartialLse => "float* __restrict__".into(),
         ArgKind::Stride(..) | ArgKind::BlockMaskStride(_) | ArgKind::PageStride(_) | ArgKind::NewRowStride(..) => {
             "long long".into()
         }

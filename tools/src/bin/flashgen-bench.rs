@@ -33,6 +33,10 @@
 //! run what the runtime would: a choice an earlier tuning left in the cache,
 //! else the preferred configuration.
 //!
+//! `flashgen-bench --decode [--batches 1,16,64,256] [--kv-lens 1024,4096,16384,65536]`
+//! instead times the decode path (`flashgen_tools::decode_bench`): GB/s of
+//! K and V per batch and cache length, and a device-to-device copy row.
+//!
 //! `flashgen-bench --jit` instead measures the JIT for every example spec:
 //! cold compile of the kernel the runtime launches untuned on this GPU
 //! (codegen + NVRTC to CUBIN, NVRTC already loaded; NVRTC 13's own compute
@@ -91,6 +95,12 @@ fn main() {
         std::env::set_var("CUDA_CACHE_DISABLE", "1");
         jit(&start_runtime());
         let _ = std::fs::remove_dir_all(dir);
+        return;
+    }
+    if args.iter().any(|a| a == "--decode") {
+        let sizes = |flag, default| list(flag, default).iter().filter_map(|s| s.parse().ok()).collect::<Vec<usize>>();
+        let (batches, kv_lens) = (sizes("--batches", "1,16,64,256"), sizes("--kv-lens", "1024,4096,16384,65536"));
+        flashgen_tools::decode_bench::run(&start_runtime(), &batches, &kv_lens, iters);
         return;
     }
     let rt = start_runtime();

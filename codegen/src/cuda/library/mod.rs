@@ -116,6 +116,10 @@ pub enum Part {
     /// Paged K/V: a key's row through the block table, lengths and page ids
     /// clamped, and the gathering tile copy. Follows `Varlen`.
     Paged,
+    /// Decode kernels' KV cache (`KvRows`: the one place cache rows are
+    /// addressed; `cache_len`: per-sequence lengths clamped into it), their
+    /// multi-stage waits and the Q rows of a K/V head's query group.
+    Decode,
 
     /// Hopper's tensor memory accelerator (TMA) for the producers of the
     /// warp-specialized kernels (the persistent forward, the backward's dK/dV
@@ -157,7 +161,7 @@ pub enum Part {
 
 impl Part {
     /// Every part, in the order kernels include them.
-    pub const ALL: [Part; 17] = [
+    pub const ALL: [Part; 18] = [
         Part::Prelude,
         Part::IntOps,
         Part::Ranges,
@@ -168,6 +172,7 @@ impl Part {
         Part::WorkClaims,
         Part::Varlen,
         Part::Paged,
+        Part::Decode,
         Part::Tma,
         Part::TmaStore,
         Part::Trace,
@@ -190,6 +195,7 @@ impl Part {
             Part::WorkClaims => include_str!("work_claims.cuh"),
             Part::Varlen => include_str!("varlen.cuh"),
             Part::Paged => include_str!("paged.cuh"),
+            Part::Decode => include_str!("decode.cuh"),
             Part::Tma => include_str!("tma.cuh"),
             Part::TmaStore => include_str!("tma_store.cuh"),
             Part::Trace => include_str!("trace.cuh"),
@@ -213,6 +219,7 @@ impl Part {
             Part::WorkClaims => "work_claims.cuh",
             Part::Varlen => "varlen.cuh",
             Part::Paged => "paged.cuh",
+            Part::Decode => "decode.cuh",
             Part::Tma => "tma.cuh",
             Part::TmaStore => "tma_store.cuh",
             Part::Trace => "trace.cuh",

@@ -1,0 +1,80 @@
+//! The decode kernel's epilogue: the four warps' rows (each saw a quarter
+//! of every tile's keys) merge in shared memory, then leave as O and the
+//! LSE, or, in a split launch, as the split's partial O and LSE.
+
+use crate::cuda::writer::Writer;
+use std::fmt::{self, Write};
+
+pub(super) fn write_epilogue(w: &mut Writer<String>) -> fmt::Result {
+    w.write_str(
+        "
+// Epilogue. Shared memory (the stages) now holds:
+float* merged = (float*)(smem + Q_TILE);  // [BLOCK_M][DVP]: the warps' O, rescaled and summed
+float* warp_m = merged + BLOCK_M * DVP;  // [WARPS][BLOCK_M]: each warp's row max (log2)
+float* warp_l = warp_m + WARPS * BLOCK_M;  // [WARPS][BLOCK_M]: each warp's row sum
+float* row_scale = warp_l + WARPS * BLOCK_M;  // [BLOCK_M]: 1 / the row's sum, 0 if no key is kept
+float* row_lse = row_scale + BLOCK_M;  // [BLOCK_M]: natural log, -inf if no key is kept
+for (int i = threadIdx.x; i < BLOCK_M * DVP; i += THREADS) merged[i] = 0.0f;
+#pragma unroll
+for (int i = 0; i < 2 * M_TILES; ++i) {
+    const int mt = i / 2, r = i % 2, row = mt * 16 + g + 8 * r;
+    const float sum = quad_sum(l[mt][r]);
+    if (t == 0) {
+        warp_m[warp * BLOCK_M + row] = m[mt][r];
+        warp_l[warp * BLOCK_M + row] = sum;
+    }
+}
+__syncthreads();
+// Each warp adds its O at the rows' common max; one thread per row sums l.
+#pragma unroll
+for (int i = 0; i < 2 * M_TILES; ++i) {
+    const int mt = i / 2, r = i % 2, row = mt * 16 + g + 8 * r;
+    float row_top = neg_inf();
+    #pragma unroll
+    for (int w = 0; w < WARPS; ++w) row_top = fmaxf(row_top, warp_m[w * BLOCK_M + row]);
+    const float factor = fast_exp2(m[mt][r] - finite_or_zero(row_top));
+    #pragma unroll
+    for (int n = 0; n < O_TILES; ++n) {
+        #pragma unroll
+        for (int c = 0; c < 2; ++c) atomicAdd(&merged[row * DVP + n * 8 + 2 * t + c], o[mt][n][2 * r + c] * factor);
+    }
+}
+if (threadIdx.x < BLOCK_M) {
+    const int row = threadIdx.x;
+    float row_top = neg_inf();
+    #pragma unroll
+    for (int w = 0; w < WARPS; ++w) row_top = fmaxf(row_top, warp_m[w * BLOCK_M + row]);
+    const float m_use = finite_or_zero(row_top);
+    float sum = 0.0f;
+    #pragma unroll
+    for (int w = 0; w < WARPS; ++w) sum += warp_l[w * BLOCK_M + row] * fast_exp2(warp_m[w * BLOCK_M + row] - m_use);
+    row_scale[row] = sum > 0.0f ? fast_rcp(sum) : 0.0f;
+    row_lse[row] = sum > 0.0f ? (row_top + fast_log2(sum)) * LN2 : neg_inf();
+}
+__syncthreads();
+
+// The rows leave: O and the LSE when the keys are not split, else this
+// split's rows (normalized by their own sums) and LSE for the combine.
+const long long all_rows = (long long)batch * heads * q_len;
+for (int i = threadIdx.x; i < BLOCK_M * DV; i += THREADS) {
+    const int r = i / DV, c = i % DV, row = row0 + r;
+    if (row >= rows) continue;
+    const int q = row / group, h = kv_head * group + row % group;
+    const float x = merged[r * DVP + c] * row_scale[r];
+    if (num_splits == 1) {
+        o_ptr[b * o_batch_stride + q * o_seq_stride + h * o_head_stride + c] = storage::from_f32(x);
+    } else {
+        const long long at = split * all_rows + ((long long)b * heads + h) * q_len + q;
+        partial_o[at * DV + c] = x;
+    }
+}
+if (threadIdx.x < BLOCK_M && row0 + (int)threadIdx.x < rows) {
+    const int row = row0 + threadIdx.x;
+    const int q = row / group, h = kv_head * group + row % group;
+    const long long at = ((long long)b * heads + h) * q_len + q;
+    if (num_splits > 1) partial_lse[split * all_rows + at] = row_lse[threadIdx.x];
+    else if (lse != nullptr) lse[at] = row_lse[threadIdx.x];
+}
+",
+    )
+}

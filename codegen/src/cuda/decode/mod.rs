@@ -1,0 +1,150 @@
+//! The decode kernel: 1 to a few new query tokens per sequence against a
+//! long KV cache, memory-bound, so built to read each K/V byte once at copy
+//! bandwidth (issue 37). Any spec: its logit comes from the kit.
+//!
+//! - **GQA packing.** A CTA owns one K/V head of one sequence and, as the
+//!   rows of its tile, every query token of every query head sharing that
+//!   K/V head (`heads / heads_kv × q_len` rows, token-major, 16 or 32 per
+//!   tile: `plan::DecodeConfig`), so K and V stream once per K/V head.
+//! - **Warps split keys, not rows.** With 16 rows there is one MMA row
+//!   tile; each of the four warps takes 16 keys of every 64-key tile
+//!   (one k-step of P·V) with its own max, sum and O, merged once in the
+//!   epilogue through shared memory.
+//! - **Pipeline.** K/V tiles stream through `STAGES` (3–4) shared-memory
+//!   stages by `cp.async` in 16-byte coalesced copies, `STAGES − 1` tiles in
+//!   flight; every cache address comes from `KvRows` (`library/decode.cuh`),
+//!   the one place a paged layout would change.
+//! - **Split-KV (Flash-Decoding).** Where batch × K/V heads CTAs cannot fill
+//!   the GPU, `num_splits` CTAs share a sequence's keys, each writing its
+//!   rows (f32, normalized) and LSE to a workspace; the combine kernel
+//!   (`combine`) weighs them into O. With one split the kernel writes O
+//!   itself. The split count is an argument: `plan::split_count` picks it.
+//! - **Positions.** As in the forward: the spec's `q` is the query's index
+//!   among the sequence's `q_len` new tokens, `k` the cache row, `kv_len`
+//!   the sequence's key count (read on the device, clamped into the cache),
+//!   so a decode step computes exactly what the forward computes on the
+//!   same Q and keys; bottom-right alignment is the spec's to state
+//!   (`q + kv_len - q_len >= k`, `specs/causal_bottom_right.attn`).
+//!   Tensors' `KV_LEN` dims are the cache's rows, `Q_LEN` dims `q_len`.
+//!
+//! - **Tiles the mask drops** (interval analysis over the CTA's tokens,
+//!   `tiles`) are neither loaded nor multiplied: a window reads the window.
+//!
+//! Modules: `plan` (decisions), `body` (setup, pipeline, tile step),
+//! `tiles`, `logit`, `epilogue`, `combine`.
+
+mod body;
+mod combine;
+mod epilogue;
+mod logit;
+mod plan;
+mod tiles;
+
+pub use plan::{split_count, DecodeConfig, DECODE_BLOCK_N, DECODE_WARPS, MAX_SPLITS};
+
+use crate::abi::{Grid, Kernel};
+use crate::cuda::library::Part;
+use crate::cuda::signature::{decode_args, decode_combine_args};
+use crate::cuda::source::{assemble, kernel_name, Entry, Piece};
+use crate::cuda::writer::Writer;
+use crate::spec::{Dtype, Spec};
+use body::{write_setup, write_tile_loop};
+use combine::{write_combine_body, write_combine_config, COMBINE_THREADS};
+use epilogue::write_epilogue;
+use std::fmt::{self, Write};
+
+/// The decode kernel of `spec` in `config`. Deterministic, like every
+/// emitter.
+pub fn emit_decode(spec: &Spec, config: DecodeConfig) -> Kernel {
+    let view = spec.varlen_view();
+    let name = kernel_name("decode", spec);
+    let args = decode_args(&view);
+    let bounds = format!("THREADS, {}", config.ctas_per_sm);
+    let mut library = vec![vec![Piece::Part(Part::Prelude)]];
+    if tiles::classifies(spec) {
+        library.push(vec![Piece::Part(Part::Ranges)]);
+    }
+    library.extend([vec![Piece::Part(Part::Tiles)], vec![Piece::Part(Part::Decode)]]);
+    let entry = Entry { name: &name, bounds: &bounds, args: &args };
+    let source = assemble(
+        &view,
+        &library,
+        |w| write_config(w, &view, config),
+        entry,
+        |w| {
+            write_setup(w, &view)?;
+            write_tile_loop(w, &view)?;
+            write_epilogue(w)
+        },
+    );
+    Kernel {
+        name,
+        source,
+        grid: Grid::KvGroups,
+        block_m: config.block_m(),
+        block_n: DECODE_BLOCK_N,
+        threads: 32 * DECODE_WARPS,
+        dynamic_smem: config.smem_bytes(spec),
+        args,
+    }
+}
+
+/// The combine kernel of a split decode of `spec` (see `combine`).
+pub fn emit_decode_combine(spec: &Spec) -> Kernel {
+    let name = kernel_name("decode_combine", spec);
+    let args = decode_combine_args(spec);
+    let bounds = COMBINE_THREADS.to_string();
+    let entry = Entry { name: &name, bounds: &bounds, args: &args };
+    let storage = storage(spec.dtype);
+    let library = [vec![Piece::Part(Part::Prelude)], vec![Piece::Part(Part::Tiles)]];
+    let config = |w: &mut Writer<String>| write_combine_config(w, storage, spec.head_dims.v);
+    let source = assemble(spec, &library, config, entry, write_combine_body);
+    Kernel {
+        name,
+        source,
+        grid: Grid::QueryTiles,
+        block_m: 1,
+        block_n: 1,
+        threads: COMBINE_THREADS,
+        dynamic_smem: 0,
+        args,
+    }
+}
+
+fn storage(dtype: Dtype) -> &'static str {
+    match dtype {
+        Dtype::F16 => "f16",
+        Dtype::Bf16 => "bf16",
+    }
+}
+
+/// The `constexpr` block of a decode kernel.
+fn write_config(w: &mut Writer<String>, spec: &Spec, config: DecodeConfig) -> fmt::Result {
+    let DecodeConfig { m_tiles, stages, .. } = config;
+    write!(
+        w,
+        "\
+        // ---- kernel configuration ---------------------------------------------------\n\
+        using storage = {storage};  // element format of Q, K, V and O\n\
+        constexpr int D = {d};  // Q/K head dim\n\
+        constexpr int DV = {dv};  // V/O head dim\n\
+        constexpr int DP = (D + 15) / 16 * 16;  // D padded to the MMA k-step (zeros beyond D)\n\
+        constexpr int DVP = (DV + 15) / 16 * 16;  // DV padded to pairs of 8-wide MMA tiles\n\
+        constexpr int WARPS = {DECODE_WARPS};\n\
+        constexpr int THREADS = 32 * WARPS;\n\
+        constexpr int M_TILES = {m_tiles};  // 16-row MMA tiles; every warp multiplies all of them\n\
+        constexpr int BLOCK_M = 16 * M_TILES;  // query rows per CTA (query heads x tokens)\n\
+        constexpr int BLOCK_N = {DECODE_BLOCK_N};  // keys per K/V tile\n\
+        constexpr int WARP_N = BLOCK_N / WARPS;  // a warp's keys of each tile: one k-step of P V\n\
+        constexpr int S_TILES = WARP_N / 8;  // m16n8 accumulator tiles of a warp's S\n\
+        constexpr int O_TILES = DVP / 8;  // m16n8 accumulator tiles of a warp's O\n\
+        constexpr int STAGES = {stages};  // K/V pipeline stages, STAGES - 1 tiles in flight\n\
+        constexpr int Q_TILE = BLOCK_M * DP;\n\
+        constexpr int K_TILE = BLOCK_N * DP;\n\
+        constexpr int V_TILE = BLOCK_N * DVP;\n\
+        \n",
+        storage = storage(spec.dtype),
+        d = spec.head_dims.qk,
+        dv = spec.head_dims.v,
+    )
+}

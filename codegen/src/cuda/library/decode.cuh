@@ -1,0 +1,64 @@
+// ---- decode: the KV cache and the query rows of a K/V head ---------------------
+// Every address a decode kernel forms in the KV cache comes from KvRows, so
+// another cache layout (pages) changes this struct and nothing else.
+struct KvRows {
+    const unsigned short* base;  // row 0 of one sequence and K/V head
+    long long seq_stride;        // elements from one cache row to the next
+    __device__ __forceinline__ const unsigned short* row(int i) const { return base + i * seq_stride; }
+    // Whether every row allows 16-byte copies.
+    __device__ __forceinline__ bool vector() const { return aligned16(base, seq_stride); }
+};
+
+// Sequence b's key count, clamped into the cache: a bad length gives wrong
+// rows, never a read past the cache (lengths live on the device, so a
+// captured graph replays with new ones).
+__device__ __forceinline__ int cache_len(const int* __restrict__ kv_lens, int b, int max_kv_len) {
+    return min(max(kv_lens[b], 0), max_kv_len);
+}
+
+// Waits until at most N committed cp.async groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Copies cache rows [first, first + ROWS) x cols [0, COLS) into a swizzled
+// shared tile, rows past `rows` (and cols past WIDTH) zero-filled. Each
+// thread copies 16-byte chunks; consecutive threads take consecutive chunks
+// of a row, so a warp's copies are coalesced.
+template <int ROWS, int COLS, int WIDTH, int THREADS>
+__device__ __forceinline__ void load_kv_tile(unsigned short* tile, const KvRows& kv, int first, int rows, bool vector) {
+    constexpr int CHUNKS = COLS / 8;
+    constexpr int COPIES = (ROWS * CHUNKS + THREADS - 1) / THREADS;
+    if (WIDTH % 8 == 0 && vector) {
+        #pragma unroll
+        for (int j = 0; j < COPIES; ++j) {
+            const int i = threadIdx.x + j * THREADS;
+            if ((ROWS * CHUNKS) % THREADS == 0 || i < ROWS * CHUNKS) {
+                const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
+                const bool valid = r < rows && c < WIDTH;
+                cp_async_16(tile + swizzle<COLS>(r, c), valid ? kv.row(first + r) + c : kv.base, valid ? 16 : 0);
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < ROWS * COLS; i += THREADS) {
+            const int r = i / COLS, c = i % COLS;
+            tile[swizzle<COLS>(r, c)] = r < rows && c < WIDTH ? kv.row(first + r)[c] : (unsigned short)0;
+        }
+    }
+}
+
+// The Q tile of a decode CTA: tile row r is the group's query row
+// `first + r`, query token (first + r) / group of head (first + r) % group
+// counted from `q_group` (the group's first head of the sequence); rows at
+// or past `rows` are zero.
+template <int ROWS, int COLS, int WIDTH, int THREADS>
+__device__ __forceinline__ void load_q_rows(unsigned short* tile, const unsigned short* q_group, long long seq_stride,
+                                            long long head_stride, int group, int first, int rows) {
+    for (int i = threadIdx.x; i < ROWS * COLS; i += THREADS) {
+        const int r = i / COLS, c = i % COLS, row = first + r;
+        const bool valid = row < rows && c < WIDTH;
+        const long long at = (long long)(row / group) * seq_stride + (long long)(row % group) * head_stride + c;
+        tile[swizzle<COLS>(r, c)] = valid ? q_group[valid ? at : 0] : (unsigned short)0;
+    }
+}

@@ -1,0 +1,217 @@
+//! Decoding: a few new query tokens per sequence against a KV cache, in a
+//! [`DecodePlan`] made once for the batch's upper bounds and run every step.
+//!
+//! The plan makes every decision on the host up front (the kernel's rows
+//! per tile and stages, the split count from the shapes and the SM count,
+//! the compiled kernels, the split workspace); [`DecodePlan::run`] checks
+//! the operands against it and queues one or two launches: no allocation
+//! (host or device), no copy between host and device, no synchronization,
+//! no spec hashing. The sequences' key counts are read on the device, so a
+//! step can be captured into a CUDA graph once and replayed with new
+//! lengths written to the same `kv_lens` buffer.
+
+use crate::args::{signature, ArgInfo, ArgValue};
+use crate::check::{check_forward, softmax_scale, Problem};
+use crate::check_decode::{check_launch, check_plan_shape, check_splits, DecodeShape};
+use crate::element::Element;
+use crate::error::Error;
+use crate::kernels::{LoadedKernel, Which};
+use crate::layout::Layout;
+use crate::marshal::{launch_config, launch_inline, marshal_into, Bindings, DecodeBindings, Value, INLINE_ARGS};
+use crate::operand::{DeviceInput, DeviceOutput};
+use crate::runtime::Runtime;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
+use flashgen_codegen::cuda::{split_count, DecodeConfig, DECODE_BLOCK_N};
+use flashgen_codegen::{to_source, Spec};
+use std::sync::Arc;
+
+/// The most params and tensors a decode spec declares: a launch keeps
+/// their values and guards in arrays of this size (no host allocation).
+const SPEC_ARGS: usize = 16;
+
+/// How a plan runs: the softmax scale and, to override the plan's choice,
+/// the split count.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DecodeOptions {
+    /// Softmax scale, positive and finite; `None`: `1 / sqrt(head_dims.qk)`.
+    pub scale: Option<f32>,
+    /// Split each sequence's keys this many ways (1 to
+    /// [`MAX_SPLITS`](flashgen_codegen::cuda::MAX_SPLITS)); `None`: the
+    /// plan's choice from the shapes and the SM count.
+    pub splits: Option<usize>,
+}
+
+/// The operands of one decode step. Q and O are `[batch, q_len, heads, d]`,
+/// K and V the cache `[batch, max_kv_len, heads_kv, d]` (any [`Layout`]
+/// strides); sequence `b`'s keys are its cache rows `0 .. kv_lens[b]`, and
+/// its query `i` is the spec's `q = i` with `q_len` / `kv_len` the step's,
+/// exactly as [`Runtime::forward`] on the same queries and keys. The LSE,
+/// if asked, is `f32[batch, heads, q_len]`.
+pub struct DecodeIo<'a, T> {
+    pub q: (&'a dyn DeviceInput<T>, Layout),
+    pub k: (&'a dyn DeviceInput<T>, Layout),
+    pub v: (&'a dyn DeviceInput<T>, Layout),
+    pub o: (&'a mut dyn DeviceOutput<T>, Layout),
+    pub lse: Option<&'a mut CudaSlice<f32>>,
+    /// `i32[batch]` each sequence's key count, on the device. Values past
+    /// the cache (or negative) are clamped into `[0, max_kv_len]`: wrong
+    /// rows, never a read outside the cache.
+    pub kv_lens: &'a dyn DeviceInput<i32>,
+}
+
+/// A decode step's decisions and resources, made once for its bounds.
+pub struct DecodePlan {
+    spec: Spec,
+    shape: DecodeShape,
+    scale: f32,
+    config: DecodeConfig,
+    splits: u32,
+    decode: Arc<LoadedKernel>,
+    grid: LaunchConfig,
+    /// With more than one split: the combine kernel, its grid and the
+    /// partial O and LSE.
+    split: Option<SplitResources>,
+}
+
+struct SplitResources {
+    combine: Arc<LoadedKernel>,
+    grid: LaunchConfig,
+    partial_o: CudaSlice<f32>,
+    partial_lse: CudaSlice<f32>,
+}
+
+impl Runtime {
+    /// A decode plan for `spec` within `shape`'s bounds on this runtime's
+    /// GPU: compiles (or loads) its kernels and allocates the split
+    /// workspace. Errors: heads not in groups, no queries, a split count
+    /// out of range, head dims whose stages do not fit the GPU, more than
+    /// 16 params and tensors.
+    pub fn decode_plan(&self, spec: &Spec, shape: DecodeShape, opts: &DecodeOptions) -> Result<DecodePlan, Error> {
+        check_plan_shape(&shape)?;
+        if spec.params.len() + spec.tensors.len() > SPEC_ARGS {
+            let problem = format!("spec `{}` declares more than {SPEC_ARGS} params and tensors", spec.name);
+            return Err(Error::DecodeShape { problem });
+        }
+        let scale = softmax_scale(spec, opts.scale)?;
+        let rows = u32::try_from(shape.group_rows()).unwrap_or(u32::MAX);
+        let config = DecodeConfig::for_rows(spec, self.target(), rows).ok_or_else(|| Error::DecodeShape {
+            problem: format!("head dims {}/{} leave no room for two K/V stages", spec.head_dims.qk, spec.head_dims.v),
+        })?;
+        let ctas = (shape.group_rows().div_ceil(config.block_m() as usize) * shape.heads_kv * shape.batch) as u64;
+        let kv_tiles = u32::try_from(shape.max_kv_len.div_ceil(DECODE_BLOCK_N as usize)).unwrap_or(u32::MAX);
+        let splits = match opts.splits {
+            Some(n) => check_splits(n)?,
+            None => split_count(ctas, self.sm_count(), config.ctas_per_sm, kv_tiles),
+        };
+        let spec_source = to_source(spec);
+        let decode = self.load_keyed(spec, &spec_source, Which::Decode(config))?;
+        let grid = launch_config(decode.kernel(), &shape.as_shape(), splits as usize, self.sm_count())?;
+        let split = match splits {
+            1 => None,
+            _ => {
+                let combine = self.load_keyed(spec, &spec_source, Which::DecodeCombine)?;
+                let grid = launch_config(combine.kernel(), &shape.as_shape(), 1, self.sm_count())?;
+                let rows = splits as usize * shape.batch * shape.heads * shape.q_len;
+                let alloc = |n: usize| self.stream().alloc_zeros::<f32>(n.max(1));
+                let during = |e| Error::driver("allocating the split decode's workspace", e);
+                let partial_o = alloc(rows * spec.head_dims.v as usize).map_err(during)?;
+                let partial_lse = alloc(rows).map_err(during)?;
+                Some(SplitResources { combine, grid, partial_o, partial_lse })
+            }
+        };
+        Ok(DecodePlan { spec: spec.clone(), shape, scale, config, splits, decode, grid, split })
+    }
+}
+
+impl DecodePlan {
+    /// The bounds the plan was made for.
+    pub fn shape(&self) -> DecodeShape {
+        self.shape
+    }
+
+    /// How many ways each sequence's keys are split.
+    pub fn splits(&self) -> usize {
+        self.splits as usize
+    }
+
+    /// The decode kernel's configuration.
+    pub fn config(&self) -> DecodeConfig {
+        self.config
+    }
+
+    /// Queues one decode step on `rt`'s stream (the runtime the plan was
+    /// made on) without waiting: checks the operands and `args` (the spec's
+    /// params, then its tensors) against the plan, then launches the decode
+    /// kernel and, with splits, the combine kernel.
+    pub fn run<T: Element>(&self, rt: &Runtime, io: DecodeIo<'_, T>, args: &[ArgValue<'_>]) -> Result<(), Error> {
+        // Params and tensors in arrays, not vectors: a run allocates nothing.
+        if args.len() > SPEC_ARGS {
+            let expected = self.spec.params.len() + self.spec.tensors.len();
+            return Err(Error::ArgCount { expected, got: args.len(), signature: signature(&self.spec) });
+        }
+        let infos: [ArgInfo; SPEC_ARGS] = std::array::from_fn(|i| args.get(i).map_or(ArgInfo::I32(0), ArgValue::info));
+        let infos = &infos[..args.len()];
+        let DecodeIo { q, k, v, o, lse, kv_lens } = io;
+        let layouts = [q.1, k.1, v.1, o.1];
+        let operands = [(q.1, q.0.len()), (k.1, k.0.len()), (v.1, v.0.len()), (o.1, o.0.len())];
+        let problem = Problem::new(T::DTYPE, operands, lse.as_ref().map(|l| l.len()));
+        let Some(shape) = check_forward(&self.spec, &problem, infos)? else {
+            return Ok(());
+        };
+        check_launch(&self.shape, &shape, kv_lens.len())?;
+
+        // The guards order the launches after pending work on each buffer
+        // and record them for later work; they must live until after both.
+        let stream = rt.stream().as_ref();
+        let (q_ptr, _q) = q.0.device_ptr(stream);
+        let (k_ptr, _k) = k.0.device_ptr(stream);
+        let (v_ptr, _v) = v.0.device_ptr(stream);
+        let (o_ptr, _o) = o.0.device_ptr_mut(stream);
+        let (lens_ptr, _lens) = kv_lens.device_ptr(stream);
+        let lse = lse.map(|l| l.device_ptr_mut(stream));
+        let lse_ptr = lse.as_ref().map_or(0, |(ptr, _)| *ptr);
+        // The checks put params first: the tensors are the arguments with
+        // device pointers, in declaration order.
+        let tensors: [_; SPEC_ARGS] = std::array::from_fn(|i| args.get(i).and_then(|a| a.device_ptr(stream)));
+        let mut tensor_ptrs = [0u64; SPEC_ARGS];
+        let mut count = 0;
+        for (ptr, _) in tensors.iter().flatten() {
+            tensor_ptrs[count] = *ptr;
+            count += 1;
+        }
+        let tensor_ptrs = &tensor_ptrs[..count];
+        let partial = self.split.as_ref().map(|s| (s.partial_o.device_ptr(stream), s.partial_lse.device_ptr(stream)));
+        let partial_ptrs = partial.as_ref().map_or([0; 2], |((o, _), (l, _))| [*o, *l]);
+        let bindings = Bindings {
+            decode: Some(DecodeBindings { kv_lens: lens_ptr, splits: self.splits, partial: partial_ptrs }),
+            ..Bindings::without_operands(shape, infos, tensor_ptrs).with_operands(
+                [q_ptr, k_ptr, v_ptr, o_ptr],
+                layouts,
+                lse_ptr,
+                self.scale,
+            )
+        };
+        self.launch(rt, &self.decode, &bindings, self.grid)?;
+        match &self.split {
+            Some(split) => self.launch(rt, &split.combine, &bindings, split.grid),
+            None => Ok(()),
+        }
+    }
+
+    fn launch(&self, rt: &Runtime, loaded: &LoadedKernel, b: &Bindings, grid: LaunchConfig) -> Result<(), Error> {
+        let kernel = loaded.kernel();
+        let mut values = [Value::I32(0); INLINE_ARGS];
+        let count = marshal_into(kernel, b, &mut values)?;
+        let launching = |e| Error::driver(format!("launching `{}`", kernel.name), e);
+        // Stream waits queued by the guards report failures here.
+        rt.context().check_err().map_err(launching)?;
+        // SAFETY: `marshal_into` followed the kernel's own argument list, so the
+        // values match its parameters in order and type; `check_forward`
+        // proved every element Q, K, V, O and the LSE's layouts address is
+        // inside its buffer, `check_launch` that the shape is the plan's (the
+        // workspace's and the grid's) and that `kv_lens` holds an entry per
+        // sequence; the kernel clamps each length into the cache.
+        // `marshal_into` wrote at most INLINE_ARGS values.
+        unsafe { launch_inline(rt.stream(), loaded.function(), &values[..count], grid) }.map_err(launching)
+    }
+}

@@ -1,0 +1,119 @@
+//! `flashgen-bench --decode`: the decode path's memory bandwidth. bf16,
+//! d = 128, 32 query heads over 8 K/V heads, one query token per sequence
+//! under the bottom-right causal mask (every key kept), batch × cache length
+//! from the flags; each step after 256 MB of zeros written (a cold L2),
+//! median of CUDA-event timings. GB/s = the K and V bytes a step must read
+//! ÷ its time. A device-to-device copy row gives the ceiling ((read +
+//! written bytes) ÷ time), and each row the host time of one
+//! `DecodePlan::run`.
+
+use crate::verify::driver as driver_error;
+use flashgen::cudarc::driver::CudaSlice;
+use flashgen::half::bf16;
+use flashgen::runtime::{median_ms_after, DecodeIo, DecodeOptions, DecodeShape, Error, Layout, Runtime};
+use std::time::Instant;
+
+const HEADS: (usize, usize) = (32, 8);
+const D: usize = 128;
+/// Zeros written before every timed step: the forward rows' flush.
+const L2_FLUSH_BYTES: usize = 256 << 20;
+/// Caches past this many bytes (K and V) are skipped: they leave no room
+/// on an 80 GB GPU.
+const MAX_CACHE_BYTES: usize = 40 << 30;
+const SPEC: &str = "Decode { dtype: bf16, head_dim: 128, mask: q + kv_len - q_len >= k }";
+
+/// Prints the decode rows for every batch × cache length, then the copy row.
+pub fn run(rt: &Runtime, batches: &[usize], kv_lens: &[usize], iters: usize) {
+    println!(
+        "device: {} ({}), decode: bf16, d={D}, heads {}/{}, q_len 1, median of {iters}",
+        rt.device_name(),
+        rt.arch(),
+        HEADS.0,
+        HEADS.1
+    );
+    println!(
+        "{:<10} {:>5} {:>7} {:>7} {:>10} {:>9} {:>9}",
+        "row", "batch", "kv_len", "splits", "ms", "GB/s", "host µs"
+    );
+    let spec = flashgen::parse_one(SPEC).expect("a valid spec");
+    for &kv_len in kv_lens {
+        for &batch in batches {
+            let bytes = 2 * batch * kv_len * HEADS.1 * D * 2;
+            if bytes > MAX_CACHE_BYTES {
+                println!("{:<10} {batch:>5} {kv_len:>7} skipped: {} GiB of K/V", "decode", bytes >> 30);
+                continue;
+            }
+            match time_decode(rt, &spec, batch, kv_len, iters) {
+                Ok((splits, ms, host_us)) => {
+                    let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
+                    println!(
+                        "{:<10} {batch:>5} {kv_len:>7} {splits:>7} {ms:>10.4} {gbs:>9.0} {host_us:>9.2}",
+                        "decode"
+                    );
+                }
+                Err(e) => println!("{:<10} {batch:>5} {kv_len:>7} error: {e}", "decode"),
+            }
+        }
+    }
+    match time_copy(rt, 1 << 30, iters) {
+        Ok(ms) => {
+            let gbs = 2.0 * (1u64 << 30) as f64 / (ms * 1e-3) / 1e9;
+            println!("{:<10} {:>5} {:>7} {:>7} {ms:>10.4} {gbs:>9.0}", "d2d-copy", "-", "1 GiB", "-");
+        }
+        Err(e) => println!("d2d-copy error: {e}"),
+    }
+}
+
+/// One plan's split count, median step time (ms) and host µs per run.
+fn time_decode(
+    rt: &Runtime,
+    spec: &flashgen::Spec,
+    batch: usize,
+    kv_len: usize,
+    iters: usize,
+) -> Result<(usize, f64, f64), Error> {
+    let stream = rt.stream().clone();
+    let shape = DecodeShape { batch, heads: HEADS.0, heads_kv: HEADS.1, q_len: 1, max_kv_len: kv_len };
+    let plan = rt.decode_plan(spec, shape, &DecodeOptions::default())?;
+    let [lq, lk] = [Layout::bshd(batch, 1, HEADS.0, D), Layout::bshd(batch, kv_len, HEADS.1, D)];
+    let alloc = |n: usize| stream.alloc_zeros::<bf16>(n).map_err(driver_error("allocate the operands"));
+    let (q, k, v, mut o) = (alloc(lq.len())?, alloc(lk.len())?, alloc(lk.len())?, alloc(lq.len())?);
+    let lens: CudaSlice<i32> =
+        stream.clone_htod(&vec![kv_len as i32; batch]).map_err(driver_error("upload kv_lens"))?;
+    let mut step = || {
+        let io = DecodeIo { q: (&q, lq), k: (&k, lk), v: (&v, lk), o: (&mut o, lq), lse: None, kv_lens: &lens };
+        plan.run(rt, io, &[])
+    };
+    let mut flush = stream.alloc_zeros::<u8>(L2_FLUSH_BYTES).map_err(driver_error("allocate the L2 flush buffer"))?;
+    let ms = median_ms_after(
+        &stream,
+        3,
+        iters,
+        || stream.memset_zeros(&mut flush).map_err(driver_error("flush the L2")),
+        &mut step,
+    )?;
+    // Host cost: back-to-back runs, queued faster than the GPU drains them.
+    let runs = 200;
+    let start = Instant::now();
+    for _ in 0..runs {
+        step()?;
+    }
+    let host_us = start.elapsed().as_secs_f64() * 1e6 / runs as f64;
+    stream.synchronize().map_err(driver_error("wait for the decode steps"))?;
+    Ok((plan.splits(), ms, host_us))
+}
+
+/// Median ms of a device-to-device copy of `bytes` (cold L2).
+fn time_copy(rt: &Runtime, bytes: usize, iters: usize) -> Result<f64, Error> {
+    let stream = rt.stream().clone();
+    let src = stream.alloc_zeros::<u8>(bytes).map_err(driver_error("allocate the copy source"))?;
+    let mut dst = stream.alloc_zeros::<u8>(bytes).map_err(driver_error("allocate the copy target"))?;
+    let mut flush = stream.alloc_zeros::<u8>(L2_FLUSH_BYTES).map_err(driver_error("allocate the L2 flush buffer"))?;
+    median_ms_after(
+        &stream,
+        3,
+        iters,
+        || stream.memset_zeros(&mut flush).map_err(driver_error("flush the L2")),
+        || stream.memcpy_dtod(&src, &mut dst).map_err(driver_error("copy")),
+    )
+}

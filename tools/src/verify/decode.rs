@@ -1,0 +1,208 @@
+//! Decode problems on the GPU: a dense KV cache whose rows past each
+//! sequence's length hold noise the kernel must never read, per-sequence
+//! lengths on the device, a [`DecodePlan`] run on NaN-poisoned outputs, and
+//! the result in the varlen reference's layouts: a decode step is the
+//! varlen forward of `q_len` queries per sequence against its first
+//! `kv_lens[b]` cache rows, tensors' `KV_LEN` dims the cache's rows.
+
+use super::{
+    driver, gather, launch_args, median_ms_after, random_tensors, round, upload_operands, upload_tensors, DeviceTensor,
+    GpuOutput, Operands,
+};
+use flashgen::codegen::reference::{ParamValue, Problem, VarlenProblem};
+use flashgen::codegen::{Dtype, Shape, Spec};
+use flashgen::cudarc::driver::{CudaSlice, CudaStream};
+use flashgen::runtime::{DecodeIo, DecodePlan, DecodeShape, Error, Layout, Runtime};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
+use std::sync::Arc;
+
+/// A decode problem: the reference's packed view and the cache as the GPU
+/// holds it.
+#[derive(Clone)]
+pub struct DecodeProblem {
+    /// The step as the varlen reference sees it (Q packed = Q dense).
+    pub reference: VarlenProblem,
+    /// K and V caches `[batch, max_kv_len, heads_kv, d]`, BSHD.
+    pub k_cache: Vec<f64>,
+    pub v_cache: Vec<f64>,
+    pub kv_lens: Vec<usize>,
+    pub shape: DecodeShape,
+}
+
+/// Draws a decode problem: Q and every cache row ~ N(0, 1) rounded to the
+/// dtype, sequence `b` keeping `kv_lens[b]` (at most `shape.max_kv_len`)
+/// rows, tensors sized by the cache, scale 1/√d.
+pub fn random_decode_problem(
+    spec: &Spec,
+    shape: DecodeShape,
+    kv_lens: &[usize],
+    params: Vec<ParamValue>,
+    seed: u64,
+) -> DecodeProblem {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let DecodeShape { batch, heads, heads_kv, q_len, max_kv_len } = shape;
+    let (dqk, dv) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
+    let mut normal =
+        |n: usize| -> Vec<f64> { (0..n).map(|_| round(spec.dtype, rng.sample::<f64, _>(StandardNormal))).collect() };
+    let q = normal(batch * q_len * heads * dqk);
+    let (k_cache, v_cache) = (normal(batch * max_kv_len * heads_kv * dqk), normal(batch * max_kv_len * heads_kv * dv));
+    let ref_shape = Shape { batch, heads, heads_kv, q_len, kv_len: max_kv_len };
+    let tensors = random_tensors(spec, &ref_shape, vec![None; spec.tensors.len()], &mut rng);
+    let scale = f64::from(1.0 / (dqk as f32).sqrt());
+    let cu_seqlens_q = (0..=batch).map(|b| b * q_len).collect();
+    let problem = Problem { shape: ref_shape, q, k: vec![], v: vec![], scale, params, tensors };
+    let reference = VarlenProblem { problem, cu_seqlens_q, cu_seqlens_k: vec![] };
+    DecodeProblem { reference, k_cache, v_cache, kv_lens: vec![], shape }.with_lens(kv_lens)
+}
+
+impl DecodeProblem {
+    /// The same step (queries, cache, tensors) with sequence `b` keeping
+    /// `kv_lens[b]` cache rows: the reference's keys are each sequence's
+    /// first rows.
+    pub fn with_lens(mut self, kv_lens: &[usize]) -> DecodeProblem {
+        let DecodeShape { batch, max_kv_len, .. } = self.shape;
+        let packed = |cache: &[f64]| -> Vec<f64> {
+            let row = cache.len() / (batch * max_kv_len).max(1);
+            (0..batch).flat_map(|b| &cache[b * max_kv_len * row..][..kv_lens[b] * row]).copied().collect()
+        };
+        self.reference.problem.k = packed(&self.k_cache);
+        self.reference.problem.v = packed(&self.v_cache);
+        let ends = kv_lens.iter().scan(0, |sum, &n| {
+            *sum += n;
+            Some(*sum)
+        });
+        self.reference.cu_seqlens_k = std::iter::once(0).chain(ends).collect();
+        self.kv_lens = kv_lens.to_vec();
+        self
+    }
+}
+
+/// A decode problem's operands, LSE, lengths and tensors on the GPU.
+pub struct DeviceDecode {
+    operands: Operands,
+    lse: CudaSlice<f32>,
+    kv_lens: CudaSlice<i32>,
+    tensors: Vec<DeviceTensor>,
+    layouts: [Layout; 4],
+    shape: DecodeShape,
+    stream: Arc<CudaStream>,
+}
+
+impl DeviceDecode {
+    /// Uploads `problem` (contiguous BSHD operands), O and the LSE poisoned.
+    pub fn upload(rt: &Runtime, spec: &Spec, problem: &DecodeProblem) -> Result<Self, Error> {
+        let stream = rt.stream().clone();
+        let shape = problem.shape;
+        let DecodeShape { batch, heads, heads_kv, q_len, max_kv_len } = shape;
+        let (dqk, dv) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
+        let layouts = [
+            Layout::bshd(batch, q_len, heads, dqk),
+            Layout::bshd(batch, max_kv_len, heads_kv, dqk),
+            Layout::bshd(batch, max_kv_len, heads_kv, dv),
+            Layout::bshd(batch, q_len, heads, dv),
+        ];
+        let o_poison = vec![f64::NAN; layouts[3].len()];
+        let host = [&problem.reference.problem.q, &problem.k_cache, &problem.v_cache, &o_poison];
+        let operands = match spec.dtype {
+            Dtype::F16 => Operands::F16(upload_operands(&stream, host, &layouts)?),
+            Dtype::Bf16 => Operands::Bf16(upload_operands(&stream, host, &layouts)?),
+        };
+        let lse = stream.clone_htod(&vec![f32::NAN; batch * heads * q_len]).map_err(driver("upload LSE"))?;
+        let lens: Vec<i32> = problem.kv_lens.iter().map(|&n| n as i32).collect();
+        let kv_lens = stream.clone_htod(&lens).map_err(driver("upload kv_lens"))?;
+        let tensors = upload_tensors(&stream, spec, &problem.reference.problem.tensors)?;
+        Ok(DeviceDecode { operands, lse, kv_lens, tensors, layouts, shape, stream })
+    }
+
+    /// Overwrites the lengths on the device (anything: the kernel clamps
+    /// them into the cache), in stream order.
+    pub fn set_kv_lens(&mut self, lens: &[i32]) -> Result<(), Error> {
+        self.stream.memcpy_htod(lens, &mut self.kv_lens).map_err(driver("upload kv_lens"))
+    }
+
+    /// Queues one decode step in `plan` (asynchronous).
+    pub fn run(&mut self, rt: &Runtime, plan: &DecodePlan, problem: &DecodeProblem) -> Result<(), Error> {
+        let args = launch_args(&self.tensors, &problem.reference.problem);
+        let [lq, lk, lv, lo] = self.layouts;
+        let (lse, kv_lens) = (Some(&mut self.lse), &self.kv_lens);
+        match &mut self.operands {
+            Operands::F16([q, k, v, o]) => {
+                let io = DecodeIo { q: (q, lq), k: (k, lk), v: (v, lv), o: (o, lo), lse, kv_lens };
+                plan.run(rt, io, &args)
+            }
+            Operands::Bf16([q, k, v, o]) => {
+                let io = DecodeIo { q: (q, lq), k: (k, lk), v: (v, lv), o: (o, lo), lse, kv_lens };
+                plan.run(rt, io, &args)
+            }
+        }
+    }
+
+    /// Median milliseconds (CUDA events) of a decode step after `warmup`
+    /// unmeasured ones, each after `flush_bytes` of zeros written (cold L2).
+    pub fn time(
+        &mut self,
+        rt: &Runtime,
+        plan: &DecodePlan,
+        problem: &DecodeProblem,
+        flush_bytes: usize,
+        (warmup, iters): (usize, usize),
+    ) -> Result<f64, Error> {
+        let stream = self.stream.clone();
+        let mut flush = stream.alloc_zeros::<u8>(flush_bytes).map_err(driver("allocate the L2 flush buffer"))?;
+        let zero = || stream.memset_zeros(&mut flush).map_err(driver("flush the L2"));
+        median_ms_after(&stream, warmup, iters, zero, || self.run(rt, plan, problem))
+    }
+
+    /// Waits for the stream and reads O (`[batch · q_len, heads, d_v]`) and
+    /// the LSE, reordered to the varlen reference's `[heads, batch · q_len]`.
+    pub fn download(&self) -> Result<GpuOutput, Error> {
+        let err = driver("download results");
+        self.stream.synchronize().map_err(err)?;
+        let o = match &self.operands {
+            Operands::F16(ops) => gather(&self.stream.clone_dtoh(&ops[3]).map_err(err)?, &self.layouts[3]),
+            Operands::Bf16(ops) => gather(&self.stream.clone_dtoh(&ops[3]).map_err(err)?, &self.layouts[3]),
+        };
+        let lse = self.stream.clone_dtoh(&self.lse).map_err(err)?;
+        let DecodeShape { batch, heads, q_len, .. } = self.shape;
+        let total_q = batch * q_len;
+        let mut varlen = vec![0.0; heads * total_q];
+        for b in 0..batch {
+            for h in 0..heads {
+                for i in 0..q_len {
+                    varlen[h * total_q + b * q_len + i] = f64::from(lse[(b * heads + h) * q_len + i]);
+                }
+            }
+        }
+        Ok(GpuOutput { o, lse: varlen })
+    }
+}
+
+/// Random lengths for `batch` sequences in `[lo, hi]`.
+pub fn random_lens(rng: &mut impl Rng, batch: usize, (lo, hi): (usize, usize)) -> Vec<usize> {
+    (0..batch).map(|_| rng.random_range(lo..=hi)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reference_sees_each_sequences_first_rows() {
+        let spec = flashgen::parse_one(
+            "S { dtype: bf16, head_dim: 8, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }",
+        )
+        .unwrap();
+        let shape = DecodeShape { batch: 3, heads: 4, heads_kv: 2, q_len: 2, max_kv_len: 5 };
+        let p = random_decode_problem(&spec, shape, &[5, 0, 3], vec![], 7);
+        let r = &p.reference;
+        assert_eq!((r.cu_seqlens_q.clone(), r.cu_seqlens_k.clone()), (vec![0, 2, 4, 6], vec![0, 5, 5, 8]));
+        assert_eq!(r.problem.k.len(), 8 * 2 * 8);
+        // Sequence 2's first key row is cache row (b = 2, s = 0).
+        assert_eq!(r.problem.k[5 * 16..][..16], p.k_cache[2 * 5 * 16..][..16]);
+        assert_eq!(r.problem.shape.kv_len, 5, "tensors are sized by the cache");
+        let flashgen::codegen::reference::TensorData::I32(doc) = &r.problem.tensors[0] else { panic!("ids") };
+        assert_eq!(doc.len(), 3 * 5);
+    }
+}
