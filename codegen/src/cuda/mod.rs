@@ -26,7 +26,9 @@ mod tile_config;
 mod work_order;
 mod writer;
 
-pub use backward::{emit_backward, emit_backward_with, trainable_tensors, BackwardConfig, BackwardPass, DqAccum};
+pub use backward::{
+    emit_backward, emit_backward_varlen, emit_backward_with, trainable_tensors, BackwardConfig, BackwardPass, DqAccum,
+};
 pub use block_mask::emit_block_mask;
 pub use forward::{
     emit_forward, emit_forward_copying, emit_forward_traced, emit_forward_varlen, emit_forward_with, is_light,
