@@ -18,6 +18,8 @@ pub(crate) enum Which {
     /// A work order under the spec's block mask.
     WorkOrder(cuda::Work),
     Backward(cuda::BackwardPass, cuda::BackwardConfig),
+    /// Made by [`Which::backward_varlen`].
+    BackwardVarlen(cuda::BackwardPass, cuda::BackwardConfig),
 }
 
 /// Which kernels of a spec to precompile.
@@ -75,6 +77,12 @@ impl Which {
         Which::Backward(pass, config.for_pass(pass))
     }
 
+    /// Varlen backward kernel `pass` in `config`, keyed as
+    /// [`Which::backward`]'s; it copies with threads, so `copy` is one value.
+    pub(crate) fn backward_varlen(pass: cuda::BackwardPass, config: cuda::BackwardConfig) -> Which {
+        Which::BackwardVarlen(pass, cuda::BackwardConfig { copy: TileCopy::Threads, ..config.for_pass(pass) })
+    }
+
     /// The kernel of `spec`; `None` for the block mask of a spec without a
     /// mask, and for a work order of one without a data-dependent mask.
     pub(crate) fn emit(self, spec: &Spec) -> Option<Kernel> {
@@ -84,6 +92,7 @@ impl Which {
             Which::BlockMask => cuda::emit_block_mask(spec),
             Which::WorkOrder(work) => cuda::emit_work_order(spec, work),
             Which::Backward(pass, config) => Some(cuda::emit_backward_with(spec, pass, config)),
+            Which::BackwardVarlen(pass, config) => Some(cuda::emit_backward_varlen(spec, pass, config)),
         }
     }
 }

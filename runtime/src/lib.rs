@@ -72,6 +72,7 @@ mod tuning;
 // One GPU and the launches on it.
 mod autotune;
 mod backward;
+mod backward_varlen;
 mod block_mask;
 mod forward;
 mod forward_launch;
@@ -85,6 +86,7 @@ pub use arch::Arch;
 pub use args::ArgValue;
 pub use autotune::TuneReport;
 pub use backward::{BackwardIo, BackwardOptions, BackwardWorkspace};
+pub use backward_varlen::VarlenBackwardIo;
 pub use block_mask::BlockMask;
 pub use disk_cache::{
     precompile, Cleared, DiskCache, Entry, EntryKey, PrecompileReport, CACHE_DIR_ENV, CACHE_ENV, CACHE_MAX_BYTES_ENV,

@@ -185,8 +185,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: P
     let (statistic_row, accum_rows) = (packing.statistic_row(spec, "h"), packing.accum_rows(spec));
     let seq = |op| n(ArgKind::Stride(op, Axis::Seq));
     let [q_stride, k_stride, v_stride, do_stride] = [Operand::Q, Operand::K, Operand::V, Operand::DO].map(seq);
-    write!(
-        w,
+    w.write_str(
         "\
         extern __shared__ __align__(128) unsigned short smem[];\n\
         unsigned short* k_tile = smem;  // [BLOCK_N][DP], for every step\n\
@@ -196,7 +195,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: P
         unsigned short* ds_tiles = dout_tiles + 2 * DO_TILE;  // [2][BLOCK_N][BLOCK_M]: dS^T, for dQ\n\
         float* lse_cols = (float*)(ds_tiles + 2 * DS_TILE);  // [2][BLOCK_M]: LSE in log2 units, +inf for no gradient\n\
         float* delta_cols = lse_cols + 2 * BLOCK_M;  // [2][BLOCK_M]: D = rowsum(dO * O)\n\
-        \n"
+        \n",
     )?;
     write_key_cta(w, spec, true, packing)?;
     write!(

@@ -73,13 +73,11 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, block_n: u32) -> fmt::Resul
     )
 }
 
-fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: Packing) -> fmt::Result {
+/// Shared memory, the CTA's batch row (or sequence), head and queries; a
+/// varlen CTA past its sequence's queries returns.
+fn write_cta(w: &mut Writer<String>, spec: &Spec, packing: Packing) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
-    let [q_len, kv_len, heads, heads_kv, lse, scale] =
-        [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv, ArgKind::Lse, ArgKind::Scale].map(n);
-    let seq = |op| n(ArgKind::Stride(op, Axis::Seq));
-    let [q_stride, k_stride, v_stride, do_stride, dq_stride] = OPERANDS.map(seq);
-    let statistic_row = packing.statistic_row(spec, "h");
+    let [q_len, kv_len, heads, heads_kv] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv].map(n);
     write!(
         w,
         "\
@@ -105,6 +103,16 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: P
         const int q_lo = q0, q_hi = min_i32(q0 + BLOCK_M, {q_len}) - 1;  // this CTA's queries\n\
         \n"
     )?;
+    Ok(())
+}
+
+fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: Packing) -> fmt::Result {
+    let n = |kind| arg_name(spec, kind);
+    let [q_len, kv_len, lse, scale] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Lse, ArgKind::Scale].map(n);
+    let seq = |op| n(ArgKind::Stride(op, Axis::Seq));
+    let [q_stride, k_stride, v_stride, do_stride, dq_stride] = OPERANDS.map(seq);
+    let statistic_row = packing.statistic_row(spec, "h");
+    write_cta(w, spec, packing)?;
     for (op, rows, head) in [
         (Operand::Q, "q_rows", "h"),
         (Operand::DO, "dout_rows", "h"),
