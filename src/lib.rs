@@ -25,5 +25,5 @@ pub use flashgen_runtime as runtime;
 pub use flashgen_runtime::{cudarc, half};
 pub use flashgen_runtime::{
     ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, DeviceInput, DeviceOutput, Element, Error,
-    ForwardIo, ForwardOptions, Layout, PackedLayout, Runtime, Sequences, TuneReport, VarlenIo,
+    ForwardIo, ForwardOptions, Layout, PackedLayout, Runtime, Sequences, TuneReport, VarlenBackwardIo, VarlenIo,
 };

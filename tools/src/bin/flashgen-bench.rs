@@ -16,7 +16,9 @@
 //! `--varlen` adds a row `doc-varlen` after each `doc` row: the same
 //! documents packed as varlen sequences (each attending within itself, the
 //! pairs the document mask keeps), launched with `Runtime::forward_varlen`:
-//! the same FLOPs without a mask or a block mask.
+//! the same FLOPs without a mask or a block mask. With `--backward` too, a
+//! row `doc-varlen+bwd` times its training step (`Runtime::forward_varlen`,
+//! then `Runtime::backward_varlen` into Q, K and V), against `doc+bwd`.
 //!
 //! `--tune` autotunes the forward of each variant and shape first
 //! (`Runtime::autotune`, remembered in the kernel cache like any tuning):
@@ -158,7 +160,7 @@ fn main() {
                     Err(e) => println!("{name:<16} {d:>4} {s:>6} {batch:>3} error: {e}"),
                 }
                 if varlen && name == "doc" {
-                    varlen_documents(&rt, &problem, d, iters);
+                    varlen_documents(&rt, &problem, d, iters, backward);
                 }
             }
         }
@@ -166,8 +168,9 @@ fn main() {
 }
 
 /// Times the documents of `dense`'s `doc` ids as packed varlen sequences
-/// and prints a `doc-varlen` row (its TFLOP/s over the pairs kept).
-fn varlen_documents(rt: &Runtime, dense: &flashgen::codegen::reference::Problem, d: u32, iters: usize) {
+/// and prints a `doc-varlen` row (its TFLOP/s over the pairs kept) and,
+/// with `backward`, a `doc-varlen+bwd` row for its training step.
+fn varlen_documents(rt: &Runtime, dense: &flashgen::codegen::reference::Problem, d: u32, iters: usize, backward: bool) {
     let Some(TensorData::I32(ids)) = dense.tensors.first() else { return };
     let (batch, s) = (dense.shape.batch, dense.shape.q_len);
     let mut lens = Vec::new();
@@ -177,14 +180,25 @@ fn varlen_documents(rt: &Runtime, dense: &flashgen::codegen::reference::Problem,
     let kept: usize = lens.iter().map(|&(q, k)| q * k).sum();
     let spec = flashgen::parse_one(&format!("Full {{ dtype: bf16, head_dim: {d} }}")).expect("valid spec");
     let problem = verify::varlen::random_varlen_problem(&spec, (HEADS, HEADS), &lens, vec![], s as u64);
-    let timed = verify::varlen::DeviceVarlen::upload(rt, &spec, &problem, verify::varlen::Packing::Thd)
-        .and_then(|mut gpu| gpu.time(rt, &spec, &problem, L2_FLUSH_BYTES, (3, iters)));
+    let timed =
+        verify::varlen::DeviceVarlen::upload(rt, &spec, &problem, verify::varlen::Packing::Thd).and_then(|mut gpu| {
+            let forward = gpu.time(rt, &spec, &problem, L2_FLUSH_BYTES, (3, iters))?;
+            let step = backward
+                .then(|| gpu.time_forward_backward(rt, &spec, &problem, L2_FLUSH_BYTES, (3, iters)))
+                .transpose()?;
+            Ok((forward, step))
+        });
     let name = "doc-varlen";
+    let flops = 4.0 * (HEADS * kept) as f64 * d as f64;
+    let density = kept as f64 / (batch * s * s) as f64;
     match timed {
-        Ok(ms) => {
-            let tflops = 4.0 * (HEADS * kept) as f64 * d as f64 / (ms * 1e-3) / 1e12;
-            let density = kept as f64 / (batch * s * s) as f64;
+        Ok((ms, step)) => {
+            let tflops = flops / (ms * 1e-3) / 1e12;
             println!("{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4} {:>15}", lens.len());
+            if let Some(ms) = step {
+                let (name, tflops) = (format!("{name}+bwd"), 3.5 * flops / (ms * 1e-3) / 1e12);
+                println!("{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4}");
+            }
         }
         Err(e) => println!("{name:<16} {d:>4} {s:>6} {batch:>3} error: {e}"),
     }
