@@ -121,7 +121,9 @@ impl Packing {
             Packing::Dense => format!("((long long)b * {heads} + {head}) * {tiles} + {tile}"),
             Packing::Varlen => {
                 let m = DQ_TILE_ROWS;
-                format!("(long long){head} * (({total_q} + {m} - 1) / {m} + {batch}) + q_seq.start / {m} + b + {tile}")
+                // Tiles per head, in 64 bits: total_q + 63 may not fit an int.
+                let per_head = format!("(({total_q} + {m} - 1LL) / {m} + {batch})");
+                format!("(long long){head} * {per_head} + q_seq.start / {m} + b + {tile}")
             }
         }
     }
