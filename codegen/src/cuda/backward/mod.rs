@@ -56,6 +56,10 @@
 //! head and then per warp, one atomic per warp and head; others add per
 //! element. The order of f32 atomics varies between runs, so tensor
 //! gradients are **not** bitwise deterministic, even in deterministic mode.
+//!
+//! Varlen (packed) operands ([`emit_backward_varlen`]): the same kernels,
+//! each CTA bound to its sequence's span and lengths, rows of D and the dQ
+//! accumulator in the packed token space (see `packing`).
 
 mod common;
 mod dkdv;
