@@ -160,7 +160,7 @@ pub(crate) fn check_grads(p: &Problem, g: &Grads) -> Result<(), Error> {
 /// Head groups, size limits and the params and tensors, for a launch of
 /// `shape` (shared by the forward pass and block-mask builds).
 pub(crate) fn check_shape(spec: &Spec, shape: &Shape, args: &[ArgInfo]) -> Result<(), Error> {
-    if shape.heads == 0 || shape.heads_kv == 0 || shape.heads % shape.heads_kv != 0 {
+    if shape.heads == 0 || shape.heads_kv == 0 || !shape.heads.is_multiple_of(shape.heads_kv) {
         return Err(Error::HeadGroups { heads: shape.heads, heads_kv: shape.heads_kv });
     }
     // Sizes are i32 kernel arguments. q_len ≤ i32::MAX also keeps the grid's

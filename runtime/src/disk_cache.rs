@@ -17,6 +17,7 @@
 
 use crate::arch::Arch;
 use crate::atomic_file::{remove_if_present, write_atomic, TEMP_EXTENSION};
+use crate::compile_lock::{lock_entry, WAIT_LIMIT};
 use crate::error::Error;
 use crate::kernels::{KernelSet, Which};
 use crate::nvrtc::{compile_cubin, nvrtc_version, options};
@@ -48,6 +49,8 @@ const FORMAT_VERSION: u32 = 1;
 /// Magic, format version, key, payload length, payload checksum.
 const HEADER_LEN: usize = 8 + 4 + 16 + 8 + 16;
 const EXTENSION: &str = "cubin";
+/// Compile locks: `locks/<key>.lock` (see `crate::compile_lock`).
+const LOCK_EXTENSION: &str = "lock";
 /// Tuning records: `tuning/<key>.txt`.
 pub(crate) const TUNING_EXTENSION: &str = "txt";
 /// Temp files this old were left by a crashed writer.
@@ -192,7 +195,8 @@ impl DiskCache {
         };
         let entries = scan(&self.dir, EXTENSION, remove_temp)?;
         let tunings = scan(&self.tuning_dir(), TUNING_EXTENSION, remove_temp)?;
-        entries.iter().chain(&tunings).try_for_each(|e| remove_if_present(&e.path))?;
+        let locks = scan(&self.locks_dir(), LOCK_EXTENSION, remove_temp)?;
+        entries.iter().chain(&tunings).chain(&locks).try_for_each(|e| remove_if_present(&e.path))?;
         Ok(Cleared { kernels: entries.len(), tunings: tunings.len() })
     }
 
@@ -246,12 +250,35 @@ impl DiskCache {
 
     /// The CUBIN of `kernel` from the cache, else compiled and stored.
     fn get_or_compile(&self, key: EntryKey, kernel: &Kernel, arch: Arch) -> Result<(Vec<u8>, Origin), Error> {
+        self.get_or_make(key, || compile_cubin(kernel, arch))
+    }
+
+    /// The entry of `key`, else made by `make` and stored, under the
+    /// entry's compile lock: a process that waited for another's compile
+    /// finds the entry and makes nothing.
+    fn get_or_make(
+        &self,
+        key: EntryKey,
+        make: impl FnOnce() -> Result<Vec<u8>, Error>,
+    ) -> Result<(Vec<u8>, Origin), Error> {
         if let Some(cubin) = self.get(key) {
             return Ok((cubin, Origin::Disk));
         }
-        let cubin = compile_cubin(kernel, arch)?;
+        let _lock = lock_entry(&self.lock_path(key), WAIT_LIMIT);
+        if let Some(cubin) = self.get(key) {
+            return Ok((cubin, Origin::Disk));
+        }
+        let cubin = make()?;
         let stored = self.put(key, &cubin);
         Ok((cubin, Origin::Compiled { stored }))
+    }
+
+    fn lock_path(&self, key: EntryKey) -> PathBuf {
+        self.locks_dir().join(format!("{key}.{LOCK_EXTENSION}"))
+    }
+
+    fn locks_dir(&self) -> PathBuf {
+        self.dir.join("locks")
     }
 
     fn path(&self, key: EntryKey) -> PathBuf {
@@ -305,6 +332,9 @@ impl DiskCache {
                 break;
             }
             remove_if_present(&entry.path)?;
+            if let Some(key) = entry.path.file_stem() {
+                remove_if_present(&self.locks_dir().join(key).with_extension(LOCK_EXTENSION))?;
+            }
             total -= entry.bytes;
         }
         Ok(())
@@ -523,6 +553,34 @@ mod tests {
         assert_eq!(cache.get(key(1)).map(|c| c.len()), Some(len));
         let files = fs::read_dir(&tmp.0).unwrap().count();
         assert_eq!(files, 1, "temp files are renamed away");
+    }
+
+    #[test]
+    fn callers_missing_one_entry_together_make_it_once() {
+        let tmp = TempDir::new("disk-cache-one-compile");
+        let cache = DiskCache::at(&tmp.0);
+        let made = AtomicUsize::new(0);
+        let origins: Vec<bool> = std::thread::scope(|s| {
+            let callers: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        let make = || {
+                            made.fetch_add(1, Ordering::SeqCst);
+                            std::thread::sleep(Duration::from_millis(200));
+                            Ok(vec![7u8; 1000])
+                        };
+                        let (cubin, origin) = cache.get_or_make(key(3), make).unwrap();
+                        assert_eq!(cubin, vec![7u8; 1000]);
+                        matches!(origin, Origin::Disk)
+                    })
+                })
+                .collect();
+            callers.into_iter().map(|c| c.join().unwrap()).collect()
+        });
+        assert_eq!(made.load(Ordering::SeqCst), 1, "one compile for four callers");
+        assert_eq!(origins.iter().filter(|&&disk| disk).count(), 3, "the others load it");
+        assert_eq!(cache.clear().unwrap(), Cleared { kernels: 1, tunings: 0 });
+        assert_eq!(fs::read_dir(cache.locks_dir()).unwrap().count(), 0, "clear removes the lock files");
     }
 
     #[test]

@@ -31,6 +31,17 @@ pub enum KernelSet {
     /// deterministic dQ, the dQ postprocess) and, under a data-dependent
     /// mask, the dK/dV kernel's work order.
     Training,
+    /// Every kernel a launch of the spec may use: those of `Training`, the
+    /// forward in every configuration autotuning may pick, copying both
+    /// ways where it has the choice, the varlen forward in each, and the
+    /// varlen backward.
+    Every,
+}
+
+/// The kernels `set` names for `spec` on `arch`, generated (no NVRTC): what
+/// `flashgen check --all` compiles.
+pub fn spec_kernels(spec: &Spec, set: KernelSet, arch: crate::Arch) -> Vec<Kernel> {
+    Which::all(spec, set, arch.target()).into_iter().filter_map(|w| w.emit(spec)).collect()
 }
 
 impl Which {
@@ -52,7 +63,7 @@ impl Which {
                 which.push(order);
             }
         }
-        if set == KernelSet::Training {
+        if set != KernelSet::Inference {
             use cuda::BackwardPass::{KeyValue, Postprocess, Preprocess, Query};
             let config = cuda::BackwardConfig::preferred(spec, target);
             which.extend([Preprocess, KeyValue, Query, Postprocess].map(|pass| Which::backward(pass, config)));
@@ -60,6 +71,30 @@ impl Which {
             // The dK/dV kernel without tensor gradients, for calls that ask for none.
             if !cuda::trainable_tensors(spec).is_empty() {
                 which.push(Which::backward(KeyValue, cuda::BackwardConfig { tensor_grads: false, ..config }));
+            }
+        }
+        if set == KernelSet::Every {
+            let mut add = |w: Which| {
+                if !which.contains(&w) {
+                    which.push(w);
+                }
+            };
+            for config in TileConfig::feasible(spec, target) {
+                add(Which::forward(config, TileCopy::Tma));
+                add(Which::forward(config, TileCopy::Threads));
+                add(Which::ForwardVarlen(config));
+                if config.persistent() {
+                    add(Which::WorkOrder(cuda::Work::QueryTiles { block_m: config.block_m() }));
+                }
+            }
+            // The varlen backward, with and without tensor gradients.
+            use cuda::BackwardPass::{KeyValue, Postprocess, Preprocess, Query};
+            let config = cuda::BackwardConfig::preferred(spec, target);
+            for pass in [Preprocess, KeyValue, Query, Postprocess] {
+                add(Which::backward_varlen(pass, config));
+            }
+            if !cuda::trainable_tensors(spec).is_empty() {
+                add(Which::backward_varlen(KeyValue, cuda::BackwardConfig { tensor_grads: false, ..config }));
             }
         }
         which

@@ -63,6 +63,7 @@ mod tma;
 
 // Compiling, and what persists: the kernel cache and tuning records.
 mod choices;
+mod compile_lock;
 mod disk_cache;
 mod nvrtc;
 #[cfg(feature = "dynamic-loading")]
@@ -96,7 +97,7 @@ pub use element::Element;
 pub use error::Error;
 pub use forward_launch::{ForwardIo, ForwardOptions};
 pub use forward_varlen::{Sequences, VarlenIo};
-pub use kernels::{KernelSet, LoadedKernel};
+pub use kernels::{spec_kernels, KernelSet, LoadedKernel};
 pub use layout::{Layout, PackedLayout};
 pub use nvrtc::{compile_count, compile_cubin, compile_cubin_with_log, nvrtc_version, DUMP_ENV};
 pub use operand::{DeviceInput, DeviceOutput};

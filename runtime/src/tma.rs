@@ -90,7 +90,7 @@ fn encode(ptr: u64, layout: &Layout, dtype: Dtype, tma_box: TmaBox) -> Option<Te
             return None;
         }
     }
-    if ptr % 16 != 0 || dims.iter().any(|&n| n > u64::from(u32::MAX)) || rows == 0 || rows > 256 {
+    if !ptr.is_multiple_of(16) || dims.iter().any(|&n| n > u64::from(u32::MAX)) || rows == 0 || rows > 256 {
         return None;
     }
     let data_type = match dtype {

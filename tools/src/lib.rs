@@ -5,4 +5,5 @@
 //! `flashgen-bench` and the GPU tests).
 
 pub mod examples;
+pub mod spec_gen;
 pub mod verify;

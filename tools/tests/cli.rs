@@ -155,6 +155,47 @@ fn check_and_precompile_use_nvrtc_and_fill_the_cache() {
 }
 
 #[test]
+fn check_all_compiles_every_kernel_a_launch_may_use() {
+    let dir = scratch("check-all");
+    let out = flashgen(&["check", &spec("causal"), "--arch", "sm_80", "--all"], &dir);
+    assert!(out.status.success(), "{}", text(&out));
+    let report = text(&out);
+    let count = report.split("compiled ").nth(1).and_then(|rest| rest.split(' ').next());
+    let count: usize = count.and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("a kernel count: {report}"));
+    // Causal at d = 128 on sm_80: two forward configurations, dense and
+    // varlen, the block-mask kernel and the four backward kernels.
+    assert_eq!(count, 9, "{report}");
+    assert!(report.contains(" kernels for sm_80 with NVRTC"), "{report}");
+}
+
+#[test]
+fn precompiles_started_together_compile_each_kernel_once() {
+    let cache = scratch("cache-shared");
+    let spawn = || {
+        Command::new(env!("CARGO_BIN_EXE_flashgen"))
+            .args(["precompile", &spec("document"), "--arch", "sm_90"])
+            .env("FLASHGEN_CACHE_DIR", &cache)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the flashgen binary runs")
+    };
+    let ranks: Vec<_> = (0..4).map(|_| spawn()).collect();
+    let compiled: usize = ranks
+        .into_iter()
+        .map(|rank| {
+            let out = rank.wait_with_output().unwrap();
+            assert!(out.status.success(), "{}", text(&out));
+            let report = String::from_utf8_lossy(&out.stdout).into_owned();
+            let count = report.split(": ").nth(1).and_then(|rest| rest.split(' ').next());
+            count.and_then(|n| n.parse::<usize>().ok()).unwrap_or_else(|| panic!("a report: {report}"))
+        })
+        .sum();
+    assert_eq!(compiled, 3, "the document spec's three kernels, each compiled by one process");
+    assert_eq!(cubins(&cache), 3);
+}
+
+#[test]
 fn check_warns_of_indices_that_may_leave_their_dimension() {
     let dir = scratch("index-warnings");
     let out = flashgen(&["check", &spec("document"), "--arch", "sm_80"], &dir);
@@ -198,6 +239,18 @@ fn run_reports_bad_arguments_and_missing_gpus_as_errors() {
         assert_eq!(out.status.code(), Some(2), "{}", text(&out));
         assert!(text(&out).starts_with(&format!("error: {expected}")), "{}", text(&out));
     }
+    // So are input files: Q of [1, 4, 2, 128] is 1024 values.
+    let q = dir.join("q.bin");
+    std::fs::write(&q, vec![0u8; 4 * 1000]).unwrap();
+    let q = q.to_str().unwrap();
+    let out = flashgen(&["run", &spec("causal"), "--seq", "4", "--heads", "2", "--q", q], &dir);
+    assert!(
+        text(&out).starts_with(&format!("error: {q}: holds 1000 elements, the shape needs 1024")),
+        "{}",
+        text(&out)
+    );
+    let out = flashgen(&["run", &spec("causal"), "--d-out", q], &dir);
+    assert!(text(&out).contains("--backward"), "dO needs --backward: {}", text(&out));
 }
 
 #[test]

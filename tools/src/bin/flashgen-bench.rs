@@ -20,6 +20,14 @@
 //! row `doc-varlen+bwd` times its training step (`Runtime::forward_varlen`,
 //! then `Runtime::backward_varlen` into Q, K and V), against `doc+bwd`.
 //!
+//! `--packed` instead times packed training batches: 32768 tokens as 8 and
+//! as 64 causal documents of uneven lengths (`document_lengths`, the formula
+//! `bench/packed_peers.py` shares), rows `pack<N>-varlen` (the varlen
+//! forward), `pack<N>-doc` (one dense sequence with the document-causal
+//! mask and its block mask, whose build gets a row of its own) and
+//! `pack<N>-even` (a dense causal launch of N equal documents: the rate
+//! the varlen rows aim for). TFLOP/s count the kept pairs.
+//!
 //! `--tune` autotunes the forward of each variant and shape first
 //! (`Runtime::autotune`, remembered in the kernel cache like any tuning):
 //! a `tune` line per row lists every candidate's median time, and the rows
@@ -75,6 +83,7 @@ fn main() {
     let backward = args.iter().any(|a| a == "--backward");
     let tune = args.iter().any(|a| a == "--tune");
     let varlen = args.iter().any(|a| a == "--varlen");
+    let packed = args.iter().any(|a| a == "--packed");
 
     if args.iter().any(|a| a == "--jit") {
         // A fresh cache directory, before any runtime reads the environment,
@@ -92,6 +101,10 @@ fn main() {
         rt.device_name(),
         rt.arch()
     );
+    if packed {
+        packed_documents(&rt, &dims, iters);
+        return;
+    }
     println!(
         "{:<16} {:>4} {:>6} {:>3} {:>10} {:>9} {:>8} {:>15}{}",
         "variant",
@@ -367,5 +380,79 @@ fn inputs(name: &str, batch: usize, s: usize) -> (Vec<ParamValue>, Vec<TensorDat
             (vec![], vec![TensorData::I32(ids)], kept as f64 / (batch as f64 * pairs))
         }
         _ => (vec![], vec![], 1.0),
+    }
+}
+
+/// `docs` document lengths summing to `tokens`, uneven (weights 100..2000
+/// from a multiplicative hash) and the same in `bench/packed_peers.py`.
+fn document_lengths(tokens: usize, docs: usize) -> Vec<usize> {
+    let weights: Vec<usize> = (1..=docs).map(|i| 100 + (i * 2_654_435_761 % (1 << 32)) % 1900).collect();
+    let total: usize = weights.iter().sum();
+    let mut lens: Vec<usize> = weights.iter().map(|w| tokens * w / total).collect();
+    lens[docs - 1] += tokens - lens.iter().sum::<usize>();
+    lens
+}
+
+/// The `--packed` rows (see the module note) for each head dim.
+fn packed_documents(rt: &Runtime, dims: &[u32], iters: usize) {
+    println!("{:<16} {:>4} {:>6} {:>3} {:>10} {:>9} {:>8}", "variant", "d", "s", "b", "ms", "TFLOP/s", "density");
+    for &d in dims {
+        for docs in [8, 64] {
+            let lens = document_lengths(TOKENS, docs);
+            let kept: usize = lens.iter().map(|l| l * (l + 1) / 2).sum();
+            let density = kept as f64 / (TOKENS * TOKENS) as f64;
+            let print = |name: &str, b: usize, timed: Result<f64, flashgen::Error>, pairs: usize| match timed {
+                Ok(ms) => {
+                    let tflops = 4.0 * (HEADS * pairs) as f64 * d as f64 / (ms * 1e-3) / 1e12;
+                    println!("{name:<16} {d:>4} {TOKENS:>6} {b:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4}");
+                }
+                Err(e) => println!("{name:<16} {d:>4} {TOKENS:>6} {b:>3} error: {e}"),
+            };
+            let causal = |body: &str| {
+                flashgen::parse_one(&format!("Packed {{ dtype: bf16, head_dim: {d}, {body} }}")).expect("valid spec")
+            };
+            let spec = causal("mask: q >= k,");
+            let pairs: Vec<(usize, usize)> = lens.iter().map(|&l| (l, l)).collect();
+            let problem = verify::varlen::random_varlen_problem(&spec, (HEADS, HEADS), &pairs, vec![], docs as u64);
+            let timed = verify::varlen::DeviceVarlen::upload(rt, &spec, &problem, verify::varlen::Packing::Thd)
+                .and_then(|mut gpu| gpu.time(rt, &spec, &problem, L2_FLUSH_BYTES, (3, iters)));
+            print(&format!("pack{docs}-varlen"), docs, timed, kept);
+
+            let spec = causal("tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] && q >= k,");
+            let ids = lens.iter().enumerate().flat_map(|(i, &l)| std::iter::repeat_n(i as i32, l)).collect();
+            let shape = Shape { batch: 1, heads: HEADS, heads_kv: HEADS, q_len: TOKENS, kv_len: TOKENS };
+            let problem =
+                verify::random_problem(&spec, shape, vec![], vec![Some(TensorData::I32(ids))], None, docs as u64);
+            let name = format!("pack{docs}-doc");
+            let timed = DeviceProblem::upload(rt, &spec, &problem, OperandLayout::Bshd).and_then(|mut gpu| {
+                gpu.flush_l2(L2_FLUSH_BYTES)?;
+                let (ms, kept) = time_block_mask(rt, &mut gpu, &spec, &problem)?;
+                println!("{name:<16} {d:>4} {TOKENS:>6} {:>3} {ms:>10.3} block-mask build ({kept} tiles)", 1);
+                gpu.time(rt, &spec, &problem, 3, iters)
+            });
+            print(&name, 1, timed, kept);
+
+            let s = TOKENS / docs;
+            let shape = Shape { batch: docs, heads: HEADS, heads_kv: HEADS, q_len: s, kv_len: s };
+            let spec = causal("mask: q >= k,");
+            let problem = verify::random_problem(&spec, shape, vec![], vec![], None, docs as u64);
+            let timed = DeviceProblem::upload(rt, &spec, &problem, OperandLayout::Bshd).and_then(|mut gpu| {
+                gpu.flush_l2(L2_FLUSH_BYTES)?;
+                gpu.time(rt, &spec, &problem, 3, iters)
+            });
+            print(&format!("pack{docs}-even"), docs, timed, docs * s * (s + 1) / 2);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The lengths `bench/packed_peers.py` computes for the same batches.
+    #[test]
+    fn document_lengths_match_the_peers_script() {
+        assert_eq!(super::document_lengths(32768, 8), [3397, 5748, 2075, 4426, 6777, 3104, 5455, 1786]);
+        let lens = super::document_lengths(32768, 64);
+        assert_eq!(lens[..8], [451, 764, 275, 588, 901, 412, 725, 236]);
+        assert_eq!((lens.iter().sum::<usize>(), lens.iter().min(), lens.iter().max()), (32768, Some(&47), Some(&952)));
     }
 }

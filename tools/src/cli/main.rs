@@ -1,18 +1,18 @@
 //! The `flashgen` command line: emit, NVRTC-check, precompile and run `.attn`
 //! specs, and manage the kernel cache.
 
+mod arrays;
 mod cache;
+mod check;
 mod run;
 mod specs;
 
 use clap::{Parser, Subcommand};
 use flashgen::codegen::cuda::{self, TileConfig, TileCopy};
-use flashgen::codegen::index_check::index_warnings;
 use flashgen::runtime::tile_choice;
-use flashgen::runtime::{compile_cubin, config_name, nvrtc_version, KernelSet};
+use flashgen::runtime::{config_name, KernelSet};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Instant;
 
 #[derive(Parser)]
 #[command(name = "flashgen", version, about = "Fast, exact attention kernels for any attention variant")]
@@ -55,6 +55,10 @@ enum Command {
         arch: String,
         #[arg(long)]
         spec: Option<String>,
+        /// Every kernel a launch may use (every tile configuration, varlen,
+        /// block mask, backward), not only the untuned forward.
+        #[arg(long)]
+        all: bool,
     },
     /// Compile every spec in the FILEs into the kernel cache (no GPU needed).
     Precompile {
@@ -73,7 +77,7 @@ enum Command {
         action: cache::CacheAction,
     },
     /// Run a spec on the GPU on random inputs and check it against the CPU reference.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
 }
 
 /// Why a command failed.
@@ -132,30 +136,11 @@ fn run(cli: Cli) -> Result<bool, Failure> {
             }
             Ok(true)
         }
-        Command::Check { file, arch, spec } => {
-            let arch = specs::arch(&arch)?;
-            for s in specs::load(&file, spec.as_deref())? {
-                for warning in index_warnings(&s) {
-                    eprintln!("warning: {}: {warning}", s.name);
-                }
-                let kernel = cuda::emit_forward_with(&s, tile_choice::preferred(&s, arch.target()));
-                let start = Instant::now();
-                let cubin = compile_cubin(&kernel, arch).map_err(|e| specs::compile_error(&s, e))?;
-                let (major, minor) = nvrtc_version().map_err(|e| e.to_string())?;
-                println!(
-                    "{}: compiled {} for {arch} with NVRTC {major}.{minor} in {:.0} ms ({} bytes of CUBIN)",
-                    s.name,
-                    kernel.name,
-                    start.elapsed().as_secs_f64() * 1e3,
-                    cubin.len()
-                );
-            }
-            Ok(true)
-        }
+        Command::Check { file, arch, spec, all } => check::run(&file, &arch, spec.as_deref(), all),
         Command::Precompile { files, archs, backward } => {
             cache::precompile(&files, &archs, if backward { KernelSet::Training } else { KernelSet::Inference })
         }
         Command::Cache { action } => Ok(cache::run(action)?),
-        Command::Run(args) => run::on_gpu(args),
+        Command::Run(args) => run::on_gpu(*args),
     }
 }

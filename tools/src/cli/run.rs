@@ -1,14 +1,17 @@
-//! `flashgen run`: one spec on the GPU on random (or captured) inputs,
-//! checked against the CPU reference and timed. Every argument is checked
-//! before the GPU is looked for.
+//! `flashgen run`: one spec on the GPU on random inputs or the caller's
+//! (Q, K, V, captured tensors, dO from `.npy` or raw files), checked against
+//! the CPU reference and timed; O, the LSE and with `--backward` the
+//! gradients can be written out as `.npy`. Every argument and file is
+//! checked before the GPU is looked for.
 
+use crate::arrays;
 use crate::{specs, Failure};
-use flashgen::codegen::reference::{ParamValue, TensorData};
-use flashgen::codegen::{ElemTy, Shape, Spec, Ty};
+use flashgen::codegen::reference::{round_dtype, ParamValue, TensorData};
+use flashgen::codegen::{Dtype, ElemTy, Shape, Spec, Ty};
 use flashgen::runtime::tile_choice;
 use flashgen::runtime::{config_name, Runtime};
 use flashgen_tools::verify::{self, DeviceProblem, OperandLayout};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(clap::Args)]
@@ -27,9 +30,29 @@ pub struct RunArgs {
     /// A runtime param, NAME=VALUE (repeatable).
     #[arg(long = "param")]
     params: Vec<String>,
-    /// Load a captured tensor from a raw little-endian file, NAME=PATH (repeatable).
+    /// Load a captured tensor, NAME=PATH (repeatable): `.npy`, or raw
+    /// little-endian values of the tensor's element type.
     #[arg(long = "tensor")]
     tensors: Vec<String>,
+    /// Q from a file (`.npy` or raw little-endian f32), [batch, q_len,
+    /// heads, head_dim] in C order, rounded to the spec's dtype; random if
+    /// not given. Likewise --k and --v ([batch, kv_len, kv_heads, d]).
+    #[arg(long)]
+    q: Option<PathBuf>,
+    #[arg(long)]
+    k: Option<PathBuf>,
+    #[arg(long)]
+    v: Option<PathBuf>,
+    /// Also run the backward (dQ, dK, dV and tensor gradients) and check it.
+    #[arg(long)]
+    backward: bool,
+    /// dO for --backward, shaped like O ([batch, q_len, heads, v_head_dim]); random if not given.
+    #[arg(long = "d-out", requires = "backward")]
+    d_out: Option<PathBuf>,
+    /// Write o.npy and lse.npy (and with --backward dq, dk, dv and
+    /// d_<tensor>.npy) as f32 into this folder.
+    #[arg(long)]
+    out: Option<PathBuf>,
     /// Softmax scale (default 1/sqrt(head_dim)).
     #[arg(long)]
     scale: Option<f32>,
@@ -63,10 +86,29 @@ pub fn on_gpu(args: RunArgs) -> Result<bool, Failure> {
         other => return Err(format!("unknown layout `{other}`: expected bshd, bhsd or padded").into()),
     };
     let params = param_values(spec, &args.params)?;
-    let tensors = tensor_files(spec, &args.tensors)?;
+    let tensors = tensor_files(spec, &shape, &args.tensors)?;
+    let mut problem = verify::random_problem(spec, shape, params, tensors, args.scale, args.seed);
+    let (dqk, dv) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
+    let rows = |len: usize, heads: usize, d: usize| shape.batch * len * heads * d;
+    let operand = |path: &Option<PathBuf>, len| path.as_deref().map(|p| floats(spec, p, len)).transpose();
+    let (q_rows, kv_rows) = (rows(shape.q_len, shape.heads, dqk), rows(shape.kv_len, shape.heads_kv, dqk));
+    for (slot, path, len) in [(&mut problem.q, &args.q, q_rows), (&mut problem.k, &args.k, kv_rows)] {
+        if let Some(values) = operand(path, len)? {
+            *slot = values;
+        }
+    }
+    if let Some(values) = operand(&args.v, rows(shape.kv_len, shape.heads_kv, dv))? {
+        problem.v = values;
+    }
+    let d_out = match operand(&args.d_out, rows(shape.q_len, shape.heads, dv))? {
+        Some(values) => values,
+        None => verify::random_d_out(spec, shape, args.seed),
+    };
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
 
     let rt = Runtime::new(0).map_err(|e| e.to_string())?;
-    let problem = verify::random_problem(spec, shape, params, tensors, args.scale, args.seed);
     let mut gpu = DeviceProblem::upload(&rt, spec, &problem, layout).map_err(|e| e.to_string())?;
     let preferred = tile_choice::preferred_for(spec, rt.target(), shape.kv_len);
     let (start, before) = (Instant::now(), rt.cache_stats());
@@ -92,7 +134,42 @@ pub fn on_gpu(args: RunArgs) -> Result<bool, Failure> {
     println!("  O:   {}", report.output);
     println!("  LSE: {}", report.lse);
     println!("  kernel: {ms:.3} ms (median of {}), tile config {config}", args.iters);
-    Ok(report.passed())
+    let out_dir = args.out.as_deref();
+    let save = |name: &str, dims: &[usize], values: &[f64]| match out_dir {
+        Some(dir) => arrays::write_f32(&dir.join(format!("{name}.npy")), dims, values),
+        None => Ok(()),
+    };
+    let Shape { batch, heads, heads_kv, q_len, kv_len } = shape;
+    save("o", &[batch, q_len, heads, dv], &out.o)?;
+    save("lse", &[batch, heads, q_len], &out.lse)?;
+    if !args.backward {
+        return Ok(report.passed());
+    }
+    gpu.launch(&rt, spec, &problem).map_err(|e| e.to_string())?;
+    let grads = gpu.backward(&rt, spec, &problem, &d_out, true, true, None).map_err(|e| e.to_string())?;
+    let backward = verify::check_backward(spec, &problem, &d_out, &grads).map_err(|e| e.to_string())?;
+    println!("  dQ:  {}\n  dK:  {}\n  dV:  {}", backward.dq, backward.dk, backward.dv);
+    for (name, check) in &backward.d_tensors {
+        println!("  d{name}: {check}");
+    }
+    save("dq", &[batch, q_len, heads, dqk], &grads.dq)?;
+    save("dk", &[batch, kv_len, heads_kv, dqk], &grads.dk)?;
+    save("dv", &[batch, kv_len, heads_kv, dv], &grads.dv)?;
+    for (decl, grad) in spec.tensors.iter().zip(&grads.d_tensors) {
+        if let Some(grad) = grad {
+            let dims: Vec<usize> = decl.dims.iter().map(|d| d.resolve(&shape)).collect();
+            save(&format!("d_{}", decl.name), &dims, grad)?;
+        }
+    }
+    Ok(report.passed() && backward.passed())
+}
+
+/// A float operand of `len` elements from `path`, rounded to the spec's dtype.
+fn floats(spec: &Spec, path: &Path, len: usize) -> Result<Vec<f64>, String> {
+    match arrays::read(path, ElemTy::F32, len)? {
+        TensorData::Float(values) => Ok(values.into_iter().map(|x| round_dtype(spec.dtype, x)).collect()),
+        TensorData::I32(_) => Err(format!("{}: integers where Q, K, V or dO need floats", path.display())),
+    }
 }
 
 /// The problem shape of `--batch`, `--heads` and `--seq`: every size at
@@ -150,7 +227,7 @@ fn param_values(spec: &Spec, given: &[String]) -> Result<Vec<ParamValue>, String
         .collect()
 }
 
-fn tensor_files(spec: &Spec, given: &[String]) -> Result<Vec<Option<TensorData>>, String> {
+fn tensor_files(spec: &Spec, shape: &Shape, given: &[String]) -> Result<Vec<Option<TensorData>>, String> {
     let mut tensors = vec![None; spec.tensors.len()];
     for entry in given {
         let (name, path) = entry.split_once('=').ok_or_else(|| format!("--tensor `{entry}`: expected NAME=PATH"))?;
@@ -159,23 +236,25 @@ fn tensor_files(spec: &Spec, given: &[String]) -> Result<Vec<Option<TensorData>>
             .iter()
             .position(|t| t.name == name)
             .ok_or_else(|| format!("{} has no tensor `{name}`", spec.name))?;
-        let bytes = std::fs::read(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-        let elem = spec.tensors[slot].elem;
-        if bytes.len() % elem.size_bytes() != 0 {
-            return Err(format!("{path}: {} bytes is not a whole number of {} elements", bytes.len(), elem.name()));
+        let decl = &spec.tensors[slot];
+        let data = arrays::read(Path::new(path), decl.elem, decl.len(shape))?;
+        let kind_matches = matches!((&data, decl.elem), (TensorData::I32(_), ElemTy::I32))
+            || matches!((&data, decl.elem), (TensorData::Float(_), ElemTy::F32 | ElemTy::F16 | ElemTy::Bf16));
+        if !kind_matches {
+            return Err(format!("{path}: tensor `{name}` holds {} values", decl.elem.name()));
         }
-        let words = bytes.chunks_exact(elem.size_bytes());
-        tensors[slot] = Some(match elem {
-            ElemTy::I32 => TensorData::I32(words.map(|w| i32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect()),
-            ElemTy::F32 => {
-                TensorData::Float(words.map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]) as f64).collect())
+        // Half-precision tensors hold what their element type can: the
+        // reference must read the values the GPU reads.
+        let dtype = match decl.elem {
+            ElemTy::F16 => Some(Dtype::F16),
+            ElemTy::Bf16 => Some(Dtype::Bf16),
+            _ => None,
+        };
+        tensors[slot] = Some(match (data, dtype) {
+            (TensorData::Float(v), Some(dtype)) => {
+                TensorData::Float(v.into_iter().map(|x| round_dtype(dtype, x)).collect())
             }
-            ElemTy::F16 => {
-                TensorData::Float(words.map(|w| flashgen::half::f16::from_le_bytes([w[0], w[1]]).to_f64()).collect())
-            }
-            ElemTy::Bf16 => {
-                TensorData::Float(words.map(|w| flashgen::half::bf16::from_le_bytes([w[0], w[1]]).to_f64()).collect())
-            }
+            (data, _) => data,
         });
     }
     Ok(tensors)
