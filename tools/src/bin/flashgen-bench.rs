@@ -26,7 +26,9 @@
 //! forward), `pack<N>-doc` (one dense sequence with the document-causal
 //! mask and its block mask, whose build gets a row of its own) and
 //! `pack<N>-even` (a dense causal launch of N equal documents: the rate
-//! the varlen rows aim for). TFLOP/s count the kept pairs.
+//! the varlen rows aim for). TFLOP/s count the kept pairs. With
+//! `--backward`, each gets a `+bwd` row: its training step (the varlen one
+//! through `Runtime::backward_varlen`), counting 3.5x the forward FLOPs.
 //!
 //! `--tune` autotunes the forward of each variant and shape first
 //! (`Runtime::autotune`, remembered in the kernel cache like any tuning):
@@ -102,7 +104,7 @@ fn main() {
         rt.arch()
     );
     if packed {
-        packed_documents(&rt, &dims, iters);
+        packed_documents(&rt, &dims, iters, backward);
         return;
     }
     println!(
@@ -393,20 +395,29 @@ fn document_lengths(tokens: usize, docs: usize) -> Vec<usize> {
     lens
 }
 
-/// The `--packed` rows (see the module note) for each head dim.
-fn packed_documents(rt: &Runtime, dims: &[u32], iters: usize) {
+/// The `--packed` rows (see the module note) for each head dim; with
+/// `backward`, their training steps' rows too.
+fn packed_documents(rt: &Runtime, dims: &[u32], iters: usize, backward: bool) {
     println!("{:<16} {:>4} {:>6} {:>3} {:>10} {:>9} {:>8}", "variant", "d", "s", "b", "ms", "TFLOP/s", "density");
     for &d in dims {
         for docs in [8, 64] {
             let lens = document_lengths(TOKENS, docs);
             let kept: usize = lens.iter().map(|l| l * (l + 1) / 2).sum();
             let density = kept as f64 / (TOKENS * TOKENS) as f64;
-            let print = |name: &str, b: usize, timed: Result<f64, flashgen::Error>, pairs: usize| match timed {
-                Ok(ms) => {
-                    let tflops = 4.0 * (HEADS * pairs) as f64 * d as f64 / (ms * 1e-3) / 1e12;
-                    println!("{name:<16} {d:>4} {TOKENS:>6} {b:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4}");
+            // A forward's row and, timed, its training step's.
+            let print = |name: &str, b: usize, timed: Result<(f64, Option<f64>), flashgen::Error>, pairs: usize| {
+                let flops = 4.0 * (HEADS * pairs) as f64 * d as f64;
+                match timed {
+                    Ok((ms, step)) => {
+                        let rows = [(name.to_string(), ms, flops)].into_iter();
+                        let step = step.map(|ms| (format!("{name}+bwd"), ms, 3.5 * flops));
+                        for (name, ms, flops) in rows.chain(step) {
+                            let tflops = flops / (ms * 1e-3) / 1e12;
+                            println!("{name:<16} {d:>4} {TOKENS:>6} {b:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4}");
+                        }
+                    }
+                    Err(e) => println!("{name:<16} {d:>4} {TOKENS:>6} {b:>3} error: {e}"),
                 }
-                Err(e) => println!("{name:<16} {d:>4} {TOKENS:>6} {b:>3} error: {e}"),
             };
             let causal = |body: &str| {
                 flashgen::parse_one(&format!("Packed {{ dtype: bf16, head_dim: {d}, {body} }}")).expect("valid spec")
@@ -415,7 +426,13 @@ fn packed_documents(rt: &Runtime, dims: &[u32], iters: usize) {
             let pairs: Vec<(usize, usize)> = lens.iter().map(|&l| (l, l)).collect();
             let problem = verify::varlen::random_varlen_problem(&spec, (HEADS, HEADS), &pairs, vec![], docs as u64);
             let timed = verify::varlen::DeviceVarlen::upload(rt, &spec, &problem, verify::varlen::Packing::Thd)
-                .and_then(|mut gpu| gpu.time(rt, &spec, &problem, L2_FLUSH_BYTES, (3, iters)));
+                .and_then(|mut gpu| {
+                    let forward = gpu.time(rt, &spec, &problem, L2_FLUSH_BYTES, (3, iters))?;
+                    let step = backward
+                        .then(|| gpu.time_forward_backward(rt, &spec, &problem, L2_FLUSH_BYTES, (3, iters)))
+                        .transpose()?;
+                    Ok((forward, step))
+                });
             print(&format!("pack{docs}-varlen"), docs, timed, kept);
 
             let spec = causal("tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] && q >= k,");
@@ -428,7 +445,8 @@ fn packed_documents(rt: &Runtime, dims: &[u32], iters: usize) {
                 gpu.flush_l2(L2_FLUSH_BYTES)?;
                 let (ms, kept) = time_block_mask(rt, &mut gpu, &spec, &problem)?;
                 println!("{name:<16} {d:>4} {TOKENS:>6} {:>3} {ms:>10.3} block-mask build ({kept} tiles)", 1);
-                gpu.time(rt, &spec, &problem, 3, iters)
+                let step = backward.then(|| gpu.time_forward_backward(rt, &spec, &problem, 3, iters)).transpose()?;
+                Ok((gpu.time(rt, &spec, &problem, 3, iters)?, step))
             });
             print(&name, 1, timed, kept);
 
@@ -438,7 +456,8 @@ fn packed_documents(rt: &Runtime, dims: &[u32], iters: usize) {
             let problem = verify::random_problem(&spec, shape, vec![], vec![], None, docs as u64);
             let timed = DeviceProblem::upload(rt, &spec, &problem, OperandLayout::Bshd).and_then(|mut gpu| {
                 gpu.flush_l2(L2_FLUSH_BYTES)?;
-                gpu.time(rt, &spec, &problem, 3, iters)
+                let step = backward.then(|| gpu.time_forward_backward(rt, &spec, &problem, 3, iters)).transpose()?;
+                Ok((gpu.time(rt, &spec, &problem, 3, iters)?, step))
             });
             print(&format!("pack{docs}-even"), docs, timed, docs * s * (s + 1) / 2);
         }
