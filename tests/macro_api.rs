@@ -115,3 +115,13 @@ fn typed_backward(rt: &Runtime, io: flashgen::BackwardIo<'_, bf16>, slopes: &Cud
     let opts = flashgen::BackwardOptions { deterministic: true, ..Default::default() };
     SlidingAlibi::backward(rt, io, &SlidingAlibiArgs { window: 256, slopes }, &opts)
 }
+
+/// So does the varlen backward, on packed buffers.
+#[allow(dead_code)]
+fn typed_varlen_backward(
+    rt: &Runtime,
+    io: flashgen::VarlenBackwardIo<'_, bf16>,
+    slopes: &CudaSlice<f32>,
+) -> Result<(), Error> {
+    SlidingAlibi::backward_varlen(rt, io, &SlidingAlibiArgs { window: 256, slopes }, &Default::default())
+}

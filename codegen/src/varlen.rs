@@ -1,11 +1,16 @@
-//! The varlen forward's schedule on the CPU, as its kernels compute it:
+//! The varlen schedule on the CPU, as its kernels compute it:
 //! [`seq_span`] is `library/varlen.cuh`'s, bound for bound, and
 //! [`work_tiles`] decodes a launch's CTAs (or a persistent kernel's items)
-//! as the kernels do, keeping those whose query tile has rows. The tests in
-//! `tests/varlen_schedule.rs` hold it to covering every (sequence, head,
-//! query tile) with rows once and reading no token of another sequence,
-//! whatever the prefix sums; GPU tests use it to say what a launch on bad
-//! prefix sums computes.
+//! as the kernels do, keeping those whose query tile has rows. The
+//! backward's row kernels and dQ kernel walk query tiles as the forward's
+//! grid does; its dK/dV kernels walk key tiles the same way, over the keys'
+//! prefix sums and K/V heads (their CTA order permutes the grid, the set is
+//! [`work_tiles`]'); [`dq_accum_tile`] places each sequence's tiles of the
+//! Hopper kernel's dQ accumulator. The tests in `tests/varlen_schedule.rs`
+//! hold it to covering every (sequence, head, tile) with rows once, reading
+//! no token of another sequence and giving each sequence accumulator tiles
+//! of its own, and to staying inside the buffers whatever the prefix sums;
+//! GPU tests use it to say what a launch on bad prefix sums computes.
 
 /// A sequence's tokens in a packed operand: `start .. start + len`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,4 +72,22 @@ pub fn work_tiles(cu_q: &[i32], heads: usize, total_q: i32, max_q_len: i32, bloc
         .map(decode)
         .filter(|t| t.q_block as i64 * (block_m as i64) < seq_span(cu_q, t.seq, total_q, max_q_len).len as i64)
         .collect()
+}
+
+/// Query rows per tile of the backward's `Fragments` dQ accumulator (the
+/// Hopper dK/dV kernel's step).
+pub const DQ_TILE_ROWS: i32 = 64;
+
+/// The first of sequence `b`'s `ceil(len / DQ_TILE_ROWS)` tiles in a head of
+/// a varlen launch's `Fragments` dQ accumulator (`backward/packing.rs`):
+/// `start / DQ_TILE_ROWS + b` of its clamped span, so that well-formed
+/// prefix sums give each sequence tiles of its own.
+pub fn dq_accum_tile(cu: &[i32], b: usize, total: i32, max_len: i32) -> i32 {
+    seq_span(cu, b, total, max_len).start / DQ_TILE_ROWS + b as i32
+}
+
+/// Tiles per head of that accumulator: `ceil(total / DQ_TILE_ROWS) + batch`,
+/// which hold every sequence's tiles whatever the prefix sums.
+pub fn dq_accum_tiles(total: i32, batch: usize) -> i64 {
+    (total as i64 + DQ_TILE_ROWS as i64 - 1) / DQ_TILE_ROWS as i64 + batch as i64
 }

@@ -1,12 +1,14 @@
 //! The varlen reference: each packed sequence is attended to as a dense
 //! batch row of its own lengths, with `b` the sequence and `q_len` /
-//! `kv_len` its lengths; its LSE is `[heads, total_q]`. Paged K/V caches
-//! gathered back are the same packed sequences.
+//! `kv_len` its lengths; its LSE is `[heads, total_q]`. Its backward
+//! likewise, with a shared tensor's gradient summed over the sequences.
+//! Paged K/V caches gathered back are the same packed sequences.
 
 mod support;
 
 use flashgen_codegen::reference::{
-    forward, forward_paged, forward_varlen, PagedProblem, Precision, Problem, ReferenceError, TensorData, VarlenProblem,
+    backward_in, backward_varlen, forward, forward_paged, forward_varlen, same_dtype_backwards_varlen, PagedProblem,
+    Precision, Problem, ReferenceError, TensorData, VarlenProblem,
 };
 use flashgen_codegen::{parse_one, Shape, Spec};
 use support::Rng;
@@ -164,4 +166,42 @@ fn paged_caches_are_their_gathered_sequences() {
     let mut bad = paged(&spec, &varlen, 16);
     bad.kv_lens[0] = bad.pages_per_seq * 16 + 1;
     assert!(matches!(forward_paged(&spec, &bad, Precision::F64), Err(ReferenceError::Shape(_))));
+}
+
+#[test]
+fn each_sequence_backpropagates_as_a_batch_row_of_its_own_lengths() {
+    let spec = spec();
+    let varlen = varlen_problem(&spec);
+    let (hq, hk, dk, dv) = (HEADS.0, HEADS.1, spec.head_dims.qk as usize, spec.head_dims.v as usize);
+    let total_q = varlen.cu_seqlens_q[LENS.len()];
+    let d_out = normal(&mut Rng(11), total_q * hq * dv);
+    for precision in [Precision::F64, Precision::SameDtype(spec.dtype)] {
+        let packed = backward_varlen(&spec, &varlen, &d_out, precision).unwrap();
+        assert!(packed.d_tensors[0].is_none(), "doc is i32: no gradient");
+        let mut slopes = vec![0.0; hq];
+        for b in 0..LENS.len() {
+            let (q0, q1) = (varlen.cu_seqlens_q[b], varlen.cu_seqlens_q[b + 1]);
+            let (k0, k1) = (varlen.cu_seqlens_k[b], varlen.cu_seqlens_k[b + 1]);
+            let dense = backward_in(&spec, &sequence(&spec, &varlen, b), &d_out[q0 * hq * dv..q1 * hq * dv], precision)
+                .unwrap();
+            assert_eq!(packed.dq[q0 * hq * dk..q1 * hq * dk], dense.dq[..], "dQ of sequence {b}");
+            assert_eq!(packed.dk[k0 * hk * dk..k1 * hk * dk], dense.dk[..], "dK of sequence {b}");
+            assert_eq!(packed.dv[k0 * hk * dv..k1 * hk * dv], dense.dv[..], "dV of sequence {b}");
+            for (sum, x) in slopes.iter_mut().zip(dense.d_tensors[1].as_ref().unwrap()) {
+                *sum += x;
+            }
+        }
+        // The slopes are shared by every sequence: their gradient sums them.
+        let d_slopes = packed.d_tensors[1].as_ref().unwrap();
+        if precision == Precision::F64 {
+            for (got, want) in d_slopes.iter().zip(&slopes) {
+                assert!((got - want).abs() <= 1e-9 * want.abs().max(1.0), "d_slopes {got} vs {want}");
+            }
+        }
+    }
+    // Same-dtype emulations: the first is the SameDtype backward.
+    let emulated = same_dtype_backwards_varlen(&spec, &varlen, &d_out, 2).unwrap();
+    assert_eq!(emulated[0], backward_varlen(&spec, &varlen, &d_out, Precision::SameDtype(spec.dtype)).unwrap());
+    let err = backward_varlen(&spec, &varlen, &d_out[1..], Precision::F64).unwrap_err();
+    assert!(matches!(err, ReferenceError::Length { .. }), "{err}");
 }

@@ -10,9 +10,9 @@
 use flashgen_codegen::abi::{ArgKind, Kernel};
 use flashgen_codegen::cuda::library::Part;
 use flashgen_codegen::cuda::{
-    emit_backward, emit_backward_with, emit_decode, emit_decode_combine, emit_forward, emit_forward_copying,
-    emit_forward_paged, emit_forward_varlen, emit_forward_with, emit_paged_append, BackwardConfig, BackwardPass,
-    DecodeConfig, DqAccum, Mma, Target, TileConfig, TileCopy,
+    emit_backward, emit_backward_varlen, emit_backward_with, emit_decode, emit_decode_combine, emit_forward,
+    emit_forward_copying, emit_forward_paged, emit_forward_varlen, emit_forward_with, emit_paged_append,
+    BackwardConfig, BackwardPass, DecodeConfig, DqAccum, Mma, Target, TileConfig, TileCopy,
 };
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
@@ -151,6 +151,34 @@ fn decode_kernels() {
     let config = DecodeConfig::for_rows(&spec, Target::HOPPER, 8).unwrap();
     insta::assert_snapshot!("decode_alibi", render(&emit_decode(&spec, config)));
     insta::assert_snapshot!("decode_combine_alibi", render(&emit_decode_combine(&spec)));
+}
+
+#[test]
+fn varlen_backward_kernels() {
+    // Per-sequence lengths (bottom-right causal) and a per-sequence tensor
+    // sized by the longest sequence (documents): the dK/dV and dQ kernels on
+    // mma.sync, the row kernels of either accumulator, and the Hopper dK/dV
+    // kernel, which copies with its threads and adds to per-sequence tiles.
+    for stem in ["causal_bottom_right", "document"] {
+        let spec = variant(stem);
+        let portable = BackwardConfig::default_for(&spec);
+        for (pass, name) in [(BackwardPass::KeyValue, "bwd_varlen"), (BackwardPass::Query, "bwd_dq_varlen")] {
+            insta::assert_snapshot!(format!("{name}_{stem}"), render(&emit_backward_varlen(&spec, pass, portable)));
+        }
+        let hopper = BackwardConfig::preferred(&spec, Target::for_sm(9, 0));
+        let kernel = emit_backward_varlen(&spec, BackwardPass::KeyValue, hopper);
+        assert!(kernel.args.iter().all(|a| !matches!(a.kind, ArgKind::TensorMap(_) | ArgKind::QLen | ArgKind::KvLen)));
+        insta::assert_snapshot!(format!("wgmma_bwd_varlen_{stem}"), render(&kernel));
+    }
+    let spec = variant("causal");
+    for (name, config) in
+        [("", BackwardConfig::default_for(&spec)), ("wgmma_", BackwardConfig::preferred(&spec, Target::for_sm(9, 0)))]
+    {
+        for (pass, pass_name) in [(BackwardPass::Preprocess, "pre"), (BackwardPass::Postprocess, "post")] {
+            let kernel = emit_backward_varlen(&spec, pass, config);
+            insta::assert_snapshot!(format!("{name}bwd_{pass_name}_varlen_causal"), render(&kernel));
+        }
+    }
 }
 
 #[test]

@@ -1,10 +1,10 @@
-//! The varlen forward's schedule (`flashgen_codegen::varlen`, the CPU twin
-//! of the kernels' sequence spans and tile decode): every (sequence, head,
-//! query tile) with rows is computed once, and a tile reads only tokens of
-//! its own sequence; whatever the prefix sums hold, every read stays inside
-//! the buffers.
+//! The varlen schedule (`flashgen_codegen::varlen`, the CPU twin of the
+//! kernels' sequence spans and tile decode): every (sequence, head, query
+//! or key tile) with rows is computed once, a tile reads only tokens of its
+//! own sequence, and each sequence has dQ accumulator tiles of its own;
+//! whatever the prefix sums hold, every read stays inside the buffers.
 
-use flashgen_codegen::varlen::{seq_span, work_tiles, Walk, WorkTile};
+use flashgen_codegen::varlen::{dq_accum_tile, dq_accum_tiles, seq_span, work_tiles, Walk, WorkTile, DQ_TILE_ROWS};
 use proptest::prelude::*;
 use std::collections::HashSet;
 
@@ -100,6 +100,70 @@ proptest! {
     }
 }
 
+/// Sequence `b`'s tiles of the `Fragments` dQ accumulator (in one head).
+fn accum_tiles(cu: &[i32], b: usize, total: i32, max: i32) -> std::ops::Range<i64> {
+    let first = dq_accum_tile(cu, b, total, max) as i64;
+    let len = seq_span(cu, b, total, max).len;
+    first..first + (len + DQ_TILE_ROWS - 1) as i64 / DQ_TILE_ROWS as i64
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// The dK/dV kernels' CTAs: every key tile with keys of every sequence
+    /// and K/V head once, inside its sequence's keys.
+    #[test]
+    fn every_key_tile_with_keys_runs_once_inside_its_sequence(
+        lens in lengths(),
+        pad in 0..40i32,
+        heads_kv in 1..3usize,
+        block_n in prop::sample::select(vec![64, 128]),
+    ) {
+        let (cu, total) = prefix_sums(&lens, pad);
+        let max = lens.iter().copied().max().unwrap_or(0);
+        let tiles = work_tiles(&cu, heads_kv, total, max, block_n, Walk::Grid);
+        prop_assert_eq!(tiles.iter().copied().collect::<HashSet<_>>().len(), tiles.len());
+        let written: usize = tiles.iter().map(|t| rows(t, &cu, total, max, block_n).len()).sum();
+        prop_assert_eq!(written, heads_kv * lens.iter().sum::<i32>() as usize);
+        for tile in &tiles {
+            let r = rows(tile, &cu, total, max, block_n);
+            prop_assert!(cu[tile.seq] <= r.start && r.end <= cu[tile.seq + 1], "{tile:?} reads {r:?}");
+        }
+    }
+
+    /// Well-formed prefix sums give each sequence's query tiles accumulator
+    /// tiles no other sequence touches, inside a head's tiles.
+    #[test]
+    fn sequences_have_dq_accumulator_tiles_of_their_own(lens in lengths(), pad in 0..40i32) {
+        let (cu, total) = prefix_sums(&lens, pad);
+        let max = lens.iter().copied().max().unwrap_or(0);
+        let mut owner = HashSet::new();
+        for b in 0..lens.len() {
+            let tiles = accum_tiles(&cu, b, total, max);
+            prop_assert_eq!(tiles.end - tiles.start, (lens[b] as i64 + 63) / 64);
+            for tile in tiles {
+                prop_assert!(tile < dq_accum_tiles(total, lens.len()), "sequence {b}: tile {tile}");
+                prop_assert!(owner.insert(tile), "sequence {b} shares tile {tile}");
+            }
+        }
+    }
+
+    /// Whatever the prefix sums, every accumulator tile a sequence touches
+    /// lies inside the head's tiles.
+    #[test]
+    fn bad_prefix_sums_stay_inside_the_dq_accumulator(
+        cu in prop::collection::vec(prop_oneof![Just(i32::MIN), Just(i32::MAX), -50..400i32], 1..7),
+        total in 0..300i32,
+        max in 0..300i32,
+    ) {
+        let (max, batch) = (max.min(total), cu.len() - 1);
+        for b in 0..batch {
+            let tiles = accum_tiles(&cu, b, total, max);
+            prop_assert!(0 <= tiles.start && tiles.end <= dq_accum_tiles(total, batch), "{b}: {tiles:?}");
+        }
+    }
+}
+
 #[test]
 fn well_formed_prefix_sums_are_read_as_they_are() {
     let (cu, total) = prefix_sums(&[5, 0, 1, 130], 3);
@@ -109,4 +173,15 @@ fn well_formed_prefix_sums_are_read_as_they_are() {
     // 130 rows in 64-row tiles: three tiles for the long sequence, one each
     // for the short ones, none for the empty one; per head.
     assert_eq!(work_tiles(&cu, 2, total, 130, 64, Walk::Grid).len(), 2 * (1 + 1 + 3));
+}
+
+/// The runtime sizes the accumulator as the twin counts its tiles.
+#[test]
+fn the_dq_accumulator_holds_every_head_s_tiles() {
+    use flashgen_codegen::cuda::DqAccum;
+    let spec = flashgen_codegen::parse_one("C { dtype: bf16, head_dim: 120, mask: q >= k }").unwrap();
+    for (heads, total, batch) in [(1, 0, 1), (4, 100, 3), (8, 6401, 40)] {
+        let len = DqAccum::Fragments.varlen_len(&spec, heads, total, batch);
+        assert_eq!(len as i64, heads as i64 * dq_accum_tiles(total as i32, batch) * DQ_TILE_ROWS as i64 * 128);
+    }
 }

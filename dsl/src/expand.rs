@@ -151,6 +151,19 @@ pub fn spec_items(spec: &Spec) -> TokenStream {
                 rt.backward(Self::spec(), io, &[#(#values),*], opts)
             }
 
+            /// Launches the backward pass on packed (varlen) sequences on
+            /// `rt`'s stream: the gradients of [`Self::forward_varlen`] (see
+            /// [`::flashgen::Runtime::backward_varlen`]).
+            pub fn backward_varlen(
+                rt: &::flashgen::Runtime,
+                io: ::flashgen::VarlenBackwardIo<'_, #elem>,
+                args: &#args_ty,
+                opts: &::flashgen::BackwardOptions<'_>,
+            ) -> ::std::result::Result<(), ::flashgen::Error> {
+                #unused
+                rt.backward_varlen(Self::spec(), io, &[#(#values),*], opts)
+            }
+
             #block_mask
         }
     }

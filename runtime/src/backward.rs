@@ -18,13 +18,13 @@ use crate::element::Element;
 use crate::error::Error;
 use crate::kernels::{LoadedKernel, Which};
 use crate::layout::Layout;
-use crate::marshal::{launch, launch_config, marshal, Bindings, GradBindings};
+use crate::marshal::{launch, launch_config, marshal, Bindings, GradBindings, VarlenBindings};
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use crate::tma::{self, TensorMap};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::{ArgKind, Operand};
-use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, Work};
+use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, TileCopy, Work};
 use flashgen_codegen::{Shape, Spec};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -48,6 +48,25 @@ pub struct BackwardIo<'a, T> {
     /// `None`. With `None` for every tensor the dK/dV kernel computes no
     /// tensor-gradient terms at all.
     pub d_tensors: Vec<Option<&'a mut CudaSlice<f32>>>,
+}
+
+/// A checked backward launch: its shape (a varlen one's: the longest
+/// lengths), softmax scale, and a varlen launch's sequences.
+#[derive(Clone, Copy)]
+pub(crate) struct Launch {
+    pub shape: Shape,
+    pub scale: f32,
+    pub varlen: Option<VarlenBindings>,
+}
+
+impl Launch {
+    /// Backward kernel `pass` in `config`, dense or varlen as the launch is.
+    fn which(&self, pass: BackwardPass, config: BackwardConfig) -> Which {
+        match self.varlen {
+            None => Which::backward(pass, config),
+            Some(_) => Which::backward_varlen(pass, config),
+        }
+    }
 }
 
 /// Device memory for the backward pass's intermediates, kept between the
@@ -133,20 +152,40 @@ impl Runtime {
         let Some(shape) = checked else {
             return Ok(());
         };
+        self.queue_backward(spec, io, args, opts, Launch { shape, scale, varlen: None })
+    }
+
+    /// Queues the backward kernels of a checked launch: dense ones, or with
+    /// `launch.varlen` the varlen ones over packed operands (`io`'s layouts
+    /// then [`PackedLayout::as_layout`](crate::PackedLayout::as_layout)'s).
+    pub(crate) fn queue_backward<T: Element>(
+        &self,
+        spec: &Spec,
+        io: BackwardIo<'_, T>,
+        args: &[ArgValue<'_>],
+        opts: &BackwardOptions<'_>,
+        launch: Launch,
+    ) -> Result<(), Error> {
+        let Launch { shape, scale, varlen } = launch;
+        let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
         // Tensor gradients nobody asked for are not computed at all.
         let tensor_grads = io.d_tensors.iter().any(Option::is_some);
         let config = BackwardConfig { tensor_grads, ..BackwardConfig::preferred(spec, self.target()) };
-        let (config, tensor_maps) = io.with_copies(self, spec, config);
-        let load = |pass| self.load_which(spec, Which::backward(pass, config));
+        // A varlen kernel copies with its threads (a TMA box could cross sequences).
+        let (config, tensor_maps) = match varlen {
+            None => io.with_copies(self, spec, config),
+            Some(_) => (BackwardConfig { copy: TileCopy::Threads, ..config }, None),
+        };
+        let load = |pass| self.load_which(spec, launch.which(pass, config));
         let (pre, main) = (load(BackwardPass::Preprocess)?, load(BackwardPass::KeyValue)?);
         let dq_pass = load(if opts.deterministic { BackwardPass::Query } else { BackwardPass::Postprocess })?;
 
-        let heads = shape.batch * shape.heads;
+        let (rows, accum) = workspace_sizes(spec, config, &launch);
         // No accumulator (a null pointer) in the deterministic mode, or without queries.
-        let accum_len = if opts.deterministic { 0 } else { config.dq_accum(spec).len(spec, heads, shape.q_len) };
+        let accum_len = if opts.deterministic { 0 } else { accum };
         // The accumulator starts 256 bytes aligned, as a fresh allocation
         // would: the dK/dV kernel adds to it with 16-byte vector or bulk reductions.
-        let delta_span = (heads * shape.q_len).next_multiple_of(64);
+        let delta_span = rows.next_multiple_of(64);
         let mut kept = opts.workspace.map(|w| w.0.lock().unwrap_or_else(PoisonError::into_inner));
         let mut fresh = None;
         let slot = kept.as_deref_mut().unwrap_or(&mut fresh);
@@ -215,7 +254,7 @@ impl Runtime {
             work_order: key_order.as_ref().map_or(0, |(ptr, _)| *ptr),
             work_counter: None,
             tensor_maps,
-            varlen: None,
+            varlen,
             paged: None,
             append: None,
             decode: None,
@@ -275,9 +314,22 @@ impl Runtime {
     }
 }
 
+/// Rows of D (per batch row, head and query; varlen: per head and packed
+/// query) and f32 elements of the dQ accumulator of `launch` in `config`.
+fn workspace_sizes(spec: &Spec, config: BackwardConfig, launch: &Launch) -> (usize, usize) {
+    let (shape, accum) = (launch.shape, config.dq_accum(spec));
+    match launch.varlen {
+        None => (shape.batch * shape.heads * shape.q_len, accum.len(spec, shape.batch * shape.heads, shape.q_len)),
+        Some(v) => {
+            let total_q = v.tokens[0];
+            (shape.heads * total_q, accum.varlen_len(spec, shape.heads, total_q, shape.batch))
+        }
+    }
+}
+
 /// Each requested tensor gradient belongs to a tensor that has one, and its
 /// buffer holds the tensor's element count.
-fn check_tensor_grads(
+pub(crate) fn check_tensor_grads(
     spec: &Spec,
     shape: Option<Shape>,
     d_tensors: &[Option<&mut CudaSlice<f32>>],

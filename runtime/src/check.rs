@@ -126,6 +126,15 @@ pub(crate) struct Grads {
 /// Unlike the forward, no queries is still a launch: dK and dV must be 0.
 pub(crate) fn check_backward(spec: &Spec, p: &Problem, g: &Grads, args: &[ArgInfo]) -> Result<Option<Shape>, Error> {
     check_forward(spec, p, args)?;
+    check_grads(p, g)?;
+    let (q, k) = (&p.q.layout, &p.k.layout);
+    let shape = Shape { batch: q.batch, heads: q.heads, heads_kv: k.heads, q_len: q.seq, kv_len: k.seq };
+    Ok((shape.batch > 0).then_some(shape))
+}
+
+/// Each gradient operand against its counterpart (dO ~ O, dQ ~ Q, dK ~ K,
+/// dV ~ V) and its buffer.
+pub(crate) fn check_grads(p: &Problem, g: &Grads) -> Result<(), Error> {
     for (operand, grad, other, of) in [
         (Operand::DO, &g.d_o, Operand::O, &p.o),
         (Operand::DQ, &g.dq, Operand::Q, &p.q),
@@ -145,9 +154,7 @@ pub(crate) fn check_backward(spec: &Spec, p: &Problem, g: &Grads, args: &[ArgInf
         }
         check_bounds(operand, grad)?;
     }
-    let (q, k) = (&p.q.layout, &p.k.layout);
-    let shape = Shape { batch: q.batch, heads: q.heads, heads_kv: k.heads, q_len: q.seq, kv_len: k.seq };
-    Ok((shape.batch > 0).then_some(shape))
+    Ok(())
 }
 
 /// Head groups, size limits and the params and tensors, for a launch of

@@ -1,4 +1,4 @@
-//! Everything `forward_varlen` checks before a launch, as pure functions
+//! Everything `forward_varlen` and `backward_varlen` check before a launch, as pure functions
 //! over layouts and lengths so it is testable without a GPU.
 //!
 //! The host sees the buffers' lengths, the prefix sums' entry counts and
@@ -8,7 +8,7 @@
 //! never an access out of bounds.
 
 use crate::args::ArgInfo;
-use crate::check::{check_bounds, check_operands, check_shape, Problem};
+use crate::check::{check_bounds, check_grads, check_operands, check_shape, Grads, Problem};
 use crate::error::Error;
 use flashgen_codegen::abi::Operand;
 use flashgen_codegen::{Shape, Spec};
@@ -40,6 +40,36 @@ pub(crate) struct VarlenShape {
 /// be absent: every row is then fully masked, and the kernel still writes
 /// O and the LSE.
 pub(crate) fn check_varlen(spec: &Spec, p: &VarlenProblem, args: &[ArgInfo]) -> Result<Option<VarlenShape>, Error> {
+    let checked = check_packed(spec, p, args)?;
+    if checked.shape.batch == 0 || checked.shape.q_len == 0 {
+        return Ok(None);
+    }
+    check_lse(p, &checked)?;
+    Ok(Some(checked))
+}
+
+/// Checks a varlen backward launch of `spec`: the forward's operands and
+/// LSE (`p.operands.lse`, which must be given) as [`check_varlen`] does,
+/// then each gradient operand against its counterpart (dO ~ O, dQ ~ Q,
+/// dK ~ K, dV ~ V) and its buffer. Returns the shape, or `None` without a
+/// sequence; no queries is still a launch (dK and dV must be 0).
+pub(crate) fn check_varlen_backward(
+    spec: &Spec,
+    p: &VarlenProblem,
+    g: &Grads,
+    args: &[ArgInfo],
+) -> Result<Option<VarlenShape>, Error> {
+    let checked = check_packed(spec, p, args)?;
+    check_grads(&p.operands, g)?;
+    if checked.shape.batch == 0 {
+        return Ok(None);
+    }
+    check_lse(p, &checked)?;
+    Ok(Some(checked))
+}
+
+/// Everything both directions check but the LSE.
+fn check_packed(spec: &Spec, p: &VarlenProblem, args: &[ArgInfo]) -> Result<VarlenShape, Error> {
     let ops = &p.operands;
     check_operands(spec, ops)?;
     let tokens = [ops.q.layout.seq, ops.k.layout.seq];
@@ -69,16 +99,16 @@ pub(crate) fn check_varlen(spec: &Spec, p: &VarlenProblem, args: &[ArgInfo]) -> 
     for (operand, buffer) in [(Operand::Q, &ops.q), (Operand::K, &ops.k), (Operand::V, &ops.v), (Operand::O, &ops.o)] {
         check_bounds(operand, buffer)?;
     }
-    if shape.batch == 0 || shape.q_len == 0 {
-        return Ok(None);
+    Ok(VarlenShape { shape, tokens })
+}
+
+/// The LSE, where given, holds `[heads, total_q]`.
+fn check_lse(p: &VarlenProblem, checked: &VarlenShape) -> Result<(), Error> {
+    let needed = checked.shape.heads.saturating_mul(checked.tokens[0]);
+    match p.operands.lse {
+        Some(len) if len < needed => Err(Error::LseTooSmall { len, needed }),
+        _ => Ok(()),
     }
-    if let Some(len) = ops.lse {
-        let needed = shape.heads.saturating_mul(tokens[0]);
-        if len < needed {
-            return Err(Error::LseTooSmall { len, needed });
-        }
-    }
-    Ok(Some(VarlenShape { shape, tokens }))
 }
 
 #[cfg(test)]
@@ -195,6 +225,51 @@ mod tests {
         assert!(matches!(err, Error::SizeMismatch { operand: Operand::O, other: Operand::Q, .. }), "{err}");
         let err = check(&VarlenProblem { operands: Problem { lse: Some(799), ..problem().operands }, ..problem() });
         assert!(matches!(err, Err(Error::LseTooSmall { len: 799, needed: 800 })), "{err:?}");
+    }
+
+    /// The gradients of `problem()`: dO like O, dQ like Q, dK and dV like K.
+    fn grads() -> Grads {
+        let [d_o, dq] = [PackedLayout::thd(100, 8, 64); 2].map(buffer);
+        let [dk, dv] = [PackedLayout::thd(300, 2, 64); 2].map(buffer);
+        Grads { d_o, dq, dk, dv }
+    }
+
+    #[test]
+    fn backward_checks_the_gradients_and_the_lse() {
+        let check = |p: &VarlenProblem, g: &Grads| check_varlen_backward(&spec(), p, g, &args(3, 200));
+        let checked = check(&problem(), &grads()).unwrap().unwrap();
+        assert_eq!(checked.tokens, [100, 300]);
+        let mut g = grads();
+        g.dk = buffer(PackedLayout::thd(299, 2, 64));
+        let err = check(&problem(), &g).unwrap_err();
+        assert!(matches!(err, Error::SizeMismatch { operand: Operand::DK, other: Operand::K, .. }), "{err}");
+        let mut g = grads();
+        g.dq.len -= 1;
+        let err = check(&problem(), &g).unwrap_err();
+        assert!(matches!(err, Error::OutOfBounds { operand: Operand::DQ, .. }), "{err}");
+        let mut g = grads();
+        g.d_o = buffer(PackedLayout::thd(100, 8, 32));
+        let err = check(&problem(), &g).unwrap_err();
+        assert!(matches!(err, Error::HeadDim { operand: Operand::DO, got: 32, .. }), "{err}");
+        let p = VarlenProblem { operands: Problem { lse: Some(799), ..problem().operands }, ..problem() };
+        let err = check(&p, &grads()).unwrap_err();
+        assert!(matches!(err, Error::LseTooSmall { len: 799, needed: 800 }), "{err}");
+        // The forward's checks hold too.
+        let err = check(&VarlenProblem { cu_seqlens: [4, 3], ..problem() }, &grads()).unwrap_err();
+        assert!(matches!(err, Error::CuSeqlensLen { which: "cu_seqlens_k", .. }), "{err}");
+    }
+
+    #[test]
+    fn backward_without_queries_still_launches() {
+        // dK and dV must be written (zeros) even when no sequence has a query.
+        let (mut p, mut g) = (problem(), grads());
+        let [q, o] = [PackedLayout::thd(0, 8, 64); 2].map(buffer);
+        (p.operands.q, p.operands.o, p.max_lens[0], p.operands.lse) = (q, o, 0, Some(0));
+        (g.dq, g.d_o) = (q, o);
+        let checked = check_varlen_backward(&spec(), &p, &g, &args(3, 200)).unwrap().unwrap();
+        assert_eq!((checked.shape.q_len, checked.tokens), (0, [0, 300]));
+        let p = VarlenProblem { batch: 0, cu_seqlens: [1, 1], ..problem() };
+        assert_eq!(check_varlen_backward(&spec(), &p, &grads(), &args(0, 200)).unwrap(), None);
     }
 
     #[test]

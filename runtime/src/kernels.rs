@@ -26,6 +26,8 @@ pub(crate) enum Which {
     Decode(cuda::DecodeConfig),
     /// The split decode's combine kernel.
     DecodeCombine,
+    /// Made by [`Which::backward_varlen`].
+    BackwardVarlen(cuda::BackwardPass, cuda::BackwardConfig),
 }
 
 /// Which kernels of a spec to precompile.
@@ -40,8 +42,8 @@ pub enum KernelSet {
     /// Every kernel a launch of the spec may use: those of `Training`, the
     /// forward in every configuration autotuning may pick, copying both
     /// ways where it has the choice, the varlen and paged forwards in each,
-    /// the paged append, and the decode kernels (one and two row tiles) with
-    /// their combine kernel.
+    /// the paged append, the decode kernels (one and two row tiles) with
+    /// their combine kernel, and the varlen backward.
     Every,
 }
 
@@ -102,6 +104,15 @@ impl Which {
                 }
             }
             add(Which::DecodeCombine);
+            // The varlen backward, with and without tensor gradients.
+            use cuda::BackwardPass::{KeyValue, Postprocess, Preprocess, Query};
+            let config = cuda::BackwardConfig::preferred(spec, target);
+            for pass in [Preprocess, KeyValue, Query, Postprocess] {
+                add(Which::backward_varlen(pass, config));
+            }
+            if !cuda::trainable_tensors(spec).is_empty() {
+                add(Which::backward_varlen(KeyValue, cuda::BackwardConfig { tensor_grads: false, ..config }));
+            }
         }
         which
     }
@@ -118,6 +129,12 @@ impl Which {
         Which::Backward(pass, config.for_pass(pass))
     }
 
+    /// Varlen backward kernel `pass` in `config`, keyed as
+    /// [`Which::backward`]'s; it copies with threads, so `copy` is one value.
+    pub(crate) fn backward_varlen(pass: cuda::BackwardPass, config: cuda::BackwardConfig) -> Which {
+        Which::BackwardVarlen(pass, cuda::BackwardConfig { copy: TileCopy::Threads, ..config.for_pass(pass) })
+    }
+
     /// The kernel of `spec`; `None` for the block mask of a spec without a
     /// mask, and for a work order of one without a data-dependent mask.
     pub(crate) fn emit(self, spec: &Spec) -> Option<Kernel> {
@@ -131,6 +148,7 @@ impl Which {
             Which::Backward(pass, config) => Some(cuda::emit_backward_with(spec, pass, config)),
             Which::Decode(config) => Some(cuda::emit_decode(spec, config)),
             Which::DecodeCombine => Some(cuda::emit_decode_combine(spec)),
+            Which::BackwardVarlen(pass, config) => Some(cuda::emit_backward_varlen(spec, pass, config)),
         }
     }
 }

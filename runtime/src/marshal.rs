@@ -595,6 +595,45 @@ mod tests {
         assert_eq!(grid.grid_dim, (33 * 5, 2, 3));
     }
 
+    /// The varlen backward kernels bind their sequences as the forward's do,
+    /// and the gradients' token and head strides.
+    #[test]
+    fn varlen_backward_kernels_marshal_their_sequences() {
+        use flashgen_codegen::cuda::{emit_backward_varlen, BackwardConfig, BackwardPass, Target};
+        let spec = flashgen_codegen::parse_one("C { dtype: bf16, head_dim: 128, mask: q >= k }").unwrap();
+        let grads = || GradBindings {
+            ptrs: [20, 21, 22, 23],
+            strides: [[0, 13, 14], [0, 15, 16], [0, 17, 18], [0, 19, 20]],
+            delta: 24,
+            dq_accum: 25,
+            tensor_grads: &[],
+        };
+        let varlen = Some(VarlenBindings { cu_seqlens: [91, 92], tokens: [500, 700] });
+        let b = || Bindings { varlen, grads: Some(grads()), ..bindings(&[], &[]) };
+        let configs = [BackwardConfig::default_for(&spec), BackwardConfig::preferred(&spec, Target::for_sm(9, 0))];
+        for (config, pass) in configs.into_iter().flat_map(|c| {
+            [BackwardPass::Preprocess, BackwardPass::KeyValue, BackwardPass::Query, BackwardPass::Postprocess]
+                .map(|pass| (c, pass))
+        }) {
+            let kernel = emit_backward_varlen(&spec, pass, config);
+            let values = marshal(&kernel, &b()).unwrap();
+            let value = |name: &str| kernel.args.iter().position(|a| a.name == name).map(|i| values[i]);
+            use Value::*;
+            for (name, expected) in [
+                ("cu_seqlens_q", Ptr(91)),
+                ("max_q_len", I32(129)),
+                ("total_q", I32(500)),
+                ("dq_seq_stride", I64(15)),
+                ("dk_head_stride", I64(18)),
+            ] {
+                let got = value(name);
+                assert!(got.is_none() || got == Some(expected), "{name} in {pass:?}: {got:?}");
+            }
+            assert!(kernel.args.iter().all(|a| !matches!(a.kind, ArgKind::Stride(_, Axis::Batch))), "{pass:?}");
+            assert!(marshal(&kernel, &Bindings { varlen: None, ..b() }).is_err(), "{pass:?}");
+        }
+    }
+
     #[test]
     fn dangling_indices_are_abi_errors() {
         for kind in [ArgKind::Param(1), ArgKind::Tensor(1), ArgKind::Param(2)] {

@@ -6,13 +6,14 @@ mod support;
 
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{
-    emit_backward, emit_backward_with, emit_block_mask, emit_decode, emit_decode_combine, emit_forward_copying,
-    emit_forward_paged, emit_forward_varlen, emit_paged_append, emit_work_order, BackwardConfig, BackwardPass,
-    DecodeConfig, Mma, Target, TileCopy, Work,
+    emit_backward, emit_backward_varlen, emit_backward_with, emit_block_mask, emit_decode, emit_decode_combine,
+    emit_forward_copying, emit_forward_paged, emit_forward_varlen, emit_paged_append, emit_work_order, BackwardConfig,
+    BackwardPass, DecodeConfig, Mma, Target, TileCopy, Work,
 };
 use flashgen_codegen::{parse_str, Spec};
 use flashgen_runtime::tile_choice;
 use flashgen_runtime::{compile_cubin, compile_cubin_with_log, Arch, Error};
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use support::{raw_kernel, require_nvrtc};
@@ -164,6 +165,37 @@ fn every_shipped_spec_compiles_decode_for_sm80_and_sm90() {
                 });
             let combine = [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (emit_decode_combine(spec), arch));
             decodes.chain(combine).collect::<Vec<_>>()
+        })
+        .collect();
+    compile_all(jobs);
+}
+
+/// Every shipped spec's varlen backward kernels: the portable ones for sm_80
+/// and sm_90, and on sm_90 the configuration the runtime prefers there
+/// (the Hopper dK/dV kernel and its accumulator's row kernels, where the
+/// head dims have it), with and without tensor gradients.
+#[test]
+fn every_shipped_spec_compiles_varlen_backward_for_sm80_and_sm90() {
+    require_nvrtc();
+    const PASSES: [BackwardPass; 4] =
+        [BackwardPass::Preprocess, BackwardPass::KeyValue, BackwardPass::Query, BackwardPass::Postprocess];
+    let jobs: Vec<(Kernel, Arch)> = shipped_specs()
+        .iter()
+        .flat_map(|spec| {
+            let portable = BackwardConfig::default_for(spec);
+            let hopper = BackwardConfig::preferred(spec, Arch::new(9, 0).target());
+            let configs = [
+                (portable, Arch::new(8, 0)),
+                (BackwardConfig { tensor_grads: false, ..portable }, Arch::new(8, 0)),
+                (hopper, Arch::new(9, 0)),
+                (BackwardConfig { tensor_grads: false, ..hopper }, Arch::new(9, 0)),
+            ];
+            let kernels = configs.into_iter().flat_map(|(config, arch)| {
+                PASSES.map(|pass| (emit_backward_varlen(spec, pass, config.for_pass(pass)), arch))
+            });
+            // A pass that reads neither tensor_grads nor the MMA repeats a kernel.
+            let mut seen = HashSet::new();
+            kernels.filter(|(kernel, arch)| seen.insert(format!("{arch} {}", kernel.source))).collect::<Vec<_>>()
         })
         .collect();
     compile_all(jobs);

@@ -488,7 +488,7 @@ impl DeviceProblem {
         iters: usize,
     ) -> Result<f64, Error> {
         let d_out = random_d_out(spec, problem.shape, 7);
-        let mut grads = self.grad_buffers::<T>(spec, problem, &d_out, false)?;
+        let mut grads = grad_buffers::<T>(&self.stream, spec, problem.shape, self.layouts, &d_out, false)?;
         let workspace = BackwardWorkspace::default();
         self.time_steps(rt, spec, problem, warmup, iters, |me| {
             let ops = T::operands(&me.operands).ok_or(Error::Dtype { spec: spec.dtype, got: T::DTYPE })?;
@@ -511,58 +511,9 @@ impl DeviceProblem {
         (d_out, tensor_grads): (&[f64], bool),
         opts: &BackwardOptions<'_>,
     ) -> Result<GpuGradients, Error> {
-        let mut grads = self.grad_buffers::<T>(spec, problem, d_out, tensor_grads)?;
+        let mut grads = grad_buffers::<T>(&self.stream, spec, problem.shape, self.layouts, d_out, tensor_grads)?;
         self.queue_backward(rt, spec, problem, ops, &mut grads, opts)?;
-        let s = &self.stream;
-        let [lq, lk, lv, _] = self.layouts;
-        let down = driver("download gradients");
-        s.synchronize().map_err(down)?;
-        let d_tensors = grads
-            .tensors
-            .iter()
-            .zip(&spec.tensors)
-            .map(|(g, decl)| {
-                let len = decl.len(&problem.shape);
-                g.as_ref()
-                    .map(|g| Ok(s.clone_dtoh(g).map_err(down)?.into_iter().take(len).map(f64::from).collect()))
-                    .transpose()
-            })
-            .collect::<Result<_, Error>>()?;
-        Ok(GpuGradients {
-            dq: gather(&s.clone_dtoh(&grads.dq).map_err(down)?, &lq),
-            dk: gather(&s.clone_dtoh(&grads.dk).map_err(down)?, &lk),
-            dv: gather(&s.clone_dtoh(&grads.dv).map_err(down)?, &lv),
-            d_tensors,
-        })
-    }
-
-    /// dO uploaded; dQ, dK, dV and (with `tensor_grads`) every tensor
-    /// gradient the spec has, NaN-poisoned.
-    fn grad_buffers<T: Storage>(
-        &self,
-        spec: &Spec,
-        problem: &Problem,
-        d_out: &[f64],
-        tensor_grads: bool,
-    ) -> Result<GradBuffers<T>, Error> {
-        let s = &self.stream;
-        let [lq, lk, lv, lo] = self.layouts;
-        let up = driver("upload backward operands");
-        let poisoned = |l: &Layout| s.clone_htod(&vec![T::NAN; buffer_len(l)]).map_err(up);
-        let trainable = if tensor_grads { flashgen::codegen::cuda::trainable_tensors(spec) } else { vec![] };
-        let tensors = (0..spec.tensors.len())
-            .map(|i| {
-                let len = spec.tensors[i].len(&problem.shape);
-                trainable.contains(&i).then(|| s.clone_htod(&vec![f32::NAN; len.max(1)]).map_err(up)).transpose()
-            })
-            .collect::<Result<_, Error>>()?;
-        Ok(GradBuffers {
-            d_o: s.clone_htod(&scatter::<T>(d_out, &lo)).map_err(up)?,
-            dq: poisoned(&lq)?,
-            dk: poisoned(&lk)?,
-            dv: poisoned(&lv)?,
-            tensors,
-        })
+        download_gradients(&self.stream, spec, problem.shape, self.layouts, &grads)
     }
 
     /// Queues the backward kernels into `grads` without waiting.
@@ -590,6 +541,64 @@ impl DeviceProblem {
         };
         rt.backward(spec, io, &launch_args(&self.tensors, problem), opts)
     }
+}
+
+/// dO uploaded as laid out in `layouts[3]` (O's); dQ, dK, dV and (with
+/// `tensor_grads`) every tensor gradient the spec has at `shape`,
+/// NaN-poisoned.
+fn grad_buffers<T: Storage>(
+    s: &Arc<CudaStream>,
+    spec: &Spec,
+    shape: Shape,
+    [lq, lk, lv, lo]: [Layout; 4],
+    d_out: &[f64],
+    tensor_grads: bool,
+) -> Result<GradBuffers<T>, Error> {
+    let up = driver("upload backward operands");
+    let poisoned = |l: &Layout| s.clone_htod(&vec![T::NAN; buffer_len(l)]).map_err(up);
+    let trainable = if tensor_grads { flashgen::codegen::cuda::trainable_tensors(spec) } else { vec![] };
+    let tensors = (0..spec.tensors.len())
+        .map(|i| {
+            let len = spec.tensors[i].len(&shape);
+            trainable.contains(&i).then(|| s.clone_htod(&vec![f32::NAN; len.max(1)]).map_err(up)).transpose()
+        })
+        .collect::<Result<_, Error>>()?;
+    Ok(GradBuffers {
+        d_o: s.clone_htod(&scatter::<T>(d_out, &lo)).map_err(up)?,
+        dq: poisoned(&lq)?,
+        dk: poisoned(&lk)?,
+        dv: poisoned(&lv)?,
+        tensors,
+    })
+}
+
+/// Waits for `s` and reads `grads` back in the reference's layouts.
+fn download_gradients<T: Storage>(
+    s: &Arc<CudaStream>,
+    spec: &Spec,
+    shape: Shape,
+    [lq, lk, lv, _]: [Layout; 4],
+    grads: &GradBuffers<T>,
+) -> Result<GpuGradients, Error> {
+    let down = driver("download gradients");
+    s.synchronize().map_err(down)?;
+    let d_tensors = grads
+        .tensors
+        .iter()
+        .zip(&spec.tensors)
+        .map(|(g, decl)| {
+            let len = decl.len(&shape);
+            g.as_ref()
+                .map(|g| Ok(s.clone_dtoh(g).map_err(down)?.into_iter().take(len).map(f64::from).collect()))
+                .transpose()
+        })
+        .collect::<Result<_, Error>>()?;
+    Ok(GpuGradients {
+        dq: gather(&s.clone_dtoh(&grads.dq).map_err(down)?, &lq),
+        dk: gather(&s.clone_dtoh(&grads.dk).map_err(down)?, &lk),
+        dv: gather(&s.clone_dtoh(&grads.dv).map_err(down)?, &lv),
+        d_tensors,
+    })
 }
 
 /// The backward pass's own buffers: dO in, gradients out.
@@ -709,6 +718,17 @@ pub fn check_backward(
 ) -> Result<BackwardReport, reference::ReferenceError> {
     let golden = reference::backward(spec, problem, d_out)?;
     let same = reference::same_dtype_backwards(spec, problem, d_out, reference::BACKWARD_BASELINES)?;
+    Ok(judge_gradients(spec, &golden, &same, gpu))
+}
+
+/// `gpu` against the `golden` gradients, with the `same`-dtype emulations'
+/// mean error as the baseline (see [`check_backward`]).
+fn judge_gradients(
+    spec: &Spec,
+    golden: &reference::Gradients,
+    same: &[reference::Gradients],
+    gpu: &GpuGradients,
+) -> BackwardReport {
     let rule = |out: &[f64], same: Vec<&[f64]>, golden: &[f64]| {
         reference::flash_rule_averaged(out, same, golden, reference::BACKWARD_FACTOR)
     };
@@ -726,12 +746,12 @@ pub fn check_backward(
         let same_t = same.iter().map(|g| g.d_tensors[slot].as_deref().unwrap_or_default()).collect();
         d_tensors.push((spec.tensors[slot].name.clone(), rule(&out, same_t, golden_t)));
     }
-    Ok(BackwardReport {
+    BackwardReport {
         dq: rule(&gpu.dq, same.iter().map(|g| &g.dq[..]).collect(), &golden.dq),
         dk: rule(&gpu.dk, same.iter().map(|g| &g.dk[..]).collect(), &golden.dk),
         dv: rule(&gpu.dv, same.iter().map(|g| &g.dv[..]).collect(), &golden.dv),
         d_tensors,
-    })
+    }
 }
 
 /// dL/dO ~ N(0, 1), rounded to the spec's dtype, BSHD like O.

@@ -19,6 +19,7 @@ use flashgen::codegen::{Dtype, Shape, Spec};
 use flashgen::{BackwardWorkspace, Error, Runtime};
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::{self, DeviceProblem, GpuGradients, OperandLayout};
+use support::backward::judge_all;
 use support::{language_spec, params, runtime, spec, with};
 
 #[derive(Clone, Copy)]
@@ -104,53 +105,10 @@ fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
             }
         }
     }
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let chunk = runs.len().div_ceil(workers).max(1);
-    let verdicts: Vec<(String, Result<verify::BackwardReport, String>)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = runs
-            .chunks(chunk)
-            .map(|part| {
-                scope.spawn(move || {
-                    part.iter()
-                        .map(|(spec, problem, d_out, grads, row)| {
-                            let report = verify::check_backward(spec, problem, d_out, grads).map_err(|e| e.to_string());
-                            (row.clone(), report)
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles.into_iter().flat_map(|h| h.join().expect("a reference thread panicked")).collect()
-    });
-    for (row, report) in verdicts {
-        match report {
-            Ok(r) if r.passed() => println!(
-                "ok     {row}  dQ {:.2e}≤{:.2e} dK {:.2e}≤{:.2e} dV {:.2e}≤{:.2e}{}",
-                r.dq.error,
-                r.dq.tolerance,
-                r.dk.error,
-                r.dk.tolerance,
-                r.dv.error,
-                r.dv.tolerance,
-                r.d_tensors
-                    .iter()
-                    .map(|(t, c)| format!(" d{t} {:.2e}≤{:.2e}", c.error, c.tolerance))
-                    .collect::<String>()
-            ),
-            Ok(r) => {
-                println!("FAILED {row}\n       dQ: {}\n       dK: {}\n       dV: {}", r.dq, r.dk, r.dv);
-                for (t, c) in &r.d_tensors {
-                    println!("       d{t}: {c}");
-                }
-                failures.push(row);
-            }
-            Err(e) => {
-                println!("ERROR  {row}  {e}");
-                failures.push(row);
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{} case(s) failed:\n{}", failures.len(), failures.join("\n"));
+    let check = |(spec, problem, d_out, grads, _): &(Spec, _, Vec<f64>, GpuGradients, String)| {
+        verify::check_backward(spec, problem, d_out, grads).map_err(|e| e.to_string())
+    };
+    judge_all(&runs, |run| run.4.clone(), check, failures);
 }
 
 /// Every example variant (trainable tensors included: ALiBi slopes, the

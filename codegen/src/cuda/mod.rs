@@ -28,7 +28,9 @@ mod tile_config;
 mod work_order;
 mod writer;
 
-pub use backward::{emit_backward, emit_backward_with, trainable_tensors, BackwardConfig, BackwardPass, DqAccum};
+pub use backward::{
+    emit_backward, emit_backward_varlen, emit_backward_with, trainable_tensors, BackwardConfig, BackwardPass, DqAccum,
+};
 pub use block_mask::emit_block_mask;
 pub use decode::{
     emit_decode, emit_decode_combine, split_count, DecodeConfig, DECODE_BLOCK_N, DECODE_WARPS, MAX_SPLITS,

@@ -202,6 +202,21 @@ pub(super) fn decode_combine_args(spec: &Spec) -> Vec<KernelArg> {
     named(spec, kinds)
 }
 
+/// A dense backward kernel's arguments `args` in varlen form: each length
+/// (`q_len`, `kv_len`) becomes its side's prefix sums, longest length and
+/// token count, and the operands lose their batch strides (a sequence's
+/// rows start at its first token).
+pub(super) fn with_varlen_sizes(spec: &Spec, args: Vec<KernelArg>) -> Vec<KernelArg> {
+    let sizes = |side| [ArgKind::CuSeqlens(side), ArgKind::MaxLen(side), ArgKind::Tokens(side)];
+    let kinds = args.into_iter().flat_map(|arg| match arg.kind {
+        ArgKind::QLen => sizes(Side::Queries).to_vec(),
+        ArgKind::KvLen => sizes(Side::Keys).to_vec(),
+        ArgKind::Stride(_, Axis::Batch) => Vec::new(),
+        kind => vec![kind],
+    });
+    named(spec, kinds.collect())
+}
+
 /// Batch, seq and head strides of each operand.
 fn strides<const N: usize>(ops: [Operand; N]) -> impl Iterator<Item = ArgKind> {
     ops.into_iter().flat_map(|op| [Axis::Batch, Axis::Seq, Axis::Head].map(|axis| ArgKind::Stride(op, axis)))

@@ -69,50 +69,61 @@ pub fn forward(spec: &Spec, problem: &Problem, precision: Precision) -> Result<O
 /// Computes attention for `spec` on the packed sequences of `varlen`, each
 /// as [`forward`] computes a batch row.
 pub fn forward_varlen(spec: &Spec, varlen: &VarlenProblem, precision: Precision) -> Result<Output, ReferenceError> {
-    let problem = &varlen.problem;
-    let Shape { batch, heads, heads_kv, q_len, kv_len } = problem.shape;
-    check_heads(heads, heads_kv)?;
-    let (d_qk, d_v) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
-    let spans = |name: &str, cu: &[usize], max: usize| -> Result<usize, ReferenceError> {
-        check_len(name, cu.len(), &[batch + 1])?;
-        let monotone = cu[0] == 0 && cu.windows(2).all(|w| w[0] <= w[1] && w[1] - w[0] <= max);
-        match monotone {
-            true => Ok(cu[batch]),
-            false => Err(ReferenceError::Shape(format!("`{name}` must rise from 0 by at most {max} per sequence"))),
-        }
-    };
-    let (total_q, total_kv) =
-        (spans("cu_seqlens_q", &varlen.cu_seqlens_q, q_len)?, spans("cu_seqlens_k", &varlen.cu_seqlens_k, kv_len)?);
-    check_len("q", problem.q.len(), &[total_q, heads, d_qk])?;
-    check_len("k", problem.k.len(), &[total_kv, heads_kv, d_qk])?;
-    check_len("v", problem.v.len(), &[total_kv, heads_kv, d_v])?;
-    let (cu_q, cu_k) = (&varlen.cu_seqlens_q, &varlen.cu_seqlens_k);
-    let seqs: Vec<Sequence> = (0..batch)
-        .map(|b| Sequence {
-            b,
-            q_start: cu_q[b],
-            q_len: cu_q[b + 1] - cu_q[b],
-            kv_start: cu_k[b],
-            kv_len: cu_k[b + 1] - cu_k[b],
-        })
-        .collect();
-    let rows = Rows { seqs: &seqs, total_q, lse: LseLayout::Varlen };
-    run_in(spec, problem, &rows, grid_of(precision))
+    run_in(spec, &varlen.problem, &Rows::varlen(spec, varlen)?, grid_of(precision))
 }
 
 /// [`forward`] in f64 without a grid, else the same-dtype emulation rounding
 /// S, P and O on `grid`.
 pub(super) fn forward_on(spec: &Spec, problem: &Problem, grid: Option<Grid>) -> Result<Output, ReferenceError> {
-    let Shape { batch, heads, heads_kv, q_len, kv_len } = problem.shape;
-    check_heads(heads, heads_kv)?;
-    let (d_qk, d_v) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
-    check_len("q", problem.q.len(), &[batch, q_len, heads, d_qk])?;
-    check_len("k", problem.k.len(), &[batch, kv_len, heads_kv, d_qk])?;
-    check_len("v", problem.v.len(), &[batch, kv_len, heads_kv, d_v])?;
-    let seqs: Vec<Sequence> =
-        (0..batch).map(|b| Sequence { b, q_start: b * q_len, q_len, kv_start: b * kv_len, kv_len }).collect();
-    let rows = Rows { seqs: &seqs, total_q: batch * q_len, lse: LseLayout::Batched };
-    run_in(spec, problem, &rows, grid)
+    run_in(spec, problem, &Rows::dense(spec, problem)?, grid)
+}
+
+impl Rows {
+    /// A dense problem's batch rows, its operands' lengths checked.
+    pub(super) fn dense(spec: &Spec, problem: &Problem) -> Result<Rows, ReferenceError> {
+        let Shape { batch, heads, heads_kv, q_len, kv_len } = problem.shape;
+        check_heads(heads, heads_kv)?;
+        let (d_qk, d_v) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
+        check_len("q", problem.q.len(), &[batch, q_len, heads, d_qk])?;
+        check_len("k", problem.k.len(), &[batch, kv_len, heads_kv, d_qk])?;
+        check_len("v", problem.v.len(), &[batch, kv_len, heads_kv, d_v])?;
+        let seqs: Vec<Sequence> =
+            (0..batch).map(|b| Sequence { b, q_start: b * q_len, q_len, kv_start: b * kv_len, kv_len }).collect();
+        Ok(Rows { seqs, total_q: batch * q_len, lse: LseLayout::Batched })
+    }
+
+    /// A varlen problem's sequences, its prefix sums and operands' lengths
+    /// checked.
+    pub(super) fn varlen(spec: &Spec, varlen: &VarlenProblem) -> Result<Rows, ReferenceError> {
+        let problem = &varlen.problem;
+        let Shape { batch, heads, heads_kv, q_len, kv_len } = problem.shape;
+        check_heads(heads, heads_kv)?;
+        let (d_qk, d_v) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
+        let spans = |name: &str, cu: &[usize], max: usize| -> Result<usize, ReferenceError> {
+            check_len(name, cu.len(), &[batch + 1])?;
+            let monotone = cu[0] == 0 && cu.windows(2).all(|w| w[0] <= w[1] && w[1] - w[0] <= max);
+            match monotone {
+                true => Ok(cu[batch]),
+                false => Err(ReferenceError::Shape(format!("`{name}` must rise from 0 by at most {max} per sequence"))),
+            }
+        };
+        let (total_q, total_kv) =
+            (spans("cu_seqlens_q", &varlen.cu_seqlens_q, q_len)?, spans("cu_seqlens_k", &varlen.cu_seqlens_k, kv_len)?);
+        check_len("q", problem.q.len(), &[total_q, heads, d_qk])?;
+        check_len("k", problem.k.len(), &[total_kv, heads_kv, d_qk])?;
+        check_len("v", problem.v.len(), &[total_kv, heads_kv, d_v])?;
+        let (cu_q, cu_k) = (&varlen.cu_seqlens_q, &varlen.cu_seqlens_k);
+        let seqs: Vec<Sequence> = (0..batch)
+            .map(|b| Sequence {
+                b,
+                q_start: cu_q[b],
+                q_len: cu_q[b + 1] - cu_q[b],
+                kv_start: cu_k[b],
+                kv_len: cu_k[b + 1] - cu_k[b],
+            })
+            .collect();
+        Ok(Rows { seqs, total_q, lse: LseLayout::Varlen })
+    }
 }
 
 fn grid_of(precision: Precision) -> Option<Grid> {
@@ -132,7 +143,12 @@ fn check_heads(heads: usize, heads_kv: usize) -> Result<(), ReferenceError> {
 }
 
 /// [`run`] in f64 without a grid, else in f32 rounding on `grid`.
-fn run_in(spec: &Spec, problem: &Problem, rows: &Rows, grid: Option<Grid>) -> Result<Output, ReferenceError> {
+pub(super) fn run_in(
+    spec: &Spec,
+    problem: &Problem,
+    rows: &Rows,
+    grid: Option<Grid>,
+) -> Result<Output, ReferenceError> {
     match grid {
         None => run::<f64>(spec, problem, rows, None),
         Some(grid) => run::<f32>(spec, problem, rows, Some(grid)),
@@ -141,20 +157,20 @@ fn run_in(spec: &Spec, problem: &Problem, rows: &Rows, grid: Option<Grid>) -> Re
 
 /// Where a problem's sequences sit in its buffers (Q, K, V and O as tokens
 /// × heads × dim), and how its LSE is laid out.
-struct Rows<'a> {
-    seqs: &'a [Sequence],
+pub(super) struct Rows {
+    pub seqs: Vec<Sequence>,
     /// Query tokens over all sequences (rows of O).
-    total_q: usize,
+    pub total_q: usize,
     lse: LseLayout,
 }
 
 /// One sequence: a dense problem's batch row, or a varlen one's tokens.
-struct Sequence {
-    b: usize,
-    q_start: usize,
-    q_len: usize,
-    kv_start: usize,
-    kv_len: usize,
+pub(super) struct Sequence {
+    pub b: usize,
+    pub q_start: usize,
+    pub q_len: usize,
+    pub kv_start: usize,
+    pub kv_len: usize,
 }
 
 /// `[batch, heads, q_len]`, or a varlen problem's `[heads, total_q]`.
@@ -164,9 +180,9 @@ enum LseLayout {
     Varlen,
 }
 
-impl Rows<'_> {
+impl Rows {
     /// The LSE's index of query `i` of `seq` at head `h`.
-    fn lse_index(&self, seq: &Sequence, h: usize, i: usize, heads: usize) -> usize {
+    pub(super) fn lse_index(&self, seq: &Sequence, h: usize, i: usize, heads: usize) -> usize {
         match self.lse {
             LseLayout::Batched => (seq.b * heads + h) * seq.q_len + i,
             LseLayout::Varlen => h * self.total_q + seq.q_start + i,
@@ -236,7 +252,7 @@ fn run<F: Real>(spec: &Spec, problem: &Problem, rows: &Rows, store: Option<Grid>
     // Per-row scratch: scores (−∞ for excluded keys), then exp(s − max).
     let mut scratch = vec![F::NEG_INFINITY; kv_len];
     let mut acc = vec![F::ZERO; d_v];
-    for seq in rows.seqs {
+    for seq in &rows.seqs {
         // Each length is at most the shape's, which `Env::new` checked to fit i32.
         env.set_lens(seq.q_len as i32, seq.kv_len as i32);
         let s = &mut scratch[..seq.kv_len];

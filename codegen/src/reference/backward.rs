@@ -9,7 +9,7 @@
 //! ones of [`crate::grad`], run by the interpreter, so checking this against
 //! finite differences checks the expressions a backward kernel would use.
 
-use super::attention::{forward, forward_on, Output, Precision, Problem};
+use super::attention::{run_in, Output, Precision, Problem, Rows, VarlenProblem};
 use super::eval::{check_len, Arith, Env, Position};
 use super::rounding::Grid;
 use super::ReferenceError;
@@ -52,12 +52,63 @@ pub fn backward_in(
     d_out: &[f64],
     precision: Precision,
 ) -> Result<Gradients, ReferenceError> {
-    let exact = forward(spec, problem, Precision::F64)?;
+    let rows = Rows::dense(spec, problem)?;
+    backward_once(spec, problem, &rows, d_out, precision)
+}
+
+/// The gradients of a varlen forward ([`super::forward_varlen`]) on the
+/// packed sequences of `varlen`, each as [`backward_in`] computes a batch
+/// row: `d_out`, dQ, dK and dV are packed (`[total, heads, d]`), a tensor's
+/// gradient has the tensor's dims (sized by the longest sequence).
+pub fn backward_varlen(
+    spec: &Spec,
+    varlen: &VarlenProblem,
+    d_out: &[f64],
+    precision: Precision,
+) -> Result<Gradients, ReferenceError> {
+    let rows = Rows::varlen(spec, varlen)?;
+    backward_once(spec, &varlen.problem, &rows, d_out, precision)
+}
+
+/// [`same_dtype_backwards`] of a varlen problem (see [`backward_varlen`]).
+pub fn same_dtype_backwards_varlen(
+    spec: &Spec,
+    varlen: &VarlenProblem,
+    d_out: &[f64],
+    shifts: u32,
+) -> Result<Vec<Gradients>, ReferenceError> {
+    let rows = Rows::varlen(spec, varlen)?;
+    let grids = (0..shifts).map(|i| Some(Grid::shifted(spec.dtype, i, shifts)));
+    backwards(spec, &varlen.problem, &rows, d_out, grids)
+}
+
+/// One backward over `rows` at `precision`.
+fn backward_once(
+    spec: &Spec,
+    problem: &Problem,
+    rows: &Rows,
+    d_out: &[f64],
+    precision: Precision,
+) -> Result<Gradients, ReferenceError> {
     let grid = match precision {
         Precision::F64 => None,
         Precision::SameDtype(dtype) => Some(Grid::of(dtype)),
     };
-    backward_on(spec, problem, d_out, &exact, grid)
+    let mut all = backwards(spec, problem, rows, d_out, [grid])?;
+    Ok(all.remove(0))
+}
+
+/// One backward over `rows` per grid (`None`: in f64), all from one f64
+/// forward.
+fn backwards(
+    spec: &Spec,
+    problem: &Problem,
+    rows: &Rows,
+    d_out: &[f64],
+    grids: impl IntoIterator<Item = Option<Grid>>,
+) -> Result<Vec<Gradients>, ReferenceError> {
+    let exact = run_in(spec, problem, rows, None)?;
+    grids.into_iter().map(|grid| backward_on(spec, problem, rows, d_out, &exact, grid)).collect()
 }
 
 /// `shifts` same-dtype emulations of the backward, the first as
@@ -73,26 +124,28 @@ pub fn same_dtype_backwards(
     d_out: &[f64],
     shifts: u32,
 ) -> Result<Vec<Gradients>, ReferenceError> {
-    let exact = forward(spec, problem, Precision::F64)?;
-    (0..shifts).map(|i| backward_on(spec, problem, d_out, &exact, Some(Grid::shifted(spec.dtype, i, shifts)))).collect()
+    let rows = Rows::dense(spec, problem)?;
+    backwards(spec, problem, &rows, d_out, (0..shifts).map(|i| Some(Grid::shifted(spec.dtype, i, shifts))))
 }
 
-/// The backward from the f64 forward's `exact` output: in f64 without a
-/// grid, else the same-dtype emulation rounding on `grid`.
+/// The backward over `rows`' sequences from the f64 forward's `exact`
+/// output: in f64 without a grid, else the same-dtype emulation rounding on
+/// `grid`.
 fn backward_on(
     spec: &Spec,
     problem: &Problem,
+    rows: &Rows,
     d_out: &[f64],
     exact: &Output,
     grid: Option<Grid>,
 ) -> Result<Gradients, ReferenceError> {
     let round = |x: f64| grid.map_or(x, |g| g.round(x));
-    let rounded_o = grid.map(|g| forward_on(spec, problem, Some(g))).transpose()?.map(|out| out.o);
+    let rounded_o = grid.map(|g| run_in(spec, problem, rows, Some(g))).transpose()?.map(|out| out.o);
     let o = rounded_o.as_ref().unwrap_or(&exact.o);
-    let Shape { batch, heads, heads_kv, q_len, kv_len } = problem.shape;
+    let Shape { heads, heads_kv, .. } = problem.shape;
     let (d_qk, d_v) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
-    check_len("d_out", d_out.len(), &[batch, q_len, heads, d_v])?;
-    let env = Env::new(spec, &problem.shape, &problem.params, &problem.tensors, Arith::F64)?;
+    check_len("d_out", d_out.len(), &[rows.total_q, heads, d_v])?;
+    let mut env = Env::new(spec, &problem.shape, &problem.params, &problem.tensors, Arith::F64)?;
     let d_score = d_score(spec);
     let mut trainable: Vec<Trainable> = (0..spec.tensors.len())
         .filter_map(|slot| {
@@ -114,26 +167,28 @@ fn backward_on(
         d_tensors: vec![None; spec.tensors.len()],
     };
     let group = heads / heads_kv;
-    for b in 0..batch {
+    for seq in &rows.seqs {
+        // Each length is at most the shape's, which `Env::new` checked to fit i32.
+        env.set_lens(seq.q_len as i32, seq.kv_len as i32);
         for h in 0..heads {
             let kv_head = h / group;
-            for i in 0..q_len {
-                let lse = exact.lse[(b * heads + h) * q_len + i];
+            for i in 0..seq.q_len {
+                let lse = exact.lse[rows.lse_index(seq, h, i, heads)];
                 if lse == f64::NEG_INFINITY {
                     continue; // Fully masked: O = 0 whatever the inputs.
                 }
-                let row = (b * q_len + i) * heads + h;
+                let row = (seq.q_start + i) * heads + h;
                 let q_row = &problem.q[row * d_qk..][..d_qk];
                 let do_row = &d_out[row * d_v..][..d_v];
                 let delta = round(dot(do_row, &o[row * d_v..][..d_v]));
                 // Sizes were checked to fit i32 by `Env::new`.
-                let mut at = Position { b: b as i32, h: h as i32, q: i as i32, k: 0, score: 0.0 };
-                for j in 0..kv_len {
+                let mut at = Position { b: seq.b as i32, h: h as i32, q: i as i32, k: 0, score: 0.0 };
+                for j in 0..seq.kv_len {
                     at.k = j as i32;
                     if spec.mask.as_ref().is_some_and(|m| !env.eval(m, &at).as_bool()) {
                         continue;
                     }
-                    let kv_row = (b * kv_len + j) * heads_kv + kv_head;
+                    let kv_row = (seq.kv_start + j) * heads_kv + kv_head;
                     let k_row = &problem.k[kv_row * d_qk..][..d_qk];
                     let v_row = &problem.v[kv_row * d_v..][..d_v];
                     at.score = problem.scale * dot(q_row, k_row);

@@ -31,7 +31,9 @@ mod paged;
 mod rounding;
 
 pub use attention::{forward, forward_varlen, Output, Precision, Problem, VarlenProblem};
-pub use backward::{backward, backward_in, same_dtype_backwards, Gradients};
+pub use backward::{
+    backward, backward_in, backward_varlen, same_dtype_backwards, same_dtype_backwards_varlen, Gradients,
+};
 pub use eval::{Arith, Env, ParamValue, Position, TensorData, Value};
 pub use metrics::{
     flash_rule, flash_rule_averaged, max_abs_diff, mean_abs_diff, FlashCheck, BACKWARD_BASELINES, BACKWARD_FACTOR,

@@ -16,7 +16,9 @@
 //! `--varlen` adds a row `doc-varlen` after each `doc` row: the same
 //! documents packed as varlen sequences (each attending within itself, the
 //! pairs the document mask keeps), launched with `Runtime::forward_varlen`:
-//! the same FLOPs without a mask or a block mask.
+//! the same FLOPs without a mask or a block mask. With `--backward` too, a
+//! row `doc-varlen+bwd` times its training step (`Runtime::forward_varlen`,
+//! then `Runtime::backward_varlen` into Q, K and V), against `doc+bwd`.
 //!
 //! `--packed` instead times packed training batches: 32768 tokens as 8 and
 //! as 64 causal documents of uneven lengths (`document_lengths`, the formula
@@ -24,7 +26,9 @@
 //! forward), `pack<N>-doc` (one dense sequence with the document-causal
 //! mask and its block mask, whose build gets a row of its own) and
 //! `pack<N>-even` (a dense causal launch of N equal documents: the rate
-//! the varlen rows aim for). TFLOP/s count the kept pairs.
+//! the varlen rows aim for). TFLOP/s count the kept pairs. With
+//! `--backward`, each gets a `+bwd` row: its training step (the varlen one
+//! through `Runtime::backward_varlen`), counting 3.5x the forward FLOPs.
 //!
 //! `--tune` autotunes the forward of each variant and shape first
 //! (`Runtime::autotune`, remembered in the kernel cache like any tuning):
@@ -110,7 +114,7 @@ fn main() {
         rt.arch()
     );
     if packed {
-        packed_documents(&rt, &dims, iters);
+        packed_documents(&rt, &dims, iters, backward);
         return;
     }
     println!(
@@ -181,7 +185,7 @@ fn main() {
                     Err(e) => println!("{name:<16} {d:>4} {s:>6} {batch:>3} error: {e}"),
                 }
                 if varlen && name == "doc" {
-                    varlen_documents(&rt, &problem, d, iters);
+                    varlen_documents(&rt, &problem, d, iters, backward);
                 }
             }
         }
@@ -189,8 +193,9 @@ fn main() {
 }
 
 /// Times the documents of `dense`'s `doc` ids as packed varlen sequences
-/// and prints a `doc-varlen` row (its TFLOP/s over the pairs kept).
-fn varlen_documents(rt: &Runtime, dense: &flashgen::codegen::reference::Problem, d: u32, iters: usize) {
+/// and prints a `doc-varlen` row (its TFLOP/s over the pairs kept) and,
+/// with `backward`, a `doc-varlen+bwd` row for its training step.
+fn varlen_documents(rt: &Runtime, dense: &flashgen::codegen::reference::Problem, d: u32, iters: usize, backward: bool) {
     let Some(TensorData::I32(ids)) = dense.tensors.first() else { return };
     let (batch, s) = (dense.shape.batch, dense.shape.q_len);
     let mut lens = Vec::new();
@@ -200,14 +205,25 @@ fn varlen_documents(rt: &Runtime, dense: &flashgen::codegen::reference::Problem,
     let kept: usize = lens.iter().map(|&(q, k)| q * k).sum();
     let spec = flashgen::parse_one(&format!("Full {{ dtype: bf16, head_dim: {d} }}")).expect("valid spec");
     let problem = verify::varlen::random_varlen_problem(&spec, (HEADS, HEADS), &lens, vec![], s as u64);
-    let timed = verify::varlen::DeviceVarlen::upload(rt, &spec, &problem, verify::varlen::Packing::Thd)
-        .and_then(|mut gpu| gpu.time(rt, &spec, &problem, L2_FLUSH_BYTES, (3, iters)));
+    let timed =
+        verify::varlen::DeviceVarlen::upload(rt, &spec, &problem, verify::varlen::Packing::Thd).and_then(|mut gpu| {
+            let forward = gpu.time(rt, &spec, &problem, L2_FLUSH_BYTES, (3, iters))?;
+            let step = backward
+                .then(|| gpu.time_forward_backward(rt, &spec, &problem, L2_FLUSH_BYTES, (3, iters)))
+                .transpose()?;
+            Ok((forward, step))
+        });
     let name = "doc-varlen";
+    let flops = 4.0 * (HEADS * kept) as f64 * d as f64;
+    let density = kept as f64 / (batch * s * s) as f64;
     match timed {
-        Ok(ms) => {
-            let tflops = 4.0 * (HEADS * kept) as f64 * d as f64 / (ms * 1e-3) / 1e12;
-            let density = kept as f64 / (batch * s * s) as f64;
+        Ok((ms, step)) => {
+            let tflops = flops / (ms * 1e-3) / 1e12;
             println!("{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4} {:>15}", lens.len());
+            if let Some(ms) = step {
+                let (name, tflops) = (format!("{name}+bwd"), 3.5 * flops / (ms * 1e-3) / 1e12);
+                println!("{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4}");
+            }
         }
         Err(e) => println!("{name:<16} {d:>4} {s:>6} {batch:>3} error: {e}"),
     }
@@ -389,20 +405,29 @@ fn document_lengths(tokens: usize, docs: usize) -> Vec<usize> {
     lens
 }
 
-/// The `--packed` rows (see the module note) for each head dim.
-fn packed_documents(rt: &Runtime, dims: &[u32], iters: usize) {
+/// The `--packed` rows (see the module note) for each head dim; with
+/// `backward`, their training steps' rows too.
+fn packed_documents(rt: &Runtime, dims: &[u32], iters: usize, backward: bool) {
     println!("{:<16} {:>4} {:>6} {:>3} {:>10} {:>9} {:>8}", "variant", "d", "s", "b", "ms", "TFLOP/s", "density");
     for &d in dims {
         for docs in [8, 64] {
             let lens = document_lengths(TOKENS, docs);
             let kept: usize = lens.iter().map(|l| l * (l + 1) / 2).sum();
             let density = kept as f64 / (TOKENS * TOKENS) as f64;
-            let print = |name: &str, b: usize, timed: Result<f64, flashgen::Error>, pairs: usize| match timed {
-                Ok(ms) => {
-                    let tflops = 4.0 * (HEADS * pairs) as f64 * d as f64 / (ms * 1e-3) / 1e12;
-                    println!("{name:<16} {d:>4} {TOKENS:>6} {b:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4}");
+            // A forward's row and, timed, its training step's.
+            let print = |name: &str, b: usize, timed: Result<(f64, Option<f64>), flashgen::Error>, pairs: usize| {
+                let flops = 4.0 * (HEADS * pairs) as f64 * d as f64;
+                match timed {
+                    Ok((ms, step)) => {
+                        let rows = [(name.to_string(), ms, flops)].into_iter();
+                        let step = step.map(|ms| (format!("{name}+bwd"), ms, 3.5 * flops));
+                        for (name, ms, flops) in rows.chain(step) {
+                            let tflops = flops / (ms * 1e-3) / 1e12;
+                            println!("{name:<16} {d:>4} {TOKENS:>6} {b:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4}");
+                        }
+                    }
+                    Err(e) => println!("{name:<16} {d:>4} {TOKENS:>6} {b:>3} error: {e}"),
                 }
-                Err(e) => println!("{name:<16} {d:>4} {TOKENS:>6} {b:>3} error: {e}"),
             };
             let causal = |body: &str| {
                 flashgen::parse_one(&format!("Packed {{ dtype: bf16, head_dim: {d}, {body} }}")).expect("valid spec")
@@ -411,7 +436,13 @@ fn packed_documents(rt: &Runtime, dims: &[u32], iters: usize) {
             let pairs: Vec<(usize, usize)> = lens.iter().map(|&l| (l, l)).collect();
             let problem = verify::varlen::random_varlen_problem(&spec, (HEADS, HEADS), &pairs, vec![], docs as u64);
             let timed = verify::varlen::DeviceVarlen::upload(rt, &spec, &problem, verify::varlen::Packing::Thd)
-                .and_then(|mut gpu| gpu.time(rt, &spec, &problem, L2_FLUSH_BYTES, (3, iters)));
+                .and_then(|mut gpu| {
+                    let forward = gpu.time(rt, &spec, &problem, L2_FLUSH_BYTES, (3, iters))?;
+                    let step = backward
+                        .then(|| gpu.time_forward_backward(rt, &spec, &problem, L2_FLUSH_BYTES, (3, iters)))
+                        .transpose()?;
+                    Ok((forward, step))
+                });
             print(&format!("pack{docs}-varlen"), docs, timed, kept);
 
             let spec = causal("tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] && q >= k,");
@@ -424,7 +455,8 @@ fn packed_documents(rt: &Runtime, dims: &[u32], iters: usize) {
                 gpu.flush_l2(L2_FLUSH_BYTES)?;
                 let (ms, kept) = time_block_mask(rt, &mut gpu, &spec, &problem)?;
                 println!("{name:<16} {d:>4} {TOKENS:>6} {:>3} {ms:>10.3} block-mask build ({kept} tiles)", 1);
-                gpu.time(rt, &spec, &problem, 3, iters)
+                let step = backward.then(|| gpu.time_forward_backward(rt, &spec, &problem, 3, iters)).transpose()?;
+                Ok((gpu.time(rt, &spec, &problem, 3, iters)?, step))
             });
             print(&name, 1, timed, kept);
 
@@ -434,7 +466,8 @@ fn packed_documents(rt: &Runtime, dims: &[u32], iters: usize) {
             let problem = verify::random_problem(&spec, shape, vec![], vec![], None, docs as u64);
             let timed = DeviceProblem::upload(rt, &spec, &problem, OperandLayout::Bshd).and_then(|mut gpu| {
                 gpu.flush_l2(L2_FLUSH_BYTES)?;
-                gpu.time(rt, &spec, &problem, 3, iters)
+                let step = backward.then(|| gpu.time_forward_backward(rt, &spec, &problem, 3, iters)).transpose()?;
+                Ok((gpu.time(rt, &spec, &problem, 3, iters)?, step))
             });
             print(&format!("pack{docs}-even"), docs, timed, docs * s * (s + 1) / 2);
         }

@@ -1,7 +1,8 @@
 //! Varlen (packed) problems on the GPU: ragged sequences drawn at random,
 //! a [`Runtime::forward_varlen`] launch on NaN-poisoned outputs, and the
 //! result in the varlen reference's layouts (O `[total_q, heads, d_v]`,
-//! LSE `[heads, total_q]`) for [`Expected::varlen`].
+//! LSE `[heads, total_q]`) for [`Expected::varlen`]; its backward in
+//! `backward`.
 
 use super::{
     cold_median_ms, driver, gather, launch_args, random_tensors, round, upload_operands, upload_tensors, DeviceTensor,
@@ -16,6 +17,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 use std::sync::Arc;
+
+mod backward;
+
+pub use backward::{check_backward_varlen, random_packed_d_out};
 
 /// Draws a varlen problem for `spec`: sequences of `lens` (queries, keys)
 /// each, `heads` (query, K/V) heads, Q/K/V ~ N(0, 1) rounded to the dtype,
@@ -146,15 +151,8 @@ impl DeviceVarlen {
     pub fn launch(&mut self, rt: &Runtime, spec: &Spec, problem: &VarlenProblem) -> Result<(), Error> {
         let args = launch_args(&self.tensors, &problem.problem);
         let opts = ForwardOptions { scale: Some(problem.problem.scale as f32), block_mask: None, config: self.config };
-        let DeviceVarlen { operands, lse, cu_seqlens: [cu_q, cu_k], batch, max_lens: [max_q_len, max_kv_len], .. } =
-            self;
-        let seqs = Sequences {
-            batch: *batch,
-            cu_seqlens_q: cu_q,
-            cu_seqlens_k: cu_k,
-            max_q_len: *max_q_len,
-            max_kv_len: *max_kv_len,
-        };
+        let DeviceVarlen { operands, lse, cu_seqlens, batch, max_lens, .. } = self;
+        let seqs = sequences(cu_seqlens, *batch, *max_lens);
         let [lq, lk, lv, lo] = self.layouts;
         match operands {
             Operands::F16([q, k, v, o]) => {
@@ -196,6 +194,11 @@ impl DeviceVarlen {
         let lse = self.stream.clone_dtoh(&self.lse).map_err(err)?.into_iter().map(f64::from).collect();
         Ok(GpuOutput { o, lse })
     }
+}
+
+/// The sequences of a launch on the prefix sums `cu_q`, `cu_k`.
+fn sequences([cu_q, cu_k]: &[CudaSlice<i32>; 2], batch: usize, [max_q_len, max_kv_len]: [usize; 2]) -> Sequences<'_> {
+    Sequences { batch, cu_seqlens_q: cu_q, cu_seqlens_k: cu_k, max_q_len, max_kv_len }
 }
 
 #[cfg(test)]

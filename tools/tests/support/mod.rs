@@ -6,6 +6,8 @@ use flashgen::codegen::{Dtype, HeadDims, Spec};
 use flashgen::Runtime;
 use flashgen_tools::examples::SPECS;
 
+#[allow(dead_code)] // the forward tests judge no gradients
+pub mod backward;
 #[allow(dead_code)] // the backward tests launch no forward cases of their own
 pub mod forward;
 

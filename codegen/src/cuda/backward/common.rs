@@ -53,6 +53,10 @@ pub(super) fn write_source(
         }
         _ => "THREADS",
     };
+    // A kernel that takes prefix sums reads its sequences' spans.
+    if args.iter().any(|arg| matches!(arg.kind, ArgKind::CuSeqlens(_))) {
+        library.push(vec![Piece::Part(Part::Varlen)]);
+    }
     let helpers = [Part::BackwardRows, Part::BackwardTiles];
     library.push(helpers[..1 + tiles as usize].iter().map(|&part| Piece::Part(part)).collect());
     let config = |w: &mut Writer<String>| {

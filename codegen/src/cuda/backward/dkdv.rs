@@ -5,6 +5,7 @@ use super::common::{
     per_head, write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows, Sections,
     SpecTerms, Walk,
 };
+use super::packing::Packing;
 use super::step::{write_register_products, write_scores, write_split_elements, FromRegisters, Part};
 use super::BackwardConfig;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
@@ -22,18 +23,18 @@ use std::fmt::{self, Write};
 
 const OPERANDS: [Operand; 6] = [Operand::Q, Operand::K, Operand::V, Operand::DO, Operand::DK, Operand::DV];
 
-pub(super) fn emit(spec: &Spec, config: BackwardConfig) -> Kernel {
-    let name = kernel_name("bwd", spec);
+pub(super) fn emit(spec: &Spec, config: BackwardConfig, packing: Packing) -> Kernel {
+    let name = kernel_name(&packing.prefix("bwd"), spec);
     let terms = SpecTerms::new(spec, config.tensor_grads);
     let slots: Vec<usize> = terms.grads.iter().map(|(slot, ..)| *slot).collect();
-    let args = backward_args(spec, OPERANDS, &slots);
+    let args = packing.args(spec, backward_args(spec, OPERANDS, &slots));
     let source = write_source(
         spec,
         Sections::Tiles,
         &name,
         &args,
         |w| write_config(w, spec, config),
-        |w| write_body(w, spec, &terms),
+        |w| write_body(w, spec, &terms, packing),
     );
     Kernel {
         name,
@@ -102,12 +103,13 @@ pub(super) fn write_key_tiles(w: &mut Writer<String>, spec: &Spec, layout: &str)
 
 /// A dK/dV kernel's CTA: its batch, K/V head and keys, the query heads of
 /// its group, the query steps, and the rows of dK and dV, and of K and V
-/// where its threads `load_kv`.
-pub(super) fn write_key_cta(w: &mut Writer<String>, spec: &Spec, load_kv: bool) -> fmt::Result {
+/// where its threads `load_kv`; a varlen CTA past its sequence's keys returns.
+pub(super) fn write_key_cta(w: &mut Writer<String>, spec: &Spec, load_kv: bool, packing: Packing) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
     let [q_len, kv_len, heads, heads_kv] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv].map(n);
     let [k_stride, v_stride] = [Operand::K, Operand::V].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
     write_cta_order(w, spec)?;
+    packing.write_sequence(w, spec, true, "k0", &kv_len)?;
     write!(
         w,
         "\
@@ -120,7 +122,7 @@ pub(super) fn write_key_cta(w: &mut Writer<String>, spec: &Spec, load_kv: bool) 
     )?;
     let kv = [(Operand::K, "k_rows"), (Operand::V, "v_rows")].into_iter().filter(|_| load_kv);
     for (op, rows) in kv.chain([(Operand::DK, "dk_rows"), (Operand::DV, "dv_rows")]) {
-        write_rows(w, spec, op, rows, "kv_head")?;
+        packing.write_rows(w, spec, op, rows, "kv_head")?;
     }
     match load_kv {
         true => writeln!(w, "const bool kv_vector = aligned16(k_rows, {k_stride}) && aligned16(v_rows, {v_stride});"),
@@ -177,13 +179,13 @@ fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     )
 }
 
-fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Result {
+fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: Packing) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
-    let [q_len, kv_len, heads, lse] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::Lse].map(n);
+    let [q_len, kv_len, lse] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Lse].map(n);
+    let (statistic_row, accum_rows) = (packing.statistic_row(spec, "h"), packing.accum_rows(spec));
     let seq = |op| n(ArgKind::Stride(op, Axis::Seq));
     let [q_stride, k_stride, v_stride, do_stride] = [Operand::Q, Operand::K, Operand::V, Operand::DO].map(seq);
-    write!(
-        w,
+    w.write_str(
         "\
         extern __shared__ __align__(128) unsigned short smem[];\n\
         unsigned short* k_tile = smem;  // [BLOCK_N][DP], for every step\n\
@@ -193,9 +195,9 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         unsigned short* ds_tiles = dout_tiles + 2 * DO_TILE;  // [2][BLOCK_N][BLOCK_M]: dS^T, for dQ\n\
         float* lse_cols = (float*)(ds_tiles + 2 * DS_TILE);  // [2][BLOCK_M]: LSE in log2 units, +inf for no gradient\n\
         float* delta_cols = lse_cols + 2 * BLOCK_M;  // [2][BLOCK_M]: D = rowsum(dO * O)\n\
-        \n"
+        \n",
     )?;
-    write_key_cta(w, spec, true)?;
+    write_key_cta(w, spec, true, packing)?;
     write!(
         w,
         "\
@@ -224,14 +226,14 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
     let exprs = terms.exprs(spec);
     let hoisted = hoist(&exprs);
     w.block(format_args!("for (int h = kv_head * group; h < (kv_head + 1) * group; ++h)"), |w| {
-        write_rows(w, spec, Operand::Q, "q_rows", "h")?;
-        write_rows(w, spec, Operand::DO, "dout_rows", "h")?;
+        packing.write_rows(w, spec, Operand::Q, "q_rows", "h")?;
+        packing.write_rows(w, spec, Operand::DO, "dout_rows", "h")?;
         write!(
             w,
             "\
             const bool q_vector = aligned16(q_rows, {q_stride}) && aligned16(dout_rows, {do_stride});\n\
-            const float* lse_row = {lse} + ((long long)b * {heads} + h) * {q_len};\n\
-            const float* delta_row = {DELTA} + ((long long)b * {heads} + h) * {q_len};\n\
+            const float* lse_row = {lse} + {statistic_row};\n\
+            const float* delta_row = {DELTA} + {statistic_row};\n\
             // Queues the copies of query tile jj's Q, dO and statistics into buffer bb.\n\
             auto load_step = [&](int jj, int bb) {{\n\
             \x20   const int q0 = jj * BLOCK_M;\n\
@@ -247,7 +249,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
             // dQ += dS K for the step at queries q0 from dS^T buffer bb, once every warp\n\
             // has stored it: the warps take 16-query x DQ_COLS-column blocks in turn and\n\
             // add them to the f32 accumulator by vector reductions.\n\
-            float* dq_rows = {DQ_ACCUM} + ((long long)b * {heads} + h) * {q_len} * D;\n\
+            float* dq_rows = {DQ_ACCUM} + {accum_rows};\n\
             auto add_dq = [&](int q0, int bb) {{\n\
             \x20   for (int blk = warp; blk < (BLOCK_M / 16) * (DP / DQ_COLS); blk += WARPS) {{\n\
             \x20       const int m0 = blk / (DP / DQ_COLS) * 16, c0 = blk % (DP / DQ_COLS) * DQ_COLS;\n\
@@ -339,14 +341,6 @@ pub(super) fn write_key_stores(w: &mut Writer<String>, spec: &Spec) -> fmt::Resu
         store_warp_rows(storage{{}}, k_tile + warp * 16 * DP, dk_acc, {scale}, dk_rows, {dk_stride}, k0 + warp * 16, {kv_len}, D);\n\
         store_warp_rows(storage{{}}, v_tile + warp * 16 * DVP, dv_acc, 1.0f, dv_rows, {dv_stride}, k0 + warp * 16, {kv_len}, DV);\n"
     )
-}
-
-/// `auto* rows = ptr + b * batch_stride + head * head_stride;`
-pub(super) fn write_rows(w: &mut Writer<String>, spec: &Spec, op: Operand, rows: &str, head: &str) -> fmt::Result {
-    let ptr = arg_name(spec, ArgKind::Ptr(op));
-    let batch_stride = arg_name(spec, ArgKind::Stride(op, Axis::Batch));
-    let head_stride = arg_name(spec, ArgKind::Stride(op, Axis::Head));
-    writeln!(w, "auto* {rows} = {ptr} + b * {batch_stride} + {head} * {head_stride};")
 }
 
 /// One step: the query tile j of head h against this CTA's keys.

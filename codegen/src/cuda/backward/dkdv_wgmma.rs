@@ -34,9 +34,8 @@ use super::common::{
     write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows, Sections, SpecTerms,
     Walk,
 };
-use super::dkdv::{
-    write_head_grad_adds, write_head_grad_sums, write_key_cta, write_key_stores, write_key_tiles, write_rows,
-};
+use super::dkdv::{write_head_grad_adds, write_head_grad_sums, write_key_cta, write_key_stores, write_key_tiles};
+use super::packing::Packing;
 use super::step::{write_elements, write_split_elements, Part};
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::kit::hoist::{hoist, Hoisted};
@@ -80,11 +79,11 @@ pub(super) fn supports(spec: &Spec) -> bool {
 const PRODUCER_THREADS: u32 = 128;
 
 /// The kernel, copying its tiles as `copy` says.
-pub(super) fn emit(spec: &Spec, tensor_grads: bool, copy: TileCopy) -> Kernel {
-    let name = kernel_name("bwd", spec);
+pub(super) fn emit(spec: &Spec, tensor_grads: bool, copy: TileCopy, packing: Packing) -> Kernel {
+    let name = kernel_name(&packing.prefix("bwd"), spec);
     let terms = SpecTerms::new(spec, tensor_grads);
     let slots: Vec<usize> = terms.grads.iter().map(|(slot, ..)| *slot).collect();
-    let args = backward_args(spec, OPERANDS, &slots);
+    let args = packing.args(spec, backward_args(spec, OPERANDS, &slots));
     let args = match copy {
         TileCopy::Tma => with_tensor_maps(spec, args, &[Operand::Q, Operand::K, Operand::V, Operand::DO]),
         TileCopy::Threads => args,
@@ -95,7 +94,7 @@ pub(super) fn emit(spec: &Spec, tensor_grads: bool, copy: TileCopy) -> Kernel {
         &name,
         &args,
         |w| write_config(w, spec),
-        |w| write_body(w, spec, &terms, copy),
+        |w| write_body(w, spec, &terms, copy, packing),
     );
     Kernel {
         name,
@@ -172,7 +171,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     )
 }
 
-fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, copy: TileCopy) -> fmt::Result {
+fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, copy: TileCopy, packing: Packing) -> fmt::Result {
     write!(
         w,
         "\
@@ -189,7 +188,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, copy: Tile
         float* dq_tiles = delta_cols + STAGES * BLOCK_M;  // [2][DQ_TILE]: step it's dQ in it % 2, for the bulk reduction\n\
         \n"
     )?;
-    write_key_cta(w, spec, copy == TileCopy::Threads)?;
+    write_key_cta(w, spec, copy == TileCopy::Threads, packing)?;
     // A full barrier's arrivals: the copies', K/V's also the walk's (it
     // publishes the first head) and a stage's also those of the threads that
     // store statistics.
@@ -233,13 +232,13 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, copy: Tile
     )?;
     let exprs = terms.exprs(spec);
     let hoisted = hoist(&exprs);
-    write_roles(w, |w| write_producer(w, spec, copy), |w| write_consumers(w, spec, terms, &hoisted))
+    write_roles(w, |w| write_producer(w, spec, copy, packing), |w| write_consumers(w, spec, terms, &hoisted))
 }
 
 /// The producer warpgroup: K and V once, then per visited step its Q and dO
 /// tiles and statistics into the next stage, and the previous step's dQ
 /// tile into the accumulator; it ends with `return`.
-fn write_producer(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> fmt::Result {
+fn write_producer(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, packing: Packing) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
     // Who copies and who adds dQ (see the comment written below). Under a
     // data-dependent mask the walk tests tiles a warp at a time (see
@@ -336,7 +335,7 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> fmt::R
         if (leader) first_head = j < q_steps ? h : -1;\n\
         {publish}mbar_arrive(kv_full);\n"
     )?;
-    w.block(format_args!("while (j < q_steps)"), |w| write_producer_step(w, spec, copy))?;
+    w.block(format_args!("while (j < q_steps)"), |w| write_producer_step(w, spec, copy, packing))?;
     w.block(format_args!("if (dq_last != nullptr)"), |w| {
         writeln!(w, "add_dq(dq_last, it - 1);")?;
         writeln!(w, "bulk_wait_read<0>();  // shared memory outlives the reads; the adds land by the kernel's end")
@@ -350,24 +349,25 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> fmt::R
 /// One visited step of the producer's walk: the step's Q and dO tiles and
 /// statistics into the next stage, its words for the consumers, and the
 /// previous step's dQ tile into the accumulator.
-fn write_producer_step(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> fmt::Result {
+fn write_producer_step(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, packing: Packing) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
-    let [q_len, heads, lse] = [ArgKind::QLen, ArgKind::Heads, ArgKind::Lse].map(n);
+    let [q_len, lse] = [ArgKind::QLen, ArgKind::Lse].map(n);
+    let statistic_row = packing.statistic_row(spec, "step_h");
     let [q_stride, do_stride] = [Operand::Q, Operand::DO].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
     writeln!(w, "// Step `it` is tile j of head h.")?;
     writeln!(w, "const int step_h = h, step_j = j, stage = it % STAGES;")?;
     writeln!(w, "const bool full = tile_full(j);")?;
     w.block(format_args!("if (copies)"), |w| {
         if copy == TileCopy::Threads {
-            write_rows(w, spec, Operand::Q, "q_rows", "step_h")?;
-            write_rows(w, spec, Operand::DO, "dout_rows", "step_h")?;
+            packing.write_rows(w, spec, Operand::Q, "q_rows", "step_h")?;
+            packing.write_rows(w, spec, Operand::DO, "dout_rows", "step_h")?;
             writeln!(w, "const bool q_vector = aligned16(q_rows, {q_stride}) && aligned16(dout_rows, {do_stride});")?;
         }
         write!(
             w,
             "\
-            const float* lse_row = {lse} + ((long long)b * {heads} + step_h) * {q_len};\n\
-            const float* delta_row = {DELTA} + ((long long)b * {heads} + step_h) * {q_len};\n\
+            const float* lse_row = {lse} + {statistic_row};\n\
+            const float* delta_row = {DELTA} + {statistic_row};\n\
             const int q0 = step_j * BLOCK_M;\n\
             // The statistics, LSE to log2 units: a fully masked row (LSE = -inf) or\n\
             // one past q_len gets +inf, so P = 0. Read before the stage is free,\n\
@@ -414,7 +414,8 @@ fn write_producer_step(w: &mut Writer<String>, spec: &Spec, copy: TileCopy) -> f
     })?;
     w.block(format_args!("if (adds_dq)"), |w| {
         writeln!(w, "if (dq_last != nullptr) add_dq(dq_last, it - 1);")?;
-        writeln!(w, "dq_last = {DQ_ACCUM} + (((long long)b * {heads} + step_h) * q_steps + step_j) * DQ_TILE;")
+        let tile = packing.accum_tile(spec, "step_h", "q_steps", "step_j");
+        writeln!(w, "dq_last = {DQ_ACCUM} + ({tile}) * DQ_TILE;")
     })?;
     writeln!(w, "++it;")
 }

@@ -6,7 +6,7 @@ use super::common::{
     write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows, Sections, SpecTerms,
     Walk,
 };
-use super::dkdv::write_rows;
+use super::packing::Packing;
 use super::step::{write_register_products, write_scores, write_split_elements, FromRegisters, Part};
 use super::BackwardConfig;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
@@ -25,10 +25,10 @@ use std::fmt::{self, Write};
 const OPERANDS: [Operand; 5] = [Operand::Q, Operand::K, Operand::V, Operand::DO, Operand::DQ];
 const WARPS: u32 = 4;
 
-pub(super) fn emit(spec: &Spec, config: BackwardConfig) -> Kernel {
-    let name = kernel_name("bwd_dq", spec);
+pub(super) fn emit(spec: &Spec, config: BackwardConfig, packing: Packing) -> Kernel {
+    let name = kernel_name(&packing.prefix("bwd_dq"), spec);
     let terms = SpecTerms::new(spec, false);
-    let args = backward_args(spec, OPERANDS, &[]);
+    let args = packing.args(spec, backward_args(spec, OPERANDS, &[]));
     let block_n = config.dq_block_n;
     let source = write_source(
         spec,
@@ -36,7 +36,7 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig) -> Kernel {
         &name,
         &args,
         |w| write_config(w, spec, block_n),
-        |w| write_body(w, spec, &terms),
+        |w| write_body(w, spec, &terms, packing),
     );
     let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
     Kernel {
@@ -73,12 +73,11 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, block_n: u32) -> fmt::Resul
     )
 }
 
-fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Result {
+/// Shared memory, the CTA's batch row (or sequence), head and queries; a
+/// varlen CTA past its sequence's queries returns.
+fn write_cta(w: &mut Writer<String>, spec: &Spec, packing: Packing) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
-    let [q_len, kv_len, heads, heads_kv, lse, scale] =
-        [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv, ArgKind::Lse, ArgKind::Scale].map(n);
-    let seq = |op| n(ArgKind::Stride(op, Axis::Seq));
-    let [q_stride, k_stride, v_stride, do_stride, dq_stride] = OPERANDS.map(seq);
+    let [q_len, kv_len, heads, heads_kv] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv].map(n);
     write!(
         w,
         "\
@@ -91,7 +90,12 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         // The spec's built-ins b and h (q and k are bound per element below).\n\
         const int b = blockIdx.z;\n\
         const int h = blockIdx.y;\n\
-        const int q0 = blockIdx.x * BLOCK_M;\n\
+        const int q0 = blockIdx.x * BLOCK_M;\n"
+    )?;
+    packing.write_sequence(w, spec, true, "q0", &q_len)?;
+    write!(
+        w,
+        "\
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
         const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n\
         const int kv_head = h / ({heads} / {heads_kv});\n\
@@ -99,6 +103,16 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         const int q_lo = q0, q_hi = min_i32(q0 + BLOCK_M, {q_len}) - 1;  // this CTA's queries\n\
         \n"
     )?;
+    Ok(())
+}
+
+fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: Packing) -> fmt::Result {
+    let n = |kind| arg_name(spec, kind);
+    let [q_len, kv_len, lse, scale] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Lse, ArgKind::Scale].map(n);
+    let seq = |op| n(ArgKind::Stride(op, Axis::Seq));
+    let [q_stride, k_stride, v_stride, do_stride, dq_stride] = OPERANDS.map(seq);
+    let statistic_row = packing.statistic_row(spec, "h");
+    write_cta(w, spec, packing)?;
     for (op, rows, head) in [
         (Operand::Q, "q_rows", "h"),
         (Operand::DO, "dout_rows", "h"),
@@ -106,7 +120,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         (Operand::V, "v_rows", "kv_head"),
         (Operand::DQ, "dq_rows", "h"),
     ] {
-        write_rows(w, spec, op, rows, head)?;
+        packing.write_rows(w, spec, op, rows, head)?;
     }
     write!(
         w,
@@ -123,7 +137,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Re
         #pragma unroll\n\
         for (int i = 0; i < 2; ++i) {{\n\
         \x20   const int q = q0 + warp * 16 + g + 8 * i;\n\
-        \x20   const long long row = ((long long)b * {heads} + h) * {q_len} + q;\n\
+        \x20   const long long row = {statistic_row} + q;\n\
         \x20   const float l = q < {q_len} ? {lse}[row] : neg_inf();\n\
         \x20   lse_r[i] = l == neg_inf() ? -neg_inf() : l * LOG2E;\n\
         \x20   delta_r[i] = q < {q_len} ? {DELTA}[row] : 0.0f;\n\

@@ -56,11 +56,16 @@
 //! head and then per warp, one atomic per warp and head; others add per
 //! element. The order of f32 atomics varies between runs, so tensor
 //! gradients are **not** bitwise deterministic, even in deterministic mode.
+//!
+//! Varlen (packed) operands ([`emit_backward_varlen`]): the same kernels,
+//! each CTA bound to its sequence's span and lengths, rows of D and the dQ
+//! accumulator in the packed token space (see `packing`).
 
 mod common;
 mod dkdv;
 mod dkdv_wgmma;
 mod dq;
+mod packing;
 mod rows;
 mod step;
 
@@ -69,6 +74,7 @@ use super::tile_config::{TileConfig, TileCopy};
 use crate::abi::Kernel;
 use crate::grad::{d_load, load_indices};
 use crate::spec::Spec;
+use packing::Packing;
 
 /// One of the backward kernels of a spec.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -186,13 +192,28 @@ pub enum DqAccum {
 
 impl DqAccum {
     /// f32 elements of the accumulator of `heads` (batch · heads) heads of
-    /// `q_len` queries.
+    /// `q_len` queries (a varlen launch's: [`DqAccum::varlen_len`]).
     pub fn len(self, spec: &Spec, heads: usize, q_len: usize) -> usize {
         match self {
             DqAccum::Rows => heads * q_len * spec.head_dims.qk as usize,
             DqAccum::Fragments => {
                 let rows = q_len.next_multiple_of(dkdv_wgmma::BLOCK_M as usize);
                 heads * rows * pad16(spec.head_dims.qk) as usize
+            }
+        }
+    }
+}
+
+impl DqAccum {
+    /// f32 elements of a varlen launch's accumulator: `heads` query heads
+    /// over `total_q` packed queries of `batch` sequences (the `Fragments`
+    /// layout gives each sequence whole 64-query tiles: see `packing`).
+    pub fn varlen_len(self, spec: &Spec, heads: usize, total_q: usize, batch: usize) -> usize {
+        match self {
+            DqAccum::Rows => heads * total_q * spec.head_dims.qk as usize,
+            DqAccum::Fragments => {
+                let m = dkdv_wgmma::BLOCK_M as usize;
+                heads * (total_q.div_ceil(m) + batch) * m * pad16(spec.head_dims.qk) as usize
             }
         }
     }
@@ -206,14 +227,29 @@ pub fn emit_backward(spec: &Spec, pass: BackwardPass) -> Kernel {
 
 /// Emits one backward kernel of `spec` with configuration `config`.
 pub fn emit_backward_with(spec: &Spec, pass: BackwardPass, config: BackwardConfig) -> Kernel {
+    emit(spec, pass, config, Packing::Dense)
+}
+
+/// One backward kernel of `spec` in `config` on varlen (packed) operands,
+/// the backward of [`emit_forward_varlen`](crate::cuda::emit_forward_varlen):
+/// `b` is a sequence, rows of the LSE, D and the dQ accumulator are in the
+/// packed token space (see `packing`), and a tile past its sequence's end
+/// does nothing. The Hopper dK/dV kernel copies with its threads (a TMA box
+/// could cross into the next sequence), whatever `config.copy` says.
+pub fn emit_backward_varlen(spec: &Spec, pass: BackwardPass, config: BackwardConfig) -> Kernel {
+    let config = BackwardConfig { copy: TileCopy::Threads, ..config };
+    emit(&spec.varlen_view(), pass, config, Packing::Varlen)
+}
+
+fn emit(spec: &Spec, pass: BackwardPass, config: BackwardConfig, packing: Packing) -> Kernel {
     match pass {
-        BackwardPass::Preprocess => rows::emit_preprocess(spec, config.dq_accum(spec)),
+        BackwardPass::Preprocess => rows::emit_preprocess(spec, config.dq_accum(spec), packing),
         BackwardPass::KeyValue => match config.dq_accum(spec) {
-            DqAccum::Fragments => dkdv_wgmma::emit(spec, config.tensor_grads, config.copy),
-            DqAccum::Rows => dkdv::emit(spec, config),
+            DqAccum::Fragments => dkdv_wgmma::emit(spec, config.tensor_grads, config.copy, packing),
+            DqAccum::Rows => dkdv::emit(spec, config, packing),
         },
-        BackwardPass::Query => dq::emit(spec, config),
-        BackwardPass::Postprocess => rows::emit_postprocess(spec, config.dq_accum(spec)),
+        BackwardPass::Query => dq::emit(spec, config, packing),
+        BackwardPass::Postprocess => rows::emit_postprocess(spec, config.dq_accum(spec), packing),
     }
 }
 

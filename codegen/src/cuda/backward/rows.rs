@@ -8,8 +8,8 @@
 //! shared tile, so that dQ's rows still go out 16 bytes per thread.
 
 use super::common::{write_source, Sections};
-use super::dkdv::write_rows;
 use super::dkdv_wgmma;
+use super::packing::Packing;
 use super::DqAccum;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
 use crate::cuda::library::Part;
@@ -26,11 +26,11 @@ const WARPS: u32 = 4;
 /// accumulator tiles the postprocess reads whole.
 const BLOCK_M: u32 = dkdv_wgmma::BLOCK_M;
 
-pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum) -> Kernel {
-    let name = kernel_name("bwd_pre", spec);
-    let args = backward_pre_args(spec);
+pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum, packing: Packing) -> Kernel {
+    let name = kernel_name(&packing.prefix("bwd_pre"), spec);
+    let args = packing.args(spec, backward_pre_args(spec));
     let n = |kind| arg_name(spec, kind);
-    let [heads, q_len] = [ArgKind::Heads, ArgKind::QLen].map(n);
+    let q_len = n(ArgKind::QLen);
     let (o_stride, do_stride) = (n(ArgKind::Stride(Operand::O, Axis::Seq)), n(ArgKind::Stride(Operand::DO, Axis::Seq)));
     // Lanes per row: a power of two with one 8-element chunk each (at least
     // two, so that a pass of the CTA covers at most BLOCK_M rows).
@@ -38,15 +38,15 @@ pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum) -> Kernel {
     // This CTA's part of the accumulator: one contiguous range in either layout.
     let (zero_from, zero_len) = match accum {
         DqAccum::Fragments => {
-            ("(((long long)b * {heads} + h) * gridDim.x + blockIdx.x) * (BLOCK_M * DP)", "BLOCK_M * DP")
+            (format!("({}) * (BLOCK_M * DP)", packing.accum_tile(spec, "h", "gridDim.x", "blockIdx.x")), "BLOCK_M * DP")
         }
-        DqAccum::Rows => ("(((long long)b * {heads} + h) * {q_len} + q0) * D", "(long long)rows * D"),
+        DqAccum::Rows => (format!("({} + q0) * D", packing.statistic_row(spec, "h")), "(long long)rows * D"),
     };
-    let [zero_from, zero_len] = [zero_from, zero_len].map(|e| e.replace("{heads}", &heads).replace("{q_len}", &q_len));
+    let delta_row = packing.statistic_row(spec, "h");
     let source = write_source(spec, Sections::Rows, &name, &args, write_config, |w| {
-        write_prologue(w)?;
-        write_rows(w, spec, Operand::O, "o_rows", "h")?;
-        write_rows(w, spec, Operand::DO, "dout_rows", "h")?;
+        write_prologue(w, spec, packing)?;
+        packing.write_rows(w, spec, Operand::O, "o_rows", "h")?;
+        packing.write_rows(w, spec, Operand::DO, "dout_rows", "h")?;
         write!(
             w,
             "\
@@ -92,7 +92,7 @@ pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum) -> Kernel {
             \x20   }}\n\
             \x20   sums[i] = sum;\n\
             }}\n\
-            float* delta_row = {DELTA} + ((long long)b * {heads} + h) * {q_len};\n\
+            float* delta_row = {DELTA} + {delta_row};\n\
             #pragma unroll\n\
             for (int i = 0; i < BLOCK_M / PASS; ++i) {{\n\
             \x20   #pragma unroll\n\
@@ -105,11 +105,11 @@ pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum) -> Kernel {
     row_kernel(name, source, args)
 }
 
-pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum) -> Kernel {
-    let name = kernel_name("bwd_post", spec);
-    let args = backward_post_args(spec);
+pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum, packing: Packing) -> Kernel {
+    let name = kernel_name(&packing.prefix("bwd_post"), spec);
+    let args = packing.args(spec, backward_post_args(spec));
     let n = |kind| arg_name(spec, kind);
-    let [heads, q_len, scale] = [ArgKind::Heads, ArgKind::QLen, ArgKind::Scale].map(n);
+    let [q_len, scale] = [ArgKind::QLen, ArgKind::Scale].map(n);
     let dq_stride = n(ArgKind::Stride(Operand::DQ, Axis::Seq));
     let config = |w: &mut Writer<String>| {
         write_config(w)?;
@@ -119,14 +119,15 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum) -> Kernel {
         }
     };
     let source = write_source(spec, Sections::Rows, &name, &args, config, |w| {
-        write_prologue(w)?;
-        write_rows(w, spec, Operand::DQ, "dq_rows", "h")?;
+        write_prologue(w, spec, packing)?;
+        packing.write_rows(w, spec, Operand::DQ, "dq_rows", "h")?;
         if accum == DqAccum::Fragments {
+            let acc_tile = packing.accum_tile(spec, "h", "q_tiles", "blockIdx.x");
             return write!(
                 w,
                 "\
                 const int q0 = blockIdx.x * BLOCK_M, q_tiles = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
-                const float* acc_tile = {DQ_ACCUM} + (((long long)b * {heads} + h) * q_tiles + blockIdx.x) * (BLOCK_M * DP);\n\
+                const float* acc_tile = {DQ_ACCUM} + ({acc_tile}) * (BLOCK_M * DP);\n\
                 // dQ = scale * accumulator, in the operand dtype. The tile's 16-byte chunks\n\
                 // are read in order (coalesced) and land as two column pairs of two rows\n\
                 // in a shared row-major tile (its 8-element pad spreads the pairs of a\n\
@@ -156,10 +157,11 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum) -> Kernel {
                 }}\n"
             );
         }
+        let acc_rows = packing.accum_rows(spec);
         write!(
             w,
             "\
-            const float* acc_rows = {DQ_ACCUM} + ((long long)b * {heads} + h) * {q_len} * D;\n\
+            const float* acc_rows = {DQ_ACCUM} + {acc_rows};\n\
             // dQ = scale * accumulator, in the operand dtype, one warp per query row.\n\
             const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
             for (int r = warp; r < BLOCK_M; r += WARPS) {{\n\
@@ -180,9 +182,12 @@ fn write_config(w: &mut Writer<String>) -> fmt::Result {
     writeln!(w, "constexpr int BLOCK_M = {BLOCK_M};  // query rows per CTA: grid.x = ceil(q_len / BLOCK_M)")
 }
 
-fn write_prologue(w: &mut Writer<String>) -> fmt::Result {
+/// The CTA's batch row (or sequence) and head; a varlen CTA past its
+/// sequence's rows returns.
+fn write_prologue(w: &mut Writer<String>, spec: &Spec, packing: Packing) -> fmt::Result {
     writeln!(w, "const int b = blockIdx.z;")?;
-    writeln!(w, "const int h = blockIdx.y;")
+    writeln!(w, "const int h = blockIdx.y;")?;
+    packing.write_sequence(w, spec, false, "blockIdx.x * BLOCK_M", &arg_name(spec, ArgKind::QLen))
 }
 
 fn row_kernel(name: String, source: String, args: Vec<KernelArg>) -> Kernel {

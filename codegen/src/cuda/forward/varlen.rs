@@ -1,13 +1,8 @@
-//! Varlen (packed) operands in the forward: Q, K, V and O hold the tokens
-//! of all sequences back to back, and a work item's `b` is a sequence. Each
-//! item reads its sequence's span of tokens from the prefix sums (clamped
-//! into the buffers, `library/varlen.cuh`) and binds its lengths to
-//! `q_len` and `kv_len`, the names the spec's built-ins, the tile bounds
-//! and the copies' row counts print as: every line after that is the dense
-//! kernel's. The grid (or the persistent kernel's items) covers the longest
-//! sequence's query tiles for every sequence; a tile past its sequence's
-//! end does nothing (a CTA returns at once, a persistent producer claims the
-//! next item instead), so no tile multiplies padding.
+//! Varlen (packed) operands in the forward (the pieces both directions
+//! share are `kit::varlen`'s). The grid (or the persistent kernel's items)
+//! covers the longest sequence's query tiles for every sequence; a tile past
+//! its sequence's end does nothing (a CTA returns at once, a persistent
+//! producer claims the next item instead), so no tile multiplies padding.
 //!
 //! A paged kernel (`Plan::paged`) is the same with its keys in a paged
 //! cache: `kv_len` is the sequence's clamped K/V length, K and V rows are
@@ -16,77 +11,53 @@
 
 use super::plan::Plan;
 use crate::abi::{ArgKind, Axis, Operand, Side};
+use crate::cuda::kit::varlen::{self as kit, span_call, statistic_row};
 use crate::cuda::signature::arg_name;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 
-/// Sequence `b`'s spans of the packed tokens (`q_seq`, `kv_seq`) and its
-/// lengths as `q_len` and `kv_len`; a paged kernel's keys are `kv_len` rows
-/// of its pages (`kv_pages`, its row of the block table).
+/// Sequence `b`'s spans and lengths ([`kit::write_sequence`]); a paged
+/// kernel's keys are `kv_len` rows of its pages (`kv_pages`, its row of the
+/// block table).
 pub(super) fn write_sequence(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
     let spec = plan.spec;
-    if plan.paged {
-        let name = |kind| arg_name(spec, kind);
-        let [lens, pages, page_size, num_pages, max] =
-            [ArgKind::KvLens, ArgKind::PagesPerSeq, ArgKind::PageSize, ArgKind::NumPages, ArgKind::MaxLen(Side::Keys)]
-                .map(name);
-        let table = name(ArgKind::BlockTable);
-        let q_seq = query_span(plan, "b");
-        return write!(
-            w,
-            "\
-            // Paged: sequence b's tokens of Q and O (q_seq), and its keys: kv_len rows\n\
-            // of the pages its row of the block table (kv_pages) names.\n\
-            const SeqSpan q_seq = {q_seq};\n\
-            const int q_len = q_seq.len;\n\
-            const int kv_len = paged_kv_len({lens}, b, {pages}, {page_size}, {num_pages}, {max});\n\
-            const int* kv_pages = {table} + (long long)b * {pages};\n"
-        );
+    if !plan.paged {
+        return kit::write_sequence(w, spec);
     }
-    let [q_seq, kv_seq] = [Side::Queries, Side::Keys].map(|side| seq_span(spec, side, "b"));
+    let name = |kind| arg_name(spec, kind);
+    let [lens, pages, page_size, num_pages, max] =
+        [ArgKind::KvLens, ArgKind::PagesPerSeq, ArgKind::PageSize, ArgKind::NumPages, ArgKind::MaxLen(Side::Keys)]
+            .map(name);
+    let table = name(ArgKind::BlockTable);
+    let q_seq = query_span(plan, "b");
     write!(
         w,
         "\
-        // Varlen: sequence b's tokens of Q and O (q_seq) and of K and V (kv_seq);\n\
-        // q_len and kv_len are its own lengths.\n\
+        // Paged: sequence b's tokens of Q and O (q_seq), and its keys: kv_len rows\n\
+        // of the pages its row of the block table (kv_pages) names.\n\
         const SeqSpan q_seq = {q_seq};\n\
-        const SeqSpan kv_seq = {kv_seq};\n\
-        const int q_len = q_seq.len, kv_len = kv_seq.len;\n"
+        const int q_len = q_seq.len;\n\
+        const int kv_len = paged_kv_len({lens}, b, {pages}, {page_size}, {num_pages}, {max});\n\
+        const int* kv_pages = {table} + (long long)b * {pages};\n"
     )
 }
 
-/// `seq_span(...)` of sequence `seq` (C) on `side`.
-fn seq_span(spec: &Spec, side: Side, seq: &str) -> String {
-    span_call(spec, "seq_span", side, seq)
-}
-
-/// `function(cu, seq, total, max)`: a span of sequence `seq` on `side`.
-fn span_call(spec: &Spec, function: &str, side: Side, seq: &str) -> String {
-    let [cu, total, max] = [ArgKind::CuSeqlens(side), ArgKind::Tokens(side), ArgKind::MaxLen(side)];
-    let [cu, total, max] = [cu, total, max].map(|kind| arg_name(spec, kind));
-    format!("{function}({cu}, {seq}, {total}, {max})")
-}
-
-/// Sequence `b`'s queries (C): [`seq_span`]'s, or a paged kernel's
+/// Sequence `b`'s queries (C): `seq_span`'s, or a paged kernel's
 /// `query_span`, which also takes dense queries (null prefix sums).
 fn query_span(plan: &Plan, seq: &str) -> String {
-    match plan.paged {
-        true => span_call(plan.spec, "query_span", Side::Queries, seq),
-        false => seq_span(plan.spec, Side::Queries, seq),
-    }
+    let function = if plan.paged { "query_span" } else { "seq_span" };
+    span_call(plan.spec, function, Side::Queries, seq)
 }
 
 /// The offset of sequence `b`'s first row of `op` (K and V: the keys'
 /// sequence), 64-bit; `None` for a paged kernel's K and V, whose rows are
 /// found per key ([`paged_rows`]).
 pub(super) fn rows_origin(plan: &Plan, op: Operand) -> Option<String> {
-    let seq = match op {
-        Operand::K | Operand::V if plan.paged => return None,
-        Operand::K | Operand::V => "kv_seq",
-        _ => "q_seq",
-    };
-    Some(format!("(long long){seq}.start * {}", arg_name(plan.spec, ArgKind::Stride(op, Axis::Seq))))
+    match op {
+        Operand::K | Operand::V if plan.paged => None,
+        _ => Some(kit::rows_origin(plan.spec, op)),
+    }
 }
 
 /// A paged kernel's `PagedRows` of `op` (K or V) as `{rows}_pages`, and the
@@ -108,7 +79,7 @@ pub(super) fn pages_var(rows: &str) -> String {
 /// The LSE's index of row `q` of head `h`: `[heads, total_q]`,
 /// FlashAttention's varlen layout.
 pub(super) fn lse_index(spec: &Spec) -> String {
-    format!("(long long)h * {} + q_seq.start + q", arg_name(spec, ArgKind::Tokens(Side::Queries)))
+    format!("{} + q", statistic_row(spec, "h"))
 }
 
 /// The producer's claim (C, assigned to `item_slot[qb]`): the first

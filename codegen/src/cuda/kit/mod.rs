@@ -8,4 +8,5 @@ pub(crate) mod logit;
 pub(crate) mod terms;
 pub(crate) mod tile_class;
 pub(crate) mod tile_walk;
+pub(crate) mod varlen;
 pub(crate) mod warp_roles;

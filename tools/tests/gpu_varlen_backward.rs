@@ -1,0 +1,268 @@
+//! GPU correctness of the varlen (packed) backward: dQ, dK, dV and tensor
+//! gradients of [`Runtime::backward_varlen`] judged with FlashAttention's
+//! rule against the f64 varlen reference backward (each sequence a batch
+//! row of its own lengths; see `flashgen_tools::verify::varlen`), as
+//! `gpu_backward.rs` judges the dense backward.
+//!
+//! Each case runs the varlen forward (O, LSE) and then the backward on
+//! fresh random inputs and ragged lengths with NaN-poisoned gradients (the
+//! seed is printed with every row); the CPU references of all cases run in
+//! parallel after the GPU runs. Head dims that pad to 128 take the Hopper
+//! (wgmma) dK/dV kernel on an H100, others the mma.sync one. Ignored by a
+//! plain `cargo test`: they need a GPU; run them with `--include-ignored`,
+//! where a missing GPU or any runtime error fails them.
+
+mod support;
+
+use flashgen::codegen::reference::VarlenProblem;
+use flashgen::codegen::{Dtype, Spec};
+use flashgen::half::bf16;
+use flashgen::{BackwardOptions, Error, PackedLayout, Runtime, Sequences, VarlenBackwardIo};
+use flashgen_tools::examples::SPECS;
+use flashgen_tools::verify::varlen::{
+    check_backward_varlen, random_packed_d_out, random_varlen_problem, DeviceVarlen, Packing,
+};
+use flashgen_tools::verify::GpuGradients;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use support::backward::judge_all;
+use support::{params, runtime, spec, with};
+
+/// One varlen backward case: a spec, its heads, its sequences' (queries,
+/// keys), how the operands are packed, and the backward's mode.
+#[derive(Clone)]
+struct Case {
+    spec: Spec,
+    heads: (usize, usize),
+    lens: Vec<(usize, usize)>,
+    packing: Packing,
+    deterministic: bool,
+    /// Whether the run asks for the trainable tensors' gradients.
+    tensor_grads: bool,
+}
+
+impl Case {
+    fn new(spec: Spec, heads: (usize, usize), lens: Vec<(usize, usize)>) -> Case {
+        Case { spec, heads, lens, packing: Packing::Thd, deterministic: false, tensor_grads: true }
+    }
+
+    fn deterministic(self) -> Case {
+        Case { deterministic: true, ..self }
+    }
+
+    fn row(&self, seed: u64) -> String {
+        let spec = &self.spec;
+        let (total_q, total_kv) = self.lens.iter().fold((0, 0), |(q, k), l| (q + l.0, k + l.1));
+        format!(
+            "{:<18} {:<4} d={:>3}/{:<3} h={}/{} seqs={:<3} tokens={:>5}/{:<5} {:?} {}{} seed={seed}",
+            spec.name,
+            spec.dtype.name(),
+            spec.head_dims.qk,
+            spec.head_dims.v,
+            self.heads.0,
+            self.heads.1,
+            self.lens.len(),
+            total_q,
+            total_kv,
+            self.packing,
+            if self.deterministic { "deterministic" } else { "atomic" },
+            if self.tensor_grads { "" } else { " no-tensor-grads" },
+        )
+    }
+}
+
+/// The varlen forward, then the backward (twice in the deterministic mode,
+/// which must agree bit for bit).
+fn run_once(rt: &Runtime, case: &Case, problem: &VarlenProblem, d_out: &[f64]) -> Result<GpuGradients, Error> {
+    let spec = &case.spec;
+    let mut gpu = DeviceVarlen::upload(rt, spec, problem, case.packing)?;
+    gpu.launch(rt, spec, problem)?;
+    let mode = (case.deterministic, case.tensor_grads);
+    let grads = gpu.backward(rt, spec, problem, d_out, mode)?;
+    if case.deterministic {
+        let again = gpu.backward(rt, spec, problem, d_out, mode)?;
+        let same = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        if !(same(&grads.dq, &again.dq) && same(&grads.dk, &again.dk) && same(&grads.dv, &again.dv)) {
+            return Err(Error::KernelAbi {
+                kernel: spec.name.clone(),
+                problem: "deterministic mode gave different dQ/dK/dV on a second run".into(),
+            });
+        }
+    }
+    Ok(grads)
+}
+
+/// Runs every case on the GPU, then judges them all (see `judge_all`).
+fn run_all(rt: &Runtime, cases: Vec<Case>) {
+    let (mut runs, mut failures) = (Vec::new(), Vec::new());
+    for case in cases {
+        let seed: u64 = rand::random();
+        let problem = random_varlen_problem(&case.spec, case.heads, &case.lens, params(&case.spec), seed);
+        let d_out = random_packed_d_out(&case.spec, &problem, seed);
+        let row = case.row(seed);
+        match run_once(rt, &case, &problem, &d_out) {
+            Ok(grads) => runs.push((case.spec, problem, d_out, grads, row)),
+            Err(e) => {
+                println!("ERROR  {row}  {e}");
+                failures.push(row);
+            }
+        }
+    }
+    let check = |(spec, problem, d_out, grads, _): &(Spec, VarlenProblem, Vec<f64>, GpuGradients, String)| {
+        check_backward_varlen(spec, problem, d_out, grads).map_err(|e| e.to_string())
+    };
+    judge_all(&runs, |run| run.4.clone(), check, failures);
+}
+
+/// Ragged lengths: an empty sequence, single tokens, queries without keys,
+/// keys without queries, odd lengths, one sequence much longer than the
+/// rest, shuffled.
+fn ragged(rng: &mut StdRng) -> Vec<(usize, usize)> {
+    let mut lens = vec![(0, 0), (0, 13), (1, 1), (1, 40), (5, 0), (17, 17), (600, 600)];
+    for _ in 0..4 {
+        let q = 2 * rng.random_range(0..90) + 1;
+        lens.push((q, rng.random_range(q / 2..q + 120)));
+    }
+    lens.shuffle(rng);
+    lens
+}
+
+fn heads_of(variant: &str) -> (usize, usize) {
+    if variant == "gqa" {
+        (8, 2)
+    } else {
+        (4, 2)
+    }
+}
+
+/// Every example variant (trainable tensors included: ALiBi's slopes, the
+/// relative bias) on ragged sequences, GQA: at their head dims, the Hopper
+/// dK/dV kernel on an H100 where they pad to 128.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn every_variant_on_ragged_sequences() {
+    let rt = runtime();
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    let cases =
+        SPECS.iter().map(|(variant, _)| Case::new(spec(variant), heads_of(variant), ragged(&mut rng))).collect();
+    run_all(&rt, cases);
+}
+
+/// The mma.sync dK/dV kernel (head dims that do not pad to 128), both
+/// dtypes, strided packed operands, odd head dims, and the deterministic dQ
+/// kernel on both dK/dV paths.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn mma_sync_path_layouts_and_modes() {
+    let rt = runtime();
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    let mut cases = Vec::new();
+    for variant in ["causal", "sliding_window", "alibi", "document"] {
+        let d64 = with(spec(variant), Dtype::Bf16, 64, 64);
+        cases.push(Case::new(d64, heads_of(variant), ragged(&mut rng)));
+    }
+    let f16 = with(spec("causal_bottom_right"), Dtype::F16, 96, 96);
+    cases.push(Case { packing: Packing::Padded, ..Case::new(f16, (6, 2), ragged(&mut rng)) });
+    cases.push(Case::new(with(spec("causal"), Dtype::Bf16, 59, 59), (3, 3), ragged(&mut rng)));
+    for variant in ["causal", "alibi"] {
+        let padded = Case { packing: Packing::Padded, ..Case::new(spec(variant), (4, 2), ragged(&mut rng)) };
+        cases.push(padded.deterministic());
+        let d64 = with(spec(variant), Dtype::Bf16, 64, 64);
+        cases.push(Case::new(d64, (4, 1), ragged(&mut rng)).deterministic());
+    }
+    // ALiBi's slopes without their gradient: a dK/dV kernel without the terms.
+    cases.push(Case { tensor_grads: false, ..Case::new(spec("alibi"), (4, 2), ragged(&mut rng)) });
+    run_all(&rt, cases);
+}
+
+/// One sequence alone, a single token, sequences without queries or keys,
+/// rows with no key (their gradients 0) under a bottom-right mask, and many
+/// short sequences beside a long one (the Hopper accumulator's tiles of
+/// many sequences).
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn edge_lengths() {
+    let rt = runtime();
+    let mut cases = Vec::new();
+    for variant in ["causal", "causal_bottom_right", "document"] {
+        for lens in [vec![(1, 1)], vec![(700, 700)], vec![(0, 0), (0, 9), (300, 0), (0, 0)], vec![(0, 5), (77, 3)]] {
+            cases.push(Case::new(spec(variant), (2, 1), lens));
+        }
+    }
+    let mut lens = vec![(1, 1); 100];
+    lens.extend([(65, 64), (63, 129), (64, 1)]);
+    lens.push((900, 900));
+    cases.push(Case::new(spec("causal"), (2, 2), lens.clone()));
+    cases.push(Case::new(with(spec("causal"), Dtype::Bf16, 64, 64), (2, 2), lens));
+    run_all(&rt, cases);
+}
+
+/// Prefix sums on the device that disagree with the buffers give some
+/// result without any access outside the buffers (a fault would fail the
+/// download and every later launch on the context), on both dK/dV paths
+/// and in both modes.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn bad_device_prefix_sums_stay_in_bounds() {
+    let rt = runtime();
+    let lens = [(40, 50), (30, 60), (20, 20)];
+    for spec in [spec("causal"), with(spec("causal"), Dtype::Bf16, 64, 64)] {
+        let problem = random_varlen_problem(&spec, (2, 1), &lens, vec![], rand::random());
+        let d_out = random_packed_d_out(&spec, &problem, 1);
+        let mut gpu = DeviceVarlen::upload(&rt, &spec, &problem, Packing::Thd).unwrap();
+        gpu.launch(&rt, &spec, &problem).unwrap();
+        for garbage in [[7, -3, 5000, 2], [90, 0, 45, 44], [i32::MAX, i32::MIN, 1, 89], [-5, 40, 70, 1_000_000]] {
+            gpu.set_device_seqlens(&garbage, &garbage.map(|x| x.wrapping_mul(3))).unwrap();
+            for deterministic in [false, true] {
+                gpu.backward(&rt, &spec, &problem, &d_out, (deterministic, true))
+                    .unwrap_or_else(|e| panic!("{} on {garbage:?}: {e}", spec.name));
+            }
+        }
+    }
+}
+
+/// Bad varlen backward launches are typed errors, never launches.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn bad_launches_are_rejected() {
+    let rt = runtime();
+    let spec = spec("alibi");
+    let stream = rt.stream();
+    let layout = PackedLayout::thd(100, 2, 128);
+    let x = stream.alloc_zeros::<bf16>(layout.as_layout().len()).unwrap();
+    let slopes = stream.alloc_zeros::<f32>(2).unwrap();
+    let cu = stream.clone_htod(&[0i32, 50, 100]).unwrap();
+    let shape = flashgen::Shape { batch: 2, heads: 2, heads_kv: 2, q_len: 50, kv_len: 50 };
+    let block_mask = rt.block_mask(&spec, shape, &[(&slopes).into()]).unwrap();
+    let launch = |lse_len: usize, dk: PackedLayout, d_slopes_len: usize, block_mask| {
+        let lse = stream.alloc_zeros::<f32>(lse_len).unwrap();
+        let [mut dq, mut dk_buf, mut dv] =
+            [0; 3].map(|_| stream.alloc_zeros::<bf16>(layout.as_layout().len()).unwrap());
+        let mut d_slopes = stream.alloc_zeros::<f32>(d_slopes_len).unwrap();
+        let seqs = Sequences { batch: 2, cu_seqlens_q: &cu, cu_seqlens_k: &cu, max_q_len: 50, max_kv_len: 50 };
+        let io = VarlenBackwardIo {
+            q: (&x, layout),
+            k: (&x, layout),
+            v: (&x, layout),
+            o: (&x, layout),
+            lse: &lse,
+            d_o: (&x, layout),
+            dq: (&mut dq, layout),
+            dk: (&mut dk_buf, dk),
+            dv: (&mut dv, layout),
+            d_tensors: vec![Some(&mut d_slopes)],
+            seqs,
+        };
+        let opts = BackwardOptions { block_mask, ..Default::default() };
+        rt.backward_varlen(&spec, io, &[(&slopes).into()], &opts).unwrap_err()
+    };
+    let err = launch(199, layout, 2, None);
+    assert!(matches!(err, Error::LseTooSmall { len: 199, needed: 200 }), "{err}");
+    let err = launch(200, PackedLayout::thd(99, 2, 128), 2, None);
+    assert!(matches!(err, Error::SizeMismatch { .. }), "{err}");
+    let err = launch(200, layout, 1, None);
+    assert!(matches!(err, Error::TensorTooSmall { len: 1, needed: 2, .. }), "{err}");
+    let err = launch(200, layout, 2, Some(&block_mask));
+    assert!(matches!(err, Error::VarlenBlockMask), "{err}");
+}
