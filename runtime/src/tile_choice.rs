@@ -87,10 +87,26 @@ pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
         0..=64 if plain => (small, vec![sync(4, 2, 128), default, sync(8, 1, 64)]),
         0..=64 => (small, vec![default, sync(4, 2, 128), sync(8, 1, 64)]),
         65..=128 => (hopper, vec![default, sync(8, 1, 64)]),
+        129..=192 => (WIDE_192.to_vec(), vec![default, sync(4, 1, 64)]),
+        193..=256 => (WIDE_256.to_vec(), vec![default, sync(4, 1, 64)]),
         _ => (vec![], vec![default, sync(4, 1, 64)]),
     };
     let hopper = if target.mma == Mma::Wgmma { hopper } else { vec![] };
     [hopper, portable].concat()
+}
+
+/// Above d = 128 up to 192 (and QK 192 / V 128): the warp-specialized
+/// kernel with 80-key tiles (two Q buffers), then with 112-key tiles (one
+/// Q buffer), then the back-to-back 64-key kernel.
+const WIDE_192: [TileConfig; 3] = [wgmma_pair(80), wgmma_pair(112), wgmma_pair(64)];
+
+/// At d = 256: the warp-specialized kernel with 48-key tiles, then the
+/// back-to-back 64-key kernel.
+const WIDE_256: [TileConfig; 2] = [wgmma_pair(48), wgmma_pair(64)];
+
+/// Two consumer warpgroups of 64 rows with `block_n`-key tiles.
+const fn wgmma_pair(block_n: u32) -> TileConfig {
+    TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n }
 }
 
 /// Keys beyond which [`preferred_for`] may differ from
