@@ -39,7 +39,9 @@ pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
 /// d <= 64 one warpgroup, two CTAs per SM, first for specs that are not
 /// `light`, else last), then the 64-key back-to-back
 /// kernels (two warpgroups, one); among mma.sync configs, 128-key tiles
-/// only for plain d <= 64 specs (masks and score mods then spill).
+/// only for plain d <= 64 specs (masks and score mods then spill). Above
+/// d = 128 the warp-specialized kernels lead (an order not yet tuned on a
+/// GPU): [`WIDE_192`], [`WIDE_256`].
 pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
     let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
     // Warpgroups of 64 rows: two share each K/V tile; one alone leaves
@@ -136,6 +138,8 @@ mod tests {
             "S { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }",
             "S { dtype: f16, head_dim: 128, mask: q >= k }",
             "S { dtype: bf16, head_dim: 256 }",
+            "S { dtype: bf16, head_dim: 160, mask: q >= k }",
+            "S { dtype: bf16, head_dim: 192, v_head_dim: 128, mask: q >= k }",
         ];
         for source in specs {
             let spec = parse_one(source).unwrap();
@@ -147,6 +151,17 @@ mod tests {
                 feasible.sort_by_key(key);
                 assert_eq!(ordered, feasible, "{source} on {target:?}");
             }
+        }
+    }
+
+    /// Above d = 128 (and at 80 and 96) Hopper's default is warp-specialized.
+    #[test]
+    fn wide_heads_prefer_the_warp_specialized_kernel() {
+        for (qk, v) in [(80, 80), (96, 96), (160, 160), (192, 192), (192, 128), (256, 256)] {
+            let spec =
+                parse_one(&format!("S {{ dtype: bf16, head_dim: {qk}, v_head_dim: {v}, mask: q >= k }}")).unwrap();
+            let config = preferred_for(&spec, Target::HOPPER, 16384);
+            assert!(config.mma == Mma::Wgmma && config.persistent(), "{qk}/{v}: {config:?}");
         }
     }
 
