@@ -27,10 +27,10 @@ const HEAD_DIMS: [(u32, u32); 4] = [(160, 160), (192, 192), (256, 256), (192, 12
 /// reference per spec; fails if any row failed or a spec has no
 /// warp-specialized candidate.
 fn run_wgmma_candidates(rt: &Runtime, specs: &[Spec], case: &Case) {
+    compile_ahead(rt, specs);
     let mut table = Table::default();
     for spec in specs {
-        let configs: Vec<TileConfig> =
-            tile_choice::candidates(spec, rt.target()).into_iter().filter(|c| c.mma == Mma::Wgmma).collect();
+        let configs = wgmma_candidates(rt, spec);
         assert!(configs.iter().any(|c| c.persistent()), "{}: no warp-specialized candidate", spec.name);
         let seed: u64 = rand::random();
         let problem = verify::random_problem(spec, case.shape(), params(spec), vec![], None, seed);
@@ -43,6 +43,21 @@ fn run_wgmma_candidates(rt: &Runtime, specs: &[Spec], case: &Case) {
         }
     }
     table.finish();
+}
+
+fn wgmma_candidates(rt: &Runtime, spec: &Spec) -> Vec<TileConfig> {
+    tile_choice::candidates(spec, rt.target()).into_iter().filter(|c| c.mma == Mma::Wgmma).collect()
+}
+
+/// Compiles every spec's candidates (those that copy with TMA) at once:
+/// NVRTC takes a second or more per kernel, minutes one after another.
+/// Errors show again at the launch.
+fn compile_ahead(rt: &Runtime, specs: &[Spec]) {
+    std::thread::scope(|scope| {
+        for spec in specs {
+            scope.spawn(move || rt.load_forwards(spec, &wgmma_candidates(rt, spec)));
+        }
+    });
 }
 
 /// `variants` at every wide head dim, bf16.
