@@ -22,7 +22,8 @@ Conventions (anchors.md, and identical to flashgen-bench): bf16, 16 heads,
 batch = 32768 // s, inputs torch.randn on cuda in BHSD (one draw per shape,
 shared by the variants), time = median of
 triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") in ms,
-TFLOP/s = 4·b·h·s²·d·density / time, density = the exact kept fraction of
+TFLOP/s = 4·b·h·s²·d·density / time (2·b·h·s²·(d_qk + d_v)·density for
+--dims d_qk/d_v, e.g. 192/128), density = the exact kept fraction of
 (q, k) pairs, computed as flashgen-bench's `inputs()` does (the doc cut points
 are the same formula). The density is printed as the last column so that
 compare.py can check both sides counted the same FLOPs.
@@ -98,6 +99,8 @@ def parse_args(argv):
     p.add_argument("--kv-lens", default="1024,4096,16384,65536")
     args, _unknown = p.parse_known_args(argv)  # flashgen-bench ignores unknown flags too
     ints = lambda text: [int(x) for x in text.split(",") if x.strip().isdigit()]
+    # A head dim is `d` or `d_qk/d_v` (DeepSeek's 192/128), as flashgen-bench takes it.
+    dims = [d for d in args.dims.split(",") if all(x.isdigit() for x in d.split("/")) and d.count("/") <= 1]
     variants = []
     for v in args.variants.split(","):
         if v in VARIANTS:
@@ -106,7 +109,7 @@ def parse_args(argv):
             print(f"unknown variant `{v}`", file=sys.stderr)
     if args.decode:
         return "decode", ints(args.batches), ints(args.kv_lens), args.dry_run, False
-    return variants, ints(args.dims), ints(args.seqs), args.dry_run, args.backward
+    return variants, dims, ints(args.seqs), args.dry_run, args.backward
 
 
 DECODE_HEADS = (32, 8)
@@ -251,7 +254,8 @@ def run(variants, dims, seqs, backward):
             return bench(training(attend, q, k, v) if train else lambda: attend(q, k, v))
 
     def time_flex(variant, q, k, v, dens, train):
-        batch, _, s, d = q.shape
+        batch, _, s, d_qk = q.shape
+        d = d_qk if v.shape[-1] == d_qk else f"{d_qk}/{v.shape[-1]}"
         mask, score_mod = None, None
         if variant in ("causal", "softcap-causal", "alibi-causal"):
             mask = block_mask(causal, None, s)
@@ -289,10 +293,11 @@ def run(variants, dims, seqs, backward):
         for s in seqs:
             batch = max(1, TOKENS // s)
             torch.manual_seed(s)
-            q, k, v = (torch.randn(batch, HEADS, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            d_qk, d_v = (int(x) for x in (d.split("/") * 2)[:2])
+            q, k, v = (torch.randn(batch, HEADS, s, n, device="cuda", dtype=torch.bfloat16) for n in (d_qk, d_qk, d_v))
             for variant in variants:
                 dens = density(variant, batch, s)
-                flops = 4.0 * batch * HEADS * s * s * d * dens
+                flops = 2.0 * batch * HEADS * s * s * (d_qk + d_v) * dens
                 for peer in peers_for(variant):
                     for train in [False, True] if backward else [False]:
                         name, step_flops = (variant + "+bwd", 3.5 * flops) if train else (variant, flops)

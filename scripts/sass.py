@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Compiles a generated kernel (CUDA source, e.g. from `flashgen emit`) with
 NVRTC to a CUBIN and prints ptxas's register/spill report, and with --sass
-the SASS and an opcode histogram of the innermost loop, without a GPU.
+the SASS and an opcode histogram of the innermost loop, without a GPU; with
+--roles, instead of the SASS, a warp-specialized kernel's spill instructions
+per role (ptxas reports them for the whole kernel).
 
     flashgen emit specs/causal.attn > /tmp/k.cu
-    scripts/sass.py /tmp/k.cu [--arch sm_90a] [--sass]
+    scripts/sass.py /tmp/k.cu [--arch sm_90a] [--sass | --roles]
 
 Needs libnvrtc (scripts/nvrtc-env.sh installs it from PyPI) and, for
 --sass, cuobjdump (`pip download nvidia-cuda-cuobjdump`, unzip; set
@@ -45,11 +47,12 @@ def main():
     p.add_argument("source")
     p.add_argument("--arch", default="sm_90a")
     p.add_argument("--sass", action="store_true")
+    p.add_argument("--roles", action="store_true", help="spill instructions per warp role (needs cuobjdump)")
     a = p.parse_args()
     log, cubin = compile_cubin(nvrtc(), open(a.source).read(), a.arch)
     keep = ("registers", "spill", "smem", "arning", "serialized")
     print("\n".join(l for l in log.splitlines() if any(k in l for k in keep)))
-    if not a.sass:
+    if not (a.sass or a.roles):
         return
     tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump") or sys.exit("cuobjdump not found")
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,9 +63,27 @@ def main():
         if run.returncode:
             sys.exit(run.stderr)
         sass = run.stdout
+    if a.roles:
+        return print(spills_per_role(sass))
     print(sass)
     ops = collections.Counter(m.group(1).split(".")[0] for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass))
     print("opcode histogram (whole kernel):", ", ".join(f"{k} {v}" for k, v in ops.most_common(30)))
+
+
+def spills_per_role(sass):
+    """Local-memory stores and loads (STL, LDL) by where they sit: before the
+    roles part ("setup"), after the consumers' `setmaxnreg` increase or after
+    the producer's decrease, up to the next of these."""
+    role, counts = "setup", collections.Counter()
+    for line in sass.splitlines():
+        if "USETMAXREG.TRY_ALLOC" in line:
+            role = "consumers"
+        elif "USETMAXREG.DEALLOC" in line:
+            role = "producer"
+        m = re.search(r"\b(STL|LDL)\b", line)
+        if m:
+            counts[(role, m.group(1))] += 1
+    return "spill instructions: " + (", ".join(f"{r} {op} {n}" for (r, op), n in sorted(counts.items())) or "none")
 
 
 main()

@@ -39,7 +39,9 @@ pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
 /// d <= 64 one warpgroup, two CTAs per SM, first for specs that are not
 /// `light`, else last), then the 64-key back-to-back
 /// kernels (two warpgroups, one); among mma.sync configs, 128-key tiles
-/// only for plain d <= 64 specs (masks and score mods then spill).
+/// only for plain d <= 64 specs (masks and score mods then spill). Above
+/// d = 128 the warp-specialized kernels lead (an order not yet tuned on a
+/// GPU): [`WIDE_192`], [`WIDE_256`].
 pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
     let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
     // Warpgroups of 64 rows: two share each K/V tile; one alone leaves
@@ -87,10 +89,26 @@ pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
         0..=64 if plain => (small, vec![sync(4, 2, 128), default, sync(8, 1, 64)]),
         0..=64 => (small, vec![default, sync(4, 2, 128), sync(8, 1, 64)]),
         65..=128 => (hopper, vec![default, sync(8, 1, 64)]),
+        129..=192 => (WIDE_192.to_vec(), vec![default, sync(4, 1, 64)]),
+        193..=256 => (WIDE_256.to_vec(), vec![default, sync(4, 1, 64)]),
         _ => (vec![], vec![default, sync(4, 1, 64)]),
     };
     let hopper = if target.mma == Mma::Wgmma { hopper } else { vec![] };
     [hopper, portable].concat()
+}
+
+/// Above d = 128 up to 192 (and QK 192 / V 128): the warp-specialized
+/// kernel with 80-key tiles (two Q buffers), then with 112-key tiles (one
+/// Q buffer), then the back-to-back 64-key kernel.
+const WIDE_192: [TileConfig; 3] = [wgmma_pair(80), wgmma_pair(112), wgmma_pair(64)];
+
+/// At d = 256: the warp-specialized kernel with 48-key tiles, then the
+/// back-to-back 64-key kernel.
+const WIDE_256: [TileConfig; 2] = [wgmma_pair(48), wgmma_pair(64)];
+
+/// Two consumer warpgroups of 64 rows with `block_n`-key tiles.
+const fn wgmma_pair(block_n: u32) -> TileConfig {
+    TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n }
 }
 
 /// Keys beyond which [`preferred_for`] may differ from
@@ -120,6 +138,8 @@ mod tests {
             "S { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }",
             "S { dtype: f16, head_dim: 128, mask: q >= k }",
             "S { dtype: bf16, head_dim: 256 }",
+            "S { dtype: bf16, head_dim: 160, mask: q >= k }",
+            "S { dtype: bf16, head_dim: 192, v_head_dim: 128, mask: q >= k }",
         ];
         for source in specs {
             let spec = parse_one(source).unwrap();
@@ -131,6 +151,17 @@ mod tests {
                 feasible.sort_by_key(key);
                 assert_eq!(ordered, feasible, "{source} on {target:?}");
             }
+        }
+    }
+
+    /// Above d = 128 (and at 80 and 96) Hopper's default is warp-specialized.
+    #[test]
+    fn wide_heads_prefer_the_warp_specialized_kernel() {
+        for (qk, v) in [(80, 80), (96, 96), (160, 160), (192, 192), (192, 128), (256, 256)] {
+            let spec =
+                parse_one(&format!("S {{ dtype: bf16, head_dim: {qk}, v_head_dim: {v}, mask: q >= k }}")).unwrap();
+            let config = preferred_for(&spec, Target::HOPPER, 16384);
+            assert!(config.mma == Mma::Wgmma && config.persistent(), "{qk}/{v}: {config:?}");
         }
     }
 

@@ -54,6 +54,45 @@ fn language_feature_specs_compile_for_sm80_and_sm90() {
     compile_all(specs.iter().flat_map(every_kernel).collect());
 }
 
+/// Head dims whose Hopper forward is the warp-specialized one above d = 128
+/// (and d = 80 and 96, padded to 128 columns): every wgmma candidate in both
+/// copy paths, and the four backward kernels, compile for sm_90
+/// unserialized; the preferred kernel is warp-specialized. Plain and causal
+/// at every dim; ALiBi, softcap and a window too at 192 / 128 and 256.
+#[test]
+fn wide_head_dims_compile_for_sm90() {
+    require_nvrtc();
+    let hopper = Arch::new(9, 0);
+    let bodies = [
+        "",
+        "mask: q >= k,",
+        "tensor slopes: f32[H], mask: q >= k, score: score + slopes[h] * (k - q) as f32,",
+        "param cap: f32, mask: q >= k, score: cap * tanh(score / cap),",
+        "param w: i32, mask: q >= k && q - k < w,",
+    ];
+    let dims = [(80, 80), (96, 96), (160, 160), (192, 192), (192, 128), (256, 256)];
+    let mut jobs = Vec::new();
+    for (qk, v) in dims {
+        let every_body = qk == 256 || v < qk;
+        for body in bodies.iter().take(if every_body { bodies.len() } else { 2 }) {
+            let source = format!("S {{ dtype: bf16, head_dim: {qk}, v_head_dim: {v}, {body} }}");
+            let spec = parse_str(&source).unwrap().remove(0);
+            let candidates = tile_choice::candidates(&spec, hopper.target());
+            assert!(candidates[0].persistent(), "{source}: {:?}", candidates[0]);
+            for c in candidates.into_iter().filter(|c| c.mma == Mma::Wgmma) {
+                let copies = if c.persistent() { &[TileCopy::Tma, TileCopy::Threads][..] } else { &[TileCopy::Tma] };
+                jobs.extend(copies.iter().map(|&copy| (emit_forward_copying(&spec, c, copy), hopper)));
+            }
+            if body.is_empty() {
+                let passes =
+                    [BackwardPass::Preprocess, BackwardPass::KeyValue, BackwardPass::Query, BackwardPass::Postprocess];
+                jobs.extend(passes.map(|pass| (emit_backward(&spec, pass), hopper)));
+            }
+        }
+    }
+    compile_all(jobs);
+}
+
 /// Every kernel the runtime may compile for `spec`, with its arch.
 fn every_kernel(spec: &Spec) -> Vec<(Kernel, Arch)> {
     let block_mask = emit_block_mask(spec);

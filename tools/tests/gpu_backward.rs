@@ -172,7 +172,18 @@ fn head_dims_dtypes_and_head_groups() {
     let mut cases = Vec::new();
     for variant in ["causal", "softcap"] {
         for dtype in [Dtype::F16, Dtype::Bf16] {
-            for (qk, v) in [(64, 64), (128, 128), (59, 59), (96, 96), (120, 120), (113, 128), (192, 128), (256, 256)] {
+            for (qk, v) in [
+                (64, 64),
+                (128, 128),
+                (59, 59),
+                (96, 96),
+                (120, 120),
+                (113, 128),
+                (160, 160),
+                (192, 192),
+                (192, 128),
+                (256, 256),
+            ] {
                 cases.push((with(spec(variant), dtype, qk, v), Case::new((4, 2), (113, 203))));
             }
         }

@@ -43,7 +43,12 @@ impl TileConfig {
     pub fn feasible(spec: &Spec, target: Target) -> Vec<TileConfig> {
         let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
         // Warpgroups of 64 rows; 192-key tiles and three warpgroups only
-        // where S, P and O fit their registers at d <= 64.
+        // where S, P and O fit their registers at d <= 64. Above d = 128
+        // two warpgroups whose O (DVP / 2 registers) leaves room for S of
+        // at most 112 keys, and a ring of two stages beside one or two Q
+        // buffers (`forward::plan`): 80 keys fit beside two Q buffers at
+        // d = 192, 112 beside one; 48 beside one at d = 256 (64 keys
+        // would be the back-to-back kernel, which stays a candidate).
         let wgmma = |warps, block_n| TileConfig { mma: Mma::Wgmma, warps, m_tiles: 1, block_n };
         let default = TileConfig::default_for(spec);
         let (hopper, portable) = match TileConfig::padded_head_dim(spec) {
@@ -52,6 +57,8 @@ impl TileConfig {
                 vec![default, sync(4, 2, 128), sync(8, 1, 64)],
             ),
             65..=128 => (vec![wgmma(8, 128), wgmma(8, 64), wgmma(4, 64)], vec![default, sync(8, 1, 64)]),
+            129..=192 => (vec![wgmma(8, 80), wgmma(8, 112), wgmma(8, 64)], vec![default, sync(4, 1, 64)]),
+            193..=256 => (vec![wgmma(8, 48), wgmma(8, 64)], vec![default, sync(4, 1, 64)]),
             _ => (vec![], vec![default, sync(4, 1, 64)]),
         };
         let hopper = if target.mma == Mma::Wgmma { hopper } else { vec![] };
@@ -129,10 +136,12 @@ pub(crate) fn warp_specialized(config: TileConfig) -> bool {
 
 /// Whether a wgmma kernel runs P V of one tile behind S of the next
 /// (`forward::wgmma_step`). It pays with 128-key tiles; with 64-key tiles
-/// the back-to-back schedule is faster, as a 64-key product is too short
-/// to hide a softmax behind.
+/// the back-to-back schedule is faster up to d = 128, as a 64-key product
+/// is too short to hide a softmax behind. Every other width is pipelined:
+/// above d = 128 shared memory holds only narrower tiles (48 to 112
+/// keys), whose products are as long as a 128-key tile's at d <= 128.
 pub(crate) fn pipelined(config: TileConfig) -> bool {
-    config.mma == Mma::Wgmma && config.block_n >= 128
+    config.mma == Mma::Wgmma && config.block_n != 64
 }
 
 /// How a warp-specialized kernel's producer fills its shared tiles (and a

@@ -4,9 +4,12 @@
 //! zeros written to flush the L2 (what `do_bench` does for the peers, in
 //! place of rotating input buffers: every launch starts from a cold cache).
 //! TFLOP/s = 4·b·h·s²·d · density / time, density = the kept fraction of
-//! (q, k) pairs, counted exactly.
+//! (q, k) pairs, counted exactly (2·b·h·s²·(d_qk + d_v) · density where
+//! the head dims differ).
 //!
-//! `flashgen-bench [--variants causal,full] [--dims 64,128] [--seqs 1024,4096,16384] [--iters 20] [--backward] [--tune] [--varlen]`
+//! `flashgen-bench [--variants causal,full] [--dims 64,128,192/128] [--seqs 1024,4096,16384] [--iters 20] [--backward] [--tune] [--varlen]`
+//!
+//! `--dims` takes head dims `d` or `d_qk/d_v` (DeepSeek's 192/128).
 //!
 //! `--backward` also times one training step (forward, then backward into
 //! Q, K and V, no tensor gradients, as the peers' steps) per variant and
@@ -83,7 +86,7 @@ fn main() {
         value.map_or(default, |v| v.as_str()).split(',').map(str::to_string).collect()
     };
     let variants = list("--variants", "full,causal,swa1024,doc,softcap-causal,alibi-causal");
-    let dims: Vec<u32> = list("--dims", "128,64").iter().filter_map(|d| d.parse().ok()).collect();
+    let dims: Vec<Dims> = list("--dims", "128,64").iter().filter_map(|d| Dims::parse(d)).collect();
     let seqs: Vec<usize> = list("--seqs", "1024,4096,16384").iter().filter_map(|s| s.parse().ok()).collect();
     let iters: usize = list("--iters", "20")[0].parse().unwrap_or(20);
     let backward = args.iter().any(|a| a == "--backward");
@@ -134,14 +137,14 @@ fn main() {
             let batch = (TOKENS / s).max(1);
             let shape = Shape { batch, heads: HEADS, heads_kv: HEADS, q_len: s, kv_len: s };
             // One draw of Q/K/V per shape, shared by the variants.
-            let full = flashgen::parse_one(&format!("Full {{ dtype: bf16, head_dim: {d} }}")).expect("valid spec");
+            let full = flashgen::parse_one(&format!("Full {{ dtype: bf16, {} }}", d.fields())).expect("valid spec");
             let mut problem = verify::random_problem(&full, shape, vec![], vec![], None, s as u64);
             for name in &variants {
                 let Some((_, body)) = VARIANTS.iter().find(|(n, _)| n == name) else {
                     eprintln!("unknown variant `{name}`");
                     continue;
                 };
-                let spec = flashgen::parse_one(&format!("Bench {{ dtype: bf16, head_dim: {d}, {body} }}"))
+                let spec = flashgen::parse_one(&format!("Bench {{ dtype: bf16, {}, {body} }}", d.fields()))
                     .expect("bench specs are valid");
                 let density;
                 (problem.params, problem.tensors, density) = inputs(name, batch, s);
@@ -169,7 +172,7 @@ fn main() {
                 });
                 match timed {
                     Ok((ms, step, config)) => {
-                        let flops = 4.0 * (batch * HEADS) as f64 * (s * s) as f64 * d as f64 * density;
+                        let flops = d.flops_per_pair() * (batch * HEADS) as f64 * (s * s) as f64 * density;
                         let tflops = flops / (ms * 1e-3) / 1e12;
                         println!(
                             "{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4} {tiles:>15}{config}"
@@ -195,7 +198,13 @@ fn main() {
 /// Times the documents of `dense`'s `doc` ids as packed varlen sequences
 /// and prints a `doc-varlen` row (its TFLOP/s over the pairs kept) and,
 /// with `backward`, a `doc-varlen+bwd` row for its training step.
-fn varlen_documents(rt: &Runtime, dense: &flashgen::codegen::reference::Problem, d: u32, iters: usize, backward: bool) {
+fn varlen_documents(
+    rt: &Runtime,
+    dense: &flashgen::codegen::reference::Problem,
+    d: Dims,
+    iters: usize,
+    backward: bool,
+) {
     let Some(TensorData::I32(ids)) = dense.tensors.first() else { return };
     let (batch, s) = (dense.shape.batch, dense.shape.q_len);
     let mut lens = Vec::new();
@@ -203,7 +212,7 @@ fn varlen_documents(rt: &Runtime, dense: &flashgen::codegen::reference::Problem,
         lens.extend(row.chunk_by(|a, b| a == b).map(|doc| (doc.len(), doc.len())));
     }
     let kept: usize = lens.iter().map(|&(q, k)| q * k).sum();
-    let spec = flashgen::parse_one(&format!("Full {{ dtype: bf16, head_dim: {d} }}")).expect("valid spec");
+    let spec = flashgen::parse_one(&format!("Full {{ dtype: bf16, {} }}", d.fields())).expect("valid spec");
     let problem = verify::varlen::random_varlen_problem(&spec, (HEADS, HEADS), &lens, vec![], s as u64);
     let timed =
         verify::varlen::DeviceVarlen::upload(rt, &spec, &problem, verify::varlen::Packing::Thd).and_then(|mut gpu| {
@@ -214,7 +223,7 @@ fn varlen_documents(rt: &Runtime, dense: &flashgen::codegen::reference::Problem,
             Ok((forward, step))
         });
     let name = "doc-varlen";
-    let flops = 4.0 * (HEADS * kept) as f64 * d as f64;
+    let flops = d.flops_per_pair() * (HEADS * kept) as f64;
     let density = kept as f64 / (batch * s * s) as f64;
     match timed {
         Ok((ms, step)) => {
@@ -226,6 +235,40 @@ fn varlen_documents(rt: &Runtime, dense: &flashgen::codegen::reference::Problem,
             }
         }
         Err(e) => println!("{name:<16} {d:>4} {s:>6} {batch:>3} error: {e}"),
+    }
+}
+
+/// A row's head dims: Q/K's and V's.
+#[derive(Clone, Copy)]
+struct Dims {
+    qk: u32,
+    v: u32,
+}
+
+impl Dims {
+    /// `d` or `d_qk/d_v`.
+    fn parse(text: &str) -> Option<Dims> {
+        let (qk, v) = text.split_once('/').unwrap_or((text, text));
+        Some(Dims { qk: qk.parse().ok()?, v: v.parse().ok()? })
+    }
+
+    /// The spec's head-dim settings.
+    fn fields(self) -> String {
+        format!("head_dim: {}, v_head_dim: {}", self.qk, self.v)
+    }
+
+    /// FLOPs of one kept (q, k) pair: its dot product and its share of P V.
+    fn flops_per_pair(self) -> f64 {
+        2.0 * f64::from(self.qk + self.v)
+    }
+}
+
+impl std::fmt::Display for Dims {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self.qk == self.v {
+            true => f.pad(&self.qk.to_string()),
+            false => f.pad(&format!("{}/{}", self.qk, self.v)),
+        }
     }
 }
 
@@ -407,7 +450,7 @@ fn document_lengths(tokens: usize, docs: usize) -> Vec<usize> {
 
 /// The `--packed` rows (see the module note) for each head dim; with
 /// `backward`, their training steps' rows too.
-fn packed_documents(rt: &Runtime, dims: &[u32], iters: usize, backward: bool) {
+fn packed_documents(rt: &Runtime, dims: &[Dims], iters: usize, backward: bool) {
     println!("{:<16} {:>4} {:>6} {:>3} {:>10} {:>9} {:>8}", "variant", "d", "s", "b", "ms", "TFLOP/s", "density");
     for &d in dims {
         for docs in [8, 64] {
@@ -416,7 +459,7 @@ fn packed_documents(rt: &Runtime, dims: &[u32], iters: usize, backward: bool) {
             let density = kept as f64 / (TOKENS * TOKENS) as f64;
             // A forward's row and, timed, its training step's.
             let print = |name: &str, b: usize, timed: Result<(f64, Option<f64>), flashgen::Error>, pairs: usize| {
-                let flops = 4.0 * (HEADS * pairs) as f64 * d as f64;
+                let flops = d.flops_per_pair() * (HEADS * pairs) as f64;
                 match timed {
                     Ok((ms, step)) => {
                         let rows = [(name.to_string(), ms, flops)].into_iter();
@@ -430,7 +473,7 @@ fn packed_documents(rt: &Runtime, dims: &[u32], iters: usize, backward: bool) {
                 }
             };
             let causal = |body: &str| {
-                flashgen::parse_one(&format!("Packed {{ dtype: bf16, head_dim: {d}, {body} }}")).expect("valid spec")
+                flashgen::parse_one(&format!("Packed {{ dtype: bf16, {}, {body} }}", d.fields())).expect("valid spec")
             };
             let spec = causal("mask: q >= k,");
             let pairs: Vec<(usize, usize)> = lens.iter().map(|&l| (l, l)).collect();

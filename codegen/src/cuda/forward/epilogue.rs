@@ -130,11 +130,7 @@ pub(super) fn write_epilogue(
         OStaging::Cta => writeln!(w, "{sync}\n{store}"),
         OStaging::QBuffer(copy) => {
             write_o_store(w, plan, copy, &store, true)?;
-            writeln!(w, "__syncwarp();  // the warp's reads of o_tile are done:")?;
-            writeln!(
-                w,
-                "if (lane == 0) mbar_arrive(q_empty + 8 * qb);  // the buffer takes the Q of the item after next"
-            )?;
+            write_release_q_buffer(w, plan)?;
             trace::point(w, plan, Event::Epi)
         }
         // Nothing waits for the store here: the next item's epilogue does.
@@ -175,6 +171,18 @@ pub(super) fn write_o_store(
         }
         TileCopy::Threads => writeln!(w, "{WARPGROUP_SYNC}\n{store}"),
     }
+}
+
+/// Each warp frees its share of the Q buffer once its O left it; the
+/// buffer takes the next item's Q, or with two buffers the item after
+/// next's (the next one's is in the other buffer).
+fn write_release_q_buffer(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
+    let next = match plan.q_buffers {
+        1 => "the next item",
+        _ => "the item after next",
+    };
+    writeln!(w, "__syncwarp();  // the warp's reads of o_tile are done:")?;
+    writeln!(w, "if (lane == 0) mbar_arrive(q_empty + 8 * qb);  // the buffer takes the Q of {next}")
 }
 
 /// A consumer warpgroup's own named barrier (the other warpgroups go on).

@@ -20,6 +20,8 @@ pub(super) struct Plan<'s> {
     pub copy: Option<TileCopy>,
     /// K/V pipeline stages ([`TileConfig::stages`]).
     pub stages: u32,
+    /// A warp-specialized kernel's Q buffers ([`TileConfig::q_buffers`]).
+    pub q_buffers: u32,
     /// O staged in a buffer of its own ([`TileConfig::o_buffer`]).
     pub o_buffer: bool,
     pub row_sums: RowSums,
@@ -63,6 +65,7 @@ impl<'s> Plan<'s> {
             config,
             copy: ws.then_some(copy),
             stages: config.stages(spec),
+            q_buffers: config.q_buffers(spec),
             o_buffer: config.o_buffer(spec),
             row_sums: RowSums::of(spec, config),
             key_terms: KeyTerms::of(config),
@@ -92,16 +95,30 @@ impl<'s> Plan<'s> {
 
 impl TileConfig {
     /// K/V pipeline stages in shared memory: for a warp-specialized kernel
-    /// a ring of as many as fit beside its two Q buffers, up to
-    /// `RING_STAGES` (two at d = 128, three at d = 64); else two (loads of
-    /// tile j + 1 while tile j is multiplied).
+    /// a ring of as many as fit beside its Q buffers, up to `RING_STAGES`
+    /// (two at d = 128, three at d = 64); else two (loads of tile j + 1
+    /// while tile j is multiplied).
     pub fn stages(self, spec: &Spec) -> u32 {
         if !warp_specialized(self) {
             return 2;
         }
         let (q, stage) = self.tile_bytes(spec);
         let budget = self.smem_budget(spec) - self.o_buffer_bytes(spec);
-        (2..=RING_STAGES).rev().find(|s| 2 * q + s * stage + 1024 <= budget).unwrap_or(2)
+        let q_bytes = self.q_buffers(spec) * q;
+        (2..=RING_STAGES).rev().find(|s| q_bytes + s * stage + 1024 <= budget).unwrap_or(2)
+    }
+
+    /// Q buffers in shared memory: a warp-specialized kernel has two (the
+    /// next item's Q loads while the current item finishes) where they fit
+    /// beside a ring of two stages, else one (above d = 128 with wide
+    /// tiles: the producer then loads the next item's Q once the consumers
+    /// stored the O staged in it); other kernels one.
+    pub fn q_buffers(self, spec: &Spec) -> u32 {
+        let (q, stage) = self.tile_bytes(spec);
+        match warp_specialized(self) && 2 * q + 2 * stage + 1024 <= self.smem_budget(spec) {
+            true => 2,
+            false => 1,
+        }
     }
 
     /// Whether a warp-specialized kernel stages O in a buffer of its own
@@ -138,15 +155,14 @@ impl TileConfig {
             - ones
     }
 
-    /// Dynamic shared memory: the Q tile (a warp-specialized kernel: two Q
+    /// Dynamic shared memory: the Q tile (a warp-specialized kernel: its Q
     /// buffers, and O's own buffer where it has one) and `stages` stages of
     /// K and V tiles, 16-bit elements; wgmma's tiles are whole 64-column
     /// panels, 1024-byte aligned (the slack is reserved).
     pub fn smem_bytes(self, spec: &Spec) -> u32 {
         let (q, stage) = self.tile_bytes(spec);
-        let q_buffers = if warp_specialized(self) { 2 } else { 1 };
         let slack = smem_slack(self.mma);
-        q_buffers * q + self.stages(spec) * stage + self.o_buffer_bytes(spec) + slack
+        self.q_buffers(spec) * q + self.stages(spec) * stage + self.o_buffer_bytes(spec) + slack
     }
 
     /// Bytes of the Q tile and of one K/V stage in shared memory. A
@@ -239,7 +255,13 @@ mod tests {
     /// a split that asks for more blocks the consumers forever.
     #[test]
     pub(super) fn register_splits_fit_the_launch_pool() {
-        let specs = ["S { dtype: bf16, head_dim: 64 }", "S { dtype: f16, head_dim: 128, mask: q >= k }"];
+        let specs = [
+            "S { dtype: bf16, head_dim: 64 }",
+            "S { dtype: f16, head_dim: 128, mask: q >= k }",
+            "S { dtype: bf16, head_dim: 160 }",
+            "S { dtype: bf16, head_dim: 192, v_head_dim: 128, mask: q >= k }",
+            "S { dtype: bf16, head_dim: 256, mask: q >= k }",
+        ];
         for source in specs {
             let spec = crate::parse_one(source).unwrap();
             for config in TileConfig::feasible(&spec, Target::HOPPER).into_iter().filter(|c| warp_specialized(*c)) {
@@ -254,6 +276,24 @@ mod tests {
         }
     }
 
+    /// Above d = 128 every head dim has warp-specialized candidates (the
+    /// runtime's default at d = 256 among them), and their Q buffers are
+    /// two where two fit beside the ring: at 80-key tiles up to d = 192.
+    #[test]
+    pub(super) fn wide_heads_have_warp_specialized_kernels() {
+        let cases =
+            [((160, 160), 80, 2), ((192, 192), 80, 2), ((192, 192), 112, 1), ((192, 128), 80, 2), ((256, 256), 48, 1)];
+        for ((qk, v), block_n, q_buffers) in cases {
+            let source = format!("S {{ dtype: bf16, head_dim: {qk}, v_head_dim: {v} }}");
+            let spec = crate::parse_one(&source).unwrap();
+            let config = TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n };
+            assert!(TileConfig::feasible(&spec, Target::HOPPER).contains(&config), "{source}: {config:?}");
+            assert!(warp_specialized(config), "{config:?}");
+            assert_eq!(config.q_buffers(&spec), q_buffers, "{source}: {config:?}");
+            assert!(config.smem_bytes(&spec) <= config.smem_budget(&spec), "{source}: {config:?}");
+        }
+    }
+
     /// Staged spec terms take static shared memory that the ring's
     /// stages leave room for: with two per-key terms (a mask's and a
     /// score's) every warp-specialized candidate's dynamic and staged shared
@@ -262,7 +302,7 @@ mod tests {
     pub(super) fn staged_terms_fit_beside_the_ring() {
         let source = "S { dtype: bf16, head_dim: HD, tensor doc: i32[B, KV_LEN], tensor bias: f32[B, KV_LEN], \
                       mask: doc[b][q] == doc[b][k], score: score + bias[b][k] }";
-        for head_dim in [64, 128] {
+        for head_dim in [64, 128, 160, 192, 256] {
             let spec = crate::parse_one(&source.replace("HD", &head_dim.to_string())).unwrap();
             for config in TileConfig::feasible(&spec, Target::HOPPER).into_iter().filter(|c| warp_specialized(*c)) {
                 let staged = KeyTerms::of(config).static_bytes(&spec, config);

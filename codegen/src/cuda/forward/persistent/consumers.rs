@@ -2,7 +2,7 @@
 //! take their turns on the tensor cores over the ring's tiles, then write
 //! the item's LSE and O.
 
-use super::{write_item_coords, write_pass_turn, write_ring_loop, Roles};
+use super::{q_slot, write_item_coords, write_pass_turn, write_ring_loop, Roles};
 use crate::abi::ArgKind;
 use crate::cuda::forward::epilogue::{write_epilogue, OStaging};
 use crate::cuda::forward::item::{write_accumulators, write_spec_terms, ItemRole};
@@ -51,12 +51,13 @@ pub(super) fn write_consumers(w: &mut Writer<String>, roles: &Roles) -> fmt::Res
     if groups {
         write_pass_turn(w, plan)?;
     }
+    let (slot, round) = q_slot(plan);
     w.block(format_args!("for (int done = 0;; ++done)"), |w| {
         write!(
             w,
             "\
-            const int qb = done % 2;\n\
-            mbar_wait(item_full + 8 * qb, done / 2 % 2);  // the producer's claim\n"
+            const int qb = {slot};\n\
+            mbar_wait(item_full + 8 * qb, {round} % 2);  // the producer's claim\n"
         )?;
         trace::point(w, plan, Event::Item)?;
         writeln!(w, "const long long item = item_slot[qb];")?;
@@ -65,7 +66,7 @@ pub(super) fn write_consumers(w: &mut Writer<String>, roles: &Roles) -> fmt::Res
         writeln!(w)?;
         // The item's staged spec terms come with Q.
         if item_terms {
-            writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);  // Q, and the item's spec terms")?;
+            writeln!(w, "mbar_wait(q_full + 8 * qb, {round} % 2);  // Q, and the item's spec terms")?;
             trace::point(w, plan, Event::QFull)?;
         }
         let hoisted = write_spec_terms(w, spec, &kv_len, plan.key_terms, item_terms)?;
@@ -73,7 +74,7 @@ pub(super) fn write_consumers(w: &mut Writer<String>, roles: &Roles) -> fmt::Res
         write_accumulators(w, config, sums)?;
         writeln!(w)?;
         if !item_terms {
-            writeln!(w, "mbar_wait(q_full + 8 * qb, done / 2 % 2);")?;
+            writeln!(w, "mbar_wait(q_full + 8 * qb, {round} % 2);")?;
             trace::point(w, plan, Event::QFull)?;
         }
         write_ring_loop(w, plan, groups, |w| write_wgmma_step(w, plan, &hoisted))?;

@@ -88,11 +88,14 @@ fn write_setup(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
         TileCopy::Tma => "1;  // one producer thread hands each tile to the copy engine",
         TileCopy::Threads => "PRODUCER_THREADS;  // each producer thread copies a share of it",
     };
+    let q_bufs = match plan.q_buffers {
+        1 => "unsigned short* q_bufs = smem;  // [Q_TILE]: one item's at a time\nunsigned short* k_tiles = q_bufs + Q_TILE;",
+        _ => "unsigned short* q_bufs = smem;  // [2][Q_TILE]: this item's and the next one's\nunsigned short* k_tiles = q_bufs + 2 * Q_TILE;",
+    };
     write!(
         w,
         "\
-        unsigned short* q_bufs = smem;  // [2][Q_TILE]: this item's and the next one's\n\
-        unsigned short* k_tiles = q_bufs + 2 * Q_TILE;  // [STAGES][K_TILE]\n\
+        {q_bufs}  // [STAGES][K_TILE]\n\
         unsigned short* v_tiles = k_tiles + STAGES * K_TILE;  // [STAGES][V_TILE]\n\
         {o_buf}\
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
@@ -151,6 +154,15 @@ fn write_setup(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
         )?;
     }
     writeln!(w, "__syncthreads();")
+}
+
+/// Item `done`'s Q buffer and slot `qb`, and how many items its barriers
+/// completed for before it (C expressions, parities are theirs mod 2).
+fn q_slot(plan: &Plan) -> (&'static str, &'static str) {
+    match plan.q_buffers {
+        1 => ("0", "done"),
+        _ => ("done % 2", "done / 2"),
+    }
 }
 
 /// Copies a tile into shared memory and completes barrier `bar` with it:

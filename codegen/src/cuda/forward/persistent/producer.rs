@@ -2,7 +2,7 @@
 //! copies its Q, classifies its K/V tiles and walks them into the stage
 //! ring, handing the consumers each tile's word (and per-key spec terms).
 
-use super::{copy_tile, kv_tiles_decl, write_group_classes, write_item_coords, Roles};
+use super::{copy_tile, kv_tiles_decl, q_slot, write_group_classes, write_item_coords, Roles};
 use crate::abi::ArgKind;
 use crate::cuda::forward::classes::{write_tile_classes, ClassReader, Stagers};
 use crate::cuda::forward::item::{q_load, ItemRole};
@@ -37,14 +37,15 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
         false => format!("claim({counter}, done, items)"),
     };
     writeln!(w, "int it = 0;  // visited tiles so far, over all items: tile `it` goes to stage it % STAGES")?;
+    let (slot, round) = q_slot(roles.plan);
     w.block(format_args!("for (int done = 0;; ++done)"), |w| {
         write!(
             w,
             "\
             // Item `done` of this CTA goes to Q buffer and slot qb, once the\n\
             // consumers have stored the O of the item that had them before.\n\
-            const int qb = done % 2;\n\
-            mbar_wait(q_empty + 8 * qb, (done / 2 + 1) % 2);\n"
+            const int qb = {slot};\n\
+            mbar_wait(q_empty + 8 * qb, ({round} + 1) % 2);\n"
         )?;
         trace::point(w, roles.plan, Event::PQEmpty)?;
         write!(
