@@ -6,5 +6,6 @@
 
 pub mod decode_bench;
 pub mod examples;
+pub mod prefill_bench;
 pub mod spec_gen;
 pub mod verify;

@@ -44,6 +44,10 @@
 //! instead times the decode path (`flashgen_tools::decode_bench`): GB/s of
 //! K and V per batch and cache length, and a device-to-device copy row.
 //!
+//! `flashgen-bench --prefill [--cached 0,8192,30720]` instead times chunked
+//! prefill against a paged cache (`flashgen_tools::prefill_bench`): pages of
+//! 16 and 256 rows against the dense-KV launch of the same shape.
+//!
 //! `flashgen-bench --jit` instead measures the JIT for every example spec:
 //! cold compile of the kernel the runtime launches untuned on this GPU
 //! (codegen + NVRTC to CUBIN, NVRTC already loaded; NVRTC 13's own compute
@@ -104,8 +108,12 @@ fn main() {
         let _ = std::fs::remove_dir_all(dir);
         return;
     }
+    let sizes = |flag, default| list(flag, default).iter().filter_map(|s| s.parse().ok()).collect::<Vec<usize>>();
+    if args.iter().any(|a| a == "--prefill") {
+        flashgen_tools::prefill_bench::run(&start_runtime(), &sizes("--cached", "0,8192,30720"), iters);
+        return;
+    }
     if args.iter().any(|a| a == "--decode") {
-        let sizes = |flag, default| list(flag, default).iter().filter_map(|s| s.parse().ok()).collect::<Vec<usize>>();
         let (batches, kv_lens) = (sizes("--batches", "1,16,64,256"), sizes("--kv-lens", "1024,4096,16384,65536"));
         flashgen_tools::decode_bench::run(&start_runtime(), &batches, &kv_lens, iters);
         return;
