@@ -22,10 +22,9 @@ use flashgen_tools::verify::paged::{hold_back, into_pages, DevicePaged, Queries}
 use flashgen_tools::verify::varlen::random_varlen_problem;
 use flashgen_tools::verify::{Expected, Report};
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use support::forward::Table;
-use support::{params, runtime, spec, with};
+use support::{heads_of, params, runtime, spec, with};
 
 /// One paged case: a spec, its heads, its sequences' (queries, keys), the
 /// page size and how queries are passed.
@@ -85,21 +84,9 @@ fn run_all(rt: &Runtime, cases: Vec<Case>) {
 /// sequence without keys, odd lengths, whole prompts (q = kv), and one
 /// sequence much longer than the rest; shuffled.
 fn ragged(rng: &mut StdRng) -> Vec<(usize, usize)> {
-    let mut lens = vec![(0, 13), (1, 1), (1, 40), (0, 0), (17, 17), (64, 700)];
-    for _ in 0..3 {
-        let q = 2 * rng.random_range(0..40) + 1;
-        lens.push((q, q + rng.random_range(0..150)));
-    }
-    lens.shuffle(rng);
-    lens
-}
-
-fn heads_of(variant: &str) -> (usize, usize) {
-    if variant == "gqa" {
-        (8, 2)
-    } else {
-        (4, 2)
-    }
+    support::ragged(rng, &[(0, 13), (1, 1), (1, 40), (0, 0), (17, 17), (64, 700)], (3, 40), |q, rng| {
+        q + rng.random_range(0..150)
+    })
 }
 
 const PAGE_SIZES: [usize; 5] = [1, 3, 16, 64, 256];

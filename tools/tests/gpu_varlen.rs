@@ -19,10 +19,9 @@ use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::varlen::{random_varlen_problem, DeviceVarlen, Packing};
 use flashgen_tools::verify::{Expected, Report};
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use support::forward::Table;
-use support::{params, runtime, spec, with};
+use support::{heads_of, params, runtime, spec, with};
 
 /// One varlen case: a spec, its heads, its sequences' (queries, keys) and
 /// how the operands are packed; run in `config` (`None`: the runtime's).
@@ -85,21 +84,9 @@ fn run_all(rt: &Runtime, cases: Vec<Case>) {
 /// Ragged lengths: an empty sequence, single tokens, queries without keys,
 /// odd lengths, one sequence much longer than the rest, shuffled.
 fn ragged(rng: &mut StdRng) -> Vec<(usize, usize)> {
-    let mut lens = vec![(0, 13), (1, 1), (1, 40), (5, 0), (17, 17), (1100, 1100)];
-    for _ in 0..5 {
-        let q = 2 * rng.random_range(0..100) + 1;
-        lens.push((q, rng.random_range(q / 2..q + 150)));
-    }
-    lens.shuffle(rng);
-    lens
-}
-
-fn heads_of(variant: &str) -> (usize, usize) {
-    if variant == "gqa" {
-        (8, 2)
-    } else {
-        (4, 2)
-    }
+    support::ragged(rng, &[(0, 13), (1, 1), (1, 40), (5, 0), (17, 17), (1100, 1100)], (5, 100), |q, rng| {
+        rng.random_range(q / 2..q + 150)
+    })
 }
 
 #[test]

@@ -24,10 +24,9 @@ use flashgen_tools::verify::varlen::{
 };
 use flashgen_tools::verify::GpuGradients;
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use support::backward::judge_all;
-use support::{params, runtime, spec, with};
+use support::{heads_of, params, runtime, spec, with};
 
 /// One varlen backward case: a spec, its heads, its sequences' (queries,
 /// keys), how the operands are packed, and the backward's mode.
@@ -119,21 +118,9 @@ fn run_all(rt: &Runtime, cases: Vec<Case>) {
 /// keys without queries, odd lengths, one sequence much longer than the
 /// rest, shuffled.
 fn ragged(rng: &mut StdRng) -> Vec<(usize, usize)> {
-    let mut lens = vec![(0, 0), (0, 13), (1, 1), (1, 40), (5, 0), (17, 17), (600, 600)];
-    for _ in 0..4 {
-        let q = 2 * rng.random_range(0..90) + 1;
-        lens.push((q, rng.random_range(q / 2..q + 120)));
-    }
-    lens.shuffle(rng);
-    lens
-}
-
-fn heads_of(variant: &str) -> (usize, usize) {
-    if variant == "gqa" {
-        (8, 2)
-    } else {
-        (4, 2)
-    }
+    support::ragged(rng, &[(0, 0), (0, 13), (1, 1), (1, 40), (5, 0), (17, 17), (600, 600)], (4, 90), |q, rng| {
+        rng.random_range(q / 2..q + 120)
+    })
 }
 
 /// Every example variant (trainable tensors included: ALiBi's slopes, the

@@ -5,6 +5,9 @@ use flashgen::codegen::reference::ParamValue;
 use flashgen::codegen::{Dtype, HeadDims, Spec};
 use flashgen::Runtime;
 use flashgen_tools::examples::SPECS;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::Rng;
 
 #[allow(dead_code)] // the forward tests judge no gradients
 pub mod backward;
@@ -51,4 +54,33 @@ pub fn with(mut spec: Spec, dtype: Dtype, qk: u32, v: u32) -> Spec {
     spec.dtype = dtype;
     spec.head_dims = HeadDims { qk, v };
     spec
+}
+
+/// Query and K/V heads for an example spec's GPU cases (GQA's own ratio).
+#[allow(dead_code)] // the packed-sequence tests' share
+pub fn heads_of(variant: &str) -> (usize, usize) {
+    if variant == "gqa" {
+        (8, 2)
+    } else {
+        (4, 2)
+    }
+}
+
+/// Ragged (queries, keys) per sequence: `fixed` ones and `draws` more with
+/// odd query counts below `2 · odd_below`, keys from `keys(q, rng)`;
+/// shuffled.
+#[allow(dead_code)] // the packed-sequence tests' share
+pub fn ragged(
+    rng: &mut StdRng,
+    fixed: &[(usize, usize)],
+    (draws, odd_below): (usize, usize),
+    keys: impl Fn(usize, &mut StdRng) -> usize,
+) -> Vec<(usize, usize)> {
+    let mut lens = fixed.to_vec();
+    for _ in 0..draws {
+        let q = 2 * rng.random_range(0..odd_below) + 1;
+        lens.push((q, keys(q, rng)));
+    }
+    lens.shuffle(rng);
+    lens
 }
