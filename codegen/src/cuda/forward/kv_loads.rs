@@ -4,7 +4,7 @@
 
 use super::mma::ShmemCols;
 use super::plan::Plan;
-use super::varlen::pages_var;
+use super::varlen::{key_var, pages_var};
 use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::signature::arg_name;
 use crate::cuda::tile_config::warp_specialized;
@@ -70,6 +70,39 @@ impl KvLoads {
         self.load(w, ["v_rows", self.cols.v, "DV", &self.v_stride], dst, tile)
     }
 
+    /// A warp-specialized paged kernel's producer reads each K and V tile's
+    /// page ids a tile ahead of its copies, so that the table's latency
+    /// hides behind them: declares `k_key{suffix}` and `v_key{suffix}` of
+    /// `tile` (`const` ones when `fixed`).
+    pub(super) fn keys(&self, w: &mut Writer<String>, suffix: &str, tile: &str, fixed: bool) -> fmt::Result {
+        if !(self.paged && self.ws) {
+            return Ok(());
+        }
+        let qualifier = if fixed { "const " } else { "" };
+        for (rows, cols, width) in [("k_rows", self.cols.qk, "D"), ("v_rows", self.cols.v, "DV")] {
+            let call = self.key_call(rows, cols, width, tile);
+            writeln!(w, "{qualifier}PagedKey {}{suffix} = {call};", key_var(rows))?;
+        }
+        Ok(())
+    }
+
+    /// The keys of [`KvLoads::keys`] moved on to the next tile's.
+    pub(super) fn advance_keys(&self, w: &mut Writer<String>) -> fmt::Result {
+        match self.paged && self.ws {
+            true => writeln!(w, "k_key = k_key_next;\nv_key = v_key_next;"),
+            false => Ok(()),
+        }
+    }
+
+    /// This lane's `paged_key` of `tile` in the pages of `rows`.
+    fn key_call(&self, rows: &str, cols: &str, width: &str, tile: &str) -> String {
+        let threads = if self.ws { "PRODUCER_THREADS, THREADS" } else { "THREADS" };
+        let (pages, kv_len) = (pages_var(rows), &self.kv_len);
+        format!(
+            "paged_key<BLOCK_N, {cols}, {width}, {threads}>({pages}, {tile} * BLOCK_N, {kv_len} - {tile} * BLOCK_N)"
+        )
+    }
+
     /// `source`: the operand's rows, shared-tile columns, valid width and
     /// row stride.
     pub(super) fn load(&self, w: &mut Writer<String>, source: [&str; 4], dst: &str, tile: &str) -> fmt::Result {
@@ -81,9 +114,13 @@ impl KvLoads {
         };
         if self.paged {
             let pages = pages_var(rows);
+            let key = match self.ws {
+                true => key_var(rows),
+                false => self.key_call(rows, cols, width, tile),
+            };
             return writeln!(
                 w,
-                "load_paged_tile<BLOCK_N, {cols}, {width}, {threads}>({dst}, {rows}, {pages}, {tile} * BLOCK_N, {kv_len} - {tile} * BLOCK_N, vector);"
+                "load_paged_tile<BLOCK_N, {cols}, {width}, {threads}>({dst}, {rows}, {pages}, {key}, {tile} * BLOCK_N, {kv_len} - {tile} * BLOCK_N, vector);"
             );
         }
         writeln!(

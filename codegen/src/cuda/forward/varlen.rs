@@ -76,6 +76,12 @@ pub(super) fn pages_var(rows: &str) -> String {
     format!("{}_pages", rows.trim_end_matches("_rows"))
 }
 
+/// The `PagedKey` variable of the operand whose rows are `rows`
+/// (`k_rows` → `k_key`).
+pub(super) fn key_var(rows: &str) -> String {
+    format!("{}_key", rows.trim_end_matches("_rows"))
+}
+
 /// The LSE's index of row `q` of head `h`: `[heads, total_q]`,
 /// FlashAttention's varlen layout.
 pub(super) fn lse_index(spec: &Spec) -> String {

@@ -98,8 +98,10 @@ fn write_tile_walk(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
     let (copy, groups) = (roles.copy, roles.groups);
     let (staged, per_key) = (&roles.staged, roles.staged.per_key());
     let kv = KvLoads::of(roles.plan);
+    kv.keys(w, "", "j", false)?;
     w.block(format_args!("while (j < kv_tiles)"), |w| {
         writeln!(w, "const int next = next_tile(j + 1);")?;
+        kv.keys(w, "_next", "next", true)?;
         writeln!(w, "// The tile's classes, ahead of the wait: the K copy waits for none of them.")?;
         if groups {
             writeln!(w, "const int groups = group_classes(j);")?;
@@ -139,6 +141,7 @@ fn write_tile_walk(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
             kv.v(w, "v_tiles + stage * V_TILE", "j")?;
             writeln!(w, "mbar_arrive_loaded<DV>(v_full + 8 * stage, vector);")
         })?;
+        kv.advance_keys(w)?;
         writeln!(w, "j = next;")?;
         writeln!(w, "++it;")
     })
