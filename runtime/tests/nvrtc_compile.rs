@@ -226,9 +226,9 @@ fn varlen_backward_kernels(spec: &Spec) -> Vec<(Kernel, Arch)> {
         (hopper, Arch::new(9, 0)),
         (BackwardConfig { tensor_grads: false, ..hopper }, Arch::new(9, 0)),
     ];
-    let kernels = configs.into_iter().flat_map(|(config, arch)| {
-        PASSES.map(|pass| (emit_backward_varlen(spec, pass, config.for_pass(pass)), arch))
-    });
+    let kernels = configs
+        .into_iter()
+        .flat_map(|(config, arch)| PASSES.map(|pass| (emit_backward_varlen(spec, pass, config.for_pass(pass)), arch)));
     // A pass that reads neither tensor_grads nor the MMA repeats a kernel.
     let mut seen = HashSet::new();
     kernels.filter(|(kernel, arch)| seen.insert(format!("{arch} {}", kernel.source))).collect()
@@ -236,8 +236,9 @@ fn varlen_backward_kernels(spec: &Spec) -> Vec<(Kernel, Arch)> {
 
 /// Specs with learned sinks beyond the shipped one: a sink on a key-linear
 /// bias whose row part the forward leaves out of its logits (d = 64), and a
-/// nonlinear sink reading a tensor the score reads too, varlen and decode
-/// reading `Q_LEN` / `KV_LEN` dims; every kernel kind of each compiles.
+/// sink reading a tensor the score reads too, through a `KV_LEN` dim (which
+/// the backward preprocess then sizes), with an i32 helper only the sink
+/// uses; every kernel kind of each compiles.
 #[test]
 fn sink_specs_compile_every_kernel() {
     require_nvrtc();
@@ -257,14 +258,15 @@ fn sink_specs_compile_every_kernel() {
             tensor ids: i32[B, KV_LEN],
             mask: ids[b][q] == ids[b][k],
             score: score * w[h][0],
-            sink: w[h][1] * p,
+            sink: w[h][1] * p + rem_euclid(b - h, 3) as f32,
         }";
     let mut specs = parse_str(source).unwrap_or_else(|e| panic!("{}", e.render("sinks", source)));
     specs.extend(shipped_specs().into_iter().filter(|s| s.sink.is_some()));
     assert_eq!(specs.len(), 3, "the shipped sink spec is among the examples");
     let kinds: [fn(&Spec) -> Vec<(Kernel, Arch)>; 5] =
         [every_kernel, varlen_kernels, paged_kernels, decode_kernels, varlen_backward_kernels];
-    let jobs: Vec<(Kernel, Arch)> = specs.iter().flat_map(|spec| kinds.iter().flat_map(move |kind| kind(spec))).collect();
+    let jobs: Vec<(Kernel, Arch)> =
+        specs.iter().flat_map(|spec| kinds.iter().flat_map(move |kind| kind(spec))).collect();
     assert!(jobs.iter().any(|(k, _)| k.source.contains("atomicAdd(&dt_sinks[")), "the preprocess trains the sinks");
     compile_all(jobs);
 }

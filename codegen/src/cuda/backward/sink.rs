@@ -51,7 +51,11 @@ pub(super) fn write_sink_gradient(w: &mut Writer<String>, spec: &Spec, packing: 
         let (Some(d), Some(indices)) = (d_sink_load(spec, slot), sink_load_indices(spec, slot)) else { continue };
         let dt = arg_name(spec, ArgKind::TensorGrad(slot));
         let offset = load_offset(spec, slot, &indices, &|_| None);
-        writeln!(w, "if ({dt} != nullptr && threadIdx.x % 32 == 0) atomicAdd(&{dt}[{offset}], d_sink * {});", c_expr(spec, &d))?;
+        writeln!(
+            w,
+            "if ({dt} != nullptr && threadIdx.x % 32 == 0) atomicAdd(&{dt}[{offset}], d_sink * {});",
+            c_expr(spec, &d)
+        )?;
     }
     Ok(())
 }

@@ -242,7 +242,9 @@ impl Part {
     /// stay as they were.
     pub fn extension(self, spec: &Spec) -> Option<Part> {
         match self {
-            Part::Prelude if spec.mask.iter().chain(&spec.score).any(uses_int_ops) => Some(Part::IntOps),
+            Part::Prelude if spec.mask.iter().chain(&spec.score).chain(&spec.sink).any(uses_int_ops) => {
+                Some(Part::IntOps)
+            }
             Part::Ranges if spec.mask.as_ref().is_some_and(uses_int_ops) => Some(Part::IntRanges),
             Part::Tiles if spec.sink.is_some() => Some(Part::Sink),
             _ => None,
