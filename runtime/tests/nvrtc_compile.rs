@@ -234,6 +234,9 @@ fn varlen_backward_kernels(spec: &Spec) -> Vec<(Kernel, Arch)> {
     kernels.filter(|(kernel, arch)| seen.insert(format!("{arch} {}", kernel.source))).collect()
 }
 
+/// A spec's kernels of one kind, each with the arch it compiles for.
+type KernelsOf = fn(&Spec) -> Vec<(Kernel, Arch)>;
+
 /// Specs with learned sinks beyond the shipped one: a sink on a key-linear
 /// bias whose row part the forward leaves out of its logits (d = 64), and a
 /// sink reading a tensor the score reads too, through a `KV_LEN` dim (which
@@ -263,8 +266,7 @@ fn sink_specs_compile_every_kernel() {
     let mut specs = parse_str(source).unwrap_or_else(|e| panic!("{}", e.render("sinks", source)));
     specs.extend(shipped_specs().into_iter().filter(|s| s.sink.is_some()));
     assert_eq!(specs.len(), 3, "the shipped sink spec is among the examples");
-    let kinds: [fn(&Spec) -> Vec<(Kernel, Arch)>; 5] =
-        [every_kernel, varlen_kernels, paged_kernels, decode_kernels, varlen_backward_kernels];
+    let kinds: [KernelsOf; 5] = [every_kernel, varlen_kernels, paged_kernels, decode_kernels, varlen_backward_kernels];
     let jobs: Vec<(Kernel, Arch)> =
         specs.iter().flat_map(|spec| kinds.iter().flat_map(move |kind| kind(spec))).collect();
     assert!(jobs.iter().any(|(k, _)| k.source.contains("atomicAdd(&dt_sinks[")), "the preprocess trains the sinks");
