@@ -165,10 +165,10 @@ impl RowStats {
         RowStats {
             stats: format!(
                 "\x20   // The sink joins the row as one more logit; sums[i] keeps O's factor.\n\
-                \x20   const SinkRow row = sink_row(m[mt][r], {sum}, {sink} * LOG2E{minus_row_term});\n\
-                \x20   sums[i] = row.o_scale;\n"
+                \x20   const SinkRow closed = sink_row(m[mt][r], {sum}, {sink} * LOG2E{minus_row_term});\n\
+                \x20   sums[i] = closed.o_scale;\n"
             ),
-            lse: format!("(row.lse2{plus_row_term}) * LN2"),
+            lse: format!("(closed.lse2{plus_row_term}) * LN2"),
             inv: "sums[i]",
         }
     }
