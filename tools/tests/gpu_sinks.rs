@@ -34,6 +34,11 @@ const ALIBI: &str = "SinkAlibi { dtype: f16, head_dim: 64, tensor slopes: f32[H]
 /// the keys at least eight before it.
 const DOCUMENT: &str = "SinkDocument { dtype: bf16, head_dim: 128, tensor doc: i32[B, KV_LEN], \
                         tensor sinks: f32[H], mask: doc[b][q] == doc[b][k] && k + 8 < q, sink: sinks[h] }";
+/// Decode rows whose sequence has at most 300 keys keep none: the rows of
+/// the sink alone, next to rows with keys (whose LSEs set a tolerance a
+/// same-dtype sink alone would leave at the slack).
+const DECODE_MASKED: &str = "SinkDecode { dtype: bf16, head_dim: 128, tensor sinks: f32[H], \
+                             mask: k + 300 < q + kv_len - q_len, sink: sinks[h] * 12.0 - 4.0 }";
 /// A tensor both the score and the sink read: its gradient has both parts.
 const SHARED: &str = "SinkShared { dtype: bf16, head_dim: 128, tensor w: f32[H], mask: q >= k, \
                       score: score * (w[h] + 0.5), sink: w[h] * 4.0 - 1.0 }";
@@ -115,10 +120,11 @@ fn backward_trains_the_sink() {
 fn decode_counts_the_sink_once_across_splits() {
     let rt = runtime();
     let mut table = Table::default();
-    for spec in [spec("sink_window"), parse(ALIBI), parse(MASKED)] {
+    for spec in [spec("sink_window"), parse(ALIBI), parse(DECODE_MASKED)] {
         for q_len in [1, 4] {
             for splits in [Some(1), Some(7), None] {
-                // An empty sequence and a single key: rows of the sink alone.
+                // An empty sequence and a single key: rows of the sink alone
+                // (all rows of the sequences up to 300 keys in `SinkDecode`).
                 let lens = [0, 1, 700, 4097];
                 let shape = DecodeShape { batch: 4, heads: 8, heads_kv: 2, q_len, max_kv_len: 4097 };
                 let seed: u64 = rand::random();
