@@ -28,6 +28,16 @@ attention! {
         mask: bits[h][q >> 5] >> (k & 31) & 1 == 1 && rem_euclid(k - q, 3) != 0 || !q & 1 == 0 | 0,
         score: score + (div_euclid(q ^ k, 4) | 1 << 2) as f32,
     }
+
+    /// Sliding window with learned attention sinks (gpt-oss style): each head's
+    /// `sinks[h]` is one more logit in its softmax denominator, with no value row.
+    SinkWindow {
+        dtype: bf16, head_dim: 64,
+        param window: i32,
+        tensor sinks: f32[H],
+        mask: q >= k && q - k < window,
+        sink: sinks[h],
+    }
 }
 
 /// [`BitPacked`] as `.attn` text: the macro's tokens and a string's parse
@@ -48,6 +58,13 @@ fn bit_operators_mean_the_same_in_the_macro_and_in_text() {
         "{}",
         BitPacked::SOURCE
     );
+}
+
+#[test]
+fn a_sink_means_the_same_in_the_macro_and_in_text() {
+    let text = include_str!("../specs/sink_window.attn");
+    assert_eq!(SinkWindow::spec(), &flashgen::parse_one(text).unwrap());
+    assert!(SinkWindow::SOURCE.contains("    sink: sinks[h],\n"), "{}", SinkWindow::SOURCE);
 }
 
 #[test]

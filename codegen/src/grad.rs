@@ -2,7 +2,8 @@
 //!
 //! The backward pass needs ∂score′/∂score at every kept (q, k) pair, to turn
 //! dS′ into dS, and ∂score′/∂t for a captured float tensor `t` the user wants
-//! to train (a learned bias). Both are derived here as ordinary checked IR, so
+//! to train (a learned bias), or ∂sink/∂t for one the sink reads (learned
+//! sinks). Both are derived here as ordinary checked IR, so
 //! the reference interpreter evaluates them and the emitter can print them
 //! like any score expression: users never write a backward by hand.
 //!
@@ -39,9 +40,7 @@ pub fn d_score(spec: &Spec) -> Option<Expr> {
 /// it reads. `None` when the tensor is not a float tensor or
 /// [`load_indices`] is `None`.
 pub fn d_load(spec: &Spec, tensor: usize) -> Option<Expr> {
-    load_indices(spec, tensor)?;
-    let score = spec.score.as_ref()?;
-    Some(derive(score, &|e| matches!(e.kind, ExprKind::Load(t, _) if t == tensor)))
+    derive_load(spec.score.as_ref()?, spec, tensor)
 }
 
 /// The index expressions with which the score expression reads float tensor
@@ -49,12 +48,45 @@ pub fn d_load(spec: &Spec, tensor: usize) -> Option<Expr> {
 /// read the tensor or reads it with different index expressions (`t[q] -
 /// t[k]`), since one pair would then touch several elements.
 pub fn load_indices(spec: &Spec, tensor: usize) -> Option<Vec<Expr>> {
+    float_read(spec.score.as_ref()?, spec, tensor)
+}
+
+/// `∂sink/∂t[i]`: the derivative of the sink expression with respect to the
+/// element of float tensor `tensor` it reads (the one [`sink_load_indices`]
+/// select), summed over rows by the gradient of `t`. `None` as [`d_load`].
+pub fn d_sink_load(spec: &Spec, tensor: usize) -> Option<Expr> {
+    derive_load(spec.sink.as_ref()?, spec, tensor)
+}
+
+/// The index expressions with which the sink reads float tensor `tensor`,
+/// `None` as [`load_indices`].
+pub fn sink_load_indices(spec: &Spec, tensor: usize) -> Option<Vec<Expr>> {
+    float_read(spec.sink.as_ref()?, spec, tensor)
+}
+
+/// Whether float tensor `tensor` has a gradient: the score or the sink reads
+/// it, and each of them that does with a single index list. The two reads
+/// may differ: their gradients add into the same tensor.
+pub fn trainable(spec: &Spec, tensor: usize) -> bool {
+    let exprs = || spec.score.iter().chain(&spec.sink);
+    let reads = |e: &Expr| reads_tensor(e, tensor);
+    let read_once = exprs().filter(|e| reads(e)).all(|e| float_read(e, spec, tensor).is_some());
+    read_once && exprs().any(reads)
+}
+
+fn derive_load(e: &Expr, spec: &Spec, tensor: usize) -> Option<Expr> {
+    float_read(e, spec, tensor)?;
+    Some(derive(e, &|x| matches!(x.kind, ExprKind::Load(t, _) if t == tensor)))
+}
+
+/// The single index list with which `e` reads float tensor `tensor`.
+fn float_read(e: &Expr, spec: &Spec, tensor: usize) -> Option<Vec<Expr>> {
     if spec.tensors.get(tensor)?.elem.value_ty() != Ty::F32 {
         return None;
     }
     let mut first: Option<Vec<Expr>> = None;
     let mut single = true;
-    spec.score.as_ref()?.walk(&mut |e| match &e.kind {
+    e.walk(&mut |e| match &e.kind {
         ExprKind::Load(t, indices) if *t == tensor => match &first {
             None => first = Some(indices.clone()),
             Some(f) => single &= f == indices,
@@ -62,6 +94,12 @@ pub fn load_indices(spec: &Spec, tensor: usize) -> Option<Vec<Expr>> {
         _ => {}
     });
     first.filter(|_| single)
+}
+
+fn reads_tensor(e: &Expr, tensor: usize) -> bool {
+    let mut found = false;
+    e.walk(&mut |e| found |= matches!(e.kind, ExprKind::Load(t, _) if t == tensor));
+    found
 }
 
 /// The derivative of `e` with respect to the f32 subexpressions `var` accepts.

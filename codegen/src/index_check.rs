@@ -90,11 +90,12 @@ fn probe_shapes() -> impl Iterator<Item = Shape> {
     })
 }
 
-/// Every index of a tensor read in `spec`'s mask or score that may leave its
-/// dimension at some probe shape, each read once, in the order written.
+/// Every index of a tensor read in `spec`'s mask, score or sink that may
+/// leave its dimension at some probe shape, each read once, in the order
+/// written.
 pub fn index_warnings(spec: &Spec) -> Vec<IndexWarning> {
     let mut reads: Vec<(Expr, String)> = Vec::new();
-    for e in spec.mask.iter().chain(&spec.score) {
+    for e in spec.mask.iter().chain(&spec.score).chain(&spec.sink) {
         e.walk(&mut |n| {
             if matches!(n.kind, ExprKind::Load(..)) {
                 let text = expr_source(spec, n);

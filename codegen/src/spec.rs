@@ -601,6 +601,10 @@ pub struct Spec {
     pub mask: Option<Expr>,
     /// f32; `None` leaves the score unchanged.
     pub score: Option<Expr>,
+    /// f32 over `b`, `h`, params and tensors: a learned sink, one more
+    /// logit in each row's softmax denominator with no value row, in the
+    /// units of the score expression's result; `None` for no sink.
+    pub sink: Option<Expr>,
 }
 
 impl Spec {

@@ -5,7 +5,7 @@
 
 mod support;
 
-use flashgen_codegen::grad::{d_load, d_score};
+use flashgen_codegen::grad::{d_load, d_score, d_sink_load, trainable};
 use flashgen_codegen::reference::{
     backward, backward_in, flash_rule_averaged, forward, max_abs_diff, round_bf16, same_dtype_backwards, Arith, Env,
     Gradients, ParamValue, Position, Precision, Problem, ReferenceError, TensorData, Value, BACKWARD_FACTOR,
@@ -48,6 +48,21 @@ MaskedRow {
     dtype: bf16, head_dim: 4,
     mask: k < q,
     score: score * 0.5,
+}
+Sinks {
+    dtype: bf16, head_dim: 4,
+    tensor sinks: f32[H],
+    mask: k <= q + 1,
+    sink: sinks[h],
+}
+SharedSink {
+    dtype: f16, head_dim: 4,
+    param p: f32,
+    tensor w: f32[H],
+    tensor u: bf16[B, 3],
+    mask: k < q,
+    score: score * w[h],
+    sink: 2.0 * tanh(w[h] * (b + 1) as f32) + u[b][h + 1] * p,
 }
 IntOperators {
     dtype: bf16, head_dim: 4,
@@ -192,7 +207,7 @@ fn gradients_match_finite_differences() {
             assert_close(&what("dv"), &g.dv, &numeric(&spec, &p, &d_out, Input::V));
             assert_eq!(g.d_tensors.len(), spec.tensors.len());
             for (slot, dt) in g.d_tensors.iter().enumerate() {
-                assert_eq!(dt.is_some(), d_load(&spec, slot).is_some(), "{}", what(&spec.tensors[slot].name));
+                assert_eq!(dt.is_some(), trainable(&spec, slot), "{}", what(&spec.tensors[slot].name));
                 if let Some(dt) = dt {
                     let name = what(&spec.tensors[slot].name);
                     assert_close(&name, dt, &numeric(&spec, &p, &d_out, Input::Tensor(slot)));
@@ -213,6 +228,12 @@ fn trainable_tensors_are_the_float_ones_read_once() {
     assert_eq!(trainable("Document"), [false]);
     assert_eq!(trainable("Biased"), [true, true, true]);
     assert_eq!(trainable("TwoReads"), [false]);
+    let sink_read = |name: &str| -> Vec<bool> {
+        let s = spec(name);
+        (0..s.tensors.len()).map(|i| d_sink_load(&s, i).is_some()).collect()
+    };
+    assert_eq!(sink_read("SharedSink"), [true, true]);
+    assert_eq!(trainable("SharedSink"), [true, false], "the sink's tensor `u` is not read by the score");
 }
 
 #[test]

@@ -304,7 +304,7 @@ fn declaration_errors() {
         &with_line3("", "window: 4"),
         3,
         5,
-        "unknown field `window`: expected one of `dtype`, `head_dim`, `v_head_dim`, `mask`, `score`, `param NAME: TYPE`, `tensor NAME: TYPE[DIMS]`",
+        "unknown field `window`: expected one of `dtype`, `head_dim`, `v_head_dim`, `mask`, `score`, `sink`, `param NAME: TYPE`, `tensor NAME: TYPE[DIMS]`",
     );
 }
 

@@ -18,7 +18,7 @@ use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
 
 /// The `.attn` stems of `specs/`, sorted.
-const VARIANTS: [&str; 11] = [
+const VARIANTS: [&str; 12] = [
     "alibi",
     "block_sparse",
     "causal",
@@ -28,6 +28,7 @@ const VARIANTS: [&str; 11] = [
     "gqa",
     "prefix_lm",
     "relative_bias",
+    "sink_window",
     "sliding_window",
     "softcap",
 ];
@@ -39,9 +40,14 @@ const THREE_WARPGROUPS: TileConfig = TileConfig { mma: Mma::Wgmma, warps: 12, m_
 const ONE_WARPGROUP_PAIR: TileConfig = TileConfig { mma: Mma::Wgmma, warps: 4, m_tiles: 1, block_n: 128 };
 
 /// Specs the named variants leave untested.
-const EDGE_SPECS: [(&str, &str); 3] = [
+const EDGE_SPECS: [(&str, &str); 4] = [
     ("edge_odd_dims", "OddDims { dtype: f16, head_dim: 59, v_head_dim: 59, mask: k <= q }"),
     ("edge_max_dims", "MaxDims { dtype: bf16, head_dim: 256, param bias: f32, score: score + bias }"),
+    (
+        "edge_sink_alibi",
+        "SinkAlibi { dtype: f16, head_dim: 64, tensor slopes: f32[H], tensor sinks: f32[H], mask: q >= k, \
+         score: score + slopes[h] * (k - q) as f32, sink: 2.0 * tanh(sinks[h]) }",
+    ),
     (
         "edge_every_operator",
         "/// Every operator, function and tensor element type once.

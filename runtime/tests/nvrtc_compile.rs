@@ -144,19 +144,18 @@ fn every_kernel(spec: &Spec) -> Vec<(Kernel, Arch)> {
 #[test]
 fn every_shipped_spec_compiles_varlen_for_sm80_and_sm90() {
     require_nvrtc();
-    let jobs: Vec<(Kernel, Arch)> = shipped_specs()
-        .iter()
-        .flat_map(|spec| {
-            let sm80 = tile_choice::candidates(spec, Target::PORTABLE).into_iter().map(|c| (c, Arch::new(8, 0)));
-            let hopper = tile_choice::candidates(spec, Arch::new(9, 0).target())
-                .into_iter()
-                .filter(|c| c.mma == Mma::Wgmma)
-                .map(|c| (c, Arch::new(9, 0)));
-            sm80.chain(hopper).map(|(c, arch)| (emit_forward_varlen(spec, c), arch)).collect::<Vec<_>>()
-        })
-        .collect();
+    let jobs: Vec<(Kernel, Arch)> = shipped_specs().iter().flat_map(varlen_kernels).collect();
     assert!(jobs.iter().any(|(k, _)| k.source.contains("claim(work_counter, done + 1, items)")));
     compile_all(jobs);
+}
+
+fn varlen_kernels(spec: &Spec) -> Vec<(Kernel, Arch)> {
+    let sm80 = tile_choice::candidates(spec, Target::PORTABLE).into_iter().map(|c| (c, Arch::new(8, 0)));
+    let hopper = tile_choice::candidates(spec, Arch::new(9, 0).target())
+        .into_iter()
+        .filter(|c| c.mma == Mma::Wgmma)
+        .map(|c| (c, Arch::new(9, 0)));
+    sm80.chain(hopper).map(|(c, arch)| (emit_forward_varlen(spec, c), arch)).collect()
 }
 
 /// Every shipped spec's paged forward on sm_80 (its preferred configuration)
@@ -165,21 +164,20 @@ fn every_shipped_spec_compiles_varlen_for_sm80_and_sm90() {
 #[test]
 fn every_shipped_spec_compiles_paged_for_sm80_and_sm90() {
     require_nvrtc();
-    let jobs: Vec<(Kernel, Arch)> = shipped_specs()
-        .iter()
-        .flat_map(|spec| {
-            let sm80 = [(tile_choice::preferred(spec, Target::PORTABLE), Arch::new(8, 0))];
-            let hopper = tile_choice::candidates(spec, Arch::new(9, 0).target())
-                .into_iter()
-                .filter(|c| c.mma == Mma::Wgmma)
-                .map(|c| (c, Arch::new(9, 0)));
-            let append = [(emit_paged_append(spec), Arch::new(8, 0))];
-            let forward = sm80.into_iter().chain(hopper).map(|(c, arch)| (emit_forward_paged(spec, c), arch));
-            forward.chain(append).collect::<Vec<_>>()
-        })
-        .collect();
+    let jobs: Vec<(Kernel, Arch)> = shipped_specs().iter().flat_map(paged_kernels).collect();
     assert!(jobs.iter().any(|(k, _)| k.source.contains("load_paged_tile<BLOCK_N")));
     compile_all(jobs);
+}
+
+fn paged_kernels(spec: &Spec) -> Vec<(Kernel, Arch)> {
+    let sm80 = [(tile_choice::preferred(spec, Target::PORTABLE), Arch::new(8, 0))];
+    let hopper = tile_choice::candidates(spec, Arch::new(9, 0).target())
+        .into_iter()
+        .filter(|c| c.mma == Mma::Wgmma)
+        .map(|c| (c, Arch::new(9, 0)));
+    let append = [(emit_paged_append(spec), Arch::new(8, 0))];
+    let forward = sm80.into_iter().chain(hopper).map(|(c, arch)| (emit_forward_paged(spec, c), arch));
+    forward.chain(append).collect()
 }
 
 /// Every shipped spec's decode kernels (one and two 16-row tiles, each
@@ -194,19 +192,17 @@ fn every_shipped_spec_compiles_decode_for_sm80_and_sm90() {
         ["D64 { dtype: f16, head_dim: 64, mask: q >= k }", "D256 { dtype: bf16, head_dim: 256 }"]
             .map(|text| parse_str(text).unwrap().remove(0)),
     );
-    let jobs: Vec<(Kernel, Arch)> = specs
-        .iter()
-        .flat_map(|spec| {
-            let decodes = [(Target::PORTABLE, Arch::new(8, 0)), (Arch::new(9, 0).target(), Arch::new(9, 0))]
-                .into_iter()
-                .flat_map(|(target, arch)| {
-                    [4, 32].map(|rows| (emit_decode(spec, DecodeConfig::for_rows(spec, target, rows).unwrap()), arch))
-                });
-            let combine = [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (emit_decode_combine(spec), arch));
-            decodes.chain(combine).collect::<Vec<_>>()
-        })
-        .collect();
-    compile_all(jobs);
+    compile_all(specs.iter().flat_map(decode_kernels).collect());
+}
+
+fn decode_kernels(spec: &Spec) -> Vec<(Kernel, Arch)> {
+    let decodes = [(Target::PORTABLE, Arch::new(8, 0)), (Arch::new(9, 0).target(), Arch::new(9, 0))]
+        .into_iter()
+        .flat_map(|(target, arch)| {
+            [4, 32].map(|rows| (emit_decode(spec, DecodeConfig::for_rows(spec, target, rows).unwrap()), arch))
+        });
+    let combine = [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (emit_decode_combine(spec), arch));
+    decodes.chain(combine).collect()
 }
 
 /// Every shipped spec's varlen backward kernels: the portable ones for sm_80
@@ -216,27 +212,64 @@ fn every_shipped_spec_compiles_decode_for_sm80_and_sm90() {
 #[test]
 fn every_shipped_spec_compiles_varlen_backward_for_sm80_and_sm90() {
     require_nvrtc();
+    compile_all(shipped_specs().iter().flat_map(varlen_backward_kernels).collect());
+}
+
+fn varlen_backward_kernels(spec: &Spec) -> Vec<(Kernel, Arch)> {
     const PASSES: [BackwardPass; 4] =
         [BackwardPass::Preprocess, BackwardPass::KeyValue, BackwardPass::Query, BackwardPass::Postprocess];
-    let jobs: Vec<(Kernel, Arch)> = shipped_specs()
-        .iter()
-        .flat_map(|spec| {
-            let portable = BackwardConfig::default_for(spec);
-            let hopper = BackwardConfig::preferred(spec, Arch::new(9, 0).target());
-            let configs = [
-                (portable, Arch::new(8, 0)),
-                (BackwardConfig { tensor_grads: false, ..portable }, Arch::new(8, 0)),
-                (hopper, Arch::new(9, 0)),
-                (BackwardConfig { tensor_grads: false, ..hopper }, Arch::new(9, 0)),
-            ];
-            let kernels = configs.into_iter().flat_map(|(config, arch)| {
-                PASSES.map(|pass| (emit_backward_varlen(spec, pass, config.for_pass(pass)), arch))
-            });
-            // A pass that reads neither tensor_grads nor the MMA repeats a kernel.
-            let mut seen = HashSet::new();
-            kernels.filter(|(kernel, arch)| seen.insert(format!("{arch} {}", kernel.source))).collect::<Vec<_>>()
-        })
-        .collect();
+    let portable = BackwardConfig::default_for(spec);
+    let hopper = BackwardConfig::preferred(spec, Arch::new(9, 0).target());
+    let configs = [
+        (portable, Arch::new(8, 0)),
+        (BackwardConfig { tensor_grads: false, ..portable }, Arch::new(8, 0)),
+        (hopper, Arch::new(9, 0)),
+        (BackwardConfig { tensor_grads: false, ..hopper }, Arch::new(9, 0)),
+    ];
+    let kernels = configs
+        .into_iter()
+        .flat_map(|(config, arch)| PASSES.map(|pass| (emit_backward_varlen(spec, pass, config.for_pass(pass)), arch)));
+    // A pass that reads neither tensor_grads nor the MMA repeats a kernel.
+    let mut seen = HashSet::new();
+    kernels.filter(|(kernel, arch)| seen.insert(format!("{arch} {}", kernel.source))).collect()
+}
+
+/// A spec's kernels of one kind, each with the arch it compiles for.
+type KernelsOf = fn(&Spec) -> Vec<(Kernel, Arch)>;
+
+/// Specs with learned sinks beyond the shipped one: a sink on a key-linear
+/// bias whose row part the forward leaves out of its logits (d = 64), and a
+/// sink reading a tensor the score reads too, through a `KV_LEN` dim (which
+/// the backward preprocess then sizes), with an i32 helper only the sink
+/// uses; every kernel kind of each compiles.
+#[test]
+fn sink_specs_compile_every_kernel() {
+    require_nvrtc();
+    let source = "
+        SinkAlibi {
+            dtype: f16, head_dim: 64,
+            tensor slopes: f32[H],
+            tensor sinks: f32[H],
+            mask: q >= k,
+            score: score + slopes[h] * (k - q) as f32,
+            sink: 2.0 * tanh(sinks[h]),
+        }
+        SharedSink {
+            dtype: bf16, head_dim: 128,
+            param p: f32,
+            tensor w: f32[H, KV_LEN],
+            tensor ids: i32[B, KV_LEN],
+            mask: ids[b][q] == ids[b][k],
+            score: score * w[h][0],
+            sink: w[h][1] * p + rem_euclid(b - h, 3) as f32,
+        }";
+    let mut specs = parse_str(source).unwrap_or_else(|e| panic!("{}", e.render("sinks", source)));
+    specs.extend(shipped_specs().into_iter().filter(|s| s.sink.is_some()));
+    assert_eq!(specs.len(), 3, "the shipped sink spec is among the examples");
+    let kinds: [KernelsOf; 5] = [every_kernel, varlen_kernels, paged_kernels, decode_kernels, varlen_backward_kernels];
+    let jobs: Vec<(Kernel, Arch)> =
+        specs.iter().flat_map(|spec| kinds.iter().flat_map(move |kind| kind(spec))).collect();
+    assert!(jobs.iter().any(|(k, _)| k.source.contains("atomicAdd(&dt_sinks[")), "the preprocess trains the sinks");
     compile_all(jobs);
 }
 

@@ -2,7 +2,7 @@
 //! run anywhere without the source tree.
 
 /// `(file stem, source)` of every `specs/*.attn`, in a fixed order.
-pub const SPECS: [(&str, &str); 11] = [
+pub const SPECS: [(&str, &str); 12] = [
     ("full", include_str!("../../specs/full.attn")),
     ("causal", include_str!("../../specs/causal.attn")),
     ("causal_bottom_right", include_str!("../../specs/causal_bottom_right.attn")),
@@ -14,4 +14,5 @@ pub const SPECS: [(&str, &str); 11] = [
     ("relative_bias", include_str!("../../specs/relative_bias.attn")),
     ("gqa", include_str!("../../specs/gqa.attn")),
     ("block_sparse", include_str!("../../specs/block_sparse.attn")),
+    ("sink_window", include_str!("../../specs/sink_window.attn")),
 ];

@@ -1,6 +1,6 @@
-//! Random well-typed specs, as text: masks and scores of bounded depth over
-//! every operator, builtin, cast, param and tensor kind the language has, at
-//! random dtypes and head dims. Every one must parse, check, emit and
+//! Random well-typed specs, as text: masks, scores and sinks of bounded
+//! depth over every operator, builtin, cast, param and tensor kind the
+//! language has, at random dtypes and head dims. Every one must parse, check, emit and
 //! compile for every kernel, and agree with the f64 reference on the GPU
 //! (`tools/tests/random_specs.rs`, `tools/tests/gpu_random_specs.rs`).
 //!
@@ -36,13 +36,33 @@ struct Tensor {
     dims: Vec<&'static str>,
 }
 
-/// What an expression may name: the params and tensors of the spec, and
-/// `score` in the score expression.
+/// What an expression may name: the params and tensors of the spec, the
+/// built-ins its field allows, and `score` in the score expression.
 struct Scope<'a> {
     int_params: &'a [String],
     float_params: &'a [String],
     tensors: &'a [Tensor],
-    in_score: bool,
+    field: Field,
+}
+
+/// The spec field an expression is drawn for.
+#[derive(Clone, Copy, PartialEq)]
+enum Field {
+    Mask,
+    Score,
+    /// Over `b`, `h`, params and tensors only.
+    Sink,
+}
+
+impl Scope<'_> {
+    /// An i32 built-in the field may name.
+    fn builtin(&self, rng: &mut StdRng) -> String {
+        let names: &[&str] = match self.field {
+            Field::Sink => &INT_BUILTINS[..2],
+            _ => &INT_BUILTINS,
+        };
+        names.choose(rng).copied().unwrap_or("b").to_string()
+    }
 }
 
 const INT_BUILTINS: [&str; 6] = ["b", "h", "q", "k", "q_len", "kv_len"];
@@ -79,13 +99,18 @@ pub fn random_spec(rng: &mut StdRng, n: usize) -> DrawnSpec {
     for t in &tensors {
         fields.push(format!("tensor {}: {}[{}]", t.name, t.elem, t.dims.join(", ")));
     }
-    let mut scope = Scope { int_params: &int_params, float_params: &float_params, tensors: &tensors, in_score: false };
+    let mut scope =
+        Scope { int_params: &int_params, float_params: &float_params, tensors: &tensors, field: Field::Mask };
     if rng.random_bool(0.8) {
         fields.push(format!("mask: {}", expr(rng, &scope, Ty::Bool, 4)));
     }
-    scope.in_score = true;
+    scope.field = Field::Score;
     if rng.random_bool(0.8) {
         fields.push(format!("score: score + {}", expr(rng, &scope, Ty::F32, 4)));
+    }
+    scope.field = Field::Sink;
+    if rng.random_bool(0.3) {
+        fields.push(format!("sink: {}", expr(rng, &scope, Ty::F32, 3)));
     }
     DrawnSpec { source: format!("Drawn{n} {{\n    {},\n}}\n", fields.join(",\n    ")), params }
 }
@@ -110,7 +135,7 @@ fn leaf(rng: &mut StdRng, scope: &Scope, ty: Ty) -> String {
         // Indices read no tensor: a chain of reads nests without bound.
         let index = |rng: &mut StdRng| match rng.random_range(0..3) {
             0 => rng.random_range(-4..=20).to_string(),
-            _ => INT_BUILTINS.choose(rng).copied().unwrap_or("q").to_string(),
+            _ => scope.builtin(rng),
         };
         let indices: Vec<String> = tensor.dims.iter().map(|_| format!("[{}]", index(rng))).collect();
         Some(format!("{}{}", tensor.name, indices.concat()))
@@ -118,15 +143,15 @@ fn leaf(rng: &mut StdRng, scope: &Scope, ty: Ty) -> String {
     match ty {
         Ty::I32 => match rng.random_range(0..4) {
             0 => rng.random_range(-40..=40).to_string(),
-            1 => scope.int_params.choose(rng).cloned().unwrap_or_else(|| "q".into()),
-            2 => read(rng, &["i32"]).unwrap_or_else(|| "k".into()),
-            _ => INT_BUILTINS.choose(rng).copied().unwrap_or("q").to_string(),
+            1 => scope.int_params.choose(rng).cloned().unwrap_or_else(|| scope.builtin(rng)),
+            2 => read(rng, &["i32"]).unwrap_or_else(|| scope.builtin(rng)),
+            _ => scope.builtin(rng),
         },
         Ty::F32 => match rng.random_range(0..4) {
             0 => format!("{:.2}", rng.random_range(-4.0..4.0f32)),
             1 => scope.float_params.choose(rng).cloned().unwrap_or_else(|| "0.5".into()),
             2 => read(rng, &["f32", "f16", "bf16"]).unwrap_or_else(|| "1.5".into()),
-            _ if scope.in_score => "score".into(),
+            _ if scope.field == Field::Score => "score".into(),
             _ => format!("({} as f32)", leaf(rng, scope, Ty::I32)),
         },
         Ty::Bool => {

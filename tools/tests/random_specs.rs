@@ -34,17 +34,23 @@ fn parse(source: &str) -> flashgen::Spec {
 #[test]
 fn random_specs_check_print_back_and_run_on_the_reference() {
     let mut rng = StdRng::seed_from_u64(seed());
+    let mut sinks = 0;
     for n in 0..200 {
         let drawn = random_spec(&mut rng, n);
         let spec = parse(&drawn.source);
+        sinks += usize::from(spec.sink.is_some());
         let printed = flashgen::to_source(&spec);
         assert_eq!(flashgen::to_source(&parse(&printed)), printed, "printing is a fixed point:\n{}", drawn.source);
         let shape = Shape { batch: 2, heads: 2, heads_kv: 1, q_len: 5, kv_len: 7 };
         let problem = random_problem(&spec, shape, drawn.params, vec![], None, n as u64);
         let out = reference::forward(&spec, &problem, Precision::F64).expect("a reference forward");
         assert!(out.o.iter().all(|x| x.is_finite()), "finite output:\n{}", drawn.source);
+        // A finite sink leaves no row at -inf, fully masked ones included.
+        let finite_lse = out.lse.iter().all(|x| x.is_finite());
+        assert!(spec.sink.is_none() || finite_lse, "finite LSE with a sink:\n{}", drawn.source);
         reference::backward(&spec, &problem, &random_d_out(&spec, shape, n as u64)).expect("a reference backward");
     }
+    assert!(sinks > 0, "no drawn spec has a sink");
 }
 
 #[test]
@@ -63,10 +69,10 @@ fn random_specs_compile_every_training_kernel() {
 
 /// Random text from the language's own tokens and some that are not.
 fn random_tokens(rng: &mut StdRng) -> String {
-    const TOKENS: [&str; 40] = [
+    const TOKENS: [&str; 41] = [
         "S", "{", "}", "(", ")", "[", "]", ",", ":", "dtype", "bf16", "head_dim", "64", "param", "tensor", "i32",
-        "f32", "mask", "score", "q", "k", "b", "h", ">=", "&&", "||", "!", "-", "+", "*", "/", "%", "<<", "if", "else",
-        "as", "1.5", "exp", "///", "\n",
+        "f32", "mask", "score", "sink", "q", "k", "b", "h", ">=", "&&", "||", "!", "-", "+", "*", "/", "%", "<<", "if",
+        "else", "as", "1.5", "exp", "///", "\n",
     ];
     let n = rng.random_range(0..40);
     (0..n).map(|_| TOKENS[rng.random_range(0..TOKENS.len())]).collect::<Vec<_>>().join(" ")

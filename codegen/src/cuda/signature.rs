@@ -126,11 +126,19 @@ pub(super) fn block_mask_args(spec: &Spec) -> Vec<KernelArg> {
 }
 
 /// The backward preprocess: O, dO, D, the dQ accumulator it zeroes (null in
-/// the deterministic mode); sizes; O's and dO's strides.
-pub(super) fn backward_pre_args(spec: &Spec) -> Vec<KernelArg> {
+/// the deterministic mode); sizes; O's and dO's strides. Where it computes a
+/// sink's gradient (`sink_grads`, the slots it trains): also the LSE, the
+/// sizes tensor dims may name, params, tensors and those tensors' gradients.
+pub(super) fn backward_pre_args(spec: &Spec, sink_grads: &[usize]) -> Vec<KernelArg> {
     let mut kinds = vec![ArgKind::Ptr(Operand::O), ArgKind::Ptr(Operand::DO), ArgKind::Delta, ArgKind::DqAccum];
     kinds.extend([ArgKind::Batch, ArgKind::Heads, ArgKind::QLen]);
     kinds.extend(strides([Operand::O, Operand::DO]));
+    if !sink_grads.is_empty() {
+        kinds.extend([ArgKind::Lse, ArgKind::HeadsKv, ArgKind::KvLen]);
+        kinds.extend((0..spec.params.len()).map(ArgKind::Param));
+        kinds.extend((0..spec.tensors.len()).map(ArgKind::Tensor));
+        kinds.extend(sink_grads.iter().map(|&i| ArgKind::TensorGrad(i)));
+    }
     named(spec, kinds)
 }
 

@@ -283,10 +283,15 @@ fn run<F: Real>(spec: &Spec, problem: &Problem, rows: &Rows, store: Option<Grid>
                         max = x;
                     }
                 }
-                if max == F::NEG_INFINITY {
-                    continue; // Fully masked: O = 0 and LSE = −∞ as initialized.
+                // The sink: one more logit in the denominator, with no value row.
+                let sink = spec.sink.as_ref().map(|e| F::from_f64(env.eval(e, &at).as_f64()));
+                if let Some(x) = sink.filter(|&x| x > max || x.is_nan()) {
+                    max = x;
                 }
-                let mut sum = F::ZERO;
+                if max == F::NEG_INFINITY {
+                    continue; // Fully masked, no sink: O = 0 and LSE = −∞ as initialized.
+                }
+                let mut sum = sink.map_or(F::ZERO, |x| (x - max).exp());
                 for s_j in s.iter_mut() {
                     *s_j = (*s_j - max).exp();
                     sum = sum + *s_j;

@@ -5,7 +5,9 @@
 //! P = exp(S′ − LSE) over kept keys, dV = Pᵀ·dO, dP = dO·Vᵀ,
 //! D = rowsum(dO ∘ O), dS′ = P ∘ (dP − D), dS = dS′ · ∂S′/∂S,
 //! dQ = scale · dS·K, dK = scale · dSᵀ·Q, and `dt[i] = Σ dS′ · ∂S′/∂t[i]` over
-//! the pairs that read element i. The partial derivatives are the symbolic
+//! the pairs that read element i. A sink's logit gets dsink = −P_sink · D per
+//! row (P_sink = exp(sink − LSE)), and `dt[i] += Σ dsink · ∂sink/∂t[i]` over
+//! the rows whose sink reads element i. The partial derivatives are the symbolic
 //! ones of [`crate::grad`], run by the interpreter, so checking this against
 //! finite differences checks the expressions a backward kernel would use.
 
@@ -13,7 +15,7 @@ use super::attention::{run_in, Output, Precision, Problem, Rows, VarlenProblem};
 use super::eval::{check_len, Arith, Env, Position};
 use super::rounding::Grid;
 use super::ReferenceError;
-use crate::grad::{d_load, d_score, load_indices};
+use crate::grad::{d_load, d_score, d_sink_load, load_indices, sink_load_indices, trainable};
 use crate::spec::{Dtype, ElemTy, Expr, Shape, Spec};
 
 /// The gradients of a loss with respect to a [`Problem`]'s inputs, in the
@@ -23,9 +25,10 @@ pub struct Gradients {
     pub dq: Vec<f64>,
     pub dk: Vec<f64>,
     pub dv: Vec<f64>,
-    /// One entry per declared tensor: `Some` where [`d_load`] defines the
-    /// gradient (a float tensor the score reads with one index list), `None`
-    /// for i32 tensors and tensors only the mask or nothing reads.
+    /// One entry per declared tensor: `Some` where [`trainable`] defines the
+    /// gradient (a float tensor the score or the sink reads, each with one
+    /// index list), `None` for i32 tensors and tensors only the mask or
+    /// nothing reads.
     pub d_tensors: Vec<Option<Vec<f64>>>,
 }
 
@@ -148,15 +151,16 @@ fn backward_on(
     let mut env = Env::new(spec, &problem.shape, &problem.params, &problem.tensors, Arith::F64)?;
     let d_score = d_score(spec);
     let mut trainable: Vec<Trainable> = (0..spec.tensors.len())
-        .filter_map(|slot| {
+        .filter(|&slot| trainable(spec, slot))
+        .map(|slot| {
             let dims: Vec<usize> = spec.tensors[slot].dims.iter().map(|d| d.resolve(&problem.shape)).collect();
-            Some(Trainable {
+            Trainable {
                 slot,
-                d: d_load(spec, slot)?,
-                indices: load_indices(spec, slot)?,
+                score: Read::of(d_load(spec, slot), load_indices(spec, slot)),
+                sink: Read::of(d_sink_load(spec, slot), sink_load_indices(spec, slot)),
                 grad: vec![0.0; dims.iter().product()],
                 dims,
-            })
+            }
         })
         .collect();
 
@@ -183,6 +187,12 @@ fn backward_on(
                 let delta = round(dot(do_row, &o[row * d_v..][..d_v]));
                 // Sizes were checked to fit i32 by `Env::new`.
                 let mut at = Position { b: seq.b as i32, h: h as i32, q: i as i32, k: 0, score: 0.0 };
+                if let Some(sink) = &spec.sink {
+                    let d_sink = round(-round((env.eval(sink, &at).as_f64() - lse).exp()) * delta);
+                    for t in &mut trainable {
+                        t.add(|t| &t.sink, &env, &at, d_sink);
+                    }
+                }
                 for j in 0..seq.kv_len {
                     at.k = j as i32;
                     if spec.mask.as_ref().is_some_and(|m| !env.eval(m, &at).as_bool()) {
@@ -209,11 +219,7 @@ fn backward_on(
                         *dk += problem.scale * ds * x;
                     }
                     for t in &mut trainable {
-                        let element = t.element(&env, &at);
-                        // An empty tensor reads as 0 and has no element to train.
-                        if let Some(dt) = t.grad.get_mut(element) {
-                            *dt += ds_mod * env.eval(&t.d, &at).as_f64();
-                        }
+                        t.add(|t| &t.score, &env, &at, ds_mod);
                     }
                 }
             }
@@ -234,20 +240,41 @@ fn backward_on(
     Ok(g)
 }
 
-/// A tensor with a gradient: ∂S′/∂t, the indices of its one read, its
+/// A tensor with a gradient: its reads by the score and the sink, its
 /// resolved dims and the gradient accumulated so far.
 struct Trainable {
     slot: usize,
-    d: Expr,
-    indices: Vec<Expr>,
+    score: Option<Read>,
+    sink: Option<Read>,
     dims: Vec<usize>,
     grad: Vec<f64>,
 }
 
+/// One expression's read of a tensor: the derivative with respect to the
+/// element read, and the read's indices.
+struct Read {
+    d: Expr,
+    indices: Vec<Expr>,
+}
+
+impl Read {
+    fn of(d: Option<Expr>, indices: Option<Vec<Expr>>) -> Option<Read> {
+        Some(Read { d: d?, indices: indices? })
+    }
+}
+
 impl Trainable {
-    /// The element the read hits at `at`, clamped exactly as `Env` loads.
-    fn element(&self, env: &Env, at: &Position) -> usize {
-        env.element(&self.indices, &self.dims, at)
+    /// Adds `upstream` times the derivative of the read `which` selects, if
+    /// that expression reads the tensor, to the element it hits at `at`
+    /// (clamped exactly as `Env` loads).
+    fn add(&mut self, which: impl Fn(&Self) -> &Option<Read>, env: &Env, at: &Position, upstream: f64) {
+        let Some(read) = which(self) else { return };
+        let element = env.element(&read.indices, &self.dims, at);
+        let d = upstream * env.eval(&read.d, at).as_f64();
+        // An empty tensor reads as 0 and has no element to train.
+        if let Some(dt) = self.grad.get_mut(element) {
+            *dt += d;
+        }
     }
 }
 

@@ -7,7 +7,11 @@
 //!   is the scaled score and `b`, `h`, `q`, `k` are the batch, query head,
 //!   query row and key index; pairs whose mask is false are excluded;
 //! - K/V head of query head `h` is `h / (heads / heads_kv)` (GQA/MQA);
-//! - a fully masked row gives O = 0 and LSE = −∞, never NaN;
+//! - a sink (`spec.sink`) is one more logit in each row's softmax
+//!   denominator, with no value row: the row's weights are
+//!   `softmax([s_1 … s_n, sink])` over its n kept keys;
+//! - a fully masked row gives O = 0 and LSE = −∞ (the sink with one),
+//!   never NaN;
 //! - tensor indices are clamped into `[0, dim − 1]`, integer `/` and `%` by
 //!   zero give 0, and integer `+ - *` wrap, so no spec can trap;
 //! - Q, K, V and O are BSHD contiguous, LSE is `[batch, heads, q_len]` in

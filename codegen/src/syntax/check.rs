@@ -11,11 +11,17 @@ use crate::spec::{BinOp, Builtin, Domain, Expr, ExprKind, Func, Param, TensorDec
 use syn::spanned::Spanned;
 
 /// Which expression is being checked: it decides the expected result type
-/// and whether `score` is in scope.
+/// and which built-ins are in scope.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Role {
     Mask,
     Score,
+    /// One value per row's softmax, shared by every query of a (b, h):
+    /// only `b`, `h`, params and tensors, so kernels evaluate it once per
+    /// row whatever their rows' layout (varlen and decode bind `q_len`
+    /// and `kv_len` per sequence, and the backward's row kernels have no
+    /// keys).
+    Sink,
 }
 
 pub(crate) struct Scope<'a> {
@@ -35,11 +41,15 @@ impl Scope<'_> {
         let typed = Checker { scope: self, role }.expr(e)?;
         let want = match role {
             Role::Mask => Ty::Bool,
-            Role::Score => Ty::F32,
+            Role::Score | Role::Sink => Ty::F32,
         };
         let typed = coerce_literal(typed, want);
         if typed.ty != want {
-            let what = if role == Role::Mask { "mask" } else { "score" };
+            let what = match role {
+                Role::Mask => "mask",
+                Role::Score => "score",
+                Role::Sink => "sink",
+            };
             return err(e.span(), format!("the {what} must be {want}, found {}", typed.ty));
         }
         Ok(typed)
@@ -79,6 +89,12 @@ impl Checker<'_> {
                 return err(
                     id.span(),
                     "`score` cannot be used in a mask: a mask depends only on positions, params and tensors",
+                );
+            }
+            if self.role == Role::Sink && !matches!(b, Builtin::B | Builtin::H) {
+                return err(
+                    id.span(),
+                    format!("`{name}` cannot be used in a sink: a sink is one logit per row of a (b, h), over `b`, `h`, params and tensors"),
                 );
             }
             return Ok(Expr { ty: b.ty(), kind: ExprKind::Builtin(*b) });

@@ -14,6 +14,7 @@
 //!     tensor slopes: f32[H],
 //!     mask: q >= k && q - k < window,
 //!     score: score + slopes[h] * (k - q) as f32,
+//!     sink: sinks[h],
 //! }
 //! ```
 
@@ -147,6 +148,7 @@ struct Fields {
     v_head_dim: Option<u32>,
     mask: Option<syn::Expr>,
     score: Option<syn::Expr>,
+    sink: Option<syn::Expr>,
     params: Vec<Param>,
     tensors: Vec<TensorDecl>,
     seen: Vec<String>,
@@ -168,7 +170,7 @@ impl Fields {
     }
 }
 
-const SETTINGS: [&str; 5] = ["dtype", "head_dim", "v_head_dim", "mask", "score"];
+const SETTINGS: [&str; 6] = ["dtype", "head_dim", "v_head_dim", "mask", "score", "sink"];
 
 /// Names become C identifiers and kernel symbols: ASCII only, no `r#`.
 fn plain_name(name: &Ident) -> Result<String, SpecError> {
@@ -213,6 +215,7 @@ fn lower_spec(ast: SpecAst) -> Result<Spec, SpecError> {
     let scope = check::Scope { params: &f.params, tensors: &f.tensors };
     let mask = f.mask.as_ref().map(|e| scope.check(e, check::Role::Mask)).transpose()?;
     let score = f.score.as_ref().map(|e| scope.check(e, check::Role::Score)).transpose()?;
+    let sink = f.sink.as_ref().map(|e| scope.check(e, check::Role::Sink)).transpose()?;
     Ok(Spec {
         name,
         doc: doc_lines(&ast.attrs)?,
@@ -223,6 +226,7 @@ fn lower_spec(ast: SpecAst) -> Result<Spec, SpecError> {
         tensors: f.tensors,
         mask,
         score,
+        sink,
     })
 }
 
@@ -239,11 +243,12 @@ fn lower_setting(f: &mut Fields, key: &Ident, value: syn::Expr) -> Result<(), Sp
         "v_head_dim" => f.v_head_dim = Some(head_dim(&value)?),
         "mask" => f.mask = Some(value),
         "score" => f.score = Some(value),
+        "sink" => f.sink = Some(value),
         other => {
             return err(
                 key.span(),
                 format!(
-                    "unknown field `{other}`: expected one of `dtype`, `head_dim`, `v_head_dim`, `mask`, `score`, `param NAME: TYPE`, `tensor NAME: TYPE[DIMS]`"
+                    "unknown field `{other}`: expected one of `dtype`, `head_dim`, `v_head_dim`, `mask`, `score`, `sink`, `param NAME: TYPE`, `tensor NAME: TYPE[DIMS]`"
                 ),
             )
         }

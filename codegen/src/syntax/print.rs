@@ -33,6 +33,9 @@ pub fn to_source(spec: &Spec) -> String {
     if let Some(score) = &spec.score {
         let _ = writeln!(out, "    score: {},", expr_source(spec, score));
     }
+    if let Some(sink) = &spec.sink {
+        let _ = writeln!(out, "    sink: {},", expr_source(spec, sink));
+    }
     out.push_str("}\n");
     out
 }

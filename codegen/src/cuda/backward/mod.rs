@@ -2,7 +2,9 @@
 //! forward, in four kernels launched in order.
 //!
 //! 1. **Preprocess** (`bwd_pre`): D = rowsum(dO ∘ O) in f32, and the
-//!    atomic mode's dQ accumulator zeroed, 64 query rows per CTA.
+//!    atomic mode's dQ accumulator zeroed, 64 query rows per CTA; with a
+//!    learned sink that reads a trainable tensor, the sink's gradient
+//!    (`sink`).
 //! 2. **dK/dV** (`bwd`): one CTA per (kv tile, K/V head, batch), 16 keys per
 //!    warp. K and V stay in shared memory while the CTA walks every query
 //!    tile of every query head of its GQA group, so dK and dV accumulate in
@@ -67,12 +69,13 @@ mod dkdv_wgmma;
 mod dq;
 mod packing;
 mod rows;
+mod sink;
 mod step;
 
 use super::target::{pad16, Mma, Target};
 use super::tile_config::{TileConfig, TileCopy};
 use crate::abi::Kernel;
-use crate::grad::{d_load, load_indices};
+use crate::grad::trainable;
 use crate::spec::Spec;
 use packing::Packing;
 
@@ -254,7 +257,8 @@ fn emit(spec: &Spec, pass: BackwardPass, config: BackwardConfig, packing: Packin
 }
 
 /// The captured tensors that have a gradient: float tensors the score
-/// expression reads with a single index list (see [`crate::grad::d_load`]).
+/// expression or the sink reads, each with a single index list (see
+/// [`crate::grad::trainable`]).
 pub fn trainable_tensors(spec: &Spec) -> Vec<usize> {
-    (0..spec.tensors.len()).filter(|&i| d_load(spec, i).is_some() && load_indices(spec, i).is_some()).collect()
+    (0..spec.tensors.len()).filter(|&i| trainable(spec, i)).collect()
 }

@@ -10,6 +10,7 @@
 use super::common::{write_source, Sections};
 use super::dkdv_wgmma;
 use super::packing::Packing;
+use super::sink;
 use super::DqAccum;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
 use crate::cuda::library::Part;
@@ -28,7 +29,7 @@ const BLOCK_M: u32 = dkdv_wgmma::BLOCK_M;
 
 pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum, packing: Packing) -> Kernel {
     let name = kernel_name(&packing.prefix("bwd_pre"), spec);
-    let args = packing.args(spec, backward_pre_args(spec));
+    let args = packing.args(spec, backward_pre_args(spec, &sink::sink_grads(spec)));
     let n = |kind| arg_name(spec, kind);
     let q_len = n(ArgKind::QLen);
     let (o_stride, do_stride) = (n(ArgKind::Stride(Operand::O, Axis::Seq)), n(ArgKind::Stride(Operand::DO, Axis::Seq)));
@@ -100,7 +101,8 @@ pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum, packing: Packing) -> 
             \x20   const int r = i * PASS + threadIdx.x / LANES;\n\
             \x20   if (part == 0 && r < rows) delta_row[q0 + r] = sums[i];\n\
             }}\n"
-        )
+        )?;
+        sink::write_sink_gradient(w, spec, packing)
     });
     row_kernel(name, source, args)
 }

@@ -2,10 +2,12 @@
 //! of every tile's keys) merge in shared memory, then leave as O and the
 //! LSE, or, in a split launch, as the split's partial O and LSE.
 
+use crate::cuda::kit::expr::c_expr;
 use crate::cuda::writer::Writer;
+use crate::spec::Spec;
 use std::fmt::{self, Write};
 
-pub(super) fn write_epilogue(w: &mut Writer<String>) -> fmt::Result {
+pub(super) fn write_epilogue(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     w.write_str(
         "
 // Epilogue. Shared memory (the stages) now holds:
@@ -48,9 +50,11 @@ if (threadIdx.x < BLOCK_M) {
     float sum = 0.0f;
     #pragma unroll
     for (int w = 0; w < WARPS; ++w) sum += warp_l[w * BLOCK_M + row] * fast_exp2(warp_m[w * BLOCK_M + row] - m_use);
-    row_scale[row] = sum > 0.0f ? fast_rcp(sum) : 0.0f;
-    row_lse[row] = sum > 0.0f ? (row_top + fast_log2(sum)) * LN2 : neg_inf();
-}
+",
+    )?;
+    write_row_close(w, spec)?;
+    w.write_str(
+        "}
 __syncthreads();
 
 // The rows leave: O and the LSE when the keys are not split, else this
@@ -76,5 +80,25 @@ if (threadIdx.x < BLOCK_M && row0 + (int)threadIdx.x < rows) {
     else if (lse != nullptr) lse[at] = row_lse[threadIdx.x];
 }
 ",
+    )
+}
+
+/// A row's O factor and LSE from its max `row_top` and sum `sum` (relative
+/// to `m_use`). A sink joins each row once, in split 0: the combine weighs
+/// the splits by their LSEs, so it counts once in the total.
+fn write_row_close(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    let Some(sink) = &spec.sink else {
+        return w.write_str(
+            "    row_scale[row] = sum > 0.0f ? fast_rcp(sum) : 0.0f;\n    row_lse[row] = sum > 0.0f ? (row_top + fast_log2(sum)) * LN2 : neg_inf();\n",
+        );
+    };
+    write!(
+        w,
+        "    // The sink joins the row once, in split 0 (the combine weighs splits by LSE).\n\
+        \x20   const int h = kv_head * group + min(row0 + row, rows - 1) % group;\n\
+        \x20   const SinkRow closed = sink_row(row_top, sum, split == 0 ? {} * LOG2E : neg_inf());\n\
+        \x20   row_scale[row] = closed.o_scale;\n\
+        \x20   row_lse[row] = closed.lse2 * LN2;\n",
+        c_expr(spec, sink)
     )
 }

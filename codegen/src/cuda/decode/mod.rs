@@ -74,7 +74,7 @@ pub fn emit_decode(spec: &Spec, config: DecodeConfig) -> Kernel {
         |w| {
             write_setup(w, &view)?;
             write_tile_loop(w, &view)?;
-            write_epilogue(w)
+            write_epilogue(w, &view)
         },
     );
     Kernel {

@@ -7,6 +7,7 @@ use super::softmax::RowSums;
 use super::trace::{self, Event};
 use super::varlen;
 use crate::abi::{ArgKind, Axis, Operand};
+use crate::cuda::kit::expr::c_expr;
 use crate::cuda::kit::hoist::Hoisted;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::names::O_MAP;
@@ -79,10 +80,8 @@ pub(super) fn write_epilogue(
         RowSums::Fadd => "quad_sum(l[mt][r])",
         RowSums::TensorCores => "row_sum[mt][2 * r]",
     };
-    let row_term = match lse_row_term(spec, hoisted) {
-        Some(term) => format!(" + {term}"),
-        None => String::new(),
-    };
+    let row_term = lse_row_term(spec, hoisted);
+    let RowStats { stats, lse: lse_value, inv } = RowStats::of(plan, sum, row_term.as_deref());
     if let OStaging::OBuffer(_) = staging {
         // The warp's last S has read its rows of Q: the producer may refill the buffer.
         writeln!(
@@ -107,9 +106,9 @@ pub(super) fn write_epilogue(
         for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
         \x20   const int mt = i / 2, r = i % 2;\n\
         \x20   const int q = q0 + warp * WARP_M + mt * 16 + g + 8 * r;\n\
-        \x20   const float sum = sums[i] = {sum};\n\
+        {stats}\
         \x20   if ({lse} != nullptr && t == 0 && q < {q_len}) {{\n\
-        \x20       {lse}[{lse_index}] = sum > 0.0f ? (m[mt][r] + fast_log2(sum){row_term}) * LN2 : neg_inf();\n\
+        \x20       {lse}[{lse_index}] = {lse_value};\n\
         \x20   }}\n\
         }}\n\
         unsigned short* o_tile = {o_tile}\n\
@@ -117,7 +116,7 @@ pub(super) fn write_epilogue(
         for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
         \x20   const int mt = i / 2, r = i % 2;\n\
         \x20   const int row = warp * WARP_M + mt * 16 + g + 8 * r;\n\
-        \x20   const float inv = sums[i] > 0.0f ? fast_rcp(sums[i]) : 0.0f;\n\
+        \x20   const float inv = {inv};\n\
         \x20   #pragma unroll\n\
         \x20   for (int n = 0; n < O_TILES; ++n) {{\n\
         \x20       *(unsigned*)(o_tile + {at}) =\n\
@@ -135,6 +134,43 @@ pub(super) fn write_epilogue(
         }
         // Nothing waits for the store here: the next item's epilogue does.
         OStaging::OBuffer(copy) => write_o_store(w, plan, copy, &store, false),
+    }
+}
+
+/// What the epilogue prints of a row's statistics, from its sum (C) and
+/// max `m[mt][r]`: the first loop's lines (`stats`), which keep in
+/// `sums[i]` what the second loop's `inv` scales the row's O by, and the
+/// row's natural-log LSE (`lse`), of which the logits left out `row_term`
+/// (log2 units).
+struct RowStats {
+    stats: String,
+    lse: String,
+    inv: &'static str,
+}
+
+impl RowStats {
+    /// A sink closes the row's softmax (`sink_row`), evaluated in the
+    /// logits' frame; without one a row with no kept key has l == 0.
+    fn of(plan: &Plan, sum: &str, row_term: Option<&str>) -> RowStats {
+        let plus_row_term = row_term.map(|term| format!(" + {term}")).unwrap_or_default();
+        let Some(sink) = &plan.spec.sink else {
+            return RowStats {
+                stats: format!("\x20   const float sum = sums[i] = {sum};\n"),
+                lse: format!("sum > 0.0f ? (m[mt][r] + fast_log2(sum){plus_row_term}) * LN2 : neg_inf()"),
+                inv: "sums[i] > 0.0f ? fast_rcp(sums[i]) : 0.0f",
+            };
+        };
+        let minus_row_term = row_term.map(|term| format!(" - {term}")).unwrap_or_default();
+        let sink = c_expr(plan.spec, sink);
+        RowStats {
+            stats: format!(
+                "\x20   // The sink joins the row as one more logit; sums[i] keeps O's factor.\n\
+                \x20   const SinkRow closed = sink_row(m[mt][r], {sum}, {sink} * LOG2E{minus_row_term});\n\
+                \x20   sums[i] = closed.o_scale;\n"
+            ),
+            lse: format!("(closed.lse2{plus_row_term}) * LN2"),
+            inv: "sums[i]",
+        }
     }
 }
 

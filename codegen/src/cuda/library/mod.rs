@@ -157,11 +157,15 @@ pub enum Part {
     /// A 64-query step's dQ accumulator tile in the Hopper dK/dV kernel's
     /// fragment order, and its mapping back to rows.
     DqFragments,
+
+    /// A row's softmax closed with a learned sink (`sink_row`), after
+    /// [`Part::Tiles`] in kernels of specs with a sink ([`Part::extension`]).
+    Sink,
 }
 
 impl Part {
     /// Every part, in the order kernels include them.
-    pub const ALL: [Part; 18] = [
+    pub const ALL: [Part; 19] = [
         Part::Prelude,
         Part::IntOps,
         Part::Ranges,
@@ -180,6 +184,7 @@ impl Part {
         Part::BackwardTiles,
         Part::HopperBackward,
         Part::DqFragments,
+        Part::Sink,
     ];
 
     /// The part's CUDA text, verbatim.
@@ -203,6 +208,7 @@ impl Part {
             Part::BackwardTiles => include_str!("backward_tiles.cuh"),
             Part::HopperBackward => include_str!("hopper_backward.cuh"),
             Part::DqFragments => include_str!("dq_fragments.cuh"),
+            Part::Sink => include_str!("sink.cuh"),
         }
     }
 
@@ -227,6 +233,7 @@ impl Part {
             Part::BackwardTiles => "backward_tiles.cuh",
             Part::HopperBackward => "hopper_backward.cuh",
             Part::DqFragments => "dq_fragments.cuh",
+            Part::Sink => "sink.cuh",
         }
     }
 
@@ -235,8 +242,11 @@ impl Part {
     /// stay as they were.
     pub fn extension(self, spec: &Spec) -> Option<Part> {
         match self {
-            Part::Prelude if spec.mask.iter().chain(&spec.score).any(uses_int_ops) => Some(Part::IntOps),
+            Part::Prelude if spec.mask.iter().chain(&spec.score).chain(&spec.sink).any(uses_int_ops) => {
+                Some(Part::IntOps)
+            }
             Part::Ranges if spec.mask.as_ref().is_some_and(uses_int_ops) => Some(Part::IntRanges),
+            Part::Tiles if spec.sink.is_some() => Some(Part::Sink),
             _ => None,
         }
     }
