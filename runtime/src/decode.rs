@@ -101,9 +101,10 @@ struct SplitResources {
 impl Runtime {
     /// A decode plan for `spec` within `shape`'s bounds on this runtime's
     /// GPU: compiles (or loads) its kernels (the paged decode kernel with
-    /// [`DecodeOptions::paged`]) and allocates the split workspace. Errors: heads not in groups, no queries, a split count
-    /// out of range, head dims whose stages do not fit the GPU, more than
-    /// 16 params and tensors.
+    /// [`DecodeOptions::paged`]) and allocates the split workspace. Errors:
+    /// heads not in groups, no queries, a split count out of range, head
+    /// dims whose stages do not fit the GPU, more than 16 params and
+    /// tensors.
     pub fn decode_plan(&self, spec: &Spec, shape: DecodeShape, opts: &DecodeOptions) -> Result<DecodePlan, Error> {
         check_plan_shape(&shape)?;
         if spec.params.len() + spec.tensors.len() > SPEC_ARGS {
