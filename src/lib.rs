@@ -26,6 +26,6 @@ pub use flashgen_runtime::{cudarc, half};
 pub use flashgen_runtime::{
     ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, DecodeIo, DecodeOptions, DecodePlan,
     DecodeShape, DeviceInput, DeviceOutput, Element, Error, ForwardIo, ForwardOptions, Layout, PackedLayout,
-    PagedAppend, PagedIo, PagedKv, PagedLayout, PagedQueries, Runtime, Sequences, TuneReport, VarlenBackwardIo,
-    VarlenIo,
+    PagedAppend, PagedDecodeIo, PagedIo, PagedKv, PagedLayout, PagedQueries, Runtime, Sequences, TuneReport,
+    VarlenBackwardIo, VarlenIo,
 };

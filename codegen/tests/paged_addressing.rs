@@ -1,9 +1,12 @@
 //! Paged K/V addressing (`flashgen_codegen::paged`, the CPU twin of
 //! `library/paged.cuh`): with a valid block table every key lands on its
 //! page's row; whatever the lengths and page ids hold, every read stays
-//! inside the block table and the caches.
+//! inside the block table and the caches. The paged decode kernel's tile
+//! copy resolves each key once and copies every chunk of the tile once.
 
-use flashgen_codegen::paged::{paged_kv_len, paged_row, query_span, PagedRows};
+use flashgen_codegen::paged::{
+    page_slot, paged_kv_len, paged_row, query_span, warp_tile_copy, warp_tile_row, PagedRows,
+};
 use flashgen_codegen::varlen::SeqSpan;
 use proptest::prelude::*;
 
@@ -34,6 +37,59 @@ proptest! {
                 prop_assert_eq!((page, row), (id as i64, (k % page_size) as i64));
             }
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// The decode kernel's keys: each lane's resolved (page, row) is the
+    /// key's `paged_row`, and the tile's rows at the sequence's end read no
+    /// table entry past its pages.
+    #[test]
+    fn resolved_keys_are_paged_rows(
+        page_size in prop_oneof![Just(1), Just(16), Just(64), Just(256), 1..300i32],
+        ids in prop::collection::vec(-5..40i32, 40),
+        kv_len in 0..2000i32,
+        first in (0..40i32).prop_map(|t| t * 64),
+    ) {
+        let pages_per_seq = (kv_len + page_size - 1) / page_size;
+        prop_assume!(pages_per_seq as usize <= ids.len());
+        let pages = &ids[..pages_per_seq as usize];
+        let p = PagedRows { pages, page_size, num_pages: 30, page_stride: 1000 * page_size as i64, row_stride: 1000 };
+        for warp in 0..4 {
+            for lane in 0..32 {
+                let k = first + warp_tile_row(64, 4, warp, lane) as i32;
+                if k < kv_len {
+                    let (page, row) = page_slot(&p, k);
+                    prop_assert_eq!(page as i64 * p.page_stride + row as i64 * p.row_stride, paged_row(&p, k));
+                }
+            }
+        }
+    }
+}
+
+/// Every (row, chunk) of a 64-row tile is copied exactly once, from the
+/// lane that resolved that row's key, for every head dim's chunk count
+/// (16-byte chunks of 16 to 256 columns, and single elements).
+#[test]
+fn the_tile_copy_covers_each_chunk_once_from_its_rows_lane() {
+    let (rows, warps) = (64, 4);
+    for chunks in (2..=32).step_by(2).chain([80, 128, 256]) {
+        let mut copied = vec![0; rows * chunks];
+        for warp in 0..warps {
+            let steps = (rows / warps * chunks).div_ceil(32);
+            for step in 0..steps {
+                for lane in 0..32 {
+                    let Some((row, chunk, source)) = warp_tile_copy((rows, warps, chunks), warp, lane, step) else {
+                        continue;
+                    };
+                    assert_eq!(warp_tile_row(rows, warps, warp, source), row, "{chunks} chunks");
+                    copied[row * chunks + chunk] += 1;
+                }
+            }
+        }
+        assert!(copied.iter().all(|&n| n == 1), "{chunks} chunks: {copied:?}");
     }
 }
 

@@ -10,8 +10,8 @@
 use flashgen_codegen::abi::{ArgKind, Kernel};
 use flashgen_codegen::cuda::library::Part;
 use flashgen_codegen::cuda::{
-    emit_backward, emit_backward_varlen, emit_backward_with, emit_decode, emit_decode_combine, emit_forward,
-    emit_forward_copying, emit_forward_paged, emit_forward_varlen, emit_forward_with, emit_paged_append,
+    emit_backward, emit_backward_varlen, emit_backward_with, emit_decode, emit_decode_combine, emit_decode_paged,
+    emit_forward, emit_forward_copying, emit_forward_paged, emit_forward_varlen, emit_forward_with, emit_paged_append,
     BackwardConfig, BackwardPass, DecodeConfig, DqAccum, Mma, Target, TileConfig, TileCopy,
 };
 use flashgen_codegen::{parse_one, Spec};
@@ -168,6 +168,8 @@ fn decode_kernels() {
     let config = DecodeConfig::for_rows(&spec, Target::HOPPER, 8).unwrap();
     insta::assert_snapshot!("decode_alibi", render(&emit_decode(&spec, config)));
     insta::assert_snapshot!("decode_combine_alibi", render(&emit_decode_combine(&spec)));
+    // The same kernel over paged caches: its lengths, rows and tile copies.
+    insta::assert_snapshot!("decode_paged_alibi", render(&emit_decode_paged(&spec, config)));
 }
 
 #[test]

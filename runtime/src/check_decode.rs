@@ -3,11 +3,18 @@
 //! forward's checks (`check_forward`: Q and O `[batch, q_len, heads, d]`,
 //! the cache `[batch, max_kv_len, heads_kv, d]`, params and tensors) and
 //! must then match the plan they run in; the per-sequence lengths stay on
-//! the device, where the kernel clamps them into the cache.
+//! the device, where the kernel clamps them into the cache. A paged launch
+//! (`check_paged_launch`) checks its caches as the paged forward does
+//! (`check_paged`) and its Q and O as the dense decode's.
 
+use crate::args::ArgInfo;
+use crate::check::{check_bounds, check_shape, Buffer};
+use crate::check_paged::{check_cache_buffers, check_caches};
 use crate::error::Error;
+use crate::paged::PagedShape;
+use flashgen_codegen::abi::Operand;
 use flashgen_codegen::cuda::MAX_SPLITS;
-use flashgen_codegen::Shape;
+use flashgen_codegen::{Dtype, Shape, Spec};
 
 /// The upper bounds a decode plan is made for: every launch in the plan
 /// has exactly these sizes, and a cache of `max_kv_len` rows per sequence.
@@ -98,9 +105,70 @@ pub(crate) fn check_launch(plan: &DecodeShape, got: &Shape, kv_lens: usize) -> R
     Ok(())
 }
 
+/// A paged decode launch as the checks see it: Q and O `[batch, q_len,
+/// heads, d]`, the paged caches.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PagedDecodeProblem {
+    pub dtype: Dtype,
+    pub q: Buffer,
+    pub o: Buffer,
+    pub lse: Option<usize>,
+    pub kv: PagedShape,
+}
+
+/// Checks a paged decode launch of `spec`: Q and O against each other, the
+/// spec's head dims and the caches' sequences; the caches, block table and
+/// lengths as the paged forward checks them; params, tensors and buffer
+/// bounds. Returns the shape (the longest length as `kv_len`), or `None`
+/// with no sequences.
+pub(crate) fn check_paged_launch(
+    spec: &Spec,
+    p: &PagedDecodeProblem,
+    args: &[ArgInfo],
+) -> Result<Option<Shape>, Error> {
+    if p.dtype != spec.dtype {
+        return Err(Error::Dtype { spec: spec.dtype, got: p.dtype });
+    }
+    let (q, o) = (&p.q.layout, &p.o.layout);
+    for (operand, other, what, got, expected) in [
+        (Operand::O, Operand::Q, "batch", o.batch, q.batch),
+        (Operand::O, Operand::Q, "seq", o.seq, q.seq),
+        (Operand::O, Operand::Q, "heads", o.heads, q.heads),
+        (Operand::K, Operand::Q, "batch (sequences)", p.kv.batch, q.batch),
+    ] {
+        if got != expected {
+            return Err(Error::SizeMismatch { operand, other, what, got, expected });
+        }
+    }
+    for (operand, got, expected) in [(Operand::Q, q.dim, spec.head_dims.qk), (Operand::O, o.dim, spec.head_dims.v)] {
+        if got != expected as usize {
+            return Err(Error::HeadDim { operand, got, expected });
+        }
+    }
+    check_caches(spec, &p.kv)?;
+    let heads_kv = p.kv.caches[0].0.heads;
+    let shape = Shape { batch: q.batch, heads: q.heads, heads_kv, q_len: q.seq, kv_len: p.kv.max_kv_len };
+    check_shape(spec, &shape, args)?;
+    check_bounds(Operand::Q, &p.q)?;
+    check_bounds(Operand::O, &p.o)?;
+    check_cache_buffers(&p.kv)?;
+    if shape.batch == 0 || shape.q_len == 0 {
+        return Ok(None);
+    }
+    if let Some(len) = p.lse {
+        let needed = shape.batch.saturating_mul(shape.heads).saturating_mul(shape.q_len);
+        if len < needed {
+            return Err(Error::LseTooSmall { len, needed });
+        }
+    }
+    Ok(Some(shape))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::Layout;
+    use crate::paged::PagedLayout;
 
     const SHAPE: DecodeShape = DecodeShape { batch: 4, heads: 32, heads_kv: 8, q_len: 1, max_kv_len: 4096 };
 
@@ -139,5 +207,73 @@ mod tests {
         assert!(matches!(err, Error::DecodePlanMismatch { plan: 4096, got: 8192, .. }), "{err}");
         let more_queries = Shape { q_len: 2, ..shape };
         assert!(matches!(check_launch(&SHAPE, &more_queries, 4), Err(Error::DecodePlanMismatch { what: "q_len", .. })));
+    }
+
+    /// 4 sequences of `SHAPE`'s heads at d = 128; 64 pages of 16 rows, 8
+    /// pages per sequence, the longest 100 keys.
+    fn paged() -> PagedDecodeProblem {
+        let q = Layout::bshd(4, 1, 32, 128);
+        let cache = PagedLayout::contiguous(64, 16, 8, 128);
+        let kv = PagedShape {
+            caches: [(cache, cache.as_layout().len()); 2],
+            table_len: 32,
+            kv_lens_len: 4,
+            pages_per_seq: 8,
+            max_kv_len: 100,
+            batch: 4,
+        };
+        let buffer = Buffer { layout: q, len: q.len() };
+        PagedDecodeProblem { dtype: Dtype::Bf16, q: buffer, o: buffer, lse: Some(128), kv }
+    }
+
+    fn check_paged(p: &PagedDecodeProblem) -> Result<Option<Shape>, Error> {
+        let spec = flashgen_codegen::parse_one("S { dtype: bf16, head_dim: 128 }").unwrap();
+        check_paged_launch(&spec, p, &[])
+    }
+
+    fn with_kv(kv: impl FnOnce(&mut PagedShape)) -> PagedDecodeProblem {
+        let mut p = paged();
+        kv(&mut p.kv);
+        p
+    }
+
+    #[test]
+    fn paged_launches_check_their_caches() {
+        let shape = check_paged(&paged()).unwrap().unwrap();
+        assert_eq!(shape, Shape { batch: 4, heads: 32, heads_kv: 8, q_len: 1, kv_len: 100 });
+        assert!(check_launch(&DecodeShape { max_kv_len: 100, ..SHAPE }, &shape, 4).is_ok());
+        let zero = with_kv(|kv| kv.caches = [(PagedLayout::contiguous(64, 0, 8, 128), 1 << 20); 2]);
+        assert!(matches!(check_paged(&zero), Err(Error::ZeroPageSize)));
+        let err = check_paged(&with_kv(|kv| kv.table_len = 31)).unwrap_err();
+        assert!(matches!(err, Error::PagedEntries { which: "block_table", len: 31, expected: 32 }), "{err}");
+        let err = check_paged(&with_kv(|kv| kv.kv_lens_len = 3)).unwrap_err();
+        assert!(matches!(err, Error::PagedEntries { which: "kv_lens", len: 3, expected: 4 }), "{err}");
+        let err = check_paged(&with_kv(|kv| kv.max_kv_len = 129)).unwrap_err();
+        assert!(matches!(err, Error::MaxKvLenPastPages { max_kv_len: 129, capacity: 128 }), "{err}");
+        let err = check_paged(&with_kv(|kv| kv.caches[1].1 -= 1)).unwrap_err();
+        assert!(matches!(err, Error::OutOfBounds { operand: Operand::V, .. }), "{err}");
+        let err = check_paged(&with_kv(|kv| kv.caches[0].0.dim = 64)).unwrap_err();
+        assert!(matches!(err, Error::HeadDim { operand: Operand::K, got: 64, .. }), "{err}");
+    }
+
+    #[test]
+    fn paged_launches_check_their_queries() {
+        let err = check_paged(&with_kv(|kv| (kv.batch, kv.table_len, kv.kv_lens_len) = (3, 24, 3))).unwrap_err();
+        assert!(matches!(err, Error::SizeMismatch { operand: Operand::K, what: "batch (sequences)", .. }), "{err}");
+        let mut p = paged();
+        p.o.layout = Layout::bshd(4, 2, 32, 128);
+        p.o.len = p.o.layout.len();
+        let err = check_paged(&p).unwrap_err();
+        assert!(matches!(err, Error::SizeMismatch { operand: Operand::O, what: "seq", .. }), "{err}");
+        let mut p = paged();
+        p.q.len -= 1;
+        assert!(matches!(check_paged(&p), Err(Error::OutOfBounds { operand: Operand::Q, .. })));
+        let err = check_paged(&PagedDecodeProblem { lse: Some(127), ..paged() }).unwrap_err();
+        assert!(matches!(err, Error::LseTooSmall { len: 127, needed: 128 }), "{err}");
+        let err = check_paged(&PagedDecodeProblem { dtype: Dtype::F16, ..paged() }).unwrap_err();
+        assert!(matches!(err, Error::Dtype { .. }), "{err}");
+        let mut gqa = paged();
+        gqa.kv.caches = [(PagedLayout::contiguous(64, 16, 5, 128), 1 << 24); 2];
+        assert!(matches!(check_paged(&gqa), Err(Error::HeadGroups { heads: 32, heads_kv: 5 })));
     }
 }

@@ -1,4 +1,5 @@
-//! Everything `forward_paged` and `append_paged` check before a launch, as
+//! Everything `forward_paged` and `append_paged` check before a launch (and
+//! the caches' checks a paged decode shares), as
 //! pure functions over layouts and lengths so it is testable without a GPU.
 //!
 //! The host sees the caches' layouts and buffer lengths, the block table's
@@ -55,21 +56,12 @@ pub(crate) fn check_paged(spec: &Spec, p: &PagedProblem, args: &[ArgInfo]) -> Re
     check_shape(spec, &shape, args)?;
     let total_q = p.q.layout.seq;
     // Sizes the kernel takes as i32 (lengths: `check_shape`).
-    for (what, value) in [
-        ("total_q (tokens of Q)", total_q),
-        ("num_pages", k.num_pages),
-        ("page_size", k.page_size),
-        ("pages_per_seq", p.kv.pages_per_seq),
-    ] {
-        if value > i32::MAX as usize {
-            return Err(Error::TooLarge { what, value, max: i32::MAX as usize });
-        }
+    if total_q > i32::MAX as usize {
+        return Err(Error::TooLarge { what: "total_q (tokens of Q)", value: total_q, max: i32::MAX as usize });
     }
     check_bounds(Operand::Q, &p.q)?;
     check_bounds(Operand::O, &p.o)?;
-    for (operand, (layout, len)) in [Operand::K, Operand::V].into_iter().zip(p.kv.caches) {
-        check_bounds(operand, &Buffer { layout: layout.as_layout(), len })?;
-    }
+    check_cache_buffers(&p.kv)?;
     if shape.batch == 0 || shape.q_len == 0 {
         return Ok(None);
     }
@@ -137,13 +129,7 @@ pub(crate) fn check_append(spec: &Spec, p: &AppendProblem) -> Result<bool, Error
         }
     }
     let int = i32::MAX as usize;
-    for (what, value, max) in [
-        ("batch", batch, MAX_GRID_YZ),
-        ("tokens of the new rows", tokens, int),
-        ("num_pages", cache.num_pages, int),
-        ("page_size", cache.page_size, int),
-        ("pages_per_seq", p.kv.pages_per_seq, int),
-    ] {
+    for (what, value, max) in [("batch", batch, MAX_GRID_YZ), ("tokens of the new rows", tokens, int)] {
         if value > max {
             return Err(Error::TooLarge { what, value, max });
         }
@@ -151,9 +137,7 @@ pub(crate) fn check_append(spec: &Spec, p: &AppendProblem) -> Result<bool, Error
     for (operand, rows) in [Operand::K, Operand::V].into_iter().zip(&p.rows) {
         check_bounds(operand, rows)?;
     }
-    for (operand, (layout, len)) in [Operand::K, Operand::V].into_iter().zip(p.kv.caches) {
-        check_bounds(operand, &Buffer { layout: layout.as_layout(), len })?;
-    }
+    check_cache_buffers(&p.kv)?;
     Ok(batch > 0)
 }
 
@@ -185,10 +169,27 @@ fn check_queries(spec: &Spec, p: &PagedProblem) -> Result<(), Error> {
     }
 }
 
+/// The caches' sizes the kernels take as i32 (pages, page size, pages per
+/// sequence), and every row of K and V inside its buffer.
+pub(crate) fn check_cache_buffers(kv: &PagedShape) -> Result<(), Error> {
+    let cache = kv.caches[0].0;
+    for (what, value) in
+        [("num_pages", cache.num_pages), ("page_size", cache.page_size), ("pages_per_seq", kv.pages_per_seq)]
+    {
+        if value > i32::MAX as usize {
+            return Err(Error::TooLarge { what, value, max: i32::MAX as usize });
+        }
+    }
+    for (operand, (layout, len)) in [Operand::K, Operand::V].into_iter().zip(kv.caches) {
+        check_bounds(operand, &Buffer { layout: layout.as_layout(), len })?;
+    }
+    Ok(())
+}
+
 /// K and V: the same pages, page size and heads, the spec's head dims, a
 /// nonzero page size, a block table and lengths of the batch's entries,
 /// and a longest length that fits a sequence's pages.
-fn check_caches(spec: &Spec, kv: &PagedShape) -> Result<(), Error> {
+pub(crate) fn check_caches(spec: &Spec, kv: &PagedShape) -> Result<(), Error> {
     let [(k, _), (v, _)] = kv.caches;
     for (what, got, expected) in
         [("pages", v.num_pages, k.num_pages), ("page_size", v.page_size, k.page_size), ("heads", v.heads, k.heads)]

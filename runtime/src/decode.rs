@@ -8,7 +8,9 @@
 //! (host or device), no copy between host and device, no synchronization,
 //! no spec hashing. The sequences' key counts are read on the device, so a
 //! step can be captured into a CUDA graph once and replayed with new
-//! lengths written to the same `kv_lens` buffer.
+//! lengths written to the same `kv_lens` buffer. A plan made with
+//! [`DecodeOptions::paged`] runs on paged caches instead
+//! (`decode_paged`: [`DecodePlan::run_paged`]); both share the launch here.
 
 use crate::args::{signature, ArgInfo, ArgValue};
 use crate::check::{check_forward, softmax_scale, Problem};
@@ -17,20 +19,22 @@ use crate::element::Element;
 use crate::error::Error;
 use crate::kernels::{LoadedKernel, Which};
 use crate::layout::Layout;
-use crate::marshal::{launch_config, launch_inline, marshal_into, Bindings, DecodeBindings, Value, INLINE_ARGS};
+use crate::marshal::{
+    launch_config, launch_inline, marshal_into, Bindings, DecodeBindings, PagedBindings, Value, INLINE_ARGS,
+};
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use flashgen_codegen::cuda::{split_count, DecodeConfig, DECODE_BLOCK_N};
-use flashgen_codegen::{to_source, Spec};
+use flashgen_codegen::{to_source, Shape, Spec};
 use std::sync::Arc;
 
 /// The most params and tensors a decode spec declares: a launch keeps
 /// their values and guards in arrays of this size (no host allocation).
 const SPEC_ARGS: usize = 16;
 
-/// How a plan runs: the softmax scale and, to override the plan's choice,
-/// the split count.
+/// How a plan runs: the softmax scale, to override the plan's choice the
+/// split count, and the kind of cache it reads.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DecodeOptions {
     /// Softmax scale, positive and finite; `None`: `1 / sqrt(head_dims.qk)`.
@@ -39,6 +43,9 @@ pub struct DecodeOptions {
     /// [`MAX_SPLITS`](flashgen_codegen::cuda::MAX_SPLITS)); `None`: the
     /// plan's choice from the shapes and the SM count.
     pub splits: Option<usize>,
+    /// The plan runs on paged caches ([`DecodePlan::run_paged`]) rather
+    /// than dense ones ([`DecodePlan::run`]).
+    pub paged: bool,
 }
 
 /// The operands of one decode step. Q and O are `[batch, q_len, heads, d]`,
@@ -66,11 +73,22 @@ pub struct DecodePlan {
     scale: f32,
     config: DecodeConfig,
     splits: u32,
+    paged: bool,
     decode: Arc<LoadedKernel>,
     grid: LaunchConfig,
     /// With more than one split: the combine kernel, its grid and the
     /// partial O and LSE.
     split: Option<SplitResources>,
+}
+
+/// A checked launch's operands: Q, K, V, O addresses and layouts (a paged
+/// cache's as [`PagedLayout::as_layout`](crate::PagedLayout::as_layout)),
+/// the LSE (0: none) and `kv_lens`.
+pub(crate) struct Operands {
+    pub ptrs: [u64; 4],
+    pub layouts: [Layout; 4],
+    pub lse: u64,
+    pub kv_lens: u64,
 }
 
 struct SplitResources {
@@ -82,10 +100,11 @@ struct SplitResources {
 
 impl Runtime {
     /// A decode plan for `spec` within `shape`'s bounds on this runtime's
-    /// GPU: compiles (or loads) its kernels and allocates the split
-    /// workspace. Errors: heads not in groups, no queries, a split count
-    /// out of range, head dims whose stages do not fit the GPU, more than
-    /// 16 params and tensors.
+    /// GPU: compiles (or loads) its kernels (the paged decode kernel with
+    /// [`DecodeOptions::paged`]) and allocates the split workspace. Errors:
+    /// heads not in groups, no queries, a split count out of range, head
+    /// dims whose stages do not fit the GPU, more than 16 params and
+    /// tensors.
     pub fn decode_plan(&self, spec: &Spec, shape: DecodeShape, opts: &DecodeOptions) -> Result<DecodePlan, Error> {
         check_plan_shape(&shape)?;
         if spec.params.len() + spec.tensors.len() > SPEC_ARGS {
@@ -104,7 +123,8 @@ impl Runtime {
             None => split_count(ctas, self.sm_count(), config.ctas_per_sm, kv_tiles),
         };
         let spec_source = to_source(spec);
-        let decode = self.load_keyed(spec, &spec_source, Which::Decode(config))?;
+        let which = if opts.paged { Which::DecodePaged(config) } else { Which::Decode(config) };
+        let decode = self.load_keyed(spec, &spec_source, which)?;
         let grid = launch_config(decode.kernel(), &shape.as_shape(), splits as usize, self.sm_count())?;
         let split = match splits {
             1 => None,
@@ -119,7 +139,8 @@ impl Runtime {
                 Some(SplitResources { combine, grid, partial_o, partial_lse })
             }
         };
-        Ok(DecodePlan { spec: spec.clone(), shape, scale, config, splits, decode, grid, split })
+        let paged = opts.paged;
+        Ok(DecodePlan { spec: spec.clone(), shape, scale, config, splits, paged, decode, grid, split })
     }
 }
 
@@ -127,6 +148,11 @@ impl DecodePlan {
     /// The bounds the plan was made for.
     pub fn shape(&self) -> DecodeShape {
         self.shape
+    }
+
+    /// The spec the plan runs.
+    pub(crate) fn spec(&self) -> &Spec {
+        &self.spec
     }
 
     /// How many ways each sequence's keys are split.
@@ -142,14 +168,11 @@ impl DecodePlan {
     /// Queues one decode step on `rt`'s stream (the runtime the plan was
     /// made on) without waiting: checks the operands and `args` (the spec's
     /// params, then its tensors) against the plan, then launches the decode
-    /// kernel and, with splits, the combine kernel.
+    /// kernel and, with splits, the combine kernel. A dense cache: a plan
+    /// made for paged ones refuses it ([`Error::DecodeCache`]).
     pub fn run<T: Element>(&self, rt: &Runtime, io: DecodeIo<'_, T>, args: &[ArgValue<'_>]) -> Result<(), Error> {
-        // Params and tensors in arrays, not vectors: a run allocates nothing.
-        if args.len() > SPEC_ARGS {
-            let expected = self.spec.params.len() + self.spec.tensors.len();
-            return Err(Error::ArgCount { expected, got: args.len(), signature: signature(&self.spec) });
-        }
-        let infos: [ArgInfo; SPEC_ARGS] = std::array::from_fn(|i| args.get(i).map_or(ArgInfo::I32(0), ArgValue::info));
+        self.check_cache(false)?;
+        let infos = self.arg_infos(args)?;
         let infos = &infos[..args.len()];
         let DecodeIo { q, k, v, o, lse, kv_lens } = io;
         let layouts = [q.1, k.1, v.1, o.1];
@@ -170,6 +193,42 @@ impl DecodePlan {
         let (lens_ptr, _lens) = kv_lens.device_ptr(stream);
         let lse = lse.map(|l| l.device_ptr_mut(stream));
         let lse_ptr = lse.as_ref().map_or(0, |(ptr, _)| *ptr);
+        let operands = Operands { ptrs: [q_ptr, k_ptr, v_ptr, o_ptr], layouts, lse: lse_ptr, kv_lens: lens_ptr };
+        self.queue(rt, shape, infos, args, operands, None)
+    }
+
+    /// Refuses a run on another kind of cache than the plan's kernel reads.
+    pub(crate) fn check_cache(&self, paged: bool) -> Result<(), Error> {
+        let kind = |paged| if paged { "paged" } else { "dense" };
+        match paged == self.paged {
+            true => Ok(()),
+            false => Err(Error::DecodeCache { plan: kind(self.paged), got: kind(paged) }),
+        }
+    }
+
+    /// `args`' infos in an array, not a vector (a run allocates nothing):
+    /// the first `args.len()` entries are theirs.
+    pub(crate) fn arg_infos(&self, args: &[ArgValue<'_>]) -> Result<[ArgInfo; SPEC_ARGS], Error> {
+        if args.len() > SPEC_ARGS {
+            let expected = self.spec.params.len() + self.spec.tensors.len();
+            return Err(Error::ArgCount { expected, got: args.len(), signature: signature(&self.spec) });
+        }
+        Ok(std::array::from_fn(|i| args.get(i).map_or(ArgInfo::I32(0), ArgValue::info)))
+    }
+
+    /// Queues the plan's launches for checked operands (their guards held
+    /// by the caller until this returns) of `shape`: the decode kernel and,
+    /// with splits, the combine kernel.
+    pub(crate) fn queue(
+        &self,
+        rt: &Runtime,
+        shape: Shape,
+        infos: &[ArgInfo],
+        args: &[ArgValue<'_>],
+        operands: Operands,
+        paged: Option<PagedBindings>,
+    ) -> Result<(), Error> {
+        let stream = rt.stream().as_ref();
         // The checks put params first: the tensors are the arguments with
         // device pointers, in declaration order.
         let tensors: [_; SPEC_ARGS] = std::array::from_fn(|i| args.get(i).and_then(|a| a.device_ptr(stream)));
@@ -182,14 +241,11 @@ impl DecodePlan {
         let tensor_ptrs = &tensor_ptrs[..count];
         let partial = self.split.as_ref().map(|s| (s.partial_o.device_ptr(stream), s.partial_lse.device_ptr(stream)));
         let partial_ptrs = partial.as_ref().map_or([0; 2], |((o, _), (l, _))| [*o, *l]);
+        let Operands { ptrs, layouts, lse, kv_lens } = operands;
         let bindings = Bindings {
-            decode: Some(DecodeBindings { kv_lens: lens_ptr, splits: self.splits, partial: partial_ptrs }),
-            ..Bindings::without_operands(shape, infos, tensor_ptrs).with_operands(
-                [q_ptr, k_ptr, v_ptr, o_ptr],
-                layouts,
-                lse_ptr,
-                self.scale,
-            )
+            decode: Some(DecodeBindings { kv_lens, splits: self.splits, partial: partial_ptrs }),
+            paged,
+            ..Bindings::without_operands(shape, infos, tensor_ptrs).with_operands(ptrs, layouts, lse, self.scale)
         };
         self.launch(rt, &self.decode, &bindings, self.grid)?;
         match &self.split {
@@ -206,11 +262,13 @@ impl DecodePlan {
         // Stream waits queued by the guards report failures here.
         rt.context().check_err().map_err(launching)?;
         // SAFETY: `marshal_into` followed the kernel's own argument list, so the
-        // values match its parameters in order and type; `check_forward`
-        // proved every element Q, K, V, O and the LSE's layouts address is
-        // inside its buffer, `check_launch` that the shape is the plan's (the
-        // workspace's and the grid's) and that `kv_lens` holds an entry per
-        // sequence; the kernel clamps each length into the cache.
+        // values match its parameters in order and type; `check_forward` (or,
+        // paged, `check_paged_launch`) proved every element Q, K, V, O and the
+        // LSE's layouts address is inside its buffer, `check_launch` that the
+        // shape is the plan's (the workspace's and the grid's) and that
+        // `kv_lens` (and a block table) holds an entry per sequence; the
+        // kernel clamps each length into the cache and each page id into its
+        // pages.
         // `marshal_into` wrote at most INLINE_ARGS values.
         unsafe { launch_inline(rt.stream(), loaded.function(), &values[..count], grid) }.map_err(launching)
     }

@@ -259,6 +259,13 @@ pub enum Error {
     DecodeShape {
         problem: String,
     },
+    /// A decode plan ran on another kind of cache than it was made for
+    /// (`DecodeOptions::paged`: `run_paged` needs a paged plan, `run` a
+    /// dense one).
+    DecodeCache {
+        plan: &'static str,
+        got: &'static str,
+    },
 }
 
 impl fmt::Display for Error {
@@ -376,6 +383,11 @@ impl fmt::Display for Error {
             }
             Error::KvLensLen { len, batch } => write!(f, "kv_lens holds {len} entries but batch = {batch}"),
             Error::DecodeShape { problem } => write!(f, "no decode plan: {problem}"),
+            Error::DecodeCache { plan, got } => write!(
+                f,
+                "the decode plan was made for a {plan} cache but ran on a {got} one: \
+                 make it with DecodeOptions::paged set as its runs need"
+            ),
             Error::CuSeqlensLen { which, len, expected } => {
                 write!(f, "{which} holds {len} entries but batch + 1 = {expected}")
             }

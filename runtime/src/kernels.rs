@@ -24,6 +24,8 @@ pub(crate) enum Which {
     Backward(cuda::BackwardPass, cuda::BackwardConfig),
     /// The decode kernel in a configuration (`cuda::DecodeConfig::for_rows`).
     Decode(cuda::DecodeConfig),
+    /// The paged decode kernel in a configuration.
+    DecodePaged(cuda::DecodeConfig),
     /// The split decode's combine kernel.
     DecodeCombine,
     /// Made by [`Which::backward_varlen`].
@@ -42,8 +44,8 @@ pub enum KernelSet {
     /// Every kernel a launch of the spec may use: those of `Training`, the
     /// forward in every configuration autotuning may pick, copying both
     /// ways where it has the choice, the varlen and paged forwards in each,
-    /// the paged append, the decode kernels (one and two row tiles) with
-    /// their combine kernel, and the varlen backward.
+    /// the paged append, the decode kernels, dense and paged (one and two row tiles),
+    /// with their combine kernel, and the varlen backward.
     Every,
 }
 
@@ -101,6 +103,7 @@ impl Which {
             for rows in [16, 32] {
                 if let Some(config) = cuda::DecodeConfig::for_rows(spec, target, rows) {
                     add(Which::Decode(config));
+                    add(Which::DecodePaged(config));
                 }
             }
             add(Which::DecodeCombine);
@@ -147,6 +150,7 @@ impl Which {
             Which::WorkOrder(work) => cuda::emit_work_order(spec, work),
             Which::Backward(pass, config) => Some(cuda::emit_backward_with(spec, pass, config)),
             Which::Decode(config) => Some(cuda::emit_decode(spec, config)),
+            Which::DecodePaged(config) => Some(cuda::emit_decode_paged(spec, config)),
             Which::DecodeCombine => Some(cuda::emit_decode_combine(spec)),
             Which::BackwardVarlen(pass, config) => Some(cuda::emit_backward_varlen(spec, pass, config)),
         }

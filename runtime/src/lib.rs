@@ -80,6 +80,7 @@ mod backward;
 mod backward_varlen;
 mod block_mask;
 mod decode;
+mod decode_paged;
 mod forward;
 mod forward_launch;
 mod forward_paged;
@@ -98,6 +99,7 @@ pub use backward_varlen::VarlenBackwardIo;
 pub use block_mask::BlockMask;
 pub use check_decode::DecodeShape;
 pub use decode::{DecodeIo, DecodeOptions, DecodePlan};
+pub use decode_paged::PagedDecodeIo;
 pub use disk_cache::{
     precompile, Cleared, DiskCache, Entry, EntryKey, PrecompileReport, CACHE_DIR_ENV, CACHE_ENV, CACHE_MAX_BYTES_ENV,
     DEFAULT_MAX_BYTES,

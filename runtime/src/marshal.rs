@@ -595,6 +595,43 @@ mod tests {
         assert_eq!(grid.grid_dim, (33 * 5, 2, 3));
     }
 
+    /// A paged decode kernel binds its block table and sizes from the paged
+    /// bindings and K's and V's pages' strides from their layouts' batch
+    /// axis, beside the decode bindings; without the paged ones it is refused.
+    #[test]
+    fn paged_decode_kernels_marshal_their_tables() {
+        use flashgen_codegen::cuda::{emit_decode_paged, DecodeConfig, Target};
+        let spec = flashgen_codegen::parse_one("D { dtype: bf16, head_dim: 64 }").unwrap();
+        let kernel = emit_decode_paged(&spec, DecodeConfig::for_rows(&spec, Target::HOPPER, 8).unwrap());
+        let decode = Some(DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96] });
+        let paged =
+            Some(PagedBindings { kv_lens: 94, block_table: 97, pages_per_seq: 6, page_size: 16, num_pages: 40 });
+        let b = Bindings { decode, paged, ..bindings(&[], &[]) };
+        let values = marshal(&kernel, &b).unwrap();
+        let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];
+        use Value::*;
+        for (name, expected) in [
+            ("kv_lens", Ptr(94)),
+            ("block_table", Ptr(97)),
+            ("pages_per_seq", I32(6)),
+            ("page_size", I32(16)),
+            ("num_pages", I32(40)),
+            ("k_page_stride", I64(4)),
+            ("k_seq_stride", I64(5)),
+            ("v_page_stride", I64(7)),
+            ("v_head_stride", I64(9)),
+            ("q_batch_stride", I64(1)),
+            ("num_splits", I32(5)),
+        ] {
+            assert_eq!(value(name), expected, "{name}");
+        }
+        assert!(!kernel.args.iter().any(|a| a.name == "k_batch_stride"), "pages replace K's batch axis");
+        let mut inline = [Value::I32(0); INLINE_ARGS];
+        let count = marshal_into(&kernel, &b, &mut inline).unwrap();
+        assert_eq!(&inline[..count], &values[..]);
+        assert!(matches!(marshal(&kernel, &Bindings { paged: None, ..b }), Err(Error::KernelAbi { .. })));
+    }
+
     /// The varlen backward kernels bind their sequences as the forward's do,
     /// and the gradients' token and head strides.
     #[test]

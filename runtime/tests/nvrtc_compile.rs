@@ -7,8 +7,8 @@ mod support;
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{
     emit_backward, emit_backward_varlen, emit_backward_with, emit_block_mask, emit_decode, emit_decode_combine,
-    emit_forward_copying, emit_forward_paged, emit_forward_varlen, emit_paged_append, emit_work_order, BackwardConfig,
-    BackwardPass, DecodeConfig, Mma, Target, TileCopy, Work,
+    emit_decode_paged, emit_forward_copying, emit_forward_paged, emit_forward_varlen, emit_paged_append,
+    emit_work_order, BackwardConfig, BackwardPass, DecodeConfig, Mma, Target, TileCopy, Work,
 };
 use flashgen_codegen::{parse_str, Spec};
 use flashgen_runtime::tile_choice;
@@ -203,6 +203,35 @@ fn decode_kernels(spec: &Spec) -> Vec<(Kernel, Arch)> {
         });
     let combine = [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (emit_decode_combine(spec), arch));
     decodes.chain(combine).collect()
+}
+
+/// Every shipped spec's paged decode kernel (one and two 16-row tiles) at
+/// head dims 64, 128 and 256 compiles for sm_80 and sm_90, and so do the
+/// language's other features.
+#[test]
+fn every_shipped_spec_compiles_paged_decode_for_sm80_and_sm90() {
+    require_nvrtc();
+    let mut specs: Vec<Spec> = shipped_specs()
+        .into_iter()
+        .flat_map(|spec| {
+            [64, 128, 256].map(|d| Spec { head_dims: flashgen_codegen::HeadDims { qk: d, v: d }, ..spec.clone() })
+        })
+        .collect();
+    specs.extend(parse_str(include_str!("../../codegen/tests/specs/language.attn")).unwrap());
+    let jobs: Vec<(Kernel, Arch)> = specs
+        .iter()
+        .flat_map(|spec| {
+            [(Target::PORTABLE, Arch::new(8, 0)), (Arch::new(9, 0).target(), Arch::new(9, 0))].into_iter().flat_map(
+                move |(target, arch)| {
+                    let rows = if spec.head_dims.qk == 128 { vec![4, 32] } else { vec![32] };
+                    rows.into_iter().map(move |rows| {
+                        (emit_decode_paged(spec, DecodeConfig::for_rows(spec, target, rows).unwrap()), arch)
+                    })
+                },
+            )
+        })
+        .collect();
+    compile_all(jobs);
 }
 
 /// Every shipped spec's varlen backward kernels: the portable ones for sm_80

@@ -5,12 +5,19 @@
 //! median of CUDA-event timings. GB/s = the K and V bytes a step must read
 //! ÷ its time. A device-to-device copy row gives the ceiling ((read +
 //! written bytes) ÷ time), and each row the host time of one
-//! `DecodePlan::run`.
+//! `DecodePlan::run`. Each shape runs on a dense cache (`decode` rows) and
+//! on paged caches of 16-row pages (`paged16` rows: `DecodePlan::run_paged`,
+//! each sequence's pages in a shuffled order, as a serving loop's pool
+//! hands them out).
 
 use crate::verify::driver as driver_error;
 use flashgen::cudarc::driver::CudaSlice;
 use flashgen::half::bf16;
-use flashgen::runtime::{median_ms_after, DecodeIo, DecodeOptions, DecodeShape, Error, Layout, Runtime};
+use flashgen::runtime::{
+    median_ms_after, DecodeIo, DecodeOptions, DecodeShape, Error, Layout, PagedDecodeIo, PagedKv, PagedLayout, Runtime,
+};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 use std::time::Instant;
 
 const HEADS: (usize, usize) = (32, 8);
@@ -21,6 +28,8 @@ const L2_FLUSH_BYTES: usize = 256 << 20;
 /// on an 80 GB GPU.
 const MAX_CACHE_BYTES: usize = 40 << 30;
 const SPEC: &str = "Decode { dtype: bf16, head_dim: 128, mask: q + kv_len - q_len >= k }";
+/// The paged rows' page size (vLLM's default).
+const PAGE_SIZE: usize = 16;
 
 /// Prints the decode rows for every batch × cache length, then the copy row.
 pub fn run(rt: &Runtime, batches: &[usize], kv_lens: &[usize], iters: usize) {
@@ -43,15 +52,14 @@ pub fn run(rt: &Runtime, batches: &[usize], kv_lens: &[usize], iters: usize) {
                 println!("{:<10} {batch:>5} {kv_len:>7} skipped: {} GiB of K/V", "decode", bytes >> 30);
                 continue;
             }
-            match time_decode(rt, &spec, batch, kv_len, iters) {
-                Ok((splits, ms, host_us)) => {
-                    let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
-                    println!(
-                        "{:<10} {batch:>5} {kv_len:>7} {splits:>7} {ms:>10.4} {gbs:>9.0} {host_us:>9.2}",
-                        "decode"
-                    );
+            for (row, page_size) in [("decode", None), ("paged16", Some(PAGE_SIZE))] {
+                match time_decode(rt, &spec, (batch, kv_len), page_size, iters) {
+                    Ok((splits, ms, host_us)) => {
+                        let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
+                        println!("{row:<10} {batch:>5} {kv_len:>7} {splits:>7} {ms:>10.4} {gbs:>9.0} {host_us:>9.2}");
+                    }
+                    Err(e) => println!("{row:<10} {batch:>5} {kv_len:>7} error: {e}"),
                 }
-                Err(e) => println!("{:<10} {batch:>5} {kv_len:>7} error: {e}", "decode"),
             }
         }
     }
@@ -64,25 +72,48 @@ pub fn run(rt: &Runtime, batches: &[usize], kv_lens: &[usize], iters: usize) {
     }
 }
 
-/// One plan's split count, median step time (ms) and host µs per run.
+/// One plan's split count, median step time (ms) and host µs per run, on
+/// a dense cache or (`page_size`) paged ones.
 fn time_decode(
     rt: &Runtime,
     spec: &flashgen::Spec,
-    batch: usize,
-    kv_len: usize,
+    (batch, kv_len): (usize, usize),
+    page_size: Option<usize>,
     iters: usize,
 ) -> Result<(usize, f64, f64), Error> {
     let stream = rt.stream().clone();
     let shape = DecodeShape { batch, heads: HEADS.0, heads_kv: HEADS.1, q_len: 1, max_kv_len: kv_len };
-    let plan = rt.decode_plan(spec, shape, &DecodeOptions::default())?;
+    let opts = DecodeOptions { paged: page_size.is_some(), ..DecodeOptions::default() };
+    let plan = rt.decode_plan(spec, shape, &opts)?;
+    // A paged cache holds the dense one's rows: every sequence's pages.
+    let pages_per_seq = kv_len.div_ceil(page_size.unwrap_or(1));
+    let cache = PagedLayout::contiguous(batch * pages_per_seq, page_size.unwrap_or(1), HEADS.1, D);
     let [lq, lk] = [Layout::bshd(batch, 1, HEADS.0, D), Layout::bshd(batch, kv_len, HEADS.1, D)];
     let alloc = |n: usize| stream.alloc_zeros::<bf16>(n).map_err(driver_error("allocate the operands"));
-    let (q, k, v, mut o) = (alloc(lq.len())?, alloc(lk.len())?, alloc(lk.len())?, alloc(lq.len())?);
+    let cache_len = if page_size.is_some() { cache.as_layout().len() } else { lk.len() };
+    let (q, k, v, mut o) = (alloc(lq.len())?, alloc(cache_len)?, alloc(cache_len)?, alloc(lq.len())?);
     let lens: CudaSlice<i32> =
         stream.clone_htod(&vec![kv_len as i32; batch]).map_err(driver_error("upload kv_lens"))?;
-    let mut step = || {
-        let io = DecodeIo { q: (&q, lq), k: (&k, lk), v: (&v, lk), o: (&mut o, lq), lse: None, kv_lens: &lens };
-        plan.run(rt, io, &[])
+    let mut table: Vec<i32> = (0..(batch * pages_per_seq) as i32).collect();
+    table.shuffle(&mut rand::rngs::StdRng::seed_from_u64(1));
+    let table: CudaSlice<i32> = stream.clone_htod(&table).map_err(driver_error("upload the block table"))?;
+    let mut step = || match page_size {
+        None => {
+            let io = DecodeIo { q: (&q, lq), k: (&k, lk), v: (&v, lk), o: (&mut o, lq), lse: None, kv_lens: &lens };
+            plan.run(rt, io, &[])
+        }
+        Some(_) => {
+            let kv = PagedKv {
+                k: (&k, cache),
+                v: (&v, cache),
+                block_table: &table,
+                pages_per_seq,
+                kv_lens: &lens,
+                max_kv_len: kv_len,
+                batch,
+            };
+            plan.run_paged(rt, PagedDecodeIo { q: (&q, lq), o: (&mut o, lq), lse: None, kv }, &[])
+        }
     };
     let mut flush = stream.alloc_zeros::<u8>(L2_FLUSH_BYTES).map_err(driver_error("allocate the L2 flush buffer"))?;
     let ms = median_ms_after(

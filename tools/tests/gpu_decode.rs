@@ -1,7 +1,9 @@
 //! GPU correctness of the decode path (`DecodePlan`), judged with
 //! FlashAttention's rule against the f64 varlen reference: a decode step
 //! is the forward of `q_len` queries per sequence against its first
-//! `kv_lens[b]` cache rows (see `flashgen_tools::verify::decode`).
+//! `kv_lens[b]` cache rows (see `flashgen_tools::verify::decode`). Paged
+//! cases run the same steps with the keys in pages of a shuffled block
+//! table (`DecodePlan::run_paged`), judged by the same reference.
 //!
 //! Ignored by a plain `cargo test`: they need a GPU; run them with
 //! `--include-ignored`, where a missing GPU or any runtime error fails them.
@@ -11,7 +13,8 @@ mod support;
 
 use flashgen::codegen::Spec;
 use flashgen::cudarc::driver::sys;
-use flashgen::runtime::{DecodeOptions, DecodeShape, Error, Runtime};
+use flashgen::half::bf16;
+use flashgen::runtime::{DecodeOptions, DecodeShape, Error, Layout, PagedDecodeIo, PagedKv, PagedLayout, Runtime};
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::decode::{random_decode_problem, random_lens, DecodeProblem, DeviceDecode};
 use flashgen_tools::verify::{Expected, Report};
@@ -20,13 +23,15 @@ use rand::{Rng, SeedableRng};
 use support::forward::Table;
 use support::{params, runtime, spec, with};
 
-/// One decode case: a spec, its bounds, the sequences' key counts and the
-/// split count (`None`: the plan's).
+/// One decode case: a spec, its bounds, the sequences' key counts, the
+/// split count (`None`: the plan's) and the page size (`None`: a dense
+/// cache).
 struct Case {
     spec: Spec,
     shape: DecodeShape,
     lens: Vec<usize>,
     splits: Option<usize>,
+    page_size: Option<usize>,
 }
 
 impl Case {
@@ -34,7 +39,7 @@ impl Case {
         let (spec, s) = (&self.spec, self.shape);
         let longest = self.lens.iter().max().unwrap_or(&0);
         format!(
-            "{:<18} {:<4} d={:>3}/{:<3} h={:>2}/{:<2} b={:<2} q={:<2} kv<={:<6} cache={:<6} splits={splits:<3} seed={seed}",
+            "{:<18} {:<4} d={:>3}/{:<3} h={:>2}/{:<2} b={:<2} q={:<2} kv<={:<6} cache={:<6} page={:<5} splits={splits:<3} seed={seed}",
             spec.name,
             spec.dtype.name(),
             spec.head_dims.qk,
@@ -45,16 +50,33 @@ impl Case {
             s.q_len,
             longest,
             s.max_kv_len,
+            self.page_size.map_or("dense".into(), |p| p.to_string()),
         )
     }
 }
 
+/// The plan options of `problem` split `splits` ways (`None`: the plan's
+/// choice), on pages or not.
+fn options(problem: &DecodeProblem, splits: Option<usize>, paged: bool) -> DecodeOptions {
+    DecodeOptions { scale: Some(problem.reference.problem.scale as f32), splits, paged }
+}
+
+/// `problem` on the GPU: a dense cache, or pages of `page_size` rows of a
+/// block table shuffled by `seed`.
+fn upload(rt: &Runtime, spec: &Spec, problem: &DecodeProblem, page_size: Option<usize>, seed: u64) -> DeviceDecode {
+    match page_size {
+        None => DeviceDecode::upload(rt, spec, problem),
+        Some(page) => DeviceDecode::upload_paged(rt, spec, problem, &problem.paged(spec, page, seed)),
+    }
+    .unwrap()
+}
+
 /// Plans, uploads (outputs NaN-poisoned), runs once and judges.
-fn run_once(rt: &Runtime, case: &Case, problem: &DecodeProblem) -> Result<(usize, Report), String> {
+fn run_once(rt: &Runtime, case: &Case, problem: &DecodeProblem, seed: u64) -> Result<(usize, Report), String> {
     let expected = Expected::varlen(&case.spec, &problem.reference).map_err(|e| e.to_string())?;
-    let opts = DecodeOptions { scale: Some(problem.reference.problem.scale as f32), splits: case.splits };
+    let opts = options(problem, case.splits, case.page_size.is_some());
     let plan = rt.decode_plan(&case.spec, case.shape, &opts).map_err(|e| e.to_string())?;
-    let mut gpu = DeviceDecode::upload(rt, &case.spec, problem).map_err(|e| e.to_string())?;
+    let mut gpu = upload(rt, &case.spec, problem, case.page_size, seed);
     gpu.run(rt, &plan, problem).map_err(|e| e.to_string())?;
     Ok((plan.splits(), expected.check(&gpu.download().map_err(|e| e.to_string())?)))
 }
@@ -65,7 +87,7 @@ fn run_all(rt: &Runtime, cases: Vec<Case>) {
     for case in cases {
         let seed: u64 = rand::random();
         let problem = random_decode_problem(&case.spec, case.shape, &case.lens, params(&case.spec), seed);
-        let outcome = run_once(rt, &case, &problem);
+        let outcome = run_once(rt, &case, &problem, seed);
         let splits = outcome.as_ref().map_or(0, |(s, _)| *s);
         table.record(case.row(splits, seed), outcome.map(|(_, report)| report));
     }
@@ -92,7 +114,7 @@ fn every_variant_at_each_query_count() {
                 let mut lens = random_lens(&mut rng, 4, (q_len, max_kv_len));
                 lens[..2].copy_from_slice(&[0, 1]);
                 let shape = shape((8, 2), 4, q_len, max_kv_len);
-                cases.push(Case { spec: spec(variant), shape, lens, splits });
+                cases.push(Case { spec: spec(variant), shape, lens, splits, page_size: None });
             }
         }
     }
@@ -121,14 +143,16 @@ fn head_groups_lengths_and_splits() {
             for kv_len in [1usize, 17, 4097] {
                 for splits in [Some(1), Some(7), None] {
                     let lens = vec![kv_len, kv_len.div_ceil(2)];
-                    cases.push(Case { spec: spec.clone(), shape: shape(heads, 2, 2, kv_len), lens, splits });
+                    let shape = shape(heads, 2, 2, kv_len);
+                    cases.push(Case { spec: spec.clone(), shape, lens, splits, page_size: None });
                 }
             }
         }
     }
     let d256 = with(spec("causal_bottom_right"), flashgen::codegen::Dtype::Bf16, 256, 256);
     for splits in [Some(1), None] {
-        cases.push(Case { spec: d256.clone(), shape: shape((8, 2), 2, 3, 1000), lens: vec![1000, 333], splits });
+        let (shape, lens) = (shape((8, 2), 2, 3, 1000), vec![1000, 333]);
+        cases.push(Case { spec: d256.clone(), shape, lens, splits, page_size: None });
     }
     run_all(&rt, cases);
 }
@@ -138,9 +162,14 @@ fn head_groups_lengths_and_splits() {
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn one_long_sequence() {
     let rt = runtime();
-    let case =
-        Case { spec: spec("causal_bottom_right"), shape: shape((8, 2), 1, 1, 65536), lens: vec![65536], splits: None };
-    run_all(&rt, vec![case]);
+    let cases = [None, Some(16)].map(|page_size| Case {
+        spec: spec("causal_bottom_right"),
+        shape: shape((8, 2), 1, 1, 65536),
+        lens: vec![65536],
+        splits: None,
+        page_size,
+    });
+    run_all(&rt, cases.into());
 }
 
 /// Lengths the kernel clamps: negative ones keep no key, ones past the
@@ -153,7 +182,7 @@ fn lengths_are_clamped_into_the_cache() {
     for splits in [Some(1), Some(5)] {
         let shape = shape((8, 2), 3, 1, 300);
         let problem = random_decode_problem(&spec, shape, &[0, 300, 7], vec![], rand::random());
-        let opts = DecodeOptions { scale: Some(problem.reference.problem.scale as f32), splits };
+        let opts = options(&problem, splits, false);
         let plan = rt.decode_plan(&spec, shape, &opts).unwrap();
         let mut gpu = DeviceDecode::upload(&rt, &spec, &problem).unwrap();
         gpu.set_kv_lens(&[-5, 100_000, 7]).unwrap();
@@ -178,7 +207,7 @@ fn a_captured_step_replays_with_new_lengths() {
         let mut rng = StdRng::seed_from_u64(rand::random());
         let first = random_lens(&mut rng, 2, (2, 3000));
         let problem = random_decode_problem(&spec, shape, &first, vec![], rng.random());
-        let opts = DecodeOptions { scale: Some(problem.reference.problem.scale as f32), splits };
+        let opts = options(&problem, splits, false);
         let plan = rt.decode_plan(&spec, shape, &opts).unwrap();
         let mut gpu = DeviceDecode::upload(&rt, &spec, &problem).unwrap();
         let stream = rt.stream();
@@ -212,4 +241,176 @@ fn launches_outside_the_plan_are_refused() {
     assert!(matches!(bad, Error::HeadGroups { .. }), "{bad}");
     let too_many = DecodeOptions { splits: Some(1000), ..DecodeOptions::default() };
     assert!(matches!(rt.decode_plan(&spec, shape((8, 2), 2, 1, 64), &too_many), Err(Error::DecodeShape { .. })));
+}
+
+/// Every example spec on paged caches of 1, 16, 64 and 256-row pages
+/// (shuffled block tables) at q_len 1 and 4, ragged lengths (0, 1, then
+/// random), split as the plan chooses and unsplit.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn every_variant_on_pages() {
+    let rt = runtime();
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    let mut cases = Vec::new();
+    for (variant, _) in SPECS {
+        for q_len in [1, 4] {
+            for page_size in [1, 16, 64, 256] {
+                for splits in [None, Some(1)] {
+                    let max_kv_len = 700;
+                    let mut lens = random_lens(&mut rng, 4, (q_len, max_kv_len));
+                    lens[..2].copy_from_slice(&[0, 1]);
+                    let shape = shape((8, 2), 4, q_len, max_kv_len);
+                    cases.push(Case { spec: spec(variant), shape, lens, splits, page_size: Some(page_size) });
+                }
+            }
+        }
+    }
+    run_all(&rt, cases);
+}
+
+/// Paged caches under GQA ratios 1, 4 and 8 and MQA, key counts 1, 17 and
+/// 4097, split and unsplit, pages of 16 and 256 rows; head dims 64 (pages
+/// of one row) and 256 (of 64).
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn paged_head_groups_lengths_and_splits() {
+    let rt = runtime();
+    let mut cases = Vec::new();
+    let window = "DecodeWindow { dtype: bf16, head_dim: 128, param window: i32, \
+                  mask: q + kv_len - q_len >= k && q + kv_len - q_len - k < window }";
+    for spec in [spec("causal_bottom_right"), flashgen::parse_one(window).unwrap()] {
+        for heads in [(8, 8), (8, 2), (16, 2), (8, 1)] {
+            for kv_len in [1usize, 17, 4097] {
+                for (splits, page_size) in [(Some(1), 16), (Some(7), 256), (None, 16), (None, 256)] {
+                    let lens = vec![kv_len, kv_len.div_ceil(2)];
+                    let shape = shape(heads, 2, 2, kv_len);
+                    cases.push(Case { spec: spec.clone(), shape, lens, splits, page_size: Some(page_size) });
+                }
+            }
+        }
+    }
+    let dims = [(flashgen::codegen::Dtype::F16, 64, 1), (flashgen::codegen::Dtype::Bf16, 256, 64)];
+    for (dtype, d, page_size) in dims {
+        for splits in [Some(1), None] {
+            let spec = with(spec("causal_bottom_right"), dtype, d, d);
+            let (shape, lens) = (shape((8, 2), 2, 3, 1000), vec![1000, 333]);
+            cases.push(Case { spec, shape, lens, splits, page_size: Some(page_size) });
+        }
+    }
+    run_all(&rt, cases);
+}
+
+/// Paged lengths and page ids are clamped on the device: a length past a
+/// sequence's pages keeps its pages' keys (here, all of them), a negative
+/// one none; arbitrary ids and lengths read inside the caches (a fault
+/// would fail the download).
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn paged_lengths_and_page_ids_are_clamped() {
+    let rt = runtime();
+    let spec = spec("full");
+    for splits in [Some(1), Some(5)] {
+        let shape = shape((8, 2), 3, 1, 300);
+        let problem = random_decode_problem(&spec, shape, &[0, 300, 7], vec![], rand::random());
+        let paged = problem.paged(&spec, 16, rand::random());
+        let plan = rt.decode_plan(&spec, shape, &options(&problem, splits, true)).unwrap();
+        let mut gpu = DeviceDecode::upload_paged(&rt, &spec, &problem, &paged).unwrap();
+        gpu.set_kv_lens(&[-5, 100_000, 7]).unwrap();
+        gpu.run(&rt, &plan, &problem).unwrap();
+        let report = Expected::varlen(&spec, &problem.reference).unwrap().check(&gpu.download().unwrap());
+        assert!(report.passed(), "splits {splits:?}: O {} LSE {}", report.output, report.lse);
+        let table: Vec<i32> = paged.block_table.iter().map(|&p| p as i32).collect();
+        let garbage: Vec<i32> =
+            table.iter().enumerate().map(|(i, &p)| [p, -1, i32::MAX, i32::MIN, 5000][i % 5]).collect();
+        gpu.set_block_table(&garbage).unwrap();
+        for lens in [[-7, i32::MAX, 3], [i32::MIN, 3, 299], [300, 300, 300]] {
+            gpu.set_kv_lens(&lens).unwrap();
+            gpu.run(&rt, &plan, &problem).unwrap();
+            gpu.download().unwrap_or_else(|e| panic!("splits {splits:?}, lens {lens:?}: {e}"));
+        }
+    }
+}
+
+/// A paged decode step captured into a CUDA graph, replayed with new
+/// lengths, a new block table and the pages' new contents written to the
+/// same device buffers: each replay matches the reference for its step.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn a_captured_paged_step_replays_with_new_tables() {
+    let rt = runtime();
+    // One stream: no cross-stream events, which a capture may not wait on.
+    unsafe { rt.context().disable_event_tracking() };
+    let spec = spec("causal_bottom_right");
+    for splits in [Some(1), None] {
+        let shape = shape((8, 2), 2, 2, 3000);
+        let mut rng = StdRng::seed_from_u64(rand::random());
+        let first = random_lens(&mut rng, 2, (2, 3000));
+        let problem = random_decode_problem(&spec, shape, &first, vec![], rng.random());
+        let plan = rt.decode_plan(&spec, shape, &options(&problem, splits, true)).unwrap();
+        let mut gpu =
+            DeviceDecode::upload_paged(&rt, &spec, &problem, &problem.paged(&spec, 16, rng.random())).unwrap();
+        let stream = rt.stream();
+        stream.synchronize().unwrap();
+        stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+        gpu.run(&rt, &plan, &problem).unwrap();
+        let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
+        for round in 0..3 {
+            let lens = if round == 0 { first.clone() } else { random_lens(&mut rng, 2, (2, 3000)) };
+            let step = problem.clone().with_lens(&lens);
+            gpu.set_pages(&step.paged(&spec, 16, rng.random())).unwrap();
+            graph.launch().unwrap();
+            let report = Expected::varlen(&spec, &step.reference).unwrap().check(&gpu.download().unwrap());
+            assert!(report.passed(), "round {round}, lens {lens:?}: O {} LSE {}", report.output, report.lse);
+        }
+    }
+}
+
+/// Paged runs are checked before any launch: a plan runs only on its kind
+/// of cache, and a page size of 0, a short block table or another longest
+/// length are typed errors.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn paged_runs_outside_the_plan_are_refused() {
+    let rt = runtime();
+    let spec = spec("full");
+    let problem = random_decode_problem(&spec, shape((8, 2), 2, 1, 64), &[64, 3], vec![], 1);
+    let dense = rt.decode_plan(&spec, problem.shape, &options(&problem, None, false)).unwrap();
+    let paged = rt.decode_plan(&spec, problem.shape, &options(&problem, None, true)).unwrap();
+    let mut on_pages = DeviceDecode::upload_paged(&rt, &spec, &problem, &problem.paged(&spec, 16, 2)).unwrap();
+    let err = on_pages.run(&rt, &dense, &problem).unwrap_err();
+    assert!(matches!(err, Error::DecodeCache { plan: "dense", got: "paged" }), "{err}");
+    let err = DeviceDecode::upload(&rt, &spec, &problem).unwrap().run(&rt, &paged, &problem).unwrap_err();
+    assert!(matches!(err, Error::DecodeCache { plan: "paged", got: "dense" }), "{err}");
+
+    let stream = rt.stream();
+    let q_layout = Layout::bshd(2, 1, 8, 128);
+    let q = stream.alloc_zeros::<bf16>(q_layout.len()).unwrap();
+    let mut o = stream.alloc_zeros::<bf16>(q_layout.len()).unwrap();
+    let cache = PagedLayout::contiguous(10, 16, 2, 128);
+    let k = stream.alloc_zeros::<bf16>(cache.as_layout().len()).unwrap();
+    let table = stream.clone_htod(&[0i32; 8]).unwrap();
+    let lens = stream.clone_htod(&[64i32, 3]).unwrap();
+    let mut run = |page_size: usize, pages_per_seq: usize, max_kv_len: usize| {
+        let layout = PagedLayout { page_size, ..cache };
+        let kv = PagedKv {
+            k: (&k, layout),
+            v: (&k, layout),
+            block_table: &table,
+            pages_per_seq,
+            kv_lens: &lens,
+            max_kv_len,
+            batch: 2,
+        };
+        paged
+            .run_paged(&rt, PagedDecodeIo { q: (&q, q_layout), o: (&mut o, q_layout), lse: None, kv }, &[])
+            .unwrap_err()
+    };
+    let err = run(0, 4, 64);
+    assert!(matches!(err, Error::ZeroPageSize), "{err}");
+    let err = run(16, 3, 48);
+    assert!(matches!(err, Error::PagedEntries { which: "block_table", len: 8, expected: 6 }), "{err}");
+    let err = run(16, 4, 65);
+    assert!(matches!(err, Error::MaxKvLenPastPages { max_kv_len: 65, capacity: 64 }), "{err}");
+    let err = run(16, 4, 48);
+    assert!(matches!(err, Error::DecodePlanMismatch { plan: 64, got: 48, .. }), "{err}");
 }

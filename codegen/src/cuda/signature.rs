@@ -200,6 +200,20 @@ pub(super) fn decode_args(spec: &Spec) -> Vec<KernelArg> {
     named(spec, kinds)
 }
 
+/// A paged decode kernel: as [`decode_args`]', with the block table and its
+/// sizes after the lengths, and K's and V's batch strides replaced by their
+/// page strides (their seq strides are a page's rows').
+pub(super) fn decode_paged_args(spec: &Spec) -> Vec<KernelArg> {
+    let kinds = decode_args(spec).into_iter().flat_map(|arg| match arg.kind {
+        ArgKind::KvLens => {
+            vec![arg.kind, ArgKind::BlockTable, ArgKind::PagesPerSeq, ArgKind::PageSize, ArgKind::NumPages]
+        }
+        ArgKind::Stride(op @ (Operand::K | Operand::V), Axis::Batch) => vec![ArgKind::PageStride(op)],
+        kind => vec![kind],
+    });
+    named(spec, kinds.collect())
+}
+
 /// The split decode's combine kernel: the partial results; O and the LSE;
 /// sizes; O's strides; the split count.
 pub(super) fn decode_combine_args(spec: &Spec) -> Vec<KernelArg> {

@@ -42,7 +42,8 @@
 //!
 //! `flashgen-bench --decode [--batches 1,16,64,256] [--kv-lens 1024,4096,16384,65536]`
 //! instead times the decode path (`flashgen_tools::decode_bench`): GB/s of
-//! K and V per batch and cache length, and a device-to-device copy row.
+//! K and V per batch and cache length, on a dense cache and on 16-row
+//! pages, and a device-to-device copy row.
 //!
 //! `flashgen-bench --prefill [--cached 0,8192,30720]` instead times chunked
 //! prefill against a paged cache (`flashgen_tools::prefill_bench`): pages of

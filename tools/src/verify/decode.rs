@@ -3,16 +3,21 @@
 //! lengths on the device, a [`DecodePlan`] run on NaN-poisoned outputs, and
 //! the result in the varlen reference's layouts: a decode step is the
 //! varlen forward of `q_len` queries per sequence against its first
-//! `kv_lens[b]` cache rows, tensors' `KV_LEN` dims the cache's rows.
+//! `kv_lens[b]` cache rows, tensors' `KV_LEN` dims the cache's rows. The
+//! same step runs on paged caches ([`DeviceDecode::upload_paged`]): its
+//! keys scattered into pages of a shuffled block table
+//! ([`DecodeProblem::paged`]), judged by the same reference.
 
 use super::{
-    driver, gather, launch_args, median_ms_after, random_tensors, round, upload_operands, upload_tensors, DeviceTensor,
-    GpuOutput, Operands,
+    driver, gather, launch_args, median_ms_after, random_tensors, round, scatter, upload_operands, upload_tensors,
+    DeviceTensor, GpuOutput, Operands, Storage,
 };
-use flashgen::codegen::reference::{ParamValue, Problem, VarlenProblem};
+use flashgen::codegen::reference::{PagedProblem, ParamValue, Problem, VarlenProblem};
 use flashgen::codegen::{Dtype, Shape, Spec};
 use flashgen::cudarc::driver::{CudaSlice, CudaStream};
-use flashgen::runtime::{DecodeIo, DecodePlan, DecodeShape, Error, Layout, Runtime};
+use flashgen::runtime::{
+    DecodeIo, DecodePlan, DecodeShape, Error, Layout, PagedDecodeIo, PagedKv, PagedLayout, Runtime,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
@@ -77,6 +82,22 @@ impl DecodeProblem {
         self.kv_lens = kv_lens.to_vec();
         self
     }
+
+    /// The step's keys and values in pages of `page_size` rows, drawn from
+    /// a shuffled pool with two spare pages of noise (`paged::into_pages`);
+    /// a sequence's pages hold `max_kv_len` keys, so every problem of one
+    /// shape and page size has the same caches' sizes.
+    pub fn paged(&self, spec: &Spec, page_size: usize, seed: u64) -> PagedProblem {
+        super::paged::into_pages(spec, &self.reference, page_size, 2, seed)
+    }
+}
+
+/// The paged caches of a [`DeviceDecode`] (whose K and V operands are then
+/// the pages): the block table and the caches' layouts.
+struct Pages {
+    block_table: CudaSlice<i32>,
+    pages_per_seq: usize,
+    caches: [PagedLayout; 2],
 }
 
 /// A decode problem's operands, LSE, lengths and tensors on the GPU.
@@ -88,23 +109,56 @@ pub struct DeviceDecode {
     layouts: [Layout; 4],
     shape: DecodeShape,
     stream: Arc<CudaStream>,
+    /// Paged caches; `None`: the dense cache.
+    pages: Option<Pages>,
 }
 
 impl DeviceDecode {
     /// Uploads `problem` (contiguous BSHD operands), O and the LSE poisoned.
     pub fn upload(rt: &Runtime, spec: &Spec, problem: &DecodeProblem) -> Result<Self, Error> {
+        let DecodeShape { batch, heads_kv, max_kv_len, .. } = problem.shape;
+        let caches =
+            [spec.head_dims.qk, spec.head_dims.v].map(|d| Layout::bshd(batch, max_kv_len, heads_kv, d as usize));
+        Self::upload_with(rt, spec, problem, [&problem.k_cache, &problem.v_cache], caches, None)
+    }
+
+    /// Uploads `problem` with its keys and values in `paged`'s pages
+    /// (contiguous paged caches; [`DecodeProblem::paged`]), O and the LSE
+    /// poisoned: runs go to [`DecodePlan::run_paged`].
+    pub fn upload_paged(
+        rt: &Runtime,
+        spec: &Spec,
+        problem: &DecodeProblem,
+        paged: &PagedProblem,
+    ) -> Result<Self, Error> {
+        let caches = paged_layouts(spec, problem.shape, paged);
+        let table: Vec<i32> = paged.block_table.iter().map(|&p| p as i32).collect();
+        let block_table = rt.stream().clone_htod(&table).map_err(driver("upload the block table"))?;
+        let pages = Pages { block_table, pages_per_seq: paged.pages_per_seq, caches };
+        let host = [&paged.problem.k, &paged.problem.v];
+        Self::upload_with(rt, spec, problem, host, caches.map(|c| c.as_layout()), Some(pages))
+    }
+
+    fn upload_with(
+        rt: &Runtime,
+        spec: &Spec,
+        problem: &DecodeProblem,
+        caches: [&Vec<f64>; 2],
+        cache_layouts: [Layout; 2],
+        pages: Option<Pages>,
+    ) -> Result<Self, Error> {
         let stream = rt.stream().clone();
         let shape = problem.shape;
-        let DecodeShape { batch, heads, heads_kv, q_len, max_kv_len } = shape;
+        let DecodeShape { batch, heads, q_len, .. } = shape;
         let (dqk, dv) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
         let layouts = [
             Layout::bshd(batch, q_len, heads, dqk),
-            Layout::bshd(batch, max_kv_len, heads_kv, dqk),
-            Layout::bshd(batch, max_kv_len, heads_kv, dv),
+            cache_layouts[0],
+            cache_layouts[1],
             Layout::bshd(batch, q_len, heads, dv),
         ];
         let o_poison = vec![f64::NAN; layouts[3].len()];
-        let host = [&problem.reference.problem.q, &problem.k_cache, &problem.v_cache, &o_poison];
+        let host = [&problem.reference.problem.q, caches[0], caches[1], &o_poison];
         let operands = match spec.dtype {
             Dtype::F16 => Operands::F16(upload_operands(&stream, host, &layouts)?),
             Dtype::Bf16 => Operands::Bf16(upload_operands(&stream, host, &layouts)?),
@@ -113,7 +167,44 @@ impl DeviceDecode {
         let lens: Vec<i32> = problem.kv_lens.iter().map(|&n| n as i32).collect();
         let kv_lens = stream.clone_htod(&lens).map_err(driver("upload kv_lens"))?;
         let tensors = upload_tensors(&stream, spec, &problem.reference.problem.tensors)?;
-        Ok(DeviceDecode { operands, lse, kv_lens, tensors, layouts, shape, stream })
+        Ok(DeviceDecode { operands, lse, kv_lens, tensors, layouts, shape, stream, pages })
+    }
+
+    /// Overwrites the paged caches, block table and lengths with `paged`'s
+    /// (caches of the sizes uploaded), in stream order: what a captured
+    /// step reads on its next replay.
+    pub fn set_pages(&mut self, paged: &PagedProblem) -> Result<(), Error> {
+        let err = driver("upload the paged caches");
+        let pages = self.pages.as_mut().expect("a paged upload");
+        let table: Vec<i32> = paged.block_table.iter().map(|&p| p as i32).collect();
+        self.stream.memcpy_htod(&table, &mut pages.block_table).map_err(err)?;
+        let [lk, lv] = pages.caches.map(|c| c.as_layout());
+        fn write<T: Storage>(
+            s: &Arc<CudaStream>,
+            to: &mut CudaSlice<T>,
+            host: &[f64],
+            l: &Layout,
+        ) -> Result<(), Error> {
+            s.memcpy_htod(&scatter::<T>(host, l), to).map_err(driver("upload the paged caches"))
+        }
+        match &mut self.operands {
+            Operands::F16([_, k, v, _]) => {
+                write(&self.stream, k, &paged.problem.k, &lk)?;
+                write(&self.stream, v, &paged.problem.v, &lv)?;
+            }
+            Operands::Bf16([_, k, v, _]) => {
+                write(&self.stream, k, &paged.problem.k, &lk)?;
+                write(&self.stream, v, &paged.problem.v, &lv)?;
+            }
+        }
+        self.set_kv_lens(&paged.kv_lens.iter().map(|&n| n as i32).collect::<Vec<_>>())
+    }
+
+    /// Overwrites the block table on the device (anything: the kernel
+    /// clamps page ids into the caches), in stream order.
+    pub fn set_block_table(&mut self, table: &[i32]) -> Result<(), Error> {
+        let pages = self.pages.as_mut().expect("a paged upload");
+        self.stream.memcpy_htod(table, &mut pages.block_table).map_err(driver("upload the block table"))
     }
 
     /// Overwrites the lengths on the device (anything: the kernel clamps
@@ -122,11 +213,26 @@ impl DeviceDecode {
         self.stream.memcpy_htod(lens, &mut self.kv_lens).map_err(driver("upload kv_lens"))
     }
 
-    /// Queues one decode step in `plan` (asynchronous).
+    /// Queues one decode step in `plan` (asynchronous): [`DecodePlan::run`]
+    /// on a dense cache, [`DecodePlan::run_paged`] on pages.
     pub fn run(&mut self, rt: &Runtime, plan: &DecodePlan, problem: &DecodeProblem) -> Result<(), Error> {
         let args = launch_args(&self.tensors, &problem.reference.problem);
         let [lq, lk, lv, lo] = self.layouts;
         let (lse, kv_lens) = (Some(&mut self.lse), &self.kv_lens);
+        if let Some(pages) = &self.pages {
+            let (batch, max_kv_len) = (self.shape.batch, self.shape.max_kv_len);
+            let (block_table, pages_per_seq, [ck, cv]) = (&pages.block_table, pages.pages_per_seq, pages.caches);
+            return match &mut self.operands {
+                Operands::F16([q, k, v, o]) => {
+                    let kv = PagedKv { k: (k, ck), v: (v, cv), block_table, pages_per_seq, kv_lens, max_kv_len, batch };
+                    plan.run_paged(rt, PagedDecodeIo { q: (q, lq), o: (o, lo), lse, kv }, &args)
+                }
+                Operands::Bf16([q, k, v, o]) => {
+                    let kv = PagedKv { k: (k, ck), v: (v, cv), block_table, pages_per_seq, kv_lens, max_kv_len, batch };
+                    plan.run_paged(rt, PagedDecodeIo { q: (q, lq), o: (o, lo), lse, kv }, &args)
+                }
+            };
+        }
         match &mut self.operands {
             Operands::F16([q, k, v, o]) => {
                 let io = DecodeIo { q: (q, lq), k: (k, lk), v: (v, lv), o: (o, lo), lse, kv_lens };
@@ -177,6 +283,14 @@ impl DeviceDecode {
         }
         Ok(GpuOutput { o, lse: varlen })
     }
+}
+
+/// Contiguous K and V caches of `paged`'s pages.
+fn paged_layouts(spec: &Spec, shape: DecodeShape, paged: &PagedProblem) -> [PagedLayout; 2] {
+    let row = paged.page_size * shape.heads_kv * spec.head_dims.qk as usize;
+    let num_pages = paged.problem.k.len() / row.max(1);
+    [spec.head_dims.qk, spec.head_dims.v]
+        .map(|d| PagedLayout::contiguous(num_pages, paged.page_size, shape.heads_kv, d as usize))
 }
 
 /// Random lengths for `batch` sequences in `[lo, hi]`.

@@ -10,14 +10,24 @@ use std::fmt::{self, Write};
 
 /// The CTA's coordinates, its split of the keys, the K/V row addressing
 /// and the prologue: Q, then `STAGES - 1` K/V tiles in flight.
-pub(super) fn write_setup(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
-    write_coordinates(w)?;
+pub(super) fn write_setup(w: &mut Writer<String>, spec: &Spec, cache: Cache) -> fmt::Result {
+    write_coordinates(w, cache)?;
     write_tile_kept(w, spec)?;
-    write_prologue(w)
+    write_prologue(w, cache)
+}
+
+/// Where the kernel's K/V rows live: the one thing a paged decode kernel
+/// prints differently (its lengths, row addressing and tile copies).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Cache {
+    /// `[batch, max_kv_len, heads_kv, d]`, rows through `KvRows`.
+    Dense,
+    /// Pages through a block table, rows through `PagedKvRows`.
+    Paged,
 }
 
 /// Which rows, keys and split the CTA owns, and how it addresses the cache.
-fn write_coordinates(w: &mut Writer<String>) -> fmt::Result {
+fn write_coordinates(w: &mut Writer<String>, cache: Cache) -> fmt::Result {
     w.write_str(
         "\
 extern __shared__ __align__(128) unsigned short smem[];
@@ -38,18 +48,34 @@ const int rows = group * q_len;
 if (row0 >= rows) return;
 const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair
+",
+    )?;
+    w.write_str(match cache {
+        Cache::Dense => {
+            "\
 const int kv_len = cache_len(kv_lens, b, max_kv_len);
 const int kv_tiles = (kv_len + BLOCK_N - 1) / BLOCK_N;
 const KvRows k_rows{k_ptr + b * k_batch_stride + kv_head * k_head_stride, k_seq_stride};
 const KvRows v_rows{v_ptr + b * v_batch_stride + kv_head * v_head_stride, v_seq_stride};
-const bool k_vector = k_rows.vector(), v_vector = v_rows.vector();
-",
-    )
+"
+        }
+        Cache::Paged => {
+            "\
+// Sequence b's keys are in the pages its row of the block table names.
+const int kv_len = paged_kv_len(kv_lens, b, pages_per_seq, page_size, num_pages, max_kv_len);
+const int kv_tiles = (kv_len + BLOCK_N - 1) / BLOCK_N;
+const PageTable table{block_table + (long long)b * pages_per_seq, page_size, num_pages};
+const PagedKvRows k_rows{k_ptr + kv_head * k_head_stride, k_page_stride, k_seq_stride};
+const PagedKvRows v_rows{v_ptr + kv_head * v_head_stride, v_page_stride, v_seq_stride};
+"
+        }
+    })?;
+    w.write_str("const bool k_vector = k_rows.vector(), v_vector = v_rows.vector();\n")
 }
 
 /// This split's tiles, the K/V loads, then the prologue: Q, and
 /// `STAGES - 1` tiles in flight.
-fn write_prologue(w: &mut Writer<String>) -> fmt::Result {
+fn write_prologue(w: &mut Writer<String>, cache: Cache) -> fmt::Result {
     w.write_str(
         "\
 // This split's K/V tiles: an even share of the band of tiles the mask may
@@ -60,8 +86,26 @@ const int tile_end = min(tile_begin + per_split, band_end);
 auto load_kv = [&](int j, int stage) {
     if (!tile_kept(j)) return;
     const int first = j * BLOCK_N;
+",
+    )?;
+    w.write_str(match cache {
+        Cache::Dense => {
+            "    \
     load_kv_tile<BLOCK_N, DP, D, THREADS>(k_tiles + stage * K_TILE, k_rows, first, kv_len - first, k_vector);
     load_kv_tile<BLOCK_N, DVP, DV, THREADS>(v_tiles + stage * V_TILE, v_rows, first, kv_len - first, v_vector);
+"
+        }
+        Cache::Paged => {
+            "    \
+    // One key of the warp's share per lane, resolved once for K and V.
+    const PageSlot slot = tile_slot<BLOCK_N, WARPS>(table, first, kv_len - first);
+    load_paged_kv_tile<BLOCK_N, DP, D, WARPS>(k_tiles + stage * K_TILE, k_rows, slot, kv_len - first, k_vector);
+    load_paged_kv_tile<BLOCK_N, DVP, DV, WARPS>(v_tiles + stage * V_TILE, v_rows, slot, kv_len - first, v_vector);
+"
+        }
+    })?;
+    w.write_str(
+        "\
 };
 
 // Prologue: the Q rows (plain loads, once), then STAGES - 1 K/V tiles in

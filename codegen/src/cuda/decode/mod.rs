@@ -12,8 +12,15 @@
 //!   epilogue through shared memory.
 //! - **Pipeline.** K/V tiles stream through `STAGES` (3–4) shared-memory
 //!   stages by `cp.async` in 16-byte coalesced copies, `STAGES − 1` tiles in
-//!   flight; every cache address comes from `KvRows` (`library/decode.cuh`),
-//!   the one place a paged layout would change.
+//!   flight; every cache address comes from `KvRows` (`library/decode.cuh`)
+//!   or, in a paged kernel, `PagedKvRows` (`library/decode_paged.cuh`).
+//! - **Paged caches** (`emit_decode_paged`). The same kernel, its K/V rows
+//!   read through a block table: each warp copies a fixed share of every
+//!   tile's keys, each lane resolves one key of that share per tile (a
+//!   division and a table read, clamped as the paged forward's), and the
+//!   lanes copying the key's chunks take its page by shuffle; lengths are
+//!   clamped as `library/paged.cuh` clamps them. Everything past the copies
+//!   is the dense kernel's (`body::Cache` is the one difference).
 //! - **Split-KV (Flash-Decoding).** Where batch × K/V heads CTAs cannot fill
 //!   the GPU, `num_splits` CTAs share a sequence's keys, each writing its
 //!   rows (f32, normalized) and LSE to a workspace; the combine kernel
@@ -44,27 +51,47 @@ pub use plan::{split_count, DecodeConfig, DECODE_BLOCK_N, DECODE_WARPS, MAX_SPLI
 
 use crate::abi::{Grid, Kernel};
 use crate::cuda::library::Part;
-use crate::cuda::signature::{decode_args, decode_combine_args};
+use crate::cuda::signature::{decode_args, decode_combine_args, decode_paged_args};
 use crate::cuda::source::{assemble, kernel_name, Entry, Piece};
 use crate::cuda::writer::Writer;
 use crate::spec::{Dtype, Spec};
-use body::{write_setup, write_tile_loop};
+use body::{write_setup, write_tile_loop, Cache};
 use combine::{write_combine_body, write_combine_config, COMBINE_THREADS};
 use epilogue::write_epilogue;
 use std::fmt::{self, Write};
 
-/// The decode kernel of `spec` in `config`. Deterministic, like every
-/// emitter.
+/// The decode kernel of `spec` in `config` over a dense cache
+/// `[batch, max_kv_len, heads_kv, d]`. Deterministic, like every emitter.
 pub fn emit_decode(spec: &Spec, config: DecodeConfig) -> Kernel {
+    emit(spec, config, Cache::Dense)
+}
+
+/// The decode kernel of `spec` in `config` over paged caches: key `k` of
+/// sequence `b` is row `k % page_size` of page `block_table[b][k /
+/// page_size]` (`crate::paged`), lengths and page ids clamped.
+pub fn emit_decode_paged(spec: &Spec, config: DecodeConfig) -> Kernel {
+    emit(spec, config, Cache::Paged)
+}
+
+fn emit(spec: &Spec, config: DecodeConfig, cache: Cache) -> Kernel {
     let view = spec.varlen_view();
-    let name = kernel_name("decode", spec);
-    let args = decode_args(&view);
+    let (name, args) = match cache {
+        Cache::Dense => (kernel_name("decode", spec), decode_args(&view)),
+        Cache::Paged => (kernel_name("decode_paged", spec), decode_paged_args(&view)),
+    };
     let bounds = format!("THREADS, {}", config.ctas_per_sm);
     let mut library = vec![vec![Piece::Part(Part::Prelude)]];
     if tiles::classifies(spec) {
         library.push(vec![Piece::Part(Part::Ranges)]);
     }
-    library.extend([vec![Piece::Part(Part::Tiles)], vec![Piece::Part(Part::Decode)]]);
+    library.push(vec![Piece::Part(Part::Tiles)]);
+    if cache == Cache::Paged {
+        library.extend([vec![Piece::Part(Part::Varlen)], vec![Piece::Part(Part::Paged)]]);
+    }
+    library.push(vec![Piece::Part(Part::Decode)]);
+    if cache == Cache::Paged {
+        library.push(vec![Piece::Part(Part::DecodePaged)]);
+    }
     let entry = Entry { name: &name, bounds: &bounds, args: &args };
     let source = assemble(
         &view,
@@ -72,7 +99,7 @@ pub fn emit_decode(spec: &Spec, config: DecodeConfig) -> Kernel {
         |w| write_config(w, &view, config),
         entry,
         |w| {
-            write_setup(w, &view)?;
+            write_setup(w, &view, cache)?;
             write_tile_loop(w, &view)?;
             write_epilogue(w, &view)
         },

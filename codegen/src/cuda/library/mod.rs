@@ -121,6 +121,12 @@ pub enum Part {
     /// multi-stage waits and the Q rows of a K/V head's query group.
     Decode,
 
+    /// Paged decode kernels' cache rows: each warp's share of a K/V tile
+    /// resolved through the block table once per key, then copied by chunks
+    /// whose lanes take the key's page by shuffle. Follows `Paged` and
+    /// `Decode`.
+    DecodePaged,
+
     /// Hopper's tensor memory accelerator (TMA) for the producers of the
     /// warp-specialized kernels (the persistent forward, the backward's dK/dV
     /// kernel): one thread hands the copy engine a whole tile (a
@@ -177,6 +183,7 @@ impl Part {
         Part::Varlen,
         Part::Paged,
         Part::Decode,
+        Part::DecodePaged,
         Part::Tma,
         Part::TmaStore,
         Part::Trace,
@@ -201,6 +208,7 @@ impl Part {
             Part::Varlen => include_str!("varlen.cuh"),
             Part::Paged => include_str!("paged.cuh"),
             Part::Decode => include_str!("decode.cuh"),
+            Part::DecodePaged => include_str!("decode_paged.cuh"),
             Part::Tma => include_str!("tma.cuh"),
             Part::TmaStore => include_str!("tma_store.cuh"),
             Part::Trace => include_str!("trace.cuh"),
@@ -226,6 +234,7 @@ impl Part {
             Part::Varlen => "varlen.cuh",
             Part::Paged => "paged.cuh",
             Part::Decode => "decode.cuh",
+            Part::DecodePaged => "decode_paged.cuh",
             Part::Tma => "tma.cuh",
             Part::TmaStore => "tma_store.cuh",
             Part::Trace => "trace.cuh",

@@ -1,0 +1,88 @@
+// ---- decode over paged K/V: a tile's keys through the block table -----------------
+// A paged decode kernel reads its cache rows here, as a dense one reads them
+// through KvRows. Each warp copies a fixed, contiguous share of every K/V
+// tile's keys (WARP_ROWS of them); lane i of the warp resolves its share's
+// key i once per tile (one division and one block-table read, both clamped
+// as paged_row clamps), and the lanes copying that key's 16-byte chunks take
+// its page and row from lane i by shuffle: nothing is divided or read from
+// the table per chunk. `flashgen_codegen::paged::{page_slot, warp_tile_row}`
+// are the CPU twins.
+
+// A key's page (clamped into the cache) and its row in that page.
+struct PageSlot {
+    int page, row;
+};
+
+// One sequence's row of the block table and the cache's page geometry.
+struct PageTable {
+    const int* __restrict__ pages;
+    int page_size, num_pages;
+    // Key k's slot, 0 <= k < the sequence's clamped length (paged_kv_len),
+    // so the table entry read is one of the sequence's pages_per_seq.
+    __device__ __forceinline__ PageSlot slot(int k) const {
+        return {min(max(pages[k / page_size], 0), num_pages - 1), k % page_size};
+    }
+};
+
+// The rows of one K/V head in a paged cache: `base` is the head's first
+// element in page 0.
+struct PagedKvRows {
+    const unsigned short* base;
+    long long page_stride, row_stride;
+    __device__ __forceinline__ const unsigned short* at(int page, int row) const {
+        return base + page * page_stride + row * row_stride;
+    }
+    // Whether every row allows 16-byte copies.
+    __device__ __forceinline__ bool vector() const { return aligned16(base, page_stride) && row_stride % 8 == 0; }
+};
+
+// The tile row this lane resolves: its warp's share of the tile's ROWS keys
+// starts at warp * WARP_ROWS, and lanes past the share repeat it.
+template <int ROWS, int WARPS>
+__device__ __forceinline__ int warp_tile_row() {
+    constexpr int WARP_ROWS = ROWS / WARPS;
+    static_assert(ROWS % WARPS == 0 && WARP_ROWS <= 32, "a warp's share of a tile is at most a key per lane");
+    return threadIdx.x / 32 * WARP_ROWS + threadIdx.x % 32 % WARP_ROWS;
+}
+
+// This lane's resolved key of the tile whose first key is `first`; keys at
+// or past `rows` (the sequence's end) are never copied and read no table.
+template <int ROWS, int WARPS>
+__device__ __forceinline__ PageSlot tile_slot(const PageTable& table, int first, int rows) {
+    const int r = warp_tile_row<ROWS, WARPS>();
+    return r < rows ? table.slot(first + r) : PageSlot{0, 0};
+}
+
+// Copies the tile's keys into a swizzled shared tile of COLS columns, rows
+// at or past `rows` (and cols past WIDTH) zero-filled, each warp its share
+// of the rows, `slot` this lane's resolved key (tile_slot). 16-byte copies
+// where `vector`, consecutive lanes taking consecutive chunks of a row (a
+// warp's copies stay coalesced within each page row); element by element
+// otherwise. Every lane runs every step: the shuffles need the whole warp.
+template <int ROWS, int COLS, int WIDTH, int WARPS>
+__device__ __forceinline__ void load_paged_kv_tile(unsigned short* tile, const PagedKvRows& kv, PageSlot slot, int rows,
+                                                   bool vector) {
+    constexpr int WARP_ROWS = ROWS / WARPS;
+    const int r0 = threadIdx.x / 32 * WARP_ROWS, lane = threadIdx.x % 32;
+    if (WIDTH % 8 == 0 && vector) {
+        constexpr int CHUNKS = COLS / 8;
+        #pragma unroll
+        for (int step = 0; step < (WARP_ROWS * CHUNKS + 31) / 32; ++step) {
+            const int e = step * 32 + lane, i = min(e / CHUNKS, WARP_ROWS - 1), c = e % CHUNKS * 8;
+            const int page = __shfl_sync(0xffffffffu, slot.page, i), row = __shfl_sync(0xffffffffu, slot.row, i);
+            const bool valid = r0 + i < rows && c < WIDTH;
+            if (e < WARP_ROWS * CHUNKS) {
+                cp_async_16(tile + swizzle<COLS>(r0 + i, c), valid ? kv.at(page, row) + c : kv.base, valid ? 16 : 0);
+            }
+        }
+    } else {
+        #pragma unroll 1
+        for (int step = 0; step < (WARP_ROWS * COLS + 31) / 32; ++step) {
+            const int e = step * 32 + lane, i = min(e / COLS, WARP_ROWS - 1), c = e % COLS;
+            const int page = __shfl_sync(0xffffffffu, slot.page, i), row = __shfl_sync(0xffffffffu, slot.row, i);
+            if (e < WARP_ROWS * COLS) {
+                tile[swizzle<COLS>(r0 + i, c)] = r0 + i < rows && c < WIDTH ? kv.at(page, row)[c] : (unsigned short)0;
+            }
+        }
+    }
+}
