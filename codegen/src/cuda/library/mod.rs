@@ -171,7 +171,7 @@ pub enum Part {
 
 impl Part {
     /// Every part, in the order kernels include them.
-    pub const ALL: [Part; 19] = [
+    pub const ALL: [Part; 20] = [
         Part::Prelude,
         Part::IntOps,
         Part::Ranges,
