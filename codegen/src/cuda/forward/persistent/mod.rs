@@ -20,7 +20,6 @@ mod consumers;
 mod producer;
 
 use super::item::{write_item_rows, ItemRole};
-use super::logit::two_conjuncts;
 use super::plan::{Plan, ONES_TILE_BYTES};
 use super::softmax::RowSums;
 use super::staged_terms::StagedTerms;
@@ -32,6 +31,7 @@ use crate::cuda::kit::warp_roles::write_roles;
 use crate::cuda::signature::arg_name;
 use crate::cuda::tile_config::{ping_pong, TileConfig, TileCopy};
 use crate::cuda::writer::Writer;
+use crate::mask_parts::MaskParts;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 
@@ -307,7 +307,7 @@ fn classifies_groups(spec: &Spec, config: TileConfig) -> bool {
     ping_pong(config)
         && config.block_m() > config.block_n
         && spec.mask.as_ref().is_some_and(|m| !m.reads_tensor())
-        && two_conjuncts(spec).is_some()
+        && matches!(MaskParts::of(spec.mask.as_ref()), Some(MaskParts::Conjuncts(_)))
 }
 
 /// The per-warpgroup classes of each ring stage's tile ([`classifies_groups`]).
