@@ -18,7 +18,7 @@ use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
 
 /// The `.attn` stems of `specs/`, sorted.
-const VARIANTS: [&str; 11] = [
+const VARIANTS: [&str; 13] = [
     "alibi",
     "block_sparse",
     "causal",
@@ -26,8 +26,10 @@ const VARIANTS: [&str; 11] = [
     "document",
     "full",
     "gqa",
+    "longformer",
     "prefix_lm",
     "relative_bias",
+    "sink_window",
     "sliding_window",
     "softcap",
 ];
