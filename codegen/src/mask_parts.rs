@@ -16,7 +16,7 @@
 
 use crate::analysis::{classify_expr, TileClass};
 use crate::reference::ParamValue;
-use crate::spec::{BinOp, Builtin, Expr, ExprKind, Shape};
+use crate::spec::{BinOp, Builtin, Expr, ExprKind, Shape, Ty};
 
 /// The most disjuncts a mask may split into: a selector is two bits, 0 and
 /// one value per disjunct.
@@ -58,6 +58,22 @@ impl<'e> MaskParts<'e> {
             MaskParts::Conjuncts(pair) => pair,
             MaskParts::Disjuncts(list) => list,
         }
+    }
+
+    /// The disjunct that makes the first rows global ([`GlobalRows`]).
+    pub fn global_rows(&self) -> Option<GlobalRows<'e>> {
+        let MaskParts::Disjuncts(list) = self else { return None };
+        list.iter().copied().find_map(|e: &'e Expr| {
+            let ExprKind::Binary(op, a, b) = &e.kind else { return None };
+            let is_q = |x: &Expr| x.kind == ExprKind::Builtin(Builtin::Q);
+            let fixed = |x: &Expr| matches!(x.kind, ExprKind::Int(_) | ExprKind::Param(_)) && x.ty == Ty::I32;
+            let (bound, inclusive) = match op {
+                BinOp::Lt | BinOp::Le if is_q(a) && fixed(b) => (&**b, *op == BinOp::Le),
+                BinOp::Gt | BinOp::Ge if is_q(b) && fixed(a) => (&**a, *op == BinOp::Ge),
+                _ => return None,
+            };
+            Some(GlobalRows { bound, inclusive })
+        })
     }
 
     /// Whether part `x` decides the tiles it is alone on: every conjunct,
@@ -109,6 +125,46 @@ impl<'e> MaskParts<'e> {
     }
 }
 
+/// A disjunct `q < R` (or `q <= R`, `R > q`, `R >= q`) with R a literal or
+/// an i32 param: the first rows of every (batch, head) are global, each
+/// keeps every key, so their query tiles are an item's longest.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GlobalRows<'e> {
+    /// R.
+    pub bound: &'e Expr,
+    /// Whether row R is global too (`<=`, `>=`).
+    pub inclusive: bool,
+}
+
+impl GlobalRows<'_> {
+    /// The query tiles of `block_m` rows out of `q_tiles` that hold a global
+    /// row, given R's value: the kernels' `dense_tiles`.
+    pub fn dense_tiles(&self, bound: i32, q_len: i64, block_m: i64) -> i64 {
+        let rows = i64::from(bound) + i64::from(self.inclusive);
+        let q_tiles = (q_len + block_m - 1) / block_m;
+        match rows {
+            ..=0 => 0,
+            r if r >= q_len => q_tiles,
+            r => (r + block_m - 1) / block_m,
+        }
+    }
+}
+
+/// The query tile and (batch, head) of work item `item` (`bh` = b · heads
+/// + h) when global rows go first: the `dense_tiles` first query tiles of
+/// every (batch, head) are the first items, tile by tile, so that no long
+/// item is left for a launch's end; then the other tiles of each (batch,
+/// head), last rows first (the order without global rows). The twin of the
+/// kernels' decode (`forward/item_order.rs`).
+pub fn global_rows_first(item: i64, bhs: i64, q_tiles: i64, dense_tiles: i64) -> (i64, i64) {
+    let dense_items = dense_tiles * bhs;
+    if item < dense_items {
+        return (item % bhs, item / bhs);
+    }
+    let (rest, tiles) = (item - dense_items, q_tiles - dense_tiles);
+    (rest / tiles, q_tiles - 1 - rest % tiles)
+}
+
 /// The operands of `e`'s nested top-level `||`s, left to right.
 fn flatten_or<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
     match &e.kind {
@@ -146,6 +202,37 @@ mod tests {
         assert_eq!(count("(q - k <= w && k - q <= w) || q < g || k < g"), Some((false, 3)));
         assert_eq!(count("k < g || (q >= k || (q < g || k > w))"), None);
         assert_eq!(count("doc[b][q] == doc[b][k] || k < g"), None);
+    }
+
+    #[test]
+    fn global_rows_are_a_disjunct_bounding_q_by_a_constant() {
+        let rows = |body: &str| {
+            let e = mask(body);
+            let parts = MaskParts::of(Some(&e))?;
+            parts.global_rows().map(|g| (g.inclusive, matches!(g.bound.kind, ExprKind::Param(_))))
+        };
+        assert_eq!(rows("(q - k <= w && k - q <= w) || q < g || k < g"), Some((false, true)));
+        assert_eq!(rows("k < g || 7 >= q"), Some((true, false)));
+        assert_eq!(rows("k < g || q >= k"), None);
+        assert_eq!(rows("q < g && k < g"), None);
+        assert_eq!(rows("k < g || q < k"), None);
+    }
+
+    #[test]
+    fn global_rows_first_visits_every_tile_once_dense_ones_first() {
+        for (bhs, q_tiles, dense) in [(1, 1, 0), (1, 1, 1), (3, 5, 0), (3, 5, 2), (4, 6, 6), (7, 3, 1)] {
+            let order: Vec<(i64, i64)> =
+                (0..bhs * q_tiles).map(|i| global_rows_first(i, bhs, q_tiles, dense)).collect();
+            let mut seen = order.clone();
+            seen.sort_unstable();
+            seen.dedup();
+            assert_eq!(seen.len() as i64, bhs * q_tiles);
+            assert!(seen.iter().all(|&(bh, t)| (0..bhs).contains(&bh) && (0..q_tiles).contains(&t)));
+            assert!(order[..(dense * bhs) as usize].iter().all(|&(_, t)| t < dense));
+        }
+        let bound = mask("q < g");
+        let g = GlobalRows { bound: &bound, inclusive: false };
+        assert_eq!([-5, 0, 1, 64, 65, 1000].map(|r| g.dense_tiles(r, 300, 64)), [0, 0, 1, 1, 2, 5]);
     }
 
     #[test]
