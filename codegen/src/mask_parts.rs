@@ -150,12 +150,12 @@ impl GlobalRows<'_> {
     }
 }
 
-/// The query tile and (batch, head) of work item `item` (`bh` = b · heads
-/// + h) when global rows go first: the `dense_tiles` first query tiles of
-/// every (batch, head) are the first items, tile by tile, so that no long
-/// item is left for a launch's end; then the other tiles of each (batch,
-/// head), last rows first (the order without global rows). The twin of the
-/// kernels' decode (`forward/item_order.rs`).
+/// The (batch, head) pair (`bh` = b · heads + h) and query tile of work
+/// item `item` when global rows go first: the `dense_tiles` first query
+/// tiles of every (batch, head) are the first items, tile by tile, so that
+/// no long item is left for a launch's end; then the other tiles of each
+/// (batch, head), last rows first (the order without global rows). The
+/// twin of the kernels' decode (`forward/item_order.rs`).
 pub fn global_rows_first(item: i64, bhs: i64, q_tiles: i64, dense_tiles: i64) -> (i64, i64) {
     let dense_items = dense_tiles * bhs;
     if item < dense_items {
