@@ -73,37 +73,9 @@ pub(super) fn write_tile_classes(
     )?;
     let parts = MaskParts::of(Some(mask));
     let classes: Option<Vec<String>> = parts.as_ref().map(|p| p.exprs().iter().map(|e| class_expr(spec, e)).collect());
-    match (&parts, classes.as_deref(), reader) {
-        (Some(MaskParts::Conjuncts(_)), Some([a, b]), ClassReader::Cta) => write!(
-            w,
-            "\
-            // Bit x: conjunct x of the mask keeps every pair of tile j, and every\n\
-            // key of the tile exists (logit_only tests no bound at kv_len).\n\
-            auto whole_conjuncts = [&](int j) -> int {{\n\
-            \x20   if ((j + 1) * (long long)BLOCK_N > {kv_len}) return 0;\n\
-            \x20   const int k_lo = j * BLOCK_N, k_hi = k_lo + BLOCK_N - 1;\n\
-            \x20   return ({a}.lo == 1 ? 1 : 0) | ({b}.lo == 1 ? 2 : 0);\n\
-            }};\n"
-        )?,
-        (Some(split @ MaskParts::Disjuncts(_)), Some(ranges), ClassReader::Cta) => {
-            let names = range_names(ranges.len());
-            write!(
-                w,
-                "\
-                // 1 + x where disjunct x alone of the mask keeps pairs of tile j and\n\
-                // every key of the tile exists (logit_only tests no bound at kv_len),\n\
-                // else 0.\n\
-                auto lone_disjunct = [&](int j) -> int {{\n\
-                \x20   if ((j + 1) * (long long)BLOCK_N > {kv_len}) return 0;\n\
-                \x20   const int k_lo = j * BLOCK_N, k_hi = k_lo + BLOCK_N - 1;\n\
-                \x20   const Range {decl};\n\
-                \x20   return {lone};\n\
-                }};\n",
-                decl = range_decls(&names, ranges),
-                lone = lone_expr(split, &names),
-            )?
-        }
-        _ => {}
+    let parts = parts.as_ref().zip(classes.as_deref());
+    if let (Some(parts), ClassReader::Cta) = (parts, reader) {
+        write_cta_selector(w, parts, kv_len)?;
     }
     let keys = format!("j * BLOCK_N, min_i32((j + 1) * BLOCK_N, {kv_len}) - 1");
     if !mask.reads_tensor() {
@@ -137,9 +109,63 @@ pub(super) fn write_tile_classes(
     )?;
     write_next_tile(w, "kv_tiles", &format!("mask_class(j) == 0{skip}"), mask.reads_tensor())?;
     let keeps_all = format!("span_class(j, j + 1).lo == 1 || mask_class(j) == 2{full}");
-    match (reader, &parts, classes.as_deref()) {
-        (ClassReader::Cta, ..) => writeln!(w, "auto tile_full = [&](int j) {{ return {keeps_all}; }};"),
-        (ClassReader::RingWord, Some(MaskParts::Conjuncts(_)), Some([a, b])) => write!(
+    match (reader, parts) {
+        (ClassReader::Cta, _) => writeln!(w, "auto tile_full = [&](int j) {{ return {keeps_all}; }};"),
+        (ClassReader::RingWord, Some(parts)) => write_tile_bits(w, parts, kv_len, full),
+        (ClassReader::RingWord, None) => {
+            writeln!(w, "auto tile_bits = [&](int j) -> int {{ return {keeps_all} ? TILE_FULL : 0; }};")
+        }
+    }
+}
+
+/// A CTA's selector of tile j ([`MaskParts::selector`]) from the parts'
+/// classes (C `Range`s): `whole_conjuncts` or `lone_disjunct`.
+fn write_cta_selector(w: &mut Writer<String>, (parts, classes): (&MaskParts, &[String]), kv_len: &str) -> fmt::Result {
+    match (parts, classes) {
+        (MaskParts::Conjuncts(_), [a, b]) => write!(
+            w,
+            "\
+            // Bit x: conjunct x of the mask keeps every pair of tile j, and every\n\
+            // key of the tile exists (logit_only tests no bound at kv_len).\n\
+            auto whole_conjuncts = [&](int j) -> int {{\n\
+            \x20   if ((j + 1) * (long long)BLOCK_N > {kv_len}) return 0;\n\
+            \x20   const int k_lo = j * BLOCK_N, k_hi = k_lo + BLOCK_N - 1;\n\
+            \x20   return ({a}.lo == 1 ? 1 : 0) | ({b}.lo == 1 ? 2 : 0);\n\
+            }};\n"
+        ),
+        (split @ MaskParts::Disjuncts(_), ranges) => {
+            let names = range_names(ranges.len());
+            write!(
+                w,
+                "\
+                // 1 + x where disjunct x alone of the mask keeps pairs of tile j and\n\
+                // every key of the tile exists (logit_only tests no bound at kv_len),\n\
+                // else 0.\n\
+                auto lone_disjunct = [&](int j) -> int {{\n\
+                \x20   if ((j + 1) * (long long)BLOCK_N > {kv_len}) return 0;\n\
+                \x20   const int k_lo = j * BLOCK_N, k_hi = k_lo + BLOCK_N - 1;\n\
+                \x20   const Range {decl};\n\
+                \x20   return {lone};\n\
+                }};\n",
+                decl = range_decls(&names, ranges),
+                lone = lone_expr(split, &names),
+            )
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A ring producer's `tile_bits` under a mask with parts, each part's
+/// class (C `Range`s) evaluated once per tile: TILE_FULL, and the selector
+/// in TILE_WHOLE units. `full` is the C that also keeps a tile whole.
+fn write_tile_bits(
+    w: &mut Writer<String>,
+    (parts, classes): (&MaskParts, &[String]),
+    kv_len: &str,
+    full: &str,
+) -> fmt::Result {
+    match (parts, classes) {
+        (MaskParts::Conjuncts(_), [a, b]) => write!(
             w,
             "\
             // Tile j's bits of its word: TILE_FULL where the mask keeps every pair,\n\
@@ -155,7 +181,7 @@ pub(super) fn write_tile_classes(
         ),
         // Each disjunct once: their union decides a full tile, and a partial
         // one where one disjunct alone keeps pairs is that disjunct's.
-        (ClassReader::RingWord, Some(split @ MaskParts::Disjuncts(_)), Some(ranges)) => {
+        (split @ MaskParts::Disjuncts(_), ranges) => {
             let names = range_names(ranges.len());
             let union = names[1..].iter().fold(names[0].clone(), |acc, x| format!("r_or({acc}, {x})"));
             write!(
@@ -175,9 +201,7 @@ pub(super) fn write_tile_classes(
                 lone = lone_expr(split, &names),
             )
         }
-        (ClassReader::RingWord, ..) => {
-            writeln!(w, "auto tile_bits = [&](int j) -> int {{ return {keeps_all} ? TILE_FULL : 0; }};")
-        }
+        _ => Ok(()),
     }
 }
 
