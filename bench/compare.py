@@ -17,6 +17,7 @@ block-mask build times (create_block_mask); then one line per target of issue 4:
   - full and causal >= 1.0x sdpa-FLASH at every size
   - every masked/score-mod variant (all but full) >= 1.2x flex
   - none slower than flex (every variant >= 1.0x flex)
+and issue 38's longformer and sink-window >= 1.3x flex at 8k and 16k tokens,
 and, for `--backward` rows (variant+bwd, forward + backward at 3.5x the
 forward FLOPs), issue 5's: causal >= 1.0x sdpa-FLASH, every variant >= 1.2x flex.
 each `met`, `NOT met` (with the worst cell and the count below target), or
@@ -25,7 +26,7 @@ each `met`, `NOT met` (with the worst cell and the count below target), or
 import sys
 
 PEERS = ["sdpa-FLASH", "sdpa-CUDNN", "flex"]
-FORWARD = ["full", "causal", "swa1024", "doc", "softcap-causal", "alibi-causal"]
+FORWARD = ["full", "causal", "swa1024", "doc", "softcap-causal", "alibi-causal", "longformer", "sink-window"]
 # `--backward` rows: forward + backward of one training step, 3.5x the FLOPs.
 VARIANT_ORDER = FORWARD + [v + "+bwd" for v in FORWARD]
 
@@ -139,6 +140,10 @@ def main(bench_path, peers_path):
     target("every masked/score-mod variant ≥ 1.2× flex",
            [k for k in fwd if k[0] != "full"], "flex", 1.2)
     target("none slower than flex", fwd, "flex", 1.0)
+    global_tokens = [k for k in fwd if k[0] in ("longformer", "sink-window") and k[2] in (8192, 16384)]
+    if global_tokens:
+        print("\nTargets (issue 38, global tokens):\n")
+        target("longformer and sink-window ≥ 1.3× flex at 8k and 16k", global_tokens, "flex", 1.3)
     if bwd:
         print("\nTargets (issue 5, forward + backward):\n")
         target("causal ≥ 1.0× sdpa-FLASH", [k for k in bwd if k[0] == "causal+bwd"], "sdpa-FLASH", 1.0)

@@ -7,7 +7,9 @@ with peers timed in the same run on the same device:
   sdpa-FLASH  F.scaled_dot_product_attention, FlashAttention-2 backend (full, causal)
   sdpa-CUDNN  the same with the cuDNN backend (full, causal)
   flex        torch.compile(flex_attention) + create_block_mask(BLOCK_SIZE=128):
-              full (no mask), causal, swa1024, doc, softcap-causal, alibi-causal
+              full (no mask), causal, swa1024, doc, softcap-causal, alibi-causal,
+              longformer (a band of half-width BAND plus GLOBALS global rows and
+              columns), sink-window (SINKS sink keys plus a causal WINDOW-key window)
 plus the time create_block_mask takes to build the doc mask (row
 `create_block_mask doc ...`, wall clock with device syncs, median of 5 after
 one warm-up; the TFLOP/s column is `-`).
@@ -51,7 +53,10 @@ TOKENS = 32768
 HEADS = 16
 WINDOW = 1024
 DOCS = 4
-VARIANTS = ["full", "causal", "swa1024", "doc", "softcap-causal", "alibi-causal"]
+BAND = 256  # longformer: the band's half-width
+GLOBALS = 32  # longformer: global rows and columns
+SINKS = 4  # sink-window: sink keys beside the WINDOW-key window
+VARIANTS = ["full", "causal", "swa1024", "doc", "softcap-causal", "alibi-causal", "longformer", "sink-window"]
 SDPA_VARIANTS = ("full", "causal")
 
 
@@ -75,6 +80,14 @@ def density(variant, batch, s):
     if variant == "doc":
         kept = sum(row.count(doc) ** 2 for row in doc_ids(batch, s) for doc in range(DOCS))
         return kept / (batch * pairs)
+    if variant == "longformer":
+        # A global row keeps every key; another its band and the global columns below it.
+        return sum(s if q < GLOBALS else min(q + BAND, s - 1) - max(q - BAND, 0) + 1 + min(GLOBALS, max(q - BAND, 0))
+                   for q in range(s)) / pairs
+    if variant == "sink-window":
+        # The window, the sinks below it, and (first rows) the sinks past the query.
+        return sum(min(q + 1, WINDOW) + min(SINKS, max(q + 1 - WINDOW, 0)) + max(min(SINKS, s) - q - 1, 0)
+                   for q in range(s)) / pairs
     return 1.0
 
 
@@ -237,6 +250,12 @@ def run(variants, dims, seqs, backward):
     def swa(b, h, q, k):
         return (q >= k) & (q - k < WINDOW)
 
+    def longformer(b, h, q, k):
+        return ((q - k <= BAND) & (k - q <= BAND)) | (q < GLOBALS) | (k < GLOBALS)
+
+    def sink_window(b, h, q, k):
+        return (k < SINKS) | ((q >= k) & (q - k < WINDOW))
+
     def softcap(score, b, h, q, k):
         return 30.0 * torch.tanh(score / 30.0)
 
@@ -261,6 +280,10 @@ def run(variants, dims, seqs, backward):
             mask = block_mask(causal, None, s)
         elif variant == "swa1024":
             mask = block_mask(swa, None, s)
+        elif variant == "longformer":
+            mask = block_mask(longformer, None, s)
+        elif variant == "sink-window":
+            mask = block_mask(sink_window, None, s)
         elif variant == "doc":
             docs = torch.tensor(doc_ids(batch, s), device="cuda", dtype=torch.int32)
 

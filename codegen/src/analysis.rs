@@ -49,11 +49,28 @@ pub fn classify(
     q: (i32, i32),
     k: (i32, i32),
 ) -> TileClass {
+    match &spec.mask {
+        Some(mask) => classify_expr(mask, shape, params, b, h, q, k),
+        None if q.0 > q.1 || k.0 > k.1 => TileClass::Empty,
+        None => TileClass::Full,
+    }
+}
+
+/// [`classify`] for the bool expression `e` (a mask, or a part of one, see
+/// [`crate::mask_parts`]) in place of the spec's mask.
+pub fn classify_expr(
+    e: &Expr,
+    shape: &Shape,
+    params: &[ParamValue],
+    b: i32,
+    h: i32,
+    q: (i32, i32),
+    k: (i32, i32),
+) -> TileClass {
     if q.0 > q.1 || k.0 > k.1 {
         return TileClass::Empty;
     }
-    let Some(mask) = &spec.mask else { return TileClass::Full };
-    let r = lower(mask).eval(&Tile::new(shape, params, Region { b: (b, b), h: (h, h), q, k }));
+    let r = lower(e).eval(&Tile::new(shape, params, Region { b: (b, b), h: (h, h), q, k }));
     // A bool-typed expression stays within [0, 1].
     match (r.lo, r.hi) {
         (_, 0) => TileClass::Empty,

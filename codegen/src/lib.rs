@@ -11,6 +11,7 @@ pub mod cuda;
 pub mod error;
 pub mod grad;
 pub mod index_check;
+pub mod mask_parts;
 pub mod paged;
 pub mod reference;
 pub mod spec;

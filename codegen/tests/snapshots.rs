@@ -18,7 +18,7 @@ use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
 
 /// The `.attn` stems of `specs/`, sorted.
-const VARIANTS: [&str; 12] = [
+const VARIANTS: [&str; 14] = [
     "alibi",
     "block_sparse",
     "causal",
@@ -26,11 +26,13 @@ const VARIANTS: [&str; 12] = [
     "document",
     "full",
     "gqa",
+    "longformer",
     "prefix_lm",
     "relative_bias",
     "sink_window",
     "sliding_window",
     "softcap",
+    "streaming_window",
 ];
 
 /// The Hopper tile configurations the snapshots pin: two or three consumer

@@ -9,6 +9,12 @@
 //!
 //! `flashgen-bench [--variants causal,full] [--dims 64,128,192/128] [--seqs 1024,4096,16384] [--iters 20] [--backward] [--tune] [--varlen]`
 //!
+//! Variants (`VARIANTS`): `full`, `causal`, `swa1024` (a causal 1024-key
+//! window), `doc` (4 documents, a block mask), `softcap-causal`,
+//! `alibi-causal`, `longformer` (a band of half-width 256 plus 32 global
+//! rows and columns) and `sink-window` (4 sink keys plus a causal 1024-key
+//! window); `bench/peers.py` gives flex the same masks.
+//!
 //! `--dims` takes head dims `d` or `d_qk/d_v` (DeepSeek's 192/128).
 //!
 //! `--backward` also times one training step (forward, then backward into
@@ -73,15 +79,27 @@ const L2_FLUSH_BYTES: usize = 256 << 20;
 const HEADS: usize = 16;
 const WINDOW: usize = 1024;
 const DOCS: usize = 4;
+/// `longformer`: the band's half-width (Longformer's 512-key window) and
+/// the global tokens, rows and columns.
+const BAND: usize = 256;
+const GLOBALS: usize = 32;
+/// `sink-window`: StreamingLLM's 4 sink keys, beside a WINDOW-key window.
+const SINKS: usize = 4;
 
 /// The suite's variants: name and spec body (dtype and head_dim prepended).
-const VARIANTS: [(&str, &str); 6] = [
+const VARIANTS: [(&str, &str); 8] = [
     ("full", ""),
     ("causal", "mask: q >= k,"),
     ("swa1024", "param window: i32, mask: q >= k && q - k < window,"),
     ("doc", "tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k],"),
     ("softcap-causal", "mask: q >= k, score: 30.0 * tanh(score / 30.0),"),
     ("alibi-causal", "tensor slopes: f32[H], mask: q >= k, score: score + slopes[h] * (k - q) as f32,"),
+    (
+        "longformer",
+        "param window: i32, param globals: i32, \
+         mask: (q - k <= window && k - q <= window) || q < globals || k < globals,",
+    ),
+    ("sink-window", "param sinks: i32, param window: i32, mask: k < sinks || (q >= k && q - k < window),"),
 ];
 
 fn main() {
@@ -90,7 +108,7 @@ fn main() {
         let value = args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1));
         value.map_or(default, |v| v.as_str()).split(',').map(str::to_string).collect()
     };
-    let variants = list("--variants", "full,causal,swa1024,doc,softcap-causal,alibi-causal");
+    let variants = list("--variants", "full,causal,swa1024,doc,softcap-causal,alibi-causal,longformer,sink-window");
     let dims: Vec<Dims> = list("--dims", "128,64").iter().filter_map(|d| Dims::parse(d)).collect();
     let seqs: Vec<usize> = list("--seqs", "1024,4096,16384").iter().filter_map(|s| s.parse().ok()).collect();
     let iters: usize = list("--iters", "20")[0].parse().unwrap_or(20);
@@ -425,6 +443,29 @@ fn inputs(name: &str, batch: usize, s: usize) -> (Vec<ParamValue>, Vec<TensorDat
         "swa1024" => {
             let kept: usize = (0..s).map(|q| (q + 1).min(WINDOW)).sum();
             (vec![ParamValue::I32(WINDOW as i32)], vec![], kept as f64 / pairs)
+        }
+        "longformer" => {
+            // A global row keeps every key; another its band and the global
+            // columns below the band.
+            let row = |q: usize| {
+                let lo = q.saturating_sub(BAND);
+                if q < GLOBALS {
+                    s
+                } else {
+                    (q + BAND).min(s - 1) - lo + 1 + GLOBALS.min(lo)
+                }
+            };
+            let kept: usize = (0..s).map(row).sum();
+            (vec![ParamValue::I32(BAND as i32), ParamValue::I32(GLOBALS as i32)], vec![], kept as f64 / pairs)
+        }
+        "sink-window" => {
+            // The window, the sinks below it, and (for the first rows) the
+            // sinks past the query: the sinks are not causal.
+            let row = |q: usize| {
+                (q + 1).min(WINDOW) + SINKS.min((q + 1).saturating_sub(WINDOW)) + SINKS.min(s).saturating_sub(q + 1)
+            };
+            let kept: usize = (0..s).map(row).sum();
+            (vec![ParamValue::I32(SINKS as i32), ParamValue::I32(WINDOW as i32)], vec![], kept as f64 / pairs)
         }
         "doc" => {
             // DOCS sorted documents of pseudo-random lengths per sequence.

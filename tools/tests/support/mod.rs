@@ -42,6 +42,9 @@ pub fn params(spec: &Spec) -> Vec<ParamValue> {
         .map(|p| match p.name.as_str() {
             "window" => ParamValue::I32(96),
             "prefix" => ParamValue::I32(70),
+            // Global tokens and sinks that end inside a tile.
+            "globals" => ParamValue::I32(40),
+            "sinks" => ParamValue::I32(20),
             "cap" => ParamValue::F32(30.0),
             "shift" => ParamValue::I32(6),
             other => panic!("no test value for param `{other}`"),

@@ -3,7 +3,6 @@
 //! producer's `tile_bits`), from interval arithmetic over the mask and,
 //! under a data-dependent mask, the block mask.
 
-use super::logit::two_conjuncts;
 use crate::analysis::block_uniform;
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::kit::tile_class::{class_expr, tile_class_expr};
@@ -11,6 +10,7 @@ use crate::cuda::kit::tile_walk::{write_block_class, write_next_tile};
 use crate::cuda::signature::names::BLOCK_MASK;
 use crate::cuda::tile_config::TileConfig;
 use crate::cuda::writer::Writer;
+use crate::mask_parts::MaskParts;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 
@@ -71,19 +71,11 @@ pub(super) fn write_tile_classes(
         // A block mask built for data-dependent masks (tensor reads) refines\n\
         // them: 0 = no pair kept, 2 = every pair kept, exact per tile.\n"
     )?;
-    let conjuncts = two_conjuncts(spec).map(|pair| pair.map(|e| class_expr(spec, e)));
-    if let (Some([a, b]), ClassReader::Cta) = (&conjuncts, reader) {
-        write!(
-            w,
-            "\
-            // Bit x: conjunct x of the mask keeps every pair of tile j, and every\n\
-            // key of the tile exists (logit_only tests no bound at kv_len).\n\
-            auto whole_conjuncts = [&](int j) -> int {{\n\
-            \x20   if ((j + 1) * (long long)BLOCK_N > {kv_len}) return 0;\n\
-            \x20   const int k_lo = j * BLOCK_N, k_hi = k_lo + BLOCK_N - 1;\n\
-            \x20   return ({a}.lo == 1 ? 1 : 0) | ({b}.lo == 1 ? 2 : 0);\n\
-            }};\n"
-        )?;
+    let parts = MaskParts::of(Some(mask));
+    let classes: Option<Vec<String>> = parts.as_ref().map(|p| p.exprs().iter().map(|e| class_expr(spec, e)).collect());
+    let parts = parts.as_ref().zip(classes.as_deref());
+    if let (Some(parts), ClassReader::Cta) = (parts, reader) {
+        write_cta_selector(w, parts, kv_len)?;
     }
     let keys = format!("j * BLOCK_N, min_i32((j + 1) * BLOCK_N, {kv_len}) - 1");
     if !mask.reads_tensor() {
@@ -117,13 +109,63 @@ pub(super) fn write_tile_classes(
     )?;
     write_next_tile(w, "kv_tiles", &format!("mask_class(j) == 0{skip}"), mask.reads_tensor())?;
     let keeps_all = format!("span_class(j, j + 1).lo == 1 || mask_class(j) == 2{full}");
-    match (reader, conjuncts) {
+    match (reader, parts) {
         (ClassReader::Cta, _) => writeln!(w, "auto tile_full = [&](int j) {{ return {keeps_all}; }};"),
+        (ClassReader::RingWord, Some(parts)) => write_tile_bits(w, parts, kv_len, full),
         (ClassReader::RingWord, None) => {
             writeln!(w, "auto tile_bits = [&](int j) -> int {{ return {keeps_all} ? TILE_FULL : 0; }};")
         }
-        // The producer classifies every tile it copies: each conjunct once.
-        (ClassReader::RingWord, Some([a, b])) => write!(
+    }
+}
+
+/// A CTA's selector of tile j ([`MaskParts::selector`]) from the parts'
+/// classes (C `Range`s): `whole_conjuncts` or `lone_disjunct`.
+fn write_cta_selector(w: &mut Writer<String>, (parts, classes): (&MaskParts, &[String]), kv_len: &str) -> fmt::Result {
+    match (parts, classes) {
+        (MaskParts::Conjuncts(_), [a, b]) => write!(
+            w,
+            "\
+            // Bit x: conjunct x of the mask keeps every pair of tile j, and every\n\
+            // key of the tile exists (logit_only tests no bound at kv_len).\n\
+            auto whole_conjuncts = [&](int j) -> int {{\n\
+            \x20   if ((j + 1) * (long long)BLOCK_N > {kv_len}) return 0;\n\
+            \x20   const int k_lo = j * BLOCK_N, k_hi = k_lo + BLOCK_N - 1;\n\
+            \x20   return ({a}.lo == 1 ? 1 : 0) | ({b}.lo == 1 ? 2 : 0);\n\
+            }};\n"
+        ),
+        (split @ MaskParts::Disjuncts(_), ranges) => {
+            let names = range_names(ranges.len());
+            write!(
+                w,
+                "\
+                // 1 + x where disjunct x alone of the mask keeps pairs of tile j and\n\
+                // every key of the tile exists (logit_only tests no bound at kv_len),\n\
+                // else 0.\n\
+                auto lone_disjunct = [&](int j) -> int {{\n\
+                \x20   if ((j + 1) * (long long)BLOCK_N > {kv_len}) return 0;\n\
+                \x20   const int k_lo = j * BLOCK_N, k_hi = k_lo + BLOCK_N - 1;\n\
+                \x20   const Range {decl};\n\
+                \x20   return {lone};\n\
+                }};\n",
+                decl = range_decls(&names, ranges),
+                lone = lone_expr(split, &names),
+            )
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A ring producer's `tile_bits` under a mask with parts, each part's
+/// class (C `Range`s) evaluated once per tile: TILE_FULL, and the selector
+/// in TILE_WHOLE units. `full` is the C that also keeps a tile whole.
+fn write_tile_bits(
+    w: &mut Writer<String>,
+    (parts, classes): (&MaskParts, &[String]),
+    kv_len: &str,
+    full: &str,
+) -> fmt::Result {
+    match (parts, classes) {
+        (MaskParts::Conjuncts(_), [a, b]) => write!(
             w,
             "\
             // Tile j's bits of its word: TILE_FULL where the mask keeps every pair,\n\
@@ -137,12 +179,65 @@ pub(super) fn write_tile_classes(
             \x20   return ((a.lo == 1 ? 1 : 0) | (b.lo == 1 ? 2 : 0)) * TILE_WHOLE;\n\
             }};\n"
         ),
+        // Each disjunct once: their union decides a full tile, and a partial
+        // one where one disjunct alone keeps pairs is that disjunct's.
+        (split @ MaskParts::Disjuncts(_), ranges) => {
+            let names = range_names(ranges.len());
+            let union = names[1..].iter().fold(names[0].clone(), |acc, x| format!("r_or({acc}, {x})"));
+            write!(
+                w,
+                "\
+                // Tile j's bits of its word: TILE_FULL where the mask keeps every pair,\n\
+                // else 1 + x (in TILE_WHOLE units) where disjunct x alone keeps pairs\n\
+                // of it and every key exists (logit_only tests no bound at kv_len).\n\
+                auto tile_bits = [&](int j) -> int {{\n\
+                \x20   const int k_lo = j * BLOCK_N, k_hi = min_i32((j + 1) * BLOCK_N, {kv_len}) - 1;\n\
+                \x20   const Range {decl};\n\
+                \x20   if ({union}.lo == 1 || mask_class(j) == 2{full}) return TILE_FULL;\n\
+                \x20   if ((j + 1) * (long long)BLOCK_N > {kv_len}) return 0;\n\
+                \x20   return ({lone}) * TILE_WHOLE;\n\
+                }};\n",
+                decl = range_decls(&names, ranges),
+                lone = lone_expr(split, &names),
+            )
+        }
+        _ => Ok(()),
     }
 }
 
-/// Who reads the tile classes: a CTA's own main loop (`tile_full`, and
-/// `whole_conjuncts` under a two-conjunct mask), or a ring producer that packs
-/// them into each tile's word (`tile_bits`).
+/// The C names of the disjuncts' `Range`s: `d0`, `d1`, ...
+fn range_names(n: usize) -> Vec<String> {
+    (0..n).map(|x| format!("d{x}")).collect()
+}
+
+/// `d0 = <class of disjunct 0>, d1 = ...`: one declaration's declarators.
+fn range_decls(names: &[String], ranges: &[String]) -> String {
+    names.iter().zip(ranges).map(|(n, r)| format!("{n} = {r}")).collect::<Vec<_>>().join(", ")
+}
+
+/// The selector ([`MaskParts::selector`]) as one C expression over the
+/// disjuncts' ranges `names`: 1 + x where only disjunct x may keep a pair
+/// (its `hi` is not 0) and it decides alone, else 0.
+fn lone_expr(parts: &MaskParts, names: &[String]) -> String {
+    let live: Vec<String> = names.iter().map(|n| format!("({n}.hi != 0)")).collect();
+    let value = |x: usize| if parts.decides(x) { x + 1 } else { 0 };
+    let last = value(names.len() - 1).to_string();
+    let which = (0..names.len() - 1).rev().fold(last, |acc, x| format!("{} ? {} : {acc}", live[x], value(x)));
+    format!("{} != 1 ? 0 : {which}", live.join(" + "))
+}
+
+/// The C of a CTA's selector for tile j ([`MaskParts`]): the lambda
+/// [`write_tile_classes`] declares for the mask's parts.
+pub(super) fn cta_selector(spec: &Spec) -> &'static str {
+    match MaskParts::of(spec.mask.as_ref()) {
+        Some(MaskParts::Disjuncts(_)) => "lone_disjunct(j)",
+        _ => "whole_conjuncts(j)",
+    }
+}
+
+/// Who reads the tile classes: a CTA's own main loop (`tile_full`, and the
+/// selector of a mask with parts: `whole_conjuncts` or `lone_disjunct`), or
+/// a ring producer that packs them into each tile's word (`tile_bits`).
 #[derive(Clone, Copy)]
 pub(super) enum ClassReader {
     Cta,

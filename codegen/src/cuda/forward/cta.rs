@@ -5,6 +5,7 @@
 use super::classes::{write_tile_classes, ClassReader, Stagers};
 use super::epilogue::{write_epilogue, OStaging};
 use super::item::{q_load, write_accumulators, write_item_rows, write_spec_terms, ItemRole};
+use super::item_order::write_cta_decode;
 use super::kv_loads::KvLoads;
 use super::mma::{write_smem_decl, write_tiles_visible, ShmemCols};
 use super::persistent;
@@ -39,13 +40,24 @@ pub(super) fn write_body(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
         unsigned short* k_tiles = q_tile + Q_TILE;  // [STAGES][K_TILE]\n\
         unsigned short* v_tiles = k_tiles + STAGES * K_TILE;  // [STAGES][V_TILE]\n\
         \n\
-        // The spec's built-ins b and h (q and k are bound per element below).\n\
-        const int b = blockIdx.z;\n\
-        const int h = blockIdx.y;\n\
-        // Query tiles in reverse launch order: under a causal mask the last rows\n\
-        // do the most work, and starting them first leaves light tiles for the\n\
-        // grid's tail.\n\
-        const int q_block = gridDim.x - 1 - blockIdx.x;\n\
+        // The spec's built-ins b and h (q and k are bound per element below).\n"
+    )?;
+    match plan.global_rows {
+        Some(rows) => write_cta_decode(w, spec, rows, &q_len)?,
+        None => write!(
+            w,
+            "\
+            const int b = blockIdx.z;\n\
+            const int h = blockIdx.y;\n\
+            // Query tiles in reverse launch order: under a causal mask the last rows\n\
+            // do the most work, and starting them first leaves light tiles for the\n\
+            // grid's tail.\n\
+            const int q_block = gridDim.x - 1 - blockIdx.x;\n"
+        )?,
+    }
+    write!(
+        w,
+        "\
         const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
         const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n"
     )?;

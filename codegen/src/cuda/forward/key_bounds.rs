@@ -25,6 +25,7 @@
 //! `kept_at_most` / `kept_at_least` where the row is bounded on one side
 //! only. Masks of other shapes keep the spec's expression.
 
+use crate::mask_parts::MaskParts;
 use crate::spec::{BinOp, Builtin, Expr, ExprKind, Ty};
 
 /// Declares `k0`, the lane's first key of the tile, in a logit lambda
@@ -56,7 +57,8 @@ pub(super) fn key_bounds(mask: Option<&Expr>) -> Option<Vec<KeyBound<'_>>> {
 /// How a logit lambda (after [`FIRST_KEY`]) keeps the columns of the row
 /// that `k < kv_len` and the `bounds` keep (C of each R by `c_rest`), the
 /// latter skipped where the C condition `full` holds (if any): its
-/// statements, and the call that keeps the logit, which ends in `(logit)`.
+/// statements (which declare `lo<suffix>` and `hi<suffix>`), and the call
+/// that keeps the logit, which ends in `(logit)`.
 /// With `in_bounds` every key of the tile exists and `k < kv_len` goes. A
 /// row bounded on one side only tests that side: one compare and the
 /// select per element instead of two and the select (a causal diagonal;
@@ -66,8 +68,9 @@ pub(super) fn column_test(
     bounds: &[KeyBound],
     full: Option<&str>,
     in_bounds: bool,
+    suffix: &str,
     c_rest: impl Fn(&Expr) -> String,
-) -> (Vec<String>, &'static str) {
+) -> (Vec<String>, String) {
     let (mut mask_lo, mut mask_hi) = (Vec::new(), Vec::new());
     for bound in bounds {
         let b = format!("key_bound<BLOCK_N>({})", bound.c_bound(&c_rest(bound.rest)));
@@ -94,13 +97,70 @@ pub(super) fn column_test(
         false => format!("key_bound<BLOCK_N>((long long){kv_len} - k0) - 1"),
     };
     let hi = fold(last, mask_hi, "min_i32");
-    let [lo, hi] = [format!("const int lo = {lo};"), format!("const int hi = {hi};")];
+    let [lo, hi] = [format!("const int lo{suffix} = {lo};"), format!("const int hi{suffix} = {hi};")];
     match (has_lo, has_hi) {
-        (true, true) => (vec![lo, hi], "kept_between(n * 8 + c, lo, hi, "),
-        (false, true) => (vec![hi], "kept_at_most(n * 8 + c, hi, "),
-        (true, false) => (vec![lo], "kept_at_least(n * 8 + c, lo, "),
-        (false, false) => (Vec::new(), "("),
+        (true, true) => (vec![lo, hi], format!("kept_between(n * 8 + c, lo{suffix}, hi{suffix}, ")),
+        (false, true) => (vec![hi], format!("kept_at_most(n * 8 + c, hi{suffix}, ")),
+        (true, false) => (vec![lo], format!("kept_at_least(n * 8 + c, lo{suffix}, ")),
+        (false, false) => (Vec::new(), "(".to_string()),
     }
+}
+
+/// A disjunct of a mask as the columns of a row it keeps: an interval, by
+/// key bounds, or all or none of the row, by a condition free of k (global
+/// rows, `q < g`).
+pub(super) enum RowPart<'e> {
+    Bounds(Vec<KeyBound<'e>>),
+    Row(&'e Expr),
+}
+
+/// The disjuncts of `mask` ([`MaskParts::Disjuncts`]) as [`RowPart`]s,
+/// when every one is one and there are three: ptxas's counts (sm_90a, the
+/// three-warpgroup d = 64 kernel) had Longformer's whole mask as C compares
+/// spill 94 loads in the consumers and its union none, while two
+/// disjuncts (prefix-LM, sinks plus a window) spilled more as a union.
+pub(super) fn row_parts<'e>(mask: Option<&'e Expr>) -> Option<Vec<RowPart<'e>>> {
+    let Some(MaskParts::Disjuncts(list)) = MaskParts::of(mask) else { return None };
+    if list.len() < 3 {
+        return None;
+    }
+    let part = |e: &'e Expr| match key_bounds(Some(e)) {
+        Some(bounds) => Some(RowPart::Bounds(bounds)),
+        None if !e.uses(Builtin::K) => Some(RowPart::Row(e)),
+        None => None,
+    };
+    list.into_iter().map(part).collect()
+}
+
+/// How a logit lambda (after [`FIRST_KEY`]) keeps the union of `parts`'
+/// columns, each as [`column_test`] keeps its own (the k-free ones all or
+/// none of the row, up to kv_len), skipped where `full` holds: the
+/// statements, and one call per part that keeps the logit (or −inf), each
+/// ending in `(logit)`; the lambda keeps their max. Each part's test stays
+/// one inline-PTX select, so no per-element boolean is left for LLVM to
+/// carry across the wait for S. The max keeps exactly the pairs the mask
+/// keeps; it differs from one select only for a NaN logit, which it drops
+/// where some part masks the pair.
+pub(super) fn union_test(
+    kv_len: &str,
+    parts: &[RowPart],
+    full: &str,
+    c_rest: impl Fn(&Expr) -> String,
+) -> (Vec<String>, Vec<String>) {
+    let (mut lines, mut calls) = (Vec::new(), Vec::new());
+    for (x, part) in parts.iter().enumerate() {
+        let (test, call) = match part {
+            RowPart::Bounds(bounds) => column_test(kv_len, bounds, Some(full), false, &x.to_string(), &c_rest),
+            RowPart::Row(cond) => {
+                let last = format!("key_bound<BLOCK_N>((long long){kv_len} - k0) - 1");
+                let hi = format!("const int hi{x} = {full} || ({}) ? {last} : -1;", c_rest(cond));
+                (vec![hi], format!("kept_at_most(n * 8 + c, hi{x}, "))
+            }
+        };
+        lines.extend(test);
+        calls.push(call);
+    }
+    (lines, calls)
 }
 
 /// A mask comparison `R OP k`, `R OP q - k`, `R OP k - q` (either side),
@@ -254,13 +314,13 @@ mod tests {
             let e = mask(body);
             let bounds = key_bounds(Some(&e)).unwrap();
             let c_rest = |e: &Expr| if e.kind == ExprKind::Builtin(Builtin::Q) { "q" } else { "p_w" }.to_string();
-            let (lines, call) = column_test("kv_len", &bounds, None, in_bounds, c_rest);
+            let (lines, call) = column_test("kv_len", &bounds, None, in_bounds, "", c_rest);
             (lines.join(" "), call)
         };
         // Below the diagonal: an upper bound only, and kv_len's where keys may be missing.
         let (lines, call) = test("q >= k", true);
         assert_eq!(
-            (lines.as_str(), call),
+            (lines.as_str(), call.as_str()),
             (
                 "const int hi = min_i32(BLOCK_N - 1, key_bound<BLOCK_N>((long long)q - k0));",
                 "kept_at_most(n * 8 + c, hi, "
@@ -273,6 +333,24 @@ mod tests {
         assert!(!lines.contains("kv_len") && call.starts_with("kept_at_least"), "{lines}");
         assert!(test("q - k < w", false).1.starts_with("kept_between"));
         assert!(test("q >= k && q - k < w", true).1.starts_with("kept_between"));
+    }
+
+    #[test]
+    fn three_disjuncts_of_bounds_and_rows_are_a_union_of_column_tests() {
+        let longformer = mask("(q - k <= w && k - q <= w) || q < w || k < w");
+        let parts = row_parts(Some(&longformer)).unwrap();
+        assert!(matches!(parts[..], [RowPart::Bounds(_), RowPart::Row(_), RowPart::Bounds(_)]));
+        let c_rest = |e: &Expr| if e.kind == ExprKind::Builtin(Builtin::Q) { "q" } else { "p_w" }.to_string();
+        let (lines, calls) = union_test("kv_len", &parts, "full", c_rest);
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        assert!(lines[2].starts_with("const int hi1 = full || ") && lines[2].ends_with(" : -1;"), "{}", lines[2]);
+        assert_eq!(
+            calls,
+            ["kept_between(n * 8 + c, lo0, hi0, ", "kept_at_most(n * 8 + c, hi1, ", "kept_at_most(n * 8 + c, hi2, "]
+        );
+        // Two disjuncts keep the mask as written; a k-reading part that is no bound too.
+        assert!(row_parts(Some(&mask("k < w || q >= k"))).is_none());
+        assert!(row_parts(Some(&mask("k < w || q < w || q + k < w"))).is_none());
     }
 
     #[test]

@@ -3,16 +3,20 @@
 //! runtime's tile preferences need.
 
 use super::key_bounds::key_bounds;
-use super::logit::two_conjuncts;
+use crate::mask_parts::MaskParts;
 use crate::spec::{Expr, ExprKind, Spec};
 
 /// Whether a spec's partial-tile code and score fit the registers of the
 /// d <= 64 tiles that hold the most (192-key S, three warpgroups): no mask
 /// of two conjuncts unless each bounds k (a sliding window: its partial
 /// tiles keep an interval of columns per row, `key_bounds`), no
-/// transcendental score.
+/// transcendental score. A mask of disjuncts fits as the whole mask does:
+/// each of its partial-tile loops tests one disjunct or the whole mask.
 pub fn is_light(spec: &Spec) -> bool {
-    let mask_fits = two_conjuncts(spec).is_none() || key_bounds(spec.mask.as_ref()).is_some();
+    let mask_fits = match MaskParts::of(spec.mask.as_ref()) {
+        Some(MaskParts::Conjuncts(_)) => key_bounds(spec.mask.as_ref()).is_some(),
+        None | Some(MaskParts::Disjuncts(_)) => true,
+    };
     mask_fits && !spec.score.as_ref().is_some_and(transcendental)
 }
 

@@ -3,11 +3,12 @@
 //! application to every element of S, interior tiles without mask code.
 
 use super::bias::{additive_bias, biased_logit, reads_first_key};
-use super::key_bounds::{column_test, key_bounds, FIRST_KEY};
+use super::key_bounds::{column_test, key_bounds, row_parts, union_test, FIRST_KEY};
 use crate::cuda::kit::expr::c_expr_in;
 use crate::cuda::kit::hoist::{lookup, Hoisted};
 use crate::cuda::kit::logit::{kept, ScoredLogit};
 use crate::cuda::writer::Writer;
+use crate::mask_parts::MaskParts;
 use crate::spec::{BinOp, Expr, ExprKind, Spec};
 use std::fmt::{self, Write};
 
@@ -58,9 +59,18 @@ pub(super) fn write_logit(
     // columns where every conjunct bounds k (`key_bounds`), else as written.
     // `in_bounds`: the lambda only sees tiles whose keys all exist.
     let keep = |mask: Option<&Expr>, full: Option<&str>, in_bounds: bool| -> (Vec<String>, String) {
+        // A union of such intervals (and whole rows): the max of each
+        // part's kept logit, each -inf where its part drops the column.
+        if let (Some(parts), Some(full)) = (row_parts(mask), full) {
+            let (test, calls) = union_test(kv_len, &parts, full, c_expr);
+            let lines = [FIRST_KEY.to_string()].into_iter().chain(test).chain(statements(false)).collect();
+            let kept: Vec<String> = calls.iter().map(|call| format!("{call}{logit})")).collect();
+            let max = kept[1..].iter().fold(kept[0].clone(), |acc, k| format!("fmaxf({acc}, {k})"));
+            return (lines, max);
+        }
         match key_bounds(mask) {
             Some(bounds) => {
-                let (test, call) = column_test(kv_len, &bounds, full, in_bounds, c_expr);
+                let (test, call) = column_test(kv_len, &bounds, full, in_bounds, "", c_expr);
                 let lines = [FIRST_KEY.to_string()].into_iter().chain(test).chain(statements(false)).collect();
                 (lines, format!("{call}{logit})"))
             }
@@ -100,10 +110,18 @@ pub(super) fn write_logit(
     )?;
     let interior: String = statements(bias_reads_k0).iter().map(|line| format!("{line} ")).collect();
     writeln!(w, "auto logit_interior = [&]({params}) -> float {{ {interior}return {logit}; }};")?;
-    if let Some(conjuncts) = two_conjuncts(spec) {
-        writeln!(w, "// Partial tiles on which one conjunct of the mask holds throughout, every")?;
-        writeln!(w, "// key present (whole_conjuncts): the other conjunct alone.")?;
-        for (x, e) in conjuncts.iter().enumerate() {
+    if let Some(parts) = MaskParts::of(spec.mask.as_ref()) {
+        match parts {
+            MaskParts::Conjuncts(_) => {
+                writeln!(w, "// Partial tiles on which one conjunct of the mask holds throughout, every")?;
+                writeln!(w, "// key present (whole_conjuncts): the other conjunct alone.")?;
+            }
+            MaskParts::Disjuncts(_) => {
+                writeln!(w, "// Partial tiles of which one disjunct of the mask alone keeps pairs, every")?;
+                writeln!(w, "// key present (lone_disjunct): that disjunct alone.")?;
+            }
+        }
+        for (x, e) in parts.exprs().iter().enumerate().filter(|&(x, _)| parts.decides(x)) {
             lambda(w, &format!("auto logit_only{x} = [&]({params}) -> float"), keep(Some(e), None, true))?;
         }
     }
@@ -125,19 +143,9 @@ pub(super) fn skip_if_full(mask: &Expr, c_mask: &str) -> String {
     }
 }
 
-/// The mask's two top-level conjuncts, when it is `a && b`: on a partial
-/// tile one of them often holds throughout (the diagonal tile of a sliding
-/// window is inside the window, its far edge is below the diagonal), and
-/// the kernel then evaluates only the other.
-pub(super) fn two_conjuncts(spec: &Spec) -> Option<[&Expr; 2]> {
-    match &spec.mask.as_ref()?.kind {
-        ExprKind::Binary(BinOp::And, a, b) => Some([&**a, &**b]),
-        _ => None,
-    }
-}
-
 /// The spec on every element of S (see `write_logit`). `whole` is the C
-/// expression of the tile's `whole_conjuncts` bits.
+/// expression of the tile's selector ([`MaskParts`]): which part of the
+/// mask decides it alone.
 pub(super) fn write_logits(w: &mut Writer<String>, spec: &Spec, whole: &str) -> fmt::Result {
     write!(
         w,
@@ -147,33 +155,49 @@ pub(super) fn write_logits(w: &mut Writer<String>, spec: &Spec, whole: &str) -> 
         // Interior tiles (kept whole, no key past kv_len) run without mask\n\
         // and bounds code.\n"
     )?;
-    let conjuncts = two_conjuncts(spec).is_some();
-    if conjuncts {
+    let parts = MaskParts::of(spec.mask.as_ref());
+    if parts.is_some() {
         writeln!(w, "const int whole = {whole};  // read only where the tile is not interior")?;
     }
     writeln!(w, "if (interior) {{")?;
     w.indented(|w| write_apply_logits(w, "logit_interior(x, q, kv0 + n * 8 + 2 * t + c, i, n, c)"))?;
-    let logit = "logit(x, q, kv0 + n * 8 + 2 * t + c, i, n, c, full)";
+    let logit = "logit(x, q, kv0 + n * 8 + 2 * t + c, i, n, c, full)".to_string();
     let only = |x| format!("logit_only{x}(x, q, kv0 + n * 8 + 2 * t + c, i, n, c)");
-    // Tiles where conjunct 1 holds whole (conjunct 0 alone decides) go last,
-    // their code falling through into the softmax: with a causal conjunct
-    // first (sliding windows) they are the diagonal tiles that every item
-    // visits.
-    match conjuncts {
-        true => {
-            writeln!(w, "}} else if (whole == 1) {{")?;
-            w.indented(|w| write_apply_logits(w, &only(1)))?;
-            writeln!(w, "}} else if (whole == 0) {{")?;
-            w.indented(|w| write_apply_logits(w, logit))?;
-            writeln!(w, "}} else {{  // whole == 2")?;
-            w.indented(|w| write_apply_logits(w, &only(0)))?;
+    let Some(parts) = parts else {
+        writeln!(w, "}} else {{")?;
+        w.indented(|w| write_apply_logits(w, &logit))?;
+        return writeln!(w, "}}");
+    };
+    // The branches by selector, the last one falling through into the
+    // softmax. Conjuncts: where conjunct 1 holds whole (conjunct 0 alone
+    // decides) last: with a causal conjunct first (sliding windows) they are
+    // the diagonal tiles that every item visits. Disjuncts: the whole mask
+    // first, then each alone, the one of most conjuncts last (a band's two
+    // edges cut the most tiles).
+    let mut branches: Vec<(u32, String)> = match &parts {
+        MaskParts::Conjuncts(_) => vec![(1, only(1)), (0, logit), (2, only(0))],
+        MaskParts::Disjuncts(list) => {
+            let mut order: Vec<usize> = (0..list.len()).filter(|&x| parts.decides(x)).collect();
+            order.sort_by_key(|&x| conjunct_count(list[x]));
+            std::iter::once((0, logit)).chain(order.into_iter().map(|x| (x as u32 + 1, only(x)))).collect()
         }
-        false => {
-            writeln!(w, "}} else {{")?;
-            w.indented(|w| write_apply_logits(w, logit))?;
-        }
+    };
+    let (last, last_call) = branches.pop().unwrap_or_default();
+    for (selector, call) in &branches {
+        writeln!(w, "}} else if (whole == {selector}) {{")?;
+        w.indented(|w| write_apply_logits(w, call))?;
     }
+    writeln!(w, "}} else {{  // whole == {last}")?;
+    w.indented(|w| write_apply_logits(w, &last_call))?;
     writeln!(w, "}}")
+}
+
+/// How many conjuncts `e` is a `&&` of (1 if it is none).
+fn conjunct_count(e: &Expr) -> usize {
+    match &e.kind {
+        ExprKind::Binary(BinOp::And, a, b) => conjunct_count(a) + conjunct_count(b),
+        _ => 1,
+    }
 }
 
 /// Maps this warp's S tile (keys from `kv0`) through `call`, element by

@@ -40,6 +40,7 @@ mod constants;
 mod cta;
 mod epilogue;
 mod item;
+mod item_order;
 mod key_bounds;
 mod kv_loads;
 mod light;

@@ -8,6 +8,7 @@ use crate::cuda::kit::hoist::{hoist, Level};
 use crate::cuda::kit::terms::{spec_exprs, KeyTerms};
 use crate::cuda::target::{pad16, Mma, Target};
 use crate::cuda::tile_config::{warp_specialized, TileConfig, TileCopy};
+use crate::mask_parts::{GlobalRows, MaskParts};
 use crate::spec::Spec;
 
 /// Every choice of one forward kernel, made before anything is printed:
@@ -40,6 +41,9 @@ pub(super) struct Plan<'s> {
     /// (`varlen`'s paged form, `varlen` set too): queries stay packed (or
     /// dense), keys are gathered row by row.
     pub paged: bool,
+    /// The mask's global rows, whose query tiles go first (`item_order`);
+    /// `None` without them, and on packed operands.
+    pub global_rows: Option<GlobalRows<'s>>,
 }
 
 /// Registers per thread of a warp-specialized kernel: at launch, then the
@@ -75,6 +79,7 @@ impl<'s> Plan<'s> {
             trace: false,
             varlen: false,
             paged: false,
+            global_rows: MaskParts::of(spec.mask.as_ref()).and_then(|parts| parts.global_rows()),
         }
     }
 
@@ -83,7 +88,7 @@ impl<'s> Plan<'s> {
     /// next one, which TMA's boxes would read and write, so a
     /// warp-specialized kernel copies with its threads, clipped per sequence.
     pub(super) fn varlen(view: &'s Spec, config: TileConfig) -> Plan<'s> {
-        Plan { varlen: true, ..Plan::new(view, config, TileCopy::Threads) }
+        Plan { varlen: true, global_rows: None, ..Plan::new(view, config, TileCopy::Threads) }
     }
 
     /// The plan of a paged kernel in `config` for `view`, as [`Plan::varlen`]'s:

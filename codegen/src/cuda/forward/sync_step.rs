@@ -1,6 +1,7 @@
 //! One K/V tile on `mma.sync`: S, the spec, the softmax and P V, back to
 //! back (two CTAs per SM overlap each other's phases).
 
+use super::classes::cta_selector;
 use super::item::write_key_terms;
 use super::logit::write_logits;
 use super::plan::Plan;
@@ -30,7 +31,7 @@ pub(super) fn write_sync_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[Ho
         }}\n",
         sweep = mma_sweep("s", "a", "S_TILES", "kb", "ldmatrix_x4(kb, k_smem + k_lane.at(n * 8, kk))")
     )?;
-    write_logits(w, spec, "whole_conjuncts(j)")?;
+    write_logits(w, spec, cta_selector(spec))?;
     write_softmax(w, plan.units, Rescale::Inline, plan.row_sums)?;
     write!(
         w,

@@ -1,6 +1,7 @@
 //! One K/V tile on Hopper's wgmma: back to back, or software-pipelined
 //! (P V of one tile behind S of the next) with the warpgroups taking turns.
 
+use super::classes::cta_selector;
 use super::item::write_key_terms;
 use super::logit::write_logits;
 use super::plan::Plan;
@@ -87,7 +88,7 @@ pub(super) fn write_wgmma_serial_step(w: &mut Writer<String>, plan: &Plan, hoist
     }
     writeln!(w, "wgmma_wait<0>();")?;
     writeln!(w, "fence_operands(s[0]);")?;
-    write_logits(w, spec, "whole_conjuncts(j)")?;
+    write_logits(w, spec, cta_selector(spec))?;
     write_softmax(w, plan.units, Rescale::Inline, plan.row_sums)?;
     writeln!(w, "// O += P V: P from the S registers (pack_p), V from shared memory (MN-major).")?;
     writeln!(w, "unsigned p[BLOCK_N / 16][4];")?;

@@ -20,7 +20,7 @@ mod consumers;
 mod producer;
 
 use super::item::{write_item_rows, ItemRole};
-use super::logit::two_conjuncts;
+use super::item_order::{write_dense_tiles, write_persistent_decode};
 use super::plan::{Plan, ONES_TILE_BYTES};
 use super::softmax::RowSums;
 use super::staged_terms::StagedTerms;
@@ -32,6 +32,7 @@ use crate::cuda::kit::warp_roles::write_roles;
 use crate::cuda::signature::arg_name;
 use crate::cuda::tile_config::{ping_pong, TileConfig, TileCopy};
 use crate::cuda::writer::Writer;
+use crate::mask_parts::MaskParts;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 
@@ -88,6 +89,17 @@ fn write_setup(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
         TileCopy::Tma => "1;  // one producer thread hands each tile to the copy engine",
         TileCopy::Threads => "PRODUCER_THREADS;  // each producer thread copies a share of it",
     };
+    // What decodes items: with global rows first, their own divisors.
+    let decoders = match plan.global_rows {
+        Some(rows) => {
+            let mut g = Writer::new(String::new());
+            writeln!(g, "const FastDiv by_heads({heads});  // to decode items")?;
+            write_dense_tiles(&mut g, plan.spec, rows, &q_len, "q_tiles", &format!("{heads} * {batch}"))?;
+            writeln!(g, "const FastDiv by_bhs({heads} * {batch}), by_rest_tiles(q_tiles - dense_tiles);")?;
+            g.into_inner()
+        }
+        None => format!("const FastDiv by_q_tiles(q_tiles), by_heads({heads});  // to decode items\n"),
+    };
     let q_bufs = match plan.q_buffers {
         1 => "unsigned short* q_bufs = smem;  // [Q_TILE]: one item's at a time\nunsigned short* k_tiles = q_bufs + Q_TILE;",
         _ => "unsigned short* q_bufs = smem;  // [2][Q_TILE]: this item's and the next one's\nunsigned short* k_tiles = q_bufs + 2 * Q_TILE;",
@@ -109,7 +121,7 @@ fn write_setup(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
         // is ready for it, so a CTA whose items were light takes more of them.\n\
         const int q_tiles = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
         const long long items = (long long)q_tiles * {heads} * {batch};\n\
-        const FastDiv by_q_tiles(q_tiles), by_heads({heads});  // to decode items\n\
+        {decoders}\
         {kv_tiles}\
         \n\
         // The stage ring's barriers (see the stage ring above): per Q buffer the\n\
@@ -191,14 +203,18 @@ fn kv_tiles_decl(spec: &Spec) -> String {
 /// then what `role` needs of its rows (see [`write_item_rows`]).
 fn write_item_coords(w: &mut Writer<String>, plan: &Plan, role: ItemRole) -> fmt::Result {
     let heads = arg_name(plan.spec, ArgKind::Heads);
-    write!(
-        w,
-        "\
-        // The spec's built-ins b and h (q and k are bound per element below).\n\
-        const unsigned bh = by_q_tiles.div((unsigned)item), b_ = by_heads.div(bh);  // bh = b * heads + h\n\
-        const int q_block = q_tiles - 1 - (int)((unsigned)item - bh * (unsigned)q_tiles);\n\
-        const int h = (int)(bh - b_ * (unsigned){heads}), b = (int)b_;\n"
-    )?;
+    writeln!(w, "// The spec's built-ins b and h (q and k are bound per element below).")?;
+    if plan.global_rows.is_some() {
+        write_persistent_decode(w)?;
+        writeln!(w, "const unsigned b_ = by_heads.div(bh);  // bh = b * heads + h")?;
+    } else {
+        writeln!(
+            w,
+            "const unsigned bh = by_q_tiles.div((unsigned)item), b_ = by_heads.div(bh);  // bh = b * heads + h"
+        )?;
+        writeln!(w, "const int q_block = q_tiles - 1 - (int)((unsigned)item - bh * (unsigned)q_tiles);")?;
+    }
+    writeln!(w, "const int h = (int)(bh - b_ * (unsigned){heads}), b = (int)b_;")?;
     write_item_rows(w, plan, role)
 }
 
@@ -307,7 +323,7 @@ fn classifies_groups(spec: &Spec, config: TileConfig) -> bool {
     ping_pong(config)
         && config.block_m() > config.block_n
         && spec.mask.as_ref().is_some_and(|m| !m.reads_tensor())
-        && two_conjuncts(spec).is_some()
+        && matches!(MaskParts::of(spec.mask.as_ref()), Some(MaskParts::Conjuncts(_)))
 }
 
 /// The per-warpgroup classes of each ring stage's tile ([`classifies_groups`]).

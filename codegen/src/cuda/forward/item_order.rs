@@ -1,0 +1,96 @@
+//! The order of a forward's work items (query tiles of every (batch, head))
+//! under a mask with global rows ([`GlobalRows`]: Longformer's `q < g`):
+//! their query tiles keep every key, so each is the longest item of its
+//! (batch, head), and in the usual order (a (batch, head) after another,
+//! last rows first) the last one would start near the launch's end and
+//! run alone for a whole row of key tiles. With global rows first, the
+//! tiles holding them are the launch's first items, query tile by query
+//! tile over every (batch, head); then the other tiles of each (batch,
+//! head) follow in the usual order. `mask_parts::global_rows_first` is the
+//! decode's twin on the CPU.
+//!
+//! Only for dense operands: a varlen kernel's query tiles are counted by
+//! its longest sequence, and it keeps the usual order.
+
+use crate::cuda::kit::expr::c_expr;
+use crate::cuda::writer::Writer;
+use crate::mask_parts::GlobalRows;
+use crate::spec::Spec;
+use std::fmt::{self, Write};
+
+/// `dense_tiles`, the query tiles holding a global row (of `q_tiles`, C
+/// names of the launch's rows and query tiles), and `dense_items`, their
+/// items over the `bhs` (C) (batch, head) pairs.
+pub(super) fn write_dense_tiles(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    rows: GlobalRows,
+    q_len: &str,
+    q_tiles: &str,
+    bhs: &str,
+) -> fmt::Result {
+    let bound = c_expr(spec, rows.bound);
+    let inclusive = if rows.inclusive { " + 1" } else { "" };
+    write!(
+        w,
+        "\
+        // Global rows first (see below): the query tiles holding a row that\n\
+        // keeps every key, and their items.\n\
+        const long long global_rows = (long long){bound}{inclusive};\n\
+        const int dense_tiles = global_rows <= 0 ? 0\n\
+        \x20   : global_rows >= {q_len} ? {q_tiles} : (int)((global_rows + BLOCK_M - 1) / BLOCK_M);\n\
+        const long long dense_items = (long long)dense_tiles * ({bhs});\n"
+    )
+}
+
+/// A persistent kernel's decode of `item` into `bh` (b * heads + h) and
+/// `q_block`, with the `FastDiv`s `by_bhs` and `by_rest_tiles` (by
+/// `q_tiles - dense_tiles`) of its setup.
+pub(super) fn write_persistent_decode(w: &mut Writer<String>) -> fmt::Result {
+    write!(
+        w,
+        "\
+        // Global rows first: their query tiles tile by tile over every (batch,\n\
+        // head), so no long item is left for the launch's end; then the other\n\
+        // tiles of each (batch, head), last rows first.\n\
+        unsigned bh;\n\
+        int q_block;\n\
+        if (item < dense_items) {{\n\
+        \x20   const unsigned tile = by_bhs.div((unsigned)item);\n\
+        \x20   bh = (unsigned)item - tile * by_bhs.d;\n\
+        \x20   q_block = (int)tile;\n\
+        }} else {{\n\
+        \x20   const unsigned rest = (unsigned)(item - dense_items);\n\
+        \x20   bh = by_rest_tiles.div(rest);\n\
+        \x20   q_block = q_tiles - 1 - (int)(rest - bh * by_rest_tiles.d);\n\
+        }}\n"
+    )
+}
+
+/// A CTA-per-tile kernel's `b`, `h` and `q_block` from its place in the
+/// launch order (x fastest: the hardware starts CTAs in that order), with
+/// global rows first. Its grid is (query tiles, heads, batch).
+pub(super) fn write_cta_decode(w: &mut Writer<String>, spec: &Spec, rows: GlobalRows, q_len: &str) -> fmt::Result {
+    writeln!(w, "const int q_tiles = gridDim.x;")?;
+    write_dense_tiles(w, spec, rows, q_len, "q_tiles", "gridDim.y * gridDim.z")?;
+    write!(
+        w,
+        "\
+        // Global rows first: their query tiles tile by tile over every (batch,\n\
+        // head), so no long tile is left for the grid's tail; then the other\n\
+        // tiles of each (batch, head), last rows first.\n\
+        const unsigned bhs = gridDim.y * gridDim.z;\n\
+        const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);\n\
+        unsigned bh;\n\
+        int q_block;\n\
+        if (cta < dense_items) {{\n\
+        \x20   q_block = (int)(cta / bhs);\n\
+        \x20   bh = cta % bhs;\n\
+        }} else {{\n\
+        \x20   const unsigned rest = cta - (unsigned)dense_items, tiles = q_tiles - dense_tiles;\n\
+        \x20   bh = rest / tiles;\n\
+        \x20   q_block = q_tiles - 1 - (int)(rest % tiles);\n\
+        }}\n\
+        const int b = (int)(bh / gridDim.y), h = (int)(bh % gridDim.y);\n"
+    )
+}

@@ -1,0 +1,250 @@
+//! A mask's top-level parts, each of which decides some partial tiles alone:
+//! of `a && b` the conjunct that does not hold throughout a tile (a sliding
+//! window's diagonal runs the causal test alone), of `a || b || c` the one
+//! disjunct that keeps any pair of a tile where the others keep none
+//! (Longformer's band away from its global rows and columns, the window of
+//! sinks-plus-window away from its sinks). The kernel then tests that part
+//! alone, often as key bounds (`cuda/forward/key_bounds.rs`), instead of the
+//! whole mask.
+//!
+//! The forward's tile walk sends each partial tile's *selector* in two bits
+//! of its tile word: 0 where the whole mask must be evaluated, else a value
+//! naming the deciding part ([`MaskParts::deciding`]). [`MaskParts::selector`]
+//! is the CPU twin of the kernels' classification, from the same interval
+//! arithmetic ([`crate::analysis`]), so tests can check it against brute
+//! force.
+
+use crate::analysis::{classify_expr, TileClass};
+use crate::reference::ParamValue;
+use crate::spec::{BinOp, Builtin, Expr, ExprKind, Shape, Ty};
+
+/// The most disjuncts a mask may split into: a selector is two bits, 0 and
+/// one value per disjunct.
+pub const MAX_DISJUNCTS: usize = 3;
+
+/// The parts of a mask that may decide a partial tile alone.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MaskParts<'e> {
+    /// `a && b`: where one conjunct keeps every pair of a tile, the other
+    /// decides it.
+    Conjuncts([&'e Expr; 2]),
+    /// `a || b` or `a || b || c` (nested `||` flattened), no tensor read:
+    /// where all disjuncts but one keep no pair of a tile, that one decides
+    /// it if it reads k ([`MaskParts::decides`]). A tensor-reading mask keeps
+    /// the whole test: its disjuncts are rarely empty by analysis, and the
+    /// extra element loops would not pay.
+    Disjuncts(Vec<&'e Expr>),
+}
+
+impl<'e> MaskParts<'e> {
+    /// The parts of `mask`, when it has two conjuncts or two to
+    /// [`MAX_DISJUNCTS`] disjuncts.
+    pub fn of(mask: Option<&'e Expr>) -> Option<Self> {
+        let mask = mask?;
+        match &mask.kind {
+            ExprKind::Binary(BinOp::And, a, b) => Some(MaskParts::Conjuncts([&**a, &**b])),
+            ExprKind::Binary(BinOp::Or, ..) if !mask.reads_tensor() => {
+                let mut out = Vec::new();
+                flatten_or(mask, &mut out);
+                (out.len() <= MAX_DISJUNCTS).then_some(MaskParts::Disjuncts(out))
+            }
+            _ => None,
+        }
+    }
+
+    /// The parts, in the mask's order.
+    pub fn exprs(&self) -> &[&'e Expr] {
+        match self {
+            MaskParts::Conjuncts(pair) => pair,
+            MaskParts::Disjuncts(list) => list,
+        }
+    }
+
+    /// The disjunct that makes the first rows global ([`GlobalRows`]).
+    pub fn global_rows(&self) -> Option<GlobalRows<'e>> {
+        let MaskParts::Disjuncts(list) = self else { return None };
+        list.iter().copied().find_map(|e: &'e Expr| {
+            let ExprKind::Binary(op, a, b) = &e.kind else { return None };
+            let is_q = |x: &Expr| x.kind == ExprKind::Builtin(Builtin::Q);
+            let fixed = |x: &Expr| matches!(x.kind, ExprKind::Int(_) | ExprKind::Param(_)) && x.ty == Ty::I32;
+            let (bound, inclusive) = match op {
+                BinOp::Lt | BinOp::Le if is_q(a) && fixed(b) => (&**b, *op == BinOp::Le),
+                BinOp::Gt | BinOp::Ge if is_q(b) && fixed(a) => (&**a, *op == BinOp::Ge),
+                _ => return None,
+            };
+            Some(GlobalRows { bound, inclusive })
+        })
+    }
+
+    /// Whether part `x` decides the tiles it is alone on: every conjunct,
+    /// and a disjunct that reads k. A disjunct without k (Longformer's
+    /// global rows, `q < g`) keeps all or none of a row, so a tile is
+    /// partial under it alone only where the tile's rows cross its edge,
+    /// which is too rare to pay for an element loop of its own.
+    pub fn decides(&self, x: usize) -> bool {
+        match self {
+            MaskParts::Conjuncts(_) => x < 2,
+            MaskParts::Disjuncts(list) => list.get(x).is_some_and(|e| e.uses(Builtin::K)),
+        }
+    }
+
+    /// The part that decides a tile of selector `selector` alone; `None`:
+    /// the whole mask. Conjuncts: bit x says conjunct x keeps every pair,
+    /// so 1 leaves conjunct 1 and 2 conjunct 0 (3 is a full tile, which
+    /// evaluates no mask). Disjuncts: x + 1 names disjunct x.
+    pub fn deciding(&self, selector: u32) -> Option<usize> {
+        match (self, selector) {
+            (MaskParts::Conjuncts(_), 1) => Some(1),
+            (MaskParts::Conjuncts(_), 2) => Some(0),
+            (MaskParts::Disjuncts(_), s) if s > 0 && self.decides(s as usize - 1) => Some(s as usize - 1),
+            _ => None,
+        }
+    }
+
+    /// The selector of the tile of queries `q` × keys `k` (inclusive), as
+    /// the kernels classify it: 0 unless every key of the tile exists (the
+    /// deciding part's test checks no bound at kv_len), else from each
+    /// part's class over the tile.
+    pub fn selector(&self, shape: &Shape, params: &[ParamValue], b: i32, h: i32, q: (i32, i32), k: (i32, i32)) -> u32 {
+        if i64::from(k.1) >= shape.kv_len as i64 {
+            return 0;
+        }
+        let class = |e: &Expr| classify_expr(e, shape, params, b, h, q, k);
+        match self {
+            MaskParts::Conjuncts([a, b]) => {
+                u32::from(class(a) == TileClass::Full) | u32::from(class(b) == TileClass::Full) << 1
+            }
+            MaskParts::Disjuncts(list) => {
+                let live: Vec<usize> = (0..list.len()).filter(|&x| class(list[x]) != TileClass::Empty).collect();
+                match live[..] {
+                    [x] if self.decides(x) => x as u32 + 1,
+                    _ => 0,
+                }
+            }
+        }
+    }
+}
+
+/// A disjunct `q < R` (or `q <= R`, `R > q`, `R >= q`) with R a literal or
+/// an i32 param: the first rows of every (batch, head) are global, each
+/// keeps every key, so their query tiles are an item's longest.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GlobalRows<'e> {
+    /// R.
+    pub bound: &'e Expr,
+    /// Whether row R is global too (`<=`, `>=`).
+    pub inclusive: bool,
+}
+
+impl GlobalRows<'_> {
+    /// The query tiles of `block_m` rows out of `q_tiles` that hold a global
+    /// row, given R's value: the kernels' `dense_tiles`.
+    pub fn dense_tiles(&self, bound: i32, q_len: i64, block_m: i64) -> i64 {
+        let rows = i64::from(bound) + i64::from(self.inclusive);
+        let q_tiles = (q_len + block_m - 1) / block_m;
+        match rows {
+            ..=0 => 0,
+            r if r >= q_len => q_tiles,
+            r => (r + block_m - 1) / block_m,
+        }
+    }
+}
+
+/// The (batch, head) pair (`bh` = b · heads + h) and query tile of work
+/// item `item` when global rows go first: the `dense_tiles` first query
+/// tiles of every (batch, head) are the first items, tile by tile, so that
+/// no long item is left for a launch's end; then the other tiles of each
+/// (batch, head), last rows first (the order without global rows). The
+/// twin of the kernels' decode (`forward/item_order.rs`).
+pub fn global_rows_first(item: i64, bhs: i64, q_tiles: i64, dense_tiles: i64) -> (i64, i64) {
+    let dense_items = dense_tiles * bhs;
+    if item < dense_items {
+        return (item % bhs, item / bhs);
+    }
+    let (rest, tiles) = (item - dense_items, q_tiles - dense_tiles);
+    (rest / tiles, q_tiles - 1 - rest % tiles)
+}
+
+/// The operands of `e`'s nested top-level `||`s, left to right.
+fn flatten_or<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
+    match &e.kind {
+        ExprKind::Binary(BinOp::Or, a, b) => {
+            flatten_or(a, out);
+            flatten_or(b, out);
+        }
+        _ => out.push(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse_one;
+
+    fn mask(body: &str) -> Expr {
+        let spec = parse_one(&format!(
+            "S {{ dtype: bf16, head_dim: 64, param w: i32, param g: i32, tensor doc: i32[B, KV_LEN], mask: {body} }}"
+        ))
+        .unwrap();
+        spec.mask.unwrap()
+    }
+
+    fn count(body: &str) -> Option<(bool, usize)> {
+        let e = mask(body);
+        MaskParts::of(Some(&e)).map(|p| (matches!(p, MaskParts::Conjuncts(_)), p.exprs().len()))
+    }
+
+    #[test]
+    fn recognizes_conjuncts_and_up_to_three_disjuncts() {
+        assert_eq!(count("q >= k"), None);
+        assert_eq!(count("q >= k && q - k < w"), Some((true, 2)));
+        assert_eq!(count("k < g || q >= k"), Some((false, 2)));
+        assert_eq!(count("(q - k <= w && k - q <= w) || q < g || k < g"), Some((false, 3)));
+        assert_eq!(count("k < g || (q >= k || (q < g || k > w))"), None);
+        assert_eq!(count("doc[b][q] == doc[b][k] || k < g"), None);
+    }
+
+    #[test]
+    fn global_rows_are_a_disjunct_bounding_q_by_a_constant() {
+        let rows = |body: &str| {
+            let e = mask(body);
+            let parts = MaskParts::of(Some(&e))?;
+            parts.global_rows().map(|g| (g.inclusive, matches!(g.bound.kind, ExprKind::Param(_))))
+        };
+        assert_eq!(rows("(q - k <= w && k - q <= w) || q < g || k < g"), Some((false, true)));
+        assert_eq!(rows("k < g || 7 >= q"), Some((true, false)));
+        assert_eq!(rows("k < g || q >= k"), None);
+        assert_eq!(rows("q < g && k < g"), None);
+        assert_eq!(rows("k < g || q < k"), None);
+    }
+
+    #[test]
+    fn global_rows_first_visits_every_tile_once_dense_ones_first() {
+        for (bhs, q_tiles, dense) in [(1, 1, 0), (1, 1, 1), (3, 5, 0), (3, 5, 2), (4, 6, 6), (7, 3, 1)] {
+            let order: Vec<(i64, i64)> =
+                (0..bhs * q_tiles).map(|i| global_rows_first(i, bhs, q_tiles, dense)).collect();
+            let mut seen = order.clone();
+            seen.sort_unstable();
+            seen.dedup();
+            assert_eq!(seen.len() as i64, bhs * q_tiles);
+            assert!(seen.iter().all(|&(bh, t)| (0..bhs).contains(&bh) && (0..q_tiles).contains(&t)));
+            assert!(order[..(dense * bhs) as usize].iter().all(|&(_, t)| t < dense));
+        }
+        let bound = mask("q < g");
+        let g = GlobalRows { bound: &bound, inclusive: false };
+        assert_eq!([-5, 0, 1, 64, 65, 1000].map(|r| g.dense_tiles(r, 300, 64)), [0, 0, 1, 1, 2, 5]);
+    }
+
+    #[test]
+    fn selectors_name_the_deciding_part() {
+        let e = mask("k < g || q >= k");
+        let parts = MaskParts::of(Some(&e)).unwrap();
+        assert_eq!([0, 1, 2, 3].map(|s| parts.deciding(s)), [None, Some(0), Some(1), None]);
+        let e = mask("(q - k <= w && k - q <= w) || q < g || k < g");
+        let parts = MaskParts::of(Some(&e)).unwrap();
+        assert_eq!([0, 1, 2, 3].map(|s| parts.deciding(s)), [None, Some(0), None, Some(2)]);
+        let e = mask("q >= k && q - k < w");
+        let parts = MaskParts::of(Some(&e)).unwrap();
+        assert_eq!([0, 1, 2, 3].map(|s| parts.deciding(s)), [None, Some(1), Some(0), None]);
+    }
+}
