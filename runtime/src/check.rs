@@ -68,13 +68,16 @@ pub(crate) fn check_forward(spec: &Spec, p: &Problem, args: &[ArgInfo]) -> Resul
     if shape.batch == 0 || shape.q_len == 0 {
         return Ok(None);
     }
-    if let Some(len) = p.lse {
-        let needed = shape.batch.saturating_mul(shape.heads).saturating_mul(shape.q_len);
-        if len < needed {
-            return Err(Error::LseTooSmall { len, needed });
-        }
-    }
+    check_lse(p.lse, shape.batch.saturating_mul(shape.heads).saturating_mul(shape.q_len))?;
     Ok(Some(shape))
+}
+
+/// An LSE buffer of `len` elements, where given, holds the `needed` rows.
+pub(crate) fn check_lse(len: Option<usize>, needed: usize) -> Result<(), Error> {
+    match len {
+        Some(len) if len < needed => Err(Error::LseTooSmall { len, needed }),
+        _ => Ok(()),
+    }
 }
 
 /// The dtype, and the sizes the operands must share with each other and

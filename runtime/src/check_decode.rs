@@ -8,7 +8,7 @@
 //! (`check_paged`) and its Q and O as the dense decode's.
 
 use crate::args::ArgInfo;
-use crate::check::{check_bounds, check_shape, Buffer};
+use crate::check::{check_bounds, check_lse, check_shape, Buffer};
 use crate::check_paged::{check_cache_buffers, check_caches};
 use crate::error::Error;
 use crate::paged::PagedShape;
@@ -155,12 +155,7 @@ pub(crate) fn check_paged_launch(
     if shape.batch == 0 || shape.q_len == 0 {
         return Ok(None);
     }
-    if let Some(len) = p.lse {
-        let needed = shape.batch.saturating_mul(shape.heads).saturating_mul(shape.q_len);
-        if len < needed {
-            return Err(Error::LseTooSmall { len, needed });
-        }
-    }
+    check_lse(p.lse, shape.batch.saturating_mul(shape.heads).saturating_mul(shape.q_len))?;
     Ok(Some(shape))
 }
 

@@ -9,7 +9,7 @@
 //! never an access out of bounds.
 
 use crate::args::ArgInfo;
-use crate::check::{check_bounds, check_shape, Buffer, MAX_GRID_YZ};
+use crate::check::{check_bounds, check_lse, check_shape, Buffer, MAX_GRID_YZ};
 use crate::error::Error;
 use crate::paged::PagedShape;
 use flashgen_codegen::abi::Operand;
@@ -65,12 +65,7 @@ pub(crate) fn check_paged(spec: &Spec, p: &PagedProblem, args: &[ArgInfo]) -> Re
     if shape.batch == 0 || shape.q_len == 0 {
         return Ok(None);
     }
-    if let Some(len) = p.lse {
-        let needed = shape.heads.saturating_mul(total_q);
-        if len < needed {
-            return Err(Error::LseTooSmall { len, needed });
-        }
-    }
+    check_lse(p.lse, shape.heads.saturating_mul(total_q))?;
     Ok(Some(PagedChecked { shape, total_q }))
 }
 

@@ -8,7 +8,7 @@
 //! never an access out of bounds.
 
 use crate::args::ArgInfo;
-use crate::check::{check_bounds, check_grads, check_operands, check_shape, Grads, Problem};
+use crate::check::{check_bounds, check_grads, check_lse, check_operands, check_shape, Grads, Problem};
 use crate::error::Error;
 use flashgen_codegen::abi::Operand;
 use flashgen_codegen::{Shape, Spec};
@@ -44,7 +44,7 @@ pub(crate) fn check_varlen(spec: &Spec, p: &VarlenProblem, args: &[ArgInfo]) -> 
     if checked.shape.batch == 0 || checked.shape.q_len == 0 {
         return Ok(None);
     }
-    check_lse(p, &checked)?;
+    check_varlen_lse(p, &checked)?;
     Ok(Some(checked))
 }
 
@@ -64,7 +64,7 @@ pub(crate) fn check_varlen_backward(
     if checked.shape.batch == 0 {
         return Ok(None);
     }
-    check_lse(p, &checked)?;
+    check_varlen_lse(p, &checked)?;
     Ok(Some(checked))
 }
 
@@ -103,12 +103,8 @@ fn check_packed(spec: &Spec, p: &VarlenProblem, args: &[ArgInfo]) -> Result<Varl
 }
 
 /// The LSE, where given, holds `[heads, total_q]`.
-fn check_lse(p: &VarlenProblem, checked: &VarlenShape) -> Result<(), Error> {
-    let needed = checked.shape.heads.saturating_mul(checked.tokens[0]);
-    match p.operands.lse {
-        Some(len) if len < needed => Err(Error::LseTooSmall { len, needed }),
-        _ => Ok(()),
-    }
+fn check_varlen_lse(p: &VarlenProblem, checked: &VarlenShape) -> Result<(), Error> {
+    check_lse(p.operands.lse, checked.shape.heads.saturating_mul(checked.tokens[0]))
 }
 
 #[cfg(test)]

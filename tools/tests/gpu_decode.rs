@@ -198,6 +198,14 @@ fn lengths_are_clamped_into_the_cache() {
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn a_captured_step_replays_with_new_lengths() {
+    replay_captured_steps(false);
+}
+
+/// Captures one decode step (on 16-row pages when `paged`) into a CUDA
+/// graph and replays it three times, each with new lengths written to the
+/// same device buffer (and, paged, a new block table and the pages' new
+/// contents): each replay matches the reference for its step.
+fn replay_captured_steps(paged: bool) {
     let rt = runtime();
     // One stream: no cross-stream events, which a capture may not wait on.
     unsafe { rt.context().disable_event_tracking() };
@@ -207,9 +215,12 @@ fn a_captured_step_replays_with_new_lengths() {
         let mut rng = StdRng::seed_from_u64(rand::random());
         let first = random_lens(&mut rng, 2, (2, 3000));
         let problem = random_decode_problem(&spec, shape, &first, vec![], rng.random());
-        let opts = options(&problem, splits, false);
-        let plan = rt.decode_plan(&spec, shape, &opts).unwrap();
-        let mut gpu = DeviceDecode::upload(&rt, &spec, &problem).unwrap();
+        let plan = rt.decode_plan(&spec, shape, &options(&problem, splits, paged)).unwrap();
+        let mut gpu = match paged {
+            true => DeviceDecode::upload_paged(&rt, &spec, &problem, &problem.paged(&spec, 16, rng.random())),
+            false => DeviceDecode::upload(&rt, &spec, &problem),
+        }
+        .unwrap();
         let stream = rt.stream();
         stream.synchronize().unwrap();
         stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
@@ -217,10 +228,13 @@ fn a_captured_step_replays_with_new_lengths() {
         let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
         for round in 0..3 {
             let lens = if round == 0 { first.clone() } else { random_lens(&mut rng, 2, (2, 3000)) };
-            gpu.set_kv_lens(&lens.iter().map(|&n| n as i32).collect::<Vec<_>>()).unwrap();
+            let step = problem.clone().with_lens(&lens);
+            match paged {
+                true => gpu.set_pages(&step.paged(&spec, 16, rng.random())).unwrap(),
+                false => gpu.set_kv_lens(&lens.iter().map(|&n| n as i32).collect::<Vec<_>>()).unwrap(),
+            }
             graph.launch().unwrap();
-            let expected = Expected::varlen(&spec, &problem.clone().with_lens(&lens).reference).unwrap();
-            let report = expected.check(&gpu.download().unwrap());
+            let report = Expected::varlen(&spec, &step.reference).unwrap().check(&gpu.download().unwrap());
             assert!(report.passed(), "round {round}, lens {lens:?}: O {} LSE {}", report.output, report.lse);
         }
     }
@@ -337,32 +351,7 @@ fn paged_lengths_and_page_ids_are_clamped() {
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn a_captured_paged_step_replays_with_new_tables() {
-    let rt = runtime();
-    // One stream: no cross-stream events, which a capture may not wait on.
-    unsafe { rt.context().disable_event_tracking() };
-    let spec = spec("causal_bottom_right");
-    for splits in [Some(1), None] {
-        let shape = shape((8, 2), 2, 2, 3000);
-        let mut rng = StdRng::seed_from_u64(rand::random());
-        let first = random_lens(&mut rng, 2, (2, 3000));
-        let problem = random_decode_problem(&spec, shape, &first, vec![], rng.random());
-        let plan = rt.decode_plan(&spec, shape, &options(&problem, splits, true)).unwrap();
-        let mut gpu =
-            DeviceDecode::upload_paged(&rt, &spec, &problem, &problem.paged(&spec, 16, rng.random())).unwrap();
-        let stream = rt.stream();
-        stream.synchronize().unwrap();
-        stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-        gpu.run(&rt, &plan, &problem).unwrap();
-        let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
-        for round in 0..3 {
-            let lens = if round == 0 { first.clone() } else { random_lens(&mut rng, 2, (2, 3000)) };
-            let step = problem.clone().with_lens(&lens);
-            gpu.set_pages(&step.paged(&spec, 16, rng.random())).unwrap();
-            graph.launch().unwrap();
-            let report = Expected::varlen(&spec, &step.reference).unwrap().check(&gpu.download().unwrap());
-            assert!(report.passed(), "round {round}, lens {lens:?}: O {} LSE {}", report.output, report.lse);
-        }
-    }
+    replay_captured_steps(true);
 }
 
 /// Paged runs are checked before any launch: a plan runs only on its kind
