@@ -13,7 +13,9 @@
 //! window), `doc` (4 documents, a block mask), `softcap-causal`,
 //! `alibi-causal`, `longformer` (a band of half-width 256 plus 32 global
 //! rows and columns) and `sink-window` (4 sink keys plus a causal 1024-key
-//! window); `bench/peers.py` gives flex the same masks.
+//! window); `bench/peers.py` gives flex the same masks. `swa1024-sinks`
+//! (not in the default list, no peer) is `swa1024` with a learned sink
+//! logit per head (`sink: sinks[h]`, gpt-oss).
 //!
 //! `--dims` takes head dims `d` or `d_qk/d_v` (DeepSeek's 192/128).
 //!
@@ -87,7 +89,7 @@ const GLOBALS: usize = 32;
 const SINKS: usize = 4;
 
 /// The suite's variants: name and spec body (dtype and head_dim prepended).
-const VARIANTS: [(&str, &str); 8] = [
+const VARIANTS: [(&str, &str); 9] = [
     ("full", ""),
     ("causal", "mask: q >= k,"),
     ("swa1024", "param window: i32, mask: q >= k && q - k < window,"),
@@ -100,6 +102,10 @@ const VARIANTS: [(&str, &str); 8] = [
          mask: (q - k <= window && k - q <= window) || q < globals || k < globals,",
     ),
     ("sink-window", "param sinks: i32, param window: i32, mask: k < sinks || (q >= k && q - k < window),"),
+    (
+        "swa1024-sinks",
+        "param window: i32, tensor sinks: f32[H], mask: q >= k && q - k < window, sink: sinks[h],",
+    ),
 ];
 
 fn main() {
@@ -440,9 +446,12 @@ fn inputs(name: &str, batch: usize, s: usize) -> (Vec<ParamValue>, Vec<TensorDat
             let slopes = (0..HEADS).map(|h| 2f64.powf(-8.0 * (h + 1) as f64 / HEADS as f64)).collect();
             (vec![], vec![TensorData::Float(slopes)], (s * (s + 1) / 2) as f64 / pairs)
         }
-        "swa1024" => {
+        "swa1024" | "swa1024-sinks" => {
             let kept: usize = (0..s).map(|q| (q + 1).min(WINDOW)).sum();
-            (vec![ParamValue::I32(WINDOW as i32)], vec![], kept as f64 / pairs)
+            // gpt-oss's learned sinks: one logit per head.
+            let sinks = (0..HEADS).map(|h| 0.25 * h as f64 - 1.0).collect();
+            let tensors = if name == "swa1024" { vec![] } else { vec![TensorData::Float(sinks)] };
+            (vec![ParamValue::I32(WINDOW as i32)], tensors, kept as f64 / pairs)
         }
         "longformer" => {
             // A global row keeps every key; another its band and the global
