@@ -93,6 +93,9 @@ pub(crate) struct PagedBindings {
     pub pages_per_seq: usize,
     pub page_size: usize,
     pub num_pages: usize,
+    /// Keys per TMA box of a warp-specialized kernel's K/V copies, 0 for
+    /// none ([`crate::tma::paged_tensor_maps`]).
+    pub box_rows: u32,
 }
 
 /// The paged append's new rows and what it reports.
@@ -242,6 +245,7 @@ fn value_of(kernel: &Kernel, arg: &KernelArg, b: &Bindings) -> Result<Value, Err
         ArgKind::BlockTable => Value::Ptr(paged()?.block_table),
         ArgKind::PagesPerSeq => size(paged()?.pages_per_seq),
         ArgKind::PageSize => size(paged()?.page_size),
+        ArgKind::PageBoxRows => Value::I32(paged()?.box_rows as i32),
         ArgKind::NumPages => size(paged()?.num_pages),
         // A cache's pages are its layout's batch axis (`PagedLayout::as_layout`).
         ArgKind::PageStride(op) => match operand_index(op) {
@@ -518,8 +522,8 @@ mod tests {
     }
 
     /// A paged kernel's caches: pages' strides from their layouts' batch
-    /// axis, the table, lengths and sizes from the paged bindings; without
-    /// them it is refused.
+    /// axis, the table, lengths and sizes from the paged bindings (and a
+    /// warp-specialized kernel's TMA boxes); without them it is refused.
     #[test]
     fn paged_kernels_marshal_their_caches() {
         use flashgen_codegen::cuda::{emit_forward_paged, Mma, TileConfig};
@@ -529,9 +533,17 @@ mod tests {
         for config in [TileConfig::default_for(&spec), persistent] {
             let kernel = emit_forward_paged(&spec, config);
             let varlen = Some(VarlenBindings { cu_seqlens: [0, 0], tokens: [500, 0] });
-            let paged =
-                Some(PagedBindings { kv_lens: 94, block_table: 95, pages_per_seq: 6, page_size: 3, num_pages: 17 });
-            let b = Bindings { varlen, paged, work_counter: Some(93), ..bindings(&[], &[]) };
+            let paged = Some(PagedBindings {
+                kv_lens: 94,
+                block_table: 95,
+                pages_per_seq: 6,
+                page_size: 3,
+                num_pages: 17,
+                box_rows: 8,
+            });
+            let tensor_maps =
+                Some(vec![(Operand::K, crate::tma::TensorMap::ZERO), (Operand::V, crate::tma::TensorMap::ZERO)]);
+            let b = Bindings { varlen, paged, tensor_maps, work_counter: Some(93), ..bindings(&[], &[]) };
             let values = marshal(&kernel, &b).unwrap();
             let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];
             use Value::*;
@@ -549,6 +561,9 @@ mod tests {
                 ("v_head_stride", I64(9)),
             ] {
                 assert_eq!(value(name), expected, "{name} in {config:?}");
+            }
+            if config == persistent {
+                assert_eq!(value("page_box_rows"), I32(8));
             }
             let err = marshal(&kernel, &Bindings { paged: None, ..b }).unwrap_err();
             assert!(matches!(err, Error::KernelAbi { .. }), "{err}");
@@ -604,8 +619,14 @@ mod tests {
         let spec = flashgen_codegen::parse_one("D { dtype: bf16, head_dim: 64 }").unwrap();
         let kernel = emit_decode_paged(&spec, DecodeConfig::for_rows(&spec, Target::HOPPER, 8).unwrap());
         let decode = Some(DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96] });
-        let paged =
-            Some(PagedBindings { kv_lens: 94, block_table: 97, pages_per_seq: 6, page_size: 16, num_pages: 40 });
+        let paged = Some(PagedBindings {
+            kv_lens: 94,
+            block_table: 97,
+            pages_per_seq: 6,
+            page_size: 16,
+            num_pages: 40,
+            box_rows: 0,
+        });
         let b = Bindings { decode, paged, ..bindings(&[], &[]) };
         let values = marshal(&kernel, &b).unwrap();
         let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];

@@ -34,8 +34,8 @@ pub(crate) struct TensorMap(CUtensorMap);
 unsafe impl DeviceRepr for TensorMap {}
 
 impl TensorMap {
-    /// All zeros, for the driver to fill.
-    const ZERO: TensorMap = TensorMap(CUtensorMap { opaque: [0; 16] });
+    /// All zeros, for the driver to fill (or a launch that reads none).
+    pub(crate) const ZERO: TensorMap = TensorMap(CUtensorMap { opaque: [0; 16] });
 }
 
 /// TMA descriptors of `operands` (each with its address and layout) in
@@ -55,6 +55,51 @@ pub(crate) fn tensor_maps(
         .iter()
         .map(|&(op, ptr, layout)| Some((op, encode(ptr, layout, dtype, TmaBox::of(op, tile.block_m, tile.block_n))?)))
         .collect()
+}
+
+/// TMA descriptors of a paged launch's K and V caches (each with its
+/// address and layout) for a kernel of `block_n`-key tiles, in boxes of
+/// one page's rows or one tile's rows inside a page, and the box's rows.
+/// Where TMA is off (`on`), neither the page size nor the tile's keys
+/// divide the other, a box would be under 8 rows (the 128-byte swizzle's
+/// period) or a layout rules TMA out: zeroed descriptors and 0 rows, and
+/// the kernel's threads gather every tile.
+pub(crate) fn paged_tensor_maps(
+    caches: [(Operand, u64, &Layout); 2],
+    block_n: u32,
+    page_size: usize,
+    dtype: Dtype,
+    on: bool,
+) -> (Vec<(Operand, TensorMap)>, u32) {
+    let rows = paged_box_rows(block_n, page_size);
+    let maps: Option<Vec<_>> = (on && rows > 0)
+        .then(|| {
+            caches
+                .iter()
+                .map(|&(op, ptr, layout)| Some((op, encode(ptr, layout, dtype, TmaBox { cols: TmaBox::COLS, rows })?)))
+                .collect()
+        })
+        .flatten();
+    match maps {
+        Some(maps) => (maps, rows),
+        None => (caches.iter().map(|&(op, ..)| (op, TensorMap::ZERO)).collect(), 0),
+    }
+}
+
+/// Keys per box of [`paged_tensor_maps`]: a tile's (`block_n`) where
+/// pages hold whole tiles, a page's where tiles are whole pages, else 0;
+/// and 0 under 8 rows.
+fn paged_box_rows(block_n: u32, page_size: usize) -> u32 {
+    let rows = u32::try_from(page_size).unwrap_or(u32::MAX).min(block_n);
+    let whole = match page_size >= block_n as usize {
+        true => page_size % block_n as usize == 0,
+        false => rows > 0 && block_n % rows == 0,
+    };
+    if whole && rows % 8 == 0 && rows > 0 {
+        rows
+    } else {
+        0
+    }
 }
 
 /// The copy of the kernel a launch with `maps` runs.
@@ -153,6 +198,19 @@ mod tests {
                 .is_none(),
             "box rows"
         );
+    }
+
+    #[test]
+    fn paged_boxes_are_whole_tiles_or_whole_pages() {
+        for (block_n, page_size, rows) in
+            [(128, 256, 128), (128, 128, 128), (128, 16, 16), (128, 64, 64), (48, 16, 16), (80, 16, 16)]
+        {
+            assert_eq!(paged_box_rows(block_n, page_size), rows, "{block_n} keys, pages of {page_size}");
+        }
+        // A box would cross a page, or fall under the swizzle's 8 rows.
+        for (block_n, page_size) in [(128, 192), (48, 32), (128, 1), (128, 4), (112, 64), (128, 0)] {
+            assert_eq!(paged_box_rows(block_n, page_size), 0, "{block_n} keys, pages of {page_size}");
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@ use super::plan::Plan;
 use super::varlen::{key_var, pages_var};
 use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::signature::arg_name;
+use crate::cuda::signature::names::{K_MAP, PAGE_BOX_ROWS, V_MAP};
 use crate::cuda::tile_config::warp_specialized;
 use crate::cuda::writer::Writer;
 use std::fmt::{self, Write};
@@ -92,6 +93,34 @@ impl KvLoads {
             true => writeln!(w, "k_key = k_key_next;\nv_key = v_key_next;"),
             false => Ok(()),
         }
+    }
+
+    /// A warp-specialized paged kernel's copy of K (`key` true) or V into
+    /// `dst`, completing on `bar`: by TMA boxes where the launch allows them
+    /// and the tile lies inside its sequence (`paged_tma.cuh`), else as
+    /// `threads` writes it. Any other kernel's: as `threads` writes it.
+    pub(super) fn boxed_or(
+        &self,
+        w: &mut Writer<String>,
+        key: bool,
+        [dst, bar, tile]: [&str; 3],
+        threads: impl FnOnce(&mut Writer<String>) -> fmt::Result,
+    ) -> fmt::Result {
+        if !(self.paged && self.ws) {
+            return threads(w);
+        }
+        let (cols, map, rows) = match key {
+            true => (self.cols.qk, K_MAP, "k_rows"),
+            false => (self.cols.v, V_MAP, "v_rows"),
+        };
+        let (pages, kv_len) = (pages_var(rows), &self.kv_len);
+        w.block(format_args!("if ({PAGE_BOX_ROWS} > 0 && ({tile} + 1) * BLOCK_N <= {kv_len})"), |w| {
+            writeln!(
+                w,
+                "load_paged_boxes<BLOCK_N, {cols}, PRODUCER_THREADS, THREADS>({dst}, {map}, {bar}, {pages}, {tile} * BLOCK_N, {PAGE_BOX_ROWS}, kv_head);"
+            )
+        })?;
+        w.block(format_args!("else"), threads)
     }
 
     /// This lane's `paged_key` of `tile` in the pages of `rows`.

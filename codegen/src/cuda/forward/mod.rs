@@ -180,6 +180,8 @@ fn library(plan: &Plan) -> Vec<Vec<Piece>> {
     }
     if plan.copy == Some(TileCopy::Tma) {
         sections.push(vec![Piece::Part(Part::Tma), Piece::Part(Part::TmaStore)]);
+    } else if plan.paged && plan.copy.is_some() {
+        sections.push(vec![Piece::Part(Part::Tma), Piece::Part(Part::PagedTma)]);
     }
     if plan.trace {
         sections.push(vec![Piece::Part(Part::Trace)]);

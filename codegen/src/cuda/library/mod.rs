@@ -141,6 +141,11 @@ pub enum Part {
     /// The copy engine's stores, for the persistent forward's O.
     TmaStore,
 
+    /// A warp-specialized paged kernel's TMA copies: a tile inside one
+    /// page and inside its sequence in boxes of a page's rows, each from the
+    /// page the block table names. Follows `Paged` and `Tma`.
+    PagedTma,
+
     /// `clock64()` trace points of a traced forward kernel
     /// (`emit_forward_traced`, for `scripts/trace/harness.cu`): the `g_trace`
     /// rows, `TR(code)`, which thread 0 of each warpgroup of the first
@@ -171,7 +176,7 @@ pub enum Part {
 
 impl Part {
     /// Every part, in the order kernels include them.
-    pub const ALL: [Part; 20] = [
+    pub const ALL: [Part; 21] = [
         Part::Prelude,
         Part::IntOps,
         Part::Ranges,
@@ -186,6 +191,7 @@ impl Part {
         Part::DecodePaged,
         Part::Tma,
         Part::TmaStore,
+        Part::PagedTma,
         Part::Trace,
         Part::BackwardRows,
         Part::BackwardTiles,
@@ -211,6 +217,7 @@ impl Part {
             Part::DecodePaged => include_str!("decode_paged.cuh"),
             Part::Tma => include_str!("tma.cuh"),
             Part::TmaStore => include_str!("tma_store.cuh"),
+            Part::PagedTma => include_str!("paged_tma.cuh"),
             Part::Trace => include_str!("trace.cuh"),
             Part::BackwardRows => include_str!("backward_rows.cuh"),
             Part::BackwardTiles => include_str!("backward_tiles.cuh"),
@@ -237,6 +244,7 @@ impl Part {
             Part::DecodePaged => "decode_paged.cuh",
             Part::Tma => "tma.cuh",
             Part::TmaStore => "tma_store.cuh",
+            Part::PagedTma => "paged_tma.cuh",
             Part::Trace => "trace.cuh",
             Part::BackwardRows => "backward_rows.cuh",
             Part::BackwardTiles => "backward_tiles.cuh",

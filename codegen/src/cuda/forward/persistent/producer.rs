@@ -129,8 +129,10 @@ fn write_tile_walk(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
             }
         })?;
         if copy == TileCopy::Threads {
-            kv.k(w, "k_tiles + stage * K_TILE", "j")?;
-            writeln!(w, "mbar_arrive_loaded<D>(k_full + 8 * stage, vector);")?;
+            kv.boxed_or(w, true, ["k_tiles + stage * K_TILE", "k_full + 8 * stage", "j"], |w| {
+                kv.k(w, "k_tiles + stage * K_TILE", "j")?;
+                writeln!(w, "mbar_arrive_loaded<D>(k_full + 8 * stage, vector);")
+            })?;
         }
         if per_key {
             staged.write_key_terms(w)?;
@@ -138,8 +140,10 @@ fn write_tile_walk(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
         writeln!(w, "mbar_wait(v_empty + 8 * stage, empty_parity);")?;
         trace::point(w, roles.plan, Event::PVEmpty)?;
         copy_tile(w, copy, "v_full + 8 * stage", &format!("<BLOCK_N, V_COLS>(v_tiles + stage * V_TILE, {V_MAP}"), "j * BLOCK_N, kv_head", |w| {
-            kv.v(w, "v_tiles + stage * V_TILE", "j")?;
-            writeln!(w, "mbar_arrive_loaded<DV>(v_full + 8 * stage, vector);")
+            kv.boxed_or(w, false, ["v_tiles + stage * V_TILE", "v_full + 8 * stage", "j"], |w| {
+                kv.v(w, "v_tiles + stage * V_TILE", "j")?;
+                writeln!(w, "mbar_arrive_loaded<DV>(v_full + 8 * stage, vector);")
+            })
         })?;
         kv.advance_keys(w)?;
         writeln!(w, "j = next;")?;
