@@ -102,10 +102,7 @@ const VARIANTS: [(&str, &str); 9] = [
          mask: (q - k <= window && k - q <= window) || q < globals || k < globals,",
     ),
     ("sink-window", "param sinks: i32, param window: i32, mask: k < sinks || (q >= k && q - k < window),"),
-    (
-        "swa1024-sinks",
-        "param window: i32, tensor sinks: f32[H], mask: q >= k && q - k < window, sink: sinks[h],",
-    ),
+    ("swa1024-sinks", "param window: i32, tensor sinks: f32[H], mask: q >= k && q - k < window, sink: sinks[h],"),
 ];
 
 fn main() {
