@@ -117,7 +117,6 @@ impl Runtime {
                     pages_per_seq,
                     page_size: cache.page_size,
                     num_pages: cache.num_pages,
-                    box_rows: 0,
                 }),
                 append: Some(AppendBindings {
                     rows: [k.1.as_layout().address(k_ptr), v.1.as_layout().address(v_ptr)],

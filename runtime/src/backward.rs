@@ -254,6 +254,7 @@ impl Runtime {
             work_order: key_order.as_ref().map_or(0, |(ptr, _)| *ptr),
             work_counter: None,
             tensor_maps,
+            kv_box_rows: 0,
             varlen,
             paged: None,
             append: None,

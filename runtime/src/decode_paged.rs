@@ -90,7 +90,6 @@ impl DecodePlan {
             pages_per_seq: kv.pages_per_seq,
             page_size: cache.page_size,
             num_pages: cache.num_pages,
-            box_rows: 0,
         };
         self.queue(rt, shape, infos, args, operands, Some(paged))
     }

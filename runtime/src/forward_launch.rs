@@ -150,6 +150,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
                 grads: None,
                 work_counter: work_counter.as_ref().map(|(ptr, _)| *ptr),
                 tensor_maps,
+                kv_box_rows: 0,
                 varlen: None,
                 paged: None,
                 append: None,

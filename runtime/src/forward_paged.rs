@@ -18,9 +18,9 @@ use crate::marshal::{launch, launch_config, marshal, Bindings, PagedBindings, Va
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::paged::PagedKv;
 use crate::runtime::Runtime;
-use crate::tma::paged_tensor_maps;
+use crate::tma::{kv_boxes, paged_box_rows};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::abi::{ArgKind, Grid, Operand};
+use flashgen_codegen::abi::{Grid, Operand};
 use flashgen_codegen::{to_source, Spec};
 
 /// The operands of one paged forward pass. Q and O are `[tokens, heads,
@@ -131,17 +131,10 @@ impl Runtime {
             matches!(kernel.grid, Grid::Persistent { .. }).then(|| self.work_counter().device_ptr(stream));
         let layouts = [q_layout, kv.k.1.as_layout(), kv.v.1.as_layout(), o_layout];
         let cache = kv.k.1;
-        // Only the warp-specialized kernels copy by TMA.
-        let takes_maps = kernel.args.iter().any(|a| matches!(a.kind, ArgKind::TensorMap(_)));
-        let (tensor_maps, box_rows) = match takes_maps {
-            true => {
-                let [k_at, v_at] = [(k_ptr, &layouts[1]), (v_ptr, &layouts[2])].map(|(p, l)| l.address(p));
-                let caches = [(Operand::K, k_at, &layouts[1]), (Operand::V, v_at, &layouts[2])];
-                let (maps, rows) = paged_tensor_maps(caches, config.block_n, cache.page_size, spec.dtype, self.tma);
-                (Some(maps), rows)
-            }
-            false => (None, 0),
-        };
+        let [k_at, v_at] = [(k_ptr, &layouts[1]), (v_ptr, &layouts[2])].map(|(p, l)| l.address(p));
+        let caches = [(Operand::K, k_at, &layouts[1]), (Operand::V, v_at, &layouts[2])];
+        let rows = paged_box_rows(config.block_n, cache.page_size);
+        let (tensor_maps, kv_box_rows) = kv_boxes(kernel, caches, rows, spec.dtype, self.tma);
         let values = marshal(
             kernel,
             &Bindings {
@@ -157,9 +150,9 @@ impl Runtime {
                     pages_per_seq: kv.pages_per_seq,
                     page_size: cache.page_size,
                     num_pages: cache.num_pages,
-                    box_rows,
                 }),
                 tensor_maps,
+                kv_box_rows,
                 ..Bindings::without_operands(checked.shape, &infos, &tensor_ptrs).with_operands(
                     [q_ptr, k_ptr, v_ptr, o_ptr],
                     layouts,

@@ -50,6 +50,9 @@ pub(crate) struct Bindings<'a> {
     /// The TMA descriptors of a kernel that copies with TMA (see
     /// `tma::tensor_maps`).
     pub tensor_maps: Option<Vec<(Operand, TensorMap)>>,
+    /// Keys per TMA box of a warp-specialized varlen or paged kernel's K/V
+    /// copies, 0 for none (`tma::kv_boxes`).
+    pub kv_box_rows: u32,
     /// What only varlen kernels take; their `shape` holds the longest
     /// sequences' lengths.
     pub varlen: Option<VarlenBindings>,
@@ -93,9 +96,6 @@ pub(crate) struct PagedBindings {
     pub pages_per_seq: usize,
     pub page_size: usize,
     pub num_pages: usize,
-    /// Keys per TMA box of a warp-specialized kernel's K/V copies, 0 for
-    /// none ([`crate::tma::paged_tensor_maps`]).
-    pub box_rows: u32,
 }
 
 /// The paged append's new rows and what it reports.
@@ -129,6 +129,7 @@ impl<'a> Bindings<'a> {
             grads: None,
             work_counter: None,
             tensor_maps: None,
+            kv_box_rows: 0,
             varlen: None,
             paged: None,
             append: None,
@@ -245,7 +246,7 @@ fn value_of(kernel: &Kernel, arg: &KernelArg, b: &Bindings) -> Result<Value, Err
         ArgKind::BlockTable => Value::Ptr(paged()?.block_table),
         ArgKind::PagesPerSeq => size(paged()?.pages_per_seq),
         ArgKind::PageSize => size(paged()?.page_size),
-        ArgKind::PageBoxRows => Value::I32(paged()?.box_rows as i32),
+        ArgKind::KvBoxRows => Value::I32(b.kv_box_rows as i32),
         ArgKind::NumPages => size(paged()?.num_pages),
         // A cache's pages are its layout's batch axis (`PagedLayout::as_layout`).
         ArgKind::PageStride(op) => match operand_index(op) {
@@ -438,6 +439,7 @@ mod tests {
             work_order: 79,
             work_counter: None,
             tensor_maps: None,
+            kv_box_rows: 0,
             grads: None,
             varlen: None,
             paged: None,
@@ -499,7 +501,9 @@ mod tests {
         for config in [TileConfig::default_for(&spec), persistent] {
             let kernel = emit_forward_varlen(&spec, config);
             let varlen = Some(VarlenBindings { cu_seqlens: [91, 92], tokens: [500, 700] });
-            let b = Bindings { varlen, work_counter: Some(93), ..bindings(&args, &[99]) };
+            let tensor_maps =
+                Some(vec![(Operand::K, crate::tma::TensorMap::ZERO), (Operand::V, crate::tma::TensorMap::ZERO)]);
+            let b = Bindings { varlen, tensor_maps, work_counter: Some(93), ..bindings(&args, &[99]) };
             let values = marshal(&kernel, &b).unwrap();
             let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];
             use Value::*;
@@ -533,17 +537,12 @@ mod tests {
         for config in [TileConfig::default_for(&spec), persistent] {
             let kernel = emit_forward_paged(&spec, config);
             let varlen = Some(VarlenBindings { cu_seqlens: [0, 0], tokens: [500, 0] });
-            let paged = Some(PagedBindings {
-                kv_lens: 94,
-                block_table: 95,
-                pages_per_seq: 6,
-                page_size: 3,
-                num_pages: 17,
-                box_rows: 8,
-            });
+            let paged =
+                Some(PagedBindings { kv_lens: 94, block_table: 95, pages_per_seq: 6, page_size: 3, num_pages: 17 });
             let tensor_maps =
                 Some(vec![(Operand::K, crate::tma::TensorMap::ZERO), (Operand::V, crate::tma::TensorMap::ZERO)]);
-            let b = Bindings { varlen, paged, tensor_maps, work_counter: Some(93), ..bindings(&[], &[]) };
+            let b =
+                Bindings { varlen, paged, tensor_maps, kv_box_rows: 8, work_counter: Some(93), ..bindings(&[], &[]) };
             let values = marshal(&kernel, &b).unwrap();
             let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];
             use Value::*;
@@ -563,7 +562,7 @@ mod tests {
                 assert_eq!(value(name), expected, "{name} in {config:?}");
             }
             if config == persistent {
-                assert_eq!(value("page_box_rows"), I32(8));
+                assert_eq!(value("kv_box_rows"), I32(8));
             }
             let err = marshal(&kernel, &Bindings { paged: None, ..b }).unwrap_err();
             assert!(matches!(err, Error::KernelAbi { .. }), "{err}");
@@ -619,14 +618,8 @@ mod tests {
         let spec = flashgen_codegen::parse_one("D { dtype: bf16, head_dim: 64 }").unwrap();
         let kernel = emit_decode_paged(&spec, DecodeConfig::for_rows(&spec, Target::HOPPER, 8).unwrap());
         let decode = Some(DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96] });
-        let paged = Some(PagedBindings {
-            kv_lens: 94,
-            block_table: 97,
-            pages_per_seq: 6,
-            page_size: 16,
-            num_pages: 40,
-            box_rows: 0,
-        });
+        let paged =
+            Some(PagedBindings { kv_lens: 94, block_table: 97, pages_per_seq: 6, page_size: 16, num_pages: 40 });
         let b = Bindings { decode, paged, ..bindings(&[], &[]) };
         let values = marshal(&kernel, &b).unwrap();
         let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];

@@ -17,7 +17,7 @@ use cudarc::driver::sys::{
     CUtensorMapL2promotion, CUtensorMapSwizzle,
 };
 use cudarc::driver::DeviceRepr;
-use flashgen_codegen::abi::{Operand, TmaBox};
+use flashgen_codegen::abi::{ArgKind, Kernel, Operand, TmaBox};
 use flashgen_codegen::cuda::TileCopy;
 use flashgen_codegen::Dtype;
 
@@ -57,21 +57,22 @@ pub(crate) fn tensor_maps(
         .collect()
 }
 
-/// TMA descriptors of a paged launch's K and V caches (each with its
-/// address and layout) for a kernel of `block_n`-key tiles, in boxes of
-/// one page's rows or one tile's rows inside a page, and the box's rows.
-/// Where TMA is off (`on`), neither the page size nor the tile's keys
-/// divide the other, a box would be under 8 rows (the 128-byte swizzle's
-/// period) or a layout rules TMA out: zeroed descriptors and 0 rows, and
-/// the kernel's threads gather every tile.
-pub(crate) fn paged_tensor_maps(
+/// The K/V descriptors and box rows of a varlen or paged launch of
+/// `kernel`: none where the kernel takes none (it is not warp-specialized);
+/// else descriptors of `caches` (each with its address and layout) in boxes
+/// of `rows` keys, or zeroed ones and 0 rows where `rows` is 0, TMA is off
+/// (`on`) or a layout rules it out: the kernel's threads then copy every
+/// tile.
+pub(crate) fn kv_boxes(
+    kernel: &Kernel,
     caches: [(Operand, u64, &Layout); 2],
-    block_n: u32,
-    page_size: usize,
+    rows: u32,
     dtype: Dtype,
     on: bool,
-) -> (Vec<(Operand, TensorMap)>, u32) {
-    let rows = paged_box_rows(block_n, page_size);
+) -> (Option<Vec<(Operand, TensorMap)>>, u32) {
+    if !kernel.args.iter().any(|a| matches!(a.kind, ArgKind::TensorMap(_))) {
+        return (None, 0);
+    }
     let maps: Option<Vec<_>> = (on && rows > 0)
         .then(|| {
             caches
@@ -81,15 +82,15 @@ pub(crate) fn paged_tensor_maps(
         })
         .flatten();
     match maps {
-        Some(maps) => (maps, rows),
-        None => (caches.iter().map(|&(op, ..)| (op, TensorMap::ZERO)).collect(), 0),
+        Some(maps) => (Some(maps), rows),
+        None => (Some(caches.iter().map(|&(op, ..)| (op, TensorMap::ZERO)).collect()), 0),
     }
 }
 
-/// Keys per box of [`paged_tensor_maps`]: a tile's (`block_n`) where
-/// pages hold whole tiles, a page's where tiles are whole pages, else 0;
-/// and 0 under 8 rows.
-fn paged_box_rows(block_n: u32, page_size: usize) -> u32 {
+/// Keys per box of a paged launch's [`kv_boxes`]: a tile's (`block_n`)
+/// where pages hold whole tiles, a page's where tiles are whole pages, else
+/// 0; and 0 under 8 rows (the 128-byte swizzle's period).
+pub(crate) fn paged_box_rows(block_n: u32, page_size: usize) -> u32 {
     let rows = u32::try_from(page_size).unwrap_or(u32::MAX).min(block_n);
     let whole = match page_size >= block_n as usize {
         true => page_size % block_n as usize == 0,

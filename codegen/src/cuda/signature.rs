@@ -35,7 +35,21 @@ pub(super) fn forward_varlen_args(spec: &Spec, persistent: bool) -> Vec<KernelAr
         kinds.extend([ArgKind::CuSeqlens(side), ArgKind::MaxLen(side), ArgKind::Tokens(side)]);
     }
     kinds.extend(FORWARD_OPERANDS.into_iter().flat_map(|op| [Axis::Seq, Axis::Head].map(|a| ArgKind::Stride(op, a))));
-    forward_tail(spec, kinds, persistent.then_some(TileCopy::Threads), false)
+    with_kv_boxes(spec, kinds, persistent)
+}
+
+/// A varlen or paged kernel's tail: a warp-specialized one copies the K/V
+/// tiles that lie inside their sequence (and one page) by TMA where the
+/// launch allows it, so it also takes the box's rows and K/V descriptors.
+fn with_kv_boxes(spec: &Spec, mut kinds: Vec<ArgKind>, persistent: bool) -> Vec<KernelArg> {
+    if persistent {
+        kinds.push(ArgKind::KvBoxRows);
+    }
+    let args = forward_tail(spec, kinds, persistent.then_some(TileCopy::Threads), false);
+    match persistent {
+        true => with_tensor_maps(spec, args, &[Operand::K, Operand::V]),
+        false => args,
+    }
 }
 
 /// A paged forward's arguments: as [`forward_varlen_args`]', the keys'
@@ -54,16 +68,7 @@ pub(super) fn forward_paged_args(spec: &Spec, persistent: bool) -> Vec<KernelArg
         }
         kinds.extend([Axis::Seq, Axis::Head].map(|a| ArgKind::Stride(op, a)));
     }
-    if persistent {
-        kinds.push(ArgKind::PageBoxRows);
-    }
-    let args = forward_tail(spec, kinds, persistent.then_some(TileCopy::Threads), false);
-    // A warp-specialized kernel copies the tiles that lie inside one page
-    // and inside the sequence by TMA, where the launch allows it.
-    match persistent {
-        true => with_tensor_maps(spec, args, &[Operand::K, Operand::V]),
-        false => args,
-    }
+    with_kv_boxes(spec, kinds, persistent)
 }
 
 /// The paged append: new K and V rows, the caches; the sequences (prefix
@@ -280,7 +285,7 @@ pub(crate) mod names {
     pub const BLOCK_TABLE: &str = "block_table";
     pub const PAGES_PER_SEQ: &str = "pages_per_seq";
     pub const PAGE_SIZE: &str = "page_size";
-    pub const PAGE_BOX_ROWS: &str = "page_box_rows";
+    pub const KV_BOX_ROWS: &str = "kv_box_rows";
     pub const NUM_PAGES: &str = "num_pages";
     pub const NEW_KV_LENS: &str = "new_kv_lens";
     pub const DROPPED: &str = "dropped";
@@ -337,7 +342,7 @@ pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::BlockTable => names::BLOCK_TABLE.into(),
         ArgKind::PagesPerSeq => names::PAGES_PER_SEQ.into(),
         ArgKind::PageSize => names::PAGE_SIZE.into(),
-        ArgKind::PageBoxRows => names::PAGE_BOX_ROWS.into(),
+        ArgKind::KvBoxRows => names::KV_BOX_ROWS.into(),
         ArgKind::NumPages => names::NUM_PAGES.into(),
         ArgKind::PageStride(op) => format!("{}_page_stride", operand(op)),
         ArgKind::NewRows(op) => format!("new_{}", operand(op)),
@@ -362,7 +367,7 @@ pub(super) fn arg_type(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::Lse | ArgKind::Delta | ArgKind::DqAccum | ArgKind::TensorGrad(_) => "float* __restrict__".into(),
         ArgKind::Batch | ArgKind::Heads | ArgKind::HeadsKv | ArgKind::QLen | ArgKind::KvLen => "int".into(),
         ArgKind::MaxLen(_) | ArgKind::Tokens(_) | ArgKind::Splits => "int".into(),
-        ArgKind::PagesPerSeq | ArgKind::PageSize | ArgKind::PageBoxRows | ArgKind::NumPages => "int".into(),
+        ArgKind::PagesPerSeq | ArgKind::PageSize | ArgKind::KvBoxRows | ArgKind::NumPages => "int".into(),
         ArgKind::CuSeqlens(_) | ArgKind::KvLens | ArgKind::BlockTable => "const int* __restrict__".into(),
         ArgKind::PartialO | ArgKind::PartialLse => "float* __restrict__".into(),
         ArgKind::Stride(..) | ArgKind::BlockMaskStride(_) | ArgKind::PageStride(_) | ArgKind::NewRowStride(..) => {

@@ -7,7 +7,7 @@ use super::plan::Plan;
 use super::varlen::{key_var, pages_var};
 use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::signature::arg_name;
-use crate::cuda::signature::names::{K_MAP, PAGE_BOX_ROWS, V_MAP};
+use crate::cuda::signature::names::{KV_BOX_ROWS, K_MAP, V_MAP};
 use crate::cuda::tile_config::warp_specialized;
 use crate::cuda::writer::Writer;
 use std::fmt::{self, Write};
@@ -20,6 +20,9 @@ pub(super) struct KvLoads {
     ws: bool,
     /// Rows gathered from pages (`load_paged_tile`), else strided.
     paged: bool,
+    /// A varlen (or paged) kernel's: tiles inside their sequence may go by
+    /// TMA.
+    varlen: bool,
     cols: ShmemCols,
     k_stride: String,
     v_stride: String,
@@ -33,6 +36,7 @@ impl KvLoads {
         KvLoads {
             ws: warp_specialized(config),
             paged: plan.paged,
+            varlen: plan.varlen,
             cols: ShmemCols::of(config.mma),
             k_stride: name(ArgKind::Stride(Operand::K, Axis::Seq)),
             v_stride: name(ArgKind::Stride(Operand::V, Axis::Seq)),
@@ -95,10 +99,12 @@ impl KvLoads {
         }
     }
 
-    /// A warp-specialized paged kernel's copy of K (`key` true) or V into
-    /// `dst`, completing on `bar`: by TMA boxes where the launch allows them
-    /// and the tile lies inside its sequence (`paged_tma.cuh`), else as
-    /// `threads` writes it. Any other kernel's: as `threads` writes it.
+    /// A warp-specialized varlen or paged kernel's copy of K (`key` true)
+    /// or V into `dst`, completing on `bar`: by TMA where the launch allows
+    /// it and the tile lies inside its sequence (a varlen kernel's tile by
+    /// one box at its tokens, a paged kernel's by boxes of its pages,
+    /// `paged_tma.cuh`), else as `threads` writes it. Any other kernel's: as
+    /// `threads` writes it.
     pub(super) fn boxed_or(
         &self,
         w: &mut Writer<String>,
@@ -106,19 +112,24 @@ impl KvLoads {
         [dst, bar, tile]: [&str; 3],
         threads: impl FnOnce(&mut Writer<String>) -> fmt::Result,
     ) -> fmt::Result {
-        if !(self.paged && self.ws) {
+        if !(self.ws && self.varlen) {
             return threads(w);
         }
         let (cols, map, rows) = match key {
             true => (self.cols.qk, K_MAP, "k_rows"),
             false => (self.cols.v, V_MAP, "v_rows"),
         };
-        let (pages, kv_len) = (pages_var(rows), &self.kv_len);
-        w.block(format_args!("if ({PAGE_BOX_ROWS} > 0 && ({tile} + 1) * BLOCK_N <= {kv_len})"), |w| {
-            writeln!(
+        let kv_len = &self.kv_len;
+        w.block(format_args!("if ({KV_BOX_ROWS} > 0 && ({tile} + 1) * BLOCK_N <= {kv_len})"), |w| match self.paged {
+            true => writeln!(
                 w,
-                "load_paged_boxes<BLOCK_N, {cols}, PRODUCER_THREADS, THREADS>({dst}, {map}, {bar}, {pages}, {tile} * BLOCK_N, {PAGE_BOX_ROWS}, kv_head);"
-            )
+                "load_paged_boxes<BLOCK_N, {cols}, PRODUCER_THREADS, THREADS>({dst}, {map}, {bar}, {}, {tile} * BLOCK_N, {KV_BOX_ROWS}, kv_head);",
+                pages_var(rows)
+            ),
+            false => writeln!(
+                w,
+                "tma_load_tile_shared<BLOCK_N, {cols}, PRODUCER_THREADS, THREADS>({dst}, {map}, {bar}, kv_seq.start + {tile} * BLOCK_N, kv_head);"
+            ),
         })?;
         w.block(format_args!("else"), threads)
     }

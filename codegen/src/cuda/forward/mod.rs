@@ -180,8 +180,12 @@ fn library(plan: &Plan) -> Vec<Vec<Piece>> {
     }
     if plan.copy == Some(TileCopy::Tma) {
         sections.push(vec![Piece::Part(Part::Tma), Piece::Part(Part::TmaStore)]);
-    } else if plan.paged && plan.copy.is_some() {
-        sections.push(vec![Piece::Part(Part::Tma), Piece::Part(Part::PagedTma)]);
+    } else if plan.varlen && plan.copy.is_some() {
+        let mut tma = vec![Piece::Part(Part::Tma)];
+        if plan.paged {
+            tma.push(Piece::Part(Part::PagedTma));
+        }
+        sections.push(tma);
     }
     if plan.trace {
         sections.push(vec![Piece::Part(Part::Trace)]);
