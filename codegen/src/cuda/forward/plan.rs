@@ -86,13 +86,16 @@ impl<'s> Plan<'s> {
     /// The plan of a varlen kernel in `config` for `view`, a spec's
     /// [`Spec::varlen_view`]: a tile may run past its sequence into the
     /// next one, which TMA's boxes would read and write, so a
-    /// warp-specialized kernel copies with its threads, clipped per sequence.
+    /// warp-specialized kernel copies Q and a sequence's last K/V tile with
+    /// its threads, clipped per sequence, and only the K/V tiles inside a
+    /// sequence by TMA where the launch allows it (`KvLoads::boxed_or`).
     pub(super) fn varlen(view: &'s Spec, config: TileConfig) -> Plan<'s> {
         Plan { varlen: true, global_rows: None, ..Plan::new(view, config, TileCopy::Threads) }
     }
 
     /// The plan of a paged kernel in `config` for `view`, as [`Plan::varlen`]'s:
-    /// a K/V tile gathers rows from scattered pages, which only threads copy.
+    /// a K/V tile gathers rows from scattered pages, by TMA boxes of a page
+    /// where pages and tiles align, else with the threads.
     pub(super) fn paged(view: &'s Spec, config: TileConfig) -> Plan<'s> {
         Plan { paged: true, ..Plan::varlen(view, config) }
     }
