@@ -93,8 +93,8 @@ pub(crate) fn kv_boxes(
 pub(crate) fn paged_box_rows(block_n: u32, page_size: usize) -> u32 {
     let rows = u32::try_from(page_size).unwrap_or(u32::MAX).min(block_n);
     let whole = match page_size >= block_n as usize {
-        true => page_size % block_n as usize == 0,
-        false => rows > 0 && block_n % rows == 0,
+        true => page_size.is_multiple_of(block_n as usize),
+        false => rows > 0 && block_n.is_multiple_of(rows),
     };
     if whole && rows % 8 == 0 && rows > 0 {
         rows
