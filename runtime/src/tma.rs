@@ -1,7 +1,10 @@
 //! TMA descriptors (`CUtensorMap`) for the Hopper kernels whose producer
 //! copies a tile with one instruction (`codegen/src/cuda/library/tma.cuh`): Q, K and
 //! V of the persistent forward (and O, which its consumers store), Q, K, V
-//! and dO of the dK/dV kernel. A
+//! and dO of the dK/dV kernel, and the K/V tiles of the warp-specialized
+//! varlen and paged forwards that lie inside their sequence (`kv_boxes`: a
+//! packed buffer is one batch row of tokens, a paged cache one batch per
+//! page). A
 //! descriptor describes an operand as the 4-d tensor `[batch, seq, heads,
 //! dim]` with its element strides, copied in the boxes codegen defines
 //! (`abi::TmaBox`); rows and columns past the
