@@ -20,7 +20,7 @@ use crate::paged::PagedKv;
 use crate::runtime::Runtime;
 use crate::tma::{kv_boxes, paged_box_rows};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::abi::{Grid, Operand};
+use flashgen_codegen::abi::Grid;
 use flashgen_codegen::{to_source, Spec};
 
 /// The operands of one paged forward pass. Q and O are `[tokens, heads,
@@ -131,8 +131,7 @@ impl Runtime {
             matches!(kernel.grid, Grid::Persistent { .. }).then(|| self.work_counter().device_ptr(stream));
         let layouts = [q_layout, kv.k.1.as_layout(), kv.v.1.as_layout(), o_layout];
         let cache = kv.k.1;
-        let [k_at, v_at] = [(k_ptr, &layouts[1]), (v_ptr, &layouts[2])].map(|(p, l)| l.address(p));
-        let caches = [(Operand::K, k_at, &layouts[1]), (Operand::V, v_at, &layouts[2])];
+        let caches = [(k_ptr, &layouts[1]), (v_ptr, &layouts[2])];
         let rows = paged_box_rows(config.block_n, cache.page_size);
         let (tensor_maps, kv_box_rows) = kv_boxes(kernel, caches, rows, spec.dtype, self.tma);
         let values = marshal(

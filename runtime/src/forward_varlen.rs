@@ -15,7 +15,7 @@ use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use crate::tma::kv_boxes;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::abi::{Grid, Operand};
+use flashgen_codegen::abi::Grid;
 use flashgen_codegen::{to_source, Spec};
 
 /// The operands of one varlen forward pass. O and the optional row
@@ -119,8 +119,7 @@ impl Runtime {
         let work_counter =
             matches!(kernel.grid, Grid::Persistent { .. }).then(|| self.work_counter().device_ptr(stream));
         // A warp-specialized kernel copies a tile inside its sequence as one box.
-        let [k_at, v_at] = [(k_ptr, &layouts[1]), (v_ptr, &layouts[2])].map(|(p, l)| l.address(p));
-        let caches = [(Operand::K, k_at, &layouts[1]), (Operand::V, v_at, &layouts[2])];
+        let caches = [(k_ptr, &layouts[1]), (v_ptr, &layouts[2])];
         let (tensor_maps, kv_box_rows) = kv_boxes(kernel, caches, config.block_n, spec.dtype, self.tma);
         let values = marshal(
             kernel,

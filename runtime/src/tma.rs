@@ -62,13 +62,13 @@ pub(crate) fn tensor_maps(
 
 /// The K/V descriptors and box rows of a varlen or paged launch of
 /// `kernel`: none where the kernel takes none (it is not warp-specialized);
-/// else descriptors of `caches` (each with its address and layout) in boxes
-/// of `rows` keys, or zeroed ones and 0 rows where `rows` is 0, TMA is off
+/// else descriptors of K and V (`kv`: each buffer's base address and its
+/// layout) in boxes of `rows` keys, or zeroed ones and 0 rows where `rows` is 0, TMA is off
 /// (`on`) or a layout rules it out: the kernel's threads then copy every
 /// tile.
 pub(crate) fn kv_boxes(
     kernel: &Kernel,
-    caches: [(Operand, u64, &Layout); 2],
+    kv: [(u64, &Layout); 2],
     rows: u32,
     dtype: Dtype,
     on: bool,
@@ -76,17 +76,21 @@ pub(crate) fn kv_boxes(
     if !kernel.args.iter().any(|a| matches!(a.kind, ArgKind::TensorMap(_))) {
         return (None, 0);
     }
+    let ops = [Operand::K, Operand::V];
     let maps: Option<Vec<_>> = (on && rows > 0)
         .then(|| {
-            caches
-                .iter()
-                .map(|&(op, ptr, layout)| Some((op, encode(ptr, layout, dtype, TmaBox { cols: TmaBox::COLS, rows })?)))
+            ops.iter()
+                .zip(kv)
+                .map(|(&op, (base, layout))| {
+                    let tma_box = TmaBox { cols: TmaBox::COLS, rows };
+                    Some((op, encode(layout.address(base), layout, dtype, tma_box)?))
+                })
                 .collect()
         })
         .flatten();
     match maps {
         Some(maps) => (Some(maps), rows),
-        None => (Some(caches.iter().map(|&(op, ..)| (op, TensorMap::ZERO)).collect()), 0),
+        None => (Some(ops.map(|op| (op, TensorMap::ZERO)).to_vec()), 0),
     }
 }
 
