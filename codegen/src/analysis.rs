@@ -67,10 +67,16 @@ pub fn classify_expr(
     q: (i32, i32),
     k: (i32, i32),
 ) -> TileClass {
-    if q.0 > q.1 || k.0 > k.1 {
+    classify_region(e, shape, params, Region { b: (b, b), h: (h, h), q, k })
+}
+
+/// [`classify_expr`] over every batch, head, query and key of `region`.
+pub fn classify_region(e: &Expr, shape: &Shape, params: &[ParamValue], region: Region) -> TileClass {
+    let Region { b, h, q, k } = region;
+    if b.0 > b.1 || h.0 > h.1 || q.0 > q.1 || k.0 > k.1 {
         return TileClass::Empty;
     }
-    let r = lower(e).eval(&Tile::new(shape, params, Region { b: (b, b), h: (h, h), q, k }));
+    let r = lower(e).eval(&Tile::new(shape, params, region));
     // A bool-typed expression stays within [0, 1].
     match (r.lo, r.hi) {
         (_, 0) => TileClass::Empty,

@@ -14,6 +14,7 @@ pub mod index_check;
 pub mod mask_parts;
 pub mod paged;
 pub mod reference;
+pub mod shard;
 pub mod spec;
 pub mod syntax;
 pub mod varlen;

@@ -115,6 +115,11 @@ pub enum Dim {
     MaxQLen,
     /// `KV_LEN` in a varlen kernel's view, as [`Dim::MaxQLen`].
     MaxKvLen,
+    /// A spec's i32 param: only in a shard's view ([`crate::shard::view`]),
+    /// whose `Q_LEN` and `KV_LEN` are the whole sequence's lengths, passed
+    /// as params. Host checks first bind it to its value
+    /// ([`TensorDecl::bind_params`]); unbound it fits no buffer.
+    Param(usize),
 }
 
 /// An operator of a dimension expression.
@@ -161,6 +166,7 @@ impl Dim {
             Dim::QLen | Dim::MaxQLen => shape.q_len,
             Dim::KvLen | Dim::MaxKvLen => shape.kv_len,
             Dim::Const(n) => *n as usize,
+            Dim::Param(_) => usize::MAX,
             Dim::Op(..) => self.value(shape).map_or(usize::MAX, |v| usize::try_from(v).unwrap_or(0)),
         }
     }
@@ -182,6 +188,7 @@ impl Dim {
             }
             // A constant past i32 stands alone (the kernels clip in 64 bits).
             Dim::Const(n) => return Some(i64::from(*n)),
+            Dim::Param(_) => return None,
             _ => return int(self.resolve(shape)),
         };
         i32::try_from(v).is_ok().then_some(v)
@@ -220,6 +227,7 @@ impl Dim {
             }
             Dim::MaxQLen => Dim::QLen.write(f, min_prec),
             Dim::MaxKvLen => Dim::KvLen.write(f, min_prec),
+            Dim::Param(i) => write!(f, "param[{i}]"),
             sym => {
                 let name = Dim::SYMBOLS.iter().find(|(_, d)| d == sym).map(|(n, _)| *n);
                 f.write_str(name.unwrap_or("?"))
@@ -295,6 +303,22 @@ impl TensorDecl {
             }
         }
         Ok(())
+    }
+
+    /// The declaration with each [`Dim::Param`] replaced by the param's
+    /// value (`None`: not an i32 param, which leaves it unbound).
+    pub fn bind_params(&self, value: &dyn Fn(usize) -> Option<i32>) -> TensorDecl {
+        fn bind(d: &Dim, value: &dyn Fn(usize) -> Option<i32>) -> Dim {
+            match d {
+                Dim::Param(i) => match value(*i).map(u32::try_from) {
+                    Some(Ok(v)) => Dim::Const(v),
+                    _ => d.clone(),
+                },
+                Dim::Op(op, a, b) => Dim::Op(*op, Box::new(bind(a, value)), Box::new(bind(b, value))),
+                other => other.clone(),
+            }
+        }
+        TensorDecl { dims: self.dims.iter().map(|d| bind(d, value)).collect(), ..self.clone() }
     }
 
     /// Number of elements the tensor must hold for `shape`, saturating: a

@@ -181,6 +181,11 @@ impl<'a> Env<'a> {
                         )))
                     }
                 };
+                let param = |i: usize| match params.get(i) {
+                    Some(ParamValue::I32(v)) => Some(*v),
+                    _ => None,
+                };
+                let decl = decl.bind_params(&param);
                 decl.check_dims(shape).map_err(|e| ReferenceError::Shape(e.to_string()))?;
                 let dims: Vec<usize> = decl.dims.iter().map(|d| d.resolve(shape)).collect();
                 check_len(&decl.name, found, &dims)?;

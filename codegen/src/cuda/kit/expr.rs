@@ -118,6 +118,7 @@ fn dim_value(spec: &Spec, dim: &Dim) -> String {
         Dim::KvLen => ArgKind::KvLen,
         Dim::MaxQLen => ArgKind::MaxLen(Side::Queries),
         Dim::MaxKvLen => ArgKind::MaxLen(Side::Keys),
+        Dim::Param(i) => ArgKind::Param(*i),
     };
     arg_name(spec, kind)
 }
