@@ -77,16 +77,18 @@ impl Runtime {
         let s = self.stream().as_ref();
         let (acc_ptr, _acc) = acc_o.0.device_ptr_mut(s);
         let (acc_lse_ptr, _acc_lse) = acc_lse.0.device_ptr_mut(s);
-        let piece = piece.map(|((o, layout), (l, offset))| ((o.device_ptr(s), layout), (l.device_ptr(s), offset)));
-        let out = out.map(|((o, layout), (l, offset))| ((o.device_ptr_mut(s), layout), (l.device_ptr_mut(s), offset)));
-        let piece_at =
-            piece.as_ref().map(|(((o, _), layout), ((l, _), offset))| (layout.address(*o), f32_at(*l, *offset)));
-        let out_at = out.as_ref().map(|(((o, _), layout), ((l, _), offset))| (layout.address(*o), f32_at(*l, *offset)));
+        let piece = piece.map(|((o, layout), (l, offset))| (o.device_ptr(s), l.device_ptr(s), layout, offset));
+        let out = out.map(|((o, layout), (l, offset))| (o.device_ptr_mut(s), l.device_ptr_mut(s), layout, offset));
+        // The piece's and the output's O and LSE addresses and O's strides
+        // (null and unread without one).
+        let [piece_at, out_at] = [&piece, &out].map(|side| match side {
+            Some(((o, _), (l, _), layout, offset)) => ([layout.address(*o), f32_at(*l, *offset)], layout.strides),
+            None => ([0; 2], [0; 3]),
+        });
         let bindings = PartialBindings {
-            ptrs: [f32_at(acc_ptr, acc_o.1.offset), piece_at.map_or(0, |p| p.0), out_at.map_or(0, |o| o.0)],
-            strides: [Some(acc_o.1), piece.as_ref().map(|p| p.0 .1), out.as_ref().map(|o| o.0 .1)]
-                .map(|l| l.map_or([0; 3], |l| l.strides)),
-            lse: [f32_at(acc_lse_ptr, acc_lse.1), piece_at.map_or(0, |p| p.1), out_at.map_or(0, |o| o.1)],
+            ptrs: [f32_at(acc_ptr, acc_o.1.offset), piece_at.0[0], out_at.0[0]],
+            strides: [acc_o.1.strides, piece_at.1, out_at.1],
+            lse: [f32_at(acc_lse_ptr, acc_lse.1), piece_at.0[1], out_at.0[1]],
             first,
             dim: acc_o.1.dim,
         };
@@ -111,14 +113,11 @@ impl Runtime {
         let (acc_ptr, _acc) = acc.0.device_ptr_mut(s);
         let piece = piece.map(|(p, layout)| (p.device_ptr(s), layout));
         let out = out.map(|(o, layout)| (o.device_ptr_mut(s), layout));
+        let [piece_at, out_at] =
+            [&piece, &out].map(|side| side.as_ref().map_or((0, [0; 3]), |((p, _), l)| (l.address(*p), l.strides)));
         let bindings = PartialBindings {
-            ptrs: [
-                f32_at(acc_ptr, acc.1.offset),
-                piece.as_ref().map_or(0, |((p, _), layout)| layout.address(*p)),
-                out.as_ref().map_or(0, |((o, _), layout)| layout.address(*o)),
-            ],
-            strides: [Some(acc.1), piece.as_ref().map(|p| p.1), out.as_ref().map(|o| o.1)]
-                .map(|l| l.map_or([0; 3], |l| l.strides)),
+            ptrs: [f32_at(acc_ptr, acc.1.offset), piece_at.0, out_at.0],
+            strides: [acc.1.strides, piece_at.1, out_at.1],
             lse: [0; 3],
             first,
             dim,
