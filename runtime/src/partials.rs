@@ -3,8 +3,9 @@
 //! a running dQ, dK or dV ([`Runtime::add_partial`]), and captured tensors'
 //! f32 gradients summed ([`Runtime::add_f32`]). Each checks its operands
 //! (`check_partials`), then queues one launch on the runtime's stream
-//! without synchronizing; the kernels are `flashgen_codegen::cuda::partials`'.
-//! The caller's context-parallel schedule decides which pieces meet.
+//! without synchronizing. The kernels are `flashgen_codegen::cuda`'s
+//! `emit_merge_partial`, `emit_add_partial` and `emit_add_f32`; the caller's
+//! context-parallel schedule decides which pieces meet.
 
 use crate::check::Buffer;
 use crate::check_partials::{check_add, check_add_f32, check_merge, AddBuffers, LseBuffer, MergeBuffers};

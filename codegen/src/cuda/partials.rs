@@ -4,8 +4,8 @@
 //! the pieces into a running f32 sum, so no attention kernel changes:
 //!
 //! - **merge** ([`emit_merge_partial`]): forward pieces' O weighed by their
-//!   rows' LSEs into the accumulator's (the split decode's combine, two rows
-//!   at a time), in place or into a final O and LSE in the storage dtype.
+//!   rows' LSEs into the accumulator's (as the split decode's combine weighs
+//!   its splits), in place or into a final O and LSE in the storage dtype.
 //! - **add** ([`emit_add_partial`]): backward pieces of dQ, dK or dV summed
 //!   (the head dim is an argument: one kernel serves all three).
 //! - **flat add** ([`emit_add_f32`]): captured tensors' f32 gradients summed.
