@@ -139,6 +139,45 @@ pub enum ArgKind {
     /// `float*` a split decode's partial LSE `[splits, batch, heads,
     /// q_len]` (natural log, −∞ for a split without kept keys).
     PartialLse,
+    /// Base pointer of a partials kernel's operand (see [`Partial`]), at
+    /// its first element; a piece or an output may be null.
+    PartialPtr(Partial),
+    /// Element stride of a partials kernel's operand's batch, row or head
+    /// axis (its columns are contiguous).
+    PartialStride(Partial, Axis),
+    /// The merge kernel's LSE of an operand, `f32[batch, heads, rows]`
+    /// contiguous (natural log, −∞: nothing kept); null with its operand.
+    MergeLse(Partial),
+    /// `int` whether a partials kernel's accumulator holds nothing yet: it
+    /// is then read as zeros (LSE −∞), never loaded.
+    First,
+    /// Rows per batch and head of a partials kernel's segment: the launch
+    /// shape's `q_len`, which its grid (`Grid::QueryTiles`) covers.
+    Rows,
+    /// Columns per row of the add kernel: the head dim of the gradient
+    /// it sums (dQ, dK or dV).
+    Dim,
+    /// Elements of the flat f32 add: the launch shape's `q_len`, which its
+    /// grid covers.
+    Elements,
+}
+
+/// An operand of the partials kernels, which fold context parallelism's
+/// pieces (a query segment against one key segment) into a running sum.
+/// Each is `[batch, rows, heads, dim]` with strided batch, row and head axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Partial {
+    /// The running sum in f32 (`float*`): read unless `First`, written
+    /// where there is no `Out`.
+    Acc,
+    /// One piece in the spec's storage dtype (`const unsigned short*`), or
+    /// null: an empty piece (zeros; LSE −∞).
+    Piece,
+    /// The sum in the storage dtype (`unsigned short*`), written instead of
+    /// the accumulator; or null.
+    Out,
+    /// The flat add's piece in f32 (`const float*`), or null.
+    PieceF32,
 }
 
 /// Which tokens of a varlen launch an argument describes: the queries' (Q,
@@ -182,7 +221,8 @@ impl TmaBox {
 /// How a kernel's grid covers a launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Grid {
-    /// The forward pass: `(ceil(q_len / block_m), heads, batch)`.
+    /// The forward pass: `(ceil(q_len / block_m), heads, batch)`; also the
+    /// split decode's combine and the partials kernels (`q_len`: their rows).
     QueryTiles,
     /// A persistent forward pass: `per_sm` blocks per SM (the most that fit
     /// one), or one per work item (`ceil(q_len / block_m) · heads · batch`

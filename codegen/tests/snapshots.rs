@@ -10,9 +10,10 @@
 use flashgen_codegen::abi::{ArgKind, Kernel};
 use flashgen_codegen::cuda::library::Part;
 use flashgen_codegen::cuda::{
-    emit_backward, emit_backward_varlen, emit_backward_with, emit_decode, emit_decode_combine, emit_decode_paged,
-    emit_forward, emit_forward_copying, emit_forward_paged, emit_forward_varlen, emit_forward_with, emit_paged_append,
-    BackwardConfig, BackwardPass, DecodeConfig, DqAccum, Mma, Target, TileConfig, TileCopy,
+    emit_add_f32, emit_add_partial, emit_backward, emit_backward_varlen, emit_backward_with, emit_decode,
+    emit_decode_combine, emit_decode_paged, emit_forward, emit_forward_copying, emit_forward_paged,
+    emit_forward_varlen, emit_forward_with, emit_merge_partial, emit_paged_append, BackwardConfig, BackwardPass,
+    DecodeConfig, DqAccum, Mma, Target, TileConfig, TileCopy,
 };
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
@@ -172,6 +173,17 @@ fn decode_kernels() {
     insta::assert_snapshot!("decode_combine_alibi", render(&emit_decode_combine(&spec)));
     // The same kernel over paged caches: its lengths, rows and tile copies.
     insta::assert_snapshot!("decode_paged_alibi", render(&emit_decode_paged(&spec, config)));
+}
+
+#[test]
+fn partials_kernels() {
+    // Context parallelism's merge (an f16 V head dim that is not a multiple
+    // of the warp, 59), add and flat add; and the merge at bf16 and 128.
+    let (odd, gqa) = (parse_one(EDGE_SPECS[0].1).unwrap(), variant("gqa"));
+    insta::assert_snapshot!("merge_partial_edge_odd_dims", render(&emit_merge_partial(&odd)));
+    insta::assert_snapshot!("merge_partial_gqa", render(&emit_merge_partial(&gqa)));
+    insta::assert_snapshot!("add_partial_gqa", render(&emit_add_partial(&gqa)));
+    insta::assert_snapshot!("add_f32_gqa", render(&emit_add_f32(&gqa)));
 }
 
 #[test]

@@ -259,6 +259,7 @@ impl Runtime {
             paged: None,
             append: None,
             decode: None,
+            partials: None,
             grads: Some(GradBindings {
                 ptrs: [do_ptr, dq_ptr, dk_ptr, dv_ptr],
                 strides: [d_o.1.strides, dq.1.strides, dk.1.strides, dv.1.strides],

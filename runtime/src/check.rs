@@ -187,31 +187,48 @@ pub(crate) fn check_shape(spec: &Spec, shape: &Shape, args: &[ArgInfo]) -> Resul
 /// addresses lies inside the buffer at an offset the kernel's int64 indexing
 /// can hold.
 pub(crate) fn check_bounds(operand: Operand, b: &Buffer) -> Result<(), Error> {
-    let l = &b.layout;
-    let axes = [(Axis::Batch, l.batch), (Axis::Seq, l.seq), (Axis::Head, l.heads)];
-    for ((axis, _), &stride) in axes.iter().zip(&l.strides) {
-        if stride < 0 {
-            return Err(Error::NegativeStride { operand, axis: *axis, stride });
-        }
-    }
-    if l.is_empty() {
-        return Ok(());
-    }
-    let overflow = || Error::OffsetOverflow { operand };
-    // The last element sits at offset + Σ (size - 1) · stride + (dim - 1).
-    let mut last = l.offset as i128 + l.dim as i128 - 1;
-    for ((_, size), &stride) in axes.iter().zip(&l.strides) {
-        let step = (*size as i128 - 1).checked_mul(stride as i128).ok_or_else(overflow)?;
-        last = last.checked_add(step).ok_or_else(overflow)?;
-    }
-    if last > i64::MAX as i128 {
-        return Err(overflow());
-    }
-    let needed = last as u128 + 1;
+    let needed = needed_len(&b.layout).map_err(|fault| match fault {
+        LayoutFault::NegativeStride(axis, stride) => Error::NegativeStride { operand, axis, stride },
+        LayoutFault::Overflow => Error::OffsetOverflow { operand },
+    })?;
     if needed > b.len as u128 {
         return Err(Error::OutOfBounds { operand, needed, len: b.len });
     }
     Ok(())
+}
+
+/// Why a layout has no place in any buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LayoutFault {
+    /// A negative stride of an axis.
+    NegativeStride(Axis, i64),
+    /// Its last element's offset leaves i64.
+    Overflow,
+}
+
+/// The elements a buffer needs to hold every element `l` addresses: its
+/// last element's offset + 1, or 0 when it addresses none. Negative strides
+/// are refused first, even in an empty layout.
+pub(crate) fn needed_len(l: &Layout) -> Result<u128, LayoutFault> {
+    let axes = [(Axis::Batch, l.batch), (Axis::Seq, l.seq), (Axis::Head, l.heads)];
+    for ((axis, _), &stride) in axes.iter().zip(&l.strides) {
+        if stride < 0 {
+            return Err(LayoutFault::NegativeStride(*axis, stride));
+        }
+    }
+    if l.is_empty() {
+        return Ok(0);
+    }
+    // The last element sits at offset + Σ (size - 1) · stride + (dim - 1).
+    let mut last = l.offset as i128 + l.dim as i128 - 1;
+    for ((_, size), &stride) in axes.iter().zip(&l.strides) {
+        let step = (*size as i128 - 1).checked_mul(stride as i128).ok_or(LayoutFault::Overflow)?;
+        last = last.checked_add(step).ok_or(LayoutFault::Overflow)?;
+    }
+    if last > i64::MAX as i128 {
+        return Err(LayoutFault::Overflow);
+    }
+    Ok(last as u128 + 1)
 }
 
 #[cfg(test)]

@@ -266,6 +266,13 @@ pub enum Error {
         plan: &'static str,
         got: &'static str,
     },
+    /// An operand of a context-parallel partials launch (the merge or add
+    /// of pieces: `acc`, `piece`, `out` or one's LSE) disagrees with the
+    /// others or with its buffer; `problem` says how.
+    Partial {
+        operand: &'static str,
+        problem: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -388,6 +395,7 @@ impl fmt::Display for Error {
                 "the decode plan was made for a {plan} cache but ran on a {got} one: \
                  make it with DecodeOptions::paged set as its runs need"
             ),
+            Error::Partial { operand, problem } => write!(f, "partials operand `{operand}`: {problem}"),
             Error::CuSeqlensLen { which, len, expected } => {
                 write!(f, "{which} holds {len} entries but batch + 1 = {expected}")
             }

@@ -155,6 +155,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
                 paged: None,
                 append: None,
                 decode: None,
+                partials: None,
             },
         )?;
 

@@ -30,6 +30,13 @@ pub(crate) enum Which {
     DecodeCombine,
     /// Made by [`Which::backward_varlen`].
     BackwardVarlen(cuda::BackwardPass, cuda::BackwardConfig),
+    /// Context parallelism's merge of a forward piece into the running O
+    /// and LSE.
+    MergePartial,
+    /// Context parallelism's add of a backward piece (dQ, dK or dV).
+    AddPartial,
+    /// Context parallelism's add of captured tensors' f32 gradients.
+    AddF32,
 }
 
 /// Which kernels of a spec to precompile.
@@ -45,7 +52,10 @@ pub enum KernelSet {
     /// forward in every configuration autotuning may pick, copying both
     /// ways where it has the choice, the varlen and paged forwards in each,
     /// the paged append, the decode kernels, dense and paged (one and two row tiles),
-    /// with their combine kernel, and the varlen backward.
+    /// with their combine kernel, the varlen backward, and context
+    /// parallelism's merge and adds (not in `Training`: plain training
+    /// launches never use them, and they compile in a fraction of a second
+    /// on first use).
     Every,
 }
 
@@ -116,6 +126,7 @@ impl Which {
             if !cuda::trainable_tensors(spec).is_empty() {
                 add(Which::backward_varlen(KeyValue, cuda::BackwardConfig { tensor_grads: false, ..config }));
             }
+            which.extend([Which::MergePartial, Which::AddPartial, Which::AddF32]);
         }
         which
     }
@@ -153,6 +164,9 @@ impl Which {
             Which::DecodePaged(config) => Some(cuda::emit_decode_paged(spec, config)),
             Which::DecodeCombine => Some(cuda::emit_decode_combine(spec)),
             Which::BackwardVarlen(pass, config) => Some(cuda::emit_backward_varlen(spec, pass, config)),
+            Which::MergePartial => Some(cuda::emit_merge_partial(spec)),
+            Which::AddPartial => Some(cuda::emit_add_partial(spec)),
+            Which::AddF32 => Some(cuda::emit_add_f32(spec)),
         }
     }
 }

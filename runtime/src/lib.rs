@@ -46,6 +46,7 @@ mod atomic_file;
 mod check;
 mod check_decode;
 mod check_paged;
+mod check_partials;
 mod check_varlen;
 mod cuda_libs;
 mod element;
@@ -85,6 +86,7 @@ mod forward;
 mod forward_launch;
 mod forward_paged;
 mod forward_varlen;
+mod partials;
 mod runtime;
 
 #[cfg(test)]

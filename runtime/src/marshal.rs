@@ -7,7 +7,7 @@ use crate::error::Error;
 use crate::layout::Layout;
 use crate::tma::TensorMap;
 use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
-use flashgen_codegen::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand, Side};
+use flashgen_codegen::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand, Partial, Side};
 use flashgen_codegen::Shape;
 use std::ffi::c_void;
 
@@ -65,6 +65,24 @@ pub(crate) struct Bindings<'a> {
     /// What only decode kernels take; their `shape`'s `kv_len` is the
     /// cache's rows.
     pub decode: Option<DecodeBindings>,
+    /// What only the partials kernels take; their `shape` is `batch`,
+    /// `heads` and their rows (or elements) as `q_len`.
+    pub partials: Option<PartialBindings>,
+}
+
+/// A partials kernel's operands (context parallelism's merge and adds).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PartialBindings {
+    /// Device addresses of the accumulator's, the piece's and the output's
+    /// first elements (0: null).
+    pub ptrs: [u64; 3],
+    /// Their batch, row and head strides.
+    pub strides: [[i64; 3]; 3],
+    /// Device addresses of the merge's LSEs of each (0: null).
+    pub lse: [u64; 3],
+    pub first: bool,
+    /// Columns per row of the add kernel.
+    pub dim: usize,
 }
 
 /// A decode launch's per-sequence key counts, split count and workspace.
@@ -134,6 +152,7 @@ impl<'a> Bindings<'a> {
             paged: None,
             append: None,
             decode: None,
+            partials: None,
         }
     }
 }
@@ -194,6 +213,7 @@ fn value_of(kernel: &Kernel, arg: &KernelArg, b: &Bindings) -> Result<Value, Err
     let decode = || b.decode.ok_or_else(abi_error);
     let paged = || b.paged.ok_or_else(abi_error);
     let append = || b.append.ok_or_else(abi_error);
+    let partials = || b.partials.ok_or_else(abi_error);
     let kv = |op| match op {
         Operand::K => Ok(0),
         Operand::V => Ok(1),
@@ -264,6 +284,12 @@ fn value_of(kernel: &Kernel, arg: &KernelArg, b: &Bindings) -> Result<Value, Err
         ArgKind::Splits => Value::I32(decode()?.splits as i32),
         ArgKind::PartialO => Value::Ptr(decode()?.partial[0]),
         ArgKind::PartialLse => Value::Ptr(decode()?.partial[1]),
+        ArgKind::PartialPtr(p) => Value::Ptr(partials()?.ptrs[partial_index(p)]),
+        ArgKind::PartialStride(p, axis) => Value::I64(partials()?.strides[partial_index(p)][axis_index(axis)]),
+        ArgKind::MergeLse(p) => Value::Ptr(partials()?.lse[partial_index(p)]),
+        ArgKind::First => Value::I32(i32::from(partials()?.first)),
+        ArgKind::Rows | ArgKind::Elements => size(b.shape.q_len),
+        ArgKind::Dim => size(partials()?.dim),
     })
 }
 
@@ -396,6 +422,14 @@ fn operand_index(op: Operand) -> Slot {
     }
 }
 
+fn partial_index(p: Partial) -> usize {
+    match p {
+        Partial::Acc => 0,
+        Partial::Piece | Partial::PieceF32 => 1,
+        Partial::Out => 2,
+    }
+}
+
 fn axis_index(axis: Axis) -> usize {
     match axis {
         Axis::Batch => 0,
@@ -445,6 +479,7 @@ mod tests {
             paged: None,
             append: None,
             decode: None,
+            partials: None,
         }
     }
 

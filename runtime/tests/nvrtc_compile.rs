@@ -6,9 +6,10 @@ mod support;
 
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{
-    emit_backward, emit_backward_varlen, emit_backward_with, emit_block_mask, emit_decode, emit_decode_combine,
-    emit_decode_paged, emit_forward_copying, emit_forward_paged, emit_forward_varlen, emit_paged_append,
-    emit_work_order, BackwardConfig, BackwardPass, DecodeConfig, Mma, Target, TileCopy, Work,
+    emit_add_f32, emit_add_partial, emit_backward, emit_backward_varlen, emit_backward_with, emit_block_mask,
+    emit_decode, emit_decode_combine, emit_decode_paged, emit_forward_copying, emit_forward_paged, emit_forward_varlen,
+    emit_merge_partial, emit_paged_append, emit_work_order, BackwardConfig, BackwardPass, DecodeConfig, Mma, Target,
+    TileCopy, Work,
 };
 use flashgen_codegen::{parse_str, Spec};
 use flashgen_runtime::tile_choice;
@@ -203,6 +204,25 @@ fn decode_kernels(spec: &Spec) -> Vec<(Kernel, Arch)> {
         });
     let combine = [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (emit_decode_combine(spec), arch));
     decodes.chain(combine).collect()
+}
+
+/// Context parallelism's partials kernels (merge, add, flat add) compile
+/// for sm_80 and sm_90a at both dtypes, at a V head dim below a warp's
+/// width, one that is not a multiple of it, and the usual 128.
+#[test]
+fn partials_kernels_compile_for_sm80_and_sm90() {
+    require_nvrtc();
+    let specs = [
+        "P16 { dtype: f16, head_dim: 16 }",
+        "P59 { dtype: f16, head_dim: 59 }",
+        "P128 { dtype: bf16, head_dim: 192, v_head_dim: 128 }",
+    ];
+    let jobs = specs.iter().flat_map(|text| {
+        let spec = parse_str(text).unwrap().remove(0);
+        let kernels = [emit_merge_partial(&spec), emit_add_partial(&spec), emit_add_f32(&spec)];
+        kernels.into_iter().flat_map(|k| [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (k.clone(), arch)))
+    });
+    compile_all(jobs.collect());
 }
 
 /// Every shipped spec's paged decode kernel (one and two 16-row tiles) at

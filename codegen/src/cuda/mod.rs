@@ -21,6 +21,7 @@ mod forward;
 mod kit;
 pub mod library;
 mod paged_append;
+mod partials;
 mod signature;
 mod source;
 mod target;
@@ -41,6 +42,7 @@ pub use forward::{
     emit_forward_with, is_light,
 };
 pub use paged_append::emit_paged_append;
+pub use partials::{emit_add_f32, emit_add_partial, emit_merge_partial};
 pub use target::{Mma, Target};
 pub use tile_config::TileConfig;
 pub use tile_config::TileCopy;

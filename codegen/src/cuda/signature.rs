@@ -6,7 +6,7 @@
 //! declarations (`p_window`, `t_slopes`), so a spec name can never collide
 //! with a kernel local or a C keyword.
 
-use crate::abi::{ArgKind, Axis, KernelArg, Operand, Side};
+use crate::abi::{ArgKind, Axis, KernelArg, Operand, Partial, Side};
 use crate::cuda::tile_config::TileCopy;
 use crate::spec::{ElemTy, Spec, Ty};
 
@@ -238,6 +238,40 @@ pub(super) fn decode_combine_args(spec: &Spec) -> Vec<KernelArg> {
     named(spec, kinds)
 }
 
+/// The partials merge kernel: the accumulator, the piece and the output,
+/// each with its LSE; the first flag; rows and heads (the grid covers the
+/// batch); the three operands' strides.
+pub(super) fn merge_partial_args(spec: &Spec) -> Vec<KernelArg> {
+    let mut kinds: Vec<ArgKind> =
+        PARTIALS.into_iter().flat_map(|p| [ArgKind::PartialPtr(p), ArgKind::MergeLse(p)]).collect();
+    kinds.extend([ArgKind::First, ArgKind::Rows, ArgKind::Heads]);
+    kinds.extend(partial_strides());
+    named(spec, kinds)
+}
+
+/// The partials add kernel: the accumulator, the piece and the output; the
+/// first flag; rows, heads and the columns per row; the operands' strides.
+pub(super) fn add_partial_args(spec: &Spec) -> Vec<KernelArg> {
+    let mut kinds: Vec<ArgKind> = PARTIALS.map(ArgKind::PartialPtr).to_vec();
+    kinds.extend([ArgKind::First, ArgKind::Rows, ArgKind::Heads, ArgKind::Dim]);
+    kinds.extend(partial_strides());
+    named(spec, kinds)
+}
+
+/// The flat f32 add: the accumulator, the piece; the first flag; the
+/// element count.
+pub(super) fn add_f32_args(spec: &Spec) -> Vec<KernelArg> {
+    let kinds = [Partial::Acc, Partial::PieceF32].map(ArgKind::PartialPtr);
+    named(spec, [kinds.as_slice(), &[ArgKind::First, ArgKind::Elements]].concat())
+}
+
+const PARTIALS: [Partial; 3] = [Partial::Acc, Partial::Piece, Partial::Out];
+
+/// Batch, row and head strides of the accumulator, the piece and the output.
+fn partial_strides() -> impl Iterator<Item = ArgKind> {
+    PARTIALS.into_iter().flat_map(|p| [Axis::Batch, Axis::Seq, Axis::Head].map(|axis| ArgKind::PartialStride(p, axis)))
+}
+
 /// A dense backward kernel's arguments `args` in varlen form: each length
 /// (`q_len`, `kv_len`) becomes its side's prefix sums, longest length and
 /// token count, and the operands lose their batch strides (a sequence's
@@ -292,6 +326,10 @@ pub(crate) mod names {
     pub const SPLITS: &str = "num_splits";
     pub const PARTIAL_O: &str = "partial_o";
     pub const PARTIAL_LSE: &str = "partial_lse";
+    pub const FIRST: &str = "first";
+    pub const ROWS: &str = "rows";
+    pub const DIM: &str = "dim";
+    pub const ELEMENTS: &str = "n";
 }
 
 /// The C name of an argument, e.g. `k_seq_stride` or `p_window`.
@@ -304,14 +342,7 @@ pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::HeadsKv => "heads_kv".into(),
         ArgKind::QLen => "q_len".into(),
         ArgKind::KvLen => "kv_len".into(),
-        ArgKind::Stride(op, axis) => {
-            let axis = match axis {
-                Axis::Batch => "batch",
-                Axis::Seq => "seq",
-                Axis::Head => "head",
-            };
-            format!("{}_{axis}_stride", operand(op))
-        }
+        ArgKind::Stride(op, axis) => format!("{}_{}_stride", operand(op), axis_name(axis)),
         ArgKind::Scale => "scale".into(),
         ArgKind::Param(i) => format!("p_{}", spec.params[i].name),
         ArgKind::Tensor(i) => format!("t_{}", spec.tensors[i].name),
@@ -353,6 +384,13 @@ pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::Splits => names::SPLITS.into(),
         ArgKind::PartialO => names::PARTIAL_O.into(),
         ArgKind::PartialLse => names::PARTIAL_LSE.into(),
+        ArgKind::PartialPtr(p) => format!("{}_ptr", partial(p)),
+        ArgKind::PartialStride(p, axis) => format!("{}_{}_stride", partial(p), axis_name(axis)),
+        ArgKind::MergeLse(p) => format!("{}_lse", partial(p)),
+        ArgKind::First => names::FIRST.into(),
+        ArgKind::Rows => names::ROWS.into(),
+        ArgKind::Dim => names::DIM.into(),
+        ArgKind::Elements => names::ELEMENTS.into(),
     }
 }
 
@@ -381,6 +419,31 @@ pub(super) fn arg_type(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::WorkCounter => "unsigned long long* __restrict__".into(),
         ArgKind::TensorMap(_) => "const __grid_constant__ TensorMap".into(),
         ArgKind::WorkOrder => "int* __restrict__".into(),
+        ArgKind::PartialPtr(Partial::Acc) | ArgKind::MergeLse(Partial::Acc | Partial::Out) => {
+            "float* __restrict__".into()
+        }
+        ArgKind::PartialPtr(Partial::PieceF32) | ArgKind::MergeLse(_) => "const float* __restrict__".into(),
+        ArgKind::PartialPtr(Partial::Piece) => "const unsigned short* __restrict__".into(),
+        ArgKind::PartialPtr(Partial::Out) => "unsigned short* __restrict__".into(),
+        ArgKind::PartialStride(..) => "long long".into(),
+        ArgKind::First | ArgKind::Rows | ArgKind::Dim | ArgKind::Elements => "int".into(),
+    }
+}
+
+fn axis_name(axis: Axis) -> &'static str {
+    match axis {
+        Axis::Batch => "batch",
+        Axis::Seq => "seq",
+        Axis::Head => "head",
+    }
+}
+
+/// The C name of a partials kernel's operand.
+fn partial(p: Partial) -> &'static str {
+    match p {
+        Partial::Acc => "acc",
+        Partial::Piece | Partial::PieceF32 => "piece",
+        Partial::Out => "out",
     }
 }
 

@@ -1,8 +1,8 @@
 //! `flashgen check`: compile a file's specs with NVRTC, no GPU needed — the
 //! forward kernel the runtime launches untuned, or with `--all` every kernel
 //! a launch of the spec may use (every tile configuration, copy mode,
-//! varlen, paged, append, block mask, work orders, backward), compiled in
-//! parallel.
+//! varlen, paged, append, block mask, work orders, backward, decode,
+//! partials), compiled in parallel.
 
 use crate::specs;
 use crate::Failure;

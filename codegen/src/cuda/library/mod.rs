@@ -172,11 +172,15 @@ pub enum Part {
     /// A row's softmax closed with a learned sink (`sink_row`), after
     /// [`Part::Tiles`] in kernels of specs with a sink ([`Part::extension`]).
     Sink,
+
+    /// Context parallelism's partials (`cuda::partials`): merge weights
+    /// from two LSEs, and a row merged or added by a warp's lanes.
+    Partials,
 }
 
 impl Part {
     /// Every part, in the order kernels include them.
-    pub const ALL: [Part; 21] = [
+    pub const ALL: [Part; 22] = [
         Part::Prelude,
         Part::IntOps,
         Part::Ranges,
@@ -198,6 +202,7 @@ impl Part {
         Part::HopperBackward,
         Part::DqFragments,
         Part::Sink,
+        Part::Partials,
     ];
 
     /// The part's CUDA text, verbatim.
@@ -224,6 +229,7 @@ impl Part {
             Part::HopperBackward => include_str!("hopper_backward.cuh"),
             Part::DqFragments => include_str!("dq_fragments.cuh"),
             Part::Sink => include_str!("sink.cuh"),
+            Part::Partials => include_str!("partials.cuh"),
         }
     }
 
@@ -251,6 +257,7 @@ impl Part {
             Part::HopperBackward => "hopper_backward.cuh",
             Part::DqFragments => "dq_fragments.cuh",
             Part::Sink => "sink.cuh",
+            Part::Partials => "partials.cuh",
         }
     }
 
