@@ -22,7 +22,7 @@ pub use flashgen_codegen as codegen;
 pub use flashgen_codegen::{parse_one, parse_str, to_source, Dtype, Shape, Spec, SpecError};
 pub use flashgen_dsl::attention;
 pub use flashgen_runtime as runtime;
-pub use flashgen_runtime::{cudarc, half};
+pub use flashgen_runtime::{context_parallel, cudarc, half};
 pub use flashgen_runtime::{
     ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, DecodeIo, DecodeOptions, DecodePlan,
     DecodeShape, DeviceInput, DeviceOutput, Element, Error, ForwardIo, ForwardOptions, Layout, PackedLayout,

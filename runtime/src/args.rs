@@ -99,6 +99,7 @@ pub(crate) fn check_args(spec: &Spec, shape: &Shape, args: &[ArgInfo]) -> Result
     for (tensor, &arg) in spec.tensors.iter().zip(tensors) {
         match arg {
             ArgInfo::Tensor(elem, len) if elem == tensor.elem => {
+                let tensor = bound(tensor, params);
                 tensor.check_dims(shape).map_err(Error::TensorDim)?;
                 let needed = tensor.len(shape);
                 if len < needed {
@@ -112,6 +113,15 @@ pub(crate) fn check_args(spec: &Spec, shape: &Shape, args: &[ArgInfo]) -> Result
         }
     }
     Ok(())
+}
+
+/// `tensor` with its dims' params ([`flashgen_codegen::Dim::Param`]) bound
+/// to their values in `args` (the launch's params first, as [`check_args`] reads them).
+pub(crate) fn bound(tensor: &TensorDecl, args: &[ArgInfo]) -> TensorDecl {
+    tensor.bind_params(&|i| match args.get(i) {
+        Some(ArgInfo::I32(v)) => Some(*v),
+        _ => None,
+    })
 }
 
 /// `window: i32, slopes: f32[H]`, for error messages.

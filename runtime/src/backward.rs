@@ -11,7 +11,7 @@
 //! mode. dQ, dK and dV are deterministic in the deterministic mode; in the
 //! atomic mode dQ's f32 sum order varies between runs.
 
-use crate::args::{ArgInfo, ArgValue};
+use crate::args::{bound, ArgInfo, ArgValue};
 use crate::block_mask::{BlockMask, BuiltFor};
 use crate::check::{check_backward, softmax_scale, Buffer, Grads, Problem};
 use crate::element::Element;
@@ -148,7 +148,7 @@ impl Runtime {
         let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
         let checked = io.check(spec, &infos)?;
         let scale = softmax_scale(spec, opts.scale)?;
-        check_tensor_grads(spec, checked, &io.d_tensors)?;
+        check_tensor_grads(spec, checked, &io.d_tensors, &infos)?;
         let Some(shape) = checked else {
             return Ok(());
         };
@@ -335,19 +335,25 @@ pub(crate) fn check_tensor_grads(
     spec: &Spec,
     shape: Option<Shape>,
     d_tensors: &[Option<&mut CudaSlice<f32>>],
+    args: &[ArgInfo],
 ) -> Result<(), Error> {
     let lens: Vec<Option<usize>> = d_tensors.iter().map(|t| t.as_ref().map(|t| t.len())).collect();
-    check_tensor_grad_lens(spec, shape, &lens)
+    check_tensor_grad_lens(spec, shape, &lens, args)
 }
 
-fn check_tensor_grad_lens(spec: &Spec, shape: Option<Shape>, lens: &[Option<usize>]) -> Result<(), Error> {
+fn check_tensor_grad_lens(
+    spec: &Spec,
+    shape: Option<Shape>,
+    lens: &[Option<usize>],
+    args: &[ArgInfo],
+) -> Result<(), Error> {
     if lens.len() > spec.tensors.len() {
         return Err(Error::TensorGradCount { declared: spec.tensors.len(), got: lens.len() });
     }
     let trainable = trainable_tensors(spec);
     for (slot, len) in lens.iter().enumerate() {
         let Some(len) = *len else { continue };
-        let tensor = &spec.tensors[slot];
+        let tensor = bound(&spec.tensors[slot], args);
         if !trainable.contains(&slot) {
             return Err(Error::NoTensorGrad { tensor: tensor.name.clone() });
         }
@@ -374,11 +380,11 @@ mod tests {
         )
         .unwrap();
         let shape = Some(Shape { batch: 2, heads: 4, heads_kv: 2, q_len: 10, kv_len: 20 });
-        check_tensor_grad_lens(&spec, shape, &[Some(4)]).unwrap();
-        check_tensor_grad_lens(&spec, shape, &[None, None]).unwrap();
-        let err = check_tensor_grad_lens(&spec, shape, &[Some(3)]).unwrap_err();
+        check_tensor_grad_lens(&spec, shape, &[Some(4)], &[]).unwrap();
+        check_tensor_grad_lens(&spec, shape, &[None, None], &[]).unwrap();
+        let err = check_tensor_grad_lens(&spec, shape, &[Some(3)], &[]).unwrap_err();
         assert!(matches!(&err, Error::TensorTooSmall { name, len: 3, needed: 4 } if name == "d_slopes"), "{err}");
-        let err = check_tensor_grad_lens(&spec, shape, &[None, Some(40)]).unwrap_err();
+        let err = check_tensor_grad_lens(&spec, shape, &[None, Some(40)], &[]).unwrap_err();
         assert!(matches!(&err, Error::NoTensorGrad { tensor } if tensor == "doc"), "{err}");
         let err = check_tensor_grad_lens(&spec, shape, &[None, None, None]).unwrap_err();
         assert!(matches!(err, Error::TensorGradCount { declared: 2, got: 3 }), "{err}");

@@ -93,7 +93,7 @@ impl Runtime {
             dv: buffer(dv_l, dv.0.len()),
         };
         let checked = check_varlen_backward(spec, &problem, &grads, &infos)?;
-        check_tensor_grads(spec, checked.map(|c| c.shape), &d_tensors)?;
+        check_tensor_grads(spec, checked.map(|c| c.shape), &d_tensors, &infos)?;
         let Some(checked) = checked else {
             return Ok(());
         };

@@ -1,11 +1,11 @@
 //! Storage element types of Q, K, V and O.
 
-use cudarc::driver::DeviceRepr;
+use cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 use flashgen_codegen::Dtype;
 
 /// A Q/K/V/O element type; [`crate::Runtime::forward`] checks
 /// [`Element::DTYPE`] against the spec's dtype.
-pub trait Element: DeviceRepr + Copy {
+pub trait Element: DeviceRepr + ValidAsZeroBits + Copy {
     const DTYPE: Dtype;
 }
 

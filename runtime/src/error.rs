@@ -5,6 +5,7 @@
 //! argument, so callers never have to decode a raw driver code or a panic.
 
 use crate::arch::Arch;
+use crate::shard_error::ShardError;
 use cudarc::driver::DriverError;
 use cudarc::nvrtc::result::NvrtcError;
 use flashgen_codegen::abi::{Axis, Operand};
@@ -273,6 +274,8 @@ pub enum Error {
         operand: &'static str,
         problem: String,
     },
+    /// A context-parallel launch's ranks or rows disagree with its sharding.
+    Shard(ShardError),
 }
 
 impl fmt::Display for Error {
@@ -390,6 +393,7 @@ impl fmt::Display for Error {
             }
             Error::KvLensLen { len, batch } => write!(f, "kv_lens holds {len} entries but batch = {batch}"),
             Error::DecodeShape { problem } => write!(f, "no decode plan: {problem}"),
+            Error::Shard(e) => write!(f, "context parallelism: {e}"),
             Error::DecodeCache { plan, got } => write!(
                 f,
                 "the decode plan was made for a {plan} cache but ran on a {got} one: \

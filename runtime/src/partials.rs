@@ -55,7 +55,6 @@ pub(crate) struct AddIo<'a, T> {
     pub out: Option<Output<'a, T>>,
 }
 
-#[expect(dead_code, reason = "the context-parallel launches, still to come, call these")]
 impl Runtime {
     /// Queues the merge of `io.piece` into the accumulator: per row, the
     /// softmax over both sides' keys (O weighed by `exp(lse − merged lse)`),

@@ -322,6 +322,25 @@ fn sink_specs_compile_every_kernel() {
     compile_all(jobs);
 }
 
+/// Every shipped spec's shard view (context parallelism: positions and
+/// lengths as params, tensors' dims the whole sequence's) compiles the
+/// Hopper kernels a rank's pieces run: the preferred forward, copying by
+/// TMA, and the backward's four kernels.
+#[test]
+fn every_shipped_spec_compiles_its_shard_view_for_sm90() {
+    require_nvrtc();
+    let hopper = Arch::new(9, 0);
+    let jobs = shipped_specs().into_iter().flat_map(|spec| {
+        let view = flashgen_codegen::shard::view(&spec, true);
+        let forward = emit_forward_copying(&view, tile_choice::preferred(&view, hopper.target()), TileCopy::Tma);
+        let passes = [BackwardPass::Preprocess, BackwardPass::KeyValue, BackwardPass::Postprocess];
+        let config = BackwardConfig::preferred(&view, hopper.target());
+        let backward: Vec<Kernel> = passes.iter().map(|&pass| emit_backward_with(&view, pass, config)).collect();
+        std::iter::once(forward).chain(backward).map(move |k| (k, hopper))
+    });
+    compile_all(jobs.collect());
+}
+
 /// Compiles `jobs` on every core (NVRTC takes seconds per kernel).
 fn compile_all(jobs: Vec<(Kernel, Arch)>) {
     let next = AtomicUsize::new(0);

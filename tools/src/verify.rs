@@ -23,6 +23,7 @@ use std::sync::Arc;
 pub mod decode;
 mod judge;
 pub mod paged;
+pub mod shard;
 pub mod varlen;
 
 use judge::judge_gradients;

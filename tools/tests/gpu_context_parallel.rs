@@ -1,0 +1,82 @@
+//! GPU correctness of context parallelism simulated on one GPU: every
+//! example spec's sequence dealt to 2 to 4 ranks (contiguous and zigzag),
+//! each rank's pieces run with the shard view's kernels and merged by LSE,
+//! the backward's pieces summed in f32; the gathered O, LSE and gradients
+//! judged with FlashAttention's rule against the f64 reference of the
+//! unsharded problem.
+//!
+//! Ignored by a plain `cargo test`: they need a GPU; run them with
+//! `--include-ignored`. Every case draws fresh random inputs (the seed is
+//! printed).
+
+mod support;
+
+use flashgen::codegen::reference::Problem;
+use flashgen::codegen::shard::{Partition, Sharding};
+use flashgen::codegen::{Shape, Spec};
+use flashgen_tools::examples::SPECS;
+use flashgen_tools::verify::shard::run_sharded;
+use flashgen_tools::verify::{self, check_backward, GpuGradients};
+use support::backward::judge_all;
+use support::{heads_of, language_spec, params, runtime, spec};
+
+/// The shardings the cases rotate through.
+const SHARDINGS: [(usize, Partition); 4] =
+    [(2, Partition::Zigzag), (3, Partition::Contiguous), (4, Partition::Zigzag), (2, Partition::Contiguous)];
+
+/// Every example spec and the language fixture, with its GQA heads.
+fn cases() -> Vec<(String, Spec, (usize, usize))> {
+    let mut cases: Vec<_> = SPECS.iter().map(|(name, _)| (name.to_string(), spec(name), heads_of(name))).collect();
+    cases.push(("language".into(), language_spec(), (4, 2)));
+    cases
+}
+
+struct Run {
+    row: String,
+    spec: Spec,
+    problem: Problem,
+    d_out: Vec<f64>,
+    grads: GpuGradients,
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn forward_and_backward_of_every_spec_sharded() {
+    let rt = runtime();
+    let (mut runs, mut failures) = (Vec::new(), Vec::new());
+    for (i, (name, spec, (heads, heads_kv))) in cases().into_iter().enumerate() {
+        for (j, len) in [333usize, 700].into_iter().enumerate() {
+            let (ranks, partition) = SHARDINGS[(i + j) % SHARDINGS.len()];
+            let sharding = Sharding { ranks, partition };
+            let shape = Shape { batch: 2, heads, heads_kv, q_len: len, kv_len: len };
+            let seed: u64 = rand::random();
+            let problem = verify::random_problem(&spec, shape, params(&spec), vec![], None, seed);
+            let d_out = verify::random_d_out(&spec, shape, seed);
+            let row = format!("{name:<20} len {len:>4} {ranks} ranks {partition:?} seed {seed}");
+            match run_sharded(&rt, &spec, &problem, sharding, Some(&d_out)) {
+                Ok((output, grads)) => {
+                    let report = verify::check(&spec, &problem, &output).expect("a valid problem");
+                    match report.passed() {
+                        true => println!("ok     {row}  O {:.2e}≤{:.2e}", report.output.error, report.output.tolerance),
+                        false => {
+                            println!("FAILED {row} forward\n       O: {}\n       LSE: {}", report.output, report.lse);
+                            failures.push(format!("{row} forward"));
+                        }
+                    }
+                    let grads = grads.expect("the backward ran");
+                    runs.push(Run { row, spec: spec.clone(), problem, d_out, grads });
+                }
+                Err(e) => {
+                    println!("ERROR  {row}  {e}");
+                    failures.push(row);
+                }
+            }
+        }
+    }
+    judge_all(
+        &runs,
+        |r| r.row.clone(),
+        |r| check_backward(&r.spec, &r.problem, &r.d_out, &r.grads).map_err(|e| e.to_string()),
+        failures,
+    );
+}
