@@ -15,6 +15,7 @@ use crate::operand::{DeviceInput, DeviceOutput};
 use crate::partials::{AddIo, MergeIo};
 use crate::runtime::Runtime;
 use cudarc::driver::CudaSlice;
+use flashgen_codegen::cuda::trainable_tensors;
 use flashgen_codegen::shard::{rank_pieces, view, Piece, Segment, ShardParams, Sharding};
 use flashgen_codegen::{reference::ParamValue, Shape, Spec};
 
@@ -282,11 +283,17 @@ pub(super) fn backward_piece<T: Element>(
             .memcpy_dtod(&input.lse.slice(at..at + rows), &mut lse)
             .map_err(|e| Error::driver("copying a segment's LSE", e))?;
     }
+    let (view, args) = pieces.launch(piece);
+    // A tensor only the sink reads has no gradient in a piece without it.
+    let trainable = trainable_tensors(view);
     let mut tensor_grads: Vec<Option<CudaSlice<f32>>> = d_tensors
         .iter()
-        .map(|t| t.as_ref().map(|t| stream.alloc_zeros::<f32>(t.len().max(1)).map_err(alloc_err)).transpose())
+        .enumerate()
+        .map(|(i, t)| {
+            let wanted = t.as_ref().filter(|_| trainable.contains(&i));
+            wanted.map(|t| stream.alloc_zeros::<f32>(t.len().max(1)).map_err(alloc_err)).transpose()
+        })
         .collect::<Result<_, _>>()?;
-    let (view, args) = pieces.launch(piece);
     let io = BackwardIo {
         q: (input.q.0, segment_rows(input.q.1, piece.q)),
         k: (kv[0].0, segment_rows(kv[0].1, piece.kv)),
