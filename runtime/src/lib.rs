@@ -52,6 +52,8 @@ mod element;
 mod error;
 mod kernels;
 mod layout;
+#[cfg(feature = "dynamic-loading")]
+mod lib_search;
 mod operand;
 mod paged;
 mod parallel;
