@@ -15,11 +15,12 @@
 //! on that stream when dropped, after the work using the pointer is queued.
 //! flashgen's launches and cudarc's NCCL calls both take pointers this way,
 //! and events are recorded once a device has a second stream, which the
-//! communication stream ensures. So an exchange waits for the kernels that
-//! wrote its buffers, and kernels that later write them wait for it.
-//! cudarc keeps one read event per buffer, the last reader's: before
-//! writing a buffer that both streams read (a K/V block attended to while
-//! it is sent on), order the streams (`CudaStream::join`).
+//! communication stream ensures (unless the caller turned cudarc's event
+//! tracking off). So an exchange waits for the kernels that wrote its
+//! buffers, and kernels that later write them wait for it. cudarc keeps one
+//! read event per buffer, the last reader's: before writing a buffer that
+//! both streams read (a K/V block attended to while it is sent on), order
+//! the streams (`CudaStream::join`).
 //!
 //! The ranks of [`Communicator::all_local`] block on each other inside NCCL
 //! calls: drive each from its own thread (a `Communicator` is `Send`).
@@ -47,12 +48,12 @@ impl UniqueId {
 
     /// The id's bytes, to send to the other ranks' processes.
     pub fn to_bytes(&self) -> [u8; 128] {
-        self.0.internal().map(|c| c as u8)
+        self.0.internal().map(|c| c.to_ne_bytes()[0])
     }
 
     /// The id whose bytes another rank's [`UniqueId::to_bytes`] gave.
     pub fn from_bytes(bytes: [u8; 128]) -> UniqueId {
-        UniqueId(Id::uninit(bytes.map(|b| b as c_char)))
+        UniqueId(Id::uninit(bytes.map(|b| c_char::from_ne_bytes([b]))))
     }
 }
 
