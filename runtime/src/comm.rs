@@ -99,6 +99,7 @@ impl Communicator {
         Ok(Communicator { comm, stream })
     }
 
+    /// This rank, below [`Communicator::world`].
     pub fn rank(&self) -> usize {
         self.comm.rank()
     }
