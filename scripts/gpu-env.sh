@@ -1,8 +1,29 @@
 # Sourced by the pack's scripts on a GPU machine (scripts/gpu-pack.sh copies
 # it there as env.sh): `here`, the pack; `out`, where logs go ($OUT, else
-# ./gpu-logs), created; the CUDA libraries on the loader's path; `ncu`.
+# ./gpu-logs), created; the CUDA libraries and NCCL on the loader's path; `ncu`.
 here="$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)"
 out="${OUT:-$here/gpu-logs}"
 mkdir -p "$out"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 ncu="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
+# NCCL for the multi-GPU tests: cudarc loads it only as libnccl.so (or
+# .so.<CUDA major>), but PyTorch's wheel ships libnccl.so.2 alone. Link the
+# wheel's under cudarc's name in a directory of the pack, first on the
+# loader's path; nothing where python3 has no such wheel.
+nccl_lib="$(python3 - 2>/dev/null <<'PY' || true
+import os, site
+try:
+    import nvidia.nccl
+    dirs = [os.path.join(p, "lib") for p in nvidia.nccl.__path__]
+except ImportError:
+    dirs = [os.path.join(p, "nvidia", "nccl", "lib") for p in site.getsitepackages()]
+found = [os.path.join(d, "libnccl.so.2") for d in dirs if os.path.isfile(os.path.join(d, "libnccl.so.2"))]
+print(found[0] if found else "")
+PY
+)"
+if [ -n "$nccl_lib" ]; then
+    mkdir -p "$here/nccl-lib"
+    ln -sf "$nccl_lib" "$here/nccl-lib/libnccl.so"
+    export LD_LIBRARY_PATH="$here/nccl-lib:$LD_LIBRARY_PATH"
+fi
+export NCCL_NVLS_ENABLE=0

@@ -1,8 +1,9 @@
 //! Whether the CUDA libraries can be used. With the `dynamic-loading`
 //! feature (the default) they are loaded on first use, and cudarc panics
 //! where one is missing: the driver is looked for first, NVRTC found where
-//! users have it (`nvrtc_lib`). Linked at build time (`dynamic-linking`),
-//! they are there whenever the program runs.
+//! users have it (`nvrtc_lib`), NCCL's absence reported with how to make it
+//! reachable (`nccl_lib`). Linked at build time (`dynamic-linking`), they
+//! are there whenever the program runs.
 
 use crate::error::Error;
 
@@ -19,6 +20,15 @@ pub(crate) fn driver_present() -> bool {
 pub(crate) fn ensure_nvrtc() -> Result<(), Error> {
     #[cfg(feature = "dynamic-loading")]
     return crate::nvrtc_lib::ensure_nvrtc();
+    #[cfg(not(feature = "dynamic-loading"))]
+    Ok(())
+}
+
+/// Makes sure cudarc can load NCCL, or says how to make it reachable.
+#[cfg(feature = "nccl")]
+pub(crate) fn ensure_nccl() -> Result<(), Error> {
+    #[cfg(feature = "dynamic-loading")]
+    return crate::nccl_lib::ensure_nccl();
     #[cfg(not(feature = "dynamic-loading"))]
     Ok(())
 }

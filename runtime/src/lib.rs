@@ -54,6 +54,10 @@ mod element;
 mod error;
 mod kernels;
 mod layout;
+#[cfg(feature = "dynamic-loading")]
+mod lib_search;
+#[cfg(all(feature = "dynamic-loading", feature = "nccl"))]
+mod nccl_lib;
 mod operand;
 mod paged;
 mod parallel;
@@ -76,12 +80,14 @@ mod nvrtc;
 mod nvrtc_lib;
 mod tuning;
 
-// One GPU and the launches on it.
+// One GPU and the launches on it; communicators between GPUs.
 mod append_paged;
 mod autotune;
 mod backward;
 mod backward_varlen;
 mod block_mask;
+#[cfg(feature = "nccl")]
+mod comm;
 pub mod context_parallel;
 mod decode;
 mod decode_paged;
@@ -103,6 +109,8 @@ pub use backward::{BackwardIo, BackwardOptions, BackwardWorkspace};
 pub use backward_varlen::VarlenBackwardIo;
 pub use block_mask::BlockMask;
 pub use check_decode::DecodeShape;
+#[cfg(feature = "nccl")]
+pub use comm::{Communicator, UniqueId};
 pub use decode::{DecodeIo, DecodeOptions, DecodePlan};
 pub use decode_paged::PagedDecodeIo;
 pub use disk_cache::{

@@ -8,10 +8,10 @@
 //! load by name, which matches the library's soname (`libnvrtc.so.13`).
 
 use crate::error::Error;
+use crate::lib_search::{dedup, env_site_packages, python_site_packages, toolkit_dirs, under};
 use libloading::Library;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 /// The wheel that provides NVRTC 13, as pip names it.
@@ -42,9 +42,7 @@ fn find() -> Result<Option<Library>, Vec<PathBuf>> {
     let var = |name: &str| std::env::var_os(name);
     let exe = std::env::current_exe().ok();
     let mut dirs = search_dirs(&var, Path::new(env!("CARGO_MANIFEST_DIR")), exe.as_deref());
-    for prefix in env_prefixes(&var) {
-        dirs.extend(wheel_dirs(&site_packages_under(&prefix)));
-    }
+    dirs.extend(wheel_dirs(&env_site_packages(&var)));
     let mut searched = dedup(&dirs);
     if let Some(lib) = load_first(&searched) {
         return Ok(Some(lib));
@@ -97,9 +95,7 @@ fn open(path: &Path) -> Result<Library, libloading::Error> {
 /// install places), then `target/pypi-nvrtc` of the workspace that holds
 /// `manifest_dir` (the runtime crate's) and of the one `exe` was built in.
 fn search_dirs(var: &dyn Fn(&str) -> Option<OsString>, manifest_dir: &Path, exe: Option<&Path>) -> Vec<PathBuf> {
-    let roots = ["CUDA_PATH", "CUDA_HOME", "CUDA_ROOT"].iter().filter_map(|name| var(name)).filter(|v| !v.is_empty());
-    let roots = roots.map(PathBuf::from).chain(["/usr/local/cuda", "/opt/cuda"].map(PathBuf::from));
-    let mut dirs: Vec<PathBuf> = roots.flat_map(|root| [root.join("lib64"), root.join("lib")]).collect();
+    let mut dirs = toolkit_dirs(var);
     let built_in = manifest_dir.parent().map(|workspace| workspace.join("target"));
     // A cargo-built executable lies under `target/<profile>/`, tests under `deps/` too.
     let running_from = exe.and_then(|exe| exe.ancestors().find(|dir| dir.file_name() == Some("target".as_ref())));
@@ -109,60 +105,9 @@ fn search_dirs(var: &dyn Fn(&str) -> Option<OsString>, manifest_dir: &Path, exe:
     dirs
 }
 
-/// The prefixes of the active Python environments: a virtualenv's, a conda
-/// environment's.
-fn env_prefixes(var: &dyn Fn(&str) -> Option<OsString>) -> Vec<PathBuf> {
-    ["VIRTUAL_ENV", "CONDA_PREFIX"]
-        .iter()
-        .filter_map(|name| var(name))
-        .filter(|v| !v.is_empty())
-        .map(Into::into)
-        .collect()
-}
-
-/// `prefix/lib/python3.*/site-packages`, the versions in name order.
-fn site_packages_under(prefix: &Path) -> Vec<PathBuf> {
-    let Ok(listing) = prefix.join("lib").read_dir() else {
-        return Vec::new();
-    };
-    let mut versions: Vec<PathBuf> = listing
-        .filter_map(|entry| entry.ok())
-        .filter(|entry| entry.file_name().to_string_lossy().starts_with("python3"))
-        .map(|entry| entry.path().join("site-packages"))
-        .collect();
-    versions.sort();
-    versions
-}
-
-/// The site-packages directories of the `python3` on `PATH` (its
-/// environment's and the user's), or none where there is no such Python.
-fn python_site_packages() -> Vec<PathBuf> {
-    let script = "import site, sysconfig; print(sysconfig.get_paths()['purelib']); print(site.getusersitepackages())";
-    match Command::new("python3").args(["-c", script]).output() {
-        Ok(out) if out.status.success() => parse_lines(&out.stdout),
-        _ => Vec::new(),
-    }
-}
-
-/// One path per non-empty line.
-fn parse_lines(stdout: &[u8]) -> Vec<PathBuf> {
-    String::from_utf8_lossy(stdout).lines().map(str::trim).filter(|l| !l.is_empty()).map(PathBuf::from).collect()
-}
-
 /// Where the wheels put the library under each of `roots`.
 fn wheel_dirs(roots: &[PathBuf]) -> Vec<PathBuf> {
-    roots.iter().flat_map(|root| WHEEL_LIB_DIRS.map(|dir| root.join(dir))).collect()
-}
-
-/// `dirs` without repeats, in first-seen order.
-fn dedup(dirs: &[PathBuf]) -> Vec<PathBuf> {
-    let mut unique: Vec<PathBuf> = Vec::with_capacity(dirs.len());
-    for dir in dirs {
-        if !unique.contains(dir) {
-            unique.push(dir.clone());
-        }
-    }
-    unique
+    under(roots, &WHEEL_LIB_DIRS)
 }
 
 /// The one command that installs NVRTC where [`ensure_nvrtc`] looks.
@@ -175,15 +120,7 @@ fn install_command() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_dir::TempDir;
-
-    fn vars(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<OsString> {
-        move |name| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| OsString::from(v))
-    }
-
-    fn paths(list: &[&str]) -> Vec<PathBuf> {
-        list.iter().map(PathBuf::from).collect()
-    }
+    use crate::lib_search::tests::{paths, vars};
 
     #[test]
     fn toolkits_come_first_then_the_workspace_and_the_executables_target() {
@@ -212,33 +149,6 @@ mod tests {
         let dirs = search_dirs(&vars(&[]), Path::new("/ws/runtime"), Some(Path::new("/usr/bin/flashgen")));
         assert_eq!(dirs.len(), 6, "{dirs:?}");
         assert_eq!(search_dirs(&vars(&[]), Path::new("/ws/runtime"), None), dirs);
-    }
-
-    #[test]
-    fn python_environments_are_found_by_prefix() {
-        let var = vars(&[("VIRTUAL_ENV", "/venv"), ("CONDA_PREFIX", "")]);
-        assert_eq!(env_prefixes(&var), paths(&["/venv"]));
-        let tmp = TempDir::new("nvrtc-lib-prefix");
-        for dir in ["lib/python3.12/site-packages", "lib/python3.10/site-packages", "lib/pkgconfig"] {
-            std::fs::create_dir_all(tmp.0.join(dir)).unwrap();
-        }
-        let found = site_packages_under(&tmp.0);
-        assert_eq!(found, [tmp.0.join("lib/python3.10/site-packages"), tmp.0.join("lib/python3.12/site-packages")]);
-        assert!(site_packages_under(&tmp.0.join("missing")).is_empty());
-        let wheels = wheel_dirs(&found[..1]);
-        assert_eq!(wheels[1], tmp.0.join("lib/python3.10/site-packages/nvidia/cuda_nvrtc/lib"));
-    }
-
-    #[test]
-    fn pythons_answer_is_read_line_by_line() {
-        let lines = parse_lines(b"/usr/lib/python3/dist-packages\n\n/root/.local/lib/python3.12/site-packages\n");
-        assert_eq!(lines, paths(&["/usr/lib/python3/dist-packages", "/root/.local/lib/python3.12/site-packages"]));
-        assert!(parse_lines(b"").is_empty());
-    }
-
-    #[test]
-    fn repeats_are_dropped_in_order() {
-        assert_eq!(dedup(&paths(&["/a", "/b", "/a", "/c", "/b"])), paths(&["/a", "/b", "/c"]));
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Opening a device reports a typed error, never a panic, on machines without
-//! a driver, a GPU or NVRTC.
+//! Opening a device, or NCCL, reports a typed error, never a panic, on
+//! machines without a driver, a GPU, NVRTC or NCCL.
 
 use flashgen_runtime::{Arch, Error, Runtime};
 
@@ -27,4 +27,23 @@ fn runtime_new_never_panics() {
 fn runtime_is_shared_across_threads() {
     fn send_sync<T: Send + Sync>() {}
     send_sync::<Runtime>();
+}
+
+/// Without libnccl, NCCL's first call is a typed error naming the fix,
+/// never cudarc's panic.
+#[cfg(feature = "nccl")]
+#[test]
+fn nccl_is_found_or_reported() {
+    use flashgen_runtime::UniqueId;
+    match UniqueId::new() {
+        Ok(id) => assert_eq!(UniqueId::from_bytes(id.to_bytes()).to_bytes(), id.to_bytes()),
+        Err(e) => assert!(matches!(e, Error::NcclMissing { .. } | Error::Nccl { .. }), "{e}"),
+    }
+}
+
+#[cfg(feature = "nccl")]
+#[test]
+fn communicators_move_to_their_ranks_threads() {
+    fn send<T: Send>() {}
+    send::<flashgen_runtime::Communicator>();
 }
