@@ -386,7 +386,7 @@ mod tests {
         assert!(matches!(&err, Error::TensorTooSmall { name, len: 3, needed: 4 } if name == "d_slopes"), "{err}");
         let err = check_tensor_grad_lens(&spec, shape, &[None, Some(40)], &[]).unwrap_err();
         assert!(matches!(&err, Error::NoTensorGrad { tensor } if tensor == "doc"), "{err}");
-        let err = check_tensor_grad_lens(&spec, shape, &[None, None, None]).unwrap_err();
+        let err = check_tensor_grad_lens(&spec, shape, &[None, None, None], &[]).unwrap_err();
         assert!(matches!(err, Error::TensorGradCount { declared: 2, got: 3 }), "{err}");
     }
 }

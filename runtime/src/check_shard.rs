@@ -68,6 +68,7 @@ pub(crate) fn check_ranks(
 /// A launch over NCCL: the communicator has the sharding's ranks, and this
 /// rank's K and V are contiguous `[batch, rows, heads, dim]` (they are sent
 /// as they lie).
+#[cfg(feature = "nccl")]
 pub(crate) fn check_exchange(sharding: Sharding, world: usize, kv: [&Layout; 2]) -> Result<(), Error> {
     if world != sharding.ranks {
         return Err(Error::Shard(ShardError::RankCount { expected: sharding.ranks, got: world }));

@@ -4,6 +4,7 @@
 //! and checks them against the CPU reference (used by the `flashgen` CLI,
 //! `flashgen-bench` and the GPU tests).
 
+pub mod cp_bench;
 pub mod decode_bench;
 pub mod examples;
 pub mod prefill_bench;

@@ -5,6 +5,9 @@
 //! judged with FlashAttention's rule against the f64 reference of the
 //! unsharded problem.
 //!
+//! Over NCCL, every visible GPU a rank, the same judged against the
+//! reference.
+//!
 //! Ignored by a plain `cargo test`: they need a GPU; run them with
 //! `--include-ignored`. Every case draws fresh random inputs (the seed is
 //! printed).
@@ -14,9 +17,11 @@ mod support;
 use flashgen::codegen::reference::Problem;
 use flashgen::codegen::shard::{Partition, Sharding};
 use flashgen::codegen::{Shape, Spec};
+use flashgen::context_parallel::Schedule;
+use flashgen::Runtime;
 use flashgen_tools::examples::SPECS;
-use flashgen_tools::verify::shard::run_sharded;
-use flashgen_tools::verify::{self, check_backward, GpuGradients};
+use flashgen_tools::verify::shard::{run_sharded, run_sharded_nccl};
+use flashgen_tools::verify::{self, check_backward, GpuGradients, GpuOutput};
 use support::backward::judge_all;
 use support::{heads_of, language_spec, params, runtime, spec};
 
@@ -55,16 +60,8 @@ fn forward_and_backward_of_every_spec_sharded() {
             let row = format!("{name:<20} len {len:>4} {ranks} ranks {partition:?} seed {seed}");
             match run_sharded(&rt, &spec, &problem, sharding, Some(&d_out)) {
                 Ok((output, grads)) => {
-                    let report = verify::check(&spec, &problem, &output).expect("a valid problem");
-                    match report.passed() {
-                        true => println!("ok     {row}  O {:.2e}≤{:.2e}", report.output.error, report.output.tolerance),
-                        false => {
-                            println!("FAILED {row} forward\n       O: {}\n       LSE: {}", report.output, report.lse);
-                            failures.push(format!("{row} forward"));
-                        }
-                    }
-                    let grads = grads.expect("the backward ran");
-                    runs.push(Run { row, spec: spec.clone(), problem, d_out, grads });
+                    judge_forward(&spec, &problem, &output, &row, &mut failures);
+                    runs.push(Run { row, spec: spec.clone(), problem, d_out, grads: grads.expect("the backward ran") });
                 }
                 Err(e) => {
                     println!("ERROR  {row}  {e}");
@@ -79,4 +76,60 @@ fn forward_and_backward_of_every_spec_sharded() {
         |r| check_backward(&r.spec, &r.problem, &r.d_out, &r.grads).map_err(|e| e.to_string()),
         failures,
     );
+}
+
+/// Over NCCL, one rank per visible GPU (needs two; says so and passes with
+/// one): causal, documents, a window, ALiBi's trained slopes and learned
+/// sinks, both schedules and partitions, judged against the reference.
+#[test]
+#[ignore = "needs two or more NVIDIA GPUs (run with --include-ignored)"]
+fn forward_and_backward_over_nccl() {
+    let gpus = flashgen::cudarc::driver::CudaContext::device_count().unwrap_or(0) as usize;
+    if gpus < 2 {
+        println!("over NCCL: needs 2 GPUs, {gpus} visible: nothing run");
+        return;
+    }
+    let runtimes: Vec<Runtime> = (0..gpus).map(|i| Runtime::new(i).expect("a GPU")).collect();
+    let (mut runs, mut failures) = (Vec::new(), Vec::new());
+    let schedules = [(Partition::Zigzag, Schedule::Ring), (Partition::Contiguous, Schedule::AllGather)];
+    for (i, name) in ["causal", "document", "sliding_window", "alibi", "sink_window"].into_iter().enumerate() {
+        for (j, len) in [777usize, 1536].into_iter().enumerate() {
+            let spec = spec(name);
+            let (partition, schedule) = schedules[(i + j) % 2];
+            let (heads, heads_kv) = heads_of(name);
+            let shape = Shape { batch: 2, heads, heads_kv, q_len: len, kv_len: len };
+            let seed: u64 = rand::random();
+            let problem = verify::random_problem(&spec, shape, params(&spec), vec![], None, seed);
+            let d_out = verify::random_d_out(&spec, shape, seed);
+            let row = format!("{name:<20} len {len:>4} {gpus} GPUs {partition:?} {schedule:?} seed {seed}");
+            match run_sharded_nccl(&runtimes, &spec, &problem, (partition, schedule), Some(&d_out)) {
+                Ok((output, grads)) => {
+                    judge_forward(&spec, &problem, &output, &row, &mut failures);
+                    runs.push(Run { row, spec, problem, d_out, grads: grads.expect("the backward ran") });
+                }
+                Err(e) => {
+                    println!("ERROR  {row}  {e}");
+                    failures.push(row);
+                }
+            }
+        }
+    }
+    judge_all(
+        &runs,
+        |r| r.row.clone(),
+        |r| check_backward(&r.spec, &r.problem, &r.d_out, &r.grads).map_err(|e| e.to_string()),
+        failures,
+    );
+}
+
+/// Prints the forward's verdict; a failure joins `failures`.
+fn judge_forward(spec: &Spec, problem: &Problem, output: &GpuOutput, row: &str, failures: &mut Vec<String>) {
+    let report = verify::check(spec, problem, output).expect("a valid problem");
+    match report.passed() {
+        true => println!("ok     {row}  O {:.2e}≤{:.2e}", report.output.error, report.output.tolerance),
+        false => {
+            println!("FAILED {row} forward\n       O: {}\n       LSE: {}", report.output, report.lse);
+            failures.push(format!("{row} forward"));
+        }
+    }
 }

@@ -10,6 +10,8 @@
 //! run every rank on one device (the ranks' buffers all there): what a
 //! context-parallel launch computes, checkable on one GPU.
 
+#[cfg(feature = "nccl")]
+mod exchange;
 mod local;
 mod pieces;
 
@@ -17,6 +19,8 @@ pub use crate::check_shard::{ShardError, Whole};
 use crate::layout::Layout;
 use crate::operand::{DeviceInput, DeviceOutput};
 use cudarc::driver::CudaSlice;
+#[cfg(feature = "nccl")]
+pub use exchange::{ContextParallel, Schedule};
 use flashgen_codegen::shard::Segment;
 pub use flashgen_codegen::shard::{Partition, Sharding};
 use flashgen_codegen::Shape;

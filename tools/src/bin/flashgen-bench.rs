@@ -135,6 +135,14 @@ fn main() {
         flashgen_tools::prefill_bench::run(&start_runtime(), &sizes("--cached", "0,8192,30720"), iters);
         return;
     }
+    if args.iter().any(|a| a == "--cp") {
+        flashgen_tools::cp_bench::run(
+            &sizes("--lens", "131072,524288"),
+            &list("--cp-variants", "causal,document,window"),
+            iters,
+        );
+        return;
+    }
     if args.iter().any(|a| a == "--decode") {
         let (batches, kv_lens) = (sizes("--batches", "1,16,64,256"), sizes("--kv-lens", "1024,4096,16384,65536"));
         flashgen_tools::decode_bench::run(&start_runtime(), &batches, &kv_lens, iters);

@@ -5,11 +5,13 @@
 
 use super::{driver, launch_args, upload_tensors, GpuGradients, GpuOutput, Storage};
 use flashgen::codegen::reference::Problem;
-use flashgen::codegen::shard::{Segment, Sharding};
+use flashgen::codegen::shard::{Partition, Segment, Sharding};
 use flashgen::codegen::{Dtype, Shape, Spec};
-use flashgen::context_parallel::{ShardGradIo, ShardIo, Whole};
+use flashgen::context_parallel::{ContextParallel, Schedule, ShardGradIo, ShardIo, Whole};
 use flashgen::cudarc::driver::{CudaSlice, CudaStream};
+use flashgen::cudarc::nccl::NcclType;
 use flashgen::half::{bf16, f16};
+use flashgen::runtime::Communicator;
 use flashgen::{BackwardOptions, Error, ForwardOptions, Layout, Runtime};
 use std::sync::Arc;
 
@@ -110,7 +112,14 @@ struct RankGrads<T> {
 }
 
 impl<T: Storage> RankData<T> {
-    fn upload(s: &Arc<CudaStream>, spec: &Spec, problem: &Problem, rows: &Rows, r: usize, d_out: Option<&[f64]>) -> Result<Self, Error> {
+    fn upload(
+        s: &Arc<CudaStream>,
+        spec: &Spec,
+        problem: &Problem,
+        rows: &Rows,
+        r: usize,
+        d_out: Option<&[f64]>,
+    ) -> Result<Self, Error> {
         let Shape { batch, heads, heads_kv, q_len, kv_len } = problem.shape;
         let (dqk, dv) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
         let (n, m) = (rows.sharding.local_len(q_len, r), rows.sharding.local_len(kv_len, r));
@@ -138,7 +147,11 @@ impl<T: Storage> RankData<T> {
                     })
                     .collect::<Result<_, _>>()?;
                 let d_o = up::<T>(s, &rows.deal(d_out, r, true, heads, dv))?;
-                Some(RankGrads { d_o, dqkv: [poison(&layouts[0])?, poison(&layouts[1])?, poison(&layouts[2])?], d_tensors })
+                Some(RankGrads {
+                    d_o,
+                    dqkv: [poison(&layouts[0])?, poison(&layouts[1])?, poison(&layouts[2])?],
+                    d_tensors,
+                })
             }
         };
         let lse = s.clone_htod(&vec![f32::NAN; (batch * heads * n).max(1)]).map_err(driver("poison LSE"))?;
@@ -172,7 +185,14 @@ impl<T: Storage> RankData<T> {
 
     /// Waits for `s` and writes the rank's results into the whole arrays
     /// (tensor gradients added).
-    fn download(&self, s: &Arc<CudaStream>, spec: &Spec, rows: &Rows, r: usize, out: &mut Gathered) -> Result<(), Error> {
+    fn download(
+        &self,
+        s: &Arc<CudaStream>,
+        spec: &Spec,
+        rows: &Rows,
+        r: usize,
+        out: &mut Gathered,
+    ) -> Result<(), Error> {
         s.synchronize().map_err(driver("a sharded run"))?;
         let Shape { heads, heads_kv, .. } = rows.shape;
         let (dqk, dv) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
@@ -241,6 +261,60 @@ fn run_as<T: Storage>(
     let mut out = Gathered::new(spec, problem.shape, d_out.is_some());
     for (r, rank) in ranks.iter().enumerate() {
         rank.download(&s, spec, &rows, r, &mut out)?;
+    }
+    Ok((out.output, out.grads))
+}
+
+/// Runs `problem` over NCCL, rank `r` on `runtimes[r]`'s GPU (one thread a
+/// rank): the forward and, with `d_out`, the backward, in `schedule`.
+pub fn run_sharded_nccl(
+    runtimes: &[Runtime],
+    spec: &Spec,
+    problem: &Problem,
+    (partition, schedule): (Partition, Schedule),
+    d_out: Option<&[f64]>,
+) -> Result<(GpuOutput, Option<GpuGradients>), Error> {
+    match spec.dtype {
+        Dtype::F16 => nccl_as::<f16>(runtimes, spec, problem, (partition, schedule), d_out),
+        Dtype::Bf16 => nccl_as::<bf16>(runtimes, spec, problem, (partition, schedule), d_out),
+    }
+}
+
+fn nccl_as<T: Storage + NcclType>(
+    runtimes: &[Runtime],
+    spec: &Spec,
+    problem: &Problem,
+    (partition, schedule): (Partition, Schedule),
+    d_out: Option<&[f64]>,
+) -> Result<(GpuOutput, Option<GpuGradients>), Error> {
+    let sharding = Sharding { ranks: runtimes.len(), partition };
+    let rows = Rows { shape: problem.shape, sharding };
+    let whole = Whole { q_len: problem.shape.q_len, kv_len: problem.shape.kv_len };
+    let comms = Communicator::all_local(&runtimes.iter().collect::<Vec<_>>())?;
+    let rank = |(r, (rt, comm)): (usize, (&Runtime, Communicator))| -> Result<RankData<T>, Error> {
+        let s = rt.stream().clone();
+        let tensors = upload_tensors(&s, spec, &problem.tensors)?;
+        let args = launch_args(&tensors, problem);
+        let mut data = RankData::upload(&s, spec, problem, &rows, r, d_out)?;
+        let cp = ContextParallel { sharding, whole, schedule, comm: &comm };
+        let opts = ForwardOptions { scale: Some(problem.scale as f32), ..ForwardOptions::default() };
+        rt.forward_sharded(spec, cp, data.forward_io(), &args, &opts)?;
+        if let Some(io) = data.grad_io() {
+            let opts = BackwardOptions { scale: Some(problem.scale as f32), ..BackwardOptions::default() };
+            rt.backward_sharded(spec, cp, io, &args, &opts)?;
+        }
+        s.synchronize().map_err(driver("a rank's launches"))?;
+        comm.stream().synchronize().map_err(driver("a rank's exchanges"))?;
+        Ok(data)
+    };
+    let ranks: Vec<Result<RankData<T>, Error>> = std::thread::scope(|scope| {
+        let handles: Vec<_> =
+            runtimes.iter().zip(comms).enumerate().map(|job| scope.spawn(move || rank(job))).collect();
+        handles.into_iter().map(|h| h.join().expect("a rank's thread panicked")).collect()
+    });
+    let mut out = Gathered::new(spec, problem.shape, d_out.is_some());
+    for (r, data) in ranks.into_iter().enumerate() {
+        data?.download(runtimes[r].stream(), spec, &rows, r, &mut out)?;
     }
     Ok((out.output, out.grads))
 }
