@@ -6,7 +6,7 @@ mod support;
 
 use flashgen_codegen::analysis::TileClass;
 use flashgen_codegen::reference::{Arith, Env, ParamValue, Position, TensorData, Value};
-use flashgen_codegen::shard::{rank_pieces, view, Partition, Segment, ShardParams, Sharding};
+use flashgen_codegen::shard::{rank_pieces, view, Partition, Piece, Segment, ShardParams, Sharding};
 use flashgen_codegen::{parse_str, ElemTy, Shape, Spec, Ty};
 use proptest::prelude::*;
 use std::path::PathBuf;
@@ -71,9 +71,9 @@ proptest! {
             for Segment { start, len: n, local: at } in segments {
                 prop_assert_eq!(at, local, "segments are stored back to back");
                 local += n;
-                for p in start..start + n {
-                    prop_assert!(owner[p].is_none(), "position {} dealt twice", p);
-                    owner[p] = Some(rank);
+                for (p, slot) in owner.iter_mut().enumerate().skip(start).take(n) {
+                    prop_assert!(slot.is_none(), "position {} dealt twice", p);
+                    *slot = Some(rank);
                 }
             }
             prop_assert_eq!(local, sharding.local_len(len, rank));
@@ -165,19 +165,21 @@ fn a_rank_skips_only_pieces_without_a_kept_pair() {
     }
 }
 
-fn check_rank(
-    spec: &Spec,
-    env: &Env,
-    sharding: Sharding,
-    whole: &Shape,
-    rank: usize,
-    pieces: &[flashgen_codegen::shard::Piece],
-) {
+fn check_rank(spec: &Spec, env: &Env, sharding: Sharding, whole: &Shape, rank: usize, pieces: &[Piece]) {
     for q in sharding.segments(whole.q_len, rank) {
         for kv_rank in 0..sharding.ranks {
             for kv in sharding.segments(whole.kv_len, kv_rank) {
-                let found: Vec<_> = pieces.iter().filter(|p| p.q == q && p.kv == kv && p.kv_rank == kv_rank).collect();
+                let inside = |p: &&Piece| p.kv.start >= kv.start && p.kv.start + p.kv.len <= kv.start + kv.len;
+                let found: Vec<_> = pieces.iter().filter(|p| p.q == q && p.kv_rank == kv_rank).filter(inside).collect();
                 assert!(found.len() <= 1, "{}: a piece computed twice", spec.name);
+                if let Some(p) = found.first() {
+                    assert_eq!(
+                        p.kv.local - kv.local,
+                        p.kv.start - kv.start,
+                        "{}: trimmed rows keep their place",
+                        spec.name
+                    );
+                }
                 let pairs = || {
                     (0..2).flat_map(move |b| {
                         (0..2).flat_map(move |h| {
@@ -186,7 +188,12 @@ fn check_rank(
                         })
                     })
                 };
-                let kept = pairs().filter(|&(b, h, qp, kp)| keeps(env, spec, b, h, qp, kp)).count();
+                let kept: Vec<_> = pairs().filter(|&(b, h, qp, kp)| keeps(env, spec, b, h, qp, kp)).collect();
+                if let Some(p) = found.first() {
+                    let outside = kept.iter().find(|&&(_, _, _, kp)| kp < p.kv.start || kp >= p.kv.start + p.kv.len);
+                    assert!(outside.is_none(), "{}: {p:?} trimmed the kept pair {outside:?}", spec.name);
+                }
+                let kept = kept.len();
                 match found.first() {
                     None => assert_eq!(kept, 0, "{}: rank {rank} skipped {q:?} x {kv:?} with kept pairs", spec.name),
                     Some(p) if p.class == TileClass::Full => {
@@ -197,4 +204,23 @@ fn check_rank(
             }
         }
     }
+}
+
+#[test]
+fn a_windows_pieces_read_only_the_keys_inside_the_window() {
+    let spec = parse_str("W { dtype: bf16, head_dim: 64, param window: i32, mask: q >= k && q - k < window }").unwrap();
+    let whole = Shape { batch: 1, heads: 1, heads_kv: 1, q_len: 4000, kv_len: 4000 };
+    let params = [ParamValue::I32(100)];
+    for rank in 0..4 {
+        let sharding = Sharding { ranks: 4, partition: Partition::Zigzag };
+        for piece in rank_pieces(&spec[0], &whole, &params, sharding, rank) {
+            // A segment's own keys, or the window's reach into the one before it.
+            let reach = if piece.kv.start + piece.kv.len <= piece.q.start { 99 } else { piece.q.len };
+            assert!(piece.kv.len <= reach, "rank {rank}: {piece:?}");
+        }
+    }
+    let causal = parse_str("C { dtype: bf16, head_dim: 64, mask: q >= k }").unwrap();
+    let contiguous = Sharding { ranks: 4, partition: Partition::Contiguous };
+    let counts: Vec<usize> = (0..4).map(|r| rank_pieces(&causal[0], &whole, &[], contiguous, r).len()).collect();
+    assert_eq!(counts, [1, 2, 3, 4], "causal: a rank reads the keys at and before its own");
 }

@@ -21,6 +21,7 @@ use crate::layout::Layout;
 use crate::marshal::{launch, launch_config, marshal, Bindings, GradBindings, VarlenBindings};
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
+use crate::scratch;
 use crate::tma::{self, TensorMap};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::{ArgKind, Operand};
@@ -296,7 +297,7 @@ impl Runtime {
                 // Freed (after the work queued on it) before its successor
                 // is allocated, so the pool can reuse the memory.
                 drop(old);
-                self.stream().alloc_zeros::<f32>(len).map_err(|e| Error::driver("allocating backward workspace", e))?
+                scratch::zeros::<f32>(self.stream(), len)?
             }
         };
         Ok(slot.insert(buffer))

@@ -68,6 +68,7 @@ pub mod tile_choice;
 
 // Launch plumbing: argument values, TMA descriptors, event timing.
 mod marshal;
+mod scratch;
 mod timing;
 mod tma;
 

@@ -66,8 +66,9 @@ impl Sharding {
     }
 }
 
-/// One launch of a rank: its query segment against a key segment held by
-/// `kv_rank`, with the mask's class over the pair.
+/// One launch of a rank: its query segment against the keys of a segment
+/// held by `kv_rank` that the mask may keep (the segment less its ends no
+/// query keeps), with the mask's class over the pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Piece {
     pub q: Segment,
@@ -93,12 +94,39 @@ pub fn rank_pieces(spec: &Spec, shape: &Shape, params: &[ParamValue], sharding: 
                 let sink = spec.sink.is_some() && kv.start == 0 && q.len > 0;
                 let class = pair_class(spec, shape, params, q, kv);
                 if class != TileClass::Empty || sink {
+                    let kv = if sink { kv } else { kept_keys(spec, shape, params, q, kv) };
                     pieces.push(Piece { q, kv_rank, kv, class, sink });
                 }
             }
         }
     }
     pieces
+}
+
+/// `kv` without the keys at its ends that no query of `q` keeps (the
+/// interval analysis proves it), so a window's piece reads, and its rank
+/// receives, only the keys inside the window. Binary search on each end:
+/// a sub-range of an empty range is empty.
+fn kept_keys(spec: &Spec, shape: &Shape, params: &[ParamValue], q: Segment, kv: Segment) -> Segment {
+    let empty = |start: usize, len: usize| {
+        let part = Segment { start, len, local: 0 };
+        len == 0 || pair_class(spec, shape, params, q, part) == TileClass::Empty
+    };
+    let longest = |is_empty: &dyn Fn(usize) -> bool| {
+        let (mut lo, mut hi) = (0, kv.len);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if is_empty(mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    };
+    let head = longest(&|n| empty(kv.start, n));
+    let tail = longest(&|n| n <= kv.len - head && empty(kv.start + kv.len - n, n));
+    Segment { start: kv.start + head, len: kv.len - head - tail, local: kv.local + head }
 }
 
 /// The mask's class over segment `q` × segment `kv`, every batch and head.

@@ -22,10 +22,11 @@ use crate::forward_launch::ForwardOptions;
 use crate::layout::Layout;
 use crate::operand::DeviceInput;
 use crate::runtime::Runtime;
+use crate::scratch;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceSlice, SyncOnDrop};
 use cudarc::nccl::NcclType;
-use flashgen_codegen::shard::{Piece, Sharding};
+use flashgen_codegen::shard::{Piece, Segment, Sharding};
 use flashgen_codegen::Spec;
 use std::sync::Arc;
 
@@ -48,37 +49,140 @@ pub struct ContextParallel<'c> {
     pub comm: &'c Communicator,
 }
 
-/// K and V rows received from rank `.0`.
-type Inbox<T> = Option<(usize, [CudaSlice<T>; 2])>;
+/// Rows `lo..hi` of a rank's K/V rows, in its own numbering.
+type Rows = (usize, usize);
 
-/// Every rank's pieces, so each knows what the others need of it.
+/// A peer rank and rows of the K/V one of the two reads of the other's.
+type Peer = Option<(usize, Rows)>;
+
+/// Every rank's pieces, so each knows what the others read of it, and the
+/// sizes of every rank's K/V rows.
 struct Plans {
     rank: usize,
     ranks: usize,
     pieces: Vec<Vec<Piece>>,
+    /// Batch, K/V heads, and the K and V head dims.
+    batch: usize,
+    heads_kv: usize,
+    dims: [usize; 2],
+    /// Each rank's K/V row count.
+    kv_rows: Vec<usize>,
 }
 
 impl Plans {
     fn new(pieces: &Pieces, rank: usize) -> Plans {
-        let ranks = pieces.sharding.ranks;
-        Plans { rank, ranks, pieces: (0..ranks).map(|r| pieces.of_rank(r)).collect() }
+        let (shape, sharding) = (pieces.shape, pieces.sharding);
+        let dims = [pieces.spec.head_dims.qk, pieces.spec.head_dims.v].map(|d| d as usize);
+        Plans {
+            rank,
+            ranks: sharding.ranks,
+            pieces: (0..sharding.ranks).map(|r| pieces.of_rank(r)).collect(),
+            batch: shape.batch,
+            heads_kv: shape.heads_kv,
+            dims,
+            kv_rows: (0..sharding.ranks).map(|r| sharding.local_len(shape.kv_len, r)).collect(),
+        }
     }
 
-    /// Whether rank `to` has a piece over rank `from`'s keys.
-    fn needs(&self, to: usize, from: usize) -> bool {
-        self.pieces[to].iter().any(|p| p.kv_rank == from)
+    /// The rows of rank `from`'s K/V that rank `to`'s pieces read (their
+    /// hull), if any.
+    fn rows(&self, to: usize, from: usize) -> Option<Rows> {
+        let read = self.pieces[to].iter().filter(|p| p.kv_rank == from);
+        read.map(|p| (p.kv.local, p.kv.local + p.kv.len)).reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)))
     }
 
-    /// Step `step`'s peers: the rank sent to, if it needs this rank's rows,
-    /// and the rank received from, if this rank needs its rows.
-    fn step(&self, step: usize) -> (Option<usize>, Option<usize>) {
+    /// Step `step`'s peers: the rank sent to and the rows of this rank's it
+    /// reads, and the rank received from and the rows of its this rank reads.
+    fn step(&self, step: usize) -> (Peer, Peer) {
         let (to, from) = ((self.rank + step) % self.ranks, (self.rank + self.ranks - step) % self.ranks);
-        (self.needs(to, self.rank).then_some(to), self.needs(self.rank, from).then_some(from))
+        let sent = self.rows(to, self.rank).map(|rows| (to, rows));
+        (sent, self.rows(self.rank, from).map(|rows| (from, rows)))
     }
 
     fn mine(&self, kv_rank: usize) -> impl Iterator<Item = &Piece> {
         self.pieces[self.rank].iter().filter(move |p| p.kv_rank == kv_rank)
     }
+
+    /// Elements of one row of K (`i = 0`) or V (`i = 1`).
+    fn row(&self, i: usize) -> usize {
+        self.heads_kv * self.dims[i]
+    }
+
+    /// Per batch, the elements of `rows` of a `[batch, n, heads_kv, dim]`
+    /// buffer of K (`i = 0`) or V (`i = 1`).
+    fn chunks(&self, i: usize, n: usize, (lo, hi): Rows) -> Vec<std::ops::Range<usize>> {
+        let row = self.row(i);
+        (0..self.batch).map(|b| (b * n + lo) * row..(b * n + hi) * row).collect()
+    }
+}
+
+/// K and V rows `rows` of rank `from`, `[batch, rows, heads_kv, dim]` each.
+struct Received<T> {
+    from: usize,
+    rows: Rows,
+    kv: [CudaSlice<T>; 2],
+}
+
+impl<T: Element> Received<T> {
+    /// The K/V a piece over rank `from`'s rows reads, and the piece with its
+    /// rows numbered from the received ones.
+    fn piece(&self, plans: &Plans, piece: &Piece) -> (KeyValue<'_, T>, Piece) {
+        let n = self.rows.1 - self.rows.0;
+        let [lk, lv] = [0, 1].map(|i| Layout::bshd(plans.batch, n, plans.heads_kv, plans.dims[i]));
+        let kv = Segment { local: piece.kv.local - self.rows.0, ..piece.kv };
+        ([(&self.kv[0] as &dyn DeviceInput<T>, lk), (&self.kv[1] as &dyn DeviceInput<T>, lv)], Piece { kv, ..*piece })
+    }
+}
+
+/// The chunks received from one rank, back to back in one buffer.
+fn joined<T: Element>(stream: &Arc<CudaStream>, mut parts: Vec<CudaSlice<T>>) -> Result<CudaSlice<T>, Error> {
+    if parts.len() == 1 {
+        return Ok(parts.remove(0));
+    }
+    let mut all = scratch::zeros::<T>(stream, parts.iter().map(|p| p.len()).sum())?;
+    let mut at = 0;
+    for part in &parts {
+        let copy = stream.memcpy_dtod(part, &mut all.slice_mut(at..at + part.len()));
+        copy.map_err(|e| Error::driver("joining received rows", e))?;
+        at += part.len();
+    }
+    Ok(all)
+}
+
+/// Step `step`'s exchange: the rows of this rank's K and V (`mine`) that
+/// the rank sent to reads; the rows this rank reads of the sender's.
+fn exchange_step<T: Element + NcclType>(
+    plans: &Plans,
+    comm: &Communicator,
+    mine: &[CudaSlice<T>; 2],
+    step: usize,
+) -> Result<Option<Received<T>>, Error> {
+    let (to, from) = plans.step(step);
+    let me = plans.kv_rows[plans.rank];
+    let mut sent = Vec::new();
+    if let Some((to, rows)) = to {
+        for (i, buffer) in mine.iter().enumerate() {
+            sent.extend(plans.chunks(i, me, rows).into_iter().map(|r| (to, buffer.slice(r))));
+        }
+    }
+    let mut recvs = Vec::new();
+    if let Some((from, (lo, hi))) = from {
+        for i in 0..2 {
+            for chunk in plans.chunks(i, hi - lo, (0, hi - lo)) {
+                recvs.push((from, scratch::zeros::<T>(comm.stream(), chunk.len())?));
+            }
+        }
+    }
+    let sends: Vec<_> = sent.iter().map(|(to, view)| (*to, view)).collect();
+    let mut views: Vec<_> = recvs.iter_mut().map(|(from, b)| (*from, b.slice_mut(..))).collect();
+    let mut posted: Vec<_> = views.iter_mut().map(|(from, view)| (*from, view)).collect();
+    comm.exchange(&sends, &mut posted)?;
+    drop(views);
+    let Some((from, rows)) = from else { return Ok(None) };
+    let mut parts: Vec<CudaSlice<T>> = recvs.into_iter().map(|(_, b)| b).collect();
+    let v = parts.split_off(plans.batch);
+    let kv = [joined(comm.stream(), parts)?, joined(comm.stream(), v)?];
+    Ok(Some(Received { from, rows, kv }))
 }
 
 /// `len` elements of an operand's buffer from `offset`: a contiguous rank's
@@ -110,8 +214,7 @@ impl<T> DevicePtr<T> for Span<'_, T> {
 fn packed<T: Element>(rt: &Runtime, kv: KeyValue<'_, T>) -> Result<[CudaSlice<T>; 2], Error> {
     let one = |(src, layout): (&dyn DeviceInput<T>, Layout)| {
         let span = Span { src, offset: layout.offset, len: layout.len() };
-        let mut buf =
-            rt.stream().alloc_zeros::<T>(span.len.max(1)).map_err(|e| Error::driver("allocating K/V to send", e))?;
+        let mut buf = scratch::zeros::<T>(rt.stream(), span.len)?;
         if span.len > 0 {
             rt.stream()
                 .memcpy_dtod(&span, &mut buf.slice_mut(..span.len))
@@ -120,38 +223,6 @@ fn packed<T: Element>(rt: &Runtime, kv: KeyValue<'_, T>) -> Result<[CudaSlice<T>
         Ok(buf)
     };
     Ok([one(kv[0])?, one(kv[1])?])
-}
-
-/// Step `step`'s exchange: this rank's K and V (`mine`) to the rank that
-/// needs them; the sender's rows, if this rank needs them, into fresh
-/// buffers of `sizes(sender)` elements.
-fn exchange_step<T: Element + NcclType>(
-    plans: &Plans,
-    comm: &Communicator,
-    mine: &[CudaSlice<T>; 2],
-    sizes: &dyn Fn(usize) -> [usize; 2],
-    step: usize,
-) -> Result<Inbox<T>, Error> {
-    let (to, from) = plans.step(step);
-    let mut recv = match from {
-        Some(from) => {
-            let alloc = |n: usize| {
-                comm.stream().alloc_zeros::<T>(n.max(1)).map_err(|e| Error::driver("allocating received K/V", e))
-            };
-            let [k, v] = sizes(from);
-            Some((from, [alloc(k)?, alloc(v)?]))
-        }
-        None => None,
-    };
-    let sends: Vec<_> = to.into_iter().flat_map(|to| mine.iter().map(move |b| (to, b.slice(..)))).collect();
-    let sends: Vec<_> = sends.iter().map(|(to, view)| (*to, view)).collect();
-    let mut views: Vec<_> = match &mut recv {
-        Some((from, [k, v])) => vec![(*from, k.slice_mut(..)), (*from, v.slice_mut(..))],
-        None => Vec::new(),
-    };
-    let mut recvs: Vec<_> = views.iter_mut().map(|(from, view)| (*from, view)).collect();
-    comm.exchange(&sends, &mut recvs)?;
-    Ok(recv)
 }
 
 impl Runtime {
@@ -175,78 +246,94 @@ impl Runtime {
         let pieces = Pieces::new(spec, shape, cp.sharding, args);
         let plans = Plans::new(&pieces, rank);
         let mine = packed(self, [io.k, io.v])?;
-        let sizes = sizes_of(spec, &shape, cp.sharding);
-        let kv_layouts = |r: usize| {
-            let rows = cp.sharding.local_len(shape.kv_len, r);
-            [spec.head_dims.qk, spec.head_dims.v].map(|d| Layout::bshd(shape.batch, rows, shape.heads_kv, d as usize))
-        };
         let mut acc = ForwardAcc::new(self, &pieces, rank, &plans.pieces[rank])?;
         let mut out = RankOut { q: io.q, o: io.o, lse: io.lse };
-        let ranks = cp.sharding.ranks;
-        let ahead = match cp.schedule {
-            Schedule::Ring => 1,
-            Schedule::AllGather => ranks,
-        };
-        let mut inbox: Vec<Inbox<T>> = (0..ranks).map(|_| None).collect();
-        let mut posted = 1;
-        for step in 0..ranks {
-            while posted < ranks && posted <= step + ahead {
-                inbox[posted] = exchange_step(&plans, cp.comm, &mine, &sizes, posted)?;
-                posted += 1;
-            }
-            let kv_rank = (rank + ranks - step) % ranks;
-            let received = inbox[step].take();
-            let kv: KeyValue<'_, T> = match &received {
-                _ if step == 0 => [io.k, io.v],
-                Some((_, [k, v])) => {
-                    let [lk, lv] = kv_layouts(kv_rank);
-                    [(k as &dyn DeviceInput<T>, lk), (v as &dyn DeviceInput<T>, lv)]
+        let mut inbox = Inbox::new(&plans, cp.schedule);
+        for step in 0..plans.ranks {
+            inbox.post(&plans, cp.comm, &mine, step)?;
+            match (step, inbox.take(step)) {
+                (0, _) => {
+                    for piece in plans.mine(rank) {
+                        acc.add(self, &pieces, piece, [io.k, io.v], &mut out, opts)?;
+                    }
                 }
-                None => continue,
-            };
-            for piece in plans.mine(kv_rank) {
-                acc.add(self, &pieces, piece, kv, &mut out, opts)?;
+                (_, Some(received)) => {
+                    for piece in plans.mine(received.from) {
+                        let (kv, piece) = received.piece(&plans, piece);
+                        acc.add(self, &pieces, &piece, kv, &mut out, opts)?;
+                    }
+                }
+                (_, None) => {}
             }
         }
         acc.finish(self, &pieces, &mut out)
     }
 }
 
-/// Step `step`'s return of gradients: this rank's f32 dK and dV of rank
-/// `r − step`'s rows (`partial`, if it has any) to that rank; rank `r +
-/// step`'s of this rank's rows, if it has any, into fresh buffers of
-/// `sizes` elements.
+/// The steps' received rows, posted `ahead` steps before they are read.
+struct Inbox<T> {
+    steps: Vec<Option<Received<T>>>,
+    posted: usize,
+    ahead: usize,
+}
+
+impl<T: Element + NcclType> Inbox<T> {
+    fn new(plans: &Plans, schedule: Schedule) -> Self {
+        let ahead = match schedule {
+            Schedule::Ring => 1,
+            Schedule::AllGather => plans.ranks,
+        };
+        Inbox { steps: (0..plans.ranks).map(|_| None).collect(), posted: 1, ahead }
+    }
+
+    /// Posts the exchanges due before step `step` computes.
+    fn post(&mut self, plans: &Plans, comm: &Communicator, mine: &[CudaSlice<T>; 2], step: usize) -> Result<(), Error> {
+        while self.posted < plans.ranks && self.posted <= step + self.ahead {
+            self.steps[self.posted] = exchange_step(plans, comm, mine, self.posted)?;
+            self.posted += 1;
+        }
+        Ok(())
+    }
+
+    fn take(&mut self, step: usize) -> Option<Received<T>> {
+        self.steps[step].take()
+    }
+}
+
+/// dK and dV of rows `.0` of this rank's, returned by another rank: its
+/// chunks per batch, K's then V's.
+type Returned = (Rows, Vec<CudaSlice<f32>>);
+
+/// Step `step`'s return of gradients: this rank's f32 dK and dV (`partial`)
+/// of the rows it read of the rank it received from, to that rank; the
+/// dK and dV of the rows of this rank's that the rank sent to read.
 fn return_step(
     plans: &Plans,
     comm: &Communicator,
-    partial: Option<&GradAcc>,
-    sizes: [usize; 2],
+    partial: Option<(&GradAcc, Rows)>,
     step: usize,
-) -> Result<Option<[CudaSlice<f32>; 2]>, Error> {
-    let (from_me_to, back_from) = plans.step(step);
-    // The K/V of step `step` went to `from_me_to`; its gradients come back
-    // from there, and this rank's partial goes back where its K/V came from.
-    let owner = back_from.filter(|_| partial.is_some());
-    let mut recv = match from_me_to {
-        Some(_) => {
-            let alloc =
-                |n: usize| comm.stream().alloc_zeros::<f32>(n.max(1)).map_err(|e| Error::driver("allocating dK/dV", e));
-            Some([alloc(sizes[0])?, alloc(sizes[1])?])
+) -> Result<Option<Returned>, Error> {
+    let (to, from) = plans.step(step);
+    let mut sent = Vec::new();
+    if let (Some((owner, _)), Some((acc, (lo, hi)))) = (from, partial) {
+        for (i, buffer) in acc.buffers.iter().enumerate() {
+            sent.extend(plans.chunks(i, hi - lo, (0, hi - lo)).into_iter().map(|r| (owner, buffer.slice(r))));
         }
-        None => None,
-    };
-    let sent: Vec<_> = match (owner, partial) {
-        (Some(owner), Some(p)) => p.buffers.iter().map(|b| (owner, b.slice(..))).collect(),
-        _ => Vec::new(),
-    };
+    }
+    let mut recvs = Vec::new();
+    if let Some((reader, rows)) = to {
+        for i in 0..2 {
+            for chunk in plans.chunks(i, rows.1 - rows.0, (0, rows.1 - rows.0)) {
+                recvs.push((reader, scratch::zeros::<f32>(comm.stream(), chunk.len())?));
+            }
+        }
+    }
     let sends: Vec<_> = sent.iter().map(|(to, view)| (*to, view)).collect();
-    let mut views: Vec<_> = match (&mut recv, from_me_to) {
-        (Some([k, v]), Some(peer)) => vec![(peer, k.slice_mut(..)), (peer, v.slice_mut(..))],
-        _ => Vec::new(),
-    };
-    let mut recvs: Vec<_> = views.iter_mut().map(|(from, view)| (*from, view)).collect();
-    comm.exchange(&sends, &mut recvs)?;
-    Ok(recv)
+    let mut views: Vec<_> = recvs.iter_mut().map(|(from, b)| (*from, b.slice_mut(..))).collect();
+    let mut posted: Vec<_> = views.iter_mut().map(|(from, view)| (*from, view)).collect();
+    comm.exchange(&sends, &mut posted)?;
+    drop(views);
+    Ok(to.map(|(_, rows)| (rows, recvs.into_iter().map(|(_, b)| b).collect())))
 }
 
 impl Runtime {
@@ -273,58 +360,61 @@ impl Runtime {
             self.stream().memset_zeros(*t).map_err(|e| Error::driver("zeroing a tensor gradient", e))?;
         }
         let mine = packed(self, [k, v])?;
-        let (dqk, dvd) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
-        let kv_rows = |r: usize| cp.sharding.local_len(shape.kv_len, r);
-        let sizes = sizes_of(spec, &shape, cp.sharding);
         let input = RankGradIn { q, o, d_o, lse };
-        let mut dq_acc = GradAcc::zeros(self, shape.batch, q.1.seq, shape.heads, &[dqk])?;
-        let mut own = GradAcc::zeros(self, shape.batch, k.1.seq, shape.heads_kv, &[dqk, dvd])?;
-        let ranks = cp.sharding.ranks;
-        let ahead = if cp.schedule == Schedule::Ring { 1 } else { ranks };
-        let mut inbox: Vec<Inbox<T>> = (0..ranks).map(|_| None).collect();
-        let (mut posted, mut returned) = (1, Vec::new());
-        for step in 0..ranks {
-            while posted < ranks && posted <= step + ahead {
-                inbox[posted] = exchange_step(&plans, cp.comm, &mine, &sizes, posted)?;
-                posted += 1;
-            }
-            let kv_rank = (rank + ranks - step) % ranks;
-            let received = inbox[step].take();
-            let kv: KeyValue<'_, T> = match &received {
-                _ if step == 0 => [k, v],
-                Some((_, [rk, rv])) => {
-                    let [lk, lv] = [dqk, dvd].map(|d| Layout::bshd(shape.batch, kv_rows(kv_rank), shape.heads_kv, d));
-                    [(rk as &dyn DeviceInput<T>, lk), (rv as &dyn DeviceInput<T>, lv)]
+        let mut dq_acc = GradAcc::zeros(self, shape.batch, q.1.seq, shape.heads, &plans.dims[..1])?;
+        let mut own = GradAcc::zeros(self, shape.batch, k.1.seq, shape.heads_kv, &plans.dims)?;
+        let mut inbox = Inbox::new(&plans, cp.schedule);
+        let mut returned = Vec::new();
+        for step in 0..plans.ranks {
+            inbox.post(&plans, cp.comm, &mine, step)?;
+            if step == 0 {
+                for piece in plans.mine(rank) {
+                    backward_piece(self, &pieces, piece, [k, v], &input, &mut dq_acc, &mut own, &mut d_tensors, opts)?;
                 }
-                None => [k, v],
-            };
-            let mut partial = match step {
-                0 => None,
-                _ => Some(GradAcc::zeros(self, shape.batch, kv_rows(kv_rank), shape.heads_kv, &[dqk, dvd])?),
-            };
-            let mut computed = false;
-            for piece in plans.mine(kv_rank) {
-                let dkv = partial.as_mut().unwrap_or(&mut own);
-                backward_piece(self, &pieces, piece, kv, &input, &mut dq_acc, dkv, &mut d_tensors, opts)?;
-                computed = true;
+                continue;
             }
-            if step > 0 {
-                let partial = partial.filter(|_| computed);
-                returned.push(return_step(&plans, cp.comm, partial.as_ref(), sizes(rank), step)?);
+            let mut partial = None;
+            if let Some(received) = inbox.take(step) {
+                let (lo, hi) = received.rows;
+                let mut acc = GradAcc::zeros(self, shape.batch, hi - lo, shape.heads_kv, &plans.dims)?;
+                for piece in plans.mine(received.from) {
+                    let (kv, piece) = received.piece(&plans, piece);
+                    backward_piece(self, &pieces, &piece, kv, &input, &mut dq_acc, &mut acc, &mut d_tensors, opts)?;
+                }
+                partial = Some((acc, received.rows));
             }
+            let partial = partial.as_ref().map(|(acc, rows)| (acc, *rows));
+            returned.extend(return_step(&plans, cp.comm, partial, step)?);
         }
-        for [pk, pv] in returned.into_iter().flatten() {
-            self.add_f32(spec, false, &mut own.buffers[0], Some(&pk))?;
-            self.add_f32(spec, false, &mut own.buffers[1], Some(&pv))?;
+        for (rows, chunks) in returned {
+            self.add_returned(spec, &plans, &mut own, rows, chunks)?;
         }
         dq_acc.write(self, spec, 0, dq)?;
         own.write(self, spec, 0, dk)?;
         own.write(self, spec, 1, dv)
     }
-}
 
-/// Elements of each rank's K and V rows.
-fn sizes_of(spec: &Spec, shape: &flashgen_codegen::Shape, sharding: Sharding) -> impl Fn(usize) -> [usize; 2] {
-    let (shape, dims) = (*shape, [spec.head_dims.qk, spec.head_dims.v]);
-    move |r| dims.map(|d| shape.batch * sharding.local_len(shape.kv_len, r) * shape.heads_kv * d as usize)
+    /// Adds another rank's dK and dV of `rows` of this rank's (`chunks`:
+    /// per batch, K's then V's) into `own`: placed in a zeroed buffer of
+    /// this rank's rows, then added whole.
+    fn add_returned(
+        &self,
+        spec: &Spec,
+        plans: &Plans,
+        own: &mut GradAcc,
+        rows: Rows,
+        chunks: Vec<CudaSlice<f32>>,
+    ) -> Result<(), Error> {
+        let n = plans.kv_rows[plans.rank];
+        let mut chunks = chunks.into_iter();
+        for i in 0..2 {
+            let mut placed = scratch::zeros::<f32>(self.stream(), own.buffers[i].len())?;
+            for (range, chunk) in plans.chunks(i, n, rows).into_iter().zip(chunks.by_ref()) {
+                let copy = self.stream().memcpy_dtod(&chunk, &mut placed.slice_mut(range));
+                copy.map_err(|e| Error::driver("placing returned gradients", e))?;
+            }
+            self.add_f32(spec, false, &mut own.buffers[i], Some(&placed))?;
+        }
+        Ok(())
+    }
 }

@@ -14,6 +14,7 @@ use crate::layout::Layout;
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::partials::{AddIo, MergeIo};
 use crate::runtime::Runtime;
+use crate::scratch;
 use cudarc::driver::CudaSlice;
 use flashgen_codegen::cuda::trainable_tensors;
 use flashgen_codegen::shard::{rank_pieces, view, Piece, Segment, ShardParams, Sharding};
@@ -93,9 +94,7 @@ impl ForwardAcc {
         let segments = pieces.sharding.segments(shape.q_len, rank);
         let rows: usize = segments.iter().map(|s| s.len).sum();
         let o_layout = Layout::bshd(shape.batch, rows, shape.heads, pieces.spec.head_dims.v as usize);
-        let alloc = |n: usize| {
-            rt.stream().alloc_zeros::<f32>(n.max(1)).map_err(|e| Error::driver("allocating a shard's output", e))
-        };
+        let alloc = |n: usize| scratch::zeros::<f32>(rt.stream(), n);
         let left = segments.iter().map(|s| plan.iter().filter(|p| p.q == *s).count()).collect();
         Ok(ForwardAcc {
             o: alloc(o_layout.len())?,
@@ -121,8 +120,8 @@ impl ForwardAcc {
         let shape = &pieces.shape;
         let dv = pieces.spec.head_dims.v as usize;
         let n = piece.q.len;
-        let mut o = rt.stream().alloc_zeros::<T>((shape.batch * n * shape.heads * dv).max(1)).map_err(alloc_err)?;
-        let mut lse = rt.stream().alloc_zeros::<f32>((shape.batch * shape.heads * n).max(1)).map_err(alloc_err)?;
+        let mut o = scratch::zeros::<T>(rt.stream(), shape.batch * n * shape.heads * dv)?;
+        let mut lse = scratch::zeros::<f32>(rt.stream(), shape.batch * shape.heads * n)?;
         let o_layout = Layout::bshd(shape.batch, n, shape.heads, dv);
         let (view, args) = pieces.launch(piece);
         let io = ForwardIo {
@@ -188,10 +187,6 @@ impl ForwardAcc {
     }
 }
 
-fn alloc_err(e: cudarc::driver::DriverError) -> Error {
-    Error::driver("allocating a piece's buffers", e)
-}
-
 /// A rank's backward inputs: its rows of Q, O, dO and LSE.
 pub(super) struct RankGradIn<'g, T> {
     pub q: (&'g dyn DeviceInput<T>, Layout),
@@ -211,12 +206,7 @@ impl GradAcc {
     /// Zeroed f32 buffers, `[batch, rows, heads, dim]` per entry of `dims`.
     pub fn zeros(rt: &Runtime, batch: usize, rows: usize, heads: usize, dims: &[usize]) -> Result<Self, Error> {
         let layouts: Vec<Layout> = dims.iter().map(|&d| Layout::bshd(batch, rows, heads, d)).collect();
-        let buffers = layouts
-            .iter()
-            .map(|l| {
-                rt.stream().alloc_zeros::<f32>(l.len().max(1)).map_err(|e| Error::driver("allocating gradients", e))
-            })
-            .collect::<Result<_, _>>()?;
+        let buffers = layouts.iter().map(|l| scratch::zeros::<f32>(rt.stream(), l.len())).collect::<Result<_, _>>()?;
         Ok(GradAcc { buffers, layouts })
     }
 
@@ -270,13 +260,13 @@ pub(super) fn backward_piece<T: Element>(
     let (dqk, dv) = (pieces.spec.head_dims.qk as usize, pieces.spec.head_dims.v as usize);
     let (n, m) = (piece.q.len, piece.kv.len);
     let stream = rt.stream();
-    let zeros = |len: usize| stream.alloc_zeros::<T>(len.max(1)).map_err(alloc_err);
+    let zeros = |len: usize| scratch::zeros::<T>(stream, len);
     let mut piece_dq = zeros(shape.batch * n * shape.heads * dqk)?;
     let mut piece_dk = zeros(shape.batch * m * shape.heads_kv * dqk)?;
     let mut piece_dv = zeros(shape.batch * m * shape.heads_kv * dv)?;
     // The backward reads the LSE from a buffer's start: the segment's rows.
     let rows = shape.batch * shape.heads * n;
-    let mut lse = stream.alloc_zeros::<f32>(rows.max(1)).map_err(alloc_err)?;
+    let mut lse = scratch::zeros::<f32>(stream, rows)?;
     let at = lse_offset(shape, piece.q);
     if rows > 0 {
         stream
@@ -291,7 +281,7 @@ pub(super) fn backward_piece<T: Element>(
         .enumerate()
         .map(|(i, t)| {
             let wanted = t.as_ref().filter(|_| trainable.contains(&i));
-            wanted.map(|t| stream.alloc_zeros::<f32>(t.len().max(1)).map_err(alloc_err)).transpose()
+            wanted.map(|t| scratch::zeros::<f32>(stream, t.len())).transpose()
         })
         .collect::<Result<_, _>>()?;
     let io = BackwardIo {
