@@ -2,7 +2,7 @@
 //! one attention exchange K/V blocks and partial outputs over. A
 //! [`Communicator`] is one rank, a thin typed wrapper over cudarc's
 //! `nccl::Comm`: it checks peers, lengths and devices before NCCL sees them
-//! and turns NCCL's failures into [`Error::Nccl`].
+//! and turns NCCL's failures into [`CommError::Failed`].
 //!
 //! Each communicator owns a *communication stream*, a second stream on its
 //! rank's device, so exchanges overlap the compute stream's kernels. The two
@@ -25,6 +25,7 @@
 //! The ranks of [`Communicator::all_local`] block on each other inside NCCL
 //! calls: drive each from its own thread (a `Communicator` is `Send`).
 
+use crate::comm_error::CommError;
 use crate::cuda_libs::ensure_nccl;
 use crate::error::Error;
 use crate::runtime::Runtime;
@@ -78,7 +79,7 @@ impl Communicator {
         check_rank(0, runtimes.len())?;
         let ordinals: Vec<usize> = runtimes.iter().map(|rt| rt.context().ordinal()).collect();
         if let Some(&ordinal) = ordinals.iter().enumerate().find_map(|(i, o)| ordinals[..i].contains(o).then_some(o)) {
-            return Err(Error::NcclRepeatedDevice { ordinal });
+            return Err(Error::Comm(CommError::RepeatedDevice { ordinal }));
         }
         ensure_nccl()?;
         let streams = runtimes.iter().map(|rt| comm_stream(rt)).collect::<Result<Vec<_>, _>>()?;
@@ -189,8 +190,8 @@ impl Communicator {
 
     fn check_peer(&self, peer: usize) -> Result<(), Error> {
         match peer {
-            _ if peer >= self.world() => Err(Error::NcclPeer { peer, world: self.world() }),
-            _ if peer == self.rank() => Err(Error::NcclSelfPeer { rank: peer }),
+            _ if peer >= self.world() => Err(Error::Comm(CommError::Peer { peer, world: self.world() })),
+            _ if peer == self.rank() => Err(Error::Comm(CommError::SelfPeer { rank: peer })),
             _ => Ok(()),
         }
     }
@@ -199,7 +200,7 @@ impl Communicator {
         let (buffer, comm) = (buf.stream().context().ordinal(), self.stream.context().ordinal());
         match buffer == comm {
             true => Ok(()),
-            false => Err(Error::NcclDevice { op, buffer, comm }),
+            false => Err(Error::Comm(CommError::Device { op, buffer, comm })),
         }
     }
 
@@ -208,7 +209,7 @@ impl Communicator {
         let expected = self.world().saturating_mul(local);
         match len == expected {
             true => Ok(()),
-            false => Err(Error::NcclLength { op, buffer, len, expected }),
+            false => Err(Error::Comm(CommError::Length { op, buffer, len, expected })),
         }
     }
 
@@ -224,7 +225,7 @@ impl Communicator {
 fn check_rank(rank: usize, world: usize) -> Result<(), Error> {
     match world > 0 && i32::try_from(world).is_ok() && rank < world {
         true => Ok(()),
-        false => Err(Error::NcclRank { rank, world }),
+        false => Err(Error::Comm(CommError::Rank { rank, world })),
     }
 }
 
@@ -241,7 +242,7 @@ fn nccl_error(op: &'static str) -> impl FnOnce(NcclError) -> Error {
     move |NcclError(code)| {
         // SAFETY: NCCL returned `code`, so it is loaded; the string is static.
         let text = unsafe { CStr::from_ptr(cudarc::nccl::sys::ncclGetErrorString(code)) };
-        Error::Nccl { op, detail: format!("{code:?}: {}", text.to_string_lossy()) }
+        Error::Comm(CommError::Failed { op, detail: format!("{code:?}: {}", text.to_string_lossy()) })
     }
 }
 
@@ -254,7 +255,7 @@ mod tests {
         assert!(check_rank(0, 1).is_ok() && check_rank(3, 4).is_ok());
         for (rank, world) in [(0, 0), (4, 4), (0, i32::MAX as usize + 1)] {
             let err = check_rank(rank, world).unwrap_err();
-            assert!(matches!(err, Error::NcclRank { .. }), "{err}");
+            assert!(matches!(err, Error::Comm(CommError::Rank { .. })), "{err}");
         }
         assert!(check_rank(4, 4).unwrap_err().to_string().contains("rank 4 is not a rank of a communicator of 4"));
         assert!(check_rank(0, 0).unwrap_err().to_string().contains("between 1 and 2147483647 ranks, not 0"));

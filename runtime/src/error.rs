@@ -5,6 +5,7 @@
 //! argument, so callers never have to decode a raw driver code or a panic.
 
 use crate::arch::Arch;
+pub use crate::comm_error::CommError;
 use crate::shard_error::ShardError;
 use cudarc::driver::DriverError;
 use cudarc::nvrtc::result::NvrtcError;
@@ -23,16 +24,8 @@ pub enum Error {
         searched: Vec<PathBuf>,
         fix: String,
     },
-    /// libnccl could not be loaded by cudarc, which loads it only by the
-    /// names `libnccl.so` and `libnccl.so.<CUDA major>` from the system's
-    /// library path. `found` is a `libnccl.so.2` (NCCL's soname, which
-    /// NVIDIA's and PyTorch's wheels ship alone) in one of the `searched`
-    /// directories; `fix` makes it reachable, or installs one.
-    NcclMissing {
-        searched: Vec<PathBuf>,
-        found: Option<PathBuf>,
-        fix: String,
-    },
+    /// An NCCL communicator could not be made or used.
+    Comm(CommError),
     /// libcuda (the driver) could not be loaded.
     DriverMissing,
     /// The NVRTC found is of a newer CUDA major version than the driver,
@@ -40,43 +33,6 @@ pub enum Error {
     NvrtcNewerThanDriver {
         nvrtc: (i32, i32),
         driver: (i32, i32),
-    },
-    /// An NCCL call failed: `detail` is NCCL's error name and description.
-    Nccl {
-        op: &'static str,
-        detail: String,
-    },
-    /// A communicator's world of no ranks or more than `i32::MAX`, or a
-    /// rank not below it.
-    NcclRank {
-        rank: usize,
-        world: usize,
-    },
-    /// One process's communicators were given two runtimes of one device.
-    NcclRepeatedDevice {
-        ordinal: usize,
-    },
-    /// A point-to-point peer that is not a rank of the communicator.
-    NcclPeer {
-        peer: usize,
-        world: usize,
-    },
-    /// A point-to-point exchange of a rank with itself.
-    NcclSelfPeer {
-        rank: usize,
-    },
-    /// A collective's buffer of another length than the op needs.
-    NcclLength {
-        op: &'static str,
-        buffer: &'static str,
-        len: usize,
-        expected: usize,
-    },
-    /// A buffer on another device than the communicator's.
-    NcclDevice {
-        op: &'static str,
-        buffer: usize,
-        comm: usize,
     },
     /// There is no GPU with this ordinal.
     NoDevice {
@@ -334,18 +290,7 @@ impl fmt::Display for Error {
                 searched.iter().try_for_each(|dir| write!(f, "\n  {}", dir.display()))?;
                 write!(f, "\nto install it, run: {fix}\n(or install a CUDA toolkit, or set CUDA_PATH to one)")
             }
-            Error::NcclMissing { searched, found, fix } => {
-                write!(f, "libnccl (NVIDIA's collective communication library, needed by multi-GPU communicators)")?;
-                write!(f, " was not found as libnccl.so or libnccl.so.<CUDA major> on the system's library path")?;
-                match found {
-                    Some(lib) => write!(f, "; it is at {}", lib.display())?,
-                    None => {
-                        write!(f, ", and no libnccl.so.2 is in:")?;
-                        searched.iter().try_for_each(|dir| write!(f, "\n  {}", dir.display()))?;
-                    }
-                }
-                write!(f, "\nfix: {fix}")
-            }
+            Error::Comm(e) => write!(f, "{e}"),
             Error::DriverMissing => write!(
                 f,
                 "libcuda (the NVIDIA driver) was not found: flashgen needs an NVIDIA GPU with its driver installed"
@@ -357,25 +302,6 @@ impl fmt::Display for Error {
                  library path; flashgen built for CUDA {dv}'s bindings, e.g. `cuda-12080`, looks for it first), or update \
                  the driver"
             ),
-            Error::Nccl { op, detail } => write!(f, "NCCL error in {op}: {detail}"),
-            Error::NcclRank { rank, world } => match *world == 0 || i32::try_from(*world).is_err() {
-                true => write!(f, "a communicator has between 1 and {} ranks, not {world}", i32::MAX),
-                false => write!(f, "rank {rank} is not a rank of a communicator of {world}"),
-            },
-            Error::NcclRepeatedDevice { ordinal } => write!(
-                f,
-                "device {ordinal} is given twice: one process's communicators need one runtime per device"
-            ),
-            Error::NcclPeer { peer, world } => {
-                write!(f, "peer {peer} is not a rank of the communicator: its ranks are 0..{world}")
-            }
-            Error::NcclSelfPeer { rank } => write!(f, "rank {rank} cannot send to or receive from itself"),
-            Error::NcclLength { op, buffer, len, expected } => {
-                write!(f, "{op}: {buffer} holds {len} elements but the op needs {expected} (world · the local length)")
-            }
-            Error::NcclDevice { op, buffer, comm } => {
-                write!(f, "{op}: a buffer is on device {buffer} but the communicator on device {comm}")
-            }
             Error::NoDevice { ordinal, count } => {
                 write!(f, "no CUDA device with ordinal {ordinal}: the driver reports {count} device(s)")
             }

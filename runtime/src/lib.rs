@@ -49,6 +49,7 @@ mod check_paged;
 mod check_partials;
 mod check_shard;
 mod check_varlen;
+mod comm_error;
 mod cuda_libs;
 mod element;
 mod error;
@@ -112,6 +113,7 @@ pub use block_mask::BlockMask;
 pub use check_decode::DecodeShape;
 #[cfg(feature = "nccl")]
 pub use comm::{Communicator, UniqueId};
+pub use comm_error::CommError;
 pub use decode::{DecodeIo, DecodeOptions, DecodePlan};
 pub use decode_paged::PagedDecodeIo;
 pub use disk_cache::{

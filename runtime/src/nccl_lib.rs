@@ -11,6 +11,7 @@
 //! system's and a CUDA toolkit's directories, in the Python environments'
 //! wheels) to name in the error, with the link that makes it reachable.
 
+use crate::comm_error::CommError;
 use crate::error::Error;
 use crate::lib_search::{dedup, env_site_packages, python_site_packages, toolkit_dirs, under};
 use std::ffi::OsString;
@@ -38,7 +39,7 @@ pub(crate) fn ensure_nccl() -> Result<(), Error> {
         Ok(()) => Ok(()),
         Err(Missing { searched, found }) => {
             let fix = fix(found.as_deref());
-            Err(Error::NcclMissing { searched: searched.clone(), found: found.clone(), fix })
+            Err(Error::Comm(CommError::Missing { searched: searched.clone(), found: found.clone(), fix }))
         }
     }
 }
@@ -127,14 +128,18 @@ mod tests {
         let fix = fix(Some(Path::new("/venv/site-packages/nvidia/nccl/lib/libnccl.so.2")));
         assert!(fix.contains("ln -sf '/venv/site-packages/nvidia/nccl/lib/libnccl.so.2' "), "{fix}");
         assert!(fix.contains("/libnccl.so && export LD_LIBRARY_PATH="), "{fix}");
-        let err = Error::NcclMissing { searched: paths(&["/a"]), found: Some(PathBuf::from("/a/libnccl.so.2")), fix };
+        let err = Error::Comm(CommError::Missing {
+            searched: paths(&["/a"]),
+            found: Some(PathBuf::from("/a/libnccl.so.2")),
+            fix,
+        });
         let text = err.to_string();
         assert!(text.contains("it is at /a/libnccl.so.2") && text.contains("\nfix: link it"), "{text}");
     }
 
     #[test]
     fn without_a_library_the_fix_installs_the_wheel() {
-        let err = Error::NcclMissing { searched: paths(&["/a", "/b"]), found: None, fix: fix(None) };
+        let err = Error::Comm(CommError::Missing { searched: paths(&["/a", "/b"]), found: None, fix: fix(None) });
         let text = err.to_string();
         assert!(text.contains("no libnccl.so.2 is in:\n  /a\n  /b\n"), "{text}");
         assert!(text.contains("fix: python3 -m pip install nvidia-nccl-cu13"), "{text}");

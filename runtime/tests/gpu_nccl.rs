@@ -10,7 +10,7 @@
 
 use flashgen_runtime::cudarc::driver::CudaContext;
 use flashgen_runtime::half::bf16;
-use flashgen_runtime::{Communicator, Error, Runtime};
+use flashgen_runtime::{CommError, Communicator, Error, Runtime};
 
 type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
@@ -40,8 +40,8 @@ fn ranks_exchange_gather_and_reduce_scatter_exactly() -> TestResult {
         runtimes.push(Runtime::new(ordinal)?);
     }
     let repeated = Communicator::all_local(&[&runtimes[0], &runtimes[1], &runtimes[0]]).unwrap_err();
-    assert!(matches!(repeated, Error::NcclRepeatedDevice { ordinal: 0 }), "{repeated}");
-    assert!(matches!(Communicator::all_local(&[]).unwrap_err(), Error::NcclRank { world: 0, .. }));
+    assert!(matches!(repeated, Error::Comm(CommError::RepeatedDevice { ordinal: 0 })), "{repeated}");
+    assert!(matches!(Communicator::all_local(&[]).unwrap_err(), Error::Comm(CommError::Rank { world: 0, .. })));
 
     let comms = Communicator::all_local(&runtimes.iter().collect::<Vec<_>>())?;
     // NCCL calls block until every rank joins: one thread per rank.
@@ -69,9 +69,9 @@ fn check_rank(rt: &Runtime, comm: Communicator) -> TestResult {
 
     // Typed errors before NCCL sees anything.
     let own = comm.exchange(&[(rank, &send.slice(..))], &mut []).unwrap_err();
-    assert!(matches!(own, Error::NcclSelfPeer { .. }), "{own}");
+    assert!(matches!(own, Error::Comm(CommError::SelfPeer { .. })), "{own}");
     let outside = comm.exchange(&[], &mut [(world, &mut recv.slice_mut(..))]).unwrap_err();
-    assert!(matches!(outside, Error::NcclPeer { .. }), "{outside}");
+    assert!(matches!(outside, Error::Comm(CommError::Peer { .. })), "{outside}");
 
     // Every block, in rank order, on every rank.
     let local = stream.clone_htod(&block(rank))?;
@@ -80,7 +80,7 @@ fn check_rank(rt: &Runtime, comm: Communicator) -> TestResult {
     let all: Vec<f32> = (0..world).flat_map(block).collect();
     assert_eq!(stream.clone_dtoh(&gathered)?, all, "rank {rank}: the gathered blocks");
     let short = comm.all_gather(&local.slice(..), &mut gathered.slice_mut(1..)).unwrap_err();
-    assert!(matches!(short, Error::NcclLength { .. }), "{short}");
+    assert!(matches!(short, Error::Comm(CommError::Length { .. })), "{short}");
 
     // Rank r adds (r + 1) · (j % 97) at j: the sum is exact in f32.
     let full: Vec<f32> = (0..world * BLOCK).map(|j| ((rank + 1) * (j % 97)) as f32).collect();

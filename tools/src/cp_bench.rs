@@ -7,7 +7,7 @@
 //! pairs; strong-scaling efficiency `T₁ / (N · T_N)`.
 
 use flashgen::codegen::Spec;
-use flashgen::context_parallel::{ContextParallel, Partition, Schedule, ShardGradIo, ShardIo, Sharding, Whole};
+use flashgen::context_parallel::{ContextParallel, Partition, Schedule, ShardIo, Sharding, Whole};
 use flashgen::cudarc::driver::CudaSlice;
 use flashgen::half::bf16;
 use flashgen::runtime::{
@@ -92,61 +92,46 @@ impl Buffers {
         })
     }
 
-    /// One unsharded forward (and backward).
-    fn step(&mut self, rt: &Runtime, spec: &Spec, params: &[i32], backward: bool) -> Result<(), Error> {
-        let Buffers { qkvo: [q, k, v, o], grads, lse, doc, layout: l } = self;
-        let (l, args) = (*l, args(spec, params, doc));
-        let io = ForwardIo { q: (&*q, l), k: (&*k, l), v: (&*v, l), o: (o, l), lse: Some(lse) };
-        rt.forward(spec, io, &args, &ForwardOptions::default())?;
-        if backward {
-            let [d_o, dq, dk, dv] = grads;
-            let io = BackwardIo {
-                q: (&*q, l),
-                k: (&*k, l),
-                v: (&*v, l),
-                o: (&*o, l),
-                lse: &*lse,
-                d_o: (&*d_o, l),
-                dq: (dq, l),
-                dk: (dk, l),
-                dv: (dv, l),
-                d_tensors: vec![],
-            };
-            rt.backward(spec, io, &args, &BackwardOptions::default())?;
-        }
-        Ok(())
-    }
-
-    /// One rank's sharded forward (and backward).
-    fn shard_step(
+    /// One forward (and backward): unsharded, or this rank's share of `cp`.
+    fn step(
         &mut self,
         rt: &Runtime,
-        spec: &Spec,
-        params: &[i32],
-        cp: ContextParallel<'_>,
+        (spec, params): (&Spec, &[i32]),
+        cp: Option<ContextParallel<'_>>,
         backward: bool,
     ) -> Result<(), Error> {
         let Buffers { qkvo: [q, k, v, o], grads, lse, doc, layout: l } = self;
         let (l, args) = (*l, args(spec, params, doc));
-        let io = ShardIo { q: (&*q, l), k: (&*k, l), v: (&*v, l), o: (o, l), lse };
-        rt.forward_sharded(spec, cp, io, &args, &ForwardOptions::default())?;
-        if backward {
-            let [d_o, dq, dk, dv] = grads;
-            let io = ShardGradIo {
-                q: (&*q, l),
-                k: (&*k, l),
-                v: (&*v, l),
-                o: (&*o, l),
-                lse: &*lse,
-                d_o: (&*d_o, l),
-                dq: (dq, l),
-                dk: (dk, l),
-                dv: (dv, l),
-                d_tensors: vec![],
-            };
-            rt.backward_sharded(spec, cp, io, &args, &BackwardOptions::default())?;
+        match cp {
+            Some(cp) => {
+                let io = ShardIo { q: (&*q, l), k: (&*k, l), v: (&*v, l), o: (&mut *o, l), lse: &mut *lse };
+                rt.forward_sharded(spec, cp, io, &args, &ForwardOptions::default())?;
+            }
+            None => {
+                let io = ForwardIo { q: (&*q, l), k: (&*k, l), v: (&*v, l), o: (&mut *o, l), lse: Some(&mut *lse) };
+                rt.forward(spec, io, &args, &ForwardOptions::default())?;
+            }
         }
-        Ok(())
+        if !backward {
+            return Ok(());
+        }
+        let [d_o, dq, dk, dv] = grads;
+        let io = BackwardIo {
+            q: (&*q, l),
+            k: (&*k, l),
+            v: (&*v, l),
+            o: (&*o, l),
+            lse: &*lse,
+            d_o: (&*d_o, l),
+            dq: (dq, l),
+            dk: (dk, l),
+            dv: (dv, l),
+            d_tensors: vec![],
+        };
+        match cp {
+            Some(cp) => rt.backward_sharded(spec, cp, io, &args, &BackwardOptions::default()),
+            None => rt.backward(spec, io, &args, &BackwardOptions::default()),
+        }
     }
 }
 
@@ -197,7 +182,7 @@ fn sharded_ms(
                         sync(rt)?;
                         barrier.wait();
                         let start = Instant::now();
-                        buffers.shard_step(rt, spec, params, cp, backward)?;
+                        buffers.step(rt, (spec, params), Some(cp), backward)?;
                         sync(rt)?;
                         comm.stream().synchronize().map_err(|e| Error::driver("waiting for exchanges", e))?;
                         barrier.wait();
@@ -244,7 +229,7 @@ pub fn run(lens: &[usize], variants: &[String], iters: usize) {
                 let pass = if backward { "fwd+bwd" } else { "fwd" };
                 let one = Buffers::new(rt, len, len).and_then(|mut b| {
                     median(iters, || {
-                        b.step(rt, &spec, &params, backward)?;
+                        b.step(rt, (&spec, &params), None, backward)?;
                         sync(rt)
                     })
                 });

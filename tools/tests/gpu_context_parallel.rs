@@ -20,8 +20,8 @@ use flashgen::codegen::{Shape, Spec};
 use flashgen::context_parallel::Schedule;
 use flashgen::Runtime;
 use flashgen_tools::examples::SPECS;
-use flashgen_tools::verify::shard::{run_sharded, run_sharded_nccl};
-use flashgen_tools::verify::{self, check_backward, GpuGradients, GpuOutput};
+use flashgen_tools::verify::shard::{run_sharded, Ranks};
+use flashgen_tools::verify::{self, check_backward, GpuGradients};
 use support::backward::judge_all;
 use support::{heads_of, language_spec, params, runtime, spec};
 
@@ -41,7 +41,8 @@ struct Run {
     spec: Spec,
     problem: Problem,
     d_out: Vec<f64>,
-    grads: GpuGradients,
+    /// Set once the case ran.
+    grads: Option<GpuGradients>,
 }
 
 #[test]
@@ -58,24 +59,11 @@ fn forward_and_backward_of_every_spec_sharded() {
             let problem = verify::random_problem(&spec, shape, params(&spec), vec![], None, seed);
             let d_out = verify::random_d_out(&spec, shape, seed);
             let row = format!("{name:<20} len {len:>4} {ranks} ranks {partition:?} seed {seed}");
-            match run_sharded(&rt, &spec, &problem, sharding, Some(&d_out)) {
-                Ok((output, grads)) => {
-                    judge_forward(&spec, &problem, &output, &row, &mut failures);
-                    runs.push(Run { row, spec: spec.clone(), problem, d_out, grads: grads.expect("the backward ran") });
-                }
-                Err(e) => {
-                    println!("ERROR  {row}  {e}");
-                    failures.push(row);
-                }
-            }
+            let case = Run { row, spec: spec.clone(), problem, d_out, grads: None };
+            runs.extend(run_case(Ranks::OneGpu(&rt, sharding), case, &mut failures));
         }
     }
-    judge_all(
-        &runs,
-        |r| r.row.clone(),
-        |r| check_backward(&r.spec, &r.problem, &r.d_out, &r.grads).map_err(|e| e.to_string()),
-        failures,
-    );
+    judge_gradients(&runs, failures);
 }
 
 /// Over NCCL, one rank per visible GPU (needs two; says so and passes with
@@ -102,34 +90,47 @@ fn forward_and_backward_over_nccl() {
             let problem = verify::random_problem(&spec, shape, params(&spec), vec![], None, seed);
             let d_out = verify::random_d_out(&spec, shape, seed);
             let row = format!("{name:<20} len {len:>4} {gpus} GPUs {partition:?} {schedule:?} seed {seed}");
-            match run_sharded_nccl(&runtimes, &spec, &problem, (partition, schedule), Some(&d_out)) {
-                Ok((output, grads)) => {
-                    judge_forward(&spec, &problem, &output, &row, &mut failures);
-                    runs.push(Run { row, spec, problem, d_out, grads: grads.expect("the backward ran") });
-                }
-                Err(e) => {
-                    println!("ERROR  {row}  {e}");
-                    failures.push(row);
-                }
-            }
+            let case = Run { row, spec, problem, d_out, grads: None };
+            runs.extend(run_case(Ranks::Nccl(&runtimes, partition, schedule), case, &mut failures));
         }
     }
+    judge_gradients(&runs, failures);
+}
+
+/// Judges every run's gradients; fails the test if any, or any of
+/// `failures`, failed.
+fn judge_gradients(runs: &[Run], failures: Vec<String>) {
     judge_all(
-        &runs,
+        runs,
         |r| r.row.clone(),
-        |r| check_backward(&r.spec, &r.problem, &r.d_out, &r.grads).map_err(|e| e.to_string()),
+        |r| match &r.grads {
+            Some(grads) => check_backward(&r.spec, &r.problem, &r.d_out, grads).map_err(|e| e.to_string()),
+            None => Err("the backward did not run".into()),
+        },
         failures,
     );
 }
 
-/// Prints the forward's verdict; a failure joins `failures`.
-fn judge_forward(spec: &Spec, problem: &Problem, output: &GpuOutput, row: &str, failures: &mut Vec<String>) {
-    let report = verify::check(spec, problem, output).expect("a valid problem");
-    match report.passed() {
-        true => println!("ok     {row}  O {:.2e}≤{:.2e}", report.output.error, report.output.tolerance),
-        false => {
-            println!("FAILED {row} forward\n       O: {}\n       LSE: {}", report.output, report.lse);
-            failures.push(format!("{row} forward"));
+/// Runs `case` sharded over `ranks` and prints its forward's verdict; the
+/// case with its gradients, to judge, or its failure in `failures`.
+fn run_case(ranks: Ranks<'_>, mut case: Run, failures: &mut Vec<String>) -> Option<Run> {
+    match run_sharded(ranks, &case.spec, &case.problem, Some(&case.d_out)) {
+        Ok((output, grads)) => {
+            let report = verify::check(&case.spec, &case.problem, &output).expect("a valid problem");
+            match report.passed() {
+                true => println!("ok     {}  O {:.2e}≤{:.2e}", case.row, report.output.error, report.output.tolerance),
+                false => {
+                    println!("FAILED {} forward\n       O: {}\n       LSE: {}", case.row, report.output, report.lse);
+                    failures.push(format!("{} forward", case.row));
+                }
+            }
+            case.grads = grads;
+            Some(case)
+        }
+        Err(e) => {
+            println!("ERROR  {}  {e}", case.row);
+            failures.push(case.row);
+            None
         }
     }
 }

@@ -11,9 +11,9 @@
 //! needed block first, then computes.
 
 use super::pieces::{backward_piece, ForwardAcc, GradAcc, KeyValue, Pieces, RankGradIn, RankOut};
-use super::{ShardGradIo, ShardIo, Whole};
+use super::{ShardIo, Whole};
 use crate::args::{ArgInfo, ArgValue};
-use crate::backward::BackwardOptions;
+use crate::backward::{BackwardIo, BackwardOptions};
 use crate::check_shard::{check_exchange, whole_shape};
 use crate::comm::Communicator;
 use crate::element::Element;
@@ -225,6 +225,22 @@ fn packed<T: Element>(rt: &Runtime, kv: KeyValue<'_, T>) -> Result<[CudaSlice<T>
     Ok([one(kv[0])?, one(kv[1])?])
 }
 
+/// A launch's checks, then its pieces and every rank's plan, for the
+/// rank's Q, K and V layouts.
+fn plan<'s, 'a>(
+    spec: &'s Spec,
+    cp: ContextParallel<'_>,
+    [q, k, v]: [&Layout; 3],
+    args: &'s [ArgValue<'a>],
+) -> Result<(Pieces<'s, 'a>, Plans), Error> {
+    let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
+    check_exchange(cp.sharding, cp.comm.world(), [k, v])?;
+    let shape = whole_shape(spec, cp.sharding, cp.whole, cp.comm.rank(), [q, k], &infos)?;
+    let pieces = Pieces::new(spec, shape, cp.sharding, args);
+    let plans = Plans::new(&pieces, cp.comm.rank());
+    Ok((pieces, plans))
+}
+
 impl Runtime {
     /// This rank's share of a context-parallel forward over `cp.comm`'s
     /// ranks (rank = the communicator's): its operands as [`ShardIo`]
@@ -239,12 +255,8 @@ impl Runtime {
         args: &[ArgValue<'_>],
         opts: &ForwardOptions<'_>,
     ) -> Result<(), Error> {
-        let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
-        let rank = cp.comm.rank();
-        check_exchange(cp.sharding, cp.comm.world(), [&io.k.1, &io.v.1])?;
-        let shape = whole_shape(spec, cp.sharding, cp.whole, rank, [&io.q.1, &io.k.1], &infos)?;
-        let pieces = Pieces::new(spec, shape, cp.sharding, args);
-        let plans = Plans::new(&pieces, rank);
+        let (pieces, plans) = plan(spec, cp, [&io.q.1, &io.k.1, &io.v.1], args)?;
+        let rank = plans.rank;
         let mine = packed(self, [io.k, io.v])?;
         let mut acc = ForwardAcc::new(self, &pieces, rank, &plans.pieces[rank])?;
         let mut out = RankOut { q: io.q, o: io.o, lse: io.lse };
@@ -345,17 +357,13 @@ impl Runtime {
         &self,
         spec: &Spec,
         cp: ContextParallel<'_>,
-        io: ShardGradIo<'_, T>,
+        io: BackwardIo<'_, T>,
         args: &[ArgValue<'_>],
         opts: &BackwardOptions<'_>,
     ) -> Result<(), Error> {
-        let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
-        let rank = cp.comm.rank();
-        check_exchange(cp.sharding, cp.comm.world(), [&io.k.1, &io.v.1])?;
-        let shape = whole_shape(spec, cp.sharding, cp.whole, rank, [&io.q.1, &io.k.1], &infos)?;
-        let pieces = Pieces::new(spec, shape, cp.sharding, args);
-        let plans = Plans::new(&pieces, rank);
-        let ShardGradIo { q, k, v, o, lse, d_o, dq, dk, dv, mut d_tensors } = io;
+        let (pieces, plans) = plan(spec, cp, [&io.q.1, &io.k.1, &io.v.1], args)?;
+        let (rank, shape) = (plans.rank, pieces.shape);
+        let BackwardIo { q, k, v, o, lse, d_o, dq, dk, dv, mut d_tensors } = io;
         for t in d_tensors.iter_mut().flatten() {
             self.stream().memset_zeros(*t).map_err(|e| Error::driver("zeroing a tensor gradient", e))?;
         }

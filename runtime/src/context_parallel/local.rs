@@ -4,9 +4,9 @@
 //! ones a multi-GPU launch runs; only the exchanges are missing.
 
 use super::pieces::{backward_piece, ForwardAcc, GradAcc, KeyValue, Pieces, RankGradIn, RankOut};
-use super::{ShardGradIo, ShardIo, Whole};
+use super::{ShardIo, Whole};
 use crate::args::{ArgInfo, ArgValue};
-use crate::backward::BackwardOptions;
+use crate::backward::{BackwardIo, BackwardOptions};
 use crate::check_shard::check_ranks;
 use crate::element::Element;
 use crate::error::Error;
@@ -49,14 +49,14 @@ impl Runtime {
     }
 
     /// Runs every rank of a context-parallel backward on this device (see
-    /// [`ShardGradIo`]), after [`Runtime::forward_sharded_local`] wrote the
+    /// [`BackwardIo`]), after [`Runtime::forward_sharded_local`] wrote the
     /// ranks' O and LSE.
     pub fn backward_sharded_local<T: Element>(
         &self,
         spec: &Spec,
         sharding: Sharding,
         whole: Whole,
-        ranks: Vec<ShardGradIo<'_, T>>,
+        ranks: Vec<BackwardIo<'_, T>>,
         args: &[ArgValue<'_>],
         opts: &BackwardOptions<'_>,
     ) -> Result<(), Error> {
@@ -71,7 +71,7 @@ impl Runtime {
             .collect::<Result<Vec<_>, _>>()?;
         let mut outs = Vec::new();
         for (rank, io) in ranks.into_iter().enumerate() {
-            let ShardGradIo { q, o, lse, d_o, dq, dk, dv, mut d_tensors, .. } = io;
+            let BackwardIo { q, o, lse, d_o, dq, dk, dv, mut d_tensors, .. } = io;
             for t in d_tensors.iter_mut().flatten() {
                 self.stream().memset_zeros(*t).map_err(|e| Error::driver("zeroing a tensor gradient", e))?;
             }

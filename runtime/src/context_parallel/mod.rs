@@ -28,30 +28,16 @@ use flashgen_codegen::Shape;
 /// One rank's rows of a forward's operands, segment after segment as
 /// [`Sharding::segments`] orders them (each layout's `seq` is the rank's
 /// row count), and its LSE: `f32` segment after segment, each `[batch,
-/// heads, segment length]`.
+/// heads, segment length]`. A rank's backward takes a
+/// [`BackwardIo`](crate::BackwardIo) of its rows laid out the same way;
+/// a trainable tensor's gradient (whole, f32) is then the rank's share of
+/// the sum over ranks.
 pub struct ShardIo<'a, T> {
     pub q: (&'a dyn DeviceInput<T>, Layout),
     pub k: (&'a dyn DeviceInput<T>, Layout),
     pub v: (&'a dyn DeviceInput<T>, Layout),
     pub o: (&'a mut dyn DeviceOutput<T>, Layout),
     pub lse: &'a mut CudaSlice<f32>,
-}
-
-/// One rank's rows of a backward's operands, laid out as [`ShardIo`]'s: the
-/// forward's inputs, its O and LSE, dO, and the gradients written; a
-/// trainable tensor's gradient (whole, f32) is the sum over every rank's
-/// share, so give it to one rank (or add the ranks' buffers).
-pub struct ShardGradIo<'a, T> {
-    pub q: (&'a dyn DeviceInput<T>, Layout),
-    pub k: (&'a dyn DeviceInput<T>, Layout),
-    pub v: (&'a dyn DeviceInput<T>, Layout),
-    pub o: (&'a dyn DeviceInput<T>, Layout),
-    pub lse: &'a CudaSlice<f32>,
-    pub d_o: (&'a dyn DeviceInput<T>, Layout),
-    pub dq: (&'a mut dyn DeviceOutput<T>, Layout),
-    pub dk: (&'a mut dyn DeviceOutput<T>, Layout),
-    pub dv: (&'a mut dyn DeviceOutput<T>, Layout),
-    pub d_tensors: Vec<Option<&'a mut CudaSlice<f32>>>,
 }
 
 /// `layout`'s rows of `segment` (a rank's buffer holds its segments back to back).

@@ -57,6 +57,10 @@
 //! prefill against a paged cache (`flashgen_tools::prefill_bench`): pages of
 //! 16 and 256 rows against the dense-KV launch of the same shape.
 //!
+//! `flashgen-bench --cp [--lens 131072,524288] [--cp-variants
+//! causal,document,window]` instead times context parallelism over every
+//! visible GPU against the unsharded launch (`flashgen_tools::cp_bench`).
+//!
 //! `flashgen-bench --jit` instead measures the JIT for every example spec:
 //! cold compile of the kernel the runtime launches untuned on this GPU
 //! (codegen + NVRTC to CUBIN, NVRTC already loaded; NVRTC 13's own compute
@@ -105,6 +109,24 @@ const VARIANTS: [(&str, &str); 9] = [
     ("swa1024-sinks", "param window: i32, tensor sinks: f32[H], mask: q >= k && q - k < window, sink: sinks[h],"),
 ];
 
+/// Runs the bench `args` names other than the variant suite (`--prefill`,
+/// `--cp`, `--decode`), if any; whether one ran.
+fn other_bench(args: &[String], list: &dyn Fn(&str, &str) -> Vec<String>, iters: usize) -> bool {
+    let sizes = |flag, default| list(flag, default).iter().filter_map(|s| s.parse().ok()).collect::<Vec<usize>>();
+    if args.iter().any(|a| a == "--prefill") {
+        flashgen_tools::prefill_bench::run(&start_runtime(), &sizes("--cached", "0,8192,30720"), iters);
+    } else if args.iter().any(|a| a == "--cp") {
+        let variants = list("--cp-variants", "causal,document,window");
+        flashgen_tools::cp_bench::run(&sizes("--lens", "131072,524288"), &variants, iters);
+    } else if args.iter().any(|a| a == "--decode") {
+        let (batches, kv_lens) = (sizes("--batches", "1,16,64,256"), sizes("--kv-lens", "1024,4096,16384,65536"));
+        flashgen_tools::decode_bench::run(&start_runtime(), &batches, &kv_lens, iters);
+    } else {
+        return false;
+    }
+    true
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let list = |flag: &str, default: &str| -> Vec<String> {
@@ -130,22 +152,7 @@ fn main() {
         let _ = std::fs::remove_dir_all(dir);
         return;
     }
-    let sizes = |flag, default| list(flag, default).iter().filter_map(|s| s.parse().ok()).collect::<Vec<usize>>();
-    if args.iter().any(|a| a == "--prefill") {
-        flashgen_tools::prefill_bench::run(&start_runtime(), &sizes("--cached", "0,8192,30720"), iters);
-        return;
-    }
-    if args.iter().any(|a| a == "--cp") {
-        flashgen_tools::cp_bench::run(
-            &sizes("--lens", "131072,524288"),
-            &list("--cp-variants", "causal,document,window"),
-            iters,
-        );
-        return;
-    }
-    if args.iter().any(|a| a == "--decode") {
-        let (batches, kv_lens) = (sizes("--batches", "1,16,64,256"), sizes("--kv-lens", "1024,4096,16384,65536"));
-        flashgen_tools::decode_bench::run(&start_runtime(), &batches, &kv_lens, iters);
+    if other_bench(&args, &list, iters) {
         return;
     }
     let rt = start_runtime();

@@ -7,27 +7,41 @@ use super::{driver, launch_args, upload_tensors, GpuGradients, GpuOutput, Storag
 use flashgen::codegen::reference::Problem;
 use flashgen::codegen::shard::{Partition, Segment, Sharding};
 use flashgen::codegen::{Dtype, Shape, Spec};
-use flashgen::context_parallel::{ContextParallel, Schedule, ShardGradIo, ShardIo, Whole};
+use flashgen::context_parallel::{ContextParallel, Schedule, ShardIo, Whole};
 use flashgen::cudarc::driver::{CudaSlice, CudaStream};
 use flashgen::cudarc::nccl::NcclType;
 use flashgen::half::{bf16, f16};
 use flashgen::runtime::Communicator;
-use flashgen::{BackwardOptions, Error, ForwardOptions, Layout, Runtime};
+use flashgen::{BackwardIo, BackwardOptions, Error, ForwardOptions, Layout, Runtime};
 use std::sync::Arc;
 
-/// Runs `problem` sharded over `sharding`'s ranks: the forward, and with
-/// `d_out` the backward (every trainable tensor's gradient asked for,
-/// summed over the ranks); outputs start NaN-poisoned.
+/// Where a sharded run's ranks are.
+#[derive(Clone, Copy)]
+pub enum Ranks<'r> {
+    /// Every rank of `sharding` on this one GPU.
+    OneGpu(&'r Runtime, Sharding),
+    /// Rank r on `runtimes[r]`'s GPU, through NCCL, one thread a rank.
+    Nccl(&'r [Runtime], Partition, Schedule),
+}
+
+/// Runs `problem` sharded over `ranks`: the forward, and with `d_out` the
+/// backward (every trainable tensor's gradient asked for, summed over the
+/// ranks); outputs start NaN-poisoned.
 pub fn run_sharded(
-    rt: &Runtime,
+    ranks: Ranks<'_>,
     spec: &Spec,
     problem: &Problem,
-    sharding: Sharding,
     d_out: Option<&[f64]>,
 ) -> Result<(GpuOutput, Option<GpuGradients>), Error> {
-    match spec.dtype {
-        Dtype::F16 => run_as::<f16>(rt, spec, problem, sharding, d_out),
-        Dtype::Bf16 => run_as::<bf16>(rt, spec, problem, sharding, d_out),
+    match (spec.dtype, ranks) {
+        (Dtype::F16, Ranks::OneGpu(rt, sharding)) => run_as::<f16>(rt, spec, problem, sharding, d_out),
+        (Dtype::Bf16, Ranks::OneGpu(rt, sharding)) => run_as::<bf16>(rt, spec, problem, sharding, d_out),
+        (Dtype::F16, Ranks::Nccl(rts, partition, schedule)) => {
+            nccl_as::<f16>(rts, spec, problem, (partition, schedule), d_out)
+        }
+        (Dtype::Bf16, Ranks::Nccl(rts, partition, schedule)) => {
+            nccl_as::<bf16>(rts, spec, problem, (partition, schedule), d_out)
+        }
     }
 }
 
@@ -164,12 +178,12 @@ impl<T: Storage> RankData<T> {
         ShardIo { q: (q, lq), k: (k, lk), v: (v, lv), o: (&mut self.o, lo), lse: &mut self.lse }
     }
 
-    fn grad_io(&mut self) -> Option<ShardGradIo<'_, T>> {
+    fn grad_io(&mut self) -> Option<BackwardIo<'_, T>> {
         let [lq, lk, lv, lo] = self.layouts;
         let [q, k, v] = &self.qkv;
         let g = self.grads.as_mut()?;
         let [dq, dk, dv] = &mut g.dqkv;
-        Some(ShardGradIo {
+        Some(BackwardIo {
             q: (q, lq),
             k: (k, lk),
             v: (v, lv),
@@ -263,21 +277,6 @@ fn run_as<T: Storage>(
         rank.download(&s, spec, &rows, r, &mut out)?;
     }
     Ok((out.output, out.grads))
-}
-
-/// Runs `problem` over NCCL, rank `r` on `runtimes[r]`'s GPU (one thread a
-/// rank): the forward and, with `d_out`, the backward, in `schedule`.
-pub fn run_sharded_nccl(
-    runtimes: &[Runtime],
-    spec: &Spec,
-    problem: &Problem,
-    (partition, schedule): (Partition, Schedule),
-    d_out: Option<&[f64]>,
-) -> Result<(GpuOutput, Option<GpuGradients>), Error> {
-    match spec.dtype {
-        Dtype::F16 => nccl_as::<f16>(runtimes, spec, problem, (partition, schedule), d_out),
-        Dtype::Bf16 => nccl_as::<bf16>(runtimes, spec, problem, (partition, schedule), d_out),
-    }
 }
 
 fn nccl_as<T: Storage + NcclType>(
