@@ -325,7 +325,7 @@ fn sink_specs_compile_every_kernel() {
 /// Every shipped spec's shard view (context parallelism: positions and
 /// lengths as params, tensors' dims the whole sequence's) compiles the
 /// Hopper kernels a rank's pieces run: the preferred forward, copying by
-/// TMA, and the backward's four kernels.
+/// TMA, the backward's kernels, and a data-dependent mask's block mask.
 #[test]
 fn every_shipped_spec_compiles_its_shard_view_for_sm90() {
     require_nvrtc();
@@ -336,7 +336,9 @@ fn every_shipped_spec_compiles_its_shard_view_for_sm90() {
         let passes = [BackwardPass::Preprocess, BackwardPass::KeyValue, BackwardPass::Postprocess];
         let config = BackwardConfig::preferred(&view, hopper.target());
         let backward: Vec<Kernel> = passes.iter().map(|&pass| emit_backward_with(&view, pass, config)).collect();
-        std::iter::once(forward).chain(backward).map(move |k| (k, hopper))
+        // A data-dependent mask's pieces build block masks of their own.
+        let block_mask = view.mask.as_ref().filter(|m| m.reads_tensor()).and_then(|_| emit_block_mask(&view));
+        std::iter::once(forward).chain(backward).chain(block_mask).map(move |k| (k, hopper))
     });
     compile_all(jobs.collect());
 }

@@ -7,6 +7,7 @@
 use super::{lse_offset, segment_rows};
 use crate::args::ArgValue;
 use crate::backward::{BackwardIo, BackwardOptions};
+use crate::block_mask::BlockMask;
 use crate::element::Element;
 use crate::error::Error;
 use crate::forward_launch::{ForwardIo, ForwardOptions};
@@ -52,9 +53,11 @@ impl<'s, 'a> Pieces<'s, 'a> {
         rank_pieces(self.spec, &self.shape, &self.params, self.sharding, rank)
     }
 
-    /// The view a piece launches and its args: the user's params, the
-    /// piece's positions and the whole lengths, then the user's tensors.
-    fn launch(&self, piece: &Piece) -> (&Spec, Vec<ArgValue<'a>>) {
+    /// The view a piece launches, its args (the user's params, the piece's
+    /// positions and the whole lengths, then the user's tensors) and, for
+    /// a mask that reads tensors, the piece's own block mask (a block mask
+    /// serves one launch's tiles, so the whole launch's would not fit).
+    fn launch(&self, rt: &Runtime, piece: &Piece) -> Result<(&Spec, Vec<ArgValue<'a>>, Option<BlockMask>), Error> {
         let int = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
         let shard = ShardParams {
             q0: int(piece.q.start),
@@ -66,7 +69,15 @@ impl<'s, 'a> Pieces<'s, 'a> {
         let mut args = params.to_vec();
         args.extend(shard.values().map(ArgValue::I32));
         args.extend_from_slice(tensors);
-        (&self.views[usize::from(piece.sink)], args)
+        let view = &self.views[usize::from(piece.sink)];
+        let mask = match view.mask.as_ref().is_some_and(|m| m.reads_tensor()) {
+            true => {
+                let shape = Shape { q_len: piece.q.len, kv_len: piece.kv.len, ..self.shape };
+                Some(rt.block_mask(view, shape, &args)?)
+            }
+            false => None,
+        };
+        Ok((view, args, mask))
     }
 }
 
@@ -123,7 +134,7 @@ impl ForwardAcc {
         let mut o = scratch::zeros::<T>(rt.stream(), shape.batch * n * shape.heads * dv)?;
         let mut lse = scratch::zeros::<f32>(rt.stream(), shape.batch * shape.heads * n)?;
         let o_layout = Layout::bshd(shape.batch, n, shape.heads, dv);
-        let (view, args) = pieces.launch(piece);
+        let (view, args, mask) = pieces.launch(rt, piece)?;
         let io = ForwardIo {
             q: (out.q.0, segment_rows(out.q.1, piece.q)),
             k: (kv[0].0, segment_rows(kv[0].1, piece.kv)),
@@ -131,8 +142,7 @@ impl ForwardAcc {
             o: (&mut o, o_layout),
             lse: Some(&mut lse),
         };
-        // A block mask serves the whole launch's tiles, not a piece's.
-        rt.forward(view, io, &args, &ForwardOptions { block_mask: None, ..*opts })?;
+        rt.forward(view, io, &args, &ForwardOptions { block_mask: mask.as_ref(), ..*opts })?;
         let s = self.segment(piece.q);
         self.left[s] -= 1;
         self.merge(rt, pieces, s, Some((&o, o_layout, &lse)), out)
@@ -273,7 +283,7 @@ pub(super) fn backward_piece<T: Element>(
             .memcpy_dtod(&input.lse.slice(at..at + rows), &mut lse)
             .map_err(|e| Error::driver("copying a segment's LSE", e))?;
     }
-    let (view, args) = pieces.launch(piece);
+    let (view, args, mask) = pieces.launch(rt, piece)?;
     // A tensor only the sink reads has no gradient in a piece without it.
     let trainable = trainable_tensors(view);
     let mut tensor_grads: Vec<Option<CudaSlice<f32>>> = d_tensors
@@ -296,7 +306,7 @@ pub(super) fn backward_piece<T: Element>(
         dv: (&mut piece_dv, Layout::bshd(shape.batch, m, shape.heads_kv, dv)),
         d_tensors: tensor_grads.iter_mut().map(Option::as_mut).collect(),
     };
-    rt.backward(view, io, &args, &BackwardOptions { block_mask: None, ..*opts })?;
+    rt.backward(view, io, &args, &BackwardOptions { block_mask: mask.as_ref(), ..*opts })?;
     dq.add(rt, pieces.spec, 0, piece.q, &piece_dq)?;
     dkv.add(rt, pieces.spec, 0, piece.kv, &piece_dk)?;
     dkv.add(rt, pieces.spec, 1, piece.kv, &piece_dv)?;
