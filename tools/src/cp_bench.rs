@@ -102,6 +102,16 @@ impl Buffers {
     ) -> Result<(), Error> {
         let Buffers { qkvo: [q, k, v, o], grads, lse, doc, layout: l } = self;
         let (l, args) = (*l, args(spec, params, doc));
+        // Unsharded, a mask that reads tensors skips tiles by a block mask
+        // built per launch, as each sharded piece builds its own.
+        let mask = match cp.is_none() && !spec.tensors.is_empty() {
+            true => Some(rt.block_mask(
+                spec,
+                flashgen::Shape { batch: 1, heads: HEADS, heads_kv: HEADS, q_len: l.seq, kv_len: l.seq },
+                &args,
+            )?),
+            false => None,
+        };
         match cp {
             Some(cp) => {
                 let io = ShardIo { q: (&*q, l), k: (&*k, l), v: (&*v, l), o: (&mut *o, l), lse: &mut *lse };
@@ -109,7 +119,7 @@ impl Buffers {
             }
             None => {
                 let io = ForwardIo { q: (&*q, l), k: (&*k, l), v: (&*v, l), o: (&mut *o, l), lse: Some(&mut *lse) };
-                rt.forward(spec, io, &args, &ForwardOptions::default())?;
+                rt.forward(spec, io, &args, &ForwardOptions { block_mask: mask.as_ref(), ..Default::default() })?;
             }
         }
         if !backward {
@@ -130,7 +140,7 @@ impl Buffers {
         };
         match cp {
             Some(cp) => rt.backward_sharded(spec, cp, io, &args, &BackwardOptions::default()),
-            None => rt.backward(spec, io, &args, &BackwardOptions::default()),
+            None => rt.backward(spec, io, &args, &BackwardOptions { block_mask: mask.as_ref(), ..Default::default() }),
         }
     }
 }
