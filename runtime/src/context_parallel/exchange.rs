@@ -1,14 +1,14 @@
 //! Context parallelism over NCCL: each rank of a [`Communicator`] runs its
 //! pieces ([`super::pieces`]) on its own GPU, and the K/V rows its pieces
 //! read come from their owners by NCCL point-to-point exchanges. At step `s`
-//! rank `r` sends its K and V to rank `r + s` and receives rank `r − s`'s,
-//! each only where the receiver has a piece over them, so K/V a mask drops
-//! for all of a rank's queries never move. The backward sends each owner the
-//! f32 dK and dV of its rows back the same way.
+//! rank `r` sends rank `r + s` the rows of its K and V that rank's pieces
+//! read (their hull, per batch) and receives those it reads of rank
+//! `r − s`'s, so K/V a mask drops for all of a rank's queries never move.
+//! The backward returns to each owner the f32 dK and dV of the rows it read.
 //!
-//! [`Schedule::Ring`] exchanges step `s + 1`'s rows while step `s`'s pieces
-//! compute (two receive slots); [`Schedule::AllGather`] receives every
-//! needed block first, then computes.
+//! [`Schedule::Ring`] posts step `s + 1`'s exchange before step `s`'s pieces
+//! compute, on the communicator's stream; [`Schedule::AllGather`] posts
+//! every step's first.
 
 use super::pieces::{backward_piece, ForwardAcc, GradAcc, KeyValue, Pieces, RankGradIn, RankOut};
 use super::{ShardIo, Whole};
