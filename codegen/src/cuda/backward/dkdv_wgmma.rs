@@ -67,6 +67,9 @@ pub(super) const BLOCK_N: u32 = 16 * WARPS;
 /// Queries per step: with 64 keys per warpgroup, Sᵀ and dPᵀ (32 registers
 /// each) fit next to dK and dV (64 each at d = 128) in 240 registers.
 pub(super) const BLOCK_M: u32 = 64;
+// The CPU twin (`crate::varlen::dq_accum_tile`) places tiles of this
+// kernel's steps.
+const _: () = assert!(BLOCK_M as i32 == crate::varlen::DQ_TILE_ROWS);
 
 /// Whether this kernel covers `spec`'s head dims: both pad to 128 (the dK
 /// and dV accumulators fill the registers, and dQ's columns split into one

@@ -11,7 +11,6 @@
 //! `ceil(total_q / 64) + batch` tiles ([`DqAccum::varlen_len`](super::DqAccum::varlen_len);
 //! the CPU twin is `crate::varlen::dq_accum_tile`).
 
-use super::dkdv_wgmma;
 use crate::abi::{ArgKind, Axis, KernelArg, Operand, Side};
 use crate::cuda::kit::varlen::{rows_origin, seq_span, statistic_row, write_sequence};
 use crate::cuda::signature::{arg_name, with_varlen_sizes};
@@ -19,10 +18,6 @@ use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use crate::varlen::DQ_TILE_ROWS;
 use std::fmt::{self, Write};
-
-// The CPU twin (`crate::varlen::dq_accum_tile`) places tiles of the Hopper
-// kernel's steps.
-const _: () = assert!(dkdv_wgmma::BLOCK_M as i32 == DQ_TILE_ROWS);
 
 /// Whether a backward kernel reads dense (`[batch, seq, heads, dim]`) or
 /// varlen (packed) operands.
