@@ -13,7 +13,7 @@ use crate::backward::{check_tensor_grads, BackwardIo, BackwardOptions, Launch};
 use crate::check::{softmax_scale, Buffer, Grads, Problem};
 use crate::check_varlen::{check_varlen_backward, VarlenProblem};
 use crate::element::Element;
-use crate::error::Error;
+use crate::error::{Error, RaggedError};
 use crate::forward_varlen::Sequences;
 use crate::layout::PackedLayout;
 use crate::marshal::VarlenBindings;
@@ -57,7 +57,7 @@ impl Runtime {
     /// the longest lengths, the LSE's `[heads, total_q]` and `args` against
     /// `spec` as [`Runtime::forward_varlen`] does, plus the gradient
     /// operands, then queues the kernels on [`Runtime::stream`] without
-    /// waiting. `opts.block_mask` must be `None` ([`Error::VarlenBlockMask`]);
+    /// waiting. `opts.block_mask` must be `None` ([`RaggedError::VarlenBlockMask`](crate::RaggedError::VarlenBlockMask));
     /// scale, the deterministic mode and the workspace work as in
     /// [`Runtime::backward`]. The Hopper dK/dV kernel copies with its threads.
     pub fn backward_varlen<T: Element>(
@@ -69,7 +69,7 @@ impl Runtime {
     ) -> Result<(), Error> {
         let scale = softmax_scale(spec, opts.scale)?;
         if opts.block_mask.is_some() {
-            return Err(Error::VarlenBlockMask);
+            return Err(Error::Ragged(RaggedError::VarlenBlockMask));
         }
         let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
         let VarlenBackwardIo { q, k, v, o, lse, d_o, dq, dk, dv, d_tensors, seqs } = io;

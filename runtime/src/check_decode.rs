@@ -10,7 +10,7 @@
 use crate::args::ArgInfo;
 use crate::check::{check_bounds, check_lse, check_shape, Buffer};
 use crate::check_paged::{check_cache_buffers, check_caches};
-use crate::error::Error;
+use crate::error::{Error, RaggedError};
 use crate::paged::PagedShape;
 use flashgen_codegen::abi::Operand;
 use flashgen_codegen::cuda::MAX_SPLITS;
@@ -52,7 +52,9 @@ pub(crate) fn check_plan_shape(shape: &DecodeShape) -> Result<(), Error> {
         return Err(Error::HeadGroups { heads, heads_kv });
     }
     if q_len == 0 {
-        return Err(Error::DecodeShape { problem: "q_len is 0: a decode step has at least one query".into() });
+        return Err(Error::Ragged(RaggedError::DecodeShape {
+            problem: "q_len is 0: a decode step has at least one query".into(),
+        }));
     }
     let grid_yz = crate::check::MAX_GRID_YZ;
     let int = i32::MAX as usize;
@@ -78,9 +80,9 @@ pub(crate) fn check_plan_shape(shape: &DecodeShape) -> Result<(), Error> {
 pub(crate) fn check_splits(splits: usize) -> Result<u32, Error> {
     match splits {
         1.. if splits <= MAX_SPLITS as usize => Ok(splits as u32),
-        _ => Err(Error::DecodeShape {
+        _ => Err(Error::Ragged(RaggedError::DecodeShape {
             problem: format!("{splits} splits: a decode splits its keys 1 to {MAX_SPLITS} ways"),
-        }),
+        })),
     }
 }
 
@@ -96,11 +98,11 @@ pub(crate) fn check_launch(plan: &DecodeShape, got: &Shape, kv_lens: usize) -> R
         ("cache rows (max_kv_len)", want.kv_len, got.kv_len),
     ] {
         if plan != got {
-            return Err(Error::DecodePlanMismatch { what, plan, got });
+            return Err(Error::Ragged(RaggedError::DecodePlanMismatch { what, plan, got }));
         }
     }
     if kv_lens < plan.batch {
-        return Err(Error::KvLensLen { len: kv_lens, batch: plan.batch });
+        return Err(Error::Ragged(RaggedError::KvLensLen { len: kv_lens, batch: plan.batch }));
     }
     Ok(())
 }
@@ -174,7 +176,10 @@ mod tests {
         assert!(matches!(check_plan_shape(&bad_groups), Err(Error::HeadGroups { heads: 32, heads_kv: 5 })));
         let mqa = DecodeShape { heads_kv: 1, ..SHAPE };
         assert!(check_plan_shape(&mqa).is_ok());
-        assert!(matches!(check_plan_shape(&DecodeShape { q_len: 0, ..SHAPE }), Err(Error::DecodeShape { .. })));
+        assert!(matches!(
+            check_plan_shape(&DecodeShape { q_len: 0, ..SHAPE }),
+            Err(Error::Ragged(RaggedError::DecodeShape { .. }))
+        ));
         let long = DecodeShape { max_kv_len: 1 << 31, ..SHAPE };
         assert!(matches!(check_plan_shape(&long), Err(Error::TooLarge { what: "max_kv_len", .. })));
         let wide = DecodeShape { batch: 70_000, ..SHAPE };
@@ -187,7 +192,7 @@ mod tests {
         assert_eq!(check_splits(1).unwrap(), 1);
         assert_eq!(check_splits(128).unwrap(), 128);
         for bad in [0, 129] {
-            assert!(matches!(check_splits(bad), Err(Error::DecodeShape { .. })), "{bad}");
+            assert!(matches!(check_splits(bad), Err(Error::Ragged(RaggedError::DecodeShape { .. }))), "{bad}");
         }
     }
 
@@ -196,12 +201,18 @@ mod tests {
         let shape = SHAPE.as_shape();
         assert!(check_launch(&SHAPE, &shape, 4).is_ok());
         assert!(check_launch(&SHAPE, &shape, 9).is_ok(), "spare lengths are not read");
-        assert!(matches!(check_launch(&SHAPE, &shape, 3), Err(Error::KvLensLen { len: 3, batch: 4 })));
+        assert!(matches!(
+            check_launch(&SHAPE, &shape, 3),
+            Err(Error::Ragged(RaggedError::KvLensLen { len: 3, batch: 4 }))
+        ));
         let longer = Shape { kv_len: 8192, ..shape };
         let err = check_launch(&SHAPE, &longer, 4).unwrap_err();
-        assert!(matches!(err, Error::DecodePlanMismatch { plan: 4096, got: 8192, .. }), "{err}");
+        assert!(matches!(err, Error::Ragged(RaggedError::DecodePlanMismatch { plan: 4096, got: 8192, .. })), "{err}");
         let more_queries = Shape { q_len: 2, ..shape };
-        assert!(matches!(check_launch(&SHAPE, &more_queries, 4), Err(Error::DecodePlanMismatch { what: "q_len", .. })));
+        assert!(matches!(
+            check_launch(&SHAPE, &more_queries, 4),
+            Err(Error::Ragged(RaggedError::DecodePlanMismatch { what: "q_len", .. }))
+        ));
     }
 
     /// 4 sequences of `SHAPE`'s heads at d = 128; 64 pages of 16 rows, 8
@@ -238,13 +249,22 @@ mod tests {
         assert_eq!(shape, Shape { batch: 4, heads: 32, heads_kv: 8, q_len: 1, kv_len: 100 });
         assert!(check_launch(&DecodeShape { max_kv_len: 100, ..SHAPE }, &shape, 4).is_ok());
         let zero = with_kv(|kv| kv.caches = [(PagedLayout::contiguous(64, 0, 8, 128), 1 << 20); 2]);
-        assert!(matches!(check_paged(&zero), Err(Error::ZeroPageSize)));
+        assert!(matches!(check_paged(&zero), Err(Error::Ragged(RaggedError::ZeroPageSize))));
         let err = check_paged(&with_kv(|kv| kv.table_len = 31)).unwrap_err();
-        assert!(matches!(err, Error::PagedEntries { which: "block_table", len: 31, expected: 32 }), "{err}");
+        assert!(
+            matches!(err, Error::Ragged(RaggedError::PagedEntries { which: "block_table", len: 31, expected: 32 })),
+            "{err}"
+        );
         let err = check_paged(&with_kv(|kv| kv.kv_lens_len = 3)).unwrap_err();
-        assert!(matches!(err, Error::PagedEntries { which: "kv_lens", len: 3, expected: 4 }), "{err}");
+        assert!(
+            matches!(err, Error::Ragged(RaggedError::PagedEntries { which: "kv_lens", len: 3, expected: 4 })),
+            "{err}"
+        );
         let err = check_paged(&with_kv(|kv| kv.max_kv_len = 129)).unwrap_err();
-        assert!(matches!(err, Error::MaxKvLenPastPages { max_kv_len: 129, capacity: 128 }), "{err}");
+        assert!(
+            matches!(err, Error::Ragged(RaggedError::MaxKvLenPastPages { max_kv_len: 129, capacity: 128 })),
+            "{err}"
+        );
         let err = check_paged(&with_kv(|kv| kv.caches[1].1 -= 1)).unwrap_err();
         assert!(matches!(err, Error::OutOfBounds { operand: Operand::V, .. }), "{err}");
         let err = check_paged(&with_kv(|kv| kv.caches[0].0.dim = 64)).unwrap_err();

@@ -10,7 +10,7 @@
 
 use crate::args::ArgInfo;
 use crate::check::{check_bounds, check_lse, check_shape, Buffer, MAX_GRID_YZ};
-use crate::error::Error;
+use crate::error::{Error, RaggedError};
 use crate::paged::PagedShape;
 use flashgen_codegen::abi::Operand;
 use flashgen_codegen::{Dtype, Shape, Spec};
@@ -112,14 +112,20 @@ pub(crate) fn check_append(spec: &Spec, p: &AppendProblem) -> Result<bool, Error
     }
     let (batch, tokens, max) = (p.kv.batch, k.seq, p.max_new_len);
     if p.cu_seqlens != batch.saturating_add(1) {
-        return Err(Error::CuSeqlensLen { which: "cu_seqlens", len: p.cu_seqlens, expected: batch.saturating_add(1) });
+        return Err(Error::Ragged(RaggedError::CuSeqlensLen {
+            which: "cu_seqlens",
+            len: p.cu_seqlens,
+            expected: batch.saturating_add(1),
+        }));
     }
     if max > tokens || (max == 0 && tokens > 0) {
-        return Err(Error::MaxSeqlen { which: "max_new_len", max, tokens });
+        return Err(Error::Ragged(RaggedError::MaxSeqlen { which: "max_new_len", max, tokens }));
     }
     for (which, len, needed) in [("new_kv_lens", p.new_kv_lens, batch), ("dropped", p.dropped, 1)] {
         match len {
-            Some(len) if len < needed => return Err(Error::PagedEntries { which, len, expected: needed }),
+            Some(len) if len < needed => {
+                return Err(Error::Ragged(RaggedError::PagedEntries { which, len, expected: needed }))
+            }
             _ => {}
         }
     }
@@ -153,13 +159,17 @@ fn check_queries(spec: &Spec, p: &PagedProblem) -> Result<(), Error> {
     }
     let (batch, tokens, max) = (p.kv.batch, q.seq, p.max_q_len);
     match p.cu_seqlens_q {
-        Some(len) if len != batch.saturating_add(1) => {
-            Err(Error::CuSeqlensLen { which: "cu_seqlens_q", len, expected: batch.saturating_add(1) })
-        }
+        Some(len) if len != batch.saturating_add(1) => Err(Error::Ragged(RaggedError::CuSeqlensLen {
+            which: "cu_seqlens_q",
+            len,
+            expected: batch.saturating_add(1),
+        })),
         Some(_) if max > tokens || (max == 0 && tokens > 0) => {
-            Err(Error::MaxSeqlen { which: "max_q_len", max, tokens })
+            Err(Error::Ragged(RaggedError::MaxSeqlen { which: "max_q_len", max, tokens }))
         }
-        None if batch.checked_mul(max) != Some(tokens) => Err(Error::DenseQueries { tokens, batch, q_len: max }),
+        None if batch.checked_mul(max) != Some(tokens) => {
+            Err(Error::Ragged(RaggedError::DenseQueries { tokens, batch, q_len: max }))
+        }
         _ => Ok(()),
     }
 }
@@ -199,12 +209,12 @@ pub(crate) fn check_caches(spec: &Spec, kv: &PagedShape) -> Result<(), Error> {
         }
     }
     if k.page_size == 0 {
-        return Err(Error::ZeroPageSize);
+        return Err(Error::Ragged(RaggedError::ZeroPageSize));
     }
     let table = kv.batch.saturating_mul(kv.pages_per_seq);
     for (which, len, expected) in [("block_table", kv.table_len, table), ("kv_lens", kv.kv_lens_len, kv.batch)] {
         if len != expected {
-            return Err(Error::PagedEntries { which, len, expected });
+            return Err(Error::Ragged(RaggedError::PagedEntries { which, len, expected }));
         }
     }
     let capacity = match k.num_pages {
@@ -212,7 +222,7 @@ pub(crate) fn check_caches(spec: &Spec, kv: &PagedShape) -> Result<(), Error> {
         _ => kv.pages_per_seq.saturating_mul(k.page_size),
     };
     if kv.max_kv_len > capacity {
-        return Err(Error::MaxKvLenPastPages { max_kv_len: kv.max_kv_len, capacity });
+        return Err(Error::Ragged(RaggedError::MaxKvLenPastPages { max_kv_len: kv.max_kv_len, capacity }));
     }
     Ok(())
 }
@@ -274,39 +284,51 @@ mod tests {
         let dense = PagedProblem { q, o, cu_seqlens_q: None, max_q_len: 20, ..problem() };
         assert_eq!(check(&dense).unwrap().unwrap().shape.q_len, 20);
         let err = check(&PagedProblem { max_q_len: 21, ..dense }).unwrap_err();
-        assert!(matches!(err, Error::DenseQueries { tokens: 60, batch: 3, q_len: 21 }), "{err}");
+        assert!(matches!(err, Error::Ragged(RaggedError::DenseQueries { tokens: 60, batch: 3, q_len: 21 })), "{err}");
     }
 
     #[test]
     fn page_size_zero_is_refused() {
         let p = with_kv(|kv| kv.caches = caches(PagedLayout::contiguous(40, 0, 2, 64)));
-        assert!(matches!(check(&p), Err(Error::ZeroPageSize)));
+        assert!(matches!(check(&p), Err(Error::Ragged(RaggedError::ZeroPageSize))));
     }
 
     #[test]
     fn table_and_lengths_hold_the_batch() {
         let err = check(&with_kv(|kv| kv.table_len = 14)).unwrap_err();
-        assert!(matches!(err, Error::PagedEntries { which: "block_table", len: 14, expected: 15 }), "{err}");
+        assert!(
+            matches!(err, Error::Ragged(RaggedError::PagedEntries { which: "block_table", len: 14, expected: 15 })),
+            "{err}"
+        );
         let err = check(&with_kv(|kv| kv.pages_per_seq = 4)).unwrap_err();
-        assert!(matches!(err, Error::PagedEntries { which: "block_table", len: 15, expected: 12 }), "{err}");
+        assert!(
+            matches!(err, Error::Ragged(RaggedError::PagedEntries { which: "block_table", len: 15, expected: 12 })),
+            "{err}"
+        );
         let err = check(&with_kv(|kv| kv.kv_lens_len = 4)).unwrap_err();
-        assert!(matches!(err, Error::PagedEntries { which: "kv_lens", len: 4, expected: 3 }), "{err}");
+        assert!(
+            matches!(err, Error::Ragged(RaggedError::PagedEntries { which: "kv_lens", len: 4, expected: 3 })),
+            "{err}"
+        );
         let err = check(&PagedProblem { cu_seqlens_q: Some(3), ..problem() }).unwrap_err();
-        assert!(matches!(err, Error::CuSeqlensLen { which: "cu_seqlens_q", len: 3, expected: 4 }), "{err}");
+        assert!(
+            matches!(err, Error::Ragged(RaggedError::CuSeqlensLen { which: "cu_seqlens_q", len: 3, expected: 4 })),
+            "{err}"
+        );
     }
 
     #[test]
     fn longest_length_fits_a_sequences_pages() {
         let err = check(&with_kv(|kv| kv.max_kv_len = 81)).unwrap_err();
-        assert!(matches!(err, Error::MaxKvLenPastPages { max_kv_len: 81, capacity: 80 }), "{err}");
+        assert!(matches!(err, Error::Ragged(RaggedError::MaxKvLenPastPages { max_kv_len: 81, capacity: 80 })), "{err}");
         // No pages: no keys.
         let err = check(&with_kv(|kv| kv.caches = caches(PagedLayout::contiguous(0, 16, 2, 64)))).unwrap_err();
-        assert!(matches!(err, Error::MaxKvLenPastPages { max_kv_len: 70, capacity: 0 }), "{err}");
+        assert!(matches!(err, Error::Ragged(RaggedError::MaxKvLenPastPages { max_kv_len: 70, capacity: 0 })), "{err}");
         let p = with_kv(|kv| (kv.caches, kv.max_kv_len) = (caches(PagedLayout::contiguous(0, 16, 2, 64)), 0));
         let checked = check_paged(&spec(), &p, &[ArgInfo::Tensor(ElemTy::I32, 0)]).unwrap().unwrap();
         assert_eq!(checked.shape.kv_len, 0);
         let err = check(&PagedProblem { max_q_len: 101, ..problem() }).unwrap_err();
-        assert!(matches!(err, Error::MaxSeqlen { which: "max_q_len", max: 101, .. }), "{err}");
+        assert!(matches!(err, Error::Ragged(RaggedError::MaxSeqlen { which: "max_q_len", max: 101, .. })), "{err}");
     }
 
     #[test]
@@ -367,15 +389,15 @@ mod tests {
         assert!(!check_append(&spec(), &no_seqs).unwrap());
         let zero_pages = caches(PagedLayout::contiguous(40, 0, 2, 64));
         let err = append_err(AppendProblem { kv: PagedShape { caches: zero_pages, ..append().kv }, ..append() });
-        assert!(matches!(err, Error::ZeroPageSize), "{err}");
+        assert!(matches!(err, Error::Ragged(RaggedError::ZeroPageSize)), "{err}");
         let err = append_err(AppendProblem { kv: PagedShape { table_len: 16, ..append().kv }, ..append() });
-        assert!(matches!(err, Error::PagedEntries { which: "block_table", .. }), "{err}");
+        assert!(matches!(err, Error::Ragged(RaggedError::PagedEntries { which: "block_table", .. })), "{err}");
         let err = append_err(AppendProblem { cu_seqlens: 3, ..append() });
-        assert!(matches!(err, Error::CuSeqlensLen { which: "cu_seqlens", .. }), "{err}");
+        assert!(matches!(err, Error::Ragged(RaggedError::CuSeqlensLen { which: "cu_seqlens", .. })), "{err}");
         let err = append_err(AppendProblem { max_new_len: 11, ..append() });
-        assert!(matches!(err, Error::MaxSeqlen { which: "max_new_len", .. }), "{err}");
+        assert!(matches!(err, Error::Ragged(RaggedError::MaxSeqlen { which: "max_new_len", .. })), "{err}");
         let err = append_err(AppendProblem { new_kv_lens: Some(2), ..append() });
-        assert!(matches!(err, Error::PagedEntries { which: "new_kv_lens", .. }), "{err}");
+        assert!(matches!(err, Error::Ragged(RaggedError::PagedEntries { which: "new_kv_lens", .. })), "{err}");
         let rows = [PackedLayout::thd(10, 2, 64), PackedLayout::thd(10, 1, 64)].map(buffer);
         let err = append_err(AppendProblem { rows, ..append() });
         assert!(matches!(err, Error::SizeMismatch { operand: Operand::V, what: "heads", .. }), "{err}");

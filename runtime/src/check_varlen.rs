@@ -9,7 +9,7 @@
 
 use crate::args::ArgInfo;
 use crate::check::{check_bounds, check_grads, check_lse, check_operands, check_shape, Grads, Problem};
-use crate::error::Error;
+use crate::error::{Error, RaggedError};
 use flashgen_codegen::abi::Operand;
 use flashgen_codegen::{Shape, Spec};
 
@@ -76,7 +76,7 @@ fn check_packed(spec: &Spec, p: &VarlenProblem, args: &[ArgInfo]) -> Result<Varl
     for (which, len) in ["cu_seqlens_q", "cu_seqlens_k"].into_iter().zip(p.cu_seqlens) {
         let expected = p.batch.saturating_add(1);
         if len != expected {
-            return Err(Error::CuSeqlensLen { which, len, expected });
+            return Err(Error::Ragged(RaggedError::CuSeqlensLen { which, len, expected }));
         }
     }
     // A sequence cannot outgrow its buffer, and a longest length of 0 while
@@ -84,7 +84,7 @@ fn check_packed(spec: &Spec, p: &VarlenProblem, args: &[ArgInfo]) -> Result<Varl
     // row would be left unwritten).
     for ((which, max), tokens) in ["max_q_len", "max_kv_len"].into_iter().zip(p.max_lens).zip(tokens) {
         if max > tokens || (max == 0 && tokens > 0) {
-            return Err(Error::MaxSeqlen { which, max, tokens });
+            return Err(Error::Ragged(RaggedError::MaxSeqlen { which, max, tokens }));
         }
     }
     let [q_len, kv_len] = p.max_lens;
@@ -162,7 +162,7 @@ mod tests {
         {
             let err = check(&VarlenProblem { cu_seqlens, ..problem() }).unwrap_err();
             assert!(
-                matches!(err, Error::CuSeqlensLen { which: w, len: l, expected: 4 } if w == which && l == len),
+                matches!(err, Error::Ragged(RaggedError::CuSeqlensLen { which: w, len: l, expected: 4 }) if w == which && l == len),
                 "{err}"
             );
             assert!(err.to_string().contains("batch + 1 = 4"), "{err}");
@@ -178,7 +178,10 @@ mod tests {
             ([60, 0], "max_kv_len", 0),
         ] {
             let err = check(&VarlenProblem { max_lens, ..problem() }).unwrap_err();
-            assert!(matches!(err, Error::MaxSeqlen { which: w, max: m, .. } if w == which && m == max), "{err}");
+            assert!(
+                matches!(err, Error::Ragged(RaggedError::MaxSeqlen { which: w, max: m, .. }) if w == which && m == max),
+                "{err}"
+            );
         }
     }
 
@@ -252,7 +255,7 @@ mod tests {
         assert!(matches!(err, Error::LseTooSmall { len: 799, needed: 800 }), "{err}");
         // The forward's checks hold too.
         let err = check(&VarlenProblem { cu_seqlens: [4, 3], ..problem() }, &grads()).unwrap_err();
-        assert!(matches!(err, Error::CuSeqlensLen { which: "cu_seqlens_k", .. }), "{err}");
+        assert!(matches!(err, Error::Ragged(RaggedError::CuSeqlensLen { which: "cu_seqlens_k", .. })), "{err}");
     }
 
     #[test]

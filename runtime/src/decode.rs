@@ -16,7 +16,7 @@ use crate::args::{signature, ArgInfo, ArgValue};
 use crate::check::{check_forward, softmax_scale, Problem};
 use crate::check_decode::{check_launch, check_plan_shape, check_splits, DecodeShape};
 use crate::element::Element;
-use crate::error::Error;
+use crate::error::{Error, RaggedError};
 use crate::kernels::{LoadedKernel, Which};
 use crate::layout::Layout;
 use crate::marshal::{
@@ -109,12 +109,17 @@ impl Runtime {
         check_plan_shape(&shape)?;
         if spec.params.len() + spec.tensors.len() > SPEC_ARGS {
             let problem = format!("spec `{}` declares more than {SPEC_ARGS} params and tensors", spec.name);
-            return Err(Error::DecodeShape { problem });
+            return Err(Error::Ragged(RaggedError::DecodeShape { problem }));
         }
         let scale = softmax_scale(spec, opts.scale)?;
         let rows = u32::try_from(shape.group_rows()).unwrap_or(u32::MAX);
-        let config = DecodeConfig::for_rows(spec, self.target(), rows).ok_or_else(|| Error::DecodeShape {
-            problem: format!("head dims {}/{} leave no room for two K/V stages", spec.head_dims.qk, spec.head_dims.v),
+        let config = DecodeConfig::for_rows(spec, self.target(), rows).ok_or_else(|| {
+            Error::Ragged(RaggedError::DecodeShape {
+                problem: format!(
+                    "head dims {}/{} leave no room for two K/V stages",
+                    spec.head_dims.qk, spec.head_dims.v
+                ),
+            })
         })?;
         let ctas = (shape.group_rows().div_ceil(config.block_m() as usize) * shape.heads_kv * shape.batch) as u64;
         let kv_tiles = u32::try_from(shape.max_kv_len.div_ceil(DECODE_BLOCK_N as usize)).unwrap_or(u32::MAX);
@@ -169,7 +174,7 @@ impl DecodePlan {
     /// made on) without waiting: checks the operands and `args` (the spec's
     /// params, then its tensors) against the plan, then launches the decode
     /// kernel and, with splits, the combine kernel. A dense cache: a plan
-    /// made for paged ones refuses it ([`Error::DecodeCache`]).
+    /// made for paged ones refuses it ([`RaggedError::DecodeCache`](crate::RaggedError::DecodeCache)).
     pub fn run<T: Element>(&self, rt: &Runtime, io: DecodeIo<'_, T>, args: &[ArgValue<'_>]) -> Result<(), Error> {
         self.check_cache(false)?;
         let infos = self.arg_infos(args)?;
@@ -202,7 +207,7 @@ impl DecodePlan {
         let kind = |paged| if paged { "paged" } else { "dense" };
         match paged == self.paged {
             true => Ok(()),
-            false => Err(Error::DecodeCache { plan: kind(self.paged), got: kind(paged) }),
+            false => Err(Error::Ragged(RaggedError::DecodeCache { plan: kind(self.paged), got: kind(paged) })),
         }
     }
 

@@ -44,7 +44,7 @@ impl DecodePlan {
     /// read on the device each launch and clamped there (a length into `[0,
     /// min(pages_per_seq · page_size, max_kv_len)]`, a page id into `[0,
     /// num_pages)`). A plan made for dense caches refuses it
-    /// ([`Error::DecodeCache`]).
+    /// ([`RaggedError::DecodeCache`](crate::RaggedError::DecodeCache)).
     pub fn run_paged<T: Element>(
         &self,
         rt: &Runtime,

@@ -6,6 +6,7 @@
 
 use crate::arch::Arch;
 pub use crate::comm_error::CommError;
+pub use crate::ragged_error::RaggedError;
 use crate::shard_error::ShardError;
 use cudarc::driver::DriverError;
 use cudarc::nvrtc::result::NvrtcError;
@@ -207,69 +208,6 @@ pub enum Error {
         spec: String,
         failures: Vec<(String, Error)>,
     },
-    /// A varlen launch's prefix sums (`cu_seqlens_q` or `cu_seqlens_k`)
-    /// do not hold `batch + 1` entries.
-    CuSeqlensLen {
-        which: &'static str,
-        len: usize,
-        expected: usize,
-    },
-    /// A varlen launch's longest sequence (`max_q_len` or `max_kv_len`)
-    /// disagrees with its buffers: longer than the tokens they hold, or 0
-    /// while they hold tokens.
-    MaxSeqlen {
-        which: &'static str,
-        max: usize,
-        tokens: usize,
-    },
-    /// A block mask was passed to a varlen launch: block masks are built
-    /// over a batch of equal lengths.
-    VarlenBlockMask,
-    /// A paged cache's pages hold no rows.
-    ZeroPageSize,
-    /// A paged launch's `block_table` (`batch · pages_per_seq` entries) or
-    /// `kv_lens` (`batch`) holds another number of entries.
-    PagedEntries {
-        which: &'static str,
-        len: usize,
-        expected: usize,
-    },
-    /// A paged launch's `max_kv_len` exceeds the rows a sequence's pages
-    /// can hold (`pages_per_seq · page_size`, 0 in caches of no pages).
-    MaxKvLenPastPages {
-        max_kv_len: usize,
-        capacity: usize,
-    },
-    /// Dense queries of a paged launch: Q's tokens are not `batch · q_len`.
-    DenseQueries {
-        tokens: usize,
-        batch: usize,
-        q_len: usize,
-    },
-    /// A decode launch's operands disagree with the plan they run in
-    /// (`what`: batch, heads, heads_kv, q_len or the cache's rows).
-    DecodePlanMismatch {
-        what: &'static str,
-        plan: usize,
-        got: usize,
-    },
-    /// A decode launch's `kv_lens` holds fewer than `batch` entries.
-    KvLensLen {
-        len: usize,
-        batch: usize,
-    },
-    /// A decode plan that cannot be made: no queries, a split count out of
-    /// range, or head dims whose stages do not fit the GPU's shared memory.
-    DecodeShape {
-        problem: String,
-    },
-    /// A decode plan ran on another kind of cache than it was made for
-    /// (`DecodeOptions::paged`: `run_paged` needs a paged plan, `run` a
-    /// dense one).
-    DecodeCache {
-        plan: &'static str,
-        got: &'static str,
-    },
     /// An operand of a context-parallel partials launch (the merge or add
     /// of pieces: `acc`, `piece`, `out` or one's LSE) disagrees with the
     /// others or with its buffer; `problem` says how.
@@ -277,6 +215,9 @@ pub enum Error {
         operand: &'static str,
         problem: String,
     },
+    /// A varlen, paged or decode launch's sequences, pages or plan disagree
+    /// with its buffers.
+    Ragged(RaggedError),
     /// A context-parallel launch's ranks or rows disagree with its sharding.
     Shard(ShardError),
 }
@@ -392,41 +333,9 @@ impl fmt::Display for Error {
             Error::NotACandidate { config, spec, arch } => {
                 write!(f, "tile configuration {config} is not a candidate of spec `{spec}` on {arch}")
             }
-            Error::DecodePlanMismatch { what, plan, got } => {
-                write!(f, "the decode operands' {what} is {got} but the plan was made for {plan}: make a plan for them")
-            }
-            Error::KvLensLen { len, batch } => write!(f, "kv_lens holds {len} entries but batch = {batch}"),
-            Error::DecodeShape { problem } => write!(f, "no decode plan: {problem}"),
             Error::Shard(e) => write!(f, "context parallelism: {e}"),
-            Error::DecodeCache { plan, got } => write!(
-                f,
-                "the decode plan was made for a {plan} cache but ran on a {got} one: \
-                 make it with DecodeOptions::paged set as its runs need"
-            ),
+            Error::Ragged(e) => write!(f, "{e}"),
             Error::Partial { operand, problem } => write!(f, "partials operand `{operand}`: {problem}"),
-            Error::CuSeqlensLen { which, len, expected } => {
-                write!(f, "{which} holds {len} entries but batch + 1 = {expected}")
-            }
-            Error::MaxSeqlen { which, max, tokens } => match max {
-                0 => write!(f, "{which} is 0 but the buffers hold {tokens} tokens"),
-                _ => write!(f, "{which} = {max} exceeds the {tokens} tokens the buffers hold"),
-            },
-            Error::ZeroPageSize => write!(f, "the paged caches' page_size is 0: a page holds at least one row"),
-            Error::PagedEntries { which, len, expected } => {
-                write!(f, "{which} holds {len} entries but the launch reads {expected}")
-            }
-            Error::MaxKvLenPastPages { max_kv_len, capacity } => write!(
-                f,
-                "max_kv_len = {max_kv_len} exceeds the {capacity} rows a sequence's pages hold (pages_per_seq · page_size, 0 without pages)"
-            ),
-            Error::DenseQueries { tokens, batch, q_len } => write!(
-                f,
-                "dense queries: Q holds {tokens} tokens but batch · q_len = {batch} · {q_len}"
-            ),
-            Error::VarlenBlockMask => write!(
-                f,
-                "a varlen launch takes no block mask (it is built for equal lengths); launch without one"
-            ),
             Error::Tuning { spec, failures } => {
                 write!(f, "autotuning `{spec}`: every tile configuration failed")?;
                 failures.iter().try_for_each(|(config, e)| write!(f, "\n{config}: {e}"))

@@ -10,7 +10,7 @@ use crate::args::{ArgInfo, ArgValue};
 use crate::check::{softmax_scale, Buffer};
 use crate::check_paged::{check_paged, PagedProblem};
 use crate::element::Element;
-use crate::error::Error;
+use crate::error::{Error, RaggedError};
 use crate::forward_launch::ForwardOptions;
 use crate::kernels::Which;
 use crate::layout::PackedLayout;
@@ -72,7 +72,7 @@ impl Runtime {
     /// max_kv_len)]`, a page id into `[0, num_pages)`), so bad values give
     /// wrong rows, never an access out of bounds. Runs in `opts.config` or
     /// the preferred configuration for `max_kv_len` keys; no block mask
-    /// ([`Error::VarlenBlockMask`]) and no autotuning; threads gather the
+    /// ([`RaggedError::VarlenBlockMask`](crate::RaggedError::VarlenBlockMask)) and no autotuning; threads gather the
     /// K/V rows (no TMA).
     pub fn forward_paged<T: Element>(
         &self,
@@ -83,7 +83,7 @@ impl Runtime {
     ) -> Result<(), Error> {
         let scale = softmax_scale(spec, opts.scale)?;
         if opts.block_mask.is_some() {
-            return Err(Error::VarlenBlockMask);
+            return Err(Error::Ragged(RaggedError::VarlenBlockMask));
         }
         let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
         let PagedIo { q, o, lse, queries, kv } = io;

@@ -6,7 +6,7 @@ use crate::args::{ArgInfo, ArgValue};
 use crate::check::{softmax_scale, Problem};
 use crate::check_varlen::{check_varlen, VarlenProblem};
 use crate::element::Element;
-use crate::error::Error;
+use crate::error::{Error, RaggedError};
 use crate::forward_launch::ForwardOptions;
 use crate::kernels::Which;
 use crate::layout::PackedLayout;
@@ -66,7 +66,7 @@ impl Runtime {
     /// on [`Runtime::stream`] without waiting. Runs in `opts.config` (a
     /// candidate) or [`tile_choice::preferred_for`](crate::tile_choice::preferred_for)
     /// `max_kv_len` keys; no autotuning, and no block mask (`opts.block_mask`
-    /// must be `None`: [`Error::VarlenBlockMask`]). Warp-specialized kernels
+    /// must be `None`: [`RaggedError::VarlenBlockMask`](crate::RaggedError::VarlenBlockMask)). Warp-specialized kernels
     /// copy with their threads (a TMA box could cross into the next sequence).
     pub fn forward_varlen<T: Element>(
         &self,
@@ -77,7 +77,7 @@ impl Runtime {
     ) -> Result<(), Error> {
         let scale = softmax_scale(spec, opts.scale)?;
         if opts.block_mask.is_some() {
-            return Err(Error::VarlenBlockMask);
+            return Err(Error::Ragged(RaggedError::VarlenBlockMask));
         }
         let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
         let VarlenIo { q, k, v, o, lse, seqs } = io;

@@ -14,6 +14,7 @@ mod support;
 use flashgen::codegen::Spec;
 use flashgen::cudarc::driver::sys;
 use flashgen::half::bf16;
+use flashgen::runtime::RaggedError;
 use flashgen::runtime::{DecodeOptions, DecodeShape, Error, Layout, PagedDecodeIo, PagedKv, PagedLayout, Runtime};
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::decode::{random_decode_problem, random_lens, DecodeProblem, DeviceDecode};
@@ -250,11 +251,14 @@ fn launches_outside_the_plan_are_refused() {
     let plan = rt.decode_plan(&spec, shape((8, 2), 2, 2, 64), &DecodeOptions::default()).unwrap();
     let mut gpu = DeviceDecode::upload(&rt, &spec, &problem).unwrap();
     let err = gpu.run(&rt, &plan, &problem).unwrap_err();
-    assert!(matches!(err, Error::DecodePlanMismatch { what: "q_len", plan: 2, got: 1 }), "{err}");
+    assert!(matches!(err, Error::Ragged(RaggedError::DecodePlanMismatch { what: "q_len", plan: 2, got: 1 })), "{err}");
     let bad = rt.decode_plan(&spec, shape((8, 3), 2, 1, 64), &DecodeOptions::default()).err().unwrap();
     assert!(matches!(bad, Error::HeadGroups { .. }), "{bad}");
     let too_many = DecodeOptions { splits: Some(1000), ..DecodeOptions::default() };
-    assert!(matches!(rt.decode_plan(&spec, shape((8, 2), 2, 1, 64), &too_many), Err(Error::DecodeShape { .. })));
+    assert!(matches!(
+        rt.decode_plan(&spec, shape((8, 2), 2, 1, 64), &too_many),
+        Err(Error::Ragged(RaggedError::DecodeShape { .. }))
+    ));
 }
 
 /// Every example spec on paged caches of 1, 16, 64 and 256-row pages
@@ -367,9 +371,9 @@ fn paged_runs_outside_the_plan_are_refused() {
     let paged = rt.decode_plan(&spec, problem.shape, &options(&problem, None, true)).unwrap();
     let mut on_pages = DeviceDecode::upload_paged(&rt, &spec, &problem, &problem.paged(&spec, 16, 2)).unwrap();
     let err = on_pages.run(&rt, &dense, &problem).unwrap_err();
-    assert!(matches!(err, Error::DecodeCache { plan: "dense", got: "paged" }), "{err}");
+    assert!(matches!(err, Error::Ragged(RaggedError::DecodeCache { plan: "dense", got: "paged" })), "{err}");
     let err = DeviceDecode::upload(&rt, &spec, &problem).unwrap().run(&rt, &paged, &problem).unwrap_err();
-    assert!(matches!(err, Error::DecodeCache { plan: "paged", got: "dense" }), "{err}");
+    assert!(matches!(err, Error::Ragged(RaggedError::DecodeCache { plan: "paged", got: "dense" })), "{err}");
 
     let stream = rt.stream();
     let q_layout = Layout::bshd(2, 1, 8, 128);
@@ -395,11 +399,14 @@ fn paged_runs_outside_the_plan_are_refused() {
             .unwrap_err()
     };
     let err = run(0, 4, 64);
-    assert!(matches!(err, Error::ZeroPageSize), "{err}");
+    assert!(matches!(err, Error::Ragged(RaggedError::ZeroPageSize)), "{err}");
     let err = run(16, 3, 48);
-    assert!(matches!(err, Error::PagedEntries { which: "block_table", len: 8, expected: 6 }), "{err}");
+    assert!(
+        matches!(err, Error::Ragged(RaggedError::PagedEntries { which: "block_table", len: 8, expected: 6 })),
+        "{err}"
+    );
     let err = run(16, 4, 65);
-    assert!(matches!(err, Error::MaxKvLenPastPages { max_kv_len: 65, capacity: 64 }), "{err}");
+    assert!(matches!(err, Error::Ragged(RaggedError::MaxKvLenPastPages { max_kv_len: 65, capacity: 64 })), "{err}");
     let err = run(16, 4, 48);
-    assert!(matches!(err, Error::DecodePlanMismatch { plan: 64, got: 48, .. }), "{err}");
+    assert!(matches!(err, Error::Ragged(RaggedError::DecodePlanMismatch { plan: 64, got: 48, .. })), "{err}");
 }

@@ -16,6 +16,7 @@ use flashgen::codegen::reference::PagedProblem;
 use flashgen::codegen::{Dtype, Spec};
 use flashgen::half::bf16;
 use flashgen::runtime::tile_choice;
+use flashgen::runtime::RaggedError;
 use flashgen::{Error, PackedLayout, PagedIo, PagedKv, PagedLayout, PagedQueries, Runtime};
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::paged::{hold_back, into_pages, DevicePaged, Queries};
@@ -293,13 +294,16 @@ fn bad_launches_are_rejected() {
     };
     let packed = || PagedQueries::Packed { cu_seqlens_q: &cu, max_q_len: 50 };
     let err = launch(0, 4, 0, packed());
-    assert!(matches!(err, Error::ZeroPageSize), "{err}");
+    assert!(matches!(err, Error::Ragged(RaggedError::ZeroPageSize)), "{err}");
     let err = launch(16, 3, 48, packed());
-    assert!(matches!(err, Error::PagedEntries { which: "block_table", len: 8, expected: 6 }), "{err}");
+    assert!(
+        matches!(err, Error::Ragged(RaggedError::PagedEntries { which: "block_table", len: 8, expected: 6 })),
+        "{err}"
+    );
     let err = launch(16, 4, 65, packed());
-    assert!(matches!(err, Error::MaxKvLenPastPages { max_kv_len: 65, capacity: 64 }), "{err}");
+    assert!(matches!(err, Error::Ragged(RaggedError::MaxKvLenPastPages { max_kv_len: 65, capacity: 64 })), "{err}");
     let err = launch(32, 4, 64, packed());
     assert!(matches!(err, Error::OutOfBounds { .. }), "{err}");
     let err = launch(16, 4, 64, PagedQueries::Dense { q_len: 49 });
-    assert!(matches!(err, Error::DenseQueries { tokens: 100, batch: 2, q_len: 49 }), "{err}");
+    assert!(matches!(err, Error::Ragged(RaggedError::DenseQueries { tokens: 100, batch: 2, q_len: 49 })), "{err}");
 }

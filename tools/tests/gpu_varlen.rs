@@ -14,6 +14,7 @@ use flashgen::codegen::varlen::seq_span;
 use flashgen::codegen::{Dtype, Spec};
 use flashgen::half::bf16;
 use flashgen::runtime::tile_choice;
+use flashgen::runtime::RaggedError;
 use flashgen::{Error, ForwardOptions, PackedLayout, Runtime, Sequences, VarlenIo};
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::varlen::{random_varlen_problem, DeviceVarlen, Packing};
@@ -224,15 +225,24 @@ fn bad_launches_are_rejected() {
         rt.forward_varlen(&spec, io, &[], &opts).unwrap_err()
     };
     let err = launch(2, false, 50, false, Default::default());
-    assert!(matches!(err, Error::CuSeqlensLen { which: "cu_seqlens_k", len: 4, expected: 3 }), "{err}");
+    assert!(
+        matches!(err, Error::Ragged(RaggedError::CuSeqlensLen { which: "cu_seqlens_k", len: 4, expected: 3 })),
+        "{err}"
+    );
     let err = launch(3, true, 50, false, Default::default());
-    assert!(matches!(err, Error::CuSeqlensLen { which: "cu_seqlens_q", len: 3, expected: 4 }), "{err}");
+    assert!(
+        matches!(err, Error::Ragged(RaggedError::CuSeqlensLen { which: "cu_seqlens_q", len: 3, expected: 4 })),
+        "{err}"
+    );
     let err = launch(2, true, 101, false, Default::default());
-    assert!(matches!(err, Error::MaxSeqlen { which: "max_q_len", max: 101, tokens: 100 }), "{err}");
+    assert!(
+        matches!(err, Error::Ragged(RaggedError::MaxSeqlen { which: "max_q_len", max: 101, tokens: 100 })),
+        "{err}"
+    );
     let err = launch(2, true, 50, true, Default::default());
     assert!(matches!(err, Error::SizeMismatch { .. } | Error::OutOfBounds { .. }), "{err}");
     let err = launch(2, true, 50, false, ForwardOptions { block_mask: Some(&block_mask), ..Default::default() });
-    assert!(matches!(err, Error::VarlenBlockMask), "{err}");
+    assert!(matches!(err, Error::Ragged(RaggedError::VarlenBlockMask)), "{err}");
     let sync = TileConfig { mma: Mma::Sync, warps: 3, m_tiles: 1, block_n: 64 };
     let err = launch(2, true, 50, false, ForwardOptions { config: Some(sync), ..Default::default() });
     assert!(matches!(err, Error::NotACandidate { .. }), "{err}");

@@ -17,6 +17,7 @@ mod support;
 use flashgen::codegen::reference::VarlenProblem;
 use flashgen::codegen::{Dtype, Spec};
 use flashgen::half::bf16;
+use flashgen::runtime::RaggedError;
 use flashgen::{BackwardOptions, Error, PackedLayout, Runtime, Sequences, VarlenBackwardIo};
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::varlen::{
@@ -251,5 +252,5 @@ fn bad_launches_are_rejected() {
     let err = launch(200, layout, 1, None);
     assert!(matches!(err, Error::TensorTooSmall { len: 1, needed: 2, .. }), "{err}");
     let err = launch(200, layout, 2, Some(&block_mask));
-    assert!(matches!(err, Error::VarlenBlockMask), "{err}");
+    assert!(matches!(err, Error::Ragged(RaggedError::VarlenBlockMask)), "{err}");
 }

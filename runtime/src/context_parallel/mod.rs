@@ -6,7 +6,8 @@
 //! sequence), and merges them exactly by their LSEs; the backward sums the
 //! pieces' gradients in f32.
 //!
-//! [`Runtime::forward_sharded_local`] and [`Runtime::backward_sharded_local`]
+//! [`Runtime::forward_sharded_local`](crate::Runtime::forward_sharded_local) and
+//! [`Runtime::backward_sharded_local`](crate::Runtime::backward_sharded_local)
 //! run every rank on one device (the ranks' buffers all there): what a
 //! context-parallel launch computes, checkable on one GPU.
 
