@@ -26,8 +26,6 @@ pub(crate) enum Which {
     Decode(cuda::DecodeConfig),
     /// The paged decode kernel in a configuration.
     DecodePaged(cuda::DecodeConfig),
-    /// The split decode's combine kernel.
-    DecodeCombine,
     /// Made by [`Which::backward_varlen`].
     BackwardVarlen(cuda::BackwardPass, cuda::BackwardConfig),
     /// Context parallelism's merge of a forward piece into the running O
@@ -116,7 +114,6 @@ impl Which {
                     add(Which::DecodePaged(config));
                 }
             }
-            add(Which::DecodeCombine);
             // The varlen backward, with and without tensor gradients.
             use cuda::BackwardPass::{KeyValue, Postprocess, Preprocess, Query};
             let config = cuda::BackwardConfig::preferred(spec, target);
@@ -162,7 +159,6 @@ impl Which {
             Which::Backward(pass, config) => Some(cuda::emit_backward_with(spec, pass, config)),
             Which::Decode(config) => Some(cuda::emit_decode(spec, config)),
             Which::DecodePaged(config) => Some(cuda::emit_decode_paged(spec, config)),
-            Which::DecodeCombine => Some(cuda::emit_decode_combine(spec)),
             Which::BackwardVarlen(pass, config) => Some(cuda::emit_backward_varlen(spec, pass, config)),
             Which::MergePartial => Some(cuda::emit_merge_partial(spec)),
             Which::AddPartial => Some(cuda::emit_add_partial(spec)),

@@ -1,7 +1,9 @@
 //! The decode kernel's epilogue: the four warps' rows (each saw a quarter
 //! of every tile's keys) merge in shared memory, then leave as O and the
-//! LSE, or, in a split launch, as the split's partial O and LSE.
+//! LSE, or, in a split launch, as the split's partial O and LSE, which the
+//! row tile's last split combines (`combine`).
 
+use super::combine::write_split_combine;
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
@@ -80,7 +82,8 @@ if (threadIdx.x < BLOCK_M && row0 + (int)threadIdx.x < rows) {
     else if (lse != nullptr) lse[at] = row_lse[threadIdx.x];
 }
 ",
-    )
+    )?;
+    write_split_combine(w)
 }
 
 /// A row's O factor and LSE from its max `row_top` and sum `sum` (relative

@@ -62,3 +62,29 @@ __device__ __forceinline__ void load_q_rows(unsigned short* tile, const unsigned
         tile[swizzle<COLS>(r, c)] = valid ? q_group[valid ? at : 0] : (unsigned short)0;
     }
 }
+
+// Reduces x over the 32 lanes of a warp with `op` (max, +).
+template <typename Op>
+__device__ __forceinline__ float warp_all(float x, Op op) {
+    #pragma unroll
+    for (int m = 16; m > 0; m /= 2) x = op(x, __shfl_xor_sync(0xffffffffu, x, m));
+    return x;
+}
+
+// Split-KV: whether this CTA is the last of its row tile's `num_splits` to
+// finish (every thread gets the answer, through `flag` in shared memory).
+// Each CTA's partial stores are ordered before its count by the fence; the
+// last one reads them through L2 (__ldcg) and sets the count back to 0 for
+// the next launch, so a CUDA graph replays without resetting it.
+__device__ __forceinline__ bool last_split(unsigned int* counter, int num_splits, int* flag) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        *flag = atomicAdd(counter, 1u) == (unsigned int)num_splits - 1u;
+        if (*flag) atomicExch(counter, 0u);
+    }
+    __syncthreads();
+    const bool last = *flag;
+    if (last) __threadfence();
+    return last;
+}
