@@ -69,6 +69,9 @@
 //! cache, which answers a source it compiled before in ~40 ms even across
 //! processes, is turned off), a disk cache hit to a launchable kernel in a
 //! fresh runtime, and the host time of one launch on an in-memory hit.
+//! `flashgen-bench --jit-cpu [--arch sm_90]` needs no GPU: cold compiles of
+//! that forward and of every kernel of a training step, one by one and all
+//! at once (`flashgen_tools::jit_bench`).
 
 use flashgen::codegen::analysis::{classify, TileClass};
 use flashgen::codegen::cuda::TileConfig;
@@ -78,6 +81,7 @@ use flashgen::runtime::config_name;
 use flashgen::runtime::tile_choice;
 use flashgen::Runtime;
 use flashgen_tools::examples::SPECS;
+use flashgen_tools::jit_bench;
 use flashgen_tools::verify::{self, DeviceProblem, OperandLayout};
 use std::time::Instant;
 
@@ -149,6 +153,14 @@ fn main() {
     let varlen = args.iter().any(|a| a == "--varlen");
     let packed = args.iter().any(|a| a == "--packed");
 
+    if args.iter().any(|a| a == "--jit-cpu") {
+        let arch = list("--arch", "sm_90")[0].parse::<flashgen::runtime::Arch>();
+        if let Err(e) = arch.map_err(|e| e.to_string()).and_then(|a| jit_bench::run(a).map_err(|e| e.to_string())) {
+            eprintln!("flashgen-bench --jit-cpu: {e}");
+            std::process::exit(2);
+        }
+        return;
+    }
     if args.iter().any(|a| a == "--jit") {
         // A fresh cache directory, before any runtime reads the environment,
         // and no NVRTC compute cache (~/.nv/ComputeCache), before NVRTC loads.
