@@ -4,7 +4,10 @@
 //!
 //! A kernel is looked up in memory, then in the disk cache, and only then
 //! compiled with NVRTC (and stored on disk), once per key however many
-//! threads ask for it at the same time.
+//! threads ask for it at the same time. The kernels one launch needs, and
+//! those [`Runtime::prepare`] names, are compiled at the same time, one per
+//! core: NVRTC compiles on several threads at once, and a kernel's compile
+//! (about a second on a host CPU) is NVVM's and ptxas's work on one function.
 
 use crate::arch::Arch;
 use crate::choices::Choices;
