@@ -6,12 +6,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// `job` of every item, in `items` order, run on at most
 /// `available_parallelism` scoped threads that each take the next item not
-/// yet taken, so one slow item holds up no other. One item (or one core)
-/// runs on the caller's thread: a launch whose kernels are loaded already
-/// spawns nothing. A job's panic is the caller's.
+/// yet taken, so one slow item holds up no other. One item or none (a
+/// launch whose kernels are loaded already) runs on the caller's thread
+/// without asking for the core count, which reads cgroup files (~50 µs, more
+/// than a launch's host time). A job's panic is the caller's.
 pub(crate) fn map<T: Sync, R: Send>(items: &[T], job: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len());
-    if workers <= 1 {
+    let workers = match items.len() {
+        0 | 1 => 1,
+        n => std::thread::available_parallelism().map_or(1, |cores| cores.get()).min(n),
+    };
+    if workers == 1 {
         return items.iter().map(job).collect();
     }
     let next = AtomicUsize::new(0);
