@@ -67,17 +67,23 @@
 //! cold compile of the kernel the runtime launches untuned on this GPU
 //! (codegen + NVRTC to CUBIN, NVRTC already loaded; NVRTC 13's own compute
 //! cache, which answers a source it compiled before in ~40 ms even across
-//! processes, is turned off), a disk cache hit to a launchable kernel in a
-//! fresh runtime, and the host time of one launch on an in-memory hit.
+//! processes, is turned off), every kernel of a training step compiled all
+//! at once by `Runtime::prepare` in a fresh runtime without a disk cache, a
+//! disk cache hit to a launchable kernel in a fresh runtime, and the host
+//! time of one launch on an in-memory hit.
+//! `flashgen-bench --jit-cpu [--arch sm_90]` needs no GPU: cold compiles of
+//! that forward and of every kernel of a training step, one by one and all
+//! at once (`flashgen_tools::jit_bench`).
 
 use flashgen::codegen::analysis::{classify, TileClass};
 use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::reference::{ParamValue, TensorData};
 use flashgen::codegen::Shape;
-use flashgen::runtime::config_name;
 use flashgen::runtime::tile_choice;
+use flashgen::runtime::{config_name, KernelSet};
 use flashgen::Runtime;
 use flashgen_tools::examples::SPECS;
+use flashgen_tools::jit_bench;
 use flashgen_tools::verify::{self, DeviceProblem, OperandLayout};
 use std::time::Instant;
 
@@ -149,6 +155,14 @@ fn main() {
     let varlen = args.iter().any(|a| a == "--varlen");
     let packed = args.iter().any(|a| a == "--packed");
 
+    if args.iter().any(|a| a == "--jit-cpu") {
+        let arch = list("--arch", "sm_90")[0].parse::<flashgen::runtime::Arch>();
+        if let Err(e) = arch.map_err(|e| e.to_string()).and_then(|a| jit_bench::run(a).map_err(|e| e.to_string())) {
+            eprintln!("flashgen-bench --jit-cpu: {e}");
+            std::process::exit(2);
+        }
+        return;
+    }
     if args.iter().any(|a| a == "--jit") {
         // A fresh cache directory, before any runtime reads the environment,
         // and no NVRTC compute cache (~/.nv/ComputeCache), before NVRTC loads.
@@ -347,12 +361,18 @@ fn jit(rt: &Runtime) {
     // Load NVRTC and its builtins once, unmeasured, as a warm process would.
     let _ = compile_cubin(&emit(&specs[0]), rt.arch());
     println!("device: {} ({}); JIT per example spec", rt.device_name(), rt.arch());
-    println!("{:<20} {:>12} {:>14} {:>16}", "spec", "cold ms", "disk hit ms", "launch µs (host)");
-    let (mut cold, mut disk, mut launch) = (Vec::new(), Vec::new(), Vec::new());
+    println!("{:<20} {:>12} {:>12} {:>14} {:>16}", "spec", "cold ms", "training ms", "disk hit ms", "launch µs (host)");
+    let (mut cold, mut training, mut disk, mut launch) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for spec in &specs {
         let start = Instant::now();
         let compiled = compile_cubin(&emit(spec), rt.arch());
         let cold_ms = start.elapsed().as_secs_f64() * 1e3;
+        // Every training kernel, all at once, in a fresh runtime without a disk cache.
+        let prepared = Runtime::new(0).and_then(|fresh| {
+            let start = Instant::now();
+            fresh.with_disk_cache(None).prepare(spec, KernelSet::Training)?;
+            Ok(start.elapsed().as_secs_f64() * 1e3)
+        });
         // Fill the disk cache with one runtime, then time a hit in a fresh one.
         let hit = rt.load(spec).and_then(|_| {
             let fresh = Runtime::new(0)?;
@@ -363,10 +383,11 @@ fn jit(rt: &Runtime) {
             Ok(ms)
         });
         let host_us = launch_overhead(rt, spec);
-        match (compiled, hit, host_us) {
-            (Ok(_), Ok(hit_ms), Ok(us)) => {
-                println!("{:<20} {cold_ms:>12.1} {hit_ms:>14.2} {us:>16.2}", spec.name);
+        match (compiled.and(prepared), hit, host_us) {
+            (Ok(training_ms), Ok(hit_ms), Ok(us)) => {
+                println!("{:<20} {cold_ms:>12.1} {training_ms:>12.0} {hit_ms:>14.2} {us:>16.2}", spec.name);
                 cold.push(cold_ms);
+                training.push(training_ms);
                 disk.push(hit_ms);
                 launch.push(us);
             }
@@ -374,10 +395,13 @@ fn jit(rt: &Runtime) {
         }
     }
     if !cold.is_empty() {
-        let max = cold.iter().cloned().fold(0.0, f64::max);
+        let max = |v: &[f64]| v.iter().cloned().fold(0.0, f64::max);
+        let (cold_max, training_max) = (max(&cold), max(&training));
         println!(
-            "cold compile median {:.0} ms, max {max:.0} ms; disk hit median {:.1} ms; launch median {:.1} µs",
+            "cold compile median {:.0} ms, max {cold_max:.0} ms; training kernels all at once median {:.0} ms, \
+             max {training_max:.0} ms; disk hit median {:.1} ms; launch median {:.1} µs",
             median(cold),
+            median(training),
             median(disk),
             median(launch)
         );
