@@ -15,6 +15,8 @@ use flashgen::{
     ArgValue, BackwardIo, BackwardOptions, BlockMask, Dtype, Element, ForwardIo, ForwardOptions, Layout, Runtime,
 };
 use std::sync::{Mutex, PoisonError};
+#[cfg(feature = "nccl")]
+use {crate::context::ContextParallel, flashgen::context_parallel::ShardIo, flashgen::cudarc::nccl::NcclType};
 
 /// A runtime param or captured tensor, in the spec's declaration order:
 /// params first, then tensors.
@@ -81,7 +83,7 @@ pub(crate) struct Call {
     pub grads: Mutex<Option<Grads>>,
     /// A context-parallel call's rank, sharding and communicator.
     #[cfg(feature = "nccl")]
-    pub sharded: Option<crate::sharded::ContextParallel>,
+    pub sharded: Option<ContextParallel>,
 }
 
 pub(crate) const NAMES: [&str; 3] = ["Q", "K", "V"];
@@ -146,8 +148,8 @@ impl Call {
         #[cfg(feature = "nccl")]
         if let Some(cp) = &self.sharded {
             return match self.attention.spec().dtype {
-                Dtype::Bf16 => crate::sharded::forward::<bf16>(self, cp),
-                Dtype::F16 => crate::sharded::forward::<f16>(self, cp),
+                Dtype::Bf16 => self.forward_sharded::<bf16>(cp),
+                Dtype::F16 => self.forward_sharded::<f16>(cp),
             };
         }
         match self.attention.spec().dtype {
@@ -168,14 +170,86 @@ impl Call {
         #[cfg(feature = "nccl")]
         if let Some(cp) = &self.sharded {
             return match self.attention.spec().dtype {
-                Dtype::Bf16 => crate::sharded::backward::<bf16>(self, cp, o, d_o),
-                Dtype::F16 => crate::sharded::backward::<f16>(self, cp, o, d_o),
+                Dtype::Bf16 => self.backward_sharded::<bf16>(cp, o, d_o),
+                Dtype::F16 => self.backward_sharded::<f16>(cp, o, d_o),
             };
         }
         match self.attention.spec().dtype {
             Dtype::Bf16 => self.backward_as::<bf16>(o, d_o),
             Dtype::F16 => self.backward_as::<f16>(o, d_o),
         }
+    }
+
+    /// [`Call::forward`] of a sharded self.
+    #[cfg(feature = "nccl")]
+    fn forward_sharded<T: Element + CudaDType + NcclType>(
+        &self,
+        cp: &ContextParallel,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        let device = cuda_device(&self.qkv[0], "Q")?;
+        let rt = self.attention.runtime(&device)?;
+        let guards = self.qkv.each_ref().map(|t| t.storage_and_layout());
+        let [q, k, v] = operands::<T, 3>(NAMES, &guards);
+        let (q, k, v) = (q?, k?, v?);
+        let (batch, rows, heads, v_dim) = (q.1.batch, q.1.seq, q.1.heads, v.1.dim);
+        let o_layout = Layout::bshd(batch, rows, heads, v_dim);
+        // SAFETY: the pieces' merge writes every element of O and the LSE.
+        let mut o = unsafe { device.alloc::<T>(o_layout.len())? };
+        let mut lse = unsafe { device.alloc::<f32>(batch * heads * rows)? };
+        let tensor_guards: Vec<_> = self.tensors().map(|t| t.storage_and_layout()).collect();
+        let args = self.arg_values(&tensor_guards)?;
+        let io = ShardIo { q, k, v, o: (&mut o, o_layout), lse: &mut lse };
+        let opts = ForwardOptions { scale: self.attention.scale(), ..Default::default() };
+        cp.with(|cp| rt.forward_sharded(self.attention.spec(), cp, io, &args, &opts)).map_err(error::flashgen)?;
+        if self.keep_lse {
+            *self.lse.lock().unwrap_or_else(PoisonError::into_inner) = Some(lse);
+        }
+        Ok((CudaStorage::wrap_cuda_slice(o, device), Shape::from((batch, rows, heads, v_dim))))
+    }
+
+    /// [`Call::backward`] of a sharded self.
+    #[cfg(feature = "nccl")]
+    fn backward_sharded<T: Element + CudaDType + NcclType>(
+        &self,
+        cp: &ContextParallel,
+        o: &Tensor,
+        d_o: &Tensor,
+    ) -> candle_core::Result<Grads> {
+        let device = cuda_device(&self.qkv[0], "Q")?;
+        let rt = self.attention.runtime(&device)?;
+        let lse = self.lse.lock().unwrap_or_else(PoisonError::into_inner);
+        let lse = lse.as_ref().ok_or_else(|| candle_core::Error::msg("flashgen: the forward kept no LSE"))?;
+        let d_o = self.addressable_d_o(d_o)?;
+        let guards = self.qkv.each_ref().map(|t| t.storage_and_layout());
+        let [q, k, v] = operands::<T, 3>(NAMES, &guards);
+        let (q, k, v) = (q?, k?, v?);
+        let out_guards = [o, &d_o].map(|t| t.storage_and_layout());
+        let [o_io, d_o_io] = operands::<T, 2>(["O", "dO"], &out_guards);
+        let shapes = [q.1, k.1, v.1].map(|l| Layout::bshd(l.batch, l.seq, l.heads, l.dim));
+        // SAFETY: the sharded backward writes every element of dQ, dK and dV.
+        let alloc = |l: Layout| unsafe { device.alloc::<T>(l.len()) };
+        let (mut dq, mut dk, mut dv) = (alloc(shapes[0])?, alloc(shapes[1])?, alloc(shapes[2])?);
+        let tensor_guards: Vec<_> = self.tensors().map(|t| t.storage_and_layout()).collect();
+        let args = self.arg_values(&tensor_guards)?;
+        let mut d_tensors = self.tensor_grad_buffers(&device)?;
+        let io = BackwardIo {
+            q,
+            k,
+            v,
+            o: o_io?,
+            lse,
+            d_o: d_o_io?,
+            dq: (&mut dq, shapes[0]),
+            dk: (&mut dk, shapes[1]),
+            dv: (&mut dv, shapes[2]),
+            d_tensors: d_tensors.iter_mut().map(Option::as_mut).collect(),
+        };
+        let workspace = self.attention.workspace(&device)?;
+        let opts = BackwardOptions { scale: self.attention.scale(), workspace: Some(&workspace), ..Default::default() };
+        cp.with(|cp| rt.backward_sharded(self.attention.spec(), cp, io, &args, &opts)).map_err(error::flashgen)?;
+        let wrap = |slice, l: Layout| tensor(slice, &device, (l.batch, l.seq, l.heads, l.dim));
+        let qkv = [wrap(dq, shapes[0])?, wrap(dk, shapes[1])?, wrap(dv, shapes[2])?];
+        Ok(Grads { qkv, tensors: self.tensor_grads(d_tensors, &device)? })
     }
 
     fn forward_as<T: Element + CudaDType>(&self) -> candle_core::Result<(CudaStorage, Shape)> {

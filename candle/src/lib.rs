@@ -21,6 +21,8 @@
 //! and the gradients of the spec's trainable captured tensors.
 
 mod call;
+#[cfg(feature = "nccl")]
+mod context;
 mod error;
 mod graph;
 pub mod layout;
@@ -29,9 +31,9 @@ pub mod plain;
 pub mod sharded;
 
 pub use call::Arg;
-pub use error::Error;
 #[cfg(feature = "nccl")]
-pub use sharded::ContextParallel;
+pub use context::ContextParallel;
+pub use error::Error;
 
 use candle_core::cuda_backend::{CudaDevice, DeviceId};
 use candle_core::Tensor;
