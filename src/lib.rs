@@ -24,8 +24,8 @@ pub use flashgen_dsl::attention;
 pub use flashgen_runtime as runtime;
 pub use flashgen_runtime::{context_parallel, cudarc, half};
 pub use flashgen_runtime::{
-    ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, DecodeIo, DecodeOptions, DecodePlan,
+    ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, DecodeIo, DecodeKv, DecodeOptions, DecodePlan,
     DecodeShape, DeviceInput, DeviceOutput, Element, Error, ForwardIo, ForwardOptions, KernelSet, Layout, PackedLayout,
     PagedAppend, PagedDecodeIo, PagedIo, PagedKv, PagedLayout, PagedQueries, Runtime, Sequences, TuneReport,
-    VarlenBackwardIo, VarlenIo,
+    VarlenBackwardIo, VarlenDecodeIo, VarlenIo,
 };

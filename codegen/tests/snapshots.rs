@@ -11,9 +11,9 @@ use flashgen_codegen::abi::{ArgKind, Kernel};
 use flashgen_codegen::cuda::library::Part;
 use flashgen_codegen::cuda::{
     emit_add_f32, emit_add_partial, emit_backward, emit_backward_varlen, emit_backward_with, emit_decode,
-    emit_decode_paged, emit_forward, emit_forward_copying, emit_forward_paged, emit_forward_varlen, emit_forward_with,
-    emit_merge_partial, emit_paged_append, BackwardConfig, BackwardPass, DecodeConfig, DqAccum, Mma, Target,
-    TileConfig, TileCopy,
+    emit_decode_paged, emit_decode_with, emit_forward, emit_forward_copying, emit_forward_paged, emit_forward_varlen,
+    emit_forward_with, emit_merge_partial, emit_paged_append, BackwardConfig, BackwardPass, DecodeCache, DecodeConfig,
+    DecodeQueries, DqAccum, Mma, Target, TileConfig, TileCopy,
 };
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
@@ -172,6 +172,16 @@ fn decode_kernels() {
     insta::assert_snapshot!("decode_alibi", render(&emit_decode(&spec, config)));
     // The same kernel over paged caches: its lengths, rows and tile copies.
     insta::assert_snapshot!("decode_paged_alibi", render(&emit_decode_paged(&spec, config)));
+    // Packed queries (a token count per sequence): a bottom-right causal
+    // mask reads q_len per sequence, over a dense and a paged cache.
+    let spec = variant("causal_bottom_right");
+    let config = DecodeConfig::for_rows(&spec, Target::HOPPER, 32).unwrap();
+    for (name, cache) in [
+        ("decode_varlen_causal_bottom_right", DecodeCache::Dense),
+        ("decode_paged_varlen_causal_bottom_right", DecodeCache::Paged),
+    ] {
+        insta::assert_snapshot!(name, render(&emit_decode_with(&spec, config, cache, DecodeQueries::Packed)));
+    }
 }
 
 #[test]

@@ -17,7 +17,8 @@ use flashgen_codegen::cuda::MAX_SPLITS;
 use flashgen_codegen::{Dtype, Shape, Spec};
 
 /// The upper bounds a decode plan is made for: every launch in the plan
-/// has exactly these sizes, and a cache of `max_kv_len` rows per sequence.
+/// has exactly these sizes (a varlen plan's sequences up to `q_len` tokens
+/// each), and a cache of `max_kv_len` rows per sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeShape {
     pub batch: usize,
@@ -25,7 +26,8 @@ pub struct DecodeShape {
     pub heads: usize,
     /// K/V heads; divides `heads` (GQA, MQA at 1).
     pub heads_kv: usize,
-    /// New query tokens per sequence (1 to a few).
+    /// New query tokens per sequence (1 to a few; in a plan for packed
+    /// queries, the most a sequence has).
     pub q_len: usize,
     /// Rows of the KV cache per sequence: the most keys a sequence has.
     pub max_kv_len: usize,

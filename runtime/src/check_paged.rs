@@ -29,22 +29,23 @@ pub(crate) struct PagedProblem {
     pub max_q_len: usize,
 }
 
-/// A checked paged launch: its shape (the longest lengths, which size the
-/// grid and the tensors' `Q_LEN` / `KV_LEN` dims) and Q's tokens.
+/// A checked launch over packed (or dense) queries, paged or decode: its
+/// shape (the longest lengths, which size the grid and the tensors' `Q_LEN`
+/// / `KV_LEN` dims) and Q's tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct PagedChecked {
+pub(crate) struct PackedChecked {
     pub shape: Shape,
     pub total_q: usize,
 }
 
 /// Checks a paged forward launch of `spec`. Returns its shape, or `None`
 /// when there is nothing to compute (no sequence, or no queries).
-pub(crate) fn check_paged(spec: &Spec, p: &PagedProblem, args: &[ArgInfo]) -> Result<Option<PagedChecked>, Error> {
+pub(crate) fn check_paged(spec: &Spec, p: &PagedProblem, args: &[ArgInfo]) -> Result<Option<PackedChecked>, Error> {
     if p.dtype != spec.dtype {
         return Err(Error::Dtype { spec: spec.dtype, got: p.dtype });
     }
     let k = p.kv.caches[0].0;
-    check_queries(spec, p)?;
+    check_queries(spec, [&p.q, &p.o], p.kv.batch, p.cu_seqlens_q, p.max_q_len)?;
     check_caches(spec, &p.kv)?;
     let shape = Shape {
         batch: p.kv.batch,
@@ -54,19 +55,30 @@ pub(crate) fn check_paged(spec: &Spec, p: &PagedProblem, args: &[ArgInfo]) -> Re
         kv_len: p.kv.max_kv_len,
     };
     check_shape(spec, &shape, args)?;
-    let total_q = p.q.layout.seq;
+    check_cache_buffers(&p.kv)?;
+    check_packed_rows(shape, [&p.q, &p.o], p.lse)
+}
+
+/// A checked `shape`'s packed Q and O (`[q, o]`): Q's token count an i32,
+/// both inside their buffers, the LSE, where given, `[heads, total_q]`.
+/// `None` when there is nothing to compute (no sequence, or no queries).
+pub(crate) fn check_packed_rows(
+    shape: Shape,
+    [q, o]: [&Buffer; 2],
+    lse: Option<usize>,
+) -> Result<Option<PackedChecked>, Error> {
+    let total_q = q.layout.seq;
     // Sizes the kernel takes as i32 (lengths: `check_shape`).
     if total_q > i32::MAX as usize {
         return Err(Error::TooLarge { what: "total_q (tokens of Q)", value: total_q, max: i32::MAX as usize });
     }
-    check_bounds(Operand::Q, &p.q)?;
-    check_bounds(Operand::O, &p.o)?;
-    check_cache_buffers(&p.kv)?;
+    check_bounds(Operand::Q, q)?;
+    check_bounds(Operand::O, o)?;
     if shape.batch == 0 || shape.q_len == 0 {
         return Ok(None);
     }
-    check_lse(p.lse, shape.heads.saturating_mul(total_q))?;
-    Ok(Some(PagedChecked { shape, total_q }))
+    check_lse(lse, shape.heads.saturating_mul(total_q))?;
+    Ok(Some(PackedChecked { shape, total_q }))
 }
 
 /// A paged append as the checks see it.
@@ -142,11 +154,18 @@ pub(crate) fn check_append(spec: &Spec, p: &AppendProblem) -> Result<bool, Error
     Ok(batch > 0)
 }
 
-/// Q and O: equal sizes, the spec's head dims, and their split into
-/// sequences (prefix sums of `batch + 1` entries, or `batch · q_len` dense
-/// tokens).
-fn check_queries(spec: &Spec, p: &PagedProblem) -> Result<(), Error> {
-    let (q, o) = (&p.q.layout, &p.o.layout);
+/// Q and O (`[q, o]`, as one batch row of tokens): equal sizes, the spec's
+/// head dims, and their split into `batch` sequences (prefix sums of
+/// `cu_seqlens_q` = `batch + 1` entries and at least `max_q_len` tokens,
+/// or, without prefix sums, `batch · max_q_len` dense tokens).
+pub(crate) fn check_queries(
+    spec: &Spec,
+    [q, o]: [&Buffer; 2],
+    batch: usize,
+    cu_seqlens_q: Option<usize>,
+    max_q_len: usize,
+) -> Result<(), Error> {
+    let (q, o) = (&q.layout, &o.layout);
     for (what, got, expected) in [("tokens", o.seq, q.seq), ("heads", o.heads, q.heads)] {
         if got != expected {
             return Err(Error::SizeMismatch { operand: Operand::O, other: Operand::Q, what, got, expected });
@@ -157,8 +176,8 @@ fn check_queries(spec: &Spec, p: &PagedProblem) -> Result<(), Error> {
             return Err(Error::HeadDim { operand, got, expected });
         }
     }
-    let (batch, tokens, max) = (p.kv.batch, q.seq, p.max_q_len);
-    match p.cu_seqlens_q {
+    let (tokens, max) = (q.seq, max_q_len);
+    match cu_seqlens_q {
         Some(len) if len != batch.saturating_add(1) => Err(Error::Ragged(RaggedError::CuSeqlensLen {
             which: "cu_seqlens_q",
             len,
@@ -265,7 +284,7 @@ mod tests {
         PagedProblem { dtype: Dtype::Bf16, q, o, lse: Some(800), kv, cu_seqlens_q: Some(4), max_q_len: 60 }
     }
 
-    fn check(p: &PagedProblem) -> Result<Option<PagedChecked>, Error> {
+    fn check(p: &PagedProblem) -> Result<Option<PackedChecked>, Error> {
         check_paged(&spec(), p, &[ArgInfo::Tensor(ElemTy::I32, p.kv.batch * p.kv.max_kv_len)])
     }
 
@@ -278,7 +297,7 @@ mod tests {
     #[test]
     fn accepts_packed_and_dense_queries() {
         let shape = Shape { batch: 3, heads: 8, heads_kv: 2, q_len: 60, kv_len: 70 };
-        assert_eq!(check(&problem()).unwrap(), Some(PagedChecked { shape, total_q: 100 }));
+        assert_eq!(check(&problem()).unwrap(), Some(PackedChecked { shape, total_q: 100 }));
         // Dense: 3 sequences of 20 queries are 60 tokens.
         let [q, o] = [PackedLayout::thd(60, 8, 64); 2].map(buffer);
         let dense = PagedProblem { q, o, cu_seqlens_q: None, max_q_len: 20, ..problem() };

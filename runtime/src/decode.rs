@@ -10,7 +10,10 @@
 //! step can be captured into a CUDA graph once and replayed with new
 //! lengths written to the same `kv_lens` buffer. A plan made with
 //! [`DecodeOptions::paged`] runs on paged caches instead
-//! (`decode_paged`: [`DecodePlan::run_paged`]); both share the launch here.
+//! (`decode_paged`: [`DecodePlan::run_paged`]), one made with
+//! [`DecodeOptions::varlen`] on packed queries, a token count per sequence
+//! (`decode_varlen`: [`DecodePlan::run_varlen`]); all share the launch here
+//! ([`DecodePlan::queue`]).
 
 use crate::args::{signature, ArgInfo, ArgValue};
 use crate::check::{check_forward, softmax_scale, Problem};
@@ -20,12 +23,14 @@ use crate::error::{Error, RaggedError};
 use crate::kernels::{LoadedKernel, Which};
 use crate::layout::Layout;
 use crate::marshal::{
-    launch_config, launch_inline, marshal_into, Bindings, DecodeBindings, PagedBindings, Value, INLINE_ARGS,
+    launch_config, launch_inline, marshal_into, Bindings, DecodeBindings, PagedBindings, Value, VarlenBindings,
+    INLINE_ARGS,
 };
 use crate::operand::{DeviceInput, DeviceOutput};
+use crate::paged::PagedKv;
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
-use flashgen_codegen::cuda::{split_count, DecodeConfig, DECODE_BLOCK_N};
+use flashgen_codegen::cuda::{split_count, DecodeCache, DecodeConfig, DecodeQueries, DECODE_BLOCK_N};
 use flashgen_codegen::{to_source, Shape, Spec};
 use std::sync::Arc;
 
@@ -46,6 +51,10 @@ pub struct DecodeOptions {
     /// The plan runs on paged caches ([`DecodePlan::run_paged`]) rather
     /// than dense ones ([`DecodePlan::run`]).
     pub paged: bool,
+    /// The plan runs on packed queries, each sequence 0 to `q_len` tokens
+    /// ([`DecodePlan::run_varlen`], on the cache `paged` names), rather
+    /// than `q_len` tokens each.
+    pub varlen: bool,
 }
 
 /// The operands of one decode step. Q and O are `[batch, q_len, heads, d]`,
@@ -66,6 +75,48 @@ pub struct DecodeIo<'a, T> {
     pub kv_lens: &'a dyn DeviceInput<i32>,
 }
 
+/// A decode step's K/V cache: dense, as [`DecodeIo`]'s, or paged, as
+/// [`PagedDecodeIo`](crate::PagedDecodeIo)'s.
+pub enum DecodeKv<'a, T> {
+    /// `[batch, max_kv_len, heads_kv, d]` (any [`Layout`] strides) and the
+    /// sequences' key counts, clamped into `[0, max_kv_len]` on the device.
+    Dense {
+        k: (&'a dyn DeviceInput<T>, Layout),
+        v: (&'a dyn DeviceInput<T>, Layout),
+        kv_lens: &'a dyn DeviceInput<i32>,
+    },
+    Paged(PagedKv<'a, T>),
+}
+
+impl<T> DecodeKv<'_, T> {
+    /// The sequences' key counts.
+    pub(crate) fn kv_lens(&self) -> &dyn DeviceInput<i32> {
+        match self {
+            DecodeKv::Dense { kv_lens, .. } => *kv_lens,
+            DecodeKv::Paged(kv) => kv.kv_lens,
+        }
+    }
+
+    /// The kind of cache: a plan's kernel reads one.
+    pub(crate) fn cache(&self) -> DecodeCache {
+        match self {
+            DecodeKv::Dense { .. } => DecodeCache::Dense,
+            DecodeKv::Paged(_) => DecodeCache::Paged,
+        }
+    }
+}
+
+/// One checked step's operands as [`DecodePlan::queue`] launches them: Q
+/// and O (packed ones as [`PackedLayout::as_layout`](crate::PackedLayout::as_layout)),
+/// the LSE, the cache, and packed queries' prefix sums with Q's tokens.
+pub(crate) struct StepIo<'a, T> {
+    pub q: (&'a dyn DeviceInput<T>, Layout),
+    pub o: (&'a mut dyn DeviceOutput<T>, Layout),
+    pub lse: Option<&'a mut CudaSlice<f32>>,
+    pub kv: DecodeKv<'a, T>,
+    pub packed: Option<(&'a dyn DeviceInput<i32>, usize)>,
+}
+
 /// A decode step's decisions and resources, made once for its bounds.
 pub struct DecodePlan {
     spec: Spec,
@@ -73,22 +124,13 @@ pub struct DecodePlan {
     scale: f32,
     config: DecodeConfig,
     splits: u32,
-    paged: bool,
+    cache: DecodeCache,
+    queries: DecodeQueries,
     decode: Arc<LoadedKernel>,
     grid: LaunchConfig,
     /// With more than one split: the partial O and LSE and the counters
     /// the kernel's last split of each row tile combines them by.
     split: Option<SplitResources>,
-}
-
-/// A checked launch's operands: Q, K, V, O addresses and layouts (a paged
-/// cache's as [`PagedLayout::as_layout`](crate::PagedLayout::as_layout)),
-/// the LSE (0: none) and `kv_lens`.
-pub(crate) struct Operands {
-    pub ptrs: [u64; 4],
-    pub layouts: [Layout; 4],
-    pub lse: u64,
-    pub kv_lens: u64,
 }
 
 struct SplitResources {
@@ -101,7 +143,9 @@ struct SplitResources {
 impl Runtime {
     /// A decode plan for `spec` within `shape`'s bounds on this runtime's
     /// GPU: compiles (or loads) its kernels (the paged decode kernel with
-    /// [`DecodeOptions::paged`]) and allocates the split workspace. Errors:
+    /// [`DecodeOptions::paged`], over packed queries with
+    /// [`DecodeOptions::varlen`]) and allocates the split workspace; the
+    /// workspace and grid hold `q_len` tokens per sequence. Errors:
     /// heads not in groups, no queries, a split count out of range, head
     /// dims whose stages do not fit the GPU, more than 16 params and
     /// tensors.
@@ -128,8 +172,9 @@ impl Runtime {
             None => split_count(ctas, self.sm_count(), config.ctas_per_sm, kv_tiles),
         };
         let spec_source = to_source(spec);
-        let which = if opts.paged { Which::DecodePaged(config) } else { Which::Decode(config) };
-        let decode = self.load_keyed(spec, &spec_source, which)?;
+        let cache = if opts.paged { DecodeCache::Paged } else { DecodeCache::Dense };
+        let queries = if opts.varlen { DecodeQueries::Packed } else { DecodeQueries::Padded };
+        let decode = self.load_keyed(spec, &spec_source, Which::Decode(config, cache, queries))?;
         let grid = launch_config(decode.kernel(), &shape.as_shape(), splits as usize, self.sm_count())?;
         let split = match splits {
             1 => None,
@@ -146,8 +191,7 @@ impl Runtime {
                 Some(SplitResources { partial_o, partial_lse, counters })
             }
         };
-        let paged = opts.paged;
-        Ok(DecodePlan { spec: spec.clone(), shape, scale, config, splits, paged, decode, grid, split })
+        Ok(DecodePlan { spec: spec.clone(), shape, scale, config, splits, cache, queries, decode, grid, split })
     }
 }
 
@@ -176,41 +220,37 @@ impl DecodePlan {
     /// made on) without waiting: checks the operands and `args` (the spec's
     /// params, then its tensors) against the plan, then launches the decode
     /// kernel (one launch, splits or not). A dense cache: a plan
-    /// made for paged ones refuses it ([`RaggedError::DecodeCache`](crate::RaggedError::DecodeCache)).
+    /// made for paged ones refuses it ([`RaggedError::DecodeCache`](crate::RaggedError::DecodeCache)),
+    /// one made for packed queries ([`RaggedError::DecodeQueries`](crate::RaggedError::DecodeQueries)).
     pub fn run<T: Element>(&self, rt: &Runtime, io: DecodeIo<'_, T>, args: &[ArgValue<'_>]) -> Result<(), Error> {
-        self.check_cache(false)?;
+        self.check_kind(DecodeCache::Dense, DecodeQueries::Padded)?;
         let infos = self.arg_infos(args)?;
         let infos = &infos[..args.len()];
         let DecodeIo { q, k, v, o, lse, kv_lens } = io;
-        let layouts = [q.1, k.1, v.1, o.1];
         let operands = [(q.1, q.0.len()), (k.1, k.0.len()), (v.1, v.0.len()), (o.1, o.0.len())];
         let problem = Problem::new(T::DTYPE, operands, lse.as_ref().map(|l| l.len()));
         let Some(shape) = check_forward(&self.spec, &problem, infos)? else {
             return Ok(());
         };
         check_launch(&self.shape, &shape, kv_lens.len())?;
-
-        // The guards order the launches after pending work on each buffer
-        // and record them for later work; they must live until after both.
-        let stream = rt.stream().as_ref();
-        let (q_ptr, _q) = q.0.device_ptr(stream);
-        let (k_ptr, _k) = k.0.device_ptr(stream);
-        let (v_ptr, _v) = v.0.device_ptr(stream);
-        let (o_ptr, _o) = o.0.device_ptr_mut(stream);
-        let (lens_ptr, _lens) = kv_lens.device_ptr(stream);
-        let lse = lse.map(|l| l.device_ptr_mut(stream));
-        let lse_ptr = lse.as_ref().map_or(0, |(ptr, _)| *ptr);
-        let operands = Operands { ptrs: [q_ptr, k_ptr, v_ptr, o_ptr], layouts, lse: lse_ptr, kv_lens: lens_ptr };
-        self.queue(rt, shape, infos, args, operands, None)
+        let kv = DecodeKv::Dense { k, v, kv_lens };
+        self.queue(rt, shape, infos, args, StepIo { q, o, lse, kv, packed: None })
     }
 
-    /// Refuses a run on another kind of cache than the plan's kernel reads.
-    pub(crate) fn check_cache(&self, paged: bool) -> Result<(), Error> {
-        let kind = |paged| if paged { "paged" } else { "dense" };
-        match paged == self.paged {
-            true => Ok(()),
-            false => Err(Error::Ragged(RaggedError::DecodeCache { plan: kind(self.paged), got: kind(paged) })),
+    /// Refuses a run on another kind of cache or queries than the plan's
+    /// kernel reads.
+    pub(crate) fn check_kind(&self, cache: DecodeCache, queries: DecodeQueries) -> Result<(), Error> {
+        let cache_name = |c| if c == DecodeCache::Paged { "paged" } else { "dense" };
+        let queries_name = |q| if q == DecodeQueries::Packed { "packed" } else { "padded" };
+        if cache != self.cache {
+            let (plan, got) = (cache_name(self.cache), cache_name(cache));
+            return Err(Error::Ragged(RaggedError::DecodeCache { plan, got }));
         }
+        if queries != self.queries {
+            let (plan, got) = (queries_name(self.queries), queries_name(queries));
+            return Err(Error::Ragged(RaggedError::DecodeQueries { plan, got }));
+        }
+        Ok(())
     }
 
     /// `args`' infos in an array, not a vector (a run allocates nothing):
@@ -223,18 +263,44 @@ impl DecodePlan {
         Ok(std::array::from_fn(|i| args.get(i).map_or(ArgInfo::I32(0), ArgValue::info)))
     }
 
-    /// Queues the plan's launch for checked operands (their guards held
-    /// by the caller until this returns) of `shape`.
-    pub(crate) fn queue(
+    /// Queues the plan's launch for a checked step of `shape` (its cache's
+    /// rows as `kv_len`, the plan's `q_len`).
+    pub(crate) fn queue<T>(
         &self,
         rt: &Runtime,
         shape: Shape,
         infos: &[ArgInfo],
         args: &[ArgValue<'_>],
-        operands: Operands,
-        paged: Option<PagedBindings>,
+        io: StepIo<'_, T>,
     ) -> Result<(), Error> {
+        debug_assert!(io.kv.cache() == self.cache && io.packed.is_some() == (self.queries == DecodeQueries::Packed));
+        // The guards order the launch after pending work on each buffer and
+        // record it for later work; they must live until after it.
         let stream = rt.stream().as_ref();
+        let StepIo { q, o, lse, kv, packed } = io;
+        let (q_ptr, _q) = q.0.device_ptr(stream);
+        let (o_ptr, _o) = o.0.device_ptr_mut(stream);
+        let lse = lse.map(|l| l.device_ptr_mut(stream));
+        let (cu_q, _cu_q) = packed.map(|(cu, _)| cu.device_ptr(stream)).unzip();
+        let (lens_ptr, _lens) = kv.kv_lens().device_ptr(stream);
+        let (k, v, [k_layout, v_layout]) = match &kv {
+            DecodeKv::Dense { k, v, .. } => (k.0, v.0, [k.1, v.1]),
+            DecodeKv::Paged(kv) => (kv.k.0, kv.v.0, [kv.k.1.as_layout(), kv.v.1.as_layout()]),
+        };
+        let (k_ptr, _k) = k.device_ptr(stream);
+        let (v_ptr, _v) = v.device_ptr(stream);
+        let (paged, _table) = match &kv {
+            DecodeKv::Dense { .. } => (None, None),
+            DecodeKv::Paged(kv) => {
+                let (block_table, guard) = kv.block_table.device_ptr(stream);
+                let (pages_per_seq, page_size, num_pages) = (kv.pages_per_seq, kv.k.1.page_size, kv.k.1.num_pages);
+                let paged = PagedBindings { kv_lens: lens_ptr, block_table, pages_per_seq, page_size, num_pages };
+                (Some(paged), Some(guard))
+            }
+        };
+        let varlen =
+            cu_q.zip(packed).map(|(cu, (_, tokens))| VarlenBindings { cu_seqlens: [cu, 0], tokens: [tokens, 0] });
+
         // The checks put params first: the tensors are the arguments with
         // device pointers, in declaration order.
         let tensors: [_; SPEC_ARGS] = std::array::from_fn(|i| args.get(i).and_then(|a| a.device_ptr(stream)));
@@ -250,11 +316,20 @@ impl DecodePlan {
             .as_ref()
             .map(|s| [s.partial_o.device_ptr(stream), s.partial_lse.device_ptr(stream), s.counters.device_ptr(stream)]);
         let [partial_o, partial_lse, counters] = split.as_ref().map_or([0; 3], |ptrs| ptrs.each_ref().map(|p| p.0));
-        let Operands { ptrs, layouts, lse, kv_lens } = operands;
+        let decode =
+            DecodeBindings { kv_lens: lens_ptr, splits: self.splits, partial: [partial_o, partial_lse], counters };
+        let layouts = [q.1, k_layout, v_layout, o.1];
+        let lse_ptr = lse.as_ref().map_or(0, |(ptr, _)| *ptr);
         let bindings = Bindings {
-            decode: Some(DecodeBindings { kv_lens, splits: self.splits, partial: [partial_o, partial_lse], counters }),
+            decode: Some(decode),
             paged,
-            ..Bindings::without_operands(shape, infos, tensor_ptrs).with_operands(ptrs, layouts, lse, self.scale)
+            varlen,
+            ..Bindings::without_operands(shape, infos, tensor_ptrs).with_operands(
+                [q_ptr, k_ptr, v_ptr, o_ptr],
+                layouts,
+                lse_ptr,
+                self.scale,
+            )
         };
         self.launch(rt, &bindings)
     }
@@ -268,13 +343,16 @@ impl DecodePlan {
         rt.context().check_err().map_err(launching)?;
         // SAFETY: `marshal_into` followed the kernel's own argument list, so the
         // values match its parameters in order and type; `check_forward` (or,
-        // paged, `check_paged_launch`) proved every element Q, K, V, O and the
-        // LSE's layouts address is inside its buffer, `check_launch` that the
+        // paged, `check_paged_launch`; packed, `check_varlen_decode` or
+        // `check_paged`) proved every element Q, K, V, O and the LSE's
+        // layouts address is inside its buffer, `check_launch` that the
         // shape is the plan's (the workspace's and the grid's) and that
-        // `kv_lens` (and a block table) holds an entry per sequence; the
-        // kernel clamps each length into the cache and each page id into its
-        // pages; the split workspace and counters are sized for the plan's
-        // grid. `marshal_into` wrote at most INLINE_ARGS values.
+        // `kv_lens` (and a block table, and packed queries' prefix sums)
+        // holds an entry per sequence; the kernel clamps each length into
+        // the cache, each page id into its pages and each sequence's tokens
+        // into Q and O and to the plan's q_len; the split workspace and
+        // counters are sized for the plan's grid. `marshal_into` wrote at
+        // most INLINE_ARGS values.
         unsafe { launch_inline(rt.stream(), self.decode.function(), &values[..count], self.grid) }.map_err(launching)
     }
 }

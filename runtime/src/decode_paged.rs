@@ -11,15 +11,15 @@
 use crate::args::ArgValue;
 use crate::check::Buffer;
 use crate::check_decode::{check_launch, check_paged_launch, PagedDecodeProblem};
-use crate::decode::{DecodePlan, Operands};
+use crate::decode::{DecodeKv, DecodePlan, StepIo};
 use crate::element::Element;
 use crate::error::Error;
 use crate::layout::Layout;
-use crate::marshal::PagedBindings;
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::paged::PagedKv;
 use crate::runtime::Runtime;
-use cudarc::driver::{CudaSlice, DevicePtrMut};
+use cudarc::driver::CudaSlice;
+use flashgen_codegen::cuda::{DecodeCache, DecodeQueries};
 
 /// The operands of one decode step on paged caches. Q and O are `[batch,
 /// q_len, heads, d]` (any [`Layout`] strides), as [`DecodeIo`](crate::DecodeIo)'s;
@@ -44,14 +44,15 @@ impl DecodePlan {
     /// read on the device each launch and clamped there (a length into `[0,
     /// min(pages_per_seq · page_size, max_kv_len)]`, a page id into `[0,
     /// num_pages)`). A plan made for dense caches refuses it
-    /// ([`RaggedError::DecodeCache`](crate::RaggedError::DecodeCache)).
+    /// ([`RaggedError::DecodeCache`](crate::RaggedError::DecodeCache)), one
+    /// made for packed queries ([`RaggedError::DecodeQueries`](crate::RaggedError::DecodeQueries)).
     pub fn run_paged<T: Element>(
         &self,
         rt: &Runtime,
         io: PagedDecodeIo<'_, T>,
         args: &[ArgValue<'_>],
     ) -> Result<(), Error> {
-        self.check_cache(true)?;
+        self.check_kind(DecodeCache::Paged, DecodeQueries::Padded)?;
         let infos = self.arg_infos(args)?;
         let infos = &infos[..args.len()];
         let PagedDecodeIo { q, o, lse, kv } = io;
@@ -66,31 +67,7 @@ impl DecodePlan {
             return Ok(());
         };
         check_launch(&self.shape(), &shape, kv.kv_lens.len())?;
-
-        // The guards order the launches after pending work on each buffer
-        // and record them for later work; they must live until after both.
-        let stream = rt.stream().as_ref();
-        let (q_ptr, _q) = q.0.device_ptr(stream);
-        let (k_ptr, _k) = kv.k.0.device_ptr(stream);
-        let (v_ptr, _v) = kv.v.0.device_ptr(stream);
-        let (o_ptr, _o) = o.0.device_ptr_mut(stream);
-        let (lens_ptr, _lens) = kv.kv_lens.device_ptr(stream);
-        let (table_ptr, _table) = kv.block_table.device_ptr(stream);
-        let lse = lse.map(|l| l.device_ptr_mut(stream));
-        let cache = kv.k.1;
-        let operands = Operands {
-            ptrs: [q_ptr, k_ptr, v_ptr, o_ptr],
-            layouts: [q.1, cache.as_layout(), kv.v.1.as_layout(), o.1],
-            lse: lse.as_ref().map_or(0, |(ptr, _)| *ptr),
-            kv_lens: lens_ptr,
-        };
-        let paged = PagedBindings {
-            kv_lens: lens_ptr,
-            block_table: table_ptr,
-            pages_per_seq: kv.pages_per_seq,
-            page_size: cache.page_size,
-            num_pages: cache.num_pages,
-        };
-        self.queue(rt, shape, infos, args, operands, Some(paged))
+        let kv = DecodeKv::Paged(kv);
+        self.queue(rt, shape, infos, args, StepIo { q, o, lse, kv, packed: None })
     }
 }

@@ -22,10 +22,9 @@ pub(crate) enum Which {
     /// A work order under the spec's block mask.
     WorkOrder(cuda::Work),
     Backward(cuda::BackwardPass, cuda::BackwardConfig),
-    /// The decode kernel in a configuration (`cuda::DecodeConfig::for_rows`).
-    Decode(cuda::DecodeConfig),
-    /// The paged decode kernel in a configuration.
-    DecodePaged(cuda::DecodeConfig),
+    /// The decode kernel in a configuration (`cuda::DecodeConfig::for_rows`)
+    /// over a dense or paged cache, its queries padded or packed.
+    Decode(cuda::DecodeConfig, cuda::DecodeCache, cuda::DecodeQueries),
     /// Made by [`Which::backward_varlen`].
     BackwardVarlen(cuda::BackwardPass, cuda::BackwardConfig),
     /// Context parallelism's merge of a forward piece into the running O
@@ -49,7 +48,8 @@ pub enum KernelSet {
     /// Every kernel a launch of the spec may use: those of `Training`, the
     /// forward in every configuration autotuning may pick, copying both
     /// ways where it has the choice, the varlen and paged forwards in each,
-    /// the paged append, the decode kernels, dense and paged (one and two row tiles),
+    /// the paged append, the decode kernels, dense and paged, with padded and
+    /// packed queries (one and two row tiles),
     /// with their combine kernel, the varlen backward, and context
     /// parallelism's merge and adds (not in `Training`: plain training
     /// launches never use them, and they compile in a fraction of a second
@@ -114,8 +114,11 @@ impl Which {
             }
             for rows in [16, 32] {
                 if let Some(config) = cuda::DecodeConfig::for_rows(spec, target, rows) {
-                    add(Which::Decode(config));
-                    add(Which::DecodePaged(config));
+                    for cache in [cuda::DecodeCache::Dense, cuda::DecodeCache::Paged] {
+                        for queries in [cuda::DecodeQueries::Padded, cuda::DecodeQueries::Packed] {
+                            add(Which::Decode(config, cache, queries));
+                        }
+                    }
                 }
             }
             // The varlen backward, with and without tensor gradients.
@@ -167,8 +170,7 @@ impl Which {
             Which::BlockMask => cuda::emit_block_mask(spec),
             Which::WorkOrder(work) => cuda::emit_work_order(spec, work),
             Which::Backward(pass, config) => Some(cuda::emit_backward_with(spec, pass, config)),
-            Which::Decode(config) => Some(cuda::emit_decode(spec, config)),
-            Which::DecodePaged(config) => Some(cuda::emit_decode_paged(spec, config)),
+            Which::Decode(config, cache, queries) => Some(cuda::emit_decode_with(spec, config, cache, queries)),
             Which::BackwardVarlen(pass, config) => Some(cuda::emit_backward_varlen(spec, pass, config)),
             Which::MergePartial => Some(cuda::emit_merge_partial(spec)),
             Which::AddPartial => Some(cuda::emit_add_partial(spec)),

@@ -45,6 +45,7 @@ mod args;
 mod atomic_file;
 mod check;
 mod check_decode;
+mod check_decode_varlen;
 mod check_paged;
 mod check_partials;
 mod check_shard;
@@ -94,6 +95,7 @@ mod comm;
 pub mod context_parallel;
 mod decode;
 mod decode_paged;
+mod decode_varlen;
 mod forward;
 mod forward_launch;
 mod forward_paged;
@@ -115,8 +117,9 @@ pub use check_decode::DecodeShape;
 #[cfg(feature = "nccl")]
 pub use comm::{Communicator, UniqueId};
 pub use comm_error::CommError;
-pub use decode::{DecodeIo, DecodeOptions, DecodePlan};
+pub use decode::{DecodeIo, DecodeKv, DecodeOptions, DecodePlan};
 pub use decode_paged::PagedDecodeIo;
+pub use decode_varlen::VarlenDecodeIo;
 pub use disk_cache::{
     precompile, Cleared, DiskCache, Entry, EntryKey, PrecompileReport, CACHE_DIR_ENV, CACHE_ENV, CACHE_MAX_BYTES_ENV,
     DEFAULT_MAX_BYTES,

@@ -685,6 +685,47 @@ mod tests {
         assert!(matches!(marshal(&kernel, &Bindings { paged: None, ..b }), Err(Error::KernelAbi { .. })));
     }
 
+    /// A decode kernel over packed queries binds their prefix sums and
+    /// tokens from the varlen bindings and the plan's `q_len` as
+    /// `max_q_len`; Q and O have no batch stride; without the varlen
+    /// bindings it is refused. Its grid is the padded kernel's.
+    #[test]
+    fn varlen_decode_kernels_marshal_their_sequences() {
+        use flashgen_codegen::cuda::{emit_decode_with, DecodeCache, DecodeConfig, DecodeQueries, Target};
+        let spec = flashgen_codegen::parse_one("D { dtype: bf16, head_dim: 64 }").unwrap();
+        let config = DecodeConfig::for_rows(&spec, Target::HOPPER, 8).unwrap();
+        let decode = Some(DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96], counters: 98 });
+        let varlen = Some(VarlenBindings { cu_seqlens: [91, 0], tokens: [300, 0] });
+        let paged =
+            Some(PagedBindings { kv_lens: 94, block_table: 97, pages_per_seq: 6, page_size: 16, num_pages: 40 });
+        for (cache, paged) in [(DecodeCache::Dense, None), (DecodeCache::Paged, paged)] {
+            let kernel = emit_decode_with(&spec, config, cache, DecodeQueries::Packed);
+            let b = Bindings { decode, varlen, paged, ..bindings(&[], &[]) };
+            let values = marshal(&kernel, &b).unwrap();
+            let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];
+            use Value::*;
+            for (name, expected) in [
+                ("cu_seqlens_q", Ptr(91)),
+                ("total_q", I32(300)),
+                ("max_q_len", I32(129)),
+                ("q_seq_stride", I64(2)),
+                ("o_head_stride", I64(12)),
+                ("kv_lens", Ptr(94)),
+                ("num_splits", I32(5)),
+            ] {
+                assert_eq!(value(name), expected, "{cache:?} {name}");
+            }
+            for gone in ["q_len", "q_batch_stride", "o_batch_stride"] {
+                assert!(!kernel.args.iter().any(|a| a.name == gone), "{cache:?}: {gone}");
+            }
+            let mut inline = [Value::I32(0); INLINE_ARGS];
+            let count = marshal_into(&kernel, &b, &mut inline).unwrap();
+            assert_eq!(&inline[..count], &values[..]);
+            assert!(matches!(marshal(&kernel, &Bindings { varlen: None, ..b }), Err(Error::KernelAbi { .. })));
+            assert_eq!(launch_config(&kernel, &SHAPE, 5, 132).unwrap().grid_dim, (33 * 5, 2, 3));
+        }
+    }
+
     /// The varlen backward kernels bind their sequences as the forward's do,
     /// and the gradients' token and head strides.
     #[test]

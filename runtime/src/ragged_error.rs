@@ -39,6 +39,10 @@ pub enum RaggedError {
     /// (`DecodeOptions::paged`: `run_paged` needs a paged plan, `run` a
     /// dense one).
     DecodeCache { plan: &'static str, got: &'static str },
+    /// A decode plan ran on other queries than it was made for
+    /// (`DecodeOptions::varlen`: `run_varlen` needs a plan for packed
+    /// queries, `run` and `run_paged` one for padded ones).
+    DecodeQueries { plan: &'static str, got: &'static str },
 }
 
 impl fmt::Display for RaggedError {
@@ -76,6 +80,11 @@ impl fmt::Display for RaggedError {
             f,
             "the decode plan was made for a {plan} cache but ran on a {got} one: \
              make it with DecodeOptions::paged set as its runs need"
+        ),
+        RaggedError::DecodeQueries { plan, got } => write!(
+            f,
+            "the decode plan was made for {plan} queries but ran on {got} ones: \
+             make it with DecodeOptions::varlen set as its runs need"
         ),
         }
     }

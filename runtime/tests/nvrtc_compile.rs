@@ -7,8 +7,9 @@ mod support;
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{
     emit_add_f32, emit_add_partial, emit_backward, emit_backward_varlen, emit_backward_with, emit_block_mask,
-    emit_decode, emit_decode_paged, emit_forward_copying, emit_forward_paged, emit_forward_varlen, emit_merge_partial,
-    emit_paged_append, emit_work_order, BackwardConfig, BackwardPass, DecodeConfig, Mma, Target, TileCopy, Work,
+    emit_decode, emit_decode_paged, emit_decode_with, emit_forward_copying, emit_forward_paged, emit_forward_varlen,
+    emit_merge_partial, emit_paged_append, emit_work_order, BackwardConfig, BackwardPass, DecodeCache, DecodeConfig,
+    DecodeQueries, Mma, Target, TileCopy, Work,
 };
 use flashgen_codegen::{parse_str, Spec};
 use flashgen_runtime::tile_choice;
@@ -204,6 +205,28 @@ fn decode_kernels(spec: &Spec) -> Vec<(Kernel, Arch)> {
         .collect()
 }
 
+/// Every shipped spec's decode kernels over packed (varlen) queries, on a
+/// dense and a paged cache (one and two 16-row tiles), compile for sm_80
+/// and sm_90, and so do the language's other features.
+#[test]
+fn every_shipped_spec_compiles_varlen_decode_for_sm80_and_sm90() {
+    require_nvrtc();
+    let mut specs = shipped_specs();
+    specs.extend(parse_str(include_str!("../../codegen/tests/specs/language.attn")).unwrap());
+    compile_all(specs.iter().flat_map(varlen_decode_kernels).collect());
+}
+
+fn varlen_decode_kernels(spec: &Spec) -> Vec<(Kernel, Arch)> {
+    let mut jobs = Vec::new();
+    for (target, arch) in [(Target::PORTABLE, Arch::new(8, 0)), (Arch::new(9, 0).target(), Arch::new(9, 0))] {
+        for (rows, cache) in [(4, DecodeCache::Dense), (32, DecodeCache::Dense), (32, DecodeCache::Paged)] {
+            let config = DecodeConfig::for_rows(spec, target, rows).unwrap();
+            jobs.push((emit_decode_with(spec, config, cache, DecodeQueries::Packed), arch));
+        }
+    }
+    jobs
+}
+
 /// Context parallelism's partials kernels (merge, add, flat add) compile
 /// for sm_80 and sm_90a at both dtypes, at a V head dim below a warp's
 /// width, one that is not a multiple of it, and the usual 128.
@@ -313,7 +336,8 @@ fn sink_specs_compile_every_kernel() {
     let mut specs = parse_str(source).unwrap_or_else(|e| panic!("{}", e.render("sinks", source)));
     specs.extend(shipped_specs().into_iter().filter(|s| s.sink.is_some()));
     assert_eq!(specs.len(), 3, "the shipped sink spec is among the examples");
-    let kinds: [KernelsOf; 5] = [every_kernel, varlen_kernels, paged_kernels, decode_kernels, varlen_backward_kernels];
+    let kinds: [KernelsOf; 6] =
+        [every_kernel, varlen_kernels, paged_kernels, decode_kernels, varlen_decode_kernels, varlen_backward_kernels];
     let jobs: Vec<(Kernel, Arch)> =
         specs.iter().flat_map(|spec| kinds.iter().flat_map(move |kind| kind(spec))).collect();
     assert!(jobs.iter().any(|(k, _)| k.source.contains("atomicAdd(&dt_sinks[")), "the preprocess trains the sinks");

@@ -59,7 +59,7 @@ impl Case {
 /// The plan options of `problem` split `splits` ways (`None`: the plan's
 /// choice), on pages or not.
 fn options(problem: &DecodeProblem, splits: Option<usize>, paged: bool) -> DecodeOptions {
-    DecodeOptions { scale: Some(problem.reference.problem.scale as f32), splits, paged }
+    DecodeOptions { scale: Some(problem.reference.problem.scale as f32), splits, paged, ..Default::default() }
 }
 
 /// `problem` on the GPU: a dense cache, or pages of `page_size` rows of a

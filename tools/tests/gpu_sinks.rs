@@ -132,8 +132,8 @@ fn decode_counts_the_sink_once_across_splits() {
                 let row = format!("{:<14} q={q_len} splits {splits:?} seed {seed}", spec.name);
                 let outcome = (|| -> Result<_, String> {
                     let expected = Expected::varlen(&spec, &problem.reference).map_err(|e| e.to_string())?;
-                    let opts =
-                        DecodeOptions { scale: Some(problem.reference.problem.scale as f32), splits, paged: false };
+                    let scale = Some(problem.reference.problem.scale as f32);
+                    let opts = DecodeOptions { scale, splits, ..Default::default() };
                     let plan = rt.decode_plan(&spec, shape, &opts).map_err(|e| e.to_string())?;
                     let mut gpu = DeviceDecode::upload(&rt, &spec, &problem).map_err(|e| e.to_string())?;
                     gpu.run(&rt, &plan, &problem).map_err(|e| e.to_string())?;

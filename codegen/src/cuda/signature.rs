@@ -228,6 +228,19 @@ pub(super) fn decode_paged_args(spec: &Spec) -> Vec<KernelArg> {
     named(spec, kinds.collect())
 }
 
+/// A decode kernel's arguments `args` (dense or paged cache) with packed
+/// queries: `q_len` becomes the queries' prefix sums and token count (the
+/// plan's `max_q_len` is already an argument), and Q and O lose their batch
+/// strides (a sequence's rows start at its first token).
+pub(super) fn with_packed_queries(spec: &Spec, args: Vec<KernelArg>) -> Vec<KernelArg> {
+    let kinds = args.into_iter().flat_map(|arg| match arg.kind {
+        ArgKind::QLen => vec![ArgKind::CuSeqlens(Side::Queries), ArgKind::Tokens(Side::Queries)],
+        ArgKind::Stride(Operand::Q | Operand::O, Axis::Batch) => Vec::new(),
+        kind => vec![kind],
+    });
+    named(spec, kinds.collect())
+}
+
 /// The partials merge kernel: the accumulator, the piece and the output,
 /// each with its LSE; the first flag; rows and heads (the grid covers the
 /// batch); the three operands' strides.

@@ -6,7 +6,12 @@
 //! `kv_lens[b]` cache rows, tensors' `KV_LEN` dims the cache's rows. The
 //! same step runs on paged caches ([`DeviceDecode::upload_paged`]): its
 //! keys scattered into pages of a shuffled block table
-//! ([`DecodeProblem::paged`]), judged by the same reference.
+//! ([`DecodeProblem::paged`]), judged by the same reference. A step of
+//! packed queries ([`DecodeProblem::with_q_lens`]: a token count per
+//! sequence, [`DecodePlan::run_varlen`]) keeps each sequence's first
+//! tokens of the padded draw; its Q and O buffers hold the plan's `batch ·
+//! q_len` tokens, the step's first and spare ones after (which must stay
+//! unwritten: [`DeviceDecode::spare_rows_written`]).
 
 use super::{
     driver, gather, launch_args, median_ms_after, random_tensors, round, scatter, upload_operands, upload_tensors,
@@ -16,7 +21,8 @@ use flashgen::codegen::reference::{PagedProblem, ParamValue, Problem, VarlenProb
 use flashgen::codegen::{Dtype, Shape, Spec};
 use flashgen::cudarc::driver::{CudaSlice, CudaStream};
 use flashgen::runtime::{
-    DecodeIo, DecodePlan, DecodeShape, Error, Layout, PagedDecodeIo, PagedKv, PagedLayout, Runtime,
+    ArgValue, DecodeIo, DecodeKv, DecodePlan, DecodeShape, Element, Error, Layout, PackedLayout, PagedDecodeIo,
+    PagedKv, PagedLayout, Runtime, VarlenDecodeIo,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -27,8 +33,14 @@ use std::sync::Arc;
 /// holds it.
 #[derive(Clone)]
 pub struct DecodeProblem {
-    /// The step as the varlen reference sees it (Q packed = Q dense).
+    /// The step as the varlen reference sees it (padded queries: Q packed =
+    /// Q dense).
     pub reference: VarlenProblem,
+    /// Every sequence's `q_len` drawn queries, `[batch, q_len, heads, d]`.
+    padded_q: Vec<f64>,
+    /// Each sequence's token count of a step of packed queries; `None`:
+    /// `q_len` each, padded.
+    pub q_lens: Option<Vec<usize>>,
     /// K and V caches `[batch, max_kv_len, heads_kv, d]`, BSHD.
     pub k_cache: Vec<f64>,
     pub v_cache: Vec<f64>,
@@ -57,9 +69,9 @@ pub fn random_decode_problem(
     let tensors = random_tensors(spec, &ref_shape, vec![None; spec.tensors.len()], &mut rng);
     let scale = f64::from(1.0 / (dqk as f32).sqrt());
     let cu_seqlens_q = (0..=batch).map(|b| b * q_len).collect();
-    let problem = Problem { shape: ref_shape, q, k: vec![], v: vec![], scale, params, tensors };
+    let problem = Problem { shape: ref_shape, q: q.clone(), k: vec![], v: vec![], scale, params, tensors };
     let reference = VarlenProblem { problem, cu_seqlens_q, cu_seqlens_k: vec![] };
-    DecodeProblem { reference, k_cache, v_cache, kv_lens: vec![], shape }.with_lens(kv_lens)
+    DecodeProblem { reference, padded_q: q, q_lens: None, k_cache, v_cache, kv_lens: vec![], shape }.with_lens(kv_lens)
 }
 
 impl DecodeProblem {
@@ -74,13 +86,27 @@ impl DecodeProblem {
         };
         self.reference.problem.k = packed(&self.k_cache);
         self.reference.problem.v = packed(&self.v_cache);
-        let ends = kv_lens.iter().scan(0, |sum, &n| {
-            *sum += n;
-            Some(*sum)
-        });
-        self.reference.cu_seqlens_k = std::iter::once(0).chain(ends).collect();
+        self.reference.cu_seqlens_k = prefix_sums(kv_lens);
         self.kv_lens = kv_lens.to_vec();
         self
+    }
+
+    /// The same step with packed queries: sequence `b` keeps the first
+    /// `q_lens[b]` (at most `q_len`) of its drawn queries, the spec's `q_len`
+    /// its count.
+    pub fn with_q_lens(mut self, q_lens: &[usize]) -> DecodeProblem {
+        let DecodeShape { batch, q_len, .. } = self.shape;
+        let row = self.padded_q.len() / (batch * q_len).max(1);
+        let q = (0..batch).flat_map(|b| &self.padded_q[b * q_len * row..][..q_lens[b] * row]);
+        self.reference.problem.q = q.copied().collect();
+        self.reference.cu_seqlens_q = prefix_sums(q_lens);
+        self.q_lens = Some(q_lens.to_vec());
+        self
+    }
+
+    /// The step's query tokens: `batch · q_len` padded, fewer packed.
+    fn total_q(&self) -> usize {
+        self.reference.cu_seqlens_q.last().copied().unwrap_or(0)
     }
 
     /// The step's keys and values in pages of `page_size` rows, drawn from
@@ -90,6 +116,23 @@ impl DecodeProblem {
     pub fn paged(&self, spec: &Spec, page_size: usize, seed: u64) -> PagedProblem {
         super::paged::into_pages(spec, &self.reference, page_size, 2, seed)
     }
+}
+
+/// `[0, lens[0], lens[0] + lens[1], ...]`.
+fn prefix_sums(lens: &[usize]) -> Vec<usize> {
+    let mut sums = vec![0];
+    for &n in lens {
+        sums.push(sums[sums.len() - 1] + n);
+    }
+    sums
+}
+
+/// Packed queries of a [`DeviceDecode`]: their prefix sums, Q's and O's
+/// layouts (the plan's `batch · q_len` tokens) and the step's tokens.
+struct Packed {
+    cu_seqlens_q: CudaSlice<i32>,
+    layouts: [PackedLayout; 2],
+    total_q: usize,
 }
 
 /// The paged caches of a [`DeviceDecode`] (whose K and V operands are then
@@ -111,6 +154,8 @@ pub struct DeviceDecode {
     stream: Arc<CudaStream>,
     /// Paged caches; `None`: the dense cache.
     pages: Option<Pages>,
+    /// Packed queries; `None`: padded ones.
+    packed: Option<Packed>,
 }
 
 impl DeviceDecode {
@@ -151,14 +196,24 @@ impl DeviceDecode {
         let shape = problem.shape;
         let DecodeShape { batch, heads, q_len, .. } = shape;
         let (dqk, dv) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
-        let layouts = [
-            Layout::bshd(batch, q_len, heads, dqk),
-            cache_layouts[0],
-            cache_layouts[1],
-            Layout::bshd(batch, q_len, heads, dv),
-        ];
+        // Packed queries: the plan's tokens, the step's first.
+        let packed_layouts = [dqk, dv].map(|d| PackedLayout::thd(batch * q_len, heads, d));
+        let packed = match &problem.q_lens {
+            None => None,
+            Some(_) => Some(Packed {
+                cu_seqlens_q: stream.clone_htod(&cu_seqlens(problem)).map_err(driver("upload cu_seqlens_q"))?,
+                layouts: packed_layouts,
+                total_q: problem.total_q(),
+            }),
+        };
+        let [q_layout, o_layout] = match packed {
+            None => [dqk, dv].map(|d| Layout::bshd(batch, q_len, heads, d)),
+            Some(_) => packed_layouts.map(|l| l.as_layout()),
+        };
+        let layouts = [q_layout, cache_layouts[0], cache_layouts[1], o_layout];
         let o_poison = vec![f64::NAN; layouts[3].len()];
-        let host = [&problem.reference.problem.q, caches[0], caches[1], &o_poison];
+        let q = padded_queries(problem, layouts[0].len());
+        let host = [&q, caches[0], caches[1], &o_poison];
         let operands = match spec.dtype {
             Dtype::F16 => Operands::F16(upload_operands(&stream, host, &layouts)?),
             Dtype::Bf16 => Operands::Bf16(upload_operands(&stream, host, &layouts)?),
@@ -167,7 +222,33 @@ impl DeviceDecode {
         let lens: Vec<i32> = problem.kv_lens.iter().map(|&n| n as i32).collect();
         let kv_lens = stream.clone_htod(&lens).map_err(driver("upload kv_lens"))?;
         let tensors = upload_tensors(&stream, spec, &problem.reference.problem.tensors)?;
-        Ok(DeviceDecode { operands, lse, kv_lens, tensors, layouts, shape, stream, pages })
+        Ok(DeviceDecode { operands, lse, kv_lens, tensors, layouts, shape, stream, pages, packed })
+    }
+
+    /// Overwrites the packed queries and their prefix sums with `step`'s
+    /// (of the problem uploaded, other token counts) and poisons O and the
+    /// LSE again, in stream order: what a captured step reads on its next
+    /// replay.
+    pub fn set_queries(&mut self, step: &DecodeProblem) -> Result<(), Error> {
+        self.set_cu_seqlens(&cu_seqlens(step))?;
+        self.packed.as_mut().expect("a packed upload").total_q = step.total_q();
+        let [lq, _, _, lo] = self.layouts;
+        let q = padded_queries(step, lq.len());
+        let o = vec![f64::NAN; lo.len()];
+        fn write<T: Storage>(
+            s: &Arc<CudaStream>,
+            ops: &mut [CudaSlice<T>; 4],
+            [q, o]: [(&[f64], &Layout); 2],
+        ) -> Result<(), Error> {
+            s.memcpy_htod(&scatter::<T>(q.0, q.1), &mut ops[0]).map_err(driver("upload the packed queries"))?;
+            s.memcpy_htod(&scatter::<T>(o.0, o.1), &mut ops[3]).map_err(driver("poison O"))
+        }
+        match &mut self.operands {
+            Operands::F16(ops) => write(&self.stream, ops, [(&q, &lq), (&o, &lo)])?,
+            Operands::Bf16(ops) => write(&self.stream, ops, [(&q, &lq), (&o, &lo)])?,
+        }
+        let poison = vec![f32::NAN; self.lse.len()];
+        self.stream.memcpy_htod(&poison, &mut self.lse).map_err(driver("poison the LSE"))
     }
 
     /// Overwrites the paged caches, block table and lengths with `paged`'s
@@ -200,6 +281,14 @@ impl DeviceDecode {
         self.set_kv_lens(&paged.kv_lens.iter().map(|&n| n as i32).collect::<Vec<_>>())
     }
 
+    /// Overwrites the packed queries' prefix sums on the device (anything:
+    /// the kernel clamps each sequence into Q and to the plan's `q_len`),
+    /// in stream order.
+    pub fn set_cu_seqlens(&mut self, cu: &[i32]) -> Result<(), Error> {
+        let packed = self.packed.as_mut().expect("a packed upload");
+        self.stream.memcpy_htod(cu, &mut packed.cu_seqlens_q).map_err(driver("upload cu_seqlens_q"))
+    }
+
     /// Overwrites the block table on the device (anything: the kernel
     /// clamps page ids into the caches), in stream order.
     pub fn set_block_table(&mut self, table: &[i32]) -> Result<(), Error> {
@@ -214,34 +303,22 @@ impl DeviceDecode {
     }
 
     /// Queues one decode step in `plan` (asynchronous): [`DecodePlan::run`]
-    /// on a dense cache, [`DecodePlan::run_paged`] on pages.
+    /// on a dense cache, [`DecodePlan::run_paged`] on pages, and
+    /// [`DecodePlan::run_varlen`] on either with packed queries.
     pub fn run(&mut self, rt: &Runtime, plan: &DecodePlan, problem: &DecodeProblem) -> Result<(), Error> {
         let args = launch_args(&self.tensors, &problem.reference.problem);
-        let [lq, lk, lv, lo] = self.layouts;
-        let (lse, kv_lens) = (Some(&mut self.lse), &self.kv_lens);
-        if let Some(pages) = &self.pages {
-            let (batch, max_kv_len) = (self.shape.batch, self.shape.max_kv_len);
-            let (block_table, pages_per_seq, [ck, cv]) = (&pages.block_table, pages.pages_per_seq, pages.caches);
-            return match &mut self.operands {
-                Operands::F16([q, k, v, o]) => {
-                    let kv = PagedKv { k: (k, ck), v: (v, cv), block_table, pages_per_seq, kv_lens, max_kv_len, batch };
-                    plan.run_paged(rt, PagedDecodeIo { q: (q, lq), o: (o, lo), lse, kv }, &args)
-                }
-                Operands::Bf16([q, k, v, o]) => {
-                    let kv = PagedKv { k: (k, ck), v: (v, cv), block_table, pages_per_seq, kv_lens, max_kv_len, batch };
-                    plan.run_paged(rt, PagedDecodeIo { q: (q, lq), o: (o, lo), lse, kv }, &args)
-                }
-            };
-        }
-        match &mut self.operands {
-            Operands::F16([q, k, v, o]) => {
-                let io = DecodeIo { q: (q, lq), k: (k, lk), v: (v, lv), o: (o, lo), lse, kv_lens };
-                plan.run(rt, io, &args)
-            }
-            Operands::Bf16([q, k, v, o]) => {
-                let io = DecodeIo { q: (q, lq), k: (k, lk), v: (v, lv), o: (o, lo), lse, kv_lens };
-                plan.run(rt, io, &args)
-            }
+        let DeviceDecode { operands, lse, kv_lens, layouts, shape, pages, packed, .. } = self;
+        let parts = StepParts {
+            layouts: *layouts,
+            lse,
+            kv_lens,
+            shape: *shape,
+            pages: pages.as_ref(),
+            packed: packed.as_ref(),
+        };
+        match operands {
+            Operands::F16(ops) => run_step(rt, plan, ops, parts, &args),
+            Operands::Bf16(ops) => run_step(rt, plan, ops, parts, &args),
         }
     }
 
@@ -261,17 +338,19 @@ impl DeviceDecode {
         median_ms_after(&stream, warmup, iters, zero, || self.run(rt, plan, problem))
     }
 
-    /// Waits for the stream and reads O (`[batch · q_len, heads, d_v]`) and
-    /// the LSE, reordered to the varlen reference's `[heads, batch · q_len]`.
+    /// Waits for the stream and reads O (`[total_q, heads, d_v]`: the
+    /// step's tokens) and the LSE, reordered to the varlen reference's
+    /// `[heads, total_q]`.
     pub fn download(&self) -> Result<GpuOutput, Error> {
-        let err = driver("download results");
-        self.stream.synchronize().map_err(err)?;
-        let o = match &self.operands {
-            Operands::F16(ops) => gather(&self.stream.clone_dtoh(&ops[3]).map_err(err)?, &self.layouts[3]),
-            Operands::Bf16(ops) => gather(&self.stream.clone_dtoh(&ops[3]).map_err(err)?, &self.layouts[3]),
-        };
-        let lse = self.stream.clone_dtoh(&self.lse).map_err(err)?;
+        let (o, lse) = self.fetch()?;
         let DecodeShape { batch, heads, q_len, .. } = self.shape;
+        if let Some(packed) = &self.packed {
+            // O's tokens and the LSE's `[heads, batch · q_len]` rows, the step's first.
+            let (total_q, tokens) = (packed.total_q, batch * q_len);
+            let o = o[..o.len() / tokens.max(1) * total_q].to_vec();
+            let lse = (0..heads).flat_map(|h| &lse[h * tokens..][..total_q]).map(|&x| f64::from(x)).collect();
+            return Ok(GpuOutput { o, lse });
+        }
         let total_q = batch * q_len;
         let mut varlen = vec![0.0; heads * total_q];
         for b in 0..batch {
@@ -283,6 +362,88 @@ impl DeviceDecode {
         }
         Ok(GpuOutput { o, lse: varlen })
     }
+
+    /// How many elements of O and the LSE past the step's tokens a packed
+    /// step wrote (they must stay poisoned: rows of no sequence).
+    pub fn spare_rows_written(&self) -> Result<usize, Error> {
+        let Some(packed) = &self.packed else { return Ok(0) };
+        let (o, lse) = self.fetch()?;
+        let DecodeShape { batch, heads, q_len, .. } = self.shape;
+        let tokens = batch * q_len;
+        let o_spare = &o[o.len() / tokens.max(1) * packed.total_q..];
+        let lse_spare = (0..heads).flat_map(|h| &lse[h * tokens + packed.total_q..(h + 1) * tokens]);
+        Ok(o_spare.iter().filter(|x| !x.is_nan()).count() + lse_spare.filter(|x| !x.is_nan()).count())
+    }
+
+    /// Waits for the stream and reads all of O (in its layout's logical
+    /// order) and the LSE.
+    fn fetch(&self) -> Result<(Vec<f64>, Vec<f32>), Error> {
+        let err = driver("download results");
+        self.stream.synchronize().map_err(err)?;
+        let o = match &self.operands {
+            Operands::F16(ops) => gather(&self.stream.clone_dtoh(&ops[3]).map_err(err)?, &self.layouts[3]),
+            Operands::Bf16(ops) => gather(&self.stream.clone_dtoh(&ops[3]).map_err(err)?, &self.layouts[3]),
+        };
+        Ok((o, self.stream.clone_dtoh(&self.lse).map_err(err)?))
+    }
+}
+
+/// A [`DeviceDecode`]'s buffers but its operands, for one step.
+struct StepParts<'a> {
+    layouts: [Layout; 4],
+    lse: &'a mut CudaSlice<f32>,
+    kv_lens: &'a CudaSlice<i32>,
+    shape: DecodeShape,
+    pages: Option<&'a Pages>,
+    packed: Option<&'a Packed>,
+}
+
+/// One step on operands `[q, k, v, o]`, through the run its cache and
+/// queries call for.
+fn run_step<T: Element>(
+    rt: &Runtime,
+    plan: &DecodePlan,
+    [q, k, v, o]: &mut [CudaSlice<T>; 4],
+    parts: StepParts<'_>,
+    args: &[ArgValue<'_>],
+) -> Result<(), Error> {
+    let StepParts { layouts: [lq, lk, lv, lo], lse, kv_lens, shape, pages, packed } = parts;
+    let (lse, (batch, max_kv_len)) = (Some(lse), (shape.batch, shape.max_kv_len));
+    let kv = match pages {
+        Some(p) => DecodeKv::Paged(PagedKv {
+            k: (k, p.caches[0]),
+            v: (v, p.caches[1]),
+            block_table: &p.block_table,
+            pages_per_seq: p.pages_per_seq,
+            kv_lens,
+            max_kv_len,
+            batch,
+        }),
+        None => DecodeKv::Dense { k: (k, lk), v: (v, lv), kv_lens },
+    };
+    match (packed, kv) {
+        (Some(p), kv) => {
+            let (q, o, cu_seqlens_q) = ((q as _, p.layouts[0]), (o as _, p.layouts[1]), &p.cu_seqlens_q);
+            plan.run_varlen(rt, VarlenDecodeIo { q, o, lse, cu_seqlens_q, kv }, args)
+        }
+        (None, DecodeKv::Paged(kv)) => plan.run_paged(rt, PagedDecodeIo { q: (q, lq), o: (o, lo), lse, kv }, args),
+        (None, DecodeKv::Dense { k, v, kv_lens }) => {
+            plan.run(rt, DecodeIo { q: (q, lq), k, v, o: (o, lo), lse, kv_lens }, args)
+        }
+    }
+}
+
+/// `problem`'s prefix sums of its query tokens, as i32.
+fn cu_seqlens(problem: &DecodeProblem) -> Vec<i32> {
+    problem.reference.cu_seqlens_q.iter().map(|&n| n as i32).collect()
+}
+
+/// `problem`'s queries (its step's tokens) followed by zeros up to `len`
+/// elements (the plan's tokens).
+fn padded_queries(problem: &DecodeProblem, len: usize) -> Vec<f64> {
+    let mut q = problem.reference.problem.q.clone();
+    q.resize(len, 0.0);
+    q
 }
 
 /// Contiguous K and V caches of `paged`'s pages.
@@ -318,5 +479,18 @@ mod tests {
         assert_eq!(r.problem.shape.kv_len, 5, "tensors are sized by the cache");
         let flashgen::codegen::reference::TensorData::I32(doc) = &r.problem.tensors[0] else { panic!("ids") };
         assert_eq!(doc.len(), 3 * 5);
+    }
+
+    #[test]
+    fn packed_steps_keep_each_sequences_first_tokens() {
+        let spec = flashgen::parse_one("S { dtype: bf16, head_dim: 8 }").unwrap();
+        let shape = DecodeShape { batch: 3, heads: 2, heads_kv: 1, q_len: 4, max_kv_len: 5 };
+        let p = random_decode_problem(&spec, shape, &[5, 0, 3], vec![], 7).with_q_lens(&[2, 0, 4]);
+        let (r, row) = (&p.reference, 2 * 8);
+        assert_eq!(r.cu_seqlens_q, vec![0, 2, 2, 6]);
+        assert_eq!((p.total_q(), r.problem.q.len()), (6, 6 * row));
+        // Sequence 2's tokens are its drawn tokens 0 .. 4 (drawn token 8 on).
+        assert_eq!(r.problem.q[2 * row..], p.padded_q[8 * row..12 * row]);
+        assert_eq!(r.problem.q[..2 * row], p.padded_q[..2 * row]);
     }
 }

@@ -3,6 +3,7 @@
 //! the spec, the online softmax, O += P·V on `mma.sync`).
 
 use super::logit::write_logit;
+use super::queries::DecodeQueries;
 use super::tiles::write_tile_kept;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
@@ -10,16 +11,21 @@ use std::fmt::{self, Write};
 
 /// The CTA's coordinates, its split of the keys, the K/V row addressing
 /// and the prologue: Q, then `STAGES - 1` K/V tiles in flight.
-pub(super) fn write_setup(w: &mut Writer<String>, spec: &Spec, cache: Cache) -> fmt::Result {
-    write_coordinates(w, cache)?;
+pub(super) fn write_setup(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    cache: DecodeCache,
+    queries: DecodeQueries,
+) -> fmt::Result {
+    write_coordinates(w, spec, cache, queries)?;
     write_tile_kept(w, spec)?;
-    write_prologue(w, cache)
+    write_prologue(w, cache, queries)
 }
 
 /// Where the kernel's K/V rows live: the one thing a paged decode kernel
 /// prints differently (its lengths, row addressing and tile copies).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Cache {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DecodeCache {
     /// `[batch, max_kv_len, heads_kv, d]`, rows through `KvRows`.
     Dense,
     /// Pages through a block table, rows through `PagedKvRows`.
@@ -27,7 +33,7 @@ pub(super) enum Cache {
 }
 
 /// Which rows, keys and split the CTA owns, and how it addresses the cache.
-fn write_coordinates(w: &mut Writer<String>, cache: Cache) -> fmt::Result {
+fn write_coordinates(w: &mut Writer<String>, spec: &Spec, cache: DecodeCache, queries: DecodeQueries) -> fmt::Result {
     w.write_str(
         "\
 extern __shared__ __align__(128) unsigned short smem[];
@@ -44,6 +50,11 @@ const int kv_head = blockIdx.y;
 const int split = blockIdx.x % num_splits;
 const int row0 = blockIdx.x / num_splits * BLOCK_M;
 const int group = heads / heads_kv;  // query heads per K/V head
+",
+    )?;
+    w.write_str(&queries.sequence(spec))?;
+    w.write_str(
+        "\
 const int rows = group * q_len;
 if (row0 >= rows) return;
 const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -51,7 +62,7 @@ const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair
 ",
     )?;
     w.write_str(match cache {
-        Cache::Dense => {
+        DecodeCache::Dense => {
             "\
 const int kv_len = cache_len(kv_lens, b, max_kv_len);
 const int kv_tiles = (kv_len + BLOCK_N - 1) / BLOCK_N;
@@ -59,7 +70,7 @@ const KvRows k_rows{k_ptr + b * k_batch_stride + kv_head * k_head_stride, k_seq_
 const KvRows v_rows{v_ptr + b * v_batch_stride + kv_head * v_head_stride, v_seq_stride};
 "
         }
-        Cache::Paged => {
+        DecodeCache::Paged => {
             "\
 // Sequence b's keys are in the pages its row of the block table names.
 const int kv_len = paged_kv_len(kv_lens, b, pages_per_seq, page_size, num_pages, max_kv_len);
@@ -75,7 +86,7 @@ const PagedKvRows v_rows{v_ptr + kv_head * v_head_stride, v_page_stride, v_seq_s
 
 /// This split's tiles, the K/V loads, then the prologue: Q, and
 /// `STAGES - 1` tiles in flight.
-fn write_prologue(w: &mut Writer<String>, cache: Cache) -> fmt::Result {
+fn write_prologue(w: &mut Writer<String>, cache: DecodeCache, queries: DecodeQueries) -> fmt::Result {
     w.write_str(
         "\
 // This split's K/V tiles: an even share of the band of tiles the mask may
@@ -89,13 +100,13 @@ auto load_kv = [&](int j, int stage) {
 ",
     )?;
     w.write_str(match cache {
-        Cache::Dense => {
+        DecodeCache::Dense => {
             "    \
     load_kv_tile<BLOCK_N, DP, D, THREADS>(k_tiles + stage * K_TILE, k_rows, first, kv_len - first, k_vector);
     load_kv_tile<BLOCK_N, DVP, DV, THREADS>(v_tiles + stage * V_TILE, v_rows, first, kv_len - first, v_vector);
 "
         }
-        Cache::Paged => {
+        DecodeCache::Paged => {
             "    \
     // One key of the warp's share per lane, resolved once for K and V.
     const PageSlot slot = tile_slot<BLOCK_N, WARPS>(table, first, kv_len - first);
@@ -111,7 +122,11 @@ auto load_kv = [&](int j, int stage) {
 // Prologue: the Q rows (plain loads, once), then STAGES - 1 K/V tiles in
 // flight, one cp.async group each (empty groups past the split's end keep
 // the count the waits rely on).
-const unsigned short* q_group = q_ptr + b * q_batch_stride + (long long)kv_head * group * q_head_stride;
+const unsigned short* q_group = ",
+    )?;
+    w.write_str(queries.q_rows())?;
+    w.write_str(
+        " + (long long)kv_head * group * q_head_stride;
 load_q_rows<BLOCK_M, DP, D, THREADS>(q_tile, q_group, q_seq_stride, q_head_stride, group, row0, rows);
 #pragma unroll
 for (int s = 0; s < STAGES - 1; ++s) {

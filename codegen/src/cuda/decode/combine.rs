@@ -4,11 +4,14 @@
 //! their LSEs (`exp(lse_s − lse)`) into O and the rows' LSE. One launch per
 //! step: no second kernel, no gap between them. Spec-independent.
 
+use super::queries::DecodeQueries;
 use crate::cuda::writer::Writer;
+use crate::spec::Spec;
 use std::fmt::{self, Write};
 
-pub(super) fn write_split_combine(w: &mut Writer<String>) -> fmt::Result {
-    w.write_str(
+pub(super) fn write_split_combine(w: &mut Writer<String>, spec: &Spec, queries: DecodeQueries) -> fmt::Result {
+    w.write_str(&queries.fill(
+        spec,
         "
 // Split-KV: the last of this row tile's splits to finish combines them,
 // a warp per row; its flag takes the Q tile's memory, the weights the
@@ -21,7 +24,7 @@ if (num_splits > 1) {
         float* weight = (float*)(smem + Q_TILE) + warp * MAX_SPLITS;
         for (int r = warp; r < BLOCK_M && row0 + r < rows; r += WARPS) {
             const int row = row0 + r, q = row / group, h = kv_head * group + row % group;
-            const long long at = ((long long)b * heads + h) * q_len + q;
+            const long long at = ((long long)b * heads + h) * @SEQ_ROWS@ + q;
             float top = neg_inf();
             for (int s = lane; s < num_splits; s += 32) top = fmaxf(top, __ldcg(&partial_lse[s * all_rows + at]));
             top = warp_all(top, [](float x, float y) { return fmaxf(x, y); });
@@ -39,13 +42,13 @@ if (num_splits > 1) {
             for (int c = lane; c < DV; c += 32) {
                 float x = 0.0f;
                 for (int s = 0; s < num_splits; ++s) x += weight[s] * __ldcg(&partial_o[(s * all_rows + at) * DV + c]);
-                o_ptr[b * o_batch_stride + q * o_seq_stride + h * o_head_stride + c] = storage::from_f32(x);
+                o_ptr[@O_AT@] = storage::from_f32(x);
             }
-            if (lane == 0 && lse != nullptr) lse[at] = total;
+            if (lane == 0 && lse != nullptr) lse[@LSE_AT@] = total;
             __syncwarp();
         }
     }
 }
 ",
-    )
+    ))
 }

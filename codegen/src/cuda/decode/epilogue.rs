@@ -4,12 +4,13 @@
 //! row tile's last split combines (`combine`).
 
 use super::combine::write_split_combine;
+use super::queries::DecodeQueries;
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 
-pub(super) fn write_epilogue(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+pub(super) fn write_epilogue(w: &mut Writer<String>, spec: &Spec, queries: DecodeQueries) -> fmt::Result {
     w.write_str(
         "
 // Epilogue. Shared memory (the stages) now holds:
@@ -59,34 +60,35 @@ if (threadIdx.x < BLOCK_M) {
 ",
     )?;
     write_row_close(w, spec)?;
-    w.write_str(
+    w.write_str(&queries.fill(
+        spec,
         "}
 __syncthreads();
 
 // The rows leave: O and the LSE when the keys are not split, else this
 // split's rows (normalized by their own sums) and LSE for the combine.
-const long long all_rows = (long long)batch * heads * q_len;
+const long long all_rows = (long long)batch * heads * @SEQ_ROWS@;
 for (int i = threadIdx.x; i < tile_rows * DV; i += THREADS) {
     const int r = i / DV, c = i % DV, row = row0 + r;
     const int q = row / group, h = kv_head * group + row % group;
     const float x = merged[r * DVP + c] * row_scale[r];
     if (num_splits == 1) {
-        o_ptr[b * o_batch_stride + q * o_seq_stride + h * o_head_stride + c] = storage::from_f32(x);
+        o_ptr[@O_AT@] = storage::from_f32(x);
     } else {
-        const long long at = split * all_rows + ((long long)b * heads + h) * q_len + q;
+        const long long at = split * all_rows + ((long long)b * heads + h) * @SEQ_ROWS@ + q;
         partial_o[at * DV + c] = x;
     }
 }
 if (threadIdx.x < BLOCK_M && row0 + (int)threadIdx.x < rows) {
     const int row = row0 + threadIdx.x;
     const int q = row / group, h = kv_head * group + row % group;
-    const long long at = ((long long)b * heads + h) * q_len + q;
+    const long long at = ((long long)b * heads + h) * @SEQ_ROWS@ + q;
     if (num_splits > 1) partial_lse[split * all_rows + at] = row_lse[threadIdx.x];
-    else if (lse != nullptr) lse[at] = row_lse[threadIdx.x];
+    else if (lse != nullptr) lse[@LSE_AT@] = row_lse[threadIdx.x];
 }
 ",
-    )?;
-    write_split_combine(w)
+    ))?;
+    write_split_combine(w, spec, queries)
 }
 
 /// A row's O factor and LSE from its max `row_top` and sum `sum` (relative

@@ -35,49 +35,68 @@
 //!   (`q + kv_len - q_len >= k`, `specs/causal_bottom_right.attn`).
 //!   Tensors' `KV_LEN` dims are the cache's rows, `Q_LEN` dims `q_len`.
 //!
+//! - **Packed queries** (`emit_decode_with`, [`DecodeQueries::Packed`]).
+//!   Q and O hold every sequence's tokens back to back, split by
+//!   `cu_seqlens_q` (read on the device, clamped by `seq_span` into the
+//!   buffer and to the plan's `max_q_len`); a CTA binds its sequence's own
+//!   count to `q_len`, so its rows (`group × q_len`), mask and logit are the
+//!   padded kernel's, and row tiles past them return at once (all splits
+//!   of a tile alike, so the split counters stay balanced). `queries`.
+//!
 //! - **Tiles the mask drops** (interval analysis over the CTA's tokens,
 //!   `tiles`) are neither loaded nor multiplied: a window reads the window.
 //!
 //! Modules: `plan` (decisions), `body` (setup, pipeline, tile step),
-//! `tiles`, `logit`, `epilogue`, `combine` (the last split's).
+//! `queries` (padded or packed Q, O and LSE addresses), `tiles`, `logit`,
+//! `epilogue`, `combine` (the last split's).
 
 mod body;
 mod combine;
 mod epilogue;
 mod logit;
 mod plan;
+mod queries;
 mod tiles;
 
+pub use body::DecodeCache;
 pub use plan::{split_count, DecodeConfig, DECODE_BLOCK_N, DECODE_WARPS, MAX_SPLITS};
+pub use queries::DecodeQueries;
 
 use crate::abi::{Grid, Kernel};
 use crate::cuda::library::Part;
-use crate::cuda::signature::{decode_args, decode_paged_args};
+use crate::cuda::signature::{decode_args, decode_paged_args, with_packed_queries};
 use crate::cuda::source::{assemble, kernel_name, Entry, Piece};
 use crate::cuda::writer::Writer;
 use crate::spec::{Dtype, Spec};
-use body::{write_setup, write_tile_loop, Cache};
+use body::{write_setup, write_tile_loop};
 use epilogue::write_epilogue;
 use std::fmt::{self, Write};
 
 /// The decode kernel of `spec` in `config` over a dense cache
 /// `[batch, max_kv_len, heads_kv, d]`. Deterministic, like every emitter.
 pub fn emit_decode(spec: &Spec, config: DecodeConfig) -> Kernel {
-    emit(spec, config, Cache::Dense)
+    emit_decode_with(spec, config, DecodeCache::Dense, DecodeQueries::Padded)
 }
 
 /// The decode kernel of `spec` in `config` over paged caches: key `k` of
 /// sequence `b` is row `k % page_size` of page `block_table[b][k /
 /// page_size]` (`crate::paged`), lengths and page ids clamped.
 pub fn emit_decode_paged(spec: &Spec, config: DecodeConfig) -> Kernel {
-    emit(spec, config, Cache::Paged)
+    emit_decode_with(spec, config, DecodeCache::Paged, DecodeQueries::Padded)
 }
 
-fn emit(spec: &Spec, config: DecodeConfig, cache: Cache) -> Kernel {
+/// The decode kernel of `spec` in `config` over `cache`, its Q, O and LSE
+/// laid out as `queries` says (packed: split by `cu_seqlens_q`, each
+/// sequence 0 to `max_q_len` tokens).
+pub fn emit_decode_with(spec: &Spec, config: DecodeConfig, cache: DecodeCache, queries: DecodeQueries) -> Kernel {
     let view = spec.varlen_view();
-    let (name, args) = match cache {
-        Cache::Dense => (kernel_name("decode", spec), decode_args(&view)),
-        Cache::Paged => (kernel_name("decode_paged", spec), decode_paged_args(&view)),
+    let (kind, args) = match cache {
+        DecodeCache::Dense => ("decode", decode_args(&view)),
+        DecodeCache::Paged => ("decode_paged", decode_paged_args(&view)),
+    };
+    let (name, args) = match queries {
+        DecodeQueries::Padded => (kernel_name(kind, spec), args),
+        DecodeQueries::Packed => (kernel_name(&format!("{kind}_varlen"), spec), with_packed_queries(&view, args)),
     };
     let bounds = format!("THREADS, {}", config.ctas_per_sm);
     let mut library = vec![vec![Piece::Part(Part::Prelude)]];
@@ -85,11 +104,13 @@ fn emit(spec: &Spec, config: DecodeConfig, cache: Cache) -> Kernel {
         library.push(vec![Piece::Part(Part::Ranges)]);
     }
     library.push(vec![Piece::Part(Part::Tiles)]);
-    if cache == Cache::Paged {
-        library.extend([vec![Piece::Part(Part::Varlen)], vec![Piece::Part(Part::Paged)]]);
+    match (cache, queries) {
+        (DecodeCache::Paged, _) => library.extend([vec![Piece::Part(Part::Varlen)], vec![Piece::Part(Part::Paged)]]),
+        (DecodeCache::Dense, DecodeQueries::Packed) => library.push(vec![Piece::Part(Part::Varlen)]),
+        (DecodeCache::Dense, DecodeQueries::Padded) => {}
     }
     library.push(vec![Piece::Part(Part::Decode)]);
-    if cache == Cache::Paged {
+    if cache == DecodeCache::Paged {
         library.push(vec![Piece::Part(Part::DecodePaged)]);
     }
     let entry = Entry { name: &name, bounds: &bounds, args: &args };
@@ -99,9 +120,9 @@ fn emit(spec: &Spec, config: DecodeConfig, cache: Cache) -> Kernel {
         |w| write_config(w, &view, config),
         entry,
         |w| {
-            write_setup(w, &view, cache)?;
+            write_setup(w, &view, cache, queries)?;
             write_tile_loop(w, &view)?;
-            write_epilogue(w, &view)
+            write_epilogue(w, &view, queries)
         },
     );
     Kernel {
