@@ -6,6 +6,7 @@
 
 use crate::arch::Arch;
 pub use crate::comm_error::CommError;
+use crate::dropout::DropoutError;
 pub use crate::ragged_error::RaggedError;
 use crate::shard_error::ShardError;
 use cudarc::driver::DriverError;
@@ -220,6 +221,9 @@ pub enum Error {
     Ragged(RaggedError),
     /// A context-parallel launch's ranks or rows disagree with its sharding.
     Shard(ShardError),
+    /// A launch's dropout has a probability outside `[0, 1)`, or the launch
+    /// has no dropout kernels.
+    Dropout(DropoutError),
 }
 
 impl fmt::Display for Error {
@@ -335,6 +339,7 @@ impl fmt::Display for Error {
             }
             Error::Shard(e) => write!(f, "context parallelism: {e}"),
             Error::Ragged(e) => write!(f, "{e}"),
+            Error::Dropout(e) => write!(f, "dropout: {e}"),
             Error::Partial { operand, problem } => write!(f, "partials operand `{operand}`: {problem}"),
             Error::Tuning { spec, failures } => {
                 write!(f, "autotuning `{spec}`: every tile configuration failed")?;

@@ -12,6 +12,8 @@ use flashgen_codegen::Spec;
 pub(crate) enum Which {
     /// Made by [`Which::forward`].
     Forward(TileConfig, TileCopy),
+    /// The forward with dropout, made by [`Which::forward_with`].
+    ForwardDropout(TileConfig, TileCopy),
     /// The varlen forward in a configuration (it copies with threads).
     ForwardVarlen(TileConfig),
     /// The paged forward in a configuration (it gathers with threads).
@@ -137,6 +139,14 @@ impl Which {
         Which::Forward(config, config.kernel_copy(copy))
     }
 
+    /// [`Which::forward`], or its dropout kernel where `dropout`.
+    pub(crate) fn forward_with(config: TileConfig, copy: TileCopy, dropout: bool) -> Which {
+        match Which::forward(config, copy) {
+            Which::Forward(config, copy) if dropout => Which::ForwardDropout(config, copy),
+            which => which,
+        }
+    }
+
     /// Backward kernel `pass` in `config`, keyed by the fields its kernel
     /// reads ([`cuda::BackwardConfig::for_pass`]).
     pub(crate) fn backward(pass: cuda::BackwardPass, config: cuda::BackwardConfig) -> Which {
@@ -154,6 +164,7 @@ impl Which {
     pub(crate) fn emit(self, spec: &Spec) -> Option<Kernel> {
         match self {
             Which::Forward(config, copy) => Some(cuda::emit_forward_copying(spec, config, copy)),
+            Which::ForwardDropout(config, copy) => Some(cuda::emit_forward_dropout(spec, config, copy)),
             Which::ForwardVarlen(config) => Some(cuda::emit_forward_varlen(spec, config)),
             Which::ForwardPaged(config) => Some(cuda::emit_forward_paged(spec, config)),
             Which::PagedAppend => Some(cuda::emit_paged_append(spec)),
