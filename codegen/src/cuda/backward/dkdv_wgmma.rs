@@ -90,11 +90,12 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, packing: Packing) -> Ker
     let name = kernel_name(&packing.prefix(&dropout_kind("bwd", dropout)), spec);
     let terms = SpecTerms::new(spec, tensor_grads, dropout);
     let slots: Vec<usize> = terms.grads.iter().map(|(slot, ..)| *slot).collect();
-    let args = with_dropout(spec, packing.args(spec, backward_args(spec, OPERANDS, &slots)), dropout);
+    let args = packing.args(spec, backward_args(spec, OPERANDS, &slots));
     let args = match copy {
         TileCopy::Tma => with_tensor_maps(spec, args, &[Operand::Q, Operand::K, Operand::V, Operand::DO]),
         TileCopy::Threads => args,
     };
+    let args = with_dropout(spec, args, dropout);
     let source = write_source(
         spec,
         Sections::Hopper(hopper_library(spec, copy)),
