@@ -312,9 +312,7 @@ impl fmt::Display for Error {
             Error::ArgCount { expected, got, signature } => {
                 write!(f, "expected {expected} argument(s) ({signature}), got {got}")
             }
-            Error::ArgType { name, expected, got } => {
-                write!(f, "argument `{name}` must be {expected}, got {got}")
-            }
+            Error::ArgType { name, expected, got } => write!(f, "argument `{name}` must be {expected}, got {got}"),
             Error::TensorTooSmall { name, len, needed } => write!(
                 f,
                 "tensor `{name}` holds {len} elements but its declared shape needs {needed}"

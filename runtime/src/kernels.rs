@@ -54,10 +54,11 @@ pub enum KernelSet {
     /// forward in every configuration autotuning may pick, copying both
     /// ways where it has the choice, the varlen and paged forwards in each,
     /// the paged append, the decode kernels, dense and paged (one and two row tiles),
-    /// with their combine kernel, the varlen backward, and context
-    /// parallelism's merge and adds (not in `Training`: plain training
-    /// launches never use them, and they compile in a fraction of a second
-    /// on first use).
+    /// with their combine kernel, the varlen backward, dropout's forward (in
+    /// the preferred configurations) and its dK/dV and dQ kernels, and
+    /// context parallelism's merge and adds (not in `Training`: plain
+    /// training launches never use them, and they compile in a fraction of
+    /// a second on first use).
     Every,
 }
 
@@ -128,6 +129,14 @@ impl Which {
             if !cuda::trainable_tensors(spec).is_empty() {
                 add(Which::backward_varlen(KeyValue, cuda::BackwardConfig { tensor_grads: false, ..config }));
             }
+            // Dropout's forward in the preferred configurations, and its
+            // dK/dV and dQ kernels.
+            for config in forward {
+                add(Which::forward_with(config, TileCopy::Tma, true));
+            }
+            let dropout = cuda::BackwardConfig { dropout: true, ..cuda::BackwardConfig::preferred(spec, target) };
+            add(Which::backward(KeyValue, dropout));
+            add(Which::backward(Query, dropout));
             which.extend([Which::MergePartial, Which::AddPartial, Which::AddF32]);
         }
         which
