@@ -24,6 +24,10 @@
 //! shape, as rows `<variant>+bwd`
 //! counting 3.5x the forward FLOPs.
 //!
+//! `--dropout P` runs the suite's forward and training steps with dropout
+//! on P at probability P (rows `<variant>+drop`, `<variant>+drop+bwd`; no
+//! varlen rows, which have no dropout).
+//!
 //! `--varlen` adds a row `doc-varlen` after each `doc` row: the same
 //! documents packed as varlen sequences (each attending within itself, the
 //! pairs the document mask keeps), launched with `Runtime::forward_varlen`:
@@ -71,7 +75,7 @@
 use flashgen::codegen::analysis::{classify, TileClass};
 use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::reference::{ParamValue, TensorData};
-use flashgen::codegen::Shape;
+use flashgen::codegen::{Dropout, Shape};
 use flashgen::runtime::config_name;
 use flashgen::runtime::tile_choice;
 use flashgen::Runtime;
@@ -141,6 +145,8 @@ fn main() {
     let tune = args.iter().any(|a| a == "--tune");
     let varlen = args.iter().any(|a| a == "--varlen");
     let packed = args.iter().any(|a| a == "--packed");
+    let dropout =
+        list("--dropout", "0")[0].parse().ok().filter(|&p| p > 0.0).map(|p| Dropout { p, seed: 1, offset: 0 });
 
     if args.iter().any(|a| a == "--jit") {
         // A fresh cache directory, before any runtime reads the environment,
@@ -193,9 +199,11 @@ fn main() {
                     .expect("bench specs are valid");
                 let density;
                 (problem.params, problem.tensors, density) = inputs(name, batch, s);
+                let name = &dropout.map_or_else(|| name.clone(), |_| format!("{name}+drop"));
                 let mut tiles = visited_tiles(&spec, &problem);
                 let timed = DeviceProblem::upload(&rt, &spec, &problem, OperandLayout::Bshd).and_then(|mut gpu| {
                     gpu.flush_l2(L2_FLUSH_BYTES)?;
+                    gpu.set_dropout(dropout);
                     // Data-dependent masks get a block mask, built (and timed) first.
                     if spec.mask.as_ref().is_some_and(flashgen::codegen::Expr::reads_tensor) {
                         let (ms, kept) = time_block_mask(&rt, &mut gpu, &spec, &problem)?;

@@ -6,8 +6,8 @@ use crate::abi::{ArgKind, DropoutArg};
 use crate::cuda::signature::arg_name;
 use crate::spec::Spec;
 
-/// `const Dropout drop = …; const unsigned bh = …;` where `b` and `h` (the
-/// query head) are bound: the mask's state and `drop_bh`, the counter word of (b, h).
+/// `const Dropout drop = …; const unsigned drop_bh = …;` where `b` and `h`
+/// (the query head) are bound: the mask's state and the counter word of (b, h).
 pub(crate) fn dropout_decl(spec: &Spec) -> String {
     let [seed, offset, threshold, scale] = DropoutArg::ALL.map(|part| arg_name(spec, ArgKind::Dropout(part)));
     let heads = arg_name(spec, ArgKind::Heads);
