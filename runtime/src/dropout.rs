@@ -1,32 +1,10 @@
 //! Dropout as a launch option ([`ForwardOptions::dropout`](crate::ForwardOptions::dropout),
 //! [`BackwardOptions::dropout`](crate::BackwardOptions::dropout)): its
-//! checks and the launches that refuse it ([`DropoutError`], inside
-//! [`Error::Dropout`]).
+//! checks, and the launches that refuse it.
 
+use crate::dropout_error::DropoutError;
 use crate::error::Error;
 use flashgen_codegen::Dropout;
-use std::fmt;
-
-/// A launch's dropout that cannot run.
-#[derive(Debug)]
-pub enum DropoutError {
-    /// The probability is not in `[0, 1)` (or NaN).
-    Probability { p: f32 },
-    /// Dropout on a launch whose kernels have none: varlen, paged and
-    /// context-parallel launches (decode takes no dropout option).
-    Unsupported { launch: &'static str },
-}
-
-impl fmt::Display for DropoutError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DropoutError::Probability { p } => write!(f, "the probability must be in [0, 1), got {p}"),
-            DropoutError::Unsupported { launch } => {
-                write!(f, "{launch} launches have none; only dense forward and backward launches drop out")
-            }
-        }
-    }
-}
 
 /// A launch's dropout, checked: `None` without one or with `p = 0`, which
 /// run the kernels without dropout (the same result, and no Philox).

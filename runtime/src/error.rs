@@ -6,7 +6,7 @@
 
 use crate::arch::Arch;
 pub use crate::comm_error::CommError;
-use crate::dropout::DropoutError;
+use crate::dropout_error::DropoutError;
 pub use crate::ragged_error::RaggedError;
 use crate::shard_error::ShardError;
 use cudarc::driver::DriverError;

@@ -52,6 +52,7 @@ mod check_varlen;
 mod comm_error;
 mod cuda_libs;
 mod dropout;
+mod dropout_error;
 mod element;
 mod error;
 mod kernels;
@@ -122,7 +123,7 @@ pub use disk_cache::{
     precompile, Cleared, DiskCache, Entry, EntryKey, PrecompileReport, CACHE_DIR_ENV, CACHE_ENV, CACHE_MAX_BYTES_ENV,
     DEFAULT_MAX_BYTES,
 };
-pub use dropout::DropoutError;
+pub use dropout_error::DropoutError;
 pub use element::Element;
 pub use error::Error;
 pub use flashgen_codegen::Dropout;
