@@ -347,7 +347,8 @@ fn every_shipped_spec_compiles_its_shard_view_for_sm90() {
 /// dropout backward) compile for the specs its GPU tests run: a causal
 /// mask, a window, a softcap and a spec with tensors, at d = 64 and 128:
 /// the forward in every configuration the runtime may pick on sm_80 and
-/// sm_90 (copying either way), the backward's portable and Hopper kernels.
+/// sm_90 (copying either way), the backward's portable and Hopper kernels;
+/// and every shipped spec's on sm_90.
 #[test]
 fn dropout_kernels_compile_for_sm80_and_sm90() {
     require_nvrtc();
@@ -379,6 +380,16 @@ fn dropout_kernels_compile_for_sm80_and_sm90() {
             for pass in [BackwardPass::KeyValue, BackwardPass::Query] {
                 jobs.push((emit_backward_with(spec, pass, config.for_pass(pass)), arch));
             }
+        }
+    }
+    // Every shipped spec: the preferred forward and the dropout backward's
+    // kernels on sm_90.
+    for spec in &shipped_specs() {
+        let forward = tile_choice::preferred(spec, sm90.target());
+        jobs.push((emit_forward_dropout(spec, forward, TileCopy::Tma), sm90));
+        let config = BackwardConfig { dropout: true, ..BackwardConfig::preferred(spec, sm90.target()) };
+        for pass in [BackwardPass::KeyValue, BackwardPass::Query] {
+            jobs.push((emit_backward_with(spec, pass, config.for_pass(pass)), sm90));
         }
     }
     assert!(jobs.iter().all(|(k, _)| k.name.contains("dropout") && k.source.contains("philox4x32_10")));

@@ -24,10 +24,11 @@ use support::forward::{Case, Table};
 use support::{params, runtime, spec, with};
 
 /// The cases' specs: a causal mask, a window (param), a softcap (score),
-/// ALiBi (a trainable tensor) and documents (an i32 tensor mask, with a
-/// block mask), each at d = 64 in bf16 and d = 128 in f16.
+/// ALiBi (a trainable tensor), documents (an i32 tensor mask, with a block
+/// mask), global tokens (a persistent forward's global rows first) and a
+/// learned sink (trained), each at d = 64 in bf16 and d = 128 in f16.
 fn dropout_specs() -> Vec<Spec> {
-    let stems = ["causal", "sliding_window", "softcap", "alibi", "document"];
+    let stems = ["causal", "sliding_window", "softcap", "alibi", "document", "longformer", "sink_window"];
     let dims = [(Dtype::Bf16, 64), (Dtype::F16, 128)];
     stems.iter().flat_map(|stem| dims.map(|(dtype, d)| with(spec(stem), dtype, d, d))).collect()
 }
