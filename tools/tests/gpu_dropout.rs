@@ -39,6 +39,17 @@ fn random_dropout() -> Dropout {
     Dropout { p: 0.05 + 0.45 * rand::random::<f32>(), seed: rand::random(), offset: rand::random() }
 }
 
+/// Compiles the dropout forward of every candidate configuration at once:
+/// autotuning loads them in parallel (one after another, each case would
+/// wait seconds for NVRTC). A failure here recurs in the cases, which
+/// report it.
+fn prefetch(rt: &Runtime, spec: &Spec, problem: &Problem, dropout: Dropout) {
+    let _ = DeviceProblem::upload(rt, spec, problem, OperandLayout::Bshd).and_then(|mut gpu| {
+        gpu.set_dropout(Some(dropout));
+        gpu.autotune(rt, spec, problem)
+    });
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn forward_matches_the_reference_with_the_same_mask() {
@@ -51,6 +62,7 @@ fn forward_matches_the_reference_with_the_same_mask() {
             let problem = verify::random_problem(&spec, case.shape(), params(&spec), vec![], None, seed);
             let dropout = random_dropout();
             let expected = Expected::dropout(&spec, &problem, dropout);
+            prefetch(&rt, &spec, &problem, dropout);
             for config in tile_choice::candidates(&spec, rt.target()) {
                 let block_mask = spec.mask.as_ref().is_some_and(|m| m.reads_tensor());
                 let row = format!("{} {} {dropout:?}", case.row(&spec, seed), config_name(config));
@@ -139,6 +151,7 @@ fn device_mask_is_the_cpu_mask_and_keeps_one_minus_p() {
         let spec = with(spec("full"), dtype, d as u32, d as u32);
         let (batch, heads, q_len) = (3, 8, 1000);
         let problem = revealing_problem(&spec, batch, heads, q_len);
+        prefetch(&rt, &spec, &problem, Dropout { p: 0.5, seed: 0, offset: 0 });
         for config in tile_choice::candidates(&spec, rt.target()) {
             for p in [0.1, 0.5, 0.9] {
                 let dropout = Dropout { p, seed: rand::random(), offset: rand::random() };
