@@ -18,7 +18,7 @@ if ! command -v nvcc >/dev/null 2>&1; then
             'nvidia-cuda-nvcc==13.0.*' 'nvidia-nvvm==13.0.*' 'nvidia-cuda-crt==13.0.*' \
             'nvidia-cuda-runtime==13.0.*' 'nvidia-cuda-cccl==13.0.*'
     fi
-    if [ ! -e "$CUDA_ROOT/lib/stubs/libcublasLt.so" ]; then
+    if [ ! -e "$CUDA_ROOT/lib/stubs/libnccl.so" ]; then
         python3 "$flashgen_root/scripts/cuda-link-stubs.py" "$flashgen_root/candle" "$CUDA_ROOT/lib/stubs"
         # candle's kernels link the CUDA runtime; the wheel ships it without
         # the unversioned name the linker looks for.

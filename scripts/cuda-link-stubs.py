@@ -24,6 +24,8 @@ LIBRARIES = {
     "cublas": ("cublas", "libcublas.so.13"),
     "cublaslt": ("cublasLt", "libcublasLt.so.13"),
     "curand": ("curand", "libcurand.so.10"),
+    # flashgen-candle's `nccl` feature.
+    "nccl": ("nccl", "libnccl.so.2"),
 }
 
 

@@ -8,8 +8,9 @@ export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 ncu="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
 # NCCL for the multi-GPU tests: cudarc loads it only as libnccl.so (or
 # .so.<CUDA major>), but PyTorch's wheel ships libnccl.so.2 alone. Link the
-# wheel's under cudarc's name in a directory of the pack, first on the
-# loader's path; nothing where python3 has no such wheel.
+# wheel's under cudarc's name (and its soname, for flashgen-candle's binaries,
+# which link it) in a directory of the pack, first on the loader's path;
+# nothing where python3 has no such wheel.
 nccl_lib="$(python3 - 2>/dev/null <<'PY' || true
 import os, site
 try:
@@ -24,6 +25,7 @@ PY
 if [ -n "$nccl_lib" ]; then
     mkdir -p "$here/nccl-lib"
     ln -sf "$nccl_lib" "$here/nccl-lib/libnccl.so"
+    ln -sf "$nccl_lib" "$here/nccl-lib/libnccl.so.2"
     export LD_LIBRARY_PATH="$here/nccl-lib:$LD_LIBRARY_PATH"
 fi
 export NCCL_NVLS_ENABLE=0

@@ -27,18 +27,19 @@ for line in sys.stdin:
 copy_gpu_tests --workspace
 
 # CANDLE=1: flashgen-candle's GPU tests and examples too (its own workspace,
-# linked against CUDA as candle is; slow to build the first time).
+# linked against CUDA as candle is; slow to build the first time), with its
+# `nccl` feature, so the context-parallel test comes too.
 if [ "${CANDLE:-0}" = 1 ]; then
     (
         source scripts/cuda-build-env.sh
         cd candle
-        pack="../$pack" copy_gpu_tests
-        cargo build --release --examples
+        pack="../$pack" copy_gpu_tests --features nccl
+        cargo build --release --examples --features nccl
     )
     cp candle/target/release/examples/candle_{llama_block,train,overhead} "$pack/bin/"
     # Each binary embeds candle's PTX (~40 MB): one xz stream with a window
     # that spans them shrinks the four to a few MB (run.sh unpacks it).
-    (cd "$pack/bin" && tar cf - candle_* test-gpu_candle | xz -9 >../candle.tar.xz && rm candle_* test-gpu_candle)
+    (cd "$pack/bin" && tar cf - candle_* test-gpu_candle* | xz -9 >../candle.tar.xz && rm candle_* test-gpu_candle*)
 fi
 
 cargo build --release -p flashgen --example quickstart
@@ -54,7 +55,7 @@ cp scripts/stalls.py "$pack/"
 # A/B against another build: BASE_BENCH=path/to/its/flashgen-bench.
 if [ -n "${BASE_BENCH:-}" ]; then cp "$BASE_BENCH" "$pack/bin/base-bench"; fi
 # Peers timed in the same run (PEERS=1 .gpu-pack/run.sh): python, no build.
-cp bench/peers.py bench/packed_peers.py bench/compare.py "$pack/"
+cp bench/peers.py bench/packed_peers.py bench/compare.py bench/cp_peers.py "$pack/"
 # A carry holds 64 MiB: without their symbol tables the binaries leave room
 # beside them (a panic still prints its message).
 strip "$pack"/bin/*

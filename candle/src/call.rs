@@ -39,6 +39,15 @@ impl From<f32> for Arg {
     }
 }
 
+/// The captured tensors among `args`, in order.
+pub(crate) fn arg_tensors(args: &[Arg]) -> Vec<Tensor> {
+    let tensor = |a: &Arg| match a {
+        Arg::Tensor(t) => Some(t.clone()),
+        _ => None,
+    };
+    args.iter().filter_map(tensor).collect()
+}
+
 impl From<&Tensor> for Arg {
     fn from(t: &Tensor) -> Self {
         Arg::Tensor(t.clone())
@@ -70,9 +79,12 @@ pub(crate) struct Call {
     /// forward, so both passes skip the tiles it proves empty).
     pub block_mask: Mutex<Option<BlockMask>>,
     pub grads: Mutex<Option<Grads>>,
+    /// A context-parallel call's rank, sharding and communicator.
+    #[cfg(feature = "nccl")]
+    pub sharded: Option<crate::sharded::ContextParallel>,
 }
 
-const NAMES: [&str; 3] = ["Q", "K", "V"];
+pub(crate) const NAMES: [&str; 3] = ["Q", "K", "V"];
 
 impl Call {
     /// Takes the operands, copying only those flashgen cannot address.
@@ -123,12 +135,21 @@ impl Call {
             lse: Mutex::default(),
             block_mask: Mutex::default(),
             grads: Mutex::default(),
+            #[cfg(feature = "nccl")]
+            sharded: None,
         })
     }
 
     /// Runs the forward on the operands' stream: O as a compact
     /// `[batch, q_len, heads, v_dim]` tensor's storage, and its shape.
     pub fn forward(&self) -> candle_core::Result<(CudaStorage, Shape)> {
+        #[cfg(feature = "nccl")]
+        if let Some(cp) = &self.sharded {
+            return match self.attention.spec().dtype {
+                Dtype::Bf16 => crate::sharded::forward::<bf16>(self, cp),
+                Dtype::F16 => crate::sharded::forward::<f16>(self, cp),
+            };
+        }
         match self.attention.spec().dtype {
             Dtype::Bf16 => self.forward_as::<bf16>(),
             Dtype::F16 => self.forward_as::<f16>(),
@@ -138,12 +159,23 @@ impl Call {
     /// Runs the backward on the operands' stream from the forward's output
     /// and the incoming gradient, keeping every gradient for the graph.
     pub fn backward(&self, o: &Tensor, d_o: &Tensor) -> candle_core::Result<()> {
-        let grads = match self.attention.spec().dtype {
-            Dtype::Bf16 => self.backward_as::<bf16>(o, d_o)?,
-            Dtype::F16 => self.backward_as::<f16>(o, d_o)?,
-        };
+        let grads = self.gradients(o, d_o)?;
         *self.grads.lock().unwrap_or_else(PoisonError::into_inner) = Some(grads);
         Ok(())
+    }
+
+    fn gradients(&self, o: &Tensor, d_o: &Tensor) -> candle_core::Result<Grads> {
+        #[cfg(feature = "nccl")]
+        if let Some(cp) = &self.sharded {
+            return match self.attention.spec().dtype {
+                Dtype::Bf16 => crate::sharded::backward::<bf16>(self, cp, o, d_o),
+                Dtype::F16 => crate::sharded::backward::<f16>(self, cp, o, d_o),
+            };
+        }
+        match self.attention.spec().dtype {
+            Dtype::Bf16 => self.backward_as::<bf16>(o, d_o),
+            Dtype::F16 => self.backward_as::<f16>(o, d_o),
+        }
     }
 
     fn forward_as<T: Element + CudaDType>(&self) -> candle_core::Result<(CudaStorage, Shape)> {
@@ -177,10 +209,7 @@ impl Call {
         let rt = self.attention.runtime(&device)?;
         let lse = self.lse.lock().unwrap_or_else(PoisonError::into_inner);
         let lse = lse.as_ref().ok_or_else(|| candle_core::Error::msg("flashgen: the forward kept no LSE"))?;
-        let d_o = match operand_layout("dO", d_o.layout())? {
-            Some(_) => d_o.clone(),
-            None => d_o.contiguous()?,
-        };
+        let d_o = self.addressable_d_o(d_o)?;
         let guards = self.qkv.each_ref().map(|t| t.storage_and_layout());
         let [q, k, v] = operands::<T, 3>(NAMES, &guards);
         let (q, k, v) = (q?, k?, v?);
@@ -220,6 +249,14 @@ impl Call {
         Ok(Grads { qkv, tensors: self.tensor_grads(d_tensors, &device)? })
     }
 
+    /// dO as flashgen can address it (a compact copy where it cannot).
+    pub(crate) fn addressable_d_o(&self, d_o: &Tensor) -> candle_core::Result<Tensor> {
+        match operand_layout("dO", d_o.layout())? {
+            Some(_) => Ok(d_o.clone()),
+            None => d_o.contiguous(),
+        }
+    }
+
     /// The block mask of a mask that reads captured tensors (no other mask
     /// needs one: its interval analysis is exact enough without).
     fn build_block_mask(
@@ -236,7 +273,7 @@ impl Call {
         rt.block_mask(spec, shape, args).map(Some).map_err(error::flashgen)
     }
 
-    fn tensors(&self) -> impl Iterator<Item = &Tensor> {
+    pub(crate) fn tensors(&self) -> impl Iterator<Item = &Tensor> {
         self.args.iter().filter_map(|a| match a {
             Arg::Tensor(t) => Some(t),
             _ => None,
@@ -244,7 +281,7 @@ impl Call {
     }
 
     /// flashgen's launch values, borrowing the captured tensors' storage.
-    fn arg_values<'g>(
+    pub(crate) fn arg_values<'g>(
         &self,
         guards: &'g [(candle_core::StorageRef<'_>, &candle_core::Layout)],
     ) -> candle_core::Result<Vec<ArgValue<'g>>> {
@@ -272,13 +309,13 @@ impl Call {
     }
 
     /// A zeroed f32 buffer per trained tensor (the kernels add into it).
-    fn tensor_grad_buffers(&self, device: &CudaDevice) -> candle_core::Result<Vec<Option<CudaSlice<f32>>>> {
+    pub(crate) fn tensor_grad_buffers(&self, device: &CudaDevice) -> candle_core::Result<Vec<Option<CudaSlice<f32>>>> {
         let counts = self.tensors().map(Tensor::elem_count);
         counts.zip(&self.train).map(|(n, &train)| train.then(|| device.alloc_zeros::<f32>(n)).transpose()).collect()
     }
 
     /// The tensor gradients as tensors of their tensors' shapes and dtypes.
-    fn tensor_grads(
+    pub(crate) fn tensor_grads(
         &self,
         buffers: Vec<Option<CudaSlice<f32>>>,
         device: &CudaDevice,
@@ -304,7 +341,7 @@ fn check_device(operand: &str, t: &Tensor, q: &Tensor) -> Result<(), Error> {
     }
 }
 
-fn cuda_device(t: &Tensor, operand: &str) -> Result<CudaDevice, Error> {
+pub(crate) fn cuda_device(t: &Tensor, operand: &str) -> Result<CudaDevice, Error> {
     match t.device() {
         candle_core::Device::Cuda(device) => Ok(device.clone()),
         _ => Err(Error::NotCuda { operand: operand.to_string() }),
@@ -338,7 +375,7 @@ fn storage_len(storage: &Storage) -> usize {
 
 /// The `[batch, seq, heads, dim]` operands behind `guards` as flashgen
 /// reads them: each tensor's whole buffer and the layout addressing it.
-fn operands<'g, T: Element + CudaDType + DeviceRepr, const N: usize>(
+pub(crate) fn operands<'g, T: Element + CudaDType + DeviceRepr, const N: usize>(
     names: [&str; N],
     guards: &'g [(candle_core::StorageRef<'_>, &candle_core::Layout); N],
 ) -> [candle_core::Result<(&'g dyn flashgen::DeviceInput<T>, Layout)>; N] {
@@ -355,7 +392,7 @@ fn operands<'g, T: Element + CudaDType + DeviceRepr, const N: usize>(
 }
 
 /// A compact candle tensor owning `slice`, outside the graph.
-fn tensor<T: CudaDType>(
+pub(crate) fn tensor<T: CudaDType>(
     slice: CudaSlice<T>,
     device: &CudaDevice,
     shape: impl Into<Shape>,

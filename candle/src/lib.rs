@@ -25,9 +25,13 @@ mod error;
 mod graph;
 pub mod layout;
 pub mod plain;
+#[cfg(feature = "nccl")]
+pub mod sharded;
 
 pub use call::Arg;
 pub use error::Error;
+#[cfg(feature = "nccl")]
+pub use sharded::ContextParallel;
 
 use candle_core::cuda_backend::{CudaDevice, DeviceId};
 use candle_core::Tensor;
@@ -90,14 +94,7 @@ impl Attention {
     /// or each other reject, missing or extra args.
     pub fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor, args: &[Arg]) -> candle_core::Result<Tensor> {
         let call = call::Call::new(self, q, k, v, args)?;
-        let tensors: Vec<Tensor> = args
-            .iter()
-            .filter_map(|a| match a {
-                Arg::Tensor(t) => Some(t.clone()),
-                _ => None,
-            })
-            .collect();
-        graph::attend(call, [q, k, v], &tensors)
+        graph::attend(call, [q, k, v], &call::arg_tensors(args))
     }
 
     /// The flashgen runtime on `device`'s stream (made on first use there).
@@ -105,7 +102,7 @@ impl Attention {
         Ok(self.on(device)?.runtime)
     }
 
-    fn workspace(&self, device: &CudaDevice) -> candle_core::Result<Arc<BackwardWorkspace>> {
+    pub(crate) fn workspace(&self, device: &CudaDevice) -> candle_core::Result<Arc<BackwardWorkspace>> {
         Ok(self.on(device)?.workspace)
     }
 

@@ -3,9 +3,12 @@
 //! GQA, strided and offset views, a trained captured tensor. Ignored without
 //! a GPU; run with `--include-ignored` (scripts/gpu-pack.sh does).
 
+mod common;
+
 use candle_core::{DType, Device, Tensor, Var};
-use flashgen::codegen::reference::{self, ParamValue, Precision, Problem, TensorData};
-use flashgen::{parse_one, Shape, Spec};
+use common::{check_forward, check_gradients, host, spec, tensor, Case, Random};
+use flashgen::codegen::reference::{self, ParamValue, Precision, TensorData};
+use flashgen::{Shape, Spec};
 use flashgen_candle::{plain, Arg, Attention};
 
 const WINDOW: &str = "Window { dtype: DTYPE, head_dim: 64, param window: i32, mask: q >= k && q - k < window }";
@@ -14,72 +17,8 @@ const DOCUMENT: &str =
 const ALIBI: &str = "Alibi { dtype: DTYPE, head_dim: 64, tensor slopes: f32[H], mask: q >= k, \
                      score: score + slopes[h] * (k - q) as f32 }";
 
-fn spec(source: &str, dtype: DType) -> Spec {
-    let name = if dtype == DType::BF16 { "bf16" } else { "f16" };
-    parse_one(&source.replace("DTYPE", name)).unwrap()
-}
-
 fn device() -> Device {
     Device::new_cuda(0).expect("a CUDA GPU")
-}
-
-/// Values uniform in [-1, 1) that the dtype holds exactly (fresh per run).
-struct Random(u64);
-
-impl Random {
-    fn new() -> Random {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-        let seed = nanos as u64 | 1;
-        println!("seed {seed}");
-        Random(seed)
-    }
-
-    fn values(&mut self, n: usize, dtype: DType) -> Vec<f64> {
-        let round = |x: f64| match dtype {
-            DType::BF16 => flashgen::half::bf16::from_f64(x).to_f64(),
-            _ => flashgen::half::f16::from_f64(x).to_f64(),
-        };
-        (0..n)
-            .map(|_| {
-                self.0 ^= self.0 >> 12;
-                self.0 ^= self.0 << 25;
-                self.0 ^= self.0 >> 27;
-                let unit = (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64;
-                round(2.0 * unit - 1.0)
-            })
-            .collect()
-    }
-}
-
-fn tensor(values: &[f64], dims: &[usize], dtype: DType, dev: &Device) -> Tensor {
-    Tensor::from_vec(values.to_vec(), dims, dev).unwrap().to_dtype(dtype).unwrap()
-}
-
-fn host(t: &Tensor) -> Vec<f64> {
-    t.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1().unwrap()
-}
-
-/// One problem's host values (the reference's) and its tensors on the GPU.
-struct Case {
-    problem: Problem,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-}
-
-impl Case {
-    fn new(shape: Shape, dtype: DType, params: Vec<ParamValue>, tensors: Vec<TensorData>, dev: &Device) -> Case {
-        let mut random = Random::new();
-        let (b, h, hk) = (shape.batch, shape.heads, shape.heads_kv);
-        let q = random.values(b * shape.q_len * h * 64, dtype);
-        let k = random.values(b * shape.kv_len * hk * 64, dtype);
-        let v = random.values(b * shape.kv_len * hk * 64, dtype);
-        let (q_dims, kv_dims) = ([b, shape.q_len, h, 64], [b, shape.kv_len, hk, 64]);
-        let (qt, kt, vt) =
-            (tensor(&q, &q_dims, dtype, dev), tensor(&k, &kv_dims, dtype, dev), tensor(&v, &kv_dims, dtype, dev));
-        let problem = Problem { shape, q, k, v, scale: (1.0 / 8f32) as f64, params, tensors };
-        Case { problem, q: qt, k: kt, v: vt }
-    }
 }
 
 fn window_keep(q_len: usize, kv_len: usize, window: usize, dev: &Device) -> Tensor {
@@ -147,23 +86,11 @@ fn views_are_read_in_place() {
 fn check_backward(spec: &Spec, case: &Case, vars: &[&Var], o: &Tensor, d_o_values: &[f64], tensor_vars: &[&Var]) {
     let d_o = tensor(d_o_values, o.dims(), o.dtype(), o.device());
     let grads = (o * &d_o).unwrap().to_dtype(DType::F32).unwrap().sum_all().unwrap().backward().unwrap();
-    let golden = reference::backward(spec, &case.problem, d_o_values).unwrap();
-    let baselines =
-        reference::same_dtype_backwards(spec, &case.problem, d_o_values, reference::BACKWARD_BASELINES).unwrap();
-    let check = |name: &str, got: &Tensor, golden: &[f64], pick: &dyn Fn(&reference::Gradients) -> &[f64]| {
-        let got = host(got);
-        let check =
-            reference::flash_rule_averaged(&got, baselines.iter().map(pick), golden, reference::BACKWARD_FACTOR);
-        println!("{name}: {check}");
-        assert!(check.passed, "{name}: {check}");
-    };
-    check("dQ", grads.get(vars[0].as_tensor()).unwrap(), &golden.dq, &|g| &g.dq);
-    check("dK", grads.get(vars[1].as_tensor()).unwrap(), &golden.dk, &|g| &g.dk);
-    check("dV", grads.get(vars[2].as_tensor()).unwrap(), &golden.dv, &|g| &g.dv);
-    for (i, var) in tensor_vars.iter().enumerate() {
-        let want = golden.d_tensors[i].as_ref().unwrap();
-        check("d tensor", grads.get(var.as_tensor()).unwrap(), want, &|g| g.d_tensors[i].as_deref().unwrap());
-    }
+    let grad = |var: &Var| host(grads.get(var.as_tensor()).unwrap());
+    let qkv = [grad(vars[0]), grad(vars[1]), grad(vars[2])];
+    let d_tensors: Vec<Vec<f64>> = tensor_vars.iter().map(|v| grad(v)).collect();
+    let d_tensors: Vec<&[f64]> = d_tensors.iter().map(Vec::as_slice).collect();
+    check_gradients(spec, &case.problem, d_o_values, qkv.each_ref().map(Vec::as_slice), &d_tensors);
 }
 
 #[test]
@@ -220,11 +147,7 @@ fn a_mask_that_reads_a_tensor_runs_with_its_block_mask() {
     let doc = Tensor::from_vec(ids, (batch, seq), &dev).unwrap();
     let vars = [&case.q, &case.k, &case.v].map(|t| Var::from_tensor(t).unwrap());
     let o = Attention::new(&spec).forward(&vars[0], &vars[1], &vars[2], &[(&doc).into()]).unwrap();
-    let golden = reference::forward(&spec, &case.problem, Precision::F64).unwrap();
-    let same = reference::forward(&spec, &case.problem, Precision::SameDtype(spec.dtype)).unwrap();
-    let check = reference::flash_rule(&host(&o), &same.o, &golden.o, reference::FORWARD_FACTOR);
-    println!("document forward: {check}");
-    assert!(check.passed, "{check}");
+    check_forward("document forward", &spec, &case.problem, &host(&o));
     let d_o = Random::new().values(o.elem_count(), DType::BF16);
     check_backward(&spec, &case, &[&vars[0], &vars[1], &vars[2]], &o, &d_o, &[]);
 }

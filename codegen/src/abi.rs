@@ -139,6 +139,10 @@ pub enum ArgKind {
     /// `float*` a split decode's partial LSE `[splits, batch, heads,
     /// q_len]` (natural log, −∞ for a split without kept keys).
     PartialLse,
+    /// `unsigned int*` a split decode's count of finished splits per row
+    /// tile `[batch, heads_kv, row tiles]`, zero between launches (the last
+    /// split of a tile sets it back).
+    SplitCounters,
     /// Base pointer of a partials kernel's operand (see [`Partial`]), at
     /// its first element; a piece or an output may be null.
     PartialPtr(Partial),

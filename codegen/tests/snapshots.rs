@@ -11,9 +11,9 @@ use flashgen_codegen::abi::{ArgKind, DropoutArg, Kernel};
 use flashgen_codegen::cuda::library::Part;
 use flashgen_codegen::cuda::{
     emit_add_f32, emit_add_partial, emit_backward, emit_backward_varlen, emit_backward_with, emit_decode,
-    emit_decode_combine, emit_decode_paged, emit_forward, emit_forward_copying, emit_forward_dropout,
-    emit_forward_paged, emit_forward_varlen, emit_forward_with, emit_merge_partial, emit_paged_append, BackwardConfig,
-    BackwardPass, DecodeConfig, DqAccum, Mma, Target, TileConfig, TileCopy,
+    emit_decode_paged, emit_forward, emit_forward_copying, emit_forward_dropout, emit_forward_paged,
+    emit_forward_varlen, emit_forward_with, emit_merge_partial, emit_paged_append, BackwardConfig, BackwardPass,
+    DecodeConfig, DqAccum, Mma, Target, TileConfig, TileCopy,
 };
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
@@ -165,12 +165,11 @@ fn paged_forward_kernels() {
 #[test]
 fn decode_kernels() {
     // A score expression and a per-head tensor (ALiBi) read per row of a
-    // GQA-packed tile: 8 query heads per K/V head, one token, on Hopper;
-    // and the split decode's combine kernel.
+    // GQA-packed tile: 8 query heads per K/V head, one token, on Hopper
+    // (its last split combines the splits).
     let spec = variant("alibi");
     let config = DecodeConfig::for_rows(&spec, Target::HOPPER, 8).unwrap();
     insta::assert_snapshot!("decode_alibi", render(&emit_decode(&spec, config)));
-    insta::assert_snapshot!("decode_combine_alibi", render(&emit_decode_combine(&spec)));
     // The same kernel over paged caches: its lengths, rows and tile copies.
     insta::assert_snapshot!("decode_paged_alibi", render(&emit_decode_paged(&spec, config)));
 }

@@ -47,6 +47,7 @@ pub fn spec_items(spec: &Spec) -> TokenStream {
             }
         }
     });
+    let launches = LAUNCHES.iter().map(|launch| launch.method(&elem, &args_ty, &unused, &values));
     let expect_msg = format!("spec `{}` was checked by attention! at compile time", spec.name);
     let spec_fn = quote!(
         /// The checked spec, parsed once from [`Self::SOURCE`].
@@ -78,43 +79,7 @@ pub fn spec_items(spec: &Spec) -> TokenStream {
                 ::flashgen::codegen::cuda::emit_forward(Self::spec())
             }
 
-            /// Launches the forward pass on `rt`'s stream after checking every
-            /// shape, stride and buffer size against the spec.
-            pub fn forward(
-                rt: &::flashgen::Runtime,
-                io: ::flashgen::ForwardIo<'_, #elem>,
-                args: &#args_ty,
-                opts: &::flashgen::ForwardOptions<'_>,
-            ) -> ::std::result::Result<(), ::flashgen::Error> {
-                #unused
-                rt.forward(Self::spec(), io, &[#(#values),*], opts)
-            }
-
-            /// Launches the forward pass on packed (varlen) sequences on `rt`'s
-            /// stream: `b` is the sequence, `q_len` / `kv_len` its lengths
-            /// (see [`::flashgen::Runtime::forward_varlen`]).
-            pub fn forward_varlen(
-                rt: &::flashgen::Runtime,
-                io: ::flashgen::VarlenIo<'_, #elem>,
-                args: &#args_ty,
-                opts: &::flashgen::ForwardOptions<'_>,
-            ) -> ::std::result::Result<(), ::flashgen::Error> {
-                #unused
-                rt.forward_varlen(Self::spec(), io, &[#(#values),*], opts)
-            }
-
-            /// Launches the forward pass over paged K/V caches on `rt`'s
-            /// stream: `b` is the sequence, `q_len` / `kv_len` its lengths
-            /// (see [`::flashgen::Runtime::forward_paged`]).
-            pub fn forward_paged(
-                rt: &::flashgen::Runtime,
-                io: ::flashgen::PagedIo<'_, #elem>,
-                args: &#args_ty,
-                opts: &::flashgen::ForwardOptions<'_>,
-            ) -> ::std::result::Result<(), ::flashgen::Error> {
-                #unused
-                rt.forward_paged(Self::spec(), io, &[#(#values),*], opts)
-            }
+            #(#launches)*
 
             /// Appends new K/V rows to paged caches this spec's paged forward
             /// reads (see [`::flashgen::Runtime::append_paged`]).
@@ -125,46 +90,96 @@ pub fn spec_items(spec: &Spec) -> TokenStream {
                 rt.append_paged(Self::spec(), append)
             }
 
-            /// Times every tile configuration of the forward on these operands
-            /// and remembers the fastest for their shape class (see
-            /// [`::flashgen::Runtime::autotune`]). A forward pass: writes O and the LSE.
-            pub fn autotune(
-                rt: &::flashgen::Runtime,
-                io: ::flashgen::ForwardIo<'_, #elem>,
-                args: &#args_ty,
-                opts: &::flashgen::ForwardOptions<'_>,
-            ) -> ::std::result::Result<::flashgen::TuneReport, ::flashgen::Error> {
-                #unused
-                rt.autotune(Self::spec(), io, &[#(#values),*], opts)
-            }
-
-            /// Launches the backward pass on `rt`'s stream: dQ, dK, dV and the
-            /// requested tensor gradients from the forward's O and LSE, with the
-            /// same checks as [`Self::forward`] plus the gradient operands'.
-            pub fn backward(
-                rt: &::flashgen::Runtime,
-                io: ::flashgen::BackwardIo<'_, #elem>,
-                args: &#args_ty,
-                opts: &::flashgen::BackwardOptions<'_>,
-            ) -> ::std::result::Result<(), ::flashgen::Error> {
-                #unused
-                rt.backward(Self::spec(), io, &[#(#values),*], opts)
-            }
-
-            /// Launches the backward pass on packed (varlen) sequences on
-            /// `rt`'s stream: the gradients of [`Self::forward_varlen`] (see
-            /// [`::flashgen::Runtime::backward_varlen`]).
-            pub fn backward_varlen(
-                rt: &::flashgen::Runtime,
-                io: ::flashgen::VarlenBackwardIo<'_, #elem>,
-                args: &#args_ty,
-                opts: &::flashgen::BackwardOptions<'_>,
-            ) -> ::std::result::Result<(), ::flashgen::Error> {
-                #unused
-                rt.backward_varlen(Self::spec(), io, &[#(#values),*], opts)
-            }
-
             #block_mask
+        }
+    }
+}
+
+/// A typed wrapper of a `Runtime` launch: `rt.<name>(Self::spec(), io,
+/// &[args…], opts)`.
+struct Launch {
+    name: &'static str,
+    doc: &'static str,
+    /// The io type, generic over the element type.
+    io: &'static str,
+    options: &'static str,
+    /// What the launch returns in `Ok`.
+    output: &'static str,
+}
+
+const LAUNCHES: [Launch; 6] = [
+    Launch {
+        name: "forward",
+        doc: "Launches the forward pass on `rt`'s stream after checking every shape, stride and buffer size \
+              against the spec.",
+        io: "ForwardIo",
+        options: "ForwardOptions",
+        output: "()",
+    },
+    Launch {
+        name: "forward_varlen",
+        doc: "Launches the forward pass on packed (varlen) sequences on `rt`'s stream: `b` is the sequence, \
+              `q_len` / `kv_len` its lengths (see [`::flashgen::Runtime::forward_varlen`]).",
+        io: "VarlenIo",
+        options: "ForwardOptions",
+        output: "()",
+    },
+    Launch {
+        name: "forward_paged",
+        doc: "Launches the forward pass over paged K/V caches on `rt`'s stream: `b` is the sequence, \
+              `q_len` / `kv_len` its lengths (see [`::flashgen::Runtime::forward_paged`]).",
+        io: "PagedIo",
+        options: "ForwardOptions",
+        output: "()",
+    },
+    Launch {
+        name: "autotune",
+        doc: "Times every tile configuration of the forward on these operands and remembers the fastest for \
+              their shape class (see [`::flashgen::Runtime::autotune`]). A forward pass: writes O and the LSE.",
+        io: "ForwardIo",
+        options: "ForwardOptions",
+        output: "::flashgen::TuneReport",
+    },
+    Launch {
+        name: "backward",
+        doc: "Launches the backward pass on `rt`'s stream: dQ, dK, dV and the requested tensor gradients from \
+              the forward's O and LSE, with the same checks as [`Self::forward`] plus the gradient operands'.",
+        io: "BackwardIo",
+        options: "BackwardOptions",
+        output: "()",
+    },
+    Launch {
+        name: "backward_varlen",
+        doc: "Launches the backward pass on packed (varlen) sequences on `rt`'s stream: the gradients of \
+              [`Self::forward_varlen`] (see [`::flashgen::Runtime::backward_varlen`]).",
+        io: "VarlenBackwardIo",
+        options: "BackwardOptions",
+        output: "()",
+    },
+];
+
+impl Launch {
+    fn method(
+        &self,
+        elem: &TokenStream,
+        args_ty: &TokenStream,
+        unused: &TokenStream,
+        values: &[TokenStream],
+    ) -> TokenStream {
+        let [name, io, options] = [self.name, self.io, self.options].map(|s| format_ident!("{s}"));
+        let output: TokenStream = self.output.parse().expect("a Rust type");
+        let doc = self.doc;
+        quote! {
+            #[doc = #doc]
+            pub fn #name(
+                rt: &::flashgen::Runtime,
+                io: ::flashgen::#io<'_, #elem>,
+                args: &#args_ty,
+                opts: &::flashgen::#options<'_>,
+            ) -> ::std::result::Result<#output, ::flashgen::Error> {
+                #unused
+                rt.#name(Self::spec(), io, &[#(#values),*], opts)
+            }
         }
     }
 }

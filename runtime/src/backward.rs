@@ -27,7 +27,7 @@ use crate::tma::{self, TensorMap};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::{ArgKind, Operand};
 use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, TileCopy, Work};
-use flashgen_codegen::{Dropout, Shape, Spec};
+use flashgen_codegen::{to_source, Dropout, Shape, Spec};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// The operands of one backward pass: the forward's inputs, its output O and
@@ -185,9 +185,12 @@ impl Runtime {
             None => io.with_copies(self, spec, config),
             Some(_) => (BackwardConfig { copy: TileCopy::Threads, ..config }, None),
         };
-        let load = |pass| self.load_which(spec, launch.which(pass, config));
-        let (pre, main) = (load(BackwardPass::Preprocess)?, load(BackwardPass::KeyValue)?);
-        let dq_pass = load(if opts.deterministic { BackwardPass::Query } else { BackwardPass::Postprocess })?;
+        let dq_pass = if opts.deterministic { BackwardPass::Query } else { BackwardPass::Postprocess };
+        let passes = [BackwardPass::Preprocess, BackwardPass::KeyValue, dq_pass].map(|pass| launch.which(pass, config));
+        let key_order =
+            opts.block_mask.and_then(|_| Which::work_order(spec, Work::KeyTiles { block_n: config.block_n() }));
+        let [pre, main, dq_pass] = self.load_launch(spec, &to_source(spec), passes, key_order);
+        let (pre, main, dq_pass) = (pre?, main?, dq_pass?);
 
         let (rows, accum) = workspace_sizes(spec, config, &launch);
         // No accumulator (a null pointer) in the deterministic mode, or without queries.

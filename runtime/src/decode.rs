@@ -76,8 +76,8 @@ pub struct DecodePlan {
     paged: bool,
     decode: Arc<LoadedKernel>,
     grid: LaunchConfig,
-    /// With more than one split: the combine kernel, its grid and the
-    /// partial O and LSE.
+    /// With more than one split: the partial O and LSE and the counters
+    /// the kernel's last split of each row tile combines them by.
     split: Option<SplitResources>,
 }
 
@@ -92,10 +92,10 @@ pub(crate) struct Operands {
 }
 
 struct SplitResources {
-    combine: Arc<LoadedKernel>,
-    grid: LaunchConfig,
     partial_o: CudaSlice<f32>,
     partial_lse: CudaSlice<f32>,
+    /// Zeroed once; each launch's last splits set them back to zero.
+    counters: CudaSlice<u32>,
 }
 
 impl Runtime {
@@ -134,14 +134,16 @@ impl Runtime {
         let split = match splits {
             1 => None,
             _ => {
-                let combine = self.load_keyed(spec, &spec_source, Which::DecodeCombine)?;
-                let grid = launch_config(combine.kernel(), &shape.as_shape(), 1, self.sm_count())?;
                 let rows = splits as usize * shape.batch * shape.heads * shape.q_len;
                 let alloc = |n: usize| self.stream().alloc_zeros::<f32>(n.max(1));
                 let during = |e| Error::driver("allocating the split decode's workspace", e);
                 let partial_o = alloc(rows * spec.head_dims.v as usize).map_err(during)?;
                 let partial_lse = alloc(rows).map_err(during)?;
-                Some(SplitResources { combine, grid, partial_o, partial_lse })
+                // One counter per row tile: the grid's CTAs over the splits.
+                let (x, y, z) = grid.grid_dim;
+                let tiles = (x / splits) as usize * y as usize * z as usize;
+                let counters = self.stream().alloc_zeros::<u32>(tiles.max(1)).map_err(during)?;
+                Some(SplitResources { partial_o, partial_lse, counters })
             }
         };
         let paged = opts.paged;
@@ -173,7 +175,7 @@ impl DecodePlan {
     /// Queues one decode step on `rt`'s stream (the runtime the plan was
     /// made on) without waiting: checks the operands and `args` (the spec's
     /// params, then its tensors) against the plan, then launches the decode
-    /// kernel and, with splits, the combine kernel. A dense cache: a plan
+    /// kernel (one launch, splits or not). A dense cache: a plan
     /// made for paged ones refuses it ([`RaggedError::DecodeCache`](crate::RaggedError::DecodeCache)).
     pub fn run<T: Element>(&self, rt: &Runtime, io: DecodeIo<'_, T>, args: &[ArgValue<'_>]) -> Result<(), Error> {
         self.check_cache(false)?;
@@ -221,9 +223,8 @@ impl DecodePlan {
         Ok(std::array::from_fn(|i| args.get(i).map_or(ArgInfo::I32(0), ArgValue::info)))
     }
 
-    /// Queues the plan's launches for checked operands (their guards held
-    /// by the caller until this returns) of `shape`: the decode kernel and,
-    /// with splits, the combine kernel.
+    /// Queues the plan's launch for checked operands (their guards held
+    /// by the caller until this returns) of `shape`.
     pub(crate) fn queue(
         &self,
         rt: &Runtime,
@@ -244,23 +245,22 @@ impl DecodePlan {
             count += 1;
         }
         let tensor_ptrs = &tensor_ptrs[..count];
-        let partial = self.split.as_ref().map(|s| (s.partial_o.device_ptr(stream), s.partial_lse.device_ptr(stream)));
-        let partial_ptrs = partial.as_ref().map_or([0; 2], |((o, _), (l, _))| [*o, *l]);
+        let split = self
+            .split
+            .as_ref()
+            .map(|s| [s.partial_o.device_ptr(stream), s.partial_lse.device_ptr(stream), s.counters.device_ptr(stream)]);
+        let [partial_o, partial_lse, counters] = split.as_ref().map_or([0; 3], |ptrs| ptrs.each_ref().map(|p| p.0));
         let Operands { ptrs, layouts, lse, kv_lens } = operands;
         let bindings = Bindings {
-            decode: Some(DecodeBindings { kv_lens, splits: self.splits, partial: partial_ptrs }),
+            decode: Some(DecodeBindings { kv_lens, splits: self.splits, partial: [partial_o, partial_lse], counters }),
             paged,
             ..Bindings::without_operands(shape, infos, tensor_ptrs).with_operands(ptrs, layouts, lse, self.scale)
         };
-        self.launch(rt, &self.decode, &bindings, self.grid)?;
-        match &self.split {
-            Some(split) => self.launch(rt, &split.combine, &bindings, split.grid),
-            None => Ok(()),
-        }
+        self.launch(rt, &bindings)
     }
 
-    fn launch(&self, rt: &Runtime, loaded: &LoadedKernel, b: &Bindings, grid: LaunchConfig) -> Result<(), Error> {
-        let kernel = loaded.kernel();
+    fn launch(&self, rt: &Runtime, b: &Bindings) -> Result<(), Error> {
+        let kernel = self.decode.kernel();
         let mut values = [Value::I32(0); INLINE_ARGS];
         let count = marshal_into(kernel, b, &mut values)?;
         let launching = |e| Error::driver(format!("launching `{}`", kernel.name), e);
@@ -273,8 +273,8 @@ impl DecodePlan {
         // shape is the plan's (the workspace's and the grid's) and that
         // `kv_lens` (and a block table) holds an entry per sequence; the
         // kernel clamps each length into the cache and each page id into its
-        // pages.
-        // `marshal_into` wrote at most INLINE_ARGS values.
-        unsafe { launch_inline(rt.stream(), loaded.function(), &values[..count], grid) }.map_err(launching)
+        // pages; the split workspace and counters are sized for the plan's
+        // grid. `marshal_into` wrote at most INLINE_ARGS values.
+        unsafe { launch_inline(rt.stream(), self.decode.function(), &values[..count], self.grid) }.map_err(launching)
     }
 }

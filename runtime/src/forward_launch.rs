@@ -126,7 +126,12 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         ];
         let tensor_maps = tensor_maps(rt, spec, config, &operands);
         let which = Which::forward_with(config, tma::copy_with(&tensor_maps), self.dropout.is_some());
-        let loaded = rt.load_keyed(spec, &self.spec_source, which)?;
+        let item_order = opts
+            .block_mask
+            .filter(|_| config.persistent())
+            .and_then(|_| Which::work_order(spec, Work::QueryTiles { block_m: config.block_m() }));
+        let [loaded] = rt.load_launch(spec, &self.spec_source, [which], item_order);
+        let loaded = loaded?;
         let kernel = loaded.kernel();
         let grid = launch_config(kernel, &shape, 1, rt.sm_count())?;
         // The checks put params first, so the tensors are exactly the

@@ -28,8 +28,6 @@ pub(crate) enum Which {
     Decode(cuda::DecodeConfig),
     /// The paged decode kernel in a configuration.
     DecodePaged(cuda::DecodeConfig),
-    /// The split decode's combine kernel.
-    DecodeCombine,
     /// Made by [`Which::backward_varlen`].
     BackwardVarlen(cuda::BackwardPass, cuda::BackwardConfig),
     /// Context parallelism's merge of a forward piece into the running O
@@ -53,12 +51,12 @@ pub enum KernelSet {
     /// Every kernel a launch of the spec may use: those of `Training`, the
     /// forward in every configuration autotuning may pick, copying both
     /// ways where it has the choice, the varlen and paged forwards in each,
-    /// the paged append, the decode kernels, dense and paged (one and two row tiles),
-    /// with their combine kernel, the varlen backward, dropout's forward (in
-    /// the preferred configurations) and its dK/dV and dQ kernels, and
-    /// context parallelism's merge and adds (not in `Training`: plain
-    /// training launches never use them, and they compile in a fraction of
-    /// a second on first use).
+    /// the paged append, the decode kernels, dense and paged (one and two row
+    /// tiles), the varlen backward, dropout's forward (in the preferred
+    /// configurations) and its dK/dV and dQ kernels, and context
+    /// parallelism's merge and adds (not in `Training`: plain training
+    /// launches never use them, and they compile in a fraction of a second
+    /// on first use).
     Every,
 }
 
@@ -76,22 +74,25 @@ impl Which {
         let forward =
             [crate::tile_choice::preferred(spec, target), crate::tile_choice::preferred_for(spec, target, usize::MAX)];
         // Copying with TMA, as launches on contiguous operands do.
-        let mut which = vec![Which::forward(forward[0], TileCopy::Tma), Which::BlockMask];
+        let mut which = vec![Which::forward(forward[0], TileCopy::Tma)];
+        if spec.mask.is_some() {
+            which.push(Which::BlockMask);
+        }
         if forward[1] != forward[0] {
             which.push(Which::forward(forward[1], TileCopy::Tma));
         }
         // Persistent forwards' item orders under a data-dependent mask.
         for config in forward.iter().filter(|c| c.persistent()) {
-            let order = Which::WorkOrder(cuda::Work::QueryTiles { block_m: config.block_m() });
-            if !which.contains(&order) {
-                which.push(order);
+            match Which::work_order(spec, cuda::Work::QueryTiles { block_m: config.block_m() }) {
+                Some(order) if !which.contains(&order) => which.push(order),
+                _ => {}
             }
         }
         if set != KernelSet::Inference {
             use cuda::BackwardPass::{KeyValue, Postprocess, Preprocess, Query};
             let config = cuda::BackwardConfig::preferred(spec, target);
             which.extend([Preprocess, KeyValue, Query, Postprocess].map(|pass| Which::backward(pass, config)));
-            which.push(Which::WorkOrder(cuda::Work::KeyTiles { block_n: config.block_n() }));
+            which.extend(Which::work_order(spec, cuda::Work::KeyTiles { block_n: config.block_n() }));
             // The dK/dV kernel without tensor gradients, for calls that ask for none.
             if !cuda::trainable_tensors(spec).is_empty() {
                 which.push(Which::backward(KeyValue, cuda::BackwardConfig { tensor_grads: false, ..config }));
@@ -109,8 +110,9 @@ impl Which {
                 add(Which::forward(config, TileCopy::Threads));
                 add(Which::ForwardVarlen(config));
                 add(Which::ForwardPaged(config));
-                if config.persistent() {
-                    add(Which::WorkOrder(cuda::Work::QueryTiles { block_m: config.block_m() }));
+                let order = Which::work_order(spec, cuda::Work::QueryTiles { block_m: config.block_m() });
+                if let (true, Some(order)) = (config.persistent(), order) {
+                    add(order);
                 }
             }
             for rows in [16, 32] {
@@ -119,7 +121,6 @@ impl Which {
                     add(Which::DecodePaged(config));
                 }
             }
-            add(Which::DecodeCombine);
             // The varlen backward, with and without tensor gradients.
             use cuda::BackwardPass::{KeyValue, Postprocess, Preprocess, Query};
             let config = cuda::BackwardConfig::preferred(spec, target);
@@ -140,6 +141,12 @@ impl Which {
             which.extend([Which::MergePartial, Which::AddPartial, Which::AddF32]);
         }
         which
+    }
+
+    /// The work-order kernel for `work`: only under a data-dependent mask,
+    /// where the persistent forward and the dK/dV kernel take an order.
+    pub(crate) fn work_order(spec: &Spec, work: cuda::Work) -> Option<Which> {
+        spec.mask.as_ref().is_some_and(|mask| mask.reads_tensor()).then_some(Which::WorkOrder(work))
     }
 
     /// The forward kernel in `config`, copying as `copy` says where the
@@ -182,7 +189,6 @@ impl Which {
             Which::Backward(pass, config) => Some(cuda::emit_backward_with(spec, pass, config)),
             Which::Decode(config) => Some(cuda::emit_decode(spec, config)),
             Which::DecodePaged(config) => Some(cuda::emit_decode_paged(spec, config)),
-            Which::DecodeCombine => Some(cuda::emit_decode_combine(spec)),
             Which::BackwardVarlen(pass, config) => Some(cuda::emit_backward_varlen(spec, pass, config)),
             Which::MergePartial => Some(cuda::emit_merge_partial(spec)),
             Which::AddPartial => Some(cuda::emit_add_partial(spec)),
@@ -216,5 +222,61 @@ impl LoadedKernel {
     /// The canonical source of the spec it was generated from.
     pub(crate) fn spec_source(&self) -> &str {
         &self.spec_source
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flashgen_codegen::abi::ArgKind;
+    use flashgen_codegen::parse_str;
+
+    /// The shipped specs and the language-feature ones.
+    fn specs() -> Vec<Spec> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut paths: Vec<_> = std::fs::read_dir(root.join("specs")).unwrap().map(|e| e.unwrap().path()).collect();
+        paths.push(root.join("codegen/tests/specs/language.attn"));
+        paths.iter().flat_map(|p| parse_str(&std::fs::read_to_string(p).unwrap()).unwrap()).collect()
+    }
+
+    fn takes_order(kernel: &Kernel) -> bool {
+        kernel.args.iter().any(|a| a.kind == ArgKind::WorkOrder)
+    }
+
+    #[test]
+    fn every_kernel_a_set_names_exists() {
+        let sets = [KernelSet::Inference, KernelSet::Training, KernelSet::Every];
+        for (spec, target) in specs().iter().flat_map(|s| [(s, Target::for_sm(8, 0)), (s, Target::HOPPER)]) {
+            for which in sets.iter().flat_map(|&set| Which::all(spec, set, target)) {
+                assert!(which.emit(spec).is_some(), "{}: {which:?}", spec.name);
+            }
+        }
+    }
+
+    /// Launches compile the work order with their kernel (`Runtime::load_launch`)
+    /// before they see the kernel's arguments: the order they name is the one
+    /// the kernel takes.
+    #[test]
+    fn work_orders_loaded_ahead_are_the_kernels_own() {
+        for spec in specs() {
+            for target in [Target::for_sm(8, 0), Target::HOPPER] {
+                for config in TileConfig::feasible(&spec, target) {
+                    let kernel = cuda::emit_forward_with(&spec, config);
+                    let order = Which::work_order(&spec, cuda::Work::QueryTiles { block_m: config.block_m() });
+                    assert_eq!(order.is_some() && config.persistent(), takes_order(&kernel), "{}", kernel.name);
+                    assert_eq!(kernel.block_m, config.block_m());
+                }
+                let config = cuda::BackwardConfig::preferred(&spec, target);
+                let pass = cuda::BackwardPass::KeyValue;
+                let varlen = cuda::BackwardConfig { copy: TileCopy::Threads, ..config };
+                for kernel in
+                    [cuda::emit_backward_with(&spec, pass, config), cuda::emit_backward_varlen(&spec, pass, varlen)]
+                {
+                    let order = Which::work_order(&spec, cuda::Work::KeyTiles { block_n: config.block_n() });
+                    assert_eq!(order.is_some(), takes_order(&kernel), "{}", kernel.name);
+                    assert_eq!(kernel.block_n, config.block_n());
+                }
+            }
+        }
     }
 }

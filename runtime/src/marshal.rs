@@ -95,6 +95,8 @@ pub(crate) struct DecodeBindings {
     pub splits: u32,
     /// Device addresses of the partial O and LSE (0 with one split).
     pub partial: [u64; 2],
+    /// Device address of the split counters (0 with one split).
+    pub counters: u64,
 }
 
 /// A varlen launch's sequences, queries' then keys'.
@@ -287,6 +289,7 @@ fn value_of(kernel: &Kernel, arg: &KernelArg, b: &Bindings) -> Result<Value, Err
         ArgKind::Splits => Value::I32(decode()?.splits as i32),
         ArgKind::PartialO => Value::Ptr(decode()?.partial[0]),
         ArgKind::PartialLse => Value::Ptr(decode()?.partial[1]),
+        ArgKind::SplitCounters => Value::Ptr(decode()?.counters),
         ArgKind::PartialPtr(p) => Value::Ptr(partials()?.ptrs[partial_index(p)]),
         ArgKind::PartialStride(p, axis) => Value::I64(partials()?.strides[partial_index(p)][axis_index(axis)]),
         ArgKind::MergeLse(p) => Value::Ptr(partials()?.lse[partial_index(p)]),
@@ -630,7 +633,7 @@ mod tests {
         .unwrap();
         let kernel = emit_decode(&spec, DecodeConfig::for_rows(&spec, Target::HOPPER, 8).unwrap());
         let args = [ArgInfo::Tensor(ElemTy::I32, 3 * 7)];
-        let decode = Some(DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96] });
+        let decode = Some(DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96], counters: 98 });
         let b = Bindings { decode, ..bindings(&args, &[99]) };
         let values = marshal(&kernel, &b).unwrap();
         let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];
@@ -640,6 +643,7 @@ mod tests {
             ("num_splits", I32(5)),
             ("partial_o", Ptr(95)),
             ("partial_lse", Ptr(96)),
+            ("split_counters", Ptr(98)),
             ("max_kv_len", I32(7)),
             ("max_q_len", I32(129)),
             ("k_seq_stride", I64(5)),
@@ -665,7 +669,7 @@ mod tests {
         use flashgen_codegen::cuda::{emit_decode_paged, DecodeConfig, Target};
         let spec = flashgen_codegen::parse_one("D { dtype: bf16, head_dim: 64 }").unwrap();
         let kernel = emit_decode_paged(&spec, DecodeConfig::for_rows(&spec, Target::HOPPER, 8).unwrap());
-        let decode = Some(DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96] });
+        let decode = Some(DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96], counters: 98 });
         let paged =
             Some(PagedBindings { kv_lens: 94, block_table: 97, pages_per_seq: 6, page_size: 16, num_pages: 40 });
         let b = Bindings { decode, paged, ..bindings(&[], &[]) };

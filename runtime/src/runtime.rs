@@ -4,14 +4,17 @@
 //!
 //! A kernel is looked up in memory, then in the disk cache, and only then
 //! compiled with NVRTC (and stored on disk), once per key however many
-//! threads ask for it at the same time.
+//! threads ask for it at the same time. The kernels one launch needs, and
+//! those [`Runtime::prepare`] names, are compiled at the same time, one per
+//! core: NVRTC compiles on several threads at once, and a kernel's compile
+//! (about a second on a host CPU) is NVVM's and ptxas's work on one function.
 
 use crate::arch::Arch;
 use crate::choices::Choices;
 use crate::cuda_libs::{check_nvrtc_fits, driver_present, driver_version, ensure_nvrtc};
 use crate::disk_cache::{load_or_compile, DiskCache};
 use crate::error::Error;
-use crate::kernels::{LoadedKernel, Which};
+use crate::kernels::{KernelSet, LoadedKernel, Which};
 use crate::nvrtc::nvrtc_version;
 use crate::parallel;
 use crate::single_flight::SingleFlight;
@@ -220,14 +223,59 @@ impl Runtime {
         self.load_all(spec, &to_source(spec), &which)
     }
 
-    /// The kernels `which` of `spec`, in that order, compiled in parallel.
+    /// The kernels `which` of `spec`, in that order: those in memory at
+    /// once, the others compiled (or read from disk) in parallel.
     pub(crate) fn load_all(
         &self,
         spec: &Spec,
         spec_source: &str,
         which: &[Which],
     ) -> Vec<Result<Arc<LoadedKernel>, Error>> {
-        parallel::map(which, |&which| self.load_keyed(spec, spec_source, which))
+        let mut loads: Vec<_> = which.iter().map(|&which| self.in_memory(spec_source, which).map(Ok)).collect();
+        let missing: Vec<usize> = (0..which.len()).filter(|&i| loads[i].is_none()).collect();
+        let loaded = parallel::map(&missing, |&i| self.load_keyed(spec, spec_source, which[i]));
+        for (i, load) in missing.into_iter().zip(loaded) {
+            loads[i] = Some(load);
+        }
+        loads.into_iter().flatten().collect()
+    }
+
+    /// The kernels `which` of one launch, and `next`, a kernel it may load
+    /// after them (a block mask's work order), compiled together: a cold
+    /// launch waits for its slowest compile, not for each in turn. `next`'s
+    /// error, if any, is its own load's to report (errors are not cached).
+    pub(crate) fn load_launch<const N: usize>(
+        &self,
+        spec: &Spec,
+        spec_source: &str,
+        which: [Which; N],
+        next: Option<Which>,
+    ) -> [Result<Arc<LoadedKernel>, Error>; N] {
+        let all: Vec<Which> = which.iter().copied().chain(next).collect();
+        let mut loads = self.load_all(spec, spec_source, &all).into_iter();
+        // `load_all` answers every kernel in order; the fallback only keeps this total.
+        which.map(|which| loads.next().unwrap_or_else(|| self.load_keyed(spec, spec_source, which)))
+    }
+
+    /// Compiles and loads the kernels `set` names for `spec` (those
+    /// `flashgen precompile` stores) all at once, over the CPU's cores, so
+    /// that the launches that need them find them in memory: a training
+    /// run that calls this before its first step waits about as long as
+    /// its slowest kernel takes, not for each kernel at its first use.
+    /// Runs on the calling thread; call it from one of your own to overlap
+    /// the compiles with other start-up work. The first failure, in the
+    /// set's order, is returned; the other kernels are loaded regardless.
+    pub fn prepare(&self, spec: &Spec, set: KernelSet) -> Result<(), Error> {
+        let which = Which::all(spec, set, self.target());
+        self.load_all(spec, &to_source(spec), &which).into_iter().try_for_each(|load| load.map(drop))
+    }
+
+    /// The kernel `which` if it is loaded already (not waiting for one being
+    /// compiled), counted as a memory hit.
+    fn in_memory(&self, spec_source: &str, which: Which) -> Option<Arc<LoadedKernel>> {
+        let loaded = self.device.kernels.get(&CacheKey { which, spec_source: spec_source.to_string() })?;
+        self.device.memory_hits.fetch_add(1, Ordering::Relaxed);
+        Some(loaded)
     }
 
     pub(crate) fn load_which(&self, spec: &Spec, which: Which) -> Result<Arc<LoadedKernel>, Error> {

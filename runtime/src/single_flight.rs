@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 
 type Slot<V> = Arc<Mutex<Option<V>>>;
 
@@ -22,6 +22,18 @@ impl<K, V> Default for SingleFlight<K, V> {
 }
 
 impl<K: Eq + Hash, V: Clone> SingleFlight<K, V> {
+    /// The value of `key` if it was computed, without waiting for a
+    /// computation in flight.
+    pub fn get(&self, key: &K) -> Option<V> {
+        let slot = self.slots.lock().unwrap_or_else(PoisonError::into_inner).get(key)?.clone();
+        let value = match slot.try_lock() {
+            Ok(value) => value,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        value.clone()
+    }
+
     /// The value of `key` and whether it was already there, computing it
     /// with `init` if not. A failed `init` stores nothing: its error goes to
     /// its caller and the next caller (a waiting one included) tries again,
@@ -84,6 +96,30 @@ mod tests {
             flight.get_or_try_init(2, || Ok::<_, ()>(tx.send(()).is_ok())).unwrap();
             assert_eq!(waiter.join().unwrap(), Ok((true, false)));
         });
+    }
+
+    #[test]
+    fn get_answers_only_computed_values() {
+        let flight = SingleFlight::<u32, u32>::default();
+        assert_eq!(flight.get(&1), None, "never asked for");
+        let _ = flight.get_or_try_init(1, || Err::<u32, _>("failed"));
+        assert_eq!(flight.get(&1), None, "a failed init leaves nothing");
+        let (started_tx, started_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let flight = &flight;
+            s.spawn(move || {
+                flight.get_or_try_init(2, || {
+                    started_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                    Ok::<_, ()>(4)
+                })
+            });
+            started_rx.recv().unwrap();
+            assert_eq!(flight.get(&2), None, "in flight: no wait");
+            release_tx.send(()).unwrap();
+        });
+        assert_eq!(flight.get(&2), Some(4));
     }
 
     #[test]

@@ -7,9 +7,9 @@ mod support;
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{
     emit_add_f32, emit_add_partial, emit_backward, emit_backward_varlen, emit_backward_with, emit_block_mask,
-    emit_decode, emit_decode_combine, emit_decode_paged, emit_forward_copying, emit_forward_dropout,
-    emit_forward_paged, emit_forward_varlen, emit_merge_partial, emit_paged_append, emit_work_order, BackwardConfig,
-    BackwardPass, DecodeConfig, Mma, Target, TileCopy, Work,
+    emit_decode, emit_decode_paged, emit_forward_copying, emit_forward_dropout, emit_forward_paged,
+    emit_forward_varlen, emit_merge_partial, emit_paged_append, emit_work_order, BackwardConfig, BackwardPass,
+    DecodeConfig, Mma, Target, TileCopy, Work,
 };
 use flashgen_codegen::{parse_str, Spec};
 use flashgen_runtime::tile_choice;
@@ -197,13 +197,12 @@ fn every_shipped_spec_compiles_decode_for_sm80_and_sm90() {
 }
 
 fn decode_kernels(spec: &Spec) -> Vec<(Kernel, Arch)> {
-    let decodes = [(Target::PORTABLE, Arch::new(8, 0)), (Arch::new(9, 0).target(), Arch::new(9, 0))]
+    [(Target::PORTABLE, Arch::new(8, 0)), (Arch::new(9, 0).target(), Arch::new(9, 0))]
         .into_iter()
         .flat_map(|(target, arch)| {
             [4, 32].map(|rows| (emit_decode(spec, DecodeConfig::for_rows(spec, target, rows).unwrap()), arch))
-        });
-    let combine = [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (emit_decode_combine(spec), arch));
-    decodes.chain(combine).collect()
+        })
+        .collect()
 }
 
 /// Context parallelism's partials kernels (merge, add, flat add) compile

@@ -33,8 +33,9 @@ const PAGE_SIZE: usize = 16;
 
 /// Prints the decode rows for every batch × cache length, then the copy row.
 pub fn run(rt: &Runtime, batches: &[usize], kv_lens: &[usize], iters: usize) {
+    let tracking = if rt.context().is_event_tracking() { "tracked" } else { "untracked" };
     println!(
-        "device: {} ({}), decode: bf16, d={D}, heads {}/{}, q_len 1, median of {iters}",
+        "device: {} ({}), decode: bf16, d={D}, heads {}/{}, q_len 1, median of {iters}, events {tracking}",
         rt.device_name(),
         rt.arch(),
         HEADS.0,

@@ -7,6 +7,7 @@
 pub mod cp_bench;
 pub mod decode_bench;
 pub mod examples;
+pub mod jit_bench;
 pub mod prefill_bench;
 pub mod spec_gen;
 pub mod verify;

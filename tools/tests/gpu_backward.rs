@@ -16,6 +16,7 @@
 mod support;
 
 use flashgen::codegen::{Dtype, Shape, Spec};
+use flashgen::runtime::KernelSet;
 use flashgen::{BackwardWorkspace, Error, Runtime};
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::{self, DeviceProblem, GpuGradients, OperandLayout};
@@ -193,6 +194,25 @@ fn head_dims_dtypes_and_head_groups() {
         cases.push((with(spec("causal"), Dtype::Bf16, 64, 64), Case::new(heads, (128, 217)).deterministic()));
     }
     run_all(&rt, cases);
+}
+
+/// `Runtime::prepare` compiles a spec's training kernels up front: a
+/// training step under a block mask (its build, the forward with its item
+/// order, the backward with its key order) then loads every kernel from
+/// memory, and is still right.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn a_prepared_training_step_compiles_nothing() {
+    let rt = runtime();
+    for variant in ["document", "alibi"] {
+        let spec = spec(variant);
+        rt.prepare(&spec, KernelSet::Training).unwrap_or_else(|e| panic!("{variant}: {e}"));
+        let prepared = rt.cache_stats();
+        let case = Case { block_mask: true, ..Case::new((2, 2), (1024, 1023)) };
+        run_all(&rt, vec![(spec, case)]);
+        let after = rt.cache_stats();
+        assert_eq!((after.compiles, after.disk_hits), (prepared.compiles, prepared.disk_hits), "{variant}");
+    }
 }
 
 /// The Hopper dK/dV kernel's producer copying with cp.async, as on layouts

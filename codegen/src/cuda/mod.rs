@@ -33,10 +33,7 @@ pub use backward::{
     emit_backward, emit_backward_varlen, emit_backward_with, trainable_tensors, BackwardConfig, BackwardPass, DqAccum,
 };
 pub use block_mask::emit_block_mask;
-pub use decode::{
-    emit_decode, emit_decode_combine, emit_decode_paged, split_count, DecodeConfig, DECODE_BLOCK_N, DECODE_WARPS,
-    MAX_SPLITS,
-};
+pub use decode::{emit_decode, emit_decode_paged, split_count, DecodeConfig, DECODE_BLOCK_N, DECODE_WARPS, MAX_SPLITS};
 pub use forward::{
     emit_forward, emit_forward_copying, emit_forward_dropout, emit_forward_paged, emit_forward_traced,
     emit_forward_varlen, emit_forward_with, is_light,

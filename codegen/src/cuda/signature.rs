@@ -219,7 +219,7 @@ pub(super) fn decode_args(spec: &Spec) -> Vec<KernelArg> {
     kinds.push(ArgKind::Scale);
     kinds.extend((0..spec.params.len()).map(ArgKind::Param));
     kinds.extend((0..spec.tensors.len()).map(ArgKind::Tensor));
-    kinds.extend([ArgKind::Splits, ArgKind::PartialO, ArgKind::PartialLse]);
+    kinds.extend([ArgKind::Splits, ArgKind::PartialO, ArgKind::PartialLse, ArgKind::SplitCounters]);
     named(spec, kinds)
 }
 
@@ -235,16 +235,6 @@ pub(super) fn decode_paged_args(spec: &Spec) -> Vec<KernelArg> {
         kind => vec![kind],
     });
     named(spec, kinds.collect())
-}
-
-/// The split decode's combine kernel: the partial results; O and the LSE;
-/// sizes; O's strides; the split count.
-pub(super) fn decode_combine_args(spec: &Spec) -> Vec<KernelArg> {
-    let mut kinds = vec![ArgKind::PartialO, ArgKind::PartialLse, ArgKind::Ptr(Operand::O), ArgKind::Lse];
-    kinds.extend([ArgKind::Batch, ArgKind::Heads, ArgKind::QLen]);
-    kinds.extend(strides([Operand::O]));
-    kinds.push(ArgKind::Splits);
-    named(spec, kinds)
 }
 
 /// The partials merge kernel: the accumulator, the piece and the output,
@@ -335,6 +325,7 @@ pub(crate) mod names {
     pub const SPLITS: &str = "num_splits";
     pub const PARTIAL_O: &str = "partial_o";
     pub const PARTIAL_LSE: &str = "partial_lse";
+    pub const SPLIT_COUNTERS: &str = "split_counters";
     pub const FIRST: &str = "first";
     pub const ROWS: &str = "rows";
     pub const DIM: &str = "dim";
@@ -393,6 +384,7 @@ pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::Splits => names::SPLITS.into(),
         ArgKind::PartialO => names::PARTIAL_O.into(),
         ArgKind::PartialLse => names::PARTIAL_LSE.into(),
+        ArgKind::SplitCounters => names::SPLIT_COUNTERS.into(),
         ArgKind::PartialPtr(p) => format!("{}_ptr", partial(p)),
         ArgKind::PartialStride(p, axis) => format!("{}_{}_stride", partial(p), axis_name(axis)),
         ArgKind::MergeLse(p) => format!("{}_lse", partial(p)),
@@ -423,6 +415,7 @@ pub(super) fn arg_type(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::PagesPerSeq | ArgKind::PageSize | ArgKind::KvBoxRows | ArgKind::NumPages => "int".into(),
         ArgKind::CuSeqlens(_) | ArgKind::KvLens | ArgKind::BlockTable => "const int* __restrict__".into(),
         ArgKind::PartialO | ArgKind::PartialLse => "float* __restrict__".into(),
+        ArgKind::SplitCounters => "unsigned int* __restrict__".into(),
         ArgKind::Stride(..) | ArgKind::BlockMaskStride(_) | ArgKind::PageStride(_) | ArgKind::NewRowStride(..) => {
             "long long".into()
         }

@@ -55,7 +55,9 @@
 //! `flashgen-bench --decode [--batches 1,16,64,256] [--kv-lens 1024,4096,16384,65536]`
 //! instead times the decode path (`flashgen_tools::decode_bench`): GB/s of
 //! K and V per batch and cache length, on a dense cache and on 16-row
-//! pages, and a device-to-device copy row.
+//! pages, and a device-to-device copy row. `--untracked` turns cudarc's
+//! event tracking off first (as a CUDA-graph capture does), so the host
+//! time counts no event recorded per buffer.
 //!
 //! `flashgen-bench --prefill [--cached 0,8192,30720]` instead times chunked
 //! prefill against a paged cache (`flashgen_tools::prefill_bench`): pages of
@@ -69,17 +71,23 @@
 //! cold compile of the kernel the runtime launches untuned on this GPU
 //! (codegen + NVRTC to CUBIN, NVRTC already loaded; NVRTC 13's own compute
 //! cache, which answers a source it compiled before in ~40 ms even across
-//! processes, is turned off), a disk cache hit to a launchable kernel in a
-//! fresh runtime, and the host time of one launch on an in-memory hit.
+//! processes, is turned off), every kernel of a training step compiled all
+//! at once by `Runtime::prepare` in a fresh runtime without a disk cache, a
+//! disk cache hit to a launchable kernel in a fresh runtime, and the host
+//! time of one launch on an in-memory hit.
+//! `flashgen-bench --jit-cpu [--arch sm_90]` needs no GPU: cold compiles of
+//! that forward and of every kernel of a training step, one by one and all
+//! at once (`flashgen_tools::jit_bench`).
 
 use flashgen::codegen::analysis::{classify, TileClass};
 use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::reference::{ParamValue, TensorData};
 use flashgen::codegen::{Dropout, Shape};
-use flashgen::runtime::config_name;
 use flashgen::runtime::tile_choice;
+use flashgen::runtime::{config_name, KernelSet};
 use flashgen::Runtime;
 use flashgen_tools::examples::SPECS;
+use flashgen_tools::jit_bench;
 use flashgen_tools::verify::{self, DeviceProblem, OperandLayout};
 use std::time::Instant;
 
@@ -113,18 +121,29 @@ const VARIANTS: [(&str, &str); 9] = [
     ("swa1024-sinks", "param window: i32, tensor sinks: f32[H], mask: q >= k && q - k < window, sink: sinks[h],"),
 ];
 
-/// Runs the bench `args` names other than the variant suite (`--prefill`,
-/// `--cp`, `--decode`), if any; whether one ran.
+/// Runs the bench `args` names other than the variant suite and `--jit`
+/// (`--jit-cpu`, `--prefill`, `--cp`, `--decode`), if any; whether one ran.
 fn other_bench(args: &[String], list: &dyn Fn(&str, &str) -> Vec<String>, iters: usize) -> bool {
     let sizes = |flag, default| list(flag, default).iter().filter_map(|s| s.parse().ok()).collect::<Vec<usize>>();
-    if args.iter().any(|a| a == "--prefill") {
+    if args.iter().any(|a| a == "--jit-cpu") {
+        let arch = list("--arch", "sm_90")[0].parse::<flashgen::runtime::Arch>();
+        if let Err(e) = arch.map_err(|e| e.to_string()).and_then(|a| jit_bench::run(a).map_err(|e| e.to_string())) {
+            eprintln!("flashgen-bench --jit-cpu: {e}");
+            std::process::exit(2);
+        }
+    } else if args.iter().any(|a| a == "--prefill") {
         flashgen_tools::prefill_bench::run(&start_runtime(), &sizes("--cached", "0,8192,30720"), iters);
     } else if args.iter().any(|a| a == "--cp") {
         let variants = list("--cp-variants", "causal,document,window");
         flashgen_tools::cp_bench::run(&sizes("--lens", "131072,524288"), &variants, iters);
     } else if args.iter().any(|a| a == "--decode") {
         let (batches, kv_lens) = (sizes("--batches", "1,16,64,256"), sizes("--kv-lens", "1024,4096,16384,65536"));
-        flashgen_tools::decode_bench::run(&start_runtime(), &batches, &kv_lens, iters);
+        let rt = start_runtime();
+        if args.iter().any(|a| a == "--untracked") {
+            // SAFETY: every buffer of the bench lives on the runtime's one stream.
+            unsafe { rt.context().disable_event_tracking() };
+        }
+        flashgen_tools::decode_bench::run(&rt, &batches, &kv_lens, iters);
     } else {
         return false;
     }
@@ -348,12 +367,18 @@ fn jit(rt: &Runtime) {
     // Load NVRTC and its builtins once, unmeasured, as a warm process would.
     let _ = compile_cubin(&emit(&specs[0]), rt.arch());
     println!("device: {} ({}); JIT per example spec", rt.device_name(), rt.arch());
-    println!("{:<20} {:>12} {:>14} {:>16}", "spec", "cold ms", "disk hit ms", "launch µs (host)");
-    let (mut cold, mut disk, mut launch) = (Vec::new(), Vec::new(), Vec::new());
+    println!("{:<20} {:>12} {:>12} {:>14} {:>16}", "spec", "cold ms", "training ms", "disk hit ms", "launch µs (host)");
+    let (mut cold, mut training, mut disk, mut launch) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for spec in &specs {
         let start = Instant::now();
         let compiled = compile_cubin(&emit(spec), rt.arch());
         let cold_ms = start.elapsed().as_secs_f64() * 1e3;
+        // Every training kernel, all at once, in a fresh runtime without a disk cache.
+        let prepared = Runtime::new(0).and_then(|fresh| {
+            let start = Instant::now();
+            fresh.with_disk_cache(None).prepare(spec, KernelSet::Training)?;
+            Ok(start.elapsed().as_secs_f64() * 1e3)
+        });
         // Fill the disk cache with one runtime, then time a hit in a fresh one.
         let hit = rt.load(spec).and_then(|_| {
             let fresh = Runtime::new(0)?;
@@ -364,10 +389,11 @@ fn jit(rt: &Runtime) {
             Ok(ms)
         });
         let host_us = launch_overhead(rt, spec);
-        match (compiled, hit, host_us) {
-            (Ok(_), Ok(hit_ms), Ok(us)) => {
-                println!("{:<20} {cold_ms:>12.1} {hit_ms:>14.2} {us:>16.2}", spec.name);
+        match (compiled.and(prepared), hit, host_us) {
+            (Ok(training_ms), Ok(hit_ms), Ok(us)) => {
+                println!("{:<20} {cold_ms:>12.1} {training_ms:>12.0} {hit_ms:>14.2} {us:>16.2}", spec.name);
                 cold.push(cold_ms);
+                training.push(training_ms);
                 disk.push(hit_ms);
                 launch.push(us);
             }
@@ -375,10 +401,13 @@ fn jit(rt: &Runtime) {
         }
     }
     if !cold.is_empty() {
-        let max = cold.iter().cloned().fold(0.0, f64::max);
+        let max = |v: &[f64]| v.iter().cloned().fold(0.0, f64::max);
+        let (cold_max, training_max) = (max(&cold), max(&training));
         println!(
-            "cold compile median {:.0} ms, max {max:.0} ms; disk hit median {:.1} ms; launch median {:.1} µs",
+            "cold compile median {:.0} ms, max {cold_max:.0} ms; training kernels all at once median {:.0} ms, \
+             max {training_max:.0} ms; disk hit median {:.1} ms; launch median {:.1} µs",
             median(cold),
+            median(training),
             median(disk),
             median(launch)
         );

@@ -1,7 +1,9 @@
 //! The decode kernel's epilogue: the four warps' rows (each saw a quarter
 //! of every tile's keys) merge in shared memory, then leave as O and the
-//! LSE, or, in a split launch, as the split's partial O and LSE.
+//! LSE, or, in a split launch, as the split's partial O and LSE, which the
+//! row tile's last split combines (`combine`).
 
+use super::combine::write_split_combine;
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
@@ -16,7 +18,10 @@ float* warp_m = merged + BLOCK_M * DVP;  // [WARPS][BLOCK_M]: each warp's row ma
 float* warp_l = warp_m + WARPS * BLOCK_M;  // [WARPS][BLOCK_M]: each warp's row sum
 float* row_scale = warp_l + WARPS * BLOCK_M;  // [BLOCK_M]: 1 / the row's sum, 0 if no key is kept
 float* row_lse = row_scale + BLOCK_M;  // [BLOCK_M]: natural log, -inf if no key is kept
-for (int i = threadIdx.x; i < BLOCK_M * DVP; i += THREADS) merged[i] = 0.0f;
+// Rows past the group's end (a GQA group of 4 fills a quarter of a 16-row
+// tile) are computed but neither merged nor stored.
+const int tile_rows = min(BLOCK_M, rows - row0);
+for (int i = threadIdx.x; i < tile_rows * DVP; i += THREADS) merged[i] = 0.0f;
 #pragma unroll
 for (int i = 0; i < 2 * M_TILES; ++i) {
     const int mt = i / 2, r = i % 2, row = mt * 16 + g + 8 * r;
@@ -35,6 +40,7 @@ for (int i = 0; i < 2 * M_TILES; ++i) {
     #pragma unroll
     for (int w = 0; w < WARPS; ++w) row_top = fmaxf(row_top, warp_m[w * BLOCK_M + row]);
     const float factor = fast_exp2(m[mt][r] - finite_or_zero(row_top));
+    if (row >= tile_rows) continue;
     #pragma unroll
     for (int n = 0; n < O_TILES; ++n) {
         #pragma unroll
@@ -60,9 +66,8 @@ __syncthreads();
 // The rows leave: O and the LSE when the keys are not split, else this
 // split's rows (normalized by their own sums) and LSE for the combine.
 const long long all_rows = (long long)batch * heads * q_len;
-for (int i = threadIdx.x; i < BLOCK_M * DV; i += THREADS) {
+for (int i = threadIdx.x; i < tile_rows * DV; i += THREADS) {
     const int r = i / DV, c = i % DV, row = row0 + r;
-    if (row >= rows) continue;
     const int q = row / group, h = kv_head * group + row % group;
     const float x = merged[r * DVP + c] * row_scale[r];
     if (num_splits == 1) {
@@ -80,7 +85,8 @@ if (threadIdx.x < BLOCK_M && row0 + (int)threadIdx.x < rows) {
     else if (lse != nullptr) lse[at] = row_lse[threadIdx.x];
 }
 ",
-    )
+    )?;
+    write_split_combine(w)
 }
 
 /// A row's O factor and LSE from its max `row_top` and sum `sum` (relative

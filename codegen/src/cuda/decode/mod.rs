@@ -23,9 +23,10 @@
 //!   is the dense kernel's (`body::Cache` is the one difference).
 //! - **Split-KV (Flash-Decoding).** Where batch × K/V heads CTAs cannot fill
 //!   the GPU, `num_splits` CTAs share a sequence's keys, each writing its
-//!   rows (f32, normalized) and LSE to a workspace; the combine kernel
-//!   (`combine`) weighs them into O. With one split the kernel writes O
-//!   itself. The split count is an argument: `plan::split_count` picks it.
+//!   rows (f32, normalized) and LSE to a workspace; the last of them to
+//!   finish weighs them into O (`combine`), so a step is one launch. With
+//!   one split the kernel writes O itself. The split count is an argument:
+//!   `plan::split_count` picks it.
 //! - **Positions.** As in the forward: the spec's `q` is the query's index
 //!   among the sequence's `q_len` new tokens, `k` the cache row, `kv_len`
 //!   the sequence's key count (read on the device, clamped into the cache),
@@ -38,7 +39,7 @@
 //!   `tiles`) are neither loaded nor multiplied: a window reads the window.
 //!
 //! Modules: `plan` (decisions), `body` (setup, pipeline, tile step),
-//! `tiles`, `logit`, `epilogue`, `combine`.
+//! `tiles`, `logit`, `epilogue`, `combine` (the last split's).
 
 mod body;
 mod combine;
@@ -51,12 +52,11 @@ pub use plan::{split_count, DecodeConfig, DECODE_BLOCK_N, DECODE_WARPS, MAX_SPLI
 
 use crate::abi::{Grid, Kernel};
 use crate::cuda::library::Part;
-use crate::cuda::signature::{decode_args, decode_combine_args, decode_paged_args};
+use crate::cuda::signature::{decode_args, decode_paged_args};
 use crate::cuda::source::{assemble, kernel_name, Entry, Piece};
 use crate::cuda::writer::Writer;
 use crate::spec::{Dtype, Spec};
 use body::{write_setup, write_tile_loop, Cache};
-use combine::{write_combine_body, write_combine_config, COMBINE_THREADS};
 use epilogue::write_epilogue;
 use std::fmt::{self, Write};
 
@@ -116,28 +116,6 @@ fn emit(spec: &Spec, config: DecodeConfig, cache: Cache) -> Kernel {
     }
 }
 
-/// The combine kernel of a split decode of `spec` (see `combine`).
-pub fn emit_decode_combine(spec: &Spec) -> Kernel {
-    let name = kernel_name("decode_combine", spec);
-    let args = decode_combine_args(spec);
-    let bounds = COMBINE_THREADS.to_string();
-    let entry = Entry { name: &name, bounds: &bounds, args: &args };
-    let storage = storage(spec.dtype);
-    let library = [vec![Piece::Part(Part::Prelude)], vec![Piece::Part(Part::Tiles)]];
-    let config = |w: &mut Writer<String>| write_combine_config(w, storage, spec.head_dims.v);
-    let source = assemble(spec, &library, config, entry, write_combine_body);
-    Kernel {
-        name,
-        source,
-        grid: Grid::QueryTiles,
-        block_m: 1,
-        block_n: 1,
-        threads: COMBINE_THREADS,
-        dynamic_smem: 0,
-        args,
-    }
-}
-
 fn storage(dtype: Dtype) -> &'static str {
     match dtype {
         Dtype::F16 => "f16",
@@ -166,6 +144,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: DecodeConfig) -> fm
         constexpr int S_TILES = WARP_N / 8;  // m16n8 accumulator tiles of a warp's S\n\
         constexpr int O_TILES = DVP / 8;  // m16n8 accumulator tiles of a warp's O\n\
         constexpr int STAGES = {stages};  // K/V pipeline stages, STAGES - 1 tiles in flight\n\
+        constexpr int MAX_SPLITS = {MAX_SPLITS};  // the most splits a launch has\n\
         constexpr int Q_TILE = BLOCK_M * DP;\n\
         constexpr int K_TILE = BLOCK_N * DP;\n\
         constexpr int V_TILE = BLOCK_N * DVP;\n\

@@ -26,8 +26,9 @@ pub const DECODE_BLOCK_N: u32 = 64;
 /// The most splits a launch divides a sequence's keys among.
 pub const MAX_SPLITS: u32 = 128;
 /// Tiles a split gets at least: fewer would spend more on the combine than
-/// the parallelism gains.
-const MIN_TILES_PER_SPLIT: u32 = 4;
+/// the parallelism gains. Short caches need the CTAs: a CTA alone on its SM
+/// hides no latency, so a few short splits beat fewer long ones.
+const MIN_TILES_PER_SPLIT: u32 = 2;
 /// The deepest pipeline considered: past it the stages only cost occupancy.
 const MAX_STAGES: u32 = 4;
 /// The most CTAs per SM the configuration aims for.
@@ -150,7 +151,8 @@ mod tests {
         assert_eq!(split(16, 65536), 2);
         assert_eq!(split(64, 4096), 1, "512 CTAs: no split");
         assert_eq!(split(256, 1024), 1);
-        assert_eq!(split(1, 1024), 4, "16 tiles: splits keep 4 each");
+        assert_eq!(split(1, 4096), 28, "64 tiles: 224 of 264 slots");
+        assert_eq!(split(1, 1024), 7, "16 tiles: splits keep 2 at least");
         assert_eq!(split(1, 64), 1, "one tile is never split");
         assert_eq!(split_count(1, 132, 2, u32::MAX), 109, "the fewest splits within 85% of the best wave");
         assert!(split_count(1, 10_000, 4, u32::MAX) <= MAX_SPLITS);

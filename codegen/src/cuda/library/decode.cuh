@@ -51,14 +51,54 @@ __device__ __forceinline__ void load_kv_tile(unsigned short* tile, const KvRows&
 // The Q tile of a decode CTA: tile row r is the group's query row
 // `first + r`, query token (first + r) / group of head (first + r) % group
 // counted from `q_group` (the group's first head of the sequence); rows at
-// or past `rows` are zero.
+// or past `rows` are zero. 16-byte loads where every row allows them: the
+// prologue's cost is per CTA, and a short split has few tiles to hide it.
 template <int ROWS, int COLS, int WIDTH, int THREADS>
 __device__ __forceinline__ void load_q_rows(unsigned short* tile, const unsigned short* q_group, long long seq_stride,
                                             long long head_stride, int group, int first, int rows) {
+    constexpr int CHUNKS = COLS / 8;
+    if (WIDTH % 8 == 0 && aligned16(q_group, seq_stride) && head_stride % 8 == 0) {
+        for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
+            const int r = i / CHUNKS, c = (i % CHUNKS) * 8, row = first + r;
+            uint4 x = make_uint4(0u, 0u, 0u, 0u);
+            if (row < rows && c < WIDTH) {
+                const long long at = (long long)(row / group) * seq_stride + (long long)(row % group) * head_stride + c;
+                x = *(const uint4*)(q_group + at);
+            }
+            *(uint4*)(tile + swizzle<COLS>(r, c)) = x;
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < ROWS * COLS; i += THREADS) {
         const int r = i / COLS, c = i % COLS, row = first + r;
         const bool valid = row < rows && c < WIDTH;
         const long long at = (long long)(row / group) * seq_stride + (long long)(row % group) * head_stride + c;
         tile[swizzle<COLS>(r, c)] = valid ? q_group[valid ? at : 0] : (unsigned short)0;
     }
+}
+
+// Reduces x over the 32 lanes of a warp with `op` (max, +).
+template <typename Op>
+__device__ __forceinline__ float warp_all(float x, Op op) {
+    #pragma unroll
+    for (int m = 16; m > 0; m /= 2) x = op(x, __shfl_xor_sync(0xffffffffu, x, m));
+    return x;
+}
+
+// Split-KV: whether this CTA is the last of its row tile's `num_splits` to
+// finish (every thread gets the answer, through `flag` in shared memory).
+// Each CTA's partial stores are ordered before its count by the fence; the
+// last one reads them through L2 (__ldcg) and sets the count back to 0 for
+// the next launch, so a CUDA graph replays without resetting it.
+__device__ __forceinline__ bool last_split(unsigned int* counter, int num_splits, int* flag) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        *flag = atomicAdd(counter, 1u) == (unsigned int)num_splits - 1u;
+        if (*flag) atomicExch(counter, 0u);
+    }
+    __syncthreads();
+    const bool last = *flag;
+    if (last) __threadfence();
+    return last;
 }
