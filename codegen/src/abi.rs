@@ -164,6 +164,22 @@ pub enum ArgKind {
     /// Elements of the flat f32 add: the launch shape's `q_len`, which its
     /// grid covers.
     Elements,
+    /// A dropout kernel's mask ([`crate::dropout`]): seed and offset
+    /// (`unsigned long long`), threshold (`unsigned`), scale (`float`).
+    Dropout(DropoutArg),
+}
+
+/// The parts of [`ArgKind::Dropout`], in the kernels' order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DropoutArg {
+    Seed,
+    Offset,
+    Threshold,
+    Scale,
+}
+
+impl DropoutArg {
+    pub const ALL: [DropoutArg; 4] = [DropoutArg::Seed, DropoutArg::Offset, DropoutArg::Threshold, DropoutArg::Scale];
 }
 
 /// An operand of the partials kernels, which fold context parallelism's

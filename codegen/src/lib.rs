@@ -8,6 +8,7 @@
 pub mod abi;
 pub mod analysis;
 pub mod cuda;
+pub mod dropout;
 pub mod error;
 pub mod grad;
 pub mod index_check;
@@ -19,6 +20,7 @@ pub mod spec;
 pub mod syntax;
 pub mod varlen;
 
+pub use dropout::Dropout;
 pub use error::SpecError;
 pub use spec::*;
 pub use syntax::{parse_one, parse_str, parse_tokens, to_source};

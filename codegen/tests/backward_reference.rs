@@ -7,10 +7,11 @@ mod support;
 
 use flashgen_codegen::grad::{d_load, d_score, d_sink_load, trainable};
 use flashgen_codegen::reference::{
-    backward, backward_in, flash_rule_averaged, forward, max_abs_diff, round_bf16, same_dtype_backwards, Arith, Env,
-    Gradients, ParamValue, Position, Precision, Problem, ReferenceError, TensorData, Value, BACKWARD_FACTOR,
+    backward, backward_dropout, backward_in, flash_rule_averaged, forward, forward_dropout, max_abs_diff, round_bf16,
+    same_dtype_backwards, Arith, Env, Gradients, ParamValue, Position, Precision, Problem, ReferenceError, TensorData,
+    Value, BACKWARD_FACTOR,
 };
-use flashgen_codegen::{parse_one, parse_str, to_source, ElemTy, Expr, HeadDims, Shape, Spec, Ty};
+use flashgen_codegen::{parse_one, parse_str, to_source, Dropout, ElemTy, Expr, HeadDims, Shape, Spec, Ty};
 use std::path::PathBuf;
 
 /// Variants beyond the shipped ones: every differentiation rule, trainable
@@ -164,20 +165,25 @@ fn input(p: &mut Problem, which: Input) -> &mut Vec<f64> {
 
 const STEP: f64 = 1e-6;
 
-/// L = Σ O ∘ dO, whose gradient is the backward of `d_out`.
-fn loss(spec: &Spec, p: &Problem, d_out: &[f64]) -> f64 {
-    forward(spec, p, Precision::F64).expect("a valid problem").o.iter().zip(d_out).map(|(o, d)| o * d).sum()
+/// L = Σ O ∘ dO, whose gradient is the backward of `d_out`; O with
+/// `dropout`'s mask where given (a fixed mask: O stays smooth).
+fn loss(spec: &Spec, p: &Problem, d_out: &[f64], dropout: Option<Dropout>) -> f64 {
+    let out = match dropout {
+        None => forward(spec, p, Precision::F64),
+        Some(d) => forward_dropout(spec, p, Precision::F64, d),
+    };
+    out.expect("a valid problem").o.iter().zip(d_out).map(|(o, d)| o * d).sum()
 }
 
 /// ∂L/∂input by central differences, element by element.
-fn numeric(spec: &Spec, p: &Problem, d_out: &[f64], which: Input) -> Vec<f64> {
+fn numeric(spec: &Spec, p: &Problem, d_out: &[f64], which: Input, dropout: Option<Dropout>) -> Vec<f64> {
     let len = input(&mut p.clone(), which).len();
     (0..len)
         .map(|i| {
             let (mut plus, mut minus) = (p.clone(), p.clone());
             input(&mut plus, which)[i] += STEP;
             input(&mut minus, which)[i] -= STEP;
-            (loss(spec, &plus, d_out) - loss(spec, &minus, d_out)) / (2.0 * STEP)
+            (loss(spec, &plus, d_out, dropout) - loss(spec, &minus, d_out, dropout)) / (2.0 * STEP)
         })
         .collect()
 }
@@ -200,19 +206,47 @@ fn gradients_match_finite_differences() {
             let d_out: Vec<f64> = (0..p.shape.batch * p.shape.q_len * p.shape.heads * spec.head_dims.v as usize)
                 .map(|_| rng.normal())
                 .collect();
-            let g = backward(&spec, &p, &d_out).expect("a valid problem");
-            let what = |buffer: &str| format!("{} {shape:?} {buffer}", spec.name);
-            assert_close(&what("dq"), &g.dq, &numeric(&spec, &p, &d_out, Input::Q));
-            assert_close(&what("dk"), &g.dk, &numeric(&spec, &p, &d_out, Input::K));
-            assert_close(&what("dv"), &g.dv, &numeric(&spec, &p, &d_out, Input::V));
-            assert_eq!(g.d_tensors.len(), spec.tensors.len());
-            for (slot, dt) in g.d_tensors.iter().enumerate() {
-                assert_eq!(dt.is_some(), trainable(&spec, slot), "{}", what(&spec.tensors[slot].name));
-                if let Some(dt) = dt {
-                    let name = what(&spec.tensors[slot].name);
-                    assert_close(&name, dt, &numeric(&spec, &p, &d_out, Input::Tensor(slot)));
-                }
-            }
+            check_gradients(&spec, &p, &d_out, None);
+        }
+    }
+}
+
+/// The backward with dropout against finite differences of the dropout
+/// forward (its mask fixed by seed and offset), for every spec at p = 0.3;
+/// at p = 0 the dropout forward is the plain one.
+#[test]
+fn dropout_gradients_match_finite_differences() {
+    let mut rng = Rng(11);
+    for (x, spec) in specs().into_iter().enumerate() {
+        let shape = SHAPES[x % SHAPES.len()];
+        let p = problem(&spec, shape, &mut rng);
+        let d_out: Vec<f64> =
+            (0..shape.batch * shape.q_len * shape.heads * spec.head_dims.v as usize).map(|_| rng.normal()).collect();
+        let dropout = Dropout { p: 0.3, seed: 0x5eed + x as u64, offset: 3 };
+        check_gradients(&spec, &p, &d_out, Some(dropout));
+        let none = Dropout { p: 0.0, ..dropout };
+        assert_eq!(forward_dropout(&spec, &p, Precision::F64, none), forward(&spec, &p, Precision::F64));
+    }
+}
+
+/// The reference backward (with `dropout`, where given) of every input
+/// that has a gradient against finite differences.
+fn check_gradients(spec: &Spec, p: &Problem, d_out: &[f64], dropout: Option<Dropout>) {
+    let g = match dropout {
+        None => backward(spec, p, d_out),
+        Some(d) => backward_dropout(spec, p, d_out, Precision::F64, d),
+    };
+    let g = g.expect("a valid problem");
+    let what = |buffer: &str| format!("{} {:?} {dropout:?} {buffer}", spec.name, p.shape);
+    assert_close(&what("dq"), &g.dq, &numeric(spec, p, d_out, Input::Q, dropout));
+    assert_close(&what("dk"), &g.dk, &numeric(spec, p, d_out, Input::K, dropout));
+    assert_close(&what("dv"), &g.dv, &numeric(spec, p, d_out, Input::V, dropout));
+    assert_eq!(g.d_tensors.len(), spec.tensors.len());
+    for (slot, dt) in g.d_tensors.iter().enumerate() {
+        assert_eq!(dt.is_some(), trainable(spec, slot), "{}", what(&spec.tensors[slot].name));
+        if let Some(dt) = dt {
+            let name = what(&spec.tensors[slot].name);
+            assert_close(&name, dt, &numeric(spec, p, d_out, Input::Tensor(slot), dropout));
         }
     }
 }

@@ -7,13 +7,13 @@
 //! (or `cargo insta review`) and read the diff: it shows only what each
 //! variant generates, since library parts appear by name.
 
-use flashgen_codegen::abi::{ArgKind, Kernel};
+use flashgen_codegen::abi::{ArgKind, DropoutArg, Kernel};
 use flashgen_codegen::cuda::library::Part;
 use flashgen_codegen::cuda::{
     emit_add_f32, emit_add_partial, emit_backward, emit_backward_varlen, emit_backward_with, emit_decode,
-    emit_decode_paged, emit_decode_with, emit_forward, emit_forward_copying, emit_forward_paged, emit_forward_varlen,
-    emit_forward_with, emit_merge_partial, emit_paged_append, BackwardConfig, BackwardPass, DecodeCache, DecodeConfig,
-    DecodeQueries, DqAccum, Mma, Target, TileConfig, TileCopy,
+    emit_decode_paged, emit_decode_with, emit_forward, emit_forward_copying, emit_forward_dropout, emit_forward_paged,
+    emit_forward_varlen, emit_forward_with, emit_merge_partial, emit_paged_append, BackwardConfig, BackwardPass,
+    DecodeCache, DecodeConfig, DecodeQueries, DqAccum, Mma, Target, TileConfig, TileCopy,
 };
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
@@ -373,6 +373,46 @@ fn hopper_backward_kernels_of_named_variants() {
         "wgmma_bwd_post_causal",
         render(&emit_backward_with(&spec, BackwardPass::Postprocess, config))
     );
+}
+
+/// Dropout's kernels (the mask, `library/dropout.cuh`, applied to P):
+/// the forward on mma.sync and the warp-specialized wgmma one (copying by
+/// TMA, FADD row sums), the portable dK/dV and dQ kernels and the Hopper
+/// dK/dV kernel; the mask's four arguments come last.
+#[test]
+fn dropout_kernels() {
+    let spec = variant("causal");
+    let hopper = Target::for_sm(9, 0);
+    let sync = TileConfig::default_for(&spec);
+    insta::assert_snapshot!("dropout_causal", render(&emit_forward_dropout(&spec, sync, TileCopy::Threads)));
+    let wgmma = emit_forward_dropout(&spec, TWO_WARPGROUPS, TileCopy::Tma);
+    insta::assert_snapshot!("dropout_wgmma_causal", render(&wgmma));
+    let softcap = variant("softcap");
+    insta::assert_snapshot!(
+        "dropout_wgmma_softcap",
+        render(&emit_forward_dropout(&softcap, ONE_WARPGROUP_PAIR, TileCopy::Tma))
+    );
+    let portable = BackwardConfig { dropout: true, ..BackwardConfig::default_for(&spec) };
+    let preferred = BackwardConfig { dropout: true, ..BackwardConfig::preferred(&spec, hopper) };
+    let kernels = [
+        ("dropout_bwd_causal", emit_backward_with(&spec, BackwardPass::KeyValue, portable)),
+        ("dropout_bwd_dq_causal", emit_backward_with(&spec, BackwardPass::Query, portable)),
+        ("dropout_wgmma_bwd_causal", emit_backward_with(&spec, BackwardPass::KeyValue, preferred)),
+    ];
+    for (name, kernel) in kernels.iter().chain([("", wgmma)].iter()) {
+        let last: Vec<ArgKind> = kernel.args.iter().rev().take(4).rev().map(|a| a.kind).collect();
+        assert_eq!(last, DropoutArg::ALL.map(ArgKind::Dropout), "{}", kernel.name);
+        assert!(kernel.name.contains("dropout"), "{}", kernel.name);
+        if !name.is_empty() {
+            insta::assert_snapshot!(*name, render(kernel));
+        }
+    }
+    // Without dropout, the preprocess and postprocess are the only kernels;
+    // with it they are unchanged.
+    for pass in [BackwardPass::Preprocess, BackwardPass::Postprocess] {
+        let plain = emit_backward_with(&spec, pass, BackwardConfig::default_for(&spec));
+        assert_eq!(emit_backward_with(&spec, pass, portable.for_pass(pass)).source, plain.source);
+    }
 }
 
 #[test]

@@ -14,6 +14,7 @@
 use crate::args::{bound, ArgInfo, ArgValue};
 use crate::block_mask::{BlockMask, BuiltFor};
 use crate::check::{check_backward, softmax_scale, Buffer, Grads, Problem};
+use crate::dropout;
 use crate::element::Element;
 use crate::error::Error;
 use crate::kernels::{LoadedKernel, Which};
@@ -26,7 +27,7 @@ use crate::tma::{self, TensorMap};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::{ArgKind, Operand};
 use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, TileCopy, Work};
-use flashgen_codegen::{to_source, Shape, Spec};
+use flashgen_codegen::{to_source, Dropout, Shape, Spec};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// The operands of one backward pass: the forward's inputs, its output O and
@@ -58,6 +59,8 @@ pub(crate) struct Launch {
     pub shape: Shape,
     pub scale: f32,
     pub varlen: Option<VarlenBindings>,
+    /// The checked dropout (`None`: none, or p = 0).
+    pub dropout: Option<Dropout>,
 }
 
 impl Launch {
@@ -93,6 +96,9 @@ pub struct BackwardOptions<'a> {
     pub deterministic: bool,
     /// Where D and the dQ accumulator live; `None` allocates them per call.
     pub workspace: Option<&'a BackwardWorkspace>,
+    /// The forward's dropout, the same seed and offset: the dK/dV and dQ
+    /// kernels regenerate its mask. Dense launches only, as the forward's.
+    pub dropout: Option<Dropout>,
 }
 
 impl<T: Element> BackwardIo<'_, T> {
@@ -149,11 +155,12 @@ impl Runtime {
         let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
         let checked = io.check(spec, &infos)?;
         let scale = softmax_scale(spec, opts.scale)?;
+        let dropout = dropout::checked(opts.dropout)?;
         check_tensor_grads(spec, checked, &io.d_tensors, &infos)?;
         let Some(shape) = checked else {
             return Ok(());
         };
-        self.queue_backward(spec, io, args, opts, Launch { shape, scale, varlen: None })
+        self.queue_backward(spec, io, args, opts, Launch { shape, scale, varlen: None, dropout })
     }
 
     /// Queues the backward kernels of a checked launch: dense ones, or with
@@ -167,11 +174,12 @@ impl Runtime {
         opts: &BackwardOptions<'_>,
         launch: Launch,
     ) -> Result<(), Error> {
-        let Launch { shape, scale, varlen } = launch;
+        let Launch { shape, scale, varlen, dropout } = launch;
         let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
         // Tensor gradients nobody asked for are not computed at all.
         let tensor_grads = io.d_tensors.iter().any(Option::is_some);
-        let config = BackwardConfig { tensor_grads, ..BackwardConfig::preferred(spec, self.target()) };
+        let preferred = BackwardConfig::preferred(spec, self.target());
+        let config = BackwardConfig { tensor_grads, dropout: dropout.is_some(), ..preferred };
         // A varlen kernel copies with its threads (a TMA box could cross sequences).
         let (config, tensor_maps) = match varlen {
             None => io.with_copies(self, spec, config),
@@ -264,6 +272,7 @@ impl Runtime {
             append: None,
             decode: None,
             partials: None,
+            dropout,
             grads: Some(GradBindings {
                 ptrs: [do_ptr, dq_ptr, dk_ptr, dv_ptr],
                 strides: [d_o.1.strides, dq.1.strides, dk.1.strides, dv.1.strides],

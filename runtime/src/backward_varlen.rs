@@ -68,6 +68,7 @@ impl Runtime {
         opts: &BackwardOptions<'_>,
     ) -> Result<(), Error> {
         let scale = softmax_scale(spec, opts.scale)?;
+        crate::dropout::refuse(opts.dropout, "varlen")?;
         if opts.block_mask.is_some() {
             return Err(Error::Ragged(RaggedError::VarlenBlockMask));
         }
@@ -118,6 +119,6 @@ impl Runtime {
             dv: (dv.0, dv_l),
             d_tensors,
         };
-        self.queue_backward(spec, io, args, opts, Launch { shape: checked.shape, scale, varlen })
+        self.queue_backward(spec, io, args, opts, Launch { shape: checked.shape, scale, varlen, dropout: None })
     }
 }

@@ -6,6 +6,7 @@
 
 use crate::arch::Arch;
 pub use crate::comm_error::CommError;
+use crate::dropout_error::DropoutError;
 pub use crate::ragged_error::RaggedError;
 use crate::shard_error::ShardError;
 use cudarc::driver::DriverError;
@@ -220,6 +221,9 @@ pub enum Error {
     Ragged(RaggedError),
     /// A context-parallel launch's ranks or rows disagree with its sharding.
     Shard(ShardError),
+    /// A launch's dropout has a probability outside `[0, 1)`, or the launch
+    /// has no dropout kernels.
+    Dropout(DropoutError),
 }
 
 impl fmt::Display for Error {
@@ -308,9 +312,7 @@ impl fmt::Display for Error {
             Error::ArgCount { expected, got, signature } => {
                 write!(f, "expected {expected} argument(s) ({signature}), got {got}")
             }
-            Error::ArgType { name, expected, got } => {
-                write!(f, "argument `{name}` must be {expected}, got {got}")
-            }
+            Error::ArgType { name, expected, got } => write!(f, "argument `{name}` must be {expected}, got {got}"),
             Error::TensorTooSmall { name, len, needed } => write!(
                 f,
                 "tensor `{name}` holds {len} elements but its declared shape needs {needed}"
@@ -335,6 +337,7 @@ impl fmt::Display for Error {
             }
             Error::Shard(e) => write!(f, "context parallelism: {e}"),
             Error::Ragged(e) => write!(f, "{e}"),
+            Error::Dropout(e) => write!(f, "dropout: {e}"),
             Error::Partial { operand, problem } => write!(f, "partials operand `{operand}`: {problem}"),
             Error::Tuning { spec, failures } => {
                 write!(f, "autotuning `{spec}`: every tile configuration failed")?;

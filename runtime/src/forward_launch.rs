@@ -5,6 +5,7 @@
 use crate::args::{ArgInfo, ArgValue};
 use crate::block_mask::{BlockMask, BuiltFor};
 use crate::check::{check_forward, softmax_scale, Problem};
+use crate::dropout;
 use crate::element::Element;
 use crate::error::Error;
 use crate::kernels::Which;
@@ -16,7 +17,7 @@ use crate::tma::{self, TensorMap};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::{ArgKind, Grid, Operand};
 use flashgen_codegen::cuda::{TileConfig, Work};
-use flashgen_codegen::{to_source, Shape, Spec};
+use flashgen_codegen::{to_source, Dropout, Shape, Spec};
 
 /// The operands of one forward pass. O and the optional row log-sum-exp
 /// (`f32[batch, heads, q_len]`, contiguous) are written.
@@ -43,6 +44,12 @@ pub struct ForwardOptions<'a> {
     /// choice autotuning remembered for the launch's shape class, else
     /// [`tile_choice::preferred`](crate::tile_choice::preferred) (see [`Runtime::autotune`]).
     pub config: Option<TileConfig>,
+    /// Dropout on the attention probabilities (`p` in `[0, 1)`, else
+    /// `Error::Dropout`): the kernel with dropout, whose mask is a function
+    /// of the seed, offset and each pair's (b, h, q, k) alone, so the
+    /// backward given the same one regenerates it. `None` or `p = 0`: none.
+    /// Dense launches only (the others return `Error::Dropout`).
+    pub dropout: Option<Dropout>,
 }
 
 /// A forward launch whose operands passed the checks, ready to queue in any
@@ -56,6 +63,8 @@ pub(crate) struct ForwardLaunch<'a, 'r, T> {
     args: &'r [ArgValue<'r>],
     infos: Vec<ArgInfo>,
     scale: f32,
+    /// The checked dropout (`None`: none, or p = 0).
+    dropout: Option<Dropout>,
 }
 
 impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
@@ -69,13 +78,14 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         opts: &ForwardOptions<'_>,
     ) -> Result<Option<Self>, Error> {
         let scale = softmax_scale(spec, opts.scale)?;
+        let dropout = dropout::checked(opts.dropout)?;
         let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
         let operands = [(io.q.1, io.q.0.len()), (io.k.1, io.k.0.len()), (io.v.1, io.v.0.len()), (io.o.1, io.o.0.len())];
         let problem = Problem::new(T::DTYPE, operands, io.lse.as_ref().map(|l| l.len()));
         let Some(shape) = check_forward(spec, &problem, &infos)? else {
             return Ok(None);
         };
-        Ok(Some(ForwardLaunch { spec, spec_source: to_source(spec), shape, io, args, infos, scale }))
+        Ok(Some(ForwardLaunch { spec, spec_source: to_source(spec), shape, io, args, infos, scale, dropout }))
     }
 
     /// The kernel a launch in `config` runs: see [`tensor_maps`].
@@ -88,7 +98,8 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
             (Operand::V, v.1.address(v.0.device_ptr(stream).0), &v.1),
             (Operand::O, o.1.address(o.0.device_ptr(stream).0), &o.1),
         ];
-        Which::forward(config, tma::copy_with(&tensor_maps(rt, self.spec, config, &operands)))
+        let copy = tma::copy_with(&tensor_maps(rt, self.spec, config, &operands));
+        Which::forward_with(config, copy, self.dropout.is_some())
     }
 
     /// Queues the kernel in `config` without waiting for it.
@@ -114,7 +125,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
             (Operand::O, o_ptr, &*o_layout),
         ];
         let tensor_maps = tensor_maps(rt, spec, config, &operands);
-        let which = Which::forward(config, tma::copy_with(&tensor_maps));
+        let which = Which::forward_with(config, tma::copy_with(&tensor_maps), self.dropout.is_some());
         let item_order = opts
             .block_mask
             .filter(|_| config.persistent())
@@ -162,6 +173,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
                 append: None,
                 decode: None,
                 partials: None,
+                dropout: self.dropout,
             },
         )?;
 

@@ -76,6 +76,7 @@ impl Runtime {
         opts: &ForwardOptions<'_>,
     ) -> Result<(), Error> {
         let scale = softmax_scale(spec, opts.scale)?;
+        crate::dropout::refuse(opts.dropout, "varlen")?;
         if opts.block_mask.is_some() {
             return Err(Error::Ragged(RaggedError::VarlenBlockMask));
         }

@@ -12,6 +12,8 @@ use flashgen_codegen::Spec;
 pub(crate) enum Which {
     /// Made by [`Which::forward`].
     Forward(TileConfig, TileCopy),
+    /// The forward with dropout, made by [`Which::forward_with`].
+    ForwardDropout(TileConfig, TileCopy),
     /// The varlen forward in a configuration (it copies with threads).
     ForwardVarlen(TileConfig),
     /// The paged forward in a configuration (it gathers with threads).
@@ -49,8 +51,9 @@ pub enum KernelSet {
     /// forward in every configuration autotuning may pick, copying both
     /// ways where it has the choice, the varlen and paged forwards in each,
     /// the paged append, the decode kernels, dense and paged, with padded and
-    /// packed queries (one and two row tiles),
-    /// with their combine kernel, the varlen backward, and context
+    /// packed queries (one and two row tiles), the varlen backward,
+    /// dropout's forward (in the preferred configurations) and its dK/dV and
+    /// dQ kernels, and context
     /// parallelism's merge and adds (not in `Training`: plain training
     /// launches never use them, and they compile in a fraction of a second
     /// on first use).
@@ -130,6 +133,14 @@ impl Which {
             if !cuda::trainable_tensors(spec).is_empty() {
                 add(Which::backward_varlen(KeyValue, cuda::BackwardConfig { tensor_grads: false, ..config }));
             }
+            // Dropout's forward in the preferred configurations, and its
+            // dK/dV and dQ kernels.
+            for config in forward {
+                add(Which::forward_with(config, TileCopy::Tma, true));
+            }
+            let dropout = cuda::BackwardConfig { dropout: true, ..cuda::BackwardConfig::preferred(spec, target) };
+            add(Which::backward(KeyValue, dropout));
+            add(Which::backward(Query, dropout));
             which.extend([Which::MergePartial, Which::AddPartial, Which::AddF32]);
         }
         which
@@ -145,6 +156,14 @@ impl Which {
     /// configuration has the choice ([`TileConfig::kernel_copy`]).
     pub(crate) fn forward(config: TileConfig, copy: TileCopy) -> Which {
         Which::Forward(config, config.kernel_copy(copy))
+    }
+
+    /// [`Which::forward`], or its dropout kernel where `dropout`.
+    pub(crate) fn forward_with(config: TileConfig, copy: TileCopy, dropout: bool) -> Which {
+        match Which::forward(config, copy) {
+            Which::Forward(config, copy) if dropout => Which::ForwardDropout(config, copy),
+            which => which,
+        }
     }
 
     /// Backward kernel `pass` in `config`, keyed by the fields its kernel
@@ -164,6 +183,7 @@ impl Which {
     pub(crate) fn emit(self, spec: &Spec) -> Option<Kernel> {
         match self {
             Which::Forward(config, copy) => Some(cuda::emit_forward_copying(spec, config, copy)),
+            Which::ForwardDropout(config, copy) => Some(cuda::emit_forward_dropout(spec, config, copy)),
             Which::ForwardVarlen(config) => Some(cuda::emit_forward_varlen(spec, config)),
             Which::ForwardPaged(config) => Some(cuda::emit_forward_paged(spec, config)),
             Which::PagedAppend => Some(cuda::emit_paged_append(spec)),

@@ -52,6 +52,8 @@ mod check_shard;
 mod check_varlen;
 mod comm_error;
 mod cuda_libs;
+mod dropout;
+mod dropout_error;
 mod element;
 mod error;
 mod kernels;
@@ -124,8 +126,10 @@ pub use disk_cache::{
     precompile, Cleared, DiskCache, Entry, EntryKey, PrecompileReport, CACHE_DIR_ENV, CACHE_ENV, CACHE_MAX_BYTES_ENV,
     DEFAULT_MAX_BYTES,
 };
+pub use dropout_error::DropoutError;
 pub use element::Element;
 pub use error::Error;
+pub use flashgen_codegen::Dropout;
 pub use forward_launch::{ForwardIo, ForwardOptions};
 pub use forward_paged::{PagedIo, PagedQueries};
 pub use forward_varlen::{Sequences, VarlenIo};

@@ -7,8 +7,8 @@ use crate::error::Error;
 use crate::layout::Layout;
 use crate::tma::TensorMap;
 use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
-use flashgen_codegen::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand, Partial, Side};
-use flashgen_codegen::Shape;
+use flashgen_codegen::abi::{ArgKind, Axis, DropoutArg, Grid, Kernel, KernelArg, Operand, Partial, Side};
+use flashgen_codegen::{Dropout, Shape};
 use std::ffi::c_void;
 
 /// One kernel argument, by value, with the C type the ABI gives it.
@@ -68,6 +68,8 @@ pub(crate) struct Bindings<'a> {
     /// What only the partials kernels take; their `shape` is `batch`,
     /// `heads` and their rows (or elements) as `q_len`.
     pub partials: Option<PartialBindings>,
+    /// A dropout kernel's mask, checked (`p` in `[0, 1)`).
+    pub dropout: Option<Dropout>,
 }
 
 /// A partials kernel's operands (context parallelism's merge and adds).
@@ -155,6 +157,7 @@ impl<'a> Bindings<'a> {
             append: None,
             decode: None,
             partials: None,
+            dropout: None,
         }
     }
 }
@@ -293,6 +296,15 @@ fn value_of(kernel: &Kernel, arg: &KernelArg, b: &Bindings) -> Result<Value, Err
         ArgKind::First => Value::I32(i32::from(partials()?.first)),
         ArgKind::Rows | ArgKind::Elements => size(b.shape.q_len),
         ArgKind::Dim => size(partials()?.dim),
+        ArgKind::Dropout(part) => {
+            let d = b.dropout.ok_or_else(abi_error)?;
+            match part {
+                DropoutArg::Seed => Value::I64(d.seed as i64),
+                DropoutArg::Offset => Value::I64(d.offset as i64),
+                DropoutArg::Threshold => Value::I32(d.threshold() as i32),
+                DropoutArg::Scale => Value::F32(d.scale()),
+            }
+        }
     })
 }
 
@@ -483,6 +495,7 @@ mod tests {
             append: None,
             decode: None,
             partials: None,
+            dropout: None,
         }
     }
 

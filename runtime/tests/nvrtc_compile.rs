@@ -7,9 +7,9 @@ mod support;
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{
     emit_add_f32, emit_add_partial, emit_backward, emit_backward_varlen, emit_backward_with, emit_block_mask,
-    emit_decode, emit_decode_paged, emit_decode_with, emit_forward_copying, emit_forward_paged, emit_forward_varlen,
-    emit_merge_partial, emit_paged_append, emit_work_order, BackwardConfig, BackwardPass, DecodeCache, DecodeConfig,
-    DecodeQueries, Mma, Target, TileCopy, Work,
+    emit_decode, emit_decode_paged, emit_decode_with, emit_forward_copying, emit_forward_dropout, emit_forward_paged,
+    emit_forward_varlen, emit_merge_partial, emit_paged_append, emit_work_order, BackwardConfig, BackwardPass,
+    DecodeCache, DecodeConfig, DecodeQueries, Mma, Target, TileCopy, Work,
 };
 use flashgen_codegen::{parse_str, Spec};
 use flashgen_runtime::tile_choice;
@@ -363,6 +363,59 @@ fn every_shipped_spec_compiles_its_shard_view_for_sm90() {
         std::iter::once(forward).chain(backward).chain(block_mask).map(move |k| (k, hopper))
     });
     compile_all(jobs.collect());
+}
+
+/// Dropout's kernels (`emit_forward_dropout`, the dK/dV and dQ kernels of a
+/// dropout backward) compile for the specs its GPU tests run: a causal
+/// mask, a window, a softcap and a spec with tensors, at d = 64 and 128:
+/// the forward in every configuration the runtime may pick on sm_80 and
+/// sm_90 (copying either way), the backward's portable and Hopper kernels;
+/// and every shipped spec's on sm_90.
+#[test]
+fn dropout_kernels_compile_for_sm80_and_sm90() {
+    require_nvrtc();
+    let source = "
+        DropCausal { dtype: bf16, head_dim: 128, mask: q >= k }
+        DropWindow { dtype: f16, head_dim: 64, param w: i32, mask: q >= k && q - k < w }
+        DropSoftcap { dtype: bf16, head_dim: 64, param cap: f32, mask: q >= k, score: cap * tanh(score / cap) }
+        DropTensors {
+            dtype: f16, head_dim: 128,
+            tensor slopes: f32[H], tensor doc: i32[B, KV_LEN],
+            mask: doc[b][q] == doc[b][k],
+            score: score + slopes[h] * (k - q) as f32,
+        }";
+    let specs = parse_str(source).unwrap_or_else(|e| panic!("{}", e.render("dropout", source)));
+    let (sm80, sm90) = (Arch::new(8, 0), Arch::new(9, 0));
+    let mut jobs = Vec::new();
+    for spec in &specs {
+        for c in tile_choice::candidates(spec, Target::PORTABLE) {
+            jobs.push((emit_forward_dropout(spec, c, TileCopy::Threads), sm80));
+        }
+        for c in tile_choice::candidates(spec, sm90.target()).into_iter().filter(|c| c.mma == Mma::Wgmma) {
+            let copies = if c.persistent() { &[TileCopy::Tma, TileCopy::Threads][..] } else { &[TileCopy::Tma] };
+            jobs.extend(copies.iter().map(|&copy| (emit_forward_dropout(spec, c, copy), sm90)));
+        }
+        for (config, arch) in
+            [(BackwardConfig::default_for(spec), sm80), (BackwardConfig::preferred(spec, sm90.target()), sm90)]
+        {
+            let config = BackwardConfig { dropout: true, ..config };
+            for pass in [BackwardPass::KeyValue, BackwardPass::Query] {
+                jobs.push((emit_backward_with(spec, pass, config.for_pass(pass)), arch));
+            }
+        }
+    }
+    // Every shipped spec: the preferred forward and the dropout backward's
+    // kernels on sm_90.
+    for spec in &shipped_specs() {
+        let forward = tile_choice::preferred(spec, sm90.target());
+        jobs.push((emit_forward_dropout(spec, forward, TileCopy::Tma), sm90));
+        let config = BackwardConfig { dropout: true, ..BackwardConfig::preferred(spec, sm90.target()) };
+        for pass in [BackwardPass::KeyValue, BackwardPass::Query] {
+            jobs.push((emit_backward_with(spec, pass, config.for_pass(pass)), sm90));
+        }
+    }
+    assert!(jobs.iter().all(|(k, _)| k.name.contains("dropout") && k.source.contains("philox4x32_10")));
+    compile_all(jobs);
 }
 
 /// Compiles `jobs` on every core (NVRTC takes seconds per kernel).

@@ -8,7 +8,7 @@
 
 use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::reference::{self, ParamValue, Problem, TensorData};
-use flashgen::codegen::{Dtype, ElemTy, Shape, Spec};
+use flashgen::codegen::{Dropout, Dtype, ElemTy, Shape, Spec};
 use flashgen::cudarc::driver::{CudaSlice, CudaStream, DriverError};
 use flashgen::half::{bf16, f16};
 use flashgen::runtime::{
@@ -27,7 +27,7 @@ pub mod shard;
 pub mod varlen;
 
 use judge::judge_gradients;
-pub use judge::{check, check_backward, BackwardReport, Expected, Report};
+pub use judge::{check, check_backward, check_backward_dropout, BackwardReport, Expected, Report};
 
 /// How Q/K/V/O sit in memory on the GPU. The reference always sees BSHD.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,6 +148,8 @@ pub struct DeviceProblem {
     stream: Arc<CudaStream>,
     block_mask: Option<BlockMask>,
     config: Option<TileConfig>,
+    /// The launches' dropout ([`Self::set_dropout`]).
+    dropout: Option<Dropout>,
     /// Written with zeros ahead of every timed run ([`Self::flush_l2`]).
     l2_flush: Option<CudaSlice<u8>>,
 }
@@ -299,6 +301,7 @@ macro_rules! forward_io {
             scale: Some($problem.scale as f32),
             block_mask: $me.block_mask.as_ref(),
             config: $me.config,
+            dropout: $me.dropout,
         };
         let [lq, lk, lv, lo] = $me.layouts;
         match &mut $me.operands {
@@ -334,13 +337,20 @@ impl DeviceProblem {
         };
         let lse = stream.clone_htod(&vec![f32::NAN; batch * heads * q_len]).map_err(driver("upload LSE"))?;
         let tensors = upload_tensors(&stream, spec, &problem.tensors)?;
-        Ok(DeviceProblem { operands, lse, tensors, layouts, stream, block_mask: None, config: None, l2_flush: None })
+        let (block_mask, config, dropout, l2_flush) = (None, None, None, None);
+        Ok(DeviceProblem { operands, lse, tensors, layouts, stream, block_mask, config, dropout, l2_flush })
     }
 
     /// Later launches use tile configuration `config` (one of the spec's
     /// candidates), or with `None` the runtime's own choice.
     pub fn pin_config(&mut self, config: Option<TileConfig>) {
         self.config = config;
+    }
+
+    /// Later forward and backward launches drop out P with `dropout`
+    /// (`None`: not at all).
+    pub fn set_dropout(&mut self, dropout: Option<Dropout>) {
+        self.dropout = dropout;
     }
 
     /// Builds the spec's block mask for this problem; later launches use it.
@@ -459,6 +469,7 @@ impl DeviceProblem {
             block_mask: self.block_mask.as_ref(),
             deterministic,
             workspace,
+            dropout: self.dropout,
         };
         match &self.operands {
             Operands::F16(ops) => self.backward_as(rt, spec, problem, ops, (d_out, tensor_grads), &opts),
@@ -502,6 +513,7 @@ impl DeviceProblem {
                 block_mask: me.block_mask.as_ref(),
                 deterministic: false,
                 workspace: Some(&workspace),
+                dropout: me.dropout,
             };
             me.queue_backward(rt, spec, problem, ops, &mut grads, &opts)
         })

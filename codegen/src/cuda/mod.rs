@@ -38,8 +38,8 @@ pub use decode::{
     DECODE_BLOCK_N, DECODE_WARPS, MAX_SPLITS,
 };
 pub use forward::{
-    emit_forward, emit_forward_copying, emit_forward_paged, emit_forward_traced, emit_forward_varlen,
-    emit_forward_with, is_light,
+    emit_forward, emit_forward_copying, emit_forward_dropout, emit_forward_paged, emit_forward_traced,
+    emit_forward_varlen, emit_forward_with, is_light,
 };
 pub use paged_append::emit_paged_append;
 pub use partials::{emit_add_f32, emit_add_partial, emit_merge_partial};

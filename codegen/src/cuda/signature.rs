@@ -6,7 +6,7 @@
 //! declarations (`p_window`, `t_slopes`), so a spec name can never collide
 //! with a kernel local or a C keyword.
 
-use crate::abi::{ArgKind, Axis, KernelArg, Operand, Partial, Side};
+use crate::abi::{ArgKind, Axis, DropoutArg, KernelArg, Operand, Partial, Side};
 use crate::cuda::tile_config::TileCopy;
 use crate::spec::{ElemTy, Spec, Ty};
 
@@ -118,6 +118,15 @@ fn forward_tail(
         Some(TileCopy::Tma) => with_tensor_maps(spec, args, &FORWARD_OPERANDS),
         _ => args,
     }
+}
+
+/// A kernel's arguments `args`, followed by the dropout mask's
+/// ([`ArgKind::Dropout`]) where `dropout`.
+pub(super) fn with_dropout(spec: &Spec, mut args: Vec<KernelArg>, dropout: bool) -> Vec<KernelArg> {
+    if dropout {
+        args.extend(named(spec, DropoutArg::ALL.map(ArgKind::Dropout).to_vec()));
+    }
+    args
 }
 
 /// A kernel's arguments `args` followed by TMA descriptors of `ops` (see
@@ -396,6 +405,12 @@ pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::Rows => names::ROWS.into(),
         ArgKind::Dim => names::DIM.into(),
         ArgKind::Elements => names::ELEMENTS.into(),
+        ArgKind::Dropout(part) => match part {
+            DropoutArg::Seed => "dropout_seed".into(),
+            DropoutArg::Offset => "dropout_offset".into(),
+            DropoutArg::Threshold => "dropout_threshold".into(),
+            DropoutArg::Scale => "dropout_scale".into(),
+        },
     }
 }
 
@@ -419,7 +434,9 @@ pub(super) fn arg_type(spec: &Spec, kind: ArgKind) -> String {
         }
         ArgKind::BlockMask => "const unsigned char* __restrict__".into(),
         ArgKind::BlockMaskOut => "unsigned char* __restrict__".into(),
-        ArgKind::Scale => "float".into(),
+        ArgKind::Scale | ArgKind::Dropout(DropoutArg::Scale) => "float".into(),
+        ArgKind::Dropout(DropoutArg::Seed | DropoutArg::Offset) => "unsigned long long".into(),
+        ArgKind::Dropout(DropoutArg::Threshold) => "unsigned".into(),
         ArgKind::Param(i) => c_type(spec.params[i].ty).into(),
         ArgKind::Tensor(i) => format!("const {}* __restrict__", elem_type(spec.tensors[i].elem)),
         ArgKind::WorkCounter => "unsigned long long* __restrict__".into(),

@@ -4,6 +4,7 @@
 use super::eval::{check_len, Arith, Env, ParamValue, Position, TensorData};
 use super::rounding::{round_dtype, Grid};
 use super::ReferenceError;
+use crate::dropout::Dropout;
 use crate::spec::{Dtype, Shape, Spec};
 use std::ops::{Add, Div, Mul, Sub};
 
@@ -63,19 +64,25 @@ pub enum Precision {
 
 /// Computes attention for `spec` on `problem`.
 pub fn forward(spec: &Spec, problem: &Problem, precision: Precision) -> Result<Output, ReferenceError> {
-    forward_on(spec, problem, grid_of(precision))
+    run_in(spec, problem, &Rows::dense(spec, problem)?, grid_of(precision), None)
+}
+
+/// [`forward`] with `dropout` on P: the pairs it drops contribute nothing
+/// to O and kept ones weigh `P / (1 − p)`; the LSE is the softmax's, as
+/// without dropout. The mask is the device's ([`crate::dropout`]).
+pub fn forward_dropout(
+    spec: &Spec,
+    problem: &Problem,
+    precision: Precision,
+    dropout: Dropout,
+) -> Result<Output, ReferenceError> {
+    run_in(spec, problem, &Rows::dense(spec, problem)?, grid_of(precision), Some(dropout))
 }
 
 /// Computes attention for `spec` on the packed sequences of `varlen`, each
 /// as [`forward`] computes a batch row.
 pub fn forward_varlen(spec: &Spec, varlen: &VarlenProblem, precision: Precision) -> Result<Output, ReferenceError> {
-    run_in(spec, &varlen.problem, &Rows::varlen(spec, varlen)?, grid_of(precision))
-}
-
-/// [`forward`] in f64 without a grid, else the same-dtype emulation rounding
-/// S, P and O on `grid`.
-pub(super) fn forward_on(spec: &Spec, problem: &Problem, grid: Option<Grid>) -> Result<Output, ReferenceError> {
-    run_in(spec, problem, &Rows::dense(spec, problem)?, grid)
+    run_in(spec, &varlen.problem, &Rows::varlen(spec, varlen)?, grid_of(precision), None)
 }
 
 impl Rows {
@@ -148,10 +155,11 @@ pub(super) fn run_in(
     problem: &Problem,
     rows: &Rows,
     grid: Option<Grid>,
+    dropout: Option<Dropout>,
 ) -> Result<Output, ReferenceError> {
     match grid {
-        None => run::<f64>(spec, problem, rows, None),
-        Some(grid) => run::<f32>(spec, problem, rows, Some(grid)),
+        None => run::<f64>(spec, problem, rows, None, dropout),
+        Some(grid) => run::<f32>(spec, problem, rows, Some(grid), dropout),
     }
 }
 
@@ -232,8 +240,14 @@ impl_real!(f32, Arith::F32);
 impl_real!(f64, Arith::F64);
 
 /// The forward pass over `rows`' sequences in `F`, rounding S, P and O on
-/// `store` when given (the same-dtype emulation).
-fn run<F: Real>(spec: &Spec, problem: &Problem, rows: &Rows, store: Option<Grid>) -> Result<Output, ReferenceError> {
+/// `store` when given (the same-dtype emulation), P dropped out by `dropout`.
+fn run<F: Real>(
+    spec: &Spec,
+    problem: &Problem,
+    rows: &Rows,
+    store: Option<Grid>,
+    dropout: Option<Dropout>,
+) -> Result<Output, ReferenceError> {
     let mut env = Env::new(spec, &problem.shape, &problem.params, &problem.tensors, F::ARITH)?;
     let Shape { heads, heads_kv, kv_len, .. } = problem.shape;
     let (d_qk, d_v) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
@@ -298,10 +312,12 @@ fn run<F: Real>(spec: &Spec, problem: &Problem, rows: &Rows, store: Option<Grid>
                 }
                 acc.fill(F::ZERO);
                 for (j, &e) in s.iter().enumerate() {
+                    let z = dropout.map_or(1.0, |d| d.factor(seq.b, h, heads, i, j));
                     let p = keep(e / sum);
-                    if p == F::ZERO {
-                        continue; // Excluded keys contribute nothing.
+                    if p == F::ZERO || z == 0.0 {
+                        continue; // Excluded and dropped keys contribute nothing.
                     }
+                    let p = if z == 1.0 { p } else { keep(p * F::from_f64(z)) };
                     for (a, &x) in acc.iter_mut().zip(&v[kv_offset(j, d_v)..][..d_v]) {
                         *a = *a + p * x;
                     }

@@ -15,6 +15,7 @@ use super::attention::{run_in, Output, Precision, Problem, Rows, VarlenProblem};
 use super::eval::{check_len, Arith, Env, Position};
 use super::rounding::Grid;
 use super::ReferenceError;
+use crate::dropout::Dropout;
 use crate::grad::{d_load, d_score, d_sink_load, load_indices, sink_load_indices, trainable};
 use crate::spec::{Dtype, ElemTy, Expr, Shape, Spec};
 
@@ -56,7 +57,21 @@ pub fn backward_in(
     precision: Precision,
 ) -> Result<Gradients, ReferenceError> {
     let rows = Rows::dense(spec, problem)?;
-    backward_once(spec, problem, &rows, d_out, precision)
+    backward_once(spec, problem, &rows, d_out, precision, None)
+}
+
+/// [`backward_in`] of [`super::forward_dropout`]: dV = (P ⊙ Z)ᵀ·dO and
+/// dS′ = P ∘ (Z ∘ dP − D), Z the pairs' dropout factors (0 or 1 / (1 − p)),
+/// D = rowsum(dO ∘ O) of the dropout forward's O.
+pub fn backward_dropout(
+    spec: &Spec,
+    problem: &Problem,
+    d_out: &[f64],
+    precision: Precision,
+    dropout: Dropout,
+) -> Result<Gradients, ReferenceError> {
+    let rows = Rows::dense(spec, problem)?;
+    backward_once(spec, problem, &rows, d_out, precision, Some(dropout))
 }
 
 /// The gradients of a varlen forward ([`super::forward_varlen`]) on the
@@ -70,7 +85,7 @@ pub fn backward_varlen(
     precision: Precision,
 ) -> Result<Gradients, ReferenceError> {
     let rows = Rows::varlen(spec, varlen)?;
-    backward_once(spec, &varlen.problem, &rows, d_out, precision)
+    backward_once(spec, &varlen.problem, &rows, d_out, precision, None)
 }
 
 /// [`same_dtype_backwards`] of a varlen problem (see [`backward_varlen`]).
@@ -82,7 +97,7 @@ pub fn same_dtype_backwards_varlen(
 ) -> Result<Vec<Gradients>, ReferenceError> {
     let rows = Rows::varlen(spec, varlen)?;
     let grids = (0..shifts).map(|i| Some(Grid::shifted(spec.dtype, i, shifts)));
-    backwards(spec, &varlen.problem, &rows, d_out, grids)
+    backwards(spec, &varlen.problem, &rows, d_out, grids, None)
 }
 
 /// One backward over `rows` at `precision`.
@@ -92,26 +107,28 @@ fn backward_once(
     rows: &Rows,
     d_out: &[f64],
     precision: Precision,
+    dropout: Option<Dropout>,
 ) -> Result<Gradients, ReferenceError> {
     let grid = match precision {
         Precision::F64 => None,
         Precision::SameDtype(dtype) => Some(Grid::of(dtype)),
     };
-    let mut all = backwards(spec, problem, rows, d_out, [grid])?;
+    let mut all = backwards(spec, problem, rows, d_out, [grid], dropout)?;
     Ok(all.remove(0))
 }
 
 /// One backward over `rows` per grid (`None`: in f64), all from one f64
-/// forward.
+/// forward, P dropped out by `dropout`.
 fn backwards(
     spec: &Spec,
     problem: &Problem,
     rows: &Rows,
     d_out: &[f64],
     grids: impl IntoIterator<Item = Option<Grid>>,
+    dropout: Option<Dropout>,
 ) -> Result<Vec<Gradients>, ReferenceError> {
-    let exact = run_in(spec, problem, rows, None)?;
-    grids.into_iter().map(|grid| backward_on(spec, problem, rows, d_out, &exact, grid)).collect()
+    let exact = run_in(spec, problem, rows, None, dropout)?;
+    grids.into_iter().map(|grid| backward_on(spec, problem, rows, d_out, (&exact, dropout), grid)).collect()
 }
 
 /// `shifts` same-dtype emulations of the backward, the first as
@@ -127,23 +144,36 @@ pub fn same_dtype_backwards(
     d_out: &[f64],
     shifts: u32,
 ) -> Result<Vec<Gradients>, ReferenceError> {
+    same_dtype_backwards_dropout(spec, problem, d_out, shifts, None)
+}
+
+/// [`same_dtype_backwards`] of a forward with `dropout` (see
+/// [`backward_dropout`]).
+pub fn same_dtype_backwards_dropout(
+    spec: &Spec,
+    problem: &Problem,
+    d_out: &[f64],
+    shifts: u32,
+    dropout: Option<Dropout>,
+) -> Result<Vec<Gradients>, ReferenceError> {
     let rows = Rows::dense(spec, problem)?;
-    backwards(spec, problem, &rows, d_out, (0..shifts).map(|i| Some(Grid::shifted(spec.dtype, i, shifts))))
+    let grids = (0..shifts).map(|i| Some(Grid::shifted(spec.dtype, i, shifts)));
+    backwards(spec, problem, &rows, d_out, grids, dropout)
 }
 
 /// The backward over `rows`' sequences from the f64 forward's `exact`
-/// output: in f64 without a grid, else the same-dtype emulation rounding on
-/// `grid`.
+/// output under `dropout` (the forward's): in f64 without a grid, else the
+/// same-dtype emulation rounding on `grid`.
 fn backward_on(
     spec: &Spec,
     problem: &Problem,
     rows: &Rows,
     d_out: &[f64],
-    exact: &Output,
+    (exact, dropout): (&Output, Option<Dropout>),
     grid: Option<Grid>,
 ) -> Result<Gradients, ReferenceError> {
     let round = |x: f64| grid.map_or(x, |g| g.round(x));
-    let rounded_o = grid.map(|g| run_in(spec, problem, rows, Some(g))).transpose()?.map(|out| out.o);
+    let rounded_o = grid.map(|g| run_in(spec, problem, rows, Some(g), dropout)).transpose()?.map(|out| out.o);
     let o = rounded_o.as_ref().unwrap_or(&exact.o);
     let Shape { heads, heads_kv, .. } = problem.shape;
     let (d_qk, d_v) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
@@ -207,10 +237,13 @@ fn backward_on(
                     if p == 0.0 {
                         continue; // No weight, as in the forward; avoids 0 · ∞ from the derivatives.
                     }
-                    let ds_mod = round(p * (round(dot(do_row, v_row)) - delta));
+                    // Dropout's factor: dV takes P as O did, dP reaches S through it too.
+                    let z = dropout.map_or(1.0, |d| d.factor(seq.b, h, heads, i, j));
+                    let ds_mod = round(p * (z * round(dot(do_row, v_row)) - delta));
                     let ds = round(ds_mod * d_score.as_ref().map_or(1.0, |e| env.eval(e, &at).as_f64()));
+                    let p_dropped = round(p * z);
                     for (dv, &x) in g.dv[kv_row * d_v..][..d_v].iter_mut().zip(do_row) {
-                        *dv += p * x;
+                        *dv += p_dropped * x;
                     }
                     for (dq, &x) in g.dq[row * d_qk..][..d_qk].iter_mut().zip(k_row) {
                         *dq += problem.scale * ds * x;

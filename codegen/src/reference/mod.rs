@@ -10,6 +10,9 @@
 //! - a sink (`spec.sink`) is one more logit in each row's softmax
 //!   denominator, with no value row: the row's weights are
 //!   `softmax([s_1 … s_n, sink])` over its n kept keys;
+//! - with dropout ([`forward_dropout`], [`backward_dropout`]), the pairs
+//!   [`crate::dropout::Dropout`] drops weigh nothing in O and kept ones
+//!   `P / (1 − p)`; the LSE is the softmax's;
 //! - a fully masked row gives O = 0 and LSE = −∞ (the sink with one),
 //!   never NaN;
 //! - tensor indices are clamped into `[0, dim − 1]`, integer `/` and `%` by
@@ -34,9 +37,10 @@ mod metrics;
 mod paged;
 mod rounding;
 
-pub use attention::{forward, forward_varlen, Output, Precision, Problem, VarlenProblem};
+pub use attention::{forward, forward_dropout, forward_varlen, Output, Precision, Problem, VarlenProblem};
 pub use backward::{
-    backward, backward_in, backward_varlen, same_dtype_backwards, same_dtype_backwards_varlen, Gradients,
+    backward, backward_dropout, backward_in, backward_varlen, same_dtype_backwards, same_dtype_backwards_dropout,
+    same_dtype_backwards_varlen, Gradients,
 };
 pub use eval::{Arith, Env, ParamValue, Position, TensorData, Value};
 pub use metrics::{

@@ -128,6 +128,7 @@ impl ForwardAcc {
         out: &mut RankOut<'_, T>,
         opts: &ForwardOptions<'_>,
     ) -> Result<(), Error> {
+        crate::dropout::refuse(opts.dropout, "context-parallel")?;
         let shape = &pieces.shape;
         let dv = pieces.spec.head_dims.v as usize;
         let n = piece.q.len;
@@ -266,6 +267,7 @@ pub(super) fn backward_piece<T: Element>(
     d_tensors: &mut [Option<&mut CudaSlice<f32>>],
     opts: &BackwardOptions<'_>,
 ) -> Result<(), Error> {
+    crate::dropout::refuse(opts.dropout, "context-parallel")?;
     let shape = &pieces.shape;
     let (dqk, dv) = (pieces.spec.head_dims.qk as usize, pieces.spec.head_dims.v as usize);
     let (n, m) = (piece.q.len, piece.kv.len);

@@ -24,6 +24,10 @@
 //! shape, as rows `<variant>+bwd`
 //! counting 3.5x the forward FLOPs.
 //!
+//! `--dropout P` runs the suite's forward and training steps with dropout
+//! on P at probability P (rows `<variant>+drop`, `<variant>+drop+bwd`; no
+//! varlen rows, which have no dropout).
+//!
 //! `--varlen` adds a row `doc-varlen` after each `doc` row: the same
 //! documents packed as varlen sequences (each attending within itself, the
 //! pairs the document mask keeps), launched with `Runtime::forward_varlen`:
@@ -78,7 +82,7 @@
 use flashgen::codegen::analysis::{classify, TileClass};
 use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::reference::{ParamValue, TensorData};
-use flashgen::codegen::Shape;
+use flashgen::codegen::{Dropout, Shape};
 use flashgen::runtime::tile_choice;
 use flashgen::runtime::{config_name, KernelSet};
 use flashgen::Runtime;
@@ -117,11 +121,17 @@ const VARIANTS: [(&str, &str); 9] = [
     ("swa1024-sinks", "param window: i32, tensor sinks: f32[H], mask: q >= k && q - k < window, sink: sinks[h],"),
 ];
 
-/// Runs the bench `args` names other than the variant suite (`--prefill`,
-/// `--cp`, `--decode`), if any; whether one ran.
+/// Runs the bench `args` names other than the variant suite and `--jit`
+/// (`--jit-cpu`, `--prefill`, `--cp`, `--decode`), if any; whether one ran.
 fn other_bench(args: &[String], list: &dyn Fn(&str, &str) -> Vec<String>, iters: usize) -> bool {
     let sizes = |flag, default| list(flag, default).iter().filter_map(|s| s.parse().ok()).collect::<Vec<usize>>();
-    if args.iter().any(|a| a == "--prefill") {
+    if args.iter().any(|a| a == "--jit-cpu") {
+        let arch = list("--arch", "sm_90")[0].parse::<flashgen::runtime::Arch>();
+        if let Err(e) = arch.map_err(|e| e.to_string()).and_then(|a| jit_bench::run(a).map_err(|e| e.to_string())) {
+            eprintln!("flashgen-bench --jit-cpu: {e}");
+            std::process::exit(2);
+        }
+    } else if args.iter().any(|a| a == "--prefill") {
         flashgen_tools::prefill_bench::run(&start_runtime(), &sizes("--cached", "0,8192,30720"), iters);
     } else if args.iter().any(|a| a == "--cp") {
         let variants = list("--cp-variants", "causal,document,window");
@@ -154,15 +164,9 @@ fn main() {
     let tune = args.iter().any(|a| a == "--tune");
     let varlen = args.iter().any(|a| a == "--varlen");
     let packed = args.iter().any(|a| a == "--packed");
+    let dropout =
+        list("--dropout", "0")[0].parse().ok().filter(|&p| p > 0.0).map(|p| Dropout { p, seed: 1, offset: 0 });
 
-    if args.iter().any(|a| a == "--jit-cpu") {
-        let arch = list("--arch", "sm_90")[0].parse::<flashgen::runtime::Arch>();
-        if let Err(e) = arch.map_err(|e| e.to_string()).and_then(|a| jit_bench::run(a).map_err(|e| e.to_string())) {
-            eprintln!("flashgen-bench --jit-cpu: {e}");
-            std::process::exit(2);
-        }
-        return;
-    }
     if args.iter().any(|a| a == "--jit") {
         // A fresh cache directory, before any runtime reads the environment,
         // and no NVRTC compute cache (~/.nv/ComputeCache), before NVRTC loads.
@@ -214,9 +218,11 @@ fn main() {
                     .expect("bench specs are valid");
                 let density;
                 (problem.params, problem.tensors, density) = inputs(name, batch, s);
+                let name = &dropout.map_or_else(|| name.clone(), |_| format!("{name}+drop"));
                 let mut tiles = visited_tiles(&spec, &problem);
                 let timed = DeviceProblem::upload(&rt, &spec, &problem, OperandLayout::Bshd).and_then(|mut gpu| {
                     gpu.flush_l2(L2_FLUSH_BYTES)?;
+                    gpu.set_dropout(dropout);
                     // Data-dependent masks get a block mask, built (and timed) first.
                     if spec.mask.as_ref().is_some_and(flashgen::codegen::Expr::reads_tensor) {
                         let (ms, kept) = time_block_mask(&rt, &mut gpu, &spec, &problem)?;

@@ -4,7 +4,7 @@
 
 use super::{GpuGradients, GpuOutput};
 use flashgen::codegen::reference::{self, FlashCheck, Precision, Problem, VarlenProblem};
-use flashgen::codegen::Spec;
+use flashgen::codegen::{Dropout, Spec};
 
 /// The verdict on one GPU run.
 #[derive(Clone, Copy, Debug)]
@@ -38,6 +38,14 @@ impl Expected {
         Ok(Expected {
             golden: reference::forward(spec, problem, Precision::F64)?,
             same: reference::forward(spec, problem, Precision::SameDtype(spec.dtype))?,
+        })
+    }
+
+    /// The references of a forward with `dropout` (the device's mask).
+    pub fn dropout(spec: &Spec, problem: &Problem, dropout: Dropout) -> Result<Expected, reference::ReferenceError> {
+        Ok(Expected {
+            golden: reference::forward_dropout(spec, problem, Precision::F64, dropout)?,
+            same: reference::forward_dropout(spec, problem, Precision::SameDtype(spec.dtype), dropout)?,
         })
     }
 
@@ -98,8 +106,24 @@ pub fn check_backward(
     d_out: &[f64],
     gpu: &GpuGradients,
 ) -> Result<BackwardReport, reference::ReferenceError> {
-    let golden = reference::backward(spec, problem, d_out)?;
-    let same = reference::same_dtype_backwards(spec, problem, d_out, reference::BACKWARD_BASELINES)?;
+    check_backward_dropout(spec, problem, d_out, gpu, None)
+}
+
+/// [`check_backward`] of a forward and backward with `dropout`, against
+/// references that drop the same pairs.
+pub fn check_backward_dropout(
+    spec: &Spec,
+    problem: &Problem,
+    d_out: &[f64],
+    gpu: &GpuGradients,
+    dropout: Option<Dropout>,
+) -> Result<BackwardReport, reference::ReferenceError> {
+    let golden = match dropout {
+        None => reference::backward(spec, problem, d_out)?,
+        Some(d) => reference::backward_dropout(spec, problem, d_out, Precision::F64, d)?,
+    };
+    let baselines = reference::BACKWARD_BASELINES;
+    let same = reference::same_dtype_backwards_dropout(spec, problem, d_out, baselines, dropout)?;
     Ok(judge_gradients(spec, &golden, &same, gpu))
 }
 

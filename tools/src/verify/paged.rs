@@ -281,7 +281,7 @@ fn forward_on<T: Storage>(
     s: &mut State,
 ) -> Result<(), Error> {
     let args = launch_args(&s.tensors, &problem.problem);
-    let opts = ForwardOptions { scale: Some(problem.problem.scale as f32), block_mask: None, config: s.config };
+    let opts = ForwardOptions { scale: Some(problem.problem.scale as f32), config: s.config, ..Default::default() };
     let [q, k, v, o] = ops;
     let queries = match s.queries {
         Queries::Packed => PagedQueries::Packed { cu_seqlens_q: &s.cu_seqlens_q, max_q_len: s.shape.q_len },

@@ -150,7 +150,8 @@ impl DeviceVarlen {
     /// Enqueues one varlen forward launch (asynchronous).
     pub fn launch(&mut self, rt: &Runtime, spec: &Spec, problem: &VarlenProblem) -> Result<(), Error> {
         let args = launch_args(&self.tensors, &problem.problem);
-        let opts = ForwardOptions { scale: Some(problem.problem.scale as f32), block_mask: None, config: self.config };
+        let opts =
+            ForwardOptions { scale: Some(problem.problem.scale as f32), config: self.config, ..Default::default() };
         let DeviceVarlen { operands, lse, cu_seqlens, batch, max_lens, .. } = self;
         let seqs = sequences(cu_seqlens, *batch, *max_lens);
         let [lq, lk, lv, lo] = self.layouts;

@@ -31,6 +31,15 @@ pub(super) enum Sections {
     Hopper(Vec<Vec<Piece>>),
 }
 
+/// A kernel's kind in its name (`bwd`, `bwd_dq`), marked where it drops
+/// out P.
+pub(super) fn dropout_kind(kind: &str, dropout: bool) -> String {
+    match dropout {
+        true => format!("{kind}_dropout"),
+        false => kind.to_string(),
+    }
+}
+
 /// Header, library sections, the configuration `config` writes, and the
 /// entry point around `body`.
 pub(super) fn write_source(
@@ -56,6 +65,9 @@ pub(super) fn write_source(
     // A kernel that takes prefix sums reads its sequences' spans.
     if args.iter().any(|arg| matches!(arg.kind, ArgKind::CuSeqlens(_))) {
         library.push(vec![Piece::Part(Part::Varlen)]);
+    }
+    if args.iter().any(|arg| matches!(arg.kind, ArgKind::Dropout(_))) {
+        library.push(vec![Piece::Part(Part::Dropout)]);
     }
     let helpers = [Part::BackwardRows, Part::BackwardTiles];
     library.push(helpers[..1 + tiles as usize].iter().map(|&part| Piece::Part(part)).collect());
@@ -126,11 +138,13 @@ pub(super) struct SpecTerms {
     pub d_score: Option<Expr>,
     /// (slot, ∂score′/∂t, indices of the read).
     pub grads: Vec<(usize, Expr, Vec<Expr>)>,
+    /// Whether P is dropped out (`BackwardConfig::dropout`).
+    pub dropout: bool,
 }
 
 impl SpecTerms {
-    /// `with_grads`: also the tensor-gradient terms.
-    pub fn new(spec: &Spec, with_grads: bool) -> SpecTerms {
+    /// `with_grads`: also the tensor-gradient terms; `dropout`: P dropped out.
+    pub fn new(spec: &Spec, with_grads: bool, dropout: bool) -> SpecTerms {
         let grads = if with_grads {
             super::trainable_tensors(spec)
                 .into_iter()
@@ -141,7 +155,7 @@ impl SpecTerms {
         };
         // A score mod that only adds terms has ∂score′/∂score = 1: dS = dS′.
         let d_score = d_score(spec).filter(|d| !matches!(d.kind, ExprKind::Float(x) if x == 1.0));
-        SpecTerms { d_score, grads }
+        SpecTerms { d_score, grads, dropout }
     }
 
     /// Every expression hoisting may draw from.

@@ -1,6 +1,7 @@
 //! The dK/dV kernel (and dQ by atomics): one CTA per (kv tile, K/V head,
 //! batch), keys as the rows of every warp's tiles. See the module note.
 
+use super::common::dropout_kind;
 use super::common::{
     per_head, write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows, Sections,
     SpecTerms, Walk,
@@ -15,6 +16,7 @@ use crate::cuda::kit::tile_walk::write_mask_tiles;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::backward_args;
 use crate::cuda::signature::names::{DELTA, DQ_ACCUM};
+use crate::cuda::signature::with_dropout;
 use crate::cuda::source::kernel_name;
 use crate::cuda::target::pad16;
 use crate::cuda::writer::Writer;
@@ -24,10 +26,10 @@ use std::fmt::{self, Write};
 const OPERANDS: [Operand; 6] = [Operand::Q, Operand::K, Operand::V, Operand::DO, Operand::DK, Operand::DV];
 
 pub(super) fn emit(spec: &Spec, config: BackwardConfig, packing: Packing) -> Kernel {
-    let name = kernel_name(&packing.prefix("bwd"), spec);
-    let terms = SpecTerms::new(spec, config.tensor_grads);
+    let name = kernel_name(&packing.prefix(&dropout_kind("bwd", config.dropout)), spec);
+    let terms = SpecTerms::new(spec, config.tensor_grads, config.dropout);
     let slots: Vec<usize> = terms.grads.iter().map(|(slot, ..)| *slot).collect();
-    let args = packing.args(spec, backward_args(spec, OPERANDS, &slots));
+    let args = with_dropout(spec, packing.args(spec, backward_args(spec, OPERANDS, &slots)), config.dropout);
     let source = write_source(
         spec,
         Sections::Tiles,

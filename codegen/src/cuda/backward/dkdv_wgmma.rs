@@ -30,6 +30,7 @@
 //! query tile and class and the next step's head, which the consumers read
 //! behind the stage's full barrier.
 
+use super::common::dropout_kind;
 use super::common::{
     write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows, Sections, SpecTerms,
     Walk,
@@ -37,6 +38,7 @@ use super::common::{
 use super::dkdv::{write_head_grad_adds, write_head_grad_sums, write_key_cta, write_key_stores, write_key_tiles};
 use super::packing::Packing;
 use super::step::{write_elements, write_split_elements, Part};
+use super::BackwardConfig;
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::kit::hoist::{hoist, Hoisted};
 use crate::cuda::kit::terms::interior_decl;
@@ -44,6 +46,7 @@ use crate::cuda::kit::warp_roles::write_roles;
 use crate::cuda::library;
 use crate::cuda::library::wgmma_ops::AFrom;
 use crate::cuda::signature::names::{DELTA, DOUT_MAP, DQ_ACCUM, K_MAP, Q_MAP, V_MAP};
+use crate::cuda::signature::with_dropout;
 use crate::cuda::signature::{arg_name, backward_args, with_tensor_maps};
 use crate::cuda::source::kernel_name;
 use crate::cuda::source::Piece;
@@ -81,16 +84,18 @@ pub(super) fn supports(spec: &Spec) -> bool {
 /// Threads of the producer warpgroup.
 const PRODUCER_THREADS: u32 = 128;
 
-/// The kernel, copying its tiles as `copy` says.
-pub(super) fn emit(spec: &Spec, tensor_grads: bool, copy: TileCopy, packing: Packing) -> Kernel {
-    let name = kernel_name(&packing.prefix("bwd"), spec);
-    let terms = SpecTerms::new(spec, tensor_grads);
+/// The kernel in `config` (its `tensor_grads`, `copy` and `dropout`).
+pub(super) fn emit(spec: &Spec, config: BackwardConfig, packing: Packing) -> Kernel {
+    let BackwardConfig { tensor_grads, copy, dropout, .. } = config;
+    let name = kernel_name(&packing.prefix(&dropout_kind("bwd", dropout)), spec);
+    let terms = SpecTerms::new(spec, tensor_grads, dropout);
     let slots: Vec<usize> = terms.grads.iter().map(|(slot, ..)| *slot).collect();
     let args = packing.args(spec, backward_args(spec, OPERANDS, &slots));
     let args = match copy {
         TileCopy::Tma => with_tensor_maps(spec, args, &[Operand::Q, Operand::K, Operand::V, Operand::DO]),
         TileCopy::Threads => args,
     };
+    let args = with_dropout(spec, args, dropout);
     let source = write_source(
         spec,
         Sections::Hopper(hopper_library(spec, copy)),

@@ -2,6 +2,7 @@
 //! queries as the rows of every warp's tiles (the forward's orientation),
 //! walking the kv tiles and keeping dQ in registers. See the module note.
 
+use super::common::dropout_kind;
 use super::common::{
     write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows, Sections, SpecTerms,
     Walk,
@@ -16,6 +17,7 @@ use crate::cuda::kit::tile_walk::write_mask_tiles;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::backward_args;
 use crate::cuda::signature::names::DELTA;
+use crate::cuda::signature::with_dropout;
 use crate::cuda::source::kernel_name;
 use crate::cuda::target::pad16;
 use crate::cuda::writer::Writer;
@@ -26,9 +28,9 @@ const OPERANDS: [Operand; 5] = [Operand::Q, Operand::K, Operand::V, Operand::DO,
 const WARPS: u32 = 4;
 
 pub(super) fn emit(spec: &Spec, config: BackwardConfig, packing: Packing) -> Kernel {
-    let name = kernel_name(&packing.prefix("bwd_dq"), spec);
-    let terms = SpecTerms::new(spec, false);
-    let args = packing.args(spec, backward_args(spec, OPERANDS, &[]));
+    let name = kernel_name(&packing.prefix(&dropout_kind("bwd_dq", config.dropout)), spec);
+    let terms = SpecTerms::new(spec, false, config.dropout);
+    let args = with_dropout(spec, packing.args(spec, backward_args(spec, OPERANDS, &[])), config.dropout);
     let block_n = config.dq_block_n;
     let source = write_source(
         spec,

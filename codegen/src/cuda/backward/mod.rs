@@ -120,6 +120,10 @@ pub struct BackwardConfig {
     /// per launch like `tensor_grads`: with TMA where it can address them.
     /// No other kernel reads it (they copy with their threads).
     pub copy: TileCopy,
+    /// Whether the dK/dV and dQ kernels apply dropout to P (see
+    /// [`crate::dropout`]) and take its arguments; the other kernels are
+    /// the same either way (D = rowsum(dO ∘ O) holds with dropout too).
+    pub dropout: bool,
 }
 
 impl BackwardConfig {
@@ -134,7 +138,8 @@ impl BackwardConfig {
             65..=128 => (8, 32, 64),
             _ => (4, 16, 32),
         };
-        BackwardConfig { mma: Mma::Sync, warps, block_m, dq_block_n, tensor_grads: true, copy: TileCopy::Threads }
+        let copy = TileCopy::Threads;
+        BackwardConfig { mma: Mma::Sync, warps, block_m, dq_block_n, tensor_grads: true, copy, dropout: false }
     }
 
     /// The configuration the runtime uses on `target`: on Hopper, for head
@@ -162,7 +167,8 @@ impl BackwardConfig {
         let key_value = pass == BackwardPass::KeyValue;
         let tensor_grads = self.tensor_grads || !key_value;
         let copy = if key_value && self.mma == Mma::Wgmma { self.copy } else { TileCopy::Threads };
-        BackwardConfig { tensor_grads, copy, ..self }
+        let dropout = self.dropout && matches!(pass, BackwardPass::KeyValue | BackwardPass::Query);
+        BackwardConfig { tensor_grads, copy, dropout, ..self }
     }
 
     /// The dQ accumulator's layout under this configuration.
@@ -248,7 +254,7 @@ fn emit(spec: &Spec, pass: BackwardPass, config: BackwardConfig, packing: Packin
     match pass {
         BackwardPass::Preprocess => rows::emit_preprocess(spec, config.dq_accum(spec), packing),
         BackwardPass::KeyValue => match config.dq_accum(spec) {
-            DqAccum::Fragments => dkdv_wgmma::emit(spec, config.tensor_grads, config.copy, packing),
+            DqAccum::Fragments => dkdv_wgmma::emit(spec, config, packing),
             DqAccum::Rows => dkdv::emit(spec, config, packing),
         },
         BackwardPass::Query => dq::emit(spec, config, packing),

@@ -5,6 +5,7 @@
 
 use super::common::{per_head, Rows, SpecTerms};
 use crate::abi::ArgKind;
+use crate::cuda::kit::dropout::dropout_decl;
 use crate::cuda::signature::arg_name;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
@@ -59,9 +60,10 @@ pub(super) enum Part {
 impl Part {
     /// Whether the element step of `terms` may run as [`Part::P`] then
     /// [`Part::Ds`]: ∂score′/∂score and the tensor-gradient terms read the
-    /// raw dot product, which P overwrites.
+    /// raw dot product, which P overwrites, and dropout needs P both before
+    /// (dS) and after (dV) its factor.
     pub fn splits(terms: &SpecTerms) -> bool {
-        terms.d_score.is_none() && terms.grads.is_empty()
+        terms.d_score.is_none() && terms.grads.is_empty() && !terms.dropout
     }
 }
 
@@ -97,6 +99,9 @@ pub(super) fn write_elements(
     writeln!(w, "#pragma unroll")?;
     w.block(format_args!("for (int i = 0; i < 2; ++i)"), |w| {
         writeln!(w, "const int {row_var} = {first_row} + g + 8 * i;")?;
+        if terms.dropout {
+            writeln!(w, "{}", dropout_decl(spec))?;
+        }
         // The statistics this part reads, by row slot or column.
         let stats = match part {
             Part::Both => "const float lse2 = {lse}, delta_q = {delta};",
@@ -109,6 +114,15 @@ pub(super) fn write_elements(
         }
         writeln!(w, "#pragma unroll")?;
         w.block(format_args!("for (int n = 0; n < S_TILES; ++n)"), |w| {
+            if terms.dropout {
+                // The element pair (c = 0, 1) of one Philox block: two keys of a
+                // query row, or two queries of a key row.
+                let pair = match rows {
+                    Rows::Keys => format!("dropout_queries(drop, drop_bh, {first_col} + n * 8 + 2 * t, k)"),
+                    Rows::Queries => format!("dropout_keys(drop, drop_bh, q, {first_col} + n * 8 + 2 * t)"),
+                };
+                writeln!(w, "const DropoutPair keep = {pair};")?;
+            }
             writeln!(w, "#pragma unroll")?;
             w.block(format_args!("for (int c = 0; c < 2; ++c)"), |w| {
                 match rows {
@@ -160,8 +174,15 @@ fn write_element(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, logit: 
     let scale = arg_name(spec, ArgKind::Scale);
     writeln!(w, "const float dot = s[n][e];")?;
     writeln!(w, "const float p = fast_exp2({logit} - lse2);")?;
-    writeln!(w, "const float ds_mod = p * (dp[n][e] - delta_q);  // dS' = P (dP - D)")?;
-    writeln!(w, "s[n][e] = p;")?;
+    if terms.dropout {
+        // dV takes P as O did, dropped out; dP reaches S through the same factor.
+        writeln!(w, "const float z = c == 0 ? keep.first : keep.second;  // dropout's factor")?;
+        writeln!(w, "const float ds_mod = p * (z * dp[n][e] - delta_q);  // dS' = P (Z dP - D)")?;
+        writeln!(w, "s[n][e] = p * z;")?;
+    } else {
+        writeln!(w, "const float ds_mod = p * (dp[n][e] - delta_q);  // dS' = P (dP - D)")?;
+        writeln!(w, "s[n][e] = p;")?;
+    }
     match &terms.d_score {
         None => writeln!(w, "dp[n][e] = ds_mod;")?,
         Some(_) => {

@@ -38,6 +38,7 @@ mod bias;
 mod classes;
 mod constants;
 mod cta;
+mod dropout;
 mod epilogue;
 mod item;
 mod item_order;
@@ -58,7 +59,7 @@ mod wgmma_step;
 use crate::abi::{Grid, Kernel};
 use crate::cuda::library::wgmma_ops::AFrom;
 use crate::cuda::library::Part;
-use crate::cuda::signature::{forward_args, forward_paged_args, forward_varlen_args};
+use crate::cuda::signature::{forward_args, forward_paged_args, forward_varlen_args, with_dropout};
 use crate::cuda::source::{assemble, kernel_name, Entry, Piece};
 use crate::cuda::target::{pad16, Mma};
 use crate::cuda::tile_config::{warp_specialized, TileConfig, TileCopy};
@@ -87,6 +88,14 @@ pub fn emit_forward_with(spec: &Spec, config: TileConfig) -> Kernel {
 /// configuration is warp-specialized (the others copy with their threads).
 pub fn emit_forward_copying(spec: &Spec, config: TileConfig, copy: TileCopy) -> Kernel {
     emit(Plan::new(spec, config, copy))
+}
+
+/// [`emit_forward_copying`] with dropout on the attention probabilities
+/// (see [`crate::dropout`]): P is zeroed or scaled by `1 / (1 − p)` per
+/// pair before P V, the LSE is the softmax's; the mask's seed, offset,
+/// threshold and scale are trailing arguments ([`ArgKind::Dropout`](crate::abi::ArgKind::Dropout)).
+pub fn emit_forward_dropout(spec: &Spec, config: TileConfig, copy: TileCopy) -> Kernel {
+    emit(Plan::dropout(spec, config, copy))
 }
 
 /// The forward kernel of `spec` in `config` on varlen (packed) operands:
@@ -124,6 +133,7 @@ fn emit(plan: Plan) -> Kernel {
     let (name, args) = match (plan.paged, plan.varlen) {
         (true, _) => ("fwd_paged", forward_paged_args(spec, plan.copy.is_some())),
         (false, true) => ("fwd_varlen", forward_varlen_args(spec, plan.copy.is_some())),
+        (false, false) if plan.dropout => ("fwd_dropout", with_dropout(spec, forward_args(spec, plan.copy), true)),
         (false, false) => ("fwd", forward_args(spec, plan.copy)),
     };
     let name = kernel_name(name, spec);
@@ -189,6 +199,9 @@ fn library(plan: &Plan) -> Vec<Vec<Piece>> {
     }
     if plan.trace {
         sections.push(vec![Piece::Part(Part::Trace)]);
+    }
+    if plan.dropout {
+        sections.push(vec![Piece::Part(Part::Dropout)]);
     }
     sections
 }

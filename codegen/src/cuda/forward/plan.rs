@@ -44,6 +44,9 @@ pub(super) struct Plan<'s> {
     /// The mask's global rows, whose query tiles go first (`item_order`);
     /// `None` without them, and on packed operands.
     pub global_rows: Option<GlobalRows<'s>>,
+    /// Whether P is dropped out before P V (`dropout`); the row sums are
+    /// then FADDs, of P before dropout.
+    pub dropout: bool,
 }
 
 /// Registers per thread of a warp-specialized kernel: at launch, then the
@@ -80,7 +83,16 @@ impl<'s> Plan<'s> {
             varlen: false,
             paged: false,
             global_rows: MaskParts::of(spec.mask.as_ref()).and_then(|parts| parts.global_rows()),
+            dropout: false,
         }
+    }
+
+    /// [`Plan::new`] with dropout on P. Row sums on the tensor cores would
+    /// sum P as P V reads it, after dropout: FADDs sum it before. (Shared
+    /// memory still holds the unused tile of ones: the plan keeps
+    /// [`TileConfig::smem_bytes`], the configuration's.)
+    pub(super) fn dropout(spec: &'s Spec, config: TileConfig, copy: TileCopy) -> Plan<'s> {
+        Plan { dropout: true, row_sums: RowSums::Fadd, ..Plan::new(spec, config, copy) }
     }
 
     /// The plan of a varlen kernel in `config` for `view`, a spec's

@@ -2,6 +2,7 @@
 //! back (two CTAs per SM overlap each other's phases).
 
 use super::classes::cta_selector;
+use super::dropout::write_dropout;
 use super::item::write_key_terms;
 use super::logit::write_logits;
 use super::plan::Plan;
@@ -33,6 +34,7 @@ pub(super) fn write_sync_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[Ho
     )?;
     write_logits(w, spec, cta_selector(spec))?;
     write_softmax(w, plan.units, Rescale::Inline, plan.row_sums)?;
+    write_dropout(w, plan)?;
     write!(
         w,
         "\

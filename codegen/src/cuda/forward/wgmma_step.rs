@@ -2,6 +2,7 @@
 //! (P V of one tile behind S of the next) with the warpgroups taking turns.
 
 use super::classes::cta_selector;
+use super::dropout::write_dropout;
 use super::item::write_key_terms;
 use super::logit::write_logits;
 use super::plan::Plan;
@@ -90,6 +91,7 @@ pub(super) fn write_wgmma_serial_step(w: &mut Writer<String>, plan: &Plan, hoist
     writeln!(w, "fence_operands(s[0]);")?;
     write_logits(w, spec, cta_selector(spec))?;
     write_softmax(w, plan.units, Rescale::Inline, plan.row_sums)?;
+    write_dropout(w, plan)?;
     writeln!(w, "// O += P V: P from the S registers (pack_p), V from shared memory (MN-major).")?;
     writeln!(w, "unsigned p[BLOCK_N / 16][4];")?;
     writeln!(w, "#pragma unroll")?;
@@ -146,6 +148,7 @@ pub(super) fn write_wgmma_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[H
     // The consumers have the tile's class from the producer (`tile`).
     write_logits(w, spec, "(tile / TILE_WHOLE & 3)")?;
     write_softmax(w, plan.units, Rescale::Deferred, sums)?;
+    write_dropout(w, plan)?;
     trace::point(w, plan, Event::SMax)?;
     writeln!(w, "wgmma_wait<0>();  // P V is done: O and p are this warpgroup's again")?;
     trace::point(w, plan, Event::PvDone)?;

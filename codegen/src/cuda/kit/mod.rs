@@ -2,6 +2,7 @@
 //! spec terms, tile classification and the tile walk. Kernels import the
 //! kit, never each other.
 
+pub(crate) mod dropout;
 pub(crate) mod expr;
 pub(crate) mod hoist;
 pub(crate) mod logit;

@@ -176,11 +176,15 @@ pub enum Part {
     /// Context parallelism's partials (`cuda::partials`): merge weights
     /// from two LSEs, and a row merged or added by a warp's lanes.
     Partials,
+
+    /// Dropout on P (`crate::dropout`'s twin): Philox4x32-10 and the
+    /// factors of a 2 x 2 block of pairs, in kernels with dropout on only.
+    Dropout,
 }
 
 impl Part {
     /// Every part, in the order kernels include them.
-    pub const ALL: [Part; 22] = [
+    pub const ALL: [Part; 23] = [
         Part::Prelude,
         Part::IntOps,
         Part::Ranges,
@@ -203,6 +207,7 @@ impl Part {
         Part::DqFragments,
         Part::Sink,
         Part::Partials,
+        Part::Dropout,
     ];
 
     /// The part's CUDA text, verbatim.
@@ -230,6 +235,7 @@ impl Part {
             Part::DqFragments => include_str!("dq_fragments.cuh"),
             Part::Sink => include_str!("sink.cuh"),
             Part::Partials => include_str!("partials.cuh"),
+            Part::Dropout => include_str!("dropout.cuh"),
         }
     }
 
@@ -258,6 +264,7 @@ impl Part {
             Part::DqFragments => "dq_fragments.cuh",
             Part::Sink => "sink.cuh",
             Part::Partials => "partials.cuh",
+            Part::Dropout => "dropout.cuh",
         }
     }
 
