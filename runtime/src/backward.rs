@@ -63,6 +63,10 @@ pub(crate) struct Launch {
     pub dropout: Option<Dropout>,
 }
 
+/// A backward launch's configuration, TMA descriptors and kernels (the
+/// preprocess, the dK/dV kernel and the dQ pass).
+type LaunchKernels = (BackwardConfig, Option<Vec<(Operand, TensorMap)>>, [Arc<LoadedKernel>; 3]);
+
 impl Launch {
     /// Backward kernel `pass` in `config`, dense or varlen as the launch is.
     fn which(&self, pass: BackwardPass, config: BackwardConfig) -> Which {
@@ -176,21 +180,7 @@ impl Runtime {
     ) -> Result<(), Error> {
         let Launch { shape, scale, varlen, dropout } = launch;
         let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
-        // Tensor gradients nobody asked for are not computed at all.
-        let tensor_grads = io.d_tensors.iter().any(Option::is_some);
-        let preferred = BackwardConfig::preferred(spec, self.target());
-        let config = BackwardConfig { tensor_grads, dropout: dropout.is_some(), ..preferred };
-        // A varlen kernel copies with its threads (a TMA box could cross sequences).
-        let (config, tensor_maps) = match varlen {
-            None => io.with_copies(self, spec, config),
-            Some(_) => (BackwardConfig { copy: TileCopy::Threads, ..config }, None),
-        };
-        let dq_pass = if opts.deterministic { BackwardPass::Query } else { BackwardPass::Postprocess };
-        let passes = [BackwardPass::Preprocess, BackwardPass::KeyValue, dq_pass].map(|pass| launch.which(pass, config));
-        let key_order =
-            opts.block_mask.and_then(|_| Which::work_order(spec, Work::KeyTiles { block_n: config.block_n() }));
-        let [pre, main, dq_pass] = self.load_launch(spec, &to_source(spec), passes, key_order);
-        let (pre, main, dq_pass) = (pre?, main?, dq_pass?);
+        let (config, tensor_maps, [pre, main, dq_pass]) = self.backward_kernels(spec, &io, opts, &launch)?;
 
         let (rows, accum) = workspace_sizes(spec, config, &launch);
         // No accumulator (a null pointer) in the deterministic mode, or without queries.
@@ -294,6 +284,34 @@ impl Runtime {
             self.launch_pass(&dq_pass, &bindings)?;
         }
         Ok(())
+    }
+
+    /// A launch's configuration, its TMA descriptors (dense launches where
+    /// TMA can address the operands) and its three kernels, loaded together.
+    fn backward_kernels<T: Element>(
+        &self,
+        spec: &Spec,
+        io: &BackwardIo<'_, T>,
+        opts: &BackwardOptions<'_>,
+        launch: &Launch,
+    ) -> Result<LaunchKernels, Error> {
+        // Tensor gradients nobody asked for are not computed at all. A spec
+        // with nothing to train has one dK/dV kernel either way: it is keyed
+        // as `Runtime::prepare` and `precompile` compile it.
+        let tensor_grads = io.d_tensors.iter().any(Option::is_some) || trainable_tensors(spec).is_empty();
+        let preferred = BackwardConfig::preferred(spec, self.target());
+        let config = BackwardConfig { tensor_grads, dropout: launch.dropout.is_some(), ..preferred };
+        // A varlen kernel copies with its threads (a TMA box could cross sequences).
+        let (config, tensor_maps) = match launch.varlen {
+            None => io.with_copies(self, spec, config),
+            Some(_) => (BackwardConfig { copy: TileCopy::Threads, ..config }, None),
+        };
+        let dq_pass = if opts.deterministic { BackwardPass::Query } else { BackwardPass::Postprocess };
+        let passes = [BackwardPass::Preprocess, BackwardPass::KeyValue, dq_pass].map(|pass| launch.which(pass, config));
+        let key_order =
+            opts.block_mask.and_then(|_| Which::work_order(spec, Work::KeyTiles { block_n: config.block_n() }));
+        let [pre, main, dq_pass] = self.load_launch(spec, &to_source(spec), passes, key_order);
+        Ok((config, tensor_maps, [pre?, main?, dq_pass?]))
     }
 
     /// The workspace in `slot` if it holds `len` floats on this device, else
