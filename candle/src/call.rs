@@ -180,7 +180,7 @@ impl Call {
         }
     }
 
-    /// [`Call::forward`] of a sharded self.
+    /// [`Call::forward`] of a sharded call: its rank's rows of O.
     #[cfg(feature = "nccl")]
     fn forward_sharded<T: Element + CudaDType + NcclType>(
         &self,
@@ -207,7 +207,7 @@ impl Call {
         Ok((CudaStorage::wrap_cuda_slice(o, device), Shape::from((batch, rows, heads, v_dim))))
     }
 
-    /// [`Call::backward`] of a sharded self.
+    /// [`Call::backward`] of a sharded call: its rank's share, over NCCL.
     #[cfg(feature = "nccl")]
     fn backward_sharded<T: Element + CudaDType + NcclType>(
         &self,
@@ -215,41 +215,10 @@ impl Call {
         o: &Tensor,
         d_o: &Tensor,
     ) -> candle_core::Result<Grads> {
-        let device = cuda_device(&self.qkv[0], "Q")?;
-        let rt = self.attention.runtime(&device)?;
-        let lse = self.lse.lock().unwrap_or_else(PoisonError::into_inner);
-        let lse = lse.as_ref().ok_or_else(|| candle_core::Error::msg("flashgen: the forward kept no LSE"))?;
-        let d_o = self.addressable_d_o(d_o)?;
-        let guards = self.qkv.each_ref().map(|t| t.storage_and_layout());
-        let [q, k, v] = operands::<T, 3>(NAMES, &guards);
-        let (q, k, v) = (q?, k?, v?);
-        let out_guards = [o, &d_o].map(|t| t.storage_and_layout());
-        let [o_io, d_o_io] = operands::<T, 2>(["O", "dO"], &out_guards);
-        let shapes = [q.1, k.1, v.1].map(|l| Layout::bshd(l.batch, l.seq, l.heads, l.dim));
-        // SAFETY: the sharded backward writes every element of dQ, dK and dV.
-        let alloc = |l: Layout| unsafe { device.alloc::<T>(l.len()) };
-        let (mut dq, mut dk, mut dv) = (alloc(shapes[0])?, alloc(shapes[1])?, alloc(shapes[2])?);
-        let tensor_guards: Vec<_> = self.tensors().map(|t| t.storage_and_layout()).collect();
-        let args = self.arg_values(&tensor_guards)?;
-        let mut d_tensors = self.tensor_grad_buffers(&device)?;
-        let io = BackwardIo {
-            q,
-            k,
-            v,
-            o: o_io?,
-            lse,
-            d_o: d_o_io?,
-            dq: (&mut dq, shapes[0]),
-            dk: (&mut dk, shapes[1]),
-            dv: (&mut dv, shapes[2]),
-            d_tensors: d_tensors.iter_mut().map(Option::as_mut).collect(),
-        };
-        let workspace = self.attention.workspace(&device)?;
-        let opts = BackwardOptions { scale: self.attention.scale(), workspace: Some(&workspace), ..Default::default() };
-        cp.with(|cp| rt.backward_sharded(self.attention.spec(), cp, io, &args, &opts)).map_err(error::flashgen)?;
-        let wrap = |slice, l: Layout| tensor(slice, &device, (l.batch, l.seq, l.heads, l.dim));
-        let qkv = [wrap(dq, shapes[0])?, wrap(dk, shapes[1])?, wrap(dv, shapes[2])?];
-        Ok(Grads { qkv, tensors: self.tensor_grads(d_tensors, &device)? })
+        let spec = self.attention.spec();
+        self.backward_with::<T>(o, d_o, |rt, io, args, opts| {
+            cp.with(|cp| rt.backward_sharded(spec, cp, io, args, opts))
+        })
     }
 
     fn forward_as<T: Element + CudaDType>(&self) -> candle_core::Result<(CudaStorage, Shape)> {
@@ -279,6 +248,24 @@ impl Call {
     }
 
     fn backward_as<T: Element + CudaDType>(&self, o: &Tensor, d_o: &Tensor) -> candle_core::Result<Grads> {
+        let spec = self.attention.spec();
+        self.backward_with::<T>(o, d_o, |rt, io, args, opts| rt.backward(spec, io, args, opts))
+    }
+
+    /// Every gradient from `launch`, given the gradient buffers as
+    /// [`BackwardIo`] and the call's args and options (the block mask the
+    /// forward built, if any; a sharded call's pieces build their own).
+    fn backward_with<T: Element + CudaDType>(
+        &self,
+        o: &Tensor,
+        d_o: &Tensor,
+        launch: impl FnOnce(
+            &Runtime,
+            BackwardIo<'_, T>,
+            &[ArgValue<'_>],
+            &BackwardOptions<'_>,
+        ) -> Result<(), flashgen::Error>,
+    ) -> candle_core::Result<Grads> {
         let device = cuda_device(&self.qkv[0], "Q")?;
         let rt = self.attention.runtime(&device)?;
         let lse = self.lse.lock().unwrap_or_else(PoisonError::into_inner);
@@ -317,7 +304,7 @@ impl Call {
             block_mask: block_mask.as_ref(),
             ..Default::default()
         };
-        rt.backward(self.attention.spec(), io, &args, &opts).map_err(error::flashgen)?;
+        launch(&rt, io, &args, &opts).map_err(error::flashgen)?;
         let wrap = |slice, l: Layout| tensor(slice, &device, (l.batch, l.seq, l.heads, l.dim));
         let qkv = [wrap(dq, shapes[0])?, wrap(dk, shapes[1])?, wrap(dv, shapes[2])?];
         Ok(Grads { qkv, tensors: self.tensor_grads(d_tensors, &device)? })
