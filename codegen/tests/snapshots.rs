@@ -365,6 +365,10 @@ fn hopper_backward_kernels_of_named_variants() {
     let kernel = emit_backward_with(&spec, BackwardPass::KeyValue, config);
     assert!(kernel.args.iter().all(|a| !matches!(a.kind, ArgKind::TensorMap(_))));
     insta::assert_snapshot!("wgmma_bwd_causal_threads", render(&kernel));
+    // Head dim 64: one 64-column panel, whose halves are the warpgroups' dQ.
+    let spec = parse_one("Causal64 { dtype: bf16, head_dim: 64, mask: q >= k }").unwrap();
+    let config = BackwardConfig::preferred(&spec, Target::for_sm(9, 0));
+    insta::assert_snapshot!("wgmma_bwd_causal_d64", render(&emit_backward_with(&spec, BackwardPass::KeyValue, config)));
     // Its dQ accumulator, in fragment order, back to rows.
     let spec = variant("causal");
     let config = BackwardConfig::preferred(&spec, Target::for_sm(9, 0));
@@ -416,12 +420,14 @@ fn dropout_kernels() {
 }
 
 #[test]
-fn wgmma_backward_covers_only_head_dims_padding_to_128() {
+fn wgmma_backward_covers_only_head_dims_padding_to_64_or_128() {
     let hopper = Target::for_sm(9, 0);
     for (source, wgmma) in [
         ("A { dtype: bf16, head_dim: 128, mask: q >= k }", true),
         ("B { dtype: f16, head_dim: 120, mask: q >= k }", true),
-        ("C { dtype: bf16, head_dim: 64, mask: q >= k }", false),
+        ("C { dtype: bf16, head_dim: 64, mask: q >= k }", true),
+        ("F { dtype: bf16, head_dim: 59, mask: q >= k }", true),
+        ("G { dtype: bf16, head_dim: 80, mask: q >= k }", false),
         ("D { dtype: bf16, head_dim: 128, v_head_dim: 64 }", false),
         ("E { dtype: bf16, head_dim: 192, v_head_dim: 128 }", false),
     ] {

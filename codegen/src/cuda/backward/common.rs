@@ -56,9 +56,11 @@ pub(super) fn write_source(
         library.extend([vec![Piece::Part(Part::Ranges)], vec![Piece::Part(Part::Tiles)]]);
     }
     let bounds = match sections {
+        // One CTA per SM fixes the register count at entry: without it
+        // ptxas may ignore `setmaxnreg` and serialize every wgmma.
         Sections::Hopper(hopper) => {
             library.extend(hopper);
-            "CTA_THREADS"
+            "CTA_THREADS, 1"
         }
         _ => "THREADS",
     };

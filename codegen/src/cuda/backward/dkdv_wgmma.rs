@@ -62,7 +62,7 @@ const OPERANDS: [Operand; 6] = [Operand::Q, Operand::K, Operand::V, Operand::DO,
 const STAGES: u32 = 2;
 
 /// Consumer warps: two warpgroups of 64 keys, so 128 keys per CTA.
-const WARPS: u32 = 8;
+pub(super) const WARPS: u32 = 8;
 
 /// Keys per CTA.
 pub(super) const BLOCK_N: u32 = 16 * WARPS;
@@ -76,9 +76,10 @@ const _: () = assert!(BLOCK_M as i32 == crate::varlen::DQ_TILE_ROWS);
 
 /// Whether this kernel covers `spec`'s head dims: both pad to 128 (the dK
 /// and dV accumulators fill the registers, and dQ's columns split into one
-/// 64-column panel per warpgroup).
+/// 64-column panel per warpgroup) or both to 64 (one panel, whose halves
+/// the warpgroups' dQ products read at a 64-byte offset in its rows).
 pub(super) fn supports(spec: &Spec) -> bool {
-    (pad16(spec.head_dims.qk), pad16(spec.head_dims.v)) == (128, 128)
+    matches!((pad16(spec.head_dims.qk), pad16(spec.head_dims.v)), (64, 64) | (128, 128))
 }
 
 /// Threads of the producer warpgroup.
@@ -441,7 +442,8 @@ fn write_consumers(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoist
         // half of K's columns, MN-major (dQ = dS K).\n\
         const unsigned long long k_own = gmma_desc(k_smem + warpgroup * 64 * 128, 16, 1024);\n\
         const unsigned long long v_own = gmma_desc(v_smem + warpgroup * 64 * 128, 16, 1024);\n\
-        const unsigned long long k_half = gmma_desc(k_smem + warpgroup * BLOCK_N * 128, BLOCK_N * 128, 1024);\n\
+        const int half_col = warpgroup * (DP / 2);  // the first of its dQ columns\n\
+        const unsigned long long k_half = gmma_desc(k_smem + half_col / 64 * BLOCK_N * 128 + half_col % 64 * 2, BLOCK_N * 128, 1024);\n\
         // This warp's 16 keys of dK and dV (f32), summed over every query of every\n\
         // head of the group: no atomics.\n\
         float dk_acc[DK_TILES][4] = {{}};\n\
