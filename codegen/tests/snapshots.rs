@@ -369,6 +369,11 @@ fn hopper_backward_kernels_of_named_variants() {
     let spec = parse_one("Causal64 { dtype: bf16, head_dim: 64, mask: q >= k }").unwrap();
     let config = BackwardConfig::preferred(&spec, Target::for_sm(9, 0));
     insta::assert_snapshot!("wgmma_bwd_causal_d64", render(&emit_backward_with(&spec, BackwardPass::KeyValue, config)));
+    // Head dim 96: the second warpgroup's dQ columns cross a panel boundary,
+    // so the producer copies K's upper half again into a panel of its own.
+    let spec = parse_one("Causal96 { dtype: bf16, head_dim: 96, mask: q >= k }").unwrap();
+    let config = BackwardConfig::preferred(&spec, Target::for_sm(9, 0));
+    insta::assert_snapshot!("wgmma_bwd_causal_d96", render(&emit_backward_with(&spec, BackwardPass::KeyValue, config)));
     // Its dQ accumulator, in fragment order, back to rows.
     let spec = variant("causal");
     let config = BackwardConfig::preferred(&spec, Target::for_sm(9, 0));
@@ -420,14 +425,16 @@ fn dropout_kernels() {
 }
 
 #[test]
-fn wgmma_backward_covers_only_head_dims_padding_to_64_or_128() {
+fn wgmma_backward_covers_head_dims_padding_to_64_through_128() {
     let hopper = Target::for_sm(9, 0);
     for (source, wgmma) in [
         ("A { dtype: bf16, head_dim: 128, mask: q >= k }", true),
         ("B { dtype: f16, head_dim: 120, mask: q >= k }", true),
         ("C { dtype: bf16, head_dim: 64, mask: q >= k }", true),
         ("F { dtype: bf16, head_dim: 59, mask: q >= k }", true),
-        ("G { dtype: bf16, head_dim: 80, mask: q >= k }", false),
+        ("G { dtype: bf16, head_dim: 80, mask: q >= k }", true),
+        ("H { dtype: bf16, head_dim: 96, mask: q >= k }", true),
+        ("I { dtype: bf16, head_dim: 112, mask: q >= k }", false),
         ("D { dtype: bf16, head_dim: 128, v_head_dim: 64 }", false),
         ("E { dtype: bf16, head_dim: 192, v_head_dim: 128 }", false),
     ] {

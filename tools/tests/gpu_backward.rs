@@ -269,9 +269,9 @@ fn walks_over_heads_and_documents() {
     for heads in [(2, 2), (4, 2), (6, 6)] {
         cases.push((documents.clone(), Case { block_mask: true, ..Case::new(heads, (300, 555)) }));
     }
-    // Head dim 80: the mma.sync dK/dV kernel, whose threads all walk; 64:
-    // the Hopper one's smallest head dim.
-    for d in [80, 64] {
+    // Head dim 112: the mma.sync dK/dV kernel, whose threads all walk; 80:
+    // the Hopper one with K's upper half copied again; 64: its smallest.
+    for d in [112, 80, 64] {
         cases.push((with(documents.clone(), Dtype::Bf16, d, d), Case { batch: 1, ..Case::new((4, 2), (1024, 1023)) }));
     }
     run_all(&rt, cases);

@@ -76,13 +76,16 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> 
         // Shared memory: this CTA's K and V tiles; two buffers of a step's Q and dO\n\
         // tiles and two statistics per query (the next step's load into one while\n\
         // the other is multiplied) and of its dS^T (read by the next step's dQ).\n",
+        ["DP", "DVP"],
     )
 }
 
 /// The tile constants both dK/dV kernels share (after their BLOCK_M and
 /// BLOCK_N): each warp's m16n8 tile counts, the block mask's tile, and after
-/// `layout` (a comment on the shared-memory layout) the tile sizes.
-pub(super) fn write_key_tiles(w: &mut Writer<String>, spec: &Spec, layout: &str) -> fmt::Result {
+/// `layout` (a comment on the shared-memory layout) the tile sizes, whose
+/// rows hold `cols` (the constants naming the Q/K and V tiles' columns).
+pub(super) fn write_key_tiles(w: &mut Writer<String>, spec: &Spec, layout: &str, cols: [&str; 2]) -> fmt::Result {
+    let [qk, v] = cols;
     write!(
         w,
         "\
@@ -95,10 +98,10 @@ pub(super) fn write_key_tiles(w: &mut Writer<String>, spec: &Spec, layout: &str)
     write!(
         w,
         "\
-        constexpr int K_TILE = BLOCK_N * DP;\n\
-        constexpr int V_TILE = BLOCK_N * DVP;\n\
-        constexpr int Q_TILE = BLOCK_M * DP;\n\
-        constexpr int DO_TILE = BLOCK_M * DVP;\n\
+        constexpr int K_TILE = BLOCK_N * {qk};\n\
+        constexpr int V_TILE = BLOCK_N * {v};\n\
+        constexpr int Q_TILE = BLOCK_M * {qk};\n\
+        constexpr int DO_TILE = BLOCK_M * {v};\n\
         constexpr int DS_TILE = BLOCK_N * BLOCK_M;\n"
     )
 }

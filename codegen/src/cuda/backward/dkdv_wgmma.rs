@@ -50,7 +50,7 @@ use crate::cuda::signature::with_dropout;
 use crate::cuda::signature::{arg_name, backward_args, with_tensor_maps};
 use crate::cuda::source::kernel_name;
 use crate::cuda::source::Piece;
-use crate::cuda::target::pad16;
+use crate::cuda::target::{pad16, Target};
 use crate::cuda::tile_config::TileCopy;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
@@ -74,12 +74,30 @@ pub(super) const BLOCK_M: u32 = 64;
 // kernel's steps.
 const _: () = assert!(BLOCK_M as i32 == crate::varlen::DQ_TILE_ROWS);
 
-/// Whether this kernel covers `spec`'s head dims: both pad to 128 (the dK
-/// and dV accumulators fill the registers, and dQ's columns split into one
-/// 64-column panel per warpgroup) or both to 64 (one panel, whose halves
-/// the warpgroups' dQ products read at a 64-byte offset in its rows).
+/// Whether this kernel covers `spec`'s head dims: Q/K and V pad alike, to
+/// 64 through 128 (the dK and dV accumulators fill the registers at 128),
+/// where its tiles fit shared memory (not at 112).
 pub(super) fn supports(spec: &Spec) -> bool {
-    matches!((pad16(spec.head_dims.qk), pad16(spec.head_dims.v)), (64, 64) | (128, 128))
+    let hopper = Target::HOPPER;
+    let dp = pad16(spec.head_dims.qk);
+    dp == pad16(spec.head_dims.v)
+        && (64..=128).contains(&dp)
+        && smem_bytes(spec) + STATIC_SMEM <= hopper.smem_per_sm - hopper.smem_reserved_per_cta
+}
+
+/// Columns of a shared tile of head dim `d`: whole 64-column panels (wgmma's
+/// 128-byte swizzle), zero beyond `d`.
+fn tile_cols(d: u32) -> u32 {
+    pad16(d).next_multiple_of(64)
+}
+
+/// Columns of the upper half of K's (the second warpgroup's dQ columns)
+/// copied again into a panel of their own, where they start inside a panel
+/// and cross into the next (head dims 80 and 96): a wgmma's MN-major operand
+/// must not. `None` where they start at a panel (128) or end in it (64).
+fn k_half_cols(spec: &Spec) -> Option<u32> {
+    let half = pad16(spec.head_dims.qk) / 2;
+    (half % 64 != 0 && half % 64 + half > 64).then_some(half.next_multiple_of(64))
 }
 
 /// Threads of the producer warpgroup.
@@ -118,13 +136,18 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, packing: Packing) -> Ker
 }
 
 /// K and V of the CTA's keys, STAGES stages of Q, dO and two statistics per
-/// query, two dS tiles, two steps' f32 dQ, and the slack that aligns them to
-/// 1024 bytes (226 KB in all at d = 128, just under Hopper's 227).
+/// query, two dS tiles, two steps' f32 dQ, the upper half of K again where
+/// `k_half_cols` says, and the slack that aligns them to 1024 bytes (226 KB
+/// in all at d = 128 and 96, just under Hopper's 227).
 fn smem_bytes(spec: &Spec) -> u32 {
-    let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
+    let (dp, dpc, dvpc) = (pad16(spec.head_dims.qk), tile_cols(spec.head_dims.qk), tile_cols(spec.head_dims.v));
     let (m, n) = (BLOCK_M, 16 * WARPS);
-    2 * (n * (dp + dvp) + STAGES * m * (dp + dvp) + 2 * m * n) + 4 * (2 * STAGES * m + 2 * m * dp) + 1024
+    let k_half = n * k_half_cols(spec).unwrap_or(0);
+    2 * (n * (dpc + dvpc) + STAGES * m * (dpc + dvpc) + 2 * m * n + k_half) + 4 * (2 * STAGES * m + 2 * m * dp) + 1024
 }
+
+/// Static shared memory beside it: the ring's barriers and the walk's words.
+const STATIC_SMEM: u32 = 8 * (1 + 2 * STAGES + 4) + 4 * (1 + 2 * STAGES);
 
 /// The warpgroup MMA and stage-ring library sections and the products
 /// this kernel issues: m64 by BLOCK_M (Sᵀ, dPᵀ), by DP / 2 (a warpgroup's
@@ -150,6 +173,7 @@ fn hopper_library(spec: &Spec, copy: TileCopy) -> Vec<Vec<Piece>> {
 
 fn write_config(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     let (warps, block_m) = (WARPS, BLOCK_M);
+    let [dpc, dvpc] = [spec.head_dims.qk, spec.head_dims.v].map(tile_cols);
     write!(
         w,
         "\
@@ -165,18 +189,24 @@ fn write_config(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         constexpr int STAGES = {STAGES};  // Q/dO stages of the ring\n\
         constexpr int BLOCK_N = 16 * WARPS;  // keys per CTA: grid.x = ceil(kv_len / BLOCK_N)\n\
         constexpr int BLOCK_M = {block_m};  // queries per step of the loop\n\
+        constexpr int DPC = {dpc}, DVPC = {dvpc};  // tile columns: whole 64-column panels\n\
         constexpr int DQ_TILES = DP / 16;  // m16n8 tiles of a warp's dQ: its warpgroup's half of the columns\n\
         constexpr int DQ_TILE = BLOCK_M * DP;  // f32 of a step's dQ accumulator tile\n\
         // Whether any tile copy may use cp.async (see mbar_arrive_loaded).\n\
         constexpr int COPY_WIDTH = D % 8 == 0 || DV % 8 == 0 ? 8 : 1;\n"
     )?;
+    if let Some(cols) = k_half_cols(spec) {
+        writeln!(w, "constexpr int K_HALF_COLS = {cols};  // the second copy of K's upper half")?;
+    }
     write_key_tiles(
         w,
         spec,
         "\
         // Shared memory, every tile in wgmma's 64-column panels: this CTA's K and V;\n\
         // STAGES stages of a step's Q and dO tiles and two statistics per query; two\n\
-        // dS tiles (queries as rows: the A operand of dQ = dS K); two steps' dQ.\n",
+        // dS tiles (queries as rows: the A operand of dQ = dS K); two steps' dQ; with\n\
+        // K_HALF_COLS, the upper half of K's columns again, from a panel's start.\n",
+        ["DPC", "DVPC"],
     )
 }
 
@@ -187,25 +217,32 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, copy: Tile
         // wgmma's swizzle atoms are 1024-byte aligned; the launch reserves the slack.\n\
         extern __shared__ __align__(1024) unsigned char smem_raw[];\n\
         unsigned short* smem = (unsigned short*)(smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024);\n\
-        unsigned short* k_tile = smem;  // [BLOCK_N][DP], for every step\n\
-        unsigned short* v_tile = k_tile + K_TILE;  // [BLOCK_N][DVP]\n\
-        unsigned short* q_tiles = v_tile + V_TILE;  // [STAGES][BLOCK_M][DP]\n\
-        unsigned short* dout_tiles = q_tiles + STAGES * Q_TILE;  // [STAGES][BLOCK_M][DVP]\n\
+        unsigned short* k_tile = smem;  // [BLOCK_N][DPC], for every step\n\
+        unsigned short* v_tile = k_tile + K_TILE;  // [BLOCK_N][DVPC]\n\
+        unsigned short* q_tiles = v_tile + V_TILE;  // [STAGES][BLOCK_M][DPC]\n\
+        unsigned short* dout_tiles = q_tiles + STAGES * Q_TILE;  // [STAGES][BLOCK_M][DVPC]\n\
         unsigned short* ds_tiles = dout_tiles + STAGES * DO_TILE;  // [2][BLOCK_M][BLOCK_N]: dS, for dQ\n\
         float* lse_cols = (float*)(ds_tiles + 2 * DS_TILE);  // [STAGES][BLOCK_M]: LSE in log2 units, +inf for no gradient\n\
         float* delta_cols = lse_cols + STAGES * BLOCK_M;  // [STAGES][BLOCK_M]: D = rowsum(dO * O)\n\
-        float* dq_tiles = delta_cols + STAGES * BLOCK_M;  // [2][DQ_TILE]: step it's dQ in it % 2, for the bulk reduction\n\
-        \n"
+        float* dq_tiles = delta_cols + STAGES * BLOCK_M;  // [2][DQ_TILE]: step it's dQ in it % 2, for the bulk reduction\n"
     )?;
+    if k_half_cols(spec).is_some() {
+        writeln!(
+            w,
+            "unsigned short* k_half_tile = (unsigned short*)(dq_tiles + 2 * DQ_TILE);  // [BLOCK_N][K_HALF_COLS]"
+        )?;
+    }
+    writeln!(w)?;
     write_key_cta(w, spec, copy == TileCopy::Threads, packing)?;
     // A full barrier's arrivals: the copies', K/V's also the walk's (it
     // publishes the first head) and a stage's also those of the threads that
     // store statistics.
-    let (copies, walkers, statistics) = match copy {
-        // One per tile, from the thread that issues them; the leader; those BLOCK_M.
-        TileCopy::Tma => ("2", "1", "BLOCK_M"),
+    let (kv_copies, copies, walkers, statistics) = match copy {
+        // One per tile (K's upper half again included), from the thread that
+        // issues them; the leader; those BLOCK_M.
+        TileCopy::Tma => (if k_half_cols(spec).is_some() { "3" } else { "2" }, "2", "1", "BLOCK_M"),
         // One per producer thread, each time.
-        TileCopy::Threads => ("PRODUCER_THREADS", "PRODUCER_THREADS", "PRODUCER_THREADS"),
+        TileCopy::Threads => ("PRODUCER_THREADS", "PRODUCER_THREADS", "PRODUCER_THREADS", "PRODUCER_THREADS"),
     };
     write!(
         w,
@@ -225,7 +262,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, copy: Tile
         // it (-1: none).\n\
         __shared__ int first_head, step_tile[STAGES], step_next[STAGES];\n\
         if (threadIdx.x == 0) {{\n\
-        \x20   mbar_init(kv_full, {copies} + {walkers});  // the copies + the first head's publishers\n\
+        \x20   mbar_init(kv_full, {kv_copies} + {walkers});  // the copies + the first head's publishers\n\
         \x20   for (int s = 0; s < STAGES; ++s) {{\n\
         \x20       mbar_init(stage_full + 8 * s, {copies} + {statistics});  // the copies + the statistics' writers\n\
         \x20       mbar_init(stage_empty + 8 * s, WARPS);  // one arrival per consumer warp\n\
@@ -298,22 +335,32 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, packing: 
         }};\n\
         float* dq_last = nullptr;  // the last visited step's accumulator tile\n"
     )?;
+    let k_half = k_half_cols(spec).is_some();
     match copy {
-        TileCopy::Tma => write!(
-            w,
-            "\
-            if (leader) {{\n\
-            \x20   tma_load_tile<BLOCK_N, DP>(k_tile, {K_MAP}, kv_full, k0, kv_head, b);\n\
-            \x20   tma_load_tile<BLOCK_N, DVP>(v_tile, {V_MAP}, kv_full, k0, kv_head, b);\n\
-            }}\n"
-        )?,
-        TileCopy::Threads => write!(
-            w,
-            "\
-            load_tile<BLOCK_N, DP, D, PRODUCER_THREADS, true, THREADS>(k_tile, k_rows + (long long)k0 * {k_stride}, {k_stride}, {kv_len} - k0, kv_vector);\n\
-            load_tile<BLOCK_N, DVP, DV, PRODUCER_THREADS, true, THREADS>(v_tile, v_rows + (long long)k0 * {v_stride}, {v_stride}, {kv_len} - k0, kv_vector);\n\
-            mbar_arrive_loaded<COPY_WIDTH>(kv_full, kv_vector);\n"
-        )?,
+        TileCopy::Tma => {
+            writeln!(w, "if (leader) {{")?;
+            writeln!(w, "    tma_load_tile<BLOCK_N, DPC>(k_tile, {K_MAP}, kv_full, k0, kv_head, b);")?;
+            writeln!(w, "    tma_load_tile<BLOCK_N, DVPC>(v_tile, {V_MAP}, kv_full, k0, kv_head, b);")?;
+            if k_half {
+                writeln!(w, "    mbar_arrive_expect_tx(kv_full, BLOCK_N * K_HALF_COLS * 2);")?;
+                writeln!(w, "    tma_load(smem_addr(k_half_tile), {K_MAP}, kv_full, DP / 2, k0, kv_head, b);")?;
+            }
+            writeln!(w, "}}")?;
+        }
+        TileCopy::Threads => {
+            let rows = |tile: &str, cols: &str, width: &str, src: &str, stride: &str| {
+                format!(
+                    "load_tile<BLOCK_N, {cols}, {width}, PRODUCER_THREADS, true, THREADS>({tile}, {src} + (long long)k0 * \
+                     {stride}, {stride}, {kv_len} - k0, kv_vector);"
+                )
+            };
+            writeln!(w, "{}", rows("k_tile", "DPC", "D", "k_rows", &k_stride))?;
+            writeln!(w, "{}", rows("v_tile", "DVPC", "DV", "v_rows", &v_stride))?;
+            if k_half {
+                writeln!(w, "{}", rows("k_half_tile", "K_HALF_COLS", "D - DP / 2", "k_rows + DP / 2", &k_stride))?;
+            }
+            writeln!(w, "mbar_arrive_loaded<COPY_WIDTH>(kv_full, kv_vector);")?;
+        }
     }
     // With TMA the leader also publishes for the copies it issued.
     let publish = match copy {
@@ -392,15 +439,15 @@ fn write_producer_step(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, pack
                 w,
                 "\
                 if (leader) {{\n\
-                \x20   tma_load_tile<BLOCK_M, DP>(q_tiles + stage * Q_TILE, {Q_MAP}, stage_full + 8 * stage, q0, step_h, b);\n\
-                \x20   tma_load_tile<BLOCK_M, DVP>(dout_tiles + stage * DO_TILE, {DOUT_MAP}, stage_full + 8 * stage, q0, step_h, b);\n\
+                \x20   tma_load_tile<BLOCK_M, DPC>(q_tiles + stage * Q_TILE, {Q_MAP}, stage_full + 8 * stage, q0, step_h, b);\n\
+                \x20   tma_load_tile<BLOCK_M, DVPC>(dout_tiles + stage * DO_TILE, {DOUT_MAP}, stage_full + 8 * stage, q0, step_h, b);\n\
                 }}\n"
             )?,
             TileCopy::Threads => write!(
                 w,
                 "\
-                load_tile<BLOCK_M, DP, D, PRODUCER_THREADS, true, THREADS>(q_tiles + stage * Q_TILE, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, q_vector);\n\
-                load_tile<BLOCK_M, DVP, DV, PRODUCER_THREADS, true, THREADS>(dout_tiles + stage * DO_TILE, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, q_vector);\n\
+                load_tile<BLOCK_M, DPC, D, PRODUCER_THREADS, true, THREADS>(q_tiles + stage * Q_TILE, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, q_vector);\n\
+                load_tile<BLOCK_M, DVPC, DV, PRODUCER_THREADS, true, THREADS>(dout_tiles + stage * DO_TILE, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, q_vector);\n\
                 mbar_arrive_loaded<COPY_WIDTH>(stage_full + 8 * stage, q_vector);\n"
             )?,
         }
@@ -432,6 +479,14 @@ fn write_producer_step(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, pack
 /// The consumer warpgroups: per head and visited step, the products of the
 /// module note; at the end dK and dV.
 fn write_consumers(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoisted: &[Hoisted]) -> fmt::Result {
+    let k_half = match k_half_cols(spec) {
+        Some(_) => "\
+            // The second warpgroup's columns cross a panel boundary: it reads their copy.\n\
+            const unsigned long long k_half = gmma_desc(warpgroup == 0 ? k_smem : smem_addr(k_half_tile), BLOCK_N * 128, 1024);\n",
+        None => "\
+            const int half_col = warpgroup * (DP / 2);  // the first of its dQ columns\n\
+            const unsigned long long k_half = gmma_desc(k_smem + half_col / 64 * BLOCK_N * 128 + half_col % 64 * 2, BLOCK_N * 128, 1024);\n",
+    };
     write!(
         w,
         "\
@@ -442,8 +497,7 @@ fn write_consumers(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoist
         // half of K's columns, MN-major (dQ = dS K).\n\
         const unsigned long long k_own = gmma_desc(k_smem + warpgroup * 64 * 128, 16, 1024);\n\
         const unsigned long long v_own = gmma_desc(v_smem + warpgroup * 64 * 128, 16, 1024);\n\
-        const int half_col = warpgroup * (DP / 2);  // the first of its dQ columns\n\
-        const unsigned long long k_half = gmma_desc(k_smem + half_col / 64 * BLOCK_N * 128 + half_col % 64 * 2, BLOCK_N * 128, 1024);\n\
+        {k_half}\
         // This warp's 16 keys of dK and dV (f32), summed over every query of every\n\
         // head of the group: no atomics.\n\
         float dk_acc[DK_TILES][4] = {{}};\n\

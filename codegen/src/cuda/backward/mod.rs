@@ -22,7 +22,7 @@
 //!    double-buffered: step j + 1's `cp.async` copies are queued right after
 //!    step j's barrier and land while step j multiplies.
 //!
-//!    On Hopper (`BackwardConfig::preferred`, head dims padding to 64 or 128) the
+//!    On Hopper (`BackwardConfig::preferred`, head dims padding to 64 through 128) the
 //!    dK/dV kernel is the warp-specialized wgmma one of `dkdv_wgmma`: the
 //!    same per-element code and tile walk, with 128 keys per CTA in two
 //!    consumer warpgroups, a producer warpgroup that walks the query steps
@@ -98,7 +98,7 @@ pub struct BackwardConfig {
     /// The dK/dV kernel's MMA: `mma.sync` warps, or on Hopper the
     /// warp-specialized `wgmma` kernel (see `dkdv_wgmma`), whose tile is
     /// fixed (128 keys, 64-query steps) and which covers head dims that pad
-    /// to 64 or 128; elsewhere `Mma::Wgmma` emits the `mma.sync` kernel with this
+    /// to 64 through 128 (but 112); elsewhere `Mma::Wgmma` emits the `mma.sync` kernel with this
     /// configuration. The other backward kernels are the same for both.
     pub mma: Mma,
     /// Warps of the dK/dV kernel, 16 keys each: its CTA owns 16 · warps keys
@@ -143,7 +143,7 @@ impl BackwardConfig {
     }
 
     /// The configuration the runtime uses on `target`: on Hopper, for head
-    /// dims that pad to 64 or 128 (Q/K and V alike), the wgmma dK/dV kernel with
+    /// dims that pad alike to 64 through 128 (but 112), the wgmma dK/dV kernel with
     /// two consumer warpgroups of 64 keys and 64-query steps
     /// (FlashAttention-3's hdim-128 tile); otherwise [`Self::default_for`].
     pub fn preferred(spec: &Spec, target: Target) -> BackwardConfig {
