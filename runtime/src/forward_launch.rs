@@ -9,8 +9,9 @@ use crate::dropout;
 use crate::element::Element;
 use crate::error::Error;
 use crate::kernels::Which;
+use crate::launch_checks::launch_checked;
 use crate::layout::Layout;
-use crate::marshal::{launch, launch_config, marshal, Bindings};
+use crate::marshal::{launch_config, marshal, Bindings};
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use crate::tma::{self, TensorMap};
@@ -177,17 +178,13 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
             },
         )?;
 
-        let launching = |e| Error::driver(format!("launching `{}`", kernel.name), e);
-        // Stream waits queued by the guards report failures here, not above.
-        rt.context().check_err().map_err(launching)?;
         // SAFETY: `marshal` followed the kernel's own argument list, so the
         // values match its parameters in order and type, and `check_forward`
         // proved every element they let the kernel address is inside the
         // buffer it belongs to; a block mask was built for this very shape
         // and the mask tile every candidate configuration reads, so it holds
         // a byte for every tile the grid reads.
-        unsafe { launch(stream, loaded.function(), &values, grid) }.map_err(launching)?;
-        Ok(())
+        unsafe { launch_checked(rt, stream, &loaded, &values, grid) }
     }
 }
 

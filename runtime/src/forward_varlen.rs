@@ -2,15 +2,16 @@
 //! hold the tokens of all sequences back to back, split into sequences by
 //! prefix sums on the device.
 
-use crate::args::{ArgInfo, ArgValue};
-use crate::check::{softmax_scale, Problem};
+use crate::args::ArgValue;
+use crate::check::Problem;
 use crate::check_varlen::{check_varlen, VarlenProblem};
 use crate::element::Element;
-use crate::error::{Error, RaggedError};
+use crate::error::Error;
 use crate::forward_launch::ForwardOptions;
 use crate::kernels::Which;
+use crate::launch_checks::{check_ragged_options, launch_checked};
 use crate::layout::PackedLayout;
-use crate::marshal::{launch, launch_config, marshal, Bindings, VarlenBindings};
+use crate::marshal::{launch_config, marshal, Bindings, VarlenBindings};
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use crate::tma::kv_boxes;
@@ -75,12 +76,8 @@ impl Runtime {
         args: &[ArgValue<'_>],
         opts: &ForwardOptions<'_>,
     ) -> Result<(), Error> {
-        let scale = softmax_scale(spec, opts.scale)?;
-        crate::dropout::refuse(opts.dropout, "varlen")?;
-        if opts.block_mask.is_some() {
-            return Err(Error::Ragged(RaggedError::VarlenBlockMask));
-        }
-        let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
+        let options = (opts.scale, opts.dropout, opts.block_mask.is_some());
+        let (scale, infos) = check_ragged_options(spec, "varlen", options, args)?;
         let VarlenIo { q, k, v, o, lse, seqs } = io;
         let layouts = [q.1, k.1, v.1, o.1].map(|l| l.as_layout());
         let lens = [q.0.len(), k.0.len(), v.0.len(), o.0.len()];
@@ -97,10 +94,7 @@ impl Runtime {
         let Some(checked) = check_varlen(spec, &problem, &infos)? else {
             return Ok(());
         };
-        let config = match opts.config {
-            Some(config) => self.candidate(spec, config)?,
-            None => crate::tile_choice::preferred_for(spec, self.target(), seqs.max_kv_len),
-        };
+        let config = self.ragged_config(spec, opts.config, seqs.max_kv_len)?;
         let loaded = self.load_keyed(spec, &to_source(spec), Which::ForwardVarlen(config))?;
         let kernel = loaded.kernel();
         let grid = launch_config(kernel, &checked.shape, 1, self.sm_count())?;
@@ -138,15 +132,11 @@ impl Runtime {
             },
         )?;
 
-        let launching = |e| Error::driver(format!("launching `{}`", kernel.name), e);
-        // Stream waits queued by the guards report failures here, not above.
-        self.context().check_err().map_err(launching)?;
         // SAFETY: `marshal` followed the kernel's own argument list, so the
         // values match its parameters in order and type; `check_varlen`
         // proved every token the layouts address is inside its buffer, the
         // prefix sums hold batch + 1 entries, and the kernel clamps every
         // sequence they describe into the tokens (`seq_span`).
-        unsafe { launch(stream, loaded.function(), &values, grid) }.map_err(launching)?;
-        Ok(())
+        unsafe { launch_checked(self, stream, &loaded, &values, grid) }
     }
 }
