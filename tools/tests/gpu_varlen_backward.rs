@@ -26,7 +26,7 @@ use flashgen_tools::verify::varlen::{
 use flashgen_tools::verify::GpuGradients;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use support::backward::judge_all;
+use support::backward::{same_on_a_second_run, GpuRuns};
 use support::{heads_of, params, runtime, spec, with};
 
 /// One varlen backward case: a spec, its heads, its sequences' (queries,
@@ -82,37 +82,25 @@ fn run_once(rt: &Runtime, case: &Case, problem: &VarlenProblem, d_out: &[f64]) -
     let grads = gpu.backward(rt, spec, problem, d_out, mode)?;
     if case.deterministic {
         let again = gpu.backward(rt, spec, problem, d_out, mode)?;
-        let same = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-        if !(same(&grads.dq, &again.dq) && same(&grads.dk, &again.dk) && same(&grads.dv, &again.dv)) {
-            return Err(Error::KernelAbi {
-                kernel: spec.name.clone(),
-                problem: "deterministic mode gave different dQ/dK/dV on a second run".into(),
-            });
-        }
+        same_on_a_second_run(spec, &grads, &again)?;
     }
     Ok(grads)
 }
 
-/// Runs every case on the GPU, then judges them all (see `judge_all`).
+/// Runs every case on the GPU, then judges them all (see `GpuRuns::judge`).
 fn run_all(rt: &Runtime, cases: Vec<Case>) {
-    let (mut runs, mut failures) = (Vec::new(), Vec::new());
+    let mut runs = GpuRuns::new();
     for case in cases {
         let seed: u64 = rand::random();
         let problem = random_varlen_problem(&case.spec, case.heads, &case.lens, params(&case.spec), seed);
         let d_out = random_packed_d_out(&case.spec, &problem, seed);
-        let row = case.row(seed);
-        match run_once(rt, &case, &problem, &d_out) {
-            Ok(grads) => runs.push((case.spec, problem, d_out, grads, row)),
-            Err(e) => {
-                println!("ERROR  {row}  {e}");
-                failures.push(row);
-            }
-        }
+        let gpu = run_once(rt, &case, &problem, &d_out);
+        runs.record(case.row(seed), gpu, |grads, row| (case.spec, problem, d_out, grads, row));
     }
     let check = |(spec, problem, d_out, grads, _): &(Spec, VarlenProblem, Vec<f64>, GpuGradients, String)| {
         check_backward_varlen(spec, problem, d_out, grads).map_err(|e| e.to_string())
     };
-    judge_all(&runs, |run| run.4.clone(), check, failures);
+    runs.judge(|run| run.4.clone(), check);
 }
 
 /// Ragged lengths: an empty sequence, single tokens, queries without keys,
