@@ -2,7 +2,7 @@
 //! runtime's tile configuration or a pinned one, judged with
 //! FlashAttention's rule against the f64 reference, one printed row each.
 
-use super::params;
+use super::{params, spec_columns};
 use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::reference::Problem;
 use flashgen::codegen::{Shape, Spec};
@@ -36,11 +36,8 @@ impl Case {
     /// The table row naming this case of `spec` drawn from `seed`.
     pub fn row(&self, spec: &Spec, seed: u64) -> String {
         format!(
-            "{:<18} {:<4} d={:>3}/{:<3} h={:>2}/{:<2} s={:>4}/{:<4} {:<7} seed={seed}",
-            spec.name,
-            spec.dtype.name(),
-            spec.head_dims.qk,
-            spec.head_dims.v,
+            "{} h={:>2}/{:<2} s={:>4}/{:<4} {:<7} seed={seed}",
+            spec_columns(spec),
             self.heads.0,
             self.heads.1,
             self.seqs.0,
