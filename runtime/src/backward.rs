@@ -11,7 +11,7 @@
 //! mode. dQ, dK and dV are deterministic in the deterministic mode; in the
 //! atomic mode dQ's f32 sum order varies between runs.
 
-use crate::args::{bound, ArgInfo, ArgValue};
+use crate::args::{bound, tensor_ptrs, ArgInfo, ArgValue};
 use crate::block_mask::{BlockMask, BuiltFor};
 use crate::check::{check_backward, softmax_scale, Buffer, Grads, Problem};
 use crate::dropout;
@@ -229,8 +229,7 @@ impl Runtime {
         let grad_guards: Vec<_> = d_tensors.iter_mut().map(|t| t.as_mut().map(|t| t.device_ptr_mut(s))).collect();
         let mut tensor_grads: Vec<u64> = grad_guards.iter().map(|g| g.as_ref().map_or(0, |(ptr, _)| *ptr)).collect();
         tensor_grads.resize(spec.tensors.len(), 0);
-        let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(s)).collect();
-        let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
+        let (tensor_ptrs, _tensors) = tensor_ptrs(args, s);
         if let Some(mask) = opts.block_mask {
             mask.built_for.check_launch(&BuiltFor::new(spec, &main, shape, &infos, &tensor_ptrs))?;
         }

@@ -2,7 +2,7 @@
 //! configuration: what [`Runtime::forward`] queues once and autotuning
 //! times per candidate.
 
-use crate::args::{ArgInfo, ArgValue};
+use crate::args::{tensor_ptrs, ArgInfo, ArgValue};
 use crate::block_mask::{BlockMask, BuiltFor};
 use crate::check::{check_forward, softmax_scale, Problem};
 use crate::dropout;
@@ -16,7 +16,7 @@ use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use crate::tma::{self, TensorMap};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::abi::{ArgKind, Grid, Operand};
+use flashgen_codegen::abi::{ArgKind, Operand};
 use flashgen_codegen::cuda::{TileConfig, Work};
 use flashgen_codegen::{to_source, Dropout, Shape, Spec};
 
@@ -137,8 +137,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         let grid = launch_config(kernel, &shape, 1, rt.sm_count())?;
         // The checks put params first, so the tensors are exactly the
         // arguments with device pointers, in declaration order.
-        let tensors: Vec<_> = self.args.iter().filter_map(|a| a.device_ptr(stream)).collect();
-        let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
+        let (tensor_ptrs, _tensors) = tensor_ptrs(self.args, stream);
         if let Some(mask) = opts.block_mask {
             mask.built_for.check_launch(&BuiltFor::new(spec, &loaded, shape, infos, &tensor_ptrs))?;
         }
@@ -151,7 +150,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
             _ => None,
         };
         let item_order = item_order.as_ref().map(|order| order.device_ptr(stream));
-        let work_counter = matches!(kernel.grid, Grid::Persistent { .. }).then(|| rt.work_counter().device_ptr(stream));
+        let work_counter = rt.work_counter_for(kernel, stream);
         let values = marshal(
             kernel,
             &Bindings {

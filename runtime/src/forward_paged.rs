@@ -6,7 +6,7 @@
 //! bottom-right (`q + kv_len - q_len >= k`) aligns a chunk's queries with
 //! the last of its keys.
 
-use crate::args::ArgValue;
+use crate::args::{tensor_ptrs, ArgValue};
 use crate::check::Buffer;
 use crate::check_paged::{check_paged, PagedProblem};
 use crate::element::Element;
@@ -20,8 +20,7 @@ use crate::operand::{DeviceInput, DeviceOutput};
 use crate::paged::PagedKv;
 use crate::runtime::Runtime;
 use crate::tma::{kv_boxes, paged_box_rows};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::abi::Grid;
+use cudarc::driver::{CudaSlice, DevicePtrMut};
 use flashgen_codegen::{to_source, Spec};
 
 /// The operands of one paged forward pass. Q and O are `[tokens, heads,
@@ -120,10 +119,8 @@ impl Runtime {
         let (table, _table) = kv.block_table.device_ptr(stream);
         let (kv_lens, _kv_lens) = kv.kv_lens.device_ptr(stream);
         let lse = lse.map(|l| l.device_ptr_mut(stream));
-        let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(stream)).collect();
-        let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
-        let work_counter =
-            matches!(kernel.grid, Grid::Persistent { .. }).then(|| self.work_counter().device_ptr(stream));
+        let (tensor_ptrs, _tensors) = tensor_ptrs(args, stream);
+        let work_counter = self.work_counter_for(kernel, stream);
         let layouts = [q_layout, kv.k.1.as_layout(), kv.v.1.as_layout(), o_layout];
         let cache = kv.k.1;
         let caches = [(k_ptr, &layouts[1]), (v_ptr, &layouts[2])];

@@ -2,7 +2,7 @@
 //! hold the tokens of all sequences back to back, split into sequences by
 //! prefix sums on the device.
 
-use crate::args::ArgValue;
+use crate::args::{tensor_ptrs, ArgValue};
 use crate::check::Problem;
 use crate::check_varlen::{check_varlen, VarlenProblem};
 use crate::element::Element;
@@ -15,8 +15,7 @@ use crate::marshal::{launch_config, marshal, Bindings, VarlenBindings};
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use crate::tma::kv_boxes;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::abi::Grid;
+use cudarc::driver::{CudaSlice, DevicePtrMut};
 use flashgen_codegen::{to_source, Spec};
 
 /// The operands of one varlen forward pass. O and the optional row
@@ -109,10 +108,8 @@ impl Runtime {
         let (cu_q, _cu_q) = seqs.cu_seqlens_q.device_ptr(stream);
         let (cu_k, _cu_k) = seqs.cu_seqlens_k.device_ptr(stream);
         let lse = lse.map(|l| l.device_ptr_mut(stream));
-        let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(stream)).collect();
-        let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
-        let work_counter =
-            matches!(kernel.grid, Grid::Persistent { .. }).then(|| self.work_counter().device_ptr(stream));
+        let (tensor_ptrs, _tensors) = tensor_ptrs(args, stream);
+        let work_counter = self.work_counter_for(kernel, stream);
         // A warp-specialized kernel copies a tile inside its sequence as one box.
         let caches = [(k_ptr, &layouts[1]), (v_ptr, &layouts[2])];
         let (tensor_maps, kv_box_rows) = kv_boxes(kernel, caches, config.block_n, spec.dtype, self.tma);

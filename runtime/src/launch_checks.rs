@@ -9,7 +9,8 @@ use crate::error::{Error, RaggedError};
 use crate::kernels::LoadedKernel;
 use crate::marshal::{launch, Value};
 use crate::runtime::Runtime;
-use cudarc::driver::{CudaStream, LaunchConfig};
+use cudarc::driver::{CudaStream, DevicePtr, LaunchConfig, SyncOnDrop};
+use flashgen_codegen::abi::{Grid, Kernel};
 use flashgen_codegen::cuda::TileConfig;
 use flashgen_codegen::{Dropout, Spec};
 
@@ -32,6 +33,17 @@ pub(crate) fn check_ragged_options(
 }
 
 impl Runtime {
+    /// The work counter `kernel`'s CTAs claim their items from, for a
+    /// persistent grid, with the guard that orders the launch after pending
+    /// work on it (keep it until after the launch); `None` for other grids.
+    pub(crate) fn work_counter_for<'s>(
+        &'s self,
+        kernel: &Kernel,
+        stream: &'s CudaStream,
+    ) -> Option<(u64, SyncOnDrop<'s>)> {
+        matches!(kernel.grid, Grid::Persistent { .. }).then(|| self.work_counter().device_ptr(stream))
+    }
+
     /// A ragged forward's tile configuration: `config` where it is a
     /// candidate, else the preferred one for its longest sequence's
     /// `max_kv_len` keys (ragged launches do not autotune).
