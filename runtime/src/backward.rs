@@ -243,24 +243,14 @@ impl Runtime {
         };
         let key_order = key_order.as_ref().map(|order| order.device_ptr(s));
         let bindings = Bindings {
-            shape,
             ptrs: [q_ptr, k_ptr, v_ptr, o_ptr],
             strides: [q.1.strides, k.1.strides, v.1.strides, o.1.strides],
             lse: lse_ptr,
             scale,
-            args: &infos,
-            tensors: &tensor_ptrs,
             block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
-            block_mask_out: 0,
             work_order: key_order.as_ref().map_or(0, |(ptr, _)| *ptr),
-            work_counter: None,
             tensor_maps,
-            kv_box_rows: 0,
             varlen,
-            paged: None,
-            append: None,
-            decode: None,
-            partials: None,
             dropout,
             grads: Some(GradBindings {
                 ptrs: [do_ptr, dq_ptr, dk_ptr, dv_ptr],
@@ -269,6 +259,7 @@ impl Runtime {
                 dq_accum: accum.as_ref().map_or(0, |(ptr, _)| *ptr),
                 tensor_grads: &tensor_grads,
             }),
+            ..Bindings::without_operands(shape, &infos, &tensor_ptrs)
         };
         // Stream waits queued by the guards report failures here, not below.
         self.context().check_err().map_err(|e| Error::driver("ordering the backward launches", e))?;

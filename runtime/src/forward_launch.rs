@@ -154,26 +154,16 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         let values = marshal(
             kernel,
             &Bindings {
-                shape,
                 ptrs: [q_ptr, k_ptr, v_ptr, o_ptr],
                 strides: [q_layout.strides, k_layout.strides, v_layout.strides, o_layout.strides],
                 lse: lse.as_ref().map_or(0, |(ptr, _)| *ptr),
                 scale: self.scale,
-                args: infos,
-                tensors: &tensor_ptrs,
                 block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
-                block_mask_out: 0,
                 work_order: item_order.as_ref().map_or(0, |(ptr, _)| *ptr),
-                grads: None,
                 work_counter: work_counter.as_ref().map(|(ptr, _)| *ptr),
                 tensor_maps,
-                kv_box_rows: 0,
-                varlen: None,
-                paged: None,
-                append: None,
-                decode: None,
-                partials: None,
                 dropout: self.dropout,
+                ..Bindings::without_operands(shape, infos, &tensor_ptrs)
             },
         )?;
 
