@@ -91,12 +91,11 @@ fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
             }
             Ok(grads)
         })();
-        runs.record(row, gpu, |grads, row| (spec, problem, d_out, grads, row));
+        runs.record(row, gpu, |grads| (spec, problem, d_out, grads));
     }
-    let check = |(spec, problem, d_out, grads, _): &(Spec, _, Vec<f64>, GpuGradients, String)| {
+    runs.judge(|(spec, problem, d_out, grads)| {
         verify::check_backward(spec, problem, d_out, grads).map_err(|e| e.to_string())
-    };
-    runs.judge(|run| run.4.clone(), check);
+    });
 }
 
 /// Every example variant (trainable tensors included: ALiBi slopes, the

@@ -105,14 +105,12 @@ fn backward_matches_the_reference_with_the_same_mask() {
                 spec.head_dims.qk
             );
             let gpu = forward_then_backward(&rt, &spec, &problem, &d_out, deterministic, Some(dropout));
-            runs.record(row, gpu, |grads, row| (spec.clone(), problem, d_out, grads, row, dropout));
+            runs.record(row, gpu, |grads| (spec.clone(), problem, d_out, grads, dropout));
         }
     }
-    let check =
-        |(spec, problem, d_out, grads, _, dropout): &(Spec, Problem, Vec<f64>, GpuGradients, String, Dropout)| {
-            verify::check_backward_dropout(spec, problem, d_out, grads, Some(*dropout)).map_err(|e| e.to_string())
-        };
-    runs.judge(|run| run.4.clone(), check);
+    runs.judge(|(spec, problem, d_out, grads, dropout)| {
+        verify::check_backward_dropout(spec, problem, d_out, grads, Some(*dropout)).map_err(|e| e.to_string())
+    });
 }
 
 /// A problem whose O is the kept mask: Q = 0 makes every P = 1 / kv_len,

@@ -15,7 +15,7 @@ mod support;
 use flashgen::codegen::{Dtype, Spec};
 use flashgen::runtime::{DecodeOptions, DecodeShape};
 use flashgen_tools::verify::decode::{random_decode_problem, DeviceDecode};
-use flashgen_tools::verify::{self, Expected, GpuGradients, OperandLayout};
+use flashgen_tools::verify::{self, Expected, OperandLayout};
 use support::backward::{forward_then_backward, GpuRuns};
 use support::forward::{in_every_configuration, run_all, Case, Table};
 use support::{params, runtime, spec, with};
@@ -73,17 +73,16 @@ fn backward_trains_the_sink() {
             let d_out = verify::random_d_out(&spec, shape, seed);
             let row = format!("{:<14} {shape:?} deterministic {deterministic} seed {seed}", spec.name);
             let gpu = forward_then_backward(&rt, &spec, &problem, &d_out, deterministic, None);
-            runs.record(row, gpu, |grads, row| (spec.clone(), problem, d_out, grads, row));
+            runs.record(row, gpu, |grads| (spec.clone(), problem, d_out, grads));
         }
     }
-    let check = |(spec, problem, d_out, grads, _): &(Spec, _, Vec<f64>, GpuGradients, String)| {
+    runs.judge(|(spec, problem, d_out, grads)| {
         let report = verify::check_backward(spec, problem, d_out, grads).map_err(|e| e.to_string())?;
         match report.d_tensors.iter().any(|(t, _)| t == "sinks" || t == "w") {
             true => Ok(report),
             false => Err("no sink tensor gradient was judged".into()),
         }
-    };
-    runs.judge(|run| run.4.clone(), check);
+    });
 }
 
 #[test]

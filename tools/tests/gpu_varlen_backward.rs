@@ -84,12 +84,11 @@ fn run_all(rt: &Runtime, cases: Vec<Case>) {
         let problem = random_varlen_problem(&case.spec, case.heads, &case.lens, params(&case.spec), seed);
         let d_out = random_packed_d_out(&case.spec, &problem, seed);
         let gpu = run_once(rt, &case, &problem, &d_out);
-        runs.record(case.row(seed), gpu, |grads, row| (case.spec, problem, d_out, grads, row));
+        runs.record(case.row(seed), gpu, |grads| (case.spec, problem, d_out, grads));
     }
-    let check = |(spec, problem, d_out, grads, _): &(Spec, VarlenProblem, Vec<f64>, GpuGradients, String)| {
+    runs.judge(|(spec, problem, d_out, grads)| {
         check_backward_varlen(spec, problem, d_out, grads).map_err(|e| e.to_string())
-    };
-    runs.judge(|run| run.4.clone(), check);
+    });
 }
 
 /// Ragged lengths: an empty sequence, single tokens, queries without keys,

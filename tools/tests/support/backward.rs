@@ -7,10 +7,10 @@ use flashgen::codegen::{Dropout, Spec};
 use flashgen::{Error, Runtime};
 use flashgen_tools::verify::{BackwardReport, DeviceProblem, GpuGradients, OperandLayout};
 
-/// The GPU halves of backward cases: the runs to judge, and the rows whose
-/// GPU run already failed.
+/// The GPU halves of backward cases: the runs to judge with their rows, and
+/// the rows whose GPU run already failed.
 pub struct GpuRuns<R> {
-    runs: Vec<R>,
+    runs: Vec<(R, String)>,
     failures: Vec<String>,
 }
 
@@ -19,16 +19,11 @@ impl<R: Sync> GpuRuns<R> {
         GpuRuns { runs: Vec::new(), failures: Vec::new() }
     }
 
-    /// Keeps the run `keep` makes of a GPU run's gradients and its row, or
+    /// Keeps the run `keep` makes of a GPU run's gradients, under `row`, or
     /// prints the error and keeps the row as a failure.
-    pub fn record(
-        &mut self,
-        row: String,
-        gpu: Result<GpuGradients, Error>,
-        keep: impl FnOnce(GpuGradients, String) -> R,
-    ) {
+    pub fn record(&mut self, row: String, gpu: Result<GpuGradients, Error>, keep: impl FnOnce(GpuGradients) -> R) {
         match gpu {
-            Ok(grads) => self.runs.push(keep(grads, row)),
+            Ok(grads) => self.runs.push((keep(grads), row)),
             Err(e) => {
                 println!("ERROR  {row}  {e}");
                 self.failures.push(row);
@@ -36,9 +31,9 @@ impl<R: Sync> GpuRuns<R> {
         }
     }
 
-    /// [`judge_all`] over the runs kept and the failures.
-    pub fn judge(self, row: impl Fn(&R) -> String + Sync, check: impl Fn(&R) -> Result<BackwardReport, String> + Sync) {
-        judge_all(&self.runs, row, check, self.failures);
+    /// [`judge_all`] over the runs kept (each with `check`) and the failures.
+    pub fn judge(self, check: impl Fn(&R) -> Result<BackwardReport, String> + Sync) {
+        judge_all(&self.runs, |(_, row)| row.clone(), |(run, _)| check(run), self.failures);
     }
 }
 
