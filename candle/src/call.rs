@@ -186,25 +186,13 @@ impl Call {
         &self,
         cp: &ContextParallel,
     ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let device = cuda_device(&self.qkv[0], "Q")?;
-        let rt = self.attention.runtime(&device)?;
-        let guards = self.qkv.each_ref().map(|t| t.storage_and_layout());
-        let [q, k, v] = operands::<T, 3>(NAMES, &guards);
-        let (q, k, v) = (q?, k?, v?);
-        let (batch, rows, heads, v_dim) = (q.1.batch, q.1.seq, q.1.heads, v.1.dim);
-        let o_layout = Layout::bshd(batch, rows, heads, v_dim);
-        // SAFETY: the pieces' merge writes every element of O and the LSE.
-        let mut o = unsafe { device.alloc::<T>(o_layout.len())? };
-        let mut lse = unsafe { device.alloc::<f32>(batch * heads * rows)? };
-        let tensor_guards: Vec<_> = self.tensors().map(|t| t.storage_and_layout()).collect();
-        let args = self.arg_values(&tensor_guards)?;
-        let io = ShardIo { q, k, v, o: (&mut o, o_layout), lse: &mut lse };
-        let opts = ForwardOptions { scale: self.attention.scale(), ..Default::default() };
-        cp.with(|cp| rt.forward_sharded(self.attention.spec(), cp, io, &args, &opts)).map_err(error::flashgen)?;
-        if self.keep_lse {
-            *self.lse.lock().unwrap_or_else(PoisonError::into_inner) = Some(lse);
-        }
-        Ok((CudaStorage::wrap_cuda_slice(o, device), Shape::from((batch, rows, heads, v_dim))))
+        // The pieces' merge writes an LSE whether or not the backward needs it.
+        self.forward_with::<T>(true, |rt, [q, k, v], o, lse, args| {
+            let lse = lse.expect("an LSE was allocated");
+            let io = ShardIo { q, k, v, o, lse };
+            let opts = ForwardOptions { scale: self.attention.scale(), ..Default::default() };
+            cp.with(|cp| rt.forward_sharded(self.attention.spec(), cp, io, args, &opts)).map_err(error::flashgen)
+        })
     }
 
     /// [`Call::backward`] of a sharded call: its rank's share, over NCCL.
@@ -222,6 +210,32 @@ impl Call {
     }
 
     fn forward_as<T: Element + CudaDType>(&self) -> candle_core::Result<(CudaStorage, Shape)> {
+        self.forward_with::<T>(self.keep_lse, |rt, [q, k, v], o, lse, args| {
+            let block_mask = self.build_block_mask(rt, [q.1, k.1], args)?;
+            let io = ForwardIo { q, k, v, o, lse };
+            let opts =
+                ForwardOptions { scale: self.attention.scale(), block_mask: block_mask.as_ref(), ..Default::default() };
+            rt.forward(self.attention.spec(), io, args, &opts).map_err(error::flashgen)?;
+            *self.block_mask.lock().unwrap_or_else(PoisonError::into_inner) = block_mask;
+            Ok(())
+        })
+    }
+
+    /// O from `launch`, given Q, K and V as flashgen reads them, O (compact
+    /// `[batch, q_len, heads, v_dim]`), the LSE where `with_lse` asks for
+    /// one, and the call's args; the LSE is kept for the backward where it
+    /// needs one.
+    fn forward_with<T: Element + CudaDType>(
+        &self,
+        with_lse: bool,
+        launch: impl for<'a> FnOnce(
+            &Runtime,
+            [(&'a dyn flashgen::DeviceInput<T>, Layout); 3],
+            (&'a mut dyn flashgen::DeviceOutput<T>, Layout),
+            Option<&'a mut CudaSlice<f32>>,
+            &[ArgValue<'_>],
+        ) -> candle_core::Result<()>,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
         let device = cuda_device(&self.qkv[0], "Q")?;
         let rt = self.attention.runtime(&device)?;
         let guards = self.qkv.each_ref().map(|t| t.storage_and_layout());
@@ -229,21 +243,18 @@ impl Call {
         let (q, k, v) = (q?, k?, v?);
         let (batch, q_len, heads, v_dim) = (q.1.batch, q.1.seq, q.1.heads, v.1.dim);
         let o_layout = Layout::bshd(batch, q_len, heads, v_dim);
-        // SAFETY: the kernel writes every element of O before anything reads it.
+        // SAFETY: the launch (the kernel, or a sharded call's merge of its
+        // pieces) writes every element of O and the LSE before anything
+        // reads them.
         let mut o = unsafe { device.alloc::<T>(o_layout.len())? };
-        let mut lse = match self.keep_lse {
+        let mut lse = match with_lse {
             true => Some(unsafe { device.alloc::<f32>(batch * heads * q_len)? }),
             false => None,
         };
         let tensor_guards: Vec<_> = self.tensors().map(|t| t.storage_and_layout()).collect();
         let args = self.arg_values(&tensor_guards)?;
-        let block_mask = self.build_block_mask(&rt, [q.1, k.1], &args)?;
-        let io = ForwardIo { q, k, v, o: (&mut o, o_layout), lse: lse.as_mut() };
-        let opts =
-            ForwardOptions { scale: self.attention.scale(), block_mask: block_mask.as_ref(), ..Default::default() };
-        rt.forward(self.attention.spec(), io, &args, &opts).map_err(error::flashgen)?;
-        *self.block_mask.lock().unwrap_or_else(PoisonError::into_inner) = block_mask;
-        *self.lse.lock().unwrap_or_else(PoisonError::into_inner) = lse;
+        launch(&rt, [q, k, v], (&mut o, o_layout), lse.as_mut(), &args)?;
+        *self.lse.lock().unwrap_or_else(PoisonError::into_inner) = if self.keep_lse { lse } else { None };
         Ok((CudaStorage::wrap_cuda_slice(o, device), Shape::from((batch, q_len, heads, v_dim))))
     }
 

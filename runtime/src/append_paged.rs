@@ -7,8 +7,9 @@ use crate::check_paged::{check_append, AppendProblem};
 use crate::element::Element;
 use crate::error::Error;
 use crate::kernels::Which;
+use crate::launch_checks::launch_checked;
 use crate::layout::PackedLayout;
-use crate::marshal::{launch, launch_config, marshal, AppendBindings, Bindings, PagedBindings, VarlenBindings};
+use crate::marshal::{launch_config, marshal, AppendBindings, Bindings, PagedBindings, VarlenBindings};
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::paged::{PagedLayout, PagedShape};
 use crate::runtime::Runtime;
@@ -133,15 +134,12 @@ impl Runtime {
             },
         )?;
 
-        let launching = |e| Error::driver(format!("launching `{}`", kernel.name), e);
-        self.context().check_err().map_err(launching)?;
         // SAFETY: `marshal` followed the kernel's own argument list;
         // `check_append` proved every new row and every cache row the
         // layouts address is inside its buffer, the prefix sums hold batch
         // + 1 entries, the table batch · pages_per_seq, the lengths batch
         // (and the lengths after, where given); the kernel clamps every
         // prefix sum, length and page id into them (`paged.cuh`).
-        unsafe { launch(stream, loaded.function(), &values, grid) }.map_err(launching)?;
-        Ok(())
+        unsafe { launch_checked(self, stream, &loaded, &values, grid) }
     }
 }

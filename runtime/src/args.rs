@@ -83,6 +83,13 @@ impl ArgInfo {
     }
 }
 
+/// The device pointers of the captured tensors among `args`, in order, and
+/// the guards that order a launch after pending work on them and record it
+/// for later work: keep the guards until after the launch.
+pub(crate) fn tensor_ptrs<'s>(args: &'s [ArgValue<'_>], stream: &'s CudaStream) -> (Vec<u64>, Vec<SyncOnDrop<'s>>) {
+    args.iter().filter_map(|a| a.device_ptr(stream)).unzip()
+}
+
 /// Checks `args` against the spec's params and tensors for a launch of `shape`.
 pub(crate) fn check_args(spec: &Spec, shape: &Shape, args: &[ArgInfo]) -> Result<(), Error> {
     let expected = spec.params.len() + spec.tensors.len();

@@ -11,7 +11,7 @@
 //! mode. dQ, dK and dV are deterministic in the deterministic mode; in the
 //! atomic mode dQ's f32 sum order varies between runs.
 
-use crate::args::{bound, ArgInfo, ArgValue};
+use crate::args::{bound, tensor_ptrs, ArgInfo, ArgValue};
 use crate::block_mask::{BlockMask, BuiltFor};
 use crate::check::{check_backward, softmax_scale, Buffer, Grads, Problem};
 use crate::dropout;
@@ -229,8 +229,7 @@ impl Runtime {
         let grad_guards: Vec<_> = d_tensors.iter_mut().map(|t| t.as_mut().map(|t| t.device_ptr_mut(s))).collect();
         let mut tensor_grads: Vec<u64> = grad_guards.iter().map(|g| g.as_ref().map_or(0, |(ptr, _)| *ptr)).collect();
         tensor_grads.resize(spec.tensors.len(), 0);
-        let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(s)).collect();
-        let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
+        let (tensor_ptrs, _tensors) = tensor_ptrs(args, s);
         if let Some(mask) = opts.block_mask {
             mask.built_for.check_launch(&BuiltFor::new(spec, &main, shape, &infos, &tensor_ptrs))?;
         }
@@ -244,24 +243,14 @@ impl Runtime {
         };
         let key_order = key_order.as_ref().map(|order| order.device_ptr(s));
         let bindings = Bindings {
-            shape,
             ptrs: [q_ptr, k_ptr, v_ptr, o_ptr],
             strides: [q.1.strides, k.1.strides, v.1.strides, o.1.strides],
             lse: lse_ptr,
             scale,
-            args: &infos,
-            tensors: &tensor_ptrs,
             block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
-            block_mask_out: 0,
             work_order: key_order.as_ref().map_or(0, |(ptr, _)| *ptr),
-            work_counter: None,
             tensor_maps,
-            kv_box_rows: 0,
             varlen,
-            paged: None,
-            append: None,
-            decode: None,
-            partials: None,
             dropout,
             grads: Some(GradBindings {
                 ptrs: [do_ptr, dq_ptr, dk_ptr, dv_ptr],
@@ -270,6 +259,7 @@ impl Runtime {
                 dq_accum: accum.as_ref().map_or(0, |(ptr, _)| *ptr),
                 tensor_grads: &tensor_grads,
             }),
+            ..Bindings::without_operands(shape, &infos, &tensor_ptrs)
         };
         // Stream waits queued by the guards report failures here, not below.
         self.context().check_err().map_err(|e| Error::driver("ordering the backward launches", e))?;

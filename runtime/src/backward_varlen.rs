@@ -8,13 +8,14 @@
 //! `DqAccum::varlen_len`), in the [`BackwardWorkspace`] or a fresh buffer
 //! as for the dense backward.
 
-use crate::args::{ArgInfo, ArgValue};
+use crate::args::ArgValue;
 use crate::backward::{check_tensor_grads, BackwardIo, BackwardOptions, Launch};
-use crate::check::{softmax_scale, Buffer, Grads, Problem};
+use crate::check::{Buffer, Grads, Problem};
 use crate::check_varlen::{check_varlen_backward, VarlenProblem};
 use crate::element::Element;
-use crate::error::{Error, RaggedError};
+use crate::error::Error;
 use crate::forward_varlen::Sequences;
+use crate::launch_checks::check_ragged_options;
 use crate::layout::PackedLayout;
 use crate::marshal::VarlenBindings;
 use crate::operand::{DeviceInput, DeviceOutput};
@@ -67,12 +68,8 @@ impl Runtime {
         args: &[ArgValue<'_>],
         opts: &BackwardOptions<'_>,
     ) -> Result<(), Error> {
-        let scale = softmax_scale(spec, opts.scale)?;
-        crate::dropout::refuse(opts.dropout, "varlen")?;
-        if opts.block_mask.is_some() {
-            return Err(Error::Ragged(RaggedError::VarlenBlockMask));
-        }
-        let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
+        let options = (opts.scale, opts.dropout, opts.block_mask.is_some());
+        let (scale, infos) = check_ragged_options(spec, "varlen", options, args)?;
         let VarlenBackwardIo { q, k, v, o, lse, d_o, dq, dk, dv, d_tensors, seqs } = io;
         let [q_l, k_l, v_l, o_l, do_l, dq_l, dk_l, dv_l] =
             [q.1, k.1, v.1, o.1, d_o.1, dq.1, dk.1, dv.1].map(|l| l.as_layout());

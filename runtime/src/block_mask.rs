@@ -8,7 +8,7 @@
 //! ids) or floats is only bounded by evaluating it, which is what the
 //! block-mask kernel does, one thread block per tile.
 
-use crate::args::{ArgInfo, ArgValue};
+use crate::args::{tensor_ptrs, ArgInfo, ArgValue};
 use crate::check::{check_shape, MAX_GRID_YZ};
 use crate::error::Error;
 use crate::kernels::{LoadedKernel, Which};
@@ -172,8 +172,7 @@ impl Runtime {
             .stream()
             .alloc_zeros::<u8>((slices * tiles).max(1))
             .map_err(|e| Error::driver("allocating a block mask", e))?;
-        let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(stream)).collect();
-        let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
+        let (tensor_ptrs, _tensors) = tensor_ptrs(args, stream);
         let built_for = BuiltFor::new(spec, &loaded, shape, &infos, &tensor_ptrs);
         if tiles > 0 && shape.batch > 0 {
             let (out, _guard) = classes.device_ptr_mut(stream);

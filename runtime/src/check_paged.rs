@@ -249,19 +249,11 @@ pub(crate) fn check_caches(spec: &Spec, kv: &PagedShape) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    // The varlen checks' fixtures: the paged forward's queries are packed alike.
+    use crate::check_varlen::tests::{buffer, spec};
     use crate::layout::PackedLayout;
     use crate::paged::PagedLayout;
-    use flashgen_codegen::{parse_one, ElemTy};
-
-    /// Per-sequence tensors are `[B, max_len]`.
-    fn spec() -> Spec {
-        parse_one("G { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }").unwrap()
-    }
-
-    fn buffer(layout: PackedLayout) -> Buffer {
-        let layout = layout.as_layout();
-        Buffer { layout, len: layout.len() }
-    }
+    use flashgen_codegen::ElemTy;
 
     /// K and V caches of `layout`, each in a buffer of its own exact size.
     fn caches(layout: PagedLayout) -> [(PagedLayout, usize); 2] {

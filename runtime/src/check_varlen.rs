@@ -108,18 +108,19 @@ fn check_varlen_lse(p: &VarlenProblem, checked: &VarlenShape) -> Result<(), Erro
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::check::Buffer;
     use crate::layout::PackedLayout;
     use flashgen_codegen::{parse_one, Dtype, ElemTy};
 
     /// Per-sequence tensors are `[B, max_len]`.
-    fn spec() -> Spec {
+    pub(crate) fn spec() -> Spec {
         parse_one("G { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }").unwrap()
     }
 
-    fn buffer(layout: PackedLayout) -> Buffer {
+    /// A buffer that holds `layout` exactly.
+    pub(crate) fn buffer(layout: PackedLayout) -> Buffer {
         let layout = layout.as_layout();
         Buffer { layout, len: layout.len() }
     }

@@ -2,20 +2,21 @@
 //! configuration: what [`Runtime::forward`] queues once and autotuning
 //! times per candidate.
 
-use crate::args::{ArgInfo, ArgValue};
+use crate::args::{tensor_ptrs, ArgInfo, ArgValue};
 use crate::block_mask::{BlockMask, BuiltFor};
 use crate::check::{check_forward, softmax_scale, Problem};
 use crate::dropout;
 use crate::element::Element;
 use crate::error::Error;
 use crate::kernels::Which;
+use crate::launch_checks::launch_checked;
 use crate::layout::Layout;
-use crate::marshal::{launch, launch_config, marshal, Bindings};
+use crate::marshal::{launch_config, marshal, Bindings};
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use crate::tma::{self, TensorMap};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::abi::{ArgKind, Grid, Operand};
+use flashgen_codegen::abi::{ArgKind, Operand};
 use flashgen_codegen::cuda::{TileConfig, Work};
 use flashgen_codegen::{to_source, Dropout, Shape, Spec};
 
@@ -136,8 +137,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         let grid = launch_config(kernel, &shape, 1, rt.sm_count())?;
         // The checks put params first, so the tensors are exactly the
         // arguments with device pointers, in declaration order.
-        let tensors: Vec<_> = self.args.iter().filter_map(|a| a.device_ptr(stream)).collect();
-        let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
+        let (tensor_ptrs, _tensors) = tensor_ptrs(self.args, stream);
         if let Some(mask) = opts.block_mask {
             mask.built_for.check_launch(&BuiltFor::new(spec, &loaded, shape, infos, &tensor_ptrs))?;
         }
@@ -150,44 +150,30 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
             _ => None,
         };
         let item_order = item_order.as_ref().map(|order| order.device_ptr(stream));
-        let work_counter = matches!(kernel.grid, Grid::Persistent { .. }).then(|| rt.work_counter().device_ptr(stream));
+        let work_counter = rt.work_counter_for(kernel, stream);
         let values = marshal(
             kernel,
             &Bindings {
-                shape,
                 ptrs: [q_ptr, k_ptr, v_ptr, o_ptr],
                 strides: [q_layout.strides, k_layout.strides, v_layout.strides, o_layout.strides],
                 lse: lse.as_ref().map_or(0, |(ptr, _)| *ptr),
                 scale: self.scale,
-                args: infos,
-                tensors: &tensor_ptrs,
                 block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
-                block_mask_out: 0,
                 work_order: item_order.as_ref().map_or(0, |(ptr, _)| *ptr),
-                grads: None,
                 work_counter: work_counter.as_ref().map(|(ptr, _)| *ptr),
                 tensor_maps,
-                kv_box_rows: 0,
-                varlen: None,
-                paged: None,
-                append: None,
-                decode: None,
-                partials: None,
                 dropout: self.dropout,
+                ..Bindings::without_operands(shape, infos, &tensor_ptrs)
             },
         )?;
 
-        let launching = |e| Error::driver(format!("launching `{}`", kernel.name), e);
-        // Stream waits queued by the guards report failures here, not above.
-        rt.context().check_err().map_err(launching)?;
         // SAFETY: `marshal` followed the kernel's own argument list, so the
         // values match its parameters in order and type, and `check_forward`
         // proved every element they let the kernel address is inside the
         // buffer it belongs to; a block mask was built for this very shape
         // and the mask tile every candidate configuration reads, so it holds
         // a byte for every tile the grid reads.
-        unsafe { launch(stream, loaded.function(), &values, grid) }.map_err(launching)?;
-        Ok(())
+        unsafe { launch_checked(rt, stream, &loaded, &values, grid) }
     }
 }
 

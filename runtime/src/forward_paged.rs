@@ -6,21 +6,21 @@
 //! bottom-right (`q + kv_len - q_len >= k`) aligns a chunk's queries with
 //! the last of its keys.
 
-use crate::args::{ArgInfo, ArgValue};
-use crate::check::{softmax_scale, Buffer};
+use crate::args::{tensor_ptrs, ArgValue};
+use crate::check::Buffer;
 use crate::check_paged::{check_paged, PagedProblem};
 use crate::element::Element;
-use crate::error::{Error, RaggedError};
+use crate::error::Error;
 use crate::forward_launch::ForwardOptions;
 use crate::kernels::Which;
+use crate::launch_checks::{check_ragged_options, launch_checked};
 use crate::layout::PackedLayout;
-use crate::marshal::{launch, launch_config, marshal, Bindings, PagedBindings, VarlenBindings};
+use crate::marshal::{launch_config, marshal, Bindings, PagedBindings, VarlenBindings};
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::paged::PagedKv;
 use crate::runtime::Runtime;
 use crate::tma::{kv_boxes, paged_box_rows};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::abi::Grid;
+use cudarc::driver::{CudaSlice, DevicePtrMut};
 use flashgen_codegen::{to_source, Spec};
 
 /// The operands of one paged forward pass. Q and O are `[tokens, heads,
@@ -81,12 +81,8 @@ impl Runtime {
         args: &[ArgValue<'_>],
         opts: &ForwardOptions<'_>,
     ) -> Result<(), Error> {
-        let scale = softmax_scale(spec, opts.scale)?;
-        crate::dropout::refuse(opts.dropout, "paged")?;
-        if opts.block_mask.is_some() {
-            return Err(Error::Ragged(RaggedError::VarlenBlockMask));
-        }
-        let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
+        let options = (opts.scale, opts.dropout, opts.block_mask.is_some());
+        let (scale, infos) = check_ragged_options(spec, "paged", options, args)?;
         let PagedIo { q, o, lse, queries, kv } = io;
         let [q_layout, o_layout] = [q.1, o.1].map(|l| l.as_layout());
         let problem = PagedProblem {
@@ -104,10 +100,7 @@ impl Runtime {
         let Some(checked) = check_paged(spec, &problem, &infos)? else {
             return Ok(());
         };
-        let config = match opts.config {
-            Some(config) => self.candidate(spec, config)?,
-            None => crate::tile_choice::preferred_for(spec, self.target(), kv.max_kv_len),
-        };
+        let config = self.ragged_config(spec, opts.config, kv.max_kv_len)?;
         let loaded = self.load_keyed(spec, &to_source(spec), Which::ForwardPaged(config))?;
         let kernel = loaded.kernel();
         let grid = launch_config(kernel, &checked.shape, 1, self.sm_count())?;
@@ -126,10 +119,8 @@ impl Runtime {
         let (table, _table) = kv.block_table.device_ptr(stream);
         let (kv_lens, _kv_lens) = kv.kv_lens.device_ptr(stream);
         let lse = lse.map(|l| l.device_ptr_mut(stream));
-        let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(stream)).collect();
-        let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
-        let work_counter =
-            matches!(kernel.grid, Grid::Persistent { .. }).then(|| self.work_counter().device_ptr(stream));
+        let (tensor_ptrs, _tensors) = tensor_ptrs(args, stream);
+        let work_counter = self.work_counter_for(kernel, stream);
         let layouts = [q_layout, kv.k.1.as_layout(), kv.v.1.as_layout(), o_layout];
         let cache = kv.k.1;
         let caches = [(k_ptr, &layouts[1]), (v_ptr, &layouts[2])];
@@ -162,16 +153,12 @@ impl Runtime {
             },
         )?;
 
-        let launching = |e| Error::driver(format!("launching `{}`", kernel.name), e);
-        // Stream waits queued by the guards report failures here, not above.
-        self.context().check_err().map_err(launching)?;
         // SAFETY: `marshal` followed the kernel's own argument list, so the
         // values match its parameters in order and type; `check_paged`
         // proved every row of the caches and every token of Q and O the
         // layouts address is inside its buffer, the block table holds batch
         // · pages_per_seq entries and kv_lens batch, and the kernel clamps
         // every length, page id and query span into them (`paged.cuh`).
-        unsafe { launch(stream, loaded.function(), &values, grid) }.map_err(launching)?;
-        Ok(())
+        unsafe { launch_checked(self, stream, &loaded, &values, grid) }
     }
 }

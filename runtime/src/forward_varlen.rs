@@ -2,20 +2,20 @@
 //! hold the tokens of all sequences back to back, split into sequences by
 //! prefix sums on the device.
 
-use crate::args::{ArgInfo, ArgValue};
-use crate::check::{softmax_scale, Problem};
+use crate::args::{tensor_ptrs, ArgValue};
+use crate::check::Problem;
 use crate::check_varlen::{check_varlen, VarlenProblem};
 use crate::element::Element;
-use crate::error::{Error, RaggedError};
+use crate::error::Error;
 use crate::forward_launch::ForwardOptions;
 use crate::kernels::Which;
+use crate::launch_checks::{check_ragged_options, launch_checked};
 use crate::layout::PackedLayout;
-use crate::marshal::{launch, launch_config, marshal, Bindings, VarlenBindings};
+use crate::marshal::{launch_config, marshal, Bindings, VarlenBindings};
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use crate::tma::kv_boxes;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::abi::Grid;
+use cudarc::driver::{CudaSlice, DevicePtrMut};
 use flashgen_codegen::{to_source, Spec};
 
 /// The operands of one varlen forward pass. O and the optional row
@@ -75,12 +75,8 @@ impl Runtime {
         args: &[ArgValue<'_>],
         opts: &ForwardOptions<'_>,
     ) -> Result<(), Error> {
-        let scale = softmax_scale(spec, opts.scale)?;
-        crate::dropout::refuse(opts.dropout, "varlen")?;
-        if opts.block_mask.is_some() {
-            return Err(Error::Ragged(RaggedError::VarlenBlockMask));
-        }
-        let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
+        let options = (opts.scale, opts.dropout, opts.block_mask.is_some());
+        let (scale, infos) = check_ragged_options(spec, "varlen", options, args)?;
         let VarlenIo { q, k, v, o, lse, seqs } = io;
         let layouts = [q.1, k.1, v.1, o.1].map(|l| l.as_layout());
         let lens = [q.0.len(), k.0.len(), v.0.len(), o.0.len()];
@@ -97,10 +93,7 @@ impl Runtime {
         let Some(checked) = check_varlen(spec, &problem, &infos)? else {
             return Ok(());
         };
-        let config = match opts.config {
-            Some(config) => self.candidate(spec, config)?,
-            None => crate::tile_choice::preferred_for(spec, self.target(), seqs.max_kv_len),
-        };
+        let config = self.ragged_config(spec, opts.config, seqs.max_kv_len)?;
         let loaded = self.load_keyed(spec, &to_source(spec), Which::ForwardVarlen(config))?;
         let kernel = loaded.kernel();
         let grid = launch_config(kernel, &checked.shape, 1, self.sm_count())?;
@@ -115,10 +108,8 @@ impl Runtime {
         let (cu_q, _cu_q) = seqs.cu_seqlens_q.device_ptr(stream);
         let (cu_k, _cu_k) = seqs.cu_seqlens_k.device_ptr(stream);
         let lse = lse.map(|l| l.device_ptr_mut(stream));
-        let tensors: Vec<_> = args.iter().filter_map(|a| a.device_ptr(stream)).collect();
-        let tensor_ptrs: Vec<u64> = tensors.iter().map(|(ptr, _)| *ptr).collect();
-        let work_counter =
-            matches!(kernel.grid, Grid::Persistent { .. }).then(|| self.work_counter().device_ptr(stream));
+        let (tensor_ptrs, _tensors) = tensor_ptrs(args, stream);
+        let work_counter = self.work_counter_for(kernel, stream);
         // A warp-specialized kernel copies a tile inside its sequence as one box.
         let caches = [(k_ptr, &layouts[1]), (v_ptr, &layouts[2])];
         let (tensor_maps, kv_box_rows) = kv_boxes(kernel, caches, config.block_n, spec.dtype, self.tma);
@@ -138,15 +129,11 @@ impl Runtime {
             },
         )?;
 
-        let launching = |e| Error::driver(format!("launching `{}`", kernel.name), e);
-        // Stream waits queued by the guards report failures here, not above.
-        self.context().check_err().map_err(launching)?;
         // SAFETY: `marshal` followed the kernel's own argument list, so the
         // values match its parameters in order and type; `check_varlen`
         // proved every token the layouts address is inside its buffer, the
         // prefix sums hold batch + 1 entries, and the kernel clamps every
         // sequence they describe into the tokens (`seq_span`).
-        unsafe { launch(stream, loaded.function(), &values, grid) }.map_err(launching)?;
-        Ok(())
+        unsafe { launch_checked(self, stream, &loaded, &values, grid) }
     }
 }

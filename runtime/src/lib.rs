@@ -102,6 +102,7 @@ mod forward;
 mod forward_launch;
 mod forward_paged;
 mod forward_varlen;
+mod launch_checks;
 mod partials;
 mod runtime;
 

@@ -133,9 +133,9 @@ pub(crate) struct AppendBindings {
 }
 
 impl<'a> Bindings<'a> {
-    /// For the kernels of a block mask (building one, ordering work under
-    /// one): sizes, params and tensors, no operands; the caller sets the
-    /// mask's addresses.
+    /// Sizes, params and tensors with every other binding empty (no
+    /// operands): what a block mask's kernels (building one, ordering work
+    /// under one) take, and the base every launch sets its own bindings on.
     pub fn without_operands(shape: Shape, args: &'a [ArgInfo], tensors: &'a [u64]) -> Bindings<'a> {
         Bindings {
             shape,

@@ -55,9 +55,6 @@ impl OperandLayout {
     }
 }
 
-/// Draws an attention problem for `spec`: Q/K/V ~ N(0, 1) rounded to the
-/// spec's dtype; captured tensors not given in `tensors` filled with
-/// plausible random values (sorted small ids for i32, as document ids are;
 /// Median milliseconds (CUDA events) of `launch` after `warmup`
 /// unmeasured runs, each run after `flush_bytes` of zeros written (a cold
 /// L2, as [`DeviceProblem::flush_l2`] gives the dense launches).
@@ -72,6 +69,9 @@ pub(crate) fn cold_median_ms(
     median_ms_after(stream, warmup, iters, zero, launch)
 }
 
+/// Draws an attention problem for `spec`: Q/K/V ~ N(0, 1) rounded to the
+/// spec's dtype; captured tensors not given in `tensors` filled with
+/// plausible random values (sorted small ids for i32, as document ids are;
 /// uniform [0, 1) for floats, rounded to their storage type).
 pub fn random_problem(
     spec: &Spec,
@@ -528,9 +528,9 @@ impl DeviceProblem {
         (d_out, tensor_grads): (&[f64], bool),
         opts: &BackwardOptions<'_>,
     ) -> Result<GpuGradients, Error> {
-        let mut grads = grad_buffers::<T>(&self.stream, spec, problem.shape, self.layouts, d_out, tensor_grads)?;
-        self.queue_backward(rt, spec, problem, ops, &mut grads, opts)?;
-        download_gradients(&self.stream, spec, problem.shape, self.layouts, &grads)
+        gradients_of::<T>(&self.stream, spec, problem.shape, self.layouts, (d_out, tensor_grads), |grads| {
+            self.queue_backward(rt, spec, problem, ops, grads, opts)
+        })
     }
 
     /// Queues the backward kernels into `grads` without waiting.
@@ -543,21 +543,50 @@ impl DeviceProblem {
         grads: &mut GradBuffers<T>,
         opts: &BackwardOptions<'_>,
     ) -> Result<(), Error> {
-        let [lq, lk, lv, lo] = self.layouts;
-        let io = BackwardIo {
-            q: (q, lq),
-            k: (k, lk),
-            v: (v, lv),
-            o: (o, lo),
-            lse: &self.lse,
+        let io = backward_io!(BackwardIo, [q, k, v, o], &self.lse, grads, self.layouts);
+        rt.backward(spec, io, &launch_args(&self.tensors, problem), opts)
+    }
+}
+
+/// A backward launch's operands, `$io` (`BackwardIo` or `VarlenBackwardIo`):
+/// the forward's Q, K, V, O and LSE with the gradient buffers `$grads`, in
+/// `$layouts` (Q's, K's, V's, O's; dO as O, each gradient as its input),
+/// then `$field: $value`, the struct's own further fields.
+macro_rules! backward_io {
+    ($io:ident, [$q:ident, $k:ident, $v:ident, $o:ident], $lse:expr, $grads:expr, $layouts:expr $(, $field:ident: $value:expr)*) => {{
+        let [lq, lk, lv, lo] = $layouts;
+        let grads: &mut GradBuffers<_> = $grads;
+        $io {
+            q: ($q, lq),
+            k: ($k, lk),
+            v: ($v, lv),
+            o: ($o, lo),
+            lse: $lse,
             d_o: (&grads.d_o, lo),
             dq: (&mut grads.dq, lq),
             dk: (&mut grads.dk, lk),
             dv: (&mut grads.dv, lv),
             d_tensors: grads.tensors.iter_mut().map(Option::as_mut).collect(),
-        };
-        rt.backward(spec, io, &launch_args(&self.tensors, problem), opts)
-    }
+            $($field: $value,)*
+        }
+    }};
+}
+pub(crate) use backward_io;
+
+/// Gradient buffers made by [`grad_buffers`], filled by `queue` (which
+/// queues the backward kernels into them) and read back by
+/// [`download_gradients`].
+fn gradients_of<T: Storage>(
+    s: &Arc<CudaStream>,
+    spec: &Spec,
+    shape: Shape,
+    layouts: [Layout; 4],
+    (d_out, tensor_grads): (&[f64], bool),
+    queue: impl FnOnce(&mut GradBuffers<T>) -> Result<(), Error>,
+) -> Result<GpuGradients, Error> {
+    let mut grads = grad_buffers::<T>(s, spec, shape, layouts, d_out, tensor_grads)?;
+    queue(&mut grads)?;
+    download_gradients(s, spec, shape, layouts, &grads)
 }
 
 /// dO uploaded as laid out in `layouts[3]` (O's); dQ, dK, dV and (with

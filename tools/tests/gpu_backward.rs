@@ -20,7 +20,7 @@ use flashgen::runtime::KernelSet;
 use flashgen::{BackwardWorkspace, Error, Runtime};
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::{self, DeviceProblem, GpuGradients, OperandLayout};
-use support::backward::judge_all;
+use support::backward::{same_on_a_second_run, GpuRuns};
 use support::{language_spec, params, runtime, spec, with};
 
 #[derive(Clone, Copy)]
@@ -50,8 +50,7 @@ impl Case {
 /// dQ accumulator would fail the check); the deterministic mode's second run
 /// allocates its own and must match bit for bit.
 fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
-    let mut runs = Vec::new();
-    let mut failures = Vec::new();
+    let mut runs = GpuRuns::new();
     let workspace = BackwardWorkspace::default();
     for (spec, case) in cases {
         let shape = Shape {
@@ -88,28 +87,15 @@ fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
                 gpu.backward(rt, &spec, &problem, &d_out, case.deterministic, case.tensor_grads, Some(&workspace))?;
             if case.deterministic {
                 let again = gpu.backward(rt, &spec, &problem, &d_out, true, case.tensor_grads, None)?;
-                let same = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-                if !(same(&grads.dq, &again.dq) && same(&grads.dk, &again.dk) && same(&grads.dv, &again.dv)) {
-                    return Err(Error::KernelAbi {
-                        kernel: spec.name.clone(),
-                        problem: "deterministic mode gave different dQ/dK/dV on a second run".into(),
-                    });
-                }
+                same_on_a_second_run(&spec, &grads, &again)?;
             }
             Ok(grads)
         })();
-        match gpu {
-            Ok(grads) => runs.push((spec, problem, d_out, grads, row)),
-            Err(e) => {
-                println!("ERROR  {row}  {e}");
-                failures.push(row);
-            }
-        }
+        runs.record(row, gpu, |grads| (spec, problem, d_out, grads));
     }
-    let check = |(spec, problem, d_out, grads, _): &(Spec, _, Vec<f64>, GpuGradients, String)| {
+    runs.judge(|(spec, problem, d_out, grads)| {
         verify::check_backward(spec, problem, d_out, grads).map_err(|e| e.to_string())
-    };
-    judge_all(&runs, |run| run.4.clone(), check, failures);
+    });
 }
 
 /// Every example variant (trainable tensors included: ALiBi slopes, the

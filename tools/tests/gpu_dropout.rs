@@ -19,7 +19,7 @@ use flashgen::codegen::{Dropout, Dtype, Shape, Spec};
 use flashgen::runtime::{config_name, tile_choice};
 use flashgen::{Error, Runtime};
 use flashgen_tools::verify::{self, DeviceProblem, Expected, GpuGradients, OperandLayout};
-use support::backward::judge_all;
+use support::backward::{forward_then_backward, GpuRuns};
 use support::forward::{Case, Table};
 use support::{params, runtime, spec, with};
 
@@ -90,11 +90,10 @@ fn forward_matches_the_reference_with_the_same_mask() {
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn backward_matches_the_reference_with_the_same_mask() {
     let rt = runtime();
-    let mut runs = Vec::new();
-    let mut failures = Vec::new();
+    let mut runs = GpuRuns::new();
     for spec in dropout_specs() {
         for (heads, seqs, deterministic) in [((3, 3), (113, 203), false), ((4, 2), (300, 517), true)] {
-            let shape = Shape { batch: 2, heads: heads.0, heads_kv: heads.1, q_len: seqs.0, kv_len: seqs.1 };
+            let shape = Case::new(heads, seqs).shape();
             let seed: u64 = rand::random();
             let problem = verify::random_problem(&spec, shape, params(&spec), vec![], None, seed);
             let d_out = verify::random_d_out(&spec, shape, seed);
@@ -105,26 +104,13 @@ fn backward_matches_the_reference_with_the_same_mask() {
                 spec.dtype.name(),
                 spec.head_dims.qk
             );
-            let gpu = (|| -> Result<GpuGradients, Error> {
-                let mut gpu = DeviceProblem::upload(&rt, &spec, &problem, OperandLayout::Bshd)?;
-                gpu.set_dropout(Some(dropout));
-                gpu.launch(&rt, &spec, &problem)?;
-                gpu.backward(&rt, &spec, &problem, &d_out, deterministic, true, None)
-            })();
-            match gpu {
-                Ok(grads) => runs.push((spec.clone(), problem, d_out, grads, row, dropout)),
-                Err(e) => {
-                    println!("ERROR  {row}  {e}");
-                    failures.push(row);
-                }
-            }
+            let gpu = forward_then_backward(&rt, &spec, &problem, &d_out, deterministic, Some(dropout));
+            runs.record(row, gpu, |grads| (spec.clone(), problem, d_out, grads, dropout));
         }
     }
-    let check =
-        |(spec, problem, d_out, grads, _, dropout): &(Spec, Problem, Vec<f64>, GpuGradients, String, Dropout)| {
-            verify::check_backward_dropout(spec, problem, d_out, grads, Some(*dropout)).map_err(|e| e.to_string())
-        };
-    judge_all(&runs, |run| run.4.clone(), check, failures);
+    runs.judge(|(spec, problem, d_out, grads, dropout)| {
+        verify::check_backward_dropout(spec, problem, d_out, grads, Some(*dropout)).map_err(|e| e.to_string())
+    });
 }
 
 /// A problem whose O is the kept mask: Q = 0 makes every P = 1 / kv_len,

@@ -11,28 +11,13 @@ mod support;
 
 use flashgen::codegen::reference::ParamValue;
 use flashgen::codegen::{Builtin, Dtype, Shape, Spec};
-use flashgen::runtime::config_name;
-use flashgen::{Error, Runtime};
+use flashgen::Error;
 use flashgen_tools::examples::SPECS;
-use flashgen_tools::verify::{self, DeviceProblem, Expected, OperandLayout};
-use support::forward::{run_once, Case, Table};
+use flashgen_tools::verify::{self, DeviceProblem, OperandLayout};
+use support::forward::{in_every_configuration, run_all, Case};
 use support::{language_spec, params, runtime, spec, with};
 
 const SEQLEN_PAIRS: [(usize, usize); 3] = [(113, 203), (128, 217), (1024, 1023)];
-
-/// Runs every (spec, case) pair, prints a table and fails if any row failed.
-fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
-    let mut table = Table::default();
-    for (spec, case) in cases {
-        let seed: u64 = rand::random();
-        let problem = verify::random_problem(&spec, case.shape(), params(&spec), vec![], None, seed);
-        let outcome = Expected::new(&spec, &problem).map_err(|e| e.to_string()).and_then(|expected| {
-            run_once(rt, &spec, &problem, case.layout, None, false, &expected).map_err(|e| e.to_string())
-        });
-        table.record(case.row(&spec, seed), outcome);
-    }
-    table.finish();
-}
 
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
@@ -120,27 +105,7 @@ fn persistent_ctas_walk_many_items() {
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn language_features_in_every_configuration() {
-    use flashgen::runtime::tile_choice;
-    let rt = runtime();
-    let spec = language_spec();
-    let mut table = Table::default();
-    for (heads, seqs) in [((4, 4), (113, 203)), ((4, 2), (1024, 1023)), ((2, 1), (300, 2100))] {
-        let case = Case::new(heads, seqs);
-        let seed: u64 = rand::random();
-        let problem = verify::random_problem(&spec, case.shape(), params(&spec), vec![], None, seed);
-        let expected = Expected::new(&spec, &problem).unwrap();
-        for config in tile_choice::candidates(&spec, rt.target()) {
-            for block_mask in [false, true] {
-                let row = format!("{} {} block mask {block_mask}", case.row(&spec, seed), config_name(config));
-                table.record(
-                    row,
-                    run_once(&rt, &spec, &problem, case.layout, Some(config), block_mask, &expected)
-                        .map_err(|e| e.to_string()),
-                );
-            }
-        }
-    }
-    table.finish();
+    in_every_configuration(&runtime(), vec![language_spec()]);
 }
 
 /// q_len > kv_len with a bottom-right causal mask leaves the first rows with

@@ -17,7 +17,7 @@ use flashgen::codegen::{Dtype, Spec};
 use flashgen::half::bf16;
 use flashgen::runtime::tile_choice;
 use flashgen::runtime::RaggedError;
-use flashgen::{Error, PackedLayout, PagedIo, PagedKv, PagedLayout, PagedQueries, Runtime};
+use flashgen::{Error, PagedIo, PagedKv, PagedLayout, PagedQueries, Runtime};
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::paged::{hold_back, into_pages, DevicePaged, Queries};
 use flashgen_tools::verify::varlen::random_varlen_problem;
@@ -25,6 +25,7 @@ use flashgen_tools::verify::{Expected, Report};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use support::forward::Table;
+use support::packed::rejected_buffers;
 use support::{heads_of, params, runtime, spec, with};
 
 /// One paged case: a spec, its heads, its sequences' (queries, keys), the
@@ -73,10 +74,8 @@ fn run_all(rt: &Runtime, cases: Vec<Case>) {
     for case in cases {
         let seed: u64 = rand::random();
         let problem = case.problem(seed);
-        let outcome = Expected::paged(&case.spec, &problem)
-            .map_err(|e| e.to_string())
-            .and_then(|expected| run_once(rt, &case, &problem, &expected).map_err(|e| e.to_string()));
-        table.record(case.row(seed), outcome);
+        let expected = Expected::paged(&case.spec, &problem);
+        table.judge(case.row(seed), expected, |expected| run_once(rt, &case, &problem, expected));
     }
     table.finish();
 }
@@ -270,9 +269,7 @@ fn bad_launches_are_rejected() {
     let rt = runtime();
     let spec = spec("causal");
     let stream = rt.stream();
-    let q_layout = PackedLayout::thd(100, 2, 128);
-    let q = stream.alloc_zeros::<bf16>(q_layout.as_layout().len()).unwrap();
-    let mut o = stream.alloc_zeros::<bf16>(q_layout.as_layout().len()).unwrap();
+    let (q_layout, q, mut o) = rejected_buffers(&rt);
     let cache = PagedLayout::contiguous(10, 16, 2, 128);
     let k = stream.alloc_zeros::<bf16>(cache.as_layout().len()).unwrap();
     let cu = stream.clone_htod(&[0i32, 50, 100]).unwrap();

@@ -12,13 +12,12 @@
 
 mod support;
 
-use flashgen::codegen::{Dtype, Shape, Spec};
-use flashgen::runtime::{config_name, tile_choice, DecodeOptions, DecodeShape};
-use flashgen::{Error, Runtime};
+use flashgen::codegen::{Dtype, Spec};
+use flashgen::runtime::{DecodeOptions, DecodeShape};
 use flashgen_tools::verify::decode::{random_decode_problem, DeviceDecode};
-use flashgen_tools::verify::{self, DeviceProblem, Expected, GpuGradients, OperandLayout};
-use support::backward::judge_all;
-use support::forward::{run_once, Case, Table};
+use flashgen_tools::verify::{self, Expected, OperandLayout};
+use support::backward::{forward_then_backward, GpuRuns};
+use support::forward::{in_every_configuration, run_all, Case, Table};
 use support::{params, runtime, spec, with};
 
 /// Sinks from −4 to 8 (the tensor's values are uniform in [0, 1)), against
@@ -58,61 +57,32 @@ fn sink_specs() -> Vec<Spec> {
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn forward_in_every_configuration() {
-    let rt = runtime();
-    let mut table = Table::default();
-    for spec in sink_specs() {
-        for (heads, seqs) in [((4, 4), (113, 203)), ((4, 2), (1024, 1023)), ((2, 1), (300, 2100))] {
-            let case = Case::new(heads, seqs);
-            let seed: u64 = rand::random();
-            let problem = verify::random_problem(&spec, case.shape(), params(&spec), vec![], None, seed);
-            let expected = Expected::new(&spec, &problem).unwrap();
-            for config in tile_choice::candidates(&spec, rt.target()) {
-                for block_mask in [false, true] {
-                    let row = format!("{} {} block mask {block_mask}", case.row(&spec, seed), config_name(config));
-                    let outcome = run_once(&rt, &spec, &problem, case.layout, Some(config), block_mask, &expected);
-                    table.record(row, outcome.map_err(|e| e.to_string()));
-                }
-            }
-        }
-    }
-    table.finish();
+    in_every_configuration(&runtime(), sink_specs());
 }
 
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn backward_trains_the_sink() {
     let rt = runtime();
-    let mut runs = Vec::new();
-    let mut failures = Vec::new();
+    let mut runs = GpuRuns::new();
     for spec in sink_specs() {
         for (heads, seqs, deterministic) in [((3, 3), (113, 203), false), ((4, 2), (1024, 1023), true)] {
-            let shape = Shape { batch: 2, heads: heads.0, heads_kv: heads.1, q_len: seqs.0, kv_len: seqs.1 };
+            let shape = Case::new(heads, seqs).shape();
             let seed: u64 = rand::random();
             let problem = verify::random_problem(&spec, shape, params(&spec), vec![], None, seed);
             let d_out = verify::random_d_out(&spec, shape, seed);
             let row = format!("{:<14} {shape:?} deterministic {deterministic} seed {seed}", spec.name);
-            let gpu = (|| -> Result<GpuGradients, Error> {
-                let mut gpu = DeviceProblem::upload(&rt, &spec, &problem, OperandLayout::Bshd)?;
-                gpu.launch(&rt, &spec, &problem)?;
-                gpu.backward(&rt, &spec, &problem, &d_out, deterministic, true, None)
-            })();
-            match gpu {
-                Ok(grads) => runs.push((spec.clone(), problem, d_out, grads, row)),
-                Err(e) => {
-                    println!("ERROR  {row}  {e}");
-                    failures.push(row);
-                }
-            }
+            let gpu = forward_then_backward(&rt, &spec, &problem, &d_out, deterministic, None);
+            runs.record(row, gpu, |grads| (spec.clone(), problem, d_out, grads));
         }
     }
-    let check = |(spec, problem, d_out, grads, _): &(Spec, _, Vec<f64>, GpuGradients, String)| {
+    runs.judge(|(spec, problem, d_out, grads)| {
         let report = verify::check_backward(spec, problem, d_out, grads).map_err(|e| e.to_string())?;
         match report.d_tensors.iter().any(|(t, _)| t == "sinks" || t == "w") {
             true => Ok(report),
             false => Err("no sink tensor gradient was judged".into()),
         }
-    };
-    judge_all(&runs, |run| run.4.clone(), check, failures);
+    });
 }
 
 #[test]
@@ -153,16 +123,6 @@ fn decode_counts_the_sink_once_across_splits() {
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn forward_as_the_runtime_chooses() {
-    let rt: Runtime = runtime();
-    let mut table = Table::default();
-    for spec in sink_specs() {
-        let case = Case { batch: 4, heads: (16, 4), seqs: (520, 700), layout: OperandLayout::Bshd };
-        let seed: u64 = rand::random();
-        let problem = verify::random_problem(&spec, case.shape(), params(&spec), vec![], None, seed);
-        let outcome = Expected::new(&spec, &problem).map_err(|e| e.to_string()).and_then(|expected| {
-            run_once(&rt, &spec, &problem, case.layout, None, false, &expected).map_err(|e| e.to_string())
-        });
-        table.record(case.row(&spec, seed), outcome);
-    }
-    table.finish();
+    let case = || Case { batch: 4, heads: (16, 4), seqs: (520, 700), layout: OperandLayout::Bshd };
+    run_all(&runtime(), sink_specs().into_iter().map(|spec| (spec, case())).collect());
 }

@@ -12,16 +12,15 @@ use flashgen::codegen::cuda::{Mma, TileConfig};
 use flashgen::codegen::reference::VarlenProblem;
 use flashgen::codegen::varlen::seq_span;
 use flashgen::codegen::{Dtype, Spec};
-use flashgen::half::bf16;
 use flashgen::runtime::tile_choice;
 use flashgen::runtime::RaggedError;
 use flashgen::{Error, ForwardOptions, PackedLayout, Runtime, Sequences, VarlenIo};
-use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::varlen::{random_varlen_problem, DeviceVarlen, Packing};
 use flashgen_tools::verify::{Expected, Report};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use support::forward::Table;
+use support::packed::{edge_length_cases, every_variant, packed_columns, rejected_buffers, GARBAGE_PREFIX_SUMS};
 use support::{heads_of, params, runtime, spec, with};
 
 /// One varlen case: a spec, its heads, its sequences' (queries, keys) and
@@ -40,22 +39,8 @@ impl Case {
     }
 
     fn row(&self, seed: u64) -> String {
-        let spec = &self.spec;
         let config = self.config.map_or("preferred".to_string(), flashgen::runtime::config_name);
-        let (total_q, total_kv) = self.lens.iter().fold((0, 0), |(q, k), l| (q + l.0, k + l.1));
-        format!(
-            "{:<18} {:<4} d={:>3}/{:<3} h={}/{} seqs={:<3} tokens={:>5}/{:<5} {:?} {config} seed={seed}",
-            spec.name,
-            spec.dtype.name(),
-            spec.head_dims.qk,
-            spec.head_dims.v,
-            self.heads.0,
-            self.heads.1,
-            self.lens.len(),
-            total_q,
-            total_kv,
-            self.packing,
-        )
+        format!("{} {config} seed={seed}", packed_columns(&self.spec, self.heads, &self.lens, self.packing))
     }
 }
 
@@ -74,10 +59,8 @@ fn run_all(rt: &Runtime, cases: Vec<Case>) {
     for case in cases {
         let seed: u64 = rand::random();
         let problem = random_varlen_problem(&case.spec, case.heads, &case.lens, params(&case.spec), seed);
-        let outcome = Expected::varlen(&case.spec, &problem)
-            .map_err(|e| e.to_string())
-            .and_then(|expected| run_once(rt, &case, &problem, &expected).map_err(|e| e.to_string()));
-        table.record(case.row(seed), outcome);
+        let expected = Expected::varlen(&case.spec, &problem);
+        table.judge(case.row(seed), expected, |expected| run_once(rt, &case, &problem, expected));
     }
     table.finish();
 }
@@ -93,11 +76,7 @@ fn ragged(rng: &mut StdRng) -> Vec<(usize, usize)> {
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn every_variant_on_ragged_sequences() {
-    let rt = runtime();
-    let mut rng = StdRng::seed_from_u64(rand::random());
-    let cases =
-        SPECS.iter().map(|(variant, _)| Case::new(spec(variant), heads_of(variant), ragged(&mut rng))).collect();
-    run_all(&rt, cases);
+    run_all(&runtime(), every_variant(ragged, Case::new));
 }
 
 /// Every tile configuration the runtime may pick on this GPU: mma.sync,
@@ -149,12 +128,7 @@ fn strided_packed_operands_and_both_dtypes() {
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn edge_lengths() {
     let rt = runtime();
-    let mut cases = Vec::new();
-    for variant in ["causal", "causal_bottom_right", "document"] {
-        for lens in [vec![(1, 1)], vec![(2047, 2047)], vec![(0, 0), (0, 9), (300, 0), (0, 0)], vec![(0, 5), (77, 3)]] {
-            cases.push(Case::new(spec(variant), (2, 1), lens));
-        }
-    }
+    let mut cases = edge_length_cases(2047, Case::new);
     // Many sequences of one token beside one of 3000.
     let mut lens = vec![(1, 1); 200];
     lens.push((3000, 3000));
@@ -191,7 +165,7 @@ fn bad_device_prefix_sums_stay_in_bounds() {
         gpu.launch(&rt, &spec, &problem).unwrap();
         let report = expected.check(&gpu.download().unwrap());
         assert!(report.passed(), "{config:?}: O {}  LSE {}", report.output, report.lse);
-        for garbage in [[7, -3, 5000, 2], [90, 0, 45, 44], [i32::MAX, i32::MIN, 1, 89]] {
+        for garbage in GARBAGE_PREFIX_SUMS {
             gpu.set_device_seqlens(&garbage, &garbage.map(|x| x.wrapping_mul(3))).unwrap();
             gpu.launch(&rt, &spec, &problem).unwrap();
             gpu.download().unwrap_or_else(|e| panic!("{config:?} on {garbage:?}: {e}"));
@@ -206,9 +180,7 @@ fn bad_launches_are_rejected() {
     let rt = runtime();
     let spec = spec("causal");
     let stream = rt.stream();
-    let layout = PackedLayout::thd(100, 2, 128);
-    let q = stream.alloc_zeros::<bf16>(layout.as_layout().len()).unwrap();
-    let mut o = stream.alloc_zeros::<bf16>(layout.as_layout().len()).unwrap();
+    let (layout, q, mut o) = rejected_buffers(&rt);
     let (cu3, cu4) = (stream.clone_htod(&[0i32, 50, 100]).unwrap(), stream.clone_htod(&[0i32, 50, 60, 100]).unwrap());
     let shape = flashgen::Shape { batch: 2, heads: 2, heads_kv: 2, q_len: 50, kv_len: 50 };
     let block_mask = rt.block_mask(&spec, shape, &[]).unwrap();

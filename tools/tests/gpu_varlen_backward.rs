@@ -20,14 +20,14 @@ use flashgen::codegen::{Dtype, Spec};
 use flashgen::half::bf16;
 use flashgen::runtime::RaggedError;
 use flashgen::{BackwardOptions, Error, PackedLayout, Runtime, Sequences, VarlenBackwardIo};
-use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::varlen::{
     check_backward_varlen, random_packed_d_out, random_varlen_problem, DeviceVarlen, Packing,
 };
 use flashgen_tools::verify::GpuGradients;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use support::backward::judge_all;
+use support::backward::{same_on_a_second_run, GpuRuns};
+use support::packed::{edge_length_cases, every_variant, packed_columns, GARBAGE_PREFIX_SUMS};
 use support::{heads_of, params, runtime, spec, with};
 
 /// One varlen backward case: a spec, its heads, its sequences' (queries,
@@ -53,20 +53,9 @@ impl Case {
     }
 
     fn row(&self, seed: u64) -> String {
-        let spec = &self.spec;
-        let (total_q, total_kv) = self.lens.iter().fold((0, 0), |(q, k), l| (q + l.0, k + l.1));
         format!(
-            "{:<18} {:<4} d={:>3}/{:<3} h={}/{} seqs={:<3} tokens={:>5}/{:<5} {:?} {}{} seed={seed}",
-            spec.name,
-            spec.dtype.name(),
-            spec.head_dims.qk,
-            spec.head_dims.v,
-            self.heads.0,
-            self.heads.1,
-            self.lens.len(),
-            total_q,
-            total_kv,
-            self.packing,
+            "{} {}{} seed={seed}",
+            packed_columns(&self.spec, self.heads, &self.lens, self.packing),
             if self.deterministic { "deterministic" } else { "atomic" },
             if self.tensor_grads { "" } else { " no-tensor-grads" },
         )
@@ -83,37 +72,24 @@ fn run_once(rt: &Runtime, case: &Case, problem: &VarlenProblem, d_out: &[f64]) -
     let grads = gpu.backward(rt, spec, problem, d_out, mode)?;
     if case.deterministic {
         let again = gpu.backward(rt, spec, problem, d_out, mode)?;
-        let same = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-        if !(same(&grads.dq, &again.dq) && same(&grads.dk, &again.dk) && same(&grads.dv, &again.dv)) {
-            return Err(Error::KernelAbi {
-                kernel: spec.name.clone(),
-                problem: "deterministic mode gave different dQ/dK/dV on a second run".into(),
-            });
-        }
+        same_on_a_second_run(spec, &grads, &again)?;
     }
     Ok(grads)
 }
 
-/// Runs every case on the GPU, then judges them all (see `judge_all`).
+/// Runs every case on the GPU, then judges them all (see `GpuRuns::judge`).
 fn run_all(rt: &Runtime, cases: Vec<Case>) {
-    let (mut runs, mut failures) = (Vec::new(), Vec::new());
+    let mut runs = GpuRuns::new();
     for case in cases {
         let seed: u64 = rand::random();
         let problem = random_varlen_problem(&case.spec, case.heads, &case.lens, params(&case.spec), seed);
         let d_out = random_packed_d_out(&case.spec, &problem, seed);
-        let row = case.row(seed);
-        match run_once(rt, &case, &problem, &d_out) {
-            Ok(grads) => runs.push((case.spec, problem, d_out, grads, row)),
-            Err(e) => {
-                println!("ERROR  {row}  {e}");
-                failures.push(row);
-            }
-        }
+        let gpu = run_once(rt, &case, &problem, &d_out);
+        runs.record(case.row(seed), gpu, |grads| (case.spec, problem, d_out, grads));
     }
-    let check = |(spec, problem, d_out, grads, _): &(Spec, VarlenProblem, Vec<f64>, GpuGradients, String)| {
+    runs.judge(|(spec, problem, d_out, grads)| {
         check_backward_varlen(spec, problem, d_out, grads).map_err(|e| e.to_string())
-    };
-    judge_all(&runs, |run| run.4.clone(), check, failures);
+    });
 }
 
 /// Ragged lengths: an empty sequence, single tokens, queries without keys,
@@ -131,11 +107,7 @@ fn ragged(rng: &mut StdRng) -> Vec<(usize, usize)> {
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn every_variant_on_ragged_sequences() {
-    let rt = runtime();
-    let mut rng = StdRng::seed_from_u64(rand::random());
-    let cases =
-        SPECS.iter().map(|(variant, _)| Case::new(spec(variant), heads_of(variant), ragged(&mut rng))).collect();
-    run_all(&rt, cases);
+    run_all(&runtime(), every_variant(ragged, Case::new));
 }
 
 /// The mma.sync dK/dV kernel (head dim 112: the Hopper one's tiles would
@@ -175,12 +147,7 @@ fn mma_sync_path_layouts_and_modes() {
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn edge_lengths() {
     let rt = runtime();
-    let mut cases = Vec::new();
-    for variant in ["causal", "causal_bottom_right", "document"] {
-        for lens in [vec![(1, 1)], vec![(700, 700)], vec![(0, 0), (0, 9), (300, 0), (0, 0)], vec![(0, 5), (77, 3)]] {
-            cases.push(Case::new(spec(variant), (2, 1), lens));
-        }
-    }
+    let mut cases = edge_length_cases(700, Case::new);
     let mut lens = vec![(1, 1); 100];
     lens.extend([(65, 64), (63, 129), (64, 1)]);
     lens.push((900, 900));
@@ -203,7 +170,7 @@ fn bad_device_prefix_sums_stay_in_bounds() {
         let d_out = random_packed_d_out(&spec, &problem, 1);
         let mut gpu = DeviceVarlen::upload(&rt, &spec, &problem, Packing::Thd).unwrap();
         gpu.launch(&rt, &spec, &problem).unwrap();
-        for garbage in [[7, -3, 5000, 2], [90, 0, 45, 44], [i32::MAX, i32::MIN, 1, 89], [-5, 40, 70, 1_000_000]] {
+        for garbage in GARBAGE_PREFIX_SUMS.into_iter().chain([[-5, 40, 70, 1_000_000]]) {
             gpu.set_device_seqlens(&garbage, &garbage.map(|x| x.wrapping_mul(3))).unwrap();
             for deterministic in [false, true] {
                 gpu.backward(&rt, &spec, &problem, &d_out, (deterministic, true))

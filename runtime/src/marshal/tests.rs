@@ -22,26 +22,13 @@ const SHAPE: Shape = Shape { batch: 3, heads: 8, heads_kv: 2, q_len: 129, kv_len
 
 fn bindings<'a>(args: &'a [ArgInfo], tensors: &'a [u64]) -> Bindings<'a> {
     Bindings {
-        shape: SHAPE,
         ptrs: [10, 11, 12, 13],
         strides: [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]],
-        lse: 0,
         scale: 0.125,
-        args,
-        tensors,
         block_mask: (77, [40, 0]),
         block_mask_out: 78,
         work_order: 79,
-        work_counter: None,
-        tensor_maps: None,
-        kv_box_rows: 0,
-        grads: None,
-        varlen: None,
-        paged: None,
-        append: None,
-        decode: None,
-        partials: None,
-        dropout: None,
+        ..Bindings::without_operands(SHAPE, args, tensors)
     }
 }
 

@@ -2,11 +2,14 @@
 //! runtime's tile configuration or a pinned one, judged with
 //! FlashAttention's rule against the f64 reference, one printed row each.
 
+use super::{params, spec_columns};
 use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::reference::Problem;
 use flashgen::codegen::{Shape, Spec};
+use flashgen::runtime::{config_name, tile_choice};
 use flashgen::{Error, Runtime};
-use flashgen_tools::verify::{DeviceProblem, Expected, OperandLayout, Report};
+use flashgen_tools::verify::{self, DeviceProblem, Expected, OperandLayout, Report};
+use std::fmt::Display;
 
 pub struct Case {
     pub batch: usize,
@@ -33,11 +36,8 @@ impl Case {
     /// The table row naming this case of `spec` drawn from `seed`.
     pub fn row(&self, spec: &Spec, seed: u64) -> String {
         format!(
-            "{:<18} {:<4} d={:>3}/{:<3} h={:>2}/{:<2} s={:>4}/{:<4} {:<7} seed={seed}",
-            spec.name,
-            spec.dtype.name(),
-            spec.head_dims.qk,
-            spec.head_dims.v,
+            "{} h={:>2}/{:<2} s={:>4}/{:<4} {:<7} seed={seed}",
+            spec_columns(spec),
             self.heads.0,
             self.heads.1,
             self.seqs.0,
@@ -68,6 +68,44 @@ pub fn run_once(
     Ok(expected.check(&gpu.download()?))
 }
 
+/// Runs every (spec, case) pair once in the runtime's configuration on
+/// fresh random inputs, prints a table and fails if any row failed.
+pub fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
+    let mut table = Table::default();
+    for (spec, case) in cases {
+        let seed: u64 = rand::random();
+        let problem = verify::random_problem(&spec, case.shape(), params(&spec), vec![], None, seed);
+        table.judge(case.row(&spec, seed), Expected::new(&spec, &problem), |expected| {
+            run_once(rt, &spec, &problem, case.layout, None, false, expected)
+        });
+    }
+    table.finish();
+}
+
+/// Each spec in every candidate configuration of `rt`'s GPU, with and
+/// without a block mask, at three shapes (ragged lengths; GQA at 1024
+/// queries; MQA past 2048 keys), one reference per shape; fails if any row
+/// failed.
+pub fn in_every_configuration(rt: &Runtime, specs: Vec<Spec>) {
+    let mut table = Table::default();
+    for spec in specs {
+        for (heads, seqs) in [((4, 4), (113, 203)), ((4, 2), (1024, 1023)), ((2, 1), (300, 2100))] {
+            let case = Case::new(heads, seqs);
+            let seed: u64 = rand::random();
+            let problem = verify::random_problem(&spec, case.shape(), params(&spec), vec![], None, seed);
+            let expected = Expected::new(&spec, &problem).unwrap();
+            for config in tile_choice::candidates(&spec, rt.target()) {
+                for block_mask in [false, true] {
+                    let row = format!("{} {} block mask {block_mask}", case.row(&spec, seed), config_name(config));
+                    let outcome = run_once(rt, &spec, &problem, case.layout, Some(config), block_mask, &expected);
+                    table.record(row, outcome.map_err(|e| e.to_string()));
+                }
+            }
+        }
+    }
+    table.finish();
+}
+
 /// Rows printed as they come; [`Table::finish`] fails the test if any failed.
 #[derive(Default)]
 pub struct Table {
@@ -89,6 +127,19 @@ impl Table {
                 self.failures.push(row);
             }
         }
+    }
+
+    /// Records `row` with `run`'s report against `expected`, or the error of
+    /// either.
+    pub fn judge<E: Display>(
+        &mut self,
+        row: String,
+        expected: Result<Expected, E>,
+        run: impl FnOnce(&Expected) -> Result<Report, Error>,
+    ) {
+        let outcome =
+            expected.map_err(|e| e.to_string()).and_then(|expected| run(&expected).map_err(|e| e.to_string()));
+        self.record(row, outcome);
     }
 
     pub fn finish(self) {

@@ -13,6 +13,8 @@ use rand::Rng;
 pub mod backward;
 #[allow(dead_code)] // the backward tests launch no forward cases of their own
 pub mod forward;
+#[allow(dead_code)] // the dense tests pack no sequences
+pub mod packed;
 
 /// The first GPU. The GPU tests are `#[ignore]`d, so they run only when
 /// asked for (`--include-ignored`): a missing GPU then fails them rather than
@@ -33,6 +35,12 @@ pub fn spec(variant: &str) -> Spec {
 pub fn language_spec() -> Spec {
     let source = include_str!("../../../codegen/tests/specs/language.attn");
     flashgen::parse_one(source).unwrap_or_else(|e| panic!("{}", e.render("language.attn", source)))
+}
+
+/// A table row's leading columns: the spec's name, dtype and head dims.
+#[allow(dead_code)] // the tests that print no table
+pub fn spec_columns(spec: &Spec) -> String {
+    format!("{:<18} {:<4} d={:>3}/{:<3}", spec.name, spec.dtype.name(), spec.head_dims.qk, spec.head_dims.v)
 }
 
 /// Test values for the params of the example specs and fixtures.

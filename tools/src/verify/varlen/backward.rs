@@ -6,17 +6,15 @@
 //! [`DeviceVarlen::time_forward_backward`] times a packed training step.
 
 use super::super::{
-    download_gradients, driver, grad_buffers, judge_gradients, launch_args, random_d_out, BackwardReport, GpuGradients,
-    GradBuffers, Operands, Storage,
+    backward_io, cold_median_ms, grad_buffers, gradients_of, judge_gradients, launch_args, random_d_out,
+    BackwardReport, GpuGradients, GradBuffers, Operands, Storage,
 };
 use super::{sequences, DeviceVarlen};
 use flashgen::codegen::reference::{self, VarlenProblem};
 use flashgen::codegen::{Shape, Spec};
 use flashgen::cudarc::driver::CudaSlice;
 use flashgen::half::{bf16, f16};
-use flashgen::runtime::{
-    median_ms_after, BackwardOptions, BackwardWorkspace, Error, Layout, Runtime, VarlenBackwardIo,
-};
+use flashgen::runtime::{BackwardOptions, BackwardWorkspace, Error, Layout, Runtime, VarlenBackwardIo};
 
 /// dL/dO ~ N(0, 1) for a varlen problem, rounded to the spec's dtype,
 /// packed like O (`[total_q, heads, d_v]`).
@@ -97,9 +95,7 @@ impl DeviceVarlen {
             ..Default::default()
         };
         let stream = self.stream.clone();
-        let mut flush = stream.alloc_zeros::<u8>(flush_bytes).map_err(driver("allocate the L2 flush buffer"))?;
-        let zero = || stream.memset_zeros(&mut flush).map_err(driver("flush the L2"));
-        median_ms_after(&stream, warmup, iters, zero, || {
+        cold_median_ms(&stream, flush_bytes, (warmup, iters), || {
             self.launch(rt, spec, problem)?;
             let ops = T::operands(&self.operands).ok_or(Error::Dtype { spec: spec.dtype, got: T::DTYPE })?;
             self.queue_backward(rt, spec, problem, ops, &mut grads, &opts)
@@ -116,9 +112,9 @@ impl DeviceVarlen {
         opts: &BackwardOptions<'_>,
     ) -> Result<GpuGradients, Error> {
         let (shape, layouts) = (problem.problem.shape, self.dense_layouts());
-        let mut grads = grad_buffers::<T>(&self.stream, spec, shape, layouts, d_out, tensor_grads)?;
-        self.queue_backward(rt, spec, problem, ops, &mut grads, opts)?;
-        download_gradients(&self.stream, spec, shape, layouts, &grads)
+        gradients_of::<T>(&self.stream, spec, shape, layouts, (d_out, tensor_grads), |grads| {
+            self.queue_backward(rt, spec, problem, ops, grads, opts)
+        })
     }
 
     /// The packed layouts as the one batch row of tokens they are.
@@ -136,20 +132,8 @@ impl DeviceVarlen {
         grads: &mut GradBuffers<T>,
         opts: &BackwardOptions<'_>,
     ) -> Result<(), Error> {
-        let [lq, lk, lv, lo] = self.layouts;
-        let io = VarlenBackwardIo {
-            q: (q, lq),
-            k: (k, lk),
-            v: (v, lv),
-            o: (o, lo),
-            lse: &self.lse,
-            d_o: (&grads.d_o, lo),
-            dq: (&mut grads.dq, lq),
-            dk: (&mut grads.dk, lk),
-            dv: (&mut grads.dv, lv),
-            d_tensors: grads.tensors.iter_mut().map(Option::as_mut).collect(),
-            seqs: sequences(&self.cu_seqlens, self.batch, self.max_lens),
-        };
+        let seqs = sequences(&self.cu_seqlens, self.batch, self.max_lens);
+        let io = backward_io!(VarlenBackwardIo, [q, k, v, o], &self.lse, grads, self.layouts, seqs: seqs);
         rt.backward_varlen(spec, io, &launch_args(&self.tensors, &problem.problem), opts)
     }
 }

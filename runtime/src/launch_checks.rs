@@ -1,0 +1,82 @@
+//! What the checked launches share around their own checks: the options no
+//! ragged (varlen, paged) kernel supports, the ragged forward's tile
+//! configuration, and queuing a marshalled kernel once the stream waits its
+//! buffers' guards queued have had their say.
+
+use crate::args::{ArgInfo, ArgValue};
+use crate::check::softmax_scale;
+use crate::error::{Error, RaggedError};
+use crate::kernels::LoadedKernel;
+use crate::marshal::{launch, Value};
+use crate::runtime::Runtime;
+use cudarc::driver::{CudaStream, DevicePtr, LaunchConfig, SyncOnDrop};
+use flashgen_codegen::abi::{Grid, Kernel};
+use flashgen_codegen::cuda::TileConfig;
+use flashgen_codegen::{Dropout, Spec};
+
+/// The softmax scale and the argument infos of a ragged launch (`launch`
+/// names it in a dropout error), after refusing what no ragged kernel does:
+/// dropout and a block mask ([`RaggedError::VarlenBlockMask`]). Checked in
+/// this order, so the first problem is the one reported.
+pub(crate) fn check_ragged_options(
+    spec: &Spec,
+    launch: &'static str,
+    (scale, dropout, has_block_mask): (Option<f32>, Option<Dropout>, bool),
+    args: &[ArgValue<'_>],
+) -> Result<(f32, Vec<ArgInfo>), Error> {
+    let scale = softmax_scale(spec, scale)?;
+    crate::dropout::refuse(dropout, launch)?;
+    if has_block_mask {
+        return Err(Error::Ragged(RaggedError::VarlenBlockMask));
+    }
+    Ok((scale, args.iter().map(ArgValue::info).collect()))
+}
+
+impl Runtime {
+    /// The work counter `kernel`'s CTAs claim their items from, for a
+    /// persistent grid, with the guard that orders the launch after pending
+    /// work on it (keep it until after the launch); `None` for other grids.
+    pub(crate) fn work_counter_for<'s>(
+        &'s self,
+        kernel: &Kernel,
+        stream: &'s CudaStream,
+    ) -> Option<(u64, SyncOnDrop<'s>)> {
+        matches!(kernel.grid, Grid::Persistent { .. }).then(|| self.work_counter().device_ptr(stream))
+    }
+
+    /// A ragged forward's tile configuration: `config` where it is a
+    /// candidate, else the preferred one for its longest sequence's
+    /// `max_kv_len` keys (ragged launches do not autotune).
+    pub(crate) fn ragged_config(
+        &self,
+        spec: &Spec,
+        config: Option<TileConfig>,
+        max_kv_len: usize,
+    ) -> Result<TileConfig, Error> {
+        match config {
+            Some(config) => self.candidate(spec, config),
+            None => Ok(crate::tile_choice::preferred_for(spec, self.target(), max_kv_len)),
+        }
+    }
+}
+
+/// Queues `loaded`'s kernel on `stream` with `values`; a failure, of the
+/// launch or of a stream wait queued by the buffers' guards (reported by the
+/// context, not where the wait was queued), is an error of launching it.
+///
+/// # Safety
+/// As [`launch`]: `values` match the kernel's parameters (as `marshal`
+/// makes them) and every address they let it touch is in bounds of a live
+/// allocation.
+pub(crate) unsafe fn launch_checked(
+    rt: &Runtime,
+    stream: &CudaStream,
+    loaded: &LoadedKernel,
+    values: &[Value],
+    grid: LaunchConfig,
+) -> Result<(), Error> {
+    let launching = |e| Error::driver(format!("launching `{}`", loaded.kernel().name), e);
+    rt.context().check_err().map_err(launching)?;
+    // SAFETY: the caller's contract.
+    unsafe { launch(stream, loaded.function(), values, grid) }.map_err(launching)
+}
