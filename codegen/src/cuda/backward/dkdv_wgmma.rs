@@ -97,7 +97,7 @@ fn tile_cols(d: u32) -> u32 {
 /// must not. `None` where they start at a panel (128) or end in it (64).
 fn k_half_cols(spec: &Spec) -> Option<u32> {
     let half = pad16(spec.head_dims.qk) / 2;
-    (half % 64 != 0 && half % 64 + half > 64).then_some(half.next_multiple_of(64))
+    (!half.is_multiple_of(64) && half % 64 + half > 64).then_some(half.next_multiple_of(64))
 }
 
 /// Threads of the producer warpgroup.
