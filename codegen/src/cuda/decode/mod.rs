@@ -59,12 +59,12 @@ mod queries;
 mod tiles;
 
 pub use body::DecodeCache;
-pub use plan::{split_count, DecodeConfig, DECODE_BLOCK_N, DECODE_WARPS, MAX_SPLITS};
+pub use plan::{split_count, DecodeConfig, KvCacheDtype, DECODE_BLOCK_N, DECODE_WARPS, MAX_SPLITS};
 pub use queries::DecodeQueries;
 
 use crate::abi::{Grid, Kernel};
 use crate::cuda::library::Part;
-use crate::cuda::signature::{decode_args, decode_paged_args, with_packed_queries};
+use crate::cuda::signature::{decode_args, decode_paged_args, with_e4m3_cache, with_packed_queries};
 use crate::cuda::source::{assemble, kernel_name, Entry, Piece};
 use crate::cuda::writer::Writer;
 use crate::spec::{Dtype, Spec};
@@ -94,9 +94,13 @@ pub fn emit_decode_with(spec: &Spec, config: DecodeConfig, cache: DecodeCache, q
         DecodeCache::Dense => ("decode", decode_args(&view)),
         DecodeCache::Paged => ("decode_paged", decode_paged_args(&view)),
     };
-    let (name, args) = match queries {
-        DecodeQueries::Padded => (kernel_name(kind, spec), args),
-        DecodeQueries::Packed => (kernel_name(&format!("{kind}_varlen"), spec), with_packed_queries(&view, args)),
+    let (kind, args) = match queries {
+        DecodeQueries::Padded => (kind.to_string(), args),
+        DecodeQueries::Packed => (format!("{kind}_varlen"), with_packed_queries(&view, args)),
+    };
+    let (name, args) = match config.kv {
+        KvCacheDtype::Spec => (kernel_name(&kind, spec), args),
+        KvCacheDtype::E4m3 => (kernel_name(&format!("{kind}_e4m3"), spec), with_e4m3_cache(&view, args)),
     };
     let bounds = format!("THREADS, {}", config.ctas_per_sm);
     let mut library = vec![vec![Piece::Part(Part::Prelude)]];
@@ -113,6 +117,9 @@ pub fn emit_decode_with(spec: &Spec, config: DecodeConfig, cache: DecodeCache, q
     if cache == DecodeCache::Paged {
         library.push(vec![Piece::Part(Part::DecodePaged)]);
     }
+    if config.kv == KvCacheDtype::E4m3 {
+        library.push(vec![Piece::Part(Part::DecodeE4m3)]);
+    }
     let entry = Entry { name: &name, bounds: &bounds, args: &args };
     let source = assemble(
         &view,
@@ -120,9 +127,9 @@ pub fn emit_decode_with(spec: &Spec, config: DecodeConfig, cache: DecodeCache, q
         |w| write_config(w, &view, config),
         entry,
         |w| {
-            write_setup(w, &view, cache, queries)?;
-            write_tile_loop(w, &view)?;
-            write_epilogue(w, &view, queries)
+            write_setup(w, &view, cache, queries, config.kv)?;
+            write_tile_loop(w, &view, config.kv)?;
+            write_epilogue(w, &view, queries, config.kv)
         },
     );
     Kernel {
@@ -146,12 +153,19 @@ fn storage(dtype: Dtype) -> &'static str {
 
 /// The `constexpr` block of a decode kernel.
 fn write_config(w: &mut Writer<String>, spec: &Spec, config: DecodeConfig) -> fmt::Result {
-    let DecodeConfig { m_tiles, stages, .. } = config;
+    let DecodeConfig { m_tiles, stages, kv, .. } = config;
+    let (elements, kv_tiles) = match kv {
+        KvCacheDtype::Spec => ("Q, K, V and O", "BLOCK_N * DP;\nconstexpr int V_TILE = BLOCK_N * DVP;\n"),
+        KvCacheDtype::E4m3 => (
+            "Q and O; K and V are e4m3",
+            "BLOCK_N * DP / 2;  // 16-bit units: a byte an e4m3 element\nconstexpr int V_TILE = BLOCK_N * DVP / 2;\n",
+        ),
+    };
     write!(
         w,
         "\
         // ---- kernel configuration ---------------------------------------------------\n\
-        using storage = {storage};  // element format of Q, K, V and O\n\
+        using storage = {storage};  // element format of {elements}\n\
         constexpr int D = {d};  // Q/K head dim\n\
         constexpr int DV = {dv};  // V/O head dim\n\
         constexpr int DP = (D + 15) / 16 * 16;  // D padded to the MMA k-step (zeros beyond D)\n\
@@ -167,8 +181,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: DecodeConfig) -> fm
         constexpr int STAGES = {stages};  // K/V pipeline stages, STAGES - 1 tiles in flight\n\
         constexpr int MAX_SPLITS = {MAX_SPLITS};  // the most splits a launch has\n\
         constexpr int Q_TILE = BLOCK_M * DP;\n\
-        constexpr int K_TILE = BLOCK_N * DP;\n\
-        constexpr int V_TILE = BLOCK_N * DVP;\n\
+        constexpr int K_TILE = {kv_tiles}\
         \n",
         storage = storage(spec.dtype),
         d = spec.head_dims.qk,

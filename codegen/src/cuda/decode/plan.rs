@@ -7,8 +7,9 @@
 use crate::cuda::target::{pad16, Target};
 use crate::spec::Spec;
 
-/// What keys a compiled decode kernel besides its spec: rows per tile and
-/// pipeline depth. Shapes, lengths and the split count are arguments.
+/// What keys a compiled decode kernel besides its spec: rows per tile,
+/// pipeline depth and the cache's element format. Shapes, lengths and the
+/// split count are arguments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DecodeConfig {
     /// 16-row MMA tiles per CTA; every warp multiplies all of them.
@@ -17,6 +18,39 @@ pub struct DecodeConfig {
     pub stages: u32,
     /// CTAs the kernel is bounded to fit per SM (`__launch_bounds__`).
     pub ctas_per_sm: u32,
+    /// The K/V cache's element format.
+    pub kv: KvCacheDtype,
+}
+
+/// The element format of a decode kernel's K/V cache; Q and O are always
+/// the spec's dtype.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KvCacheDtype {
+    /// The spec's dtype (bf16 or f16).
+    #[default]
+    Spec,
+    /// FP8 e4m3 (a byte an element, no infinities, ±448 at most), read
+    /// through f32 descale factors per tensor or per K/V head: the cache's
+    /// value is `descale · e4m3`.
+    E4m3,
+}
+
+impl KvCacheDtype {
+    /// Bytes per cache element.
+    pub fn bytes(self) -> u32 {
+        match self {
+            KvCacheDtype::Spec => 2,
+            KvCacheDtype::E4m3 => 1,
+        }
+    }
+
+    /// Its name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvCacheDtype::Spec => "16-bit (the spec's dtype)",
+            KvCacheDtype::E4m3 => "e4m3",
+        }
+    }
 }
 
 /// Warps per decode CTA; each takes a quarter of every K/V tile's keys.
@@ -50,10 +84,16 @@ impl DecodeConfig {
     /// `None` where not even two stages fit an SM (d = 256 on GPUs with
     /// 100 KiB of shared memory per SM).
     pub fn for_rows(spec: &Spec, target: Target, rows: u32) -> Option<DecodeConfig> {
+        DecodeConfig::for_cache(spec, target, rows, KvCacheDtype::Spec)
+    }
+
+    /// [`DecodeConfig::for_rows`] over a cache of `kv` elements: an e4m3
+    /// cache's stages are half the bytes, so more of them fit.
+    pub fn for_cache(spec: &Spec, target: Target, rows: u32, kv: KvCacheDtype) -> Option<DecodeConfig> {
         let most = if pad16(spec.head_dims.qk.max(spec.head_dims.v)) <= 128 { 2 } else { 1 };
         let m_tiles = rows.div_ceil(16).clamp(1, most);
         let fits = |stages: u32| {
-            let config = DecodeConfig { m_tiles, stages, ctas_per_sm: 1 };
+            let config = DecodeConfig { m_tiles, stages, ctas_per_sm: 1, kv };
             let per_cta = config.smem_bytes(spec) + target.smem_reserved_per_cta;
             (target.smem_per_sm / per_cta).min(MAX_CTAS_PER_SM)
         };
@@ -61,16 +101,16 @@ impl DecodeConfig {
             .map(|s| (s, fits(s)))
             .filter(|&(_, ctas)| ctas > 0)
             .max_by_key(|&(s, ctas)| ((s - 1) * ctas, ctas))?;
-        Some(DecodeConfig { m_tiles, stages, ctas_per_sm: ctas })
+        Some(DecodeConfig { m_tiles, stages, ctas_per_sm: ctas, kv })
     }
 
     /// Dynamic shared memory, bytes: the Q tile, then `stages` K and V
-    /// tiles, which the epilogue reuses to merge the warps' rows (f32 O and
+    /// tiles (of the cache's elements), which the epilogue reuses to merge the warps' rows (f32 O and
     /// per-warp row statistics) and never outgrows.
     pub fn smem_bytes(self, spec: &Spec) -> u32 {
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
         let q = self.block_m() * dp * 2;
-        let stages = self.stages * DECODE_BLOCK_N * (dp + dvp) * 2;
+        let stages = self.stages * DECODE_BLOCK_N * (dp + dvp) * self.kv.bytes();
         q + stages.max(self.merge_bytes(spec))
     }
 
@@ -141,6 +181,15 @@ mod tests {
                 assert!(c.merge_bytes(&spec(d)) <= c.stages * DECODE_BLOCK_N * 2 * 2 * d);
             }
         }
+    }
+
+    #[test]
+    fn e4m3_stages_are_half_the_bytes() {
+        let h = Target::HOPPER;
+        let c = DecodeConfig::for_cache(&spec(128), h, 4, KvCacheDtype::E4m3).unwrap();
+        assert_eq!(c.smem_bytes(&spec(128)), 16 * 128 * 2 + c.stages * 64 * 256);
+        assert_eq!((c.stages, c.ctas_per_sm), (4, 3), "nine 16 KiB tiles in flight, as bf16 at d = 64");
+        assert_eq!(DecodeConfig::for_rows(&spec(128), h, 4).unwrap().kv, KvCacheDtype::Spec);
     }
 
     #[test]
