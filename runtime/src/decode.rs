@@ -117,14 +117,13 @@ impl<T> DecodeKv<'_, T> {
 
 /// One checked step's operands as [`DecodePlan::queue`] launches them: Q
 /// and O (packed ones as [`PackedLayout::as_layout`](crate::PackedLayout::as_layout)),
-/// the LSE, the cache (of `C`) with an e4m3 cache's descales, and packed
-/// queries' prefix sums with Q's tokens.
+/// the LSE, the cache (of `C`), and packed queries' prefix sums with Q's
+/// tokens.
 pub(crate) struct StepIo<'a, T, C> {
     pub q: (&'a dyn DeviceInput<T>, Layout),
     pub o: (&'a mut dyn DeviceOutput<T>, Layout),
     pub lse: Option<&'a mut CudaSlice<f32>>,
     pub kv: DecodeKv<'a, C>,
-    pub descale: Option<KvDescale<'a>>,
     pub packed: Option<(&'a dyn DeviceInput<i32>, usize)>,
 }
 
@@ -240,14 +239,14 @@ impl DecodePlan {
 
     /// [`DecodePlan::run`] over a cache of `C` (`T`, or e4m3 bytes with
     /// their `descale`).
-    pub(crate) fn run_dense<'a, T: Element, C>(
+    pub(crate) fn run_dense<T: Element, C>(
         &self,
         rt: &Runtime,
-        io: DecodeIo<'a, T, C>,
-        descale: Option<KvDescale<'a>>,
+        io: DecodeIo<'_, T, C>,
+        descale: Option<&KvDescale<'_>>,
         args: &[ArgValue<'_>],
     ) -> Result<(), Error> {
-        self.check_kind(DecodeCache::Dense, DecodeQueries::Padded, descale.as_ref())?;
+        self.check_kind(DecodeCache::Dense, DecodeQueries::Padded, descale)?;
         let infos = self.arg_infos(args)?;
         let infos = &infos[..args.len()];
         let DecodeIo { q, k, v, o, lse, kv_lens } = io;
@@ -258,7 +257,7 @@ impl DecodePlan {
         };
         check_launch(&self.shape, &shape, kv_lens.len())?;
         let kv = DecodeKv::Dense { k, v, kv_lens };
-        self.queue(rt, shape, infos, args, StepIo { q, o, lse, kv, descale, packed: None })
+        self.queue(rt, (shape, infos, args), StepIo { q, o, lse, kv, packed: None }, descale)
     }
 
     /// Refuses a run on another kind of cache, queries or cache elements
@@ -299,20 +298,20 @@ impl DecodePlan {
     }
 
     /// Queues the plan's launch for a checked step of `shape` (its cache's
-    /// rows as `kv_len`, the plan's `q_len`).
+    /// rows as `kv_len`, the plan's `q_len`) with `args` and their `infos`,
+    /// and an e4m3 cache's `descale`.
     pub(crate) fn queue<T, C>(
         &self,
         rt: &Runtime,
-        shape: Shape,
-        infos: &[ArgInfo],
-        args: &[ArgValue<'_>],
+        (shape, infos, args): (Shape, &[ArgInfo], &[ArgValue<'_>]),
         io: StepIo<'_, T, C>,
+        descale: Option<&KvDescale<'_>>,
     ) -> Result<(), Error> {
         debug_assert!(io.kv.cache() == self.cache && io.packed.is_some() == (self.queries == DecodeQueries::Packed));
         // The guards order the launch after pending work on each buffer and
         // record it for later work; they must live until after it.
         let stream = rt.stream().as_ref();
-        let StepIo { q, o, lse, kv, descale, packed } = io;
+        let StepIo { q, o, lse, kv, packed } = io;
         let (q_ptr, _q) = q.0.device_ptr(stream);
         let (o_ptr, _o) = o.0.device_ptr_mut(stream);
         let lse = lse.map(|l| l.device_ptr_mut(stream));
@@ -351,7 +350,7 @@ impl DecodePlan {
             .as_ref()
             .map(|s| [s.partial_o.device_ptr(stream), s.partial_lse.device_ptr(stream), s.counters.device_ptr(stream)]);
         let [partial_o, partial_lse, counters] = split.as_ref().map_or([0; 3], |ptrs| ptrs.each_ref().map(|p| p.0));
-        let descales = descale.as_ref().map(|d| d.bind(stream));
+        let descales = descale.map(|d| d.bind(stream));
         let decode = DecodeBindings {
             kv_lens: lens_ptr,
             splits: self.splits,

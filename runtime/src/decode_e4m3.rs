@@ -42,10 +42,10 @@ pub struct KvDescale<'a> {
 
 /// A descale buffer as a launch binds it, with the guard that orders the
 /// launch after pending writes to it (alive until after the launch).
-pub(crate) struct BoundDescale<'a> {
+pub(crate) struct BoundDescale<'s> {
     /// The buffer's address and the entries between K/V heads' factors.
     pub binding: (u64, i32),
-    _guard: SyncOnDrop<'a>,
+    _guard: SyncOnDrop<'s>,
 }
 
 impl<'a> Descale<'a> {
@@ -72,14 +72,14 @@ impl<'a> Descale<'a> {
         Ok(())
     }
 
-    fn bind(self, stream: &'a CudaStream) -> BoundDescale<'a> {
+    fn bind<'s>(&'s self, stream: &'s CudaStream) -> BoundDescale<'s> {
         let (ptr, guard) = self.buffer().device_ptr(stream);
         let stride = i32::from(matches!(self, Descale::PerKvHead(_)));
         BoundDescale { binding: (ptr, stride), _guard: guard }
     }
 }
 
-impl<'a> KvDescale<'a> {
+impl KvDescale<'_> {
     /// Refuses buffers of other lengths than their granularity reads for
     /// `heads_kv` K/V heads (the kernel reads them unchecked).
     pub(crate) fn check(&self, heads_kv: usize) -> Result<(), Error> {
@@ -88,7 +88,7 @@ impl<'a> KvDescale<'a> {
     }
 
     /// K's and V's factors as the launch binds them.
-    pub(crate) fn bind(&self, stream: &'a CudaStream) -> [BoundDescale<'a>; 2] {
+    pub(crate) fn bind<'s>(&'s self, stream: &'s CudaStream) -> [BoundDescale<'s>; 2] {
         [self.k.bind(stream), self.v.bind(stream)]
     }
 }
@@ -98,37 +98,37 @@ impl DecodePlan {
     /// bytes) with their `descale` factors: checks as `run` does, then the
     /// factors' lengths (`RaggedError::DescaleLen`); a plan made for 16-bit
     /// caches refuses it (`RaggedError::DecodeKvDtype`).
-    pub fn run_e4m3<'a, T: Element>(
+    pub fn run_e4m3<T: Element>(
         &self,
         rt: &Runtime,
-        io: DecodeIo<'a, T, u8>,
-        descale: KvDescale<'a>,
+        io: DecodeIo<'_, T, u8>,
+        descale: KvDescale<'_>,
         args: &[ArgValue<'_>],
     ) -> Result<(), Error> {
-        self.run_dense(rt, io, Some(descale), args)
+        self.run_dense(rt, io, Some(&descale), args)
     }
 
     /// [`DecodePlan::run_paged`] over paged e4m3 caches, as
     /// [`DecodePlan::run_e4m3`] over dense ones.
-    pub fn run_paged_e4m3<'a, T: Element>(
+    pub fn run_paged_e4m3<T: Element>(
         &self,
         rt: &Runtime,
-        io: PagedDecodeIo<'a, T, u8>,
-        descale: KvDescale<'a>,
+        io: PagedDecodeIo<'_, T, u8>,
+        descale: KvDescale<'_>,
         args: &[ArgValue<'_>],
     ) -> Result<(), Error> {
-        self.run_pages(rt, io, Some(descale), args)
+        self.run_pages(rt, io, Some(&descale), args)
     }
 
     /// [`DecodePlan::run_varlen`] over e4m3 caches (dense or paged), as
     /// [`DecodePlan::run_e4m3`].
-    pub fn run_varlen_e4m3<'a, T: Element>(
+    pub fn run_varlen_e4m3<T: Element>(
         &self,
         rt: &Runtime,
-        io: VarlenDecodeIo<'a, T, u8>,
-        descale: KvDescale<'a>,
+        io: VarlenDecodeIo<'_, T, u8>,
+        descale: KvDescale<'_>,
         args: &[ArgValue<'_>],
     ) -> Result<(), Error> {
-        self.run_packed(rt, io, Some(descale), args)
+        self.run_packed(rt, io, Some(&descale), args)
     }
 }

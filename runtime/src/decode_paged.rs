@@ -59,14 +59,14 @@ impl DecodePlan {
 
     /// [`DecodePlan::run_paged`] over caches of `C` (`T`, or e4m3 bytes
     /// with their `descale`).
-    pub(crate) fn run_pages<'a, T: Element, C>(
+    pub(crate) fn run_pages<T: Element, C>(
         &self,
         rt: &Runtime,
-        io: PagedDecodeIo<'a, T, C>,
-        descale: Option<KvDescale<'a>>,
+        io: PagedDecodeIo<'_, T, C>,
+        descale: Option<&KvDescale<'_>>,
         args: &[ArgValue<'_>],
     ) -> Result<(), Error> {
-        self.check_kind(DecodeCache::Paged, DecodeQueries::Padded, descale.as_ref())?;
+        self.check_kind(DecodeCache::Paged, DecodeQueries::Padded, descale)?;
         let infos = self.arg_infos(args)?;
         let infos = &infos[..args.len()];
         let PagedDecodeIo { q, o, lse, kv } = io;
@@ -82,6 +82,6 @@ impl DecodePlan {
         };
         check_launch(&self.shape(), &shape, kv.kv_lens.len())?;
         let kv = DecodeKv::Paged(kv);
-        self.queue(rt, shape, infos, args, StepIo { q, o, lse, kv, descale, packed: None })
+        self.queue(rt, (shape, infos, args), StepIo { q, o, lse, kv, packed: None }, descale)
     }
 }

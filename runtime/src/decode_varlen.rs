@@ -70,14 +70,14 @@ impl DecodePlan {
 
     /// [`DecodePlan::run_varlen`] over a cache of `C` (`T`, or e4m3 bytes
     /// with their `descale`).
-    pub(crate) fn run_packed<'a, T: Element, C>(
+    pub(crate) fn run_packed<T: Element, C>(
         &self,
         rt: &Runtime,
-        io: VarlenDecodeIo<'a, T, C>,
-        descale: Option<KvDescale<'a>>,
+        io: VarlenDecodeIo<'_, T, C>,
+        descale: Option<&KvDescale<'_>>,
         args: &[ArgValue<'_>],
     ) -> Result<(), Error> {
-        self.check_kind(io.kv.cache(), DecodeQueries::Packed, descale.as_ref())?;
+        self.check_kind(io.kv.cache(), DecodeQueries::Packed, descale)?;
         let infos = self.arg_infos(args)?;
         let infos = &infos[..args.len()];
         let VarlenDecodeIo { q, o, lse, cu_seqlens_q, kv } = io;
@@ -101,6 +101,6 @@ impl DecodePlan {
         };
         check_launch(&self.shape(), &checked.shape, kv.kv_lens().len())?;
         let packed = Some((cu_seqlens_q, checked.total_q));
-        self.queue(rt, checked.shape, infos, args, StepIo { q, o, lse, kv, descale, packed })
+        self.queue(rt, (checked.shape, infos, args), StepIo { q, o, lse, kv, packed }, descale)
     }
 }

@@ -60,7 +60,13 @@ impl Case {
 /// The plan options of `problem`: packed queries, split `splits` ways
 /// (`None`: the plan's choice), on pages or not.
 fn options(problem: &DecodeProblem, splits: Option<usize>, paged: bool) -> DecodeOptions {
-    DecodeOptions { scale: Some(problem.reference.problem.scale as f32), splits, paged, varlen: true }
+    DecodeOptions {
+        scale: Some(problem.reference.problem.scale as f32),
+        splits,
+        paged,
+        varlen: true,
+        ..Default::default()
+    }
 }
 
 /// `problem` on the GPU, its cache dense or in 16-row pages of a block

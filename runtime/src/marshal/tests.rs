@@ -250,9 +250,9 @@ fn e4m3_decode_kernels_marshal_their_descales() {
     let config = DecodeConfig::for_cache(&spec, Target::HOPPER, 8, KvCacheDtype::E4m3).unwrap();
     let kernel = emit_decode_paged(&spec, config);
     let descales = Some([(81, 1), (82, 0)]);
-    let decode = Some(DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96], counters: 98, descales });
+    let decode = DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96], counters: 98, descales };
     let paged = Some(PagedBindings { kv_lens: 94, block_table: 97, pages_per_seq: 6, page_size: 16, num_pages: 40 });
-    let b = Bindings { decode, paged, ..bindings(&[], &[]) };
+    let b = Bindings { decode: Some(decode), paged, ..bindings(&[], &[]) };
     let values = marshal(&kernel, &b).unwrap();
     let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];
     use Value::*;
@@ -267,7 +267,7 @@ fn e4m3_decode_kernels_marshal_their_descales() {
     ] {
         assert_eq!(value(name), expected, "{name}");
     }
-    let plain = DecodeBindings { descales: None, ..decode.unwrap() };
+    let plain = DecodeBindings { descales: None, ..decode };
     assert!(matches!(marshal(&kernel, &Bindings { decode: Some(plain), ..b }), Err(Error::KernelAbi { .. })));
 }
 
