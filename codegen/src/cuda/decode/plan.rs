@@ -122,22 +122,24 @@ impl DecodeConfig {
 }
 
 /// How many CTAs each sequence's keys are split among: 1 where the
-/// unsplit launch (`ctas`: row tiles × K/V heads × batch) nearly fills the
-/// GPU (`sms` × `ctas_per_sm` resident CTAs); else the fewest splits whose
-/// last wave is within 85% of the fullest any split count reaches
-/// (FlashAttention's heuristic), each split keeping at least a few of the
-/// longest sequence's `kv_tiles`.
+/// unsplit launch's (`ctas`: row tiles × K/V heads × batch) waves of `sms`
+/// × `ctas_per_sm` resident CTAs are at least 80% full (a launch short of
+/// one wave, or one whose last wave is nearly whole: more CTAs per SM, as
+/// an e4m3 cache's half-size stages allow, leave a larger part of a wave
+/// at its tail); else the fewest splits whose waves are within 85% as full
+/// as the fullest any split count reaches (FlashAttention's heuristic),
+/// each split keeping at least a few of the longest sequence's `kv_tiles`.
 pub fn split_count(ctas: u64, sms: u32, ctas_per_sm: u32, kv_tiles: u32) -> u32 {
     let wave = u64::from(sms.max(1)) * u64::from(ctas_per_sm.max(1));
     let ctas = ctas.max(1);
-    if ctas * 5 >= wave * 4 {
-        return 1;
-    }
-    let most = (kv_tiles / MIN_TILES_PER_SPLIT).clamp(1, MAX_SPLITS);
     let efficiency = |s: u32| {
         let n = ctas * u64::from(s);
         n as f64 / (n.div_ceil(wave) * wave) as f64
     };
+    if efficiency(1) >= 0.8 {
+        return 1;
+    }
+    let most = (kv_tiles / MIN_TILES_PER_SPLIT).clamp(1, MAX_SPLITS);
     let best = (1..=most).map(efficiency).fold(0.0, f64::max);
     (1..=most).find(|&s| efficiency(s) >= 0.85 * best).unwrap_or(1)
 }
@@ -199,6 +201,10 @@ mod tests {
         assert_eq!(split(1, 65536), 29, "8 CTAs: 232 of 264 slots is within 85% of all");
         assert_eq!(split(16, 65536), 2);
         assert_eq!(split(64, 4096), 1, "512 CTAs: no split");
+        // Three CTAs an SM (e4m3 stages): 512 CTAs would leave a second wave
+        // 30% full; two splits fill 86% of three.
+        assert_eq!(split_count(64 * 8, 132, 3, 64), 2, "1024 of 1188 slots");
+        assert_eq!(split_count(40 * 8, 132, 2, 64), 3, "320 CTAs would leave a 21% second wave: 960 of 1056");
         assert_eq!(split(256, 1024), 1);
         assert_eq!(split(1, 4096), 28, "64 tiles: 224 of 264 slots");
         assert_eq!(split(1, 1024), 7, "16 tiles: splits keep 2 at least");
