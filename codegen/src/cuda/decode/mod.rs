@@ -46,6 +46,26 @@
 //! - **Tiles the mask drops** (interval analysis over the CTA's tokens,
 //!   `tiles`) are neither loaded nor multiplied: a window reads the window.
 //!
+//! - **E4m3 caches** ([`KvCacheDtype::E4m3`]: `library/decode_e4m3.cuh`).
+//!   K/V tiles are copied as they are, a byte an element (half the bytes a
+//!   step waits on; twice the stages fit), and converted to the spec's
+//!   dtype on registers right after each ldmatrix: every element once (a
+//!   warp owns its keys), no second pass through shared memory, and the
+//!   conversion is exact (e4m3 ⊂ f16, bf16; `cvt.rn.f16x2.e4m3x2` on
+//!   sm_89+). The 16-bit ldmatrix reads a byte tile as a 16-bit tile of half
+//!   the columns, handing each lane K's dims in another order, which the
+//!   Q tile is stored in (`load_q_rows`' INTERLEAVED: the reduction over
+//!   dims is the same sum), and V's dims split over two MMAs, whose O
+//!   columns the epilogue places (`e4m3_o_column`). The descales are not
+//!   applied per element: with `k = dk · k8` per K/V head, `q·k = dk ·
+//!   (q·k8)`, so K's factor multiplies the softmax scale (`qk_scale`, once
+//!   per CTA: a CTA is one K/V head), and since `O = Σ p v = dv · Σ p v8`,
+//!   V's multiplies each row's final `1 / sum`. Both are exact up to one
+//!   f32 rounding of a product, cost nothing per element, and leave the
+//!   scores, the LSE and the split combine as they are. The factors are
+//!   read on the device (per tensor or per K/V head), so a captured step
+//!   replays with new ones.
+//!
 //! Modules: `plan` (decisions), `body` (setup, pipeline, tile step),
 //! `queries` (padded or packed Q, O and LSE addresses), `tiles`, `logit`,
 //! `epilogue`, `combine` (the last split's).
