@@ -24,7 +24,7 @@ use flashgen_tools::verify::decode_e4m3::Granularity;
 use flashgen_tools::verify::{Expected, Report};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use support::forward::Table;
+use support::decode::{capture, replay_matches, run_cases, shape};
 use support::{params, runtime, spec, with};
 
 const GRANULARITIES: [Granularity; 2] = [Granularity::PerTensor, Granularity::PerKvHead];
@@ -96,18 +96,7 @@ fn run_once(rt: &Runtime, case: &Case, seed: u64) -> Result<(usize, Report), Str
 
 /// Runs every case, prints a table and fails if any row failed.
 fn run_all(rt: &Runtime, cases: Vec<Case>) {
-    let mut table = Table::default();
-    for case in cases {
-        let seed: u64 = rand::random();
-        let outcome = run_once(rt, &case, seed);
-        let splits = outcome.as_ref().map_or(0, |(s, _)| *s);
-        table.record(case.row(splits, seed), outcome.map(|(_, report)| report));
-    }
-    table.finish();
-}
-
-fn shape(heads: (usize, usize), batch: usize, q_len: usize, max_kv_len: usize) -> DecodeShape {
-    DecodeShape { batch, heads: heads.0, heads_kv: heads.1, q_len, max_kv_len }
+    run_cases(cases, |case, seed| run_once(rt, case, seed), Case::row);
 }
 
 /// Every example spec at q_len 1 and 4 under GQA (4 query heads a K/V
@@ -221,11 +210,7 @@ fn a_captured_e4m3_step_replays_with_new_descales() {
         let plan = rt.decode_plan(&spec, case.shape, &options(&problem, &case)).unwrap();
         let paged = page.map(|p| problem.paged(&spec, p, seed));
         let mut gpu = DeviceDecode::upload_e4m3(&rt, &spec, &problem, &scales, paged.as_ref()).unwrap();
-        let stream = rt.stream();
-        stream.synchronize().unwrap();
-        stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-        gpu.run(&rt, &plan, &problem).unwrap();
-        let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
+        let graph = capture(&rt, || gpu.run(&rt, &plan, &problem).unwrap());
         for (round, (k_factor, v_factor)) in [(1.0, 1.0), (2.0, 0.5), (0.25, 4.0)].into_iter().enumerate() {
             let k: Vec<f32> = scales.k.iter().map(|d| d * k_factor).collect();
             let v: Vec<f32> = scales.v.iter().map(|d| d * v_factor).collect();
@@ -234,9 +219,7 @@ fn a_captured_e4m3_step_replays_with_new_descales() {
             step.k_cache.iter_mut().for_each(|x| *x *= f64::from(k_factor));
             step.v_cache.iter_mut().for_each(|x| *x *= f64::from(v_factor));
             let step = step.with_lens(&case.lens);
-            graph.launch().unwrap();
-            let report = Expected::varlen(&spec, &step.reference).unwrap().check(&gpu.download().unwrap());
-            assert!(report.passed(), "{splits:?} {page:?} round {round}: O {} LSE {}", report.output, report.lse);
+            replay_matches(&graph, &spec, &step, &gpu, &format!("{splits:?} {page:?} round {round}"));
         }
     }
 }

@@ -169,23 +169,27 @@ for (int i = 0; i < 2 * M_TILES; ++i) {
 
 /// The accumulators, the spec's logit and the loop over the split's tiles.
 pub(super) fn write_tile_loop(w: &mut Writer<String>, spec: &Spec, kv: KvCacheDtype) -> fmt::Result {
+    let by_format = |spec: &'static str, e4m3: &'static str| if kv == KvCacheDtype::E4m3 { e4m3 } else { spec };
     writeln!(w)?;
-    write_logit(w, spec, if kv == KvCacheDtype::E4m3 { "qk_scale" } else { "scale" })?;
+    write_logit(w, spec, by_format("scale", "qk_scale"))?;
     w.write_str(ACCUMULATORS)?;
-    w.write_str(match kv {
-        KvCacheDtype::Spec => SPEC_LANES,
-        KvCacheDtype::E4m3 => E4M3_LANES,
-    })?;
+    w.write_str(by_format(SPEC_LANES, E4M3_LANES))?;
     w.write_str(LOOP_HEAD)?;
-    w.write_str(match kv {
-        KvCacheDtype::Spec => SPEC_SCORES,
-        KvCacheDtype::E4m3 => E4M3_SCORES,
-    })?;
+    w.write_str(by_format(
+        "    // S = Q K^T on every row x this warp's keys.\n",
+        "    // S = Q K^T on every row x this warp's keys, K's e4m3 converted on\n    \
+         // registers; one 16-byte chunk of a key row is a whole k-step.\n",
+    ))?;
+    w.write_str(SCORES_LOOP)?;
+    w.write_str(by_format(SPEC_SCORES, E4M3_SCORES))?;
     w.write_str(SOFTMAX)?;
-    w.write_str(match kv {
-        KvCacheDtype::Spec => SPEC_VALUES,
-        KvCacheDtype::E4m3 => E4M3_VALUES,
-    })?;
+    w.write_str(by_format(
+        "    // O += P V, P straight from the S registers (pack_p).\n",
+        "    // O += P V, P straight from the S registers (pack_p), V's e4m3 converted\n    \
+         // on registers: tiles n and n + 1 take a 16-dim chunk's even and odd dims.\n",
+    ))?;
+    w.write_str(VALUES_LOOP)?;
+    w.write_str(by_format(SPEC_VALUES, E4M3_VALUES))?;
     w.write_str(
         "}
 cp_async_wait_all();
@@ -248,15 +252,18 @@ for (int j = tile_begin; j < tile_end; ++j) {
 
 ";
 
-/// S = Q·Kᵀ over 16-bit K.
-const SPEC_SCORES: &str = "    // S = Q K^T on every row x this warp's keys.
-    float s[M_TILES][S_TILES][4] = {};
+/// S = Q·Kᵀ: the k-steps over Q's dims, each step's Q fragments; each
+/// step's K fragments and MMAs by the cache's format.
+const SCORES_LOOP: &str = "    float s[M_TILES][S_TILES][4] = {};
     #pragma unroll
     for (int kk = 0; kk < DP / 16; ++kk) {
         unsigned a[M_TILES][4];
         #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt) ldmatrix_x4(a[mt], q_smem + q_lane.at(mt * 16, kk));
-        #pragma unroll
+";
+
+/// S = Q·Kᵀ over 16-bit K: a k-step's fragments and MMAs.
+const SPEC_SCORES: &str = "        #pragma unroll
         for (int n = 0; n < S_TILES; n += 2) {
             unsigned kb[4];
             ldmatrix_x4(kb, k_smem + k_lane.at(kw + n * 8, kk));
@@ -271,15 +278,7 @@ const SPEC_SCORES: &str = "    // S = Q K^T on every row x this warp's keys.
 ";
 
 /// S = Q·Kᵀ over e4m3 K, converted on registers (`e4m3_key_fragment`).
-const E4M3_SCORES: &str = "    // S = Q K^T on every row x this warp's keys, K's e4m3 converted on
-    // registers; one 16-byte chunk of a key row is a whole k-step.
-    float s[M_TILES][S_TILES][4] = {};
-    #pragma unroll
-    for (int kk = 0; kk < DP / 16; ++kk) {
-        unsigned a[M_TILES][4];
-        #pragma unroll
-        for (int mt = 0; mt < M_TILES; ++mt) ldmatrix_x4(a[mt], q_smem + q_lane.at(mt * 16, kk));
-        unsigned kb[2];  // keys kw + g and kw + 8 + g, dims 16 kk + 4t .. 4t + 3
+const E4M3_SCORES: &str = "        unsigned kb[2];  // keys kw + g and kw + 8 + g, dims 16 kk + 4t .. 4t + 3
         ldmatrix_x2(kb, k_smem + k_lanes[kk % 2].at(kw, kk / 2));
         #pragma unroll
         for (int n = 0; n < S_TILES; ++n) {
@@ -332,16 +331,19 @@ const SOFTMAX: &str = "    // The spec, then the online softmax (base 2), row by
 
 ";
 
-/// O += P·V over 16-bit V.
-const SPEC_VALUES: &str = "    // O += P V, P straight from the S registers (pack_p).
-    #pragma unroll
+/// O += P·V: P's k-steps and O's pairs of tiles, each pair's V fragments
+/// and MMAs by the cache's format.
+const VALUES_LOOP: &str = "    #pragma unroll
     for (int kk = 0; kk < WARP_N / 16; ++kk) {
         unsigned p[M_TILES][4];
         #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt) pack_p(storage{}, p[mt], s[mt], kk);
         #pragma unroll
         for (int n = 0; n < O_TILES; n += 2) {
-            unsigned vb[4];
+";
+
+/// O += P·V over 16-bit V: each pair's fragments and MMAs.
+const SPEC_VALUES: &str = "            unsigned vb[4];
             ldmatrix_x4_trans(vb, v_smem + v_lane.at(kw + kk * 16, n / 2));
             #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt) {
@@ -354,16 +356,7 @@ const SPEC_VALUES: &str = "    // O += P V, P straight from the S registers (pac
 
 /// O += P·V over e4m3 V, converted on registers (`e4m3_value_fragment`):
 /// O's columns come out in `e4m3_o_column`'s order.
-const E4M3_VALUES: &str = "    // O += P V, P straight from the S registers (pack_p), V's e4m3 converted
-    // on registers: tiles n and n + 1 take a 16-dim chunk's even and odd dims.
-    #pragma unroll
-    for (int kk = 0; kk < WARP_N / 16; ++kk) {
-        unsigned p[M_TILES][4];
-        #pragma unroll
-        for (int mt = 0; mt < M_TILES; ++mt) pack_p(storage{}, p[mt], s[mt], kk);
-        #pragma unroll
-        for (int n = 0; n < O_TILES; n += 2) {
-            unsigned vb[2], even[2], odd[2];  // keys 2t, 2t + 1, then 2t + 8, 2t + 9
+const E4M3_VALUES: &str = "            unsigned vb[2], even[2], odd[2];  // keys 2t, 2t + 1, then 2t + 8, 2t + 9
             ldmatrix_x2_trans(vb, v_smem + v_lanes[n / 2 % 2].at(kw + kk * 16, n / 4));
             e4m3_value_fragment(storage{}, vb[0], even[0], odd[0]);
             e4m3_value_fragment(storage{}, vb[1], even[1], odd[1]);
