@@ -12,7 +12,6 @@
 mod support;
 
 use flashgen::codegen::Spec;
-use flashgen::cudarc::driver::sys;
 use flashgen::half::bf16;
 use flashgen::runtime::RaggedError;
 use flashgen::runtime::{DecodeOptions, DecodeShape, Error, Layout, PagedDecodeIo, PagedKv, PagedLayout, Runtime};

@@ -14,7 +14,6 @@
 mod support;
 
 use flashgen::codegen::{Dtype, Spec};
-use flashgen::cudarc::driver::sys;
 use flashgen::runtime::{
     DecodeIo, DecodeOptions, DecodeShape, Descale, Error, KvCacheDtype, KvDescale, Layout, RaggedError, Runtime,
 };

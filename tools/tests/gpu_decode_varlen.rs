@@ -15,7 +15,6 @@
 mod support;
 
 use flashgen::codegen::Spec;
-use flashgen::cudarc::driver::sys;
 use flashgen::runtime::{DecodeOptions, DecodeShape, Error, RaggedError, Runtime};
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::decode::{random_decode_problem, random_lens, DecodeProblem, DeviceDecode};
