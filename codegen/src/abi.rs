@@ -143,6 +143,15 @@ pub enum ArgKind {
     /// tile `[batch, heads_kv, row tiles]`, zero between launches (the last
     /// split of a tile sets it back).
     SplitCounters,
+    /// `const unsigned char*` an e4m3 decode kernel's K or V cache (in
+    /// place of its `Ptr`): a byte an element, strides in bytes.
+    E4m3(Operand),
+    /// `const float*` an e4m3 K or V cache's descale factors on the device:
+    /// one for the tensor, or one per K/V head.
+    Descale(Operand),
+    /// Entries between consecutive K/V heads' descale factors: 0 (one
+    /// factor for the tensor) or 1 (one per K/V head).
+    DescaleStride(Operand),
     /// Base pointer of a partials kernel's operand (see [`Partial`]), at
     /// its first element; a piece or an output may be null.
     PartialPtr(Partial),

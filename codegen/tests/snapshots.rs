@@ -13,7 +13,7 @@ use flashgen_codegen::cuda::{
     emit_add_f32, emit_add_partial, emit_backward, emit_backward_varlen, emit_backward_with, emit_decode,
     emit_decode_paged, emit_decode_with, emit_forward, emit_forward_copying, emit_forward_dropout, emit_forward_paged,
     emit_forward_varlen, emit_forward_with, emit_merge_partial, emit_paged_append, BackwardConfig, BackwardPass,
-    DecodeCache, DecodeConfig, DecodeQueries, DqAccum, Mma, Target, TileConfig, TileCopy,
+    DecodeCache, DecodeConfig, DecodeQueries, DqAccum, KvCacheDtype, Mma, Target, TileConfig, TileCopy,
 };
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
@@ -182,6 +182,13 @@ fn decode_kernels() {
     ] {
         insta::assert_snapshot!(name, render(&emit_decode_with(&spec, config, cache, DecodeQueries::Packed)));
     }
+    // An e4m3 cache: byte pointers and descales, Q's columns interleaved,
+    // fragments converted on registers, the descales folded into the logit's
+    // scale and the rows' normalization; a sink takes V's too. Dense and paged.
+    let spec = variant("sink_window");
+    let config = DecodeConfig::for_cache(&spec, Target::HOPPER, 8, KvCacheDtype::E4m3).unwrap();
+    insta::assert_snapshot!("decode_e4m3_sink_window", render(&emit_decode(&spec, config)));
+    insta::assert_snapshot!("decode_paged_e4m3_sink_window", render(&emit_decode_paged(&spec, config)));
 }
 
 #[test]

@@ -12,12 +12,15 @@
 //! [`DecodeOptions::paged`] runs on paged caches instead
 //! (`decode_paged`: [`DecodePlan::run_paged`]), one made with
 //! [`DecodeOptions::varlen`] on packed queries, a token count per sequence
-//! (`decode_varlen`: [`DecodePlan::run_varlen`]); all share the launch here
-//! ([`DecodePlan::queue`]).
+//! (`decode_varlen`: [`DecodePlan::run_varlen`]), one made with
+//! [`DecodeOptions::kv_cache`] on e4m3 caches (`decode_e4m3`:
+//! [`DecodePlan::run_e4m3`] and its paged and varlen twins); all share the
+//! launch here ([`DecodePlan::queue`]).
 
 use crate::args::{signature, ArgInfo, ArgValue};
 use crate::check::{check_forward, softmax_scale, Problem};
 use crate::check_decode::{check_launch, check_plan_shape, check_splits, DecodeShape};
+use crate::decode_e4m3::KvDescale;
 use crate::element::Element;
 use crate::error::{Error, RaggedError};
 use crate::kernels::{LoadedKernel, Which};
@@ -30,7 +33,7 @@ use crate::operand::{DeviceInput, DeviceOutput};
 use crate::paged::PagedKv;
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
-use flashgen_codegen::cuda::{split_count, DecodeCache, DecodeConfig, DecodeQueries, DECODE_BLOCK_N};
+use flashgen_codegen::cuda::{split_count, DecodeCache, DecodeConfig, DecodeQueries, KvCacheDtype, DECODE_BLOCK_N};
 use flashgen_codegen::{to_source, Shape, Spec};
 use std::sync::Arc;
 
@@ -39,7 +42,7 @@ use std::sync::Arc;
 const SPEC_ARGS: usize = 16;
 
 /// How a plan runs: the softmax scale, to override the plan's choice the
-/// split count, and the kind of cache it reads.
+/// split count, and the kind of cache and queries it reads.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DecodeOptions {
     /// Softmax scale, positive and finite; `None`: `1 / sqrt(head_dims.qk)`.
@@ -55,6 +58,11 @@ pub struct DecodeOptions {
     /// ([`DecodePlan::run_varlen`], on the cache `paged` names), rather
     /// than `q_len` tokens each.
     pub varlen: bool,
+    /// The cache's element format: the spec's dtype (runs take K and V of
+    /// the plan's element type), or [`KvCacheDtype::E4m3`] (runs take byte
+    /// caches and their descale factors: [`DecodePlan::run_e4m3`],
+    /// [`DecodePlan::run_paged_e4m3`], [`DecodePlan::run_varlen_e4m3`]).
+    pub kv_cache: KvCacheDtype,
 }
 
 /// The operands of one decode step. Q and O are `[batch, q_len, heads, d]`,
@@ -62,11 +70,12 @@ pub struct DecodeOptions {
 /// strides); sequence `b`'s keys are its cache rows `0 .. kv_lens[b]`, and
 /// its query `i` is the spec's `q = i` with `q_len` / `kv_len` the step's,
 /// exactly as [`Runtime::forward`] on the same queries and keys. The LSE,
-/// if asked, is `f32[batch, heads, q_len]`.
-pub struct DecodeIo<'a, T> {
+/// if asked, is `f32[batch, heads, q_len]`. `C` is the cache's element:
+/// `T`, or `u8` holding e4m3 ([`DecodePlan::run_e4m3`]).
+pub struct DecodeIo<'a, T, C = T> {
     pub q: (&'a dyn DeviceInput<T>, Layout),
-    pub k: (&'a dyn DeviceInput<T>, Layout),
-    pub v: (&'a dyn DeviceInput<T>, Layout),
+    pub k: (&'a dyn DeviceInput<C>, Layout),
+    pub v: (&'a dyn DeviceInput<C>, Layout),
     pub o: (&'a mut dyn DeviceOutput<T>, Layout),
     pub lse: Option<&'a mut CudaSlice<f32>>,
     /// `i32[batch]` each sequence's key count, on the device. Values past
@@ -108,12 +117,13 @@ impl<T> DecodeKv<'_, T> {
 
 /// One checked step's operands as [`DecodePlan::queue`] launches them: Q
 /// and O (packed ones as [`PackedLayout::as_layout`](crate::PackedLayout::as_layout)),
-/// the LSE, the cache, and packed queries' prefix sums with Q's tokens.
-pub(crate) struct StepIo<'a, T> {
+/// the LSE, the cache (of `C`), and packed queries' prefix sums with Q's
+/// tokens.
+pub(crate) struct StepIo<'a, T, C> {
     pub q: (&'a dyn DeviceInput<T>, Layout),
     pub o: (&'a mut dyn DeviceOutput<T>, Layout),
     pub lse: Option<&'a mut CudaSlice<f32>>,
-    pub kv: DecodeKv<'a, T>,
+    pub kv: DecodeKv<'a, C>,
     pub packed: Option<(&'a dyn DeviceInput<i32>, usize)>,
 }
 
@@ -157,7 +167,7 @@ impl Runtime {
         }
         let scale = softmax_scale(spec, opts.scale)?;
         let rows = u32::try_from(shape.group_rows()).unwrap_or(u32::MAX);
-        let config = DecodeConfig::for_rows(spec, self.target(), rows).ok_or_else(|| {
+        let config = DecodeConfig::for_cache(spec, self.target(), rows, opts.kv_cache).ok_or_else(|| {
             Error::Ragged(RaggedError::DecodeShape {
                 problem: format!(
                     "head dims {}/{} leave no room for two K/V stages",
@@ -221,9 +231,22 @@ impl DecodePlan {
     /// params, then its tensors) against the plan, then launches the decode
     /// kernel (one launch, splits or not). A dense cache: a plan
     /// made for paged ones refuses it ([`RaggedError::DecodeCache`](crate::RaggedError::DecodeCache)),
-    /// one made for packed queries ([`RaggedError::DecodeQueries`](crate::RaggedError::DecodeQueries)).
+    /// one made for packed queries ([`RaggedError::DecodeQueries`](crate::RaggedError::DecodeQueries)),
+    /// one made for e4m3 caches ([`RaggedError::DecodeKvDtype`](crate::RaggedError::DecodeKvDtype)).
     pub fn run<T: Element>(&self, rt: &Runtime, io: DecodeIo<'_, T>, args: &[ArgValue<'_>]) -> Result<(), Error> {
-        self.check_kind(DecodeCache::Dense, DecodeQueries::Padded)?;
+        self.run_dense(rt, io, None, args)
+    }
+
+    /// [`DecodePlan::run`] over a cache of `C` (`T`, or e4m3 bytes with
+    /// their `descale`).
+    pub(crate) fn run_dense<T: Element, C>(
+        &self,
+        rt: &Runtime,
+        io: DecodeIo<'_, T, C>,
+        descale: Option<&KvDescale<'_>>,
+        args: &[ArgValue<'_>],
+    ) -> Result<(), Error> {
+        self.check_kind(DecodeCache::Dense, DecodeQueries::Padded, descale)?;
         let infos = self.arg_infos(args)?;
         let infos = &infos[..args.len()];
         let DecodeIo { q, k, v, o, lse, kv_lens } = io;
@@ -234,12 +257,18 @@ impl DecodePlan {
         };
         check_launch(&self.shape, &shape, kv_lens.len())?;
         let kv = DecodeKv::Dense { k, v, kv_lens };
-        self.queue(rt, shape, infos, args, StepIo { q, o, lse, kv, packed: None })
+        self.queue(rt, (shape, infos, args), StepIo { q, o, lse, kv, packed: None }, descale)
     }
 
-    /// Refuses a run on another kind of cache or queries than the plan's
-    /// kernel reads.
-    pub(crate) fn check_kind(&self, cache: DecodeCache, queries: DecodeQueries) -> Result<(), Error> {
+    /// Refuses a run on another kind of cache, queries or cache elements
+    /// than the plan's kernel reads (`descale`: the run's e4m3 descales,
+    /// checked against the plan's K/V heads; `None`: a 16-bit cache).
+    pub(crate) fn check_kind(
+        &self,
+        cache: DecodeCache,
+        queries: DecodeQueries,
+        descale: Option<&KvDescale<'_>>,
+    ) -> Result<(), Error> {
         let cache_name = |c| if c == DecodeCache::Paged { "paged" } else { "dense" };
         let queries_name = |q| if q == DecodeQueries::Packed { "packed" } else { "padded" };
         if cache != self.cache {
@@ -250,7 +279,12 @@ impl DecodePlan {
             let (plan, got) = (queries_name(self.queries), queries_name(queries));
             return Err(Error::Ragged(RaggedError::DecodeQueries { plan, got }));
         }
-        Ok(())
+        let kv = if descale.is_some() { KvCacheDtype::E4m3 } else { KvCacheDtype::Spec };
+        if kv != self.config.kv {
+            let (plan, got) = (self.config.kv.name(), kv.name());
+            return Err(Error::Ragged(RaggedError::DecodeKvDtype { plan, got }));
+        }
+        descale.map_or(Ok(()), |d| d.check(self.shape.heads_kv))
     }
 
     /// `args`' infos in an array, not a vector (a run allocates nothing):
@@ -264,14 +298,14 @@ impl DecodePlan {
     }
 
     /// Queues the plan's launch for a checked step of `shape` (its cache's
-    /// rows as `kv_len`, the plan's `q_len`).
-    pub(crate) fn queue<T>(
+    /// rows as `kv_len`, the plan's `q_len`) with `args` and their `infos`,
+    /// and an e4m3 cache's `descale`.
+    pub(crate) fn queue<T, C>(
         &self,
         rt: &Runtime,
-        shape: Shape,
-        infos: &[ArgInfo],
-        args: &[ArgValue<'_>],
-        io: StepIo<'_, T>,
+        (shape, infos, args): (Shape, &[ArgInfo], &[ArgValue<'_>]),
+        io: StepIo<'_, T, C>,
+        descale: Option<&KvDescale<'_>>,
     ) -> Result<(), Error> {
         debug_assert!(io.kv.cache() == self.cache && io.packed.is_some() == (self.queries == DecodeQueries::Packed));
         // The guards order the launch after pending work on each buffer and
@@ -316,8 +350,14 @@ impl DecodePlan {
             .as_ref()
             .map(|s| [s.partial_o.device_ptr(stream), s.partial_lse.device_ptr(stream), s.counters.device_ptr(stream)]);
         let [partial_o, partial_lse, counters] = split.as_ref().map_or([0; 3], |ptrs| ptrs.each_ref().map(|p| p.0));
-        let decode =
-            DecodeBindings { kv_lens: lens_ptr, splits: self.splits, partial: [partial_o, partial_lse], counters };
+        let descales = descale.map(|d| d.bind(stream));
+        let decode = DecodeBindings {
+            kv_lens: lens_ptr,
+            splits: self.splits,
+            partial: [partial_o, partial_lse],
+            counters,
+            descales: descales.as_ref().map(|[k, v]| [k.binding, v.binding]),
+        };
         let layouts = [q.1, k_layout, v_layout, o.1];
         let lse_ptr = lse.as_ref().map_or(0, |(ptr, _)| *ptr);
         let bindings = Bindings {

@@ -12,6 +12,7 @@ use crate::args::ArgValue;
 use crate::check::Buffer;
 use crate::check_decode::{check_launch, check_paged_launch, PagedDecodeProblem};
 use crate::decode::{DecodeKv, DecodePlan, StepIo};
+use crate::decode_e4m3::KvDescale;
 use crate::element::Element;
 use crate::error::Error;
 use crate::layout::Layout;
@@ -27,12 +28,13 @@ use flashgen_codegen::cuda::{DecodeCache, DecodeQueries};
 /// page_size` of page `block_table[b][k / page_size]`, and its query `i` is
 /// the spec's `q = i` with `kv_len` its clamped length. `kv.max_kv_len` is
 /// the plan's `max_kv_len` (captured tensors' `KV_LEN` dims). The LSE, if
-/// asked, is `f32[batch, heads, q_len]`.
-pub struct PagedDecodeIo<'a, T> {
+/// asked, is `f32[batch, heads, q_len]`. `C` is the caches' element: `T`,
+/// or `u8` holding e4m3 ([`DecodePlan::run_paged_e4m3`]).
+pub struct PagedDecodeIo<'a, T, C = T> {
     pub q: (&'a dyn DeviceInput<T>, Layout),
     pub o: (&'a mut dyn DeviceOutput<T>, Layout),
     pub lse: Option<&'a mut CudaSlice<f32>>,
-    pub kv: PagedKv<'a, T>,
+    pub kv: PagedKv<'a, C>,
 }
 
 impl DecodePlan {
@@ -52,7 +54,19 @@ impl DecodePlan {
         io: PagedDecodeIo<'_, T>,
         args: &[ArgValue<'_>],
     ) -> Result<(), Error> {
-        self.check_kind(DecodeCache::Paged, DecodeQueries::Padded)?;
+        self.run_pages(rt, io, None, args)
+    }
+
+    /// [`DecodePlan::run_paged`] over caches of `C` (`T`, or e4m3 bytes
+    /// with their `descale`).
+    pub(crate) fn run_pages<T: Element, C>(
+        &self,
+        rt: &Runtime,
+        io: PagedDecodeIo<'_, T, C>,
+        descale: Option<&KvDescale<'_>>,
+        args: &[ArgValue<'_>],
+    ) -> Result<(), Error> {
+        self.check_kind(DecodeCache::Paged, DecodeQueries::Padded, descale)?;
         let infos = self.arg_infos(args)?;
         let infos = &infos[..args.len()];
         let PagedDecodeIo { q, o, lse, kv } = io;
@@ -68,6 +82,6 @@ impl DecodePlan {
         };
         check_launch(&self.shape(), &shape, kv.kv_lens.len())?;
         let kv = DecodeKv::Paged(kv);
-        self.queue(rt, shape, infos, args, StepIo { q, o, lse, kv, packed: None })
+        self.queue(rt, (shape, infos, args), StepIo { q, o, lse, kv, packed: None }, descale)
     }
 }

@@ -15,6 +15,7 @@ use crate::check::Buffer;
 use crate::check_decode::check_launch;
 use crate::check_decode_varlen::{check_varlen_decode, CacheShape, VarlenDecodeProblem};
 use crate::decode::{DecodeKv, DecodePlan, StepIo};
+use crate::decode_e4m3::KvDescale;
 use crate::element::Element;
 use crate::error::Error;
 use crate::layout::PackedLayout;
@@ -31,8 +32,10 @@ use flashgen_codegen::cuda::DecodeQueries;
 /// [`Runtime::forward_varlen`] on the same queries and keys (so a bottom-
 /// right mask, `q + kv_len - q_len >= k`, aligns each sequence's tokens
 /// with its last keys). The LSE, if asked, is `f32[heads, total_q]` (the
-/// varlen forward's). Tokens of no sequence are left as they were.
-pub struct VarlenDecodeIo<'a, T> {
+/// varlen forward's). Tokens of no sequence are left as they were. `C` is
+/// the cache's element: `T`, or `u8` holding e4m3
+/// ([`DecodePlan::run_varlen_e4m3`]).
+pub struct VarlenDecodeIo<'a, T, C = T> {
     pub q: (&'a dyn DeviceInput<T>, PackedLayout),
     pub o: (&'a mut dyn DeviceOutput<T>, PackedLayout),
     pub lse: Option<&'a mut CudaSlice<f32>>,
@@ -43,7 +46,7 @@ pub struct VarlenDecodeIo<'a, T> {
     /// O or the LSE.
     pub cu_seqlens_q: &'a dyn DeviceInput<i32>,
     /// The cache: the plan's kind ([`DecodeOptions::paged`](crate::DecodeOptions::paged)).
-    pub kv: DecodeKv<'a, T>,
+    pub kv: DecodeKv<'a, C>,
 }
 
 impl DecodePlan {
@@ -54,14 +57,27 @@ impl DecodePlan {
     /// `cu_seqlens_q` (`batch + 1` entries: `RaggedError::CuSeqlensLen`),
     /// the cache and `args` against the plan, then launches. A plan made
     /// for padded queries refuses it ([`RaggedError::DecodeQueries`](crate::RaggedError::DecodeQueries)),
-    /// one for the other kind of cache too ([`RaggedError::DecodeCache`](crate::RaggedError::DecodeCache)).
+    /// one for the other kind of cache too ([`RaggedError::DecodeCache`](crate::RaggedError::DecodeCache)),
+    /// one for e4m3 caches as well ([`RaggedError::DecodeKvDtype`](crate::RaggedError::DecodeKvDtype)).
     pub fn run_varlen<T: Element>(
         &self,
         rt: &Runtime,
         io: VarlenDecodeIo<'_, T>,
         args: &[ArgValue<'_>],
     ) -> Result<(), Error> {
-        self.check_kind(io.kv.cache(), DecodeQueries::Packed)?;
+        self.run_packed(rt, io, None, args)
+    }
+
+    /// [`DecodePlan::run_varlen`] over a cache of `C` (`T`, or e4m3 bytes
+    /// with their `descale`).
+    pub(crate) fn run_packed<T: Element, C>(
+        &self,
+        rt: &Runtime,
+        io: VarlenDecodeIo<'_, T, C>,
+        descale: Option<&KvDescale<'_>>,
+        args: &[ArgValue<'_>],
+    ) -> Result<(), Error> {
+        self.check_kind(io.kv.cache(), DecodeQueries::Packed, descale)?;
         let infos = self.arg_infos(args)?;
         let infos = &infos[..args.len()];
         let VarlenDecodeIo { q, o, lse, cu_seqlens_q, kv } = io;
@@ -85,6 +101,6 @@ impl DecodePlan {
         };
         check_launch(&self.shape(), &checked.shape, kv.kv_lens().len())?;
         let packed = Some((cu_seqlens_q, checked.total_q));
-        self.queue(rt, checked.shape, infos, args, StepIo { q, o, lse, kv, packed })
+        self.queue(rt, (checked.shape, infos, args), StepIo { q, o, lse, kv, packed }, descale)
     }
 }

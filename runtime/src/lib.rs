@@ -96,8 +96,10 @@ mod block_mask;
 mod comm;
 pub mod context_parallel;
 mod decode;
+mod decode_e4m3;
 mod decode_paged;
 mod decode_varlen;
+pub mod e4m3;
 mod forward;
 mod forward_launch;
 mod forward_paged;
@@ -121,6 +123,7 @@ pub use check_decode::DecodeShape;
 pub use comm::{Communicator, UniqueId};
 pub use comm_error::CommError;
 pub use decode::{DecodeIo, DecodeKv, DecodeOptions, DecodePlan};
+pub use decode_e4m3::{Descale, KvDescale};
 pub use decode_paged::PagedDecodeIo;
 pub use decode_varlen::VarlenDecodeIo;
 pub use disk_cache::{
@@ -130,6 +133,7 @@ pub use disk_cache::{
 pub use dropout_error::DropoutError;
 pub use element::Element;
 pub use error::Error;
+pub use flashgen_codegen::cuda::KvCacheDtype;
 pub use flashgen_codegen::Dropout;
 pub use forward_launch::{ForwardIo, ForwardOptions};
 pub use forward_paged::{PagedIo, PagedQueries};

@@ -97,6 +97,9 @@ pub(crate) struct DecodeBindings {
     pub partial: [u64; 2],
     /// Device address of the split counters (0 with one split).
     pub counters: u64,
+    /// An e4m3 cache's K and V descale factors: device addresses and the
+    /// entries between K/V heads' factors (0: one for the tensor).
+    pub descales: Option<[(u64, i32); 2]>,
 }
 
 /// A varlen launch's sequences, queries' then keys'.
@@ -216,6 +219,7 @@ fn value_of(kernel: &Kernel, arg: &KernelArg, b: &Bindings) -> Result<Value, Err
     let grads = || b.grads.as_ref().ok_or_else(abi_error);
     let varlen = || b.varlen.ok_or_else(abi_error);
     let decode = || b.decode.ok_or_else(abi_error);
+    let descale = || decode()?.descales.ok_or_else(abi_error);
     let paged = || b.paged.ok_or_else(abi_error);
     let append = || b.append.ok_or_else(abi_error);
     let partials = || b.partials.ok_or_else(abi_error);
@@ -230,6 +234,9 @@ fn value_of(kernel: &Kernel, arg: &KernelArg, b: &Bindings) -> Result<Value, Err
             Slot::Forward(i) => b.ptrs[i],
             Slot::Grad(i) => grads()?.ptrs[i],
         }),
+        ArgKind::E4m3(op) => Value::Ptr(b.ptrs[1 + kv(op)?]),
+        ArgKind::Descale(op) => Value::Ptr(descale()?[kv(op)?].0),
+        ArgKind::DescaleStride(op) => Value::I32(descale()?[kv(op)?].1),
         ArgKind::Lse => Value::Ptr(b.lse),
         ArgKind::Batch => size(b.shape.batch),
         ArgKind::Heads => size(b.shape.heads),

@@ -43,6 +43,14 @@ pub enum RaggedError {
     /// (`DecodeOptions::varlen`: `run_varlen` needs a plan for packed
     /// queries, `run` and `run_paged` one for padded ones).
     DecodeQueries { plan: &'static str, got: &'static str },
+    /// A decode plan ran on caches of another element format than it was
+    /// made for (`DecodeOptions::kv_cache`: the `_e4m3` runs need an e4m3
+    /// plan, the others a 16-bit one).
+    DecodeKvDtype { plan: &'static str, got: &'static str },
+    /// An e4m3 decode launch's K or V descale factors hold another number
+    /// of entries than their granularity reads (1 per tensor, `heads_kv`
+    /// per K/V head).
+    DescaleLen { operand: &'static str, granularity: &'static str, len: usize, expected: usize },
 }
 
 impl fmt::Display for RaggedError {
@@ -85,6 +93,15 @@ impl fmt::Display for RaggedError {
             f,
             "the decode plan was made for {plan} queries but ran on {got} ones: \
              make it with DecodeOptions::varlen set as its runs need"
+        ),
+        RaggedError::DecodeKvDtype { plan, got } => write!(
+            f,
+            "the decode plan was made for a {plan} cache but ran on a {got} one: \
+             make it with DecodeOptions::kv_cache set as its runs need"
+        ),
+        RaggedError::DescaleLen { operand, granularity, len, expected } => write!(
+            f,
+            "{operand}'s {granularity} descale factors hold {len} entries but the launch reads {expected}"
         ),
         }
     }

@@ -9,7 +9,7 @@ use flashgen_codegen::cuda::{
     emit_add_f32, emit_add_partial, emit_backward, emit_backward_varlen, emit_backward_with, emit_block_mask,
     emit_decode, emit_decode_paged, emit_decode_with, emit_forward_copying, emit_forward_dropout, emit_forward_paged,
     emit_forward_varlen, emit_merge_partial, emit_paged_append, emit_work_order, BackwardConfig, BackwardPass,
-    DecodeCache, DecodeConfig, DecodeQueries, Mma, Target, TileCopy, Work,
+    DecodeCache, DecodeConfig, DecodeQueries, KvCacheDtype, Mma, Target, TileCopy, Work,
 };
 use flashgen_codegen::{parse_str, Spec};
 use flashgen_runtime::tile_choice;
@@ -222,6 +222,38 @@ fn varlen_decode_kernels(spec: &Spec) -> Vec<(Kernel, Arch)> {
         for (rows, cache) in [(4, DecodeCache::Dense), (32, DecodeCache::Dense), (32, DecodeCache::Paged)] {
             let config = DecodeConfig::for_rows(spec, target, rows).unwrap();
             jobs.push((emit_decode_with(spec, config, cache, DecodeQueries::Packed), arch));
+        }
+    }
+    jobs
+}
+
+/// Every shipped spec's decode kernels over e4m3 caches (dense, paged, and
+/// packed queries on both; one and two 16-row tiles) compile for sm_80 (no
+/// e4m3 conversion instruction) and sm_90, at both dtypes and at head dims
+/// that are not a multiple of 16, and so do the language's other features.
+#[test]
+fn every_shipped_spec_compiles_e4m3_decode_for_sm80_and_sm90() {
+    require_nvrtc();
+    let mut specs = shipped_specs();
+    specs.extend(parse_str(include_str!("../../codegen/tests/specs/language.attn")).unwrap());
+    specs.extend(
+        ["F16 { dtype: f16, head_dim: 64, mask: q >= k }", "Odd { dtype: bf16, head_dim: 72, v_head_dim: 40 }"]
+            .map(|text| parse_str(text).unwrap().remove(0)),
+    );
+    compile_all(specs.iter().flat_map(e4m3_decode_kernels).collect());
+}
+
+fn e4m3_decode_kernels(spec: &Spec) -> Vec<(Kernel, Arch)> {
+    let mut jobs = Vec::new();
+    for (target, arch) in [(Target::PORTABLE, Arch::new(8, 0)), (Arch::new(9, 0).target(), Arch::new(9, 0))] {
+        for (rows, cache, queries) in [
+            (4, DecodeCache::Dense, DecodeQueries::Padded),
+            (32, DecodeCache::Paged, DecodeQueries::Padded),
+            (32, DecodeCache::Dense, DecodeQueries::Packed),
+            (4, DecodeCache::Paged, DecodeQueries::Packed),
+        ] {
+            let config = DecodeConfig::for_cache(spec, target, rows, KvCacheDtype::E4m3).unwrap();
+            jobs.push((emit_decode_with(spec, config, cache, queries), arch));
         }
     }
     jobs

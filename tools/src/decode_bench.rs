@@ -8,13 +8,17 @@
 //! `DecodePlan::run`. Each shape runs on a dense cache (`decode` rows) and
 //! on paged caches of 16-row pages (`paged16` rows: `DecodePlan::run_paged`,
 //! each sequence's pages in a shuffled order, as a serving loop's pool
-//! hands them out).
+//! hands them out). With `--e4m3` each also runs on e4m3 caches
+//! (`-e4m3` rows: `DecodePlan::run_e4m3`, per-K/V-head descales), GB/s
+//! then of the bytes an e4m3 step reads: half the bf16 rows'.
 
 use crate::verify::driver as driver_error;
 use flashgen::cudarc::driver::CudaSlice;
+use flashgen::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 use flashgen::half::bf16;
 use flashgen::runtime::{
-    median_ms_after, DecodeIo, DecodeOptions, DecodeShape, Error, Layout, PagedDecodeIo, PagedKv, PagedLayout, Runtime,
+    median_ms_after, DecodeIo, DecodeOptions, DecodePlan, DecodeShape, Descale, Error, KvCacheDtype, KvDescale, Layout,
+    PagedDecodeIo, PagedKv, PagedLayout, Runtime,
 };
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -31,8 +35,9 @@ const SPEC: &str = "Decode { dtype: bf16, head_dim: 128, mask: q + kv_len - q_le
 /// The paged rows' page size (vLLM's default).
 const PAGE_SIZE: usize = 16;
 
-/// Prints the decode rows for every batch × cache length, then the copy row.
-pub fn run(rt: &Runtime, batches: &[usize], kv_lens: &[usize], iters: usize) {
+/// Prints the decode rows for every batch × cache length (on `formats`
+/// of cache), then the copy row.
+pub fn run(rt: &Runtime, batches: &[usize], kv_lens: &[usize], formats: &[KvCacheDtype], iters: usize) {
     let tracking = if rt.context().is_event_tracking() { "tracked" } else { "untracked" };
     println!(
         "device: {} ({}), decode: bf16, d={D}, heads {}/{}, q_len 1, median of {iters}, events {tracking}",
@@ -42,24 +47,31 @@ pub fn run(rt: &Runtime, batches: &[usize], kv_lens: &[usize], iters: usize) {
         HEADS.1
     );
     println!(
-        "{:<10} {:>5} {:>7} {:>7} {:>10} {:>9} {:>9}",
+        "{:<13} {:>5} {:>7} {:>7} {:>10} {:>9} {:>9}",
         "row", "batch", "kv_len", "splits", "ms", "GB/s", "host µs"
     );
     let spec = flashgen::parse_one(SPEC).expect("a valid spec");
     for &kv_len in kv_lens {
         for &batch in batches {
-            let bytes = 2 * batch * kv_len * HEADS.1 * D * 2;
-            if bytes > MAX_CACHE_BYTES {
-                println!("{:<10} {batch:>5} {kv_len:>7} skipped: {} GiB of K/V", "decode", bytes >> 30);
+            let bf16_bytes = 2 * batch * kv_len * HEADS.1 * D * 2;
+            if bf16_bytes > MAX_CACHE_BYTES {
+                println!("{:<10} {batch:>5} {kv_len:>7} skipped: {} GiB of K/V", "decode", bf16_bytes >> 30);
                 continue;
             }
-            for (row, page_size) in [("decode", None), ("paged16", Some(PAGE_SIZE))] {
-                match time_decode(rt, &spec, (batch, kv_len), page_size, iters) {
-                    Ok((splits, ms, host_us)) => {
-                        let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
-                        println!("{row:<10} {batch:>5} {kv_len:>7} {splits:>7} {ms:>10.4} {gbs:>9.0} {host_us:>9.2}");
+            for &kv in formats {
+                let bytes = bf16_bytes / 2 * kv.bytes() as usize;
+                let suffix = if kv == KvCacheDtype::E4m3 { "-e4m3" } else { "" };
+                for (row, page_size) in [("decode", None), ("paged16", Some(PAGE_SIZE))] {
+                    let row = format!("{row}{suffix}");
+                    match time_decode(rt, &spec, (batch, kv_len), (page_size, kv), iters) {
+                        Ok((splits, ms, host_us)) => {
+                            let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
+                            println!(
+                                "{row:<13} {batch:>5} {kv_len:>7} {splits:>7} {ms:>10.4} {gbs:>9.0} {host_us:>9.2}"
+                            );
+                        }
+                        Err(e) => println!("{row:<13} {batch:>5} {kv_len:>7} error: {e}"),
                     }
-                    Err(e) => println!("{row:<10} {batch:>5} {kv_len:>7} error: {e}"),
                 }
             }
         }
@@ -67,32 +79,82 @@ pub fn run(rt: &Runtime, batches: &[usize], kv_lens: &[usize], iters: usize) {
     match time_copy(rt, 1 << 30, iters) {
         Ok(ms) => {
             let gbs = 2.0 * (1u64 << 30) as f64 / (ms * 1e-3) / 1e9;
-            println!("{:<10} {:>5} {:>7} {:>7} {ms:>10.4} {gbs:>9.0}", "d2d-copy", "-", "1 GiB", "-");
+            println!("{:<13} {:>5} {:>7} {:>7} {ms:>10.4} {gbs:>9.0}", "d2d-copy", "-", "1 GiB", "-");
         }
         Err(e) => println!("d2d-copy error: {e}"),
     }
 }
 
 /// One plan's split count, median step time (ms) and host µs per run, on
-/// a dense cache or (`page_size`) paged ones.
+/// a dense cache or (`page_size`) paged ones, of bf16 or e4m3 (`kv`).
 fn time_decode(
     rt: &Runtime,
     spec: &flashgen::Spec,
     (batch, kv_len): (usize, usize),
-    page_size: Option<usize>,
+    (page_size, kv): (Option<usize>, KvCacheDtype),
     iters: usize,
 ) -> Result<(usize, f64, f64), Error> {
-    let stream = rt.stream().clone();
     let shape = DecodeShape { batch, heads: HEADS.0, heads_kv: HEADS.1, q_len: 1, max_kv_len: kv_len };
-    let opts = DecodeOptions { paged: page_size.is_some(), ..DecodeOptions::default() };
+    let opts = DecodeOptions { paged: page_size.is_some(), kv_cache: kv, ..DecodeOptions::default() };
     let plan = rt.decode_plan(spec, shape, &opts)?;
+    let timed = match kv {
+        KvCacheDtype::Spec => time_steps::<bf16>(rt, &plan, page_size, None, iters)?,
+        KvCacheDtype::E4m3 => {
+            let ones = rt.stream().clone_htod(&[1f32; HEADS.1]).map_err(driver_error("upload descales"))?;
+            let descale = KvDescale { k: Descale::PerKvHead(&ones), v: Descale::PerKvHead(&ones) };
+            time_steps::<u8>(rt, &plan, page_size, Some(descale), iters)?
+        }
+    };
+    Ok((plan.splits(), timed.0, timed.1))
+}
+
+/// A cache element the bench times, and the runs that read it.
+trait Cache: DeviceRepr + ValidAsZeroBits + Unpin + Sized {
+    fn run(plan: &DecodePlan, rt: &Runtime, io: DecodeIo<'_, bf16, Self>, d: Option<KvDescale<'_>>) -> Step;
+    fn run_paged(plan: &DecodePlan, rt: &Runtime, io: PagedDecodeIo<'_, bf16, Self>, d: Option<KvDescale<'_>>) -> Step;
+}
+
+type Step = Result<(), Error>;
+
+impl Cache for bf16 {
+    fn run(plan: &DecodePlan, rt: &Runtime, io: DecodeIo<'_, bf16>, _: Option<KvDescale<'_>>) -> Step {
+        plan.run(rt, io, &[])
+    }
+    fn run_paged(plan: &DecodePlan, rt: &Runtime, io: PagedDecodeIo<'_, bf16>, _: Option<KvDescale<'_>>) -> Step {
+        plan.run_paged(rt, io, &[])
+    }
+}
+
+impl Cache for u8 {
+    fn run(plan: &DecodePlan, rt: &Runtime, io: DecodeIo<'_, bf16, u8>, d: Option<KvDescale<'_>>) -> Step {
+        plan.run_e4m3(rt, io, d.expect("e4m3 runs take descales"), &[])
+    }
+    fn run_paged(plan: &DecodePlan, rt: &Runtime, io: PagedDecodeIo<'_, bf16, u8>, d: Option<KvDescale<'_>>) -> Step {
+        plan.run_paged_e4m3(rt, io, d.expect("e4m3 runs take descales"), &[])
+    }
+}
+
+/// The median step time (ms) and host µs per run of `plan` on caches of
+/// `C`, dense or (`page_size`) paged.
+fn time_steps<C: Cache>(
+    rt: &Runtime,
+    plan: &DecodePlan,
+    page_size: Option<usize>,
+    descale: Option<KvDescale<'_>>,
+    iters: usize,
+) -> Result<(f64, f64), Error> {
+    let stream = rt.stream().clone();
+    let DecodeShape { batch, max_kv_len: kv_len, .. } = plan.shape();
     // A paged cache holds the dense one's rows: every sequence's pages.
     let pages_per_seq = kv_len.div_ceil(page_size.unwrap_or(1));
     let cache = PagedLayout::contiguous(batch * pages_per_seq, page_size.unwrap_or(1), HEADS.1, D);
     let [lq, lk] = [Layout::bshd(batch, 1, HEADS.0, D), Layout::bshd(batch, kv_len, HEADS.1, D)];
-    let alloc = |n: usize| stream.alloc_zeros::<bf16>(n).map_err(driver_error("allocate the operands"));
+    let during = driver_error("allocate the operands");
+    let (q, mut o) =
+        (stream.alloc_zeros::<bf16>(lq.len()).map_err(during)?, stream.alloc_zeros(lq.len()).map_err(during)?);
     let cache_len = if page_size.is_some() { cache.as_layout().len() } else { lk.len() };
-    let (q, k, v, mut o) = (alloc(lq.len())?, alloc(cache_len)?, alloc(cache_len)?, alloc(lq.len())?);
+    let (k, v) =
+        (stream.alloc_zeros::<C>(cache_len).map_err(during)?, stream.alloc_zeros::<C>(cache_len).map_err(during)?);
     let lens: CudaSlice<i32> =
         stream.clone_htod(&vec![kv_len as i32; batch]).map_err(driver_error("upload kv_lens"))?;
     let mut table: Vec<i32> = (0..(batch * pages_per_seq) as i32).collect();
@@ -101,7 +163,7 @@ fn time_decode(
     let mut step = || match page_size {
         None => {
             let io = DecodeIo { q: (&q, lq), k: (&k, lk), v: (&v, lk), o: (&mut o, lq), lse: None, kv_lens: &lens };
-            plan.run(rt, io, &[])
+            C::run(plan, rt, io, descale)
         }
         Some(_) => {
             let kv = PagedKv {
@@ -113,7 +175,7 @@ fn time_decode(
                 max_kv_len: kv_len,
                 batch,
             };
-            plan.run_paged(rt, PagedDecodeIo { q: (&q, lq), o: (&mut o, lq), lse: None, kv }, &[])
+            C::run_paged(plan, rt, PagedDecodeIo { q: (&q, lq), o: (&mut o, lq), lse: None, kv }, descale)
         }
     };
     let mut flush = stream.alloc_zeros::<u8>(L2_FLUSH_BYTES).map_err(driver_error("allocate the L2 flush buffer"))?;
@@ -132,7 +194,7 @@ fn time_decode(
     }
     let host_us = start.elapsed().as_secs_f64() * 1e6 / runs as f64;
     stream.synchronize().map_err(driver_error("wait for the decode steps"))?;
-    Ok((plan.splits(), ms, host_us))
+    Ok((ms, host_us))
 }
 
 /// Median ms of a device-to-device copy of `bytes` (cold L2).

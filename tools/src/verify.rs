@@ -21,6 +21,7 @@ use rand_distr::StandardNormal;
 use std::sync::Arc;
 
 pub mod decode;
+pub mod decode_e4m3;
 mod judge;
 pub mod paged;
 pub mod shard;

@@ -12,7 +12,6 @@
 mod support;
 
 use flashgen::codegen::Spec;
-use flashgen::cudarc::driver::sys;
 use flashgen::half::bf16;
 use flashgen::runtime::RaggedError;
 use flashgen::runtime::{DecodeOptions, DecodeShape, Error, Layout, PagedDecodeIo, PagedKv, PagedLayout, Runtime};
@@ -21,7 +20,7 @@ use flashgen_tools::verify::decode::{random_decode_problem, random_lens, DecodeP
 use flashgen_tools::verify::{Expected, Report};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use support::forward::Table;
+use support::decode::{capture, replay_matches, run_cases, shape};
 use support::{params, runtime, spec, with};
 
 /// One decode case: a spec, its bounds, the sequences' key counts, the
@@ -84,19 +83,11 @@ fn run_once(rt: &Runtime, case: &Case, problem: &DecodeProblem, seed: u64) -> Re
 
 /// Runs every case, prints a table and fails if any row failed.
 fn run_all(rt: &Runtime, cases: Vec<Case>) {
-    let mut table = Table::default();
-    for case in cases {
-        let seed: u64 = rand::random();
+    let once = |case: &Case, seed| {
         let problem = random_decode_problem(&case.spec, case.shape, &case.lens, params(&case.spec), seed);
-        let outcome = run_once(rt, &case, &problem, seed);
-        let splits = outcome.as_ref().map_or(0, |(s, _)| *s);
-        table.record(case.row(splits, seed), outcome.map(|(_, report)| report));
-    }
-    table.finish();
-}
-
-fn shape(heads: (usize, usize), batch: usize, q_len: usize, max_kv_len: usize) -> DecodeShape {
-    DecodeShape { batch, heads: heads.0, heads_kv: heads.1, q_len, max_kv_len }
+        run_once(rt, case, &problem, seed)
+    };
+    run_cases(cases, once, Case::row);
 }
 
 /// Every example spec at q_len 1, 4 and 16, ragged lengths (one empty
@@ -222,11 +213,7 @@ fn replay_captured_steps(paged: bool) {
             false => DeviceDecode::upload(&rt, &spec, &problem),
         }
         .unwrap();
-        let stream = rt.stream();
-        stream.synchronize().unwrap();
-        stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-        gpu.run(&rt, &plan, &problem).unwrap();
-        let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
+        let graph = capture(&rt, || gpu.run(&rt, &plan, &problem).unwrap());
         for round in 0..3 {
             let lens = if round == 0 { first.clone() } else { random_lens(&mut rng, 2, (2, 3000)) };
             let step = problem.clone().with_lens(&lens);
@@ -234,9 +221,7 @@ fn replay_captured_steps(paged: bool) {
                 true => gpu.set_pages(&step.paged(&spec, 16, rng.random())).unwrap(),
                 false => gpu.set_kv_lens(&lens.iter().map(|&n| n as i32).collect::<Vec<_>>()).unwrap(),
             }
-            graph.launch().unwrap();
-            let report = Expected::varlen(&spec, &step.reference).unwrap().check(&gpu.download().unwrap());
-            assert!(report.passed(), "round {round}, lens {lens:?}: O {} LSE {}", report.output, report.lse);
+            replay_matches(&graph, &spec, &step, &gpu, &format!("round {round}, lens {lens:?}"));
         }
     }
 }

@@ -15,14 +15,13 @@
 mod support;
 
 use flashgen::codegen::Spec;
-use flashgen::cudarc::driver::sys;
 use flashgen::runtime::{DecodeOptions, DecodeShape, Error, RaggedError, Runtime};
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::decode::{random_decode_problem, random_lens, DecodeProblem, DeviceDecode};
 use flashgen_tools::verify::{Expected, Report};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use support::forward::Table;
+use support::decode::{capture, replay_matches, run_cases, shape};
 use support::{params, runtime, spec};
 
 /// Pages of the paged cases.
@@ -60,7 +59,13 @@ impl Case {
 /// The plan options of `problem`: packed queries, split `splits` ways
 /// (`None`: the plan's choice), on pages or not.
 fn options(problem: &DecodeProblem, splits: Option<usize>, paged: bool) -> DecodeOptions {
-    DecodeOptions { scale: Some(problem.reference.problem.scale as f32), splits, paged, varlen: true }
+    DecodeOptions {
+        scale: Some(problem.reference.problem.scale as f32),
+        splits,
+        paged,
+        varlen: true,
+        ..Default::default()
+    }
 }
 
 /// `problem` on the GPU, its cache dense or in 16-row pages of a block
@@ -90,20 +95,12 @@ fn run_once(rt: &Runtime, case: &Case, problem: &DecodeProblem, seed: u64) -> Re
 
 /// Runs every case, prints a table and fails if any row failed.
 fn run_all(rt: &Runtime, cases: Vec<Case>) {
-    let mut table = Table::default();
-    for case in cases {
-        let seed: u64 = rand::random();
+    let once = |case: &Case, seed| {
         let problem = random_decode_problem(&case.spec, case.shape, &case.kv_lens, params(&case.spec), seed)
             .with_q_lens(&case.q_lens);
-        let outcome = run_once(rt, &case, &problem, seed);
-        let splits = outcome.as_ref().map_or(0, |(s, _)| *s);
-        table.record(case.row(splits, seed), outcome.map(|(_, report)| report));
-    }
-    table.finish();
-}
-
-fn shape(heads: (usize, usize), batch: usize, q_len: usize, max_kv_len: usize) -> DecodeShape {
-    DecodeShape { batch, heads: heads.0, heads_kv: heads.1, q_len, max_kv_len }
+        run_once(rt, case, &problem, seed)
+    };
+    run_cases(cases, once, Case::row);
 }
 
 /// Token counts for `batch` (at least 4) sequences of at most `max`: 0, 1
@@ -188,11 +185,7 @@ fn a_captured_step_replays_with_new_token_counts() {
             let problem = random_decode_problem(&spec, shape, &kv_lens, vec![], rng.random()).with_q_lens(&q_lens);
             let plan = rt.decode_plan(&spec, shape, &options(&problem, splits, paged)).unwrap();
             let mut gpu = upload(&rt, &spec, &problem, paged, rng.random());
-            let stream = rt.stream();
-            stream.synchronize().unwrap();
-            stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-            gpu.run(&rt, &plan, &problem).unwrap();
-            let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph");
+            let graph = capture(&rt, || gpu.run(&rt, &plan, &problem).unwrap());
             for round in 0..4 {
                 let step = match round {
                     0 => problem.clone(),
@@ -206,10 +199,8 @@ fn a_captured_step_replays_with_new_token_counts() {
                     true => gpu.set_pages(&step.paged(&spec, PAGE, rng.random())).unwrap(),
                     false => gpu.set_kv_lens(&step.kv_lens.iter().map(|&n| n as i32).collect::<Vec<_>>()).unwrap(),
                 }
-                graph.launch().unwrap();
-                let report = Expected::varlen(&spec, &step.reference).unwrap().check(&gpu.download().unwrap());
                 let what = format!("paged {paged}, splits {splits:?}, round {round}, q_lens {:?}", step.q_lens);
-                assert!(report.passed(), "{what}: O {} LSE {}", report.output, report.lse);
+                replay_matches(&graph, &spec, &step, &gpu, &what);
                 assert_eq!(gpu.spare_rows_written().unwrap(), 0, "{what}");
             }
         }

@@ -35,7 +35,7 @@ pub use backward::{
 pub use block_mask::emit_block_mask;
 pub use decode::{
     emit_decode, emit_decode_paged, emit_decode_with, split_count, DecodeCache, DecodeConfig, DecodeQueries,
-    DECODE_BLOCK_N, DECODE_WARPS, MAX_SPLITS,
+    KvCacheDtype, DECODE_BLOCK_N, DECODE_WARPS, MAX_SPLITS,
 };
 pub use forward::{
     emit_forward, emit_forward_copying, emit_forward_dropout, emit_forward_paged, emit_forward_traced,

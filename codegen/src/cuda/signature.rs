@@ -237,6 +237,24 @@ pub(super) fn decode_paged_args(spec: &Spec) -> Vec<KernelArg> {
     named(spec, kinds.collect())
 }
 
+/// A decode kernel's arguments `args` over an e4m3 cache: K and V are byte
+/// pointers, and each has its descale factors and their stride after the
+/// softmax scale.
+pub(super) fn with_e4m3_cache(spec: &Spec, args: Vec<KernelArg>) -> Vec<KernelArg> {
+    let kinds = args.into_iter().flat_map(|arg| match arg.kind {
+        ArgKind::Ptr(op @ (Operand::K | Operand::V)) => vec![ArgKind::E4m3(op)],
+        ArgKind::Scale => vec![
+            ArgKind::Scale,
+            ArgKind::Descale(Operand::K),
+            ArgKind::DescaleStride(Operand::K),
+            ArgKind::Descale(Operand::V),
+            ArgKind::DescaleStride(Operand::V),
+        ],
+        kind => vec![kind],
+    });
+    named(spec, kinds.collect())
+}
+
 /// A decode kernel's arguments `args` (dense or paged cache) with packed
 /// queries: `q_len` becomes the queries' prefix sums and token count (the
 /// plan's `max_q_len` is already an argument), and Q and O lose their batch
@@ -348,7 +366,9 @@ pub(crate) mod names {
 /// The C name of an argument, e.g. `k_seq_stride` or `p_window`.
 pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
     match kind {
-        ArgKind::Ptr(op) => format!("{}_ptr", operand(op)),
+        ArgKind::Ptr(op) | ArgKind::E4m3(op) => format!("{}_ptr", operand(op)),
+        ArgKind::Descale(op) => format!("{}_descale", operand(op)),
+        ArgKind::DescaleStride(op) => format!("{}_descale_stride", operand(op)),
         ArgKind::Lse => "lse".into(),
         ArgKind::Batch => "batch".into(),
         ArgKind::Heads => "heads".into(),
@@ -429,6 +449,9 @@ pub(super) fn arg_type(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::CuSeqlens(_) | ArgKind::KvLens | ArgKind::BlockTable => "const int* __restrict__".into(),
         ArgKind::PartialO | ArgKind::PartialLse => "float* __restrict__".into(),
         ArgKind::SplitCounters => "unsigned int* __restrict__".into(),
+        ArgKind::E4m3(_) => "const unsigned char* __restrict__".into(),
+        ArgKind::Descale(_) => "const float* __restrict__".into(),
+        ArgKind::DescaleStride(_) => "int".into(),
         ArgKind::Stride(..) | ArgKind::BlockMaskStride(_) | ArgKind::PageStride(_) | ArgKind::NewRowStride(..) => {
             "long long".into()
         }

@@ -57,7 +57,8 @@
 //! K and V per batch and cache length, on a dense cache and on 16-row
 //! pages, and a device-to-device copy row. `--untracked` turns cudarc's
 //! event tracking off first (as a CUDA-graph capture does), so the host
-//! time counts no event recorded per buffer.
+//! time counts no event recorded per buffer. `--e4m3` adds each row on e4m3
+//! caches (GB/s of the bytes they read).
 //!
 //! `flashgen-bench --prefill [--cached 0,8192,30720]` instead times chunked
 //! prefill against a paged cache (`flashgen_tools::prefill_bench`): pages of
@@ -84,7 +85,7 @@ use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::reference::{ParamValue, TensorData};
 use flashgen::codegen::{Dropout, Shape};
 use flashgen::runtime::tile_choice;
-use flashgen::runtime::{config_name, KernelSet};
+use flashgen::runtime::{config_name, KernelSet, KvCacheDtype};
 use flashgen::Runtime;
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::jit_bench;
@@ -143,7 +144,11 @@ fn other_bench(args: &[String], list: &dyn Fn(&str, &str) -> Vec<String>, iters:
             // SAFETY: every buffer of the bench lives on the runtime's one stream.
             unsafe { rt.context().disable_event_tracking() };
         }
-        flashgen_tools::decode_bench::run(&rt, &batches, &kv_lens, iters);
+        let formats: &[KvCacheDtype] = match args.iter().any(|a| a == "--e4m3") {
+            true => &[KvCacheDtype::Spec, KvCacheDtype::E4m3],
+            false => &[KvCacheDtype::Spec],
+        };
+        flashgen_tools::decode_bench::run(&rt, &batches, &kv_lens, formats, iters);
     } else {
         return false;
     }

@@ -11,8 +11,11 @@
 //! sequence, [`DecodePlan::run_varlen`]) keeps each sequence's first
 //! tokens of the padded draw; its Q and O buffers hold the plan's `batch ·
 //! q_len` tokens, the step's first and spare ones after (which must stay
-//! unwritten: [`DeviceDecode::spare_rows_written`]).
+//! unwritten: [`DeviceDecode::spare_rows_written`]). A step over e4m3
+//! caches ([`DeviceDecode::upload_e4m3`]) reads their bytes and descales
+//! (`decode_e4m3`), judged by the reference over the dequantized caches.
 
+use super::decode_e4m3::{DeviceE4m3, E4m3Scales};
 use super::{
     driver, gather, launch_args, median_ms_after, random_tensors, round, scatter, upload_operands, upload_tensors,
     DeviceTensor, GpuOutput, Operands, Storage,
@@ -156,6 +159,8 @@ pub struct DeviceDecode {
     pages: Option<Pages>,
     /// Packed queries; `None`: padded ones.
     packed: Option<Packed>,
+    /// E4m3 caches the runs read instead of the 16-bit ones.
+    e4m3: Option<DeviceE4m3>,
 }
 
 impl DeviceDecode {
@@ -182,6 +187,33 @@ impl DeviceDecode {
         let pages = Pages { block_table, pages_per_seq: paged.pages_per_seq, caches };
         let host = [&paged.problem.k, &paged.problem.v];
         Self::upload_with(rt, spec, problem, host, caches.map(|c| c.as_layout()), Some(pages))
+    }
+
+    /// Uploads `problem` (quantized: [`DecodeProblem::quantized`]) with its
+    /// caches as e4m3 bytes under `scales`, dense or in `paged`'s pages:
+    /// runs go to the `_e4m3` runs of [`DecodePlan`].
+    pub fn upload_e4m3(
+        rt: &Runtime,
+        spec: &Spec,
+        problem: &DecodeProblem,
+        scales: &E4m3Scales,
+        paged: Option<&PagedProblem>,
+    ) -> Result<Self, Error> {
+        let mut gpu = match paged {
+            Some(paged) => Self::upload_paged(rt, spec, problem, paged)?,
+            None => Self::upload(rt, spec, problem)?,
+        };
+        let host = paged.map_or([&problem.k_cache, &problem.v_cache], |p| [&p.problem.k, &p.problem.v]);
+        let dims = [spec.head_dims.qk, spec.head_dims.v].map(|d| d as usize);
+        let heads_kv = problem.shape.heads_kv;
+        gpu.e4m3 = Some(DeviceE4m3::upload(&gpu.stream, host.map(|c| &c[..]), dims, heads_kv, scales)?);
+        Ok(gpu)
+    }
+
+    /// Overwrites an e4m3 upload's descales (as many as uploaded), in
+    /// stream order: what a captured step reads on its next replay.
+    pub fn set_descales(&mut self, k: &[f32], v: &[f32]) -> Result<(), Error> {
+        self.e4m3.as_mut().expect("an e4m3 upload").set_descales(&self.stream, k, v)
     }
 
     fn upload_with(
@@ -222,7 +254,7 @@ impl DeviceDecode {
         let lens: Vec<i32> = problem.kv_lens.iter().map(|&n| n as i32).collect();
         let kv_lens = stream.clone_htod(&lens).map_err(driver("upload kv_lens"))?;
         let tensors = upload_tensors(&stream, spec, &problem.reference.problem.tensors)?;
-        Ok(DeviceDecode { operands, lse, kv_lens, tensors, layouts, shape, stream, pages, packed })
+        Ok(DeviceDecode { operands, lse, kv_lens, tensors, layouts, shape, stream, pages, packed, e4m3: None })
     }
 
     /// Overwrites the packed queries and their prefix sums with `step`'s
@@ -304,10 +336,11 @@ impl DeviceDecode {
 
     /// Queues one decode step in `plan` (asynchronous): [`DecodePlan::run`]
     /// on a dense cache, [`DecodePlan::run_paged`] on pages, and
-    /// [`DecodePlan::run_varlen`] on either with packed queries.
+    /// [`DecodePlan::run_varlen`] on either with packed queries (their
+    /// `_e4m3` twins on an e4m3 upload).
     pub fn run(&mut self, rt: &Runtime, plan: &DecodePlan, problem: &DecodeProblem) -> Result<(), Error> {
         let args = launch_args(&self.tensors, &problem.reference.problem);
-        let DeviceDecode { operands, lse, kv_lens, layouts, shape, pages, packed, .. } = self;
+        let DeviceDecode { operands, lse, kv_lens, layouts, shape, pages, packed, e4m3, .. } = self;
         let parts = StepParts {
             layouts: *layouts,
             lse,
@@ -315,6 +348,7 @@ impl DeviceDecode {
             shape: *shape,
             pages: pages.as_ref(),
             packed: packed.as_ref(),
+            e4m3: e4m3.as_ref(),
         };
         match operands {
             Operands::F16(ops) => run_step(rt, plan, ops, parts, &args),
@@ -396,10 +430,11 @@ struct StepParts<'a> {
     shape: DecodeShape,
     pages: Option<&'a Pages>,
     packed: Option<&'a Packed>,
+    e4m3: Option<&'a DeviceE4m3>,
 }
 
-/// One step on operands `[q, k, v, o]`, through the run its cache and
-/// queries call for.
+/// One step on operands `[q, k, v, o]` (or the e4m3 caches), through the
+/// run its cache and queries call for.
 fn run_step<T: Element>(
     rt: &Runtime,
     plan: &DecodePlan,
@@ -407,20 +442,24 @@ fn run_step<T: Element>(
     parts: StepParts<'_>,
     args: &[ArgValue<'_>],
 ) -> Result<(), Error> {
-    let StepParts { layouts: [lq, lk, lv, lo], lse, kv_lens, shape, pages, packed } = parts;
-    let (lse, (batch, max_kv_len)) = (Some(lse), (shape.batch, shape.max_kv_len));
-    let kv = match pages {
-        Some(p) => DecodeKv::Paged(PagedKv {
-            k: (k, p.caches[0]),
-            v: (v, p.caches[1]),
-            block_table: &p.block_table,
-            pages_per_seq: p.pages_per_seq,
-            kv_lens,
-            max_kv_len,
-            batch,
-        }),
-        None => DecodeKv::Dense { k: (k, lk), v: (v, lv), kv_lens },
-    };
+    let StepParts { layouts: [lq, lk, lv, lo], lse, kv_lens, shape, pages, packed, e4m3 } = parts;
+    let (lse, cache) = (Some(lse), CacheParts { layouts: [lk, lv], kv_lens, shape, pages });
+    if let Some(e4m3) = e4m3 {
+        let (kv, descale) = (step_kv(&e4m3.k, &e4m3.v, cache), e4m3.descale());
+        return match (packed, kv) {
+            (Some(p), kv) => {
+                let (q, o, cu_seqlens_q) = ((q as _, p.layouts[0]), (o as _, p.layouts[1]), &p.cu_seqlens_q);
+                plan.run_varlen_e4m3(rt, VarlenDecodeIo { q, o, lse, cu_seqlens_q, kv }, descale, args)
+            }
+            (None, DecodeKv::Paged(kv)) => {
+                plan.run_paged_e4m3(rt, PagedDecodeIo { q: (q, lq), o: (o, lo), lse, kv }, descale, args)
+            }
+            (None, DecodeKv::Dense { k, v, kv_lens }) => {
+                plan.run_e4m3(rt, DecodeIo { q: (q, lq), k, v, o: (o, lo), lse, kv_lens }, descale, args)
+            }
+        };
+    }
+    let kv = step_kv(k, v, cache);
     match (packed, kv) {
         (Some(p), kv) => {
             let (q, o, cu_seqlens_q) = ((q as _, p.layouts[0]), (o as _, p.layouts[1]), &p.cu_seqlens_q);
@@ -430,6 +469,33 @@ fn run_step<T: Element>(
         (None, DecodeKv::Dense { k, v, kv_lens }) => {
             plan.run(rt, DecodeIo { q: (q, lq), k, v, o: (o, lo), lse, kv_lens }, args)
         }
+    }
+}
+
+/// What a step's cache is besides its K and V buffers.
+#[derive(Clone, Copy)]
+struct CacheParts<'a> {
+    /// A dense cache's K and V layouts.
+    layouts: [Layout; 2],
+    kv_lens: &'a CudaSlice<i32>,
+    shape: DecodeShape,
+    pages: Option<&'a Pages>,
+}
+
+/// A step's cache of `k` and `v`: dense, or `parts`' pages.
+fn step_kv<'a, C>(k: &'a CudaSlice<C>, v: &'a CudaSlice<C>, parts: CacheParts<'a>) -> DecodeKv<'a, C> {
+    let CacheParts { layouts: [lk, lv], kv_lens, .. } = parts;
+    match parts.pages {
+        Some(p) => DecodeKv::Paged(PagedKv {
+            k: (k, p.caches[0]),
+            v: (v, p.caches[1]),
+            block_table: &p.block_table,
+            pages_per_seq: p.pages_per_seq,
+            kv_lens,
+            max_kv_len: parts.shape.max_kv_len,
+            batch: parts.shape.batch,
+        }),
+        None => DecodeKv::Dense { k: (k, lk), v: (v, lv), kv_lens },
     }
 }
 

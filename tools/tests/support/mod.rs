@@ -11,6 +11,8 @@ use rand::Rng;
 
 #[allow(dead_code)] // the forward tests judge no gradients
 pub mod backward;
+#[allow(dead_code)] // only the decode tests run decode cases
+pub mod decode;
 #[allow(dead_code)] // the backward tests launch no forward cases of their own
 pub mod forward;
 #[allow(dead_code)] // the dense tests pack no sequences

@@ -3,6 +3,7 @@
 //! the spec, the online softmax, O += P·V on `mma.sync`).
 
 use super::logit::write_logit;
+use super::plan::KvCacheDtype;
 use super::queries::DecodeQueries;
 use super::tiles::write_tile_kept;
 use crate::cuda::writer::Writer;
@@ -16,11 +17,25 @@ pub(super) fn write_setup(
     spec: &Spec,
     cache: DecodeCache,
     queries: DecodeQueries,
+    kv: KvCacheDtype,
 ) -> fmt::Result {
     write_coordinates(w, spec, cache, queries)?;
+    if kv == KvCacheDtype::E4m3 {
+        w.write_str(E4M3_DESCALES)?;
+    }
     write_tile_kept(w, spec)?;
-    write_prologue(w, cache, queries)
+    write_prologue(w, cache, queries, kv)
 }
+
+/// An e4m3 kernel's descale factors, folded where they cost nothing per
+/// element: K's into the softmax scale (the logit), V's into the rows'
+/// final normalization (the epilogue).
+const E4M3_DESCALES: &str = "\
+// The e4m3 cache's K/V head descales: the logit's scale takes K's, each row's
+// final 1 / sum V's.
+const float qk_scale = scale * k_descale[kv_head * k_descale_stride];
+const float v_scale = v_descale[kv_head * v_descale_stride];
+";
 
 /// Where the kernel's K/V rows live: the one thing a paged decode kernel
 /// prints differently (its lengths, row addressing and tile copies).
@@ -86,7 +101,7 @@ const PagedKvRows v_rows{v_ptr + kv_head * v_head_stride, v_page_stride, v_seq_s
 
 /// This split's tiles, the K/V loads, then the prologue: Q, and
 /// `STAGES - 1` tiles in flight.
-fn write_prologue(w: &mut Writer<String>, cache: DecodeCache, queries: DecodeQueries) -> fmt::Result {
+fn write_prologue(w: &mut Writer<String>, cache: DecodeCache, queries: DecodeQueries, kv: KvCacheDtype) -> fmt::Result {
     w.write_str(
         "\
 // This split's K/V tiles: an even share of the band of tiles the mask may
@@ -125,9 +140,14 @@ auto load_kv = [&](int j, int stage) {
 const unsigned short* q_group = ",
     )?;
     w.write_str(queries.q_rows())?;
+    w.write_str(" + (long long)kv_head * group * q_head_stride;\n")?;
+    w.write_str(match kv {
+        KvCacheDtype::Spec => "load_q_rows<BLOCK_M, DP, D, THREADS>",
+        // Q's columns in the order the e4m3 K fragments hold the dims.
+        KvCacheDtype::E4m3 => "load_q_rows<BLOCK_M, DP, D, THREADS, true>",
+    })?;
     w.write_str(
-        " + (long long)kv_head * group * q_head_stride;
-load_q_rows<BLOCK_M, DP, D, THREADS>(q_tile, q_group, q_seq_stride, q_head_stride, group, row0, rows);
+        "(q_tile, q_group, q_seq_stride, q_head_stride, group, row0, rows);
 #pragma unroll
 for (int s = 0; s < STAGES - 1; ++s) {
     if (tile_begin + s < tile_end) load_kv(tile_begin + s, s);
@@ -148,11 +168,38 @@ for (int i = 0; i < 2 * M_TILES; ++i) {
 }
 
 /// The accumulators, the spec's logit and the loop over the split's tiles.
-pub(super) fn write_tile_loop(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+pub(super) fn write_tile_loop(w: &mut Writer<String>, spec: &Spec, kv: KvCacheDtype) -> fmt::Result {
+    let by_format = |spec: &'static str, e4m3: &'static str| if kv == KvCacheDtype::E4m3 { e4m3 } else { spec };
     writeln!(w)?;
-    write_logit(w, spec)?;
+    write_logit(w, spec, by_format("scale", "qk_scale"))?;
+    w.write_str(ACCUMULATORS)?;
+    w.write_str(by_format(SPEC_LANES, E4M3_LANES))?;
+    w.write_str(LOOP_HEAD)?;
+    w.write_str(by_format(
+        "    // S = Q K^T on every row x this warp's keys.\n",
+        "    // S = Q K^T on every row x this warp's keys, K's e4m3 converted on\n    \
+         // registers; one 16-byte chunk of a key row is a whole k-step.\n",
+    ))?;
+    w.write_str(SCORES_LOOP)?;
+    w.write_str(by_format(SPEC_SCORES, E4M3_SCORES))?;
+    w.write_str(SOFTMAX)?;
+    w.write_str(by_format(
+        "    // O += P V, P straight from the S registers (pack_p).\n",
+        "    // O += P V, P straight from the S registers (pack_p), V's e4m3 converted\n    \
+         // on registers: tiles n and n + 1 take a 16-dim chunk's even and odd dims.\n",
+    ))?;
+    w.write_str(VALUES_LOOP)?;
+    w.write_str(by_format(SPEC_VALUES, E4M3_VALUES))?;
     w.write_str(
-        "
+        "}
+cp_async_wait_all();
+__syncthreads();  // every warp is done with the stages: the epilogue reuses them
+",
+    )
+}
+
+/// Each warp's O, max and sum.
+const ACCUMULATORS: &str = "
 // Each warp owns every row and a quarter of each tile's keys (WARP_N), with
 // its own max, sum and O; the epilogue merges the four.
 float o[M_TILES][O_TILES][4] = {};
@@ -162,10 +209,30 @@ for (int mt = 0; mt < M_TILES; ++mt) {
     m[mt][0] = m[mt][1] = neg_inf();
     l[mt][0] = l[mt][1] = 0.0f;
 }
+";
+
+/// The ldmatrix rows of this lane in 16-bit Q, K and V tiles.
+const SPEC_LANES: &str = "\
 // ldmatrix rows of this lane in the Q, K and V tiles (see LdmLane).
 const LdmLane<DP> q_lane(lane % 8 + (lane / 8 % 2) * 8, lane / 16);
 const LdmLane<DP> k_lane(lane % 8 + lane / 16 * 8, lane / 8 % 2);
 const LdmLane<DVP> v_lane(lane % 8 + (lane / 8 % 2) * 8, lane / 16);
+";
+
+/// In an e4m3 kernel: K and V tiles are 16-bit tiles of half the columns,
+/// read two 8x8 matrices (a warp's 16 keys) at a time.
+const E4M3_LANES: &str = "\
+// ldmatrix rows of this lane in the Q tile (see LdmLane) and in the e4m3 K
+// and V tiles, 16-bit tiles of half the columns: lanes 0-15 address the
+// warp's 16 keys, at a tile's even or odd 16-byte chunk (k_lanes[kk % 2]).
+const LdmLane<DP> q_lane(lane % 8 + (lane / 8 % 2) * 8, lane / 16);
+const int kv_lane_row = lane % 8 + (lane / 8 % 2) * 8;
+const LdmLane<DP / 2> k_lanes[2] = {LdmLane<DP / 2>(kv_lane_row, 0), LdmLane<DP / 2>(kv_lane_row, 1)};
+const LdmLane<DVP / 2> v_lanes[2] = {LdmLane<DVP / 2>(kv_lane_row, 0), LdmLane<DVP / 2>(kv_lane_row, 1)};
+";
+
+/// The pipeline's wait and refill, the tile's stage and keys.
+const LOOP_HEAD: &str = "\
 const unsigned q_smem = smem_addr(q_tile);
 const int kw = warp * WARP_N;  // this warp's first key in each tile
 
@@ -183,14 +250,20 @@ for (int j = tile_begin; j < tile_end; ++j) {
     const unsigned v_smem = smem_addr(v_tiles + stage * V_TILE);
     const int kv0 = j * BLOCK_N + kw;
 
-    // S = Q K^T on every row x this warp's keys.
-    float s[M_TILES][S_TILES][4] = {};
+";
+
+/// S = Q·Kᵀ: the k-steps over Q's dims, each step's Q fragments; each
+/// step's K fragments and MMAs by the cache's format.
+const SCORES_LOOP: &str = "    float s[M_TILES][S_TILES][4] = {};
     #pragma unroll
     for (int kk = 0; kk < DP / 16; ++kk) {
         unsigned a[M_TILES][4];
         #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt) ldmatrix_x4(a[mt], q_smem + q_lane.at(mt * 16, kk));
-        #pragma unroll
+";
+
+/// S = Q·Kᵀ over 16-bit K: a k-step's fragments and MMAs.
+const SPEC_SCORES: &str = "        #pragma unroll
         for (int n = 0; n < S_TILES; n += 2) {
             unsigned kb[4];
             ldmatrix_x4(kb, k_smem + k_lane.at(kw + n * 8, kk));
@@ -202,7 +275,24 @@ for (int j = tile_begin; j < tile_end; ++j) {
         }
     }
 
-    // The spec, then the online softmax (base 2), row by row; a row's O and
+";
+
+/// S = Q·Kᵀ over e4m3 K, converted on registers (`e4m3_key_fragment`).
+const E4M3_SCORES: &str = "        unsigned kb[2];  // keys kw + g and kw + 8 + g, dims 16 kk + 4t .. 4t + 3
+        ldmatrix_x2(kb, k_smem + k_lanes[kk % 2].at(kw, kk / 2));
+        #pragma unroll
+        for (int n = 0; n < S_TILES; ++n) {
+            unsigned b0, b1;
+            e4m3_key_fragment(storage{}, kb[n], b0, b1);
+            #pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt) mma_16816(storage{}, s[mt][n], a[mt], b0, b1);
+        }
+    }
+
+";
+
+/// The spec and the online softmax.
+const SOFTMAX: &str = "    // The spec, then the online softmax (base 2), row by row; a row's O and
     // l are rescaled whenever its max grows (while every key so far is
     // masked, m is -inf and exp2 runs against 0: finite_or_zero).
     #pragma unroll
@@ -239,15 +329,21 @@ for (int j = tile_begin; j < tile_end; ++j) {
         l[mt][r] += row_sum(s[mt], r);
     }
 
-    // O += P V, P straight from the S registers (pack_p).
-    #pragma unroll
+";
+
+/// O += P·V: P's k-steps and O's pairs of tiles, each pair's V fragments
+/// and MMAs by the cache's format.
+const VALUES_LOOP: &str = "    #pragma unroll
     for (int kk = 0; kk < WARP_N / 16; ++kk) {
         unsigned p[M_TILES][4];
         #pragma unroll
         for (int mt = 0; mt < M_TILES; ++mt) pack_p(storage{}, p[mt], s[mt], kk);
         #pragma unroll
         for (int n = 0; n < O_TILES; n += 2) {
-            unsigned vb[4];
+";
+
+/// O += P·V over 16-bit V: each pair's fragments and MMAs.
+const SPEC_VALUES: &str = "            unsigned vb[4];
             ldmatrix_x4_trans(vb, v_smem + v_lane.at(kw + kk * 16, n / 2));
             #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt) {
@@ -256,9 +352,19 @@ for (int j = tile_begin; j < tile_end; ++j) {
             }
         }
     }
-}
-cp_async_wait_all();
-__syncthreads();  // every warp is done with the stages: the epilogue reuses them
-",
-    )
-}
+";
+
+/// O += P·V over e4m3 V, converted on registers (`e4m3_value_fragment`):
+/// O's columns come out in `e4m3_o_column`'s order.
+const E4M3_VALUES: &str = "            unsigned vb[2], even[2], odd[2];  // keys 2t, 2t + 1, then 2t + 8, 2t + 9
+            ldmatrix_x2_trans(vb, v_smem + v_lanes[n / 2 % 2].at(kw + kk * 16, n / 4));
+            e4m3_value_fragment(storage{}, vb[0], even[0], odd[0]);
+            e4m3_value_fragment(storage{}, vb[1], even[1], odd[1]);
+            #pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt) {
+                mma_16816(storage{}, o[mt][n], p[mt], even[0], even[1]);
+                mma_16816(storage{}, o[mt][n + 1], p[mt], odd[0], odd[1]);
+            }
+        }
+    }
+";

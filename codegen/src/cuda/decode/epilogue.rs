@@ -4,15 +4,21 @@
 //! row tile's last split combines (`combine`).
 
 use super::combine::write_split_combine;
+use super::plan::KvCacheDtype;
 use super::queries::DecodeQueries;
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 
-pub(super) fn write_epilogue(w: &mut Writer<String>, spec: &Spec, queries: DecodeQueries) -> fmt::Result {
+pub(super) fn write_epilogue(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    queries: DecodeQueries,
+    kv: KvCacheDtype,
+) -> fmt::Result {
     w.write_str(
-        "
+        &"
 // Epilogue. Shared memory (the stages) now holds:
 float* merged = (float*)(smem + Q_TILE);  // [BLOCK_M][DVP]: the warps' O, rescaled and summed
 float* warp_m = merged + BLOCK_M * DVP;  // [WARPS][BLOCK_M]: each warp's row max (log2)
@@ -45,7 +51,7 @@ for (int i = 0; i < 2 * M_TILES; ++i) {
     #pragma unroll
     for (int n = 0; n < O_TILES; ++n) {
         #pragma unroll
-        for (int c = 0; c < 2; ++c) atomicAdd(&merged[row * DVP + n * 8 + 2 * t + c], o[mt][n][2 * r + c] * factor);
+        for (int c = 0; c < 2; ++c) atomicAdd(&merged[row * DVP + @O_COLUMN@], o[mt][n][2 * r + c] * factor);
     }
 }
 if (threadIdx.x < BLOCK_M) {
@@ -57,9 +63,10 @@ if (threadIdx.x < BLOCK_M) {
     float sum = 0.0f;
     #pragma unroll
     for (int w = 0; w < WARPS; ++w) sum += warp_l[w * BLOCK_M + row] * fast_exp2(warp_m[w * BLOCK_M + row] - m_use);
-",
+"
+        .replace("@O_COLUMN@", o_column(kv)),
     )?;
-    write_row_close(w, spec)?;
+    write_row_close(w, spec, kv)?;
     w.write_str(&queries.fill(
         spec,
         "}
@@ -91,13 +98,26 @@ if (threadIdx.x < BLOCK_M && row0 + (int)threadIdx.x < rows) {
     write_split_combine(w, spec, queries)
 }
 
+/// O's column of a lane's accumulator element `c` of m16n8 tile `n`: an
+/// e4m3 kernel's P·V puts a 16-dim chunk's even and odd dims in
+/// consecutive tiles.
+fn o_column(kv: KvCacheDtype) -> &'static str {
+    match kv {
+        KvCacheDtype::Spec => "n * 8 + 2 * t + c",
+        KvCacheDtype::E4m3 => "e4m3_o_column(n, t, c)",
+    }
+}
+
 /// A row's O factor and LSE from its max `row_top` and sum `sum` (relative
 /// to `m_use`). A sink joins each row once, in split 0: the combine weighs
-/// the splits by their LSEs, so it counts once in the total.
-fn write_row_close(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+/// the splits by their LSEs, so it counts once in the total. An e4m3
+/// kernel's factor takes V's descale: O is linear in V.
+fn write_row_close(w: &mut Writer<String>, spec: &Spec, kv: KvCacheDtype) -> fmt::Result {
+    let v_scale = if kv == KvCacheDtype::E4m3 { " * v_scale" } else { "" };
     let Some(sink) = &spec.sink else {
-        return w.write_str(
-            "    row_scale[row] = sum > 0.0f ? fast_rcp(sum) : 0.0f;\n    row_lse[row] = sum > 0.0f ? (row_top + fast_log2(sum)) * LN2 : neg_inf();\n",
+        return write!(
+            w,
+            "    row_scale[row] = sum > 0.0f ? fast_rcp(sum){v_scale} : 0.0f;\n    row_lse[row] = sum > 0.0f ? (row_top + fast_log2(sum)) * LN2 : neg_inf();\n",
         );
     };
     write!(
@@ -105,7 +125,7 @@ fn write_row_close(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         "    // The sink joins the row once, in split 0 (the combine weighs splits by LSE).\n\
         \x20   const int h = kv_head * group + min(row0 + row, rows - 1) % group;\n\
         \x20   const SinkRow closed = sink_row(row_top, sum, split == 0 ? {} * LOG2E : neg_inf());\n\
-        \x20   row_scale[row] = closed.o_scale;\n\
+        \x20   row_scale[row] = closed.o_scale{v_scale};\n\
         \x20   row_lse[row] = closed.lse2 * LN2;\n",
         c_expr(spec, sink)
     )

@@ -15,14 +15,14 @@ use std::fmt::{self, Write};
 /// `logit(dot, h, q, k)`: the log2-domain logit, or −∞ where the mask drops
 /// the pair or `k` is past the sequence's keys. `h` and `q` are per row
 /// (the rows of a tile are several heads' queries), `b` and `kv_len` the
-/// CTA's locals.
-pub(super) fn write_logit(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+/// CTA's locals. `scale` names the softmax scale the dot product takes
+/// (an e4m3 kernel's has K's descale folded in).
+pub(super) fn write_logit(w: &mut Writer<String>, spec: &Spec, scale: &str) -> fmt::Result {
     let c = |e: &Expr| c_expr(spec, e);
-    let scale = arg_name(spec, ArgKind::Scale);
     let mask = spec.mask.as_ref().map_or(String::new(), |m| format!(" && {}", c(m)));
     let keep = kept(&arg_name(spec, ArgKind::KvLen), &mask);
     writeln!(w, "// The spec: a dot product at (h, q, k) as a log2-domain logit, -inf where masked.")?;
-    let (binding, log2) = match ScoredLogit::of(spec, &scale, c) {
+    let (binding, log2) = match ScoredLogit::of(spec, scale, c) {
         Some(ScoredLogit { binding, log2 }) => (binding, log2),
         None => {
             writeln!(w, "const float scale_log2 = {scale} * LOG2E;")?;

@@ -46,6 +46,26 @@
 //! - **Tiles the mask drops** (interval analysis over the CTA's tokens,
 //!   `tiles`) are neither loaded nor multiplied: a window reads the window.
 //!
+//! - **E4m3 caches** ([`KvCacheDtype::E4m3`]: `library/decode_e4m3.cuh`).
+//!   K/V tiles are copied as they are, a byte an element (half the bytes a
+//!   step waits on; twice the stages fit), and converted to the spec's
+//!   dtype on registers right after each ldmatrix: every element once (a
+//!   warp owns its keys), no second pass through shared memory, and the
+//!   conversion is exact (e4m3 ⊂ f16, bf16; `cvt.rn.f16x2.e4m3x2` on
+//!   sm_89+). The 16-bit ldmatrix reads a byte tile as a 16-bit tile of half
+//!   the columns, handing each lane K's dims in another order, which the
+//!   Q tile is stored in (`load_q_rows`' INTERLEAVED: the reduction over
+//!   dims is the same sum), and V's dims split over two MMAs, whose O
+//!   columns the epilogue places (`e4m3_o_column`). The descales are not
+//!   applied per element: with `k = dk · k8` per K/V head, `q·k = dk ·
+//!   (q·k8)`, so K's factor multiplies the softmax scale (`qk_scale`, once
+//!   per CTA: a CTA is one K/V head), and since `O = Σ p v = dv · Σ p v8`,
+//!   V's multiplies each row's final `1 / sum`. Both are exact up to one
+//!   f32 rounding of a product, cost nothing per element, and leave the
+//!   scores, the LSE and the split combine as they are. The factors are
+//!   read on the device (per tensor or per K/V head), so a captured step
+//!   replays with new ones.
+//!
 //! Modules: `plan` (decisions), `body` (setup, pipeline, tile step),
 //! `queries` (padded or packed Q, O and LSE addresses), `tiles`, `logit`,
 //! `epilogue`, `combine` (the last split's).
@@ -59,12 +79,12 @@ mod queries;
 mod tiles;
 
 pub use body::DecodeCache;
-pub use plan::{split_count, DecodeConfig, DECODE_BLOCK_N, DECODE_WARPS, MAX_SPLITS};
+pub use plan::{split_count, DecodeConfig, KvCacheDtype, DECODE_BLOCK_N, DECODE_WARPS, MAX_SPLITS};
 pub use queries::DecodeQueries;
 
 use crate::abi::{Grid, Kernel};
 use crate::cuda::library::Part;
-use crate::cuda::signature::{decode_args, decode_paged_args, with_packed_queries};
+use crate::cuda::signature::{decode_args, decode_paged_args, with_e4m3_cache, with_packed_queries};
 use crate::cuda::source::{assemble, kernel_name, Entry, Piece};
 use crate::cuda::writer::Writer;
 use crate::spec::{Dtype, Spec};
@@ -94,9 +114,13 @@ pub fn emit_decode_with(spec: &Spec, config: DecodeConfig, cache: DecodeCache, q
         DecodeCache::Dense => ("decode", decode_args(&view)),
         DecodeCache::Paged => ("decode_paged", decode_paged_args(&view)),
     };
-    let (name, args) = match queries {
-        DecodeQueries::Padded => (kernel_name(kind, spec), args),
-        DecodeQueries::Packed => (kernel_name(&format!("{kind}_varlen"), spec), with_packed_queries(&view, args)),
+    let (kind, args) = match queries {
+        DecodeQueries::Padded => (kind.to_string(), args),
+        DecodeQueries::Packed => (format!("{kind}_varlen"), with_packed_queries(&view, args)),
+    };
+    let (name, args) = match config.kv {
+        KvCacheDtype::Spec => (kernel_name(&kind, spec), args),
+        KvCacheDtype::E4m3 => (kernel_name(&format!("{kind}_e4m3"), spec), with_e4m3_cache(&view, args)),
     };
     let bounds = format!("THREADS, {}", config.ctas_per_sm);
     let mut library = vec![vec![Piece::Part(Part::Prelude)]];
@@ -113,6 +137,9 @@ pub fn emit_decode_with(spec: &Spec, config: DecodeConfig, cache: DecodeCache, q
     if cache == DecodeCache::Paged {
         library.push(vec![Piece::Part(Part::DecodePaged)]);
     }
+    if config.kv == KvCacheDtype::E4m3 {
+        library.push(vec![Piece::Part(Part::DecodeE4m3)]);
+    }
     let entry = Entry { name: &name, bounds: &bounds, args: &args };
     let source = assemble(
         &view,
@@ -120,9 +147,9 @@ pub fn emit_decode_with(spec: &Spec, config: DecodeConfig, cache: DecodeCache, q
         |w| write_config(w, &view, config),
         entry,
         |w| {
-            write_setup(w, &view, cache, queries)?;
-            write_tile_loop(w, &view)?;
-            write_epilogue(w, &view, queries)
+            write_setup(w, &view, cache, queries, config.kv)?;
+            write_tile_loop(w, &view, config.kv)?;
+            write_epilogue(w, &view, queries, config.kv)
         },
     );
     Kernel {
@@ -146,12 +173,19 @@ fn storage(dtype: Dtype) -> &'static str {
 
 /// The `constexpr` block of a decode kernel.
 fn write_config(w: &mut Writer<String>, spec: &Spec, config: DecodeConfig) -> fmt::Result {
-    let DecodeConfig { m_tiles, stages, .. } = config;
+    let DecodeConfig { m_tiles, stages, kv, .. } = config;
+    let (elements, kv_tiles) = match kv {
+        KvCacheDtype::Spec => ("Q, K, V and O", "BLOCK_N * DP;\nconstexpr int V_TILE = BLOCK_N * DVP;\n"),
+        KvCacheDtype::E4m3 => (
+            "Q and O; K and V are e4m3",
+            "BLOCK_N * DP / 2;  // 16-bit units: a byte an e4m3 element\nconstexpr int V_TILE = BLOCK_N * DVP / 2;\n",
+        ),
+    };
     write!(
         w,
         "\
         // ---- kernel configuration ---------------------------------------------------\n\
-        using storage = {storage};  // element format of Q, K, V and O\n\
+        using storage = {storage};  // element format of {elements}\n\
         constexpr int D = {d};  // Q/K head dim\n\
         constexpr int DV = {dv};  // V/O head dim\n\
         constexpr int DP = (D + 15) / 16 * 16;  // D padded to the MMA k-step (zeros beyond D)\n\
@@ -167,8 +201,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: DecodeConfig) -> fm
         constexpr int STAGES = {stages};  // K/V pipeline stages, STAGES - 1 tiles in flight\n\
         constexpr int MAX_SPLITS = {MAX_SPLITS};  // the most splits a launch has\n\
         constexpr int Q_TILE = BLOCK_M * DP;\n\
-        constexpr int K_TILE = BLOCK_N * DP;\n\
-        constexpr int V_TILE = BLOCK_N * DVP;\n\
+        constexpr int K_TILE = {kv_tiles}\
         \n",
         storage = storage(spec.dtype),
         d = spec.head_dims.qk,

@@ -7,8 +7,9 @@
 use crate::cuda::target::{pad16, Target};
 use crate::spec::Spec;
 
-/// What keys a compiled decode kernel besides its spec: rows per tile and
-/// pipeline depth. Shapes, lengths and the split count are arguments.
+/// What keys a compiled decode kernel besides its spec: rows per tile,
+/// pipeline depth and the cache's element format. Shapes, lengths and the
+/// split count are arguments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DecodeConfig {
     /// 16-row MMA tiles per CTA; every warp multiplies all of them.
@@ -17,6 +18,39 @@ pub struct DecodeConfig {
     pub stages: u32,
     /// CTAs the kernel is bounded to fit per SM (`__launch_bounds__`).
     pub ctas_per_sm: u32,
+    /// The K/V cache's element format.
+    pub kv: KvCacheDtype,
+}
+
+/// The element format of a decode kernel's K/V cache; Q and O are always
+/// the spec's dtype.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KvCacheDtype {
+    /// The spec's dtype (bf16 or f16).
+    #[default]
+    Spec,
+    /// FP8 e4m3 (a byte an element, no infinities, ±448 at most), read
+    /// through f32 descale factors per tensor or per K/V head: the cache's
+    /// value is `descale · e4m3`.
+    E4m3,
+}
+
+impl KvCacheDtype {
+    /// Bytes per cache element.
+    pub fn bytes(self) -> u32 {
+        match self {
+            KvCacheDtype::Spec => 2,
+            KvCacheDtype::E4m3 => 1,
+        }
+    }
+
+    /// Its name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvCacheDtype::Spec => "16-bit (the spec's dtype)",
+            KvCacheDtype::E4m3 => "e4m3",
+        }
+    }
 }
 
 /// Warps per decode CTA; each takes a quarter of every K/V tile's keys.
@@ -50,10 +84,16 @@ impl DecodeConfig {
     /// `None` where not even two stages fit an SM (d = 256 on GPUs with
     /// 100 KiB of shared memory per SM).
     pub fn for_rows(spec: &Spec, target: Target, rows: u32) -> Option<DecodeConfig> {
+        DecodeConfig::for_cache(spec, target, rows, KvCacheDtype::Spec)
+    }
+
+    /// [`DecodeConfig::for_rows`] over a cache of `kv` elements: an e4m3
+    /// cache's stages are half the bytes, so more of them fit.
+    pub fn for_cache(spec: &Spec, target: Target, rows: u32, kv: KvCacheDtype) -> Option<DecodeConfig> {
         let most = if pad16(spec.head_dims.qk.max(spec.head_dims.v)) <= 128 { 2 } else { 1 };
         let m_tiles = rows.div_ceil(16).clamp(1, most);
         let fits = |stages: u32| {
-            let config = DecodeConfig { m_tiles, stages, ctas_per_sm: 1 };
+            let config = DecodeConfig { m_tiles, stages, ctas_per_sm: 1, kv };
             let per_cta = config.smem_bytes(spec) + target.smem_reserved_per_cta;
             (target.smem_per_sm / per_cta).min(MAX_CTAS_PER_SM)
         };
@@ -61,16 +101,16 @@ impl DecodeConfig {
             .map(|s| (s, fits(s)))
             .filter(|&(_, ctas)| ctas > 0)
             .max_by_key(|&(s, ctas)| ((s - 1) * ctas, ctas))?;
-        Some(DecodeConfig { m_tiles, stages, ctas_per_sm: ctas })
+        Some(DecodeConfig { m_tiles, stages, ctas_per_sm: ctas, kv })
     }
 
     /// Dynamic shared memory, bytes: the Q tile, then `stages` K and V
-    /// tiles, which the epilogue reuses to merge the warps' rows (f32 O and
+    /// tiles (of the cache's elements), which the epilogue reuses to merge the warps' rows (f32 O and
     /// per-warp row statistics) and never outgrows.
     pub fn smem_bytes(self, spec: &Spec) -> u32 {
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
         let q = self.block_m() * dp * 2;
-        let stages = self.stages * DECODE_BLOCK_N * (dp + dvp) * 2;
+        let stages = self.stages * DECODE_BLOCK_N * (dp + dvp) * self.kv.bytes();
         q + stages.max(self.merge_bytes(spec))
     }
 
@@ -82,22 +122,24 @@ impl DecodeConfig {
 }
 
 /// How many CTAs each sequence's keys are split among: 1 where the
-/// unsplit launch (`ctas`: row tiles × K/V heads × batch) nearly fills the
-/// GPU (`sms` × `ctas_per_sm` resident CTAs); else the fewest splits whose
-/// last wave is within 85% of the fullest any split count reaches
-/// (FlashAttention's heuristic), each split keeping at least a few of the
-/// longest sequence's `kv_tiles`.
+/// unsplit launch's (`ctas`: row tiles × K/V heads × batch) waves of `sms`
+/// × `ctas_per_sm` resident CTAs are at least 80% full (a launch short of
+/// one wave, or one whose last wave is nearly whole: more CTAs per SM, as
+/// an e4m3 cache's half-size stages allow, leave a larger part of a wave
+/// at its tail); else the fewest splits whose waves are within 85% as full
+/// as the fullest any split count reaches (FlashAttention's heuristic),
+/// each split keeping at least a few of the longest sequence's `kv_tiles`.
 pub fn split_count(ctas: u64, sms: u32, ctas_per_sm: u32, kv_tiles: u32) -> u32 {
     let wave = u64::from(sms.max(1)) * u64::from(ctas_per_sm.max(1));
     let ctas = ctas.max(1);
-    if ctas * 5 >= wave * 4 {
-        return 1;
-    }
-    let most = (kv_tiles / MIN_TILES_PER_SPLIT).clamp(1, MAX_SPLITS);
     let efficiency = |s: u32| {
         let n = ctas * u64::from(s);
         n as f64 / (n.div_ceil(wave) * wave) as f64
     };
+    if efficiency(1) >= 0.8 {
+        return 1;
+    }
+    let most = (kv_tiles / MIN_TILES_PER_SPLIT).clamp(1, MAX_SPLITS);
     let best = (1..=most).map(efficiency).fold(0.0, f64::max);
     (1..=most).find(|&s| efficiency(s) >= 0.85 * best).unwrap_or(1)
 }
@@ -144,12 +186,25 @@ mod tests {
     }
 
     #[test]
+    fn e4m3_stages_are_half_the_bytes() {
+        let h = Target::HOPPER;
+        let c = DecodeConfig::for_cache(&spec(128), h, 4, KvCacheDtype::E4m3).unwrap();
+        assert_eq!(c.smem_bytes(&spec(128)), 16 * 128 * 2 + c.stages * 64 * 256);
+        assert_eq!((c.stages, c.ctas_per_sm), (4, 3), "nine 16 KiB tiles in flight, as bf16 at d = 64");
+        assert_eq!(DecodeConfig::for_rows(&spec(128), h, 4).unwrap().kv, KvCacheDtype::Spec);
+    }
+
+    #[test]
     fn splits_fill_the_gpu() {
         // H100: 132 SMs, two CTAs each; 8 K/V heads, q_len 1.
         let split = |batch: u64, kv_len: u32| split_count(batch * 8, 132, 2, kv_len.div_ceil(DECODE_BLOCK_N));
         assert_eq!(split(1, 65536), 29, "8 CTAs: 232 of 264 slots is within 85% of all");
         assert_eq!(split(16, 65536), 2);
         assert_eq!(split(64, 4096), 1, "512 CTAs: no split");
+        // Three CTAs an SM (e4m3 stages): 512 CTAs would leave a second wave
+        // 30% full; two splits fill 86% of three.
+        assert_eq!(split_count(64 * 8, 132, 3, 64), 2, "1024 of 1188 slots");
+        assert_eq!(split_count(40 * 8, 132, 2, 64), 3, "320 CTAs would leave a 21% second wave: 960 of 1056");
         assert_eq!(split(256, 1024), 1);
         assert_eq!(split(1, 4096), 28, "64 tiles: 224 of 264 slots");
         assert_eq!(split(1, 1024), 7, "16 tiles: splits keep 2 at least");

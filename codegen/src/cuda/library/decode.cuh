@@ -1,13 +1,27 @@
 // ---- decode: the KV cache and the query rows of a K/V head ---------------------
 // Every address a decode kernel forms in the KV cache comes from KvRows, so
 // another cache layout (pages) changes this struct and nothing else.
+// E is the cache's element: unsigned short (bf16, f16) or unsigned char
+// (e4m3); strides count elements.
+template <typename E>
 struct KvRows {
-    const unsigned short* base;  // row 0 of one sequence and K/V head
-    long long seq_stride;        // elements from one cache row to the next
-    __device__ __forceinline__ const unsigned short* row(int i) const { return base + i * seq_stride; }
+    const E* base;         // row 0 of one sequence and K/V head
+    long long seq_stride;  // elements from one cache row to the next
+    __device__ __forceinline__ const E* row(int i) const { return base + i * seq_stride; }
     // Whether every row allows 16-byte copies.
     __device__ __forceinline__ bool vector() const { return aligned16(base, seq_stride); }
 };
+template <typename E>
+KvRows(const E*, long long) -> KvRows<E>;
+
+// Byte offset of element (row, col) in a swizzled shared tile of COLS
+// elements of E a row: the 16-byte chunks of a row are swizzled as a 16-bit
+// tile's (swizzle), so 1-byte rows are 16-bit rows of half the columns.
+template <typename E, int COLS>
+__device__ __forceinline__ int tile_byte(int row, int col) {
+    if constexpr (sizeof(E) == 2) return 2 * swizzle<COLS>(row, col);
+    else return 2 * swizzle<COLS / 2>(row, col / 2) + col % 2;
+}
 
 // Sequence b's key count, clamped into the cache: a bad length gives wrong
 // rows, never a read past the cache (lengths live on the device, so a
@@ -23,29 +37,38 @@ __device__ __forceinline__ void cp_async_wait_group() {
 }
 
 // Copies cache rows [first, first + ROWS) x cols [0, COLS) into a swizzled
-// shared tile, rows past `rows` (and cols past WIDTH) zero-filled. Each
-// thread copies 16-byte chunks; consecutive threads take consecutive chunks
-// of a row, so a warp's copies are coalesced.
-template <int ROWS, int COLS, int WIDTH, int THREADS>
-__device__ __forceinline__ void load_kv_tile(unsigned short* tile, const KvRows& kv, int first, int rows, bool vector) {
-    constexpr int CHUNKS = COLS / 8;
+// shared tile (tile_byte), rows past `rows` (and cols past WIDTH)
+// zero-filled; COLS and WIDTH count elements of E. Each thread copies
+// 16-byte chunks; consecutive threads take consecutive chunks of a row, so a
+// warp's copies are coalesced.
+template <int ROWS, int COLS, int WIDTH, int THREADS, typename E>
+__device__ __forceinline__ void load_kv_tile(void* tile, const KvRows<E>& kv, int first, int rows, bool vector) {
+    constexpr int CHUNK = 16 / sizeof(E);  // elements per 16-byte copy
+    constexpr int CHUNKS = COLS / CHUNK;
     constexpr int COPIES = (ROWS * CHUNKS + THREADS - 1) / THREADS;
-    if (WIDTH % 8 == 0 && vector) {
+    char* bytes = (char*)tile;
+    if (WIDTH % CHUNK == 0 && vector) {
         #pragma unroll
         for (int j = 0; j < COPIES; ++j) {
             const int i = threadIdx.x + j * THREADS;
             if ((ROWS * CHUNKS) % THREADS == 0 || i < ROWS * CHUNKS) {
-                const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
+                const int r = i / CHUNKS, c = (i % CHUNKS) * CHUNK;
                 const bool valid = r < rows && c < WIDTH;
-                cp_async_16(tile + swizzle<COLS>(r, c), valid ? kv.row(first + r) + c : kv.base, valid ? 16 : 0);
+                cp_async_16(bytes + tile_byte<E, COLS>(r, c), valid ? kv.row(first + r) + c : kv.base, valid ? 16 : 0);
             }
         }
     } else {
         for (int i = threadIdx.x; i < ROWS * COLS; i += THREADS) {
             const int r = i / COLS, c = i % COLS;
-            tile[swizzle<COLS>(r, c)] = r < rows && c < WIDTH ? kv.row(first + r)[c] : (unsigned short)0;
+            *(E*)(bytes + tile_byte<E, COLS>(r, c)) = r < rows && c < WIDTH ? kv.row(first + r)[c] : (E)0;
         }
     }
+}
+
+// The Q column a tile column holds in load_q_rows' INTERLEAVED order.
+__device__ __forceinline__ int q_column(int col) {
+    const int pair = col % 16 / 2;
+    return col / 16 * 16 + (pair < 4 ? 4 * pair : 4 * (pair - 4) + 2) + col % 2;
 }
 
 // The Q tile of a decode CTA: tile row r is the group's query row
@@ -53,27 +76,40 @@ __device__ __forceinline__ void load_kv_tile(unsigned short* tile, const KvRows&
 // counted from `q_group` (the group's first head of the sequence); rows at
 // or past `rows` are zero. 16-byte loads where every row allows them: the
 // prologue's cost is per CTA, and a short split has few tiles to hide it.
-template <int ROWS, int COLS, int WIDTH, int THREADS>
+// INTERLEAVED (e4m3 caches, see e4m3_key_fragment) stores each 16-column
+// step's columns in the order its K fragments hold the keys' dims: tile
+// column pairs 0-3 take Q's column pairs 0, 2, 4, 6 and pairs 4-7 take 1,
+// 3, 5, 7 (q_column).
+template <int ROWS, int COLS, int WIDTH, int THREADS, bool INTERLEAVED = false>
 __device__ __forceinline__ void load_q_rows(unsigned short* tile, const unsigned short* q_group, long long seq_stride,
                                             long long head_stride, int group, int first, int rows) {
     constexpr int CHUNKS = COLS / 8;
+    auto at = [&](int row, int c) {
+        return (long long)(row / group) * seq_stride + (long long)(row % group) * head_stride + c;
+    };
     if (WIDTH % 8 == 0 && aligned16(q_group, seq_stride) && head_stride % 8 == 0) {
         for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
             const int r = i / CHUNKS, c = (i % CHUNKS) * 8, row = first + r;
             uint4 x = make_uint4(0u, 0u, 0u, 0u);
-            if (row < rows && c < WIDTH) {
-                const long long at = (long long)(row / group) * seq_stride + (long long)(row % group) * head_stride + c;
-                x = *(const uint4*)(q_group + at);
+            if constexpr (INTERLEAVED) {
+                // Tile chunk c / 8 of a 16-column step: column pairs half,
+                // half + 2 of Q's first chunk, then of its second.
+                const int step = c / 16 * 16, half = c / 8 % 2;
+                uint4 lo = x, hi = x;
+                if (row < rows && step < WIDTH) lo = *(const uint4*)(q_group + at(row, step));
+                if (row < rows && step + 8 < WIDTH) hi = *(const uint4*)(q_group + at(row, step + 8));
+                x = half == 0 ? make_uint4(lo.x, lo.z, hi.x, hi.z) : make_uint4(lo.y, lo.w, hi.y, hi.w);
+            } else if (row < rows && c < WIDTH) {
+                x = *(const uint4*)(q_group + at(row, c));
             }
             *(uint4*)(tile + swizzle<COLS>(r, c)) = x;
         }
         return;
     }
     for (int i = threadIdx.x; i < ROWS * COLS; i += THREADS) {
-        const int r = i / COLS, c = i % COLS, row = first + r;
+        const int r = i / COLS, c = INTERLEAVED ? q_column(i % COLS) : i % COLS, row = first + r;
         const bool valid = row < rows && c < WIDTH;
-        const long long at = (long long)(row / group) * seq_stride + (long long)(row % group) * head_stride + c;
-        tile[swizzle<COLS>(r, c)] = valid ? q_group[valid ? at : 0] : (unsigned short)0;
+        tile[swizzle<COLS>(r, i % COLS)] = valid ? q_group[valid ? at(row, c) : 0] : (unsigned short)0;
     }
 }
 

@@ -25,16 +25,21 @@ struct PageTable {
 };
 
 // The rows of one K/V head in a paged cache: `base` is the head's first
-// element in page 0.
+// element in page 0; E and the strides as KvRows'.
+template <typename E>
 struct PagedKvRows {
-    const unsigned short* base;
+    const E* base;
     long long page_stride, row_stride;
-    __device__ __forceinline__ const unsigned short* at(int page, int row) const {
+    __device__ __forceinline__ const E* at(int page, int row) const {
         return base + page * page_stride + row * row_stride;
     }
     // Whether every row allows 16-byte copies.
-    __device__ __forceinline__ bool vector() const { return aligned16(base, page_stride) && row_stride % 8 == 0; }
+    __device__ __forceinline__ bool vector() const {
+        return aligned16(base, page_stride) && row_stride * (long long)sizeof(E) % 16 == 0;
+    }
 };
+template <typename E>
+PagedKvRows(const E*, long long, long long) -> PagedKvRows<E>;
 
 // The tile row this lane resolves: its warp's share of the tile's ROWS keys
 // starts at warp * WARP_ROWS, and lanes past the share repeat it.
@@ -53,26 +58,30 @@ __device__ __forceinline__ PageSlot tile_slot(const PageTable& table, int first,
     return r < rows ? table.slot(first + r) : PageSlot{0, 0};
 }
 
-// Copies the tile's keys into a swizzled shared tile of COLS columns, rows
-// at or past `rows` (and cols past WIDTH) zero-filled, each warp its share
-// of the rows, `slot` this lane's resolved key (tile_slot). 16-byte copies
-// where `vector`, consecutive lanes taking consecutive chunks of a row (a
-// warp's copies stay coalesced within each page row); element by element
-// otherwise. Every lane runs every step: the shuffles need the whole warp.
-template <int ROWS, int COLS, int WIDTH, int WARPS>
-__device__ __forceinline__ void load_paged_kv_tile(unsigned short* tile, const PagedKvRows& kv, PageSlot slot, int rows,
+// Copies the tile's keys into a swizzled shared tile of COLS columns
+// (tile_byte), rows at or past `rows` (and cols past WIDTH) zero-filled,
+// each warp its share of the rows, `slot` this lane's resolved key
+// (tile_slot); COLS and WIDTH count elements of E. 16-byte copies where
+// `vector`, consecutive lanes taking consecutive chunks of a row (a warp's
+// copies stay coalesced within each page row); element by element otherwise.
+// Every lane runs every step: the shuffles need the whole warp.
+template <int ROWS, int COLS, int WIDTH, int WARPS, typename E>
+__device__ __forceinline__ void load_paged_kv_tile(void* tile, const PagedKvRows<E>& kv, PageSlot slot, int rows,
                                                    bool vector) {
     constexpr int WARP_ROWS = ROWS / WARPS;
+    constexpr int CHUNK = 16 / sizeof(E);  // elements per 16-byte copy
     const int r0 = threadIdx.x / 32 * WARP_ROWS, lane = threadIdx.x % 32;
-    if (WIDTH % 8 == 0 && vector) {
-        constexpr int CHUNKS = COLS / 8;
+    char* bytes = (char*)tile;
+    if (WIDTH % CHUNK == 0 && vector) {
+        constexpr int CHUNKS = COLS / CHUNK;
         #pragma unroll
         for (int step = 0; step < (WARP_ROWS * CHUNKS + 31) / 32; ++step) {
-            const int e = step * 32 + lane, i = min(e / CHUNKS, WARP_ROWS - 1), c = e % CHUNKS * 8;
+            const int e = step * 32 + lane, i = min(e / CHUNKS, WARP_ROWS - 1), c = e % CHUNKS * CHUNK;
             const int page = __shfl_sync(0xffffffffu, slot.page, i), row = __shfl_sync(0xffffffffu, slot.row, i);
             const bool valid = r0 + i < rows && c < WIDTH;
             if (e < WARP_ROWS * CHUNKS) {
-                cp_async_16(tile + swizzle<COLS>(r0 + i, c), valid ? kv.at(page, row) + c : kv.base, valid ? 16 : 0);
+                cp_async_16(bytes + tile_byte<E, COLS>(r0 + i, c), valid ? kv.at(page, row) + c : kv.base,
+                            valid ? 16 : 0);
             }
         }
     } else {
@@ -81,7 +90,8 @@ __device__ __forceinline__ void load_paged_kv_tile(unsigned short* tile, const P
             const int e = step * 32 + lane, i = min(e / COLS, WARP_ROWS - 1), c = e % COLS;
             const int page = __shfl_sync(0xffffffffu, slot.page, i), row = __shfl_sync(0xffffffffu, slot.row, i);
             if (e < WARP_ROWS * COLS) {
-                tile[swizzle<COLS>(r0 + i, c)] = r0 + i < rows && c < WIDTH ? kv.at(page, row)[c] : (unsigned short)0;
+                *(E*)(bytes + tile_byte<E, COLS>(r0 + i, c)) =
+                    r0 + i < rows && c < WIDTH ? kv.at(page, row)[c] : (E)0;
             }
         }
     }

@@ -127,6 +127,11 @@ pub enum Part {
     /// `Decode`.
     DecodePaged,
 
+    /// E4m3 decode kernels' K/V fragments: the exact e4m3 → f16/bf16
+    /// conversion on registers after ldmatrix, and the orders the 1-byte
+    /// tiles put K's dims and V's columns in. Follows `Decode`.
+    DecodeE4m3,
+
     /// Hopper's tensor memory accelerator (TMA) for the producers of the
     /// warp-specialized kernels (the persistent forward, the backward's dK/dV
     /// kernel): one thread hands the copy engine a whole tile (a
@@ -184,7 +189,7 @@ pub enum Part {
 
 impl Part {
     /// Every part, in the order kernels include them.
-    pub const ALL: [Part; 23] = [
+    pub const ALL: [Part; 24] = [
         Part::Prelude,
         Part::IntOps,
         Part::Ranges,
@@ -197,6 +202,7 @@ impl Part {
         Part::Paged,
         Part::Decode,
         Part::DecodePaged,
+        Part::DecodeE4m3,
         Part::Tma,
         Part::TmaStore,
         Part::PagedTma,
@@ -225,6 +231,7 @@ impl Part {
             Part::Paged => include_str!("paged.cuh"),
             Part::Decode => include_str!("decode.cuh"),
             Part::DecodePaged => include_str!("decode_paged.cuh"),
+            Part::DecodeE4m3 => include_str!("decode_e4m3.cuh"),
             Part::Tma => include_str!("tma.cuh"),
             Part::TmaStore => include_str!("tma_store.cuh"),
             Part::PagedTma => include_str!("paged_tma.cuh"),
@@ -254,6 +261,7 @@ impl Part {
             Part::Paged => "paged.cuh",
             Part::Decode => "decode.cuh",
             Part::DecodePaged => "decode_paged.cuh",
+            Part::DecodeE4m3 => "decode_e4m3.cuh",
             Part::Tma => "tma.cuh",
             Part::TmaStore => "tma_store.cuh",
             Part::PagedTma => "paged_tma.cuh",

@@ -20,8 +20,9 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 // Whether rows starting at p, `stride` elements apart, allow 16-byte copies.
-__device__ __forceinline__ bool aligned16(const unsigned short* p, long long stride) {
-    return (unsigned long long)p % 16 == 0 && stride % 8 == 0;
+template <typename E>
+__device__ __forceinline__ bool aligned16(const E* p, long long stride) {
+    return (unsigned long long)p % 16 == 0 && stride * (long long)sizeof(E) % 16 == 0;
 }
 
 // Element offset of (row, col) in a swizzled shared tile with COLS columns:

@@ -1,0 +1,72 @@
+// ---- decode over e4m3 K/V: one-byte cache tiles converted on registers ------------
+// An e4m3 decode kernel copies its K/V tiles as they are (a byte an element:
+// half a 16-bit cache's traffic, and the kernel waits on memory) and converts
+// each fragment right after its ldmatrix, in the registers the MMA reads:
+// every element is converted once (each warp owns its keys of a tile), with
+// no second pass through shared memory. A 1-byte tile is a 16-bit tile of
+// half the columns, so the 16-bit ldmatrix reads it; each lane then holds
+// its bytes in another order than the MMA's 16-bit fragments, which the
+// products absorb: K's dims are a reduction the Q tile is permuted for
+// (load_q_rows' INTERLEAVED), V's dims become O's columns (e4m3_o_column).
+
+// Two e4m3 values (the low byte first) as two 16-bit values of `storage`.
+// Exact: every e4m3 value is an f16 and a bf16.
+__device__ __forceinline__ unsigned e4m3x2_to(f16, unsigned pair) {
+#if __CUDA_ARCH__ >= 890
+    unsigned r;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"((unsigned short)pair));
+    return r;
+#else
+    // Sign, exponent and mantissa moved into f16's places: the f16 of value
+    // · 2^-8 (bias 15 for 7), then · 2^8, exact (no .ftz: subnormals stay).
+    const unsigned y = __byte_perm(pair, 0u, 0x1404);  // byte 0 to byte 1, byte 1 to byte 3
+    const unsigned raw = (y & 0x80008000u) | ((y & 0x7f007f00u) >> 1);
+    unsigned r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(raw), "r"(0x5c005c00u), "r"(0x80008000u));
+    return r;
+#endif
+}
+__device__ __forceinline__ unsigned e4m3x2_to(bf16, unsigned pair) {
+    // The f16 of an e4m3 value is 0 or normal (e4m3's least, 2^-9, is past
+    // f16's 2^-14), so its bits shifted right by 3 are a normal bf16 of
+    // value · 2^-112 with every mantissa bit kept; · 2^112 is then exact.
+    const unsigned h = e4m3x2_to(f16{}, pair);
+    const unsigned raw = ((h & 0x7fff7fffu) >> 3) | (h & 0x80008000u);
+    unsigned r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(raw), "r"(0x77807780u), "r"(0x80008000u));
+    return r;
+}
+
+// Two 8x8 16-bit matrices from shared memory; lanes 0-15 supply the rows.
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(unsigned (&r)[2], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+
+// K's B fragment of a 16-dim step of S = Q K^T from this lane's ldmatrix
+// register of 8 keys: the four e4m3 dims 4t .. 4t + 3 of key g. The MMA
+// takes dims 4t, 4t + 1 as its k rows 2t, 2t + 1 and dims 4t + 2, 4t + 3 as
+// rows 2t + 8, 2t + 9, where the Q tile holds those dims (q_column).
+template <class S>
+__device__ __forceinline__ void e4m3_key_fragment(S tag, unsigned keys, unsigned& b0, unsigned& b1) {
+    b0 = e4m3x2_to(tag, keys);
+    b1 = e4m3x2_to(tag, keys >> 16);
+}
+
+// V's B fragments of a 16-dim chunk from this lane's ldmatrix.trans register
+// of 8 keys: keys 2t, 2t + 1 at dims 2g, 2g + 1 (bytes: (2t, 2g), (2t, 2g +
+// 1), (2t + 1, 2g), (2t + 1, 2g + 1)). `even` is the keys' pair at dim 2g,
+// `odd` at 2g + 1: two MMAs whose n = g is dim 2g and 2g + 1 of the chunk.
+template <class S>
+__device__ __forceinline__ void e4m3_value_fragment(S tag, unsigned x, unsigned& even, unsigned& odd) {
+    const unsigned pairs = __byte_perm(x, 0u, 0x3120);
+    even = e4m3x2_to(tag, pairs);
+    odd = e4m3x2_to(tag, pairs >> 16);
+}
+
+// The O column of accumulator element c (0, 1) of this lane's m16n8 tile n
+// in an e4m3 kernel: tiles n and n + 1 (n even) are a 16-dim chunk's even
+// and odd dims (e4m3_value_fragment).
+__device__ __forceinline__ int e4m3_o_column(int n, int t, int c) { return n / 2 * 16 + 4 * t + 2 * c + n % 2; }
