@@ -20,7 +20,7 @@
 use crate::args::{signature, ArgInfo, ArgValue};
 use crate::check::{check_forward, softmax_scale, Problem};
 use crate::check_decode::{check_launch, check_plan_shape, check_splits, DecodeShape};
-use crate::decode_e4m3::KvDescale;
+use crate::descale::KvDescale;
 use crate::element::Element;
 use crate::error::{Error, RaggedError};
 use crate::kernels::{LoadedKernel, Which};

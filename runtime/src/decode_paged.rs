@@ -12,7 +12,7 @@ use crate::args::ArgValue;
 use crate::check::Buffer;
 use crate::check_decode::{check_launch, check_paged_launch, PagedDecodeProblem};
 use crate::decode::{DecodeKv, DecodePlan, StepIo};
-use crate::decode_e4m3::KvDescale;
+use crate::descale::KvDescale;
 use crate::element::Element;
 use crate::error::Error;
 use crate::layout::Layout;

@@ -15,7 +15,7 @@ use crate::check::Buffer;
 use crate::check_decode::check_launch;
 use crate::check_decode_varlen::{check_varlen_decode, CacheShape, VarlenDecodeProblem};
 use crate::decode::{DecodeKv, DecodePlan, StepIo};
-use crate::decode_e4m3::KvDescale;
+use crate::descale::KvDescale;
 use crate::element::Element;
 use crate::error::Error;
 use crate::layout::PackedLayout;

@@ -99,6 +99,7 @@ mod decode;
 mod decode_e4m3;
 mod decode_paged;
 mod decode_varlen;
+mod descale;
 pub mod e4m3;
 mod forward;
 mod forward_launch;
@@ -123,9 +124,9 @@ pub use check_decode::DecodeShape;
 pub use comm::{Communicator, UniqueId};
 pub use comm_error::CommError;
 pub use decode::{DecodeIo, DecodeKv, DecodeOptions, DecodePlan};
-pub use decode_e4m3::{Descale, KvDescale};
 pub use decode_paged::PagedDecodeIo;
 pub use decode_varlen::VarlenDecodeIo;
+pub use descale::{Descale, KvDescale};
 pub use disk_cache::{
     precompile, Cleared, DiskCache, Entry, EntryKey, PrecompileReport, CACHE_DIR_ENV, CACHE_ENV, CACHE_MAX_BYTES_ENV,
     DEFAULT_MAX_BYTES,

@@ -15,7 +15,7 @@
 //! caches ([`DeviceDecode::upload_e4m3`]) reads their bytes and descales
 //! (`decode_e4m3`), judged by the reference over the dequantized caches.
 
-use super::decode_e4m3::{DeviceE4m3, E4m3Scales};
+use super::decode_e4m3::{quantize_cache, DeviceE4m3, E4m3Scales, Granularity};
 use super::{
     driver, gather, launch_args, median_ms_after, random_tensors, round, scatter, upload_operands, upload_tensors,
     DeviceTensor, GpuOutput, Operands, Storage,
@@ -523,6 +523,25 @@ fn paged_layouts(spec: &Spec, shape: DecodeShape, paged: &PagedProblem) -> [Page
 /// Random lengths for `batch` sequences in `[lo, hi]`.
 pub fn random_lens(rng: &mut impl Rng, batch: usize, (lo, hi): (usize, usize)) -> Vec<usize> {
     (0..batch).map(|_| rng.random_range(lo..=hi)).collect()
+}
+
+impl DecodeProblem {
+    /// The same step with its caches quantized to e4m3 under `granularity`,
+    /// and the descales: each K/V head's rows are first scaled by a factor
+    /// of its own (so per-head descales differ, and a per-tensor one serves
+    /// heads of different ranges), then rounded to `descale · e4m3`, which
+    /// the caches and the reference then hold.
+    pub fn quantized(mut self, granularity: Granularity) -> (DecodeProblem, E4m3Scales) {
+        let DecodeShape { batch, heads_kv, max_kv_len, .. } = self.shape;
+        let cells = (batch * max_kv_len * heads_kv).max(1);
+        let (k_factor, v_factor) = (|h: usize| 0.5 + 0.75 * h as f64, |h: usize| 1.0 / (1.0 + h as f64));
+        let dim = self.k_cache.len() / cells;
+        let k = quantize_cache(&mut self.k_cache, (heads_kv, dim), granularity, k_factor);
+        let dim = self.v_cache.len() / cells;
+        let v = quantize_cache(&mut self.v_cache, (heads_kv, dim), granularity, v_factor);
+        let lens = self.kv_lens.clone();
+        (self.with_lens(&lens), E4m3Scales { granularity, k, v })
+    }
 }
 
 #[cfg(test)]

@@ -1,17 +1,16 @@
-//! Decode problems over e4m3 caches: a [`DecodeProblem`]'s caches
-//! quantized ([`DecodeProblem::quantized`]) to the bytes an e4m3 plan reads
+//! Decode problems over e4m3 caches: a decode problem's caches quantized
+//! (`DecodeProblem::quantized`, by `quantize_cache`) to the bytes an e4m3 plan reads
 //! and their descale factors, per tensor or per K/V head, while the
 //! problem's caches, and so the f64 reference's keys and values, become
 //! the dequantized values `descale · e4m3`: the reference dequantizes the
 //! same cache the kernel reads. Pages of such a problem
-//! ([`DecodeProblem::paged`]) hold those values too (and noise), which
+//! (`DecodeProblem::paged`) hold those values too (and noise), which
 //! [`e4m3_bytes`] turns back into the same bytes.
 
-use super::decode::DecodeProblem;
 use super::driver;
 use flashgen::cudarc::driver::{CudaSlice, CudaStream};
 use flashgen::runtime::e4m3;
-use flashgen::runtime::{DecodeShape, Descale, Error, KvDescale};
+use flashgen::runtime::{Descale, Error, KvDescale};
 use std::sync::Arc;
 
 /// How an e4m3 step's descale factors divide the cache: one per tensor or
@@ -40,30 +39,11 @@ pub struct E4m3Scales {
     pub v: Vec<f32>,
 }
 
-impl DecodeProblem {
-    /// The same step with its caches quantized to e4m3 under `granularity`,
-    /// and the descales: each K/V head's rows are first scaled by a factor
-    /// of its own (so per-head descales differ, and a per-tensor one serves
-    /// heads of different ranges), then rounded to `descale · e4m3`, which
-    /// the caches and the reference then hold.
-    pub fn quantized(mut self, granularity: Granularity) -> (DecodeProblem, E4m3Scales) {
-        let DecodeShape { batch, heads_kv, max_kv_len, .. } = self.shape;
-        let cells = (batch * max_kv_len * heads_kv).max(1);
-        let (k_factor, v_factor) = (|h: usize| 0.5 + 0.75 * h as f64, |h: usize| 1.0 / (1.0 + h as f64));
-        let dim = self.k_cache.len() / cells;
-        let k = quantize_cache(&mut self.k_cache, (heads_kv, dim), granularity, k_factor);
-        let dim = self.v_cache.len() / cells;
-        let v = quantize_cache(&mut self.v_cache, (heads_kv, dim), granularity, v_factor);
-        let lens = self.kv_lens.clone();
-        (self.with_lens(&lens), E4m3Scales { granularity, k, v })
-    }
-}
-
 /// Scales K/V head `h`'s values of `cache` (rows of `heads_kv` heads of
 /// `dim` elements) by
 /// `factor(h)`, picks the descales that map each head's (or the tensor's)
 /// largest magnitude to 448, and rounds the values to `descale · e4m3`.
-fn quantize_cache(
+pub(crate) fn quantize_cache(
     cache: &mut [f64],
     (heads_kv, dim): (usize, usize),
     granularity: Granularity,
@@ -150,6 +130,7 @@ impl DeviceE4m3 {
 mod tests {
     use super::*;
     use crate::verify::decode::random_decode_problem;
+    use flashgen::runtime::DecodeShape;
 
     #[test]
     fn the_reference_reads_the_dequantized_bytes() {
