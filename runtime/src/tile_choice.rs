@@ -41,7 +41,7 @@ pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
 /// kernels (two warpgroups, one); among mma.sync configs, 128-key tiles
 /// only for plain d <= 64 specs (masks and score mods then spill). Above
 /// d = 128 the warp-specialized kernels lead (an order not yet tuned on a
-/// GPU): [`WIDE_192`], [`WIDE_256`].
+/// GPU): `WIDE_192`, `WIDE_256`.
 pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
     let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
     // Warpgroups of 64 rows: two share each K/V tile; one alone leaves

@@ -49,8 +49,8 @@ pub struct RunArgs {
     /// dO for --backward, shaped like O ([batch, q_len, heads, v_head_dim]); random if not given.
     #[arg(long = "d-out", requires = "backward")]
     d_out: Option<PathBuf>,
-    /// Write o.npy and lse.npy (and with --backward dq, dk, dv and
-    /// d_<tensor>.npy) as f32 into this folder.
+    /// Write o.npy and lse.npy (and with --backward dq, dk, dv and d_NAME.npy
+    /// for each trainable tensor NAME) as f32 into this folder.
     #[arg(long)]
     out: Option<PathBuf>,
     /// Softmax scale (default 1/sqrt(head_dim)).

@@ -50,7 +50,7 @@ impl Expected {
     }
 
     /// The references of a varlen problem (O `[total_q, heads, d_v]`, LSE
-    /// `[heads, total_q]`, as [`varlen::DeviceVarlen::download`] gives them).
+    /// `[heads, total_q]`, as [`DeviceVarlen::download`](crate::verify::varlen::DeviceVarlen::download) gives them).
     pub fn varlen(spec: &Spec, problem: &VarlenProblem) -> Result<Expected, reference::ReferenceError> {
         Ok(Expected {
             golden: reference::forward_varlen(spec, problem, Precision::F64)?,

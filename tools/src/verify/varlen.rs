@@ -1,7 +1,7 @@
 //! Varlen (packed) problems on the GPU: ragged sequences drawn at random,
 //! a [`Runtime::forward_varlen`] launch on NaN-poisoned outputs, and the
 //! result in the varlen reference's layouts (O `[total_q, heads, d_v]`,
-//! LSE `[heads, total_q]`) for [`Expected::varlen`]; its backward in
+//! LSE `[heads, total_q]`) for [`Expected::varlen`](crate::verify::judge::Expected::varlen); its backward in
 //! `backward`.
 
 use super::{
