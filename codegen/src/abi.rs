@@ -143,15 +143,20 @@ pub enum ArgKind {
     /// tile `[batch, heads_kv, row tiles]`, zero between launches (the last
     /// split of a tile sets it back).
     SplitCounters,
-    /// `const unsigned char*` an e4m3 decode kernel's K or V cache (in
-    /// place of its `Ptr`): a byte an element, strides in bytes.
+    /// `const unsigned char*` an e4m3 operand (in place of its `Ptr`): a
+    /// decode kernel's K or V cache, the e4m3 forward's Q, K or V; a byte an
+    /// element, strides in bytes.
     E4m3(Operand),
-    /// `const float*` an e4m3 K or V cache's descale factors on the device:
+    /// `const float*` an e4m3 operand's descale factors on the device:
     /// one for the tensor, or one per K/V head.
     Descale(Operand),
     /// Entries between consecutive K/V heads' descale factors: 0 (one
     /// factor for the tensor) or 1 (one per K/V head).
     DescaleStride(Operand),
+    /// `unsigned char*` the e4m3 forward's V tiles (`cuda::e4m3_v_tiles`
+    /// writes them, the forward reads them by TMA): `[batch, heads_kv,
+    /// ceil(kv_len / 128), pad16(head_dims.v), 128]` bytes.
+    E4m3VTiles,
     /// Base pointer of a partials kernel's operand (see [`Partial`]), at
     /// its first element; a piece or an output may be null.
     PartialPtr(Partial),

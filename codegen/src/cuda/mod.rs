@@ -17,6 +17,7 @@
 mod backward;
 mod block_mask;
 mod decode;
+mod e4m3_v_tiles;
 mod forward;
 mod kit;
 pub mod library;
@@ -33,13 +34,14 @@ pub use backward::{
     emit_backward, emit_backward_varlen, emit_backward_with, trainable_tensors, BackwardConfig, BackwardPass, DqAccum,
 };
 pub use block_mask::emit_block_mask;
+pub use e4m3_v_tiles::emit_e4m3_v_tiles;
 pub use decode::{
     emit_decode, emit_decode_paged, emit_decode_with, split_count, DecodeCache, DecodeConfig, DecodeQueries,
     KvCacheDtype, DECODE_BLOCK_N, DECODE_WARPS, MAX_SPLITS,
 };
 pub use forward::{
-    emit_forward, emit_forward_copying, emit_forward_dropout, emit_forward_paged, emit_forward_traced,
-    emit_forward_varlen, emit_forward_with, is_light,
+    e4m3_supports, emit_forward, emit_forward_copying, emit_forward_dropout, emit_forward_e4m3, emit_forward_paged,
+    emit_forward_traced, emit_forward_varlen, emit_forward_with, is_light, E4M3_BLOCK_N,
 };
 pub use paged_append::emit_paged_append;
 pub use partials::{emit_add_f32, emit_add_partial, emit_merge_partial};

@@ -237,22 +237,27 @@ pub(super) fn decode_paged_args(spec: &Spec) -> Vec<KernelArg> {
     named(spec, kinds.collect())
 }
 
-/// A decode kernel's arguments `args` over an e4m3 cache: K and V are byte
-/// pointers, and each has its descale factors and their stride after the
-/// softmax scale.
-pub(super) fn with_e4m3_cache(spec: &Spec, args: Vec<KernelArg>) -> Vec<KernelArg> {
+/// A kernel's arguments `args` with e4m3 `operands` (a decode kernel's K
+/// and V, the e4m3 forward's Q, K and V): they are byte pointers, and each
+/// has its descale factors and their stride after the softmax scale.
+pub(super) fn with_e4m3(spec: &Spec, args: Vec<KernelArg>, operands: &[Operand]) -> Vec<KernelArg> {
     let kinds = args.into_iter().flat_map(|arg| match arg.kind {
-        ArgKind::Ptr(op @ (Operand::K | Operand::V)) => vec![ArgKind::E4m3(op)],
-        ArgKind::Scale => vec![
-            ArgKind::Scale,
-            ArgKind::Descale(Operand::K),
-            ArgKind::DescaleStride(Operand::K),
-            ArgKind::Descale(Operand::V),
-            ArgKind::DescaleStride(Operand::V),
-        ],
+        ArgKind::Ptr(op) if operands.contains(&op) => vec![ArgKind::E4m3(op)],
+        ArgKind::Scale => std::iter::once(ArgKind::Scale)
+            .chain(operands.iter().flat_map(|&op| [ArgKind::Descale(op), ArgKind::DescaleStride(op)]))
+            .collect(),
         kind => vec![kind],
     });
     named(spec, kinds.collect())
+}
+
+/// The e4m3 forward's V-tile kernel's arguments: V and its strides, the
+/// sizes it covers, and the tiles it writes.
+pub(super) fn e4m3_v_tiles_args(spec: &Spec) -> Vec<KernelArg> {
+    let mut kinds = vec![ArgKind::E4m3(Operand::V)];
+    kinds.extend([Axis::Batch, Axis::Seq, Axis::Head].map(|axis| ArgKind::Stride(Operand::V, axis)));
+    kinds.extend([ArgKind::HeadsKv, ArgKind::KvLen, ArgKind::E4m3VTiles]);
+    named(spec, kinds)
 }
 
 /// A decode kernel's arguments `args` (dense or paged cache) with packed
@@ -369,6 +374,7 @@ pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::Ptr(op) | ArgKind::E4m3(op) => format!("{}_ptr", operand(op)),
         ArgKind::Descale(op) => format!("{}_descale", operand(op)),
         ArgKind::DescaleStride(op) => format!("{}_descale_stride", operand(op)),
+        ArgKind::E4m3VTiles => "v_tiles_out".into(),
         ArgKind::Lse => "lse".into(),
         ArgKind::Batch => "batch".into(),
         ArgKind::Heads => "heads".into(),
@@ -450,6 +456,7 @@ pub(super) fn arg_type(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::PartialO | ArgKind::PartialLse => "float* __restrict__".into(),
         ArgKind::SplitCounters => "unsigned int* __restrict__".into(),
         ArgKind::E4m3(_) => "const unsigned char* __restrict__".into(),
+        ArgKind::E4m3VTiles => "unsigned char* __restrict__".into(),
         ArgKind::Descale(_) => "const float* __restrict__".into(),
         ArgKind::DescaleStride(_) => "int".into(),
         ArgKind::Stride(..) | ArgKind::BlockMaskStride(_) | ArgKind::PageStride(_) | ArgKind::NewRowStride(..) => {

@@ -82,9 +82,9 @@ pub use body::DecodeCache;
 pub use plan::{split_count, DecodeConfig, KvCacheDtype, DECODE_BLOCK_N, DECODE_WARPS, MAX_SPLITS};
 pub use queries::DecodeQueries;
 
-use crate::abi::{Grid, Kernel};
+use crate::abi::{Grid, Kernel, Operand};
 use crate::cuda::library::Part;
-use crate::cuda::signature::{decode_args, decode_paged_args, with_e4m3_cache, with_packed_queries};
+use crate::cuda::signature::{decode_args, decode_paged_args, with_e4m3, with_packed_queries};
 use crate::cuda::source::{assemble, kernel_name, Entry, Piece};
 use crate::cuda::writer::Writer;
 use crate::spec::{Dtype, Spec};
@@ -120,7 +120,9 @@ pub fn emit_decode_with(spec: &Spec, config: DecodeConfig, cache: DecodeCache, q
     };
     let (name, args) = match config.kv {
         KvCacheDtype::Spec => (kernel_name(&kind, spec), args),
-        KvCacheDtype::E4m3 => (kernel_name(&format!("{kind}_e4m3"), spec), with_e4m3_cache(&view, args)),
+        KvCacheDtype::E4m3 => {
+            (kernel_name(&format!("{kind}_e4m3"), spec), with_e4m3(&view, args, &[Operand::K, Operand::V]))
+        }
     };
     let bounds = format!("THREADS, {}", config.ctas_per_sm);
     let mut library = vec![vec![Piece::Part(Part::Prelude)]];

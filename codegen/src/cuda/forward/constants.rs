@@ -1,6 +1,7 @@
 //! The kernel's `constexpr` block: dtype, head dims, tile sizes, stages,
 //! the warp-specialized register split and the shared tiles' sizes.
 
+use super::e4m3::{write_e4m3_tiles, Operands};
 use super::mma::{tile_cols, ShmemCols};
 use super::plan::{Plan, Regs};
 use crate::cuda::kit::tile_walk::write_mask_tiles;
@@ -16,6 +17,10 @@ pub(super) fn write_config(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
         Dtype::F16 => "f16",
         Dtype::Bf16 => "bf16",
     };
+    let formats = match plan.operands {
+        Operands::Sixteen => "Q, K, V and O",
+        Operands::E4m3 => "O (Q, K and V are e4m3)",
+    };
     let (d, dv) = (spec.head_dims.qk, spec.head_dims.v);
     let (dp, dvp) = (pad16(d), pad16(dv));
     let TileConfig { mma, warps, m_tiles, block_n } = config;
@@ -23,7 +28,7 @@ pub(super) fn write_config(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
         w,
         "\
         // ---- kernel configuration ---------------------------------------------------\n\
-        using storage = {storage};  // element format of Q, K, V and O\n\
+        using storage = {storage};  // element format of {formats}\n\
         constexpr int D = {d};  // Q/K head dim\n\
         constexpr int DV = {dv};  // V/O head dim\n\
         constexpr int DP = (D + 15) / 16 * 16;  // D padded to the MMA k-step (zeros beyond D)\n\
@@ -57,7 +62,9 @@ pub(super) fn write_config(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
     }
     writeln!(w, "constexpr int STAGES = {};  // K/V pipeline stages", plan.stages)?;
     let cols = ShmemCols::of(mma);
-    if mma == Mma::Wgmma {
+    if plan.operands == Operands::E4m3 {
+        write_e4m3_tiles(w, spec)?;
+    } else if mma == Mma::Wgmma {
         writeln!(w, "// wgmma reads whole 64-column panels (zeros beyond DP and DVP).")?;
         writeln!(w, "constexpr int QK_COLS = {};", tile_cols(mma, dp))?;
         writeln!(w, "constexpr int V_COLS = {};", tile_cols(mma, dvp))?;
@@ -74,7 +81,12 @@ pub(super) fn write_config(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
         writeln!(w, "constexpr int Q_TILE = BLOCK_M * {qk};")?;
     }
     writeln!(w, "constexpr int K_TILE = BLOCK_N * {qk};")?;
-    writeln!(w, "constexpr int V_TILE = BLOCK_N * {v};")?;
+    match plan.operands {
+        Operands::Sixteen => writeln!(w, "constexpr int V_TILE = BLOCK_N * {v};")?,
+        Operands::E4m3 => {
+            writeln!(w, "constexpr int V_TILE = DVP * BLOCK_N / 2;  // DVP rows of the tile's keys' bytes")?
+        }
+    }
     if spec.mask.is_some() {
         write_mask_tiles(w, spec)?;
     }

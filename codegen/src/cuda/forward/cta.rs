@@ -83,8 +83,8 @@ pub(super) fn write_body(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
         int next = j < kv_tiles ? next_tile(j + 1) : kv_tiles;\n"
     )?;
     writeln!(w)?;
-    let hoisted = write_spec_terms(w, spec, &kv_len, plan.key_terms, false)?;
-    write_accumulators(w, config, plan.row_sums)?;
+    let hoisted = write_spec_terms(w, plan, &kv_len, false)?;
+    write_accumulators(w, plan)?;
     writeln!(w)?;
     let step = |w: &mut Writer<String>| write_cta_step(w, plan, &hoisted);
     write_cta_loop(w, plan, &kv, step)?;

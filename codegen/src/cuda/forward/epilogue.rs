@@ -2,6 +2,7 @@
 //! and stored (by the CTA, or per warpgroup or warp with TMA).
 
 use super::bias::lse_row_term;
+use super::e4m3::Operands;
 use super::plan::Plan;
 use super::softmax::RowSums;
 use super::trace::{self, Event};
@@ -82,6 +83,11 @@ pub(super) fn write_epilogue(
     };
     let row_term = lse_row_term(spec, hoisted);
     let RowStats { stats, lse: lse_value, inv } = RowStats::of(plan, sum, row_term.as_deref());
+    // e4m3 operands: V's descale joins O's factor (`e4m3::write_descales`).
+    let inv = match plan.operands {
+        Operands::Sixteen => inv.to_string(),
+        Operands::E4m3 => format!("({inv}) * v_scale"),
+    };
     if let OStaging::OBuffer(_) = staging {
         // The warp's last S has read its rows of Q: the producer may refill the buffer.
         writeln!(

@@ -2,6 +2,7 @@
 //! Q load, the hoisted spec terms with the `logit` lambdas, and the
 //! accumulators and online-softmax state.
 
+use super::e4m3::Operands;
 use super::logit::write_logit;
 use super::mma::write_operand_lanes;
 use super::plan::Plan;
@@ -12,8 +13,8 @@ use crate::cuda::kit::expr::c_expr;
 use crate::cuda::kit::hoist::{hoist, Hoisted, Level};
 use crate::cuda::kit::terms::{spec_exprs, write_tile_terms, KeyTerms};
 use crate::cuda::signature::{arg_name, c_type};
+use crate::cuda::tile_config::pipelined;
 use crate::cuda::tile_config::TileCopy;
-use crate::cuda::tile_config::{pipelined, TileConfig};
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
@@ -103,21 +104,27 @@ pub(super) fn q_load(spec: &Spec) -> String {
 /// item's terms per CTA and per query ([`StagedTerms::items`]).
 pub(super) fn write_spec_terms<'s>(
     w: &mut Writer<String>,
-    spec: &'s Spec,
+    plan: &Plan<'s>,
     kv_len: &str,
-    keys: KeyTerms,
     staged_items: bool,
 ) -> Result<Vec<Hoisted<'s>>, fmt::Error> {
+    let spec = plan.spec;
     let hoisted = hoist(&spec_exprs(spec));
-    write_invariants(w, spec, &hoisted, keys, staged_items)?;
-    write_logit(w, spec, &hoisted, &arg_name(spec, ArgKind::Scale), kv_len)?;
+    write_invariants(w, spec, &hoisted, plan.key_terms, staged_items)?;
+    // e4m3 operands: the descales scale the dot products too (`e4m3::write_descales`).
+    let scale = match plan.operands {
+        Operands::Sixteen => arg_name(spec, ArgKind::Scale),
+        Operands::E4m3 => "qk_scale".to_string(),
+    };
+    write_logit(w, spec, &hoisted, &scale, kv_len)?;
     writeln!(w)?;
     Ok(hoisted)
 }
 
 /// The Q operand's address, the O accumulators and the online softmax
 /// state; for pipelined kernels also P of the previous tile.
-pub(super) fn write_accumulators(w: &mut Writer<String>, config: TileConfig, sums: RowSums) -> fmt::Result {
+pub(super) fn write_accumulators(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
+    let (config, sums) = (plan.config, plan.row_sums);
     write_operand_lanes(w, config.mma)?;
     let (sum, sum_decl) = match sums {
         RowSums::Fadd => ("this lane's share of the running sum l.", "float l[M_TILES][2] = {};"),
@@ -147,8 +154,9 @@ pub(super) fn write_accumulators(w: &mut Writer<String>, config: TileConfig, sum
             // behind the next tile's S (FlashAttention-3's intra-warpgroup\n\
             // pipelining; ptxas places the wait for it before that S's softmax).\n\
             // V of tile j therefore loads with K of the tile after it.\n\
-            unsigned p[BLOCK_N / 16][4];\n\
-            bool pv_pending = false;\n"
+            unsigned p[BLOCK_N / {k_step}][4];\n\
+            bool pv_pending = false;\n",
+            k_step = plan.operands.k_step()
         )?;
     }
     Ok(())

@@ -39,6 +39,7 @@ mod classes;
 mod constants;
 mod cta;
 mod dropout;
+pub(crate) mod e4m3;
 mod epilogue;
 mod item;
 mod item_order;
@@ -56,16 +57,18 @@ mod trace;
 mod varlen;
 mod wgmma_step;
 
-use crate::abi::{Grid, Kernel};
+use crate::abi::{Grid, Kernel, Operand};
 use crate::cuda::library::wgmma_ops::AFrom;
 use crate::cuda::library::Part;
-use crate::cuda::signature::{forward_args, forward_paged_args, forward_varlen_args, with_dropout};
+use crate::cuda::signature::{forward_args, forward_paged_args, forward_varlen_args, with_dropout, with_e4m3};
 use crate::cuda::source::{assemble, kernel_name, Entry, Piece};
-use crate::cuda::target::{pad16, Mma};
+use crate::cuda::target::{pad16, Mma, Target};
 use crate::cuda::tile_config::{warp_specialized, TileConfig, TileCopy};
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use constants::write_config;
+use e4m3::Operands;
+pub use e4m3::{e4m3_supports, E4M3_BLOCK_N};
 use cta::write_body;
 pub use light::is_light;
 use plan::Plan;
@@ -96,6 +99,15 @@ pub fn emit_forward_copying(spec: &Spec, config: TileConfig, copy: TileCopy) -> 
 /// threshold and scale are trailing arguments ([`ArgKind::Dropout`](crate::abi::ArgKind::Dropout)).
 pub fn emit_forward_dropout(spec: &Spec, config: TileConfig, copy: TileCopy) -> Kernel {
     emit(Plan::dropout(spec, config, copy))
+}
+
+/// The forward kernel of `spec` in `config` on e4m3 Q, K and V (each with
+/// descale factors; O in the spec's dtype), copying with TMA, on Hopper;
+/// `None` where `config` cannot run it ([`e4m3_supports`]). Its P·V reads
+/// V's tiles as [`emit_e4m3_v_tiles`](crate::cuda::emit_e4m3_v_tiles)
+/// writes them (see `e4m3`).
+pub fn emit_forward_e4m3(spec: &Spec, config: TileConfig) -> Option<Kernel> {
+    e4m3_supports(spec, config, Target::HOPPER).then(|| emit(Plan::e4m3(spec, config)))
 }
 
 /// The forward kernel of `spec` in `config` on varlen (packed) operands:
@@ -134,6 +146,9 @@ fn emit(plan: Plan) -> Kernel {
         (true, _) => ("fwd_paged", forward_paged_args(spec, plan.copy.is_some())),
         (false, true) => ("fwd_varlen", forward_varlen_args(spec, plan.copy.is_some())),
         (false, false) if plan.dropout => ("fwd_dropout", with_dropout(spec, forward_args(spec, plan.copy), true)),
+        (false, false) if plan.operands == Operands::E4m3 => {
+            ("fwd_e4m3", with_e4m3(spec, forward_args(spec, plan.copy), &[Operand::Q, Operand::K, Operand::V]))
+        }
         (false, false) => ("fwd", forward_args(spec, plan.copy)),
     };
     let name = kernel_name(name, spec);
@@ -167,7 +182,14 @@ fn library(plan: &Plan) -> Vec<Vec<Piece>> {
     let (spec, config) = (plan.spec, plan.config);
     let mut sections =
         vec![vec![Piece::Part(Part::Prelude)], vec![Piece::Part(Part::Ranges)], vec![Piece::Part(Part::Tiles)]];
-    if config.mma == Mma::Wgmma {
+    if plan.operands == Operands::E4m3 {
+        sections.push(vec![
+            Piece::Part(Part::Wgmma),
+            Piece::Part(Part::ForwardE4m3),
+            Piece::Wgmma(config.block_n, AFrom::E4m3Shared),
+            Piece::Wgmma(pad16(spec.head_dims.v), AFrom::E4m3Registers),
+        ]);
+    } else if config.mma == Mma::Wgmma {
         let mut wgmma = vec![
             Piece::Part(Part::Wgmma),
             Piece::Wgmma(config.block_n, AFrom::Shared),

@@ -2,6 +2,7 @@
 //! O's staging buffer, shared memory and the warp-specialized register
 //! split, all within what the target's SM offers.
 
+use super::e4m3::{e4m3_tile_bytes, Operands};
 use super::mma::{smem_slack, tile_cols};
 use super::softmax::{RowSums, SUnits};
 use crate::cuda::kit::hoist::{hoist, Level};
@@ -47,6 +48,8 @@ pub(super) struct Plan<'s> {
     /// Whether P is dropped out before P V (`dropout`); the row sums are
     /// then FADDs, of P before dropout.
     pub dropout: bool,
+    /// The element format of Q, K and V (`e4m3`).
+    pub operands: Operands,
 }
 
 /// Registers per thread of a warp-specialized kernel: at launch, then the
@@ -84,6 +87,24 @@ impl<'s> Plan<'s> {
             paged: false,
             global_rows: MaskParts::of(spec.mask.as_ref()).and_then(|parts| parts.global_rows()),
             dropout: false,
+            operands: Operands::Sixteen,
+        }
+    }
+
+    /// The plan of `spec`'s kernel on e4m3 operands in `config` (see
+    /// `e4m3::e4m3_supports`), copying with TMA: its tiles take the bytes
+    /// of `e4m3_tile_bytes`, and the row sums are FADDs (the tensor cores'
+    /// would read P as e4m3).
+    pub(super) fn e4m3(spec: &'s Spec, config: TileConfig) -> Plan<'s> {
+        let smem = config.smem_with(spec, e4m3_tile_bytes(spec, config));
+        Plan {
+            operands: Operands::E4m3,
+            row_sums: RowSums::Fadd,
+            stages: smem.stages,
+            q_buffers: smem.q_buffers,
+            o_buffer: smem.o_buffer,
+            smem_bytes: smem.bytes,
+            ..Plan::new(spec, config, TileCopy::Tma)
         }
     }
 
@@ -119,13 +140,7 @@ impl TileConfig {
     /// (two at d = 128, three at d = 64); else two (loads of tile j + 1
     /// while tile j is multiplied).
     pub fn stages(self, spec: &Spec) -> u32 {
-        if !warp_specialized(self) {
-            return 2;
-        }
-        let (q, stage) = self.tile_bytes(spec);
-        let budget = self.smem_budget(spec) - self.o_buffer_bytes(spec);
-        let q_bytes = self.q_buffers(spec) * q;
-        (2..=RING_STAGES).rev().find(|s| q_bytes + s * stage + 1024 <= budget).unwrap_or(2)
+        self.smem_with(spec, self.tile_bytes(spec)).stages
     }
 
     /// Q buffers in shared memory: a warp-specialized kernel has two (the
@@ -134,28 +149,42 @@ impl TileConfig {
     /// tiles: the producer then loads the next item's Q once the consumers
     /// stored the O staged in it); other kernels one.
     pub fn q_buffers(self, spec: &Spec) -> u32 {
-        let (q, stage) = self.tile_bytes(spec);
-        match warp_specialized(self) && 2 * q + 2 * stage + 1024 <= self.smem_budget(spec) {
-            true => 2,
-            false => 1,
-        }
+        self.smem_with(spec, self.tile_bytes(spec)).q_buffers
     }
 
     /// Whether a warp-specialized kernel stages O in a buffer of its own
     /// (`OStaging::OBuffer`): where one fits beside its two Q buffers and a
     /// full ring (at d <= 64, two or three consumer warpgroups).
     pub(super) fn o_buffer(self, spec: &Spec) -> bool {
-        let (q, stage) = self.tile_bytes(spec);
-        let o = self.o_tile_bytes(spec);
-        warp_specialized(self) && 2 * q + RING_STAGES * stage + o + 1024 <= self.smem_budget(spec)
+        self.smem_with(spec, self.tile_bytes(spec)).o_buffer
     }
 
-    /// O's own buffer, where the kernel has one.
-    pub(super) fn o_buffer_bytes(self, spec: &Spec) -> u32 {
-        match self.o_buffer(spec) {
-            true => self.o_tile_bytes(spec),
-            false => 0,
-        }
+    /// Dynamic shared memory: the Q tile (a warp-specialized kernel: its Q
+    /// buffers, and O's own buffer where it has one) and `stages` stages of
+    /// K and V tiles, 16-bit elements; wgmma's tiles are whole 64-column
+    /// panels, 1024-byte aligned (the slack is reserved).
+    pub fn smem_bytes(self, spec: &Spec) -> u32 {
+        self.smem_with(spec, self.tile_bytes(spec)).bytes
+    }
+
+    /// The shared-memory layout of a kernel whose Q buffer and K/V stage
+    /// take `(q, stage)` bytes (see [`TileConfig::stages`] and the others).
+    pub(super) fn smem_with(self, spec: &Spec, (q, stage): (u32, u32)) -> SmemLayout {
+        let budget = self.smem_budget(spec);
+        let ws = warp_specialized(self);
+        let q_buffers = match ws && 2 * q + 2 * stage + 1024 <= budget {
+            true => 2,
+            false => 1,
+        };
+        let o = self.o_tile_bytes(spec);
+        let o_buffer = ws && 2 * q + RING_STAGES * stage + o + 1024 <= budget;
+        let o_bytes = if o_buffer { o } else { 0 };
+        let stages = match ws {
+            true => (2..=RING_STAGES).rev().find(|s| q_buffers * q + s * stage + 1024 <= budget - o_bytes).unwrap_or(2),
+            false => 2,
+        };
+        let bytes = q_buffers * q + stages * stage + o_bytes + smem_slack(self.mma);
+        SmemLayout { q_buffers, stages, o_buffer, bytes }
     }
 
     /// A staged O tile: 64-column panels of 16-bit elements.
@@ -175,16 +204,6 @@ impl TileConfig {
             - ones
     }
 
-    /// Dynamic shared memory: the Q tile (a warp-specialized kernel: its Q
-    /// buffers, and O's own buffer where it has one) and `stages` stages of
-    /// K and V tiles, 16-bit elements; wgmma's tiles are whole 64-column
-    /// panels, 1024-byte aligned (the slack is reserved).
-    pub fn smem_bytes(self, spec: &Spec) -> u32 {
-        let (q, stage) = self.tile_bytes(spec);
-        let slack = smem_slack(self.mma);
-        self.q_buffers(spec) * q + self.stages(spec) * stage + self.o_buffer_bytes(spec) + slack
-    }
-
     /// Bytes of the Q tile and of one K/V stage in shared memory. A
     /// warp-specialized kernel's Q buffer also stages its O: as wide as
     /// the wider of the two.
@@ -194,6 +213,16 @@ impl TileConfig {
         let q_cols = if warp_specialized(self) { qk.max(v) } else { qk };
         (2 * self.block_m() * q_cols, 2 * self.block_n * (qk + v))
     }
+}
+
+/// A kernel's shared memory (see [`TileConfig::smem_with`]).
+#[derive(Clone, Copy)]
+pub(super) struct SmemLayout {
+    pub q_buffers: u32,
+    pub stages: u32,
+    pub o_buffer: bool,
+    /// Dynamic shared memory, with the alignment slack.
+    pub bytes: u32,
 }
 
 /// Stages of a warp-specialized kernel's ring, at most.

@@ -3,6 +3,7 @@
 
 use super::classes::cta_selector;
 use super::dropout::write_dropout;
+use super::e4m3::{write_pv_e4m3, Operands};
 use super::item::write_key_terms;
 use super::logit::write_logits;
 use super::plan::Plan;
@@ -10,9 +11,8 @@ use super::softmax::{write_softmax, Rescale, RowSums};
 use super::trace::{self, Event};
 use crate::cuda::kit::hoist::{Hoisted, Level};
 use crate::cuda::target::pad16;
-use crate::cuda::tile_config::{ping_pong, TileConfig};
+use crate::cuda::tile_config::ping_pong;
 use crate::cuda::writer::Writer;
-use crate::spec::Spec;
 use std::fmt::{self, Write};
 
 /// The last visited tile's P V (pipelined kernels): the `wait` lines make
@@ -20,11 +20,10 @@ use std::fmt::{self, Write};
 /// first, the `done` lines follow it.
 pub(super) fn write_last_pv(
     w: &mut Writer<String>,
-    spec: &Spec,
+    plan: &Plan,
     wait: &[&str],
     v_stage: &str,
     done: &[&str],
-    sums: RowSums,
 ) -> fmt::Result {
     writeln!(w, "// The last visited tile's P V.")?;
     w.block(format_args!("if (pv_pending)"), |w| {
@@ -32,19 +31,19 @@ pub(super) fn write_last_pv(
             writeln!(w, "{line}")?;
         }
         writeln!(w, "const unsigned v_smem = smem_addr(v_tiles + {v_stage} * V_TILE);")?;
-        write_pv_waited(w, spec, sums)?;
+        write_pv_waited(w, plan)?;
         done.iter().try_for_each(|line| writeln!(w, "{line}"))
     })
 }
 
 /// O += P V on the tensor cores, issued and waited for: O is the
 /// warpgroup's again afterwards.
-pub(super) fn write_pv_waited(w: &mut Writer<String>, spec: &Spec, sums: RowSums) -> fmt::Result {
+pub(super) fn write_pv_waited(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
     writeln!(w, "wgmma_fence();")?;
-    write_wgmma_pv(w, spec, sums)?;
+    write_wgmma_pv(w, plan)?;
     writeln!(w, "wgmma_commit();")?;
     writeln!(w, "wgmma_wait<0>();")?;
-    write_fence_accumulators(w, sums)
+    write_fence_accumulators(w, plan.row_sums)
 }
 
 /// Pins O (and the row sums on the tensor cores) after a wait for P V.
@@ -57,8 +56,8 @@ pub(super) fn write_fence_accumulators(w: &mut Writer<String>, sums: RowSums) ->
 }
 
 /// Issues and commits S = Q K^T on this warpgroup's 64 rows x BLOCK_N keys,
-/// both operands from shared memory.
-pub(super) fn write_wgmma_s(w: &mut Writer<String>, config: TileConfig) -> fmt::Result {
+/// both operands from shared memory, 32 bytes of their rows a k-step.
+pub(super) fn write_wgmma_s(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
     write!(
         w,
         "\
@@ -68,13 +67,15 @@ pub(super) fn write_wgmma_s(w: &mut Writer<String>, config: TileConfig) -> fmt::
         float s[M_TILES][S_TILES][4];\n\
         wgmma_fence();\n\
         #pragma unroll\n\
-        for (int kk = 0; kk < DP / 16; ++kk) {{\n\
+        for (int kk = 0; kk < DP / {k_step}; ++kk) {{\n\
         \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
-        \x20   wgmma_ss_n{block_n}(s[0], gmma_desc(q_smem + panel * BLOCK_M * 128 + step, 16, 1024),\n\
+        \x20   {wrapper}_n{block_n}(s[0], gmma_desc(q_smem + panel * BLOCK_M * 128 + step, 16, 1024),\n\
         \x20                    gmma_desc(k_smem + panel * BLOCK_N * 128 + step, 16, 1024), kk);\n\
         }}\n\
         wgmma_commit();\n",
-        block_n = config.block_n
+        block_n = plan.config.block_n,
+        k_step = plan.operands.k_step(),
+        wrapper = plan.operands.s_wrapper(),
     )
 }
 
@@ -82,7 +83,7 @@ pub(super) fn write_wgmma_s(w: &mut Writer<String>, config: TileConfig) -> fmt::
 /// and P V, each product waited for before the next step.
 pub(super) fn write_wgmma_serial_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[Hoisted]) -> fmt::Result {
     let spec = plan.spec;
-    write_wgmma_s(w, plan.config)?;
+    write_wgmma_s(w, plan)?;
     if hoisted.iter().any(|h| h.level == Level::Column) {
         writeln!(w, "// While the tensor cores run: the tile's per-key spec terms.")?;
         write_key_terms(w, spec, hoisted, plan.key_terms)?;
@@ -95,8 +96,8 @@ pub(super) fn write_wgmma_serial_step(w: &mut Writer<String>, plan: &Plan, hoist
     writeln!(w, "// O += P V: P from the S registers (pack_p), V from shared memory (MN-major).")?;
     writeln!(w, "unsigned p[BLOCK_N / 16][4];")?;
     writeln!(w, "#pragma unroll")?;
-    writeln!(w, "for (int kk = 0; kk < BLOCK_N / 16; ++kk) pack_p(storage{{}}, p[kk], s[0], kk);")?;
-    write_pv_waited(w, spec, plan.row_sums)
+    writeln!(w, "{}", pack_loop(plan))?;
+    write_pv_waited(w, plan)
 }
 
 /// One K/V tile of the warp-specialized wgmma kernel, software-pipelined:
@@ -113,7 +114,7 @@ pub(super) fn write_wgmma_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[H
         writeln!(w, "named_barrier_sync(1 + warpgroup, 256);  // this warpgroup's turn on the tensor cores")?;
         trace::point(w, plan, Event::Turn)?;
     }
-    write_wgmma_s(w, config)?;
+    write_wgmma_s(w, plan)?;
     let sums = plan.row_sums;
     let end_turn = |w: &mut Writer<String>| match ping_pong {
         true => {
@@ -133,7 +134,7 @@ pub(super) fn write_wgmma_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[H
     writeln!(w, "// itself: anything less serializes every wgmma of the kernel (C7514/C7519).")?;
     w.block(format_args!("if (pv_pending)"), |w| {
         writeln!(w, "wgmma_fence();")?;
-        write_wgmma_pv(w, spec, sums)?;
+        write_wgmma_pv(w, plan)?;
         writeln!(w, "wgmma_commit();")?;
         overlapped(w)?;
         writeln!(w, "wgmma_wait<1>();")
@@ -177,17 +178,22 @@ pub(super) fn write_wgmma_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[H
         \x20   }}\n\
         }}\n\
         #pragma unroll\n\
-        for (int kk = 0; kk < BLOCK_N / 16; ++kk) pack_p(storage{{}}, p[kk], s[0], kk);\n\
-        pv_pending = true;\n"
+        {pack}\n\
+        pv_pending = true;\n",
+        pack = pack_loop(plan)
     )?;
     trace::point(w, plan, Event::TileEnd)
 }
 
 /// Issues O += P V on the tensor cores (P from the registers `p`, V
-/// MN-major from `v_smem`), uncommitted. wgmma reads P asynchronously, so
-/// all of it stays live until its group is waited for.
-pub(super) fn write_wgmma_pv(w: &mut Writer<String>, spec: &Spec, sums: RowSums) -> fmt::Result {
-    let row_sums = match sums {
+/// MN-major from `v_smem`; e4m3's K-major, see `e4m3`), uncommitted. wgmma
+/// reads P asynchronously, so all of it stays live until its group is
+/// waited for.
+pub(super) fn write_wgmma_pv(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
+    if plan.operands == Operands::E4m3 {
+        return write_pv_e4m3(w, plan.spec);
+    }
+    let row_sums = match plan.row_sums {
         RowSums::Fadd => "",
         RowSums::TensorCores => "\x20   wgmma_rs_n8(row_sum, p[kk], ones);  // and the row sums\n",
     };
@@ -199,6 +205,15 @@ pub(super) fn write_wgmma_pv(w: &mut Writer<String>, spec: &Spec, sums: RowSums)
         \x20   wgmma_rs_n{dvp}(o[0], p[kk], gmma_desc(v_smem + kk * 16 * 128, BLOCK_N * 128, 1024));\n\
         {row_sums}\
         }}\n",
-        dvp = pad16(spec.head_dims.v)
+        dvp = pad16(plan.spec.head_dims.v)
     )
+}
+
+/// The loop packing P from the S accumulators into the registers `p`, a
+/// wgmma k-step each.
+fn pack_loop(plan: &Plan) -> String {
+    match plan.operands {
+        Operands::Sixteen => "for (int kk = 0; kk < BLOCK_N / 16; ++kk) pack_p(storage{}, p[kk], s[0], kk);".into(),
+        Operands::E4m3 => "for (int kk = 0; kk < BLOCK_N / 32; ++kk) pack_p_e4m3(p[kk], s[0], kk);".into(),
+    }
 }

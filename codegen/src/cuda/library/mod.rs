@@ -132,6 +132,15 @@ pub enum Part {
     /// tiles put K's dims and V's columns in. Follows `Decode`.
     DecodeE4m3,
 
+    /// The Hopper forward's e4m3 operands: P packed from the S accumulators
+    /// as an 8-bit wgmma's A fragment (`pack_p_e4m3`). Follows `Wgmma`.
+    ForwardE4m3,
+
+    /// The e4m3 forward's V tiles: V rewritten with its keys along the rows
+    /// (8-bit wgmma reads B K-major only), in the key order `pack_p_e4m3`
+    /// leaves P in (`e4m3_v_tile`, the body of `cuda::e4m3_v_tiles`).
+    E4m3VTiles,
+
     /// Hopper's tensor memory accelerator (TMA) for the producers of the
     /// warp-specialized kernels (the persistent forward, the backward's dK/dV
     /// kernel): one thread hands the copy engine a whole tile (a
@@ -189,7 +198,7 @@ pub enum Part {
 
 impl Part {
     /// Every part, in the order kernels include them.
-    pub const ALL: [Part; 24] = [
+    pub const ALL: [Part; 26] = [
         Part::Prelude,
         Part::IntOps,
         Part::Ranges,
@@ -203,6 +212,8 @@ impl Part {
         Part::Decode,
         Part::DecodePaged,
         Part::DecodeE4m3,
+        Part::ForwardE4m3,
+        Part::E4m3VTiles,
         Part::Tma,
         Part::TmaStore,
         Part::PagedTma,
@@ -232,6 +243,8 @@ impl Part {
             Part::Decode => include_str!("decode.cuh"),
             Part::DecodePaged => include_str!("decode_paged.cuh"),
             Part::DecodeE4m3 => include_str!("decode_e4m3.cuh"),
+            Part::ForwardE4m3 => include_str!("forward_e4m3.cuh"),
+            Part::E4m3VTiles => include_str!("e4m3_v_tiles.cuh"),
             Part::Tma => include_str!("tma.cuh"),
             Part::TmaStore => include_str!("tma_store.cuh"),
             Part::PagedTma => include_str!("paged_tma.cuh"),
@@ -262,6 +275,8 @@ impl Part {
             Part::Decode => "decode.cuh",
             Part::DecodePaged => "decode_paged.cuh",
             Part::DecodeE4m3 => "decode_e4m3.cuh",
+            Part::ForwardE4m3 => "forward_e4m3.cuh",
+            Part::E4m3VTiles => "e4m3_v_tiles.cuh",
             Part::Tma => "tma.cuh",
             Part::TmaStore => "tma_store.cuh",
             Part::PagedTma => "paged_tma.cuh",

@@ -1,6 +1,6 @@
-//! The wgmma instruction wrappers, generated per N (m64nNk16): each
-//! accumulator register is its own asm operand, so a wrapper's text depends
-//! on the width it multiplies.
+//! The wgmma instruction wrappers, generated per N (m64nNk16, and m64nNk32
+//! for e4m3 operands): each accumulator register is its own asm operand, so
+//! a wrapper's text depends on the width it multiplies.
 
 use crate::cuda::writer::Writer;
 use crate::spec::Dtype;
@@ -18,35 +18,54 @@ pub(crate) enum AFrom {
     /// Registers in the m16n8k16 A-fragment layout, with B MN-major
     /// (`wgmma_rs_n{n}`: O += P·V, always accumulating).
     Registers,
+    /// e4m3 operands, m64nNk32, both K-major (8-bit wgmma has no transpose):
+    /// A from shared memory (`wgmma_ss_e4m3_n{n}`: S = Q·Kᵀ, the
+    /// accumulator overwritten when `accumulate` is 0).
+    E4m3Shared,
+    /// e4m3 operands, A from registers in the m16n8k32 A-fragment layout
+    /// (four bytes of one row per register), B K-major
+    /// (`wgmma_rs_e4m3_n{n}`: O += P·Vᵀᵀ, always accumulating).
+    E4m3Registers,
 }
 
-/// Writes the m64n{n}k16 wrapper taking A from `a`, f32 accumulators
-/// `d[n / 8][4]`.
+/// Writes the m64n{n} wrapper taking A from `a`, f32 accumulators
+/// `d[n / 8][4]`; 16-bit operands are `dtype`, e4m3 ones as `a` says.
 pub(crate) fn write_wgmma_op(w: &mut Writer<String>, dtype: Dtype, n: u32, a: AFrom) -> fmt::Result {
-    let ty = match dtype {
-        Dtype::F16 => "f16",
-        Dtype::Bf16 => "bf16",
+    let ty = match (a, dtype) {
+        (AFrom::E4m3Shared | AFrom::E4m3Registers, _) => "e4m3",
+        (_, Dtype::F16) => "f16",
+        (_, Dtype::Bf16) => "bf16",
     };
+    let k = if ty == "e4m3" { 32 } else { 16 };
     let regs = n / 2;
     let d_list = (0..regs).map(|i| format!("%{i}")).collect::<Vec<_>>().join(", ");
     let d_operands = (0..regs).map(|i| format!("\"+f\"(d[{}][{}])", i / 4, i % 4)).collect::<Vec<_>>().join(", ");
-    let op = format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty}");
+    let op = format!("wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ty}.{ty}");
+    // The transpose immediates (A's, if from shared memory, then B's); 8-bit
+    // operands take none: both are K-major.
+    let transposes = match a {
+        AFrom::Shared => ", 0, 0",
+        AFrom::SharedMnB => ", 0, 1",
+        AFrom::Registers => ", 1",
+        AFrom::E4m3Shared | AFrom::E4m3Registers => "",
+    };
     let (name, params, scale_d, operands, inputs) = match a {
-        AFrom::Shared | AFrom::SharedMnB => {
-            let (name, transpose_b) = if matches!(a, AFrom::Shared) { ("ss", 0) } else { ("ss_mn", 1) };
-            (
-                name,
-                "unsigned long long a, unsigned long long b, int accumulate",
-                format!("%{}", regs + 2),
-                format!("%{}, %{}, p, 1, 1, 0, {transpose_b}", regs, regs + 1),
-                "\"l\"(a), \"l\"(b), \"r\"(accumulate)",
-            )
-        }
-        AFrom::Registers => (
-            "rs",
+        AFrom::Shared | AFrom::SharedMnB | AFrom::E4m3Shared => (
+            match a {
+                AFrom::Shared => "ss",
+                AFrom::SharedMnB => "ss_mn",
+                _ => "ss_e4m3",
+            },
+            "unsigned long long a, unsigned long long b, int accumulate",
+            format!("%{}", regs + 2),
+            format!("%{}, %{}, p, 1, 1{transposes}", regs, regs + 1),
+            "\"l\"(a), \"l\"(b), \"r\"(accumulate)",
+        ),
+        AFrom::Registers | AFrom::E4m3Registers => (
+            if matches!(a, AFrom::Registers) { "rs" } else { "rs_e4m3" },
             "const unsigned (&a)[4], unsigned long long b",
             "1".to_string(),
-            format!("{{%{}, %{}, %{}, %{}}}, %{}, p, 1, 1, 1", regs, regs + 1, regs + 2, regs + 3, regs + 4),
+            format!("{{%{}, %{}, %{}, %{}}}, %{}, p, 1, 1{transposes}", regs, regs + 1, regs + 2, regs + 3, regs + 4),
             "\"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(b)",
         ),
     };

@@ -4,6 +4,7 @@
 
 use super::{q_slot, write_item_coords, write_pass_turn, write_ring_loop, Roles};
 use crate::abi::ArgKind;
+use crate::cuda::forward::e4m3::{write_descales, Operands};
 use crate::cuda::forward::epilogue::{write_epilogue, OStaging};
 use crate::cuda::forward::item::{write_accumulators, write_spec_terms, ItemRole};
 use crate::cuda::forward::softmax::RowSums;
@@ -63,15 +64,18 @@ pub(super) fn write_consumers(w: &mut Writer<String>, roles: &Roles) -> fmt::Res
         writeln!(w, "const long long item = item_slot[qb];")?;
         writeln!(w, "if (item >= items) break;")?;
         write_item_coords(w, plan, ItemRole::Consumers(copy))?;
+        if plan.operands == Operands::E4m3 {
+            write_descales(w, plan)?;
+        }
         writeln!(w)?;
         // The item's staged spec terms come with Q.
         if item_terms {
             writeln!(w, "mbar_wait(q_full + 8 * qb, {round} % 2);  // Q, and the item's spec terms")?;
             trace::point(w, plan, Event::QFull)?;
         }
-        let hoisted = write_spec_terms(w, spec, &kv_len, plan.key_terms, item_terms)?;
+        let hoisted = write_spec_terms(w, plan, &kv_len, item_terms)?;
         writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
-        write_accumulators(w, config, sums)?;
+        write_accumulators(w, plan)?;
         writeln!(w)?;
         if !item_terms {
             writeln!(w, "mbar_wait(q_full + 8 * qb, {round} % 2);")?;

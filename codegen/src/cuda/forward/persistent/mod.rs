@@ -228,8 +228,7 @@ fn write_ring_loop(
     groups: bool,
     step: impl Fn(&mut Writer<String>) -> fmt::Result,
 ) -> fmt::Result {
-    let (spec, sums) = (plan.spec, plan.row_sums);
-    let interior = interior_decl(spec, "kv0");
+    let interior = interior_decl(plan.spec, "kv0");
     if groups {
         writeln!(w, "bool finished = false;  // this warpgroup's rows keep no pair of the item's remaining tiles")?;
     }
@@ -291,7 +290,7 @@ fn write_ring_loop(
     // The ring runs on into the next item: the stage goes back to the producer.
     let done = ["if (lane == 0) mbar_arrive(v_empty + 8 * v_stage);  // done with its V"];
     trace::point(w, plan, Event::LoopExit)?;
-    write_last_pv(w, spec, &wait, "v_stage", &done, sums)?;
+    write_last_pv(w, plan, &wait, "v_stage", &done)?;
     trace::point(w, plan, Event::LastPv)?;
     if !groups {
         return Ok(());

@@ -5,6 +5,7 @@
 use super::{copy_tile, kv_tiles_decl, q_slot, write_group_classes, write_item_coords, Roles};
 use crate::abi::ArgKind;
 use crate::cuda::forward::classes::{write_tile_classes, ClassReader, Stagers};
+use crate::cuda::forward::e4m3::Operands;
 use crate::cuda::forward::item::{q_load, ItemRole};
 use crate::cuda::forward::kv_loads::KvLoads;
 use crate::cuda::forward::trace::{self, Event};
@@ -139,7 +140,12 @@ fn write_tile_walk(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
         }
         writeln!(w, "mbar_wait(v_empty + 8 * stage, empty_parity);")?;
         trace::point(w, roles.plan, Event::PVEmpty)?;
-        copy_tile(w, copy, "v_full + 8 * stage", &format!("<BLOCK_N, V_COLS>(v_tiles + stage * V_TILE, {V_MAP}"), "j * BLOCK_N, kv_head", |w| {
+        // An e4m3 kernel's V tiles lie DVP rows a tile (`e4m3`).
+        let (v_box, v_row) = match roles.plan.operands {
+            Operands::Sixteen => ("BLOCK_N, V_COLS", "j * BLOCK_N, kv_head"),
+            Operands::E4m3 => ("DVP, BLOCK_N / 2", "j * DVP, kv_head"),
+        };
+        copy_tile(w, copy, "v_full + 8 * stage", &format!("<{v_box}>(v_tiles + stage * V_TILE, {V_MAP}"), v_row, |w| {
             kv.boxed_or(w, false, ["v_tiles + stage * V_TILE", "v_full + 8 * stage", "j"], |w| {
                 kv.v(w, "v_tiles + stage * V_TILE", "j")?;
                 writeln!(w, "mbar_arrive_loaded<DV>(v_full + 8 * stage, vector);")

@@ -1,0 +1,62 @@
+//! The e4m3 forward's V tiles: V rewritten with its keys along the rows,
+//! per (batch, K/V head) and 128-key tile a `[pad16(DV)][128]` block of
+//! bytes, zero past kv_len and DV, keys in the order the forward packs P
+//! in (`library/e4m3_v_tiles.cuh`). 8-bit wgmma reads its B operand
+//! K-major only, so the forward's P·V cannot read V as it lies; the
+//! runtime runs this kernel before each e4m3 forward, a copy of V's bytes
+//! against the forward's quadratic work.
+
+use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
+use crate::cuda::forward::e4m3::E4M3_BLOCK_N;
+use crate::cuda::library::Part;
+use crate::cuda::signature::{arg_name, e4m3_v_tiles_args};
+use crate::cuda::source::{assemble, kernel_name, Entry, Piece};
+use crate::cuda::target::pad16;
+use crate::cuda::writer::Writer;
+use crate::spec::Spec;
+use std::fmt::{self, Write};
+
+const THREADS: u32 = 256;
+
+/// Emits the V-tile kernel for `spec`'s e4m3 forward (its V head dim sizes
+/// the tiles); one block per tile, `Grid::KeyTiles` of 128 keys.
+pub fn emit_e4m3_v_tiles(spec: &Spec) -> Kernel {
+    let name = kernel_name("e4m3_v_tiles", spec);
+    let args = e4m3_v_tiles_args(spec);
+    let config = |w: &mut Writer<String>| -> fmt::Result {
+        let dv = spec.head_dims.v;
+        writeln!(w, "constexpr int DV = {dv}, DVP = {};  // V's head dim, and padded to 16", pad16(dv))?;
+        writeln!(w, "constexpr int THREADS = {THREADS};\n")
+    };
+    let library = [vec![Piece::Part(Part::Prelude)], vec![Piece::Part(Part::E4m3VTiles)]];
+    let entry = Entry { name: &name, bounds: "THREADS", args: &args };
+    let source = assemble(spec, &library, config, entry, |w| write_tile(w, spec));
+    Kernel {
+        name,
+        source,
+        grid: Grid::KeyTiles,
+        block_m: 0,
+        block_n: E4M3_BLOCK_N,
+        threads: THREADS,
+        dynamic_smem: 0,
+        args,
+    }
+}
+
+/// Block (tile, K/V head, batch): its keys' rows of V into its tile.
+fn write_tile(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    let n = |kind| arg_name(spec, kind);
+    let [v, heads_kv, kv_len, out] =
+        [ArgKind::E4m3(Operand::V), ArgKind::HeadsKv, ArgKind::KvLen, ArgKind::E4m3VTiles].map(n);
+    let [batch_stride, seq_stride, head_stride] =
+        [Axis::Batch, Axis::Seq, Axis::Head].map(|axis| n(ArgKind::Stride(Operand::V, axis)));
+    write!(
+        w,
+        "\
+        const int tile = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;\n\
+        const int tiles = ({kv_len} + 127) / 128;\n\
+        const unsigned char* v_rows = {v} + b * {batch_stride} + (long long)tile * 128 * {seq_stride} + kv_head * {head_stride};\n\
+        unsigned char* tile_out = {out} + (((long long)b * {heads_kv} + kv_head) * tiles + tile) * DVP * 128;\n\
+        e4m3_v_tile<DV, DVP, THREADS>(v_rows, {seq_stride}, min(128, {kv_len} - tile * 128), tile_out);\n"
+    )
+}
