@@ -351,17 +351,14 @@ impl DecodePlan {
             .map(|s| [s.partial_o.device_ptr(stream), s.partial_lse.device_ptr(stream), s.counters.device_ptr(stream)]);
         let [partial_o, partial_lse, counters] = split.as_ref().map_or([0; 3], |ptrs| ptrs.each_ref().map(|p| p.0));
         let descales = descale.map(|d| d.bind(stream));
-        let decode = DecodeBindings {
-            kv_lens: lens_ptr,
-            splits: self.splits,
-            partial: [partial_o, partial_lse],
-            counters,
-            descales: descales.as_ref().map(|[k, v]| [k.binding, v.binding]),
-        };
+        let decode =
+            DecodeBindings { kv_lens: lens_ptr, splits: self.splits, partial: [partial_o, partial_lse], counters };
         let layouts = [q.1, k_layout, v_layout, o.1];
         let lse_ptr = lse.as_ref().map_or(0, |(ptr, _)| *ptr);
         let bindings = Bindings {
             decode: Some(decode),
+            // Q is not e4m3: its slot is never read.
+            descales: descales.as_ref().map(|[k, v]| [(0, 0), k.binding, v.binding]),
             paged,
             varlen,
             ..Bindings::without_operands(shape, infos, tensor_ptrs).with_operands(

@@ -1,6 +1,7 @@
-//! The f32 descale factors of e4m3 K/V caches ([`KvDescale`]): on the
-//! device, checked against the plan's K/V heads and bound to a launch. A
-//! leaf under the decode runs, which all take them.
+//! The f32 descale factors of e4m3 operands ([`KvDescale`]: a decode
+//! step's K/V caches; [`QkvDescale`]: the e4m3 forward's Q, K and V): on
+//! the device, checked against the launch's K/V heads and bound to it. A
+//! leaf under the launches that take them.
 
 use crate::error::{Error, RaggedError};
 use crate::operand::DeviceInput;
@@ -21,6 +22,30 @@ pub enum Descale<'a> {
 pub struct KvDescale<'a> {
     pub k: Descale<'a>,
     pub v: Descale<'a>,
+}
+
+/// The descale factors of an e4m3 forward's Q, K and V, each its own (per
+/// tensor, or per K/V head: Q's factor of a head is its K/V head's).
+#[derive(Clone, Copy)]
+pub struct QkvDescale<'a> {
+    pub q: Descale<'a>,
+    pub k: Descale<'a>,
+    pub v: Descale<'a>,
+}
+
+impl QkvDescale<'_> {
+    /// Refuses buffers of other lengths than their granularity reads for
+    /// `heads_kv` K/V heads (the kernel reads them unchecked).
+    pub(crate) fn check(&self, heads_kv: usize) -> Result<(), Error> {
+        self.q.check("Q", heads_kv)?;
+        self.k.check("K", heads_kv)?;
+        self.v.check("V", heads_kv)
+    }
+
+    /// The factors as the launch binds them, Q's, K's and V's.
+    pub(crate) fn bind<'s>(&'s self, stream: &'s CudaStream) -> [BoundDescale<'s>; 3] {
+        [self.q.bind(stream), self.k.bind(stream), self.v.bind(stream)]
+    }
 }
 
 /// A descale buffer as a launch binds it, with the guard that orders the
@@ -46,7 +71,7 @@ impl<'a> Descale<'a> {
         }
     }
 
-    fn check(self, operand: &'static str, heads_kv: usize) -> Result<(), Error> {
+    pub(crate) fn check(self, operand: &'static str, heads_kv: usize) -> Result<(), Error> {
         let (expected, granularity) = self.expected(heads_kv);
         let len = self.buffer().len();
         if len != expected {
@@ -55,7 +80,7 @@ impl<'a> Descale<'a> {
         Ok(())
     }
 
-    fn bind<'s>(&'s self, stream: &'s CudaStream) -> BoundDescale<'s> {
+    pub(crate) fn bind<'s>(&'s self, stream: &'s CudaStream) -> BoundDescale<'s> {
         let (ptr, guard) = self.buffer().device_ptr(stream);
         let stride = i32::from(matches!(self, Descale::PerKvHead(_)));
         BoundDescale { binding: (ptr, stride), _guard: guard }

@@ -7,6 +7,7 @@
 use crate::arch::Arch;
 pub use crate::comm_error::CommError;
 use crate::dropout_error::DropoutError;
+use crate::e4m3_error::E4m3Error;
 pub use crate::ragged_error::RaggedError;
 use crate::shard_error::ShardError;
 use cudarc::driver::DriverError;
@@ -224,6 +225,8 @@ pub enum Error {
     /// A launch's dropout has a probability outside `[0, 1)`, or the launch
     /// has no dropout kernels.
     Dropout(DropoutError),
+    /// An e4m3 forward's GPU, spec, configuration or operands rule it out.
+    E4m3(E4m3Error),
 }
 
 impl fmt::Display for Error {
@@ -338,6 +341,7 @@ impl fmt::Display for Error {
             Error::Shard(e) => write!(f, "context parallelism: {e}"),
             Error::Ragged(e) => write!(f, "{e}"),
             Error::Dropout(e) => write!(f, "dropout: {e}"),
+            Error::E4m3(e) => write!(f, "{e}"),
             Error::Partial { operand, problem } => write!(f, "partials operand `{operand}`: {problem}"),
             Error::Tuning { spec, failures } => {
                 write!(f, "autotuning `{spec}`: every tile configuration failed")?;

@@ -18,6 +18,10 @@ pub(crate) enum Which {
     ForwardVarlen(TileConfig),
     /// The paged forward in a configuration (it gathers with threads).
     ForwardPaged(TileConfig),
+    /// The forward on e4m3 operands in a configuration (it copies with TMA).
+    ForwardE4m3(TileConfig),
+    /// The e4m3 forward's V tiles.
+    E4m3VTiles,
     /// The paged append into caches of the spec's head dims.
     PagedAppend,
     BlockMask,
@@ -51,9 +55,9 @@ pub enum KernelSet {
     /// forward in every configuration autotuning may pick, copying both
     /// ways where it has the choice, the varlen and paged forwards in each,
     /// the paged append, the decode kernels, dense and paged, with padded and
-    /// packed queries (one and two row tiles), the varlen backward,
-    /// dropout's forward (in the preferred configurations) and its dK/dV and
-    /// dQ kernels, and context
+    /// packed queries (one and two row tiles), the varlen backward, the
+    /// e4m3 forward and its V tiles (on Hopper), dropout's forward (in the
+    /// preferred configurations) and its dK/dV and dQ kernels, and context
     /// parallelism's merge and adds (not in `Training`: plain training
     /// launches never use them, and they compile in a fraction of a second
     /// on first use).
@@ -133,6 +137,11 @@ impl Which {
             if !cuda::trainable_tensors(spec).is_empty() {
                 add(Which::backward_varlen(KeyValue, cuda::BackwardConfig { tensor_grads: false, ..config }));
             }
+            // The e4m3 forward in its configuration, with its V tiles.
+            if let Some(config) = crate::tile_choice::e4m3(spec, target) {
+                add(Which::ForwardE4m3(config));
+                add(Which::E4m3VTiles);
+            }
             // Dropout's forward in the preferred configurations, and its
             // dK/dV and dQ kernels.
             for config in forward {
@@ -179,13 +188,16 @@ impl Which {
     }
 
     /// The kernel of `spec`; `None` for the block mask of a spec without a
-    /// mask, and for a work order of one without a data-dependent mask.
+    /// mask, for a work order of one without a data-dependent mask, and for
+    /// an e4m3 forward in a configuration that cannot run it.
     pub(crate) fn emit(self, spec: &Spec) -> Option<Kernel> {
         match self {
             Which::Forward(config, copy) => Some(cuda::emit_forward_copying(spec, config, copy)),
             Which::ForwardDropout(config, copy) => Some(cuda::emit_forward_dropout(spec, config, copy)),
             Which::ForwardVarlen(config) => Some(cuda::emit_forward_varlen(spec, config)),
             Which::ForwardPaged(config) => Some(cuda::emit_forward_paged(spec, config)),
+            Which::ForwardE4m3(config) => cuda::emit_forward_e4m3(spec, config),
+            Which::E4m3VTiles => Some(cuda::emit_e4m3_v_tiles(spec)),
             Which::PagedAppend => Some(cuda::emit_paged_append(spec)),
             Which::BlockMask => cuda::emit_block_mask(spec),
             Which::WorkOrder(work) => cuda::emit_work_order(spec, work),

@@ -61,6 +61,11 @@ impl Layout {
         base + 2 * self.offset as u64
     }
 
+    /// [`Layout::address`] in a buffer of bytes (e4m3 operands).
+    pub(crate) fn byte_address(&self, base: u64) -> u64 {
+        base + self.offset as u64
+    }
+
     /// Number of elements a contiguous buffer of this shape holds.
     pub fn len(&self) -> usize {
         [self.batch, self.seq, self.heads, self.dim].iter().fold(1, |n, &d| n.saturating_mul(d))

@@ -54,6 +54,7 @@ mod comm_error;
 mod cuda_libs;
 mod dropout;
 mod dropout_error;
+mod e4m3_error;
 mod element;
 mod error;
 mod kernels;
@@ -102,6 +103,7 @@ mod decode_varlen;
 mod descale;
 pub mod e4m3;
 mod forward;
+mod forward_e4m3;
 mod forward_launch;
 mod forward_paged;
 mod forward_varlen;
@@ -126,16 +128,18 @@ pub use comm_error::CommError;
 pub use decode::{DecodeIo, DecodeKv, DecodeOptions, DecodePlan};
 pub use decode_paged::PagedDecodeIo;
 pub use decode_varlen::VarlenDecodeIo;
-pub use descale::{Descale, KvDescale};
+pub use descale::{Descale, KvDescale, QkvDescale};
 pub use disk_cache::{
     precompile, Cleared, DiskCache, Entry, EntryKey, PrecompileReport, CACHE_DIR_ENV, CACHE_ENV, CACHE_MAX_BYTES_ENV,
     DEFAULT_MAX_BYTES,
 };
 pub use dropout_error::DropoutError;
+pub use e4m3_error::E4m3Error;
 pub use element::Element;
 pub use error::Error;
 pub use flashgen_codegen::cuda::KvCacheDtype;
 pub use flashgen_codegen::Dropout;
+pub use forward_e4m3::ForwardE4m3Io;
 pub use forward_launch::{ForwardIo, ForwardOptions};
 pub use forward_paged::{PagedIo, PagedQueries};
 pub use forward_varlen::{Sequences, VarlenIo};

@@ -70,6 +70,12 @@ pub(crate) struct Bindings<'a> {
     pub partials: Option<PartialBindings>,
     /// A dropout kernel's mask, checked (`p` in `[0, 1)`).
     pub dropout: Option<Dropout>,
+    /// e4m3 operands' descale factors, Q's, K's and V's (a decode kernel
+    /// reads K's and V's): device addresses and the entries between K/V
+    /// heads' factors (0: one for the tensor).
+    pub descales: Option<[(u64, i32); 3]>,
+    /// The e4m3 forward's V tiles (0: none).
+    pub v_tiles: u64,
 }
 
 /// A partials kernel's operands (context parallelism's merge and adds).
@@ -97,9 +103,6 @@ pub(crate) struct DecodeBindings {
     pub partial: [u64; 2],
     /// Device address of the split counters (0 with one split).
     pub counters: u64,
-    /// An e4m3 cache's K and V descale factors: device addresses and the
-    /// entries between K/V heads' factors (0: one for the tensor).
-    pub descales: Option<[(u64, i32); 2]>,
 }
 
 /// A varlen launch's sequences, queries' then keys'.
@@ -161,6 +164,8 @@ impl<'a> Bindings<'a> {
             decode: None,
             partials: None,
             dropout: None,
+            descales: None,
+            v_tiles: 0,
         }
     }
 }
@@ -219,13 +224,18 @@ fn value_of(kernel: &Kernel, arg: &KernelArg, b: &Bindings) -> Result<Value, Err
     let grads = || b.grads.as_ref().ok_or_else(abi_error);
     let varlen = || b.varlen.ok_or_else(abi_error);
     let decode = || b.decode.ok_or_else(abi_error);
-    let descale = || decode()?.descales.ok_or_else(abi_error);
+    let descale = || b.descales.ok_or_else(abi_error);
     let paged = || b.paged.ok_or_else(abi_error);
     let append = || b.append.ok_or_else(abi_error);
     let partials = || b.partials.ok_or_else(abi_error);
+    let qkv = |op| match op {
+        Operand::Q => Ok(0),
+        Operand::K => Ok(1),
+        Operand::V => Ok(2),
+        _ => Err(abi_error()),
+    };
     let kv = |op| match op {
-        Operand::K => Ok(0),
-        Operand::V => Ok(1),
+        Operand::K | Operand::V => qkv(op).map(|i| i - 1),
         _ => Err(abi_error()),
     };
     let side = |side| usize::from(side == Side::Keys);
@@ -234,9 +244,10 @@ fn value_of(kernel: &Kernel, arg: &KernelArg, b: &Bindings) -> Result<Value, Err
             Slot::Forward(i) => b.ptrs[i],
             Slot::Grad(i) => grads()?.ptrs[i],
         }),
-        ArgKind::E4m3(op) => Value::Ptr(b.ptrs[1 + kv(op)?]),
-        ArgKind::Descale(op) => Value::Ptr(descale()?[kv(op)?].0),
-        ArgKind::DescaleStride(op) => Value::I32(descale()?[kv(op)?].1),
+        ArgKind::E4m3(op) => Value::Ptr(b.ptrs[qkv(op)?]),
+        ArgKind::Descale(op) => Value::Ptr(descale()?[qkv(op)?].0),
+        ArgKind::DescaleStride(op) => Value::I32(descale()?[qkv(op)?].1),
+        ArgKind::E4m3VTiles => Value::Ptr(b.v_tiles),
         ArgKind::Lse => Value::Ptr(b.lse),
         ArgKind::Batch => size(b.shape.batch),
         ArgKind::Heads => size(b.shape.heads),

@@ -4,13 +4,20 @@
 //! for a spec ([`TileConfig::feasible`]); the order among them is a
 //! measured policy and lives here (docs/kernels.md gives the measurements).
 
-use flashgen_codegen::cuda::{is_light, Mma, Target, TileConfig};
+use flashgen_codegen::cuda::{e4m3_supports, is_light, Mma, Target, TileConfig};
 use flashgen_codegen::Spec;
 
 /// The configuration used without autotuning on `target` when the key
 /// length is unknown: the first of [`candidates`].
 pub fn preferred(spec: &Spec, target: Target) -> TileConfig {
     candidates(spec, target)[0]
+}
+
+/// The configuration of `spec`'s e4m3 forward on `target`: the first of
+/// [`candidates`] that runs it ([`e4m3_supports`]); `None` where none does
+/// (before Hopper, head dims above 128).
+pub fn e4m3(spec: &Spec, target: Target) -> Option<TileConfig> {
+    candidates(spec, target).into_iter().find(|&config| e4m3_supports(spec, config, target))
 }
 
 /// The configuration used without autotuning on `target` for `kv_len`

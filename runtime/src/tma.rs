@@ -125,9 +125,10 @@ pub(crate) struct Tile {
     pub block_n: u32,
 }
 
-/// The descriptor of the operand at `ptr` with `layout`, copied in boxes
-/// of `tma_box`; `None` where TMA cannot address it.
-fn encode(ptr: u64, layout: &Layout, dtype: Dtype, tma_box: TmaBox) -> Option<TensorMap> {
+/// The descriptor of the operand at `ptr` with `layout` (16-bit elements:
+/// a copy moves bits, so an e4m3 operand is described as half as many),
+/// copied in boxes of `tma_box`; `None` where TMA cannot address it.
+pub(crate) fn encode(ptr: u64, layout: &Layout, dtype: Dtype, tma_box: TmaBox) -> Option<TensorMap> {
     let rows = tma_box.rows;
     const ELEM: u64 = 2;
     let [batch, seq, head] = layout.strides;

@@ -12,8 +12,8 @@ use flashgen::codegen::{Dropout, Dtype, ElemTy, Shape, Spec};
 use flashgen::cudarc::driver::{CudaSlice, CudaStream, DriverError};
 use flashgen::half::{bf16, f16};
 use flashgen::runtime::{
-    median_ms_after, ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, Element, Error, ForwardIo,
-    ForwardOptions, Layout, Runtime, TuneReport,
+    median_ms_after, ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, Element, Error,
+    ForwardE4m3Io, ForwardIo, ForwardOptions, Layout, Runtime, TuneReport,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -22,11 +22,13 @@ use std::sync::Arc;
 
 pub mod decode;
 pub mod decode_e4m3;
+pub mod forward_e4m3;
 mod judge;
 pub mod paged;
 pub mod shard;
 pub mod varlen;
 
+use forward_e4m3::{DeviceQkv, E4m3Operands};
 use judge::judge_gradients;
 pub use judge::{check, check_backward, check_backward_dropout, BackwardReport, Expected, Report};
 
@@ -153,6 +155,8 @@ pub struct DeviceProblem {
     dropout: Option<Dropout>,
     /// Written with zeros ahead of every timed run ([`Self::flush_l2`]).
     l2_flush: Option<CudaSlice<u8>>,
+    /// e4m3 Q, K and V ([`Self::use_e4m3`]): launches run the e4m3 forward.
+    e4m3: Option<DeviceQkv>,
 }
 
 enum Operands {
@@ -216,6 +220,13 @@ storage!(bf16, Bf16, F16);
 fn scatter<T: Storage>(bshd: &[f64], layout: &Layout) -> Vec<T> {
     let mut buf = vec![T::NAN; buffer_len(layout)];
     for_each_offset(layout, |i, off| buf[off] = T::from_f64(bshd[i]));
+    buf
+}
+
+/// [`scatter`] for bytes (e4m3 operands), the gaps zero.
+fn scatter_bytes(bshd: &[u8], layout: &Layout) -> Vec<u8> {
+    let mut buf = vec![0; buffer_len(layout)];
+    for_each_offset(layout, |i, off| buf[off] = bshd[i]);
     buf
 }
 
@@ -338,8 +349,8 @@ impl DeviceProblem {
         };
         let lse = stream.clone_htod(&vec![f32::NAN; batch * heads * q_len]).map_err(driver("upload LSE"))?;
         let tensors = upload_tensors(&stream, spec, &problem.tensors)?;
-        let (block_mask, config, dropout, l2_flush) = (None, None, None, None);
-        Ok(DeviceProblem { operands, lse, tensors, layouts, stream, block_mask, config, dropout, l2_flush })
+        let (block_mask, config, dropout, l2_flush, e4m3) = (None, None, None, None, None);
+        Ok(DeviceProblem { operands, lse, tensors, layouts, stream, block_mask, config, dropout, l2_flush, e4m3 })
     }
 
     /// Later launches use tile configuration `config` (one of the spec's
@@ -360,9 +371,33 @@ impl DeviceProblem {
         Ok(self.block_mask.insert(mask))
     }
 
+    /// Later launches run the e4m3 forward on `operands` (uploaded in
+    /// this problem's layouts), writing this problem's O and LSE.
+    pub fn use_e4m3(&mut self, operands: &E4m3Operands) -> Result<(), Error> {
+        let [q, k, v, _] = &self.layouts;
+        self.e4m3 = Some(DeviceQkv::upload(&self.stream, operands, [q, k, v], scatter_bytes)?);
+        Ok(())
+    }
+
     /// Enqueues one forward launch (asynchronous).
     pub fn launch(&mut self, rt: &Runtime, spec: &Spec, problem: &Problem) -> Result<(), Error> {
+        if self.e4m3.is_some() {
+            return self.launch_e4m3(rt, spec, problem);
+        }
         forward_io!(self, problem, |io, args, opts| rt.forward(spec, io, &args, &opts))
+    }
+
+    /// One e4m3 forward launch on the operands of [`Self::use_e4m3`].
+    fn launch_e4m3(&mut self, rt: &Runtime, spec: &Spec, problem: &Problem) -> Result<(), Error> {
+        let Some(qkv) = &self.e4m3 else { return Ok(()) };
+        let descale = qkv.descale();
+        let [q, k, v] = &qkv.qkv;
+        let [lq, lk, lv, _] = self.layouts;
+        forward_io!(self, problem, |io, args, opts| {
+            let ForwardIo { o, lse, .. } = io;
+            let io = ForwardE4m3Io { q: (q, lq), k: (k, lk), v: (v, lv), o, lse };
+            rt.forward_e4m3(spec, io, descale, &args, &opts)
+        })
     }
 
     /// Autotunes the forward on this problem ([`Runtime::autotune`]): O and

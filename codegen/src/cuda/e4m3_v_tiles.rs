@@ -35,7 +35,8 @@ pub fn emit_e4m3_v_tiles(spec: &Spec) -> Kernel {
         name,
         source,
         grid: Grid::KeyTiles,
-        block_m: 0,
+        // A block's rows: its tile's keys.
+        block_m: E4M3_BLOCK_N,
         block_n: E4M3_BLOCK_N,
         threads: THREADS,
         dynamic_smem: 0,

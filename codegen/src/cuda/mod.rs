@@ -34,11 +34,11 @@ pub use backward::{
     emit_backward, emit_backward_varlen, emit_backward_with, trainable_tensors, BackwardConfig, BackwardPass, DqAccum,
 };
 pub use block_mask::emit_block_mask;
-pub use e4m3_v_tiles::emit_e4m3_v_tiles;
 pub use decode::{
     emit_decode, emit_decode_paged, emit_decode_with, split_count, DecodeCache, DecodeConfig, DecodeQueries,
     KvCacheDtype, DECODE_BLOCK_N, DECODE_WARPS, MAX_SPLITS,
 };
+pub use e4m3_v_tiles::emit_e4m3_v_tiles;
 pub use forward::{
     e4m3_supports, emit_forward, emit_forward_copying, emit_forward_dropout, emit_forward_e4m3, emit_forward_paged,
     emit_forward_traced, emit_forward_varlen, emit_forward_with, is_light, E4M3_BLOCK_N,

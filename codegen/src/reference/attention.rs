@@ -2,7 +2,7 @@
 //! then P·V. O(B·H·Q·K·D) and allocation-free inside the loops.
 
 use super::eval::{check_len, Arith, Env, ParamValue, Position, TensorData};
-use super::rounding::{round_dtype, Grid};
+use super::rounding::Grid;
 use super::ReferenceError;
 use crate::dropout::Dropout;
 use crate::spec::{Dtype, Shape, Spec};
@@ -60,6 +60,10 @@ pub enum Precision {
     /// f32 with P rounded to the dtype; O = P·V accumulated in f32 and rounded
     /// to the dtype. LSE stays f32.
     SameDtype(Dtype),
+    /// [`Precision::SameDtype`] for an e4m3 forward, as FlashAttention-3's
+    /// FP8 tests build it (`intermediate_dtype=float8_e4m3fn`): inputs taken
+    /// as they are (e4m3 values, dequantized), P rounded to e4m3.
+    E4m3(Dtype),
 }
 
 /// Computes attention for `spec` on `problem`.
@@ -133,10 +137,11 @@ impl Rows {
     }
 }
 
-fn grid_of(precision: Precision) -> Option<Grid> {
+pub(super) fn grid_of(precision: Precision) -> Option<Grid> {
     match precision {
         Precision::F64 => None,
         Precision::SameDtype(dtype) => Some(Grid::of(dtype)),
+        Precision::E4m3(dtype) => Some(Grid::e4m3(dtype)),
     }
 }
 
@@ -254,9 +259,7 @@ fn run<F: Real>(
     let keep = |x: F| store.map_or(x, |g| F::from_f64(g.round(x.to_f64())));
     // Inputs round to the dtype itself, whatever the grid; rounding in f64
     // before narrowing avoids rounding twice.
-    let load = |xs: &[f64]| -> Vec<F> {
-        xs.iter().map(|&x| F::from_f64(store.map_or(x, |g| round_dtype(g.dtype, x)))).collect()
-    };
+    let load = |xs: &[f64]| -> Vec<F> { xs.iter().map(|&x| F::from_f64(store.map_or(x, |g| g.load(x)))).collect() };
     let (q, k, v) = (load(&problem.q), load(&problem.k), load(&problem.v));
     let scale = F::from_f64(problem.scale);
     let group = heads / heads_kv;
@@ -313,7 +316,7 @@ fn run<F: Real>(
                 acc.fill(F::ZERO);
                 for (j, &e) in s.iter().enumerate() {
                     let z = dropout.map_or(1.0, |d| d.factor(seq.b, h, heads, i, j));
-                    let p = keep(e / sum);
+                    let p = store.map_or(e / sum, |g| F::from_f64(g.round_p((e / sum).to_f64())));
                     if p == F::ZERO || z == 0.0 {
                         continue; // Excluded and dropped keys contribute nothing.
                     }

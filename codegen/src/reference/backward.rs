@@ -11,7 +11,7 @@
 //! ones of [`crate::grad`], run by the interpreter, so checking this against
 //! finite differences checks the expressions a backward kernel would use.
 
-use super::attention::{run_in, Output, Precision, Problem, Rows, VarlenProblem};
+use super::attention::{grid_of, run_in, Output, Precision, Problem, Rows, VarlenProblem};
 use super::eval::{check_len, Arith, Env, Position};
 use super::rounding::Grid;
 use super::ReferenceError;
@@ -109,10 +109,7 @@ fn backward_once(
     precision: Precision,
     dropout: Option<Dropout>,
 ) -> Result<Gradients, ReferenceError> {
-    let grid = match precision {
-        Precision::F64 => None,
-        Precision::SameDtype(dtype) => Some(Grid::of(dtype)),
-    };
+    let grid = grid_of(precision);
     let mut all = backwards(spec, problem, rows, d_out, [grid], dropout)?;
     Ok(all.remove(0))
 }

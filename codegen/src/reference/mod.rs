@@ -48,7 +48,7 @@ pub use metrics::{
     FLASH_SLACK, FORWARD_FACTOR,
 };
 pub use paged::{forward_paged, gather, PagedProblem};
-pub use rounding::{round_bf16, round_dtype, round_f16};
+pub use rounding::{round_bf16, round_dtype, round_e4m3, round_f16};
 
 use std::fmt;
 

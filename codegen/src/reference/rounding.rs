@@ -37,17 +37,42 @@ pub(super) struct Grid {
     pub dtype: Dtype,
     shift: u32,
     shifts: u32,
+    /// An e4m3 forward's emulation: its inputs are e4m3 values already
+    /// (taken as they are), and P is rounded to e4m3 for P·V.
+    pub e4m3: bool,
 }
 
 impl Grid {
     /// The dtype's own values.
     pub fn of(dtype: Dtype) -> Grid {
-        Grid { dtype, shift: 0, shifts: 1 }
+        Grid { dtype, shift: 0, shifts: 1, e4m3: false }
+    }
+
+    /// [`Grid::of`] for an e4m3 forward (see [`Grid::e4m3`](Grid)).
+    pub fn e4m3(dtype: Dtype) -> Grid {
+        Grid { e4m3: true, ..Grid::of(dtype) }
     }
 
     /// The `shift`-th of `shifts` grids spread evenly over one binade.
     pub fn shifted(dtype: Dtype, shift: u32, shifts: u32) -> Grid {
-        Grid { dtype, shift, shifts }
+        Grid { dtype, shift, shifts, e4m3: false }
+    }
+
+    /// An input as the emulation reads it: rounded to the dtype, unless
+    /// it is e4m3 already.
+    pub fn load(self, x: f64) -> f64 {
+        match self.e4m3 {
+            true => x,
+            false => round_dtype(self.dtype, x),
+        }
+    }
+
+    /// P as P·V reads it: on the grid, or rounded to e4m3.
+    pub fn round_p(self, x: f64) -> f64 {
+        match self.e4m3 {
+            true => round_e4m3(x),
+            false => self.round(x),
+        }
     }
 
     /// This grid with `dtype`'s values in place of its own, scaled alike.
@@ -60,6 +85,18 @@ impl Grid {
         let scale = (f64::from(self.shift) / f64::from(self.shifts)).exp2();
         round_dtype(self.dtype, x * scale) / scale
     }
+}
+
+/// Rounds to the nearest e4m3 value (ties to even), saturating at ±448
+/// as the kernels' `cvt.rn.satfinite` does: 3 mantissa bits, exponents
+/// down to −6, subnormals in steps of 2^−9.
+pub fn round_e4m3(x: f64) -> f64 {
+    if x == 0.0 || x.is_nan() {
+        return x;
+    }
+    let exponent = x.abs().log2().floor().max(-6.0);
+    let step = (exponent - 3.0).exp2();
+    ((x / step).round_ties_even() * step).clamp(-448.0, 448.0)
 }
 
 /// f64 → f32 rounding to odd: truncate toward zero, then set the last bit if

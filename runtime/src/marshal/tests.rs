@@ -163,7 +163,7 @@ fn decode_kernels_marshal_their_lengths_and_splits() {
     .unwrap();
     let kernel = emit_decode(&spec, DecodeConfig::for_rows(&spec, Target::HOPPER, 8).unwrap());
     let args = [ArgInfo::Tensor(ElemTy::I32, 3 * 7)];
-    let decode = Some(DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96], counters: 98, descales: None });
+    let decode = Some(DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96], counters: 98 });
     let b = Bindings { decode, ..bindings(&args, &[99]) };
     let values = marshal(&kernel, &b).unwrap();
     let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];
@@ -199,7 +199,7 @@ fn paged_decode_kernels_marshal_their_tables() {
     use flashgen_codegen::cuda::{emit_decode_paged, DecodeConfig, Target};
     let spec = flashgen_codegen::parse_one("D { dtype: bf16, head_dim: 64 }").unwrap();
     let kernel = emit_decode_paged(&spec, DecodeConfig::for_rows(&spec, Target::HOPPER, 8).unwrap());
-    let decode = Some(DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96], counters: 98, descales: None });
+    let decode = Some(DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96], counters: 98 });
     let paged = Some(PagedBindings { kv_lens: 94, block_table: 97, pages_per_seq: 6, page_size: 16, num_pages: 40 });
     let b = Bindings { decode, paged, ..bindings(&[], &[]) };
     let values = marshal(&kernel, &b).unwrap();
@@ -228,18 +228,18 @@ fn paged_decode_kernels_marshal_their_tables() {
 }
 
 /// An e4m3 decode kernel binds its byte caches from K's and V's pointers
-/// and each one's descales from the decode bindings; without them it is
-/// refused.
+/// and each one's descales from the bindings' K and V slots; without them
+/// it is refused.
 #[test]
 fn e4m3_decode_kernels_marshal_their_descales() {
     use flashgen_codegen::cuda::{emit_decode_paged, DecodeConfig, KvCacheDtype, Target};
     let spec = flashgen_codegen::parse_one("D { dtype: bf16, head_dim: 64 }").unwrap();
     let config = DecodeConfig::for_cache(&spec, Target::HOPPER, 8, KvCacheDtype::E4m3).unwrap();
     let kernel = emit_decode_paged(&spec, config);
-    let descales = Some([(81, 1), (82, 0)]);
-    let decode = DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96], counters: 98, descales };
+    let descales = Some([(80, 1), (81, 1), (82, 0)]);
+    let decode = DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96], counters: 98 };
     let paged = Some(PagedBindings { kv_lens: 94, block_table: 97, pages_per_seq: 6, page_size: 16, num_pages: 40 });
-    let b = Bindings { decode: Some(decode), paged, ..bindings(&[], &[]) };
+    let b = Bindings { decode: Some(decode), paged, descales, ..bindings(&[], &[]) };
     let values = marshal(&kernel, &b).unwrap();
     let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];
     use Value::*;
@@ -254,8 +254,7 @@ fn e4m3_decode_kernels_marshal_their_descales() {
     ] {
         assert_eq!(value(name), expected, "{name}");
     }
-    let plain = DecodeBindings { descales: None, ..decode };
-    assert!(matches!(marshal(&kernel, &Bindings { decode: Some(plain), ..b }), Err(Error::KernelAbi { .. })));
+    assert!(matches!(marshal(&kernel, &Bindings { descales: None, ..b }), Err(Error::KernelAbi { .. })));
 }
 
 /// A decode kernel over packed queries binds their prefix sums and
@@ -267,7 +266,7 @@ fn varlen_decode_kernels_marshal_their_sequences() {
     use flashgen_codegen::cuda::{emit_decode_with, DecodeCache, DecodeConfig, DecodeQueries, Target};
     let spec = flashgen_codegen::parse_one("D { dtype: bf16, head_dim: 64 }").unwrap();
     let config = DecodeConfig::for_rows(&spec, Target::HOPPER, 8).unwrap();
-    let decode = Some(DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96], counters: 98, descales: None });
+    let decode = Some(DecodeBindings { kv_lens: 94, splits: 5, partial: [95, 96], counters: 98 });
     let varlen = Some(VarlenBindings { cu_seqlens: [91, 0], tokens: [300, 0] });
     let paged = Some(PagedBindings { kv_lens: 94, block_table: 97, pages_per_seq: 6, page_size: 16, num_pages: 40 });
     for (cache, paged) in [(DecodeCache::Dense, None), (DecodeCache::Paged, paged)] {

@@ -28,6 +28,10 @@
 //! on P at probability P (rows `<variant>+drop`, `<variant>+drop+bwd`; no
 //! varlen rows, which have no dropout).
 //!
+//! `--e4m3` adds a row `<variant>-e4m3` after each forward row: the same
+//! inputs quantized to e4m3 with per-K/V-head descales, launched with
+//! `Runtime::forward_e4m3` (the V-tile kernel it runs first included).
+//!
 //! `--varlen` adds a row `doc-varlen` after each `doc` row: the same
 //! documents packed as varlen sequences (each attending within itself, the
 //! pairs the document mask keeps), launched with `Runtime::forward_varlen`:
@@ -89,6 +93,8 @@ use flashgen::runtime::{config_name, KernelSet, KvCacheDtype};
 use flashgen::Runtime;
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::jit_bench;
+use flashgen_tools::verify::decode_e4m3::Granularity;
+use flashgen_tools::verify::forward_e4m3::quantize_operands;
 use flashgen_tools::verify::{self, DeviceProblem, OperandLayout};
 use std::time::Instant;
 
@@ -169,6 +175,7 @@ fn main() {
     let tune = args.iter().any(|a| a == "--tune");
     let varlen = args.iter().any(|a| a == "--varlen");
     let packed = args.iter().any(|a| a == "--packed");
+    let e4m3 = args.iter().any(|a| a == "--e4m3");
     let dropout =
         list("--dropout", "0")[0].parse().ok().filter(|&p| p > 0.0).map(|p| Dropout { p, seed: 1, offset: 0 });
 
@@ -245,15 +252,30 @@ fn main() {
                     let forward = gpu.time(&rt, &spec, &problem, 3, iters)?;
                     let step =
                         backward.then(|| gpu.time_forward_backward(&rt, &spec, &problem, 3, iters)).transpose()?;
-                    Ok((forward, step, config))
+                    // Last: later launches of `gpu` run the e4m3 forward.
+                    let quantized = e4m3
+                        .then(|| {
+                            let mut quantized = problem.clone();
+                            gpu.use_e4m3(&quantize_operands(&spec, &mut quantized, Granularity::PerKvHead))?;
+                            gpu.time(&rt, &spec, &quantized, 3, iters)
+                        })
+                        .transpose()?;
+                    Ok((forward, step, config, quantized))
                 });
                 match timed {
-                    Ok((ms, step, config)) => {
+                    Ok((ms, step, config, quantized)) => {
                         let flops = d.flops_per_pair() * (batch * HEADS) as f64 * (s * s) as f64 * density;
                         let tflops = flops / (ms * 1e-3) / 1e12;
                         println!(
                             "{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4} {tiles:>15}{config}"
                         );
+                        if let Some(ms) = quantized {
+                            let tflops = flops / (ms * 1e-3) / 1e12;
+                            let name = format!("{name}-e4m3");
+                            println!(
+                                "{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4}{config}"
+                            );
+                        }
                         if let Some(ms) = step {
                             let tflops = 3.5 * flops / (ms * 1e-3) / 1e12;
                             let name = format!("{name}+bwd");

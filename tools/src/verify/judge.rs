@@ -49,6 +49,16 @@ impl Expected {
         })
     }
 
+    /// The references of an e4m3 forward of `problem` (its operands the
+    /// dequantized values the kernel reads, `forward_e4m3`): the f64
+    /// forward, and FlashAttention-3's FP8 baseline, P rounded to e4m3.
+    pub fn e4m3(spec: &Spec, problem: &Problem) -> Result<Expected, reference::ReferenceError> {
+        Ok(Expected {
+            golden: reference::forward(spec, problem, Precision::F64)?,
+            same: reference::forward(spec, problem, Precision::E4m3(spec.dtype))?,
+        })
+    }
+
     /// The references of a varlen problem (O `[total_q, heads, d_v]`, LSE
     /// `[heads, total_q]`, as [`DeviceVarlen::download`](crate::verify::varlen::DeviceVarlen::download) gives them).
     pub fn varlen(spec: &Spec, problem: &VarlenProblem) -> Result<Expected, reference::ReferenceError> {

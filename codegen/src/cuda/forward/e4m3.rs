@@ -54,8 +54,9 @@ pub const E4M3_BLOCK_N: u32 = 128;
 
 /// Whether `spec` runs on e4m3 operands in `config` on `target`: the
 /// pipelined warp-specialized wgmma kernels with [`E4M3_BLOCK_N`]-key tiles,
-/// head dims multiples of 16 (whole 16-bit columns; V's rows a TMA box of
-/// at most 256), within the SM's shared memory.
+/// a QK head dim of whole 32-element k-steps, a V head dim of whole 16-bit
+/// columns (its rows a TMA box of at most 256), within the SM's shared
+/// memory.
 pub fn e4m3_supports(spec: &Spec, config: TileConfig, target: Target) -> bool {
     let (qk, v) = (spec.head_dims.qk, spec.head_dims.v);
     target.mma == Mma::Wgmma
@@ -63,7 +64,7 @@ pub fn e4m3_supports(spec: &Spec, config: TileConfig, target: Target) -> bool {
         && warp_specialized(config)
         && pipelined(config)
         && config.block_n == E4M3_BLOCK_N
-        && qk % 16 == 0
+        && qk % 32 == 0
         && v % 16 == 0
         && v <= 256
         && {

@@ -1,0 +1,244 @@
+//! The forward on e4m3 Q, K and V (Hopper's 8-bit tensor cores): operands
+//! of one byte an element, each `descale · e4m3` with f32 descale factors
+//! on the device ([`QkvDescale`]), O (and the LSE) as the 16-bit forward
+//! writes them. Checked as [`Runtime::forward`] checks its operands
+//! (lengths and strides count bytes, as elements), then the descales'
+//! lengths; the launch first rewrites V into the tiles the kernel's P·V
+//! reads (`cuda::emit_e4m3_v_tiles`: keys along the rows, since 8-bit
+//! wgmma reads its B operand K-major only) in scratch memory, then runs the
+//! warp-specialized kernel, which copies Q, K and those tiles with TMA.
+
+use crate::args::{tensor_ptrs, ArgInfo, ArgValue};
+use crate::block_mask::BuiltFor;
+use crate::check::{check_forward, softmax_scale, Problem};
+use crate::descale::QkvDescale;
+use crate::dropout_error::DropoutError;
+use crate::e4m3_error::E4m3Error;
+use crate::element::Element;
+use crate::error::Error;
+use crate::forward_launch::ForwardOptions;
+use crate::kernels::Which;
+use crate::launch_checks::launch_checked;
+use crate::layout::Layout;
+use crate::marshal::{launch_config, marshal, Bindings};
+use crate::operand::{DeviceInput, DeviceOutput};
+use crate::runtime::Runtime;
+use crate::scratch;
+use crate::tma::{self, TensorMap};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use flashgen_codegen::abi::{ArgKind, Operand, TmaBox};
+use flashgen_codegen::cuda::{e4m3_supports, Mma, TileConfig, Work, E4M3_BLOCK_N};
+use flashgen_codegen::{to_source, Shape, Spec};
+
+/// The operands of one e4m3 forward pass: Q, K and V of one byte an element
+/// (`u8`, e4m3 bits; layouts in elements, which are bytes), O and the
+/// optional LSE as [`ForwardIo`](crate::ForwardIo)'s.
+pub struct ForwardE4m3Io<'a, T> {
+    pub q: (&'a dyn DeviceInput<u8>, Layout),
+    pub k: (&'a dyn DeviceInput<u8>, Layout),
+    pub v: (&'a dyn DeviceInput<u8>, Layout),
+    pub o: (&'a mut dyn DeviceOutput<T>, Layout),
+    pub lse: Option<&'a mut CudaSlice<f32>>,
+}
+
+impl Runtime {
+    /// The forward of `spec` on e4m3 Q, K and V with their `descale`
+    /// factors, O in `T` (the spec's dtype): checks as [`Runtime::forward`]
+    /// does, then the factors' lengths (`RaggedError::DescaleLen`), and
+    /// queues the V-tile kernel and the forward on [`Runtime::stream`].
+    /// `opts.scale` and `opts.block_mask` apply as there; `opts.config`
+    /// must be one [`tile_choice::e4m3`](crate::tile_choice::e4m3) could
+    /// pick; dropout is refused. Hopper only ([`E4m3Error::Arch`]); Q, K
+    /// and V 16-byte aligned ([`E4m3Error::Unaligned`]).
+    pub fn forward_e4m3<T: Element>(
+        &self,
+        spec: &Spec,
+        io: ForwardE4m3Io<'_, T>,
+        descale: QkvDescale<'_>,
+        args: &[ArgValue<'_>],
+        opts: &ForwardOptions<'_>,
+    ) -> Result<(), Error> {
+        let target = self.target();
+        if target.mma != Mma::Wgmma {
+            return Err(Error::E4m3(E4m3Error::Arch { arch: self.arch() }));
+        }
+        if opts.dropout.is_some_and(|d| d.p > 0.0) {
+            return Err(Error::Dropout(DropoutError::Unsupported { launch: "e4m3 forward" }));
+        }
+        let scale = softmax_scale(spec, opts.scale)?;
+        let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
+        let operands = [(io.q.1, io.q.0.len()), (io.k.1, io.k.0.len()), (io.v.1, io.v.0.len()), (io.o.1, io.o.0.len())];
+        let problem = Problem::new(T::DTYPE, operands, io.lse.as_ref().map(|l| l.len()));
+        let Some(shape) = check_forward(spec, &problem, &infos)? else {
+            return Ok(());
+        };
+        descale.check(shape.heads_kv)?;
+        let config = e4m3_config(self, spec, opts.config)?;
+        let launch = E4m3Launch { spec, shape, infos: &infos, args, scale, config };
+        launch.run(self, io, &descale, opts)
+    }
+}
+
+/// The configuration an e4m3 launch runs in: `named` where it runs the
+/// spec on e4m3 operands, else the first candidate that does.
+fn e4m3_config(rt: &Runtime, spec: &Spec, named: Option<TileConfig>) -> Result<TileConfig, Error> {
+    let target = rt.target();
+    let refused = |reason: String| Error::E4m3(E4m3Error::Config { spec: spec.name.clone(), reason });
+    match named {
+        Some(config) if e4m3_supports(spec, config, target) => Ok(config),
+        Some(config) => Err(refused(format!("configuration {} cannot run it", crate::tuning::config_name(config)))),
+        None => crate::tile_choice::e4m3(spec, target).ok_or_else(|| {
+            let dims = spec.head_dims;
+            refused(format!(
+                "head dims {}/{} (the e4m3 kernels take {E4M3_BLOCK_N}-key tiles: QK head dims that are \
+                 multiples of 32 and V head dims that are multiples of 16, up to 128)",
+                dims.qk, dims.v
+            ))
+        }),
+    }
+}
+
+/// A checked e4m3 launch.
+struct E4m3Launch<'r> {
+    spec: &'r Spec,
+    shape: Shape,
+    infos: &'r [ArgInfo],
+    args: &'r [ArgValue<'r>],
+    scale: f32,
+    config: TileConfig,
+}
+
+impl E4m3Launch<'_> {
+    fn run<T: Element>(
+        &self,
+        rt: &Runtime,
+        io: ForwardE4m3Io<'_, T>,
+        descale: &QkvDescale<'_>,
+        opts: &ForwardOptions<'_>,
+    ) -> Result<(), Error> {
+        let (spec, shape) = (self.spec, self.shape);
+        let ForwardE4m3Io { q: (q, q_layout), k: (k, k_layout), v: (v, v_layout), o: (o, o_layout), lse } = io;
+        // The guards order the launches after pending work on each buffer
+        // and record them for later work; they live until after them.
+        let stream = rt.stream();
+        check_aligned("V", v.device_ptr(stream).0, &v_layout)?;
+        let (q_ptr, _q) = q.device_ptr(stream);
+        let (k_ptr, _k) = k.device_ptr(stream);
+        let (v_ptr, _v) = v.device_ptr(stream);
+        let (o_ptr, _o) = o.device_ptr_mut(stream);
+        let [q_ptr, k_ptr, v_ptr] =
+            [(q_ptr, &q_layout), (k_ptr, &k_layout), (v_ptr, &v_layout)].map(|(ptr, layout)| layout.byte_address(ptr));
+        let o_ptr = o_layout.address(o_ptr);
+        let lse = lse.map(|l| l.device_ptr_mut(stream));
+        let spec_source = to_source(spec);
+        let [tiles_kernel, loaded] =
+            rt.load_launch(spec, &spec_source, [Which::E4m3VTiles, Which::ForwardE4m3(self.config)], None);
+        let (tiles_kernel, loaded) = (tiles_kernel?, loaded?);
+
+        // V's tiles, in scratch memory the stream frees after the forward.
+        let dvp = spec.head_dims.v.next_multiple_of(16) as usize;
+        let tiles = shape.kv_len.div_ceil(E4M3_BLOCK_N as usize);
+        let mut v_tiles = scratch::zeros::<u8>(stream, shape.batch * shape.heads_kv * tiles * dvp * 128)?;
+        let (v_tiles_ptr, _v_tiles) = v_tiles.device_ptr_mut(stream);
+        let strides = [q_layout.strides, k_layout.strides, v_layout.strides, o_layout.strides];
+        let bindings = Bindings {
+            ptrs: [q_ptr, k_ptr, v_ptr, o_ptr],
+            strides,
+            v_tiles: v_tiles_ptr,
+            ..Bindings::without_operands(shape, self.infos, &[])
+        };
+        let values = marshal(tiles_kernel.kernel(), &bindings)?;
+        let grid = launch_config(tiles_kernel.kernel(), &shape, 1, rt.sm_count())?;
+        // SAFETY: the V-tile kernel's arguments follow its own list;
+        // `check_forward` proved V's rows inside its buffer, and the tiles'
+        // buffer holds every tile of every (batch, K/V head).
+        unsafe { launch_checked(rt, stream, &tiles_kernel, &values, grid)? };
+
+        let operands = [(Operand::Q, q_ptr, q_layout), (Operand::K, k_ptr, k_layout)];
+        let maps = tensor_maps(spec, self.config, &operands, (v_tiles_ptr, shape, dvp, tiles), (o_ptr, o_layout))?;
+        let kernel = loaded.kernel();
+        let (tensor_ptrs, _tensors) = tensor_ptrs(self.args, stream);
+        if let Some(mask) = opts.block_mask {
+            mask.built_for.check_launch(&BuiltFor::new(spec, &loaded, shape, self.infos, &tensor_ptrs))?;
+        }
+        let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(stream), m.strides));
+        let item_order = match opts.block_mask {
+            Some(mask) if kernel.args.iter().any(|a| a.kind == ArgKind::WorkOrder) => {
+                Some(mask.work_order(rt, spec, Work::QueryTiles { block_m: kernel.block_m })?)
+            }
+            _ => None,
+        };
+        let item_order = item_order.as_ref().map(|order| order.device_ptr(stream));
+        let work_counter = rt.work_counter_for(kernel, stream);
+        let bound = descale.bind(stream);
+        let values = marshal(
+            kernel,
+            &Bindings {
+                lse: lse.as_ref().map_or(0, |(ptr, _)| *ptr),
+                scale: self.scale,
+                block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
+                work_order: item_order.as_ref().map_or(0, |(ptr, _)| *ptr),
+                work_counter: work_counter.as_ref().map(|(ptr, _)| *ptr),
+                tensor_maps: Some(maps),
+                descales: Some(bound.each_ref().map(|b| b.binding)),
+                ..Bindings { tensors: &tensor_ptrs, ..bindings }
+            },
+        )?;
+        let grid = launch_config(kernel, &shape, 1, rt.sm_count())?;
+        // SAFETY: `marshal` followed the kernel's own argument list;
+        // `check_forward` proved every row the descriptors address inside
+        // its buffer, the V-tile kernel wrote every tile they address, and
+        // the descale buffers hold what their granularity reads.
+        unsafe { launch_checked(rt, stream, &loaded, &values, grid) }
+    }
+}
+
+/// Refuses an operand the V-tile kernel's 16-byte loads cannot read (its
+/// rows' address and strides are not 16-byte multiples).
+fn check_aligned(operand: &'static str, base: u64, layout: &Layout) -> Result<(), Error> {
+    let aligned = layout.byte_address(base) % 16 == 0 && layout.strides.iter().all(|s| s % 16 == 0);
+    aligned.then_some(()).ok_or(Error::E4m3(E4m3Error::Unaligned { operand }))
+}
+
+/// The TMA descriptors of an e4m3 launch: Q and K (`operands`) as 16-bit
+/// elements of half the columns, V's tiles (at `ptr`, `[batch, heads_kv,
+/// tiles · dvp rows, 64]` 16-bit elements) in boxes of one tile, O as
+/// the 16-bit forward's.
+fn tensor_maps(
+    spec: &Spec,
+    config: TileConfig,
+    operands: &[(Operand, u64, Layout); 2],
+    (v_tiles, shape, dvp, tiles): (u64, Shape, usize, usize),
+    (o_ptr, o_layout): (u64, Layout),
+) -> Result<Vec<(Operand, TensorMap)>, Error> {
+    let tile = |op| TmaBox::of(op, config.block_m(), config.block_n);
+    let mut maps = Vec::with_capacity(4);
+    for &(op, ptr, layout) in operands {
+        let name = if op == Operand::Q { "Q" } else { "K" };
+        let unaligned = || Error::E4m3(E4m3Error::Unaligned { operand: name });
+        // Byte strides as 16-bit ones: odd ones cannot be 16-byte multiples.
+        if layout.strides.iter().any(|s| s % 2 != 0) {
+            return Err(unaligned());
+        }
+        let halves = Layout { dim: layout.dim / 2, strides: layout.strides.map(|s| s / 2), offset: 0, ..layout };
+        maps.push((op, tma::encode(ptr, &halves, spec.dtype, tile(op)).ok_or_else(unaligned)?));
+    }
+    let panel = (E4M3_BLOCK_N / 2) as usize;
+    let row = panel as i64;
+    let v_layout = Layout {
+        batch: shape.batch,
+        seq: tiles * dvp,
+        heads: shape.heads_kv,
+        dim: panel,
+        strides: [shape.heads_kv as i64 * (tiles * dvp) as i64 * row, row, (tiles * dvp) as i64 * row],
+        offset: 0,
+    };
+    let v_box = TmaBox { cols: TmaBox::COLS, rows: dvp as u32 };
+    let v =
+        tma::encode(v_tiles, &v_layout, spec.dtype, v_box).ok_or(Error::E4m3(E4m3Error::Unaligned { operand: "V" }))?;
+    maps.push((Operand::V, v));
+    let o = tma::encode(o_ptr, &o_layout, spec.dtype, tile(Operand::O))
+        .ok_or(Error::E4m3(E4m3Error::Unaligned { operand: "O" }))?;
+    maps.push((Operand::O, o));
+    Ok(maps)
+}
