@@ -27,7 +27,7 @@ use crate::scratch;
 use crate::tma::{self, TensorMap};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::{ArgKind, Operand, TmaBox};
-use flashgen_codegen::cuda::{e4m3_supports, Mma, TileConfig, Work, E4M3_BLOCK_N};
+use flashgen_codegen::cuda::{e4m3_supports, e4m3_v_row, Mma, TileConfig, Work};
 use flashgen_codegen::{to_source, Shape, Spec};
 
 /// The operands of one e4m3 forward pass: Q, K and V of one byte an element
@@ -90,8 +90,8 @@ fn e4m3_config(rt: &Runtime, spec: &Spec, named: Option<TileConfig>) -> Result<T
         None => crate::tile_choice::e4m3(spec, target).ok_or_else(|| {
             let dims = spec.head_dims;
             refused(format!(
-                "head dims {}/{} (the e4m3 kernels take {E4M3_BLOCK_N}-key tiles: QK head dims that are \
-                 multiples of 32 and V head dims that are multiples of 16, up to 128)",
+                "head dims {}/{} (the e4m3 kernels take QK head dims that are multiples of 32 and V head \
+                 dims that are multiples of 16, up to 128)",
                 dims.qk, dims.v
             ))
         }),
@@ -116,7 +116,7 @@ impl E4m3Launch<'_> {
         descale: &QkvDescale<'_>,
         opts: &ForwardOptions<'_>,
     ) -> Result<(), Error> {
-        let (spec, shape) = (self.spec, self.shape);
+        let (spec, shape, block_n) = (self.spec, self.shape, self.config.block_n);
         let ForwardE4m3Io { q: (q, q_layout), k: (k, k_layout), v: (v, v_layout), o: (o, o_layout), lse } = io;
         // The guards order the launches after pending work on each buffer
         // and record them for later work; they live until after them.
@@ -132,13 +132,14 @@ impl E4m3Launch<'_> {
         let lse = lse.map(|l| l.device_ptr_mut(stream));
         let spec_source = to_source(spec);
         let [tiles_kernel, loaded] =
-            rt.load_launch(spec, &spec_source, [Which::E4m3VTiles, Which::ForwardE4m3(self.config)], None);
+            rt.load_launch(spec, &spec_source, [Which::E4m3VTiles(block_n), Which::ForwardE4m3(self.config)], None);
         let (tiles_kernel, loaded) = (tiles_kernel?, loaded?);
 
         // V's tiles, in scratch memory the stream frees after the forward.
         let dvp = spec.head_dims.v.next_multiple_of(16) as usize;
-        let tiles = shape.kv_len.div_ceil(E4M3_BLOCK_N as usize);
-        let mut v_tiles = scratch::zeros::<u8>(stream, shape.batch * shape.heads_kv * tiles * dvp * 128)?;
+        let v_tiles_shape =
+            VTiles { dvp, tiles: shape.kv_len.div_ceil(block_n as usize), row: e4m3_v_row(block_n) as usize };
+        let mut v_tiles = scratch::zeros::<u8>(stream, shape.batch * shape.heads_kv * v_tiles_shape.bytes())?;
         let (v_tiles_ptr, _v_tiles) = v_tiles.device_ptr_mut(stream);
         let strides = [q_layout.strides, k_layout.strides, v_layout.strides, o_layout.strides];
         let bindings = Bindings {
@@ -155,7 +156,7 @@ impl E4m3Launch<'_> {
         unsafe { launch_checked(rt, stream, &tiles_kernel, &values, grid)? };
 
         let operands = [(Operand::Q, q_ptr, q_layout), (Operand::K, k_ptr, k_layout)];
-        let maps = tensor_maps(spec, self.config, &operands, (v_tiles_ptr, shape, dvp, tiles), (o_ptr, o_layout))?;
+        let maps = tensor_maps(spec, self.config, &operands, (v_tiles_ptr, shape, v_tiles_shape), (o_ptr, o_layout))?;
         let kernel = loaded.kernel();
         let (tensor_ptrs, _tensors) = tensor_ptrs(self.args, stream);
         if let Some(mask) = opts.block_mask {
@@ -200,15 +201,30 @@ fn check_aligned(operand: &'static str, base: u64, layout: &Layout) -> Result<()
     aligned.then_some(()).ok_or(Error::E4m3(E4m3Error::Unaligned { operand }))
 }
 
+/// One (batch, K/V head)'s V tiles: `tiles` blocks of `dvp` rows of
+/// `row` bytes.
+#[derive(Clone, Copy)]
+struct VTiles {
+    dvp: usize,
+    tiles: usize,
+    row: usize,
+}
+
+impl VTiles {
+    fn bytes(self) -> usize {
+        self.tiles * self.dvp * self.row
+    }
+}
+
 /// The TMA descriptors of an e4m3 launch: Q and K (`operands`) as 16-bit
-/// elements of half the columns, V's tiles (at `ptr`, `[batch, heads_kv,
-/// tiles · dvp rows, 64]` 16-bit elements) in boxes of one tile, O as
-/// the 16-bit forward's.
+/// elements of half the columns, V's tiles (at `v_tiles.0`, `[batch,
+/// heads_kv, tiles · dvp rows, row / 2]` 16-bit elements) in boxes of one
+/// 128-byte panel of a tile's rows, O as the 16-bit forward's.
 fn tensor_maps(
     spec: &Spec,
     config: TileConfig,
     operands: &[(Operand, u64, Layout); 2],
-    (v_tiles, shape, dvp, tiles): (u64, Shape, usize, usize),
+    (v_tiles, shape, v): (u64, Shape, VTiles),
     (o_ptr, o_layout): (u64, Layout),
 ) -> Result<Vec<(Operand, TensorMap)>, Error> {
     let tile = |op| TmaBox::of(op, config.block_m(), config.block_n);
@@ -223,17 +239,16 @@ fn tensor_maps(
         let halves = Layout { dim: layout.dim / 2, strides: layout.strides.map(|s| s / 2), offset: 0, ..layout };
         maps.push((op, tma::encode(ptr, &halves, spec.dtype, tile(op)).ok_or_else(unaligned)?));
     }
-    let panel = (E4M3_BLOCK_N / 2) as usize;
-    let row = panel as i64;
+    let (rows, row) = ((v.tiles * v.dvp) as i64, (v.row / 2) as i64);
     let v_layout = Layout {
         batch: shape.batch,
-        seq: tiles * dvp,
+        seq: v.tiles * v.dvp,
         heads: shape.heads_kv,
-        dim: panel,
-        strides: [shape.heads_kv as i64 * (tiles * dvp) as i64 * row, row, (tiles * dvp) as i64 * row],
+        dim: v.row / 2,
+        strides: [shape.heads_kv as i64 * rows * row, row, rows * row],
         offset: 0,
     };
-    let v_box = TmaBox { cols: TmaBox::COLS, rows: dvp as u32 };
+    let v_box = TmaBox { cols: TmaBox::COLS, rows: v.dvp as u32 };
     let v =
         tma::encode(v_tiles, &v_layout, spec.dtype, v_box).ok_or(Error::E4m3(E4m3Error::Unaligned { operand: "V" }))?;
     maps.push((Operand::V, v));

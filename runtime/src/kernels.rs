@@ -20,8 +20,8 @@ pub(crate) enum Which {
     ForwardPaged(TileConfig),
     /// The forward on e4m3 operands in a configuration (it copies with TMA).
     ForwardE4m3(TileConfig),
-    /// The e4m3 forward's V tiles.
-    E4m3VTiles,
+    /// The e4m3 forward's V tiles, of as many keys as its tiles.
+    E4m3VTiles(u32),
     /// The paged append into caches of the spec's head dims.
     PagedAppend,
     BlockMask,
@@ -140,7 +140,7 @@ impl Which {
             // The e4m3 forward in its configuration, with its V tiles.
             if let Some(config) = crate::tile_choice::e4m3(spec, target) {
                 add(Which::ForwardE4m3(config));
-                add(Which::E4m3VTiles);
+                add(Which::E4m3VTiles(config.block_n));
             }
             // Dropout's forward in the preferred configurations, and its
             // dK/dV and dQ kernels.
@@ -197,7 +197,7 @@ impl Which {
             Which::ForwardVarlen(config) => Some(cuda::emit_forward_varlen(spec, config)),
             Which::ForwardPaged(config) => Some(cuda::emit_forward_paged(spec, config)),
             Which::ForwardE4m3(config) => cuda::emit_forward_e4m3(spec, config),
-            Which::E4m3VTiles => Some(cuda::emit_e4m3_v_tiles(spec)),
+            Which::E4m3VTiles(block_n) => Some(cuda::emit_e4m3_v_tiles(spec, block_n)),
             Which::PagedAppend => Some(cuda::emit_paged_append(spec)),
             Which::BlockMask => cuda::emit_block_mask(spec),
             Which::WorkOrder(work) => cuda::emit_work_order(spec, work),

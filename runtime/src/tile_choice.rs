@@ -14,11 +14,21 @@ pub fn preferred(spec: &Spec, target: Target) -> TileConfig {
 }
 
 /// The configuration of `spec`'s e4m3 forward on `target`: the first of
-/// [`candidates`] that runs it ([`e4m3_supports`]); `None` where none does
+/// [`E4M3_TILES`] that runs it ([`e4m3_supports`]); `None` where none does
 /// (before Hopper, head dims above 128).
 pub fn e4m3(spec: &Spec, target: Target) -> Option<TileConfig> {
-    candidates(spec, target).into_iter().find(|&config| e4m3_supports(spec, config, target))
+    E4M3_TILES.into_iter().find(|&config| e4m3_supports(spec, config, target))
 }
+
+/// The e4m3 forward's configurations, preferred first: two consumer
+/// warpgroups, as wide a key tile as their registers hold (an 8-bit
+/// product takes half the time of a 16-bit one, so each tile's fixed costs
+/// weigh twice as much).
+pub const E4M3_TILES: [TileConfig; 3] = [
+    TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n: 192 },
+    TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n: 128 },
+    TileConfig { mma: Mma::Wgmma, warps: 4, m_tiles: 1, block_n: 128 },
+];
 
 /// The configuration used without autotuning on `target` for `kv_len`
 /// keys: [`preferred`], except that from 4096 keys on at d <= 64 three

@@ -13,9 +13,11 @@
 
 mod support;
 
+use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::{Dtype, Shape, Spec};
 use flashgen::runtime::{
-    DropoutError, E4m3Error, Error, ForwardE4m3Io, ForwardOptions, Layout, QkvDescale, RaggedError, Runtime,
+    config_name, tile_choice, DropoutError, E4m3Error, Error, ForwardE4m3Io, ForwardOptions, Layout, QkvDescale,
+    RaggedError, Runtime,
 };
 use flashgen::Dropout;
 use flashgen_tools::examples::SPECS;
@@ -32,7 +34,7 @@ fn run_once(
     spec: &Spec,
     case: &Case,
     granularity: Granularity,
-    block_mask: bool,
+    (config, block_mask): (Option<TileConfig>, bool),
     seed: u64,
 ) -> Result<Report, String> {
     let mut problem = verify::random_problem(spec, case.shape(), params(spec), vec![], None, seed);
@@ -41,6 +43,7 @@ fn run_once(
     let run = || -> Result<Report, Error> {
         let mut gpu = DeviceProblem::upload(rt, spec, &problem, case.layout)?;
         gpu.use_e4m3(&operands)?;
+        gpu.pin_config(config);
         if block_mask {
             gpu.build_block_mask(rt, spec, &problem)?;
         }
@@ -72,7 +75,31 @@ fn every_spec_matches_the_reference() {
             let case = Case { layout, ..Case::new(heads, seqs) };
             let seed: u64 = rand::random();
             let row = format!("{} {granularity:?} block mask {block_mask}", case.row(&spec, seed));
-            table.record(row, run_once(&rt, &spec, &case, granularity, block_mask, seed));
+            table.record(row, run_once(&rt, &spec, &case, granularity, (None, block_mask), seed));
+        }
+    }
+    table.finish();
+}
+
+#[test]
+#[ignore = "needs an NVIDIA Hopper GPU (run with --include-ignored)"]
+fn every_tile_configuration_matches_the_reference() {
+    let rt = runtime();
+    let mut table = Table::default();
+    let widths = [32, 96, 160, 224];
+    let configs = tile_choice::E4M3_TILES
+        .into_iter()
+        .chain(widths.map(|block_n| TileConfig { block_n, ..tile_choice::E4M3_TILES[0] }));
+    for config in configs {
+        for (variant, d) in [("causal", 128), ("document", 64), ("softcap", 96)] {
+            let spec = with(spec(variant), Dtype::Bf16, d, d);
+            let case = Case::new((4, 1), (517, 1100));
+            let seed: u64 = rand::random();
+            let row = format!("{} {}", case.row(&spec, seed), config_name(config));
+            table.record(
+                row,
+                run_once(&rt, &spec, &case, Granularity::PerKvHead, (Some(config), variant == "document"), seed),
+            );
         }
     }
     table.finish();

@@ -1,13 +1,13 @@
 //! The e4m3 forward's V tiles: V rewritten with its keys along the rows,
-//! per (batch, K/V head) and 128-key tile a `[pad16(DV)][128]` block of
-//! bytes, zero past kv_len and DV, keys in the order the forward packs P
-//! in (`library/e4m3_v_tiles.cuh`). 8-bit wgmma reads its B operand
+//! per (batch, K/V head) and tile of the forward's keys a block of
+//! `pad16(DV)` rows of [`e4m3_v_row`] bytes (whole 128-key panels), zero
+//! past kv_len, DV and the tile's keys, keys in the order the
+//! forward packs P in (`library/e4m3_v_tiles.cuh`). 8-bit wgmma reads its B operand
 //! K-major only, so the forward's P·V cannot read V as it lies; the
 //! runtime runs this kernel before each e4m3 forward, a copy of V's bytes
 //! against the forward's quadratic work.
 
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
-use crate::cuda::forward::e4m3::E4M3_BLOCK_N;
 use crate::cuda::library::Part;
 use crate::cuda::signature::{arg_name, e4m3_v_tiles_args};
 use crate::cuda::source::{assemble, kernel_name, Entry, Piece};
@@ -18,14 +18,26 @@ use std::fmt::{self, Write};
 
 const THREADS: u32 = 256;
 
-/// Emits the V-tile kernel for `spec`'s e4m3 forward (its V head dim sizes
-/// the tiles); one block per tile, `Grid::KeyTiles` of 128 keys.
-pub fn emit_e4m3_v_tiles(spec: &Spec) -> Kernel {
-    let name = kernel_name("e4m3_v_tiles", spec);
+/// Bytes of a V tile's row for tiles of `block_n` keys: whole 128-byte
+/// panels (an 8-bit wgmma's K-major operand reads 128-byte rows).
+pub fn e4m3_v_row(block_n: u32) -> u32 {
+    block_n.next_multiple_of(128)
+}
+
+/// Emits the V-tile kernel for `spec`'s e4m3 forward with tiles of
+/// `block_n` keys (its V head dim sizes the rows); one block per tile,
+/// `Grid::KeyTiles`.
+pub fn emit_e4m3_v_tiles(spec: &Spec, block_n: u32) -> Kernel {
+    let name = kernel_name(&format!("e4m3_v_tiles_{block_n}"), spec);
     let args = e4m3_v_tiles_args(spec);
     let config = |w: &mut Writer<String>| -> fmt::Result {
         let dv = spec.head_dims.v;
         writeln!(w, "constexpr int DV = {dv}, DVP = {};  // V's head dim, and padded to 16", pad16(dv))?;
+        writeln!(
+            w,
+            "constexpr int KEYS = {block_n}, ROW = {};  // a tile's keys, and its rows' bytes",
+            e4m3_v_row(block_n)
+        )?;
         writeln!(w, "constexpr int THREADS = {THREADS};\n")
     };
     let library = [vec![Piece::Part(Part::Prelude)], vec![Piece::Part(Part::E4m3VTiles)]];
@@ -36,8 +48,8 @@ pub fn emit_e4m3_v_tiles(spec: &Spec) -> Kernel {
         source,
         grid: Grid::KeyTiles,
         // A block's rows: its tile's keys.
-        block_m: E4M3_BLOCK_N,
-        block_n: E4M3_BLOCK_N,
+        block_m: block_n,
+        block_n,
         threads: THREADS,
         dynamic_smem: 0,
         args,
@@ -55,9 +67,9 @@ fn write_tile(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         w,
         "\
         const int tile = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;\n\
-        const int tiles = ({kv_len} + 127) / 128;\n\
-        const unsigned char* v_rows = {v} + b * {batch_stride} + (long long)tile * 128 * {seq_stride} + kv_head * {head_stride};\n\
-        unsigned char* tile_out = {out} + (((long long)b * {heads_kv} + kv_head) * tiles + tile) * DVP * 128;\n\
-        e4m3_v_tile<DV, DVP, THREADS>(v_rows, {seq_stride}, min(128, {kv_len} - tile * 128), tile_out);\n"
+        const int tiles = ({kv_len} + KEYS - 1) / KEYS;\n\
+        const unsigned char* v_rows = {v} + b * {batch_stride} + (long long)tile * KEYS * {seq_stride} + kv_head * {head_stride};\n\
+        unsigned char* tile_out = {out} + (((long long)b * {heads_kv} + kv_head) * tiles + tile) * DVP * ROW;\n\
+        e4m3_v_tile<DV, DVP, KEYS, ROW, THREADS>(v_rows, {seq_stride}, {kv_len} - tile * KEYS, tile_out);\n"
     )
 }

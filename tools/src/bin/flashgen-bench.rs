@@ -31,6 +31,8 @@
 //! `--e4m3` adds a row `<variant>-e4m3` after each forward row: the same
 //! inputs quantized to e4m3 with per-K/V-head descales, launched with
 //! `Runtime::forward_e4m3` (the V-tile kernel it runs first included).
+//! `--e4m3-tiles 128,192` instead adds a row `<variant>-e4m3-<n>` per key
+//! tile `n` (two consumer warpgroups).
 //!
 //! `--varlen` adds a row `doc-varlen` after each `doc` row: the same
 //! documents packed as varlen sequences (each attending within itself, the
@@ -85,7 +87,7 @@
 //! at once (`flashgen_tools::jit_bench`).
 
 use flashgen::codegen::analysis::{classify, TileClass};
-use flashgen::codegen::cuda::TileConfig;
+use flashgen::codegen::cuda::{Mma, TileConfig};
 use flashgen::codegen::reference::{ParamValue, TensorData};
 use flashgen::codegen::{Dropout, Shape};
 use flashgen::runtime::tile_choice;
@@ -175,7 +177,8 @@ fn main() {
     let tune = args.iter().any(|a| a == "--tune");
     let varlen = args.iter().any(|a| a == "--varlen");
     let packed = args.iter().any(|a| a == "--packed");
-    let e4m3 = args.iter().any(|a| a == "--e4m3");
+    let e4m3_tiles: Vec<u32> = list("--e4m3-tiles", "").iter().filter_map(|n| n.parse().ok()).collect();
+    let e4m3 = args.iter().any(|a| a == "--e4m3") || !e4m3_tiles.is_empty();
     let dropout =
         list("--dropout", "0")[0].parse().ok().filter(|&p| p > 0.0).map(|p| Dropout { p, seed: 1, offset: 0 });
 
@@ -253,13 +256,21 @@ fn main() {
                     let step =
                         backward.then(|| gpu.time_forward_backward(&rt, &spec, &problem, 3, iters)).transpose()?;
                     // Last: later launches of `gpu` run the e4m3 forward.
-                    let quantized = e4m3
-                        .then(|| {
-                            let mut quantized = problem.clone();
-                            gpu.use_e4m3(&quantize_operands(&spec, &mut quantized, Granularity::PerKvHead))?;
-                            gpu.time(&rt, &spec, &quantized, 3, iters)
-                        })
-                        .transpose()?;
+                    let mut quantized = Vec::new();
+                    if e4m3 {
+                        let mut e4m3_problem = problem.clone();
+                        gpu.use_e4m3(&quantize_operands(&spec, &mut e4m3_problem, Granularity::PerKvHead))?;
+                        let tiles: Vec<Option<u32>> = match e4m3_tiles.is_empty() {
+                            true => vec![None],
+                            false => e4m3_tiles.iter().copied().map(Some).collect(),
+                        };
+                        for n in tiles {
+                            let config = n.map(|block_n| TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n });
+                            gpu.pin_config(config);
+                            let name = n.map_or("e4m3".to_string(), |n| format!("e4m3-{n}"));
+                            quantized.push((name, gpu.time(&rt, &spec, &e4m3_problem, 3, iters)));
+                        }
+                    }
                     Ok((forward, step, config, quantized))
                 });
                 match timed {
@@ -269,12 +280,17 @@ fn main() {
                         println!(
                             "{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4} {tiles:>15}{config}"
                         );
-                        if let Some(ms) = quantized {
-                            let tflops = flops / (ms * 1e-3) / 1e12;
-                            let name = format!("{name}-e4m3");
-                            println!(
-                                "{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4}{config}"
-                            );
+                        for (suffix, ms) in quantized {
+                            let name = format!("{name}-{suffix}");
+                            match ms {
+                                Ok(ms) => {
+                                    let tflops = flops / (ms * 1e-3) / 1e12;
+                                    println!(
+                                        "{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4}"
+                                    );
+                                }
+                                Err(e) => println!("{name:<16} {d:>4} {s:>6} {batch:>3} error: {e}"),
+                            }
                         }
                         if let Some(ms) = step {
                             let tflops = 3.5 * flops / (ms * 1e-3) / 1e12;

@@ -63,7 +63,7 @@ pub(super) fn write_config(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
     writeln!(w, "constexpr int STAGES = {};  // K/V pipeline stages", plan.stages)?;
     let cols = ShmemCols::of(mma);
     if plan.operands == Operands::E4m3 {
-        write_e4m3_tiles(w, spec)?;
+        write_e4m3_tiles(w, spec, config)?;
     } else if mma == Mma::Wgmma {
         writeln!(w, "// wgmma reads whole 64-column panels (zeros beyond DP and DVP).")?;
         writeln!(w, "constexpr int QK_COLS = {};", tile_cols(mma, dp))?;
@@ -84,7 +84,7 @@ pub(super) fn write_config(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
     match plan.operands {
         Operands::Sixteen => writeln!(w, "constexpr int V_TILE = BLOCK_N * {v};")?,
         Operands::E4m3 => {
-            writeln!(w, "constexpr int V_TILE = DVP * BLOCK_N / 2;  // DVP rows of the tile's keys' bytes")?
+            writeln!(w, "constexpr int V_TILE = DVP * V_PANELS * 64;  // DVP rows of the tile's keys' bytes")?
         }
     }
     if spec.mask.is_some() {

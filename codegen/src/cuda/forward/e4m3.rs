@@ -15,6 +15,7 @@
 
 use super::plan::Plan;
 use crate::abi::{ArgKind, Operand};
+use crate::cuda::e4m3_v_tiles::e4m3_v_row;
 use crate::cuda::signature::arg_name;
 use crate::cuda::target::{pad16, Mma, Target};
 use crate::cuda::tile_config::{pipelined, warp_specialized, TileConfig};
@@ -49,12 +50,9 @@ impl Operands {
     }
 }
 
-/// Keys per tile of an e4m3 kernel: a V tile's row is one 128-byte panel.
-pub const E4M3_BLOCK_N: u32 = 128;
-
 /// Whether `spec` runs on e4m3 operands in `config` on `target`: the
-/// pipelined warp-specialized wgmma kernels with [`E4M3_BLOCK_N`]-key tiles,
-/// a QK head dim of whole 32-element k-steps, a V head dim of whole 16-bit
+/// pipelined warp-specialized wgmma kernels with tiles of whole 32-key
+/// k-steps (up to 256 keys, a TMA box), a QK head dim of whole 32-element k-steps, a V head dim of whole 16-bit
 /// columns (its rows a TMA box of at most 256), within the SM's shared
 /// memory.
 pub fn e4m3_supports(spec: &Spec, config: TileConfig, target: Target) -> bool {
@@ -63,7 +61,8 @@ pub fn e4m3_supports(spec: &Spec, config: TileConfig, target: Target) -> bool {
         && config.mma == Mma::Wgmma
         && warp_specialized(config)
         && pipelined(config)
-        && config.block_n == E4M3_BLOCK_N
+        && config.block_n % 32 == 0
+        && config.block_n <= 256
         && qk % 32 == 0
         && v % 16 == 0
         && v <= 256
@@ -75,17 +74,17 @@ pub fn e4m3_supports(spec: &Spec, config: TileConfig, target: Target) -> bool {
 
 /// Bytes of an e4m3 kernel's Q buffer (as wide as O, which it stages) and
 /// of one K/V stage: K's rows of bytes, V's tile of `pad16(DV)` rows of
-/// 128 keys.
+/// [`e4m3_v_row`] bytes.
 pub(super) fn e4m3_tile_bytes(spec: &Spec, config: TileConfig) -> (u32, u32) {
     let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
     let qk_cols = (dp / 2).next_multiple_of(64);
     let o_cols = dvp.next_multiple_of(64);
-    (2 * config.block_m() * qk_cols.max(o_cols), 2 * config.block_n * qk_cols + dvp * E4M3_BLOCK_N)
+    (2 * config.block_m() * qk_cols.max(o_cols), 2 * config.block_n * qk_cols + dvp * e4m3_v_row(config.block_n))
 }
 
 /// The e4m3 kernel's configuration lines after the 16-bit kernel's
 /// (`constants`): its tiles' columns and sizes.
-pub(super) fn write_e4m3_tiles(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+pub(super) fn write_e4m3_tiles(w: &mut Writer<String>, spec: &Spec, config: TileConfig) -> fmt::Result {
     let qk_cols = (pad16(spec.head_dims.qk) / 2).next_multiple_of(64);
     write!(
         w,
@@ -93,8 +92,11 @@ pub(super) fn write_e4m3_tiles(w: &mut Writer<String>, spec: &Spec) -> fmt::Resu
         // e4m3 operands: Q and K tiles hold bytes, read as 16-bit columns (a\n\
         // 128-byte panel holds 128 elements); V_COLS are O's columns.\n\
         constexpr int QK_COLS = {qk_cols};\n\
-        constexpr int V_COLS = {};\n",
-        pad16(spec.head_dims.v).next_multiple_of(64)
+        constexpr int V_COLS = {};\n\
+        // V tiles: DVP rows of the tile's keys in 128-byte panels (`e4m3_v_tiles`).\n\
+        constexpr int V_PANELS = {};\n",
+        pad16(spec.head_dims.v).next_multiple_of(64),
+        e4m3_v_row(config.block_n) / 128
     )
 }
 
@@ -117,14 +119,16 @@ pub(super) fn write_descales(w: &mut Writer<String>, plan: &Plan) -> fmt::Result
 }
 
 /// O += P·V on e4m3 operands, uncommitted: P from the registers `p` (see
-/// `pack_p_e4m3`), V K-major from the V tile at `v_smem`, 32 keys a step.
+/// `pack_p_e4m3`), V K-major from the V tile at `v_smem`, 32 keys (bytes of
+/// a panel's rows) a step.
 pub(super) fn write_pv_e4m3(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     write!(
         w,
         "\
         #pragma unroll\n\
         for (int kk = 0; kk < BLOCK_N / 32; ++kk) {{\n\
-        \x20   wgmma_rs_e4m3_n{dvp}(o[0], p[kk], gmma_desc(v_smem + kk * 32, 16, 1024));\n\
+        \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
+        \x20   wgmma_rs_e4m3_n{dvp}(o[0], p[kk], gmma_desc(v_smem + panel * DVP * 128 + step, 16, 1024));\n\
         }}\n",
         dvp = pad16(spec.head_dims.v)
     )

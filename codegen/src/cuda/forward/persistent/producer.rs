@@ -143,7 +143,7 @@ fn write_tile_walk(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
         // An e4m3 kernel's V tiles lie DVP rows a tile (`e4m3`).
         let (v_box, v_row) = match roles.plan.operands {
             Operands::Sixteen => ("BLOCK_N, V_COLS", "j * BLOCK_N, kv_head"),
-            Operands::E4m3 => ("DVP, BLOCK_N / 2", "j * DVP, kv_head"),
+            Operands::E4m3 => ("DVP, V_PANELS * 64", "j * DVP, kv_head"),
         };
         copy_tile(w, copy, "v_full + 8 * stage", &format!("<{v_box}>(v_tiles + stage * V_TILE, {V_MAP}"), v_row, |w| {
             kv.boxed_or(w, false, ["v_tiles + stage * V_TILE", "v_full + 8 * stage", "j"], |w| {
