@@ -197,7 +197,7 @@ impl E4m3Launch<'_> {
 /// Refuses an operand the V-tile kernel's 16-byte loads cannot read (its
 /// rows' address and strides are not 16-byte multiples).
 fn check_aligned(operand: &'static str, base: u64, layout: &Layout) -> Result<(), Error> {
-    let aligned = layout.byte_address(base) % 16 == 0 && layout.strides.iter().all(|s| s % 16 == 0);
+    let aligned = layout.byte_address(base).is_multiple_of(16) && layout.strides.iter().all(|s| s % 16 == 0);
     aligned.then_some(()).ok_or(Error::E4m3(E4m3Error::Unaligned { operand }))
 }
 

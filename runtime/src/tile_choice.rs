@@ -14,21 +14,25 @@ pub fn preferred(spec: &Spec, target: Target) -> TileConfig {
 }
 
 /// The configuration of `spec`'s e4m3 forward on `target`: the first of
-/// [`E4M3_TILES`] that runs it ([`e4m3_supports`]); `None` where none does
-/// (before Hopper, head dims above 128).
+/// [`e4m3_candidates`] that runs it ([`e4m3_supports`]); `None` where none
+/// does (before Hopper, head dims above 128).
 pub fn e4m3(spec: &Spec, target: Target) -> Option<TileConfig> {
-    E4M3_TILES.into_iter().find(|&config| e4m3_supports(spec, config, target))
+    e4m3_candidates(spec).into_iter().find(|&config| e4m3_supports(spec, config, target))
 }
 
-/// The e4m3 forward's configurations, preferred first: two consumer
-/// warpgroups, as wide a key tile as their registers hold (an 8-bit
-/// product takes half the time of a 16-bit one, so each tile's fixed costs
-/// weigh twice as much).
-pub const E4M3_TILES: [TileConfig; 3] = [
-    TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n: 192 },
-    TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n: 128 },
-    TileConfig { mma: Mma::Wgmma, warps: 4, m_tiles: 1, block_n: 128 },
-];
+/// The e4m3 forward's configurations for `spec`, preferred first (the
+/// order `flashgen-bench --e4m3-tiles` measured): an 8-bit product takes
+/// half the time of a 16-bit one, so a tile's fixed costs weigh twice as
+/// much and the widest key tiles the registers hold lead. At d <= 64 three
+/// warpgroups of 160-key tiles (FlashAttention-3's FP8 shape), whose
+/// softmax outlasts their products; above, two of 224 keys.
+pub fn e4m3_candidates(spec: &Spec) -> [TileConfig; 3] {
+    let tile = |warps, block_n| TileConfig { mma: Mma::Wgmma, warps, m_tiles: 1, block_n };
+    match TileConfig::padded_head_dim(spec) <= 64 {
+        true => [tile(12, 160), tile(12, 128), tile(8, 224)],
+        false => [tile(8, 224), tile(8, 192), tile(8, 128)],
+    }
+}
 
 /// The configuration used without autotuning on `target` for `kv_len`
 /// keys: [`preferred`], except that from 4096 keys on at d <= 64 three

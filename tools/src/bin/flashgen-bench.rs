@@ -31,8 +31,8 @@
 //! `--e4m3` adds a row `<variant>-e4m3` after each forward row: the same
 //! inputs quantized to e4m3 with per-K/V-head descales, launched with
 //! `Runtime::forward_e4m3` (the V-tile kernel it runs first included).
-//! `--e4m3-tiles 128,192` instead adds a row `<variant>-e4m3-<n>` per key
-//! tile `n` (two consumer warpgroups).
+//! `--e4m3-tiles 128,192,w12:160` instead adds a row `<variant>-e4m3-<tile>`
+//! per key tile: `n` keys with two consumer warpgroups, `wW:n` with W warps.
 //!
 //! `--varlen` adds a row `doc-varlen` after each `doc` row: the same
 //! documents packed as varlen sequences (each attending within itself, the
@@ -177,7 +177,7 @@ fn main() {
     let tune = args.iter().any(|a| a == "--tune");
     let varlen = args.iter().any(|a| a == "--varlen");
     let packed = args.iter().any(|a| a == "--packed");
-    let e4m3_tiles: Vec<u32> = list("--e4m3-tiles", "").iter().filter_map(|n| n.parse().ok()).collect();
+    let e4m3_tiles: Vec<String> = list("--e4m3-tiles", "").into_iter().filter(|t| !t.is_empty()).collect();
     let e4m3 = args.iter().any(|a| a == "--e4m3") || !e4m3_tiles.is_empty();
     let dropout =
         list("--dropout", "0")[0].parse().ok().filter(|&p| p > 0.0).map(|p| Dropout { p, seed: 1, offset: 0 });
@@ -260,14 +260,13 @@ fn main() {
                     if e4m3 {
                         let mut e4m3_problem = problem.clone();
                         gpu.use_e4m3(&quantize_operands(&spec, &mut e4m3_problem, Granularity::PerKvHead))?;
-                        let tiles: Vec<Option<u32>> = match e4m3_tiles.is_empty() {
+                        let tiles: Vec<Option<&String>> = match e4m3_tiles.is_empty() {
                             true => vec![None],
-                            false => e4m3_tiles.iter().copied().map(Some).collect(),
+                            false => e4m3_tiles.iter().map(Some).collect(),
                         };
-                        for n in tiles {
-                            let config = n.map(|block_n| TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n });
-                            gpu.pin_config(config);
-                            let name = n.map_or("e4m3".to_string(), |n| format!("e4m3-{n}"));
+                        for tile in tiles {
+                            gpu.pin_config(tile.and_then(|t| e4m3_tile(t)));
+                            let name = tile.map_or("e4m3".to_string(), |t| format!("e4m3-{t}"));
                             quantized.push((name, gpu.time(&rt, &spec, &e4m3_problem, 3, iters)));
                         }
                     }
@@ -308,6 +307,16 @@ fn main() {
             }
         }
     }
+}
+
+/// A `--e4m3-tiles` entry: `n` keys with two consumer warpgroups, or
+/// `wW:n` with W warps.
+fn e4m3_tile(text: &str) -> Option<TileConfig> {
+    let (warps, keys) = match text.strip_prefix('w').and_then(|t| t.split_once(':')) {
+        Some((warps, keys)) => (warps.parse().ok()?, keys),
+        None => (8, text),
+    };
+    Some(TileConfig { mma: Mma::Wgmma, warps, m_tiles: 1, block_n: keys.parse().ok()? })
 }
 
 /// Times the documents of `dense`'s `doc` ids as packed varlen sequences

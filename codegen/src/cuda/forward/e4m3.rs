@@ -52,7 +52,7 @@ impl Operands {
 
 /// Whether `spec` runs on e4m3 operands in `config` on `target`: the
 /// pipelined warp-specialized wgmma kernels with tiles of whole 32-key
-/// k-steps (up to 256 keys, a TMA box), a QK head dim of whole 32-element k-steps, a V head dim of whole 16-bit
+/// k-steps from 96 keys up to 256 (a TMA box), a QK head dim of whole 32-element k-steps, a V head dim of whole 16-bit
 /// columns (its rows a TMA box of at most 256), within the SM's shared
 /// memory.
 pub fn e4m3_supports(spec: &Spec, config: TileConfig, target: Target) -> bool {
@@ -61,10 +61,10 @@ pub fn e4m3_supports(spec: &Spec, config: TileConfig, target: Target) -> bool {
         && config.mma == Mma::Wgmma
         && warp_specialized(config)
         && pipelined(config)
-        && config.block_n % 32 == 0
-        && config.block_n <= 256
-        && qk % 32 == 0
-        && v % 16 == 0
+        && config.block_n.is_multiple_of(32)
+        && (96..=256).contains(&config.block_n)
+        && qk.is_multiple_of(32)
+        && v.is_multiple_of(16)
         && v <= 256
         && {
             let smem = config.smem_with(spec, e4m3_tile_bytes(spec, config));
