@@ -85,6 +85,7 @@ mod disk_cache;
 mod nvrtc;
 #[cfg(feature = "dynamic-loading")]
 mod nvrtc_lib;
+mod nvrtc_phases;
 mod tuning;
 
 // One GPU and the launches on it; communicators between GPUs.
@@ -146,6 +147,7 @@ pub use forward_varlen::{Sequences, VarlenIo};
 pub use kernels::{spec_kernels, KernelSet, LoadedKernel};
 pub use layout::{Layout, PackedLayout};
 pub use nvrtc::{compile_count, compile_cubin, compile_cubin_with_log, nvrtc_version, DUMP_ENV};
+pub use nvrtc_phases::{compile_phases, CompilePhases};
 pub use operand::{DeviceInput, DeviceOutput};
 pub use paged::{PagedKv, PagedLayout};
 pub use ragged_error::RaggedError;

@@ -43,6 +43,13 @@ pub fn compile_cubin(kernel: &Kernel, arch: Arch) -> Result<Vec<u8>, Error> {
 /// [`compile_cubin`], with the compile log of a successful compile: ptxas's
 /// notes, e.g. that it serialized a kernel's wgmma pipeline.
 pub fn compile_cubin_with_log(kernel: &Kernel, arch: Arch) -> Result<(Vec<u8>, String), Error> {
+    compile_with(kernel, arch, &[])
+}
+
+/// [`compile_cubin_with_log`] with `extra` NVRTC options after the
+/// runtime's own: ones that only report (`--time`), never ones that change
+/// the code, which the kernel cache would not see.
+pub(crate) fn compile_with(kernel: &Kernel, arch: Arch, extra: &[String]) -> Result<(Vec<u8>, String), Error> {
     ensure_nvrtc()?;
     let compile_error = |log: String| Error::Compile {
         kernel: kernel.name.clone(),
@@ -59,7 +66,8 @@ pub fn compile_cubin_with_log(kernel: &Kernel, arch: Arch) -> Result<(Vec<u8>, S
 
     COMPILES.fetch_add(1, Ordering::Relaxed);
     // SAFETY (all `unsafe` below): `program.0` is live until `program` drops.
-    let compiled = unsafe { nvrtc::compile_program(program.0, &options(arch)) };
+    let options: Vec<String> = options(arch).into_iter().chain(extra.iter().cloned()).collect();
+    let compiled = unsafe { nvrtc::compile_program(program.0, &options) };
     let log = unsafe { nvrtc::get_program_log(program.0) }.map_err(nvrtc_error("reading the compile log"))?;
     let log = c_chars_to_string(&log);
     dump(kernel, &log)?;

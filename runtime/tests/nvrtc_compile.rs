@@ -13,7 +13,7 @@ use flashgen_codegen::cuda::{
 };
 use flashgen_codegen::{parse_str, Spec};
 use flashgen_runtime::tile_choice;
-use flashgen_runtime::{compile_cubin, compile_cubin_with_log, Arch, Error};
+use flashgen_runtime::{compile_cubin, compile_cubin_with_log, compile_phases, Arch, Error};
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -484,4 +484,13 @@ fn compile_errors_carry_the_log_and_numbered_source() {
         }
         other => panic!("expected Error::Compile, got {other:?}"),
     }
+}
+
+/// NVRTC's `--time` report reads back: every phase ran and took some time.
+#[test]
+fn compile_phases_reads_nvrtcs_report() {
+    require_nvrtc();
+    let kernel = raw_kernel("timed", "extern \"C\" __global__ void timed(float* o) { o[threadIdx.x] = 1.0f; }\n");
+    let phases = compile_phases(&kernel, Arch::new(9, 0)).expect("compiles").expect("a report");
+    assert!(phases.front_end_ms > 0.0 && phases.optimizer_ms >= 0.0 && phases.ptxas_ms >= 0.0, "{phases:?}");
 }

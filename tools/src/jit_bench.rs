@@ -6,17 +6,22 @@
 //! them, and all at once, as `Runtime::prepare` and a launch's own kernels
 //! now compile (`DiskCache::precompile` into an empty folder: the same
 //! threads, compiles and stores). NVRTC's own cache is off. Times depend on
-//! the CPU: compare runs on one machine.
+//! the CPU: compare runs on one machine. The forward compiles once more with
+//! NVRTC's `--time` for its phases (front end, NVVM optimizer, ptxas):
+//! each has its own levers.
 
 use crate::examples::SPECS;
 use flashgen::codegen::cuda::emit_forward_with;
-use flashgen::runtime::{compile_cubin, spec_kernels, tile_choice, Arch, DiskCache, Error, KernelSet};
+use flashgen::runtime::{
+    compile_cubin, compile_phases, spec_kernels, tile_choice, Arch, CompilePhases, DiskCache, Error, KernelSet,
+};
 use flashgen::Spec;
 use std::time::Instant;
 
 /// One spec's compile times, in ms.
 struct SpecTimes {
     forward: f64,
+    phases: Option<CompilePhases>,
     kernels: usize,
     slowest: f64,
     one_by_one: f64,
@@ -39,14 +44,17 @@ pub fn run(arch: Arch) -> Result<(), Error> {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     println!(
-        "{:<20} {:>8} {:>8} {:>8} {:>11} {:>9}",
-        "spec", "forward", "kernels", "slowest", "one by one", "together"
+        "{:<20} {:>8} {:>20} {:>8} {:>8} {:>11} {:>9}",
+        "spec", "forward", "front/NVVM/ptxas", "kernels", "slowest", "one by one", "together"
     );
     let mut rows = Vec::new();
     for spec in &specs {
         let row = time_spec(spec, arch, &forward(spec))?;
+        let phases = row
+            .phases
+            .map_or("-".to_string(), |p| format!("{:.0}/{:.0}/{:.0}", p.front_end_ms, p.optimizer_ms, p.ptxas_ms));
         println!(
-            "{:<20} {:>8.0} {:>8} {:>8.0} {:>11.0} {:>9.0}",
+            "{:<20} {:>8.0} {phases:>20} {:>8} {:>8.0} {:>11.0} {:>9.0}",
             spec.name, row.forward, row.kernels, row.slowest, row.one_by_one, row.together
         );
         rows.push(row);
@@ -56,6 +64,10 @@ pub fn run(arch: Arch) -> Result<(), Error> {
         println!("{what}: median {median:.0} ms, max {max:.0} ms");
     };
     summary("forward (cold)", rows.iter().map(|r| r.forward).collect());
+    let phases: Vec<CompilePhases> = rows.iter().filter_map(|r| r.phases).collect();
+    summary("  its front end", phases.iter().map(|p| p.front_end_ms).collect());
+    summary("  its NVVM optimizer", phases.iter().map(|p| p.optimizer_ms).collect());
+    summary("  its ptxas", phases.iter().map(|p| p.ptxas_ms).collect());
     summary("training kernels one by one", rows.iter().map(|r| r.one_by_one).collect());
     summary("training kernels together", rows.iter().map(|r| r.together).collect());
     Ok(())
@@ -69,6 +81,7 @@ fn time_spec(spec: &Spec, arch: Arch, forward: &flashgen::codegen::abi::Kernel) 
         compile_cubin(kernel, arch).map(|_| ms_since(start))
     };
     let forward_ms = timed(forward)?;
+    let phases = compile_phases(forward, arch)?;
     let kernels = spec_kernels(spec, KernelSet::Training, arch);
     let (mut one_by_one, mut slowest) = (forward_ms, forward_ms);
     for kernel in kernels.iter().filter(|k| k.source != forward.source) {
@@ -83,7 +96,7 @@ fn time_spec(spec: &Spec, arch: Arch, forward: &flashgen::codegen::abi::Kernel) 
     let together = ms_since(start);
     let _ = std::fs::remove_dir_all(&dir);
     report?;
-    Ok(SpecTimes { forward: forward_ms, kernels: kernels.len(), slowest, one_by_one, together })
+    Ok(SpecTimes { forward: forward_ms, phases, kernels: kernels.len(), slowest, one_by_one, together })
 }
 
 fn ms_since(start: Instant) -> f64 {
