@@ -12,7 +12,7 @@
 //! atomic mode dQ's f32 sum order varies between runs.
 
 use crate::args::{bound, tensor_ptrs, ArgInfo, ArgValue};
-use crate::block_mask::{BlockMask, BuiltFor};
+use crate::block_mask::BlockMask;
 use crate::check::{check_backward, softmax_scale, Buffer, Grads, Problem};
 use crate::dropout;
 use crate::element::Element;
@@ -27,7 +27,7 @@ use crate::tma::{self, TensorMap};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::{ArgKind, Operand};
 use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, TileCopy, Work};
-use flashgen_codegen::{to_source, Dropout, Shape, Spec};
+use flashgen_codegen::{Dropout, Shape, Spec};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// The operands of one backward pass: the forward's inputs, its output O and
@@ -231,7 +231,7 @@ impl Runtime {
         tensor_grads.resize(spec.tensors.len(), 0);
         let (tensor_ptrs, _tensors) = tensor_ptrs(args, s);
         if let Some(mask) = opts.block_mask {
-            mask.built_for.check_launch(&BuiltFor::new(spec, &main, shape, &infos, &tensor_ptrs))?;
+            mask.built_for.check_launch(spec, shape, &infos, &tensor_ptrs)?;
         }
         let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(s), m.strides));
         // Under a data-dependent mask the dK/dV kernel starts its longest CTAs first.
@@ -300,7 +300,7 @@ impl Runtime {
         let passes = [BackwardPass::Preprocess, BackwardPass::KeyValue, dq_pass].map(|pass| launch.which(pass, config));
         let key_order =
             opts.block_mask.and_then(|_| Which::work_order(spec, Work::KeyTiles { block_n: config.block_n() }));
-        let [pre, main, dq_pass] = self.load_launch(spec, &to_source(spec), passes, key_order);
+        let [pre, main, dq_pass] = self.load_launch(spec, passes, key_order);
         Ok((config, tensor_maps, [pre?, main?, dq_pass?]))
     }
 

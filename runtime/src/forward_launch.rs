@@ -3,7 +3,7 @@
 //! times per candidate.
 
 use crate::args::{tensor_ptrs, ArgInfo, ArgValue};
-use crate::block_mask::{BlockMask, BuiltFor};
+use crate::block_mask::BlockMask;
 use crate::check::{check_forward, softmax_scale, Problem};
 use crate::dropout;
 use crate::element::Element;
@@ -18,7 +18,7 @@ use crate::tma::{self, TensorMap};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::{ArgKind, Operand};
 use flashgen_codegen::cuda::{TileConfig, Work};
-use flashgen_codegen::{to_source, Dropout, Shape, Spec};
+use flashgen_codegen::{Dropout, Shape, Spec};
 
 /// The operands of one forward pass. O and the optional row log-sum-exp
 /// (`f32[batch, heads, q_len]`, contiguous) are written.
@@ -57,8 +57,6 @@ pub struct ForwardOptions<'a> {
 /// tile configuration as often as needed (autotuning times each candidate on it).
 pub(crate) struct ForwardLaunch<'a, 'r, T> {
     pub spec: &'r Spec,
-    /// The spec's canonical source, computed once per launch.
-    pub spec_source: String,
     pub shape: Shape,
     io: ForwardIo<'a, T>,
     args: &'r [ArgValue<'r>],
@@ -86,7 +84,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         let Some(shape) = check_forward(spec, &problem, &infos)? else {
             return Ok(None);
         };
-        Ok(Some(ForwardLaunch { spec, spec_source: to_source(spec), shape, io, args, infos, scale, dropout }))
+        Ok(Some(ForwardLaunch { spec, shape, io, args, infos, scale, dropout }))
     }
 
     /// The kernel a launch in `config` runs: see [`tensor_maps`].
@@ -131,7 +129,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
             .block_mask
             .filter(|_| config.persistent())
             .and_then(|_| Which::work_order(spec, Work::QueryTiles { block_m: config.block_m() }));
-        let [loaded] = rt.load_launch(spec, &self.spec_source, [which], item_order);
+        let [loaded] = rt.load_launch(spec, [which], item_order);
         let loaded = loaded?;
         let kernel = loaded.kernel();
         let grid = launch_config(kernel, &shape, 1, rt.sm_count())?;
@@ -139,7 +137,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         // arguments with device pointers, in declaration order.
         let (tensor_ptrs, _tensors) = tensor_ptrs(self.args, stream);
         if let Some(mask) = opts.block_mask {
-            mask.built_for.check_launch(&BuiltFor::new(spec, &loaded, shape, infos, &tensor_ptrs))?;
+            mask.built_for.check_launch(spec, shape, infos, &tensor_ptrs)?;
         }
         let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(stream), m.strides));
         // Under a data-dependent mask a persistent kernel claims its longest items first.

@@ -69,6 +69,7 @@ mod parallel;
 mod ragged_error;
 mod shard_error;
 mod single_flight;
+mod spec_key;
 mod stable_hash;
 pub mod tile_choice;
 
