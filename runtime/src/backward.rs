@@ -23,7 +23,7 @@ use crate::marshal::{launch, launch_config, marshal, Bindings, GradBindings, Var
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use crate::scratch;
-use crate::tma::{self, TensorMap};
+use crate::tma::{self, TensorMaps};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::{ArgKind, Operand};
 use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, TileCopy, Work};
@@ -65,7 +65,7 @@ pub(crate) struct Launch {
 
 /// A backward launch's configuration, TMA descriptors and kernels (the
 /// preprocess, the dK/dV kernel and the dQ pass).
-type LaunchKernels = (BackwardConfig, Option<Vec<(Operand, TensorMap)>>, [Arc<LoadedKernel>; 3]);
+type LaunchKernels = (BackwardConfig, Option<TensorMaps>, [Arc<LoadedKernel>; 3]);
 
 impl Launch {
     /// Backward kernel `pass` in `config`, dense or varlen as the launch is.
@@ -124,12 +124,7 @@ impl<T: Element> BackwardIo<'_, T> {
 
     /// `config` with the dK/dV kernel's copies: TMA where the Hopper kernel
     /// can address Q, dO, K and V with it (and the descriptors), else its threads.
-    fn with_copies(
-        &self,
-        rt: &Runtime,
-        spec: &Spec,
-        config: BackwardConfig,
-    ) -> (BackwardConfig, Option<Vec<(Operand, TensorMap)>>) {
+    fn with_copies(&self, rt: &Runtime, spec: &Spec, config: BackwardConfig) -> (BackwardConfig, Option<TensorMaps>) {
         let s = rt.stream().as_ref();
         let Self { q, k, v, d_o, .. } = self;
         let tensor_maps = config.key_value_tma_tile(spec).and_then(|(block_m, block_n)| {

@@ -178,7 +178,7 @@ impl E4m3Launch<'_> {
                 block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
                 work_order: item_order.as_ref().map_or(0, |(ptr, _)| *ptr),
                 work_counter: work_counter.as_ref().map(|(ptr, _)| *ptr),
-                tensor_maps: Some(maps),
+                tensor_maps: Some(maps.into_iter().collect()),
                 descales: Some(bound.each_ref().map(|b| b.binding)),
                 ..Bindings { tensors: &tensor_ptrs, ..bindings }
             },

@@ -57,6 +57,7 @@ mod dropout_error;
 mod e4m3_error;
 mod element;
 mod error;
+mod few;
 mod kernels;
 mod layout;
 #[cfg(feature = "dynamic-loading")]
