@@ -114,6 +114,8 @@ mod partials;
 mod runtime;
 
 #[cfg(test)]
+mod host_allocs;
+#[cfg(test)]
 mod test_dir;
 
 pub use append_paged::PagedAppend;
