@@ -17,6 +17,7 @@ pub mod paged;
 pub mod reference;
 pub mod shard;
 pub mod spec;
+mod spec_eq;
 pub mod syntax;
 pub mod varlen;
 

@@ -14,7 +14,7 @@ use crate::operand::{DeviceInput, DeviceOutput};
 use crate::paged::{PagedLayout, PagedShape};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, DevicePtrMut};
-use flashgen_codegen::{to_source, Shape, Spec};
+use flashgen_codegen::{Shape, Spec};
 
 /// One paged append: sequence `b`'s new rows are the new K's and V's tokens
 /// `cu_seqlens[b] .. cu_seqlens[b + 1]`; they become its keys `kv_lens[b]
@@ -87,7 +87,7 @@ impl Runtime {
         if !check_append(spec, &problem)? {
             return Ok(());
         }
-        let loaded = self.load_keyed(spec, &to_source(spec), Which::PagedAppend)?;
+        let loaded = self.load_which(spec, Which::PagedAppend)?;
         let kernel = loaded.kernel();
         let shape = Shape { batch, heads: cache.heads, heads_kv: cache.heads, q_len: 0, kv_len: max_new_len };
         let grid = launch_config(kernel, &shape, 1, self.sm_count())?;

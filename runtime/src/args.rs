@@ -1,9 +1,11 @@
 //! Launch values of a spec's runtime params and captured tensors.
 
 use crate::error::Error;
+use crate::few::{Few, Kept};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
-use flashgen_codegen::{ElemTy, Shape, Spec, TensorDecl, Ty};
+use flashgen_codegen::{Dim, ElemTy, Shape, Spec, TensorDecl, Ty};
 use half::{bf16, f16};
+use std::borrow::Cow;
 
 /// One runtime param or captured tensor: params first, then tensors, each
 /// in declaration order. Every variant converts with `From`.
@@ -85,9 +87,15 @@ impl ArgInfo {
 
 /// The device pointers of the captured tensors among `args`, in order, and
 /// the guards that order a launch after pending work on them and record it
-/// for later work: keep the guards until after the launch.
-pub(crate) fn tensor_ptrs<'s>(args: &'s [ArgValue<'_>], stream: &'s CudaStream) -> (Vec<u64>, Vec<SyncOnDrop<'s>>) {
-    args.iter().filter_map(|a| a.device_ptr(stream)).unzip()
+/// for later work: keep the guards until after the launch. Inline for up
+/// to [`FEW`](crate::few::FEW) tensors.
+pub(crate) fn tensor_ptrs<'s>(args: &'s [ArgValue<'_>], stream: &'s CudaStream) -> (Few<u64>, Kept<SyncOnDrop<'s>>) {
+    let (mut ptrs, mut guards) = (Few::new(0), Kept::default());
+    for (ptr, guard) in args.iter().filter_map(|a| a.device_ptr(stream)) {
+        ptrs.push(ptr);
+        guards.push(guard);
+    }
+    (ptrs, guards)
 }
 
 /// Checks `args` against the spec's params and tensors for a launch of `shape`.
@@ -123,12 +131,24 @@ pub(crate) fn check_args(spec: &Spec, shape: &Shape, args: &[ArgInfo]) -> Result
 }
 
 /// `tensor` with its dims' params ([`flashgen_codegen::Dim::Param`]) bound
-/// to their values in `args` (the launch's params first, as [`check_args`] reads them).
-pub(crate) fn bound(tensor: &TensorDecl, args: &[ArgInfo]) -> TensorDecl {
-    tensor.bind_params(&|i| match args.get(i) {
+/// to their values in `args` (the launch's params first, as [`check_args`]
+/// reads them): a copy only where a dim reads a param (a shard's view), so
+/// other launches check their tensors without allocating.
+pub(crate) fn bound<'t>(tensor: &'t TensorDecl, args: &[ArgInfo]) -> Cow<'t, TensorDecl> {
+    fn reads_param(dim: &Dim) -> bool {
+        match dim {
+            Dim::Param(_) => true,
+            Dim::Op(_, a, b) => reads_param(a) || reads_param(b),
+            _ => false,
+        }
+    }
+    if !tensor.dims.iter().any(reads_param) {
+        return Cow::Borrowed(tensor);
+    }
+    Cow::Owned(tensor.bind_params(&|i| match args.get(i) {
         Some(ArgInfo::I32(v)) => Some(*v),
         _ => None,
-    })
+    }))
 }
 
 /// `window: i32, slopes: f32[H]`, for error messages.

@@ -17,7 +17,7 @@ use crate::runtime::Runtime;
 use crate::timing::median_ms;
 use crate::tuning::{config_name, Record, ShapeClass, TuningKey};
 use flashgen_codegen::cuda::TileConfig;
-use flashgen_codegen::{Shape, Spec, CODEGEN_VERSION};
+use flashgen_codegen::{to_source, Shape, Spec, CODEGEN_VERSION};
 use std::fmt;
 
 /// Untimed launches per candidate, after all candidates were loaded.
@@ -103,7 +103,7 @@ impl Runtime {
     /// The configuration autotuning chose for launches of `spec` at `shape`'s
     /// class (remembered by this runtime or found in the disk cache), if any.
     pub fn tuned_config(&self, spec: &Spec, shape: &Shape) -> Option<TileConfig> {
-        let choice = self.choice(spec, &flashgen_codegen::to_source(spec), self.shape_class(spec, shape));
+        let choice = self.choice(spec, self.shape_class(spec, shape));
         choice.tuned.then_some(choice.config)
     }
 
@@ -125,7 +125,7 @@ impl Runtime {
         launch: &mut ForwardLaunch<'_, '_, T>,
         opts: &ForwardOptions<'_>,
     ) -> Result<TileConfig, Error> {
-        let choice = self.choice(launch.spec, &launch.spec_source, self.shape_class(launch.spec, &launch.shape));
+        let choice = self.choice(launch.spec, self.shape_class(launch.spec, &launch.shape));
         if !choice.tuned && self.autotune_forward {
             return self.tune(launch, opts).map(|report| report.best);
         }
@@ -133,13 +133,14 @@ impl Runtime {
     }
 
     /// The class's choice from memory, else from the disk (then remembered
-    /// in memory, found or not).
-    fn choice(&self, spec: &Spec, spec_source: &str, class: ShapeClass) -> Choice {
-        if let Some(choice) = self.choices.get(spec_source, class) {
+    /// in memory, found or not): the spec is printed, for the record's
+    /// name, once per class and runtime.
+    fn choice(&self, spec: &Spec, class: ShapeClass) -> Choice {
+        if let Some(choice) = self.choices.get(spec, class) {
             return choice;
         }
         let candidates = crate::tile_choice::candidates(spec, self.target());
-        let key = TuningKey::new(spec_source, class, self.arch(), CODEGEN_VERSION);
+        let key = TuningKey::new(&to_source(spec), class, self.arch(), CODEGEN_VERSION);
         let choice = match self.disk.as_ref().and_then(|disk| disk.load_tuning(key, &candidates)) {
             Some(config) => Choice { config, tuned: true },
             None => Choice {
@@ -147,7 +148,7 @@ impl Runtime {
                 tuned: false,
             },
         };
-        self.choices.keep_first(spec_source, class, choice)
+        self.choices.keep_first(spec, class, choice)
     }
 
     /// Loads every candidate at once, times them one after another on
@@ -161,7 +162,7 @@ impl Runtime {
         let class = self.shape_class(spec, &launch.shape);
         let configs = crate::tile_choice::candidates(spec, self.target());
         let which: Vec<_> = configs.iter().map(|&config| launch.which(self, config)).collect();
-        let loads = self.load_all(spec, &launch.spec_source, &which);
+        let loads = self.load_all(spec, &which);
         // A failed load is not cached: launching that candidate would compile it again.
         let candidates: Vec<(TileConfig, Result<f64, Error>)> = configs
             .into_iter()
@@ -180,10 +181,10 @@ impl Runtime {
             return Err(Error::Tuning { spec: spec.name.clone(), failures });
         };
 
-        self.choices.replace(&launch.spec_source, class, Choice { config: best, tuned: true });
+        self.choices.replace(spec, class, Choice { config: best, tuned: true });
         if let Some(disk) = &self.disk {
             let times: Vec<_> = candidates.iter().map(|(c, ms)| (*c, ms.as_ref().ok().copied())).collect();
-            let key = TuningKey::new(&launch.spec_source, class, self.arch(), CODEGEN_VERSION);
+            let key = TuningKey::new(&to_source(spec), class, self.arch(), CODEGEN_VERSION);
             let record = Record { key, spec, class, arch: self.arch(), times: &times, best };
             // Like the kernel cache, a failed store only costs a later tuning.
             if let Err(e) = disk.store_tuning(&record) {

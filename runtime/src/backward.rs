@@ -12,7 +12,7 @@
 //! atomic mode dQ's f32 sum order varies between runs.
 
 use crate::args::{bound, tensor_ptrs, ArgInfo, ArgValue};
-use crate::block_mask::{BlockMask, BuiltFor};
+use crate::block_mask::BlockMask;
 use crate::check::{check_backward, softmax_scale, Buffer, Grads, Problem};
 use crate::dropout;
 use crate::element::Element;
@@ -23,11 +23,11 @@ use crate::marshal::{launch, launch_config, marshal, Bindings, GradBindings, Var
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use crate::scratch;
-use crate::tma::{self, TensorMap};
+use crate::tma::{self, TensorMaps};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::{ArgKind, Operand};
 use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, TileCopy, Work};
-use flashgen_codegen::{to_source, Dropout, Shape, Spec};
+use flashgen_codegen::{Dropout, Shape, Spec};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// The operands of one backward pass: the forward's inputs, its output O and
@@ -65,7 +65,7 @@ pub(crate) struct Launch {
 
 /// A backward launch's configuration, TMA descriptors and kernels (the
 /// preprocess, the dK/dV kernel and the dQ pass).
-type LaunchKernels = (BackwardConfig, Option<Vec<(Operand, TensorMap)>>, [Arc<LoadedKernel>; 3]);
+type LaunchKernels = (BackwardConfig, Option<TensorMaps>, [Arc<LoadedKernel>; 3]);
 
 impl Launch {
     /// Backward kernel `pass` in `config`, dense or varlen as the launch is.
@@ -124,12 +124,7 @@ impl<T: Element> BackwardIo<'_, T> {
 
     /// `config` with the dK/dV kernel's copies: TMA where the Hopper kernel
     /// can address Q, dO, K and V with it (and the descriptors), else its threads.
-    fn with_copies(
-        &self,
-        rt: &Runtime,
-        spec: &Spec,
-        config: BackwardConfig,
-    ) -> (BackwardConfig, Option<Vec<(Operand, TensorMap)>>) {
+    fn with_copies(&self, rt: &Runtime, spec: &Spec, config: BackwardConfig) -> (BackwardConfig, Option<TensorMaps>) {
         let s = rt.stream().as_ref();
         let Self { q, k, v, d_o, .. } = self;
         let tensor_maps = config.key_value_tma_tile(spec).and_then(|(block_m, block_n)| {
@@ -231,7 +226,7 @@ impl Runtime {
         tensor_grads.resize(spec.tensors.len(), 0);
         let (tensor_ptrs, _tensors) = tensor_ptrs(args, s);
         if let Some(mask) = opts.block_mask {
-            mask.built_for.check_launch(&BuiltFor::new(spec, &main, shape, &infos, &tensor_ptrs))?;
+            mask.built_for.check_launch(spec, shape, &infos, &tensor_ptrs)?;
         }
         let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(s), m.strides));
         // Under a data-dependent mask the dK/dV kernel starts its longest CTAs first.
@@ -300,7 +295,7 @@ impl Runtime {
         let passes = [BackwardPass::Preprocess, BackwardPass::KeyValue, dq_pass].map(|pass| launch.which(pass, config));
         let key_order =
             opts.block_mask.and_then(|_| Which::work_order(spec, Work::KeyTiles { block_n: config.block_n() }));
-        let [pre, main, dq_pass] = self.load_launch(spec, &to_source(spec), passes, key_order);
+        let [pre, main, dq_pass] = self.load_launch(spec, passes, key_order);
         Ok((config, tensor_maps, [pre?, main?, dq_pass?]))
     }
 

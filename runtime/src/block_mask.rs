@@ -11,12 +11,12 @@
 use crate::args::{tensor_ptrs, ArgInfo, ArgValue};
 use crate::check::{check_shape, MAX_GRID_YZ};
 use crate::error::Error;
-use crate::kernels::{LoadedKernel, Which};
+use crate::kernels::Which;
 use crate::marshal::{launch, launch_config, marshal, Bindings};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::cuda::{TileConfig, Work};
-use flashgen_codegen::{to_source, Builtin, Shape, Spec};
+use flashgen_codegen::{Builtin, Shape, Spec};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Tile classes of one spec's mask for one shape and one set of params and
@@ -36,7 +36,7 @@ pub struct BlockMask {
 /// What a block mask is valid for; a forward launch must match it.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct BuiltFor {
-    pub spec_source: String,
+    pub spec: Spec,
     pub shape: Shape,
     pub tile: (u32, u32),
     pub args: Vec<ArgInfo>,
@@ -44,28 +44,24 @@ pub(crate) struct BuiltFor {
 }
 
 impl BuiltFor {
-    /// For launches of `loaded`, a kernel of `spec`. Every forward tile
-    /// configuration reads block masks at the spec's mask tile.
-    pub fn new(spec: &Spec, loaded: &LoadedKernel, shape: Shape, args: &[ArgInfo], tensors: &[u64]) -> BuiltFor {
-        BuiltFor {
-            spec_source: loaded.spec_source().to_string(),
-            shape,
-            tile: TileConfig::mask_tile(spec),
-            args: args.to_vec(),
-            tensors: tensors.to_vec(),
-        }
+    /// For launches of `spec`. Every forward tile configuration reads block
+    /// masks at the spec's mask tile.
+    pub fn new(spec: &Spec, shape: Shape, args: &[ArgInfo], tensors: &[u64]) -> BuiltFor {
+        let tile = TileConfig::mask_tile(spec);
+        BuiltFor { spec: spec.clone(), shape, tile, args: args.to_vec(), tensors: tensors.to_vec() }
     }
 
-    /// Whether a mask built for `self` serves `launch`: only one built for
-    /// exactly that launch does.
-    pub fn check_launch(&self, launch: &BuiltFor) -> Result<(), Error> {
-        let what = if self.spec_source != launch.spec_source {
+    /// Whether a mask built for `self` serves a launch of `spec` at `shape`
+    /// with `args` and `tensors`: only one built for exactly that launch
+    /// does. Compared in place ([`Spec::same_structure`]), allocating nothing.
+    pub fn check_launch(&self, spec: &Spec, shape: Shape, args: &[ArgInfo], tensors: &[u64]) -> Result<(), Error> {
+        let what = if !self.spec.same_structure(spec) {
             "spec"
-        } else if self.shape != launch.shape {
+        } else if self.shape != shape {
             "shape"
-        } else if self.tile != launch.tile {
+        } else if self.tile != TileConfig::mask_tile(spec) {
             "tile size"
-        } else if self.args != launch.args || self.tensors != launch.tensors {
+        } else if self.args != args || self.tensors != tensors {
             "params or tensors"
         } else {
             return Ok(());
@@ -95,7 +91,7 @@ impl BlockMask {
         if let Some((_, order)) = orders.iter().find(|(made_for, _)| *made_for == work) {
             return Ok(Arc::clone(order));
         }
-        let loaded = rt.load_keyed(spec, &self.built_for.spec_source, Which::WorkOrder(work))?;
+        let loaded = rt.load_which(spec, Which::WorkOrder(work))?;
         let shape = self.built_for.shape;
         let units = match work {
             Work::KeyTiles { block_n } => shape.batch * shape.heads_kv * shape.kv_len.div_ceil(block_n as usize),
@@ -135,7 +131,7 @@ impl BlockMask {
     /// order the kernel walks them, then each unit's count of visited mask
     /// tiles. `spec` must be the one the mask was built for.
     pub fn work_order_host(&self, rt: &Runtime, spec: &Spec, work: Work) -> Result<Vec<i32>, Error> {
-        if to_source(spec) != self.built_for.spec_source {
+        if !self.built_for.spec.same_structure(spec) {
             return Err(Error::BlockMaskMismatch { what: "spec" });
         }
         if !spec.mask.as_ref().is_some_and(|mask| mask.reads_tensor()) {
@@ -173,7 +169,7 @@ impl Runtime {
             .alloc_zeros::<u8>((slices * tiles).max(1))
             .map_err(|e| Error::driver("allocating a block mask", e))?;
         let (tensor_ptrs, _tensors) = tensor_ptrs(args, stream);
-        let built_for = BuiltFor::new(spec, &loaded, shape, &infos, &tensor_ptrs);
+        let built_for = BuiltFor::new(spec, shape, &infos, &tensor_ptrs);
         if tiles > 0 && shape.batch > 0 {
             let (out, _guard) = classes.device_ptr_mut(stream);
             let values = marshal(

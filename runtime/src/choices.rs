@@ -2,8 +2,10 @@
 //! in memory by one runtime: tuned, or the preferred one for want of a
 //! tuning record.
 
+use crate::spec_key::{Keyed, SpecKey};
 use crate::tuning::ShapeClass;
 use flashgen_codegen::cuda::TileConfig;
+use flashgen_codegen::Spec;
 use std::collections::HashMap;
 use std::sync::{PoisonError, RwLock};
 
@@ -15,28 +17,28 @@ pub(crate) struct Choice {
     pub tuned: bool,
 }
 
-/// The choice per canonical spec source and shape class, keyed in two
-/// levels so a lookup borrows the source instead of allocating a key.
+/// The choice per spec and shape class, found by the borrowed spec
+/// ([`SpecKey`]): a lookup allocates nothing.
 #[derive(Default)]
-pub(crate) struct Choices(RwLock<HashMap<String, HashMap<ShapeClass, Choice>>>);
+pub(crate) struct Choices(RwLock<HashMap<SpecKey<ShapeClass>, Choice>>);
 
 impl Choices {
-    /// The remembered choice of `class` of the spec `spec_source`, if any.
-    pub fn get(&self, spec_source: &str, class: ShapeClass) -> Option<Choice> {
+    /// The remembered choice of `class` of `spec`, if any.
+    pub fn get(&self, spec: &Spec, class: ShapeClass) -> Option<Choice> {
         let choices = self.0.read().unwrap_or_else(PoisonError::into_inner);
-        choices.get(spec_source).and_then(|classes| classes.get(&class)).copied()
+        choices.get(&(spec, class) as &dyn Keyed<ShapeClass>).copied()
     }
 
     /// Remembers `choice` unless the class has one already (a tuning that
     /// finished meanwhile wins); returns the one remembered.
-    pub fn keep_first(&self, spec_source: &str, class: ShapeClass, choice: Choice) -> Choice {
+    pub fn keep_first(&self, spec: &Spec, class: ShapeClass, choice: Choice) -> Choice {
         let mut choices = self.0.write().unwrap_or_else(PoisonError::into_inner);
-        *choices.entry(spec_source.to_string()).or_default().entry(class).or_insert(choice)
+        *choices.entry(SpecKey::new(spec, class)).or_insert(choice)
     }
 
     /// Remembers `choice`, replacing the class's previous one.
-    pub fn replace(&self, spec_source: &str, class: ShapeClass, choice: Choice) {
+    pub fn replace(&self, spec: &Spec, class: ShapeClass, choice: Choice) {
         let mut choices = self.0.write().unwrap_or_else(PoisonError::into_inner);
-        choices.entry(spec_source.to_string()).or_default().insert(class, choice);
+        choices.insert(SpecKey::new(spec, class), choice);
     }
 }

@@ -34,7 +34,7 @@ use crate::paged::PagedKv;
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 use flashgen_codegen::cuda::{split_count, DecodeCache, DecodeConfig, DecodeQueries, KvCacheDtype, DECODE_BLOCK_N};
-use flashgen_codegen::{to_source, Shape, Spec};
+use flashgen_codegen::{Shape, Spec};
 use std::sync::Arc;
 
 /// The most params and tensors a decode spec declares: a launch keeps
@@ -181,10 +181,9 @@ impl Runtime {
             Some(n) => check_splits(n)?,
             None => split_count(ctas, self.sm_count(), config.ctas_per_sm, kv_tiles),
         };
-        let spec_source = to_source(spec);
         let cache = if opts.paged { DecodeCache::Paged } else { DecodeCache::Dense };
         let queries = if opts.varlen { DecodeQueries::Packed } else { DecodeQueries::Padded };
-        let decode = self.load_keyed(spec, &spec_source, Which::Decode(config, cache, queries))?;
+        let decode = self.load_which(spec, Which::Decode(config, cache, queries))?;
         let grid = launch_config(decode.kernel(), &shape.as_shape(), splits as usize, self.sm_count())?;
         let split = match splits {
             1 => None,

@@ -9,7 +9,6 @@
 //! warp-specialized kernel, which copies Q, K and those tiles with TMA.
 
 use crate::args::{tensor_ptrs, ArgInfo, ArgValue};
-use crate::block_mask::BuiltFor;
 use crate::check::{check_forward, softmax_scale, Problem};
 use crate::descale::QkvDescale;
 use crate::dropout_error::DropoutError;
@@ -28,7 +27,7 @@ use crate::tma::{self, TensorMap};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::{ArgKind, Operand, TmaBox};
 use flashgen_codegen::cuda::{e4m3_supports, e4m3_v_row, Mma, TileConfig, Work};
-use flashgen_codegen::{to_source, Shape, Spec};
+use flashgen_codegen::{Shape, Spec};
 
 /// The operands of one e4m3 forward pass: Q, K and V of one byte an element
 /// (`u8`, e4m3 bits; layouts in elements, which are bytes), O and the
@@ -130,9 +129,8 @@ impl E4m3Launch<'_> {
             [(q_ptr, &q_layout), (k_ptr, &k_layout), (v_ptr, &v_layout)].map(|(ptr, layout)| layout.byte_address(ptr));
         let o_ptr = o_layout.address(o_ptr);
         let lse = lse.map(|l| l.device_ptr_mut(stream));
-        let spec_source = to_source(spec);
         let [tiles_kernel, loaded] =
-            rt.load_launch(spec, &spec_source, [Which::E4m3VTiles(block_n), Which::ForwardE4m3(self.config)], None);
+            rt.load_launch(spec, [Which::E4m3VTiles(block_n), Which::ForwardE4m3(self.config)], None);
         let (tiles_kernel, loaded) = (tiles_kernel?, loaded?);
 
         // V's tiles, in scratch memory the stream frees after the forward.
@@ -160,7 +158,7 @@ impl E4m3Launch<'_> {
         let kernel = loaded.kernel();
         let (tensor_ptrs, _tensors) = tensor_ptrs(self.args, stream);
         if let Some(mask) = opts.block_mask {
-            mask.built_for.check_launch(&BuiltFor::new(spec, &loaded, shape, self.infos, &tensor_ptrs))?;
+            mask.built_for.check_launch(spec, shape, self.infos, &tensor_ptrs)?;
         }
         let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(stream), m.strides));
         let item_order = match opts.block_mask {
@@ -180,7 +178,7 @@ impl E4m3Launch<'_> {
                 block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
                 work_order: item_order.as_ref().map_or(0, |(ptr, _)| *ptr),
                 work_counter: work_counter.as_ref().map(|(ptr, _)| *ptr),
-                tensor_maps: Some(maps),
+                tensor_maps: Some(maps.into_iter().collect()),
                 descales: Some(bound.each_ref().map(|b| b.binding)),
                 ..Bindings { tensors: &tensor_ptrs, ..bindings }
             },

@@ -3,22 +3,23 @@
 //! times per candidate.
 
 use crate::args::{tensor_ptrs, ArgInfo, ArgValue};
-use crate::block_mask::{BlockMask, BuiltFor};
+use crate::block_mask::BlockMask;
 use crate::check::{check_forward, softmax_scale, Problem};
 use crate::dropout;
 use crate::element::Element;
 use crate::error::Error;
+use crate::few::Few;
 use crate::kernels::Which;
-use crate::launch_checks::launch_checked;
+use crate::launch_checks::launch_bound;
 use crate::layout::Layout;
-use crate::marshal::{launch_config, marshal, Bindings};
+use crate::marshal::{launch_config, Bindings};
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
-use crate::tma::{self, TensorMap};
+use crate::tma::{self, TensorMaps};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::{ArgKind, Operand};
 use flashgen_codegen::cuda::{TileConfig, Work};
-use flashgen_codegen::{to_source, Dropout, Shape, Spec};
+use flashgen_codegen::{Dropout, Shape, Spec};
 
 /// The operands of one forward pass. O and the optional row log-sum-exp
 /// (`f32[batch, heads, q_len]`, contiguous) are written.
@@ -57,12 +58,10 @@ pub struct ForwardOptions<'a> {
 /// tile configuration as often as needed (autotuning times each candidate on it).
 pub(crate) struct ForwardLaunch<'a, 'r, T> {
     pub spec: &'r Spec,
-    /// The spec's canonical source, computed once per launch.
-    pub spec_source: String,
     pub shape: Shape,
     io: ForwardIo<'a, T>,
     args: &'r [ArgValue<'r>],
-    infos: Vec<ArgInfo>,
+    infos: Few<ArgInfo>,
     scale: f32,
     /// The checked dropout (`None`: none, or p = 0).
     dropout: Option<Dropout>,
@@ -80,13 +79,13 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
     ) -> Result<Option<Self>, Error> {
         let scale = softmax_scale(spec, opts.scale)?;
         let dropout = dropout::checked(opts.dropout)?;
-        let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
+        let infos = Few::of(ArgInfo::I32(0), args.iter().map(ArgValue::info));
         let operands = [(io.q.1, io.q.0.len()), (io.k.1, io.k.0.len()), (io.v.1, io.v.0.len()), (io.o.1, io.o.0.len())];
         let problem = Problem::new(T::DTYPE, operands, io.lse.as_ref().map(|l| l.len()));
         let Some(shape) = check_forward(spec, &problem, &infos)? else {
             return Ok(None);
         };
-        Ok(Some(ForwardLaunch { spec, spec_source: to_source(spec), shape, io, args, infos, scale, dropout }))
+        Ok(Some(ForwardLaunch { spec, shape, io, args, infos, scale, dropout }))
     }
 
     /// The kernel a launch in `config` runs: see [`tensor_maps`].
@@ -131,7 +130,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
             .block_mask
             .filter(|_| config.persistent())
             .and_then(|_| Which::work_order(spec, Work::QueryTiles { block_m: config.block_m() }));
-        let [loaded] = rt.load_launch(spec, &self.spec_source, [which], item_order);
+        let [loaded] = rt.load_launch(spec, [which], item_order);
         let loaded = loaded?;
         let kernel = loaded.kernel();
         let grid = launch_config(kernel, &shape, 1, rt.sm_count())?;
@@ -139,7 +138,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         // arguments with device pointers, in declaration order.
         let (tensor_ptrs, _tensors) = tensor_ptrs(self.args, stream);
         if let Some(mask) = opts.block_mask {
-            mask.built_for.check_launch(&BuiltFor::new(spec, &loaded, shape, infos, &tensor_ptrs))?;
+            mask.built_for.check_launch(spec, shape, infos, &tensor_ptrs)?;
         }
         let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(stream), m.strides));
         // Under a data-dependent mask a persistent kernel claims its longest items first.
@@ -151,29 +150,26 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         };
         let item_order = item_order.as_ref().map(|order| order.device_ptr(stream));
         let work_counter = rt.work_counter_for(kernel, stream);
-        let values = marshal(
-            kernel,
-            &Bindings {
-                ptrs: [q_ptr, k_ptr, v_ptr, o_ptr],
-                strides: [q_layout.strides, k_layout.strides, v_layout.strides, o_layout.strides],
-                lse: lse.as_ref().map_or(0, |(ptr, _)| *ptr),
-                scale: self.scale,
-                block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
-                work_order: item_order.as_ref().map_or(0, |(ptr, _)| *ptr),
-                work_counter: work_counter.as_ref().map(|(ptr, _)| *ptr),
-                tensor_maps,
-                dropout: self.dropout,
-                ..Bindings::without_operands(shape, infos, &tensor_ptrs)
-            },
-        )?;
+        let bindings = Bindings {
+            ptrs: [q_ptr, k_ptr, v_ptr, o_ptr],
+            strides: [q_layout.strides, k_layout.strides, v_layout.strides, o_layout.strides],
+            lse: lse.as_ref().map_or(0, |(ptr, _)| *ptr),
+            scale: self.scale,
+            block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
+            work_order: item_order.as_ref().map_or(0, |(ptr, _)| *ptr),
+            work_counter: work_counter.as_ref().map(|(ptr, _)| *ptr),
+            tensor_maps,
+            dropout: self.dropout,
+            ..Bindings::without_operands(shape, infos, &tensor_ptrs)
+        };
 
-        // SAFETY: `marshal` followed the kernel's own argument list, so the
-        // values match its parameters in order and type, and `check_forward`
+        // SAFETY: `launch_bound` marshals the kernel's own argument list, so
+        // the values match its parameters in order and type, and `check_forward`
         // proved every element they let the kernel address is inside the
         // buffer it belongs to; a block mask was built for this very shape
         // and the mask tile every candidate configuration reads, so it holds
         // a byte for every tile the grid reads.
-        unsafe { launch_checked(rt, stream, &loaded, &values, grid) }
+        unsafe { launch_bound(rt, stream, &loaded, &bindings, grid) }
     }
 }
 
@@ -186,7 +182,7 @@ fn tensor_maps(
     spec: &Spec,
     config: TileConfig,
     operands: &[(Operand, u64, &Layout); 4],
-) -> Option<Vec<(Operand, TensorMap)>> {
+) -> Option<TensorMaps> {
     let tile = tma::Tile { block_m: config.block_m(), block_n: config.block_n };
     tma::tensor_maps(operands, tile, spec.dtype, rt.tma && config.persistent())
 }

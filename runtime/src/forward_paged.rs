@@ -21,7 +21,7 @@ use crate::paged::PagedKv;
 use crate::runtime::Runtime;
 use crate::tma::{kv_boxes, paged_box_rows};
 use cudarc::driver::{CudaSlice, DevicePtrMut};
-use flashgen_codegen::{to_source, Spec};
+use flashgen_codegen::Spec;
 
 /// The operands of one paged forward pass. Q and O are `[tokens, heads,
 /// dim]`; O and the optional LSE (`f32[heads, total_q]`, as
@@ -101,7 +101,7 @@ impl Runtime {
             return Ok(());
         };
         let config = self.ragged_config(spec, opts.config, kv.max_kv_len)?;
-        let loaded = self.load_keyed(spec, &to_source(spec), Which::ForwardPaged(config))?;
+        let loaded = self.load_which(spec, Which::ForwardPaged(config))?;
         let kernel = loaded.kernel();
         let grid = launch_config(kernel, &checked.shape, 1, self.sm_count())?;
 

@@ -16,7 +16,7 @@ use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use crate::tma::kv_boxes;
 use cudarc::driver::{CudaSlice, DevicePtrMut};
-use flashgen_codegen::{to_source, Spec};
+use flashgen_codegen::Spec;
 
 /// The operands of one varlen forward pass. O and the optional row
 /// log-sum-exp are written; the LSE is `f32[heads, total_q]` (row `t` of
@@ -94,7 +94,7 @@ impl Runtime {
             return Ok(());
         };
         let config = self.ragged_config(spec, opts.config, seqs.max_kv_len)?;
-        let loaded = self.load_keyed(spec, &to_source(spec), Which::ForwardVarlen(config))?;
+        let loaded = self.load_which(spec, Which::ForwardVarlen(config))?;
         let kernel = loaded.kernel();
         let grid = launch_config(kernel, &checked.shape, 1, self.sm_count())?;
 

@@ -215,13 +215,11 @@ impl Which {
 pub struct LoadedKernel {
     kernel: Kernel,
     function: CudaFunction,
-    /// The canonical source of the spec it was generated from.
-    spec_source: String,
 }
 
 impl LoadedKernel {
-    pub(crate) fn new(kernel: Kernel, function: CudaFunction, spec_source: String) -> LoadedKernel {
-        LoadedKernel { kernel, function, spec_source }
+    pub(crate) fn new(kernel: Kernel, function: CudaFunction) -> LoadedKernel {
+        LoadedKernel { kernel, function }
     }
 
     /// The kernel's source and launch contract.
@@ -231,11 +229,6 @@ impl LoadedKernel {
 
     pub fn function(&self) -> &CudaFunction {
         &self.function
-    }
-
-    /// The canonical source of the spec it was generated from.
-    pub(crate) fn spec_source(&self) -> &str {
-        &self.spec_source
     }
 }
 

@@ -7,7 +7,7 @@ use crate::args::{ArgInfo, ArgValue};
 use crate::check::softmax_scale;
 use crate::error::{Error, RaggedError};
 use crate::kernels::LoadedKernel;
-use crate::marshal::{launch, Value};
+use crate::marshal::{launch, launch_inline, marshal, marshal_into, Bindings, Value, INLINE_ARGS};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaStream, DevicePtr, LaunchConfig, SyncOnDrop};
 use flashgen_codegen::abi::{Grid, Kernel};
@@ -63,6 +63,7 @@ impl Runtime {
 /// Queues `loaded`'s kernel on `stream` with `values`; a failure, of the
 /// launch or of a stream wait queued by the buffers' guards (reported by the
 /// context, not where the wait was queued), is an error of launching it.
+/// Up to [`INLINE_ARGS`] values go to the driver from the stack.
 ///
 /// # Safety
 /// As [`launch`]: `values` match the kernel's parameters (as `marshal`
@@ -77,6 +78,35 @@ pub(crate) unsafe fn launch_checked(
 ) -> Result<(), Error> {
     let launching = |e| Error::driver(format!("launching `{}`", loaded.kernel().name), e);
     rt.context().check_err().map_err(launching)?;
-    // SAFETY: the caller's contract.
-    unsafe { launch(stream, loaded.function(), values, grid) }.map_err(launching)
+    // SAFETY: the caller's contract; `launch_inline` takes INLINE_ARGS values.
+    match values.len() <= INLINE_ARGS {
+        true => unsafe { launch_inline(stream, loaded.function(), values, grid) },
+        false => unsafe { launch(stream, loaded.function(), values, grid) },
+    }
+    .map_err(launching)
+}
+
+/// Marshals `b` for `loaded`'s kernel (its own argument list) and queues
+/// it ([`launch_checked`]), the values on the stack where they fit
+/// [`INLINE_ARGS`]: a warm launch allocates nothing here.
+///
+/// # Safety
+/// Every address `b` lets the kernel touch is in bounds of a live
+/// allocation.
+pub(crate) unsafe fn launch_bound(
+    rt: &Runtime,
+    stream: &CudaStream,
+    loaded: &LoadedKernel,
+    b: &Bindings,
+    grid: LaunchConfig,
+) -> Result<(), Error> {
+    let kernel = loaded.kernel();
+    if kernel.args.len() > INLINE_ARGS {
+        // SAFETY: `marshal` follows the kernel's own argument list; the rest is the caller's.
+        return unsafe { launch_checked(rt, stream, loaded, &marshal(kernel, b)?, grid) };
+    }
+    let mut values = [Value::I32(0); INLINE_ARGS];
+    let count = marshal_into(kernel, b, &mut values)?;
+    // SAFETY: as above, `marshal_into` having written the first `count` values.
+    unsafe { launch_checked(rt, stream, loaded, &values[..count], grid) }
 }

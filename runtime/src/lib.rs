@@ -57,6 +57,7 @@ mod dropout_error;
 mod e4m3_error;
 mod element;
 mod error;
+mod few;
 mod kernels;
 mod layout;
 #[cfg(feature = "dynamic-loading")]
@@ -69,6 +70,7 @@ mod parallel;
 mod ragged_error;
 mod shard_error;
 mod single_flight;
+mod spec_key;
 mod stable_hash;
 pub mod tile_choice;
 
@@ -112,6 +114,8 @@ mod launch_checks;
 mod partials;
 mod runtime;
 
+#[cfg(test)]
+mod host_allocs;
 #[cfg(test)]
 mod test_dir;
 

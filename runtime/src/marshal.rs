@@ -5,7 +5,7 @@
 use crate::args::ArgInfo;
 use crate::error::Error;
 use crate::layout::Layout;
-use crate::tma::TensorMap;
+use crate::tma::{TensorMap, TensorMaps};
 use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
 use flashgen_codegen::abi::{ArgKind, Axis, DropoutArg, Grid, Kernel, KernelArg, Operand, Partial, Side};
 use flashgen_codegen::{Dropout, Shape};
@@ -49,7 +49,7 @@ pub(crate) struct Bindings<'a> {
     pub work_counter: Option<u64>,
     /// The TMA descriptors of a kernel that copies with TMA (see
     /// `tma::tensor_maps`).
-    pub tensor_maps: Option<Vec<(Operand, TensorMap)>>,
+    pub tensor_maps: Option<TensorMaps>,
     /// Keys per TMA box of a warp-specialized varlen or paged kernel's K/V
     /// copies, 0 for none (`tma::kv_boxes`).
     pub kv_box_rows: u32,
@@ -273,9 +273,9 @@ fn value_of(kernel: &Kernel, arg: &KernelArg, b: &Bindings) -> Result<Value, Err
         ArgKind::TensorGrad(i) => Value::Ptr(*grads()?.tensor_grads.get(i).ok_or_else(abi_error)?),
         ArgKind::WorkCounter => Value::Ptr(b.work_counter.ok_or_else(abi_error)?),
         // A kernel takes descriptors only where generated to copy with them.
-        ArgKind::TensorMap(op) => Value::TensorMap(
-            b.tensor_maps.as_ref().and_then(|maps| maps.iter().find(|(o, _)| *o == op)).ok_or_else(abi_error)?.1,
-        ),
+        ArgKind::TensorMap(op) => {
+            Value::TensorMap(b.tensor_maps.as_ref().and_then(|maps| maps.get(op)).ok_or_else(abi_error)?)
+        }
         ArgKind::WorkOrder => Value::Ptr(b.work_order),
         ArgKind::CuSeqlens(s) => Value::Ptr(varlen()?.cu_seqlens[side(s)]),
         ArgKind::MaxLen(Side::Queries) => size(b.shape.q_len),

@@ -17,7 +17,7 @@ use crate::marshal::{launch_config, launch_inline, marshal_into, Bindings, Parti
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::{to_source, Shape, Spec};
+use flashgen_codegen::{Shape, Spec};
 
 /// An operand read in the storage dtype, and its layout.
 type Input<'a, T> = (&'a dyn DeviceInput<T>, Layout);
@@ -149,7 +149,7 @@ impl Runtime {
     /// Loads `which` of `spec` and queues it over `shape` with `partials`,
     /// whose guards the caller holds until this returns.
     fn launch_partial(&self, spec: &Spec, which: Which, shape: Shape, partials: PartialBindings) -> Result<(), Error> {
-        let loaded = self.load_keyed(spec, &to_source(spec), which)?;
+        let loaded = self.load_which(spec, which)?;
         let kernel = loaded.kernel();
         let bindings = Bindings { partials: Some(partials), ..Bindings::without_operands(shape, &[], &[]) };
         let mut values = [Value::I32(0); INLINE_ARGS];

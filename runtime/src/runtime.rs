@@ -18,6 +18,7 @@ use crate::kernels::{KernelSet, LoadedKernel, Which};
 use crate::nvrtc::nvrtc_version;
 use crate::parallel;
 use crate::single_flight::SingleFlight;
+use crate::spec_key::{Keyed, SpecKey};
 use crate::tma::{tma_from, TMA_ENV};
 use crate::tuning::{autotune_from, AUTOTUNE_ENV};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
@@ -25,7 +26,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudarc::nvrtc::Ptx;
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{Target, TileConfig, TileCopy};
-use flashgen_codegen::{to_source, Spec};
+use flashgen_codegen::Spec;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -74,14 +75,11 @@ pub struct CacheStats {
     pub compiles: u64,
 }
 
-/// What selects a kernel within one runtime, without generating it. The
-/// arch, NVRTC options and codegen version are fixed for a runtime, so they
+/// What selects a kernel within one runtime, without generating it: the
+/// spec and `Which`, found by a borrowed spec ([`SpecKey`]). The arch,
+/// NVRTC options and codegen version are fixed for a runtime, so they
 /// belong only to the disk cache's key.
-#[derive(PartialEq, Eq, Hash)]
-struct CacheKey {
-    which: Which,
-    spec_source: String,
-}
+type CacheKey = SpecKey<Which>;
 
 impl Runtime {
     /// Opens GPU `ordinal` with a fresh stream.
@@ -220,20 +218,15 @@ impl Runtime {
     /// CPU's cores, where one after another they would take seconds each.
     pub fn load_forwards(&self, spec: &Spec, configs: &[TileConfig]) -> Vec<Result<Arc<LoadedKernel>, Error>> {
         let which: Vec<_> = configs.iter().map(|&config| Which::forward(config, TileCopy::Tma)).collect();
-        self.load_all(spec, &to_source(spec), &which)
+        self.load_all(spec, &which)
     }
 
     /// The kernels `which` of `spec`, in that order: those in memory at
     /// once, the others compiled (or read from disk) in parallel.
-    pub(crate) fn load_all(
-        &self,
-        spec: &Spec,
-        spec_source: &str,
-        which: &[Which],
-    ) -> Vec<Result<Arc<LoadedKernel>, Error>> {
-        let mut loads: Vec<_> = which.iter().map(|&which| self.in_memory(spec_source, which).map(Ok)).collect();
+    pub(crate) fn load_all(&self, spec: &Spec, which: &[Which]) -> Vec<Result<Arc<LoadedKernel>, Error>> {
+        let mut loads: Vec<_> = which.iter().map(|&which| self.in_memory(spec, which).map(Ok)).collect();
         let missing: Vec<usize> = (0..which.len()).filter(|&i| loads[i].is_none()).collect();
-        let loaded = parallel::map(&missing, |&i| self.load_keyed(spec, spec_source, which[i]));
+        let loaded = parallel::map(&missing, |&i| self.load_which(spec, which[i]));
         for (i, load) in missing.into_iter().zip(loaded) {
             loads[i] = Some(load);
         }
@@ -244,17 +237,25 @@ impl Runtime {
     /// after them (a block mask's work order), compiled together: a cold
     /// launch waits for its slowest compile, not for each in turn. `next`'s
     /// error, if any, is its own load's to report (errors are not cached).
+    /// A warm launch, every kernel loaded, allocates nothing here.
     pub(crate) fn load_launch<const N: usize>(
         &self,
         spec: &Spec,
-        spec_source: &str,
         which: [Which; N],
         next: Option<Which>,
     ) -> [Result<Arc<LoadedKernel>, Error>; N] {
+        let loaded = |which| self.device.kernels.get(&(spec, which) as &dyn Keyed<Which>);
+        let warm = which.map(|which| (which, loaded(which)));
+        if next.is_none_or(|next| loaded(next).is_some()) && warm.iter().all(|(_, kernel)| kernel.is_some()) {
+            let hits = N as u64 + u64::from(next.is_some());
+            self.device.memory_hits.fetch_add(hits, Ordering::Relaxed);
+            // All found; the fallback only keeps this total.
+            return warm.map(|(which, kernel)| kernel.map_or_else(|| self.load_which(spec, which), Ok));
+        }
         let all: Vec<Which> = which.iter().copied().chain(next).collect();
-        let mut loads = self.load_all(spec, spec_source, &all).into_iter();
+        let mut loads = self.load_all(spec, &all).into_iter();
         // `load_all` answers every kernel in order; the fallback only keeps this total.
-        which.map(|which| loads.next().unwrap_or_else(|| self.load_keyed(spec, spec_source, which)))
+        which.map(|which| loads.next().unwrap_or_else(|| self.load_which(spec, which)))
     }
 
     /// Compiles and loads the kernels `set` names for `spec` (those
@@ -267,27 +268,27 @@ impl Runtime {
     /// set's order, is returned; the other kernels are loaded regardless.
     pub fn prepare(&self, spec: &Spec, set: KernelSet) -> Result<(), Error> {
         let which = Which::all(spec, set, self.target());
-        self.load_all(spec, &to_source(spec), &which).into_iter().try_for_each(|load| load.map(drop))
+        self.load_all(spec, &which).into_iter().try_for_each(|load| load.map(drop))
     }
 
-    /// The kernel `which` if it is loaded already (not waiting for one being
-    /// compiled), counted as a memory hit.
-    fn in_memory(&self, spec_source: &str, which: Which) -> Option<Arc<LoadedKernel>> {
-        let loaded = self.device.kernels.get(&CacheKey { which, spec_source: spec_source.to_string() })?;
+    /// The kernel `which` of `spec` if it is loaded already (not waiting for
+    /// one being compiled), counted as a memory hit.
+    fn in_memory(&self, spec: &Spec, which: Which) -> Option<Arc<LoadedKernel>> {
+        let loaded = self.device.kernels.get(&(spec, which) as &dyn Keyed<Which>)?;
         self.device.memory_hits.fetch_add(1, Ordering::Relaxed);
         Some(loaded)
     }
 
+    /// The kernel `which` of `spec`: found in memory by the borrowed spec,
+    /// else (the spec copied into its key) loaded or compiled once, however
+    /// many threads ask.
     pub(crate) fn load_which(&self, spec: &Spec, which: Which) -> Result<Arc<LoadedKernel>, Error> {
-        self.load_keyed(spec, &to_source(spec), which)
-    }
-
-    /// [`Runtime::load_which`] where the caller has the spec's canonical source.
-    pub(crate) fn load_keyed(&self, spec: &Spec, spec_source: &str, which: Which) -> Result<Arc<LoadedKernel>, Error> {
-        let key = CacheKey { which, spec_source: spec_source.to_string() };
-        let (loaded, hit) = self.device.kernels.get_or_try_init(key, || {
+        if let Some(loaded) = self.in_memory(spec, which) {
+            return Ok(loaded);
+        }
+        let (loaded, hit) = self.device.kernels.get_or_try_init(CacheKey::new(spec, which), || {
             let kernel = which.emit(spec).ok_or_else(|| Error::NoMask { spec: spec.name.clone() })?;
-            self.compile_and_load(kernel, spec_source.to_string()).map(Arc::new)
+            self.compile_and_load(kernel).map(Arc::new)
         })?;
         if hit {
             self.device.memory_hits.fetch_add(1, Ordering::Relaxed);
@@ -295,7 +296,7 @@ impl Runtime {
         Ok(loaded)
     }
 
-    fn compile_and_load(&self, kernel: Kernel, spec_source: String) -> Result<LoadedKernel, Error> {
+    fn compile_and_load(&self, kernel: Kernel) -> Result<LoadedKernel, Error> {
         let during = |what: &str| format!("{what} `{}`", kernel.name);
         let ctx = &self.device.ctx;
         let available = ctx
@@ -331,7 +332,7 @@ impl Runtime {
                 kernel.dynamic_smem as i32,
             )
             .map_err(|e| Error::driver(during("raising the shared memory limit of"), e))?;
-        Ok(LoadedKernel::new(kernel, function, spec_source))
+        Ok(LoadedKernel::new(kernel, function))
     }
 }
 

@@ -5,6 +5,7 @@
 //! key's slot, never while computing. Kernel compiles take seconds, so a
 //! single lock over all of them would serialize unrelated variants.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, PoisonError, TryLockError};
@@ -22,9 +23,12 @@ impl<K, V> Default for SingleFlight<K, V> {
 }
 
 impl<K: Eq + Hash, V: Clone> SingleFlight<K, V> {
-    /// The value of `key` if it was computed, without waiting for a
-    /// computation in flight.
-    pub fn get(&self, key: &K) -> Option<V> {
+    /// The value of `key` (any borrowed form of a key) if it was computed,
+    /// without waiting for a computation in flight.
+    pub fn get<Q: Eq + Hash + ?Sized>(&self, key: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+    {
         let slot = self.slots.lock().unwrap_or_else(PoisonError::into_inner).get(key)?.clone();
         let value = match slot.try_lock() {
             Ok(value) => value,

@@ -41,6 +41,42 @@ impl TensorMap {
     pub(crate) const ZERO: TensorMap = TensorMap(CUtensorMap { opaque: [0; 16] });
 }
 
+/// A launch's descriptors, at most one per operand (the first given), held
+/// inline: a launch that copies with TMA allocates none for them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TensorMaps([Option<TensorMap>; 8]);
+
+impl TensorMaps {
+    /// The descriptor of `op`, if the launch has one.
+    pub(crate) fn get(&self, op: Operand) -> Option<TensorMap> {
+        self.0[Self::slot(op)]
+    }
+
+    /// Exhaustive, so a new operand cannot go without a slot.
+    fn slot(op: Operand) -> usize {
+        match op {
+            Operand::Q => 0,
+            Operand::K => 1,
+            Operand::V => 2,
+            Operand::O => 3,
+            Operand::DO => 4,
+            Operand::DQ => 5,
+            Operand::DK => 6,
+            Operand::DV => 7,
+        }
+    }
+}
+
+impl FromIterator<(Operand, TensorMap)> for TensorMaps {
+    fn from_iter<I: IntoIterator<Item = (Operand, TensorMap)>>(maps: I) -> TensorMaps {
+        let mut all = TensorMaps([None; 8]);
+        for (op, map) in maps {
+            all.0[Self::slot(op)].get_or_insert(map);
+        }
+        all
+    }
+}
+
 /// TMA descriptors of `operands` (each with its address and layout) in
 /// the boxes of a kernel with `tile` ([`TmaBox::of`]). `None` when TMA is off (`on`) or a layout rules
 /// it out for one of them: the launch then runs the kernel that copies with
@@ -50,7 +86,7 @@ pub(crate) fn tensor_maps(
     tile: Tile,
     dtype: Dtype,
     on: bool,
-) -> Option<Vec<(Operand, TensorMap)>> {
+) -> Option<TensorMaps> {
     if !on {
         return None;
     }
@@ -72,12 +108,12 @@ pub(crate) fn kv_boxes(
     rows: u32,
     dtype: Dtype,
     on: bool,
-) -> (Option<Vec<(Operand, TensorMap)>>, u32) {
+) -> (Option<TensorMaps>, u32) {
     if !kernel.args.iter().any(|a| matches!(a.kind, ArgKind::TensorMap(_))) {
         return (None, 0);
     }
     let ops = [Operand::K, Operand::V];
-    let maps: Option<Vec<_>> = (on && rows > 0)
+    let maps: Option<TensorMaps> = (on && rows > 0)
         .then(|| {
             ops.iter()
                 .zip(kv)
@@ -90,7 +126,7 @@ pub(crate) fn kv_boxes(
         .flatten();
     match maps {
         Some(maps) => (Some(maps), rows),
-        None => (Some(ops.map(|op| (op, TensorMap::ZERO)).to_vec()), 0),
+        None => (Some(ops.map(|op| (op, TensorMap::ZERO)).into_iter().collect()), 0),
     }
 }
 
@@ -111,7 +147,7 @@ pub(crate) fn paged_box_rows(block_n: u32, page_size: usize) -> u32 {
 }
 
 /// The copy of the kernel a launch with `maps` runs.
-pub(crate) fn copy_with(maps: &Option<Vec<(Operand, TensorMap)>>) -> TileCopy {
+pub(crate) fn copy_with(maps: &Option<TensorMaps>) -> TileCopy {
     match maps {
         Some(_) => TileCopy::Tma,
         None => TileCopy::Threads,

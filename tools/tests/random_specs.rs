@@ -35,12 +35,19 @@ fn parse(source: &str) -> flashgen::Spec {
 fn random_specs_check_print_back_and_run_on_the_reference() {
     let mut rng = StdRng::seed_from_u64(seed());
     let mut sinks = 0;
+    let mut previous: Option<(flashgen::Spec, String)> = None;
     for n in 0..200 {
         let drawn = random_spec(&mut rng, n);
         let spec = parse(&drawn.source);
         sinks += usize::from(spec.sink.is_some());
         let printed = flashgen::to_source(&spec);
-        assert_eq!(flashgen::to_source(&parse(&printed)), printed, "printing is a fixed point:\n{}", drawn.source);
+        let reparsed = parse(&printed);
+        assert_eq!(flashgen::to_source(&reparsed), printed, "printing is a fixed point:\n{}", drawn.source);
+        // The runtime's in-memory identity of a spec agrees with its text.
+        assert!(reparsed.same_structure(&spec), "printed and parsed back, the same spec:\n{}", drawn.source);
+        if let Some((other, text)) = previous.replace((spec.clone(), printed.clone())) {
+            assert_eq!(other.same_structure(&spec), text == printed, "{text}\n{printed}");
+        }
         let shape = Shape { batch: 2, heads: 2, heads_kv: 1, q_len: 5, kv_len: 7 };
         let problem = random_problem(&spec, shape, drawn.params, vec![], None, n as u64);
         let out = reference::forward(&spec, &problem, Precision::F64).expect("a reference forward");

@@ -1,8 +1,8 @@
 //! The canonical printer: a [`Spec`] back to source text.
 //!
 //! The output parses back to an equal spec, so it serves as the spec's
-//! identity (the runtime's cache key) and as the text the macro embeds in
-//! the code it generates.
+//! identity across processes (the runtime's disk cache and tuning records
+//! key on it) and as the text the macro embeds in the code it generates.
 
 use crate::spec::{BinOp, Expr, ExprKind, Spec, UnOp};
 use std::fmt::Write;

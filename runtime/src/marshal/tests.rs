@@ -86,7 +86,7 @@ fn varlen_kernels_marshal_their_sequences() {
         let kernel = emit_forward_varlen(&spec, config);
         let varlen = Some(VarlenBindings { cu_seqlens: [91, 92], tokens: [500, 700] });
         let tensor_maps =
-            Some(vec![(Operand::K, crate::tma::TensorMap::ZERO), (Operand::V, crate::tma::TensorMap::ZERO)]);
+            Some([Operand::K, Operand::V].map(|op| (op, crate::tma::TensorMap::ZERO)).into_iter().collect());
         let b = Bindings { varlen, tensor_maps, work_counter: Some(93), ..bindings(&args, &[99]) };
         let values = marshal(&kernel, &b).unwrap();
         let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];
@@ -122,7 +122,7 @@ fn paged_kernels_marshal_their_caches() {
         let varlen = Some(VarlenBindings { cu_seqlens: [0, 0], tokens: [500, 0] });
         let paged = Some(PagedBindings { kv_lens: 94, block_table: 95, pages_per_seq: 6, page_size: 3, num_pages: 17 });
         let tensor_maps =
-            Some(vec![(Operand::K, crate::tma::TensorMap::ZERO), (Operand::V, crate::tma::TensorMap::ZERO)]);
+            Some([Operand::K, Operand::V].map(|op| (op, crate::tma::TensorMap::ZERO)).into_iter().collect());
         let b = Bindings { varlen, paged, tensor_maps, kv_box_rows: 8, work_counter: Some(93), ..bindings(&[], &[]) };
         let values = marshal(&kernel, &b).unwrap();
         let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];

@@ -1,0 +1,95 @@
+//! The host allocations of a warm forward launch, counted (tests only):
+//! every step a launch takes before the driver's calls, once its kernel and
+//! tile choice are cached, allocates nothing. The counting allocator counts
+//! per thread, so tests running beside this one do not disturb it.
+
+use crate::args::ArgInfo;
+use crate::block_mask::BuiltFor;
+use crate::check::{check_forward, Problem};
+use crate::choices::{Choice, Choices};
+use crate::few::Few;
+use crate::kernels::Which;
+use crate::layout::Layout;
+use crate::marshal::{launch_config, marshal_into, Bindings, Value, INLINE_ARGS};
+use crate::single_flight::SingleFlight;
+use crate::spec_key::{Keyed, SpecKey};
+use crate::tma::{TensorMap, TensorMaps};
+use crate::tuning::ShapeClass;
+use flashgen_codegen::abi::Operand;
+use flashgen_codegen::cuda::{emit_forward_copying, Mma, TileConfig, TileCopy};
+use flashgen_codegen::{parse_one, Dtype, ElemTy, Shape};
+use std::alloc::{GlobalAlloc, Layout as Block, System};
+use std::cell::Cell;
+
+struct Counting;
+
+thread_local! {
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+// SAFETY: System's allocator, with a count on the side.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, block: Block) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.alloc(block) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, block: Block) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.dealloc(ptr, block) }
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
+/// `f`'s result and the allocations it made on this thread.
+fn counted<R>(f: impl FnOnce() -> R) -> (R, usize) {
+    let before = ALLOCATIONS.with(Cell::get);
+    let result = f();
+    (result, ALLOCATIONS.with(Cell::get) - before)
+}
+
+#[test]
+fn a_warm_forward_launch_allocates_nothing_before_the_driver() {
+    let text = "W { dtype: bf16, head_dim: 128, param window: i32, tensor slopes: f32[H],
+        mask: q >= k && q - k < window, score: score + slopes[h] * (k - q) as f32 }";
+    // The cache holds its own copy; a launch brings the caller's spec.
+    let (cached, spec) = (parse_one(text).unwrap(), parse_one(text).unwrap());
+    let config = TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n: 128 };
+    let which = Which::forward(config, TileCopy::Tma);
+    let kernel = emit_forward_copying(&cached, config, TileCopy::Tma);
+    let (q, kv) = (Layout::bshd(2, 1000, 8, 128), Layout::bshd(2, 1000, 2, 128));
+    let problem = Problem::new(Dtype::Bf16, [q, kv, kv, q].map(|l| (l, l.len())), None);
+    let shape = Shape { batch: 2, heads: 8, heads_kv: 2, q_len: 1000, kv_len: 1000 };
+    let args = [ArgInfo::I32(256), ArgInfo::Tensor(ElemTy::F32, 8)];
+    let tensors = [0x1000];
+
+    // What the launch's first run left: its kernel, its class's choice, a block mask.
+    let kernels = SingleFlight::<SpecKey<Which>, u32>::default();
+    kernels.get_or_try_init(SpecKey::new(&cached, which), || Ok::<_, ()>(7)).unwrap();
+    let choices = Choices::default();
+    choices.keep_first(&cached, ShapeClass::new(&cached, &shape, 132), Choice { config, tuned: true });
+    let mask = BuiltFor::new(&cached, shape, &args, &tensors);
+
+    let ((), allocations) = counted(|| {
+        let infos = Few::of(ArgInfo::I32(0), args);
+        assert_eq!(check_forward(&spec, &problem, &infos).unwrap(), Some(shape));
+        let choice = choices.get(&spec, ShapeClass::new(&spec, &shape, 132)).unwrap();
+        assert_eq!(choice.config, config);
+        assert_eq!(kernels.get(&(&spec, which) as &dyn Keyed<Which>), Some(7));
+        mask.check_launch(&spec, shape, &infos, &tensors).unwrap();
+        let operands = [Operand::Q, Operand::K, Operand::V, Operand::O];
+        let maps: TensorMaps = operands.map(|op| (op, TensorMap::ZERO)).into_iter().collect();
+        let bindings = Bindings {
+            tensor_maps: Some(maps),
+            work_counter: Some(0x2000),
+            ..Bindings::without_operands(shape, &infos, &tensors).with_operands([0x3000; 4], [q, kv, kv, q], 0, 0.1)
+        };
+        let mut values = [Value::I32(0); INLINE_ARGS];
+        assert_eq!(marshal_into(&kernel, &bindings, &mut values).unwrap(), kernel.args.len());
+        launch_config(&kernel, &shape, 1, 132).unwrap();
+    });
+    assert_eq!(allocations, 0);
+}
