@@ -4,8 +4,9 @@
 mod support;
 
 use flashgen_codegen::reference::{
-    flash_rule, flash_rule_averaged, forward, max_abs_diff, mean_abs_diff, round_bf16, round_dtype, round_f16, Arith,
-    Env, Output, ParamValue, Position, Precision, Problem, ReferenceError, TensorData, Value, FORWARD_FACTOR,
+    flash_rule, flash_rule_averaged, forward, max_abs_diff, mean_abs_diff, round_bf16, round_dtype, round_e4m3,
+    round_f16, Arith, Env, Output, ParamValue, Position, Precision, Problem, ReferenceError, TensorData, Value,
+    FORWARD_FACTOR,
 };
 use flashgen_codegen::{parse_one, Shape, Spec};
 
@@ -246,6 +247,25 @@ fn rounding_is_to_nearest_even_from_f64() {
     assert_eq!(round_bf16(1e39), f64::INFINITY);
     assert!(round_f16(f64::NAN).is_nan());
     assert_eq!(round_dtype(flashgen_codegen::Dtype::Bf16, 0.1), f64::from(half::bf16::from_f32(0.1).to_f32()));
+}
+
+#[test]
+fn e4m3_rounding_is_to_nearest_even_and_saturates() {
+    let p = |e: i32| 2f64.powi(e);
+    // 3 significand bits: 1 + 2^-4 is a tie between 1 and 1 + 2^-3.
+    assert_eq!(round_e4m3(1.0 + p(-4)), 1.0);
+    assert_eq!(round_e4m3(1.0 + 3.0 * p(-4)), 1.25);
+    assert_eq!(round_e4m3(1.0 + p(-4) + p(-30)), 1.125);
+    // Subnormals in steps of 2^-9 below 2^-6; half a step is a tie to 0.
+    assert_eq!(round_e4m3(p(-9)), p(-9));
+    assert_eq!(round_e4m3(p(-10)), 0.0);
+    assert_eq!(round_e4m3(3.0 * p(-10)), p(-8));
+    // The largest finite value, 448; beyond it the kernels saturate.
+    assert_eq!(round_e4m3(448.0), 448.0);
+    assert_eq!(round_e4m3(1e6), 448.0);
+    assert_eq!(round_e4m3(-500.0), -448.0);
+    assert_eq!(round_e4m3(0.0), 0.0);
+    assert!(round_e4m3(f64::NAN).is_nan());
 }
 
 // ---- Interpreter semantics --------------------------------------------

@@ -10,10 +10,11 @@
 use flashgen_codegen::abi::{ArgKind, DropoutArg, Kernel};
 use flashgen_codegen::cuda::library::Part;
 use flashgen_codegen::cuda::{
-    emit_add_f32, emit_add_partial, emit_backward, emit_backward_varlen, emit_backward_with, emit_decode,
-    emit_decode_paged, emit_decode_with, emit_forward, emit_forward_copying, emit_forward_dropout, emit_forward_paged,
-    emit_forward_varlen, emit_forward_with, emit_merge_partial, emit_paged_append, BackwardConfig, BackwardPass,
-    DecodeCache, DecodeConfig, DecodeQueries, DqAccum, KvCacheDtype, Mma, Target, TileConfig, TileCopy,
+    e4m3_supports, emit_add_f32, emit_add_partial, emit_backward, emit_backward_varlen, emit_backward_with,
+    emit_decode, emit_decode_paged, emit_decode_with, emit_e4m3_v_tiles, emit_forward, emit_forward_copying,
+    emit_forward_dropout, emit_forward_e4m3, emit_forward_paged, emit_forward_varlen, emit_forward_with,
+    emit_merge_partial, emit_paged_append, BackwardConfig, BackwardPass, DecodeCache, DecodeConfig, DecodeQueries,
+    DqAccum, KvCacheDtype, Mma, Target, TileConfig, TileCopy,
 };
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
@@ -455,6 +456,25 @@ fn wgmma_backward_covers_head_dims_padding_to_64_through_128() {
             assert_eq!(kernel.source, emit_backward(&spec, BackwardPass::KeyValue).source, "{source}");
         }
     }
+}
+
+/// The e4m3 forward: 224-key tiles of bytes read as 16-bit tiles, 8-bit
+/// wgmma, P packed in the V tiles' key order, the descales in the scale and
+/// O's factor; and the V-tile kernel it reads.
+#[test]
+fn e4m3_forward_kernels() {
+    let spec = variant("causal");
+    let config = TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n: 224 };
+    insta::assert_snapshot!("wgmma_fwd_e4m3_causal", render(&emit_forward_e4m3(&spec, config).unwrap()));
+    insta::assert_snapshot!("e4m3_v_tiles_causal_224", render(&emit_e4m3_v_tiles(&spec, 224)));
+    // Tiles of whole 32-key steps from 96 keys, pipelined, on Hopper only;
+    // QK head dims of whole k-steps.
+    for block_n in [64, 80, 288] {
+        assert!(emit_forward_e4m3(&spec, TileConfig { block_n, ..config }).is_none(), "{block_n} keys");
+    }
+    let d80 = parse_one("S { dtype: bf16, head_dim: 80 }").unwrap();
+    assert!(emit_forward_e4m3(&d80, config).is_none());
+    assert!(!e4m3_supports(&spec, config, Target::for_sm(8, 0)));
 }
 
 #[test]

@@ -76,6 +76,21 @@ fn encode(v: f64) -> u8 {
 mod tests {
     use super::*;
 
+    /// The host quantizer rounds as the reference's e4m3 baseline does
+    /// (`reference::round_e4m3`), and every byte it writes reads back as
+    /// that value.
+    #[test]
+    fn quantizing_agrees_with_the_reference_rounding() {
+        let mut x = 1e-4f32;
+        while x < 600.0 {
+            for v in [x, -x, x * 1.03125] {
+                let rounded = flashgen_codegen::reference::round_e4m3(f64::from(v));
+                assert_eq!(f64::from(to_f32(from_f32(v))), rounded, "{v}");
+            }
+            x *= 1.07;
+        }
+    }
+
     #[test]
     fn known_values_have_their_bit_patterns() {
         for (x, bits) in [

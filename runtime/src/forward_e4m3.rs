@@ -23,7 +23,7 @@ use crate::marshal::{launch_config, marshal, Bindings};
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use crate::scratch;
-use crate::tma::{self, TensorMap};
+use crate::tma::{self, TensorMaps};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::{ArgKind, Operand, TmaBox};
 use flashgen_codegen::cuda::{e4m3_supports, e4m3_v_row, Mma, TileConfig, Work};
@@ -178,7 +178,7 @@ impl E4m3Launch<'_> {
                 block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
                 work_order: item_order.as_ref().map_or(0, |(ptr, _)| *ptr),
                 work_counter: work_counter.as_ref().map(|(ptr, _)| *ptr),
-                tensor_maps: Some(maps.into_iter().collect()),
+                tensor_maps: Some(maps),
                 descales: Some(bound.each_ref().map(|b| b.binding)),
                 ..Bindings { tensors: &tensor_ptrs, ..bindings }
             },
@@ -221,22 +221,20 @@ impl VTiles {
 fn tensor_maps(
     spec: &Spec,
     config: TileConfig,
-    operands: &[(Operand, u64, Layout); 2],
+    [q, k]: &[(Operand, u64, Layout); 2],
     (v_tiles, shape, v): (u64, Shape, VTiles),
     (o_ptr, o_layout): (u64, Layout),
-) -> Result<Vec<(Operand, TensorMap)>, Error> {
+) -> Result<TensorMaps, Error> {
     let tile = |op| TmaBox::of(op, config.block_m(), config.block_n);
-    let mut maps = Vec::with_capacity(4);
-    for &(op, ptr, layout) in operands {
-        let name = if op == Operand::Q { "Q" } else { "K" };
-        let unaligned = || Error::E4m3(E4m3Error::Unaligned { operand: name });
+    let halves = |&(op, ptr, layout): &(Operand, u64, Layout), name| {
+        let unaligned = Error::E4m3(E4m3Error::Unaligned { operand: name });
         // Byte strides as 16-bit ones: odd ones cannot be 16-byte multiples.
         if layout.strides.iter().any(|s| s % 2 != 0) {
-            return Err(unaligned());
+            return Err(unaligned);
         }
         let halves = Layout { dim: layout.dim / 2, strides: layout.strides.map(|s| s / 2), offset: 0, ..layout };
-        maps.push((op, tma::encode(ptr, &halves, spec.dtype, tile(op)).ok_or_else(unaligned)?));
-    }
+        Ok((op, tma::encode(ptr, &halves, spec.dtype, tile(op)).ok_or(unaligned)?))
+    };
     let (rows, row) = ((v.tiles * v.dvp) as i64, (v.row / 2) as i64);
     let v_layout = Layout {
         batch: shape.batch,
@@ -247,11 +245,8 @@ fn tensor_maps(
         offset: 0,
     };
     let v_box = TmaBox { cols: TmaBox::COLS, rows: v.dvp as u32 };
-    let v =
-        tma::encode(v_tiles, &v_layout, spec.dtype, v_box).ok_or(Error::E4m3(E4m3Error::Unaligned { operand: "V" }))?;
-    maps.push((Operand::V, v));
-    let o = tma::encode(o_ptr, &o_layout, spec.dtype, tile(Operand::O))
-        .ok_or(Error::E4m3(E4m3Error::Unaligned { operand: "O" }))?;
-    maps.push((Operand::O, o));
-    Ok(maps)
+    let unaligned = |operand| Error::E4m3(E4m3Error::Unaligned { operand });
+    let v = tma::encode(v_tiles, &v_layout, spec.dtype, v_box).ok_or(unaligned("V"))?;
+    let o = tma::encode(o_ptr, &o_layout, spec.dtype, tile(Operand::O)).ok_or(unaligned("O"))?;
+    Ok([halves(q, "Q")?, halves(k, "K")?, (Operand::V, v), (Operand::O, o)].into_iter().collect())
 }

@@ -149,6 +149,18 @@ mod tests {
     use super::*;
     use flashgen_codegen::parse_one;
 
+    /// Every head dim the e4m3 forward takes has a configuration on
+    /// Hopper, none before it, and none for QK head dims of partial k-steps.
+    #[test]
+    fn e4m3_configurations_cover_their_head_dims() {
+        for (qk, v, some) in [(64, 64, true), (96, 96, true), (128, 128, true), (128, 64, true), (80, 80, false)] {
+            let spec =
+                parse_one(&format!("S {{ dtype: bf16, head_dim: {qk}, v_head_dim: {v}, mask: q >= k }}")).unwrap();
+            assert_eq!(e4m3(&spec, Target::HOPPER).is_some(), some, "{qk}/{v}");
+            assert_eq!(e4m3(&spec, Target::for_sm(8, 0)), None, "{qk}/{v}");
+        }
+    }
+
     /// The tuner times exactly what codegen can generate, each once.
     #[test]
     fn candidates_are_the_feasible_configurations() {

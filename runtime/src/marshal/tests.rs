@@ -257,6 +257,47 @@ fn e4m3_decode_kernels_marshal_their_descales() {
     assert!(matches!(marshal(&kernel, &Bindings { descales: None, ..b }), Err(Error::KernelAbi { .. })));
 }
 
+/// The e4m3 forward binds Q's, K's and V's bytes from their pointers and
+/// each one's descales from the bindings' slots, its V-tile kernel the
+/// tiles it writes; without them they are refused.
+#[test]
+fn e4m3_forward_kernels_marshal_their_operands() {
+    use flashgen_codegen::cuda::{emit_e4m3_v_tiles, emit_forward_e4m3, Mma, TileConfig};
+    let spec = flashgen_codegen::parse_one("S { dtype: bf16, head_dim: 128, mask: q >= k }").unwrap();
+    let config = TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n: 224 };
+    let kernel = emit_forward_e4m3(&spec, config).unwrap();
+    let maps = Some(
+        [Operand::Q, Operand::K, Operand::V, Operand::O]
+            .map(|op| (op, crate::tma::TensorMap::ZERO))
+            .into_iter()
+            .collect(),
+    );
+    let descales = Some([(80, 1), (81, 0), (82, 1)]);
+    let b = Bindings { descales, tensor_maps: maps, work_counter: Some(99), ..bindings(&[], &[]) };
+    let values = marshal(&kernel, &b).unwrap();
+    let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];
+    use Value::*;
+    for (name, expected) in [
+        ("q_ptr", Ptr(10)),
+        ("k_ptr", Ptr(11)),
+        ("v_ptr", Ptr(12)),
+        ("q_descale", Ptr(80)),
+        ("q_descale_stride", I32(1)),
+        ("k_descale", Ptr(81)),
+        ("k_descale_stride", I32(0)),
+        ("v_descale", Ptr(82)),
+        ("scale", F32(0.125)),
+    ] {
+        assert_eq!(value(name), expected, "{name}");
+    }
+    assert!(matches!(marshal(&kernel, &Bindings { descales: None, ..b }), Err(Error::KernelAbi { .. })));
+    let tiles = emit_e4m3_v_tiles(&spec, 224);
+    let values = marshal(&tiles, &Bindings { v_tiles: 97, ..bindings(&[], &[]) }).unwrap();
+    let value = |name: &str| values[tiles.args.iter().position(|a| a.name == name).unwrap()];
+    assert_eq!(value("v_tiles_out"), Ptr(97));
+    assert_eq!(value("v_ptr"), Ptr(12));
+}
+
 /// A decode kernel over packed queries binds their prefix sums and
 /// tokens from the varlen bindings and the plan's `q_len` as
 /// `max_q_len`; Q and O have no batch stride; without the varlen
