@@ -15,6 +15,7 @@ use crate::kernels::Which;
 use crate::marshal::{launch, launch_config, marshal, Bindings};
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use flashgen_codegen::abi::{ArgKind, Kernel};
 use flashgen_codegen::cuda::{TileConfig, Work};
 use flashgen_codegen::{Builtin, Shape, Spec};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -86,6 +87,24 @@ impl BlockMask {
     /// `spec`'s `work` under this mask in its work order (longest first
     /// within windows of heads, see `flashgen_codegen::cuda::emit_work_order`):
     /// queued on `rt`'s stream the first time, then kept.
+    /// What a forward launch of `kernel` (a persistent one claims its
+    /// longest items first under a data-dependent mask) binds of this mask
+    /// beside its classes: checked against the launch's `shape`, `args` and
+    /// `tensors` first, the item order where the kernel takes one.
+    pub(crate) fn for_forward(
+        &self,
+        rt: &Runtime,
+        spec: &Spec,
+        kernel: &Kernel,
+        (shape, args, tensors): (Shape, &[ArgInfo], &[u64]),
+    ) -> Result<Option<Arc<CudaSlice<i32>>>, Error> {
+        self.built_for.check_launch(spec, shape, args, tensors)?;
+        match kernel.args.iter().any(|a| a.kind == ArgKind::WorkOrder) {
+            true => self.work_order(rt, spec, Work::QueryTiles { block_m: kernel.block_m }).map(Some),
+            false => Ok(None),
+        }
+    }
+
     pub(crate) fn work_order(&self, rt: &Runtime, spec: &Spec, work: Work) -> Result<Arc<CudaSlice<i32>>, Error> {
         let mut orders = self.work_orders.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((_, order)) = orders.iter().find(|(made_for, _)| *made_for == work) {

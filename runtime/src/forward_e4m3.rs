@@ -25,8 +25,8 @@ use crate::runtime::Runtime;
 use crate::scratch;
 use crate::tma::{self, TensorMaps};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::abi::{ArgKind, Operand, TmaBox};
-use flashgen_codegen::cuda::{e4m3_supports, e4m3_v_row, Mma, TileConfig, Work};
+use flashgen_codegen::abi::{Operand, TmaBox};
+use flashgen_codegen::cuda::{e4m3_supports, e4m3_v_row, Mma, TileConfig};
 use flashgen_codegen::{Shape, Spec};
 
 /// The operands of one e4m3 forward pass: Q, K and V of one byte an element
@@ -157,16 +157,9 @@ impl E4m3Launch<'_> {
         let maps = tensor_maps(spec, self.config, &operands, (v_tiles_ptr, shape, v_tiles_shape), (o_ptr, o_layout))?;
         let kernel = loaded.kernel();
         let (tensor_ptrs, _tensors) = tensor_ptrs(self.args, stream);
-        if let Some(mask) = opts.block_mask {
-            mask.built_for.check_launch(spec, shape, self.infos, &tensor_ptrs)?;
-        }
+        let item_order = opts.block_mask.map(|m| m.for_forward(rt, spec, kernel, (shape, self.infos, &tensor_ptrs)));
+        let item_order = item_order.transpose()?.flatten();
         let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(stream), m.strides));
-        let item_order = match opts.block_mask {
-            Some(mask) if kernel.args.iter().any(|a| a.kind == ArgKind::WorkOrder) => {
-                Some(mask.work_order(rt, spec, Work::QueryTiles { block_m: kernel.block_m })?)
-            }
-            _ => None,
-        };
         let item_order = item_order.as_ref().map(|order| order.device_ptr(stream));
         let work_counter = rt.work_counter_for(kernel, stream);
         let bound = descale.bind(stream);

@@ -17,7 +17,7 @@ use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use crate::tma::{self, TensorMaps};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use flashgen_codegen::abi::{ArgKind, Operand};
+use flashgen_codegen::abi::Operand;
 use flashgen_codegen::cuda::{TileConfig, Work};
 use flashgen_codegen::{Dropout, Shape, Spec};
 
@@ -137,17 +137,9 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         // The checks put params first, so the tensors are exactly the
         // arguments with device pointers, in declaration order.
         let (tensor_ptrs, _tensors) = tensor_ptrs(self.args, stream);
-        if let Some(mask) = opts.block_mask {
-            mask.built_for.check_launch(spec, shape, infos, &tensor_ptrs)?;
-        }
+        let item_order = opts.block_mask.map(|m| m.for_forward(rt, spec, kernel, (shape, infos, &tensor_ptrs)));
+        let item_order = item_order.transpose()?.flatten();
         let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(stream), m.strides));
-        // Under a data-dependent mask a persistent kernel claims its longest items first.
-        let item_order = match opts.block_mask {
-            Some(mask) if kernel.args.iter().any(|a| a.kind == ArgKind::WorkOrder) => {
-                Some(mask.work_order(rt, spec, Work::QueryTiles { block_m: kernel.block_m })?)
-            }
-            _ => None,
-        };
         let item_order = item_order.as_ref().map(|order| order.device_ptr(stream));
         let work_counter = rt.work_counter_for(kernel, stream);
         let bindings = Bindings {

@@ -183,14 +183,7 @@ fn main() {
         list("--dropout", "0")[0].parse().ok().filter(|&p| p > 0.0).map(|p| Dropout { p, seed: 1, offset: 0 });
 
     if args.iter().any(|a| a == "--jit") {
-        // A fresh cache directory, before any runtime reads the environment,
-        // and no NVRTC compute cache (~/.nv/ComputeCache), before NVRTC loads.
-        let dir = std::env::temp_dir().join(format!("flashgen-jit-{}", std::process::id()));
-        std::env::set_var("FLASHGEN_CACHE_DIR", &dir);
-        std::env::set_var("CUDA_CACHE_DISABLE", "1");
-        jit(&start_runtime());
-        let _ = std::fs::remove_dir_all(dir);
-        return;
+        return cold_jit();
     }
     if other_bench(&args, &list, iters) {
         return;
@@ -202,8 +195,7 @@ fn main() {
         rt.arch()
     );
     if packed {
-        packed_documents(&rt, &dims, iters, backward);
-        return;
+        return packed_documents(&rt, &dims, iters, backward);
     }
     println!(
         "{:<16} {:>4} {:>6} {:>3} {:>10} {:>9} {:>8} {:>15}{}",
@@ -256,20 +248,10 @@ fn main() {
                     let step =
                         backward.then(|| gpu.time_forward_backward(&rt, &spec, &problem, 3, iters)).transpose()?;
                     // Last: later launches of `gpu` run the e4m3 forward.
-                    let mut quantized = Vec::new();
-                    if e4m3 {
-                        let mut e4m3_problem = problem.clone();
-                        gpu.use_e4m3(&quantize_operands(&spec, &mut e4m3_problem, Granularity::PerKvHead))?;
-                        let tiles: Vec<Option<&String>> = match e4m3_tiles.is_empty() {
-                            true => vec![None],
-                            false => e4m3_tiles.iter().map(Some).collect(),
-                        };
-                        for tile in tiles {
-                            gpu.pin_config(tile.and_then(|t| e4m3_tile(t)));
-                            let name = tile.map_or("e4m3".to_string(), |t| format!("e4m3-{t}"));
-                            quantized.push((name, gpu.time(&rt, &spec, &e4m3_problem, 3, iters)));
-                        }
-                    }
+                    let quantized = match e4m3 {
+                        true => time_e4m3(&rt, &mut gpu, &spec, &problem, &e4m3_tiles, iters)?,
+                        false => Vec::new(),
+                    };
                     Ok((forward, step, config, quantized))
                 });
                 match timed {
@@ -279,24 +261,17 @@ fn main() {
                         println!(
                             "{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4} {tiles:>15}{config}"
                         );
-                        for (suffix, ms) in quantized {
-                            let name = format!("{name}-{suffix}");
+                        let quantized =
+                            quantized.into_iter().map(|(suffix, ms)| (format!("{name}-{suffix}"), ms, flops, ""));
+                        let step = step.map(|ms| (format!("{name}+bwd"), Ok(ms), 3.5 * flops, config.as_str()));
+                        for (name, ms, flops, config) in quantized.chain(step) {
                             match ms {
-                                Ok(ms) => {
-                                    let tflops = flops / (ms * 1e-3) / 1e12;
-                                    println!(
-                                        "{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4}"
-                                    );
-                                }
+                                Ok(ms) => println!(
+                                    "{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {:>9.1} {density:>8.4}{config}",
+                                    flops / (ms * 1e-3) / 1e12
+                                ),
                                 Err(e) => println!("{name:<16} {d:>4} {s:>6} {batch:>3} error: {e}"),
                             }
-                        }
-                        if let Some(ms) = step {
-                            let tflops = 3.5 * flops / (ms * 1e-3) / 1e12;
-                            let name = format!("{name}+bwd");
-                            println!(
-                                "{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4}{config}"
-                            );
                         }
                     }
                     Err(e) => println!("{name:<16} {d:>4} {s:>6} {batch:>3} error: {e}"),
@@ -307,6 +282,36 @@ fn main() {
             }
         }
     }
+}
+
+/// A timed launch's median milliseconds, or why it did not run.
+type Timed = Result<f64, flashgen::Error>;
+
+/// Times `gpu`'s problem quantized to e4m3 (per-K/V-head descales), in
+/// each of `tiles` (`--e4m3-tiles`; none: the runtime's choice): a row
+/// suffix and the median milliseconds of each. Later launches of `gpu` run
+/// the e4m3 forward.
+fn time_e4m3(
+    rt: &Runtime,
+    gpu: &mut DeviceProblem,
+    spec: &flashgen::Spec,
+    problem: &flashgen::codegen::reference::Problem,
+    tiles: &[String],
+    iters: usize,
+) -> Result<Vec<(String, Timed)>, flashgen::Error> {
+    let mut quantized = problem.clone();
+    gpu.use_e4m3(&quantize_operands(spec, &mut quantized, Granularity::PerKvHead))?;
+    let tiles: Vec<Option<&String>> = match tiles.is_empty() {
+        true => vec![None],
+        false => tiles.iter().map(Some).collect(),
+    };
+    let mut rows = Vec::new();
+    for tile in tiles {
+        gpu.pin_config(tile.and_then(|t| e4m3_tile(t)));
+        let suffix = tile.map_or("e4m3".to_string(), |t| format!("e4m3-{t}"));
+        rows.push((suffix, gpu.time(rt, spec, &quantized, 3, iters)));
+    }
+    Ok(rows)
 }
 
 /// A `--e4m3-tiles` entry: `n` keys with two consumer warpgroups, or
@@ -394,6 +399,17 @@ impl std::fmt::Display for Dims {
             false => f.pad(&format!("{}/{}", self.qk, self.v)),
         }
     }
+}
+
+/// `--jit` on a fresh cache directory, set before any runtime reads the
+/// environment, and without NVRTC's compute cache (~/.nv/ComputeCache),
+/// turned off before NVRTC loads.
+fn cold_jit() {
+    let dir = std::env::temp_dir().join(format!("flashgen-jit-{}", std::process::id()));
+    std::env::set_var("FLASHGEN_CACHE_DIR", &dir);
+    std::env::set_var("CUDA_CACHE_DISABLE", "1");
+    jit(&start_runtime());
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 fn start_runtime() -> Runtime {

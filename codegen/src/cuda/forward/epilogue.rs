@@ -83,11 +83,6 @@ pub(super) fn write_epilogue(
     };
     let row_term = lse_row_term(spec, hoisted);
     let RowStats { stats, lse: lse_value, inv } = RowStats::of(plan, sum, row_term.as_deref());
-    // e4m3 operands: V's descale joins O's factor (`e4m3::write_descales`).
-    let inv = match plan.operands {
-        Operands::Sixteen => inv.to_string(),
-        Operands::E4m3 => format!("({inv}) * v_scale"),
-    };
     if let OStaging::OBuffer(_) = staging {
         // The warp's last S has read its rows of Q: the producer may refill the buffer.
         writeln!(
@@ -151,19 +146,29 @@ pub(super) fn write_epilogue(
 struct RowStats {
     stats: String,
     lse: String,
-    inv: &'static str,
+    inv: String,
 }
 
 impl RowStats {
     /// A sink closes the row's softmax (`sink_row`), evaluated in the
     /// logits' frame; without one a row with no kept key has l == 0.
     fn of(plan: &Plan, sum: &str, row_term: Option<&str>) -> RowStats {
+        let stats = Self::of_softmax(plan, sum, row_term);
+        // e4m3 operands: V's descale joins O's factor (`e4m3::write_descales`).
+        match plan.operands {
+            Operands::Sixteen => stats,
+            Operands::E4m3 => RowStats { inv: format!("({}) * v_scale", stats.inv), ..stats },
+        }
+    }
+
+    /// [`RowStats::of`] of the softmax alone.
+    fn of_softmax(plan: &Plan, sum: &str, row_term: Option<&str>) -> RowStats {
         let plus_row_term = row_term.map(|term| format!(" + {term}")).unwrap_or_default();
         let Some(sink) = &plan.spec.sink else {
             return RowStats {
                 stats: format!("\x20   const float sum = sums[i] = {sum};\n"),
                 lse: format!("sum > 0.0f ? (m[mt][r] + fast_log2(sum){plus_row_term}) * LN2 : neg_inf()"),
-                inv: "sums[i] > 0.0f ? fast_rcp(sums[i]) : 0.0f",
+                inv: "sums[i] > 0.0f ? fast_rcp(sums[i]) : 0.0f".into(),
             };
         };
         let minus_row_term = row_term.map(|term| format!(" - {term}")).unwrap_or_default();
@@ -175,7 +180,7 @@ impl RowStats {
                 \x20   sums[i] = closed.o_scale;\n"
             ),
             lse: format!("(closed.lse2{plus_row_term}) * LN2"),
-            inv: "sums[i]",
+            inv: "sums[i]".into(),
         }
     }
 }
