@@ -13,7 +13,6 @@
 //! - The descales fold into the softmax scale (Q's and K's) and into O's
 //!   final factor (V's), per K/V head or per tensor.
 
-use super::plan::Plan;
 use crate::abi::{ArgKind, Operand};
 use crate::cuda::e4m3_v_tiles::e4m3_v_row;
 use crate::cuda::signature::arg_name;
@@ -102,8 +101,8 @@ pub(super) fn write_e4m3_tiles(w: &mut Writer<String>, spec: &Spec, config: Tile
 
 /// The consumers' descales of the item's K/V head: Q's and K's times the
 /// softmax scale as `qk_scale`, V's as `v_scale`.
-pub(super) fn write_descales(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
-    let name = |kind| arg_name(plan.spec, kind);
+pub(super) fn write_descales(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    let name = |kind| arg_name(spec, kind);
     let [heads, heads_kv, scale] = [ArgKind::Heads, ArgKind::HeadsKv, ArgKind::Scale].map(name);
     let factor = |op| format!("{}[kv_head * {}]", name(ArgKind::Descale(op)), name(ArgKind::DescaleStride(op)));
     let [q, k, v] = [Operand::Q, Operand::K, Operand::V].map(factor);

@@ -65,7 +65,7 @@ pub(super) fn write_consumers(w: &mut Writer<String>, roles: &Roles) -> fmt::Res
         writeln!(w, "if (item >= items) break;")?;
         write_item_coords(w, plan, ItemRole::Consumers(copy))?;
         if plan.operands == Operands::E4m3 {
-            write_descales(w, plan)?;
+            write_descales(w, spec)?;
         }
         writeln!(w)?;
         // The item's staged spec terms come with Q.
