@@ -76,7 +76,11 @@ template <int MASK_M, int MASK_N>
 __device__ __forceinline__ int coarse_class(const unsigned char* slice, int kv_tiles, int q_lo, int q_hi, int k_lo,
                                             int k_hi) {
     bool any = false, all = true;
+    // Not unrolled: a kernel inlines this at each of its tile walks, and
+    // unrolled copies cost compile time and the producer's registers.
+    #pragma unroll 1
     for (int i = q_lo / MASK_M; i <= q_hi / MASK_M; ++i) {
+        #pragma unroll 1
         for (int j = k_lo / MASK_N; j <= k_hi / MASK_N; ++j) {
             const unsigned char c = slice[(long long)i * kv_tiles + j];
             any |= c != 0;
