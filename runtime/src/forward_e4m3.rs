@@ -146,12 +146,15 @@ impl E4m3Launch<'_> {
             v_tiles: v_tiles_ptr,
             ..Bindings::without_operands(shape, self.infos, &[])
         };
-        let values = marshal(tiles_kernel.kernel(), &bindings)?;
-        let grid = launch_config(tiles_kernel.kernel(), &shape, 1, rt.sm_count())?;
-        // SAFETY: the V-tile kernel's arguments follow its own list;
-        // `check_forward` proved V's rows inside its buffer, and the tiles'
-        // buffer holds every tile of every (batch, K/V head).
-        unsafe { launch_checked(rt, stream, &tiles_kernel, &values, grid)? };
+        // Without keys there is no tile to write (and the forward reads none).
+        if v_tiles_shape.tiles > 0 {
+            let values = marshal(tiles_kernel.kernel(), &bindings)?;
+            let grid = launch_config(tiles_kernel.kernel(), &shape, 1, rt.sm_count())?;
+            // SAFETY: the V-tile kernel's arguments follow its own list;
+            // `check_forward` proved V's rows inside its buffer, and the
+            // tiles' buffer holds every tile of every (batch, K/V head).
+            unsafe { launch_checked(rt, stream, &tiles_kernel, &values, grid)? };
+        }
 
         let operands = [(Operand::Q, q_ptr, q_layout), (Operand::K, k_ptr, k_layout)];
         let maps = tensor_maps(spec, self.config, &operands, (v_tiles_ptr, shape, v_tiles_shape), (o_ptr, o_layout))?;
@@ -186,9 +189,12 @@ impl E4m3Launch<'_> {
 }
 
 /// Refuses an operand the V-tile kernel's 16-byte loads cannot read (its
-/// rows' address and strides are not 16-byte multiples).
+/// rows' address and strides are not 16-byte multiples; an axis of one
+/// element is only read at index 0, so its stride is free).
 fn check_aligned(operand: &'static str, base: u64, layout: &Layout) -> Result<(), Error> {
-    let aligned = layout.byte_address(base).is_multiple_of(16) && layout.strides.iter().all(|s| s % 16 == 0);
+    let sizes = [layout.batch, layout.seq, layout.heads];
+    let strides_aligned = layout.strides.iter().zip(sizes).all(|(s, n)| n <= 1 || s % 16 == 0);
+    let aligned = layout.byte_address(base).is_multiple_of(16) && strides_aligned;
     aligned.then_some(()).ok_or(Error::E4m3(E4m3Error::Unaligned { operand }))
 }
 
@@ -221,8 +227,10 @@ fn tensor_maps(
     let tile = |op| TmaBox::of(op, config.block_m(), config.block_n);
     let halves = |&(op, ptr, layout): &(Operand, u64, Layout), name| {
         let unaligned = Error::E4m3(E4m3Error::Unaligned { operand: name });
-        // Byte strides as 16-bit ones: odd ones cannot be 16-byte multiples.
-        if layout.strides.iter().any(|s| s % 2 != 0) {
+        // Byte strides as 16-bit ones: odd ones cannot be 16-byte multiples
+        // (an axis of one element is only read at index 0: any stride does).
+        let sizes = [layout.batch, layout.seq, layout.heads];
+        if layout.strides.iter().zip(sizes).any(|(s, n)| n > 1 && s % 2 != 0) {
             return Err(unaligned);
         }
         let halves = Layout { dim: layout.dim / 2, strides: layout.strides.map(|s| s / 2), offset: 0, ..layout };

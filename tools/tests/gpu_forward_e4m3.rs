@@ -103,6 +103,21 @@ fn every_tile_configuration_matches_the_reference() {
     table.finish();
 }
 
+/// One key and one query; one query against a partial last tile.
+#[test]
+#[ignore = "needs an NVIDIA Hopper GPU (run with --include-ignored)"]
+fn single_rows_match_the_reference() {
+    let rt = runtime();
+    let mut table = Table::default();
+    for (variant, seqs) in [("full", (3, 1)), ("causal", (1, 1)), ("causal_bottom_right", (1, 300))] {
+        let spec = spec(variant);
+        let case = Case::new((4, 2), seqs);
+        let seed: u64 = rand::random();
+        table.record(case.row(&spec, seed), run_once(&rt, &spec, &case, Granularity::PerTensor, (None, false), seed));
+    }
+    table.finish();
+}
+
 /// What a refused launch returned, for the assertions below.
 fn refused(rt: &Runtime, spec: &Spec, layouts: [Layout; 4], descale_len: usize, dropout: Option<Dropout>) -> Error {
     let stream = rt.stream();
