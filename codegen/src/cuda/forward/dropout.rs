@@ -2,6 +2,7 @@
 //! P V: the row sums have already taken every pair, so the LSE stays the
 //! softmax's and O = (P ⊙ keep / (1 − p)) V.
 
+use super::logit::write_s_groups;
 use super::plan::Plan;
 use crate::cuda::kit::dropout::dropout_decl;
 use crate::cuda::writer::Writer;
@@ -17,20 +18,12 @@ pub(super) fn write_dropout(w: &mut Writer<String>, plan: &Plan) -> fmt::Result 
     writeln!(w, "{{")?;
     w.indented(|w| {
         writeln!(w, "{}", dropout_decl(plan.spec))?;
-        write!(
+        write_s_groups(
             w,
             "\
-            #pragma unroll\n\
-            for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
-            \x20   const int mt = i / 2, r = i % 2;\n\
-            \x20   const int q = q0 + warp * WARP_M + mt * 16 + g + 8 * r;\n\
-            \x20   #pragma unroll\n\
-            \x20   for (int n = 0; n < S_TILES; ++n) {{\n\
-            \x20       const DropoutPair f = dropout_keys(drop, drop_bh, q, kv0 + n * 8 + 2 * t);\n\
-            \x20       s[mt][n][2 * r] *= f.first;\n\
-            \x20       s[mt][n][2 * r + 1] *= f.second;\n\
-            \x20   }}\n\
-            }}\n"
+            const DropoutPair f = dropout_keys(drop, drop_bh, q, kv0 + n * 8 + 2 * t);\n\
+            s[mt][n][2 * r] *= f.first;\n\
+            s[mt][n][2 * r + 1] *= f.second;",
         )
     })?;
     writeln!(w, "}}")

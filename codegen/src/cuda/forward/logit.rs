@@ -203,6 +203,22 @@ fn conjunct_count(e: &Expr) -> usize {
 /// Maps this warp's S tile (keys from `kv0`) through `call`, element by
 /// element.
 pub(super) fn write_apply_logits(w: &mut Writer<String>, call: &str) -> fmt::Result {
+    write_s_groups(
+        w,
+        &format!(
+            "\
+            #pragma unroll\n\
+            for (int c = 0; c < 2; ++c) {{\n\
+            \x20   float& x = s[mt][n][2 * r + c];\n\
+            \x20   x = {call};\n\
+            }}"
+        ),
+    )
+}
+
+/// A loop over this warp's S tile: per row slot `i` (its m-tile `mt`, half
+/// `r` and query `q`) and 8-key group `n`, the lines of `body`.
+pub(super) fn write_s_groups(w: &mut Writer<String>, body: &str) -> fmt::Result {
     write!(
         w,
         "\
@@ -211,13 +227,8 @@ pub(super) fn write_apply_logits(w: &mut Writer<String>, call: &str) -> fmt::Res
         \x20   const int mt = i / 2, r = i % 2;\n\
         \x20   const int q = q0 + warp * WARP_M + mt * 16 + g + 8 * r;\n\
         \x20   #pragma unroll\n\
-        \x20   for (int n = 0; n < S_TILES; ++n) {{\n\
-        \x20       #pragma unroll\n\
-        \x20       for (int c = 0; c < 2; ++c) {{\n\
-        \x20           float& x = s[mt][n][2 * r + c];\n\
-        \x20           x = {call};\n\
-        \x20       }}\n\
-        \x20   }}\n\
-        }}\n"
-    )
+        \x20   for (int n = 0; n < S_TILES; ++n) {{\n"
+    )?;
+    body.lines().try_for_each(|line| writeln!(w, "        {line}"))?;
+    writeln!(w, "    }}\n}}")
 }
