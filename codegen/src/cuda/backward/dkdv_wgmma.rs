@@ -674,3 +674,24 @@ fn write_step_dq(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         w.write_str(release)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// K's upper half is a TMA destination and a wgmma operand: its tile,
+    /// the last one, starts on a 1024-byte swizzle atom as the others do.
+    #[test]
+    fn k_half_tile_starts_on_a_swizzle_atom() {
+        let mut copied = 0;
+        for d in (64..=128).step_by(16) {
+            let spec = crate::parse_one(&format!("S {{ dtype: bf16, head_dim: {d} }}")).unwrap();
+            if let Some(cols) = k_half_cols(&spec) {
+                let offset = smem_bytes(&spec) - 1024 - 2 * 16 * WARPS * cols;
+                assert_eq!(offset % 1024, 0, "d = {d}");
+                copied += 1;
+            }
+        }
+        assert!(copied > 0, "some head dim copies K's upper half");
+    }
+}
