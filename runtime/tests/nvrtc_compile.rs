@@ -7,11 +7,11 @@ mod support;
 use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{
     emit_add_f32, emit_add_partial, emit_backward, emit_backward_varlen, emit_backward_with, emit_block_mask,
-    emit_decode, emit_decode_paged, emit_decode_with, emit_forward_copying, emit_forward_dropout, emit_forward_paged,
-    emit_forward_varlen, emit_merge_partial, emit_paged_append, emit_work_order, BackwardConfig, BackwardPass,
-    DecodeCache, DecodeConfig, DecodeQueries, KvCacheDtype, Mma, Target, TileCopy, Work,
+    emit_decode, emit_decode_paged, emit_decode_with, emit_e4m3_v_tiles, emit_forward_copying, emit_forward_dropout,
+    emit_forward_e4m3, emit_forward_paged, emit_forward_varlen, emit_merge_partial, emit_paged_append, emit_work_order,
+    BackwardConfig, BackwardPass, DecodeCache, DecodeConfig, DecodeQueries, KvCacheDtype, Mma, Target, TileCopy, Work,
 };
-use flashgen_codegen::{parse_str, Spec};
+use flashgen_codegen::{parse_str, HeadDims, Spec};
 use flashgen_runtime::tile_choice;
 use flashgen_runtime::{compile_cubin, compile_cubin_with_log, compile_phases, Arch, Error};
 use std::collections::HashSet;
@@ -241,6 +241,27 @@ fn every_shipped_spec_compiles_e4m3_decode_for_sm80_and_sm90() {
             .map(|text| parse_str(text).unwrap().remove(0)),
     );
     compile_all(specs.iter().flat_map(e4m3_decode_kernels).collect());
+}
+
+/// Every shipped spec's e4m3 forward (and its V-tile kernel) compiles for
+/// sm_90a unserialized in its configuration, and the language fixture's
+/// in every candidate configuration at d = 64 and 96.
+#[test]
+fn every_shipped_spec_compiles_its_e4m3_forward_for_sm90() {
+    require_nvrtc();
+    let sm90 = Arch::new(9, 0);
+    let language = parse_str(include_str!("../../codegen/tests/specs/language.attn")).unwrap().remove(0);
+    let narrow = [64, 96].map(|d| Spec { head_dims: HeadDims { qk: d, v: d }, ..language.clone() });
+    let shipped = shipped_specs().into_iter().map(|spec| (tile_choice::e4m3(&spec, sm90.target()), spec));
+    let fixture =
+        narrow.into_iter().flat_map(|spec| tile_choice::e4m3_candidates(&spec).map(|c| (Some(c), spec.clone())));
+    let mut jobs = Vec::new();
+    for (config, spec) in shipped.chain(fixture) {
+        let config = config.unwrap_or_else(|| panic!("{}: no e4m3 configuration", spec.name));
+        let kernel = emit_forward_e4m3(&spec, config).unwrap_or_else(|| panic!("{}: {config:?}", spec.name));
+        jobs.extend([(kernel, sm90), (emit_e4m3_v_tiles(&spec, config.block_n), sm90)]);
+    }
+    compile_all(jobs);
 }
 
 fn e4m3_decode_kernels(spec: &Spec) -> Vec<(Kernel, Arch)> {
