@@ -137,7 +137,10 @@ impl E4m3Launch<'_> {
         let dvp = spec.head_dims.v.next_multiple_of(16) as usize;
         let v_tiles_shape =
             VTiles { dvp, tiles: shape.kv_len.div_ceil(block_n as usize), row: e4m3_v_row(block_n) as usize };
-        let mut v_tiles = scratch::zeros::<u8>(stream, shape.batch * shape.heads_kv * v_tiles_shape.bytes())?;
+        // SAFETY: the V-tile kernel writes every byte of every tile, zeros
+        // past the keys included, before the forward reads any.
+        let mut v_tiles =
+            unsafe { scratch::uninit::<u8>(stream, shape.batch * shape.heads_kv * v_tiles_shape.bytes())? };
         let (v_tiles_ptr, _v_tiles) = v_tiles.device_ptr_mut(stream);
         let strides = [q_layout.strides, k_layout.strides, v_layout.strides, o_layout.strides];
         let bindings = Bindings {

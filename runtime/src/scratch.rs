@@ -27,9 +27,24 @@ pub(crate) fn zeros<T: DeviceRepr + ValidAsZeroBits>(
     stream: &Arc<CudaStream>,
     len: usize,
 ) -> Result<CudaSlice<T>, Error> {
+    // SAFETY: zeroed at once, in stream order, before anything reads it.
+    let mut slice = unsafe { uninit::<T>(stream, len)? };
+    stream.memset_zeros(&mut slice).map_err(|e| Error::driver("allocating scratch memory", e))?;
+    Ok(slice)
+}
+
+/// `len` elements on `stream`'s device, ordered on `stream`, their values
+/// whatever the memory held.
+///
+/// # Safety
+/// Every element a later read reaches must be written first (in stream
+/// order): a kernel that writes the whole buffer, say.
+pub(crate) unsafe fn uninit<T: DeviceRepr>(stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<T>, Error> {
     let len = len.max(1);
+    let failed = |e| Error::driver("allocating scratch memory", e);
     let Pool(Some(pool)) = pool_of(stream)? else {
-        return stream.alloc_zeros::<T>(len).map_err(|e| Error::driver("allocating scratch memory", e));
+        // SAFETY: the caller writes before reading.
+        return unsafe { stream.alloc::<T>(len) }.map_err(failed);
     };
     let max = usize::MAX / std::mem::size_of::<T>().max(1);
     let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or(Error::TooLarge {
@@ -38,15 +53,12 @@ pub(crate) fn zeros<T: DeviceRepr + ValidAsZeroBits>(
         max,
     })?;
     let mut ptr = 0;
-    let failed = |e| Error::driver("allocating scratch memory", e);
     // SAFETY: the pool belongs to the stream's device; the pointer is
     // handed to a CudaSlice of exactly `len` elements, which frees it on
     // the stream (cuMemFreeAsync) when dropped.
     unsafe {
         sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, pool, stream.cu_stream()).result().map_err(failed)?;
-        let mut slice = stream.upgrade_device_ptr::<T>(ptr, len);
-        stream.memset_zeros(&mut slice).map_err(failed)?;
-        Ok(slice)
+        Ok(stream.upgrade_device_ptr::<T>(ptr, len))
     }
 }
 
