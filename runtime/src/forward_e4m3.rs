@@ -120,10 +120,10 @@ impl E4m3Launch<'_> {
         // The guards order the launches after pending work on each buffer
         // and record them for later work; they live until after them.
         let stream = rt.stream();
-        check_aligned("V", v.device_ptr(stream).0, &v_layout)?;
         let (q_ptr, _q) = q.device_ptr(stream);
         let (k_ptr, _k) = k.device_ptr(stream);
         let (v_ptr, _v) = v.device_ptr(stream);
+        check_aligned("V", v_ptr, &v_layout)?;
         let (o_ptr, _o) = o.device_ptr_mut(stream);
         let [q_ptr, k_ptr, v_ptr] =
             [(q_ptr, &q_layout), (k_ptr, &k_layout), (v_ptr, &v_layout)].map(|(ptr, layout)| layout.byte_address(ptr));
