@@ -143,23 +143,26 @@ fn varlen_forward_kernels() {
     // wgmma kernel, whose producer claims past tiles beyond their sequence.
     for stem in ["causal_bottom_right", "document"] {
         let spec = variant(stem);
-        let sync = emit_forward_varlen(&spec, TileConfig::default_for(&spec));
+        let sync = emit_forward_varlen(&spec, TileConfig::default_for(&spec), TileCopy::Threads);
         insta::assert_snapshot!(format!("varlen_{stem}"), render(&sync));
-        insta::assert_snapshot!(format!("varlen_wgmma_{stem}"), render(&emit_forward_varlen(&spec, TWO_WARPGROUPS)));
+        let tma = emit_forward_varlen(&spec, TWO_WARPGROUPS, TileCopy::Tma);
+        insta::assert_snapshot!(format!("varlen_wgmma_{stem}"), render(&tma));
     }
 }
 
 #[test]
 fn paged_forward_kernels() {
     // Paged K/V under a bottom-right causal mask (chunked prefill): the
-    // sequence's clamped K/V length, rows gathered through the block table,
-    // on mma.sync and on the persistent wgmma kernel.
+    // sequence's clamped K/V length, rows gathered through the block table
+    // on mma.sync and by the persistent wgmma kernel's threads, or its
+    // walking warp's TMA boxes of a page each.
     let spec = variant("causal_bottom_right");
-    insta::assert_snapshot!(
-        "paged_causal_bottom_right",
-        render(&emit_forward_paged(&spec, TileConfig::default_for(&spec)))
-    );
-    insta::assert_snapshot!("paged_wgmma_causal_bottom_right", render(&emit_forward_paged(&spec, TWO_WARPGROUPS)));
+    let sync = emit_forward_paged(&spec, TileConfig::default_for(&spec), TileCopy::Threads);
+    insta::assert_snapshot!("paged_causal_bottom_right", render(&sync));
+    let threads = emit_forward_paged(&spec, TWO_WARPGROUPS, TileCopy::Threads);
+    insta::assert_snapshot!("paged_wgmma_causal_bottom_right", render(&threads));
+    let tma = emit_forward_paged(&spec, TWO_WARPGROUPS, TileCopy::Tma);
+    insta::assert_snapshot!("paged_wgmma_tma_causal_bottom_right", render(&tma));
     insta::assert_snapshot!("paged_append_causal_bottom_right", render(&emit_paged_append(&spec)));
 }
 

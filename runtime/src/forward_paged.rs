@@ -19,7 +19,7 @@ use crate::marshal::{launch_config, marshal, Bindings, PagedBindings, VarlenBind
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::paged::PagedKv;
 use crate::runtime::Runtime;
-use crate::tma::{kv_boxes, paged_box_rows};
+use crate::tma::{copy_with, paged_box_rows, ragged_maps};
 use cudarc::driver::{CudaSlice, DevicePtrMut};
 use flashgen_codegen::Spec;
 
@@ -72,8 +72,10 @@ impl Runtime {
     /// max_kv_len)]`, a page id into `[0, num_pages)`), so bad values give
     /// wrong rows, never an access out of bounds. Runs in `opts.config` or
     /// the preferred configuration for `max_kv_len` keys; no block mask
-    /// ([`RaggedError::VarlenBlockMask`](crate::RaggedError::VarlenBlockMask)) and no autotuning; threads gather the
-    /// K/V rows (no TMA).
+    /// ([`RaggedError::VarlenBlockMask`](crate::RaggedError::VarlenBlockMask)) and no autotuning. Warp-specialized
+    /// kernels copy K/V tiles by TMA, a box per page, where a tile holds
+    /// whole pages or lies in one, the pages lie a page apart and TMA can
+    /// address every operand; else their threads gather the rows.
     pub fn forward_paged<T: Element>(
         &self,
         spec: &Spec,
@@ -101,9 +103,6 @@ impl Runtime {
             return Ok(());
         };
         let config = self.ragged_config(spec, opts.config, kv.max_kv_len)?;
-        let loaded = self.load_which(spec, Which::ForwardPaged(config))?;
-        let kernel = loaded.kernel();
-        let grid = launch_config(kernel, &checked.shape, 1, self.sm_count())?;
 
         // The guards order the launch after pending work on each buffer and
         // record it for later work; they must live until after the launch.
@@ -120,12 +119,16 @@ impl Runtime {
         let (kv_lens, _kv_lens) = kv.kv_lens.device_ptr(stream);
         let lse = lse.map(|l| l.device_ptr_mut(stream));
         let (tensor_ptrs, _tensors) = tensor_ptrs(args, stream);
-        let work_counter = self.work_counter_for(kernel, stream);
         let layouts = [q_layout, kv.k.1.as_layout(), kv.v.1.as_layout(), o_layout];
-        let cache = kv.k.1;
-        let caches = [(k_ptr, &layouts[1]), (v_ptr, &layouts[2])];
-        let rows = paged_box_rows(config.block_n, cache.page_size);
-        let (tensor_maps, kv_box_rows) = kv_boxes(kernel, caches, rows, spec.dtype, self.tma);
+        let ptrs = [q_ptr, k_ptr, v_ptr, o_ptr];
+        // Dense queries are one run of rows too: their batch rows follow each other.
+        let operands = [0, 1, 2, 3].map(|i| (layouts[i].address(ptrs[i]), &layouts[i]));
+        let kv_box_rows = paged_box_rows(config.block_n, kv.k.1.page_size);
+        let tensor_maps = ragged_maps(config, operands, kv_box_rows, spec.dtype, self.tma);
+        let loaded = self.load_which(spec, Which::ForwardPaged(config, config.kernel_copy(copy_with(&tensor_maps))))?;
+        let kernel = loaded.kernel();
+        let grid = launch_config(kernel, &checked.shape, 1, self.sm_count())?;
+        let work_counter = self.work_counter_for(kernel, stream);
         let values = marshal(
             kernel,
             &Bindings {
@@ -139,13 +142,13 @@ impl Runtime {
                     kv_lens,
                     block_table: table,
                     pages_per_seq: kv.pages_per_seq,
-                    page_size: cache.page_size,
-                    num_pages: cache.num_pages,
+                    page_size: kv.k.1.page_size,
+                    num_pages: kv.k.1.num_pages,
                 }),
                 tensor_maps,
                 kv_box_rows,
                 ..Bindings::without_operands(checked.shape, &infos, &tensor_ptrs).with_operands(
-                    [q_ptr, k_ptr, v_ptr, o_ptr],
+                    ptrs,
                     layouts,
                     lse.as_ref().map_or(0, |(ptr, _)| *ptr),
                     scale,

@@ -14,7 +14,7 @@ use crate::layout::PackedLayout;
 use crate::marshal::{launch_config, marshal, Bindings, VarlenBindings};
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
-use crate::tma::kv_boxes;
+use crate::tma::{copy_with, ragged_maps};
 use cudarc::driver::{CudaSlice, DevicePtrMut};
 use flashgen_codegen::Spec;
 
@@ -67,7 +67,8 @@ impl Runtime {
     /// candidate) or [`tile_choice::preferred_for`](crate::tile_choice::preferred_for)
     /// `max_kv_len` keys; no autotuning, and no block mask (`opts.block_mask`
     /// must be `None`: [`RaggedError::VarlenBlockMask`](crate::RaggedError::VarlenBlockMask)). Warp-specialized kernels
-    /// copy with their threads (a TMA box could cross into the next sequence).
+    /// copy with TMA where it can address every operand, through ragged
+    /// descriptors that end each box at its sequence's end.
     pub fn forward_varlen<T: Element>(
         &self,
         spec: &Spec,
@@ -94,9 +95,6 @@ impl Runtime {
             return Ok(());
         };
         let config = self.ragged_config(spec, opts.config, seqs.max_kv_len)?;
-        let loaded = self.load_which(spec, Which::ForwardVarlen(config))?;
-        let kernel = loaded.kernel();
-        let grid = launch_config(kernel, &checked.shape, 1, self.sm_count())?;
 
         // The guards order the launch after pending work on each buffer and
         // record it for later work; they must live until after the launch.
@@ -109,19 +107,22 @@ impl Runtime {
         let (cu_k, _cu_k) = seqs.cu_seqlens_k.device_ptr(stream);
         let lse = lse.map(|l| l.device_ptr_mut(stream));
         let (tensor_ptrs, _tensors) = tensor_ptrs(args, stream);
+        let ptrs = [q_ptr, k_ptr, v_ptr, o_ptr];
+        let operands = [0, 1, 2, 3].map(|i| (layouts[i].address(ptrs[i]), &layouts[i]));
+        let tensor_maps = ragged_maps(config, operands, config.block_n, spec.dtype, self.tma);
+        let loaded =
+            self.load_which(spec, Which::ForwardVarlen(config, config.kernel_copy(copy_with(&tensor_maps))))?;
+        let kernel = loaded.kernel();
+        let grid = launch_config(kernel, &checked.shape, 1, self.sm_count())?;
         let work_counter = self.work_counter_for(kernel, stream);
-        // A warp-specialized kernel copies a tile inside its sequence as one box.
-        let caches = [(k_ptr, &layouts[1]), (v_ptr, &layouts[2])];
-        let (tensor_maps, kv_box_rows) = kv_boxes(kernel, caches, config.block_n, spec.dtype, self.tma);
         let values = marshal(
             kernel,
             &Bindings {
                 work_counter: work_counter.as_ref().map(|(ptr, _)| *ptr),
                 tensor_maps,
-                kv_box_rows,
                 varlen: Some(VarlenBindings { cu_seqlens: [cu_q, cu_k], tokens: checked.tokens }),
                 ..Bindings::without_operands(checked.shape, &infos, &tensor_ptrs).with_operands(
-                    [q_ptr, k_ptr, v_ptr, o_ptr],
+                    ptrs,
                     layouts,
                     lse.as_ref().map_or(0, |(ptr, _)| *ptr),
                     scale,

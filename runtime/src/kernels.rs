@@ -14,10 +14,12 @@ pub(crate) enum Which {
     Forward(TileConfig, TileCopy),
     /// The forward with dropout, made by [`Which::forward_with`].
     ForwardDropout(TileConfig, TileCopy),
-    /// The varlen forward in a configuration (it copies with threads).
-    ForwardVarlen(TileConfig),
-    /// The paged forward in a configuration (it gathers with threads).
-    ForwardPaged(TileConfig),
+    /// The varlen forward in a configuration, copying as it says (made by
+    /// [`Which::forward`]'s rule: one copy where there is no choice).
+    ForwardVarlen(TileConfig, TileCopy),
+    /// The paged forward in a configuration, copying as it says (as
+    /// `ForwardVarlen`).
+    ForwardPaged(TileConfig, TileCopy),
     /// The forward on e4m3 operands in a configuration (it copies with TMA).
     ForwardE4m3(TileConfig),
     /// The e4m3 forward's V tiles, of as many keys as its tiles.
@@ -112,8 +114,10 @@ impl Which {
             for config in TileConfig::feasible(spec, target) {
                 add(Which::forward(config, TileCopy::Tma));
                 add(Which::forward(config, TileCopy::Threads));
-                add(Which::ForwardVarlen(config));
-                add(Which::ForwardPaged(config));
+                for copy in [TileCopy::Tma, TileCopy::Threads] {
+                    add(Which::ForwardVarlen(config, config.kernel_copy(copy)));
+                    add(Which::ForwardPaged(config, config.kernel_copy(copy)));
+                }
                 let order = Which::work_order(spec, cuda::Work::QueryTiles { block_m: config.block_m() });
                 if let (true, Some(order)) = (config.persistent(), order) {
                     add(order);
@@ -194,8 +198,8 @@ impl Which {
         match self {
             Which::Forward(config, copy) => Some(cuda::emit_forward_copying(spec, config, copy)),
             Which::ForwardDropout(config, copy) => Some(cuda::emit_forward_dropout(spec, config, copy)),
-            Which::ForwardVarlen(config) => Some(cuda::emit_forward_varlen(spec, config)),
-            Which::ForwardPaged(config) => Some(cuda::emit_forward_paged(spec, config)),
+            Which::ForwardVarlen(config, copy) => Some(cuda::emit_forward_varlen(spec, config, copy)),
+            Which::ForwardPaged(config, copy) => Some(cuda::emit_forward_paged(spec, config, copy)),
             Which::ForwardE4m3(config) => cuda::emit_forward_e4m3(spec, config),
             Which::E4m3VTiles(block_n) => Some(cuda::emit_e4m3_v_tiles(spec, block_n)),
             Which::PagedAppend => Some(cuda::emit_paged_append(spec)),

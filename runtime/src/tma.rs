@@ -1,16 +1,19 @@
 //! TMA descriptors (`CUtensorMap`) for the Hopper kernels whose producer
 //! copies a tile with one instruction (`codegen/src/cuda/library/tma.cuh`): Q, K and
 //! V of the persistent forward (and O, which its consumers store), Q, K, V
-//! and dO of the dK/dV kernel, and the K/V tiles of the warp-specialized
-//! varlen and paged forwards that lie inside their sequence (`kv_boxes`: a
-//! packed buffer is one batch row of tokens, a paged cache one batch per
-//! page). A
-//! descriptor describes an operand as the 4-d tensor `[batch, seq, heads,
-//! dim]` with its element strides, copied in the boxes codegen defines
-//! (`abi::TmaBox`); rows and columns past the
-//! tensor's end read zeros, as the cp.async copies' zero fill does. Where
-//! the copy engine cannot address a layout (an address or stride not a
-//! multiple of 16 bytes, a zero stride), there are no descriptors and the
+//! and dO of the dK/dV kernel. A descriptor describes an operand as the
+//! 4-d tensor `[batch, seq, heads, dim]` with its element strides, copied
+//! in the boxes codegen defines (`abi::TmaBox`); rows and columns past the
+//! tensor's end read zeros, as the cp.async copies' zero fill does.
+//!
+//! The varlen and paged forwards take ragged descriptors
+//! ([`ragged_maps`], `library/tma_ragged.cuh`): an operand's rows as one
+//! run of tokens, addressed per sequence so that rows past its end lie
+//! outside the tensor; a paged cache whose pages lie a page apart is such
+//! a run of rows, copied a page per box ([`paged_box_rows`]).
+//!
+//! Where the copy engine cannot address a layout (an address or stride not
+//! a multiple of 16 bytes, a zero stride), there are no descriptors and the
 //! launch runs the kernel generated to copy with cp.async
 //! (`cuda::TileCopy::Threads`).
 
@@ -20,8 +23,8 @@ use cudarc::driver::sys::{
     CUtensorMapL2promotion, CUtensorMapSwizzle,
 };
 use cudarc::driver::DeviceRepr;
-use flashgen_codegen::abi::{ArgKind, Kernel, Operand, TmaBox};
-use flashgen_codegen::cuda::TileCopy;
+use flashgen_codegen::abi::{Operand, TmaBox};
+use flashgen_codegen::cuda::{TileConfig, TileCopy};
 use flashgen_codegen::Dtype;
 
 /// Environment variable: `0` keeps the Hopper kernels on cp.async copies
@@ -96,41 +99,36 @@ pub(crate) fn tensor_maps(
         .collect()
 }
 
-/// The K/V descriptors and box rows of a varlen or paged launch of
-/// `kernel`: none where the kernel takes none (it is not warp-specialized);
-/// else descriptors of K and V (`kv`: each buffer's base address and its
-/// layout) in boxes of `rows` keys, or zeroed ones and 0 rows where `rows` is 0, TMA is off
-/// (`on`) or a layout rules it out: the kernel's threads then copy every
-/// tile.
-pub(crate) fn kv_boxes(
-    kernel: &Kernel,
-    kv: [(u64, &Layout); 2],
-    rows: u32,
+/// Ragged descriptors of Q, K, V and O of a varlen or paged forward in
+/// `config` (`operands`: each one's first element's address and its rows
+/// as one [`Layout`]), K and V in boxes of `kv_rows` rows, the others in
+/// [`TmaBox::of`]'s. `None` unless the configuration is warp-specialized
+/// and TMA on (`on`), or where `kv_rows` is 0 or a layout rules TMA out:
+/// the launch then runs the kernel that copies with its threads.
+pub(crate) fn ragged_maps(
+    config: TileConfig,
+    operands: [(u64, &Layout); 4],
+    kv_rows: u32,
     dtype: Dtype,
     on: bool,
-) -> (Option<TensorMaps>, u32) {
-    if !kernel.args.iter().any(|a| matches!(a.kind, ArgKind::TensorMap(_))) {
-        return (None, 0);
+) -> Option<TensorMaps> {
+    if !(on && config.persistent()) || kv_rows == 0 {
+        return None;
     }
-    let ops = [Operand::K, Operand::V];
-    let maps: Option<TensorMaps> = (on && rows > 0)
-        .then(|| {
-            ops.iter()
-                .zip(kv)
-                .map(|(&op, (base, layout))| {
-                    let tma_box = TmaBox { cols: TmaBox::COLS, rows };
-                    Some((op, encode(layout.address(base), layout, dtype, tma_box)?))
-                })
-                .collect()
+    let ops = [Operand::Q, Operand::K, Operand::V, Operand::O];
+    ops.into_iter()
+        .zip(operands)
+        .map(|(op, (ptr, layout))| {
+            let rows = match op {
+                Operand::K | Operand::V => kv_rows,
+                _ => TmaBox::of(op, config.block_m(), config.block_n).rows,
+            };
+            Some((op, encode_ragged(ptr, layout, dtype, rows)?))
         })
-        .flatten();
-    match maps {
-        Some(maps) => (Some(maps), rows),
-        None => (Some(ops.map(|op| (op, TensorMap::ZERO)).into_iter().collect()), 0),
-    }
+        .collect()
 }
 
-/// Keys per box of a paged launch's [`kv_boxes`]: a tile's (`block_n`)
+/// Keys per box of a paged launch's K/V descriptors: a tile's (`block_n`)
 /// where pages hold whole tiles, a page's where tiles are whole pages, else
 /// 0; and 0 under 8 rows (the 128-byte swizzle's period).
 pub(crate) fn paged_box_rows(block_n: u32, page_size: usize) -> u32 {
@@ -165,21 +163,55 @@ pub(crate) struct Tile {
 /// a copy moves bits, so an e4m3 operand is described as half as many),
 /// copied in boxes of `tma_box`; `None` where TMA cannot address it.
 pub(crate) fn encode(ptr: u64, layout: &Layout, dtype: Dtype, tma_box: TmaBox) -> Option<TensorMap> {
-    let rows = tma_box.rows;
-    const ELEM: u64 = 2;
     let [batch, seq, head] = layout.strides;
     // Innermost first. An empty axis is never read (no tile is visited),
     // but a descriptor's sizes must be at least 1.
     let dims = [layout.dim, layout.seq, layout.heads, layout.batch].map(|n| (n as u64).max(1));
     let mut strides = [0u64; 3];
     for (out, (stride, size)) in strides.iter_mut().zip([(seq, dims[1]), (head, dims[2]), (batch, dims[3])]) {
-        let bytes = u64::try_from(stride).ok()? * ELEM;
         // A size-1 axis is only ever read at index 0: any legal stride does.
-        *out = if size == 1 { 16 } else { bytes };
-        if *out == 0 || *out % 16 != 0 || *out >= 1 << 40 {
-            return None;
-        }
+        *out = if size == 1 { 16 } else { stride_bytes(stride)? };
     }
+    encode_tiled(ptr, &dims, &strides, [tma_box.cols, tma_box.rows], dtype)
+}
+
+/// The ragged descriptor (`library/tma_ragged.cuh`) of the rows of
+/// `layout` at `ptr` as one run of `batch · seq` tokens (its batch rows
+/// must lie a sequence apart), copied in boxes of `rows` rows: dims
+/// `(dim, 2^30, heads, 2^31 - 2^16, 2^31 - 2^16)`, strides of a row, a
+/// head, a row and 2^34 bytes less a row. `None` where TMA cannot address
+/// it.
+pub(crate) fn encode_ragged(ptr: u64, layout: &Layout, dtype: Dtype, rows: u32) -> Option<TensorMap> {
+    const SPAN_ROWS: u64 = 1 << 30;
+    const ENDS: u64 = 0x7fff_0000;
+    let [batch, seq, head] = layout.strides;
+    let tokens = (layout.batch as u64).checked_mul(layout.seq as u64)?;
+    if (layout.batch > 1 && batch != seq.checked_mul(layout.seq as i64)?) || tokens >= SPAN_ROWS {
+        return None;
+    }
+    let row = stride_bytes(seq)?;
+    let head = if layout.heads <= 1 { 16 } else { stride_bytes(head)? };
+    // 2^30 of these wrap to -2^30 rows: a nonzero multiple of 16 as well.
+    let back = stride_bytes_of((1u64 << 34).checked_sub(row)?)?;
+    let dims = [(layout.dim as u64).max(1), SPAN_ROWS, (layout.heads as u64).max(1), ENDS, ENDS];
+    encode_tiled(ptr, &dims, &[row, head, row, back], [TmaBox::COLS, rows], dtype)
+}
+
+/// An element stride in bytes, as a descriptor takes it (a nonzero
+/// multiple of 16 under 2^40), or `None`.
+fn stride_bytes(stride: i64) -> Option<u64> {
+    stride_bytes_of(u64::try_from(stride).ok()?.checked_mul(2)?)
+}
+
+/// `bytes` where a descriptor takes it as a stride.
+fn stride_bytes_of(bytes: u64) -> Option<u64> {
+    (bytes != 0 && bytes.is_multiple_of(16) && bytes < 1 << 40).then_some(bytes)
+}
+
+/// `cuTensorMapEncodeTiled` of a tensor of 16-bit elements with `dims`
+/// (innermost first) and byte `strides` of all but the innermost, in boxes
+/// of `[cols, rows]` (1 along the other dims), 128-byte swizzled.
+fn encode_tiled(ptr: u64, dims: &[u64], strides: &[u64], [cols, rows]: [u32; 2], dtype: Dtype) -> Option<TensorMap> {
     if !ptr.is_multiple_of(16) || dims.iter().any(|&n| n > u64::from(u32::MAX)) || rows == 0 || rows > 256 {
         return None;
     }
@@ -187,16 +219,18 @@ pub(crate) fn encode(ptr: u64, layout: &Layout, dtype: Dtype, tma_box: TmaBox) -
         Dtype::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         Dtype::Bf16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
     };
-    let boxes = [tma_box.cols, rows, 1, 1];
-    let element_strides = [1u32; 4];
+    let mut boxes = [1u32; 5];
+    boxes[..2].copy_from_slice(&[cols, rows]);
+    let element_strides = [1u32; 5];
     let mut map = TensorMap::ZERO;
-    // SAFETY: every array has the rank's length (strides one less), `map`
-    // is a 128-byte aligned CUtensorMap, and the driver only reads `ptr`.
+    // SAFETY: `dims` has the rank's length and `strides` one less, the box
+    // and element-stride arrays at least the rank's; `map` is a 128-byte
+    // aligned CUtensorMap, and the driver only reads `ptr`.
     let result = unsafe {
         cuTensorMapEncodeTiled(
             &mut map.0,
             data_type,
-            4,
+            dims.len() as u32,
             ptr as *mut std::ffi::c_void,
             dims.as_ptr(),
             strides.as_ptr(),

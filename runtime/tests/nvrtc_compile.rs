@@ -156,17 +156,21 @@ fn varlen_kernels(spec: &Spec) -> Vec<(Kernel, Arch)> {
         .into_iter()
         .filter(|c| c.mma == Mma::Wgmma)
         .map(|c| (c, Arch::new(9, 0)));
-    sm80.chain(hopper).map(|(c, arch)| (emit_forward_varlen(spec, c), arch)).collect()
+    let copies = [TileCopy::Tma, TileCopy::Threads];
+    sm80.chain(hopper)
+        .flat_map(|(c, arch)| copies.map(|copy| (emit_forward_varlen(spec, c, c.kernel_copy(copy)), arch)))
+        .collect()
 }
 
 /// Every shipped spec's paged forward on sm_80 (its preferred configuration)
-/// and sm_90 (every wgmma candidate: the persistent ones gather with
-/// threads), and its paged append.
+/// and sm_90 (every wgmma candidate, the persistent ones copying with TMA
+/// and with threads), and its paged append.
 #[test]
 fn every_shipped_spec_compiles_paged_for_sm80_and_sm90() {
     require_nvrtc();
     let jobs: Vec<(Kernel, Arch)> = shipped_specs().iter().flat_map(paged_kernels).collect();
     assert!(jobs.iter().any(|(k, _)| k.source.contains("load_paged_tile<BLOCK_N")));
+    assert!(jobs.iter().any(|(k, _)| k.source.contains("load_paged_boxes<BLOCK_N")));
     compile_all(jobs);
 }
 
@@ -177,7 +181,11 @@ fn paged_kernels(spec: &Spec) -> Vec<(Kernel, Arch)> {
         .filter(|c| c.mma == Mma::Wgmma)
         .map(|c| (c, Arch::new(9, 0)));
     let append = [(emit_paged_append(spec), Arch::new(8, 0))];
-    let forward = sm80.into_iter().chain(hopper).map(|(c, arch)| (emit_forward_paged(spec, c), arch));
+    let copies = [TileCopy::Tma, TileCopy::Threads];
+    let forward = sm80
+        .into_iter()
+        .chain(hopper)
+        .flat_map(move |(c, arch)| copies.map(|copy| (emit_forward_paged(spec, c, c.kernel_copy(copy)), arch)));
     forward.chain(append).collect()
 }
 

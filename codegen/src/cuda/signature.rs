@@ -25,38 +25,26 @@ pub(super) fn forward_args(spec: &Spec, persistent: Option<TileCopy>) -> Vec<Ker
 
 /// A varlen forward's arguments: as [`forward_args`]', with the sequences'
 /// prefix sums, longest lengths and token counts for the lengths, each
-/// operand's token and head strides (no batch axis), and neither a work
-/// order nor TMA descriptors (its tiles may cross into the next sequence:
-/// the threads copy them, clipped).
-pub(super) fn forward_varlen_args(spec: &Spec, persistent: bool) -> Vec<KernelArg> {
+/// operand's token and head strides (no batch axis), and no work order. A
+/// persistent kernel copying with TMA takes ragged descriptors of Q, K, V
+/// and O (`library/tma_ragged.cuh`: rows past a sequence's end lie outside
+/// them, so no box reads or writes another sequence's tokens).
+pub(super) fn forward_varlen_args(spec: &Spec, persistent: Option<TileCopy>) -> Vec<KernelArg> {
     let mut kinds: Vec<ArgKind> = FORWARD_OPERANDS.map(ArgKind::Ptr).to_vec();
     kinds.extend([ArgKind::Lse, ArgKind::Batch, ArgKind::Heads, ArgKind::HeadsKv]);
     for side in [Side::Queries, Side::Keys] {
         kinds.extend([ArgKind::CuSeqlens(side), ArgKind::MaxLen(side), ArgKind::Tokens(side)]);
     }
     kinds.extend(FORWARD_OPERANDS.into_iter().flat_map(|op| [Axis::Seq, Axis::Head].map(|a| ArgKind::Stride(op, a))));
-    with_kv_boxes(spec, kinds, persistent)
-}
-
-/// A varlen or paged kernel's tail: a warp-specialized one copies the K/V
-/// tiles that lie inside their sequence (and one page) by TMA where the
-/// launch allows it, so it also takes the box's rows and K/V descriptors.
-fn with_kv_boxes(spec: &Spec, mut kinds: Vec<ArgKind>, persistent: bool) -> Vec<KernelArg> {
-    if persistent {
-        kinds.push(ArgKind::KvBoxRows);
-    }
-    let args = forward_tail(spec, kinds, persistent.then_some(TileCopy::Threads), false);
-    match persistent {
-        true => with_tensor_maps(spec, args, &[Operand::K, Operand::V]),
-        false => args,
-    }
+    forward_tail(spec, kinds, persistent, false)
 }
 
 /// A paged forward's arguments: as [`forward_varlen_args`]', the keys'
 /// prefix sums and token count replaced by the per-sequence K/V lengths and
 /// the block table with its sizes, and K's and V's strides by their page,
-/// row and head strides.
-pub(super) fn forward_paged_args(spec: &Spec, persistent: bool) -> Vec<KernelArg> {
+/// row and head strides. Copying with TMA, the kernel also takes the keys
+/// per box of a page (`library/paged_tma.cuh`).
+pub(super) fn forward_paged_args(spec: &Spec, persistent: Option<TileCopy>) -> Vec<KernelArg> {
     let mut kinds: Vec<ArgKind> = FORWARD_OPERANDS.map(ArgKind::Ptr).to_vec();
     kinds.extend([ArgKind::Lse, ArgKind::Batch, ArgKind::Heads, ArgKind::HeadsKv]);
     kinds.extend([ArgKind::CuSeqlens(Side::Queries), ArgKind::MaxLen(Side::Queries), ArgKind::Tokens(Side::Queries)]);
@@ -68,7 +56,10 @@ pub(super) fn forward_paged_args(spec: &Spec, persistent: bool) -> Vec<KernelArg
         }
         kinds.extend([Axis::Seq, Axis::Head].map(|a| ArgKind::Stride(op, a)));
     }
-    with_kv_boxes(spec, kinds, persistent)
+    if persistent == Some(TileCopy::Tma) {
+        kinds.push(ArgKind::KvBoxRows);
+    }
+    forward_tail(spec, kinds, persistent, false)
 }
 
 /// The paged append: new K and V rows, the caches; the sequences (prefix

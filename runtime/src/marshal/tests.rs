@@ -70,12 +70,16 @@ fn values_follow_the_abi_order() {
     assert_eq!(values, expected);
 }
 
+/// The operands a varlen or paged forward copying with TMA takes
+/// descriptors of.
+const FORWARD_MAPS: [Operand; 4] = [Operand::Q, Operand::K, Operand::V, Operand::O];
+
 /// A varlen kernel's sequences, longest lengths and token counts come
 /// from the varlen bindings and the shape, its strides from each
 /// operand's token and head axes; without varlen bindings it is refused.
 #[test]
 fn varlen_kernels_marshal_their_sequences() {
-    use flashgen_codegen::cuda::{emit_forward_varlen, Mma, TileConfig};
+    use flashgen_codegen::cuda::{emit_forward_varlen, Mma, TileConfig, TileCopy};
     let spec = flashgen_codegen::parse_one(
         "D { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }",
     )
@@ -83,10 +87,9 @@ fn varlen_kernels_marshal_their_sequences() {
     let args = [ArgInfo::Tensor(ElemTy::I32, 3 * 7)];
     let persistent = TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n: 128 };
     for config in [TileConfig::default_for(&spec), persistent] {
-        let kernel = emit_forward_varlen(&spec, config);
+        let kernel = emit_forward_varlen(&spec, config, TileCopy::Tma);
         let varlen = Some(VarlenBindings { cu_seqlens: [91, 92], tokens: [500, 700] });
-        let tensor_maps =
-            Some([Operand::K, Operand::V].map(|op| (op, crate::tma::TensorMap::ZERO)).into_iter().collect());
+        let tensor_maps = Some(FORWARD_MAPS.map(|op| (op, crate::tma::TensorMap::ZERO)).into_iter().collect());
         let b = Bindings { varlen, tensor_maps, work_counter: Some(93), ..bindings(&args, &[99]) };
         let values = marshal(&kernel, &b).unwrap();
         let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];
@@ -114,15 +117,14 @@ fn varlen_kernels_marshal_their_sequences() {
 /// warp-specialized kernel's TMA boxes); without them it is refused.
 #[test]
 fn paged_kernels_marshal_their_caches() {
-    use flashgen_codegen::cuda::{emit_forward_paged, Mma, TileConfig};
+    use flashgen_codegen::cuda::{emit_forward_paged, Mma, TileConfig, TileCopy};
     let spec = flashgen_codegen::parse_one("C { dtype: bf16, head_dim: 64, mask: q + kv_len - q_len >= k }").unwrap();
     let persistent = TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n: 128 };
     for config in [TileConfig::default_for(&spec), persistent] {
-        let kernel = emit_forward_paged(&spec, config);
+        let kernel = emit_forward_paged(&spec, config, TileCopy::Tma);
         let varlen = Some(VarlenBindings { cu_seqlens: [0, 0], tokens: [500, 0] });
         let paged = Some(PagedBindings { kv_lens: 94, block_table: 95, pages_per_seq: 6, page_size: 3, num_pages: 17 });
-        let tensor_maps =
-            Some([Operand::K, Operand::V].map(|op| (op, crate::tma::TensorMap::ZERO)).into_iter().collect());
+        let tensor_maps = Some(FORWARD_MAPS.map(|op| (op, crate::tma::TensorMap::ZERO)).into_iter().collect());
         let b = Bindings { varlen, paged, tensor_maps, kv_box_rows: 8, work_counter: Some(93), ..bindings(&[], &[]) };
         let values = marshal(&kernel, &b).unwrap();
         let value = |name: &str| values[kernel.args.iter().position(|a| a.name == name).unwrap()];

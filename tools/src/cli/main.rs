@@ -132,8 +132,8 @@ fn run(cli: Cli) -> Result<bool, Failure> {
                             config_name(config)
                         )
                     })?,
-                    false if varlen => cuda::emit_forward_varlen(&s, config),
-                    false if paged => cuda::emit_forward_paged(&s, config),
+                    false if varlen => cuda::emit_forward_varlen(&s, config, TileCopy::Tma),
+                    false if paged => cuda::emit_forward_paged(&s, config, TileCopy::Tma),
                     false => cuda::emit_forward_with(&s, config),
                 };
                 print!("{}", kernel.source);

@@ -208,7 +208,8 @@ pub(super) fn write_o_store(
                 fence_async_smem();  // this thread's O, visible to the copy engine\n\
                 __syncwarp();\n\
                 if (lane == 0) {{\n\
-                \x20   tma_store_tile<WARP_M, V_COLS, BLOCK_M>(o_tile + warp * WARP_M * 64, {O_MAP}, q0 + warp * WARP_M, h, b);\n"
+                \x20   tma_store_tile<WARP_M, V_COLS, BLOCK_M>(o_tile + warp * WARP_M * 64, {O_MAP}, q0 + warp * WARP_M, h, {seq});\n",
+                seq = plan.tma_seq(Operand::O)
             )?;
             if wait_read {
                 writeln!(w, "\x20   tma_store_wait_read();")?;

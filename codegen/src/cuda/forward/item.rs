@@ -73,6 +73,10 @@ pub(super) fn write_item_rows(w: &mut Writer<String>, plan: &Plan, role: ItemRol
             }
         }
     }
+    if plan.paged && role == ItemRole::Producer(TileCopy::Tma) {
+        writeln!(w, "// The sequence's pages, for the boxes' page ids (K's and V's are the same).")?;
+        varlen::paged_rows(w, spec, Operand::K, "k_rows")?;
+    }
     if copies {
         // Paged rows are 16-byte aligned where pages are 16 bytes apart too.
         let pages_aligned = match plan.paged {

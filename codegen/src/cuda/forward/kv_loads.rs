@@ -1,6 +1,7 @@
 //! How a forward kernel copies one K or V tile into shared memory with
 //! `cp.async` (every thread, or the producer warpgroup's): strided rows,
-//! or a paged kernel's rows gathered through its block table.
+//! or a paged kernel's rows gathered through its block table; and how a
+//! paged kernel's walking warp copies them by TMA, a box per page.
 
 use super::mma::ShmemCols;
 use super::plan::Plan;
@@ -8,7 +9,7 @@ use super::varlen::{key_var, pages_var};
 use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::names::{KV_BOX_ROWS, K_MAP, V_MAP};
-use crate::cuda::tile_config::warp_specialized;
+use crate::cuda::tile_config::{warp_specialized, TileCopy};
 use crate::cuda::writer::Writer;
 use std::fmt::{self, Write};
 
@@ -20,9 +21,8 @@ pub(super) struct KvLoads {
     ws: bool,
     /// Rows gathered from pages (`load_paged_tile`), else strided.
     paged: bool,
-    /// A varlen (or paged) kernel's: tiles inside their sequence may go by
-    /// TMA.
-    varlen: bool,
+    /// How a warp-specialized kernel copies.
+    copy: TileCopy,
     cols: ShmemCols,
     k_stride: String,
     v_stride: String,
@@ -36,7 +36,7 @@ impl KvLoads {
         KvLoads {
             ws: warp_specialized(config),
             paged: plan.paged,
-            varlen: plan.varlen,
+            copy: plan.copy.unwrap_or(TileCopy::Threads),
             cols: ShmemCols::of(config.mma),
             k_stride: name(ArgKind::Stride(Operand::K, Axis::Seq)),
             v_stride: name(ArgKind::Stride(Operand::V, Axis::Seq)),
@@ -75,15 +75,23 @@ impl KvLoads {
         self.load(w, ["v_rows", self.cols.v, "DV", &self.v_stride], dst, tile)
     }
 
-    /// A warp-specialized paged kernel's producer reads each K and V tile's
-    /// page ids a tile ahead of its copies, so that the table's latency
-    /// hides behind them: declares `k_key{suffix}` and `v_key{suffix}` of
-    /// `tile` (`const` ones when `fixed`).
+    /// A warp-specialized paged kernel's producer reads each tile's page
+    /// ids a tile ahead of its copies, so that the table's latency hides
+    /// behind them: declares, of `tile` (`const` ones when `fixed`), the
+    /// threads' `k_key{suffix}` and `v_key{suffix}`, or with TMA the
+    /// walking warp's `box_page{suffix}` (K and V share their pages).
     pub(super) fn keys(&self, w: &mut Writer<String>, suffix: &str, tile: &str, fixed: bool) -> fmt::Result {
         if !(self.paged && self.ws) {
             return Ok(());
         }
         let qualifier = if fixed { "const " } else { "" };
+        if self.copy == TileCopy::Tma {
+            let (pages, kv_len) = (pages_var("k_rows"), &self.kv_len);
+            return writeln!(
+                w,
+                "{qualifier}int box_page{suffix} = paged_box_page<BLOCK_N>({pages}, {tile} * BLOCK_N, {kv_len}, {KV_BOX_ROWS});"
+            );
+        }
         for (rows, cols, width) in [("k_rows", self.cols.qk, "D"), ("v_rows", self.cols.v, "DV")] {
             let call = self.key_call(rows, cols, width, tile);
             writeln!(w, "{qualifier}PagedKey {}{suffix} = {call};", key_var(rows))?;
@@ -93,45 +101,26 @@ impl KvLoads {
 
     /// The keys of [`KvLoads::keys`] moved on to the next tile's.
     pub(super) fn advance_keys(&self, w: &mut Writer<String>) -> fmt::Result {
-        match self.paged && self.ws {
-            true => writeln!(w, "k_key = k_key_next;\nv_key = v_key_next;"),
-            false => Ok(()),
+        match (self.paged && self.ws, self.copy) {
+            (false, _) => Ok(()),
+            (true, TileCopy::Tma) => writeln!(w, "box_page = box_page_next;"),
+            (true, TileCopy::Threads) => writeln!(w, "k_key = k_key_next;\nv_key = v_key_next;"),
         }
     }
 
-    /// A warp-specialized varlen or paged kernel's copy of K (`key` true)
-    /// or V into `dst`, completing on `bar`: by TMA where the launch allows
-    /// it and the tile lies inside its sequence (a varlen kernel's tile by
-    /// one box at its tokens, a paged kernel's by boxes of its pages,
-    /// `paged_tma.cuh`), else as `threads` writes it. Any other kernel's: as
-    /// `threads` writes it.
-    pub(super) fn boxed_or(
-        &self,
-        w: &mut Writer<String>,
-        key: bool,
-        [dst, bar, tile]: [&str; 3],
-        threads: impl FnOnce(&mut Writer<String>) -> fmt::Result,
-    ) -> fmt::Result {
-        if !(self.ws && self.varlen) {
-            return threads(w);
-        }
-        let (cols, map, rows) = match key {
-            true => (self.cols.qk, K_MAP, "k_rows"),
-            false => (self.cols.v, V_MAP, "v_rows"),
+    /// A paged kernel's TMA copy of K (`key` true) or V of `tile` into
+    /// `dst`, completing on `bar`: the walking warp's lanes copy its boxes
+    /// (`library/paged_tma.cuh`).
+    pub(super) fn boxes(&self, w: &mut Writer<String>, key: bool, [dst, bar, tile]: [&str; 3]) -> fmt::Result {
+        let (cols, map) = match key {
+            true => (self.cols.qk, K_MAP),
+            false => (self.cols.v, V_MAP),
         };
-        let kv_len = &self.kv_len;
-        w.block(format_args!("if ({KV_BOX_ROWS} > 0 && ({tile} + 1) * BLOCK_N <= {kv_len})"), |w| match self.paged {
-            true => writeln!(
-                w,
-                "load_paged_boxes<BLOCK_N, {cols}, PRODUCER_THREADS, THREADS>({dst}, {map}, {bar}, {}, {tile} * BLOCK_N, {KV_BOX_ROWS}, kv_head);",
-                pages_var(rows)
-            ),
-            false => writeln!(
-                w,
-                "tma_load_tile_shared<BLOCK_N, {cols}, PRODUCER_THREADS, THREADS>({dst}, {map}, {bar}, kv_seq.start + {tile} * BLOCK_N, kv_head);"
-            ),
-        })?;
-        w.block(format_args!("else"), threads)
+        let (pages, kv_len) = (pages_var("k_rows"), &self.kv_len);
+        writeln!(
+            w,
+            "load_paged_boxes<BLOCK_N, {cols}>({dst}, {map}, {bar}, {pages}, {tile} * BLOCK_N, {kv_len}, {KV_BOX_ROWS}, kv_head, box_page);"
+        )
     }
 
     /// This lane's `paged_key` of `tile` in the pages of `rows`.

@@ -113,17 +113,19 @@ pub fn emit_forward_e4m3(spec: &Spec, config: TileConfig) -> Option<Kernel> {
 /// The forward kernel of `spec` in `config` on varlen (packed) operands:
 /// tokens of all sequences back to back, `cu_seqlens_q` / `cu_seqlens_k`
 /// prefix sums on the device (see `varlen`). Deterministic, like
-/// [`emit_forward`]; warp-specialized configurations copy with their threads.
-pub fn emit_forward_varlen(spec: &Spec, config: TileConfig) -> Kernel {
-    emit(Plan::varlen(&spec.varlen_view(), config))
+/// [`emit_forward`]; `copy` applies where `config` is warp-specialized
+/// (with TMA, the launch passes ragged descriptors: `library/tma_ragged.cuh`).
+pub fn emit_forward_varlen(spec: &Spec, config: TileConfig, copy: TileCopy) -> Kernel {
+    emit(Plan::varlen(&spec.varlen_view(), config, copy))
 }
 
 /// The forward kernel of `spec` in `config` over paged K/V caches: queries
 /// packed (or dense), keys gathered through a block table of pages, each
 /// sequence's K/V length on the device (see `varlen`). Deterministic, like
-/// [`emit_forward`]; warp-specialized configurations copy with their threads.
-pub fn emit_forward_paged(spec: &Spec, config: TileConfig) -> Kernel {
-    emit(Plan::paged(&spec.varlen_view(), config))
+/// [`emit_forward`]; `copy` applies where `config` is warp-specialized
+/// (with TMA, K/V tiles go by boxes of whole pages: `library/paged_tma.cuh`).
+pub fn emit_forward_paged(spec: &Spec, config: TileConfig, copy: TileCopy) -> Kernel {
+    emit(Plan::paged(&spec.varlen_view(), config, copy))
 }
 
 /// [`emit_forward_copying`] with `clock64()` trace points, for
@@ -143,8 +145,8 @@ pub fn emit_forward_traced(spec: &Spec, config: TileConfig, copy: TileCopy) -> O
 fn emit(plan: Plan) -> Kernel {
     let (spec, config) = (plan.spec, plan.config);
     let (name, args) = match (plan.paged, plan.varlen) {
-        (true, _) => ("fwd_paged", forward_paged_args(spec, plan.copy.is_some())),
-        (false, true) => ("fwd_varlen", forward_varlen_args(spec, plan.copy.is_some())),
+        (true, _) => ("fwd_paged", forward_paged_args(spec, plan.copy)),
+        (false, true) => ("fwd_varlen", forward_varlen_args(spec, plan.copy)),
         (false, false) if plan.dropout => ("fwd_dropout", with_dropout(spec, forward_args(spec, plan.copy), true)),
         (false, false) if plan.operands == Operands::E4m3 => {
             ("fwd_e4m3", with_e4m3(spec, forward_args(spec, plan.copy), &[Operand::Q, Operand::K, Operand::V]))
@@ -211,9 +213,10 @@ fn library(plan: &Plan) -> Vec<Vec<Piece>> {
         sections.push(vec![Piece::Part(Part::Paged)]);
     }
     if plan.copy == Some(TileCopy::Tma) {
-        sections.push(vec![Piece::Part(Part::Tma), Piece::Part(Part::TmaStore)]);
-    } else if plan.varlen && plan.copy.is_some() {
-        let mut tma = vec![Piece::Part(Part::Tma)];
+        let mut tma = vec![Piece::Part(Part::Tma), Piece::Part(Part::TmaStore)];
+        if plan.varlen {
+            tma.push(Piece::Part(Part::TmaRagged));
+        }
         if plan.paged {
             tma.push(Piece::Part(Part::PagedTma));
         }

@@ -5,6 +5,7 @@
 use super::e4m3::{e4m3_tile_bytes, Operands};
 use super::mma::{smem_slack, tile_cols};
 use super::softmax::{RowSums, SUnits};
+use crate::abi::Operand;
 use crate::cuda::kit::hoist::{hoist, Level};
 use crate::cuda::kit::terms::{spec_exprs, KeyTerms};
 use crate::cuda::target::{pad16, Mma, Target};
@@ -117,20 +118,29 @@ impl<'s> Plan<'s> {
     }
 
     /// The plan of a varlen kernel in `config` for `view`, a spec's
-    /// [`Spec::varlen_view`]: a tile may run past its sequence into the
-    /// next one, which TMA's boxes would read and write, so a
-    /// warp-specialized kernel copies Q and a sequence's last K/V tile with
-    /// its threads, clipped per sequence, and only the K/V tiles inside a
-    /// sequence by TMA where the launch allows it (`KvLoads::boxed_or`).
-    pub(super) fn varlen(view: &'s Spec, config: TileConfig) -> Plan<'s> {
-        Plan { varlen: true, global_rows: None, ..Plan::new(view, config, TileCopy::Threads) }
+    /// [`Spec::varlen_view`]. A tile may run past its sequence into the next
+    /// one: the threads' copies clip it, and TMA's descriptors are ragged
+    /// (`library/tma_ragged.cuh`), so its boxes read zeros there and write
+    /// nothing.
+    pub(super) fn varlen(view: &'s Spec, config: TileConfig, copy: TileCopy) -> Plan<'s> {
+        Plan { varlen: true, global_rows: None, ..Plan::new(view, config, copy) }
     }
 
     /// The plan of a paged kernel in `config` for `view`, as [`Plan::varlen`]'s:
-    /// a K/V tile gathers rows from scattered pages, by TMA boxes of a page
-    /// where pages and tiles align, else with the threads.
-    pub(super) fn paged(view: &'s Spec, config: TileConfig) -> Plan<'s> {
-        Plan { paged: true, ..Plan::varlen(view, config) }
+    /// a K/V tile gathers rows from scattered pages, with TMA by boxes of a
+    /// page (`library/paged_tma.cuh`), else with the threads.
+    pub(super) fn paged(view: &'s Spec, config: TileConfig, copy: TileCopy) -> Plan<'s> {
+        Plan { paged: true, ..Plan::varlen(view, config, copy) }
+    }
+
+    /// The last coordinate of a TMA copy of `op`'s rows (C): the batch row,
+    /// or a varlen kernel's sequence, whose ragged descriptors take its span.
+    pub(super) fn tma_seq(&self, op: Operand) -> &'static str {
+        match (self.varlen, op) {
+            (false, _) => "b",
+            (true, Operand::K | Operand::V) => "kv_seq",
+            (true, _) => "q_seq",
+        }
     }
 }
 

@@ -155,9 +155,14 @@ pub enum Part {
     /// The copy engine's stores, for the persistent forward's O.
     TmaStore,
 
-    /// A warp-specialized paged kernel's TMA copies: a tile inside one
-    /// page and inside its sequence in boxes of a page's rows, each from the
-    /// page the block table names. Follows `Paged` and `Tma`.
+    /// Ragged TMA descriptors of packed operands: boxes of one sequence's
+    /// rows, zeros past its end on loads, nothing written there on stores.
+    /// Follows `Varlen`, `Tma` and `TmaStore`.
+    TmaRagged,
+
+    /// The paged forward's K/V tiles by TMA: a warp's lanes copy a tile in
+    /// boxes of one page each, from the pages the block table names, zeros
+    /// past the sequence's keys. Follows `Paged` and `TmaRagged`.
     PagedTma,
 
     /// `clock64()` trace points of a traced forward kernel
@@ -198,7 +203,7 @@ pub enum Part {
 
 impl Part {
     /// Every part, in the order kernels include them.
-    pub const ALL: [Part; 26] = [
+    pub const ALL: [Part; 27] = [
         Part::Prelude,
         Part::IntOps,
         Part::Ranges,
@@ -216,6 +221,7 @@ impl Part {
         Part::E4m3VTiles,
         Part::Tma,
         Part::TmaStore,
+        Part::TmaRagged,
         Part::PagedTma,
         Part::Trace,
         Part::BackwardRows,
@@ -247,6 +253,7 @@ impl Part {
             Part::E4m3VTiles => include_str!("e4m3_v_tiles.cuh"),
             Part::Tma => include_str!("tma.cuh"),
             Part::TmaStore => include_str!("tma_store.cuh"),
+            Part::TmaRagged => include_str!("tma_ragged.cuh"),
             Part::PagedTma => include_str!("paged_tma.cuh"),
             Part::Trace => include_str!("trace.cuh"),
             Part::BackwardRows => include_str!("backward_rows.cuh"),
@@ -279,6 +286,7 @@ impl Part {
             Part::E4m3VTiles => "e4m3_v_tiles.cuh",
             Part::Tma => "tma.cuh",
             Part::TmaStore => "tma_store.cuh",
+            Part::TmaRagged => "tma_ragged.cuh",
             Part::PagedTma => "paged_tma.cuh",
             Part::Trace => "trace.cuh",
             Part::BackwardRows => "backward_rows.cuh",

@@ -1,27 +1,35 @@
 // ---- paged K/V by TMA ----------------------------------------------------------------
-// A K/V cache [num_pages, page_size, heads, d] is a 4-d tensor like a dense
-// operand [batch, seq, heads, d], pages in the place of batches: a
-// descriptor of it copies BOX rows of one page with one instruction. A tile
-// that lies inside one page (or is whole pages) and inside its sequence is
-// copied so, box by box from the pages the block table names; the tile at a
-// sequence's end keeps the threads' zero-filled gather, since rows past the
-// sequence in its last page hold whatever the cache held.
+// A cache [num_pages, page_size, heads, d] whose pages lie page_size rows
+// apart is a packed operand of num_pages * page_size rows: a ragged
+// descriptor of it (`tma_ragged.cuh`) copies a box of rows of one page,
+// reading zeros past the sequence's keys, whose rows in its last page hold
+// whatever the cache held. A tile lies in one page, or is whole pages
+// (runtime `tma::paged_box_rows`): one box per page.
 //
-// Every one of the THREADS producer threads arrives on `bar` once, as for
-// the threads' copies: thread 0 with the tile's bytes (which the boxes
-// complete), threads 1 .. boxes - 1 after issuing a box each.
-template <int ROWS, int COLS, int THREADS, int FIRST>
+// The page of lane l's box of the tile of keys k0.. (boxes of box_rows
+// keys), clamped; 0 for a lane without a box or a box past the sequence's
+// keys, which reads no table entry past the sequence's pages. A walking
+// warp reads it a tile ahead: a box waiting on its page id would leave the
+// copy engine idle for the table's latency on every tile.
+template <int ROWS>
+__device__ __forceinline__ int paged_box_page(const PagedRows& p, int k0, int kv_len, int box_rows) {
+    const int k = k0 + threadIdx.x % 32 * box_rows;
+    if (k - k0 >= ROWS || k >= kv_len) return 0;
+    return min(max(p.pages[k / p.page_size], 0), p.num_pages - 1);
+}
+// A warp copies the ROWS x COLS tile of keys k0.. into `tile`: lane l its
+// box l from `page` (its paged_box_page), lane 0 arriving on `bar` with the
+// tile's bytes. Keys at and past kv_len read zeros.
+template <int ROWS, int COLS>
 __device__ __forceinline__ void load_paged_boxes(unsigned short* tile, const TensorMap& map, unsigned bar,
-                                                 const PagedRows& p, int k0, int box_rows, int head) {
-    const int tid = threadIdx.x - FIRST;
-    if (tid == 0) mbar_arrive_expect_tx(bar, ROWS * COLS * 2);
-    if (tid < ROWS / box_rows) {
-        const int k = k0 + tid * box_rows, index = k / p.page_size;
-        const int page = min(max(p.pages[index], 0), p.num_pages - 1);
+                                                 const PagedRows& p, int k0, int kv_len, int box_rows, int head,
+                                                 int page) {
+    const int lane = threadIdx.x % 32, r = lane * box_rows;
+    if (lane == 0) mbar_arrive_expect_tx(bar, ROWS * COLS * 2);
+    if (r < ROWS) {
+        const SeqSpan rows = {page * p.page_size + (k0 + r) % p.page_size, min(box_rows, kv_len - k0 - r)};
         #pragma unroll
         for (int c = 0; c < COLS / 64; ++c)
-            tma_load(smem_addr(tile + c * ROWS * 64 + tid * box_rows * 64), map, bar, c * 64, k - index * p.page_size,
-                     head, page);
+            tma_load(smem_addr(tile + c * ROWS * 64 + r * 64), map, bar, c * 64, 0, head, rows);
     }
-    if (tid != 0) mbar_arrive(bar);
 }

@@ -24,13 +24,3 @@ __device__ __forceinline__ void tma_load_tile(unsigned short* tile, const Tensor
     #pragma unroll
     for (int p = 0; p < COLS / 64; ++p) tma_load(smem_addr(tile + p * ROWS * 64), map, bar, p * 64, row, head, batch);
 }
-// tma_load_tile in a producer whose THREADS threads all arrive on `bar`
-// once per tile, as they do for their own copies (a varlen kernel, whose
-// tile at a sequence's end the threads copy): thread 0 copies the tile,
-// arriving with its bytes; the others arrive.
-template <int ROWS, int COLS, int THREADS, int FIRST>
-__device__ __forceinline__ void tma_load_tile_shared(unsigned short* tile, const TensorMap& map, unsigned bar, int row,
-                                                     int head) {
-    if (threadIdx.x == FIRST) tma_load_tile<ROWS, COLS>(tile, map, bar, row, head, 0);
-    else mbar_arrive(bar);
-}

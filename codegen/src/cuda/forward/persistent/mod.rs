@@ -178,18 +178,19 @@ fn q_slot(plan: &Plan) -> (&'static str, &'static str) {
 }
 
 /// Copies a tile into shared memory and completes barrier `bar` with it:
-/// with TMA the leader issues `tma_load_tile{tile}, bar, {row_head}, b)`,
-/// else every producer thread runs `cp_async` (its copies and arrival).
+/// with TMA the leader issues `tma_load_tile{tile}, bar, {coords})` (row,
+/// head and batch row or sequence), else every producer thread runs
+/// `cp_async` (its copies and arrival).
 fn copy_tile(
     w: &mut Writer<String>,
     copy: TileCopy,
     bar: &str,
     tile: &str,
-    row_head: &str,
+    coords: &str,
     cp_async: impl Fn(&mut Writer<String>) -> fmt::Result,
 ) -> fmt::Result {
     match copy {
-        TileCopy::Tma => writeln!(w, "if (leader) tma_load_tile{tile}, {bar}, {row_head}, b);"),
+        TileCopy::Tma => writeln!(w, "if (leader) tma_load_tile{tile}, {bar}, {coords});"),
         TileCopy::Threads => cp_async(w),
     }
 }

@@ -3,7 +3,7 @@
 //! ring, handing the consumers each tile's word (and per-key spec terms).
 
 use super::{copy_tile, kv_tiles_decl, q_slot, write_group_classes, write_item_coords, Roles};
-use crate::abi::ArgKind;
+use crate::abi::{ArgKind, Operand};
 use crate::cuda::forward::classes::{write_tile_classes, ClassReader, Stagers};
 use crate::cuda::forward::e4m3::Operands;
 use crate::cuda::forward::item::{q_load, ItemRole};
@@ -68,7 +68,8 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
         }
         writeln!(w, "// Q first: its copy runs while the tiles are classified.")?;
         writeln!(w, "unsigned short* q_tile = q_bufs + qb * Q_TILE;")?;
-        copy_tile(w, copy, "q_full + 8 * qb", &format!("<BLOCK_M, QK_COLS>(q_tile, {Q_MAP}"), "q0, h", |w| {
+        let q_coords = format!("q0, h, {}", roles.plan.tma_seq(Operand::Q));
+        copy_tile(w, copy, "q_full + 8 * qb", &format!("<BLOCK_M, QK_COLS>(q_tile, {Q_MAP}"), &q_coords, |w| {
             writeln!(w, "load_tile<BLOCK_M, QK_COLS, D, PRODUCER_THREADS, true, THREADS>{}", q_load(spec))?;
             writeln!(w, "mbar_arrive_loaded<D>(q_full + 8 * qb, vector);")
         })?;
@@ -99,6 +100,10 @@ fn write_tile_walk(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
     let (copy, groups) = (roles.copy, roles.groups);
     let (staged, per_key) = (&roles.staged, roles.staged.per_key());
     let kv = KvLoads::of(roles.plan);
+    // A paged kernel copying with TMA: the walking warp's lanes copy a
+    // tile's boxes, a page each.
+    let boxes = roles.plan.paged && copy == TileCopy::Tma;
+    let seq = roles.plan.tma_seq(Operand::K);
     kv.keys(w, "", "j", false)?;
     w.block(format_args!("while (j < kv_tiles)"), |w| {
         writeln!(w, "const int next = next_tile(j + 1);")?;
@@ -121,36 +126,42 @@ fn write_tile_walk(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
             }
             writeln!(w, "tile_word[stage] = word;")?;
             match (copy, per_key) {
+                _ if boxes => Ok(()),
                 (TileCopy::Tma, _) => writeln!(
                     w,
-                    "tma_load_tile<BLOCK_N, QK_COLS>(k_tiles + stage * K_TILE, {K_MAP}, k_full + 8 * stage, j * BLOCK_N, kv_head, b);"
+                    "tma_load_tile<BLOCK_N, QK_COLS>(k_tiles + stage * K_TILE, {K_MAP}, k_full + 8 * stage, j * BLOCK_N, kv_head, {seq});"
                 ),
                 (TileCopy::Threads, false) => writeln!(w, "mbar_arrive(k_full + 8 * stage);"),
                 (TileCopy::Threads, true) => Ok(()),
             }
         })?;
-        if copy == TileCopy::Threads {
-            kv.boxed_or(w, true, ["k_tiles + stage * K_TILE", "k_full + 8 * stage", "j"], |w| {
+        match copy {
+            _ if boxes => kv.boxes(w, true, ["k_tiles + stage * K_TILE", "k_full + 8 * stage", "j"])?,
+            TileCopy::Threads => {
                 kv.k(w, "k_tiles + stage * K_TILE", "j")?;
-                writeln!(w, "mbar_arrive_loaded<D>(k_full + 8 * stage, vector);")
-            })?;
+                writeln!(w, "mbar_arrive_loaded<D>(k_full + 8 * stage, vector);")?;
+            }
+            TileCopy::Tma => {}
         }
         if per_key {
             staged.write_key_terms(w)?;
         }
         writeln!(w, "mbar_wait(v_empty + 8 * stage, empty_parity);")?;
         trace::point(w, roles.plan, Event::PVEmpty)?;
-        // An e4m3 kernel's V tiles lie DVP rows a tile (`e4m3`).
-        let (v_box, v_row) = match roles.plan.operands {
-            Operands::Sixteen => ("BLOCK_N, V_COLS", "j * BLOCK_N, kv_head"),
-            Operands::E4m3 => ("DVP, V_PANELS * 64", "j * DVP, kv_head"),
-        };
-        copy_tile(w, copy, "v_full + 8 * stage", &format!("<{v_box}>(v_tiles + stage * V_TILE, {V_MAP}"), v_row, |w| {
-            kv.boxed_or(w, false, ["v_tiles + stage * V_TILE", "v_full + 8 * stage", "j"], |w| {
+        if boxes {
+            kv.boxes(w, false, ["v_tiles + stage * V_TILE", "v_full + 8 * stage", "j"])?;
+        } else {
+            // An e4m3 kernel's V tiles lie DVP rows a tile (`e4m3`).
+            let (v_box, v_coords) = match roles.plan.operands {
+                Operands::Sixteen => ("BLOCK_N, V_COLS", format!("j * BLOCK_N, kv_head, {seq}")),
+                Operands::E4m3 => ("DVP, V_PANELS * 64", "j * DVP, kv_head, b".to_string()),
+            };
+            let v_tile = format!("<{v_box}>(v_tiles + stage * V_TILE, {V_MAP}");
+            copy_tile(w, copy, "v_full + 8 * stage", &v_tile, &v_coords, |w| {
                 kv.v(w, "v_tiles + stage * V_TILE", "j")?;
                 writeln!(w, "mbar_arrive_loaded<DV>(v_full + 8 * stage, vector);")
-            })
-        })?;
+            })?;
+        }
         kv.advance_keys(w)?;
         writeln!(w, "j = next;")?;
         writeln!(w, "++it;")
