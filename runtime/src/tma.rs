@@ -280,6 +280,17 @@ mod tests {
     }
 
     #[test]
+    fn ragged_descriptors_need_one_run_of_rows() {
+        // Checked before the driver is called, so no GPU is needed.
+        let rows = |layout: &Layout| encode_ragged(0x1000, layout, Dtype::Bf16, 128);
+        let apart = Layout { strides: [100 * 8 * 64 + 64, 8 * 64, 64], ..Layout::bshd(2, 100, 8, 64) };
+        assert!(rows(&apart).is_none(), "batch rows not a sequence apart");
+        assert!(rows(&Layout::bshd(1, 100, 8, 59)).is_none(), "row stride 944 bytes");
+        assert!(rows(&Layout::bshd(1, 1 << 30, 1, 64)).is_none(), "2^30 rows");
+        assert!(encode_ragged(0x1008, &Layout::bshd(1, 100, 8, 64), Dtype::Bf16, 128).is_none(), "address");
+    }
+
+    #[test]
     fn paged_boxes_are_whole_tiles_or_whole_pages() {
         for (block_n, page_size, rows) in
             [(128, 256, 128), (128, 128, 128), (128, 16, 16), (128, 64, 64), (48, 16, 16), (80, 16, 16)]
