@@ -211,7 +211,8 @@ fn varlen_backward_kernels() {
     // Per-sequence lengths (bottom-right causal) and a per-sequence tensor
     // sized by the longest sequence (documents): the dK/dV and dQ kernels on
     // mma.sync, the row kernels of either accumulator, and the Hopper dK/dV
-    // kernel, which copies with its threads and adds to per-sequence tiles.
+    // kernel, which adds to per-sequence tiles and copies with its threads
+    // or by TMA through ragged descriptors.
     for stem in ["causal_bottom_right", "document"] {
         let spec = variant(stem);
         let portable = BackwardConfig::default_for(&spec);
@@ -219,9 +220,12 @@ fn varlen_backward_kernels() {
             insta::assert_snapshot!(format!("{name}_{stem}"), render(&emit_backward_varlen(&spec, pass, portable)));
         }
         let hopper = BackwardConfig::preferred(&spec, Target::for_sm(9, 0));
-        let kernel = emit_backward_varlen(&spec, BackwardPass::KeyValue, hopper);
+        let threads = BackwardConfig { copy: TileCopy::Threads, ..hopper };
+        let kernel = emit_backward_varlen(&spec, BackwardPass::KeyValue, threads);
         assert!(kernel.args.iter().all(|a| !matches!(a.kind, ArgKind::TensorMap(_) | ArgKind::QLen | ArgKind::KvLen)));
         insta::assert_snapshot!(format!("wgmma_bwd_varlen_{stem}"), render(&kernel));
+        let tma = emit_backward_varlen(&spec, BackwardPass::KeyValue, BackwardConfig { copy: TileCopy::Tma, ..hopper });
+        insta::assert_snapshot!(format!("wgmma_tma_bwd_varlen_{stem}"), render(&tma));
     }
     let spec = variant("causal");
     for (name, config) in

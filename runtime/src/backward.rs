@@ -26,7 +26,7 @@ use crate::scratch;
 use crate::tma::{self, TensorMaps};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::{ArgKind, Operand};
-use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, TileCopy, Work};
+use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, Work};
 use flashgen_codegen::{Dropout, Shape, Spec};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -123,8 +123,15 @@ impl<T: Element> BackwardIo<'_, T> {
     }
 
     /// `config` with the dK/dV kernel's copies: TMA where the Hopper kernel
-    /// can address Q, dO, K and V with it (and the descriptors), else its threads.
-    fn with_copies(&self, rt: &Runtime, spec: &Spec, config: BackwardConfig) -> (BackwardConfig, Option<TensorMaps>) {
+    /// can address Q, dO, K and V with it (and the descriptors, addressing
+    /// rows as `rows` says), else its threads.
+    fn with_copies(
+        &self,
+        rt: &Runtime,
+        spec: &Spec,
+        config: BackwardConfig,
+        rows: tma::Rows,
+    ) -> (BackwardConfig, Option<TensorMaps>) {
         let s = rt.stream().as_ref();
         let Self { q, k, v, d_o, .. } = self;
         let tensor_maps = config.key_value_tma_tile(spec).and_then(|(block_m, block_n)| {
@@ -134,7 +141,7 @@ impl<T: Element> BackwardIo<'_, T> {
                 (Operand::V, v.1.address(v.0.device_ptr(s).0), &v.1),
                 (Operand::DO, d_o.1.address(d_o.0.device_ptr(s).0), &d_o.1),
             ];
-            tma::tensor_maps(&operands, tma::Tile { block_m, block_n }, spec.dtype, rt.tma)
+            tma::tensor_maps(&operands, tma::Tile { block_m, block_n }, spec.dtype, rt.tma, rows)
         });
         (BackwardConfig { copy: tma::copy_with(&tensor_maps), ..config }, tensor_maps)
     }
@@ -286,11 +293,12 @@ impl Runtime {
         let tensor_grads = io.d_tensors.iter().any(Option::is_some) || trainable_tensors(spec).is_empty();
         let preferred = BackwardConfig::preferred(spec, self.target());
         let config = BackwardConfig { tensor_grads, dropout: launch.dropout.is_some(), ..preferred };
-        // A varlen kernel copies with its threads (a TMA box could cross sequences).
-        let (config, tensor_maps) = match launch.varlen {
-            None => io.with_copies(self, spec, config),
-            Some(_) => (BackwardConfig { copy: TileCopy::Threads, ..config }, None),
+        // A varlen launch's descriptors are ragged: no box crosses a sequence's end.
+        let rows = match launch.varlen {
+            None => tma::Rows::Batched,
+            Some(_) => tma::Rows::Ragged,
         };
+        let (config, tensor_maps) = io.with_copies(self, spec, config, rows);
         let dq_pass = if opts.deterministic { BackwardPass::Query } else { BackwardPass::Postprocess };
         let passes = [BackwardPass::Preprocess, BackwardPass::KeyValue, dq_pass].map(|pass| launch.which(pass, config));
         let key_order =

@@ -176,5 +176,5 @@ fn tensor_maps(
     operands: &[(Operand, u64, &Layout); 4],
 ) -> Option<TensorMaps> {
     let tile = tma::Tile { block_m: config.block_m(), block_n: config.block_n };
-    tma::tensor_maps(operands, tile, spec.dtype, rt.tma && config.persistent())
+    tma::tensor_maps(operands, tile, spec.dtype, rt.tma && config.persistent(), tma::Rows::Batched)
 }

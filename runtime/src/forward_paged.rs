@@ -19,7 +19,7 @@ use crate::marshal::{launch_config, marshal, Bindings, PagedBindings, VarlenBind
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::paged::PagedKv;
 use crate::runtime::Runtime;
-use crate::tma::{copy_with, paged_box_rows, ragged_maps};
+use crate::tma::{copy_with, paged_box_rows, ragged_forward_maps};
 use cudarc::driver::{CudaSlice, DevicePtrMut};
 use flashgen_codegen::Spec;
 
@@ -124,7 +124,7 @@ impl Runtime {
         // Dense queries are one run of rows too: their batch rows follow each other.
         let operands = [0, 1, 2, 3].map(|i| (layouts[i].address(ptrs[i]), &layouts[i]));
         let kv_box_rows = paged_box_rows(config.block_n, kv.k.1.page_size);
-        let tensor_maps = ragged_maps(config, operands, kv_box_rows, spec.dtype, self.tma);
+        let tensor_maps = ragged_forward_maps(config, operands, kv_box_rows, spec.dtype, self.tma);
         let loaded = self.load_which(spec, Which::ForwardPaged(config, config.kernel_copy(copy_with(&tensor_maps))))?;
         let kernel = loaded.kernel();
         let grid = launch_config(kernel, &checked.shape, 1, self.sm_count())?;

@@ -14,7 +14,7 @@ use crate::layout::PackedLayout;
 use crate::marshal::{launch_config, marshal, Bindings, VarlenBindings};
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
-use crate::tma::{copy_with, ragged_maps};
+use crate::tma::{copy_with, ragged_forward_maps};
 use cudarc::driver::{CudaSlice, DevicePtrMut};
 use flashgen_codegen::Spec;
 
@@ -109,7 +109,7 @@ impl Runtime {
         let (tensor_ptrs, _tensors) = tensor_ptrs(args, stream);
         let ptrs = [q_ptr, k_ptr, v_ptr, o_ptr];
         let operands = [0, 1, 2, 3].map(|i| (layouts[i].address(ptrs[i]), &layouts[i]));
-        let tensor_maps = ragged_maps(config, operands, config.block_n, spec.dtype, self.tma);
+        let tensor_maps = ragged_forward_maps(config, operands, config.block_n, spec.dtype, self.tma);
         let loaded =
             self.load_which(spec, Which::ForwardVarlen(config, config.kernel_copy(copy_with(&tensor_maps))))?;
         let kernel = loaded.kernel();

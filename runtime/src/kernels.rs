@@ -132,14 +132,17 @@ impl Which {
                     }
                 }
             }
-            // The varlen backward, with and without tensor gradients.
+            // The varlen backward, with and without tensor gradients, copying
+            // with TMA and with threads.
             use cuda::BackwardPass::{KeyValue, Postprocess, Preprocess, Query};
-            let config = cuda::BackwardConfig::preferred(spec, target);
-            for pass in [Preprocess, KeyValue, Query, Postprocess] {
-                add(Which::backward_varlen(pass, config));
-            }
-            if !cuda::trainable_tensors(spec).is_empty() {
-                add(Which::backward_varlen(KeyValue, cuda::BackwardConfig { tensor_grads: false, ..config }));
+            for copy in [TileCopy::Tma, TileCopy::Threads] {
+                let config = cuda::BackwardConfig { copy, ..cuda::BackwardConfig::preferred(spec, target) };
+                for pass in [Preprocess, KeyValue, Query, Postprocess] {
+                    add(Which::backward_varlen(pass, config));
+                }
+                if !cuda::trainable_tensors(spec).is_empty() {
+                    add(Which::backward_varlen(KeyValue, cuda::BackwardConfig { tensor_grads: false, ..config }));
+                }
             }
             // The e4m3 forward in its configuration, with its V tiles.
             if let Some(config) = crate::tile_choice::e4m3(spec, target) {
@@ -186,9 +189,9 @@ impl Which {
     }
 
     /// Varlen backward kernel `pass` in `config`, keyed as
-    /// [`Which::backward`]'s; it copies with threads, so `copy` is one value.
+    /// [`Which::backward`]'s.
     pub(crate) fn backward_varlen(pass: cuda::BackwardPass, config: cuda::BackwardConfig) -> Which {
-        Which::BackwardVarlen(pass, cuda::BackwardConfig { copy: TileCopy::Threads, ..config.for_pass(pass) })
+        Which::BackwardVarlen(pass, config.for_pass(pass))
     }
 
     /// The kernel of `spec`; `None` for the block mask of a spec without a

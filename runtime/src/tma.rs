@@ -80,52 +80,58 @@ impl FromIterator<(Operand, TensorMap)> for TensorMaps {
     }
 }
 
+/// How a launch's descriptors address its operands' rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Rows {
+    /// `[batch, seq, heads, dim]` ([`encode`]).
+    Batched,
+    /// One run of rows, addressed per sequence ([`encode_ragged`]): a
+    /// varlen or paged launch's.
+    Ragged,
+}
+
 /// TMA descriptors of `operands` (each with its address and layout) in
-/// the boxes of a kernel with `tile` ([`TmaBox::of`]). `None` when TMA is off (`on`) or a layout rules
-/// it out for one of them: the launch then runs the kernel that copies with
-/// its threads.
+/// the boxes of a kernel with `tile` ([`TmaBox::of`]), addressing rows as
+/// `rows` says. `None` when TMA is off (`on`) or a layout rules it out for
+/// one of them: the launch then runs the kernel that copies with its
+/// threads.
 pub(crate) fn tensor_maps(
     operands: &[(Operand, u64, &Layout)],
     tile: Tile,
     dtype: Dtype,
     on: bool,
+    rows: Rows,
 ) -> Option<TensorMaps> {
     if !on {
         return None;
     }
-    operands
-        .iter()
-        .map(|&(op, ptr, layout)| Some((op, encode(ptr, layout, dtype, TmaBox::of(op, tile.block_m, tile.block_n))?)))
-        .collect()
+    let map = |op, ptr, layout| {
+        let tma_box = TmaBox::of(op, tile.block_m, tile.block_n);
+        match rows {
+            Rows::Batched => encode(ptr, layout, dtype, tma_box),
+            Rows::Ragged => encode_ragged(ptr, layout, dtype, tma_box.rows),
+        }
+    };
+    operands.iter().map(|&(op, ptr, layout)| Some((op, map(op, ptr, layout)?))).collect()
 }
 
-/// Ragged descriptors of Q, K, V and O of a varlen or paged forward in
-/// `config` (`operands`: each one's first element's address and its rows
-/// as one [`Layout`]), K and V in boxes of `kv_rows` rows, the others in
-/// [`TmaBox::of`]'s. `None` unless the configuration is warp-specialized
-/// and TMA on (`on`), or where `kv_rows` is 0 or a layout rules TMA out:
-/// the launch then runs the kernel that copies with its threads.
-pub(crate) fn ragged_maps(
+/// The ragged descriptors of Q, K, V and O of a varlen or paged forward
+/// in `config` (`operands`: each one's first element's address and its
+/// rows as one [`Layout`]), K and V in boxes of `kv_rows` rows. `None`
+/// unless the configuration is warp-specialized and TMA on (`on`), or
+/// where `kv_rows` is 0 or a layout rules TMA out: the launch then runs
+/// the kernel that copies with its threads.
+pub(crate) fn ragged_forward_maps(
     config: TileConfig,
     operands: [(u64, &Layout); 4],
     kv_rows: u32,
     dtype: Dtype,
     on: bool,
 ) -> Option<TensorMaps> {
-    if !(on && config.persistent()) || kv_rows == 0 {
-        return None;
-    }
-    let ops = [Operand::Q, Operand::K, Operand::V, Operand::O];
-    ops.into_iter()
-        .zip(operands)
-        .map(|(op, (ptr, layout))| {
-            let rows = match op {
-                Operand::K | Operand::V => kv_rows,
-                _ => TmaBox::of(op, config.block_m(), config.block_n).rows,
-            };
-            Some((op, encode_ragged(ptr, layout, dtype, rows)?))
-        })
-        .collect()
+    let [q, k, v, o] = operands;
+    let operands = [(Operand::Q, q), (Operand::K, k), (Operand::V, v), (Operand::O, o)].map(|(op, (p, l))| (op, p, l));
+    let tile = Tile { block_m: config.block_m(), block_n: kv_rows };
+    tensor_maps(&operands, tile, dtype, on && config.persistent() && kv_rows > 0, Rows::Ragged)
 }
 
 /// Keys per box of a paged launch's K/V descriptors: a tile's (`block_n`)

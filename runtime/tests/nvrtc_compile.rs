@@ -356,6 +356,7 @@ fn varlen_backward_kernels(spec: &Spec) -> Vec<(Kernel, Arch)> {
         (BackwardConfig { tensor_grads: false, ..portable }, Arch::new(8, 0)),
         (hopper, Arch::new(9, 0)),
         (BackwardConfig { tensor_grads: false, ..hopper }, Arch::new(9, 0)),
+        (BackwardConfig { copy: TileCopy::Threads, ..hopper }, Arch::new(9, 0)),
     ];
     let kernels = configs
         .into_iter()

@@ -64,9 +64,13 @@ pub(super) fn write_source(
         }
         _ => "THREADS",
     };
-    // A kernel that takes prefix sums reads its sequences' spans.
+    // A kernel that takes prefix sums reads its sequences' spans, and its
+    // TMA descriptors are ragged.
     if args.iter().any(|arg| matches!(arg.kind, ArgKind::CuSeqlens(_))) {
         library.push(vec![Piece::Part(Part::Varlen)]);
+        if args.iter().any(|arg| matches!(arg.kind, ArgKind::TensorMap(_))) {
+            library.push(vec![Piece::Part(Part::TmaRagged)]);
+        }
     }
     if args.iter().any(|arg| matches!(arg.kind, ArgKind::Dropout(_))) {
         library.push(vec![Piece::Part(Part::Dropout)]);

@@ -338,12 +338,13 @@ fn write_producer(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, packing: 
     let k_half = k_half_cols(spec).is_some();
     match copy {
         TileCopy::Tma => {
+            let seq = packing.tma_seq(Operand::K);
             writeln!(w, "if (leader) {{")?;
-            writeln!(w, "    tma_load_tile<BLOCK_N, DPC>(k_tile, {K_MAP}, kv_full, k0, kv_head, b);")?;
-            writeln!(w, "    tma_load_tile<BLOCK_N, DVPC>(v_tile, {V_MAP}, kv_full, k0, kv_head, b);")?;
+            writeln!(w, "    tma_load_tile<BLOCK_N, DPC>(k_tile, {K_MAP}, kv_full, k0, kv_head, {seq});")?;
+            writeln!(w, "    tma_load_tile<BLOCK_N, DVPC>(v_tile, {V_MAP}, kv_full, k0, kv_head, {seq});")?;
             if k_half {
                 writeln!(w, "    mbar_arrive_expect_tx(kv_full, BLOCK_N * K_HALF_COLS * 2);")?;
-                writeln!(w, "    tma_load(smem_addr(k_half_tile), {K_MAP}, kv_full, DP / 2, k0, kv_head, b);")?;
+                writeln!(w, "    tma_load(smem_addr(k_half_tile), {K_MAP}, kv_full, DP / 2, k0, kv_head, {seq});")?;
             }
             writeln!(w, "}}")?;
         }
@@ -439,9 +440,10 @@ fn write_producer_step(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, pack
                 w,
                 "\
                 if (leader) {{\n\
-                \x20   tma_load_tile<BLOCK_M, DPC>(q_tiles + stage * Q_TILE, {Q_MAP}, stage_full + 8 * stage, q0, step_h, b);\n\
-                \x20   tma_load_tile<BLOCK_M, DVPC>(dout_tiles + stage * DO_TILE, {DOUT_MAP}, stage_full + 8 * stage, q0, step_h, b);\n\
-                }}\n"
+                \x20   tma_load_tile<BLOCK_M, DPC>(q_tiles + stage * Q_TILE, {Q_MAP}, stage_full + 8 * stage, q0, step_h, {seq});\n\
+                \x20   tma_load_tile<BLOCK_M, DVPC>(dout_tiles + stage * DO_TILE, {DOUT_MAP}, stage_full + 8 * stage, q0, step_h, {seq});\n\
+                }}\n",
+                seq = packing.tma_seq(Operand::Q)
             )?,
             TileCopy::Threads => write!(
                 w,

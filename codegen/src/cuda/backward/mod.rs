@@ -249,10 +249,9 @@ pub fn emit_backward_with(spec: &Spec, pass: BackwardPass, config: BackwardConfi
 /// the backward of [`emit_forward_varlen`](crate::cuda::emit_forward_varlen):
 /// `b` is a sequence, rows of the LSE, D and the dQ accumulator are in the
 /// packed token space (see `packing`), and a tile past its sequence's end
-/// does nothing. The Hopper dK/dV kernel copies with its threads (a TMA box
-/// could cross into the next sequence), whatever `config.copy` says.
+/// does nothing. The Hopper dK/dV kernel copying with TMA takes ragged
+/// descriptors (`library/tma_ragged.cuh`): no box crosses a sequence's end.
 pub fn emit_backward_varlen(spec: &Spec, pass: BackwardPass, config: BackwardConfig) -> Kernel {
-    let config = BackwardConfig { copy: TileCopy::Threads, ..config };
     emit(&spec.varlen_view(), pass, config, Packing::Varlen)
 }
 

@@ -73,6 +73,17 @@ impl Packing {
         writeln!(w, "if ({first} >= {len}) return;  // a tile past its sequence's end: no rows")
     }
 
+    /// The last coordinate of a TMA copy of `op`'s rows (C): the batch row,
+    /// or a varlen kernel's sequence, whose ragged descriptors take its span
+    /// (`library/tma_ragged.cuh`).
+    pub fn tma_seq(self, op: Operand) -> &'static str {
+        match (self, op) {
+            (Packing::Dense, _) => "b",
+            (Packing::Varlen, Operand::K | Operand::V) => "kv_seq",
+            (Packing::Varlen, _) => "q_seq",
+        }
+    }
+
     /// `auto* rows = ptr + origin + head * head_stride;`: the rows of `op`
     /// at `head` of batch row (or sequence) `b`.
     pub fn write_rows(self, w: &mut Writer<String>, spec: &Spec, op: Operand, rows: &str, head: &str) -> fmt::Result {

@@ -157,7 +157,7 @@ pub enum Part {
 
     /// Ragged TMA descriptors of packed operands: boxes of one sequence's
     /// rows, zeros past its end on loads, nothing written there on stores.
-    /// Follows `Varlen`, `Tma` and `TmaStore`.
+    /// Follows `Varlen` and `Tma`.
     TmaRagged,
 
     /// The paged forward's K/V tiles by TMA: a warp's lanes copy a tile in
