@@ -354,7 +354,9 @@ fn varlen_backward_kernels_marshal_their_sequences() {
         tensor_grads: &[],
     };
     let varlen = Some(VarlenBindings { cu_seqlens: [91, 92], tokens: [500, 700] });
-    let b = || Bindings { varlen, grads: Some(grads()), ..bindings(&[], &[]) };
+    let maps = [Operand::Q, Operand::K, Operand::V, Operand::DO];
+    let tensor_maps = Some(maps.map(|op| (op, crate::tma::TensorMap::ZERO)).into_iter().collect());
+    let b = || Bindings { varlen, tensor_maps, grads: Some(grads()), ..bindings(&[], &[]) };
     let configs = [BackwardConfig::default_for(&spec), BackwardConfig::preferred(&spec, Target::for_sm(9, 0))];
     for (config, pass) in configs.into_iter().flat_map(|c| {
         [BackwardPass::Preprocess, BackwardPass::KeyValue, BackwardPass::Query, BackwardPass::Postprocess]
