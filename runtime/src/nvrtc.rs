@@ -46,6 +46,40 @@ pub fn compile_cubin_with_log(kernel: &Kernel, arch: Arch) -> Result<(Vec<u8>, S
     compile_with(kernel, arch, &[])
 }
 
+/// What ptxas reports of a compiled kernel's resources (`-v`), per thread.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelResources {
+    pub registers: u32,
+    /// Bytes spilled to local memory by stores, and read back by loads.
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+}
+
+/// Compiles `kernel` for `arch` as [`compile_cubin`] does and returns
+/// ptxas's report of its registers and spills (no GPU needed): spills in
+/// a generated kernel are a defect its tests look for.
+pub fn kernel_resources(kernel: &Kernel, arch: Arch) -> Result<KernelResources, Error> {
+    let (_, log) = compile_with(kernel, arch, &["--ptxas-options=-v".to_string()])?;
+    let number_before = |line: &str, unit: &str| -> Option<u32> {
+        let head = &line[..line.find(unit)?];
+        head.rsplit(|c: char| !c.is_ascii_digit()).find(|w| !w.is_empty())?.parse().ok()
+    };
+    let mut resources = KernelResources::default();
+    for line in log.lines().filter(|l| l.trim_start().starts_with("ptxas")) {
+        let line = line.trim();
+        if let Some(n) = number_before(line, " registers") {
+            resources.registers = resources.registers.max(n);
+        }
+        if let Some(n) = number_before(line, " bytes spill stores") {
+            resources.spill_stores = resources.spill_stores.max(n);
+        }
+        if let Some(n) = number_before(line, " bytes spill loads") {
+            resources.spill_loads = resources.spill_loads.max(n);
+        }
+    }
+    Ok(resources)
+}
+
 /// [`compile_cubin_with_log`] with `extra` NVRTC options after the
 /// runtime's own: ones that only report (`--time`), never ones that change
 /// the code, which the kernel cache would not see.
