@@ -346,6 +346,9 @@ mod tests {
         let mla = parse_str("Mla { dtype: bf16, head_dim: 576, v_head_dim: 512 }").unwrap().remove(0);
         assert!(Which::wide_heads(&mla));
         for target in [Target::for_sm(8, 0), Target::HOPPER, Target::for_sm(8, 6)] {
+            // The forward's and backward's configurations are still chosen (then refused by
+            // `load_which`, `Error::WideHeadDims`), without a panic.
+            let _ = (crate::tile_choice::preferred(&mla, target), cuda::BackwardConfig::preferred(&mla, target));
             assert!(Which::all(&mla, KernelSet::Inference, target).is_empty());
             let every = Which::all(&mla, KernelSet::Every, target);
             assert!(!every.is_empty() && every.iter().all(|w| w.family() == "decode"), "{target:?}: {every:?}");
