@@ -50,6 +50,9 @@ pub fn compile_cubin_with_log(kernel: &Kernel, arch: Arch) -> Result<(Vec<u8>, S
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelResources {
     pub registers: u32,
+    /// Bytes of local memory a thread's stack frame takes (spills, and
+    /// arrays indexed at run time).
+    pub stack_frame: u32,
     /// Bytes spilled to local memory by stores, and read back by loads.
     pub spill_stores: u32,
     pub spill_loads: u32,
@@ -69,6 +72,9 @@ pub fn kernel_resources(kernel: &Kernel, arch: Arch) -> Result<KernelResources, 
         let line = line.trim();
         if let Some(n) = number_before(line, " registers") {
             resources.registers = resources.registers.max(n);
+        }
+        if let Some(n) = number_before(line, " bytes stack frame") {
+            resources.stack_frame = resources.stack_frame.max(n);
         }
         if let Some(n) = number_before(line, " bytes spill stores") {
             resources.spill_stores = resources.spill_stores.max(n);

@@ -17,6 +17,11 @@ const LdmLane<BLOCK_N> p_lane(lane % 8 + (lane / 8 % 2) * 8, lane / 16);
 const unsigned p_smem = smem_addr(p_tile);
 ";
 
+/// The k-steps of S unrolled four at a time: all 36 of a 576-column K
+/// unrolled, ptxas hoists their fragment loads until two row tiles' O
+/// spill (four keep `LdmLane`'s steps compile-time).
+pub(super) const SCORES_UNROLL: &str = "#pragma unroll 4  // fully unrolled, 36 k-steps' loads spill O";
+
 /// S = Q·Kᵀ over a warp's 8 keys: one m16n8 tile a k-step, its K fragments
 /// two 8x8 matrices (lanes 0-15 address them as `k_lane`'s first half).
 pub(super) const SCORES: &str = "        unsigned kb[2];  // keys kw .. kw + 7, dims 16 kk .. 16 kk + 15

@@ -66,9 +66,22 @@
 //!   read on the device (per tensor or per K/V head), so a captured step
 //!   replays with new ones.
 //!
+//! - **MLA's head dims** (QK 576 / V 512, `columns`). Past a V head dim of
+//!   256 O does not fit a warp's registers, so the warps split O's columns
+//!   instead of the keys ([`WarpSplit::Columns`]): each still computes S for
+//!   its quarter of a 32-key tile (K read from shared memory once), the
+//!   rows' max and P go through shared memory, and each warp multiplies P
+//!   by its quarter of V's columns; every K/V byte is still copied once per
+//!   CTA. With [`DecodeConfig::v_in_k`] V's fragments come from K's tiles
+//!   (MLA's cache: V is K's first 512 columns), so a stage holds K alone
+//!   and each cache byte is read once. A row tile is 16 or 32 query rows,
+//!   so 128 query heads take four CTAs per sequence, which read the cache
+//!   through L2.
+//!
 //! Modules: `plan` (decisions), `body` (setup, pipeline, tile step),
 //! `queries` (padded or packed Q, O and LSE addresses), `tiles`, `logit`,
-//! `epilogue`, `combine` (the last split's).
+//! `columns` (the column split's tile step), `epilogue`, `combine` (the
+//! last split's).
 
 mod body;
 mod columns;
