@@ -192,7 +192,7 @@ impl DecodeConfig {
         let warps = if pad16(v) <= MAX_WARP_DV { WarpSplit::Keys } else { WarpSplit::Columns };
         // A warp's columns start on a 64-column swizzle period of V's tile.
         let v_cols = if v_in_k { pad16(qk) } else { pad16(v) };
-        let aligned = pad16(v) % (64 * DECODE_WARPS) == 0 && v_cols % 64 == 0;
+        let aligned = pad16(v).is_multiple_of(64 * DECODE_WARPS) && v_cols.is_multiple_of(64);
         if warps == WarpSplit::Columns && (kv != KvCacheDtype::Spec || !aligned) {
             return Err(DecodeUnfit::Columns { v, kv });
         }
