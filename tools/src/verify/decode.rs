@@ -628,6 +628,18 @@ mod tests {
     }
 
     #[test]
+    fn mla_caches_hold_v_as_ks_first_columns() {
+        let spec = flashgen::parse_one("S { dtype: bf16, head_dim: 12, v_head_dim: 8 }").unwrap();
+        let shape = DecodeShape { batch: 2, heads: 4, heads_kv: 1, q_len: 1, max_kv_len: 3 };
+        let p = random_decode_problem(&spec, shape, &[3, 2], vec![], 7).v_in_k(&spec);
+        assert_eq!(p.v_cache.len(), 2 * 3 * 8);
+        // Cache row (b = 1, s = 2): V is K's first 8 of 12 columns.
+        assert_eq!(p.v_cache[5 * 8..][..8], p.k_cache[5 * 12..][..8]);
+        // The reference's values are sequence 1's first key's: token 3.
+        assert_eq!(p.reference.problem.v[3 * 8..][..8], p.k_cache[3 * 12..][..8]);
+    }
+
+    #[test]
     fn packed_steps_keep_each_sequences_first_tokens() {
         let spec = flashgen::parse_one("S { dtype: bf16, head_dim: 8 }").unwrap();
         let shape = DecodeShape { batch: 3, heads: 2, heads_kv: 1, q_len: 4, max_kv_len: 5 };
