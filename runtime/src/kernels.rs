@@ -166,16 +166,17 @@ impl Which {
 
     /// A spec of wide heads (MLA's 576 / 512) has its decode kernels alone:
     /// with `Every`, dense and paged, padded and packed queries, one and two
-    /// row tiles, V read from K's tiles where V's own stages do not fit.
+    /// row tiles, V read from K's tiles (MLA's cache) and, where its stages
+    /// fit, from a tensor of its own.
     fn wide_decoders(spec: &Spec, set: KernelSet, target: Target) -> Vec<Which> {
         let mut which = Vec::new();
         if set != KernelSet::Every {
             return which;
         }
-        for rows in [16, 32] {
-            let config = cuda::DecodeConfig::choose(spec, target, rows, cuda::KvCacheDtype::Spec, false)
-                .or_else(|_| cuda::DecodeConfig::choose(spec, target, rows, cuda::KvCacheDtype::Spec, true));
-            let Ok(config) = config else { continue };
+        for (rows, v_in_k) in [(16, true), (32, true), (16, false)] {
+            let Ok(config) = cuda::DecodeConfig::choose(spec, target, rows, cuda::KvCacheDtype::Spec, v_in_k) else {
+                continue;
+            };
             for cache in [cuda::DecodeCache::Dense, cuda::DecodeCache::Paged] {
                 for queries in [cuda::DecodeQueries::Padded, cuda::DecodeQueries::Packed] {
                     let w = Which::Decode(config, cache, queries);
@@ -359,6 +360,8 @@ mod tests {
         }
         let sm86 = Which::all(&mla, KernelSet::Every, Target::for_sm(8, 6));
         assert!(sm86.iter().all(|w| matches!(w, Which::Decode(c, ..) if c.v_in_k)), "V's own stages do not fit");
+        let hopper = Which::all(&mla, KernelSet::Every, Target::HOPPER);
+        assert_eq!(hopper.len(), 12, "V in K at one and two row tiles, V of its own at one: {hopper:?}");
         assert_eq!(Which::BlockMask.family(), "block-mask");
     }
 }
