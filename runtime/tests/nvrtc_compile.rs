@@ -501,11 +501,12 @@ fn in_parallel(jobs: &[(Kernel, Arch)], check: impl Fn(&Kernel, Arch) + Sync) {
 }
 
 /// MLA's absorbed decode (QK 576 / V 512: warps split O's columns) compiles
-/// for sm_80 and sm_90 without spilling: V read from K's tiles or from a
-/// tensor of its own, dense and paged caches, padded and packed queries,
+/// for sm_80 and sm_90 without local memory: V read from K's tiles or from
+/// a tensor of its own, dense and paged caches, padded and packed queries,
 /// one and two 16-row tiles (16 and 128 query heads), f16 and bf16, plain
-/// and bottom-right causal. A split launch runs the same kernel (the split
-/// count is an argument).
+/// and bottom-right causal; and so does V read from K's tiles at d = 128,
+/// where the warps split the keys. A split launch runs the same kernel (the
+/// split count is an argument).
 #[test]
 fn mla_decode_compiles_without_spills_for_sm80_and_sm90() {
     require_nvrtc();
@@ -533,6 +534,13 @@ fn mla_decode_compiles_without_spills_for_sm80_and_sm90() {
                 jobs.push((emit_decode_with(spec, config, cache, queries), arch));
             }
         }
+    }
+    // V read from K's tiles where warps split the keys (V = K at d = 128).
+    let shared = parse_str("VisK { dtype: bf16, head_dim: 128, mask: q >= k }").unwrap().remove(0);
+    for (target, arch) in [(Target::PORTABLE, Arch::new(8, 0)), (Arch::new(9, 0).target(), Arch::new(9, 0))] {
+        let config = DecodeConfig::choose(&shared, target, 32, KvCacheDtype::Spec, true).unwrap();
+        assert_eq!(config.warps, WarpSplit::Keys);
+        jobs.extend([dense, paged].map(|cache| (emit_decode_with(&shared, config, cache, padded), arch)));
     }
     in_parallel(&jobs, |kernel, arch| {
         let used = kernel_resources(kernel, arch).unwrap_or_else(|e| panic!("{} for {arch}: {e}", kernel.name));

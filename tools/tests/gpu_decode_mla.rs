@@ -28,6 +28,7 @@ const MLA_CAUSAL: &str = "MlaCausal { dtype: bf16, head_dim: 576, v_head_dim: 51
 /// MLA's decode without a mask, f16.
 const MLA_FULL: &str = "MlaFull { dtype: f16, head_dim: 576, v_head_dim: 512 }";
 
+/// A spec of its source.
 fn mla(source: &str) -> Spec {
     flashgen::parse_one(source).unwrap()
 }
@@ -185,6 +186,28 @@ fn mla_with_v_of_its_own() {
             for (heads, q_len) in [(16, 1), (128, 4)] {
                 let case = Case::new(&spec, heads, q_len, vec![4097, 2049]);
                 cases.push(Case { splits, page_size, v_in_k: false, ..case });
+            }
+        }
+    }
+    run_all(cases);
+}
+
+/// V read from K's tiles below a V head dim of 256, where the warps split
+/// the keys: V = K at d = 128, and V K's first 128 of 192 columns; dense
+/// and paged, split and unsplit.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn v_in_k_with_the_key_split() {
+    let specs = [
+        "VisK { dtype: bf16, head_dim: 128, mask: q + kv_len - q_len >= k }",
+        "VinK { dtype: f16, head_dim: 192, v_head_dim: 128 }",
+    ];
+    let mut cases = Vec::new();
+    for spec in specs.map(mla) {
+        for page_size in [None, Some(16)] {
+            for splits in [Some(1), None] {
+                let case = Case::new(&spec, 16, 2, vec![4097, 17]);
+                cases.push(Case { splits, page_size, ..case });
             }
         }
     }

@@ -204,7 +204,8 @@ impl DecodeConfig {
         let per_sm = |m_tiles: u32, stages: u32| {
             let config = DecodeConfig { m_tiles, stages, ctas_per_sm: 1, kv, warps, v_in_k };
             let per_cta = config.smem_bytes(spec) + target.smem_reserved_per_cta;
-            (target.smem_per_sm / per_cta).min(MAX_CTAS_PER_SM)
+            let by_registers = target.regs_per_sm / (32 * DECODE_WARPS * config.registers(spec));
+            (target.smem_per_sm / per_cta).min(by_registers).min(MAX_CTAS_PER_SM)
         };
         (1..=most)
             .rev()
@@ -216,6 +217,19 @@ impl DecodeConfig {
                 Some(DecodeConfig { m_tiles, stages, ctas_per_sm: ctas, kv, warps, v_in_k })
             })
             .ok_or(DecodeUnfit::SharedMemory { qk, v, v_in_k })
+    }
+
+    /// Registers a thread needs, about: O's accumulators (`m_tiles` row
+    /// tiles of the warp's columns) and 96 more (S, fragments, addresses,
+    /// the softmax's state), from ptxas's counts: two row tiles of d = 128
+    /// take more than the 168 three CTAs leave (and spill there), one row
+    /// tile of d = 64 fits the 128 of four.
+    pub(super) fn registers(self, spec: &Spec) -> u32 {
+        let warp_dv = match self.warps {
+            WarpSplit::Keys => pad16(spec.head_dims.v),
+            WarpSplit::Columns => pad16(spec.head_dims.v) / DECODE_WARPS,
+        };
+        self.m_tiles * warp_dv / 2 + 96
     }
 
     /// Dynamic shared memory, bytes: the Q tile, then `stages` K and V
@@ -307,6 +321,27 @@ mod tests {
                 let per_cta = c.smem_bytes(&spec(d)) + target.smem_reserved_per_cta;
                 assert!(c.stages >= 2 && c.ctas_per_sm * per_cta <= target.smem_per_sm, "d = {d}: {c:?}");
                 assert!(c.merge_bytes(&spec(d)) <= c.stages * DECODE_BLOCK_N * 2 * 2 * d);
+            }
+        }
+    }
+
+    #[test]
+    fn registers_bound_the_ctas() {
+        let h = Target::HOPPER;
+        // Two row tiles of an e4m3 cache at d = 128: shared memory would
+        // take three CTAs, whose 168 registers a thread spilled O.
+        let c = DecodeConfig::for_cache(&spec(128), h, 32, KvCacheDtype::E4m3).unwrap();
+        assert_eq!((c.m_tiles, c.ctas_per_sm), (2, 2));
+        // V read from K's tiles at d = 128: the same.
+        let c = DecodeConfig::choose(&spec(128), h, 32, KvCacheDtype::Spec, true).unwrap();
+        assert_eq!((c.m_tiles, c.ctas_per_sm), (2, 2));
+        // One row tile at d = 64 fits four CTAs' 128 registers.
+        let c = DecodeConfig::for_cache(&spec(64), h, 4, KvCacheDtype::E4m3).unwrap();
+        assert_eq!(c.ctas_per_sm, 4);
+        for d in [64, 128, 256] {
+            for rows in [4, 32] {
+                let c = DecodeConfig::for_rows(&spec(d), h, rows).unwrap();
+                assert!(c.ctas_per_sm * 128 * c.registers(&spec(d)) <= h.regs_per_sm, "d = {d}: {c:?}");
             }
         }
     }
