@@ -172,9 +172,10 @@ impl DecodeConfig {
     /// O's columns. Then as many 16-row tiles as the rows need, at most what
     /// the accumulators leave registers for (two where both head dims are at
     /// most 128, or the columns are split and V read from K's tiles; else
-    /// one) and fewer where the Q tile leaves no room for two stages; then the stages and CTAs per SM that keep the most
-    /// K/V bytes in flight per SM (each CTA `stages − 1` tiles; ties: more
-    /// CTAs, whose barriers then overlap).
+    /// one) and fewer where the Q tile leaves no room for two stages; then
+    /// the stages and CTAs per SM (as many as shared memory and registers
+    /// allow) that keep the most K/V bytes in flight per SM (each CTA
+    /// `stages − 1` tiles; ties: more CTAs, whose barriers then overlap).
     pub fn choose(
         spec: &Spec,
         target: Target,
