@@ -14,8 +14,10 @@
 //! [`DecodeOptions::varlen`] on packed queries, a token count per sequence
 //! (`decode_varlen`: [`DecodePlan::run_varlen`]), one made with
 //! [`DecodeOptions::kv_cache`] on e4m3 caches (`decode_e4m3`:
-//! [`DecodePlan::run_e4m3`] and its paged and varlen twins); all share the
-//! launch here ([`DecodePlan::queue`]).
+//! [`DecodePlan::run_e4m3`] and its paged and varlen twins), one made with
+//! [`DecodeOptions::v_in_k`] on MLA's cache, V a view of K's first columns
+//! (checked at launch); all share the launch here
+//! ([`DecodePlan::queue`]).
 
 use crate::args::{signature, ArgInfo, ArgValue};
 use crate::check::{check_forward, softmax_scale, Problem};
