@@ -63,27 +63,30 @@ pub struct KernelResources {
 /// a generated kernel are a defect its tests look for.
 pub fn kernel_resources(kernel: &Kernel, arch: Arch) -> Result<KernelResources, Error> {
     let (_, log) = compile_with(kernel, arch, &["--ptxas-options=-v".to_string()])?;
+    Ok(resources_in(&log))
+}
+
+/// The resources ptxas's `-v` lines in `log` report (the largest of each,
+/// should several functions be listed).
+fn resources_in(log: &str) -> KernelResources {
     let number_before = |line: &str, unit: &str| -> Option<u32> {
         let head = &line[..line.find(unit)?];
         head.rsplit(|c: char| !c.is_ascii_digit()).find(|w| !w.is_empty())?.parse().ok()
     };
     let mut resources = KernelResources::default();
     for line in log.lines().filter(|l| l.trim_start().starts_with("ptxas")) {
-        let line = line.trim();
-        if let Some(n) = number_before(line, " registers") {
-            resources.registers = resources.registers.max(n);
-        }
-        if let Some(n) = number_before(line, " bytes stack frame") {
-            resources.stack_frame = resources.stack_frame.max(n);
-        }
-        if let Some(n) = number_before(line, " bytes spill stores") {
-            resources.spill_stores = resources.spill_stores.max(n);
-        }
-        if let Some(n) = number_before(line, " bytes spill loads") {
-            resources.spill_loads = resources.spill_loads.max(n);
+        for (unit, field) in [
+            (" registers", &mut resources.registers),
+            (" bytes stack frame", &mut resources.stack_frame),
+            (" bytes spill stores", &mut resources.spill_stores),
+            (" bytes spill loads", &mut resources.spill_loads),
+        ] {
+            if let Some(n) = number_before(line, unit) {
+                *field = (*field).max(n);
+            }
         }
     }
-    Ok(resources)
+    resources
 }
 
 /// [`compile_cubin_with_log`] with `extra` NVRTC options after the
@@ -177,6 +180,18 @@ fn dump(kernel: &Kernel, log: &str) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_ptxas_resource_report() {
+        let log = "ptxas info    : 98 bytes gmem\n\
+                   ptxas info    : Compiling entry function 'k' for 'sm_90a'\n\
+                   ptxas info    : Function properties for k\n\
+                   ptxas         .     64 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n\
+                   ptxas info    : Used 255 registers, used 1 barriers, 64 bytes cumulative stack size\n";
+        let want = KernelResources { registers: 255, stack_frame: 64, spill_stores: 8, spill_loads: 12 };
+        assert_eq!(resources_in(log), want);
+        assert_eq!(resources_in("warning: unused\n"), KernelResources::default());
+    }
 
     #[test]
     fn numbers_lines_right_aligned() {
