@@ -606,8 +606,12 @@ pub struct HeadDims {
     pub v: u32,
 }
 
-/// The largest head dimension the kernels support.
+/// The largest head dimension the forward and backward kernels support.
 pub const MAX_HEAD_DIM: u32 = 256;
+
+/// The largest head dimension a spec may declare: the decode kernels' (MLA's
+/// absorbed decode, QK 576 / V 512). Past [`MAX_HEAD_DIM`] only they run it.
+pub const MAX_DECODE_HEAD_DIM: u32 = 576;
 
 /// One checked attention variant.
 #[derive(Clone, Debug, PartialEq)]

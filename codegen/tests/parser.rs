@@ -265,18 +265,18 @@ fn type_errors() {
 #[test]
 fn declaration_errors() {
     assert_error("T { head_dim: 64 }", 1, 3, "missing `dtype: f16` or `dtype: bf16`");
-    assert_error("T {\n    dtype: bf16,\n}", 1, 3, "missing `head_dim: <1..=256>`");
+    assert_error("T {\n    dtype: bf16,\n}", 1, 3, "missing `head_dim: <1..=576>`");
     assert_error("T { dtype: f32, head_dim: 64 }", 1, 12, "unknown dtype: expected `f16` or `bf16`");
-    assert_error("T { dtype: bf16, head_dim: 0 }", 1, 28, "unsupported head dimension 0: expected 1 to 256");
-    assert_error("T { dtype: bf16, head_dim: 300 }", 1, 28, "unsupported head dimension 300: expected 1 to 256");
+    assert_error("T { dtype: bf16, head_dim: 0 }", 1, 28, "unsupported head dimension 0: expected 1 to 576");
+    assert_error("T { dtype: bf16, head_dim: 600 }", 1, 28, "unsupported head dimension 600: expected 1 to 576");
     assert_error(
-        "T { dtype: bf16, head_dim: 64, v_head_dim: 257 }",
+        "T { dtype: bf16, head_dim: 64, v_head_dim: 577 }",
         1,
         44,
-        "unsupported head dimension 257: expected 1 to 256",
+        "unsupported head dimension 577: expected 1 to 576",
     );
-    assert_error("T { dtype: bf16, head_dim: w }", 1, 28, "a head dimension must be an integer literal from 1 to 256");
-    assert_error("T { dtype: bf16, head_dim: -4 }", 1, 28, "unsupported head dimension -4: expected 1 to 256");
+    assert_error("T { dtype: bf16, head_dim: w }", 1, 28, "a head dimension must be an integer literal from 1 to 576");
+    assert_error("T { dtype: bf16, head_dim: -4 }", 1, 28, "unsupported head dimension -4: expected 1 to 576");
     assert_error(&with_line3("", "dtype: f16"), 3, 5, "`dtype` is given twice");
     assert_error(&with_line3("param w: i32,", "tensor w: f32[H]"), 3, 12, "`w` is given twice");
     assert_error(

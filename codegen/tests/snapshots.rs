@@ -193,6 +193,13 @@ fn decode_kernels() {
     let config = DecodeConfig::for_cache(&spec, Target::HOPPER, 8, KvCacheDtype::E4m3).unwrap();
     insta::assert_snapshot!("decode_e4m3_sink_window", render(&emit_decode(&spec, config)));
     insta::assert_snapshot!("decode_paged_e4m3_sink_window", render(&emit_decode_paged(&spec, config)));
+    // MLA's absorbed decode (QK 576 / V 512, one K/V head, 16 query heads):
+    // warps split O's columns, sharing the rows' max and P through shared
+    // memory; V's fragments come from K's tiles (V_IN_K), so a stage copies
+    // K alone; 32-key tiles whose 576-column copies are not unrolled.
+    let spec = parse_one("Mla { dtype: bf16, head_dim: 576, v_head_dim: 512, mask: q + kv_len - q_len >= k }").unwrap();
+    let config = DecodeConfig::choose(&spec, Target::HOPPER, 16, KvCacheDtype::Spec, true).unwrap();
+    insta::assert_snapshot!("decode_mla_causal", render(&emit_decode(&spec, config)));
 }
 
 #[test]

@@ -11,6 +11,7 @@ use crate::args::ArgInfo;
 use crate::check::{check_bounds, check_lse, check_shape, Buffer};
 use crate::check_paged::{check_cache_buffers, check_caches};
 use crate::error::{Error, RaggedError};
+use crate::layout::Layout;
 use crate::paged::PagedShape;
 use flashgen_codegen::abi::Operand;
 use flashgen_codegen::cuda::MAX_SPLITS;
@@ -109,6 +110,23 @@ pub(crate) fn check_launch(plan: &DecodeShape, got: &Shape, kv_lens: usize) -> R
     Ok(())
 }
 
+/// In a plan that reads V from K's tiles (`DecodeOptions::v_in_k`): V
+/// (its device address and layout) must be K's first columns, the same
+/// buffer, start and strides (the plan already holds V's head dim within
+/// K's).
+pub(crate) fn check_v_in_k((k_ptr, k): (u64, Layout), (v_ptr, v): (u64, Layout)) -> Result<(), Error> {
+    let problem = if v_ptr != k_ptr {
+        "is another buffer"
+    } else if v.offset != k.offset {
+        "starts elsewhere in K's buffer"
+    } else if v.strides != k.strides {
+        "has other strides than K"
+    } else {
+        return Ok(());
+    };
+    Err(Error::Ragged(RaggedError::VNotInK { problem }))
+}
+
 /// A paged decode launch as the checks see it: Q and O `[batch, q_len,
 /// heads, d]`, the paged caches.
 #[derive(Clone, Copy, Debug)]
@@ -166,7 +184,6 @@ pub(crate) fn check_paged_launch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::Layout;
     use crate::paged::PagedLayout;
 
     const SHAPE: DecodeShape = DecodeShape { batch: 4, heads: 32, heads_kv: 8, q_len: 1, max_kv_len: 4096 };
@@ -215,6 +232,23 @@ mod tests {
             check_launch(&SHAPE, &more_queries, 4),
             Err(Error::Ragged(RaggedError::DecodePlanMismatch { what: "q_len", .. }))
         ));
+    }
+
+    #[test]
+    fn v_in_k_is_a_view_of_k() {
+        // MLA: K [batch, cache rows, 1, 576], V its first 512 columns.
+        let k = Layout::bshd(4, 4096, 1, 576);
+        let v = Layout { dim: 512, ..k };
+        assert!(check_v_in_k((0x1000, k), (0x1000, v)).is_ok());
+        let paged = PagedLayout::contiguous(64, 16, 1, 576).as_layout();
+        assert!(check_v_in_k((0x1000, paged), (0x1000, Layout { dim: 512, ..paged })).is_ok());
+        let not = |v_ptr, v: Layout| match check_v_in_k((0x1000, k), (v_ptr, v)) {
+            Err(Error::Ragged(RaggedError::VNotInK { problem })) => problem,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(not(0x2000, v), "is another buffer");
+        assert_eq!(not(0x1000, Layout { offset: 64, ..v }), "starts elsewhere in K's buffer");
+        assert_eq!(not(0x1000, Layout::bshd(4, 4096, 1, 512)), "has other strides than K");
     }
 
     /// 4 sequences of `SHAPE`'s heads at d = 128; 64 pages of 16 rows, 8

@@ -14,12 +14,14 @@
 //! [`DecodeOptions::varlen`] on packed queries, a token count per sequence
 //! (`decode_varlen`: [`DecodePlan::run_varlen`]), one made with
 //! [`DecodeOptions::kv_cache`] on e4m3 caches (`decode_e4m3`:
-//! [`DecodePlan::run_e4m3`] and its paged and varlen twins); all share the
-//! launch here ([`DecodePlan::queue`]).
+//! [`DecodePlan::run_e4m3`] and its paged and varlen twins), one made with
+//! [`DecodeOptions::v_in_k`] on MLA's cache, V a view of K's first columns
+//! (checked at launch); all share the launch here
+//! ([`DecodePlan::queue`]).
 
 use crate::args::{signature, ArgInfo, ArgValue};
 use crate::check::{check_forward, softmax_scale, Problem};
-use crate::check_decode::{check_launch, check_plan_shape, check_splits, DecodeShape};
+use crate::check_decode::{check_launch, check_plan_shape, check_splits, check_v_in_k, DecodeShape};
 use crate::descale::KvDescale;
 use crate::element::Element;
 use crate::error::{Error, RaggedError};
@@ -33,7 +35,7 @@ use crate::operand::{DeviceInput, DeviceOutput};
 use crate::paged::PagedKv;
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
-use flashgen_codegen::cuda::{split_count, DecodeCache, DecodeConfig, DecodeQueries, KvCacheDtype, DECODE_BLOCK_N};
+use flashgen_codegen::cuda::{split_count, DecodeCache, DecodeConfig, DecodeQueries, KvCacheDtype};
 use flashgen_codegen::{Shape, Spec};
 use std::sync::Arc;
 
@@ -63,6 +65,14 @@ pub struct DecodeOptions {
     /// caches and their descale factors: [`DecodePlan::run_e4m3`],
     /// [`DecodePlan::run_paged_e4m3`], [`DecodePlan::run_varlen_e4m3`]).
     pub kv_cache: KvCacheDtype,
+    /// V is K's first `head_dims.v` columns (MLA's absorbed cache: runs
+    /// pass V as a view of K, the same buffer, start and strides; any other
+    /// V is refused with [`RaggedError::VNotInK`](crate::RaggedError::VNotInK)):
+    /// the kernel reads V's fragments from K's tiles, so each cache byte is
+    /// copied once and a stage holds K alone. Needs V's head dim at most
+    /// K's and a 16-bit cache. At QK 576 / V 512 a V of its own still runs
+    /// where its stages fit (sm_80, sm_90), reading the shared columns twice.
+    pub v_in_k: bool,
 }
 
 /// The operands of one decode step. Q and O are `[batch, q_len, heads, d]`,
@@ -157,8 +167,9 @@ impl Runtime {
     /// [`DecodeOptions::varlen`]) and allocates the split workspace; the
     /// workspace and grid hold `q_len` tokens per sequence. Errors:
     /// heads not in groups, no queries, a split count out of range, head
-    /// dims whose stages do not fit the GPU, more than 16 params and
-    /// tensors.
+    /// dims the decode kernels do not take or whose stages do not fit the
+    /// GPU (`DecodeOptions::v_in_k` where V's own stages do not), more than
+    /// 16 params and tensors.
     pub fn decode_plan(&self, spec: &Spec, shape: DecodeShape, opts: &DecodeOptions) -> Result<DecodePlan, Error> {
         check_plan_shape(&shape)?;
         if spec.params.len() + spec.tensors.len() > SPEC_ARGS {
@@ -167,16 +178,10 @@ impl Runtime {
         }
         let scale = softmax_scale(spec, opts.scale)?;
         let rows = u32::try_from(shape.group_rows()).unwrap_or(u32::MAX);
-        let config = DecodeConfig::for_cache(spec, self.target(), rows, opts.kv_cache).ok_or_else(|| {
-            Error::Ragged(RaggedError::DecodeShape {
-                problem: format!(
-                    "head dims {}/{} leave no room for two K/V stages",
-                    spec.head_dims.qk, spec.head_dims.v
-                ),
-            })
-        })?;
+        let config = DecodeConfig::choose(spec, self.target(), rows, opts.kv_cache, opts.v_in_k)
+            .map_err(|unfit| Error::Ragged(RaggedError::DecodeShape { problem: unfit.to_string() }))?;
         let ctas = (shape.group_rows().div_ceil(config.block_m() as usize) * shape.heads_kv * shape.batch) as u64;
-        let kv_tiles = u32::try_from(shape.max_kv_len.div_ceil(DECODE_BLOCK_N as usize)).unwrap_or(u32::MAX);
+        let kv_tiles = u32::try_from(shape.max_kv_len.div_ceil(config.block_n() as usize)).unwrap_or(u32::MAX);
         let splits = match opts.splits {
             Some(n) => check_splits(n)?,
             None => split_count(ctas, self.sm_count(), config.ctas_per_sm, kv_tiles),
@@ -322,6 +327,9 @@ impl DecodePlan {
         };
         let (k_ptr, _k) = k.device_ptr(stream);
         let (v_ptr, _v) = v.device_ptr(stream);
+        if self.config.v_in_k {
+            check_v_in_k((k_ptr, k_layout), (v_ptr, v_layout))?;
+        }
         let (paged, _table) = match &kv {
             DecodeKv::Dense { .. } => (None, None),
             DecodeKv::Paged(kv) => {

@@ -117,6 +117,17 @@ pub enum Error {
         got: usize,
         expected: u32,
     },
+    /// A kernel other than the decode's (and the paged append's) asked of
+    /// a spec whose head dims exceed what it supports (specs declare up to
+    /// `MAX_DECODE_HEAD_DIM`, MLA's 576; the forward and backward take up to
+    /// `MAX_HEAD_DIM`).
+    WideHeadDims {
+        spec: String,
+        kernel: &'static str,
+        qk: u32,
+        v: u32,
+        max: u32,
+    },
     /// Query heads must be a positive multiple of key/value heads.
     HeadGroups {
         heads: usize,
@@ -322,6 +333,11 @@ impl fmt::Display for Error {
             ),
             Error::TensorDim(e) => write!(f, "{e}"),
             Error::NoMask { spec } => write!(f, "spec `{spec}` has no mask, so it needs no block mask"),
+            Error::WideHeadDims { spec, kernel, qk, v, max } => write!(
+                f,
+                "spec `{spec}` has head dims {qk}/{v}: the {kernel} kernels take head dims up to {max}; \
+                 past that only decode plans (Runtime::decode_plan) run it"
+            ),
             Error::NoWorkOrder { spec } => {
                 write!(f, "the mask of spec `{spec}` reads no tensor, so its kernels walk a fixed order, not a work order")
             }

@@ -76,6 +76,9 @@ impl Which {
     /// The kernels `set` names for `spec` on `target` (the forward in its
     /// configurations without tuning).
     pub(crate) fn all(spec: &Spec, set: KernelSet, target: Target) -> Vec<Which> {
+        if Which::wide_heads(spec) {
+            return Which::wide_decoders(spec, set, target);
+        }
         // Short keys' and long keys' forward (tile_choice::preferred_for).
         let forward =
             [crate::tile_choice::preferred(spec, target), crate::tile_choice::preferred_for(spec, target, usize::MAX)];
@@ -160,6 +163,55 @@ impl Which {
             which.extend([Which::MergePartial, Which::AddPartial, Which::AddF32]);
         }
         which
+    }
+
+    /// Whether `spec`'s head dims exceed what kernels other than the decode
+    /// kernel take ([`flashgen_codegen::MAX_HEAD_DIM`]).
+    pub(crate) fn wide_heads(spec: &Spec) -> bool {
+        spec.head_dims.qk.max(spec.head_dims.v) > flashgen_codegen::MAX_HEAD_DIM
+    }
+
+    /// A spec of wide heads (MLA's 576 / 512) has its decode kernels alone:
+    /// with `Every`, dense and paged, padded and packed queries, one and two
+    /// row tiles, V read from K's tiles (MLA's cache) and, where its stages
+    /// fit, from a tensor of its own.
+    fn wide_decoders(spec: &Spec, set: KernelSet, target: Target) -> Vec<Which> {
+        let mut which = Vec::new();
+        if set != KernelSet::Every {
+            return which;
+        }
+        for (rows, v_in_k) in [(16, true), (32, true), (16, false)] {
+            let Ok(config) = cuda::DecodeConfig::choose(spec, target, rows, cuda::KvCacheDtype::Spec, v_in_k) else {
+                continue;
+            };
+            for cache in [cuda::DecodeCache::Dense, cuda::DecodeCache::Paged] {
+                for queries in [cuda::DecodeQueries::Padded, cuda::DecodeQueries::Packed] {
+                    let w = Which::Decode(config, cache, queries);
+                    if !which.contains(&w) {
+                        which.push(w);
+                    }
+                }
+            }
+        }
+        which
+    }
+
+    /// The kernel's family, as errors name it.
+    pub(crate) fn family(self) -> &'static str {
+        match self {
+            Which::Forward(..)
+            | Which::ForwardDropout(..)
+            | Which::ForwardVarlen(_)
+            | Which::ForwardPaged(_)
+            | Which::ForwardE4m3(_)
+            | Which::E4m3VTiles(_) => "forward",
+            Which::PagedAppend => "paged append",
+            Which::BlockMask => "block-mask",
+            Which::WorkOrder(_) => "work-order",
+            Which::Backward(..) | Which::BackwardVarlen(..) => "backward",
+            Which::Decode(..) => "decode",
+            Which::MergePartial | Which::AddPartial | Which::AddF32 => "context-parallel",
+        }
     }
 
     /// The work-order kernel for `work`: only under a data-dependent mask,
@@ -292,5 +344,31 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// MLA's head dims (576 / 512): a spec of them parses, its `Every` set
+    /// is its decode kernels (V read from K's tiles where V's own stages do
+    /// not fit), and every other kernel family is a typed refusal.
+    #[test]
+    fn wide_head_dims_have_their_decoders_alone() {
+        let mla = parse_str("Mla { dtype: bf16, head_dim: 576, v_head_dim: 512 }").unwrap().remove(0);
+        assert!(Which::wide_heads(&mla));
+        for target in [Target::for_sm(8, 0), Target::HOPPER, Target::for_sm(8, 6)] {
+            // The forward's and backward's configurations are still chosen (then refused by
+            // `load_which`, `Error::WideHeadDims`), without a panic.
+            let _ = (crate::tile_choice::preferred(&mla, target), cuda::BackwardConfig::preferred(&mla, target));
+            assert!(Which::all(&mla, KernelSet::Inference, target).is_empty());
+            let every = Which::all(&mla, KernelSet::Every, target);
+            assert!(!every.is_empty() && every.iter().all(|w| w.family() == "decode"), "{target:?}: {every:?}");
+            for which in every {
+                let kernel = which.emit(&mla).unwrap();
+                assert!(kernel.source.contains("constexpr int DV = 512;"), "{}", kernel.name);
+            }
+        }
+        let sm86 = Which::all(&mla, KernelSet::Every, Target::for_sm(8, 6));
+        assert!(sm86.iter().all(|w| matches!(w, Which::Decode(c, ..) if c.v_in_k)), "V's own stages do not fit");
+        let hopper = Which::all(&mla, KernelSet::Every, Target::HOPPER);
+        assert_eq!(hopper.len(), 12, "V in K at one and two row tiles, V of its own at one: {hopper:?}");
+        assert_eq!(Which::BlockMask.family(), "block-mask");
     }
 }

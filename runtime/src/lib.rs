@@ -150,7 +150,9 @@ pub use forward_paged::{PagedIo, PagedQueries};
 pub use forward_varlen::{Sequences, VarlenIo};
 pub use kernels::{spec_kernels, KernelSet, LoadedKernel};
 pub use layout::{Layout, PackedLayout};
-pub use nvrtc::{compile_count, compile_cubin, compile_cubin_with_log, nvrtc_version, DUMP_ENV};
+pub use nvrtc::{
+    compile_count, compile_cubin, compile_cubin_with_log, kernel_resources, nvrtc_version, KernelResources, DUMP_ENV,
+};
 pub use nvrtc_phases::{compile_phases, CompilePhases};
 pub use operand::{DeviceInput, DeviceOutput};
 pub use paged::{PagedKv, PagedLayout};

@@ -46,6 +46,49 @@ pub fn compile_cubin_with_log(kernel: &Kernel, arch: Arch) -> Result<(Vec<u8>, S
     compile_with(kernel, arch, &[])
 }
 
+/// What ptxas reports of a compiled kernel's resources (`-v`), per thread.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelResources {
+    pub registers: u32,
+    /// Bytes of local memory a thread's stack frame takes (spills, and
+    /// arrays indexed at run time).
+    pub stack_frame: u32,
+    /// Bytes spilled to local memory by stores, and read back by loads.
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+}
+
+/// Compiles `kernel` for `arch` as [`compile_cubin`] does and returns
+/// ptxas's report of its registers and spills (no GPU needed): spills in
+/// a generated kernel are a defect its tests look for.
+pub fn kernel_resources(kernel: &Kernel, arch: Arch) -> Result<KernelResources, Error> {
+    let (_, log) = compile_with(kernel, arch, &["--ptxas-options=-v".to_string()])?;
+    Ok(resources_in(&log))
+}
+
+/// The resources ptxas's `-v` lines in `log` report (the largest of each,
+/// should several functions be listed).
+fn resources_in(log: &str) -> KernelResources {
+    let number_before = |line: &str, unit: &str| -> Option<u32> {
+        let head = &line[..line.find(unit)?];
+        head.rsplit(|c: char| !c.is_ascii_digit()).find(|w| !w.is_empty())?.parse().ok()
+    };
+    let mut resources = KernelResources::default();
+    for line in log.lines().filter(|l| l.trim_start().starts_with("ptxas")) {
+        for (unit, field) in [
+            (" registers", &mut resources.registers),
+            (" bytes stack frame", &mut resources.stack_frame),
+            (" bytes spill stores", &mut resources.spill_stores),
+            (" bytes spill loads", &mut resources.spill_loads),
+        ] {
+            if let Some(n) = number_before(line, unit) {
+                *field = (*field).max(n);
+            }
+        }
+    }
+    resources
+}
+
 /// [`compile_cubin_with_log`] with `extra` NVRTC options after the
 /// runtime's own: ones that only report (`--time`), never ones that change
 /// the code, which the kernel cache would not see.
@@ -137,6 +180,18 @@ fn dump(kernel: &Kernel, log: &str) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_ptxas_resource_report() {
+        let log = "ptxas info    : 98 bytes gmem\n\
+                   ptxas info    : Compiling entry function 'k' for 'sm_90a'\n\
+                   ptxas info    : Function properties for k\n\
+                   ptxas         .     64 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n\
+                   ptxas info    : Used 255 registers, used 1 barriers, 64 bytes cumulative stack size\n";
+        let want = KernelResources { registers: 255, stack_frame: 64, spill_stores: 8, spill_loads: 12 };
+        assert_eq!(resources_in(log), want);
+        assert_eq!(resources_in("warning: unused\n"), KernelResources::default());
+    }
 
     #[test]
     fn numbers_lines_right_aligned() {

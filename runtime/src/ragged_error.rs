@@ -47,6 +47,9 @@ pub enum RaggedError {
     /// made for (`DecodeOptions::kv_cache`: the `_e4m3` runs need an e4m3
     /// plan, the others a 16-bit one).
     DecodeKvDtype { plan: &'static str, got: &'static str },
+    /// A plan made with `DecodeOptions::v_in_k` ran on a V that is not K's
+    /// first `head_dims.v` columns: another buffer, start or strides.
+    VNotInK { problem: &'static str },
     /// An e4m3 decode launch's K or V descale factors hold another number
     /// of entries than their granularity reads (1 per tensor, `heads_kv`
     /// per K/V head).
@@ -98,6 +101,11 @@ impl fmt::Display for RaggedError {
             f,
             "the decode plan was made for a {plan} cache but ran on a {got} one: \
              make it with DecodeOptions::kv_cache set as its runs need"
+        ),
+        RaggedError::VNotInK { problem } => write!(
+            f,
+            "the decode plan reads V from K's tiles (DecodeOptions::v_in_k) but V {problem}: \
+             pass V as a view of K's first head_dims.v columns (same buffer, start and strides)"
         ),
         RaggedError::DescaleLen { operand, granularity, len, expected } => write!(
             f,

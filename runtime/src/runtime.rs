@@ -283,6 +283,10 @@ impl Runtime {
     /// else (the spec copied into its key) loaded or compiled once, however
     /// many threads ask.
     pub(crate) fn load_which(&self, spec: &Spec, which: Which) -> Result<Arc<LoadedKernel>, Error> {
+        if Which::wide_heads(spec) && !matches!(which, Which::Decode(..)) {
+            let (qk, v, max) = (spec.head_dims.qk, spec.head_dims.v, flashgen_codegen::MAX_HEAD_DIM);
+            return Err(Error::WideHeadDims { spec: spec.name.clone(), kernel: which.family(), qk, v, max });
+        }
         if let Some(loaded) = self.in_memory(spec, which) {
             return Ok(loaded);
         }

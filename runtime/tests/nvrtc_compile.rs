@@ -9,11 +9,12 @@ use flashgen_codegen::cuda::{
     emit_add_f32, emit_add_partial, emit_backward, emit_backward_varlen, emit_backward_with, emit_block_mask,
     emit_decode, emit_decode_paged, emit_decode_with, emit_e4m3_v_tiles, emit_forward_copying, emit_forward_dropout,
     emit_forward_e4m3, emit_forward_paged, emit_forward_varlen, emit_merge_partial, emit_paged_append, emit_work_order,
-    BackwardConfig, BackwardPass, DecodeCache, DecodeConfig, DecodeQueries, KvCacheDtype, Mma, Target, TileCopy, Work,
+    BackwardConfig, BackwardPass, DecodeCache, DecodeConfig, DecodeQueries, KvCacheDtype, Mma, Target, TileCopy,
+    WarpSplit, Work,
 };
 use flashgen_codegen::{parse_str, HeadDims, Spec};
 use flashgen_runtime::tile_choice;
-use flashgen_runtime::{compile_cubin, compile_cubin_with_log, compile_phases, Arch, Error};
+use flashgen_runtime::{compile_cubin, compile_cubin_with_log, compile_phases, kernel_resources, Arch, Error};
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -482,22 +483,80 @@ fn dropout_kernels_compile_for_sm80_and_sm90() {
 
 /// Compiles `jobs` on every core (NVRTC takes seconds per kernel).
 fn compile_all(jobs: Vec<(Kernel, Arch)>) {
+    in_parallel(&jobs, |kernel, arch| {
+        let (cubin, log) =
+            compile_cubin_with_log(kernel, arch).unwrap_or_else(|e| panic!("{} for {arch}: {e}", kernel.name));
+        assert!(cubin.starts_with(b"\x7fELF"), "{} for {arch}: not an ELF CUBIN", kernel.name);
+        // ptxas runs every wgmma of a kernel serially when it cannot
+        // prove their pipeline safe (C7514, C7519, ...): correct, but
+        // it cost the Hopper kernel a third of its speed.
+        assert!(!log.contains("serialized"), "{} for {arch}: {log}", kernel.name);
+    });
+}
+
+/// Runs `check` on every job, on as many threads as there are cores.
+fn in_parallel(jobs: &[(Kernel, Arch)], check: impl Fn(&Kernel, Arch) + Sync) {
     let next = AtomicUsize::new(0);
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| {
                 while let Some((kernel, arch)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    let (cubin, log) = compile_cubin_with_log(kernel, *arch)
-                        .unwrap_or_else(|e| panic!("{} for {arch}: {e}", kernel.name));
-                    assert!(cubin.starts_with(b"\x7fELF"), "{} for {arch}: not an ELF CUBIN", kernel.name);
-                    // ptxas runs every wgmma of a kernel serially when it cannot
-                    // prove their pipeline safe (C7514, C7519, ...): correct, but
-                    // it cost the Hopper kernel a third of its speed.
-                    assert!(!log.contains("serialized"), "{} for {arch}: {log}", kernel.name);
+                    check(kernel, *arch);
                 }
             });
         }
+    });
+}
+
+/// MLA's absorbed decode (QK 576 / V 512: warps split O's columns) compiles
+/// for sm_80 and sm_90 without local memory: V read from K's tiles or from
+/// a tensor of its own, dense and paged caches, padded and packed queries,
+/// one and two 16-row tiles (16 and 128 query heads), f16 and bf16, plain
+/// and bottom-right causal; and so does V read from K's tiles at d = 128,
+/// where the warps split the keys. A split launch runs the same kernel (the
+/// split count is an argument).
+#[test]
+fn mla_decode_compiles_without_spills_for_sm80_and_sm90() {
+    require_nvrtc();
+    let specs = parse_str(
+        "MlaCausal { dtype: bf16, head_dim: 576, v_head_dim: 512, mask: q + kv_len - q_len >= k }\n\
+         Mla { dtype: f16, head_dim: 576, v_head_dim: 512 }",
+    )
+    .unwrap();
+    let (dense, paged) = (DecodeCache::Dense, DecodeCache::Paged);
+    let (padded, packed) = (DecodeQueries::Padded, DecodeQueries::Packed);
+    let mut jobs = Vec::new();
+    for spec in &specs {
+        for (target, arch) in [(Target::PORTABLE, Arch::new(8, 0)), (Arch::new(9, 0).target(), Arch::new(9, 0))] {
+            for (rows, v_in_k, cache, queries) in [
+                (16, true, dense, padded),
+                (128, true, dense, padded),
+                (128, true, paged, padded),
+                (64, true, dense, packed),
+                (16, true, paged, packed),
+                (16, false, dense, padded),
+                (128, false, paged, padded),
+            ] {
+                let config = DecodeConfig::choose(spec, target, rows, KvCacheDtype::Spec, v_in_k).unwrap();
+                assert_eq!(config.warps, WarpSplit::Columns);
+                jobs.push((emit_decode_with(spec, config, cache, queries), arch));
+            }
+        }
+    }
+    // V read from K's tiles where warps split the keys (V = K at d = 128).
+    let shared = parse_str("VisK { dtype: bf16, head_dim: 128, mask: q >= k }").unwrap().remove(0);
+    for (target, arch) in [(Target::PORTABLE, Arch::new(8, 0)), (Arch::new(9, 0).target(), Arch::new(9, 0))] {
+        let config = DecodeConfig::choose(&shared, target, 32, KvCacheDtype::Spec, true).unwrap();
+        assert_eq!(config.warps, WarpSplit::Keys);
+        jobs.extend([dense, paged].map(|cache| (emit_decode_with(&shared, config, cache, padded), arch)));
+    }
+    in_parallel(&jobs, |kernel, arch| {
+        let used = kernel_resources(kernel, arch).unwrap_or_else(|e| panic!("{} for {arch}: {e}", kernel.name));
+        eprintln!("{} for {arch}: {used:?}", kernel.name);
+        assert!(used.registers > 0, "{} for {arch}: no ptxas report", kernel.name);
+        let local = (used.stack_frame, used.spill_stores, used.spill_loads);
+        assert_eq!(local, (0, 0, 0), "{} for {arch} uses local memory", kernel.name);
     });
 }
 

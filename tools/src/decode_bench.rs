@@ -10,7 +10,10 @@
 //! each sequence's pages in a shuffled order, as a serving loop's pool
 //! hands them out). With `--e4m3` each also runs on e4m3 caches
 //! (`-e4m3` rows: `DecodePlan::run_e4m3`, per-K/V-head descales), GB/s
-//! then of the bytes an e4m3 step reads: half the bf16 rows'.
+//! then of the bytes an e4m3 step reads: half the bf16 rows'. With
+//! `--decode-mla` the rows are MLA's absorbed decode instead ([`MLA`]: QK
+//! 576 / V 512, one K/V head, V read from K's tiles as a view of K), GB/s of
+//! the one 576-column cache a step reads.
 
 use crate::verify::driver as driver_error;
 use flashgen::cudarc::driver::CudaSlice;
@@ -24,36 +27,78 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use std::time::Instant;
 
-const HEADS: (usize, usize) = (32, 8);
-const D: usize = 128;
+/// What a row decodes: the spec, its heads (query, K/V) and head dims, and
+/// whether V is K's first columns (a view of K, `DecodeOptions::v_in_k`).
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeModel {
+    pub spec: &'static str,
+    pub heads: (usize, usize),
+    pub dims: (usize, usize),
+    pub v_in_k: bool,
+}
+
+/// The table: bf16, d = 128, 32 query heads over 8 K/V heads.
+pub const GQA: DecodeModel = DecodeModel {
+    spec: "Decode { dtype: bf16, head_dim: 128, mask: q + kv_len - q_len >= k }",
+    heads: (32, 8),
+    dims: (128, 128),
+    v_in_k: false,
+};
+
+/// MLA's absorbed decode (DeepSeek-V2/V3): 128 query heads over one
+/// 576-column cache whose first 512 columns are V.
+pub const MLA: DecodeModel = DecodeModel {
+    spec: "Mla { dtype: bf16, head_dim: 576, v_head_dim: 512, mask: q + kv_len - q_len >= k }",
+    heads: (128, 1),
+    dims: (576, 512),
+    v_in_k: true,
+};
+
+impl DecodeModel {
+    /// Bytes of cache elements a step must read per key: K and V, or K
+    /// alone where V is its first columns.
+    fn elements_per_key(&self) -> usize {
+        let (dqk, dv) = self.dims;
+        self.heads.1 * if self.v_in_k { dqk } else { dqk + dv }
+    }
+}
+
 /// Zeros written before every timed step: the forward rows' flush.
 const L2_FLUSH_BYTES: usize = 256 << 20;
 /// Caches past this many bytes (K and V) are skipped: they leave no room
 /// on an 80 GB GPU.
 const MAX_CACHE_BYTES: usize = 40 << 30;
-const SPEC: &str = "Decode { dtype: bf16, head_dim: 128, mask: q + kv_len - q_len >= k }";
 /// The paged rows' page size (vLLM's default).
 const PAGE_SIZE: usize = 16;
 
-/// Prints the decode rows for every batch × cache length (on `formats`
-/// of cache), then the copy row.
-pub fn run(rt: &Runtime, batches: &[usize], kv_lens: &[usize], formats: &[KvCacheDtype], iters: usize) {
+/// Prints `model`'s decode rows for every batch × cache length (on
+/// `formats` of cache), then the copy row.
+pub fn run(
+    rt: &Runtime,
+    model: DecodeModel,
+    (batches, kv_lens): (&[usize], &[usize]),
+    formats: &[KvCacheDtype],
+    iters: usize,
+) {
     let tracking = if rt.context().is_event_tracking() { "tracked" } else { "untracked" };
     println!(
-        "device: {} ({}), decode: bf16, d={D}, heads {}/{}, q_len 1, median of {iters}, events {tracking}",
+        "device: {} ({}), decode: bf16, d={}/{}, heads {}/{}{}, q_len 1, median of {iters}, events {tracking}",
         rt.device_name(),
         rt.arch(),
-        HEADS.0,
-        HEADS.1
+        model.dims.0,
+        model.dims.1,
+        model.heads.0,
+        model.heads.1,
+        if model.v_in_k { ", V in K" } else { "" },
     );
     println!(
         "{:<13} {:>5} {:>7} {:>7} {:>10} {:>9} {:>9}",
         "row", "batch", "kv_len", "splits", "ms", "GB/s", "host µs"
     );
-    let spec = flashgen::parse_one(SPEC).expect("a valid spec");
+    let spec = flashgen::parse_one(model.spec).expect("a valid spec");
     for &kv_len in kv_lens {
         for &batch in batches {
-            let bf16_bytes = 2 * batch * kv_len * HEADS.1 * D * 2;
+            let bf16_bytes = batch * kv_len * model.elements_per_key() * 2;
             if bf16_bytes > MAX_CACHE_BYTES {
                 println!("{:<10} {batch:>5} {kv_len:>7} skipped: {} GiB of K/V", "decode", bf16_bytes >> 30);
                 continue;
@@ -63,7 +108,7 @@ pub fn run(rt: &Runtime, batches: &[usize], kv_lens: &[usize], formats: &[KvCach
                 let suffix = if kv == KvCacheDtype::E4m3 { "-e4m3" } else { "" };
                 for (row, page_size) in [("decode", None), ("paged16", Some(PAGE_SIZE))] {
                     let row = format!("{row}{suffix}");
-                    match time_decode(rt, &spec, (batch, kv_len), (page_size, kv), iters) {
+                    match time_decode(rt, (model, &spec), (batch, kv_len), (page_size, kv), iters) {
                         Ok((splits, ms, host_us)) => {
                             let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
                             println!(
@@ -89,20 +134,22 @@ pub fn run(rt: &Runtime, batches: &[usize], kv_lens: &[usize], formats: &[KvCach
 /// a dense cache or (`page_size`) paged ones, of bf16 or e4m3 (`kv`).
 fn time_decode(
     rt: &Runtime,
-    spec: &flashgen::Spec,
+    (model, spec): (DecodeModel, &flashgen::Spec),
     (batch, kv_len): (usize, usize),
     (page_size, kv): (Option<usize>, KvCacheDtype),
     iters: usize,
 ) -> Result<(usize, f64, f64), Error> {
-    let shape = DecodeShape { batch, heads: HEADS.0, heads_kv: HEADS.1, q_len: 1, max_kv_len: kv_len };
-    let opts = DecodeOptions { paged: page_size.is_some(), kv_cache: kv, ..DecodeOptions::default() };
+    let (heads, heads_kv) = model.heads;
+    let shape = DecodeShape { batch, heads, heads_kv, q_len: 1, max_kv_len: kv_len };
+    let opts =
+        DecodeOptions { paged: page_size.is_some(), kv_cache: kv, v_in_k: model.v_in_k, ..DecodeOptions::default() };
     let plan = rt.decode_plan(spec, shape, &opts)?;
     let timed = match kv {
-        KvCacheDtype::Spec => time_steps::<bf16>(rt, &plan, page_size, None, iters)?,
+        KvCacheDtype::Spec => time_steps::<bf16>(rt, (&plan, model), page_size, None, iters)?,
         KvCacheDtype::E4m3 => {
-            let ones = rt.stream().clone_htod(&[1f32; HEADS.1]).map_err(driver_error("upload descales"))?;
+            let ones = rt.stream().clone_htod(&vec![1f32; heads_kv]).map_err(driver_error("upload descales"))?;
             let descale = KvDescale { k: Descale::PerKvHead(&ones), v: Descale::PerKvHead(&ones) };
-            time_steps::<u8>(rt, &plan, page_size, Some(descale), iters)?
+            time_steps::<u8>(rt, (&plan, model), page_size, Some(descale), iters)?
         }
     };
     Ok((plan.splits(), timed.0, timed.1))
@@ -134,11 +181,12 @@ impl Cache for u8 {
     }
 }
 
-/// The median step time (ms) and host µs per run of `plan` on caches of
-/// `C`, dense or (`page_size`) paged.
+/// The median step time (ms) and host µs per run of `plan` (of `model`)
+/// on caches of `C`, dense or (`page_size`) paged; V a view of K where the
+/// model says.
 fn time_steps<C: Cache>(
     rt: &Runtime,
-    plan: &DecodePlan,
+    (plan, model): (&DecodePlan, DecodeModel),
     page_size: Option<usize>,
     descale: Option<KvDescale<'_>>,
     iters: usize,
@@ -147,14 +195,31 @@ fn time_steps<C: Cache>(
     let DecodeShape { batch, max_kv_len: kv_len, .. } = plan.shape();
     // A paged cache holds the dense one's rows: every sequence's pages.
     let pages_per_seq = kv_len.div_ceil(page_size.unwrap_or(1));
-    let cache = PagedLayout::contiguous(batch * pages_per_seq, page_size.unwrap_or(1), HEADS.1, D);
-    let [lq, lk] = [Layout::bshd(batch, 1, HEADS.0, D), Layout::bshd(batch, kv_len, HEADS.1, D)];
+    let ((heads, heads_kv), (dqk, dv)) = (model.heads, model.dims);
+    let k_cache = PagedLayout::contiguous(batch * pages_per_seq, page_size.unwrap_or(1), heads_kv, dqk);
+    let [lq, lk] = [Layout::bshd(batch, 1, heads, dqk), Layout::bshd(batch, kv_len, heads_kv, dqk)];
+    let lo = Layout::bshd(batch, 1, heads, dv);
+    // V: K's first columns at K's strides, or a cache of its own.
+    let (v_cache, lv) = match model.v_in_k {
+        true => (PagedLayout { dim: dv, ..k_cache }, Layout { dim: dv, ..lk }),
+        false => {
+            let paged = PagedLayout::contiguous(batch * pages_per_seq, page_size.unwrap_or(1), heads_kv, dv);
+            (paged, Layout::bshd(batch, kv_len, heads_kv, dv))
+        }
+    };
     let during = driver_error("allocate the operands");
     let (q, mut o) =
-        (stream.alloc_zeros::<bf16>(lq.len()).map_err(during)?, stream.alloc_zeros(lq.len()).map_err(during)?);
-    let cache_len = if page_size.is_some() { cache.as_layout().len() } else { lk.len() };
-    let (k, v) =
-        (stream.alloc_zeros::<C>(cache_len).map_err(during)?, stream.alloc_zeros::<C>(cache_len).map_err(during)?);
+        (stream.alloc_zeros::<bf16>(lq.len()).map_err(during)?, stream.alloc_zeros(lo.len()).map_err(during)?);
+    let cache_len = |paged: PagedLayout, dense: Layout| match page_size {
+        Some(_) => paged.as_layout().len(),
+        None => dense.len(),
+    };
+    let k = stream.alloc_zeros::<C>(cache_len(k_cache, lk)).map_err(during)?;
+    let own_v = match model.v_in_k {
+        true => None,
+        false => Some(stream.alloc_zeros::<C>(cache_len(v_cache, lv)).map_err(during)?),
+    };
+    let v = own_v.as_ref().unwrap_or(&k);
     let lens: CudaSlice<i32> =
         stream.clone_htod(&vec![kv_len as i32; batch]).map_err(driver_error("upload kv_lens"))?;
     let mut table: Vec<i32> = (0..(batch * pages_per_seq) as i32).collect();
@@ -162,20 +227,20 @@ fn time_steps<C: Cache>(
     let table: CudaSlice<i32> = stream.clone_htod(&table).map_err(driver_error("upload the block table"))?;
     let mut step = || match page_size {
         None => {
-            let io = DecodeIo { q: (&q, lq), k: (&k, lk), v: (&v, lk), o: (&mut o, lq), lse: None, kv_lens: &lens };
+            let io = DecodeIo { q: (&q, lq), k: (&k, lk), v: (v, lv), o: (&mut o, lo), lse: None, kv_lens: &lens };
             C::run(plan, rt, io, descale)
         }
         Some(_) => {
             let kv = PagedKv {
-                k: (&k, cache),
-                v: (&v, cache),
+                k: (&k, k_cache),
+                v: (v, v_cache),
                 block_table: &table,
                 pages_per_seq,
                 kv_lens: &lens,
                 max_kv_len: kv_len,
                 batch,
             };
-            C::run_paged(plan, rt, PagedDecodeIo { q: (&q, lq), o: (&mut o, lq), lse: None, kv }, descale)
+            C::run_paged(plan, rt, PagedDecodeIo { q: (&q, lq), o: (&mut o, lo), lse: None, kv }, descale)
         }
     };
     let mut flush = stream.alloc_zeros::<u8>(L2_FLUSH_BYTES).map_err(driver_error("allocate the L2 flush buffer"))?;

@@ -70,6 +70,7 @@ fn options(problem: &DecodeProblem, case: &Case) -> DecodeOptions {
         paged: case.page_size.is_some(),
         varlen: case.q_lens.is_some(),
         kv_cache: KvCacheDtype::E4m3,
+        v_in_k: false,
     }
 }
 

@@ -24,7 +24,7 @@ mod dims;
 mod print;
 
 use crate::error::{err, SpecError};
-use crate::spec::{Dtype, ElemTy, HeadDims, Param, Spec, TensorDecl, Ty, MAX_HEAD_DIM};
+use crate::spec::{Dtype, ElemTy, HeadDims, Param, Spec, TensorDecl, Ty, MAX_DECODE_HEAD_DIM};
 use proc_macro2::{Span, TokenStream, TokenTree};
 use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
@@ -209,7 +209,7 @@ fn lower_spec(ast: SpecAst) -> Result<Spec, SpecError> {
         return err(ast.body_span, "missing `dtype: f16` or `dtype: bf16`");
     };
     let Some(qk) = f.head_dim else {
-        return err(ast.body_span, "missing `head_dim: <1..=256>`");
+        return err(ast.body_span, "missing `head_dim: <1..=576>`");
     };
     let head_dims = HeadDims { qk, v: f.v_head_dim.unwrap_or(qk) };
     let scope = check::Scope { params: &f.params, tensors: &f.tensors };
@@ -279,14 +279,14 @@ fn lower_tensor(name: &Ident, elem: &Ident, dims: &[syn::Expr], params: &[Param]
 fn head_dim(value: &syn::Expr) -> Result<u32, SpecError> {
     let syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(lit), .. }) = value else {
         let message = match negative_int(value) {
-            Some(lit) => format!("unsupported head dimension -{lit}: expected 1 to {MAX_HEAD_DIM}"),
-            None => format!("a head dimension must be an integer literal from 1 to {MAX_HEAD_DIM}"),
+            Some(lit) => format!("unsupported head dimension -{lit}: expected 1 to {MAX_DECODE_HEAD_DIM}"),
+            None => format!("a head dimension must be an integer literal from 1 to {MAX_DECODE_HEAD_DIM}"),
         };
         return err(value.span(), message);
     };
     match lit.base10_parse::<u32>() {
-        Ok(d) if lit.suffix().is_empty() && (1..=MAX_HEAD_DIM).contains(&d) => Ok(d),
-        _ => err(lit.span(), format!("unsupported head dimension {lit}: expected 1 to {MAX_HEAD_DIM}")),
+        Ok(d) if lit.suffix().is_empty() && (1..=MAX_DECODE_HEAD_DIM).contains(&d) => Ok(d),
+        _ => err(lit.span(), format!("unsupported head dimension {lit}: expected 1 to {MAX_DECODE_HEAD_DIM}")),
     }
 }
 

@@ -64,7 +64,9 @@
 //! pages, and a device-to-device copy row. `--untracked` turns cudarc's
 //! event tracking off first (as a CUDA-graph capture does), so the host
 //! time counts no event recorded per buffer. `--e4m3` adds each row on e4m3
-//! caches (GB/s of the bytes they read).
+//! caches (GB/s of the bytes they read). `flashgen-bench --decode-mla
+//! [--mla-heads 16,128]` times MLA's absorbed decode instead (QK 576 / V
+//! 512, one K/V head, V a view of K), GB/s of the one cache a step reads.
 //!
 //! `flashgen-bench --prefill [--cached 0,8192,30720]` instead times chunked
 //! prefill against a paged cache (`flashgen_tools::prefill_bench`): pages of
@@ -145,7 +147,7 @@ fn other_bench(args: &[String], list: &dyn Fn(&str, &str) -> Vec<String>, iters:
     } else if args.iter().any(|a| a == "--cp") {
         let variants = list("--cp-variants", "causal,document,window");
         flashgen_tools::cp_bench::run(&sizes("--lens", "131072,524288"), &variants, iters);
-    } else if args.iter().any(|a| a == "--decode") {
+    } else if args.iter().any(|a| a == "--decode" || a == "--decode-mla") {
         let (batches, kv_lens) = (sizes("--batches", "1,16,64,256"), sizes("--kv-lens", "1024,4096,16384,65536"));
         let rt = start_runtime();
         if args.iter().any(|a| a == "--untracked") {
@@ -156,7 +158,16 @@ fn other_bench(args: &[String], list: &dyn Fn(&str, &str) -> Vec<String>, iters:
             true => &[KvCacheDtype::Spec, KvCacheDtype::E4m3],
             false => &[KvCacheDtype::Spec],
         };
-        flashgen_tools::decode_bench::run(&rt, &batches, &kv_lens, formats, iters);
+        use flashgen_tools::decode_bench::{run, DecodeModel, GQA, MLA};
+        if args.iter().any(|a| a == "--decode-mla") {
+            // MLA refuses e4m3 caches (V head dim 512): 16-bit rows only.
+            for heads in sizes("--mla-heads", "128") {
+                let model = DecodeModel { heads: (heads, 1), ..MLA };
+                run(&rt, model, (&batches, &kv_lens), &[KvCacheDtype::Spec], iters);
+            }
+        } else {
+            run(&rt, GQA, (&batches, &kv_lens), formats, iters);
+        }
     } else {
         return false;
     }

@@ -22,7 +22,9 @@ pub fn run(file: &Path, arch: &str, only: Option<&str>, all: bool) -> Result<boo
         for warning in index_warnings(&spec) {
             eprintln!("warning: {}: {warning}", spec.name);
         }
-        let kernels = match all {
+        // A spec past the forward's head dims (MLA's 576) has its decode kernels alone.
+        let wide = spec.head_dims.qk.max(spec.head_dims.v) > flashgen::codegen::MAX_HEAD_DIM;
+        let kernels = match all || wide {
             true => spec_kernels(&spec, KernelSet::Every, arch),
             false => vec![cuda::emit_forward_with(&spec, tile_choice::preferred(&spec, arch.target()))],
         };

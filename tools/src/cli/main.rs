@@ -118,6 +118,14 @@ fn run(cli: Cli) -> Result<bool, Failure> {
         Command::Emit { file, spec, arch, config, trace, varlen, paged } => {
             let arch = arch.as_deref().map(specs::arch).transpose()?;
             for s in specs::load(&file, spec.as_deref())? {
+                let (qk, v, max) = (s.head_dims.qk, s.head_dims.v, flashgen::codegen::MAX_HEAD_DIM);
+                if qk.max(v) > max {
+                    let why = format!(
+                        "{}: head dims {qk}/{v}: the forward takes up to {max}; `check` compiles its decode kernels",
+                        s.name
+                    );
+                    return Err(why.into());
+                }
                 let config = match (arch, &config) {
                     (Some(a), Some(name)) => specs::named_config(&s, a, name)?,
                     (Some(a), None) => tile_choice::preferred(&s, a.target()),

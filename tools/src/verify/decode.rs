@@ -14,6 +14,8 @@
 //! unwritten: [`DeviceDecode::spare_rows_written`]). A step over e4m3
 //! caches ([`DeviceDecode::upload_e4m3`]) reads their bytes and descales
 //! (`decode_e4m3`), judged by the reference over the dequantized caches.
+//! MLA's cache ([`DecodeProblem::v_in_k`], [`DeviceDecode::upload_v_in_k`])
+//! holds V as K's first columns, and runs pass K's buffer as V.
 
 use super::decode_e4m3::{quantize_cache, DeviceE4m3, E4m3Scales, Granularity};
 use super::{
@@ -161,6 +163,8 @@ pub struct DeviceDecode {
     packed: Option<Packed>,
     /// E4m3 caches the runs read instead of the 16-bit ones.
     e4m3: Option<DeviceE4m3>,
+    /// Runs pass K's buffer as V, at V's layout (K's strides).
+    v_in_k: bool,
 }
 
 impl DeviceDecode {
@@ -187,6 +191,37 @@ impl DeviceDecode {
         let pages = Pages { block_table, pages_per_seq: paged.pages_per_seq, caches };
         let host = [&paged.problem.k, &paged.problem.v];
         Self::upload_with(rt, spec, problem, host, caches.map(|c| c.as_layout()), Some(pages))
+    }
+
+    /// Uploads `problem` (MLA's cache: [`DecodeProblem::v_in_k`]) with V
+    /// as a view of K, dense or in `paged`'s pages: V's layout is K's at V's
+    /// head dim, and runs pass K's buffer as V (`DecodeOptions::v_in_k`).
+    pub fn upload_v_in_k(
+        rt: &Runtime,
+        spec: &Spec,
+        problem: &DecodeProblem,
+        paged: Option<&PagedProblem>,
+    ) -> Result<Self, Error> {
+        let dv = spec.head_dims.v as usize;
+        let mut gpu = match paged {
+            None => {
+                let DecodeShape { batch, heads_kv, max_kv_len, .. } = problem.shape;
+                let k = Layout::bshd(batch, max_kv_len, heads_kv, spec.head_dims.qk as usize);
+                let host = [&problem.k_cache, &problem.v_cache];
+                Self::upload_with(rt, spec, problem, host, [k, Layout { dim: dv, ..k }], None)?
+            }
+            Some(paged) => {
+                let [k, _] = paged_layouts(spec, problem.shape, paged);
+                let caches = [k, PagedLayout { dim: dv, ..k }];
+                let table: Vec<i32> = paged.block_table.iter().map(|&p| p as i32).collect();
+                let block_table = rt.stream().clone_htod(&table).map_err(driver("upload the block table"))?;
+                let pages = Pages { block_table, pages_per_seq: paged.pages_per_seq, caches };
+                let host = [&paged.problem.k, &paged.problem.v];
+                Self::upload_with(rt, spec, problem, host, caches.map(|c| c.as_layout()), Some(pages))?
+            }
+        };
+        gpu.v_in_k = true;
+        Ok(gpu)
     }
 
     /// Uploads `problem` (quantized: [`DecodeProblem::quantized`]) with its
@@ -254,7 +289,19 @@ impl DeviceDecode {
         let lens: Vec<i32> = problem.kv_lens.iter().map(|&n| n as i32).collect();
         let kv_lens = stream.clone_htod(&lens).map_err(driver("upload kv_lens"))?;
         let tensors = upload_tensors(&stream, spec, &problem.reference.problem.tensors)?;
-        Ok(DeviceDecode { operands, lse, kv_lens, tensors, layouts, shape, stream, pages, packed, e4m3: None })
+        Ok(DeviceDecode {
+            operands,
+            lse,
+            kv_lens,
+            tensors,
+            layouts,
+            shape,
+            stream,
+            pages,
+            packed,
+            e4m3: None,
+            v_in_k: false,
+        })
     }
 
     /// Overwrites the packed queries and their prefix sums with `step`'s
@@ -340,8 +387,9 @@ impl DeviceDecode {
     /// `_e4m3` twins on an e4m3 upload).
     pub fn run(&mut self, rt: &Runtime, plan: &DecodePlan, problem: &DecodeProblem) -> Result<(), Error> {
         let args = launch_args(&self.tensors, &problem.reference.problem);
-        let DeviceDecode { operands, lse, kv_lens, layouts, shape, pages, packed, e4m3, .. } = self;
+        let DeviceDecode { operands, lse, kv_lens, layouts, shape, pages, packed, e4m3, v_in_k, .. } = self;
         let parts = StepParts {
+            v_in_k: *v_in_k,
             layouts: *layouts,
             lse,
             kv_lens,
@@ -431,6 +479,8 @@ struct StepParts<'a> {
     pages: Option<&'a Pages>,
     packed: Option<&'a Packed>,
     e4m3: Option<&'a DeviceE4m3>,
+    /// V is a view of K: K's buffer at V's layout.
+    v_in_k: bool,
 }
 
 /// One step on operands `[q, k, v, o]` (or the e4m3 caches), through the
@@ -442,7 +492,8 @@ fn run_step<T: Element>(
     parts: StepParts<'_>,
     args: &[ArgValue<'_>],
 ) -> Result<(), Error> {
-    let StepParts { layouts: [lq, lk, lv, lo], lse, kv_lens, shape, pages, packed, e4m3 } = parts;
+    let StepParts { layouts: [lq, lk, lv, lo], lse, kv_lens, shape, pages, packed, e4m3, v_in_k } = parts;
+    let (k, v) = (&*k, if v_in_k { &*k } else { &*v });
     let (lse, cache) = (Some(lse), CacheParts { layouts: [lk, lv], kv_lens, shape, pages });
     if let Some(e4m3) = e4m3 {
         let (kv, descale) = (step_kv(&e4m3.k, &e4m3.v, cache), e4m3.descale());
@@ -526,6 +577,16 @@ pub fn random_lens(rng: &mut impl Rng, batch: usize, (lo, hi): (usize, usize)) -
 }
 
 impl DecodeProblem {
+    /// The same step with MLA's cache: each V row is its K row's first
+    /// `head_dims.v` columns (V a view of K, as the absorbed decode reads
+    /// it), the reference seeing those values.
+    pub fn v_in_k(mut self, spec: &Spec) -> DecodeProblem {
+        let (dqk, dv) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
+        self.v_cache = self.k_cache.chunks(dqk).flat_map(|row| &row[..dv]).copied().collect();
+        let lens = self.kv_lens.clone();
+        self.with_lens(&lens)
+    }
+
     /// The same step with its caches quantized to e4m3 under `granularity`,
     /// and the descales: each K/V head's rows are first scaled by a factor
     /// of its own (so per-head descales differ, and a per-tensor one serves
@@ -564,6 +625,18 @@ mod tests {
         assert_eq!(r.problem.shape.kv_len, 5, "tensors are sized by the cache");
         let flashgen::codegen::reference::TensorData::I32(doc) = &r.problem.tensors[0] else { panic!("ids") };
         assert_eq!(doc.len(), 3 * 5);
+    }
+
+    #[test]
+    fn mla_caches_hold_v_as_ks_first_columns() {
+        let spec = flashgen::parse_one("S { dtype: bf16, head_dim: 12, v_head_dim: 8 }").unwrap();
+        let shape = DecodeShape { batch: 2, heads: 4, heads_kv: 1, q_len: 1, max_kv_len: 3 };
+        let p = random_decode_problem(&spec, shape, &[3, 2], vec![], 7).v_in_k(&spec);
+        assert_eq!(p.v_cache.len(), 2 * 3 * 8);
+        // Cache row (b = 1, s = 2): V is K's first 8 of 12 columns.
+        assert_eq!(p.v_cache[5 * 8..][..8], p.k_cache[5 * 12..][..8]);
+        // The reference's values are sequence 1's first key's: token 3.
+        assert_eq!(p.reference.problem.v[3 * 8..][..8], p.k_cache[3 * 12..][..8]);
     }
 
     #[test]

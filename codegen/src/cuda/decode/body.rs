@@ -2,8 +2,9 @@
 //! the CTA owns, the Q rows, the K/V pipeline and the tile step (S = Q·Kᵀ,
 //! the spec, the online softmax, O += P·V on `mma.sync`).
 
+use super::columns;
 use super::logit::write_logit;
-use super::plan::KvCacheDtype;
+use super::plan::{DecodeConfig, KvCacheDtype, WarpSplit};
 use super::queries::DecodeQueries;
 use super::tiles::write_tile_kept;
 use crate::cuda::writer::Writer;
@@ -17,15 +18,28 @@ pub(super) fn write_setup(
     spec: &Spec,
     cache: DecodeCache,
     queries: DecodeQueries,
-    kv: KvCacheDtype,
+    config: DecodeConfig,
 ) -> fmt::Result {
     write_coordinates(w, spec, cache, queries)?;
-    if kv == KvCacheDtype::E4m3 {
+    if config.warps == WarpSplit::Columns {
+        w.write_str(SHARED_P)?;
+    }
+    if config.kv == KvCacheDtype::E4m3 {
         w.write_str(E4M3_DESCALES)?;
     }
     write_tile_kept(w, spec)?;
-    write_prologue(w, cache, queries, kv)
+    write_prologue(w, cache, queries, config)
 }
+
+/// Where warps split O's columns: the tile's P and the warps' row maxima,
+/// past the stages and what the epilogue reuses of them.
+const SHARED_P: &str = "\
+// Warps split O's columns: the tile's P [BLOCK_M][BLOCK_N] and each warp's
+// row maxima [WARPS][BLOCK_M] live past the stages and the epilogue's merge.
+constexpr int MERGE_UNITS = 2 * (BLOCK_M * DVP + 2 * WARPS * BLOCK_M + 2 * BLOCK_M);
+unsigned short* p_tile = k_tiles + (STAGES_UNITS > MERGE_UNITS ? STAGES_UNITS : MERGE_UNITS);
+float* p_max = (float*)(p_tile + BLOCK_M * BLOCK_N);
+";
 
 /// An e4m3 kernel's descale factors, folded where they cost nothing per
 /// element: K's into the softmax scale (the logit), V's into the rows'
@@ -54,7 +68,7 @@ fn write_coordinates(w: &mut Writer<String>, spec: &Spec, cache: DecodeCache, qu
 extern __shared__ __align__(128) unsigned short smem[];
 unsigned short* q_tile = smem;
 unsigned short* k_tiles = q_tile + Q_TILE;  // [STAGES][K_TILE]
-unsigned short* v_tiles = k_tiles + STAGES * K_TILE;  // [STAGES][V_TILE]
+unsigned short* v_tiles = V_IN_K ? k_tiles : k_tiles + STAGES * K_TILE;  // [STAGES][V_TILE]
 
 // The CTA: split `split` of sequence b's keys under K/V head kv_head, for
 // query rows [row0, row0 + BLOCK_M) of the heads sharing that K/V head.
@@ -101,7 +115,12 @@ const PagedKvRows v_rows{v_ptr + kv_head * v_head_stride, v_page_stride, v_seq_s
 
 /// This split's tiles, the K/V loads, then the prologue: Q, and
 /// `STAGES - 1` tiles in flight.
-fn write_prologue(w: &mut Writer<String>, cache: DecodeCache, queries: DecodeQueries, kv: KvCacheDtype) -> fmt::Result {
+fn write_prologue(
+    w: &mut Writer<String>,
+    cache: DecodeCache,
+    queries: DecodeQueries,
+    config: DecodeConfig,
+) -> fmt::Result {
     w.write_str(
         "\
 // This split's K/V tiles: an even share of the band of tiles the mask may
@@ -114,22 +133,28 @@ auto load_kv = [&](int j, int stage) {
     const int first = j * BLOCK_N;
 ",
     )?;
-    w.write_str(match cache {
-        DecodeCache::Dense => {
+    let (k_load, v_load) = match cache {
+        DecodeCache::Dense => (
             "    \
     load_kv_tile<BLOCK_N, DP, D, THREADS>(k_tiles + stage * K_TILE, k_rows, first, kv_len - first, k_vector);
+",
+            "    \
     load_kv_tile<BLOCK_N, DVP, DV, THREADS>(v_tiles + stage * V_TILE, v_rows, first, kv_len - first, v_vector);
-"
-        }
-        DecodeCache::Paged => {
+",
+        ),
+        DecodeCache::Paged => (
             "    \
     // One key of the warp's share per lane, resolved once for K and V.
     const PageSlot slot = tile_slot<BLOCK_N, WARPS>(table, first, kv_len - first);
     load_paged_kv_tile<BLOCK_N, DP, D, WARPS>(k_tiles + stage * K_TILE, k_rows, slot, kv_len - first, k_vector);
+",
+            "    \
     load_paged_kv_tile<BLOCK_N, DVP, DV, WARPS>(v_tiles + stage * V_TILE, v_rows, slot, kv_len - first, v_vector);
-"
-        }
-    })?;
+",
+        ),
+    };
+    w.write_str(k_load)?;
+    w.write_str(if config.v_in_k { "    // V is K's first DV columns: K's copy brought them.\n" } else { v_load })?;
     w.write_str(
         "\
 };
@@ -141,7 +166,7 @@ const unsigned short* q_group = ",
     )?;
     w.write_str(queries.q_rows())?;
     w.write_str(" + (long long)kv_head * group * q_head_stride;\n")?;
-    w.write_str(match kv {
+    w.write_str(match config.kv {
         KvCacheDtype::Spec => "load_q_rows<BLOCK_M, DP, D, THREADS>",
         // Q's columns in the order the e4m3 K fragments hold the dims.
         KvCacheDtype::E4m3 => "load_q_rows<BLOCK_M, DP, D, THREADS, true>",
@@ -168,28 +193,47 @@ for (int i = 0; i < 2 * M_TILES; ++i) {
 }
 
 /// The accumulators, the spec's logit and the loop over the split's tiles.
-pub(super) fn write_tile_loop(w: &mut Writer<String>, spec: &Spec, kv: KvCacheDtype) -> fmt::Result {
+pub(super) fn write_tile_loop(w: &mut Writer<String>, spec: &Spec, config: DecodeConfig) -> fmt::Result {
+    let kv = config.kv;
     let by_format = |spec: &'static str, e4m3: &'static str| if kv == KvCacheDtype::E4m3 { e4m3 } else { spec };
+    let split_columns = config.warps == WarpSplit::Columns;
     writeln!(w)?;
     write_logit(w, spec, by_format("scale", "qk_scale"))?;
     w.write_str(ACCUMULATORS)?;
     w.write_str(by_format(SPEC_LANES, E4M3_LANES))?;
+    if split_columns {
+        w.write_str(columns::P_LANE)?;
+    }
     w.write_str(LOOP_HEAD)?;
     w.write_str(by_format(
         "    // S = Q K^T on every row x this warp's keys.\n",
         "    // S = Q K^T on every row x this warp's keys, K's e4m3 converted on\n    \
          // registers; one 16-byte chunk of a key row is a whole k-step.\n",
     ))?;
-    w.write_str(SCORES_LOOP)?;
-    w.write_str(by_format(SPEC_SCORES, E4M3_SCORES))?;
-    w.write_str(SOFTMAX)?;
-    w.write_str(by_format(
-        "    // O += P V, P straight from the S registers (pack_p).\n",
-        "    // O += P V, P straight from the S registers (pack_p), V's e4m3 converted\n    \
-         // on registers: tiles n and n + 1 take a 16-dim chunk's even and odd dims.\n",
-    ))?;
-    w.write_str(VALUES_LOOP)?;
-    w.write_str(by_format(SPEC_VALUES, E4M3_VALUES))?;
+    w.write_str(
+        &SCORES_LOOP.replace("@SCORES_UNROLL@", if split_columns { columns::SCORES_UNROLL } else { "#pragma unroll" }),
+    )?;
+    w.write_str(if split_columns { columns::SCORES } else { by_format(SPEC_SCORES, E4M3_SCORES) })?;
+    w.write_str(SOFTMAX_LOGITS)?;
+    if split_columns {
+        w.write_str(columns::TILE_MAX)?;
+    } else {
+        w.write_str("        const float m_new = fmaxf(m[mt][r], quad_max(row_max(s[mt], r)));\n")?;
+    }
+    w.write_str(SOFTMAX_RESCALE)?;
+    let (p_fragment, v_at) = if split_columns {
+        w.write_str(columns::SHARE_P)?;
+        columns::VALUES
+    } else {
+        w.write_str(by_format(
+            "    // O += P V, P straight from the S registers (pack_p).\n",
+            "    // O += P V, P straight from the S registers (pack_p), V's e4m3 converted\n    \
+             // on registers: tiles n and n + 1 take a 16-dim chunk's even and odd dims.\n",
+        ))?;
+        ("pack_p(storage{}, p[mt], s[mt], kk)", "v_smem + v_lane.at(kw + kk * 16, n / 2)")
+    };
+    w.write_str(&VALUES_LOOP.replace("@P_FRAGMENT@", p_fragment))?;
+    w.write_str(&by_format(SPEC_VALUES, E4M3_VALUES).replace("@V_AT@", v_at))?;
     w.write_str(
         "}
 cp_async_wait_all();
@@ -200,8 +244,8 @@ __syncthreads();  // every warp is done with the stages: the epilogue reuses the
 
 /// Each warp's O, max and sum.
 const ACCUMULATORS: &str = "
-// Each warp owns every row and a quarter of each tile's keys (WARP_N), with
-// its own max, sum and O; the epilogue merges the four.
+// Each warp owns every row with its own max, sum and O (its WARP_DV columns),
+// over its keys of each tile; the epilogue merges the four.
 float o[M_TILES][O_TILES][4] = {};
 float m[M_TILES][2], l[M_TILES][2];
 #pragma unroll
@@ -216,7 +260,7 @@ const SPEC_LANES: &str = "\
 // ldmatrix rows of this lane in the Q, K and V tiles (see LdmLane).
 const LdmLane<DP> q_lane(lane % 8 + (lane / 8 % 2) * 8, lane / 16);
 const LdmLane<DP> k_lane(lane % 8 + lane / 16 * 8, lane / 8 % 2);
-const LdmLane<DVP> v_lane(lane % 8 + (lane / 8 % 2) * 8, lane / 16);
+const LdmLane<V_COLS> v_lane(lane % 8 + (lane / 8 % 2) * 8, lane / 16);
 ";
 
 /// In an e4m3 kernel: K and V tiles are 16-bit tiles of half the columns,
@@ -255,7 +299,7 @@ for (int j = tile_begin; j < tile_end; ++j) {
 /// S = Q·Kᵀ: the k-steps over Q's dims, each step's Q fragments; each
 /// step's K fragments and MMAs by the cache's format.
 const SCORES_LOOP: &str = "    float s[M_TILES][S_TILES][4] = {};
-    #pragma unroll
+    @SCORES_UNROLL@
     for (int kk = 0; kk < DP / 16; ++kk) {
         unsigned a[M_TILES][4];
         #pragma unroll
@@ -291,8 +335,9 @@ const E4M3_SCORES: &str = "        unsigned kb[2];  // keys kw + g and kw + 8 + 
 
 ";
 
-/// The spec and the online softmax.
-const SOFTMAX: &str = "    // The spec, then the online softmax (base 2), row by row; a row's O and
+/// The spec on S, opening the softmax's loop over the lane's rows; the
+/// row's new max follows (`m_new`), then [`SOFTMAX_RESCALE`].
+const SOFTMAX_LOGITS: &str = "    // The spec, then the online softmax (base 2), row by row; a row's O and
     // l are rescaled whenever its max grows (while every key so far is
     // masked, m is -inf and exp2 runs against 0: finite_or_zero).
     #pragma unroll
@@ -306,8 +351,11 @@ const SOFTMAX: &str = "    // The spec, then the online softmax (base 2), row by
                 x = logit(x, row_h[i], row_q[i], kv0 + n * 8 + 2 * t + c);
             }
         }
-        const float m_new = fmaxf(m[mt][r], quad_max(row_max(s[mt], r)));
-        if (m_new > m[mt][r]) {
+";
+
+/// The online softmax from the row's new max `m_new`: O and l rescaled, S
+/// turned into P, l summed; closes the loop over the rows.
+const SOFTMAX_RESCALE: &str = "        if (m_new > m[mt][r]) {
             const float alpha = fast_exp2(m[mt][r] - m_new);
             m[mt][r] = m_new;
             l[mt][r] *= alpha;
@@ -334,17 +382,17 @@ const SOFTMAX: &str = "    // The spec, then the online softmax (base 2), row by
 /// O += P·V: P's k-steps and O's pairs of tiles, each pair's V fragments
 /// and MMAs by the cache's format.
 const VALUES_LOOP: &str = "    #pragma unroll
-    for (int kk = 0; kk < WARP_N / 16; ++kk) {
+    for (int kk = 0; kk < PV_KEYS / 16; ++kk) {
         unsigned p[M_TILES][4];
         #pragma unroll
-        for (int mt = 0; mt < M_TILES; ++mt) pack_p(storage{}, p[mt], s[mt], kk);
+        for (int mt = 0; mt < M_TILES; ++mt) @P_FRAGMENT@;
         #pragma unroll
         for (int n = 0; n < O_TILES; n += 2) {
 ";
 
 /// O += P·V over 16-bit V: each pair's fragments and MMAs.
 const SPEC_VALUES: &str = "            unsigned vb[4];
-            ldmatrix_x4_trans(vb, v_smem + v_lane.at(kw + kk * 16, n / 2));
+            ldmatrix_x4_trans(vb, @V_AT@);
             #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt) {
                 mma_16816(storage{}, o[mt][n], p[mt], vb[0], vb[1]);

@@ -20,7 +20,7 @@ if (num_splits > 1) {
     unsigned int* counter = split_counters + ((long long)b * heads_kv + kv_head) * (gridDim.x / num_splits)
                             + blockIdx.x / num_splits;
     if (last_split(counter, num_splits, (int*)smem)) {
-        static_assert(STAGES * (K_TILE + V_TILE) * 2 >= WARPS * MAX_SPLITS * 4, \"the weights fit the stages\");
+        static_assert(STAGES_UNITS * 2 >= WARPS * MAX_SPLITS * 4, \"the weights fit the stages\");
         float* weight = (float*)(smem + Q_TILE) + warp * MAX_SPLITS;
         for (int r = warp; r < BLOCK_M && row0 + r < rows; r += WARPS) {
             const int row = row0 + r, q = row / group, h = kv_head * group + row % group;

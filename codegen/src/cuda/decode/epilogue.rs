@@ -4,7 +4,7 @@
 //! row tile's last split combines (`combine`).
 
 use super::combine::write_split_combine;
-use super::plan::KvCacheDtype;
+use super::plan::{DecodeConfig, KvCacheDtype, WarpSplit};
 use super::queries::DecodeQueries;
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::writer::Writer;
@@ -15,8 +15,9 @@ pub(super) fn write_epilogue(
     w: &mut Writer<String>,
     spec: &Spec,
     queries: DecodeQueries,
-    kv: KvCacheDtype,
+    config: DecodeConfig,
 ) -> fmt::Result {
+    let kv = config.kv;
     w.write_str(
         &"
 // Epilogue. Shared memory (the stages) now holds:
@@ -64,7 +65,7 @@ if (threadIdx.x < BLOCK_M) {
     #pragma unroll
     for (int w = 0; w < WARPS; ++w) sum += warp_l[w * BLOCK_M + row] * fast_exp2(warp_m[w * BLOCK_M + row] - m_use);
 "
-        .replace("@O_COLUMN@", o_column(kv)),
+        .replace("@O_COLUMN@", o_column(config)),
     )?;
     write_row_close(w, spec, kv)?;
     w.write_str(&queries.fill(
@@ -100,11 +101,14 @@ if (threadIdx.x < BLOCK_M && row0 + (int)threadIdx.x < rows) {
 
 /// O's column of a lane's accumulator element `c` of m16n8 tile `n`: an
 /// e4m3 kernel's P·V puts a 16-dim chunk's even and odd dims in
-/// consecutive tiles.
-fn o_column(kv: KvCacheDtype) -> &'static str {
-    match kv {
-        KvCacheDtype::Spec => "n * 8 + 2 * t + c",
-        KvCacheDtype::E4m3 => "e4m3_o_column(n, t, c)",
+/// consecutive tiles; where warps split O's columns, a warp's tiles start
+/// at its first column (every warp's max is the rows' max then, so the
+/// merge's factors are 1 and each column is added once).
+fn o_column(config: DecodeConfig) -> &'static str {
+    match (config.kv, config.warps) {
+        (KvCacheDtype::E4m3, _) => "e4m3_o_column(n, t, c)",
+        (KvCacheDtype::Spec, WarpSplit::Keys) => "n * 8 + 2 * t + c",
+        (KvCacheDtype::Spec, WarpSplit::Columns) => "warp * WARP_DV + n * 8 + 2 * t + c",
     }
 }
 

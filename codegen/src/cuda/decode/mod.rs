@@ -66,11 +66,25 @@
 //!   read on the device (per tensor or per K/V head), so a captured step
 //!   replays with new ones.
 //!
+//! - **MLA's head dims** (QK 576 / V 512, `columns`). Past a V head dim of
+//!   256 O does not fit a warp's registers, so the warps split O's columns
+//!   instead of the keys ([`WarpSplit::Columns`]): each still computes S for
+//!   its quarter of a 32-key tile (K read from shared memory once), the
+//!   rows' max and P go through shared memory, and each warp multiplies P
+//!   by its quarter of V's columns; every K/V byte is still copied once per
+//!   CTA. With [`DecodeConfig::v_in_k`] V's fragments come from K's tiles
+//!   (MLA's cache: V is K's first 512 columns), so a stage holds K alone
+//!   and each cache byte is read once. A row tile is 16 or 32 query rows,
+//!   so 128 query heads take four CTAs per sequence, which read the cache
+//!   through L2.
+//!
 //! Modules: `plan` (decisions), `body` (setup, pipeline, tile step),
 //! `queries` (padded or packed Q, O and LSE addresses), `tiles`, `logit`,
-//! `epilogue`, `combine` (the last split's).
+//! `columns` (the column split's tile step), `epilogue`, `combine` (the
+//! last split's).
 
 mod body;
+mod columns;
 mod combine;
 mod epilogue;
 mod logit;
@@ -79,7 +93,10 @@ mod queries;
 mod tiles;
 
 pub use body::DecodeCache;
-pub use plan::{split_count, DecodeConfig, KvCacheDtype, DECODE_BLOCK_N, DECODE_WARPS, MAX_SPLITS};
+pub use plan::{
+    split_count, DecodeConfig, DecodeUnfit, KvCacheDtype, WarpSplit, DECODE_BLOCK_N, DECODE_COLUMNS_BLOCK_N,
+    DECODE_WARPS, MAX_SPLITS,
+};
 pub use queries::DecodeQueries;
 
 use crate::abi::{Grid, Kernel, Operand};
@@ -149,9 +166,9 @@ pub fn emit_decode_with(spec: &Spec, config: DecodeConfig, cache: DecodeCache, q
         |w| write_config(w, &view, config),
         entry,
         |w| {
-            write_setup(w, &view, cache, queries, config.kv)?;
-            write_tile_loop(w, &view, config.kv)?;
-            write_epilogue(w, &view, queries, config.kv)
+            write_setup(w, &view, cache, queries, config)?;
+            write_tile_loop(w, &view, config)?;
+            write_epilogue(w, &view, queries, config)
         },
     );
     Kernel {
@@ -159,7 +176,7 @@ pub fn emit_decode_with(spec: &Spec, config: DecodeConfig, cache: DecodeCache, q
         source,
         grid: Grid::KvGroups,
         block_m: config.block_m(),
-        block_n: DECODE_BLOCK_N,
+        block_n: config.block_n(),
         threads: 32 * DECODE_WARPS,
         dynamic_smem: config.smem_bytes(spec),
         args,
@@ -175,13 +192,22 @@ fn storage(dtype: Dtype) -> &'static str {
 
 /// The `constexpr` block of a decode kernel.
 fn write_config(w: &mut Writer<String>, spec: &Spec, config: DecodeConfig) -> fmt::Result {
-    let DecodeConfig { m_tiles, stages, kv, .. } = config;
-    let (elements, kv_tiles) = match kv {
-        KvCacheDtype::Spec => ("Q, K, V and O", "BLOCK_N * DP;\nconstexpr int V_TILE = BLOCK_N * DVP;\n"),
+    let DecodeConfig { m_tiles, stages, kv, warps, v_in_k, .. } = config;
+    let (elements, k_tile, v_tile) = match kv {
+        KvCacheDtype::Spec => ("Q, K, V and O", "BLOCK_N * DP;", "BLOCK_N * DVP;"),
         KvCacheDtype::E4m3 => (
             "Q and O; K and V are e4m3",
-            "BLOCK_N * DP / 2;  // 16-bit units: a byte an e4m3 element\nconstexpr int V_TILE = BLOCK_N * DVP / 2;\n",
+            "BLOCK_N * DP / 2;  // 16-bit units: a byte an e4m3 element",
+            "BLOCK_N * DVP / 2;",
         ),
+    };
+    let (v_tile, v_cols) = match v_in_k {
+        true => ("K_TILE;  // V is K's first DV columns: read from K's tiles", "DP"),
+        false => (v_tile, "DVP"),
+    };
+    let (split, warp_dv, pv_keys) = match warps {
+        WarpSplit::Keys => ("a quarter of each tile's keys", "DVP", "WARP_N"),
+        WarpSplit::Columns => ("a quarter of O's columns (and of each tile's keys for S)", "DVP / WARPS", "BLOCK_N"),
     };
     write!(
         w,
@@ -192,21 +218,28 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: DecodeConfig) -> fm
         constexpr int DV = {dv};  // V/O head dim\n\
         constexpr int DP = (D + 15) / 16 * 16;  // D padded to the MMA k-step (zeros beyond D)\n\
         constexpr int DVP = (DV + 15) / 16 * 16;  // DV padded to pairs of 8-wide MMA tiles\n\
-        constexpr int WARPS = {DECODE_WARPS};\n\
+        constexpr int WARPS = {DECODE_WARPS};  // each owns {split}\n\
         constexpr int THREADS = 32 * WARPS;\n\
         constexpr int M_TILES = {m_tiles};  // 16-row MMA tiles; every warp multiplies all of them\n\
         constexpr int BLOCK_M = 16 * M_TILES;  // query rows per CTA (query heads x tokens)\n\
-        constexpr int BLOCK_N = {DECODE_BLOCK_N};  // keys per K/V tile\n\
-        constexpr int WARP_N = BLOCK_N / WARPS;  // a warp's keys of each tile: one k-step of P V\n\
+        constexpr int BLOCK_N = {block_n};  // keys per K/V tile\n\
+        constexpr int WARP_N = BLOCK_N / WARPS;  // a warp's keys of each tile's S\n\
         constexpr int S_TILES = WARP_N / 8;  // m16n8 accumulator tiles of a warp's S\n\
-        constexpr int O_TILES = DVP / 8;  // m16n8 accumulator tiles of a warp's O\n\
+        constexpr int PV_KEYS = {pv_keys};  // keys of each tile a warp's P V multiplies\n\
+        constexpr int WARP_DV = {warp_dv};  // O's columns a warp owns\n\
+        constexpr int O_TILES = WARP_DV / 8;  // m16n8 accumulator tiles of a warp's O\n\
         constexpr int STAGES = {stages};  // K/V pipeline stages, STAGES - 1 tiles in flight\n\
         constexpr int MAX_SPLITS = {MAX_SPLITS};  // the most splits a launch has\n\
         constexpr int Q_TILE = BLOCK_M * DP;\n\
-        constexpr int K_TILE = {kv_tiles}\
+        constexpr int K_TILE = {k_tile}\n\
+        constexpr int V_TILE = {v_tile}\n\
+        constexpr bool V_IN_K = {v_in_k};  // V's tiles are K's\n\
+        constexpr int V_COLS = {v_cols};  // columns of a V tile's rows\n\
+        constexpr int STAGES_UNITS = STAGES * (V_IN_K ? K_TILE : K_TILE + V_TILE);  // 16-bit units of the stages\n\
         \n",
         storage = storage(spec.dtype),
         d = spec.head_dims.qk,
         dv = spec.head_dims.v,
+        block_n = config.block_n(),
     )
 }

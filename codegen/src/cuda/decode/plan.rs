@@ -8,8 +8,9 @@ use crate::cuda::target::{pad16, Target};
 use crate::spec::Spec;
 
 /// What keys a compiled decode kernel besides its spec: rows per tile,
-/// pipeline depth and the cache's element format. Shapes, lengths and the
-/// split count are arguments.
+/// pipeline depth, how the warps share a tile, the cache's element format
+/// and where V's rows are. Shapes, lengths and the split count are
+/// arguments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DecodeConfig {
     /// 16-row MMA tiles per CTA; every warp multiplies all of them.
@@ -20,6 +21,68 @@ pub struct DecodeConfig {
     pub ctas_per_sm: u32,
     /// The K/V cache's element format.
     pub kv: KvCacheDtype,
+    /// What each warp owns of a K/V tile: its keys, or its columns of O.
+    pub warps: WarpSplit,
+    /// V is K's first `head_dims.v` columns (MLA's absorbed cache: V a view
+    /// of K with K's strides): V's fragments come from K's tiles, so each
+    /// cache byte is copied once and a stage holds K alone.
+    pub v_in_k: bool,
+}
+
+/// How a decode CTA's four warps share each K/V tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WarpSplit {
+    /// Each warp takes a quarter of the tile's keys for S and P·V, with its
+    /// own max, sum and all of O's columns; the epilogue merges the four.
+    /// Where O fits a warp's registers (V head dims up to 256).
+    Keys,
+    /// Each warp computes S for a quarter of the tile's keys; the rows' max
+    /// is shared through shared memory, so P (written there too) is one
+    /// softmax, and each warp multiplies all of P by its quarter of V's
+    /// columns: O's accumulators are split four ways (MLA's V head dim 512).
+    Columns,
+}
+
+/// Why no decode configuration exists for a spec on a target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeUnfit {
+    /// A head dim past [`MAX_DECODE_HEAD_DIM`](crate::spec::MAX_DECODE_HEAD_DIM).
+    HeadDim { qk: u32, v: u32 },
+    /// Not even two stages fit an SM's shared memory.
+    SharedMemory { qk: u32, v: u32, v_in_k: bool },
+    /// V read from K's tiles needs V's head dim at most K's, and 16-bit caches.
+    VInK { qk: u32, v: u32, kv: KvCacheDtype },
+    /// V head dims past 256 (warps split O's columns) take a 16-bit cache
+    /// and a multiple of 256 (each warp's columns a multiple of 64, and so
+    /// K's where V is read from its tiles).
+    Columns { v: u32, kv: KvCacheDtype },
+}
+
+impl std::fmt::Display for DecodeUnfit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            DecodeUnfit::HeadDim { qk, v } => {
+                write!(f, "head dims {qk}/{v}: decode kernels take head dims up to {}", crate::spec::MAX_DECODE_HEAD_DIM)
+            }
+            DecodeUnfit::SharedMemory { qk, v, v_in_k: false } if v <= qk => write!(
+                f,
+                "head dims {qk}/{v} leave no room for two K/V stages; if V is K's first {v} columns \
+                 (MLA), plan with `v_in_k` and pass V as a view of K"
+            ),
+            DecodeUnfit::SharedMemory { qk, v, .. } => write!(f, "head dims {qk}/{v} leave no room for two K/V stages"),
+            DecodeUnfit::VInK { qk, v, kv } => write!(
+                f,
+                "V read from K's tiles needs V's head dim at most K's and a 16-bit cache (head dims {qk}/{v}, {} cache)",
+                kv.name()
+            ),
+            DecodeUnfit::Columns { v, kv } => write!(
+                f,
+                "V head dims past {MAX_WARP_DV} decode on 16-bit caches in multiples of 256, read from K's tiles where K's \
+                 is a multiple of 64 (V head dim {v}, {} cache)",
+                kv.name()
+            ),
+        }
+    }
 }
 
 /// The element format of a decode kernel's K/V cache; Q and O are always
@@ -55,8 +118,15 @@ impl KvCacheDtype {
 
 /// Warps per decode CTA; each takes a quarter of every K/V tile's keys.
 pub const DECODE_WARPS: u32 = 4;
-/// Keys per K/V tile (pipeline stage): 16 per warp, one k-step of P·V.
+/// Keys per K/V tile (pipeline stage) where warps split the keys: 16 per
+/// warp, one k-step of P·V.
 pub const DECODE_BLOCK_N: u32 = 64;
+/// Keys per K/V tile where warps split O's columns: 8 per warp's S, two
+/// k-steps of every warp's P·V. Half the key-split tile, so a stage of
+/// 576-column K rows (36 KiB) leaves room for three stages on sm_80.
+pub const DECODE_COLUMNS_BLOCK_N: u32 = 32;
+/// The widest padded V head dim whose O fits one warp's registers.
+const MAX_WARP_DV: u32 = 256;
 /// The most splits a launch divides a sequence's keys among.
 pub const MAX_SPLITS: u32 = 128;
 /// Tiles a split gets at least: fewer would spend more on the combine than
@@ -74,15 +144,18 @@ impl DecodeConfig {
         16 * self.m_tiles
     }
 
+    /// Keys per K/V tile.
+    pub fn block_n(self) -> u32 {
+        match self.warps {
+            WarpSplit::Keys => DECODE_BLOCK_N,
+            WarpSplit::Columns => DECODE_COLUMNS_BLOCK_N,
+        }
+    }
+
     /// The configuration for `rows` query rows per K/V head
-    /// (`heads / heads_kv · q_len`) of `spec` on `target`: as many 16-row
-    /// tiles as the rows need, at most what O's accumulators leave
-    /// registers for (two where both head dims are at most 128, else one:
-    /// Q's fragments stay in registers across the tiles); then the stages and
-    /// CTAs per SM that keep the most K/V tiles in flight per SM (each CTA
-    /// `stages − 1` of them; ties: more CTAs, whose barriers then overlap).
-    /// `None` where not even two stages fit an SM (d = 256 on GPUs with
-    /// 100 KiB of shared memory per SM).
+    /// (`heads / heads_kv · q_len`) of `spec` on `target` over a 16-bit
+    /// cache with V in a tensor of its own; `None` where none fits
+    /// ([`DecodeConfig::choose`] says why).
     pub fn for_rows(spec: &Spec, target: Target, rows: u32) -> Option<DecodeConfig> {
         DecodeConfig::for_cache(spec, target, rows, KvCacheDtype::Spec)
     }
@@ -90,34 +163,102 @@ impl DecodeConfig {
     /// [`DecodeConfig::for_rows`] over a cache of `kv` elements: an e4m3
     /// cache's stages are half the bytes, so more of them fit.
     pub fn for_cache(spec: &Spec, target: Target, rows: u32, kv: KvCacheDtype) -> Option<DecodeConfig> {
-        let most = if pad16(spec.head_dims.qk.max(spec.head_dims.v)) <= 128 { 2 } else { 1 };
-        let m_tiles = rows.div_ceil(16).clamp(1, most);
-        let fits = |stages: u32| {
-            let config = DecodeConfig { m_tiles, stages, ctas_per_sm: 1, kv };
+        DecodeConfig::choose(spec, target, rows, kv, false).ok()
+    }
+
+    /// The configuration for `rows` query rows per K/V head of `spec` on
+    /// `target`, over a cache of `kv` elements, V read from K's tiles where
+    /// `v_in_k`. Warps split the keys where O fits a warp's registers, else
+    /// O's columns. Then as many 16-row tiles as the rows need, at most what
+    /// the accumulators leave registers for (two where both head dims are at
+    /// most 128, or the columns are split and V read from K's tiles; else
+    /// one) and fewer where the Q tile leaves no room for two stages; then
+    /// the stages and CTAs per SM (as many as shared memory and registers
+    /// allow) that keep the most K/V bytes in flight per SM (each CTA
+    /// `stages − 1` tiles; ties: more CTAs, whose barriers then overlap).
+    pub fn choose(
+        spec: &Spec,
+        target: Target,
+        rows: u32,
+        kv: KvCacheDtype,
+        v_in_k: bool,
+    ) -> Result<DecodeConfig, DecodeUnfit> {
+        let (qk, v) = (spec.head_dims.qk, spec.head_dims.v);
+        if qk.max(v) > crate::spec::MAX_DECODE_HEAD_DIM {
+            return Err(DecodeUnfit::HeadDim { qk, v });
+        }
+        if v_in_k && (v > qk || kv != KvCacheDtype::Spec) {
+            return Err(DecodeUnfit::VInK { qk, v, kv });
+        }
+        let warps = if pad16(v) <= MAX_WARP_DV { WarpSplit::Keys } else { WarpSplit::Columns };
+        // A warp's columns start on a 64-column swizzle period of V's tile.
+        let v_cols = if v_in_k { pad16(qk) } else { pad16(v) };
+        let aligned = pad16(v).is_multiple_of(64 * DECODE_WARPS) && v_cols.is_multiple_of(64);
+        if warps == WarpSplit::Columns && (kv != KvCacheDtype::Spec || !aligned) {
+            return Err(DecodeUnfit::Columns { v, kv });
+        }
+        // Two row tiles where O's accumulators leave the registers for them:
+        // both head dims at most 128, or O's columns split and V read from
+        // K's tiles (V's own tile copies would spill a second row tile).
+        let narrow = pad16(qk.max(v)) <= 128 || (warps == WarpSplit::Columns && v_in_k);
+        let most = rows.div_ceil(16).clamp(1, if narrow { 2 } else { 1 });
+        let per_sm = |m_tiles: u32, stages: u32| {
+            let config = DecodeConfig { m_tiles, stages, ctas_per_sm: 1, kv, warps, v_in_k };
             let per_cta = config.smem_bytes(spec) + target.smem_reserved_per_cta;
-            (target.smem_per_sm / per_cta).min(MAX_CTAS_PER_SM)
+            let by_registers = target.regs_per_sm / (32 * DECODE_WARPS * config.registers(spec));
+            (target.smem_per_sm / per_cta).min(by_registers).min(MAX_CTAS_PER_SM)
         };
-        let (stages, ctas) = (2..=MAX_STAGES)
-            .map(|s| (s, fits(s)))
-            .filter(|&(_, ctas)| ctas > 0)
-            .max_by_key(|&(s, ctas)| ((s - 1) * ctas, ctas))?;
-        Some(DecodeConfig { m_tiles, stages, ctas_per_sm: ctas, kv })
+        (1..=most)
+            .rev()
+            .find_map(|m_tiles| {
+                let (stages, ctas) = (2..=MAX_STAGES)
+                    .map(|s| (s, per_sm(m_tiles, s)))
+                    .filter(|&(_, ctas)| ctas > 0)
+                    .max_by_key(|&(s, ctas)| ((s - 1) * ctas, ctas))?;
+                Some(DecodeConfig { m_tiles, stages, ctas_per_sm: ctas, kv, warps, v_in_k })
+            })
+            .ok_or(DecodeUnfit::SharedMemory { qk, v, v_in_k })
+    }
+
+    /// Registers a thread needs, about: O's accumulators (`m_tiles` row
+    /// tiles of the warp's columns) and 96 more (S, fragments, addresses,
+    /// the softmax's state), from ptxas's counts: two row tiles of d = 128
+    /// take more than the 168 three CTAs leave (and spill there), one row
+    /// tile of d = 64 fits the 128 of four.
+    pub(super) fn registers(self, spec: &Spec) -> u32 {
+        let warp_dv = match self.warps {
+            WarpSplit::Keys => pad16(spec.head_dims.v),
+            WarpSplit::Columns => pad16(spec.head_dims.v) / DECODE_WARPS,
+        };
+        self.m_tiles * warp_dv / 2 + 96
     }
 
     /// Dynamic shared memory, bytes: the Q tile, then `stages` K and V
-    /// tiles (of the cache's elements), which the epilogue reuses to merge the warps' rows (f32 O and
-    /// per-warp row statistics) and never outgrows.
+    /// tiles (of the cache's elements; K's alone where V is read from them),
+    /// which the epilogue reuses to merge the warps' rows (f32 O and
+    /// per-warp row statistics) and never outgrows; then, where warps split
+    /// O's columns, the tile's P and the warps' row maxima.
     pub fn smem_bytes(self, spec: &Spec) -> u32 {
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
         let q = self.block_m() * dp * 2;
-        let stages = self.stages * DECODE_BLOCK_N * (dp + dvp) * self.kv.bytes();
-        q + stages.max(self.merge_bytes(spec))
+        let v_cols = if self.v_in_k { 0 } else { dvp };
+        let stages = self.stages * self.block_n() * (dp + v_cols) * self.kv.bytes();
+        q + stages.max(self.merge_bytes(spec)) + self.shared_p_bytes()
     }
 
     /// The epilogue's f32 rows of O and per-warp maxima and sums, bytes.
     pub(super) fn merge_bytes(self, spec: &Spec) -> u32 {
         let rows = self.block_m();
         4 * (rows * pad16(spec.head_dims.v) + 2 * DECODE_WARPS * rows + 2 * rows)
+    }
+
+    /// Where warps split O's columns: the tile's P (16-bit) and each warp's
+    /// row maxima (f32), bytes; else none.
+    fn shared_p_bytes(self) -> u32 {
+        match self.warps {
+            WarpSplit::Keys => 0,
+            WarpSplit::Columns => self.block_m() * self.block_n() * 2 + DECODE_WARPS * self.block_m() * 4,
+        }
     }
 }
 
@@ -186,12 +327,89 @@ mod tests {
     }
 
     #[test]
+    fn registers_bound_the_ctas() {
+        let h = Target::HOPPER;
+        // Two row tiles of an e4m3 cache at d = 128: shared memory would
+        // take three CTAs, whose 168 registers a thread spilled O.
+        let c = DecodeConfig::for_cache(&spec(128), h, 32, KvCacheDtype::E4m3).unwrap();
+        assert_eq!((c.m_tiles, c.ctas_per_sm), (2, 2));
+        // V read from K's tiles at d = 128: the same.
+        let c = DecodeConfig::choose(&spec(128), h, 32, KvCacheDtype::Spec, true).unwrap();
+        assert_eq!((c.m_tiles, c.ctas_per_sm), (2, 2));
+        // One row tile at d = 64 fits four CTAs' 128 registers.
+        let c = DecodeConfig::for_cache(&spec(64), h, 4, KvCacheDtype::E4m3).unwrap();
+        assert_eq!(c.ctas_per_sm, 4);
+        for d in [64, 128, 256] {
+            for rows in [4, 32] {
+                let c = DecodeConfig::for_rows(&spec(d), h, rows).unwrap();
+                assert!(c.ctas_per_sm * 128 * c.registers(&spec(d)) <= h.regs_per_sm, "d = {d}: {c:?}");
+            }
+        }
+    }
+
+    #[test]
     fn e4m3_stages_are_half_the_bytes() {
         let h = Target::HOPPER;
         let c = DecodeConfig::for_cache(&spec(128), h, 4, KvCacheDtype::E4m3).unwrap();
         assert_eq!(c.smem_bytes(&spec(128)), 16 * 128 * 2 + c.stages * 64 * 256);
         assert_eq!((c.stages, c.ctas_per_sm), (4, 3), "nine 16 KiB tiles in flight, as bf16 at d = 64");
         assert_eq!(DecodeConfig::for_rows(&spec(128), h, 4).unwrap().kv, KvCacheDtype::Spec);
+    }
+
+    fn mla() -> Spec {
+        crate::parse_one("Mla { dtype: bf16, head_dim: 576, v_head_dim: 512 }").unwrap()
+    }
+
+    #[test]
+    fn mla_splits_o_columns_and_reads_v_from_k() {
+        let h = Target::HOPPER;
+        // 16 and 128 query heads, q_len 1 and 4: two 16-row tiles at most.
+        for (rows, m_tiles) in [(16, 1), (64, 2), (128, 2), (512, 2)] {
+            let c = DecodeConfig::choose(&mla(), h, rows, KvCacheDtype::Spec, true).unwrap();
+            assert_eq!((c.m_tiles, c.warps, c.block_n()), (m_tiles, WarpSplit::Columns, 32), "{rows} rows");
+        }
+        let c = DecodeConfig::choose(&mla(), h, 64, KvCacheDtype::Spec, true).unwrap();
+        assert_eq!((c.stages, c.ctas_per_sm), (4, 1), "three 36 KiB K tiles in flight");
+        // K's tile alone per stage (V is its first 512 columns), then P and the maxima.
+        assert_eq!(c.smem_bytes(&mla()), 32 * 576 * 2 + 4 * 32 * 576 * 2 + 32 * 32 * 2 + 4 * 32 * 4);
+        assert!(c.merge_bytes(&mla()) <= 4 * 32 * 576 * 2);
+        // sm_80 (164 KiB): three stages beside two row tiles; sm_86 (100
+        // KiB): two stages beside one.
+        let c = DecodeConfig::choose(&mla(), Target::PORTABLE, 64, KvCacheDtype::Spec, true).unwrap();
+        assert_eq!((c.m_tiles, c.stages), (2, 3));
+        let c = DecodeConfig::choose(&mla(), Target::for_sm(8, 6), 64, KvCacheDtype::Spec, true).unwrap();
+        assert_eq!((c.m_tiles, c.stages), (1, 2));
+        for target in [h, Target::PORTABLE, Target::for_sm(8, 6)] {
+            let c = DecodeConfig::choose(&mla(), target, 128, KvCacheDtype::Spec, true).unwrap();
+            assert!(c.smem_bytes(&mla()) + target.smem_reserved_per_cta <= target.smem_per_sm, "{target:?}");
+        }
+    }
+
+    #[test]
+    fn mla_refusals_are_typed() {
+        let h = Target::HOPPER;
+        let bits16 = KvCacheDtype::Spec;
+        // V in a tensor of its own: stages of 36 KiB of K and 32 of V fit
+        // Hopper three times, sm_80 twice, not sm_86.
+        let c = DecodeConfig::choose(&mla(), h, 128, bits16, false).unwrap();
+        assert_eq!((c.warps, c.v_in_k, c.m_tiles, c.stages), (WarpSplit::Columns, false, 1, 3));
+        let c = DecodeConfig::choose(&mla(), Target::PORTABLE, 16, bits16, false).unwrap();
+        assert_eq!(c.stages, 2);
+        let sm86 = DecodeConfig::choose(&mla(), Target::for_sm(8, 6), 16, bits16, false).unwrap_err();
+        assert!(matches!(sm86, DecodeUnfit::SharedMemory { qk: 576, v: 512, v_in_k: false }), "{sm86}");
+        assert!(sm86.to_string().contains("v_in_k"), "{sm86}");
+        let e4m3 = DecodeConfig::choose(&mla(), h, 16, KvCacheDtype::E4m3, false).unwrap_err();
+        assert!(matches!(e4m3, DecodeUnfit::Columns { v: 512, .. }), "{e4m3}");
+        let e4m3_in_k = DecodeConfig::choose(&mla(), h, 16, KvCacheDtype::E4m3, true).unwrap_err();
+        assert!(matches!(e4m3_in_k, DecodeUnfit::VInK { .. }), "{e4m3_in_k}");
+        let wide_v = crate::parse_one("W { dtype: bf16, head_dim: 128, v_head_dim: 512 }").unwrap();
+        let err = DecodeConfig::choose(&wide_v, h, 16, bits16, true).unwrap_err();
+        assert!(matches!(err, DecodeUnfit::VInK { qk: 128, v: 512, .. }), "{err}");
+        let odd = crate::parse_one("O { dtype: bf16, head_dim: 576, v_head_dim: 320 }").unwrap();
+        assert!(matches!(DecodeConfig::choose(&odd, h, 16, bits16, true), Err(DecodeUnfit::Columns { v: 320, .. })));
+        // Below 256, V in K keeps the key split and frees V's stages.
+        let c = DecodeConfig::choose(&spec(256), h, 16, bits16, true).unwrap();
+        assert_eq!((c.warps, c.block_n(), c.stages, c.ctas_per_sm), (WarpSplit::Keys, 64, 3, 2));
     }
 
     #[test]

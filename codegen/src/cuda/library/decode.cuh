@@ -30,11 +30,24 @@ __device__ __forceinline__ int cache_len(const int* __restrict__ kv_lens, int b,
     return min(max(kv_lens[b], 0), max_kv_len);
 }
 
+// Two 8x8 16-bit matrices from shared memory; lanes 0-15 supply the rows
+// (an e4m3 tile's 16 keys, or the 8 keys of a warp's S where warps split
+// O's columns).
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+
 // Waits until at most N committed cp.async groups are still in flight.
 template <int N>
 __device__ __forceinline__ void cp_async_wait_group() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
+
+// How far a tile copy of `copies` 16-byte copies a thread is unrolled: up to
+// 16 fully (d <= 256, K and V tiles of 64 keys); past that (MLA's 576-column
+// rows) not at all: each unrolled copy keeps its hoisted addresses in
+// registers across the tile loop, which the MMAs' accumulators then lack.
+__host__ __device__ constexpr int unrolled_copies(int copies) { return copies > 16 ? 1 : copies; }
 
 // Copies cache rows [first, first + ROWS) x cols [0, COLS) into a swizzled
 // shared tile (tile_byte), rows past `rows` (and cols past WIDTH)
@@ -48,7 +61,7 @@ __device__ __forceinline__ void load_kv_tile(void* tile, const KvRows<E>& kv, in
     constexpr int COPIES = (ROWS * CHUNKS + THREADS - 1) / THREADS;
     char* bytes = (char*)tile;
     if (WIDTH % CHUNK == 0 && vector) {
-        #pragma unroll
+        #pragma unroll(unrolled_copies(COPIES))
         for (int j = 0; j < COPIES; ++j) {
             const int i = threadIdx.x + j * THREADS;
             if ((ROWS * CHUNKS) % THREADS == 0 || i < ROWS * CHUNKS) {

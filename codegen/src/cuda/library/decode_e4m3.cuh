@@ -37,10 +37,8 @@ __device__ __forceinline__ unsigned e4m3x2_to(bf16, unsigned pair) {
     return r;
 }
 
-// Two 8x8 16-bit matrices from shared memory; lanes 0-15 supply the rows.
-__device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
-}
+// Two 8x8 16-bit matrices from shared memory, transposed; lanes 0-15 supply
+// the rows (ldmatrix_x2 is decode.cuh's).
 __device__ __forceinline__ void ldmatrix_x2_trans(unsigned (&r)[2], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }

@@ -73,9 +73,9 @@ __device__ __forceinline__ void load_paged_kv_tile(void* tile, const PagedKvRows
     const int r0 = threadIdx.x / 32 * WARP_ROWS, lane = threadIdx.x % 32;
     char* bytes = (char*)tile;
     if (WIDTH % CHUNK == 0 && vector) {
-        constexpr int CHUNKS = COLS / CHUNK;
-        #pragma unroll
-        for (int step = 0; step < (WARP_ROWS * CHUNKS + 31) / 32; ++step) {
+        constexpr int CHUNKS = COLS / CHUNK, STEPS = (WARP_ROWS * CHUNKS + 31) / 32;
+        #pragma unroll(unrolled_copies(STEPS))
+        for (int step = 0; step < STEPS; ++step) {
             const int e = step * 32 + lane, i = min(e / CHUNKS, WARP_ROWS - 1), c = e % CHUNKS * CHUNK;
             const int page = __shfl_sync(0xffffffffu, slot.page, i), row = __shfl_sync(0xffffffffu, slot.row, i);
             const bool valid = r0 + i < rows && c < WIDTH;
