@@ -15,7 +15,7 @@ use crate::marshal::{launch_config, marshal, Bindings, VarlenBindings};
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use crate::tma::kv_boxes;
-use cudarc::driver::{CudaSlice, DevicePtrMut};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::Spec;
 
 /// The operands of one varlen forward pass. O and the optional row
@@ -94,7 +94,8 @@ impl Runtime {
             return Ok(());
         };
         let config = self.ragged_config(spec, opts.config, seqs.max_kv_len)?;
-        let loaded = self.load_which(spec, Which::ForwardVarlen(config))?;
+        let [loaded] = self.load_launch(spec, [Which::ForwardVarlen(config)], Which::varlen_order(config));
+        let loaded = loaded?;
         let kernel = loaded.kernel();
         let grid = launch_config(kernel, &checked.shape, 1, self.sm_count())?;
 
@@ -109,6 +110,9 @@ impl Runtime {
         let (cu_k, _cu_k) = seqs.cu_seqlens_k.device_ptr(stream);
         let lse = lse.map(|l| l.device_ptr_mut(stream));
         let (tensor_ptrs, _tensors) = tensor_ptrs(args, stream);
+        let sequences = VarlenBindings { cu_seqlens: [cu_q, cu_k], tokens: checked.tokens };
+        let item_order = self.varlen_item_order(spec, kernel, checked.shape, sequences, &infos)?;
+        let item_order = item_order.as_ref().map(|order| order.device_ptr(stream));
         let work_counter = self.work_counter_for(kernel, stream);
         // A warp-specialized kernel copies a tile inside its sequence as one box.
         let caches = [(k_ptr, &layouts[1]), (v_ptr, &layouts[2])];
@@ -117,9 +121,10 @@ impl Runtime {
             kernel,
             &Bindings {
                 work_counter: work_counter.as_ref().map(|(ptr, _)| *ptr),
+                work_order: item_order.as_ref().map_or(0, |(ptr, _)| *ptr),
                 tensor_maps,
                 kv_box_rows,
-                varlen: Some(VarlenBindings { cu_seqlens: [cu_q, cu_k], tokens: checked.tokens }),
+                varlen: Some(sequences),
                 ..Bindings::without_operands(checked.shape, &infos, &tensor_ptrs).with_operands(
                     [q_ptr, k_ptr, v_ptr, o_ptr],
                     layouts,

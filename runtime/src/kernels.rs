@@ -16,6 +16,9 @@ pub(crate) enum Which {
     ForwardDropout(TileConfig, TileCopy),
     /// The varlen forward in a configuration (it copies with threads).
     ForwardVarlen(TileConfig),
+    /// The item order a persistent varlen forward with tiles of
+    /// `(block_m, block_n)` claims from (`Which::varlen_order`).
+    VarlenOrder(u32, u32),
     /// The paged forward in a configuration (it gathers with threads).
     ForwardPaged(TileConfig),
     /// The forward on e4m3 operands in a configuration (it copies with TMA).
@@ -113,6 +116,9 @@ impl Which {
                 add(Which::forward(config, TileCopy::Tma));
                 add(Which::forward(config, TileCopy::Threads));
                 add(Which::ForwardVarlen(config));
+                if let Some(order) = Which::varlen_order(config) {
+                    add(order);
+                }
                 add(Which::ForwardPaged(config));
                 let order = Which::work_order(spec, cuda::Work::QueryTiles { block_m: config.block_m() });
                 if let (true, Some(order)) = (config.persistent(), order) {
@@ -161,6 +167,12 @@ impl Which {
         spec.mask.as_ref().is_some_and(|mask| mask.reads_tensor()).then_some(Which::WorkOrder(work))
     }
 
+    /// The item order of the varlen forward in `config`: only a persistent
+    /// one claims from an order.
+    pub(crate) fn varlen_order(config: TileConfig) -> Option<Which> {
+        config.persistent().then_some(Which::VarlenOrder(config.block_m(), config.block_n))
+    }
+
     /// The forward kernel in `config`, copying as `copy` says where the
     /// configuration has the choice ([`TileConfig::kernel_copy`]).
     pub(crate) fn forward(config: TileConfig, copy: TileCopy) -> Which {
@@ -195,6 +207,7 @@ impl Which {
             Which::Forward(config, copy) => Some(cuda::emit_forward_copying(spec, config, copy)),
             Which::ForwardDropout(config, copy) => Some(cuda::emit_forward_dropout(spec, config, copy)),
             Which::ForwardVarlen(config) => Some(cuda::emit_forward_varlen(spec, config)),
+            Which::VarlenOrder(block_m, block_n) => Some(cuda::emit_varlen_order(spec, block_m, block_n)),
             Which::ForwardPaged(config) => Some(cuda::emit_forward_paged(spec, config)),
             Which::ForwardE4m3(config) => cuda::emit_forward_e4m3(spec, config),
             Which::E4m3VTiles(block_n) => Some(cuda::emit_e4m3_v_tiles(spec, block_n)),

@@ -25,27 +25,42 @@ pub(super) fn forward_args(spec: &Spec, persistent: Option<TileCopy>) -> Vec<Ker
 
 /// A varlen forward's arguments: as [`forward_args`]', with the sequences'
 /// prefix sums, longest lengths and token counts for the lengths, each
-/// operand's token and head strides (no batch axis), and neither a work
-/// order nor TMA descriptors (its tiles may cross into the next sequence:
-/// the threads copy them, clipped).
+/// operand's token and head strides (no batch axis), a persistent kernel's
+/// item order (the varlen order kernel's, [`varlen_order_args`]) and no
+/// TMA descriptors of Q and O (their tiles may cross into the next
+/// sequence: the threads copy them, clipped).
 pub(super) fn forward_varlen_args(spec: &Spec, persistent: bool) -> Vec<KernelArg> {
     let mut kinds: Vec<ArgKind> = FORWARD_OPERANDS.map(ArgKind::Ptr).to_vec();
     kinds.extend([ArgKind::Lse, ArgKind::Batch, ArgKind::Heads, ArgKind::HeadsKv]);
-    for side in [Side::Queries, Side::Keys] {
-        kinds.extend([ArgKind::CuSeqlens(side), ArgKind::MaxLen(side), ArgKind::Tokens(side)]);
-    }
+    kinds.extend(sequences([Side::Queries, Side::Keys]));
     kinds.extend(FORWARD_OPERANDS.into_iter().flat_map(|op| [Axis::Seq, Axis::Head].map(|a| ArgKind::Stride(op, a))));
-    with_kv_boxes(spec, kinds, persistent)
+    with_kv_boxes(spec, kinds, persistent, persistent)
+}
+
+/// The prefix sums, longest length and token count of each side.
+fn sequences<const N: usize>(sides: [Side; N]) -> impl Iterator<Item = ArgKind> {
+    sides.into_iter().flat_map(|side| [ArgKind::CuSeqlens(side), ArgKind::MaxLen(side), ArgKind::Tokens(side)])
+}
+
+/// The varlen order kernel: the sequences, batch and heads, params (the
+/// mask's classes may read them), the order it writes.
+pub(super) fn varlen_order_args(spec: &Spec) -> Vec<KernelArg> {
+    let mut kinds: Vec<ArgKind> = sequences([Side::Queries, Side::Keys]).collect();
+    kinds.extend([ArgKind::Batch, ArgKind::Heads]);
+    kinds.extend((0..spec.params.len()).map(ArgKind::Param));
+    kinds.push(ArgKind::WorkOrder);
+    named(spec, kinds)
 }
 
 /// A varlen or paged kernel's tail: a warp-specialized one copies the K/V
 /// tiles that lie inside their sequence (and one page) by TMA where the
-/// launch allows it, so it also takes the box's rows and K/V descriptors.
-fn with_kv_boxes(spec: &Spec, mut kinds: Vec<ArgKind>, persistent: bool) -> Vec<KernelArg> {
+/// launch allows it, so it also takes the box's rows and K/V descriptors;
+/// with `item_order`, it claims its items from an order.
+fn with_kv_boxes(spec: &Spec, mut kinds: Vec<ArgKind>, persistent: bool, item_order: bool) -> Vec<KernelArg> {
     if persistent {
         kinds.push(ArgKind::KvBoxRows);
     }
-    let args = forward_tail(spec, kinds, persistent.then_some(TileCopy::Threads), false);
+    let args = forward_tail(spec, kinds, persistent.then_some(TileCopy::Threads), item_order);
     match persistent {
         true => with_tensor_maps(spec, args, &[Operand::K, Operand::V]),
         false => args,
@@ -54,12 +69,13 @@ fn with_kv_boxes(spec: &Spec, mut kinds: Vec<ArgKind>, persistent: bool) -> Vec<
 
 /// A paged forward's arguments: as [`forward_varlen_args`]', the keys'
 /// prefix sums and token count replaced by the per-sequence K/V lengths and
-/// the block table with its sizes, and K's and V's strides by their page,
-/// row and head strides.
+/// the block table with its sizes, K's and V's strides by their page,
+/// row and head strides, and no item order (its producer claims past the
+/// items of tiles beyond their sequence's end).
 pub(super) fn forward_paged_args(spec: &Spec, persistent: bool) -> Vec<KernelArg> {
     let mut kinds: Vec<ArgKind> = FORWARD_OPERANDS.map(ArgKind::Ptr).to_vec();
     kinds.extend([ArgKind::Lse, ArgKind::Batch, ArgKind::Heads, ArgKind::HeadsKv]);
-    kinds.extend([ArgKind::CuSeqlens(Side::Queries), ArgKind::MaxLen(Side::Queries), ArgKind::Tokens(Side::Queries)]);
+    kinds.extend(sequences([Side::Queries]));
     kinds.extend([ArgKind::KvLens, ArgKind::MaxLen(Side::Keys), ArgKind::BlockTable, ArgKind::PagesPerSeq]);
     kinds.extend([ArgKind::PageSize, ArgKind::NumPages]);
     for op in FORWARD_OPERANDS {
@@ -68,7 +84,7 @@ pub(super) fn forward_paged_args(spec: &Spec, persistent: bool) -> Vec<KernelArg
         }
         kinds.extend([Axis::Seq, Axis::Head].map(|a| ArgKind::Stride(op, a)));
     }
-    with_kv_boxes(spec, kinds, persistent)
+    with_kv_boxes(spec, kinds, persistent, false)
 }
 
 /// The paged append: new K and V rows, the caches; the sequences (prefix
