@@ -286,6 +286,15 @@ mod tests {
                     assert_eq!(order.is_some() && config.persistent(), takes_order(&kernel), "{}", kernel.name);
                     assert_eq!(kernel.block_m, config.block_m());
                 }
+                // The varlen forward claims from an item order made for its tiles.
+                for config in TileConfig::feasible(&spec, target) {
+                    let kernel = cuda::emit_forward_varlen(&spec, config);
+                    let order = Which::varlen_order(config);
+                    assert_eq!(order.is_some(), takes_order(&kernel), "{}", kernel.name);
+                    if let Some(order) = order {
+                        assert_eq!(order, Which::VarlenOrder(kernel.block_m, kernel.block_n));
+                    }
+                }
                 let config = cuda::BackwardConfig::preferred(&spec, target);
                 let pass = cuda::BackwardPass::KeyValue;
                 let varlen = cuda::BackwardConfig { copy: TileCopy::Threads, ..config };

@@ -18,6 +18,7 @@ use flashgen::{Error, ForwardOptions, PackedLayout, Runtime, Sequences, VarlenIo
 use flashgen_tools::verify::varlen::{random_varlen_problem, DeviceVarlen, Packing};
 use flashgen_tools::verify::{Expected, Report};
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use support::forward::Table;
 use support::packed::{edge_length_cases, every_variant, packed_columns, rejected_buffers, GARBAGE_PREFIX_SUMS};
@@ -134,6 +135,61 @@ fn edge_lengths() {
     lens.push((3000, 3000));
     cases.push(Case::new(spec("causal"), (2, 2), lens));
     run_all(&rt, cases);
+}
+
+/// The persistent kernels claim only items with rows, longest first, from
+/// the item order a small kernel writes before them: many short sequences
+/// beside one long one, empty ones, sequences without keys or queries, GQA
+/// and MHA, causal (both alignments), windowed and full attention. Then a
+/// launch whose order lists nothing (every device sequence empty) leaves
+/// the work counter ready for the next launch, which must be right.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn persistent_item_order() {
+    let rt = runtime();
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    let d64 = |variant| with(spec(variant), Dtype::Bf16, 64, 64);
+    let specs = [
+        (spec("gqa"), heads_of("gqa")),
+        (spec("causal"), (6, 2)),
+        (spec("causal_bottom_right"), (4, 4)),
+        (d64("full"), (6, 3)),
+        (d64("sliding_window"), (4, 2)),
+    ];
+    let mut cases = Vec::new();
+    for (spec, heads) in specs {
+        for config in tile_choice::candidates(&spec, rt.target()).into_iter().filter(|c| c.persistent()) {
+            let mut lens: Vec<(usize, usize)> =
+                (0..60).map(|_| (rng.random_range(1..200), rng.random_range(1..250))).collect();
+            lens.extend([(0, 0), (0, 33), (1, 1), (40, 0), (2900, 3100), (0, 0)]);
+            lens.shuffle(&mut rng);
+            cases.push(Case { config: Some(config), ..Case::new(spec.clone(), heads, lens) });
+        }
+    }
+    if cases.is_empty() {
+        eprintln!("no persistent configuration on {}: nothing claims from an order", rt.device_name());
+        return;
+    }
+    let configs: Vec<TileConfig> = cases.iter().filter_map(|c| c.config).collect();
+    run_all(&rt, cases);
+
+    let spec = spec("causal");
+    let lens = [(300, 300), (0, 0), (129, 140)];
+    let problem = random_varlen_problem(&spec, (4, 2), &lens, vec![], rand::random());
+    let expected = Expected::varlen(&spec, &problem).unwrap();
+    let device = |cu: &[usize]| cu.iter().map(|&x| x as i32).collect::<Vec<i32>>();
+    let (cu_q, cu_k) = (device(&problem.cu_seqlens_q), device(&problem.cu_seqlens_k));
+    for config in configs {
+        let mut gpu = DeviceVarlen::upload(&rt, &spec, &problem, Packing::Thd).unwrap();
+        gpu.pin_config(Some(config));
+        gpu.set_device_seqlens(&[0; 4], &[0; 4]).unwrap();
+        gpu.launch(&rt, &spec, &problem).unwrap();
+        gpu.download().unwrap_or_else(|e| panic!("{config:?} with nothing listed: {e}"));
+        gpu.set_device_seqlens(&cu_q, &cu_k).unwrap();
+        gpu.launch(&rt, &spec, &problem).unwrap();
+        let report = expected.check(&gpu.download().unwrap());
+        assert!(report.passed(), "{config:?} after an empty order: O {}  LSE {}", report.output, report.lse);
+    }
 }
 
 /// Prefix sums on the device that disagree with the buffers are clamped
