@@ -113,6 +113,7 @@ mod forward_varlen;
 mod launch_checks;
 mod partials;
 mod runtime;
+mod varlen_order;
 
 #[cfg(test)]
 mod host_allocs;
