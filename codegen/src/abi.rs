@@ -128,9 +128,7 @@ pub enum ArgKind {
     /// a few heads, as their indices in launch (claim) order, then each
     /// unit's count of visited mask tiles. A work-order
     /// kernel writes it from a block mask; the others read it (null: launch
-    /// order). A persistent varlen forward's is its items with rows, longest
-    /// first: their count, then their indices, which the varlen order
-    /// kernel writes from the prefix sums (never null).
+    /// order).
     WorkOrder,
     /// A decode launch's split count: the CTAs each sequence's keys are
     /// divided among (1: the kernel writes O and the LSE itself).
@@ -284,8 +282,6 @@ pub enum Grid {
     /// tiles of `block_m`; the split count is the launch's (a `DecodePlan`
     /// in the runtime sizes this grid).
     KvGroups,
-    /// One block (the varlen order kernel).
-    Single,
 }
 
 /// A kernel argument: its C name and what it carries.

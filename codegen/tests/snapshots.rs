@@ -13,8 +13,8 @@ use flashgen_codegen::cuda::{
     e4m3_supports, emit_add_f32, emit_add_partial, emit_backward, emit_backward_varlen, emit_backward_with,
     emit_decode, emit_decode_paged, emit_decode_with, emit_e4m3_v_tiles, emit_forward, emit_forward_copying,
     emit_forward_dropout, emit_forward_e4m3, emit_forward_paged, emit_forward_varlen, emit_forward_with,
-    emit_merge_partial, emit_paged_append, emit_varlen_order, BackwardConfig, BackwardPass, DecodeCache, DecodeConfig,
-    DecodeQueries, DqAccum, KvCacheDtype, Mma, Target, TileConfig, TileCopy,
+    emit_merge_partial, emit_paged_append, BackwardConfig, BackwardPass, DecodeCache, DecodeConfig, DecodeQueries,
+    DqAccum, KvCacheDtype, Mma, Target, TileConfig, TileCopy,
 };
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
@@ -140,26 +140,13 @@ fn hopper_wide_head_kernels() {
 fn varlen_forward_kernels() {
     // Per-sequence lengths (bottom-right causal), a per-sequence tensor sized
     // by the longest sequence (documents), on mma.sync and on the persistent
-    // wgmma kernel, which claims its items from the varlen item order.
+    // wgmma kernel, whose producer claims past tiles beyond their sequence.
     for stem in ["causal_bottom_right", "document"] {
         let spec = variant(stem);
         let sync = emit_forward_varlen(&spec, TileConfig::default_for(&spec), TileCopy::Threads);
         insta::assert_snapshot!(format!("varlen_{stem}"), render(&sync));
         let tma = emit_forward_varlen(&spec, TWO_WARPGROUPS, TileCopy::Tma);
         insta::assert_snapshot!(format!("varlen_wgmma_{stem}"), render(&tma));
-    }
-}
-
-#[test]
-fn varlen_order_kernels() {
-    // The item order's work estimate from the mask's tile classes (a window
-    // with a param), and without a mask (every key tile).
-    let (block_m, block_n) = (TWO_WARPGROUPS.block_m(), TWO_WARPGROUPS.block_n);
-    for stem in ["sliding_window", "full"] {
-        insta::assert_snapshot!(
-            format!("varlen_order_{stem}"),
-            render(&emit_varlen_order(&variant(stem), block_m, block_n))
-        );
     }
 }
 

@@ -73,26 +73,8 @@ fn check_packed(spec: &Spec, p: &VarlenProblem, args: &[ArgInfo]) -> Result<Varl
     let ops = &p.operands;
     check_operands(spec, ops)?;
     let tokens = [ops.q.layout.seq, ops.k.layout.seq];
-    let heads = [ops.q.layout.heads, ops.k.layout.heads];
-    let checked = check_sequences(spec, (p.batch, p.cu_seqlens, p.max_lens), tokens, heads, args)?;
-    for (operand, buffer) in [(Operand::Q, &ops.q), (Operand::K, &ops.k), (Operand::V, &ops.v), (Operand::O, &ops.o)] {
-        check_bounds(operand, buffer)?;
-    }
-    Ok(checked)
-}
-
-/// The sequences of a packed launch over buffers of `tokens` tokens (Q's,
-/// K's) and `heads` heads (query, K/V): `(batch, entries of cu_seqlens_q
-/// and cu_seqlens_k, max_q_len and max_kv_len)`. Returns the shape.
-pub(crate) fn check_sequences(
-    spec: &Spec,
-    (batch, cu_seqlens, max_lens): (usize, [usize; 2], [usize; 2]),
-    tokens: [usize; 2],
-    heads: [usize; 2],
-    args: &[ArgInfo],
-) -> Result<VarlenShape, Error> {
-    for (which, len) in ["cu_seqlens_q", "cu_seqlens_k"].into_iter().zip(cu_seqlens) {
-        let expected = batch.saturating_add(1);
+    for (which, len) in ["cu_seqlens_q", "cu_seqlens_k"].into_iter().zip(p.cu_seqlens) {
+        let expected = p.batch.saturating_add(1);
         if len != expected {
             return Err(Error::Ragged(RaggedError::CuSeqlensLen { which, len, expected }));
         }
@@ -100,19 +82,22 @@ pub(crate) fn check_sequences(
     // A sequence cannot outgrow its buffer, and a longest length of 0 while
     // the buffers hold tokens is almost surely a caller's mistake (every
     // row would be left unwritten).
-    for ((which, max), tokens) in ["max_q_len", "max_kv_len"].into_iter().zip(max_lens).zip(tokens) {
+    for ((which, max), tokens) in ["max_q_len", "max_kv_len"].into_iter().zip(p.max_lens).zip(tokens) {
         if max > tokens || (max == 0 && tokens > 0) {
             return Err(Error::Ragged(RaggedError::MaxSeqlen { which, max, tokens }));
         }
     }
-    let [q_len, kv_len] = max_lens;
-    let shape = Shape { batch, heads: heads[0], heads_kv: heads[1], q_len, kv_len };
+    let [q_len, kv_len] = p.max_lens;
+    let shape = Shape { batch: p.batch, heads: ops.q.layout.heads, heads_kv: ops.k.layout.heads, q_len, kv_len };
     check_shape(spec, &shape, args)?;
     // Token counts are i32 kernel arguments.
     for (what, value) in [("total_q (tokens of Q)", tokens[0]), ("total_kv (tokens of K)", tokens[1])] {
         if value > i32::MAX as usize {
             return Err(Error::TooLarge { what, value, max: i32::MAX as usize });
         }
+    }
+    for (operand, buffer) in [(Operand::Q, &ops.q), (Operand::K, &ops.k), (Operand::V, &ops.v), (Operand::O, &ops.o)] {
+        check_bounds(operand, buffer)?;
     }
     Ok(VarlenShape { shape, tokens })
 }

@@ -15,7 +15,7 @@ use crate::marshal::{launch_config, marshal, Bindings, VarlenBindings};
 use crate::operand::{DeviceInput, DeviceOutput};
 use crate::runtime::Runtime;
 use crate::tma::{copy_with, ragged_forward_maps};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, DevicePtrMut};
 use flashgen_codegen::Spec;
 
 /// The operands of one varlen forward pass. O and the optional row
@@ -110,22 +110,17 @@ impl Runtime {
         let ptrs = [q_ptr, k_ptr, v_ptr, o_ptr];
         let operands = [0, 1, 2, 3].map(|i| (layouts[i].address(ptrs[i]), &layouts[i]));
         let tensor_maps = ragged_forward_maps(config, operands, config.block_n, spec.dtype, self.tma);
-        let which = Which::ForwardVarlen(config, config.kernel_copy(copy_with(&tensor_maps)));
-        let [loaded] = self.load_launch(spec, [which], Which::varlen_order(config));
-        let loaded = loaded?;
+        let loaded =
+            self.load_which(spec, Which::ForwardVarlen(config, config.kernel_copy(copy_with(&tensor_maps))))?;
         let kernel = loaded.kernel();
         let grid = launch_config(kernel, &checked.shape, 1, self.sm_count())?;
-        let sequences = VarlenBindings { cu_seqlens: [cu_q, cu_k], tokens: checked.tokens };
-        let item_order = self.varlen_item_order(spec, kernel, checked.shape, sequences, &infos)?;
-        let item_order = item_order.as_ref().map(|order| order.device_ptr(stream));
         let work_counter = self.work_counter_for(kernel, stream);
         let values = marshal(
             kernel,
             &Bindings {
                 work_counter: work_counter.as_ref().map(|(ptr, _)| *ptr),
-                work_order: item_order.as_ref().map_or(0, |(ptr, _)| *ptr),
                 tensor_maps,
-                varlen: Some(sequences),
+                varlen: Some(VarlenBindings { cu_seqlens: [cu_q, cu_k], tokens: checked.tokens }),
                 ..Bindings::without_operands(checked.shape, &infos, &tensor_ptrs).with_operands(
                     ptrs,
                     layouts,

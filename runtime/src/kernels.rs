@@ -17,9 +17,6 @@ pub(crate) enum Which {
     /// The varlen forward in a configuration, copying as it says (made by
     /// [`Which::forward`]'s rule: one copy where there is no choice).
     ForwardVarlen(TileConfig, TileCopy),
-    /// The item order a persistent varlen forward with tiles of
-    /// `(block_m, block_n)` claims from (`Which::varlen_order`).
-    VarlenOrder(u32, u32),
     /// The paged forward in a configuration, copying as it says (as
     /// `ForwardVarlen`).
     ForwardPaged(TileConfig, TileCopy),
@@ -124,9 +121,6 @@ impl Which {
                     add(Which::ForwardVarlen(config, config.kernel_copy(copy)));
                     add(Which::ForwardPaged(config, config.kernel_copy(copy)));
                 }
-                if let Some(order) = Which::varlen_order(config) {
-                    add(order);
-                }
                 let order = Which::work_order(spec, cuda::Work::QueryTiles { block_m: config.block_m() });
                 if let (true, Some(order)) = (config.persistent(), order) {
                     add(order);
@@ -213,7 +207,7 @@ impl Which {
             | Which::E4m3VTiles(_) => "forward",
             Which::PagedAppend => "paged append",
             Which::BlockMask => "block-mask",
-            Which::WorkOrder(_) | Which::VarlenOrder(..) => "work-order",
+            Which::WorkOrder(_) => "work-order",
             Which::Backward(..) | Which::BackwardVarlen(..) => "backward",
             Which::Decode(..) => "decode",
             Which::MergePartial | Which::AddPartial | Which::AddF32 => "context-parallel",
@@ -224,12 +218,6 @@ impl Which {
     /// where the persistent forward and the dK/dV kernel take an order.
     pub(crate) fn work_order(spec: &Spec, work: cuda::Work) -> Option<Which> {
         spec.mask.as_ref().is_some_and(|mask| mask.reads_tensor()).then_some(Which::WorkOrder(work))
-    }
-
-    /// The item order of the varlen forward in `config`: only a persistent
-    /// one claims from an order.
-    pub(crate) fn varlen_order(config: TileConfig) -> Option<Which> {
-        config.persistent().then_some(Which::VarlenOrder(config.block_m(), config.block_n))
     }
 
     /// The forward kernel in `config`, copying as `copy` says where the
@@ -267,7 +255,6 @@ impl Which {
             Which::ForwardDropout(config, copy) => Some(cuda::emit_forward_dropout(spec, config, copy)),
             Which::ForwardVarlen(config, copy) => Some(cuda::emit_forward_varlen(spec, config, copy)),
             Which::ForwardPaged(config, copy) => Some(cuda::emit_forward_paged(spec, config, copy)),
-            Which::VarlenOrder(block_m, block_n) => Some(cuda::emit_varlen_order(spec, block_m, block_n)),
             Which::ForwardE4m3(config) => cuda::emit_forward_e4m3(spec, config),
             Which::E4m3VTiles(block_n) => Some(cuda::emit_e4m3_v_tiles(spec, block_n)),
             Which::PagedAppend => Some(cuda::emit_paged_append(spec)),
@@ -344,18 +331,6 @@ mod tests {
                     let order = Which::work_order(&spec, cuda::Work::QueryTiles { block_m: config.block_m() });
                     assert_eq!(order.is_some() && config.persistent(), takes_order(&kernel), "{}", kernel.name);
                     assert_eq!(kernel.block_m, config.block_m());
-                }
-                // The varlen forward claims from an item order made for its tiles.
-                for (config, copy) in TileConfig::feasible(&spec, target)
-                    .into_iter()
-                    .flat_map(|config| [TileCopy::Tma, TileCopy::Threads].map(|copy| (config, copy)))
-                {
-                    let kernel = cuda::emit_forward_varlen(&spec, config, config.kernel_copy(copy));
-                    let order = Which::varlen_order(config);
-                    assert_eq!(order.is_some(), takes_order(&kernel), "{}", kernel.name);
-                    if let Some(order) = order {
-                        assert_eq!(order, Which::VarlenOrder(kernel.block_m, kernel.block_n));
-                    }
                 }
                 let config = cuda::BackwardConfig::preferred(&spec, target);
                 let pass = cuda::BackwardPass::KeyValue;

@@ -113,7 +113,6 @@ mod forward_varlen;
 mod launch_checks;
 mod partials;
 mod runtime;
-mod varlen_order;
 
 #[cfg(test)]
 mod host_allocs;

@@ -430,7 +430,6 @@ pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize, sms: 
                 let tiles = rows.div_ceil(kernel.block_m as usize) * slices;
                 (tiles as u32, shape.heads_kv as u32, shape.batch as u32)
             }
-            Grid::Single => (1, 1, 1),
         },
         block_dim: (kernel.threads, 1, 1),
         shared_mem_bytes: kernel.dynamic_smem,

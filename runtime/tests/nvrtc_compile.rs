@@ -8,9 +8,9 @@ use flashgen_codegen::abi::Kernel;
 use flashgen_codegen::cuda::{
     emit_add_f32, emit_add_partial, emit_backward, emit_backward_varlen, emit_backward_with, emit_block_mask,
     emit_decode, emit_decode_paged, emit_decode_with, emit_e4m3_v_tiles, emit_forward_copying, emit_forward_dropout,
-    emit_forward_e4m3, emit_forward_paged, emit_forward_varlen, emit_merge_partial, emit_paged_append,
-    emit_varlen_order, emit_work_order, BackwardConfig, BackwardPass, DecodeCache, DecodeConfig, DecodeQueries,
-    KvCacheDtype, Mma, Target, TileConfig, TileCopy, WarpSplit, Work,
+    emit_forward_e4m3, emit_forward_paged, emit_forward_varlen, emit_merge_partial, emit_paged_append, emit_work_order,
+    BackwardConfig, BackwardPass, DecodeCache, DecodeConfig, DecodeQueries, KvCacheDtype, Mma, Target, TileCopy,
+    WarpSplit, Work,
 };
 use flashgen_codegen::{parse_str, HeadDims, Spec};
 use flashgen_runtime::tile_choice;
@@ -142,14 +142,12 @@ fn every_kernel(spec: &Spec) -> Vec<(Kernel, Arch)> {
 }
 
 /// Every shipped spec's varlen forward, in every configuration the runtime
-/// may pick on sm_80 and sm_90 (the persistent ones copy with threads), and
-/// the item orders the persistent ones claim from, for both archs.
+/// may pick on sm_80 and sm_90 (the persistent ones copy with threads).
 #[test]
 fn every_shipped_spec_compiles_varlen_for_sm80_and_sm90() {
     require_nvrtc();
     let jobs: Vec<(Kernel, Arch)> = shipped_specs().iter().flat_map(varlen_kernels).collect();
-    assert!(jobs.iter().any(|(k, _)| k.source.contains("claim_ordered(work_counter, done, work_order, items)")));
-    assert!(jobs.iter().any(|(k, arch)| k.name.contains("varlen_order") && *arch == Arch::new(8, 0)));
+    assert!(jobs.iter().any(|(k, _)| k.source.contains("claim(work_counter, done + 1, items)")));
     compile_all(jobs);
 }
 
@@ -159,19 +157,9 @@ fn varlen_kernels(spec: &Spec) -> Vec<(Kernel, Arch)> {
         .into_iter()
         .filter(|c| c.mma == Mma::Wgmma)
         .map(|c| (c, Arch::new(9, 0)));
-    let forwards: Vec<(TileConfig, Arch)> = sm80.chain(hopper).collect();
-    let mut orders: Vec<(u32, u32)> =
-        forwards.iter().filter(|(c, _)| c.persistent()).map(|(c, _)| (c.block_m(), c.block_n)).collect();
-    orders.sort();
-    orders.dedup();
-    let order_kernels = orders.into_iter().flat_map(|(block_m, block_n)| {
-        [Arch::new(8, 0), Arch::new(9, 0)].map(|arch| (emit_varlen_order(spec, block_m, block_n), arch))
-    });
     let copies = [TileCopy::Tma, TileCopy::Threads];
-    forwards
-        .into_iter()
+    sm80.chain(hopper)
         .flat_map(|(c, arch)| copies.map(|copy| (emit_forward_varlen(spec, c, c.kernel_copy(copy)), arch)))
-        .chain(order_kernels)
         .collect()
 }
 

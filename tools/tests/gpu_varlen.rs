@@ -9,16 +9,15 @@
 mod support;
 
 use flashgen::codegen::cuda::{Mma, TileConfig};
-use flashgen::codegen::reference::{ParamValue, VarlenProblem};
-use flashgen::codegen::varlen::{decode_item, item_order, seq_span, tile_work, WORK_CLASSES};
+use flashgen::codegen::reference::VarlenProblem;
+use flashgen::codegen::varlen::seq_span;
 use flashgen::codegen::{Dtype, Spec};
 use flashgen::runtime::tile_choice;
 use flashgen::runtime::RaggedError;
-use flashgen::{ArgValue, Error, ForwardOptions, PackedLayout, Runtime, Sequences, VarlenIo};
+use flashgen::{Error, ForwardOptions, PackedLayout, Runtime, Sequences, VarlenIo};
 use flashgen_tools::verify::varlen::{random_varlen_problem, DeviceVarlen, Packing};
 use flashgen_tools::verify::{Expected, Report};
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use support::forward::Table;
 use support::packed::{edge_length_cases, every_variant, packed_columns, rejected_buffers, GARBAGE_PREFIX_SUMS};
@@ -135,136 +134,6 @@ fn edge_lengths() {
     lens.push((3000, 3000));
     cases.push(Case::new(spec("causal"), (2, 2), lens));
     run_all(&rt, cases);
-}
-
-/// The persistent kernels claim only items with rows, longest first, from
-/// the item order a small kernel writes before them: many short sequences
-/// beside one long one, empty ones, sequences without keys or queries, GQA
-/// and MHA, causal (both alignments), windowed and full attention. Then a
-/// launch whose order lists nothing (every device sequence empty) leaves
-/// the work counter ready for the next launch, which must be right.
-#[test]
-#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
-fn persistent_item_order() {
-    let rt = runtime();
-    let mut rng = StdRng::seed_from_u64(rand::random());
-    let d64 = |variant| with(spec(variant), Dtype::Bf16, 64, 64);
-    let specs = [
-        (spec("gqa"), heads_of("gqa")),
-        (spec("causal"), (6, 2)),
-        (spec("causal_bottom_right"), (4, 4)),
-        (d64("full"), (6, 3)),
-        (d64("sliding_window"), (4, 2)),
-    ];
-    let mut cases = Vec::new();
-    for (spec, heads) in specs {
-        for config in tile_choice::candidates(&spec, rt.target()).into_iter().filter(|c| c.persistent()) {
-            let mut lens: Vec<(usize, usize)> =
-                (0..60).map(|_| (rng.random_range(1..200), rng.random_range(1..250))).collect();
-            lens.extend([(0, 0), (0, 33), (1, 1), (40, 0), (2900, 3100), (0, 0)]);
-            lens.shuffle(&mut rng);
-            cases.push(Case { config: Some(config), ..Case::new(spec.clone(), heads, lens) });
-        }
-    }
-    if cases.is_empty() {
-        eprintln!("no persistent configuration on {}: nothing claims from an order", rt.device_name());
-        return;
-    }
-    let configs: Vec<TileConfig> = cases.iter().filter_map(|c| c.config).collect();
-    run_all(&rt, cases);
-
-    let spec = spec("causal");
-    let lens = [(300, 300), (0, 0), (129, 140)];
-    let problem = random_varlen_problem(&spec, (4, 2), &lens, vec![], rand::random());
-    let expected = Expected::varlen(&spec, &problem).unwrap();
-    let device = |cu: &[usize]| cu.iter().map(|&x| x as i32).collect::<Vec<i32>>();
-    let (cu_q, cu_k) = (device(&problem.cu_seqlens_q), device(&problem.cu_seqlens_k));
-    for config in configs {
-        let mut gpu = DeviceVarlen::upload(&rt, &spec, &problem, Packing::Thd).unwrap();
-        gpu.pin_config(Some(config));
-        gpu.set_device_seqlens(&[0; 4], &[0; 4]).unwrap();
-        gpu.launch(&rt, &spec, &problem).unwrap();
-        gpu.download().unwrap_or_else(|e| panic!("{config:?} with nothing listed: {e}"));
-        gpu.set_device_seqlens(&cu_q, &cu_k).unwrap();
-        gpu.launch(&rt, &spec, &problem).unwrap();
-        let report = expected.check(&gpu.download().unwrap());
-        assert!(report.passed(), "{config:?} after an empty order: O {}  LSE {}", report.output, report.lse);
-    }
-}
-
-/// The order kernel lists what its CPU twin lists, longest first by the
-/// twin's estimate, a tile's heads together: thousands of short sequences
-/// (empty ones among them) beside a long one, under causal masks of both
-/// alignments, a window and none, at every persistent configuration's tiles.
-#[test]
-#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
-fn item_order_matches_its_cpu_twin() {
-    let rt = runtime();
-    let mut rng = StdRng::seed_from_u64(rand::random());
-    let mut lens: Vec<(i32, i32)> = (0..3000).map(|_| (rng.random_range(0..120), rng.random_range(0..140))).collect();
-    lens.push((6000, 6500));
-    lens.shuffle(&mut rng);
-    let prefix = |len: fn(&(i32, i32)) -> i32| -> Vec<i32> {
-        std::iter::once(0)
-            .chain(lens.iter().scan(0, |sum, l| {
-                *sum += len(l);
-                Some(*sum)
-            }))
-            .collect()
-    };
-    let (cu_q, cu_k) = (prefix(|l| l.0), prefix(|l| l.1));
-    let (batch, heads) = (lens.len(), [6, 2]);
-    let totals = [cu_q[batch], cu_k[batch]];
-    let (d_cu_q, d_cu_k) = (rt.stream().clone_htod(&cu_q).unwrap(), rt.stream().clone_htod(&cu_k).unwrap());
-    let seqs = Sequences { batch, cu_seqlens_q: &d_cu_q, cu_seqlens_k: &d_cu_k, max_q_len: 6000, max_kv_len: 6500 };
-    let mut checked = 0;
-    for variant in ["causal", "causal_bottom_right", "sliding_window", "full"] {
-        let spec = spec(variant);
-        let params = params(&spec);
-        let args: Vec<ArgValue> = params
-            .iter()
-            .map(|p| match *p {
-                ParamValue::I32(v) => ArgValue::I32(v),
-                ParamValue::F32(v) => ArgValue::F32(v),
-            })
-            .collect();
-        for config in tile_choice::candidates(&spec, rt.target()).into_iter().filter(|c| c.persistent()) {
-            let (block_m, block_n) = (config.block_m() as i32, config.block_n as i32);
-            let tokens = totals.map(|t| t as usize);
-            let host = rt.varlen_item_order_host(&spec, config, &seqs, (tokens, heads), &args).unwrap();
-            let listed = &host[1..1 + host[0] as usize];
-            let work = |seq, q_block, q_len, kv_len| {
-                tile_work(&spec, &params, seq, (q_len, kv_len), q_block, (block_m, block_n))
-            };
-            let twin = item_order([&cu_q, &cu_k], heads[0], totals, [6000, 6500], block_m, work);
-            let sorted = |items: &[i64]| {
-                let mut items = items.to_vec();
-                items.sort();
-                items
-            };
-            let gpu: Vec<i64> = listed.iter().map(|&i| i as i64).collect();
-            assert_eq!(sorted(&gpu), sorted(&twin), "{variant} {config:?}: the GPU lists other items");
-            let q_tiles = (6000 + block_m - 1) / block_m;
-            let tiles: Vec<_> = gpu.iter().map(|&i| decode_item(i, heads[0], q_tiles)).collect();
-            let estimate = |t: &flashgen::codegen::varlen::WorkTile| {
-                let len = |cu: &[i32]| cu[t.seq + 1] - cu[t.seq];
-                work(t.seq, t.q_block, len(&cu_q), len(&cu_k)).min(WORK_CLASSES - 1)
-            };
-            let estimates: Vec<i32> = tiles.iter().map(estimate).collect();
-            assert!(estimates.windows(2).all(|w| w[0] >= w[1]), "{variant} {config:?}: not longest first");
-            for unit in tiles.chunks(heads[0]) {
-                let same = unit
-                    .iter()
-                    .enumerate()
-                    .all(|(h, t)| (t.seq, t.q_block, t.head) == (unit[0].seq, unit[0].q_block, h));
-                assert!(same, "{variant} {config:?}: a tile's heads apart: {unit:?}");
-            }
-            checked += 1;
-        }
-    }
-    if checked == 0 {
-        eprintln!("no persistent configuration on {}: nothing claims from an order", rt.device_name());
-    }
 }
 
 /// Prefix sums on the device that disagree with the buffers are clamped

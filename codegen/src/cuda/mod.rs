@@ -27,7 +27,6 @@ mod signature;
 mod source;
 mod target;
 mod tile_config;
-mod varlen_order;
 mod work_order;
 mod writer;
 
@@ -49,5 +48,4 @@ pub use partials::{emit_add_f32, emit_add_partial, emit_merge_partial};
 pub use target::{Mma, Target};
 pub use tile_config::TileConfig;
 pub use tile_config::TileCopy;
-pub use varlen_order::emit_varlen_order;
 pub use work_order::{emit_work_order, Work, BUCKETS, HEADS_PER_BLOCK};

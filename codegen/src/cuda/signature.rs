@@ -25,44 +25,29 @@ pub(super) fn forward_args(spec: &Spec, persistent: Option<TileCopy>) -> Vec<Ker
 
 /// A varlen forward's arguments: as [`forward_args`]', with the sequences'
 /// prefix sums, longest lengths and token counts for the lengths, each
-/// operand's token and head strides (no batch axis), and a persistent
-/// kernel's item order (the varlen order kernel's, [`varlen_order_args`]).
-/// Copying with TMA, it takes ragged descriptors of Q, K, V and O
-/// (`library/tma_ragged.cuh`: rows past a sequence's end lie outside them,
-/// so no box reads or writes another sequence's tokens).
+/// operand's token and head strides (no batch axis), and no work order. A
+/// persistent kernel copying with TMA takes ragged descriptors of Q, K, V
+/// and O (`library/tma_ragged.cuh`: rows past a sequence's end lie outside
+/// them, so no box reads or writes another sequence's tokens).
 pub(super) fn forward_varlen_args(spec: &Spec, persistent: Option<TileCopy>) -> Vec<KernelArg> {
     let mut kinds: Vec<ArgKind> = FORWARD_OPERANDS.map(ArgKind::Ptr).to_vec();
     kinds.extend([ArgKind::Lse, ArgKind::Batch, ArgKind::Heads, ArgKind::HeadsKv]);
-    kinds.extend(sequences([Side::Queries, Side::Keys]));
+    for side in [Side::Queries, Side::Keys] {
+        kinds.extend([ArgKind::CuSeqlens(side), ArgKind::MaxLen(side), ArgKind::Tokens(side)]);
+    }
     kinds.extend(FORWARD_OPERANDS.into_iter().flat_map(|op| [Axis::Seq, Axis::Head].map(|a| ArgKind::Stride(op, a))));
-    forward_tail(spec, kinds, persistent, persistent.is_some())
-}
-
-/// The prefix sums, longest length and token count of each side.
-fn sequences<const N: usize>(sides: [Side; N]) -> impl Iterator<Item = ArgKind> {
-    sides.into_iter().flat_map(|side| [ArgKind::CuSeqlens(side), ArgKind::MaxLen(side), ArgKind::Tokens(side)])
-}
-
-/// The varlen order kernel: the sequences, batch and heads, params (the
-/// mask's classes may read them), the order it writes.
-pub(super) fn varlen_order_args(spec: &Spec) -> Vec<KernelArg> {
-    let mut kinds: Vec<ArgKind> = sequences([Side::Queries, Side::Keys]).collect();
-    kinds.extend([ArgKind::Batch, ArgKind::Heads]);
-    kinds.extend((0..spec.params.len()).map(ArgKind::Param));
-    kinds.push(ArgKind::WorkOrder);
-    named(spec, kinds)
+    forward_tail(spec, kinds, persistent, false)
 }
 
 /// A paged forward's arguments: as [`forward_varlen_args`]', the keys'
 /// prefix sums and token count replaced by the per-sequence K/V lengths and
-/// the block table with its sizes, K's and V's strides by their page,
-/// row and head strides, and no item order (its producer claims past the
-/// items of tiles beyond their sequence's end). Copying with TMA, the
-/// kernel also takes the keys per box of a page (`library/paged_tma.cuh`).
+/// the block table with its sizes, and K's and V's strides by their page,
+/// row and head strides. Copying with TMA, the kernel also takes the keys
+/// per box of a page (`library/paged_tma.cuh`).
 pub(super) fn forward_paged_args(spec: &Spec, persistent: Option<TileCopy>) -> Vec<KernelArg> {
     let mut kinds: Vec<ArgKind> = FORWARD_OPERANDS.map(ArgKind::Ptr).to_vec();
     kinds.extend([ArgKind::Lse, ArgKind::Batch, ArgKind::Heads, ArgKind::HeadsKv]);
-    kinds.extend(sequences([Side::Queries]));
+    kinds.extend([ArgKind::CuSeqlens(Side::Queries), ArgKind::MaxLen(Side::Queries), ArgKind::Tokens(Side::Queries)]);
     kinds.extend([ArgKind::KvLens, ArgKind::MaxLen(Side::Keys), ArgKind::BlockTable, ArgKind::PagesPerSeq]);
     kinds.extend([ArgKind::PageSize, ArgKind::NumPages]);
     for op in FORWARD_OPERANDS {

@@ -1,11 +1,8 @@
 //! Varlen (packed) operands in the forward (the pieces both directions
 //! share are `kit::varlen`'s). The grid (or the persistent kernel's items)
 //! covers the longest sequence's query tiles for every sequence; a tile past
-//! its sequence's end does nothing (a CTA returns at once), so no tile
-//! multiplies padding. A persistent kernel claims only items with rows,
-//! longest first, from the item order the varlen order kernel wrote
-//! (`cuda::varlen_order`); a paged one claims in item order and passes over
-//! the items past their sequence's end.
+//! its sequence's end does nothing (a CTA returns at once, a persistent
+//! producer claims the next item instead), so no tile multiplies padding.
 //!
 //! A paged kernel (`Plan::paged`) is the same with its keys in a paged
 //! cache: `kv_len` is the sequence's clamped K/V length, K and V rows are
@@ -91,19 +88,11 @@ pub(super) fn lse_index(spec: &Spec) -> String {
     format!("{} + q", statistic_row(spec, "h"))
 }
 
-/// The producer's claim (C, assigned to `item_slot[qb]`): an item whose
-/// query tile has rows in its sequence, or one past the last item; the
-/// consumers never see another.
-pub(super) fn claim(plan: &Plan, counter: &str) -> String {
-    match plan.paged {
-        true => claim_with_rows(plan, counter),
-        false => format!("claim_ordered({counter}, done, {}, items)", arg_name(plan.spec, ArgKind::WorkOrder)),
-    }
-}
-
-/// [`claim`] in item order: the first claimed item whose query tile has
-/// rows, passing over the others (the producer alone).
-fn claim_with_rows(plan: &Plan, counter: &str) -> String {
+/// The producer's claim (C, assigned to `item_slot[qb]`): the first
+/// claimed item whose query tile has rows in its sequence, or one past the
+/// last item. Items of tiles past their sequence's end are claimed and
+/// passed over by the producer alone, so the consumers never see them.
+pub(super) fn claim_with_rows(plan: &Plan, counter: &str) -> String {
     let q_seq = query_span(plan, "(int)by_heads.div(bh)");
     format!(
         "claim({counter}, done, items);\n\

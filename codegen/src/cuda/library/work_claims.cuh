@@ -3,10 +3,9 @@
 // one. Each CTA claims until it gets an index past the last item, once. The
 // last CTA to do so resets the counter for the next launch on the stream
 // (every other CTA has made its last claim by then): no launch pays for a
-// memset. A CTA whose index is past the items (an item order shorter than
-// the grid) claims past them at once, so it still counts itself out.
+// memset.
 __device__ __forceinline__ long long claim(unsigned long long* counter, int done, long long items) {
-    if (done == 0 && blockIdx.x < items) return blockIdx.x;
+    if (done == 0) return blockIdx.x;  // the grid never exceeds the items
     const long long item = gridDim.x + (long long)atomicAdd(counter, 1ull);
     if (item >= items) {
         __threadfence();  // this CTA's last claim is done before it counts itself out
@@ -32,11 +31,3 @@ struct FastDiv {
     }
     __device__ unsigned div(unsigned n) const { return d == 1 ? n : __umulhi(n, m) >> s; }
 };
-// The `done`-th item of a CTA that claims in an item order: `order[0]`
-// items, then their indices (the varlen forward's, longest first); past the
-// listed ones, `items`, which ends the CTA's walk.
-__device__ __forceinline__ long long claim_ordered(unsigned long long* counter, int done, const int* __restrict__ order, long long items) {
-    const long long listed = order[0];
-    const long long at = claim(counter, done, listed);
-    return at < listed ? order[1 + at] : items;
-}

@@ -70,10 +70,6 @@ fn write_setup(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
         true => (name(ArgKind::MaxLen(Side::Queries)), String::new()),
         false => (name(ArgKind::QLen), kv_tiles_decl(plan.spec)),
     };
-    let order_note = match plan.varlen && !plan.paged {
-        true => "// Varlen: claims walk the item order instead (tiles with rows, longest first).\n",
-        false => "",
-    };
     let (per_key, groups) = (roles.staged.per_key(), roles.groups);
     let group_decl = match groups {
         true => GROUP_WORD,
@@ -123,7 +119,6 @@ fn write_setup(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
         // through L2, as a grid of one CTA per tile would. A CTA's first item is\n\
         // its index; it claims each further one from the work counter when it\n\
         // is ready for it, so a CTA whose items were light takes more of them.\n\
-        {order_note}\
         const int q_tiles = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
         const long long items = (long long)q_tiles * {heads} * {batch};\n\
         {decoders}\

@@ -9,7 +9,7 @@ use crate::cuda::forward::e4m3::Operands;
 use crate::cuda::forward::item::{q_load, ItemRole};
 use crate::cuda::forward::kv_loads::KvLoads;
 use crate::cuda::forward::trace::{self, Event};
-use crate::cuda::forward::varlen;
+use crate::cuda::forward::varlen::claim_with_rows;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::names::{K_MAP, Q_MAP, V_MAP};
 use crate::cuda::tile_config::TileCopy;
@@ -27,7 +27,7 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
     // order (longest items first within windows of a few heads) where the
     // launch has one.
     let claim = match spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) {
-        _ if roles.plan.varlen => varlen::claim(roles.plan, &counter),
+        _ if roles.plan.varlen => claim_with_rows(roles.plan, &counter),
         true => {
             let order = name(ArgKind::WorkOrder);
             format!(
