@@ -89,7 +89,7 @@ impl KvLoads {
             let (pages, kv_len) = (pages_var("k_rows"), &self.kv_len);
             return writeln!(
                 w,
-                "{qualifier}int box_page{suffix} = paged_box_page<BLOCK_N>({pages}, {tile} * BLOCK_N, {kv_len}, {KV_BOX_ROWS});"
+                "{qualifier}int box_page{suffix} = paged_box_page<BLOCK_N>({pages}, {tile} * BLOCK_N, {kv_len}, {KV_BOX_ROWS}, box);"
             );
         }
         for (rows, cols, width) in [("k_rows", self.cols.qk, "D"), ("v_rows", self.cols.v, "DV")] {
@@ -108,18 +108,19 @@ impl KvLoads {
         }
     }
 
-    /// A paged kernel's TMA copy of K (`key` true) or V of `tile` into
-    /// `dst`, completing on `bar`: the walking warp's lanes copy its boxes
-    /// (`library/paged_tma.cuh`).
+    /// A paged kernel's producer warps' TMA copy of K (`key` true) or V of
+    /// `tile` into `dst`, completing on `bar`: box `box` of each from two
+    /// of the warps (`library/paged_tma.cuh`), the first lane of the first
+    /// of them arriving with the tile's bytes.
     pub(super) fn boxes(&self, w: &mut Writer<String>, key: bool, [dst, bar, tile]: [&str; 3]) -> fmt::Result {
-        let (cols, map) = match key {
-            true => (self.cols.qk, K_MAP),
-            false => (self.cols.v, V_MAP),
+        let (cols, map, first) = match key {
+            true => (self.cols.qk, K_MAP, "WARPS"),
+            false => (self.cols.v, V_MAP, "WARPS + 2"),
         };
         let (pages, kv_len) = (pages_var("k_rows"), &self.kv_len);
         writeln!(
             w,
-            "load_paged_boxes<BLOCK_N, {cols}>({dst}, {map}, {bar}, {pages}, {tile} * BLOCK_N, {kv_len}, {KV_BOX_ROWS}, kv_head, box_page);"
+            "if (warp / 2 == ({first}) / 2) load_paged_boxes<BLOCK_N, {cols}>({dst}, {map}, {bar}, {pages}, {tile} * BLOCK_N, {kv_len}, {KV_BOX_ROWS}, kv_head, box_page, box, warp == {first} && lane == 0);"
         )
     }
 

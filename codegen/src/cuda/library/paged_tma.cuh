@@ -6,26 +6,32 @@
 // whatever the cache held. A tile lies in one page, or is whole pages
 // (runtime `tma::paged_box_rows`): one box per page.
 //
-// The page of lane l's box of the tile of keys k0.. (boxes of box_rows
-// keys), clamped; 0 for a lane without a box or a box past the sequence's
-// keys, which reads no table entry past the sequence's pages. A walking
-// warp reads it a tile ahead: a box waiting on its page id would leave the
-// copy engine idle for the table's latency on every tile.
+// The producer warpgroup's four warps issue a tile's boxes: box b of K by
+// warp b % 2, of V by warp 2 + b % 2, each in lane b / 2. Issuing a box
+// takes a loop over the lanes that have one (the copy instruction reads
+// uniform registers), so one warp issuing 32 boxes a tile of pages of 16
+// would be the kernel's bottleneck; four warps run on four schedulers.
+//
+// The page of box `box` of the tile of keys k0.. (boxes of box_rows keys),
+// clamped; 0 for a box past the tile or past the sequence's keys, which
+// reads no table entry past the sequence's pages. The warps read it a
+// tile ahead: a box waiting on its page id would leave the copy engine
+// idle for the table's latency on every tile.
 template <int ROWS>
-__device__ __forceinline__ int paged_box_page(const PagedRows& p, int k0, int kv_len, int box_rows) {
-    const int k = k0 + threadIdx.x % 32 * box_rows;
+__device__ __forceinline__ int paged_box_page(const PagedRows& p, int k0, int kv_len, int box_rows, int box) {
+    const int k = k0 + box * box_rows;
     if (k - k0 >= ROWS || k >= kv_len) return 0;
     return min(max(p.pages[k / p.page_size], 0), p.num_pages - 1);
 }
-// A warp copies the ROWS x COLS tile of keys k0.. into `tile`: lane l its
-// box l from `page` (its paged_box_page), lane 0 arriving on `bar` with the
-// tile's bytes. Keys at and past kv_len read zeros.
+// Copies box `box` of the ROWS x COLS tile of keys k0.. into `tile` from
+// `page` (its paged_box_page); keys at and past kv_len read zeros. The
+// `arrives` thread arrives on `bar` with the whole tile's bytes.
 template <int ROWS, int COLS>
 __device__ __forceinline__ void load_paged_boxes(unsigned short* tile, const TensorMap& map, unsigned bar,
                                                  const PagedRows& p, int k0, int kv_len, int box_rows, int head,
-                                                 int page) {
-    const int lane = threadIdx.x % 32, r = lane * box_rows;
-    if (lane == 0) mbar_arrive_expect_tx(bar, ROWS * COLS * 2);
+                                                 int page, int box, bool arrives) {
+    const int r = box * box_rows;
+    if (arrives) mbar_arrive_expect_tx(bar, ROWS * COLS * 2);
     if (r < ROWS) {
         const SeqSpan rows = {page * p.page_size + (k0 + r) % p.page_size, min(box_rows, kv_len - k0 - r)};
         #pragma unroll

@@ -85,8 +85,13 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
             writeln!(w, "item_visits[qb] = j < kv_tiles;")?;
             writeln!(w, "mbar_arrive(q_full + 8 * qb);")
         })?;
-        if copy == TileCopy::Tma {
-            writeln!(w, "if (warp != WARPS) continue;  // the leader's warp alone walks the tiles; the others wait for the next claim")?;
+        match copy {
+            _ if roles.plan.paged && copy == TileCopy::Tma => writeln!(
+                w,
+                "const int box = lane * 2 + (warp - WARPS) % 2;  // this lane's box of each K or V tile (paged_tma.cuh)"
+            )?,
+            TileCopy::Tma => writeln!(w, "if (warp != WARPS) continue;  // the leader's warp alone walks the tiles; the others wait for the next claim")?,
+            TileCopy::Threads => {}
         }
         write_tile_walk(w, roles)
     })?;
