@@ -101,10 +101,8 @@ pub enum ArgKind {
     PageSize,
     /// Pages in the K and V caches.
     NumPages,
-    /// Keys per TMA box of a warp-specialized varlen or paged kernel's K/V
-    /// copies (a tile's rows; a page's where tiles are whole pages), 0
-    /// where the layouts or the page size rule TMA out: threads then copy
-    /// every tile.
+    /// Keys per TMA box of a paged kernel copying with TMA (a tile's rows;
+    /// a page's where tiles are whole pages: `library/paged_tma.cuh`).
     KvBoxRows,
     /// Element stride between the pages of a K or V cache (`Stride(op,
     /// Axis::Seq)` is its rows', `Stride(op, Axis::Head)` its heads').

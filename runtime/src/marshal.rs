@@ -50,8 +50,8 @@ pub(crate) struct Bindings<'a> {
     /// The TMA descriptors of a kernel that copies with TMA (see
     /// `tma::tensor_maps`).
     pub tensor_maps: Option<TensorMaps>,
-    /// Keys per TMA box of a warp-specialized varlen or paged kernel's K/V
-    /// copies, 0 for none (`tma::kv_boxes`).
+    /// Keys per TMA box of a paged kernel copying with TMA
+    /// (`tma::paged_box_rows`).
     pub kv_box_rows: u32,
     /// What only varlen kernels take; their `shape` holds the longest
     /// sequences' lengths.
