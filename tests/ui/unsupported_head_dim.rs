@@ -2,7 +2,7 @@ use flashgen::attention;
 
 attention! {
     Bad {
-        dtype: bf16, head_dim: 512,
+        dtype: bf16, head_dim: 640,
     }
 }
 
