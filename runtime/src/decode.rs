@@ -184,7 +184,7 @@ impl Runtime {
         let kv_tiles = u32::try_from(shape.max_kv_len.div_ceil(config.block_n() as usize)).unwrap_or(u32::MAX);
         let splits = match opts.splits {
             Some(n) => check_splits(n)?,
-            None => split_count(ctas, self.sm_count(), config.ctas_per_sm, kv_tiles),
+            None => split_count(ctas, self.sm_count(), config.ctas_per_sm, config.max_splits(spec, rows, kv_tiles)),
         };
         let cache = if opts.paged { DecodeCache::Paged } else { DecodeCache::Dense };
         let queries = if opts.varlen { DecodeQueries::Packed } else { DecodeQueries::Padded };

@@ -72,12 +72,13 @@ const MAX_CACHE_BYTES: usize = 40 << 30;
 const PAGE_SIZE: usize = 16;
 
 /// Prints `model`'s decode rows for every batch × cache length (on
-/// `formats` of cache), then the copy row.
+/// `formats` of cache, at each of `splits`: a count, or 0 for the plan's
+/// own), then the copy row.
 pub fn run(
     rt: &Runtime,
     model: DecodeModel,
     (batches, kv_lens): (&[usize], &[usize]),
-    formats: &[KvCacheDtype],
+    (formats, splits): (&[KvCacheDtype], &[usize]),
     iters: usize,
 ) {
     let tracking = if rt.context().is_event_tracking() { "tracked" } else { "untracked" };
@@ -103,12 +104,13 @@ pub fn run(
                 println!("{:<10} {batch:>5} {kv_len:>7} skipped: {} GiB of K/V", "decode", bf16_bytes >> 30);
                 continue;
             }
-            for &kv in formats {
+            for (&kv, &split) in formats.iter().flat_map(|kv| splits.iter().map(move |s| (kv, s))) {
                 let bytes = bf16_bytes / 2 * kv.bytes() as usize;
                 let suffix = if kv == KvCacheDtype::E4m3 { "-e4m3" } else { "" };
+                let split = (split > 0).then_some(split);
                 for (row, page_size) in [("decode", None), ("paged16", Some(PAGE_SIZE))] {
                     let row = format!("{row}{suffix}");
-                    match time_decode(rt, (model, &spec), (batch, kv_len), (page_size, kv), iters) {
+                    match time_decode(rt, (model, &spec), (batch, kv_len), (page_size, kv, split), iters) {
                         Ok((splits, ms, host_us)) => {
                             let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
                             println!(
@@ -131,18 +133,24 @@ pub fn run(
 }
 
 /// One plan's split count, median step time (ms) and host µs per run, on
-/// a dense cache or (`page_size`) paged ones, of bf16 or e4m3 (`kv`).
+/// a dense cache or (`page_size`) paged ones, of bf16 or e4m3 (`kv`), split
+/// as the plan chooses or `splits` ways.
 fn time_decode(
     rt: &Runtime,
     (model, spec): (DecodeModel, &flashgen::Spec),
     (batch, kv_len): (usize, usize),
-    (page_size, kv): (Option<usize>, KvCacheDtype),
+    (page_size, kv, splits): (Option<usize>, KvCacheDtype, Option<usize>),
     iters: usize,
 ) -> Result<(usize, f64, f64), Error> {
     let (heads, heads_kv) = model.heads;
     let shape = DecodeShape { batch, heads, heads_kv, q_len: 1, max_kv_len: kv_len };
-    let opts =
-        DecodeOptions { paged: page_size.is_some(), kv_cache: kv, v_in_k: model.v_in_k, ..DecodeOptions::default() };
+    let opts = DecodeOptions {
+        paged: page_size.is_some(),
+        kv_cache: kv,
+        v_in_k: model.v_in_k,
+        splits,
+        ..DecodeOptions::default()
+    };
     let plan = rt.decode_plan(spec, shape, &opts)?;
     let timed = match kv {
         KvCacheDtype::Spec => time_steps::<bf16>(rt, (&plan, model), page_size, None, iters)?,

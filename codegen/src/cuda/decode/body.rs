@@ -35,9 +35,8 @@ pub(super) fn write_setup(
 /// past the stages and what the epilogue reuses of them.
 const SHARED_P: &str = "\
 // Warps split O's columns: the tile's P [BLOCK_M][BLOCK_N] and each warp's
-// row maxima [WARPS][BLOCK_M] live past the stages and the epilogue's merge.
-constexpr int MERGE_UNITS = 2 * (BLOCK_M * DVP + 2 * WARPS * BLOCK_M + 2 * BLOCK_M);
-unsigned short* p_tile = k_tiles + (STAGES_UNITS > MERGE_UNITS ? STAGES_UNITS : MERGE_UNITS);
+// row maxima [WARPS][BLOCK_M] live past the scratch (stages, merge, combine).
+unsigned short* p_tile = k_tiles + SCRATCH_BYTES / 2;
 float* p_max = (float*)(p_tile + BLOCK_M * BLOCK_N);
 ";
 

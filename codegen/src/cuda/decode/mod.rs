@@ -236,10 +236,13 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: DecodeConfig) -> fm
         constexpr bool V_IN_K = {v_in_k};  // V's tiles are K's\n\
         constexpr int V_COLS = {v_cols};  // columns of a V tile's rows\n\
         constexpr int STAGES_UNITS = STAGES * (V_IN_K ? K_TILE : K_TILE + V_TILE);  // 16-bit units of the stages\n\
+        constexpr int SCRATCH_BYTES = {scratch};  // past the Q tile: the stages, the merge's rows, the combine's weights\n\
+        static_assert(SCRATCH_BYTES >= 2 * STAGES_UNITS, \"the stages fit the scratch\");\n\
         \n",
         storage = storage(spec.dtype),
         d = spec.head_dims.qk,
         dv = spec.head_dims.v,
         block_n = config.block_n(),
+        scratch = config.scratch_bytes(spec),
     )
 }

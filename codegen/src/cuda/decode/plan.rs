@@ -233,17 +233,34 @@ impl DecodeConfig {
         self.m_tiles * warp_dv / 2 + 96
     }
 
-    /// Dynamic shared memory, bytes: the Q tile, then `stages` K and V
-    /// tiles (of the cache's elements; K's alone where V is read from them),
-    /// which the epilogue reuses to merge the warps' rows (f32 O and
-    /// per-warp row statistics) and never outgrows; then, where warps split
-    /// O's columns, the tile's P and the warps' row maxima.
+    /// Dynamic shared memory, bytes: the Q tile, then the scratch
+    /// ([`DecodeConfig::scratch_bytes`]); then, where warps split O's
+    /// columns, the tile's P and the warps' row maxima.
     pub fn smem_bytes(self, spec: &Spec) -> u32 {
+        let q = self.block_m() * pad16(spec.head_dims.qk) * 2;
+        q + self.scratch_bytes(spec) + self.shared_p_bytes()
+    }
+
+    /// The shared memory past the Q tile, bytes: `stages` K and V tiles (of
+    /// the cache's elements; K's alone where V is read from them), which
+    /// the epilogue reuses to merge the warps' rows and a split launch's
+    /// last CTA to weigh the splits: as much as the largest of the three.
+    pub(super) fn scratch_bytes(self, spec: &Spec) -> u32 {
+        let stages = self.stages * self.stage_bytes(spec);
+        stages.max(self.merge_bytes(spec)).max(self.combine_bytes())
+    }
+
+    /// One stage's K and V tiles (K's alone where V is read from them), bytes.
+    fn stage_bytes(self, spec: &Spec) -> u32 {
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
-        let q = self.block_m() * dp * 2;
         let v_cols = if self.v_in_k { 0 } else { dvp };
-        let stages = self.stages * self.block_n() * (dp + v_cols) * self.kv.bytes();
-        q + stages.max(self.merge_bytes(spec)) + self.shared_p_bytes()
+        self.block_n() * (dp + v_cols) * self.kv.bytes()
+    }
+
+    /// The split combine's weights (a row's LSE-derived factor per split),
+    /// f32 [BLOCK_M][MAX_SPLITS], bytes.
+    fn combine_bytes(self) -> u32 {
+        4 * self.block_m() * MAX_SPLITS
     }
 
     /// The epilogue's f32 rows of O and per-warp maxima and sums, bytes.
@@ -262,15 +279,15 @@ impl DecodeConfig {
     }
 }
 
-/// How many CTAs each sequence's keys are split among: 1 where the
-/// unsplit launch's (`ctas`: row tiles × K/V heads × batch) waves of `sms`
-/// × `ctas_per_sm` resident CTAs are at least 80% full (a launch short of
-/// one wave, or one whose last wave is nearly whole: more CTAs per SM, as
-/// an e4m3 cache's half-size stages allow, leave a larger part of a wave
-/// at its tail); else the fewest splits whose waves are within 85% as full
-/// as the fullest any split count reaches (FlashAttention's heuristic),
-/// each split keeping at least a few of the longest sequence's `kv_tiles`.
-pub fn split_count(ctas: u64, sms: u32, ctas_per_sm: u32, kv_tiles: u32) -> u32 {
+/// How many CTAs each sequence's keys are split among, at most `most`
+/// ([`DecodeConfig::max_splits`]), for an unsplit launch of `ctas` CTAs
+/// (row tiles × K/V heads × batch) on `sms` SMs of `ctas_per_sm` CTAs
+/// each: 1 where the unsplit launch's waves are at least 80% full; else the
+/// fewest splits whose waves are within 95% as full as the fullest a split
+/// count up to `most` reaches. A wave's slots, not its SMs: two CTAs on an
+/// SM overlap one's waits with the other's products, and a wave that
+/// leaves some SMs one CTA and others two ends with the busier ones.
+pub fn split_count(ctas: u64, sms: u32, ctas_per_sm: u32, most: u32) -> u32 {
     let wave = u64::from(sms.max(1)) * u64::from(ctas_per_sm.max(1));
     let ctas = ctas.max(1);
     let efficiency = |s: u32| {
@@ -280,9 +297,24 @@ pub fn split_count(ctas: u64, sms: u32, ctas_per_sm: u32, kv_tiles: u32) -> u32 
     if efficiency(1) >= 0.8 {
         return 1;
     }
-    let most = (kv_tiles / MIN_TILES_PER_SPLIT).clamp(1, MAX_SPLITS);
+    let most = most.clamp(1, MAX_SPLITS);
     let best = (1..=most).map(efficiency).fold(0.0, f64::max);
-    (1..=most).find(|&s| efficiency(s) >= 0.85 * best).unwrap_or(1)
+    (1..=most).find(|&s| efficiency(s) >= 0.95 * best).unwrap_or(1)
+}
+
+impl DecodeConfig {
+    /// The most splits worth a launch of `rows` query rows per K/V head
+    /// over `kv_tiles` tiles of keys: each split keeps a few tiles, and the
+    /// combine, one CTA reading every split's rows of a row tile (f32, as
+    /// many as the tile's rows hold), reads at most four times what a
+    /// split reads of the cache: `s · partial ≤ 4 · cache / s`. MLA's
+    /// 512-column rows make that bound the binding one there.
+    pub fn max_splits(self, spec: &Spec, rows: u32, kv_tiles: u32) -> u32 {
+        let cache = f64::from(kv_tiles) * f64::from(self.stage_bytes(spec));
+        let partial = f64::from(rows.clamp(1, self.block_m()) * spec.head_dims.v * 4);
+        let by_combine = (4.0 * cache / partial).sqrt() as u32;
+        (kv_tiles / MIN_TILES_PER_SPLIT).min(by_combine).clamp(1, MAX_SPLITS)
+    }
 }
 
 #[cfg(test)]
@@ -415,20 +447,37 @@ mod tests {
     #[test]
     fn splits_fill_the_gpu() {
         // H100: 132 SMs, two CTAs each; 8 K/V heads, q_len 1.
-        let split = |batch: u64, kv_len: u32| split_count(batch * 8, 132, 2, kv_len.div_ceil(DECODE_BLOCK_N));
-        assert_eq!(split(1, 65536), 29, "8 CTAs: 232 of 264 slots is within 85% of all");
+        let config = DecodeConfig::for_rows(&spec(128), Target::HOPPER, 4).unwrap();
+        let split = |batch: u64, kv_len: u32| {
+            let most = config.max_splits(&spec(128), 4, kv_len.div_ceil(DECODE_BLOCK_N));
+            split_count(batch * 8, 132, 2, most)
+        };
+        assert_eq!(split(1, 65536), 32, "8 CTAs: 256 of 264 slots");
+        assert_eq!(split(1, 4096), 31, "at most 32 (two tiles each): within 95% of 256 of 264");
+        assert_eq!(split(1, 1024), 8, "16 tiles: splits keep 2 at least");
+        assert_eq!(split(1, 64), 1, "one tile is never split");
         assert_eq!(split(16, 65536), 2);
         assert_eq!(split(64, 4096), 1, "512 CTAs: no split");
-        // Three CTAs an SM (e4m3 stages): 512 CTAs would leave a second wave
-        // 30% full; two splits fill 86% of three.
-        assert_eq!(split_count(64 * 8, 132, 3, 64), 2, "1024 of 1188 slots");
-        assert_eq!(split_count(40 * 8, 132, 2, 64), 3, "320 CTAs would leave a 21% second wave: 960 of 1056");
         assert_eq!(split(256, 1024), 1);
-        assert_eq!(split(1, 4096), 28, "64 tiles: 224 of 264 slots");
-        assert_eq!(split(1, 1024), 7, "16 tiles: splits keep 2 at least");
-        assert_eq!(split(1, 64), 1, "one tile is never split");
-        assert_eq!(split_count(1, 132, 2, u32::MAX), 109, "the fewest splits within 85% of the best wave");
+        // Three CTAs an SM (e4m3 stages): 512 CTAs would leave a second wave
+        // 30% full; three splits fill 97% of four.
+        assert_eq!(split_count(64 * 8, 132, 3, 32), 3, "1536 of 1584 slots");
+        assert_eq!(split_count(40 * 8, 132, 2, 128), 4, "320 CTAs would leave a 21% second wave: 1280 of 1320");
         assert!(split_count(1, 10_000, 4, u32::MAX) <= MAX_SPLITS);
         assert_eq!(split_count(0, 0, 0, 0), 1, "degenerate inputs still give one split");
+    }
+
+    #[test]
+    fn the_combine_bounds_mla_splits() {
+        let h = Target::HOPPER;
+        // 16 heads, one row tile of 16 rows (32 KiB of partial O a split)
+        // over 16k and 64k keys of 32-key tiles (36 KiB each).
+        let c = DecodeConfig::choose(&mla(), h, 16, KvCacheDtype::Spec, true).unwrap();
+        assert_eq!(c.max_splits(&mla(), 16, 512), 48);
+        assert_eq!(c.max_splits(&mla(), 16, 2048), 96);
+        assert_eq!(split_count(1, 132, c.ctas_per_sm, c.max_splits(&mla(), 16, 512)), 46, "95% of 48 CTAs' fill");
+        // 128 heads: four row tiles of 32.
+        let c = DecodeConfig::choose(&mla(), h, 128, KvCacheDtype::Spec, true).unwrap();
+        assert_eq!(split_count(4, 132, c.ctas_per_sm, c.max_splits(&mla(), 128, 512)), 32, "128 of 132 SMs");
     }
 }
