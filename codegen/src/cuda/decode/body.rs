@@ -209,10 +209,12 @@ pub(super) fn write_tile_loop(w: &mut Writer<String>, spec: &Spec, config: Decod
         "    // S = Q K^T on every row x this warp's keys, K's e4m3 converted on\n    \
          // registers; one 16-byte chunk of a key row is a whole k-step.\n",
     ))?;
-    w.write_str(
-        &SCORES_LOOP.replace("@SCORES_UNROLL@", if split_columns { columns::SCORES_UNROLL } else { "#pragma unroll" }),
-    )?;
-    w.write_str(if split_columns { columns::SCORES } else { by_format(SPEC_SCORES, E4M3_SCORES) })?;
+    if split_columns {
+        w.write_str(columns::SCORES)?;
+    } else {
+        w.write_str(SCORES_LOOP)?;
+        w.write_str(by_format(SPEC_SCORES, E4M3_SCORES))?;
+    }
     w.write_str(SOFTMAX_LOGITS)?;
     if split_columns {
         w.write_str(columns::TILE_MAX)?;
@@ -298,7 +300,7 @@ for (int j = tile_begin; j < tile_end; ++j) {
 /// S = Q·Kᵀ: the k-steps over Q's dims, each step's Q fragments; each
 /// step's K fragments and MMAs by the cache's format.
 const SCORES_LOOP: &str = "    float s[M_TILES][S_TILES][4] = {};
-    @SCORES_UNROLL@
+    #pragma unroll
     for (int kk = 0; kk < DP / 16; ++kk) {
         unsigned a[M_TILES][4];
         #pragma unroll

@@ -17,17 +17,34 @@ const LdmLane<BLOCK_N> p_lane(lane % 8 + (lane / 8 % 2) * 8, lane / 16);
 const unsigned p_smem = smem_addr(p_tile);
 ";
 
-/// The k-steps of S unrolled four at a time: all 36 of a 576-column K
-/// unrolled, ptxas hoists their fragment loads until two row tiles' O
-/// spill (four keep `LdmLane`'s steps compile-time).
-pub(super) const SCORES_UNROLL: &str = "#pragma unroll 4  // fully unrolled, 36 k-steps' loads spill O";
-
 /// S = Q·Kᵀ over a warp's 8 keys: one m16n8 tile a k-step, its K fragments
 /// two 8x8 matrices (lanes 0-15 address them as `k_lane`'s first half).
-pub(super) const SCORES: &str = "        unsigned kb[2];  // keys kw .. kw + 7, dims 16 kk .. 16 kk + 15
+/// With one row tile the 36 k-steps of a 576-column K feed two
+/// accumulators in turn, not one, whose every MMA would wait on the last;
+/// two row tiles are two chains already (more chains spill the kernels
+/// whose V has tiles of its own). Four k-steps a loop iteration: unrolled
+/// further, ptxas hoists their fragment loads until two row tiles' O spill
+/// (four keep `LdmLane`'s steps and the chain compile-time).
+pub(super) const SCORES: &str = "    float s[M_TILES][S_TILES][4] = {};
+    constexpr int STEPS = DP / 16, CHAINS = M_TILES == 1 && STEPS % 2 == 0 ? 2 : 1;
+    float chain[CHAINS][M_TILES][4] = {};
+    #pragma unroll 4
+    for (int kk = 0; kk < STEPS; ++kk) {
+        unsigned a[M_TILES][4];
+        #pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt) ldmatrix_x4(a[mt], q_smem + q_lane.at(mt * 16, kk));
+        unsigned kb[2];  // keys kw .. kw + 7, dims 16 kk .. 16 kk + 15
         ldmatrix_x2(kb, k_smem + k_lane.at(kw, kk));
         #pragma unroll
-        for (int mt = 0; mt < M_TILES; ++mt) mma_16816(storage{}, s[mt][0], a[mt], kb[0], kb[1]);
+        for (int mt = 0; mt < M_TILES; ++mt) mma_16816(storage{}, chain[kk % CHAINS][mt], a[mt], kb[0], kb[1]);
+    }
+    #pragma unroll
+    for (int c = 0; c < CHAINS; ++c) {
+        #pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt) {
+            #pragma unroll
+            for (int i = 0; i < 4; ++i) s[mt][0][i] += chain[c][mt][i];
+        }
     }
 
 ";
