@@ -49,6 +49,31 @@ __device__ __forceinline__ void cp_async_wait_group() {
 // registers across the tile loop, which the MMAs' accumulators then lack.
 __host__ __device__ constexpr int unrolled_copies(int copies) { return copies > 16 ? 1 : copies; }
 
+// The copy of wide 16-bit rows (MLA's 576 columns: more than 16 copies a
+// thread, whose own hoisted addresses would take the registers the MMAs'
+// accumulators need), rows of CHUNKS 16-byte chunks, a multiple of 8: a
+// thread copies chunks `slot` + 8k of a row (`slot` its index % 8), so every
+// copy's shared and global addresses are the row's first plus constants
+// (the swizzle XORs a chunk's low three bits with the row % 8, which the
+// steps keep). `src` is the row's chunk `slot` in the cache, `dst` its
+// place in the tile.
+template <int CHUNKS, int WIDTH, typename E>
+__device__ __forceinline__ void wide_row_copy(char* dst, const E* src, const E* fallback, int slot, bool row_ok) {
+    static_assert(sizeof(E) == 2 && CHUNKS % 8 == 0, "16-bit rows of whole 128-byte segments");
+    #pragma unroll
+    for (int k = 0; k < CHUNKS / 8; ++k) {
+        const bool valid = row_ok && (slot + 8 * k) * 8 < WIDTH;
+        cp_async_16(dst + 128 * k, valid ? src + 64 * k : fallback, valid ? 16 : 0);
+    }
+}
+
+// Whether a tile of 16-bit rows of CHUNKS chunks, `copies` copies a thread,
+// takes wide_row_copy.
+template <typename E>
+__host__ __device__ constexpr bool wide_rows(int chunks, int copies) {
+    return sizeof(E) == 2 && chunks % 8 == 0 && copies > 16;
+}
+
 // Copies cache rows [first, first + ROWS) x cols [0, COLS) into a swizzled
 // shared tile (tile_byte), rows past `rows` (and cols past WIDTH)
 // zero-filled; COLS and WIDTH count elements of E. Each thread copies
@@ -60,6 +85,18 @@ __device__ __forceinline__ void load_kv_tile(void* tile, const KvRows<E>& kv, in
     constexpr int CHUNKS = COLS / CHUNK;
     constexpr int COPIES = (ROWS * CHUNKS + THREADS - 1) / THREADS;
     char* bytes = (char*)tile;
+    if constexpr (wide_rows<E>(CHUNKS, COPIES) && ROWS % (THREADS / 8) == 0) {
+        if (WIDTH % CHUNK == 0 && vector) {
+            const int slot = threadIdx.x % 8;
+            #pragma unroll
+            for (int m = 0; m < ROWS / (THREADS / 8); ++m) {
+                const int r = threadIdx.x / 8 + m * (THREADS / 8);
+                const E* src = kv.row(first + (r < rows ? r : 0)) + slot * CHUNK;
+                wide_row_copy<CHUNKS, WIDTH>(bytes + tile_byte<E, COLS>(r, slot * CHUNK), src, kv.base, slot, r < rows);
+            }
+            return;
+        }
+    }
     if (WIDTH % CHUNK == 0 && vector) {
         #pragma unroll(unrolled_copies(COPIES))
         for (int j = 0; j < COPIES; ++j) {

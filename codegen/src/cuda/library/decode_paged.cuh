@@ -72,8 +72,21 @@ __device__ __forceinline__ void load_paged_kv_tile(void* tile, const PagedKvRows
     constexpr int CHUNK = 16 / sizeof(E);  // elements per 16-byte copy
     const int r0 = threadIdx.x / 32 * WARP_ROWS, lane = threadIdx.x % 32;
     char* bytes = (char*)tile;
+    constexpr int CHUNKS = COLS / CHUNK, STEPS = (WARP_ROWS * CHUNKS + 31) / 32;
+    if constexpr (wide_rows<E>(CHUNKS, STEPS) && WARP_ROWS % 4 == 0) {
+        if (WIDTH % CHUNK == 0 && vector) {
+            // A lane copies chunks lane % 8 + 8k of the warp's rows lane / 8 + 4m.
+            #pragma unroll
+            for (int m = 0; m < WARP_ROWS / 4; ++m) {
+                const int i = lane / 8 + 4 * m;
+                const int page = __shfl_sync(0xffffffffu, slot.page, i), row = __shfl_sync(0xffffffffu, slot.row, i);
+                char* dst = bytes + tile_byte<E, COLS>(r0 + i, lane % 8 * CHUNK);
+                wide_row_copy<CHUNKS, WIDTH>(dst, kv.at(page, row) + lane % 8 * CHUNK, kv.base, lane % 8, r0 + i < rows);
+            }
+            return;
+        }
+    }
     if (WIDTH % CHUNK == 0 && vector) {
-        constexpr int CHUNKS = COLS / CHUNK, STEPS = (WARP_ROWS * CHUNKS + 31) / 32;
         #pragma unroll(unrolled_copies(STEPS))
         for (int step = 0; step < STEPS; ++step) {
             const int e = step * 32 + lane, i = min(e / CHUNKS, WARP_ROWS - 1), c = e % CHUNKS * CHUNK;
