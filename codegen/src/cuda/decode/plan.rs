@@ -277,6 +277,19 @@ impl DecodeConfig {
             WarpSplit::Columns => self.block_m() * self.block_n() * 2 + DECODE_WARPS * self.block_m() * 4,
         }
     }
+
+    /// The most splits worth a launch of `rows` query rows per K/V head
+    /// over `kv_tiles` tiles of keys: each split keeps a few tiles, and the
+    /// combine, one CTA reading every split's rows of a row tile (f32, as
+    /// many as the tile's rows hold), reads at most four times what a
+    /// split reads of the cache: `s · partial ≤ 4 · cache / s`. MLA's
+    /// 512-column rows make that bound the binding one there.
+    pub fn max_splits(self, spec: &Spec, rows: u32, kv_tiles: u32) -> u32 {
+        let cache = f64::from(kv_tiles) * f64::from(self.stage_bytes(spec));
+        let partial = f64::from(rows.clamp(1, self.block_m()) * spec.head_dims.v * 4);
+        let by_combine = (4.0 * cache / partial).sqrt() as u32;
+        (kv_tiles / MIN_TILES_PER_SPLIT).min(by_combine).clamp(1, MAX_SPLITS)
+    }
 }
 
 /// How many CTAs each sequence's keys are split among, at most `most`
@@ -300,21 +313,6 @@ pub fn split_count(ctas: u64, sms: u32, ctas_per_sm: u32, most: u32) -> u32 {
     let most = most.clamp(1, MAX_SPLITS);
     let best = (1..=most).map(efficiency).fold(0.0, f64::max);
     (1..=most).find(|&s| efficiency(s) >= 0.95 * best).unwrap_or(1)
-}
-
-impl DecodeConfig {
-    /// The most splits worth a launch of `rows` query rows per K/V head
-    /// over `kv_tiles` tiles of keys: each split keeps a few tiles, and the
-    /// combine, one CTA reading every split's rows of a row tile (f32, as
-    /// many as the tile's rows hold), reads at most four times what a
-    /// split reads of the cache: `s · partial ≤ 4 · cache / s`. MLA's
-    /// 512-column rows make that bound the binding one there.
-    pub fn max_splits(self, spec: &Spec, rows: u32, kv_tiles: u32) -> u32 {
-        let cache = f64::from(kv_tiles) * f64::from(self.stage_bytes(spec));
-        let partial = f64::from(rows.clamp(1, self.block_m()) * spec.head_dims.v * 4);
-        let by_combine = (4.0 * cache / partial).sqrt() as u32;
-        (kv_tiles / MIN_TILES_PER_SPLIT).min(by_combine).clamp(1, MAX_SPLITS)
-    }
 }
 
 #[cfg(test)]
