@@ -60,18 +60,31 @@ fn random_specs_check_print_back_and_run_on_the_reference() {
     assert!(sinks > 0, "no drawn spec has a sink");
 }
 
-#[test]
-fn random_specs_compile_every_training_kernel() {
-    let cases = env_or("FLASHGEN_RANDOM_SPECS", 2) as usize;
+/// Compiles `set` of `cases` drawn specs for sm_80 and sm_90a.
+fn compile_drawn(cases: usize, set: KernelSet) {
     let mut rng = StdRng::seed_from_u64(seed());
     let specs: Vec<flashgen::Spec> = (0..cases).map(|n| parse(&random_spec(&mut rng, n).source)).collect();
     let dir = std::env::temp_dir().join(format!("flashgen-random-specs-{}", std::process::id()));
     let archs = [Arch::new(8, 0), Arch::new(9, 0)];
-    let report = DiskCache::at(&dir).precompile(&specs, &archs, KernelSet::Training, &|_, _| {});
+    let report = DiskCache::at(&dir).precompile(&specs, &archs, set, &|_, _| {});
     let _ = std::fs::remove_dir_all(&dir);
     let sources: Vec<String> = specs.iter().map(flashgen::to_source).collect();
     let report = report.unwrap_or_else(|e| panic!("{e}\nin one of:\n{}", sources.join("\n")));
     assert!(report.compiled >= 2 * cases, "{report:?}");
+}
+
+#[test]
+fn random_specs_compile_every_training_kernel() {
+    compile_drawn(env_or("FLASHGEN_RANDOM_SPECS", 2) as usize, KernelSet::Training);
+}
+
+/// Every kernel a launch may use (decode, e4m3, varlen, paged, dropout,
+/// every tile configuration): about a minute per spec on two cores, so on
+/// demand only (`--ignored`).
+#[test]
+#[ignore]
+fn random_specs_compile_every_kernel() {
+    compile_drawn(env_or("FLASHGEN_RANDOM_SPECS", 2) as usize, KernelSet::Every);
 }
 
 /// Random text from the language's own tokens and some that are not.
