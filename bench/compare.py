@@ -12,7 +12,8 @@ TFLOP/s is the inverse ratio of times; a density that differs between the two
 logs is reported, since it would make the ratio meaningless.
 
 Output (markdown): one table row per (variant, d, s) with flashgen's and each
-peer's TFLOP/s and the ratios flashgen/sdpa-FLASH and flashgen/flex; the doc
+peer's TFLOP/s and the ratios flashgen/sdpa-FLASH, flashgen/flex and
+flashgen/fa4 (FlashAttention-4, where peers.py found it); the doc
 block-mask build times (create_block_mask); then one line per target of issue 4:
   - full and causal >= 1.0x sdpa-FLASH at every size
   - every masked/score-mod variant (all but full) >= 1.2x flex
@@ -25,7 +26,7 @@ each `met`, `NOT met` (with the worst cell and the count below target), or
 """
 import sys
 
-PEERS = ["sdpa-FLASH", "sdpa-CUDNN", "flex"]
+PEERS = ["sdpa-FLASH", "sdpa-CUDNN", "flex", "fa4"]
 FORWARD = ["full", "causal", "swa1024", "doc", "softcap-causal", "alibi-causal", "longformer", "sink-window"]
 # `--backward` rows: forward + backward of one training step, 3.5x the FLOPs.
 VARIANT_ORDER = FORWARD + [v + "+bwd" for v in FORWARD]
@@ -89,15 +90,15 @@ def main(bench_path, peers_path):
     print(f"- flashgen-bench: {fg_dev or '(no device line)'}")
     print(f"- peers.py: {pr_dev or '(no device line)'}\n")
     print("TFLOP/s (forward, bf16, 16 heads, 32768 tokens; – not measured):\n")
-    print("| variant | d | s | flashgen | " + " | ".join(PEERS) + " | ÷ sdpa-FLASH | ÷ flex |")
-    print("|---|---|---|---|" + "---|" * len(PEERS) + "---|---|")
+    print("| variant | d | s | flashgen | " + " | ".join(PEERS) + " | ÷ sdpa-FLASH | ÷ flex | ÷ fa4 |")
+    print("|---|---|---|---|" + "---|" * len(PEERS) + "---|---|---|")
     mismatched = []
     for key in keys:
         cells = [value(p, key) for p in ["flashgen"] + PEERS]
         cells = [c if isinstance(c, str) else fmt(c) for c in cells]
-        r_sdpa, r_flex = ratio(key, "sdpa-FLASH"), ratio(key, "flex")
+        ratios = [ratio(key, p) for p in ("sdpa-FLASH", "flex", "fa4")]
         print(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells)
-              + f" | {fmt(r_sdpa, '.2f')}{'×' if r_sdpa else ''} | {fmt(r_flex, '.2f')}{'×' if r_flex else ''} |")
+              + "".join(f" | {fmt(r, '.2f')}{'×' if r else ''}" for r in ratios) + " |")
         d_fg = (fg.get(("flashgen",) + key) or (None, None))[1]
         for p in PEERS:
             d_p = (pr.get((p,) + key) or (None, None))[1]

@@ -10,6 +10,11 @@ with peers timed in the same run on the same device:
               full (no mask), causal, swa1024, doc, softcap-causal, alibi-causal,
               longformer (a band of half-width BAND plus GLOBALS global rows and
               columns), sink-window (SINKS sink keys plus a causal WINDOW-key window)
+  fa4         FlashAttention-4 (CuTe DSL, `flash_attn.cute.interface.flash_attn_func`,
+              BSHD copies of the same inputs): full, causal, swa1024 (window
+              (WINDOW - 1, 0)), softcap-causal (softcap 30); only where it imports
+              (../shared/peers/fa4/README.md installs it on the GPU machine and
+              sets PYTHONPATH), else a `# fa4: not installed` line on stderr
 plus the time create_block_mask takes to build the doc mask (row
 `create_block_mask doc ...`, wall clock with device syncs, median of 5 after
 one warm-up; the TFLOP/s column is `-`).
@@ -33,7 +38,8 @@ compare.py can check both sides counted the same FLOPs.
 --decode instead times decoding as flashgen-bench --decode does: bf16,
 d = 128, 32 query heads over 8 K/V heads, one query token, every key kept,
 batch x cache length from --batches / --kv-lens; sdpa (FLASH, CUDNN and
-EFFICIENT backends, enable_gqa) and flex (enable_gqa, no mask), rows
+EFFICIENT backends, enable_gqa), flex (enable_gqa, no mask) and fa4
+(pack_gqa, its own split heuristic), rows
 `peer decode batch kv_len ms GB/s` with GB/s = K and V bytes / time.
 
 --backward also times one training step (forward, then backward of a
@@ -58,6 +64,7 @@ GLOBALS = 32  # longformer: global rows and columns
 SINKS = 4  # sink-window: sink keys beside the WINDOW-key window
 VARIANTS = ["full", "causal", "swa1024", "doc", "softcap-causal", "alibi-causal", "longformer", "sink-window"]
 SDPA_VARIANTS = ("full", "causal")
+FA4_VARIANTS = ("full", "causal", "swa1024", "softcap-causal")
 
 
 def doc_ids(batch, s):
@@ -91,8 +98,25 @@ def density(variant, batch, s):
     return 1.0
 
 
-def peers_for(variant):
-    return (["sdpa-FLASH", "sdpa-CUDNN"] if variant in SDPA_VARIANTS else []) + ["flex"]
+def peers_for(variant, fa4=True):
+    sdpa = ["sdpa-FLASH", "sdpa-CUDNN"] if variant in SDPA_VARIANTS else []
+    return sdpa + ["flex"] + (["fa4"] if fa4 and variant in FA4_VARIANTS else [])
+
+
+def import_fa4():
+    """FlashAttention-4's `flash_attn_func`, or None (said on stderr) where
+    it is not installed."""
+    try:
+        from flash_attn.cute.interface import flash_attn_func
+    except Exception as e:  # noqa: BLE001 -- a missing or broken install only drops its rows
+        print(f"# fa4: not installed ({type(e).__name__}: {e})", file=sys.stderr)
+        return None
+    return flash_attn_func
+
+
+def first_output(out):
+    """FA4 returns O, or (O, LSE) in some releases."""
+    return out[0] if isinstance(out, tuple) else out
 
 
 def row(peer, variant, d, s, b, rest):
@@ -138,6 +162,7 @@ def run_decode(batches, kv_lens):
     from torch.nn.attention.flex_attention import flex_attention
 
     flex = torch.compile(flex_attention, dynamic=False)
+    fa4 = import_fa4()
     backends = {"sdpa-FLASH": SDPBackend.FLASH_ATTENTION, "sdpa-CUDNN": SDPBackend.CUDNN_ATTENTION,
                 "sdpa-EFFICIENT": SDPBackend.EFFICIENT_ATTENTION}
     hq, hkv = DECODE_HEADS
@@ -154,6 +179,11 @@ def run_decode(batches, kv_lens):
             k, v = (torch.randn(b, hkv, kv, DECODE_D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
             peers = {name: (lambda be=be: sdpa_step(F, sdpa_kernel, be, q, k, v)) for name, be in backends.items()}
             peers["flex"] = lambda: flex(q, k, v, enable_gqa=True)
+            if fa4 is not None:
+                # BSHD: one query token of every head, the cache's rows.
+                bshd = tuple(x.transpose(1, 2).contiguous() for x in (q, k, v))
+                peers["fa4"] = lambda bshd=bshd: fa4(*bshd, num_splits=0, pack_gqa=True)
+                del bshd  # the step holds it, and goes with `peers`
             for name, step in peers.items():
                 try:
                     step()
@@ -164,7 +194,7 @@ def run_decode(batches, kv_lens):
                 except Exception as e:  # noqa: BLE001 -- one failing peer must not stop the suite
                     msg = " ".join(str(e).split())[:200]
                     print(f"{name:<18} {'decode':<8} {b:>5} {kv:>7} error: {type(e).__name__}: {msg}", flush=True)
-            del q, k, v
+            del q, k, v, peers
             torch.cuda.empty_cache()
     return 0
 
@@ -215,6 +245,7 @@ def run(variants, dims, seqs, backward):
     if hasattr(cfg, "suppress_errors"):
         cfg.suppress_errors = False
     flex = torch.compile(flex_attention, dynamic=False)
+    fa4 = import_fa4()
 
     dev = torch.cuda.get_device_name()
     print(f"device: {dev}, torch {torch.__version__}, triton {triton.__version__}, bf16, {HEADS} heads, "
@@ -230,12 +261,15 @@ def run(variants, dims, seqs, backward):
         """One training step of `attend`: forward, then backward of a fixed
         random dO into fresh leaf copies of Q, K, V (grads reset each step)."""
         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-        d_o = torch.randn_like(q)
+        d_o = []  # drawn at the first step: O has V's head dim
 
         def step():
             for x in leaves:
                 x.grad = None
-            attend(*leaves).backward(d_o)
+            o = attend(*leaves)
+            if not d_o:
+                d_o.append(torch.randn_like(o))
+            o.backward(d_o[0])
 
         return step
 
@@ -312,21 +346,36 @@ def run(variants, dims, seqs, backward):
 
         return bench(training(attend, q, k, v) if train else lambda: attend(q, k, v))
 
+    def time_fa4(variant, bshd, train):
+        kwargs = {"causal": variant != "full"}
+        if variant == "swa1024":
+            kwargs["window_size"] = (WINDOW - 1, 0)
+        elif variant == "softcap-causal":
+            kwargs["softcap"] = 30.0
+
+        def attend(q, k, v):
+            return first_output(fa4(q, k, v, **kwargs))
+
+        return bench(training(attend, *bshd) if train else lambda: attend(*bshd))
+
     for d in dims:
         for s in seqs:
             batch = max(1, TOKENS // s)
             torch.manual_seed(s)
             d_qk, d_v = (int(x) for x in (d.split("/") * 2)[:2])
             q, k, v = (torch.randn(batch, HEADS, s, n, device="cuda", dtype=torch.bfloat16) for n in (d_qk, d_qk, d_v))
+            bshd = [x.transpose(1, 2).contiguous() for x in (q, k, v)] if fa4 is not None else None
             for variant in variants:
                 dens = density(variant, batch, s)
                 flops = 2.0 * batch * HEADS * s * s * (d_qk + d_v) * dens
-                for peer in peers_for(variant):
+                for peer in peers_for(variant, fa4 is not None):
                     for train in [False, True] if backward else [False]:
                         name, step_flops = (variant + "+bwd", 3.5 * flops) if train else (variant, flops)
                         try:
                             if peer == "flex":
                                 ms = time_flex(variant, q, k, v, dens, train)
+                            elif peer == "fa4":
+                                ms = time_fa4(variant, bshd, train)
                             else:
                                 ms = time_sdpa(peer, variant, q, k, v, train)
                             tflops = step_flops / (ms * 1e-3) / 1e12
@@ -335,7 +384,7 @@ def run(variants, dims, seqs, backward):
                             msg = " ".join(str(e).split())[:200]
                             row(peer, name, d, s, batch, f"error: {type(e).__name__}: {msg}")
                             torch.cuda.empty_cache()
-            del q, k, v
+            del q, k, v, bshd
             torch.cuda.empty_cache()
     return 0
 
