@@ -144,7 +144,7 @@ fn assert_sound(d: &Dense, spec: &Spec, grads: bool, launch: Option<Shape>) {
         k == [shape.batch, shape.kv_len, shape.heads_kv, qk],
         vv == [shape.batch, shape.kv_len, shape.heads_kv, v],
         o == [shape.batch, shape.q_len, shape.heads, v],
-        shape.heads_kv > 0 && shape.heads % shape.heads_kv == 0,
+        shape.heads_kv > 0 && shape.heads.is_multiple_of(shape.heads_kv),
         within_limits(&shape),
         d.p.dtype == spec.dtype,
     ];
@@ -203,7 +203,7 @@ fn well_formed_launches_pass_and_one_element_short_does_not() {
         // One operand's buffer one element short of its layout's last element.
         let i = rng.below(8);
         let (operand, b) = d.operands()[i];
-        let Some(short) = need(&b.layout).checked_sub(1).filter(|_| b.layout.len() > 0) else { continue };
+        let Some(short) = need(&b.layout).checked_sub(1).filter(|_| !b.layout.is_empty()) else { continue };
         let fields =
             [&mut d.p.q, &mut d.p.k, &mut d.p.v, &mut d.p.o, &mut d.g.d_o, &mut d.g.dq, &mut d.g.dk, &mut d.g.dv];
         fields.into_iter().nth(i).unwrap().len = short;

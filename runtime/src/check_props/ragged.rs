@@ -101,7 +101,7 @@ fn assert_varlen_sound(d: &Varlen, spec: &Spec, grads: bool, launch: Option<Varl
         rows(&ops.v.layout) == [1, tk, shape.heads_kv, v],
         rows(&ops.o.layout) == [1, tq, shape.heads, v],
         [shape.batch, shape.q_len, shape.kv_len] == [d.p.batch, d.p.max_lens[0], d.p.max_lens[1]],
-        shape.heads_kv > 0 && shape.heads % shape.heads_kv == 0,
+        shape.heads_kv > 0 && shape.heads.is_multiple_of(shape.heads_kv),
         within_limits(&shape) && tq as u128 <= INT && tk as u128 <= INT,
         shape.q_len <= tq && shape.kv_len <= tk,
         ops.dtype == spec.dtype,
@@ -152,7 +152,7 @@ fn well_formed_varlen_launches_pass() {
         assert_eq!(check_varlen(spec, &d.p, &d.args).unwrap(), launched.then_some(checked), "{d:?}");
         let backward = (shape.batch > 0).then_some(checked);
         assert_eq!(check_varlen_backward(spec, &d.p, &d.g, &d.args).unwrap(), backward, "{d:?}");
-        if launched && ops.k.layout.len() > 0 {
+        if launched && !ops.k.layout.is_empty() {
             d.p.operands.k.len -= 1;
             assert!(check_varlen(spec, &d.p, &d.args).is_err(), "K one short: {d:?}");
         }
@@ -177,7 +177,7 @@ fn cache(rng: &mut Rng, sizes: [usize; 4], wild: bool) -> (PagedLayout, usize) {
 
 /// Paged caches of `batch` sequences: K and V of `heads_kv` heads and head
 /// dims `dims`, the block table, lengths and longest length.
-fn draw_caches(rng: &mut Rng, batch: usize, heads_kv: usize, dims: [usize; 2], wild: bool) -> PagedShape {
+pub(super) fn draw_caches(rng: &mut Rng, batch: usize, heads_kv: usize, dims: [usize; 2], wild: bool) -> PagedShape {
     let (num_pages, page_size, pages_per_seq) = match wild {
         true => {
             let (num_pages, size) = (rng.size(10), rng.size(20));
@@ -277,7 +277,7 @@ fn assert_paged_sound(d: &Paged, spec: &Spec, launch: Option<PackedChecked>) {
     let sound = [
         rows(&p.q.layout) == [1, total_q, shape.heads, dims[0]],
         rows(&p.o.layout) == [1, total_q, shape.heads, dims[1]],
-        shape.heads_kv == p.kv.caches[0].0.heads && shape.heads_kv > 0 && shape.heads % shape.heads_kv == 0,
+        shape.heads_kv == p.kv.caches[0].0.heads && shape.heads_kv > 0 && shape.heads.is_multiple_of(shape.heads_kv),
         [shape.batch, shape.q_len, shape.kv_len] == [p.kv.batch, p.max_q_len, p.kv.max_kv_len],
         within_limits(&shape) && total_q as u128 <= INT,
         p.dtype == spec.dtype,
@@ -323,7 +323,7 @@ fn well_formed_paged_launches_pass() {
         let launched = batch > 0 && q_len > 0;
         let checked = PackedChecked { shape, total_q: p.q.layout.seq };
         assert_eq!(check_paged(spec, p, &d.args).unwrap(), launched.then_some(checked), "{d:?}");
-        if d.p.kv.caches[1].0.as_layout().len() > 0 {
+        if !d.p.kv.caches[1].0.as_layout().is_empty() {
             d.p.kv.caches[1].1 -= 1;
             assert!(check_paged(spec, &d.p, &d.args).is_err(), "V cache one short: {d:?}");
         }
@@ -388,7 +388,7 @@ fn well_formed_appends_pass() {
     for _ in 0..CASES {
         let (spec, mut p) = draw_append(&mut rng, &specs, false);
         assert_eq!(check_append(&specs[spec], &p).unwrap(), p.kv.batch > 0, "{p:?}");
-        if p.rows[0].layout.len() > 0 {
+        if !p.rows[0].layout.is_empty() {
             p.rows[0].len -= 1;
             assert!(check_append(&specs[spec], &p).is_err(), "new K rows one short: {p:?}");
         }
