@@ -207,8 +207,11 @@ pub(crate) enum LayoutFault {
 }
 
 /// The elements a buffer needs to hold every element `l` addresses: its
-/// last element's offset + 1, or 0 when it addresses none. Negative strides
-/// are refused first, even in an empty layout.
+/// last element's offset + 1, or, when it addresses none, its offset. An
+/// empty operand may still be launched (no keys, no queries in a backward)
+/// and its address formed (`Layout::address`), which must not leave the
+/// buffer (a start near `usize::MAX` overflowed it). Negative strides are
+/// refused first, even in an empty layout.
 pub(crate) fn needed_len(l: &Layout) -> Result<u128, LayoutFault> {
     let axes = [(Axis::Batch, l.batch), (Axis::Seq, l.seq), (Axis::Head, l.heads)];
     for ((axis, _), &stride) in axes.iter().zip(&l.strides) {
@@ -217,7 +220,7 @@ pub(crate) fn needed_len(l: &Layout) -> Result<u128, LayoutFault> {
         }
     }
     if l.is_empty() {
-        return Ok(0);
+        return Ok(l.offset as u128);
     }
     // The last element sits at offset + Σ (size - 1) · stride + (dim - 1).
     let mut last = l.offset as i128 + l.dim as i128 - 1;
@@ -361,6 +364,29 @@ mod tests {
         p.q.layout.offset = 1;
         let err = check(&p).unwrap_err();
         assert!(matches!(err, Error::OutOfBounds { operand: Operand::Q, needed: n, .. } if n == needed + 1), "{err}");
+    }
+
+    /// Regression (found by `check_props`): an operand that addresses no
+    /// element (here V of no keys, still launched) was accepted at any
+    /// start, and the launch's `Layout::address` (base + 2 · offset) then
+    /// overflowed, a panic in debug builds.
+    #[test]
+    fn empty_operands_start_inside_their_buffers() {
+        let mut p = problem();
+        p.k = contiguous(Layout::bshd(2, 0, 2, 192));
+        p.v = Buffer { layout: Layout::bshd(2, 0, 2, 128).at(usize::MAX - 1), len: 1 << 20 };
+        let err = check(&p).unwrap_err();
+        let far = (usize::MAX - 1) as u128;
+        assert!(
+            matches!(err, Error::OutOfBounds { operand: Operand::V, needed, len } if needed == far && len == 1 << 20)
+        );
+        assert!(
+            err.to_string().starts_with("V's layout reaches 18446744073709551614 elements into its buffer"),
+            "{err}"
+        );
+        // Starting at the buffer's end is fine.
+        p.v.layout.offset = 1 << 20;
+        assert!(check(&p).unwrap().is_some());
     }
 
     #[test]

@@ -68,13 +68,16 @@ pub(crate) fn check_plan_shape(shape: &DecodeShape) -> Result<(), Error> {
             return Err(Error::TooLarge { what, value, max });
         }
     }
-    let rows = batch.saturating_mul(heads).saturating_mul(q_len);
-    if rows.saturating_mul(MAX_SPLITS as usize) > int {
-        return Err(Error::TooLarge {
-            what: "query rows (batch · heads · q_len)",
-            value: rows,
-            max: int / MAX_SPLITS as usize,
-        });
+    // A sequence's rows size the plan's tiles (`group_rows`) even in a plan
+    // of no sequences, where the batch's rows below are 0.
+    let per_seq = heads.saturating_mul(q_len);
+    let rows = batch.saturating_mul(per_seq);
+    for (what, value) in
+        [("query rows of a sequence (heads · q_len)", per_seq), ("query rows (batch · heads · q_len)", rows)]
+    {
+        if value.saturating_mul(MAX_SPLITS as usize) > int {
+            return Err(Error::TooLarge { what, value, max: int / MAX_SPLITS as usize });
+        }
     }
     Ok(())
 }
@@ -204,6 +207,18 @@ mod tests {
         let wide = DecodeShape { batch: 70_000, ..SHAPE };
         assert!(matches!(check_plan_shape(&wide), Err(Error::TooLarge { what: "batch", .. })));
         assert_eq!(SHAPE.group_rows(), 4);
+    }
+
+    /// Regression (found by `check_props`): a plan of no sequences passed
+    /// with any heads and q_len (its rows, batch · heads · q_len, are 0),
+    /// and `decode_plan`'s `group_rows` (heads / heads_kv · q_len) then
+    /// overflowed, a panic in debug builds.
+    #[test]
+    fn plans_without_sequences_still_bound_a_sequences_rows() {
+        let empty = DecodeShape { batch: 0, heads: usize::MAX, heads_kv: 1, q_len: usize::MAX, ..SHAPE };
+        let err = check_plan_shape(&empty).unwrap_err();
+        assert!(matches!(err, Error::TooLarge { what: "query rows of a sequence (heads · q_len)", .. }), "{err}");
+        assert!(check_plan_shape(&DecodeShape { batch: 0, ..SHAPE }).is_ok());
     }
 
     #[test]

@@ -135,7 +135,7 @@ fn check_rows(a: &AddBuffers) -> Result<Option<Shape>, Error> {
 fn check_buffer(operand: &'static str, b: &Buffer) -> Result<(), Error> {
     let problem = match needed_len(&b.layout) {
         Ok(needed) if needed <= b.len as u128 => return Ok(()),
-        Ok(needed) => format!("its layout addresses {needed} elements but its buffer holds {}", b.len),
+        Ok(needed) => format!("its layout reaches {needed} elements into its buffer, which holds {}", b.len),
         Err(LayoutFault::NegativeStride(axis, stride)) => format!("negative {axis:?} stride {stride}"),
         Err(LayoutFault::Overflow) => "its layout addresses offsets beyond 64-bit indexing".to_string(),
     };
@@ -212,7 +212,7 @@ mod tests {
         let (operand, problem) =
             partial_error(check_merge(&gqa(), Dtype::Bf16, &MergeBuffers { acc: short, ..m }).unwrap_err());
         assert_eq!(operand, "acc");
-        assert!(problem.contains("addresses 204800 elements"), "{problem}");
+        assert!(problem.contains("reaches 204800 elements"), "{problem}");
         let shifted = (Buffer { layout: m.piece.unwrap().0.layout.at(1), ..m.piece.unwrap().0 }, m.piece.unwrap().1);
         let (operand, _) =
             partial_error(check_merge(&gqa(), Dtype::Bf16, &MergeBuffers { piece: Some(shifted), ..m }).unwrap_err());

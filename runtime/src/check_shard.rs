@@ -30,6 +30,15 @@ pub(crate) fn whole_shape(
     if rank >= sharding.ranks {
         return Err(Error::Shard(ShardError::Rank { rank, ranks: sharding.ranks }));
     }
+    // The pieces take positions in the whole sequence as i32 kernel
+    // arguments (`ShardParams`), and dealing rows multiplies a chunk index
+    // (up to 2 · ranks) by a whole length: both must fit.
+    let int = i32::MAX as usize;
+    for (what, value) in [("ranks", sharding.ranks), ("whole q_len", whole.q_len), ("whole kv_len", whole.kv_len)] {
+        if value > int {
+            return Err(Error::TooLarge { what, value, max: int });
+        }
+    }
     for (operand, layout, len) in [("Q", q, whole.q_len), ("K", k, whole.kv_len)] {
         let expected = sharding.local_len(len, rank);
         if layout.seq != expected {
@@ -112,5 +121,21 @@ mod tests {
         let small = [ArgInfo::Tensor(flashgen_codegen::ElemTy::I32, 100)];
         let err = check_ranks(&causal(), sharding, whole, &good, &small).unwrap_err();
         assert!(matches!(err, Error::TensorTooSmall { needed: 200, .. }), "{err}");
+    }
+
+    /// Regression (found by `check_props`): whole lengths past i32 were
+    /// accepted; dealing their rows (`Sharding::segments`: chunk index ·
+    /// length) overflowed, a panic in debug builds, and the pieces' i32
+    /// positions would have saturated, a silent wrong answer.
+    #[test]
+    fn whole_lengths_fit_the_pieces_i32_positions() {
+        let sharding = Sharding { ranks: 2, partition: Partition::Zigzag };
+        let whole = Whole { q_len: usize::MAX, kv_len: 100 };
+        let l = Layout::bshd(2, 50, 4, 64);
+        let err = whole_shape(&causal(), sharding, whole, 0, [&l, &l], &[]).unwrap_err();
+        assert!(matches!(err, Error::TooLarge { what: "whole q_len", .. }), "{err}");
+        let many = Sharding { ranks: usize::MAX, partition: Partition::Zigzag };
+        let err = whole_shape(&causal(), many, Whole { kv_len: 100, ..whole }, 0, [&l, &l], &[]).unwrap_err();
+        assert!(matches!(err, Error::TooLarge { what: "ranks", .. }), "{err}");
     }
 }

@@ -138,7 +138,9 @@ pub enum Error {
         axis: Axis,
         stride: i64,
     },
-    /// The layout addresses elements past the end of the buffer.
+    /// The layout addresses elements past the end of the buffer, or,
+    /// addressing none, starts past it (`needed`: the elements up to its
+    /// last element, or up to its start).
     OutOfBounds {
         operand: Operand,
         needed: u128,
@@ -313,7 +315,7 @@ impl fmt::Display for Error {
             }
             Error::OutOfBounds { operand, needed, len } => write!(
                 f,
-                "{operand:?}'s layout addresses {needed} elements but its buffer holds {len}"
+                "{operand:?}'s layout reaches {needed} elements into its buffer, which holds {len}"
             ),
             Error::OffsetOverflow { operand } => {
                 write!(f, "{operand:?}'s layout addresses offsets beyond the kernel's 64-bit indexing")

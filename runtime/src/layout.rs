@@ -47,7 +47,7 @@ impl Layout {
             strides,
             offset: first_head.saturating_mul(dim),
         };
-        [view(heads, 0), view(heads_kv, heads), view(heads_kv, heads + heads_kv)]
+        [view(heads, 0), view(heads_kv, heads), view(heads_kv, heads.saturating_add(heads_kv))]
     }
 
     /// This layout starting `offset` elements into its buffer.
@@ -156,5 +156,15 @@ mod tests {
     fn huge_sizes_saturate() {
         assert_eq!(Layout::bshd(2, usize::MAX, 2, 2).strides[0], i64::MAX);
         assert_eq!(Layout::bhsd(1, 1, usize::MAX, 2).len(), usize::MAX);
+    }
+
+    /// Regression (found by `check_props`): V's first head was `heads +
+    /// heads_kv`, which overflowed (a panic in debug builds) where the
+    /// strides beside it saturate.
+    #[test]
+    fn fused_qkv_of_huge_head_counts_saturates() {
+        let [_, k, v] = Layout::fused_qkv(1, 1, usize::MAX, 2, 1);
+        assert_eq!((k.offset, v.offset), (usize::MAX, usize::MAX));
+        assert_eq!(k.strides[1], i64::MAX);
     }
 }

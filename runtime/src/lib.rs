@@ -115,6 +115,8 @@ mod partials;
 mod runtime;
 
 #[cfg(test)]
+mod check_props;
+#[cfg(test)]
 mod host_allocs;
 #[cfg(test)]
 mod test_dir;
