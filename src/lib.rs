@@ -25,8 +25,8 @@ pub use flashgen_runtime as runtime;
 pub use flashgen_runtime::{context_parallel, cudarc, half};
 pub use flashgen_runtime::{
     ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, DecodeIo, DecodeKv, DecodeOptions, DecodePlan,
-    DecodeShape, Descale, DeviceInput, DeviceOutput, Dropout, DropoutError, E4m3Error, Element, Error, ForwardE4m3Io,
-    ForwardIo, ForwardOptions, KernelSet, KvCacheDtype, KvDescale, Layout, PackedLayout, PagedAppend, PagedDecodeIo,
-    PagedIo, PagedKv, PagedLayout, PagedQueries, QkvDescale, Runtime, Sequences, TuneReport, VarlenBackwardIo,
-    VarlenDecodeIo, VarlenIo,
+    DecodeShape, DecodeTuneReport, Descale, DeviceInput, DeviceOutput, Dropout, DropoutError, E4m3Error, Element,
+    Error, ForwardE4m3Io, ForwardIo, ForwardOptions, KernelSet, KvCacheDtype, KvDescale, Layout, PackedLayout,
+    PagedAppend, PagedDecodeIo, PagedIo, PagedKv, PagedLayout, PagedQueries, QkvDescale, Runtime, Sequences,
+    TuneReport, VarlenBackwardIo, VarlenDecodeIo, VarlenIo,
 };

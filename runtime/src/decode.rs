@@ -181,7 +181,7 @@ impl Runtime {
         let config = DecodeConfig::choose(spec, self.target(), rows, opts.kv_cache, opts.v_in_k)
             .map_err(|unfit| Error::Ragged(RaggedError::DecodeShape { problem: unfit.to_string() }))?;
         let ctas = (shape.group_rows().div_ceil(config.block_m() as usize) * shape.heads_kv * shape.batch) as u64;
-        let kv_tiles = u32::try_from(shape.max_kv_len.div_ceil(config.block_n() as usize)).unwrap_or(u32::MAX);
+        let kv_tiles = kv_tiles(&shape, config);
         let splits = match opts.splits {
             Some(n) => check_splits(n)?,
             None => split_count(ctas, self.sm_count(), config.ctas_per_sm, config.max_splits(spec, rows, kv_tiles)),
@@ -189,27 +189,55 @@ impl Runtime {
         let cache = if opts.paged { DecodeCache::Paged } else { DecodeCache::Dense };
         let queries = if opts.varlen { DecodeQueries::Packed } else { DecodeQueries::Padded };
         let decode = self.load_which(spec, Which::Decode(config, cache, queries))?;
-        let grid = launch_config(decode.kernel(), &shape.as_shape(), splits as usize, self.sm_count())?;
-        let split = match splits {
-            1 => None,
-            _ => {
-                let rows = splits as usize * shape.batch * shape.heads * shape.q_len;
-                let alloc = |n: usize| self.stream().alloc_zeros::<f32>(n.max(1));
-                let during = |e| Error::driver("allocating the split decode's workspace", e);
-                let partial_o = alloc(rows * spec.head_dims.v as usize).map_err(during)?;
-                let partial_lse = alloc(rows).map_err(during)?;
-                // One counter per row tile: the grid's CTAs over the splits.
-                let (x, y, z) = grid.grid_dim;
-                let tiles = (x / splits) as usize * y as usize * z as usize;
-                let counters = self.stream().alloc_zeros::<u32>(tiles.max(1)).map_err(during)?;
-                Some(SplitResources { partial_o, partial_lse, counters })
-            }
-        };
+        let (grid, split) = split_launch(self, (spec, shape), &decode, splits)?;
         Ok(DecodePlan { spec: spec.clone(), shape, scale, config, splits, cache, queries, decode, grid, split })
     }
 }
 
+/// The tiles of `config`'s keys the longest sequence of `shape` holds.
+fn kv_tiles(shape: &DecodeShape, config: DecodeConfig) -> u32 {
+    u32::try_from(shape.max_kv_len.div_ceil(config.block_n() as usize)).unwrap_or(u32::MAX)
+}
+
+/// The grid of `decode` over `shape`'s bounds with each sequence's keys
+/// split `splits` ways, and, split, the workspace its combine reads.
+fn split_launch(
+    rt: &Runtime,
+    (spec, shape): (&Spec, DecodeShape),
+    decode: &LoadedKernel,
+    splits: u32,
+) -> Result<(LaunchConfig, Option<SplitResources>), Error> {
+    let grid = launch_config(decode.kernel(), &shape.as_shape(), splits as usize, rt.sm_count())?;
+    if splits == 1 {
+        return Ok((grid, None));
+    }
+    let rows = splits as usize * shape.batch * shape.heads * shape.q_len;
+    let alloc = |n: usize| rt.stream().alloc_zeros::<f32>(n.max(1));
+    let during = |e| Error::driver("allocating the split decode's workspace", e);
+    let partial_o = alloc(rows * spec.head_dims.v as usize).map_err(during)?;
+    let partial_lse = alloc(rows).map_err(during)?;
+    // One counter per row tile: the grid's CTAs over the splits.
+    let (x, y, z) = grid.grid_dim;
+    let tiles = (x / splits) as usize * y as usize * z as usize;
+    let counters = rt.stream().alloc_zeros::<u32>(tiles.max(1)).map_err(during)?;
+    Ok((grid, Some(SplitResources { partial_o, partial_lse, counters })))
+}
+
 impl DecodePlan {
+    /// Splits each sequence's keys `splits` ways from now on (1 to
+    /// [`MAX_SPLITS`](flashgen_codegen::cuda::MAX_SPLITS)): a new grid and
+    /// split workspace on `rt`, the runtime the plan was made on.
+    pub(crate) fn resplit(&mut self, rt: &Runtime, splits: u32) -> Result<(), Error> {
+        let (grid, split) = split_launch(rt, (&self.spec, self.shape), &self.decode, splits)?;
+        (self.splits, self.grid, self.split) = (splits, grid, split);
+        Ok(())
+    }
+
+    /// The tiles of keys of the plan's longest sequence.
+    pub(crate) fn kv_tiles(&self) -> u32 {
+        kv_tiles(&self.shape, self.config)
+    }
+
     /// The bounds the plan was made for.
     pub fn shape(&self) -> DecodeShape {
         self.shape

@@ -102,6 +102,7 @@ pub mod context_parallel;
 mod decode;
 mod decode_e4m3;
 mod decode_paged;
+mod decode_tune;
 mod decode_varlen;
 mod descale;
 pub mod e4m3;
@@ -134,6 +135,7 @@ pub use comm::{Communicator, UniqueId};
 pub use comm_error::CommError;
 pub use decode::{DecodeIo, DecodeKv, DecodeOptions, DecodePlan};
 pub use decode_paged::PagedDecodeIo;
+pub use decode_tune::DecodeTuneReport;
 pub use decode_varlen::VarlenDecodeIo;
 pub use descale::{Descale, KvDescale, QkvDescale};
 pub use disk_cache::{

@@ -13,7 +13,10 @@
 //! then of the bytes an e4m3 step reads: half the bf16 rows'. With
 //! `--decode-mla` the rows are MLA's absorbed decode instead ([`MLA`]: QK
 //! 576 / V 512, one K/V head, V read from K's tiles as a view of K), GB/s of
-//! the one 576-column cache a step reads.
+//! the one 576-column cache a step reads. With `--tune` each row's plan
+//! first tunes its split count on the row's own step (`DecodePlan::tune`,
+//! a `tune` line listing every candidate's time), and the row runs the
+//! fastest.
 
 use crate::verify::driver as driver_error;
 use flashgen::cudarc::driver::CudaSlice;
@@ -73,12 +76,12 @@ const PAGE_SIZE: usize = 16;
 
 /// Prints `model`'s decode rows for every batch × cache length (on
 /// `formats` of cache, at each of `splits`: a count, or 0 for the plan's
-/// own), then the copy row.
+/// own, which `tune` tunes first), then the copy row.
 pub fn run(
     rt: &Runtime,
     model: DecodeModel,
     (batches, kv_lens): (&[usize], &[usize]),
-    (formats, splits): (&[KvCacheDtype], &[usize]),
+    (formats, splits, tune): (&[KvCacheDtype], &[usize], bool),
     iters: usize,
 ) {
     let tracking = if rt.context().is_event_tracking() { "tracked" } else { "untracked" };
@@ -110,7 +113,8 @@ pub fn run(
                 let split = (split > 0).then_some(split);
                 for (row, page_size) in [("decode", None), ("paged16", Some(PAGE_SIZE))] {
                     let row = format!("{row}{suffix}");
-                    match time_decode(rt, (model, &spec), (batch, kv_len), (page_size, kv, split), iters) {
+                    let plan = (page_size, kv, split, tune);
+                    match time_decode(rt, (model, &spec), (batch, kv_len), plan, iters) {
                         Ok((splits, ms, host_us)) => {
                             let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
                             println!(
@@ -134,12 +138,12 @@ pub fn run(
 
 /// One plan's split count, median step time (ms) and host µs per run, on
 /// a dense cache or (`page_size`) paged ones, of bf16 or e4m3 (`kv`), split
-/// as the plan chooses or `splits` ways.
+/// as the plan chooses (tuned first where `tune`) or `splits` ways.
 fn time_decode(
     rt: &Runtime,
     (model, spec): (DecodeModel, &flashgen::Spec),
     (batch, kv_len): (usize, usize),
-    (page_size, kv, splits): (Option<usize>, KvCacheDtype, Option<usize>),
+    (page_size, kv, splits, tune): (Option<usize>, KvCacheDtype, Option<usize>, bool),
     iters: usize,
 ) -> Result<(usize, f64, f64), Error> {
     let (heads, heads_kv) = model.heads;
@@ -151,13 +155,14 @@ fn time_decode(
         splits,
         ..DecodeOptions::default()
     };
-    let plan = rt.decode_plan(spec, shape, &opts)?;
+    let mut plan = rt.decode_plan(spec, shape, &opts)?;
+    let tune = tune && splits.is_none();
     let timed = match kv {
-        KvCacheDtype::Spec => time_steps::<bf16>(rt, (&plan, model), page_size, None, iters)?,
+        KvCacheDtype::Spec => time_steps::<bf16>(rt, (&mut plan, model), (page_size, tune), None, iters)?,
         KvCacheDtype::E4m3 => {
             let ones = rt.stream().clone_htod(&vec![1f32; heads_kv]).map_err(driver_error("upload descales"))?;
             let descale = KvDescale { k: Descale::PerKvHead(&ones), v: Descale::PerKvHead(&ones) };
-            time_steps::<u8>(rt, (&plan, model), page_size, Some(descale), iters)?
+            time_steps::<u8>(rt, (&mut plan, model), (page_size, tune), Some(descale), iters)?
         }
     };
     Ok((plan.splits(), timed.0, timed.1))
@@ -191,11 +196,12 @@ impl Cache for u8 {
 
 /// The median step time (ms) and host µs per run of `plan` (of `model`)
 /// on caches of `C`, dense or (`page_size`) paged; V a view of K where the
-/// model says.
+/// model says; the plan's split count tuned on these steps first where
+/// `tune`.
 fn time_steps<C: Cache>(
     rt: &Runtime,
-    (plan, model): (&DecodePlan, DecodeModel),
-    page_size: Option<usize>,
+    (plan, model): (&mut DecodePlan, DecodeModel),
+    (page_size, tune): (Option<usize>, bool),
     descale: Option<KvDescale<'_>>,
     iters: usize,
 ) -> Result<(f64, f64), Error> {
@@ -233,7 +239,7 @@ fn time_steps<C: Cache>(
     let mut table: Vec<i32> = (0..(batch * pages_per_seq) as i32).collect();
     table.shuffle(&mut rand::rngs::StdRng::seed_from_u64(1));
     let table: CudaSlice<i32> = stream.clone_htod(&table).map_err(driver_error("upload the block table"))?;
-    let mut step = || match page_size {
+    let mut step = |plan: &DecodePlan| match page_size {
         None => {
             let io = DecodeIo { q: (&q, lq), k: (&k, lk), v: (v, lv), o: (&mut o, lo), lse: None, kv_lens: &lens };
             C::run(plan, rt, io, descale)
@@ -251,19 +257,24 @@ fn time_steps<C: Cache>(
             C::run_paged(plan, rt, PagedDecodeIo { q: (&q, lq), o: (&mut o, lo), lse: None, kv }, descale)
         }
     };
+    if tune {
+        let report = plan.tune(rt, &mut step)?;
+        println!("tune {batch}x{kv_len}: {report}");
+    }
+    let plan = &*plan;
     let mut flush = stream.alloc_zeros::<u8>(L2_FLUSH_BYTES).map_err(driver_error("allocate the L2 flush buffer"))?;
     let ms = median_ms_after(
         &stream,
         3,
         iters,
         || stream.memset_zeros(&mut flush).map_err(driver_error("flush the L2")),
-        &mut step,
+        || step(plan),
     )?;
     // Host cost: back-to-back runs, queued faster than the GPU drains them.
     let runs = 200;
     let start = Instant::now();
     for _ in 0..runs {
-        step()?;
+        step(plan)?;
     }
     let host_us = start.elapsed().as_secs_f64() * 1e6 / runs as f64;
     stream.synchronize().map_err(driver_error("wait for the decode steps"))?;

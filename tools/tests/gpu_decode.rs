@@ -164,6 +164,41 @@ fn one_long_sequence() {
     run_all(&rt, cases.into());
 }
 
+/// Tuning the split count times the caller's own step at every candidate
+/// count, keeps the fastest, and leaves every step exact: the output of
+/// the last candidate timed, and a fresh step of the tuned plan. A step
+/// that fails fails the tune, the plan as it was.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn a_tuned_plan_runs_its_fastest_split_count() {
+    let rt = runtime();
+    let spec = spec("causal_bottom_right");
+    for page_size in [None, Some(16)] {
+        let (shape, seed) = (shape((32, 8), 2, 1, 4096), rand::random());
+        let problem = random_decode_problem(&spec, shape, &[4096, 1000], vec![], seed);
+        let expected = Expected::varlen(&spec, &problem.reference).unwrap();
+        let mut plan = rt.decode_plan(&spec, shape, &options(&problem, None, page_size.is_some())).unwrap();
+        let mut gpu = upload(&rt, &spec, &problem, page_size, seed);
+        let report = plan.tune(&rt, |p| gpu.run(&rt, p, &problem)).unwrap();
+        println!("page {page_size:?} seed {seed}: {report}");
+        assert_eq!(report.best, plan.splits(), "{report}");
+        let counts: Vec<usize> = report.candidates.iter().map(|(splits, _)| *splits).collect();
+        assert!(counts.starts_with(&[1, 2, 4, 8]) && counts.windows(2).all(|w| w[0] < w[1]), "{report}");
+        assert!(report.candidates.iter().all(|(_, ms)| ms.as_ref().is_ok_and(|ms| *ms > 0.0)), "{report}");
+        let last = expected.check(&gpu.download().unwrap());
+        assert!(last.passed(), "after tuning: O {} LSE {}", last.output, last.lse);
+        let mut fresh = upload(&rt, &spec, &problem, page_size, seed);
+        fresh.run(&rt, &plan, &problem).unwrap();
+        let tuned = expected.check(&fresh.download().unwrap());
+        assert!(tuned.passed(), "tuned: O {} LSE {}", tuned.output, tuned.lse);
+
+        let before = plan.splits();
+        let failing = plan.tune(&rt, |_| Err(Error::NoMask { spec: spec.name.clone() }));
+        assert!(matches!(failing, Err(Error::NoMask { .. })), "{failing:?}");
+        assert_eq!(plan.splits(), before);
+    }
+}
+
 /// Lengths the kernel clamps: negative ones keep no key, ones past the
 /// cache keep all of it; nothing outside the cache is read.
 #[test]

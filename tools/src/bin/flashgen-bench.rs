@@ -68,7 +68,7 @@
 //! [--mla-heads 16,128]` times MLA's absorbed decode instead (QK 576 / V
 //! 512, one K/V head, V a view of K), GB/s of the one cache a step reads.
 //! `--splits 0,8,32` times each row at every listed split count (0: the
-//! plan's own).
+//! plan's own, which `--tune` tunes first: `DecodePlan::tune`).
 //!
 //! `flashgen-bench --prefill [--cached 0,8192,30720]` instead times chunked
 //! prefill against a paged cache (`flashgen_tools::prefill_bench`): pages of
@@ -152,6 +152,7 @@ fn other_bench(args: &[String], list: &dyn Fn(&str, &str) -> Vec<String>, iters:
     } else if args.iter().any(|a| a == "--decode" || a == "--decode-mla") {
         let (batches, kv_lens) = (sizes("--batches", "1,16,64,256"), sizes("--kv-lens", "1024,4096,16384,65536"));
         let splits = sizes("--splits", "0");
+        let tune = args.iter().any(|a| a == "--tune");
         let rt = start_runtime();
         if args.iter().any(|a| a == "--untracked") {
             // SAFETY: every buffer of the bench lives on the runtime's one stream.
@@ -166,10 +167,10 @@ fn other_bench(args: &[String], list: &dyn Fn(&str, &str) -> Vec<String>, iters:
             // MLA refuses e4m3 caches (V head dim 512): 16-bit rows only.
             for heads in sizes("--mla-heads", "128") {
                 let model = DecodeModel { heads: (heads, 1), ..MLA };
-                run(&rt, model, (&batches, &kv_lens), (&[KvCacheDtype::Spec], &splits), iters);
+                run(&rt, model, (&batches, &kv_lens), (&[KvCacheDtype::Spec], &splits, tune), iters);
             }
         } else {
-            run(&rt, GQA, (&batches, &kv_lens), (formats, &splits), iters);
+            run(&rt, GQA, (&batches, &kv_lens), (formats, &splits, tune), iters);
         }
     } else {
         return false;

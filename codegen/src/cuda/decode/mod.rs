@@ -94,8 +94,8 @@ mod tiles;
 
 pub use body::DecodeCache;
 pub use plan::{
-    split_count, DecodeConfig, DecodeUnfit, KvCacheDtype, WarpSplit, DECODE_BLOCK_N, DECODE_COLUMNS_BLOCK_N,
-    DECODE_WARPS, MAX_SPLITS,
+    split_candidates, split_count, DecodeConfig, DecodeUnfit, KvCacheDtype, WarpSplit, DECODE_BLOCK_N,
+    DECODE_COLUMNS_BLOCK_N, DECODE_WARPS, MAX_SPLITS,
 };
 pub use queries::DecodeQueries;
 

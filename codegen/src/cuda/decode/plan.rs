@@ -315,6 +315,20 @@ pub fn split_count(ctas: u64, sms: u32, ctas_per_sm: u32, most: u32) -> u32 {
     (1..=most).find(|&s| efficiency(s) >= 0.95 * best).unwrap_or(1)
 }
 
+/// The split counts a tuner times for keys of `kv_tiles` tiles: powers of
+/// two up to one tile a split (and [`MAX_SPLITS`]), and `chosen`, the
+/// plan's own count; ascending, each once. The best count moves between
+/// GPUs by more than [`split_count`]'s model of waves sees, mostly at
+/// batch 1, where splits are all the parallelism there is.
+pub fn split_candidates(chosen: u32, kv_tiles: u32) -> Vec<u32> {
+    let most = kv_tiles.clamp(1, MAX_SPLITS);
+    let mut counts: Vec<u32> = std::iter::successors(Some(1u32), |&s| Some(s * 2)).take_while(|&s| s <= most).collect();
+    counts.push(chosen.clamp(1, MAX_SPLITS));
+    counts.sort_unstable();
+    counts.dedup();
+    counts
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -463,6 +477,15 @@ mod tests {
         assert_eq!(split_count(40 * 8, 132, 2, 128), 4, "320 CTAs would leave a 21% second wave: 1280 of 1320");
         assert!(split_count(1, 10_000, 4, u32::MAX) <= MAX_SPLITS);
         assert_eq!(split_count(0, 0, 0, 0), 1, "degenerate inputs still give one split");
+    }
+
+    #[test]
+    fn tuners_time_powers_of_two_and_the_plans_count() {
+        assert_eq!(split_candidates(31, 64), [1, 2, 4, 8, 16, 31, 32, 64]);
+        assert_eq!(split_candidates(2, 3), [1, 2], "no split without a tile of keys");
+        assert_eq!(split_candidates(1, 0), [1]);
+        assert_eq!(split_candidates(1, u32::MAX).last(), Some(&MAX_SPLITS));
+        assert_eq!(split_candidates(u32::MAX, 4), [1, 2, 4, MAX_SPLITS], "a forced count is timed as given");
     }
 
     #[test]
