@@ -28,7 +28,7 @@ pub fn read(path: &Path, elem: ElemTy, len: usize) -> Result<TensorData, String>
         "<f2" | "<V2" | "|V2" => 2,
         other => return Err(format!("{shown}: element type `{other}` is not one of f64, f32, f16, bf16, i32, i64")),
     };
-    if body.len() != len * size {
+    if Some(body.len()) != len.checked_mul(size) {
         return Err(format!("{shown}: holds {} elements, the shape needs {len}", body.len() / size));
     }
     let words = body.chunks_exact(size);
@@ -65,7 +65,8 @@ fn npy_body(bytes: &[u8]) -> Result<(&str, &[u8]), String> {
         Some(2 | 3) => (4, 12),
         _ => return Err("an .npy version this reader does not know".into()),
     };
-    let header_len = bytes[8..8 + len_bytes].iter().rev().fold(0usize, |n, &b| n << 8 | b as usize);
+    let header_len = bytes.get(8..start).ok_or("a truncated .npy header")?;
+    let header_len = header_len.iter().rev().fold(0usize, |n, &b| n << 8 | b as usize);
     let header = bytes.get(start..start + header_len).ok_or("a truncated .npy header")?;
     let header = std::str::from_utf8(header).map_err(|_| "an .npy header that is not text")?;
     if header.contains("'fortran_order': True") {
@@ -113,6 +114,32 @@ mod tests {
         assert!(matches!(read(&raw, ElemTy::I32, 2).unwrap(), TensorData::I32(ids) if ids == [3, -1]));
         std::fs::write(&npy, b"\x93NUMPY\x01\x00\x10\x00{'descr': '>f4'}").unwrap();
         assert!(read(&npy, ElemTy::F32, 0).unwrap_err().contains("`>f4` is not one of"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Truncated and corrupted files: an error naming the file, never a
+    /// panic (every prefix of a valid file, and bytes of it overwritten).
+    #[test]
+    fn damaged_npy_files_are_errors() {
+        let dir = std::env::temp_dir().join(format!("flashgen-arrays-damaged-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("a.npy");
+        write_f32(&path, &[4], &[1.0, 2.0, 3.0, 4.0]).unwrap();
+        let valid = std::fs::read(&path).unwrap();
+        let mut damaged: Vec<Vec<u8>> = (0..valid.len()).map(|n| valid[..n].to_vec()).collect();
+        for (at, byte) in [(6, 9), (6, 2), (8, 0xff), (9, 0xff), (10, b'"'), (20, 0xc3)] {
+            let mut bytes = valid.clone();
+            bytes[at] = byte;
+            damaged.push(bytes);
+        }
+        for bytes in damaged {
+            std::fs::write(&path, &bytes).unwrap();
+            for len in [0, 4, usize::MAX] {
+                if let Err(e) = read(&path, ElemTy::F32, len) {
+                    assert!(e.starts_with(&path.display().to_string()), "{e}");
+                }
+            }
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
