@@ -238,6 +238,7 @@ fn run_reports_bad_arguments_and_missing_gpus_as_errors() {
         (["--heads", "8", "--seq", "0"], "--seq 0: sizes must be at least 1"),
         (["--heads", "0/0", "--seq", "64"], "--heads 0/0: sizes must be at least 1"),
         (["--heads", "8", "--seq", "1k"], "--seq 1k: expected N or N/M"),
+        (["--heads", "8", "--seq", "99999999999"], "--batch 1 --seq 99999999999 --heads 8: an operand of head dim"),
     ] {
         let out = flashgen(&[&["run", &spec("causal")][..], &args].concat(), &dir);
         assert_eq!(out.status.code(), Some(2), "{}", text(&out));

@@ -60,9 +60,10 @@ fn raw_descr(elem: ElemTy) -> &'static str {
 
 /// A `.npy` file's element descriptor and data, after its header.
 fn npy_body(bytes: &[u8]) -> Result<(&str, &[u8]), String> {
-    let (len_bytes, start) = match bytes.get(6) {
-        Some(1) => (2, 10),
-        Some(2 | 3) => (4, 12),
+    // The header's length: 2 bytes from offset 8 (version 1), else 4.
+    let start = match bytes.get(6) {
+        Some(1) => 10,
+        Some(2 | 3) => 12,
         _ => return Err("an .npy version this reader does not know".into()),
     };
     let header_len = bytes.get(8..start).ok_or("a truncated .npy header")?;

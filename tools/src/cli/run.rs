@@ -75,7 +75,7 @@ pub fn on_gpu(args: RunArgs) -> Result<bool, Failure> {
             format!("{file} holds {} specs ({}): pick one with --spec NAME", specs.len(), names.join(", ")).into()
         );
     };
-    let shape = shape(&args)?;
+    let shape = shape(&args, spec)?;
     if args.iters == 0 {
         return Err(Failure::Message("--iters 0: time at least 1 launch".into()));
     }
@@ -172,9 +172,14 @@ fn floats(spec: &Spec, path: &Path, len: usize) -> Result<Vec<f64>, String> {
     }
 }
 
+/// The most elements an operand of `flashgen run` holds: the f64 inputs
+/// and reference live in host memory (8 bytes each, several copies).
+const MAX_OPERAND_ELEMENTS: usize = 1 << 32;
+
 /// The problem shape of `--batch`, `--heads` and `--seq`: every size at
-/// least 1, and query heads a multiple of K/V heads.
-fn shape(args: &RunArgs) -> Result<Shape, String> {
+/// least 1, query heads a multiple of K/V heads, and no operand of
+/// `spec`'s head dims past [`MAX_OPERAND_ELEMENTS`].
+fn shape(args: &RunArgs, spec: &Spec) -> Result<Shape, String> {
     let (heads, heads_kv) = pair(&args.heads, "--heads")?;
     let (q_len, kv_len) = pair(&args.seq, "--seq")?;
     if args.batch == 0 {
@@ -186,7 +191,19 @@ fn shape(args: &RunArgs) -> Result<Shape, String> {
             args.heads
         ));
     }
-    Ok(Shape { batch: args.batch, heads, heads_kv, q_len, kv_len })
+    let shape = Shape { batch: args.batch, heads, heads_kv, q_len, kv_len };
+    let d = spec.head_dims.qk.max(spec.head_dims.v) as usize;
+    let rows = [args.batch, q_len.max(kv_len), heads, d].into_iter().try_fold(1usize, usize::checked_mul);
+    let operands = std::iter::once((format!("an operand of head dim {d}"), rows.unwrap_or(usize::MAX)));
+    let tensors = spec.tensors.iter().map(|t| (format!("tensor `{}`", t.name), t.len(&shape)));
+    match operands.chain(tensors).find(|(_, n)| *n > MAX_OPERAND_ELEMENTS) {
+        Some((what, _)) => Err(format!(
+            "--batch {} --seq {} --heads {}: {what} would hold more than the {MAX_OPERAND_ELEMENTS} elements \
+             `flashgen run` takes (its inputs and f64 reference live in host memory)",
+            args.batch, args.seq, args.heads
+        )),
+        None => Ok(shape),
+    }
 }
 
 /// Parses `N` or `N/M` (M defaults to N), each at least 1.
