@@ -161,32 +161,53 @@ impl BlockMask {
     }
 }
 
+/// A block mask's classes for a launch: `slices` (batch', heads') slices
+/// of `tiles` (`q_tiles · kv_tiles` mask tiles), the element strides of its
+/// batch and head axes (0 where broadcast) and the buffer's length (at
+/// least 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MaskLayout {
+    pub slices: usize,
+    pub tiles: usize,
+    pub strides: [i64; 2],
+    pub len: usize,
+}
+
+/// What [`Runtime::block_mask`] checks before it builds: a mask to build,
+/// the launch's shape and `args` as a forward checks them, and a grid
+/// of slices and query tiles CUDA can launch. Returns the classes' layout
+/// at the spec's mask tile ([`TileConfig::mask_tile`], the build kernel's).
+pub(crate) fn check_block_mask(spec: &Spec, shape: &Shape, args: &[ArgInfo]) -> Result<MaskLayout, Error> {
+    let mask = spec.mask.as_ref().ok_or_else(|| Error::NoMask { spec: spec.name.clone() })?;
+    check_shape(spec, shape, args)?;
+    let (block_m, block_n) = TileConfig::mask_tile(spec);
+    let (q_tiles, kv_tiles) = (shape.q_len.div_ceil(block_m as usize), shape.kv_len.div_ceil(block_n as usize));
+    let heads = if mask.uses(Builtin::H) { shape.heads } else { 1 };
+    let batches = if mask.uses(Builtin::B) { shape.batch } else { 1 };
+    // Within check_shape's limits none of these products overflows.
+    let (slices, tiles) = (batches * heads, q_tiles * kv_tiles);
+    if slices > MAX_GRID_YZ || q_tiles > MAX_GRID_YZ {
+        let value = slices.max(q_tiles);
+        return Err(Error::TooLarge { what: "block mask slices or query tiles", value, max: MAX_GRID_YZ });
+    }
+    let stride = |used: bool, n: usize| if used { n as i64 } else { 0 };
+    let strides = [stride(batches > 1, heads * tiles), stride(heads > 1, tiles)];
+    Ok(MaskLayout { slices, tiles, strides, len: (slices * tiles).max(1) })
+}
+
 impl Runtime {
     /// Builds the block mask of `spec` for launches of `shape` with these
     /// params and tensors (`args`, as for [`Runtime::forward`]). Asynchronous
     /// on [`Runtime::stream`], like a launch.
     pub fn block_mask(&self, spec: &Spec, shape: Shape, args: &[ArgValue<'_>]) -> Result<BlockMask, Error> {
-        let mask = spec.mask.as_ref().ok_or_else(|| Error::NoMask { spec: spec.name.clone() })?;
         let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
-        check_shape(spec, &shape, &infos)?;
+        let MaskLayout { slices, tiles, strides, len } = check_block_mask(spec, &shape, &infos)?;
         let loaded = self.load_which(spec, Which::BlockMask)?;
         let kernel = loaded.kernel();
-        let (q_tiles, kv_tiles) =
-            (shape.q_len.div_ceil(kernel.block_m as usize), shape.kv_len.div_ceil(kernel.block_n as usize));
-        let heads = if mask.uses(Builtin::H) { shape.heads } else { 1 };
-        let batches = if mask.uses(Builtin::B) { shape.batch } else { 1 };
-        let (slices, tiles) = (batches * heads, q_tiles * kv_tiles);
-        if slices > MAX_GRID_YZ || q_tiles > MAX_GRID_YZ {
-            let value = slices.max(q_tiles);
-            return Err(Error::TooLarge { what: "block mask slices or query tiles", value, max: MAX_GRID_YZ });
-        }
+        debug_assert_eq!((kernel.block_m, kernel.block_n), TileConfig::mask_tile(spec));
         let stream = self.stream().as_ref();
-        let stride = |used: bool, n: usize| if used { n as i64 } else { 0 };
-        let strides = [stride(batches > 1, heads * tiles), stride(heads > 1, tiles)];
-        let mut classes = self
-            .stream()
-            .alloc_zeros::<u8>((slices * tiles).max(1))
-            .map_err(|e| Error::driver("allocating a block mask", e))?;
+        let mut classes =
+            self.stream().alloc_zeros::<u8>(len).map_err(|e| Error::driver("allocating a block mask", e))?;
         let (tensor_ptrs, _tensors) = tensor_ptrs(args, stream);
         let built_for = BuiltFor::new(spec, shape, &infos, &tensor_ptrs);
         if tiles > 0 && shape.batch > 0 {

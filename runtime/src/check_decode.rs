@@ -10,11 +10,12 @@
 use crate::args::ArgInfo;
 use crate::check::{check_bounds, check_lse, check_shape, Buffer};
 use crate::check_paged::{check_cache_buffers, check_caches};
+use crate::descale::{check_descales, DescaleLen};
 use crate::error::{Error, RaggedError};
 use crate::layout::Layout;
 use crate::paged::PagedShape;
 use flashgen_codegen::abi::Operand;
-use flashgen_codegen::cuda::MAX_SPLITS;
+use flashgen_codegen::cuda::{DecodeCache, DecodeQueries, KvCacheDtype, MAX_SPLITS};
 use flashgen_codegen::{Dtype, Shape, Spec};
 
 /// The upper bounds a decode plan is made for: every launch in the plan
@@ -111,6 +112,42 @@ pub(crate) fn check_launch(plan: &DecodeShape, got: &Shape, kv_lens: usize) -> R
         return Err(Error::Ragged(RaggedError::KvLensLen { len: kv_lens, batch: plan.batch }));
     }
     Ok(())
+}
+
+/// What a decode kernel reads: its kind of cache, of queries and of cache
+/// elements (a plan's, or a run's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RunKind {
+    pub cache: DecodeCache,
+    pub queries: DecodeQueries,
+    pub kv: KvCacheDtype,
+}
+
+/// Refuses a run of another kind than the `plan`'s kernel reads, then an
+/// e4m3 run's descale buffers (`descales`, `None` for a 16-bit cache) of
+/// other lengths than they must hold for the plan's `heads_kv`.
+pub(crate) fn check_run_kind(
+    plan: RunKind,
+    heads_kv: usize,
+    (cache, queries): (DecodeCache, DecodeQueries),
+    descales: Option<&[(&'static str, DescaleLen)]>,
+) -> Result<(), Error> {
+    let cache_name = |c| if c == DecodeCache::Paged { "paged" } else { "dense" };
+    let queries_name = |q| if q == DecodeQueries::Packed { "packed" } else { "padded" };
+    if cache != plan.cache {
+        let (plan, got) = (cache_name(plan.cache), cache_name(cache));
+        return Err(Error::Ragged(RaggedError::DecodeCache { plan, got }));
+    }
+    if queries != plan.queries {
+        let (plan, got) = (queries_name(plan.queries), queries_name(queries));
+        return Err(Error::Ragged(RaggedError::DecodeQueries { plan, got }));
+    }
+    let kv = if descales.is_some() { KvCacheDtype::E4m3 } else { KvCacheDtype::Spec };
+    if kv != plan.kv {
+        let (plan, got) = (plan.kv.name(), kv.name());
+        return Err(Error::Ragged(RaggedError::DecodeKvDtype { plan, got }));
+    }
+    descales.map_or(Ok(()), |d| check_descales(d, heads_kv))
 }
 
 /// In a plan that reads V from K's tiles (`DecodeOptions::v_in_k`): V

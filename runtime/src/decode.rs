@@ -21,7 +21,8 @@
 
 use crate::args::{signature, ArgInfo, ArgValue};
 use crate::check::{check_forward, softmax_scale, Problem};
-use crate::check_decode::{check_launch, check_plan_shape, check_splits, check_v_in_k, DecodeShape};
+use crate::check_decode::{check_launch, check_plan_shape, check_run_kind, check_splits, check_v_in_k};
+use crate::check_decode::{DecodeShape, RunKind};
 use crate::descale::KvDescale;
 use crate::element::Element;
 use crate::error::{Error, RaggedError};
@@ -301,22 +302,9 @@ impl DecodePlan {
         queries: DecodeQueries,
         descale: Option<&KvDescale<'_>>,
     ) -> Result<(), Error> {
-        let cache_name = |c| if c == DecodeCache::Paged { "paged" } else { "dense" };
-        let queries_name = |q| if q == DecodeQueries::Packed { "packed" } else { "padded" };
-        if cache != self.cache {
-            let (plan, got) = (cache_name(self.cache), cache_name(cache));
-            return Err(Error::Ragged(RaggedError::DecodeCache { plan, got }));
-        }
-        if queries != self.queries {
-            let (plan, got) = (queries_name(self.queries), queries_name(queries));
-            return Err(Error::Ragged(RaggedError::DecodeQueries { plan, got }));
-        }
-        let kv = if descale.is_some() { KvCacheDtype::E4m3 } else { KvCacheDtype::Spec };
-        if kv != self.config.kv {
-            let (plan, got) = (self.config.kv.name(), kv.name());
-            return Err(Error::Ragged(RaggedError::DecodeKvDtype { plan, got }));
-        }
-        descale.map_or(Ok(()), |d| d.check(self.shape.heads_kv))
+        let plan = RunKind { cache: self.cache, queries: self.queries, kv: self.config.kv };
+        let lens = descale.map(KvDescale::lens);
+        check_run_kind(plan, self.shape.heads_kv, (cache, queries), lens.as_ref().map(|l| &l[..]))
     }
 
     /// `args`' infos in an array, not a vector (a run allocates nothing):

@@ -34,12 +34,9 @@ pub struct QkvDescale<'a> {
 }
 
 impl QkvDescale<'_> {
-    /// Refuses buffers of other lengths than their granularity reads for
-    /// `heads_kv` K/V heads (the kernel reads them unchecked).
-    pub(crate) fn check(&self, heads_kv: usize) -> Result<(), Error> {
-        self.q.check("Q", heads_kv)?;
-        self.k.check("K", heads_kv)?;
-        self.v.check("V", heads_kv)
+    /// Q's, K's and V's buffers as the checks see them ([`check_descales`]).
+    pub(crate) fn lens(&self) -> [(&'static str, DescaleLen); 3] {
+        [("Q", self.q.as_len()), ("K", self.k.as_len()), ("V", self.v.as_len())]
     }
 
     /// The factors as the launch binds them, Q's, K's and V's.
@@ -63,21 +60,10 @@ impl<'a> Descale<'a> {
         }
     }
 
-    /// Entries the buffer holds for `heads_kv` K/V heads, and its name.
-    fn expected(self, heads_kv: usize) -> (usize, &'static str) {
-        match self {
-            Descale::PerTensor(_) => (1, "per-tensor"),
-            Descale::PerKvHead(_) => (heads_kv, "per-K/V-head"),
-        }
-    }
-
-    pub(crate) fn check(self, operand: &'static str, heads_kv: usize) -> Result<(), Error> {
-        let (expected, granularity) = self.expected(heads_kv);
-        let len = self.buffer().len();
-        if len != expected {
-            return Err(Error::Ragged(RaggedError::DescaleLen { operand, granularity, len, expected }));
-        }
-        Ok(())
+    /// The buffer as the checks see it: its granularity and length.
+    pub(crate) fn as_len(self) -> DescaleLen {
+        let per_kv_head = matches!(self, Descale::PerKvHead(_));
+        DescaleLen { per_kv_head, len: self.buffer().len() }
     }
 
     pub(crate) fn bind<'s>(&'s self, stream: &'s CudaStream) -> BoundDescale<'s> {
@@ -87,12 +73,46 @@ impl<'a> Descale<'a> {
     }
 }
 
+/// Refuses descale buffers (each named by its operand) of other lengths
+/// than their granularity reads for `heads_kv` K/V heads (the kernels read
+/// them unchecked).
+pub(crate) fn check_descales(buffers: &[(&'static str, DescaleLen)], heads_kv: usize) -> Result<(), Error> {
+    buffers.iter().try_for_each(|&(operand, d)| d.check(operand, heads_kv))
+}
+
+/// A descale buffer as the checks see it: one factor per K/V head or one
+/// for all, and the entries it holds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DescaleLen {
+    pub per_kv_head: bool,
+    pub len: usize,
+}
+
+impl DescaleLen {
+    /// Entries the buffer holds for `heads_kv` K/V heads, and its name.
+    fn expected(self, heads_kv: usize) -> (usize, &'static str) {
+        match self.per_kv_head {
+            false => (1, "per-tensor"),
+            true => (heads_kv, "per-K/V-head"),
+        }
+    }
+
+    /// Refuses a buffer of another length than its granularity reads for
+    /// `heads_kv` K/V heads.
+    fn check(self, operand: &'static str, heads_kv: usize) -> Result<(), Error> {
+        let (expected, granularity) = self.expected(heads_kv);
+        if self.len != expected {
+            let len = self.len;
+            return Err(Error::Ragged(RaggedError::DescaleLen { operand, granularity, len, expected }));
+        }
+        Ok(())
+    }
+}
+
 impl KvDescale<'_> {
-    /// Refuses buffers of other lengths than their granularity reads for
-    /// `heads_kv` K/V heads (the kernel reads them unchecked).
-    pub(crate) fn check(&self, heads_kv: usize) -> Result<(), Error> {
-        self.k.check("K", heads_kv)?;
-        self.v.check("V", heads_kv)
+    /// K's and V's buffers as the checks see them ([`check_descales`]).
+    pub(crate) fn lens(&self) -> [(&'static str, DescaleLen); 2] {
+        [("K", self.k.as_len()), ("V", self.v.as_len())]
     }
 
     /// K's and V's factors as the launch binds them.

@@ -10,7 +10,7 @@
 
 use crate::args::{tensor_ptrs, ArgInfo, ArgValue};
 use crate::check::{check_forward, softmax_scale, Problem};
-use crate::descale::QkvDescale;
+use crate::descale::{check_descales, DescaleLen, QkvDescale};
 use crate::dropout_error::DropoutError;
 use crate::e4m3_error::E4m3Error;
 use crate::element::Element;
@@ -68,14 +68,31 @@ impl Runtime {
         let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
         let operands = [(io.q.1, io.q.0.len()), (io.k.1, io.k.0.len()), (io.v.1, io.v.0.len()), (io.o.1, io.o.0.len())];
         let problem = Problem::new(T::DTYPE, operands, io.lse.as_ref().map(|l| l.len()));
-        let Some(shape) = check_forward(spec, &problem, &infos)? else {
+        let Some(shape) = check_e4m3_operands(spec, &problem, &infos, &descale.lens())? else {
             return Ok(());
         };
-        descale.check(shape.heads_kv)?;
         let config = e4m3_config(self, spec, opts.config)?;
-        let launch = E4m3Launch { spec, shape, infos: &infos, args, scale, config };
+        let v_tiles = VTiles::of(spec, shape, config.block_n)?;
+        let launch = E4m3Launch { spec, shape, infos: &infos, args, scale, config, v_tiles };
         launch.run(self, io, &descale, opts)
     }
+}
+
+/// The e4m3 forward's checks of its operands (`p`: Q, K and V in bytes, O
+/// and the LSE in elements) as [`check_forward`] makes them, then of the
+/// descale buffers' lengths against the K/V heads. Returns the shape, or
+/// `None` where nothing launches.
+pub(crate) fn check_e4m3_operands(
+    spec: &Spec,
+    p: &Problem,
+    infos: &[ArgInfo],
+    descales: &[(&'static str, DescaleLen)],
+) -> Result<Option<Shape>, Error> {
+    let Some(shape) = check_forward(spec, p, infos)? else {
+        return Ok(None);
+    };
+    check_descales(descales, shape.heads_kv)?;
+    Ok(Some(shape))
 }
 
 /// The configuration an e4m3 launch runs in: `named` where it runs the
@@ -105,6 +122,7 @@ struct E4m3Launch<'r> {
     args: &'r [ArgValue<'r>],
     scale: f32,
     config: TileConfig,
+    v_tiles: VTiles,
 }
 
 impl E4m3Launch<'_> {
@@ -134,13 +152,10 @@ impl E4m3Launch<'_> {
         let (tiles_kernel, loaded) = (tiles_kernel?, loaded?);
 
         // V's tiles, in scratch memory the stream frees after the forward.
-        let dvp = spec.head_dims.v.next_multiple_of(16) as usize;
-        let v_tiles_shape =
-            VTiles { dvp, tiles: shape.kv_len.div_ceil(block_n as usize), row: e4m3_v_row(block_n) as usize };
+        let v_tiles_shape = self.v_tiles;
         // SAFETY: the V-tile kernel writes every byte of every tile, zeros
         // past the keys included, before the forward reads any.
-        let mut v_tiles =
-            unsafe { scratch::uninit::<u8>(stream, shape.batch * shape.heads_kv * v_tiles_shape.bytes())? };
+        let mut v_tiles = unsafe { scratch::uninit::<u8>(stream, v_tiles_shape.bytes)? };
         let (v_tiles_ptr, _v_tiles) = v_tiles.device_ptr_mut(stream);
         let strides = [q_layout.strides, k_layout.strides, v_layout.strides, o_layout.strides];
         let bindings = Bindings {
@@ -194,25 +209,39 @@ impl E4m3Launch<'_> {
 /// Refuses an operand the V-tile kernel's 16-byte loads cannot read (its
 /// rows' address and strides are not 16-byte multiples; an axis of one
 /// element is only read at index 0, so its stride is free).
-fn check_aligned(operand: &'static str, base: u64, layout: &Layout) -> Result<(), Error> {
+pub(crate) fn check_aligned(operand: &'static str, base: u64, layout: &Layout) -> Result<(), Error> {
     let sizes = [layout.batch, layout.seq, layout.heads];
     let strides_aligned = layout.strides.iter().zip(sizes).all(|(s, n)| n <= 1 || s % 16 == 0);
-    let aligned = layout.byte_address(base).is_multiple_of(16) && strides_aligned;
+    // Modulo 2^64, which keeps the address's residue mod 16: a drawn
+    // offset past a real buffer's end cannot panic here.
+    let aligned = base.wrapping_add(layout.offset as u64).is_multiple_of(16) && strides_aligned;
     aligned.then_some(()).ok_or(Error::E4m3(E4m3Error::Unaligned { operand }))
 }
 
 /// One (batch, K/V head)'s V tiles: `tiles` blocks of `dvp` rows of
-/// `row` bytes.
-#[derive(Clone, Copy)]
-struct VTiles {
-    dvp: usize,
-    tiles: usize,
-    row: usize,
+/// `row` bytes; `bytes` those of every (batch, K/V head).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct VTiles {
+    pub dvp: usize,
+    pub tiles: usize,
+    pub row: usize,
+    pub bytes: usize,
 }
 
 impl VTiles {
-    fn bytes(self) -> usize {
-        self.tiles * self.dvp * self.row
+    /// The V tiles of a checked launch of `spec` at `shape` in tiles of
+    /// `block_n` keys. Refuses tiles of more bytes than the V-tile kernel's
+    /// 64-bit offsets hold (V, Q and O broadcast with zero strides pass
+    /// the operands' checks at any batch and head count).
+    pub(crate) fn of(spec: &Spec, shape: Shape, block_n: u32) -> Result<VTiles, Error> {
+        let dvp = spec.head_dims.v.next_multiple_of(16) as usize;
+        let (tiles, row) = (shape.kv_len.div_ceil(block_n as usize), e4m3_v_row(block_n) as usize);
+        let bytes = [shape.heads_kv, tiles, dvp, row].iter().try_fold(shape.batch, |n, &m| n.checked_mul(m));
+        let max = i64::MAX as usize;
+        match bytes.filter(|&b| b <= max) {
+            Some(bytes) => Ok(VTiles { dvp, tiles, row, bytes }),
+            None => Err(Error::TooLarge { what: "the e4m3 V tiles' bytes", value: bytes.unwrap_or(usize::MAX), max }),
+        }
     }
 }
 

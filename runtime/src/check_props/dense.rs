@@ -12,15 +12,15 @@ use std::fmt::Debug;
 
 /// A drawn launch: the forward's operands and the backward's gradients.
 #[derive(Debug)]
-struct Dense {
-    spec: usize,
-    p: Problem,
+pub(super) struct Dense {
+    pub spec: usize,
+    pub p: Problem,
     g: Grads,
-    args: Vec<ArgInfo>,
+    pub args: Vec<ArgInfo>,
 }
 
 impl Dense {
-    fn shape(&self) -> Shape {
+    pub fn shape(&self) -> Shape {
         let (q, k) = (&self.p.q.layout, &self.p.k.layout);
         Shape { batch: q.batch, heads: q.heads, heads_kv: k.heads, q_len: q.seq, kv_len: k.seq }
     }
@@ -59,7 +59,7 @@ fn sizes(l: &Layout) -> [usize; 4] {
 /// A forward and backward launch. Well-formed draws (`!wild`) have sizes
 /// within the limits, head groups, the spec's dtype and head dims, and
 /// buffers that hold their layouts exactly.
-fn draw(rng: &mut Rng, specs: &[Spec], wild: bool) -> Dense {
+pub(super) fn draw(rng: &mut Rng, specs: &[Spec], wild: bool) -> Dense {
     let spec_index = rng.below(specs.len());
     let spec = &specs[spec_index];
     let (batch, mut q_len, mut kv_len) = match wild {
@@ -125,7 +125,7 @@ fn draw(rng: &mut Rng, specs: &[Spec], wild: bool) -> Dense {
 /// What an accepted launch of `d` must hold: every operand inside its
 /// buffer, the sizes the kernel indexes each operand with its own, head
 /// groups, the spec's head dims, the limits, and the LSE's rows.
-fn assert_sound(d: &Dense, spec: &Spec, grads: bool, launch: Option<Shape>) {
+pub(super) fn assert_sound(d: &Dense, spec: &Spec, grads: bool, launch: Option<Shape>) {
     let case: &dyn Debug = d;
     let n = if grads { 8 } else { 4 };
     for (operand, b) in &d.operands()[..n] {

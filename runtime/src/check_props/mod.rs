@@ -15,8 +15,10 @@
 //! Draws are deterministic (fixed seeds, [`Rng`]); a failure names the case
 //! and prints its input.
 
+mod block_mask;
 mod decode;
 mod dense;
+mod e4m3;
 mod partials;
 mod ragged;
 
