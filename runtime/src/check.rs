@@ -14,6 +14,11 @@ use flashgen_codegen::{Dtype, Shape, Spec};
 /// CUDA's limit on grid dimensions y and z (heads and batch).
 pub(crate) const MAX_GRID_YZ: usize = 65_535;
 
+/// The longest sequence (and the most tokens of a packed batch) a launch
+/// takes: lengths are i32 kernel arguments, and kernels round them up to
+/// whole tiles (of at most 256 rows, a few tiles ahead) in 32-bit ints.
+pub(crate) const MAX_LEN: usize = (1 << 31) - 1024;
+
 /// An operand as the checks see it: its layout and its buffer's length.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Buffer {
@@ -166,15 +171,14 @@ pub(crate) fn check_shape(spec: &Spec, shape: &Shape, args: &[ArgInfo]) -> Resul
     if shape.heads == 0 || shape.heads_kv == 0 || !shape.heads.is_multiple_of(shape.heads_kv) {
         return Err(Error::HeadGroups { heads: shape.heads, heads_kv: shape.heads_kv });
     }
-    // Sizes are i32 kernel arguments. q_len ≤ i32::MAX also keeps the grid's
-    // x dimension (query tiles) within CUDA's 2^31 - 1, and heads_kv divides
-    // heads, so it needs no check of its own.
-    let int = i32::MAX as usize;
+    // q_len ≤ MAX_LEN also keeps the grid's x dimension (query tiles)
+    // within CUDA's 2^31 - 1, and heads_kv divides heads, so it needs no
+    // check of its own.
     for (what, value, max) in [
         ("batch", shape.batch, MAX_GRID_YZ),
         ("heads", shape.heads, MAX_GRID_YZ),
-        ("q_len", shape.q_len, int),
-        ("kv_len", shape.kv_len, int),
+        ("q_len", shape.q_len, MAX_LEN),
+        ("kv_len", shape.kv_len, MAX_LEN),
     ] {
         if value > max {
             return Err(Error::TooLarge { what, value, max });

@@ -61,9 +61,9 @@ pub(crate) fn check_plan_shape(shape: &DecodeShape) -> Result<(), Error> {
         }));
     }
     let grid_yz = crate::check::MAX_GRID_YZ;
-    let int = i32::MAX as usize;
+    let most = crate::check::MAX_LEN;
     for (what, value, max) in
-        [("batch", batch, grid_yz), ("heads_kv", heads_kv, grid_yz), ("max_kv_len", max_kv_len, int)]
+        [("batch", batch, grid_yz), ("heads_kv", heads_kv, grid_yz), ("max_kv_len", max_kv_len, most)]
     {
         if value > max {
             return Err(Error::TooLarge { what, value, max });
@@ -71,6 +71,7 @@ pub(crate) fn check_plan_shape(shape: &DecodeShape) -> Result<(), Error> {
     }
     // A sequence's rows size the plan's tiles (`group_rows`) even in a plan
     // of no sequences, where the batch's rows below are 0.
+    let int = i32::MAX as usize;
     let per_seq = heads.saturating_mul(q_len);
     let rows = batch.saturating_mul(per_seq);
     for (what, value) in

@@ -9,7 +9,7 @@
 //! never an access out of bounds.
 
 use crate::args::ArgInfo;
-use crate::check::{check_bounds, check_lse, check_shape, Buffer, MAX_GRID_YZ};
+use crate::check::{check_bounds, check_lse, check_shape, Buffer, MAX_GRID_YZ, MAX_LEN};
 use crate::error::{Error, RaggedError};
 use crate::paged::PagedShape;
 use flashgen_codegen::abi::Operand;
@@ -141,8 +141,7 @@ pub(crate) fn check_append(spec: &Spec, p: &AppendProblem) -> Result<bool, Error
             _ => {}
         }
     }
-    let int = i32::MAX as usize;
-    for (what, value, max) in [("batch", batch, MAX_GRID_YZ), ("tokens of the new rows", tokens, int)] {
+    for (what, value, max) in [("batch", batch, MAX_GRID_YZ), ("tokens of the new rows", tokens, MAX_LEN)] {
         if value > max {
             return Err(Error::TooLarge { what, value, max });
         }

@@ -3,6 +3,7 @@
 //! params and tensors fit the spec at the whole sequence's lengths.
 
 use crate::args::{check_args, ArgInfo};
+use crate::check::MAX_LEN;
 use crate::error::Error;
 use crate::layout::Layout;
 pub use crate::shard_error::ShardError;
@@ -33,10 +34,9 @@ pub(crate) fn whole_shape(
     // The pieces take positions in the whole sequence as i32 kernel
     // arguments (`ShardParams`), and dealing rows multiplies a chunk index
     // (up to 2 · ranks) by a whole length: both must fit.
-    let int = i32::MAX as usize;
     for (what, value) in [("ranks", sharding.ranks), ("whole q_len", whole.q_len), ("whole kv_len", whole.kv_len)] {
-        if value > int {
-            return Err(Error::TooLarge { what, value, max: int });
+        if value > MAX_LEN {
+            return Err(Error::TooLarge { what, value, max: MAX_LEN });
         }
     }
     for (operand, layout, len) in [("Q", q, whole.q_len), ("K", k, whole.kv_len)] {

@@ -8,7 +8,7 @@
 //! never an access out of bounds.
 
 use crate::args::ArgInfo;
-use crate::check::{check_bounds, check_grads, check_lse, check_operands, check_shape, Grads, Problem};
+use crate::check::{check_bounds, check_grads, check_lse, check_operands, check_shape, Grads, Problem, MAX_LEN};
 use crate::error::{Error, RaggedError};
 use flashgen_codegen::abi::Operand;
 use flashgen_codegen::{Shape, Spec};
@@ -90,10 +90,10 @@ fn check_packed(spec: &Spec, p: &VarlenProblem, args: &[ArgInfo]) -> Result<Varl
     let [q_len, kv_len] = p.max_lens;
     let shape = Shape { batch: p.batch, heads: ops.q.layout.heads, heads_kv: ops.k.layout.heads, q_len, kv_len };
     check_shape(spec, &shape, args)?;
-    // Token counts are i32 kernel arguments.
+    // Token counts are i32 kernel arguments, rounded up to tiles there.
     for (what, value) in [("total_q (tokens of Q)", tokens[0]), ("total_kv (tokens of K)", tokens[1])] {
-        if value > i32::MAX as usize {
-            return Err(Error::TooLarge { what, value, max: i32::MAX as usize });
+        if value > MAX_LEN {
+            return Err(Error::TooLarge { what, value, max: MAX_LEN });
         }
     }
     for (operand, buffer) in [(Operand::Q, &ops.q), (Operand::K, &ops.k), (Operand::V, &ops.v), (Operand::O, &ops.o)] {

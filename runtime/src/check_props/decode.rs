@@ -2,7 +2,7 @@
 //! decode steps over packed queries (`check_decode_varlen.rs`).
 
 use super::ragged::{assert_caches_sound, buffer, draw_caches};
-use super::{args, assert_holds, assert_inside, dtype, no_panic, specs, within_limits, Rng, CASES, EDGES};
+use super::{args, assert_holds, assert_inside, dtype, no_panic, specs, within_limits, Rng, CASES, EDGES, LEN};
 use crate::args::ArgInfo;
 use crate::check::Buffer;
 use crate::check_decode::{check_launch, check_paged_launch, check_plan_shape, check_splits, check_v_in_k};
@@ -34,7 +34,7 @@ fn plans_accept_only_shapes_the_kernels_index() {
         let sound = [
             heads_kv > 0 && heads.is_multiple_of(heads_kv),
             q_len > 0,
-            batch <= 65_535 && heads_kv <= 65_535 && max_kv_len as u128 <= INT,
+            batch <= 65_535 && heads_kv <= 65_535 && max_kv_len as u128 <= LEN,
             rows * MAX_SPLITS as u128 <= INT,
             heads as u128 * q_len as u128 * MAX_SPLITS as u128 <= INT,
         ];

@@ -168,7 +168,7 @@ fn well_formed_e4m3_launches_pass_and_a_byte_or_a_descale_short_does_not() {
 #[test]
 fn e4m3_v_tiles_of_broadcast_operands_past_64_bits_are_refused() {
     // Regression: Q, K, V and O broadcast with zero strides over 65,535
-    // batches and K/V heads and 2^31 - 1 keys pass the operands' checks in
+    // batches and K/V heads and MAX_LEN keys pass the operands' checks in
     // buffers of one row; the V tiles' scratch size, batch · heads_kv ·
     // tiles · 128 · 128 bytes, overflowed usize (a panic in debug builds,
     // in release a wrapped, too small allocation the V-tile kernel wrote
@@ -180,7 +180,7 @@ fn e4m3_v_tiles_of_broadcast_operands_past_64_bits_are_refused() {
     for l in [q, k, v, o] {
         (l.batch, l.heads) = (65_535, 65_535);
     }
-    (p.k.layout.seq, p.v.layout.seq) = (i32::MAX as usize, i32::MAX as usize);
+    (p.k.layout.seq, p.v.layout.seq) = (crate::check::MAX_LEN, crate::check::MAX_LEN);
     let descales = [("Q", 1), ("K", 1), ("V", 1)].map(|(o, len)| (o, DescaleLen { per_kv_head: false, len }));
     let shape = check_e4m3_operands(spec, &p, &[], &descales).unwrap().unwrap();
     let err = VTiles::of(spec, shape, 128).unwrap_err();

@@ -276,10 +276,13 @@ pub(super) fn args(spec: &Spec, shape: &Shape, short: bool) -> Vec<ArgInfo> {
     spec.tensors.iter().map(|t| ArgInfo::Tensor(t.elem, len(t.len(shape)))).collect()
 }
 
+/// The longest sequence or packed batch a launch takes (`check::MAX_LEN`).
+pub(super) const LEN: u128 = crate::check::MAX_LEN as u128;
+
 /// The sizes the launches' grids and i32 arguments hold (`check_shape`).
 pub(super) fn within_limits(shape: &Shape) -> bool {
-    let int = i32::MAX as usize;
-    shape.batch <= 65_535 && shape.heads <= 65_535 && shape.q_len <= int && shape.kv_len <= int
+    let len = crate::check::MAX_LEN;
+    shape.batch <= 65_535 && shape.heads <= 65_535 && shape.q_len <= len && shape.kv_len <= len
 }
 
 #[test]

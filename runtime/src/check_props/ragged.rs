@@ -5,7 +5,7 @@
 //! and cache inside its buffer, and the prefix sums, block table, lengths
 //! and LSE holding the entries the kernel reads.
 
-use super::{args, assert_holds, assert_inside, dtype, need, no_panic, specs, within_limits, Rng, CASES, EDGES};
+use super::{args, assert_holds, assert_inside, dtype, need, no_panic, specs, within_limits, Rng, CASES, EDGES, LEN};
 use crate::args::ArgInfo;
 use crate::check::{Buffer, Grads, Problem};
 use crate::check_paged::{check_append, check_paged, AppendProblem, PackedChecked, PagedProblem};
@@ -102,7 +102,7 @@ fn assert_varlen_sound(d: &Varlen, spec: &Spec, grads: bool, launch: Option<Varl
         rows(&ops.o.layout) == [1, tq, shape.heads, v],
         [shape.batch, shape.q_len, shape.kv_len] == [d.p.batch, d.p.max_lens[0], d.p.max_lens[1]],
         shape.heads_kv > 0 && shape.heads.is_multiple_of(shape.heads_kv),
-        within_limits(&shape) && tq as u128 <= INT && tk as u128 <= INT,
+        within_limits(&shape) && tq as u128 <= LEN && tk as u128 <= LEN,
         shape.q_len <= tq && shape.kv_len <= tk,
         ops.dtype == spec.dtype,
     ];
