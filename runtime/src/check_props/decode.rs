@@ -2,7 +2,7 @@
 //! decode steps over packed queries (`check_decode_varlen.rs`).
 
 use super::ragged::{assert_caches_sound, buffer, draw_caches};
-use super::{args, assert_holds, assert_inside, dtype, no_panic, specs, within_limits, Rng, CASES, EDGES, LEN};
+use super::{args, assert_holds, assert_inside, dtype, no_panic, specs, wild, within_limits, Rng, CASES, EDGES, LEN};
 use crate::args::ArgInfo;
 use crate::check::Buffer;
 use crate::check_decode::{check_launch, check_paged_launch, check_plan_shape, check_splits, check_v_in_k};
@@ -129,16 +129,10 @@ fn assert_paged_decode_sound(d: &PagedDecode, spec: &Spec, launch: Option<Shape>
 
 #[test]
 fn paged_decode_accepts_only_launches_inside_its_buffers() {
-    let (specs, mut rng, mut accepted) = (specs(), Rng::new(0xD1), 0);
-    for _ in 0..CASES {
-        let d = draw_paged_decode(rng.case(), &specs, true);
-        let spec = &specs[d.spec];
-        if let Ok(launch) = no_panic(&d, || check_paged_launch(spec, &d.p, &d.args)) {
-            assert_paged_decode_sound(&d, spec, launch);
-            accepted += 1;
-        }
-    }
-    assert!(accepted > CASES / 20, "only {accepted} of {CASES} wild draws accepted");
+    let specs = specs();
+    let check = |d: &PagedDecode| check_paged_launch(&specs[d.spec], &d.p, &d.args);
+    let sound = |d: &PagedDecode, launch| assert_paged_decode_sound(d, &specs[d.spec], launch);
+    let mut rng = wild(0xD1, 20, |rng| draw_paged_decode(rng, &specs, true), check, sound);
     for _ in 0..CASES {
         let d = draw_paged_decode(&mut rng, &specs, false);
         let spec = &specs[d.spec];
@@ -241,16 +235,10 @@ fn assert_varlen_decode_sound(d: &VarlenDecode, spec: &Spec, launch: Option<Pack
 
 #[test]
 fn varlen_decode_accepts_only_steps_inside_its_buffers() {
-    let (specs, mut rng, mut accepted) = (specs(), Rng::new(0xD2), 0);
-    for _ in 0..CASES {
-        let d = draw_varlen_decode(rng.case(), &specs, true);
-        let spec = &specs[d.spec];
-        if let Ok(launch) = no_panic(&d, || check_varlen_decode(spec, &d.plan, &d.p, &d.args)) {
-            assert_varlen_decode_sound(&d, spec, launch);
-            accepted += 1;
-        }
-    }
-    assert!(accepted > CASES / 20, "only {accepted} of {CASES} wild draws accepted");
+    let specs = specs();
+    let check = |d: &VarlenDecode| check_varlen_decode(&specs[d.spec], &d.plan, &d.p, &d.args);
+    let sound = |d: &VarlenDecode, launch| assert_varlen_decode_sound(d, &specs[d.spec], launch);
+    let mut rng = wild(0xD2, 20, |rng| draw_varlen_decode(rng, &specs, true), check, sound);
     for _ in 0..CASES {
         let d = draw_varlen_decode(&mut rng, &specs, false);
         let spec = &specs[d.spec];

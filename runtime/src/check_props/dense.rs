@@ -1,7 +1,7 @@
 //! `check_forward` and `check_backward` (`check.rs`): batched Q, K, V, O,
 //! the LSE and the gradients.
 
-use super::{args, assert_holds, assert_inside, dtype, need, no_panic, specs, within_limits, Rng, CASES};
+use super::{args, assert_holds, assert_inside, dtype, need, specs, wild, within_limits, Rng, CASES};
 use crate::args::ArgInfo;
 use crate::check::{check_backward, check_forward, Buffer, Grads, Problem};
 use crate::error::Error;
@@ -163,30 +163,16 @@ pub(super) fn assert_sound(d: &Dense, spec: &Spec, grads: bool, launch: Option<S
 
 #[test]
 fn forward_accepts_only_launches_inside_its_buffers() {
-    let (specs, mut rng, mut accepted) = (specs(), Rng::new(0xF0), 0);
-    for _ in 0..CASES {
-        let d = draw(rng.case(), &specs, true);
-        let spec = &specs[d.spec];
-        if let Ok(launch) = no_panic(&d, || check_forward(spec, &d.p, &d.args)) {
-            assert_sound(&d, spec, false, launch);
-            accepted += 1;
-        }
-    }
-    assert!(accepted > CASES / 10, "only {accepted} of {CASES} wild draws accepted");
+    let specs = specs();
+    let check = |d: &Dense| check_forward(&specs[d.spec], &d.p, &d.args);
+    wild(0xF0, 10, |rng| draw(rng, &specs, true), check, |d, launch| assert_sound(d, &specs[d.spec], false, launch));
 }
 
 #[test]
 fn backward_accepts_only_launches_inside_its_buffers() {
-    let (specs, mut rng, mut accepted) = (specs(), Rng::new(0xB0), 0);
-    for _ in 0..CASES {
-        let d = draw(rng.case(), &specs, true);
-        let spec = &specs[d.spec];
-        if let Ok(launch) = no_panic(&d, || check_backward(spec, &d.p, &d.g, &d.args)) {
-            assert_sound(&d, spec, true, launch);
-            accepted += 1;
-        }
-    }
-    assert!(accepted > CASES / 20, "only {accepted} of {CASES} wild draws accepted");
+    let specs = specs();
+    let check = |d: &Dense| check_backward(&specs[d.spec], &d.p, &d.g, &d.args);
+    wild(0xB0, 20, |rng| draw(rng, &specs, true), check, |d, launch| assert_sound(d, &specs[d.spec], true, launch));
 }
 
 #[test]

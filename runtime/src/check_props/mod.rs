@@ -246,6 +246,30 @@ pub(super) fn assert_holds(what: &str, len: usize, need: u128, case: &dyn Debug)
     assert!(len as u128 >= need, "{what}: accepted {len} entries where the kernel reads {need}: {case:?}");
 }
 
+/// Runs `check` on [`CASES`] wild draws (`draw` of each case's generator)
+/// and `sound` on what it accepts; a panic in the check fails the test,
+/// naming the draw, and so does accepting no more than one draw in
+/// `share` (a check that refuses everything proves nothing). Returns the
+/// generator, for a test's well-formed draws after.
+pub(super) fn wild<D: Debug, T, E>(
+    seed: u64,
+    share: u64,
+    draw: impl Fn(&mut Rng) -> D,
+    check: impl Fn(&D) -> Result<T, E>,
+    sound: impl Fn(&D, T),
+) -> Rng {
+    let (mut rng, mut accepted) = (Rng::new(seed), 0);
+    for _ in 0..CASES {
+        let d = draw(rng.case());
+        if let Ok(launch) = no_panic(&d, || check(&d)) {
+            sound(&d, launch);
+            accepted += 1;
+        }
+    }
+    assert!(accepted > CASES / share, "only {accepted} of {CASES} wild draws accepted");
+    rng
+}
+
 /// `check()`, failing the test with the case's input where it panics.
 pub(super) fn no_panic<R>(case: &dyn Debug, check: impl FnOnce() -> R) -> R {
     catch_unwind(AssertUnwindSafe(check)).unwrap_or_else(|_| panic!("the check panicked on {case:?}"))

@@ -5,7 +5,9 @@
 //! and cache inside its buffer, and the prefix sums, block table, lengths
 //! and LSE holding the entries the kernel reads.
 
-use super::{args, assert_holds, assert_inside, dtype, need, no_panic, specs, within_limits, Rng, CASES, EDGES, LEN};
+use super::{
+    args, assert_holds, assert_inside, dtype, need, no_panic, specs, wild, within_limits, Rng, CASES, EDGES, LEN,
+};
 use crate::args::ArgInfo;
 use crate::check::{Buffer, Grads, Problem};
 use crate::check_paged::{check_append, check_paged, AppendProblem, PackedChecked, PagedProblem};
@@ -298,16 +300,15 @@ fn assert_paged_sound(d: &Paged, spec: &Spec, launch: Option<PackedChecked>) {
 
 #[test]
 fn paged_forward_accepts_only_launches_inside_its_buffers() {
-    let (specs, mut rng, mut accepted) = (specs(), Rng::new(0x9A), 0);
-    for _ in 0..CASES {
-        let d = draw_paged(rng.case(), &specs, true);
-        let spec = &specs[d.spec];
-        if let Ok(launch) = no_panic(&d, || check_paged(spec, &d.p, &d.args)) {
-            assert_paged_sound(&d, spec, launch);
-            accepted += 1;
-        }
-    }
-    assert!(accepted > CASES / 20, "only {accepted} of {CASES} wild draws accepted");
+    let specs = specs();
+    let check = |d: &Paged| check_paged(&specs[d.spec], &d.p, &d.args);
+    wild(
+        0x9A,
+        20,
+        |rng| draw_paged(rng, &specs, true),
+        check,
+        |d, launch| assert_paged_sound(d, &specs[d.spec], launch),
+    );
 }
 
 #[test]
