@@ -3,13 +3,19 @@
 //! The forward kernel evaluates the mask and score on every element of S,
 //! but parts of them often vary more slowly: `slopes[h]` is fixed for the
 //! whole thread block, `doc[b][q]` per query row, `doc[b][k]` per key. Such
-//! subexpressions, when they are worth it (they read a tensor or call a
-//! transcendental function), are hoisted: CTA-level ones into a constant at
-//! the top of the kernel, row-level ones into a register per row a lane owns,
-//! column-level ones into a register per key column of the current tile.
-//! Cheap integer arithmetic on positions stays inline.
+//! subexpressions, when they are worth it (they read a tensor, call a
+//! transcendental function or divide integers by a value known only at run
+//! time), are hoisted: CTA-level ones into a constant at the top of the
+//! kernel, row-level ones into a register per row a lane owns, column-level
+//! ones into a register per key column of the current tile. Cheap integer
+//! arithmetic on positions stays inline.
+//!
+//! A run-time divisor is worth it for the compiler's sake more than the
+//! GPU's: its division branches (by 0, by -1, the Euclidean fix-up), and
+//! NVVM, given two such invariant divisions inside a fully unrolled element
+//! loop, was seen to take more than half an hour over one kernel.
 
-use crate::spec::{Builtin, Expr, ExprKind};
+use crate::spec::{BinOp, Builtin, Expr, ExprKind, Func, Ty};
 
 /// Where a hoisted value is computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,17 +93,28 @@ fn level(e: &Expr) -> Option<Level> {
     }
 }
 
-/// Worth a register: a memory read or a transcendental function somewhere.
+/// Worth a register: a memory read, a transcendental function or an
+/// integer division by a run-time value somewhere.
 fn costly(e: &Expr) -> bool {
     let mut found = false;
     e.walk(&mut |n| {
         found |= match &n.kind {
             ExprKind::Load(..) => true,
+            ExprKind::Call(Func::DivEuclid | Func::RemEuclid, args) => !constant(&args[1]),
             ExprKind::Call(f, _) => f.is_transcendental(),
+            ExprKind::Binary(BinOp::Div | BinOp::Rem, _, d) => n.ty == Ty::I32 && !constant(d),
             _ => false,
         }
     });
     found
+}
+
+/// Whether `e` is known when the kernel is generated: no position, param
+/// or tensor in it.
+fn constant(e: &Expr) -> bool {
+    let mut known = true;
+    e.walk(&mut |n| known &= !matches!(n.kind, ExprKind::Builtin(_) | ExprKind::Param(_) | ExprKind::Load(..)));
+    known
 }
 
 #[cfg(test)]
@@ -119,7 +136,10 @@ mod tests {
         let bias =
             "S { dtype: bf16, head_dim: 64, tensor rel: f32[H, 9], score: score + rel[h][clamp(k - q, -4, 4) + 4] }";
         assert_eq!(levels(bias), [], "per-element reads stay in place");
-        let cheap = "S { dtype: bf16, head_dim: 64, param w: i32, mask: q - k < w }";
+        let cheap = "S { dtype: bf16, head_dim: 64, param w: i32, mask: q - k < w && (q - k) / 4 < 9 }";
         assert_eq!(levels(cheap), [], "integer arithmetic on positions stays inline");
+        let divided = "S { dtype: bf16, head_dim: 64, param w: i32, mask: q / w >= k / -(2) && div_euclid(h, w) < 3 }";
+        let divisions = [(Level::Row, "q / w".into()), (Level::Cta, "div_euclid(h, w) < 3".into())];
+        assert_eq!(levels(divided), divisions, "divisions by run-time values are hoisted");
     }
 }
