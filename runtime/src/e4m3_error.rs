@@ -13,7 +13,8 @@ pub enum E4m3Error {
     /// the one the launch named cannot.
     Config { spec: String, reason: String },
     /// An operand the copy engine cannot address: its address and its
-    /// strides must be multiples of 16 bytes.
+    /// strides must be multiples of 16 bytes (and each stride under 2^40
+    /// bytes, each size under 2^32).
     Unaligned { operand: &'static str },
 }
 
@@ -27,7 +28,7 @@ impl fmt::Display for E4m3Error {
             E4m3Error::Unaligned { operand } => write!(
                 f,
                 "the e4m3 forward copies {operand} with TMA: its address and its batch, sequence and head \
-                 strides must be multiples of 16 bytes"
+                 strides must be multiples of 16 bytes, each stride under 2^40 bytes and each size under 2^32"
             ),
         }
     }
