@@ -164,6 +164,14 @@ impl E4m3Launch<'_> {
             v_tiles: v_tiles_ptr,
             ..Bindings::without_operands(shape, self.infos, &[])
         };
+        // Everything that can refuse the launch comes before the first kernel.
+        let operands = [(Operand::Q, q_ptr, q_layout), (Operand::K, k_ptr, k_layout)];
+        let maps = tensor_maps(spec, self.config, &operands, (v_tiles_ptr, shape, v_tiles_shape), (o_ptr, o_layout))?;
+        let kernel = loaded.kernel();
+        let (tensor_ptrs, _tensors) = tensor_ptrs(self.args, stream);
+        let item_order = opts.block_mask.map(|m| m.for_forward(rt, spec, kernel, (shape, self.infos, &tensor_ptrs)));
+        let item_order = item_order.transpose()?.flatten();
+
         // Without keys there is no tile to write (and the forward reads none).
         if v_tiles_shape.tiles > 0 {
             let values = marshal(tiles_kernel.kernel(), &bindings)?;
@@ -174,12 +182,6 @@ impl E4m3Launch<'_> {
             unsafe { launch_checked(rt, stream, &tiles_kernel, &values, grid)? };
         }
 
-        let operands = [(Operand::Q, q_ptr, q_layout), (Operand::K, k_ptr, k_layout)];
-        let maps = tensor_maps(spec, self.config, &operands, (v_tiles_ptr, shape, v_tiles_shape), (o_ptr, o_layout))?;
-        let kernel = loaded.kernel();
-        let (tensor_ptrs, _tensors) = tensor_ptrs(self.args, stream);
-        let item_order = opts.block_mask.map(|m| m.for_forward(rt, spec, kernel, (shape, self.infos, &tensor_ptrs)));
-        let item_order = item_order.transpose()?.flatten();
         let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(stream), m.strides));
         let item_order = item_order.as_ref().map(|order| order.device_ptr(stream));
         let work_counter = rt.work_counter_for(kernel, stream);
