@@ -173,10 +173,10 @@ fn write_tile_bits(
             // and every key exists (logit_only tests no bound at kv_len).\n\
             auto tile_bits = [&](int j) -> int {{\n\
             \x20   const int k_lo = j * BLOCK_N, k_hi = min_i32((j + 1) * BLOCK_N, {kv_len}) - 1;\n\
-            \x20   const Range a = {a}, b = {b};\n\
-            \x20   if (r_and(a, b).lo == 1 || mask_class(j) == 2{full}) return TILE_FULL;\n\
+            \x20   const Range c0 = {a}, c1 = {b};  // not `b`: the spec's batch index\n\
+            \x20   if (r_and(c0, c1).lo == 1 || mask_class(j) == 2{full}) return TILE_FULL;\n\
             \x20   if ((j + 1) * (long long)BLOCK_N > {kv_len}) return 0;\n\
-            \x20   return ((a.lo == 1 ? 1 : 0) | (b.lo == 1 ? 2 : 0)) * TILE_WHOLE;\n\
+            \x20   return ((c0.lo == 1 ? 1 : 0) | (c1.lo == 1 ? 2 : 0)) * TILE_WHOLE;\n\
             }};\n"
         ),
         // Each disjunct once: their union decides a full tile, and a partial

@@ -3,17 +3,17 @@
 //! The forward kernel evaluates the mask and score on every element of S,
 //! but parts of them often vary more slowly: `slopes[h]` is fixed for the
 //! whole thread block, `doc[b][q]` per query row, `doc[b][k]` per key. Such
-//! subexpressions, when they are worth it (they read a tensor, call a
-//! transcendental function or divide integers by a value known only at run
-//! time), are hoisted: CTA-level ones into a constant at the top of the
-//! kernel, row-level ones into a register per row a lane owns, column-level
-//! ones into a register per key column of the current tile. Cheap integer
-//! arithmetic on positions stays inline.
-//!
-//! A run-time divisor is worth it for the compiler's sake more than the
-//! GPU's: its division branches (by 0, by -1, the Euclidean fix-up), and
-//! NVVM, given two such invariant divisions inside a fully unrolled element
-//! loop, was seen to take more than half an hour over one kernel.
+//! subexpressions, when they are worth it (they read a tensor or call a
+//! transcendental function), are hoisted: CTA-level ones into a constant at
+//! the top of the kernel, row-level ones into a register per row a lane owns,
+//! column-level ones into a register per key column of the current tile.
+//! Cheap integer arithmetic on positions stays inline, except an integer
+//! division by a run-time value that is fixed for the whole CTA: it becomes
+//! a constant of its own. That is for the compiler's sake more than the
+//! GPU's: the division branches (by 0, by -1, the Euclidean fix-up), and
+//! NVVM, given two such invariant divisions inside a fully unrolled loop
+//! over a tile's elements or columns, was seen to take more than half an
+//! hour over one kernel.
 
 use crate::spec::{BinOp, Builtin, Expr, ExprKind, Func, Ty};
 
@@ -64,7 +64,8 @@ pub(crate) fn lookup_indexed(hoisted: &[Hoisted], e: &Expr, index: impl Fn(Level
 }
 
 fn collect<'a>(e: &'a Expr, out: &mut Vec<Hoisted<'a>>) {
-    if let Some(level) = level(e).filter(|_| costly(e)) {
+    let invariant_division = level(e) == Some(Level::Cta) && divides_at_run_time(e);
+    if let Some(level) = level(e).filter(|_| costly(e) || invariant_division) {
         let name = format!("inv_{}", out.len());
         out.push(Hoisted { expr: e, level, name });
         return;
@@ -93,20 +94,27 @@ fn level(e: &Expr) -> Option<Level> {
     }
 }
 
-/// Worth a register: a memory read, a transcendental function or an
-/// integer division by a run-time value somewhere.
+/// Worth a register: a memory read or a transcendental function somewhere.
 fn costly(e: &Expr) -> bool {
     let mut found = false;
     e.walk(&mut |n| {
         found |= match &n.kind {
             ExprKind::Load(..) => true,
-            ExprKind::Call(Func::DivEuclid | Func::RemEuclid, args) => !constant(&args[1]),
             ExprKind::Call(f, _) => f.is_transcendental(),
-            ExprKind::Binary(BinOp::Div | BinOp::Rem, _, d) => n.ty == Ty::I32 && !constant(d),
             _ => false,
         }
     });
     found
+}
+
+/// `e` is an integer division or remainder by a value known only at run
+/// time (a constant divisor compiles to a multiply, without branches).
+fn divides_at_run_time(e: &Expr) -> bool {
+    match &e.kind {
+        ExprKind::Call(Func::DivEuclid | Func::RemEuclid, args) => !constant(&args[1]),
+        ExprKind::Binary(BinOp::Div | BinOp::Rem, _, d) => e.ty == Ty::I32 && !constant(d),
+        _ => false,
+    }
 }
 
 /// Whether `e` is known when the kernel is generated: no position, param
@@ -139,7 +147,7 @@ mod tests {
         let cheap = "S { dtype: bf16, head_dim: 64, param w: i32, mask: q - k < w && (q - k) / 4 < 9 }";
         assert_eq!(levels(cheap), [], "integer arithmetic on positions stays inline");
         let divided = "S { dtype: bf16, head_dim: 64, param w: i32, mask: q / w >= k / -(2) && div_euclid(h, w) < 3 }";
-        let divisions = [(Level::Row, "q / w".into()), (Level::Cta, "div_euclid(h, w) < 3".into())];
-        assert_eq!(levels(divided), divisions, "divisions by run-time values are hoisted");
+        let divisions = [(Level::Cta, "div_euclid(h, w)".into())];
+        assert_eq!(levels(divided), divisions, "a CTA's divisions by run-time values are hoisted, alone");
     }
 }
