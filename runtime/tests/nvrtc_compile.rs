@@ -56,6 +56,16 @@ fn language_feature_specs_compile_for_sm80_and_sm90() {
     compile_all(specs.iter().flat_map(every_kernel).collect());
 }
 
+/// Specs drawn by the spec generator that once failed to compile or hung
+/// NVVM (`codegen/tests/specs/regressions.attn`): every kernel, both arches.
+#[test]
+fn drawn_regression_specs_compile_for_sm80_and_sm90() {
+    require_nvrtc();
+    let source = include_str!("../../codegen/tests/specs/regressions.attn");
+    let specs = parse_str(source).unwrap_or_else(|e| panic!("{}", e.render("regressions.attn", source)));
+    compile_all(specs.iter().flat_map(every_kernel).collect());
+}
+
 /// Head dims whose Hopper forward is the warp-specialized one above d = 128
 /// (and d = 80 and 96, padded to 128 columns): every wgmma candidate in both
 /// copy paths, and the four backward kernels, compile for sm_90
