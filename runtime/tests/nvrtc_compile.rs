@@ -50,19 +50,20 @@ fn every_shipped_spec_compiles_for_sm80_and_sm90() {
 /// shipped spec's.
 #[test]
 fn language_feature_specs_compile_for_sm80_and_sm90() {
-    require_nvrtc();
-    let source = include_str!("../../codegen/tests/specs/language.attn");
-    let specs = parse_str(source).unwrap_or_else(|e| panic!("{}", e.render("language.attn", source)));
-    compile_all(specs.iter().flat_map(every_kernel).collect());
+    compile_spec_file("language.attn", include_str!("../../codegen/tests/specs/language.attn"));
 }
 
 /// Specs drawn by the spec generator that once failed to compile or hung
 /// NVVM (`codegen/tests/specs/regressions.attn`): every kernel, both arches.
 #[test]
 fn drawn_regression_specs_compile_for_sm80_and_sm90() {
+    compile_spec_file("regressions.attn", include_str!("../../codegen/tests/specs/regressions.attn"));
+}
+
+/// Every kernel of every spec in `source` (the file `name`), both arches.
+fn compile_spec_file(name: &str, source: &str) {
     require_nvrtc();
-    let source = include_str!("../../codegen/tests/specs/regressions.attn");
-    let specs = parse_str(source).unwrap_or_else(|e| panic!("{}", e.render("regressions.attn", source)));
+    let specs = parse_str(source).unwrap_or_else(|e| panic!("{}", e.render(name, source)));
     compile_all(specs.iter().flat_map(every_kernel).collect());
 }
 
