@@ -2,7 +2,9 @@
 //! decode steps over packed queries (`check_decode_varlen.rs`).
 
 use super::ragged::{assert_caches_sound, buffer, draw_caches};
-use super::{args, assert_holds, assert_inside, dtype, no_panic, specs, wild, within_limits, Rng, CASES, EDGES, LEN};
+use super::{
+    args, assert_holds, assert_inside, dtype, head_dims, no_panic, specs, wild, within_limits, Rng, CASES, EDGES, LEN,
+};
 use crate::args::ArgInfo;
 use crate::check::Buffer;
 use crate::check_decode::{check_launch, check_paged_launch, check_plan_shape, check_splits, check_v_in_k};
@@ -86,7 +88,7 @@ fn draw_paged_decode(rng: &mut Rng, specs: &[Spec], wild: bool) -> PagedDecode {
     let spec_index = rng.below(specs.len());
     let spec = &specs[spec_index];
     let plan = draw_plan(rng, wild);
-    let [qk, v] = [spec.head_dims.qk, spec.head_dims.v].map(|d| if wild { rng.dim(d) } else { d as usize });
+    let [qk, v] = head_dims(rng, spec, wild);
     let [q, o] = [qk, v].map(|dim| {
         let l = rng.layout([plan.batch, plan.q_len, plan.heads, dim]);
         buffer(rng, l, wild)
@@ -161,7 +163,7 @@ fn draw_varlen_decode(rng: &mut Rng, specs: &[Spec], wild: bool) -> VarlenDecode
     let spec_index = rng.below(specs.len());
     let spec = &specs[spec_index];
     let plan = draw_plan(rng, wild);
-    let [qk, v] = [spec.head_dims.qk, spec.head_dims.v].map(|d| if wild { rng.dim(d) } else { d as usize });
+    let [qk, v] = head_dims(rng, spec, wild);
     let tokens = match wild && rng.odd(20) {
         true => rng.size(40),
         false => plan.q_len.saturating_add(rng.below(40)),

@@ -1,7 +1,7 @@
 //! `check_forward` and `check_backward` (`check.rs`): batched Q, K, V, O,
 //! the LSE and the gradients.
 
-use super::{args, assert_holds, assert_inside, dtype, need, specs, wild, within_limits, Rng, CASES};
+use super::{args, assert_holds, assert_inside, dtype, head_dims, need, specs, wild, within_limits, Rng, CASES};
 use crate::args::ArgInfo;
 use crate::check::{check_backward, check_forward, Buffer, Grads, Problem};
 use crate::error::Error;
@@ -70,7 +70,7 @@ pub(super) fn draw(rng: &mut Rng, specs: &[Spec], wild: bool) -> Dense {
         true => rng.heads(),
         false => rng.pick(&[(1, 1), (2, 1), (4, 2), (6, 3), (8, 8)]),
     };
-    let [qk, v] = [spec.head_dims.qk, spec.head_dims.v].map(|d| if wild { rng.dim(d) } else { d as usize });
+    let [qk, v] = head_dims(rng, spec, wild);
     // Self-attention over one fused projection: Q, K and V views of one buffer.
     let fused = qk == v && rng.chance(20);
     if fused {

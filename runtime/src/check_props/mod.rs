@@ -246,6 +246,11 @@ pub(super) fn assert_holds(what: &str, len: usize, need: u128, case: &dyn Debug)
     assert!(len as u128 >= need, "{what}: accepted {len} entries where the kernel reads {need}: {case:?}");
 }
 
+/// `spec`'s QK and V head dims, or (`wild`) dims drawn around them.
+pub(super) fn head_dims(rng: &mut Rng, spec: &Spec, wild: bool) -> [usize; 2] {
+    [spec.head_dims.qk, spec.head_dims.v].map(|d| if wild { rng.dim(d) } else { d as usize })
+}
+
 /// Runs `check` on [`CASES`] wild draws (`draw` of each case's generator)
 /// and `sound` on what it accepts; a panic in the check fails the test,
 /// naming the draw, and so does accepting no more than one draw in

@@ -6,7 +6,8 @@
 //! and LSE holding the entries the kernel reads.
 
 use super::{
-    args, assert_holds, assert_inside, dtype, need, no_panic, specs, wild, within_limits, Rng, CASES, EDGES, LEN,
+    args, assert_holds, assert_inside, dtype, head_dims, need, no_panic, specs, wild, within_limits, Rng, CASES, EDGES,
+    LEN,
 };
 use crate::args::ArgInfo;
 use crate::check::{Buffer, Grads, Problem};
@@ -61,7 +62,7 @@ fn draw_varlen(rng: &mut Rng, specs: &[Spec], wild: bool) -> Varlen {
         false => (rng.below(5), rng.below(40), rng.below(40)),
     };
     let (heads, heads_kv) = if wild { rng.heads() } else { rng.pick(&[(1, 1), (4, 2), (6, 3), (8, 1)]) };
-    let [qk, v] = [spec.head_dims.qk, spec.head_dims.v].map(|d| if wild { rng.dim(d) } else { d as usize });
+    let [qk, v] = head_dims(rng, spec, wild);
     let shapes = [[tq, heads, qk], [tk, heads_kv, qk], [tk, heads_kv, v], [tq, heads, v]];
     let [q, k, v, o] = shapes.map(|s| {
         let l = rng.packed(s);
@@ -242,7 +243,7 @@ fn draw_paged(rng: &mut Rng, specs: &[Spec], wild: bool) -> Paged {
     let spec = &specs[spec_index];
     let batch = if wild { rng.size(4) } else { rng.below(5) };
     let (heads, heads_kv) = if wild { rng.heads() } else { rng.pick(&[(1, 1), (4, 2), (6, 3), (8, 1)]) };
-    let [qk, v] = [spec.head_dims.qk, spec.head_dims.v].map(|d| if wild { rng.dim(d) } else { d as usize });
+    let [qk, v] = head_dims(rng, spec, wild);
     let packed = rng.chance(60);
     let (max_q_len, tokens) = match packed {
         true => {
@@ -336,7 +337,7 @@ fn draw_append(rng: &mut Rng, specs: &[Spec], wild: bool) -> (usize, AppendProbl
     let spec = &specs[spec_index];
     let batch = if wild { rng.size(4) } else { rng.below(5) };
     let heads_kv = if wild { rng.heads().1 } else { rng.pick(&[1, 2, 3]) };
-    let [qk, v] = [spec.head_dims.qk, spec.head_dims.v].map(|d| if wild { rng.dim(d) } else { d as usize });
+    let [qk, v] = head_dims(rng, spec, wild);
     let tokens = if wild { rng.size(40) } else { rng.below(40) };
     let rows = [[tokens, heads_kv, qk], [tokens, heads_kv, v]].map(|s| {
         let l = rng.packed(s);
