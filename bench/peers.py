@@ -12,7 +12,9 @@ with peers timed in the same run on the same device:
               columns), sink-window (SINKS sink keys plus a causal WINDOW-key window)
   fa4         FlashAttention-4 (CuTe DSL, `flash_attn.cute.interface.flash_attn_func`,
               BSHD copies of the same inputs): full, causal, swa1024 (window
-              (WINDOW - 1, 0)), softcap-causal (softcap 30); only where it imports
+              (WINDOW - 1, 0)), swa1024-sinks (the window and a learned sink
+              logit per head, `learnable_sink`; no other peer takes one),
+              softcap-causal (softcap 30); only where it imports
               (../shared/peers/fa4/README.md installs it on the GPU machine and
               sets PYTHONPATH), else a `# fa4: not installed` line on stderr
 plus the time create_block_mask takes to build the doc mask (row
@@ -62,9 +64,11 @@ DOCS = 4
 BAND = 256  # longformer: the band's half-width
 GLOBALS = 32  # longformer: global rows and columns
 SINKS = 4  # sink-window: sink keys beside the WINDOW-key window
-VARIANTS = ["full", "causal", "swa1024", "doc", "softcap-causal", "alibi-causal", "longformer", "sink-window"]
+VARIANTS = ["full", "causal", "swa1024", "swa1024-sinks", "doc", "softcap-causal", "alibi-causal", "longformer",
+            "sink-window"]
 SDPA_VARIANTS = ("full", "causal")
-FA4_VARIANTS = ("full", "causal", "swa1024", "softcap-causal")
+FA4_VARIANTS = ("full", "causal", "swa1024", "swa1024-sinks", "softcap-causal")
+FA4_ONLY = ("swa1024-sinks",)  # flex's score_mod cannot add to the softmax's denominator
 
 
 def doc_ids(batch, s):
@@ -82,7 +86,7 @@ def density(variant, batch, s):
     pairs = s * s
     if variant in ("causal", "softcap-causal", "alibi-causal"):
         return (s * (s + 1) // 2) / pairs
-    if variant == "swa1024":
+    if variant in ("swa1024", "swa1024-sinks"):
         return sum(min(q + 1, WINDOW) for q in range(s)) / pairs
     if variant == "doc":
         kept = sum(row.count(doc) ** 2 for row in doc_ids(batch, s) for doc in range(DOCS))
@@ -100,7 +104,8 @@ def density(variant, batch, s):
 
 def peers_for(variant, fa4=True):
     sdpa = ["sdpa-FLASH", "sdpa-CUDNN"] if variant in SDPA_VARIANTS else []
-    return sdpa + ["flex"] + (["fa4"] if fa4 and variant in FA4_VARIANTS else [])
+    flex = [] if variant in FA4_ONLY else ["flex"]
+    return sdpa + flex + (["fa4"] if fa4 and variant in FA4_VARIANTS else [])
 
 
 def import_fa4():
@@ -348,8 +353,10 @@ def run(variants, dims, seqs, backward):
 
     def time_fa4(variant, bshd, train):
         kwargs = {"causal": variant != "full"}
-        if variant == "swa1024":
+        if variant in ("swa1024", "swa1024-sinks"):
             kwargs["window_size"] = (WINDOW - 1, 0)
+        if variant == "swa1024-sinks":
+            kwargs["learnable_sink"] = torch.randn(HEADS, device="cuda", dtype=torch.bfloat16)
         elif variant == "softcap-causal":
             kwargs["softcap"] = 30.0
 
