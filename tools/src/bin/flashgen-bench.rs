@@ -92,7 +92,7 @@
 
 use flashgen::codegen::analysis::{classify, TileClass};
 use flashgen::codegen::cuda::{Mma, TileConfig};
-use flashgen::codegen::reference::{ParamValue, TensorData};
+use flashgen::codegen::reference::{ParamValue, Problem, TensorData};
 use flashgen::codegen::{Dropout, Shape};
 use flashgen::runtime::tile_choice;
 use flashgen::runtime::{config_name, KernelSet, KvCacheDtype};
@@ -100,7 +100,7 @@ use flashgen::Runtime;
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::jit_bench;
 use flashgen_tools::verify::decode_e4m3::Granularity;
-use flashgen_tools::verify::forward_e4m3::quantize_operands;
+use flashgen_tools::verify::forward_e4m3::{quantize_operands, E4m3Operands};
 use flashgen_tools::verify::{self, DeviceProblem, OperandLayout};
 use std::time::Instant;
 
@@ -231,6 +231,13 @@ fn main() {
             // One draw of Q/K/V per shape, shared by the variants.
             let full = flashgen::parse_one(&format!("Full {{ dtype: bf16, {} }}", d.fields())).expect("valid spec");
             let mut problem = verify::random_problem(&full, shape, vec![], vec![], None, s as u64);
+            // The same draw quantized to e4m3 (per-K/V-head descales), shared
+            // by the variants too: quantizing takes longer than a row's timing.
+            let mut quantized = e4m3.then(|| {
+                let mut inputs = problem.clone();
+                let operands = quantize_operands(&full, &mut inputs, Granularity::PerKvHead);
+                (inputs, operands)
+            });
             for name in &variants {
                 let Some((_, body)) = VARIANTS.iter().find(|(n, _)| n == name) else {
                     eprintln!("unknown variant `{name}`");
@@ -263,9 +270,9 @@ fn main() {
                     let step =
                         backward.then(|| gpu.time_forward_backward(&rt, &spec, &problem, 3, iters)).transpose()?;
                     // Last: later launches of `gpu` run the e4m3 forward.
-                    let quantized = match e4m3 {
-                        true => time_e4m3(&rt, &mut gpu, &spec, &problem, &e4m3_tiles, iters)?,
-                        false => Vec::new(),
+                    let quantized = match quantized.as_mut() {
+                        Some(inputs) => time_e4m3(&rt, &mut gpu, &spec, &problem, inputs, &e4m3_tiles, iters)?,
+                        None => Vec::new(),
                     };
                     Ok((forward, step, config, quantized))
                 });
@@ -302,20 +309,24 @@ fn main() {
 /// A timed launch's median milliseconds, or why it did not run.
 type Timed = Result<f64, flashgen::Error>;
 
-/// Times `gpu`'s problem quantized to e4m3 (per-K/V-head descales), in
-/// each of `tiles` (`--e4m3-tiles`; none: the runtime's choice): a row
-/// suffix and the median milliseconds of each. Later launches of `gpu` run
-/// the e4m3 forward.
+/// Times `gpu`'s problem on its Q, K and V as `quantized` holds them
+/// (quantized to e4m3, and their operands), in each of `tiles`
+/// (`--e4m3-tiles`; none: the runtime's choice): a row suffix and the
+/// median milliseconds of each. Later launches of `gpu` run the e4m3
+/// forward.
 fn time_e4m3(
     rt: &Runtime,
     gpu: &mut DeviceProblem,
     spec: &flashgen::Spec,
-    problem: &flashgen::codegen::reference::Problem,
+    problem: &Problem,
+    (quantized, operands): &mut (Problem, E4m3Operands),
     tiles: &[String],
     iters: usize,
 ) -> Result<Vec<(String, Timed)>, flashgen::Error> {
-    let mut quantized = problem.clone();
-    gpu.use_e4m3(&quantize_operands(spec, &mut quantized, Granularity::PerKvHead))?;
+    // The variant's params and tensors beside the shared operands.
+    quantized.params.clone_from(&problem.params);
+    quantized.tensors.clone_from(&problem.tensors);
+    gpu.use_e4m3(operands)?;
     let tiles: Vec<Option<&String>> = match tiles.is_empty() {
         true => vec![None],
         false => tiles.iter().map(Some).collect(),
@@ -324,7 +335,7 @@ fn time_e4m3(
     for tile in tiles {
         gpu.pin_config(tile.and_then(|t| e4m3_tile(t)));
         let suffix = tile.map_or("e4m3".to_string(), |t| format!("e4m3-{t}"));
-        rows.push((suffix, gpu.time(rt, spec, &quantized, 3, iters)));
+        rows.push((suffix, gpu.time(rt, spec, quantized, 3, iters)));
     }
     Ok(rows)
 }
@@ -342,13 +353,7 @@ fn e4m3_tile(text: &str) -> Option<TileConfig> {
 /// Times the documents of `dense`'s `doc` ids as packed varlen sequences
 /// and prints a `doc-varlen` row (its TFLOP/s over the pairs kept) and,
 /// with `backward`, a `doc-varlen+bwd` row for its training step.
-fn varlen_documents(
-    rt: &Runtime,
-    dense: &flashgen::codegen::reference::Problem,
-    d: Dims,
-    iters: usize,
-    backward: bool,
-) {
+fn varlen_documents(rt: &Runtime, dense: &Problem, d: Dims, iters: usize, backward: bool) {
     let Some(TensorData::I32(ids)) = dense.tensors.first() else { return };
     let (batch, s) = (dense.shape.batch, dense.shape.q_len);
     let mut lens = Vec::new();
@@ -531,7 +536,7 @@ fn time_block_mask(
     rt: &Runtime,
     gpu: &mut DeviceProblem,
     spec: &flashgen::Spec,
-    problem: &flashgen::codegen::reference::Problem,
+    problem: &Problem,
 ) -> Result<(f64, String), flashgen::Error> {
     let sync = |rt: &Runtime| rt.stream().synchronize().map_err(|e| flashgen::Error::driver("build", e));
     let mut times = Vec::new();
@@ -553,7 +558,7 @@ fn time_block_mask(
 
 /// Block-mask tiles the kernel visits per (batch, head), out of all, by the same
 /// interval analysis the kernel runs (batch 0, head 0).
-fn visited_tiles(spec: &flashgen::Spec, problem: &flashgen::codegen::reference::Problem) -> String {
+fn visited_tiles(spec: &flashgen::Spec, problem: &Problem) -> String {
     let (bm, bn) = TileConfig::mask_tile(spec);
     let (bm, bn) = (bm as usize, bn as usize);
     let Shape { q_len, kv_len, .. } = problem.shape;

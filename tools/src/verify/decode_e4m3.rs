@@ -53,13 +53,19 @@ pub(crate) fn quantize_cache(
     for (i, x) in cache.iter_mut().enumerate() {
         *x *= factor(head(i));
     }
-    let of_head = |h: usize| -> Vec<f32> {
-        cache.iter().enumerate().filter(|&(i, _)| head(i) == h).map(|(_, &x)| x as f32).collect()
+    // One pass for every head's largest magnitude (a benchmark's operands
+    // run to hundreds of millions of values): the descale of a head's
+    // values is that of their largest magnitude alone.
+    let heads = match granularity {
+        Granularity::PerTensor => 1,
+        Granularity::PerKvHead => heads_kv,
     };
-    let descales = match granularity {
-        Granularity::PerTensor => vec![e4m3::descale_for(&cache.iter().map(|&x| x as f32).collect::<Vec<_>>())],
-        Granularity::PerKvHead => (0..heads_kv).map(|h| e4m3::descale_for(&of_head(h))).collect(),
-    };
+    let mut amax = vec![0f32; heads];
+    for (i, &x) in cache.iter().enumerate() {
+        let m = &mut amax[head(i) % heads];
+        *m = m.max((x as f32).abs());
+    }
+    let descales: Vec<f32> = amax.iter().map(|&m| e4m3::descale_for(&[m])).collect();
     let bytes = e4m3_bytes(cache, &descales, heads_kv, dim);
     for (i, (x, &b)) in cache.iter_mut().zip(&bytes).enumerate() {
         *x = dequantize(b, descales[head(i) % descales.len()]);
@@ -149,5 +155,22 @@ mod tests {
             let top = scales.k.iter().fold(0f32, |m, &d| m.max(d));
             assert_eq!(amax, 448.0 * f64::from(top), "{granularity:?}: the largest value maps to 448");
         }
+    }
+
+    #[test]
+    fn each_head_maps_its_own_largest_magnitude_to_448() {
+        // Two rows of three heads of four values, head h's values of order 10^h.
+        let (heads, dim) = (3, 4);
+        let head = |i: usize| i / dim % heads;
+        let values: Vec<f64> =
+            (0..2 * heads * dim).map(|i| ((i * 7 % 11) as f64 - 5.0) * 10f64.powi(head(i) as i32)).collect();
+        let amax = |h: Option<usize>| {
+            let of = values.iter().enumerate().filter(|&(i, _)| h.is_none_or(|h| head(i) == h));
+            of.fold(0f64, |m, (_, x)| m.max(x.abs())) as f32
+        };
+        let per_head = quantize_cache(&mut values.clone(), (heads, dim), Granularity::PerKvHead, |_| 1.0);
+        assert_eq!(per_head, (0..heads).map(|h| amax(Some(h)) / 448.0).collect::<Vec<_>>());
+        let per_tensor = quantize_cache(&mut values.clone(), (heads, dim), Granularity::PerTensor, |_| 1.0);
+        assert_eq!(per_tensor, [amax(None) / 448.0]);
     }
 }
