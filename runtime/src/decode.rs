@@ -195,6 +195,16 @@ impl Runtime {
     }
 }
 
+/// `args`' infos (a run of `spec`'s plan) in an array, not a vector (a
+/// run allocates nothing): the first `args.len()` entries are theirs.
+pub(crate) fn arg_infos(spec: &Spec, args: &[ArgValue<'_>]) -> Result<[ArgInfo; SPEC_ARGS], Error> {
+    if args.len() > SPEC_ARGS {
+        let expected = spec.params.len() + spec.tensors.len();
+        return Err(Error::ArgCount { expected, got: args.len(), signature: signature(spec) });
+    }
+    Ok(std::array::from_fn(|i| args.get(i).map_or(ArgInfo::I32(0), ArgValue::info)))
+}
+
 /// The tiles of `config`'s keys the longest sequence of `shape` holds.
 fn kv_tiles(shape: &DecodeShape, config: DecodeConfig) -> u32 {
     u32::try_from(shape.max_kv_len.div_ceil(config.block_n() as usize)).unwrap_or(u32::MAX)
@@ -280,7 +290,7 @@ impl DecodePlan {
         args: &[ArgValue<'_>],
     ) -> Result<(), Error> {
         self.check_kind(DecodeCache::Dense, DecodeQueries::Padded, descale)?;
-        let infos = self.arg_infos(args)?;
+        let infos = arg_infos(&self.spec, args)?;
         let infos = &infos[..args.len()];
         let DecodeIo { q, k, v, o, lse, kv_lens } = io;
         let operands = [(q.1, q.0.len()), (k.1, k.0.len()), (v.1, v.0.len()), (o.1, o.0.len())];
@@ -305,16 +315,6 @@ impl DecodePlan {
         let plan = RunKind { cache: self.cache, queries: self.queries, kv: self.config.kv };
         let lens = descale.map(KvDescale::lens);
         check_run_kind(plan, self.shape.heads_kv, (cache, queries), lens.as_ref().map(|l| &l[..]))
-    }
-
-    /// `args`' infos in an array, not a vector (a run allocates nothing):
-    /// the first `args.len()` entries are theirs.
-    pub(crate) fn arg_infos(&self, args: &[ArgValue<'_>]) -> Result<[ArgInfo; SPEC_ARGS], Error> {
-        if args.len() > SPEC_ARGS {
-            let expected = self.spec.params.len() + self.spec.tensors.len();
-            return Err(Error::ArgCount { expected, got: args.len(), signature: signature(&self.spec) });
-        }
-        Ok(std::array::from_fn(|i| args.get(i).map_or(ArgInfo::I32(0), ArgValue::info)))
     }
 
     /// Queues the plan's launch for a checked step of `shape` (its cache's

@@ -11,7 +11,7 @@
 use crate::args::ArgValue;
 use crate::check::Buffer;
 use crate::check_decode::{check_launch, check_paged_launch, PagedDecodeProblem};
-use crate::decode::{DecodeKv, DecodePlan, StepIo};
+use crate::decode::{arg_infos, DecodeKv, DecodePlan, StepIo};
 use crate::descale::KvDescale;
 use crate::element::Element;
 use crate::error::Error;
@@ -67,7 +67,7 @@ impl DecodePlan {
         args: &[ArgValue<'_>],
     ) -> Result<(), Error> {
         self.check_kind(DecodeCache::Paged, DecodeQueries::Padded, descale)?;
-        let infos = self.arg_infos(args)?;
+        let infos = arg_infos(self.spec(), args)?;
         let infos = &infos[..args.len()];
         let PagedDecodeIo { q, o, lse, kv } = io;
         let problem = PagedDecodeProblem {

@@ -14,7 +14,7 @@ use crate::args::ArgValue;
 use crate::check::Buffer;
 use crate::check_decode::check_launch;
 use crate::check_decode_varlen::{check_varlen_decode, CacheShape, VarlenDecodeProblem};
-use crate::decode::{DecodeKv, DecodePlan, StepIo};
+use crate::decode::{arg_infos, DecodeKv, DecodePlan, StepIo};
 use crate::descale::KvDescale;
 use crate::element::Element;
 use crate::error::Error;
@@ -78,7 +78,7 @@ impl DecodePlan {
         args: &[ArgValue<'_>],
     ) -> Result<(), Error> {
         self.check_kind(io.kv.cache(), DecodeQueries::Packed, descale)?;
-        let infos = self.arg_infos(args)?;
+        let infos = arg_infos(self.spec(), args)?;
         let infos = &infos[..args.len()];
         let VarlenDecodeIo { q, o, lse, cu_seqlens_q, kv } = io;
         let (q, o) = ((q.0, q.1.as_layout()), (o.0, o.1.as_layout()));

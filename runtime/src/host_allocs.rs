@@ -1,22 +1,30 @@
-//! The host allocations of a warm forward launch, counted (tests only):
-//! every step a launch takes before the driver's calls, once its kernel and
-//! tile choice are cached, allocates nothing. The counting allocator counts
+//! The host allocations of a warm forward launch and of a decode plan's
+//! run, counted (tests only): every step a launch takes before the
+//! driver's calls, once its kernel and tile choice are cached (or its plan
+//! made), allocates nothing. The counting allocator counts
 //! per thread, so tests running beside this one do not disturb it.
 
-use crate::args::ArgInfo;
+use crate::arch::Arch;
+use crate::args::{ArgInfo, ArgValue};
 use crate::block_mask::BuiltFor;
-use crate::check::{check_forward, Problem};
+use crate::check::{check_forward, Buffer, Problem};
+use crate::check_decode::{check_launch, check_paged_launch, check_run_kind, DecodeShape, PagedDecodeProblem, RunKind};
 use crate::choices::{Choice, Choices};
+use crate::decode::arg_infos;
 use crate::few::Few;
 use crate::kernels::Which;
 use crate::layout::Layout;
-use crate::marshal::{launch_config, marshal_into, Bindings, Value, INLINE_ARGS};
+use crate::marshal::{launch_config, marshal_into, Bindings, DecodeBindings, PagedBindings, Value, INLINE_ARGS};
+use crate::paged::{PagedLayout, PagedShape};
 use crate::single_flight::SingleFlight;
 use crate::spec_key::{Keyed, SpecKey};
 use crate::tma::{TensorMap, TensorMaps};
 use crate::tuning::ShapeClass;
 use flashgen_codegen::abi::Operand;
-use flashgen_codegen::cuda::{emit_forward_copying, Mma, TileConfig, TileCopy};
+use flashgen_codegen::cuda::{
+    emit_decode_with, emit_forward_copying, DecodeCache, DecodeConfig, DecodeQueries, KvCacheDtype, Mma, TileConfig,
+    TileCopy,
+};
 use flashgen_codegen::{parse_one, Dtype, ElemTy, Shape};
 use std::alloc::{GlobalAlloc, Layout as Block, System};
 use std::cell::Cell;
@@ -90,6 +98,66 @@ fn a_warm_forward_launch_allocates_nothing_before_the_driver() {
         let mut values = [Value::I32(0); INLINE_ARGS];
         assert_eq!(marshal_into(&kernel, &bindings, &mut values).unwrap(), kernel.args.len());
         launch_config(&kernel, &shape, 1, 132).unwrap();
+    });
+    assert_eq!(allocations, 0);
+}
+
+#[test]
+fn a_paged_decode_run_allocates_nothing_before_the_driver() {
+    let spec = parse_one(
+        "W { dtype: bf16, head_dim: 128, param window: i32, tensor slopes: f32[H],
+        mask: q >= k && q - k < window, score: score + slopes[h] * (k - q) as f32 }",
+    )
+    .unwrap();
+    // The plan: 4 sequences of up to 4096 keys in 16-row pages, 4 splits.
+    let plan = DecodeShape { batch: 4, heads: 32, heads_kv: 8, q_len: 1, max_kv_len: 4096 };
+    let rows = plan.group_rows() as u32;
+    let config = DecodeConfig::choose(&spec, Arch::new(9, 0).target(), rows, KvCacheDtype::Spec, false).unwrap();
+    let kernel = emit_decode_with(&spec, config, DecodeCache::Paged, DecodeQueries::Padded);
+    let kind = RunKind { cache: DecodeCache::Paged, queries: DecodeQueries::Padded, kv: KvCacheDtype::Spec };
+    // A step's buffers as the run sees them: Q and O, the caches, table and lengths.
+    let q = Layout::bshd(4, 1, 32, 128);
+    let page = PagedLayout::contiguous(1024, 16, 8, 128);
+    let cache = (page, page.as_layout().len());
+    let problem = PagedDecodeProblem {
+        dtype: Dtype::Bf16,
+        q: Buffer { layout: q, len: q.len() },
+        o: Buffer { layout: q, len: q.len() },
+        lse: Some(4 * 32),
+        kv: PagedShape {
+            caches: [cache, cache],
+            table_len: 4 * 256,
+            kv_lens_len: 4,
+            pages_per_seq: 256,
+            max_kv_len: 4096,
+            batch: 4,
+        },
+    };
+    let args = [ArgValue::I32(1024)];
+    let tensors = [0x1000];
+
+    let ((), allocations) = counted(|| {
+        check_run_kind(kind, plan.heads_kv, (DecodeCache::Paged, DecodeQueries::Padded), None).unwrap();
+        // The tensor's info as a device buffer of 32 floats gives it.
+        let mut infos = arg_infos(&spec, &args).unwrap();
+        infos[1] = ArgInfo::Tensor(ElemTy::F32, 32);
+        let infos = &infos[..2];
+        let shape = check_paged_launch(&spec, &problem, infos).unwrap().unwrap();
+        check_launch(&plan, &shape, problem.kv.kv_lens_len).unwrap();
+        let paged =
+            PagedBindings { kv_lens: 0x2000, block_table: 0x3000, pages_per_seq: 256, page_size: 16, num_pages: 1024 };
+        let bindings = Bindings {
+            decode: Some(DecodeBindings { kv_lens: 0x2000, splits: 4, partial: [0x4000, 0x5000], counters: 0x6000 }),
+            paged: Some(paged),
+            ..Bindings::without_operands(shape, infos, &tensors).with_operands(
+                [0x7000; 4],
+                [q, page.as_layout(), page.as_layout(), q],
+                0x8000,
+                0.1,
+            )
+        };
+        let mut values = [Value::I32(0); INLINE_ARGS];
+        assert_eq!(marshal_into(&kernel, &bindings, &mut values).unwrap(), kernel.args.len());
     });
     assert_eq!(allocations, 0);
 }
