@@ -154,11 +154,40 @@ pub struct DecodePlan {
     split: Option<SplitResources>,
 }
 
+/// The split combine's workspace in one allocation, so that a run takes
+/// one buffer's guard for it, not three (each guard records an event under
+/// cudarc's tracking). Zeroed once; each launch's last splits set the
+/// counters back to zero.
 struct SplitResources {
-    partial_o: CudaSlice<f32>,
-    partial_lse: CudaSlice<f32>,
-    /// Zeroed once; each launch's last splits set them back to zero.
-    counters: CudaSlice<u32>,
+    workspace: CudaSlice<u32>,
+    parts: SplitParts,
+}
+
+/// Where the split workspace's parts lie, in 4-byte elements: the partial
+/// O (f32) first, then the partial LSE (f32) and the counters (u32), each
+/// from a 256-byte boundary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SplitParts {
+    lse_at: usize,
+    counters_at: usize,
+    len: usize,
+}
+
+impl SplitParts {
+    /// The parts of `o` partial O values, `lse` partial LSEs and `counters`
+    /// counters.
+    fn carve(o: usize, lse: usize, counters: usize) -> SplitParts {
+        const ALIGN: usize = 256 / 4;
+        let lse_at = o.next_multiple_of(ALIGN);
+        let counters_at = (lse_at + lse).next_multiple_of(ALIGN);
+        SplitParts { lse_at, counters_at, len: counters_at + counters.max(1) }
+    }
+
+    /// The device addresses of the partial O, the partial LSE and the
+    /// counters in a workspace at `base`.
+    fn addresses(self, base: u64) -> [u64; 3] {
+        [base, base + 4 * self.lse_at as u64, base + 4 * self.counters_at as u64]
+    }
 }
 
 impl Runtime {
@@ -223,15 +252,13 @@ fn split_launch(
         return Ok((grid, None));
     }
     let rows = splits as usize * shape.batch * shape.heads * shape.q_len;
-    let alloc = |n: usize| rt.stream().alloc_zeros::<f32>(n.max(1));
-    let during = |e| Error::driver("allocating the split decode's workspace", e);
-    let partial_o = alloc(rows * spec.head_dims.v as usize).map_err(during)?;
-    let partial_lse = alloc(rows).map_err(during)?;
     // One counter per row tile: the grid's CTAs over the splits.
     let (x, y, z) = grid.grid_dim;
     let tiles = (x / splits) as usize * y as usize * z as usize;
-    let counters = rt.stream().alloc_zeros::<u32>(tiles.max(1)).map_err(during)?;
-    Ok((grid, Some(SplitResources { partial_o, partial_lse, counters })))
+    let parts = SplitParts::carve(rows * spec.head_dims.v as usize, rows, tiles);
+    let during = |e| Error::driver("allocating the split decode's workspace", e);
+    let workspace = rt.stream().alloc_zeros::<u32>(parts.len).map_err(during)?;
+    Ok((grid, Some(SplitResources { workspace, parts })))
 }
 
 impl DecodePlan {
@@ -368,11 +395,9 @@ impl DecodePlan {
             count += 1;
         }
         let tensor_ptrs = &tensor_ptrs[..count];
-        let split = self
-            .split
-            .as_ref()
-            .map(|s| [s.partial_o.device_ptr(stream), s.partial_lse.device_ptr(stream), s.counters.device_ptr(stream)]);
-        let [partial_o, partial_lse, counters] = split.as_ref().map_or([0; 3], |ptrs| ptrs.each_ref().map(|p| p.0));
+        let split = self.split.as_ref().map(|s| (s.parts, s.workspace.device_ptr(stream)));
+        let [partial_o, partial_lse, counters] =
+            split.as_ref().map_or([0; 3], |(parts, (base, _))| parts.addresses(*base));
         let descales = descale.map(|d| d.bind(stream));
         let decode =
             DecodeBindings { kv_lens: lens_ptr, splits: self.splits, partial: [partial_o, partial_lse], counters };
@@ -414,5 +439,22 @@ impl DecodePlan {
         // counters are sized for the plan's grid. `marshal_into` wrote at
         // most INLINE_ARGS values.
         unsafe { launch_inline(rt.stream(), self.decode.function(), &values[..count], self.grid) }.map_err(launching)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SplitParts;
+
+    #[test]
+    fn the_split_workspace_parts_start_on_256_byte_boundaries_and_do_not_overlap() {
+        for (o, lse, counters) in [(1, 1, 1), (64, 1, 0), (4 * 32 * 128, 4 * 32, 16), (100, 65, 3)] {
+            let parts = SplitParts::carve(o, lse, counters);
+            let SplitParts { lse_at, counters_at, len } = parts;
+            assert!(lse_at >= o && counters_at >= lse_at + lse && len >= counters_at + counters.max(1));
+            assert_eq!((lse_at % 64, counters_at % 64), (0, 0), "{o} {lse} {counters}");
+            let at = |i: usize| 0x1000 + 4 * i as u64;
+            assert_eq!(parts.addresses(0x1000), [at(0), at(lse_at), at(counters_at)]);
+        }
     }
 }
