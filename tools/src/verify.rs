@@ -353,6 +353,17 @@ impl DeviceProblem {
         Ok(DeviceProblem { operands, lse, tensors, layouts, stream, block_mask, config, dropout, l2_flush, e4m3 })
     }
 
+    /// Serves `problem` of `spec` from now on, the problem uploaded with the
+    /// same Q, K and V (a benchmark's next variant): its captured tensors
+    /// are uploaded, and the block mask, pinned configuration, dropout and
+    /// e4m3 operands of earlier launches dropped. O and LSE keep what the
+    /// last launch wrote, and the L2 flush buffer stays.
+    pub fn reuse_for(&mut self, spec: &Spec, problem: &Problem) -> Result<(), Error> {
+        self.tensors = upload_tensors(&self.stream, spec, &problem.tensors)?;
+        (self.block_mask, self.config, self.dropout, self.e4m3) = (None, None, None, None);
+        Ok(())
+    }
+
     /// Later launches use tile configuration `config` (one of the spec's
     /// candidates), or with `None` the runtime's own choice.
     pub fn pin_config(&mut self, config: Option<TileConfig>) {
