@@ -1,11 +1,17 @@
 # Sourced by the pack's scripts on a GPU machine (scripts/gpu-pack.sh copies
 # it there as env.sh): `here`, the pack; `out`, where logs go ($OUT, else
-# ./gpu-logs), created; the CUDA libraries and NCCL on the loader's path; `ncu`.
+# ./gpu-logs), created; the CUDA libraries and NCCL on the loader's path; `ncu`;
+# FlashAttention-4 on python's path where it is installed.
 here="$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)"
 out="${OUT:-$here/gpu-logs}"
 mkdir -p "$out"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 ncu="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
+# FlashAttention-4, where ../shared/peers/fa4/install.sh put it on this
+# machine: peers.py then times its `fa4` rows.
+if [ -d /tmp/fa4/site ]; then
+    export PYTHONPATH="/tmp/fa4/site:/tmp/fa4/site/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}"
+fi
 # NCCL for the multi-GPU tests: cudarc loads it only as libnccl.so (or
 # .so.<CUDA major>), but PyTorch's wheel ships libnccl.so.2 alone. Link the
 # wheel's under cudarc's name (and its soname, for flashgen-candle's binaries,
