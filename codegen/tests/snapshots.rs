@@ -361,6 +361,20 @@ fn backward_kernels_of_named_variants() {
     insta::assert_snapshot!("bwd_post_causal", render(&emit_backward(&spec, BackwardPass::Postprocess)));
 }
 
+/// Above DP + DVP = 384 two warps share 16 keys, each holding half of dK's
+/// and dV's columns; only part 0 adds the tensors' gradients (here ALiBi's
+/// slopes, at d = 256).
+#[test]
+fn column_parts_backward_kernel() {
+    let spec = parse_one(
+        "WideAlibi { dtype: bf16, head_dim: 256, tensor slopes: f32[H], \
+         score: score - slopes[h] * (q - k) as f32, mask: q >= k }",
+    )
+    .unwrap();
+    assert_eq!(BackwardConfig::default_for(&spec).col_parts, 2);
+    insta::assert_snapshot!("bwd_col_parts_alibi_256", render(&emit_backward(&spec, BackwardPass::KeyValue)));
+}
+
 #[test]
 fn hopper_backward_kernels_of_named_variants() {
     // The warp-specialized wgmma dK/dV kernel: analytic mask, block mask, and a

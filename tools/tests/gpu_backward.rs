@@ -175,6 +175,17 @@ fn head_dims_dtypes_and_head_groups() {
             }
         }
     }
+    // Head dims above 128: per-head and per-pair tensor gradients, a
+    // data-dependent mask and the deterministic dQ kernel, where two warps
+    // share 16 keys, each with its part of dK's and dV's columns (224, 256;
+    // one part alone adds the tensors' gradients), and where one warp holds
+    // them all (160/128).
+    for variant in ["alibi", "relative_bias", "document"] {
+        for (qk, v) in [(224, 224), (256, 256), (160, 128)] {
+            cases.push((with(spec(variant), Dtype::Bf16, qk, v), Case::new((4, 2), (113, 203))));
+        }
+    }
+    cases.push((with(spec("alibi"), Dtype::F16, 256, 256), Case::new((4, 2), (300, 555)).deterministic()));
     for heads in [(6, 6), (6, 2), (6, 1)] {
         cases.push((spec("alibi"), Case::new(heads, (128, 217))));
         cases.push((with(spec("causal"), Dtype::Bf16, 64, 64), Case::new(heads, (128, 217)).deterministic()));

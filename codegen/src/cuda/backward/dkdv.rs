@@ -36,7 +36,7 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, packing: Packing) -> Ker
         &name,
         &args,
         |w| write_config(w, spec, config),
-        |w| write_body(w, spec, &terms, packing),
+        |w| write_body(w, spec, &terms, packing, config.col_parts),
     );
     Kernel {
         name,
@@ -59,13 +59,20 @@ fn smem_bytes(spec: &Spec, config: BackwardConfig) -> u32 {
 }
 
 fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> fmt::Result {
-    let BackwardConfig { warps, block_m, .. } = config;
+    let BackwardConfig { warps, col_parts, block_m, .. } = config;
+    writeln!(w, "constexpr int WARPS = {warps};")?;
+    writeln!(w, "constexpr int THREADS = 32 * WARPS;")?;
+    let block_n = match col_parts {
+        1 => "16 * WARPS;  // keys per CTA, 16 per warp",
+        _ => {
+            writeln!(w, "constexpr int COL_PARTS = {col_parts};  // warps per 16 keys, each with its part of dK's and dV's columns")?;
+            "16 * WARPS / COL_PARTS;  // keys per CTA, 16 per COL_PARTS warps"
+        }
+    };
     write!(
         w,
         "\
-        constexpr int WARPS = {warps};\n\
-        constexpr int THREADS = 32 * WARPS;\n\
-        constexpr int BLOCK_N = 16 * WARPS;  // keys per CTA, 16 per warp: grid.x = ceil(kv_len / BLOCK_N)\n\
+        constexpr int BLOCK_N = {block_n}: grid.x = ceil(kv_len / BLOCK_N)\n\
         constexpr int BLOCK_M = {block_m};  // queries per step of the loop\n\
         constexpr int DQ_COLS = DP % 32 == 0 ? 32 : 16;  // columns of a warp's dQ block per step\n"
     )?;
@@ -77,22 +84,39 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> 
         // tiles and two statistics per query (the next step's load into one while\n\
         // the other is multiplied) and of its dS^T (read by the next step's dQ).\n",
         ["DP", "DVP"],
+        col_parts,
     )
 }
 
 /// The tile constants both dK/dV kernels share (after their BLOCK_M and
-/// BLOCK_N): each warp's m16n8 tile counts, the block mask's tile, and after
-/// `layout` (a comment on the shared-memory layout) the tile sizes, whose
-/// rows hold `cols` (the constants naming the Q/K and V tiles' columns).
-pub(super) fn write_key_tiles(w: &mut Writer<String>, spec: &Spec, layout: &str, cols: [&str; 2]) -> fmt::Result {
+/// BLOCK_N, and COL_PARTS where `col_parts` > 1): each warp's m16n8 tile
+/// counts, the block mask's tile, and after `layout` (a comment on the
+/// shared-memory layout) the tile sizes, whose rows hold `cols` (the
+/// constants naming the Q/K and V tiles' columns).
+pub(super) fn write_key_tiles(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    layout: &str,
+    cols: [&str; 2],
+    col_parts: u32,
+) -> fmt::Result {
     let [qk, v] = cols;
-    write!(
+    writeln!(
         w,
-        "\
-        constexpr int S_TILES = BLOCK_M / 8;  // m16n8 tiles of a warp's S^T and dP^T (16 keys x BLOCK_M queries)\n\
-        constexpr int DK_TILES = DP / 8;  // m16n8 tiles of a warp's dK (16 keys x DP)\n\
-        constexpr int DV_TILES = DVP / 8;  // m16n8 tiles of a warp's dV (16 keys x DVP)\n"
+        "constexpr int S_TILES = BLOCK_M / 8;  // m16n8 tiles of a warp's S^T and dP^T (16 keys x BLOCK_M queries)"
     )?;
+    match col_parts {
+        1 => w.write_str(
+            "\
+            constexpr int DK_TILES = DP / 8;  // m16n8 tiles of a warp's dK (16 keys x DP)\n\
+            constexpr int DV_TILES = DVP / 8;  // m16n8 tiles of a warp's dV (16 keys x DVP)\n",
+        )?,
+        _ => w.write_str(
+            "\
+            constexpr int DK_TILES = DP / 8 / COL_PARTS;  // m16n8 tiles of a warp's dK (16 keys x its DP / COL_PARTS)\n\
+            constexpr int DV_TILES = DVP / 8 / COL_PARTS;  // m16n8 tiles of a warp's dV (16 keys x its DVP / COL_PARTS)\n",
+        )?,
+    }
     write_mask_tiles(w, spec)?;
     w.write_str(layout)?;
     write!(
@@ -109,16 +133,32 @@ pub(super) fn write_key_tiles(w: &mut Writer<String>, spec: &Spec, layout: &str,
 /// A dK/dV kernel's CTA: its batch, K/V head and keys, the query heads of
 /// its group, the query steps, and the rows of dK and dV, and of K and V
 /// where its threads `load_kv`; a varlen CTA past its sequence's keys returns.
-pub(super) fn write_key_cta(w: &mut Writer<String>, spec: &Spec, load_kv: bool, packing: Packing) -> fmt::Result {
+///
+/// With `col_parts` > 1, `warp` names the warp's 16 keys and `part` its part
+/// of dK's and dV's columns (warps of one part are consecutive).
+pub(super) fn write_key_cta(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    load_kv: bool,
+    packing: Packing,
+    col_parts: u32,
+) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
     let [q_len, kv_len, heads, heads_kv] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv].map(n);
     let [k_stride, v_stride] = [Operand::K, Operand::V].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
     write_cta_order(w, spec)?;
     packing.write_sequence(w, spec, true, "k0", &kv_len)?;
+    match col_parts {
+        1 => w.write_str("const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n")?,
+        _ => w.write_str(
+            "\
+            const int warp = threadIdx.x / 32 % (WARPS / COL_PARTS), lane = threadIdx.x % 32;\n\
+            const int part = threadIdx.x / 32 / (WARPS / COL_PARTS);  // this warp's part of dK's and dV's columns\n",
+        )?,
+    }
     write!(
         w,
         "\
-        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
         const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n\
         const int group = {heads} / {heads_kv};  // query heads sharing this K/V head\n\
         const int q_steps = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
@@ -184,7 +224,7 @@ fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     )
 }
 
-fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: Packing) -> fmt::Result {
+fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: Packing, col_parts: u32) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
     let [q_len, kv_len, lse] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Lse].map(n);
     let (statistic_row, accum_rows) = (packing.statistic_row(spec, "h"), packing.accum_rows(spec));
@@ -202,7 +242,14 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: P
         float* delta_cols = lse_cols + 2 * BLOCK_M;  // [2][BLOCK_M]: D = rowsum(dO * O)\n\
         \n",
     )?;
-    write_key_cta(w, spec, true, packing)?;
+    write_key_cta(w, spec, true, packing, col_parts)?;
+    let worker = match col_parts {
+        1 => "warp",
+        _ => {
+            write_one_part_adds_grads(w, spec, terms)?;
+            "threadIdx.x / 32"
+        }
+    };
     write!(
         w,
         "\
@@ -256,7 +303,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: P
             // add them to the f32 accumulator by vector reductions.\n\
             float* dq_rows = {DQ_ACCUM} + {accum_rows};\n\
             auto add_dq = [&](int q0, int bb) {{\n\
-            \x20   for (int blk = warp; blk < (BLOCK_M / 16) * (DP / DQ_COLS); blk += WARPS) {{\n\
+            \x20   for (int blk = {worker}; blk < (BLOCK_M / 16) * (DP / DQ_COLS); blk += WARPS) {{\n\
             \x20       const int m0 = blk / (DP / DQ_COLS) * 16, c0 = blk % (DP / DQ_COLS) * DQ_COLS;\n\
             \x20       float acc[DQ_COLS / 8][4] = {{}};\n\
             \x20       #pragma unroll\n\
@@ -285,7 +332,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: P
         writeln!(w, "if (first < q_steps) load_step(first, buf);")?;
         writeln!(w, "int dq_pending = -1;  // first query of the step whose dS^T awaits its dQ")?;
         w.block(format_args!("for (int j = first, j_next; j < q_steps; j = j_next, buf ^= 1)"), |w| {
-            write_step(w, spec, terms, &hoisted)
+            write_step(w, spec, terms, &hoisted, col_parts)
         })?;
         writeln!(w, "if (dq_pending >= 0) {{")?;
         writeln!(w, "    __syncthreads();  // the last step's dS^T is visible")?;
@@ -302,7 +349,22 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: P
         // reads every key: once all are done, K and V stage the stores.\n\
         __syncthreads();\n"
     )?;
-    write_key_stores(w, spec)
+    write_key_stores(w, spec, col_parts)
+}
+
+/// Under column parts every warp computes its keys' dS: those of part 0
+/// alone add the tensors' gradients (the others' pointers are nulled).
+fn write_one_part_adds_grads(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Result {
+    if terms.grads.is_empty() {
+        return Ok(());
+    }
+    let nulls: Vec<String> = terms
+        .grads
+        .iter()
+        .map(|(slot, ..)| format!("{} = nullptr;", arg_name(spec, ArgKind::TensorGrad(*slot))))
+        .collect();
+    writeln!(w, "// Every part computes dS: part 0 alone adds the tensors' gradients.")?;
+    writeln!(w, "if (part != 0) {{ {} }}", nulls.join(" "))
 }
 
 /// Per trainable tensor read once per head (`slopes[h]`): the lane's running
@@ -337,15 +399,29 @@ pub(super) fn write_head_grad_adds(w: &mut Writer<String>, spec: &Spec, terms: &
 /// warp's own rows of the K and V tiles, which the caller has freed: rows
 /// leave 16 bytes per lane (a 2-byte store per element kept the window's
 /// short CTAs waiting on the store queue for ~14% of their time).
-pub(super) fn write_key_stores(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+///
+/// With `col_parts` > 1 a warp stores its part of the columns, staged in its
+/// part of its rows.
+pub(super) fn write_key_stores(w: &mut Writer<String>, spec: &Spec, col_parts: u32) -> fmt::Result {
     let [kv_len, scale] = [ArgKind::KvLen, ArgKind::Scale].map(|kind| arg_name(spec, kind));
     let [dk_stride, dv_stride] = [Operand::DK, Operand::DV].map(|op| arg_name(spec, ArgKind::Stride(op, Axis::Seq)));
-    write!(
-        w,
-        "\
-        store_warp_rows(storage{{}}, k_tile + warp * 16 * DP, dk_acc, {scale}, dk_rows, {dk_stride}, k0 + warp * 16, {kv_len}, D);\n\
-        store_warp_rows(storage{{}}, v_tile + warp * 16 * DVP, dv_acc, 1.0f, dv_rows, {dv_stride}, k0 + warp * 16, {kv_len}, DV);\n"
-    )
+    let stores = [
+        ("k_tile", "DP", "DK_TILES", "dk_acc", scale.as_str(), "dk_rows", dk_stride, "D"),
+        ("v_tile", "DVP", "DV_TILES", "dv_acc", "1.0f", "dv_rows", dv_stride, "DV"),
+    ];
+    for (tile, width, tiles, acc, factor, rows, stride, cols) in stores {
+        match col_parts {
+            1 => writeln!(
+                w,
+                "store_warp_rows(storage{{}}, {tile} + warp * 16 * {width}, {acc}, {factor}, {rows}, {stride}, k0 + warp * 16, {kv_len}, {cols});"
+            )?,
+            _ => writeln!(
+                w,
+                "store_warp_rows(storage{{}}, {tile} + warp * 16 * {width} + part * 16 * 8 * {tiles}, {acc}, {factor}, {rows} + part * 8 * {tiles}, {stride}, k0 + warp * 16, {kv_len}, {cols} - part * 8 * {tiles});"
+            )?,
+        }
+    }
+    Ok(())
 }
 
 /// One step: the query tile j of head h against this CTA's keys.
@@ -354,6 +430,7 @@ fn write_step(
     spec: &Spec,
     terms: &SpecTerms,
     hoisted: &[crate::cuda::kit::hoist::Hoisted],
+    col_parts: u32,
 ) -> fmt::Result {
     let q_len = arg_name(spec, ArgKind::QLen);
     let interior = interior_decl(spec, "k0");
@@ -399,20 +476,35 @@ fn write_step(
         b: "ob",
         smem: "dout_smem",
         lane: "dv_a",
+        first_col: (col_parts > 1).then_some("part * (DV_TILES / 2)"),
     };
-    let dk =
-        FromRegisters { a: "dsa", from: "dp", acc: "dk_acc", tiles: "DK_TILES", b: "qb", smem: "q_smem", lane: "d_a" };
+    let dk = FromRegisters {
+        a: "dsa",
+        from: "dp",
+        acc: "dk_acc",
+        tiles: "DK_TILES",
+        b: "qb",
+        smem: "q_smem",
+        lane: "d_a",
+        first_col: (col_parts > 1).then_some("part * (DK_TILES / 2)"),
+    };
     write_register_products(w, "BLOCK_M / 16", &[dv, dk])?;
+    // The warps of one 16 keys hold the same dS^T: each stores its share of
+    // the two 8-row halves.
+    let (rows, parts) = match col_parts {
+        1 => ("int i = 0; i < 2; ++i", ""),
+        _ => ("int i = part; i < 2; i += COL_PARTS", "; each part its rows"),
+    };
     write!(
         w,
         "\
         \n\
         if ({DQ_ACCUM} == nullptr) continue;  // deterministic mode: a separate kernel computes dQ\n\
         // dS^T to shared memory, so that the next step's dQ can read dS with queries\n\
-        // as rows (its barrier makes it visible: no barrier here).\n\
+        // as rows (its barrier makes it visible: no barrier here){parts}.\n\
         unsigned short* ds_tile = ds_tiles + buf * DS_TILE;\n\
         #pragma unroll\n\
-        for (int i = 0; i < 2; ++i) {{\n\
+        for ({rows}) {{\n\
         \x20   #pragma unroll\n\
         \x20   for (int n = 0; n < S_TILES; ++n) {{\n\
         \x20       const int row = warp * 16 + g + 8 * i;\n\

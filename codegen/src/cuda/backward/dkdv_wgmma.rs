@@ -207,6 +207,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         // dS tiles (queries as rows: the A operand of dQ = dS K); two steps' dQ; with\n\
         // K_HALF_COLS, the upper half of K's columns again, from a panel's start.\n",
         ["DPC", "DVPC"],
+        1,
     )
 }
 
@@ -233,7 +234,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, copy: Tile
         )?;
     }
     writeln!(w)?;
-    write_key_cta(w, spec, copy == TileCopy::Threads, packing)?;
+    write_key_cta(w, spec, copy == TileCopy::Threads, packing, 1)?;
     // A full barrier's arrivals: the copies', K/V's also the walk's (it
     // publishes the first head) and a stage's also those of the threads that
     // store statistics.
@@ -521,7 +522,7 @@ fn write_consumers(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoist
     writeln!(w, "fence_operands(dv_acc);")?;
     writeln!(w, "// dQ = dS K reads both warpgroups' keys: the consumers' barrier frees K and V.")?;
     writeln!(w, "named_barrier_sync(1, THREADS);")?;
-    write_key_stores(w, spec)
+    write_key_stores(w, spec, 1)
 }
 
 /// One step: the producer's query tile j of head h against this

@@ -190,7 +190,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: P
             // dQ += dS K, dS straight from the registers (key tiles 2kk and 2kk + 1\n\
             // form the A fragment of the kk-th 16-key step).\n"
         )?;
-        let dq = FromRegisters { a: "dsa", from: "dp", acc: "dq_acc", tiles: "DQ_TILES", b: "kb", smem: "k_smem", lane: "d_a" };
+        let dq = FromRegisters { a: "dsa", from: "dp", acc: "dq_acc", tiles: "DQ_TILES", b: "kb", smem: "k_smem", lane: "d_a", first_col: None };
         write_register_products(w, "BLOCK_N / 16", &[dq])
     })?;
     write!(

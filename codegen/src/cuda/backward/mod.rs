@@ -101,11 +101,17 @@ pub struct BackwardConfig {
     /// to 64 through 128 (but 112); elsewhere `Mma::Wgmma` emits the `mma.sync` kernel with this
     /// configuration. The other backward kernels are the same for both.
     pub mma: Mma,
-    /// Warps of the dK/dV kernel, 16 keys each: its CTA owns 16 · warps keys
-    /// (128 at head dims up to 128, as FlashAttention-2: each Q/dO tile
-    /// loaded serves twice the keys of 4 warps, and dQ takes half the
-    /// reductions).
+    /// Warps of the dK/dV kernel, 16 keys each: its CTA owns
+    /// 16 · warps / col_parts keys (128 at head dims up to 128, as
+    /// FlashAttention-2: each Q/dO tile loaded serves twice the keys of 4
+    /// warps, and dQ takes half the reductions).
     pub warps: u32,
+    /// Warps that share a warp's 16 keys in the `mma.sync` dK/dV kernel,
+    /// each holding its own part of dK's and dV's columns: above head dim
+    /// 128 one warp's whole rows of both would not fit its registers. Each
+    /// of them computes the keys' Sᵀ and dPᵀ itself (their reductions run
+    /// over every column), so two parts cost 1.4× the products of one.
+    pub col_parts: u32,
     /// Queries per step of the dK/dV kernel (a multiple of 16).
     pub block_m: u32,
     /// Keys per step of the deterministic dQ kernel (a multiple of 16); its
@@ -130,16 +136,33 @@ impl BackwardConfig {
     /// The default for a spec. The dK/dV kernel holds dK and dV (DP/2 +
     /// DVP/2 f32 per thread) for its whole run, plus Sᵀ and dPᵀ (block_m
     /// f32 per thread), so block_m shrinks as head dims grow: 64 up to head
-    /// dim 64, 32 up to 128, 16 beyond (where d = 256 still spills).
+    /// dim 64, 32 up to 128, 16 beyond. Where dK and dV together would
+    /// still spill (DP + DVP > 384: ptxas spills 650–800 bytes at 224 and
+    /// 256, under 100 at 192), two warps share 16 keys, each with half the
+    /// columns (64 keys per CTA, as FlashAttention-2's hdim-256 tile), if
+    /// both halves of both head dims are whole 16-column steps. The split's
+    /// recomputed products make it slower where one warp's rows fit.
     pub fn default_for(spec: &Spec) -> BackwardConfig {
         let widest = TileConfig::padded_head_dim(spec);
-        let (warps, block_m, dq_block_n) = match widest {
-            0..=64 => (4, 64, 64),
-            65..=128 => (8, 32, 64),
-            _ => (4, 16, 32),
+        let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
+        let split = dp + dvp > 384 && dp % 32 == 0 && dvp % 32 == 0;
+        let (warps, col_parts, block_m, dq_block_n) = match widest {
+            0..=64 => (4, 1, 64, 64),
+            65..=128 => (8, 1, 32, 64),
+            _ if split => (8, 2, 32, 32),
+            _ => (4, 1, 16, 32),
         };
         let copy = TileCopy::Threads;
-        BackwardConfig { mma: Mma::Sync, warps, block_m, dq_block_n, tensor_grads: true, copy, dropout: false }
+        BackwardConfig {
+            mma: Mma::Sync,
+            warps,
+            col_parts,
+            block_m,
+            dq_block_n,
+            tensor_grads: true,
+            copy,
+            dropout: false,
+        }
     }
 
     /// The configuration the runtime uses on `target`: on Hopper, for head
@@ -152,6 +175,7 @@ impl BackwardConfig {
             true => BackwardConfig {
                 mma: Mma::Wgmma,
                 warps: dkdv_wgmma::WARPS,
+                col_parts: 1,
                 block_m: dkdv_wgmma::BLOCK_M,
                 copy: TileCopy::Tma,
                 ..portable
@@ -162,7 +186,7 @@ impl BackwardConfig {
 
     /// Keys per CTA of the dK/dV kernel.
     pub fn block_n(self) -> u32 {
-        16 * self.warps
+        16 * self.warps / self.col_parts
     }
 
     /// This configuration with the fields `pass`'s kernel does not read

@@ -215,6 +215,9 @@ pub(super) struct FromRegisters<'a> {
     pub b: &'a str,
     pub smem: &'a str,
     pub lane: &'a str,
+    /// The 16-column step of B where the warp's columns start, as C (a warp
+    /// that holds only some of `acc`'s columns); `None`: the first.
+    pub first_col: Option<&'a str>,
 }
 
 /// The loop over `steps` 16-column steps of the warp's accumulators that
@@ -233,7 +236,11 @@ pub(super) fn write_register_products(w: &mut Writer<String>, steps: &str, produ
             }
         }
         for p in products {
-            let load = format!("ldmatrix_x4_trans({}, {} + {}.at(kk * 16, n / 2))", p.b, p.smem, p.lane);
+            let col = match p.first_col {
+                Some(first) => format!("n / 2 + {first}"),
+                None => "n / 2".to_string(),
+            };
+            let load = format!("ldmatrix_x4_trans({}, {} + {}.at(kk * 16, {col}))", p.b, p.smem, p.lane);
             write_tile_pairs(w, p.tiles, p.acc, p.a, p.b, &load)?;
         }
         Ok(())
