@@ -47,9 +47,9 @@ def parse(path, has_peer):
         t = line.split()
         if not has_peer:
             t = ["flashgen"] + t
-        if len(t) < 6 or not (t[2].isdigit() and t[3].isdigit() and t[4].isdigit()):
+        if len(t) < 6 or not (is_dims(t[2]) and t[3].isdigit() and t[4].isdigit()):
             continue
-        key = (t[0], t[1], int(t[2]), int(t[3]))
+        key = (t[0], t[1], t[2], int(t[3]))
         if t[5] == "error:":
             rows[key] = (None, None)
             continue
@@ -64,6 +64,12 @@ def parse(path, has_peer):
     return rows, device
 
 
+def is_dims(x):
+    """A head-dim column: `d` or `d_qk/d_v` (kept as text, e.g. 192/128)."""
+    parts = x.split("/")
+    return len(parts) <= 2 and all(p.isdigit() for p in parts)
+
+
 def fmt(x, spec=".1f"):
     return "–" if x is None else format(x, spec)
 
@@ -73,7 +79,7 @@ def main(bench_path, peers_path):
     pr, pr_dev = parse(peers_path, has_peer=True)
     allrows = {**fg, **pr}
     keys = sorted({k[1:] for k in allrows if k[0] != "create_block_mask"},
-                  key=lambda k: (-k[1], VARIANT_ORDER.index(k[0]) if k[0] in VARIANT_ORDER else 99, k[0], k[2]))
+                  key=lambda k: (-int(k[1].split("/")[0]), k[1], VARIANT_ORDER.index(k[0]) if k[0] in VARIANT_ORDER else 99, k[0], k[2]))
 
     def value(peer, key):
         """TFLOP/s, or 'error', or None when not measured."""
