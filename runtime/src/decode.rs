@@ -154,6 +154,66 @@ pub struct DecodePlan {
     split: Option<SplitResources>,
 }
 
+/// The device addresses one decode run binds, read off cudarc's guards by
+/// [`DecodePlan::queue`]; [`run_bindings`] turns them into the launch's
+/// bindings without touching the GPU, so that a test can run what a launch
+/// does between its guards and the driver.
+pub(crate) struct RunAddresses<'a> {
+    /// Q, K, V and O: each buffer's address and its layout.
+    pub operands: [(u64, Layout); 4],
+    /// The LSE's address (0: none).
+    pub lse: u64,
+    /// `kv_lens`, `i32[batch]`.
+    pub kv_lens: u64,
+    pub paged: Option<PagedBindings>,
+    pub varlen: Option<VarlenBindings>,
+    /// The spec's tensors, in declaration order.
+    pub tensors: &'a [u64],
+    /// With more than one split: the workspace's parts and its base.
+    pub workspace: Option<(SplitParts, u64)>,
+    /// An e4m3 cache's K and V descale buffers (address, K/V-head stride).
+    pub descales: Option<[(u64, i32); 2]>,
+}
+
+/// What a run binds from its plan.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PlanWords {
+    pub splits: u32,
+    pub scale: f32,
+    /// V must be a view of K's buffer ([`DecodeOptions::v_in_k`]).
+    pub v_in_k: bool,
+}
+
+/// The bindings of one decode run at `addresses` (see [`RunAddresses`]);
+/// refuses a V that is not K's view where the plan reads V from K.
+pub(crate) fn run_bindings<'a>(
+    plan: PlanWords,
+    shape: Shape,
+    infos: &'a [ArgInfo],
+    addresses: &RunAddresses<'a>,
+) -> Result<Bindings<'a>, Error> {
+    let [(q, q_layout), k, v, (o, o_layout)] = addresses.operands;
+    if plan.v_in_k {
+        check_v_in_k(k, v)?;
+    }
+    let [partial_o, partial_lse, counters] = addresses.workspace.map_or([0; 3], |(parts, base)| parts.addresses(base));
+    let decode =
+        DecodeBindings { kv_lens: addresses.kv_lens, splits: plan.splits, partial: [partial_o, partial_lse], counters };
+    Ok(Bindings {
+        decode: Some(decode),
+        // Q is not e4m3: its slot is never read.
+        descales: addresses.descales.map(|[k, v]| [(0, 0), k, v]),
+        paged: addresses.paged,
+        varlen: addresses.varlen,
+        ..Bindings::without_operands(shape, infos, addresses.tensors).with_operands(
+            [q, k.0, v.0, o],
+            [q_layout, k.1, v.1, o_layout],
+            addresses.lse,
+            plan.scale,
+        )
+    })
+}
+
 /// The split combine's workspace in one allocation, so that a run takes
 /// one buffer's guard for it, not three (each guard records an event under
 /// cudarc's tracking). Zeroed once; each launch's last splits set the
@@ -167,7 +227,7 @@ struct SplitResources {
 /// O (f32) first, then the partial LSE (f32) and the counters (u32), each
 /// from a 256-byte boundary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct SplitParts {
+pub(crate) struct SplitParts {
     lse_at: usize,
     counters_at: usize,
     len: usize,
@@ -176,7 +236,7 @@ struct SplitParts {
 impl SplitParts {
     /// The parts of `o` partial O values, `lse` partial LSEs and `counters`
     /// counters.
-    fn carve(o: usize, lse: usize, counters: usize) -> SplitParts {
+    pub(crate) fn carve(o: usize, lse: usize, counters: usize) -> SplitParts {
         const ALIGN: usize = 256 / 4;
         let lse_at = o.next_multiple_of(ALIGN);
         let counters_at = (lse_at + lse).next_multiple_of(ALIGN);
@@ -370,9 +430,6 @@ impl DecodePlan {
         };
         let (k_ptr, _k) = k.device_ptr(stream);
         let (v_ptr, _v) = v.device_ptr(stream);
-        if self.config.v_in_k {
-            check_v_in_k((k_ptr, k_layout), (v_ptr, v_layout))?;
-        }
         let (paged, _table) = match &kv {
             DecodeKv::Dense { .. } => (None, None),
             DecodeKv::Paged(kv) => {
@@ -394,28 +451,20 @@ impl DecodePlan {
             tensor_ptrs[count] = *ptr;
             count += 1;
         }
-        let tensor_ptrs = &tensor_ptrs[..count];
-        let split = self.split.as_ref().map(|s| (s.parts, s.workspace.device_ptr(stream)));
-        let [partial_o, partial_lse, counters] =
-            split.as_ref().map_or([0; 3], |(parts, (base, _))| parts.addresses(*base));
+        let workspace = self.split.as_ref().map(|s| (s.parts, s.workspace.device_ptr(stream)));
         let descales = descale.map(|d| d.bind(stream));
-        let decode =
-            DecodeBindings { kv_lens: lens_ptr, splits: self.splits, partial: [partial_o, partial_lse], counters };
-        let layouts = [q.1, k_layout, v_layout, o.1];
-        let lse_ptr = lse.as_ref().map_or(0, |(ptr, _)| *ptr);
-        let bindings = Bindings {
-            decode: Some(decode),
-            // Q is not e4m3: its slot is never read.
-            descales: descales.as_ref().map(|[k, v]| [(0, 0), k.binding, v.binding]),
+        let addresses = RunAddresses {
+            operands: [(q_ptr, q.1), (k_ptr, k_layout), (v_ptr, v_layout), (o_ptr, o.1)],
+            lse: lse.as_ref().map_or(0, |(ptr, _)| *ptr),
+            kv_lens: lens_ptr,
             paged,
             varlen,
-            ..Bindings::without_operands(shape, infos, tensor_ptrs).with_operands(
-                [q_ptr, k_ptr, v_ptr, o_ptr],
-                layouts,
-                lse_ptr,
-                self.scale,
-            )
+            tensors: &tensor_ptrs[..count],
+            workspace: workspace.as_ref().map(|(parts, (base, _))| (*parts, *base)),
+            descales: descales.as_ref().map(|[k, v]| [k.binding, v.binding]),
         };
+        let words = PlanWords { splits: self.splits, scale: self.scale, v_in_k: self.config.v_in_k };
+        let bindings = run_bindings(words, shape, infos, &addresses)?;
         self.launch(rt, &bindings)
     }
 

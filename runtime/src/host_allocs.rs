@@ -10,11 +10,11 @@ use crate::block_mask::BuiltFor;
 use crate::check::{check_forward, Buffer, Problem};
 use crate::check_decode::{check_launch, check_paged_launch, check_run_kind, DecodeShape, PagedDecodeProblem, RunKind};
 use crate::choices::{Choice, Choices};
-use crate::decode::arg_infos;
+use crate::decode::{arg_infos, run_bindings, PlanWords, RunAddresses, SplitParts};
 use crate::few::Few;
 use crate::kernels::Which;
 use crate::layout::Layout;
-use crate::marshal::{launch_config, marshal_into, Bindings, DecodeBindings, PagedBindings, Value, INLINE_ARGS};
+use crate::marshal::{launch_config, marshal_into, Bindings, PagedBindings, Value, INLINE_ARGS};
 use crate::paged::{PagedLayout, PagedShape};
 use crate::single_flight::SingleFlight;
 use crate::spec_key::{Keyed, SpecKey};
@@ -135,6 +135,8 @@ fn a_paged_decode_run_allocates_nothing_before_the_driver() {
     };
     let args = [ArgValue::I32(1024)];
     let tensors = [0x1000];
+    // The plan's workspace: 4 splits' partial O and LSE rows, and a counter per row tile.
+    let workspace = SplitParts::carve(4 * 4 * 32 * 128, 4 * 4 * 32, 32);
 
     let ((), allocations) = counted(|| {
         check_run_kind(kind, plan.heads_kv, (DecodeCache::Paged, DecodeQueries::Padded), None).unwrap();
@@ -144,18 +146,21 @@ fn a_paged_decode_run_allocates_nothing_before_the_driver() {
         let infos = &infos[..2];
         let shape = check_paged_launch(&spec, &problem, infos).unwrap().unwrap();
         check_launch(&plan, &shape, problem.kv.kv_lens_len).unwrap();
+        // What `DecodePlan::queue` binds from the addresses its guards give.
         let paged =
             PagedBindings { kv_lens: 0x2000, block_table: 0x3000, pages_per_seq: 256, page_size: 16, num_pages: 1024 };
-        let bindings = Bindings {
-            decode: Some(DecodeBindings { kv_lens: 0x2000, splits: 4, partial: [0x4000, 0x5000], counters: 0x6000 }),
+        let addresses = RunAddresses {
+            operands: [(0x7000, q), (0x7100, page.as_layout()), (0x7200, page.as_layout()), (0x7300, q)],
+            lse: 0x8000,
+            kv_lens: 0x2000,
             paged: Some(paged),
-            ..Bindings::without_operands(shape, infos, &tensors).with_operands(
-                [0x7000; 4],
-                [q, page.as_layout(), page.as_layout(), q],
-                0x8000,
-                0.1,
-            )
+            varlen: None,
+            tensors: &tensors,
+            workspace: Some((workspace, 0x4000)),
+            descales: None,
         };
+        let words = PlanWords { splits: 4, scale: 0.1, v_in_k: false };
+        let bindings = run_bindings(words, shape, infos, &addresses).unwrap();
         let mut values = [Value::I32(0); INLINE_ARGS];
         assert_eq!(marshal_into(&kernel, &bindings, &mut values).unwrap(), kernel.args.len());
     });
