@@ -71,10 +71,12 @@ const DIMS: [&str; 6] = ["B", "H", "H_KV", "Q_LEN", "KV_LEN", "8"];
 /// Draws spec number `n` (its name) from `rng`.
 pub fn random_spec(rng: &mut StdRng, n: usize) -> DrawnSpec {
     let dtype = ["bf16", "f16"].choose(rng).copied().unwrap_or("bf16");
-    let head_dim = [16, 32, 64, 80, 128].choose(rng).copied().unwrap_or(64);
+    // Above 128 the Hopper forward's wide tiles and the backward's column
+    // parts (DP + DVP > 384) run.
+    let head_dim = [16, 32, 64, 80, 128, 160, 256].choose(rng).copied().unwrap_or(64);
     let mut fields = vec![format!("dtype: {dtype}"), format!("head_dim: {head_dim}")];
     if rng.random_bool(0.2) {
-        fields.push(format!("v_head_dim: {}", [32, 64].choose(rng).copied().unwrap_or(64)));
+        fields.push(format!("v_head_dim: {}", [32, 64, 128].choose(rng).copied().unwrap_or(64)));
     }
     let (mut int_params, mut float_params, mut params) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..rng.random_range(0..=2) {
