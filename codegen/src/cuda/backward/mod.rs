@@ -107,10 +107,10 @@ pub struct BackwardConfig {
     /// warps, and dQ takes half the reductions).
     pub warps: u32,
     /// Warps that share a warp's 16 keys in the `mma.sync` dK/dV kernel,
-    /// each holding its own part of dK's and dV's columns: above head dim
-    /// 128 one warp's whole rows of both would not fit its registers. Each
-    /// of them computes the keys' Sᵀ and dPᵀ itself (their reductions run
-    /// over every column), so two parts cost 1.4× the products of one.
+    /// each holding its own part of dK's and dV's columns, where one warp's
+    /// whole rows of both would spill (see [`Self::default_for`]). Each of
+    /// them computes the keys' Sᵀ and dPᵀ itself (their reductions run over
+    /// every column), so two parts cost 1.4× the products of one.
     pub col_parts: u32,
     /// Queries per step of the dK/dV kernel (a multiple of 16).
     pub block_m: u32,
