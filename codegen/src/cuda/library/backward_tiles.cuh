@@ -2,14 +2,13 @@
 // `factor`, rows first..first + 15 of the 16-bit `rows` (`len` of them exist,
 // `cols` columns), out to global memory through `stage`: this warp's 16 rows
 // of a free shared tile 8 * TILES columns wide. The column pairs land with
-// each row's 16-byte chunks XORed with the row (a warp's pair stores then
-// hit all 32 banks where TILES is a multiple of 8); the rows leave 16 bytes
+// each row's 16-byte chunks XORed with its swizzle_key (a warp's pair
+// stores then hit all 32 banks); the rows leave 16 bytes
 // per lane where they are 16-byte aligned and the chunk holds only columns
 // below `cols`, else element by element.
 template <class S, int TILES>
 __device__ __forceinline__ void store_warp_rows(S, unsigned short* stage, const float (&acc)[TILES][4], float factor,
                                                 unsigned short* rows, long long stride, int first, int len, int cols) {
-    constexpr int PERIOD = TILES % 8 == 0 ? 8 : TILES % 4 == 0 ? 4 : TILES % 2 == 0 ? 2 : 1;
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     unsigned char* bytes = reinterpret_cast<unsigned char*>(stage);
     #pragma unroll
@@ -18,7 +17,7 @@ __device__ __forceinline__ void store_warp_rows(S, unsigned short* stage, const 
         for (int i = 0; i < 2; ++i) {
             const int row = g + 8 * i;
             const unsigned pair = (unsigned)S::from_f32(acc[n][2 * i] * factor) | (unsigned)S::from_f32(acc[n][2 * i + 1] * factor) << 16;
-            *reinterpret_cast<unsigned*>(bytes + row * 16 * TILES + (n ^ row % PERIOD) * 16 + 4 * t) = pair;
+            *reinterpret_cast<unsigned*>(bytes + row * 16 * TILES + (n ^ swizzle_key<TILES>(row)) * 16 + 4 * t) = pair;
         }
     }
     __syncwarp();
@@ -29,7 +28,7 @@ __device__ __forceinline__ void store_warp_rows(S, unsigned short* stage, const 
     for (int c = lane; c < 16 * TILES; c += 32) {
         const int row = c / TILES, chunk = c % TILES;
         if (row >= count) break;
-        const unsigned char* from = bytes + row * 16 * TILES + (chunk ^ row % PERIOD) * 16;
+        const unsigned char* from = bytes + row * 16 * TILES + (chunk ^ swizzle_key<TILES>(row)) * 16;
         unsigned short* to = out + row * stride + chunk * 8;
         if (vector && chunk * 8 + 8 <= cols) {
             *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(from);

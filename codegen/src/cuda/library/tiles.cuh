@@ -25,14 +25,23 @@ __device__ __forceinline__ bool aligned16(const E* p, long long stride) {
     return (unsigned long long)p % 16 == 0 && stride * (long long)sizeof(E) % 16 == 0;
 }
 
-// Element offset of (row, col) in a swizzled shared tile with COLS columns:
-// the 16-byte chunk index is XORed with the row, so ldmatrix's eight row
-// addresses fall in eight different bank groups.
+// The key a row's 16-byte chunk indices are XORed with, in rows of CHUNKS
+// chunks: consecutive rows start G = gcd(CHUNKS, 8) bank groups apart
+// (modulo the eight 16-byte groups), so every 8 / G rows the groups repeat;
+// the key changes there and takes G values (below G, so a chunk stays in
+// its row). Eight consecutive rows' same chunk then fall in eight groups,
+// as ldmatrix's eight row addresses need.
+template <int CHUNKS>
+__device__ __forceinline__ int swizzle_key(int row) {
+    constexpr int G = CHUNKS % 8 == 0 ? 8 : CHUNKS % 4 == 0 ? 4 : CHUNKS % 2 == 0 ? 2 : 1;
+    return row / (8 / G) % G;
+}
+
+// Element offset of (row, col) in a swizzled shared tile with COLS columns
+// (see swizzle_key).
 template <int COLS>
 __device__ __forceinline__ int swizzle(int row, int col) {
-    constexpr int CHUNKS = COLS / 8;
-    constexpr int PERIOD = CHUNKS % 8 == 0 ? 8 : CHUNKS % 4 == 0 ? 4 : CHUNKS % 2 == 0 ? 2 : 1;
-    return row * COLS + (((col / 8) ^ (row % PERIOD)) * 8) + col % 8;
+    return row * COLS + (((col / 8) ^ swizzle_key<COLS / 8>(row)) * 8) + col % 8;
 }
 
 // Element offset of (row, col) in a shared tile of ROWS x COLS: swizzled
