@@ -55,7 +55,14 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, packing: Packing) -> Ker
 fn smem_bytes(spec: &Spec, config: BackwardConfig) -> u32 {
     let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
     let (m, n) = (config.block_m, config.block_n());
-    2 * (n * (dp + dvp) + 2 * m * (dp + dvp + n)) + 2 * 4 * 2 * m
+    let partials = if config.col_parts > 1 { 4 * config.warps * partials_per_warp(config) } else { 0 };
+    2 * (n * (dp + dvp) + 2 * m * (dp + dvp + n)) + 2 * 4 * 2 * m + partials
+}
+
+/// f32 of a warp's slot for its partial Sᵀ and dPᵀ under column parts: both
+/// accumulators' BLOCK_M / 8 m16n8 tiles, 4 per lane.
+fn partials_per_warp(config: BackwardConfig) -> u32 {
+    2 * config.block_m / 8 * 4 * 32
 }
 
 fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> fmt::Result {
@@ -66,6 +73,11 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> 
         1 => "16 * WARPS;  // keys per CTA, 16 per warp",
         _ => {
             writeln!(w, "constexpr int COL_PARTS = {col_parts};  // warps per 16 keys, each with its part of dK's and dV's columns")?;
+            writeln!(
+                w,
+                "constexpr int PARTIALS = {};  // f32 of a warp's slot for its partial S^T and dP^T",
+                partials_per_warp(config)
+            )?;
             "16 * WARPS / COL_PARTS;  // keys per CTA, 16 per COL_PARTS warps"
         }
     };
@@ -239,9 +251,15 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: P
         unsigned short* dout_tiles = q_tiles + 2 * Q_TILE;  // [2][BLOCK_M][DVP]\n\
         unsigned short* ds_tiles = dout_tiles + 2 * DO_TILE;  // [2][BLOCK_N][BLOCK_M]: dS^T, for dQ\n\
         float* lse_cols = (float*)(ds_tiles + 2 * DS_TILE);  // [2][BLOCK_M]: LSE in log2 units, +inf for no gradient\n\
-        float* delta_cols = lse_cols + 2 * BLOCK_M;  // [2][BLOCK_M]: D = rowsum(dO * O)\n\
-        \n",
+        float* delta_cols = lse_cols + 2 * BLOCK_M;  // [2][BLOCK_M]: D = rowsum(dO * O)\n",
     )?;
+    if col_parts > 1 {
+        writeln!(
+            w,
+            "float* partials = delta_cols + 2 * BLOCK_M;  // [WARPS][PARTIALS]: each warp's partial S^T and dP^T"
+        )?;
+    }
+    writeln!(w)?;
     write_key_cta(w, spec, true, packing, col_parts)?;
     let worker = match col_parts {
         1 => "warp",
@@ -458,7 +476,14 @@ fn write_step(
         if (dq_pending >= 0) add_dq(dq_pending, buf ^ 1);\n"
     )?;
     write_column_terms(w, spec, hoisted, Rows::Keys, "q0")?;
-    write_scores(w, Rows::Keys)?;
+    write_scores(w, Rows::Keys, col_parts)?;
+    if col_parts > 1 {
+        writeln!(w, "// Each part summed its share of the head dims: add the other's sums.")?;
+        writeln!(
+            w,
+            "add_partner_sums(s, dp, partials + threadIdx.x / 32 * PARTIALS, partials + ((part ^ 1) * (WARPS / COL_PARTS) + warp) * PARTIALS, 1 + warp);"
+        )?;
+    }
     write_split_elements(w, spec, terms, Rows::Keys, ("k0 + warp * 16", "q0"), Part::Both)?;
     write!(
         w,

@@ -181,7 +181,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: P
             __syncthreads();  // K and V are visible\n"
         )?;
         write_column_terms(w, spec, &hoisted, Rows::Queries, "kv0")?;
-        write_scores(w, Rows::Queries)?;
+        write_scores(w, Rows::Queries, 1)?;
         write_split_elements(w, spec, terms, Rows::Queries, ("q0 + warp * 16", "kv0"), Part::Both)?;
         write!(
             w,

@@ -108,9 +108,9 @@ pub struct BackwardConfig {
     pub warps: u32,
     /// Warps that share a warp's 16 keys in the `mma.sync` dK/dV kernel,
     /// each holding its own part of dK's and dV's columns, where one warp's
-    /// whole rows of both would spill (see [`Self::default_for`]). Each of
-    /// them computes the keys' Sᵀ and dPᵀ itself (their reductions run over
-    /// every column), so two parts cost 1.4× the products of one.
+    /// whole rows of both would spill (see [`Self::default_for`]). Each
+    /// sums the keys' Sᵀ and dPᵀ over its share of the head dims and adds
+    /// the others' sums through shared memory.
     pub col_parts: u32,
     /// Queries per step of the dK/dV kernel (a multiple of 16).
     pub block_m: u32,
@@ -140,8 +140,7 @@ impl BackwardConfig {
     /// still spill (DP + DVP > 384: ptxas spills 650–800 bytes at 224 and
     /// 256, under 100 at 192), two warps share 16 keys, each with half the
     /// columns (64 keys per CTA, as FlashAttention-2's hdim-256 tile), if
-    /// both halves of both head dims are whole 16-column steps. The split's
-    /// recomputed products make it slower where one warp's rows fit.
+    /// both halves of both head dims are whole 16-column steps.
     pub fn default_for(spec: &Spec) -> BackwardConfig {
         let widest = TileConfig::padded_head_dim(spec);
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));

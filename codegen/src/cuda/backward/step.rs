@@ -14,8 +14,9 @@ use std::fmt::{self, Write};
 /// `s` = S and `dp` = dP on this warp's 16 rows × S_TILES m16n8 tiles: the
 /// row operands (K and V, or Q and dO) are the A operands, the column
 /// operands the B operands, all in shared memory (`*_smem`, read through
-/// the lane patterns `d_a`, `d_b`, `dv_a`, `dv_b`).
-pub(super) fn write_scores(w: &mut Writer<String>, rows: Rows) -> fmt::Result {
+/// the lane patterns `d_a`, `d_b`, `dv_a`, `dv_b`). With `col_parts` > 1
+/// the warp sums its `part` of the head dims' 16-column steps only.
+pub(super) fn write_scores(w: &mut Writer<String>, rows: Rows, col_parts: u32) -> fmt::Result {
     // (A tile, B tile, B fragment) of S, then of dP.
     let (what, [s_operands, dp_operands]) = match rows {
         Rows::Keys => (
@@ -34,8 +35,12 @@ pub(super) fn write_scores(w: &mut Writer<String>, rows: Rows) -> fmt::Result {
     for (acc, steps, (a_smem, b_smem, b), (a_lane, b_lane)) in
         [("s", "DP / 16", s_operands, ("d_a", "d_b")), ("dp", "DVP / 16", dp_operands, ("dv_a", "dv_b"))]
     {
+        let range = match col_parts {
+            1 => format!("int kk = 0; kk < {steps}; ++kk"),
+            _ => format!("int kk = part * ({steps} / COL_PARTS); kk < (part + 1) * ({steps} / COL_PARTS); ++kk"),
+        };
         writeln!(w, "#pragma unroll")?;
-        w.block(format_args!("for (int kk = 0; kk < {steps}; ++kk)"), |w| {
+        w.block(format_args!("for ({range})"), |w| {
             writeln!(w, "unsigned a[4];")?;
             writeln!(w, "ldmatrix_x4(a, {a_smem} + {a_lane}.at(warp * 16, kk));")?;
             let load = format!("ldmatrix_x4({b}, {b_smem} + {b_lane}.at(n * 8, kk))");

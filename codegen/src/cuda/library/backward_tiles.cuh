@@ -79,3 +79,33 @@ __device__ __forceinline__ void red_add_tile(float* m, int rows, int row0, int c
         }
     }
 }
+
+// Adds to a warp's partial S^T and dP^T (TILES m16n8 tiles each, summed over
+// its part of the head dims) those of its partner, the warp of the other
+// column part on the same 16 keys: each stores its sums to its slot `mine`
+// (lane-major, conflict-free) and reads the partner's `theirs` once both
+// pass named barrier `bar` (the pair's 64 threads). Both add the same two
+// values (a + b = b + a exactly), so their P and dS agree bit for bit. The
+// caller's next write to `mine` must follow a barrier of the whole CTA.
+template <int TILES>
+__device__ __forceinline__ void add_partner_sums(float (&s)[TILES][4], float (&dp)[TILES][4], float* mine,
+                                                 const float* theirs, int bar) {
+    const int lane = threadIdx.x % 32;
+    #pragma unroll
+    for (int n = 0; n < TILES; ++n) {
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            mine[(n * 4 + e) * 32 + lane] = s[n][e];
+            mine[((TILES + n) * 4 + e) * 32 + lane] = dp[n][e];
+        }
+    }
+    asm volatile("bar.sync %0, 64;" ::"r"(bar) : "memory");
+    #pragma unroll
+    for (int n = 0; n < TILES; ++n) {
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[n][e] += theirs[(n * 4 + e) * 32 + lane];
+            dp[n][e] += theirs[((TILES + n) * 4 + e) * 32 + lane];
+        }
+    }
+}
