@@ -53,6 +53,9 @@ python3 - "$out" "$rounds" "${bins[@]}" <<'EOF'
 import sys, os
 out, rounds, bins = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 rows, order = {}, []
+def is_dims(text):  # `d` or `d_qk/d_v`, e.g. 192/128
+    parts = text.split("/")
+    return len(parts) <= 2 and all(p.isdigit() for p in parts)
 def row(key):
     if key not in rows:
         rows[key] = {}
@@ -63,7 +66,7 @@ for b in bins:
         path = os.path.join(out, f"bench-{b}-{r}.log")
         for line in open(path, errors="replace") if os.path.exists(path) else []:
             t = line.split()
-            if len(t) >= 6 and t[1].isdigit() and t[2].isdigit() and t[3].isdigit():
+            if len(t) >= 6 and is_dims(t[1]) and t[2].isdigit() and t[3].isdigit():
                 try:
                     row((t[0], t[1], t[2])).setdefault(b, []).append(float(t[5]))
                 except ValueError:
@@ -71,7 +74,7 @@ for b in bins:
 peers = os.path.join(out, "peers.log")
 for line in open(peers, errors="replace") if os.path.exists(peers) else []:
     t = line.split()
-    if len(t) >= 7 and t[0] in ("flex", "sdpa-FLASH", "fa4") and t[2].isdigit() and t[3].isdigit():
+    if len(t) >= 7 and t[0] in ("flex", "sdpa-FLASH", "fa4") and is_dims(t[2]) and t[3].isdigit():
         try:
             row((t[1], t[2], t[3]))[t[0]] = [float(t[6])]
         except ValueError:
