@@ -14,7 +14,7 @@ use flashgen_codegen::cuda::{
     emit_decode, emit_decode_paged, emit_decode_with, emit_e4m3_v_tiles, emit_forward, emit_forward_copying,
     emit_forward_dropout, emit_forward_e4m3, emit_forward_paged, emit_forward_varlen, emit_forward_with,
     emit_merge_partial, emit_paged_append, BackwardConfig, BackwardPass, DecodeCache, DecodeConfig, DecodeQueries,
-    DqAccum, KvCacheDtype, Mma, Target, TileConfig, TileCopy,
+    DqAccum, KeyColumns, KvCacheDtype, Mma, Target, TileConfig, TileCopy,
 };
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
@@ -365,14 +365,14 @@ fn backward_kernels_of_named_variants() {
 /// and dV's columns; only part 0 adds the tensors' gradients (here ALiBi's
 /// slopes, at d = 256).
 #[test]
-fn column_parts_backward_kernel() {
+fn halved_columns_backward_kernel() {
     let spec = parse_one(
         "WideAlibi { dtype: bf16, head_dim: 256, tensor slopes: f32[H], \
          score: score - slopes[h] * (q - k) as f32, mask: q >= k }",
     )
     .unwrap();
-    assert_eq!(BackwardConfig::default_for(&spec).col_parts, 2);
-    insta::assert_snapshot!("bwd_col_parts_alibi_256", render(&emit_backward(&spec, BackwardPass::KeyValue)));
+    assert_eq!(BackwardConfig::default_for(&spec).columns, KeyColumns::Halves);
+    insta::assert_snapshot!("bwd_column_halves_alibi_256", render(&emit_backward(&spec, BackwardPass::KeyValue)));
 }
 
 #[test]

@@ -8,7 +8,7 @@ use super::common::{
 };
 use super::packing::Packing;
 use super::step::{write_register_products, write_scores, write_split_elements, FromRegisters, Part};
-use super::BackwardConfig;
+use super::{BackwardConfig, KeyColumns};
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::kit::hoist::hoist;
 use crate::cuda::kit::terms::interior_decl;
@@ -36,7 +36,7 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, packing: Packing) -> Ker
         &name,
         &args,
         |w| write_config(w, spec, config),
-        |w| write_body(w, spec, &terms, packing, config.col_parts),
+        |w| write_body(w, spec, &terms, packing, config.columns),
     );
     Kernel {
         name,
@@ -55,24 +55,31 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, packing: Packing) -> Ker
 fn smem_bytes(spec: &Spec, config: BackwardConfig) -> u32 {
     let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
     let (m, n) = (config.block_m, config.block_n());
-    let partials = if config.col_parts > 1 { 4 * config.warps * partials_per_warp(config) } else { 0 };
+    let partials = match config.columns {
+        KeyColumns::Whole => 0,
+        KeyColumns::Halves => 4 * config.warps * partials_per_warp(config),
+    };
     2 * (n * (dp + dvp) + 2 * m * (dp + dvp + n)) + 2 * 4 * 2 * m + partials
 }
 
-/// f32 of a warp's slot for its partial Sᵀ and dPᵀ under column parts: both
+/// f32 of a warp's slot for its partial Sᵀ and dPᵀ under halved columns: both
 /// accumulators' BLOCK_M / 8 m16n8 tiles, 4 per lane.
 fn partials_per_warp(config: BackwardConfig) -> u32 {
     2 * config.block_m / 8 * 4 * 32
 }
 
 fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> fmt::Result {
-    let BackwardConfig { warps, col_parts, block_m, .. } = config;
+    let BackwardConfig { warps, columns, block_m, .. } = config;
     writeln!(w, "constexpr int WARPS = {warps};")?;
     writeln!(w, "constexpr int THREADS = 32 * WARPS;")?;
-    let block_n = match col_parts {
-        1 => "16 * WARPS;  // keys per CTA, 16 per warp",
-        _ => {
-            writeln!(w, "constexpr int COL_PARTS = {col_parts};  // warps per 16 keys, each with its part of dK's and dV's columns")?;
+    let block_n = match columns {
+        KeyColumns::Whole => "16 * WARPS;  // keys per CTA, 16 per warp",
+        KeyColumns::Halves => {
+            writeln!(
+                w,
+                "constexpr int COL_PARTS = {};  // warps per 16 keys, each with its part of dK's and dV's columns",
+                columns.parts()
+            )?;
             writeln!(
                 w,
                 "constexpr int PARTIALS = {};  // f32 of a warp's slot for its partial S^T and dP^T",
@@ -96,12 +103,12 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> 
         // tiles and two statistics per query (the next step's load into one while\n\
         // the other is multiplied) and of its dS^T (read by the next step's dQ).\n",
         ["DP", "DVP"],
-        col_parts,
+        columns,
     )
 }
 
 /// The tile constants both dK/dV kernels share (after their BLOCK_M and
-/// BLOCK_N, and COL_PARTS where `col_parts` > 1): each warp's m16n8 tile
+/// BLOCK_N, and COL_PARTS where `columns` halves them): each warp's m16n8 tile
 /// counts, the block mask's tile, and after `layout` (a comment on the
 /// shared-memory layout) the tile sizes, whose rows hold `cols` (the
 /// constants naming the Q/K and V tiles' columns).
@@ -110,20 +117,20 @@ pub(super) fn write_key_tiles(
     spec: &Spec,
     layout: &str,
     cols: [&str; 2],
-    col_parts: u32,
+    columns: KeyColumns,
 ) -> fmt::Result {
     let [qk, v] = cols;
     writeln!(
         w,
         "constexpr int S_TILES = BLOCK_M / 8;  // m16n8 tiles of a warp's S^T and dP^T (16 keys x BLOCK_M queries)"
     )?;
-    match col_parts {
-        1 => w.write_str(
+    match columns {
+        KeyColumns::Whole => w.write_str(
             "\
             constexpr int DK_TILES = DP / 8;  // m16n8 tiles of a warp's dK (16 keys x DP)\n\
             constexpr int DV_TILES = DVP / 8;  // m16n8 tiles of a warp's dV (16 keys x DVP)\n",
         )?,
-        _ => w.write_str(
+        KeyColumns::Halves => w.write_str(
             "\
             constexpr int DK_TILES = DP / 8 / COL_PARTS;  // m16n8 tiles of a warp's dK (16 keys x its DP / COL_PARTS)\n\
             constexpr int DV_TILES = DVP / 8 / COL_PARTS;  // m16n8 tiles of a warp's dV (16 keys x its DVP / COL_PARTS)\n",
@@ -146,23 +153,23 @@ pub(super) fn write_key_tiles(
 /// its group, the query steps, and the rows of dK and dV, and of K and V
 /// where its threads `load_kv`; a varlen CTA past its sequence's keys returns.
 ///
-/// With `col_parts` > 1, `warp` names the warp's 16 keys and `part` its part
+/// With halved columns, `warp` names the warp's 16 keys and `part` its part
 /// of dK's and dV's columns (warps of one part are consecutive).
 pub(super) fn write_key_cta(
     w: &mut Writer<String>,
     spec: &Spec,
     load_kv: bool,
     packing: Packing,
-    col_parts: u32,
+    columns: KeyColumns,
 ) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
     let [q_len, kv_len, heads, heads_kv] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv].map(n);
     let [k_stride, v_stride] = [Operand::K, Operand::V].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
     write_cta_order(w, spec)?;
     packing.write_sequence(w, spec, true, "k0", &kv_len)?;
-    match col_parts {
-        1 => w.write_str("const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n")?,
-        _ => w.write_str(
+    match columns {
+        KeyColumns::Whole => w.write_str("const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n")?,
+        KeyColumns::Halves => w.write_str(
             "\
             const int warp = threadIdx.x / 32 % (WARPS / COL_PARTS), lane = threadIdx.x % 32;\n\
             const int part = threadIdx.x / 32 / (WARPS / COL_PARTS);  // this warp's part of dK's and dV's columns\n",
@@ -236,7 +243,13 @@ fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     )
 }
 
-fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: Packing, col_parts: u32) -> fmt::Result {
+fn write_body(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    terms: &SpecTerms,
+    packing: Packing,
+    columns: KeyColumns,
+) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
     let [q_len, kv_len, lse] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Lse].map(n);
     let (statistic_row, accum_rows) = (packing.statistic_row(spec, "h"), packing.accum_rows(spec));
@@ -253,17 +266,17 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: P
         float* lse_cols = (float*)(ds_tiles + 2 * DS_TILE);  // [2][BLOCK_M]: LSE in log2 units, +inf for no gradient\n\
         float* delta_cols = lse_cols + 2 * BLOCK_M;  // [2][BLOCK_M]: D = rowsum(dO * O)\n",
     )?;
-    if col_parts > 1 {
+    if columns == KeyColumns::Halves {
         writeln!(
             w,
             "float* partials = delta_cols + 2 * BLOCK_M;  // [WARPS][PARTIALS]: each warp's partial S^T and dP^T"
         )?;
     }
     writeln!(w)?;
-    write_key_cta(w, spec, true, packing, col_parts)?;
-    let worker = match col_parts {
-        1 => "warp",
-        _ => {
+    write_key_cta(w, spec, true, packing, columns)?;
+    let worker = match columns {
+        KeyColumns::Whole => "warp",
+        KeyColumns::Halves => {
             write_one_part_adds_grads(w, spec, terms)?;
             "threadIdx.x / 32"
         }
@@ -350,7 +363,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: P
         writeln!(w, "if (first < q_steps) load_step(first, buf);")?;
         writeln!(w, "int dq_pending = -1;  // first query of the step whose dS^T awaits its dQ")?;
         w.block(format_args!("for (int j = first, j_next; j < q_steps; j = j_next, buf ^= 1)"), |w| {
-            write_step(w, spec, terms, &hoisted, col_parts)
+            write_step(w, spec, terms, &hoisted, columns)
         })?;
         writeln!(w, "if (dq_pending >= 0) {{")?;
         writeln!(w, "    __syncthreads();  // the last step's dS^T is visible")?;
@@ -367,10 +380,10 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: P
         // reads every key: once all are done, K and V stage the stores.\n\
         __syncthreads();\n"
     )?;
-    write_key_stores(w, spec, col_parts)
+    write_key_stores(w, spec, columns)
 }
 
-/// Under column parts every warp computes its keys' dS: those of part 0
+/// Under halved columns every warp computes its keys' dS: those of part 0
 /// alone add the tensors' gradients (the others' pointers are nulled).
 fn write_one_part_adds_grads(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms) -> fmt::Result {
     if terms.grads.is_empty() {
@@ -418,9 +431,9 @@ pub(super) fn write_head_grad_adds(w: &mut Writer<String>, spec: &Spec, terms: &
 /// leave 16 bytes per lane (a 2-byte store per element kept the window's
 /// short CTAs waiting on the store queue for ~14% of their time).
 ///
-/// With `col_parts` > 1 a warp stores its part of the columns, staged in its
+/// With halved columns a warp stores its part of the columns, staged in its
 /// part of its rows.
-pub(super) fn write_key_stores(w: &mut Writer<String>, spec: &Spec, col_parts: u32) -> fmt::Result {
+pub(super) fn write_key_stores(w: &mut Writer<String>, spec: &Spec, columns: KeyColumns) -> fmt::Result {
     let [kv_len, scale] = [ArgKind::KvLen, ArgKind::Scale].map(|kind| arg_name(spec, kind));
     let [dk_stride, dv_stride] = [Operand::DK, Operand::DV].map(|op| arg_name(spec, ArgKind::Stride(op, Axis::Seq)));
     let stores = [
@@ -428,12 +441,12 @@ pub(super) fn write_key_stores(w: &mut Writer<String>, spec: &Spec, col_parts: u
         ("v_tile", "DVP", "DV_TILES", "dv_acc", "1.0f", "dv_rows", dv_stride, "DV"),
     ];
     for (tile, width, tiles, acc, factor, rows, stride, cols) in stores {
-        match col_parts {
-            1 => writeln!(
+        match columns {
+            KeyColumns::Whole => writeln!(
                 w,
                 "store_warp_rows(storage{{}}, {tile} + warp * 16 * {width}, {acc}, {factor}, {rows}, {stride}, k0 + warp * 16, {kv_len}, {cols});"
             )?,
-            _ => writeln!(
+            KeyColumns::Halves => writeln!(
                 w,
                 "store_warp_rows(storage{{}}, {tile} + warp * 16 * {width} + part * 16 * 8 * {tiles}, {acc}, {factor}, {rows} + part * 8 * {tiles}, {stride}, k0 + warp * 16, {kv_len}, {cols} - part * 8 * {tiles});"
             )?,
@@ -448,7 +461,7 @@ fn write_step(
     spec: &Spec,
     terms: &SpecTerms,
     hoisted: &[crate::cuda::kit::hoist::Hoisted],
-    col_parts: u32,
+    columns: KeyColumns,
 ) -> fmt::Result {
     let q_len = arg_name(spec, ArgKind::QLen);
     let interior = interior_decl(spec, "k0");
@@ -476,8 +489,8 @@ fn write_step(
         if (dq_pending >= 0) add_dq(dq_pending, buf ^ 1);\n"
     )?;
     write_column_terms(w, spec, hoisted, Rows::Keys, "q0")?;
-    write_scores(w, Rows::Keys, col_parts)?;
-    if col_parts > 1 {
+    write_scores(w, Rows::Keys, columns)?;
+    if columns == KeyColumns::Halves {
         writeln!(w, "// Each part summed its share of the head dims: add the other's sums.")?;
         writeln!(
             w,
@@ -501,7 +514,7 @@ fn write_step(
         b: "ob",
         smem: "dout_smem",
         lane: "dv_a",
-        first_col: (col_parts > 1).then_some("part * (DV_TILES / 2)"),
+        first_col: (columns == KeyColumns::Halves).then_some("part * (DV_TILES / 2)"),
     };
     let dk = FromRegisters {
         a: "dsa",
@@ -511,14 +524,14 @@ fn write_step(
         b: "qb",
         smem: "q_smem",
         lane: "d_a",
-        first_col: (col_parts > 1).then_some("part * (DK_TILES / 2)"),
+        first_col: (columns == KeyColumns::Halves).then_some("part * (DK_TILES / 2)"),
     };
     write_register_products(w, "BLOCK_M / 16", &[dv, dk])?;
     // The warps of one 16 keys hold the same dS^T: each stores its share of
     // the two 8-row halves.
-    let (rows, parts) = match col_parts {
-        1 => ("int i = 0; i < 2; ++i", ""),
-        _ => ("int i = part; i < 2; i += COL_PARTS", "; each part its rows"),
+    let (rows, parts) = match columns {
+        KeyColumns::Whole => ("int i = 0; i < 2; ++i", ""),
+        KeyColumns::Halves => ("int i = part; i < 2; i += COL_PARTS", "; each part its rows"),
     };
     write!(
         w,

@@ -38,7 +38,7 @@ use super::common::{
 use super::dkdv::{write_head_grad_adds, write_head_grad_sums, write_key_cta, write_key_stores, write_key_tiles};
 use super::packing::Packing;
 use super::step::{write_elements, write_split_elements, Part};
-use super::BackwardConfig;
+use super::{BackwardConfig, KeyColumns};
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::kit::hoist::{hoist, Hoisted};
 use crate::cuda::kit::terms::interior_decl;
@@ -207,7 +207,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         // dS tiles (queries as rows: the A operand of dQ = dS K); two steps' dQ; with\n\
         // K_HALF_COLS, the upper half of K's columns again, from a panel's start.\n",
         ["DPC", "DVPC"],
-        1,
+        KeyColumns::Whole,
     )
 }
 
@@ -234,7 +234,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, copy: Tile
         )?;
     }
     writeln!(w)?;
-    write_key_cta(w, spec, copy == TileCopy::Threads, packing, 1)?;
+    write_key_cta(w, spec, copy == TileCopy::Threads, packing, KeyColumns::Whole)?;
     // A full barrier's arrivals: the copies', K/V's also the walk's (it
     // publishes the first head) and a stage's also those of the threads that
     // store statistics.
@@ -522,7 +522,7 @@ fn write_consumers(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, hoist
     writeln!(w, "fence_operands(dv_acc);")?;
     writeln!(w, "// dQ = dS K reads both warpgroups' keys: the consumers' barrier frees K and V.")?;
     writeln!(w, "named_barrier_sync(1, THREADS);")?;
-    write_key_stores(w, spec, 1)
+    write_key_stores(w, spec, KeyColumns::Whole)
 }
 
 /// One step: the producer's query tile j of head h against this

@@ -9,7 +9,7 @@ use super::common::{
 };
 use super::packing::Packing;
 use super::step::{write_register_products, write_scores, write_split_elements, FromRegisters, Part};
-use super::BackwardConfig;
+use super::{BackwardConfig, KeyColumns};
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::kit::hoist::hoist;
 use crate::cuda::kit::terms::interior_decl;
@@ -181,7 +181,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: P
             __syncthreads();  // K and V are visible\n"
         )?;
         write_column_terms(w, spec, &hoisted, Rows::Queries, "kv0")?;
-        write_scores(w, Rows::Queries, 1)?;
+        write_scores(w, Rows::Queries, KeyColumns::Whole)?;
         write_split_elements(w, spec, terms, Rows::Queries, ("q0 + warp * 16", "kv0"), Part::Both)?;
         write!(
             w,

@@ -102,16 +102,13 @@ pub struct BackwardConfig {
     /// configuration. The other backward kernels are the same for both.
     pub mma: Mma,
     /// Warps of the dK/dV kernel, 16 keys each: its CTA owns
-    /// 16 · warps / col_parts keys (128 at head dims up to 128, as
+    /// 16 · warps / `columns.parts()` keys (128 at head dims up to 128, as
     /// FlashAttention-2: each Q/dO tile loaded serves twice the keys of 4
     /// warps, and dQ takes half the reductions).
     pub warps: u32,
-    /// Warps that share a warp's 16 keys in the `mma.sync` dK/dV kernel,
-    /// each holding its own part of dK's and dV's columns, where one warp's
-    /// whole rows of both would spill (see [`Self::default_for`]). Each
-    /// sums the keys' Sᵀ and dPᵀ over its share of the head dims and adds
-    /// the others' sums through shared memory.
-    pub col_parts: u32,
+    /// How the `mma.sync` dK/dV kernel's warps hold a 16-key block's dK
+    /// and dV columns (see [`Self::default_for`]).
+    pub columns: KeyColumns,
     /// Queries per step of the dK/dV kernel (a multiple of 16).
     pub block_m: u32,
     /// Keys per step of the deterministic dQ kernel (a multiple of 16); its
@@ -132,6 +129,29 @@ pub struct BackwardConfig {
     pub dropout: bool,
 }
 
+/// How the `mma.sync` dK/dV kernel's warps hold the dK and dV rows of a
+/// 16-key block (the CUDA's `COL_PARTS`: warps per 16 keys).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KeyColumns {
+    /// One warp holds every column of its 16 keys' dK and dV.
+    Whole,
+    /// Two warps share 16 keys, each holding half of dK's and dV's columns,
+    /// where one warp's whole rows of both would spill. Each sums the keys'
+    /// Sᵀ and dPᵀ over half the head dims and adds its partner's sums
+    /// through shared memory.
+    Halves,
+}
+
+impl KeyColumns {
+    /// Warps per 16 keys.
+    pub fn parts(self) -> u32 {
+        match self {
+            KeyColumns::Whole => 1,
+            KeyColumns::Halves => 2,
+        }
+    }
+}
+
 impl BackwardConfig {
     /// The default for a spec. The dK/dV kernel holds dK and dV (DP/2 +
     /// DVP/2 f32 per thread) for its whole run, plus Sᵀ and dPᵀ (block_m
@@ -145,23 +165,14 @@ impl BackwardConfig {
         let widest = TileConfig::padded_head_dim(spec);
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
         let split = dp + dvp > 384 && dp % 32 == 0 && dvp % 32 == 0;
-        let (warps, col_parts, block_m, dq_block_n) = match widest {
-            0..=64 => (4, 1, 64, 64),
-            65..=128 => (8, 1, 32, 64),
-            _ if split => (8, 2, 32, 32),
-            _ => (4, 1, 16, 32),
+        let (warps, columns, block_m, dq_block_n) = match widest {
+            0..=64 => (4, KeyColumns::Whole, 64, 64),
+            65..=128 => (8, KeyColumns::Whole, 32, 64),
+            _ if split => (8, KeyColumns::Halves, 32, 32),
+            _ => (4, KeyColumns::Whole, 16, 32),
         };
         let copy = TileCopy::Threads;
-        BackwardConfig {
-            mma: Mma::Sync,
-            warps,
-            col_parts,
-            block_m,
-            dq_block_n,
-            tensor_grads: true,
-            copy,
-            dropout: false,
-        }
+        BackwardConfig { mma: Mma::Sync, warps, columns, block_m, dq_block_n, tensor_grads: true, copy, dropout: false }
     }
 
     /// The configuration the runtime uses on `target`: on Hopper, for head
@@ -174,7 +185,7 @@ impl BackwardConfig {
             true => BackwardConfig {
                 mma: Mma::Wgmma,
                 warps: dkdv_wgmma::WARPS,
-                col_parts: 1,
+                columns: KeyColumns::Whole,
                 block_m: dkdv_wgmma::BLOCK_M,
                 copy: TileCopy::Tma,
                 ..portable
@@ -185,7 +196,7 @@ impl BackwardConfig {
 
     /// Keys per CTA of the dK/dV kernel.
     pub fn block_n(self) -> u32 {
-        16 * self.warps / self.col_parts
+        16 * self.warps / self.columns.parts()
     }
 
     /// This configuration with the fields `pass`'s kernel does not read

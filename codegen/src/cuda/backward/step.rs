@@ -4,6 +4,7 @@
 //! packed in registers; at the end, the stores of the f32 accumulators.
 
 use super::common::{per_head, Rows, SpecTerms};
+use super::KeyColumns;
 use crate::abi::ArgKind;
 use crate::cuda::kit::dropout::dropout_decl;
 use crate::cuda::signature::arg_name;
@@ -14,9 +15,9 @@ use std::fmt::{self, Write};
 /// `s` = S and `dp` = dP on this warp's 16 rows × S_TILES m16n8 tiles: the
 /// row operands (K and V, or Q and dO) are the A operands, the column
 /// operands the B operands, all in shared memory (`*_smem`, read through
-/// the lane patterns `d_a`, `d_b`, `dv_a`, `dv_b`). With `col_parts` > 1
+/// the lane patterns `d_a`, `d_b`, `dv_a`, `dv_b`). With halved columns
 /// the warp sums its `part` of the head dims' 16-column steps only.
-pub(super) fn write_scores(w: &mut Writer<String>, rows: Rows, col_parts: u32) -> fmt::Result {
+pub(super) fn write_scores(w: &mut Writer<String>, rows: Rows, columns: KeyColumns) -> fmt::Result {
     // (A tile, B tile, B fragment) of S, then of dP.
     let (what, [s_operands, dp_operands]) = match rows {
         Rows::Keys => (
@@ -35,9 +36,11 @@ pub(super) fn write_scores(w: &mut Writer<String>, rows: Rows, col_parts: u32) -
     for (acc, steps, (a_smem, b_smem, b), (a_lane, b_lane)) in
         [("s", "DP / 16", s_operands, ("d_a", "d_b")), ("dp", "DVP / 16", dp_operands, ("dv_a", "dv_b"))]
     {
-        let range = match col_parts {
-            1 => format!("int kk = 0; kk < {steps}; ++kk"),
-            _ => format!("int kk = part * ({steps} / COL_PARTS); kk < (part + 1) * ({steps} / COL_PARTS); ++kk"),
+        let range = match columns {
+            KeyColumns::Whole => format!("int kk = 0; kk < {steps}; ++kk"),
+            KeyColumns::Halves => {
+                format!("int kk = part * ({steps} / COL_PARTS); kk < (part + 1) * ({steps} / COL_PARTS); ++kk")
+            }
         };
         writeln!(w, "#pragma unroll")?;
         w.block(format_args!("for ({range})"), |w| {
