@@ -178,39 +178,55 @@ fn other_bench(args: &[String], list: &dyn Fn(&str, &str) -> Vec<String>, iters:
     true
 }
 
+/// The options of a suite run (the default mode).
+struct Suite {
+    variants: Vec<String>,
+    iters: usize,
+    backward: bool,
+    tune: bool,
+    varlen: bool,
+    /// Also time the forward on e4m3 operands (with these tiles, if any).
+    e4m3: bool,
+    e4m3_tiles: Vec<String>,
+    dropout: Option<Dropout>,
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let list = |flag: &str, default: &str| -> Vec<String> {
         let value = args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1));
         value.map_or(default, |v| v.as_str()).split(',').map(str::to_string).collect()
     };
-    let variants = list("--variants", "full,causal,swa1024,doc,softcap-causal,alibi-causal,longformer,sink-window");
     let dims: Vec<Dims> = list("--dims", "128,64").iter().filter_map(|d| Dims::parse(d)).collect();
     let seqs: Vec<usize> = list("--seqs", "1024,4096,16384").iter().filter_map(|s| s.parse().ok()).collect();
-    let iters: usize = list("--iters", "20")[0].parse().unwrap_or(20);
-    let backward = args.iter().any(|a| a == "--backward");
-    let tune = args.iter().any(|a| a == "--tune");
-    let varlen = args.iter().any(|a| a == "--varlen");
-    let packed = args.iter().any(|a| a == "--packed");
+    let flag = |name: &str| args.iter().any(|a| a == name);
     let e4m3_tiles: Vec<String> = list("--e4m3-tiles", "").into_iter().filter(|t| !t.is_empty()).collect();
-    let e4m3 = args.iter().any(|a| a == "--e4m3") || !e4m3_tiles.is_empty();
-    let dropout =
-        list("--dropout", "0")[0].parse().ok().filter(|&p| p > 0.0).map(|p| Dropout { p, seed: 1, offset: 0 });
+    let suite = Suite {
+        variants: list("--variants", "full,causal,swa1024,doc,softcap-causal,alibi-causal,longformer,sink-window"),
+        iters: list("--iters", "20")[0].parse().unwrap_or(20),
+        backward: flag("--backward"),
+        tune: flag("--tune"),
+        varlen: flag("--varlen"),
+        e4m3: flag("--e4m3") || !e4m3_tiles.is_empty(),
+        e4m3_tiles,
+        dropout: list("--dropout", "0")[0].parse().ok().filter(|&p| p > 0.0).map(|p| Dropout { p, seed: 1, offset: 0 }),
+    };
 
-    if args.iter().any(|a| a == "--jit") {
+    if flag("--jit") {
         return cold_jit();
     }
-    if other_bench(&args, &list, iters) {
+    if other_bench(&args, &list, suite.iters) {
         return;
     }
     let rt = start_runtime();
     println!(
-        "device: {} ({}), bf16, {HEADS} heads, {TOKENS} tokens per batch, median of {iters}",
+        "device: {} ({}), bf16, {HEADS} heads, {TOKENS} tokens per batch, median of {}",
         rt.device_name(),
-        rt.arch()
+        rt.arch(),
+        suite.iters
     );
-    if packed {
-        return packed_documents(&rt, &dims, iters, backward);
+    if flag("--packed") {
+        return packed_documents(&rt, &dims, suite.iters, suite.backward);
     }
     println!(
         "{:<16} {:>4} {:>6} {:>3} {:>10} {:>9} {:>8} {:>15}{}",
@@ -222,95 +238,96 @@ fn main() {
         "TFLOP/s",
         "density",
         "tiles visited",
-        if tune { "  config" } else { "" }
+        if suite.tune { "  config" } else { "" }
     );
     for &d in &dims {
         for &s in &seqs {
-            let batch = (TOKENS / s).max(1);
-            let shape = Shape { batch, heads: HEADS, heads_kv: HEADS, q_len: s, kv_len: s };
-            // One draw of Q/K/V per shape, shared by the variants.
-            let full = flashgen::parse_one(&format!("Full {{ dtype: bf16, {} }}", d.fields())).expect("valid spec");
-            let mut problem = verify::random_problem(&full, shape, vec![], vec![], None, s as u64);
-            // The same draw quantized to e4m3 (per-K/V-head descales), shared
-            // by the variants too: quantizing takes longer than a row's timing.
-            let mut quantized = e4m3.then(|| {
-                let mut inputs = problem.clone();
-                let operands = quantize_operands(&full, &mut inputs, Granularity::PerKvHead);
-                (inputs, operands)
-            });
-            // Uploaded once too: the variants change params and tensors only.
-            let uploaded = DeviceProblem::upload(&rt, &full, &problem, OperandLayout::Bshd)
-                .and_then(|mut gpu| gpu.flush_l2(L2_FLUSH_BYTES).map(|()| gpu));
-            let mut gpu = match uploaded {
-                Ok(gpu) => gpu,
-                Err(e) => {
-                    println!("{:<16} {d:>4} {s:>6} {batch:>3} error: {e}", "(inputs)");
-                    continue;
-                }
+            bench_shape(&rt, &suite, d, s);
+        }
+    }
+}
+
+/// Every variant of the suite at head dims `d` and sequence length `s`, on
+/// one draw of Q/K/V.
+fn bench_shape(rt: &Runtime, suite: &Suite, d: Dims, s: usize) {
+    let batch = (TOKENS / s).max(1);
+    let shape = Shape { batch, heads: HEADS, heads_kv: HEADS, q_len: s, kv_len: s };
+    // One draw of Q/K/V per shape, shared by the variants.
+    let full = flashgen::parse_one(&format!("Full {{ dtype: bf16, {} }}", d.fields())).expect("valid spec");
+    let mut problem = verify::random_problem(&full, shape, vec![], vec![], None, s as u64);
+    // The same draw quantized to e4m3 (per-K/V-head descales), shared
+    // by the variants too: quantizing takes longer than a row's timing.
+    let mut quantized = suite.e4m3.then(|| {
+        let mut inputs = problem.clone();
+        let operands = quantize_operands(&full, &mut inputs, Granularity::PerKvHead);
+        (inputs, operands)
+    });
+    // Uploaded once too: the variants change params and tensors only.
+    let uploaded = DeviceProblem::upload(rt, &full, &problem, OperandLayout::Bshd)
+        .and_then(|mut gpu| gpu.flush_l2(L2_FLUSH_BYTES).map(|()| gpu));
+    let mut gpu = match uploaded {
+        Ok(gpu) => gpu,
+        Err(e) => return println!("{:<16} {d:>4} {s:>6} {batch:>3} error: {e}", "(inputs)"),
+    };
+    for name in &suite.variants {
+        let Some((_, body)) = VARIANTS.iter().find(|(n, _)| n == name) else {
+            eprintln!("unknown variant `{name}`");
+            continue;
+        };
+        let spec = flashgen::parse_one(&format!("Bench {{ dtype: bf16, {}, {body} }}", d.fields()))
+            .expect("bench specs are valid");
+        let density;
+        (problem.params, problem.tensors, density) = inputs(name, batch, s);
+        let name = &suite.dropout.map_or_else(|| name.clone(), |_| format!("{name}+drop"));
+        let mut tiles = visited_tiles(&spec, &problem);
+        let timed = gpu.reuse_for(&spec, &problem).and_then(|()| {
+            gpu.set_dropout(suite.dropout);
+            // Data-dependent masks get a block mask, built (and timed) first.
+            if spec.mask.as_ref().is_some_and(flashgen::codegen::Expr::reads_tensor) {
+                let (ms, kept) = time_block_mask(rt, &mut gpu, &spec, &problem)?;
+                tiles = kept;
+                println!("{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} block-mask build");
+            }
+            // compare.py skips these lines: the third word is no number.
+            let config = if suite.tune {
+                let report = gpu.autotune(rt, &spec, &problem)?;
+                println!("tune {name} d={d} s={s} {report}");
+                format!("  {}", config_name(report.best))
+            } else {
+                String::new()
             };
-            for name in &variants {
-                let Some((_, body)) = VARIANTS.iter().find(|(n, _)| n == name) else {
-                    eprintln!("unknown variant `{name}`");
-                    continue;
-                };
-                let spec = flashgen::parse_one(&format!("Bench {{ dtype: bf16, {}, {body} }}", d.fields()))
-                    .expect("bench specs are valid");
-                let density;
-                (problem.params, problem.tensors, density) = inputs(name, batch, s);
-                let name = &dropout.map_or_else(|| name.clone(), |_| format!("{name}+drop"));
-                let mut tiles = visited_tiles(&spec, &problem);
-                let timed = gpu.reuse_for(&spec, &problem).and_then(|()| {
-                    gpu.set_dropout(dropout);
-                    // Data-dependent masks get a block mask, built (and timed) first.
-                    if spec.mask.as_ref().is_some_and(flashgen::codegen::Expr::reads_tensor) {
-                        let (ms, kept) = time_block_mask(&rt, &mut gpu, &spec, &problem)?;
-                        tiles = kept;
-                        println!("{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} block-mask build");
+            let iters = suite.iters;
+            let forward = gpu.time(rt, &spec, &problem, 3, iters)?;
+            let step = suite.backward.then(|| gpu.time_forward_backward(rt, &spec, &problem, 3, iters)).transpose()?;
+            // Last: later launches of `gpu` run the e4m3 forward.
+            let quantized = match quantized.as_mut() {
+                Some(inputs) => time_e4m3(rt, &mut gpu, &spec, &problem, inputs, &suite.e4m3_tiles, iters)?,
+                None => Vec::new(),
+            };
+            Ok((forward, step, config, quantized))
+        });
+        let row = format!("{name:<16} {d:>4} {s:>6} {batch:>3}");
+        match timed {
+            Ok((ms, step, config, quantized)) => {
+                let flops = d.flops_per_pair() * (batch * HEADS) as f64 * (s * s) as f64 * density;
+                let tflops = flops / (ms * 1e-3) / 1e12;
+                println!("{row} {ms:>10.3} {tflops:>9.1} {density:>8.4} {tiles:>15}{config}");
+                let quantized = quantized.into_iter().map(|(suffix, ms)| (format!("{name}-{suffix}"), ms, flops, ""));
+                let step = step.map(|ms| (format!("{name}+bwd"), Ok(ms), 3.5 * flops, config.as_str()));
+                for (name, ms, flops, config) in quantized.chain(step) {
+                    match ms {
+                        Ok(ms) => println!(
+                            "{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {:>9.1} {density:>8.4}{config}",
+                            flops / (ms * 1e-3) / 1e12
+                        ),
+                        Err(e) => println!("{name:<16} {d:>4} {s:>6} {batch:>3} error: {e}"),
                     }
-                    // compare.py skips these lines: the third word is no number.
-                    let config = if tune {
-                        let report = gpu.autotune(&rt, &spec, &problem)?;
-                        println!("tune {name} d={d} s={s} {report}");
-                        format!("  {}", config_name(report.best))
-                    } else {
-                        String::new()
-                    };
-                    let forward = gpu.time(&rt, &spec, &problem, 3, iters)?;
-                    let step =
-                        backward.then(|| gpu.time_forward_backward(&rt, &spec, &problem, 3, iters)).transpose()?;
-                    // Last: later launches of `gpu` run the e4m3 forward.
-                    let quantized = match quantized.as_mut() {
-                        Some(inputs) => time_e4m3(&rt, &mut gpu, &spec, &problem, inputs, &e4m3_tiles, iters)?,
-                        None => Vec::new(),
-                    };
-                    Ok((forward, step, config, quantized))
-                });
-                match timed {
-                    Ok((ms, step, config, quantized)) => {
-                        let flops = d.flops_per_pair() * (batch * HEADS) as f64 * (s * s) as f64 * density;
-                        let tflops = flops / (ms * 1e-3) / 1e12;
-                        println!(
-                            "{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4} {tiles:>15}{config}"
-                        );
-                        let quantized =
-                            quantized.into_iter().map(|(suffix, ms)| (format!("{name}-{suffix}"), ms, flops, ""));
-                        let step = step.map(|ms| (format!("{name}+bwd"), Ok(ms), 3.5 * flops, config.as_str()));
-                        for (name, ms, flops, config) in quantized.chain(step) {
-                            match ms {
-                                Ok(ms) => println!(
-                                    "{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {:>9.1} {density:>8.4}{config}",
-                                    flops / (ms * 1e-3) / 1e12
-                                ),
-                                Err(e) => println!("{name:<16} {d:>4} {s:>6} {batch:>3} error: {e}"),
-                            }
-                        }
-                    }
-                    Err(e) => println!("{name:<16} {d:>4} {s:>6} {batch:>3} error: {e}"),
-                }
-                if varlen && name == "doc" {
-                    varlen_documents(&rt, &problem, d, iters, backward);
                 }
             }
+            Err(e) => println!("{row} error: {e}"),
+        }
+        if suite.varlen && name == "doc" {
+            varlen_documents(rt, &problem, d, suite.iters, suite.backward);
         }
     }
 }

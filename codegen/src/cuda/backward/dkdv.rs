@@ -251,10 +251,8 @@ fn write_body(
     columns: KeyColumns,
 ) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
-    let [q_len, kv_len, lse] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Lse].map(n);
-    let (statistic_row, accum_rows) = (packing.statistic_row(spec, "h"), packing.accum_rows(spec));
-    let seq = |op| n(ArgKind::Stride(op, Axis::Seq));
-    let [q_stride, k_stride, v_stride, do_stride] = [Operand::Q, Operand::K, Operand::V, Operand::DO].map(seq);
+    let [q_len, kv_len] = [ArgKind::QLen, ArgKind::KvLen].map(n);
+    let [k_stride, v_stride] = [Operand::K, Operand::V].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
     w.write_str(
         "\
         extern __shared__ __align__(128) unsigned short smem[];\n\
@@ -309,51 +307,7 @@ fn write_body(
     let exprs = terms.exprs(spec);
     let hoisted = hoist(&exprs);
     w.block(format_args!("for (int h = kv_head * group; h < (kv_head + 1) * group; ++h)"), |w| {
-        packing.write_rows(w, spec, Operand::Q, "q_rows", "h")?;
-        packing.write_rows(w, spec, Operand::DO, "dout_rows", "h")?;
-        write!(
-            w,
-            "\
-            const bool q_vector = aligned16(q_rows, {q_stride}) && aligned16(dout_rows, {do_stride});\n\
-            const float* lse_row = {lse} + {statistic_row};\n\
-            const float* delta_row = {DELTA} + {statistic_row};\n\
-            // Queues the copies of query tile jj's Q, dO and statistics into buffer bb.\n\
-            auto load_step = [&](int jj, int bb) {{\n\
-            \x20   const int q0 = jj * BLOCK_M;\n\
-            \x20   load_tile<BLOCK_M, DP, D, THREADS>(q_tiles + bb * Q_TILE, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, q_vector);\n\
-            \x20   load_tile<BLOCK_M, DVP, DV, THREADS>(dout_tiles + bb * DO_TILE, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, q_vector);\n\
-            \x20   for (int r = threadIdx.x; r < BLOCK_M; r += THREADS) {{\n\
-            \x20       const bool valid = q0 + r < {q_len};\n\
-            \x20       cp_async_4(&lse_cols[bb * BLOCK_M + r], valid ? lse_row + q0 + r : lse_row, valid ? 4 : 0);\n\
-            \x20       cp_async_4(&delta_cols[bb * BLOCK_M + r], valid ? delta_row + q0 + r : delta_row, valid ? 4 : 0);\n\
-            \x20   }}\n\
-            \x20   cp_async_commit();\n\
-            }};\n\
-            // dQ += dS K for the step at queries q0 from dS^T buffer bb, once every warp\n\
-            // has stored it: the warps take 16-query x DQ_COLS-column blocks in turn and\n\
-            // add them to the f32 accumulator by vector reductions.\n\
-            float* dq_rows = {DQ_ACCUM} + {accum_rows};\n\
-            auto add_dq = [&](int q0, int bb) {{\n\
-            \x20   for (int blk = {worker}; blk < (BLOCK_M / 16) * (DP / DQ_COLS); blk += WARPS) {{\n\
-            \x20       const int m0 = blk / (DP / DQ_COLS) * 16, c0 = blk % (DP / DQ_COLS) * DQ_COLS;\n\
-            \x20       float acc[DQ_COLS / 8][4] = {{}};\n\
-            \x20       #pragma unroll\n\
-            \x20       for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
-            \x20           unsigned a[4];\n\
-            \x20           ldmatrix_x4_trans(a, ds_smem + 2 * bb * DS_TILE + ldm_at(ds_b, kk * 16, m0 / 16));\n\
-            \x20           #pragma unroll\n\
-            \x20           for (int n = 0; n < DQ_COLS / 8; n += 2) {{\n\
-            \x20               unsigned kb[4];\n\
-            \x20               ldmatrix_x4_trans(kb, k_smem + ldm_at(d_a, kk * 16, (c0 + 8 * n) / 16));\n\
-            \x20               mma_16816(storage{{}}, acc[n], a, kb[0], kb[1]);\n\
-            \x20               mma_16816(storage{{}}, acc[n + 1], a, kb[2], kb[3]);\n\
-            \x20           }}\n\
-            \x20       }}\n\
-            \x20       #pragma unroll\n\
-            \x20       for (int n = 0; n < DQ_COLS / 8; ++n) red_add_tile<D>(dq_rows, {q_len}, q0 + m0, c0 + 8 * n, acc[n]);\n\
-            \x20   }}\n\
-            }};\n"
-        )?;
+        write_head_steps(w, spec, packing, worker)?;
         write_row_terms(w, spec, &hoisted, Rows::Keys, "k0 + warp * 16")?;
         write_spec_lambdas(w, spec, terms, &hoisted, Rows::Keys)?;
         write_head_grad_sums(w, spec, terms)?;
@@ -381,6 +335,62 @@ fn write_body(
         __syncthreads();\n"
     )?;
     write_key_stores(w, spec, columns)
+}
+
+/// The per-head lambdas of the `mma.sync` dK/dV kernel: `load_step` queues
+/// a query tile's copies; `add_dq` adds a step's dQ from its dSᵀ, in blocks
+/// the warps take in turn from `worker`, their index in the CTA.
+fn write_head_steps(w: &mut Writer<String>, spec: &Spec, packing: Packing, worker: &str) -> fmt::Result {
+    let n = |kind| arg_name(spec, kind);
+    let [q_len, lse] = [ArgKind::QLen, ArgKind::Lse].map(n);
+    let (statistic_row, accum_rows) = (packing.statistic_row(spec, "h"), packing.accum_rows(spec));
+    let [q_stride, do_stride] = [Operand::Q, Operand::DO].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
+    packing.write_rows(w, spec, Operand::Q, "q_rows", "h")?;
+    packing.write_rows(w, spec, Operand::DO, "dout_rows", "h")?;
+    write!(
+        w,
+        "\
+        const bool q_vector = aligned16(q_rows, {q_stride}) && aligned16(dout_rows, {do_stride});\n\
+        const float* lse_row = {lse} + {statistic_row};\n\
+        const float* delta_row = {DELTA} + {statistic_row};\n\
+        // Queues the copies of query tile jj's Q, dO and statistics into buffer bb.\n\
+        auto load_step = [&](int jj, int bb) {{\n\
+        \x20   const int q0 = jj * BLOCK_M;\n\
+        \x20   load_tile<BLOCK_M, DP, D, THREADS>(q_tiles + bb * Q_TILE, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, q_vector);\n\
+        \x20   load_tile<BLOCK_M, DVP, DV, THREADS>(dout_tiles + bb * DO_TILE, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, q_vector);\n\
+        \x20   for (int r = threadIdx.x; r < BLOCK_M; r += THREADS) {{\n\
+        \x20       const bool valid = q0 + r < {q_len};\n\
+        \x20       cp_async_4(&lse_cols[bb * BLOCK_M + r], valid ? lse_row + q0 + r : lse_row, valid ? 4 : 0);\n\
+        \x20       cp_async_4(&delta_cols[bb * BLOCK_M + r], valid ? delta_row + q0 + r : delta_row, valid ? 4 : 0);\n\
+        \x20   }}\n\
+        \x20   cp_async_commit();\n\
+        }};\n\
+        // dQ += dS K for the step at queries q0 from dS^T buffer bb, once every warp\n\
+        // has stored it: the warps take 16-query x DQ_COLS-column blocks in turn and\n\
+        // add them to the f32 accumulator by vector reductions.\n\
+        float* dq_rows = {DQ_ACCUM} + {accum_rows};\n\
+        auto add_dq = [&](int q0, int bb) {{\n\
+        \x20   for (int blk = {worker}; blk < (BLOCK_M / 16) * (DP / DQ_COLS); blk += WARPS) {{\n\
+        \x20       const int m0 = blk / (DP / DQ_COLS) * 16, c0 = blk % (DP / DQ_COLS) * DQ_COLS;\n\
+        \x20       float acc[DQ_COLS / 8][4] = {{}};\n\
+        \x20       #pragma unroll\n\
+        \x20       for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
+        \x20           unsigned a[4];\n\
+        \x20           ldmatrix_x4_trans(a, ds_smem + 2 * bb * DS_TILE + ldm_at(ds_b, kk * 16, m0 / 16));\n\
+        \x20           #pragma unroll\n\
+        \x20           for (int n = 0; n < DQ_COLS / 8; n += 2) {{\n\
+        \x20               unsigned kb[4];\n\
+        \x20               ldmatrix_x4_trans(kb, k_smem + ldm_at(d_a, kk * 16, (c0 + 8 * n) / 16));\n\
+        \x20               mma_16816(storage{{}}, acc[n], a, kb[0], kb[1]);\n\
+        \x20               mma_16816(storage{{}}, acc[n + 1], a, kb[2], kb[3]);\n\
+        \x20           }}\n\
+        \x20       }}\n\
+        \x20       #pragma unroll\n\
+        \x20       for (int n = 0; n < DQ_COLS / 8; ++n) red_add_tile<D>(dq_rows, {q_len}, q0 + m0, c0 + 8 * n, acc[n]);\n\
+        \x20   }}\n\
+        }};\n"
+    )?;
+    Ok(())
 }
 
 /// Under halved columns every warp computes its keys' dS: those of part 0
