@@ -1,7 +1,8 @@
 # Sourced by the pack's scripts on a GPU machine (scripts/gpu-pack.sh copies
-# it there as env.sh): `here`, the pack (where this file is); `out`, where logs go ($OUT, else
-# ./gpu-logs), created; the CUDA libraries and NCCL on the loader's path; `ncu`;
-# FlashAttention-4 on python's path where it is installed.
+# it there as env.sh): `here`, the pack (where this file is); `out`, where
+# logs go ($OUT, else ./gpu-logs), created; the CUDA libraries and NCCL on
+# the loader's path; `ncu`; FlashAttention-4 on python's path where it is
+# installed.
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${OUT:-$here/gpu-logs}"
 mkdir -p "$out"
