@@ -52,7 +52,7 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, packing: Packing) -> Ker
 
 /// K and V of the CTA's keys, and two buffers of a query step's Q, dO, dSᵀ
 /// (16-bit) and two f32 statistics per query.
-fn smem_bytes(spec: &Spec, config: BackwardConfig) -> u32 {
+pub(super) fn smem_bytes(spec: &Spec, config: BackwardConfig) -> u32 {
     let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
     let (m, n) = (config.block_m, config.block_n());
     let partials = match config.columns {

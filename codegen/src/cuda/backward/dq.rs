@@ -40,7 +40,6 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, packing: Packing) -> Ker
         |w| write_config(w, spec, block_n),
         |w| write_body(w, spec, &terms, packing),
     );
-    let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
     Kernel {
         name,
         source,
@@ -48,9 +47,15 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, packing: Packing) -> Ker
         block_m: 16 * WARPS,
         block_n,
         threads: 32 * WARPS,
-        dynamic_smem: 2 * (16 * WARPS + block_n) * (dp + dvp),
+        dynamic_smem: smem_bytes(spec, config),
         args,
     }
+}
+
+/// The CTA's Q and dO rows and a key step's K and V (16-bit).
+pub(super) fn smem_bytes(spec: &Spec, config: BackwardConfig) -> u32 {
+    let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
+    2 * (16 * WARPS + config.dq_block_n) * (dp + dvp)
 }
 
 fn write_config(w: &mut Writer<String>, spec: &Spec, block_n: u32) -> fmt::Result {

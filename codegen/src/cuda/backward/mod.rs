@@ -178,9 +178,10 @@ impl BackwardConfig {
     /// The configuration the runtime uses on `target`: on Hopper, for head
     /// dims that pad alike to 64 through 128 (but 112), the wgmma dK/dV kernel with
     /// two consumer warpgroups of 64 keys and 64-query steps
-    /// (FlashAttention-3's hdim-128 tile); otherwise [`Self::default_for`].
+    /// (FlashAttention-3's hdim-128 tile); otherwise [`Self::default_for`],
+    /// its tiles made to fit the target's shared memory.
     pub fn preferred(spec: &Spec, target: Target) -> BackwardConfig {
-        let portable = BackwardConfig::default_for(spec);
+        let portable = BackwardConfig::default_for(spec).fitted(spec, target);
         match target.mma == Mma::Wgmma && dkdv_wgmma::supports(spec) {
             true => BackwardConfig {
                 mma: Mma::Wgmma,
@@ -192,6 +193,31 @@ impl BackwardConfig {
             },
             false => portable,
         }
+    }
+
+    /// This `mma.sync` configuration with smaller tiles where a kernel's
+    /// shared memory would exceed what one CTA of `target` may take (an
+    /// A100's 163 KiB, where d = 256's column halves at 32-query steps need
+    /// 168; 99 KiB on sm_86/89/120, where d = 128's 32-query steps need
+    /// 112): the dK/dV kernel's query steps halve down to 16, then column
+    /// halves give way to one warp per 16 keys (their partial sums take
+    /// shared memory), then the dQ kernel's key steps halve down to 16.
+    /// Where even those do not fit (d = 256 on 99 KiB), loading the kernel
+    /// reports what it needs.
+    fn fitted(self, spec: &Spec, target: Target) -> BackwardConfig {
+        let limit = target.smem_per_sm - target.smem_reserved_per_cta;
+        let fits = |config| dkdv::smem_bytes(spec, config) <= limit;
+        let mut config = self;
+        while !fits(config) && config.block_m > 16 {
+            config.block_m /= 2;
+        }
+        if !fits(config) && config.columns == KeyColumns::Halves {
+            config = BackwardConfig { warps: 4, columns: KeyColumns::Whole, ..config };
+        }
+        while dq::smem_bytes(spec, config) > limit && config.dq_block_n > 16 {
+            config.dq_block_n /= 2;
+        }
+        config
     }
 
     /// Keys per CTA of the dK/dV kernel.
