@@ -8,9 +8,11 @@ use flashgen_codegen::cuda::{e4m3_supports, is_light, Mma, Target, TileConfig};
 use flashgen_codegen::Spec;
 
 /// The configuration used without autotuning on `target` when the key
-/// length is unknown: the first of [`candidates`].
+/// length is unknown: the first of [`candidates`]; where none fits (head
+/// dims beyond the forward's, which a launch refuses), the default, so that
+/// the refusal names a kernel.
 pub fn preferred(spec: &Spec, target: Target) -> TileConfig {
-    candidates(spec, target)[0]
+    candidates(spec, target).first().copied().unwrap_or_else(|| TileConfig::default_for(spec))
 }
 
 /// The configuration of `spec`'s e4m3 forward on `target`: the first of
@@ -62,7 +64,8 @@ pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
 /// kernels (two warpgroups, one); among mma.sync configs, 128-key tiles
 /// only for plain d <= 64 specs (masks and score mods then spill). Above
 /// d = 128 the warp-specialized kernels lead (an order not yet tuned on a
-/// GPU): `WIDE_192`, `WIDE_256`.
+/// GPU): `WIDE_192`, `WIDE_256`. Only tiles that fit the target's shared
+/// memory are candidates ([`TileConfig::fits`]).
 pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
     let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
     // Warpgroups of 64 rows: two share each K/V tile; one alone leaves
@@ -115,7 +118,7 @@ pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
         _ => (vec![], vec![default, sync(4, 1, 64)]),
     };
     let hopper = if target.mma == Mma::Wgmma { hopper } else { vec![] };
-    [hopper, portable].concat()
+    [hopper, portable].into_iter().flatten().filter(|c| c.fits(spec, target)).collect()
 }
 
 /// Above d = 128 up to 192 (and QK 192 / V 128): the warp-specialized
@@ -176,7 +179,7 @@ mod tests {
         ];
         for source in specs {
             let spec = parse_one(source).unwrap();
-            for target in [Target::PORTABLE, Target::HOPPER] {
+            for target in [Target::PORTABLE, Target::HOPPER, Target::for_sm(8, 9)] {
                 let mut ordered = candidates(&spec, target);
                 let mut feasible = TileConfig::feasible(&spec, target);
                 let key = |c: &TileConfig| (c.mma == Mma::Wgmma, c.warps, c.m_tiles, c.block_n);

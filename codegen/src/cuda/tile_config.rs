@@ -37,8 +37,9 @@ impl TileConfig {
         }
     }
 
-    /// Every configuration the generator supports for `spec` on `target`:
-    /// the autotuner times them all, and the runtime orders them
+    /// Every configuration the generator supports for `spec` on `target`
+    /// whose tiles fit its shared memory ([`TileConfig::fits`]): the
+    /// autotuner times them all, and the runtime orders them
     /// (`flashgen_runtime::tile_choice`).
     pub fn feasible(spec: &Spec, target: Target) -> Vec<TileConfig> {
         let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
@@ -62,7 +63,14 @@ impl TileConfig {
             _ => (vec![], vec![default, sync(4, 1, 64)]),
         };
         let hopper = if target.mma == Mma::Wgmma { hopper } else { vec![] };
-        [hopper, portable].concat()
+        [hopper, portable].into_iter().flatten().filter(|c| c.fits(spec, target)).collect()
+    }
+
+    /// Whether this configuration's dynamic shared memory fits one CTA of
+    /// `target` (GPUs of 99 KiB per CTA take none of the 64-key tiles
+    /// above d = 144; the default's 32-key tiles fit up to 256).
+    pub fn fits(self, spec: &Spec, target: Target) -> bool {
+        self.smem_bytes(spec) <= target.smem_per_sm - target.smem_reserved_per_cta
     }
 
     /// The wider of the spec's head dims, padded to the MMA k-step: what

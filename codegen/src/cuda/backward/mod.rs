@@ -201,9 +201,8 @@ impl BackwardConfig {
     /// 168; 99 KiB on sm_86/89/120, where d = 128's 32-query steps need
     /// 112): the dK/dV kernel's query steps halve down to 16, then column
     /// halves give way to one warp per 16 keys (their partial sums take
-    /// shared memory), then the dQ kernel's key steps halve down to 16.
-    /// Where even those do not fit (d = 256 on 99 KiB), loading the kernel
-    /// reports what it needs.
+    /// shared memory), then its warps halve down to 2 (d = 248 and 256 on
+    /// 99 KiB), then the dQ kernel's key steps halve down to 16.
     fn fitted(self, spec: &Spec, target: Target) -> BackwardConfig {
         let limit = target.smem_per_sm - target.smem_reserved_per_cta;
         let fits = |config| dkdv::smem_bytes(spec, config) <= limit;
@@ -213,6 +212,9 @@ impl BackwardConfig {
         }
         if !fits(config) && config.columns == KeyColumns::Halves {
             config = BackwardConfig { warps: 4, columns: KeyColumns::Whole, ..config };
+        }
+        while !fits(config) && config.warps > 2 * config.columns.parts() {
+            config.warps /= 2;
         }
         while dq::smem_bytes(spec, config) > limit && config.dq_block_n > 16 {
             config.dq_block_n /= 2;
