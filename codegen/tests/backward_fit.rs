@@ -4,7 +4,7 @@
 //! (`flashgen-runtime`'s `kernels_fit_shared_memory` checks every kernel a
 //! launch may use.)
 
-use flashgen_codegen::cuda::{emit_backward_with, BackwardConfig, BackwardPass, KeyColumns, Target};
+use flashgen_codegen::cuda::{emit_backward_with, BackwardConfig, BackwardPass, KeyColumns, Mma, Target};
 use flashgen_codegen::parse_one;
 
 const PASSES: [BackwardPass; 4] =
@@ -70,4 +70,31 @@ fn a100_keeps_the_default_below_256() {
             "{qk}/{v}"
         );
     }
+}
+
+/// A launch may choose among `BackwardConfig::tiles`: the preferred tile
+/// first, each once, each generated within the target's shared memory.
+#[test]
+fn listed_tiles_lead_with_the_preferred_and_fit() {
+    for target in [Target::for_sm(8, 0), Target::for_sm(8, 9), Target::for_sm(9, 0)] {
+        for (qk, v) in head_dims(256).filter(|(qk, _)| qk % 32 == 0) {
+            let spec = parse_one(&format!("S {{ dtype: bf16, head_dim: {qk}, v_head_dim: {v} }}")).unwrap();
+            let preferred = BackwardConfig::preferred(&spec, target);
+            let tiles = BackwardConfig::tiles(&spec, target);
+            assert_eq!(tiles[0], preferred.tile(), "{qk}/{v}");
+            for (i, &tile) in tiles.iter().enumerate() {
+                assert!(!tiles[..i].contains(&tile), "{qk}/{v}: {tile} twice");
+                let kernel = emit_backward_with(&spec, BackwardPass::KeyValue, preferred.with_tile(tile));
+                assert!(kernel.dynamic_smem <= cta_limit(target), "{qk}/{v} on sm_{:?}: {tile}", target.sm);
+            }
+        }
+    }
+    // Hopper lists both kernels at d = 128, and column halves at 256.
+    let tiles =
+        |d| BackwardConfig::tiles(&parse_one(&format!("S {{ dtype: bf16, head_dim: {d} }}")).unwrap(), Target::HOPPER);
+    assert!(tiles(128).iter().any(|t| t.mma == Mma::Sync) && tiles(128)[0].mma == Mma::Wgmma);
+    assert!(
+        tiles(256).iter().any(|t| t.columns == KeyColumns::Halves)
+            && tiles(256).iter().any(|t| t.columns == KeyColumns::Whole)
+    );
 }

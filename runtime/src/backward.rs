@@ -11,6 +11,7 @@
 //! mode. dQ, dK and dV are deterministic in the deterministic mode; in the
 //! atomic mode dQ's f32 sum order varies between runs.
 
+use crate::arch::Arch;
 use crate::args::{bound, tensor_ptrs, ArgInfo, ArgValue};
 use crate::block_mask::BlockMask;
 use crate::check::{check_backward, softmax_scale, Buffer, Grads, Problem};
@@ -26,7 +27,7 @@ use crate::scratch;
 use crate::tma::{self, TensorMaps};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use flashgen_codegen::abi::{ArgKind, Operand};
-use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, Work};
+use flashgen_codegen::cuda::{trainable_tensors, BackwardConfig, BackwardPass, BackwardTile, Work};
 use flashgen_codegen::{Dropout, Shape, Spec};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -103,6 +104,11 @@ pub struct BackwardOptions<'a> {
     /// The forward's dropout, the same seed and offset: the dK/dV and dQ
     /// kernels regenerate its mask. Dense launches only, as the forward's.
     pub dropout: Option<Dropout>,
+    /// Run the dK/dV kernel in this tile, which must be one of
+    /// `BackwardConfig::tiles` of the spec on this GPU (else
+    /// [`Error::NotACandidate`]); `None`: the first of them. Every tile
+    /// computes the same gradients (for benchmarks and tuning).
+    pub tile: Option<BackwardTile>,
 }
 
 impl<T: Element> BackwardIo<'_, T> {
@@ -291,8 +297,8 @@ impl Runtime {
         // with nothing to train has one dK/dV kernel either way: it is keyed
         // as `Runtime::prepare` and `precompile` compile it.
         let tensor_grads = io.d_tensors.iter().any(Option::is_some) || trainable_tensors(spec).is_empty();
-        let preferred = BackwardConfig::preferred(spec, self.target());
-        let config = BackwardConfig { tensor_grads, dropout: launch.dropout.is_some(), ..preferred };
+        let chosen = chosen_config(spec, self.arch(), opts.tile)?;
+        let config = BackwardConfig { tensor_grads, dropout: launch.dropout.is_some(), ..chosen };
         // A varlen launch's descriptors are ragged: no box crosses a sequence's end.
         let rows = match launch.varlen {
             None => tma::Rows::Batched,
@@ -337,6 +343,17 @@ impl Runtime {
         // and a block mask was checked to be built for this launch.
         unsafe { launch(self.stream(), loaded.function(), &values, config) }
             .map_err(|e| Error::driver(format!("launching `{}`", kernel.name), e))
+    }
+}
+
+/// The configuration of `spec`'s backward on `arch`: the preferred one, its
+/// dK/dV kernel in `tile` where a launch asks for one of the spec's tiles.
+fn chosen_config(spec: &Spec, arch: Arch, tile: Option<BackwardTile>) -> Result<BackwardConfig, Error> {
+    let preferred = BackwardConfig::preferred(spec, arch.target());
+    match tile {
+        None => Ok(preferred),
+        Some(tile) if BackwardConfig::tiles(spec, arch.target()).contains(&tile) => Ok(preferred.with_tile(tile)),
+        Some(tile) => Err(Error::NotACandidate { config: tile.to_string(), spec: spec.name.clone(), arch }),
     }
 }
 
@@ -412,5 +429,25 @@ mod tests {
         assert!(matches!(&err, Error::NoTensorGrad { tensor } if tensor == "doc"), "{err}");
         let err = check_tensor_grad_lens(&spec, shape, &[None, None, None], &[]).unwrap_err();
         assert!(matches!(err, Error::TensorGradCount { declared: 2, got: 3 }), "{err}");
+    }
+
+    /// A launch may pick any of the spec's dK/dV tiles; another is refused
+    /// with the tile and the GPU named.
+    #[test]
+    fn a_backward_tile_must_be_one_of_the_specs() {
+        use flashgen_codegen::cuda::{KeyColumns, Mma};
+        let spec = parse_one("S { dtype: bf16, head_dim: 256, mask: q >= k }").unwrap();
+        let hopper = Arch::new(9, 0);
+        assert_eq!(chosen_config(&spec, hopper, None).unwrap(), BackwardConfig::preferred(&spec, hopper.target()));
+        for tile in BackwardConfig::tiles(&spec, hopper.target()) {
+            assert_eq!(chosen_config(&spec, hopper, Some(tile)).unwrap().tile(), tile);
+        }
+        // Hopper's kernel does not cover d = 256, nor does any tile fit 99 KiB at 64-query steps.
+        let wgmma = BackwardTile { mma: Mma::Wgmma, warps: 8, columns: KeyColumns::Whole, block_m: 64 };
+        let err = chosen_config(&spec, hopper, Some(wgmma)).unwrap_err();
+        assert!(matches!(&err, Error::NotACandidate { arch, .. } if *arch == hopper), "{err}");
+        assert!(err.to_string().contains("wgmma, 8 warps, whole columns, 64-query steps"), "{err}");
+        let wide = BackwardTile { mma: Mma::Sync, warps: 8, columns: KeyColumns::Whole, block_m: 64 };
+        assert!(chosen_config(&spec, Arch::new(8, 6), Some(wide)).is_err());
     }
 }

@@ -212,7 +212,8 @@ pub enum Error {
         got: usize,
     },
     /// A launch asked for a tile configuration that is not one of the
-    /// spec's candidates on this GPU (`tile_choice::candidates`).
+    /// spec's candidates on this GPU (`tile_choice::candidates`; a
+    /// backward's: `BackwardConfig::tiles`).
     NotACandidate {
         config: String,
         spec: String,

@@ -6,7 +6,7 @@
 //! check), and judges the result with FlashAttention's rule against the f64
 //! reference.
 
-use flashgen::codegen::cuda::TileConfig;
+use flashgen::codegen::cuda::{BackwardTile, TileConfig};
 use flashgen::codegen::reference::{self, ParamValue, Problem, TensorData};
 use flashgen::codegen::{Dropout, Dtype, ElemTy, Shape, Spec};
 use flashgen::cudarc::driver::{CudaSlice, CudaStream, DriverError};
@@ -151,6 +151,8 @@ pub struct DeviceProblem {
     stream: Arc<CudaStream>,
     block_mask: Option<BlockMask>,
     config: Option<TileConfig>,
+    /// The backward launches' dK/dV tile ([`Self::pin_backward_tile`]).
+    backward_tile: Option<BackwardTile>,
     /// The launches' dropout ([`Self::set_dropout`]).
     dropout: Option<Dropout>,
     /// Written with zeros ahead of every timed run ([`Self::flush_l2`]).
@@ -349,18 +351,30 @@ impl DeviceProblem {
         };
         let lse = stream.clone_htod(&vec![f32::NAN; batch * heads * q_len]).map_err(driver("upload LSE"))?;
         let tensors = upload_tensors(&stream, spec, &problem.tensors)?;
-        let (block_mask, config, dropout, l2_flush, e4m3) = (None, None, None, None, None);
-        Ok(DeviceProblem { operands, lse, tensors, layouts, stream, block_mask, config, dropout, l2_flush, e4m3 })
+        let (block_mask, config, backward_tile, dropout, l2_flush, e4m3) = (None, None, None, None, None, None);
+        Ok(DeviceProblem {
+            operands,
+            lse,
+            tensors,
+            layouts,
+            stream,
+            block_mask,
+            config,
+            backward_tile,
+            dropout,
+            l2_flush,
+            e4m3,
+        })
     }
 
     /// Serves `problem` of `spec` from now on, the problem uploaded with the
     /// same Q, K and V (a benchmark's next variant): its captured tensors
-    /// are uploaded, and the block mask, pinned configuration, dropout and
+    /// are uploaded, and the block mask, pinned configurations, dropout and
     /// e4m3 operands of earlier launches dropped. O and LSE keep what the
     /// last launch wrote, and the L2 flush buffer stays.
     pub fn reuse_for(&mut self, spec: &Spec, problem: &Problem) -> Result<(), Error> {
         self.tensors = upload_tensors(&self.stream, spec, &problem.tensors)?;
-        (self.block_mask, self.config, self.dropout, self.e4m3) = (None, None, None, None);
+        (self.block_mask, self.config, self.backward_tile, self.dropout, self.e4m3) = (None, None, None, None, None);
         Ok(())
     }
 
@@ -368,6 +382,12 @@ impl DeviceProblem {
     /// candidates), or with `None` the runtime's own choice.
     pub fn pin_config(&mut self, config: Option<TileConfig>) {
         self.config = config;
+    }
+
+    /// Later backward launches run the dK/dV kernel in `tile` (one of
+    /// `BackwardConfig::tiles`), or with `None` the runtime's own choice.
+    pub fn pin_backward_tile(&mut self, tile: Option<BackwardTile>) {
+        self.backward_tile = tile;
     }
 
     /// Later forward and backward launches drop out P with `dropout`
@@ -517,6 +537,7 @@ impl DeviceProblem {
             deterministic,
             workspace,
             dropout: self.dropout,
+            tile: self.backward_tile,
         };
         match &self.operands {
             Operands::F16(ops) => self.backward_as(rt, spec, problem, ops, (d_out, tensor_grads), &opts),
@@ -561,6 +582,7 @@ impl DeviceProblem {
                 deterministic: false,
                 workspace: Some(&workspace),
                 dropout: me.dropout,
+                tile: me.backward_tile,
             };
             me.queue_backward(rt, spec, problem, ops, &mut grads, &opts)
         })

@@ -15,6 +15,7 @@
 
 mod support;
 
+use flashgen::codegen::cuda::{BackwardConfig, BackwardTile};
 use flashgen::codegen::{Dtype, Shape, Spec};
 use flashgen::runtime::KernelSet;
 use flashgen::{BackwardWorkspace, Error, Runtime};
@@ -32,11 +33,13 @@ struct Case {
     block_mask: bool,
     /// Whether the run asks for the trainable tensors' gradients.
     tensor_grads: bool,
+    /// The dK/dV tile (`None`: the runtime's choice).
+    tile: Option<BackwardTile>,
 }
 
 impl Case {
     fn new(heads: (usize, usize), seqs: (usize, usize)) -> Self {
-        Case { batch: 2, heads, seqs, deterministic: false, block_mask: false, tensor_grads: true }
+        Case { batch: 2, heads, seqs, deterministic: false, block_mask: false, tensor_grads: true, tile: None }
     }
 
     fn deterministic(self) -> Self {
@@ -64,7 +67,7 @@ fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
         let problem = verify::random_problem(&spec, shape, params(&spec), vec![], None, seed);
         let d_out = verify::random_d_out(&spec, shape, seed);
         let row = format!(
-            "{:<22} {:?} d={}/{} h={}/{} s={}/{} {}{}{} seed {seed}",
+            "{:<22} {:?} d={}/{} h={}/{} s={}/{} {}{}{}{} seed {seed}",
             spec.name,
             spec.dtype,
             spec.head_dims.qk,
@@ -76,6 +79,7 @@ fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
             if case.deterministic { "deterministic" } else { "atomic" },
             if case.block_mask { " block-mask" } else { "" },
             if case.tensor_grads { "" } else { " no-tensor-grads" },
+            case.tile.map_or(String::new(), |tile| format!(" [{tile}]")),
         );
         let gpu = (|| -> Result<GpuGradients, Error> {
             let mut gpu = DeviceProblem::upload(rt, &spec, &problem, OperandLayout::Bshd)?;
@@ -83,6 +87,7 @@ fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
                 gpu.build_block_mask(rt, &spec, &problem)?;
             }
             gpu.launch(rt, &spec, &problem)?;
+            gpu.pin_backward_tile(case.tile);
             let grads =
                 gpu.backward(rt, &spec, &problem, &d_out, case.deterministic, case.tensor_grads, Some(&workspace))?;
             if case.deterministic {
@@ -189,6 +194,26 @@ fn head_dims_dtypes_and_head_groups() {
     for heads in [(6, 6), (6, 2), (6, 1)] {
         cases.push((spec("alibi"), Case::new(heads, (128, 217))));
         cases.push((with(spec("causal"), Dtype::Bf16, 64, 64), Case::new(heads, (128, 217)).deterministic()));
+    }
+    run_all(&rt, cases);
+}
+
+/// Every dK/dV tile a launch may choose (`BackwardConfig::tiles`) computes
+/// the gradients: both kernels at d = 128 on Hopper, one warp or column
+/// halves, 2 to 8 warps, 16- to 64-query steps, with tensor gradients
+/// (ALiBi's slopes) and under a data-dependent mask.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn every_backward_tile() {
+    let rt = runtime();
+    let mut cases = Vec::new();
+    for (variant, qk, v) in
+        [("alibi", 64, 64), ("alibi", 128, 128), ("alibi", 160, 160), ("document", 192, 128), ("alibi", 256, 256)]
+    {
+        let spec = with(spec(variant), Dtype::Bf16, qk, v);
+        for tile in BackwardConfig::tiles(&spec, rt.target()) {
+            cases.push((spec.clone(), Case { tile: Some(tile), ..Case::new((4, 2), (113, 203)) }));
+        }
     }
     run_all(&rt, cases);
 }

@@ -31,8 +31,8 @@ mod work_order;
 mod writer;
 
 pub use backward::{
-    emit_backward, emit_backward_varlen, emit_backward_with, trainable_tensors, BackwardConfig, BackwardPass, DqAccum,
-    KeyColumns,
+    emit_backward, emit_backward_varlen, emit_backward_with, trainable_tensors, BackwardConfig, BackwardPass,
+    BackwardTile, DqAccum, KeyColumns,
 };
 pub use block_mask::emit_block_mask;
 pub use decode::{

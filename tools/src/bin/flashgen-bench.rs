@@ -7,7 +7,7 @@
 //! (q, k) pairs, counted exactly (2·b·h·s²·(d_qk + d_v) · density where
 //! the head dims differ).
 //!
-//! `flashgen-bench [--variants causal,full] [--dims 64,128,192/128] [--seqs 1024,4096,16384] [--iters 20] [--backward] [--tune] [--varlen]`
+//! `flashgen-bench [--variants causal,full] [--dims 64,128,192/128] [--seqs 1024,4096,16384] [--iters 20] [--backward] [--bwd-tiles T/T] [--tune] [--varlen]`
 //!
 //! Variants (`VARIANTS`): `full`, `causal`, `swa1024` (a causal 1024-key
 //! window), `doc` (4 documents, a block mask), `softcap-causal`,
@@ -23,6 +23,12 @@
 //! Q, K and V, no tensor gradients, as the peers' steps) per variant and
 //! shape, as rows `<variant>+bwd`
 //! counting 3.5x the forward FLOPs.
+//!
+//! `--bwd-tiles 4,whole,32/8,halves,32/wgmma` times the step once per
+//! dK/dV tile instead (rows `<variant>+bwd@<tile>`): `warps,columns,block_m`
+//! of the `mma.sync` kernel (`whole` or `halves`), or `wgmma` for Hopper's;
+//! a tile that is not one of `BackwardConfig::tiles` for the spec on the GPU
+//! gives an error row.
 //!
 //! `--dropout P` runs the suite's forward and training steps with dropout
 //! on P at probability P (rows `<variant>+drop`, `<variant>+drop+bwd`; no
@@ -91,7 +97,7 @@
 //! at once (`flashgen_tools::jit_bench`).
 
 use flashgen::codegen::analysis::{classify, TileClass};
-use flashgen::codegen::cuda::{Mma, TileConfig};
+use flashgen::codegen::cuda::{BackwardTile, KeyColumns, Mma, TileConfig};
 use flashgen::codegen::reference::{ParamValue, Problem, TensorData};
 use flashgen::codegen::{Dropout, Shape};
 use flashgen::runtime::tile_choice;
@@ -189,6 +195,24 @@ struct Suite {
     e4m3: bool,
     e4m3_tiles: Vec<String>,
     dropout: Option<Dropout>,
+    /// The dK/dV tiles to time the step in, each named as given; empty: the
+    /// runtime's choice only.
+    backward_tiles: Vec<(String, BackwardTile)>,
+}
+
+/// A dK/dV tile as `--bwd-tiles` names it: `warps,whole|halves,block_m` or
+/// `wgmma`.
+fn parse_backward_tile(text: &str) -> Option<BackwardTile> {
+    if text == "wgmma" {
+        return Some(BackwardTile { mma: Mma::Wgmma, warps: 8, columns: KeyColumns::Whole, block_m: 64 });
+    }
+    let [warps, columns, block_m] = text.split(',').collect::<Vec<_>>().try_into().ok()?;
+    let columns = match columns {
+        "whole" => KeyColumns::Whole,
+        "halves" => KeyColumns::Halves,
+        _ => return None,
+    };
+    Some(BackwardTile { mma: Mma::Sync, warps: warps.parse().ok()?, columns, block_m: block_m.parse().ok()? })
 }
 
 fn main() {
@@ -201,15 +225,24 @@ fn main() {
     let seqs: Vec<usize> = list("--seqs", "1024,4096,16384").iter().filter_map(|s| s.parse().ok()).collect();
     let flag = |name: &str| args.iter().any(|a| a == name);
     let e4m3_tiles: Vec<String> = list("--e4m3-tiles", "").into_iter().filter(|t| !t.is_empty()).collect();
+    let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1));
+    let mut backward_tiles = Vec::new();
+    for text in value("--bwd-tiles").map_or("", |v| v.as_str()).split('/').filter(|t| !t.is_empty()) {
+        match parse_backward_tile(text) {
+            Some(tile) => backward_tiles.push((text.to_string(), tile)),
+            None => return eprintln!("--bwd-tiles: `{text}` is not `warps,whole|halves,block_m` or `wgmma`"),
+        }
+    }
     let suite = Suite {
         variants: list("--variants", "full,causal,swa1024,doc,softcap-causal,alibi-causal,longformer,sink-window"),
         iters: list("--iters", "20")[0].parse().unwrap_or(20),
-        backward: flag("--backward"),
         tune: flag("--tune"),
         varlen: flag("--varlen"),
         e4m3: flag("--e4m3") || !e4m3_tiles.is_empty(),
         e4m3_tiles,
         dropout: list("--dropout", "0")[0].parse().ok().filter(|&p| p > 0.0).map(|p| Dropout { p, seed: 1, offset: 0 }),
+        backward: flag("--backward") || !backward_tiles.is_empty(),
+        backward_tiles,
     };
 
     if flag("--jit") {
@@ -298,23 +331,32 @@ fn bench_shape(rt: &Runtime, suite: &Suite, d: Dims, s: usize) {
             };
             let iters = suite.iters;
             let forward = gpu.time(rt, &spec, &problem, 3, iters)?;
-            let step = suite.backward.then(|| gpu.time_forward_backward(rt, &spec, &problem, 3, iters)).transpose()?;
+            // A step per dK/dV tile asked for, else one in the runtime's choice.
+            let mut steps = Vec::new();
+            if suite.backward && suite.backward_tiles.is_empty() {
+                steps.push((format!("{name}+bwd"), gpu.time_forward_backward(rt, &spec, &problem, 3, iters)));
+            }
+            for (label, tile) in &suite.backward_tiles {
+                gpu.pin_backward_tile(Some(*tile));
+                steps.push((format!("{name}+bwd@{label}"), gpu.time_forward_backward(rt, &spec, &problem, 3, iters)));
+            }
+            gpu.pin_backward_tile(None);
             // Last: later launches of `gpu` run the e4m3 forward.
             let quantized = match quantized.as_mut() {
                 Some(inputs) => time_e4m3(rt, &mut gpu, &spec, &problem, inputs, &suite.e4m3_tiles, iters)?,
                 None => Vec::new(),
             };
-            Ok((forward, step, config, quantized))
+            Ok((forward, steps, config, quantized))
         });
         let row = format!("{name:<16} {d:>4} {s:>6} {batch:>3}");
         match timed {
-            Ok((ms, step, config, quantized)) => {
+            Ok((ms, steps, config, quantized)) => {
                 let flops = d.flops_per_pair() * (batch * HEADS) as f64 * (s * s) as f64 * density;
                 let tflops = flops / (ms * 1e-3) / 1e12;
                 println!("{row} {ms:>10.3} {tflops:>9.1} {density:>8.4} {tiles:>15}{config}");
                 let quantized = quantized.into_iter().map(|(suffix, ms)| (format!("{name}-{suffix}"), ms, flops, ""));
-                let step = step.map(|ms| (format!("{name}+bwd"), Ok(ms), 3.5 * flops, config.as_str()));
-                for (name, ms, flops, config) in quantized.chain(step) {
+                let steps = steps.into_iter().map(|(name, ms)| (name, ms, 3.5 * flops, config.as_str()));
+                for (name, ms, flops, config) in quantized.chain(steps) {
                     match ms {
                         Ok(ms) => println!(
                             "{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {:>9.1} {density:>8.4}{config}",

@@ -71,6 +71,7 @@ mod packing;
 mod rows;
 mod sink;
 mod step;
+mod tile;
 
 use super::target::{pad16, Mma, Target};
 use super::tile_config::{TileConfig, TileCopy};
@@ -78,6 +79,7 @@ use crate::abi::Kernel;
 use crate::grad::trainable;
 use crate::spec::Spec;
 use packing::Packing;
+pub use tile::BackwardTile;
 
 /// One of the backward kernels of a spec.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
