@@ -10,4 +10,5 @@ pub mod examples;
 pub mod jit_bench;
 pub mod prefill_bench;
 pub mod spec_gen;
+pub mod step_tiles;
 pub mod verify;

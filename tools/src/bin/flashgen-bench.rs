@@ -28,7 +28,7 @@
 //! dK/dV tile instead (rows `<variant>+bwd@<tile>`): `warps,columns,block_m`
 //! of the `mma.sync` kernel (`whole` or `halves`), or `wgmma` for Hopper's;
 //! a tile that is not one of `BackwardConfig::tiles` for the spec on the GPU
-//! gives an error row.
+//! gives an error row. `--bwd-tiles all` times every tile of each spec.
 //!
 //! `--dropout P` runs the suite's forward and training steps with dropout
 //! on P at probability P (rows `<variant>+drop`, `<variant>+drop+bwd`; no
@@ -97,7 +97,7 @@
 //! at once (`flashgen_tools::jit_bench`).
 
 use flashgen::codegen::analysis::{classify, TileClass};
-use flashgen::codegen::cuda::{BackwardTile, KeyColumns, Mma, TileConfig};
+use flashgen::codegen::cuda::{BackwardConfig, Mma, TileConfig};
 use flashgen::codegen::reference::{ParamValue, Problem, TensorData};
 use flashgen::codegen::{Dropout, Shape};
 use flashgen::runtime::tile_choice;
@@ -105,6 +105,7 @@ use flashgen::runtime::{config_name, KernelSet, KvCacheDtype};
 use flashgen::Runtime;
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::jit_bench;
+use flashgen_tools::step_tiles::{parse_step_tiles, tile_label, StepTiles};
 use flashgen_tools::verify::decode_e4m3::Granularity;
 use flashgen_tools::verify::forward_e4m3::{quantize_operands, E4m3Operands};
 use flashgen_tools::verify::{self, DeviceProblem, OperandLayout};
@@ -195,24 +196,7 @@ struct Suite {
     e4m3: bool,
     e4m3_tiles: Vec<String>,
     dropout: Option<Dropout>,
-    /// The dK/dV tiles to time the step in, each named as given; empty: the
-    /// runtime's choice only.
-    backward_tiles: Vec<(String, BackwardTile)>,
-}
-
-/// A dK/dV tile as `--bwd-tiles` names it: `warps,whole|halves,block_m` or
-/// `wgmma`.
-fn parse_backward_tile(text: &str) -> Option<BackwardTile> {
-    if text == "wgmma" {
-        return Some(BackwardTile { mma: Mma::Wgmma, warps: 8, columns: KeyColumns::Whole, block_m: 64 });
-    }
-    let [warps, columns, block_m] = text.split(',').collect::<Vec<_>>().try_into().ok()?;
-    let columns = match columns {
-        "whole" => KeyColumns::Whole,
-        "halves" => KeyColumns::Halves,
-        _ => return None,
-    };
-    Some(BackwardTile { mma: Mma::Sync, warps: warps.parse().ok()?, columns, block_m: block_m.parse().ok()? })
+    step_tiles: StepTiles,
 }
 
 fn main() {
@@ -226,13 +210,10 @@ fn main() {
     let flag = |name: &str| args.iter().any(|a| a == name);
     let e4m3_tiles: Vec<String> = list("--e4m3-tiles", "").into_iter().filter(|t| !t.is_empty()).collect();
     let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1));
-    let mut backward_tiles = Vec::new();
-    for text in value("--bwd-tiles").map_or("", |v| v.as_str()).split('/').filter(|t| !t.is_empty()) {
-        match parse_backward_tile(text) {
-            Some(tile) => backward_tiles.push((text.to_string(), tile)),
-            None => return eprintln!("--bwd-tiles: `{text}` is not `warps,whole|halves,block_m` or `wgmma`"),
-        }
-    }
+    let step_tiles = match parse_step_tiles(value("--bwd-tiles").map_or("", |v| v.as_str())) {
+        Ok(tiles) => tiles,
+        Err(e) => return eprintln!("--bwd-tiles: {e}"),
+    };
     let suite = Suite {
         variants: list("--variants", "full,causal,swa1024,doc,softcap-causal,alibi-causal,longformer,sink-window"),
         iters: list("--iters", "20")[0].parse().unwrap_or(20),
@@ -241,8 +222,8 @@ fn main() {
         e4m3: flag("--e4m3") || !e4m3_tiles.is_empty(),
         e4m3_tiles,
         dropout: list("--dropout", "0")[0].parse().ok().filter(|&p| p > 0.0).map(|p| Dropout { p, seed: 1, offset: 0 }),
-        backward: flag("--backward") || !backward_tiles.is_empty(),
-        backward_tiles,
+        backward: flag("--backward") || !matches!(step_tiles, StepTiles::Preferred),
+        step_tiles,
     };
 
     if flag("--jit") {
@@ -332,13 +313,16 @@ fn bench_shape(rt: &Runtime, suite: &Suite, d: Dims, s: usize) {
             let iters = suite.iters;
             let forward = gpu.time(rt, &spec, &problem, 3, iters)?;
             // A step per dK/dV tile asked for, else one in the runtime's choice.
+            let tiles = match &suite.step_tiles {
+                StepTiles::Preferred => vec![None],
+                StepTiles::Listed(tiles) => tiles.iter().copied().map(Some).collect(),
+                StepTiles::All => BackwardConfig::tiles(&spec, rt.target()).into_iter().map(Some).collect(),
+            };
             let mut steps = Vec::new();
-            if suite.backward && suite.backward_tiles.is_empty() {
-                steps.push((format!("{name}+bwd"), gpu.time_forward_backward(rt, &spec, &problem, 3, iters)));
-            }
-            for (label, tile) in &suite.backward_tiles {
-                gpu.pin_backward_tile(Some(*tile));
-                steps.push((format!("{name}+bwd@{label}"), gpu.time_forward_backward(rt, &spec, &problem, 3, iters)));
+            for tile in tiles.into_iter().filter(|_| suite.backward) {
+                gpu.pin_backward_tile(tile);
+                let row = tile.map_or(format!("{name}+bwd"), |t| format!("{name}+bwd@{}", tile_label(t)));
+                steps.push((row, gpu.time_forward_backward(rt, &spec, &problem, 3, iters)));
             }
             gpu.pin_backward_tile(None);
             // Last: later launches of `gpu` run the e4m3 forward.

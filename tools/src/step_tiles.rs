@@ -1,0 +1,82 @@
+//! `flashgen-bench --bwd-tiles`: which dK/dV tiles a suite times the
+//! training step in, and the names its rows give them.
+
+use flashgen::codegen::cuda::{BackwardTile, KeyColumns, Mma};
+
+/// The dK/dV tiles a suite times the training step in.
+pub enum StepTiles {
+    /// The runtime's choice.
+    Preferred,
+    Listed(Vec<BackwardTile>),
+    /// Every tile of the spec on the GPU (`BackwardConfig::tiles`).
+    All,
+}
+
+/// `--bwd-tiles`' value: `all`, or tiles separated by `/`.
+pub fn parse_step_tiles(text: &str) -> Result<StepTiles, String> {
+    match text {
+        "" => Ok(StepTiles::Preferred),
+        "all" => Ok(StepTiles::All),
+        _ => text
+            .split('/')
+            .map(|t| parse_backward_tile(t).ok_or(format!("`{t}` is not `warps,whole|halves,block_m` or `wgmma`")))
+            .collect::<Result<_, _>>()
+            .map(StepTiles::Listed),
+    }
+}
+
+/// A dK/dV tile as `--bwd-tiles` names it (and its rows, [`tile_label`]):
+/// `warps,whole|halves,block_m` or `wgmma`.
+pub fn parse_backward_tile(text: &str) -> Option<BackwardTile> {
+    if text == "wgmma" {
+        return Some(BackwardTile { mma: Mma::Wgmma, warps: 8, columns: KeyColumns::Whole, block_m: 64 });
+    }
+    let [warps, columns, block_m] = text.split(',').collect::<Vec<_>>().try_into().ok()?;
+    let columns = match columns {
+        "whole" => KeyColumns::Whole,
+        "halves" => KeyColumns::Halves,
+        _ => return None,
+    };
+    Some(BackwardTile { mma: Mma::Sync, warps: warps.parse().ok()?, columns, block_m: block_m.parse().ok()? })
+}
+
+/// `tile` as [`parse_backward_tile`] reads it.
+pub fn tile_label(tile: BackwardTile) -> String {
+    let columns = match tile.columns {
+        KeyColumns::Whole => "whole",
+        KeyColumns::Halves => "halves",
+    };
+    match tile.mma {
+        Mma::Wgmma => "wgmma".to_string(),
+        Mma::Sync => format!("{},{columns},{}", tile.warps, tile.block_m),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flashgen::codegen::cuda::{BackwardConfig, Target};
+
+    /// Every tile a spec lists reads back from its row's name.
+    #[test]
+    fn tile_labels_read_back() {
+        for d in [64, 128, 192, 256] {
+            let spec = flashgen::parse_one(&format!("S {{ dtype: bf16, head_dim: {d} }}")).unwrap();
+            for tile in BackwardConfig::tiles(&spec, Target::HOPPER) {
+                assert_eq!(parse_backward_tile(&tile_label(tile)), Some(tile), "d = {d}: {tile}");
+            }
+        }
+    }
+
+    #[test]
+    fn step_tiles_parse() {
+        assert!(matches!(parse_step_tiles(""), Ok(StepTiles::Preferred)));
+        assert!(matches!(parse_step_tiles("all"), Ok(StepTiles::All)));
+        let Ok(StepTiles::Listed(tiles)) = parse_step_tiles("4,halves,32/wgmma") else { panic!("two tiles") };
+        assert_eq!(tiles[0], BackwardTile { mma: Mma::Sync, warps: 4, columns: KeyColumns::Halves, block_m: 32 });
+        assert_eq!(tiles[1].mma, Mma::Wgmma);
+        for bad in ["4,thirds,32", "4,whole", "x,whole,32", "wgmma/"] {
+            assert!(parse_step_tiles(bad).is_err(), "{bad}");
+        }
+    }
+}
