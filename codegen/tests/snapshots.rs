@@ -420,6 +420,34 @@ fn hopper_backward_kernels_of_named_variants() {
     );
 }
 
+/// The Hopper dK/dV kernel with column halves (both warpgroups on 64 keys,
+/// each half of dK's, dV's and dQ's columns), a `--bwd-tiles` choice above
+/// d = 128: at 192/128 K's and Q's halves start 32 columns into a panel, so
+/// each product takes two chunks and the second warpgroup's accumulator is
+/// rotated into column order; with ALiBi at 256 only the first warpgroup
+/// adds the slopes' gradient.
+#[test]
+fn hopper_backward_column_halves() {
+    let hopper = Target::for_sm(9, 0);
+    let halves = |spec: &Spec| {
+        let tile = BackwardConfig::tiles(spec, hopper).into_iter().find(|t| t.mma == Mma::Wgmma);
+        let tile = tile.expect("a Hopper tile above d = 128");
+        assert_eq!(tile.columns, KeyColumns::Halves);
+        render(&emit_backward_with(
+            spec,
+            BackwardPass::KeyValue,
+            BackwardConfig::preferred(spec, hopper).with_tile(tile),
+        ))
+    };
+    let mla = parse_one("Mla { dtype: bf16, head_dim: 192, v_head_dim: 128, mask: q >= k }").unwrap();
+    insta::assert_snapshot!("wgmma_bwd_halves_causal_192_128", halves(&mla));
+    let alibi = parse_one(
+        "Alibi256 { dtype: bf16, head_dim: 256, tensor slopes: f32[H], mask: q >= k, score: score + slopes[h] * (k - q) as f32 }",
+    )
+    .unwrap();
+    insta::assert_snapshot!("wgmma_bwd_halves_alibi_256", halves(&alibi));
+}
+
 /// Dropout's kernels (the mask, `library/dropout.cuh`, applied to P):
 /// the forward on mma.sync and the warp-specialized wgmma one (copying by
 /// TMA, FADD row sums), the portable dK/dV and dQ kernels and the Hopper

@@ -442,7 +442,7 @@ mod tests {
         for tile in BackwardConfig::tiles(&spec, hopper.target()) {
             assert_eq!(chosen_config(&spec, hopper, Some(tile)).unwrap().tile(), tile);
         }
-        // Hopper's kernel does not cover d = 256, nor does any tile fit 99 KiB at 64-query steps.
+        // Hopper's whole-column kernel does not cover d = 256, nor does any tile fit 99 KiB at 64-query steps.
         let wgmma = BackwardTile { mma: Mma::Wgmma, warps: 8, columns: KeyColumns::Whole, block_m: 64 };
         let err = chosen_config(&spec, hopper, Some(wgmma)).unwrap_err();
         assert!(matches!(&err, Error::NotACandidate { arch, .. } if *arch == hopper), "{err}");

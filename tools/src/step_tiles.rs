@@ -19,17 +19,23 @@ pub fn parse_step_tiles(text: &str) -> Result<StepTiles, String> {
         "all" => Ok(StepTiles::All),
         _ => text
             .split('/')
-            .map(|t| parse_backward_tile(t).ok_or(format!("`{t}` is not `warps,whole|halves,block_m` or `wgmma`")))
+            .map(|t| {
+                parse_backward_tile(t)
+                    .ok_or(format!("`{t}` is not `warps,whole|halves,block_m`, `wgmma` or `wgmma,halves`"))
+            })
             .collect::<Result<_, _>>()
             .map(StepTiles::Listed),
     }
 }
 
 /// A dK/dV tile as `--bwd-tiles` names it (and its rows, [`tile_label`]):
-/// `warps,whole|halves,block_m` or `wgmma`.
+/// `warps,whole|halves,block_m`, `wgmma` or `wgmma,halves`.
 pub fn parse_backward_tile(text: &str) -> Option<BackwardTile> {
-    if text == "wgmma" {
-        return Some(BackwardTile { mma: Mma::Wgmma, warps: 8, columns: KeyColumns::Whole, block_m: 64 });
+    let hopper = |columns| BackwardTile { mma: Mma::Wgmma, warps: 8, columns, block_m: 64 };
+    match text {
+        "wgmma" => return Some(hopper(KeyColumns::Whole)),
+        "wgmma,halves" => return Some(hopper(KeyColumns::Halves)),
+        _ => {}
     }
     let [warps, columns, block_m] = text.split(',').collect::<Vec<_>>().try_into().ok()?;
     let columns = match columns {
@@ -46,9 +52,10 @@ pub fn tile_label(tile: BackwardTile) -> String {
         KeyColumns::Whole => "whole",
         KeyColumns::Halves => "halves",
     };
-    match tile.mma {
-        Mma::Wgmma => "wgmma".to_string(),
-        Mma::Sync => format!("{},{columns},{}", tile.warps, tile.block_m),
+    match (tile.mma, tile.columns) {
+        (Mma::Wgmma, KeyColumns::Whole) => "wgmma".to_string(),
+        (Mma::Wgmma, KeyColumns::Halves) => "wgmma,halves".to_string(),
+        (Mma::Sync, _) => format!("{},{columns},{}", tile.warps, tile.block_m),
     }
 }
 

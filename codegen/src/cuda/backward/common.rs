@@ -146,6 +146,9 @@ pub(super) struct SpecTerms {
     pub grads: Vec<(usize, Expr, Vec<Expr>)>,
     /// Whether P is dropped out (`BackwardConfig::dropout`).
     pub dropout: bool,
+    /// Where threads of two warpgroups compute the same elements, the
+    /// condition only one of them meets: it alone adds tensor gradients.
+    pub owner: Option<&'static str>,
 }
 
 impl SpecTerms {
@@ -161,7 +164,12 @@ impl SpecTerms {
         };
         // A score mod that only adds terms has ∂score′/∂score = 1: dS = dS′.
         let d_score = d_score(spec).filter(|d| !matches!(d.kind, ExprKind::Float(x) if x == 1.0));
-        SpecTerms { d_score, grads, dropout }
+        SpecTerms { d_score, grads, dropout, owner: None }
+    }
+
+    /// `cond && ` where [`Self::owner`] names a condition, else nothing.
+    pub fn owner_clause(&self) -> String {
+        self.owner.map_or(String::new(), |owner| format!("{owner} && "))
     }
 
     /// Every expression hoisting may draw from.

@@ -334,7 +334,7 @@ fn write_body(
         // reads every key: once all are done, K and V stage the stores.\n\
         __syncthreads();\n"
     )?;
-    write_key_stores(w, spec, columns)
+    write_key_stores(w, spec, columns, "warp")
 }
 
 /// The per-head lambdas of the `mma.sync` dK/dV kernel: `load_step` queues
@@ -429,7 +429,8 @@ pub(super) fn write_head_grad_adds(w: &mut Writer<String>, spec: &Spec, terms: &
             let dt = arg_name(spec, ArgKind::TensorGrad(*slot));
             writeln!(w, "// One atomic per warp and head for d{t}.")?;
             writeln!(w, "const float sum_{t} = warp_sum(acc_{t});")?;
-            writeln!(w, "if ({dt} != nullptr && lane == 0) atomicAdd(&{dt}[at_{t}(0, 0, 0, 0, 0)], sum_{t});")?;
+            let owner = terms.owner_clause();
+            writeln!(w, "if ({owner}{dt} != nullptr && lane == 0) atomicAdd(&{dt}[at_{t}(0, 0, 0, 0, 0)], sum_{t});")?;
         }
     }
     Ok(())
@@ -443,7 +444,7 @@ pub(super) fn write_head_grad_adds(w: &mut Writer<String>, spec: &Spec, terms: &
 ///
 /// With halved columns a warp stores its part of the columns, staged in its
 /// part of its rows.
-pub(super) fn write_key_stores(w: &mut Writer<String>, spec: &Spec, columns: KeyColumns) -> fmt::Result {
+pub(super) fn write_key_stores(w: &mut Writer<String>, spec: &Spec, columns: KeyColumns, warp: &str) -> fmt::Result {
     let [kv_len, scale] = [ArgKind::KvLen, ArgKind::Scale].map(|kind| arg_name(spec, kind));
     let [dk_stride, dv_stride] = [Operand::DK, Operand::DV].map(|op| arg_name(spec, ArgKind::Stride(op, Axis::Seq)));
     let stores = [
@@ -454,11 +455,11 @@ pub(super) fn write_key_stores(w: &mut Writer<String>, spec: &Spec, columns: Key
         match columns {
             KeyColumns::Whole => writeln!(
                 w,
-                "store_warp_rows(storage{{}}, {tile} + warp * 16 * {width}, {acc}, {factor}, {rows}, {stride}, k0 + warp * 16, {kv_len}, {cols});"
+                "store_warp_rows(storage{{}}, {tile} + {warp} * 16 * {width}, {acc}, {factor}, {rows}, {stride}, k0 + {warp} * 16, {kv_len}, {cols});"
             )?,
             KeyColumns::Halves => writeln!(
                 w,
-                "store_warp_rows(storage{{}}, {tile} + warp * 16 * {width} + part * 16 * 8 * {tiles}, {acc}, {factor}, {rows} + part * 8 * {tiles}, {stride}, k0 + warp * 16, {kv_len}, {cols} - part * 8 * {tiles});"
+                "store_warp_rows(storage{{}}, {tile} + {warp} * 16 * {width} + part * 16 * 8 * {tiles}, {acc}, {factor}, {rows} + part * 8 * {tiles}, {stride}, k0 + {warp} * 16, {kv_len}, {cols} - part * 8 * {tiles});"
             )?,
         }
     }

@@ -98,10 +98,12 @@ pub enum BackwardPass {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BackwardConfig {
     /// The dK/dV kernel's MMA: `mma.sync` warps, or on Hopper the
-    /// warp-specialized `wgmma` kernel (see `dkdv_wgmma`), whose tile is
-    /// fixed (128 keys, 64-query steps) and which covers head dims that pad
-    /// to 64 through 128 (but 112); elsewhere `Mma::Wgmma` emits the `mma.sync` kernel with this
-    /// configuration. The other backward kernels are the same for both.
+    /// warp-specialized `wgmma` kernel (see `dkdv_wgmma`): 64-query steps,
+    /// with whole columns 128 keys for head dims that pad alike to 64
+    /// through 128 (but 112), with column halves 64 keys where the wider
+    /// pads to 144 through 256; elsewhere `Mma::Wgmma` emits the `mma.sync`
+    /// kernel with this configuration. The other backward kernels are the
+    /// same for both.
     pub mma: Mma,
     /// Warps of the dK/dV kernel, 16 keys each: its CTA owns
     /// 16 · warps / `columns.parts()` keys (128 at head dims up to 128, as
@@ -184,15 +186,9 @@ impl BackwardConfig {
     /// its tiles made to fit the target's shared memory.
     pub fn preferred(spec: &Spec, target: Target) -> BackwardConfig {
         let portable = BackwardConfig::default_for(spec).fitted(spec, target);
-        match target.mma == Mma::Wgmma && dkdv_wgmma::supports(spec) {
-            true => BackwardConfig {
-                mma: Mma::Wgmma,
-                warps: dkdv_wgmma::WARPS,
-                columns: KeyColumns::Whole,
-                block_m: dkdv_wgmma::BLOCK_M,
-                copy: TileCopy::Tma,
-                ..portable
-            },
+        let hopper = portable.with_tile(BackwardTile::hopper(KeyColumns::Whole));
+        match target.mma == Mma::Wgmma && dkdv_wgmma::Layout::of(spec, hopper).is_some() {
+            true => hopper,
             false => portable,
         }
     }
@@ -243,9 +239,9 @@ impl BackwardConfig {
 
     /// The dQ accumulator's layout under this configuration.
     pub fn dq_accum(self, spec: &Spec) -> DqAccum {
-        match self.mma == Mma::Wgmma && dkdv_wgmma::supports(spec) {
-            true => DqAccum::Fragments,
-            false => DqAccum::Rows,
+        match dkdv_wgmma::Layout::of(spec, self) {
+            Some(_) => DqAccum::Fragments,
+            None => DqAccum::Rows,
         }
     }
 
@@ -253,7 +249,7 @@ impl BackwardConfig {
     /// rows — where it is the Hopper kernel, which may copy with TMA
     /// ([`BackwardConfig::copy`]); `None` for the one that never does.
     pub fn key_value_tma_tile(self, spec: &Spec) -> Option<(u32, u32)> {
-        (self.dq_accum(spec) == DqAccum::Fragments).then_some((dkdv_wgmma::BLOCK_M, dkdv_wgmma::BLOCK_N))
+        dkdv_wgmma::Layout::of(spec, self).map(|layout| (dkdv_wgmma::BLOCK_M, layout.block_n()))
     }
 }
 
@@ -322,9 +318,9 @@ pub fn emit_backward_varlen(spec: &Spec, pass: BackwardPass, config: BackwardCon
 fn emit(spec: &Spec, pass: BackwardPass, config: BackwardConfig, packing: Packing) -> Kernel {
     match pass {
         BackwardPass::Preprocess => rows::emit_preprocess(spec, config.dq_accum(spec), packing),
-        BackwardPass::KeyValue => match config.dq_accum(spec) {
-            DqAccum::Fragments => dkdv_wgmma::emit(spec, config, packing),
-            DqAccum::Rows => dkdv::emit(spec, config, packing),
+        BackwardPass::KeyValue => match dkdv_wgmma::Layout::of(spec, config) {
+            Some(layout) => dkdv_wgmma::emit(spec, config, &layout, packing),
+            None => dkdv::emit(spec, config, packing),
         },
         BackwardPass::Query => dq::emit(spec, config, packing),
         BackwardPass::Postprocess => rows::emit_postprocess(spec, config.dq_accum(spec), packing),

@@ -205,7 +205,8 @@ fn write_element(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, logit: 
             writeln!(w, "if (p != 0.0f) acc_{t} += {term};")?;
         } else {
             let dt = arg_name(spec, ArgKind::TensorGrad(*slot));
-            writeln!(w, "if ({dt} != nullptr && p != 0.0f) atomicAdd(&{dt}[at_{t}(q, k, i, n, c)], {term});")?;
+            let owner = terms.owner_clause();
+            writeln!(w, "if ({owner}{dt} != nullptr && p != 0.0f) atomicAdd(&{dt}[at_{t}(q, k, i, n, c)], {term});")?;
         }
     }
     Ok(())

@@ -38,6 +38,13 @@ impl fmt::Display for BackwardTile {
 const SYNC_WARPS: [u32; 3] = [2, 4, 8];
 const SYNC_BLOCK_M: [u32; 3] = [16, 32, 64];
 
+impl BackwardTile {
+    /// The Hopper kernel's tile with `columns` (see `dkdv_wgmma::Layout`).
+    pub(super) fn hopper(columns: KeyColumns) -> BackwardTile {
+        BackwardTile { mma: Mma::Wgmma, warps: dkdv_wgmma::WARPS, columns, block_m: dkdv_wgmma::BLOCK_M }
+    }
+}
+
 impl BackwardConfig {
     /// This configuration's dK/dV tile.
     pub fn tile(self) -> BackwardTile {
@@ -58,21 +65,19 @@ impl BackwardConfig {
     }
 
     /// The dK/dV tiles of `spec` on `target`, [`Self::preferred`]'s first:
-    /// on Hopper the wgmma kernel's where it covers the head dims, then
+    /// on Hopper the wgmma kernel's (whole columns or halves) where it
+    /// covers the head dims, then
     /// every `mma.sync` tile whose shared memory fits a CTA (column halves
     /// where both head dims' halves are whole 16-column steps). Each
     /// computes the same gradients.
     pub fn tiles(spec: &Spec, target: Target) -> Vec<BackwardTile> {
         let preferred = BackwardConfig::preferred(spec, target);
         let mut tiles = vec![preferred.tile()];
-        if target.mma == Mma::Wgmma && dkdv_wgmma::supports(spec) {
-            let hopper = BackwardTile {
-                mma: Mma::Wgmma,
-                warps: dkdv_wgmma::WARPS,
-                columns: KeyColumns::Whole,
-                block_m: dkdv_wgmma::BLOCK_M,
-            };
-            tiles.push(hopper);
+        for columns in [KeyColumns::Whole, KeyColumns::Halves] {
+            let hopper = BackwardTile::hopper(columns);
+            if target.mma == Mma::Wgmma && dkdv_wgmma::Layout::of(spec, preferred.with_tile(hopper)).is_some() {
+                tiles.push(hopper);
+            }
         }
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
         let halves = dp % 32 == 0 && dvp % 32 == 0;

@@ -37,3 +37,28 @@ __device__ __forceinline__ void keep_operands(const unsigned (&a)[N][4]) {
         for (int c = 0; c < 4; ++c) asm volatile("" :: "r"(a[i][c]) : "memory");
     }
 }
+// Tiles [OFF, OFF + N / 8) of an m16n8-tiled accumulator, as the accumulator
+// of an m64nN product: a warpgroup whose columns a product takes in chunks
+// (each within a 64-column panel) gives each chunk its tiles.
+template <int N>
+using acc_tiles = float[N / 8][4];
+template <int OFF, int N, int T>
+__device__ __forceinline__ acc_tiles<N>& acc_cols(float (&acc)[T][4]) {
+    static_assert(OFF + N / 8 <= T, "the chunk lies within the accumulator");
+    return *reinterpret_cast<acc_tiles<N>*>(&acc[OFF]);
+}
+// The accumulator's tiles rotated by S: tile t takes tile (t + S) % T's.
+template <int S, int T>
+__device__ __forceinline__ void rotate_tiles(float (&acc)[T][4]) {
+    float from[T][4];
+    #pragma unroll
+    for (int t = 0; t < T; ++t) {
+        #pragma unroll
+        for (int c = 0; c < 4; ++c) from[t][c] = acc[t][c];
+    }
+    #pragma unroll
+    for (int t = 0; t < T; ++t) {
+        #pragma unroll
+        for (int c = 0; c < 4; ++c) acc[t][c] = from[(t + S) % T][c];
+    }
+}

@@ -1,0 +1,443 @@
+//! The dK/dV kernel on Hopper's warpgroup MMA (sm_90a), warp-specialized
+//! like the forward's 128-key kernel (FlashAttention-3's backward).
+//!
+//! Two consumer warpgroups and a producer warpgroup that copies the CTA's K
+//! and V once and then each visited query step's Q, dO and statistics into
+//! a ring of stages (`library/ring.cuh`: full/empty `mbarrier`s;
+//! `setmaxnreg` gives the consumers 240 registers). The warpgroups share
+//! the keys as [`Layout`] says: with whole columns (head dims up to 128)
+//! each owns 64 of the CTA's 128 keys; with column halves (above 128,
+//! where 64 keys' dK and dV no longer fit one warpgroup's registers) both
+//! work on the same 64 keys, each repeating Sᵀ, dPᵀ, P and dS and holding
+//! half of dK's, dV's and dQ's columns. Per step a consumer warpgroup
+//! computes, keys as rows:
+//!
+//! - Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, both operands from shared memory (K-major);
+//! - P and dS on its registers, the same element code as the `mma.sync`
+//!   kernel (`step::write_elements`: the accumulator layouts agree), with
+//!   the logit of a tile the mask keeps whole (every key present) free of
+//!   mask and bounds; without a score mod P is computed, and dV issued,
+//!   while dPᵀ is still on the tensor cores;
+//! - dV += Pᵀ·dO and dK += dSᵀ·Q with Pᵀ and dSᵀ as register A operands,
+//!   dO and Q MN-major from the stage (in [`Chunk`]s of its columns), into
+//!   accumulators that live for the whole kernel (64 + 64 registers at
+//!   d = 128 and at 256's halves);
+//! - dS itself (queries as rows) into shared memory by `stmatrix.trans`, and
+//!   once both warpgroups' halves are there (a named barrier),
+//!   dQ = dS·K for its half of dQ's columns, added to the f32 accumulator:
+//!   stored to a shared tile in fragment order (conflict-free
+//!   16-byte stores) that one producer thread adds to global memory with a
+//!   single bulk reduction (`cp.reduce.async.bulk`), as FlashAttention-3
+//!   does: the consumers issue no global atomics.
+//!
+//! The element code, spec lambdas, tile walk and epilogue are the
+//! `mma.sync` kernel's (`dkdv.rs`); only the products and the data movement
+//! differ, and only the producer walks: with each stage it writes the step's
+//! query tile and class and the next step's head, which the consumers read
+//! behind the stage's full barrier.
+
+mod consumers;
+mod producer;
+
+use super::common::{dropout_kind, write_source, Sections, SpecTerms};
+use super::dkdv::{write_key_cta, write_key_tiles};
+use super::packing::Packing;
+use super::{BackwardConfig, KeyColumns};
+use crate::abi::{Grid, Kernel, Operand};
+use crate::cuda::kit::hoist::hoist;
+use crate::cuda::kit::warp_roles::write_roles;
+use crate::cuda::library;
+use crate::cuda::library::wgmma_ops::AFrom;
+use crate::cuda::signature::with_dropout;
+use crate::cuda::signature::{backward_args, with_tensor_maps};
+use crate::cuda::source::kernel_name;
+use crate::cuda::source::Piece;
+use crate::cuda::target::{pad16, Mma, Target};
+use crate::cuda::tile_config::TileCopy;
+use crate::cuda::writer::Writer;
+use crate::spec::Spec;
+use std::fmt::{self, Write};
+
+const OPERANDS: [Operand; 6] = [Operand::Q, Operand::K, Operand::V, Operand::DO, Operand::DK, Operand::DV];
+
+/// Consumer warps: two warpgroups.
+pub(super) const WARPS: u32 = 8;
+
+/// Queries per step: with 64 keys per warpgroup, Sᵀ and dPᵀ (32 registers
+/// each) fit next to dK and dV (64 each at d = 128, or half the columns at
+/// 256) in 240 registers.
+pub(super) const BLOCK_M: u32 = 64;
+// The CPU twin (`crate::varlen::dq_accum_tile`) places tiles of this
+// kernel's steps.
+const _: () = assert!(BLOCK_M as i32 == crate::varlen::DQ_TILE_ROWS);
+
+/// How the kernel is laid out for a spec: how its two consumer warpgroups
+/// share the CTA's keys, how many Q/dO stages and dQ tiles its shared
+/// memory holds, and the column chunks of its dK and dV products.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Layout {
+    /// `Whole`: each warpgroup its own 64 keys and every column of their dK
+    /// and dV (128 keys per CTA). `Halves`: both on the same 64 keys, each
+    /// computing Sᵀ, dPᵀ, P and dS whole (the products repeated to keep
+    /// dK's and dV's halves within the registers above d = 128) and holding
+    /// half of dK's, dV's and dQ's columns.
+    pub columns: KeyColumns,
+    /// Q/dO stages of the ring.
+    stages: u32,
+    /// Steps' dQ tiles awaiting the bulk addition (one is drained long
+    /// before the next step's dQ is ready).
+    dq_bufs: u32,
+    /// The chunks of the dK and dV products.
+    pub dk: Vec<Chunk>,
+    pub dv: Vec<Chunk>,
+}
+
+/// A chunk of a warpgroup's dK or dV columns that one product computes:
+/// its width and each warpgroup's first column. A wgmma's MN-major operand
+/// must not start inside a 64-column panel and cross into the next, so
+/// halves that start inside a panel take two chunks, the one that ends the
+/// panel after the rest; chunks are in accumulator order, the same widths
+/// for both warpgroups, so that they issue the same products with no branch
+/// (a wgmma on a path ptxas cannot prove uniform is serialized).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Chunk {
+    pub width: u32,
+    pub first: [u32; 2],
+}
+
+/// The chunks of `d` (padded) columns held as `columns`; `None` for halves
+/// that start neither at a panel nor 32 columns in (those would need chunks
+/// of other widths in each warpgroup).
+fn chunks(columns: KeyColumns, d: u32) -> Option<Vec<Chunk>> {
+    let h = d / 2;
+    match (columns, h % 64) {
+        (KeyColumns::Whole, _) => Some(vec![Chunk { width: d, first: [0, 0] }]),
+        (KeyColumns::Halves, 0) => Some(vec![Chunk { width: h, first: [0, h] }]),
+        (KeyColumns::Halves, 32) if h == 32 => Some(vec![Chunk { width: h, first: [0, h] }]),
+        (KeyColumns::Halves, 32) => {
+            Some(vec![Chunk { width: h - 32, first: [0, h + 32] }, Chunk { width: 32, first: [h - 32, h] }])
+        }
+        _ => None,
+    }
+}
+
+impl Layout {
+    /// The layout of `config`'s kernel for `spec`: `None` unless it is the
+    /// wgmma kernel and covers the head dims, whole columns where Q/K and V
+    /// pad alike to 64 through 128 (the dK and dV accumulators fill the
+    /// registers at 128), halves where the wider pads to 144 through 256
+    /// and both are whole 64-column panels ([`chunks`]); the most stages
+    /// and dQ tiles that fit Hopper's shared memory (whole columns need
+    /// both pairs: not at 112).
+    pub(super) fn of(spec: &Spec, config: BackwardConfig) -> Option<Layout> {
+        let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
+        let columns = config.columns;
+        let (covered, options): (bool, &[(u32, u32)]) = match columns {
+            KeyColumns::Whole => (dp == dvp && (64..=128).contains(&dp), &[(2, 2)]),
+            KeyColumns::Halves => ((129..=256).contains(&dp.max(dvp)), &[(2, 2), (2, 1), (1, 1)]),
+        };
+        let (dk, dv) = (chunks(columns, dp)?, chunks(columns, dvp)?);
+        let hopper = Target::HOPPER;
+        let limit = hopper.smem_per_sm - hopper.smem_reserved_per_cta;
+        let mut layouts = options.iter().map(|&(stages, dq_bufs)| Layout {
+            columns,
+            stages,
+            dq_bufs,
+            dk: dk.clone(),
+            dv: dv.clone(),
+        });
+        let fitting = layouts.find(|layout| layout.smem_bytes(spec) + layout.static_smem() <= limit);
+        fitting.filter(|_| config.mma == Mma::Wgmma && covered)
+    }
+
+    /// Keys per CTA.
+    pub(super) fn block_n(&self) -> u32 {
+        16 * WARPS / self.columns.parts()
+    }
+
+    /// K and V of the CTA's keys, the stages of Q, dO and two statistics
+    /// per query, two dS tiles, the steps' f32 dQ, the upper half of K again
+    /// where `k_half_cols` says, and the slack that aligns them to 1024
+    /// bytes (226 KB in all at d = 128 and 96, just under Hopper's 227).
+    fn smem_bytes(&self, spec: &Spec) -> u32 {
+        let (dp, dpc, dvpc) = (pad16(spec.head_dims.qk), tile_cols(spec.head_dims.qk), tile_cols(spec.head_dims.v));
+        let (m, n, stages) = (BLOCK_M, self.block_n(), self.stages);
+        let k_half = n * k_half_cols(spec).unwrap_or(0);
+        2 * (n * (dpc + dvpc) + stages * m * (dpc + dvpc) + 2 * m * n + k_half)
+            + 4 * (2 * stages * m + self.dq_bufs * m * dp)
+            + 1024
+    }
+
+    /// Static shared memory beside it: the ring's and dQ tiles' barriers and
+    /// the walk's words.
+    fn static_smem(&self) -> u32 {
+        8 * (1 + 2 * self.stages + 2 * self.dq_bufs) + 4 * (1 + 2 * self.stages)
+    }
+}
+
+/// Columns of a shared tile of head dim `d`: whole 64-column panels (wgmma's
+/// 128-byte swizzle), zero beyond `d`.
+fn tile_cols(d: u32) -> u32 {
+    pad16(d).next_multiple_of(64)
+}
+
+/// Columns of the upper half of K's (the second warpgroup's dQ columns)
+/// copied again into a panel of their own, where they start inside a panel
+/// and cross into the next (head dims 80 and 96): a wgmma's MN-major operand
+/// must not. `None` where they start at a panel (128) or end in it (64).
+fn k_half_cols(spec: &Spec) -> Option<u32> {
+    let half = pad16(spec.head_dims.qk) / 2;
+    (!half.is_multiple_of(64) && half % 64 + half > 64).then_some(half.next_multiple_of(64))
+}
+
+/// Threads of the producer warpgroup.
+const PRODUCER_THREADS: u32 = 128;
+
+/// The kernel in `config` (its `tensor_grads`, `copy` and `dropout`), laid
+/// out as `layout` (`Layout::of` the two).
+pub(super) fn emit(spec: &Spec, config: BackwardConfig, layout: &Layout, packing: Packing) -> Kernel {
+    let BackwardConfig { tensor_grads, copy, dropout, .. } = config;
+    let name = kernel_name(&packing.prefix(&dropout_kind("bwd", dropout)), spec);
+    let mut terms = SpecTerms::new(spec, tensor_grads, dropout);
+    if layout.columns == KeyColumns::Halves {
+        // Both warpgroups compute every element: one adds the tensor gradients.
+        terms.owner = Some("part == 0");
+    }
+    let slots: Vec<usize> = terms.grads.iter().map(|(slot, ..)| *slot).collect();
+    let args = packing.args(spec, backward_args(spec, OPERANDS, &slots));
+    let args = match copy {
+        TileCopy::Tma => with_tensor_maps(spec, args, &[Operand::Q, Operand::K, Operand::V, Operand::DO]),
+        TileCopy::Threads => args,
+    };
+    let args = with_dropout(spec, args, dropout);
+    let source = write_source(
+        spec,
+        Sections::Hopper(hopper_library(spec, layout, copy)),
+        &name,
+        &args,
+        |w| write_config(w, spec, layout),
+        |w| write_body(w, spec, &terms, layout, copy, packing),
+    );
+    Kernel {
+        name,
+        source,
+        grid: Grid::KeyTiles,
+        block_m: BLOCK_M,
+        block_n: layout.block_n(),
+        threads: 32 * WARPS + PRODUCER_THREADS,
+        dynamic_smem: layout.smem_bytes(spec),
+        args,
+    }
+}
+
+/// The warpgroup MMA and stage-ring library sections and the products
+/// this kernel issues: m64 by BLOCK_M (Sᵀ, dPᵀ), by DP / 2 (a warpgroup's
+/// dQ columns), and by each chunk's width of dK and dV.
+fn hopper_library(spec: &Spec, layout: &Layout, copy: TileCopy) -> Vec<Vec<Piece>> {
+    let dp = pad16(spec.head_dims.qk);
+    let mut wgmma = vec![
+        Piece::Part(library::Part::Wgmma),
+        Piece::Wgmma(BLOCK_M, AFrom::Shared),
+        Piece::Wgmma(dp / 2, AFrom::SharedMnB),
+    ];
+    let mut widths: Vec<u32> = layout.dk.iter().chain(&layout.dv).map(|chunk| chunk.width).collect();
+    widths.sort_unstable();
+    widths.dedup();
+    wgmma.extend(widths.into_iter().map(|n| Piece::Wgmma(n, AFrom::Registers)));
+    wgmma.extend([Piece::Part(library::Part::HopperBackward), Piece::Part(library::Part::DqFragments)]);
+    let mut sections = vec![wgmma, vec![Piece::Part(library::Part::Ring)]];
+    if copy == TileCopy::Tma {
+        sections.push(vec![Piece::Part(library::Part::Tma)]);
+    }
+    sections
+}
+
+fn write_config(w: &mut Writer<String>, spec: &Spec, layout: &Layout) -> fmt::Result {
+    let Layout { columns, stages, dq_bufs, .. } = *layout;
+    let (warps, block_m, block_n) = (WARPS, BLOCK_M, layout.block_n());
+    let [dpc, dvpc] = [spec.head_dims.qk, spec.head_dims.v].map(tile_cols);
+    let keys = match columns {
+        KeyColumns::Whole => "// the consumer warps: two warpgroups of 64 keys each",
+        KeyColumns::Halves => "// the consumer warps: two warpgroups on the same 64 keys",
+    };
+    write!(
+        w,
+        "\
+        constexpr int WARPS = {warps};  {keys}\n\
+        constexpr int THREADS = 32 * WARPS;  // the threads that multiply\n\
+        // Warp specialization: one more warpgroup copies K, V and the query steps'\n\
+        // tiles into a ring of STAGES stages (see the stage ring above) and hands\n\
+        // most of its registers to the two that multiply (24 + 2 x 240).\n\
+        constexpr int PRODUCER_THREADS = {PRODUCER_THREADS};\n\
+        constexpr int CTA_THREADS = THREADS + PRODUCER_THREADS;\n\
+        constexpr int PRODUCER_REGS = 24;\n\
+        constexpr int CONSUMER_REGS = 240;\n\
+        constexpr int STAGES = {stages};  // Q/dO stages of the ring\n\
+        constexpr int BLOCK_N = {block_n};  // keys per CTA: grid.x = ceil(kv_len / BLOCK_N)\n\
+        constexpr int BLOCK_M = {block_m};  // queries per step of the loop\n\
+        constexpr int DPC = {dpc}, DVPC = {dvpc};  // tile columns: whole 64-column panels\n\
+        constexpr int DQ_TILES = DP / 16;  // m16n8 tiles of a warp's dQ: its warpgroup's half of the columns\n\
+        constexpr int DQ_TILE = BLOCK_M * DP;  // f32 of a step's dQ accumulator tile\n\
+        constexpr int DQ_BUFS = {dq_bufs};  // steps' dQ tiles awaiting their bulk addition\n\
+        // Whether any tile copy may use cp.async (see mbar_arrive_loaded).\n\
+        constexpr int COPY_WIDTH = D % 8 == 0 || DV % 8 == 0 ? 8 : 1;\n"
+    )?;
+    if columns == KeyColumns::Halves {
+        writeln!(w, "constexpr int COL_PARTS = 2;  // a warpgroup's part of dK's and dV's columns")?;
+    }
+    if let Some(cols) = k_half_cols(spec) {
+        writeln!(w, "constexpr int K_HALF_COLS = {cols};  // the second copy of K's upper half")?;
+    }
+    write_key_tiles(
+        w,
+        spec,
+        "\
+        // Shared memory, every tile in wgmma's 64-column panels: this CTA's K and V;\n\
+        // STAGES stages of a step's Q and dO tiles and two statistics per query; two\n\
+        // dS tiles (queries as rows: the A operand of dQ = dS K); DQ_BUFS steps' dQ;\n\
+        // with K_HALF_COLS, the upper half of K's columns again, from a panel's start.\n",
+        ["DPC", "DVPC"],
+        columns,
+    )
+}
+
+fn write_body(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    terms: &SpecTerms,
+    layout: &Layout,
+    copy: TileCopy,
+    packing: Packing,
+) -> fmt::Result {
+    write!(
+        w,
+        "\
+        // wgmma's swizzle atoms are 1024-byte aligned; the launch reserves the slack.\n\
+        extern __shared__ __align__(1024) unsigned char smem_raw[];\n\
+        unsigned short* smem = (unsigned short*)(smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024);\n\
+        unsigned short* k_tile = smem;  // [BLOCK_N][DPC], for every step\n\
+        unsigned short* v_tile = k_tile + K_TILE;  // [BLOCK_N][DVPC]\n\
+        unsigned short* q_tiles = v_tile + V_TILE;  // [STAGES][BLOCK_M][DPC]\n\
+        unsigned short* dout_tiles = q_tiles + STAGES * Q_TILE;  // [STAGES][BLOCK_M][DVPC]\n\
+        unsigned short* ds_tiles = dout_tiles + STAGES * DO_TILE;  // [2][BLOCK_M][BLOCK_N]: dS, for dQ\n\
+        // With K_HALF_COLS [BLOCK_N][K_HALF_COLS], on a swizzle atom as every 16-bit tile.\n\
+        unsigned short* k_half_tile = ds_tiles + 2 * DS_TILE;\n\
+        float* lse_cols = (float*)(k_half_tile + {k_half});  // [STAGES][BLOCK_M]: LSE in log2 units, +inf for no gradient\n\
+        float* delta_cols = lse_cols + STAGES * BLOCK_M;  // [STAGES][BLOCK_M]: D = rowsum(dO * O)\n\
+        float* dq_tiles = delta_cols + STAGES * BLOCK_M;  // [DQ_BUFS][DQ_TILE]: step it's dQ in it % DQ_BUFS, for the bulk reduction\n\
+        \n",
+        k_half = if k_half_cols(spec).is_some() { "BLOCK_N * K_HALF_COLS" } else { "0" },
+    )?;
+    write_key_cta(w, spec, copy == TileCopy::Threads, packing, KeyColumns::Whole)?;
+    // A full barrier's arrivals: the copies', K/V's also the walk's (it
+    // publishes the first head) and a stage's also those of the threads that
+    // store statistics.
+    let (kv_copies, copies, walkers, statistics) = match copy {
+        // One per tile (K's upper half again included), from the thread that
+        // issues them; the leader; those BLOCK_M.
+        TileCopy::Tma => (if k_half_cols(spec).is_some() { "3" } else { "2" }, "2", "1", "BLOCK_M"),
+        // One per producer thread, each time.
+        TileCopy::Threads => ("PRODUCER_THREADS", "PRODUCER_THREADS", "PRODUCER_THREADS", "PRODUCER_THREADS"),
+    };
+    write!(
+        w,
+        "\
+        \n\
+        // The ring's barriers: K/V's, then per stage full and empty. A full barrier\n\
+        // takes the copies' arrivals, K/V's also those of the walk's publishers and\n\
+        // a stage's those of the threads that store its statistics. Then per dQ\n\
+        // tile full (one arrival per consumer warp) and\n\
+        // empty (the adding thread's, once the copy engine has read the tile).\n\
+        __shared__ __align__(8) unsigned long long ring_bars[1 + 2 * STAGES + 2 * DQ_BUFS];\n\
+        const unsigned kv_full = smem_addr(ring_bars), stage_full = kv_full + 8, stage_empty = stage_full + 8 * STAGES;\n\
+        const unsigned dq_full = stage_empty + 8 * STAGES, dq_empty = dq_full + 8 * DQ_BUFS;\n\
+        // Only the producer walks the tiles. It publishes with K/V the head of the\n\
+        // first visited step (-1: none), and with each stage its step's words: the\n\
+        // query tile and its class (j << 1 | full), and the head of the step after\n\
+        // it (-1: none).\n\
+        __shared__ int first_head, step_tile[STAGES], step_next[STAGES];\n\
+        if (threadIdx.x == 0) {{\n\
+        \x20   mbar_init(kv_full, {kv_copies} + {walkers});  // the copies + the first head's publishers\n\
+        \x20   for (int s = 0; s < STAGES; ++s) {{\n\
+        \x20       mbar_init(stage_full + 8 * s, {copies} + {statistics});  // the copies + the statistics' writers\n\
+        \x20       mbar_init(stage_empty + 8 * s, WARPS);  // one arrival per consumer warp\n\
+        \x20   }}\n\
+        \x20   for (int s = 0; s < DQ_BUFS; ++s) {{\n\
+        \x20       mbar_init(dq_full + 8 * s, WARPS);\n\
+        \x20       mbar_init(dq_empty + 8 * s, 1);\n\
+        \x20   }}\n\
+        }}\n\
+        __syncthreads();\n\
+        int it = 0;  // visited steps so far, over every head: step `it` uses stage it % STAGES\n\
+        \n"
+    )?;
+    let exprs = terms.exprs(spec);
+    let hoisted = hoist(&exprs);
+    write_roles(w, |w| producer::write(w, spec, copy, packing), |w| consumers::write(w, spec, terms, layout, &hoisted))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(qk: u32, v: u32) -> Spec {
+        crate::parse_one(&format!("S {{ dtype: bf16, head_dim: {qk}, v_head_dim: {v} }}")).unwrap()
+    }
+
+    fn layout(qk: u32, v: u32, columns: KeyColumns) -> Option<Layout> {
+        let config = BackwardConfig { mma: Mma::Wgmma, columns, ..BackwardConfig::default_for(&spec(qk, v)) };
+        Layout::of(&spec(qk, v), config)
+    }
+
+    /// Each warpgroup's chunks cover its columns once; a chunk that starts
+    /// inside a 64-column panel ends in it; both warpgroups issue the same
+    /// widths.
+    #[test]
+    fn chunks_cover_each_warpgroups_columns_within_panels() {
+        for d in (16..=256).step_by(16) {
+            for columns in [KeyColumns::Whole, KeyColumns::Halves] {
+                let Some(chunks) = chunks(columns, d) else { continue };
+                let (parts, per_part) = (columns.parts(), d / columns.parts());
+                for part in 0..parts as usize {
+                    let mut cols: Vec<u32> =
+                        chunks.iter().flat_map(|c| c.first[part]..c.first[part] + c.width).collect();
+                    cols.sort_unstable();
+                    let own = part as u32 * per_part;
+                    assert_eq!(cols, (own..own + per_part).collect::<Vec<_>>(), "d = {d}, part {part}");
+                    for c in &chunks {
+                        let inside = c.first[part] % 64;
+                        assert!(inside == 0 || inside + c.width <= 64, "d = {d}: {c:?} crosses a panel");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whole columns cover head dims 64 through 128 but 112; halves the
+    /// wider dims whose halves start at a panel or 32 columns in.
+    #[test]
+    fn layouts_cover_the_head_dims_they_fit() {
+        let whole: Vec<u32> = (16..=256).step_by(16).filter(|&d| layout(d, d, KeyColumns::Whole).is_some()).collect();
+        assert_eq!(whole, [64, 80, 96, 128]);
+        for (qk, v) in [(256, 256), (192, 192), (192, 128), (256, 128), (128, 256), (256, 64)] {
+            let layout = layout(qk, v, KeyColumns::Halves).unwrap_or_else(|| panic!("{qk}/{v}"));
+            assert_eq!(layout.block_n(), 64);
+        }
+        for (qk, v) in [(160, 160), (224, 224), (128, 128), (144, 128)] {
+            assert!(layout(qk, v, KeyColumns::Halves).is_none(), "{qk}/{v}");
+        }
+    }
+
+    /// Every laid-out kernel fits Hopper's shared memory, with the most
+    /// stages where they fit: two at 192/128, one at 256.
+    #[test]
+    fn halves_take_the_stages_that_fit() {
+        let hopper = Target::HOPPER;
+        let limit = hopper.smem_per_sm - hopper.smem_reserved_per_cta;
+        for (qk, v, stages, dq_bufs) in [(256, 256, 1, 1), (192, 128, 2, 1), (256, 128, 2, 1)] {
+            let layout = layout(qk, v, KeyColumns::Halves).unwrap();
+            assert_eq!((layout.stages, layout.dq_bufs), (stages, dq_bufs), "{qk}/{v}");
+            assert!(layout.smem_bytes(&spec(qk, v)) + layout.static_smem() <= limit);
+        }
+    }
+}

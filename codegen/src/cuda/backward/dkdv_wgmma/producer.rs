@@ -1,0 +1,213 @@
+//! The producer warpgroup of the Hopper dK/dV kernel: K and V once, then
+//! the walk over the visited query steps, filling the stage ring, and the
+//! bulk additions of each step's dQ tile.
+
+use crate::abi::{ArgKind, Axis, Operand};
+use crate::cuda::backward::common::{write_tile_walk, Walk};
+use crate::cuda::backward::packing::Packing;
+use crate::cuda::signature::arg_name;
+use crate::cuda::signature::names::{DELTA, DOUT_MAP, DQ_ACCUM, K_MAP, Q_MAP, V_MAP};
+use crate::cuda::tile_config::TileCopy;
+use crate::cuda::writer::Writer;
+use crate::spec::Spec;
+use std::fmt::{self, Write};
+
+use super::k_half_cols;
+/// The producer warpgroup: K and V once, then per visited step its Q and dO
+/// tiles and statistics into the next stage, and the previous step's dQ
+/// tile into the accumulator; it ends with `return`.
+pub(super) fn write(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, packing: Packing) -> fmt::Result {
+    let n = |kind| arg_name(spec, kind);
+    // Who copies and who adds dQ (see the comment written below). Under a
+    // data-dependent mask the walk tests tiles a warp at a time (see
+    // `write_tile_walk`), so the adder's whole warp walks: the walk needs
+    // every lane. Elsewhere the lone lane walks (a whole warp walking was
+    // slower under causal masks).
+    let (roles, copiers, adder) = match copy {
+        TileCopy::Tma => (
+            "// The first two warps copy (the leader issues TMA) and store statistics; the\n\
+             // last warp's first lane adds each visited step's dQ tile to the accumulator\n",
+            "warp < WARPS + 2",
+            "warp == WARPS + 3 && lane == 0",
+        ),
+        TileCopy::Threads => (
+            "// All four warps copy; the leader, between its copies, adds each visited\n\
+             // step's dQ tile to the accumulator\n",
+            "true",
+            "leader",
+        ),
+    };
+    let keep = match (copy, spec.mask.as_ref().is_some_and(|m| m.reads_tensor())) {
+        (TileCopy::Threads, _) => String::new(),
+        (TileCopy::Tma, true) => {
+            format!(
+                "if (!copies && !({DQ_ACCUM} != nullptr && warp == WARPS + 3)) return;  // the adder's warp walks\n"
+            )
+        }
+        (TileCopy::Tma, false) => "if (!copies && !adds_dq) return;\n".to_string(),
+    };
+    let [q_len, kv_len] = [ArgKind::QLen, ArgKind::KvLen].map(n);
+    let [k_stride, v_stride] = [Operand::K, Operand::V].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
+    write!(
+        w,
+        "\
+        const bool leader = threadIdx.x == THREADS;  // publishes the walk's words\n\
+        {roles}\
+        // once the consumers have stored it, a step late (the visit of the next step,\n\
+        // or the end, names it). Each walks the tiles itself.\n\
+        const bool copies = {copiers};\n\
+        const bool adds_dq = {DQ_ACCUM} != nullptr && {adder};\n\
+        {keep}\
+        auto add_dq = [&](float* dst, int s) {{\n\
+        \x20   mbar_wait(dq_full + 8 * (s % DQ_BUFS), s / DQ_BUFS % 2);\n\
+        \x20   bulk_reduce_add(dst, smem_addr(dq_tiles + s % DQ_BUFS * DQ_TILE), DQ_TILE * 4);\n\
+        \x20   bulk_commit();\n\
+        \x20   // All but the last DQ_BUFS - 1 additions have read their tiles: free the oldest.\n\
+        \x20   bulk_wait_read<DQ_BUFS - 1>();\n\
+        \x20   const int read = s - (DQ_BUFS - 1);\n\
+        \x20   if (read >= 0) mbar_arrive(dq_empty + 8 * (read % DQ_BUFS));\n\
+        }};\n\
+        float* dq_last = nullptr;  // the last visited step's accumulator tile\n"
+    )?;
+    let k_half = k_half_cols(spec).is_some();
+    match copy {
+        TileCopy::Tma => {
+            let seq = packing.tma_seq(Operand::K);
+            writeln!(w, "if (leader) {{")?;
+            writeln!(w, "    tma_load_tile<BLOCK_N, DPC>(k_tile, {K_MAP}, kv_full, k0, kv_head, {seq});")?;
+            writeln!(w, "    tma_load_tile<BLOCK_N, DVPC>(v_tile, {V_MAP}, kv_full, k0, kv_head, {seq});")?;
+            if k_half {
+                writeln!(w, "    mbar_arrive_expect_tx(kv_full, BLOCK_N * K_HALF_COLS * 2);")?;
+                writeln!(w, "    tma_load(smem_addr(k_half_tile), {K_MAP}, kv_full, DP / 2, k0, kv_head, {seq});")?;
+            }
+            writeln!(w, "}}")?;
+        }
+        TileCopy::Threads => {
+            let rows = |tile: &str, cols: &str, width: &str, src: &str, stride: &str| {
+                format!(
+                    "load_tile<BLOCK_N, {cols}, {width}, PRODUCER_THREADS, true, THREADS>({tile}, {src} + (long long)k0 * \
+                     {stride}, {stride}, {kv_len} - k0, kv_vector);"
+                )
+            };
+            writeln!(w, "{}", rows("k_tile", "DPC", "D", "k_rows", &k_stride))?;
+            writeln!(w, "{}", rows("v_tile", "DVPC", "DV", "v_rows", &v_stride))?;
+            if k_half {
+                writeln!(w, "{}", rows("k_half_tile", "K_HALF_COLS", "D - DP / 2", "k_rows + DP / 2", &k_stride))?;
+            }
+            writeln!(w, "mbar_arrive_loaded<COPY_WIDTH>(kv_full, kv_vector);")?;
+        }
+    }
+    // With TMA the leader also publishes for the copies it issued.
+    let publish = match copy {
+        TileCopy::Tma => "if (leader) ",
+        TileCopy::Threads => "",
+    };
+    write!(
+        w,
+        "\
+        // The walk over every query head of the group in turn: its lambdas read the\n\
+        // head h, and seek(j) is the first visited tile from tile j of head h on,\n\
+        // moving h along (q_steps past the group's last head).\n\
+        int h = kv_head * group;\n"
+    )?;
+    write_tile_walk(w, spec, &Walk { axis: "q", tiles: "q_steps", size: "BLOCK_M", len: &q_len })?;
+    write!(
+        w,
+        "\
+        auto seek = [&](int j) {{\n\
+        \x20   for (;;) {{\n\
+        \x20       j = next_tile(j);\n\
+        \x20       if (j < q_steps || h + 1 == (kv_head + 1) * group) return j;\n\
+        \x20       ++h;\n\
+        \x20       j = 0;\n\
+        \x20   }}\n\
+        }};\n\
+        int j = seek(0);\n\
+        if (leader) first_head = j < q_steps ? h : -1;\n\
+        {publish}mbar_arrive(kv_full);\n"
+    )?;
+    w.block(format_args!("while (j < q_steps)"), |w| write_step(w, spec, copy, packing))?;
+    w.block(format_args!("if (dq_last != nullptr)"), |w| {
+        writeln!(w, "add_dq(dq_last, it - 1);")?;
+        writeln!(w, "bulk_wait_read<0>();  // shared memory outlives the reads; the adds land by the kernel's end")
+    })?;
+    if copy == TileCopy::Threads {
+        writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
+    }
+    writeln!(w, "return;")
+}
+
+/// One visited step of the producer's walk: the step's Q and dO tiles and
+/// statistics into the next stage, its words for the consumers, and the
+/// previous step's dQ tile into the accumulator.
+fn write_step(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, packing: Packing) -> fmt::Result {
+    let n = |kind| arg_name(spec, kind);
+    let [q_len, lse] = [ArgKind::QLen, ArgKind::Lse].map(n);
+    let statistic_row = packing.statistic_row(spec, "step_h");
+    let [q_stride, do_stride] = [Operand::Q, Operand::DO].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
+    writeln!(w, "// Step `it` is tile j of head h.")?;
+    writeln!(w, "const int step_h = h, step_j = j, stage = it % STAGES;")?;
+    writeln!(w, "const bool full = tile_full(j);")?;
+    w.block(format_args!("if (copies)"), |w| {
+        if copy == TileCopy::Threads {
+            packing.write_rows(w, spec, Operand::Q, "q_rows", "step_h")?;
+            packing.write_rows(w, spec, Operand::DO, "dout_rows", "step_h")?;
+            writeln!(w, "const bool q_vector = aligned16(q_rows, {q_stride}) && aligned16(dout_rows, {do_stride});")?;
+        }
+        write!(
+            w,
+            "\
+            const float* lse_row = {lse} + {statistic_row};\n\
+            const float* delta_row = {DELTA} + {statistic_row};\n\
+            const int q0 = step_j * BLOCK_M;\n\
+            // The statistics, LSE to log2 units: a fully masked row (LSE = -inf) or\n\
+            // one past q_len gets +inf, so P = 0. Read before the stage is free,\n\
+            // so that their latency hides behind the wait.\n\
+            const int r = threadIdx.x - THREADS;\n\
+            const bool valid = r < BLOCK_M && q0 + r < {q_len};\n\
+            const float l = valid ? lse_row[q0 + r] : neg_inf();\n\
+            const float d = valid ? delta_row[q0 + r] : 0.0f;\n\
+            mbar_wait(stage_empty + 8 * stage, (it / STAGES + 1) % 2);\n"
+        )?;
+        match copy {
+            TileCopy::Tma => write!(
+                w,
+                "\
+                if (leader) {{\n\
+                \x20   tma_load_tile<BLOCK_M, DPC>(q_tiles + stage * Q_TILE, {Q_MAP}, stage_full + 8 * stage, q0, step_h, {seq});\n\
+                \x20   tma_load_tile<BLOCK_M, DVPC>(dout_tiles + stage * DO_TILE, {DOUT_MAP}, stage_full + 8 * stage, q0, step_h, {seq});\n\
+                }}\n",
+                seq = packing.tma_seq(Operand::Q)
+            )?,
+            TileCopy::Threads => write!(
+                w,
+                "\
+                load_tile<BLOCK_M, DPC, D, PRODUCER_THREADS, true, THREADS>(q_tiles + stage * Q_TILE, q_rows + (long long)q0 * {q_stride}, {q_stride}, {q_len} - q0, q_vector);\n\
+                load_tile<BLOCK_M, DVPC, DV, PRODUCER_THREADS, true, THREADS>(dout_tiles + stage * DO_TILE, dout_rows + (long long)q0 * {do_stride}, {do_stride}, {q_len} - q0, q_vector);\n\
+                mbar_arrive_loaded<COPY_WIDTH>(stage_full + 8 * stage, q_vector);\n"
+            )?,
+        }
+        write!(
+            w,
+            "\
+            if (r < BLOCK_M) {{\n\
+            \x20   lse_cols[stage * BLOCK_M + r] = l == neg_inf() ? -neg_inf() : l * LOG2E;\n\
+            \x20   delta_cols[stage * BLOCK_M + r] = d;\n\
+            }}\n"
+        )
+    })?;
+    writeln!(w, "j = seek(j + 1);  // the next step, whose head the stage's words name")?;
+    w.block(format_args!("if (copies)"), |w| {
+        w.block(format_args!("if (leader)"), |w| {
+            writeln!(w, "step_tile[stage] = step_j << 1 | (full ? 1 : 0);")?;
+            writeln!(w, "step_next[stage] = j < q_steps ? h : -1;")
+        })?;
+        writeln!(w, "mbar_arrive(stage_full + 8 * stage);")
+    })?;
+    w.block(format_args!("if (adds_dq)"), |w| {
+        writeln!(w, "if (dq_last != nullptr) add_dq(dq_last, it - 1);")?;
+        let tile = packing.accum_tile(spec, "step_h", "q_steps", "step_j");
+        writeln!(w, "dq_last = {DQ_ACCUM} + ({tile}) * DQ_TILE;")
+    })?;
+    writeln!(w, "++it;")
+}
