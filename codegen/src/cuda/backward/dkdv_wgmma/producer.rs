@@ -78,7 +78,12 @@ pub(super) fn write(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, packing
             writeln!(w, "    tma_load_tile<BLOCK_N, DVPC>(v_tile, {V_MAP}, kv_full, k0, kv_head, {seq});")?;
             if k_half {
                 writeln!(w, "    mbar_arrive_expect_tx(kv_full, BLOCK_N * K_HALF_COLS * 2);")?;
-                writeln!(w, "    tma_load(smem_addr(k_half_tile), {K_MAP}, kv_full, DP / 2, k0, kv_head, {seq});")?;
+                writeln!(w, "    for (int p = 0; p < K_HALF_COLS / 64; ++p) {{")?;
+                writeln!(
+                    w,
+                    "        tma_load(smem_addr(k_half_tile + p * BLOCK_N * 64), {K_MAP}, kv_full, DP / 2 + p * 64, k0, kv_head, {seq});"
+                )?;
+                writeln!(w, "    }}")?;
             }
             writeln!(w, "}}")?;
         }
