@@ -15,7 +15,7 @@
 
 mod support;
 
-use flashgen::codegen::cuda::{BackwardConfig, BackwardTile};
+use flashgen::codegen::cuda::{BackwardConfig, BackwardTile, KeyColumns, Mma};
 use flashgen::codegen::{Dtype, Shape, Spec};
 use flashgen::runtime::KernelSet;
 use flashgen::{BackwardWorkspace, Error, Runtime};
@@ -216,6 +216,47 @@ fn every_backward_tile() {
         }
     }
     run_all(&rt, cases);
+}
+
+/// The Hopper dK/dV kernel with column halves (both warpgroups on 64 keys),
+/// pinned: sequences long enough for 256's one-stage ring and single dQ
+/// tile to wrap many times and 192/128's two stages, both halves' chunk
+/// kinds (192's start inside a panel), tensor gradients only one warpgroup
+/// adds (ALiBi), a score mod's derivative (softcap), a block mask, f16, the
+/// deterministic mode and copies without TMA. Vacuous off Hopper.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn hopper_column_halves() {
+    let rt = runtime();
+    let halves = |spec: &Spec| {
+        let tile = BackwardConfig::tiles(spec, rt.target())
+            .into_iter()
+            .find(|t| t.mma == Mma::Wgmma && t.columns == KeyColumns::Halves);
+        assert!(tile.is_some() || rt.target().mma != Mma::Wgmma, "{} has a Hopper tile with column halves", spec.name);
+        tile
+    };
+    let long = |tile| Case { batch: 1, tile: Some(tile), ..Case::new((2, 1), (1024, 1023)) };
+    let short = |tile| Case { tile: Some(tile), ..Case::new((4, 2), (113, 203)) };
+    let mut cases = Vec::new();
+    let mut copies = Vec::new();
+    for (variant, dtype, qk, v) in [
+        ("causal", Dtype::Bf16, 256, 256),
+        ("alibi", Dtype::Bf16, 192, 128),
+        ("softcap", Dtype::Bf16, 256, 256),
+        ("document", Dtype::F16, 256, 128),
+        ("full", Dtype::Bf16, 192, 192),
+    ] {
+        let spec = with(spec(variant), dtype, qk, v);
+        let Some(tile) = halves(&spec) else { continue };
+        if matches!(variant, "causal" | "alibi") {
+            cases.push((spec.clone(), long(tile)));
+        }
+        cases.push((spec.clone(), Case { block_mask: variant == "document", ..short(tile) }));
+        cases.push((spec.clone(), short(tile).deterministic()));
+        copies.push((spec, short(tile)));
+    }
+    run_all(&rt, cases);
+    run_all(&rt.with_tma(false), copies);
 }
 
 /// `Runtime::prepare` compiles a spec's training kernels up front: a
