@@ -14,15 +14,19 @@ use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 
+/// What the consumers' code is written from: the spec, its terms and those
+/// hoisted per row or column, and the kernel's layout.
+pub(super) struct Consumers<'a> {
+    pub spec: &'a Spec,
+    pub terms: &'a SpecTerms,
+    pub layout: &'a Layout,
+    pub hoisted: &'a [Hoisted<'a>],
+}
+
 /// The consumer warpgroups: per head and visited step, the products of the
 /// module note; at the end dK and dV.
-pub(super) fn write(
-    w: &mut Writer<String>,
-    spec: &Spec,
-    terms: &SpecTerms,
-    layout: &Layout,
-    hoisted: &[Hoisted],
-) -> fmt::Result {
+pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
+    let Consumers { spec, terms, layout, hoisted } = *c;
     let k_half = match k_half_cols(spec) {
         Some(_) => "\
             // The second warpgroup's columns cross a panel boundary: it reads their copy.\n\
@@ -69,7 +73,7 @@ pub(super) fn write(
         write_row_terms(w, spec, hoisted, Rows::Keys, "k0 + key_warp * 16")?;
         write_spec_lambdas(w, spec, terms, hoisted, Rows::Keys)?;
         write_head_grad_sums(w, spec, terms)?;
-        w.block(format_args!("for (; next_h == h; ++it)"), |w| write_step(w, spec, terms, layout, hoisted))?;
+        w.block(format_args!("for (; next_h == h; ++it)"), |w| write_step(w, c))?;
         write_head_grad_adds(w, spec, terms)
     })?;
     writeln!(w)?;
@@ -85,13 +89,8 @@ pub(super) fn write(
 
 /// One step: the producer's query tile j of head h against this
 /// warpgroup's keys.
-fn write_step(
-    w: &mut Writer<String>,
-    spec: &Spec,
-    terms: &SpecTerms,
-    layout: &Layout,
-    hoisted: &[Hoisted],
-) -> fmt::Result {
+fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
+    let Consumers { spec, terms, layout, hoisted } = *c;
     let interior = interior_decl(spec, "k0");
     write!(
         w,

@@ -373,7 +373,8 @@ fn write_body(
     )?;
     let exprs = terms.exprs(spec);
     let hoisted = hoist(&exprs);
-    write_roles(w, |w| producer::write(w, spec, copy, packing), |w| consumers::write(w, spec, terms, layout, &hoisted))
+    let consumers = consumers::Consumers { spec, terms, layout, hoisted: &hoisted };
+    write_roles(w, |w| producer::write(w, spec, copy, packing), |w| consumers::write(w, &consumers))
 }
 
 #[cfg(test)]
