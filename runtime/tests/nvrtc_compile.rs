@@ -72,6 +72,8 @@ fn compile_spec_file(name: &str, source: &str) {
 /// copy paths, and the four backward kernels, compile for sm_90
 /// unserialized; the preferred kernel is warp-specialized. Plain and causal
 /// at every dim; ALiBi, softcap and a window too at 192 / 128 and 256.
+/// With them the Hopper dK/dV kernel where it covers the dims (80 and 96
+/// whole columns, 192, 192 / 128 and 256 column halves), copying either way.
 #[test]
 fn wide_head_dims_compile_for_sm90() {
     require_nvrtc();
@@ -100,6 +102,13 @@ fn wide_head_dims_compile_for_sm90() {
                 let passes =
                     [BackwardPass::Preprocess, BackwardPass::KeyValue, BackwardPass::Query, BackwardPass::Postprocess];
                 jobs.extend(passes.map(|pass| (emit_backward(&spec, pass), hopper)));
+            }
+            let preferred = BackwardConfig::preferred(&spec, hopper.target());
+            for tile in BackwardConfig::tiles(&spec, hopper.target()).into_iter().filter(|t| t.mma == Mma::Wgmma) {
+                for copy in [TileCopy::Tma, TileCopy::Threads] {
+                    let config = BackwardConfig { copy, ..preferred.with_tile(tile) };
+                    jobs.push((emit_backward_with(&spec, BackwardPass::KeyValue, config), hopper));
+                }
             }
         }
     }
