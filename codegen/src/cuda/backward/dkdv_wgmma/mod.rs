@@ -136,18 +136,22 @@ impl Layout {
             KeyColumns::Whole => (dp == dvp && (64..=128).contains(&dp), &[(2, 2)]),
             KeyColumns::Halves => ((129..=256).contains(&dp.max(dvp)), &[(2, 2), (2, 1), (1, 1)]),
         };
+        if config.mma != Mma::Wgmma || !covered {
+            return None;
+        }
         let (dk, dv) = (chunks(columns, dp)?, chunks(columns, dvp)?);
         let hopper = Target::HOPPER;
         let limit = hopper.smem_per_sm - hopper.smem_reserved_per_cta;
+        // Shared memory does not depend on the chunks: try each option bare.
         let mut layouts = options.iter().map(|&(stages, dq_bufs)| Layout {
             columns,
             stages,
             dq_bufs,
-            dk: dk.clone(),
-            dv: dv.clone(),
+            dk: Vec::new(),
+            dv: Vec::new(),
         });
-        let fitting = layouts.find(|layout| layout.smem_bytes(spec) + layout.static_smem() <= limit);
-        fitting.filter(|_| config.mma == Mma::Wgmma && covered)
+        let fitting = layouts.find(|layout| layout.smem_bytes(spec) + layout.static_smem() <= limit)?;
+        Some(Layout { dk, dv, ..fitting })
     }
 
     /// Keys per CTA.
