@@ -488,27 +488,35 @@ fn dropout_kernels() {
     }
 }
 
+/// Hopper's dK/dV kernel: whole columns where both head dims pad alike to
+/// 64 through 128 (but 112), column halves at 192 and 256 alike or over a
+/// V of 128; elsewhere the portable kernel, even when asked for wgmma.
 #[test]
-fn wgmma_backward_covers_head_dims_padding_to_64_through_128() {
+fn wgmma_backward_covers_whole_columns_to_128_and_halves_to_256() {
     let hopper = Target::for_sm(9, 0);
-    for (source, wgmma) in [
-        ("A { dtype: bf16, head_dim: 128, mask: q >= k }", true),
-        ("B { dtype: f16, head_dim: 120, mask: q >= k }", true),
-        ("C { dtype: bf16, head_dim: 64, mask: q >= k }", true),
-        ("F { dtype: bf16, head_dim: 59, mask: q >= k }", true),
-        ("G { dtype: bf16, head_dim: 80, mask: q >= k }", true),
-        ("H { dtype: bf16, head_dim: 96, mask: q >= k }", true),
-        ("I { dtype: bf16, head_dim: 112, mask: q >= k }", false),
-        ("D { dtype: bf16, head_dim: 128, v_head_dim: 64 }", false),
-        ("E { dtype: bf16, head_dim: 192, v_head_dim: 128 }", false),
+    let (whole, halves) = (Some(KeyColumns::Whole), Some(KeyColumns::Halves));
+    for (source, columns) in [
+        ("A { dtype: bf16, head_dim: 128, mask: q >= k }", whole),
+        ("B { dtype: f16, head_dim: 120, mask: q >= k }", whole),
+        ("C { dtype: bf16, head_dim: 64, mask: q >= k }", whole),
+        ("F { dtype: bf16, head_dim: 59, mask: q >= k }", whole),
+        ("G { dtype: bf16, head_dim: 80, mask: q >= k }", whole),
+        ("H { dtype: bf16, head_dim: 96, mask: q >= k }", whole),
+        ("I { dtype: bf16, head_dim: 112, mask: q >= k }", None),
+        ("D { dtype: bf16, head_dim: 128, v_head_dim: 64 }", None),
+        ("E { dtype: bf16, head_dim: 192, v_head_dim: 128 }", halves),
+        ("J { dtype: bf16, head_dim: 256, mask: q >= k }", halves),
+        ("K { dtype: bf16, head_dim: 160 }", None),
     ] {
         let spec = parse_one(source).unwrap();
-        assert_eq!(BackwardConfig::preferred(&spec, hopper).mma == Mma::Wgmma, wgmma, "{source}");
+        let preferred = BackwardConfig::preferred(&spec, hopper);
+        assert_eq!((preferred.mma == Mma::Wgmma).then_some(preferred.columns), columns, "{source}");
+        let kernel = emit_backward_with(&spec, BackwardPass::KeyValue, preferred);
+        assert_eq!(kernel.source.contains("wgmma.mma_async"), columns.is_some(), "{source}");
         // A wgmma configuration where the kernel does not apply emits the portable one.
-        let forced = BackwardConfig { mma: Mma::Wgmma, ..BackwardConfig::default_for(&spec) };
-        let kernel = emit_backward_with(&spec, BackwardPass::KeyValue, forced);
-        assert_eq!(kernel.source.contains("wgmma.mma_async"), wgmma, "{source}");
-        if !wgmma {
+        if columns.is_none() {
+            let forced = BackwardConfig { mma: Mma::Wgmma, ..BackwardConfig::default_for(&spec) };
+            let kernel = emit_backward_with(&spec, BackwardPass::KeyValue, forced);
             assert_eq!(kernel.source, emit_backward(&spec, BackwardPass::KeyValue).source, "{source}");
         }
     }

@@ -8,8 +8,8 @@
 //! fresh random inputs and ragged lengths with NaN-poisoned gradients (the
 //! seed is printed with every row); the CPU references of all cases run in
 //! parallel after the GPU runs. Head dims that pad to 64 through 128 (but
-//! 112) take the Hopper (wgmma) dK/dV kernel on an H100, others the
-//! mma.sync one. Ignored by a
+//! 112), 192 and 256 take the Hopper (wgmma) dK/dV kernel on an H100,
+//! others the mma.sync one. Ignored by a
 //! plain `cargo test`: they need a GPU; run them with `--include-ignored`,
 //! where a missing GPU or any runtime error fails them.
 
@@ -136,6 +136,24 @@ fn mma_sync_path_layouts_and_modes() {
     }
     // ALiBi's slopes without their gradient: a dK/dV kernel without the terms.
     cases.push(Case { tensor_grads: false, ..Case::new(spec("alibi"), (4, 2), ragged(&mut rng)) });
+    run_all(&rt, cases);
+}
+
+/// The Hopper kernel's column halves (d = 256, 192 and 192/128) on ragged
+/// sequences: GQA, a tensor gradient only one warpgroup adds (ALiBi),
+/// padded packing and the deterministic dQ kernel.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn column_halves_on_ragged_sequences() {
+    let rt = runtime();
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    let mut cases = Vec::new();
+    for (variant, qk, v) in [("causal", 256, 256), ("alibi", 192, 128), ("document", 192, 192)] {
+        let spec = with(spec(variant), Dtype::Bf16, qk, v);
+        cases.push(Case::new(spec.clone(), heads_of(variant), ragged(&mut rng)));
+        let padded = Case { packing: Packing::Padded, ..Case::new(spec, (4, 2), ragged(&mut rng)) };
+        cases.push(padded.deterministic());
+    }
     run_all(&rt, cases);
 }
 

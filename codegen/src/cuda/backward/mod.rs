@@ -160,7 +160,7 @@ impl BackwardConfig {
     /// The default for a spec. The dK/dV kernel holds dK and dV (DP/2 +
     /// DVP/2 f32 per thread) for its whole run, plus Sᵀ and dPᵀ (block_m
     /// f32 per thread), so block_m shrinks as head dims grow: 64 up to head
-    /// dim 64, 32 up to 128, 16 beyond. Where dK and dV together would
+    /// dim 64, 32 up to 192, 16 beyond. Where dK and dV together would
     /// still spill (DP + DVP > 384: ptxas spills 650–800 bytes at 224 and
     /// 256, under 100 at 192), two warps share 16 keys, each with half the
     /// columns (64 keys per CTA, as FlashAttention-2's hdim-256 tile), if
@@ -173,23 +173,29 @@ impl BackwardConfig {
             0..=64 => (4, KeyColumns::Whole, 64, 64),
             65..=128 => (8, KeyColumns::Whole, 32, 64),
             _ if split => (8, KeyColumns::Halves, 32, 32),
+            129..=192 => (4, KeyColumns::Whole, 32, 32),
             _ => (4, KeyColumns::Whole, 16, 32),
         };
         let copy = TileCopy::Threads;
         BackwardConfig { mma: Mma::Sync, warps, columns, block_m, dq_block_n, tensor_grads: true, copy, dropout: false }
     }
 
-    /// The configuration the runtime uses on `target`: on Hopper, for head
-    /// dims that pad alike to 64 through 128 (but 112), the wgmma dK/dV kernel with
-    /// two consumer warpgroups of 64 keys and 64-query steps
-    /// (FlashAttention-3's hdim-128 tile); otherwise [`Self::default_for`],
-    /// its tiles made to fit the target's shared memory.
+    /// The configuration the runtime uses on `target`: on Hopper the wgmma
+    /// dK/dV kernel where it covers the head dims — whole columns (two
+    /// consumer warpgroups of 64 keys each, FlashAttention-3's hdim-128
+    /// tile) for dims that pad alike to 64 through 128 (but 112), column
+    /// halves (both warpgroups on 64 keys) at 192, 256, 192/128 and
+    /// 256/128; otherwise [`Self::default_for`], its tiles made to fit the
+    /// target's shared memory.
     pub fn preferred(spec: &Spec, target: Target) -> BackwardConfig {
         let portable = BackwardConfig::default_for(spec).fitted(spec, target);
-        let hopper = portable.with_tile(BackwardTile::hopper(KeyColumns::Whole));
-        match target.mma == Mma::Wgmma && dkdv_wgmma::Layout::of(spec, hopper).is_some() {
-            true => hopper,
-            false => portable,
+        let hopper = [KeyColumns::Whole, KeyColumns::Halves]
+            .map(|columns| portable.with_tile(BackwardTile::hopper(columns)))
+            .into_iter()
+            .find(|&config| dkdv_wgmma::Layout::of(spec, config).is_some());
+        match hopper {
+            Some(config) if target.mma == Mma::Wgmma => config,
+            _ => portable,
         }
     }
 

@@ -74,7 +74,7 @@ const _: () = assert!(BLOCK_M as i32 == crate::varlen::DQ_TILE_ROWS);
 /// How the kernel is laid out for a spec: how its two consumer warpgroups
 /// share the CTA's keys, how many Q/dO stages and dQ tiles its shared
 /// memory holds, and the column chunks of its dK and dV products.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Layout {
     /// `Whole`: each warpgroup its own 64 keys and every column of their dK
     /// and dV (128 keys per CTA). `Halves`: both on the same 64 keys, each
@@ -88,8 +88,8 @@ pub(super) struct Layout {
     /// before the next step's dQ is ready).
     dq_bufs: u32,
     /// The chunks of the dK and dV products.
-    pub dk: Vec<Chunk>,
-    pub dv: Vec<Chunk>,
+    pub dk: Chunks,
+    pub dv: Chunks,
 }
 
 /// A chunk of a warpgroup's dK or dV columns that one product computes:
@@ -99,23 +99,49 @@ pub(super) struct Layout {
 /// panel after the rest; chunks are in accumulator order, the same widths
 /// for both warpgroups, so that they issue the same products with no branch
 /// (a wgmma on a path ptxas cannot prove uniform is serialized).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct Chunk {
     pub width: u32,
     pub first: [u32; 2],
 }
 
+/// One or two chunks, in accumulator order: a fixed-size value, so that a
+/// launch asking for the layout allocates nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Chunks {
+    items: [Chunk; 2],
+    len: usize,
+}
+
+impl Chunks {
+    fn one(chunk: Chunk) -> Chunks {
+        Chunks { items: [chunk, Chunk::default()], len: 1 }
+    }
+
+    fn two(items: [Chunk; 2]) -> Chunks {
+        Chunks { items, len: 2 }
+    }
+}
+
+impl std::ops::Deref for Chunks {
+    type Target = [Chunk];
+
+    fn deref(&self) -> &[Chunk] {
+        &self.items[..self.len]
+    }
+}
+
 /// The chunks of `d` (padded) columns held as `columns`; `None` for halves
 /// that start neither at a panel nor 32 columns in (those would need chunks
 /// of other widths in each warpgroup).
-fn chunks(columns: KeyColumns, d: u32) -> Option<Vec<Chunk>> {
+fn chunks(columns: KeyColumns, d: u32) -> Option<Chunks> {
     let h = d / 2;
     match (columns, h % 64) {
-        (KeyColumns::Whole, _) => Some(vec![Chunk { width: d, first: [0, 0] }]),
-        (KeyColumns::Halves, 0) => Some(vec![Chunk { width: h, first: [0, h] }]),
-        (KeyColumns::Halves, 32) if h == 32 => Some(vec![Chunk { width: h, first: [0, h] }]),
+        (KeyColumns::Whole, _) => Some(Chunks::one(Chunk { width: d, first: [0, 0] })),
+        (KeyColumns::Halves, 0) => Some(Chunks::one(Chunk { width: h, first: [0, h] })),
+        (KeyColumns::Halves, 32) if h == 32 => Some(Chunks::one(Chunk { width: h, first: [0, h] })),
         (KeyColumns::Halves, 32) => {
-            Some(vec![Chunk { width: h - 32, first: [0, h + 32] }, Chunk { width: 32, first: [h - 32, h] }])
+            Some(Chunks::two([Chunk { width: h - 32, first: [0, h + 32] }, Chunk { width: 32, first: [h - 32, h] }]))
         }
         _ => None,
     }
@@ -142,16 +168,8 @@ impl Layout {
         let (dk, dv) = (chunks(columns, dp)?, chunks(columns, dvp)?);
         let hopper = Target::HOPPER;
         let limit = hopper.smem_per_sm - hopper.smem_reserved_per_cta;
-        // Shared memory does not depend on the chunks: try each option bare.
-        let mut layouts = options.iter().map(|&(stages, dq_bufs)| Layout {
-            columns,
-            stages,
-            dq_bufs,
-            dk: Vec::new(),
-            dv: Vec::new(),
-        });
-        let fitting = layouts.find(|layout| layout.smem_bytes(spec) + layout.static_smem() <= limit)?;
-        Some(Layout { dk, dv, ..fitting })
+        let mut layouts = options.iter().map(|&(stages, dq_bufs)| Layout { columns, stages, dq_bufs, dk, dv });
+        layouts.find(|layout| layout.smem_bytes(spec) + layout.static_smem() <= limit)
     }
 
     /// Keys per CTA.
@@ -244,7 +262,7 @@ fn hopper_library(spec: &Spec, layout: &Layout, copy: TileCopy) -> Vec<Vec<Piece
         Piece::Wgmma(BLOCK_M, AFrom::Shared),
         Piece::Wgmma(dp / 2, AFrom::SharedMnB),
     ];
-    let mut widths: Vec<u32> = layout.dk.iter().chain(&layout.dv).map(|chunk| chunk.width).collect();
+    let mut widths: Vec<u32> = layout.dk.iter().chain(layout.dv.iter()).map(|chunk| chunk.width).collect();
     widths.sort_unstable();
     widths.dedup();
     wgmma.extend(widths.into_iter().map(|n| Piece::Wgmma(n, AFrom::Registers)));
@@ -409,7 +427,7 @@ mod tests {
                     cols.sort_unstable();
                     let own = part as u32 * per_part;
                     assert_eq!(cols, (own..own + per_part).collect::<Vec<_>>(), "d = {d}, part {part}");
-                    for c in &chunks {
+                    for c in chunks.iter() {
                         let inside = c.first[part] % 64;
                         assert!(inside == 0 || inside + c.width <= 64, "d = {d}: {c:?} crosses a panel");
                     }
