@@ -413,7 +413,7 @@ fn hopper_backward_kernels_of_named_variants() {
     // Its dQ accumulator, in fragment order, back to rows.
     let spec = variant("causal");
     let config = BackwardConfig::preferred(&spec, Target::for_sm(9, 0));
-    assert_eq!(config.dq_accum(&spec), DqAccum::Fragments);
+    assert_eq!(config.dq_accum(&spec), DqAccum::Fragments { cols: 128 });
     insta::assert_snapshot!(
         "wgmma_bwd_post_causal",
         render(&emit_backward_with(&spec, BackwardPass::Postprocess, config))
@@ -489,8 +489,8 @@ fn dropout_kernels() {
 }
 
 /// Hopper's dK/dV kernel: whole columns where both head dims pad alike to
-/// 64 through 128 (but 112), column halves at 192 and 256 alike or over a
-/// V of 128; elsewhere the portable kernel, even when asked for wgmma.
+/// 64 through 128 (but 112), column halves where the wider pads to 144
+/// through 256; elsewhere the portable kernel, even when asked for wgmma.
 #[test]
 fn wgmma_backward_covers_whole_columns_to_128_and_halves_to_256() {
     let hopper = Target::for_sm(9, 0);
@@ -506,7 +506,9 @@ fn wgmma_backward_covers_whole_columns_to_128_and_halves_to_256() {
         ("D { dtype: bf16, head_dim: 128, v_head_dim: 64 }", None),
         ("E { dtype: bf16, head_dim: 192, v_head_dim: 128 }", halves),
         ("J { dtype: bf16, head_dim: 256, mask: q >= k }", halves),
-        ("K { dtype: bf16, head_dim: 160 }", None),
+        ("K { dtype: bf16, head_dim: 160 }", halves),
+        ("L { dtype: bf16, head_dim: 224, v_head_dim: 200 }", halves),
+        ("M { dtype: bf16, head_dim: 264 }", None),
     ] {
         let spec = parse_one(source).unwrap();
         let preferred = BackwardConfig::preferred(&spec, hopper);

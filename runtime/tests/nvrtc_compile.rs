@@ -73,7 +73,8 @@ fn compile_spec_file(name: &str, source: &str) {
 /// unserialized; the preferred kernel is warp-specialized. Plain and causal
 /// at every dim; ALiBi, softcap and a window too at 192 / 128 and 256.
 /// With them the Hopper dK/dV kernel where it covers the dims (80 and 96
-/// whole columns, 192, 192 / 128 and 256 column halves), copying either way.
+/// whole columns, 160 through 256 column halves), copying either way, and
+/// the row kernels that zero and read its dQ accumulator.
 #[test]
 fn wide_head_dims_compile_for_sm90() {
     require_nvrtc();
@@ -85,7 +86,7 @@ fn wide_head_dims_compile_for_sm90() {
         "param cap: f32, mask: q >= k, score: cap * tanh(score / cap),",
         "param w: i32, mask: q >= k && q - k < w,",
     ];
-    let dims = [(80, 80), (96, 96), (160, 160), (192, 192), (192, 128), (256, 256)];
+    let dims = [(80, 80), (96, 96), (160, 160), (192, 192), (192, 128), (224, 224), (256, 256)];
     let mut jobs = Vec::new();
     for (qk, v) in dims {
         let every_body = qk == 256 || v < qk;
@@ -104,6 +105,10 @@ fn wide_head_dims_compile_for_sm90() {
                 jobs.extend(passes.map(|pass| (emit_backward(&spec, pass), hopper)));
             }
             let preferred = BackwardConfig::preferred(&spec, hopper.target());
+            if body.is_empty() {
+                let rows = [BackwardPass::Preprocess, BackwardPass::Postprocess];
+                jobs.extend(rows.map(|pass| (emit_backward_with(&spec, pass, preferred.for_pass(pass)), hopper)));
+            }
             for tile in BackwardConfig::tiles(&spec, hopper.target()).into_iter().filter(|t| t.mma == Mma::Wgmma) {
                 for copy in [TileCopy::Tma, TileCopy::Threads] {
                     let config = BackwardConfig { copy, ..preferred.with_tile(tile) };

@@ -221,8 +221,9 @@ fn every_backward_tile() {
 /// The Hopper dK/dV kernel with column halves (both warpgroups on 64 keys),
 /// pinned: sequences long enough for 256's one-stage ring and single dQ
 /// tile to wrap many times and 192/128's two stages, both halves' chunk
-/// kinds (192's start inside a panel), tensor gradients only one warpgroup
-/// adds (ALiBi), a score mod's derivative (softcap), a block mask, f16, the
+/// kinds (192's start inside a panel), head dims padded to whole panels
+/// (160, 224/200, 176/128), tensor gradients only one warpgroup adds
+/// (ALiBi), a score mod's derivative (softcap), a block mask, f16, the
 /// deterministic mode and copies without TMA. Vacuous off Hopper.
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
@@ -245,6 +246,10 @@ fn hopper_column_halves() {
         ("softcap", Dtype::Bf16, 256, 256),
         ("document", Dtype::F16, 256, 128),
         ("full", Dtype::Bf16, 192, 192),
+        // Head dims padded to whole panels: zero columns past D.
+        ("causal", Dtype::Bf16, 160, 160),
+        ("softcap", Dtype::Bf16, 224, 200),
+        ("document", Dtype::Bf16, 176, 128),
     ] {
         let spec = with(spec(variant), dtype, qk, v);
         let Some(tile) = halves(&spec) else { continue };

@@ -27,8 +27,9 @@ pub(super) enum Sections {
     /// Everything: tile classes, tensor-core tiles, backward helpers.
     Tiles,
     /// Those and the given Hopper sections (warpgroup MMA, the stage ring,
-    /// TMA copies), for a kernel of `CTA_THREADS` threads (`dkdv_wgmma`).
-    Hopper(Vec<Vec<Piece>>),
+    /// TMA copies), for a kernel of `CTA_THREADS` threads (`dkdv_wgmma`)
+    /// whose products span `padded` columns of Q/K and V (`DP`, `DVP`).
+    Hopper { library: Vec<Vec<Piece>>, padded: [u32; 2] },
 }
 
 /// A kernel's kind in its name (`bwd`, `bwd_dq`), marked where it drops
@@ -51,6 +52,11 @@ pub(super) fn write_source(
     body: impl FnOnce(&mut Writer<String>) -> fmt::Result,
 ) -> String {
     let tiles = !matches!(sections, Sections::Rows);
+    let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
+    let padded = match sections {
+        Sections::Hopper { padded, .. } => padded,
+        _ => [dp, dvp],
+    };
     let mut library = vec![vec![Piece::Part(Part::Prelude)]];
     if tiles {
         library.extend([vec![Piece::Part(Part::Ranges)], vec![Piece::Part(Part::Tiles)]]);
@@ -58,7 +64,7 @@ pub(super) fn write_source(
     let bounds = match sections {
         // One CTA per SM fixes the register count at entry: without it
         // ptxas may ignore `setmaxnreg` and serialize every wgmma.
-        Sections::Hopper(hopper) => {
+        Sections::Hopper { library: hopper, .. } => {
             library.extend(hopper);
             "CTA_THREADS, 1"
         }
@@ -79,14 +85,16 @@ pub(super) fn write_source(
     library.push(helpers[..1 + tiles as usize].iter().map(|&part| Piece::Part(part)).collect());
     let config = |w: &mut Writer<String>| {
         writeln!(w, "// ---- kernel configuration ---------------------------------------------------")?;
-        write_dims(w, spec)?;
+        write_dims(w, spec, padded)?;
         config(w)?;
         writeln!(w)
     };
     assemble(spec, &library, config, Entry { name, bounds, args }, body)
 }
 
-fn write_dims(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+/// `D`, `DV` and the `padded` widths the kernel's products span (`DP`,
+/// `DVP`; zeros beyond the head dims).
+fn write_dims(w: &mut Writer<String>, spec: &Spec, [dp, dvp]: [u32; 2]) -> fmt::Result {
     let storage = match spec.dtype {
         Dtype::F16 => "f16",
         Dtype::Bf16 => "bf16",
@@ -95,8 +103,15 @@ fn write_dims(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     writeln!(w, "using storage = {storage};  // element format of Q, K, V, O and their gradients")?;
     writeln!(w, "constexpr int D = {d};  // Q/K head dim")?;
     writeln!(w, "constexpr int DV = {dv};  // V/O head dim")?;
-    writeln!(w, "constexpr int DP = {};  // D padded to the MMA k-step (zeros beyond D)", pad16(d))?;
-    writeln!(w, "constexpr int DVP = {};  // DV padded to pairs of 8-wide MMA tiles", pad16(dv))
+    match dp == pad16(d) && dvp == pad16(dv) {
+        true => {
+            writeln!(w, "constexpr int DP = {dp};  // D padded to the MMA k-step (zeros beyond D)")?;
+            writeln!(w, "constexpr int DVP = {dvp};  // DV padded to pairs of 8-wide MMA tiles")
+        }
+        false => {
+            writeln!(w, "constexpr int DP = {dp}, DVP = {dvp};  // D and DV padded to whole panels (zeros beyond)")
+        }
+    }
 }
 
 /// Which built-in the rows of a warp's accumulator tiles run over. Lane

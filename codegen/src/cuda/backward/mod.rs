@@ -184,9 +184,9 @@ impl BackwardConfig {
     /// dK/dV kernel where it covers the head dims — whole columns (two
     /// consumer warpgroups of 64 keys each, FlashAttention-3's hdim-128
     /// tile) for dims that pad alike to 64 through 128 (but 112), column
-    /// halves (both warpgroups on 64 keys) at 192, 256, 192/128 and
-    /// 256/128; otherwise [`Self::default_for`], its tiles made to fit the
-    /// target's shared memory.
+    /// halves (both warpgroups on 64 keys) where the wider pads to 144
+    /// through 256; otherwise [`Self::default_for`], its tiles made to fit
+    /// the target's shared memory.
     pub fn preferred(spec: &Spec, target: Target) -> BackwardConfig {
         let portable = BackwardConfig::default_for(spec).fitted(spec, target);
         let hopper = [KeyColumns::Whole, KeyColumns::Halves]
@@ -246,7 +246,7 @@ impl BackwardConfig {
     /// The dQ accumulator's layout under this configuration.
     pub fn dq_accum(self, spec: &Spec) -> DqAccum {
         match dkdv_wgmma::Layout::of(spec, self) {
-            Some(_) => DqAccum::Fragments,
+            Some(layout) => DqAccum::Fragments { cols: layout.padded[0] },
             None => DqAccum::Rows,
         }
     }
@@ -265,10 +265,11 @@ impl BackwardConfig {
 pub enum DqAccum {
     /// `[batch, heads, q_len, D]`, row-major (the `mma.sync` kernel).
     Rows,
-    /// `[batch, heads, ceil(q_len / 64), 64 · DP]`: one contiguous tile per
-    /// 64-query step of the wgmma kernel, in its consumers' accumulator
-    /// order (see `dkdv_wgmma::DQ_FRAGMENTS`), rows past `q_len` included.
-    Fragments,
+    /// `[batch, heads, ceil(q_len / 64), 64 · cols]`: one contiguous tile
+    /// per 64-query step of the wgmma kernel, in its consumers' accumulator
+    /// order (`dq_fragments.cuh`), rows past `q_len` included; `cols` the
+    /// columns its products span (`DP`: D padded, zeros beyond D).
+    Fragments { cols: u32 },
 }
 
 impl DqAccum {
@@ -277,9 +278,9 @@ impl DqAccum {
     pub fn len(self, spec: &Spec, heads: usize, q_len: usize) -> usize {
         match self {
             DqAccum::Rows => heads * q_len * spec.head_dims.qk as usize,
-            DqAccum::Fragments => {
+            DqAccum::Fragments { cols } => {
                 let rows = q_len.next_multiple_of(dkdv_wgmma::BLOCK_M as usize);
-                heads * rows * pad16(spec.head_dims.qk) as usize
+                heads * rows * cols as usize
             }
         }
     }
@@ -292,9 +293,9 @@ impl DqAccum {
     pub fn varlen_len(self, spec: &Spec, heads: usize, total_q: usize, batch: usize) -> usize {
         match self {
             DqAccum::Rows => heads * total_q * spec.head_dims.qk as usize,
-            DqAccum::Fragments => {
+            DqAccum::Fragments { cols } => {
                 let m = dkdv_wgmma::BLOCK_M as usize;
-                heads * (total_q.div_ceil(m) + batch) * m * pad16(spec.head_dims.qk) as usize
+                heads * (total_q.div_ceil(m) + batch) * m * cols as usize
             }
         }
     }

@@ -38,17 +38,24 @@ pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum, packing: Packing) -> 
     let lanes = spec.head_dims.v.div_ceil(8).next_power_of_two().max(2);
     // This CTA's part of the accumulator: one contiguous range in either layout.
     let (zero_from, zero_len) = match accum {
-        DqAccum::Fragments => {
-            (format!("({}) * (BLOCK_M * DP)", packing.accum_tile(spec, "h", "gridDim.x", "blockIdx.x")), "BLOCK_M * DP")
-        }
+        DqAccum::Fragments { .. } => (
+            format!("({}) * (BLOCK_M * DQ_COLS)", packing.accum_tile(spec, "h", "gridDim.x", "blockIdx.x")),
+            "BLOCK_M * DQ_COLS",
+        ),
         DqAccum::Rows => (format!("({} + q0) * D", packing.statistic_row(spec, "h")), "(long long)rows * D"),
     };
     let delta_row = packing.statistic_row(spec, "h");
-    let source = write_source(spec, Sections::Rows, &name, &args, write_config, |w| {
-        write_prologue(w, spec, packing)?;
-        packing.write_rows(w, spec, Operand::O, "o_rows", "h")?;
-        packing.write_rows(w, spec, Operand::DO, "dout_rows", "h")?;
-        write!(
+    let source = write_source(
+        spec,
+        Sections::Rows,
+        &name,
+        &args,
+        |w| write_config(w, accum),
+        |w| {
+            write_prologue(w, spec, packing)?;
+            packing.write_rows(w, spec, Operand::O, "o_rows", "h")?;
+            packing.write_rows(w, spec, Operand::DO, "dout_rows", "h")?;
+            write!(
             w,
             "\
             const int q0 = blockIdx.x * BLOCK_M, rows = min_i32(BLOCK_M, {q_len} - q0);\n\
@@ -102,8 +109,9 @@ pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum, packing: Packing) -> 
             \x20   if (part == 0 && r < rows) delta_row[q0 + r] = sums[i];\n\
             }}\n"
         )?;
-        sink::write_sink_gradient(w, spec, packing)
-    });
+            sink::write_sink_gradient(w, spec, packing)
+        },
+    );
     row_kernel(name, source, args)
 }
 
@@ -114,41 +122,41 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum, packing: Packing) ->
     let [q_len, scale] = [ArgKind::QLen, ArgKind::Scale].map(n);
     let dq_stride = n(ArgKind::Stride(Operand::DQ, Axis::Seq));
     let config = |w: &mut Writer<String>| {
-        write_config(w)?;
+        write_config(w, accum)?;
         match accum {
-            DqAccum::Fragments => w.write_str(Part::DqFragments.text()),
+            DqAccum::Fragments { .. } => w.write_str(Part::DqFragments.text()),
             DqAccum::Rows => Ok(()),
         }
     };
     let source = write_source(spec, Sections::Rows, &name, &args, config, |w| {
         write_prologue(w, spec, packing)?;
         packing.write_rows(w, spec, Operand::DQ, "dq_rows", "h")?;
-        if accum == DqAccum::Fragments {
+        if let DqAccum::Fragments { .. } = accum {
             let acc_tile = packing.accum_tile(spec, "h", "q_tiles", "blockIdx.x");
             return write!(
                 w,
                 "\
                 const int q0 = blockIdx.x * BLOCK_M, q_tiles = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
-                const float* acc_tile = {DQ_ACCUM} + ({acc_tile}) * (BLOCK_M * DP);\n\
+                const float* acc_tile = {DQ_ACCUM} + ({acc_tile}) * (BLOCK_M * DQ_COLS);\n\
                 // dQ = scale * accumulator, in the operand dtype. The tile's 16-byte chunks\n\
                 // are read in order (coalesced) and land as two column pairs of two rows\n\
                 // in a shared row-major tile (its 8-element pad spreads the pairs of a\n\
                 // warp over all 32 banks); the rows then go out 16 bytes per thread.\n\
-                __shared__ __align__(16) unsigned short tile[BLOCK_M][DP + 8];\n\
+                __shared__ __align__(16) unsigned short tile[BLOCK_M][DQ_COLS + 8];\n\
                 auto pair = [&](float x, float y) {{\n\
                 \x20   return (unsigned)storage::from_f32(x * {scale}) | (unsigned)storage::from_f32(y * {scale}) << 16;\n\
                 }};\n\
-                for (int c = threadIdx.x; c < BLOCK_M * DP / 4; c += THREADS) {{\n\
+                for (int c = threadIdx.x; c < BLOCK_M * DQ_COLS / 4; c += THREADS) {{\n\
                 \x20   const float4 v = reinterpret_cast<const float4*>(acc_tile)[c];\n\
                 \x20   int row, col;\n\
-                \x20   dq_chunk_origin(DP / 16, c, row, col);\n\
+                \x20   dq_chunk_origin(DQ_COLS / 16, c, row, col);\n\
                 \x20   *reinterpret_cast<unsigned*>(&tile[row][col]) = pair(v.x, v.y);\n\
                 \x20   *reinterpret_cast<unsigned*>(&tile[row + 8][col]) = pair(v.z, v.w);\n\
                 }}\n\
                 __syncthreads();\n\
                 const bool vector = D % 8 == 0 && (unsigned long long)dq_rows % 16 == 0 && {dq_stride} % 8 == 0;\n\
-                for (int i = threadIdx.x; i < BLOCK_M * DP / 8; i += THREADS) {{\n\
-                \x20   const int row = i / (DP / 8), col = i % (DP / 8) * 8, q = q0 + row;\n\
+                for (int i = threadIdx.x; i < BLOCK_M * DQ_COLS / 8; i += THREADS) {{\n\
+                \x20   const int row = i / (DQ_COLS / 8), col = i % (DQ_COLS / 8) * 8, q = q0 + row;\n\
                 \x20   if (q >= {q_len} || col >= D) continue;\n\
                 \x20   unsigned short* out = dq_rows + (long long)q * {dq_stride} + col;\n\
                 \x20   if (vector) {{\n\
@@ -178,10 +186,16 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum, packing: Packing) ->
     row_kernel(name, source, args)
 }
 
-fn write_config(w: &mut Writer<String>) -> fmt::Result {
+fn write_config(w: &mut Writer<String>, accum: DqAccum) -> fmt::Result {
     writeln!(w, "constexpr int WARPS = {WARPS};")?;
     writeln!(w, "constexpr int THREADS = 32 * WARPS;")?;
-    writeln!(w, "constexpr int BLOCK_M = {BLOCK_M};  // query rows per CTA: grid.x = ceil(q_len / BLOCK_M)")
+    writeln!(w, "constexpr int BLOCK_M = {BLOCK_M};  // query rows per CTA: grid.x = ceil(q_len / BLOCK_M)")?;
+    match accum {
+        DqAccum::Fragments { cols } => {
+            writeln!(w, "constexpr int DQ_COLS = {cols};  // columns of a dQ accumulator tile")
+        }
+        DqAccum::Rows => Ok(()),
+    }
 }
 
 /// The CTA's batch row (or sequence) and head; a varlen CTA past its

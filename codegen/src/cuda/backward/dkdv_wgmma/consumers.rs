@@ -1,7 +1,7 @@
 //! The consumer warpgroups of the Hopper dK/dV kernel: per visited step
 //! the products and element code of the module note, then dK and dV.
 
-use super::{k_half_cols, Chunk, Layout, BLOCK_M};
+use super::{Chunk, Layout, BLOCK_M};
 use crate::cuda::backward::common::{write_column_terms, write_row_terms, write_spec_lambdas, Rows, SpecTerms};
 use crate::cuda::backward::dkdv::{write_head_grad_adds, write_head_grad_sums, write_key_stores};
 use crate::cuda::backward::step::{write_elements, write_split_elements, Part};
@@ -9,7 +9,6 @@ use crate::cuda::backward::KeyColumns;
 use crate::cuda::kit::hoist::Hoisted;
 use crate::cuda::kit::terms::interior_decl;
 use crate::cuda::signature::names::DQ_ACCUM;
-use crate::cuda::target::pad16;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
@@ -27,7 +26,7 @@ pub(super) struct Consumers<'a> {
 /// module note; at the end dK and dV.
 pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
     let Consumers { spec, terms, layout, hoisted } = *c;
-    let k_half = match k_half_cols(spec) {
+    let k_half = match layout.k_half_cols() {
         Some(_) => "\
             // The second warpgroup's columns cross a panel boundary: it reads their copy.\n\
             const unsigned long long k_half = gmma_desc(warpgroup == 0 ? k_smem : smem_addr(k_half_tile), BLOCK_N * 128, 1024);\n",
@@ -165,7 +164,7 @@ fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
     }
     writeln!(w, "// dK += dS^T Q.")?;
     Products { acc: "dk_acc", fragment: "dsa", from: "dp", b: "q_smem", chunks: &layout.dk }.write(w)?;
-    write_step_dq(w, spec, layout)
+    write_step_dq(w, layout)
 }
 
 /// `acc += from^T B` (dV += P^T dO, dK += dS^T Q): `from` packed into the
@@ -235,7 +234,7 @@ fn write_column_order(w: &mut Writer<String>, acc: &str, chunks: &[Chunk]) -> fm
 /// The end of a step: with a dQ accumulator, dQ = dS K from a transposed dS
 /// tile, staged in fragment order for the producer's bulk add; the stage is
 /// released once the products that read it are done.
-fn write_step_dq(w: &mut Writer<String>, spec: &Spec, layout: &Layout) -> fmt::Result {
+fn write_step_dq(w: &mut Writer<String>, layout: &Layout) -> fmt::Result {
     // With column halves both warpgroups hold the same dS: each stores half.
     let ours = match layout.columns {
         KeyColumns::Whole => "",
@@ -295,7 +294,7 @@ fn write_step_dq(w: &mut Writer<String>, spec: &Spec, layout: &Layout) -> fmt::R
             fence_async_smem();  // the copy engine reads the tile through the async proxy\n\
             __syncwarp();\n\
             if (lane == 0) mbar_arrive(dq_full + 8 * (it % DQ_BUFS));\n",
-            half = pad16(spec.head_dims.qk) / 2,
+            half = layout.padded[0] / 2,
         )
     })?;
     w.block(format_args!("else"), |w| {

@@ -9,7 +9,8 @@
 //! each owns 64 of the CTA's 128 keys; with column halves (above 128,
 //! where 64 keys' dK and dV no longer fit one warpgroup's registers) both
 //! work on the same 64 keys, each repeating Sᵀ, dPᵀ, P and dS and holding
-//! half of dK's, dV's and dQ's columns. Per step a consumer warpgroup
+//! half of dK's, dV's and dQ's columns of the head dims padded to whole
+//! panels (zero columns past D). Per step a consumer warpgroup
 //! computes, keys as rows:
 //!
 //! - Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, both operands from shared memory (K-major);
@@ -90,6 +91,12 @@ pub(super) struct Layout {
     /// The chunks of the dK and dV products.
     pub dk: Chunks,
     pub dv: Chunks,
+    /// The columns of Q/K and of V the products span (`DP`, `DVP`): whole
+    /// columns pad to the MMA k-step, halves to whole 64-column panels, so
+    /// that each warpgroup's half starts at a panel or 32 columns into one
+    /// (the columns past the head dim are zeros, and their gradients are
+    /// never stored).
+    pub padded: [u32; 2],
 }
 
 /// A chunk of a warpgroup's dK or dV columns that one product computes:
@@ -152,23 +159,26 @@ impl Layout {
     /// wgmma kernel and covers the head dims, whole columns where Q/K and V
     /// pad alike to 64 through 128 (the dK and dV accumulators fill the
     /// registers at 128), halves where the wider pads to 144 through 256
-    /// and both are whole 64-column panels ([`chunks`]); the most stages
+    /// (each head dim padded to whole panels: [`chunks`]); the most stages
     /// and dQ tiles that fit Hopper's shared memory (whole columns need
     /// both pairs: not at 112).
     pub(super) fn of(spec: &Spec, config: BackwardConfig) -> Option<Layout> {
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
         let columns = config.columns;
-        let (covered, options): (bool, &[(u32, u32)]) = match columns {
-            KeyColumns::Whole => (dp == dvp && (64..=128).contains(&dp), &[(2, 2)]),
-            KeyColumns::Halves => ((129..=256).contains(&dp.max(dvp)), &[(2, 2), (2, 1), (1, 1)]),
+        let (covered, options, padded): (bool, &[(u32, u32)], _) = match columns {
+            KeyColumns::Whole => (dp == dvp && (64..=128).contains(&dp), &[(2, 2)], [dp, dvp]),
+            KeyColumns::Halves => {
+                let padded = [spec.head_dims.qk, spec.head_dims.v].map(tile_cols);
+                ((129..=256).contains(&dp.max(dvp)), &[(2, 2), (2, 1), (1, 1)], padded)
+            }
         };
         if config.mma != Mma::Wgmma || !covered {
             return None;
         }
-        let (dk, dv) = (chunks(columns, dp)?, chunks(columns, dvp)?);
+        let (dk, dv) = (chunks(columns, padded[0])?, chunks(columns, padded[1])?);
         let hopper = Target::HOPPER;
         let limit = hopper.smem_per_sm - hopper.smem_reserved_per_cta;
-        let mut layouts = options.iter().map(|&(stages, dq_bufs)| Layout { columns, stages, dq_bufs, dk, dv });
+        let mut layouts = options.iter().map(|&(stages, dq_bufs)| Layout { columns, stages, dq_bufs, dk, dv, padded });
         layouts.find(|layout| layout.smem_bytes(spec) + layout.static_smem() <= limit)
     }
 
@@ -182,12 +192,22 @@ impl Layout {
     /// where `k_half_cols` says, and the slack that aligns them to 1024
     /// bytes (226 KB in all at d = 128 and 96, just under Hopper's 227).
     fn smem_bytes(&self, spec: &Spec) -> u32 {
-        let (dp, dpc, dvpc) = (pad16(spec.head_dims.qk), tile_cols(spec.head_dims.qk), tile_cols(spec.head_dims.v));
+        let (dp, dpc, dvpc) = (self.padded[0], tile_cols(spec.head_dims.qk), tile_cols(spec.head_dims.v));
         let (m, n, stages) = (BLOCK_M, self.block_n(), self.stages);
-        let k_half = n * k_half_cols(spec).unwrap_or(0);
+        let k_half = n * self.k_half_cols().unwrap_or(0);
         2 * (n * (dpc + dvpc) + stages * m * (dpc + dvpc) + 2 * m * n + k_half)
             + 4 * (2 * stages * m + self.dq_bufs * m * dp)
             + 1024
+    }
+
+    /// Columns of the upper half of K's (the second warpgroup's dQ columns)
+    /// copied again into a panel of their own, where they start inside a
+    /// panel and cross into the next (80, 96 and halves of 192): a wgmma's
+    /// MN-major operand must not. `None` where they start at a panel (128,
+    /// 256) or end in it (64).
+    pub(super) fn k_half_cols(&self) -> Option<u32> {
+        let half = self.padded[0] / 2;
+        (!half.is_multiple_of(64) && half % 64 + half > 64).then_some(half.next_multiple_of(64))
     }
 
     /// Static shared memory beside it: the ring's and dQ tiles' barriers and
@@ -201,15 +221,6 @@ impl Layout {
 /// 128-byte swizzle), zero beyond `d`.
 fn tile_cols(d: u32) -> u32 {
     pad16(d).next_multiple_of(64)
-}
-
-/// Columns of the upper half of K's (the second warpgroup's dQ columns)
-/// copied again into a panel of their own, where they start inside a panel
-/// and cross into the next (head dims 80 and 96): a wgmma's MN-major operand
-/// must not. `None` where they start at a panel (128) or end in it (64).
-fn k_half_cols(spec: &Spec) -> Option<u32> {
-    let half = pad16(spec.head_dims.qk) / 2;
-    (!half.is_multiple_of(64) && half % 64 + half > 64).then_some(half.next_multiple_of(64))
 }
 
 /// Threads of the producer warpgroup.
@@ -234,7 +245,7 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, layout: &Layout, packing
     let args = with_dropout(spec, args, dropout);
     let source = write_source(
         spec,
-        Sections::Hopper(hopper_library(spec, layout, copy)),
+        Sections::Hopper { library: hopper_library(layout, copy), padded: layout.padded },
         &name,
         &args,
         |w| write_config(w, spec, layout),
@@ -255,8 +266,8 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, layout: &Layout, packing
 /// The warpgroup MMA and stage-ring library sections and the products
 /// this kernel issues: m64 by BLOCK_M (Sᵀ, dPᵀ), by DP / 2 (a warpgroup's
 /// dQ columns), and by each chunk's width of dK and dV.
-fn hopper_library(spec: &Spec, layout: &Layout, copy: TileCopy) -> Vec<Vec<Piece>> {
-    let dp = pad16(spec.head_dims.qk);
+fn hopper_library(layout: &Layout, copy: TileCopy) -> Vec<Vec<Piece>> {
+    let dp = layout.padded[0];
     let mut wgmma = vec![
         Piece::Part(library::Part::Wgmma),
         Piece::Wgmma(BLOCK_M, AFrom::Shared),
@@ -307,7 +318,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, layout: &Layout) -> fmt::Re
     if columns == KeyColumns::Halves {
         writeln!(w, "constexpr int COL_PARTS = 2;  // a warpgroup's part of dK's and dV's columns")?;
     }
-    if let Some(cols) = k_half_cols(spec) {
+    if let Some(cols) = layout.k_half_cols() {
         writeln!(w, "constexpr int K_HALF_COLS = {cols};  // the second copy of K's upper half")?;
     }
     write_key_tiles(
@@ -348,7 +359,7 @@ fn write_body(
         float* delta_cols = lse_cols + STAGES * BLOCK_M;  // [STAGES][BLOCK_M]: D = rowsum(dO * O)\n\
         float* dq_tiles = delta_cols + STAGES * BLOCK_M;  // [DQ_BUFS][DQ_TILE]: step it's dQ in it % DQ_BUFS, for the bulk reduction\n\
         \n",
-        k_half = if k_half_cols(spec).is_some() { "BLOCK_N * K_HALF_COLS" } else { "0" },
+        k_half = if layout.k_half_cols().is_some() { "BLOCK_N * K_HALF_COLS" } else { "0" },
     )?;
     write_key_cta(w, spec, copy == TileCopy::Threads, packing, KeyColumns::Whole)?;
     // A full barrier's arrivals: the copies', K/V's also the walk's (it
@@ -357,7 +368,7 @@ fn write_body(
     let (kv_copies, copies, walkers, statistics) = match copy {
         // One per tile (K's upper half again included), from the thread that
         // issues them; the leader; those BLOCK_M.
-        TileCopy::Tma => (if k_half_cols(spec).is_some() { "3" } else { "2" }, "2", "1", "BLOCK_M"),
+        TileCopy::Tma => (if layout.k_half_cols().is_some() { "3" } else { "2" }, "2", "1", "BLOCK_M"),
         // One per producer thread, each time.
         TileCopy::Threads => ("PRODUCER_THREADS", "PRODUCER_THREADS", "PRODUCER_THREADS", "PRODUCER_THREADS"),
     };
@@ -396,7 +407,7 @@ fn write_body(
     let exprs = terms.exprs(spec);
     let hoisted = hoist(&exprs);
     let consumers = consumers::Consumers { spec, terms, layout, hoisted: &hoisted };
-    write_roles(w, |w| producer::write(w, spec, copy, packing), |w| consumers::write(w, &consumers))
+    write_roles(w, |w| producer::write(w, spec, layout, copy, packing), |w| consumers::write(w, &consumers))
 }
 
 #[cfg(test)]
@@ -437,18 +448,25 @@ mod tests {
     }
 
     /// Whole columns cover head dims 64 through 128 but 112; halves the
-    /// wider dims whose halves start at a panel or 32 columns in.
+    /// wider dims through 256, padded to whole panels.
     #[test]
     fn layouts_cover_the_head_dims_they_fit() {
         let whole: Vec<u32> = (16..=256).step_by(16).filter(|&d| layout(d, d, KeyColumns::Whole).is_some()).collect();
         assert_eq!(whole, [64, 80, 96, 128]);
-        for (qk, v) in [(256, 256), (192, 192), (192, 128), (256, 128), (128, 256), (256, 64)] {
+        let halves: Vec<u32> = (16..=272).step_by(8).filter(|&d| layout(d, d, KeyColumns::Halves).is_some()).collect();
+        assert_eq!(halves, (136..=256).step_by(8).collect::<Vec<_>>());
+        for (qk, v, padded) in [
+            (256, 256, [256, 256]),
+            (160, 160, [192, 192]),
+            (224, 200, [256, 256]),
+            (192, 128, [192, 128]),
+            (144, 128, [192, 128]),
+            (256, 64, [256, 64]),
+        ] {
             let layout = layout(qk, v, KeyColumns::Halves).unwrap_or_else(|| panic!("{qk}/{v}"));
-            assert_eq!(layout.block_n(), 64);
+            assert_eq!((layout.block_n(), layout.padded), (64, padded), "{qk}/{v}");
         }
-        for (qk, v) in [(160, 160), (224, 224), (128, 128), (144, 128)] {
-            assert!(layout(qk, v, KeyColumns::Halves).is_none(), "{qk}/{v}");
-        }
+        assert!(layout(128, 128, KeyColumns::Halves).is_none());
     }
 
     /// Every laid-out kernel fits Hopper's shared memory, with the most

@@ -12,11 +12,17 @@ use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 
-use super::k_half_cols;
+use super::Layout;
 /// The producer warpgroup: K and V once, then per visited step its Q and dO
 /// tiles and statistics into the next stage, and the previous step's dQ
 /// tile into the accumulator; it ends with `return`.
-pub(super) fn write(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, packing: Packing) -> fmt::Result {
+pub(super) fn write(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    layout: &Layout,
+    copy: TileCopy,
+    packing: Packing,
+) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
     // Who copies and who adds dQ (see the comment written below). Under a
     // data-dependent mask the walk tests tiles a warp at a time (see
@@ -69,7 +75,7 @@ pub(super) fn write(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, packing
         }};\n\
         float* dq_last = nullptr;  // the last visited step's accumulator tile\n"
     )?;
-    let k_half = k_half_cols(spec).is_some();
+    let k_half = layout.k_half_cols().is_some();
     match copy {
         TileCopy::Tma => {
             let seq = packing.tma_seq(Operand::K);
