@@ -524,6 +524,32 @@ fn wgmma_backward_covers_whole_columns_to_128_and_halves_to_256() {
     }
 }
 
+/// Column halves span head dims padded to whole panels: the dK/dV kernel's
+/// products, the dQ accumulator's tiles and the row kernels that zero and
+/// read them agree on the width.
+#[test]
+fn column_halves_pad_head_dims_to_whole_panels() {
+    let hopper = Target::for_sm(9, 0);
+    for (qk, v, dp, dvp) in
+        [(160u32, 160u32, 192, 192), (224, 200, 256, 256), (176, 128, 192, 128), (192, 128, 192, 128)]
+    {
+        let spec = parse_one(&format!("S {{ dtype: bf16, head_dim: {qk}, v_head_dim: {v}, mask: q >= k }}")).unwrap();
+        let config = BackwardConfig::preferred(&spec, hopper);
+        assert_eq!(config.dq_accum(&spec), DqAccum::Fragments { cols: dp }, "{qk}/{v}");
+        assert_eq!(config.dq_accum(&spec).len(&spec, 2, 65), 2 * 128 * dp as usize, "{qk}/{v}");
+        let kernel = emit_backward_with(&spec, BackwardPass::KeyValue, config);
+        let dims = match (dp, dvp) == (qk.next_multiple_of(16), v.next_multiple_of(16)) {
+            true => format!("constexpr int DP = {dp};"),
+            false => format!("constexpr int DP = {dp}, DVP = {dvp};"),
+        };
+        assert!(kernel.source.contains(&dims), "{qk}/{v}: {dims}");
+        for pass in [BackwardPass::Preprocess, BackwardPass::Postprocess] {
+            let rows = emit_backward_with(&spec, pass, config.for_pass(pass));
+            assert!(rows.source.contains(&format!("constexpr int DQ_COLS = {dp};")), "{qk}/{v} {pass:?}");
+        }
+    }
+}
+
 /// The e4m3 forward: 224-key tiles of bytes read as 16-bit tiles, 8-bit
 /// wgmma, P packed in the V tiles' key order, the descales in the scale and
 /// O's factor; and the V-tile kernel it reads.
