@@ -125,14 +125,14 @@ fn hopper_forward_kernels_of_named_variants() {
     }
 }
 
-/// Above d = 128: causal d = 256 in 48-key tiles (one Q buffer, O staged
+/// Above d = 128: causal d = 256 in 80-key tiles (one Q buffer, O staged
 /// in it) and DeepSeek's 192/128 split (`gqa`) in 80-key tiles (two Q
 /// buffers), both warp-specialized.
 #[test]
 fn hopper_wide_head_kernels() {
     let wide = |block_n| TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n };
     let causal = parse_one("Causal { dtype: bf16, head_dim: 256, mask: q >= k }").unwrap();
-    insta::assert_snapshot!("wgmma_causal_d256", render(&emit_forward_with(&causal, wide(48))));
+    insta::assert_snapshot!("wgmma_causal_d256", render(&emit_forward_with(&causal, wide(80))));
     insta::assert_snapshot!("wgmma_gqa_n80", render(&emit_forward_with(&variant("gqa"), wide(80))));
 }
 

@@ -63,8 +63,8 @@ pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
 /// `light`, else last), then the 64-key back-to-back
 /// kernels (two warpgroups, one); among mma.sync configs, 128-key tiles
 /// only for plain d <= 64 specs (masks and score mods then spill). Above
-/// d = 128 the warp-specialized kernels lead (an order not yet tuned on a
-/// GPU): `WIDE_192`, `WIDE_256`. Only tiles that fit the target's shared
+/// d = 128 the warp-specialized kernels lead: `WIDE_192` (an order not
+/// yet tuned on a GPU), `WIDE_256` (tuned). Only tiles that fit the target's shared
 /// memory are candidates ([`TileConfig::fits`]).
 pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
     let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
@@ -126,9 +126,11 @@ pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
 /// Q buffer), then the back-to-back 64-key kernel.
 const WIDE_192: [TileConfig; 3] = [wgmma_pair(80), wgmma_pair(112), wgmma_pair(64)];
 
-/// At d = 256: the warp-specialized kernel with 48-key tiles, then the
-/// back-to-back 64-key kernel.
-const WIDE_256: [TileConfig; 2] = [wgmma_pair(48), wgmma_pair(64)];
+/// At d = 256: the warp-specialized kernel with 80-key tiles (one Q
+/// buffer; the 48-key tile's S product waits on shared memory), then with
+/// 48-key tiles (two Q buffers), where a spec's staged terms leave no room
+/// for 80, then the back-to-back 64-key kernel.
+const WIDE_256: [TileConfig; 3] = [wgmma_pair(80), wgmma_pair(48), wgmma_pair(64)];
 
 /// Two consumer warpgroups of 64 rows with `block_n`-key tiles.
 const fn wgmma_pair(block_n: u32) -> TileConfig {

@@ -48,8 +48,8 @@ impl TileConfig {
         // two warpgroups whose O (DVP / 2 registers) leaves room for S of
         // at most 112 keys, and a ring of two stages beside one or two Q
         // buffers (`forward::plan`): 80 keys fit beside two Q buffers at
-        // d = 192, 112 beside one; 48 beside one at d = 256 (64 keys
-        // would be the back-to-back kernel, which stays a candidate).
+        // d = 192, 112 beside one; 80 and 48 beside one at d = 256 (64
+        // keys would be the back-to-back kernel, which stays a candidate).
         let wgmma = |warps, block_n| TileConfig { mma: Mma::Wgmma, warps, m_tiles: 1, block_n };
         let default = TileConfig::default_for(spec);
         let (hopper, portable) = match TileConfig::padded_head_dim(spec) {
@@ -59,18 +59,21 @@ impl TileConfig {
             ),
             65..=128 => (vec![wgmma(8, 128), wgmma(8, 64), wgmma(4, 64)], vec![default, sync(8, 1, 64)]),
             129..=192 => (vec![wgmma(8, 80), wgmma(8, 112), wgmma(8, 64)], vec![default, sync(4, 1, 64)]),
-            193..=256 => (vec![wgmma(8, 48), wgmma(8, 64)], vec![default, sync(4, 1, 64)]),
+            193..=256 => (vec![wgmma(8, 80), wgmma(8, 48), wgmma(8, 64)], vec![default, sync(4, 1, 64)]),
             _ => (vec![], vec![default, sync(4, 1, 64)]),
         };
         let hopper = if target.mma == Mma::Wgmma { hopper } else { vec![] };
         [hopper, portable].into_iter().flatten().filter(|c| c.fits(spec, target)).collect()
     }
 
-    /// Whether this configuration's dynamic shared memory fits one CTA of
-    /// `target` (GPUs of 99 KiB per CTA take none of the 64-key tiles
-    /// above d = 144; the default's 32-key tiles fit up to 256).
+    /// Whether this configuration's shared memory fits one CTA of `target`
+    /// (GPUs of 99 KiB per CTA take none of the 64-key tiles above d = 144;
+    /// the default's 32-key tiles fit up to 256). A warp-specialized
+    /// kernel's static shared memory counts too: its ring is planned to
+    /// fill what is left of the SM.
     pub fn fits(self, spec: &Spec, target: Target) -> bool {
-        self.smem_bytes(spec) <= target.smem_per_sm - target.smem_reserved_per_cta
+        let statics = if warp_specialized(self) { self.static_smem_bytes(spec) } else { 0 };
+        self.smem_bytes(spec) + statics <= target.smem_per_sm / self.per_sm() - target.smem_reserved_per_cta
     }
 
     /// The wider of the spec's head dims, padded to the MMA k-step: what

@@ -3,6 +3,7 @@
 //! producer's `tile_bits`), from interval arithmetic over the mask and,
 //! under a data-dependent mask, the block mask.
 
+use super::plan::STAGED_CLASS_TILES;
 use crate::analysis::block_uniform;
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::kit::tile_class::{class_expr, tile_class_expr};
@@ -90,7 +91,7 @@ pub(super) fn write_tile_classes(
             // classes for this tile's rows are staged in shared memory once, and\n\
             // next_tile's scan over removed tiles costs no dependent global loads\n\
             // (they would stall a CTA that has the SM to itself).\n\
-            constexpr int STAGED_TILES = 1024;\n\
+            constexpr int STAGED_TILES = {STAGED_CLASS_TILES};\n\
             __shared__ unsigned char staged_class[STAGED_TILES];\n\
             const bool staged = {BLOCK_MASK} != nullptr && kv_tiles <= STAGED_TILES;\n\
             if (staged) {{\n\

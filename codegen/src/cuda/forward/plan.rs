@@ -157,7 +157,8 @@ impl TileConfig {
     /// next item's Q loads while the current item finishes) where they fit
     /// beside a ring of two stages, else one (above d = 128 with wide
     /// tiles: the producer then loads the next item's Q once the consumers
-    /// stored the O staged in it); other kernels one.
+    /// stored the O staged in it), and one where a tile narrower than 64
+    /// keys can have a third stage instead; other kernels one.
     pub fn q_buffers(self, spec: &Spec) -> u32 {
         self.smem_with(spec, self.tile_bytes(spec)).q_buffers
     }
@@ -182,7 +183,10 @@ impl TileConfig {
     pub(super) fn smem_with(self, spec: &Spec, (q, stage): (u32, u32)) -> SmemLayout {
         let budget = self.smem_budget(spec);
         let ws = warp_specialized(self);
-        let q_buffers = match ws && 2 * q + 2 * stage + 1024 <= budget {
+        // A tile narrower than 64 keys multiplies too briefly for two stages
+        // to cover a load: it takes a third stage over a second Q buffer.
+        let deeper_ring = self.block_n < 64 && q + 3 * stage + 1024 <= budget;
+        let q_buffers = match ws && 2 * q + 2 * stage + 1024 <= budget && !deeper_ring {
             true => 2,
             false => 1,
         };
@@ -205,13 +209,18 @@ impl TileConfig {
     /// What a warp-specialized kernel's dynamic shared memory may take: an
     /// SM's share, less the static arrays beside it.
     pub(super) fn smem_budget(self, spec: &Spec) -> u32 {
-        let ones = if RowSums::of(spec, self) == RowSums::TensorCores { ONES_TILE_BYTES } else { 0 };
         let target = Target::of_mma(self.mma);
-        target.smem_per_sm / self.per_sm()
-            - target.smem_reserved_per_cta
-            - STATIC_SMEM_SLACK
-            - KeyTerms::of(self).static_bytes(spec, self)
-            - ones
+        target.smem_per_sm / self.per_sm() - target.smem_reserved_per_cta - self.static_smem_bytes(spec)
+    }
+
+    /// A warp-specialized kernel's static shared memory: the ring's
+    /// barriers and words, a tensor-reading mask's staged tile classes, the
+    /// staged spec terms and the tile of ones, in whole KiB (the dynamic
+    /// shared memory after it is 1024-byte aligned).
+    pub(crate) fn static_smem_bytes(self, spec: &Spec) -> u32 {
+        let ones = if RowSums::of(spec, self) == RowSums::TensorCores { ONES_TILE_BYTES } else { 0 };
+        let classes = if spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) { STAGED_CLASS_TILES } else { 0 };
+        (RING_STATIC_BYTES + classes + KeyTerms::of(self).static_bytes(spec, self) + ones).next_multiple_of(1024)
     }
 
     /// Bytes of the Q tile and of one K/V stage in shared memory. A
@@ -238,10 +247,14 @@ pub(super) struct SmemLayout {
 /// Stages of a warp-specialized kernel's ring, at most.
 pub(super) const RING_STAGES: u32 = 3;
 
-/// What a warp-specialized kernel's dynamic shared memory leaves of its
-/// share of the SM for its static shared memory (barriers, staged
-/// block-mask classes) besides what `stages` counts.
-pub(super) const STATIC_SMEM_SLACK: u32 = 4 * 1024;
+/// Static shared memory of a warp-specialized kernel's ring, at most: its
+/// barriers, the claimed items and the tiles' words (about 190 bytes with
+/// three stages).
+pub(super) const RING_STATIC_BYTES: u32 = 256;
+
+/// Tiles whose block-mask classes a kernel with a tensor-reading mask
+/// stages in shared memory, a byte each (`classes::write_mask_class`).
+pub(crate) const STAGED_CLASS_TILES: u32 = 1024;
 
 /// Static shared memory of the tile of ones that row sums on the tensor
 /// cores multiply P with (`ones_tile`): an m64n8k16 product's B operand,
@@ -340,8 +353,14 @@ mod tests {
     /// two where two fit beside the ring: at 80-key tiles up to d = 192.
     #[test]
     pub(super) fn wide_heads_have_warp_specialized_kernels() {
-        let cases =
-            [((160, 160), 80, 2), ((192, 192), 80, 2), ((192, 192), 112, 1), ((192, 128), 80, 2), ((256, 256), 48, 1)];
+        let cases = [
+            ((160, 160), 80, 2),
+            ((192, 192), 80, 2),
+            ((192, 192), 112, 1),
+            ((192, 128), 80, 2),
+            ((256, 256), 48, 1),
+            ((256, 256), 80, 1),
+        ];
         for ((qk, v), block_n, q_buffers) in cases {
             let source = format!("S {{ dtype: bf16, head_dim: {qk}, v_head_dim: {v} }}");
             let spec = crate::parse_one(&source).unwrap();
@@ -369,8 +388,8 @@ mod tests {
                 let expected = 4 * (2 * (RING_STAGES + 1) * config.block_n + 2 * config.block_m());
                 assert_eq!(staged, expected, "{config:?}");
                 let hopper = Target::HOPPER;
-                let budget = hopper.smem_per_sm / config.per_sm() - hopper.smem_reserved_per_cta - STATIC_SMEM_SLACK;
-                assert!(config.smem_bytes(&spec) + staged <= budget, "{config:?}");
+                let budget = hopper.smem_per_sm / config.per_sm() - hopper.smem_reserved_per_cta;
+                assert!(config.smem_bytes(&spec) + config.static_smem_bytes(&spec) <= budget, "{config:?}");
             }
         }
     }
