@@ -401,7 +401,8 @@ fn hopper_backward_kernels_of_named_variants() {
     let kernel = emit_backward_with(&spec, BackwardPass::KeyValue, config);
     assert!(kernel.args.iter().all(|a| !matches!(a.kind, ArgKind::TensorMap(_))));
     insta::assert_snapshot!("wgmma_bwd_causal_threads", render(&kernel));
-    // Head dim 64: one 64-column panel, whose halves are the warpgroups' dQ.
+    // Head dim 64: 128-query steps, each warpgroup dQ's of its own 64 queries;
+    // dS from P's 16-bit fragments.
     let spec = parse_one("Causal64 { dtype: bf16, head_dim: 64, mask: q >= k }").unwrap();
     let config = BackwardConfig::preferred(&spec, Target::for_sm(9, 0));
     insta::assert_snapshot!("wgmma_bwd_causal_d64", render(&emit_backward_with(&spec, BackwardPass::KeyValue, config)));

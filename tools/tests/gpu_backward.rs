@@ -264,6 +264,38 @@ fn hopper_column_halves() {
     run_all(&rt.with_tma(false), copies);
 }
 
+/// The Hopper dK/dV kernel in 128-query steps (d = 64, dQ split by rows),
+/// pinned: a long causal sequence whose last step's second dQ tile lies
+/// past the queries, awkward lengths, full attention, a window, a block
+/// mask, f16, the deterministic mode and copies without TMA. Vacuous off
+/// Hopper.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn hopper_long_query_steps() {
+    let rt = runtime();
+    let long_steps = |spec: &Spec| {
+        let tile =
+            BackwardConfig::tiles(spec, rt.target()).into_iter().find(|t| t.mma == Mma::Wgmma && t.block_m == 128);
+        assert!(tile.is_some() || rt.target().mma != Mma::Wgmma, "{} has a Hopper tile of 128-query steps", spec.name);
+        tile
+    };
+    let mut cases = Vec::new();
+    let mut copies = Vec::new();
+    for (variant, dtype) in
+        [("causal", Dtype::Bf16), ("full", Dtype::Bf16), ("sliding_window", Dtype::Bf16), ("document", Dtype::F16)]
+    {
+        let spec = with(spec(variant), dtype, 64, 64);
+        let Some(tile) = long_steps(&spec) else { continue };
+        let short = Case { tile: Some(tile), block_mask: variant == "document", ..Case::new((4, 2), (113, 203)) };
+        cases.push((spec.clone(), Case { batch: 1, tile: Some(tile), ..Case::new((2, 1), (1000, 1023)) }));
+        cases.push((spec.clone(), short));
+        cases.push((spec.clone(), short.deterministic()));
+        copies.push((spec, short));
+    }
+    run_all(&rt, cases);
+    run_all(&rt.with_tma(false), copies);
+}
+
 /// `Runtime::prepare` compiles a spec's training kernels up front: a
 /// training step under a block mask (its build, the forward with its item
 /// order, the backward with its key order) then loads every kernel from

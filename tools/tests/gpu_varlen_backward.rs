@@ -157,6 +157,25 @@ fn column_halves_on_ragged_sequences() {
     run_all(&rt, cases);
 }
 
+/// The Hopper kernel's 128-query steps (d = 64, the runtime's choice for
+/// analytic masks) on ragged sequences, whose last steps' second dQ tiles
+/// lie past their queries: GQA, padded packing and the deterministic dQ
+/// kernel.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn long_query_steps_on_ragged_sequences() {
+    let rt = runtime();
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    let mut cases = Vec::new();
+    for variant in ["causal", "sliding_window", "full"] {
+        let spec = with(spec(variant), Dtype::Bf16, 64, 64);
+        cases.push(Case::new(spec.clone(), heads_of(variant), ragged(&mut rng)));
+        let padded = Case { packing: Packing::Padded, ..Case::new(spec, (4, 2), ragged(&mut rng)) };
+        cases.push(padded.deterministic());
+    }
+    run_all(&rt, cases);
+}
+
 /// One sequence alone, a single token, sequences without queries or keys,
 /// rows with no key (their gradients 0) under a bottom-right mask, and many
 /// short sequences beside a long one (the Hopper accumulator's tiles of

@@ -113,7 +113,8 @@ pub struct BackwardConfig {
     /// How the `mma.sync` dK/dV kernel's warps hold a 16-key block's dK
     /// and dV columns (see [`Self::default_for`]).
     pub columns: KeyColumns,
-    /// Queries per step of the dK/dV kernel (a multiple of 16).
+    /// Queries per step of the dK/dV kernel (a multiple of 16; the Hopper
+    /// kernel's: 64, or 128 where its layout takes them, else 64).
     pub block_m: u32,
     /// Keys per step of the deterministic dQ kernel (a multiple of 16); its
     /// CTA owns 64 queries, 16 per warp.
@@ -183,16 +184,20 @@ impl BackwardConfig {
     /// The configuration the runtime uses on `target`: on Hopper the wgmma
     /// dK/dV kernel where it covers the head dims — whole columns (two
     /// consumer warpgroups of 64 keys each, FlashAttention-3's hdim-128
-    /// tile) for dims that pad alike to 64 through 128 (but 112), column
-    /// halves (both warpgroups on 64 keys) where the wider pads to 144
-    /// through 256; otherwise [`Self::default_for`], its tiles made to fit
-    /// the target's shared memory.
+    /// tile) for dims that pad alike to 64 through 128 (but 112), in
+    /// 128-query steps where the layout takes them but under a mask that
+    /// reads tensors (documents: short ones waste more of a long step than
+    /// it saves), column halves (both warpgroups on 64 keys) where the
+    /// wider pads to 144 through 256; otherwise [`Self::default_for`], its
+    /// tiles made to fit the target's shared memory.
     pub fn preferred(spec: &Spec, target: Target) -> BackwardConfig {
         let portable = BackwardConfig::default_for(spec).fitted(spec, target);
-        let hopper = [KeyColumns::Whole, KeyColumns::Halves]
-            .map(|columns| portable.with_tile(BackwardTile::hopper(columns)))
+        let data_dependent = spec.mask.as_ref().is_some_and(|m| m.reads_tensor());
+        let suits_mask = |c: &BackwardConfig| c.block_m == dkdv_wgmma::DQ_ROWS || !data_dependent;
+        let hopper = BackwardTile::hopper_tiles()
+            .map(|tile| portable.with_tile(tile))
             .into_iter()
-            .find(|&config| dkdv_wgmma::Layout::of(spec, config).is_some());
+            .find(|c| c.lays_out(spec) && suits_mask(c));
         match hopper {
             Some(config) if target.mma == Mma::Wgmma => config,
             _ => portable,
@@ -226,6 +231,12 @@ impl BackwardConfig {
         config
     }
 
+    /// Whether this configuration's dK/dV kernel is the Hopper kernel in
+    /// its own tile: laid out for `spec`, in the query steps it names.
+    fn lays_out(self, spec: &Spec) -> bool {
+        dkdv_wgmma::Layout::of(spec, self).is_some_and(|layout| layout.block_m == self.block_m)
+    }
+
     /// Keys per CTA of the dK/dV kernel.
     pub fn block_n(self) -> u32 {
         16 * self.warps / self.columns.parts()
@@ -255,7 +266,7 @@ impl BackwardConfig {
     /// rows — where it is the Hopper kernel, which may copy with TMA
     /// ([`BackwardConfig::copy`]); `None` for the one that never does.
     pub fn key_value_tma_tile(self, spec: &Spec) -> Option<(u32, u32)> {
-        dkdv_wgmma::Layout::of(spec, self).map(|layout| (dkdv_wgmma::BLOCK_M, layout.block_n()))
+        dkdv_wgmma::Layout::of(spec, self).map(|layout| (layout.block_m, layout.block_n()))
     }
 }
 
@@ -279,7 +290,7 @@ impl DqAccum {
         match self {
             DqAccum::Rows => heads * q_len * spec.head_dims.qk as usize,
             DqAccum::Fragments { cols } => {
-                let rows = q_len.next_multiple_of(dkdv_wgmma::BLOCK_M as usize);
+                let rows = q_len.next_multiple_of(dkdv_wgmma::DQ_ROWS as usize);
                 heads * rows * cols as usize
             }
         }
@@ -294,7 +305,7 @@ impl DqAccum {
         match self {
             DqAccum::Rows => heads * total_q * spec.head_dims.qk as usize,
             DqAccum::Fragments { cols } => {
-                let m = dkdv_wgmma::BLOCK_M as usize;
+                let m = dkdv_wgmma::DQ_ROWS as usize;
                 heads * (total_q.div_ceil(m) + batch) * m * cols as usize
             }
         }

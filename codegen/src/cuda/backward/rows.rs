@@ -25,7 +25,7 @@ use std::fmt::{self, Write};
 const WARPS: u32 = 4;
 /// Query rows per CTA: one step of the wgmma dK/dV kernel, whose dQ
 /// accumulator tiles the postprocess reads whole.
-const BLOCK_M: u32 = dkdv_wgmma::BLOCK_M;
+const BLOCK_M: u32 = dkdv_wgmma::DQ_ROWS;
 
 pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum, packing: Packing) -> Kernel {
     let name = kernel_name(&packing.prefix("bwd_pre"), spec);

@@ -63,6 +63,9 @@ pub(super) enum Part {
     /// ... then dS from P: only where dS needs nothing but P and dP, i.e.
     /// without a score mod or tensor gradients ([`Part::splits`]).
     Ds,
+    /// [`Part::Ds`] with P read back from its 16-bit A fragments `pa`
+    /// (dS is rounded to 16 bits for its products all the same).
+    DsFromFragments,
 }
 
 impl Part {
@@ -114,7 +117,7 @@ pub(super) fn write_elements(
         let stats = match part {
             Part::Both => "const float lse2 = {lse}, delta_q = {delta};",
             Part::P => "const float lse2 = {lse};",
-            Part::Ds => "const float delta_q = {delta};",
+            Part::Ds | Part::DsFromFragments => "const float delta_q = {delta};",
         };
         let stats = |lse: &str, delta: &str| stats.replace("{lse}", lse).replace("{delta}", delta);
         if rows == Rows::Queries {
@@ -151,6 +154,12 @@ pub(super) fn write_elements(
                         writeln!(w, "s[n][e] = fast_exp2({logit} - lse2);")
                     }
                     Part::Ds => writeln!(w, "dp[n][e] = s[n][e] * (dp[n][e] - delta_q);  // dS = P (dP - D)"),
+                    Part::DsFromFragments => {
+                        writeln!(
+                            w,
+                            "dp[n][e] = unpack_p(storage{{}}, pa, n, e) * (dp[n][e] - delta_q);  // dS = P (dP - D)"
+                        )
+                    }
                 }
             })
         })

@@ -39,9 +39,21 @@ const SYNC_WARPS: [u32; 3] = [2, 4, 8];
 const SYNC_BLOCK_M: [u32; 3] = [16, 32, 64];
 
 impl BackwardTile {
-    /// The Hopper kernel's tile with `columns` (see `dkdv_wgmma::Layout`).
-    pub(super) fn hopper(columns: KeyColumns) -> BackwardTile {
-        BackwardTile { mma: Mma::Wgmma, warps: dkdv_wgmma::WARPS, columns, block_m: dkdv_wgmma::BLOCK_M }
+    /// The Hopper kernel's tile with `columns` and `block_m`-query steps
+    /// (see `dkdv_wgmma::Layout`).
+    pub(super) fn hopper(columns: KeyColumns, block_m: u32) -> BackwardTile {
+        BackwardTile { mma: Mma::Wgmma, warps: dkdv_wgmma::WARPS, columns, block_m }
+    }
+
+    /// The Hopper kernel's tiles, preferred first: whole columns in
+    /// 128-query steps (d = 64 only), in 64-query steps, then column halves.
+    pub(super) fn hopper_tiles() -> [BackwardTile; 3] {
+        let steps = dkdv_wgmma::DQ_ROWS;
+        [
+            BackwardTile::hopper(KeyColumns::Whole, 2 * steps),
+            BackwardTile::hopper(KeyColumns::Whole, steps),
+            BackwardTile::hopper(KeyColumns::Halves, steps),
+        ]
     }
 }
 
@@ -73,9 +85,8 @@ impl BackwardConfig {
     pub fn tiles(spec: &Spec, target: Target) -> Vec<BackwardTile> {
         let preferred = BackwardConfig::preferred(spec, target);
         let mut tiles = vec![preferred.tile()];
-        for columns in [KeyColumns::Whole, KeyColumns::Halves] {
-            let hopper = BackwardTile::hopper(columns);
-            if target.mma == Mma::Wgmma && dkdv_wgmma::Layout::of(spec, preferred.with_tile(hopper)).is_some() {
+        for hopper in BackwardTile::hopper_tiles() {
+            if target.mma == Mma::Wgmma && preferred.with_tile(hopper).lays_out(spec) {
                 tiles.push(hopper);
             }
         }

@@ -208,6 +208,14 @@ __device__ __forceinline__ void pack_p(T tag, unsigned (&p)[4], const float (&s)
     p[3] = pack2(tag, s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
+// Element e of accumulator tile n back from pack_p's fragments: P where only
+// its 16-bit copy is left.
+template <typename T, int STEPS>
+__device__ __forceinline__ float unpack_p(T, const unsigned (&p)[STEPS][4], int n, int e) {
+    const unsigned pair = p[n / 2][2 * (n % 2) + e / 2];
+    return T::to_f32((unsigned short)(e % 2 == 0 ? pair & 0xffffu : pair >> 16));
+}
+
 // 2^x in one MUFU instruction (FlashAttention's exp2f under fast math): ~2 ulp,
 // far below the rounding of P to 16 bits; 2^-inf = 0.
 __device__ __forceinline__ float fast_exp2(float x) {

@@ -1,7 +1,7 @@
 //! The consumer warpgroups of the Hopper dK/dV kernel: per visited step
 //! the products and element code of the module note, then dK and dV.
 
-use super::{Chunk, Layout, BLOCK_M};
+use super::{Chunk, Layout};
 use crate::cuda::backward::common::{write_column_terms, write_row_terms, write_spec_lambdas, Rows, SpecTerms};
 use crate::cuda::backward::dkdv::{write_head_grad_adds, write_head_grad_sums, write_key_stores};
 use crate::cuda::backward::step::{write_elements, write_split_elements, Part};
@@ -26,11 +26,14 @@ pub(super) struct Consumers<'a> {
 /// module note; at the end dK and dV.
 pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
     let Consumers { spec, terms, layout, hoisted } = *c;
-    let k_half = match layout.k_half_cols() {
-        Some(_) => "\
+    let k_half = match (layout.dq_by_rows(), layout.k_half_cols()) {
+        (true, _) => "\
+            // dQ by rows: every warpgroup reads every column of K.\n\
+            const unsigned long long k_half = gmma_desc(k_smem, BLOCK_N * 128, 1024);\n",
+        (false, Some(_)) => "\
             // The second warpgroup's columns cross a panel boundary: it reads their copy.\n\
             const unsigned long long k_half = gmma_desc(warpgroup == 0 ? k_smem : smem_addr(k_half_tile), BLOCK_N * 128, 1024);\n",
-        None => "\
+        (false, None) => "\
             const int half_col = warpgroup * (DP / 2);  // the first of its dQ columns\n\
             const unsigned long long k_half = gmma_desc(k_smem + half_col / 64 * BLOCK_N * 128 + half_col % 64 * 2, BLOCK_N * 128, 1024);\n",
     };
@@ -120,8 +123,8 @@ fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
         float s[S_TILES][4], dp[S_TILES][4];\n\
         wgmma_fence();\n"
     )?;
-    let block_m = BLOCK_M;
-    for (acc, dims, a, b) in [("s", "DP", "k_own", "q_smem"), ("dp", "DVP", "v_own", "dout_smem")] {
+    let block_m = layout.block_m;
+    let issue = |w: &mut Writer<String>, (acc, dims, a, b): (&str, &str, &str, &str)| {
         write!(
             w,
             "\
@@ -132,8 +135,13 @@ fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
             \x20                   desc_plus({b}_k, panel * BLOCK_M * 128 + step), kk);\n\
             }}\n\
             wgmma_commit();\n"
-        )?;
-    }
+        )
+    };
+    issue(w, ("s", "DP", "k_own", "q_smem"))?;
+    issue(w, ("dp", "DVP", "v_own", "dout_smem"))?;
+    // With 128-query steps dS reads P back from its 16-bit fragments: P in f32,
+    // its fragments, dP^T, dK and dV would not fit the registers at once.
+    let ds = if layout.dq_by_rows() { Part::DsFromFragments } else { Part::Ds };
     if hoisted.iter().any(|h| h.level == Rows::Keys.column_level()) {
         writeln!(w, "// The spec's terms of the tile's queries, loaded while the products run.")?;
         write_column_terms(w, spec, hoisted, Rows::Keys, "q0")?;
@@ -153,7 +161,7 @@ fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
         dv.write(w)?;
         writeln!(w, "wgmma_wait<1>();  // dP^T is done; dV may still run")?;
         writeln!(w, "fence_operands(dp);")?;
-        write_elements(w, spec, terms, Rows::Keys, rows, Part::Ds, false)?;
+        write_elements(w, spec, terms, Rows::Keys, rows, ds, false)?;
     } else {
         writeln!(w, "wgmma_wait<0>();")?;
         writeln!(w, "fence_operands(s);")?;
@@ -253,6 +261,19 @@ fn write_step_dq(w: &mut Writer<String>, layout: &Layout) -> fmt::Result {
         KeyColumns::Halves => ("wgmma_wait<0>();  // dK and dV are done\n", ""),
     };
     let before_dq = format!("{before_dq}{}", if after_dq.is_empty() { release } else { "" });
+    // (what, A's rows, the 16-byte chunk of dq[n] in the step's tiles)
+    let (what, rows, chunk) = match layout.dq_by_rows() {
+        true => (
+            "this warpgroup's 64 of the BLOCK_M queries x every column",
+            " + warpgroup * DQ_ROWS * 128",
+            "warpgroup * DQ_ROWS * DP / 4 + dq_chunk(DQ_TILES, 0, n, threadIdx.x % 128)",
+        ),
+        false => (
+            "BLOCK_M queries x this warpgroup's half of the columns",
+            "",
+            "dq_chunk(DQ_TILES, warpgroup, n, threadIdx.x % 128)",
+        ),
+    };
     w.block(format_args!("if ({DQ_ACCUM} != nullptr)"), |w| {
         write!(
             w,
@@ -271,30 +292,30 @@ fn write_step_dq(w: &mut Writer<String>, layout: &Layout) -> fmt::Result {
             fence_async_smem();\n\
             {before_dq}\
             named_barrier_sync(1, THREADS);  // both warpgroups' dS are in place\n\
-            // dQ = dS K on BLOCK_M queries x this warpgroup's half of the columns (K\n\
+            // dQ = dS K on {what} (K\n\
             // MN-major: its rows are the reduction), added to the f32 accumulator.\n\
             float dq[DQ_TILES][4];\n\
             wgmma_fence();\n\
             #pragma unroll\n\
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
             \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
-            \x20   wgmma_ss_mn_n{half}(dq, desc_plus(ds_k, panel * BLOCK_M * 128 + step), desc_plus(k_half, kk * 16 * 128), kk);\n\
+            \x20   wgmma_ss_mn_n{cols}(dq, desc_plus(ds_k, panel * BLOCK_M * 128 + step{rows}), desc_plus(k_half, kk * 16 * 128), kk);\n\
             }}\n\
             wgmma_commit();\n\
             wgmma_wait<0>();\n\
             fence_operands(dq);\n\
             {after_dq}\
-            // The step's dQ tile in fragment order (dq_chunk), into shared tile\n\
+            // The step's dQ tiles in fragment order (dq_chunk), into shared tiles\n\
             // it % DQ_BUFS once the copy engine has read what step it - DQ_BUFS left there;\n\
-            // a producer thread adds it to the accumulator (add_dq).\n\
+            // a producer thread adds them to the accumulator (add_dq).\n\
             const unsigned dq_tile = smem_addr(dq_tiles + it % DQ_BUFS * DQ_TILE);\n\
             mbar_wait(dq_empty + 8 * (it % DQ_BUFS), (it / DQ_BUFS + 1) % 2);\n\
             #pragma unroll\n\
-            for (int n = 0; n < DQ_TILES; ++n) st_shared_v4(dq_tile + 16 * dq_chunk(DQ_TILES, warpgroup, n, threadIdx.x % 128), dq[n]);\n\
+            for (int n = 0; n < DQ_TILES; ++n) st_shared_v4(dq_tile + 16 * ({chunk}), dq[n]);\n\
             fence_async_smem();  // the copy engine reads the tile through the async proxy\n\
             __syncwarp();\n\
             if (lane == 0) mbar_arrive(dq_full + 8 * (it % DQ_BUFS));\n",
-            half = layout.padded[0] / 2,
+            cols = layout.dq_cols(),
         )
     })?;
     w.block(format_args!("else"), |w| {

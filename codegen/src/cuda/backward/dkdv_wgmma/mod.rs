@@ -25,7 +25,9 @@
 //!   d = 128 and at 256's halves);
 //! - dS itself (queries as rows) into shared memory by `stmatrix.trans`, and
 //!   once both warpgroups' halves are there (a named barrier),
-//!   dQ = dS·K for its half of dQ's columns, added to the f32 accumulator:
+//!   dQ = dS·K for its half of dQ's columns (with 128-query steps, at
+//!   d = 64: for its own 64 queries, every column; dS there reads P back
+//!   from its 16-bit fragments), added to the f32 accumulator:
 //!   stored to a shared tile in fragment order (conflict-free
 //!   16-byte stores) that one producer thread adds to global memory with a
 //!   single bulk reduction (`cp.reduce.async.bulk`), as FlashAttention-3
@@ -64,13 +66,12 @@ const OPERANDS: [Operand; 6] = [Operand::Q, Operand::K, Operand::V, Operand::DO,
 /// Consumer warps: two warpgroups.
 pub(super) const WARPS: u32 = 8;
 
-/// Queries per step: with 64 keys per warpgroup, Sᵀ and dPᵀ (32 registers
-/// each) fit next to dK and dV (64 each at d = 128, or half the columns at
-/// 256) in 240 registers.
-pub(super) const BLOCK_M: u32 = 64;
+/// Query rows of a tile of the dQ accumulator: a step's (64-query steps),
+/// or each warpgroup's half of a 128-query step's.
+pub(super) const DQ_ROWS: u32 = 64;
 // The CPU twin (`crate::varlen::dq_accum_tile`) places tiles of this
 // kernel's steps.
-const _: () = assert!(BLOCK_M as i32 == crate::varlen::DQ_TILE_ROWS);
+const _: () = assert!(DQ_ROWS as i32 == crate::varlen::DQ_TILE_ROWS);
 
 /// How the kernel is laid out for a spec: how its two consumer warpgroups
 /// share the CTA's keys, how many Q/dO stages and dQ tiles its shared
@@ -83,6 +84,13 @@ pub(super) struct Layout {
     /// dK's and dV's halves within the registers above d = 128) and holding
     /// half of dK's, dV's and dQ's columns.
     pub columns: KeyColumns,
+    /// Queries per step: 64, where Sᵀ and dPᵀ (32 registers each) fit next
+    /// to dK and dV (64 each at d = 128, or half the columns at 256) in 240
+    /// registers; 128 with whole columns at d = 64 (FlashAttention-3's
+    /// hdim-64 tile), where dK and dV take 32 each: every product twice as
+    /// long against the same per-step synchronization, and dQ split by
+    /// rows (each warpgroup its own 64 queries, every column).
+    pub block_m: u32,
     /// Q/dO stages of the ring.
     stages: u32,
     /// Steps' dQ tiles awaiting the bulk addition (one is drained long
@@ -159,13 +167,16 @@ impl Layout {
     /// wgmma kernel and covers the head dims, whole columns where Q/K and V
     /// pad alike to 64 through 128 (the dK and dV accumulators fill the
     /// registers at 128), halves where the wider pads to 144 through 256
-    /// (each head dim padded to whole panels: [`chunks`]); the most stages
-    /// and dQ tiles that fit Hopper's shared memory (whole columns need
-    /// both pairs: not at 112).
+    /// (each head dim padded to whole panels: [`chunks`]); 128-query steps
+    /// where `config.block_m` asks for them and [`Layout::takes_long_steps`],
+    /// 64 otherwise; the most stages and dQ tiles that fit Hopper's shared
+    /// memory (64-query steps of whole columns need both pairs: not at 112).
     pub(super) fn of(spec: &Spec, config: BackwardConfig) -> Option<Layout> {
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
         let columns = config.columns;
+        let long_steps = config.block_m == 2 * DQ_ROWS && Layout::takes_long_steps(spec, config);
         let (covered, options, padded): (bool, &[(u32, u32)], _) = match columns {
+            KeyColumns::Whole if long_steps => (true, &[(2, 2), (2, 1)], [dp, dvp]),
             KeyColumns::Whole => (dp == dvp && (64..=128).contains(&dp), &[(2, 2)], [dp, dvp]),
             KeyColumns::Halves => {
                 let padded = [spec.head_dims.qk, spec.head_dims.v].map(tile_cols);
@@ -176,10 +187,29 @@ impl Layout {
             return None;
         }
         let (dk, dv) = (chunks(columns, padded[0])?, chunks(columns, padded[1])?);
+        let block_m = if long_steps { 2 * DQ_ROWS } else { DQ_ROWS };
         let hopper = Target::HOPPER;
         let limit = hopper.smem_per_sm - hopper.smem_reserved_per_cta;
-        let mut layouts = options.iter().map(|&(stages, dq_bufs)| Layout { columns, stages, dq_bufs, dk, dv, padded });
+        let mut layouts =
+            options.iter().map(|&(stages, dq_bufs)| Layout { columns, block_m, stages, dq_bufs, dk, dv, padded });
         layouts.find(|layout| layout.smem_bytes(spec) + layout.static_smem() <= limit)
+    }
+
+    /// Whether `config`'s kernel may take 128-query steps for `spec`: whole
+    /// columns at d = 64, and a spec whose P and dS split into two passes
+    /// with nothing but P between them (no score mod, no dropout): with a
+    /// score mod's terms beside S and dP the registers spill.
+    fn takes_long_steps(spec: &Spec, config: BackwardConfig) -> bool {
+        let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
+        let whole = config.columns == KeyColumns::Whole && dp == 64 && dvp == 64;
+        whole && spec.score.is_none() && !config.dropout
+    }
+
+    /// How the consumers split a step's dQ: by columns (64-query steps: each
+    /// warpgroup every query, its half of the columns) or by rows (128-query
+    /// steps: each its own 64 queries, every column).
+    pub(super) fn dq_by_rows(&self) -> bool {
+        self.block_m > DQ_ROWS
     }
 
     /// Keys per CTA.
@@ -193,7 +223,7 @@ impl Layout {
     /// bytes (226 KB in all at d = 128 and 96, just under Hopper's 227).
     fn smem_bytes(&self, spec: &Spec) -> u32 {
         let (dp, dpc, dvpc) = (self.padded[0], tile_cols(spec.head_dims.qk), tile_cols(spec.head_dims.v));
-        let (m, n, stages) = (BLOCK_M, self.block_n(), self.stages);
+        let (m, n, stages) = (self.block_m, self.block_n(), self.stages);
         let k_half = n * self.k_half_cols().unwrap_or(0);
         2 * (n * (dpc + dvpc) + stages * m * (dpc + dvpc) + 2 * m * n + k_half)
             + 4 * (2 * stages * m + self.dq_bufs * m * dp)
@@ -208,6 +238,15 @@ impl Layout {
     pub(super) fn k_half_cols(&self) -> Option<u32> {
         let half = self.padded[0] / 2;
         (!half.is_multiple_of(64) && half % 64 + half > 64).then_some(half.next_multiple_of(64))
+    }
+
+    /// Columns of a warpgroup's dQ product: every column where dQ splits by
+    /// rows, else half.
+    pub(super) fn dq_cols(&self) -> u32 {
+        match self.dq_by_rows() {
+            true => self.padded[0],
+            false => self.padded[0] / 2,
+        }
     }
 
     /// Static shared memory beside it: the ring's and dQ tiles' barriers and
@@ -255,7 +294,7 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, layout: &Layout, packing
         name,
         source,
         grid: Grid::KeyTiles,
-        block_m: BLOCK_M,
+        block_m: layout.block_m,
         block_n: layout.block_n(),
         threads: 32 * WARPS + PRODUCER_THREADS,
         dynamic_smem: layout.smem_bytes(spec),
@@ -264,14 +303,13 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, layout: &Layout, packing
 }
 
 /// The warpgroup MMA and stage-ring library sections and the products
-/// this kernel issues: m64 by BLOCK_M (Sᵀ, dPᵀ), by DP / 2 (a warpgroup's
-/// dQ columns), and by each chunk's width of dK and dV.
+/// this kernel issues: m64 by BLOCK_M (Sᵀ, dPᵀ), by a warpgroup's dQ
+/// columns, and by each chunk's width of dK and dV.
 fn hopper_library(layout: &Layout, copy: TileCopy) -> Vec<Vec<Piece>> {
-    let dp = layout.padded[0];
     let mut wgmma = vec![
         Piece::Part(library::Part::Wgmma),
-        Piece::Wgmma(BLOCK_M, AFrom::Shared),
-        Piece::Wgmma(dp / 2, AFrom::SharedMnB),
+        Piece::Wgmma(layout.block_m, AFrom::Shared),
+        Piece::Wgmma(layout.dq_cols(), AFrom::SharedMnB),
     ];
     let mut widths: Vec<u32> = layout.dk.iter().chain(layout.dv.iter()).map(|chunk| chunk.width).collect();
     widths.sort_unstable();
@@ -287,8 +325,13 @@ fn hopper_library(layout: &Layout, copy: TileCopy) -> Vec<Vec<Piece>> {
 
 fn write_config(w: &mut Writer<String>, spec: &Spec, layout: &Layout) -> fmt::Result {
     let Layout { columns, stages, dq_bufs, .. } = *layout;
-    let (warps, block_m, block_n) = (WARPS, BLOCK_M, layout.block_n());
+    let (warps, block_m, block_n) = (WARPS, layout.block_m, layout.block_n());
     let [dpc, dvpc] = [spec.head_dims.qk, spec.head_dims.v].map(tile_cols);
+    let dq_tiles = layout.dq_cols() / 8;
+    let dq_what = match layout.dq_by_rows() {
+        true => "its warpgroup's 64 queries, every column",
+        false => "its warpgroup's half of the columns",
+    };
     let keys = match columns {
         KeyColumns::Whole => "// the consumer warps: two warpgroups of 64 keys each",
         KeyColumns::Halves => "// the consumer warps: two warpgroups on the same 64 keys",
@@ -309,8 +352,9 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, layout: &Layout) -> fmt::Re
         constexpr int BLOCK_N = {block_n};  // keys per CTA: grid.x = ceil(kv_len / BLOCK_N)\n\
         constexpr int BLOCK_M = {block_m};  // queries per step of the loop\n\
         constexpr int DPC = {dpc}, DVPC = {dvpc};  // tile columns: whole 64-column panels\n\
-        constexpr int DQ_TILES = DP / 16;  // m16n8 tiles of a warp's dQ: its warpgroup's half of the columns\n\
-        constexpr int DQ_TILE = BLOCK_M * DP;  // f32 of a step's dQ accumulator tile\n\
+        constexpr int DQ_TILES = {dq_tiles};  // m16n8 tiles of a warp's dQ: {dq_what}\n\
+        constexpr int DQ_ROWS = {DQ_ROWS};  // query rows of a tile of the dQ accumulator\n\
+        constexpr int DQ_TILE = BLOCK_M * DP;  // f32 of a step's dQ tiles\n\
         constexpr int DQ_BUFS = {dq_bufs};  // steps' dQ tiles awaiting their bulk addition\n\
         // Whether any tile copy may use cp.async (see mbar_arrive_loaded).\n\
         constexpr int COPY_WIDTH = D % 8 == 0 || DV % 8 == 0 ? 8 : 1;\n"
@@ -367,8 +411,8 @@ fn write_body(
     // store statistics.
     let (kv_copies, copies, walkers, statistics) = match copy {
         // One per tile (K's upper half again included), from the thread that
-        // issues them; the leader; those BLOCK_M.
-        TileCopy::Tma => (if layout.k_half_cols().is_some() { "3" } else { "2" }, "2", "1", "BLOCK_M"),
+        // issues them; the leader; the two copying warps' threads.
+        TileCopy::Tma => (if layout.k_half_cols().is_some() { "3" } else { "2" }, "2", "1", "64"),
         // One per producer thread, each time.
         TileCopy::Threads => ("PRODUCER_THREADS", "PRODUCER_THREADS", "PRODUCER_THREADS", "PRODUCER_THREADS"),
     };
@@ -413,6 +457,7 @@ fn write_body(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cuda::backward::BackwardTile;
 
     fn spec(qk: u32, v: u32) -> Spec {
         crate::parse_one(&format!("S {{ dtype: bf16, head_dim: {qk}, v_head_dim: {v} }}")).unwrap()
@@ -467,6 +512,34 @@ mod tests {
             assert_eq!((layout.block_n(), layout.padded), (64, padded), "{qk}/{v}");
         }
         assert!(layout(128, 128, KeyColumns::Halves).is_none());
+    }
+
+    /// 128-query steps at d = 64 where the elements split into P then dS
+    /// (no score mod, no dropout): dQ by rows, one dQ tile buffer in
+    /// Hopper's shared memory; asked for elsewhere, 64-query steps. The
+    /// runtime prefers them but under a tensor-reading mask.
+    #[test]
+    fn long_query_steps_where_p_and_ds_split() {
+        let spec = |body: &str| crate::parse_one(&format!("S {{ dtype: bf16, head_dim: 64{body} }}")).unwrap();
+        let long = |spec: &Spec, dropout| {
+            let tile = BackwardTile::hopper(KeyColumns::Whole, 128);
+            let config = BackwardConfig { dropout, ..BackwardConfig::default_for(spec).with_tile(tile) };
+            Layout::of(spec, config).unwrap().block_m
+        };
+        let (causal, softcap) = (spec(", mask: q >= k"), spec(", score: 30.0 * tanh(score / 30.0)"));
+        assert_eq!([long(&causal, false), long(&causal, true), long(&softcap, false)], [128, 64, 64]);
+        let layout = Layout::of(&causal, BackwardConfig::preferred(&causal, Target::HOPPER)).unwrap();
+        assert_eq!((layout.block_m, layout.dq_by_rows(), layout.dq_cols(), layout.dq_bufs), (128, true, 64, 1));
+        let hopper = Target::HOPPER;
+        assert!(layout.smem_bytes(&causal) + layout.static_smem() <= hopper.smem_per_sm - hopper.smem_reserved_per_cta);
+        let wide = crate::parse_one("S { dtype: bf16, head_dim: 128, mask: q >= k }").unwrap();
+        let document = crate::parse_one(
+            "S { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }",
+        )
+        .unwrap();
+        for spec in [&wide, &document, &softcap] {
+            assert_eq!(BackwardConfig::preferred(spec, Target::HOPPER).block_m, 64, "{}", spec.name);
+        }
     }
 
     /// Every laid-out kernel fits Hopper's shared memory, with the most

@@ -29,17 +29,19 @@ pub(super) fn write(
     // `write_tile_walk`), so the adder's whole warp walks: the walk needs
     // every lane. Elsewhere the lone lane walks (a whole warp walking was
     // slower under causal masks).
-    let (roles, copiers, adder) = match copy {
+    let (roles, copiers, count, adder) = match copy {
         TileCopy::Tma => (
             "// The first two warps copy (the leader issues TMA) and store statistics; the\n\
-             // last warp's first lane adds each visited step's dQ tile to the accumulator\n",
+             // last warp's first lane adds each visited step's dQ tiles to the accumulator\n",
             "warp < WARPS + 2",
+            "64",
             "warp == WARPS + 3 && lane == 0",
         ),
         TileCopy::Threads => (
             "// All four warps copy; the leader, between its copies, adds each visited\n\
-             // step's dQ tile to the accumulator\n",
+             // step's dQ tiles to the accumulator\n",
             "true",
+            "PRODUCER_THREADS",
             "leader",
         ),
     };
@@ -62,18 +64,21 @@ pub(super) fn write(
         // once the consumers have stored it, a step late (the visit of the next step,\n\
         // or the end, names it). Each walks the tiles itself.\n\
         const bool copies = {copiers};\n\
+        constexpr int COPIERS = {count};\n\
         const bool adds_dq = {DQ_ACCUM} != nullptr && {adder};\n\
         {keep}\
-        auto add_dq = [&](float* dst, int s) {{\n\
+        // Adds step s's dQ tiles, `bytes` of them (none past the queries).\n\
+        auto add_dq = [&](float* dst, int s, int bytes) {{\n\
         \x20   mbar_wait(dq_full + 8 * (s % DQ_BUFS), s / DQ_BUFS % 2);\n\
-        \x20   bulk_reduce_add(dst, smem_addr(dq_tiles + s % DQ_BUFS * DQ_TILE), DQ_TILE * 4);\n\
+        \x20   bulk_reduce_add(dst, smem_addr(dq_tiles + s % DQ_BUFS * DQ_TILE), bytes);\n\
         \x20   bulk_commit();\n\
         \x20   // All but the last DQ_BUFS - 1 additions have read their tiles: free the oldest.\n\
         \x20   bulk_wait_read<DQ_BUFS - 1>();\n\
         \x20   const int read = s - (DQ_BUFS - 1);\n\
         \x20   if (read >= 0) mbar_arrive(dq_empty + 8 * (read % DQ_BUFS));\n\
         }};\n\
-        float* dq_last = nullptr;  // the last visited step's accumulator tile\n"
+        float* dq_last = nullptr;  // the last visited step's first accumulator tile\n\
+        int dq_last_bytes = 0;  // and the bytes of its tiles\n"
     )?;
     let k_half = layout.k_half_cols().is_some();
     match copy {
@@ -139,7 +144,7 @@ pub(super) fn write(
     )?;
     w.block(format_args!("while (j < q_steps)"), |w| write_step(w, spec, copy, packing))?;
     w.block(format_args!("if (dq_last != nullptr)"), |w| {
-        writeln!(w, "add_dq(dq_last, it - 1);")?;
+        writeln!(w, "add_dq(dq_last, it - 1, dq_last_bytes);")?;
         writeln!(w, "bulk_wait_read<0>();  // shared memory outlives the reads; the adds land by the kernel's end")
     })?;
     if copy == TileCopy::Threads {
@@ -173,11 +178,16 @@ fn write_step(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, packing: Pack
             const int q0 = step_j * BLOCK_M;\n\
             // The statistics, LSE to log2 units: a fully masked row (LSE = -inf) or\n\
             // one past q_len gets +inf, so P = 0. Read before the stage is free,\n\
-            // so that their latency hides behind the wait.\n\
-            const int r = threadIdx.x - THREADS;\n\
-            const bool valid = r < BLOCK_M && q0 + r < {q_len};\n\
-            const float l = valid ? lse_row[q0 + r] : neg_inf();\n\
-            const float d = valid ? delta_row[q0 + r] : 0.0f;\n\
+            // so that their latency hides behind the wait; rows r + i * COPIERS.\n\
+            constexpr int STAT_ROWS = (BLOCK_M + COPIERS - 1) / COPIERS;\n\
+            float l[STAT_ROWS], d[STAT_ROWS];\n\
+            #pragma unroll\n\
+            for (int i = 0; i < STAT_ROWS; ++i) {{\n\
+            \x20   const int r = threadIdx.x - THREADS + i * COPIERS;\n\
+            \x20   const bool valid = r < BLOCK_M && q0 + r < {q_len};\n\
+            \x20   l[i] = valid ? lse_row[q0 + r] : neg_inf();\n\
+            \x20   d[i] = valid ? delta_row[q0 + r] : 0.0f;\n\
+            }}\n\
             mbar_wait(stage_empty + 8 * stage, (it / STAGES + 1) % 2);\n"
         )?;
         match copy {
@@ -201,9 +211,13 @@ fn write_step(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, packing: Pack
         write!(
             w,
             "\
-            if (r < BLOCK_M) {{\n\
-            \x20   lse_cols[stage * BLOCK_M + r] = l == neg_inf() ? -neg_inf() : l * LOG2E;\n\
-            \x20   delta_cols[stage * BLOCK_M + r] = d;\n\
+            #pragma unroll\n\
+            for (int i = 0; i < STAT_ROWS; ++i) {{\n\
+            \x20   const int r = threadIdx.x - THREADS + i * COPIERS;\n\
+            \x20   if (r < BLOCK_M) {{\n\
+            \x20       lse_cols[stage * BLOCK_M + r] = l[i] == neg_inf() ? -neg_inf() : l[i] * LOG2E;\n\
+            \x20       delta_cols[stage * BLOCK_M + r] = d[i];\n\
+            \x20   }}\n\
             }}\n"
         )
     })?;
@@ -216,9 +230,13 @@ fn write_step(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, packing: Pack
         writeln!(w, "mbar_arrive(stage_full + 8 * stage);")
     })?;
     w.block(format_args!("if (adds_dq)"), |w| {
-        writeln!(w, "if (dq_last != nullptr) add_dq(dq_last, it - 1);")?;
-        let tile = packing.accum_tile(spec, "step_h", "q_steps", "step_j");
-        writeln!(w, "dq_last = {DQ_ACCUM} + ({tile}) * DQ_TILE;")
+        writeln!(w, "if (dq_last != nullptr) add_dq(dq_last, it - 1, dq_last_bytes);")?;
+        let head_tiles = format!("(({q_len} + DQ_ROWS - 1) / DQ_ROWS)");
+        let tile = packing.accum_tile(spec, "step_h", &head_tiles, "step_j * (BLOCK_M / DQ_ROWS)");
+        writeln!(w, "dq_last = {DQ_ACCUM} + ({tile}) * (DQ_ROWS * DP);")?;
+        writeln!(w, "// A step's last tiles may lie past the queries (128-query steps): not added.")?;
+        writeln!(w, "const int dq_rows = min_i32(BLOCK_M, {q_len} - step_j * BLOCK_M);")?;
+        writeln!(w, "dq_last_bytes = (dq_rows + DQ_ROWS - 1) / DQ_ROWS * DQ_ROWS * DP * 4;")
     })?;
     writeln!(w, "++it;")
 }
