@@ -63,8 +63,7 @@ pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
 /// `light`, else last), then the 64-key back-to-back
 /// kernels (two warpgroups, one); among mma.sync configs, 128-key tiles
 /// only for plain d <= 64 specs (masks and score mods then spill). Above
-/// d = 128 the warp-specialized kernels lead: `WIDE_192` (an order not
-/// yet tuned on a GPU), `WIDE_256` (tuned). Only tiles that fit the target's shared
+/// d = 128 the warp-specialized kernels lead: `WIDE_192`, `WIDE_256`. Only tiles that fit the target's shared
 /// memory are candidates ([`TileConfig::fits`]).
 pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
     let sync = |warps, m_tiles, block_n| TileConfig { mma: Mma::Sync, warps, m_tiles, block_n };
@@ -121,10 +120,12 @@ pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
     [hopper, portable].into_iter().flatten().filter(|c| c.fits(spec, target)).collect()
 }
 
-/// Above d = 128 up to 192 (and QK 192 / V 128): the warp-specialized
-/// kernel with 80-key tiles (two Q buffers), then with 112-key tiles (one
-/// Q buffer), then the back-to-back 64-key kernel.
-const WIDE_192: [TileConfig; 3] = [wgmma_pair(80), wgmma_pair(112), wgmma_pair(64)];
+/// Above d = 128 up to 192: the warp-specialized kernel with 128-key
+/// tiles where they fit (a V head dim up to 128: DeepSeek's QK 192 / V
+/// 128), else 112 (one Q buffer each), then 80 (two Q buffers), then the
+/// back-to-back 64-key kernel: the widest tile that fits was fastest on
+/// most variants (`bench/RESULTS.md`).
+const WIDE_192: [TileConfig; 4] = [wgmma_pair(128), wgmma_pair(112), wgmma_pair(80), wgmma_pair(64)];
 
 /// At d = 256: the warp-specialized kernel with 80-key tiles (one Q
 /// buffer; the 48-key tile's S product waits on shared memory), then with

@@ -48,8 +48,9 @@ impl TileConfig {
         // two warpgroups whose O (DVP / 2 registers) leaves room for S of
         // at most 112 keys, and a ring of two stages beside one or two Q
         // buffers (`forward::plan`): 80 keys fit beside two Q buffers at
-        // d = 192, 112 beside one; 80 and 48 beside one at d = 256 (64
-        // keys would be the back-to-back kernel, which stays a candidate).
+        // d = 192, 112 beside one, 128 beside one where V's head dim is
+        // 128; 80 and 48 beside one at d = 256 (64 keys would be the
+        // back-to-back kernel, which stays a candidate).
         let wgmma = |warps, block_n| TileConfig { mma: Mma::Wgmma, warps, m_tiles: 1, block_n };
         let default = TileConfig::default_for(spec);
         let (hopper, portable) = match TileConfig::padded_head_dim(spec) {
@@ -58,7 +59,9 @@ impl TileConfig {
                 vec![default, sync(4, 2, 128), sync(8, 1, 64)],
             ),
             65..=128 => (vec![wgmma(8, 128), wgmma(8, 64), wgmma(4, 64)], vec![default, sync(8, 1, 64)]),
-            129..=192 => (vec![wgmma(8, 80), wgmma(8, 112), wgmma(8, 64)], vec![default, sync(4, 1, 64)]),
+            129..=192 => {
+                (vec![wgmma(8, 80), wgmma(8, 112), wgmma(8, 128), wgmma(8, 64)], vec![default, sync(4, 1, 64)])
+            }
             193..=256 => (vec![wgmma(8, 80), wgmma(8, 48), wgmma(8, 64)], vec![default, sync(4, 1, 64)]),
             _ => (vec![], vec![default, sync(4, 1, 64)]),
         };
