@@ -26,16 +26,16 @@ pub(super) struct Consumers<'a> {
 /// module note; at the end dK and dV.
 pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
     let Consumers { spec, terms, layout, hoisted } = *c;
-    let k_half = match (layout.dq_by_rows(), layout.k_half_cols()) {
+    let k_dq = match (layout.dq_by_rows(), layout.k_half_cols()) {
         (true, _) => "\
             // dQ by rows: every warpgroup reads every column of K.\n\
-            const unsigned long long k_half = gmma_desc(k_smem, BLOCK_N * 128, 1024);\n",
+            const unsigned long long k_dq = gmma_desc(k_smem, BLOCK_N * 128, 1024);\n",
         (false, Some(_)) => "\
             // The second warpgroup's columns cross a panel boundary: it reads their copy.\n\
-            const unsigned long long k_half = gmma_desc(warpgroup == 0 ? k_smem : smem_addr(k_half_tile), BLOCK_N * 128, 1024);\n",
+            const unsigned long long k_dq = gmma_desc(warpgroup == 0 ? k_smem : smem_addr(k_half_tile), BLOCK_N * 128, 1024);\n",
         (false, None) => "\
             const int half_col = warpgroup * (DP / 2);  // the first of its dQ columns\n\
-            const unsigned long long k_half = gmma_desc(k_smem + half_col / 64 * BLOCK_N * 128 + half_col % 64 * 2, BLOCK_N * 128, 1024);\n",
+            const unsigned long long k_dq = gmma_desc(k_smem + half_col / 64 * BLOCK_N * 128 + half_col % 64 * 2, BLOCK_N * 128, 1024);\n",
     };
     let (roles, own_keys) = match layout.columns {
         KeyColumns::Whole => (
@@ -58,11 +58,11 @@ pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
         {roles}\
         // This warpgroup's 64 keys of the K and V tiles (128-byte rows in each panel).\n\
         const unsigned k_smem = smem_addr(k_tile), v_smem = smem_addr(v_tile);\n\
-        // Descriptors of those rows, K-major (S^T, dP^T), and of this warpgroup's\n\
-        // half of K's columns, MN-major (dQ = dS K).\n\
+        // Descriptors of those rows, K-major (S^T, dP^T), and of K's columns of\n\
+        // this warpgroup's dQ, MN-major (dQ = dS K).\n\
         const unsigned long long k_own = gmma_desc(k_smem + {own_keys}, 16, 1024);\n\
         const unsigned long long v_own = gmma_desc(v_smem + {own_keys}, 16, 1024);\n\
-        {k_half}\
+        {k_dq}\
         // This warp's 16 keys of dK and dV (f32), summed over every query of every\n\
         // head of the group: no atomics.\n\
         float dk_acc[DK_TILES][4] = {{}};\n\
@@ -124,7 +124,7 @@ fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
         wgmma_fence();\n"
     )?;
     let block_m = layout.block_m;
-    let issue = |w: &mut Writer<String>, (acc, dims, a, b): (&str, &str, &str, &str)| {
+    for (acc, dims, a, b) in [("s", "DP", "k_own", "q_smem"), ("dp", "DVP", "v_own", "dout_smem")] {
         write!(
             w,
             "\
@@ -135,10 +135,8 @@ fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
             \x20                   desc_plus({b}_k, panel * BLOCK_M * 128 + step), kk);\n\
             }}\n\
             wgmma_commit();\n"
-        )
-    };
-    issue(w, ("s", "DP", "k_own", "q_smem"))?;
-    issue(w, ("dp", "DVP", "v_own", "dout_smem"))?;
+        )?;
+    }
     // With 128-query steps dS reads P back from its 16-bit fragments: P in f32,
     // its fragments, dP^T, dK and dV would not fit the registers at once.
     let ds = if layout.dq_by_rows() { Part::DsFromFragments } else { Part::Ds };
@@ -299,7 +297,7 @@ fn write_step_dq(w: &mut Writer<String>, layout: &Layout) -> fmt::Result {
             #pragma unroll\n\
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
             \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
-            \x20   wgmma_ss_mn_n{cols}(dq, desc_plus(ds_k, panel * BLOCK_M * 128 + step{rows}), desc_plus(k_half, kk * 16 * 128), kk);\n\
+            \x20   wgmma_ss_mn_n{cols}(dq, desc_plus(ds_k, panel * BLOCK_M * 128 + step{rows}), desc_plus(k_dq, kk * 16 * 128), kk);\n\
             }}\n\
             wgmma_commit();\n\
             wgmma_wait<0>();\n\
