@@ -123,8 +123,8 @@ pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
 /// Above d = 128 up to 192: the warp-specialized kernel with 128-key
 /// tiles where they fit (a V head dim up to 128: DeepSeek's QK 192 / V
 /// 128), else 112 (one Q buffer each), then 80 (two Q buffers), then the
-/// back-to-back 64-key kernel: the widest tile that fits was fastest on
-/// most variants (`bench/RESULTS.md`).
+/// back-to-back 64-key kernel: the widest tile that fits keeps the fewest
+/// softmax passes and barriers per FLOP.
 const WIDE_192: [TileConfig; 4] = [wgmma_pair(128), wgmma_pair(112), wgmma_pair(80), wgmma_pair(64)];
 
 /// At d = 256: the warp-specialized kernel with 80-key tiles (one Q
