@@ -265,6 +265,10 @@ fn tile_cols(d: u32) -> u32 {
 /// Threads of the producer warpgroup.
 const PRODUCER_THREADS: u32 = 128;
 
+/// Producer threads that copy and store statistics when TMA copies: its
+/// first two warps (each arrives on a stage's full barrier).
+const TMA_COPIERS: u32 = 64;
+
 /// The kernel in `config` (its `tensor_grads`, `copy` and `dropout`), laid
 /// out as `layout` (`Layout::of` the two).
 pub(super) fn emit(spec: &Spec, config: BackwardConfig, layout: &Layout, packing: Packing) -> Kernel {
@@ -409,10 +413,11 @@ fn write_body(
     // A full barrier's arrivals: the copies', K/V's also the walk's (it
     // publishes the first head) and a stage's also those of the threads that
     // store statistics.
+    let tma_copiers = TMA_COPIERS.to_string();
     let (kv_copies, copies, walkers, statistics) = match copy {
         // One per tile (K's upper half again included), from the thread that
         // issues them; the leader; the two copying warps' threads.
-        TileCopy::Tma => (if layout.k_half_cols().is_some() { "3" } else { "2" }, "2", "1", "64"),
+        TileCopy::Tma => (if layout.k_half_cols().is_some() { "3" } else { "2" }, "2", "1", tma_copiers.as_str()),
         // One per producer thread, each time.
         TileCopy::Threads => ("PRODUCER_THREADS", "PRODUCER_THREADS", "PRODUCER_THREADS", "PRODUCER_THREADS"),
     };

@@ -12,7 +12,7 @@ use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 
-use super::Layout;
+use super::{Layout, TMA_COPIERS};
 /// The producer warpgroup: K and V once, then per visited step its Q and dO
 /// tiles and statistics into the next stage, and the previous step's dQ
 /// tile into the accumulator; it ends with `return`.
@@ -29,12 +29,13 @@ pub(super) fn write(
     // `write_tile_walk`), so the adder's whole warp walks: the walk needs
     // every lane. Elsewhere the lone lane walks (a whole warp walking was
     // slower under causal masks).
+    let tma_copiers = TMA_COPIERS.to_string();
     let (roles, copiers, count, adder) = match copy {
         TileCopy::Tma => (
             "// The first two warps copy (the leader issues TMA) and store statistics; the\n\
              // last warp's first lane adds each visited step's dQ tiles to the accumulator\n",
             "warp < WARPS + 2",
-            "64",
+            tma_copiers.as_str(),
             "warp == WARPS + 3 && lane == 0",
         ),
         TileCopy::Threads => (
