@@ -429,24 +429,35 @@ fn hopper_backward_kernels_of_named_variants() {
 /// adds the slopes' gradient.
 #[test]
 fn hopper_backward_column_halves() {
-    let hopper = Target::for_sm(9, 0);
-    let halves = |spec: &Spec| {
-        let tile = BackwardConfig::tiles(spec, hopper).into_iter().find(|t| t.mma == Mma::Wgmma);
-        let tile = tile.expect("a Hopper tile above d = 128");
-        assert_eq!(tile.columns, KeyColumns::Halves);
-        render(&emit_backward_with(
-            spec,
-            BackwardPass::KeyValue,
-            BackwardConfig::preferred(spec, hopper).with_tile(tile),
-        ))
-    };
     let mla = parse_one("Mla { dtype: bf16, head_dim: 192, v_head_dim: 128, mask: q >= k }").unwrap();
-    insta::assert_snapshot!("wgmma_bwd_halves_causal_192_128", halves(&mla));
+    insta::assert_snapshot!("wgmma_bwd_halves_causal_192_128", hopper_backward(&mla, KeyColumns::Halves));
     let alibi = parse_one(
         "Alibi256 { dtype: bf16, head_dim: 256, tensor slopes: f32[H], mask: q >= k, score: score + slopes[h] * (k - q) as f32 }",
     )
     .unwrap();
-    insta::assert_snapshot!("wgmma_bwd_halves_alibi_256", halves(&alibi));
+    insta::assert_snapshot!("wgmma_bwd_halves_alibi_256", hopper_backward(&alibi, KeyColumns::Halves));
+}
+
+/// The Hopper dK/dV kernel in transposed tiles (each warpgroup 48 keys, S
+/// with queries as rows, dKᵀ and dVᵀ with head dims as rows), the runtime's
+/// choice from 129 through 192: at 192/128 dQ's second half takes two
+/// chunks, stored rotated into column order; softcap at 160 (padded to
+/// 192) splits no element pass and evaluates the score mod's derivative.
+#[test]
+fn hopper_backward_transposed() {
+    let mla = parse_one("Mla { dtype: bf16, head_dim: 192, v_head_dim: 128, mask: q >= k }").unwrap();
+    insta::assert_snapshot!("wgmma_bwd_transposed_causal_192_128", hopper_backward(&mla, KeyColumns::Transposed));
+    let softcap =
+        parse_one("Softcap160 { dtype: bf16, head_dim: 160, mask: q >= k, score: 30.0 * tanh(score / 30.0) }").unwrap();
+    insta::assert_snapshot!("wgmma_bwd_transposed_softcap_160", hopper_backward(&softcap, KeyColumns::Transposed));
+}
+
+/// `spec`'s Hopper dK/dV kernel with `columns`, rendered.
+fn hopper_backward(spec: &Spec, columns: KeyColumns) -> String {
+    let hopper = Target::for_sm(9, 0);
+    let tile = BackwardConfig::tiles(spec, hopper).into_iter().find(|t| t.mma == Mma::Wgmma && t.columns == columns);
+    let tile = tile.unwrap_or_else(|| panic!("a Hopper tile {columns:?} for {}", spec.name));
+    render(&emit_backward_with(spec, BackwardPass::KeyValue, BackwardConfig::preferred(spec, hopper).with_tile(tile)))
 }
 
 /// Dropout's kernels (the mask, `library/dropout.cuh`, applied to P):
@@ -490,12 +501,13 @@ fn dropout_kernels() {
 }
 
 /// Hopper's dK/dV kernel: whole columns where both head dims pad alike to
-/// 64 through 128 (but 112), column halves where the wider pads to 144
-/// through 256; elsewhere the portable kernel, even when asked for wgmma.
+/// 64 through 128 (but 112), transposed tiles where the wider pads to 144
+/// through 192, column halves above; elsewhere the portable kernel, even
+/// when asked for wgmma.
 #[test]
-fn wgmma_backward_covers_whole_columns_to_128_and_halves_to_256() {
+fn wgmma_backward_covers_whole_columns_to_128_transposed_to_192_and_halves_to_256() {
     let hopper = Target::for_sm(9, 0);
-    let (whole, halves) = (Some(KeyColumns::Whole), Some(KeyColumns::Halves));
+    let (whole, halves, transposed) = (Some(KeyColumns::Whole), Some(KeyColumns::Halves), Some(KeyColumns::Transposed));
     for (source, columns) in [
         ("A { dtype: bf16, head_dim: 128, mask: q >= k }", whole),
         ("B { dtype: f16, head_dim: 120, mask: q >= k }", whole),
@@ -505,9 +517,10 @@ fn wgmma_backward_covers_whole_columns_to_128_and_halves_to_256() {
         ("H { dtype: bf16, head_dim: 96, mask: q >= k }", whole),
         ("I { dtype: bf16, head_dim: 112, mask: q >= k }", None),
         ("D { dtype: bf16, head_dim: 128, v_head_dim: 64 }", None),
-        ("E { dtype: bf16, head_dim: 192, v_head_dim: 128 }", halves),
+        ("E { dtype: bf16, head_dim: 192, v_head_dim: 128 }", transposed),
         ("J { dtype: bf16, head_dim: 256, mask: q >= k }", halves),
-        ("K { dtype: bf16, head_dim: 160 }", halves),
+        ("K { dtype: bf16, head_dim: 160 }", transposed),
+        ("N { dtype: bf16, head_dim: 128, v_head_dim: 192 }", transposed),
         ("L { dtype: bf16, head_dim: 224, v_head_dim: 200 }", halves),
         ("M { dtype: bf16, head_dim: 264 }", None),
     ] {

@@ -308,7 +308,7 @@ impl Runtime {
         let dq_pass = if opts.deterministic { BackwardPass::Query } else { BackwardPass::Postprocess };
         let passes = [BackwardPass::Preprocess, BackwardPass::KeyValue, dq_pass].map(|pass| launch.which(pass, config));
         let key_order =
-            opts.block_mask.and_then(|_| Which::work_order(spec, Work::KeyTiles { block_n: config.block_n() }));
+            opts.block_mask.and_then(|_| Which::work_order(spec, Work::KeyTiles { block_n: config.block_n(spec) }));
         let [pre, main, dq_pass] = self.load_launch(spec, passes, key_order);
         Ok((config, tensor_maps, [pre?, main?, dq_pass?]))
     }

@@ -101,7 +101,7 @@ impl Which {
             use cuda::BackwardPass::{KeyValue, Postprocess, Preprocess, Query};
             let config = cuda::BackwardConfig::preferred(spec, target);
             which.extend([Preprocess, KeyValue, Query, Postprocess].map(|pass| Which::backward(pass, config)));
-            which.extend(Which::work_order(spec, cuda::Work::KeyTiles { block_n: config.block_n() }));
+            which.extend(Which::work_order(spec, cuda::Work::KeyTiles { block_n: config.block_n(spec) }));
             // The dK/dV kernel without tensor gradients, for calls that ask for none.
             if !cuda::trainable_tensors(spec).is_empty() {
                 which.push(Which::backward(KeyValue, cuda::BackwardConfig { tensor_grads: false, ..config }));
@@ -338,9 +338,9 @@ mod tests {
                 for kernel in
                     [cuda::emit_backward_with(&spec, pass, config), cuda::emit_backward_varlen(&spec, pass, varlen)]
                 {
-                    let order = Which::work_order(&spec, cuda::Work::KeyTiles { block_n: config.block_n() });
+                    let order = Which::work_order(&spec, cuda::Work::KeyTiles { block_n: config.block_n(&spec) });
                     assert_eq!(order.is_some(), takes_order(&kernel), "{}", kernel.name);
-                    assert_eq!(kernel.block_n, config.block_n());
+                    assert_eq!(kernel.block_n, config.block_n(&spec));
                 }
             }
         }

@@ -124,7 +124,7 @@ fn wide_head_dims_compile_for_sm90() {
 fn every_kernel(spec: &Spec) -> Vec<(Kernel, Arch)> {
     let block_mask = emit_block_mask(spec);
     // Work orders: the dK/dV kernel's, and every persistent forward's items'.
-    let block_n = BackwardConfig::preferred(spec, Arch::new(9, 0).target()).block_n();
+    let block_n = BackwardConfig::preferred(spec, Arch::new(9, 0).target()).block_n(spec);
     let items = tile_choice::candidates(spec, Arch::new(9, 0).target()).into_iter().filter(|c| c.persistent());
     let orders: Vec<Option<Kernel>> = [Work::KeyTiles { block_n }]
         .into_iter()

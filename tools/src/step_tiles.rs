@@ -21,7 +21,7 @@ pub fn parse_step_tiles(text: &str) -> Result<StepTiles, String> {
             .split('/')
             .map(|t| {
                 parse_backward_tile(t)
-                    .ok_or(format!("`{t}` is not `warps,whole|halves,block_m`, `wgmma`, `wgmma,128` or `wgmma,halves`"))
+                    .ok_or(format!("`{t}` is not `warps,whole|halves,block_m`, `wgmma`, `wgmma,128`, `wgmma,transposed` or `wgmma,halves`"))
             })
             .collect::<Result<_, _>>()
             .map(StepTiles::Listed),
@@ -29,14 +29,15 @@ pub fn parse_step_tiles(text: &str) -> Result<StepTiles, String> {
 }
 
 /// A dK/dV tile as `--bwd-tiles` names it (and its rows, [`tile_label`]):
-/// `warps,whole|halves,block_m`, `wgmma` (64-query steps), `wgmma,128` or
-/// `wgmma,halves`.
+/// `warps,whole|halves,block_m`, `wgmma` (64-query steps), `wgmma,128`,
+/// `wgmma,transposed` or `wgmma,halves`.
 pub fn parse_backward_tile(text: &str) -> Option<BackwardTile> {
     let hopper = |columns, block_m| BackwardTile { mma: Mma::Wgmma, warps: 8, columns, block_m };
     match text {
         "wgmma" => return Some(hopper(KeyColumns::Whole, 64)),
         "wgmma,128" => return Some(hopper(KeyColumns::Whole, 128)),
         "wgmma,halves" => return Some(hopper(KeyColumns::Halves, 64)),
+        "wgmma,transposed" => return Some(hopper(KeyColumns::Transposed, 64)),
         _ => {}
     }
     let [warps, columns, block_m] = text.split(',').collect::<Vec<_>>().try_into().ok()?;
@@ -51,13 +52,14 @@ pub fn parse_backward_tile(text: &str) -> Option<BackwardTile> {
 /// `tile` as [`parse_backward_tile`] reads it.
 pub fn tile_label(tile: BackwardTile) -> String {
     let columns = match tile.columns {
-        KeyColumns::Whole => "whole",
+        KeyColumns::Whole | KeyColumns::Transposed => "whole",
         KeyColumns::Halves => "halves",
     };
     match (tile.mma, tile.columns) {
         (Mma::Wgmma, KeyColumns::Whole) if tile.block_m == 128 => "wgmma,128".to_string(),
         (Mma::Wgmma, KeyColumns::Whole) => "wgmma".to_string(),
         (Mma::Wgmma, KeyColumns::Halves) => "wgmma,halves".to_string(),
+        (Mma::Wgmma, KeyColumns::Transposed) => "wgmma,transposed".to_string(),
         (Mma::Sync, _) => format!("{},{columns},{}", tile.warps, tile.block_m),
     }
 }

@@ -228,31 +228,65 @@ fn every_backward_tile() {
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn hopper_column_halves() {
+    run_pinned(
+        KeyColumns::Halves,
+        &[
+            ("causal", Dtype::Bf16, 256, 256),
+            ("alibi", Dtype::Bf16, 192, 128),
+            ("softcap", Dtype::Bf16, 256, 256),
+            ("document", Dtype::F16, 256, 128),
+            ("full", Dtype::Bf16, 192, 192),
+            // Head dims padded to whole panels: zero columns past D.
+            ("causal", Dtype::Bf16, 160, 160),
+            ("softcap", Dtype::Bf16, 224, 200),
+            ("document", Dtype::Bf16, 176, 128),
+        ],
+    );
+}
+
+/// The Hopper dK/dV kernel in transposed tiles (each warpgroup 48 keys,
+/// dK and dV with head dims as rows), pinned: 192/128's two stages and
+/// 192's one wrapping many times, dQ in two chunks (192) and one (128/192,
+/// 64/160), head dims padded to whole panels (160, 176/128, 144), tensor
+/// gradients (ALiBi), a score mod's derivative (softcap), a block mask,
+/// f16, the deterministic mode and copies without TMA. Vacuous off Hopper.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn hopper_transposed_tiles() {
+    run_pinned(
+        KeyColumns::Transposed,
+        &[
+            ("causal", Dtype::Bf16, 192, 128),
+            ("alibi", Dtype::Bf16, 192, 192),
+            ("softcap", Dtype::Bf16, 192, 192),
+            ("document", Dtype::F16, 192, 128),
+            ("full", Dtype::Bf16, 128, 192),
+            ("causal", Dtype::Bf16, 160, 160),
+            ("softcap", Dtype::Bf16, 176, 128),
+            ("alibi", Dtype::F16, 144, 144),
+            ("full", Dtype::Bf16, 64, 160),
+        ],
+    );
+}
+
+/// Each spec `(variant, dtype, qk, v)` on its Hopper tile with `columns`:
+/// a long sequence (causal and ALiBi), awkward lengths (under a block mask
+/// for documents), the deterministic mode and copies without TMA.
+fn run_pinned(columns: KeyColumns, specs: &[(&str, Dtype, u32, u32)]) {
     let rt = runtime();
-    let halves = |spec: &Spec| {
-        let tile = BackwardConfig::tiles(spec, rt.target())
-            .into_iter()
-            .find(|t| t.mma == Mma::Wgmma && t.columns == KeyColumns::Halves);
-        assert!(tile.is_some() || rt.target().mma != Mma::Wgmma, "{} has a Hopper tile with column halves", spec.name);
+    let pinned = |spec: &Spec| {
+        let tile =
+            BackwardConfig::tiles(spec, rt.target()).into_iter().find(|t| t.mma == Mma::Wgmma && t.columns == columns);
+        assert!(tile.is_some() || rt.target().mma != Mma::Wgmma, "{} has a Hopper tile {columns:?}", spec.name);
         tile
     };
     let long = |tile| Case { batch: 1, tile: Some(tile), ..Case::new((2, 1), (1024, 1023)) };
     let short = |tile| Case { tile: Some(tile), ..Case::new((4, 2), (113, 203)) };
     let mut cases = Vec::new();
     let mut copies = Vec::new();
-    for (variant, dtype, qk, v) in [
-        ("causal", Dtype::Bf16, 256, 256),
-        ("alibi", Dtype::Bf16, 192, 128),
-        ("softcap", Dtype::Bf16, 256, 256),
-        ("document", Dtype::F16, 256, 128),
-        ("full", Dtype::Bf16, 192, 192),
-        // Head dims padded to whole panels: zero columns past D.
-        ("causal", Dtype::Bf16, 160, 160),
-        ("softcap", Dtype::Bf16, 224, 200),
-        ("document", Dtype::Bf16, 176, 128),
-    ] {
+    for &(variant, dtype, qk, v) in specs {
         let spec = with(spec(variant), dtype, qk, v);
-        let Some(tile) = halves(&spec) else { continue };
+        let Some(tile) = pinned(&spec) else { continue };
         if matches!(variant, "causal" | "alibi") {
             cases.push((spec.clone(), long(tile)));
         }

@@ -208,36 +208,56 @@ fn lookup(hoisted: &[Hoisted], rows: Rows, e: &Expr) -> Option<String> {
 }
 
 /// Hoisted terms that vary per (batch, head) at most, and per row of the
-/// warp's tiles (rows from `first_row`), computed once here; the arrays of
-/// the per-column ones, which [`write_column_terms`] fills per tile.
+/// warp's tiles (rows from `first_row`), computed once here (`None`: only
+/// declared, for rows that change per step: [`write_row_refill`]); the
+/// arrays of the per-column ones, which [`write_column_terms`] fills per
+/// tile.
 pub(super) fn write_row_terms(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    hoisted: &[Hoisted],
+    rows: Rows,
+    first_row: Option<&str>,
+) -> fmt::Result {
+    if hoisted.is_empty() {
+        return Ok(());
+    }
+    writeln!(w, "// Spec terms that vary per head or per row of this warp, computed once here.")?;
+    for h in hoisted {
+        let ty = c_type(h.expr.ty);
+        if h.level == Level::Cta {
+            writeln!(w, "const {ty} {} = {};", h.name, c_expr(spec, h.expr))?;
+        } else if h.level == rows.row_level() {
+            writeln!(w, "{ty} {}[2];", h.name)?;
+            if let Some(first_row) = first_row {
+                write_row_fill(w, spec, h, rows, first_row)?;
+            }
+        } else {
+            writeln!(w, "{ty} {}[S_TILES][2];  // filled per tile", h.name)?;
+        }
+    }
+    Ok(())
+}
+
+/// Fills the per-row hoisted terms [`write_row_terms`] declared, for the
+/// rows from `first_row` (a step's queries, where they change per step).
+pub(super) fn write_row_refill(
     w: &mut Writer<String>,
     spec: &Spec,
     hoisted: &[Hoisted],
     rows: Rows,
     first_row: &str,
 ) -> fmt::Result {
-    if hoisted.is_empty() {
-        return Ok(());
-    }
-    writeln!(w, "// Spec terms that vary per head or per row of this warp, computed once here.")?;
+    hoisted.iter().filter(|h| h.level == rows.row_level()).try_for_each(|h| write_row_fill(w, spec, h, rows, first_row))
+}
+
+fn write_row_fill(w: &mut Writer<String>, spec: &Spec, h: &Hoisted, rows: Rows, first_row: &str) -> fmt::Result {
     let (row_var, _) = rows.vars();
-    for h in hoisted {
-        let (ty, value) = (c_type(h.expr.ty), c_expr(spec, h.expr));
-        if h.level == Level::Cta {
-            writeln!(w, "const {ty} {} = {value};", h.name)?;
-        } else if h.level == rows.row_level() {
-            writeln!(w, "{ty} {}[2];", h.name)?;
-            writeln!(w, "#pragma unroll")?;
-            w.block(format_args!("for (int i = 0; i < 2; ++i)"), |w| {
-                writeln!(w, "const int {row_var} = {first_row} + g + 8 * i;")?;
-                writeln!(w, "{}[i] = {value};", h.name)
-            })?;
-        } else {
-            writeln!(w, "{ty} {}[S_TILES][2];  // filled per tile", h.name)?;
-        }
-    }
-    Ok(())
+    writeln!(w, "#pragma unroll")?;
+    w.block(format_args!("for (int i = 0; i < 2; ++i)"), |w| {
+        writeln!(w, "const int {row_var} = {first_row} + g + 8 * i;")?;
+        writeln!(w, "{}[i] = {};", h.name, c_expr(spec, h.expr))
+    })
 }
 
 /// Fills the hoisted terms that vary per column, for the tile whose first

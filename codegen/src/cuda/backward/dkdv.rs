@@ -43,7 +43,7 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, packing: Packing) -> Ker
         source,
         grid: Grid::KeyTiles,
         block_m: config.block_m,
-        block_n: config.block_n(),
+        block_n: keys_per_cta(config),
         threads: 32 * config.warps,
         dynamic_smem: smem_bytes(spec, config),
         args,
@@ -54,12 +54,17 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, packing: Packing) -> Ker
 /// (16-bit) and two f32 statistics per query.
 pub(super) fn smem_bytes(spec: &Spec, config: BackwardConfig) -> u32 {
     let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
-    let (m, n) = (config.block_m, config.block_n());
+    let (m, n) = (config.block_m, keys_per_cta(config));
     let partials = match config.columns {
-        KeyColumns::Whole => 0,
+        KeyColumns::Whole | KeyColumns::Transposed => 0,
         KeyColumns::Halves => 4 * config.warps * partials_per_warp(config),
     };
     2 * (n * (dp + dvp) + 2 * m * (dp + dvp + n)) + 2 * 4 * 2 * m + partials
+}
+
+/// Keys per CTA: 16 per warp of a column part.
+fn keys_per_cta(config: BackwardConfig) -> u32 {
+    16 * config.warps / config.columns.parts()
 }
 
 /// f32 of a warp's slot for its partial Sᵀ and dPᵀ under halved columns: both
@@ -73,7 +78,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: BackwardConfig) -> 
     writeln!(w, "constexpr int WARPS = {warps};")?;
     writeln!(w, "constexpr int THREADS = 32 * WARPS;")?;
     let block_n = match columns {
-        KeyColumns::Whole => "16 * WARPS;  // keys per CTA, 16 per warp",
+        KeyColumns::Whole | KeyColumns::Transposed => "16 * WARPS;  // keys per CTA, 16 per warp",
         KeyColumns::Halves => {
             writeln!(
                 w,
@@ -125,7 +130,7 @@ pub(super) fn write_key_tiles(
         "constexpr int S_TILES = BLOCK_M / 8;  // m16n8 tiles of a warp's S^T and dP^T (16 keys x BLOCK_M queries)"
     )?;
     match columns {
-        KeyColumns::Whole => w.write_str(
+        KeyColumns::Whole | KeyColumns::Transposed => w.write_str(
             "\
             constexpr int DK_TILES = DP / 8;  // m16n8 tiles of a warp's dK (16 keys x DP)\n\
             constexpr int DV_TILES = DVP / 8;  // m16n8 tiles of a warp's dV (16 keys x DVP)\n",
@@ -168,7 +173,9 @@ pub(super) fn write_key_cta(
     write_cta_order(w, spec)?;
     packing.write_sequence(w, spec, true, "k0", &kv_len)?;
     match columns {
-        KeyColumns::Whole => w.write_str("const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n")?,
+        KeyColumns::Whole | KeyColumns::Transposed => {
+            w.write_str("const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n")?
+        }
         KeyColumns::Halves => w.write_str(
             "\
             const int warp = threadIdx.x / 32 % (WARPS / COL_PARTS), lane = threadIdx.x % 32;\n\
@@ -273,7 +280,7 @@ fn write_body(
     writeln!(w)?;
     write_key_cta(w, spec, true, packing, columns)?;
     let worker = match columns {
-        KeyColumns::Whole => "warp",
+        KeyColumns::Whole | KeyColumns::Transposed => "warp",
         KeyColumns::Halves => {
             write_one_part_adds_grads(w, spec, terms)?;
             "threadIdx.x / 32"
@@ -308,7 +315,7 @@ fn write_body(
     let hoisted = hoist(&exprs);
     w.block(format_args!("for (int h = kv_head * group; h < (kv_head + 1) * group; ++h)"), |w| {
         write_head_steps(w, spec, packing, worker)?;
-        write_row_terms(w, spec, &hoisted, Rows::Keys, "k0 + warp * 16")?;
+        write_row_terms(w, spec, &hoisted, Rows::Keys, Some("k0 + warp * 16"))?;
         write_spec_lambdas(w, spec, terms, &hoisted, Rows::Keys)?;
         write_head_grad_sums(w, spec, terms)?;
         write_tile_walk(w, spec, &Walk { axis: "q", tiles: "q_steps", size: "BLOCK_M", len: &q_len })?;
@@ -453,7 +460,7 @@ pub(super) fn write_key_stores(w: &mut Writer<String>, spec: &Spec, columns: Key
     ];
     for (tile, width, tiles, acc, factor, rows, stride, cols) in stores {
         match columns {
-            KeyColumns::Whole => writeln!(
+            KeyColumns::Whole | KeyColumns::Transposed => writeln!(
                 w,
                 "store_warp_rows(storage{{}}, {tile} + {warp} * 16 * {width}, {acc}, {factor}, {rows}, {stride}, k0 + {warp} * 16, {kv_len}, {cols});"
             )?,
@@ -541,7 +548,7 @@ fn write_step(
     // The warps of one 16 keys hold the same dS^T: each stores its share of
     // the two 8-row halves.
     let (rows, parts) = match columns {
-        KeyColumns::Whole => ("int i = 0; i < 2; ++i", ""),
+        KeyColumns::Whole | KeyColumns::Transposed => ("int i = 0; i < 2; ++i", ""),
         KeyColumns::Halves => ("int i = part; i < 2; i += COL_PARTS", "; each part its rows"),
     };
     write!(

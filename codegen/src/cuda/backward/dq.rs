@@ -160,7 +160,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: P
     )?;
     let exprs = terms.exprs(spec);
     let hoisted = hoist(&exprs);
-    write_row_terms(w, spec, &hoisted, Rows::Queries, "q0 + warp * 16")?;
+    write_row_terms(w, spec, &hoisted, Rows::Queries, Some("q0 + warp * 16"))?;
     write_spec_lambdas(w, spec, terms, &hoisted, Rows::Queries)?;
     write_tile_walk(w, spec, &Walk { axis: "k", tiles: "kv_tiles", size: "BLOCK_N", len: &kv_len })?;
     write!(

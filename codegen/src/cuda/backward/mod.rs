@@ -145,13 +145,21 @@ pub enum KeyColumns {
     /// Sᵀ and dPᵀ over half the head dims and adds its partner's sums
     /// through shared memory.
     Halves,
+    /// The Hopper kernel only (FlashAttention-3's and -4's tile at head
+    /// dims 129 to 192): each consumer warpgroup its own 48 of the CTA's 96
+    /// keys and every column of their dK and dV, computed transposed (head
+    /// dims as wgmma's rows, so 48 keys fit the registers where 64 keys'
+    /// rows would not); S and dP with queries as rows, P and dS through
+    /// shared memory. Nothing is computed twice. Elsewhere it means
+    /// [`KeyColumns::Whole`].
+    Transposed,
 }
 
 impl KeyColumns {
     /// Warps per 16 keys.
     pub fn parts(self) -> u32 {
         match self {
-            KeyColumns::Whole => 1,
+            KeyColumns::Whole | KeyColumns::Transposed => 1,
             KeyColumns::Halves => 2,
         }
     }
@@ -237,9 +245,13 @@ impl BackwardConfig {
         dkdv_wgmma::Layout::of(spec, self).is_some_and(|layout| layout.block_m == self.block_m)
     }
 
-    /// Keys per CTA of the dK/dV kernel.
-    pub fn block_n(self) -> u32 {
-        16 * self.warps / self.columns.parts()
+    /// Keys per CTA of the dK/dV kernel for `spec`: its Hopper layout's,
+    /// else 16 per warp of a column part.
+    pub fn block_n(self, spec: &Spec) -> u32 {
+        match dkdv_wgmma::Layout::of(spec, self) {
+            Some(layout) => layout.block_n(),
+            None => 16 * self.warps / self.columns.parts(),
+        }
     }
 
     /// This configuration with the fields `pass`'s kernel does not read

@@ -37,7 +37,7 @@ pub(super) fn write_scores(w: &mut Writer<String>, rows: Rows, columns: KeyColum
         [("s", "DP / 16", s_operands, ("d_a", "d_b")), ("dp", "DVP / 16", dp_operands, ("dv_a", "dv_b"))]
     {
         let range = match columns {
-            KeyColumns::Whole => format!("int kk = 0; kk < {steps}; ++kk"),
+            KeyColumns::Whole | KeyColumns::Transposed => format!("int kk = 0; kk < {steps}; ++kk"),
             KeyColumns::Halves => {
                 format!("int kk = part * ({steps} / COL_PARTS); kk < (part + 1) * ({steps} / COL_PARTS); ++kk")
             }

@@ -28,6 +28,7 @@ impl fmt::Display for BackwardTile {
         let columns = match self.columns {
             KeyColumns::Whole => "whole columns",
             KeyColumns::Halves => "column halves",
+            KeyColumns::Transposed => "transposed",
         };
         write!(f, "{mma}, {} warps, {columns}, {}-query steps", self.warps, self.block_m)
     }
@@ -46,12 +47,14 @@ impl BackwardTile {
     }
 
     /// The Hopper kernel's tiles, preferred first: whole columns in
-    /// 128-query steps (d = 64 only), in 64-query steps, then column halves.
-    pub(super) fn hopper_tiles() -> [BackwardTile; 3] {
+    /// 128-query steps (d = 64 only), in 64-query steps, transposed (129 to
+    /// 192), then column halves.
+    pub(super) fn hopper_tiles() -> [BackwardTile; 4] {
         let steps = dkdv_wgmma::DQ_ROWS;
         [
             BackwardTile::hopper(KeyColumns::Whole, 2 * steps),
             BackwardTile::hopper(KeyColumns::Whole, steps),
+            BackwardTile::hopper(KeyColumns::Transposed, steps),
             BackwardTile::hopper(KeyColumns::Halves, steps),
         ]
     }

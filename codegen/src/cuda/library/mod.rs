@@ -188,6 +188,10 @@ pub enum Part {
     /// fragment order, and its mapping back to rows.
     DqFragments,
 
+    /// The transposed Hopper dK/dV kernel's moves between accumulators and
+    /// key-major shared tiles (`stmatrix.trans`), and its dK/dV stores.
+    HopperTransposed,
+
     /// A row's softmax closed with a learned sink (`sink_row`), after
     /// [`Part::Tiles`] in kernels of specs with a sink ([`Part::extension`]).
     Sink,
@@ -203,7 +207,7 @@ pub enum Part {
 
 impl Part {
     /// Every part, in the order kernels include them.
-    pub const ALL: [Part; 27] = [
+    pub const ALL: [Part; 28] = [
         Part::Prelude,
         Part::IntOps,
         Part::Ranges,
@@ -228,6 +232,7 @@ impl Part {
         Part::BackwardTiles,
         Part::HopperBackward,
         Part::DqFragments,
+        Part::HopperTransposed,
         Part::Sink,
         Part::Partials,
         Part::Dropout,
@@ -260,6 +265,7 @@ impl Part {
             Part::BackwardTiles => include_str!("backward_tiles.cuh"),
             Part::HopperBackward => include_str!("hopper_backward.cuh"),
             Part::DqFragments => include_str!("dq_fragments.cuh"),
+            Part::HopperTransposed => include_str!("hopper_transposed.cuh"),
             Part::Sink => include_str!("sink.cuh"),
             Part::Partials => include_str!("partials.cuh"),
             Part::Dropout => include_str!("dropout.cuh"),
@@ -293,6 +299,7 @@ impl Part {
             Part::BackwardTiles => "backward_tiles.cuh",
             Part::HopperBackward => "hopper_backward.cuh",
             Part::DqFragments => "dq_fragments.cuh",
+            Part::HopperTransposed => "hopper_transposed.cuh",
             Part::Sink => "sink.cuh",
             Part::Partials => "partials.cuh",
             Part::Dropout => "dropout.cuh",

@@ -15,6 +15,12 @@ pub(crate) enum AFrom {
     /// Shared memory, K-major, with B MN-major (`wgmma_ss_mn_n{n}`: the
     /// backward's dQ = dS·K, K's rows being the reduction).
     SharedMnB,
+    /// Shared memory, MN-major, with B K-major (`wgmma_ss_mna_n{n}`: the
+    /// transposed backward's dVᵀ = dOᵀ·P, dO's head dims as M).
+    SharedMnA,
+    /// Shared memory, both MN-major (`wgmma_ss_mnab_n{n}`: the transposed
+    /// backward's dQ = dS·K from a stored dSᵀ).
+    SharedMnAB,
     /// Registers in the m16n8k16 A-fragment layout, with B MN-major
     /// (`wgmma_rs_n{n}`: O += P·V, always accumulating).
     Registers,
@@ -46,14 +52,18 @@ pub(crate) fn write_wgmma_op(w: &mut Writer<String>, dtype: Dtype, n: u32, a: AF
     let transposes = match a {
         AFrom::Shared => ", 0, 0",
         AFrom::SharedMnB => ", 0, 1",
+        AFrom::SharedMnA => ", 1, 0",
+        AFrom::SharedMnAB => ", 1, 1",
         AFrom::Registers => ", 1",
         AFrom::E4m3Shared | AFrom::E4m3Registers => "",
     };
     let (name, params, scale_d, operands, inputs) = match a {
-        AFrom::Shared | AFrom::SharedMnB | AFrom::E4m3Shared => (
+        AFrom::Shared | AFrom::SharedMnB | AFrom::SharedMnA | AFrom::SharedMnAB | AFrom::E4m3Shared => (
             match a {
                 AFrom::Shared => "ss",
                 AFrom::SharedMnB => "ss_mn",
+                AFrom::SharedMnA => "ss_mna",
+                AFrom::SharedMnAB => "ss_mnab",
                 _ => "ss_e4m3",
             },
             "unsigned long long a, unsigned long long b, int accumulate",

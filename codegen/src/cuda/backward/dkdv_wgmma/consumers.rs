@@ -38,7 +38,7 @@ pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
             const unsigned long long k_dq = gmma_desc(k_smem + half_col / 64 * BLOCK_N * 128 + half_col % 64 * 2, BLOCK_N * 128, 1024);\n",
     };
     let (roles, own_keys) = match layout.columns {
-        KeyColumns::Whole => (
+        KeyColumns::Whole | KeyColumns::Transposed => (
             "\
             const int warpgroup = warp / 4;\n\
             const int key_warp = warp;  // this warp's 16 keys of the CTA's\n",
@@ -72,7 +72,7 @@ pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
     )?;
     w.block(format_args!("for (int h = kv_head * group; h < (kv_head + 1) * group; ++h)"), |w| {
         writeln!(w, "if (h != next_h) continue;  // the head visits no step")?;
-        write_row_terms(w, spec, hoisted, Rows::Keys, "k0 + key_warp * 16")?;
+        write_row_terms(w, spec, hoisted, Rows::Keys, Some("k0 + key_warp * 16"))?;
         write_spec_lambdas(w, spec, terms, hoisted, Rows::Keys)?;
         write_head_grad_sums(w, spec, terms)?;
         w.block(format_args!("for (; next_h == h; ++it)"), |w| write_step(w, c))?;
@@ -173,6 +173,25 @@ fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
     write_step_dq(w, layout)
 }
 
+/// The step's dQ accumulator tiles `dq`, tile n at 16-byte `chunk`, into
+/// the shared tile the producer adds to global memory.
+pub(super) fn write_dq_tile_store(w: &mut Writer<String>, chunk: &str) -> fmt::Result {
+    write!(
+        w,
+        "\
+        // The step's dQ tiles in fragment order (dq_chunk), into shared tiles\n\
+        // it % DQ_BUFS once the copy engine has read what step it - DQ_BUFS left there;\n\
+        // a producer thread adds them to the accumulator (add_dq).\n\
+        const unsigned dq_tile = smem_addr(dq_tiles + it % DQ_BUFS * DQ_TILE);\n\
+        mbar_wait(dq_empty + 8 * (it % DQ_BUFS), (it / DQ_BUFS + 1) % 2);\n\
+        #pragma unroll\n\
+        for (int n = 0; n < DQ_TILES; ++n) st_shared_v4(dq_tile + 16 * ({chunk}), dq[n]);\n\
+        fence_async_smem();  // the copy engine reads the tile through the async proxy\n\
+        __syncwarp();\n\
+        if (lane == 0) mbar_arrive(dq_full + 8 * (it % DQ_BUFS));\n"
+    )
+}
+
 /// `acc += from^T B` (dV += P^T dO, dK += dS^T Q): `from` packed into the
 /// register A fragments `fragment`, B the stage's tile `b`, MN-major, in
 /// `chunks` of the warpgroup's columns.
@@ -198,13 +217,7 @@ impl Products<'_> {
                     1 => acc.to_string(),
                     _ => format!("acc_cols<{tile}, {width}>({acc})"),
                 };
-                let offset = match first.map(panel_offset) {
-                    [ours, theirs] if ours == theirs => ours.map_or(String::new(), |bytes| format!(" + {bytes}")),
-                    [ours, theirs] => {
-                        let [ours, theirs] = [ours, theirs].map(|bytes| bytes.unwrap_or_else(|| "0".to_string()));
-                        format!(" + (part == 0 ? {ours} : {theirs})")
-                    }
-                };
+                let offset = chunk_offset(*first, "BLOCK_M", "part");
                 writeln!(w, "wgmma_rs_n{width}({acc}, {fragment}[kk], desc_plus({b}_mn, kk * 16 * 128{offset}));")?;
                 tile += width / 8;
             }
@@ -214,14 +227,26 @@ impl Products<'_> {
     }
 }
 
-/// The byte offset of column `col` in a stage's tile of 64-column panels;
-/// `None` for column 0.
-fn panel_offset(col: u32) -> Option<String> {
+/// ` + ` the byte offset of each warpgroup's `first` column (`who`: 0 or
+/// 1) in a tile of 64-column panels of `rows` rows; nothing for column 0.
+pub(super) fn chunk_offset(first: [u32; 2], rows: &str, who: &str) -> String {
+    match first.map(|col| panel_offset(col, rows)) {
+        [ours, theirs] if ours == theirs => ours.map_or(String::new(), |bytes| format!(" + {bytes}")),
+        [ours, theirs] => {
+            let [ours, theirs] = [ours, theirs].map(|bytes| bytes.unwrap_or_else(|| "0".to_string()));
+            format!(" + ({who} == 0 ? {ours} : {theirs})")
+        }
+    }
+}
+
+/// The byte offset of column `col` in a tile of 64-column panels of `rows`
+/// rows each (a constant's name); `None` for column 0.
+fn panel_offset(col: u32, rows: &str) -> Option<String> {
     match (col / 64, col % 64) {
         (0, 0) => None,
         (0, inner) => Some(format!("{}", 2 * inner)),
-        (panel, 0) => Some(format!("{panel} * BLOCK_M * 128")),
-        (panel, inner) => Some(format!("{panel} * BLOCK_M * 128 + {}", 2 * inner)),
+        (panel, 0) => Some(format!("{panel} * {rows} * 128")),
+        (panel, inner) => Some(format!("{panel} * {rows} * 128 + {}", 2 * inner)),
     }
 }
 
@@ -243,7 +268,7 @@ fn write_column_order(w: &mut Writer<String>, acc: &str, chunks: &[Chunk]) -> fm
 fn write_step_dq(w: &mut Writer<String>, layout: &Layout) -> fmt::Result {
     // With column halves both warpgroups hold the same dS: each stores half.
     let ours = match layout.columns {
-        KeyColumns::Whole => "",
+        KeyColumns::Whole | KeyColumns::Transposed => "",
         KeyColumns::Halves => "\x20   if (kk % 2 != part) continue;  // the other warpgroup's half of the queries\n",
     };
     let release = "\
@@ -255,7 +280,7 @@ fn write_step_dq(w: &mut Writer<String>, layout: &Layout) -> fmt::Result {
     // A fragments are free before dQ's accumulator (as wide as dK's half)
     // takes registers, and the stage goes back to the producer earlier.
     let (before_dq, after_dq) = match layout.columns {
-        KeyColumns::Whole => ("", release),
+        KeyColumns::Whole | KeyColumns::Transposed => ("", release),
         KeyColumns::Halves => ("wgmma_wait<0>();  // dK and dV are done\n", ""),
     };
     let before_dq = format!("{before_dq}{}", if after_dq.is_empty() { release } else { "" });
@@ -302,19 +327,10 @@ fn write_step_dq(w: &mut Writer<String>, layout: &Layout) -> fmt::Result {
             wgmma_commit();\n\
             wgmma_wait<0>();\n\
             fence_operands(dq);\n\
-            {after_dq}\
-            // The step's dQ tiles in fragment order (dq_chunk), into shared tiles\n\
-            // it % DQ_BUFS once the copy engine has read what step it - DQ_BUFS left there;\n\
-            // a producer thread adds them to the accumulator (add_dq).\n\
-            const unsigned dq_tile = smem_addr(dq_tiles + it % DQ_BUFS * DQ_TILE);\n\
-            mbar_wait(dq_empty + 8 * (it % DQ_BUFS), (it / DQ_BUFS + 1) % 2);\n\
-            #pragma unroll\n\
-            for (int n = 0; n < DQ_TILES; ++n) st_shared_v4(dq_tile + 16 * ({chunk}), dq[n]);\n\
-            fence_async_smem();  // the copy engine reads the tile through the async proxy\n\
-            __syncwarp();\n\
-            if (lane == 0) mbar_arrive(dq_full + 8 * (it % DQ_BUFS));\n",
+            {after_dq}",
             cols = layout.dq_cols(),
-        )
+        )?;
+        write_dq_tile_store(w, chunk)
     })?;
     w.block(format_args!("else"), |w| {
         writeln!(w, "// Deterministic mode: a separate kernel computes dQ.")?;

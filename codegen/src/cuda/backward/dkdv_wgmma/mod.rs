@@ -10,7 +10,9 @@
 //! where 64 keys' dK and dV no longer fit one warpgroup's registers) both
 //! work on the same 64 keys, each repeating Sᵀ, dPᵀ, P and dS and holding
 //! half of dK's, dV's and dQ's columns of the head dims padded to whole
-//! panels (zero columns past D). Per step a consumer warpgroup
+//! panels (zero columns past D); transposed (129 through 192) each owns 48
+//! of the CTA's 96 keys and computes with queries as rows, its dK and dV
+//! transposed (`transposed`). Otherwise, per step a consumer warpgroup
 //! computes, keys as rows:
 //!
 //! - Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, both operands from shared memory (K-major);
@@ -41,6 +43,7 @@
 
 mod consumers;
 mod producer;
+mod transposed;
 
 use super::common::{dropout_kind, write_source, Sections, SpecTerms};
 use super::dkdv::{write_key_cta, write_key_tiles};
@@ -82,7 +85,8 @@ pub(super) struct Layout {
     /// and dV (128 keys per CTA). `Halves`: both on the same 64 keys, each
     /// computing Sᵀ, dPᵀ, P and dS whole (the products repeated to keep
     /// dK's and dV's halves within the registers above d = 128) and holding
-    /// half of dK's, dV's and dQ's columns.
+    /// half of dK's, dV's and dQ's columns. `Transposed`: each its own 48
+    /// of 96 keys, every column of their dKᵀ and dVᵀ, half of dQ's columns.
     pub columns: KeyColumns,
     /// Queries per step: 64, where Sᵀ and dPᵀ (32 registers each) fit next
     /// to dK and dV (64 each at d = 128, or half the columns at 256) in 240
@@ -152,7 +156,7 @@ impl std::ops::Deref for Chunks {
 fn chunks(columns: KeyColumns, d: u32) -> Option<Chunks> {
     let h = d / 2;
     match (columns, h % 64) {
-        (KeyColumns::Whole, _) => Some(Chunks::one(Chunk { width: d, first: [0, 0] })),
+        (KeyColumns::Whole | KeyColumns::Transposed, _) => Some(Chunks::one(Chunk { width: d, first: [0, 0] })),
         (KeyColumns::Halves, 0) => Some(Chunks::one(Chunk { width: h, first: [0, h] })),
         (KeyColumns::Halves, 32) if h == 32 => Some(Chunks::one(Chunk { width: h, first: [0, h] })),
         (KeyColumns::Halves, 32) => {
@@ -175,18 +179,21 @@ impl Layout {
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
         let columns = config.columns;
         let long_steps = config.block_m == 2 * DQ_ROWS && Layout::takes_long_steps(spec, config);
+        let panels = [spec.head_dims.qk, spec.head_dims.v].map(tile_cols);
         let (covered, options, padded): (bool, &[(u32, u32)], _) = match columns {
             KeyColumns::Whole if long_steps => (true, &[(2, 2), (2, 1)], [dp, dvp]),
             KeyColumns::Whole => (dp == dvp && (64..=128).contains(&dp), &[(2, 2)], [dp, dvp]),
-            KeyColumns::Halves => {
-                let padded = [spec.head_dims.qk, spec.head_dims.v].map(tile_cols);
-                ((129..=256).contains(&dp.max(dvp)), &[(2, 2), (2, 1), (1, 1)], padded)
-            }
+            KeyColumns::Halves => ((129..=256).contains(&dp.max(dvp)), &[(2, 2), (2, 1), (1, 1)], panels),
+            KeyColumns::Transposed => ((129..=192).contains(&dp.max(dvp)), &[(2, 1), (1, 1)], panels),
         };
         if config.mma != Mma::Wgmma || !covered {
             return None;
         }
         let (dk, dv) = (chunks(columns, padded[0])?, chunks(columns, padded[1])?);
+        if columns == KeyColumns::Transposed {
+            // dQ's halves of the columns, in chunks within K's panels.
+            chunks(KeyColumns::Halves, padded[0])?;
+        }
         let block_m = if long_steps { 2 * DQ_ROWS } else { DQ_ROWS };
         let hopper = Target::HOPPER;
         let limit = hopper.smem_per_sm - hopper.smem_reserved_per_cta;
@@ -214,18 +221,23 @@ impl Layout {
 
     /// Keys per CTA.
     pub(super) fn block_n(&self) -> u32 {
-        16 * WARPS / self.columns.parts()
+        match self.columns {
+            KeyColumns::Transposed => 2 * transposed::KEYS,
+            columns => 16 * WARPS / columns.parts(),
+        }
     }
 
     /// K and V of the CTA's keys, the stages of Q, dO and two statistics
-    /// per query, two dS tiles, the steps' f32 dQ, the upper half of K again
-    /// where `k_half_cols` says, and the slack that aligns them to 1024
-    /// bytes (226 KB in all at d = 128 and 96, just under Hopper's 227).
+    /// per query, two dS tiles (transposed: and a Pᵀ tile), the steps' f32
+    /// dQ, the upper half of K again where `k_half_cols` says, and the
+    /// slack that aligns them to 1024 bytes (226 KB in all at d = 128 and
+    /// 96, just under Hopper's 227).
     fn smem_bytes(&self, spec: &Spec) -> u32 {
         let (dp, dpc, dvpc) = (self.padded[0], tile_cols(spec.head_dims.qk), tile_cols(spec.head_dims.v));
         let (m, n, stages) = (self.block_m, self.block_n(), self.stages);
         let k_half = n * self.k_half_cols().unwrap_or(0);
-        2 * (n * (dpc + dvpc) + stages * m * (dpc + dvpc) + 2 * m * n + k_half)
+        let score_tiles = if self.columns == KeyColumns::Transposed { 3 } else { 2 };
+        2 * (n * (dpc + dvpc) + stages * m * (dpc + dvpc) + score_tiles * m * n + k_half)
             + 4 * (2 * stages * m + self.dq_bufs * m * dp)
             + 1024
     }
@@ -234,10 +246,11 @@ impl Layout {
     /// copied again into a panel of their own, where they start inside a
     /// panel and cross into the next (80, 96 and halves of 192): a wgmma's
     /// MN-major operand must not. `None` where they start at a panel (128,
-    /// 256) or end in it (64).
+    /// 256) or end in it (64), and in transposed tiles (dQ in chunks).
     pub(super) fn k_half_cols(&self) -> Option<u32> {
         let half = self.padded[0] / 2;
-        (!half.is_multiple_of(64) && half % 64 + half > 64).then_some(half.next_multiple_of(64))
+        let crosses = !half.is_multiple_of(64) && half % 64 + half > 64;
+        (crosses && self.columns != KeyColumns::Transposed).then_some(half.next_multiple_of(64))
     }
 
     /// Columns of a warpgroup's dQ product: every column where dQ splits by
@@ -310,16 +323,25 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, layout: &Layout, packing
 /// this kernel issues: m64 by BLOCK_M (Sᵀ, dPᵀ), by a warpgroup's dQ
 /// columns, and by each chunk's width of dK and dV.
 fn hopper_library(layout: &Layout, copy: TileCopy) -> Vec<Vec<Piece>> {
-    let mut wgmma = vec![
-        Piece::Part(library::Part::Wgmma),
-        Piece::Wgmma(layout.block_m, AFrom::Shared),
-        Piece::Wgmma(layout.dq_cols(), AFrom::SharedMnB),
-    ];
-    let mut widths: Vec<u32> = layout.dk.iter().chain(layout.dv.iter()).map(|chunk| chunk.width).collect();
-    widths.sort_unstable();
-    widths.dedup();
-    wgmma.extend(widths.into_iter().map(|n| Piece::Wgmma(n, AFrom::Registers)));
+    let mut wgmma = match layout.columns {
+        KeyColumns::Transposed => transposed::products(layout),
+        _ => {
+            let mut wgmma = vec![
+                Piece::Part(library::Part::Wgmma),
+                Piece::Wgmma(layout.block_m, AFrom::Shared),
+                Piece::Wgmma(layout.dq_cols(), AFrom::SharedMnB),
+            ];
+            let mut widths: Vec<u32> = layout.dk.iter().chain(layout.dv.iter()).map(|chunk| chunk.width).collect();
+            widths.sort_unstable();
+            widths.dedup();
+            wgmma.extend(widths.into_iter().map(|n| Piece::Wgmma(n, AFrom::Registers)));
+            wgmma
+        }
+    };
     wgmma.extend([Piece::Part(library::Part::HopperBackward), Piece::Part(library::Part::DqFragments)]);
+    if layout.columns == KeyColumns::Transposed {
+        wgmma.push(Piece::Part(library::Part::HopperTransposed));
+    }
     let mut sections = vec![wgmma, vec![Piece::Part(library::Part::Ring)]];
     if copy == TileCopy::Tma {
         sections.push(vec![Piece::Part(library::Part::Tma)]);
@@ -339,6 +361,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, layout: &Layout) -> fmt::Re
     let keys = match columns {
         KeyColumns::Whole => "// the consumer warps: two warpgroups of 64 keys each",
         KeyColumns::Halves => "// the consumer warps: two warpgroups on the same 64 keys",
+        KeyColumns::Transposed => "// the consumer warps: two warpgroups of 48 keys each",
     };
     write!(
         w,
@@ -368,6 +391,9 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, layout: &Layout) -> fmt::Re
     }
     if let Some(cols) = layout.k_half_cols() {
         writeln!(w, "constexpr int K_HALF_COLS = {cols};  // the second copy of K's upper half")?;
+    }
+    if columns == KeyColumns::Transposed {
+        return transposed::write_tiles(w, spec, layout);
     }
     write_key_tiles(
         w,
@@ -401,13 +427,24 @@ fn write_body(
         unsigned short* q_tiles = v_tile + V_TILE;  // [STAGES][BLOCK_M][DPC]\n\
         unsigned short* dout_tiles = q_tiles + STAGES * Q_TILE;  // [STAGES][BLOCK_M][DVPC]\n\
         unsigned short* ds_tiles = dout_tiles + STAGES * DO_TILE;  // [2][BLOCK_M][BLOCK_N]: dS, for dQ\n\
-        // With K_HALF_COLS [BLOCK_N][K_HALF_COLS], on a swizzle atom as every 16-bit tile.\n\
-        unsigned short* k_half_tile = ds_tiles + 2 * DS_TILE;\n\
-        float* lse_cols = (float*)(k_half_tile + {k_half});  // [STAGES][BLOCK_M]: LSE in log2 units, +inf for no gradient\n\
+        {extra_tile}\
+        float* lse_cols = (float*)({extra});  // [STAGES][BLOCK_M]: LSE in log2 units, +inf for no gradient\n\
         float* delta_cols = lse_cols + STAGES * BLOCK_M;  // [STAGES][BLOCK_M]: D = rowsum(dO * O)\n\
         float* dq_tiles = delta_cols + STAGES * BLOCK_M;  // [DQ_BUFS][DQ_TILE]: step it's dQ in it % DQ_BUFS, for the bulk reduction\n\
         \n",
-        k_half = if layout.k_half_cols().is_some() { "BLOCK_N * K_HALF_COLS" } else { "0" },
+        extra_tile = match layout.columns {
+            KeyColumns::Transposed => "\
+                // P^T, keys as rows, for dV^T = dO^T P (the dS tiles hold dS^T here).\n\
+                unsigned short* pt_tile = ds_tiles + 2 * DS_TILE;  // [BLOCK_N][BLOCK_M]\n",
+            _ => "\
+                // With K_HALF_COLS [BLOCK_N][K_HALF_COLS], on a swizzle atom as every 16-bit tile.\n\
+                unsigned short* k_half_tile = ds_tiles + 2 * DS_TILE;\n",
+        },
+        extra = match (layout.columns, layout.k_half_cols()) {
+            (KeyColumns::Transposed, _) => "pt_tile + DS_TILE",
+            (_, Some(_)) => "k_half_tile + BLOCK_N * K_HALF_COLS",
+            (_, None) => "k_half_tile + 0",
+        },
     )?;
     write_key_cta(w, spec, copy == TileCopy::Threads, packing, KeyColumns::Whole)?;
     // A full barrier's arrivals: the copies', K/V's also the walk's (it
@@ -456,7 +493,11 @@ fn write_body(
     let exprs = terms.exprs(spec);
     let hoisted = hoist(&exprs);
     let consumers = consumers::Consumers { spec, terms, layout, hoisted: &hoisted };
-    write_roles(w, |w| producer::write(w, spec, layout, copy, packing), |w| consumers::write(w, &consumers))
+    let producer = |w: &mut Writer<String>| producer::write(w, spec, layout, copy, packing);
+    match layout.columns {
+        KeyColumns::Transposed => write_roles(w, producer, |w| transposed::write(w, &consumers)),
+        _ => write_roles(w, producer, |w| consumers::write(w, &consumers)),
+    }
 }
 
 #[cfg(test)]
