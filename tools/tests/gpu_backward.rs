@@ -244,10 +244,11 @@ fn hopper_column_halves() {
     );
 }
 
-/// The Hopper dK/dV kernel in transposed tiles (each warpgroup 48 keys,
-/// dK and dV with head dims as rows), pinned: 192/128's two stages and
-/// 192's one wrapping many times, dQ in two chunks (192) and one (128/192,
-/// 64/160), head dims padded to whole panels (160, 176/128, 144), tensor
+/// The Hopper dK/dV kernel in transposed tiles (each warpgroup 48 keys, 32
+/// above 192, dK and dV with head dims as rows), pinned: 192/128's two
+/// stages and 192's and 256's one wrapping many times, dQ in two chunks
+/// (192) and one (128/192, 64/160, 256), head dims padded to whole panels
+/// (160, 176/128, 144, 224/200), tensor
 /// gradients (ALiBi), a score mod's derivative (softcap), a block mask,
 /// f16, the deterministic mode and copies without TMA. Vacuous off Hopper.
 #[test]
@@ -265,6 +266,10 @@ fn hopper_transposed_tiles() {
             ("softcap", Dtype::Bf16, 176, 128),
             ("alibi", Dtype::F16, 144, 144),
             ("full", Dtype::Bf16, 64, 160),
+            // 32 keys per warpgroup above 192.
+            ("causal", Dtype::Bf16, 256, 256),
+            ("softcap", Dtype::Bf16, 224, 200),
+            ("document", Dtype::F16, 256, 128),
         ],
     );
 }

@@ -184,7 +184,7 @@ impl Layout {
             KeyColumns::Whole if long_steps => (true, &[(2, 2), (2, 1)], [dp, dvp]),
             KeyColumns::Whole => (dp == dvp && (64..=128).contains(&dp), &[(2, 2)], [dp, dvp]),
             KeyColumns::Halves => ((129..=256).contains(&dp.max(dvp)), &[(2, 2), (2, 1), (1, 1)], panels),
-            KeyColumns::Transposed => ((129..=192).contains(&dp.max(dvp)), &[(2, 1), (1, 1)], panels),
+            KeyColumns::Transposed => ((129..=256).contains(&dp.max(dvp)), &[(2, 1), (1, 1)], panels),
         };
         if config.mma != Mma::Wgmma || !covered {
             return None;
@@ -222,7 +222,7 @@ impl Layout {
     /// Keys per CTA.
     pub(super) fn block_n(&self) -> u32 {
         match self.columns {
-            KeyColumns::Transposed => 2 * transposed::KEYS,
+            KeyColumns::Transposed => 2 * transposed::keys(self.padded),
             columns => 16 * WARPS / columns.parts(),
         }
     }
@@ -586,6 +586,31 @@ mod tests {
         for spec in [&wide, &document, &softcap] {
             assert_eq!(BackwardConfig::preferred(spec, Target::HOPPER).block_m, 64, "{}", spec.name);
         }
+    }
+
+    /// Transposed tiles cover the wider head dim padding to 144 through 256:
+    /// 96 keys per CTA (48 per warpgroup) through 192, 64 above; two stages
+    /// at 192/128 and 128/192, one at 192 and 256; every one within Hopper's shared
+    /// memory. The runtime prefers them through 192 only.
+    #[test]
+    fn transposed_tiles_cover_144_through_256() {
+        let hopper = Target::HOPPER;
+        let limit = hopper.smem_per_sm - hopper.smem_reserved_per_cta;
+        let covered: Vec<u32> =
+            (16..=272).step_by(8).filter(|&d| layout(d, d, KeyColumns::Transposed).is_some()).collect();
+        assert_eq!(covered, (136..=256).step_by(8).collect::<Vec<_>>());
+        for (qk, v, block_n, stages) in
+            [(192, 128, 96, 2), (192, 192, 96, 1), (160, 160, 96, 1), (128, 192, 96, 2), (256, 256, 64, 1)]
+        {
+            let layout = layout(qk, v, KeyColumns::Transposed).unwrap();
+            assert_eq!((layout.block_n(), layout.stages, layout.k_half_cols()), (block_n, stages, None), "{qk}/{v}");
+            assert!(layout.smem_bytes(&spec(qk, v)) + layout.static_smem() <= limit, "{qk}/{v}");
+        }
+        let preferred = |qk, v| BackwardConfig::preferred(&spec(qk, v), hopper).columns;
+        assert_eq!(
+            [preferred(192, 128), preferred(160, 160), preferred(256, 256)],
+            [KeyColumns::Transposed, KeyColumns::Transposed, KeyColumns::Halves]
+        );
     }
 
     /// Every laid-out kernel fits Hopper's shared memory, with the most

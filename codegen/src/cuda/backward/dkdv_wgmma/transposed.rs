@@ -1,7 +1,7 @@
 //! The consumers of the Hopper dK/dV kernel in transposed tiles
-//! ([`KeyColumns::Transposed`], head dims 129 through 192: FlashAttention-4's
-//! sm90 tile). Each warpgroup owns [`KEYS`] of the CTA's keys and computes,
-//! per step, queries as rows:
+//! ([`KeyColumns::Transposed`], head dims 129 through 256: FlashAttention-4's
+//! sm90 tile). Each warpgroup owns [`keys`] of the CTA's keys (48, or 32
+//! above 192) and computes, per step, queries as rows:
 //!
 //! - S = Q·Kᵀ and dP = dO·Vᵀ on its keys (64 queries × KEYS), both operands
 //!   K-major from shared memory;
@@ -37,9 +37,15 @@ use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 
-/// Keys per consumer warpgroup (the CTA has two): the N of S's and dP's
-/// products and of dKᵀ's and dVᵀ's.
-pub(super) const KEYS: u32 = 48;
+/// Keys per consumer warpgroup (the CTA has two), the N of S's, dP's,
+/// dKᵀ's and dVᵀ's products: 48 up to 192 columns (dKᵀ and dVᵀ 72
+/// registers each), 32 above (64 each at 256).
+pub(super) fn keys(padded: [u32; 2]) -> u32 {
+    match padded[0].max(padded[1]) {
+        0..=192 => 48,
+        _ => 32,
+    }
+}
 
 /// The chunks of a warpgroup's half of dQ's columns (K's MN-major panels
 /// must not be crossed), from [`Layout::of`]'s check.
@@ -50,10 +56,11 @@ fn dq_chunks(layout: &Layout) -> super::Chunks {
 /// The products the kernel issues: S and dP (K-major both), dKᵀ and dVᵀ
 /// (A MN-major), dQ's chunks (both MN-major).
 pub(super) fn products(layout: &Layout) -> Vec<Piece> {
+    let keys = keys(layout.padded);
     let mut pieces = vec![
         Piece::Part(library::Part::Wgmma),
-        Piece::Wgmma(KEYS, AFrom::Shared),
-        Piece::Wgmma(KEYS, AFrom::SharedMnA),
+        Piece::Wgmma(keys, AFrom::Shared),
+        Piece::Wgmma(keys, AFrom::SharedMnA),
     ];
     let mut widths: Vec<u32> = dq_chunks(layout).iter().map(|chunk| chunk.width).collect();
     widths.sort_unstable();
@@ -72,12 +79,13 @@ pub(super) fn write_tiles(w: &mut Writer<String>, spec: &Spec, layout: &Layout) 
     write!(
         w,
         "\
-        constexpr int KEYS = {KEYS};  // keys per consumer warpgroup\n\
+        constexpr int KEYS = {keys};  // keys per consumer warpgroup\n\
         constexpr int S_TILES = KEYS / 8;  // m16n8 tiles of a warp's S and dP (16 queries x KEYS keys)\n\
         constexpr int DK_PANELS = DP / 64, DV_PANELS = DVP / 64;  // 64-row products of dK^T and dV^T\n\
         // The second warpgroup's dQ chunks end its columns' first panel last: its tile n\n\
         // is tile (n + DQ_SHIFT) % DQ_TILES of its columns.\n\
-        constexpr int DQ_SHIFT = {dq_shift};\n"
+        constexpr int DQ_SHIFT = {dq_shift};\n",
+        keys = keys(layout.padded),
     )?;
     write_mask_tiles(w, spec)?;
     w.write_str(
@@ -132,6 +140,7 @@ pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
 /// warpgroup's keys.
 fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
     let Consumers { spec, terms, hoisted, layout } = *c;
+    let keys = keys(layout.padded);
     let interior = interior_decl(spec, "k0");
     write!(
         w,
@@ -162,7 +171,7 @@ fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
             #pragma unroll\n\
             for (int kk = 0; kk < {dims} / 16; ++kk) {{\n\
             \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
-            \x20   wgmma_ss_n{KEYS}({acc}, desc_plus({a}, panel * BLOCK_M * 128 + step),\n\
+            \x20   wgmma_ss_n{keys}({acc}, desc_plus({a}, panel * BLOCK_M * 128 + step),\n\
             \x20                 desc_plus({b}, panel * BLOCK_N * 128 + step), kk);\n\
             }}\n\
             wgmma_commit();\n"
@@ -197,7 +206,7 @@ fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
         write_split_elements(w, spec, terms, Rows::Queries, rows, Part::P)?;
         w.write_str(store_p)?;
         writeln!(w, "{dv}")?;
-        write_key_products(w, "dvt", "DV_PANELS", "dout_smem_mn", "pt_own")?;
+        write_key_products(w, keys, ("dvt", "DV_PANELS"), ("dout_smem_mn", "pt_own"))?;
         writeln!(w, "wgmma_wait<1>();  // dP is done; dV^T may still run")?;
         writeln!(w, "fence_operands(dp);")?;
         write_elements(w, spec, terms, Rows::Queries, rows, Part::Ds, false)?;
@@ -208,7 +217,7 @@ fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
         write_split_elements(w, spec, terms, Rows::Queries, rows, Part::Both)?;
         w.write_str(store_p)?;
         writeln!(w, "{dv}")?;
-        write_key_products(w, "dvt", "DV_PANELS", "dout_smem_mn", "pt_own")?;
+        write_key_products(w, keys, ("dvt", "DV_PANELS"), ("dout_smem_mn", "pt_own"))?;
     }
     write!(
         w,
@@ -223,14 +232,19 @@ fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
         // dK^T += Q^T dS.\n\
         const unsigned long long ds_own = gmma_desc(ds_smem + key0 * 128, 16, 1024);\n"
     )?;
-    write_key_products(w, "dkt", "DK_PANELS", "q_smem_mn", "ds_own")?;
+    write_key_products(w, keys, ("dkt", "DK_PANELS"), ("q_smem_mn", "ds_own"))?;
     write_step_dq(w, layout)
 }
 
 /// `acc[p] += A_p^T B` for each of `panels` 64-row panels: A the stage's
-/// tile `a` (MN-major: its head dims as rows), B `b`, this warpgroup's keys'
-/// rows of a key-major tile; one commit group.
-fn write_key_products(w: &mut Writer<String>, acc: &str, panels: &str, a: &str, b: &str) -> fmt::Result {
+/// tile `a` (MN-major: its head dims as rows), B `b`, this warpgroup's
+/// `keys` rows of a key-major tile; one commit group.
+fn write_key_products(
+    w: &mut Writer<String>,
+    keys: u32,
+    (acc, panels): (&str, &str),
+    (a, b): (&str, &str),
+) -> fmt::Result {
     write!(
         w,
         "\
@@ -239,7 +253,7 @@ fn write_key_products(w: &mut Writer<String>, acc: &str, panels: &str, a: &str, 
         for (int kk = 0; kk < BLOCK_M / 16; ++kk) {{\n\
         \x20   #pragma unroll\n\
         \x20   for (int p = 0; p < {panels}; ++p) {{\n\
-        \x20       wgmma_ss_mna_n{KEYS}({acc}[p], desc_plus({a}, p * BLOCK_M * 128 + kk * 16 * 128), desc_plus({b}, kk * 32), 1);\n\
+        \x20       wgmma_ss_mna_n{keys}({acc}[p], desc_plus({a}, p * BLOCK_M * 128 + kk * 16 * 128), desc_plus({b}, kk * 32), 1);\n\
         \x20   }}\n\
         }}\n\
         wgmma_commit();\n"
