@@ -103,6 +103,10 @@ pub(super) struct Layout {
     /// The chunks of the dK and dV products.
     pub dk: Chunks,
     pub dv: Chunks,
+    /// Transposed: the chunks of a warpgroup's half of dQ's columns (K's
+    /// MN-major panels must not be crossed); empty elsewhere (the other
+    /// layouts read K's upper half again where it would: `k_half_cols`).
+    pub dq: Chunks,
     /// The columns of Q/K and of V the products span (`DP`, `DVP`): whole
     /// columns pad to the MMA k-step, halves to whole 64-column panels, so
     /// that each warpgroup's half starts at a panel or 32 columns into one
@@ -190,15 +194,15 @@ impl Layout {
             return None;
         }
         let (dk, dv) = (chunks(columns, padded[0])?, chunks(columns, padded[1])?);
-        if columns == KeyColumns::Transposed {
-            // dQ's halves of the columns, in chunks within K's panels.
-            chunks(KeyColumns::Halves, padded[0])?;
-        }
+        let dq = match columns {
+            KeyColumns::Transposed => chunks(KeyColumns::Halves, padded[0])?,
+            _ => Chunks::default(),
+        };
         let block_m = if long_steps { 2 * DQ_ROWS } else { DQ_ROWS };
         let hopper = Target::HOPPER;
         let limit = hopper.smem_per_sm - hopper.smem_reserved_per_cta;
         let mut layouts =
-            options.iter().map(|&(stages, dq_bufs)| Layout { columns, block_m, stages, dq_bufs, dk, dv, padded });
+            options.iter().map(|&(stages, dq_bufs)| Layout { columns, block_m, stages, dq_bufs, dk, dv, dq, padded });
         layouts.find(|layout| layout.smem_bytes(spec) + layout.static_smem() <= limit)
     }
 

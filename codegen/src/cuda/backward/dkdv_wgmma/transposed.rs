@@ -1,7 +1,8 @@
 //! The consumers of the Hopper dK/dV kernel in transposed tiles
-//! ([`KeyColumns::Transposed`], head dims 129 through 256: FlashAttention-4's
-//! sm90 tile). Each warpgroup owns [`keys`] of the CTA's keys (48, or 32
-//! above 192) and computes, per step, queries as rows:
+//! ([`Transposed`](crate::cuda::backward::KeyColumns::Transposed), head
+//! dims 129 through 256: FlashAttention-4's sm90 tile). Each warpgroup owns
+//! [`keys`] of the CTA's keys (48, or 32 above 192) and computes, per step,
+//! queries as rows:
 //!
 //! - S = Q·Kᵀ and dP = dO·Vᵀ on its keys (64 queries × KEYS), both operands
 //!   K-major from shared memory;
@@ -20,12 +21,11 @@
 //! dKᵀ and dVᵀ are transposed back through the freed K and V tiles.
 
 use super::consumers::{chunk_offset, write_dq_tile_store, Consumers};
-use super::{chunks, Chunk, Layout};
+use super::{Chunk, Layout};
 use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::backward::common::{write_column_terms, write_row_refill, write_row_terms, write_spec_lambdas, Rows};
 use crate::cuda::backward::dkdv::{write_head_grad_adds, write_head_grad_sums};
 use crate::cuda::backward::step::{write_elements, write_split_elements, Part};
-use crate::cuda::backward::KeyColumns;
 use crate::cuda::kit::terms::interior_decl;
 use crate::cuda::kit::tile_walk::write_mask_tiles;
 use crate::cuda::library;
@@ -47,12 +47,6 @@ pub(super) fn keys(padded: [u32; 2]) -> u32 {
     }
 }
 
-/// The chunks of a warpgroup's half of dQ's columns (K's MN-major panels
-/// must not be crossed), from [`Layout::of`]'s check.
-fn dq_chunks(layout: &Layout) -> super::Chunks {
-    chunks(KeyColumns::Halves, layout.padded[0]).expect("Layout::of lays out only dQ halves that chunk")
-}
-
 /// The products the kernel issues: S and dP (K-major both), dKᵀ and dVᵀ
 /// (A MN-major), dQ's chunks (both MN-major).
 pub(super) fn products(layout: &Layout) -> Vec<Piece> {
@@ -62,7 +56,7 @@ pub(super) fn products(layout: &Layout) -> Vec<Piece> {
         Piece::Wgmma(keys, AFrom::Shared),
         Piece::Wgmma(keys, AFrom::SharedMnA),
     ];
-    let mut widths: Vec<u32> = dq_chunks(layout).iter().map(|chunk| chunk.width).collect();
+    let mut widths: Vec<u32> = layout.dq.iter().map(|chunk| chunk.width).collect();
     widths.sort_unstable();
     widths.dedup();
     pieces.extend(widths.into_iter().map(|n| Piece::Wgmma(n, AFrom::SharedMnAB)));
@@ -71,7 +65,7 @@ pub(super) fn products(layout: &Layout) -> Vec<Piece> {
 
 /// The tile constants after the shared configuration.
 pub(super) fn write_tiles(w: &mut Writer<String>, spec: &Spec, layout: &Layout) -> fmt::Result {
-    let chunks = dq_chunks(layout);
+    let chunks = layout.dq;
     let dq_shift = match *chunks {
         [first, second] if first.first[1] > second.first[1] => second.width / 8,
         _ => 0,
@@ -272,7 +266,7 @@ fn write_step_dq(w: &mut Writer<String>, layout: &Layout) -> fmt::Result {
         writeln!(w, "float dq[DQ_TILES][4];")?;
         writeln!(w, "wgmma_fence();")?;
         writeln!(w, "#pragma unroll")?;
-        let chunks = dq_chunks(layout);
+        let chunks = layout.dq;
         w.block(format_args!("for (int kk = 0; kk < BLOCK_N / 16; ++kk)"), |w| {
             let mut tile = 0;
             for &Chunk { width, first } in chunks.iter() {
