@@ -93,22 +93,10 @@ pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
 /// warpgroup's keys.
 fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
     let Consumers { spec, terms, layout, hoisted } = *c;
-    let interior = interior_decl(spec, "k0");
+    write_step_entry(w, spec, "K-major (S^T, dP^T) and\n// MN-major (dK, dV)")?;
     write!(
         w,
         "\
-        const int stage = it % STAGES;\n\
-        mbar_wait(stage_full + 8 * stage, it / STAGES % 2);\n\
-        const int tile = step_tile[stage];\n\
-        next_h = step_next[stage];\n\
-        const int j = tile >> 1, q0 = j * BLOCK_M;\n\
-        const bool full = tile & 1;  // the mask keeps every pair: skip evaluating it\n\
-        {interior}\
-        const unsigned q_smem = smem_addr(q_tiles + stage * Q_TILE), dout_smem = smem_addr(dout_tiles + stage * DO_TILE);\n\
-        // Descriptors of the stage's Q and dO tiles: K-major (S^T, dP^T) and\n\
-        // MN-major (dK, dV).\n\
-        const unsigned long long q_smem_k = gmma_desc(q_smem, 16, 1024), q_smem_mn = gmma_desc(q_smem, BLOCK_M * 128, 1024);\n\
-        const unsigned long long dout_smem_k = gmma_desc(dout_smem, 16, 1024), dout_smem_mn = gmma_desc(dout_smem, BLOCK_M * 128, 1024);\n\
         const float* lse_col = lse_cols + stage * BLOCK_M;\n\
         const float* delta_col = delta_cols + stage * BLOCK_M;\n"
     )?;
@@ -124,19 +112,8 @@ fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
         wgmma_fence();\n"
     )?;
     let block_m = layout.block_m;
-    for (acc, dims, a, b) in [("s", "DP", "k_own", "q_smem"), ("dp", "DVP", "v_own", "dout_smem")] {
-        write!(
-            w,
-            "\
-            #pragma unroll\n\
-            for (int kk = 0; kk < {dims} / 16; ++kk) {{\n\
-            \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
-            \x20   wgmma_ss_n{block_m}({acc}, desc_plus({a}, panel * BLOCK_N * 128 + step),\n\
-            \x20                   desc_plus({b}_k, panel * BLOCK_M * 128 + step), kk);\n\
-            }}\n\
-            wgmma_commit();\n"
-        )?;
-    }
+    write_score_products(w, block_m, ("s", "DP"), [("k_own", "BLOCK_N"), ("q_smem_k", "BLOCK_M")])?;
+    write_score_products(w, block_m, ("dp", "DVP"), [("v_own", "BLOCK_N"), ("dout_smem_k", "BLOCK_M")])?;
     // With 128-query steps dS reads P back from its 16-bit fragments: P in f32,
     // its fragments, dP^T, dK and dV would not fit the registers at once.
     let ds = if layout.dq_by_rows() { Part::DsFromFragments } else { Part::Ds };
@@ -171,6 +148,51 @@ fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
     writeln!(w, "// dK += dS^T Q.")?;
     Products { acc: "dk_acc", fragment: "dsa", from: "dp", b: "q_smem", chunks: &layout.dk }.write(w)?;
     write_step_dq(w, layout)
+}
+
+/// `acc = A·Bᵀ` over `dims` columns, m64n`n`, both operands K-major from
+/// tiles of 64-column panels (each a descriptor and the constant naming its
+/// panels' rows), in a commit group of its own; the first k-step overwrites
+/// `acc`.
+pub(super) fn write_score_products(
+    w: &mut Writer<String>,
+    n: u32,
+    (acc, dims): (&str, &str),
+    [(a, a_rows), (b, b_rows)]: [(&str, &str); 2],
+) -> fmt::Result {
+    write!(
+        w,
+        "\
+        #pragma unroll\n\
+        for (int kk = 0; kk < {dims} / 16; ++kk) {{\n\
+        \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
+        \x20   wgmma_ss_n{n}({acc}, desc_plus({a}, panel * {a_rows} * 128 + step),\n\
+        \x20                   desc_plus({b}, panel * {b_rows} * 128 + step), kk);\n\
+        }}\n\
+        wgmma_commit();\n"
+    )
+}
+
+/// The start of a step: the stage's wait, the producer's words, and
+/// descriptors of the stage's Q and dO tiles, K-major and MN-major (`what`
+/// each serves, for the comment).
+pub(super) fn write_step_entry(w: &mut Writer<String>, spec: &Spec, what: &str) -> fmt::Result {
+    let interior = interior_decl(spec, "k0");
+    write!(
+        w,
+        "\
+        const int stage = it % STAGES;\n\
+        mbar_wait(stage_full + 8 * stage, it / STAGES % 2);\n\
+        const int tile = step_tile[stage];\n\
+        next_h = step_next[stage];\n\
+        const int j = tile >> 1, q0 = j * BLOCK_M;\n\
+        const bool full = tile & 1;  // the mask keeps every pair: skip evaluating it\n\
+        {interior}\
+        const unsigned q_smem = smem_addr(q_tiles + stage * Q_TILE), dout_smem = smem_addr(dout_tiles + stage * DO_TILE);\n\
+        // Descriptors of the stage's Q and dO tiles: {what}.\n\
+        const unsigned long long q_smem_k = gmma_desc(q_smem, 16, 1024), q_smem_mn = gmma_desc(q_smem, BLOCK_M * 128, 1024);\n\
+        const unsigned long long dout_smem_k = gmma_desc(dout_smem, 16, 1024), dout_smem_mn = gmma_desc(dout_smem, BLOCK_M * 128, 1024);\n"
+    )
 }
 
 /// The step's dQ accumulator tiles `dq`, tile n at 16-byte `chunk`, into

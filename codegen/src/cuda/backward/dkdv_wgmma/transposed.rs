@@ -20,13 +20,12 @@
 //! Nothing is computed twice (column halves repeat Sᵀ and dPᵀ). At the end
 //! dKᵀ and dVᵀ are transposed back through the freed K and V tiles.
 
-use super::consumers::{chunk_offset, write_dq_tile_store, Consumers};
+use super::consumers::{chunk_offset, write_dq_tile_store, write_score_products, write_step_entry, Consumers};
 use super::{Chunk, Layout};
 use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::backward::common::{write_column_terms, write_row_refill, write_row_terms, write_spec_lambdas, Rows};
 use crate::cuda::backward::dkdv::{write_head_grad_adds, write_head_grad_sums};
 use crate::cuda::backward::step::{write_elements, write_split_elements, Part};
-use crate::cuda::kit::terms::interior_decl;
 use crate::cuda::kit::tile_walk::write_mask_tiles;
 use crate::cuda::library;
 use crate::cuda::library::wgmma_ops::AFrom;
@@ -135,22 +134,10 @@ pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
 fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
     let Consumers { spec, terms, hoisted, layout } = *c;
     let keys = keys(layout.padded);
-    let interior = interior_decl(spec, "k0");
+    write_step_entry(w, spec, "K-major (S, dP) and MN-major\n// (dK^T, dV^T: their head dims are the rows)")?;
     write!(
         w,
         "\
-        const int stage = it % STAGES;\n\
-        mbar_wait(stage_full + 8 * stage, it / STAGES % 2);\n\
-        const int tile = step_tile[stage];\n\
-        next_h = step_next[stage];\n\
-        const int j = tile >> 1, q0 = j * BLOCK_M;\n\
-        const bool full = tile & 1;  // the mask keeps every pair: skip evaluating it\n\
-        {interior}\
-        const unsigned q_smem = smem_addr(q_tiles + stage * Q_TILE), dout_smem = smem_addr(dout_tiles + stage * DO_TILE);\n\
-        // Descriptors of the stage's Q and dO tiles: K-major (S, dP) and MN-major\n\
-        // (dK^T, dV^T: their head dims are the rows).\n\
-        const unsigned long long q_smem_k = gmma_desc(q_smem, 16, 1024), q_smem_mn = gmma_desc(q_smem, BLOCK_M * 128, 1024);\n\
-        const unsigned long long dout_smem_k = gmma_desc(dout_smem, 16, 1024), dout_smem_mn = gmma_desc(dout_smem, BLOCK_M * 128, 1024);\n\
         fence_async_smem();  // the tensor cores read the stage through the async proxy\n\
         \n\
         // S = Q K^T, then dP = dO V^T, each in a group of its own, on BLOCK_M\n\
@@ -158,19 +145,8 @@ fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
         float s[S_TILES][4], dp[S_TILES][4];\n\
         wgmma_fence();\n"
     )?;
-    for (acc, dims, a, b) in [("s", "DP", "q_smem_k", "k_own"), ("dp", "DVP", "dout_smem_k", "v_own")] {
-        write!(
-            w,
-            "\
-            #pragma unroll\n\
-            for (int kk = 0; kk < {dims} / 16; ++kk) {{\n\
-            \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
-            \x20   wgmma_ss_n{keys}({acc}, desc_plus({a}, panel * BLOCK_M * 128 + step),\n\
-            \x20                 desc_plus({b}, panel * BLOCK_N * 128 + step), kk);\n\
-            }}\n\
-            wgmma_commit();\n"
-        )?;
-    }
+    write_score_products(w, keys, ("s", "DP"), [("q_smem_k", "BLOCK_M"), ("k_own", "BLOCK_N")])?;
+    write_score_products(w, keys, ("dp", "DVP"), [("dout_smem_k", "BLOCK_M"), ("v_own", "BLOCK_N")])?;
     write!(
         w,
         "\
