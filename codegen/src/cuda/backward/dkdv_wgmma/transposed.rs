@@ -260,9 +260,11 @@ fn write_step_dq(w: &mut Writer<String>, layout: &Layout) -> fmt::Result {
             Ok(())
         })?;
         writeln!(w, "wgmma_commit();")?;
-        writeln!(w, "wgmma_wait<0>();  // dV^T, dK^T and dQ are done")?;
-        writeln!(w, "fence_operands(dq);")?;
+        writeln!(w, "// dQ reads no stage: the producer may refill it while dQ runs.")?;
+        writeln!(w, "wgmma_wait<1>();  // dV^T and dK^T are done")?;
         w.write_str(release)?;
+        writeln!(w, "wgmma_wait<0>();")?;
+        writeln!(w, "fence_operands(dq);")?;
         let chunk = "dq_chunk(DQ_TILES, warpgroup, (n + warpgroup * DQ_SHIFT) % DQ_TILES, threadIdx.x % 128)";
         write_dq_tile_store(w, chunk)
     })?;
