@@ -10,10 +10,10 @@
 //! where 64 keys' dK and dV no longer fit one warpgroup's registers) both
 //! work on the same 64 keys, each repeating Sᵀ, dPᵀ, P and dS and holding
 //! half of dK's, dV's and dQ's columns of the head dims padded to whole
-//! panels (zero columns past D); transposed (129 through 192) each owns 48
-//! of the CTA's 96 keys and computes with queries as rows, its dK and dV
-//! transposed (`transposed`). Otherwise, per step a consumer warpgroup
-//! computes, keys as rows:
+//! panels (zero columns past D); transposed (the runtime's choice from 129
+//! through 192) each owns 48 of the CTA's 96 keys and computes with queries
+//! as rows, its dK and dV transposed (`transposed`). Otherwise, per step a
+//! consumer warpgroup computes, keys as rows:
 //!
 //! - Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, both operands from shared memory (K-major);
 //! - P and dS on its registers, the same element code as the `mma.sync`
@@ -174,8 +174,9 @@ impl Layout {
     /// The layout of `config`'s kernel for `spec`: `None` unless it is the
     /// wgmma kernel and covers the head dims, whole columns where Q/K and V
     /// pad alike to 64 through 128 (the dK and dV accumulators fill the
-    /// registers at 128), halves where the wider pads to 144 through 256
-    /// (each head dim padded to whole panels: [`chunks`]); 128-query steps
+    /// registers at 128), halves and transposed tiles where the wider pads
+    /// to 144 through 256 (each head dim padded to whole panels: [`chunks`];
+    /// transposed, also dQ's halves in chunks); 128-query steps
     /// where `config.block_m` asks for them and [`Layout::takes_long_steps`],
     /// 64 otherwise; the most stages and dQ tiles that fit Hopper's shared
     /// memory (64-query steps of whole columns need both pairs: not at 112).
