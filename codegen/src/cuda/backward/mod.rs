@@ -100,8 +100,9 @@ pub struct BackwardConfig {
     /// The dK/dV kernel's MMA: `mma.sync` warps, or on Hopper the
     /// warp-specialized `wgmma` kernel (see `dkdv_wgmma`): 64-query steps,
     /// with whole columns 128 keys for head dims that pad alike to 64
-    /// through 128 (but 112), with column halves 64 keys where the wider
-    /// pads to 144 through 256; elsewhere `Mma::Wgmma` emits the `mma.sync`
+    /// through 128 (but 112), with column halves 64 keys and transposed
+    /// 96 (64 above 192) where the wider pads to 144 through 256;
+    /// elsewhere `Mma::Wgmma` emits the `mma.sync`
     /// kernel with this configuration. The other backward kernels are the
     /// same for both.
     pub mma: Mma,
