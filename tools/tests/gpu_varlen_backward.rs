@@ -139,12 +139,13 @@ fn mma_sync_path_layouts_and_modes() {
     run_all(&rt, cases);
 }
 
-/// The Hopper kernel's column halves (d = 256, 192 and 192/128) on ragged
-/// sequences: GQA, a tensor gradient only one warpgroup adds (ALiBi),
-/// padded packing and the deterministic dQ kernel.
+/// The Hopper kernel above d = 128 (column halves at 256, transposed tiles
+/// at 192 and 192/128) on ragged sequences: GQA, a tensor gradient (ALiBi;
+/// with halves only one warpgroup adds it), padded packing and the
+/// deterministic dQ kernel.
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
-fn column_halves_on_ragged_sequences() {
+fn wide_heads_on_ragged_sequences() {
     let rt = runtime();
     let mut rng = StdRng::seed_from_u64(rand::random());
     let mut cases = Vec::new();
