@@ -2,7 +2,7 @@
 //! (`ForwardOptions::dropout`, `BackwardOptions::dropout`): the forward in
 //! every configuration the GPU may pick (mma.sync and, on Hopper, the wgmma
 //! kernels) and the backward (the portable dK/dV kernel at d = 64, the
-//! Hopper one at d = 128, the deterministic dQ kernel), judged with
+//! Hopper one at d = 128, 192 and 256, the deterministic dQ kernel), judged with
 //! FlashAttention's rule against the f64 reference given the same mask
 //! (`codegen::dropout`, the CPU twin of the kernels' Philox); the mask read
 //! back from the device equals the CPU's bit for bit and keeps a fraction
@@ -91,7 +91,11 @@ fn forward_matches_the_reference_with_the_same_mask() {
 fn backward_matches_the_reference_with_the_same_mask() {
     let rt = runtime();
     let mut runs = GpuRuns::new();
-    for spec in dropout_specs() {
+    // Above d = 128 too: the Hopper kernel's transposed tiles (192/128, 192)
+    // and column halves (256).
+    let wide = [("causal", 192, 128), ("softcap", 192, 192), ("alibi", 256, 256)];
+    let wide = wide.map(|(stem, qk, v)| with(spec(stem), Dtype::Bf16, qk, v));
+    for spec in dropout_specs().into_iter().chain(wide) {
         for (heads, seqs, deterministic) in [((3, 3), (113, 203), false), ((4, 2), (300, 517), true)] {
             let shape = Case::new(heads, seqs).shape();
             let seed: u64 = rand::random();
