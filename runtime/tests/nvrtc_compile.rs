@@ -73,7 +73,8 @@ fn compile_spec_file(name: &str, source: &str) {
 /// unserialized; the preferred kernel is warp-specialized. Plain and causal
 /// at every dim; ALiBi, softcap and a window too at 192 / 128 and 256.
 /// With them the Hopper dK/dV kernel where it covers the dims (80 and 96
-/// whole columns, 160 through 256 column halves), copying either way, and
+/// whole columns, 160 through 256 column halves and transposed tiles),
+/// copying either way, and
 /// the row kernels that zero and read its dQ accumulator.
 #[test]
 fn wide_head_dims_compile_for_sm90() {
