@@ -170,24 +170,26 @@ fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
         fence_async_smem();\n\
         named_barrier_sync(2 + warpgroup, 128);\n";
     let dv = "// dV^T += dO^T P: dV's head dims as rows, in 64-row panels of dO (MN-major).";
-    if Part::splits(terms) {
+    // P alone while dP still runs where the element pass splits, else P and
+    // dS together; either way dV^T is issued once P is stored.
+    let splits = Part::splits(terms);
+    if splits {
         writeln!(w, "wgmma_wait<1>();  // S is done; dP may still run")?;
         writeln!(w, "fence_operands(s);")?;
-        write_split_elements(w, spec, terms, Rows::Queries, rows, Part::P)?;
-        w.write_str(store_p)?;
-        writeln!(w, "{dv}")?;
-        write_key_products(w, keys, ("dvt", "DV_PANELS"), ("dout_smem_mn", "pt_own"))?;
-        writeln!(w, "wgmma_wait<1>();  // dP is done; dV^T may still run")?;
-        writeln!(w, "fence_operands(dp);")?;
-        write_elements(w, spec, terms, Rows::Queries, rows, Part::Ds, false)?;
     } else {
         writeln!(w, "wgmma_wait<0>();")?;
         writeln!(w, "fence_operands(s);")?;
         writeln!(w, "fence_operands(dp);")?;
-        write_split_elements(w, spec, terms, Rows::Queries, rows, Part::Both)?;
-        w.write_str(store_p)?;
-        writeln!(w, "{dv}")?;
-        write_key_products(w, keys, ("dvt", "DV_PANELS"), ("dout_smem_mn", "pt_own"))?;
+    }
+    let first_pass = if splits { Part::P } else { Part::Both };
+    write_split_elements(w, spec, terms, Rows::Queries, rows, first_pass)?;
+    w.write_str(store_p)?;
+    writeln!(w, "{dv}")?;
+    write_key_products(w, keys, ("dvt", "DV_PANELS"), ("dout_smem_mn", "pt_own"))?;
+    if splits {
+        writeln!(w, "wgmma_wait<1>();  // dP is done; dV^T may still run")?;
+        writeln!(w, "fence_operands(dp);")?;
+        write_elements(w, spec, terms, Rows::Queries, rows, Part::Ds, false)?;
     }
     write!(
         w,
