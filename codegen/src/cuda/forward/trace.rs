@@ -131,10 +131,25 @@ mod tests {
         events.concat().into_iter().map(|e| e as u8).collect()
     }
 
+    /// The consumers' events `tiles` of `spec`, the step's (turn to tile
+    /// end) twice where interior tiles and the others run a step each.
+    fn tile_events(spec: &crate::spec::Spec, tiles: &[Event]) -> Vec<Event> {
+        let in_step = |e: &Event| matches!(e, Turn | SDone | SMax | PvDone | TileEnd);
+        let first = tiles.iter().position(in_step).unwrap_or(tiles.len());
+        let end = first + tiles[first..].iter().take_while(|e| in_step(e)).count();
+        let copies = match crate::cuda::forward::wgmma_step::splits_by_class(spec) {
+            true => 2,
+            false => 1,
+        };
+        let steps = (0..copies).flat_map(|_| tiles[first..end].iter().copied());
+        tiles[..first].iter().copied().chain(steps).chain(tiles[end..].iter().copied()).collect()
+    }
+
     /// Every event at its place in wgmma.w8.m1.n128's kernel (two
     /// warpgroups taking turns): with O staged in the Q buffer (d = 128)
     /// a warp frees the buffer after its store, with O's own buffer (d = 64)
-    /// before the epilogue's wait; the counter opens the body.
+    /// before the epilogue's wait; the counter opens the body. A causal
+    /// kernel's step splits by class: its tile's events appear twice.
     #[test]
     fn traced_kernels_print_every_event_in_order() {
         let config = TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n: 128 };
@@ -144,7 +159,8 @@ mod tests {
             {
                 let spec = spec(source, head_dim);
                 let kernel = emit_forward_traced(&spec, config, TileCopy::Tma).unwrap().source;
-                assert_eq!(codes(&kernel), expected(&[&PRODUCER, &TILES, &epilogue]), "{source} at d = {head_dim}");
+                let tiles = tile_events(&spec, &TILES);
+                assert_eq!(codes(&kernel), expected(&[&PRODUCER, &tiles, &epilogue]), "{source} at d = {head_dim}");
                 let entry = kernel.split_once("extern \"C\"").unwrap().1;
                 let body = entry.split_once(") {\n").unwrap().1;
                 assert!(body.starts_with("    TRACE_COUNTER\n"), "{source} at d = {head_dim}");
@@ -167,8 +183,9 @@ mod tests {
         let three = emit_forward_traced(&window, wgmma(12), TileCopy::Tma).unwrap().source;
         let epilogue = [Epi, EpiStart, OStaged, OStored];
         assert_eq!(codes(&three), expected(&[&PRODUCER, &[Pass], &TILES, &epilogue]));
-        let threads = emit_forward_traced(&spec(CAUSAL, 128), wgmma(8), TileCopy::Threads).unwrap().source;
-        assert_eq!(codes(&threads), expected(&[&PRODUCER, &TILES, &[EpiStart, Epi]]));
+        let causal = spec(CAUSAL, 128);
+        let threads = emit_forward_traced(&causal, wgmma(8), TileCopy::Threads).unwrap().source;
+        assert_eq!(codes(&threads), expected(&[&PRODUCER, &tile_events(&causal, &TILES), &[EpiStart, Epi]]));
     }
 
     /// A kernel that does not trace holds no trace point, counter or trace

@@ -5,7 +5,7 @@ use super::classes::cta_selector;
 use super::dropout::write_dropout;
 use super::e4m3::{write_pv_e4m3, Operands};
 use super::item::write_key_terms;
-use super::logit::write_logits;
+use super::logit::{write_cut_logits, write_interior_logits, write_logits, write_selector};
 use super::plan::Plan;
 use super::softmax::{write_softmax, Rescale, RowSums};
 use super::trace::{self, Event};
@@ -13,6 +13,8 @@ use crate::cuda::kit::hoist::{Hoisted, Level};
 use crate::cuda::target::pad16;
 use crate::cuda::tile_config::ping_pong;
 use crate::cuda::writer::Writer;
+use crate::mask_parts::MaskParts;
+use crate::spec::Spec;
 use std::fmt::{self, Write};
 
 /// The last visited tile's P V (pipelined kernels): the `wait` lines make
@@ -102,11 +104,52 @@ pub(super) fn write_wgmma_serial_step(w: &mut Writer<String>, plan: &Plan, hoist
 
 /// One K/V tile of the warp-specialized wgmma kernel, software-pipelined:
 /// S of tile j and P V of the previous tile are issued together, and O is
-/// rescaled once P V is done. The source waits for P V after the softmax of
-/// S, but ptxas schedules that wait at the softmax's top (holding it there
-/// was slower at d = 128), so the other warpgroups' products are what the
-/// softmax overlaps.
+/// rescaled once P V is done. With the branch on the tile's class inside
+/// the step, ptxas waits for P V where its arms meet, before the softmax.
+/// Where [`splits_by_class`], interior tiles and the others each run a
+/// whole step of their own instead: the interior tiles' step is straight
+/// code from the products' issue to P V's wait, which ptxas schedules
+/// freely (bench/RESULTS.md: 2-7% at d = 128, more on documents at 256).
 pub(super) fn write_wgmma_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[Hoisted]) -> fmt::Result {
+    let spec = plan.spec;
+    // The consumers have the tile's class from the producer (`tile`).
+    let selector = "(tile / TILE_WHOLE & 3)";
+    if !splits_by_class(spec) {
+        return write_pipelined_tile(w, plan, hoisted, &|w| write_logits(w, spec, selector));
+    }
+    writeln!(w)?;
+    write_selector(w, spec, selector, "  // read only where the tile is not interior")?;
+    w.block(format_args!("if (interior)"), |w| {
+        write_pipelined_tile(w, plan, hoisted, &|w| {
+            writeln!(w, "// Kept whole, every key present: the score alone.")?;
+            write_interior_logits(w)
+        })
+    })?;
+    w.block(format_args!("else"), |w| {
+        write_pipelined_tile(w, plan, hoisted, &|w| {
+            writeln!(w, "// The spec on every element of S (-inf where masked).")?;
+            write_cut_logits(w, spec)
+        })
+    })
+}
+
+/// Whether interior tiles get a step of their own: for specs without a
+/// score whose mask is one part (full, causal, documents). A score, or a
+/// mask whose parts each get a logit of their own (windows, global tokens),
+/// makes the step long enough that running it twice cost more than the
+/// overlap gained (ALiBi and softcap 2-5% at d = 128, the window 10% at
+/// d = 64).
+pub(super) fn splits_by_class(spec: &Spec) -> bool {
+    spec.score.is_none() && MaskParts::of(spec.mask.as_ref()).is_none()
+}
+
+/// [`write_wgmma_step`]'s tile, `logits` mapping S through the spec.
+fn write_pipelined_tile(
+    w: &mut Writer<String>,
+    plan: &Plan,
+    hoisted: &[Hoisted],
+    logits: &dyn Fn(&mut Writer<String>) -> fmt::Result,
+) -> fmt::Result {
     let (spec, config) = (plan.spec, plan.config);
     let ping_pong = ping_pong(config);
     if ping_pong {
@@ -146,8 +189,7 @@ pub(super) fn write_wgmma_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[H
     writeln!(w, "fence_operands(s[0]);")?;
     trace::point(w, plan, Event::SDone)?;
     writeln!(w, "if (lane == 0) mbar_arrive(k_empty + 8 * stage);  // S is done with this K")?;
-    // The consumers have the tile's class from the producer (`tile`).
-    write_logits(w, spec, "(tile / TILE_WHOLE & 3)")?;
+    logits(w)?;
     write_softmax(w, plan.units, Rescale::Deferred, sums)?;
     write_dropout(w, plan)?;
     trace::point(w, plan, Event::SMax)?;
