@@ -174,12 +174,12 @@ pub(super) fn write_key_cta(
     packing.write_sequence(w, spec, true, "k0", &kv_len)?;
     match columns {
         KeyColumns::Whole | KeyColumns::Transposed => {
-            w.write_str("const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n")?
+            w.write_str("const int warp = warp_index(), lane = threadIdx.x % 32;\n")?
         }
         KeyColumns::Halves => w.write_str(
             "\
-            const int warp = threadIdx.x / 32 % (WARPS / COL_PARTS), lane = threadIdx.x % 32;\n\
-            const int part = threadIdx.x / 32 / (WARPS / COL_PARTS);  // this warp's part of dK's and dV's columns\n",
+            const int warp = warp_index() % (WARPS / COL_PARTS), lane = threadIdx.x % 32;\n\
+            const int part = warp_index() / (WARPS / COL_PARTS);  // this warp's part of dK's and dV's columns\n",
         )?,
     }
     write!(

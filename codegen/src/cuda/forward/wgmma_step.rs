@@ -71,8 +71,8 @@ pub(super) fn write_wgmma_s(w: &mut Writer<String>, plan: &Plan) -> fmt::Result 
         #pragma unroll\n\
         for (int kk = 0; kk < DP / {k_step}; ++kk) {{\n\
         \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
-        \x20   {wrapper}_n{block_n}(s[0], gmma_desc(q_smem + panel * BLOCK_M * 128 + step, 16, 1024),\n\
-        \x20                    gmma_desc(k_smem + panel * BLOCK_N * 128 + step, 16, 1024), kk);\n\
+        \x20   {wrapper}_n{block_n}(s[0], desc_plus(gmma_desc(q_smem, 16, 1024), panel * BLOCK_M * 128 + step),\n\
+        \x20                    desc_plus(gmma_desc(k_smem, 16, 1024), panel * BLOCK_N * 128 + step), kk);\n\
         }}\n\
         wgmma_commit();\n",
         block_n = plan.config.block_n,
@@ -244,7 +244,7 @@ pub(super) fn write_wgmma_pv(w: &mut Writer<String>, plan: &Plan) -> fmt::Result
         "\
         #pragma unroll\n\
         for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
-        \x20   wgmma_rs_n{dvp}(o[0], p[kk], gmma_desc(v_smem + kk * 16 * 128, BLOCK_N * 128, 1024));\n\
+        \x20   wgmma_rs_n{dvp}(o[0], p[kk], desc_plus(gmma_desc(v_smem, BLOCK_N * 128, 1024), kk * 16 * 128));\n\
         {row_sums}\
         }}\n",
         dvp = pad16(plan.spec.head_dims.v)

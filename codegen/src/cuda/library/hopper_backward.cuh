@@ -5,13 +5,6 @@ __device__ __forceinline__ void stmatrix_x4_trans(const unsigned (&r)[4], unsign
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};"
                  :: "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
 }
-// The descriptor of the tile `bytes` further on: the start address sits in
-// bits 0-13 as addr >> 4, and shared addresses stay below 2^18, so the sum
-// never carries out of the field. Descriptors of a loop's k-steps are then
-// one add from a base built once.
-__device__ __forceinline__ unsigned long long desc_plus(unsigned long long desc, unsigned bytes) {
-    return desc + (bytes >> 4);
-}
 // 16 bytes to shared memory.
 __device__ __forceinline__ void st_shared_v4(unsigned addr, const float (&v)[4]) {
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" :: "r"(addr), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]) : "memory");

@@ -29,6 +29,11 @@ struct f16 {
 // log-sum-exp back to natural log.
 constexpr float LOG2E = 1.442695f;
 constexpr float LN2 = 0.6931472f;
+// This thread's warp, as a value the compiler knows is the same across the
+// warp (a shuffle from lane 0): what derives from it (a warpgroup's tile
+// offsets, its wgmma descriptors) then stays in uniform registers instead of
+// being moved into them before every wgmma.
+__device__ __forceinline__ int warp_index() { return __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0); }
 __device__ __forceinline__ float neg_inf() { return __int_as_float((int)0xff800000u); }
 // x where `keep`, else -inf, as one select: a plain `keep ? x : -inf`
 // (nothing to compute where the pair is kept) becomes a branch per element.

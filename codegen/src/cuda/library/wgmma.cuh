@@ -5,6 +5,13 @@ __device__ __forceinline__ unsigned long long gmma_desc(unsigned addr, unsigned 
     return (unsigned long long)((addr & 0x3FFFF) >> 4) | (unsigned long long)((lbo >> 4) & 0x3FFF) << 16
          | (unsigned long long)((sbo >> 4) & 0x3FFF) << 32 | 1ull << 62;
 }
+// The descriptor of the tile `bytes` further on: the start address sits in
+// bits 0-13 as addr >> 4, and shared addresses stay below 2^18, so the sum
+// never carries out of the field. Descriptors of a loop's k-steps are then
+// one add from a base built once.
+__device__ __forceinline__ unsigned long long desc_plus(unsigned long long desc, unsigned bytes) {
+    return desc + (bytes >> 4);
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 // Blocks until at most N committed groups are still running.

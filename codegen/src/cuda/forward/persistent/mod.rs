@@ -110,7 +110,7 @@ fn write_setup(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
         {q_bufs}  // [STAGES][K_TILE]\n\
         unsigned short* v_tiles = k_tiles + STAGES * K_TILE;  // [STAGES][V_TILE]\n\
         {o_buf}\
-        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n\
+        const int warp = warp_index(), lane = threadIdx.x % 32;\n\
         const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n\
         \n\
         // Work items: the query tiles of every (batch, head), the tiles of one\n\
