@@ -155,26 +155,41 @@ pub(super) fn write_logits(w: &mut Writer<String>, spec: &Spec, whole: &str) -> 
         // Interior tiles (kept whole, no key past kv_len) run without mask\n\
         // and bounds code.\n"
     )?;
-    write_selector(w, spec, whole, "  // read only where the tile is not interior")?;
+    let parts = MaskParts::of(spec.mask.as_ref());
+    if parts.is_some() {
+        writeln!(w, "const int whole = {whole};  // read only where the tile is not interior")?;
+    }
     writeln!(w, "if (interior) {{")?;
     w.indented(write_interior_logits)?;
-    match MaskParts::of(spec.mask.as_ref()) {
-        None => {
-            writeln!(w, "}} else {{")?;
-            w.indented(|w| write_apply_logits(w, CUT))?;
-            writeln!(w, "}}")
+    let logit = CUT.to_string();
+    let only = |x| format!("logit_only{x}(x, q, kv0 + n * 8 + 2 * t + c, i, n, c)");
+    let Some(parts) = parts else {
+        writeln!(w, "}} else {{")?;
+        w.indented(|w| write_apply_logits(w, &logit))?;
+        return writeln!(w, "}}");
+    };
+    // The branches by selector, the last one falling through into the
+    // softmax. Conjuncts: where conjunct 1 holds whole (conjunct 0 alone
+    // decides) last: with a causal conjunct first (sliding windows) they are
+    // the diagonal tiles that every item visits. Disjuncts: the whole mask
+    // first, then each alone, the one of most conjuncts last (a band's two
+    // edges cut the most tiles).
+    let mut branches: Vec<(u32, String)> = match &parts {
+        MaskParts::Conjuncts(_) => vec![(1, only(1)), (0, logit), (2, only(0))],
+        MaskParts::Disjuncts(list) => {
+            let mut order: Vec<usize> = (0..list.len()).filter(|&x| parts.decides(x)).collect();
+            order.sort_by_key(|&x| conjunct_count(list[x]));
+            std::iter::once((0, logit)).chain(order.into_iter().map(|x| (x as u32 + 1, only(x)))).collect()
         }
-        Some(parts) => write_cut_branches(w, &parts, "} else if"),
+    };
+    let (last, last_call) = branches.pop().unwrap_or_default();
+    for (selector, call) in &branches {
+        writeln!(w, "}} else if (whole == {selector}) {{")?;
+        w.indented(|w| write_apply_logits(w, call))?;
     }
-}
-
-/// `whole`, the tile's selector (the C expression `whole`), where the mask
-/// has parts that decide tiles alone ([`MaskParts`]); `note` ends the line.
-pub(super) fn write_selector(w: &mut Writer<String>, spec: &Spec, whole: &str, note: &str) -> fmt::Result {
-    match MaskParts::of(spec.mask.as_ref()) {
-        Some(_) => writeln!(w, "const int whole = {whole};{note}"),
-        None => Ok(()),
-    }
+    writeln!(w, "}} else {{  // whole == {last}")?;
+    w.indented(|w| write_apply_logits(w, &last_call))?;
+    writeln!(w, "}}")
 }
 
 /// The spec on an interior tile's S: the score alone.
@@ -182,48 +197,15 @@ pub(super) fn write_interior_logits(w: &mut Writer<String>) -> fmt::Result {
     write_apply_logits(w, "logit_interior(x, q, kv0 + n * 8 + 2 * t + c, i, n, c)")
 }
 
-/// The spec on the S of a tile that is not interior: the mask (or the part
-/// of it that the selector `whole` of [`write_selector`] names) and the
-/// bounds on kv_len.
-pub(super) fn write_cut_logits(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
-    match MaskParts::of(spec.mask.as_ref()) {
-        None => write_apply_logits(w, CUT),
-        Some(parts) => write_cut_branches(w, &parts, "if"),
-    }
+/// The spec on the S of a tile that is not interior, for a mask that has
+/// no parts deciding tiles alone ([`MaskParts`]): the mask and the bounds
+/// on kv_len.
+pub(super) fn write_cut_logits(w: &mut Writer<String>) -> fmt::Result {
+    write_apply_logits(w, CUT)
 }
 
-/// The mask's lambda on a tile that is not interior.
+/// The `logit` lambda's call on an element of S.
 const CUT: &str = "logit(x, q, kv0 + n * 8 + 2 * t + c, i, n, c, full)";
-
-/// The arms by selector of a mask with `parts`, the first headed
-/// `{first} (whole == ...)`, the others `} else if`, the last `} else`,
-/// and the chain's closing brace.
-fn write_cut_branches(w: &mut Writer<String>, parts: &MaskParts, first: &str) -> fmt::Result {
-    let only = |x| format!("logit_only{x}(x, q, kv0 + n * 8 + 2 * t + c, i, n, c)");
-    // The branches by selector, the last one falling through into the
-    // softmax. Conjuncts: where conjunct 1 holds whole (conjunct 0 alone
-    // decides) last: with a causal conjunct first (sliding windows) they are
-    // the diagonal tiles that every item visits. Disjuncts: the whole mask
-    // first, then each alone, the one of most conjuncts last (a band's two
-    // edges cut the most tiles).
-    let mut branches: Vec<(u32, String)> = match parts {
-        MaskParts::Conjuncts(_) => vec![(1, only(1)), (0, CUT.to_string()), (2, only(0))],
-        MaskParts::Disjuncts(list) => {
-            let mut order: Vec<usize> = (0..list.len()).filter(|&x| parts.decides(x)).collect();
-            order.sort_by_key(|&x| conjunct_count(list[x]));
-            std::iter::once((0, CUT.to_string())).chain(order.into_iter().map(|x| (x as u32 + 1, only(x)))).collect()
-        }
-    };
-    let (last, last_call) = branches.pop().unwrap_or_default();
-    for (x, (selector, call)) in branches.iter().enumerate() {
-        let head = if x == 0 { first } else { "} else if" };
-        writeln!(w, "{head} (whole == {selector}) {{")?;
-        w.indented(|w| write_apply_logits(w, call))?;
-    }
-    writeln!(w, "}} else {{  // whole == {last}")?;
-    w.indented(|w| write_apply_logits(w, &last_call))?;
-    writeln!(w, "}}")
-}
 
 /// How many conjuncts `e` is a `&&` of (1 if it is none).
 fn conjunct_count(e: &Expr) -> usize {

@@ -5,7 +5,7 @@ use super::classes::cta_selector;
 use super::dropout::write_dropout;
 use super::e4m3::{write_pv_e4m3, Operands};
 use super::item::write_key_terms;
-use super::logit::{write_cut_logits, write_interior_logits, write_logits, write_selector};
+use super::logit::{write_cut_logits, write_interior_logits, write_logits};
 use super::plan::Plan;
 use super::softmax::{write_softmax, Rescale, RowSums};
 use super::trace::{self, Event};
@@ -118,7 +118,6 @@ pub(super) fn write_wgmma_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[H
         return write_pipelined_tile(w, plan, hoisted, &|w| write_logits(w, spec, selector));
     }
     writeln!(w)?;
-    write_selector(w, spec, selector, "  // read only where the tile is not interior")?;
     w.block(format_args!("if (interior)"), |w| {
         write_pipelined_tile(w, plan, hoisted, &|w| {
             writeln!(w, "// Kept whole, every key present: the score alone.")?;
@@ -128,13 +127,14 @@ pub(super) fn write_wgmma_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[H
     w.block(format_args!("else"), |w| {
         write_pipelined_tile(w, plan, hoisted, &|w| {
             writeln!(w, "// The spec on every element of S (-inf where masked).")?;
-            write_cut_logits(w, spec)
+            write_cut_logits(w)
         })
     })
 }
 
 /// Whether interior tiles get a step of their own: for specs without a
-/// score whose mask is one part (full, causal, documents). A score, or a
+/// score whose mask is one part (full, causal, documents; the other
+/// tiles' step then needs no selector, `write_cut_logits`). A score, or a
 /// mask whose parts each get a logit of their own (windows, global tokens),
 /// makes the step long enough that running it twice cost more than the
 /// overlap gained (ALiBi and softcap 2-5% at d = 128, the window 10% at
