@@ -109,7 +109,7 @@ pub(super) fn write_wgmma_serial_step(w: &mut Writer<String>, plan: &Plan, hoist
 /// Where [`splits_by_class`], interior tiles and the others each run a
 /// whole step of their own instead: the interior tiles' step is straight
 /// code from the products' issue to P V's wait, which ptxas schedules
-/// freely (bench/RESULTS.md: 2-7% at d = 128, more on documents at 256).
+/// freely (bench/RESULTS.md, "Forward: a step per tile class").
 pub(super) fn write_wgmma_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[Hoisted]) -> fmt::Result {
     let spec = plan.spec;
     // The consumers have the tile's class from the producer (`tile`).
@@ -136,9 +136,8 @@ pub(super) fn write_wgmma_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[H
 /// score whose mask is one part (full, causal, documents; the other
 /// tiles' step then needs no selector, `write_cut_logits`). A score, or a
 /// mask whose parts each get a logit of their own (windows, global tokens),
-/// makes the step long enough that running it twice cost more than the
-/// overlap gained (ALiBi and softcap 2-5% at d = 128, the window 10% at
-/// d = 64).
+/// makes the step long enough that running it twice costs more than the
+/// overlap gains.
 pub(super) fn splits_by_class(spec: &Spec) -> bool {
     spec.score.is_none() && MaskParts::of(spec.mask.as_ref()).is_none()
 }
