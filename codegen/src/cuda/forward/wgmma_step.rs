@@ -109,7 +109,7 @@ pub(super) fn write_wgmma_serial_step(w: &mut Writer<String>, plan: &Plan, hoist
 /// Where [`splits_by_class`], interior tiles and the others each run a
 /// whole step of their own instead: the interior tiles' step is straight
 /// code from the products' issue to P V's wait, which ptxas schedules
-/// freely (bench/RESULTS.md, "Forward: a step per tile class").
+/// freely.
 pub(super) fn write_wgmma_step(w: &mut Writer<String>, plan: &Plan, hoisted: &[Hoisted]) -> fmt::Result {
     let spec = plan.spec;
     // The consumers have the tile's class from the producer (`tile`).
