@@ -178,8 +178,9 @@ pub(super) fn write_key_cta(
         }
         KeyColumns::Halves => w.write_str(
             "\
-            const int warp = warp_index() % (WARPS / COL_PARTS), lane = threadIdx.x % 32;\n\
-            const int part = warp_index() / (WARPS / COL_PARTS);  // this warp's part of dK's and dV's columns\n",
+            const int warp_in_cta = warp_index(), lane = threadIdx.x % 32;\n\
+            const int warp = warp_in_cta % (WARPS / COL_PARTS);\n\
+            const int part = warp_in_cta / (WARPS / COL_PARTS);  // this warp's part of dK's and dV's columns\n",
         )?,
     }
     write!(

@@ -137,10 +137,7 @@ mod tests {
         let in_step = |e: &Event| matches!(e, Turn | SDone | SMax | PvDone | TileEnd);
         let first = tiles.iter().position(in_step).unwrap_or(tiles.len());
         let end = first + tiles[first..].iter().take_while(|e| in_step(e)).count();
-        let copies = match crate::cuda::forward::wgmma_step::splits_by_class(spec) {
-            true => 2,
-            false => 1,
-        };
+        let copies = 1 + usize::from(crate::cuda::forward::wgmma_step::splits_by_class(spec));
         let steps = (0..copies).flat_map(|_| tiles[first..end].iter().copied());
         tiles[..first].iter().copied().chain(steps).chain(tiles[end..].iter().copied()).collect()
     }
