@@ -145,9 +145,18 @@ fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
         writeln!(w, "// dV += P^T dO.")?;
         dv.write(w)?;
     }
-    writeln!(w, "// dK += dS^T Q.")?;
-    Products { acc: "dk_acc", fragment: "dsa", from: "dp", b: "q_smem", chunks: &layout.dk }.write(w)?;
-    write_step_dq(w, layout)
+    let dk = Products { acc: "dk_acc", fragment: "dsa", from: "dp", b: "q_smem", chunks: &layout.dk };
+    match layout.columns {
+        KeyColumns::Halves => {
+            writeln!(w, "// dK += dS^T Q.")?;
+            dk.write(w)?;
+            write_step_dq(w, layout, None)
+        }
+        KeyColumns::Whole | KeyColumns::Transposed => {
+            dk.pack(w)?;
+            write_step_dq(w, layout, Some(&dk))
+        }
+    }
 }
 
 /// `acc = A·Bᵀ` over `dims` columns, m64n`n`, both operands K-major from
@@ -226,10 +235,21 @@ struct Products<'a> {
 }
 
 impl Products<'_> {
+    /// Packs the fragments and issues the products.
     fn write(&self, w: &mut Writer<String>) -> fmt::Result {
-        let Products { acc, fragment, from, b, chunks } = *self;
+        self.pack(w)?;
+        self.issue(w)
+    }
+
+    fn pack(&self, w: &mut Writer<String>) -> fmt::Result {
+        let Products { fragment, from, .. } = *self;
         writeln!(w, "#pragma unroll")?;
-        writeln!(w, "for (int kk = 0; kk < BLOCK_M / 16; ++kk) pack_p(storage{{}}, {fragment}[kk], {from}, kk);")?;
+        writeln!(w, "for (int kk = 0; kk < BLOCK_M / 16; ++kk) pack_p(storage{{}}, {fragment}[kk], {from}, kk);")
+    }
+
+    /// The products on packed fragments, in a commit group of their own.
+    fn issue(&self, w: &mut Writer<String>) -> fmt::Result {
+        let Products { acc, fragment, b, chunks, .. } = *self;
         writeln!(w, "wgmma_fence();")?;
         writeln!(w, "#pragma unroll")?;
         w.block(format_args!("for (int kk = 0; kk < BLOCK_M / 16; ++kk)"), |w| {
@@ -286,8 +306,10 @@ fn write_column_order(w: &mut Writer<String>, acc: &str, chunks: &[Chunk]) -> fm
 
 /// The end of a step: with a dQ accumulator, dQ = dS K from a transposed dS
 /// tile, staged in fragment order for the producer's bulk add; the stage is
-/// released once the products that read it are done.
-fn write_step_dq(w: &mut Writer<String>, layout: &Layout) -> fmt::Result {
+/// released once the products that read it are done. `dk`, packed but not
+/// yet issued (whole columns), goes behind dQ, so that dQ's tile is stored
+/// while dK runs instead of with the tensor cores idle.
+fn write_step_dq(w: &mut Writer<String>, layout: &Layout, dk: Option<&Products>) -> fmt::Result {
     // With column halves both warpgroups hold the same dS: each stores half.
     let ours = match layout.columns {
         KeyColumns::Whole | KeyColumns::Transposed => "",
@@ -297,15 +319,13 @@ fn write_step_dq(w: &mut Writer<String>, layout: &Layout) -> fmt::Result {
         keep_operands(pa);\n\
         keep_operands(dsa);\n\
         if (lane == 0) mbar_arrive(stage_empty + 8 * stage);  // this warp is done with the stage\n";
-    // Whole columns release the stage once dQ is done too, dK and dV running
-    // behind the dS exchange; halves first wait for dK and dV, so that their
-    // A fragments are free before dQ's accumulator (as wide as dK's half)
-    // takes registers, and the stage goes back to the producer earlier.
-    let (before_dq, after_dq) = match layout.columns {
-        KeyColumns::Whole | KeyColumns::Transposed => ("", release),
-        KeyColumns::Halves => ("wgmma_wait<0>();  // dK and dV are done\n", ""),
+    // Halves first wait for dK and dV, so that their A fragments are free
+    // before dQ's accumulator (as wide as dK's half) takes registers, and the
+    // stage goes back to the producer earlier.
+    let before_dq = match dk {
+        Some(_) => String::new(),
+        None => format!("wgmma_wait<0>();  // dK and dV are done\n{release}"),
     };
-    let before_dq = format!("{before_dq}{}", if after_dq.is_empty() { release } else { "" });
     // (what, A's rows, the 16-byte chunk of dq[n] in the step's tiles)
     let (what, rows, chunk) = match layout.dq_by_rows() {
         true => (
@@ -346,16 +366,32 @@ fn write_step_dq(w: &mut Writer<String>, layout: &Layout) -> fmt::Result {
             \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
             \x20   wgmma_ss_mn_n{cols}(dq, desc_plus(ds_k, panel * BLOCK_M * 128 + step{rows}), desc_plus(k_dq, kk * 16 * 128), kk);\n\
             }}\n\
-            wgmma_commit();\n\
-            wgmma_wait<0>();\n\
-            fence_operands(dq);\n\
-            {after_dq}",
+            wgmma_commit();\n",
             cols = layout.dq_cols(),
         )?;
-        write_dq_tile_store(w, chunk)
+        match dk {
+            Some(dk) => {
+                writeln!(w, "// dK += dS^T Q, behind dQ.")?;
+                dk.issue(w)?;
+                writeln!(w, "wgmma_wait<1>();  // dQ is done; dK may still run")?;
+                writeln!(w, "fence_operands(dq);")?;
+                write_dq_tile_store(w, chunk)?;
+                writeln!(w, "wgmma_wait<0>();")?;
+                w.write_str(release)
+            }
+            None => {
+                writeln!(w, "wgmma_wait<0>();")?;
+                writeln!(w, "fence_operands(dq);")?;
+                write_dq_tile_store(w, chunk)
+            }
+        }
     })?;
     w.block(format_args!("else"), |w| {
         writeln!(w, "// Deterministic mode: a separate kernel computes dQ.")?;
+        if let Some(dk) = dk {
+            writeln!(w, "// dK += dS^T Q.")?;
+            dk.issue(w)?;
+        }
         writeln!(w, "wgmma_wait<0>();")?;
         w.write_str(release)
     })
