@@ -139,7 +139,7 @@ pub(super) fn write_elements(
                 match rows {
                     Rows::Keys => {
                         writeln!(w, "const int col = n * 8 + 2 * t + c, q = {first_col} + col, e = 2 * i + c;")?;
-                        writeln!(w, "{}", stats("lse_col[col]", "delta_col[col]"))?;
+                        writeln!(w, "{}", stats("col_stat(lse_col, n, t, c)", "col_stat(delta_col, n, t, c)"))?;
                     }
                     Rows::Queries => writeln!(w, "const int k = {first_col} + n * 8 + 2 * t + c, e = 2 * i + c;")?,
                 }

@@ -5,3 +5,10 @@ __device__ __forceinline__ float warp_sum(float x) {
     for (int m = 16; m > 0; m /= 2) x += __shfl_xor_sync(0xffffffffu, x, m);
     return x;
 }
+// The statistic (LSE or D) of query column n * 8 + 2 * t + c of a step's
+// shared column `col`: both of a lane's columns of tile n in one 8-byte load,
+// so that the compiler reads each pair once for its two elements.
+__device__ __forceinline__ float col_stat(const float* col, int n, int t, int c) {
+    const float2 pair = reinterpret_cast<const float2*>(col)[n * 4 + t];
+    return c == 0 ? pair.x : pair.y;
+}
