@@ -9,7 +9,11 @@
 #
 # KERNEL: a regex of kernel names (default flashgen_fwd); SKIP: launches of
 # it to skip first (warm-up; default 3); TOP: instructions listed (default
-# 25). The samples come split by role first (stalls.py --roles). Reports go
+# 25). PEER=fa4 profiles FlashAttention-4 instead (PYTHONPATH set as its
+# README says), the arguments those of fa4_step.py:
+#
+#   PEER=fa4 KERNEL=FlashAttentionBackwardSm90 SKIP=2 stalls.sh 16384 0 128 3
+# The samples come split by role first (stalls.py --roles). Reports go
 # to $OUT (or ./gpu-logs) as one stalls-<TAG>.tgz (TAG default: the
 # kernel's name pattern; the device tool brings back at most 8 files): the
 # details page (stalls.txt), per instruction (sass.csv) and the run's log.
@@ -18,10 +22,15 @@
 set -uo pipefail
 source "$(dirname "$0")/env.sh"  # here, out, LD_LIBRARY_PATH, ncu
 report="$(mktemp -d)/stalls"
+case "${PEER:-}" in
+"") target=("$here/bin/flashgen-bench") ;;
+fa4) target=(python3 "$here/fa4_step.py") ;;
+*) echo "stalls.sh: unknown PEER=$PEER (fa4, or unset for flashgen)" >&2; exit 2 ;;
+esac
 balance=sm__cycles_active.avg,sm__cycles_active.max,sm__cycles_elapsed.max,gpu__time_duration.sum
 FLASHGEN_CACHE_DIR="$(mktemp -d)" "$ncu" --clock-control none --section WarpStateStats --section SourceCounters \
     --section LaunchStats --metrics "$balance" --kernel-name "regex:${KERNEL:-flashgen_fwd}" \
-    --launch-skip "${SKIP:-3}" --launch-count 1 -o "$report" "$here/bin/flashgen-bench" "$@" >"$out/stalls.run.txt" 2>&1
+    --launch-skip "${SKIP:-3}" --launch-count 1 -o "$report" "${target[@]}" "$@" >"$out/stalls.run.txt" 2>&1
 work="$(dirname "$report")"
 mv "$out/stalls.run.txt" "$work/"
 "$ncu" -i "$report.ncu-rep" --page details >"$work/stalls.txt" 2>&1
