@@ -13,6 +13,7 @@
 # README says), the arguments those of fa4_step.py:
 #
 #   PEER=fa4 KERNEL=FlashAttentionBackwardSm90 SKIP=2 stalls.sh 16384 0 128 3
+#
 # The samples come split by role first (stalls.py --roles). Reports go
 # to $OUT (or ./gpu-logs) as one stalls-<TAG>.tgz (TAG default: the
 # kernel's name pattern; the device tool brings back at most 8 files): the
