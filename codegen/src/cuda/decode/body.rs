@@ -127,6 +127,19 @@ fn write_prologue(
 const int per_split = (band_end - band_begin + num_splits - 1) / num_splits;
 const int tile_begin = min(band_begin + split * per_split, band_end);
 const int tile_end = min(tile_begin + per_split, band_end);
+",
+    )?;
+    let (copy, by) = match cache {
+        DecodeCache::Dense => ("kv_tile_copy", "THREADS"),
+        DecodeCache::Paged => ("paged_tile_copy", "WARPS"),
+    };
+    w.write_str("// This thread's share of every K and V tile, resolved once.\n")?;
+    writeln!(w, "const auto copy_k = {copy}<BLOCK_N, DP, D, {by}>(k_rows, k_vector);")?;
+    if !config.v_in_k {
+        writeln!(w, "const auto copy_v = {copy}<BLOCK_N, DVP, DV, {by}>(v_rows, v_vector);")?;
+    }
+    w.write_str(
+        "\
 auto load_kv = [&](int j, int stage) {
     if (!tile_kept(j)) return;
     const int first = j * BLOCK_N;
@@ -134,22 +147,16 @@ auto load_kv = [&](int j, int stage) {
     )?;
     let (k_load, v_load) = match cache {
         DecodeCache::Dense => (
-            "    \
-    load_kv_tile<BLOCK_N, DP, D, THREADS>(k_tiles + stage * K_TILE, k_rows, first, kv_len - first, k_vector);
-",
-            "    \
-    load_kv_tile<BLOCK_N, DVP, DV, THREADS>(v_tiles + stage * V_TILE, v_rows, first, kv_len - first, v_vector);
-",
+            "    copy_k(k_tiles + stage * K_TILE, first, kv_len - first);\n",
+            "    copy_v(v_tiles + stage * V_TILE, first, kv_len - first);\n",
         ),
         DecodeCache::Paged => (
             "    \
     // One key of the warp's share per lane, resolved once for K and V.
     const PageSlot slot = tile_slot<BLOCK_N, WARPS>(table, first, kv_len - first);
-    load_paged_kv_tile<BLOCK_N, DP, D, WARPS>(k_tiles + stage * K_TILE, k_rows, slot, kv_len - first, k_vector);
+    copy_k(k_tiles + stage * K_TILE, slot, kv_len - first);
 ",
-            "    \
-    load_paged_kv_tile<BLOCK_N, DVP, DV, WARPS>(v_tiles + stage * V_TILE, v_rows, slot, kv_len - first, v_vector);
-",
+            "    copy_v(v_tiles + stage * V_TILE, slot, kv_len - first);\n",
         ),
     };
     w.write_str(k_load)?;
@@ -158,9 +165,14 @@ auto load_kv = [&](int j, int stage) {
         "\
 };
 
-// Prologue: the Q rows (plain loads, once), then STAGES - 1 K/V tiles in
-// flight, one cp.async group each (empty groups past the split's end keep
-// the count the waits rely on).
+// Prologue: STAGES - 1 K/V tiles in flight, one cp.async group each (empty
+// groups past the split's end keep the count the waits rely on), then the Q
+// rows (plain loads, once) while those are in flight.
+#pragma unroll
+for (int s = 0; s < STAGES - 1; ++s) {
+    if (tile_begin + s < tile_end) load_kv(tile_begin + s, s);
+    cp_async_commit();
+}
 const unsigned short* q_group = ",
     )?;
     w.write_str(queries.q_rows())?;
@@ -172,11 +184,6 @@ const unsigned short* q_group = ",
     })?;
     w.write_str(
         "(q_tile, q_group, q_seq_stride, q_head_stride, group, row0, rows);
-#pragma unroll
-for (int s = 0; s < STAGES - 1; ++s) {
-    if (tile_begin + s < tile_end) load_kv(tile_begin + s, s);
-    cp_async_commit();
-}
 
 // The spec's h and q of this lane's rows (a row past the group's end
 // repeats the last one: computed, never stored).

@@ -5,10 +5,10 @@
 //! step: no second kernel, no gap between them. Spec-independent.
 //!
 //! The combine is one CTA's work after every other split has finished, so
-//! it is latency, not bandwidth: each thread takes four columns of a row
-//! (a 16-byte load a split) and keeps eight splits' loads in flight, where
-//! a lane per column and one split at a time would wait on L2 once per
-//! split and column.
+//! it is latency, not bandwidth: a lane reads its splits' LSEs once, and
+//! each thread takes four columns of a row (a 16-byte load a split) and
+//! keeps sixteen splits' loads in flight, where a lane per column and one
+//! split at a time would wait on L2 once per split and column.
 
 use super::queries::DecodeQueries;
 use crate::cuda::writer::Writer;
@@ -27,23 +27,32 @@ if (num_splits > 1) {
                             + blockIdx.x / num_splits;
     if (last_split(counter, num_splits, (int*)smem)) {
         static_assert(SCRATCH_BYTES >= BLOCK_M * MAX_SPLITS * 4, \"the weights fit the scratch\");
+        static_assert(MAX_SPLITS % 32 == 0, \"a lane's splits are whole registers\");
         float* weights = (float*)(smem + Q_TILE);  // [BLOCK_M][MAX_SPLITS]
         for (int r = warp; r < tile_rows; r += WARPS) {
             const int row = row0 + r, q = row / group, h = kv_head * group + row % group;
             const long long at = ((long long)b * heads + h) * @SEQ_ROWS@ + q;
+            // Each lane's splits' LSEs, read once (one wait on L2, not three).
+            float lse_s[MAX_SPLITS / 32];
+            #pragma unroll
+            for (int k = 0; k < MAX_SPLITS / 32; ++k) {
+                const int s = lane + 32 * k;
+                lse_s[k] = s < num_splits ? __ldcg(&partial_lse[s * all_rows + at]) : neg_inf();
+            }
             float top = neg_inf();
-            for (int s = lane; s < num_splits; s += 32) top = fmaxf(top, __ldcg(&partial_lse[s * all_rows + at]));
+            #pragma unroll
+            for (int k = 0; k < MAX_SPLITS / 32; ++k) top = fmaxf(top, lse_s[k]);
             top = warp_all(top, [](float x, float y) { return fmaxf(x, y); });
             const float m_use = finite_or_zero(top);
             float sum = 0.0f;
-            for (int s = lane; s < num_splits; s += 32) {
-                sum += fast_exp2((__ldcg(&partial_lse[s * all_rows + at]) - m_use) * LOG2E);
-            }
+            #pragma unroll
+            for (int k = 0; k < MAX_SPLITS / 32; ++k) sum += fast_exp2((lse_s[k] - m_use) * LOG2E);
             sum = warp_all(sum, [](float x, float y) { return x + y; });
             const float total = sum > 0.0f ? m_use + fast_log2(sum) * LN2 : neg_inf();
-            for (int s = lane; s < num_splits; s += 32) {
-                const float lse_s = __ldcg(&partial_lse[s * all_rows + at]);
-                weights[r * MAX_SPLITS + s] = sum > 0.0f ? fast_exp2((lse_s - total) * LOG2E) : 0.0f;
+            #pragma unroll
+            for (int k = 0; k < MAX_SPLITS / 32; ++k) {
+                const int s = lane + 32 * k;
+                if (s < num_splits) weights[r * MAX_SPLITS + s] = sum > 0.0f ? fast_exp2((lse_s[k] - total) * LOG2E) : 0.0f;
             }
             if (lane == 0 && lse != nullptr) lse[@LSE_AT@] = total;
         }
@@ -59,7 +68,7 @@ if (num_splits > 1) {
             const float* column = partial_o + at * DV + c0;
             const long long split_stride = all_rows * DV;
             float x[VEC] = {};
-            #pragma unroll 8
+            #pragma unroll 16
             for (int s = 0; s < num_splits; ++s) {
                 if constexpr (VEC == 4) {
                     const float4 v = __ldcg((const float4*)(column + s * split_stride));

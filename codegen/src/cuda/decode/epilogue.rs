@@ -1,7 +1,7 @@
 //! The decode kernel's epilogue: the four warps' rows (each saw a quarter
-//! of every tile's keys) merge in shared memory, then leave as O and the
-//! LSE, or, in a split launch, as the split's partial O and LSE, which the
-//! row tile's last split combines (`combine`).
+//! of every tile's keys) meet in shared memory, a slice a warp, and leave
+//! summed as O and the LSE, or, in a split launch, as the split's partial O
+//! and LSE, which the row tile's last split combines (`combine`).
 
 use super::combine::write_split_combine;
 use super::plan::{DecodeConfig, KvCacheDtype, WarpSplit};
@@ -21,15 +21,14 @@ pub(super) fn write_epilogue(
     w.write_str(
         &"
 // Epilogue. Shared memory (the stages) now holds:
-float* merged = (float*)(smem + Q_TILE);  // [BLOCK_M][DVP]: the warps' O, rescaled and summed
-float* warp_m = merged + BLOCK_M * DVP;  // [WARPS][BLOCK_M]: each warp's row max (log2)
+float* merged = (float*)(smem + Q_TILE);  // [SLICES][BLOCK_M][DVP]: the warps' O at the rows' common max
+float* warp_m = merged + SLICES * BLOCK_M * DVP;  // [WARPS][BLOCK_M]: each warp's row max (log2)
 float* warp_l = warp_m + WARPS * BLOCK_M;  // [WARPS][BLOCK_M]: each warp's row sum
 float* row_scale = warp_l + WARPS * BLOCK_M;  // [BLOCK_M]: 1 / the row's sum, 0 if no key is kept
 float* row_lse = row_scale + BLOCK_M;  // [BLOCK_M]: natural log, -inf if no key is kept
 // Rows past the group's end (a GQA group of 4 fills a quarter of a 16-row
 // tile) are computed but neither merged nor stored.
 const int tile_rows = min(BLOCK_M, rows - row0);
-for (int i = threadIdx.x; i < tile_rows * DVP; i += THREADS) merged[i] = 0.0f;
 #pragma unroll
 for (int i = 0; i < 2 * M_TILES; ++i) {
     const int mt = i / 2, r = i % 2, row = mt * 16 + g + 8 * r;
@@ -40,7 +39,10 @@ for (int i = 0; i < 2 * M_TILES; ++i) {
     }
 }
 __syncthreads();
-// Each warp adds its O at the rows' common max; one thread per row sums l.
+// Each warp stores its O at the rows' common max, in its own slice (summed
+// as the rows leave: plain stores, no shared atomics); one thread per row
+// sums l.
+float* slice = merged + (SLICES == 1 ? 0 : warp) * BLOCK_M * DVP;
 #pragma unroll
 for (int i = 0; i < 2 * M_TILES; ++i) {
     const int mt = i / 2, r = i % 2, row = mt * 16 + g + 8 * r;
@@ -52,7 +54,7 @@ for (int i = 0; i < 2 * M_TILES; ++i) {
     #pragma unroll
     for (int n = 0; n < O_TILES; ++n) {
         #pragma unroll
-        for (int c = 0; c < 2; ++c) atomicAdd(&merged[row * DVP + @O_COLUMN@], o[mt][n][2 * r + c] * factor);
+        for (int c = 0; c < 2; ++c) slice[row * DVP + @O_COLUMN@] = o[mt][n][2 * r + c] * factor;
     }
 }
 if (threadIdx.x < BLOCK_M) {
@@ -79,7 +81,10 @@ const long long all_rows = (long long)batch * heads * @SEQ_ROWS@;
 for (int i = threadIdx.x; i < tile_rows * DV; i += THREADS) {
     const int r = i / DV, c = i % DV, row = row0 + r;
     const int q = row / group, h = kv_head * group + row % group;
-    const float x = merged[r * DVP + c] * row_scale[r];
+    float x = 0.0f;
+    #pragma unroll
+    for (int s = 0; s < SLICES; ++s) x += merged[(s * BLOCK_M + r) * DVP + c];
+    x *= row_scale[r];
     if (num_splits == 1) {
         o_ptr[@O_AT@] = storage::from_f32(x);
     } else {
@@ -103,7 +108,8 @@ if (threadIdx.x < BLOCK_M && row0 + (int)threadIdx.x < rows) {
 /// e4m3 kernel's P·V puts a 16-dim chunk's even and odd dims in
 /// consecutive tiles; where warps split O's columns, a warp's tiles start
 /// at its first column (every warp's max is the rows' max then, so the
-/// merge's factors are 1 and each column is added once).
+/// merge's factors are 1, and the warps share one slice, each column
+/// stored once).
 fn o_column(config: DecodeConfig) -> &'static str {
     match (config.kv, config.warps) {
         (KvCacheDtype::E4m3, _) => "e4m3_o_column(n, t, c)",

@@ -209,6 +209,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: DecodeConfig) -> fm
         WarpSplit::Keys => ("a quarter of each tile's keys", "DVP", "WARP_N"),
         WarpSplit::Columns => ("a quarter of O's columns (and of each tile's keys for S)", "DVP / WARPS", "BLOCK_N"),
     };
+    let slices = config.merge_slices();
     write!(
         w,
         "\
@@ -228,6 +229,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: DecodeConfig) -> fm
         constexpr int PV_KEYS = {pv_keys};  // keys of each tile a warp's P V multiplies\n\
         constexpr int WARP_DV = {warp_dv};  // O's columns a warp owns\n\
         constexpr int O_TILES = WARP_DV / 8;  // m16n8 accumulator tiles of a warp's O\n\
+        constexpr int SLICES = {slices};  // the epilogue's O slices: one a warp where each holds every column\n\
         constexpr int STAGES = {stages};  // K/V pipeline stages, STAGES - 1 tiles in flight\n\
         constexpr int MAX_SPLITS = {MAX_SPLITS};  // the most splits a launch has\n\
         constexpr int Q_TILE = BLOCK_M * DP;\n\

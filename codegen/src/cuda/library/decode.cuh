@@ -115,6 +115,79 @@ __device__ __forceinline__ void load_kv_tile(void* tile, const KvRows<E>& kv, in
     }
 }
 
+// Where one thread's copies of a chunk column land in a swizzled tile of
+// COLS elements of E a row (tile_byte), the copies visiting rows `row`,
+// `row` + STEP, ...: PERIOD offsets plus compile-time constants, since the
+// swizzle repeats every 8 rows. Resolved once per CTA, so a tile's copies
+// cost no shared-address arithmetic.
+template <int STEP, int COLS, typename E>
+struct ColumnSlots {
+    static constexpr int PERIOD = STEP % 8 == 0 ? 1 : STEP % 4 == 0 ? 2 : STEP % 2 == 0 ? 4 : 8;
+    unsigned first[PERIOD];  // byte offsets of the first PERIOD copies
+    __device__ __forceinline__ ColumnSlots(int row, int col) {
+        #pragma unroll
+        for (int p = 0; p < PERIOD; ++p) first[p] = tile_byte<E, COLS>(row + p * STEP, col);
+    }
+    // Copy j's byte offset (j a compile-time constant in unrolled loops).
+    __device__ __forceinline__ unsigned at(int j) const {
+        return first[j % PERIOD] + j / PERIOD * (PERIOD * STEP * COLS * (int)sizeof(E));
+    }
+};
+
+// One operand's K/V tile copies with this thread's share resolved once per
+// CTA. A tile is a stream of 16-byte copies, and decode issues little else
+// per byte, so a copy's address arithmetic is what it costs: thread t copies
+// chunk column `col` of tile rows `row`, `row` + STEP, ... (STEP = THREADS /
+// CHUNKS), so its global addresses are one pointer per tile advanced by a
+// constant stride and its shared ones ColumnSlots'. Only a sequence's last
+// tile tests rows. Tiles the plan does not divide evenly (padded head dims,
+// MLA's wide rows) and unaligned caches take load_kv_tile's general copy.
+template <int ROWS, int COLS, int WIDTH, int THREADS, typename E>
+struct KvTileCopy {
+    static constexpr int CHUNK = 16 / sizeof(E), CHUNKS = COLS / CHUNK;
+    static constexpr int STEP = CHUNKS > 0 && THREADS % CHUNKS == 0 ? THREADS / CHUNKS : 1;
+    using Slots = ColumnSlots<STEP, COLS, E>;
+    static constexpr bool PLANNED = THREADS % CHUNKS == 0 && COLS % CHUNK == 0 && WIDTH % CHUNK == 0 &&
+                                    ROWS % (STEP * Slots::PERIOD) == 0 && ROWS / STEP <= 16;
+
+    KvRows<E> kv;
+    bool vector;  // every row allows 16-byte copies
+    int row, col;  // this thread's first tile row and its column (elements)
+    Slots slots;
+
+    __device__ __forceinline__ KvTileCopy(const KvRows<E>& rows, bool vector_rows)
+        : kv(rows), vector(vector_rows), row(threadIdx.x / CHUNKS), col(threadIdx.x % CHUNKS * CHUNK),
+          slots(row, col) {}
+
+    // Cache rows [first, first + ROWS) into `tile`, rows past `rows` zeroed.
+    __device__ __forceinline__ void operator()(void* tile, int first, int rows) const {
+        if constexpr (PLANNED) {
+            if (vector) {
+                const unsigned base = smem_addr(tile);
+                const E* from = kv.row(first + row) + col;
+                const long long stride = STEP * kv.seq_stride;
+                if (rows >= ROWS && col < WIDTH) {
+                    #pragma unroll
+                    for (int j = 0; j < ROWS / STEP; ++j, from += stride) cp_async_16(base + slots.at(j), from, 16);
+                } else {
+                    #pragma unroll
+                    for (int j = 0; j < ROWS / STEP; ++j, from += stride) {
+                        const bool valid = row + j * STEP < rows && col < WIDTH;
+                        cp_async_16(base + slots.at(j), valid ? from : kv.base, valid ? 16 : 0);
+                    }
+                }
+                return;
+            }
+        }
+        load_kv_tile<ROWS, COLS, WIDTH, THREADS>(tile, kv, first, rows, vector);
+    }
+};
+
+template <int ROWS, int COLS, int WIDTH, int THREADS, typename E>
+__device__ __forceinline__ KvTileCopy<ROWS, COLS, WIDTH, THREADS, E> kv_tile_copy(const KvRows<E>& kv, bool vector) {
+    return KvTileCopy<ROWS, COLS, WIDTH, THREADS, E>(kv, vector);
+}
+
 // The Q column a tile column holds in load_q_rows' INTERLEAVED order.
 __device__ __forceinline__ int q_column(int col) {
     const int pair = col % 16 / 2;

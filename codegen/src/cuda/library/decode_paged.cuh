@@ -109,3 +109,60 @@ __device__ __forceinline__ void load_paged_kv_tile(void* tile, const PagedKvRows
         }
     }
 }
+
+// A paged operand's tile copies with this lane's share resolved once per
+// CTA, as KvTileCopy's: lane l of a warp copies chunk column `col` of its
+// warp's rows `row`, `row` + STEP, ... (STEP = 32 / CHUNKS), each row's
+// address taken by shuffle from the lane that resolved its key (tile_slot),
+// so a copy costs two shuffles and an add. Shapes it does not divide evenly
+// and unaligned caches take load_paged_kv_tile's general copy.
+template <int ROWS, int COLS, int WIDTH, int WARPS, typename E>
+struct PagedTileCopy {
+    static constexpr int CHUNK = 16 / sizeof(E), CHUNKS = COLS / CHUNK, WARP_ROWS = ROWS / WARPS;
+    static constexpr int STEP = 32 % CHUNKS == 0 ? 32 / CHUNKS : 1;
+    using Slots = ColumnSlots<STEP, COLS, E>;
+    static constexpr bool PLANNED = 32 % CHUNKS == 0 && COLS % CHUNK == 0 && WIDTH % CHUNK == 0 &&
+                                    WARP_ROWS % (STEP * Slots::PERIOD) == 0 && WARP_ROWS / STEP <= 16;
+
+    PagedKvRows<E> kv;
+    bool vector;  // every row allows 16-byte copies
+    int row, col;  // this lane's first row of its warp's share, and its column
+    Slots slots;
+
+    __device__ __forceinline__ PagedTileCopy(const PagedKvRows<E>& rows, bool vector_rows)
+        : kv(rows), vector(vector_rows), row(threadIdx.x % 32 / CHUNKS), col(threadIdx.x % 32 % CHUNKS * CHUNK),
+          slots(threadIdx.x / 32 * WARP_ROWS + row, col) {}
+
+    // The tile's keys (this lane's resolved one: `slot`) into `tile`, rows
+    // at or past `rows` zeroed. Every lane runs it: the shuffles need the warp.
+    __device__ __forceinline__ void operator()(void* tile, PageSlot slot, int rows) const {
+        if constexpr (PLANNED) {
+            if (vector) {
+                const unsigned base = smem_addr(tile);
+                const int r0 = threadIdx.x / 32 * WARP_ROWS;
+                const unsigned long long mine = (unsigned long long)kv.at(slot.page, slot.row);
+                // Row `row` + j * STEP of the warp's share, resolved by the lane of that index.
+                auto from = [&](int j) { return (const E*)__shfl_sync(0xffffffffu, mine, row + j * STEP) + col; };
+                if (rows >= r0 + WARP_ROWS && col < WIDTH) {
+                    #pragma unroll
+                    for (int j = 0; j < WARP_ROWS / STEP; ++j) cp_async_16(base + slots.at(j), from(j), 16);
+                } else {
+                    #pragma unroll
+                    for (int j = 0; j < WARP_ROWS / STEP; ++j) {
+                        const E* src = from(j);
+                        const bool valid = r0 + row + j * STEP < rows && col < WIDTH;
+                        cp_async_16(base + slots.at(j), valid ? src : kv.base, valid ? 16 : 0);
+                    }
+                }
+                return;
+            }
+        }
+        load_paged_kv_tile<ROWS, COLS, WIDTH, WARPS>(tile, kv, slot, rows, vector);
+    }
+};
+
+template <int ROWS, int COLS, int WIDTH, int WARPS, typename E>
+__device__ __forceinline__ PagedTileCopy<ROWS, COLS, WIDTH, WARPS, E> paged_tile_copy(const PagedKvRows<E>& kv,
+                                                                                   bool vector) {
+    return PagedTileCopy<ROWS, COLS, WIDTH, WARPS, E>(kv, vector);
+}

@@ -12,6 +12,11 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
 }
+// The same to a shared-space address: a copy stream whose destinations are
+// one base plus constants keeps them 32-bit.
+__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(src_bytes));
+}
 // 4 bytes global -> shared (a per-row statistic), with the same zero fill.
 __device__ __forceinline__ void cp_async_4(void* dst, const void* src, int src_bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
