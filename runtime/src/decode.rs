@@ -36,7 +36,7 @@ use crate::operand::{DeviceInput, DeviceOutput};
 use crate::paged::PagedKv;
 use crate::runtime::Runtime;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
-use flashgen_codegen::cuda::{split_count, DecodeCache, DecodeConfig, DecodeQueries, KvCacheDtype};
+use flashgen_codegen::cuda::{DecodeCache, DecodeConfig, DecodeQueries, KvCacheDtype};
 use flashgen_codegen::{Shape, Spec};
 use std::sync::Arc;
 
@@ -274,7 +274,7 @@ impl Runtime {
         let kv_tiles = kv_tiles(&shape, config);
         let splits = match opts.splits {
             Some(n) => check_splits(n)?,
-            None => split_count(ctas, self.sm_count(), config.ctas_per_sm, config.max_splits(spec, rows, kv_tiles)),
+            None => config.splits(spec, rows, kv_tiles, ctas, self.sm_count()),
         };
         let cache = if opts.paged { DecodeCache::Paged } else { DecodeCache::Dense };
         let queries = if opts.varlen { DecodeQueries::Packed } else { DecodeQueries::Padded };

@@ -37,8 +37,8 @@ pub use backward::{
 pub use block_mask::emit_block_mask;
 pub use decode::{
     emit_decode, emit_decode_paged, emit_decode_with, split_candidates, split_count, DecodeCache, DecodeConfig,
-    DecodeQueries, DecodeUnfit, KvCacheDtype, WarpSplit, DECODE_BLOCK_N, DECODE_COLUMNS_BLOCK_N, DECODE_WARPS,
-    MAX_SPLITS,
+    DecodeQueries, DecodeUnfit, KvCacheDtype, SplitLaunch, WarpSplit, DECODE_BLOCK_N, DECODE_COLUMNS_BLOCK_N,
+    DECODE_WARPS, MAX_SPLITS,
 };
 pub use e4m3_v_tiles::{e4m3_v_row, emit_e4m3_v_tiles};
 pub use forward::{

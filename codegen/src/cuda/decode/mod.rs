@@ -94,7 +94,7 @@ mod tiles;
 
 pub use body::DecodeCache;
 pub use plan::{
-    split_candidates, split_count, DecodeConfig, DecodeUnfit, KvCacheDtype, WarpSplit, DECODE_BLOCK_N,
+    split_candidates, split_count, DecodeConfig, DecodeUnfit, KvCacheDtype, SplitLaunch, WarpSplit, DECODE_BLOCK_N,
     DECODE_COLUMNS_BLOCK_N, DECODE_WARPS, MAX_SPLITS,
 };
 pub use queries::DecodeQueries;

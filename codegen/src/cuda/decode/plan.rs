@@ -297,33 +297,72 @@ impl DecodeConfig {
     /// 512-column rows make that bound the binding one there.
     pub fn max_splits(self, spec: &Spec, rows: u32, kv_tiles: u32) -> u32 {
         let cache = f64::from(kv_tiles) * f64::from(self.stage_bytes(spec));
-        let partial = f64::from(rows.clamp(1, self.block_m()) * spec.head_dims.v * 4);
-        let by_combine = (4.0 * cache / partial).sqrt() as u32;
+        let by_combine = (4.0 * cache / self.partial_bytes(spec, rows)).sqrt() as u32;
         (kv_tiles / MIN_TILES_PER_SPLIT).min(by_combine).clamp(1, MAX_SPLITS)
+    }
+
+    /// The split count for an unsplit launch of `ctas` CTAs with `rows`
+    /// query rows per K/V head over `kv_tiles` tiles of keys on `sms` SMs
+    /// ([`split_count`], bounded by [`DecodeConfig::max_splits`]).
+    pub fn splits(self, spec: &Spec, rows: u32, kv_tiles: u32, ctas: u64, sms: u32) -> u32 {
+        let launch = SplitLaunch { ctas, sms, ctas_per_sm: self.ctas_per_sm, kv_tiles };
+        let combine = self.partial_bytes(spec, rows) / f64::from(self.stage_bytes(spec)) / COMBINE_SPEEDUP;
+        split_count(launch, self.max_splits(spec, rows, kv_tiles), combine)
+    }
+
+    /// One split's rows of a row tile as the combine reads them (f32), bytes.
+    fn partial_bytes(self, spec: &Spec, rows: u32) -> f64 {
+        f64::from(rows.clamp(1, self.block_m()) * spec.head_dims.v * 4)
     }
 }
 
-/// How many CTAs each sequence's keys are split among, at most `most`
-/// ([`DecodeConfig::max_splits`]), for an unsplit launch of `ctas` CTAs
-/// (row tiles × K/V heads × batch) on `sms` SMs of `ctas_per_sm` CTAs
-/// each: 1 where the unsplit launch's waves are at least 80% full; else the
-/// fewest splits whose waves are within 95% as full as the fullest a split
-/// count up to `most` reaches. A wave's slots, not its SMs: two CTAs on an
-/// SM overlap one's waits with the other's products, and a wave that
-/// leaves some SMs one CTA and others two ends with the busier ones.
-pub fn split_count(ctas: u64, sms: u32, ctas_per_sm: u32, most: u32) -> u32 {
-    let wave = u64::from(sms.max(1)) * u64::from(ctas_per_sm.max(1));
-    let ctas = ctas.max(1);
-    let efficiency = |s: u32| {
-        let n = ctas * u64::from(s);
-        n as f64 / (n.div_ceil(wave) * wave) as f64
-    };
-    if efficiency(1) >= 0.8 {
+/// An unsplit decode launch: `ctas` CTAs (row tiles × K/V heads × batch)
+/// over `kv_tiles` tiles of keys, on `sms` SMs of `ctas_per_sm` CTAs each.
+#[derive(Clone, Copy, Debug)]
+pub struct SplitLaunch {
+    pub ctas: u64,
+    pub sms: u32,
+    pub ctas_per_sm: u32,
+    pub kv_tiles: u32,
+}
+
+/// A decode CTA's fixed cost in tiles' time: its first tile's latency, the
+/// merge of its warps' rows and the split's rows written for the combine.
+const CTA_TILES: u32 = 1;
+
+/// How much faster the combine reads a split's rows (written just before,
+/// from L2) than a split streams the same bytes of cache: fitted on an H200
+/// to the split counts that ran fastest at batch 1 (bf16 and e4m3 caches,
+/// MLA's 64 KiB rows a split), where the combine weighs most.
+const COMBINE_SPEEDUP: f64 = 4.0;
+
+/// How many CTAs each sequence's keys are split among in `launch`, at most
+/// `most`: 1 where the unsplit launch's waves are at least 80% full; else
+/// the fewest splits that finish soonest. A launch's time, in tiles' time:
+/// the waves its CTAs fill times the tiles each streams plus [`CTA_TILES`],
+/// then the combine, one CTA reading every split's rows (`combine` tiles'
+/// time a split: MLA's 512-column rows make many splits cost more than
+/// they save). The kernel hands a split `ceil(kv_tiles / s)` tiles, so `s`
+/// splits keep only `ceil(kv_tiles / that)` CTAs busy (31 splits of 64
+/// tiles: 22 CTAs of three tiles, not 31 of two). A wave's slots, not its
+/// SMs: two CTAs on an SM overlap one's waits with the other's products,
+/// and a wave that leaves some SMs one CTA and others two ends with the
+/// busier ones.
+pub fn split_count(launch: SplitLaunch, most: u32, combine: f64) -> u32 {
+    let wave = u64::from(launch.sms.max(1)) * u64::from(launch.ctas_per_sm.max(1));
+    let (ctas, tiles) = (launch.ctas.max(1), launch.kv_tiles.max(1));
+    if ctas as f64 / (ctas.div_ceil(wave) * wave) as f64 >= 0.8 {
         return 1;
     }
+    let time = |s: u32| {
+        let per_split = tiles.div_ceil(s);
+        let busy = ctas * u64::from(tiles.div_ceil(per_split));
+        let combined = if s > 1 { f64::from(s) * combine } else { 0.0 };
+        (busy.div_ceil(wave) * u64::from(per_split + CTA_TILES)) as f64 + combined
+    };
     let most = most.clamp(1, MAX_SPLITS);
-    let best = (1..=most).map(efficiency).fold(0.0, f64::max);
-    (1..=most).find(|&s| efficiency(s) >= 0.95 * best).unwrap_or(1)
+    let soonest = (1..=most).map(time).fold(f64::INFINITY, f64::min);
+    (1..=most).find(|&s| time(s) <= soonest).unwrap_or(1)
 }
 
 /// The split counts a tuner times for keys of `kv_tiles` tiles: powers of
@@ -470,23 +509,25 @@ mod tests {
     fn splits_fill_the_gpu() {
         // H100: 132 SMs, two CTAs each; 8 K/V heads, q_len 1.
         let config = DecodeConfig::for_rows(&spec(128), Target::HOPPER, 4).unwrap();
-        let split = |batch: u64, kv_len: u32| {
-            let most = config.max_splits(&spec(128), 4, kv_len.div_ceil(DECODE_BLOCK_N));
-            split_count(batch * 8, 132, 2, most)
-        };
+        let split =
+            |batch: u64, kv_len: u32| config.splits(&spec(128), 4, kv_len.div_ceil(DECODE_BLOCK_N), batch * 8, 132);
         assert_eq!(split(1, 65536), 32, "8 CTAs: 256 of 264 slots");
-        assert_eq!(split(1, 4096), 31, "at most 32 (two tiles each): within 95% of 256 of 264");
+        assert_eq!(split(1, 4096), 32, "two tiles each; 31 would hand 22 splits three and leave 9 idle");
         assert_eq!(split(1, 1024), 8, "16 tiles: splits keep 2 at least");
         assert_eq!(split(1, 64), 1, "one tile is never split");
         assert_eq!(split(16, 65536), 2);
         assert_eq!(split(64, 4096), 1, "512 CTAs: no split");
         assert_eq!(split(256, 1024), 1);
-        // Three CTAs an SM (e4m3 stages): 512 CTAs would leave a second wave
-        // 30% full; three splits fill 97% of four.
-        assert_eq!(split_count(64 * 8, 132, 3, 32), 3, "1536 of 1584 slots");
-        assert_eq!(split_count(40 * 8, 132, 2, 128), 4, "320 CTAs would leave a 21% second wave: 1280 of 1320");
-        assert!(split_count(1, 10_000, 4, u32::MAX) <= MAX_SPLITS);
-        assert_eq!(split_count(0, 0, 0, 0), 1, "degenerate inputs still give one split");
+        // Three CTAs an SM (e4m3 stages), 64 tiles: 512 CTAs would leave a
+        // second wave 30% full (128 tile-steps); three splits of 22 tiles
+        // fill 97% of four waves (88).
+        let launch = |ctas, ctas_per_sm| SplitLaunch { ctas, sms: 132, ctas_per_sm, kv_tiles: 64 };
+        assert_eq!(split_count(launch(64 * 8, 3), 32, 0.1), 3, "1536 of 1584 slots");
+        assert_eq!(split_count(launch(40 * 8, 2), 128, 0.1), 4, "320 CTAs would leave a 21% second wave: 1280 of 1320");
+        let huge = SplitLaunch { ctas: 1, sms: 10_000, ctas_per_sm: 4, kv_tiles: u32::MAX };
+        assert!(split_count(huge, u32::MAX, 0.0) <= MAX_SPLITS);
+        let nothing = SplitLaunch { ctas: 0, sms: 0, ctas_per_sm: 0, kv_tiles: 0 };
+        assert_eq!(split_count(nothing, 0, 0.0), 1, "degenerate inputs still give one split");
     }
 
     #[test]
@@ -506,9 +547,15 @@ mod tests {
         let c = DecodeConfig::choose(&mla(), h, 16, KvCacheDtype::Spec, true).unwrap();
         assert_eq!(c.max_splits(&mla(), 16, 512), 48);
         assert_eq!(c.max_splits(&mla(), 16, 2048), 96);
-        assert_eq!(split_count(1, 132, c.ctas_per_sm, c.max_splits(&mla(), 16, 512)), 46, "95% of 48 CTAs' fill");
-        // 128 heads: four row tiles of 32.
+        assert_eq!(c.splits(&mla(), 16, 512, 1, 132), 47, "11 tiles each");
+        // 128 heads: four row tiles of 32 (64 KiB of partial O a split).
         let c = DecodeConfig::choose(&mla(), h, 128, KvCacheDtype::Spec, true).unwrap();
-        assert_eq!(split_count(4, 132, c.ctas_per_sm, c.max_splits(&mla(), 128, 512)), 32, "128 of 132 SMs");
+        assert_eq!(c.splits(&mla(), 128, 512, 4, 132), 32, "128 of 132 SMs, 16 tiles each");
+        assert_eq!(
+            c.splits(&mla(), 128, 128, 4, 132),
+            16,
+            "4k keys: 32 splits would save four tiles and cost the combine seven"
+        );
+        assert_eq!(c.splits(&mla(), 128, 2048, 64, 132), 2, "16 sequences: 128 CTAs, a combine of two");
     }
 }
