@@ -356,9 +356,9 @@ pub fn split_count(launch: SplitLaunch, most: u32, combine: f64) -> u32 {
     }
     let time = |s: u32| {
         let per_split = tiles.div_ceil(s);
-        let busy = ctas * u64::from(tiles.div_ceil(per_split));
+        let busy = ctas.saturating_mul(u64::from(tiles.div_ceil(per_split)));
         let combined = if s > 1 { f64::from(s) * combine } else { 0.0 };
-        (busy.div_ceil(wave) * u64::from(per_split + CTA_TILES)) as f64 + combined
+        busy.div_ceil(wave) as f64 * (f64::from(per_split) + f64::from(CTA_TILES)) + combined
     };
     let most = most.clamp(1, MAX_SPLITS);
     let soonest = (1..=most).map(time).fold(f64::INFINITY, f64::min);
