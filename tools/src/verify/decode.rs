@@ -587,6 +587,18 @@ impl DecodeProblem {
         self.with_lens(&lens)
     }
 
+    /// The same step with every query times 2^`exponent` and the softmax
+    /// scale times 2^-`exponent`: the same scores in exact arithmetic, the
+    /// queries past f16's largest value (exponent 20) or below its normals
+    /// (-20). Exact for bf16 queries.
+    pub fn with_queries_scaled(mut self, exponent: i32) -> DecodeProblem {
+        let factor = 2f64.powi(exponent);
+        self.padded_q.iter_mut().for_each(|x| *x *= factor);
+        self.reference.problem.q.iter_mut().for_each(|x| *x *= factor);
+        self.reference.problem.scale /= factor;
+        self
+    }
+
     /// The same step with its caches quantized to e4m3 under `granularity`,
     /// and the descales: each K/V head's rows are first scaled by a factor
     /// of its own (so per-head descales differ, and a per-tensor one serves

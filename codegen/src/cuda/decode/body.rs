@@ -8,7 +8,7 @@ use super::plan::{DecodeConfig, KvCacheDtype, WarpSplit};
 use super::queries::DecodeQueries;
 use super::tiles::write_tile_kept;
 use crate::cuda::writer::Writer;
-use crate::spec::Spec;
+use crate::spec::{Dtype, Spec};
 use std::fmt::{self, Write};
 
 /// The CTA's coordinates, its split of the keys, the K/V row addressing
@@ -28,7 +28,7 @@ pub(super) fn write_setup(
         w.write_str(E4M3_DESCALES)?;
     }
     write_tile_kept(w, spec)?;
-    write_prologue(w, cache, queries, config)
+    write_prologue(w, spec, cache, queries, config)
 }
 
 /// Where warps split O's columns: the tile's P and the warps' row maxima,
@@ -40,14 +40,27 @@ unsigned short* p_tile = k_tiles + SCRATCH_BYTES / 2;
 float* p_max = (float*)(p_tile + BLOCK_M * BLOCK_N);
 ";
 
-/// An e4m3 kernel's descale factors, folded where they cost nothing per
-/// element: K's into the softmax scale (the logit), V's into the rows'
-/// final normalization (the epilogue).
+/// An e4m3 kernel's V descale, folded where it costs nothing per element:
+/// into the rows' final normalization (the epilogue). K's goes into the
+/// softmax scale once Q is in f16 ([`E4M3_Q`]).
 const E4M3_DESCALES: &str = "\
-// The e4m3 cache's K/V head descales: the logit's scale takes K's, each row's
-// final 1 / sum V's.
-const float qk_scale = scale * k_descale[kv_head * k_descale_stride];
+// The e4m3 cache's V head descale: each row's final 1 / sum takes it.
 const float v_scale = v_descale[kv_head * v_descale_stride];
+";
+
+/// A bf16 e4m3 kernel's Q: to f16 for the f16 MMAs, scaled by a power of
+/// two the softmax scale undoes, with K's descale.
+const E4M3_Q_BF16: &str = "\
+// The MMAs run on f16 (e4m3 converts to it in one instruction): Q's tile to
+// f16, scaled by a power of two that the logit's scale undoes with K's
+// descale (q k = dk 2^-shift (2^shift q) k8).
+const float qk_scale = scale * k_descale[kv_head * k_descale_stride] * q_tile_to_f16<Q_TILE, THREADS>(q_tile);
+";
+
+/// An f16 e4m3 kernel's logit scale: K's descale (Q is f16 already).
+const E4M3_Q_F16: &str = "\
+// K's descale goes into the logit's scale: q k = dk (q k8).
+const float qk_scale = scale * k_descale[kv_head * k_descale_stride];
 ";
 
 /// Where the kernel's K/V rows live: the one thing a paged decode kernel
@@ -116,6 +129,7 @@ const PagedKvRows v_rows{v_ptr + kv_head * v_head_stride, v_page_stride, v_seq_s
 /// `STAGES - 1` tiles in flight.
 fn write_prologue(
     w: &mut Writer<String>,
+    spec: &Spec,
     cache: DecodeCache,
     queries: DecodeQueries,
     config: DecodeConfig,
@@ -182,9 +196,15 @@ const unsigned short* q_group = ",
         // Q's columns in the order the e4m3 K fragments hold the dims.
         KvCacheDtype::E4m3 => "load_q_rows<BLOCK_M, DP, D, THREADS, true>",
     })?;
+    w.write_str("(q_tile, q_group, q_seq_stride, q_head_stride, group, row0, rows);\n")?;
+    if config.kv == KvCacheDtype::E4m3 {
+        w.write_str(match spec.dtype {
+            Dtype::Bf16 => E4M3_Q_BF16,
+            Dtype::F16 => E4M3_Q_F16,
+        })?;
+    }
     w.write_str(
-        "(q_tile, q_group, q_seq_stride, q_head_stride, group, row0, rows);
-
+        "
 // The spec's h and q of this lane's rows (a row past the group's end
 // repeats the last one: computed, never stored).
 int row_h[2 * M_TILES], row_q[2 * M_TILES];
@@ -238,7 +258,7 @@ pub(super) fn write_tile_loop(w: &mut Writer<String>, spec: &Spec, config: Decod
             "    // O += P V, P straight from the S registers (pack_p), V's e4m3 converted\n    \
              // on registers: tiles n and n + 1 take a 16-dim chunk's even and odd dims.\n",
         ))?;
-        ("pack_p(storage{}, p[mt], s[mt], kk)", "v_smem + v_lane.at(kw + kk * 16, n / 2)")
+        ("pack_p(operand{}, p[mt], s[mt], kk)", "v_smem + v_lane.at(kw + kk * 16, n / 2)")
     };
     w.write_str(&VALUES_LOOP.replace("@P_FRAGMENT@", p_fragment))?;
     w.write_str(&by_format(SPEC_VALUES, E4M3_VALUES).replace("@V_AT@", v_at))?;
@@ -321,8 +341,8 @@ const SPEC_SCORES: &str = "        #pragma unroll
             ldmatrix_x4(kb, k_smem + k_lane.at(kw + n * 8, kk));
             #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt) {
-                mma_16816(storage{}, s[mt][n], a[mt], kb[0], kb[1]);
-                mma_16816(storage{}, s[mt][n + 1], a[mt], kb[2], kb[3]);
+                mma_16816(operand{}, s[mt][n], a[mt], kb[0], kb[1]);
+                mma_16816(operand{}, s[mt][n + 1], a[mt], kb[2], kb[3]);
             }
         }
     }
@@ -335,9 +355,9 @@ const E4M3_SCORES: &str = "        unsigned kb[2];  // keys kw + g and kw + 8 + 
         #pragma unroll
         for (int n = 0; n < S_TILES; ++n) {
             unsigned b0, b1;
-            e4m3_key_fragment(storage{}, kb[n], b0, b1);
+            e4m3_key_fragment(kb[n], b0, b1);
             #pragma unroll
-            for (int mt = 0; mt < M_TILES; ++mt) mma_16816(storage{}, s[mt][n], a[mt], b0, b1);
+            for (int mt = 0; mt < M_TILES; ++mt) mma_16816(operand{}, s[mt][n], a[mt], b0, b1);
         }
     }
 
@@ -403,8 +423,8 @@ const SPEC_VALUES: &str = "            unsigned vb[4];
             ldmatrix_x4_trans(vb, @V_AT@);
             #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt) {
-                mma_16816(storage{}, o[mt][n], p[mt], vb[0], vb[1]);
-                mma_16816(storage{}, o[mt][n + 1], p[mt], vb[2], vb[3]);
+                mma_16816(operand{}, o[mt][n], p[mt], vb[0], vb[1]);
+                mma_16816(operand{}, o[mt][n + 1], p[mt], vb[2], vb[3]);
             }
         }
     }
@@ -414,12 +434,12 @@ const SPEC_VALUES: &str = "            unsigned vb[4];
 /// O's columns come out in `e4m3_o_column`'s order.
 const E4M3_VALUES: &str = "            unsigned vb[2], even[2], odd[2];  // keys 2t, 2t + 1, then 2t + 8, 2t + 9
             ldmatrix_x2_trans(vb, v_smem + v_lanes[n / 2 % 2].at(kw + kk * 16, n / 4));
-            e4m3_value_fragment(storage{}, vb[0], even[0], odd[0]);
-            e4m3_value_fragment(storage{}, vb[1], even[1], odd[1]);
+            e4m3_value_fragment(vb[0], even[0], odd[0]);
+            e4m3_value_fragment(vb[1], even[1], odd[1]);
             #pragma unroll
             for (int mt = 0; mt < M_TILES; ++mt) {
-                mma_16816(storage{}, o[mt][n], p[mt], even[0], even[1]);
-                mma_16816(storage{}, o[mt][n + 1], p[mt], odd[0], odd[1]);
+                mma_16816(operand{}, o[mt][n], p[mt], even[0], even[1]);
+                mma_16816(operand{}, o[mt][n + 1], p[mt], odd[0], odd[1]);
             }
         }
     }

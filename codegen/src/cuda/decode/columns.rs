@@ -36,7 +36,7 @@ pub(super) const SCORES: &str = "    float s[M_TILES][S_TILES][4] = {};
         unsigned kb[2];  // keys kw .. kw + 7, dims 16 kk .. 16 kk + 15
         ldmatrix_x2(kb, k_smem + k_lane.at(kw, kk));
         #pragma unroll
-        for (int mt = 0; mt < M_TILES; ++mt) mma_16816(storage{}, chain[kk % CHAINS][mt], a[mt], kb[0], kb[1]);
+        for (int mt = 0; mt < M_TILES; ++mt) mma_16816(operand{}, chain[kk % CHAINS][mt], a[mt], kb[0], kb[1]);
     }
     #pragma unroll
     for (int c = 0; c < CHAINS; ++c) {
@@ -77,7 +77,7 @@ pub(super) const SHARE_P: &str = "    // P to shared memory: every warp multipli
         const int mt = i / 2, r = i % 2, row = mt * 16 + g + 8 * r;
         #pragma unroll
         for (int n = 0; n < S_TILES; ++n) {
-            const unsigned pair = pack2(storage{}, s[mt][n][2 * r], s[mt][n][2 * r + 1]);
+            const unsigned pair = pack2(operand{}, s[mt][n][2 * r], s[mt][n][2 * r + 1]);
             *(unsigned*)(p_tile + swizzle<BLOCK_N>(row, kw + n * 8 + 2 * t)) = pair;
         }
     }

@@ -48,11 +48,14 @@
 //!
 //! - **E4m3 caches** ([`KvCacheDtype::E4m3`]: `library/decode_e4m3.cuh`).
 //!   K/V tiles are copied as they are, a byte an element (half the bytes a
-//!   step waits on; twice the stages fit), and converted to the spec's
-//!   dtype on registers right after each ldmatrix: every element once (a
-//!   warp owns its keys), no second pass through shared memory, and the
-//!   conversion is exact (e4m3 ⊂ f16, bf16; `cvt.rn.f16x2.e4m3x2` on
-//!   sm_89+). The 16-bit ldmatrix reads a byte tile as a 16-bit tile of half
+//!   step waits on; twice the stages fit), and converted to f16 on
+//!   registers right after each ldmatrix: every element once (a warp owns
+//!   its keys), no second pass through shared memory, and the conversion is
+//!   exact (e4m3 ⊂ f16; one `cvt.rn.f16x2.e4m3x2` a pair on sm_89+, where
+//!   bf16 would take five instructions). The MMAs run on f16 whatever the
+//!   spec's dtype: a bf16 Q tile is converted once per CTA, scaled by a
+//!   power of two that the softmax scale undoes (`q_tile_to_f16`), and P
+//!   is packed to f16. The 16-bit ldmatrix reads a byte tile as a 16-bit tile of half
 //!   the columns, handing each lane K's dims in another order, which the
 //!   Q tile is stored in (`load_q_rows`' INTERLEAVED: the reduction over
 //!   dims is the same sum), and V's dims split over two MMAs, whose O
@@ -215,6 +218,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: DecodeConfig) -> fm
         "\
         // ---- kernel configuration ---------------------------------------------------\n\
         using storage = {storage};  // element format of {elements}\n\
+        using operand = {operand};  // the MMAs' 16-bit format\n\
         constexpr int D = {d};  // Q/K head dim\n\
         constexpr int DV = {dv};  // V/O head dim\n\
         constexpr int DP = (D + 15) / 16 * 16;  // D padded to the MMA k-step (zeros beyond D)\n\
@@ -242,6 +246,8 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: DecodeConfig) -> fm
         static_assert(SCRATCH_BYTES >= 2 * STAGES_UNITS, \"the stages fit the scratch\");\n\
         \n",
         storage = storage(spec.dtype),
+        // e4m3 converts to f16 in one instruction, to bf16 in five.
+        operand = if kv == KvCacheDtype::E4m3 { "f16" } else { storage(spec.dtype) },
         d = spec.head_dims.qk,
         dv = spec.head_dims.v,
         block_n = config.block_n(),

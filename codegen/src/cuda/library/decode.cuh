@@ -134,6 +134,26 @@ struct ColumnSlots {
     }
 };
 
+// A planned tile copy's stream of COPIES 16-byte copies: copy j takes the
+// address source(j) hands it (called once per j, in order) to slots.at(j).
+// Unless `whole`, copy j's tile row is row + j * STEP, and rows at or past
+// `rows` (or every row, where !col_ok) are zero-filled from `zeros`.
+template <int COPIES, int STEP, class Slots, class Source>
+__device__ __forceinline__ void planned_copies(unsigned base, const Slots& slots, Source source, bool whole, int row,
+                                               int rows, bool col_ok, const void* zeros) {
+    if (whole) {
+        #pragma unroll
+        for (int j = 0; j < COPIES; ++j) cp_async_16(base + slots.at(j), source(j), 16);
+    } else {
+        #pragma unroll
+        for (int j = 0; j < COPIES; ++j) {
+            const void* src = source(j);
+            const bool valid = col_ok && row + j * STEP < rows;
+            cp_async_16(base + slots.at(j), valid ? src : zeros, valid ? 16 : 0);
+        }
+    }
+}
+
 // One operand's K/V tile copies with this thread's share resolved once per
 // CTA. A tile is a stream of 16-byte copies, and decode issues little else
 // per byte, so a copy's address arithmetic is what it costs: thread t copies
@@ -163,19 +183,15 @@ struct KvTileCopy {
     __device__ __forceinline__ void operator()(void* tile, int first, int rows) const {
         if constexpr (PLANNED) {
             if (vector) {
-                const unsigned base = smem_addr(tile);
                 const E* from = kv.row(first + row) + col;
                 const long long stride = STEP * kv.seq_stride;
-                if (rows >= ROWS && col < WIDTH) {
-                    #pragma unroll
-                    for (int j = 0; j < ROWS / STEP; ++j, from += stride) cp_async_16(base + slots.at(j), from, 16);
-                } else {
-                    #pragma unroll
-                    for (int j = 0; j < ROWS / STEP; ++j, from += stride) {
-                        const bool valid = row + j * STEP < rows && col < WIDTH;
-                        cp_async_16(base + slots.at(j), valid ? from : kv.base, valid ? 16 : 0);
-                    }
-                }
+                auto source = [&](int) {
+                    const E* at = from;
+                    from += stride;
+                    return at;
+                };
+                const bool whole = rows >= ROWS && col < WIDTH;
+                planned_copies<ROWS / STEP, STEP>(smem_addr(tile), slots, source, whole, row, rows, col < WIDTH, kv.base);
                 return;
             }
         }

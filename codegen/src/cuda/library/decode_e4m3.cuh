@@ -9,9 +9,9 @@
 // products absorb: K's dims are a reduction the Q tile is permuted for
 // (load_q_rows' INTERLEAVED), V's dims become O's columns (e4m3_o_column).
 
-// Two e4m3 values (the low byte first) as two 16-bit values of `storage`.
-// Exact: every e4m3 value is an f16 and a bf16.
-__device__ __forceinline__ unsigned e4m3x2_to(f16, unsigned pair) {
+// Two e4m3 values (the low byte first) as two f16 values, exactly (every
+// e4m3 value is an f16).
+__device__ __forceinline__ unsigned e4m3x2_to_f16(unsigned pair) {
 #if __CUDA_ARCH__ >= 890
     unsigned r;
     asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"((unsigned short)pair));
@@ -26,15 +26,44 @@ __device__ __forceinline__ unsigned e4m3x2_to(f16, unsigned pair) {
     return r;
 #endif
 }
-__device__ __forceinline__ unsigned e4m3x2_to(bf16, unsigned pair) {
-    // The f16 of an e4m3 value is 0 or normal (e4m3's least, 2^-9, is past
-    // f16's 2^-14), so its bits shifted right by 3 are a normal bf16 of
-    // value · 2^-112 with every mantissa bit kept; · 2^112 is then exact.
-    const unsigned h = e4m3x2_to(f16{}, pair);
-    const unsigned raw = ((h & 0x7fff7fffu) >> 3) | (h & 0x80008000u);
-    unsigned r;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(raw), "r"(0x77807780u), "r"(0x80008000u));
-    return r;
+// The MMAs of an e4m3 kernel run on f16: e4m3 -> f16 is one instruction per
+// pair where bf16 would take four more (shifts, masks and a scaling FMA), and
+// the kernel is issue-bound on them. A bf16 Q tile is converted once per CTA,
+// scaled by 2^shift so that its largest |q| lands in [2^15, 2^16) (bf16's
+// largest mantissa times 2^15 is 65280, below f16's 65504): every value
+// within 2^29 of that largest keeps all its bits (f16 holds bf16's 8
+// significant bits while normal), and the smaller ones round to f16's
+// subnormals, off by at most 2^-40 of the largest. Returns 2^-shift, for
+// the softmax scale. Every thread calls it (it has barriers).
+template <int UNITS, int THREADS>
+__device__ __forceinline__ float q_tile_to_f16(unsigned short* tile) {
+    __syncthreads();  // load_q_rows' stores, in its own order of chunks
+    // Each warp finds the largest |q| of the whole tile (a few loads a lane,
+    // no shared slot to reduce through); magnitudes order as integers.
+    uint4* chunks = (uint4*)tile;
+    unsigned top = 0;
+    for (int i = threadIdx.x % 32; i < UNITS / 8; i += 32) {
+        const uint4 x = chunks[i];
+        const unsigned pairs[4] = {x.x, x.y, x.z, x.w};
+        #pragma unroll
+        for (const unsigned pair : pairs) top = max(top, max(pair & 0x7fffu, (pair >> 16) & 0x7fffu));
+    }
+    top = __reduce_max_sync(0xffffffffu, top);
+    __syncthreads();  // every warp has read the tile before it changes
+    const int shift = min(142 - (int)(top >> 7), 100);
+    const float up = __int_as_float((127 + shift) << 23);
+    for (int i = threadIdx.x; i < UNITS / 8; i += THREADS) {
+        const uint4 x = chunks[i];
+        unsigned pairs[4] = {x.x, x.y, x.z, x.w};
+        #pragma unroll
+        for (unsigned& pair : pairs) {
+            const unsigned lo = f16::from_f32(bf16::to_f32((unsigned short)(pair & 0xffffu)) * up);
+            const unsigned hi = f16::from_f32(bf16::to_f32((unsigned short)(pair >> 16)) * up);
+            pair = lo | hi << 16;
+        }
+        chunks[i] = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+    }
+    return __int_as_float((127 - shift) << 23);
 }
 
 // Two 8x8 16-bit matrices from shared memory, transposed; lanes 0-15 supply
@@ -47,21 +76,19 @@ __device__ __forceinline__ void ldmatrix_x2_trans(unsigned (&r)[2], unsigned add
 // register of 8 keys: the four e4m3 dims 4t .. 4t + 3 of key g. The MMA
 // takes dims 4t, 4t + 1 as its k rows 2t, 2t + 1 and dims 4t + 2, 4t + 3 as
 // rows 2t + 8, 2t + 9, where the Q tile holds those dims (q_column).
-template <class S>
-__device__ __forceinline__ void e4m3_key_fragment(S tag, unsigned keys, unsigned& b0, unsigned& b1) {
-    b0 = e4m3x2_to(tag, keys);
-    b1 = e4m3x2_to(tag, keys >> 16);
+__device__ __forceinline__ void e4m3_key_fragment(unsigned keys, unsigned& b0, unsigned& b1) {
+    b0 = e4m3x2_to_f16(keys);
+    b1 = e4m3x2_to_f16(keys >> 16);
 }
 
 // V's B fragments of a 16-dim chunk from this lane's ldmatrix.trans register
 // of 8 keys: keys 2t, 2t + 1 at dims 2g, 2g + 1 (bytes: (2t, 2g), (2t, 2g +
 // 1), (2t + 1, 2g), (2t + 1, 2g + 1)). `even` is the keys' pair at dim 2g,
 // `odd` at 2g + 1: two MMAs whose n = g is dim 2g and 2g + 1 of the chunk.
-template <class S>
-__device__ __forceinline__ void e4m3_value_fragment(S tag, unsigned x, unsigned& even, unsigned& odd) {
+__device__ __forceinline__ void e4m3_value_fragment(unsigned x, unsigned& even, unsigned& odd) {
     const unsigned pairs = __byte_perm(x, 0u, 0x3120);
-    even = e4m3x2_to(tag, pairs);
-    odd = e4m3x2_to(tag, pairs >> 16);
+    even = e4m3x2_to_f16(pairs);
+    odd = e4m3x2_to_f16(pairs >> 16);
 }
 
 // The O column of accumulator element c (0, 1) of this lane's m16n8 tile n

@@ -138,22 +138,13 @@ struct PagedTileCopy {
     __device__ __forceinline__ void operator()(void* tile, PageSlot slot, int rows) const {
         if constexpr (PLANNED) {
             if (vector) {
-                const unsigned base = smem_addr(tile);
                 const int r0 = threadIdx.x / 32 * WARP_ROWS;
                 const unsigned long long mine = (unsigned long long)kv.at(slot.page, slot.row);
                 // Row `row` + j * STEP of the warp's share, resolved by the lane of that index.
-                auto from = [&](int j) { return (const E*)__shfl_sync(0xffffffffu, mine, row + j * STEP) + col; };
-                if (rows >= r0 + WARP_ROWS && col < WIDTH) {
-                    #pragma unroll
-                    for (int j = 0; j < WARP_ROWS / STEP; ++j) cp_async_16(base + slots.at(j), from(j), 16);
-                } else {
-                    #pragma unroll
-                    for (int j = 0; j < WARP_ROWS / STEP; ++j) {
-                        const E* src = from(j);
-                        const bool valid = r0 + row + j * STEP < rows && col < WIDTH;
-                        cp_async_16(base + slots.at(j), valid ? src : kv.base, valid ? 16 : 0);
-                    }
-                }
+                auto source = [&](int j) { return (const E*)__shfl_sync(0xffffffffu, mine, row + j * STEP) + col; };
+                const bool whole = rows >= r0 + WARP_ROWS && col < WIDTH;
+                planned_copies<WARP_ROWS / STEP, STEP>(smem_addr(tile), slots, source, whole, r0 + row, rows,
+                                                       col < WIDTH, kv.base);
                 return;
             }
         }

@@ -7,15 +7,15 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
 }
-// 16 bytes global -> shared without a register round trip; src_bytes = 0
-// writes zeros (rows past the end of a sequence).
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
-}
-// The same to a shared-space address: a copy stream whose destinations are
-// one base plus constants keeps them 32-bit.
+// 16 bytes global -> shared without a register round trip, to a
+// shared-space address (a copy stream whose destinations are one base plus
+// constants keeps them 32-bit); src_bytes = 0 writes zeros (rows past the
+// end of a sequence).
 __device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
+    cp_async_16(smem_addr(dst), src, src_bytes);
 }
 // 4 bytes global -> shared (a per-row statistic), with the same zero fill.
 __device__ __forceinline__ void cp_async_4(void* dst, const void* src, int src_bytes) {
