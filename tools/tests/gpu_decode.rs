@@ -149,6 +149,24 @@ fn head_groups_lengths_and_splits() {
     run_all(&rt, cases);
 }
 
+/// Split counts around the combine's rounds of loads (`COMBINE_IN_FLIGHT`
+/// splits a round, the last round's surplus predicated off): 9, 17, 26
+/// and 128 (more splits than a short cache's tiles: empty splits of no
+/// keys); dense and paged, GQA and MQA.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn split_counts_across_the_combines_rounds() {
+    let rt = runtime();
+    let mut cases = Vec::new();
+    for splits in [9, 17, 26, 128] {
+        for (heads, kv_len, page_size) in [((8, 2), 20000, None), ((8, 1), 4097, Some(16)), ((16, 2), 300, None)] {
+            let (shape, lens) = (shape(heads, 2, 2, kv_len), vec![kv_len, kv_len / 3]);
+            cases.push(Case { spec: spec("causal_bottom_right"), shape, lens, splits: Some(splits), page_size });
+        }
+    }
+    run_all(&rt, cases);
+}
+
 /// One long cache: 65536 keys of one sequence, split across the GPU.
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
@@ -237,7 +255,8 @@ fn replay_captured_steps(paged: bool) {
     // One stream: no cross-stream events, which a capture may not wait on.
     unsafe { rt.context().disable_event_tracking() };
     let spec = spec("causal_bottom_right");
-    for splits in [Some(1), None] {
+    // Unsplit, 26 splits (a round and a partial one) and the plan's.
+    for splits in [Some(1), Some(26), None] {
         let shape = shape((8, 2), 2, 2, 3000);
         let mut rng = StdRng::seed_from_u64(rand::random());
         let first = random_lens(&mut rng, 2, (2, 3000));

@@ -7,8 +7,12 @@
 //! The combine is one CTA's work after every other split has finished, so
 //! it is latency, not bandwidth: a lane reads its splits' LSEs once, and
 //! each thread takes four columns of a row (a 16-byte load a split) and
-//! keeps sixteen splits' loads in flight, where a lane per column and one
-//! split at a time would wait on L2 once per split and column.
+//! reads its splits in rounds of `COMBINE_IN_FLIGHT` loads in flight (the
+//! last round's surplus loads predicated off and weighed 0), so a row
+//! chunk costs `ceil(splits / COMBINE_IN_FLIGHT)` round trips to L2, where
+//! a lane per column and one split at a time would wait once per split
+//! (and a loop's remainder once per leftover split: MLA's 512-column rows
+//! have sixteen chunks a thread).
 
 use super::queries::DecodeQueries;
 use crate::cuda::writer::Writer;
@@ -49,10 +53,11 @@ if (num_splits > 1) {
             for (int k = 0; k < MAX_SPLITS / 32; ++k) sum += fast_exp2((lse_s[k] - m_use) * LOG2E);
             sum = warp_all(sum, [](float x, float y) { return x + y; });
             const float total = sum > 0.0f ? m_use + fast_log2(sum) * LN2 : neg_inf();
+            // Splits past the count weigh 0: the last round of loads reads them as 0.
             #pragma unroll
             for (int k = 0; k < MAX_SPLITS / 32; ++k) {
                 const int s = lane + 32 * k;
-                if (s < num_splits) weights[r * MAX_SPLITS + s] = sum > 0.0f ? fast_exp2((lse_s[k] - total) * LOG2E) : 0.0f;
+                weights[r * MAX_SPLITS + s] = s < num_splits && sum > 0.0f ? fast_exp2((lse_s[k] - total) * LOG2E) : 0.0f;
             }
             if (lane == 0 && lse != nullptr) lse[@LSE_AT@] = total;
         }
@@ -67,17 +72,28 @@ if (num_splits > 1) {
             const float* weight = weights + r * MAX_SPLITS;
             const float* column = partial_o + at * DV + c0;
             const long long split_stride = all_rows * DV;
+            static_assert(MAX_SPLITS % COMBINE_IN_FLIGHT == 0, \"rounds of loads stay within the weights\");
             float x[VEC] = {};
-            #pragma unroll 16
-            for (int s = 0; s < num_splits; ++s) {
-                if constexpr (VEC == 4) {
-                    const float4 v = __ldcg((const float4*)(column + s * split_stride));
-                    x[0] += weight[s] * v.x;
-                    x[1] += weight[s] * v.y;
-                    x[2] += weight[s] * v.z;
-                    x[3] += weight[s] * v.w;
-                } else {
-                    x[0] += weight[s] * __ldcg(column + s * split_stride);
+            for (int s0 = 0; s0 < num_splits; s0 += COMBINE_IN_FLIGHT) {
+                float v[COMBINE_IN_FLIGHT][VEC];
+                #pragma unroll
+                for (int k = 0; k < COMBINE_IN_FLIGHT; ++k) {
+                    const bool split_in = s0 + k < num_splits;
+                    const float* at_split = column + (s0 + k) * split_stride;
+                    if constexpr (VEC == 4) {
+                        const float4 f = split_in ? __ldcg((const float4*)at_split) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        v[k][0] = f.x;
+                        v[k][1] = f.y;
+                        v[k][2] = f.z;
+                        v[k][3] = f.w;
+                    } else {
+                        v[k][0] = split_in ? __ldcg(at_split) : 0.0f;
+                    }
+                }
+                #pragma unroll
+                for (int k = 0; k < COMBINE_IN_FLIGHT; ++k) {
+                    #pragma unroll
+                    for (int j = 0; j < VEC; ++j) x[j] += weight[s0 + k] * v[k][j];
                 }
             }
             #pragma unroll

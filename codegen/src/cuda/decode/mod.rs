@@ -110,6 +110,7 @@ use crate::cuda::writer::Writer;
 use crate::spec::{Dtype, Spec};
 use body::{write_setup, write_tile_loop};
 use epilogue::write_epilogue;
+use plan::COMBINE_IN_FLIGHT;
 use std::fmt::{self, Write};
 
 /// The decode kernel of `spec` in `config` over a dense cache
@@ -236,6 +237,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: DecodeConfig) -> fm
         constexpr int SLICES = {slices};  // the epilogue's O slices: one a warp where each holds every column\n\
         constexpr int STAGES = {stages};  // K/V pipeline stages, STAGES - 1 tiles in flight\n\
         constexpr int MAX_SPLITS = {MAX_SPLITS};  // the most splits a launch has\n\
+        constexpr int COMBINE_IN_FLIGHT = {COMBINE_IN_FLIGHT};  // splits' loads in flight per row chunk of the combine\n\
         constexpr int Q_TILE = BLOCK_M * DP;\n\
         constexpr int K_TILE = {k_tile}\n\
         constexpr int V_TILE = {v_tile}\n\

@@ -129,6 +129,20 @@ pub const DECODE_COLUMNS_BLOCK_N: u32 = 32;
 const MAX_WARP_DV: u32 = 256;
 /// The most splits a launch divides a sequence's keys among.
 pub const MAX_SPLITS: u32 = 128;
+/// Splits' loads the combine keeps in flight per row chunk: a round trip to
+/// L2 reads that many splits' chunks.
+pub const COMBINE_IN_FLIGHT: u32 = 16;
+
+/// The round trips to L2 of a combine of `splits` splits over a row tile
+/// of `rows` rows of `dv` columns: each thread weighs its 16-byte row
+/// chunks (`dv / 4` a row where `dv` allows, else `dv`) one after another,
+/// [`COMBINE_IN_FLIGHT`] splits' loads a round.
+pub fn combine_rounds(splits: u32, rows: u32, dv: u32) -> u32 {
+    let chunks = if dv.is_multiple_of(4) { dv / 4 } else { dv };
+    let items = (rows * chunks).div_ceil(32 * DECODE_WARPS).max(1);
+    items * splits.div_ceil(COMBINE_IN_FLIGHT)
+}
+
 /// Tiles a split gets at least: fewer would spend more on the combine than
 /// the parallelism gains. Short caches need the CTAs: a CTA alone on its SM
 /// hides no latency, so a few short splits beat fewer long ones.
@@ -289,16 +303,10 @@ impl DecodeConfig {
         }
     }
 
-    /// The most splits worth a launch of `rows` query rows per K/V head
-    /// over `kv_tiles` tiles of keys: each split keeps a few tiles, and the
-    /// combine, one CTA reading every split's rows of a row tile (f32, as
-    /// many as the tile's rows hold), reads at most four times what a
-    /// split reads of the cache: `s · partial ≤ 4 · cache / s`. MLA's
-    /// 512-column rows make that bound the binding one there.
-    pub fn max_splits(self, spec: &Spec, rows: u32, kv_tiles: u32) -> u32 {
-        let cache = f64::from(kv_tiles) * f64::from(self.stage_bytes(spec));
-        let by_combine = (4.0 * cache / self.partial_bytes(spec, rows)).sqrt() as u32;
-        (kv_tiles / MIN_TILES_PER_SPLIT).min(by_combine).clamp(1, MAX_SPLITS)
+    /// The most splits worth a launch over `kv_tiles` tiles of keys: each
+    /// split keeps a few tiles (the combine's cost is [`split_count`]'s).
+    pub fn max_splits(kv_tiles: u32) -> u32 {
+        (kv_tiles / MIN_TILES_PER_SPLIT).clamp(1, MAX_SPLITS)
     }
 
     /// The split count for an unsplit launch of `ctas` CTAs with `rows`
@@ -306,13 +314,9 @@ impl DecodeConfig {
     /// ([`split_count`], bounded by [`DecodeConfig::max_splits`]).
     pub fn splits(self, spec: &Spec, rows: u32, kv_tiles: u32, ctas: u64, sms: u32) -> u32 {
         let launch = SplitLaunch { ctas, sms, ctas_per_sm: self.ctas_per_sm, kv_tiles };
-        let combine = self.partial_bytes(spec, rows) / f64::from(self.stage_bytes(spec)) / COMBINE_SPEEDUP;
-        split_count(launch, self.max_splits(spec, rows, kv_tiles), combine)
-    }
-
-    /// One split's rows of a row tile as the combine reads them (f32), bytes.
-    fn partial_bytes(self, spec: &Spec, rows: u32) -> f64 {
-        f64::from(rows.clamp(1, self.block_m()) * spec.head_dims.v * 4)
+        let tile_rows = rows.clamp(1, self.block_m());
+        let combine = |s: u32| f64::from(combine_rounds(s, tile_rows, spec.head_dims.v)) * COMBINE_ROUND_TILES;
+        split_count(launch, Self::max_splits(kv_tiles), combine)
     }
 }
 
@@ -330,25 +334,26 @@ pub struct SplitLaunch {
 /// merge of its warps' rows and the split's rows written for the combine.
 const CTA_TILES: u32 = 1;
 
-/// How much faster the combine reads a split's rows (written just before,
-/// from L2) than a split streams the same bytes of cache: fitted on an H200
-/// to the split counts that ran fastest at batch 1 (bf16 and e4m3 caches,
-/// MLA's 64 KiB rows a split), where the combine weighs most.
-const COMBINE_SPEEDUP: f64 = 4.0;
+/// A combine's round trip to L2 in tiles' time (a split streams its tiles
+/// at a CTA's share of the SM's bandwidth, the combine waits on L2's
+/// latency): fitted on an H200 to MLA's split counts that ran fastest at
+/// batch 1 (16 and 128 heads, 4k to 64k keys), where the combine weighs
+/// most; bf16 and e4m3 caches keep their counts.
+const COMBINE_ROUND_TILES: f64 = 0.4;
 
 /// How many CTAs each sequence's keys are split among in `launch`, at most
 /// `most`: 1 where the unsplit launch's waves are at least 80% full; else
 /// the fewest splits that finish soonest. A launch's time, in tiles' time:
 /// the waves its CTAs fill times the tiles each streams plus [`CTA_TILES`],
-/// then the combine, one CTA reading every split's rows (`combine` tiles'
-/// time a split: MLA's 512-column rows make many splits cost more than
-/// they save). The kernel hands a split `ceil(kv_tiles / s)` tiles, so `s`
+/// then the combine, `combine(s)` tiles' time for `s` splits (the last
+/// CTA's reads of the splits' rows, [`combine_rounds`]: MLA's 512-column
+/// rows make many splits cost more than they save). The kernel hands a split `ceil(kv_tiles / s)` tiles, so `s`
 /// splits keep only `ceil(kv_tiles / that)` CTAs busy (31 splits of 64
 /// tiles: 22 CTAs of three tiles, not 31 of two). A wave's slots, not its
 /// SMs: two CTAs on an SM overlap one's waits with the other's products,
 /// and a wave that leaves some SMs one CTA and others two ends with the
 /// busier ones.
-pub fn split_count(launch: SplitLaunch, most: u32, combine: f64) -> u32 {
+pub fn split_count(launch: SplitLaunch, most: u32, combine: impl Fn(u32) -> f64) -> u32 {
     let wave = u64::from(launch.sms.max(1)) * u64::from(launch.ctas_per_sm.max(1));
     let (ctas, tiles) = (launch.ctas.max(1), launch.kv_tiles.max(1));
     if ctas as f64 / (ctas.div_ceil(wave) * wave) as f64 >= 0.8 {
@@ -357,7 +362,7 @@ pub fn split_count(launch: SplitLaunch, most: u32, combine: f64) -> u32 {
     let time = |s: u32| {
         let per_split = tiles.div_ceil(s);
         let busy = ctas.saturating_mul(u64::from(tiles.div_ceil(per_split)));
-        let combined = if s > 1 { f64::from(s) * combine } else { 0.0 };
+        let combined = if s > 1 { combine(s) } else { 0.0 };
         busy.div_ceil(wave) as f64 * (f64::from(per_split) + f64::from(CTA_TILES)) + combined
     };
     let most = most.clamp(1, MAX_SPLITS);
@@ -522,12 +527,26 @@ mod tests {
         // second wave 30% full (128 tile-steps); three splits of 22 tiles
         // fill 97% of four waves (88).
         let launch = |ctas, ctas_per_sm| SplitLaunch { ctas, sms: 132, ctas_per_sm, kv_tiles: 64 };
-        assert_eq!(split_count(launch(64 * 8, 3), 32, 0.1), 3, "1536 of 1584 slots");
-        assert_eq!(split_count(launch(40 * 8, 2), 128, 0.1), 4, "320 CTAs would leave a 21% second wave: 1280 of 1320");
+        assert_eq!(split_count(launch(64 * 8, 3), 32, |s| 0.1 * f64::from(s)), 3, "1536 of 1584 slots");
+        assert_eq!(
+            split_count(launch(40 * 8, 2), 128, |s| 0.1 * f64::from(s)),
+            4,
+            "320 CTAs would leave a 21% second wave: 1280 of 1320"
+        );
         let huge = SplitLaunch { ctas: 1, sms: 10_000, ctas_per_sm: 4, kv_tiles: u32::MAX };
-        assert!(split_count(huge, u32::MAX, 0.0) <= MAX_SPLITS);
+        assert!(split_count(huge, u32::MAX, |_| 0.0) <= MAX_SPLITS);
         let nothing = SplitLaunch { ctas: 0, sms: 0, ctas_per_sm: 0, kv_tiles: 0 };
-        assert_eq!(split_count(nothing, 0, 0.0), 1, "degenerate inputs still give one split");
+        assert_eq!(split_count(nothing, 0, |_| 0.0), 1, "degenerate inputs still give one split");
+    }
+
+    #[test]
+    fn combine_rounds_follow_the_chunks_and_splits() {
+        // bf16, d = 128, four rows (GQA 4): one chunk a thread.
+        assert_eq!(combine_rounds(COMBINE_IN_FLIGHT, 4, 128), 1);
+        assert_eq!(combine_rounds(COMBINE_IN_FLIGHT + 1, 4, 128), 2, "a second round for one split");
+        // MLA: 16 rows of 512 columns, 16 chunks a thread; odd dims, a column a chunk.
+        assert_eq!(combine_rounds(COMBINE_IN_FLIGHT, 16, 512), 16);
+        assert_eq!(combine_rounds(2, 16, 59), 8);
     }
 
     #[test]
@@ -540,22 +559,18 @@ mod tests {
     }
 
     #[test]
-    fn the_combine_bounds_mla_splits() {
+    fn the_combine_weighs_mla_splits() {
         let h = Target::HOPPER;
-        // 16 heads, one row tile of 16 rows (32 KiB of partial O a split)
-        // over 16k and 64k keys of 32-key tiles (36 KiB each).
+        // 16 heads, one row tile of 16 rows (16 chunks a combining thread)
+        // over 4k, 16k and 64k keys of 32-key tiles.
         let c = DecodeConfig::choose(&mla(), h, 16, KvCacheDtype::Spec, true).unwrap();
-        assert_eq!(c.max_splits(&mla(), 16, 512), 48);
-        assert_eq!(c.max_splits(&mla(), 16, 2048), 96);
-        assert_eq!(c.splits(&mla(), 16, 512, 1, 132), 47, "11 tiles each");
-        // 128 heads: four row tiles of 32 (64 KiB of partial O a split).
+        assert_eq!(c.splits(&mla(), 16, 128, 1, 132), 16, "8 tiles each: a second round of the combine costs more");
+        assert_eq!(c.splits(&mla(), 16, 512, 1, 132), 32);
+        assert_eq!(c.splits(&mla(), 16, 2048, 1, 132), 64);
+        // 128 heads: four row tiles of 32 (32 chunks a combining thread).
         let c = DecodeConfig::choose(&mla(), h, 128, KvCacheDtype::Spec, true).unwrap();
+        assert_eq!(c.splits(&mla(), 128, 128, 4, 132), 16);
         assert_eq!(c.splits(&mla(), 128, 512, 4, 132), 32, "128 of 132 SMs, 16 tiles each");
-        assert_eq!(
-            c.splits(&mla(), 128, 128, 4, 132),
-            16,
-            "4k keys: 32 splits would save four tiles and cost the combine seven"
-        );
         assert_eq!(c.splits(&mla(), 128, 2048, 64, 132), 2, "16 sequences: 128 CTAs, a combine of two");
     }
 }
