@@ -272,11 +272,11 @@ impl Runtime {
             .map_err(|unfit| Error::Ragged(RaggedError::DecodeShape { problem: unfit.to_string() }))?;
         let ctas = (shape.group_rows().div_ceil(config.block_m() as usize) * shape.heads_kv * shape.batch) as u64;
         let kv_tiles = kv_tiles(&shape, config);
+        let cache = if opts.paged { DecodeCache::Paged } else { DecodeCache::Dense };
         let splits = match opts.splits {
             Some(n) => check_splits(n)?,
-            None => config.splits(spec, rows, kv_tiles, ctas, self.sm_count()),
+            None => config.splits(spec, cache, rows, kv_tiles, ctas, self.sm_count()),
         };
-        let cache = if opts.paged { DecodeCache::Paged } else { DecodeCache::Dense };
         let queries = if opts.varlen { DecodeQueries::Packed } else { DecodeQueries::Padded };
         let decode = self.load_which(spec, Which::Decode(config, cache, queries))?;
         let (grid, split) = split_launch(self, (spec, shape), &decode, splits)?;

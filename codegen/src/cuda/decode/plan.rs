@@ -4,6 +4,7 @@
 //! launch's CTAs and the SM count. Pure functions of shapes and a
 //! [`Target`], so they are unit-tested without a GPU.
 
+use super::body::DecodeCache;
 use crate::cuda::target::{pad16, Target};
 use crate::spec::Spec;
 
@@ -143,9 +144,8 @@ pub fn combine_rounds(splits: u32, rows: u32, dv: u32) -> u32 {
     items * splits.div_ceil(COMBINE_IN_FLIGHT)
 }
 
-/// Tiles a split gets at least: fewer would spend more on the combine than
-/// the parallelism gains. Short caches need the CTAs: a CTA alone on its SM
-/// hides no latency, so a few short splits beat fewer long ones.
+/// Tiles a split gets at least: fewer would spend more on the combine and
+/// the CTA's fixed costs than the parallelism gains.
 const MIN_TILES_PER_SPLIT: u32 = 2;
 /// The deepest pipeline considered: past it the stages only cost occupancy.
 const MAX_STAGES: u32 = 4;
@@ -312,8 +312,11 @@ impl DecodeConfig {
     /// The split count for an unsplit launch of `ctas` CTAs with `rows`
     /// query rows per K/V head over `kv_tiles` tiles of keys on `sms` SMs
     /// ([`split_count`], bounded by [`DecodeConfig::max_splits`]).
-    pub fn splits(self, spec: &Spec, rows: u32, kv_tiles: u32, ctas: u64, sms: u32) -> u32 {
-        let launch = SplitLaunch { ctas, sms, ctas_per_sm: self.ctas_per_sm, kv_tiles };
+    pub fn splits(self, spec: &Spec, cache: DecodeCache, rows: u32, kv_tiles: u32, ctas: u64, sms: u32) -> u32 {
+        let in_flight = f64::from((self.stages - 1) * self.stage_bytes(spec));
+        let paged = if cache == DecodeCache::Paged { PAGED_CTAS } else { 1.0 };
+        let saturating_ctas = SM_BYTES_IN_FLIGHT / in_flight * paged;
+        let launch = SplitLaunch { ctas, sms, ctas_per_sm: self.ctas_per_sm, saturating_ctas, kv_tiles };
         let tile_rows = rows.clamp(1, self.block_m());
         let combine = |s: u32| f64::from(combine_rounds(s, tile_rows, spec.head_dims.v)) * COMBINE_ROUND_TILES;
         split_count(launch, Self::max_splits(kv_tiles), combine)
@@ -327,47 +330,78 @@ pub struct SplitLaunch {
     pub ctas: u64,
     pub sms: u32,
     pub ctas_per_sm: u32,
+    /// The CTAs an SM needs at once to stream at its share of the GPU's
+    /// bandwidth: [`SM_BYTES_IN_FLIGHT`] over a CTA's tiles in flight.
+    pub saturating_ctas: f64,
     pub kv_tiles: u32,
 }
+
+/// The bytes an SM keeps in flight to stream at its share of the GPU's
+/// bandwidth (Little's law: about 33 GB/s an SM on an H200 times a copy's
+/// latency): a split count that adds CTAs to SMs already streaming at that
+/// rate only divides it among them (bf16 at d = 128: one CTA's two 32 KiB
+/// tiles), where SMs of e4m3 CTAs (two 16 KiB tiles each) need two.
+const SM_BYTES_IN_FLIGHT: f64 = 64.0 * 1024.0;
+/// How many more CTAs an SM needs to stream a paged cache at its rate: a
+/// paged copy first reads the block table and passes pages by shuffle (16
+/// sequences of 16k keys on pages of 16: one CTA an SM read 3,178 GB/s on
+/// an H200, two 4,115).
+const PAGED_CTAS: f64 = 2.0;
 
 /// A decode CTA's fixed cost in tiles' time: its first tile's latency, the
 /// merge of its warps' rows and the split's rows written for the combine.
 const CTA_TILES: u32 = 1;
 
+/// How much sooner than fewer splits more must finish, by the model, to be
+/// chosen: splits cost what it leaves out (more prologues, their rows
+/// written and read back), so fewer win a near-tie (16 sequences of 64k
+/// keys: one split read 4,598 GB/s on an H200, the 41 that the model saw
+/// finish 0.4% sooner would have read ~4,400).
+const SPLIT_MARGIN: f64 = 0.03;
+
 /// A combine's round trip to L2 in tiles' time (a split streams its tiles
 /// at a CTA's share of the SM's bandwidth, the combine waits on L2's
 /// latency): fitted on an H200 to MLA's split counts that ran fastest at
 /// batch 1 (16 and 128 heads, 4k to 64k keys), where the combine weighs
-/// most; bf16 and e4m3 caches keep their counts.
+/// most (a bf16 or e4m3 row tile at d = 128 is one row chunk a thread).
 const COMBINE_ROUND_TILES: f64 = 0.4;
 
 /// How many CTAs each sequence's keys are split among in `launch`, at most
 /// `most`: 1 where the unsplit launch's waves are at least 80% full; else
-/// the fewest splits that finish soonest. A launch's time, in tiles' time:
-/// the waves its CTAs fill times the tiles each streams plus [`CTA_TILES`],
-/// then the combine, `combine(s)` tiles' time for `s` splits (the last
-/// CTA's reads of the splits' rows, [`combine_rounds`]: MLA's 512-column
-/// rows make many splits cost more than they save). The kernel hands a split `ceil(kv_tiles / s)` tiles, so `s`
-/// splits keep only `ceil(kv_tiles / that)` CTAs busy (31 splits of 64
-/// tiles: 22 CTAs of three tiles, not 31 of two). A wave's slots, not its
-/// SMs: two CTAs on an SM overlap one's waits with the other's products,
-/// and a wave that leaves some SMs one CTA and others two ends with the
-/// busier ones.
+/// the fewest splits that finish within [`SPLIT_MARGIN`] of the soonest.
+/// A launch's time, in the time an SM streams a tile at its full rate: the
+/// waves its CTAs fill, each the tiles its SMs' CTAs stream (at the SM's
+/// full rate once they keep [`SplitLaunch::saturating_ctas`] CTAs' tiles in
+/// flight, slower with fewer) plus [`CTA_TILES`], then the combine,
+/// `combine(s)` for `s` splits (the last CTA's reads of the splits' rows, [`combine_rounds`]:
+/// MLA's 512-column rows make many splits cost more than they save). The
+/// kernel hands a split `ceil(kv_tiles / s)` tiles, so `s` splits keep
+/// only `ceil(kv_tiles / that)` CTAs busy (31 splits of 64 tiles: 22 CTAs
+/// of three tiles, not 31 of two). A second CTA on an SM that one CTA
+/// already keeps streaming at full rate only halves each one's rate: at
+/// batch 16, 4k keys, 128 CTAs of one split each read 3,532 GB/s on an
+/// H200 where 256 of two splits read 3,462.
 pub fn split_count(launch: SplitLaunch, most: u32, combine: impl Fn(u32) -> f64) -> u32 {
     let wave = u64::from(launch.sms.max(1)) * u64::from(launch.ctas_per_sm.max(1));
     let (ctas, tiles) = (launch.ctas.max(1), launch.kv_tiles.max(1));
     if ctas as f64 / (ctas.div_ceil(wave) * wave) as f64 >= 0.8 {
         return 1;
     }
+    let sms = u64::from(launch.sms.max(1));
     let time = |s: u32| {
         let per_split = tiles.div_ceil(s);
         let busy = ctas.saturating_mul(u64::from(tiles.div_ceil(per_split)));
+        // The CTAs an SM holds at once, and at what share of its full rate
+        // their tiles stream.
+        let per_sm = busy.div_ceil(sms).clamp(1, u64::from(launch.ctas_per_sm.max(1)));
+        let rate = (per_sm as f64 / launch.saturating_ctas).min(1.0);
+        let wave = per_sm as f64 * f64::from(per_split) / rate + f64::from(CTA_TILES);
         let combined = if s > 1 { combine(s) } else { 0.0 };
-        busy.div_ceil(wave) as f64 * (f64::from(per_split) + f64::from(CTA_TILES)) + combined
+        busy.div_ceil(sms * per_sm) as f64 * wave + combined
     };
     let most = most.clamp(1, MAX_SPLITS);
     let soonest = (1..=most).map(time).fold(f64::INFINITY, f64::min);
-    (1..=most).find(|&s| time(s) <= soonest).unwrap_or(1)
+    (1..=most).find(|&s| time(s) <= soonest * (1.0 + SPLIT_MARGIN)).unwrap_or(1)
 }
 
 /// The split counts a tuner times for keys of `kv_tiles` tiles: powers of
@@ -512,30 +546,43 @@ mod tests {
 
     #[test]
     fn splits_fill_the_gpu() {
-        // H100: 132 SMs, two CTAs each; 8 K/V heads, q_len 1.
+        // H100/H200: 132 SMs, two CTAs each, one CTA's two 32 KiB tiles in
+        // flight keep an SM streaming; 8 K/V heads, q_len 1.
         let config = DecodeConfig::for_rows(&spec(128), Target::HOPPER, 4).unwrap();
+        let tiles = |kv_len: u32| kv_len.div_ceil(DECODE_BLOCK_N);
         let split =
-            |batch: u64, kv_len: u32| config.splits(&spec(128), 4, kv_len.div_ceil(DECODE_BLOCK_N), batch * 8, 132);
-        assert_eq!(split(1, 65536), 32, "8 CTAs: 256 of 264 slots");
-        assert_eq!(split(1, 4096), 32, "two tiles each; 31 would hand 22 splits three and leave 9 idle");
+            |batch: u64, kv_len: u32| config.splits(&spec(128), DecodeCache::Dense, 4, tiles(kv_len), batch * 8, 132);
+        assert_eq!(split(1, 65536), 16, "128 CTAs, one an SM: a second would halve each one's rate");
+        let paged =
+            |batch: u64, kv_len: u32| config.splits(&spec(128), DecodeCache::Paged, 4, tiles(kv_len), batch * 8, 132);
+        assert_eq!((paged(1, 65536), paged(16, 16384)), (32, 2), "paged copies stream at two CTAs an SM");
+        assert_eq!(split(1, 4096), 16, "four tiles each");
         assert_eq!(split(1, 1024), 8, "16 tiles: splits keep 2 at least");
         assert_eq!(split(1, 64), 1, "one tile is never split");
-        assert_eq!(split(16, 65536), 2);
+        assert_eq!(split(16, 65536), 1, "128 CTAs: every SM but four streams");
         assert_eq!(split(64, 4096), 1, "512 CTAs: no split");
         assert_eq!(split(256, 1024), 1);
-        // Three CTAs an SM (e4m3 stages), 64 tiles: 512 CTAs would leave a
-        // second wave 30% full (128 tile-steps); three splits of 22 tiles
-        // fill 97% of four waves (88).
-        let launch = |ctas, ctas_per_sm| SplitLaunch { ctas, sms: 132, ctas_per_sm, kv_tiles: 64 };
-        assert_eq!(split_count(launch(64 * 8, 3), 32, |s| 0.1 * f64::from(s)), 3, "1536 of 1584 slots");
+        // Three CTAs an SM, two needed to stream (e4m3 stages), 64 tiles:
+        // 512 CTAs would leave a second wave 30% full; three splits of 22
+        // tiles fill 97% of four waves.
+        let launch = |ctas, ctas_per_sm, saturating_ctas| SplitLaunch {
+            ctas,
+            sms: 132,
+            ctas_per_sm,
+            saturating_ctas,
+            kv_tiles: 64,
+        };
+        let combine = |s: u32| 0.1 * f64::from(s);
+        assert_eq!(split_count(launch(64 * 8, 3, 1.5), 32, combine), 3, "1536 of 1584 slots");
+        assert_eq!(split_count(launch(16 * 8, 3, 1.5), 32, combine), 2, "one CTA an SM streams at 2/3 of the rate");
         assert_eq!(
-            split_count(launch(40 * 8, 2), 128, |s| 0.1 * f64::from(s)),
+            split_count(launch(40 * 8, 2, 1.0), 128, combine),
             4,
             "320 CTAs would leave a 21% second wave: 1280 of 1320"
         );
-        let huge = SplitLaunch { ctas: 1, sms: 10_000, ctas_per_sm: 4, kv_tiles: u32::MAX };
+        let huge = SplitLaunch { ctas: 1, sms: 10_000, ctas_per_sm: 4, saturating_ctas: 1.0, kv_tiles: u32::MAX };
         assert!(split_count(huge, u32::MAX, |_| 0.0) <= MAX_SPLITS);
-        let nothing = SplitLaunch { ctas: 0, sms: 0, ctas_per_sm: 0, kv_tiles: 0 };
+        let nothing = SplitLaunch { ctas: 0, sms: 0, ctas_per_sm: 0, saturating_ctas: 0.0, kv_tiles: 0 };
         assert_eq!(split_count(nothing, 0, |_| 0.0), 1, "degenerate inputs still give one split");
     }
 
@@ -564,13 +611,25 @@ mod tests {
         // 16 heads, one row tile of 16 rows (16 chunks a combining thread)
         // over 4k, 16k and 64k keys of 32-key tiles.
         let c = DecodeConfig::choose(&mla(), h, 16, KvCacheDtype::Spec, true).unwrap();
-        assert_eq!(c.splits(&mla(), 16, 128, 1, 132), 16, "8 tiles each: a second round of the combine costs more");
-        assert_eq!(c.splits(&mla(), 16, 512, 1, 132), 32);
-        assert_eq!(c.splits(&mla(), 16, 2048, 1, 132), 64);
+        assert_eq!(
+            c.splits(&mla(), DecodeCache::Dense, 16, 128, 1, 132),
+            16,
+            "8 tiles each: a second round of the combine costs more"
+        );
+        assert_eq!(c.splits(&mla(), DecodeCache::Dense, 16, 512, 1, 132), 32);
+        assert_eq!(c.splits(&mla(), DecodeCache::Dense, 16, 2048, 1, 132), 63, "33 tiles each: within 3% of 64's 32");
         // 128 heads: four row tiles of 32 (32 chunks a combining thread).
         let c = DecodeConfig::choose(&mla(), h, 128, KvCacheDtype::Spec, true).unwrap();
-        assert_eq!(c.splits(&mla(), 128, 128, 4, 132), 16);
-        assert_eq!(c.splits(&mla(), 128, 512, 4, 132), 32, "128 of 132 SMs, 16 tiles each");
-        assert_eq!(c.splits(&mla(), 128, 2048, 64, 132), 2, "16 sequences: 128 CTAs, a combine of two");
+        assert_eq!(c.splits(&mla(), DecodeCache::Dense, 128, 128, 4, 132), 16);
+        assert_eq!(
+            c.splits(&mla(), DecodeCache::Dense, 128, 512, 4, 132),
+            31,
+            "124 of 132 SMs, 17 tiles each: within 3% of 32's 16"
+        );
+        assert_eq!(
+            c.splits(&mla(), DecodeCache::Dense, 128, 2048, 64, 132),
+            2,
+            "16 sequences: 128 CTAs, a combine of two"
+        );
     }
 }
