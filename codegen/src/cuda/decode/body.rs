@@ -42,7 +42,7 @@ float* p_max = (float*)(p_tile + BLOCK_M * BLOCK_N);
 
 /// An e4m3 kernel's V descale, folded where it costs nothing per element:
 /// into the rows' final normalization (the epilogue). K's goes into the
-/// softmax scale once Q is in f16 ([`E4M3_Q`]).
+/// softmax scale once Q is in f16 ([`E4M3_Q_BF16`], [`E4M3_Q_F16`]).
 const E4M3_DESCALES: &str = "\
 // The e4m3 cache's V head descale: each row's final 1 / sum takes it.
 const float v_scale = v_descale[kv_head * v_descale_stride];

@@ -340,9 +340,9 @@ pub struct SplitLaunch {
 /// bandwidth (Little's law: about 33 GB/s an SM on an H200 times a copy's
 /// latency): a split count that adds CTAs to SMs already streaming at that
 /// rate only divides it among them (bf16 at d = 128: one CTA's two 32 KiB
-/// tiles), where SMs of e4m3 CTAs (two 16 KiB tiles each) need two.
+/// tiles), where SMs of e4m3 CTAs (three 16 KiB tiles each) need two.
 const SM_BYTES_IN_FLIGHT: f64 = 64.0 * 1024.0;
-/// How many more CTAs an SM needs to stream a paged cache at its rate: a
+/// How many times the CTAs an SM needs to stream a paged cache at its rate: a
 /// paged copy first reads the block table and passes pages by shuffle (16
 /// sequences of 16k keys on pages of 16: one CTA an SM read 3,178 GB/s on
 /// an H200, two 4,115).
