@@ -38,7 +38,8 @@ are the same formula). The density is printed as the last column so that
 compare.py can check both sides counted the same FLOPs.
 
 --decode instead times decoding as flashgen-bench --decode does: bf16,
-d = 128, 32 query heads over 8 K/V heads, one query token, every key kept,
+query / K-V heads from --decode-heads (32/8) and head dims from
+--decode-dims (128), one table each, one query token, every key kept,
 batch x cache length from --batches / --kv-lens; sdpa (FLASH, CUDNN and
 EFFICIENT backends, enable_gqa), flex (enable_gqa, no mask) and fa4
 (pack_gqa, its own split heuristic), rows
@@ -139,6 +140,8 @@ def parse_args(argv):
     p.add_argument("--decode", action="store_true", help="time decoding instead (see the module note)")
     p.add_argument("--batches", default="1,16,64,256")
     p.add_argument("--kv-lens", default="1024,4096,16384,65536")
+    p.add_argument("--decode-heads", default="32/8", help="query/K-V head pairs, each its own table")
+    p.add_argument("--decode-dims", default="128")
     args, _unknown = p.parse_known_args(argv)  # flashgen-bench ignores unknown flags too
     ints = lambda text: [int(x) for x in text.split(",") if x.strip().isdigit()]
     # A head dim is `d` or `d_qk/d_v` (DeepSeek's 192/128), as flashgen-bench takes it.
@@ -150,45 +153,72 @@ def parse_args(argv):
         else:
             print(f"unknown variant `{v}`", file=sys.stderr)
     if args.decode:
-        return "decode", ints(args.batches), ints(args.kv_lens), args.dry_run, False
+        heads = [tuple(int(x) for x in h.split("/")) for h in args.decode_heads.split(",") if h.count("/") == 1]
+        models = [(hq, hkv, d) for d in ints(args.decode_dims) for hq, hkv in heads]
+        return "decode", (ints(args.batches), ints(args.kv_lens), models), None, args.dry_run, False
     return variants, dims, ints(args.seqs), args.dry_run, args.backward
 
 
-DECODE_HEADS = (32, 8)
-DECODE_D = 128
 DECODE_MAX_BYTES = 40 << 30  # flashgen-bench skips caches past this too
 
 
-def run_decode(batches, kv_lens):
+def compiled_flex(torch, flex_attention):
+    """flex_attention compiled once per shape. Every (variant, shape) is a
+    new graph for Dynamo: its recompile limit (8 by default) is lifted so
+    flex never silently drops to its unfused eager path, and hitting it is
+    an error (an `error` row) rather than a slow number."""
+    cfg = torch._dynamo.config
+    for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, 1000)
+    for name in ("fail_on_cache_limit_hit", "fail_on_recompile_limit_hit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, True)
+    if hasattr(cfg, "suppress_errors"):
+        cfg.suppress_errors = False
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def run_decode(batches, kv_lens, models):
     import torch
     import torch.nn.functional as F
     import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import flex_attention
 
-    flex = torch.compile(flex_attention, dynamic=False)
+    flex = compiled_flex(torch, flex_attention)
     fa4 = import_fa4()
     backends = {"sdpa-FLASH": SDPBackend.FLASH_ATTENTION, "sdpa-CUDNN": SDPBackend.CUDNN_ATTENTION,
                 "sdpa-EFFICIENT": SDPBackend.EFFICIENT_ATTENTION}
-    hq, hkv = DECODE_HEADS
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, decode: bf16, d={DECODE_D}, "
-          f"heads {hq}/{hkv}, q_len 1, do_bench median (warmup 25, rep 100)")
-    print(f"{'peer':<18} {'row':<8} {'batch':>5} {'kv_len':>7} {'ms':>10} {'GB/s':>9}")
+
+    def peers_of(q, k, v):
+        peers = {name: (lambda be=be: sdpa_step(F, sdpa_kernel, be, q, k, v)) for name, be in backends.items()}
+        peers["flex"] = lambda: flex(q, k, v, enable_gqa=True)
+        if fa4 is not None:
+            # BSHD: one query token of every head, the cache's rows.
+            bshd = tuple(x.transpose(1, 2).contiguous() for x in (q, k, v))
+            peers["fa4"] = lambda: fa4(*bshd, num_splits=0, pack_gqa=True)
+        return peers
+
+    for hq, hkv, d in models:
+        print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, decode: bf16, d={d}, "
+              f"heads {hq}/{hkv}, q_len 1, do_bench median (warmup 25, rep 100)")
+        print(f"{'peer':<18} {'row':<8} {'batch':>5} {'kv_len':>7} {'ms':>10} {'GB/s':>9}")
+        decode_rows(torch, triton, peers_of, (hq, hkv, d), batches, kv_lens)
+    return 0
+
+
+def decode_rows(torch, triton, peers_of, model, batches, kv_lens):
+    hq, hkv, d = model
     for kv in kv_lens:
         for b in batches:
-            nbytes = 2 * b * kv * hkv * DECODE_D * 2
+            nbytes = 2 * b * kv * hkv * d * 2
             if nbytes > DECODE_MAX_BYTES:
                 print(f"{'-':<18} {'decode':<8} {b:>5} {kv:>7} skipped: {nbytes >> 30} GiB of K/V", flush=True)
                 continue
-            q = torch.randn(b, hq, 1, DECODE_D, device="cuda", dtype=torch.bfloat16)
-            k, v = (torch.randn(b, hkv, kv, DECODE_D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-            peers = {name: (lambda be=be: sdpa_step(F, sdpa_kernel, be, q, k, v)) for name, be in backends.items()}
-            peers["flex"] = lambda: flex(q, k, v, enable_gqa=True)
-            if fa4 is not None:
-                # BSHD: one query token of every head, the cache's rows.
-                bshd = tuple(x.transpose(1, 2).contiguous() for x in (q, k, v))
-                peers["fa4"] = lambda bshd=bshd: fa4(*bshd, num_splits=0, pack_gqa=True)
-                del bshd  # the step holds it, and goes with `peers`
+            q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(b, hkv, kv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            peers = peers_of(q, k, v)
             for name, step in peers.items():
                 try:
                     step()
@@ -201,7 +231,6 @@ def run_decode(batches, kv_lens):
                     print(f"{name:<18} {'decode':<8} {b:>5} {kv:>7} error: {type(e).__name__}: {msg}", flush=True)
             del q, k, v, peers
             torch.cuda.empty_cache()
-    return 0
 
 
 def sdpa_step(F, sdpa_kernel, backend, q, k, v):
@@ -213,9 +242,9 @@ def main(argv):
     variants, dims, seqs, dry_run, backward = parse_args(argv)
     if variants == "decode":
         if dry_run:
-            print("decode rows: batches", dims, "kv_lens", seqs)
+            print("decode rows: batches {}, kv_lens {}, (heads, K/V heads, d) {}".format(*dims))
             return 0
-        return run_decode(dims, seqs)
+        return run_decode(*dims)
     if dry_run:
         print(f"device: none (dry run), bf16, {HEADS} heads, {TOKENS} tokens per batch")
         print(f"{'peer':<18} {'variant':<16} {'d':>4} {'s':>6} {'b':>3} {'ms':>10} {'TFLOP/s':>9} {'density':>8}")
@@ -237,19 +266,7 @@ def run(variants, dims, seqs, backward):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    # Every (variant, shape) is a new graph for Dynamo: lift its recompile limit
-    # (8 by default) so flex never silently drops to its unfused eager path, and
-    # make hitting the limit an error (an `error` row) rather than a slow number.
-    cfg = torch._dynamo.config
-    for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
-        if hasattr(cfg, name):
-            setattr(cfg, name, 1000)
-    for name in ("fail_on_cache_limit_hit", "fail_on_recompile_limit_hit"):
-        if hasattr(cfg, name):
-            setattr(cfg, name, True)
-    if hasattr(cfg, "suppress_errors"):
-        cfg.suppress_errors = False
-    flex = torch.compile(flex_attention, dynamic=False)
+    flex = compiled_flex(torch, flex_attention)
     fa4 = import_fa4()
 
     dev = torch.cuda.get_device_name()

@@ -19,45 +19,71 @@
 //! fastest.
 
 use crate::verify::driver as driver_error;
-use flashgen::cudarc::driver::CudaSlice;
+use flashgen::cudarc::driver::{sys, CudaGraph, CudaSlice, CudaStream, DriverError};
 use flashgen::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 use flashgen::half::bf16;
 use flashgen::runtime::{
-    median_ms_after, DecodeIo, DecodeOptions, DecodePlan, DecodeShape, Descale, Error, KvCacheDtype, KvDescale, Layout,
-    PagedDecodeIo, PagedKv, PagedLayout, Runtime,
+    median_ms_after, ArgValue, DecodeIo, DecodeOptions, DecodePlan, DecodeShape, Descale, Error, KvCacheDtype,
+    KvDescale, Layout, PagedDecodeIo, PagedKv, PagedLayout, Runtime,
 };
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What a row decodes: the spec, its heads (query, K/V) and head dims, and
 /// whether V is K's first columns (a view of K, `DecodeOptions::v_in_k`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct DecodeModel {
-    pub spec: &'static str,
+    pub spec: String,
     pub heads: (usize, usize),
     pub dims: (usize, usize),
     pub v_in_k: bool,
+    /// Captured tensors of the spec: each a value per query head.
+    pub tensors: usize,
 }
 
-/// The table: bf16, d = 128, 32 query heads over 8 K/V heads.
-pub const GQA: DecodeModel = DecodeModel {
-    spec: "Decode { dtype: bf16, head_dim: 128, mask: q + kv_len - q_len >= k }",
-    heads: (32, 8),
-    dims: (128, 128),
-    v_in_k: false,
-};
-
-/// MLA's absorbed decode (DeepSeek-V2/V3): 128 query heads over one
-/// 576-column cache whose first 512 columns are V.
-pub const MLA: DecodeModel = DecodeModel {
-    spec: "Mla { dtype: bf16, head_dim: 576, v_head_dim: 512, mask: q + kv_len - q_len >= k }",
-    heads: (128, 1),
-    dims: (576, 512),
-    v_in_k: true,
-};
+/// The variants `--decode-variants` names: each reads the whole cache (the
+/// bottom-right causal mask at one query token keeps every key), and its
+/// tensors hold a value per query head: `(name, spec body, tensors)`.
+pub const VARIANTS: [(&str, &str, usize); 4] = [
+    ("causal", "mask: q + kv_len - q_len >= k", 0),
+    (
+        "alibi",
+        "tensor slopes: f32[H], mask: q + kv_len - q_len >= k, score: score + slopes[h] * (k - q - kv_len + q_len) as f32",
+        1,
+    ),
+    ("softcap", "mask: q + kv_len - q_len >= k, score: 30.0 * tanh(score / 30.0)", 0),
+    ("sinks", "tensor sinks: f32[H], mask: q + kv_len - q_len >= k, sink: sinks[h]", 1),
+];
 
 impl DecodeModel {
+    /// GQA decoding of `variant` (a name of [`VARIANTS`]), bf16: `heads`
+    /// query heads over `heads_kv` K/V heads of head dim `d` (the issue's
+    /// table: causal, 32 over 8 at 128).
+    pub fn gqa(variant: &str, (heads, heads_kv): (usize, usize), d: usize) -> Option<DecodeModel> {
+        let (_, body, tensors) = VARIANTS.iter().find(|(name, ..)| *name == variant)?;
+        Some(DecodeModel {
+            spec: format!("Decode {{ dtype: bf16, head_dim: {d}, {body} }}"),
+            heads: (heads, heads_kv),
+            dims: (d, d),
+            v_in_k: false,
+            tensors: *tensors,
+        })
+    }
+
+    /// MLA's absorbed decode (DeepSeek-V2/V3): `heads` query heads over one
+    /// 576-column cache whose first 512 columns are V.
+    pub fn mla(heads: usize) -> DecodeModel {
+        DecodeModel {
+            spec: "Mla { dtype: bf16, head_dim: 576, v_head_dim: 512, mask: q + kv_len - q_len >= k }".into(),
+            heads: (heads, 1),
+            dims: (576, 512),
+            v_in_k: true,
+            tensors: 0,
+        }
+    }
+
     /// Bytes of cache elements a step must read per key: K and V, or K
     /// alone where V is its first columns.
     fn elements_per_key(&self) -> usize {
@@ -79,16 +105,17 @@ const PAGE_SIZE: usize = 16;
 /// own, which `tune` tunes first), then the copy row.
 pub fn run(
     rt: &Runtime,
-    model: DecodeModel,
+    model: &DecodeModel,
     (batches, kv_lens): (&[usize], &[usize]),
     (formats, splits, tune): (&[KvCacheDtype], &[usize], bool),
     iters: usize,
 ) {
     let tracking = if rt.context().is_event_tracking() { "tracked" } else { "untracked" };
     println!(
-        "device: {} ({}), decode: bf16, d={}/{}, heads {}/{}{}, q_len 1, median of {iters}, events {tracking}",
+        "device: {} ({}), decode: {}, bf16, d={}/{}, heads {}/{}{}, q_len 1, median of {iters}, events {tracking}",
         rt.device_name(),
         rt.arch(),
+        model.spec,
         model.dims.0,
         model.dims.1,
         model.heads.0,
@@ -96,10 +123,10 @@ pub fn run(
         if model.v_in_k { ", V in K" } else { "" },
     );
     println!(
-        "{:<13} {:>5} {:>7} {:>7} {:>10} {:>9} {:>9}",
-        "row", "batch", "kv_len", "splits", "ms", "GB/s", "host µs"
+        "{:<13} {:>5} {:>7} {:>7} {:>10} {:>9} {:>9} {:>9}",
+        "row", "batch", "kv_len", "splits", "ms", "GB/s", "host µs", "graph µs"
     );
-    let spec = flashgen::parse_one(model.spec).expect("a valid spec");
+    let spec = flashgen::parse_one(&model.spec).expect("a valid spec");
     for &kv_len in kv_lens {
         for &batch in batches {
             let bf16_bytes = batch * kv_len * model.elements_per_key() * 2;
@@ -115,10 +142,11 @@ pub fn run(
                     let row = format!("{row}{suffix}");
                     let plan = (page_size, kv, split, tune);
                     match time_decode(rt, (model, &spec), (batch, kv_len), plan, iters) {
-                        Ok((splits, ms, host_us)) => {
+                        Ok((splits, Timed { ms, host_us, graph_us })) => {
                             let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
+                            let graph = graph_us.map_or("-".into(), |us| format!("{us:.2}"));
                             println!(
-                                "{row:<13} {batch:>5} {kv_len:>7} {splits:>7} {ms:>10.4} {gbs:>9.0} {host_us:>9.2}"
+                                "{row:<13} {batch:>5} {kv_len:>7} {splits:>7} {ms:>10.4} {gbs:>9.0} {host_us:>9.2} {graph:>9}"
                             );
                         }
                         Err(e) => println!("{row:<13} {batch:>5} {kv_len:>7} error: {e}"),
@@ -141,11 +169,11 @@ pub fn run(
 /// as the plan chooses (tuned first where `tune`) or `splits` ways.
 fn time_decode(
     rt: &Runtime,
-    (model, spec): (DecodeModel, &flashgen::Spec),
+    (model, spec): (&DecodeModel, &flashgen::Spec),
     (batch, kv_len): (usize, usize),
     (page_size, kv, splits, tune): (Option<usize>, KvCacheDtype, Option<usize>, bool),
     iters: usize,
-) -> Result<(usize, f64, f64), Error> {
+) -> Result<(usize, Timed), Error> {
     let (heads, heads_kv) = model.heads;
     let shape = DecodeShape { batch, heads, heads_kv, q_len: 1, max_kv_len: kv_len };
     let opts = DecodeOptions {
@@ -165,46 +193,87 @@ fn time_decode(
             time_steps::<u8>(rt, (&mut plan, model), (page_size, tune), Some(descale), iters)?
         }
     };
-    Ok((plan.splits(), timed.0, timed.1))
+    Ok((plan.splits(), timed))
 }
 
 /// A cache element the bench times, and the runs that read it.
 trait Cache: DeviceRepr + ValidAsZeroBits + Unpin + Sized {
-    fn run(plan: &DecodePlan, rt: &Runtime, io: DecodeIo<'_, bf16, Self>, d: Option<KvDescale<'_>>) -> Step;
-    fn run_paged(plan: &DecodePlan, rt: &Runtime, io: PagedDecodeIo<'_, bf16, Self>, d: Option<KvDescale<'_>>) -> Step;
+    fn run(plan: &DecodePlan, rt: &Runtime, io: DecodeIo<'_, bf16, Self>, d: Option<KvDescale<'_>>, args: Args)
+        -> Step;
+    fn run_paged(
+        plan: &DecodePlan,
+        rt: &Runtime,
+        io: PagedDecodeIo<'_, bf16, Self>,
+        d: Option<KvDescale<'_>>,
+        args: Args,
+    ) -> Step;
 }
 
 type Step = Result<(), Error>;
+type Args<'a> = &'a [ArgValue<'a>];
 
 impl Cache for bf16 {
-    fn run(plan: &DecodePlan, rt: &Runtime, io: DecodeIo<'_, bf16>, _: Option<KvDescale<'_>>) -> Step {
-        plan.run(rt, io, &[])
+    fn run(plan: &DecodePlan, rt: &Runtime, io: DecodeIo<'_, bf16>, _: Option<KvDescale<'_>>, args: Args) -> Step {
+        plan.run(rt, io, args)
     }
-    fn run_paged(plan: &DecodePlan, rt: &Runtime, io: PagedDecodeIo<'_, bf16>, _: Option<KvDescale<'_>>) -> Step {
-        plan.run_paged(rt, io, &[])
+    fn run_paged(
+        plan: &DecodePlan,
+        rt: &Runtime,
+        io: PagedDecodeIo<'_, bf16>,
+        _: Option<KvDescale<'_>>,
+        args: Args,
+    ) -> Step {
+        plan.run_paged(rt, io, args)
     }
 }
 
 impl Cache for u8 {
-    fn run(plan: &DecodePlan, rt: &Runtime, io: DecodeIo<'_, bf16, u8>, d: Option<KvDescale<'_>>) -> Step {
-        plan.run_e4m3(rt, io, d.expect("e4m3 runs take descales"), &[])
+    fn run(plan: &DecodePlan, rt: &Runtime, io: DecodeIo<'_, bf16, u8>, d: Option<KvDescale<'_>>, args: Args) -> Step {
+        plan.run_e4m3(rt, io, d.expect("e4m3 runs take descales"), args)
     }
-    fn run_paged(plan: &DecodePlan, rt: &Runtime, io: PagedDecodeIo<'_, bf16, u8>, d: Option<KvDescale<'_>>) -> Step {
-        plan.run_paged_e4m3(rt, io, d.expect("e4m3 runs take descales"), &[])
+    fn run_paged(
+        plan: &DecodePlan,
+        rt: &Runtime,
+        io: PagedDecodeIo<'_, bf16, u8>,
+        d: Option<KvDescale<'_>>,
+        args: Args,
+    ) -> Step {
+        plan.run_paged_e4m3(rt, io, d.expect("e4m3 runs take descales"), args)
     }
 }
 
-/// The median step time (ms) and host µs per run of `plan` (of `model`)
-/// on caches of `C`, dense or (`page_size`) paged; V a view of K where the
-/// model says; the plan's split count tuned on these steps first where
-/// `tune`.
+/// A row's times: the median step (ms), the host's µs per run, and per
+/// replay of the step captured in a CUDA graph (without event tracking
+/// only: a capture records no events).
+struct Timed {
+    ms: f64,
+    host_us: f64,
+    graph_us: Option<f64>,
+}
+
+/// Back-to-back calls of `step` (queued faster than the GPU drains them):
+/// host µs per call.
+fn host_us(stream: &CudaStream, mut step: impl FnMut() -> Step) -> Result<f64, Error> {
+    let runs = 200;
+    let start = Instant::now();
+    for _ in 0..runs {
+        step()?;
+    }
+    let us = start.elapsed().as_secs_f64() * 1e6 / runs as f64;
+    stream.synchronize().map_err(driver_error("wait for the decode steps"))?;
+    Ok(us)
+}
+
+/// The times of `plan` (of `model`) on caches of `C`, dense or
+/// (`page_size`) paged; V a view of K where the model says; the plan's
+/// split count tuned on these steps first where `tune`.
 fn time_steps<C: Cache>(
     rt: &Runtime,
-    (plan, model): (&mut DecodePlan, DecodeModel),
+    (plan, model): (&mut DecodePlan, &DecodeModel),
     (page_size, tune): (Option<usize>, bool),
     descale: Option<KvDescale<'_>>,
     iters: usize,
-) -> Result<(f64, f64), Error> {
+) -> Result<Timed, Error> {
     let stream = rt.stream().clone();
     let DecodeShape { batch, max_kv_len: kv_len, .. } = plan.shape();
     // A paged cache holds the dense one's rows: every sequence's pages.
@@ -239,10 +308,15 @@ fn time_steps<C: Cache>(
     let mut table: Vec<i32> = (0..(batch * pages_per_seq) as i32).collect();
     table.shuffle(&mut rand::rngs::StdRng::seed_from_u64(1));
     let table: CudaSlice<i32> = stream.clone_htod(&table).map_err(driver_error("upload the block table"))?;
+    // The variant's tensors, each a value per query head.
+    let tensors = (0..model.tensors)
+        .map(|_| stream.clone_htod(&vec![0.0625f32; heads]).map_err(driver_error("upload a tensor")))
+        .collect::<Result<Vec<CudaSlice<f32>>, Error>>()?;
+    let args: Vec<ArgValue> = tensors.iter().map(ArgValue::from).collect();
     let mut step = |plan: &DecodePlan| match page_size {
         None => {
             let io = DecodeIo { q: (&q, lq), k: (&k, lk), v: (v, lv), o: (&mut o, lo), lse: None, kv_lens: &lens };
-            C::run(plan, rt, io, descale)
+            C::run(plan, rt, io, descale, &args)
         }
         Some(_) => {
             let kv = PagedKv {
@@ -254,7 +328,7 @@ fn time_steps<C: Cache>(
                 max_kv_len: kv_len,
                 batch,
             };
-            C::run_paged(plan, rt, PagedDecodeIo { q: (&q, lq), o: (&mut o, lo), lse: None, kv }, descale)
+            C::run_paged(plan, rt, PagedDecodeIo { q: (&q, lq), o: (&mut o, lo), lse: None, kv }, descale, &args)
         }
     };
     if tune {
@@ -270,15 +344,26 @@ fn time_steps<C: Cache>(
         || stream.memset_zeros(&mut flush).map_err(driver_error("flush the L2")),
         || step(plan),
     )?;
-    // Host cost: back-to-back runs, queued faster than the GPU drains them.
-    let runs = 200;
-    let start = Instant::now();
-    for _ in 0..runs {
-        step(plan)?;
-    }
-    let host_us = start.elapsed().as_secs_f64() * 1e6 / runs as f64;
-    stream.synchronize().map_err(driver_error("wait for the decode steps"))?;
-    Ok((ms, host_us))
+    let host = host_us(&stream, || step(plan))?;
+    let graph_us = match rt.context().is_event_tracking() {
+        true => None,
+        false => {
+            let graph = capture(&stream, || step(plan))?;
+            Some(host_us(&stream, || graph.launch().map_err(driver_error("replay the captured step")))?)
+        }
+    };
+    Ok(Timed { ms, host_us: host, graph_us })
+}
+
+/// One `step` captured on `stream` into a CUDA graph.
+fn capture(stream: &Arc<CudaStream>, step: impl FnOnce() -> Step) -> Result<CudaGraph, Error> {
+    let during = driver_error("capture a decode step");
+    stream.synchronize().map_err(during)?;
+    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(during)?;
+    let captured = step();
+    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).map_err(during)?;
+    captured?;
+    graph.ok_or_else(|| during(DriverError(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)))
 }
 
 /// Median ms of a device-to-device copy of `bytes` (cold L2).
@@ -294,4 +379,24 @@ fn time_copy(rt: &Runtime, bytes: usize, iters: usize) -> Result<f64, Error> {
         || stream.memset_zeros(&mut flush).map_err(driver_error("flush the L2")),
         || stream.memcpy_dtod(&src, &mut dst).map_err(driver_error("copy")),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every variant's spec parses with the tensors the bench uploads, at
+    /// each head dim the bench is run with.
+    #[test]
+    fn variants_parse_with_their_tensors() {
+        for (name, ..) in VARIANTS {
+            for d in [64, 128, 256] {
+                let model = DecodeModel::gqa(name, (32, 8), d).unwrap();
+                let spec = flashgen::parse_one(&model.spec)
+                    .unwrap_or_else(|e| panic!("{name}: {}", e.render(name, &model.spec)));
+                assert_eq!(spec.tensors.len(), model.tensors, "{name}");
+            }
+        }
+        assert!(DecodeModel::gqa("no-such-variant", (32, 8), 128).is_none());
+    }
 }

@@ -69,8 +69,12 @@
 //! K and V per batch and cache length, on a dense cache and on 16-row
 //! pages, and a device-to-device copy row. `--untracked` turns cudarc's
 //! event tracking off first (as a CUDA-graph capture does), so the host
-//! time counts no event recorded per buffer. `--e4m3` adds each row on e4m3
-//! caches (GB/s of the bytes they read). `flashgen-bench --decode-mla
+//! time counts no event recorded per buffer, and each row also gets the
+//! host time of replaying its step captured in a CUDA graph. `--e4m3` adds each row on e4m3
+//! caches (GB/s of the bytes they read). `--decode-heads 32/8,64/8` and
+//! `--decode-dims 128,256` pick the models (query / K/V heads, head dim;
+//! each pair its own table), `--decode-variants causal,alibi,softcap,sinks`
+//! the specs (`decode_bench::VARIANTS`). `flashgen-bench --decode-mla
 //! [--mla-heads 16,128]` times MLA's absorbed decode instead (QK 576 / V
 //! 512, one K/V head, V a view of K), GB/s of the one cache a step reads.
 //! `--splits 0,8,32` times each row at every listed split count (0: the
@@ -169,20 +173,46 @@ fn other_bench(args: &[String], list: &dyn Fn(&str, &str) -> Vec<String>, iters:
             true => &[KvCacheDtype::Spec, KvCacheDtype::E4m3],
             false => &[KvCacheDtype::Spec],
         };
-        use flashgen_tools::decode_bench::{run, DecodeModel, GQA, MLA};
+        use flashgen_tools::decode_bench::{self, run, DecodeModel};
         if args.iter().any(|a| a == "--decode-mla") {
             // MLA refuses e4m3 caches (V head dim 512): 16-bit rows only.
             for heads in sizes("--mla-heads", "128") {
-                let model = DecodeModel { heads: (heads, 1), ..MLA };
-                run(&rt, model, (&batches, &kv_lens), (&[KvCacheDtype::Spec], &splits, tune), iters);
+                let model = DecodeModel::mla(heads);
+                run(&rt, &model, (&batches, &kv_lens), (&[KvCacheDtype::Spec], &splits, tune), iters);
             }
         } else {
-            run(&rt, GQA, (&batches, &kv_lens), (formats, &splits, tune), iters);
+            for (variant, d, heads) in decode_models(list) {
+                let Some(model) = DecodeModel::gqa(&variant, heads, d) else {
+                    eprintln!("--decode-variants {variant}: not one of {:?}", decode_bench::VARIANTS.map(|v| v.0));
+                    std::process::exit(2);
+                };
+                run(&rt, &model, (&batches, &kv_lens), (formats, &splits, tune), iters);
+            }
         }
     } else {
         return false;
     }
     true
+}
+
+/// The decode rows' models: every variant x head dim x heads pair of
+/// `--decode-variants`, `--decode-dims` and `--decode-heads` (causal, 128,
+/// 32/8 by default).
+fn decode_models(list: &dyn Fn(&str, &str) -> Vec<String>) -> Vec<(String, usize, (usize, usize))> {
+    let pair = |heads: &str| heads.split_once('/').and_then(|(h, k)| Some((h.parse().ok()?, k.parse().ok()?)));
+    let mut models = vec![];
+    for variant in list("--decode-variants", "causal") {
+        for d in list("--decode-dims", "128").iter().filter_map(|d| d.parse().ok()) {
+            for heads in list("--decode-heads", "32/8") {
+                let Some(heads) = pair(&heads) else {
+                    eprintln!("--decode-heads {heads}: expected <query heads>/<K/V heads>, as 32/8");
+                    std::process::exit(2);
+                };
+                models.push((variant.clone(), d, heads));
+            }
+        }
+    }
+    models
 }
 
 /// The options of a suite run (the default mode).

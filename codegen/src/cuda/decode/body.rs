@@ -48,18 +48,22 @@ const E4M3_DESCALES: &str = "\
 const float v_scale = v_descale[kv_head * v_descale_stride];
 ";
 
-/// A bf16 e4m3 kernel's Q: to f16 for the f16 MMAs, scaled by a power of
-/// two the softmax scale undoes, with K's descale.
+/// A bf16 e4m3 kernel's Q tile: to f16 for the f16 MMAs as it is loaded,
+/// scaled by a power of two the softmax scale undoes, with K's descale.
 const E4M3_Q_BF16: &str = "\
-// The MMAs run on f16 (e4m3 converts to it in one instruction): Q's tile to
-// f16, scaled by a power of two that the logit's scale undoes with K's
-// descale (q k = dk 2^-shift (2^shift q) k8).
-const float qk_scale = scale * k_descale[kv_head * k_descale_stride] * q_tile_to_f16<Q_TILE, THREADS>(q_tile);
+// The MMAs run on f16 (e4m3 converts to it in one instruction): Q's tile in
+// f16, in the order of K's e4m3 fragments, scaled by a power of two that the
+// logit's scale undoes with K's descale (q k = dk 2^-shift (2^shift q) k8).
+const float qk_scale = scale * k_descale[kv_head * k_descale_stride] *
+                       load_q_rows_to_f16<BLOCK_M, DP, D, THREADS>(q_tile, q_rows);
 ";
 
-/// An f16 e4m3 kernel's logit scale: K's descale (Q is f16 already).
+/// An f16 e4m3 kernel's Q tile and logit scale: K's descale (Q is f16
+/// already).
 const E4M3_Q_F16: &str = "\
-// K's descale goes into the logit's scale: q k = dk (q k8).
+// Q's columns in the order of K's e4m3 fragments; K's descale goes into the
+// logit's scale: q k = dk (q k8).
+load_q_rows<BLOCK_M, DP, D, THREADS, true>(q_tile, q_rows);
 const float qk_scale = scale * k_descale[kv_head * k_descale_stride];
 ";
 
@@ -187,22 +191,15 @@ for (int s = 0; s < STAGES - 1; ++s) {
     if (tile_begin + s < tile_end) load_kv(tile_begin + s, s);
     cp_async_commit();
 }
-const unsigned short* q_group = ",
+const QRows q_rows{",
     )?;
     w.write_str(queries.q_rows())?;
-    w.write_str(" + (long long)kv_head * group * q_head_stride;\n")?;
-    w.write_str(match config.kv {
-        KvCacheDtype::Spec => "load_q_rows<BLOCK_M, DP, D, THREADS>",
-        // Q's columns in the order the e4m3 K fragments hold the dims.
-        KvCacheDtype::E4m3 => "load_q_rows<BLOCK_M, DP, D, THREADS, true>",
+    w.write_str(" + (long long)kv_head * group * q_head_stride, q_seq_stride, q_head_stride, group, row0, rows};\n")?;
+    w.write_str(match (config.kv, spec.dtype) {
+        (KvCacheDtype::Spec, _) => "load_q_rows<BLOCK_M, DP, D, THREADS>(q_tile, q_rows);\n",
+        (KvCacheDtype::E4m3, Dtype::Bf16) => E4M3_Q_BF16,
+        (KvCacheDtype::E4m3, Dtype::F16) => E4M3_Q_F16,
     })?;
-    w.write_str("(q_tile, q_group, q_seq_stride, q_head_stride, group, row0, rows);\n")?;
-    if config.kv == KvCacheDtype::E4m3 {
-        w.write_str(match spec.dtype {
-            Dtype::Bf16 => E4M3_Q_BF16,
-            Dtype::F16 => E4M3_Q_F16,
-        })?;
-    }
     w.write_str(
         "
 // The spec's h and q of this lane's rows (a row past the group's end

@@ -53,8 +53,8 @@
 //!   its keys), no second pass through shared memory, and the conversion is
 //!   exact (e4m3 ⊂ f16; one `cvt.rn.f16x2.e4m3x2` a pair on sm_89+, where
 //!   bf16 would take five instructions). The MMAs run on f16 whatever the
-//!   spec's dtype: a bf16 Q tile is converted once per CTA, scaled by a
-//!   power of two that the softmax scale undoes (`q_tile_to_f16`), and P
+//!   spec's dtype: a bf16 Q tile is converted as it is loaded, scaled by a
+//!   power of two that the softmax scale undoes (`load_q_rows_to_f16`), and P
 //!   is packed to f16. The 16-bit ldmatrix reads a byte tile as a 16-bit tile of half
 //!   the columns, handing each lane K's dims in another order, which the
 //!   Q tile is stored in (`load_q_rows`' INTERLEAVED: the reduction over

@@ -210,45 +210,63 @@ __device__ __forceinline__ int q_column(int col) {
     return col / 16 * 16 + (pair < 4 ? 4 * pair : 4 * (pair - 4) + 2) + col % 2;
 }
 
-// The Q tile of a decode CTA: tile row r is the group's query row
+// Where a decode CTA's query rows live: tile row r is the group's query row
 // `first + r`, query token (first + r) / group of head (first + r) % group
 // counted from `q_group` (the group's first head of the sequence); rows at
-// or past `rows` are zero. 16-byte loads where every row allows them: the
-// prologue's cost is per CTA, and a short split has few tiles to hide it.
-// INTERLEAVED (e4m3 caches, see e4m3_key_fragment) stores each 16-column
-// step's columns in the order its K fragments hold the keys' dims: tile
-// column pairs 0-3 take Q's column pairs 0, 2, 4, 6 and pairs 4-7 take 1,
-// 3, 5, 7 (q_column).
-template <int ROWS, int COLS, int WIDTH, int THREADS, bool INTERLEAVED = false>
-__device__ __forceinline__ void load_q_rows(unsigned short* tile, const unsigned short* q_group, long long seq_stride,
-                                            long long head_stride, int group, int first, int rows) {
-    constexpr int CHUNKS = COLS / 8;
-    auto at = [&](int row, int c) {
+// or past `rows` are zero.
+struct QRows {
+    const unsigned short* q_group;
+    long long seq_stride, head_stride;
+    int group, first, rows;
+    __device__ __forceinline__ long long at(int row, int c) const {
         return (long long)(row / group) * seq_stride + (long long)(row % group) * head_stride + c;
-    };
-    if (WIDTH % 8 == 0 && aligned16(q_group, seq_stride) && head_stride % 8 == 0) {
-        for (int i = threadIdx.x; i < ROWS * CHUNKS; i += THREADS) {
-            const int r = i / CHUNKS, c = (i % CHUNKS) * 8, row = first + r;
-            uint4 x = make_uint4(0u, 0u, 0u, 0u);
-            if constexpr (INTERLEAVED) {
-                // Tile chunk c / 8 of a 16-column step: column pairs half,
-                // half + 2 of Q's first chunk, then of its second.
-                const int step = c / 16 * 16, half = c / 8 % 2;
-                uint4 lo = x, hi = x;
-                if (row < rows && step < WIDTH) lo = *(const uint4*)(q_group + at(row, step));
-                if (row < rows && step + 8 < WIDTH) hi = *(const uint4*)(q_group + at(row, step + 8));
-                x = half == 0 ? make_uint4(lo.x, lo.z, hi.x, hi.z) : make_uint4(lo.y, lo.w, hi.y, hi.w);
-            } else if (row < rows && c < WIDTH) {
-                x = *(const uint4*)(q_group + at(row, c));
-            }
-            *(uint4*)(tile + swizzle<COLS>(r, c)) = x;
-        }
-        return;
     }
-    for (int i = threadIdx.x; i < ROWS * COLS; i += THREADS) {
-        const int r = i / COLS, c = INTERLEAVED ? q_column(i % COLS) : i % COLS, row = first + r;
-        const bool valid = row < rows && c < WIDTH;
-        tile[swizzle<COLS>(r, i % COLS)] = valid ? q_group[valid ? at(row, c) : 0] : (unsigned short)0;
+};
+
+// Tile chunk i (8 columns) of the Q tile of COLS columns, WIDTH of them Q's:
+// one 16-byte load where every row allows it (`vector`), else 8 scalar
+// ones. INTERLEAVED (e4m3 caches, see e4m3_key_fragment) holds each
+// 16-column step's columns in the order its K fragments hold the keys'
+// dims: tile column pairs 0-3 take Q's column pairs 0, 2, 4, 6 and pairs
+// 4-7 take 1, 3, 5, 7 (q_column).
+template <int COLS, int WIDTH, bool INTERLEAVED>
+__device__ __forceinline__ uint4 q_chunk(const QRows& q, bool vector, int i) {
+    const int r = i / (COLS / 8), c = i % (COLS / 8) * 8, row = q.first + r;
+    uint4 x = make_uint4(0u, 0u, 0u, 0u);
+    if (row >= q.rows) return x;
+    if (vector && INTERLEAVED) {
+        // Tile chunk c / 8 of a 16-column step: column pairs half, half + 2
+        // of Q's first chunk, then of its second.
+        const int step = c / 16 * 16, half = c / 8 % 2;
+        uint4 lo = x, hi = x;
+        if (step < WIDTH) lo = *(const uint4*)(q.q_group + q.at(row, step));
+        if (step + 8 < WIDTH) hi = *(const uint4*)(q.q_group + q.at(row, step + 8));
+        return half == 0 ? make_uint4(lo.x, lo.z, hi.x, hi.z) : make_uint4(lo.y, lo.w, hi.y, hi.w);
+    }
+    if (vector) return c < WIDTH ? *(const uint4*)(q.q_group + q.at(row, c)) : x;
+    unsigned short e[8];
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int col = INTERLEAVED ? q_column(c + j) : c + j;
+        e[j] = col < WIDTH ? q.q_group[q.at(row, col)] : (unsigned short)0;
+    }
+    return make_uint4(e[0] | e[1] << 16, e[2] | e[3] << 16, e[4] | e[5] << 16, e[6] | e[7] << 16);
+}
+
+// Whether every chunk of Q's rows is one aligned 16-byte load.
+template <int WIDTH>
+__device__ __forceinline__ bool q_vector(const QRows& q) {
+    return WIDTH % 8 == 0 && aligned16(q.q_group, q.seq_stride) && q.head_stride % 8 == 0;
+}
+
+// The Q tile of a decode CTA, ROWS x COLS, swizzled; published by the tile
+// loop's first barrier. The prologue's cost is per CTA, and a short split
+// has few tiles to hide it: 16-byte loads where the rows allow them.
+template <int ROWS, int COLS, int WIDTH, int THREADS, bool INTERLEAVED = false>
+__device__ __forceinline__ void load_q_rows(unsigned short* tile, const QRows& q) {
+    const bool vector = q_vector<WIDTH>(q);
+    for (int i = threadIdx.x; i < ROWS * COLS / 8; i += THREADS) {
+        *(uint4*)(tile + swizzle<COLS>(i / (COLS / 8), i % (COLS / 8) * 8)) = q_chunk<COLS, WIDTH, INTERLEAVED>(q, vector, i);
     }
 }
 

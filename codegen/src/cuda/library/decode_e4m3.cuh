@@ -28,40 +28,49 @@ __device__ __forceinline__ unsigned e4m3x2_to_f16(unsigned pair) {
 }
 // The MMAs of an e4m3 kernel run on f16: e4m3 -> f16 is one instruction per
 // pair where bf16 would take four more (shifts, masks and a scaling FMA), and
-// the kernel is issue-bound on them. A bf16 Q tile is converted once per CTA,
-// scaled by 2^shift so that its largest |q| lands in [2^15, 2^16) (bf16's
-// largest mantissa times 2^15 is 65280, below f16's 65504): every value
-// within 2^29 of that largest keeps all its bits (f16 holds bf16's 8
-// significant bits while normal), and the smaller ones round to f16's
-// subnormals, off by at most 2^-40 of the largest. Returns 2^-shift, for
-// the softmax scale. Every thread calls it (it has barriers).
-template <int UNITS, int THREADS>
-__device__ __forceinline__ float q_tile_to_f16(unsigned short* tile) {
-    __syncthreads();  // load_q_rows' stores, in its own order of chunks
-    // Each warp finds the largest |q| of the whole tile (a few loads a lane,
-    // no shared slot to reduce through); magnitudes order as integers.
-    uint4* chunks = (uint4*)tile;
-    unsigned top = 0;
-    for (int i = threadIdx.x % 32; i < UNITS / 8; i += 32) {
-        const uint4 x = chunks[i];
-        const unsigned pairs[4] = {x.x, x.y, x.z, x.w};
+// the kernel is issue-bound on them. A bf16 Q tile goes to f16 as it is
+// loaded (load_q_rows' tile, INTERLEAVED), scaled by 2^shift so that its
+// largest |q| lands in [2^15, 2^16) (bf16's largest mantissa times 2^15 is
+// 65280, below f16's 65504): every value within 2^29 of that largest keeps
+// all its bits (f16 holds bf16's 8 significant bits while normal), and the
+// smaller ones round to f16's subnormals, off by at most 2^-40 of the
+// largest. Each thread holds its chunks on registers while the CTA agrees on
+// the largest (one barrier). Returns 2^-shift, for the softmax scale. Every
+// thread calls it.
+template <int ROWS, int COLS, int WIDTH, int THREADS>
+__device__ __forceinline__ float load_q_rows_to_f16(unsigned short* tile, const QRows& q) {
+    constexpr int CHUNKS = ROWS * COLS / 8, HELD = (CHUNKS + THREADS - 1) / THREADS;
+    __shared__ unsigned warp_top[THREADS / 32];
+    const bool vector = q_vector<WIDTH>(q);
+    uint4 held[HELD];
+    unsigned top = 0;  // magnitudes order as integers
+    #pragma unroll
+    for (int k = 0; k < HELD; ++k) {
+        const int i = threadIdx.x + k * THREADS;
+        held[k] = i < CHUNKS ? q_chunk<COLS, WIDTH, true>(q, vector, i) : make_uint4(0u, 0u, 0u, 0u);
+        const unsigned pairs[4] = {held[k].x, held[k].y, held[k].z, held[k].w};
         #pragma unroll
         for (const unsigned pair : pairs) top = max(top, max(pair & 0x7fffu, (pair >> 16) & 0x7fffu));
     }
     top = __reduce_max_sync(0xffffffffu, top);
-    __syncthreads();  // every warp has read the tile before it changes
+    if (threadIdx.x % 32 == 0) warp_top[threadIdx.x / 32] = top;
+    __syncthreads();
+    #pragma unroll
+    for (int w = 0; w < THREADS / 32; ++w) top = max(top, warp_top[w]);
     const int shift = min(142 - (int)(top >> 7), 100);
     const float up = __int_as_float((127 + shift) << 23);
-    for (int i = threadIdx.x; i < UNITS / 8; i += THREADS) {
-        const uint4 x = chunks[i];
-        unsigned pairs[4] = {x.x, x.y, x.z, x.w};
+    #pragma unroll
+    for (int k = 0; k < HELD; ++k) {
+        const int i = threadIdx.x + k * THREADS;
+        if (i >= CHUNKS) break;
+        unsigned pairs[4] = {held[k].x, held[k].y, held[k].z, held[k].w};
         #pragma unroll
         for (unsigned& pair : pairs) {
             const unsigned lo = f16::from_f32(bf16::to_f32((unsigned short)(pair & 0xffffu)) * up);
             const unsigned hi = f16::from_f32(bf16::to_f32((unsigned short)(pair >> 16)) * up);
             pair = lo | hi << 16;
         }
-        chunks[i] = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+        *(uint4*)(tile + swizzle<COLS>(i / (COLS / 8), i % (COLS / 8) * 8)) = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
     }
     return __int_as_float((127 - shift) << 23);
 }
