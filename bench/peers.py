@@ -9,7 +9,8 @@ with peers timed in the same run on the same device:
   flex        torch.compile(flex_attention) + create_block_mask(BLOCK_SIZE=128):
               full (no mask), causal, swa1024, doc, softcap-causal, alibi-causal,
               longformer (a band of half-width BAND plus GLOBALS global rows and
-              columns), sink-window (SINKS sink keys plus a causal WINDOW-key window)
+              columns), sink-window (SINKS sink keys plus a causal WINDOW-key window),
+              prefix-lm (the first PREFIX keys seen by every query, causal after)
   fa4         FlashAttention-4 (CuTe DSL, `flash_attn.cute.interface.flash_attn_func`,
               BSHD copies of the same inputs): full, causal, swa1024 (window
               (WINDOW - 1, 0)), swa1024-sinks (the window and a learned sink
@@ -65,8 +66,9 @@ DOCS = 4
 BAND = 256  # longformer: the band's half-width
 GLOBALS = 32  # longformer: global rows and columns
 SINKS = 4  # sink-window: sink keys beside the WINDOW-key window
+PREFIX = 1024  # prefix-lm: keys every query sees
 VARIANTS = ["full", "causal", "swa1024", "swa1024-sinks", "doc", "softcap-causal", "alibi-causal", "longformer",
-            "sink-window"]
+            "sink-window", "prefix-lm"]
 SDPA_VARIANTS = ("full", "causal")
 FA4_VARIANTS = ("full", "causal", "swa1024", "swa1024-sinks", "softcap-causal")
 FA4_ONLY = ("swa1024-sinks",)  # flex's score_mod cannot add to the softmax's denominator
@@ -100,6 +102,8 @@ def density(variant, batch, s):
         # The window, the sinks below it, and (first rows) the sinks past the query.
         return sum(min(q + 1, WINDOW) + min(SINKS, max(q + 1 - WINDOW, 0)) + max(min(SINKS, s) - q - 1, 0)
                    for q in range(s)) / pairs
+    if variant == "prefix-lm":
+        return sum(max(q + 1, min(PREFIX, s)) for q in range(s)) / pairs
     return 1.0
 
 
@@ -312,6 +316,9 @@ def run(variants, dims, seqs, backward):
     def sink_window(b, h, q, k):
         return (k < SINKS) | ((q >= k) & (q - k < WINDOW))
 
+    def prefix_lm(b, h, q, k):
+        return (k < PREFIX) | (q >= k)
+
     def softcap(score, b, h, q, k):
         return 30.0 * torch.tanh(score / 30.0)
 
@@ -340,6 +347,8 @@ def run(variants, dims, seqs, backward):
             mask = block_mask(longformer, None, s)
         elif variant == "sink-window":
             mask = block_mask(sink_window, None, s)
+        elif variant == "prefix-lm":
+            mask = block_mask(prefix_lm, None, s)
         elif variant == "doc":
             docs = torch.tensor(doc_ids(batch, s), device="cuda", dtype=torch.int32)
 

@@ -5,7 +5,8 @@
 //! measured policy and lives here (docs/kernels.md gives the measurements).
 
 use flashgen_codegen::cuda::{e4m3_supports, is_light, Mma, Target, TileConfig};
-use flashgen_codegen::Spec;
+use flashgen_codegen::mask_parts::MaskParts;
+use flashgen_codegen::{BinOp, Expr, ExprKind, Spec};
 
 /// The configuration used without autotuning on `target` when the key
 /// length is unknown: the first of [`candidates`]; where none fits (head
@@ -37,12 +38,13 @@ pub fn e4m3_candidates(spec: &Spec) -> [TileConfig; 3] {
 }
 
 /// The configuration used without autotuning on `target` for `kv_len`
-/// keys: [`preferred`], except that from 4096 keys on at d <= 64 three
+/// keys: [`preferred`], except that past 2048 keys at d <= 64 three
 /// warpgroups lead for every spec whose S, P and O fit their registers
-/// ([`is_light`]). At 1024 keys they trail: the ragged last 192-row tile
-/// wastes work.
+/// ([`is_light`]) but masks of disjuncts ([`banded_disjuncts`]). At 1024 keys
+/// they trail: the ragged last 192-row tile wastes work.
 pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
-    let long = kv_len > LONG_KEYS && TileConfig::padded_head_dim(spec) <= 64 && is_light(spec);
+    let light = is_light(spec) && !banded_disjuncts(spec);
+    let long = kv_len > LONG_KEYS && TileConfig::padded_head_dim(spec) <= 64 && light;
     match long && candidates(spec, target).contains(&THREE_WARPGROUPS) {
         true => THREE_WARPGROUPS,
         false => preferred(spec, target),
@@ -58,7 +60,8 @@ pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
 /// 192-key tiles second, or last when the mask has two conjuncts that
 /// do not both bound k or the score calls a transcendental function; at
 /// d <= 64 three warpgroups first for plain specs, third for masks of
-/// one conjunct or of bounds on k that read no tensor, else last; at
+/// one conjunct or of bounds on k that read no tensor (but `||` masks:
+/// [`banded_disjuncts`]), else last; at
 /// d <= 64 one warpgroup, two CTAs per SM, first for specs that are not
 /// `light`, else last), then the 64-key back-to-back
 /// kernels (two warpgroups, one); among mma.sync configs, 128-key tiles
@@ -92,7 +95,7 @@ pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
     // Slower at 1k keys, where the ragged last 192-row tile wastes work.
     let three = THREE_WARPGROUPS;
     let reads_tensor = spec.mask.as_ref().is_some_and(|m| m.reads_tensor());
-    let simple_mask = light && !reads_tensor;
+    let simple_mask = light && !reads_tensor && !banded_disjuncts(spec);
     let small = match (plain, simple_mask) {
         (true, _) => [&[three], small.as_slice()].concat(),
         (false, true) => [&small[..2], &[three], &small[2..]].concat(),
@@ -136,6 +139,19 @@ const WIDE_256: [TileConfig; 3] = [wgmma_pair(80), wgmma_pair(48), wgmma_pair(64
 /// Two consumer warpgroups of 64 rows with `block_n`-key tiles.
 const fn wgmma_pair(block_n: u32) -> TileConfig {
     TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n }
+}
+
+/// Whether `spec`'s mask is an `||` one of whose terms is itself an `&&`
+/// (a window or band beside global tokens or sinks): two warpgroups lead
+/// there at d <= 64, before three and one a CTA. Tuner sweeps on an H200 at
+/// 8k and 16k keys, ms: a Longformer band with global rows and columns
+/// 0.428 / 0.433 against three warpgroups' 0.525 / 0.621; 4 sinks beside a
+/// 1024-key window 0.472 / 0.478 against 0.538 / 0.541 and one warpgroup's
+/// 0.546 / 0.554. An `||` of plain comparisons (a prefix, then causal) keeps
+/// three: 0.665 / 2.204 at 4k / 16k against two's 0.784 / 2.745.
+fn banded_disjuncts(spec: &Spec) -> bool {
+    let conjunction = |e: &&Expr| matches!(e.kind, ExprKind::Binary(BinOp::And, ..));
+    matches!(MaskParts::of(spec.mask.as_ref()), Some(MaskParts::Disjuncts(terms)) if terms.iter().any(conjunction))
 }
 
 /// Keys beyond which [`preferred_for`] may differ from
@@ -227,5 +243,26 @@ mod tests {
         let window = parse_one("S { dtype: bf16, head_dim: 64, param w: i32, mask: q >= k && q - k < w }").unwrap();
         assert_eq!(shape(preferred_for(&window, hopper, 1024)), (Mma::Wgmma, 8, 1));
         assert_eq!(shape(preferred_for(&window, hopper, 4096)), (Mma::Wgmma, 12, 1));
+    }
+
+    /// At d <= 64 an `||` with an `&&` term (global tokens beside a band,
+    /// sinks beside a window) prefers two warpgroups at every length; three
+    /// and one a CTA stay candidates. An `||` of comparisons (a prefix)
+    /// takes three past 2048 keys.
+    #[test]
+    fn banded_disjuncts_prefer_two_warpgroups() {
+        let hopper = Target::HOPPER;
+        let prefix = parse_one("S { dtype: bf16, head_dim: 64, param g: i32, mask: k < g || q >= k }").unwrap();
+        assert_eq!(preferred_for(&prefix, hopper, 1024), wgmma_pair(128));
+        assert_eq!(preferred_for(&prefix, hopper, 16384), THREE_WARPGROUPS);
+        for mask in ["(q - k <= w && k - q <= w) || q < g || k < g", "k < g || (q >= k && q - k < w)"] {
+            let source = format!("S {{ dtype: bf16, head_dim: 64, param w: i32, param g: i32, mask: {mask} }}");
+            let spec = parse_one(&source).unwrap();
+            for kv_len in [1024, 16384] {
+                assert_eq!(preferred_for(&spec, hopper, kv_len), wgmma_pair(128), "{mask} at {kv_len}");
+            }
+            let others = candidates(&spec, hopper);
+            assert!(others.contains(&THREE_WARPGROUPS) && others.contains(&ONE_WARPGROUP_PAIR), "{mask}");
+        }
     }
 }

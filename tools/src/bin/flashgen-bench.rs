@@ -127,9 +127,11 @@ const BAND: usize = 256;
 const GLOBALS: usize = 32;
 /// `sink-window`: StreamingLLM's 4 sink keys, beside a WINDOW-key window.
 const SINKS: usize = 4;
+/// `prefix-lm`: the prefix every query sees whole (a prompt), causal after.
+const PREFIX: usize = 1024;
 
 /// The suite's variants: name and spec body (dtype and head_dim prepended).
-const VARIANTS: [(&str, &str); 9] = [
+const VARIANTS: [(&str, &str); 10] = [
     ("full", ""),
     ("causal", "mask: q >= k,"),
     ("swa1024", "param window: i32, mask: q >= k && q - k < window,"),
@@ -142,6 +144,7 @@ const VARIANTS: [(&str, &str); 9] = [
          mask: (q - k <= window && k - q <= window) || q < globals || k < globals,",
     ),
     ("sink-window", "param sinks: i32, param window: i32, mask: k < sinks || (q >= k && q - k < window),"),
+    ("prefix-lm", "param prefix: i32, mask: k < prefix || q >= k,"),
     ("swa1024-sinks", "param window: i32, tensor sinks: f32[H], mask: q >= k && q - k < window, sink: sinks[h],"),
 ];
 
@@ -694,6 +697,10 @@ fn inputs(name: &str, batch: usize, s: usize) -> (Vec<ParamValue>, Vec<TensorDat
             };
             let kept: usize = (0..s).map(row).sum();
             (vec![ParamValue::I32(SINKS as i32), ParamValue::I32(WINDOW as i32)], vec![], kept as f64 / pairs)
+        }
+        "prefix-lm" => {
+            let kept: usize = (0..s).map(|q| (q + 1).max(PREFIX.min(s))).sum();
+            (vec![ParamValue::I32(PREFIX as i32)], vec![], kept as f64 / pairs)
         }
         "doc" => {
             // DOCS sorted documents of pseudo-random lengths per sequence.
