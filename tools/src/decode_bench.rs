@@ -198,47 +198,41 @@ fn time_decode(
 
 /// A cache element the bench times, and the runs that read it.
 trait Cache: DeviceRepr + ValidAsZeroBits + Unpin + Sized {
-    fn run(plan: &DecodePlan, rt: &Runtime, io: DecodeIo<'_, bf16, Self>, d: Option<KvDescale<'_>>, args: Args)
-        -> Step;
-    fn run_paged(
-        plan: &DecodePlan,
-        rt: &Runtime,
-        io: PagedDecodeIo<'_, bf16, Self>,
-        d: Option<KvDescale<'_>>,
-        args: Args,
-    ) -> Step;
+    fn run(plan: &DecodePlan, rt: &Runtime, io: DecodeIo<'_, bf16, Self>, with: With) -> Step;
+    fn run_paged(plan: &DecodePlan, rt: &Runtime, io: PagedDecodeIo<'_, bf16, Self>, with: With) -> Step;
 }
 
 type Step = Result<(), Error>;
-type Args<'a> = &'a [ArgValue<'a>];
+
+/// What a run takes beside its operands: the descales of an e4m3 cache and
+/// the spec's params and tensors.
+#[derive(Clone, Copy)]
+struct With<'a> {
+    descale: Option<KvDescale<'a>>,
+    args: &'a [ArgValue<'a>],
+}
+
+impl With<'_> {
+    fn descale(&self) -> KvDescale<'_> {
+        self.descale.expect("e4m3 runs take descales")
+    }
+}
 
 impl Cache for bf16 {
-    fn run(plan: &DecodePlan, rt: &Runtime, io: DecodeIo<'_, bf16>, _: Option<KvDescale<'_>>, args: Args) -> Step {
-        plan.run(rt, io, args)
+    fn run(plan: &DecodePlan, rt: &Runtime, io: DecodeIo<'_, bf16>, with: With) -> Step {
+        plan.run(rt, io, with.args)
     }
-    fn run_paged(
-        plan: &DecodePlan,
-        rt: &Runtime,
-        io: PagedDecodeIo<'_, bf16>,
-        _: Option<KvDescale<'_>>,
-        args: Args,
-    ) -> Step {
-        plan.run_paged(rt, io, args)
+    fn run_paged(plan: &DecodePlan, rt: &Runtime, io: PagedDecodeIo<'_, bf16>, with: With) -> Step {
+        plan.run_paged(rt, io, with.args)
     }
 }
 
 impl Cache for u8 {
-    fn run(plan: &DecodePlan, rt: &Runtime, io: DecodeIo<'_, bf16, u8>, d: Option<KvDescale<'_>>, args: Args) -> Step {
-        plan.run_e4m3(rt, io, d.expect("e4m3 runs take descales"), args)
+    fn run(plan: &DecodePlan, rt: &Runtime, io: DecodeIo<'_, bf16, u8>, with: With) -> Step {
+        plan.run_e4m3(rt, io, with.descale(), with.args)
     }
-    fn run_paged(
-        plan: &DecodePlan,
-        rt: &Runtime,
-        io: PagedDecodeIo<'_, bf16, u8>,
-        d: Option<KvDescale<'_>>,
-        args: Args,
-    ) -> Step {
-        plan.run_paged_e4m3(rt, io, d.expect("e4m3 runs take descales"), args)
+    fn run_paged(plan: &DecodePlan, rt: &Runtime, io: PagedDecodeIo<'_, bf16, u8>, with: With) -> Step {
+        plan.run_paged_e4m3(rt, io, with.descale(), with.args)
     }
 }
 
@@ -316,7 +310,7 @@ fn time_steps<C: Cache>(
     let mut step = |plan: &DecodePlan| match page_size {
         None => {
             let io = DecodeIo { q: (&q, lq), k: (&k, lk), v: (v, lv), o: (&mut o, lo), lse: None, kv_lens: &lens };
-            C::run(plan, rt, io, descale, &args)
+            C::run(plan, rt, io, With { descale, args: &args })
         }
         Some(_) => {
             let kv = PagedKv {
@@ -328,7 +322,12 @@ fn time_steps<C: Cache>(
                 max_kv_len: kv_len,
                 batch,
             };
-            C::run_paged(plan, rt, PagedDecodeIo { q: (&q, lq), o: (&mut o, lo), lse: None, kv }, descale, &args)
+            C::run_paged(
+                plan,
+                rt,
+                PagedDecodeIo { q: (&q, lq), o: (&mut o, lo), lse: None, kv },
+                With { descale, args: &args },
+            )
         }
     };
     if tune {
