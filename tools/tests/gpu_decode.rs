@@ -327,7 +327,7 @@ fn every_variant_on_pages() {
 
 /// Paged caches under GQA ratios 1, 4 and 8 and MQA, key counts 1, 17 and
 /// 4097, split and unsplit, pages of 16 and 256 rows; head dims 64 (pages
-/// of one row) and 256 (of 64).
+/// of one row), 96 (of 16) and 256 (of 64).
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn paged_head_groups_lengths_and_splits() {
@@ -346,7 +346,12 @@ fn paged_head_groups_lengths_and_splits() {
             }
         }
     }
-    let dims = [(flashgen::codegen::Dtype::F16, 64, 1), (flashgen::codegen::Dtype::Bf16, 256, 64)];
+    // d = 96: three CTAs' tiles an SM fill Hopper's shared memory to the byte.
+    let dims = [
+        (flashgen::codegen::Dtype::F16, 64, 1),
+        (flashgen::codegen::Dtype::Bf16, 96, 16),
+        (flashgen::codegen::Dtype::Bf16, 256, 64),
+    ];
     for (dtype, d, page_size) in dims {
         for splits in [Some(1), None] {
             let spec = with(spec("causal_bottom_right"), dtype, d, d);

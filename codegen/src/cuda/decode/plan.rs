@@ -151,6 +151,11 @@ const MIN_TILES_PER_SPLIT: u32 = 2;
 const MAX_STAGES: u32 = 4;
 /// The most CTAs per SM the configuration aims for.
 const MAX_CTAS_PER_SM: u32 = 4;
+/// Static shared memory a decode kernel may declare beside its dynamic
+/// tiles, bytes (a window's kept band, the e4m3 Q conversion's warp
+/// maxima): counted when CTAs per SM are planned, so that they all fit (at
+/// d = 96 three CTAs' tiles fill Hopper's 228 KiB to the byte).
+const STATIC_SMEM_BYTES: u32 = 64;
 
 impl DecodeConfig {
     /// Query rows per tile.
@@ -218,7 +223,7 @@ impl DecodeConfig {
         let most = rows.div_ceil(16).clamp(1, if narrow { 2 } else { 1 });
         let per_sm = |m_tiles: u32, stages: u32| {
             let config = DecodeConfig { m_tiles, stages, ctas_per_sm: 1, kv, warps, v_in_k };
-            let per_cta = config.smem_bytes(spec) + target.smem_reserved_per_cta;
+            let per_cta = config.cta_smem_bytes(spec, target);
             let by_registers = target.regs_per_sm / (32 * DECODE_WARPS * config.registers(spec));
             (target.smem_per_sm / per_cta).min(by_registers).min(MAX_CTAS_PER_SM)
         };
@@ -253,6 +258,12 @@ impl DecodeConfig {
     pub fn smem_bytes(self, spec: &Spec) -> u32 {
         let q = self.block_m() * pad16(spec.head_dims.qk) * 2;
         q + self.scratch_bytes(spec) + self.shared_p_bytes()
+    }
+
+    /// The shared memory a resident CTA takes on `target`, bytes: the
+    /// dynamic tiles, the static declarations and the driver's reserve.
+    fn cta_smem_bytes(self, spec: &Spec, target: Target) -> u32 {
+        self.smem_bytes(spec) + STATIC_SMEM_BYTES + target.smem_reserved_per_cta
     }
 
     /// The shared memory past the Q tile, bytes: `stages` K and V tiles (of
@@ -446,14 +457,16 @@ mod tests {
         assert_eq!((c.stages, c.ctas_per_sm), (3, 1));
         let c = DecodeConfig::for_rows(&spec(64), h, 4).unwrap();
         assert_eq!((c.stages, c.ctas_per_sm), (4, 3), "nine 16 KiB tiles in flight");
-        for d in [64, 128, 256] {
+        for d in [64, 96, 128, 256] {
             for target in [h, Target::PORTABLE, Target::for_sm(8, 6)] {
-                let Some(c) = DecodeConfig::for_rows(&spec(d), target, 32) else {
-                    assert!(d == 256 && target.smem_per_sm < 128 * 1024, "d = {d} fits {target:?}");
-                    continue;
-                };
-                let per_cta = c.smem_bytes(&spec(d)) + target.smem_reserved_per_cta;
-                assert!(c.stages >= 2 && c.ctas_per_sm * per_cta <= target.smem_per_sm, "d = {d}: {c:?}");
+                for kv in [KvCacheDtype::Spec, KvCacheDtype::E4m3] {
+                    let Some(c) = DecodeConfig::for_cache(&spec(d), target, 32, kv) else {
+                        assert!(d == 256 && target.smem_per_sm < 128 * 1024, "d = {d} fits {target:?}");
+                        continue;
+                    };
+                    let per_cta = c.cta_smem_bytes(&spec(d), target);
+                    assert!(c.stages >= 2 && c.ctas_per_sm * per_cta <= target.smem_per_sm, "d = {d}: {c:?}");
+                }
             }
         }
     }
