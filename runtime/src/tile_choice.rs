@@ -40,8 +40,8 @@ pub fn e4m3_candidates(spec: &Spec) -> [TileConfig; 3] {
 /// The configuration used without autotuning on `target` for `kv_len`
 /// keys: [`preferred`], except that past 2048 keys at d <= 64 three
 /// warpgroups lead for every spec whose S, P and O fit their registers
-/// ([`is_light`]) but masks of disjuncts ([`banded_disjuncts`]). At 1024 keys
-/// they trail: the ragged last 192-row tile wastes work.
+/// ([`is_light`]) but an `||` with an `&&` term (`banded_disjuncts`). At
+/// 1024 keys they trail: the ragged last 192-row tile wastes work.
 pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
     let light = is_light(spec) && !banded_disjuncts(spec);
     let long = kv_len > LONG_KEYS && TileConfig::padded_head_dim(spec) <= 64 && light;
@@ -60,8 +60,8 @@ pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
 /// 192-key tiles second, or last when the mask has two conjuncts that
 /// do not both bound k or the score calls a transcendental function; at
 /// d <= 64 three warpgroups first for plain specs, third for masks of
-/// one conjunct or of bounds on k that read no tensor (but `||` masks:
-/// [`banded_disjuncts`]), else last; at
+/// one conjunct or of bounds on k that read no tensor (but an `||` with an
+/// `&&` term: `banded_disjuncts`), else last; at
 /// d <= 64 one warpgroup, two CTAs per SM, first for specs that are not
 /// `light`, else last), then the 64-key back-to-back
 /// kernels (two warpgroups, one); among mma.sync configs, 128-key tiles
