@@ -92,6 +92,33 @@ impl DecodeModel {
     }
 }
 
+/// The GQA models of every variant × head dim × heads pair (`32/8`: query
+/// heads over K/V heads) named; empty lists take the table
+/// (causal, 128, 32/8).
+pub fn models(variants: &[String], dims: &[String], heads: &[String]) -> Result<Vec<DecodeModel>, String> {
+    let or = |given: &[String], default: &str| match given.is_empty() {
+        true => vec![default.to_string()],
+        false => given.to_vec(),
+    };
+    let mut models = vec![];
+    for variant in or(variants, "causal") {
+        for d in or(dims, "128") {
+            let d = d.parse().map_err(|_| format!("--decode-dims {d}: not a head dim"))?;
+            for pair in or(heads, "32/8") {
+                let split = pair.split_once('/').and_then(|(h, k)| Some((h.parse().ok()?, k.parse().ok()?)));
+                let heads =
+                    split.ok_or(format!("--decode-heads {pair}: expected <query heads>/<K/V heads>, as 32/8"))?;
+                let names = VARIANTS.map(|v| v.0);
+                models.push(
+                    DecodeModel::gqa(&variant, heads, d)
+                        .ok_or(format!("--decode-variants {variant}: not one of {names:?}"))?,
+                );
+            }
+        }
+    }
+    Ok(models)
+}
+
 /// Zeros written before every timed step: the forward rows' flush.
 const L2_FLUSH_BYTES: usize = 256 << 20;
 /// Caches past this many bytes (K and V) are skipped: they leave no room
@@ -397,5 +424,21 @@ mod tests {
             }
         }
         assert!(DecodeModel::gqa("no-such-variant", (32, 8), 128).is_none());
+    }
+
+    /// The flags' lists multiply into models; empty ones take the issue's
+    /// table; a bad entry is an error naming its flag.
+    #[test]
+    fn models_multiply_the_flags_lists() {
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let one = models(&[], &[], &[]).unwrap();
+        assert_eq!((one.len(), one[0].heads, one[0].dims), (1, (32, 8), (128, 128)));
+        let many = models(&strings(&["causal", "alibi"]), &strings(&["128", "256"]), &strings(&["32/8", "64/8"]));
+        assert_eq!(many.unwrap().len(), 8);
+        for (v, d, h, flag) in [("x", "128", "32/8", "--decode-variants"), ("causal", "wide", "32/8", "--decode-dims")]
+        {
+            assert!(models(&strings(&[v]), &strings(&[d]), &strings(&[h])).unwrap_err().starts_with(flag));
+        }
+        assert!(models(&[], &[], &strings(&["32"])).unwrap_err().starts_with("--decode-heads"));
     }
 }

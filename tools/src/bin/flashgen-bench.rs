@@ -107,6 +107,7 @@ use flashgen::codegen::{Dropout, Shape};
 use flashgen::runtime::tile_choice;
 use flashgen::runtime::{config_name, KernelSet, KvCacheDtype};
 use flashgen::Runtime;
+use flashgen_tools::decode_bench;
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::jit_bench;
 use flashgen_tools::step_tiles::{parse_step_tiles, tile_label, StepTiles};
@@ -167,6 +168,14 @@ fn other_bench(args: &[String], list: &dyn Fn(&str, &str) -> Vec<String>, iters:
         let (batches, kv_lens) = (sizes("--batches", "1,16,64,256"), sizes("--kv-lens", "1024,4096,16384,65536"));
         let splits = sizes("--splits", "0");
         let tune = args.iter().any(|a| a == "--tune");
+        // The GQA rows' models, checked before the GPU is looked for.
+        let flags = ["--decode-variants", "--decode-dims", "--decode-heads"];
+        let [variants, dims, heads] =
+            flags.map(|flag| list(flag, "").into_iter().filter(|v| !v.is_empty()).collect::<Vec<String>>());
+        let models = decode_bench::models(&variants, &dims, &heads).unwrap_or_else(|e| {
+            eprintln!("flashgen-bench --decode: {e}");
+            std::process::exit(2);
+        });
         let rt = start_runtime();
         if args.iter().any(|a| a == "--untracked") {
             // SAFETY: every buffer of the bench lives on the runtime's one stream.
@@ -176,7 +185,7 @@ fn other_bench(args: &[String], list: &dyn Fn(&str, &str) -> Vec<String>, iters:
             true => &[KvCacheDtype::Spec, KvCacheDtype::E4m3],
             false => &[KvCacheDtype::Spec],
         };
-        use flashgen_tools::decode_bench::{self, run, DecodeModel};
+        use decode_bench::{run, DecodeModel};
         if args.iter().any(|a| a == "--decode-mla") {
             // MLA refuses e4m3 caches (V head dim 512): 16-bit rows only.
             for heads in sizes("--mla-heads", "128") {
@@ -184,38 +193,14 @@ fn other_bench(args: &[String], list: &dyn Fn(&str, &str) -> Vec<String>, iters:
                 run(&rt, &model, (&batches, &kv_lens), (&[KvCacheDtype::Spec], &splits, tune), iters);
             }
         } else {
-            for (variant, d, heads) in decode_models(list) {
-                let Some(model) = DecodeModel::gqa(&variant, heads, d) else {
-                    eprintln!("--decode-variants {variant}: not one of {:?}", decode_bench::VARIANTS.map(|v| v.0));
-                    std::process::exit(2);
-                };
-                run(&rt, &model, (&batches, &kv_lens), (formats, &splits, tune), iters);
+            for model in &models {
+                run(&rt, model, (&batches, &kv_lens), (formats, &splits, tune), iters);
             }
         }
     } else {
         return false;
     }
     true
-}
-
-/// The decode rows' models: every variant x head dim x heads pair of
-/// `--decode-variants`, `--decode-dims` and `--decode-heads` (causal, 128,
-/// 32/8 by default).
-fn decode_models(list: &dyn Fn(&str, &str) -> Vec<String>) -> Vec<(String, usize, (usize, usize))> {
-    let pair = |heads: &str| heads.split_once('/').and_then(|(h, k)| Some((h.parse().ok()?, k.parse().ok()?)));
-    let mut models = vec![];
-    for variant in list("--decode-variants", "causal") {
-        for d in list("--decode-dims", "128").iter().filter_map(|d| d.parse().ok()) {
-            for heads in list("--decode-heads", "32/8") {
-                let Some(heads) = pair(&heads) else {
-                    eprintln!("--decode-heads {heads}: expected <query heads>/<K/V heads>, as 32/8");
-                    std::process::exit(2);
-                };
-                models.push((variant.clone(), d, heads));
-            }
-        }
-    }
-    models
 }
 
 /// The options of a suite run (the default mode).
