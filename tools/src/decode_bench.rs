@@ -1,22 +1,24 @@
-//! `flashgen-bench --decode`: the decode path's memory bandwidth. bf16,
-//! d = 128, 32 query heads over 8 K/V heads, one query token per sequence
-//! under the bottom-right causal mask (every key kept), batch × cache length
-//! from the flags; each step after 256 MB of zeros written (a cold L2),
-//! median of CUDA-event timings. GB/s = the K and V bytes a step must read
-//! ÷ its time. A device-to-device copy row gives the ceiling ((read +
+//! `flashgen-bench --decode`: the decode path's memory bandwidth. bf16, one
+//! query token per sequence under the bottom-right causal mask (every key
+//! kept), the models of [`models`] (by default d = 128, 32 query heads over
+//! 8 K/V heads; other [`VARIANTS`] add a score or sink), batch × cache
+//! length from the flags; each step after 256 MB of zeros written (a cold
+//! L2), median of CUDA-event timings. GB/s = the K and V bytes a step must
+//! read ÷ its time. A device-to-device copy row gives the ceiling ((read +
 //! written bytes) ÷ time), and each row the host time of one
-//! `DecodePlan::run`. Each shape runs on a dense cache (`decode` rows) and
-//! on paged caches of 16-row pages (`paged16` rows: `DecodePlan::run_paged`,
-//! each sequence's pages in a shuffled order, as a serving loop's pool
-//! hands them out). With `--e4m3` each also runs on e4m3 caches
-//! (`-e4m3` rows: `DecodePlan::run_e4m3`, per-K/V-head descales), GB/s
-//! then of the bytes an e4m3 step reads: half the bf16 rows'. With
-//! `--decode-mla` the rows are MLA's absorbed decode instead ([`MLA`]: QK
-//! 576 / V 512, one K/V head, V read from K's tiles as a view of K), GB/s of
-//! the one 576-column cache a step reads. With `--tune` each row's plan
-//! first tunes its split count on the row's own step (`DecodePlan::tune`,
-//! a `tune` line listing every candidate's time), and the row runs the
-//! fastest.
+//! `DecodePlan::run` (without event tracking, also of one replay of the
+//! step captured in a CUDA graph). Each shape runs on a dense cache
+//! (`decode` rows) and on paged caches of 16-row pages (`paged16` rows:
+//! `DecodePlan::run_paged`, each sequence's pages in a shuffled order, as a
+//! serving loop's pool hands them out). With `--e4m3` each also runs on
+//! e4m3 caches (`-e4m3` rows: `DecodePlan::run_e4m3`, per-K/V-head
+//! descales), GB/s then of the bytes an e4m3 step reads: half the bf16
+//! rows'. With `--decode-mla` the rows are MLA's absorbed decode instead
+//! ([`DecodeModel::mla`]: QK 576 / V 512, one K/V head, V read from K's
+//! tiles as a view of K), GB/s of the one 576-column cache a step reads.
+//! With `--tune` each row's plan first tunes its split count on the row's
+//! own step (`DecodePlan::tune`, a `tune` line listing every candidate's
+//! time), and the row runs the fastest.
 
 use crate::verify::driver as driver_error;
 use flashgen::cudarc::driver::{sys, CudaGraph, CudaSlice, CudaStream, DriverError};
