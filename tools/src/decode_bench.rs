@@ -41,22 +41,19 @@ pub struct DecodeModel {
     pub heads: (usize, usize),
     pub dims: (usize, usize),
     pub v_in_k: bool,
-    /// Captured tensors of the spec: each a value per query head.
-    pub tensors: usize,
 }
 
 /// The variants `--decode-variants` names: each reads the whole cache (the
 /// bottom-right causal mask at one query token keeps every key), and its
-/// tensors hold a value per query head: `(name, spec body, tensors)`.
-pub const VARIANTS: [(&str, &str, usize); 4] = [
-    ("causal", "mask: q + kv_len - q_len >= k", 0),
+/// tensors hold a value per query head: `(name, spec body)`.
+pub const VARIANTS: [(&str, &str); 4] = [
+    ("causal", "mask: q + kv_len - q_len >= k"),
     (
         "alibi",
         "tensor slopes: f32[H], mask: q + kv_len - q_len >= k, score: score + slopes[h] * (k - q - kv_len + q_len) as f32",
-        1,
     ),
-    ("softcap", "mask: q + kv_len - q_len >= k, score: 30.0 * tanh(score / 30.0)", 0),
-    ("sinks", "tensor sinks: f32[H], mask: q + kv_len - q_len >= k, sink: sinks[h]", 1),
+    ("softcap", "mask: q + kv_len - q_len >= k, score: 30.0 * tanh(score / 30.0)"),
+    ("sinks", "tensor sinks: f32[H], mask: q + kv_len - q_len >= k, sink: sinks[h]"),
 ];
 
 impl DecodeModel {
@@ -64,13 +61,12 @@ impl DecodeModel {
     /// query heads over `heads_kv` K/V heads of head dim `d` (the issue's
     /// table: causal, 32 over 8 at 128).
     pub fn gqa(variant: &str, (heads, heads_kv): (usize, usize), d: usize) -> Option<DecodeModel> {
-        let (_, body, tensors) = VARIANTS.iter().find(|(name, ..)| *name == variant)?;
+        let (_, body) = VARIANTS.iter().find(|(name, _)| *name == variant)?;
         Some(DecodeModel {
             spec: format!("Decode {{ dtype: bf16, head_dim: {d}, {body} }}"),
             heads: (heads, heads_kv),
             dims: (d, d),
             v_in_k: false,
-            tensors: *tensors,
         })
     }
 
@@ -82,7 +78,6 @@ impl DecodeModel {
             heads: (heads, 1),
             dims: (576, 512),
             v_in_k: true,
-            tensors: 0,
         }
     }
 
@@ -214,12 +209,21 @@ fn time_decode(
     };
     let mut plan = rt.decode_plan(spec, shape, &opts)?;
     let tune = tune && splits.is_none();
+    // The spec's tensors, each a value per query head.
+    let tensors = (0..spec.tensors.len())
+        .map(|_| rt.stream().clone_htod(&vec![0.0625f32; heads]).map_err(driver_error("upload a tensor")))
+        .collect::<Result<Vec<CudaSlice<f32>>, Error>>()?;
+    let args: Vec<ArgValue> = tensors.iter().map(ArgValue::from).collect();
     let timed = match kv {
-        KvCacheDtype::Spec => time_steps::<bf16>(rt, (&mut plan, model), (page_size, tune), None, iters)?,
+        KvCacheDtype::Spec => {
+            let with = With { descale: None, args: &args };
+            time_steps::<bf16>(rt, (&mut plan, model), (page_size, tune), with, iters)?
+        }
         KvCacheDtype::E4m3 => {
             let ones = rt.stream().clone_htod(&vec![1f32; heads_kv]).map_err(driver_error("upload descales"))?;
             let descale = KvDescale { k: Descale::PerKvHead(&ones), v: Descale::PerKvHead(&ones) };
-            time_steps::<u8>(rt, (&mut plan, model), (page_size, tune), Some(descale), iters)?
+            let with = With { descale: Some(descale), args: &args };
+            time_steps::<u8>(rt, (&mut plan, model), (page_size, tune), with, iters)?
         }
     };
     Ok((plan.splits(), timed))
@@ -294,7 +298,7 @@ fn time_steps<C: Cache>(
     rt: &Runtime,
     (plan, model): (&mut DecodePlan, &DecodeModel),
     (page_size, tune): (Option<usize>, bool),
-    descale: Option<KvDescale<'_>>,
+    with: With,
     iters: usize,
 ) -> Result<Timed, Error> {
     let stream = rt.stream().clone();
@@ -331,15 +335,10 @@ fn time_steps<C: Cache>(
     let mut table: Vec<i32> = (0..(batch * pages_per_seq) as i32).collect();
     table.shuffle(&mut rand::rngs::StdRng::seed_from_u64(1));
     let table: CudaSlice<i32> = stream.clone_htod(&table).map_err(driver_error("upload the block table"))?;
-    // The variant's tensors, each a value per query head.
-    let tensors = (0..model.tensors)
-        .map(|_| stream.clone_htod(&vec![0.0625f32; heads]).map_err(driver_error("upload a tensor")))
-        .collect::<Result<Vec<CudaSlice<f32>>, Error>>()?;
-    let args: Vec<ArgValue> = tensors.iter().map(ArgValue::from).collect();
     let mut step = |plan: &DecodePlan| match page_size {
         None => {
             let io = DecodeIo { q: (&q, lq), k: (&k, lk), v: (v, lv), o: (&mut o, lo), lse: None, kv_lens: &lens };
-            C::run(plan, rt, io, With { descale, args: &args })
+            C::run(plan, rt, io, with)
         }
         Some(_) => {
             let kv = PagedKv {
@@ -351,12 +350,7 @@ fn time_steps<C: Cache>(
                 max_kv_len: kv_len,
                 batch,
             };
-            C::run_paged(
-                plan,
-                rt,
-                PagedDecodeIo { q: (&q, lq), o: (&mut o, lo), lse: None, kv },
-                With { descale, args: &args },
-            )
+            C::run_paged(plan, rt, PagedDecodeIo { q: (&q, lq), o: (&mut o, lo), lse: None, kv }, with)
         }
     };
     if tune {
@@ -383,8 +377,8 @@ fn time_steps<C: Cache>(
     Ok(Timed { ms, host_us: host, graph_us })
 }
 
-/// One `step` captured on `stream` into a CUDA graph.
-fn capture(stream: &Arc<CudaStream>, step: impl FnOnce() -> Step) -> Result<CudaGraph, Error> {
+/// One `step` (queued on `stream`) captured into a CUDA graph.
+pub fn capture(stream: &Arc<CudaStream>, step: impl FnOnce() -> Step) -> Result<CudaGraph, Error> {
     let during = driver_error("capture a decode step");
     stream.synchronize().map_err(during)?;
     stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(during)?;
@@ -413,16 +407,18 @@ fn time_copy(rt: &Runtime, bytes: usize, iters: usize) -> Result<f64, Error> {
 mod tests {
     use super::*;
 
-    /// Every variant's spec parses with the tensors the bench uploads, at
-    /// each head dim the bench is run with.
+    /// Every variant's spec parses, at each head dim the bench is run with,
+    /// its tensors sized by the heads (the bench's one value a head).
     #[test]
-    fn variants_parse_with_their_tensors() {
-        for (name, ..) in VARIANTS {
+    fn variants_parse_with_tensors_per_head() {
+        for (name, _) in VARIANTS {
             for d in [64, 128, 256] {
                 let model = DecodeModel::gqa(name, (32, 8), d).unwrap();
                 let spec = flashgen::parse_one(&model.spec)
                     .unwrap_or_else(|e| panic!("{name}: {}", e.render(name, &model.spec)));
-                assert_eq!(spec.tensors.len(), model.tensors, "{name}");
+                for tensor in &spec.tensors {
+                    assert!(matches!(tensor.dims[..], [flashgen::codegen::Dim::Heads]), "{name}");
+                }
             }
         }
         assert!(DecodeModel::gqa("no-such-variant", (32, 8), 128).is_none());

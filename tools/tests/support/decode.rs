@@ -3,7 +3,7 @@
 
 use super::forward::Table;
 use flashgen::codegen::Spec;
-use flashgen::cudarc::driver::{sys, CudaGraph};
+use flashgen::cudarc::driver::CudaGraph;
 use flashgen::runtime::{DecodeShape, Runtime};
 use flashgen_tools::verify::decode::{DecodeProblem, DeviceDecode};
 use flashgen_tools::verify::{Expected, Report};
@@ -34,11 +34,11 @@ pub fn run_cases<C>(
 /// One decode step (`step` queues it) captured on `rt`'s stream into a
 /// CUDA graph.
 pub fn capture(rt: &Runtime, step: impl FnOnce()) -> CudaGraph {
-    let stream = rt.stream();
-    stream.synchronize().unwrap();
-    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    step();
-    stream.end_capture(sys::CUgraphInstantiate_flags(0)).unwrap().expect("a captured graph")
+    flashgen_tools::decode_bench::capture(rt.stream(), || {
+        step();
+        Ok(())
+    })
+    .unwrap()
 }
 
 /// Replays `graph` and asserts that `gpu`'s result matches `step`'s
