@@ -9,13 +9,13 @@
 //! [`tile_choice::preferred`](crate::tile_choice::preferred).
 
 use crate::args::ArgValue;
-use crate::choices::Choice;
+use crate::choices::{Choice, Choices};
 use crate::element::Element;
 use crate::error::Error;
 use crate::forward_launch::{ForwardIo, ForwardLaunch, ForwardOptions};
 use crate::runtime::Runtime;
 use crate::timing::median_ms;
-use crate::tuning::{config_name, Record, ShapeClass, TuningKey};
+use crate::tuning::{Candidate, Pass, Record, ShapeClass, TuningKey};
 use flashgen_codegen::cuda::TileConfig;
 use flashgen_codegen::{to_source, Shape, Spec, CODEGEN_VERSION};
 use std::fmt;
@@ -25,31 +25,32 @@ const WARMUP: usize = 2;
 /// Timed launches per candidate; the median counts.
 const RUNS: usize = 7;
 
-/// What [`Runtime::autotune`] measured and chose.
+/// What [`Runtime::autotune`] (forward tile configurations) or
+/// [`Runtime::autotune_backward`] (dK/dV tiles) measured and chose.
 #[derive(Debug)]
-pub struct TuneReport {
+pub struct TuneReport<C = TileConfig> {
     /// The spec's name.
     pub spec: String,
     pub class: ShapeClass,
     /// The fastest candidate, now remembered for the class.
-    pub best: TileConfig,
-    /// Every candidate in [`tile_choice::candidates`](crate::tile_choice::candidates) order with its median
-    /// milliseconds, or why it could not run (e.g. too much shared memory).
-    /// Empty for a launch with no batch or no queries (nothing to time,
-    /// nothing remembered).
-    pub candidates: Vec<(TileConfig, Result<f64, Error>)>,
+    pub best: C,
+    /// Every candidate in order ([`tile_choice::candidates`](crate::tile_choice::candidates),
+    /// [`Runtime::backward_candidates`]) with its median milliseconds, or
+    /// why it could not run (e.g. too much shared memory). Empty for a
+    /// launch with nothing to compute (nothing timed, nothing remembered).
+    pub candidates: Vec<(C, Result<f64, Error>)>,
 }
 
 /// `class: best NAME | NAME 0.123 ms, NAME failed (why), …`
-impl fmt::Display for TuneReport {
+impl<C: Candidate> fmt::Display for TuneReport<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: best {} |", self.class, config_name(self.best))?;
+        write!(f, "{}: best {} |", self.class, self.best.name())?;
         for (i, (config, ms)) in self.candidates.iter().enumerate() {
             let sep = if i == 0 { " " } else { ", " };
             match ms {
-                Ok(ms) => write!(f, "{sep}{} {ms:.3} ms", config_name(*config))?,
+                Ok(ms) => write!(f, "{sep}{} {ms:.3} ms", config.name())?,
                 // An NVRTC error carries the whole source: its first line says enough.
-                Err(e) => write!(f, "{sep}{} failed ({})", config_name(*config), first_line(e))?,
+                Err(e) => write!(f, "{sep}{} failed ({})", config.name(), first_line(e))?,
             }
         }
         Ok(())
@@ -114,7 +115,7 @@ impl Runtime {
         if crate::tile_choice::candidates(spec, self.target()).contains(&config) {
             Ok(config)
         } else {
-            Err(Error::NotACandidate { config: config_name(config), spec: spec.name.clone(), arch: self.arch() })
+            Err(Error::NotACandidate { config: config.name(), spec: spec.name.clone(), arch: self.arch() })
         }
     }
 
@@ -126,7 +127,7 @@ impl Runtime {
         opts: &ForwardOptions<'_>,
     ) -> Result<TileConfig, Error> {
         let choice = self.choice(launch.spec, self.shape_class(launch.spec, &launch.shape));
-        if !choice.tuned && self.autotune_forward {
+        if !choice.tuned && self.autotune_launches {
             return self.tune(launch, opts).map(|report| report.best);
         }
         Ok(choice.config)
@@ -136,19 +137,31 @@ impl Runtime {
     /// in memory, found or not): the spec is printed, for the record's
     /// name, once per class and runtime.
     fn choice(&self, spec: &Spec, class: ShapeClass) -> Choice {
-        if let Some(choice) = self.choices.get(spec, class) {
+        let untuned = || crate::tile_choice::preferred_for(spec, self.target(), class.kv_len_bound());
+        let candidates = || crate::tile_choice::candidates(spec, self.target());
+        self.remembered((Pass::Forward, &self.choices), spec, class, candidates, untuned)
+    }
+
+    /// `choices`' choice of `class` of `spec`, else the disk's record for
+    /// `pass` among `candidates()` (then remembered in memory), else
+    /// `untuned()`, remembered as such.
+    pub(crate) fn remembered<C: Candidate>(
+        &self,
+        (pass, choices): (Pass, &Choices<C>),
+        spec: &Spec,
+        class: ShapeClass,
+        candidates: impl FnOnce() -> Vec<C>,
+        untuned: impl FnOnce() -> C,
+    ) -> Choice<C> {
+        if let Some(choice) = choices.get(spec, class) {
             return choice;
         }
-        let candidates = crate::tile_choice::candidates(spec, self.target());
-        let key = TuningKey::new(&to_source(spec), class, self.arch(), CODEGEN_VERSION);
-        let choice = match self.disk.as_ref().and_then(|disk| disk.load_tuning(key, &candidates)) {
+        let key = TuningKey::new(pass, &to_source(spec), class, self.arch(), CODEGEN_VERSION);
+        let choice = match self.disk.as_ref().and_then(|disk| disk.load_tuning(key, &candidates())) {
             Some(config) => Choice { config, tuned: true },
-            None => Choice {
-                config: crate::tile_choice::preferred_for(spec, self.target(), class.kv_len_bound()),
-                tuned: false,
-            },
+            None => Choice { config: untuned(), tuned: false },
         };
-        self.choices.keep_first(spec, class, choice)
+        choices.keep_first(spec, class, choice)
     }
 
     /// Loads every candidate at once, times them one after another on
@@ -172,19 +185,32 @@ impl Runtime {
                 (config, ms)
             })
             .collect();
+        self.keep_fastest((Pass::Forward, &self.choices), spec, class, candidates)
+    }
+
+    /// The fastest of `candidates`, timed on a launch of `spec` in `class`:
+    /// remembered in `choices` and in the disk cache's record for `pass`.
+    /// Only if every candidate failed is it an error ([`Error::Tuning`]).
+    pub(crate) fn keep_fastest<C: Candidate>(
+        &self,
+        (pass, choices): (Pass, &Choices<C>),
+        spec: &Spec,
+        class: ShapeClass,
+        candidates: Vec<(C, Result<f64, Error>)>,
+    ) -> Result<TuneReport<C>, Error> {
         let fastest = candidates
             .iter()
             .filter_map(|(config, ms)| Some((*config, *ms.as_ref().ok()?)))
             .min_by(|a, b| a.1.total_cmp(&b.1));
         let Some((best, _)) = fastest else {
-            let failures = candidates.into_iter().filter_map(|(c, ms)| Some((config_name(c), ms.err()?))).collect();
+            let failures = candidates.into_iter().filter_map(|(c, ms)| Some((c.name(), ms.err()?))).collect();
             return Err(Error::Tuning { spec: spec.name.clone(), failures });
         };
 
-        self.choices.replace(spec, class, Choice { config: best, tuned: true });
+        choices.replace(spec, class, Choice { config: best, tuned: true });
         if let Some(disk) = &self.disk {
             let times: Vec<_> = candidates.iter().map(|(c, ms)| (*c, ms.as_ref().ok().copied())).collect();
-            let key = TuningKey::new(&to_source(spec), class, self.arch(), CODEGEN_VERSION);
+            let key = TuningKey::new(pass, &to_source(spec), class, self.arch(), CODEGEN_VERSION);
             let record = Record { key, spec, class, arch: self.arch(), times: &times, best };
             // Like the kernel cache, a failed store only costs a later tuning.
             if let Err(e) = disk.store_tuning(&record) {

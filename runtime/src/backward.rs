@@ -106,9 +106,28 @@ pub struct BackwardOptions<'a> {
     pub dropout: Option<Dropout>,
     /// Run the dK/dV kernel in this tile, which must be one of
     /// `BackwardConfig::tiles` of the spec on this GPU (else
-    /// [`Error::NotACandidate`]); `None`: the first of them. Every tile
-    /// computes the same gradients (for benchmarks and tuning).
+    /// [`Error::NotACandidate`]); `None`: on a dense launch without dropout
+    /// the tile [`Runtime::autotune_backward`] chose for its shape class,
+    /// else the first of them. Every tile computes the same gradients.
     pub tile: Option<BackwardTile>,
+}
+
+impl<T> BackwardIo<'_, T> {
+    /// The same operands, borrowed again: for launches one after another.
+    pub fn reborrow(&mut self) -> BackwardIo<'_, T> {
+        BackwardIo {
+            q: self.q,
+            k: self.k,
+            v: self.v,
+            o: self.o,
+            lse: self.lse,
+            d_o: self.d_o,
+            dq: (&mut *self.dq.0, self.dq.1),
+            dk: (&mut *self.dk.0, self.dk.1),
+            dv: (&mut *self.dv.0, self.dv.1),
+            d_tensors: self.d_tensors.iter_mut().map(|t| t.as_deref_mut()).collect(),
+        }
+    }
 }
 
 impl<T: Element> BackwardIo<'_, T> {
@@ -156,11 +175,12 @@ impl<T: Element> BackwardIo<'_, T> {
 impl Runtime {
     /// Checks every size, stride, buffer length and argument against `spec`
     /// as [`Runtime::forward`] does, plus the gradient operands, then queues
-    /// the backward kernels on [`Runtime::stream`] without waiting for them.
+    /// the backward kernels on [`Runtime::stream`] without waiting for them
+    /// (unless the launch tunes first: [`Runtime::with_autotune`]).
     pub fn backward<T: Element>(
         &self,
         spec: &Spec,
-        io: BackwardIo<'_, T>,
+        mut io: BackwardIo<'_, T>,
         args: &[ArgValue<'_>],
         opts: &BackwardOptions<'_>,
     ) -> Result<(), Error> {
@@ -172,7 +192,12 @@ impl Runtime {
         let Some(shape) = checked else {
             return Ok(());
         };
-        self.queue_backward(spec, io, args, opts, Launch { shape, scale, varlen: None, dropout })
+        let tile = match (opts.tile, dropout) {
+            (None, None) => Some(self.backward_tile_for(spec, (shape, &mut io), args, opts)?),
+            (tile, _) => tile,
+        };
+        let opts = BackwardOptions { tile, ..*opts };
+        self.queue_backward(spec, io, args, &opts, Launch { shape, scale, varlen: None, dropout })
     }
 
     /// Queues the backward kernels of a checked launch: dense ones, or with

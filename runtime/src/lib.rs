@@ -16,9 +16,12 @@
 //! ([`tile_choice::candidates`]). A launch uses the one [`Runtime::autotune`]
 //! found fastest for its [`ShapeClass`] — remembered in memory and in the
 //! disk cache's `tuning/` records, so later processes reuse it — else the
-//! documented default, [`tile_choice::preferred_for`]. With
+//! documented default, [`tile_choice::preferred_for`]. The backward's dK/dV
+//! kernel likewise comes in a few tiles ([`Runtime::backward_candidates`]),
+//! tuned by [`Runtime::autotune_backward`] and remembered apart. With
 //! `FLASHGEN_AUTOTUNE=1` ([`AUTOTUNE_ENV`], or [`Runtime::with_autotune`]) the
-//! first launch of an untuned class tunes on its own buffers.
+//! first forward or dense backward launch of an untuned class tunes on its
+//! own buffers.
 //!
 //! ```no_run
 //! use flashgen_runtime::{half::bf16, ForwardIo, Layout, Runtime};
@@ -93,6 +96,7 @@ mod tuning;
 // One GPU and the launches on it; communicators between GPUs.
 mod append_paged;
 mod autotune;
+mod autotune_backward;
 mod backward;
 mod backward_varlen;
 mod block_mask;
@@ -164,5 +168,5 @@ pub use ragged_error::RaggedError;
 pub use runtime::{CacheStats, Runtime};
 pub use timing::{median_ms, median_ms_after};
 pub use tma::TMA_ENV;
-pub use tuning::{config_name, ShapeClass, AUTOTUNE_ENV};
+pub use tuning::{backward_tile_name, config_name, Candidate, ShapeClass, AUTOTUNE_ENV};
 pub use {cudarc, half};

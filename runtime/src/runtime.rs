@@ -25,7 +25,7 @@ use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudarc::nvrtc::Ptx;
 use flashgen_codegen::abi::Kernel;
-use flashgen_codegen::cuda::{Target, TileConfig, TileCopy};
+use flashgen_codegen::cuda::{BackwardTile, Target, TileConfig, TileCopy};
 use flashgen_codegen::Spec;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -42,8 +42,12 @@ pub struct Runtime {
     pub(crate) disk: Option<DiskCache>,
     /// Tile configurations per spec and shape class (see `crate::autotune`).
     pub(crate) choices: Arc<Choices>,
-    /// Whether a forward launch of an untuned shape class tunes first.
-    pub(crate) autotune_forward: bool,
+    /// The backward's dK/dV tiles per spec and shape class (see
+    /// `crate::autotune_backward`).
+    pub(crate) backward_choices: Arc<Choices<BackwardTile>>,
+    /// Whether a forward or dense backward launch of an untuned shape class
+    /// tunes first.
+    pub(crate) autotune_launches: bool,
     /// Whether the Hopper kernels copy with TMA where the layout allows
     /// (`FLASHGEN_TMA`, on unless `0`): see [`Runtime::with_tma`].
     pub(crate) tma: bool,
@@ -114,7 +118,8 @@ impl Runtime {
             stream,
             disk: self.disk.clone(),
             choices: self.choices.clone(),
-            autotune_forward: self.autotune_forward,
+            backward_choices: self.backward_choices.clone(),
+            autotune_launches: self.autotune_launches,
             tma: self.tma,
             work_counter,
         })
@@ -127,7 +132,8 @@ impl Runtime {
             stream,
             disk: DiskCache::from_env(),
             choices: Arc::default(),
-            autotune_forward: autotune_from(std::env::var_os(AUTOTUNE_ENV)),
+            backward_choices: Arc::default(),
+            autotune_launches: autotune_from(std::env::var_os(AUTOTUNE_ENV)),
             tma: tma_from(std::env::var_os(TMA_ENV)),
             work_counter,
         })
@@ -139,10 +145,11 @@ impl Runtime {
         Runtime { disk: cache, ..self }
     }
 
-    /// This runtime with autotuning on forward launches on or off (default:
-    /// on iff `FLASHGEN_AUTOTUNE=1`): see [`Runtime::forward`].
+    /// This runtime with autotuning on forward and dense backward launches
+    /// on or off (default: on iff `FLASHGEN_AUTOTUNE=1`): see
+    /// [`Runtime::forward`] and [`Runtime::backward`].
     pub fn with_autotune(self, on: bool) -> Runtime {
-        Runtime { autotune_forward: on, ..self }
+        Runtime { autotune_launches: on, ..self }
     }
 
     /// The same runtime with the Hopper kernels' TMA copies (the persistent

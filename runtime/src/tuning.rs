@@ -1,8 +1,9 @@
 //! What autotuning remembers: the shape class a launch belongs to, and one
-//! small text file per tuned (spec, shape class, arch, codegen version) in
-//! the disk cache's `tuning/` directory.
+//! small text file per tuned (pass, spec, shape class, arch, codegen
+//! version) in the disk cache's `tuning/` directory.
 //!
-//! A record names the winning tile configuration and the candidates it was
+//! A record names the winning tile (a forward [`TileConfig`] or a dK/dV
+//! kernel's [`BackwardTile`]: a [`Candidate`]) and the candidates it was
 //! chosen from. It is used only if it is whole (ends with `end`), was
 //! written for exactly its key, and was tuned among exactly today's
 //! candidates: a record from before the candidate list changed, or a damaged
@@ -14,15 +15,15 @@ use crate::arch::Arch;
 use crate::atomic_file::{remove_if_present, write_atomic};
 use crate::disk_cache::{DiskCache, TUNING_EXTENSION};
 use crate::stable_hash::Fnv1a;
-use flashgen_codegen::cuda::TileConfig;
+use flashgen_codegen::cuda::{BackwardTile, KeyColumns, TileConfig};
 use flashgen_codegen::{Shape, Spec};
 use std::ffi::OsString;
 use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
-/// `1` (or `on`): a forward launch whose shape class has no tuned choice yet
-/// autotunes first, on its own buffers. Off by default.
+/// `1` (or `on`): a forward or backward launch whose shape class has no
+/// tuned choice yet autotunes first, on its own buffers. Off by default.
 pub const AUTOTUNE_ENV: &str = "FLASHGEN_AUTOTUNE";
 
 /// Whether the value of [`AUTOTUNE_ENV`] turns tuning on forward launches on.
@@ -111,15 +112,58 @@ pub fn config_name(config: TileConfig) -> String {
     format!("{}.w{warps}.m{m_tiles}.n{block_n}", format!("{mma:?}").to_lowercase())
 }
 
+/// A dK/dV tile's name in reports and tuning records, e.g.
+/// `wgmma.w8.whole.m128`: MMA kind, warps, how they hold dK's and dV's
+/// columns, queries per step.
+pub fn backward_tile_name(tile: BackwardTile) -> String {
+    let BackwardTile { mma, warps, columns, block_m } = tile;
+    let columns = match columns {
+        KeyColumns::Whole => "whole",
+        KeyColumns::Halves => "halves",
+        KeyColumns::Transposed => "transposed",
+    };
+    format!("{}.w{warps}.{columns}.m{block_m}", format!("{mma:?}").to_lowercase())
+}
+
+/// What a tuning record chooses among.
+pub trait Candidate: Copy + PartialEq {
+    /// Its name in reports and records: no whitespace, distinct among a
+    /// spec's candidates.
+    fn name(&self) -> String;
+}
+
+impl Candidate for TileConfig {
+    fn name(&self) -> String {
+        config_name(*self)
+    }
+}
+
+impl Candidate for BackwardTile {
+    fn name(&self) -> String {
+        backward_tile_name(*self)
+    }
+}
+
+/// Which launch a record tunes: the forward's tile configuration or the
+/// backward's dK/dV tile (one class may have both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pass {
+    Forward,
+    Backward,
+}
+
 /// The name of a tuning record: a stable hash (the disk cache's) of
 /// everything that decides the choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct TuningKey(u128);
 
 impl TuningKey {
-    pub fn new(spec_source: &str, class: ShapeClass, arch: Arch, codegen: u32) -> TuningKey {
+    pub fn new(pass: Pass, spec_source: &str, class: ShapeClass, arch: Arch, codegen: u32) -> TuningKey {
         let mut h = Fnv1a::new();
-        h.field(b"tuning");
+        h.field(match pass {
+            Pass::Forward => b"tuning",
+            Pass::Backward => b"tuning backward",
+        });
         h.field(spec_source.as_bytes());
         h.field(&[class.q_len_log2, class.kv_len_log2, class.waves_log2 as u8]);
         h.field(arch.to_string().as_bytes());
@@ -137,21 +181,21 @@ impl fmt::Display for TuningKey {
 const MAGIC: &str = "flashgen-tuning 1";
 
 /// One tuning record's contents.
-pub(crate) struct Record<'a> {
+pub(crate) struct Record<'a, C> {
     pub key: TuningKey,
     pub spec: &'a Spec,
     pub class: ShapeClass,
     pub arch: Arch,
     /// Every candidate in order, with its median time (`None`: it failed).
-    pub times: &'a [(TileConfig, Option<f64>)],
-    pub best: TileConfig,
+    pub times: &'a [(C, Option<f64>)],
+    pub best: C,
 }
 
-impl Record<'_> {
+impl<C: Candidate> Record<'_, C> {
     /// The file's text. Only `key`, `candidates` and `best` are read back;
     /// the rest informs people.
     pub fn render(&self) -> String {
-        let names: Vec<String> = self.times.iter().map(|&(c, _)| config_name(c)).collect();
+        let names: Vec<String> = self.times.iter().map(|(c, _)| c.name()).collect();
         let mut text = format!(
             "{MAGIC}\nkey {}\nspec {}\narch {}\nclass {}\ncandidates {}\nbest {}\n",
             self.key,
@@ -159,7 +203,7 @@ impl Record<'_> {
             self.arch,
             self.class,
             names.join(" "),
-            config_name(self.best)
+            self.best.name()
         );
         for (name, (_, ms)) in names.iter().zip(self.times) {
             text += &match ms {
@@ -173,7 +217,7 @@ impl Record<'_> {
 
 /// The winner a record's `text` names, if the record is whole, written for
 /// `key`, and tuned among exactly `candidates`; else why not.
-pub(crate) fn parse(text: &str, key: TuningKey, candidates: &[TileConfig]) -> Result<TileConfig, &'static str> {
+pub(crate) fn parse<C: Candidate>(text: &str, key: TuningKey, candidates: &[C]) -> Result<C, &'static str> {
     let mut lines = text.lines();
     if lines.next() != Some(MAGIC) {
         return Err("not a flashgen tuning record of this version");
@@ -185,7 +229,7 @@ pub(crate) fn parse(text: &str, key: TuningKey, candidates: &[TileConfig]) -> Re
     if field("key") != Some(key.to_string().as_str()) {
         return Err("written for another key");
     }
-    let names: Vec<String> = candidates.iter().map(|&c| config_name(c)).collect();
+    let names: Vec<String> = candidates.iter().map(Candidate::name).collect();
     if field("candidates").map(|l| l.split(' ').eq(names.iter().map(String::as_str))) != Some(true) {
         return Err("tuned among other candidates than today's");
     }
@@ -203,7 +247,7 @@ impl DiskCache {
     /// is no usable record. A damaged or stale record is reported and
     /// deleted (a missing or unreadable one only reported), so the class is
     /// tuned afresh.
-    pub(crate) fn load_tuning(&self, key: TuningKey, candidates: &[TileConfig]) -> Option<TileConfig> {
+    pub(crate) fn load_tuning<C: Candidate>(&self, key: TuningKey, candidates: &[C]) -> Option<C> {
         let path = self.tuning_path(key);
         let bytes = match std::fs::read(&path) {
             Ok(bytes) => bytes,
@@ -224,7 +268,7 @@ impl DiskCache {
     }
 
     /// Stores a record atomically, replacing the key's previous one.
-    pub(crate) fn store_tuning(&self, record: &Record) -> io::Result<()> {
+    pub(crate) fn store_tuning<C: Candidate>(&self, record: &Record<C>) -> io::Result<()> {
         write_atomic(&self.tuning_path(record.key), record.render().as_bytes())
     }
 }
@@ -233,7 +277,7 @@ impl DiskCache {
 mod tests {
     use super::*;
     use crate::test_dir::TempDir;
-    use flashgen_codegen::cuda::Target;
+    use flashgen_codegen::cuda::{BackwardConfig, Target};
     use flashgen_codegen::{parse_one, CODEGEN_VERSION};
 
     const SM90: Arch = Arch::new(9, 0);
@@ -310,17 +354,50 @@ mod tests {
     }
 
     #[test]
+    fn backward_tile_names_are_distinct() {
+        for head_dim in [32, 64, 96, 128, 192, 256] {
+            for target in [Target::PORTABLE, HOPPER] {
+                let names: Vec<String> =
+                    BackwardConfig::tiles(&spec(head_dim), target).into_iter().map(backward_tile_name).collect();
+                let mut unique = names.clone();
+                unique.sort();
+                unique.dedup();
+                assert_eq!(unique.len(), names.len(), "{names:?}");
+                assert!(names.iter().all(|n| !n.contains(char::is_whitespace)), "{names:?}");
+            }
+        }
+        let long = BackwardConfig::tiles(&spec(64), HOPPER)[0];
+        assert_eq!(backward_tile_name(long), "wgmma.w8.whole.m128");
+    }
+
+    #[test]
+    fn backward_records_round_trip() {
+        let tmp = TempDir::new("tuning-backward");
+        let cache = DiskCache::at(&tmp.0);
+        let spec = spec(64);
+        let class = ShapeClass::new(&spec, &shape(4, 16, 1024, 1024), 132);
+        let key = TuningKey::new(Pass::Backward, "S", class, SM90, CODEGEN_VERSION);
+        let all = BackwardConfig::tiles(&spec, HOPPER);
+        let times: Vec<_> = all.iter().map(|&t| (t, Some(0.5))).collect();
+        let record = Record { key, spec: &spec, class, arch: SM90, times: &times, best: all[1] };
+        cache.store_tuning(&record).unwrap();
+        assert_eq!(cache.load_tuning(key, &all), Some(all[1]));
+        assert_eq!(cache.load_tuning(key, &all[..1]), None, "tuned among other tiles");
+    }
+
+    #[test]
     fn key_covers_spec_class_arch_and_codegen_version() {
         let class = ShapeClass::new(&spec(128), &shape(4, 16, 1024, 1024), 132);
         let other_class = ShapeClass { waves_log2: class.waves_log2 - 1, ..class };
-        let base = TuningKey::new("S", class, SM90, 1);
-        assert_eq!(base, TuningKey::new("S", class, SM90, 1), "stable");
+        let base = TuningKey::new(Pass::Forward, "S", class, SM90, 1);
+        assert_eq!(base, TuningKey::new(Pass::Forward, "S", class, SM90, 1), "stable");
         assert_eq!(base.to_string().len(), 32);
         for other in [
-            TuningKey::new("T", class, SM90, 1),
-            TuningKey::new("S", other_class, SM90, 1),
-            TuningKey::new("S", class, Arch::new(8, 0), 1),
-            TuningKey::new("S", class, SM90, 2),
+            TuningKey::new(Pass::Forward, "T", class, SM90, 1),
+            TuningKey::new(Pass::Forward, "S", other_class, SM90, 1),
+            TuningKey::new(Pass::Forward, "S", class, Arch::new(8, 0), 1),
+            TuningKey::new(Pass::Forward, "S", class, SM90, 2),
+            TuningKey::new(Pass::Backward, "S", class, SM90, 1),
         ] {
             assert_ne!(base, other);
         }
@@ -340,7 +417,13 @@ mod tests {
         let tmp = TempDir::new("tuning-round-trip");
         let cache = DiskCache::at(&tmp.0);
         let spec = spec(128);
-        let key = TuningKey::new("S", ShapeClass::new(&spec, &shape(4, 16, 1024, 1024), 132), SM90, CODEGEN_VERSION);
+        let key = TuningKey::new(
+            Pass::Forward,
+            "S",
+            ShapeClass::new(&spec, &shape(4, 16, 1024, 1024), 132),
+            SM90,
+            CODEGEN_VERSION,
+        );
         let all = crate::tile_choice::candidates(&spec, HOPPER);
         assert_eq!(cache.load_tuning(key, &all), None, "no record yet");
         let times: Vec<_> = all.iter().map(|&c| (c, Some(0.5))).collect();
@@ -363,7 +446,13 @@ mod tests {
         let tmp = TempDir::new("tuning-damaged");
         let cache = DiskCache::at(&tmp.0);
         let spec = spec(128);
-        let key = TuningKey::new("S", ShapeClass::new(&spec, &shape(4, 16, 1024, 1024), 132), SM90, CODEGEN_VERSION);
+        let key = TuningKey::new(
+            Pass::Forward,
+            "S",
+            ShapeClass::new(&spec, &shape(4, 16, 1024, 1024), 132),
+            SM90,
+            CODEGEN_VERSION,
+        );
         let (good, best) = record_text(&spec, key);
         let hopper = crate::tile_choice::candidates(&spec, HOPPER);
         let path = cache.tuning_path(key);
@@ -399,7 +488,7 @@ mod tests {
     #[test]
     fn parsing_never_panics() {
         let spec = spec(64);
-        let key = TuningKey::new("S", ShapeClass::new(&spec, &shape(1, 1, 1, 1), 1), SM90, 1);
+        let key = TuningKey::new(Pass::Forward, "S", ShapeClass::new(&spec, &shape(1, 1, 1, 1), 1), SM90, 1);
         let (good, _) = record_text(&spec, key);
         let all = crate::tile_choice::candidates(&spec, HOPPER);
         for end in 0..good.len() {
@@ -415,7 +504,7 @@ mod tests {
             let _ = parse(&doubled.join("\n"), key, &all);
         }
         assert!(parse(&good, key, &all).is_ok());
-        assert!(parse(&good, key, &[]).is_err(), "no candidates");
+        assert!(parse::<TileConfig>(&good, key, &[]).is_err(), "no candidates");
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! `flashgen-bench --bwd-tiles`: which dK/dV tiles a suite times the
-//! training step in, and the names its rows give them.
+//! `flashgen-bench --bwd-tiles` and `--e4m3-tiles`: which dK/dV tiles a
+//! suite times the training step in, and the names its rows give them; the
+//! e4m3 forward's tiles.
 
-use flashgen::codegen::cuda::{BackwardTile, KeyColumns, Mma};
+use flashgen::codegen::cuda::{BackwardTile, KeyColumns, Mma, TileConfig};
 
 /// The dK/dV tiles a suite times the training step in.
 pub enum StepTiles {
@@ -62,6 +63,16 @@ pub fn tile_label(tile: BackwardTile) -> String {
         (Mma::Wgmma, KeyColumns::Transposed) => "wgmma,transposed".to_string(),
         (Mma::Sync, _) => format!("{},{columns},{}", tile.warps, tile.block_m),
     }
+}
+
+/// A `--e4m3-tiles` entry: `n` keys with two consumer warpgroups, or
+/// `wW:n` with W warps.
+pub fn parse_e4m3_tile(text: &str) -> Option<TileConfig> {
+    let (warps, keys) = match text.strip_prefix('w').and_then(|t| t.split_once(':')) {
+        Some((warps, keys)) => (warps.parse().ok()?, keys),
+        None => (8, text),
+    };
+    Some(TileConfig { mma: Mma::Wgmma, warps, m_tiles: 1, block_n: keys.parse().ok()? })
 }
 
 #[cfg(test)]

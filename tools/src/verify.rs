@@ -13,7 +13,7 @@ use flashgen::cudarc::driver::{CudaSlice, CudaStream, DriverError};
 use flashgen::half::{bf16, f16};
 use flashgen::runtime::{
     median_ms_after, ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, Element, Error,
-    ForwardE4m3Io, ForwardIo, ForwardOptions, Layout, Runtime, TuneReport,
+    ForwardE4m3Io, ForwardIo, ForwardOptions, Layout, Runtime,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -26,6 +26,7 @@ pub mod forward_e4m3;
 mod judge;
 pub mod paged;
 pub mod shard;
+mod tune;
 pub mod varlen;
 
 use forward_e4m3::{DeviceQkv, E4m3Operands};
@@ -330,6 +331,7 @@ macro_rules! forward_io {
         }
     }};
 }
+use forward_io;
 
 impl DeviceProblem {
     /// Uploads `problem` in `layout`, with O and LSE poisoned.
@@ -429,12 +431,6 @@ impl DeviceProblem {
             let io = ForwardE4m3Io { q: (q, lq), k: (k, lk), v: (v, lv), o, lse };
             rt.forward_e4m3(spec, io, descale, &args, &opts)
         })
-    }
-
-    /// Autotunes the forward on this problem ([`Runtime::autotune`]): O and
-    /// LSE then hold a forward's result.
-    pub fn autotune(&mut self, rt: &Runtime, spec: &Spec, problem: &Problem) -> Result<TuneReport, Error> {
-        forward_io!(self, problem, |io, args, opts| rt.autotune(spec, io, &args, &opts))
     }
 
     /// Waits for the stream and reads O and LSE back.

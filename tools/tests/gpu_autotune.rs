@@ -1,6 +1,7 @@
 //! Autotuning on the GPU: every candidate tile configuration of every example
-//! spec is exact (tuning may pick any of them), and a tuned choice is
-//! remembered on disk for the next runtime.
+//! spec is exact (tuning may pick any of them), and a tuned choice, the
+//! forward's or the backward's dK/dV tile, is remembered on disk for the
+//! next runtime.
 //!
 //! Ignored by a plain `cargo test`: they need a GPU; run them with
 //! `--include-ignored`, where a missing GPU fails them.
@@ -127,6 +128,65 @@ fn a_tuned_choice_is_remembered_on_disk() {
     assert_eq!(DiskCache::at(&dir).tunings().unwrap().len(), 2);
     let out = gpu.download().unwrap();
     assert!(Expected::new(&spec, &problem).unwrap().check(&out).passed());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `autotune_backward` times every dK/dV tile of the runtime's list and
+/// keeps the fastest, which a backward launch without a tile of its own
+/// then runs, exactly; a fresh runtime on the same cache finds the record
+/// (apart from the forward's), and with tuning on launch an untuned class
+/// tunes before its first backward.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn a_tuned_backward_tile_is_remembered() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gpu-autotune-bwd-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cache = || Some(DiskCache::at(&dir));
+    let rt = runtime().with_disk_cache(cache()).with_autotune(false);
+    // Documents at d = 64: 64- and 128-query steps on Hopper.
+    let spec = with(spec("document"), Dtype::Bf16, 64, 64);
+    let case = Case::new((4, 4), (1024, 1024));
+    let shape = case.shape();
+    let problem = verify::random_problem(&spec, shape, params(&spec), vec![], None, 5);
+    let d_out = verify::random_d_out(&spec, shape, 6);
+    let exact = |grads| verify::check_backward(&spec, &problem, &d_out, &grads).unwrap().passed();
+
+    assert_eq!(rt.tuned_backward_tile(&spec, &shape), None);
+    let mut gpu = DeviceProblem::upload(&rt, &spec, &problem, case.layout).unwrap();
+    gpu.build_block_mask(&rt, &spec, &problem).unwrap();
+    gpu.launch(&rt, &spec, &problem).unwrap();
+    let report = gpu.autotune_backward(&rt, &spec, &problem).unwrap();
+    println!("{report}");
+    let tiles = rt.backward_candidates(&spec);
+    assert_eq!(report.candidates.iter().map(|(t, _)| *t).collect::<Vec<_>>(), tiles);
+    let fastest = report
+        .candidates
+        .iter()
+        .filter_map(|(t, ms)| Some((*t, *ms.as_ref().ok()?)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(t, _)| t);
+    assert_eq!(Some(report.best), fastest);
+    assert_eq!(rt.tuned_backward_tile(&spec, &shape), Some(report.best));
+    assert_eq!(rt.tuned_config(&spec, &shape), None, "the forward is tuned apart");
+    assert!(exact(gpu.backward(&rt, &spec, &problem, &d_out, false, true, None).unwrap()));
+    assert_eq!(DiskCache::at(&dir).tunings().unwrap().len(), 1);
+
+    let fresh = Runtime::new(0).unwrap().with_disk_cache(cache()).with_autotune(false);
+    assert_eq!(fresh.tuned_backward_tile(&spec, &shape), Some(report.best), "read from disk");
+    assert_eq!(fresh.tuned_config(&spec, &shape), None);
+
+    let tuning = fresh.with_autotune(true);
+    let ragged = Case::new((2, 2), (300, 555));
+    let problem = verify::random_problem(&spec, ragged.shape(), params(&spec), vec![], None, 7);
+    let d_out = verify::random_d_out(&spec, ragged.shape(), 8);
+    let mut gpu = DeviceProblem::upload(&tuning, &spec, &problem, ragged.layout).unwrap();
+    gpu.launch(&tuning, &spec, &problem).unwrap();
+    assert_eq!(tuning.tuned_backward_tile(&spec, &ragged.shape()), None, "another shape class");
+    let grads = gpu.backward(&tuning, &spec, &problem, &d_out, false, true, None).unwrap();
+    assert!(tuning.tuned_backward_tile(&spec, &ragged.shape()).is_some(), "tuned on launch");
+    assert!(verify::check_backward(&spec, &problem, &d_out, &grads).unwrap().passed());
+    // The forward's and the backward's records of both classes.
+    assert_eq!(DiskCache::at(&dir).tunings().unwrap().len(), 3);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

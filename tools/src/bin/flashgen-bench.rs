@@ -57,12 +57,12 @@
 //! `--backward`, each gets a `+bwd` row: its training step (the varlen one
 //! through `Runtime::backward_varlen`), counting 3.5x the forward FLOPs.
 //!
-//! `--tune` autotunes the forward of each variant and shape first
-//! (`Runtime::autotune`, remembered in the kernel cache like any tuning):
-//! a `tune` line per row lists every candidate's median time, and the rows
-//! gain a last column naming the configuration they ran. Without it, rows
-//! run what the runtime would: a choice an earlier tuning left in the cache,
-//! else the preferred configuration.
+//! `--tune` autotunes each variant and shape first, the forward and with
+//! `--backward` the dK/dV tile (`Runtime::autotune`, `autotune_backward`;
+//! remembered in the kernel cache): a `tune` line each lists every
+//! candidate's median time; the forward rows gain a column naming their
+//! configuration. Without it, rows run what the runtime would: an earlier
+//! tuning's choice from the cache, else the preferred one.
 //!
 //! `flashgen-bench --decode [--batches 1,16,64,256] [--kv-lens 1024,4096,16384,65536]`
 //! instead times the decode path (`flashgen_tools::decode_bench`): GB/s of
@@ -101,7 +101,7 @@
 //! at once (`flashgen_tools::jit_bench`).
 
 use flashgen::codegen::analysis::{classify, TileClass};
-use flashgen::codegen::cuda::{BackwardConfig, Mma, TileConfig};
+use flashgen::codegen::cuda::{BackwardConfig, TileConfig};
 use flashgen::codegen::reference::{ParamValue, Problem, TensorData};
 use flashgen::codegen::{Dropout, Shape};
 use flashgen::runtime::tile_choice;
@@ -110,7 +110,7 @@ use flashgen::Runtime;
 use flashgen_tools::decode_bench;
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::jit_bench;
-use flashgen_tools::step_tiles::{parse_step_tiles, tile_label, StepTiles};
+use flashgen_tools::step_tiles::{parse_e4m3_tile, parse_step_tiles, tile_label, StepTiles};
 use flashgen_tools::verify::decode_e4m3::Granularity;
 use flashgen_tools::verify::forward_e4m3::{quantize_operands, E4m3Operands};
 use flashgen_tools::verify::{self, DeviceProblem, OperandLayout};
@@ -330,6 +330,9 @@ fn bench_shape(rt: &Runtime, suite: &Suite, d: Dims, s: usize) {
             };
             let iters = suite.iters;
             let forward = gpu.time(rt, &spec, &problem, 3, iters)?;
+            if suite.tune && suite.backward && matches!(suite.step_tiles, StepTiles::Preferred) {
+                println!("tune {name}+bwd d={d} s={s} {}", gpu.autotune_backward(rt, &spec, &problem)?);
+            }
             // A step per dK/dV tile asked for, else one in the runtime's choice.
             let tiles = match &suite.step_tiles {
                 StepTiles::Preferred => vec![None],
@@ -403,21 +406,11 @@ fn time_e4m3(
     };
     let mut rows = Vec::new();
     for tile in tiles {
-        gpu.pin_config(tile.and_then(|t| e4m3_tile(t)));
+        gpu.pin_config(tile.and_then(|t| parse_e4m3_tile(t)));
         let suffix = tile.map_or("e4m3".to_string(), |t| format!("e4m3-{t}"));
         rows.push((suffix, gpu.time(rt, spec, quantized, 3, iters)));
     }
     Ok(rows)
-}
-
-/// A `--e4m3-tiles` entry: `n` keys with two consumer warpgroups, or
-/// `wW:n` with W warps.
-fn e4m3_tile(text: &str) -> Option<TileConfig> {
-    let (warps, keys) = match text.strip_prefix('w').and_then(|t| t.split_once(':')) {
-        Some((warps, keys)) => (warps.parse().ok()?, keys),
-        None => (8, text),
-    };
-    Some(TileConfig { mma: Mma::Wgmma, warps, m_tiles: 1, block_n: keys.parse().ok()? })
 }
 
 /// Times the documents of `dense`'s `doc` ids as packed varlen sequences
