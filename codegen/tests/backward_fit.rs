@@ -50,13 +50,13 @@ fn every_backward_kernel_fits_99_kib_gpus_up_to_head_dim_256() {
 }
 
 /// On an A100, d = 256 keeps its column halves at 16-query steps (32 need
-/// 168 KiB); Hopper runs its wgmma kernel's column halves.
+/// 168 KiB); Hopper runs its wgmma kernel in transposed tiles.
 #[test]
 fn a100_column_halves_take_16_query_steps_at_256() {
     let (_, a100) = widest_kernel(256, 256, Target::for_sm(8, 0));
     assert_eq!((a100.mma, a100.columns, a100.block_m), (Mma::Sync, KeyColumns::Halves, 16));
     let (_, hopper) = widest_kernel(256, 256, Target::for_sm(9, 0));
-    assert_eq!((hopper.mma, hopper.columns), (Mma::Wgmma, KeyColumns::Halves));
+    assert_eq!((hopper.mma, hopper.columns), (Mma::Wgmma, KeyColumns::Transposed));
 }
 
 /// Where nothing needs fitting, the portable configuration is the default.

@@ -502,10 +502,10 @@ fn dropout_kernels() {
 
 /// Hopper's dK/dV kernel: whole columns where both head dims pad alike to
 /// 64 through 128 (but 112), transposed tiles where the wider pads to 144
-/// through 192, column halves above; elsewhere the portable kernel, even
-/// when asked for wgmma.
+/// through 256, column halves above 192 under masks that read tensors;
+/// elsewhere the portable kernel, even when asked for wgmma.
 #[test]
-fn wgmma_backward_covers_whole_columns_to_128_transposed_to_192_and_halves_to_256() {
+fn wgmma_backward_covers_whole_columns_to_128_and_transposed_or_halves_to_256() {
     let hopper = Target::for_sm(9, 0);
     let (whole, halves, transposed) = (Some(KeyColumns::Whole), Some(KeyColumns::Halves), Some(KeyColumns::Transposed));
     for (source, columns) in [
@@ -518,10 +518,11 @@ fn wgmma_backward_covers_whole_columns_to_128_transposed_to_192_and_halves_to_25
         ("I { dtype: bf16, head_dim: 112, mask: q >= k }", None),
         ("D { dtype: bf16, head_dim: 128, v_head_dim: 64 }", None),
         ("E { dtype: bf16, head_dim: 192, v_head_dim: 128 }", transposed),
-        ("J { dtype: bf16, head_dim: 256, mask: q >= k }", halves),
+        ("J { dtype: bf16, head_dim: 256, mask: q >= k }", transposed),
+        ("O { dtype: bf16, head_dim: 256, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }", halves),
         ("K { dtype: bf16, head_dim: 160 }", transposed),
         ("N { dtype: bf16, head_dim: 128, v_head_dim: 192 }", transposed),
-        ("L { dtype: bf16, head_dim: 224, v_head_dim: 200 }", halves),
+        ("L { dtype: bf16, head_dim: 224, v_head_dim: 200 }", transposed),
         ("M { dtype: bf16, head_dim: 264 }", None),
     ] {
         let spec = parse_one(source).unwrap();

@@ -196,19 +196,20 @@ impl BackwardConfig {
     /// tile) for dims that pad alike to 64 through 128 (but 112), in
     /// 128-query steps where the layout takes them but under a mask that
     /// reads tensors (documents: short ones waste more of a long step than
-    /// it saves), transposed tiles (each warpgroup 48 of 96 keys) where the
-    /// wider pads to 144 through 192, column halves (both warpgroups on 64
-    /// keys) through 256; otherwise [`Self::default_for`], its tiles made
-    /// to fit the target's shared memory.
+    /// it saves), transposed tiles (each warpgroup 48 of 96 keys, 32 of 64
+    /// above 192) where the wider pads to 144 through 256, but column halves
+    /// (both warpgroups on 64 keys) above 192 under a mask that reads
+    /// tensors; otherwise [`Self::default_for`], its tiles made to fit the
+    /// target's shared memory. `Runtime::autotune_backward` times them all.
     pub fn preferred(spec: &Spec, target: Target) -> BackwardConfig {
         let portable = BackwardConfig::default_for(spec).fitted(spec, target);
         let data_dependent = spec.mask.as_ref().is_some_and(|m| m.reads_tensor());
         let suits_mask = |c: &BackwardConfig| c.block_m == dkdv_wgmma::DQ_ROWS || !data_dependent;
-        // Transposed tiles above 192 (32 keys per warpgroup) gain 3-13% on
-        // full attention and documents but lose 20% under causal masks, whose
-        // element code then spills: column halves stay the default there.
+        // Above 192 (32 keys per warpgroup) transposed tiles lead column
+        // halves by 6-19% on full, causal, windowed, softcapped and ALiBi
+        // attention at 256 but trail them by 5-9% on documents.
         let widest = pad16(spec.head_dims.qk).max(pad16(spec.head_dims.v));
-        let suits_dims = |c: &BackwardConfig| c.columns != KeyColumns::Transposed || widest <= 192;
+        let suits_dims = |c: &BackwardConfig| c.columns != KeyColumns::Transposed || widest <= 192 || !data_dependent;
         let hopper = BackwardTile::hopper_tiles()
             .map(|tile| portable.with_tile(tile))
             .into_iter()

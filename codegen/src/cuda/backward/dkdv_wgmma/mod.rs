@@ -596,7 +596,8 @@ mod tests {
     /// Transposed tiles cover the wider head dim padding to 144 through 256:
     /// 96 keys per CTA (48 per warpgroup) through 192, 64 above; two stages
     /// at 192/128 and 128/192, one at 192 and 256; every one within Hopper's shared
-    /// memory. The runtime prefers them through 192 only.
+    /// memory. The runtime prefers them but above 192 under a tensor-reading
+    /// mask.
     #[test]
     fn transposed_tiles_cover_144_through_256() {
         let hopper = Target::HOPPER;
@@ -611,10 +612,20 @@ mod tests {
             assert_eq!((layout.block_n(), layout.stages, layout.k_half_cols()), (block_n, stages, None), "{qk}/{v}");
             assert!(layout.smem_bytes(&spec(qk, v)) + layout.static_smem() <= limit, "{qk}/{v}");
         }
-        let preferred = |qk, v| BackwardConfig::preferred(&spec(qk, v), hopper).columns;
+        let preferred = |spec: &Spec| BackwardConfig::preferred(spec, hopper).columns;
         assert_eq!(
-            [preferred(192, 128), preferred(160, 160), preferred(256, 256)],
-            [KeyColumns::Transposed, KeyColumns::Transposed, KeyColumns::Halves]
+            [preferred(&spec(192, 128)), preferred(&spec(160, 160)), preferred(&spec(256, 256))],
+            [KeyColumns::Transposed; 3]
+        );
+        let documents = |d| {
+            crate::parse_one(&format!(
+                "S {{ dtype: bf16, head_dim: {d}, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }}"
+            ))
+            .unwrap()
+        };
+        assert_eq!(
+            [preferred(&documents(192)), preferred(&documents(256))],
+            [KeyColumns::Transposed, KeyColumns::Halves]
         );
     }
 
