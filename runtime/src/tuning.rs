@@ -412,18 +412,18 @@ mod tests {
         (record.render(), all[1])
     }
 
+    /// The forward's key of `spec` at 4 x 16 heads x 1024 queries and keys.
+    fn forward_key(spec: &Spec) -> TuningKey {
+        let class = ShapeClass::new(spec, &shape(4, 16, 1024, 1024), 132);
+        TuningKey::new(Pass::Forward, "S", class, SM90, CODEGEN_VERSION)
+    }
+
     #[test]
     fn records_round_trip_through_the_disk_cache() {
         let tmp = TempDir::new("tuning-round-trip");
         let cache = DiskCache::at(&tmp.0);
         let spec = spec(128);
-        let key = TuningKey::new(
-            Pass::Forward,
-            "S",
-            ShapeClass::new(&spec, &shape(4, 16, 1024, 1024), 132),
-            SM90,
-            CODEGEN_VERSION,
-        );
+        let key = forward_key(&spec);
         let all = crate::tile_choice::candidates(&spec, HOPPER);
         assert_eq!(cache.load_tuning(key, &all), None, "no record yet");
         let times: Vec<_> = all.iter().map(|&c| (c, Some(0.5))).collect();
@@ -446,13 +446,7 @@ mod tests {
         let tmp = TempDir::new("tuning-damaged");
         let cache = DiskCache::at(&tmp.0);
         let spec = spec(128);
-        let key = TuningKey::new(
-            Pass::Forward,
-            "S",
-            ShapeClass::new(&spec, &shape(4, 16, 1024, 1024), 132),
-            SM90,
-            CODEGEN_VERSION,
-        );
+        let key = forward_key(&spec);
         let (good, best) = record_text(&spec, key);
         let hopper = crate::tile_choice::candidates(&spec, HOPPER);
         let path = cache.tuning_path(key);

@@ -11,10 +11,11 @@ mod support;
 use flashgen::codegen::cuda::TileConfig;
 use flashgen::codegen::Dtype;
 use flashgen::runtime::tile_choice;
-use flashgen::runtime::{config_name, DiskCache};
+use flashgen::runtime::{config_name, DiskCache, TuneReport};
 use flashgen::{Error, Runtime};
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::{self, DeviceProblem, Expected};
+use std::fmt::Debug;
 use std::path::Path;
 use support::forward::{run_once, Case, Table};
 use support::{params, runtime, spec, with};
@@ -98,15 +99,7 @@ fn a_tuned_choice_is_remembered_on_disk() {
     let mut gpu = DeviceProblem::upload(&rt, &spec, &problem, case.layout).unwrap();
     let report = gpu.autotune(&rt, &spec, &problem).unwrap();
     println!("{report}");
-    let candidates = tile_choice::candidates(&spec, rt.target());
-    assert_eq!(report.candidates.iter().map(|(c, _)| *c).collect::<Vec<_>>(), candidates);
-    let fastest = report
-        .candidates
-        .iter()
-        .filter_map(|(c, ms)| Some((*c, *ms.as_ref().ok()?)))
-        .min_by(|a, b| a.1.total_cmp(&b.1))
-        .map(|(c, _)| c);
-    assert_eq!(Some(report.best), fastest);
+    fastest_of(&report, &tile_choice::candidates(&spec, rt.target()));
     assert_eq!(rt.tuned_config(&spec, &shape), Some(report.best));
     assert!(expected.check(&gpu.download().unwrap()).passed(), "tuning leaves a forward's result in O and LSE");
     assert_eq!(DiskCache::at(&dir).tunings().unwrap().len(), 1);
@@ -157,15 +150,7 @@ fn a_tuned_backward_tile_is_remembered() {
     gpu.launch(&rt, &spec, &problem).unwrap();
     let report = gpu.autotune_backward(&rt, &spec, &problem).unwrap();
     println!("{report}");
-    let tiles = rt.backward_candidates(&spec);
-    assert_eq!(report.candidates.iter().map(|(t, _)| *t).collect::<Vec<_>>(), tiles);
-    let fastest = report
-        .candidates
-        .iter()
-        .filter_map(|(t, ms)| Some((*t, *ms.as_ref().ok()?)))
-        .min_by(|a, b| a.1.total_cmp(&b.1))
-        .map(|(t, _)| t);
-    assert_eq!(Some(report.best), fastest);
+    fastest_of(&report, &rt.backward_candidates(&spec));
     assert_eq!(rt.tuned_backward_tile(&spec, &shape), Some(report.best));
     assert_eq!(rt.tuned_config(&spec, &shape), None, "the forward is tuned apart");
     assert!(exact(gpu.backward(&rt, &spec, &problem, &d_out, false, true, None).unwrap()));
@@ -188,6 +173,19 @@ fn a_tuned_backward_tile_is_remembered() {
     // The forward's and the backward's records of both classes.
     assert_eq!(DiskCache::at(&dir).tunings().unwrap().len(), 3);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `report` timed exactly `candidates`, in order, and names the fastest of
+/// those that ran its best.
+fn fastest_of<C: Copy + PartialEq + Debug>(report: &TuneReport<C>, candidates: &[C]) {
+    assert_eq!(report.candidates.iter().map(|(c, _)| *c).collect::<Vec<_>>(), candidates);
+    let fastest = report
+        .candidates
+        .iter()
+        .filter_map(|(c, ms)| Some((*c, *ms.as_ref().ok()?)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(c, _)| c);
+    assert_eq!(Some(report.best), fastest);
 }
 
 /// A launch may pin a candidate, and nothing else: other tile shapes are
