@@ -80,22 +80,22 @@ impl Runtime {
         self.keep_fastest((Pass::Backward, &self.backward_choices), spec, class, candidates)
     }
 
-    /// The dK/dV tile of a dense backward launch of `spec` at `shape`
-    /// without dropout or a tile of its own: the tuned one (tuned first
-    /// where tuning on launches is on and the class has none yet), else the
-    /// preferred one.
+    /// The tuned dK/dV tile of a dense backward launch of `spec` at `shape`
+    /// without dropout or a tile of its own, tuned first where tuning on
+    /// launches is on and the class has none yet; `None`: untuned (the
+    /// preferred tile).
     pub(crate) fn backward_tile_for<T: Element>(
         &self,
         spec: &Spec,
         (shape, io): (Shape, &mut BackwardIo<'_, T>),
         args: &[ArgValue<'_>],
         opts: &BackwardOptions<'_>,
-    ) -> Result<BackwardTile, Error> {
+    ) -> Result<Option<BackwardTile>, Error> {
         let choice = self.backward_choice(spec, &shape);
         if !choice.tuned && self.autotune_launches {
-            return self.autotune_backward(spec, io.reborrow(), args, opts).map(|report| report.best);
+            return self.autotune_backward(spec, io.reborrow(), args, opts).map(|report| Some(report.best));
         }
-        Ok(choice.config)
+        Ok(choice.tuned.then_some(choice.config))
     }
 
     /// The dK/dV tile autotuning chose for backward launches of `spec` at

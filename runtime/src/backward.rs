@@ -62,6 +62,9 @@ pub(crate) struct Launch {
     pub varlen: Option<VarlenBindings>,
     /// The checked dropout (`None`: none, or p = 0).
     pub dropout: Option<Dropout>,
+    /// The dK/dV tile tuned for the launch's class, where no tile was asked
+    /// for (one of the spec's tiles: it was tuned among them).
+    pub tuned: Option<BackwardTile>,
 }
 
 /// A backward launch's configuration, TMA descriptors and kernels (the
@@ -192,12 +195,11 @@ impl Runtime {
         let Some(shape) = checked else {
             return Ok(());
         };
-        let tile = match (opts.tile, dropout) {
-            (None, None) => Some(self.backward_tile_for(spec, (shape, &mut io), args, opts)?),
-            (tile, _) => tile,
+        let tuned = match (opts.tile, dropout) {
+            (None, None) => self.backward_tile_for(spec, (shape, &mut io), args, opts)?,
+            _ => None,
         };
-        let opts = BackwardOptions { tile, ..*opts };
-        self.queue_backward(spec, io, args, &opts, Launch { shape, scale, varlen: None, dropout })
+        self.queue_backward(spec, io, args, opts, Launch { shape, scale, varlen: None, dropout, tuned })
     }
 
     /// Queues the backward kernels of a checked launch: dense ones, or with
@@ -211,7 +213,7 @@ impl Runtime {
         opts: &BackwardOptions<'_>,
         launch: Launch,
     ) -> Result<(), Error> {
-        let Launch { shape, scale, varlen, dropout } = launch;
+        let Launch { shape, scale, varlen, dropout, .. } = launch;
         let infos: Vec<ArgInfo> = args.iter().map(ArgValue::info).collect();
         let (config, tensor_maps, [pre, main, dq_pass]) = self.backward_kernels(spec, &io, opts, &launch)?;
 
@@ -322,7 +324,10 @@ impl Runtime {
         // with nothing to train has one dK/dV kernel either way: it is keyed
         // as `Runtime::prepare` and `precompile` compile it.
         let tensor_grads = io.d_tensors.iter().any(Option::is_some) || trainable_tensors(spec).is_empty();
-        let chosen = chosen_config(spec, self.arch(), opts.tile)?;
+        let chosen = match (opts.tile, launch.tuned) {
+            (None, Some(tuned)) => BackwardConfig::preferred(spec, self.target()).with_tile(tuned),
+            (tile, _) => chosen_config(spec, self.arch(), tile)?,
+        };
         let config = BackwardConfig { tensor_grads, dropout: launch.dropout.is_some(), ..chosen };
         // A varlen launch's descriptors are ragged: no box crosses a sequence's end.
         let rows = match launch.varlen {

@@ -116,6 +116,12 @@ impl Runtime {
             dv: (dv.0, dv_l),
             d_tensors,
         };
-        self.queue_backward(spec, io, args, opts, Launch { shape: checked.shape, scale, varlen, dropout: None })
+        self.queue_backward(
+            spec,
+            io,
+            args,
+            opts,
+            Launch { shape: checked.shape, scale, varlen, dropout: None, tuned: None },
+        )
     }
 }
