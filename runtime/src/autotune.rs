@@ -7,6 +7,10 @@
 //! that there is nothing, is cached in memory, so the launch path never
 //! touches a file twice. Without a remembered choice it uses
 //! [`tile_choice::preferred`](crate::tile_choice::preferred).
+//!
+//! Remembering and keeping the fastest (`remembered`, `keep_fastest`) serve
+//! the backward's dK/dV tiles too (`autotune_backward`), in a table and
+//! records of their own.
 
 use crate::args::ArgValue;
 use crate::choices::{Choice, Choices};
