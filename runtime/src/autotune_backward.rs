@@ -49,8 +49,10 @@ impl Runtime {
     /// Every pass writes dQ, dK, dV and the requested tensor gradients (the
     /// last one's stand), and tuning waits for the GPU. `opts.tile` is
     /// ignored; `opts.dropout` must be `None` (a tuned tile serves launches
-    /// without dropout). A tile that fails to compile or launch is reported
-    /// and skipped; only if all fail is it an error ([`Error::Tuning`]).
+    /// without dropout). Operands, arguments and options are checked first,
+    /// as [`Runtime::backward`] checks them; then a tile that fails to
+    /// compile or launch is reported and skipped, and only if all fail is it
+    /// an error ([`Error::Tuning`]).
     pub fn autotune_backward<T: Element>(
         &self,
         spec: &Spec,
@@ -65,9 +67,10 @@ impl Runtime {
         let shape = Shape { batch: q.batch, heads: q.heads, heads_kv: k.heads, q_len: q.seq, kv_len: k.seq };
         let class = self.shape_class(spec, &shape);
         let tiles = self.backward_candidates(spec);
+        // A launch's checks first: bad operands are the caller's error, not
+        // every tile's failure.
+        self.backward(spec, io.reborrow(), args, &BackwardOptions { tile: Some(tiles[0]), ..*opts })?;
         if shape.batch == 0 || shape.q_len == 0 || shape.kv_len == 0 {
-            // Checked as a launch would be, then nothing to time.
-            self.backward(spec, io, args, &BackwardOptions { tile: Some(tiles[0]), ..*opts })?;
             return Ok(TuneReport { spec: spec.name.clone(), class, best: tiles[0], candidates: Vec::new() });
         }
         let candidates = tiles

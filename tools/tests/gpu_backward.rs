@@ -431,7 +431,8 @@ fn block_masks_are_reused() {
     run_all(&rt, cases);
 }
 
-/// Bad backward launches are typed errors, never launches.
+/// Bad backward launches, and tunings on them, are typed errors, never
+/// launches.
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn bad_backward_launches_are_rejected() {
@@ -445,7 +446,7 @@ fn bad_backward_launches_are_rejected() {
     let (mut dq, mut dk) = (s.alloc_zeros(layout.len()).unwrap(), s.alloc_zeros(layout.len()).unwrap());
     let mut dv = s.alloc_zeros(layout.len() - 1).unwrap();
     let mut d_slopes = s.alloc_zeros::<f32>(1).unwrap();
-    let io = flashgen::BackwardIo {
+    let mut io = flashgen::BackwardIo {
         q: (&x, layout),
         k: (&x, layout),
         v: (&x, layout),
@@ -457,6 +458,10 @@ fn bad_backward_launches_are_rejected() {
         dv: (&mut dv, layout),
         d_tensors: vec![Some(&mut d_slopes)],
     };
-    let err = rt.backward(&spec, io, &[(&slopes).into()], &Default::default()).unwrap_err();
-    assert!(matches!(err, Error::OutOfBounds { operand: flashgen::codegen::abi::Operand::DV, .. }), "{err}");
+    let short_dv = |err: &Error| matches!(err, Error::OutOfBounds { operand: flashgen::codegen::abi::Operand::DV, .. });
+    let err = rt.backward(&spec, io.reborrow(), &[(&slopes).into()], &Default::default()).unwrap_err();
+    assert!(short_dv(&err), "{err}");
+    // Tuning checks the launch first: the caller's error, not every tile's.
+    let err = rt.autotune_backward(&spec, io, &[(&slopes).into()], &Default::default()).unwrap_err();
+    assert!(short_dv(&err), "{err}");
 }
