@@ -215,7 +215,7 @@ impl Runtime {
         if let Some(disk) = &self.disk {
             let times: Vec<_> = candidates.iter().map(|(c, ms)| (*c, ms.as_ref().ok().copied())).collect();
             let key = TuningKey::new(pass, &to_source(spec), class, self.arch(), CODEGEN_VERSION);
-            let record = Record { key, spec, class, arch: self.arch(), times: &times, best };
+            let record = Record { key, pass, spec, class, arch: self.arch(), times: &times, best };
             // Like the kernel cache, a failed store only costs a later tuning.
             if let Err(e) = disk.store_tuning(&record) {
                 eprintln!("flashgen: warning: cannot store a tuning record in {}: {e}", disk.tuning_dir().display());

@@ -183,6 +183,7 @@ const MAGIC: &str = "flashgen-tuning 1";
 /// One tuning record's contents.
 pub(crate) struct Record<'a, C> {
     pub key: TuningKey,
+    pub pass: Pass,
     pub spec: &'a Spec,
     pub class: ShapeClass,
     pub arch: Arch,
@@ -193,12 +194,16 @@ pub(crate) struct Record<'a, C> {
 
 impl<C: Candidate> Record<'_, C> {
     /// The file's text. Only `key`, `candidates` and `best` are read back;
-    /// the rest informs people.
+    /// the rest (which pass, spec, arch and class) informs people.
     pub fn render(&self) -> String {
         let names: Vec<String> = self.times.iter().map(|(c, _)| c.name()).collect();
         let mut text = format!(
-            "{MAGIC}\nkey {}\nspec {}\narch {}\nclass {}\ncandidates {}\nbest {}\n",
+            "{MAGIC}\nkey {}\npass {}\nspec {}\narch {}\nclass {}\ncandidates {}\nbest {}\n",
             self.key,
+            match self.pass {
+                Pass::Forward => "forward",
+                Pass::Backward => "backward",
+            },
             self.spec.name,
             self.arch,
             self.class,
@@ -379,9 +384,11 @@ mod tests {
         let key = TuningKey::new(Pass::Backward, "S", class, SM90, CODEGEN_VERSION);
         let all = BackwardConfig::tiles(&spec, HOPPER);
         let times: Vec<_> = all.iter().map(|&t| (t, Some(0.5))).collect();
-        let record = Record { key, spec: &spec, class, arch: SM90, times: &times, best: all[1] };
+        let record = Record { key, pass: Pass::Backward, spec: &spec, class, arch: SM90, times: &times, best: all[1] };
         cache.store_tuning(&record).unwrap();
         assert_eq!(cache.load_tuning(key, &all), Some(all[1]));
+        let text = std::fs::read_to_string(cache.tuning_path(key)).unwrap();
+        assert!(text.contains("\npass backward\n") && text.contains("\nbest wgmma.w8.whole.m64\n"), "{text}");
         assert_eq!(cache.load_tuning(key, &all[..1]), None, "tuned among other tiles");
     }
 
@@ -408,7 +415,7 @@ mod tests {
         let all = crate::tile_choice::candidates(spec, HOPPER);
         let times: Vec<_> = all.iter().enumerate().map(|(i, &c)| (c, (i != 0).then_some(1.0 + i as f64))).collect();
         let class = ShapeClass::new(spec, &shape(4, 16, 1024, 1024), 132);
-        let record = Record { key, spec, class, arch: SM90, times: &times, best: all[1] };
+        let record = Record { key, pass: Pass::Forward, spec, class, arch: SM90, times: &times, best: all[1] };
         (record.render(), all[1])
     }
 
@@ -428,11 +435,11 @@ mod tests {
         assert_eq!(cache.load_tuning(key, &all), None, "no record yet");
         let times: Vec<_> = all.iter().map(|&c| (c, Some(0.5))).collect();
         let class = ShapeClass::new(&spec, &shape(4, 16, 1024, 1024), 132);
-        let record = Record { key, spec: &spec, class, arch: SM90, times: &times, best: all[1] };
+        let record = Record { key, pass: Pass::Forward, spec: &spec, class, arch: SM90, times: &times, best: all[1] };
         cache.store_tuning(&record).unwrap();
         assert_eq!(cache.load_tuning(key, &all), Some(all[1]));
         let text = std::fs::read_to_string(cache.tuning_path(key)).unwrap();
-        assert!(text.contains("\nspec Causal\narch sm_90\nclass q<=1024 kv<=1024 waves<=4\n"), "{text}");
+        assert!(text.contains("\npass forward\nspec Causal\narch sm_90\nclass q<=1024 kv<=1024 waves<=4\n"), "{text}");
         let listed = cache.tunings().unwrap();
         assert_eq!(listed.len(), 1);
         assert_eq!(cache.entries().unwrap().len(), 0, "tuning records are not kernels");
