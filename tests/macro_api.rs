@@ -133,6 +133,18 @@ fn typed_backward(rt: &Runtime, io: flashgen::BackwardIo<'_, bf16>, slopes: &Cud
     SlidingAlibi::backward(rt, io, &SlidingAlibiArgs { window: 256, slopes }, &opts)
 }
 
+/// Tuning the backward's dK/dV tile takes what the backward takes.
+#[allow(dead_code)]
+fn typed_backward_autotune(
+    rt: &Runtime,
+    io: flashgen::BackwardIo<'_, bf16>,
+    slopes: &CudaSlice<f32>,
+) -> Result<String, Error> {
+    let report =
+        SlidingAlibi::autotune_backward(rt, io, &SlidingAlibiArgs { window: 256, slopes }, &Default::default())?;
+    Ok(report.to_string())
+}
+
 /// So does the varlen backward, on packed buffers.
 #[allow(dead_code)]
 fn typed_varlen_backward(

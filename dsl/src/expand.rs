@@ -107,7 +107,7 @@ struct Launch {
     output: &'static str,
 }
 
-const LAUNCHES: [Launch; 6] = [
+const LAUNCHES: [Launch; 7] = [
     Launch {
         name: "forward",
         doc: "Launches the forward pass on `rt`'s stream after checking every shape, stride and buffer size \
@@ -147,6 +147,15 @@ const LAUNCHES: [Launch; 6] = [
         io: "BackwardIo",
         options: "BackwardOptions",
         output: "()",
+    },
+    Launch {
+        name: "autotune_backward",
+        doc: "Times every dK/dV tile of the backward on these operands and remembers the fastest for their \
+              shape class (see [`::flashgen::Runtime::autotune_backward`]). Backward passes: write dQ, dK, dV \
+              and the requested tensor gradients.",
+        io: "BackwardIo",
+        options: "BackwardOptions",
+        output: "::flashgen::TuneReport<::flashgen::codegen::cuda::BackwardTile>",
     },
     Launch {
         name: "backward_varlen",
