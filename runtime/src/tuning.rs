@@ -22,7 +22,7 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
-/// `1` (or `on`): a forward or backward launch whose shape class has no
+/// `1` (or `on`): a forward or dense backward launch whose shape class has no
 /// tuned choice yet autotunes first, on its own buffers. Off by default.
 pub const AUTOTUNE_ENV: &str = "FLASHGEN_AUTOTUNE";
 
