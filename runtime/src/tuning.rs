@@ -26,7 +26,7 @@ use std::path::PathBuf;
 /// tuned choice yet autotunes first, on its own buffers. Off by default.
 pub const AUTOTUNE_ENV: &str = "FLASHGEN_AUTOTUNE";
 
-/// Whether the value of [`AUTOTUNE_ENV`] turns tuning on forward launches on.
+/// Whether the value of [`AUTOTUNE_ENV`] turns tuning on launches on.
 pub(crate) fn autotune_from(value: Option<OsString>) -> bool {
     value.is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("on"))
 }
