@@ -276,13 +276,17 @@ pub(super) const ONES_TILE_BYTES: u32 = 2048;
 /// but 152 made ptxas serialize the consumers' wgmma, C7512: -40%). One
 /// (two CTAs per SM) shares 128 at launch with the producer, which keeps
 /// 88 there (at 48 it spilled ~100 instructions; the consumers' 168 spill
-/// 2).
+/// 2). Consumers that need fewer than the launch's keep it: `setmaxnreg.dec`
+/// may only lower the producer's count, and ptxas rejects the kernel
+/// otherwise (a narrow V beside a wide QK, d = 256 / 32).
 pub(super) fn ws_regs(spec: &Spec, config: TileConfig) -> (u32, u32) {
-    let pool = launch_regs(config) * config.threads() / 128;
+    let launch = launch_regs(config);
+    let pool = launch * config.threads() / 128;
     let groups = config.warps / 4;
     let need = 3 * config.block_n / 4 + pad16(spec.head_dims.v) / 2 + 80;
     let producer_floor = if groups == 1 { 88 } else { 24 };
     let consumer = ((pool - producer_floor) / groups).min(need).min(240) / 8 * 8;
+    let consumer = consumer.max(launch);
     (pool - groups * consumer, consumer)
 }
 
@@ -333,6 +337,8 @@ mod tests {
             "S { dtype: bf16, head_dim: 160 }",
             "S { dtype: bf16, head_dim: 192, v_head_dim: 128, mask: q >= k }",
             "S { dtype: bf16, head_dim: 256, mask: q >= k }",
+            "S { dtype: f16, head_dim: 256, v_head_dim: 32 }",
+            "S { dtype: bf16, head_dim: 32 }",
         ];
         for source in specs {
             let spec = crate::parse_one(source).unwrap();
@@ -344,6 +350,12 @@ mod tests {
                 assert!(producer * 128 + consumer * 32 * config.warps <= pool, "{config:?}");
                 assert!(pool * config.per_sm() <= Target::HOPPER.regs_per_sm, "{config:?}");
                 assert!(producer >= 24 && consumer <= 240 && producer % 8 == 0 && consumer % 8 == 0, "{config:?}");
+                // `setmaxnreg.dec` lowers the producer's count, `.inc` raises the consumers'.
+                let launch = launch_regs(config);
+                assert!(
+                    producer <= launch && consumer >= launch,
+                    "{source}: {config:?} {producer}/{consumer} of {launch}"
+                );
             }
         }
     }
