@@ -108,6 +108,19 @@ fn language_features_in_every_configuration() {
     in_every_configuration(&runtime(), vec![language_spec()]);
 }
 
+/// Masks that are unions (global tokens, sinks beside a window, a prefix)
+/// in every candidate configuration at both head dims: their partial tiles
+/// test a union of column intervals per row, whose code differs per tile
+/// shape; the test's params end the sinks and globals inside a tile, so the
+/// whole union runs, not only each disjunct alone.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn union_masks_in_every_configuration() {
+    let stems = ["longformer", "prefix_lm", "streaming_window"];
+    let specs = stems.iter().flat_map(|stem| [spec(stem), with(spec(stem), Dtype::Bf16, 64, 64)]);
+    in_every_configuration(&runtime(), specs.collect());
+}
+
 /// q_len > kv_len with a bottom-right causal mask leaves the first rows with
 /// no key at all: they must come out as O = 0 and LSE = −∞.
 #[test]
