@@ -11,11 +11,12 @@ use cudarc::nvrtc::result::{self as nvrtc, NvrtcError};
 use cudarc::nvrtc::sys;
 use flashgen_codegen::abi::Kernel;
 use std::ffi::{c_char, CString};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Environment variable naming a directory that receives `<kernel>.cu` and
-/// `<kernel>.log` (the NVRTC log) on every compilation.
+/// `<kernel>.log` (the NVRTC log) on every compilation: the source before
+/// NVRTC starts, so that a compile that never ends leaves it to read.
 pub const DUMP_ENV: &str = "FLASHGEN_DUMP";
 
 /// NVRTC compilations started by this process.
@@ -108,12 +109,13 @@ pub(crate) fn compile_with(kernel: &Kernel, arch: Arch, extra: &[String]) -> Res
         Program(nvrtc::create_program(&source, file_name.as_deref()).map_err(nvrtc_error("creating a program"))?);
 
     COMPILES.fetch_add(1, Ordering::Relaxed);
+    dump(kernel, "cu", &kernel.source)?;
     // SAFETY (all `unsafe` below): `program.0` is live until `program` drops.
     let options: Vec<String> = options(arch).into_iter().chain(extra.iter().cloned()).collect();
     let compiled = unsafe { nvrtc::compile_program(program.0, &options) };
     let log = unsafe { nvrtc::get_program_log(program.0) }.map_err(nvrtc_error("reading the compile log"))?;
     let log = c_chars_to_string(&log);
-    dump(kernel, &log)?;
+    dump(kernel, "log", &log)?;
     if let Err(e) = compiled {
         return Err(compile_error(if log.is_empty() { e.to_string() } else { log }));
     }
@@ -163,18 +165,15 @@ pub(crate) fn numbered_source(source: &str) -> String {
     source.lines().enumerate().map(|(i, line)| format!("{:>width$} | {line}\n", i + 1)).collect()
 }
 
-/// Writes the source and log under `$FLASHGEN_DUMP` when it is set.
-fn dump(kernel: &Kernel, log: &str) -> Result<(), Error> {
+/// Writes `<kernel>.<extension>` under `$FLASHGEN_DUMP` when it is set.
+fn dump(kernel: &Kernel, extension: &str, text: &str) -> Result<(), Error> {
     let Some(dir) = std::env::var_os(DUMP_ENV).filter(|d| !d.is_empty()) else {
         return Ok(());
     };
     let dir = PathBuf::from(dir);
-    let write = |path: &Path, text: &str| {
-        std::fs::write(path, text).map_err(|source| Error::Dump { path: path.to_path_buf(), source })
-    };
     std::fs::create_dir_all(&dir).map_err(|source| Error::Dump { path: dir.clone(), source })?;
-    write(&dir.join(format!("{}.cu", kernel.name)), &kernel.source)?;
-    write(&dir.join(format!("{}.log", kernel.name)), log)
+    let path = dir.join(format!("{}.{extension}", kernel.name));
+    std::fs::write(&path, text).map_err(|source| Error::Dump { path, source })
 }
 
 #[cfg(test)]
