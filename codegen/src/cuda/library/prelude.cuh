@@ -52,13 +52,23 @@ constexpr float RESCALE_SLACK = 8.0f;
 // ---- spec-language scalars --------------------------------------------------
 // i32 arithmetic wraps like Rust's wrapping ops (signed overflow is undefined
 // in C, so it goes through unsigned). Division and remainder by zero give 0;
-// INT_MIN / -1 wraps to INT_MIN and INT_MIN % -1 is 0.
+// INT_MIN / -1 wraps to INT_MIN and INT_MIN % -1 is 0. The division always
+// runs, by a divisor that cannot trap, and the special cases are selects:
+// guarded by branches, a divisor fixed for a loop let NVVM unswitch an
+// unrolled tile loop on each guard, and it ran for minutes on one kernel.
 __device__ __forceinline__ int add_i32(int a, int b) { return (int)((unsigned)a + (unsigned)b); }
 __device__ __forceinline__ int sub_i32(int a, int b) { return (int)((unsigned)a - (unsigned)b); }
 __device__ __forceinline__ int mul_i32(int a, int b) { return (int)((unsigned)a * (unsigned)b); }
 __device__ __forceinline__ int neg_i32(int a) { return (int)(0u - (unsigned)a); }
-__device__ __forceinline__ int div_i32(int a, int b) { return b == 0 ? 0 : b == -1 ? neg_i32(a) : a / b; }
-__device__ __forceinline__ int rem_i32(int a, int b) { return b == 0 || b == -1 ? 0 : a % b; }
+__device__ __forceinline__ int safe_divisor(int b) { return b == 0 || b == -1 ? 1 : b; }
+__device__ __forceinline__ int div_i32(int a, int b) {
+    const int q = a / safe_divisor(b);
+    return b == 0 ? 0 : b == -1 ? neg_i32(a) : q;
+}
+__device__ __forceinline__ int rem_i32(int a, int b) {
+    const int r = a % safe_divisor(b);
+    return b == 0 || b == -1 ? 0 : r;
+}
 __device__ __forceinline__ int min_i32(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ int max_i32(int a, int b) { return a > b ? a : b; }
 __device__ __forceinline__ int abs_i32(int a) { return a < 0 ? neg_i32(a) : a; }
