@@ -9,10 +9,11 @@
 //! column-level ones into a register per key column of the current tile.
 //! Cheap integer arithmetic on positions stays inline, except an integer
 //! division by a run-time value that is fixed for the whole CTA: it becomes
-//! a constant of its own. That is for the compiler's sake more than the
-//! GPU's: the division branches (by 0, by -1, the Euclidean fix-up), and
-//! NVVM, given two such invariant divisions inside a fully unrolled loop
-//! over a tile's elements or columns, was seen to take more than half an
+//! a constant of its own, computed once instead of per element with its
+//! special cases (by 0, by -1, the Euclidean fix-up). Divisions left in the
+//! loops guard those cases with selects, not branches (`prelude.cuh`): NVVM
+//! unswitched a fully unrolled loop over a tile's elements or columns on
+//! each branch's invariant guard and took from minutes to over half an
 //! hour over one kernel.
 
 use crate::spec::{BinOp, Builtin, Expr, ExprKind, Func, Ty};
