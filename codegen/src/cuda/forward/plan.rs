@@ -342,7 +342,10 @@ mod tests {
         ];
         for source in specs {
             let spec = crate::parse_one(source).unwrap();
-            for config in TileConfig::feasible(&spec, Target::HOPPER).into_iter().filter(|c| warp_specialized(*c)) {
+            let ws: Vec<_> =
+                TileConfig::feasible(&spec, Target::HOPPER).into_iter().filter(|c| warp_specialized(*c)).collect();
+            assert!(!ws.is_empty(), "{source}");
+            for config in ws {
                 // The consumers' TMA store of O takes one warp's rows.
                 assert_eq!(16 * config.m_tiles, O_STORE_ROWS, "{config:?}");
                 let (producer, consumer) = ws_regs(&spec, config);
