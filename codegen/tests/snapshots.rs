@@ -14,7 +14,7 @@ use flashgen_codegen::cuda::{
     emit_decode, emit_decode_paged, emit_decode_with, emit_e4m3_v_tiles, emit_forward, emit_forward_copying,
     emit_forward_dropout, emit_forward_e4m3, emit_forward_paged, emit_forward_varlen, emit_forward_with,
     emit_merge_partial, emit_paged_append, BackwardConfig, BackwardPass, DecodeCache, DecodeConfig, DecodeQueries,
-    DqAccum, KeyColumns, KvCacheDtype, Mma, Target, TileConfig, TileCopy,
+    DqAccum, DqOrder, KeyColumns, KvCacheDtype, Mma, Target, TileConfig, TileCopy,
 };
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
@@ -414,7 +414,7 @@ fn hopper_backward_kernels_of_named_variants() {
     // Its dQ accumulator, in fragment order, back to rows.
     let spec = variant("causal");
     let config = BackwardConfig::preferred(&spec, Target::for_sm(9, 0));
-    assert_eq!(config.dq_accum(&spec), DqAccum::Fragments { cols: 128 });
+    assert_eq!(config.dq_accum(&spec), DqAccum::Fragments { cols: 128, order: DqOrder::HeadDims });
     insta::assert_snapshot!(
         "wgmma_bwd_post_causal",
         render(&emit_backward_with(&spec, BackwardPass::Postprocess, config))
@@ -550,7 +550,7 @@ fn column_halves_pad_head_dims_to_whole_panels() {
     {
         let spec = parse_one(&format!("S {{ dtype: bf16, head_dim: {qk}, v_head_dim: {v}, mask: q >= k }}")).unwrap();
         let config = BackwardConfig::preferred(&spec, hopper);
-        assert_eq!(config.dq_accum(&spec), DqAccum::Fragments { cols: dp }, "{qk}/{v}");
+        assert_eq!(config.dq_accum(&spec), DqAccum::Fragments { cols: dp, order: DqOrder::Queries }, "{qk}/{v}");
         assert_eq!(config.dq_accum(&spec).len(&spec, 2, 65), 2 * 128 * dp as usize, "{qk}/{v}");
         let kernel = emit_backward_with(&spec, BackwardPass::KeyValue, config);
         let dims = match (dp, dvp) == (qk.next_multiple_of(16), v.next_multiple_of(16)) {

@@ -328,7 +328,7 @@ impl Runtime {
             (None, Some(tuned)) => BackwardConfig::preferred(spec, self.target()).with_tile(tuned),
             (tile, _) => chosen_config(spec, self.arch(), tile)?,
         };
-        let config = BackwardConfig { tensor_grads, dropout: launch.dropout.is_some(), ..chosen };
+        let config = BackwardConfig { tensor_grads, ..chosen }.with_dropout(spec, launch.dropout.is_some());
         // A varlen launch's descriptors are ragged: no box crosses a sequence's end.
         let rows = match launch.varlen {
             None => tma::Rows::Batched,

@@ -157,7 +157,7 @@ impl Which {
             for config in forward {
                 add(Which::forward_with(config, TileCopy::Tma, true));
             }
-            let dropout = cuda::BackwardConfig { dropout: true, ..cuda::BackwardConfig::preferred(spec, target) };
+            let dropout = cuda::BackwardConfig::preferred(spec, target).with_dropout(spec, true);
             add(Which::backward(KeyValue, dropout));
             add(Which::backward(Query, dropout));
             which.extend([Which::MergePartial, Which::AddPartial, Which::AddF32]);

@@ -4,7 +4,7 @@
 
 mod support;
 
-use flashgen_codegen::abi::Kernel;
+use flashgen_codegen::abi::{ArgKind, Kernel};
 use flashgen_codegen::cuda::{
     emit_add_f32, emit_add_partial, emit_backward, emit_backward_varlen, emit_backward_with, emit_block_mask,
     emit_decode, emit_decode_paged, emit_decode_with, emit_e4m3_v_tiles, emit_forward_copying, emit_forward_dropout,
@@ -608,4 +608,49 @@ fn compile_phases_reads_nvrtcs_report() {
     let kernel = raw_kernel("timed", "extern \"C\" __global__ void timed(float* o) { o[threadIdx.x] = 1.0f; }\n");
     let phases = compile_phases(&kernel, Arch::new(9, 0)).expect("compiles").expect("a report");
     assert!(phases.front_end_ms > 0.0 && phases.optimizer_ms >= 0.0 && phases.ptxas_ms >= 0.0, "{phases:?}");
+}
+
+/// The Hopper dK/dV kernel in 80-query steps (d = 128, dQ transposed) and
+/// its postprocess compile for sm_90, dense and varlen, copying with TMA
+/// and with threads, with and without tensor gradients, under full, causal,
+/// windowed and tensor-reading masks at d = 128 and 120; without a mask its
+/// consumers hold dK, dV, Sᵀ, dPᵀ and dQᵀ in registers with no local memory
+/// (ptxas would otherwise serialize every wgmma of the kernel).
+#[test]
+fn transposed_dq_steps_compile_for_sm90() {
+    require_nvrtc();
+    let specs = parse_str(
+        "Full { dtype: bf16, head_dim: 128 }\n\
+         Causal { dtype: f16, head_dim: 128, mask: q >= k }\n\
+         Window { dtype: bf16, head_dim: 128, mask: q >= k && q - k < 1024 }\n\
+         Document { dtype: bf16, head_dim: 120, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }",
+    )
+    .unwrap();
+    let sm90 = Arch::new(9, 0);
+    let mut jobs = Vec::new();
+    for spec in &specs {
+        let tiles = BackwardConfig::tiles(spec, sm90.target());
+        let tile = tiles.into_iter().find(|t| t.mma == Mma::Wgmma && t.block_m == 80);
+        let tile = tile.unwrap_or_else(|| panic!("{} has a tile of 80-query steps", spec.name));
+        let config = BackwardConfig::preferred(spec, sm90.target()).with_tile(tile);
+        for (tensor_grads, copy) in [(true, TileCopy::Tma), (false, TileCopy::Tma), (true, TileCopy::Threads)] {
+            let config = BackwardConfig { tensor_grads, copy, ..config };
+            jobs.push((emit_backward_with(spec, BackwardPass::KeyValue, config), sm90));
+            jobs.push((emit_backward_varlen(spec, BackwardPass::KeyValue, config), sm90));
+        }
+        let post = config.for_pass(BackwardPass::Postprocess);
+        jobs.extend(
+            [emit_backward_with, emit_backward_varlen].map(|emit| (emit(spec, BackwardPass::Postprocess, post), sm90)),
+        );
+    }
+    assert!(jobs.iter().all(|(kernel, _)| kernel.block_m != 64 || kernel.name.contains("post")));
+    in_parallel(&jobs, |kernel, arch| {
+        let used = kernel_resources(kernel, arch).unwrap_or_else(|e| panic!("{} for {arch}: {e}", kernel.name));
+        let unmasked =
+            kernel.name == "flashgen_bwd_full" && kernel.args.iter().any(|a| matches!(a.kind, ArgKind::TensorMap(_)));
+        if unmasked {
+            let local = (used.stack_frame, used.spill_stores, used.spill_loads);
+            assert_eq!(local, (0, 0, 0), "{} for {arch} uses local memory", kernel.name);
+        }
+    });
 }

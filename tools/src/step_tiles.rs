@@ -22,7 +22,7 @@ pub fn parse_step_tiles(text: &str) -> Result<StepTiles, String> {
             .split('/')
             .map(|t| {
                 parse_backward_tile(t)
-                    .ok_or(format!("`{t}` is not `warps,whole|halves,block_m`, `wgmma`, `wgmma,128`, `wgmma,transposed` or `wgmma,halves`"))
+                    .ok_or(format!("`{t}` is not `warps,whole|halves,block_m`, `wgmma`, `wgmma,128`, `wgmma,80`, `wgmma,transposed` or `wgmma,halves`"))
             })
             .collect::<Result<_, _>>()
             .map(StepTiles::Listed),
@@ -31,12 +31,13 @@ pub fn parse_step_tiles(text: &str) -> Result<StepTiles, String> {
 
 /// A dK/dV tile as `--bwd-tiles` names it (and its rows, [`tile_label`]):
 /// `warps,whole|halves,block_m`, `wgmma` (64-query steps), `wgmma,128`,
-/// `wgmma,transposed` or `wgmma,halves`.
+/// `wgmma,80`, `wgmma,transposed` or `wgmma,halves`.
 pub fn parse_backward_tile(text: &str) -> Option<BackwardTile> {
     let hopper = |columns, block_m| BackwardTile { mma: Mma::Wgmma, warps: 8, columns, block_m };
     match text {
         "wgmma" => return Some(hopper(KeyColumns::Whole, 64)),
         "wgmma,128" => return Some(hopper(KeyColumns::Whole, 128)),
+        "wgmma,80" => return Some(hopper(KeyColumns::Whole, 80)),
         "wgmma,halves" => return Some(hopper(KeyColumns::Halves, 64)),
         "wgmma,transposed" => return Some(hopper(KeyColumns::Transposed, 64)),
         _ => {}
@@ -57,8 +58,8 @@ pub fn tile_label(tile: BackwardTile) -> String {
         KeyColumns::Halves => "halves",
     };
     match (tile.mma, tile.columns) {
-        (Mma::Wgmma, KeyColumns::Whole) if tile.block_m == 128 => "wgmma,128".to_string(),
-        (Mma::Wgmma, KeyColumns::Whole) => "wgmma".to_string(),
+        (Mma::Wgmma, KeyColumns::Whole) if tile.block_m == 64 => "wgmma".to_string(),
+        (Mma::Wgmma, KeyColumns::Whole) => format!("wgmma,{}", tile.block_m),
         (Mma::Wgmma, KeyColumns::Halves) => "wgmma,halves".to_string(),
         (Mma::Wgmma, KeyColumns::Transposed) => "wgmma,transposed".to_string(),
         (Mma::Sync, _) => format!("{},{columns},{}", tile.warps, tile.block_m),

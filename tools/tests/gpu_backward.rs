@@ -335,6 +335,44 @@ fn hopper_long_query_steps() {
     run_all(&rt.with_tma(false), copies);
 }
 
+/// The Hopper dK/dV kernel in 80-query steps (d = 128, P through shared
+/// memory, dQ transposed into 16-query groups of the accumulator), pinned:
+/// long sequences whose steps start inside the accumulator's tiles and
+/// whose last step ends past the queries, awkward lengths, full attention,
+/// a window, a block mask, a head dim padded to 128 (120), f16, the
+/// deterministic mode and copies without TMA. Vacuous off Hopper.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn hopper_transposed_dq_steps() {
+    let rt = runtime();
+    let steps_of_80 = |spec: &Spec| {
+        let tile =
+            BackwardConfig::tiles(spec, rt.target()).into_iter().find(|t| t.mma == Mma::Wgmma && t.block_m == 80);
+        assert!(tile.is_some() || rt.target().mma != Mma::Wgmma, "{} has a Hopper tile of 80-query steps", spec.name);
+        tile
+    };
+    let mut cases = Vec::new();
+    let mut copies = Vec::new();
+    for (variant, dtype, d) in [
+        ("causal", Dtype::Bf16, 128),
+        ("full", Dtype::Bf16, 128),
+        ("sliding_window", Dtype::Bf16, 128),
+        ("document", Dtype::F16, 128),
+        ("causal", Dtype::Bf16, 120),
+    ] {
+        let spec = with(spec(variant), dtype, d, d);
+        let Some(tile) = steps_of_80(&spec) else { continue };
+        let short = Case { tile: Some(tile), block_mask: variant == "document", ..Case::new((4, 2), (113, 203)) };
+        cases.push((spec.clone(), Case { batch: 1, tile: Some(tile), ..Case::new((2, 1), (1000, 1023)) }));
+        cases.push((spec.clone(), Case { batch: 1, tile: Some(tile), ..Case::new((2, 2), (1030, 777)) }));
+        cases.push((spec.clone(), short));
+        cases.push((spec.clone(), short.deterministic()));
+        copies.push((spec, short));
+    }
+    run_all(&rt, cases);
+    run_all(&rt.with_tma(false), copies);
+}
+
 /// `Runtime::prepare` compiles a spec's training kernels up front: a
 /// training step under a block mask (its build, the forward with its item
 /// order, the backward with its key order) then loads every kernel from

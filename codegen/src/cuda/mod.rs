@@ -32,7 +32,7 @@ mod writer;
 
 pub use backward::{
     emit_backward, emit_backward_varlen, emit_backward_with, trainable_tensors, BackwardConfig, BackwardPass,
-    BackwardTile, DqAccum, KeyColumns,
+    BackwardTile, DqAccum, DqOrder, KeyColumns,
 };
 pub use block_mask::emit_block_mask;
 pub use decode::{

@@ -274,10 +274,22 @@ impl BackwardConfig {
         BackwardConfig { tensor_grads, copy, dropout, ..self }
     }
 
+    /// This configuration with `dropout`, in the query steps its Hopper
+    /// dK/dV kernel then takes (128- and 80-query steps give way to 64 with
+    /// dropout), so that the passes that do not read `dropout` (the
+    /// postprocess) read the dQ accumulator in the order that kernel stores.
+    pub fn with_dropout(self, spec: &Spec, dropout: bool) -> BackwardConfig {
+        let config = BackwardConfig { dropout, ..self };
+        match dkdv_wgmma::Layout::of(spec, config) {
+            Some(layout) => BackwardConfig { block_m: layout.block_m, ..config },
+            None => config,
+        }
+    }
+
     /// The dQ accumulator's layout under this configuration.
     pub fn dq_accum(self, spec: &Spec) -> DqAccum {
         match dkdv_wgmma::Layout::of(spec, self) {
-            Some(layout) => DqAccum::Fragments { cols: layout.padded[0] },
+            Some(layout) => DqAccum::Fragments { cols: layout.padded[0], order: layout.dq_order() },
             None => DqAccum::Rows,
         }
     }
@@ -297,10 +309,22 @@ pub enum DqAccum {
     /// `[batch, heads, q_len, D]`, row-major (the `mma.sync` kernel).
     Rows,
     /// `[batch, heads, ceil(q_len / 64), 64 · cols]`: one contiguous tile
-    /// per 64-query step of the wgmma kernel, in its consumers' accumulator
-    /// order (`dq_fragments.cuh`), rows past `q_len` included; `cols` the
+    /// per 64 queries, in the wgmma kernel's accumulator `order`
+    /// (`dq_fragments.cuh`), rows past `q_len` included; `cols` the
     /// columns its products span (`DP`: D padded, zeros beyond D).
-    Fragments { cols: u32 },
+    Fragments { cols: u32, order: DqOrder },
+}
+
+/// The order of a [`DqAccum::Fragments`] tile: the wgmma dK/dV kernel's
+/// dQ accumulators as its consumers store them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DqOrder {
+    /// Queries as the accumulators' rows, the tile's chunks in thread
+    /// order per m16n8 tile (`dq_chunk`).
+    Queries,
+    /// Head dims as rows (80-query steps' dQᵀ), in 16-query groups
+    /// (`dqt_chunk`).
+    HeadDims,
 }
 
 impl DqAccum {
@@ -309,7 +333,7 @@ impl DqAccum {
     pub fn len(self, spec: &Spec, heads: usize, q_len: usize) -> usize {
         match self {
             DqAccum::Rows => heads * q_len * spec.head_dims.qk as usize,
-            DqAccum::Fragments { cols } => {
+            DqAccum::Fragments { cols, .. } => {
                 let rows = q_len.next_multiple_of(dkdv_wgmma::DQ_ROWS as usize);
                 heads * rows * cols as usize
             }
@@ -324,7 +348,7 @@ impl DqAccum {
     pub fn varlen_len(self, spec: &Spec, heads: usize, total_q: usize, batch: usize) -> usize {
         match self {
             DqAccum::Rows => heads * total_q * spec.head_dims.qk as usize,
-            DqAccum::Fragments { cols } => {
+            DqAccum::Fragments { cols, .. } => {
                 let m = dkdv_wgmma::DQ_ROWS as usize;
                 heads * (total_q.div_ceil(m) + batch) * m * cols as usize
             }

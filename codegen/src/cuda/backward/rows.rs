@@ -11,7 +11,7 @@ use super::common::{write_source, Sections};
 use super::dkdv_wgmma;
 use super::packing::Packing;
 use super::sink;
-use super::DqAccum;
+use super::{DqAccum, DqOrder};
 use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
 use crate::cuda::library::Part;
 use crate::cuda::signature::arg_name;
@@ -131,7 +131,24 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum, packing: Packing) ->
     let source = write_source(spec, Sections::Rows, &name, &args, config, |w| {
         write_prologue(w, spec, packing)?;
         packing.write_rows(w, spec, Operand::DQ, "dq_rows", "h")?;
-        if let DqAccum::Fragments { .. } = accum {
+        if let DqAccum::Fragments { order, .. } = accum {
+            let unpack = match order {
+                DqOrder::Queries => {
+                    "\
+                    \x20   dq_chunk_origin(DQ_COLS / 16, c, row, col);\n\
+                    \x20   *reinterpret_cast<unsigned*>(&tile[row][col]) = pair(v.x, v.y);\n\
+                    \x20   *reinterpret_cast<unsigned*>(&tile[row + 8][col]) = pair(v.z, v.w);\n"
+                }
+                DqOrder::HeadDims => {
+                    "\
+                    \x20   dqt_chunk_origin(c, row, col);\n\
+                    \x20   const unsigned lo = pair(v.x, v.z), hi = pair(v.y, v.w);  // (row, col), (row, col + 8); row + 1's\n\
+                    \x20   tile[row][col] = lo & 0xffff;\n\
+                    \x20   tile[row][col + 8] = lo >> 16;\n\
+                    \x20   tile[row + 1][col] = hi & 0xffff;\n\
+                    \x20   tile[row + 1][col + 8] = hi >> 16;\n"
+                }
+            };
             let acc_tile = packing.accum_tile(spec, "h", "q_tiles", "blockIdx.x");
             return write!(
                 w,
@@ -139,9 +156,9 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum, packing: Packing) ->
                 const int q0 = blockIdx.x * BLOCK_M, q_tiles = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
                 const float* acc_tile = {DQ_ACCUM} + ({acc_tile}) * (BLOCK_M * DQ_COLS);\n\
                 // dQ = scale * accumulator, in the operand dtype. The tile's 16-byte chunks\n\
-                // are read in order (coalesced) and land as two column pairs of two rows\n\
-                // in a shared row-major tile (its 8-element pad spreads the pairs of a\n\
-                // warp over all 32 banks); the rows then go out 16 bytes per thread.\n\
+                // are read in order (coalesced) and land as four elements of two rows in a\n\
+                // shared row-major tile (its 8-element pad spreads a warp's writes over\n\
+                // the banks); the rows then go out 16 bytes per thread.\n\
                 __shared__ __align__(16) unsigned short tile[BLOCK_M][DQ_COLS + 8];\n\
                 auto pair = [&](float x, float y) {{\n\
                 \x20   return (unsigned)storage::from_f32(x * {scale}) | (unsigned)storage::from_f32(y * {scale}) << 16;\n\
@@ -149,9 +166,7 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum, packing: Packing) ->
                 for (int c = threadIdx.x; c < BLOCK_M * DQ_COLS / 4; c += THREADS) {{\n\
                 \x20   const float4 v = reinterpret_cast<const float4*>(acc_tile)[c];\n\
                 \x20   int row, col;\n\
-                \x20   dq_chunk_origin(DQ_COLS / 16, c, row, col);\n\
-                \x20   *reinterpret_cast<unsigned*>(&tile[row][col]) = pair(v.x, v.y);\n\
-                \x20   *reinterpret_cast<unsigned*>(&tile[row + 8][col]) = pair(v.z, v.w);\n\
+                {unpack}\
                 }}\n\
                 __syncthreads();\n\
                 const bool vector = D % 8 == 0 && (unsigned long long)dq_rows % 16 == 0 && {dq_stride} % 8 == 0;\n\
@@ -191,7 +206,7 @@ fn write_config(w: &mut Writer<String>, accum: DqAccum) -> fmt::Result {
     writeln!(w, "constexpr int THREADS = 32 * WARPS;")?;
     writeln!(w, "constexpr int BLOCK_M = {BLOCK_M};  // query rows per CTA: grid.x = ceil(q_len / BLOCK_M)")?;
     match accum {
-        DqAccum::Fragments { cols } => {
+        DqAccum::Fragments { cols, .. } => {
             writeln!(w, "constexpr int DQ_COLS = {cols};  // columns of a dQ accumulator tile")
         }
         DqAccum::Rows => Ok(()),

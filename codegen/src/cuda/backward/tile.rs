@@ -47,12 +47,13 @@ impl BackwardTile {
     }
 
     /// The Hopper kernel's tiles, preferred first: whole columns in
-    /// 128-query steps (d = 64 only), in 64-query steps, transposed (129 to
-    /// 192), then column halves.
-    pub(super) fn hopper_tiles() -> [BackwardTile; 4] {
+    /// 128-query steps (d = 64 only), in 80-query steps (d = 128 only), in
+    /// 64-query steps, transposed (129 to 256), then column halves.
+    pub(super) fn hopper_tiles() -> [BackwardTile; 5] {
         let steps = dkdv_wgmma::DQ_ROWS;
         [
             BackwardTile::hopper(KeyColumns::Whole, 2 * steps),
+            BackwardTile::hopper(KeyColumns::Whole, dkdv_wgmma::TRANSPOSED_DQ_STEP),
             BackwardTile::hopper(KeyColumns::Whole, steps),
             BackwardTile::hopper(KeyColumns::Transposed, steps),
             BackwardTile::hopper(KeyColumns::Halves, steps),

@@ -1,7 +1,7 @@
 //! The consumer warpgroups of the Hopper dK/dV kernel: per visited step
 //! the products and element code of the module note, then dK and dV.
 
-use super::{Chunk, Layout};
+use super::{Chunk, DqSplit, Layout};
 use crate::cuda::backward::common::{write_column_terms, write_row_terms, write_spec_lambdas, Rows, SpecTerms};
 use crate::cuda::backward::dkdv::{write_head_grad_adds, write_head_grad_sums, write_key_stores};
 use crate::cuda::backward::step::{write_elements, write_split_elements, Part};
@@ -26,14 +26,18 @@ pub(super) struct Consumers<'a> {
 /// module note; at the end dK and dV.
 pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
     let Consumers { spec, terms, layout, hoisted } = *c;
-    let k_dq = match (layout.dq_by_rows(), layout.k_half_cols()) {
-        (true, _) => "\
+    let k_dq = match (layout.dq_split(), layout.k_half_cols()) {
+        (DqSplit::Rows, _) => "\
             // dQ by rows: every warpgroup reads every column of K.\n\
             const unsigned long long k_dq = gmma_desc(k_smem, BLOCK_N * 128, 1024);\n",
-        (false, Some(_)) => "\
+        (DqSplit::HeadDims, _) => "\
+            // dQ^T = K^T dS^T: K^T is the A operand, MN-major, its rows this warpgroup's\n\
+            // panel of K's columns.\n\
+            const unsigned long long k_dq = gmma_desc(k_smem + warpgroup * BLOCK_N * 128, BLOCK_N * 128, 1024);\n",
+        (DqSplit::Columns, Some(_)) => "\
             // The second warpgroup's columns cross a panel boundary: it reads their copy.\n\
             const unsigned long long k_dq = gmma_desc(warpgroup == 0 ? k_smem : smem_addr(k_half_tile), BLOCK_N * 128, 1024);\n",
-        (false, None) => "\
+        (DqSplit::Columns, None) => "\
             const int half_col = warpgroup * (DP / 2);  // the first of its dQ columns\n\
             const unsigned long long k_dq = gmma_desc(k_smem + half_col / 64 * BLOCK_N * 128 + half_col % 64 * 2, BLOCK_N * 128, 1024);\n",
     };
@@ -114,9 +118,12 @@ fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
     let block_m = layout.block_m;
     write_score_products(w, block_m, ("s", "DP"), [("k_own", "BLOCK_N"), ("q_smem_k", "BLOCK_M")])?;
     write_score_products(w, block_m, ("dp", "DVP"), [("v_own", "BLOCK_N"), ("dout_smem_k", "BLOCK_M")])?;
-    // With 128-query steps dS reads P back from its 16-bit fragments: P in f32,
-    // its fragments, dP^T, dK and dV would not fit the registers at once.
-    let ds = if layout.dq_by_rows() { Part::DsFromFragments } else { Part::Ds };
+    // With 128- and 80-query steps dS reads P back from its 16-bit fragments: P in
+    // f32, its fragments, dP^T, dK and dV would not fit the registers at once.
+    let ds = match layout.dq_split() {
+        DqSplit::Rows | DqSplit::HeadDims => Part::DsFromFragments,
+        DqSplit::Columns => Part::Ds,
+    };
     if hoisted.iter().any(|h| h.level == Rows::Keys.column_level()) {
         writeln!(w, "// The spec's terms of the tile's queries, loaded while the products run.")?;
         write_column_terms(w, spec, hoisted, Rows::Keys, "q0")?;
@@ -326,17 +333,31 @@ fn write_step_dq(w: &mut Writer<String>, layout: &Layout, dk: Option<&Products>)
         Some(_) => String::new(),
         None => format!("wgmma_wait<0>();  // dK and dV are done\n{release}"),
     };
-    // (what, A's rows, the 16-byte chunk of dq[n] in the step's tiles)
-    let (what, rows, chunk) = match layout.dq_by_rows() {
-        true => (
-            "this warpgroup's 64 of the BLOCK_M queries x every column",
-            " + warpgroup * DQ_ROWS * 128",
+    // What a warpgroup's product covers, its k-step kk over 16 of the CTA's
+    // keys (in dS's key panel `panel`, at byte `step` of its rows), and the
+    // 16-byte chunk of dq[n] in the step's tiles.
+    let n = layout.dq_n();
+    let by_queries = |what: &str, rows: &str| {
+        (
+            format!("dQ = dS K on {what} (K\n// MN-major: its rows are the reduction)"),
+            format!("wgmma_ss_mn_n{n}(dq, desc_plus(ds_k, panel * BLOCK_M * 128 + step{rows}), desc_plus(k_dq, kk * 16 * 128), kk)"),
+        )
+    };
+    let ((what, product), chunk) = match layout.dq_split() {
+        DqSplit::Columns => (
+            by_queries("BLOCK_M queries x this warpgroup's half of the columns", ""),
+            "dq_chunk(DQ_TILES, warpgroup, n, threadIdx.x % 128)",
+        ),
+        DqSplit::Rows => (
+            by_queries("this warpgroup's 64 of the BLOCK_M queries x every column", " + warpgroup * DQ_ROWS * 128"),
             "warpgroup * DQ_ROWS * DP / 4 + dq_chunk(DQ_TILES, 0, n, threadIdx.x % 128)",
         ),
-        false => (
-            "BLOCK_M queries x this warpgroup's half of the columns",
-            "",
-            "dq_chunk(DQ_TILES, warpgroup, n, threadIdx.x % 128)",
+        DqSplit::HeadDims => (
+            (
+                "dQ^T = K^T dS^T on this warpgroup's 64 head dims x BLOCK_M queries\n// (dS K-major as B: its keys are the reduction)".to_string(),
+                format!("wgmma_ss_mna_n{n}(dq, desc_plus(k_dq, kk * 16 * 128), desc_plus(ds_k, panel * BLOCK_M * 128 + step), kk)"),
+            ),
+            "dqt_chunk(n, threadIdx.x)",
         ),
     };
     w.block(format_args!("if ({DQ_ACCUM} != nullptr)"), |w| {
@@ -357,17 +378,15 @@ fn write_step_dq(w: &mut Writer<String>, layout: &Layout, dk: Option<&Products>)
             fence_async_smem();\n\
             {before_dq}\
             named_barrier_sync(1, THREADS);  // both warpgroups' dS are in place\n\
-            // dQ = dS K on {what} (K\n\
-            // MN-major: its rows are the reduction), added to the f32 accumulator.\n\
+            // {what}, added to the f32 accumulator.\n\
             float dq[DQ_TILES][4];\n\
             wgmma_fence();\n\
             #pragma unroll\n\
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
             \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
-            \x20   wgmma_ss_mn_n{cols}(dq, desc_plus(ds_k, panel * BLOCK_M * 128 + step{rows}), desc_plus(k_dq, kk * 16 * 128), kk);\n\
+            \x20   {product};\n\
             }}\n\
-            wgmma_commit();\n",
-            cols = layout.dq_cols(),
+            wgmma_commit();\n"
         )?;
         match dk {
             Some(dk) => {

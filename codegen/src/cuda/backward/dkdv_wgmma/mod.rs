@@ -48,7 +48,7 @@ mod transposed;
 use super::common::{dropout_kind, write_source, Sections, SpecTerms};
 use super::dkdv::{write_key_cta, write_key_tiles};
 use super::packing::Packing;
-use super::{BackwardConfig, KeyColumns};
+use super::{BackwardConfig, DqOrder, KeyColumns};
 use crate::abi::{Grid, Kernel, Operand};
 use crate::cuda::kit::hoist::hoist;
 use crate::cuda::kit::warp_roles::write_roles;
@@ -72,6 +72,15 @@ pub(super) const WARPS: u32 = 8;
 /// Query rows of a tile of the dQ accumulator: a step's (64-query steps),
 /// or each warpgroup's half of a 128-query step's.
 pub(super) const DQ_ROWS: u32 = 64;
+
+/// Queries per step where dQ is computed transposed (FlashAttention-3's
+/// hdim-128 tile): wgmma's M is 64, so an 80-query dQ takes head dims as
+/// rows, each warpgroup its 64 of d = 128.
+pub(super) const TRANSPOSED_DQ_STEP: u32 = 80;
+
+/// Queries per contiguous group of the accumulator that such steps add to
+/// (`dq_fragments.cuh`: dqt_chunk), a step's five.
+pub(super) const DQT_GROUP_ROWS: u32 = 16;
 // The CPU twin (`crate::varlen::dq_accum_tile`) places tiles of this
 // kernel's steps.
 const _: () = assert!(DQ_ROWS as i32 == crate::varlen::DQ_TILE_ROWS);
@@ -93,7 +102,9 @@ pub(super) struct Layout {
     /// registers; 128 with whole columns at d = 64 (FlashAttention-3's
     /// hdim-64 tile), where dK and dV take 32 each: every product twice as
     /// long against the same per-step synchronization, and dQ split by
-    /// rows (each warpgroup its own 64 queries, every column).
+    /// rows (each warpgroup its own 64 queries, every column); 80 with whole
+    /// columns at d = 128 (Sᵀ and dPᵀ 40 registers each), dQ transposed
+    /// ([`DqSplit::HeadDims`]).
     pub block_m: u32,
     /// Q/dO stages of the ring.
     stages: u32,
@@ -184,9 +195,11 @@ impl Layout {
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
         let columns = config.columns;
         let long_steps = config.block_m == 2 * DQ_ROWS && Layout::takes_long_steps(spec, config);
+        let transposed_dq = config.block_m == TRANSPOSED_DQ_STEP && Layout::takes_transposed_dq(spec, config);
         let panels = [spec.head_dims.qk, spec.head_dims.v].map(tile_cols);
         let (covered, options, padded): (bool, &[(u32, u32)], _) = match columns {
             KeyColumns::Whole if long_steps => (true, &[(2, 2), (2, 1)], [dp, dvp]),
+            KeyColumns::Whole if transposed_dq => (true, &[(2, 1)], [dp, dvp]),
             KeyColumns::Whole => (dp == dvp && (64..=128).contains(&dp), &[(2, 2)], [dp, dvp]),
             KeyColumns::Halves => ((129..=256).contains(&dp.max(dvp)), &[(2, 2), (2, 1), (1, 1)], panels),
             KeyColumns::Transposed => ((129..=256).contains(&dp.max(dvp)), &[(2, 1), (1, 1)], panels),
@@ -199,7 +212,11 @@ impl Layout {
             KeyColumns::Transposed => chunks(KeyColumns::Halves, padded[0])?,
             _ => Chunks::default(),
         };
-        let block_m = if long_steps { 2 * DQ_ROWS } else { DQ_ROWS };
+        let block_m = match (long_steps, transposed_dq) {
+            (true, _) => 2 * DQ_ROWS,
+            (_, true) => TRANSPOSED_DQ_STEP,
+            _ => DQ_ROWS,
+        };
         let hopper = Target::HOPPER;
         let limit = hopper.smem_per_sm - hopper.smem_reserved_per_cta;
         let mut layouts =
@@ -217,11 +234,40 @@ impl Layout {
         whole && spec.score.is_none() && !config.dropout
     }
 
-    /// How the consumers split a step's dQ: by columns (64-query steps: each
-    /// warpgroup every query, its half of the columns) or by rows (128-query
-    /// steps: each its own 64 queries, every column).
-    pub(super) fn dq_by_rows(&self) -> bool {
-        self.block_m > DQ_ROWS
+    /// Whether `config`'s kernel may take 80-query steps for `spec`: whole
+    /// columns at d = 128 (padded), and neither a score mod nor dropout,
+    /// whose terms beside Sᵀ's and dPᵀ's 40 registers each spill.
+    fn takes_transposed_dq(spec: &Spec, config: BackwardConfig) -> bool {
+        let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
+        let whole = config.columns == KeyColumns::Whole && dp == 128 && dvp == 128;
+        whole && spec.score.is_none() && !config.dropout
+    }
+
+    /// How the consumers split a step's dQ product.
+    pub(super) fn dq_split(&self) -> DqSplit {
+        match self.block_m {
+            TRANSPOSED_DQ_STEP => DqSplit::HeadDims,
+            m if m > DQ_ROWS => DqSplit::Rows,
+            _ => DqSplit::Columns,
+        }
+    }
+
+    /// The order its consumers store dQ in.
+    pub(super) fn dq_order(&self) -> DqOrder {
+        match self.dq_split() {
+            DqSplit::HeadDims => DqOrder::HeadDims,
+            DqSplit::Columns | DqSplit::Rows => DqOrder::Queries,
+        }
+    }
+
+    /// The N of a warpgroup's dQ product: its columns, or with head dims as
+    /// rows the step's queries.
+    pub(super) fn dq_n(&self) -> u32 {
+        match self.dq_split() {
+            DqSplit::Columns => self.padded[0] / 2,
+            DqSplit::Rows => self.padded[0],
+            DqSplit::HeadDims => self.block_m,
+        }
     }
 
     /// Keys per CTA.
@@ -258,20 +304,26 @@ impl Layout {
         (crosses && self.columns != KeyColumns::Transposed).then_some(half.next_multiple_of(64))
     }
 
-    /// Columns of a warpgroup's dQ product: every column where dQ splits by
-    /// rows, else half.
-    pub(super) fn dq_cols(&self) -> u32 {
-        match self.dq_by_rows() {
-            true => self.padded[0],
-            false => self.padded[0] / 2,
-        }
-    }
-
     /// Static shared memory beside it: the ring's and dQ tiles' barriers and
     /// the walk's words.
     fn static_smem(&self) -> u32 {
         8 * (1 + 2 * self.stages + 2 * self.dq_bufs) + 4 * (1 + 2 * self.stages)
     }
+}
+
+/// How the two consumer warpgroups split a step's dQ, the sum over the
+/// CTA's keys of both warpgroups' dS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum DqSplit {
+    /// dQ = dS·K, each warpgroup every query and half of the columns
+    /// (64-query steps).
+    Columns,
+    /// dQ = dS·K, each warpgroup its own 64 queries and every column
+    /// (128-query steps).
+    Rows,
+    /// dQᵀ = Kᵀ·dSᵀ, each warpgroup every query and its 64 of the head
+    /// dims as wgmma's rows (80-query steps, d = 128).
+    HeadDims,
 }
 
 /// Columns of a shared tile of head dim `d`: whole 64-column panels (wgmma's
@@ -331,10 +383,14 @@ fn hopper_library(layout: &Layout, copy: TileCopy) -> Vec<Vec<Piece>> {
     let mut wgmma = match layout.columns {
         KeyColumns::Transposed => transposed::products(layout),
         _ => {
+            let dq_operands = match layout.dq_split() {
+                DqSplit::HeadDims => AFrom::SharedMnA,
+                DqSplit::Columns | DqSplit::Rows => AFrom::SharedMnB,
+            };
             let mut wgmma = vec![
                 Piece::Part(library::Part::Wgmma),
                 Piece::Wgmma(layout.block_m, AFrom::Shared),
-                Piece::Wgmma(layout.dq_cols(), AFrom::SharedMnB),
+                Piece::Wgmma(layout.dq_n(), dq_operands),
             ];
             let mut widths: Vec<u32> = layout.dk.iter().chain(layout.dv.iter()).map(|chunk| chunk.width).collect();
             widths.sort_unstable();
@@ -358,10 +414,11 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, layout: &Layout) -> fmt::Re
     let Layout { columns, stages, dq_bufs, .. } = *layout;
     let (warps, block_m, block_n) = (WARPS, layout.block_m, layout.block_n());
     let [dpc, dvpc] = [spec.head_dims.qk, spec.head_dims.v].map(tile_cols);
-    let dq_tiles = layout.dq_cols() / 8;
-    let dq_what = match layout.dq_by_rows() {
-        true => "its warpgroup's 64 queries, every column",
-        false => "its warpgroup's half of the columns",
+    let dq_tiles = layout.dq_n() / 8;
+    let dq_what = match layout.dq_split() {
+        DqSplit::Columns => "its warpgroup's half of the columns",
+        DqSplit::Rows => "its warpgroup's 64 queries, every column",
+        DqSplit::HeadDims => "every query of its warpgroup's 64 head dims (dQ^T)",
     };
     let keys = match columns {
         KeyColumns::Whole => "// the consumer warps: two warpgroups of 64 keys each",
@@ -424,8 +481,9 @@ fn write_body(
     write!(
         w,
         "\
-        // wgmma's swizzle atoms are 1024-byte aligned; the launch reserves the slack.\n\
-        extern __shared__ __align__(1024) unsigned char smem_raw[];\n\
+        // wgmma's swizzle atoms are 1024-byte aligned; the launch reserves the slack\n\
+        // (declared so aligned, the static variables would take 1024 bytes).\n\
+        extern __shared__ __align__(16) unsigned char smem_raw[];\n\
         unsigned short* smem = (unsigned short*)(smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024);\n\
         unsigned short* k_tile = smem;  // [BLOCK_N][DPC], for every step\n\
         unsigned short* v_tile = k_tile + K_TILE;  // [BLOCK_N][DVPC]\n\
@@ -508,7 +566,7 @@ fn write_body(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cuda::backward::BackwardTile;
+    use crate::cuda::backward::{BackwardPass, BackwardTile, DqAccum};
 
     fn spec(qk: u32, v: u32) -> Spec {
         crate::parse_one(&format!("S {{ dtype: bf16, head_dim: {qk}, v_head_dim: {v} }}")).unwrap()
@@ -580,16 +638,52 @@ mod tests {
         let (causal, softcap) = (spec(", mask: q >= k"), spec(", score: 30.0 * tanh(score / 30.0)"));
         assert_eq!([long(&causal, false), long(&causal, true), long(&softcap, false)], [128, 64, 64]);
         let layout = Layout::of(&causal, BackwardConfig::preferred(&causal, Target::HOPPER)).unwrap();
-        assert_eq!((layout.block_m, layout.dq_by_rows(), layout.dq_cols(), layout.dq_bufs), (128, true, 64, 1));
+        assert_eq!((layout.block_m, layout.dq_split(), layout.dq_n(), layout.dq_bufs), (128, DqSplit::Rows, 64, 1));
         let hopper = Target::HOPPER;
         assert!(layout.smem_bytes(&causal) + layout.static_smem() <= hopper.smem_per_sm - hopper.smem_reserved_per_cta);
-        let wide = crate::parse_one("S { dtype: bf16, head_dim: 128, mask: q >= k }").unwrap();
         let document = crate::parse_one(
             "S { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }",
         )
         .unwrap();
-        for spec in [&wide, &document, &softcap] {
+        for spec in [&document, &softcap] {
             assert_eq!(BackwardConfig::preferred(spec, Target::HOPPER).block_m, 64, "{}", spec.name);
+        }
+    }
+
+    /// 80-query steps at d = 128 (and dims padding to it) without a score
+    /// mod or dropout: dQ by head dims, one dQ tile, within Hopper's shared
+    /// memory; the runtime prefers them but under a mask that reads tensors.
+    /// With dropout a configuration takes 64-query steps, and every pass
+    /// then reads the dQ accumulator in the order its dK/dV kernel stores.
+    #[test]
+    fn transposed_dq_steps_at_128() {
+        let spec = |body: &str| crate::parse_one(&format!("S {{ dtype: bf16, {body} }}")).unwrap();
+        let hopper = Target::HOPPER;
+        let limit = hopper.smem_per_sm - hopper.smem_reserved_per_cta;
+        let (causal, padded) = (spec("head_dim: 128, mask: q >= k"), spec("head_dim: 120"));
+        for spec in [&causal, &padded] {
+            let config = BackwardConfig::preferred(spec, hopper);
+            let layout = Layout::of(spec, config).unwrap();
+            assert_eq!(
+                (layout.block_m, layout.dq_split(), layout.dq_n(), layout.dq_bufs),
+                (80, DqSplit::HeadDims, 80, 1)
+            );
+            assert!(layout.smem_bytes(spec) + layout.static_smem() <= limit);
+            assert_eq!(config.dq_accum(spec), DqAccum::Fragments { cols: 128, order: DqOrder::HeadDims });
+        }
+        let softcap = spec("head_dim: 128, score: 30.0 * tanh(score / 30.0)");
+        let document = spec("head_dim: 128, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k]");
+        let narrow = spec("head_dim: 96");
+        for spec in [&softcap, &document, &narrow] {
+            assert_eq!(BackwardConfig::preferred(spec, hopper).block_m, 64, "{}", spec.name);
+        }
+        let tile = BackwardTile::hopper(KeyColumns::Whole, TRANSPOSED_DQ_STEP);
+        for spec in [&causal, &padded, &softcap, &document, &narrow, &spec("head_dim: 64")] {
+            for dropout in [false, true] {
+                let config = BackwardConfig::preferred(spec, hopper).with_tile(tile).with_dropout(spec, dropout);
+                let post = config.for_pass(BackwardPass::Postprocess);
+                assert_eq!(post.dq_accum(spec), config.dq_accum(spec), "{} dropout {dropout}", spec.name);
+            }
         }
     }
 

@@ -12,7 +12,7 @@ use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 
-use super::{Layout, TMA_COPIERS};
+use super::{DqSplit, Layout, DQT_GROUP_ROWS, TMA_COPIERS};
 /// The producer warpgroup: K and V once, then per visited step its Q and dO
 /// tiles and statistics into the next stage, and the previous step's dQ
 /// tile into the accumulator; it ends with `return`.
@@ -143,7 +143,7 @@ pub(super) fn write(
         if (leader) first_head = j < q_steps ? h : -1;\n\
         {publish}mbar_arrive(kv_full);\n"
     )?;
-    w.block(format_args!("while (j < q_steps)"), |w| write_step(w, spec, copy, packing))?;
+    w.block(format_args!("while (j < q_steps)"), |w| write_step(w, spec, layout, copy, packing))?;
     w.block(format_args!("if (dq_last != nullptr)"), |w| {
         writeln!(w, "add_dq(dq_last, it - 1, dq_last_bytes);")?;
         writeln!(w, "bulk_wait_read<0>();  // shared memory outlives the reads; the adds land by the kernel's end")
@@ -157,7 +157,7 @@ pub(super) fn write(
 /// One visited step of the producer's walk: the step's Q and dO tiles and
 /// statistics into the next stage, its words for the consumers, and the
 /// previous step's dQ tile into the accumulator.
-fn write_step(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, packing: Packing) -> fmt::Result {
+fn write_step(w: &mut Writer<String>, spec: &Spec, layout: &Layout, copy: TileCopy, packing: Packing) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
     let [q_len, lse] = [ArgKind::QLen, ArgKind::Lse].map(n);
     let statistic_row = packing.statistic_row(spec, "step_h");
@@ -233,11 +233,25 @@ fn write_step(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, packing: Pack
     w.block(format_args!("if (adds_dq)"), |w| {
         writeln!(w, "if (dq_last != nullptr) add_dq(dq_last, it - 1, dq_last_bytes);")?;
         let head_tiles = format!("(({q_len} + DQ_ROWS - 1) / DQ_ROWS)");
-        let tile = packing.accum_tile(spec, "step_h", &head_tiles, "step_j * (BLOCK_M / DQ_ROWS)");
-        writeln!(w, "dq_last = {DQ_ACCUM} + ({tile}) * (DQ_ROWS * DP);")?;
-        writeln!(w, "// A step's last tiles may lie past the queries (128-query steps): not added.")?;
-        writeln!(w, "const int dq_rows = min_i32(BLOCK_M, {q_len} - step_j * BLOCK_M);")?;
-        writeln!(w, "dq_last_bytes = (dq_rows + DQ_ROWS - 1) / DQ_ROWS * DQ_ROWS * DP * 4;")
+        match layout.dq_split() {
+            DqSplit::Columns | DqSplit::Rows => {
+                let tile = packing.accum_tile(spec, "step_h", &head_tiles, "step_j * (BLOCK_M / DQ_ROWS)");
+                writeln!(w, "dq_last = {DQ_ACCUM} + ({tile}) * (DQ_ROWS * DP);")?;
+                writeln!(w, "// A step's last tiles may lie past the queries (128-query steps): not added.")?;
+                writeln!(w, "const int dq_rows = min_i32(BLOCK_M, {q_len} - step_j * BLOCK_M);")?;
+                writeln!(w, "dq_last_bytes = (dq_rows + DQ_ROWS - 1) / DQ_ROWS * DQ_ROWS * DP * 4;")
+            }
+            DqSplit::HeadDims => {
+                // The accumulator's tiles are contiguous: a step's rows start
+                // inside one and may end in the next.
+                let tile = packing.accum_tile(spec, "step_h", &head_tiles, "0");
+                let group = DQT_GROUP_ROWS;
+                writeln!(w, "dq_last = {DQ_ACCUM} + ({tile}) * (DQ_ROWS * DP) + (long long)step_j * DQ_TILE;")?;
+                writeln!(w, "// A step's last {group}-query groups may lie past the queries: not added.")?;
+                writeln!(w, "const int dq_rows = min_i32(BLOCK_M, {q_len} - step_j * BLOCK_M);")?;
+                writeln!(w, "dq_last_bytes = (dq_rows + {group} - 1) / {group} * {group} * DP * 4;")
+            }
+        }
     })?;
     writeln!(w, "++it;")
 }
