@@ -115,7 +115,7 @@ pub struct BackwardConfig {
     /// and dV columns (see [`Self::default_for`]).
     pub columns: KeyColumns,
     /// Queries per step of the dK/dV kernel (a multiple of 16; the Hopper
-    /// kernel's: 64, or 128 where its layout takes them, else 64).
+    /// kernel's: 64, or 128 or 80 where its layout takes them, else 64).
     pub block_m: u32,
     /// Keys per step of the deterministic dQ kernel (a multiple of 16); its
     /// CTA owns 64 queries, 16 per warp.
@@ -194,9 +194,9 @@ impl BackwardConfig {
     /// dK/dV kernel where it covers the head dims — whole columns (two
     /// consumer warpgroups of 64 keys each, FlashAttention-3's hdim-128
     /// tile) for dims that pad alike to 64 through 128 (but 112), in
-    /// 128-query steps where the layout takes them but under a mask that
-    /// reads tensors (documents: short ones waste more of a long step than
-    /// it saves), transposed tiles (each warpgroup 48 of 96 keys, 32 of 64
+    /// 128-query steps (d = 64) or 80-query steps (d = 128) where the layout
+    /// takes them but under a mask that reads tensors (documents: short ones
+    /// waste more of a long step than it saves), transposed tiles (each warpgroup 48 of 96 keys, 32 of 64
     /// above 192) where the wider pads to 144 through 256, but column halves
     /// (both warpgroups on 64 keys) above 192 under a mask that reads
     /// tensors; otherwise [`Self::default_for`], its tiles made to fit the

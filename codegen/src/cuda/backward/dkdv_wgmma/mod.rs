@@ -28,8 +28,10 @@
 //! - dS itself (queries as rows) into shared memory by `stmatrix.trans`, and
 //!   once both warpgroups' halves are there (a named barrier),
 //!   dQ = dS·K for its half of dQ's columns (with 128-query steps, at
-//!   d = 64: for its own 64 queries, every column; dS there reads P back
-//!   from its 16-bit fragments), added to the f32 accumulator:
+//!   d = 64: for its own 64 queries, every column; with 80-query steps, at
+//!   d = 128: dQᵀ = Kᵀ·dSᵀ for its 64 head dims, wgmma's M being 64; dS
+//!   there reads P back from its 16-bit fragments), added to the f32
+//!   accumulator:
 //!   stored to a shared tile in fragment order (conflict-free
 //!   16-byte stores) that one producer thread adds to global memory with a
 //!   single bulk reduction (`cp.reduce.async.bulk`), as FlashAttention-3
