@@ -75,9 +75,9 @@ pub(super) const WARPS: u32 = 8;
 /// or each warpgroup's half of a 128-query step's.
 pub(super) const DQ_ROWS: u32 = 64;
 
-/// Queries per step where dQ is computed transposed (FlashAttention-3's
-/// hdim-128 tile): wgmma's M is 64, so an 80-query dQ takes head dims as
-/// rows, each warpgroup its 64 of d = 128.
+/// Queries per step where dQ is computed transposed (FlashAttention-4's
+/// sm90 tile for full attention at d = 128): wgmma's M is 64, so an
+/// 80-query dQ takes head dims as rows, each warpgroup its 64 of d = 128.
 pub(super) const TRANSPOSED_DQ_STEP: u32 = 80;
 
 /// Queries per contiguous group of the accumulator that such steps add to
