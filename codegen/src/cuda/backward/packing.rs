@@ -121,15 +121,22 @@ impl Packing {
     /// `Fragments` dQ accumulator, whose heads hold `tiles` tiles each
     /// where dense (C: `ceil(q_len / 64)`).
     pub fn accum_tile(self, spec: &Spec, head: &str, tiles: &str, tile: &str) -> String {
+        format!("{} + {tile}", self.accum_first_tile(spec, head, tiles))
+    }
+
+    /// The index of the first tile of head `head`'s queries (of this
+    /// sequence, where varlen) in a `Fragments` dQ accumulator, as
+    /// [`Self::accum_tile`] counts them.
+    pub fn accum_first_tile(self, spec: &Spec, head: &str, tiles: &str) -> String {
         let [heads, batch, total_q] =
             [ArgKind::Heads, ArgKind::Batch, ArgKind::Tokens(Side::Queries)].map(|kind| arg_name(spec, kind));
         match self {
-            Packing::Dense => format!("((long long)b * {heads} + {head}) * {tiles} + {tile}"),
+            Packing::Dense => format!("((long long)b * {heads} + {head}) * {tiles}"),
             Packing::Varlen => {
                 let m = DQ_TILE_ROWS;
                 // Tiles per head, in 64 bits: total_q + 63 may not fit an int.
                 let per_head = format!("(({total_q} + {m} - 1LL) / {m} + {batch})");
-                format!("(long long){head} * {per_head} + q_seq.start / {m} + b + {tile}")
+                format!("(long long){head} * {per_head} + q_seq.start / {m} + b")
             }
         }
     }

@@ -244,7 +244,7 @@ fn write_step(w: &mut Writer<String>, spec: &Spec, layout: &Layout, copy: TileCo
             DqSplit::HeadDims => {
                 // The accumulator's tiles are contiguous: a step's rows start
                 // inside one and may end in the next.
-                let tile = packing.accum_tile(spec, "step_h", &head_tiles, "0");
+                let tile = packing.accum_first_tile(spec, "step_h", &head_tiles);
                 let group = DQT_GROUP_ROWS;
                 writeln!(w, "dq_last = {DQ_ACCUM} + ({tile}) * (DQ_ROWS * DP) + (long long)step_j * DQ_TILE;")?;
                 writeln!(w, "// A step's last {group}-query groups may lie past the queries: not added.")?;
