@@ -311,60 +311,65 @@ fn run_pinned(columns: KeyColumns, specs: &[(&str, Dtype, u32, u32)]) {
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn hopper_long_query_steps() {
-    let rt = runtime();
-    let long_steps = |spec: &Spec| {
-        let tile =
-            BackwardConfig::tiles(spec, rt.target()).into_iter().find(|t| t.mma == Mma::Wgmma && t.block_m == 128);
-        assert!(tile.is_some() || rt.target().mma != Mma::Wgmma, "{} has a Hopper tile of 128-query steps", spec.name);
-        tile
-    };
-    let mut cases = Vec::new();
-    let mut copies = Vec::new();
-    for (variant, dtype) in
-        [("causal", Dtype::Bf16), ("full", Dtype::Bf16), ("sliding_window", Dtype::Bf16), ("document", Dtype::F16)]
-    {
-        let spec = with(spec(variant), dtype, 64, 64);
-        let Some(tile) = long_steps(&spec) else { continue };
-        let short = Case { tile: Some(tile), block_mask: variant == "document", ..Case::new((4, 2), (113, 203)) };
-        cases.push((spec.clone(), Case { batch: 1, tile: Some(tile), ..Case::new((2, 1), (1000, 1023)) }));
-        cases.push((spec.clone(), short));
-        cases.push((spec.clone(), short.deterministic()));
-        copies.push((spec, short));
-    }
-    run_all(&rt, cases);
-    run_all(&rt.with_tma(false), copies);
+    run_steps_of(
+        128,
+        &[
+            ("causal", Dtype::Bf16, 64),
+            ("full", Dtype::Bf16, 64),
+            ("sliding_window", Dtype::Bf16, 64),
+            ("document", Dtype::F16, 64),
+        ],
+        &[((2, 1), (1000, 1023))],
+    );
 }
 
-/// The Hopper dK/dV kernel in 80-query steps (d = 128, P through shared
-/// memory, dQ transposed into 16-query groups of the accumulator), pinned:
-/// long sequences whose steps start inside the accumulator's tiles and
-/// whose last step ends past the queries, awkward lengths, full attention,
-/// a window, a block mask, a head dim padded to 128 (120), f16, the
+/// The Hopper dK/dV kernel in 80-query steps (d = 128, dQ transposed into
+/// 16-query groups of the accumulator, dS from P's fragments), pinned: long
+/// sequences whose steps start inside the accumulator's tiles and whose
+/// last step ends past the queries, awkward lengths, full attention, a
+/// window, a block mask, a head dim padded to 128 (120), f16, the
 /// deterministic mode and copies without TMA. Vacuous off Hopper.
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn hopper_transposed_dq_steps() {
+    run_steps_of(
+        80,
+        &[
+            ("causal", Dtype::Bf16, 128),
+            ("full", Dtype::Bf16, 128),
+            ("sliding_window", Dtype::Bf16, 128),
+            ("document", Dtype::F16, 128),
+            ("causal", Dtype::Bf16, 120),
+        ],
+        &[((2, 1), (1000, 1023)), ((2, 2), (1030, 777))],
+    );
+}
+
+/// Each spec `(variant, dtype, d)` on its Hopper tile of `block_m`-query
+/// steps: one batch row per long case `(heads, seqs)`, awkward lengths
+/// (under a block mask for documents), the deterministic mode and copies
+/// without TMA.
+fn run_steps_of(block_m: u32, specs: &[(&str, Dtype, u32)], long: &[((usize, usize), (usize, usize))]) {
     let rt = runtime();
-    let steps_of_80 = |spec: &Spec| {
-        let tile =
-            BackwardConfig::tiles(spec, rt.target()).into_iter().find(|t| t.mma == Mma::Wgmma && t.block_m == 80);
-        assert!(tile.is_some() || rt.target().mma != Mma::Wgmma, "{} has a Hopper tile of 80-query steps", spec.name);
+    let pinned = |spec: &Spec| {
+        let tiles = BackwardConfig::tiles(spec, rt.target());
+        let tile = tiles.into_iter().find(|t| t.mma == Mma::Wgmma && t.block_m == block_m);
+        assert!(
+            tile.is_some() || rt.target().mma != Mma::Wgmma,
+            "{} has a Hopper tile of {block_m}-query steps",
+            spec.name
+        );
         tile
     };
     let mut cases = Vec::new();
     let mut copies = Vec::new();
-    for (variant, dtype, d) in [
-        ("causal", Dtype::Bf16, 128),
-        ("full", Dtype::Bf16, 128),
-        ("sliding_window", Dtype::Bf16, 128),
-        ("document", Dtype::F16, 128),
-        ("causal", Dtype::Bf16, 120),
-    ] {
+    for &(variant, dtype, d) in specs {
         let spec = with(spec(variant), dtype, d, d);
-        let Some(tile) = steps_of_80(&spec) else { continue };
+        let Some(tile) = pinned(&spec) else { continue };
         let short = Case { tile: Some(tile), block_mask: variant == "document", ..Case::new((4, 2), (113, 203)) };
-        cases.push((spec.clone(), Case { batch: 1, tile: Some(tile), ..Case::new((2, 1), (1000, 1023)) }));
-        cases.push((spec.clone(), Case { batch: 1, tile: Some(tile), ..Case::new((2, 2), (1030, 777)) }));
+        for &(heads, seqs) in long {
+            cases.push((spec.clone(), Case { batch: 1, tile: Some(tile), ..Case::new(heads, seqs) }));
+        }
         cases.push((spec.clone(), short));
         cases.push((spec.clone(), short.deterministic()));
         copies.push((spec, short));
