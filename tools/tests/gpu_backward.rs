@@ -345,11 +345,14 @@ fn hopper_transposed_dq_steps() {
     );
 }
 
+/// A long run's query and K/V heads, and query and key lengths.
+type LongCase = ((usize, usize), (usize, usize));
+
 /// Each spec `(variant, dtype, d)` on its Hopper tile of `block_m`-query
 /// steps: one batch row per long case `(heads, seqs)`, awkward lengths
 /// (under a block mask for documents), the deterministic mode and copies
 /// without TMA.
-fn run_steps_of(block_m: u32, specs: &[(&str, Dtype, u32)], long: &[((usize, usize), (usize, usize))]) {
+fn run_steps_of(block_m: u32, specs: &[(&str, Dtype, u32)], long: &[LongCase]) {
     let rt = runtime();
     let pinned = |spec: &Spec| {
         let tiles = BackwardConfig::tiles(spec, rt.target());
