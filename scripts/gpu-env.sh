@@ -4,6 +4,11 @@
 # the loader's path; `ncu`; FlashAttention-4 on python's path where it is
 # installed.
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# The pack's binaries travel as one xz stream (gpu-pack.sh): unpacked once,
+# here, by whichever script sources this first.
+if [ -f "$here/bins.tar.xz" ]; then
+    mkdir -p "$here/bin" && tar xJf "$here/bins.tar.xz" -C "$here/bin" && rm "$here/bins.tar.xz"
+fi
 out="${OUT:-$here/gpu-logs}"
 mkdir -p "$out"
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"

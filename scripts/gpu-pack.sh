@@ -37,9 +37,6 @@ if [ "${CANDLE:-0}" = 1 ]; then
         cargo build --release --examples --features nccl
     )
     cp candle/target/release/examples/candle_{llama_block,train,overhead} "$pack/bin/"
-    # Each binary embeds candle's PTX (~40 MB): one xz stream with a window
-    # that spans them shrinks the four to a few MB (run.sh unpacks it).
-    (cd "$pack/bin" && tar cf - candle_* test-gpu_candle* | xz -9 >../candle.tar.xz && rm candle_* test-gpu_candle*)
 fi
 
 cargo build --release -p flashgen --example quickstart
@@ -59,4 +56,9 @@ cp bench/peers.py bench/packed_peers.py bench/compare.py bench/cp_peers.py bench
 # A carry holds 64 MiB: without their symbol tables the binaries leave room
 # beside them (a panic still prints its message).
 strip "$pack"/bin/*
+# The binaries share most of their code (and candle's embed its PTX, ~40 MB
+# each): one xz stream whose window spans them all shrinks ~80 MB to a
+# few, so the whole pack fits one carry. env.sh unpacks it on first use;
+# binaries copied into bin/ later travel beside it.
+(cd "$pack/bin" && tar cf - -- * | xz -9 -T0 >../bins.tar.xz && rm -- *)
 du -sh "$pack"

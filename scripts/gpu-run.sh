@@ -11,7 +11,6 @@
 set -uo pipefail
 source "$(dirname "$0")/env.sh"  # here, out, LD_LIBRARY_PATH, ncu
 cd "$here"
-[ -f candle.tar.xz ] && tar xJf candle.tar.xz -C bin && rm candle.tar.xz
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv >"$out/device.txt" 2>&1
 summary=()
 failed=0
