@@ -189,19 +189,18 @@ impl Layout {
     /// pad alike to 64 through 128 (the dK and dV accumulators fill the
     /// registers at 128), halves and transposed tiles where the wider pads
     /// to 144 through 256 (each head dim padded to whole panels: [`chunks`];
-    /// transposed, also dQ's halves in chunks); 128-query steps
+    /// transposed, also dQ's halves in chunks); 128- or 80-query steps
     /// where `config.block_m` asks for them and [`Layout::takes_long_steps`],
     /// 64 otherwise; the most stages and dQ tiles that fit Hopper's shared
-    /// memory (64-query steps of whole columns need both pairs: not at 112).
+    /// memory (64-query steps of whole columns need both pairs: not at 112;
+    /// 80-query steps take one dQ tile).
     pub(super) fn of(spec: &Spec, config: BackwardConfig) -> Option<Layout> {
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
         let columns = config.columns;
-        let long_steps = config.block_m == 2 * DQ_ROWS && Layout::takes_long_steps(spec, config);
-        let transposed_dq = config.block_m == TRANSPOSED_DQ_STEP && Layout::takes_transposed_dq(spec, config);
+        let long_steps = Layout::takes_long_steps(spec, config);
         let panels = [spec.head_dims.qk, spec.head_dims.v].map(tile_cols);
         let (covered, options, padded): (bool, &[(u32, u32)], _) = match columns {
             KeyColumns::Whole if long_steps => (true, &[(2, 2), (2, 1)], [dp, dvp]),
-            KeyColumns::Whole if transposed_dq => (true, &[(2, 1)], [dp, dvp]),
             KeyColumns::Whole => (dp == dvp && (64..=128).contains(&dp), &[(2, 2)], [dp, dvp]),
             KeyColumns::Halves => ((129..=256).contains(&dp.max(dvp)), &[(2, 2), (2, 1), (1, 1)], panels),
             KeyColumns::Transposed => ((129..=256).contains(&dp.max(dvp)), &[(2, 1), (1, 1)], panels),
@@ -214,11 +213,7 @@ impl Layout {
             KeyColumns::Transposed => chunks(KeyColumns::Halves, padded[0])?,
             _ => Chunks::default(),
         };
-        let block_m = match (long_steps, transposed_dq) {
-            (true, _) => 2 * DQ_ROWS,
-            (_, true) => TRANSPOSED_DQ_STEP,
-            _ => DQ_ROWS,
-        };
+        let block_m = if long_steps { config.block_m } else { DQ_ROWS };
         let hopper = Target::HOPPER;
         let limit = hopper.smem_per_sm - hopper.smem_reserved_per_cta;
         let mut layouts =
@@ -226,22 +221,20 @@ impl Layout {
         layouts.find(|layout| layout.smem_bytes(spec) + layout.static_smem() <= limit)
     }
 
-    /// Whether `config`'s kernel may take 128-query steps for `spec`: whole
-    /// columns at d = 64, and a spec whose P and dS split into two passes
-    /// with nothing but P between them (no score mod, no dropout): with a
-    /// score mod's terms beside S and dP the registers spill.
+    /// Whether `config`'s kernel may take the steps longer than 64 queries
+    /// that `config.block_m` asks for: 128 at d = 64, 80 at d = 128 (head
+    /// dims padded), with whole columns, for a spec whose P and dS split
+    /// into two passes with nothing but P between them (no score mod, no
+    /// dropout): with a score mod's terms beside S and dP the registers
+    /// spill.
     fn takes_long_steps(spec: &Spec, config: BackwardConfig) -> bool {
+        let d = match config.block_m {
+            m if m == 2 * DQ_ROWS => 64,
+            TRANSPOSED_DQ_STEP => 128,
+            _ => return false,
+        };
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
-        let whole = config.columns == KeyColumns::Whole && dp == 64 && dvp == 64;
-        whole && spec.score.is_none() && !config.dropout
-    }
-
-    /// Whether `config`'s kernel may take 80-query steps for `spec`: whole
-    /// columns at d = 128 (padded), and neither a score mod nor dropout,
-    /// whose terms beside Sᵀ's and dPᵀ's 40 registers each spill.
-    fn takes_transposed_dq(spec: &Spec, config: BackwardConfig) -> bool {
-        let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
-        let whole = config.columns == KeyColumns::Whole && dp == 128 && dvp == 128;
+        let whole = config.columns == KeyColumns::Whole && dp == d && dvp == d;
         whole && spec.score.is_none() && !config.dropout
     }
 
