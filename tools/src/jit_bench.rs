@@ -1,5 +1,7 @@
-//! `flashgen-bench --jit-cpu [--arch sm_90]`: cold NVRTC compiles per
-//! example spec, no GPU needed. Per spec: the forward the runtime launches
+//! The JIT's costs per example spec. `flashgen-bench --jit` ([`run_gpu`])
+//! on a GPU: the cold compile, a training step's kernels at once, a disk
+//! hit and a warm launch's host time. `flashgen-bench --jit-cpu [--arch
+//! sm_90]` ([`run`]): cold NVRTC compiles, no GPU needed. Per spec: the forward the runtime launches
 //! untuned (the kernel `--jit` times on a GPU), then every kernel of a
 //! training step (`KernelSet::Training`: forward, block mask, work orders,
 //! backward) compiled one after another, as first launches used to compile
@@ -11,11 +13,14 @@
 //! each has its own levers.
 
 use crate::examples::SPECS;
+use crate::verify::{self, DeviceProblem, OperandLayout};
 use flashgen::codegen::cuda::emit_forward_with;
+use flashgen::codegen::reference::ParamValue;
+use flashgen::codegen::Shape;
 use flashgen::runtime::{
     compile_cubin, compile_phases, spec_kernels, tile_choice, Arch, CompilePhases, DiskCache, Error, KernelSet,
 };
-use flashgen::Spec;
+use flashgen::{Runtime, Spec};
 use std::time::Instant;
 
 /// One spec's compile times, in ms.
@@ -97,6 +102,97 @@ fn time_spec(spec: &Spec, arch: Arch, forward: &flashgen::codegen::abi::Kernel) 
     let _ = std::fs::remove_dir_all(&dir);
     report?;
     Ok(SpecTimes { forward: forward_ms, phases, kernels: kernels.len(), slowest, one_by_one, together })
+}
+
+/// `--jit`: JIT costs per example spec on `rt`'s GPU (see the bench's
+/// module note), then a summary. NVRTC's own cache must be off.
+pub fn run_gpu(rt: &Runtime) {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let specs: Vec<flashgen::Spec> =
+        SPECS.iter().map(|(_, s)| flashgen::parse_one(s).expect("valid example")).collect();
+    // The kernel the runtime launches untuned on this GPU.
+    let emit = |spec: &flashgen::Spec| {
+        flashgen::codegen::cuda::emit_forward_with(spec, tile_choice::preferred(spec, rt.target()))
+    };
+    // Load NVRTC and its builtins once, unmeasured, as a warm process would.
+    let _ = compile_cubin(&emit(&specs[0]), rt.arch());
+    println!("device: {} ({}); JIT per example spec", rt.device_name(), rt.arch());
+    println!("{:<20} {:>12} {:>12} {:>14} {:>16}", "spec", "cold ms", "training ms", "disk hit ms", "launch µs (host)");
+    let (mut cold, mut training, mut disk, mut launch) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for spec in &specs {
+        let start = Instant::now();
+        let compiled = compile_cubin(&emit(spec), rt.arch());
+        let cold_ms = start.elapsed().as_secs_f64() * 1e3;
+        // Every training kernel, all at once, in a fresh runtime without a disk cache.
+        let prepared = Runtime::new(0).and_then(|fresh| {
+            let start = Instant::now();
+            fresh.with_disk_cache(None).prepare(spec, KernelSet::Training)?;
+            Ok(start.elapsed().as_secs_f64() * 1e3)
+        });
+        // Fill the disk cache with one runtime, then time a hit in a fresh one.
+        let hit = rt.load(spec).and_then(|_| {
+            let fresh = Runtime::new(0)?;
+            let start = Instant::now();
+            fresh.load(spec)?;
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            assert_eq!(fresh.cache_stats().compiles, 0, "a disk hit must not compile");
+            Ok(ms)
+        });
+        let host_us = launch_overhead(rt, spec);
+        match (compiled.and(prepared), hit, host_us) {
+            (Ok(training_ms), Ok(hit_ms), Ok(us)) => {
+                println!("{:<20} {cold_ms:>12.1} {training_ms:>12.0} {hit_ms:>14.2} {us:>16.2}", spec.name);
+                cold.push(cold_ms);
+                training.push(training_ms);
+                disk.push(hit_ms);
+                launch.push(us);
+            }
+            (c, h, l) => println!("{:<20} error: {:?} {:?} {:?}", spec.name, c.err(), h.err(), l.err()),
+        }
+    }
+    if !cold.is_empty() {
+        let max = |v: &[f64]| v.iter().cloned().fold(0.0, f64::max);
+        let (cold_max, training_max) = (max(&cold), max(&training));
+        println!(
+            "cold compile median {:.0} ms, max {cold_max:.0} ms; training kernels all at once median {:.0} ms, \
+             max {training_max:.0} ms; disk hit median {:.1} ms; launch median {:.1} µs",
+            median(cold),
+            median(training),
+            median(disk),
+            median(launch)
+        );
+    }
+}
+
+/// Host microseconds per `forward` on an in-memory hit (checks, marshalling
+/// and the driver's launch call), averaged over 500 launches of a tiny
+/// problem so the GPU never holds the host back for long.
+fn launch_overhead(rt: &Runtime, spec: &flashgen::Spec) -> Result<f64, flashgen::Error> {
+    let shape = Shape { batch: 1, heads: 2, heads_kv: 2, q_len: 16, kv_len: 16 };
+    let params = spec
+        .params
+        .iter()
+        .map(|p| match p.ty {
+            flashgen::codegen::Ty::I32 => ParamValue::I32(8),
+            _ => ParamValue::F32(30.0),
+        })
+        .collect();
+    let problem = verify::random_problem(spec, shape, params, vec![], None, 1);
+    let mut gpu = DeviceProblem::upload(rt, spec, &problem, OperandLayout::Bshd)?;
+    gpu.launch(rt, spec, &problem)?;
+    let sync = || rt.stream().synchronize().map_err(|e| flashgen::Error::driver("sync", e));
+    sync()?;
+    let n = 500;
+    let start = Instant::now();
+    for _ in 0..n {
+        gpu.launch(rt, spec, &problem)?;
+    }
+    let us = start.elapsed().as_secs_f64() * 1e6 / n as f64;
+    sync()?;
+    Ok(us)
 }
 
 fn ms_since(start: Instant) -> f64 {

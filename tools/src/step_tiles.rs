@@ -2,7 +2,8 @@
 //! suite times the training step in, and the names its rows give them; the
 //! e4m3 forward's tiles.
 
-use flashgen::codegen::cuda::{BackwardTile, KeyColumns, Mma, TileConfig};
+use flashgen::codegen::cuda::{BackwardConfig, BackwardTile, KeyColumns, Mma, Target, TileConfig};
+use flashgen::Spec;
 
 /// The dK/dV tiles a suite times the training step in.
 pub enum StepTiles {
@@ -11,6 +12,24 @@ pub enum StepTiles {
     Listed(Vec<BackwardTile>),
     /// Every tile of the spec on the GPU (`BackwardConfig::tiles`).
     All,
+}
+
+impl StepTiles {
+    /// The tiles a training step of `spec` on `target` is timed in, each
+    /// a row ([`step_row`]); `None` is the runtime's choice.
+    pub fn of(&self, spec: &Spec, target: Target) -> Vec<Option<BackwardTile>> {
+        match self {
+            StepTiles::Preferred => vec![None],
+            StepTiles::Listed(tiles) => tiles.iter().copied().map(Some).collect(),
+            StepTiles::All => BackwardConfig::tiles(spec, target).into_iter().map(Some).collect(),
+        }
+    }
+}
+
+/// The row of forward row `name`'s training step in `tile`:
+/// `<name>+bwd`, or `<name>+bwd@<tile>` for a tile asked for.
+pub fn step_row(name: &str, tile: Option<BackwardTile>) -> String {
+    tile.map_or(format!("{name}+bwd"), |t| format!("{name}+bwd@{}", tile_label(t)))
 }
 
 /// `--bwd-tiles`' value: `all`, or tiles separated by `/`.

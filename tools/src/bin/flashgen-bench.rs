@@ -29,6 +29,7 @@
 //! of the `mma.sync` kernel (`whole` or `halves`), or `wgmma` for Hopper's;
 //! a tile that is not one of `BackwardConfig::tiles` for the spec on the GPU
 //! gives an error row. `--bwd-tiles all` times every tile of each spec.
+//! The `--varlen` and `--packed` rows' steps take the same tiles.
 //!
 //! `--dropout P` runs the suite's forward and training steps with dropout
 //! on P at probability P (rows `<variant>+drop`, `<variant>+drop+bwd`; no
@@ -101,16 +102,14 @@
 //! at once (`flashgen_tools::jit_bench`).
 
 use flashgen::codegen::analysis::{classify, TileClass};
-use flashgen::codegen::cuda::{BackwardConfig, TileConfig};
-use flashgen::codegen::reference::{ParamValue, Problem, TensorData};
+use flashgen::codegen::cuda::{BackwardTile, TileConfig};
+use flashgen::codegen::reference::{ParamValue, Problem, TensorData, VarlenProblem};
 use flashgen::codegen::{Dropout, Shape};
-use flashgen::runtime::tile_choice;
-use flashgen::runtime::{config_name, KernelSet, KvCacheDtype};
+use flashgen::runtime::{config_name, KvCacheDtype};
 use flashgen::Runtime;
 use flashgen_tools::decode_bench;
-use flashgen_tools::examples::SPECS;
 use flashgen_tools::jit_bench;
-use flashgen_tools::step_tiles::{parse_e4m3_tile, parse_step_tiles, tile_label, StepTiles};
+use flashgen_tools::step_tiles::{parse_e4m3_tile, parse_step_tiles, step_row, StepTiles};
 use flashgen_tools::verify::decode_e4m3::Granularity;
 use flashgen_tools::verify::forward_e4m3::{quantize_operands, E4m3Operands};
 use flashgen_tools::verify::{self, DeviceProblem, OperandLayout};
@@ -258,7 +257,7 @@ fn main() {
         suite.iters
     );
     if flag("--packed") {
-        return packed_documents(&rt, &dims, suite.iters, suite.backward);
+        return packed_documents(&rt, &suite, &dims);
     }
     println!(
         "{:<16} {:>4} {:>6} {:>3} {:>10} {:>9} {:>8} {:>15}{}",
@@ -334,17 +333,10 @@ fn bench_shape(rt: &Runtime, suite: &Suite, d: Dims, s: usize) {
                 println!("tune {name}+bwd d={d} s={s} {}", gpu.autotune_backward(rt, &spec, &problem)?);
             }
             // A step per dK/dV tile asked for, else one in the runtime's choice.
-            let tiles = match &suite.step_tiles {
-                StepTiles::Preferred => vec![None],
-                StepTiles::Listed(tiles) => tiles.iter().copied().map(Some).collect(),
-                StepTiles::All => BackwardConfig::tiles(&spec, rt.target()).into_iter().map(Some).collect(),
-            };
-            let mut steps = Vec::new();
-            for tile in tiles.into_iter().filter(|_| suite.backward) {
+            let steps = time_steps(rt, suite, &spec, name, |tile| {
                 gpu.pin_backward_tile(tile);
-                let row = tile.map_or(format!("{name}+bwd"), |t| format!("{name}+bwd@{}", tile_label(t)));
-                steps.push((row, gpu.time_forward_backward(rt, &spec, &problem, 3, iters)));
-            }
+                gpu.time_forward_backward(rt, &spec, &problem, 3, iters)
+            });
             gpu.pin_backward_tile(None);
             // Last: later launches of `gpu` run the e4m3 forward.
             let quantized = match quantized.as_mut() {
@@ -374,7 +366,7 @@ fn bench_shape(rt: &Runtime, suite: &Suite, d: Dims, s: usize) {
             Err(e) => println!("{row} error: {e}"),
         }
         if suite.varlen && name == "doc" {
-            varlen_documents(rt, &problem, d, suite.iters, suite.backward);
+            varlen_documents(rt, suite, &problem, d);
         }
     }
 }
@@ -415,8 +407,8 @@ fn time_e4m3(
 
 /// Times the documents of `dense`'s `doc` ids as packed varlen sequences
 /// and prints a `doc-varlen` row (its TFLOP/s over the pairs kept) and,
-/// with `backward`, a `doc-varlen+bwd` row for its training step.
-fn varlen_documents(rt: &Runtime, dense: &Problem, d: Dims, iters: usize, backward: bool) {
+/// with `--backward`, rows for its training step in the suite's tiles.
+fn varlen_documents(rt: &Runtime, suite: &Suite, dense: &Problem, d: Dims) {
     let Some(TensorData::I32(ids)) = dense.tensors.first() else { return };
     let (batch, s) = (dense.shape.batch, dense.shape.q_len);
     let mut lens = Vec::new();
@@ -426,27 +418,58 @@ fn varlen_documents(rt: &Runtime, dense: &Problem, d: Dims, iters: usize, backwa
     let kept: usize = lens.iter().map(|&(q, k)| q * k).sum();
     let spec = flashgen::parse_one(&format!("Full {{ dtype: bf16, {} }}", d.fields())).expect("valid spec");
     let problem = verify::varlen::random_varlen_problem(&spec, (HEADS, HEADS), &lens, vec![], s as u64);
-    let timed =
-        verify::varlen::DeviceVarlen::upload(rt, &spec, &problem, verify::varlen::Packing::Thd).and_then(|mut gpu| {
-            let forward = gpu.time(rt, &spec, &problem, L2_FLUSH_BYTES, (3, iters))?;
-            let step = backward
-                .then(|| gpu.time_forward_backward(rt, &spec, &problem, L2_FLUSH_BYTES, (3, iters)))
-                .transpose()?;
-            Ok((forward, step))
-        });
-    let name = "doc-varlen";
-    let flops = d.flops_per_pair() * (HEADS * kept) as f64;
+    let rows = time_varlen(rt, suite, &spec, &problem, "doc-varlen");
     let density = kept as f64 / (batch * s * s) as f64;
-    match timed {
-        Ok((ms, step)) => {
-            let tflops = flops / (ms * 1e-3) / 1e12;
-            println!("{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4} {:>15}", lens.len());
-            if let Some(ms) = step {
-                let (name, tflops) = (format!("{name}+bwd"), 3.5 * flops / (ms * 1e-3) / 1e12);
-                println!("{name:<16} {d:>4} {s:>6} {batch:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4}");
-            }
+    let flops = d.flops_per_pair() * (HEADS * kept) as f64;
+    print_rows(&rows, &format!("{d:>4} {s:>6} {batch:>3}"), flops, density);
+}
+
+/// Times varlen `problem`'s forward (row `name`) and, with `--backward`,
+/// its training step in each of the suite's tiles, L2 flushed.
+fn time_varlen(
+    rt: &Runtime,
+    suite: &Suite,
+    spec: &flashgen::Spec,
+    problem: &VarlenProblem,
+    name: &str,
+) -> Vec<(String, Timed)> {
+    let rounds = (3, suite.iters);
+    let upload = verify::varlen::DeviceVarlen::upload(rt, spec, problem, verify::varlen::Packing::Thd);
+    let mut gpu = match upload {
+        Ok(gpu) => gpu,
+        Err(e) => return vec![(name.to_string(), Err(e))],
+    };
+    let mut rows = vec![(name.to_string(), gpu.time(rt, spec, problem, L2_FLUSH_BYTES, rounds))];
+    rows.extend(time_steps(rt, suite, spec, name, |tile| {
+        gpu.pin_backward_tile(tile);
+        gpu.time_forward_backward(rt, spec, problem, L2_FLUSH_BYTES, rounds)
+    }));
+    rows
+}
+
+/// The training-step rows of forward row `name` (none without
+/// `--backward`): one per dK/dV tile the suite asks for, each timed by
+/// `time` with that tile (`None`: the runtime's choice).
+fn time_steps(
+    rt: &Runtime,
+    suite: &Suite,
+    spec: &flashgen::Spec,
+    name: &str,
+    mut time: impl FnMut(Option<BackwardTile>) -> Timed,
+) -> Vec<(String, Timed)> {
+    let tiles = suite.step_tiles.of(spec, rt.target());
+    tiles.into_iter().filter(|_| suite.backward).map(|tile| (step_row(name, tile), time(tile))).collect()
+}
+
+/// Prints timed rows after their shape columns `shape`: a forward's of
+/// `flops`, its training steps' (`+bwd` in the name) of 3.5x as many.
+fn print_rows(rows: &[(String, Timed)], shape: &str, flops: f64, density: f64) {
+    for (name, ms) in rows {
+        let flops = if name.contains("+bwd") { 3.5 * flops } else { flops };
+        match ms {
+            Ok(ms) => println!("{name:<16} {shape} {ms:>10.3} {:>9.1} {density:>8.4}", flops / (ms * 1e-3) / 1e12),
+            Err(e) => println!("{name:<16} {shape} error: {e}"),
         }
-        Err(e) => println!("{name:<16} {d:>4} {s:>6} {batch:>3} error: {e}"),
     }
 }
 
@@ -491,7 +514,7 @@ fn cold_jit() {
     let dir = std::env::temp_dir().join(format!("flashgen-jit-{}", std::process::id()));
     std::env::set_var("FLASHGEN_CACHE_DIR", &dir);
     std::env::set_var("CUDA_CACHE_DISABLE", "1");
-    jit(&start_runtime());
+    jit_bench::run_gpu(&start_runtime());
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -500,97 +523,6 @@ fn start_runtime() -> Runtime {
         eprintln!("flashgen-bench needs a GPU: {e}");
         std::process::exit(2);
     })
-}
-
-/// JIT costs per example spec (see the module note), then a summary.
-fn jit(rt: &Runtime) {
-    use flashgen::runtime::compile_cubin;
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let specs: Vec<flashgen::Spec> =
-        SPECS.iter().map(|(_, s)| flashgen::parse_one(s).expect("valid example")).collect();
-    // The kernel the runtime launches untuned on this GPU.
-    let emit = |spec: &flashgen::Spec| {
-        flashgen::codegen::cuda::emit_forward_with(spec, tile_choice::preferred(spec, rt.target()))
-    };
-    // Load NVRTC and its builtins once, unmeasured, as a warm process would.
-    let _ = compile_cubin(&emit(&specs[0]), rt.arch());
-    println!("device: {} ({}); JIT per example spec", rt.device_name(), rt.arch());
-    println!("{:<20} {:>12} {:>12} {:>14} {:>16}", "spec", "cold ms", "training ms", "disk hit ms", "launch µs (host)");
-    let (mut cold, mut training, mut disk, mut launch) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for spec in &specs {
-        let start = Instant::now();
-        let compiled = compile_cubin(&emit(spec), rt.arch());
-        let cold_ms = start.elapsed().as_secs_f64() * 1e3;
-        // Every training kernel, all at once, in a fresh runtime without a disk cache.
-        let prepared = Runtime::new(0).and_then(|fresh| {
-            let start = Instant::now();
-            fresh.with_disk_cache(None).prepare(spec, KernelSet::Training)?;
-            Ok(start.elapsed().as_secs_f64() * 1e3)
-        });
-        // Fill the disk cache with one runtime, then time a hit in a fresh one.
-        let hit = rt.load(spec).and_then(|_| {
-            let fresh = Runtime::new(0)?;
-            let start = Instant::now();
-            fresh.load(spec)?;
-            let ms = start.elapsed().as_secs_f64() * 1e3;
-            assert_eq!(fresh.cache_stats().compiles, 0, "a disk hit must not compile");
-            Ok(ms)
-        });
-        let host_us = launch_overhead(rt, spec);
-        match (compiled.and(prepared), hit, host_us) {
-            (Ok(training_ms), Ok(hit_ms), Ok(us)) => {
-                println!("{:<20} {cold_ms:>12.1} {training_ms:>12.0} {hit_ms:>14.2} {us:>16.2}", spec.name);
-                cold.push(cold_ms);
-                training.push(training_ms);
-                disk.push(hit_ms);
-                launch.push(us);
-            }
-            (c, h, l) => println!("{:<20} error: {:?} {:?} {:?}", spec.name, c.err(), h.err(), l.err()),
-        }
-    }
-    if !cold.is_empty() {
-        let max = |v: &[f64]| v.iter().cloned().fold(0.0, f64::max);
-        let (cold_max, training_max) = (max(&cold), max(&training));
-        println!(
-            "cold compile median {:.0} ms, max {cold_max:.0} ms; training kernels all at once median {:.0} ms, \
-             max {training_max:.0} ms; disk hit median {:.1} ms; launch median {:.1} µs",
-            median(cold),
-            median(training),
-            median(disk),
-            median(launch)
-        );
-    }
-}
-
-/// Host microseconds per `forward` on an in-memory hit (checks, marshalling
-/// and the driver's launch call), averaged over 500 launches of a tiny
-/// problem so the GPU never holds the host back for long.
-fn launch_overhead(rt: &Runtime, spec: &flashgen::Spec) -> Result<f64, flashgen::Error> {
-    let shape = Shape { batch: 1, heads: 2, heads_kv: 2, q_len: 16, kv_len: 16 };
-    let params = spec
-        .params
-        .iter()
-        .map(|p| match p.ty {
-            flashgen::codegen::Ty::I32 => ParamValue::I32(8),
-            _ => ParamValue::F32(30.0),
-        })
-        .collect();
-    let problem = verify::random_problem(spec, shape, params, vec![], None, 1);
-    let mut gpu = DeviceProblem::upload(rt, spec, &problem, OperandLayout::Bshd)?;
-    gpu.launch(rt, spec, &problem)?;
-    let sync = || rt.stream().synchronize().map_err(|e| flashgen::Error::driver("sync", e));
-    sync()?;
-    let n = 500;
-    let start = Instant::now();
-    for _ in 0..n {
-        gpu.launch(rt, spec, &problem)?;
-    }
-    let us = start.elapsed().as_secs_f64() * 1e6 / n as f64;
-    sync()?;
-    Ok(us)
 }
 
 /// Median wall time of building the block mask (after one warm-up build),
@@ -712,28 +644,21 @@ fn document_lengths(tokens: usize, docs: usize) -> Vec<usize> {
 }
 
 /// The `--packed` rows (see the module note) for each head dim; with
-/// `backward`, their training steps' rows too.
-fn packed_documents(rt: &Runtime, dims: &[Dims], iters: usize, backward: bool) {
+/// `--backward`, their training steps' rows too, in the suite's tiles.
+fn packed_documents(rt: &Runtime, suite: &Suite, dims: &[Dims]) {
     println!("{:<16} {:>4} {:>6} {:>3} {:>10} {:>9} {:>8}", "variant", "d", "s", "b", "ms", "TFLOP/s", "density");
     for &d in dims {
         for docs in [8, 64] {
             let lens = document_lengths(TOKENS, docs);
             let kept: usize = lens.iter().map(|l| l * (l + 1) / 2).sum();
             let density = kept as f64 / (TOKENS * TOKENS) as f64;
-            // A forward's row and, timed, its training step's.
-            let print = |name: &str, b: usize, timed: Result<(f64, Option<f64>), flashgen::Error>, pairs: usize| {
-                let flops = d.flops_per_pair() * (HEADS * pairs) as f64;
-                match timed {
-                    Ok((ms, step)) => {
-                        let rows = [(name.to_string(), ms, flops)].into_iter();
-                        let step = step.map(|ms| (format!("{name}+bwd"), ms, 3.5 * flops));
-                        for (name, ms, flops) in rows.chain(step) {
-                            let tflops = flops / (ms * 1e-3) / 1e12;
-                            println!("{name:<16} {d:>4} {TOKENS:>6} {b:>3} {ms:>10.3} {tflops:>9.1} {density:>8.4}");
-                        }
-                    }
-                    Err(e) => println!("{name:<16} {d:>4} {TOKENS:>6} {b:>3} error: {e}"),
-                }
+            let print = |rows: &[(String, Timed)], b: usize, pairs: usize| {
+                print_rows(
+                    rows,
+                    &format!("{d:>4} {TOKENS:>6} {b:>3}"),
+                    d.flops_per_pair() * (HEADS * pairs) as f64,
+                    density,
+                )
             };
             let causal = |body: &str| {
                 flashgen::parse_one(&format!("Packed {{ dtype: bf16, {}, {body} }}", d.fields())).expect("valid spec")
@@ -741,15 +666,7 @@ fn packed_documents(rt: &Runtime, dims: &[Dims], iters: usize, backward: bool) {
             let spec = causal("mask: q >= k,");
             let pairs: Vec<(usize, usize)> = lens.iter().map(|&l| (l, l)).collect();
             let problem = verify::varlen::random_varlen_problem(&spec, (HEADS, HEADS), &pairs, vec![], docs as u64);
-            let timed = verify::varlen::DeviceVarlen::upload(rt, &spec, &problem, verify::varlen::Packing::Thd)
-                .and_then(|mut gpu| {
-                    let forward = gpu.time(rt, &spec, &problem, L2_FLUSH_BYTES, (3, iters))?;
-                    let step = backward
-                        .then(|| gpu.time_forward_backward(rt, &spec, &problem, L2_FLUSH_BYTES, (3, iters)))
-                        .transpose()?;
-                    Ok((forward, step))
-                });
-            print(&format!("pack{docs}-varlen"), docs, timed, kept);
+            print(&time_varlen(rt, suite, &spec, &problem, &format!("pack{docs}-varlen")), docs, kept);
 
             let spec = causal("tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] && q >= k,");
             let ids = lens.iter().enumerate().flat_map(|(i, &l)| std::iter::repeat_n(i as i32, l)).collect();
@@ -757,27 +674,49 @@ fn packed_documents(rt: &Runtime, dims: &[Dims], iters: usize, backward: bool) {
             let problem =
                 verify::random_problem(&spec, shape, vec![], vec![Some(TensorData::I32(ids))], None, docs as u64);
             let name = format!("pack{docs}-doc");
-            let timed = DeviceProblem::upload(rt, &spec, &problem, OperandLayout::Bshd).and_then(|mut gpu| {
-                gpu.flush_l2(L2_FLUSH_BYTES)?;
-                let (ms, kept) = time_block_mask(rt, &mut gpu, &spec, &problem)?;
+            let rows = time_dense(rt, suite, &spec, &problem, &name, |gpu| {
+                let (ms, kept) = time_block_mask(rt, gpu, &spec, &problem)?;
                 println!("{name:<16} {d:>4} {TOKENS:>6} {:>3} {ms:>10.3} block-mask build ({kept} tiles)", 1);
-                let step = backward.then(|| gpu.time_forward_backward(rt, &spec, &problem, 3, iters)).transpose()?;
-                Ok((gpu.time(rt, &spec, &problem, 3, iters)?, step))
+                Ok(())
             });
-            print(&name, 1, timed, kept);
+            print(&rows, 1, kept);
 
             let s = TOKENS / docs;
             let shape = Shape { batch: docs, heads: HEADS, heads_kv: HEADS, q_len: s, kv_len: s };
             let spec = causal("mask: q >= k,");
             let problem = verify::random_problem(&spec, shape, vec![], vec![], None, docs as u64);
-            let timed = DeviceProblem::upload(rt, &spec, &problem, OperandLayout::Bshd).and_then(|mut gpu| {
-                gpu.flush_l2(L2_FLUSH_BYTES)?;
-                let step = backward.then(|| gpu.time_forward_backward(rt, &spec, &problem, 3, iters)).transpose()?;
-                Ok((gpu.time(rt, &spec, &problem, 3, iters)?, step))
-            });
-            print(&format!("pack{docs}-even"), docs, timed, docs * s * (s + 1) / 2);
+            let rows = time_dense(rt, suite, &spec, &problem, &format!("pack{docs}-even"), |_| Ok(()));
+            print(&rows, docs, docs * s * (s + 1) / 2);
         }
     }
+}
+
+/// Times dense `problem`'s forward (row `name`) and, with `--backward`, its
+/// training step in each of the suite's tiles, after `prepare` (a block
+/// mask's build), L2 flushed.
+fn time_dense(
+    rt: &Runtime,
+    suite: &Suite,
+    spec: &flashgen::Spec,
+    problem: &Problem,
+    name: &str,
+    prepare: impl FnOnce(&mut DeviceProblem) -> Result<(), flashgen::Error>,
+) -> Vec<(String, Timed)> {
+    let iters = suite.iters;
+    let uploaded = DeviceProblem::upload(rt, spec, problem, OperandLayout::Bshd)
+        .and_then(|mut gpu| gpu.flush_l2(L2_FLUSH_BYTES).and_then(|()| prepare(&mut gpu)).map(|()| gpu));
+    let mut gpu = match uploaded {
+        Ok(gpu) => gpu,
+        Err(e) => return vec![(name.to_string(), Err(e))],
+    };
+    let steps = time_steps(rt, suite, spec, name, |tile| {
+        gpu.pin_backward_tile(tile);
+        gpu.time_forward_backward(rt, spec, problem, 3, iters)
+    });
+    gpu.pin_backward_tile(None);
+    let mut rows = vec![(name.to_string(), gpu.time(rt, spec, problem, 3, iters))];
+    rows.extend(steps);
+    rows
 }
 
 #[cfg(test)]

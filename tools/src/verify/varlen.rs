@@ -8,7 +8,7 @@ use super::{
     cold_median_ms, driver, gather, launch_args, random_tensors, round, upload_operands, upload_tensors, DeviceTensor,
     GpuOutput, Operands,
 };
-use flashgen::codegen::cuda::TileConfig;
+use flashgen::codegen::cuda::{BackwardTile, TileConfig};
 use flashgen::codegen::reference::{ParamValue, Problem, VarlenProblem};
 use flashgen::codegen::{Dtype, Shape, Spec};
 use flashgen::cudarc::driver::{CudaSlice, CudaStream};
@@ -99,6 +99,8 @@ pub struct DeviceVarlen {
     layouts: [PackedLayout; 4],
     stream: Arc<CudaStream>,
     config: Option<TileConfig>,
+    /// The backward launches' dK/dV tile ([`Self::pin_backward_tile`]).
+    backward_tile: Option<BackwardTile>,
 }
 
 impl DeviceVarlen {
@@ -130,7 +132,18 @@ impl DeviceVarlen {
         let cu_seqlens = [cu(&problem.cu_seqlens_q)?, cu(&problem.cu_seqlens_k)?];
         let tensors = upload_tensors(&stream, spec, &p.tensors)?;
         let max_lens = [q_len, kv_len];
-        Ok(DeviceVarlen { operands, lse, tensors, cu_seqlens, batch, max_lens, layouts, stream, config: None })
+        Ok(DeviceVarlen {
+            operands,
+            lse,
+            tensors,
+            cu_seqlens,
+            batch,
+            max_lens,
+            layouts,
+            stream,
+            config: None,
+            backward_tile: None,
+        })
     }
 
     /// Replaces the prefix sums on the device with `cu_q` and `cu_k`, which
@@ -145,6 +158,13 @@ impl DeviceVarlen {
     /// candidates), or with `None` the runtime's own choice.
     pub fn pin_config(&mut self, config: Option<TileConfig>) {
         self.config = config;
+    }
+
+    /// Later backward launches run the dK/dV kernel in `tile` (one of
+    /// `BackwardConfig::tiles` of the spec), or with `None` in the runtime's
+    /// choice.
+    pub fn pin_backward_tile(&mut self, tile: Option<BackwardTile>) {
+        self.backward_tile = tile;
     }
 
     /// Enqueues one varlen forward launch (asynchronous).

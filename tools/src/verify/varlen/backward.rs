@@ -92,6 +92,7 @@ impl DeviceVarlen {
         let opts = BackwardOptions {
             scale: Some(problem.problem.scale as f32),
             workspace: Some(&workspace),
+            tile: self.backward_tile,
             ..Default::default()
         };
         let stream = self.stream.clone();
