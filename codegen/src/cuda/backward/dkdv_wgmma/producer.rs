@@ -55,8 +55,7 @@ pub(super) fn write(
         }
         (TileCopy::Tma, false) => "if (!copies && !adds_dq) return;\n".to_string(),
     };
-    let [q_len, kv_len] = [ArgKind::QLen, ArgKind::KvLen].map(n);
-    let [k_stride, v_stride] = [Operand::K, Operand::V].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
+    let q_len = n(ArgKind::QLen);
     write!(
         w,
         "\
@@ -81,39 +80,7 @@ pub(super) fn write(
         float* dq_last = nullptr;  // the last visited step's first accumulator tile\n\
         int dq_last_bytes = 0;  // and the bytes of its tiles\n"
     )?;
-    let k_half = layout.k_half_cols().is_some();
-    match copy {
-        TileCopy::Tma => {
-            let seq = packing.tma_seq(Operand::K);
-            writeln!(w, "if (leader) {{")?;
-            writeln!(w, "    tma_load_tile<BLOCK_N, DPC>(k_tile, {K_MAP}, kv_full, k0, kv_head, {seq});")?;
-            writeln!(w, "    tma_load_tile<BLOCK_N, DVPC>(v_tile, {V_MAP}, kv_full, k0, kv_head, {seq});")?;
-            if k_half {
-                writeln!(w, "    mbar_arrive_expect_tx(kv_full, BLOCK_N * K_HALF_COLS * 2);")?;
-                writeln!(w, "    for (int p = 0; p < K_HALF_COLS / 64; ++p) {{")?;
-                writeln!(
-                    w,
-                    "        tma_load(smem_addr(k_half_tile + p * BLOCK_N * 64), {K_MAP}, kv_full, DP / 2 + p * 64, k0, kv_head, {seq});"
-                )?;
-                writeln!(w, "    }}")?;
-            }
-            writeln!(w, "}}")?;
-        }
-        TileCopy::Threads => {
-            let rows = |tile: &str, cols: &str, width: &str, src: &str, stride: &str| {
-                format!(
-                    "load_tile<BLOCK_N, {cols}, {width}, PRODUCER_THREADS, true, THREADS>({tile}, {src} + (long long)k0 * \
-                     {stride}, {stride}, {kv_len} - k0, kv_vector);"
-                )
-            };
-            writeln!(w, "{}", rows("k_tile", "DPC", "D", "k_rows", &k_stride))?;
-            writeln!(w, "{}", rows("v_tile", "DVPC", "DV", "v_rows", &v_stride))?;
-            if k_half {
-                writeln!(w, "{}", rows("k_half_tile", "K_HALF_COLS", "D - DP / 2", "k_rows + DP / 2", &k_stride))?;
-            }
-            writeln!(w, "mbar_arrive_loaded<COPY_WIDTH>(kv_full, kv_vector);")?;
-        }
-    }
+    write_kv_loads(w, spec, layout, copy, packing)?;
     // With TMA the leader also publishes for the copies it issued.
     let publish = match copy {
         TileCopy::Tma => "if (leader) ",
@@ -152,6 +119,53 @@ pub(super) fn write(
         writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
     }
     writeln!(w, "return;")
+}
+
+/// The CTA's K and V tiles (and K's upper half copied, where the layout
+/// has one), once, completing `kv_full`.
+fn write_kv_loads(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    layout: &Layout,
+    copy: TileCopy,
+    packing: Packing,
+) -> fmt::Result {
+    let k_half = layout.k_half_cols().is_some();
+    let kv_len = arg_name(spec, ArgKind::KvLen);
+    let [k_stride, v_stride] = [Operand::K, Operand::V].map(|op| arg_name(spec, ArgKind::Stride(op, Axis::Seq)));
+    match copy {
+        TileCopy::Tma => {
+            let seq = packing.tma_seq(Operand::K);
+            writeln!(w, "if (leader) {{")?;
+            writeln!(w, "    tma_load_tile<BLOCK_N, DPC>(k_tile, {K_MAP}, kv_full, k0, kv_head, {seq});")?;
+            writeln!(w, "    tma_load_tile<BLOCK_N, DVPC>(v_tile, {V_MAP}, kv_full, k0, kv_head, {seq});")?;
+            if k_half {
+                writeln!(w, "    mbar_arrive_expect_tx(kv_full, BLOCK_N * K_HALF_COLS * 2);")?;
+                writeln!(w, "    for (int p = 0; p < K_HALF_COLS / 64; ++p) {{")?;
+                writeln!(
+                    w,
+                    "        tma_load(smem_addr(k_half_tile + p * BLOCK_N * 64), {K_MAP}, kv_full, DP / 2 + p * 64, k0, kv_head, {seq});"
+                )?;
+                writeln!(w, "    }}")?;
+            }
+            writeln!(w, "}}")?;
+        }
+        TileCopy::Threads => {
+            let rows = |tile: &str, cols: &str, width: &str, src: &str, stride: &str| {
+                format!(
+                    "load_tile<BLOCK_N, {cols}, {width}, PRODUCER_THREADS, true, THREADS>({tile}, {src} + (long long)k0 * \
+                     {stride}, {stride}, {kv_len} - k0, kv_vector);"
+                )
+            };
+            writeln!(w, "{}", rows("k_tile", "DPC", "D", "k_rows", &k_stride))?;
+            writeln!(w, "{}", rows("v_tile", "DVPC", "DV", "v_rows", &v_stride))?;
+            if k_half {
+                writeln!(w, "{}", rows("k_half_tile", "K_HALF_COLS", "D - DP / 2", "k_rows + DP / 2", &k_stride))?;
+            }
+            writeln!(w, "mbar_arrive_loaded<COPY_WIDTH>(kv_full, kv_vector);")?;
+        }
+    }
+    Ok(())
 }
 
 /// One visited step of the producer's walk: the step's Q and dO tiles and
