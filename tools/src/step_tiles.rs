@@ -98,7 +98,6 @@ pub fn parse_e4m3_tile(text: &str) -> Option<TileConfig> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flashgen::codegen::cuda::{BackwardConfig, Target};
 
     /// Every tile a spec lists reads back from its row's name.
     #[test]
@@ -121,5 +120,19 @@ mod tests {
         for bad in ["4,thirds,32", "4,whole", "x,whole,32", "wgmma/"] {
             assert!(parse_step_tiles(bad).is_err(), "{bad}");
         }
+    }
+
+    /// A suite's tiles for a spec, and the rows they name.
+    #[test]
+    fn step_rows_per_tile() {
+        let spec = flashgen::parse_one("S { dtype: bf16, head_dim: 128 }").unwrap();
+        assert_eq!(StepTiles::Preferred.of(&spec, Target::HOPPER), [None]);
+        let all = StepTiles::All.of(&spec, Target::HOPPER);
+        assert_eq!(all, BackwardConfig::tiles(&spec, Target::HOPPER).into_iter().map(Some).collect::<Vec<_>>());
+        let Ok(listed) = parse_step_tiles("wgmma/wgmma,80") else { panic!("two tiles") };
+        let rows: Vec<String> =
+            listed.of(&spec, Target::HOPPER).into_iter().map(|t| step_row("doc-varlen", t)).collect();
+        assert_eq!(rows, ["doc-varlen+bwd@wgmma", "doc-varlen+bwd@wgmma,80"]);
+        assert_eq!(step_row("full", None), "full+bwd");
     }
 }
