@@ -326,6 +326,7 @@ impl Runtime {
         let tensor_grads = io.d_tensors.iter().any(Option::is_some) || trainable_tensors(spec).is_empty();
         let chosen = match (opts.tile, launch.tuned) {
             (None, Some(tuned)) => BackwardConfig::preferred(spec, self.target()).with_tile(tuned),
+            (None, None) => BackwardConfig::preferred_for(spec, self.target(), launch.shape.kv_len),
             (tile, _) => chosen_config(spec, self.arch(), tile)?,
         };
         let config = BackwardConfig { tensor_grads, ..chosen }.with_dropout(spec, launch.dropout.is_some());

@@ -50,8 +50,9 @@ pub enum KernelSet {
     /// The forward kernel and, for a masked spec, the block-mask kernel.
     Inference,
     /// Those and the four backward kernels (preprocess, dK/dV, the
-    /// deterministic dQ, the dQ postprocess) and, under a data-dependent
-    /// mask, the dK/dV kernel's work order.
+    /// deterministic dQ, the dQ postprocess), for short keys and long where
+    /// their untuned configurations differ (`BackwardConfig::preferred_for`),
+    /// and, under a data-dependent mask, the dK/dV kernel's work order.
     Training,
     /// Every kernel a launch of the spec may use: those of `Training`, the
     /// forward in every configuration autotuning may pick, copying both
@@ -99,12 +100,22 @@ impl Which {
         }
         if set != KernelSet::Inference {
             use cuda::BackwardPass::{KeyValue, Postprocess, Preprocess, Query};
+            // Long keys' configuration and short keys' (BackwardConfig::preferred_for).
             let config = cuda::BackwardConfig::preferred(spec, target);
-            which.extend([Preprocess, KeyValue, Query, Postprocess].map(|pass| Which::backward(pass, config)));
+            let short = cuda::BackwardConfig::preferred_for(spec, target, 0);
             which.extend(Which::work_order(spec, cuda::Work::KeyTiles { block_n: config.block_n(spec) }));
-            // The dK/dV kernel without tensor gradients, for calls that ask for none.
-            if !cuda::trainable_tensors(spec).is_empty() {
-                which.push(Which::backward(KeyValue, cuda::BackwardConfig { tensor_grads: false, ..config }));
+            for config in [config, short] {
+                let mut passes: Vec<Which> =
+                    [Preprocess, KeyValue, Query, Postprocess].map(|pass| Which::backward(pass, config)).into();
+                // The dK/dV kernel without tensor gradients, for calls that ask for none.
+                if !cuda::trainable_tensors(spec).is_empty() {
+                    passes.push(Which::backward(KeyValue, cuda::BackwardConfig { tensor_grads: false, ..config }));
+                }
+                for pass in passes {
+                    if !which.contains(&pass) {
+                        which.push(pass);
+                    }
+                }
             }
         }
         if set == KernelSet::Every {

@@ -383,13 +383,14 @@ fn run_steps_of(block_m: u32, specs: &[(&str, Dtype, u32)], long: &[LongCase]) {
 
 /// `Runtime::prepare` compiles a spec's training kernels up front: a
 /// training step under a block mask (its build, the forward with its item
-/// order, the backward with its key order) then loads every kernel from
-/// memory, and is still right.
+/// order, the backward with its key order; causal attention's in short
+/// keys' 64-query steps) then loads every kernel from memory, and is still
+/// right.
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn a_prepared_training_step_compiles_nothing() {
     let rt = runtime();
-    for variant in ["document", "alibi"] {
+    for variant in ["document", "alibi", "causal"] {
         let spec = spec(variant);
         rt.prepare(&spec, KernelSet::Training).unwrap_or_else(|e| panic!("{variant}: {e}"));
         let prepared = rt.cache_stats();

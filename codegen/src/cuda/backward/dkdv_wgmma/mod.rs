@@ -682,6 +682,23 @@ mod tests {
         }
     }
 
+    /// Without tuning, masked specs take 64-query steps where 80 are
+    /// preferred up to 1024 keys; full attention, d = 64's 128-query steps
+    /// and targets without wgmma keep their configuration at every length.
+    #[test]
+    fn short_keys_take_64_query_steps() {
+        let spec = |body: &str| crate::parse_one(&format!("S {{ dtype: bf16, {body} }}")).unwrap();
+        let steps = |spec: &Spec, kv_len| BackwardConfig::preferred_for(spec, Target::HOPPER, kv_len).block_m;
+        let causal = spec("head_dim: 128, mask: q >= k");
+        assert_eq!([0, 512, 1024, 1025, 16384].map(|n| steps(&causal, n)), [64, 64, 64, 80, 80]);
+        let short = BackwardConfig::preferred_for(&causal, Target::HOPPER, 512);
+        assert_eq!(short.dq_accum(&causal), DqAccum::Fragments { cols: 128, order: DqOrder::Queries });
+        assert_eq!([512, 16384].map(|n| steps(&spec("head_dim: 128"), n)), [80, 80]);
+        assert_eq!([512, 16384].map(|n| steps(&spec("head_dim: 64, mask: q >= k"), n)), [128, 128]);
+        let portable = BackwardConfig::preferred(&causal, Target::PORTABLE);
+        assert_eq!(BackwardConfig::preferred_for(&causal, Target::PORTABLE, 512), portable);
+    }
+
     /// Transposed tiles cover the wider head dim padding to 144 through 256:
     /// 96 keys per CTA (48 per warpgroup) through 192, 64 above; two stages
     /// at 192/128 and 128/192, one at 192 and 256; every one within Hopper's shared
