@@ -111,7 +111,9 @@ pub struct BackwardOptions<'a> {
     /// `BackwardConfig::tiles` of the spec on this GPU (else
     /// [`Error::NotACandidate`]); `None`: on a dense launch without dropout
     /// the tile [`Runtime::autotune_backward`] chose for its shape class,
-    /// else the first of them. Every tile computes the same gradients.
+    /// else the untuned choice for the launch's keys
+    /// (`BackwardConfig::preferred_for`). Every tile computes the same
+    /// gradients.
     pub tile: Option<BackwardTile>,
 }
 
