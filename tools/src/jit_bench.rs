@@ -107,10 +107,6 @@ fn time_spec(spec: &Spec, arch: Arch, forward: &flashgen::codegen::abi::Kernel) 
 /// `--jit`: JIT costs per example spec on `rt`'s GPU (see the bench's
 /// module note), then a summary. NVRTC's own cache must be off.
 pub fn run_gpu(rt: &Runtime) {
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let specs: Vec<flashgen::Spec> =
         SPECS.iter().map(|(_, s)| flashgen::parse_one(s).expect("valid example")).collect();
     // The kernel the runtime launches untuned on this GPU.
@@ -125,19 +121,19 @@ pub fn run_gpu(rt: &Runtime) {
     for spec in &specs {
         let start = Instant::now();
         let compiled = compile_cubin(&emit(spec), rt.arch());
-        let cold_ms = start.elapsed().as_secs_f64() * 1e3;
+        let cold_ms = ms_since(start);
         // Every training kernel, all at once, in a fresh runtime without a disk cache.
         let prepared = Runtime::new(0).and_then(|fresh| {
             let start = Instant::now();
             fresh.with_disk_cache(None).prepare(spec, KernelSet::Training)?;
-            Ok(start.elapsed().as_secs_f64() * 1e3)
+            Ok(ms_since(start))
         });
         // Fill the disk cache with one runtime, then time a hit in a fresh one.
         let hit = rt.load(spec).and_then(|_| {
             let fresh = Runtime::new(0)?;
             let start = Instant::now();
             fresh.load(spec)?;
-            let ms = start.elapsed().as_secs_f64() * 1e3;
+            let ms = ms_since(start);
             assert_eq!(fresh.cache_stats().compiles, 0, "a disk hit must not compile");
             Ok(ms)
         });
@@ -154,15 +150,11 @@ pub fn run_gpu(rt: &Runtime) {
         }
     }
     if !cold.is_empty() {
-        let max = |v: &[f64]| v.iter().cloned().fold(0.0, f64::max);
-        let (cold_max, training_max) = (max(&cold), max(&training));
+        let [(cold, cold_max), (training, training_max), (disk, _), (launch, _)] =
+            [cold, training, disk, launch].map(median_max);
         println!(
-            "cold compile median {:.0} ms, max {cold_max:.0} ms; training kernels all at once median {:.0} ms, \
-             max {training_max:.0} ms; disk hit median {:.1} ms; launch median {:.1} µs",
-            median(cold),
-            median(training),
-            median(disk),
-            median(launch)
+            "cold compile median {cold:.0} ms, max {cold_max:.0} ms; training kernels all at once median \
+             {training:.0} ms, max {training_max:.0} ms; disk hit median {disk:.1} ms; launch median {launch:.1} µs"
         );
     }
 }
