@@ -111,7 +111,7 @@ impl Runtime {
 
     fn backward_choice(&self, spec: &Spec, shape: &Shape) -> Choice<BackwardTile> {
         let class = self.shape_class(spec, shape);
-        let preferred = || BackwardConfig::preferred_for(spec, self.target(), class.kv_len_bound()).tile();
+        let preferred = || BackwardConfig::preferred_for(spec, self.target(), class.q_len_bound()).tile();
         let candidates = || self.backward_candidates(spec);
         self.remembered((Pass::Backward, &self.backward_choices), spec, class, candidates, preferred)
     }

@@ -111,7 +111,7 @@ pub struct BackwardOptions<'a> {
     /// `BackwardConfig::tiles` of the spec on this GPU (else
     /// [`Error::NotACandidate`]); `None`: on a dense launch without dropout
     /// the tile [`Runtime::autotune_backward`] chose for its shape class,
-    /// else the untuned choice for the launch's keys
+    /// else the untuned choice for the launch's queries
     /// (`BackwardConfig::preferred_for`). Every tile computes the same
     /// gradients.
     pub tile: Option<BackwardTile>,
@@ -328,7 +328,7 @@ impl Runtime {
         let tensor_grads = io.d_tensors.iter().any(Option::is_some) || trainable_tensors(spec).is_empty();
         let chosen = match (opts.tile, launch.tuned) {
             (None, Some(tuned)) => BackwardConfig::preferred(spec, self.target()).with_tile(tuned),
-            (None, None) => BackwardConfig::preferred_for(spec, self.target(), launch.shape.kv_len),
+            (None, None) => BackwardConfig::preferred_for(spec, self.target(), launch.shape.q_len),
             (tile, _) => chosen_config(spec, self.arch(), tile)?,
         };
         let config = BackwardConfig { tensor_grads, ..chosen }.with_dropout(spec, launch.dropout.is_some());

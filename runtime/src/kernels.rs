@@ -50,8 +50,8 @@ pub enum KernelSet {
     /// The forward kernel and, for a masked spec, the block-mask kernel.
     Inference,
     /// Those and the four backward kernels (preprocess, dK/dV, the
-    /// deterministic dQ, the dQ postprocess), for short keys and long where
-    /// their untuned configurations differ (`BackwardConfig::preferred_for`),
+    /// deterministic dQ, the dQ postprocess), for short sequences and long
+    /// where their untuned configurations differ (`BackwardConfig::preferred_for`),
     /// and, under a data-dependent mask, the dK/dV kernel's work order.
     Training,
     /// Every kernel a launch of the spec may use: those of `Training`, the
@@ -100,7 +100,7 @@ impl Which {
         }
         if set != KernelSet::Inference {
             use cuda::BackwardPass::{KeyValue, Postprocess, Preprocess, Query};
-            // Long keys' configuration and short keys' (BackwardConfig::preferred_for).
+            // Long sequences' configuration and short ones' (BackwardConfig::preferred_for).
             let config = cuda::BackwardConfig::preferred(spec, target);
             let short = cuda::BackwardConfig::preferred_for(spec, target, 0);
             which.extend(Which::work_order(spec, cuda::Work::KeyTiles { block_n: config.block_n(spec) }));

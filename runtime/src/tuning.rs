@@ -80,6 +80,11 @@ impl ShapeClass {
     pub fn kv_len_bound(&self) -> usize {
         1usize.checked_shl(self.kv_len_log2.into()).unwrap_or(usize::MAX)
     }
+
+    /// The most queries a launch of the class has.
+    pub fn q_len_bound(&self) -> usize {
+        1usize.checked_shl(self.q_len_log2.into()).unwrap_or(usize::MAX)
+    }
 }
 
 /// ⌈log₂ n⌉, 0 for n ≤ 1.

@@ -81,9 +81,9 @@ use crate::spec::Spec;
 use packing::Packing;
 pub use tile::BackwardTile;
 
-/// Keys up to which [`BackwardConfig::preferred_for`] takes 64-query steps
-/// where 80 are preferred.
-const SHORT_KEYS: usize = 1024;
+/// Queries up to which [`BackwardConfig::preferred_for`] takes 64-query
+/// steps where 80 are preferred.
+const SHORT_QUERIES: usize = 1024;
 
 /// One of the backward kernels of a spec.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -224,15 +224,16 @@ impl BackwardConfig {
         }
     }
 
-    /// The configuration the runtime uses without tuning for `kv_len` keys:
-    /// [`Self::preferred`], but a masked spec's 80-query steps give way to
-    /// 64 up to 1024 keys (`SHORT_KEYS`), where a column's visited queries are
-    /// few and its last step partial more often (causal training steps of
-    /// 512 tokens ran 4% faster in 64-query steps; level at 1024; 80 leads
-    /// from 2048 and on full attention at every length).
-    pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> BackwardConfig {
+    /// The configuration the runtime uses without tuning for `q_len`
+    /// queries: [`Self::preferred`], but a masked spec's 80-query steps give
+    /// way to 64 up to 1024 queries (`SHORT_QUERIES`), where a key column
+    /// visits few of them and its last step is partial more often (causal
+    /// training steps of 512 tokens ran 4% faster in 64-query steps; level
+    /// at 1024; 80 leads from 2048 and on full attention at every length).
+    pub fn preferred_for(spec: &Spec, target: Target, q_len: usize) -> BackwardConfig {
         let preferred = BackwardConfig::preferred(spec, target);
-        let short = preferred.block_m == dkdv_wgmma::TRANSPOSED_DQ_STEP && spec.mask.is_some() && kv_len <= SHORT_KEYS;
+        let short =
+            preferred.block_m == dkdv_wgmma::TRANSPOSED_DQ_STEP && spec.mask.is_some() && q_len <= SHORT_QUERIES;
         match short {
             true => preferred.with_tile(BackwardTile::hopper(KeyColumns::Whole, dkdv_wgmma::DQ_ROWS)),
             false => preferred,

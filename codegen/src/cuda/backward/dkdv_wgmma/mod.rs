@@ -683,12 +683,13 @@ mod tests {
     }
 
     /// Without tuning, masked specs take 64-query steps where 80 are
-    /// preferred up to 1024 keys; full attention, d = 64's 128-query steps
-    /// and targets without wgmma keep their configuration at every length.
+    /// preferred up to 1024 queries; full attention, d = 64's 128-query
+    /// steps and targets without wgmma keep their configuration at every
+    /// length.
     #[test]
-    fn short_keys_take_64_query_steps() {
+    fn short_sequences_take_64_query_steps() {
         let spec = |body: &str| crate::parse_one(&format!("S {{ dtype: bf16, {body} }}")).unwrap();
-        let steps = |spec: &Spec, kv_len| BackwardConfig::preferred_for(spec, Target::HOPPER, kv_len).block_m;
+        let steps = |spec: &Spec, q_len| BackwardConfig::preferred_for(spec, Target::HOPPER, q_len).block_m;
         let causal = spec("head_dim: 128, mask: q >= k");
         assert_eq!([0, 512, 1024, 1025, 16384].map(|n| steps(&causal, n)), [64, 64, 64, 80, 80]);
         let short = BackwardConfig::preferred_for(&causal, Target::HOPPER, 512);
