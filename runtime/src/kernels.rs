@@ -73,6 +73,14 @@ pub fn spec_kernels(spec: &Spec, set: KernelSet, arch: crate::Arch) -> Vec<Kerne
     Which::all(spec, set, arch.target()).into_iter().filter_map(|w| w.emit(spec)).collect()
 }
 
+/// Appends `w` to `which` unless it is there already (short and long
+/// sequences' configurations share some kernels).
+fn push_new(which: &mut Vec<Which>, w: Which) {
+    if !which.contains(&w) {
+        which.push(w);
+    }
+}
+
 impl Which {
     /// The kernels `set` names for `spec` on `target` (the forward in its
     /// configurations without tuning).
@@ -93,9 +101,8 @@ impl Which {
         }
         // Persistent forwards' item orders under a data-dependent mask.
         for config in forward.iter().filter(|c| c.persistent()) {
-            match Which::work_order(spec, cuda::Work::QueryTiles { block_m: config.block_m() }) {
-                Some(order) if !which.contains(&order) => which.push(order),
-                _ => {}
+            if let Some(order) = Which::work_order(spec, cuda::Work::QueryTiles { block_m: config.block_m() }) {
+                push_new(&mut which, order);
             }
         }
         if set != KernelSet::Inference {
@@ -111,19 +118,11 @@ impl Which {
                 if !cuda::trainable_tensors(spec).is_empty() {
                     passes.push(Which::backward(KeyValue, cuda::BackwardConfig { tensor_grads: false, ..config }));
                 }
-                for pass in passes {
-                    if !which.contains(&pass) {
-                        which.push(pass);
-                    }
-                }
+                passes.into_iter().for_each(|pass| push_new(&mut which, pass));
             }
         }
         if set == KernelSet::Every {
-            let mut add = |w: Which| {
-                if !which.contains(&w) {
-                    which.push(w);
-                }
-            };
+            let mut add = |w: Which| push_new(&mut which, w);
             add(Which::PagedAppend);
             for config in TileConfig::feasible(spec, target) {
                 add(Which::forward(config, TileCopy::Tma));
@@ -197,10 +196,7 @@ impl Which {
             };
             for cache in [cuda::DecodeCache::Dense, cuda::DecodeCache::Paged] {
                 for queries in [cuda::DecodeQueries::Padded, cuda::DecodeQueries::Packed] {
-                    let w = Which::Decode(config, cache, queries);
-                    if !which.contains(&w) {
-                        which.push(w);
-                    }
+                    push_new(&mut which, Which::Decode(config, cache, queries));
                 }
             }
         }
