@@ -62,17 +62,28 @@ impl<'e> MaskParts<'e> {
 
     /// The disjunct that makes the first rows global ([`GlobalRows`]).
     pub fn global_rows(&self) -> Option<GlobalRows<'e>> {
+        self.first_of(Builtin::Q).map(|(_, bound, inclusive)| GlobalRows { bound, inclusive })
+    }
+
+    /// The disjunct that makes the first keys global ([`GlobalColumns`]).
+    pub fn global_columns(&self) -> Option<GlobalColumns<'e>> {
+        self.first_of(Builtin::K).map(|(part, bound, inclusive)| GlobalColumns { part, bound, inclusive })
+    }
+
+    /// The first disjunct `x < R` (or `x <= R`, `R > x`, `R >= x`) with R a
+    /// literal or an i32 param: its index, R and whether it is inclusive.
+    fn first_of(&self, x: Builtin) -> Option<(usize, &'e Expr, bool)> {
         let MaskParts::Disjuncts(list) = self else { return None };
-        list.iter().copied().find_map(|e: &'e Expr| {
+        list.iter().enumerate().find_map(|(index, e)| {
             let ExprKind::Binary(op, a, b) = &e.kind else { return None };
-            let is_q = |x: &Expr| x.kind == ExprKind::Builtin(Builtin::Q);
-            let fixed = |x: &Expr| matches!(x.kind, ExprKind::Int(_) | ExprKind::Param(_)) && x.ty == Ty::I32;
+            let is_x = |e: &Expr| e.kind == ExprKind::Builtin(x);
+            let fixed = |e: &Expr| matches!(e.kind, ExprKind::Int(_) | ExprKind::Param(_)) && e.ty == Ty::I32;
             let (bound, inclusive) = match op {
-                BinOp::Lt | BinOp::Le if is_q(a) && fixed(b) => (&**b, *op == BinOp::Le),
-                BinOp::Gt | BinOp::Ge if is_q(b) && fixed(a) => (&**a, *op == BinOp::Ge),
+                BinOp::Lt | BinOp::Le if is_x(a) && fixed(b) => (&**b, *op == BinOp::Le),
+                BinOp::Gt | BinOp::Ge if is_x(b) && fixed(a) => (&**a, *op == BinOp::Ge),
                 _ => return None,
             };
-            Some(GlobalRows { bound, inclusive })
+            Some((index, bound, inclusive))
         })
     }
 
@@ -150,6 +161,21 @@ impl GlobalRows<'_> {
     }
 }
 
+/// A disjunct `k < C` (or `k <= C`, `C > k`, `C >= k`) with C a literal or
+/// an i32 param: the first keys of every (batch, head) are global, every
+/// query keeps them (attention sinks, Longformer's global columns). The
+/// forward takes them ahead of its tile walk where no other disjunct keeps
+/// a pair of the first tile (`cuda/forward/global_columns.rs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GlobalColumns<'e> {
+    /// The disjunct's index among the mask's disjuncts.
+    pub part: usize,
+    /// C.
+    pub bound: &'e Expr,
+    /// Whether key C is global too (`<=`, `>=`).
+    pub inclusive: bool,
+}
+
 /// The (batch, head) pair (`bh` = b · heads + h) and query tile of work
 /// item `item` when global rows go first: the `dense_tiles` first query
 /// tiles of every (batch, head) are the first items, tile by tile, so that
@@ -216,6 +242,21 @@ mod tests {
         assert_eq!(rows("k < g || q >= k"), None);
         assert_eq!(rows("q < g && k < g"), None);
         assert_eq!(rows("k < g || q < k"), None);
+    }
+
+    #[test]
+    fn global_columns_are_a_disjunct_bounding_k_by_a_constant() {
+        let columns = |body: &str| {
+            let e = mask(body);
+            let parts = MaskParts::of(Some(&e))?;
+            parts.global_columns().map(|g| (g.part, g.inclusive, matches!(g.bound.kind, ExprKind::Param(_))))
+        };
+        assert_eq!(columns("(q - k <= w && k - q <= w) || q < g || k < g"), Some((2, false, true)));
+        assert_eq!(columns("k < g || (q >= k && q - k < w)"), Some((0, false, true)));
+        assert_eq!(columns("q >= k || 4 >= k"), Some((1, true, false)));
+        assert_eq!(columns("q < g || q >= k"), None);
+        assert_eq!(columns("k < g && q >= k"), None);
+        assert_eq!(columns("k > g || q >= k"), None);
     }
 
     #[test]

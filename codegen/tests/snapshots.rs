@@ -290,6 +290,17 @@ fn hopper_long_keys_window_kernel_at_d64() {
 }
 
 #[test]
+fn hopper_global_columns_kernel_at_d64() {
+    // Sinks beside a window: the producer copies the first keys' column tile
+    // with Q where no other disjunct keeps a pair of the first tile, and the
+    // consumers run it ahead of their walk (`global_columns`).
+    let source = "SinkWindow64 { dtype: bf16, head_dim: 64, param sinks: i32, param window: i32, \
+                  mask: k < sinks || (q >= k && q - k < window) }";
+    let spec = parse_one(source).unwrap();
+    insta::assert_snapshot!("wgmma_sink_window64", render(&emit_forward_with(&spec, TWO_WARPGROUPS)));
+}
+
+#[test]
 fn hopper_alibi_kernel_at_d64() {
     // At d <= 64 ALiBi's logits leave out each row's part of the bias
     // (slope * (q0 - q)): the key terms are shared by a lane's rows, and the

@@ -14,7 +14,7 @@ use flashgen::codegen::{Builtin, Dtype, Shape, Spec};
 use flashgen::Error;
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::{self, DeviceProblem, OperandLayout};
-use support::forward::{in_every_configuration, run_all, Case};
+use support::forward::{in_every_configuration, in_every_configuration_with, run_all, Case};
 use support::{language_spec, params, runtime, spec, with};
 
 const SEQLEN_PAIRS: [(usize, usize); 3] = [(113, 203), (128, 217), (1024, 1023)];
@@ -119,6 +119,45 @@ fn union_masks_in_every_configuration() {
     let stems = ["longformer", "prefix_lm", "streaming_window"];
     let specs = stems.iter().flat_map(|stem| [spec(stem), with(spec(stem), Dtype::Bf16, 64, 64)]);
     in_every_configuration(&runtime(), specs.collect());
+}
+
+/// Global columns first (`k < C || ...`, head dims up to 64): the column
+/// tile ahead of the walk where C fits it (4, 16, and 32, as many keys as
+/// it holds) and where it does not (33), beside a window that keeps the
+/// first tile from the walk for most items and global rows that bring it
+/// back for the first; a literal `4 >= k` with a score at a padded head
+/// dim; every candidate configuration (one warpgroup per CTA has no column
+/// tile).
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn global_columns_first_in_every_configuration() {
+    let valued = |spec: Spec, overrides: &[(&str, i32)]| {
+        let values = spec
+            .params
+            .iter()
+            .zip(params(&spec))
+            .map(|(p, value)| match overrides.iter().find(|(name, _)| *name == p.name) {
+                Some(&(_, v)) => ParamValue::I32(v),
+                None => value,
+            })
+            .collect();
+        (values, spec)
+    };
+    let window = spec("streaming_window");
+    let literal = flashgen::parse_one(
+        "LiteralSinks { dtype: f16, head_dim: 48, param window: i32, \
+         mask: (q >= k && q - k < window) || 4 >= k, score: 30.0 * tanh(score / 30.0) }",
+    )
+    .unwrap();
+    let cases = vec![
+        valued(with(window.clone(), Dtype::Bf16, 64, 64), &[("sinks", 4)]),
+        valued(with(window.clone(), Dtype::F16, 64, 64), &[("sinks", 16)]),
+        valued(with(window.clone(), Dtype::Bf16, 64, 64), &[("sinks", 32)]),
+        valued(with(window, Dtype::Bf16, 64, 64), &[("sinks", 33)]),
+        valued(with(spec("longformer"), Dtype::Bf16, 64, 64), &[("globals", 32)]),
+        valued(literal, &[]),
+    ];
+    in_every_configuration_with(&runtime(), cases);
 }
 
 /// q_len > kv_len with a bottom-right causal mask leaves the first rows with

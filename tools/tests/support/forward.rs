@@ -4,7 +4,7 @@
 
 use super::{params, spec_columns};
 use flashgen::codegen::cuda::TileConfig;
-use flashgen::codegen::reference::Problem;
+use flashgen::codegen::reference::{ParamValue, Problem};
 use flashgen::codegen::{Shape, Spec};
 use flashgen::runtime::{config_name, tile_choice};
 use flashgen::{Error, Runtime};
@@ -87,16 +87,26 @@ pub fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
 /// queries; MQA past 2048 keys), one reference per shape; fails if any row
 /// failed.
 pub fn in_every_configuration(rt: &Runtime, specs: Vec<Spec>) {
+    let cases = specs.into_iter().map(|spec| (params(&spec), spec)).collect();
+    in_every_configuration_with(rt, cases)
+}
+
+/// [`in_every_configuration`], each spec with its own param values.
+pub fn in_every_configuration_with(rt: &Runtime, specs: Vec<(Vec<ParamValue>, Spec)>) {
     let mut table = Table::default();
-    for spec in specs {
+    for (values, spec) in specs {
         for (heads, seqs) in [((4, 4), (113, 203)), ((4, 2), (1024, 1023)), ((2, 1), (300, 2100))] {
             let case = Case::new(heads, seqs);
             let seed: u64 = rand::random();
-            let problem = verify::random_problem(&spec, case.shape(), params(&spec), vec![], None, seed);
+            let problem = verify::random_problem(&spec, case.shape(), values.clone(), vec![], None, seed);
             let expected = Expected::new(&spec, &problem).unwrap();
             for config in tile_choice::candidates(&spec, rt.target()) {
                 for block_mask in [false, true] {
-                    let row = format!("{} {} block mask {block_mask}", case.row(&spec, seed), config_name(config));
+                    let row = format!(
+                        "{} {} block mask {block_mask} params {values:?}",
+                        case.row(&spec, seed),
+                        config_name(config)
+                    );
                     let outcome = run_once(rt, &spec, &problem, case.layout, Some(config), block_mask, &expected);
                     table.record(row, outcome.map_err(|e| e.to_string()));
                 }

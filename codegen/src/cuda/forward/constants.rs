@@ -2,6 +2,7 @@
 //! the warp-specialized register split and the shared tiles' sizes.
 
 use super::e4m3::{write_e4m3_tiles, Operands};
+use super::global_columns::write_column_constants;
 use super::mma::{tile_cols, ShmemCols};
 use super::plan::{Plan, Regs};
 use crate::cuda::kit::tile_walk::write_mask_tiles;
@@ -86,6 +87,9 @@ pub(super) fn write_config(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
         Operands::E4m3 => {
             writeln!(w, "constexpr int V_TILE = DVP * V_PANELS * 64;  // DVP rows of the tile's keys' bytes")?
         }
+    }
+    if let Some(columns) = plan.columns {
+        write_column_constants(w, columns)?;
     }
     if spec.mask.is_some() {
         write_mask_tiles(w, spec)?;

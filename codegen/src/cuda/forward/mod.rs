@@ -27,7 +27,8 @@
 //! Modules, in the order a kernel is printed: `plan` (the tile
 //! configuration's resources; `light` says which tiles a spec's code fits),
 //! `constants`, `item` (per-item setup), `classes` (which tiles to visit),
-//! `logit`, `kv_loads`, the tile steps (`sync_step`, `wgmma_step`) with
+//! `logit`, `kv_loads`, `global_columns` (the mask's first keys ahead of
+//! the tile walk), the tile steps (`sync_step`, `wgmma_step`) with
 //! `softmax`, `epilogue`; `trace` prints a traced kernel's trace points;
 //! `mma` gathers what differs per MMA kind; `cta` is
 //! the body of kernels whose threads all load and multiply, `persistent`
@@ -41,6 +42,7 @@ mod cta;
 mod dropout;
 mod e4m3;
 mod epilogue;
+mod global_columns;
 mod item;
 mod item_order;
 mod key_bounds;
@@ -199,6 +201,9 @@ fn library(plan: &Plan) -> Vec<Vec<Piece>> {
         ];
         if plan.row_sums == RowSums::TensorCores {
             wgmma.push(Piece::Wgmma(8, AFrom::Registers));
+        }
+        if let Some(columns) = plan.columns.filter(|c| c.keys != config.block_n) {
+            wgmma.push(Piece::Wgmma(columns.keys, AFrom::Shared));
         }
         sections.push(wgmma);
     }

@@ -3,6 +3,7 @@
 //! split, all within what the target's SM offers.
 
 use super::e4m3::{e4m3_tile_bytes, Operands};
+use super::global_columns::ColumnsFirst;
 use super::mma::{smem_slack, tile_cols};
 use super::softmax::{RowSums, SUnits};
 use crate::abi::Operand;
@@ -46,6 +47,10 @@ pub(super) struct Plan<'s> {
     /// The mask's global rows, whose query tiles go first (`item_order`);
     /// `None` without them, and on packed operands.
     pub global_rows: Option<GlobalRows<'s>>,
+    /// The mask's global columns, taken ahead of each item's tile walk
+    /// where it can (`global_columns`); `None` on packed operands, e4m3
+    /// ones and with dropout.
+    pub columns: Option<ColumnsFirst<'s>>,
     /// Whether P is dropped out before P V (`dropout`); the row sums are
     /// then FADDs, of P before dropout.
     pub dropout: bool,
@@ -87,6 +92,7 @@ impl<'s> Plan<'s> {
             varlen: false,
             paged: false,
             global_rows: MaskParts::of(spec.mask.as_ref()).and_then(|parts| parts.global_rows()),
+            columns: ColumnsFirst::of(spec, config),
             dropout: false,
             operands: Operands::Sixteen,
         }
@@ -100,6 +106,7 @@ impl<'s> Plan<'s> {
         let smem = config.smem_with(spec, e4m3_tile_bytes(spec, config));
         Plan {
             operands: Operands::E4m3,
+            columns: None,
             row_sums: RowSums::Fadd,
             stages: smem.stages,
             q_buffers: smem.q_buffers,
@@ -114,7 +121,7 @@ impl<'s> Plan<'s> {
     /// memory still holds the unused tile of ones: the plan keeps
     /// [`TileConfig::smem_bytes`], the configuration's.)
     pub(super) fn dropout(spec: &'s Spec, config: TileConfig, copy: TileCopy) -> Plan<'s> {
-        Plan { dropout: true, row_sums: RowSums::Fadd, ..Plan::new(spec, config, copy) }
+        Plan { dropout: true, row_sums: RowSums::Fadd, columns: None, ..Plan::new(spec, config, copy) }
     }
 
     /// The plan of a varlen kernel in `config` for `view`, a spec's
@@ -123,7 +130,7 @@ impl<'s> Plan<'s> {
     /// (`library/tma_ragged.cuh`), so its boxes read zeros there and write
     /// nothing.
     pub(super) fn varlen(view: &'s Spec, config: TileConfig, copy: TileCopy) -> Plan<'s> {
-        Plan { varlen: true, global_rows: None, ..Plan::new(view, config, copy) }
+        Plan { varlen: true, global_rows: None, columns: None, ..Plan::new(view, config, copy) }
     }
 
     /// The plan of a paged kernel in `config` for `view`, as [`Plan::varlen`]'s:
@@ -225,12 +232,14 @@ impl TileConfig {
 
     /// Bytes of the Q tile and of one K/V stage in shared memory. A
     /// warp-specialized kernel's Q buffer also stages its O: as wide as
-    /// the wider of the two.
+    /// the wider of the two; the global columns' tile goes with it
+    /// ([`ColumnsFirst`]; reserved for the kernels of every operand layout).
     pub(super) fn tile_bytes(self, spec: &Spec) -> (u32, u32) {
         let (dp, dvp) = (pad16(spec.head_dims.qk), pad16(spec.head_dims.v));
         let (qk, v) = (tile_cols(self.mma, dp), tile_cols(self.mma, dvp));
         let q_cols = if warp_specialized(self) { qk.max(v) } else { qk };
-        (2 * self.block_m() * q_cols, 2 * self.block_n * (qk + v))
+        let columns = ColumnsFirst::tile_bytes(spec, self, (qk, v));
+        (2 * self.block_m() * q_cols + columns, 2 * self.block_n * (qk + v))
     }
 }
 

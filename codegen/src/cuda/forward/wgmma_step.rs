@@ -60,11 +60,17 @@ pub(super) fn write_fence_accumulators(w: &mut Writer<String>, sums: RowSums) ->
 /// Issues and commits S = Q K^T on this warpgroup's 64 rows x BLOCK_N keys,
 /// both operands from shared memory, 32 bytes of their rows a k-step.
 pub(super) fn write_wgmma_s(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
+    write_wgmma_s_over(w, plan, plan.config.block_n, "BLOCK_N")
+}
+
+/// [`write_wgmma_s`] over a K tile of `n` keys, `rows` (its C name) a
+/// panel.
+pub(super) fn write_wgmma_s_over(w: &mut Writer<String>, plan: &Plan, n: u32, rows: &str) -> fmt::Result {
     write!(
         w,
         "\
         \n\
-        // S = Q K^T on this warpgroup's 64 rows x BLOCK_N keys, both operands\n\
+        // S = Q K^T on this warpgroup's 64 rows x {rows} keys, both operands\n\
         // from shared memory; the first k-step overwrites S.\n\
         float s[M_TILES][S_TILES][4];\n\
         wgmma_fence();\n\
@@ -72,10 +78,10 @@ pub(super) fn write_wgmma_s(w: &mut Writer<String>, plan: &Plan) -> fmt::Result 
         for (int kk = 0; kk < DP / {k_step}; ++kk) {{\n\
         \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
         \x20   {wrapper}_n{block_n}(s[0], desc_plus(gmma_desc(q_smem, 16, 1024), panel * BLOCK_M * 128 + step),\n\
-        \x20                    desc_plus(gmma_desc(k_smem, 16, 1024), panel * BLOCK_N * 128 + step), kk);\n\
+        \x20                    desc_plus(gmma_desc(k_smem, 16, 1024), panel * {rows} * 128 + step), kk);\n\
         }}\n\
         wgmma_commit();\n",
-        block_n = plan.config.block_n,
+        block_n = n,
         k_step = plan.operands.k_step(),
         wrapper = plan.operands.s_wrapper(),
     )
@@ -234,6 +240,12 @@ pub(super) fn write_wgmma_pv(w: &mut Writer<String>, plan: &Plan) -> fmt::Result
     if plan.operands == Operands::E4m3 {
         return write_pv_e4m3(w, plan.spec);
     }
+    write_wgmma_pv_over(w, plan, "BLOCK_N")
+}
+
+/// [`write_wgmma_pv`] on 16-bit operands over a V tile of `rows` keys (its
+/// C name), a panel.
+pub(super) fn write_wgmma_pv_over(w: &mut Writer<String>, plan: &Plan, rows: &str) -> fmt::Result {
     let row_sums = match plan.row_sums {
         RowSums::Fadd => "",
         RowSums::TensorCores => "\x20   wgmma_rs_n8(row_sum, p[kk], ones);  // and the row sums\n",
@@ -242,8 +254,8 @@ pub(super) fn write_wgmma_pv(w: &mut Writer<String>, plan: &Plan) -> fmt::Result
         w,
         "\
         #pragma unroll\n\
-        for (int kk = 0; kk < BLOCK_N / 16; ++kk) {{\n\
-        \x20   wgmma_rs_n{dvp}(o[0], p[kk], desc_plus(gmma_desc(v_smem, BLOCK_N * 128, 1024), kk * 16 * 128));\n\
+        for (int kk = 0; kk < {rows} / 16; ++kk) {{\n\
+        \x20   wgmma_rs_n{dvp}(o[0], p[kk], desc_plus(gmma_desc(v_smem, {rows} * 128, 1024), kk * 16 * 128));\n\
         {row_sums}\
         }}\n",
         dvp = pad16(plan.spec.head_dims.v)

@@ -6,6 +6,7 @@ use super::{q_slot, write_item_coords, write_pass_turn, write_ring_loop, Roles};
 use crate::abi::ArgKind;
 use crate::cuda::forward::e4m3::{write_descales, Operands};
 use crate::cuda::forward::epilogue::{write_epilogue, OStaging};
+use crate::cuda::forward::global_columns::write_consumer_columns;
 use crate::cuda::forward::item::{write_accumulators, write_spec_terms, ItemRole};
 use crate::cuda::forward::softmax::RowSums;
 use crate::cuda::forward::trace::{self, Event};
@@ -80,6 +81,9 @@ pub(super) fn write_consumers(w: &mut Writer<String>, roles: &Roles) -> fmt::Res
         if !item_terms {
             writeln!(w, "mbar_wait(q_full + 8 * qb, {round} % 2);")?;
             trace::point(w, plan, Event::QFull)?;
+        }
+        if let Some(columns) = plan.columns {
+            write_consumer_columns(w, plan, columns)?;
         }
         write_ring_loop(w, plan, groups, |w| write_wgmma_step(w, plan, &hoisted))?;
         let staging = match plan.o_buffer {

@@ -84,6 +84,14 @@ fn write_setup(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
         true => "unsigned short* o_buf = v_tiles + STAGES * V_TILE;  // [O_TILE]: the epilogue stages O here\n",
         false => "",
     };
+    let (column_tiles, item_columns, column_copiers) = match plan.columns {
+        Some(_) => (
+            "unsigned short* column_tiles = v_tiles + STAGES * V_TILE + O_TILE;  // [Q buffers][COLUMN_TILE]\n",
+            "__shared__ bool item_columns[2];  // the item's global columns go first (global_columns.rs)\n",
+            " + PRODUCER_THREADS);  // + the item_visits writer, + each producer thread's column copies",
+        ),
+        None => ("", "", ");  // + the item_visits writer"),
+    };
     // The threads whose copies complete a tile.
     let copiers = match copy {
         TileCopy::Tma => "1;  // one producer thread hands each tile to the copy engine",
@@ -110,6 +118,7 @@ fn write_setup(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
         {q_bufs}  // [STAGES][K_TILE]\n\
         unsigned short* v_tiles = k_tiles + STAGES * K_TILE;  // [STAGES][V_TILE]\n\
         {o_buf}\
+        {column_tiles}\
         const int warp = warp_index(), lane = threadIdx.x % 32;\n\
         const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n\
         \n\
@@ -131,6 +140,7 @@ fn write_setup(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
         // above them).\n\
         __shared__ long long item_slot[2];\n\
         __shared__ bool item_visits[2];\n\
+        {item_columns}\
         __shared__ int tile_word[STAGES];\n\
         enum : int {{ TILE_FULL = 1, TILE_WHOLE = 2, TILE_LAST = 8, TILE_SHIFT = 4 }};  // TILE_WHOLE: 2 bits\n\
         {group_decl}\
@@ -142,7 +152,7 @@ fn write_setup(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
         if (threadIdx.x == 0) {{\n\
         \x20   for (int s = 0; s < 2; ++s) {{\n\
         \x20       mbar_init(item_full + 8 * s, 1);  // the claiming thread\n\
-        \x20       mbar_init(q_full + 8 * s, copiers + 1);  // + the item_visits writer\n\
+        \x20       mbar_init(q_full + 8 * s, copiers + 1{column_copiers}\n\
         \x20       mbar_init(q_empty + 8 * s, WARPS);  // one arrival per consumer warp\n\
         \x20   }}\n\
         \x20   for (int s = 0; s < STAGES; ++s) {{\n\

@@ -6,6 +6,7 @@ use super::{copy_tile, kv_tiles_decl, q_slot, write_group_classes, write_item_co
 use crate::abi::{ArgKind, Operand};
 use crate::cuda::forward::classes::{write_tile_classes, ClassReader, Stagers};
 use crate::cuda::forward::e4m3::Operands;
+use crate::cuda::forward::global_columns::write_producer_columns;
 use crate::cuda::forward::item::{q_load, ItemRole};
 use crate::cuda::forward::kv_loads::KvLoads;
 use crate::cuda::forward::trace::{self, Event};
@@ -80,9 +81,15 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
         }
         staged.write_item_stores(w)?;
         writeln!(w, "int j = next_tile(0);")?;
+        if let Some(columns) = roles.plan.columns {
+            write_producer_columns(w, roles.plan, columns)?;
+        }
         trace::point(w, roles.plan, Event::PFirst)?;
         w.block(format_args!("if (leader)"), |w| {
             writeln!(w, "item_visits[qb] = j < kv_tiles;")?;
+            if roles.plan.columns.is_some() {
+                writeln!(w, "item_columns[qb] = columns_first;")?;
+            }
             writeln!(w, "mbar_arrive(q_full + 8 * qb);")
         })?;
         match copy {
