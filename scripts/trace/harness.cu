@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
     int sms;
     CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     int per_sm;  // the occupancy the runtime's grid assumes
-    const int smem = (2 * Q_TILE + STAGES * (K_TILE + V_TILE) + O_TILE) * 2 + 1024;
+    const int smem = (2 * Q_TILE + STAGES * (K_TILE + V_TILE) + O_TILE + COLUMN_TILES) * 2 + 1024;
     CHECK(cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, KERNEL, CTA_THREADS, smem));
     const long long items = (long long)((seq + BLOCK_M - 1) / BLOCK_M) * heads * batch;

@@ -5,8 +5,10 @@ kernel: its name and the launch's spec arguments.
 
     harness_args.py KERNEL.cu [NAME=VALUE ...] >> KERNEL.cu
 
-prints `#define KERNEL <name>` and `#define EXTRA_ARGS ...` (the arguments
-between `scale` and `work_counter`, read off the kernel's signature). The
+prints `#define KERNEL <name>`, `#define EXTRA_ARGS ...` (the arguments
+between `scale` and `work_counter`, read off the kernel's signature) and
+`#define COLUMN_TILES ...` (the global columns' tiles of its Q buffers, in
+elements, 0 without them: the harness's shared memory). The
 NAME=VALUE pairs give the kernel's runtime params (e.g. window=1024).
 Captured tensors are not supported: the harness has no data for them.
 
@@ -21,6 +23,7 @@ import sys
 EVENTS = [
     (1, "item"),
     (2, "qfull"),
+    (16, "columns"),
     (3, "kfull"),
     (4, "turn"),
     (5, "sdone"),
@@ -83,7 +86,8 @@ def main():
     params = dict(p.split("=", 1) for p in sys.argv[2:])
     name, args = spec_args(src, params)
     extra = "".join(f"{a}, " for a in args)
-    sys.stdout.write(f"#define KERNEL {name}\n#define EXTRA_ARGS {extra}\n")
+    columns = "2 * COLUMN_TILE" if "constexpr int COLUMN_TILE " in src else "0"
+    sys.stdout.write(f"#define KERNEL {name}\n#define EXTRA_ARGS {extra}\n#define COLUMN_TILES {columns}\n")
 
 
 if __name__ == "__main__":

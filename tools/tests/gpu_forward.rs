@@ -72,6 +72,11 @@ fn strided_operand_layouts() {
             cases.push((spec(variant), Case { batch: 3, heads, seqs: (113, 203), layout }));
         }
     }
+    // Sinks at d = 64: the global columns' tile copied from each layout.
+    for layout in [OperandLayout::Bshd, OperandLayout::Bhsd, OperandLayout::Padded] {
+        let sinks = with(spec("streaming_window"), Dtype::Bf16, 64, 64);
+        cases.push((sinks, Case { batch: 2, heads: (3, 3), seqs: (520, 700), layout }));
+    }
     run_all(&rt, cases);
 }
 
@@ -90,8 +95,10 @@ fn persistent_ctas_walk_many_items() {
         cases.push((with(spec("full"), Dtype::Bf16, 64, 64), case()));
         // d = 64 past 2048 keys: three warpgroups, which pass their turns on
         // the tiles their rows keep no pair of.
-        let long_keys = Case { seqs: (520, 2100), ..case() };
-        cases.push((with(spec("sliding_window"), Dtype::Bf16, 64, 64), long_keys));
+        let long_keys = || Case { seqs: (520, 2100), ..case() };
+        cases.push((with(spec("sliding_window"), Dtype::Bf16, 64, 64), long_keys()));
+        // Sinks beside a window: most items take the global columns' tile.
+        cases.push((with(spec("streaming_window"), Dtype::Bf16, 64, 64), long_keys()));
         cases
     };
     run_all(&rt, cases());

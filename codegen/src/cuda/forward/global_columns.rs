@@ -14,6 +14,7 @@
 use super::logit::write_apply_logits;
 use super::plan::Plan;
 use super::softmax::{write_softmax, Rescale};
+use super::trace::{self, Event};
 use super::wgmma_step::{write_fence_accumulators, write_wgmma_pv_over, write_wgmma_s_over};
 use crate::abi::ArgKind::{self, Stride};
 use crate::abi::{Axis, Operand};
@@ -163,7 +164,8 @@ pub(super) fn write_consumer_columns(w: &mut Writer<String>, plan: &Plan, column
         write_wgmma_pv_over(w, plan, "COLUMN_KEYS")?;
         writeln!(w, "wgmma_commit();")?;
         writeln!(w, "wgmma_wait<0>();")?;
-        write_fence_accumulators(w, plan.row_sums)
+        write_fence_accumulators(w, plan.row_sums)?;
+        trace::point(w, plan, Event::Columns)
     })
 }
 

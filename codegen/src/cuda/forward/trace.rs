@@ -24,6 +24,9 @@ pub(super) enum Event {
     QFull = 2,
     /// After the wait for a tile's K.
     KFull = 3,
+    /// After the item's global columns' tile, its P V waited for
+    /// (`global_columns`).
+    Columns = 16,
     /// After the wait for this warpgroup's turn (ping-pong only).
     Turn = 4,
     /// After S = Q K^T is done (`fence_operands(s[0])`).
@@ -102,8 +105,8 @@ mod tests {
     #[test]
     fn the_harness_table_has_every_code() {
         let every = [
-            Item, QFull, KFull, Turn, SDone, SMax, PvDone, TileEnd, Pass, LoopExit, LastPv, EpiStart, OStaged, OStored,
-            Epi, PQEmpty, PClaim, PFirst, PTile, PKEmpty, PVEmpty,
+            Item, QFull, Columns, KFull, Turn, SDone, SMax, PvDone, TileEnd, Pass, LoopExit, LastPv, EpiStart, OStaged,
+            OStored, Epi, PQEmpty, PClaim, PFirst, PTile, PKEmpty, PVEmpty,
         ];
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/trace/harness_args.py");
         let script = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
@@ -183,6 +186,11 @@ mod tests {
         let causal = spec(CAUSAL, 128);
         let threads = emit_forward_traced(&causal, wgmma(8), TileCopy::Threads).unwrap().source;
         assert_eq!(codes(&threads), expected(&[&PRODUCER, &tile_events(&causal, &TILES), &[EpiStart, Epi]]));
+        // Sinks beside a window: the global columns' tile between Q and the walk.
+        let sinks = spec("S { dtype: bf16, head_dim: 64, param w: i32, mask: k < 4 || (q >= k && q - k < w) }", 64);
+        let columns = emit_forward_traced(&sinks, wgmma(8), TileCopy::Tma).unwrap().source;
+        let tiles = [&TILES[..2], &[Columns], &TILES[2..]].concat();
+        assert_eq!(codes(&columns), expected(&[&PRODUCER, &tiles, &[Epi, EpiStart, OStaged, OStored]]));
     }
 
     /// A kernel that does not trace holds no trace point, counter or trace
