@@ -104,7 +104,14 @@ pub fn random_spec(rng: &mut StdRng, n: usize) -> DrawnSpec {
     let mut scope =
         Scope { int_params: &int_params, float_params: &float_params, tensors: &tensors, field: Field::Mask };
     if rng.random_bool(0.8) {
-        fields.push(format!("mask: {}", expr(rng, &scope, Ty::Bool, 4)));
+        let mask = expr(rng, &scope, Ty::Bool, 4);
+        // A quarter of masks keep global columns (attention sinks) beside
+        // the drawn rest: the forward's column tile, where it applies.
+        let mask = match rng.random_bool(0.25) {
+            true => format!("k < {} || ({mask})", global_columns(rng, &scope)),
+            false => mask,
+        };
+        fields.push(format!("mask: {mask}"));
     }
     scope.field = Field::Score;
     if rng.random_bool(0.8) {
@@ -115,6 +122,15 @@ pub fn random_spec(rng: &mut StdRng, n: usize) -> DrawnSpec {
         fields.push(format!("sink: {}", expr(rng, &scope, Ty::F32, 3)));
     }
     DrawnSpec { source: format!("Drawn{n} {{\n    {},\n}}\n", fields.join(",\n    ")), params }
+}
+
+/// The end of a mask's global columns: an i32 param where the spec has one
+/// (its values reach past a column tile and below zero), else a literal.
+fn global_columns(rng: &mut StdRng, scope: &Scope) -> String {
+    match scope.int_params.choose(rng) {
+        Some(param) if rng.random_bool(0.5) => param.clone(),
+        _ => rng.random_range(1..=40).to_string(),
+    }
 }
 
 /// An expression of type `ty`, at most `depth` operators deep.
