@@ -26,7 +26,6 @@ use crate::cuda::tile_config::{ping_pong, warp_specialized, TileConfig};
 use crate::cuda::writer::Writer;
 use crate::mask_parts::{GlobalColumns, MaskParts};
 use crate::spec::{ExprKind, Spec};
-
 use std::fmt::{self, Write};
 
 /// A kernel's global columns and the keys of their tile.
@@ -105,12 +104,12 @@ pub(super) fn write_column_constants(w: &mut Writer<String>, columns: ColumnsFir
 pub(super) fn write_producer_columns(w: &mut Writer<String>, plan: &Plan, columns: ColumnsFirst) -> fmt::Result {
     let spec = plan.spec;
     let name = |kind| arg_name(spec, kind);
-    let [k, v] = [Operand::K, Operand::V].map(|op| {
+    // This (batch, K/V head)'s rows of K and V, and their row strides.
+    let [(k_rows, k_stride), (v_rows, v_stride)] = [Operand::K, Operand::V].map(|op| {
         let [ptr, batch, head, seq] =
             [ArgKind::Ptr(op), Stride(op, Axis::Batch), Stride(op, Axis::Head), Stride(op, Axis::Seq)].map(name);
         (format!("{ptr} + b * {batch} + kv_head * {head}"), seq)
     });
-    let ((k_rows, k_stride), (v_rows, v_stride)) = (k, v);
     let selector = columns.part.part + 1;
     write!(
         w,
