@@ -132,9 +132,9 @@ fn union_masks_in_every_configuration() {
 /// tile ahead of the walk where C fits it (4, 16, and 32, as many keys as
 /// it holds) and where it does not (33), beside a window that keeps the
 /// first tile from the walk for most items and global rows that bring it
-/// back for the first; a literal `4 >= k` with a score at a padded head
-/// dim; every candidate configuration (one warpgroup per CTA has no column
-/// tile).
+/// back for the first; a per-query term staged with Q; a literal `4 >= k`
+/// with a score at a padded head dim; every candidate configuration (one
+/// warpgroup per CTA has no column tile).
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn global_columns_first_in_every_configuration() {
@@ -156,7 +156,15 @@ fn global_columns_first_in_every_configuration() {
          mask: (q >= k && q - k < window) || 4 >= k, score: 30.0 * tanh(score / 30.0) }",
     )
     .unwrap();
+    // A per-query term, which the producer stages with Q and the column tile's
+    // logits read.
+    let row_bias = flashgen::parse_one(
+        "RowBias { dtype: bf16, head_dim: 64, param sinks: i32, param window: i32, tensor rb: f32[Q_LEN], \
+         mask: k < sinks || (q >= k && q - k < window), score: score + rb[q] }",
+    )
+    .unwrap();
     let cases = vec![
+        valued(row_bias, &[("sinks", 7)]),
         valued(with(window.clone(), Dtype::Bf16, 64, 64), &[("sinks", 4)]),
         valued(with(window.clone(), Dtype::F16, 64, 64), &[("sinks", 16)]),
         valued(with(window.clone(), Dtype::Bf16, 64, 64), &[("sinks", 32)]),
