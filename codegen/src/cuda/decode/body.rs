@@ -4,7 +4,7 @@
 
 use super::columns;
 use super::logit::write_logit;
-use super::plan::{DecodeConfig, KvCacheDtype, WarpSplit};
+use super::plan::{DecodeCache, DecodeConfig, KvCacheDtype, WarpSplit};
 use super::queries::DecodeQueries;
 use super::tiles::write_tile_kept;
 use crate::cuda::writer::Writer;
@@ -66,16 +66,6 @@ const E4M3_Q_F16: &str = "\
 load_q_rows<BLOCK_M, DP, D, THREADS, true>(q_tile, q_rows);
 const float qk_scale = scale * k_descale[kv_head * k_descale_stride];
 ";
-
-/// Where the kernel's K/V rows live: the one thing a paged decode kernel
-/// prints differently (its lengths, row addressing and tile copies).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DecodeCache {
-    /// `[batch, max_kv_len, heads_kv, d]`, rows through `KvRows`.
-    Dense,
-    /// Pages through a block table, rows through `PagedKvRows`.
-    Paged,
-}
 
 /// Which rows, keys and split the CTA owns, and how it addresses the cache.
 fn write_coordinates(w: &mut Writer<String>, spec: &Spec, cache: DecodeCache, queries: DecodeQueries) -> fmt::Result {

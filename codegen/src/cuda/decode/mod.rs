@@ -95,10 +95,9 @@ mod plan;
 mod queries;
 mod tiles;
 
-pub use body::DecodeCache;
 pub use plan::{
-    split_candidates, split_count, DecodeConfig, DecodeUnfit, KvCacheDtype, SplitLaunch, WarpSplit, DECODE_BLOCK_N,
-    DECODE_COLUMNS_BLOCK_N, DECODE_WARPS, MAX_SPLITS,
+    split_candidates, split_count, DecodeCache, DecodeConfig, DecodeUnfit, KvCacheDtype, SplitLaunch, WarpSplit,
+    DECODE_BLOCK_N, DECODE_COLUMNS_BLOCK_N, DECODE_WARPS, MAX_SPLITS,
 };
 pub use queries::DecodeQueries;
 

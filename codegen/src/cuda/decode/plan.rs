@@ -4,9 +4,18 @@
 //! launch's CTAs and the SM count. Pure functions of shapes and a
 //! [`Target`], so they are unit-tested without a GPU.
 
-use super::body::DecodeCache;
 use crate::cuda::target::{pad16, Target};
 use crate::spec::Spec;
+
+/// Where the kernel's K/V rows live: the one thing a paged decode kernel
+/// prints differently (its lengths, row addressing and tile copies).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DecodeCache {
+    /// `[batch, max_kv_len, heads_kv, d]`, rows through `KvRows`.
+    Dense,
+    /// Pages through a block table, rows through `PagedKvRows`.
+    Paged,
+}
 
 /// What keys a compiled decode kernel besides its spec: rows per tile,
 /// pipeline depth, how the warps share a tile, the cache's element format

@@ -12,82 +12,15 @@
 //! items with C <= `COLUMN_KEYS`.
 
 use super::logit::write_apply_logits;
-use super::plan::Plan;
+use super::plan::{ColumnsFirst, Plan};
 use super::softmax::{write_softmax, Rescale};
 use super::trace::{self, Event};
 use super::wgmma_step::{write_fence_accumulators, write_wgmma_pv_over, write_wgmma_s_over};
 use crate::abi::ArgKind::{self, Stride};
 use crate::abi::{Axis, Operand};
-use crate::cuda::kit::expr::c_expr;
-use crate::cuda::kit::hoist::{hoist, Level};
-use crate::cuda::kit::terms::spec_exprs;
 use crate::cuda::signature::arg_name;
-use crate::cuda::tile_config::{ping_pong, warp_specialized, TileConfig};
 use crate::cuda::writer::Writer;
-use crate::mask_parts::{GlobalColumns, MaskParts};
-use crate::spec::{ExprKind, Spec};
 use std::fmt::{self, Write};
-
-/// A kernel's global columns and the keys of their tile.
-#[derive(Clone, Copy)]
-pub(super) struct ColumnsFirst<'s> {
-    pub part: GlobalColumns<'s>,
-    /// `COLUMN_KEYS`: a multiple of 16, at most the tile's `BLOCK_N`.
-    pub keys: u32,
-}
-
-impl<'s> ColumnsFirst<'s> {
-    /// The global columns of `spec`'s forward in `config`, where it takes
-    /// them first: head dims up to 64 that allow 16-byte copies, a kernel
-    /// whose consumer warpgroups take turns (wgmma, warp-specialized), no
-    /// per-key spec term (the producer stages those per ring tile). A
-    /// literal C gets a tile of C keys rounded up to 16 (up to 64), a param
-    /// one 32 keys (StreamingLLM's 4 sinks, Longformer's 32 global
-    /// columns). Elsewhere the column tile did not pay: at d = 128 the
-    /// skipped tile's time went to the tile's latency chain and the
-    /// producer's spills, and one warpgroup per CTA has no turns for
-    /// another warpgroup to fill while its chain runs.
-    pub(super) fn of(spec: &'s Spec, config: TileConfig) -> Option<ColumnsFirst<'s>> {
-        let dims = spec.head_dims;
-        let narrow = TileConfig::padded_head_dim(spec) <= 64;
-        if !(narrow
-            && ping_pong(config)
-            && warp_specialized(config)
-            && dims.qk.is_multiple_of(8)
-            && dims.v.is_multiple_of(8))
-        {
-            return None;
-        }
-        let part = MaskParts::of(spec.mask.as_ref())?.global_columns()?;
-        if hoist(&spec_exprs(spec)).iter().any(|h| h.level == Level::Column) {
-            return None;
-        }
-        let keys = match part.bound.kind {
-            ExprKind::Int(c) => {
-                let end = i64::from(c) + i64::from(part.inclusive);
-                u32::try_from(end).ok().filter(|end| (1..=64).contains(end))?.next_multiple_of(16)
-            }
-            _ => 32,
-        };
-        (keys <= config.block_n).then_some(ColumnsFirst { part, keys })
-    }
-
-    /// Shared memory of one Q buffer's column tile: `keys` rows of K and
-    /// of V, whole 64-column panels.
-    pub(super) fn tile_bytes(spec: &Spec, config: TileConfig, (qk_cols, v_cols): (u32, u32)) -> u32 {
-        ColumnsFirst::of(spec, config).map_or(0, |columns| 2 * columns.keys * (qk_cols + v_cols))
-    }
-
-    /// C, or C + 1 where the disjunct is inclusive: the keys the column
-    /// tile must hold (C expression).
-    fn end(&self, spec: &Spec) -> String {
-        let bound = c_expr(spec, self.part.bound);
-        match self.part.inclusive {
-            true => format!("{bound} + 1"),
-            false => bound,
-        }
-    }
-}
 
 /// The kernel's constants of the column tile.
 pub(super) fn write_column_constants(w: &mut Writer<String>, columns: ColumnsFirst) -> fmt::Result {
@@ -172,6 +105,7 @@ pub(super) fn write_consumer_columns(w: &mut Writer<String>, plan: &Plan, column
 mod tests {
     use super::*;
     use crate::cuda::target::Mma;
+    use crate::cuda::tile_config::TileConfig;
 
     const TWO: TileConfig = TileConfig { mma: Mma::Wgmma, warps: 8, m_tiles: 1, block_n: 128 };
 

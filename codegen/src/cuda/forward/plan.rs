@@ -3,16 +3,16 @@
 //! split, all within what the target's SM offers.
 
 use super::e4m3::{e4m3_tile_bytes, Operands};
-use super::global_columns::ColumnsFirst;
 use super::mma::{smem_slack, tile_cols};
 use super::softmax::{RowSums, SUnits};
 use crate::abi::Operand;
+use crate::cuda::kit::expr::c_expr;
 use crate::cuda::kit::hoist::{hoist, Level};
 use crate::cuda::kit::terms::{spec_exprs, KeyTerms};
 use crate::cuda::target::{pad16, Mma, Target};
-use crate::cuda::tile_config::{warp_specialized, TileConfig, TileCopy};
-use crate::mask_parts::{GlobalRows, MaskParts};
-use crate::spec::Spec;
+use crate::cuda::tile_config::{ping_pong, warp_specialized, TileConfig, TileCopy};
+use crate::mask_parts::{GlobalColumns, GlobalRows, MaskParts};
+use crate::spec::{ExprKind, Spec};
 
 /// Every choice of one forward kernel, made before anything is printed:
 /// the emitters print a plan and decide nothing of their own.
@@ -56,6 +56,68 @@ pub(super) struct Plan<'s> {
     pub dropout: bool,
     /// The element format of Q, K and V (`e4m3`).
     pub operands: Operands,
+}
+
+/// A kernel's global columns, taken from a tile of their own ahead of each
+/// item's walk (`global_columns`), and that tile's keys.
+#[derive(Clone, Copy)]
+pub(super) struct ColumnsFirst<'s> {
+    pub part: GlobalColumns<'s>,
+    /// `COLUMN_KEYS`: a multiple of 16, at most the tile's `BLOCK_N`.
+    pub keys: u32,
+}
+
+impl<'s> ColumnsFirst<'s> {
+    /// The global columns of `spec`'s forward in `config`, where it takes
+    /// them first: head dims up to 64 that allow 16-byte copies, a kernel
+    /// whose consumer warpgroups take turns (wgmma, warp-specialized), no
+    /// per-key spec term (the producer stages those per ring tile). A
+    /// literal C gets a tile of C keys rounded up to 16 (up to 64), a param
+    /// one 32 keys (StreamingLLM's 4 sinks, Longformer's 32 global
+    /// columns). Elsewhere the tile did not pay: at d = 128 (level beside a
+    /// window, Longformer slower as its producer spilled more), and with one
+    /// warpgroup per CTA, where no other warpgroup's turn overlaps the
+    /// tile's chain of waited products.
+    pub(super) fn of(spec: &'s Spec, config: TileConfig) -> Option<ColumnsFirst<'s>> {
+        let dims = spec.head_dims;
+        let narrow = TileConfig::padded_head_dim(spec) <= 64;
+        if !(narrow
+            && ping_pong(config)
+            && warp_specialized(config)
+            && dims.qk.is_multiple_of(8)
+            && dims.v.is_multiple_of(8))
+        {
+            return None;
+        }
+        let part = MaskParts::of(spec.mask.as_ref())?.global_columns()?;
+        if hoist(&spec_exprs(spec)).iter().any(|h| h.level == Level::Column) {
+            return None;
+        }
+        let keys = match part.bound.kind {
+            ExprKind::Int(c) => {
+                let end = i64::from(c) + i64::from(part.inclusive);
+                u32::try_from(end).ok().filter(|end| (1..=64).contains(end))?.next_multiple_of(16)
+            }
+            _ => 32,
+        };
+        (keys <= config.block_n).then_some(ColumnsFirst { part, keys })
+    }
+
+    /// Shared memory of one Q buffer's column tile: `keys` rows of K and
+    /// of V, whole 64-column panels.
+    pub(super) fn tile_bytes(spec: &Spec, config: TileConfig, (qk_cols, v_cols): (u32, u32)) -> u32 {
+        ColumnsFirst::of(spec, config).map_or(0, |columns| 2 * columns.keys * (qk_cols + v_cols))
+    }
+
+    /// C, or C + 1 where the disjunct is inclusive: the keys the column
+    /// tile must hold (C expression).
+    pub(super) fn end(&self, spec: &Spec) -> String {
+        let bound = c_expr(spec, self.part.bound);
+        match self.part.inclusive {
+            true => format!("{bound} + 1"),
+            false => bound,
+        }
+    }
 }
 
 /// Registers per thread of a warp-specialized kernel: at launch, then the
