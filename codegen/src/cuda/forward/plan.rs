@@ -69,16 +69,27 @@ pub(super) struct ColumnsFirst<'s> {
 
 impl<'s> ColumnsFirst<'s> {
     /// The global columns of `spec`'s forward in `config`, where it takes
-    /// them first: head dims up to 64 that allow 16-byte copies, a kernel
-    /// whose consumer warpgroups take turns (wgmma, warp-specialized), no
-    /// per-key spec term (the producer stages those per ring tile). A
-    /// literal C gets a tile of C keys rounded up to 16 (up to 64), a param
-    /// one 32 keys (StreamingLLM's 4 sinks, Longformer's 32 global
-    /// columns). Elsewhere the tile did not pay: at d = 128 (level beside a
-    /// window, Longformer slower as its producer spilled more), and with one
-    /// warpgroup per CTA, where no other warpgroup's turn overlaps the
-    /// tile's chain of waited products.
+    /// them first: where [`ColumnsFirst::reserved`] and no spec term is
+    /// per key (the producer stages those per ring tile).
     pub(super) fn of(spec: &'s Spec, config: TileConfig) -> Option<ColumnsFirst<'s>> {
+        let columns = ColumnsFirst::reserved(spec, config)?;
+        let per_key = hoist(&spec_exprs(spec)).iter().any(|h| h.level == Level::Column);
+        (!per_key).then_some(columns)
+    }
+
+    /// The column tile that `config`'s kernels of `spec` reserve shared
+    /// memory for (every operand layout's, and those with a per-key term,
+    /// which take none: this test stays cheap on a ragged launch's choice of
+    /// configuration): head dims up to 64 that allow 16-byte copies, a
+    /// kernel whose consumer warpgroups take turns (wgmma,
+    /// warp-specialized), a mask with global columns. A literal C gets a
+    /// tile of C keys rounded up to 16 (up to 64), a param one 32 keys
+    /// (StreamingLLM's 4 sinks, Longformer's 32 global columns). Elsewhere
+    /// the tile did not pay: at d = 128 (level beside a window, Longformer
+    /// slower as its producer spilled more), and with one warpgroup per
+    /// CTA, where no other warpgroup's turn overlaps the tile's chain of
+    /// waited products.
+    fn reserved(spec: &'s Spec, config: TileConfig) -> Option<ColumnsFirst<'s>> {
         let dims = spec.head_dims;
         let narrow = TileConfig::padded_head_dim(spec) <= 64;
         if !(narrow
@@ -90,9 +101,6 @@ impl<'s> ColumnsFirst<'s> {
             return None;
         }
         let part = MaskParts::of(spec.mask.as_ref())?.global_columns()?;
-        if hoist(&spec_exprs(spec)).iter().any(|h| h.level == Level::Column) {
-            return None;
-        }
         let keys = match part.bound.kind {
             ExprKind::Int(c) => {
                 let end = i64::from(c) + i64::from(part.inclusive);
@@ -104,9 +112,9 @@ impl<'s> ColumnsFirst<'s> {
     }
 
     /// Shared memory of one Q buffer's column tile: `keys` rows of K and
-    /// of V, whole 64-column panels.
+    /// of V, whole 64-column panels, where [`ColumnsFirst::reserved`].
     pub(super) fn tile_bytes(spec: &Spec, config: TileConfig, (qk_cols, v_cols): (u32, u32)) -> u32 {
-        ColumnsFirst::of(spec, config).map_or(0, |columns| 2 * columns.keys * (qk_cols + v_cols))
+        ColumnsFirst::reserved(spec, config).map_or(0, |columns| 2 * columns.keys * (qk_cols + v_cols))
     }
 
     /// C, or C + 1 where the disjunct is inclusive: the keys the column
