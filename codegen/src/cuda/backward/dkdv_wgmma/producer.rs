@@ -80,7 +80,7 @@ pub(super) fn write(
         float* dq_last = nullptr;  // the last visited step's first accumulator tile\n\
         int dq_last_bytes = 0;  // and the bytes of its tiles\n"
     )?;
-    write_kv_loads(w, spec, layout, copy, packing)?;
+    write_kv_loads(w, spec, copy, packing.tma_seq(Operand::K), layout.k_half_cols().is_some())?;
     // With TMA the leader also publishes for the copies it issued.
     let publish = match copy {
         TileCopy::Tma => "if (leader) ",
@@ -121,21 +121,13 @@ pub(super) fn write(
     writeln!(w, "return;")
 }
 
-/// The CTA's K and V tiles (and K's upper half copied, where the layout
-/// has one), once, completing `kv_full`.
-fn write_kv_loads(
-    w: &mut Writer<String>,
-    spec: &Spec,
-    layout: &Layout,
-    copy: TileCopy,
-    packing: Packing,
-) -> fmt::Result {
-    let k_half = layout.k_half_cols().is_some();
+/// The CTA's K and V tiles (and K's upper half copied where `k_half`),
+/// once, completing `kv_full`; with TMA, at batch row or sequence `seq`.
+fn write_kv_loads(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, seq: &str, k_half: bool) -> fmt::Result {
     let kv_len = arg_name(spec, ArgKind::KvLen);
     let [k_stride, v_stride] = [Operand::K, Operand::V].map(|op| arg_name(spec, ArgKind::Stride(op, Axis::Seq)));
     match copy {
         TileCopy::Tma => {
-            let seq = packing.tma_seq(Operand::K);
             writeln!(w, "if (leader) {{")?;
             writeln!(w, "    tma_load_tile<BLOCK_N, DPC>(k_tile, {K_MAP}, kv_full, k0, kv_head, {seq});")?;
             writeln!(w, "    tma_load_tile<BLOCK_N, DVPC>(v_tile, {V_MAP}, kv_full, k0, kv_head, {seq});")?;
