@@ -67,7 +67,7 @@ impl<'e> MaskParts<'e> {
 
     /// The disjunct that makes the first keys global ([`GlobalColumns`]).
     pub fn global_columns(&self) -> Option<GlobalColumns<'e>> {
-        self.first_of(Builtin::K).map(|(part, bound, inclusive)| GlobalColumns { part, bound, inclusive })
+        self.first_of(Builtin::K).map(|(disjunct, bound, inclusive)| GlobalColumns { disjunct, bound, inclusive })
     }
 
     /// The first disjunct `x < R` (or `x <= R`, `R > x`, `R >= x`) with R a
@@ -169,7 +169,7 @@ impl GlobalRows<'_> {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GlobalColumns<'e> {
     /// The disjunct's index among the mask's disjuncts.
-    pub part: usize,
+    pub disjunct: usize,
     /// C.
     pub bound: &'e Expr,
     /// Whether key C is global too (`<=`, `>=`).
@@ -249,7 +249,7 @@ mod tests {
         let columns = |body: &str| {
             let e = mask(body);
             let parts = MaskParts::of(Some(&e))?;
-            parts.global_columns().map(|g| (g.part, g.inclusive, matches!(g.bound.kind, ExprKind::Param(_))))
+            parts.global_columns().map(|g| (g.disjunct, g.inclusive, matches!(g.bound.kind, ExprKind::Param(_))))
         };
         assert_eq!(columns("(q - k <= w && k - q <= w) || q < g || k < g"), Some((2, false, true)));
         assert_eq!(columns("k < g || (q >= k && q - k < w)"), Some((0, false, true)));

@@ -11,13 +11,13 @@
 //! walk it as before, so any C is exact: the narrow tile only serves
 //! items with C <= `COLUMN_KEYS`.
 
+use super::item::dense_rows;
 use super::logit::write_apply_logits;
 use super::plan::{ColumnsFirst, Plan};
 use super::softmax::{write_softmax, Rescale};
 use super::trace::{self, Event};
 use super::wgmma_step::{write_fence_accumulators, write_wgmma_pv_over, write_wgmma_s_over};
-use crate::abi::ArgKind::{self, Stride};
-use crate::abi::{Axis, Operand};
+use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::signature::arg_name;
 use crate::cuda::writer::Writer;
 use std::fmt::{self, Write};
@@ -36,14 +36,10 @@ pub(super) fn write_column_constants(w: &mut Writer<String>, columns: ColumnsFir
 /// past the first tile.
 pub(super) fn write_producer_columns(w: &mut Writer<String>, plan: &Plan, columns: ColumnsFirst) -> fmt::Result {
     let spec = plan.spec;
-    let name = |kind| arg_name(spec, kind);
     // This (batch, K/V head)'s rows of K and V, and their row strides.
-    let [(k_rows, k_stride), (v_rows, v_stride)] = [Operand::K, Operand::V].map(|op| {
-        let [ptr, batch, head, seq] =
-            [ArgKind::Ptr(op), Stride(op, Axis::Batch), Stride(op, Axis::Head), Stride(op, Axis::Seq)].map(name);
-        (format!("{ptr} + b * {batch} + kv_head * {head}"), seq)
-    });
-    let selector = columns.part.part + 1;
+    let [(k_rows, k_stride), (v_rows, v_stride)] = [Operand::K, Operand::V]
+        .map(|op| (dense_rows(spec, op, "kv_head"), arg_name(spec, ArgKind::Stride(op, Axis::Seq))));
+    let selector = columns.global.disjunct + 1;
     write!(
         w,
         "\
@@ -86,7 +82,7 @@ pub(super) fn write_consumer_columns(w: &mut Writer<String>, plan: &Plan, column
         write_wgmma_s_over(w, plan, columns.keys, "COLUMN_KEYS")?;
         writeln!(w, "wgmma_wait<0>();")?;
         writeln!(w, "fence_operands(s[0]);")?;
-        let only = columns.part.part;
+        let only = columns.global.disjunct;
         write_apply_logits(w, &format!("logit_only{only}(x, q, n * 8 + 2 * t + c, i, n, c)"))?;
         write_softmax(w, plan.units, Rescale::Inline, plan.row_sums)?;
         writeln!(w, "unsigned p[COLUMN_KEYS / 16][4];")?;

@@ -59,14 +59,13 @@ pub(super) fn write_item_rows(w: &mut Writer<String>, plan: &Plan, role: ItemRol
         writeln!(w, "\n// This (batch, head)'s rows of each operand; 64-bit offsets throughout.")?;
     }
     for (op, rows, head) in ops {
-        let ptr = name(ArgKind::Ptr(op));
-        let origin = match plan.varlen {
-            true => varlen::rows_origin(plan, op),
-            false => Some(format!("b * {}", name(ArgKind::Stride(op, Axis::Batch)))),
+        let [ptr, head_stride] = [ArgKind::Ptr(op), ArgKind::Stride(op, Axis::Head)].map(name);
+        let first = match plan.varlen {
+            true => varlen::rows_origin(plan, op).map(|origin| format!("{ptr} + {origin} + {head} * {head_stride}")),
+            false => Some(dense_rows(spec, op, head)),
         };
-        let head_stride = name(ArgKind::Stride(op, Axis::Head));
-        match origin {
-            Some(origin) => writeln!(w, "auto* {rows} = {ptr} + {origin} + {head} * {head_stride};")?,
+        match first {
+            Some(first) => writeln!(w, "auto* {rows} = {first};")?,
             None => {
                 writeln!(w, "auto* {rows} = {ptr} + {head} * {head_stride};  // the head's first element of page 0")?;
                 varlen::paged_rows(w, spec, op, rows)?;
@@ -95,6 +94,15 @@ pub(super) fn write_item_rows(w: &mut Writer<String>, plan: &Plan, role: ItemRol
         )?;
     }
     writeln!(w)
+}
+
+/// The first element of (batch `b`, head `head`)'s rows of dense operand
+/// `op` (C expression; 64-bit offsets).
+pub(super) fn dense_rows(spec: &Spec, op: Operand, head: &str) -> String {
+    let name = |kind| arg_name(spec, kind);
+    let [ptr, batch, head_stride] =
+        [ArgKind::Ptr(op), ArgKind::Stride(op, Axis::Batch), ArgKind::Stride(op, Axis::Head)].map(name);
+    format!("{ptr} + b * {batch} + {head} * {head_stride}")
 }
 
 /// `load_tile`'s arguments for the Q tile into `q_tile`.

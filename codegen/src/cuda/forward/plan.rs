@@ -62,7 +62,7 @@ pub(super) struct Plan<'s> {
 /// item's walk (`global_columns`), and that tile's keys.
 #[derive(Clone, Copy)]
 pub(super) struct ColumnsFirst<'s> {
-    pub part: GlobalColumns<'s>,
+    pub global: GlobalColumns<'s>,
     /// `COLUMN_KEYS`: a multiple of 16, at most the tile's `BLOCK_N`.
     pub keys: u32,
 }
@@ -100,15 +100,15 @@ impl<'s> ColumnsFirst<'s> {
         {
             return None;
         }
-        let part = MaskParts::of(spec.mask.as_ref())?.global_columns()?;
-        let keys = match part.bound.kind {
+        let global = MaskParts::of(spec.mask.as_ref())?.global_columns()?;
+        let keys = match global.bound.kind {
             ExprKind::Int(c) => {
-                let end = i64::from(c) + i64::from(part.inclusive);
+                let end = i64::from(c) + i64::from(global.inclusive);
                 u32::try_from(end).ok().filter(|end| (1..=64).contains(end))?.next_multiple_of(16)
             }
             _ => 32,
         };
-        (keys <= config.block_n).then_some(ColumnsFirst { part, keys })
+        (keys <= config.block_n).then_some(ColumnsFirst { global, keys })
     }
 
     /// Shared memory of one Q buffer's column tile: `keys` rows of K and
@@ -120,8 +120,8 @@ impl<'s> ColumnsFirst<'s> {
     /// C, or C + 1 where the disjunct is inclusive: the keys the column
     /// tile must hold (C expression).
     pub(super) fn end(&self, spec: &Spec) -> String {
-        let bound = c_expr(spec, self.part.bound);
-        match self.part.inclusive {
+        let bound = c_expr(spec, self.global.bound);
+        match self.global.inclusive {
             true => format!("{bound} + 1"),
             false => bound,
         }
