@@ -70,6 +70,23 @@ impl<'e> MaskParts<'e> {
         self.first_of(Builtin::K).map(|(disjunct, bound, inclusive)| GlobalColumns { disjunct, bound, inclusive })
     }
 
+    /// A mask `columns || rest` of two disjuncts, one of them global
+    /// columns `k < C`: those columns and `rest && k >= C`, the pairs it
+    /// keeps past them (`k >= C` joins rest's last conjunct, so that a
+    /// window's causal first conjunct stays on its own).
+    pub fn past_columns(&self) -> Option<(GlobalColumns<'e>, Expr)> {
+        let MaskParts::Disjuncts(list) = self else { return None };
+        let columns = self.global_columns().filter(|_| list.len() == 2)?;
+        let rest = list[1 - columns.disjunct];
+        let and =
+            |a: Expr, b: Expr| Expr { ty: Ty::Bool, kind: ExprKind::Binary(BinOp::And, Box::new(a), Box::new(b)) };
+        let past = match &rest.kind {
+            ExprKind::Binary(BinOp::And, a, b) => and((**a).clone(), and((**b).clone(), columns.past())),
+            _ => and(rest.clone(), columns.past()),
+        };
+        Some((columns, past))
+    }
+
     /// The first disjunct `x < R` (or `x <= R`, `R > x`, `R >= x`) with R a
     /// literal or an i32 param: its index, R and whether it is inclusive.
     fn first_of(&self, x: Builtin) -> Option<(usize, &'e Expr, bool)> {
@@ -176,6 +193,23 @@ pub struct GlobalColumns<'e> {
     pub inclusive: bool,
 }
 
+impl GlobalColumns<'_> {
+    /// `k < C` (`k <= C` where inclusive): the columns themselves.
+    pub fn keep(&self) -> Expr {
+        self.k_against(if self.inclusive { BinOp::Le } else { BinOp::Lt })
+    }
+
+    /// `k >= C` (`k > C` where inclusive): the keys past the columns.
+    pub fn past(&self) -> Expr {
+        self.k_against(if self.inclusive { BinOp::Gt } else { BinOp::Ge })
+    }
+
+    fn k_against(&self, op: BinOp) -> Expr {
+        let k = Expr { ty: Ty::I32, kind: ExprKind::Builtin(Builtin::K) };
+        Expr { ty: Ty::Bool, kind: ExprKind::Binary(op, Box::new(k), Box::new(self.bound.clone())) }
+    }
+}
+
 /// The (batch, head) pair (`bh` = b · heads + h) and query tile of work
 /// item `item` when global rows go first: the `dense_tiles` first query
 /// tiles of every (batch, head) are the first items, tile by tile, so that
@@ -257,6 +291,37 @@ mod tests {
         assert_eq!(columns("q < g || q >= k"), None);
         assert_eq!(columns("k < g && q >= k"), None);
         assert_eq!(columns("k > g || q >= k"), None);
+    }
+
+    #[test]
+    fn past_columns_and_the_columns_split_the_mask() {
+        use crate::reference::{Arith, Env, Position, Value};
+        let source =
+            |body: &str| format!("S {{ dtype: bf16, head_dim: 64, param w: i32, param g: i32, mask: {body} }}");
+        for body in
+            ["k < g || (q >= k && q - k < w)", "g >= k || (q - k < w && k - q < w)", "(q >= k && q - k < w) || k <= g"]
+        {
+            let spec = parse_one(&source(body)).unwrap();
+            let parts = MaskParts::of(spec.mask.as_ref()).unwrap();
+            let (columns, past) = parts.past_columns().unwrap();
+            let shape = Shape { batch: 1, heads: 1, heads_kv: 1, q_len: 90, kv_len: 90 };
+            for (w, g) in [(0, 4), (5, -3), (17, 0), (50, 33), (200, 100)] {
+                let params = [ParamValue::I32(w), ParamValue::I32(g)];
+                let env = Env::new(&spec, &shape, &params, &[], Arith::F64).unwrap();
+                let keeps =
+                    |e: &Expr, q, k| env.eval(e, &Position { b: 0, h: 0, q, k, score: 0.0 }) == Value::Bool(true);
+                for (q, k) in (0..90).flat_map(|q| (0..90).map(move |k| (q, k))) {
+                    let (whole, kept, rest) =
+                        (keeps(spec.mask.as_ref().unwrap(), q, k), keeps(&columns.keep(), q, k), keeps(&past, q, k));
+                    assert_eq!(whole, kept || rest, "{body} at w {w}, g {g}, ({q}, {k})");
+                    assert!(!(kept && rest), "{body}: ({q}, {k}) in both");
+                }
+            }
+        }
+        let three = mask("(q - k <= w && k - q <= w) || q < g || k < g");
+        assert!(MaskParts::of(Some(&three)).unwrap().past_columns().is_none());
+        let rows = mask("q < g || (q >= k && q - k < w)");
+        assert!(MaskParts::of(Some(&rows)).unwrap().past_columns().is_none());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! for a spec ([`TileConfig::feasible`]); the order among them is a
 //! measured policy and lives here (docs/kernels.md gives the measurements).
 
-use flashgen_codegen::cuda::{e4m3_supports, is_light, Mma, Target, TileConfig};
+use flashgen_codegen::cuda::{columns_apart, e4m3_supports, is_light, Mma, Target, TileConfig};
 use flashgen_codegen::mask_parts::MaskParts;
 use flashgen_codegen::{BinOp, Expr, ExprKind, Spec};
 
@@ -148,10 +148,16 @@ const fn wgmma_pair(block_n: u32) -> TileConfig {
 /// 0.428 / 0.433 against three warpgroups' 0.525 / 0.621; 4 sinks beside a
 /// 1024-key window 0.472 / 0.478 against 0.538 / 0.541 and one warpgroup's
 /// 0.546 / 0.554. An `||` of plain comparisons (a prefix, then causal) keeps
-/// three: 0.665 / 2.204 at 4k / 16k against two's 0.784 / 2.745.
+/// three: 0.665 / 2.204 at 4k / 16k against two's 0.784 / 2.745. Nor is
+/// a band beside global columns alone one ([`columns_apart`]: the walk
+/// keeps the band past the columns, a plain window's shape): there three
+/// warpgroups ran level with two (sinks beside a window, 0.432 / 0.446
+/// against 0.434 / 0.448 ms).
 fn banded_disjuncts(spec: &Spec) -> bool {
     let conjunction = |e: &&Expr| matches!(e.kind, ExprKind::Binary(BinOp::And, ..));
-    matches!(MaskParts::of(spec.mask.as_ref()), Some(MaskParts::Disjuncts(terms)) if terms.iter().any(conjunction))
+    let banded =
+        matches!(MaskParts::of(spec.mask.as_ref()), Some(MaskParts::Disjuncts(terms)) if terms.iter().any(conjunction));
+    banded && !columns_apart(spec)
 }
 
 /// Keys beyond which [`preferred_for`] may differ from
@@ -247,22 +253,24 @@ mod tests {
 
     /// At d <= 64 an `||` with an `&&` term (global tokens beside a band,
     /// sinks beside a window) prefers two warpgroups at every length; three
-    /// and one a CTA stay candidates. An `||` of comparisons (a prefix)
-    /// takes three past 2048 keys.
+    /// and one a CTA stay candidates. An `||` of comparisons (a prefix), and
+    /// sinks beside a window, whose walk keeps the window alone, take three
+    /// past 2048 keys.
     #[test]
     fn banded_disjuncts_prefer_two_warpgroups() {
         let hopper = Target::HOPPER;
-        let prefix = parse_one("S { dtype: bf16, head_dim: 64, param g: i32, mask: k < g || q >= k }").unwrap();
-        assert_eq!(preferred_for(&prefix, hopper, 1024), wgmma_pair(128));
-        assert_eq!(preferred_for(&prefix, hopper, 16384), THREE_WARPGROUPS);
-        for mask in ["(q - k <= w && k - q <= w) || q < g || k < g", "k < g || (q >= k && q - k < w)"] {
-            let source = format!("S {{ dtype: bf16, head_dim: 64, param w: i32, param g: i32, mask: {mask} }}");
-            let spec = parse_one(&source).unwrap();
-            for kv_len in [1024, 16384] {
-                assert_eq!(preferred_for(&spec, hopper, kv_len), wgmma_pair(128), "{mask} at {kv_len}");
-            }
-            let others = candidates(&spec, hopper);
-            assert!(others.contains(&THREE_WARPGROUPS) && others.contains(&ONE_WARPGROUP_PAIR), "{mask}");
+        let source =
+            |mask: &str| format!("S {{ dtype: bf16, head_dim: 64, param w: i32, param g: i32, mask: {mask} }}");
+        for mask in ["k < g || q >= k", "k < g || (q >= k && q - k < w)"] {
+            let spec = parse_one(&source(mask)).unwrap();
+            assert_eq!(preferred_for(&spec, hopper, 1024), wgmma_pair(128), "{mask}");
+            assert_eq!(preferred_for(&spec, hopper, 16384), THREE_WARPGROUPS, "{mask}");
         }
+        let longformer = parse_one(&source("(q - k <= w && k - q <= w) || q < g || k < g")).unwrap();
+        for kv_len in [1024, 16384] {
+            assert_eq!(preferred_for(&longformer, hopper, kv_len), wgmma_pair(128), "at {kv_len}");
+        }
+        let others = candidates(&longformer, hopper);
+        assert!(others.contains(&THREE_WARPGROUPS) && others.contains(&ONE_WARPGROUP_PAIR));
     }
 }

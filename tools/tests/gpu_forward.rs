@@ -128,13 +128,15 @@ fn union_masks_in_every_configuration() {
     in_every_configuration(&runtime(), specs.collect());
 }
 
-/// Global columns first (`k < C || ...`, head dims up to 64): the column
-/// tile ahead of the walk where C fits it (4, 16, and 32, as many keys as
-/// it holds) and where it does not (33), beside a window that keeps the
-/// first tile from the walk for most items and global rows that bring it
-/// back for the first; a per-query term staged with Q; a literal `4 >= k`
-/// with a score at a padded head dim; every candidate configuration (one
-/// warpgroup per CTA has no column tile).
+/// Global columns first (`k < C || ...`, head dims up to 64): beside a
+/// window, whose walk leaves the columns to the column tile, C within the
+/// producer's block (4, 16, 32), past it (33; 100, the consumers' blocks
+/// after the producer's; 5000, past every key) and none (0); beside a band
+/// (`C >= k`, inclusive: 41 keys); beside global rows (Longformer), where
+/// the walk keeps the whole mask and only items whose band keeps no pair
+/// of the first tile take the column tile; a per-query term staged with Q;
+/// a literal `4 >= k` with a score at a padded head dim; every candidate
+/// configuration (one warpgroup per CTA has no column tile).
 #[test]
 #[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
 fn global_columns_first_in_every_configuration() {
@@ -163,8 +165,17 @@ fn global_columns_first_in_every_configuration() {
          mask: k < sinks || (q >= k && q - k < window), score: score + rb[q] }",
     )
     .unwrap();
+    let band = flashgen::parse_one(
+        "BandSinks { dtype: bf16, head_dim: 64, param sinks: i32, param window: i32, \
+         mask: sinks >= k || (q - k < window && k - q < window) }",
+    )
+    .unwrap();
     let cases = vec![
         valued(row_bias, &[("sinks", 7)]),
+        valued(with(window.clone(), Dtype::Bf16, 64, 64), &[("sinks", 100)]),
+        valued(with(window.clone(), Dtype::F16, 64, 64), &[("sinks", 5000)]),
+        valued(with(window.clone(), Dtype::Bf16, 64, 64), &[("sinks", 0)]),
+        valued(band, &[("sinks", 40), ("window", 150)]),
         valued(with(window.clone(), Dtype::Bf16, 64, 64), &[("sinks", 4)]),
         valued(with(window.clone(), Dtype::F16, 64, 64), &[("sinks", 16)]),
         valued(with(window.clone(), Dtype::Bf16, 64, 64), &[("sinks", 32)]),

@@ -37,7 +37,7 @@ pub(super) fn write_tile_classes(
         writeln!(w, "auto next_tile = [](int j) {{ return j; }};")?;
         return match reader {
             ClassReader::Cta => writeln!(w, "auto tile_full = [](int) {{ return true; }};"),
-            ClassReader::RingWord => writeln!(w, "auto tile_bits = [](int) {{ return (int)TILE_FULL; }};"),
+            ClassReader::RingWord { .. } => writeln!(w, "auto tile_bits = [](int) {{ return (int)TILE_FULL; }};"),
         };
     };
     let (skip, full) = if block_uniform(mask, config.block_m(), config.block_n) {
@@ -109,11 +109,17 @@ pub(super) fn write_tile_classes(
         // pay for a scan over every tile of the row.\n"
     )?;
     write_next_tile(w, "kv_tiles", &format!("mask_class(j) == 0{skip}"), mask.reads_tensor())?;
-    let keeps_all = format!("span_class(j, j + 1).lo == 1 || mask_class(j) == 2{full}");
+    // The block mask's tiles kept whole, where they are the kernel's mask's.
+    let full = match reader {
+        ClassReader::RingWord { block_full: false } => full.to_string(),
+        _ => format!(" || mask_class(j) == 2{full}"),
+    };
+    let full = full.as_str();
+    let keeps_all = format!("span_class(j, j + 1).lo == 1{full}");
     match (reader, parts) {
         (ClassReader::Cta, _) => writeln!(w, "auto tile_full = [&](int j) {{ return {keeps_all}; }};"),
-        (ClassReader::RingWord, Some(parts)) => write_tile_bits(w, parts, kv_len, full),
-        (ClassReader::RingWord, None) => {
+        (ClassReader::RingWord { .. }, Some(parts)) => write_tile_bits(w, parts, kv_len, full),
+        (ClassReader::RingWord { .. }, None) => {
             writeln!(w, "auto tile_bits = [&](int j) -> int {{ return {keeps_all} ? TILE_FULL : 0; }};")
         }
     }
@@ -175,7 +181,7 @@ fn write_tile_bits(
             auto tile_bits = [&](int j) -> int {{\n\
             \x20   const int k_lo = j * BLOCK_N, k_hi = min_i32((j + 1) * BLOCK_N, {kv_len}) - 1;\n\
             \x20   const Range c0 = {a}, c1 = {b};  // not `b`: the spec's batch index\n\
-            \x20   if (r_and(c0, c1).lo == 1 || mask_class(j) == 2{full}) return TILE_FULL;\n\
+            \x20   if (r_and(c0, c1).lo == 1{full}) return TILE_FULL;\n\
             \x20   if ((j + 1) * (long long)BLOCK_N > {kv_len}) return 0;\n\
             \x20   return ((c0.lo == 1 ? 1 : 0) | (c1.lo == 1 ? 2 : 0)) * TILE_WHOLE;\n\
             }};\n"
@@ -194,7 +200,7 @@ fn write_tile_bits(
                 auto tile_bits = [&](int j) -> int {{\n\
                 \x20   const int k_lo = j * BLOCK_N, k_hi = min_i32((j + 1) * BLOCK_N, {kv_len}) - 1;\n\
                 \x20   const Range {decl};\n\
-                \x20   if ({union}.lo == 1 || mask_class(j) == 2{full}) return TILE_FULL;\n\
+                \x20   if ({union}.lo == 1{full}) return TILE_FULL;\n\
                 \x20   if ((j + 1) * (long long)BLOCK_N > {kv_len}) return 0;\n\
                 \x20   return ({lone}) * TILE_WHOLE;\n\
                 }};\n",
@@ -242,7 +248,11 @@ pub(super) fn cta_selector(spec: &Spec) -> &'static str {
 #[derive(Clone, Copy)]
 pub(super) enum ClassReader {
     Cta,
-    RingWord,
+    /// `block_full`: a block mask's tiles kept whole are the kernel's too
+    /// (not where it walks a narrower mask than the spec's: `walked_view`).
+    RingWord {
+        block_full: bool,
+    },
 }
 
 /// The threads that stage a tensor mask's block classes in shared memory

@@ -128,7 +128,8 @@ pub(super) fn write_spec_terms<'s>(
         Operands::Sixteen => arg_name(spec, ArgKind::Scale),
         Operands::E4m3 => "qk_scale".to_string(),
     };
-    write_logit(w, spec, &hoisted, &scale, kv_len)?;
+    let columns = plan.columns.map(|columns| columns.global.keep());
+    write_logit(w, spec, &hoisted, (&scale, kv_len), columns.as_ref())?;
     writeln!(w)?;
     Ok(hoisted)
 }

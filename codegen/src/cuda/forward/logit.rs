@@ -17,13 +17,15 @@ use std::fmt::{self, Write};
 /// the row slot and `(n, c)` the column slot, for hoisted terms.
 /// `logit_interior` is the same on `interior` tiles ([`interior_decl`]):
 /// no mask or bounds code. (Two lambdas rather than one generic
-/// lambda: NVRTC 13.0 rejects generic lambdas in device code.)
+/// lambda: NVRTC 13.0 rejects generic lambdas in device code.) With
+/// `columns` (a mask's global columns, `k < C`), `logit_columns` keeps
+/// those alone, for the column tile (`global_columns`).
 pub(super) fn write_logit(
     w: &mut Writer<String>,
     spec: &Spec,
     hoisted: &[Hoisted],
-    scale: &str,
-    kv_len: &str,
+    (scale, kv_len): (&str, &str),
+    columns: Option<&Expr>,
 ) -> fmt::Result {
     let c_expr = |e: &Expr| c_expr_in(spec, e, &|x| lookup(hoisted, x));
     let (prologue, logit) = match &spec.score {
@@ -124,6 +126,10 @@ pub(super) fn write_logit(
         for (x, e) in parts.exprs().iter().enumerate().filter(|&(x, _)| parts.decides(x)) {
             lambda(w, &format!("auto logit_only{x} = [&]({params}) -> float"), keep(Some(e), None, true))?;
         }
+    }
+    if let Some(columns) = columns {
+        writeln!(w, "// The global columns' tile: those columns alone, up to kv_len.")?;
+        lambda(w, &format!("auto logit_columns = [&]({params}) -> float"), keep(Some(columns), None, false))?;
     }
     Ok(())
 }

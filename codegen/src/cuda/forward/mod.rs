@@ -73,7 +73,8 @@ use cta::write_body;
 pub use e4m3::e4m3_supports;
 use e4m3::Operands;
 pub use light::is_light;
-use plan::Plan;
+pub use plan::columns_apart;
+use plan::{walked_view, Plan};
 use softmax::RowSums;
 use std::fmt::Write;
 
@@ -92,7 +93,8 @@ pub fn emit_forward_with(spec: &Spec, config: TileConfig) -> Kernel {
 /// [`emit_forward_with`], copying tiles as `copy` says where the
 /// configuration is warp-specialized (the others copy with their threads).
 pub fn emit_forward_copying(spec: &Spec, config: TileConfig, copy: TileCopy) -> Kernel {
-    emit(Plan::new(spec, config, copy))
+    let walked = walked_view(spec, config);
+    emit(Plan::new(spec, config, copy).walking(walked.as_ref()))
 }
 
 /// [`emit_forward_copying`] with dropout on the attention probabilities
@@ -140,7 +142,9 @@ pub fn emit_forward_paged(spec: &Spec, config: TileConfig, copy: TileCopy) -> Ke
 /// `None` where `config` is not warp-specialized: the events are the
 /// producer's and the consumers'.
 pub fn emit_forward_traced(spec: &Spec, config: TileConfig, copy: TileCopy) -> Option<Kernel> {
-    warp_specialized(config).then(|| emit(Plan { trace: true, ..Plan::new(spec, config, copy) }))
+    let walked = walked_view(spec, config);
+    warp_specialized(config)
+        .then(|| emit(Plan { trace: true, ..Plan::new(spec, config, copy).walking(walked.as_ref()) }))
 }
 
 /// The kernel that `plan` describes.

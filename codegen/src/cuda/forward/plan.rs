@@ -3,6 +3,7 @@
 //! split, all within what the target's SM offers.
 
 use super::e4m3::{e4m3_tile_bytes, Operands};
+use super::key_bounds::key_bounds;
 use super::mma::{smem_slack, tile_cols};
 use super::softmax::{RowSums, SUnits};
 use crate::abi::Operand;
@@ -12,7 +13,7 @@ use crate::cuda::kit::terms::{spec_exprs, KeyTerms};
 use crate::cuda::target::{pad16, Mma, Target};
 use crate::cuda::tile_config::{ping_pong, warp_specialized, TileConfig, TileCopy};
 use crate::mask_parts::{GlobalColumns, GlobalRows, MaskParts};
-use crate::spec::{ExprKind, Spec};
+use crate::spec::{Expr, ExprKind, Spec};
 
 /// Every choice of one forward kernel, made before anything is printed:
 /// the emitters print a plan and decide nothing of their own.
@@ -65,6 +66,24 @@ pub(super) struct ColumnsFirst<'s> {
     pub global: GlobalColumns<'s>,
     /// `COLUMN_KEYS`: a multiple of 16, at most the tile's `BLOCK_N`.
     pub keys: u32,
+    pub share: ColumnShare,
+}
+
+/// How an item's tile walk and its column tile share the global columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ColumnShare {
+    /// The walk keeps the whole mask; an item whose other disjuncts keep
+    /// no pair of its first tile starts past it and takes the columns from
+    /// the column tile, where they fit it (Longformer's three disjuncts, a
+    /// prefix beside a causal mask).
+    FirstTile,
+    /// The walk keeps the pairs past the columns (`rest && k >= C`: the
+    /// plan's spec is that view, [`walked_view`]) and every item takes
+    /// keys [0, C) from the column tile, `COLUMN_KEYS` at a time: where
+    /// `rest` is a band (sinks beside a window), whose union with the
+    /// columns crowded the walk's registers (three warpgroups spilled on
+    /// it) and tested both of a band's edges on each partial tile.
+    Apart,
 }
 
 impl<'s> ColumnsFirst<'s> {
@@ -72,35 +91,35 @@ impl<'s> ColumnsFirst<'s> {
     /// them first: where [`ColumnsFirst::reserved`] and no spec term is
     /// per key (the producer stages those per ring tile).
     pub(super) fn of(spec: &'s Spec, config: TileConfig) -> Option<ColumnsFirst<'s>> {
-        let columns = ColumnsFirst::reserved(spec, config)?;
-        let per_key = hoist(&spec_exprs(spec)).iter().any(|h| h.level == Level::Column);
-        (!per_key).then_some(columns)
+        ColumnsFirst::reserved(spec, config).filter(|_| !per_key_terms(spec))
     }
 
     /// The column tile that `config`'s kernels of `spec` reserve shared
     /// memory for (every operand layout's, and those with a per-key term,
     /// which take none: this test stays cheap on a ragged launch's choice of
-    /// configuration): head dims up to 64 that allow 16-byte copies, a
-    /// kernel whose consumer warpgroups take turns (wgmma,
-    /// warp-specialized), a mask with global columns. A literal C gets a
-    /// tile of C keys rounded up to 16 (up to 64), a param one 32 keys
-    /// (StreamingLLM's 4 sinks, Longformer's 32 global columns). Elsewhere
-    /// the tile did not pay: at d = 128 (level beside a window, Longformer
-    /// slower as its producer spilled more), and with one warpgroup per
-    /// CTA, where no other warpgroup's turn overlaps the tile's chain of
-    /// waited products.
+    /// configuration): [`ColumnsFirst::eligible`] columns, in a kernel whose
+    /// consumer warpgroups take turns (wgmma, warp-specialized). Elsewhere
+    /// the tile did not pay: with one warpgroup per CTA no other
+    /// warpgroup's turn overlaps the tile's chain of waited products.
     fn reserved(spec: &'s Spec, config: TileConfig) -> Option<ColumnsFirst<'s>> {
+        let columns = ColumnsFirst::eligible(spec)?;
+        (ping_pong(config) && warp_specialized(config) && columns.keys <= config.block_n).then_some(columns)
+    }
+
+    /// The column tile of `spec`, whatever the configuration: head dims up
+    /// to 64 that allow 16-byte copies, a mask with global columns. A
+    /// literal C gets a tile of C keys rounded up to 16 (up to 64), a param
+    /// one 32 keys (StreamingLLM's 4 sinks, Longformer's 32 global
+    /// columns). At d = 128 the tile did not pay (level beside a window,
+    /// Longformer slower as its producer spilled more).
+    fn eligible(spec: &'s Spec) -> Option<ColumnsFirst<'s>> {
         let dims = spec.head_dims;
         let narrow = TileConfig::padded_head_dim(spec) <= 64;
-        if !(narrow
-            && ping_pong(config)
-            && warp_specialized(config)
-            && dims.qk.is_multiple_of(8)
-            && dims.v.is_multiple_of(8))
-        {
+        if !(narrow && dims.qk.is_multiple_of(8) && dims.v.is_multiple_of(8)) {
             return None;
         }
-        let global = MaskParts::of(spec.mask.as_ref())?.global_columns()?;
+        let parts = MaskParts::of(spec.mask.as_ref())?;
+        let global = parts.global_columns()?;
         let keys = match global.bound.kind {
             ExprKind::Int(c) => {
                 let end = i64::from(c) + i64::from(global.inclusive);
@@ -108,7 +127,12 @@ impl<'s> ColumnsFirst<'s> {
             }
             _ => 32,
         };
-        (keys <= config.block_n).then_some(ColumnsFirst { global, keys })
+        let band = |(_, past): (GlobalColumns, Expr)| key_bounds(Some(&past)).is_some_and(|bounds| bounds.len() >= 3);
+        let share = match parts.past_columns().is_some_and(band) {
+            true => ColumnShare::Apart,
+            false => ColumnShare::FirstTile,
+        };
+        Some(ColumnsFirst { global, keys, share })
     }
 
     /// Shared memory of one Q buffer's column tile: `keys` rows of K and
@@ -117,15 +141,39 @@ impl<'s> ColumnsFirst<'s> {
         ColumnsFirst::reserved(spec, config).map_or(0, |columns| 2 * columns.keys * (qk_cols + v_cols))
     }
 
-    /// C, or C + 1 where the disjunct is inclusive: the keys the column
-    /// tile must hold (C expression).
-    pub(super) fn end(&self, spec: &Spec) -> String {
+    /// The keys the column tile holds for every query (C expression of an
+    /// int): [0, C), or [0, C] where the disjunct is inclusive, within
+    /// [0, kv_len).
+    pub(super) fn end(&self, spec: &Spec, kv_len: &str) -> String {
         let bound = c_expr(spec, self.global.bound);
-        match self.global.inclusive {
-            true => format!("{bound} + 1"),
-            false => bound,
-        }
+        let end = match self.global.inclusive {
+            true => format!("(long long){bound} + 1"),
+            false => format!("(long long){bound}"),
+        };
+        format!("(int)max(0LL, min({end}, (long long){kv_len}))")
     }
+}
+
+/// Whether `spec`'s mask has a spec term per key (the producer stages
+/// those per ring tile, which the column tile's keys are not).
+fn per_key_terms(spec: &Spec) -> bool {
+    hoist(&spec_exprs(spec)).iter().any(|h| h.level == Level::Column)
+}
+
+/// Where `config`'s forward of `spec` takes the global columns apart from
+/// its walk ([`ColumnShare::Apart`]): the view of `spec` whose mask is
+/// what the walk keeps, `rest && k >= C`.
+pub(super) fn walked_view(spec: &Spec, config: TileConfig) -> Option<Spec> {
+    ColumnsFirst::of(spec, config).filter(|columns| columns.share == ColumnShare::Apart)?;
+    let (_, past) = MaskParts::of(spec.mask.as_ref())?.past_columns()?;
+    Some(Spec { mask: Some(past), ..spec.clone() })
+}
+
+/// Whether `spec`'s warp-specialized forwards at d <= 64 walk a mask
+/// without its global columns ([`ColumnShare::Apart`]): the runtime's
+/// choice of tiles reads the walked mask's shape.
+pub fn columns_apart(spec: &Spec) -> bool {
+    ColumnsFirst::eligible(spec).is_some_and(|columns| columns.share == ColumnShare::Apart) && !per_key_terms(spec)
 }
 
 /// Registers per thread of a warp-specialized kernel: at launch, then the
@@ -166,6 +214,21 @@ impl<'s> Plan<'s> {
             dropout: false,
             operands: Operands::Sixteen,
         }
+    }
+
+    /// This plan, printing `view` (its spec's [`walked_view`]) where there
+    /// is one.
+    pub(super) fn walking(self, view: Option<&'s Spec>) -> Plan<'s> {
+        match view {
+            Some(spec) => Plan { spec, ..self },
+            None => self,
+        }
+    }
+
+    /// Whether the kernel walks its spec's mask without the global columns
+    /// ([`ColumnShare::Apart`]): its spec is then a [`walked_view`].
+    pub(super) fn walks_apart(&self) -> bool {
+        self.columns.is_some_and(|columns| columns.share == ColumnShare::Apart)
     }
 
     /// The plan of `spec`'s kernel on e4m3 operands in `config` (see

@@ -98,11 +98,14 @@ pub(super) fn write_softmax(w: &mut Writer<String>, units: SUnits, rescale: Resc
         Rescale::Inline => "",
         Rescale::Deferred => "\x20   alpha[i] = 1.0f;\n",
     };
-    // Row sums on the tensor cores are rescaled with O.
+    // Row sums on the tensor cores are rescaled with O (deferred: by the step).
     let l_scale = match (sums, rescale) {
         (RowSums::Fadd, Rescale::Inline) => "\x20       l[mt][r] *= alpha;\n",
         (RowSums::Fadd, Rescale::Deferred) => "\x20       l[mt][r] *= alpha[i];\n",
-        (RowSums::TensorCores, _) => "",
+        (RowSums::TensorCores, Rescale::Inline) => {
+            "\x20       row_sum[mt][2 * r] *= alpha;\n\x20       row_sum[mt][2 * r + 1] *= alpha;\n"
+        }
+        (RowSums::TensorCores, Rescale::Deferred) => "",
     };
     let l_add = match sums {
         RowSums::Fadd => "\x20   l[mt][r] += row_sum(s[mt], r);\n",

@@ -75,7 +75,8 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
             writeln!(w, "mbar_arrive_loaded<D>(q_full + 8 * qb, vector);")
         })?;
         staged.write_item_loads(w)?;
-        write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::PRODUCER, ClassReader::RingWord)?;
+        let reader = ClassReader::RingWord { block_full: !roles.plan.walks_apart() };
+        write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::PRODUCER, reader)?;
         if groups {
             write_group_classes(w, &q_len)?;
         }
