@@ -30,7 +30,8 @@ pub(super) fn write_column_constants(w: &mut Writer<String>, columns: ColumnsFir
     writeln!(w, "constexpr int COLUMN_TILE = COLUMN_KEYS * (QK_COLS + V_COLS);  // its K, then its V")
 }
 
-/// The producer's choice for item `qb`, after `int j = next_tile(0);`:
+/// The producer's choice for item `qb` (where the columns go apart, ahead
+/// of the tile classes; else after `int j = next_tile(0);`):
 /// `columns_first` where the item takes the columns from the column tile
 /// ([`ColumnShare`]); then every producer thread copies its share of the
 /// first `COLUMN_KEYS` columns of K and V and arrives on Q full (its copies

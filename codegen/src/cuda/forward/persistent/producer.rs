@@ -74,17 +74,24 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
             writeln!(w, "load_tile<BLOCK_M, QK_COLS, D, PRODUCER_THREADS, true, THREADS>{}", q_load(spec))?;
             writeln!(w, "mbar_arrive_loaded<D>(q_full + 8 * qb, vector);")
         })?;
+        // The global columns' copies too where every item takes them (their
+        // latency then runs beside the classes), else once the first tile's
+        // class says whether the item does.
+        let apart = roles.plan.walks_apart();
+        let (early, late) = match roles.plan.columns {
+            Some(columns) if apart => (Some(columns), None),
+            columns => (None, columns),
+        };
+        early.into_iter().try_for_each(|columns| write_producer_columns(w, roles.plan, columns))?;
         staged.write_item_loads(w)?;
-        let reader = ClassReader::RingWord { block_full: !roles.plan.walks_apart() };
+        let reader = ClassReader::RingWord { block_full: !apart };
         write_tile_classes(w, spec, config, &q_len, &kv_len, &Stagers::PRODUCER, reader)?;
         if groups {
             write_group_classes(w, &q_len)?;
         }
         staged.write_item_stores(w)?;
         writeln!(w, "int j = next_tile(0);")?;
-        if let Some(columns) = roles.plan.columns {
-            write_producer_columns(w, roles.plan, columns)?;
-        }
+        late.into_iter().try_for_each(|columns| write_producer_columns(w, roles.plan, columns))?;
         trace::point(w, roles.plan, Event::PFirst)?;
         w.block(format_args!("if (leader)"), |w| {
             writeln!(w, "item_visits[qb] = j < kv_tiles;")?;
