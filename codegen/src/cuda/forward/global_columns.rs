@@ -6,12 +6,11 @@
 //! narrow tile of their own, which the producer copies with the item's Q:
 //! each consumer warpgroup runs S over it, a softmax step and P V before
 //! its tile walk. The plan says how the walk shares the columns
-//! ([`ColumnShare`]): where `rest` is a band the walk keeps `rest && k >=
-//! C` alone and every item takes the columns first, the blocks of
-//! `COLUMN_KEYS` past the producer's copied by the consumers; elsewhere
-//! the walk keeps the whole mask, and an item whose `rest` keeps no pair of
-//! its first tile starts past it where C fits the tile. Any C is exact
-//! either way.
+//! ([`ColumnShare`]): where `rest` is a band and C a literal the walk keeps
+//! `rest && k >= C` alone and every item takes the columns first;
+//! elsewhere the walk keeps the whole mask, and an item whose `rest` keeps
+//! no pair of its first tile starts past it where C fits the tile. Any C
+//! is exact either way.
 
 use super::item::dense_rows;
 use super::logit::write_apply_logits;
@@ -61,11 +60,22 @@ pub(super) fn write_producer_columns(w: &mut Writer<String>, plan: &Plan, column
             ""
         }
     };
+    let spec = plan.spec;
+    let [(k_rows, k_stride), (v_rows, v_stride)] = [Operand::K, Operand::V]
+        .map(|op| (dense_rows(spec, op, "kv_head"), arg_name(spec, ArgKind::Stride(op, Axis::Seq))));
     writeln!(w, "bool columns_async = true;  // this thread's column copies complete asynchronously")?;
     w.block(format_args!("if (columns_first)"), |w| {
-        write!(w, "{skip_first}")?;
-        writeln!(w, "unsigned short* column_k = column_tiles + qb * COLUMN_TILE;")?;
-        write_column_copies(w, plan, "PRODUCER_THREADS, true, THREADS", "columns_async", None)
+        write!(
+            w,
+            "\
+            {skip_first}\
+            unsigned short* column_k = column_tiles + qb * COLUMN_TILE;\n\
+            const unsigned short* k_rows = {k_rows};\n\
+            const unsigned short* v_rows = {v_rows};\n\
+            columns_async = aligned16(k_rows, {k_stride}) && aligned16(v_rows, {v_stride});  // else element by element\n\
+            load_tile<COLUMN_KEYS, QK_COLS, D, PRODUCER_THREADS, true, THREADS>(column_k, k_rows, {k_stride}, column_end, columns_async);\n\
+            load_tile<COLUMN_KEYS, V_COLS, DV, PRODUCER_THREADS, true, THREADS>(column_k + COLUMN_KEYS * QK_COLS, v_rows, {v_stride}, column_end, columns_async);\n"
+        )
     })?;
     writeln!(
         w,
@@ -73,40 +83,10 @@ pub(super) fn write_producer_columns(w: &mut Writer<String>, plan: &Plan, column
     )
 }
 
-/// The copies of the column block from key `c0` (C; `None`: 0) into
-/// `column_k` by `threads` (load_tile's thread count, panels and first
-/// thread), from K's and V's rows of (b, kv_head), up to `column_end`, 16
-/// bytes at a time where `vector` ends up true.
-fn write_column_copies(
-    w: &mut Writer<String>,
-    plan: &Plan,
-    threads: &str,
-    vector: &str,
-    c0: Option<&str>,
-) -> fmt::Result {
-    let spec = plan.spec;
-    let rows = |op| {
-        let stride = arg_name(spec, ArgKind::Stride(op, Axis::Seq));
-        let first = c0.map_or(String::new(), |c0| format!(" + (long long){c0} * {stride}"));
-        (format!("{}{first}", dense_rows(spec, op, "kv_head")), stride)
-    };
-    let [(k_rows, k_stride), (v_rows, v_stride)] = [Operand::K, Operand::V].map(rows);
-    let count = c0.map_or("column_end".to_string(), |c0| format!("column_end - {c0}"));
-    write!(
-        w,
-        "\
-        const unsigned short* k_rows = {k_rows};\n\
-        const unsigned short* v_rows = {v_rows};\n\
-        {vector} = aligned16(k_rows, {k_stride}) && aligned16(v_rows, {v_stride});  // else element by element\n\
-        load_tile<COLUMN_KEYS, QK_COLS, D, {threads}>(column_k, k_rows, {k_stride}, {count}, {vector});\n\
-        load_tile<COLUMN_KEYS, V_COLS, DV, {threads}>(column_k + COLUMN_KEYS * QK_COLS, v_rows, {v_stride}, {count}, {vector});\n"
-    )
-}
-
 /// The consumers' column tile of an item whose producer chose
-/// `columns_first` (`item_columns`): per block of `COLUMN_KEYS` keys, S
-/// over them, the columns' logits (`logit_columns`), a softmax step and P
-/// V, waited for: the walk's pipeline starts behind it as on any item.
+/// `columns_first` (`item_columns`): S over its keys, the columns' logits
+/// (`logit_columns`), a softmax step and P V, waited for: the walk's
+/// pipeline starts behind it as on any item.
 pub(super) fn write_consumer_columns(w: &mut Writer<String>, plan: &Plan, columns: ColumnsFirst) -> fmt::Result {
     w.block(format_args!("if (item_columns[qb])"), |w| {
         write!(
@@ -115,70 +95,27 @@ pub(super) fn write_consumer_columns(w: &mut Writer<String>, plan: &Plan, column
             // The global columns' tile: its S, the columns' logits, a softmax\n\
             // step and P V.\n\
             constexpr int S_TILES = COLUMN_KEYS / 8;  // this tile's, not the walk's\n\
-            unsigned short* column_k = column_tiles + qb * COLUMN_TILE;\n\
-            const unsigned k_smem = smem_addr(column_k);\n\
-            const unsigned v_smem = k_smem + 2 * COLUMN_KEYS * QK_COLS;\n"
+            const unsigned k_smem = smem_addr(column_tiles + qb * COLUMN_TILE);\n\
+            const unsigned v_smem = k_smem + 2 * COLUMN_KEYS * QK_COLS;\n\
+            fence_async_smem();  // the producer's element-wise copies (unaligned rows) reach the tensor cores\n"
         )?;
-        match columns.share {
-            ColumnShare::FirstTile => {
-                writeln!(w, "const int c0 = 0;  // the producer's block holds every column")?;
-                write_column_block(w, plan, columns)?;
-            }
-            ColumnShare::Apart => {
-                let kv_len = arg_name(plan.spec, ArgKind::KvLen);
-                writeln!(w, "const int column_end = {};", columns.end(plan.spec, &kv_len))?;
-                writeln!(w, "#pragma unroll 1")?;
-                w.block(format_args!("for (int c0 = 0; c0 < column_end; c0 += COLUMN_KEYS)"), |w| {
-                    w.block(format_args!("if (c0 > 0)"), |w| write_consumer_copies(w, plan))?;
-                    write_column_block(w, plan, columns)
-                })?;
-            }
-        }
+        write_wgmma_s_over(w, plan, columns.keys, "COLUMN_KEYS")?;
+        writeln!(w, "wgmma_wait<0>();")?;
+        writeln!(w, "fence_operands(s[0]);")?;
+        write_apply_logits(w, "logit_columns(x, q, n * 8 + 2 * t + c, i, n, c)")?;
+        write_softmax(w, plan.units, Rescale::Inline, plan.row_sums)?;
+        writeln!(w, "unsigned p[COLUMN_KEYS / 16][4];")?;
+        writeln!(w, "#pragma unroll")?;
+        writeln!(w, "for (int kk = 0; kk < COLUMN_KEYS / 16; ++kk) pack_p(storage{{}}, p[kk], s[0], kk);")?;
+        // The softmax's rescale of O and the row sums lands before P V reads them.
+        write_fence_accumulators(w, plan.row_sums)?;
+        writeln!(w, "wgmma_fence();")?;
+        write_wgmma_pv_over(w, plan, "COLUMN_KEYS")?;
+        writeln!(w, "wgmma_commit();")?;
+        writeln!(w, "wgmma_wait<0>();")?;
+        write_fence_accumulators(w, plan.row_sums)?;
         trace::point(w, plan, Event::Columns)
     })
-}
-
-/// The keys past the producer's block: every consumer thread copies its
-/// share of block `c0` once each warpgroup is done with the block before.
-fn write_consumer_copies(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
-    let [heads, heads_kv] = [ArgKind::Heads, ArgKind::HeadsKv].map(|kind| arg_name(plan.spec, kind));
-    write!(
-        w,
-        "\
-        named_barrier_sync(1 + WARPGROUPS, THREADS);  // every warpgroup is done with the block before\n\
-        const int kv_head = h / ({heads} / {heads_kv});\n\
-        bool vector;\n"
-    )?;
-    write_column_copies(w, plan, "THREADS, true, 0", "vector", Some("c0"))?;
-    write!(
-        w,
-        "\
-        cp_async_commit();\n\
-        cp_async_wait_all();\n\
-        fence_async_smem();  // for the tensor cores\n\
-        named_barrier_sync(1 + WARPGROUPS, THREADS);\n"
-    )
-}
-
-/// One block of the column tile, keys [c0, c0 + COLUMN_KEYS): S, the
-/// columns' logits, a softmax step and P V, waited for.
-fn write_column_block(w: &mut Writer<String>, plan: &Plan, columns: ColumnsFirst) -> fmt::Result {
-    writeln!(w, "fence_async_smem();  // element-wise copies (unaligned rows) reach the tensor cores")?;
-    write_wgmma_s_over(w, plan, columns.keys, "COLUMN_KEYS")?;
-    writeln!(w, "wgmma_wait<0>();")?;
-    writeln!(w, "fence_operands(s[0]);")?;
-    write_apply_logits(w, "logit_columns(x, q, c0 + n * 8 + 2 * t + c, i, n, c)")?;
-    write_softmax(w, plan.units, Rescale::Inline, plan.row_sums)?;
-    writeln!(w, "unsigned p[COLUMN_KEYS / 16][4];")?;
-    writeln!(w, "#pragma unroll")?;
-    writeln!(w, "for (int kk = 0; kk < COLUMN_KEYS / 16; ++kk) pack_p(storage{{}}, p[kk], s[0], kk);")?;
-    // The softmax's rescale of O and the row sums lands before P V reads them.
-    write_fence_accumulators(w, plan.row_sums)?;
-    writeln!(w, "wgmma_fence();")?;
-    write_wgmma_pv_over(w, plan, "COLUMN_KEYS")?;
-    writeln!(w, "wgmma_commit();")?;
-    writeln!(w, "wgmma_wait<0>();")?;
-    write_fence_accumulators(w, plan.row_sums)
 }
 
 #[cfg(test)]
@@ -217,17 +154,17 @@ mod tests {
             (columns, view)
         };
         let apart = Some(ColumnShare::Apart);
+        assert_eq!(share("k < 4 || (q >= k && q - k < c)"), (apart, Some("q >= k && (q - k < c && k >= 4)".into())));
         assert_eq!(
-            share("k < c || (q >= k && q - k < 100)"),
-            (apart, Some("q >= k && (q - k < 100 && k >= c)".into()))
+            share("(k - q < 9 && q - k < 9) || 40 >= k"),
+            (apart, Some("k - q < 9 && (q - k < 9 && k > 40)".into()))
         );
-        assert_eq!(
-            share("(k - q < 9 && q - k < 9) || 4 >= k"),
-            (apart, Some("k - q < 9 && (q - k < 9 && k > 4)".into()))
-        );
-        // A prefix beside causal attention, and global rows: the walk keeps the whole mask.
-        assert_eq!(share("k < c || q >= k"), (Some(ColumnShare::FirstTile), None));
-        assert_eq!(share("(q - k <= 8 && k - q <= 8) || q < c || k < c"), (Some(ColumnShare::FirstTile), None));
+        // A param's C, which may pass the tile; a prefix beside causal
+        // attention; global rows: the walk keeps the whole mask.
+        let first_tile = (Some(ColumnShare::FirstTile), None);
+        assert_eq!(share("k < c || (q >= k && q - k < 100)"), first_tile);
+        assert_eq!(share("k < 4 || q >= k"), first_tile);
+        assert_eq!(share("(q - k <= 8 && k - q <= 8) || q < c || k < c"), first_tile);
     }
 
     #[test]
