@@ -5,6 +5,7 @@
 
 use crate::args::{ArgInfo, ArgValue};
 use crate::check::softmax_scale;
+use crate::choices::Choice;
 use crate::error::{Error, RaggedError};
 use crate::kernels::LoadedKernel;
 use crate::marshal::{launch, launch_inline, marshal, marshal_into, Bindings, Value, INLINE_ARGS};
@@ -46,17 +47,24 @@ impl Runtime {
 
     /// A ragged forward's tile configuration: `config` where it is a
     /// candidate, else the preferred one for its longest sequence's
-    /// `max_kv_len` keys (ragged launches do not autotune).
+    /// `max_kv_len` keys (ragged launches do not autotune), remembered per
+    /// spec: choosing weighs every candidate's shared memory, tens of
+    /// microseconds for a union mask, where a launch takes ten.
     pub(crate) fn ragged_config(
         &self,
         spec: &Spec,
         config: Option<TileConfig>,
         max_kv_len: usize,
     ) -> Result<TileConfig, Error> {
-        match config {
-            Some(config) => self.candidate(spec, config),
-            None => Ok(crate::tile_choice::preferred_for(spec, self.target(), max_kv_len)),
+        if let Some(config) = config {
+            return self.candidate(spec, config);
         }
+        let long = crate::tile_choice::long_keys(max_kv_len);
+        let remembered = self.ragged_choices.get(spec, long).unwrap_or_else(|| {
+            let config = crate::tile_choice::preferred_for(spec, self.target(), max_kv_len);
+            self.ragged_choices.keep_first(spec, long, Choice { config, tuned: false })
+        });
+        Ok(remembered.config)
     }
 }
 

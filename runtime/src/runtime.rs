@@ -45,6 +45,9 @@ pub struct Runtime {
     /// The backward's dK/dV tiles per spec and shape class (see
     /// `crate::autotune_backward`).
     pub(crate) backward_choices: Arc<Choices<BackwardTile>>,
+    /// Ragged forwards' configurations per spec and whether the longest
+    /// sequence is long (see `Runtime::ragged_config`).
+    pub(crate) ragged_choices: Arc<Choices<TileConfig, bool>>,
     /// Whether a forward or dense backward launch of an untuned shape class
     /// tunes first.
     pub(crate) autotune_launches: bool,
@@ -119,6 +122,7 @@ impl Runtime {
             disk: self.disk.clone(),
             choices: self.choices.clone(),
             backward_choices: self.backward_choices.clone(),
+            ragged_choices: self.ragged_choices.clone(),
             autotune_launches: self.autotune_launches,
             tma: self.tma,
             work_counter,
@@ -133,6 +137,7 @@ impl Runtime {
             disk: DiskCache::from_env(),
             choices: Arc::default(),
             backward_choices: Arc::default(),
+            ragged_choices: Arc::default(),
             autotune_launches: autotune_from(std::env::var_os(AUTOTUNE_ENV)),
             tma: tma_from(std::env::var_os(TMA_ENV)),
             work_counter,

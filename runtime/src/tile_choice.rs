@@ -13,7 +13,12 @@ use flashgen_codegen::{BinOp, Expr, ExprKind, Spec};
 /// dims beyond the forward's, which a launch refuses), the default, so that
 /// the refusal names a kernel.
 pub fn preferred(spec: &Spec, target: Target) -> TileConfig {
-    candidates(spec, target).first().copied().unwrap_or_else(|| TileConfig::default_for(spec))
+    first_or_default(spec, &candidates(spec, target))
+}
+
+/// The first of `candidates`, else `spec`'s default.
+fn first_or_default(spec: &Spec, candidates: &[TileConfig]) -> TileConfig {
+    candidates.first().copied().unwrap_or_else(|| TileConfig::default_for(spec))
 }
 
 /// The configuration of `spec`'s e4m3 forward on `target`: the first of
@@ -44,11 +49,18 @@ pub fn e4m3_candidates(spec: &Spec) -> [TileConfig; 3] {
 /// 1024 keys they trail: the ragged last 192-row tile wastes work.
 pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
     let light = is_light(spec) && !banded_disjuncts(spec);
-    let long = kv_len > LONG_KEYS && TileConfig::padded_head_dim(spec) <= 64 && light;
-    match long && candidates(spec, target).contains(&THREE_WARPGROUPS) {
+    let long = long_keys(kv_len) && TileConfig::padded_head_dim(spec) <= 64 && light;
+    let candidates = candidates(spec, target);
+    match long && candidates.contains(&THREE_WARPGROUPS) {
         true => THREE_WARPGROUPS,
-        false => preferred(spec, target),
+        false => first_or_default(spec, &candidates),
     }
+}
+
+/// Whether `kv_len` keys are long to [`preferred_for`]: the one way the
+/// key count enters its choice.
+pub fn long_keys(kv_len: usize) -> bool {
+    kv_len > LONG_KEYS
 }
 
 /// The configurations worth timing for `spec` on `target`, preferred
