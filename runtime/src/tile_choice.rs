@@ -132,7 +132,7 @@ pub fn candidates(spec: &Spec, target: Target) -> Vec<TileConfig> {
         _ => (vec![], vec![default, sync(4, 1, 64)]),
     };
     let hopper = if target.mma == Mma::Wgmma { hopper } else { vec![] };
-    [hopper, portable].into_iter().flatten().filter(|c| c.fits(spec, target)).collect()
+    TileConfig::fitting(spec, target, [hopper, portable].into_iter().flatten())
 }
 
 /// Above d = 128 up to 192: the warp-specialized kernel with 128-key

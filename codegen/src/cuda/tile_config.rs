@@ -3,8 +3,10 @@
 //! SM, whether it is warp-specialized). The forward's resource plan lives in
 //! `forward::plan`; the block-mask granularity is [`TileConfig::mask_tile`].
 
+use crate::cuda::forward::TermLevels;
 use crate::cuda::target::{pad16, Mma, Target};
 use crate::spec::Spec;
+use std::cell::OnceCell;
 
 /// A tile configuration: how a CTA covers queries and keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -66,7 +68,7 @@ impl TileConfig {
             _ => (vec![], vec![default, sync(4, 1, 64)]),
         };
         let hopper = if target.mma == Mma::Wgmma { hopper } else { vec![] };
-        [hopper, portable].into_iter().flatten().filter(|c| c.fits(spec, target)).collect()
+        TileConfig::fitting(spec, target, [hopper, portable].into_iter().flatten())
     }
 
     /// Whether this configuration's shared memory fits one CTA of `target`
@@ -75,8 +77,17 @@ impl TileConfig {
     /// kernel's static shared memory counts too: its ring is planned to
     /// fill what is left of the SM.
     pub fn fits(self, spec: &Spec, target: Target) -> bool {
-        let statics = if warp_specialized(self) { self.static_smem_bytes(spec) } else { 0 };
-        self.smem_bytes(spec) + statics <= target.smem_per_sm / self.per_sm() - target.smem_reserved_per_cta
+        self.fits_with(spec, target, || TermLevels::of(spec))
+    }
+
+    /// The configurations of `configs` that fit one CTA of `target`
+    /// ([`TileConfig::fits`]), in order; the spec's terms hoisted once.
+    pub fn fitting(spec: &Spec, target: Target, configs: impl IntoIterator<Item = TileConfig>) -> Vec<TileConfig> {
+        let levels = OnceCell::new();
+        configs
+            .into_iter()
+            .filter(|c| c.fits_with(spec, target, || *levels.get_or_init(|| TermLevels::of(spec))))
+            .collect()
     }
 
     /// The wider of the spec's head dims, padded to the MMA k-step: what

@@ -74,6 +74,7 @@ pub use e4m3::e4m3_supports;
 use e4m3::Operands;
 pub use light::is_light;
 pub use plan::columns_apart;
+pub(crate) use plan::TermLevels;
 use plan::{walked_view, Plan};
 use softmax::RowSums;
 use std::fmt::Write;

@@ -323,8 +323,14 @@ impl TileConfig {
 
     /// The shared-memory layout of a kernel whose Q buffer and K/V stage
     /// take `(q, stage)` bytes (see [`TileConfig::stages`] and the others).
-    pub(super) fn smem_with(self, spec: &Spec, (q, stage): (u32, u32)) -> SmemLayout {
-        let budget = self.smem_budget(spec);
+    pub(super) fn smem_with(self, spec: &Spec, tiles: (u32, u32)) -> SmemLayout {
+        self.smem_beside(spec, tiles, self.static_smem_bytes(spec))
+    }
+
+    /// [`TileConfig::smem_with`] beside `statics` bytes of static shared
+    /// memory.
+    fn smem_beside(self, spec: &Spec, (q, stage): (u32, u32), statics: u32) -> SmemLayout {
+        let budget = self.budget_beside(statics);
         let ws = warp_specialized(self);
         // A tile narrower than 64 keys multiplies too briefly for two stages
         // to cover a load: it takes a third stage over a second Q buffer.
@@ -352,8 +358,13 @@ impl TileConfig {
     /// What a warp-specialized kernel's dynamic shared memory may take: an
     /// SM's share, less the static arrays beside it.
     pub(super) fn smem_budget(self, spec: &Spec) -> u32 {
+        self.budget_beside(self.static_smem_bytes(spec))
+    }
+
+    /// An SM's share of shared memory less `statics` static bytes.
+    fn budget_beside(self, statics: u32) -> u32 {
         let target = Target::of_mma(self.mma);
-        target.smem_per_sm / self.per_sm() - target.smem_reserved_per_cta - self.static_smem_bytes(spec)
+        target.smem_per_sm / self.per_sm() - target.smem_reserved_per_cta - statics
     }
 
     /// A warp-specialized kernel's static shared memory: the ring's
@@ -361,9 +372,26 @@ impl TileConfig {
     /// staged spec terms and the tile of ones, in whole KiB (the dynamic
     /// shared memory after it is 1024-byte aligned).
     pub(crate) fn static_smem_bytes(self, spec: &Spec) -> u32 {
+        self.static_smem_with(spec, || TermLevels::of(spec))
+    }
+
+    /// [`TileConfig::static_smem_bytes`], the spec's hoisted terms counted
+    /// by `levels` where the kernel stages them.
+    fn static_smem_with(self, spec: &Spec, levels: impl FnOnce() -> TermLevels) -> u32 {
         let ones = if RowSums::of(spec, self) == RowSums::TensorCores { ONES_TILE_BYTES } else { 0 };
         let classes = if spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) { STAGED_CLASS_TILES } else { 0 };
-        (RING_STATIC_BYTES + classes + KeyTerms::of(self).static_bytes(spec, self) + ones).next_multiple_of(1024)
+        (RING_STATIC_BYTES + classes + KeyTerms::of(self).static_bytes(levels, self) + ones).next_multiple_of(1024)
+    }
+
+    /// Whether this configuration's shared memory fits one CTA of `target`
+    /// ([`TileConfig::fits`]), the spec's hoisted terms counted by `levels`
+    /// (once for all the configurations a caller weighs: hoisting is most
+    /// of the test's time).
+    pub(crate) fn fits_with(self, spec: &Spec, target: Target, levels: impl FnOnce() -> TermLevels) -> bool {
+        let statics = self.static_smem_with(spec, levels);
+        let layout = self.smem_beside(spec, self.tile_bytes(spec), statics);
+        let statics = if warp_specialized(self) { statics } else { 0 };
+        layout.bytes + statics <= target.smem_per_sm / self.per_sm() - target.smem_reserved_per_cta
     }
 
     /// Bytes of the Q tile and of one K/V stage in shared memory. A
@@ -453,17 +481,30 @@ impl KeyTerms {
 
     /// Static shared memory of the staging slots (4 bytes per element at
     /// most, for as many stages as a ring may have), which the ring leaves
-    /// room for.
-    pub(super) fn static_bytes(self, spec: &Spec, config: TileConfig) -> u32 {
+    /// room for; the spec's terms counted by `levels`.
+    fn static_bytes(self, levels: impl FnOnce() -> TermLevels, config: TileConfig) -> u32 {
         if self == KeyTerms::PerThread {
             return 0;
         }
+        let TermLevels { column, row, cta } = levels();
+        4 * (column * (RING_STAGES + 1) * config.block_n + row * 2 * config.block_m() + cta * 2)
+    }
+}
+
+/// A spec's hoisted terms by the level they vary at ([`Level`]): per key,
+/// per query row, per CTA.
+#[derive(Clone, Copy)]
+pub(crate) struct TermLevels {
+    column: u32,
+    row: u32,
+    cta: u32,
+}
+
+impl TermLevels {
+    pub(crate) fn of(spec: &Spec) -> TermLevels {
         let hoisted = hoist(&spec_exprs(spec));
         let count = |level| hoisted.iter().filter(|h| h.level == level).count() as u32;
-        let slots = RING_STAGES + 1;
-        4 * (count(Level::Column) * slots * config.block_n
-            + count(Level::Row) * 2 * config.block_m()
-            + count(Level::Cta) * 2)
+        TermLevels { column: count(Level::Column), row: count(Level::Row), cta: count(Level::Cta) }
     }
 }
 
@@ -543,7 +584,7 @@ mod tests {
         for head_dim in [64, 128, 160, 192, 256] {
             let spec = crate::parse_one(&source.replace("HD", &head_dim.to_string())).unwrap();
             for config in TileConfig::feasible(&spec, Target::HOPPER).into_iter().filter(|c| warp_specialized(*c)) {
-                let staged = KeyTerms::of(config).static_bytes(&spec, config);
+                let staged = KeyTerms::of(config).static_bytes(|| TermLevels::of(&spec), config);
                 // doc[b][k] and bias[b][k] per key, doc[b][q] per query.
                 let expected = 4 * (2 * (RING_STAGES + 1) * config.block_n + 2 * config.block_m());
                 assert_eq!(staged, expected, "{config:?}");
