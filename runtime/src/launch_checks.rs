@@ -48,8 +48,8 @@ impl Runtime {
     /// A ragged forward's tile configuration: `config` where it is a
     /// candidate, else the preferred one for its longest sequence's
     /// `max_kv_len` keys (ragged launches do not autotune), remembered per
-    /// spec: choosing weighs every candidate's shared memory, tens of
-    /// microseconds for a union mask, where a launch takes ten.
+    /// spec: choosing weighs every candidate's shared memory, up to as long
+    /// as the rest of a launch's host time for a union mask.
     pub(crate) fn ragged_config(
         &self,
         spec: &Spec,
