@@ -83,9 +83,9 @@ pub(super) enum ColumnShare {
     /// beside a window), whose union with the columns crowded the walk's
     /// registers (three warpgroups spilled on it) and tested both of a
     /// band's edges on each partial tile, and C a literal, which the tile
-    /// holds. (A param's C may pass the tile: blocks of it taken in turn,
-    /// 256 sinks ran 12% slower than the walk of the whole mask, 4 sinks
-    /// 1.5% faster.)
+    /// holds. (A param's C may pass the tile, and blocks of it taken one
+    /// after another cost more than walking the whole mask saves:
+    /// `docs/kernels.md`.)
     Apart,
 }
 
