@@ -16,7 +16,7 @@
 
 use crate::analysis::{classify_expr, TileClass};
 use crate::reference::ParamValue;
-use crate::spec::{BinOp, Builtin, Expr, ExprKind, Shape, Ty};
+use crate::spec::{BinOp, Builtin, Expr, ExprKind, Func, Shape, Ty};
 
 /// The most disjuncts a mask may split into: a selector is two bits, 0 and
 /// one value per disjunct.
@@ -88,13 +88,14 @@ impl<'e> MaskParts<'e> {
     }
 
     /// The first disjunct `x < R` (or `x <= R`, `R > x`, `R >= x`) with R a
-    /// literal or an i32 param: its index, R and whether it is inclusive.
+    /// literal, an i32 param or a param a literal bounds (`min(p, 16)`, see
+    /// [`GlobalColumns::most`]): its index, R and whether it is inclusive.
     fn first_of(&self, x: Builtin) -> Option<(usize, &'e Expr, bool)> {
         let MaskParts::Disjuncts(list) = self else { return None };
         list.iter().enumerate().find_map(|(index, e)| {
             let ExprKind::Binary(op, a, b) = &e.kind else { return None };
             let is_x = |e: &Expr| e.kind == ExprKind::Builtin(x);
-            let fixed = |e: &Expr| matches!(e.kind, ExprKind::Int(_) | ExprKind::Param(_)) && e.ty == Ty::I32;
+            let fixed = |e: &Expr| fixed(e) || literal_bound(e).is_some();
             let (bound, inclusive) = match op {
                 BinOp::Lt | BinOp::Le if is_x(a) && fixed(b) => (&**b, *op == BinOp::Le),
                 BinOp::Gt | BinOp::Ge if is_x(b) && fixed(a) => (&**a, *op == BinOp::Ge),
@@ -194,6 +195,15 @@ pub struct GlobalColumns<'e> {
 }
 
 impl GlobalColumns<'_> {
+    /// The most C can be: a literal's value, or the literal that bounds a
+    /// param (`min(p, 16)`); `None` for a param.
+    pub fn most(&self) -> Option<i32> {
+        match self.bound.kind {
+            ExprKind::Int(c) => Some(c),
+            _ => literal_bound(self.bound),
+        }
+    }
+
     /// `k < C` (`k <= C` where inclusive): the columns themselves.
     pub fn keep(&self) -> Expr {
         self.k_against(if self.inclusive { BinOp::Le } else { BinOp::Lt })
@@ -207,6 +217,23 @@ impl GlobalColumns<'_> {
     fn k_against(&self, op: BinOp) -> Expr {
         let k = Expr { ty: Ty::I32, kind: ExprKind::Builtin(Builtin::K) };
         Expr { ty: Ty::Bool, kind: ExprKind::Binary(op, Box::new(k), Box::new(self.bound.clone())) }
+    }
+}
+
+/// An i32 literal or param.
+fn fixed(e: &Expr) -> bool {
+    matches!(e.kind, ExprKind::Int(_) | ExprKind::Param(_)) && e.ty == Ty::I32
+}
+
+/// The literal n of `min(p, n)` (or `min(n, p)`), an i32 param bounded.
+fn literal_bound(e: &Expr) -> Option<i32> {
+    let ExprKind::Call(Func::Min, args) = &e.kind else { return None };
+    let [a, b] = &args[..] else { return None };
+    match (&a.kind, &b.kind) {
+        (ExprKind::Param(_), ExprKind::Int(n)) | (ExprKind::Int(n), ExprKind::Param(_)) if fixed(a) && fixed(b) => {
+            Some(*n)
+        }
+        _ => None,
     }
 }
 

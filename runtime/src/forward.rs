@@ -16,6 +16,12 @@ impl Runtime {
     /// With autotuning on forward launches ([`Runtime::with_autotune`],
     /// `FLASHGEN_AUTOTUNE=1`), a launch whose shape class has no choice yet
     /// first runs [`Runtime::autotune`] on these buffers, which waits for the GPU.
+    ///
+    /// Where the mask's global columns are `k < C` for a param C beside a
+    /// band (sinks beside a window) and this launch's C fits a column tile
+    /// (64 keys), the kernel is that of the spec with C bounded
+    /// (`ColumnsParam`), compiled and tuned as a spec of its own (with a
+    /// configuration given, where it is one of that spec's candidates too).
     pub fn forward<T: Element>(
         &self,
         spec: &Spec,
@@ -23,11 +29,17 @@ impl Runtime {
         args: &[ArgValue<'_>],
         opts: &ForwardOptions<'_>,
     ) -> Result<(), Error> {
-        let Some(mut launch) = ForwardLaunch::check(spec, io, args, opts)? else {
+        // A configuration given is the spec's: bounded where it is the
+        // bounded spec's too (its column tile may take more shared memory).
+        let bounded = self.bounded.of(spec, args).filter(|bounded| match opts.config {
+            Some(config) => self.candidate(bounded, config).is_ok(),
+            None => true,
+        });
+        let Some(mut launch) = ForwardLaunch::check(spec, bounded.as_deref(), io, args, opts)? else {
             return Ok(());
         };
         let config = match opts.config {
-            Some(config) => self.candidate(spec, config)?,
+            Some(config) => self.candidate(launch.spec, config)?,
             None => self.config_for(&mut launch, opts)?,
         };
         launch.run(self, config, opts)

@@ -57,7 +57,11 @@ pub struct ForwardOptions<'a> {
 /// A forward launch whose operands passed the checks, ready to queue in any
 /// tile configuration as often as needed (autotuning times each candidate on it).
 pub(crate) struct ForwardLaunch<'a, 'r, T> {
+    /// The spec whose kernel runs: the caller's, or its bounded form
+    /// (`crate::bounded_columns`).
     pub spec: &'r Spec,
+    /// The caller's spec, which a block mask is built for.
+    called: &'r Spec,
     pub shape: Shape,
     io: ForwardIo<'a, T>,
     args: &'r [ArgValue<'r>],
@@ -70,9 +74,11 @@ pub(crate) struct ForwardLaunch<'a, 'r, T> {
 impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
     /// Checks every size, stride, buffer length and argument against `spec`,
     /// and `opts`' softmax scale; `None` for a launch with no batch or no
-    /// queries.
+    /// queries. The kernel is `bounded`'s where given (the same declarations,
+    /// the same mask at these arguments).
     pub fn check(
         spec: &'r Spec,
+        bounded: Option<&'r Spec>,
         io: ForwardIo<'a, T>,
         args: &'r [ArgValue<'r>],
         opts: &ForwardOptions<'_>,
@@ -85,7 +91,9 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         let Some(shape) = check_forward(spec, &problem, &infos)? else {
             return Ok(None);
         };
-        Ok(Some(ForwardLaunch { spec, shape, io, args, infos, scale, dropout }))
+        let called = spec;
+        let spec = bounded.unwrap_or(spec);
+        Ok(Some(ForwardLaunch { spec, called, shape, io, args, infos, scale, dropout }))
     }
 
     /// The kernel a launch in `config` runs: see [`tensor_maps`].
@@ -137,7 +145,7 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         // The checks put params first, so the tensors are exactly the
         // arguments with device pointers, in declaration order.
         let (tensor_ptrs, _tensors) = tensor_ptrs(self.args, stream);
-        let item_order = opts.block_mask.map(|m| m.for_forward(rt, spec, kernel, (shape, infos, &tensor_ptrs)));
+        let item_order = opts.block_mask.map(|m| m.for_forward(rt, self.called, kernel, (shape, infos, &tensor_ptrs)));
         let item_order = item_order.transpose()?.flatten();
         let block_mask = opts.block_mask.map(|m| (m.classes.device_ptr(stream), m.strides));
         let item_order = item_order.as_ref().map(|order| order.device_ptr(stream));

@@ -100,6 +100,7 @@ mod autotune_backward;
 mod backward;
 mod backward_varlen;
 mod block_mask;
+mod bounded_columns;
 #[cfg(feature = "nccl")]
 mod comm;
 pub mod context_parallel;

@@ -10,6 +10,7 @@
 //! (about a second on a host CPU) is NVVM's and ptxas's work on one function.
 
 use crate::arch::Arch;
+use crate::bounded_columns::BoundedSpecs;
 use crate::choices::Choices;
 use crate::cuda_libs::{check_nvrtc_fits, driver_present, driver_version, ensure_nvrtc};
 use crate::disk_cache::{load_or_compile, DiskCache};
@@ -48,6 +49,9 @@ pub struct Runtime {
     /// Ragged forwards' configurations per spec and whether the longest
     /// sequence is long (see `Runtime::ragged_config`).
     pub(crate) ragged_choices: Arc<Choices<TileConfig, bool>>,
+    /// Specs whose global columns a forward launch's param bounds (see
+    /// `crate::bounded_columns`).
+    pub(crate) bounded: Arc<BoundedSpecs>,
     /// Whether a forward or dense backward launch of an untuned shape class
     /// tunes first.
     pub(crate) autotune_launches: bool,
@@ -123,6 +127,7 @@ impl Runtime {
             choices: self.choices.clone(),
             backward_choices: self.backward_choices.clone(),
             ragged_choices: self.ragged_choices.clone(),
+            bounded: self.bounded.clone(),
             autotune_launches: self.autotune_launches,
             tma: self.tma,
             work_counter,
@@ -138,6 +143,7 @@ impl Runtime {
             choices: Arc::default(),
             backward_choices: Arc::default(),
             ragged_choices: Arc::default(),
+            bounded: Arc::default(),
             autotune_launches: autotune_from(std::env::var_os(AUTOTUNE_ENV)),
             tma: tma_from(std::env::var_os(TMA_ENV)),
             work_counter,

@@ -129,10 +129,11 @@ fn union_masks_in_every_configuration() {
 }
 
 /// Global columns first (`k < C || ...`, head dims up to 64): a param C
-/// beside a window, where items whose window keeps no pair of the first
-/// tile take the column tile (C of 4, 16, 32: as many keys as it holds),
-/// and the others, or every item where C passes the tile (33, 100, 5000:
-/// past every key), walk it; none (0); global rows beside them
+/// beside a window, which a launch whose C fits 64 keys bounds, taking the
+/// columns apart from the walk (0, 4, 16: a 16-key tile; 32; 33: a 48-key
+/// one), and where C passes that (100, 5000: past every key) items whose
+/// window keeps no pair of the first tile take the column tile and the
+/// others walk it; a window of no key; global rows beside them
 /// (Longformer); a per-query term staged with Q; literal columns beside a
 /// band, whose walk leaves the columns to the column tile (`40 >= k`:
 /// inclusive, 41 keys of a 48-key tile; `4 >= k` with a score at a padded
@@ -176,7 +177,12 @@ fn global_columns_first_in_every_configuration() {
         valued(with(window.clone(), Dtype::Bf16, 64, 64), &[("sinks", 100)]),
         valued(with(window.clone(), Dtype::F16, 64, 64), &[("sinks", 5000)]),
         valued(with(window.clone(), Dtype::Bf16, 64, 64), &[("sinks", 0)]),
-        valued(band, &[("window", 150)]),
+        valued(band.clone(), &[("window", 150)]),
+        // Windows that keep no key, or one: the walk keeps no pair of some
+        // rows, or of any.
+        valued(band.clone(), &[("window", 0)]),
+        valued(band, &[("window", 1)]),
+        valued(with(window.clone(), Dtype::Bf16, 64, 64), &[("sinks", 4), ("window", 0)]),
         valued(with(window.clone(), Dtype::Bf16, 64, 64), &[("sinks", 4)]),
         valued(with(window.clone(), Dtype::F16, 64, 64), &[("sinks", 16)]),
         valued(with(window.clone(), Dtype::Bf16, 64, 64), &[("sinks", 32)]),

@@ -36,6 +36,7 @@
 //! share of the spec).
 
 mod bias;
+mod bounded_columns;
 mod classes;
 mod constants;
 mod cta;
@@ -68,6 +69,7 @@ use crate::cuda::target::{pad16, Mma, Target};
 use crate::cuda::tile_config::{warp_specialized, TileConfig, TileCopy};
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
+pub use bounded_columns::ColumnsParam;
 use constants::write_config;
 use cta::write_body;
 pub use e4m3::e4m3_supports;

@@ -13,7 +13,7 @@ use crate::cuda::kit::terms::{spec_exprs, KeyTerms};
 use crate::cuda::target::{pad16, Mma, Target};
 use crate::cuda::tile_config::{ping_pong, warp_specialized, TileConfig, TileCopy};
 use crate::mask_parts::{GlobalColumns, GlobalRows, MaskParts};
-use crate::spec::{Expr, ExprKind, Spec};
+use crate::spec::{Expr, Spec};
 
 /// Every choice of one forward kernel, made before anything is printed:
 /// the emitters print a plan and decide nothing of their own.
@@ -82,10 +82,11 @@ pub(super) enum ColumnShare {
     /// keys [0, C) from the column tile: where `rest` is a band (sinks
     /// beside a window), whose union with the columns crowded the walk's
     /// registers (three warpgroups spilled on it) and tested both of a
-    /// band's edges on each partial tile, and C a literal, which the tile
-    /// holds. (A param's C may pass the tile, and blocks of it taken one
-    /// after another cost more than walking the whole mask saves:
-    /// `docs/kernels.md`.)
+    /// band's edges on each partial tile, and C at most a literal, which
+    /// the tile holds. (A param's C may pass the tile, and blocks of it
+    /// taken one after another cost more than walking the whole mask saves:
+    /// `docs/kernels.md`; a launch whose C fits bounds it instead,
+    /// `bounded_columns`.)
     Apart,
 }
 
@@ -111,8 +112,9 @@ impl<'s> ColumnsFirst<'s> {
 
     /// The column tile of `spec`, whatever the configuration: head dims up
     /// to 64 that allow 16-byte copies, a mask with global columns. A
-    /// literal C gets a tile of C keys rounded up to 16 (up to 64), a param
-    /// one 32 keys (StreamingLLM's 4 sinks, Longformer's 32 global
+    /// literal C, or a param a literal bounds (`min(p, 16)`: a launch's
+    /// bounded spec, `bounded_columns`), gets a tile of C's most keys
+    /// rounded up to 16 (up to 64), a param one 32 keys (StreamingLLM's 4 sinks, Longformer's 32 global
     /// columns). At d = 128 the tile did not pay (level beside a window,
     /// Longformer slower as its producer spilled more).
     fn eligible(spec: &'s Spec) -> Option<ColumnsFirst<'s>> {
@@ -123,15 +125,15 @@ impl<'s> ColumnsFirst<'s> {
         }
         let parts = MaskParts::of(spec.mask.as_ref())?;
         let global = parts.global_columns()?;
-        let (keys, literal) = match global.bound.kind {
-            ExprKind::Int(c) => {
+        let (keys, bounded) = match global.most() {
+            Some(c) => {
                 let end = i64::from(c) + i64::from(global.inclusive);
                 (u32::try_from(end).ok().filter(|end| (1..=64).contains(end))?.next_multiple_of(16), true)
             }
-            _ => (32, false),
+            None => (32, false),
         };
         let band = |(_, past): (GlobalColumns, Expr)| key_bounds(Some(&past)).is_some_and(|bounds| bounds.len() >= 3);
-        let share = match literal && parts.past_columns().is_some_and(band) {
+        let share = match bounded && parts.past_columns().is_some_and(band) {
             true => ColumnShare::Apart,
             false => ColumnShare::FirstTile,
         };
