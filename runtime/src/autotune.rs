@@ -90,7 +90,7 @@ impl Runtime {
         let (q, k) = (io.q.1, io.k.1);
         let shape = Shape { batch: q.batch, heads: q.heads, heads_kv: k.heads, q_len: q.seq, kv_len: k.seq };
         // The spec `forward` launches with these arguments.
-        let bounded = self.bounded.of(spec, args);
+        let bounded = self.bounded_spec(spec, args, opts);
         match ForwardLaunch::check(spec, bounded.as_deref(), io, args, opts)? {
             Some(mut launch) => self.tune(&mut launch, opts),
             None => Ok(TuneReport {

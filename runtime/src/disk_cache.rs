@@ -217,7 +217,8 @@ impl DiskCache {
         let mut jobs = Vec::new();
         for &arch in archs {
             for spec in specs {
-                for kernel in Which::all(spec, set, arch.target()).into_iter().filter_map(|w| w.emit(spec)) {
+                let specs = Which::launch_kernels(spec, set, arch.target());
+                for kernel in specs.iter().flat_map(|(spec, which)| which.iter().filter_map(|w| w.emit(spec))) {
                     let key = EntryKey::new(&kernel, arch)?;
                     if seen.insert(key) {
                         jobs.push((key, kernel, arch));

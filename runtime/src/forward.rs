@@ -7,6 +7,7 @@ use crate::error::Error;
 use crate::forward_launch::{ForwardIo, ForwardLaunch, ForwardOptions};
 use crate::runtime::Runtime;
 use flashgen_codegen::Spec;
+use std::sync::Arc;
 
 impl Runtime {
     /// Checks every size, stride, buffer length and argument against `spec`,
@@ -29,12 +30,7 @@ impl Runtime {
         args: &[ArgValue<'_>],
         opts: &ForwardOptions<'_>,
     ) -> Result<(), Error> {
-        // A configuration given is the spec's: bounded where it is the
-        // bounded spec's too (its column tile may take more shared memory).
-        let bounded = self.bounded.of(spec, args).filter(|bounded| match opts.config {
-            Some(config) => self.candidate(bounded, config).is_ok(),
-            None => true,
-        });
+        let bounded = self.bounded_spec(spec, args, opts);
         let Some(mut launch) = ForwardLaunch::check(spec, bounded.as_deref(), io, args, opts)? else {
             return Ok(());
         };
@@ -43,5 +39,22 @@ impl Runtime {
             None => self.config_for(&mut launch, opts)?,
         };
         launch.run(self, config, opts)
+    }
+
+    /// The bounded form of `spec` a forward launch with `args` and `opts`
+    /// runs, if any (`crate::bounded_columns`). A configuration given is
+    /// the spec's: bounded where it is the bounded spec's too (its column
+    /// tile may take more shared memory). Dropout's kernels have no column
+    /// tile.
+    pub(crate) fn bounded_spec(
+        &self,
+        spec: &Spec,
+        args: &[ArgValue<'_>],
+        opts: &ForwardOptions<'_>,
+    ) -> Option<Arc<Spec>> {
+        self.bounded.of(spec, args).filter(|bounded| {
+            let given = opts.config.is_none_or(|config| self.candidate(bounded, config).is_ok());
+            given && opts.dropout.is_none_or(|dropout| dropout.p == 0.0)
+        })
     }
 }

@@ -134,9 +134,11 @@ impl<'a, 'r, T: Element> ForwardLaunch<'a, 'r, T> {
         ];
         let tensor_maps = tensor_maps(rt, spec, config, &operands);
         let which = Which::forward_with(config, tma::copy_with(&tensor_maps), self.dropout.is_some());
+        // The block mask's item order (the caller's spec's), loaded with the
+        // kernel where that is the kernel's spec too.
         let item_order = opts
             .block_mask
-            .filter(|_| config.persistent())
+            .filter(|_| config.persistent() && std::ptr::eq(spec, self.called))
             .and_then(|_| Which::work_order(spec, Work::QueryTiles { block_m: config.block_m() }));
         let [loaded] = rt.load_launch(spec, [which], item_order);
         let loaded = loaded?;

@@ -4,8 +4,9 @@
 
 use cudarc::driver::CudaFunction;
 use flashgen_codegen::abi::Kernel;
-use flashgen_codegen::cuda::{self, Target, TileConfig, TileCopy};
+use flashgen_codegen::cuda::{self, ColumnsParam, Target, TileConfig, TileCopy};
 use flashgen_codegen::Spec;
+use std::borrow::Cow;
 
 /// Which kernel of a spec.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -70,7 +71,8 @@ pub enum KernelSet {
 /// The kernels `set` names for `spec` on `arch`, generated (no NVRTC): what
 /// `flashgen check --all` compiles.
 pub fn spec_kernels(spec: &Spec, set: KernelSet, arch: crate::Arch) -> Vec<Kernel> {
-    Which::all(spec, set, arch.target()).into_iter().filter_map(|w| w.emit(spec)).collect()
+    let specs = Which::launch_kernels(spec, set, arch.target());
+    specs.iter().flat_map(|(spec, which)| which.iter().filter_map(|w| w.emit(spec))).collect()
 }
 
 /// Appends `w` to `which` unless it is there already (short and long
@@ -82,6 +84,24 @@ fn push_new(which: &mut Vec<Which>, w: Which) {
 }
 
 impl Which {
+    /// The specs whose kernels launches of `spec` compile, each with the
+    /// kernels `set` names for it: `spec` with all of them, then, where a
+    /// launch's param may bound its global columns (`crate::bounded_columns`),
+    /// each bounded form (one per column tile) with its forward kernels.
+    pub(crate) fn launch_kernels(spec: &Spec, set: KernelSet, target: Target) -> Vec<(Cow<'_, Spec>, Vec<Which>)> {
+        let mut specs = vec![(Cow::Borrowed(spec), Which::all(spec, set, target))];
+        let Some(columns) = ColumnsParam::of(spec) else { return specs };
+        for keys in ColumnsParam::TILE_KEYS {
+            if let Some(bounded) = columns.bounded(spec, keys) {
+                let forwards =
+                    Which::all(&bounded, set, target).into_iter().filter(|w| matches!(w, Which::Forward(..)));
+                let forwards = forwards.collect();
+                specs.push((Cow::Owned(bounded), forwards));
+            }
+        }
+        specs
+    }
+
     /// The kernels `set` names for `spec` on `target` (the forward in its
     /// configurations without tuning).
     pub(crate) fn all(spec: &Spec, set: KernelSet, target: Target) -> Vec<Which> {
@@ -324,6 +344,28 @@ mod tests {
                 assert!(which.emit(spec).is_some(), "{}: {which:?}", spec.name);
             }
         }
+    }
+
+    /// A launch of param sinks beside a window may run the spec bounded to
+    /// any column tile (`crate::bounded_columns`): precompiling names their
+    /// forwards too, and nothing else of theirs.
+    #[test]
+    fn bounded_forms_come_with_their_forwards() {
+        let source =
+            "S { dtype: bf16, head_dim: 64, param c: i32, param w: i32, mask: k < c || (q >= k && q - k < w) }";
+        let spec = flashgen_codegen::parse_one(source).unwrap();
+        for set in [KernelSet::Inference, KernelSet::Training] {
+            let specs = Which::launch_kernels(&spec, set, Target::HOPPER);
+            assert_eq!(specs.len(), 1 + ColumnsParam::TILE_KEYS.len());
+            assert_eq!(specs[0].1, Which::all(&spec, set, Target::HOPPER));
+            for (bounded, which) in &specs[1..] {
+                assert_ne!(**bounded, spec);
+                assert!(!which.is_empty() && which.iter().all(|w| matches!(w, Which::Forward(..))), "{which:?}");
+                assert!(which.iter().all(|w| w.emit(bounded).is_some()));
+            }
+        }
+        let literal = flashgen_codegen::parse_one(&source.replace("k < c", "k < 4")).unwrap();
+        assert_eq!(Which::launch_kernels(&literal, KernelSet::Every, Target::HOPPER).len(), 1);
     }
 
     /// Launches compile the work order with their kernel (`Runtime::load_launch`)

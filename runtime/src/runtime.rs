@@ -285,8 +285,13 @@ impl Runtime {
     /// the compiles with other start-up work. The first failure, in the
     /// set's order, is returned; the other kernels are loaded regardless.
     pub fn prepare(&self, spec: &Spec, set: KernelSet) -> Result<(), Error> {
-        let which = Which::all(spec, set, self.target());
-        self.load_all(spec, &which).into_iter().try_for_each(|load| load.map(drop))
+        let specs = Which::launch_kernels(spec, set, self.target());
+        let jobs: Vec<(&Spec, Which)> =
+            specs.iter().flat_map(|(spec, which)| which.iter().map(move |&which| (&**spec, which))).collect();
+        let load = |&(spec, which): &(&Spec, Which)| {
+            self.in_memory(spec, which).map_or_else(|| self.load_which(spec, which), Ok)
+        };
+        parallel::map(&jobs, load).into_iter().try_for_each(|load| load.map(drop))
     }
 
     /// The kernel `which` of `spec` if it is loaded already (not waiting for

@@ -22,6 +22,9 @@ pub struct ColumnsParam {
 }
 
 impl ColumnsParam {
+    /// The column tiles a launch's C may be bounded to, in keys.
+    pub const TILE_KEYS: [u32; 4] = [16, 32, 48, 64];
+
     /// Where `spec`'s global columns are `k < C` for an i32 param C and
     /// the spec bounded ([`ColumnsParam::bounded`]) takes them apart from its
     /// walk: its param, else `None` (a literal C, no band beside it, a
