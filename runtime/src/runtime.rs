@@ -277,7 +277,9 @@ impl Runtime {
     }
 
     /// Compiles and loads the kernels `set` names for `spec` (those
-    /// `flashgen precompile` stores) all at once, over the CPU's cores, so
+    /// `flashgen precompile` stores; with, where a launch's param may bound
+    /// the mask's global columns, the bounded forms' forwards: see
+    /// [`Runtime::forward`]) all at once, over the CPU's cores, so
     /// that the launches that need them find them in memory: a training
     /// run that calls this before its first step waits about as long as
     /// its slowest kernel takes, not for each kernel at its first use.
