@@ -3,6 +3,7 @@
 use crate::error::Error;
 use crate::few::{Few, Kept};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
+use flashgen_codegen::reference::ParamValue;
 use flashgen_codegen::{Dim, ElemTy, Shape, Spec, TensorDecl, Ty};
 use half::{bf16, f16};
 use std::borrow::Cow;
@@ -45,6 +46,16 @@ pub(crate) enum ArgInfo {
     I32(i32),
     F32(f32),
     Tensor(ElemTy, usize),
+}
+
+/// A reference evaluation's param value, as a launch's.
+impl From<ParamValue> for ArgValue<'_> {
+    fn from(value: ParamValue) -> Self {
+        match value {
+            ParamValue::I32(v) => ArgValue::I32(v),
+            ParamValue::F32(v) => ArgValue::F32(v),
+        }
+    }
 }
 
 impl ArgValue<'_> {

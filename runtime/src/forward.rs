@@ -7,6 +7,7 @@ use crate::error::Error;
 use crate::forward_launch::{ForwardIo, ForwardLaunch, ForwardOptions};
 use crate::runtime::Runtime;
 use flashgen_codegen::Spec;
+use std::borrow::Cow;
 use std::sync::Arc;
 
 impl Runtime {
@@ -39,6 +40,18 @@ impl Runtime {
             None => self.config_for(&mut launch, opts)?,
         };
         launch.run(self, config, opts)
+    }
+
+    /// The spec whose forward kernel a launch of `spec` with `args` (its
+    /// params first; the tensors may be left out) compiles and tunes:
+    /// `spec`, or where the launch bounds the mask's global columns, that
+    /// form (see [`Runtime::forward`]). Tuning choices and
+    /// [`Runtime::tuned_config`] are that spec's.
+    pub fn forward_spec<'s>(&self, spec: &'s Spec, args: &[ArgValue<'_>]) -> Cow<'s, Spec> {
+        match self.bounded_spec(spec, args, &ForwardOptions::default()) {
+            Some(bounded) => Cow::Owned((*bounded).clone()),
+            None => Cow::Borrowed(spec),
+        }
     }
 
     /// The bounded form of `spec` a forward launch with `args` and `opts`

@@ -723,10 +723,7 @@ struct GradBuffers<T> {
 
 /// The params and captured tensors as launch arguments.
 fn launch_args<'a>(tensors: &'a [DeviceTensor], problem: &Problem) -> Vec<ArgValue<'a>> {
-    let params = problem.params.iter().map(|p| match *p {
-        ParamValue::I32(v) => ArgValue::I32(v),
-        ParamValue::F32(v) => ArgValue::F32(v),
-    });
+    let params = problem.params.iter().map(|&p| ArgValue::from(p));
     params.chain(tensors.iter().map(DeviceTensor::arg)).collect()
 }
 

@@ -9,7 +9,7 @@ use crate::{specs, Failure};
 use flashgen::codegen::reference::{round_dtype, ParamValue, TensorData};
 use flashgen::codegen::{Dtype, ElemTy, Shape, Spec, Ty};
 use flashgen::runtime::tile_choice;
-use flashgen::runtime::{config_name, Runtime};
+use flashgen::runtime::{config_name, ArgValue, Runtime};
 use flashgen_tools::verify::{self, DeviceProblem, OperandLayout};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -110,10 +110,14 @@ pub fn on_gpu(args: RunArgs) -> Result<bool, Failure> {
 
     let rt = Runtime::new(0).map_err(|e| e.to_string())?;
     let mut gpu = DeviceProblem::upload(&rt, spec, &problem, layout).map_err(|e| e.to_string())?;
-    let preferred = tile_choice::preferred_for(spec, rt.target(), shape.kv_len);
+    // The kernel the launch uses: its spec's (the spec, or a param's global
+    // columns bounded), in an earlier tuning's choice, else the preferred one.
+    let params: Vec<ArgValue> = problem.params.iter().map(|&p| p.into()).collect();
+    let kernel_spec = rt.forward_spec(spec, &params);
+    let preferred = tile_choice::preferred_for(&kernel_spec, rt.target(), shape.kv_len);
     let (start, before) = (Instant::now(), rt.cache_stats());
-    // The kernel the launch uses: an earlier tuning's choice, else the preferred one.
-    rt.load_forward(spec, rt.tuned_config(spec, &shape).unwrap_or(preferred)).map_err(|e| e.to_string())?;
+    rt.load_forward(&kernel_spec, rt.tuned_config(&kernel_spec, &shape).unwrap_or(preferred))
+        .map_err(|e| e.to_string())?;
     let jit_ms = start.elapsed().as_secs_f64() * 1e3;
     let served_by = match rt.cache_stats() {
         after if after.compiles > before.compiles => "NVRTC compile",
@@ -124,7 +128,7 @@ pub fn on_gpu(args: RunArgs) -> Result<bool, Failure> {
     let out = gpu.download().map_err(|e| e.to_string())?;
     let report = verify::check(spec, &problem, &out).map_err(|e| e.to_string())?;
     let ms = gpu.time(&rt, spec, &problem, 3, args.iters).map_err(|e| e.to_string())?;
-    let config = match rt.tuned_config(spec, &shape) {
+    let config = match rt.tuned_config(&kernel_spec, &shape) {
         Some(tuned) => format!("{} (tuned)", config_name(tuned)),
         None => format!("{} (preferred, untuned)", config_name(preferred)),
     };
