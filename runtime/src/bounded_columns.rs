@@ -6,7 +6,7 @@
 
 use crate::args::ArgValue;
 use crate::spec_key::{Keyed, SpecKey};
-use flashgen_codegen::cuda::ColumnsParam;
+use flashgen_codegen::cuda::{ColumnsParam, Target};
 use flashgen_codegen::Spec;
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};
@@ -24,8 +24,8 @@ impl BoundedSpecs {
     /// compiles in place of `spec`: `None` where its C is not a param, or
     /// passes the largest column tile, or the arguments are not `spec`'s
     /// (the launch's checks then say so).
-    pub fn of(&self, spec: &Spec, args: &[ArgValue]) -> Option<Arc<Spec>> {
-        let columns = self.param(spec)?;
+    pub fn of(&self, spec: &Spec, args: &[ArgValue], target: Target) -> Option<Arc<Spec>> {
+        let columns = self.param(spec, target)?;
         let &ArgValue::I32(c) = args.get(columns.param)? else { return None };
         let keys = columns.keys(c)?;
         if let Some(bounded) = read(&self.specs).get(&(spec, keys) as &dyn Keyed<u32>) {
@@ -35,12 +35,13 @@ impl BoundedSpecs {
         Some(write(&self.specs).entry(SpecKey::new(spec, keys)).or_insert(bounded).clone())
     }
 
-    /// `spec`'s columns param, weighed once per spec.
-    fn param(&self, spec: &Spec) -> Option<ColumnsParam> {
+    /// `spec`'s columns param on `target` (one per runtime's device),
+    /// weighed once per spec.
+    fn param(&self, spec: &Spec, target: Target) -> Option<ColumnsParam> {
         if let Some(&columns) = read(&self.params).get(&(spec, ()) as &dyn Keyed<()>) {
             return columns;
         }
-        let columns = ColumnsParam::of(spec);
+        let columns = ColumnsParam::of(spec, target);
         *write(&self.params).entry(SpecKey::new(spec, ())).or_insert(columns)
     }
 }
@@ -66,17 +67,19 @@ mod tests {
     fn a_launch_bounds_the_columns_where_its_param_fits_a_tile() {
         let specs = BoundedSpecs::default();
         let sinks = spec("k < c || (q >= k && q - k < w)");
-        let launch = |c: i32| specs.of(&sinks, &[ArgValue::I32(c), ArgValue::I32(1024)]);
+        let launch = |c: i32| specs.of(&sinks, &[ArgValue::I32(c), ArgValue::I32(1024)], Target::HOPPER);
         let four = launch(4).expect("4 sinks fit a tile");
         assert!(Arc::ptr_eq(&four, &launch(16).unwrap()), "one bounded spec per tile");
         assert!(!Arc::ptr_eq(&four, &launch(17).unwrap()));
         assert_ne!(*four, sinks);
         assert!(launch(65).is_none());
         // Arguments that are not the spec's: the launch's checks report them.
-        assert!(specs.of(&sinks, &[ArgValue::F32(4.0)]).is_none());
-        assert!(specs.of(&sinks, &[]).is_none());
-        // No param columns beside a band.
+        assert!(specs.of(&sinks, &[ArgValue::F32(4.0)], Target::HOPPER).is_none());
+        assert!(specs.of(&sinks, &[], Target::HOPPER).is_none());
+        // No column tile without wgmma; no param columns beside a band.
+        let portable = BoundedSpecs::default();
+        assert!(portable.of(&sinks, &[ArgValue::I32(4), ArgValue::I32(1024)], Target::PORTABLE).is_none());
         let literal = spec("k < 4 || (q >= k && q - k < w)");
-        assert!(specs.of(&literal, &[ArgValue::I32(4), ArgValue::I32(1024)]).is_none());
+        assert!(specs.of(&literal, &[ArgValue::I32(4), ArgValue::I32(1024)], Target::HOPPER).is_none());
     }
 }

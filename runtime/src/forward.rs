@@ -65,7 +65,7 @@ impl Runtime {
         args: &[ArgValue<'_>],
         opts: &ForwardOptions<'_>,
     ) -> Option<Arc<Spec>> {
-        self.bounded.of(spec, args).filter(|bounded| {
+        self.bounded.of(spec, args, self.target()).filter(|bounded| {
             let given = opts.config.is_none_or(|config| self.candidate(bounded, config).is_ok());
             given && opts.dropout.is_none_or(|dropout| dropout.p == 0.0)
         })

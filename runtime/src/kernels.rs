@@ -90,7 +90,7 @@ impl Which {
     /// each bounded form (one per column tile) with its forward kernels.
     pub(crate) fn launch_kernels(spec: &Spec, set: KernelSet, target: Target) -> Vec<(Cow<'_, Spec>, Vec<Which>)> {
         let mut specs = vec![(Cow::Borrowed(spec), Which::all(spec, set, target))];
-        let Some(columns) = ColumnsParam::of(spec) else { return specs };
+        let Some(columns) = ColumnsParam::of(spec, target) else { return specs };
         for keys in ColumnsParam::TILE_KEYS {
             if let Some(bounded) = columns.bounded(spec, keys) {
                 let forwards =
@@ -364,6 +364,7 @@ mod tests {
                 assert!(which.iter().all(|w| w.emit(bounded).is_some()));
             }
         }
+        assert_eq!(Which::launch_kernels(&spec, KernelSet::Every, Target::for_sm(8, 0)).len(), 1);
         let literal = flashgen_codegen::parse_one(&source.replace("k < c", "k < 4")).unwrap();
         assert_eq!(Which::launch_kernels(&literal, KernelSet::Every, Target::HOPPER).len(), 1);
     }

@@ -8,6 +8,7 @@
 //! apart from its walk as a literal C's does ([`columns_apart`]).
 
 use super::plan::columns_apart;
+use crate::cuda::target::{Mma, Target};
 use crate::mask_parts::{GlobalColumns, MaskParts};
 use crate::spec::{BinOp, Expr, ExprKind, Func, Spec, Ty};
 
@@ -27,9 +28,13 @@ impl ColumnsParam {
 
     /// Where `spec`'s global columns are `k < C` for an i32 param C and
     /// the spec bounded ([`ColumnsParam::bounded`]) takes them apart from its
-    /// walk: its param, else `None` (a literal C, no band beside it, a
-    /// spec term per key, head dims above 64).
-    pub fn of(spec: &Spec) -> Option<ColumnsParam> {
+    /// walk on `target`: its param, else `None` (a literal C, no band beside
+    /// it, a spec term per key, head dims above 64, a target without
+    /// wgmma, whose kernels have no column tile).
+    pub fn of(spec: &Spec, target: Target) -> Option<ColumnsParam> {
+        if target.mma != Mma::Wgmma {
+            return None;
+        }
         let global = MaskParts::of(spec.mask.as_ref())?.global_columns()?;
         let ExprKind::Param(param) = global.bound.kind else { return None };
         let columns = ColumnsParam { param, inclusive: global.inclusive };
@@ -76,7 +81,7 @@ mod tests {
 
     fn bounded_source(mask: &str, keys: u32) -> Option<String> {
         let spec = spec(mask);
-        let bounded = ColumnsParam::of(&spec)?.bounded(&spec, keys)?;
+        let bounded = ColumnsParam::of(&spec, Target::HOPPER)?.bounded(&spec, keys)?;
         Some(crate::syntax::expr_source(&bounded, bounded.mask.as_ref()?))
     }
 
@@ -100,7 +105,8 @@ mod tests {
     #[test]
     fn the_bounded_spec_takes_the_columns_apart() {
         let spec = spec("k < c || (q >= k && q - k < w)");
-        let columns = ColumnsParam::of(&spec).unwrap();
+        assert_eq!(ColumnsParam::of(&spec, Target::PORTABLE), None, "no column tile without wgmma");
+        let columns = ColumnsParam::of(&spec, Target::HOPPER).unwrap();
         assert!(!columns_apart(&spec));
         assert!(columns_apart(&columns.bounded(&spec, 48).unwrap()));
     }
@@ -108,11 +114,11 @@ mod tests {
     #[test]
     fn keys_round_up_to_16_and_stop_at_64() {
         let spec = spec("k < c || (q >= k && q - k < w)");
-        let columns = ColumnsParam::of(&spec).unwrap();
+        let columns = ColumnsParam::of(&spec, Target::HOPPER).unwrap();
         let keys: Vec<_> = [-3, 0, 1, 4, 16, 17, 63, 64, 65, 5000].map(|c| columns.keys(c)).into();
         let some = |n| Some(n);
         assert_eq!(keys, [some(16), some(16), some(16), some(16), some(16), some(32), some(64), some(64), None, None]);
-        let inclusive = ColumnsParam::of(&self::spec("c >= k || (q >= k && q - k < w)")).unwrap();
+        let inclusive = ColumnsParam::of(&self::spec("c >= k || (q >= k && q - k < w)"), Target::HOPPER).unwrap();
         assert_eq!(
             (inclusive.keys(15), inclusive.keys(16), inclusive.keys(63), inclusive.keys(64)),
             (some(16), some(32), some(64), None)
