@@ -111,6 +111,34 @@ mod tests {
         assert!(columns_apart(&columns.bounded(&spec, 48).unwrap()));
     }
 
+    /// Brute force over (q, k) and C: at a launch whose C has the tile's
+    /// keys or fewer, the bounded mask keeps exactly the spec's pairs.
+    #[test]
+    fn the_bounded_mask_is_the_spec_s_wherever_c_fits() {
+        use crate::reference::{Arith, Env, ParamValue, Position, Value};
+        use crate::spec::Shape;
+        let shape = Shape { batch: 1, heads: 1, heads_kv: 1, q_len: 80, kv_len: 100 };
+        for body in ["k < c || (q >= k && q - k < w)", "(k - q < w && q - k < w) || c >= k"] {
+            let spec = spec(body);
+            let columns = ColumnsParam::of(&spec, Target::HOPPER).unwrap();
+            for (c, w) in [(-2, 5), (0, 5), (3, 1), (4, 30), (15, 0), (16, 7), (31, 40), (47, 3), (63, 9), (64, 20)] {
+                let Some(keys) = columns.keys(c) else { continue };
+                let bounded = columns.bounded(&spec, keys).unwrap();
+                let params = [ParamValue::I32(c), ParamValue::I32(w)];
+                let [whole, bounded] = [&spec, &bounded].map(|spec| {
+                    let env = Env::new(spec, &shape, &params, &[], Arith::F64).unwrap();
+                    move |q, k| {
+                        let at = Position { b: 0, h: 0, q, k, score: 0.0 };
+                        env.eval(spec.mask.as_ref().unwrap(), &at) == Value::Bool(true)
+                    }
+                });
+                for (q, k) in (0..80).flat_map(|q| (0..100).map(move |k| (q, k))) {
+                    assert_eq!(whole(q, k), bounded(q, k), "{body}, c {c}, w {w} at ({q}, {k})");
+                }
+            }
+        }
+    }
+
     #[test]
     fn keys_round_up_to_16_and_stop_at_64() {
         let spec = spec("k < c || (q >= k && q - k < w)");
