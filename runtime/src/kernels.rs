@@ -93,9 +93,8 @@ impl Which {
         let Some(columns) = ColumnsParam::of(spec, target) else { return specs };
         for keys in ColumnsParam::TILE_KEYS {
             if let Some(bounded) = columns.bounded(spec, keys) {
-                let forwards =
-                    Which::all(&bounded, set, target).into_iter().filter(|w| matches!(w, Which::Forward(..)));
-                let forwards = forwards.collect();
+                let all = Which::all(&bounded, set, target);
+                let forwards = all.into_iter().filter(|w| matches!(w, Which::Forward(..))).collect();
                 specs.push((Cow::Owned(bounded), forwards));
             }
         }

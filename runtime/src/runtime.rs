@@ -242,9 +242,15 @@ impl Runtime {
     /// The kernels `which` of `spec`, in that order: those in memory at
     /// once, the others compiled (or read from disk) in parallel.
     pub(crate) fn load_all(&self, spec: &Spec, which: &[Which]) -> Vec<Result<Arc<LoadedKernel>, Error>> {
-        let mut loads: Vec<_> = which.iter().map(|&which| self.in_memory(spec, which).map(Ok)).collect();
-        let missing: Vec<usize> = (0..which.len()).filter(|&i| loads[i].is_none()).collect();
-        let loaded = parallel::map(&missing, |&i| self.load_which(spec, which[i]));
+        let kernels: Vec<(&Spec, Which)> = which.iter().map(|&which| (spec, which)).collect();
+        self.load_kernels(&kernels)
+    }
+
+    /// [`Runtime::load_all`] over kernels of several specs.
+    fn load_kernels(&self, kernels: &[(&Spec, Which)]) -> Vec<Result<Arc<LoadedKernel>, Error>> {
+        let mut loads: Vec<_> = kernels.iter().map(|&(spec, which)| self.in_memory(spec, which).map(Ok)).collect();
+        let missing: Vec<usize> = (0..kernels.len()).filter(|&i| loads[i].is_none()).collect();
+        let loaded = parallel::map(&missing, |&i| self.load_which(kernels[i].0, kernels[i].1));
         for (i, load) in missing.into_iter().zip(loaded) {
             loads[i] = Some(load);
         }
@@ -288,12 +294,9 @@ impl Runtime {
     /// set's order, is returned; the other kernels are loaded regardless.
     pub fn prepare(&self, spec: &Spec, set: KernelSet) -> Result<(), Error> {
         let specs = Which::launch_kernels(spec, set, self.target());
-        let jobs: Vec<(&Spec, Which)> =
+        let kernels: Vec<(&Spec, Which)> =
             specs.iter().flat_map(|(spec, which)| which.iter().map(move |&which| (&**spec, which))).collect();
-        let load = |&(spec, which): &(&Spec, Which)| {
-            self.in_memory(spec, which).map_or_else(|| self.load_which(spec, which), Ok)
-        };
-        parallel::map(&jobs, load).into_iter().try_for_each(|load| load.map(drop))
+        self.load_kernels(&kernels).into_iter().try_for_each(|load| load.map(drop))
     }
 
     /// The kernel `which` of `spec` if it is loaded already (not waiting for

@@ -114,8 +114,8 @@ impl<'s> ColumnsFirst<'s> {
     /// to 64 that allow 16-byte copies, a mask with global columns. A
     /// literal C, or a param a literal bounds (`min(p, 16)`: a launch's
     /// bounded spec, `bounded_columns`), gets a tile of C's most keys
-    /// rounded up to 16 (up to 64), a param one 32 keys (StreamingLLM's 4 sinks, Longformer's 32 global
-    /// columns). At d = 128 the tile did not pay (level beside a window,
+    /// rounded up to 16 (up to 64), a param one 32 keys (StreamingLLM's 4
+    /// sinks, Longformer's 32 global columns). At d = 128 the tile did not pay (level beside a window,
     /// Longformer slower as its producer spilled more).
     fn eligible(spec: &'s Spec) -> Option<ColumnsFirst<'s>> {
         let dims = spec.head_dims;
