@@ -161,7 +161,8 @@ const fn wgmma_pair(block_n: u32) -> TileConfig {
 /// 1024-key window 0.472 / 0.478 against 0.538 / 0.541 and one warpgroup's
 /// 0.546 / 0.554. An `||` of plain comparisons (a prefix, then causal) keeps
 /// three: 0.665 / 2.204 at 4k / 16k against two's 0.784 / 2.745. Nor is
-/// a band beside a literal number of global columns ([`columns_apart`]:
+/// a band beside a number of global columns a literal bounds (a literal,
+/// or a launch's param bounded: [`columns_apart`];
 /// the walk keeps the band past the columns, a plain window's shape):
 /// there three warpgroups ran level with two (sinks beside a window,
 /// 0.432 / 0.446 against 0.434 / 0.448 ms).
