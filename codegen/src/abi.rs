@@ -220,7 +220,8 @@ pub enum Side {
     Keys,
 }
 
-/// Rows of O a persistent forward stores per TMA copy: one warp's.
+/// Rows of O a persistent forward stores per TMA copy: one warp's of an
+/// m64 product.
 pub const O_STORE_ROWS: u32 = 16;
 
 /// The box a kernel's TMA descriptor of one operand copies: `cols` elements

@@ -14,7 +14,7 @@ use flashgen_codegen::cuda::{
     emit_decode, emit_decode_paged, emit_decode_with, emit_e4m3_v_tiles, emit_forward, emit_forward_copying,
     emit_forward_dropout, emit_forward_e4m3, emit_forward_paged, emit_forward_varlen, emit_forward_with,
     emit_merge_partial, emit_paged_append, BackwardConfig, BackwardPass, DecodeCache, DecodeConfig, DecodeQueries,
-    DqAccum, DqOrder, KeyColumns, KvCacheDtype, Mma, Target, TileConfig, TileCopy,
+    DqAccum, DqOrder, KeyColumns, KvCacheDtype, Mma, Target, TileConfig, TileCopy, TALL_PAIR,
 };
 use flashgen_codegen::{parse_one, Spec};
 use std::path::PathBuf;
@@ -273,6 +273,16 @@ fn hopper_softcap_kernel_at_d64() {
     let spec = parse_one(source).unwrap();
     assert_eq!((ONE_WARPGROUP_PAIR.per_sm(), ONE_WARPGROUP_PAIR.stages(&spec)), (2, 2));
     insta::assert_snapshot!("wgmma_pair_softcap64", render(&emit_forward_with(&spec, ONE_WARPGROUP_PAIR)));
+}
+
+#[test]
+fn hopper_tall_warpgroup_kernel_at_d64() {
+    // One consumer warpgroup of 128 rows, two CTAs per SM: two m64 products
+    // per 64-key tile, S's from Q's fragments in registers, O stored 16 rows
+    // of each product at a time.
+    let spec = parse_one("Causal64 { dtype: bf16, head_dim: 64, mask: q >= k }").unwrap();
+    assert_eq!((TALL_PAIR.per_sm(), TALL_PAIR.block_m()), (2, 128));
+    insta::assert_snapshot!("wgmma_tall_causal64", render(&emit_forward_with(&spec, TALL_PAIR)));
 }
 
 #[test]

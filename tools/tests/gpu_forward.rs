@@ -9,12 +9,15 @@
 
 mod support;
 
+use flashgen::codegen::cuda::TALL_PAIR;
 use flashgen::codegen::reference::ParamValue;
 use flashgen::codegen::{Builtin, Dtype, Shape, Spec};
 use flashgen::Error;
 use flashgen_tools::examples::SPECS;
 use flashgen_tools::verify::{self, DeviceProblem, OperandLayout};
-use support::forward::{in_every_configuration, in_every_configuration_with, run_all, Case};
+use support::forward::{
+    in_configurations, in_every_configuration, in_every_configuration_with, run_all, run_all_in, Case,
+};
 use support::{language_spec, params, runtime, spec, with};
 
 const SEQLEN_PAIRS: [(usize, usize); 3] = [(113, 203), (128, 217), (1024, 1023)];
@@ -103,6 +106,26 @@ fn persistent_ctas_walk_many_items() {
     };
     run_all(&rt, cases());
     run_all(&rt.with_tma(false), cases());
+}
+
+/// One warpgroup of 128 rows, two CTAs per SM (`TALL_PAIR`, two m64
+/// products per tile): every example spec at d = 64, with and without a
+/// block mask; then with four times more items than CTAs, so that each
+/// walks several, its producer copying with TMA and with threads.
+#[test]
+#[ignore = "needs an NVIDIA GPU (run with --include-ignored)"]
+fn tall_warpgroups_run_every_example() {
+    let narrow = |v: &str| with(spec(v), Dtype::Bf16, 64, 64);
+    // Block-sparse's layout covers 2048 keys, and GQA at d = 64 is causal.
+    let examples = SPECS.iter().filter(|(v, _)| !["block_sparse", "gqa"].contains(v));
+    in_configurations(&runtime(), examples.map(|(v, _)| (params(&narrow(v)), narrow(v))).collect(), &|_| {
+        vec![TALL_PAIR]
+    });
+    for rt in [runtime(), runtime().with_tma(false)] {
+        let many = || Case { batch: 8, heads: (16, 4), seqs: (1024, 1100), layout: OperandLayout::Bshd };
+        let cases = ["causal", "sliding_window", "document", "full", "alibi"].map(|v| (narrow(v), many()));
+        run_all_in(&rt, cases.into(), Some(TALL_PAIR));
+    }
 }
 
 /// The i32 operators, Euclidean builtins and dimension expressions

@@ -48,6 +48,6 @@ pub use forward::{
 pub use paged_append::emit_paged_append;
 pub use partials::{emit_add_f32, emit_add_partial, emit_merge_partial};
 pub use target::{Mma, Target};
-pub use tile_config::TileConfig;
 pub use tile_config::TileCopy;
+pub use tile_config::{TileConfig, TALL_PAIR};
 pub use work_order::{emit_work_order, Work, BUCKETS, HEADS_PER_BLOCK};

@@ -16,8 +16,9 @@ pub struct TileConfig {
     pub warps: u32,
     /// 16-row MMA tiles per warp: each K/V fragment read from shared memory
     /// feeds this many MMAs, so 2 halves the shared-memory traffic per FLOP
-    /// at the price of twice the accumulator registers. 1 with `Mma::Wgmma`
-    /// (a warpgroup's 64 rows are 16 per warp).
+    /// at the price of twice the accumulator registers. With `Mma::Wgmma`
+    /// a warpgroup's m64 products: 2 gives one warpgroup 128 rows of its
+    /// own (`TALL_PAIR`).
     pub m_tiles: u32,
     /// Keys per K/V tile (a multiple of 16).
     pub block_n: u32,
@@ -57,7 +58,15 @@ impl TileConfig {
         let default = TileConfig::default_for(spec);
         let (hopper, portable) = match TileConfig::padded_head_dim(spec) {
             0..=64 => (
-                vec![wgmma(8, 128), wgmma(8, 64), wgmma(4, 64), wgmma(8, 192), wgmma(12, 128), wgmma(4, 128)],
+                vec![
+                    wgmma(8, 128),
+                    wgmma(8, 64),
+                    wgmma(4, 64),
+                    wgmma(8, 192),
+                    wgmma(12, 128),
+                    wgmma(4, 128),
+                    TALL_PAIR,
+                ],
                 vec![default, sync(4, 2, 128), sync(8, 1, 64)],
             ),
             65..=128 => (vec![wgmma(8, 128), wgmma(8, 64), wgmma(4, 64)], vec![default, sync(8, 1, 64)]),
@@ -142,6 +151,13 @@ impl TileConfig {
     }
 }
 
+/// One consumer warpgroup of 128 rows (two m64 products per tile) and
+/// 64-key tiles, two CTAs per SM: each warpgroup walks items of its own,
+/// so an item's end overlaps the other CTA's tiles, while each K/V tile
+/// still serves 128 queries (d <= 64: S, P and O of both products fit
+/// the registers).
+pub const TALL_PAIR: TileConfig = TileConfig { mma: Mma::Wgmma, warps: 4, m_tiles: 2, block_n: 64 };
+
 /// Threads of a warp-specialized kernel's producer warpgroup.
 pub(crate) const PRODUCER_THREADS: u32 = 128;
 
@@ -161,12 +177,13 @@ pub(crate) fn warp_specialized(config: TileConfig) -> bool {
 
 /// Whether a wgmma kernel runs P V of one tile behind S of the next
 /// (`forward::wgmma_step`). It pays with 128-key tiles; with 64-key tiles
-/// the back-to-back schedule is faster up to d = 128, as a 64-key product
-/// is too short to hide a softmax behind. Every other width is pipelined:
-/// above d = 128 shared memory holds only narrower tiles (48 to 112
-/// keys), whose products are as long as a 128-key tile's at d <= 128.
+/// on 64 rows the back-to-back schedule is faster up to d = 128, as such a
+/// product is too short to hide a softmax behind. Every other shape is
+/// pipelined: above d = 128 shared memory holds only narrower tiles (48
+/// to 112 keys), whose products are as long as a 128-key tile's at
+/// d <= 128, and 64 keys on 128 rows are a 128-key tile's work.
 pub(crate) fn pipelined(config: TileConfig) -> bool {
-    config.mma == Mma::Wgmma && config.block_n != 64
+    config.mma == Mma::Wgmma && config.block_n * config.m_tiles != 64
 }
 
 /// How a warp-specialized kernel's producer fills its shared tiles (and a

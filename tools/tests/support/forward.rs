@@ -71,12 +71,17 @@ pub fn run_once(
 /// Runs every (spec, case) pair once in the runtime's configuration on
 /// fresh random inputs, prints a table and fails if any row failed.
 pub fn run_all(rt: &Runtime, cases: Vec<(Spec, Case)>) {
+    run_all_in(rt, cases, None)
+}
+
+/// [`run_all`] in `config` (`None`: the runtime's choice).
+pub fn run_all_in(rt: &Runtime, cases: Vec<(Spec, Case)>, config: Option<TileConfig>) {
     let mut table = Table::default();
     for (spec, case) in cases {
         let seed: u64 = rand::random();
         let problem = verify::random_problem(&spec, case.shape(), params(&spec), vec![], None, seed);
         table.judge(case.row(&spec, seed), Expected::new(&spec, &problem), |expected| {
-            run_once(rt, &spec, &problem, case.layout, None, false, expected)
+            run_once(rt, &spec, &problem, case.layout, config, false, expected)
         });
     }
     table.finish();
@@ -93,6 +98,16 @@ pub fn in_every_configuration(rt: &Runtime, specs: Vec<Spec>) {
 
 /// [`in_every_configuration`], each spec with its own param values.
 pub fn in_every_configuration_with(rt: &Runtime, specs: Vec<(Vec<ParamValue>, Spec)>) {
+    in_configurations(rt, specs, &|spec| tile_choice::candidates(spec, rt.target()))
+}
+
+/// [`in_every_configuration_with`] in the configurations `configs` gives
+/// each spec.
+pub fn in_configurations(
+    rt: &Runtime,
+    specs: Vec<(Vec<ParamValue>, Spec)>,
+    configs: &dyn Fn(&Spec) -> Vec<TileConfig>,
+) {
     let mut table = Table::default();
     for (values, spec) in specs {
         for (heads, seqs) in [((4, 4), (113, 203)), ((4, 2), (1024, 1023)), ((2, 1), (300, 2100))] {
@@ -100,8 +115,9 @@ pub fn in_every_configuration_with(rt: &Runtime, specs: Vec<(Vec<ParamValue>, Sp
             let seed: u64 = rand::random();
             let problem = verify::random_problem(&spec, case.shape(), values.clone(), vec![], None, seed);
             let expected = Expected::new(&spec, &problem).unwrap();
-            for config in tile_choice::candidates(&spec, rt.target()) {
-                for block_mask in [false, true] {
+            for config in configs(&spec) {
+                // A block mask refines a mask: unmasked specs take none.
+                for block_mask in [false, true].into_iter().filter(|&b| !b || spec.mask.is_some()) {
                     let row = format!(
                         "{} {} block mask {block_mask} params {values:?}",
                         case.row(&spec, seed),

@@ -44,6 +44,7 @@ pub(super) fn write_config(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
         constexpr int O_TILES = DVP / 8;  // m16n8 accumulator tiles of a warp's O\n\
         // Shared memory: the Q tile, then STAGES pipeline stages of K and of V tiles.\n"
     )?;
+    write_tile_row(w, mma)?;
     if let Some(Regs { launch, producer, consumer }) = plan.regs {
         let groups = config.warps / 4;
         write!(
@@ -52,7 +53,7 @@ pub(super) fn write_config(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
             // Warp specialization: one more warpgroup copies Q and the K/V tiles into\n\
             // a ring of STAGES stages (see the stage ring above) and hands most of its\n\
             // registers to the {groups} warpgroups that multiply ({launch} each at launch: {producer} + {groups} x {consumer}).\n\
-            constexpr int WARPGROUPS = WARPS / 4;  // consumer warpgroups, 64 rows each\n\
+            constexpr int WARPGROUPS = WARPS / 4;  // consumer warpgroups, 64 * M_TILES rows each\n\
             constexpr int PRODUCER_THREADS = {PRODUCER_THREADS};\n\
             constexpr int CTA_THREADS = THREADS + PRODUCER_THREADS;\n\
             constexpr int PRODUCER_REGS = {producer};\n\
@@ -95,4 +96,18 @@ pub(super) fn write_config(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
         write_mask_tiles(w, spec)?;
     }
     Ok(())
+}
+
+/// `tile_row(warp, mt)`: the first of BLOCK_M's rows in a warp's MMA tile
+/// `mt` (the lane's rows are g and g + 8 past it).
+fn write_tile_row(w: &mut Writer<String>, mma: Mma) -> fmt::Result {
+    let (layout, row) = match mma {
+        Mma::Sync => ("a warp holds WARP_M consecutive rows", "warp * WARP_M + mt * 16"),
+        Mma::Wgmma => (
+            "a warpgroup holds 64 * M_TILES\n// consecutive rows, its m64 product mt rows mt * 64 on, 16 of them per warp",
+            "warp / 4 * 64 * M_TILES + mt * 64 + warp % 4 * 16",
+        ),
+    };
+    writeln!(w, "// The first row of a warp's MMA tile mt: {layout}.")?;
+    writeln!(w, "__device__ __forceinline__ int tile_row(int warp, int mt) {{ return {row}; }}")
 }

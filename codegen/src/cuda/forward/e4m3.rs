@@ -127,7 +127,7 @@ pub(super) fn write_pv_e4m3(w: &mut Writer<String>, spec: &Spec) -> fmt::Result 
         #pragma unroll\n\
         for (int kk = 0; kk < BLOCK_N / 32; ++kk) {{\n\
         \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
-        \x20   wgmma_rs_e4m3_n{dvp}(o[0], p[kk], desc_plus(gmma_desc(v_smem, 16, 1024), panel * DVP * 128 + step));\n\
+        \x20   wgmma_rs_e4m3_n{dvp}(o[0], p[0][kk], desc_plus(gmma_desc(v_smem, 16, 1024), panel * DVP * 128 + step));\n\
         }}\n",
         dvp = pad16(spec.head_dims.v)
     )

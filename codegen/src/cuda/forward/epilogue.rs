@@ -7,7 +7,7 @@ use super::plan::Plan;
 use super::softmax::RowSums;
 use super::trace::{self, Event};
 use super::varlen;
-use crate::abi::{ArgKind, Axis, Operand};
+use crate::abi::{ArgKind, Axis, Operand, O_STORE_ROWS};
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::kit::hoist::Hoisted;
 use crate::cuda::signature::arg_name;
@@ -79,7 +79,7 @@ pub(super) fn write_epilogue(
     // The logits leave out a row's part of a key-linear bias: its LSE adds it.
     let sum = match sums {
         RowSums::Fadd => "quad_sum(l[mt][r])",
-        RowSums::TensorCores => "row_sum[mt][2 * r]",
+        RowSums::TensorCores => "row_sum[mt][0][2 * r]",
     };
     let row_term = lse_row_term(spec, hoisted);
     let RowStats { stats, lse: lse_value, inv } = RowStats::of(plan, sum, row_term.as_deref());
@@ -106,7 +106,7 @@ pub(super) fn write_epilogue(
         #pragma unroll\n\
         for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
         \x20   const int mt = i / 2, r = i % 2;\n\
-        \x20   const int q = q0 + warp * WARP_M + mt * 16 + g + 8 * r;\n\
+        \x20   const int q = q0 + tile_row(warp, mt) + g + 8 * r;\n\
         {stats}\
         \x20   if ({lse} != nullptr && t == 0 && q < {q_len}) {{\n\
         \x20       {lse}[{lse_index}] = {lse_value};\n\
@@ -116,7 +116,7 @@ pub(super) fn write_epilogue(
         #pragma unroll\n\
         for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
         \x20   const int mt = i / 2, r = i % 2;\n\
-        \x20   const int row = warp * WARP_M + mt * 16 + g + 8 * r;\n\
+        \x20   const int row = tile_row(warp, mt) + g + 8 * r;\n\
         \x20   const float inv = {inv};\n\
         \x20   #pragma unroll\n\
         \x20   for (int n = 0; n < O_TILES; ++n) {{\n\
@@ -186,7 +186,7 @@ impl RowStats {
 }
 
 /// O from a warp-specialized kernel's staging tile to memory: with TMA each
-/// warp's lane 0 hands its 16 rows to the copy engine (no warpgroup barrier,
+/// warp's lane 0 hands its rows (16 per m-tile) to the copy engine (no warpgroup barrier,
 /// no per-thread address math; the copy engine clips rows past q_len),
 /// waiting until the copy has read them where `wait_read` (the tile is the
 /// Q buffer the warp frees next); else the warpgroup meets and its threads
@@ -204,11 +204,15 @@ pub(super) fn write_o_store(
             write!(
                 w,
                 "\
-                // The copy engine stores the warp's rows.\n\
+                // The copy engine stores the warp's rows, 16 per m-tile.\n\
                 fence_async_smem();  // this thread's O, visible to the copy engine\n\
                 __syncwarp();\n\
                 if (lane == 0) {{\n\
-                \x20   tma_store_tile<WARP_M, V_COLS, BLOCK_M>(o_tile + warp * WARP_M * 64, {O_MAP}, q0 + warp * WARP_M, h, {seq});\n",
+                \x20   #pragma unroll\n\
+                \x20   for (int mt = 0; mt < M_TILES; ++mt) {{\n\
+                \x20       const int row = tile_row(warp, mt);\n\
+                \x20       tma_store_tile<{O_STORE_ROWS}, V_COLS, BLOCK_M>(o_tile + row * 64, {O_MAP}, q0 + row, h, {seq});\n\
+                \x20   }}\n",
                 seq = plan.tma_seq(Operand::O)
             )?;
             if wait_read {

@@ -17,7 +17,7 @@ use super::logit::write_apply_logits;
 use super::plan::{ColumnShare, ColumnsFirst, Plan};
 use super::softmax::{write_softmax, Rescale};
 use super::trace::{self, Event};
-use super::wgmma_step::{write_fence_accumulators, write_wgmma_pv_over, write_wgmma_s_over};
+use super::wgmma_step::{write_fence_accumulators, write_fence_s, write_wgmma_pv_over, write_wgmma_s_over};
 use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::signature::arg_name;
 use crate::cuda::writer::Writer;
@@ -101,12 +101,12 @@ pub(super) fn write_consumer_columns(w: &mut Writer<String>, plan: &Plan, column
         )?;
         write_wgmma_s_over(w, plan, columns.keys, "COLUMN_KEYS")?;
         writeln!(w, "wgmma_wait<0>();")?;
-        writeln!(w, "fence_operands(s[0]);")?;
+        write_fence_s(w)?;
         write_apply_logits(w, "logit_columns(x, q, n * 8 + 2 * t + c, i, n, c)")?;
         write_softmax(w, plan.units, Rescale::Inline, plan.row_sums)?;
-        writeln!(w, "unsigned p[COLUMN_KEYS / 16][4];")?;
+        writeln!(w, "unsigned p[M_TILES][COLUMN_KEYS / 16][4];")?;
         writeln!(w, "#pragma unroll")?;
-        writeln!(w, "for (int kk = 0; kk < COLUMN_KEYS / 16; ++kk) pack_p(storage{{}}, p[kk], s[0], kk);")?;
+        writeln!(w, "for (int kk = 0; kk < COLUMN_KEYS / 16; ++kk) pack_p(storage{{}}, p[0][kk], s[0], kk);")?;
         // The softmax's rescale of O and the row sums lands before P V reads them.
         write_fence_accumulators(w, plan.row_sums)?;
         writeln!(w, "wgmma_fence();")?;

@@ -142,8 +142,8 @@ pub(super) fn write_accumulators(w: &mut Writer<String>, plan: &Plan) -> fmt::Re
     let (sum, sum_decl) = match sums {
         RowSums::Fadd => ("this lane's share of the running sum l.", "float l[M_TILES][2] = {};"),
         RowSums::TensorCores => (
-            "the running sum, P times ones: row r's is row_sum[mt][2 * r] (and 2 * r + 1).",
-            "float row_sum[M_TILES][4] = {};",
+            "the running sum, P times ones: row r's is row_sum[mt][0][2 * r] (and 2 * r + 1).",
+            "float row_sum[M_TILES][1][4] = {};  // an m64n8 accumulator per m-tile",
         ),
     };
     write!(
@@ -167,7 +167,7 @@ pub(super) fn write_accumulators(w: &mut Writer<String>, plan: &Plan) -> fmt::Re
             // behind the next tile's S (FlashAttention-3's intra-warpgroup\n\
             // pipelining; ptxas places the wait for it before that S's softmax).\n\
             // V of tile j therefore loads with K of the tile after it.\n\
-            unsigned p[BLOCK_N / {k_step}][4];\n\
+            unsigned p[M_TILES][BLOCK_N / {k_step}][4];\n\
             bool pv_pending = false;\n",
             k_step = plan.operands.k_step()
         )?;
@@ -204,7 +204,7 @@ pub(super) fn write_invariants(
                 writeln!(w, "{ty} {}[2 * M_TILES];", h.name)?;
                 writeln!(w, "#pragma unroll")?;
                 w.block(format_args!("for (int i = 0; i < 2 * M_TILES; ++i)"), |w| {
-                    writeln!(w, "const int q = q0 + warp * WARP_M + (i / 2) * 16 + g + 8 * (i % 2);")?;
+                    writeln!(w, "const int q = q0 + tile_row(warp, i / 2) + g + 8 * (i % 2);")?;
                     writeln!(w, "{}[i] = {row};", h.name)
                 })?
             }

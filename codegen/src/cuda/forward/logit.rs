@@ -246,7 +246,7 @@ pub(super) fn write_s_groups(w: &mut Writer<String>, body: &str) -> fmt::Result 
         #pragma unroll\n\
         for (int i = 0; i < 2 * M_TILES; ++i) {{\n\
         \x20   const int mt = i / 2, r = i % 2;\n\
-        \x20   const int q = q0 + warp * WARP_M + mt * 16 + g + 8 * r;\n\
+        \x20   const int q = q0 + tile_row(warp, mt) + g + 8 * r;\n\
         \x20   #pragma unroll\n\
         \x20   for (int n = 0; n < S_TILES; ++n) {{\n"
     )?;

@@ -76,8 +76,8 @@ pub(super) fn write_operand_lanes(w: &mut Writer<String>, mma: Mma) -> fmt::Resu
         Mma::Wgmma => write!(
             w,
             "\
-            // This warpgroup's 64 rows of the Q tile (128-byte rows in each panel).\n\
-            const unsigned q_smem = smem_addr(q_tile) + warp / 4 * 64 * 128;\n"
+            // This warpgroup's 64 * M_TILES rows of the Q tile (128-byte rows in each panel).\n\
+            const unsigned q_smem = smem_addr(q_tile) + warp / 4 * 64 * M_TILES * 128;\n"
         ),
     }
 }

@@ -201,9 +201,10 @@ fn library(plan: &Plan) -> Vec<Vec<Piece>> {
             Piece::Wgmma(pad16(spec.head_dims.v), AFrom::E4m3Registers),
         ]);
     } else if config.mma == Mma::Wgmma {
+        let s_from = if plan.q_fragments { AFrom::RegistersKMajorB } else { AFrom::Shared };
         let mut wgmma = vec![
             Piece::Part(Part::Wgmma),
-            Piece::Wgmma(config.block_n, AFrom::Shared),
+            Piece::Wgmma(config.block_n, s_from),
             Piece::Wgmma(pad16(spec.head_dims.v), AFrom::Registers),
         ];
         if plan.row_sums == RowSums::TensorCores {

@@ -57,6 +57,12 @@ pub(super) struct Plan<'s> {
     pub dropout: bool,
     /// The element format of Q, K and V (`e4m3`).
     pub operands: Operands,
+    /// Whether S's products take Q from registers, loaded once per item
+    /// (`wgmma_step::write_q_fragments`): a warpgroup of two m64 products
+    /// on 64-key tiles (`TALL_PAIR`), where with both operands in shared
+    /// memory each S product would read 128 bytes per tensor-core cycle,
+    /// all the SM's shared bandwidth, beside the ring's copies.
+    pub q_fragments: bool,
 }
 
 /// A kernel's global columns, taken from a tile of their own ahead of each
@@ -218,6 +224,7 @@ impl<'s> Plan<'s> {
             columns: ColumnsFirst::of(spec, config),
             dropout: false,
             operands: Operands::Sixteen,
+            q_fragments: holds_q_fragments(config),
         }
     }
 
@@ -244,6 +251,7 @@ impl<'s> Plan<'s> {
         let smem = config.smem_with(spec, e4m3_tile_bytes(spec, config));
         Plan {
             operands: Operands::E4m3,
+            q_fragments: false,
             columns: None,
             row_sums: RowSums::Fadd,
             stages: smem.stages,
@@ -451,18 +459,38 @@ pub(super) const ONES_TILE_BYTES: u32 = 2048;
 /// but 152 made ptxas serialize the consumers' wgmma, C7512: -40%). One
 /// (two CTAs per SM) shares 128 at launch with the producer, which keeps
 /// 88 there (at 48 it spilled ~100 instructions; the consumers' 168 spill
-/// 2). Consumers that need fewer than the launch's keep it: `setmaxnreg.dec`
+/// 2); of 128 rows (`TALL_PAIR`: S, P and O twice, and Q's fragments),
+/// 232 beside the producer's 24, where the consumers spill ~25 values of
+/// their items' set-up and epilogue, none in the tile loop. Consumers that need fewer than the launch's keep it: `setmaxnreg.dec`
 /// may only lower the producer's count, and ptxas rejects the kernel
 /// otherwise (a narrow V beside a wide QK, d = 256 / 32).
 pub(super) fn ws_regs(spec: &Spec, config: TileConfig) -> (u32, u32) {
     let launch = launch_regs(config);
     let pool = launch * config.threads() / 128;
     let groups = config.warps / 4;
-    let need = 3 * config.block_n / 4 + pad16(spec.head_dims.v) / 2 + 80;
-    let producer_floor = if groups == 1 { 88 } else { 24 };
+    let need = config.m_tiles * (3 * config.block_n / 4 + pad16(spec.head_dims.v) / 2) + 80;
+    let need = need + q_fragment_regs(spec, config);
+    let producer_floor = match (groups, config.m_tiles) {
+        (1, 1) => 88,
+        _ => 24,
+    };
     let consumer = ((pool - producer_floor) / groups).min(need).min(240) / 8 * 8;
     let consumer = consumer.max(launch);
     (pool - groups * consumer, consumer)
+}
+
+/// Whether `config`'s 16-bit kernels hold Q's fragments ([`Plan::q_fragments`]).
+fn holds_q_fragments(config: TileConfig) -> bool {
+    config.mma == Mma::Wgmma && config.m_tiles > 1
+}
+
+/// A consumer thread's registers for Q's fragments ([`Plan::q_fragments`]):
+/// 16 bytes per 16 x 16 block of its warp's rows.
+fn q_fragment_regs(spec: &Spec, config: TileConfig) -> u32 {
+    match holds_q_fragments(config) {
+        true => config.m_tiles * pad16(spec.head_dims.qk) / 16 * 4,
+        false => 0,
+    }
 }
 
 /// Registers per thread at launch: the register file shared by the CTAs
@@ -513,7 +541,6 @@ impl TermLevels {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::abi::O_STORE_ROWS;
 
     /// `setmaxnreg` only moves registers within the pool a CTA got at launch:
     /// a split that asks for more blocks the consumers forever.
@@ -534,8 +561,6 @@ mod tests {
                 TileConfig::feasible(&spec, Target::HOPPER).into_iter().filter(|c| warp_specialized(*c)).collect();
             assert!(!ws.is_empty(), "{source}");
             for config in ws {
-                // The consumers' TMA store of O takes one warp's rows.
-                assert_eq!(16 * config.m_tiles, O_STORE_ROWS, "{config:?}");
                 let (producer, consumer) = ws_regs(&spec, config);
                 let pool = launch_regs(config) * config.threads();
                 assert!(producer * 128 + consumer * 32 * config.warps <= pool, "{config:?}");

@@ -103,7 +103,7 @@ pub(super) fn write_softmax(w: &mut Writer<String>, units: SUnits, rescale: Resc
         (RowSums::Fadd, Rescale::Inline) => "\x20       l[mt][r] *= alpha;\n",
         (RowSums::Fadd, Rescale::Deferred) => "\x20       l[mt][r] *= alpha[i];\n",
         (RowSums::TensorCores, Rescale::Inline) => {
-            "\x20       row_sum[mt][2 * r] *= alpha;\n\x20       row_sum[mt][2 * r + 1] *= alpha;\n"
+            "\x20       row_sum[mt][0][2 * r] *= alpha;\n\x20       row_sum[mt][0][2 * r + 1] *= alpha;\n"
         }
         (RowSums::TensorCores, Rescale::Deferred) => "",
     };

@@ -50,15 +50,23 @@ pub(super) fn write_pv_waited(w: &mut Writer<String>, plan: &Plan) -> fmt::Resul
 
 /// Pins O (and the row sums on the tensor cores) after a wait for P V.
 pub(super) fn write_fence_accumulators(w: &mut Writer<String>, sums: RowSums) -> fmt::Result {
-    writeln!(w, "fence_operands(o[0]);")?;
-    match sums {
-        RowSums::Fadd => Ok(()),
-        RowSums::TensorCores => writeln!(w, "fence_operands(row_sum);"),
-    }
+    let row_sum = match sums {
+        RowSums::Fadd => "",
+        RowSums::TensorCores => " fence_operands(row_sum[mt]);",
+    };
+    writeln!(w, "#pragma unroll")?;
+    writeln!(w, "for (int mt = 0; mt < M_TILES; ++mt) {{ fence_operands(o[mt]);{row_sum} }}")
 }
 
-/// Issues and commits S = Q K^T on this warpgroup's 64 rows x BLOCK_N keys,
-/// both operands from shared memory, 32 bytes of their rows a k-step.
+/// Pins S after the wait for its products.
+pub(super) fn write_fence_s(w: &mut Writer<String>) -> fmt::Result {
+    writeln!(w, "#pragma unroll")?;
+    writeln!(w, "for (int mt = 0; mt < M_TILES; ++mt) fence_operands(s[mt]);")
+}
+
+/// Issues and commits S = Q K^T on this warpgroup's 64 * M_TILES rows x
+/// BLOCK_N keys (an m64 product per 64 rows), both operands from shared
+/// memory, 32 bytes of their rows a k-step.
 pub(super) fn write_wgmma_s(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
     write_wgmma_s_over(w, plan, plan.config.block_n, "BLOCK_N")
 }
@@ -66,24 +74,57 @@ pub(super) fn write_wgmma_s(w: &mut Writer<String>, plan: &Plan) -> fmt::Result 
 /// [`write_wgmma_s`] over a K tile of `n` keys, `rows` (its C name) a
 /// panel.
 pub(super) fn write_wgmma_s_over(w: &mut Writer<String>, plan: &Plan, n: u32, rows: &str) -> fmt::Result {
+    let q = match plan.q_fragments {
+        true => "qf[mt][kk]",
+        false => "desc_plus(gmma_desc(q_smem, 16, 1024), mt * 64 * 128 + panel * BLOCK_M * 128 + step)",
+    };
+    let wrapper = match plan.q_fragments {
+        true => "wgmma_rs_kb",
+        false => plan.operands.s_wrapper(),
+    };
     write!(
         w,
         "\
         \n\
-        // S = Q K^T on this warpgroup's 64 rows x {rows} keys, both operands\n\
-        // from shared memory; the first k-step overwrites S.\n\
+        // S = Q K^T on this warpgroup's 64 * M_TILES rows x {rows} keys, both\n\
+        // operands from shared memory; the first k-step overwrites S.\n\
         float s[M_TILES][S_TILES][4];\n\
         wgmma_fence();\n\
         #pragma unroll\n\
-        for (int kk = 0; kk < DP / {k_step}; ++kk) {{\n\
-        \x20   const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
-        \x20   {wrapper}_n{block_n}(s[0], desc_plus(gmma_desc(q_smem, 16, 1024), panel * BLOCK_M * 128 + step),\n\
-        \x20                    desc_plus(gmma_desc(k_smem, 16, 1024), panel * {rows} * 128 + step), kk);\n\
+        for (int mt = 0; mt < M_TILES; ++mt) {{\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int kk = 0; kk < DP / {k_step}; ++kk) {{\n\
+        \x20       const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
+        \x20       {wrapper}_n{block_n}(s[mt], {q},\n\
+        \x20                        desc_plus(gmma_desc(k_smem, 16, 1024), panel * {rows} * 128 + step), kk);\n\
+        \x20   }}\n\
         }}\n\
         wgmma_commit();\n",
         block_n = n,
         k_step = plan.operands.k_step(),
-        wrapper = plan.operands.s_wrapper(),
+    )
+}
+
+/// Q's A fragments of this warp's rows, for S's products from registers
+/// ([`Plan::q_fragments`]): loaded once per item, once Q has landed.
+pub(super) fn write_q_fragments(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
+    if !plan.q_fragments {
+        return Ok(());
+    }
+    write!(
+        w,
+        "\
+        // Q's A fragments (m16n8k16 layout, a 16 x 16 block per k-step):\n\
+        // S's products read only K from shared memory.\n\
+        unsigned qf[M_TILES][DP / 16][4];\n\
+        #pragma unroll\n\
+        for (int mt = 0; mt < M_TILES; ++mt) {{\n\
+        \x20   const int row = tile_row(warp, mt) + lane % 8 + lane / 8 % 2 * 8;\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int kk = 0; kk < DP / 16; ++kk) {{\n\
+        \x20       ldmatrix_x4(qf[mt][kk], smem_addr(q_tile + tile_offset<BLOCK_M, QK_COLS, true>(row, kk * 16 + lane / 16 * 8)));\n\
+        \x20   }}\n\
+        }}\n"
     )
 }
 
@@ -97,12 +138,12 @@ pub(super) fn write_wgmma_serial_step(w: &mut Writer<String>, plan: &Plan, hoist
         write_key_terms(w, spec, hoisted, plan.key_terms)?;
     }
     writeln!(w, "wgmma_wait<0>();")?;
-    writeln!(w, "fence_operands(s[0]);")?;
+    write_fence_s(w)?;
     write_logits(w, spec, cta_selector(spec))?;
     write_softmax(w, plan.units, Rescale::Inline, plan.row_sums)?;
     write_dropout(w, plan)?;
     writeln!(w, "// O += P V: P from the S registers (pack_p), V from shared memory (MN-major).")?;
-    writeln!(w, "unsigned p[BLOCK_N / 16][4];")?;
+    writeln!(w, "unsigned p[M_TILES][BLOCK_N / 16][4];")?;
     writeln!(w, "#pragma unroll")?;
     writeln!(w, "{}", pack_loop(plan))?;
     write_pv_waited(w, plan)
@@ -191,7 +232,7 @@ fn write_pipelined_tile(
         overlapped(w)?;
         writeln!(w, "wgmma_wait<0>();")
     })?;
-    writeln!(w, "fence_operands(s[0]);")?;
+    write_fence_s(w)?;
     trace::point(w, plan, Event::SDone)?;
     writeln!(w, "if (lane == 0) mbar_arrive(k_empty + 8 * stage);  // S is done with this K")?;
     logits(w)?;
@@ -205,8 +246,8 @@ fn write_pipelined_tile(
     let row_sum = match sums {
         RowSums::Fadd => "",
         RowSums::TensorCores => {
-            "\x20       row_sum[mt][2 * r] *= alpha[i];\n\
-                                 \x20       row_sum[mt][2 * r + 1] *= alpha[i];\n"
+            "\x20       row_sum[mt][0][2 * r] *= alpha[i];\n\
+                                 \x20       row_sum[mt][0][2 * r + 1] *= alpha[i];\n"
         }
     };
     write!(
@@ -248,15 +289,18 @@ pub(super) fn write_wgmma_pv(w: &mut Writer<String>, plan: &Plan) -> fmt::Result
 pub(super) fn write_wgmma_pv_over(w: &mut Writer<String>, plan: &Plan, rows: &str) -> fmt::Result {
     let row_sums = match plan.row_sums {
         RowSums::Fadd => "",
-        RowSums::TensorCores => "\x20   wgmma_rs_n8(row_sum, p[kk], ones);  // and the row sums\n",
+        RowSums::TensorCores => "\x20       wgmma_rs_n8(row_sum[mt], p[mt][kk], ones);  // and the row sums\n",
     };
     write!(
         w,
         "\
         #pragma unroll\n\
         for (int kk = 0; kk < {rows} / 16; ++kk) {{\n\
-        \x20   wgmma_rs_n{dvp}(o[0], p[kk], desc_plus(gmma_desc(v_smem, {rows} * 128, 1024), kk * 16 * 128));\n\
+        \x20   #pragma unroll\n\
+        \x20   for (int mt = 0; mt < M_TILES; ++mt) {{\n\
+        \x20       wgmma_rs_n{dvp}(o[mt], p[mt][kk], desc_plus(gmma_desc(v_smem, {rows} * 128, 1024), kk * 16 * 128));\n\
         {row_sums}\
+        \x20   }}\n\
         }}\n",
         dvp = pad16(plan.spec.head_dims.v)
     )
@@ -266,7 +310,12 @@ pub(super) fn write_wgmma_pv_over(w: &mut Writer<String>, plan: &Plan, rows: &st
 /// wgmma k-step each.
 fn pack_loop(plan: &Plan) -> String {
     match plan.operands {
-        Operands::Sixteen => "for (int kk = 0; kk < BLOCK_N / 16; ++kk) pack_p(storage{}, p[kk], s[0], kk);".into(),
-        Operands::E4m3 => "for (int kk = 0; kk < BLOCK_N / 32; ++kk) pack_p_e4m3(p[kk], s[0], kk);".into(),
+        Operands::Sixteen => "\
+            for (int mt = 0; mt < M_TILES; ++mt) {\n\
+            \x20   #pragma unroll\n\
+            \x20   for (int kk = 0; kk < BLOCK_N / 16; ++kk) pack_p(storage{}, p[mt][kk], s[mt], kk);\n\
+            }"
+        .into(),
+        Operands::E4m3 => "for (int kk = 0; kk < BLOCK_N / 32; ++kk) pack_p_e4m3(p[0][kk], s[0], kk);".into(),
     }
 }

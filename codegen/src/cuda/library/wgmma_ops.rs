@@ -24,6 +24,10 @@ pub(crate) enum AFrom {
     /// Registers in the m16n8k16 A-fragment layout, with B MN-major
     /// (`wgmma_rs_n{n}`: O += P·V, always accumulating).
     Registers,
+    /// Registers in the m16n8k16 A-fragment layout, with B K-major
+    /// (`wgmma_rs_kb_n{n}`: S = Q·Kᵀ with Q's fragments held, the
+    /// accumulator overwritten when `accumulate` is 0).
+    RegistersKMajorB,
     /// e4m3 operands, m64nNk32, both K-major (8-bit wgmma has no transpose):
     /// A from shared memory (`wgmma_ss_e4m3_n{n}`: S = Q·Kᵀ, the
     /// accumulator overwritten when `accumulate` is 0).
@@ -55,6 +59,7 @@ pub(crate) fn write_wgmma_op(w: &mut Writer<String>, dtype: Dtype, n: u32, a: AF
         AFrom::SharedMnA => ", 1, 0",
         AFrom::SharedMnAB => ", 1, 1",
         AFrom::Registers => ", 1",
+        AFrom::RegistersKMajorB => ", 0",
         AFrom::E4m3Shared | AFrom::E4m3Registers => "",
     };
     let (name, params, scale_d, operands, inputs) = match a {
@@ -71,13 +76,36 @@ pub(crate) fn write_wgmma_op(w: &mut Writer<String>, dtype: Dtype, n: u32, a: AF
             format!("%{}, %{}, p, 1, 1{transposes}", regs, regs + 1),
             "\"l\"(a), \"l\"(b), \"r\"(accumulate)",
         ),
-        AFrom::Registers | AFrom::E4m3Registers => (
-            if matches!(a, AFrom::Registers) { "rs" } else { "rs_e4m3" },
-            "const unsigned (&a)[4], unsigned long long b",
-            "1".to_string(),
-            format!("{{%{}, %{}, %{}, %{}}}, %{}, p, 1, 1{transposes}", regs, regs + 1, regs + 2, regs + 3, regs + 4),
-            "\"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(b)",
-        ),
+        AFrom::Registers | AFrom::RegistersKMajorB | AFrom::E4m3Registers => {
+            let overwrites = matches!(a, AFrom::RegistersKMajorB);
+            (
+                match a {
+                    AFrom::Registers => "rs",
+                    AFrom::RegistersKMajorB => "rs_kb",
+                    _ => "rs_e4m3",
+                },
+                match overwrites {
+                    true => "const unsigned (&a)[4], unsigned long long b, int accumulate",
+                    false => "const unsigned (&a)[4], unsigned long long b",
+                },
+                match overwrites {
+                    true => format!("%{}", regs + 5),
+                    false => "1".to_string(),
+                },
+                format!(
+                    "{{%{}, %{}, %{}, %{}}}, %{}, p, 1, 1{transposes}",
+                    regs,
+                    regs + 1,
+                    regs + 2,
+                    regs + 3,
+                    regs + 4
+                ),
+                match overwrites {
+                    true => "\"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(b), \"r\"(accumulate)",
+                    false => "\"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(b)",
+                },
+            )
+        }
     };
     writeln!(w, "__device__ __forceinline__ void wgmma_{name}_n{n}(float (&d)[{}][4], {params}) {{", n / 8)?;
     w.indented(|w| {

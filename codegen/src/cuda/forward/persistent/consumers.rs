@@ -10,7 +10,7 @@ use crate::cuda::forward::global_columns::write_consumer_columns;
 use crate::cuda::forward::item::{write_accumulators, write_spec_terms, ItemRole};
 use crate::cuda::forward::softmax::RowSums;
 use crate::cuda::forward::trace::{self, Event};
-use crate::cuda::forward::wgmma_step::write_wgmma_step;
+use crate::cuda::forward::wgmma_step::{write_q_fragments, write_wgmma_step};
 use crate::cuda::signature::arg_name;
 use crate::cuda::tile_config::{ping_pong, TileCopy};
 use crate::cuda::writer::Writer;
@@ -82,6 +82,7 @@ pub(super) fn write_consumers(w: &mut Writer<String>, roles: &Roles) -> fmt::Res
             writeln!(w, "mbar_wait(q_full + 8 * qb, {round} % 2);")?;
             trace::point(w, plan, Event::QFull)?;
         }
+        write_q_fragments(w, plan)?;
         if let Some(columns) = plan.columns {
             write_consumer_columns(w, plan, columns)?;
         }
