@@ -45,7 +45,14 @@ pub(super) fn write_item_rows(w: &mut Writer<String>, plan: &Plan, role: ItemRol
     let [heads, heads_kv] = [ArgKind::Heads, ArgKind::HeadsKv].map(name);
     let seq_stride = |op| name(ArgKind::Stride(op, Axis::Seq));
     let [q_stride, k_stride, v_stride] = [Operand::Q, Operand::K, Operand::V].map(seq_stride);
-    writeln!(w, "const int q0 = q_block * BLOCK_M;")?;
+    match plan.tail_aligned {
+        true => {
+            let q_len = name(ArgKind::QLen);
+            writeln!(w, "// Tiles end at the last row; the first starts at row 0 and overlaps the second.")?;
+            writeln!(w, "const int q0 = max_i32(q_block * BLOCK_M - (q_tiles * BLOCK_M - {q_len}), 0);")?
+        }
+        false => writeln!(w, "const int q0 = q_block * BLOCK_M;")?,
+    }
     if !matches!(role, ItemRole::Consumers(_)) {
         writeln!(w, "// GQA / MQA: each group of {heads} / {heads_kv} query heads shares one K/V head.")?;
         writeln!(w, "const int kv_head = h / ({heads} / {heads_kv});")?;

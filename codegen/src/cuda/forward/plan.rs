@@ -7,6 +7,7 @@ use super::key_bounds::key_bounds;
 use super::mma::{smem_slack, tile_cols};
 use super::softmax::{RowSums, SUnits};
 use crate::abi::Operand;
+use crate::analysis::block_uniform;
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::kit::hoist::{hoist, Level};
 use crate::cuda::kit::terms::{spec_exprs, KeyTerms};
@@ -63,6 +64,13 @@ pub(super) struct Plan<'s> {
     /// memory each S product would read 128 bytes per tensor-core cycle,
     /// all the SM's shared bandwidth, beside the ring's copies.
     pub q_fragments: bool,
+    /// Whether the persistent kernel's query tiles end at the last row
+    /// where `q_len` is not a multiple of BLOCK_M: the short tile's waste
+    /// then falls on the first rows, which under a causal mask or a window
+    /// see the fewest keys, rather than on the last, which see the most
+    /// ([`tail_aligned`]). The first tile starts at row 0 and overlaps the
+    /// second: both compute the rows they share alike, and both store them.
+    pub tail_aligned: bool,
 }
 
 /// A kernel's global columns, taken from a tile of their own ahead of each
@@ -225,6 +233,7 @@ impl<'s> Plan<'s> {
             dropout: false,
             operands: Operands::Sixteen,
             q_fragments: holds_q_fragments(config),
+            tail_aligned: ws && tail_aligned(spec, config),
         }
     }
 
@@ -276,7 +285,7 @@ impl<'s> Plan<'s> {
     /// (`library/tma_ragged.cuh`), so its boxes read zeros there and write
     /// nothing.
     pub(super) fn varlen(view: &'s Spec, config: TileConfig, copy: TileCopy) -> Plan<'s> {
-        Plan { varlen: true, global_rows: None, columns: None, ..Plan::new(view, config, copy) }
+        Plan { varlen: true, global_rows: None, columns: None, tail_aligned: false, ..Plan::new(view, config, copy) }
     }
 
     /// The plan of a paged kernel in `config` for `view`, as [`Plan::varlen`]'s:
@@ -479,6 +488,16 @@ pub(super) fn ws_regs(spec: &Spec, config: TileConfig) -> (u32, u32) {
     (pool - groups * consumer, consumer)
 }
 
+/// Whether a persistent kernel's query tiles may end at the last row
+/// ([`Plan::tail_aligned`]): not where global rows come first (their
+/// tiles are counted from row 0) nor under a mask read per tile-aligned
+/// block (its value at a tile's first row holds for the tile).
+fn tail_aligned(spec: &Spec, config: TileConfig) -> bool {
+    let global_rows = MaskParts::of(spec.mask.as_ref()).and_then(|parts| parts.global_rows()).is_some();
+    let blocks = spec.mask.as_ref().is_some_and(|mask| block_uniform(mask, config.block_m(), config.block_n));
+    !global_rows && !blocks
+}
+
 /// Whether `config`'s 16-bit kernels hold Q's fragments ([`Plan::q_fragments`]).
 fn holds_q_fragments(config: TileConfig) -> bool {
     config.mma == Mma::Wgmma && config.m_tiles > 1
@@ -574,6 +593,28 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Persistent kernels end their query tiles at the last row but where
+    /// global rows count tiles from row 0 or the mask is read per
+    /// tile-aligned block; kernels of a CTA per tile and packed sequences
+    /// keep tiles from row 0.
+    #[test]
+    fn query_tiles_end_at_the_last_row_where_nothing_counts_from_row_0() {
+        let three = TileConfig { mma: Mma::Wgmma, warps: 12, m_tiles: 1, block_n: 128 };
+        let aligned = |mask: &str, config: TileConfig, copy| {
+            let spec = crate::parse_one(&format!("S {{ dtype: bf16, head_dim: 64, {mask} }}")).unwrap();
+            Plan::new(&spec, config, copy).tail_aligned
+        };
+        for copy in [TileCopy::Tma, TileCopy::Threads] {
+            assert!(aligned("mask: q >= k", three, copy));
+            assert!(aligned("mask: q - k < 100 && q >= k", TileConfig { warps: 8, ..three }, copy));
+            assert!(!aligned("mask: q < 32 || (q - k < 64 && k - q < 64)", three, copy));
+            assert!(!aligned("tensor layout: i32[H, 8, 8], mask: layout[h][q / 192][k / 128] != 0", three, copy));
+            assert!(!aligned("mask: q >= k", TileConfig { mma: Mma::Sync, warps: 4, m_tiles: 2, block_n: 64 }, copy));
+        }
+        let spec = crate::parse_one("S { dtype: bf16, head_dim: 64, mask: q >= k }").unwrap();
+        assert!(!Plan::varlen(&spec, three, TileCopy::Tma).tail_aligned);
     }
 
     /// Above d = 128 every head dim has warp-specialized candidates (the
