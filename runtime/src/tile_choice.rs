@@ -43,10 +43,12 @@ pub fn e4m3_candidates(spec: &Spec) -> [TileConfig; 3] {
 }
 
 /// The configuration used without autotuning on `target` for `kv_len`
-/// keys: [`preferred`], except that past 2048 keys at d <= 64 three
+/// keys: [`preferred`], except that past 1024 keys at d <= 64 three
 /// warpgroups lead for every spec whose S, P and O fit their registers
-/// ([`is_light`]) but an `||` with an `&&` term (`banded_disjuncts`). At
-/// 1024 keys they trail: the ragged last 192-row tile wastes work.
+/// ([`is_light`]) but an `||` with an `&&` term (`banded_disjuncts`): at
+/// 2048 keys by 10% on causal attention, ALiBi and documents, level on a
+/// 1024-key window. At 1024 keys two stay (three led causal by 3% once
+/// tiles ended at the last row, and trailed the window by 12% before).
 pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
     let light = is_light(spec) && !banded_disjuncts(spec);
     let long = long_keys(kv_len) && TileConfig::padded_head_dim(spec) <= 64 && light;
@@ -180,7 +182,7 @@ fn banded_disjuncts(spec: &Spec) -> bool {
 
 /// Keys beyond which [`preferred_for`] may differ from
 /// [`preferred`].
-const LONG_KEYS: usize = 2048;
+const LONG_KEYS: usize = 1024;
 
 /// The d <= 64 wgmma tile of one consumer warpgroup (64 query rows,
 /// 128-key tiles), two CTAs per SM.
@@ -245,9 +247,9 @@ mod tests {
     }
 
     /// At d <= 64: plain attention prefers three consumer warpgroups; a
-    /// document mask two up to 2048 keys, three from 4096; a transcendental
+    /// document mask two up to 1024 keys, three from 2048; a transcendental
     /// score one warpgroup per CTA, two CTAs per SM, at every length; a
-    /// sliding window (both conjuncts bound k) three from 4096 keys.
+    /// sliding window (both conjuncts bound k) three from 2048 keys.
     #[test]
     fn d64_preferences() {
         let hopper = Target::HOPPER;
@@ -258,7 +260,7 @@ mod tests {
             parse_one("S { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }")
                 .unwrap();
         assert_eq!(shape(preferred_for(&doc, hopper, 1024)), (Mma::Wgmma, 8, 1));
-        assert_eq!(shape(preferred_for(&doc, hopper, 4096)), (Mma::Wgmma, 12, 1));
+        assert_eq!(shape(preferred_for(&doc, hopper, 2048)), (Mma::Wgmma, 12, 1));
         let softcap = "S { dtype: bf16, head_dim: 64, param cap: f32, mask: q >= k, score: cap * tanh(score / cap) }";
         let softcap = parse_one(softcap).unwrap();
         for kv_len in [1024, 16384] {
@@ -266,14 +268,14 @@ mod tests {
         }
         let window = parse_one("S { dtype: bf16, head_dim: 64, param w: i32, mask: q >= k && q - k < w }").unwrap();
         assert_eq!(shape(preferred_for(&window, hopper, 1024)), (Mma::Wgmma, 8, 1));
-        assert_eq!(shape(preferred_for(&window, hopper, 4096)), (Mma::Wgmma, 12, 1));
+        assert_eq!(shape(preferred_for(&window, hopper, 2048)), (Mma::Wgmma, 12, 1));
     }
 
     /// At d <= 64 an `||` with an `&&` term (global tokens beside a band,
     /// sinks beside a window) prefers two warpgroups at every length; three
     /// and one a CTA stay candidates. An `||` of comparisons (a prefix), and
     /// a literal number of sinks beside a window, whose walk keeps the
-    /// window alone, take three past 2048 keys.
+    /// window alone, take three past 1024 keys.
     #[test]
     fn banded_disjuncts_prefer_two_warpgroups() {
         let hopper = Target::HOPPER;
