@@ -65,8 +65,9 @@ pub(super) fn write_fence_s(w: &mut Writer<String>) -> fmt::Result {
 }
 
 /// Issues and commits S = Q K^T on this warpgroup's 64 * M_TILES rows x
-/// BLOCK_N keys (an m64 product per 64 rows), both operands from shared
-/// memory, 32 bytes of their rows a k-step.
+/// BLOCK_N keys (an m64 product per 64 rows), K from shared memory and Q
+/// from there too or from its fragments ([`Plan::q_fragments`]), 32 bytes
+/// of their rows a k-step.
 pub(super) fn write_wgmma_s(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
     write_wgmma_s_over(w, plan, plan.config.block_n, "BLOCK_N")
 }
@@ -74,20 +75,20 @@ pub(super) fn write_wgmma_s(w: &mut Writer<String>, plan: &Plan) -> fmt::Result 
 /// [`write_wgmma_s`] over a K tile of `n` keys, `rows` (its C name) a
 /// panel.
 pub(super) fn write_wgmma_s_over(w: &mut Writer<String>, plan: &Plan, n: u32, rows: &str) -> fmt::Result {
-    let q = match plan.q_fragments {
-        true => "qf[mt][kk]",
-        false => "desc_plus(gmma_desc(q_smem, 16, 1024), mt * 64 * 128 + panel * BLOCK_M * 128 + step)",
-    };
-    let wrapper = match plan.q_fragments {
-        true => "wgmma_rs_kb",
-        false => plan.operands.s_wrapper(),
+    let (q, wrapper, from) = match plan.q_fragments {
+        true => ("qf[mt][kk]", "wgmma_rs_kb", "Q from its fragments, K from shared memory"),
+        false => (
+            "desc_plus(gmma_desc(q_smem, 16, 1024), mt * 64 * 128 + panel * BLOCK_M * 128 + step)",
+            plan.operands.s_wrapper(),
+            "both operands from shared memory",
+        ),
     };
     write!(
         w,
         "\
         \n\
-        // S = Q K^T on this warpgroup's 64 * M_TILES rows x {rows} keys, both\n\
-        // operands from shared memory; the first k-step overwrites S.\n\
+        // S = Q K^T on this warpgroup's 64 * M_TILES rows x {rows} keys:\n\
+        // {from}; the first k-step overwrites S.\n\
         float s[M_TILES][S_TILES][4];\n\
         wgmma_fence();\n\
         #pragma unroll\n\
