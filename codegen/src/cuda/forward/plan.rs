@@ -213,6 +213,7 @@ impl<'s> Plan<'s> {
             let (producer, consumer) = ws_regs(spec, config);
             Regs { launch: launch_regs(config), producer, consumer }
         });
+        let global_rows = MaskParts::of(spec.mask.as_ref()).and_then(|parts| parts.global_rows());
         Plan {
             spec,
             config,
@@ -228,12 +229,12 @@ impl<'s> Plan<'s> {
             trace: false,
             varlen: false,
             paged: false,
-            global_rows: MaskParts::of(spec.mask.as_ref()).and_then(|parts| parts.global_rows()),
+            global_rows,
             columns: ColumnsFirst::of(spec, config),
             dropout: false,
             operands: Operands::Sixteen,
             q_fragments: holds_q_fragments(config),
-            tail_aligned: ws && tail_aligned(spec, config),
+            tail_aligned: tail_aligned(spec, config, global_rows.is_some()),
         }
     }
 
@@ -470,9 +471,10 @@ pub(super) const ONES_TILE_BYTES: u32 = 2048;
 /// 88 there (at 48 it spilled ~100 instructions; the consumers' 168 spill
 /// 2); of 128 rows (`TALL_PAIR`: S, P and O twice, and Q's fragments),
 /// 232 beside the producer's 24, where the consumers spill ~25 values of
-/// their items' set-up and epilogue, none in the tile loop. Consumers that need fewer than the launch's keep it: `setmaxnreg.dec`
-/// may only lower the producer's count, and ptxas rejects the kernel
-/// otherwise (a narrow V beside a wide QK, d = 256 / 32).
+/// their items' set-up and epilogue, none in the tile loop. Consumers that
+/// need fewer than the launch's keep it: `setmaxnreg.dec` may only lower
+/// the producer's count, and ptxas rejects the kernel otherwise (a narrow V
+/// beside a wide QK, d = 256 / 32).
 pub(super) fn ws_regs(spec: &Spec, config: TileConfig) -> (u32, u32) {
     let launch = launch_regs(config);
     let pool = launch * config.threads() / 128;
@@ -489,13 +491,13 @@ pub(super) fn ws_regs(spec: &Spec, config: TileConfig) -> (u32, u32) {
 }
 
 /// Whether a persistent kernel's query tiles may end at the last row
-/// ([`Plan::tail_aligned`]): not where global rows come first (their
-/// tiles are counted from row 0) nor under a mask read per tile-aligned
-/// block (its value at a tile's first row holds for the tile).
-fn tail_aligned(spec: &Spec, config: TileConfig) -> bool {
-    let global_rows = MaskParts::of(spec.mask.as_ref()).and_then(|parts| parts.global_rows()).is_some();
+/// ([`Plan::tail_aligned`]), given whether its `global_rows` come first
+/// (their tiles are counted from row 0): not under a mask read per
+/// tile-aligned block either (its value at a tile's first row holds for
+/// the tile).
+fn tail_aligned(spec: &Spec, config: TileConfig, global_rows: bool) -> bool {
     let blocks = spec.mask.as_ref().is_some_and(|mask| block_uniform(mask, config.block_m(), config.block_n));
-    !global_rows && !blocks
+    warp_specialized(config) && !global_rows && !blocks
 }
 
 /// Whether `config`'s 16-bit kernels hold Q's fragments ([`Plan::q_fragments`]).
