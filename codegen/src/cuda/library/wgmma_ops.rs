@@ -74,37 +74,35 @@ pub(crate) fn write_wgmma_op(w: &mut Writer<String>, dtype: Dtype, n: u32, a: AF
             "unsigned long long a, unsigned long long b, int accumulate",
             format!("%{}", regs + 2),
             format!("%{}, %{}, p, 1, 1{transposes}", regs, regs + 1),
-            "\"l\"(a), \"l\"(b), \"r\"(accumulate)",
+            "\"l\"(a), \"l\"(b), \"r\"(accumulate)".to_string(),
         ),
         AFrom::Registers | AFrom::RegistersKMajorB | AFrom::E4m3Registers => {
-            let overwrites = matches!(a, AFrom::RegistersKMajorB);
-            (
-                match a {
-                    AFrom::Registers => "rs",
-                    AFrom::RegistersKMajorB => "rs_kb",
-                    _ => "rs_e4m3",
-                },
-                match overwrites {
-                    true => "const unsigned (&a)[4], unsigned long long b, int accumulate",
-                    false => "const unsigned (&a)[4], unsigned long long b",
-                },
-                match overwrites {
-                    true => format!("%{}", regs + 5),
-                    false => "1".to_string(),
-                },
-                format!(
-                    "{{%{}, %{}, %{}, %{}}}, %{}, p, 1, 1{transposes}",
-                    regs,
-                    regs + 1,
-                    regs + 2,
-                    regs + 3,
-                    regs + 4
+            let a_regs = "\"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(b)";
+            let operands = format!(
+                "{{%{}, %{}, %{}, %{}}}, %{}, p, 1, 1{transposes}",
+                regs,
+                regs + 1,
+                regs + 2,
+                regs + 3,
+                regs + 4
+            );
+            // S from Q's fragments may overwrite its accumulator; P V always adds.
+            match a {
+                AFrom::RegistersKMajorB => (
+                    "rs_kb",
+                    "const unsigned (&a)[4], unsigned long long b, int accumulate",
+                    format!("%{}", regs + 5),
+                    operands,
+                    format!("{a_regs}, \"r\"(accumulate)"),
                 ),
-                match overwrites {
-                    true => "\"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(b), \"r\"(accumulate)",
-                    false => "\"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(b)",
-                },
-            )
+                _ => (
+                    if matches!(a, AFrom::Registers) { "rs" } else { "rs_e4m3" },
+                    "const unsigned (&a)[4], unsigned long long b",
+                    "1".to_string(),
+                    operands,
+                    a_regs.to_string(),
+                ),
+            }
         }
     };
     writeln!(w, "__device__ __forceinline__ void wgmma_{name}_n{n}(float (&d)[{}][4], {params}) {{", n / 8)?;
