@@ -602,6 +602,8 @@ fn e4m3_forward_kernels() {
     }
     let d80 = parse_one("S { dtype: bf16, head_dim: 80 }").unwrap();
     assert!(emit_forward_e4m3(&d80, config).is_none());
+    // One m64 product per warpgroup.
+    assert!(emit_forward_e4m3(&spec, TileConfig { warps: 4, m_tiles: 2, block_n: 128, ..config }).is_none());
     assert!(!e4m3_supports(&spec, config, Target::for_sm(8, 0)));
 }
 

@@ -50,7 +50,8 @@ impl Operands {
 }
 
 /// Whether `spec` runs on e4m3 operands in `config` on `target`: the
-/// pipelined warp-specialized wgmma kernels with tiles of whole 32-key
+/// pipelined warp-specialized wgmma kernels of one m64 product per
+/// warpgroup (its P V and P's packing take one) with tiles of whole 32-key
 /// k-steps from 96 keys up to 256 (a TMA box), a QK head dim of whole 32-element k-steps, a V head dim of whole 16-bit
 /// columns (its rows a TMA box of at most 256), within the SM's shared
 /// memory.
@@ -60,6 +61,7 @@ pub fn e4m3_supports(spec: &Spec, config: TileConfig, target: Target) -> bool {
         && config.mma == Mma::Wgmma
         && warp_specialized(config)
         && pipelined(config)
+        && config.m_tiles == 1
         && config.block_n.is_multiple_of(32)
         && (96..=256).contains(&config.block_n)
         && qk.is_multiple_of(32)
