@@ -1,7 +1,8 @@
 //! The varlen schedule on the CPU, as its kernels compute it:
 //! [`seq_span`] is `library/varlen.cuh`'s, bound for bound, and
 //! [`work_tiles`] decodes a launch's CTAs (or a persistent kernel's items)
-//! as the kernels do, keeping those whose query tile has rows. The
+//! as the kernels do, keeping those whose query tile has rows, and
+//! [`tile_rows`] places a tile's rows in its sequence. The
 //! backward's row kernels and dQ kernel walk query tiles as the forward's
 //! grid does; its dK/dV kernels walk key tiles the same way, over the keys'
 //! prefix sums and K/V heads (their CTA order permutes the grid, the set is
@@ -72,6 +73,16 @@ pub fn work_tiles(cu_q: &[i32], heads: usize, total_q: i32, max_q_len: i32, bloc
         .map(decode)
         .filter(|t| t.q_block as i64 * (block_m as i64) < seq_span(cu_q, t.seq, total_q, max_q_len).len as i64)
         .collect()
+}
+
+/// The rows of its sequence (`len` > 0 rows) that query tile `q_block`
+/// computes: `q_block · block_m` on, or with `tail_aligned` (the persistent
+/// forwards' `Plan::tail_aligned`) tiles that end at the sequence's last
+/// row, the first starting at row 0 and overlapping the second.
+pub fn tile_rows(q_block: i32, len: i32, block_m: i32, tail_aligned: bool) -> std::ops::Range<i32> {
+    let slack = if tail_aligned { block_m - 1 - (len - 1) % block_m } else { 0 };
+    let q0 = (q_block * block_m - slack).max(0);
+    q0..(q0 + block_m).min(len)
 }
 
 /// Query rows per tile of the backward's `Fragments` dQ accumulator (the

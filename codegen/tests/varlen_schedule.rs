@@ -4,9 +4,12 @@
 //! own sequence, and each sequence has dQ accumulator tiles of its own;
 //! whatever the prefix sums hold, every read stays inside the buffers.
 
-use flashgen_codegen::varlen::{dq_accum_tile, dq_accum_tiles, seq_span, work_tiles, Walk, WorkTile, DQ_TILE_ROWS};
+use flashgen_codegen::varlen::{
+    dq_accum_tile, dq_accum_tiles, seq_span, tile_rows, work_tiles, Walk, WorkTile, DQ_TILE_ROWS,
+};
 use proptest::prelude::*;
 use std::collections::HashSet;
+use std::ops::Range;
 
 /// Prefix sums of `lens`, and the tokens of a buffer that holds them and
 /// `pad` more.
@@ -34,11 +37,17 @@ fn lengths() -> impl Strategy<Value = Vec<i32>> {
     )
 }
 
-/// The rows `tile` reads and writes, as token indices of the packed buffer.
-fn rows(tile: &WorkTile, cu: &[i32], total: i32, max: i32, block_m: i32) -> std::ops::Range<i32> {
+/// The rows `tile` reads and writes, as token indices of the packed buffer,
+/// its tiles from row 0 or ending at the sequence's last row.
+fn rows_aligned(tile: &WorkTile, cu: &[i32], total: i32, max: i32, block_m: i32, tail: bool) -> Range<i32> {
     let span = seq_span(cu, tile.seq, total, max);
-    let q0 = tile.q_block * block_m;
-    span.start + q0..span.start + (q0 + block_m).min(span.len)
+    let r = tile_rows(tile.q_block, span.len, block_m, tail);
+    span.start + r.start..span.start + r.end
+}
+
+/// [`rows_aligned`] from row 0, as the backward's tiles and the forward's grid walk them.
+fn rows(tile: &WorkTile, cu: &[i32], total: i32, max: i32, block_m: i32) -> Range<i32> {
+    rows_aligned(tile, cu, total, max, block_m, false)
 }
 
 proptest! {
@@ -76,6 +85,37 @@ proptest! {
         // Every row of every sequence is written by exactly one tile per head.
         let written: usize = tiles.iter().map(|t| rows(t, &cu, total, max, block_m).len()).sum();
         prop_assert_eq!(written, heads * lens.iter().sum::<i32>() as usize);
+    }
+
+    /// Tiles that end at their sequence's last row cover every row of it,
+    /// each tile as many rows as the sequence has up to `block_m`, none
+    /// outside it: only the first two tiles share rows.
+    #[test]
+    fn tail_aligned_tiles_fill_their_sequence(
+        lens in lengths(),
+        heads in 1..3usize,
+        block_m in prop::sample::select(vec![64, 128, 192]),
+    ) {
+        let (cu, total) = prefix_sums(&lens, 0);
+        let max = lens.iter().copied().max().unwrap_or(0);
+        let tiles = work_tiles(&cu, heads, total, max, block_m, Walk::Items);
+        let mut covered = vec![0u32; total as usize];
+        for tile in &tiles {
+            let r = rows_aligned(tile, &cu, total, max, block_m, true);
+            let len = lens[tile.seq];
+            prop_assert!(cu[tile.seq] <= r.start && r.end <= cu[tile.seq + 1], "{tile:?} reads {r:?}");
+            prop_assert_eq!(r.len() as i32, len.min(block_m), "{:?} is short", tile);
+            prop_assert_eq!(r.end == cu[tile.seq + 1], tile.q_block == (len - 1) / block_m);
+            r.for_each(|row| covered[row as usize] += 1);
+        }
+        // Per head, the first two tiles share the rows the last would have left empty.
+        for (seq, &len) in lens.iter().enumerate() {
+            let shared = if len > block_m { (len + block_m - 1) / block_m * block_m - len } else { 0 };
+            let rows = cu[seq]..cu[seq + 1];
+            prop_assert!(rows.clone().all(|row| [1, 2].map(|n| n * heads as u32).contains(&covered[row as usize])));
+            let twice = rows.filter(|&row| covered[row as usize] == 2 * heads as u32).count();
+            prop_assert_eq!(twice as i32, shared);
+        }
     }
 
     #[test]
