@@ -59,7 +59,7 @@ impl Runtime {
         if let Some(config) = config {
             return self.candidate(spec, config);
         }
-        let long = crate::tile_choice::long_keys(max_kv_len);
+        let long = crate::tile_choice::long_keys(spec, max_kv_len);
         let remembered = self.ragged_choices.get(spec, long).unwrap_or_else(|| {
             let config = crate::tile_choice::preferred_for(spec, self.target(), max_kv_len);
             self.ragged_choices.keep_first(spec, long, Choice { config, tuned: false })

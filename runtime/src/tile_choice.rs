@@ -4,7 +4,9 @@
 //! for a spec ([`TileConfig::feasible`]); the order among them is a
 //! measured policy and lives here (docs/kernels.md gives the measurements).
 
-use flashgen_codegen::cuda::{columns_apart, e4m3_supports, is_light, Mma, Target, TileConfig, TALL_PAIR};
+use flashgen_codegen::cuda::{
+    columns_apart, e4m3_supports, is_light, per_warpgroup_classes, Mma, Target, TileConfig, TALL_PAIR,
+};
 use flashgen_codegen::mask_parts::MaskParts;
 use flashgen_codegen::{BinOp, Expr, ExprKind, Spec};
 
@@ -43,15 +45,19 @@ pub fn e4m3_candidates(spec: &Spec) -> [TileConfig; 3] {
 }
 
 /// The configuration used without autotuning on `target` for `kv_len`
-/// keys: [`preferred`], except that past 1024 keys at d <= 64 three
-/// warpgroups lead for every spec whose S, P and O fit their registers
-/// ([`is_light`]) but an `||` with an `&&` term (`banded_disjuncts`): at
-/// 2048 keys by 10% on causal attention, ALiBi and documents, level on a
-/// 1024-key window. At 1024 keys two stay (three led causal by 3% once
-/// tiles ended at the last row, and trailed the window by 12% before).
+/// keys: [`preferred`], except that with long keys ([`long_keys`]) at
+/// d <= 64 three warpgroups lead for every spec whose S, P and O fit their
+/// registers ([`is_light`]) but an `||` with an `&&` term
+/// (`banded_disjuncts`). In the autotuner's sweep at d = 64 (H200), three
+/// warpgroups against two took 10-19% less time on full attention at 768
+/// and 1024 keys, 3-5% on causal, 5-9% on ALiBi, 0-4% on documents, and
+/// 9-10% more on causal attention and ALiBi at 512 keys; on a 1024-key
+/// window, whose three-warpgroup kernel classifies tiles per warpgroup
+/// (`per_warpgroup_classes`) to no end while the window spans the keys, 4-6%
+/// more at 768 and 1024 keys, level at 2048.
 pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
     let light = is_light(spec) && !banded_disjuncts(spec);
-    let long = long_keys(kv_len) && TileConfig::padded_head_dim(spec) <= 64 && light;
+    let long = long_keys(spec, kv_len) && TileConfig::padded_head_dim(spec) <= 64 && light;
     let candidates = candidates(spec, target);
     match long && candidates.contains(&THREE_WARPGROUPS) {
         true => THREE_WARPGROUPS,
@@ -59,10 +65,15 @@ pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
     }
 }
 
-/// Whether `kv_len` keys are long to [`preferred_for`]: the one way the
-/// key count enters its choice.
-pub fn long_keys(kv_len: usize) -> bool {
-    kv_len > LONG_KEYS
+/// Whether `kv_len` keys are long to [`preferred_for`] for `spec`: the one
+/// way the key count enters its choice. Past 512 keys, or past 1024 where
+/// three warpgroups would classify tiles per warpgroup (a band) or walk a
+/// band beside global columns taken apart.
+pub fn long_keys(spec: &Spec, kv_len: usize) -> bool {
+    match per_warpgroup_classes(spec, THREE_WARPGROUPS) || columns_apart(spec) {
+        true => kv_len > BAND_LONG_KEYS,
+        false => kv_len > LONG_KEYS,
+    }
 }
 
 /// The configurations worth timing for `spec` on `target`, preferred
@@ -181,8 +192,12 @@ fn banded_disjuncts(spec: &Spec) -> bool {
 }
 
 /// Keys beyond which [`preferred_for`] may differ from
-/// [`preferred`].
-const LONG_KEYS: usize = 1024;
+/// [`preferred`] ([`long_keys`]).
+const LONG_KEYS: usize = 512;
+
+/// [`LONG_KEYS`] for specs whose three-warpgroup kernel classifies tiles
+/// per warpgroup.
+const BAND_LONG_KEYS: usize = 1024;
 
 /// The d <= 64 wgmma tile of one consumer warpgroup (64 query rows,
 /// 128-key tiles), two CTAs per SM.
@@ -247,9 +262,9 @@ mod tests {
     }
 
     /// At d <= 64: plain attention prefers three consumer warpgroups; a
-    /// document mask two up to 1024 keys, three from 2048; a transcendental
-    /// score one warpgroup per CTA, two CTAs per SM, at every length; a
-    /// sliding window (both conjuncts bound k) three from 2048 keys.
+    /// document or causal mask two up to 512 keys, three past; a
+    /// transcendental score one warpgroup per CTA, two CTAs per SM, at every
+    /// length; a sliding window (both conjuncts bound k) three past 1024 keys.
     #[test]
     fn d64_preferences() {
         let hopper = Target::HOPPER;
@@ -259,8 +274,13 @@ mod tests {
         let doc =
             parse_one("S { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }")
                 .unwrap();
-        assert_eq!(shape(preferred_for(&doc, hopper, 1024)), (Mma::Wgmma, 8, 1));
-        assert_eq!(shape(preferred_for(&doc, hopper, 2048)), (Mma::Wgmma, 12, 1));
+        let causal = parse_one("S { dtype: bf16, head_dim: 64, mask: q >= k }").unwrap();
+        for spec in [&doc, &causal] {
+            assert_eq!(shape(preferred_for(spec, hopper, 512)), (Mma::Wgmma, 8, 1));
+            for kv_len in [513, 1024, 2048] {
+                assert_eq!(shape(preferred_for(spec, hopper, kv_len)), (Mma::Wgmma, 12, 1));
+            }
+        }
         let softcap = "S { dtype: bf16, head_dim: 64, param cap: f32, mask: q >= k, score: cap * tanh(score / cap) }";
         let softcap = parse_one(softcap).unwrap();
         for kv_len in [1024, 16384] {
@@ -268,23 +288,23 @@ mod tests {
         }
         let window = parse_one("S { dtype: bf16, head_dim: 64, param w: i32, mask: q >= k && q - k < w }").unwrap();
         assert_eq!(shape(preferred_for(&window, hopper, 1024)), (Mma::Wgmma, 8, 1));
-        assert_eq!(shape(preferred_for(&window, hopper, 2048)), (Mma::Wgmma, 12, 1));
+        assert_eq!(shape(preferred_for(&window, hopper, 1025)), (Mma::Wgmma, 12, 1));
     }
 
     /// At d <= 64 an `||` with an `&&` term (global tokens beside a band,
     /// sinks beside a window) prefers two warpgroups at every length; three
-    /// and one a CTA stay candidates. An `||` of comparisons (a prefix), and
-    /// a literal number of sinks beside a window, whose walk keeps the
-    /// window alone, take three past 1024 keys.
+    /// and one a CTA stay candidates. An `||` of comparisons (a prefix)
+    /// takes three past 512 keys; a literal number of sinks beside a window,
+    /// whose walk keeps the window alone, past 1024, as the window does.
     #[test]
     fn banded_disjuncts_prefer_two_warpgroups() {
         let hopper = Target::HOPPER;
         let source =
             |mask: &str| format!("S {{ dtype: bf16, head_dim: 64, param w: i32, param g: i32, mask: {mask} }}");
-        for mask in ["k < g || q >= k", "k < 4 || (q >= k && q - k < w)"] {
+        for (mask, short) in [("k < g || q >= k", 512), ("k < 4 || (q >= k && q - k < w)", 1024)] {
             let spec = parse_one(&source(mask)).unwrap();
-            assert_eq!(preferred_for(&spec, hopper, 1024), wgmma_pair(128), "{mask}");
-            assert_eq!(preferred_for(&spec, hopper, 16384), THREE_WARPGROUPS, "{mask}");
+            assert_eq!(preferred_for(&spec, hopper, short), wgmma_pair(128), "{mask}");
+            assert_eq!(preferred_for(&spec, hopper, short + 1), THREE_WARPGROUPS, "{mask}");
         }
         for mask in ["(q - k <= w && k - q <= w) || q < g || k < g", "k < g || (q >= k && q - k < w)"] {
             let spec = parse_one(&source(mask)).unwrap();

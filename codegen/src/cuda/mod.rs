@@ -43,7 +43,8 @@ pub use decode::{
 pub use e4m3_v_tiles::{e4m3_v_row, emit_e4m3_v_tiles};
 pub use forward::{
     columns_apart, e4m3_supports, emit_forward, emit_forward_copying, emit_forward_dropout, emit_forward_e4m3,
-    emit_forward_paged, emit_forward_traced, emit_forward_varlen, emit_forward_with, is_light, ColumnsParam,
+    emit_forward_paged, emit_forward_traced, emit_forward_varlen, emit_forward_with, is_light, per_warpgroup_classes,
+    ColumnsParam,
 };
 pub use paged_append::emit_paged_append;
 pub use partials::{emit_add_f32, emit_add_partial, emit_merge_partial};

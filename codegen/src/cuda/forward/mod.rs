@@ -75,6 +75,7 @@ use cta::write_body;
 pub use e4m3::e4m3_supports;
 use e4m3::Operands;
 pub use light::is_light;
+pub use persistent::per_warpgroup_classes;
 pub use plan::columns_apart;
 pub(crate) use plan::TermLevels;
 use plan::{walked_view, Plan};
