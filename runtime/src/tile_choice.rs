@@ -195,8 +195,8 @@ fn banded_disjuncts(spec: &Spec) -> bool {
 /// [`preferred`] ([`long_keys`]).
 const LONG_KEYS: usize = 512;
 
-/// [`LONG_KEYS`] for specs whose three-warpgroup kernel classifies tiles
-/// per warpgroup.
+/// [`LONG_KEYS`] for specs whose three-warpgroup kernel walks a band: it
+/// classifies tiles per warpgroup, or takes global columns apart from it.
 const BAND_LONG_KEYS: usize = 1024;
 
 /// The d <= 64 wgmma tile of one consumer warpgroup (64 query rows,
