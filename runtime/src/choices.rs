@@ -1,8 +1,8 @@
 //! The tile each (spec, shape class) launches in, remembered in memory by
 //! one runtime: tuned, or the preferred one for want of a tuning record.
 //! One table for the forward's configurations, one for the dK/dV kernel's
-//! tiles, one for ragged launches' configurations (by whether their
-//! longest sequence is long: `tile_choice::long_keys`).
+//! tiles, one for ragged launches' configurations (by their longest
+//! sequence's `tile_choice::KeyClass`).
 
 use crate::spec_key::{Keyed, SpecKey};
 use crate::tuning::ShapeClass;

@@ -59,10 +59,10 @@ impl Runtime {
         if let Some(config) = config {
             return self.candidate(spec, config);
         }
-        let long = crate::tile_choice::long_keys(spec, max_kv_len);
-        let remembered = self.ragged_choices.get(spec, long).unwrap_or_else(|| {
+        let class = crate::tile_choice::KeyClass::of(max_kv_len);
+        let remembered = self.ragged_choices.get(spec, class).unwrap_or_else(|| {
             let config = crate::tile_choice::preferred_for(spec, self.target(), max_kv_len);
-            self.ragged_choices.keep_first(spec, long, Choice { config, tuned: false })
+            self.ragged_choices.keep_first(spec, class, Choice { config, tuned: false })
         });
         Ok(remembered.config)
     }

@@ -20,6 +20,7 @@ use crate::nvrtc::nvrtc_version;
 use crate::parallel;
 use crate::single_flight::SingleFlight;
 use crate::spec_key::{Keyed, SpecKey};
+use crate::tile_choice::KeyClass;
 use crate::tma::{tma_from, TMA_ENV};
 use crate::tuning::{autotune_from, AUTOTUNE_ENV};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
@@ -48,7 +49,7 @@ pub struct Runtime {
     pub(crate) backward_choices: Arc<Choices<BackwardTile>>,
     /// Ragged forwards' configurations per spec and whether the longest
     /// sequence is long (see `Runtime::ragged_config`).
-    pub(crate) ragged_choices: Arc<Choices<TileConfig, bool>>,
+    pub(crate) ragged_choices: Arc<Choices<TileConfig, KeyClass>>,
     /// Specs whose global columns a forward launch's param bounds (see
     /// `crate::bounded_columns`).
     pub(crate) bounded: Arc<BoundedSpecs>,

@@ -45,7 +45,7 @@ pub fn e4m3_candidates(spec: &Spec) -> [TileConfig; 3] {
 }
 
 /// The configuration used without autotuning on `target` for `kv_len`
-/// keys: [`preferred`], except that with long keys ([`long_keys`]) at
+/// keys: [`preferred`], except that with long keys (`long_keys`) at
 /// d <= 64 three warpgroups lead for every spec whose S, P and O fit their
 /// registers ([`is_light`]) but an `||` with an `&&` term
 /// (`banded_disjuncts`). In the autotuner's sweep at d = 64 (H200), three
@@ -57,7 +57,7 @@ pub fn e4m3_candidates(spec: &Spec) -> [TileConfig; 3] {
 /// more at 768 and 1024 keys, level at 2048.
 pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
     let light = is_light(spec) && !banded_disjuncts(spec);
-    let long = long_keys(spec, kv_len) && TileConfig::padded_head_dim(spec) <= 64 && light;
+    let long = long_keys(spec, KeyClass::of(kv_len)) && TileConfig::padded_head_dim(spec) <= 64 && light;
     let candidates = candidates(spec, target);
     match long && candidates.contains(&THREE_WARPGROUPS) {
         true => THREE_WARPGROUPS,
@@ -65,14 +65,38 @@ pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
     }
 }
 
-/// Whether `kv_len` keys are long to [`preferred_for`] for `spec`: the one
-/// way the key count enters its choice. Past 512 keys, or past 1024 where
-/// three warpgroups would classify tiles per warpgroup (a band) or walk a
-/// band beside global columns taken apart.
-pub fn long_keys(spec: &Spec, kv_len: usize) -> bool {
-    match per_warpgroup_classes(spec, THREE_WARPGROUPS) || columns_apart(spec) {
-        true => kv_len > BAND_LONG_KEYS,
-        false => kv_len > LONG_KEYS,
+/// The one way the key count enters [`preferred_for`]'s choice, which is
+/// the same for every length of a class: a launch can key a remembered
+/// choice by it without looking at the spec.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KeyClass {
+    /// Up to [`LONG_KEYS`].
+    Short,
+    /// Up to [`BAND_LONG_KEYS`].
+    Middle,
+    /// Beyond.
+    Long,
+}
+
+impl KeyClass {
+    /// The class of `kv_len` keys.
+    pub fn of(kv_len: usize) -> KeyClass {
+        match kv_len {
+            n if n <= LONG_KEYS => KeyClass::Short,
+            n if n <= BAND_LONG_KEYS => KeyClass::Middle,
+            _ => KeyClass::Long,
+        }
+    }
+}
+
+/// Whether keys of `class` are long to [`preferred_for`] for `spec`: past
+/// 512, or past 1024 where three warpgroups would classify tiles per
+/// warpgroup (a band) or walk a band beside global columns taken apart.
+fn long_keys(spec: &Spec, class: KeyClass) -> bool {
+    match class {
+        KeyClass::Short => false,
+        KeyClass::Middle => !(per_warpgroup_classes(spec, THREE_WARPGROUPS) || columns_apart(spec)),
+        KeyClass::Long => true,
     }
 }
 
@@ -192,7 +216,7 @@ fn banded_disjuncts(spec: &Spec) -> bool {
 }
 
 /// Keys beyond which [`preferred_for`] may differ from
-/// [`preferred`] ([`long_keys`]).
+/// [`preferred`] (`long_keys`).
 const LONG_KEYS: usize = 512;
 
 /// [`LONG_KEYS`] for specs whose three-warpgroup kernel walks a band: it
@@ -289,6 +313,23 @@ mod tests {
         let window = parse_one("S { dtype: bf16, head_dim: 64, param w: i32, mask: q >= k && q - k < w }").unwrap();
         assert_eq!(shape(preferred_for(&window, hopper, 1024)), (Mma::Wgmma, 8, 1));
         assert_eq!(shape(preferred_for(&window, hopper, 1025)), (Mma::Wgmma, 12, 1));
+    }
+
+    /// A remembered ragged choice is keyed by [`KeyClass`]: every length of
+    /// a class gets the same configuration.
+    #[test]
+    fn the_choice_is_one_per_key_class() {
+        let masks = ["", "mask: q >= k,", "param w: i32, mask: q >= k && q - k < w,", "mask: k < 4 || q - k < 100,"];
+        let classes = [[1, 300, 512], [513, 700, 1024], [1025, 4096, usize::MAX]];
+        for (mask, dim) in masks.iter().flat_map(|m| [64, 128].map(|d| (m, d))) {
+            let spec = parse_one(&format!("S {{ dtype: bf16, head_dim: {dim}, {mask} }}")).unwrap();
+            for lengths in classes {
+                let class = KeyClass::of(lengths[0]);
+                let configs =
+                    lengths.map(|kv_len| (KeyClass::of(kv_len), preferred_for(&spec, Target::HOPPER, kv_len)));
+                assert!(configs.iter().all(|c| *c == (class, configs[0].1)), "{mask} d = {dim}: {configs:?}");
+            }
+        }
     }
 
     /// At d <= 64 an `||` with an `&&` term (global tokens beside a band,
