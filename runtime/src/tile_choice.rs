@@ -70,9 +70,9 @@ pub fn preferred_for(spec: &Spec, target: Target, kv_len: usize) -> TileConfig {
 /// choice by it without looking at the spec.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KeyClass {
-    /// Up to [`LONG_KEYS`].
+    /// Up to 512 keys (`LONG_KEYS`).
     Short,
-    /// Up to [`BAND_LONG_KEYS`].
+    /// Up to 1024 (`BAND_LONG_KEYS`).
     Middle,
     /// Beyond.
     Long,

@@ -47,14 +47,11 @@ pub(super) fn write_item_rows(w: &mut Writer<String>, plan: &Plan, role: ItemRol
     let [q_stride, k_stride, v_stride] = [Operand::Q, Operand::K, Operand::V].map(seq_stride);
     match plan.tail_aligned {
         true => {
-            // The rows the last tile would leave empty: a packed sequence's
-            // own (its items have rows, so q_len > 0), else q_tiles's.
-            let slack = match plan.varlen {
-                true => "BLOCK_M - 1 - (q_len - 1) % BLOCK_M".to_string(),
-                false => format!("q_tiles * BLOCK_M - {}", name(ArgKind::QLen)),
-            };
+            // The slack is the rows the sequence's last tile would leave
+            // empty (a packed sequence's own q_len; an item has rows, so q_len > 0).
+            let q_len = name(ArgKind::QLen);
             writeln!(w, "// Tiles end at the last row; the first starts at row 0 and overlaps the second.")?;
-            writeln!(w, "const int q0 = max_i32(q_block * BLOCK_M - ({slack}), 0);")?
+            writeln!(w, "const int q0 = max_i32(q_block * BLOCK_M - (BLOCK_M - 1 - ({q_len} - 1) % BLOCK_M), 0);")?
         }
         false => writeln!(w, "const int q0 = q_block * BLOCK_M;")?,
     }

@@ -501,8 +501,8 @@ pub(super) fn ws_regs(spec: &Spec, config: TileConfig) -> (u32, u32) {
 /// one more key tile, masked per element (packed causal documents of ~500
 /// tokens in 128-row tiles ran 3-4% slower).
 fn tail_aligned(spec: &Spec, config: TileConfig, global_rows: bool) -> bool {
-    let blocks = spec.mask.as_ref().is_some_and(|mask| block_uniform(mask, config.block_m(), config.block_n));
     let (m, n) = (config.block_m(), config.block_n);
+    let blocks = spec.mask.as_ref().is_some_and(|mask| block_uniform(mask, m, n));
     warp_specialized(config) && !global_rows && !blocks && m % n != 0 && n % m != 0
 }
 
