@@ -71,6 +71,24 @@ fn emit_prints_varlen_kernels() {
 }
 
 #[test]
+fn emit_prints_backward_kernels() {
+    let dir = scratch("emit-backward");
+    let emit = |args: &[&str]| flashgen(&[&["emit", &spec("causal"), "--backward"], args].concat(), &dir);
+    for (args, kernel) in [
+        (&["key-value", "--arch", "sm_90"][..], "flashgen_bwd_causal("),
+        (&["query"], "flashgen_bwd_dq_causal("),
+        (&["key-value", "--varlen"], "flashgen_bwd_varlen_causal("),
+    ] {
+        let out = emit(args);
+        assert!(out.status.success(), "{}", text(&out));
+        let source = String::from_utf8_lossy(&out.stdout);
+        assert!(source.contains(kernel), "{kernel} not in {source}");
+    }
+    let out = emit(&["key-value", "--arch", "sm_90", "--config", "wgmma.w8.m1.n128"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+#[test]
 fn emit_traces_warp_specialized_configs_only() {
     let dir = scratch("emit-trace");
     let emit =

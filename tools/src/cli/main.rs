@@ -8,7 +8,7 @@ mod run;
 mod specs;
 
 use clap::{Parser, Subcommand};
-use flashgen::codegen::cuda::{self, TileConfig, TileCopy};
+use flashgen::codegen::cuda::{self, BackwardConfig, BackwardPass, TileConfig, TileCopy};
 use flashgen::runtime::tile_choice;
 use flashgen::runtime::{config_name, KernelSet};
 use std::path::PathBuf;
@@ -48,6 +48,10 @@ enum Command {
         /// The paged kernel, over paged K/V caches (Runtime::forward_paged).
         #[arg(long, conflicts_with_all = ["trace", "varlen"])]
         paged: bool,
+        /// One backward kernel instead of the forward, in the configuration
+        /// the runtime takes without tuning (for --arch) for 16k queries.
+        #[arg(long, value_enum, conflicts_with_all = ["config", "trace", "paged"])]
+        backward: Option<Pass>,
     },
     /// Compile every spec in FILE with NVRTC (no GPU needed), warning of
     /// tensor indices that may leave their dimension (they are clamped).
@@ -83,6 +87,30 @@ enum Command {
     Run(Box<run::RunArgs>),
 }
 
+/// The query count `emit --backward` chooses its configuration for: long
+/// enough that no short-sequence tile applies.
+const EMITTED_BACKWARD_QUERIES: usize = 16384;
+
+/// A backward kernel, as `emit --backward` names it.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Pass {
+    Preprocess,
+    KeyValue,
+    Query,
+    Postprocess,
+}
+
+impl From<Pass> for BackwardPass {
+    fn from(pass: Pass) -> Self {
+        match pass {
+            Pass::Preprocess => BackwardPass::Preprocess,
+            Pass::KeyValue => BackwardPass::KeyValue,
+            Pass::Query => BackwardPass::Query,
+            Pass::Postprocess => BackwardPass::Postprocess,
+        }
+    }
+}
+
 /// Why a command failed.
 enum Failure {
     /// A message, printed after `error: `.
@@ -115,7 +143,7 @@ fn main() -> ExitCode {
 /// Runs one command; `Ok(false)` is a completed run whose check failed.
 fn run(cli: Cli) -> Result<bool, Failure> {
     match cli.command {
-        Command::Emit { file, spec, arch, config, trace, varlen, paged } => {
+        Command::Emit { file, spec, arch, config, trace, varlen, paged, backward } => {
             let arch = arch.as_deref().map(specs::arch).transpose()?;
             for s in specs::load(&file, spec.as_deref())? {
                 let (qk, v, max) = (s.head_dims.qk, s.head_dims.v, flashgen::codegen::MAX_HEAD_DIM);
@@ -125,6 +153,19 @@ fn run(cli: Cli) -> Result<bool, Failure> {
                         s.name
                     );
                     return Err(why.into());
+                }
+                if let Some(pass) = backward {
+                    let config = match arch {
+                        Some(a) => BackwardConfig::preferred_for(&s, a.target(), EMITTED_BACKWARD_QUERIES),
+                        None => BackwardConfig::default_for(&s),
+                    }
+                    .for_pass(pass.into());
+                    let kernel = match varlen {
+                        true => cuda::emit_backward_varlen(&s, pass.into(), config),
+                        false => cuda::emit_backward_with(&s, pass.into(), config),
+                    };
+                    print!("{}", kernel.source);
+                    continue;
                 }
                 let config = match (arch, &config) {
                     (Some(a), Some(name)) => specs::named_config(&s, a, name)?,
