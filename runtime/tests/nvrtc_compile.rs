@@ -517,6 +517,9 @@ fn compile_all(jobs: Vec<(Kernel, Arch)>) {
         // prove their pipeline safe (C7514, C7519, ...): correct, but
         // it cost the Hopper kernel a third of its speed.
         assert!(!log.contains("serialized"), "{} for {arch}: {log}", kernel.name);
+        // The front end's warnings name dead code in the emitted source (a
+        // local nothing reads) or a read it cannot prove follows a write.
+        assert!(!log.contains(": warning #"), "{} for {arch}: {log}", kernel.name);
     });
 }
 

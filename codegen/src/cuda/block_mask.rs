@@ -53,15 +53,17 @@ pub fn emit_block_mask(spec: &Spec) -> Option<Kernel> {
             [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::BlockMaskOut].map(arg);
         let (uses_b, uses_h) = (mask.uses(Builtin::B), mask.uses(Builtin::H));
         let slice_heads = if uses_h { heads.as_str() } else { "1" };
-        let b = if uses_b { format!("(int)blockIdx.z / {slice_heads}") } else { "0".into() };
-        let h = if uses_h { format!("(int)blockIdx.z % {heads}") } else { "0".into() };
+        writeln!(w, "// Tile (blockIdx.y, blockIdx.x) of slice blockIdx.z: a (b, h) pair where the")?;
+        writeln!(w, "// mask reads both, else one slice per b or h it reads, broadcast over the rest.")?;
+        if uses_b {
+            writeln!(w, "const int b = (int)blockIdx.z / {slice_heads};")?;
+        }
+        if uses_h {
+            writeln!(w, "const int h = (int)blockIdx.z % {heads};")?;
+        }
         write!(
             w,
             "\
-            // Tile (blockIdx.y, blockIdx.x) of slice blockIdx.z; a mask that ignores b\n\
-            // (or h) is evaluated at b = 0 (h = 0) and broadcast.\n\
-            const int b = {b};\n\
-            const int h = {h};\n\
             const int q_lo = blockIdx.y * BLOCK_M, q_hi = min_i32(q_lo + BLOCK_M, {q_len}) - 1;\n\
             const int k_lo = blockIdx.x * BLOCK_N, k_hi = min_i32(k_lo + BLOCK_N, {kv_len}) - 1;\n\
             unsigned char* cls = {out} + ((long long)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;\n\
@@ -79,7 +81,7 @@ pub fn emit_block_mask(spec: &Spec) -> Option<Kernel> {
                 // The mask reads q and k only through tile-aligned blocks (declared\n\
                 // block sparsity): the tile's first pair decides it.\n\
                 if (threadIdx.x == 0) {{\n\
-                \x20   const int q = q_lo, k = k_lo;\n\
+                \x20   [[maybe_unused]] const int q = q_lo, k = k_lo;  // hoisted terms may stand in for both\n\
                 \x20   *cls = {} ? 2 : 0;\n\
                 }}\n",
                 c_expr(spec, mask)

@@ -101,16 +101,18 @@ fn write_dims(w: &mut Writer<String>, spec: &Spec, [dp, dvp]: [u32; 2]) -> fmt::
     };
     let (d, dv) = (spec.head_dims.qk, spec.head_dims.v);
     writeln!(w, "using storage = {storage};  // element format of Q, K, V, O and their gradients")?;
-    writeln!(w, "constexpr int D = {d};  // Q/K head dim")?;
-    writeln!(w, "constexpr int DV = {dv};  // V/O head dim")?;
+    writeln!(w, "// The head dims every backward kernel declares (inline: not each reads all).")?;
+    writeln!(w, "inline constexpr int D = {d};  // Q/K head dim")?;
+    writeln!(w, "inline constexpr int DV = {dv};  // V/O head dim")?;
     match dp == pad16(d) && dvp == pad16(dv) {
         true => {
-            writeln!(w, "constexpr int DP = {dp};  // D padded to the MMA k-step (zeros beyond D)")?;
-            writeln!(w, "constexpr int DVP = {dvp};  // DV padded to pairs of 8-wide MMA tiles")
+            writeln!(w, "inline constexpr int DP = {dp};  // D padded to the MMA k-step (zeros beyond D)")?;
+            writeln!(w, "inline constexpr int DVP = {dvp};  // DV padded to pairs of 8-wide MMA tiles")
         }
-        false => {
-            writeln!(w, "constexpr int DP = {dp}, DVP = {dvp};  // D and DV padded to whole panels (zeros beyond)")
-        }
+        false => writeln!(
+            w,
+            "inline constexpr int DP = {dp}, DVP = {dvp};  // D and DV padded to whole panels (zeros beyond)"
+        ),
     }
 }
 
@@ -233,7 +235,8 @@ pub(super) fn write_row_terms(
                 write_row_fill(w, spec, h, rows, first_row)?;
             }
         } else {
-            writeln!(w, "{ty} {}[S_TILES][2];  // filled per tile", h.name)?;
+            // Zeroed: NVRTC's front end cannot see a tile fill it before a logit reads it.
+            writeln!(w, "{ty} {}[S_TILES][2] = {{}};  // filled per tile", h.name)?;
         }
     }
     Ok(())
@@ -386,8 +389,8 @@ pub(super) fn write_tile_walk(w: &mut Writer<String>, spec: &Spec, walk: &Walk) 
         // Tile classes: the mask over tiles [j0, j1) of {axis} x the fixed range of the\n\
         // other axis, in interval arithmetic (lo = 1: keeps every pair; hi = 0: none).\n\
         auto span_class = [&](int j0, int j1) -> Range {{\n\
-        \x20   const int {axis}_lo = j0 * {size};\n\
-        \x20   const int {axis}_hi = (int)(j1 * (long long){size} < {len} ? j1 * (long long){size} : {len}) - 1;\n\
+        \x20   [[maybe_unused]] const int {axis}_lo = j0 * {size};  // a class may not read every bound\n\
+        \x20   [[maybe_unused]] const int {axis}_hi = (int)(j1 * (long long){size} < {len} ? j1 * (long long){size} : {len}) - 1;\n\
         \x20   return {class};\n\
         }};\n\
         // A block mask (built for data-dependent masks) refines them: 0 = no\n\

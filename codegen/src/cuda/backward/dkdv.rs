@@ -189,7 +189,7 @@ pub(super) fn write_key_cta(
         const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n\
         const int group = {heads} / {heads_kv};  // query heads sharing this K/V head\n\
         const int q_steps = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
-        const int k_lo = k0, k_hi = min_i32(k0 + BLOCK_N, {kv_len}) - 1;  // this CTA's keys\n\
+        [[maybe_unused]] const int k_lo = k0, k_hi = min_i32(k0 + BLOCK_N, {kv_len}) - 1;  // this CTA's keys (for the classes)\n\
         \n"
     )?;
     let kv = [(Operand::K, "k_rows"), (Operand::V, "v_rows")].into_iter().filter(|_| load_kv);

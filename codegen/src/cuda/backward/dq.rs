@@ -107,7 +107,7 @@ fn write_cta(w: &mut Writer<String>, spec: &Spec, packing: Packing) -> fmt::Resu
         const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n\
         const int kv_head = h / ({heads} / {heads_kv});\n\
         const int kv_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N;\n\
-        const int q_lo = q0, q_hi = min_i32(q0 + BLOCK_M, {q_len}) - 1;  // this CTA's queries\n\
+        [[maybe_unused]] const int q_lo = q0, q_hi = min_i32(q0 + BLOCK_M, {q_len}) - 1;  // this CTA's queries (for the classes)\n\
         \n"
     )?;
     Ok(())

@@ -149,11 +149,12 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum, packing: Packing) ->
                     \x20   tile[row + 1][col + 8] = hi >> 16;\n"
                 }
             };
-            let acc_tile = packing.accum_tile(spec, "h", "q_tiles", "blockIdx.x");
+            let q_tiles = format!("(({q_len} + BLOCK_M - 1) / BLOCK_M)");
+            let acc_tile = packing.accum_tile(spec, "h", &q_tiles, "blockIdx.x");
             return write!(
                 w,
                 "\
-                const int q0 = blockIdx.x * BLOCK_M, q_tiles = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
+                const int q0 = blockIdx.x * BLOCK_M;\n\
                 const float* acc_tile = {DQ_ACCUM} + ({acc_tile}) * (BLOCK_M * DQ_COLS);\n\
                 // dQ = scale * accumulator, in the operand dtype. The tile's 16-byte chunks\n\
                 // are read in order (coalesced) and land as four elements of two rows in a\n\

@@ -107,9 +107,13 @@ pub(super) fn write_elements(
         w,
         "// P and dS on every element: row slot i is {row_what} {row_var}, column slot (n, c) {col_what} {col_var}."
     )?;
+    // dS alone reads no position (but dropout's).
+    let positions = matches!(part, Part::Both | Part::P) || terms.dropout;
     writeln!(w, "#pragma unroll")?;
     w.block(format_args!("for (int i = 0; i < 2; ++i)"), |w| {
-        writeln!(w, "const int {row_var} = {first_row} + g + 8 * i;")?;
+        if positions {
+            writeln!(w, "const int {row_var} = {first_row} + g + 8 * i;")?;
+        }
         if terms.dropout {
             writeln!(w, "{}", dropout_decl(spec))?;
         }
@@ -136,12 +140,17 @@ pub(super) fn write_elements(
             }
             writeln!(w, "#pragma unroll")?;
             w.block(format_args!("for (int c = 0; c < 2; ++c)"), |w| {
-                match rows {
-                    Rows::Keys => {
-                        writeln!(w, "const int col = n * 8 + 2 * t + c, q = {first_col} + col, e = 2 * i + c;")?;
-                        writeln!(w, "{}", stats("col_stat(lse_col, n, t, c)", "col_stat(delta_col, n, t, c)"))?;
+                match (rows, positions) {
+                    (_, false) => writeln!(w, "const int e = 2 * i + c;")?,
+                    (Rows::Keys, true) => {
+                        writeln!(w, "const int col = n * 8 + 2 * t + c, q = {first_col} + col, e = 2 * i + c;")?
                     }
-                    Rows::Queries => writeln!(w, "const int k = {first_col} + n * 8 + 2 * t + c, e = 2 * i + c;")?,
+                    (Rows::Queries, true) => {
+                        writeln!(w, "const int k = {first_col} + n * 8 + 2 * t + c, e = 2 * i + c;")?
+                    }
+                }
+                if rows == Rows::Keys {
+                    writeln!(w, "{}", stats("col_stat(lse_col, n, t, c)", "col_stat(delta_col, n, t, c)"))?;
                 }
                 let logit = match whole {
                     true => "logit_whole(dot, q, k, i, n, c)",

@@ -241,7 +241,7 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, config: DecodeConfig) -> fm
         constexpr int K_TILE = {k_tile}\n\
         constexpr int V_TILE = {v_tile}\n\
         constexpr bool V_IN_K = {v_in_k};  // V's tiles are K's\n\
-        constexpr int V_COLS = {v_cols};  // columns of a V tile's rows\n\
+        inline constexpr int V_COLS = {v_cols};  // columns of a V tile's rows (inline: e4m3 tiles read their own)\n\
         constexpr int STAGES_UNITS = STAGES * (V_IN_K ? K_TILE : K_TILE + V_TILE);  // 16-bit units of the stages\n\
         constexpr int SCRATCH_BYTES = {scratch};  // past the Q tile: the stages, the merge's rows, the combine's weights\n\
         static_assert(SCRATCH_BYTES >= 2 * STAGES_UNITS, \"the stages fit the scratch\");\n\

@@ -47,7 +47,7 @@ pub(super) fn write_tile_classes(
             // The mask reads q and k only through tile-aligned blocks (declared\n\
             // block sparsity): its value at a tile's first pair holds for the tile.\n\
             auto block_kept = [&](int j) -> bool {{\n\
-            \x20   const int q = q0, k = j * BLOCK_N;\n\
+            \x20   [[maybe_unused]] const int q = q0, k = j * BLOCK_N;  // hoisted terms may stand in for both\n\
             \x20   return {};\n\
             }};\n",
             c_expr(spec, mask)
@@ -63,8 +63,8 @@ pub(super) fn write_tile_classes(
         // [j0, j1), in interval arithmetic (lo = 1: keeps every pair; hi = 0:\n\
         // keeps none); span_class over this CTA's rows.\n\
         auto rows_class = [&](int q_lo, int q_hi, int j0, int j1) -> Range {{\n\
-        \x20   const int k_lo = j0 * BLOCK_N;\n\
-        \x20   const int k_hi = (int)(j1 * (long long)BLOCK_N < {kv_len} ? j1 * (long long)BLOCK_N : {kv_len}) - 1;\n\
+        \x20   [[maybe_unused]] const int k_lo = j0 * BLOCK_N;  // a class may not read every bound\n\
+        \x20   [[maybe_unused]] const int k_hi = (int)(j1 * (long long)BLOCK_N < {kv_len} ? j1 * (long long)BLOCK_N : {kv_len}) - 1;\n\
         \x20   return {class};\n\
         }};\n\
         const int q_lo = q0, q_hi = min_i32(q0 + BLOCK_M, {q_len}) - 1;\n\

@@ -78,7 +78,9 @@ pub(super) fn write_config(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
             false => ("; it also stages O", "0;  // O is staged in the item's Q buffer"),
         };
         writeln!(w, "constexpr int Q_TILE = BLOCK_M * (QK_COLS > V_COLS ? QK_COLS : V_COLS);  // a Q buffer{q_note}")?;
-        writeln!(w, "constexpr int O_TILE = {o_tile}")?;
+        // Inline: the trace harness sizes shared memory from it where no
+        // pointer into the layout reads it.
+        writeln!(w, "inline constexpr int O_TILE = {o_tile}")?;
     } else {
         writeln!(w, "constexpr int Q_TILE = BLOCK_M * {qk};")?;
     }
@@ -92,10 +94,7 @@ pub(super) fn write_config(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
     if let Some(columns) = plan.columns {
         write_column_constants(w, columns)?;
     }
-    if spec.mask.is_some() {
-        write_mask_tiles(w, spec)?;
-    }
-    Ok(())
+    write_mask_tiles(w, spec)
 }
 
 /// `tile_row(warp, mt)`: the first of BLOCK_M's rows in a warp's MMA tile

@@ -218,7 +218,8 @@ pub(super) fn write_invariants(
                 })?
             }
             Level::Column => match keys {
-                KeyTerms::PerThread => writeln!(w, "{ty} {}[S_TILES][2];  // filled per tile", h.name)?,
+                // Zeroed: NVRTC's front end cannot see a tile fill it before a logit reads it.
+                KeyTerms::PerThread => writeln!(w, "{ty} {}[S_TILES][2] = {{}};  // filled per tile", h.name)?,
                 KeyTerms::Staged => {
                     let name = &h.name;
                     writeln!(w, "// This lane's keys of the tile's slot: [n][c] is key n * 8 + 2 * t + c.")?;

@@ -4,7 +4,7 @@
 use super::plan::Plan;
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::kit::hoist::{hoist, Hoisted, Level};
-use crate::cuda::kit::terms::{interior_decl, key_terms, spec_exprs, write_split_terms};
+use crate::cuda::kit::terms::{interior_decl, key_terms, spec_exprs, splits_on_interior, write_split_terms};
 use crate::cuda::signature::c_type;
 use crate::cuda::tile_config::warp_specialized;
 use crate::cuda::writer::Writer;
@@ -35,6 +35,12 @@ impl<'s> StagedTerms<'s> {
     /// Whether the spec has per-key terms, which come with each tile's K.
     pub(super) fn per_key(&self) -> bool {
         key_terms(&self.hoisted).next().is_some()
+    }
+
+    /// Whether the per-key terms' writers read the tile's class: some of
+    /// them are the mask's, which interior tiles do not need.
+    pub(super) fn reads_class(&self) -> bool {
+        splits_on_interior(self.spec, &self.hoisted, Level::Column)
     }
 
     /// The item terms (per CTA and per query) this kernel stages.
@@ -125,7 +131,9 @@ impl<'s> StagedTerms<'s> {
         let spec = self.spec;
         w.block(format_args!("if (warp == WARPS)"), |w| {
             writeln!(w, "const int kv0 = j * BLOCK_N;")?;
-            write!(w, "{}", interior_decl(spec, "kv0"))?;
+            if self.reads_class() {
+                write!(w, "{}", interior_decl(spec, "kv0"))?;
+            }
             write_split_terms(w, spec, &self.hoisted, Level::Column, |w, terms| {
                 w.block(format_args!("for (int col = lane; col < BLOCK_N; col += 32)"), |w| {
                     writeln!(w, "const int k = kv0 + col;")?;

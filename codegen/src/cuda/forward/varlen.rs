@@ -37,9 +37,10 @@ pub(super) fn write_sequence(w: &mut Writer<String>, plan: &Plan) -> fmt::Result
         // Paged: sequence b's tokens of Q and O (q_seq), and its keys: kv_len rows\n\
         // of the pages its row of the block table (kv_pages) names.\n\
         const SeqSpan q_seq = {q_seq};\n\
-        const int q_len = q_seq.len;\n\
-        const int kv_len = paged_kv_len({lens}, b, {pages}, {page_size}, {num_pages}, {max});\n\
-        const int* kv_pages = {table} + (long long)b * {pages};\n"
+        // Not every role reads each of them.\n\
+        [[maybe_unused]] const int q_len = q_seq.len;\n\
+        [[maybe_unused]] const int kv_len = paged_kv_len({lens}, b, {pages}, {page_size}, {num_pages}, {max});\n\
+        [[maybe_unused]] const int* kv_pages = {table} + (long long)b * {pages};\n"
     )
 }
 

@@ -83,15 +83,8 @@ pub(crate) fn write_split_terms<'h, 's>(
     level: Level,
     write: impl Fn(&mut Writer<String>, &[&'h Hoisted<'s>]) -> fmt::Result,
 ) -> fmt::Result {
-    let in_mask = |h: &&Hoisted| {
-        let mut found = false;
-        if let Some(mask) = &spec.mask {
-            mask.walk(&mut |e| found |= std::ptr::eq(e, h.expr));
-        }
-        found
-    };
     let (mask_terms, terms): (Vec<&Hoisted>, Vec<&Hoisted>) =
-        hoisted.iter().filter(|h| h.level == level).partition(in_mask);
+        hoisted.iter().filter(|h| h.level == level).partition(|h| in_mask(spec, h));
     if !terms.is_empty() {
         write(w, &terms)?;
     }
@@ -99,6 +92,21 @@ pub(crate) fn write_split_terms<'h, 's>(
         return Ok(());
     }
     w.block(format_args!("if (!interior)"), |w| write(w, &mask_terms))
+}
+
+/// Whether [`write_split_terms`] reads `interior`: some of `hoisted`'s
+/// terms at `level` are the mask's.
+pub(crate) fn splits_on_interior(spec: &Spec, hoisted: &[Hoisted], level: Level) -> bool {
+    hoisted.iter().any(|h| h.level == level && in_mask(spec, h))
+}
+
+/// Whether hoisted term `h` is one of the mask's (not the score's alone).
+fn in_mask(spec: &Spec, h: &Hoisted) -> bool {
+    let mut found = false;
+    if let Some(mask) = &spec.mask {
+        mask.walk(&mut |e| found |= std::ptr::eq(e, h.expr));
+    }
+    found
 }
 
 /// [`KeyTerms::Staged`], the consumers: each term's name points at the

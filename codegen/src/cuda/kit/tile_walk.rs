@@ -8,8 +8,12 @@ use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 
-/// The tile sizes at which a block mask is built ([`TileConfig::mask_tile`]).
+/// The tile sizes at which a block mask is built ([`TileConfig::mask_tile`]);
+/// nothing for a spec without a mask, which no block mask refines.
 pub(crate) fn write_mask_tiles(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    if spec.mask.is_none() {
+        return Ok(());
+    }
     let (rows, keys) = TileConfig::mask_tile(spec);
     writeln!(w, "// A block mask holds one class per MASK_M x MASK_N tile.")?;
     writeln!(w, "constexpr int MASK_M = {rows};")?;

@@ -25,7 +25,7 @@ pub(crate) fn write_sequence(w: &mut Writer<String>, spec: &Spec) -> fmt::Result
         // q_len and kv_len are its own lengths.\n\
         const SeqSpan q_seq = {q_seq};\n\
         const SeqSpan kv_seq = {kv_seq};\n\
-        const int q_len = q_seq.len, kv_len = kv_seq.len;\n"
+        [[maybe_unused]] const int q_len = q_seq.len, kv_len = kv_seq.len;  // not every role reads both\n"
     )
 }
 

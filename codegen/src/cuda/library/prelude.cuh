@@ -25,10 +25,12 @@ struct f16 {
 };
 
 // ---- constants --------------------------------------------------------------
+// The library's constants are `inline`, as a header's are: a kernel that
+// reads none of them compiles without an unused-variable warning.
 // Softmax runs in base 2 (exp(x) = exp2(x * LOG2E)); LN2 converts the
 // log-sum-exp back to natural log.
-constexpr float LOG2E = 1.442695f;
-constexpr float LN2 = 0.6931472f;
+inline constexpr float LOG2E = 1.442695f;
+inline constexpr float LN2 = 0.6931472f;
 // This thread's warp, as a value the compiler knows is the same across the
 // warp (a shuffle from lane 0): what derives from it (a warpgroup's tile
 // offsets, its wgmma descriptors) then stays in uniform registers instead of
@@ -47,7 +49,7 @@ __device__ __forceinline__ float kept_or_neg_inf(bool keep, float x) {
 __device__ __forceinline__ float finite_or_zero(float m) { return m == neg_inf() ? 0.0f : m; }
 // Online softmax: how far (log2 units) a row's max may outgrow the max its O
 // and l were scaled by before they are rescaled; P stays <= 2^8.
-constexpr float RESCALE_SLACK = 8.0f;
+inline constexpr float RESCALE_SLACK = 8.0f;
 
 // ---- spec-language scalars --------------------------------------------------
 // i32 arithmetic wraps like Rust's wrapping ops (signed overflow is undefined

@@ -356,7 +356,7 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, layout: &Layout, packing
         Sections::Hopper { library: hopper_library(layout, copy), padded: layout.padded },
         &name,
         &args,
-        |w| write_config(w, spec, layout),
+        |w| write_config(w, spec, layout, copy),
         |w| write_body(w, spec, &terms, layout, copy, packing),
     );
     Kernel {
@@ -405,7 +405,7 @@ fn hopper_library(layout: &Layout, copy: TileCopy) -> Vec<Vec<Piece>> {
     sections
 }
 
-fn write_config(w: &mut Writer<String>, spec: &Spec, layout: &Layout) -> fmt::Result {
+fn write_config(w: &mut Writer<String>, spec: &Spec, layout: &Layout, copy: TileCopy) -> fmt::Result {
     let Layout { columns, stages, dq_bufs, .. } = *layout;
     let (warps, block_m, block_n) = (WARPS, layout.block_m, layout.block_n());
     let [dpc, dvpc] = [spec.head_dims.qk, spec.head_dims.v].map(tile_cols);
@@ -439,10 +439,12 @@ fn write_config(w: &mut Writer<String>, spec: &Spec, layout: &Layout) -> fmt::Re
         constexpr int DQ_TILES = {dq_tiles};  // m16n8 tiles of a warp's dQ: {dq_what}\n\
         constexpr int DQ_ROWS = {DQ_ROWS};  // query rows of a tile of the dQ accumulator\n\
         constexpr int DQ_TILE = BLOCK_M * DP;  // f32 of a step's dQ tiles\n\
-        constexpr int DQ_BUFS = {dq_bufs};  // steps' dQ tiles awaiting their bulk addition\n\
-        // Whether any tile copy may use cp.async (see mbar_arrive_loaded).\n\
-        constexpr int COPY_WIDTH = D % 8 == 0 || DV % 8 == 0 ? 8 : 1;\n"
+        constexpr int DQ_BUFS = {dq_bufs};  // steps' dQ tiles awaiting their bulk addition\n"
     )?;
+    if copy == TileCopy::Threads {
+        writeln!(w, "// Whether any tile copy may use cp.async (see mbar_arrive_loaded).")?;
+        writeln!(w, "constexpr int COPY_WIDTH = D % 8 == 0 || DV % 8 == 0 ? 8 : 1;")?;
+    }
     if columns == KeyColumns::Halves {
         writeln!(w, "constexpr int COL_PARTS = 2;  // a warpgroup's part of dK's and dV's columns")?;
     }

@@ -133,7 +133,7 @@ fn write_tile_walk(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
             writeln!(w, "const int groups = group_classes(j);")?;
         }
         writeln!(w, "const int word = j << TILE_SHIFT | tile_bits(j) | (next < kv_tiles ? 0 : TILE_LAST);")?;
-        if per_key {
+        if staged.reads_class() {
             writeln!(w, "const bool full = word & TILE_FULL;  // the key terms' writers need the class too")?;
         }
         writeln!(w, "const int stage = it % STAGES, empty_parity = (it / STAGES + 1) % 2;")?;
