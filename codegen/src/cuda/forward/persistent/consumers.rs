@@ -42,7 +42,7 @@ pub(super) fn write_consumers(w: &mut Writer<String>, roles: &Roles) -> fmt::Res
             // one's softmax does.\n"
         )?,
     }
-    writeln!(w, "[[maybe_unused]] const int warpgroup = warp / 4;  // one warpgroup's configurations read it not")?;
+    writeln!(w, "[[maybe_unused]] const int warpgroup = warp / 4;  // unread where one warpgroup multiplies")?;
     if turns {
         writeln!(w, "if (warpgroup == WARPGROUPS - 1) named_barrier_arrive(1, 256);")?;
     }
