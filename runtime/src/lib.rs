@@ -167,7 +167,7 @@ pub use operand::{DeviceInput, DeviceOutput};
 pub use paged::{PagedKv, PagedLayout};
 pub use ragged_error::RaggedError;
 pub use runtime::{CacheStats, Runtime};
-pub use timing::{median_ms, median_ms_after};
+pub use timing::{median_ms, median_ms_after, sustained_median_ms};
 pub use tma::TMA_ENV;
 pub use tuning::{backward_tile_name, config_name, Candidate, ShapeClass, AUTOTUNE_ENV};
 pub use {cudarc, half};

@@ -25,7 +25,7 @@ use flashgen::cudarc::driver::{sys, CudaGraph, CudaSlice, CudaStream, DriverErro
 use flashgen::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 use flashgen::half::bf16;
 use flashgen::runtime::{
-    median_ms_after, ArgValue, DecodeIo, DecodeOptions, DecodePlan, DecodeShape, Descale, Error, KvCacheDtype,
+    sustained_median_ms, ArgValue, DecodeIo, DecodeOptions, DecodePlan, DecodeShape, Descale, Error, KvCacheDtype,
     KvDescale, Layout, PagedDecodeIo, PagedKv, PagedLayout, Runtime,
 };
 use rand::seq::SliceRandom;
@@ -359,9 +359,8 @@ fn time_steps<C: Cache>(
     }
     let plan = &*plan;
     let mut flush = stream.alloc_zeros::<u8>(L2_FLUSH_BYTES).map_err(driver_error("allocate the L2 flush buffer"))?;
-    let ms = median_ms_after(
+    let ms = sustained_median_ms(
         &stream,
-        3,
         iters,
         || stream.memset_zeros(&mut flush).map_err(driver_error("flush the L2")),
         || step(plan),
@@ -394,9 +393,8 @@ fn time_copy(rt: &Runtime, bytes: usize, iters: usize) -> Result<f64, Error> {
     let src = stream.alloc_zeros::<u8>(bytes).map_err(driver_error("allocate the copy source"))?;
     let mut dst = stream.alloc_zeros::<u8>(bytes).map_err(driver_error("allocate the copy target"))?;
     let mut flush = stream.alloc_zeros::<u8>(L2_FLUSH_BYTES).map_err(driver_error("allocate the L2 flush buffer"))?;
-    median_ms_after(
+    sustained_median_ms(
         &stream,
-        3,
         iters,
         || stream.memset_zeros(&mut flush).map_err(driver_error("flush the L2")),
         || stream.memcpy_dtod(&src, &mut dst).map_err(driver_error("copy")),

@@ -42,7 +42,7 @@ pub fn run(rt: &Runtime, cached: &[usize], iters: usize) {
         let dense = random_problem(&spec, shape, vec![], vec![], None, kv_len as u64);
         let dense_ms = DeviceProblem::upload(rt, &spec, &dense, OperandLayout::Bshd).and_then(|mut gpu| {
             gpu.flush_l2(L2_FLUSH_BYTES)?;
-            let ms = gpu.time(rt, &spec, &dense, 3, iters)?;
+            let ms = gpu.time(rt, &spec, &dense, iters)?;
             Ok((ms, host_us(rt, || gpu.launch(rt, &spec, &dense))?))
         });
         drop(dense);
@@ -53,14 +53,14 @@ pub fn run(rt: &Runtime, cached: &[usize], iters: usize) {
         // The same sequences packed (K/V contiguous per sequence): what the
         // paged kernel adds the gather to.
         let packed = DeviceVarlen::upload(rt, &spec, &varlen, Packing::Thd).and_then(|mut gpu| {
-            let ms = gpu.time(rt, &spec, &varlen, L2_FLUSH_BYTES, (3, iters))?;
+            let ms = gpu.time(rt, &spec, &varlen, L2_FLUSH_BYTES, iters)?;
             Ok((ms, host_us(rt, || gpu.launch(rt, &spec, &varlen))?))
         });
         print_row("varlen", before, kv_len, packed.map(|(ms, us)| (ms, tflops(ms), us)), dense_tflops);
         for page_size in [16, 256] {
             let paged = into_pages(&spec, &varlen, page_size, 4, page_size as u64);
             let timed = DevicePaged::upload(rt, &spec, &paged, Queries::Packed).and_then(|mut gpu| {
-                let ms = gpu.time(rt, &spec, &paged, L2_FLUSH_BYTES, (3, iters))?;
+                let ms = gpu.time(rt, &spec, &paged, L2_FLUSH_BYTES, iters)?;
                 Ok((ms, host_us(rt, || gpu.launch(rt, &spec, &paged))?))
             });
             let row = timed.map(|(ms, us)| (ms, tflops(ms), us));

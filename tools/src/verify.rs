@@ -12,7 +12,7 @@ use flashgen::codegen::{Dropout, Dtype, ElemTy, Shape, Spec};
 use flashgen::cudarc::driver::{CudaSlice, CudaStream, DriverError};
 use flashgen::half::{bf16, f16};
 use flashgen::runtime::{
-    median_ms_after, ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, Element, Error,
+    sustained_median_ms, ArgValue, BackwardIo, BackwardOptions, BackwardWorkspace, BlockMask, Element, Error,
     ForwardE4m3Io, ForwardIo, ForwardOptions, Layout, Runtime,
 };
 use rand::rngs::StdRng;
@@ -59,18 +59,19 @@ impl OperandLayout {
     }
 }
 
-/// Median milliseconds (CUDA events) of `launch` after `warmup`
-/// unmeasured runs, each run after `flush_bytes` of zeros written (a cold
-/// L2, as [`DeviceProblem::flush_l2`] gives the dense launches).
+/// Median milliseconds (CUDA events) of `launch`, timed as the peers are
+/// ([`sustained_median_ms`], at least `min_runs` runs), each run after
+/// `flush_bytes` of zeros written (a cold L2, as
+/// [`DeviceProblem::flush_l2`] gives the dense launches).
 pub(crate) fn cold_median_ms(
     stream: &Arc<CudaStream>,
     flush_bytes: usize,
-    (warmup, iters): (usize, usize),
+    min_runs: usize,
     launch: impl FnMut() -> Result<(), Error>,
 ) -> Result<f64, Error> {
     let mut flush = stream.alloc_zeros::<u8>(flush_bytes).map_err(driver("allocate the L2 flush buffer"))?;
     let zero = || stream.memset_zeros(&mut flush).map_err(driver("flush the L2"));
-    median_ms_after(stream, warmup, iters, zero, launch)
+    sustained_median_ms(stream, min_runs, zero, launch)
 }
 
 /// Draws an attention problem for `spec`: Q/K/V ~ N(0, 1) rounded to the
@@ -445,28 +446,20 @@ impl DeviceProblem {
         Ok(GpuOutput { o, lse })
     }
 
-    /// Median milliseconds of one launch, timed with CUDA events after
-    /// `warmup` untimed launches.
-    pub fn time(
-        &mut self,
-        rt: &Runtime,
-        spec: &Spec,
-        problem: &Problem,
-        warmup: usize,
-        iters: usize,
-    ) -> Result<f64, Error> {
-        self.time_steps(rt, spec, problem, warmup, iters, |_| Ok(()))
+    /// Median milliseconds of one launch, timed with CUDA events as the
+    /// peers are ([`sustained_median_ms`], at least `min_runs` launches).
+    pub fn time(&mut self, rt: &Runtime, spec: &Spec, problem: &Problem, min_runs: usize) -> Result<f64, Error> {
+        self.time_steps(rt, spec, problem, min_runs, |_| Ok(()))
     }
 
     /// Median milliseconds (CUDA events) of a forward launch followed by
-    /// `then`, after `warmup` unmeasured rounds.
+    /// `then`, timed as [`Self::time`].
     fn time_steps(
         &mut self,
         rt: &Runtime,
         spec: &Spec,
         problem: &Problem,
-        warmup: usize,
-        iters: usize,
+        min_runs: usize,
         mut then: impl FnMut(&Self) -> Result<(), Error>,
     ) -> Result<f64, Error> {
         let stream = self.stream.clone();
@@ -475,10 +468,9 @@ impl DeviceProblem {
             Some(buf) => stream.memset_zeros(buf).map_err(driver("flush the L2")),
             None => Ok(()),
         };
-        let ms = median_ms_after(
+        let ms = sustained_median_ms(
             &stream,
-            warmup,
-            iters,
+            min_runs,
             || zero(&mut flush),
             || {
                 self.launch(rt, spec, problem)?;
@@ -544,18 +536,17 @@ impl DeviceProblem {
     /// Median milliseconds of one training step's attention, forward and
     /// backward into Q, K and V (no tensor gradients, as the peers' steps),
     /// queued back to back with buffers (the backward's workspace included)
-    /// allocated once, after `warmup` unmeasured steps.
+    /// allocated once, timed as [`Self::time`].
     pub fn time_forward_backward(
         &mut self,
         rt: &Runtime,
         spec: &Spec,
         problem: &Problem,
-        warmup: usize,
-        iters: usize,
+        min_runs: usize,
     ) -> Result<f64, Error> {
         match self.operands {
-            Operands::F16(_) => self.time_training::<f16>(rt, spec, problem, warmup, iters),
-            Operands::Bf16(_) => self.time_training::<bf16>(rt, spec, problem, warmup, iters),
+            Operands::F16(_) => self.time_training::<f16>(rt, spec, problem, min_runs),
+            Operands::Bf16(_) => self.time_training::<bf16>(rt, spec, problem, min_runs),
         }
     }
 
@@ -564,13 +555,12 @@ impl DeviceProblem {
         rt: &Runtime,
         spec: &Spec,
         problem: &Problem,
-        warmup: usize,
-        iters: usize,
+        min_runs: usize,
     ) -> Result<f64, Error> {
         let d_out = random_d_out(spec, problem.shape, 7);
         let mut grads = grad_buffers::<T>(&self.stream, spec, problem.shape, self.layouts, &d_out, false)?;
         let workspace = BackwardWorkspace::default();
-        self.time_steps(rt, spec, problem, warmup, iters, |me| {
+        self.time_steps(rt, spec, problem, min_runs, |me| {
             let ops = T::operands(&me.operands).ok_or(Error::Dtype { spec: spec.dtype, got: T::DTYPE })?;
             let opts = BackwardOptions {
                 scale: Some(problem.scale as f32),

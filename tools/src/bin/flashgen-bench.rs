@@ -1,8 +1,12 @@
 //! Forward-pass benchmark over the peer suite of `../shared/anchors.md`:
 //! bf16, 16 heads, batch × seqlen = 32768 tokens, random N(0, 1) inputs,
-//! median of CUDA-event timings after warm-up, each launch after 256 MB of
-//! zeros written to flush the L2 (what `do_bench` does for the peers, in
-//! place of rotating input buffers: every launch starts from a cold cache).
+//! median of CUDA-event timings taken as triton's `do_bench` takes the
+//! peers' (`sustained_median_ms`: 25 ms of warm-up, then 100 ms of
+//! launches queued back to back, at least `--iters` of them, so that both
+//! run at the clock the GPU's power limit allows under sustained load),
+//! each launch after 256 MB of zeros written to flush the L2 (what
+//! `do_bench` does, in place of rotating input buffers: every launch
+//! starts from a cold cache).
 //! TFLOP/s = 4·b·h·s²·d · density / time, density = the kept fraction of
 //! (q, k) pairs, counted exactly (2·b·h·s²·(d_qk + d_v) · density where
 //! the head dims differ).
@@ -251,7 +255,7 @@ fn main() {
     }
     let rt = start_runtime();
     println!(
-        "device: {} ({}), bf16, {HEADS} heads, {TOKENS} tokens per batch, median of {}",
+        "device: {} ({}), bf16, {HEADS} heads, {TOKENS} tokens per batch, median over 100 ms of launches (at least {})",
         rt.device_name(),
         rt.arch(),
         suite.iters
@@ -328,14 +332,14 @@ fn bench_shape(rt: &Runtime, suite: &Suite, d: Dims, s: usize) {
                 String::new()
             };
             let iters = suite.iters;
-            let forward = gpu.time(rt, &spec, &problem, 3, iters)?;
+            let forward = gpu.time(rt, &spec, &problem, iters)?;
             if suite.tune && suite.backward && matches!(suite.step_tiles, StepTiles::Preferred) {
                 println!("tune {name}+bwd d={d} s={s} {}", gpu.autotune_backward(rt, &spec, &problem)?);
             }
             // A step per dK/dV tile asked for, else one in the runtime's choice.
             let steps = time_steps(rt, suite, &spec, name, |tile| {
                 gpu.pin_backward_tile(tile);
-                gpu.time_forward_backward(rt, &spec, &problem, 3, iters)
+                gpu.time_forward_backward(rt, &spec, &problem, iters)
             });
             gpu.pin_backward_tile(None);
             // Last: later launches of `gpu` run the e4m3 forward.
@@ -400,7 +404,7 @@ fn time_e4m3(
     for tile in tiles {
         gpu.pin_config(tile.and_then(|t| parse_e4m3_tile(t)));
         let suffix = tile.map_or("e4m3".to_string(), |t| format!("e4m3-{t}"));
-        rows.push((suffix, gpu.time(rt, spec, quantized, 3, iters)));
+        rows.push((suffix, gpu.time(rt, spec, quantized, iters)));
     }
     Ok(rows)
 }
@@ -433,16 +437,16 @@ fn time_varlen(
     problem: &VarlenProblem,
     name: &str,
 ) -> Vec<(String, Timed)> {
-    let rounds = (3, suite.iters);
+    let min_runs = suite.iters;
     let upload = verify::varlen::DeviceVarlen::upload(rt, spec, problem, verify::varlen::Packing::Thd);
     let mut gpu = match upload {
         Ok(gpu) => gpu,
         Err(e) => return vec![(name.to_string(), Err(e))],
     };
-    let mut rows = vec![(name.to_string(), gpu.time(rt, spec, problem, L2_FLUSH_BYTES, rounds))];
+    let mut rows = vec![(name.to_string(), gpu.time(rt, spec, problem, L2_FLUSH_BYTES, min_runs))];
     rows.extend(time_steps(rt, suite, spec, name, |tile| {
         gpu.pin_backward_tile(tile);
-        gpu.time_forward_backward(rt, spec, problem, L2_FLUSH_BYTES, rounds)
+        gpu.time_forward_backward(rt, spec, problem, L2_FLUSH_BYTES, min_runs)
     }));
     rows
 }
@@ -711,10 +715,10 @@ fn time_dense(
     };
     let steps = time_steps(rt, suite, spec, name, |tile| {
         gpu.pin_backward_tile(tile);
-        gpu.time_forward_backward(rt, spec, problem, 3, iters)
+        gpu.time_forward_backward(rt, spec, problem, iters)
     });
     gpu.pin_backward_tile(None);
-    let mut rows = vec![(name.to_string(), gpu.time(rt, spec, problem, 3, iters))];
+    let mut rows = vec![(name.to_string(), gpu.time(rt, spec, problem, iters))];
     rows.extend(steps);
     rows
 }

@@ -127,7 +127,7 @@ pub fn on_gpu(args: RunArgs) -> Result<bool, Failure> {
     gpu.launch(&rt, spec, &problem).map_err(|e| e.to_string())?;
     let out = gpu.download().map_err(|e| e.to_string())?;
     let report = verify::check(spec, &problem, &out).map_err(|e| e.to_string())?;
-    let ms = gpu.time(&rt, spec, &problem, 3, args.iters).map_err(|e| e.to_string())?;
+    let ms = gpu.time(&rt, spec, &problem, args.iters).map_err(|e| e.to_string())?;
     let config = match rt.tuned_config(&kernel_spec, &shape) {
         Some(tuned) => format!("{} (tuned)", config_name(tuned)),
         None => format!("{} (preferred, untuned)", config_name(preferred)),

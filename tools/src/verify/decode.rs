@@ -19,8 +19,8 @@
 
 use super::decode_e4m3::{quantize_cache, DeviceE4m3, E4m3Scales, Granularity};
 use super::{
-    driver, gather, launch_args, median_ms_after, random_tensors, round, scatter, upload_operands, upload_tensors,
-    DeviceTensor, GpuOutput, Operands, Storage,
+    driver, gather, launch_args, random_tensors, round, scatter, upload_operands, upload_tensors, DeviceTensor,
+    GpuOutput, Operands, Storage,
 };
 use flashgen::codegen::reference::{PagedProblem, ParamValue, Problem, VarlenProblem};
 use flashgen::codegen::{Dtype, Shape, Spec};
@@ -404,20 +404,19 @@ impl DeviceDecode {
         }
     }
 
-    /// Median milliseconds (CUDA events) of a decode step after `warmup`
-    /// unmeasured ones, each after `flush_bytes` of zeros written (cold L2).
+    /// Median milliseconds (CUDA events) of a decode step, timed as the
+    /// peers are (at least `min_runs` steps), each after `flush_bytes` of
+    /// zeros written (cold L2).
     pub fn time(
         &mut self,
         rt: &Runtime,
         plan: &DecodePlan,
         problem: &DecodeProblem,
         flush_bytes: usize,
-        (warmup, iters): (usize, usize),
+        min_runs: usize,
     ) -> Result<f64, Error> {
         let stream = self.stream.clone();
-        let mut flush = stream.alloc_zeros::<u8>(flush_bytes).map_err(driver("allocate the L2 flush buffer"))?;
-        let zero = || stream.memset_zeros(&mut flush).map_err(driver("flush the L2"));
-        median_ms_after(&stream, warmup, iters, zero, || self.run(rt, plan, problem))
+        super::cold_median_ms(&stream, flush_bytes, min_runs, || self.run(rt, plan, problem))
     }
 
     /// Waits for the stream and reads O (`[total_q, heads, d_v]`: the

@@ -244,18 +244,19 @@ impl DevicePaged {
         Ok((lens, dropped))
     }
 
-    /// Median milliseconds (CUDA events) of a paged forward launch after
-    /// `warmup` unmeasured ones, each after `flush_bytes` of zeros written.
+    /// Median milliseconds (CUDA events) of a paged forward launch, timed
+    /// as the peers are (at least `min_runs`), each after `flush_bytes` of
+    /// zeros written.
     pub fn time(
         &mut self,
         rt: &Runtime,
         spec: &Spec,
         problem: &PagedProblem,
         flush_bytes: usize,
-        runs: (usize, usize),
+        min_runs: usize,
     ) -> Result<f64, Error> {
         let stream = self.stream.clone();
-        super::cold_median_ms(&stream, flush_bytes, runs, || self.launch(rt, spec, problem))
+        super::cold_median_ms(&stream, flush_bytes, min_runs, || self.launch(rt, spec, problem))
     }
 
     /// Waits for the stream and reads O (as THD) and the LSE back.

@@ -187,8 +187,8 @@ impl DeviceVarlen {
         }
     }
 
-    /// Median milliseconds (CUDA events) of a varlen forward launch after
-    /// `warmup` unmeasured ones, each after `flush_bytes` of zeros written
+    /// Median milliseconds (CUDA events) of a varlen forward launch, timed
+    /// as the peers are (at least `min_runs`), each after `flush_bytes` of zeros written
     /// (a cold L2, as [`super::DeviceProblem::flush_l2`] gives the dense
     /// launches).
     pub fn time(
@@ -197,10 +197,10 @@ impl DeviceVarlen {
         spec: &Spec,
         problem: &VarlenProblem,
         flush_bytes: usize,
-        (warmup, iters): (usize, usize),
+        min_runs: usize,
     ) -> Result<f64, Error> {
         let stream = self.stream.clone();
-        cold_median_ms(&stream, flush_bytes, (warmup, iters), || self.launch(rt, spec, problem))
+        cold_median_ms(&stream, flush_bytes, min_runs, || self.launch(rt, spec, problem))
     }
 
     /// Waits for the stream and reads O (as THD) and the LSE back.

@@ -62,18 +62,19 @@ impl DeviceVarlen {
     /// Median milliseconds (CUDA events) of one packed training step's
     /// attention, the varlen forward and backward into Q, K and V (no
     /// tensor gradients), with buffers and workspace allocated once, each
-    /// after `flush_bytes` of zeros written, after `warmup` unmeasured steps.
+    /// after `flush_bytes` of zeros written, timed as the peers are (at
+    /// least `min_runs` steps).
     pub fn time_forward_backward(
         &mut self,
         rt: &Runtime,
         spec: &Spec,
         problem: &VarlenProblem,
         flush_bytes: usize,
-        rounds: (usize, usize),
+        min_runs: usize,
     ) -> Result<f64, Error> {
         match self.operands {
-            Operands::F16(_) => self.time_training::<f16>(rt, spec, problem, flush_bytes, rounds),
-            Operands::Bf16(_) => self.time_training::<bf16>(rt, spec, problem, flush_bytes, rounds),
+            Operands::F16(_) => self.time_training::<f16>(rt, spec, problem, flush_bytes, min_runs),
+            Operands::Bf16(_) => self.time_training::<bf16>(rt, spec, problem, flush_bytes, min_runs),
         }
     }
 
@@ -83,7 +84,7 @@ impl DeviceVarlen {
         spec: &Spec,
         problem: &VarlenProblem,
         flush_bytes: usize,
-        (warmup, iters): (usize, usize),
+        min_runs: usize,
     ) -> Result<f64, Error> {
         let d_out = random_packed_d_out(spec, problem, 7);
         let shape = problem.problem.shape;
@@ -96,7 +97,7 @@ impl DeviceVarlen {
             ..Default::default()
         };
         let stream = self.stream.clone();
-        cold_median_ms(&stream, flush_bytes, (warmup, iters), || {
+        cold_median_ms(&stream, flush_bytes, min_runs, || {
             self.launch(rt, spec, problem)?;
             let ops = T::operands(&self.operands).ok_or(Error::Dtype { spec: spec.dtype, got: T::DTYPE })?;
             self.queue_backward(rt, spec, problem, ops, &mut grads, &opts)
