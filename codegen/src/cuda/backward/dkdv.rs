@@ -10,6 +10,7 @@ use super::packing::Packing;
 use super::step::{write_register_products, write_scores, write_split_elements, FromRegisters, Part};
 use super::{BackwardConfig, KeyColumns};
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
+use crate::cuda::kit::expr::c_expr;
 use crate::cuda::kit::hoist::hoist;
 use crate::cuda::kit::terms::interior_decl;
 use crate::cuda::kit::tile_walk::write_mask_tiles;
@@ -20,6 +21,7 @@ use crate::cuda::signature::with_dropout;
 use crate::cuda::source::kernel_name;
 use crate::cuda::target::pad16;
 use crate::cuda::writer::Writer;
+use crate::mask_parts::MaskParts;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 
@@ -204,10 +206,11 @@ pub(super) fn write_key_cta(
 
 /// The CTA's keys, K/V head and batch from its block index: under an
 /// analytic mask, whose first keys may see the most queries (causal), in an
-/// order that starts long CTAs early; under a data-dependent one in the
-/// block mask's work order, longest first within windows of a few heads
-/// (`work_order`); else the launch order
-/// (no mask keeps the work even).
+/// order that starts long CTAs early, the key tiles of global columns
+/// (`k < C`, which every query sees) first of all; under a data-dependent
+/// one in the block mask's work order, longest first within windows of a
+/// few heads (`work_order`); else the launch order (no mask keeps the work
+/// even).
 fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     let Some(mask) = &spec.mask else {
         return w.write_str(
@@ -234,20 +237,50 @@ fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
             const int k0 = slot % gridDim.x * BLOCK_N;\n"
         );
     }
+    write_global_column_tiles(w, spec)?;
     w.write_str(
         "\
         // The spec's built-in b (h, q and k are bound in the loops below). CTAs\n\
-        // start in launch order; here in bands of BAND (batch, K/V head) pairs,\n\
-        // which run together and share their heads' Q, dO and dQ in L2, key tile\n\
-        // by key tile: a band's last CTAs are its last keys', under a causal mask\n\
-        // the shortest, not a long one that trails the grid.\n\
+        // start in launch order: first the global columns' key tiles, tile by\n\
+        // tile over every (batch, K/V head) pair (every query sees them: in the\n\
+        // order below the last pairs' would start near the grid's end and trail\n\
+        // it); then in bands of BAND pairs, which run together and share their\n\
+        // heads' Q, dO and dQ in L2, key tile by key tile: a band's last CTAs are\n\
+        // its last keys', under a causal mask the shortest.\n\
         constexpr int BAND = 4;\n\
         const int pairs = gridDim.y * gridDim.z, cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);\n\
-        const int band = cta / (BAND * gridDim.x), in_band = cta % (BAND * gridDim.x);\n\
-        const int band_pairs = min_i32(BAND, pairs - band * BAND), pair = band * BAND + in_band % band_pairs;\n\
+        int pair, key_tile;\n\
+        if (cta < global_tiles * pairs) {\n\
+        \x20   key_tile = cta / pairs;\n\
+        \x20   pair = cta % pairs;\n\
+        } else {\n\
+        \x20   const int rest = cta - global_tiles * pairs, tiles = gridDim.x - global_tiles;\n\
+        \x20   const int band = rest / (BAND * tiles), in_band = rest % (BAND * tiles);\n\
+        \x20   const int band_pairs = min_i32(BAND, pairs - band * BAND);\n\
+        \x20   pair = band * BAND + in_band % band_pairs;\n\
+        \x20   key_tile = global_tiles + in_band / band_pairs;\n\
+        }\n\
         const int b = pair / gridDim.y;\n\
         const int kv_head = pair % gridDim.y;\n\
-        const int k0 = in_band / band_pairs * BLOCK_N;\n",
+        const int k0 = key_tile * BLOCK_N;\n",
+    )
+}
+
+/// `global_tiles`: the key tiles (of `gridDim.x`) holding a global column
+/// of the mask (`k < C`, a disjunct every query's row keeps), 0 without.
+fn write_global_column_tiles(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    let columns = MaskParts::of(spec.mask.as_ref()).and_then(|parts| parts.global_columns());
+    let Some(columns) = columns else {
+        return writeln!(w, "constexpr int global_tiles = 0;  // the mask has no global columns");
+    };
+    let bound = c_expr(spec, columns.bound);
+    let inclusive = if columns.inclusive { " + 1" } else { "" };
+    write!(
+        w,
+        "\
+        const long long global_keys = (long long){bound}{inclusive};  // the global columns: k < global_keys\n\
+        const int global_tiles = global_keys <= 0 ? 0\n\
+        \x20   : (int)min((global_keys + BLOCK_N - 1) / BLOCK_N, (long long)gridDim.x);\n"
     )
 }
 
