@@ -204,6 +204,15 @@ impl GlobalColumns<'_> {
         }
     }
 
+    /// The key tiles of `block_n` keys out of `key_tiles` that hold a
+    /// global column, given C's value: the dK/dV kernels' `global_tiles`.
+    pub fn key_tiles(&self, bound: i32, key_tiles: i64, block_n: i64) -> i64 {
+        match i64::from(bound) + i64::from(self.inclusive) {
+            ..=0 => 0,
+            keys => ((keys + block_n - 1) / block_n).min(key_tiles),
+        }
+    }
+
     /// `k < C` (`k <= C` where inclusive): the columns themselves.
     pub fn keep(&self) -> Expr {
         self.k_against(if self.inclusive { BinOp::Le } else { BinOp::Lt })
@@ -250,6 +259,22 @@ pub fn global_rows_first(item: i64, bhs: i64, q_tiles: i64, dense_tiles: i64) ->
     }
     let (rest, tiles) = (item - dense_items, q_tiles - dense_tiles);
     (rest / tiles, q_tiles - 1 - rest % tiles)
+}
+
+/// The (pair, key tile) of the dK/dV CTA started `cta`-th under an
+/// analytic mask, of `pairs` (batch, K/V head) pairs and `key_tiles` key
+/// tiles each: the `global_tiles` first key tiles of every pair first, tile
+/// by tile, so that no CTA that walks every query is left for the grid's
+/// end; then bands of `band` pairs, key tile by key tile. The twin of the
+/// kernels' decode (`cuda/backward/dkdv.rs`).
+pub fn global_columns_first(cta: i64, pairs: i64, key_tiles: i64, global_tiles: i64, band: i64) -> (i64, i64) {
+    if cta < global_tiles * pairs {
+        return (cta % pairs, cta / pairs);
+    }
+    let (rest, tiles) = (cta - global_tiles * pairs, key_tiles - global_tiles);
+    let (first, in_band) = (rest / (band * tiles) * band, rest % (band * tiles));
+    let band_pairs = band.min(pairs - first);
+    (first + in_band % band_pairs, global_tiles + in_band / band_pairs)
 }
 
 /// The operands of `e`'s nested top-level `||`s, left to right.
@@ -366,6 +391,29 @@ mod tests {
         let bound = mask("q < g");
         let g = GlobalRows { bound: &bound, inclusive: false };
         assert_eq!([-5, 0, 1, 64, 65, 1000].map(|r| g.dense_tiles(r, 300, 64)), [0, 0, 1, 1, 2, 5]);
+    }
+
+    #[test]
+    fn global_columns_first_starts_every_cta_once_global_tiles_first() {
+        for (pairs, key_tiles, global, band) in
+            [(1, 1, 0, 4), (1, 1, 1, 4), (6, 5, 0, 4), (6, 5, 2, 4), (9, 3, 3, 4), (5, 7, 1, 2)]
+        {
+            let order: Vec<(i64, i64)> =
+                (0..pairs * key_tiles).map(|cta| global_columns_first(cta, pairs, key_tiles, global, band)).collect();
+            let mut seen = order.clone();
+            seen.sort_unstable();
+            seen.dedup();
+            assert_eq!(seen.len() as i64, pairs * key_tiles);
+            assert!(seen.iter().all(|&(p, t)| (0..pairs).contains(&p) && (0..key_tiles).contains(&t)));
+            let (first, rest) = order.split_at((global * pairs) as usize);
+            assert!(first.iter().all(|&(_, t)| t < global) && rest.iter().all(|&(_, t)| t >= global));
+            // A band's CTAs take its pairs key tile by key tile.
+            assert!(rest.iter().take(band.min(pairs) as usize).all(|&(_, t)| t == global.min(key_tiles - 1)));
+        }
+        let bound = mask("k < g");
+        let g = GlobalColumns { disjunct: 0, bound: &bound, inclusive: false };
+        assert_eq!([-5, 0, 1, 128, 129, 100_000].map(|c| g.key_tiles(c, 8, 128)), [0, 0, 1, 1, 2, 8]);
+        assert_eq!(GlobalColumns { inclusive: true, ..g }.key_tiles(127, 8, 128), 1);
     }
 
     #[test]

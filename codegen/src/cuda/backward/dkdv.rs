@@ -210,7 +210,8 @@ pub(super) fn write_key_cta(
 /// (`k < C`, which every query sees) first of all; under a data-dependent
 /// one in the block mask's work order, longest first within windows of a
 /// few heads (`work_order`); else the launch order (no mask keeps the work
-/// even).
+/// even). `mask_parts::global_columns_first` is the analytic order's twin
+/// on the CPU.
 fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     let Some(mask) = &spec.mask else {
         return w.write_str(
