@@ -60,8 +60,8 @@ const ESTIMATE_STEPS: usize = 5;
 /// [`REP_MS`] (at least `min_runs`), queued back to back and waited for at
 /// the end only. A GPU under sustained load runs at the clock its power
 /// limit allows, well below the boost clock a short burst of waited-for
-/// steps gets (`bench/RESULTS.md`, "Timing protocol"): timed any other way
-/// than the peers, a kernel would be compared at another clock.
+/// steps gets: timed any other way than the peers, a kernel would be
+/// compared at another clock.
 pub fn sustained_median_ms(
     stream: &CudaStream,
     min_runs: usize,
