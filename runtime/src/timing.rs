@@ -41,8 +41,7 @@ pub fn median_ms_after(
         end.synchronize().map_err(err)?;
         times.push(f64::from(start.elapsed_ms(&end).map_err(err)?));
     }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+    Ok(median(times))
 }
 
 /// Untimed steps of [`sustained_median_ms`] fill about this many
@@ -98,6 +97,11 @@ pub fn sustained_median_ms(
         end.synchronize().map_err(err)?;
         times.push(f64::from(start.elapsed_ms(end).map_err(err)?));
     }
+    Ok(median(times))
+}
+
+/// The middle of `times` (at least one).
+fn median(mut times: Vec<f64>) -> f64 {
     times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+    times[times.len() / 2]
 }
