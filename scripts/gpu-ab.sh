@@ -48,7 +48,7 @@ fi
 tar -czf "$out/logs.tgz" -C "$out" --exclude logs.tgz . 2>/dev/null
 
 # One row per (variant, d, s): TFLOP/s of every run, binaries in BINS order,
-# then flex's, FA2's and FA4's (where installed) with PEERS=1.
+# then cuDNN's, FA4's (where installed), flex's and FA2's with PEERS=1.
 python3 - "$out" "$rounds" "${bins[@]}" <<'EOF'
 import sys, os
 out, rounds, bins = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
@@ -74,12 +74,12 @@ for b in bins:
 peers = os.path.join(out, "peers.log")
 for line in open(peers, errors="replace") if os.path.exists(peers) else []:
     t = line.split()
-    if len(t) >= 7 and t[0] in ("flex", "sdpa-FLASH", "fa4") and is_dims(t[2]) and t[3].isdigit():
+    if len(t) >= 7 and t[0] in ("sdpa-CUDNN", "fa4", "flex", "sdpa-FLASH") and is_dims(t[2]) and t[3].isdigit():
         try:
             row((t[1], t[2], t[3]))[t[0]] = [float(t[6])]
         except ValueError:
             pass
-cols = bins + [p for p in ("flex", "sdpa-FLASH", "fa4") if any(p in v for v in rows.values())]
+cols = bins + [p for p in ("sdpa-CUDNN", "fa4", "flex", "sdpa-FLASH") if any(p in v for v in rows.values())]
 print("| variant | d | s | " + " | ".join(cols) + " |")
 print("|---|---|---|" + "---|" * len(cols))
 for key in order:
