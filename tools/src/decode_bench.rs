@@ -20,13 +20,13 @@
 //! own step (`DecodePlan::tune`, a `tune` line listing every candidate's
 //! time), and the row runs the fastest.
 
-use crate::verify::driver as driver_error;
+use crate::verify::{cold_median_ms, driver as driver_error};
 use flashgen::cudarc::driver::{sys, CudaGraph, CudaSlice, CudaStream, DriverError};
 use flashgen::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
 use flashgen::half::bf16;
 use flashgen::runtime::{
-    sustained_median_ms, ArgValue, DecodeIo, DecodeOptions, DecodePlan, DecodeShape, Descale, Error, KvCacheDtype,
-    KvDescale, Layout, PagedDecodeIo, PagedKv, PagedLayout, Runtime,
+    ArgValue, DecodeIo, DecodeOptions, DecodePlan, DecodeShape, Descale, Error, KvCacheDtype, KvDescale, Layout,
+    PagedDecodeIo, PagedKv, PagedLayout, Runtime,
 };
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -358,13 +358,7 @@ fn time_steps<C: Cache>(
         println!("tune {batch}x{kv_len}: {report}");
     }
     let plan = &*plan;
-    let mut flush = stream.alloc_zeros::<u8>(L2_FLUSH_BYTES).map_err(driver_error("allocate the L2 flush buffer"))?;
-    let ms = sustained_median_ms(
-        &stream,
-        iters,
-        || stream.memset_zeros(&mut flush).map_err(driver_error("flush the L2")),
-        || step(plan),
-    )?;
+    let ms = cold_median_ms(&stream, L2_FLUSH_BYTES, iters, || step(plan))?;
     let host = host_us(&stream, || step(plan))?;
     let graph_us = match rt.context().is_event_tracking() {
         true => None,
@@ -392,13 +386,7 @@ fn time_copy(rt: &Runtime, bytes: usize, iters: usize) -> Result<f64, Error> {
     let stream = rt.stream().clone();
     let src = stream.alloc_zeros::<u8>(bytes).map_err(driver_error("allocate the copy source"))?;
     let mut dst = stream.alloc_zeros::<u8>(bytes).map_err(driver_error("allocate the copy target"))?;
-    let mut flush = stream.alloc_zeros::<u8>(L2_FLUSH_BYTES).map_err(driver_error("allocate the L2 flush buffer"))?;
-    sustained_median_ms(
-        &stream,
-        iters,
-        || stream.memset_zeros(&mut flush).map_err(driver_error("flush the L2")),
-        || stream.memcpy_dtod(&src, &mut dst).map_err(driver_error("copy")),
-    )
+    cold_median_ms(&stream, L2_FLUSH_BYTES, iters, || stream.memcpy_dtod(&src, &mut dst).map_err(driver_error("copy")))
 }
 
 #[cfg(test)]

@@ -437,16 +437,15 @@ fn time_varlen(
     problem: &VarlenProblem,
     name: &str,
 ) -> Vec<(String, Timed)> {
-    let min_runs = suite.iters;
     let upload = verify::varlen::DeviceVarlen::upload(rt, spec, problem, verify::varlen::Packing::Thd);
     let mut gpu = match upload {
         Ok(gpu) => gpu,
         Err(e) => return vec![(name.to_string(), Err(e))],
     };
-    let mut rows = vec![(name.to_string(), gpu.time(rt, spec, problem, L2_FLUSH_BYTES, min_runs))];
+    let mut rows = vec![(name.to_string(), gpu.time(rt, spec, problem, L2_FLUSH_BYTES, suite.iters))];
     rows.extend(time_steps(rt, suite, spec, name, |tile| {
         gpu.pin_backward_tile(tile);
-        gpu.time_forward_backward(rt, spec, problem, L2_FLUSH_BYTES, min_runs)
+        gpu.time_forward_backward(rt, spec, problem, L2_FLUSH_BYTES, suite.iters)
     }));
     rows
 }
