@@ -427,6 +427,16 @@ fn hopper_backward_kernels_of_named_variants() {
     let spec = parse_one("Causal64 { dtype: bf16, head_dim: 64, mask: q >= k }").unwrap();
     let config = BackwardConfig::preferred(&spec, Target::for_sm(9, 0));
     insta::assert_snapshot!("wgmma_bwd_causal_d64", render(&emit_backward_with(&spec, BackwardPass::KeyValue, config)));
+    // Documents at head dim 64: 128-query steps, the producer stages each
+    // step's document ids beside its statistics.
+    let spec =
+        parse_one("Document64 { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }")
+            .unwrap();
+    let config = BackwardConfig::preferred(&spec, Target::for_sm(9, 0));
+    insta::assert_snapshot!(
+        "wgmma_bwd_document_d64",
+        render(&emit_backward_with(&spec, BackwardPass::KeyValue, config))
+    );
     // Head dim 96: the second warpgroup's dQ columns cross a panel boundary,
     // so the producer copies K's upper half again into a panel of its own.
     let spec = parse_one("Causal96 { dtype: bf16, head_dim: 96, mask: q >= k }").unwrap();

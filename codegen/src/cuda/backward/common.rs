@@ -7,7 +7,7 @@ use crate::abi::{ArgKind, KernelArg};
 use crate::cuda::kit::expr::{c_expr, c_expr_in, load_offset};
 use crate::cuda::kit::hoist::{lookup_indexed, Hoisted, Level};
 use crate::cuda::kit::logit::{kept, ScoredLogit};
-use crate::cuda::kit::terms::{write_tile_terms, KeyTerms};
+use crate::cuda::kit::terms::{stage_pointer_decl, write_tile_terms, KeyTerms};
 use crate::cuda::kit::tile_class::tile_class_expr;
 use crate::cuda::kit::tile_walk::{write_block_class, write_next_tile};
 use crate::cuda::library::Part;
@@ -213,12 +213,13 @@ fn lookup(hoisted: &[Hoisted], rows: Rows, e: &Expr) -> Option<String> {
 /// warp's tiles (rows from `first_row`), computed once here (`None`: only
 /// declared, for rows that change per step: [`write_row_refill`]); the
 /// arrays of the per-column ones, which [`write_column_terms`] fills per
-/// tile.
+/// tile, or where `columns` are staged the pointers that each tile points
+/// at its slot.
 pub(super) fn write_row_terms(
     w: &mut Writer<String>,
     spec: &Spec,
     hoisted: &[Hoisted],
-    rows: Rows,
+    (rows, columns): (Rows, KeyTerms),
     first_row: Option<&str>,
 ) -> fmt::Result {
     if hoisted.is_empty() {
@@ -234,6 +235,8 @@ pub(super) fn write_row_terms(
             if let Some(first_row) = first_row {
                 write_row_fill(w, spec, h, rows, first_row)?;
             }
+        } else if columns == KeyTerms::Staged {
+            writeln!(w, "{}  // this lane's columns of a step's slot", stage_pointer_decl(h))?;
         } else {
             // Zeroed: NVRTC's front end cannot see a tile fill it before a logit reads it.
             writeln!(w, "{ty} {}[S_TILES][2] = {{}};  // filled per tile", h.name)?;

@@ -12,7 +12,7 @@ use super::{BackwardConfig, KeyColumns};
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::kit::hoist::hoist;
-use crate::cuda::kit::terms::interior_decl;
+use crate::cuda::kit::terms::{interior_decl, KeyTerms};
 use crate::cuda::kit::tile_walk::write_mask_tiles;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::backward_args;
@@ -350,7 +350,7 @@ fn write_body(
     let hoisted = hoist(&exprs);
     w.block(format_args!("for (int h = kv_head * group; h < (kv_head + 1) * group; ++h)"), |w| {
         write_head_steps(w, spec, packing, worker)?;
-        write_row_terms(w, spec, &hoisted, Rows::Keys, Some("k0 + warp * 16"))?;
+        write_row_terms(w, spec, &hoisted, (Rows::Keys, KeyTerms::PerThread), Some("k0 + warp * 16"))?;
         write_spec_lambdas(w, spec, terms, &hoisted, Rows::Keys)?;
         write_head_grad_sums(w, spec, terms)?;
         write_tile_walk(w, spec, &Walk { axis: "q", tiles: "q_steps", size: "BLOCK_M", len: &q_len })?;

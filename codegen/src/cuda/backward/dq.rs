@@ -12,7 +12,7 @@ use super::step::{write_register_products, write_scores, write_split_elements, F
 use super::{BackwardConfig, KeyColumns};
 use crate::abi::{ArgKind, Axis, Grid, Kernel, Operand};
 use crate::cuda::kit::hoist::hoist;
-use crate::cuda::kit::terms::interior_decl;
+use crate::cuda::kit::terms::{interior_decl, KeyTerms};
 use crate::cuda::kit::tile_walk::write_mask_tiles;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::backward_args;
@@ -160,7 +160,7 @@ fn write_body(w: &mut Writer<String>, spec: &Spec, terms: &SpecTerms, packing: P
     )?;
     let exprs = terms.exprs(spec);
     let hoisted = hoist(&exprs);
-    write_row_terms(w, spec, &hoisted, Rows::Queries, Some("q0 + warp * 16"))?;
+    write_row_terms(w, spec, &hoisted, (Rows::Queries, KeyTerms::PerThread), Some("q0 + warp * 16"))?;
     write_spec_lambdas(w, spec, terms, &hoisted, Rows::Queries)?;
     write_tile_walk(w, spec, &Walk { axis: "k", tiles: "kv_tiles", size: "BLOCK_N", len: &kv_len })?;
     write!(

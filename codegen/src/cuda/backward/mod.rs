@@ -199,8 +199,10 @@ impl BackwardConfig {
     /// consumer warpgroups of 64 keys each, FlashAttention-3's hdim-128
     /// tile) for dims that pad alike to 64 through 128 (but 112), in
     /// 128-query steps (d = 64) or 80-query steps (d = 128) where the layout
-    /// takes them but under a mask that reads tensors (documents: short ones
-    /// waste more of a long step than it saves), transposed tiles (each warpgroup 48 of 96 keys, 32 of 64
+    /// takes them, but 64 at d = 128 under a mask that reads tensors
+    /// (documents: a short one wastes more of a long step than it saves;
+    /// at d = 64 staging their per-query terms made the 128-query step the
+    /// faster one), transposed tiles (each warpgroup 48 of 96 keys, 32 of 64
     /// above 192) where the wider pads to 144 through 256, but column halves
     /// (both warpgroups on 64 keys) above 192 under a mask that reads
     /// tensors; otherwise [`Self::default_for`], its tiles made to fit the
@@ -208,7 +210,7 @@ impl BackwardConfig {
     pub fn preferred(spec: &Spec, target: Target) -> BackwardConfig {
         let portable = BackwardConfig::default_for(spec).fitted(spec, target);
         let data_dependent = spec.mask.as_ref().is_some_and(|m| m.reads_tensor());
-        let suits_mask = |c: &BackwardConfig| c.block_m == dkdv_wgmma::DQ_ROWS || !data_dependent;
+        let suits_mask = |c: &BackwardConfig| c.block_m != dkdv_wgmma::TRANSPOSED_DQ_STEP || !data_dependent;
         // Above 192 (32 keys per warpgroup) transposed tiles lead column
         // halves by 6-19% on full, causal, windowed, softcapped and ALiBi
         // attention at 256 but trail them by 5-9% on documents.

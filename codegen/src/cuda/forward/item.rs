@@ -11,7 +11,7 @@ use super::varlen;
 use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::kit::hoist::{hoist, Hoisted, Level};
-use crate::cuda::kit::terms::{spec_exprs, write_tile_terms, KeyTerms};
+use crate::cuda::kit::terms::{spec_exprs, stage_pointer_decl, write_tile_terms, KeyTerms};
 use crate::cuda::signature::{arg_name, c_type};
 use crate::cuda::tile_config::pipelined;
 use crate::cuda::tile_config::TileCopy;
@@ -221,9 +221,8 @@ pub(super) fn write_invariants(
                 // Zeroed: NVRTC's front end cannot see a tile fill it before a logit reads it.
                 KeyTerms::PerThread => writeln!(w, "{ty} {}[S_TILES][2] = {{}};  // filled per tile", h.name)?,
                 KeyTerms::Staged => {
-                    let name = &h.name;
                     writeln!(w, "// This lane's keys of the tile's slot: [n][c] is key n * 8 + 2 * t + c.")?;
-                    writeln!(w, "const {ty} (*{name})[8] = (const {ty} (*)[8])&staged_{name}[0][2 * t];")?
+                    writeln!(w, "{}", stage_pointer_decl(h))?
                 }
             },
         }

@@ -69,7 +69,7 @@ pub(crate) fn write_tile_terms(
 ) -> fmt::Result {
     write_split_terms(w, spec, hoisted, level, |w, terms| match keys {
         KeyTerms::PerThread => write_column_terms(w, spec, terms, level, var, first_col),
-        KeyTerms::Staged => write_stage_pointers(w, terms),
+        KeyTerms::Staged => write_stage_pointers(w, terms, "it % KEY_SLOTS"),
     })
 }
 
@@ -110,13 +110,21 @@ fn in_mask(spec: &Spec, h: &Hoisted) -> bool {
 }
 
 /// [`KeyTerms::Staged`], the consumers: each term's name points at the
-/// lane's keys in visited tile `it`'s slot, where the producer put them.
-fn write_stage_pointers(w: &mut Writer<String>, hoisted: &[&Hoisted]) -> fmt::Result {
-    for h in hoisted.iter().filter(|h| h.level == Level::Column) {
+/// lane's columns in the tile's `slot` of its staging (`staged_N[slot]`),
+/// where the producer put them: `N[n][c]` is column `n * 8 + 2 * t + c`.
+pub(crate) fn write_stage_pointers(w: &mut Writer<String>, hoisted: &[&Hoisted], slot: &str) -> fmt::Result {
+    for h in hoisted {
         let (ty, name) = (c_type(h.expr.ty), &h.name);
-        writeln!(w, "{name} = (const {ty} (*)[8])&staged_{name}[it % KEY_SLOTS][2 * t];")?;
+        writeln!(w, "{name} = (const {ty} (*)[8])&staged_{name}[{slot}][2 * t];")?;
     }
     Ok(())
+}
+
+/// The declaration of a staged term's pointer (see [`write_stage_pointers`]),
+/// at slot 0 until a tile points it at its own.
+pub(crate) fn stage_pointer_decl(h: &Hoisted) -> String {
+    let (ty, name) = (c_type(h.expr.ty), &h.name);
+    format!("const {ty} (*{name})[8] = (const {ty} (*)[8])&staged_{name}[0][2 * t];")
 }
 
 /// The spec's mask and score, the expressions its terms are hoisted from.

@@ -1,8 +1,9 @@
 //! The consumer warpgroups of the Hopper dK/dV kernel: per visited step
 //! the products and element code of the module note, then dK and dV.
 
+use super::query_terms::QueryTerms;
 use super::{Chunk, DqSplit, Layout};
-use crate::cuda::backward::common::{write_column_terms, write_row_terms, write_spec_lambdas, Rows, SpecTerms};
+use crate::cuda::backward::common::{write_row_terms, write_spec_lambdas, Rows, SpecTerms};
 use crate::cuda::backward::dkdv::{write_head_grad_adds, write_head_grad_sums, write_key_stores};
 use crate::cuda::backward::step::{write_elements, write_split_elements, Part};
 use crate::cuda::backward::KeyColumns;
@@ -20,12 +21,15 @@ pub(super) struct Consumers<'a> {
     pub terms: &'a SpecTerms,
     pub layout: &'a Layout,
     pub hoisted: &'a [Hoisted<'a>],
+    /// How the per-query terms reach the consumers (not read in transposed
+    /// tiles, whose columns are keys).
+    pub query_terms: &'a QueryTerms<'a, 'a>,
 }
 
 /// The consumer warpgroups: per head and visited step, the products of the
 /// module note; at the end dK and dV.
 pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
-    let Consumers { spec, terms, layout, hoisted } = *c;
+    let Consumers { spec, terms, layout, hoisted, query_terms } = *c;
     let k_dq = match (layout.dq_split(), layout.k_half_cols()) {
         (DqSplit::Rows, _) => "\
             // dQ by rows: every warpgroup reads every column of K.\n\
@@ -76,7 +80,7 @@ pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
     )?;
     w.block(format_args!("for (int h = kv_head * group; h < (kv_head + 1) * group; ++h)"), |w| {
         writeln!(w, "if (h != next_h) continue;  // the head visits no step")?;
-        write_row_terms(w, spec, hoisted, Rows::Keys, Some("k0 + key_warp * 16"))?;
+        write_row_terms(w, spec, hoisted, (Rows::Keys, query_terms.columns), Some("k0 + key_warp * 16"))?;
         write_spec_lambdas(w, spec, terms, hoisted, Rows::Keys)?;
         write_head_grad_sums(w, spec, terms)?;
         w.block(format_args!("for (; next_h == h; ++it)"), |w| write_step(w, c))?;
@@ -96,7 +100,7 @@ pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
 /// One step: the producer's query tile j of head h against this
 /// warpgroup's keys.
 fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
-    let Consumers { spec, terms, layout, hoisted } = *c;
+    let Consumers { spec, terms, layout, .. } = *c;
     write_step_entry(w, spec, "K-major (S^T, dP^T) and\n// MN-major (dK, dV)")?;
     write!(
         w,
@@ -124,10 +128,7 @@ fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
         DqSplit::Rows | DqSplit::HeadDims => Part::DsFromFragments,
         DqSplit::Columns => Part::Ds,
     };
-    if hoisted.iter().any(|h| h.level == Rows::Keys.column_level()) {
-        writeln!(w, "// The spec's terms of the tile's queries, loaded while the products run.")?;
-        write_column_terms(w, spec, hoisted, Rows::Keys, "q0")?;
-    }
+    c.query_terms.write_columns(w)?;
     let rows = ("k0 + key_warp * 16", "q0");
     writeln!(w)?;
     writeln!(w, "// The A fragments of dV += P^T dO and dK += dS^T Q: the accumulators of query")?;

@@ -45,6 +45,7 @@
 
 mod consumers;
 mod producer;
+mod query_terms;
 mod transposed;
 
 use super::common::{dropout_kind, write_source, Sections, SpecTerms};
@@ -64,6 +65,7 @@ use crate::cuda::target::{pad16, Mma, Target};
 use crate::cuda::tile_config::TileCopy;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
+use query_terms::QueryTerms;
 use std::fmt::{self, Write};
 
 const OPERANDS: [Operand; 6] = [Operand::Q, Operand::K, Operand::V, Operand::DO, Operand::DK, Operand::DV];
@@ -303,6 +305,14 @@ impl Layout {
     /// the walk's words.
     fn static_smem(&self) -> u32 {
         8 * (1 + 2 * self.stages + 2 * self.dq_bufs) + 4 * (1 + 2 * self.stages)
+    }
+
+    /// Shared memory a CTA may still take beside the layout's: room for
+    /// staged per-query terms (`query_terms`).
+    fn spare_smem(&self, spec: &Spec) -> u32 {
+        let hopper = Target::HOPPER;
+        let limit = hopper.smem_per_sm - hopper.smem_reserved_per_cta;
+        limit.saturating_sub(self.smem_bytes(spec) + self.static_smem())
     }
 }
 
@@ -552,8 +562,10 @@ fn write_body(
     )?;
     let exprs = terms.exprs(spec);
     let hoisted = hoist(&exprs);
-    let consumers = consumers::Consumers { spec, terms, layout, hoisted: &hoisted };
-    let producer = |w: &mut Writer<String>| producer::write(w, spec, layout, copy, packing);
+    let query_terms = QueryTerms::of(spec, &hoisted, layout);
+    query_terms.write_buffers(w)?;
+    let consumers = consumers::Consumers { spec, terms, layout, hoisted: &hoisted, query_terms: &query_terms };
+    let producer = |w: &mut Writer<String>| producer::write(w, spec, layout, copy, packing, &query_terms);
     match layout.columns {
         KeyColumns::Transposed => write_roles(w, producer, |w| transposed::write(w, &consumers)),
         _ => write_roles(w, producer, |w| consumers::write(w, &consumers)),
@@ -623,7 +635,7 @@ mod tests {
     /// 128-query steps at d = 64 where the elements split into P then dS
     /// (no score mod, no dropout): dQ by rows, one dQ tile buffer in
     /// Hopper's shared memory; asked for elsewhere, 64-query steps. The
-    /// runtime prefers them but under a tensor-reading mask.
+    /// runtime prefers them, under a tensor-reading mask too.
     #[test]
     fn long_query_steps_where_p_and_ds_split() {
         let spec = |body: &str| crate::parse_one(&format!("S {{ dtype: bf16, head_dim: 64{body} }}")).unwrap();
@@ -642,9 +654,8 @@ mod tests {
             "S { dtype: bf16, head_dim: 64, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }",
         )
         .unwrap();
-        for spec in [&document, &softcap] {
-            assert_eq!(BackwardConfig::preferred(spec, Target::HOPPER).block_m, 64, "{}", spec.name);
-        }
+        let preferred = |spec: &Spec| BackwardConfig::preferred(spec, Target::HOPPER).block_m;
+        assert_eq!([preferred(&document), preferred(&softcap)], [128, 64]);
     }
 
     /// 80-query steps at d = 128 (and dims padding to it) without a score

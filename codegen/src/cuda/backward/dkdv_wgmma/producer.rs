@@ -12,6 +12,7 @@ use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 
+use super::query_terms::QueryTerms;
 use super::{DqSplit, Layout, DQT_GROUP_ROWS, TMA_COPIERS};
 /// The producer warpgroup: K and V once, then per visited step its Q and dO
 /// tiles and statistics into the next stage, and the previous step's dQ
@@ -22,6 +23,7 @@ pub(super) fn write(
     layout: &Layout,
     copy: TileCopy,
     packing: Packing,
+    query_terms: &QueryTerms,
 ) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
     // Who copies and who adds dQ (see the comment written below). Under a
@@ -110,7 +112,7 @@ pub(super) fn write(
         if (leader) first_head = j < q_steps ? h : -1;\n\
         {publish}mbar_arrive(kv_full);\n"
     )?;
-    w.block(format_args!("while (j < q_steps)"), |w| write_step(w, spec, layout, copy, packing))?;
+    w.block(format_args!("while (j < q_steps)"), |w| write_step(w, spec, layout, copy, packing, query_terms))?;
     w.block(format_args!("if (dq_last != nullptr)"), |w| {
         writeln!(w, "add_dq(dq_last, it - 1, dq_last_bytes);")?;
         writeln!(w, "bulk_wait_read<0>();  // shared memory outlives the reads; the adds land by the kernel's end")
@@ -163,7 +165,14 @@ fn write_kv_loads(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, seq: &str
 /// One visited step of the producer's walk: the step's Q and dO tiles and
 /// statistics into the next stage, its words for the consumers, and the
 /// previous step's dQ tile into the accumulator.
-fn write_step(w: &mut Writer<String>, spec: &Spec, layout: &Layout, copy: TileCopy, packing: Packing) -> fmt::Result {
+fn write_step(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    layout: &Layout,
+    copy: TileCopy,
+    packing: Packing,
+    query_terms: &QueryTerms,
+) -> fmt::Result {
     let n = |kind| arg_name(spec, kind);
     let [q_len, lse] = [ArgKind::QLen, ArgKind::Lse].map(n);
     let statistic_row = packing.statistic_row(spec, "step_h");
@@ -194,9 +203,10 @@ fn write_step(w: &mut Writer<String>, spec: &Spec, layout: &Layout, copy: TileCo
             \x20   const bool valid = r < BLOCK_M && q0 + r < {q_len};\n\
             \x20   l[i] = valid ? lse_row[q0 + r] : neg_inf();\n\
             \x20   d[i] = valid ? delta_row[q0 + r] : 0.0f;\n\
-            }}\n\
-            mbar_wait(stage_empty + 8 * stage, (it / STAGES + 1) % 2);\n"
+            }}\n"
         )?;
+        query_terms.write_loads(w)?;
+        writeln!(w, "mbar_wait(stage_empty + 8 * stage, (it / STAGES + 1) % 2);")?;
         match copy {
             TileCopy::Tma => write!(
                 w,
@@ -226,7 +236,8 @@ fn write_step(w: &mut Writer<String>, spec: &Spec, layout: &Layout, copy: TileCo
             \x20       delta_cols[stage * BLOCK_M + r] = d[i];\n\
             \x20   }}\n\
             }}\n"
-        )
+        )?;
+        query_terms.write_stores(w)
     })?;
     writeln!(w, "j = seek(j + 1);  // the next step, whose head the stage's words name")?;
     w.block(format_args!("if (copies)"), |w| {

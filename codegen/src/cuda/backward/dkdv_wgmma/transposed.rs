@@ -26,6 +26,7 @@ use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::backward::common::{write_column_terms, write_row_refill, write_row_terms, write_spec_lambdas, Rows};
 use crate::cuda::backward::dkdv::{write_head_grad_adds, write_head_grad_sums};
 use crate::cuda::backward::step::{write_elements, write_split_elements, Part};
+use crate::cuda::kit::terms::KeyTerms;
 use crate::cuda::kit::tile_walk::write_mask_tiles;
 use crate::cuda::library;
 use crate::cuda::library::wgmma_ops::AFrom;
@@ -120,7 +121,7 @@ pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
     )?;
     w.block(format_args!("for (int h = kv_head * group; h < (kv_head + 1) * group; ++h)"), |w| {
         writeln!(w, "if (h != next_h) continue;  // the head visits no step")?;
-        write_row_terms(w, spec, hoisted, Rows::Queries, None)?;
+        write_row_terms(w, spec, hoisted, (Rows::Queries, KeyTerms::PerThread), None)?;
         write_spec_lambdas(w, spec, terms, hoisted, Rows::Queries)?;
         write_head_grad_sums(w, spec, terms)?;
         w.block(format_args!("for (; next_h == h; ++it)"), |w| write_step(w, c))?;
@@ -132,7 +133,7 @@ pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
 /// One step: the producer's query tile j of head h against this
 /// warpgroup's keys.
 fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
-    let Consumers { spec, terms, hoisted, layout } = *c;
+    let Consumers { spec, terms, hoisted, layout, .. } = *c;
     let keys = keys(layout.padded);
     write_step_entry(w, spec, "K-major (S, dP) and MN-major\n// (dK^T, dV^T: their head dims are the rows)")?;
     write!(
