@@ -583,6 +583,37 @@ impl Expr {
         }
     }
 
+    /// The expression with q and k swapped: the mask seen from the key's
+    /// side, as the dK/dV kernels test it (their columns are queries).
+    pub fn with_q_and_k_swapped(&self) -> Expr {
+        let mut e = self.clone();
+        e.walk_mut(&mut |x| match x.kind {
+            ExprKind::Builtin(Builtin::Q) => x.kind = ExprKind::Builtin(Builtin::K),
+            ExprKind::Builtin(Builtin::K) => x.kind = ExprKind::Builtin(Builtin::Q),
+            _ => {}
+        });
+        e
+    }
+
+    /// [`Expr::walk`], mutably.
+    fn walk_mut(&mut self, f: &mut impl FnMut(&mut Expr)) {
+        f(self);
+        match &mut self.kind {
+            ExprKind::Bool(_) | ExprKind::Int(_) | ExprKind::Float(_) | ExprKind::Builtin(_) | ExprKind::Param(_) => {}
+            ExprKind::Load(_, args) | ExprKind::Call(_, args) => args.iter_mut().for_each(|a| a.walk_mut(f)),
+            ExprKind::Unary(_, a) | ExprKind::Cast(a) => a.walk_mut(f),
+            ExprKind::Binary(_, a, b) => {
+                a.walk_mut(f);
+                b.walk_mut(f);
+            }
+            ExprKind::If(c, t, e) => {
+                c.walk_mut(f);
+                t.walk_mut(f);
+                e.walk_mut(f);
+            }
+        }
+    }
+
     /// Whether the expression reads `var`.
     pub fn uses(&self, var: Builtin) -> bool {
         let mut found = false;

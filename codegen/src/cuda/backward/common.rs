@@ -3,6 +3,7 @@
 //! either tile orientation and the walk over the tiles block sparsity keeps
 //! (the math of a step is in `step`).
 
+use super::mask_columns::ColumnMask;
 use crate::abi::{ArgKind, KernelArg};
 use crate::cuda::kit::expr::{c_expr, c_expr_in, load_offset};
 use crate::cuda::kit::hoist::{lookup_indexed, Hoisted, Level};
@@ -298,25 +299,26 @@ pub(super) fn write_spec_lambdas(
     let slots = "int q, int k, int i, int n, int c";
     writeln!(w, "// The spec on one element, as the forward evaluates it: the log2-domain logit,")?;
     writeln!(w, "// or -inf where the mask drops the pair or k is past the end.")?;
-    let keep = kept(&kv_len, &mask);
-    match ScoredLogit::of(spec, &scale, c) {
+    let column_mask = ColumnMask::of(spec, rows, c);
+    let (binding, log2) = match ScoredLogit::of(spec, &scale, c) {
         None => {
             writeln!(w, "const float scale_log2 = {scale} * LOG2E;")?;
-            writeln!(w, "auto logit = [&](float dot, {slots}) -> float {{")?;
-            w.indented(|w| {
-                writeln!(w, "const bool keep = {keep};")?;
-                writeln!(w, "return kept_or_neg_inf(keep, dot * scale_log2);")
-            })?;
+            (None, "dot * scale_log2".to_string())
         }
-        Some(ScoredLogit { binding, log2 }) => {
-            writeln!(w, "auto logit = [&](float dot, {slots}) -> float {{")?;
-            w.indented(|w| {
-                writeln!(w, "{binding}")?;
-                writeln!(w, "const bool keep = {keep};")?;
+        Some(ScoredLogit { binding, log2 }) => (Some(binding), log2),
+    };
+    writeln!(w, "auto logit = [&](float dot, {slots}) -> float {{")?;
+    w.indented(|w| {
+        let lines = column_mask.iter().flat_map(|m| m.lines());
+        lines.chain(&binding).try_for_each(|line| writeln!(w, "{line}"))?;
+        match &column_mask {
+            Some(m) => writeln!(w, "return {};", m.keep(&log2)),
+            None => {
+                writeln!(w, "const bool keep = {};", kept(&kv_len, &mask))?;
                 writeln!(w, "return kept_or_neg_inf(keep, {log2});")
-            })?;
+            }
         }
-    }
+    })?;
     w.write_str("};\n")?;
     write_whole_logit(w, spec, hoisted, rows)?;
     if let Some(d) = &terms.d_score {

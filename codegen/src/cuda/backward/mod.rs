@@ -67,6 +67,7 @@ mod common;
 mod dkdv;
 mod dkdv_wgmma;
 mod dq;
+mod mask_columns;
 mod packing;
 mod rows;
 mod sink;

@@ -2,7 +2,7 @@
 //! that hold the most registers: a fact about the generated code that the
 //! runtime's tile preferences need.
 
-use super::key_bounds::key_bounds;
+use crate::cuda::kit::key_bounds::key_bounds;
 use crate::mask_parts::MaskParts;
 use crate::spec::{Expr, ExprKind, Spec};
 

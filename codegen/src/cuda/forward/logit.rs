@@ -3,9 +3,9 @@
 //! application to every element of S, interior tiles without mask code.
 
 use super::bias::{additive_bias, biased_logit, reads_first_key};
-use super::key_bounds::{column_test, key_bounds, row_parts, union_test, FIRST_KEY};
 use crate::cuda::kit::expr::c_expr_in;
 use crate::cuda::kit::hoist::{lookup, Hoisted};
+use crate::cuda::kit::key_bounds::{column_test, key_bounds, row_parts, union_test, Columns, FIRST_KEY};
 use crate::cuda::kit::logit::{kept, ScoredLogit};
 use crate::cuda::writer::Writer;
 use crate::mask_parts::MaskParts;
@@ -64,7 +64,7 @@ pub(super) fn write_logit(
         // A union of such intervals (and whole rows): the max of each
         // part's kept logit, each -inf where its part drops the column.
         if let (Some(parts), Some(full)) = (row_parts(mask), full) {
-            let (test, calls) = union_test(kv_len, &parts, full, c_expr);
+            let (test, calls) = union_test(&Columns::keys(kv_len, false), &parts, Some(full), c_expr);
             let lines = [FIRST_KEY.to_string()].into_iter().chain(test).chain(statements(false)).collect();
             let kept: Vec<String> = calls.iter().map(|call| format!("{call}{logit})")).collect();
             let max = kept[1..].iter().fold(kept[0].clone(), |acc, k| format!("fmaxf({acc}, {k})"));
@@ -72,7 +72,7 @@ pub(super) fn write_logit(
         }
         match key_bounds(mask) {
             Some(bounds) => {
-                let (test, call) = column_test(kv_len, &bounds, full, in_bounds, "", c_expr);
+                let (test, call) = column_test(&Columns::keys(kv_len, in_bounds), &bounds, full, "", c_expr);
                 let lines = [FIRST_KEY.to_string()].into_iter().chain(test).chain(statements(false)).collect();
                 (lines, format!("{call}{logit})"))
             }

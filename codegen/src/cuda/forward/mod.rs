@@ -46,7 +46,6 @@ mod epilogue;
 mod global_columns;
 mod item;
 mod item_order;
-mod key_bounds;
 mod kv_loads;
 mod light;
 mod logit;

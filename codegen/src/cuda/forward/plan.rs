@@ -3,13 +3,13 @@
 //! split, all within what the target's SM offers.
 
 use super::e4m3::{e4m3_tile_bytes, Operands};
-use super::key_bounds::key_bounds;
 use super::mma::{smem_slack, tile_cols};
 use super::softmax::{RowSums, SUnits};
 use crate::abi::Operand;
 use crate::analysis::block_uniform;
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::kit::hoist::{hoist, Level};
+use crate::cuda::kit::key_bounds::key_bounds;
 use crate::cuda::kit::terms::{spec_exprs, KeyTerms};
 use crate::cuda::target::{pad16, Mma, Target};
 use crate::cuda::tile_config::{ping_pong, warp_specialized, TileConfig, TileCopy};

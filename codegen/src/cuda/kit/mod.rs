@@ -5,6 +5,7 @@
 pub(crate) mod dropout;
 pub(crate) mod expr;
 pub(crate) mod hoist;
+pub(crate) mod key_bounds;
 pub(crate) mod logit;
 pub(crate) mod terms;
 pub(crate) mod tile_class;

@@ -30,11 +30,15 @@ use crate::spec::{BinOp, Builtin, Expr, ExprKind, Ty};
 
 /// Declares `k0`, the lane's first key of the tile, in a logit lambda
 /// (whose `k` is `k0 + n * 8 + c`).
-pub(super) const FIRST_KEY: &str = "const int k0 = k - (n * 8 + c);";
+pub(crate) const FIRST_KEY: &str = "const int k0 = k - (n * 8 + c);";
+
+/// Declares `q0_lane`, the lane's first query of the tile, in a dK/dV
+/// kernel's logit lambda (whose `q` is `q0_lane + n * 8 + c`).
+pub(crate) const FIRST_QUERY: &str = "const int q0_lane = q - (n * 8 + c);";
 
 /// The conjuncts of `mask` (all of `a && b && ...`) as key bounds, when
 /// every one is; no mask is the empty conjunction.
-pub(super) fn key_bounds(mask: Option<&Expr>) -> Option<Vec<KeyBound<'_>>> {
+pub(crate) fn key_bounds(mask: Option<&Expr>) -> Option<Vec<KeyBound<'_>>> {
     fn flatten<'e>(e: &'e Expr, out: &mut Vec<KeyBound<'e>>) -> Option<()> {
         match &e.kind {
             ExprKind::Binary(BinOp::And, a, b) => {
@@ -54,26 +58,63 @@ pub(super) fn key_bounds(mask: Option<&Expr>) -> Option<Vec<KeyBound<'_>>> {
     }
 }
 
-/// How a logit lambda (after [`FIRST_KEY`]) keeps the columns of the row
-/// that `k < kv_len` and the `bounds` keep (C of each R by `c_rest`), the
-/// latter skipped where the C condition `full` holds (if any): its
-/// statements (which declare `lo<suffix>` and `hi<suffix>`), and the call
-/// that keeps the logit, which ends in `(logit)`.
-/// With `in_bounds` every key of the tile exists and `k < kv_len` goes. A
-/// row bounded on one side only tests that side: one compare and the
-/// select per element instead of two and the select (a causal diagonal;
-/// each edge of a sliding window, whose other conjunct holds there).
-pub(super) fn column_test(
-    kv_len: &str,
+/// The names a column test is written in. The forward's columns are keys
+/// ([`Columns::keys`]); the dK/dV kernels' are queries
+/// ([`Columns::queries`]), which test the mask with q and k swapped.
+pub(crate) struct Columns {
+    /// The lane's first column of the tile (a column's `j` counts from
+    /// it), declared by the lambda; the row's built-in.
+    first: &'static str,
+    other: &'static str,
+    /// The tile's columns, a C constant.
+    block: &'static str,
+    /// The last column that exists, as C, where not every one does.
+    last: Option<String>,
+    /// Whether the row exists, as C, where not every one does.
+    row: Option<String>,
+}
+
+impl Columns {
+    /// Keys from `k0` ([`FIRST_KEY`]), rows of `q`; with `in_bounds` every
+    /// key of the tile exists, else those below `kv_len`.
+    pub(crate) fn keys(kv_len: &str, in_bounds: bool) -> Columns {
+        let last = (!in_bounds).then(|| format!("key_bound<BLOCK_N>((long long){kv_len} - k0) - 1"));
+        Columns { first: "k0", other: "q", block: "BLOCK_N", last, row: None }
+    }
+
+    /// Queries from `q0_lane` ([`FIRST_QUERY`]), rows of `k`: every query
+    /// column (a column past `q_len` has no gradient: its statistics see to
+    /// that), none of a row past `kv_len`.
+    pub(crate) fn queries(kv_len: &str) -> Columns {
+        Columns { first: "q0_lane", other: "k", block: "BLOCK_M", last: None, row: Some(format!("k < {kv_len}")) }
+    }
+
+    /// The last column a row may keep.
+    fn last(&self) -> String {
+        self.last.clone().unwrap_or_else(|| format!("{} - 1", self.block))
+    }
+}
+
+/// How a logit lambda (after [`FIRST_KEY`], or [`FIRST_QUERY`]) keeps the
+/// columns of the row that exist ([`Columns`]) and the `bounds` keep (C of
+/// each R by `c_rest`), the latter skipped where the C condition `full`
+/// holds (if any): its statements (which declare `lo<suffix>` and
+/// `hi<suffix>`), and the call that keeps the logit, which ends in
+/// `(logit)`. A row bounded on one side only tests that side: one compare
+/// and the select per element instead of two and the select (a causal
+/// diagonal; each edge of a sliding window, whose other conjunct holds
+/// there).
+pub(crate) fn column_test(
+    columns: &Columns,
     bounds: &[KeyBound],
     full: Option<&str>,
-    in_bounds: bool,
     suffix: &str,
     c_rest: impl Fn(&Expr) -> String,
 ) -> (Vec<String>, String) {
+    let block = columns.block;
     let (mut mask_lo, mut mask_hi) = (Vec::new(), Vec::new());
     for bound in bounds {
-        let b = format!("key_bound<BLOCK_N>({})", bound.c_bound(&c_rest(bound.rest)));
+        let b = format!("key_bound<{block}>({})", bound.c_bound(columns, &c_rest(bound.rest)));
         match bound.op {
             BinOp::Lt => mask_hi.push(format!("{b} - 1")),
             BinOp::Le => mask_hi.push(b),
@@ -89,14 +130,16 @@ pub(super) fn column_test(
             _ => with_mask,
         }
     };
-    // A side with no bound keeps every column: lo = 0, or hi = BLOCK_N - 1 in bounds.
-    let (has_lo, has_hi) = (!mask_lo.is_empty(), !in_bounds || !mask_hi.is_empty());
-    let lo = fold("0".to_string(), mask_lo, "max_i32");
-    let last = match in_bounds {
-        true => "BLOCK_N - 1".to_string(),
-        false => format!("key_bound<BLOCK_N>((long long){kv_len} - k0) - 1"),
-    };
-    let hi = fold(last, mask_hi, "min_i32");
+    // A side with no bound keeps every column: lo = 0, or hi = the last one.
+    let (has_lo, mut has_hi) = (!mask_lo.is_empty(), columns.last.is_some() || !mask_hi.is_empty());
+    let (mut lo, mut hi) = (fold("0".to_string(), mask_lo, "max_i32"), fold(columns.last(), mask_hi, "min_i32"));
+    // A row that may not exist keeps nothing there, on a side it tests.
+    if let Some(row) = &columns.row {
+        match has_hi || !has_lo {
+            true => (hi, has_hi) = (format!("{row} ? {hi} : -1"), true),
+            false => lo = format!("{row} ? {lo} : {block}"),
+        }
+    }
     let [lo, hi] = [format!("const int lo{suffix} = {lo};"), format!("const int hi{suffix} = {hi};")];
     match (has_lo, has_hi) {
         (true, true) => (vec![lo, hi], format!("kept_between(n * 8 + c, lo{suffix}, hi{suffix}, ")),
@@ -109,7 +152,7 @@ pub(super) fn column_test(
 /// A disjunct of a mask as the columns of a row it keeps: an interval, by
 /// key bounds, or all or none of the row, by a condition free of k (global
 /// rows, `q < g`).
-pub(super) enum RowPart<'e> {
+pub(crate) enum RowPart<'e> {
     Bounds(Vec<KeyBound<'e>>),
     Row(&'e Expr),
 }
@@ -119,7 +162,7 @@ pub(super) enum RowPart<'e> {
 /// three-warpgroup d = 64 kernel) had Longformer's whole mask as C compares
 /// spill 94 loads in the consumers and its union none, while two
 /// disjuncts (prefix-LM, sinks plus a window) spilled more as a union.
-pub(super) fn row_parts<'e>(mask: Option<&'e Expr>) -> Option<Vec<RowPart<'e>>> {
+pub(crate) fn row_parts<'e>(mask: Option<&'e Expr>) -> Option<Vec<RowPart<'e>>> {
     let Some(MaskParts::Disjuncts(list)) = MaskParts::of(mask) else { return None };
     if list.len() < 3 {
         return None;
@@ -132,28 +175,29 @@ pub(super) fn row_parts<'e>(mask: Option<&'e Expr>) -> Option<Vec<RowPart<'e>>> 
     list.into_iter().map(part).collect()
 }
 
-/// How a logit lambda (after [`FIRST_KEY`]) keeps the union of `parts`'
-/// columns, each as [`column_test`] keeps its own (the k-free ones all or
-/// none of the row, up to kv_len), skipped where `full` holds: the
-/// statements, and one call per part that keeps the logit (or −inf), each
-/// ending in `(logit)`; the lambda keeps their max. Each part's test stays
-/// one inline-PTX select, so no per-element boolean is left for LLVM to
-/// carry across the wait for S. The max keeps exactly the pairs the mask
-/// keeps; it differs from one select only for a NaN logit, which it drops
-/// where some part masks the pair.
-pub(super) fn union_test(
-    kv_len: &str,
+/// How a logit lambda (after [`FIRST_KEY`], or [`FIRST_QUERY`]) keeps the
+/// union of `parts`' columns, each as [`column_test`] keeps its own (the
+/// row-only ones all or none of the row's existing columns), skipped where
+/// `full` holds: the statements, and one call per part that keeps the
+/// logit (or −inf), each ending in `(logit)`; the lambda keeps their max.
+/// Each part's test stays one inline-PTX select, so no per-element boolean
+/// is left for LLVM to carry across the wait for S. The max keeps exactly
+/// the pairs the mask keeps; it differs from one select only for a NaN
+/// logit, which it drops where some part masks the pair.
+pub(crate) fn union_test(
+    columns: &Columns,
     parts: &[RowPart],
-    full: &str,
+    full: Option<&str>,
     c_rest: impl Fn(&Expr) -> String,
 ) -> (Vec<String>, Vec<String>) {
     let (mut lines, mut calls) = (Vec::new(), Vec::new());
     for (x, part) in parts.iter().enumerate() {
         let (test, call) = match part {
-            RowPart::Bounds(bounds) => column_test(kv_len, bounds, Some(full), false, &x.to_string(), &c_rest),
+            RowPart::Bounds(bounds) => column_test(columns, bounds, full, &x.to_string(), &c_rest),
             RowPart::Row(cond) => {
-                let last = format!("key_bound<BLOCK_N>((long long){kv_len} - k0) - 1");
-                let hi = format!("const int hi{x} = {full} || ({}) ? {last} : -1;", c_rest(cond));
+                let full = full.map_or(String::new(), |full| format!("{full} || "));
+                let row = columns.row.as_ref().map_or(String::new(), |row| format!("{row} && "));
+                let hi = format!("const int hi{x} = {full}{row}({}) ? {} : -1;", c_rest(cond), columns.last());
                 (vec![hi], format!("kept_at_most(n * 8 + c, hi{x}, "))
             }
         };
@@ -165,7 +209,7 @@ pub(super) fn union_test(
 
 /// A mask comparison `R OP k`, `R OP q - k`, `R OP k - q` (either side),
 /// R free of k.
-pub(super) struct KeyBound<'e> {
+pub(crate) struct KeyBound<'e> {
     /// The comparison as `k OP bound`, once k is alone on the left.
     op: BinOp,
     /// R, the k-free side.
@@ -182,7 +226,7 @@ enum KeySide {
 }
 
 impl<'e> KeyBound<'e> {
-    pub(super) fn of(e: &'e Expr) -> Option<Self> {
+    pub(crate) fn of(e: &'e Expr) -> Option<Self> {
         let ExprKind::Binary(op, a, b) = &e.kind else { return None };
         if !matches!(op, BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge) || a.ty != Ty::I32 {
             return None;
@@ -206,11 +250,12 @@ impl<'e> KeyBound<'e> {
     }
 
     /// The 64-bit bound B of `j OP B`, given R as C (`rest`).
-    fn c_bound(&self, rest: &str) -> String {
+    fn c_bound(&self, columns: &Columns, rest: &str) -> String {
+        let Columns { first, other, .. } = columns;
         match self.side {
-            KeySide::K => format!("(long long){rest} - k0"),
-            KeySide::QMinusK => format!("(long long)q - {rest} - k0"),
-            KeySide::KMinusQ => format!("(long long){rest} + q - k0"),
+            KeySide::K => format!("(long long){rest} - {first}"),
+            KeySide::QMinusK => format!("(long long){other} - {rest} - {first}"),
+            KeySide::KMinusQ => format!("(long long){rest} + {other} - {first}"),
         }
     }
 }
@@ -308,13 +353,31 @@ mod tests {
         }
     }
 
+    /// With q and k swapped (the dK/dV kernels' columns are queries), the
+    /// bounds keep along a key's row the queries the mask keeps.
+    #[test]
+    fn swapped_comparisons_bound_the_query_columns() {
+        let values = [0, 1, 5, 63, 64, 127, 128, 1000, 1 << 20, i32::MAX - 200, i32::MAX];
+        let windows = [i32::MIN, -129, -1, 0, 1, 7, 127, 1024, i32::MAX];
+        for body in ["q >= k", "q - k < w", "k <= q", "w > q - k", "k - q >= w", "q < w", "q - k <= w"] {
+            let e = mask(body);
+            let swapped = e.with_q_and_k_swapped();
+            let bound = KeyBound::of(&swapped).unwrap_or_else(|| panic!("{body}"));
+            for (k, q0, w, j) in iproduct(&values, &values, &windows, &[0, 1, 7, 8, 63, 126, 127]) {
+                let Some(q) = q0.checked_add(j) else { continue };
+                let (kept, spec) = (column_keeps(&bound, k, q0, j, w, 128), spec_keeps(&e, q, k, w));
+                assert_eq!(kept, spec, "{body}: q={q} k={k} w={w}");
+            }
+        }
+    }
+
     #[test]
     fn rows_bounded_on_one_side_test_one_side() {
         let test = |body: &str, in_bounds| {
             let e = mask(body);
             let bounds = key_bounds(Some(&e)).unwrap();
             let c_rest = |e: &Expr| if e.kind == ExprKind::Builtin(Builtin::Q) { "q" } else { "p_w" }.to_string();
-            let (lines, call) = column_test("kv_len", &bounds, None, in_bounds, "", c_rest);
+            let (lines, call) = column_test(&Columns::keys("kv_len", in_bounds), &bounds, None, "", c_rest);
             (lines.join(" "), call)
         };
         // Below the diagonal: an upper bound only, and kv_len's where keys may be missing.
@@ -341,7 +404,7 @@ mod tests {
         let parts = row_parts(Some(&longformer)).unwrap();
         assert!(matches!(parts[..], [RowPart::Bounds(_), RowPart::Row(_), RowPart::Bounds(_)]));
         let c_rest = |e: &Expr| if e.kind == ExprKind::Builtin(Builtin::Q) { "q" } else { "p_w" }.to_string();
-        let (lines, calls) = union_test("kv_len", &parts, "full", c_rest);
+        let (lines, calls) = union_test(&Columns::keys("kv_len", false), &parts, Some("full"), c_rest);
         assert_eq!(lines.len(), 4, "{lines:?}");
         assert!(lines[2].starts_with("const int hi1 = full || ") && lines[2].ends_with(" : -1;"), "{}", lines[2]);
         assert_eq!(
