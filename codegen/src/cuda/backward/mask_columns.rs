@@ -1,13 +1,15 @@
 //! The backward's mask on partial tiles as a union of column bounds
-//! (`kit::key_bounds`, as the forward tests it): where three or more
+//! (`kit::key_bounds`, as the forward tests it): where the mask's
 //! disjuncts each compare the column's built-in linearly or read the row's
-//! alone (Longformer's band, global rows and global columns), a lane's row
-//! keeps a union of intervals of its columns, tested by one inline-PTX
-//! compare and select per element and part, whose max is the logit.
-//! Written as C the whole mask's booleans spill the 128-query dK/dV
-//! kernel. Other masks stay as written: LLVM already tests a conjunction's
-//! elements against per-row bounds, and the inline selects there cost
-//! moves (the causal d = 128 step ran 1% slower).
+//! alone, a lane's row keeps a union of intervals of its columns, tested by
+//! one inline-PTX compare and select per element and part, whose max is
+//! the logit. Where there are three parts (Longformer's band, global rows
+//! and global columns) or one of them is a band (sinks beside a window),
+//! the whole mask as C spills the 128-query dK/dV kernel, carrying its
+//! booleans; prefix-LM's two one-sided parts compile shorter as C. Other
+//! masks stay as written: LLVM already tests a conjunction's elements
+//! against per-row bounds, and the inline selects there cost moves (the
+//! causal d = 128 step ran 1% slower).
 //!
 //! The dK/dV kernels' columns are queries: they test the mask with q and k
 //! swapped ([`Columns::queries`]); the dQ kernels' are keys, as the
@@ -15,7 +17,7 @@
 
 use super::common::Rows;
 use crate::abi::ArgKind;
-use crate::cuda::kit::key_bounds::{row_parts, union_test, Columns, FIRST_KEY, FIRST_QUERY};
+use crate::cuda::kit::key_bounds::{row_parts, union_test, Columns, RowPart, FIRST_KEY, FIRST_QUERY};
 use crate::cuda::signature::arg_name;
 use crate::spec::{Expr, Spec};
 
@@ -43,7 +45,9 @@ impl ColumnMask {
             Rows::Keys => c(&e.with_q_and_k_swapped()),
             Rows::Queries => c(e),
         };
-        let (lines, calls) = union_test(&columns, &row_parts(Some(&mask))?, None, c_rest);
+        let band = |part: &RowPart| matches!(part, RowPart::Bounds(bounds) if bounds.len() >= 2);
+        let parts = row_parts(Some(&mask)).filter(|parts| parts.len() >= 3 || parts.iter().any(band))?;
+        let (lines, calls) = union_test(&columns, &parts, None, c_rest);
         let lines = std::iter::once(first.to_string()).chain(lines).collect();
         Some(ColumnMask { lines, calls })
     }

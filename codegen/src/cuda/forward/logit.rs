@@ -63,7 +63,12 @@ pub(super) fn write_logit(
     let keep = |mask: Option<&Expr>, full: Option<&str>, in_bounds: bool| -> (Vec<String>, String) {
         // A union of such intervals (and whole rows): the max of each
         // part's kept logit, each -inf where its part drops the column.
-        if let (Some(parts), Some(full)) = (row_parts(mask), full) {
+        // Three parts or more: ptxas's counts (sm_90a, the three-warpgroup
+        // d = 64 kernel) had Longformer's whole mask as C compares spill 94
+        // loads in the consumers and its union none, while two disjuncts
+        // (prefix-LM, sinks plus a window) spilled more as a union.
+        let union = row_parts(mask).filter(|parts| parts.len() >= 3);
+        if let (Some(parts), Some(full)) = (union, full) {
             let (test, calls) = union_test(&Columns::keys(kv_len, false), &parts, Some(full), c_expr);
             let lines = [FIRST_KEY.to_string()].into_iter().chain(test).chain(statements(false)).collect();
             let kept: Vec<String> = calls.iter().map(|call| format!("{call}{logit})")).collect();
