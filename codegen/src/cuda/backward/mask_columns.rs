@@ -64,3 +64,44 @@ impl ColumnMask {
         kept[1..].iter().fold(kept[0].clone(), |acc, k| format!("fmaxf({acc}, {k})"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(mask: &str) -> Spec {
+        crate::parse_one(&format!("S {{ dtype: bf16, head_dim: 64, param w: i32, param g: i32, mask: {mask} }}"))
+            .unwrap()
+    }
+
+    /// Three parts, or two with a band among them, take the union in both
+    /// orientations; two one-sided parts and conjunctions stay as written.
+    #[test]
+    fn unions_of_three_parts_or_a_band() {
+        let takes = |mask: &str| {
+            let spec = spec(mask);
+            let c = |e: &Expr| crate::cuda::kit::expr::c_expr(&spec, e);
+            [Rows::Keys, Rows::Queries].map(|rows| ColumnMask::of(&spec, rows, c).map(|m| m.calls.len()))
+        };
+        assert_eq!(takes("(q - k <= w && k - q <= w) || q < g || k < g"), [Some(3); 2]);
+        assert_eq!(takes("k < g || (q >= k && q - k < w)"), [Some(2); 2]);
+        assert_eq!(takes("k < g || q >= k"), [None; 2]);
+        assert_eq!(takes("q >= k && q - k < w"), [None; 2]);
+        assert_eq!(takes("k < g || q + k < w || q < g"), [None; 2]);
+    }
+
+    /// The dK/dV kernels read R in the spec's own q and k, on query columns.
+    #[test]
+    fn swapped_tests_read_the_spec_own_built_ins() {
+        let spec = spec("(q - k <= w && k - q <= w) || q < g || k < g");
+        let c = |e: &Expr| crate::cuda::kit::expr::c_expr(&spec, e);
+        let mask = ColumnMask::of(&spec, Rows::Keys, c).unwrap();
+        let lines = mask.lines().join("\n");
+        assert!(lines.starts_with(FIRST_QUERY), "{lines}");
+        assert!(
+            lines.contains("(k < p_g)") && lines.contains("key_bound<BLOCK_M>((long long)p_g - q0_lane)"),
+            "{lines}"
+        );
+        assert!(mask.keep("x").starts_with("fmaxf(fmaxf(kept_between(n * 8 + c, lo0, hi0, x)"), "{}", mask.keep("x"));
+    }
+}
