@@ -332,37 +332,35 @@ mod tests {
         out
     }
 
-    #[test]
-    fn linear_key_comparisons_become_column_bounds() {
+    /// Each of `bodies` as a bound, read from the key's side where `swap`
+    /// (q and k swapped, as the dK/dV kernels' query columns read it),
+    /// keeps along a row the columns the mask keeps.
+    fn assert_bounds_keep_what_the_mask_keeps(bodies: &[&str], swap: bool) {
         let values = [0, 1, 5, 63, 64, 127, 128, 1000, 1 << 20, i32::MAX - 200, i32::MAX];
         let windows = [i32::MIN, -1_000_000, -129, -1, 0, 1, 7, 127, 1024, 1 << 30, i32::MAX];
-        for body in ["q >= k", "q - k < w", "k <= q", "w > q - k", "k - q >= w", "k < w", "q - k <= w", "w <= k - q"] {
+        for body in bodies {
             let e = mask(body);
-            let bound = KeyBound::of(&e).unwrap_or_else(|| panic!("{body}"));
-            for (q, k0, w, j) in iproduct(&values, &values, &windows, &[0, 1, 7, 8, 63, 126, 127]) {
-                let Some(k) = k0.checked_add(j) else { continue };
-                let (kept, spec) = (column_keeps(&bound, q, k0, j, w, 128), spec_keeps(&e, q, k, w));
+            let tested = if swap { e.with_q_and_k_swapped() } else { e.clone() };
+            let bound = KeyBound::of(&tested).unwrap_or_else(|| panic!("{body}"));
+            for (row, col0, w, j) in iproduct(&values, &values, &windows, &[0, 1, 7, 8, 63, 126, 127]) {
+                let Some(col) = col0.checked_add(j) else { continue };
+                let (q, k) = if swap { (col, row) } else { (row, col) };
+                let (kept, spec) = (column_keeps(&bound, row, col0, j, w, 128), spec_keeps(&e, q, k, w));
                 assert_eq!(kept, spec, "{body}: q={q} k={k} w={w}");
             }
         }
     }
 
-    /// With q and k swapped (the dK/dV kernels' columns are queries), the
-    /// bounds keep along a key's row the queries the mask keeps.
+    #[test]
+    fn linear_key_comparisons_become_column_bounds() {
+        let bodies = ["q >= k", "q - k < w", "k <= q", "w > q - k", "k - q >= w", "k < w", "q - k <= w", "w <= k - q"];
+        assert_bounds_keep_what_the_mask_keeps(&bodies, false);
+    }
+
     #[test]
     fn swapped_comparisons_bound_the_query_columns() {
-        let values = [0, 1, 5, 63, 64, 127, 128, 1000, 1 << 20, i32::MAX - 200, i32::MAX];
-        let windows = [i32::MIN, -129, -1, 0, 1, 7, 127, 1024, i32::MAX];
-        for body in ["q >= k", "q - k < w", "k <= q", "w > q - k", "k - q >= w", "q < w", "q - k <= w"] {
-            let e = mask(body);
-            let swapped = e.with_q_and_k_swapped();
-            let bound = KeyBound::of(&swapped).unwrap_or_else(|| panic!("{body}"));
-            for (k, q0, w, j) in iproduct(&values, &values, &windows, &[0, 1, 7, 8, 63, 126, 127]) {
-                let Some(q) = q0.checked_add(j) else { continue };
-                let (kept, spec) = (column_keeps(&bound, k, q0, j, w, 128), spec_keeps(&e, q, k, w));
-                assert_eq!(kept, spec, "{body}: q={q} k={k} w={w}");
-            }
-        }
+        let bodies = ["q >= k", "q - k < w", "k <= q", "w > q - k", "k - q >= w", "q < w", "q - k <= w"];
+        assert_bounds_keep_what_the_mask_keeps(&bodies, true);
     }
 
     #[test]

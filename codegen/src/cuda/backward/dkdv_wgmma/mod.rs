@@ -565,7 +565,8 @@ fn write_body(
     let query_terms = QueryTerms::of(spec, &hoisted, layout);
     query_terms.write_buffers(w)?;
     let consumers = consumers::Consumers { spec, terms, layout, hoisted: &hoisted, query_terms: &query_terms };
-    let producer = |w: &mut Writer<String>| producer::write(w, spec, layout, copy, packing, &query_terms);
+    let producer = producer::Producer { spec, layout, copy, packing, query_terms: &query_terms };
+    let producer = |w: &mut Writer<String>| producer::write(w, &producer);
     match layout.columns {
         KeyColumns::Transposed => write_roles(w, producer, |w| transposed::write(w, &consumers)),
         _ => write_roles(w, producer, |w| consumers::write(w, &consumers)),

@@ -14,17 +14,21 @@ use std::fmt::{self, Write};
 
 use super::query_terms::QueryTerms;
 use super::{DqSplit, Layout, DQT_GROUP_ROWS, TMA_COPIERS};
+/// What the producer's code is written from: the spec, the kernel's layout,
+/// how it copies and packs operands, and the per-query terms it stages.
+pub(super) struct Producer<'a> {
+    pub spec: &'a Spec,
+    pub layout: &'a Layout,
+    pub copy: TileCopy,
+    pub packing: Packing,
+    pub query_terms: &'a QueryTerms<'a, 'a>,
+}
+
 /// The producer warpgroup: K and V once, then per visited step its Q and dO
 /// tiles and statistics into the next stage, and the previous step's dQ
 /// tile into the accumulator; it ends with `return`.
-pub(super) fn write(
-    w: &mut Writer<String>,
-    spec: &Spec,
-    layout: &Layout,
-    copy: TileCopy,
-    packing: Packing,
-    query_terms: &QueryTerms,
-) -> fmt::Result {
+pub(super) fn write(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
+    let Producer { spec, layout, copy, packing, .. } = *p;
     let n = |kind| arg_name(spec, kind);
     // Who copies and who adds dQ (see the comment written below). Under a
     // data-dependent mask the walk tests tiles a warp at a time (see
@@ -112,7 +116,7 @@ pub(super) fn write(
         if (leader) first_head = j < q_steps ? h : -1;\n\
         {publish}mbar_arrive(kv_full);\n"
     )?;
-    w.block(format_args!("while (j < q_steps)"), |w| write_step(w, spec, layout, copy, packing, query_terms))?;
+    w.block(format_args!("while (j < q_steps)"), |w| write_step(w, p))?;
     w.block(format_args!("if (dq_last != nullptr)"), |w| {
         writeln!(w, "add_dq(dq_last, it - 1, dq_last_bytes);")?;
         writeln!(w, "bulk_wait_read<0>();  // shared memory outlives the reads; the adds land by the kernel's end")
@@ -165,14 +169,8 @@ fn write_kv_loads(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, seq: &str
 /// One visited step of the producer's walk: the step's Q and dO tiles and
 /// statistics into the next stage, its words for the consumers, and the
 /// previous step's dQ tile into the accumulator.
-fn write_step(
-    w: &mut Writer<String>,
-    spec: &Spec,
-    layout: &Layout,
-    copy: TileCopy,
-    packing: Packing,
-    query_terms: &QueryTerms,
-) -> fmt::Result {
+fn write_step(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
+    let Producer { spec, layout, copy, packing, query_terms } = *p;
     let n = |kind| arg_name(spec, kind);
     let [q_len, lse] = [ArgKind::QLen, ArgKind::Lse].map(n);
     let statistic_row = packing.statistic_row(spec, "step_h");
