@@ -3,9 +3,10 @@
 
 use super::common::dropout_kind;
 use super::common::{
-    per_head, write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Rows, Sections,
+    per_head, write_column_terms, write_row_terms, write_source, write_spec_lambdas, write_tile_walk, Sections,
     SpecTerms, Walk,
 };
+use super::orientation::Rows;
 use super::packing::Packing;
 use super::step::{write_register_products, write_scores, write_split_elements, FromRegisters, Part};
 use super::{BackwardConfig, KeyColumns};

@@ -15,7 +15,7 @@
 //! swapped ([`Columns::queries`]); the dQ kernels' are keys, as the
 //! forward's.
 
-use super::common::Rows;
+use super::orientation::Rows;
 use crate::abi::ArgKind;
 use crate::cuda::kit::key_bounds::{row_parts, union_test, Columns, RowPart, FIRST_KEY, FIRST_QUERY};
 use crate::cuda::signature::arg_name;

@@ -68,6 +68,7 @@ mod dkdv;
 mod dkdv_wgmma;
 mod dq;
 mod mask_columns;
+mod orientation;
 mod packing;
 mod rows;
 mod sink;

@@ -3,7 +3,8 @@
 //! dS on every element, and MMAs whose A operands are those accumulators
 //! packed in registers; at the end, the stores of the f32 accumulators.
 
-use super::common::{per_head, Rows, SpecTerms};
+use super::common::{per_head, SpecTerms};
+use super::orientation::Rows;
 use super::KeyColumns;
 use crate::abi::ArgKind;
 use crate::cuda::kit::dropout::dropout_decl;

@@ -3,8 +3,9 @@
 
 use super::query_terms::QueryTerms;
 use super::{Chunk, DqSplit, Layout};
-use crate::cuda::backward::common::{write_row_terms, write_spec_lambdas, Rows, SpecTerms};
+use crate::cuda::backward::common::{write_row_terms, write_spec_lambdas, SpecTerms};
 use crate::cuda::backward::dkdv::{write_head_grad_adds, write_head_grad_sums, write_key_stores};
+use crate::cuda::backward::orientation::Rows;
 use crate::cuda::backward::step::{write_elements, write_split_elements, Part};
 use crate::cuda::backward::KeyColumns;
 use crate::cuda::kit::hoist::Hoisted;

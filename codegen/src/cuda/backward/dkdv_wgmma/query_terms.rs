@@ -10,7 +10,8 @@
 //! the element code, before they release the stage.
 
 use super::{DqSplit, Layout};
-use crate::cuda::backward::common::{write_column_terms, Rows};
+use crate::cuda::backward::common::write_column_terms;
+use crate::cuda::backward::orientation::Rows;
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::kit::hoist::Hoisted;
 use crate::cuda::kit::terms::{interior_decl, splits_on_interior, write_split_terms, write_stage_pointers, KeyTerms};

@@ -23,8 +23,9 @@
 use super::consumers::{chunk_offset, write_dq_tile_store, write_score_products, write_step_entry, Consumers};
 use super::{Chunk, Layout};
 use crate::abi::{ArgKind, Axis, Operand};
-use crate::cuda::backward::common::{write_column_terms, write_row_refill, write_row_terms, write_spec_lambdas, Rows};
+use crate::cuda::backward::common::{write_column_terms, write_row_refill, write_row_terms, write_spec_lambdas};
 use crate::cuda::backward::dkdv::{write_head_grad_adds, write_head_grad_sums};
+use crate::cuda::backward::orientation::Rows;
 use crate::cuda::backward::step::{write_elements, write_split_elements, Part};
 use crate::cuda::kit::terms::KeyTerms;
 use crate::cuda::kit::tile_walk::write_mask_tiles;
