@@ -7,7 +7,7 @@ use super::mask_columns::ColumnMask;
 use super::orientation::Rows;
 use crate::abi::{ArgKind, KernelArg};
 use crate::cuda::kit::expr::{c_expr, c_expr_in, load_offset};
-use crate::cuda::kit::hoist::{lookup_indexed, Hoisted, Level};
+use crate::cuda::kit::hoist::{lookup_equal_indexed, lookup_indexed, Hoisted, Level};
 use crate::cuda::kit::logit::{kept, ScoredLogit};
 use crate::cuda::kit::terms::{stage_pointer_decl, write_tile_terms, KeyTerms};
 use crate::cuda::kit::tile_class::tile_class_expr;
@@ -167,11 +167,17 @@ impl SpecTerms {
 
 /// `e`'s hoisted value in the element loop of orientation `rows`.
 fn lookup(hoisted: &[Hoisted], rows: Rows, e: &Expr) -> Option<String> {
-    lookup_indexed(hoisted, e, |level| match level {
+    lookup_indexed(hoisted, e, slot_index(rows))
+}
+
+/// The index of a hoisted value of each level in the element loop of
+/// orientation `rows`.
+fn slot_index(rows: Rows) -> impl Fn(Level) -> &'static str {
+    move |level| match level {
         Level::Cta => "",
         level if level == rows.row_level() => "[i]",
         _ => "[n][c]",
-    })
+    }
 }
 
 /// Hoisted terms that vary per (batch, head) at most, and per row of the
@@ -263,7 +269,9 @@ pub(super) fn write_spec_lambdas(
     let slots = "int q, int k, int i, int n, int c";
     writeln!(w, "// The spec on one element, as the forward evaluates it: the log2-domain logit,")?;
     writeln!(w, "// or -inf where the mask drops the pair or k is past the end.")?;
-    let column_mask = ColumnMask::of(spec, rows, c);
+    // The column test reads a rewritten copy of the mask: its hoisted terms by value.
+    let c_copy = |e: &Expr| c_expr_in(spec, e, &|x| lookup_equal_indexed(hoisted, x, slot_index(rows)));
+    let column_mask = ColumnMask::of(spec, rows, c_copy);
     let (binding, log2) = match ScoredLogit::of(spec, &scale, c) {
         None => {
             writeln!(w, "const float scale_log2 = {scale} * LOG2E;")?;

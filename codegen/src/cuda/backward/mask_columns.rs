@@ -104,4 +104,19 @@ mod tests {
         );
         assert!(mask.keep("x").starts_with("fmaxf(fmaxf(kept_between(n * 8 + c, lo0, hi0, x)"), "{}", mask.keep("x"));
     }
+
+    /// A hoisted term of the mask (a division of params, once per CTA) is
+    /// read from its register in both kernels, though the test reads a
+    /// rewritten copy of the mask.
+    #[test]
+    fn union_tests_read_hoisted_terms() {
+        use crate::cuda::backward::{emit_backward_with, BackwardConfig, BackwardPass};
+        use crate::cuda::target::Target;
+        let spec = spec("(q - k <= w / g && k - q <= w / g) || q < g || k < g");
+        let config = BackwardConfig::preferred(&spec, Target::HOPPER);
+        let key_value = emit_backward_with(&spec, BackwardPass::KeyValue, config).source;
+        assert!(key_value.contains("key_bound<BLOCK_M>((long long)k - inv_0 - q0_lane)"), "{key_value}");
+        let query = emit_backward_with(&spec, BackwardPass::Query, config).source;
+        assert!(query.contains("key_bound<BLOCK_N>((long long)q - inv_0 - k0)"), "{query}");
+    }
 }

@@ -64,6 +64,18 @@ pub(crate) fn lookup_indexed(hoisted: &[Hoisted], e: &Expr, index: impl Fn(Level
     Some(format!("{}{}", h.name, index(h.level)))
 }
 
+/// [`lookup_indexed`] by value, for a copy of the spec's expressions (a
+/// mask rewritten with q and k swapped), whose nodes are not the hoisted
+/// ones.
+pub(crate) fn lookup_equal_indexed(
+    hoisted: &[Hoisted],
+    e: &Expr,
+    index: impl Fn(Level) -> &'static str,
+) -> Option<String> {
+    let h = hoisted.iter().find(|h| h.expr == e)?;
+    Some(format!("{}{}", h.name, index(h.level)))
+}
+
 fn collect<'a>(e: &'a Expr, out: &mut Vec<Hoisted<'a>>) {
     let invariant_division = level(e) == Some(Level::Cta) && divides_at_run_time(e);
     if let Some(level) = level(e).filter(|_| costly(e) || invariant_division) {
