@@ -24,6 +24,10 @@
 //! S, and ptxas then carries 64 booleans across it in registers), or one
 //! `kept_at_most` / `kept_at_least` where the row is bounded on one side
 //! only. Masks of other shapes keep the spec's expression.
+//!
+//! The backward's dK/dV kernels have queries as columns: they read the
+//! same bounds off the mask with q and k swapped ([`Columns::queries`],
+//! `backward/mask_columns.rs`).
 
 use crate::mask_parts::MaskParts;
 use crate::spec::{BinOp, Builtin, Expr, ExprKind, Ty};
