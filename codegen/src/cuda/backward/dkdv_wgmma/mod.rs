@@ -216,11 +216,9 @@ impl Layout {
             _ => Chunks::default(),
         };
         let block_m = if long_steps { config.block_m } else { DQ_ROWS };
-        let hopper = Target::HOPPER;
-        let limit = hopper.smem_per_sm - hopper.smem_reserved_per_cta;
         let mut layouts =
             options.iter().map(|&(stages, dq_bufs)| Layout { columns, block_m, stages, dq_bufs, dk, dv, dq, padded });
-        layouts.find(|layout| layout.smem_bytes(spec) + layout.static_smem() <= limit)
+        layouts.find(|layout| layout.smem_used(spec) <= SMEM_LIMIT)
     }
 
     /// Whether `config`'s kernel may take the steps longer than 64 queries
@@ -310,9 +308,12 @@ impl Layout {
     /// Shared memory a CTA may still take beside the layout's: room for
     /// staged per-query terms (`query_terms`).
     fn spare_smem(&self, spec: &Spec) -> u32 {
-        let hopper = Target::HOPPER;
-        let limit = hopper.smem_per_sm - hopper.smem_reserved_per_cta;
-        limit.saturating_sub(self.smem_bytes(spec) + self.static_smem())
+        SMEM_LIMIT.saturating_sub(self.smem_used(spec))
+    }
+
+    /// Shared memory a CTA takes, dynamic and static.
+    fn smem_used(&self, spec: &Spec) -> u32 {
+        self.smem_bytes(spec) + self.static_smem()
     }
 }
 
@@ -336,6 +337,9 @@ pub(super) enum DqSplit {
 fn tile_cols(d: u32) -> u32 {
     pad16(d).next_multiple_of(64)
 }
+
+/// Shared memory one CTA may take on Hopper.
+const SMEM_LIMIT: u32 = Target::HOPPER.smem_per_sm - Target::HOPPER.smem_reserved_per_cta;
 
 /// Threads of the producer warpgroup.
 const PRODUCER_THREADS: u32 = 128;
