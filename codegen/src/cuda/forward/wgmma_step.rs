@@ -78,7 +78,7 @@ pub(super) fn write_wgmma_s_over(w: &mut Writer<String>, plan: &Plan, n: u32, ro
     let (q, wrapper, from) = match plan.q_fragments {
         true => ("qf[mt][kk]", "wgmma_rs_kb", "Q from its fragments, K from shared memory"),
         false => (
-            "desc_plus(gmma_desc(q_smem, 16, 1024), mt * 64 * 128 + panel * BLOCK_M * 128 + step)",
+            "desc_plus_lo(gmma_desc(q_smem, 16, 1024), mt * 64 * 128 + panel * BLOCK_M * 128 + step)",
             plan.operands.s_wrapper(),
             "both operands from shared memory",
         ),
@@ -97,7 +97,7 @@ pub(super) fn write_wgmma_s_over(w: &mut Writer<String>, plan: &Plan, n: u32, ro
         \x20   for (int kk = 0; kk < DP / {k_step}; ++kk) {{\n\
         \x20       const unsigned panel = kk / 4, step = kk % 4 * 32;\n\
         \x20       {wrapper}_n{block_n}(s[mt], {q},\n\
-        \x20                        desc_plus(gmma_desc(k_smem, 16, 1024), panel * {rows} * 128 + step), kk);\n\
+        \x20                        desc_plus_lo(gmma_desc(k_smem, 16, 1024), panel * {rows} * 128 + step), kk);\n\
         \x20   }}\n\
         }}\n\
         wgmma_commit();\n",
@@ -299,7 +299,7 @@ pub(super) fn write_wgmma_pv_over(w: &mut Writer<String>, plan: &Plan, rows: &st
         for (int kk = 0; kk < {rows} / 16; ++kk) {{\n\
         \x20   #pragma unroll\n\
         \x20   for (int mt = 0; mt < M_TILES; ++mt) {{\n\
-        \x20       wgmma_rs_n{dvp}(o[mt], p[mt][kk], desc_plus(gmma_desc(v_smem, {rows} * 128, 1024), kk * 16 * 128));\n\
+        \x20       wgmma_rs_n{dvp}(o[mt], p[mt][kk], desc_plus_lo(gmma_desc(v_smem, {rows} * 128, 1024), kk * 16 * 128));\n\
         {row_sums}\
         \x20   }}\n\
         }}\n",

@@ -12,6 +12,16 @@ __device__ __forceinline__ unsigned long long gmma_desc(unsigned addr, unsigned 
 __device__ __forceinline__ unsigned long long desc_plus(unsigned long long desc, unsigned bytes) {
     return desc + (bytes >> 4);
 }
+// The same sum on the address word alone, the upper word passed through:
+// ptxas then adds 32 bits per product, where a 64-bit add carries into the
+// upper word and moves its constant again before each (the forward's steps,
+// whose descriptors are built per step). Where descriptors fold into
+// constants (the dK/dV kernel's), the 64-bit form leaves fewer instructions.
+__device__ __forceinline__ unsigned long long desc_plus_lo(unsigned long long desc, unsigned bytes) {
+    unsigned long long sum;
+    asm("mov.b64 %0, {%1, %2};" : "=l"(sum) : "r"(unsigned(desc) + (bytes >> 4)), "r"(unsigned(desc >> 32)));
+    return sum;
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 // Blocks until at most N committed groups are still running.
