@@ -13,10 +13,10 @@ __device__ __forceinline__ unsigned long long desc_plus(unsigned long long desc,
     return desc + (bytes >> 4);
 }
 // The same sum on the address word alone, the upper word passed through:
-// ptxas then adds 32 bits per product, where a 64-bit add carries into the
-// upper word and moves its constant again before each (the forward's steps,
-// whose descriptors are built per step). Where descriptors fold into
-// constants (the dK/dV kernel's), the 64-bit form leaves fewer instructions.
+// for descriptors built per step (the forward's) ptxas then issues one
+// 32-bit add per product where the 64-bit sum takes two (the carry into the
+// upper word) and more moves. Where descriptors fold into constants (the
+// dK/dV kernel's), the 64-bit form leaves fewer instructions.
 __device__ __forceinline__ unsigned long long desc_plus_lo(unsigned long long desc, unsigned bytes) {
     unsigned long long sum;
     asm("mov.b64 %0, {%1, %2};" : "=l"(sum) : "r"(unsigned(desc) + (bytes >> 4)), "r"(unsigned(desc >> 32)));
