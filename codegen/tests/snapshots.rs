@@ -445,7 +445,7 @@ fn hopper_backward_kernels_of_named_variants() {
     // Its dQ accumulator, in fragment order, back to rows.
     let spec = variant("causal");
     let config = BackwardConfig::preferred(&spec, Target::for_sm(9, 0));
-    assert_eq!(config.dq_accum(&spec), DqAccum::Fragments { cols: 128, order: DqOrder::HeadDims });
+    assert_eq!(config.dq_accum(&spec), DqAccum::Fragments { cols: 128, order: DqOrder::HeadDims, step_rows: 80 });
     insta::assert_snapshot!(
         "wgmma_bwd_post_causal",
         render(&emit_backward_with(&spec, BackwardPass::Postprocess, config))
@@ -581,7 +581,11 @@ fn column_halves_pad_head_dims_to_whole_panels() {
     {
         let spec = parse_one(&format!("S {{ dtype: bf16, head_dim: {qk}, v_head_dim: {v}, mask: q >= k }}")).unwrap();
         let config = BackwardConfig::preferred(&spec, hopper);
-        assert_eq!(config.dq_accum(&spec), DqAccum::Fragments { cols: dp, order: DqOrder::Queries }, "{qk}/{v}");
+        assert_eq!(
+            config.dq_accum(&spec),
+            DqAccum::Fragments { cols: dp, order: DqOrder::Queries, step_rows: 64 },
+            "{qk}/{v}"
+        );
         assert_eq!(config.dq_accum(&spec).len(&spec, 2, 65), 2 * 128 * dp as usize, "{qk}/{v}");
         let kernel = emit_backward_with(&spec, BackwardPass::KeyValue, config);
         let dims = match (dp, dvp) == (qk.next_multiple_of(16), v.next_multiple_of(16)) {

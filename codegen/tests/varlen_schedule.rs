@@ -221,7 +221,8 @@ fn the_dq_accumulator_holds_every_head_s_tiles() {
     use flashgen_codegen::cuda::{DqAccum, DqOrder};
     let spec = flashgen_codegen::parse_one("C { dtype: bf16, head_dim: 120, mask: q >= k }").unwrap();
     for (heads, total, batch) in [(1, 0, 1), (4, 100, 3), (8, 6401, 40)] {
-        let len = DqAccum::Fragments { cols: 128, order: DqOrder::Queries }.varlen_len(&spec, heads, total, batch);
+        let len = DqAccum::Fragments { cols: 128, order: DqOrder::Queries, step_rows: 64 }
+            .varlen_len(&spec, heads, total, batch);
         assert_eq!(len as i64, heads as i64 * dq_accum_tiles(total as i32, batch) * DQ_TILE_ROWS as i64 * 128);
     }
 }

@@ -222,15 +222,18 @@ impl Runtime {
         let (rows, accum) = workspace_sizes(spec, config, &launch);
         // No accumulator (a null pointer) in the deterministic mode, or without queries.
         let accum_len = if opts.deterministic { 0 } else { accum };
+        let tickets = if takes_tickets(spec, &launch) { config.dq_accum(spec).tickets(accum_len) } else { 0 };
         // The accumulator starts 256 bytes aligned, as a fresh allocation
         // would: the dK/dV kernel adds to it with 16-byte vector or bulk reductions.
-        let delta_span = rows.next_multiple_of(64);
+        let [delta_span, tickets_span] = [rows, tickets].map(|n| n.next_multiple_of(64));
         let mut kept = opts.workspace.map(|w| w.0.lock().unwrap_or_else(PoisonError::into_inner));
         let mut fresh = None;
         let slot = kept.as_deref_mut().unwrap_or(&mut fresh);
-        let buffer = self.workspace_in(slot, (delta_span + accum_len).max(1))?;
-        // The preprocess writes every row of D and zeroes the accumulator.
+        let buffer = self.workspace_in(slot, (delta_span + tickets_span + accum_len).max(1))?;
+        // The preprocess writes every row of D and zeroes the tickets, or
+        // the accumulator where it has none.
         let (mut delta, mut rest) = buffer.split_at_mut(delta_span.min(buffer.len()));
+        let (mut dq_tickets, mut rest) = rest.split_at_mut(tickets_span);
         let mut dq_accum = (accum_len > 0).then(|| rest.slice_mut(..accum_len));
         let BackwardIo { q, k, v, o, lse, d_o, dq, dk, dv, mut d_tensors } = io;
         let stream = self.stream();
@@ -263,6 +266,7 @@ impl Runtime {
         .map(|(p, l)| l.address(p));
         let (delta_ptr, _delta) = delta.device_ptr_mut(s);
         let accum = dq_accum.as_mut().map(|a| a.device_ptr_mut(s));
+        let tickets = (tickets > 0).then(|| dq_tickets.device_ptr_mut(s));
         let grad_guards: Vec<_> = d_tensors.iter_mut().map(|t| t.as_mut().map(|t| t.device_ptr_mut(s))).collect();
         let mut tensor_grads: Vec<u64> = grad_guards.iter().map(|g| g.as_ref().map_or(0, |(ptr, _)| *ptr)).collect();
         tensor_grads.resize(spec.tensors.len(), 0);
@@ -294,6 +298,7 @@ impl Runtime {
                 strides: [d_o.1.strides, dq.1.strides, dk.1.strides, dv.1.strides],
                 delta: delta_ptr,
                 dq_accum: accum.as_ref().map_or(0, |(ptr, _)| *ptr),
+                dq_tickets: tickets.as_ref().map_or(0, |(ptr, _)| *ptr),
                 tensor_grads: &tensor_grads,
             }),
             ..Bindings::without_operands(shape, &infos, &tensor_ptrs)
@@ -390,6 +395,21 @@ fn chosen_config(spec: &Spec, arch: Arch, tile: Option<BackwardTile>) -> Result<
     }
 }
 
+/// The most keys per query at which the dK/dV kernel takes its dQ
+/// accumulator's tickets (`DqAccum::tickets`): they save the preprocess its
+/// zeroing, a fixed cost per query, and cost the dK/dV kernel about 1% of
+/// its time (the CTAs waiting for a step's first store), which grows with
+/// the keys (H200, `bench/RESULTS.md`).
+const TICKET_KEYS: usize = 4096;
+
+/// Whether `launch` binds the dQ accumulator's tickets, where its kernels
+/// take them: up to [`TICKET_KEYS`] keys, and not under a mask that reads a
+/// tensor (documents), whose dK/dV kernel ran 20-25% slower with them.
+fn takes_tickets(spec: &Spec, launch: &Launch) -> bool {
+    // `kv_len`: a varlen launch's longest sequence.
+    launch.shape.kv_len <= TICKET_KEYS && !spec.mask.as_ref().is_some_and(|m| m.reads_tensor())
+}
+
 /// Rows of D (per batch row, head and query; varlen: per head and packed
 /// query) and f32 elements of the dQ accumulator of `launch` in `config`.
 fn workspace_sizes(spec: &Spec, config: BackwardConfig, launch: &Launch) -> (usize, usize) {
@@ -462,6 +482,32 @@ mod tests {
         assert!(matches!(&err, Error::NoTensorGrad { tensor } if tensor == "doc"), "{err}");
         let err = check_tensor_grad_lens(&spec, shape, &[None, None, None], &[]).unwrap_err();
         assert!(matches!(err, Error::TensorGradCount { declared: 2, got: 3 }), "{err}");
+    }
+
+    /// Tickets replace the accumulator's zeroing up to TICKET_KEYS keys,
+    /// and never under a mask that reads a tensor.
+    #[test]
+    fn tickets_stand_for_zeroing_on_short_analytic_launches() {
+        let launch = |kv_len| Launch {
+            shape: Shape { batch: 1, heads: 2, heads_kv: 2, q_len: 1024, kv_len },
+            scale: 1.0,
+            varlen: None,
+            dropout: None,
+            tuned: None,
+        };
+        let causal = parse_one("C { dtype: bf16, head_dim: 128, mask: q >= k }").unwrap();
+        let documents =
+            parse_one("D { dtype: bf16, head_dim: 128, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }")
+                .unwrap();
+        assert!(takes_tickets(&causal, &launch(1024)) && takes_tickets(&causal, &launch(TICKET_KEYS)));
+        assert!(!takes_tickets(&causal, &launch(TICKET_KEYS + 1)));
+        assert!(!takes_tickets(&documents, &launch(1024)));
+        // One ticket per 64-query tile of the accumulator; none for rows.
+        let config = BackwardConfig::preferred(&causal, Arch::new(9, 0).target());
+        let accum = config.dq_accum(&causal);
+        assert_eq!(accum.tickets(accum.len(&causal, 2, 1000)), 2 * 16);
+        let portable = BackwardConfig::preferred(&causal, Arch::new(8, 0).target()).dq_accum(&causal);
+        assert_eq!(portable.tickets(portable.len(&causal, 2, 1000)), 0);
     }
 
     /// A launch may pick any of the spec's dK/dV tiles; another is refused

@@ -189,6 +189,8 @@ pub(crate) struct GradBindings<'a> {
     pub delta: u64,
     /// The f32 dQ accumulator, or 0 (null) in the deterministic mode.
     pub dq_accum: u64,
+    /// Its tickets (`ArgKind::DqTickets`), or 0 where it has none.
+    pub dq_tickets: u64,
     /// Per declared tensor, its gradient buffer's address or 0 (none asked).
     pub tensor_grads: &'a [u64],
 }
@@ -270,6 +272,7 @@ fn value_of(kernel: &Kernel, arg: &KernelArg, b: &Bindings) -> Result<Value, Err
         ArgKind::BlockMaskOut => Value::Ptr(b.block_mask_out),
         ArgKind::Delta => Value::Ptr(grads()?.delta),
         ArgKind::DqAccum => Value::Ptr(grads()?.dq_accum),
+        ArgKind::DqTickets => Value::Ptr(grads()?.dq_tickets),
         ArgKind::TensorGrad(i) => Value::Ptr(*grads()?.tensor_grads.get(i).ok_or_else(abi_error)?),
         ArgKind::WorkCounter => Value::Ptr(b.work_counter.ok_or_else(abi_error)?),
         // A kernel takes descriptors only where generated to copy with them.

@@ -190,6 +190,15 @@ pub(super) fn work_order_args(spec: &Spec) -> Vec<KernelArg> {
     named(spec, kinds)
 }
 
+/// `args` with the dQ accumulator's tickets after the accumulator, where it
+/// has them (`tickets`: a Hopper dK/dV kernel's tiles).
+pub(super) fn with_dq_tickets(spec: &Spec, mut args: Vec<KernelArg>, tickets: bool) -> Vec<KernelArg> {
+    if let (true, Some(at)) = (tickets, args.iter().position(|a| a.kind == ArgKind::DqAccum)) {
+        args.insert(at + 1, KernelArg { name: arg_name(spec, ArgKind::DqTickets), kind: ArgKind::DqTickets });
+    }
+    args
+}
+
 /// The backward postprocess: the dQ accumulator, dQ; sizes; dQ's strides; scale.
 pub(super) fn backward_post_args(spec: &Spec) -> Vec<KernelArg> {
     let mut kinds = vec![ArgKind::DqAccum, ArgKind::Ptr(Operand::DQ), ArgKind::Batch, ArgKind::Heads, ArgKind::QLen];
@@ -330,6 +339,7 @@ pub(crate) mod names {
     pub const BLOCK_MASK_HEAD_STRIDE: &str = "block_mask_head_stride";
     pub const DELTA: &str = "delta";
     pub const DQ_ACCUM: &str = "dq_accum";
+    pub const DQ_TICKETS: &str = "dq_tickets";
     pub const Q_MAP: &str = "q_map";
     pub const K_MAP: &str = "k_map";
     pub const V_MAP: &str = "v_map";
@@ -382,6 +392,7 @@ pub(super) fn arg_name(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::BlockMaskOut => "block_mask_out".into(),
         ArgKind::Delta => names::DELTA.into(),
         ArgKind::DqAccum => names::DQ_ACCUM.into(),
+        ArgKind::DqTickets => names::DQ_TICKETS.into(),
         ArgKind::TensorGrad(i) => format!("dt_{}", spec.tensors[i].name),
         ArgKind::WorkCounter => "work_counter".into(),
         ArgKind::TensorMap(op) => match op {
@@ -445,7 +456,7 @@ pub(super) fn arg_type(spec: &Spec, kind: ArgKind) -> String {
         ArgKind::PagesPerSeq | ArgKind::PageSize | ArgKind::KvBoxRows | ArgKind::NumPages => "int".into(),
         ArgKind::CuSeqlens(_) | ArgKind::KvLens | ArgKind::BlockTable => "const int* __restrict__".into(),
         ArgKind::PartialO | ArgKind::PartialLse => "float* __restrict__".into(),
-        ArgKind::SplitCounters => "unsigned int* __restrict__".into(),
+        ArgKind::SplitCounters | ArgKind::DqTickets => "unsigned int* __restrict__".into(),
         ArgKind::E4m3(_) => "const unsigned char* __restrict__".into(),
         ArgKind::E4m3VTiles => "unsigned char* __restrict__".into(),
         ArgKind::Descale(_) => "const float* __restrict__".into(),

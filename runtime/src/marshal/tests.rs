@@ -351,6 +351,7 @@ fn varlen_backward_kernels_marshal_their_sequences() {
         strides: [[0, 13, 14], [0, 15, 16], [0, 17, 18], [0, 19, 20]],
         delta: 24,
         dq_accum: 25,
+        dq_tickets: 26,
         tensor_grads: &[],
     };
     let varlen = Some(VarlenBindings { cu_seqlens: [91, 92], tokens: [500, 700] });

@@ -313,7 +313,9 @@ impl BackwardConfig {
     /// The dQ accumulator's layout under this configuration.
     pub fn dq_accum(self, spec: &Spec) -> DqAccum {
         match dkdv_wgmma::Layout::of(spec, self) {
-            Some(layout) => DqAccum::Fragments { cols: layout.padded[0], order: layout.dq_order() },
+            Some(layout) => {
+                DqAccum::Fragments { cols: layout.padded[0], order: layout.dq_order(), step_rows: layout.block_m }
+            }
             None => DqAccum::Rows,
         }
     }
@@ -335,8 +337,10 @@ pub enum DqAccum {
     /// `[batch, heads, ceil(q_len / 64), 64 · cols]`: one contiguous tile
     /// per 64 queries, in the wgmma kernel's accumulator `order`
     /// (`dq_fragments.cuh`), rows past `q_len` included; `cols` the
-    /// columns its products span (`DP`: D padded, zeros beyond D).
-    Fragments { cols: u32, order: DqOrder },
+    /// columns its products span (`DP`: D padded, zeros beyond D);
+    /// `step_rows` the queries of the kernel's steps (64, 80 or 128), each
+    /// step's ticket at the tile it starts in (`ArgKind::DqTickets`).
+    Fragments { cols: u32, order: DqOrder, step_rows: u32 },
 }
 
 /// The order of a [`DqAccum::Fragments`] tile: the wgmma dK/dV kernel's
@@ -366,6 +370,15 @@ impl DqAccum {
 }
 
 impl DqAccum {
+    /// The tickets (one per tile, `ArgKind::DqTickets`) of an accumulator
+    /// of `len` f32 elements: none for `Rows`, which is zeroed instead.
+    pub fn tickets(self, len: usize) -> usize {
+        match self {
+            DqAccum::Rows => 0,
+            DqAccum::Fragments { cols, .. } => len / (dkdv_wgmma::DQ_ROWS * cols) as usize,
+        }
+    }
+
     /// f32 elements of a varlen launch's accumulator: `heads` query heads
     /// over `total_q` packed queries of `batch` sequences (the `Fragments`
     /// layout gives each sequence whole 64-query tiles: see `packing`).

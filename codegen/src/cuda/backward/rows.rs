@@ -1,5 +1,5 @@
 //! The row-wise backward kernels around the gradient kernels: the
-//! preprocess (D = rowsum(dO ∘ O), and the dQ accumulator zeroed) and the
+//! preprocess (D = rowsum(dO ∘ O), and the dQ accumulator or its tickets zeroed) and the
 //! postprocess (dQ from its f32 accumulator). Memory-bound: the preprocess
 //! gives each row a power-of-two group of lanes with one 16-byte chunk each
 //! and keeps all of a thread's rows' loads in flight; the postprocess reads
@@ -15,8 +15,8 @@ use super::{DqAccum, DqOrder};
 use crate::abi::{ArgKind, Axis, Grid, Kernel, KernelArg, Operand};
 use crate::cuda::library::Part;
 use crate::cuda::signature::arg_name;
-use crate::cuda::signature::names::{DELTA, DQ_ACCUM};
-use crate::cuda::signature::{backward_post_args, backward_pre_args};
+use crate::cuda::signature::names::{DELTA, DQ_ACCUM, DQ_TICKETS};
+use crate::cuda::signature::{backward_post_args, backward_pre_args, with_dq_tickets};
 use crate::cuda::source::kernel_name;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
@@ -29,20 +29,31 @@ const BLOCK_M: u32 = dkdv_wgmma::DQ_ROWS;
 
 pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum, packing: Packing) -> Kernel {
     let name = kernel_name(&packing.prefix("bwd_pre"), spec);
-    let args = packing.args(spec, backward_pre_args(spec, &sink::sink_grads(spec)));
+    let tickets = matches!(accum, DqAccum::Fragments { .. });
+    let args = packing.args(spec, with_dq_tickets(spec, backward_pre_args(spec, &sink::sink_grads(spec)), tickets));
     let n = |kind| arg_name(spec, kind);
     let q_len = n(ArgKind::QLen);
     let (o_stride, do_stride) = (n(ArgKind::Stride(Operand::O, Axis::Seq)), n(ArgKind::Stride(Operand::DO, Axis::Seq)));
     // Lanes per row: a power of two with one 8-element chunk each (at least
     // two, so that a pass of the CTA covers at most BLOCK_M rows).
     let lanes = spec.head_dims.v.div_ceil(8).next_power_of_two().max(2);
-    // This CTA's part of the accumulator: one contiguous range in either layout.
-    let (zero_from, zero_len) = match accum {
-        DqAccum::Fragments { .. } => (
-            format!("({}) * (BLOCK_M * DQ_COLS)", packing.accum_tile(spec, "h", "gridDim.x", "blockIdx.x")),
-            "BLOCK_M * DQ_COLS",
-        ),
-        DqAccum::Rows => (format!("({} + q0) * D", packing.statistic_row(spec, "h")), "(long long)rows * D"),
+    // This CTA's part of the accumulator: one contiguous range in either
+    // layout; a tile's ticket, where the accumulator has them, stands for it.
+    let (zero_from, zero_len, ticket) = match accum {
+        DqAccum::Fragments { .. } => {
+            let tile = packing.accum_tile(spec, "h", "gridDim.x", "blockIdx.x");
+            let ticket = format!(
+                "// With tickets it zeroes its tile's ticket instead: the dK/dV kernel's first\n\
+                 // CTA at a step stores its tiles, the others add to them.\n\
+                 if ({DQ_TICKETS} != nullptr) {{\n\
+                 \x20   if (threadIdx.x == 0) {DQ_TICKETS}[{tile}] = 0u;\n\
+                 }} else "
+            );
+            (format!("({tile}) * (BLOCK_M * DQ_COLS)"), "BLOCK_M * DQ_COLS", ticket)
+        }
+        DqAccum::Rows => {
+            (format!("({} + q0) * D", packing.statistic_row(spec, "h")), "(long long)rows * D", String::new())
+        }
     };
     let delta_row = packing.statistic_row(spec, "h");
     let source = write_source(
@@ -59,9 +70,9 @@ pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum, packing: Packing) -> 
             w,
             "\
             const int q0 = blockIdx.x * BLOCK_M, rows = min_i32(BLOCK_M, {q_len} - q0);\n\
-            // The dQ accumulator starts at 0: this CTA zeroes its rows of it, so no\n\
-            // separate pass over it runs before the dK/dV kernel adds to it.\n\
-            if ({DQ_ACCUM} != nullptr) {{\n\
+            // The dK/dV kernel adds to the dQ accumulator: this CTA zeroes its rows of\n\
+            // it, so that no separate pass over it runs.\n\
+            {ticket}if ({DQ_ACCUM} != nullptr) {{\n\
             \x20   float* zero = {DQ_ACCUM} + {zero_from};\n\
             \x20   const long long len = {zero_len};\n\
             \x20   if ((unsigned long long)zero % 16 == 0 && len % 4 == 0) {{\n\
@@ -117,14 +128,18 @@ pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum, packing: Packing) -> 
 
 pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum, packing: Packing) -> Kernel {
     let name = kernel_name(&packing.prefix("bwd_post"), spec);
-    let args = packing.args(spec, backward_post_args(spec));
+    let tickets = matches!(accum, DqAccum::Fragments { .. });
+    let args = packing.args(spec, with_dq_tickets(spec, backward_post_args(spec), tickets));
     let n = |kind| arg_name(spec, kind);
     let [q_len, scale] = [ArgKind::QLen, ArgKind::Scale].map(n);
     let dq_stride = n(ArgKind::Stride(Operand::DQ, Axis::Seq));
     let config = |w: &mut Writer<String>| {
         write_config(w, accum)?;
         match accum {
-            DqAccum::Fragments { .. } => w.write_str(Part::DqFragments.text()),
+            DqAccum::Fragments { step_rows, .. } => {
+                writeln!(w, "constexpr int STEP_ROWS = {step_rows};  // queries per step of the dK/dV kernel")?;
+                w.write_str(Part::DqFragments.text())
+            }
             DqAccum::Rows => Ok(()),
         }
     };
@@ -150,12 +165,20 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum, packing: Packing) ->
                 }
             };
             let q_tiles = format!("(({q_len} + BLOCK_M - 1) / BLOCK_M)");
-            let acc_tile = packing.accum_tile(spec, "h", &q_tiles, "blockIdx.x");
+            let first_tile = packing.accum_first_tile(spec, "h", &q_tiles);
             return write!(
                 w,
                 "\
                 const int q0 = blockIdx.x * BLOCK_M;\n\
-                const float* acc_tile = {DQ_ACCUM} + ({acc_tile}) * (BLOCK_M * DQ_COLS);\n\
+                const long long first_tile = {first_tile};  // the head's\n\
+                const float* acc_tile = {DQ_ACCUM} + (first_tile + blockIdx.x) * (BLOCK_M * DQ_COLS);\n\
+                // With tickets, rows of a step no CTA visited were never stored: dQ is 0\n\
+                // there. The tile's rows lie in at most two steps, the second from `split`.\n\
+                const int step = q0 / STEP_ROWS, split = (step + 1) * STEP_ROWS - q0;\n\
+                auto stored = [&](int s) {{\n\
+                \x20   return {DQ_TICKETS} == nullptr || ({DQ_TICKETS}[first_tile + s * STEP_ROWS / BLOCK_M] & DQ_STORED) != 0;\n\
+                }};\n\
+                const bool stored_first = stored(step), stored_second = split < BLOCK_M && stored(step + 1);\n\
                 // dQ = scale * accumulator, in the operand dtype. The tile's 16-byte chunks\n\
                 // are read in order (coalesced) and land as four elements of two rows in a\n\
                 // shared row-major tile (its 8-element pad spreads a warp's writes over\n\
@@ -175,7 +198,9 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum, packing: Packing) ->
                 \x20   const int row = i / (DQ_COLS / 8), col = i % (DQ_COLS / 8) * 8, q = q0 + row;\n\
                 \x20   if (q >= {q_len} || col >= D) continue;\n\
                 \x20   unsigned short* out = dq_rows + (long long)q * {dq_stride} + col;\n\
-                \x20   if (vector) {{\n\
+                \x20   if (!(row < split ? stored_first : stored_second)) {{\n\
+                \x20       for (int e = 0; e < 8 && col + e < D; ++e) out[e] = 0;\n\
+                \x20   }} else if (vector) {{\n\
                 \x20       *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(&tile[row][col]);\n\
                 \x20   }} else {{\n\
                 \x20       for (int e = 0; e < 8 && col + e < D; ++e) out[e] = tile[row][col + e];\n\

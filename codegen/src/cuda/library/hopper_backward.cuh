@@ -20,6 +20,13 @@ __device__ __forceinline__ void bulk_reduce_add(float* dst, unsigned src, unsign
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(N) : "memory"); }
+// Stores `bytes` of f32 from shared memory to global memory in one bulk copy;
+// bulk_wait<N> waits until all but the thread's last N groups have written.
+__device__ __forceinline__ void bulk_store(float* dst, unsigned src, unsigned bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" :: "l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;" :: "n"(N) : "memory"); }
 // Keeps register A operands alive up to this point: the tensor cores read
 // them until their wgmma group has been waited for.
 template <int N>

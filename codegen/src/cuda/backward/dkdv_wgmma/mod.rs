@@ -58,7 +58,7 @@ use crate::cuda::kit::warp_roles::write_roles;
 use crate::cuda::library;
 use crate::cuda::library::wgmma_ops::AFrom;
 use crate::cuda::signature::with_dropout;
-use crate::cuda::signature::{backward_args, with_tensor_maps};
+use crate::cuda::signature::{backward_args, with_dq_tickets, with_tensor_maps};
 use crate::cuda::source::kernel_name;
 use crate::cuda::source::Piece;
 use crate::cuda::target::{pad16, Mma, Target};
@@ -359,7 +359,7 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, layout: &Layout, packing
         terms.owner = Some("part == 0");
     }
     let slots: Vec<usize> = terms.grads.iter().map(|(slot, ..)| *slot).collect();
-    let args = packing.args(spec, backward_args(spec, OPERANDS, &slots));
+    let args = packing.args(spec, with_dq_tickets(spec, backward_args(spec, OPERANDS, &slots), true));
     let args = match copy {
         TileCopy::Tma => with_tensor_maps(spec, args, &[Operand::Q, Operand::K, Operand::V, Operand::DO]),
         TileCopy::Threads => args,
@@ -682,7 +682,10 @@ mod tests {
                 (80, DqSplit::HeadDims, 80, 1)
             );
             assert!(layout.smem_bytes(spec) + layout.static_smem() <= limit);
-            assert_eq!(config.dq_accum(spec), DqAccum::Fragments { cols: 128, order: DqOrder::HeadDims });
+            assert_eq!(
+                config.dq_accum(spec),
+                DqAccum::Fragments { cols: 128, order: DqOrder::HeadDims, step_rows: 80 }
+            );
         }
         let softcap = spec("head_dim: 128, score: 30.0 * tanh(score / 30.0)");
         let document = spec("head_dim: 128, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k]");
@@ -711,7 +714,7 @@ mod tests {
         let causal = spec("head_dim: 128, mask: q >= k");
         assert_eq!([0, 512, 1024, 1025, 16384].map(|n| steps(&causal, n)), [64, 64, 64, 80, 80]);
         let short = BackwardConfig::preferred_for(&causal, Target::HOPPER, 512);
-        assert_eq!(short.dq_accum(&causal), DqAccum::Fragments { cols: 128, order: DqOrder::Queries });
+        assert_eq!(short.dq_accum(&causal), DqAccum::Fragments { cols: 128, order: DqOrder::Queries, step_rows: 64 });
         assert_eq!([512, 16384].map(|n| steps(&spec("head_dim: 128"), n)), [80, 80]);
         assert_eq!([512, 16384].map(|n| steps(&spec("head_dim: 64, mask: q >= k"), n)), [128, 128]);
         let portable = BackwardConfig::preferred(&causal, Target::PORTABLE);

@@ -6,7 +6,7 @@ use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::backward::common::{write_tile_walk, Walk};
 use crate::cuda::backward::packing::Packing;
 use crate::cuda::signature::arg_name;
-use crate::cuda::signature::names::{DELTA, DOUT_MAP, DQ_ACCUM, K_MAP, Q_MAP, V_MAP};
+use crate::cuda::signature::names::{DELTA, DOUT_MAP, DQ_ACCUM, DQ_TICKETS, K_MAP, Q_MAP, V_MAP};
 use crate::cuda::tile_config::TileCopy;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
@@ -73,17 +73,31 @@ pub(super) fn write(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
         constexpr int COPIERS = {count};\n\
         const bool adds_dq = {DQ_ACCUM} != nullptr && {adder};\n\
         {keep}\
-        // Adds step s's dQ tiles, `bytes` of them (none past the queries).\n\
-        auto add_dq = [&](float* dst, int s, int bytes) {{\n\
+        // Adds step s's dQ tiles, `bytes` of them (none past the queries). With\n\
+        // tickets (`ticket` the step's, taken at its visit, `seen` its value then)\n\
+        // the first CTA to visit the step stores them instead and marks them stored\n\
+        // once they have landed; the others wait for that mark before their tiles\n\
+        // are ready, so that the wait overlaps their consumers' work.\n\
+        auto add_dq = [&](float* dst, unsigned* ticket, unsigned seen, int s, int bytes) {{\n\
+        \x20   const bool first = ticket != nullptr && seen == 0;\n\
+        \x20   if (ticket != nullptr && !first) dq_ticket_wait_stored(ticket, seen);\n\
         \x20   mbar_wait(dq_full + 8 * (s % DQ_BUFS), s / DQ_BUFS % 2);\n\
-        \x20   bulk_reduce_add(dst, smem_addr(dq_tiles + s % DQ_BUFS * DQ_TILE), bytes);\n\
+        \x20   const unsigned src = smem_addr(dq_tiles + s % DQ_BUFS * DQ_TILE);\n\
+        \x20   if (first) bulk_store(dst, src, bytes);\n\
+        \x20   else bulk_reduce_add(dst, src, bytes);\n\
         \x20   bulk_commit();\n\
         \x20   // All but the last DQ_BUFS - 1 additions have read their tiles: free the oldest.\n\
         \x20   bulk_wait_read<DQ_BUFS - 1>();\n\
         \x20   const int read = s - (DQ_BUFS - 1);\n\
         \x20   if (read >= 0) mbar_arrive(dq_empty + 8 * (read % DQ_BUFS));\n\
+        \x20   if (first) {{\n\
+        \x20       bulk_wait<0>();\n\
+        \x20       dq_ticket_mark_stored(ticket);\n\
+        \x20   }}\n\
         }};\n\
         float* dq_last = nullptr;  // the last visited step's first accumulator tile\n\
+        unsigned* dq_last_ticket = nullptr;  // its ticket, where bound\n\
+        unsigned dq_last_seen = 0;  // and the ticket's value before this CTA's visit\n\
         int dq_last_bytes = 0;  // and the bytes of its tiles\n"
     )?;
     write_kv_loads(w, spec, copy, packing.tma_seq(Operand::K), layout.k_half_cols().is_some())?;
@@ -118,7 +132,7 @@ pub(super) fn write(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
     )?;
     w.block(format_args!("while (j < q_steps)"), |w| write_step(w, p))?;
     w.block(format_args!("if (dq_last != nullptr)"), |w| {
-        writeln!(w, "add_dq(dq_last, it - 1, dq_last_bytes);")?;
+        writeln!(w, "add_dq(dq_last, dq_last_ticket, dq_last_seen, it - 1, dq_last_bytes);")?;
         writeln!(w, "bulk_wait_read<0>();  // shared memory outlives the reads; the adds land by the kernel's end")
     })?;
     if copy == TileCopy::Threads {
@@ -246,12 +260,16 @@ fn write_step(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
         writeln!(w, "mbar_arrive(stage_full + 8 * stage);")
     })?;
     w.block(format_args!("if (adds_dq)"), |w| {
-        writeln!(w, "if (dq_last != nullptr) add_dq(dq_last, it - 1, dq_last_bytes);")?;
+        writeln!(w, "if (dq_last != nullptr) add_dq(dq_last, dq_last_ticket, dq_last_seen, it - 1, dq_last_bytes);")?;
         let head_tiles = format!("(({q_len} + DQ_ROWS - 1) / DQ_ROWS)");
+        let first_tile = packing.accum_first_tile(spec, "step_h", &head_tiles);
+        writeln!(w, "// The step's ticket: that of the accumulator tile its first row lies in.")?;
+        writeln!(w, "const long long first_tile = {first_tile}, step_tile = first_tile + step_j * BLOCK_M / DQ_ROWS;")?;
+        writeln!(w, "dq_last_ticket = {DQ_TICKETS} != nullptr ? {DQ_TICKETS} + step_tile : nullptr;")?;
+        writeln!(w, "if (dq_last_ticket != nullptr) dq_last_seen = dq_ticket_take(dq_last_ticket);")?;
         match layout.dq_split() {
             DqSplit::Columns | DqSplit::Rows => {
-                let tile = packing.accum_tile(spec, "step_h", &head_tiles, "step_j * (BLOCK_M / DQ_ROWS)");
-                writeln!(w, "dq_last = {DQ_ACCUM} + ({tile}) * (DQ_ROWS * DP);")?;
+                writeln!(w, "dq_last = {DQ_ACCUM} + step_tile * (DQ_ROWS * DP);")?;
                 writeln!(w, "// A step's last tiles may lie past the queries (128-query steps): not added.")?;
                 writeln!(w, "const int dq_rows = min_i32(BLOCK_M, {q_len} - step_j * BLOCK_M);")?;
                 writeln!(w, "dq_last_bytes = (dq_rows + DQ_ROWS - 1) / DQ_ROWS * DQ_ROWS * DP * 4;")
@@ -259,9 +277,8 @@ fn write_step(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
             DqSplit::HeadDims => {
                 // The accumulator's tiles are contiguous: a step's rows start
                 // inside one and may end in the next.
-                let tile = packing.accum_first_tile(spec, "step_h", &head_tiles);
                 let group = DQT_GROUP_ROWS;
-                writeln!(w, "dq_last = {DQ_ACCUM} + ({tile}) * (DQ_ROWS * DP) + (long long)step_j * DQ_TILE;")?;
+                writeln!(w, "dq_last = {DQ_ACCUM} + first_tile * (DQ_ROWS * DP) + (long long)step_j * DQ_TILE;")?;
                 writeln!(w, "// A step's last {group}-query groups may lie past the queries: not added.")?;
                 writeln!(w, "const int dq_rows = min_i32(BLOCK_M, {q_len} - step_j * BLOCK_M);")?;
                 writeln!(w, "dq_last_bytes = (dq_rows + {group} - 1) / {group} * {group} * DP * 4;")
