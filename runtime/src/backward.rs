@@ -397,14 +397,14 @@ fn chosen_config(spec: &Spec, arch: Arch, tile: Option<BackwardTile>) -> Result<
 
 /// The most keys per query at which the dK/dV kernel takes its dQ
 /// accumulator's tickets (`DqAccum::tickets`): they save the preprocess its
-/// zeroing, a fixed cost per query, and cost the dK/dV kernel about 1% of
+/// zeroing, a fixed cost per query, and cost the dK/dV kernel 0.3-1.6% of
 /// its time (the CTAs waiting for a step's first store), which grows with
 /// the keys (H200, `bench/RESULTS.md`).
 const TICKET_KEYS: usize = 4096;
 
 /// Whether `launch` binds the dQ accumulator's tickets, where its kernels
 /// take them: up to [`TICKET_KEYS`] keys, and not under a mask that reads a
-/// tensor (documents), whose dK/dV kernel ran 20-25% slower with them.
+/// tensor (documents), whose dK/dV kernel ran 23-27% slower with them.
 fn takes_tickets(spec: &Spec, launch: &Launch) -> bool {
     // `kv_len`: a varlen launch's longest sequence.
     launch.shape.kv_len <= TICKET_KEYS && !spec.mask.as_ref().is_some_and(|m| m.reads_tensor())
