@@ -222,7 +222,7 @@ impl Runtime {
         let (rows, accum) = workspace_sizes(spec, config, &launch);
         // No accumulator (a null pointer) in the deterministic mode, or without queries.
         let accum_len = if opts.deterministic { 0 } else { accum };
-        let tickets = if takes_tickets(spec, &launch) { config.dq_accum(spec).tickets(accum_len) } else { 0 };
+        let tickets = if binds_tickets(spec, config, &launch) { config.dq_accum(spec).tickets(accum_len) } else { 0 };
         // The accumulator starts 256 bytes aligned, as a fresh allocation
         // would: the dK/dV kernel adds to it with 16-byte vector or bulk reductions.
         let [delta_span, tickets_span] = [rows, tickets].map(|n| n.next_multiple_of(64));
@@ -402,12 +402,11 @@ fn chosen_config(spec: &Spec, arch: Arch, tile: Option<BackwardTile>) -> Result<
 /// the keys (H200, `bench/RESULTS.md`).
 const TICKET_KEYS: usize = 4096;
 
-/// Whether `launch` binds the dQ accumulator's tickets, where its kernels
-/// take them: up to [`TICKET_KEYS`] keys, and not under a mask that reads a
-/// tensor (documents), whose dK/dV kernel ran 23-27% slower with them.
-fn takes_tickets(spec: &Spec, launch: &Launch) -> bool {
+/// Whether `launch` binds the dQ accumulator's tickets: where its kernels
+/// take them (`DqAccum::has_tickets`), up to [`TICKET_KEYS`] keys.
+fn binds_tickets(spec: &Spec, config: BackwardConfig, launch: &Launch) -> bool {
     // `kv_len`: a varlen launch's longest sequence.
-    launch.shape.kv_len <= TICKET_KEYS && !spec.mask.as_ref().is_some_and(|m| m.reads_tensor())
+    launch.shape.kv_len <= TICKET_KEYS && config.dq_accum(spec).has_tickets(spec)
 }
 
 /// Rows of D (per batch row, head and query; varlen: per head and packed
@@ -499,15 +498,15 @@ mod tests {
         let documents =
             parse_one("D { dtype: bf16, head_dim: 128, tensor doc: i32[B, KV_LEN], mask: doc[b][q] == doc[b][k] }")
                 .unwrap();
-        assert!(takes_tickets(&causal, &launch(1024)) && takes_tickets(&causal, &launch(TICKET_KEYS)));
-        assert!(!takes_tickets(&causal, &launch(TICKET_KEYS + 1)));
-        assert!(!takes_tickets(&documents, &launch(1024)));
-        // One ticket per 64-query tile of the accumulator; none for rows.
-        let config = BackwardConfig::preferred(&causal, Arch::new(9, 0).target());
-        let accum = config.dq_accum(&causal);
+        let hopper = |spec| BackwardConfig::preferred(spec, Arch::new(9, 0).target());
+        let binds = |spec, kv_len| binds_tickets(spec, hopper(spec), &launch(kv_len));
+        assert!(binds(&causal, 1024) && binds(&causal, TICKET_KEYS));
+        assert!(!binds(&causal, TICKET_KEYS + 1) && !binds(&documents, 1024));
+        let portable = BackwardConfig::preferred(&causal, Arch::new(8, 0).target());
+        assert!(!binds_tickets(&causal, portable, &launch(1024)));
+        // One ticket per 64-query tile of the accumulator.
+        let accum = hopper(&causal).dq_accum(&causal);
         assert_eq!(accum.tickets(accum.len(&causal, 2, 1000)), 2 * 16);
-        let portable = BackwardConfig::preferred(&causal, Arch::new(8, 0).target()).dq_accum(&causal);
-        assert_eq!(portable.tickets(portable.len(&causal, 2, 1000)), 0);
     }
 
     /// A launch may pick any of the spec's dK/dV tiles; another is refused

@@ -313,9 +313,7 @@ impl BackwardConfig {
     /// The dQ accumulator's layout under this configuration.
     pub fn dq_accum(self, spec: &Spec) -> DqAccum {
         match dkdv_wgmma::Layout::of(spec, self) {
-            Some(layout) => {
-                DqAccum::Fragments { cols: layout.padded[0], order: layout.dq_order(), step_rows: layout.block_m }
-            }
+            Some(layout) => layout.dq_accum(),
             None => DqAccum::Rows,
         }
     }
@@ -370,8 +368,16 @@ impl DqAccum {
 }
 
 impl DqAccum {
-    /// The tickets (one per tile, `ArgKind::DqTickets`) of an accumulator
-    /// of `len` f32 elements: none for `Rows`, which is zeroed instead.
+    /// Whether the kernels around this accumulator take its tickets
+    /// (`ArgKind::DqTickets`) for `spec`: a Hopper kernel's tiles, but not
+    /// under a mask that reads a tensor (documents), whose dK/dV kernel ran
+    /// 23-27% slower with them (`bench/RESULTS.md`).
+    pub fn has_tickets(self, spec: &Spec) -> bool {
+        matches!(self, DqAccum::Fragments { .. }) && !spec.mask.as_ref().is_some_and(|m| m.reads_tensor())
+    }
+
+    /// The tickets (one per tile) of an accumulator of `len` f32 elements
+    /// that has them ([`DqAccum::has_tickets`]).
     pub fn tickets(self, len: usize) -> usize {
         match self {
             DqAccum::Rows => 0,

@@ -29,7 +29,7 @@ const BLOCK_M: u32 = dkdv_wgmma::DQ_ROWS;
 
 pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum, packing: Packing) -> Kernel {
     let name = kernel_name(&packing.prefix("bwd_pre"), spec);
-    let tickets = matches!(accum, DqAccum::Fragments { .. });
+    let tickets = accum.has_tickets(spec);
     let args = packing.args(spec, with_dq_tickets(spec, backward_pre_args(spec, &sink::sink_grads(spec)), tickets));
     let n = |kind| arg_name(spec, kind);
     let q_len = n(ArgKind::QLen);
@@ -42,13 +42,17 @@ pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum, packing: Packing) -> 
     let (zero_from, zero_len, ticket) = match accum {
         DqAccum::Fragments { .. } => {
             let tile = packing.accum_tile(spec, "h", "gridDim.x", "blockIdx.x");
-            let ticket = format!(
-                "// With tickets it zeroes its tile's ticket instead: the dK/dV kernel's first\n\
+            let ticket = if !tickets {
+                String::new()
+            } else {
+                format!(
+                    "// With tickets it zeroes its tile's ticket instead: the dK/dV kernel's first\n\
                  // CTA at a step stores its tiles, the others add to them.\n\
                  if ({DQ_TICKETS} != nullptr) {{\n\
                  \x20   if (threadIdx.x == 0) {DQ_TICKETS}[{tile}] = 0u;\n\
                  }} else "
-            );
+                )
+            };
             (format!("({tile}) * (BLOCK_M * DQ_COLS)"), "BLOCK_M * DQ_COLS", ticket)
         }
         DqAccum::Rows => {
@@ -128,7 +132,7 @@ pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum, packing: Packing) -> 
 
 pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum, packing: Packing) -> Kernel {
     let name = kernel_name(&packing.prefix("bwd_post"), spec);
-    let tickets = matches!(accum, DqAccum::Fragments { .. });
+    let tickets = accum.has_tickets(spec);
     let args = packing.args(spec, with_dq_tickets(spec, backward_post_args(spec), tickets));
     let n = |kind| arg_name(spec, kind);
     let [q_len, scale] = [ArgKind::QLen, ArgKind::Scale].map(n);
@@ -137,7 +141,9 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum, packing: Packing) ->
         write_config(w, accum)?;
         match accum {
             DqAccum::Fragments { step_rows, .. } => {
-                writeln!(w, "constexpr int STEP_ROWS = {step_rows};  // queries per step of the dK/dV kernel")?;
+                if tickets {
+                    writeln!(w, "constexpr int STEP_ROWS = {step_rows};  // queries per step of the dK/dV kernel")?;
+                }
                 w.write_str(Part::DqFragments.text())
             }
             DqAccum::Rows => Ok(()),
@@ -166,19 +172,14 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum, packing: Packing) ->
             };
             let q_tiles = format!("(({q_len} + BLOCK_M - 1) / BLOCK_M)");
             let first_tile = packing.accum_first_tile(spec, "h", &q_tiles);
+            let (stored, unstored) = if tickets { unstored_rows() } else { (String::new(), "") };
             return write!(
                 w,
                 "\
                 const int q0 = blockIdx.x * BLOCK_M;\n\
                 const long long first_tile = {first_tile};  // the head's\n\
                 const float* acc_tile = {DQ_ACCUM} + (first_tile + blockIdx.x) * (BLOCK_M * DQ_COLS);\n\
-                // With tickets, rows of a step no CTA visited were never stored: dQ is 0\n\
-                // there. The tile's rows lie in at most two steps, the second from `split`.\n\
-                const int step = q0 / STEP_ROWS, split = (step + 1) * STEP_ROWS - q0;\n\
-                auto stored = [&](int s) {{\n\
-                \x20   return {DQ_TICKETS} == nullptr || ({DQ_TICKETS}[first_tile + s * STEP_ROWS / BLOCK_M] & DQ_STORED) != 0;\n\
-                }};\n\
-                const bool stored_first = stored(step), stored_second = split < BLOCK_M && stored(step + 1);\n\
+                {stored}\
                 // dQ = scale * accumulator, in the operand dtype. The tile's 16-byte chunks\n\
                 // are read in order (coalesced) and land as four elements of two rows in a\n\
                 // shared row-major tile (its 8-element pad spreads a warp's writes over\n\
@@ -198,9 +199,7 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum, packing: Packing) ->
                 \x20   const int row = i / (DQ_COLS / 8), col = i % (DQ_COLS / 8) * 8, q = q0 + row;\n\
                 \x20   if (q >= {q_len} || col >= D) continue;\n\
                 \x20   unsigned short* out = dq_rows + (long long)q * {dq_stride} + col;\n\
-                \x20   if (!(row < split ? stored_first : stored_second)) {{\n\
-                \x20       for (int e = 0; e < 8 && col + e < D; ++e) out[e] = 0;\n\
-                \x20   }} else if (vector) {{\n\
+                \x20   {unstored}if (vector) {{\n\
                 \x20       *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(&tile[row][col]);\n\
                 \x20   }} else {{\n\
                 \x20       for (int e = 0; e < 8 && col + e < D; ++e) out[e] = tile[row][col + e];\n\
@@ -225,6 +224,28 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum, packing: Packing) ->
         )
     });
     row_kernel(name, source, args)
+}
+
+/// Where the accumulator has tickets, the postprocess's flags for the rows
+/// of steps no CTA stored (its tile's rows lie in at most two steps, the
+/// second from `split`), and the branch that writes 0 there.
+fn unstored_rows() -> (String, &'static str) {
+    let flags = format!(
+        "\
+        // With tickets, rows of a step no CTA visited were never stored (its ticket\n\
+        // unmarked): dQ is 0 there. The tile's rows lie in at most two steps, the second from\n\
+        // `split`.\n\
+        const int step = q0 / STEP_ROWS, split = (step + 1) * STEP_ROWS - q0;\n\
+        auto stored = [&](int s) {{\n\
+        \x20   return {DQ_TICKETS} == nullptr || ({DQ_TICKETS}[first_tile + s * STEP_ROWS / BLOCK_M] & DQ_STORED) != 0;\n\
+        }};\n\
+        const bool stored_first = stored(step), stored_second = split < BLOCK_M && stored(step + 1);\n"
+    );
+    let branch = "\
+        if (!(row < split ? stored_first : stored_second)) {\n\
+        \x20       for (int e = 0; e < 8 && col + e < D; ++e) out[e] = 0;\n\
+        \x20   } else ";
+    (flags, branch)
 }
 
 fn write_config(w: &mut Writer<String>, accum: DqAccum) -> fmt::Result {

@@ -51,7 +51,7 @@ mod transposed;
 use super::common::{dropout_kind, write_source, Sections, SpecTerms};
 use super::dkdv::{write_key_cta, write_key_tiles};
 use super::packing::Packing;
-use super::{BackwardConfig, DqOrder, KeyColumns};
+use super::{BackwardConfig, DqAccum, DqOrder, KeyColumns};
 use crate::abi::{Grid, Kernel, Operand};
 use crate::cuda::kit::hoist::hoist;
 use crate::cuda::kit::warp_roles::write_roles;
@@ -247,8 +247,13 @@ impl Layout {
         }
     }
 
+    /// The dQ accumulator its consumers add to.
+    pub(super) fn dq_accum(&self) -> DqAccum {
+        DqAccum::Fragments { cols: self.padded[0], order: self.dq_order(), step_rows: self.block_m }
+    }
+
     /// The order its consumers store dQ in.
-    pub(super) fn dq_order(&self) -> DqOrder {
+    fn dq_order(&self) -> DqOrder {
         match self.dq_split() {
             DqSplit::HeadDims => DqOrder::HeadDims,
             DqSplit::Columns | DqSplit::Rows => DqOrder::Queries,
@@ -359,7 +364,8 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, layout: &Layout, packing
         terms.owner = Some("part == 0");
     }
     let slots: Vec<usize> = terms.grads.iter().map(|(slot, ..)| *slot).collect();
-    let args = packing.args(spec, with_dq_tickets(spec, backward_args(spec, OPERANDS, &slots), true));
+    let tickets = layout.dq_accum().has_tickets(spec);
+    let args = packing.args(spec, with_dq_tickets(spec, backward_args(spec, OPERANDS, &slots), tickets));
     let args = match copy {
         TileCopy::Tma => with_tensor_maps(spec, args, &[Operand::Q, Operand::K, Operand::V, Operand::DO]),
         TileCopy::Threads => args,

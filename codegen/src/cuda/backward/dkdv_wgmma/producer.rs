@@ -73,33 +73,11 @@ pub(super) fn write(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
         constexpr int COPIERS = {count};\n\
         const bool adds_dq = {DQ_ACCUM} != nullptr && {adder};\n\
         {keep}\
-        // Adds step s's dQ tiles, `bytes` of them (none past the queries). With\n\
-        // tickets (`ticket` the step's, taken at its visit, `seen` its value then)\n\
-        // the first CTA to visit the step stores them instead and marks them stored\n\
-        // once they have landed; the others wait for that mark before their tiles\n\
-        // are ready, so that the wait overlaps their consumers' work.\n\
-        auto add_dq = [&](float* dst, unsigned* ticket, unsigned seen, int s, int bytes) {{\n\
-        \x20   const bool first = ticket != nullptr && seen == 0;\n\
-        \x20   if (ticket != nullptr && !first) dq_ticket_wait_stored(ticket, seen);\n\
-        \x20   mbar_wait(dq_full + 8 * (s % DQ_BUFS), s / DQ_BUFS % 2);\n\
-        \x20   const unsigned src = smem_addr(dq_tiles + s % DQ_BUFS * DQ_TILE);\n\
-        \x20   if (first) bulk_store(dst, src, bytes);\n\
-        \x20   else bulk_reduce_add(dst, src, bytes);\n\
-        \x20   bulk_commit();\n\
-        \x20   // All but the last DQ_BUFS - 1 additions have read their tiles: free the oldest.\n\
-        \x20   bulk_wait_read<DQ_BUFS - 1>();\n\
-        \x20   const int read = s - (DQ_BUFS - 1);\n\
-        \x20   if (read >= 0) mbar_arrive(dq_empty + 8 * (read % DQ_BUFS));\n\
-        \x20   if (first) {{\n\
-        \x20       bulk_wait<0>();\n\
-        \x20       dq_ticket_mark_stored(ticket);\n\
-        \x20   }}\n\
-        }};\n\
         float* dq_last = nullptr;  // the last visited step's first accumulator tile\n\
-        unsigned* dq_last_ticket = nullptr;  // its ticket, where bound\n\
-        unsigned dq_last_seen = 0;  // and the ticket's value before this CTA's visit\n\
+        unsigned dq_last_seen = 0;  // its ticket's value before this CTA's visit (`add_dq`)\n\
         int dq_last_bytes = 0;  // and the bytes of its tiles\n"
     )?;
+    write_add_dq(w, layout.dq_accum().has_tickets(spec))?;
     write_kv_loads(w, spec, copy, packing.tma_seq(Operand::K), layout.k_half_cols().is_some())?;
     // With TMA the leader also publishes for the copies it issued.
     let publish = match copy {
@@ -132,13 +110,66 @@ pub(super) fn write(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
     )?;
     w.block(format_args!("while (j < q_steps)"), |w| write_step(w, p))?;
     w.block(format_args!("if (dq_last != nullptr)"), |w| {
-        writeln!(w, "add_dq(dq_last, dq_last_ticket, dq_last_seen, it - 1, dq_last_bytes);")?;
+        writeln!(w, "add_dq(dq_last, dq_last_seen, it - 1, dq_last_bytes);")?;
         writeln!(w, "bulk_wait_read<0>();  // shared memory outlives the reads; the adds land by the kernel's end")
     })?;
     if copy == TileCopy::Threads {
         writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
     }
     writeln!(w, "return;")
+}
+
+/// `add_dq(dst, seen, s, bytes)`, the adding thread's bulk addition of step
+/// s's dQ tiles; with `tickets` (`DqAccum::has_tickets`) also `dq_ticket`.
+fn write_add_dq(w: &mut Writer<String>, tickets: bool) -> fmt::Result {
+    let (wait, issue, mark) = match tickets {
+        false => ("", "bulk_reduce_add(dst, src, bytes);\n", ""),
+        true => {
+            writeln!(w, "// A step's ticket: that of the accumulator tile its first row lies in.")?;
+            writeln!(
+                w,
+                "auto dq_ticket = [&](const float* dst) {{ return {DQ_TICKETS} + (dst - {DQ_ACCUM}) / (DQ_ROWS * DP); }};"
+            )?;
+            (
+                "\
+                // With tickets (the step's taken at its visit, `seen` its value then) the\n\
+                // first CTA to visit the step stores its tiles instead and marks them stored\n\
+                // once they have landed; the others wait for that mark before their tiles\n\
+                // are ready, so that the wait overlaps their consumers' work.\n\
+                unsigned* ticket = {DQ_TICKETS} != nullptr ? dq_ticket(dst) : nullptr;\n\
+                const bool first = ticket != nullptr && seen == 0;\n\
+                if (ticket != nullptr && !first) dq_ticket_wait_stored(ticket, seen);\n",
+                "\
+                if (first) bulk_store(dst, src, bytes);\n\
+                else bulk_reduce_add(dst, src, bytes);\n",
+                "\
+                if (first) {\n\
+                \x20   bulk_wait<0>();\n\
+                \x20   dq_ticket_mark_stored(ticket);\n\
+                }\n",
+            )
+        }
+    };
+    let wait = wait.replace("{DQ_TICKETS}", DQ_TICKETS);
+    writeln!(w, "// Adds step s's dQ tiles, `bytes` of them (none past the queries).")?;
+    writeln!(w, "auto add_dq = [&](float* dst, [[maybe_unused]] unsigned seen, int s, int bytes) {{")?;
+    w.indented(|w| {
+        write!(
+            w,
+            "\
+            {wait}\
+            mbar_wait(dq_full + 8 * (s % DQ_BUFS), s / DQ_BUFS % 2);\n\
+            const unsigned src = smem_addr(dq_tiles + s % DQ_BUFS * DQ_TILE);\n\
+            {issue}\
+            bulk_commit();\n\
+            // All but the last DQ_BUFS - 1 additions have read their tiles: free the oldest.\n\
+            bulk_wait_read<DQ_BUFS - 1>();\n\
+            const int read = s - (DQ_BUFS - 1);\n\
+            if (read >= 0) mbar_arrive(dq_empty + 8 * (read % DQ_BUFS));\n\
+            {mark}"
+        )
+    })?;
+    writeln!(w, "}};")
 }
 
 /// The CTA's K and V tiles (and K's upper half copied where `k_half`),
@@ -260,19 +291,16 @@ fn write_step(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
         writeln!(w, "mbar_arrive(stage_full + 8 * stage);")
     })?;
     w.block(format_args!("if (adds_dq)"), |w| {
-        writeln!(w, "if (dq_last != nullptr) add_dq(dq_last, dq_last_ticket, dq_last_seen, it - 1, dq_last_bytes);")?;
+        writeln!(w, "if (dq_last != nullptr) add_dq(dq_last, dq_last_seen, it - 1, dq_last_bytes);")?;
         let head_tiles = format!("(({q_len} + DQ_ROWS - 1) / DQ_ROWS)");
         let first_tile = packing.accum_first_tile(spec, "step_h", &head_tiles);
-        writeln!(w, "// The step's ticket: that of the accumulator tile its first row lies in.")?;
-        writeln!(w, "const long long first_tile = {first_tile}, step_tile = first_tile + step_j * BLOCK_M / DQ_ROWS;")?;
-        writeln!(w, "dq_last_ticket = {DQ_TICKETS} != nullptr ? {DQ_TICKETS} + step_tile : nullptr;")?;
-        writeln!(w, "if (dq_last_ticket != nullptr) dq_last_seen = dq_ticket_take(dq_last_ticket);")?;
+        writeln!(w, "const long long first_tile = {first_tile};")?;
         match layout.dq_split() {
             DqSplit::Columns | DqSplit::Rows => {
-                writeln!(w, "dq_last = {DQ_ACCUM} + step_tile * (DQ_ROWS * DP);")?;
+                writeln!(w, "dq_last = {DQ_ACCUM} + (first_tile + step_j * (BLOCK_M / DQ_ROWS)) * (DQ_ROWS * DP);")?;
                 writeln!(w, "// A step's last tiles may lie past the queries (128-query steps): not added.")?;
                 writeln!(w, "const int dq_rows = min_i32(BLOCK_M, {q_len} - step_j * BLOCK_M);")?;
-                writeln!(w, "dq_last_bytes = (dq_rows + DQ_ROWS - 1) / DQ_ROWS * DQ_ROWS * DP * 4;")
+                writeln!(w, "dq_last_bytes = (dq_rows + DQ_ROWS - 1) / DQ_ROWS * DQ_ROWS * DP * 4;")?;
             }
             DqSplit::HeadDims => {
                 // The accumulator's tiles are contiguous: a step's rows start
@@ -281,9 +309,13 @@ fn write_step(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
                 writeln!(w, "dq_last = {DQ_ACCUM} + first_tile * (DQ_ROWS * DP) + (long long)step_j * DQ_TILE;")?;
                 writeln!(w, "// A step's last {group}-query groups may lie past the queries: not added.")?;
                 writeln!(w, "const int dq_rows = min_i32(BLOCK_M, {q_len} - step_j * BLOCK_M);")?;
-                writeln!(w, "dq_last_bytes = (dq_rows + {group} - 1) / {group} * {group} * DP * 4;")
+                writeln!(w, "dq_last_bytes = (dq_rows + {group} - 1) / {group} * {group} * DP * 4;")?;
             }
         }
+        if layout.dq_accum().has_tickets(spec) {
+            writeln!(w, "if ({DQ_TICKETS} != nullptr) dq_last_seen = dq_ticket_take(dq_ticket(dq_last));")?;
+        }
+        Ok(())
     })?;
     writeln!(w, "++it;")
 }
