@@ -119,11 +119,43 @@ pub(super) fn write(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
     writeln!(w, "return;")
 }
 
+/// The adding thread's part of a visited step: the previous step's dQ tiles
+/// into the accumulator, then this step's place there (and its ticket).
+fn write_dq_step(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
+    let Producer { spec, layout, packing, .. } = *p;
+    let q_len = arg_name(spec, ArgKind::QLen);
+    writeln!(w, "if (dq_last != nullptr) add_dq(dq_last, dq_last_seen, it - 1, dq_last_bytes);")?;
+    let head_tiles = format!("(({q_len} + DQ_ROWS - 1) / DQ_ROWS)");
+    let first_tile = packing.accum_first_tile(spec, "step_h", &head_tiles);
+    writeln!(w, "const long long first_tile = {first_tile};")?;
+    match layout.dq_split() {
+        DqSplit::Columns | DqSplit::Rows => {
+            writeln!(w, "dq_last = {DQ_ACCUM} + (first_tile + step_j * (BLOCK_M / DQ_ROWS)) * (DQ_ROWS * DP);")?;
+            writeln!(w, "// A step's last tiles may lie past the queries (128-query steps): not added.")?;
+            writeln!(w, "const int dq_rows = min_i32(BLOCK_M, {q_len} - step_j * BLOCK_M);")?;
+            writeln!(w, "dq_last_bytes = (dq_rows + DQ_ROWS - 1) / DQ_ROWS * DQ_ROWS * DP * 4;")?;
+        }
+        DqSplit::HeadDims => {
+            // The accumulator's tiles are contiguous: a step's rows start
+            // inside one and may end in the next.
+            let group = DQT_GROUP_ROWS;
+            writeln!(w, "dq_last = {DQ_ACCUM} + first_tile * (DQ_ROWS * DP) + (long long)step_j * DQ_TILE;")?;
+            writeln!(w, "// A step's last {group}-query groups may lie past the queries: not added.")?;
+            writeln!(w, "const int dq_rows = min_i32(BLOCK_M, {q_len} - step_j * BLOCK_M);")?;
+            writeln!(w, "dq_last_bytes = (dq_rows + {group} - 1) / {group} * {group} * DP * 4;")?;
+        }
+    }
+    if layout.dq_accum().has_tickets(spec) {
+        writeln!(w, "if ({DQ_TICKETS} != nullptr) dq_last_seen = dq_ticket_take(dq_ticket(dq_last));")?;
+    }
+    Ok(())
+}
+
 /// `add_dq(dst, seen, s, bytes)`, the adding thread's bulk addition of step
 /// s's dQ tiles; with `tickets` (`DqAccum::has_tickets`) also `dq_ticket`.
 fn write_add_dq(w: &mut Writer<String>, tickets: bool) -> fmt::Result {
     let (wait, issue, mark) = match tickets {
-        false => ("", "bulk_reduce_add(dst, src, bytes);\n", ""),
+        false => (String::new(), "bulk_reduce_add(dst, src, bytes);\n", ""),
         true => {
             writeln!(w, "// A step's ticket: that of the accumulator tile its first row lies in.")?;
             writeln!(
@@ -131,14 +163,16 @@ fn write_add_dq(w: &mut Writer<String>, tickets: bool) -> fmt::Result {
                 "auto dq_ticket = [&](const float* dst) {{ return {DQ_TICKETS} + (dst - {DQ_ACCUM}) / (DQ_ROWS * DP); }};"
             )?;
             (
-                "\
-                // With tickets (the step's taken at its visit, `seen` its value then) the\n\
-                // first CTA to visit the step stores its tiles instead and marks them stored\n\
-                // once they have landed; the others wait for that mark before their tiles\n\
-                // are ready, so that the wait overlaps their consumers' work.\n\
-                unsigned* ticket = {DQ_TICKETS} != nullptr ? dq_ticket(dst) : nullptr;\n\
-                const bool first = ticket != nullptr && seen == 0;\n\
-                if (ticket != nullptr && !first) dq_ticket_wait_stored(ticket, seen);\n",
+                format!(
+                    "\
+                    // With tickets (the step's taken at its visit, `seen` its value then) the\n\
+                    // first CTA to visit the step stores its tiles instead and marks them\n\
+                    // stored once they have landed; the others wait for that mark before their\n\
+                    // tiles are ready, so that the wait overlaps their consumers' work.\n\
+                    unsigned* ticket = {DQ_TICKETS} != nullptr ? dq_ticket(dst) : nullptr;\n\
+                    const bool first = ticket != nullptr && seen == 0;\n\
+                    if (ticket != nullptr && !first) dq_ticket_wait_stored(ticket, seen);\n"
+                ),
                 "\
                 if (first) bulk_store(dst, src, bytes);\n\
                 else bulk_reduce_add(dst, src, bytes);\n",
@@ -150,7 +184,6 @@ fn write_add_dq(w: &mut Writer<String>, tickets: bool) -> fmt::Result {
             )
         }
     };
-    let wait = wait.replace("{DQ_TICKETS}", DQ_TICKETS);
     writeln!(w, "// Adds step s's dQ tiles, `bytes` of them (none past the queries).")?;
     writeln!(w, "auto add_dq = [&](float* dst, [[maybe_unused]] unsigned seen, int s, int bytes) {{")?;
     w.indented(|w| {
@@ -215,7 +248,7 @@ fn write_kv_loads(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, seq: &str
 /// statistics into the next stage, its words for the consumers, and the
 /// previous step's dQ tile into the accumulator.
 fn write_step(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
-    let Producer { spec, layout, copy, packing, query_terms } = *p;
+    let Producer { spec, copy, packing, query_terms, .. } = *p;
     let n = |kind| arg_name(spec, kind);
     let [q_len, lse] = [ArgKind::QLen, ArgKind::Lse].map(n);
     let statistic_row = packing.statistic_row(spec, "step_h");
@@ -290,32 +323,6 @@ fn write_step(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
         })?;
         writeln!(w, "mbar_arrive(stage_full + 8 * stage);")
     })?;
-    w.block(format_args!("if (adds_dq)"), |w| {
-        writeln!(w, "if (dq_last != nullptr) add_dq(dq_last, dq_last_seen, it - 1, dq_last_bytes);")?;
-        let head_tiles = format!("(({q_len} + DQ_ROWS - 1) / DQ_ROWS)");
-        let first_tile = packing.accum_first_tile(spec, "step_h", &head_tiles);
-        writeln!(w, "const long long first_tile = {first_tile};")?;
-        match layout.dq_split() {
-            DqSplit::Columns | DqSplit::Rows => {
-                writeln!(w, "dq_last = {DQ_ACCUM} + (first_tile + step_j * (BLOCK_M / DQ_ROWS)) * (DQ_ROWS * DP);")?;
-                writeln!(w, "// A step's last tiles may lie past the queries (128-query steps): not added.")?;
-                writeln!(w, "const int dq_rows = min_i32(BLOCK_M, {q_len} - step_j * BLOCK_M);")?;
-                writeln!(w, "dq_last_bytes = (dq_rows + DQ_ROWS - 1) / DQ_ROWS * DQ_ROWS * DP * 4;")?;
-            }
-            DqSplit::HeadDims => {
-                // The accumulator's tiles are contiguous: a step's rows start
-                // inside one and may end in the next.
-                let group = DQT_GROUP_ROWS;
-                writeln!(w, "dq_last = {DQ_ACCUM} + first_tile * (DQ_ROWS * DP) + (long long)step_j * DQ_TILE;")?;
-                writeln!(w, "// A step's last {group}-query groups may lie past the queries: not added.")?;
-                writeln!(w, "const int dq_rows = min_i32(BLOCK_M, {q_len} - step_j * BLOCK_M);")?;
-                writeln!(w, "dq_last_bytes = (dq_rows + {group} - 1) / {group} * {group} * DP * 4;")?;
-            }
-        }
-        if layout.dq_accum().has_tickets(spec) {
-            writeln!(w, "if ({DQ_TICKETS} != nullptr) dq_last_seen = dq_ticket_take(dq_ticket(dq_last));")?;
-        }
-        Ok(())
-    })?;
+    w.block(format_args!("if (adds_dq)"), |w| write_dq_step(w, p))?;
     writeln!(w, "++it;")
 }
