@@ -397,9 +397,9 @@ fn chosen_config(spec: &Spec, arch: Arch, tile: Option<BackwardTile>) -> Result<
 
 /// The most keys per query at which the dK/dV kernel takes its dQ
 /// accumulator's tickets (`DqAccum::tickets`): they save the preprocess its
-/// zeroing, a fixed cost per query, and cost the dK/dV kernel 0.3-1.6% of
-/// its time (the CTAs waiting for a step's first store), which grows with
-/// the keys (H200, `bench/RESULTS.md`).
+/// zeroing, a fixed cost per query, and cost the dK/dV kernel a small
+/// share of its time (the CTAs waiting for a step's first store), which
+/// grows with the keys, so past this length they no longer pay.
 const TICKET_KEYS: usize = 4096;
 
 /// Whether `launch` binds the dQ accumulator's tickets: where its kernels

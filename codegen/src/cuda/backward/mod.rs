@@ -370,8 +370,9 @@ impl DqAccum {
 impl DqAccum {
     /// Whether the kernels around this accumulator take its tickets
     /// (`ArgKind::DqTickets`) for `spec`: a Hopper kernel's tiles, but not
-    /// under a mask that reads a tensor (documents), whose dK/dV kernel ran
-    /// 23-27% slower with them (`bench/RESULTS.md`).
+    /// under a mask that reads a tensor (documents), whose dK/dV kernel
+    /// loses more to the waits for a step's first store than the zeroing
+    /// they save.
     pub fn has_tickets(self, spec: &Spec) -> bool {
         matches!(self, DqAccum::Fragments { .. }) && !spec.mask.as_ref().is_some_and(|m| m.reads_tensor())
     }
