@@ -1,8 +1,9 @@
 //! The row-wise backward kernels around the gradient kernels: the
-//! preprocess (D = rowsum(dO ∘ O), and the dQ accumulator or its tickets zeroed) and the
-//! postprocess (dQ from its f32 accumulator). Memory-bound: the preprocess
-//! gives each row a power-of-two group of lanes with one 16-byte chunk each
-//! and keeps all of a thread's rows' loads in flight; the postprocess reads
+//! preprocess (D = rowsum(dO ∘ O), and the dQ accumulator or its tickets
+//! zeroed) and the postprocess (dQ from its f32 accumulator).
+//! Memory-bound: the preprocess gives each row a power-of-two group of
+//! lanes with one 16-byte chunk each and keeps all of a thread's rows'
+//! loads in flight; the postprocess reads
 //! rows with one warp each, or an accumulator in fragment order in its own
 //! order, one 16-byte chunk per thread, mapped back to rows and columns in a
 //! shared tile, so that dQ's rows still go out 16 bytes per thread.
@@ -42,16 +43,16 @@ pub(super) fn emit_preprocess(spec: &Spec, accum: DqAccum, packing: Packing) -> 
     let (zero_from, zero_len, ticket) = match accum {
         DqAccum::Fragments { .. } => {
             let tile = packing.accum_tile(spec, "h", "gridDim.x", "blockIdx.x");
-            let ticket = if !tickets {
-                String::new()
-            } else {
-                format!(
-                    "// With tickets it zeroes its tile's ticket instead: the dK/dV kernel's first\n\
-                 // CTA at a step stores its tiles, the others add to them.\n\
-                 if ({DQ_TICKETS} != nullptr) {{\n\
-                 \x20   if (threadIdx.x == 0) {DQ_TICKETS}[{tile}] = 0u;\n\
-                 }} else "
-                )
+            let ticket = match tickets {
+                false => String::new(),
+                true => format!(
+                    "\
+                    // With tickets it zeroes its tile's ticket instead: the dK/dV kernel's\n\
+                    // first CTA at a step stores its tiles, the others add to them.\n\
+                    if ({DQ_TICKETS} != nullptr) {{\n\
+                    \x20   if (threadIdx.x == 0) {DQ_TICKETS}[{tile}] = 0u;\n\
+                    }} else "
+                ),
             };
             (format!("({tile}) * (BLOCK_M * DQ_COLS)"), "BLOCK_M * DQ_COLS", ticket)
         }
@@ -232,9 +233,9 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum, packing: Packing) ->
 fn unstored_rows() -> (String, &'static str) {
     let flags = format!(
         "\
-        // With tickets, rows of a step no CTA visited were never stored (its ticket\n\
-        // unmarked): dQ is 0 there. The tile's rows lie in at most two steps, the second from\n\
-        // `split`.\n\
+        // With tickets, rows of a step no CTA visited were never stored (its\n\
+        // ticket unmarked): dQ is 0 there. The tile's rows lie in at most two\n\
+        // steps, the second from `split`.\n\
         const int step = q0 / STEP_ROWS, split = (step + 1) * STEP_ROWS - q0;\n\
         auto stored = [&](int s) {{\n\
         \x20   return {DQ_TICKETS} == nullptr || ({DQ_TICKETS}[first_tile + s * STEP_ROWS / BLOCK_M] & DQ_STORED) != 0;\n\

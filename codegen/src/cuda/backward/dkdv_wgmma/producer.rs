@@ -24,6 +24,13 @@ pub(super) struct Producer<'a> {
     pub query_terms: &'a QueryTerms<'a, 'a>,
 }
 
+impl Producer<'_> {
+    /// Whether the dQ accumulator has tickets (`DqAccum::has_tickets`).
+    fn tickets(&self) -> bool {
+        self.layout.dq_accum().has_tickets(self.spec)
+    }
+}
+
 /// The producer warpgroup: K and V once, then per visited step its Q and dO
 /// tiles and statistics into the next stage, and the previous step's dQ
 /// tile into the accumulator; it ends with `return`.
@@ -77,7 +84,7 @@ pub(super) fn write(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
         unsigned dq_last_seen = 0;  // its ticket's value before this CTA's visit (`add_dq`)\n\
         int dq_last_bytes = 0;  // and the bytes of its tiles\n"
     )?;
-    write_add_dq(w, layout.dq_accum().has_tickets(spec))?;
+    write_add_dq(w, p.tickets())?;
     write_kv_loads(w, spec, copy, packing.tma_seq(Operand::K), layout.k_half_cols().is_some())?;
     // With TMA the leader also publishes for the copies it issued.
     let publish = match copy {
@@ -145,7 +152,7 @@ fn write_dq_step(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
             writeln!(w, "dq_last_bytes = (dq_rows + {group} - 1) / {group} * {group} * DP * 4;")?;
         }
     }
-    if layout.dq_accum().has_tickets(spec) {
+    if p.tickets() {
         writeln!(w, "if ({DQ_TICKETS} != nullptr) dq_last_seen = dq_ticket_take(dq_ticket(dq_last));")?;
     }
     Ok(())
