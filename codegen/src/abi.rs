@@ -65,7 +65,7 @@ pub enum ArgKind {
     /// null in the deterministic mode, where a separate kernel computes dQ.
     DqAccum,
     /// `unsigned int*` one ticket per tile of a Hopper dK/dV kernel's dQ
-    /// accumulator (`library/dq_fragments.cuh`): the preprocess zeroes them
+    /// accumulator (`library/dq_tickets.cuh`): the preprocess zeroes them
     /// instead of the accumulator, the first CTA at a step stores its dQ
     /// tiles and the rest add to them, and the postprocess writes 0 for rows
     /// no CTA stored. Null where the accumulator is zeroed instead.

@@ -144,6 +144,7 @@ pub(super) fn emit_postprocess(spec: &Spec, accum: DqAccum, packing: Packing) ->
             DqAccum::Fragments { step_rows, .. } => {
                 if tickets {
                     writeln!(w, "constexpr int STEP_ROWS = {step_rows};  // queries per step of the dK/dV kernel")?;
+                    w.write_str(Part::DqTickets.text())?;
                 }
                 w.write_str(Part::DqFragments.text())
             }

@@ -188,6 +188,11 @@ pub enum Part {
     /// fragment order, and its mapping back to rows.
     DqFragments,
 
+    /// The dQ accumulator's tickets (`ArgKind::DqTickets`): taken, marked
+    /// stored and waited for, in the kernels around an accumulator that has
+    /// them.
+    DqTickets,
+
     /// The transposed Hopper dK/dV kernel's moves between accumulators and
     /// key-major shared tiles (`stmatrix.trans`), and its dK/dV stores.
     HopperTransposed,
@@ -207,7 +212,7 @@ pub enum Part {
 
 impl Part {
     /// Every part, in the order kernels include them.
-    pub const ALL: [Part; 28] = [
+    pub const ALL: [Part; 29] = [
         Part::Prelude,
         Part::IntOps,
         Part::Ranges,
@@ -232,6 +237,7 @@ impl Part {
         Part::BackwardTiles,
         Part::HopperBackward,
         Part::DqFragments,
+        Part::DqTickets,
         Part::HopperTransposed,
         Part::Sink,
         Part::Partials,
@@ -265,6 +271,7 @@ impl Part {
             Part::BackwardTiles => include_str!("backward_tiles.cuh"),
             Part::HopperBackward => include_str!("hopper_backward.cuh"),
             Part::DqFragments => include_str!("dq_fragments.cuh"),
+            Part::DqTickets => include_str!("dq_tickets.cuh"),
             Part::HopperTransposed => include_str!("hopper_transposed.cuh"),
             Part::Sink => include_str!("sink.cuh"),
             Part::Partials => include_str!("partials.cuh"),
@@ -299,6 +306,7 @@ impl Part {
             Part::BackwardTiles => "backward_tiles.cuh",
             Part::HopperBackward => "hopper_backward.cuh",
             Part::DqFragments => "dq_fragments.cuh",
+            Part::DqTickets => "dq_tickets.cuh",
             Part::HopperTransposed => "hopper_transposed.cuh",
             Part::Sink => "sink.cuh",
             Part::Partials => "partials.cuh",

@@ -373,7 +373,7 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, layout: &Layout, packing
     let args = with_dropout(spec, args, dropout);
     let source = write_source(
         spec,
-        Sections::Hopper { library: hopper_library(layout, copy), padded: layout.padded },
+        Sections::Hopper { library: hopper_library(layout, copy, tickets), padded: layout.padded },
         &name,
         &args,
         |w| write_config(w, spec, layout, copy),
@@ -393,8 +393,9 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, layout: &Layout, packing
 
 /// The warpgroup MMA and stage-ring library sections and the products
 /// this kernel issues: m64 by BLOCK_M (Sᵀ, dPᵀ), by a warpgroup's dQ
-/// columns, and by each chunk's width of dK and dV.
-fn hopper_library(layout: &Layout, copy: TileCopy) -> Vec<Vec<Piece>> {
+/// columns, and by each chunk's width of dK and dV; the dQ accumulator's
+/// tickets where it has them.
+fn hopper_library(layout: &Layout, copy: TileCopy, tickets: bool) -> Vec<Vec<Piece>> {
     let mut wgmma = match layout.columns {
         KeyColumns::Transposed => transposed::products(layout),
         _ => {
@@ -415,6 +416,9 @@ fn hopper_library(layout: &Layout, copy: TileCopy) -> Vec<Vec<Piece>> {
         }
     };
     wgmma.extend([Piece::Part(library::Part::HopperBackward), Piece::Part(library::Part::DqFragments)]);
+    if tickets {
+        wgmma.push(Piece::Part(library::Part::DqTickets));
+    }
     if layout.columns == KeyColumns::Transposed {
         wgmma.push(Piece::Part(library::Part::HopperTransposed));
     }
