@@ -265,15 +265,26 @@ pub fn global_rows_first(item: i64, bhs: i64, q_tiles: i64, dense_tiles: i64) ->
 /// analytic mask, of `pairs` (batch, K/V head) pairs and `key_tiles` key
 /// tiles each: the `global_tiles` first key tiles of every pair first, tile
 /// by tile, so that no CTA that walks every query is left for the grid's
-/// end; then bands of `band` pairs, key tile by key tile. The twin of the
+/// end; then bands of `band` pairs, key tile by key tile, the last one
+/// widened to the last pairs of about `tail_ctas` CTAs. The twin of the
 /// kernels' decode (`cuda/backward/dkdv.rs`).
-pub fn global_columns_first(cta: i64, pairs: i64, key_tiles: i64, global_tiles: i64, band: i64) -> (i64, i64) {
+pub fn global_columns_first(
+    cta: i64,
+    pairs: i64,
+    key_tiles: i64,
+    global_tiles: i64,
+    band: i64,
+    tail_ctas: i64,
+) -> (i64, i64) {
     if cta < global_tiles * pairs {
         return (cta % pairs, cta / pairs);
     }
     let (rest, tiles) = (cta - global_tiles * pairs, key_tiles - global_tiles);
-    let (first, in_band) = (rest / (band * tiles) * band, rest % (band * tiles));
-    let band_pairs = band.min(pairs - first);
+    let tail_pairs = band.max((tail_ctas + tiles - 1) / tiles);
+    let tail_first = (pairs - tail_pairs).max(0) / band * band;
+    let first = if rest < tail_first * tiles { rest / (band * tiles) * band } else { tail_first };
+    let band_pairs = if first == tail_first { pairs - tail_first } else { band };
+    let in_band = rest - first * tiles;
     (first + in_band % band_pairs, global_tiles + in_band / band_pairs)
 }
 
@@ -395,11 +406,19 @@ mod tests {
 
     #[test]
     fn global_columns_first_starts_every_cta_once_global_tiles_first() {
-        for (pairs, key_tiles, global, band) in
-            [(1, 1, 0, 4), (1, 1, 1, 4), (6, 5, 0, 4), (6, 5, 2, 4), (9, 3, 3, 4), (5, 7, 1, 2)]
-        {
-            let order: Vec<(i64, i64)> =
-                (0..pairs * key_tiles).map(|cta| global_columns_first(cta, pairs, key_tiles, global, band)).collect();
+        for (pairs, key_tiles, global, band, tail) in [
+            (1, 1, 0, 4, 0),
+            (1, 1, 1, 4, 256),
+            (6, 5, 0, 4, 0),
+            (6, 5, 2, 4, 256),
+            (9, 3, 3, 4, 8),
+            (5, 7, 1, 2, 20),
+            (512, 8, 0, 4, 256),
+            (37, 9, 2, 4, 30),
+        ] {
+            let order: Vec<(i64, i64)> = (0..pairs * key_tiles)
+                .map(|cta| global_columns_first(cta, pairs, key_tiles, global, band, tail))
+                .collect();
             let mut seen = order.clone();
             seen.sort_unstable();
             seen.dedup();
@@ -407,8 +426,17 @@ mod tests {
             assert!(seen.iter().all(|&(p, t)| (0..pairs).contains(&p) && (0..key_tiles).contains(&t)));
             let (first, rest) = order.split_at((global * pairs) as usize);
             assert!(first.iter().all(|&(_, t)| t < global) && rest.iter().all(|&(_, t)| t >= global));
-            // A band's CTAs take its pairs key tile by key tile.
+            // A band's CTAs take its pairs key tile by key tile; the last band
+            // holds at least `band` pairs and, where there are enough, about
+            // `tail` CTAs.
             assert!(rest.iter().take(band.min(pairs) as usize).all(|&(_, t)| t == global));
+            if let Some(&(last_pair, _)) = rest.last() {
+                let tiles = key_tiles - global;
+                let tail_pairs = order.iter().rev().take_while(|&&(_, t)| t == key_tiles - 1).count() as i64;
+                assert_eq!(last_pair, pairs - 1);
+                assert!(tail_pairs >= band.min(pairs) && tail_pairs * tiles < tail.max(band * tiles) + band * tiles);
+                assert!(tail_pairs == pairs || tail_pairs * tiles >= tail.min(pairs * tiles) - band * tiles);
+            }
         }
         let bound = mask("k < g");
         let g = GlobalColumns { disjunct: 0, bound: &bound, inclusive: false };

@@ -248,8 +248,10 @@ fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         // order below the last pairs' would start near the grid's end and trail\n\
         // it); then in bands of BAND pairs, which run together and share their\n\
         // heads' Q, dO and dQ in L2, key tile by key tile: a band's last CTAs are\n\
-        // its last keys', under a causal mask the shortest.\n\
-        constexpr int BAND = 4;\n\
+        // its last keys', under a causal mask the shortest. The last band takes\n\
+        // the last pairs of about TAIL_CTAS CTAs (two waves on a 132-SM GPU), so\n\
+        // that the grid's last wave holds only their shortest CTAs.\n\
+        constexpr int BAND = 4, TAIL_CTAS = 256;\n\
         const int pairs = gridDim.y * gridDim.z, cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);\n\
         int pair, key_tile;\n\
         if (cta < global_tiles * pairs) {\n\
@@ -257,9 +259,11 @@ fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         \x20   pair = cta % pairs;\n\
         } else {\n\
         \x20   const int rest = cta - global_tiles * pairs, tiles = gridDim.x - global_tiles;\n\
-        \x20   const int band = rest / (BAND * tiles), in_band = rest % (BAND * tiles);\n\
-        \x20   const int band_pairs = min_i32(BAND, pairs - band * BAND);\n\
-        \x20   pair = band * BAND + in_band % band_pairs;\n\
+        \x20   const int tail_pairs = max_i32(BAND, (TAIL_CTAS + tiles - 1) / tiles);\n\
+        \x20   const int tail_first = max_i32(pairs - tail_pairs, 0) / BAND * BAND;  // the last band's first pair\n\
+        \x20   const int first = rest < tail_first * tiles ? rest / (BAND * tiles) * BAND : tail_first;\n\
+        \x20   const int band_pairs = first == tail_first ? pairs - tail_first : BAND, in_band = rest - first * tiles;\n\
+        \x20   pair = first + in_band % band_pairs;\n\
         \x20   key_tile = global_tiles + in_band / band_pairs;\n\
         }\n\
         const int b = pair / gridDim.y;\n\

@@ -11,6 +11,12 @@
 //!
 //! Only for dense operands: a varlen kernel's query tiles are counted by
 //! its longest sequence, and it keeps the usual order.
+//!
+//! Without global rows a persistent kernel's last items ([`write_tail_setup`])
+//! go tile by tile over the last (batch, head) pairs: in the usual order the
+//! last pair's longest tile (under a causal mask) starts a pair's worth of
+//! items before the end and finishes alone, where this order starts the
+//! longest tiles of the last pairs first and ends on their shortest.
 
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::writer::Writer;
@@ -40,6 +46,43 @@ pub(super) fn write_dense_tiles(
         const int dense_tiles = global_rows <= 0 ? 0\n\
         \x20   : global_rows >= {q_len} ? {q_tiles} : (int)((global_rows + BLOCK_M - 1) / BLOCK_M);\n\
         const long long dense_items = (long long)dense_tiles * ({bhs});\n"
+    )
+}
+
+/// The persistent kernel's tail (without global rows): `tail_bhs`, the last
+/// pairs of the `bhs` (C) (batch, head) pairs, whose tiles hold about
+/// TAIL_ITEMS items (two waves of CTAs on a 132-SM GPU), and where their
+/// items start; `by_tail_bhs` divides by their number.
+pub(super) fn write_tail_setup(w: &mut Writer<String>, bhs: &str) -> fmt::Result {
+    write!(
+        w,
+        "\
+        // The launch's last items go tile by tile over the last pairs, about\n\
+        // TAIL_ITEMS of them: their longest tiles first, none left to run alone.\n\
+        constexpr int TAIL_ITEMS = 256;\n\
+        const int tail_bhs = q_tiles == 0 ? 0 : min_i32({bhs}, (TAIL_ITEMS + q_tiles - 1) / q_tiles);\n\
+        const unsigned tail_first = (unsigned)({bhs} - tail_bhs), tail_start = tail_first * (unsigned)q_tiles;\n\
+        const FastDiv by_tail_bhs(tail_bhs);\n"
+    )
+}
+
+/// A persistent kernel's decode of `item` into `bh` (b * heads + h) and
+/// `q_block` without global rows: each (batch, head)'s tiles in turn, last
+/// rows first, then the tail of [`write_tail_setup`] tile by tile.
+pub(super) fn write_tail_decode(w: &mut Writer<String>) -> fmt::Result {
+    write!(
+        w,
+        "\
+        unsigned bh;\n\
+        int q_block;\n\
+        if ((unsigned)item < tail_start) {{\n\
+        \x20   bh = by_q_tiles.div((unsigned)item);\n\
+        \x20   q_block = q_tiles - 1 - (int)((unsigned)item - bh * (unsigned)q_tiles);\n\
+        }} else {{\n\
+        \x20   const unsigned rest = (unsigned)item - tail_start, tile = by_tail_bhs.div(rest);\n\
+        \x20   bh = tail_first + (rest - tile * by_tail_bhs.d);\n\
+        \x20   q_block = q_tiles - 1 - (int)tile;\n\
+        }}\n"
     )
 }
 

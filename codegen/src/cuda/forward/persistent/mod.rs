@@ -20,7 +20,7 @@ mod consumers;
 mod producer;
 
 use super::item::{write_item_rows, ItemRole};
-use super::item_order::{write_dense_tiles, write_persistent_decode};
+use super::item_order::{write_dense_tiles, write_persistent_decode, write_tail_decode, write_tail_setup};
 use super::plan::{Plan, ONES_TILE_BYTES};
 use super::softmax::RowSums;
 use super::staged_terms::StagedTerms;
@@ -107,7 +107,12 @@ fn write_setup(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
             writeln!(g, "const FastDiv by_bhs({heads} * {batch}), by_rest_tiles(q_tiles - dense_tiles);")?;
             g.into_inner()
         }
-        None => format!("const FastDiv by_q_tiles(q_tiles), by_heads({heads});  // to decode items\n"),
+        None => {
+            let mut g = Writer::new(String::new());
+            writeln!(g, "const FastDiv by_q_tiles(q_tiles), by_heads({heads});  // to decode items")?;
+            write_tail_setup(&mut g, &format!("{heads} * {batch}"))?;
+            g.into_inner()
+        }
     };
     let q_bufs = match plan.q_buffers {
         1 => "unsigned short* q_bufs = smem;  // [Q_TILE]: one item's at a time\nunsigned short* k_tiles = q_bufs + Q_TILE;",
@@ -218,14 +223,10 @@ fn write_item_coords(w: &mut Writer<String>, plan: &Plan, role: ItemRole) -> fmt
     writeln!(w, "// The spec's built-ins b and h (q and k are bound per element below).")?;
     if plan.global_rows.is_some() {
         write_persistent_decode(w)?;
-        writeln!(w, "const unsigned b_ = by_heads.div(bh);  // bh = b * heads + h")?;
     } else {
-        writeln!(
-            w,
-            "const unsigned bh = by_q_tiles.div((unsigned)item), b_ = by_heads.div(bh);  // bh = b * heads + h"
-        )?;
-        writeln!(w, "const int q_block = q_tiles - 1 - (int)((unsigned)item - bh * (unsigned)q_tiles);")?;
+        write_tail_decode(w)?;
     }
+    writeln!(w, "const unsigned b_ = by_heads.div(bh);  // bh = b * heads + h")?;
     writeln!(w, "const int h = (int)(bh - b_ * (unsigned){heads}), b = (int)b_;")?;
     write_item_rows(w, plan, role)
 }
