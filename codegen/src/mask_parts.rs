@@ -261,6 +261,22 @@ pub fn global_rows_first(item: i64, bhs: i64, q_tiles: i64, dense_tiles: i64) ->
     (rest / tiles, q_tiles - 1 - rest % tiles)
 }
 
+/// The (batch, head) pair and query tile of work item `item` of a
+/// persistent forward without global rows: each pair's tiles in turn, last
+/// rows first, and under a mask the last pairs of about `tail_items` items
+/// tile by tile, so that their longest tiles start first and the launch
+/// ends on their shortest. The twin of the kernels' decode
+/// (`forward/item_order.rs`).
+pub fn longest_tail_last(item: i64, bhs: i64, q_tiles: i64, tail_items: i64) -> (i64, i64) {
+    let tail_bhs = bhs.min((tail_items + q_tiles - 1) / q_tiles);
+    let tail_start = (bhs - tail_bhs) * q_tiles;
+    if item < tail_start {
+        return (item / q_tiles, q_tiles - 1 - item % q_tiles);
+    }
+    let rest = item - tail_start;
+    (bhs - tail_bhs + rest % tail_bhs, q_tiles - 1 - rest / tail_bhs)
+}
+
 /// The (pair, key tile) of the dK/dV CTA started `cta`-th under an
 /// analytic mask, of `pairs` (batch, K/V head) pairs and `key_tiles` key
 /// tiles each: the `global_tiles` first key tiles of every pair first, tile
@@ -402,6 +418,28 @@ mod tests {
         let bound = mask("q < g");
         let g = GlobalRows { bound: &bound, inclusive: false };
         assert_eq!([-5, 0, 1, 64, 65, 1000].map(|r| g.dense_tiles(r, 300, 64)), [0, 0, 1, 1, 2, 5]);
+    }
+
+    #[test]
+    fn longest_tail_last_visits_every_tile_once_shortest_last() {
+        for (bhs, q_tiles, tail) in
+            [(1, 1, 0), (1, 1, 256), (3, 5, 0), (3, 5, 7), (4, 6, 256), (512, 8, 256), (37, 9, 30)]
+        {
+            let order: Vec<(i64, i64)> = (0..bhs * q_tiles).map(|i| longest_tail_last(i, bhs, q_tiles, tail)).collect();
+            let mut seen = order.clone();
+            seen.sort_unstable();
+            seen.dedup();
+            assert_eq!(seen.len() as i64, bhs * q_tiles);
+            assert!(seen.iter().all(|&(bh, t)| (0..bhs).contains(&bh) && (0..q_tiles).contains(&t)));
+            // The tail's pairs hold about `tail` items (all of them where
+            // there are fewer), and their tiles go longest (last rows) first.
+            let tail_pairs = (tail + q_tiles - 1) / q_tiles;
+            let tail_items = (tail_pairs.min(bhs) * q_tiles) as usize;
+            assert!(tail_items as i64 >= tail.min(bhs * q_tiles) && tail_items as i64 <= tail + q_tiles);
+            let tail_order = &order[order.len() - tail_items..];
+            assert!(tail_order.windows(2).all(|w| w[0].1 >= w[1].1));
+            assert!(order[..order.len() - tail_items].windows(2).all(|w| w[0].0 <= w[1].0));
+        }
     }
 
     #[test]

@@ -240,7 +240,10 @@ fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         );
     }
     write_global_column_tiles(w, spec)?;
-    w.write_str(
+    // Without a mask every CTA is as long as the others: no wider last band.
+    let tail_ctas = if spec.mask.is_some() { 256 } else { 0 };
+    write!(
+        w,
         "\
         // The spec's built-in b (h, q and k are bound in the loops below). CTAs\n\
         // start in launch order: first the global columns' key tiles, tile by\n\
@@ -248,16 +251,17 @@ fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         // order below the last pairs' would start near the grid's end and trail\n\
         // it); then in bands of BAND pairs, which run together and share their\n\
         // heads' Q, dO and dQ in L2, key tile by key tile: a band's last CTAs are\n\
-        // its last keys', under a causal mask the shortest. The last band takes\n\
-        // the last pairs of about TAIL_CTAS CTAs (two waves on a 132-SM GPU), so\n\
-        // that the grid's last wave holds only their shortest CTAs.\n\
-        constexpr int BAND = 4, TAIL_CTAS = 256;\n\
+        // its last keys', under a causal mask the shortest. Under a mask the last\n\
+        // band takes the last pairs of about TAIL_CTAS CTAs (two waves on a\n\
+        // 132-SM GPU), so that the grid's last wave holds only their shortest\n\
+        // CTAs (without one, CTAs are alike and TAIL_CTAS is 0).\n\
+        constexpr int BAND = 4, TAIL_CTAS = {tail_ctas};\n\
         const int pairs = gridDim.y * gridDim.z, cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);\n\
         int pair, key_tile;\n\
-        if (cta < global_tiles * pairs) {\n\
+        if (cta < global_tiles * pairs) {{\n\
         \x20   key_tile = cta / pairs;\n\
         \x20   pair = cta % pairs;\n\
-        } else {\n\
+        }} else {{\n\
         \x20   const int rest = cta - global_tiles * pairs, tiles = gridDim.x - global_tiles;\n\
         \x20   const int tail_pairs = max_i32(BAND, (TAIL_CTAS + tiles - 1) / tiles);\n\
         \x20   const int tail_first = max_i32(pairs - tail_pairs, 0) / BAND * BAND;  // the last band's first pair\n\
@@ -265,7 +269,7 @@ fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         \x20   const int band_pairs = first == tail_first ? pairs - tail_first : BAND, in_band = rest - first * tiles;\n\
         \x20   pair = first + in_band % band_pairs;\n\
         \x20   key_tile = global_tiles + in_band / band_pairs;\n\
-        }\n\
+        }}\n\
         const int b = pair / gridDim.y;\n\
         const int kv_head = pair % gridDim.y;\n\
         const int k0 = key_tile * BLOCK_N;\n",

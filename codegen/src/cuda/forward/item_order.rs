@@ -12,11 +12,13 @@
 //! Only for dense operands: a varlen kernel's query tiles are counted by
 //! its longest sequence, and it keeps the usual order.
 //!
-//! Without global rows a persistent kernel's last items ([`write_tail_setup`])
-//! go tile by tile over the last (batch, head) pairs: in the usual order the
-//! last pair's longest tile (under a causal mask) starts a pair's worth of
-//! items before the end and finishes alone, where this order starts the
-//! longest tiles of the last pairs first and ends on their shortest.
+//! Without global rows, under a mask a persistent kernel's last items
+//! ([`write_tail_setup`]) go tile by tile over the last (batch, head) pairs:
+//! in the usual order the last pair's longest tile (under a causal mask)
+//! starts a pair's worth of items before the end and finishes alone, where
+//! this order starts the longest tiles of the last pairs first and ends on
+//! their shortest. Without a mask every item is as long as the others, and
+//! the usual order keeps a pair's items together to the end.
 
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::writer::Writer;
@@ -68,22 +70,33 @@ pub(super) fn write_tail_setup(w: &mut Writer<String>, bhs: &str) -> fmt::Result
 
 /// A persistent kernel's decode of `item` into `bh` (b * heads + h) and
 /// `q_block` without global rows: each (batch, head)'s tiles in turn, last
-/// rows first, then the tail of [`write_tail_setup`] tile by tile.
-pub(super) fn write_tail_decode(w: &mut Writer<String>) -> fmt::Result {
-    write!(
-        w,
-        "\
-        unsigned bh;\n\
-        int q_block;\n\
-        if ((unsigned)item < tail_start) {{\n\
-        \x20   bh = by_q_tiles.div((unsigned)item);\n\
-        \x20   q_block = q_tiles - 1 - (int)((unsigned)item - bh * (unsigned)q_tiles);\n\
-        }} else {{\n\
-        \x20   const unsigned rest = (unsigned)item - tail_start, tile = by_tail_bhs.div(rest);\n\
-        \x20   bh = tail_first + (rest - tile * by_tail_bhs.d);\n\
-        \x20   q_block = q_tiles - 1 - (int)tile;\n\
-        }}\n"
-    )
+/// rows first, and with `tail` (under a mask, whose items differ in
+/// length) the tail of [`write_tail_setup`] tile by tile.
+/// `mask_parts::longest_tail_last` is its twin on the CPU.
+pub(super) fn write_pairs_decode(w: &mut Writer<String>, tail: bool) -> fmt::Result {
+    w.write_str("unsigned bh;\nint q_block;\n")?;
+    let pairs = |w: &mut Writer<String>| {
+        w.write_str(
+            "\
+            bh = by_q_tiles.div((unsigned)item);\n\
+            q_block = q_tiles - 1 - (int)((unsigned)item - bh * (unsigned)q_tiles);\n",
+        )
+    };
+    if !tail {
+        return pairs(w);
+    }
+    w.write_str("if ((unsigned)item < tail_start) {\n")?;
+    w.indented(pairs)?;
+    w.write_str("} else {\n")?;
+    w.indented(|w| {
+        w.write_str(
+            "\
+            const unsigned rest = (unsigned)item - tail_start, tile = by_tail_bhs.div(rest);\n\
+            bh = tail_first + (rest - tile * by_tail_bhs.d);\n\
+            q_block = q_tiles - 1 - (int)tile;\n",
+        )
+    })?;
+    w.write_str("}\n")
 }
 
 /// A persistent kernel's decode of `item` into `bh` (b * heads + h) and

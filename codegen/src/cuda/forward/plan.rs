@@ -49,6 +49,10 @@ pub(super) struct Plan<'s> {
     /// The mask's global rows, whose query tiles go first (`item_order`);
     /// `None` without them, and on packed operands.
     pub global_rows: Option<GlobalRows<'s>>,
+    /// Whether a persistent kernel without global rows ends on its last
+    /// pairs' tiles tile by tile, longest first (`item_order`): under a
+    /// mask, where items differ in length.
+    pub longest_tail: bool,
     /// The mask's global columns, taken ahead of each item's tile walk
     /// where it can (`global_columns`); `None` on packed operands, e4m3
     /// ones and with dropout.
@@ -230,6 +234,7 @@ impl<'s> Plan<'s> {
             varlen: false,
             paged: false,
             global_rows,
+            longest_tail: global_rows.is_none() && spec.mask.is_some(),
             columns: ColumnsFirst::of(spec, config),
             dropout: false,
             operands: Operands::Sixteen,
@@ -287,7 +292,15 @@ impl<'s> Plan<'s> {
     /// nothing.
     pub(super) fn varlen(view: &'s Spec, config: TileConfig, copy: TileCopy) -> Plan<'s> {
         let tail_aligned = tail_aligned(view, config, false);
-        Plan { varlen: true, global_rows: None, columns: None, tail_aligned, ..Plan::new(view, config, copy) }
+        let longest_tail = view.mask.is_some();
+        Plan {
+            varlen: true,
+            global_rows: None,
+            longest_tail,
+            columns: None,
+            tail_aligned,
+            ..Plan::new(view, config, copy)
+        }
     }
 
     /// The plan of a paged kernel in `config` for `view`, as [`Plan::varlen`]'s:

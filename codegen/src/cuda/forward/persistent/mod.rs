@@ -20,7 +20,7 @@ mod consumers;
 mod producer;
 
 use super::item::{write_item_rows, ItemRole};
-use super::item_order::{write_dense_tiles, write_persistent_decode, write_tail_decode, write_tail_setup};
+use super::item_order::{write_dense_tiles, write_pairs_decode, write_persistent_decode, write_tail_setup};
 use super::plan::{Plan, ONES_TILE_BYTES};
 use super::softmax::RowSums;
 use super::staged_terms::StagedTerms;
@@ -110,7 +110,9 @@ fn write_setup(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
         None => {
             let mut g = Writer::new(String::new());
             writeln!(g, "const FastDiv by_q_tiles(q_tiles), by_heads({heads});  // to decode items")?;
-            write_tail_setup(&mut g, &format!("{heads} * {batch}"))?;
+            if plan.longest_tail {
+                write_tail_setup(&mut g, &format!("{heads} * {batch}"))?;
+            }
             g.into_inner()
         }
     };
@@ -224,7 +226,7 @@ fn write_item_coords(w: &mut Writer<String>, plan: &Plan, role: ItemRole) -> fmt
     if plan.global_rows.is_some() {
         write_persistent_decode(w)?;
     } else {
-        write_tail_decode(w)?;
+        write_pairs_decode(w, plan.longest_tail)?;
     }
     writeln!(w, "const unsigned b_ = by_heads.div(bh);  // bh = b * heads + h")?;
     writeln!(w, "const int h = (int)(bh - b_ * (unsigned){heads}), b = (int)b_;")?;
