@@ -261,6 +261,10 @@ pub fn global_rows_first(item: i64, bhs: i64, q_tiles: i64, dense_tiles: i64) ->
     (rest / tiles, q_tiles - 1 - rest % tiles)
 }
 
+/// About how many items [`longest_tail_last`] orders tile by tile: two
+/// waves of CTAs on a 132-SM GPU.
+pub const TAIL_ITEMS: i64 = 256;
+
 /// The (batch, head) pair and query tile of work item `item` of a
 /// persistent forward without global rows: each pair's tiles in turn, last
 /// rows first, and under a mask the last pairs of about `tail_items` items

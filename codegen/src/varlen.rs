@@ -13,6 +13,8 @@
 //! of its own, and to staying inside the buffers whatever the prefix sums;
 //! GPU tests use it to say what a launch on bad prefix sums computes.
 
+use crate::mask_parts::{longest_tail_last, TAIL_ITEMS};
+
 /// A sequence's tokens in a packed operand: `start .. start + len`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SeqSpan {
@@ -48,6 +50,11 @@ pub enum Walk {
     /// `q_tiles · heads · batch` items, `(b · heads + h) · q_tiles` + the
     /// tile counted from the last.
     Items,
+    /// [`Walk::Items`], the last pairs' items (about
+    /// [`TAIL_ITEMS`](crate::mask_parts::TAIL_ITEMS)) tile by tile: a
+    /// persistent kernel under an analytic mask
+    /// ([`longest_tail_last`](crate::mask_parts::longest_tail_last)).
+    LongestTail,
 }
 
 /// The tiles that compute rows, in launch (claim) order: the longest
@@ -67,6 +74,11 @@ pub fn work_tiles(cu_q: &[i32], heads: usize, total_q: i32, max_q_len: i32, bloc
             let bh = unit / q_tiles as usize;
             let q_block = q_tiles - 1 - (unit - bh * q_tiles as usize) as i32;
             WorkTile { seq: bh / heads, head: bh % heads, q_block }
+        }
+        Walk::LongestTail => {
+            let bhs = (heads * batch) as i64;
+            let (bh, q_block) = longest_tail_last(unit as i64, bhs, q_tiles as i64, TAIL_ITEMS);
+            WorkTile { seq: bh as usize / heads, head: bh as usize % heads, q_block: q_block as i32 }
         }
     };
     (0..units)

@@ -60,7 +60,7 @@ proptest! {
         extra_max in 0..70i32,
         heads in 1..4usize,
         block_m in prop::sample::select(vec![64, 128, 192]),
-        walk in prop::sample::select(vec![Walk::Grid, Walk::Items]),
+        walk in prop::sample::select(vec![Walk::Grid, Walk::Items, Walk::LongestTail]),
     ) {
         let (cu, total) = prefix_sums(&lens, pad);
         // The host requires max_q_len <= total; any such bound at least the

@@ -22,7 +22,7 @@
 
 use crate::cuda::kit::expr::c_expr;
 use crate::cuda::writer::Writer;
-use crate::mask_parts::GlobalRows;
+use crate::mask_parts::{GlobalRows, TAIL_ITEMS};
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 
@@ -61,7 +61,7 @@ pub(super) fn write_tail_setup(w: &mut Writer<String>, bhs: &str) -> fmt::Result
         "\
         // The launch's last items go tile by tile over the last pairs, about\n\
         // TAIL_ITEMS of them: their longest tiles first, none left to run alone.\n\
-        constexpr int TAIL_ITEMS = 256;\n\
+        constexpr int TAIL_ITEMS = {TAIL_ITEMS};\n\
         const int tail_bhs = q_tiles == 0 ? 0 : min_i32({bhs}, (TAIL_ITEMS + q_tiles - 1) / q_tiles);\n\
         const unsigned tail_first = (unsigned)({bhs} - tail_bhs), tail_start = tail_first * (unsigned)q_tiles;\n\
         const FastDiv by_tail_bhs(tail_bhs);\n"

@@ -50,8 +50,9 @@ pub(super) struct Plan<'s> {
     /// `None` without them, and on packed operands.
     pub global_rows: Option<GlobalRows<'s>>,
     /// Whether a persistent kernel without global rows ends on its last
-    /// pairs' tiles tile by tile, longest first (`item_order`): under a
-    /// mask, where items differ in length.
+    /// pairs' tiles tile by tile, longest first (`item_order`): under an
+    /// analytic mask, where items differ in length (one that reads a
+    /// tensor has the block mask's work order instead).
     pub longest_tail: bool,
     /// The mask's global columns, taken ahead of each item's tile walk
     /// where it can (`global_columns`); `None` on packed operands, e4m3
@@ -234,7 +235,7 @@ impl<'s> Plan<'s> {
             varlen: false,
             paged: false,
             global_rows,
-            longest_tail: global_rows.is_none() && spec.mask.is_some(),
+            longest_tail: global_rows.is_none() && analytic_mask(spec),
             columns: ColumnsFirst::of(spec, config),
             dropout: false,
             operands: Operands::Sixteen,
@@ -292,7 +293,7 @@ impl<'s> Plan<'s> {
     /// nothing.
     pub(super) fn varlen(view: &'s Spec, config: TileConfig, copy: TileCopy) -> Plan<'s> {
         let tail_aligned = tail_aligned(view, config, false);
-        let longest_tail = view.mask.is_some();
+        let longest_tail = analytic_mask(view);
         Plan {
             varlen: true,
             global_rows: None,
@@ -517,6 +518,12 @@ fn tail_aligned(spec: &Spec, config: TileConfig, global_rows: bool) -> bool {
     let (m, n) = (config.block_m(), config.block_n);
     let blocks = spec.mask.as_ref().is_some_and(|mask| block_uniform(mask, m, n));
     warp_specialized(config) && !global_rows && !blocks && m % n != 0 && n % m != 0
+}
+
+/// Whether `spec` has a mask that reads no tensor: its items' lengths
+/// follow from their coordinates alone.
+fn analytic_mask(spec: &Spec) -> bool {
+    spec.mask.as_ref().is_some_and(|mask| !mask.reads_tensor())
 }
 
 /// Whether `config`'s 16-bit kernels hold Q's fragments ([`Plan::q_fragments`]).

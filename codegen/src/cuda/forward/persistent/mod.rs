@@ -147,6 +147,7 @@ fn write_setup(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
         // With each K the producer sends the tile's word (TILE_* bits, index\n\
         // above them).\n\
         __shared__ long long item_slot[2];\n\
+        __shared__ int4 item_coords[2];  // the claimed item's b, h and query tile\n\
         __shared__ bool item_visits[2];\n\
         {item_columns}\
         __shared__ int tile_word[STAGES];\n\
@@ -218,18 +219,34 @@ fn kv_tiles_decl(spec: &Spec) -> String {
     format!("const int kv_tiles = ({} + BLOCK_N - 1) / BLOCK_N;\n", arg_name(spec, ArgKind::KvLen))
 }
 
-/// A warp-specialized kernel's work item: its (batch, head) and query tile,
-/// then what `role` needs of its rows (see [`write_item_rows`]).
-fn write_item_coords(w: &mut Writer<String>, plan: &Plan, role: ItemRole) -> fmt::Result {
+/// The claiming thread's decode of a claimed item (`item_slot[qb]`, short
+/// of the last) into `item_coords[qb]`: the other threads read its
+/// (batch, head) and query tile there, and hold no divisor of their own.
+fn write_claim_decode(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
     let heads = arg_name(plan.spec, ArgKind::Heads);
-    writeln!(w, "// The spec's built-ins b and h (q and k are bound per element below).")?;
-    if plan.global_rows.is_some() {
-        write_persistent_decode(w)?;
-    } else {
-        write_pairs_decode(w, plan.longest_tail)?;
-    }
-    writeln!(w, "const unsigned b_ = by_heads.div(bh);  // bh = b * heads + h")?;
-    writeln!(w, "const int h = (int)(bh - b_ * (unsigned){heads}), b = (int)b_;")?;
+    w.block(format_args!("if (item_slot[qb] < items)"), |w| {
+        writeln!(w, "const long long item = item_slot[qb];")?;
+        if plan.global_rows.is_some() {
+            write_persistent_decode(w)?;
+        } else {
+            write_pairs_decode(w, plan.longest_tail)?;
+        }
+        writeln!(w, "const unsigned b_ = by_heads.div(bh);  // bh = b * heads + h")?;
+        writeln!(w, "item_coords[qb] = make_int4((int)b_, (int)(bh - b_ * (unsigned){heads}), q_block, 0);")
+    })
+}
+
+/// A warp-specialized kernel's work item: its (batch, head) and query tile
+/// (see [`write_claim_decode`]), then what `role` needs of its rows (see
+/// [`write_item_rows`]).
+fn write_item_coords(w: &mut Writer<String>, plan: &Plan, role: ItemRole) -> fmt::Result {
+    write!(
+        w,
+        "\
+        // The spec's built-ins b and h (q and k are bound per element below).\n\
+        const int4 coords = item_coords[qb];\n\
+        const int b = coords.x, h = coords.y, q_block = coords.z;\n"
+    )?;
     write_item_rows(w, plan, role)
 }
 

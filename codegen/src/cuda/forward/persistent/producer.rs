@@ -2,7 +2,7 @@
 //! copies its Q, classifies its K/V tiles and walks them into the stage
 //! ring, handing the consumers each tile's word (and per-key spec terms).
 
-use super::{copy_tile, kv_tiles_decl, q_slot, write_group_classes, write_item_coords, Roles};
+use super::{copy_tile, kv_tiles_decl, q_slot, write_claim_decode, write_group_classes, write_item_coords, Roles};
 use crate::abi::{ArgKind, Operand};
 use crate::cuda::forward::classes::{write_tile_classes, ClassReader, Stagers};
 use crate::cuda::forward::e4m3::Operands;
@@ -28,11 +28,11 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
     // order (longest items first within windows of a few heads) where the
     // launch has one.
     let claim = match spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) {
-        _ if roles.plan.varlen => claim_with_rows(roles.plan, &counter),
+        _ if roles.plan.varlen => claim_with_rows(roles.plan, &counter)?,
         true => {
             let order = name(ArgKind::WorkOrder);
             format!(
-                "claim({counter}, done, items);\n\x20   \
+                "claim({counter}, done, items);\n\
                  if ({order} != nullptr && item_slot[qb] < items) item_slot[qb] = {order}[item_slot[qb]]"
             )
         }
@@ -50,14 +50,15 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
             mbar_wait(q_empty + 8 * qb, ({round} + 1) % 2);\n"
         )?;
         trace::point(w, roles.plan, Event::PQEmpty)?;
+        writeln!(w, "const bool leader = threadIdx.x == THREADS;  // claims, and writes what the consumers read")?;
+        w.block(format_args!("if (leader)"), |w| {
+            writeln!(w, "item_slot[qb] = {claim};")?;
+            write_claim_decode(w, roles.plan)?;
+            writeln!(w, "mbar_arrive(item_full + 8 * qb);")
+        })?;
         write!(
             w,
             "\
-            const bool leader = threadIdx.x == THREADS;  // claims, and writes what the consumers read\n\
-            if (leader) {{\n\
-            \x20   item_slot[qb] = {claim};\n\
-            \x20   mbar_arrive(item_full + 8 * qb);\n\
-            }}\n\
             named_barrier_sync(2 + WARPGROUPS, PRODUCER_THREADS);  // every producer thread sees the claim\n\
             const long long item = item_slot[qb];\n"
         )?;
