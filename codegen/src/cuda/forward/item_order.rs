@@ -9,18 +9,24 @@
 //! head) follow in the usual order. `mask_parts::global_rows_first` is the
 //! decode's twin on the CPU.
 //!
-//! Only for dense operands: a varlen kernel's query tiles are counted by
-//! its longest sequence, and it keeps the usual order.
+//! Global rows go first only on dense operands: a varlen kernel's query
+//! tiles are counted by its longest sequence.
 //!
-//! Without global rows, under a mask a persistent kernel's last items
+//! Without global rows, under an analytic mask a persistent kernel's last items
 //! ([`write_tail_setup`]) go tile by tile over the last (batch, head) pairs:
 //! in the usual order the last pair's longest tile (under a causal mask)
 //! starts a pair's worth of items before the end and finishes alone, where
 //! this order starts the longest tiles of the last pairs first and ends on
 //! their shortest. Without a mask every item is as long as the others, and
 //! the usual order keeps a pair's items together to the end.
+//!
+//! In a persistent kernel the claiming thread alone decodes an item
+//! ([`write_claim_decode`]) and leaves its coordinates in shared memory.
 
+use super::plan::Plan;
+use crate::abi::ArgKind;
 use crate::cuda::kit::expr::c_expr;
+use crate::cuda::signature::arg_name;
 use crate::cuda::writer::Writer;
 use crate::mask_parts::{GlobalRows, TAIL_ITEMS};
 use crate::spec::Spec;
@@ -29,7 +35,7 @@ use std::fmt::{self, Write};
 /// `dense_tiles`, the query tiles holding a global row (of `q_tiles`, C
 /// names of the launch's rows and query tiles), and `dense_items`, their
 /// items over the `bhs` (C) (batch, head) pairs.
-pub(super) fn write_dense_tiles(
+fn write_dense_tiles(
     w: &mut Writer<String>,
     spec: &Spec,
     rows: GlobalRows,
@@ -51,11 +57,50 @@ pub(super) fn write_dense_tiles(
     )
 }
 
+/// A persistent kernel's divisors for [`write_claim_decode`] (with global
+/// rows first, their own; under an analytic mask, the tail's bounds), of
+/// `q_tiles` query tiles of `q_len` (C) rows.
+pub(super) fn write_item_decoders(w: &mut Writer<String>, plan: &Plan, q_len: &str) -> fmt::Result {
+    let [heads, batch] = [ArgKind::Heads, ArgKind::Batch].map(|kind| arg_name(plan.spec, kind));
+    let bhs = format!("{heads} * {batch}");
+    match plan.global_rows {
+        Some(rows) => {
+            writeln!(w, "const FastDiv by_heads({heads});  // to decode items")?;
+            write_dense_tiles(w, plan.spec, rows, q_len, "q_tiles", &bhs)?;
+            writeln!(w, "const FastDiv by_bhs({bhs}), by_rest_tiles(q_tiles - dense_tiles);")
+        }
+        None => {
+            writeln!(w, "const FastDiv by_q_tiles(q_tiles), by_heads({heads});  // to decode items")?;
+            match plan.longest_tail {
+                true => write_tail_setup(w, &bhs),
+                false => Ok(()),
+            }
+        }
+    }
+}
+
+/// The claiming thread's decode of a claimed item (`item_slot[qb]`, short
+/// of the last) into `item_coords[qb]`: the other threads read its
+/// (batch, head) and query tile there, and hold no divisor of their own.
+pub(super) fn write_claim_decode(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
+    let heads = arg_name(plan.spec, ArgKind::Heads);
+    w.block(format_args!("if (item_slot[qb] < items)"), |w| {
+        writeln!(w, "const long long item = item_slot[qb];")?;
+        if plan.global_rows.is_some() {
+            write_persistent_decode(w)?;
+        } else {
+            write_pairs_decode(w, plan.longest_tail)?;
+        }
+        writeln!(w, "const unsigned b_ = by_heads.div(bh);  // bh = b * heads + h")?;
+        writeln!(w, "item_coords[qb] = make_int4((int)b_, (int)(bh - b_ * (unsigned){heads}), q_block, 0);")
+    })
+}
+
 /// The persistent kernel's tail (without global rows): `tail_bhs`, the last
 /// pairs of the `bhs` (C) (batch, head) pairs, whose tiles hold about
 /// TAIL_ITEMS items (two waves of CTAs on a 132-SM GPU), and where their
 /// items start; `by_tail_bhs` divides by their number.
-pub(super) fn write_tail_setup(w: &mut Writer<String>, bhs: &str) -> fmt::Result {
+fn write_tail_setup(w: &mut Writer<String>, bhs: &str) -> fmt::Result {
     write!(
         w,
         "\
@@ -102,7 +147,7 @@ pub(super) fn write_pairs_decode(w: &mut Writer<String>, tail: bool) -> fmt::Res
 /// A persistent kernel's decode of `item` into `bh` (b * heads + h) and
 /// `q_block`, with the `FastDiv`s `by_bhs` and `by_rest_tiles` (by
 /// `q_tiles - dense_tiles`) of its setup.
-pub(super) fn write_persistent_decode(w: &mut Writer<String>) -> fmt::Result {
+fn write_persistent_decode(w: &mut Writer<String>) -> fmt::Result {
     write!(
         w,
         "\

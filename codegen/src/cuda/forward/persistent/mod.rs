@@ -20,7 +20,7 @@ mod consumers;
 mod producer;
 
 use super::item::{write_item_rows, ItemRole};
-use super::item_order::{write_dense_tiles, write_pairs_decode, write_persistent_decode, write_tail_setup};
+use super::item_order::write_item_decoders;
 use super::plan::{Plan, ONES_TILE_BYTES};
 use super::softmax::RowSums;
 use super::staged_terms::StagedTerms;
@@ -98,24 +98,9 @@ fn write_setup(w: &mut Writer<String>, roles: &Roles) -> fmt::Result {
         TileCopy::Tma => "1;  // one producer thread hands each tile to the copy engine",
         TileCopy::Threads => "PRODUCER_THREADS;  // each producer thread copies a share of it",
     };
-    // What decodes items: with global rows first, their own divisors.
-    let decoders = match plan.global_rows {
-        Some(rows) => {
-            let mut g = Writer::new(String::new());
-            writeln!(g, "const FastDiv by_heads({heads});  // to decode items")?;
-            write_dense_tiles(&mut g, plan.spec, rows, &q_len, "q_tiles", &format!("{heads} * {batch}"))?;
-            writeln!(g, "const FastDiv by_bhs({heads} * {batch}), by_rest_tiles(q_tiles - dense_tiles);")?;
-            g.into_inner()
-        }
-        None => {
-            let mut g = Writer::new(String::new());
-            writeln!(g, "const FastDiv by_q_tiles(q_tiles), by_heads({heads});  // to decode items")?;
-            if plan.longest_tail {
-                write_tail_setup(&mut g, &format!("{heads} * {batch}"))?;
-            }
-            g.into_inner()
-        }
-    };
+    let mut decoders = Writer::new(String::new());
+    write_item_decoders(&mut decoders, plan, &q_len)?;
+    let decoders = decoders.into_inner();
     let q_bufs = match plan.q_buffers {
         1 => "unsigned short* q_bufs = smem;  // [Q_TILE]: one item's at a time\nunsigned short* k_tiles = q_bufs + Q_TILE;",
         _ => "unsigned short* q_bufs = smem;  // [2][Q_TILE]: this item's and the next one's\nunsigned short* k_tiles = q_bufs + 2 * Q_TILE;",
@@ -219,25 +204,8 @@ fn kv_tiles_decl(spec: &Spec) -> String {
     format!("const int kv_tiles = ({} + BLOCK_N - 1) / BLOCK_N;\n", arg_name(spec, ArgKind::KvLen))
 }
 
-/// The claiming thread's decode of a claimed item (`item_slot[qb]`, short
-/// of the last) into `item_coords[qb]`: the other threads read its
-/// (batch, head) and query tile there, and hold no divisor of their own.
-fn write_claim_decode(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
-    let heads = arg_name(plan.spec, ArgKind::Heads);
-    w.block(format_args!("if (item_slot[qb] < items)"), |w| {
-        writeln!(w, "const long long item = item_slot[qb];")?;
-        if plan.global_rows.is_some() {
-            write_persistent_decode(w)?;
-        } else {
-            write_pairs_decode(w, plan.longest_tail)?;
-        }
-        writeln!(w, "const unsigned b_ = by_heads.div(bh);  // bh = b * heads + h")?;
-        writeln!(w, "item_coords[qb] = make_int4((int)b_, (int)(bh - b_ * (unsigned){heads}), q_block, 0);")
-    })
-}
-
 /// A warp-specialized kernel's work item: its (batch, head) and query tile
-/// (see [`write_claim_decode`]), then what `role` needs of its rows (see
+/// (`item_order::write_claim_decode`), then what `role` needs of its rows (see
 /// [`write_item_rows`]).
 fn write_item_coords(w: &mut Writer<String>, plan: &Plan, role: ItemRole) -> fmt::Result {
     write!(

@@ -2,12 +2,13 @@
 //! copies its Q, classifies its K/V tiles and walks them into the stage
 //! ring, handing the consumers each tile's word (and per-key spec terms).
 
-use super::{copy_tile, kv_tiles_decl, q_slot, write_claim_decode, write_group_classes, write_item_coords, Roles};
+use super::{copy_tile, kv_tiles_decl, q_slot, write_group_classes, write_item_coords, Roles};
 use crate::abi::{ArgKind, Operand};
 use crate::cuda::forward::classes::{write_tile_classes, ClassReader, Stagers};
 use crate::cuda::forward::e4m3::Operands;
 use crate::cuda::forward::global_columns::write_producer_columns;
 use crate::cuda::forward::item::{q_load, ItemRole};
+use crate::cuda::forward::item_order::write_claim_decode;
 use crate::cuda::forward::kv_loads::KvLoads;
 use crate::cuda::forward::trace::{self, Event};
 use crate::cuda::forward::varlen::claim_with_rows;
