@@ -82,9 +82,16 @@ pub(super) fn write_item_decoders(w: &mut Writer<String>, plan: &Plan, q_len: &s
 /// The claiming thread's decode of a claimed item (`item_slot[qb]`, short
 /// of the last) into `item_coords[qb]`: the other threads read its
 /// (batch, head) and query tile there, and hold no divisor of their own.
-pub(super) fn write_claim_decode(w: &mut Writer<String>, plan: &Plan) -> fmt::Result {
+/// With `rows` (a varlen kernel's condition on `b_` and `q_block` that the
+/// tile has rows in its sequence, and the claim of the next item) it claims
+/// on past tiles without rows.
+pub(super) fn write_claim_decode(w: &mut Writer<String>, plan: &Plan, rows: Option<(&str, &str)>) -> fmt::Result {
     let heads = arg_name(plan.spec, ArgKind::Heads);
-    w.block(format_args!("if (item_slot[qb] < items)"), |w| {
+    let head = match rows {
+        Some(_) => "// Varlen: pass over items whose query tile lies past its sequence's end.\nwhile",
+        None => "if",
+    };
+    w.block(format_args!("{head} (item_slot[qb] < items)"), |w| {
         writeln!(w, "const long long item = item_slot[qb];")?;
         if plan.global_rows.is_some() {
             write_persistent_decode(w)?;
@@ -92,7 +99,14 @@ pub(super) fn write_claim_decode(w: &mut Writer<String>, plan: &Plan) -> fmt::Re
             write_pairs_decode(w, plan.longest_tail)?;
         }
         writeln!(w, "const unsigned b_ = by_heads.div(bh);  // bh = b * heads + h")?;
-        writeln!(w, "item_coords[qb] = make_int4((int)b_, (int)(bh - b_ * (unsigned){heads}), q_block, 0);")
+        let store = format!("item_coords[qb] = make_int4((int)b_, (int)(bh - b_ * (unsigned){heads}), q_block, 0);");
+        match rows {
+            Some((has_rows, next)) => {
+                w.block(format_args!("if ({has_rows})"), |w| writeln!(w, "{store}\nbreak;"))?;
+                writeln!(w, "item_slot[qb] = {next};")
+            }
+            None => writeln!(w, "{store}"),
+        }
     })
 }
 
@@ -118,7 +132,7 @@ fn write_tail_setup(w: &mut Writer<String>, bhs: &str) -> fmt::Result {
 /// rows first, and with `tail` (under a mask, whose items differ in
 /// length) the tail of [`write_tail_setup`] tile by tile.
 /// `mask_parts::longest_tail_last` is its twin on the CPU.
-pub(super) fn write_pairs_decode(w: &mut Writer<String>, tail: bool) -> fmt::Result {
+fn write_pairs_decode(w: &mut Writer<String>, tail: bool) -> fmt::Result {
     w.write_str("unsigned bh;\nint q_block;\n")?;
     let pairs = |w: &mut Writer<String>| {
         w.write_str(

@@ -9,7 +9,6 @@
 //! gathered through its row of the block table (`library/paged.cuh`), and
 //! queries may be dense (no prefix sums: `max_q_len` rows per sequence).
 
-use super::item_order::write_pairs_decode;
 use super::plan::Plan;
 use crate::abi::{ArgKind, Axis, Operand, Side};
 use crate::cuda::kit::varlen::{self as kit, span_call, statistic_row};
@@ -90,23 +89,10 @@ pub(super) fn lse_index(spec: &Spec) -> String {
     format!("{} + q", statistic_row(spec, "h"))
 }
 
-/// The producer's claim (C, assigned to `item_slot[qb]`): the first
-/// claimed item whose query tile has rows in its sequence, or one past the
-/// last item. Items of tiles past their sequence's end are claimed and
-/// passed over by the producer alone, so the consumers never see them; the
-/// item is decoded as the consumers decode it (`item_order`).
-pub(super) fn claim_with_rows(plan: &Plan, counter: &str) -> Result<String, fmt::Error> {
-    let q_seq = query_span(plan, "(int)by_heads.div(bh)");
-    let mut decode = Writer::new(String::new());
-    decode.indented(|w| write_pairs_decode(w, plan.longest_tail))?;
-    let decode = decode.into_inner();
-    Ok(format!(
-        "claim({counter}, done, items);\n\
-        // Varlen: pass over items whose query tile lies past its sequence's end.\n\
-        auto has_rows = [&](long long item) {{\n\
-        {decode}\
-        \x20   return (long long)q_block * BLOCK_M < {q_seq}.len;\n\
-        }};\n\
-        while (item_slot[qb] < items && !has_rows(item_slot[qb])) item_slot[qb] = claim({counter}, done + 1, items)"
-    ))
+/// Whether a claimed item's query tile has rows in its sequence (C, of the
+/// decoded `b_` and `q_block`): items of tiles past their sequence's end
+/// are claimed and passed over by the producer alone
+/// (`item_order::write_claim_decode`), so the consumers never see them.
+pub(super) fn tile_has_rows(plan: &Plan) -> String {
+    format!("(long long)q_block * BLOCK_M < {}.len", query_span(plan, "(int)b_"))
 }

@@ -11,7 +11,7 @@ use crate::cuda::forward::item::{q_load, ItemRole};
 use crate::cuda::forward::item_order::write_claim_decode;
 use crate::cuda::forward::kv_loads::KvLoads;
 use crate::cuda::forward::trace::{self, Event};
-use crate::cuda::forward::varlen::claim_with_rows;
+use crate::cuda::forward::varlen::tile_has_rows;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::names::{K_MAP, Q_MAP, V_MAP};
 use crate::cuda::tile_config::TileCopy;
@@ -29,16 +29,17 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
     // order (longest items first within windows of a few heads) where the
     // launch has one.
     let claim = match spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) {
-        _ if roles.plan.varlen => claim_with_rows(roles.plan, &counter)?,
-        true => {
+        true if !roles.plan.varlen => {
             let order = name(ArgKind::WorkOrder);
             format!(
                 "claim({counter}, done, items);\n\
                  if ({order} != nullptr && item_slot[qb] < items) item_slot[qb] = {order}[item_slot[qb]]"
             )
         }
-        false => format!("claim({counter}, done, items)"),
+        _ => format!("claim({counter}, done, items)"),
     };
+    let (has_rows, next) = (tile_has_rows(roles.plan), format!("claim({counter}, done + 1, items)"));
+    let rows = roles.plan.varlen.then_some((has_rows.as_str(), next.as_str()));
     writeln!(w, "int it = 0;  // visited tiles so far, over all items: tile `it` goes to stage it % STAGES")?;
     let (slot, round) = q_slot(roles.plan);
     w.block(format_args!("for (int done = 0;; ++done)"), |w| {
@@ -54,7 +55,7 @@ pub(super) fn write_producer(w: &mut Writer<String>, roles: &Roles) -> fmt::Resu
         writeln!(w, "const bool leader = threadIdx.x == THREADS;  // claims, and writes what the consumers read")?;
         w.block(format_args!("if (leader)"), |w| {
             writeln!(w, "item_slot[qb] = {claim};")?;
-            write_claim_decode(w, roles.plan)?;
+            write_claim_decode(w, roles.plan, rows)?;
             writeln!(w, "mbar_arrive(item_full + 8 * qb);")
         })?;
         write!(
