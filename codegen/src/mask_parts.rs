@@ -261,8 +261,9 @@ pub fn global_rows_first(item: i64, bhs: i64, q_tiles: i64, dense_tiles: i64) ->
     (rest / tiles, q_tiles - 1 - rest % tiles)
 }
 
-/// About how many items [`longest_tail_last`] orders tile by tile: two
-/// waves of CTAs on a 132-SM GPU.
+/// About how many items [`longest_tail_last`] orders tile by tile (and
+/// how many CTAs the dK/dV grid's last band spans, [`global_columns_first`]'s
+/// `tail_ctas`): two waves of CTAs on a 132-SM GPU.
 pub const TAIL_ITEMS: i64 = 256;
 
 /// The (batch, head) pair and query tile of work item `item` of a

@@ -22,7 +22,7 @@ use crate::cuda::signature::with_dropout;
 use crate::cuda::source::kernel_name;
 use crate::cuda::target::pad16;
 use crate::cuda::writer::Writer;
-use crate::mask_parts::MaskParts;
+use crate::mask_parts::{MaskParts, TAIL_ITEMS};
 use crate::spec::Spec;
 use std::fmt::{self, Write};
 
@@ -241,7 +241,7 @@ fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
     }
     write_global_column_tiles(w, spec)?;
     // Without a mask every CTA is as long as the others: no wider last band.
-    let tail_ctas = if spec.mask.is_some() { 256 } else { 0 };
+    let tail_ctas = if spec.mask.is_some() { TAIL_ITEMS } else { 0 };
     write!(
         w,
         "\
