@@ -70,14 +70,9 @@ pub fn work_tiles(cu_q: &[i32], heads: usize, total_q: i32, max_q_len: i32, bloc
             let (x, rest) = (unit % q_tiles as usize, unit / q_tiles as usize);
             WorkTile { seq: rest / heads, head: rest % heads, q_block: q_tiles - 1 - x as i32 }
         }
-        Walk::Items => {
-            let bh = unit / q_tiles as usize;
-            let q_block = q_tiles - 1 - (unit - bh * q_tiles as usize) as i32;
-            WorkTile { seq: bh / heads, head: bh % heads, q_block }
-        }
-        Walk::LongestTail => {
-            let bhs = (heads * batch) as i64;
-            let (bh, q_block) = longest_tail_last(unit as i64, bhs, q_tiles as i64, TAIL_ITEMS);
+        Walk::Items | Walk::LongestTail => {
+            let tail = if walk == Walk::LongestTail { TAIL_ITEMS } else { 0 };
+            let (bh, q_block) = longest_tail_last(unit as i64, (heads * batch) as i64, q_tiles as i64, tail);
             WorkTile { seq: bh as usize / heads, head: bh as usize % heads, q_block: q_block as i32 }
         }
     };
