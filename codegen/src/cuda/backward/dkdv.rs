@@ -240,8 +240,6 @@ fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         );
     }
     write_global_column_tiles(w, spec)?;
-    // Without a mask every CTA is as long as the others: no wider last band.
-    let tail_ctas = if spec.mask.is_some() { TAIL_ITEMS } else { 0 };
     write!(
         w,
         "\
@@ -251,11 +249,10 @@ fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         // order below the last pairs' would start near the grid's end and trail\n\
         // it); then in bands of BAND pairs, which run together and share their\n\
         // heads' Q, dO and dQ in L2, key tile by key tile: a band's last CTAs are\n\
-        // its last keys', under a causal mask the shortest. Under a mask the last\n\
-        // band takes the last pairs of about TAIL_CTAS CTAs (two waves on a\n\
-        // 132-SM GPU), so that the grid's last wave holds only their shortest\n\
-        // CTAs (without one, CTAs are alike and TAIL_CTAS is 0).\n\
-        constexpr int BAND = 4, TAIL_CTAS = {tail_ctas};\n\
+        // its last keys', under a causal mask the shortest. The last band takes\n\
+        // the last pairs of about TAIL_CTAS CTAs (two waves on a 132-SM GPU),\n\
+        // so that the grid's last wave holds only their shortest CTAs.\n\
+        constexpr int BAND = 4, TAIL_CTAS = {TAIL_ITEMS};\n\
         const int pairs = gridDim.y * gridDim.z, cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);\n\
         int pair, key_tile;\n\
         if (cta < global_tiles * pairs) {{\n\
