@@ -1,7 +1,9 @@
 //! The attention forward pass, row by row: scores over all keys, softmax,
-//! then P·V. O(B·H·Q·K·D) and allocation-free inside the loops.
+//! then P·V. O(B·H·Q·K·D); each (sequence, head) on a core of its own
+//! ([`super::parallel`]), allocation-free inside its rows' loop.
 
 use super::eval::{check_len, Arith, Env, ParamValue, Position, TensorData};
+use super::parallel::map_parallel;
 use super::rounding::Grid;
 use super::ReferenceError;
 use crate::dropout::Dropout;
@@ -204,7 +206,9 @@ impl Rows {
 }
 
 /// The float type the softmax and matrix products run in.
-trait Real: Copy + PartialOrd + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> + Div<Output = Self> {
+trait Real:
+    Copy + Send + Sync + PartialOrd + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> + Div<Output = Self>
+{
     const ZERO: Self;
     const NEG_INFINITY: Self;
     /// The arithmetic the spec's expressions run in alongside.
@@ -246,6 +250,7 @@ impl_real!(f64, Arith::F64);
 
 /// The forward pass over `rows`' sequences in `F`, rounding S, P and O on
 /// `store` when given (the same-dtype emulation), P dropped out by `dropout`.
+/// Each (sequence, head) is independent: they run on every core.
 fn run<F: Real>(
     spec: &Spec,
     problem: &Problem,
@@ -253,86 +258,121 @@ fn run<F: Real>(
     store: Option<Grid>,
     dropout: Option<Dropout>,
 ) -> Result<Output, ReferenceError> {
-    let mut env = Env::new(spec, &problem.shape, &problem.params, &problem.tensors, F::ARITH)?;
-    let Shape { heads, heads_kv, kv_len, .. } = problem.shape;
-    let (d_qk, d_v) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
-    let keep = |x: F| store.map_or(x, |g| F::from_f64(g.round(x.to_f64())));
+    let env = Env::new(spec, &problem.shape, &problem.params, &problem.tensors, F::ARITH)?;
     // Inputs round to the dtype itself, whatever the grid; rounding in f64
     // before narrowing avoids rounding twice.
     let load = |xs: &[f64]| -> Vec<F> { xs.iter().map(|&x| F::from_f64(store.map_or(x, |g| g.load(x)))).collect() };
-    let (q, k, v) = (load(&problem.q), load(&problem.k), load(&problem.v));
-    let scale = F::from_f64(problem.scale);
-    let group = heads / heads_kv;
-
+    let pass = Pass {
+        spec,
+        env,
+        q: load(&problem.q),
+        k: load(&problem.k),
+        v: load(&problem.v),
+        scale: F::from_f64(problem.scale),
+        shape: problem.shape,
+        store,
+        dropout,
+    };
+    let heads = problem.shape.heads;
+    let d_v = spec.head_dims.v as usize;
+    let pairs: Vec<(&Sequence, usize)> = rows.seqs.iter().flat_map(|seq| (0..heads).map(move |h| (seq, h))).collect();
+    let results = map_parallel(&pairs, |&(seq, h)| pass.head(seq, h));
     let total_q = rows.total_q;
     let mut out = Output { o: vec![0.0; total_q * heads * d_v], lse: vec![f64::NEG_INFINITY; heads * total_q] };
-    // Per-row scratch: scores (−∞ for excluded keys), then exp(s − max).
-    let mut scratch = vec![F::NEG_INFINITY; kv_len];
-    let mut acc = vec![F::ZERO; d_v];
-    for seq in &rows.seqs {
-        // Each length is at most the shape's, which `Env::new` checked to fit i32.
-        env.set_lens(seq.q_len as i32, seq.kv_len as i32);
-        let s = &mut scratch[..seq.kv_len];
-        for h in 0..heads {
-            let kv_head = h / group;
-            // Offset of key `j`'s row in a K/V buffer of head dimension `d`.
-            let kv_offset = |j: usize, d: usize| ((seq.kv_start + j) * heads_kv + kv_head) * d;
-            for i in 0..seq.q_len {
-                let row = (seq.q_start + i) * heads + h;
-                let q_row = &q[row * d_qk..][..d_qk];
-                let mut at = Position { b: seq.b as i32, h: h as i32, q: i as i32, k: 0, score: 0.0 };
-                let mut max = F::NEG_INFINITY;
-                for (j, s_j) in s.iter_mut().enumerate() {
-                    at.k = j as i32;
-                    *s_j = F::NEG_INFINITY;
-                    if spec.mask.as_ref().is_some_and(|m| !env.eval(m, &at).as_bool()) {
-                        continue;
-                    }
-                    let mut x = keep(scale * dot(q_row, &k[kv_offset(j, d_qk)..][..d_qk]));
-                    if let Some(score) = &spec.score {
-                        at.score = x.to_f64();
-                        x = F::from_f64(env.eval(score, &at).as_f64());
-                    }
-                    *s_j = x;
-                    // A NaN score sticks, poisoning the row instead of
-                    // being skipped.
-                    if x > max || x.is_nan() {
-                        max = x;
-                    }
-                }
-                // The sink: one more logit in the denominator, with no value row.
-                let sink = spec.sink.as_ref().map(|e| F::from_f64(env.eval(e, &at).as_f64()));
-                if let Some(x) = sink.filter(|&x| x > max || x.is_nan()) {
-                    max = x;
-                }
-                if max == F::NEG_INFINITY {
-                    continue; // Fully masked, no sink: O = 0 and LSE = −∞ as initialized.
-                }
-                let mut sum = sink.map_or(F::ZERO, |x| (x - max).exp());
-                for s_j in s.iter_mut() {
-                    *s_j = (*s_j - max).exp();
-                    sum = sum + *s_j;
-                }
-                acc.fill(F::ZERO);
-                for (j, &e) in s.iter().enumerate() {
-                    let z = dropout.map_or(1.0, |d| d.factor(seq.b, h, heads, i, j));
-                    let p = store.map_or(e / sum, |g| F::from_f64(g.round_p((e / sum).to_f64())));
-                    if p == F::ZERO || z == 0.0 {
-                        continue; // Excluded and dropped keys contribute nothing.
-                    }
-                    let p = if z == 1.0 { p } else { keep(p * F::from_f64(z)) };
-                    for (a, &x) in acc.iter_mut().zip(&v[kv_offset(j, d_v)..][..d_v]) {
-                        *a = *a + p * x;
-                    }
-                }
-                for (o, &a) in out.o[row * d_v..][..d_v].iter_mut().zip(&acc) {
-                    *o = keep(a).to_f64();
-                }
-                out.lse[rows.lse_index(seq, h, i, heads)] = (max + sum.ln()).to_f64();
-            }
+    for (&(seq, h), (o, lse)) in pairs.iter().zip(results) {
+        for (i, (o_row, lse)) in o.chunks_exact(d_v).zip(lse).enumerate() {
+            out.o[((seq.q_start + i) * heads + h) * d_v..][..d_v].copy_from_slice(o_row);
+            out.lse[rows.lse_index(seq, h, i, heads)] = lse;
         }
     }
     Ok(out)
+}
+
+/// One forward pass's inputs, loaded in `F`.
+struct Pass<'a, F> {
+    spec: &'a Spec,
+    env: Env<'a>,
+    q: Vec<F>,
+    k: Vec<F>,
+    v: Vec<F>,
+    scale: F,
+    shape: Shape,
+    store: Option<Grid>,
+    dropout: Option<Dropout>,
+}
+
+impl<F: Real> Pass<'_, F> {
+    /// O (`[q_len, d_v]`) and the LSE of head `h`'s rows of `seq`.
+    fn head(&self, seq: &Sequence, h: usize) -> (Vec<f64>, Vec<f64>) {
+        let Pass { spec, q, k, v, scale, store, dropout, .. } = self;
+        let Shape { heads, heads_kv, .. } = self.shape;
+        let (d_qk, d_v) = (spec.head_dims.qk as usize, spec.head_dims.v as usize);
+        let keep = |x: F| store.map_or(x, |g| F::from_f64(g.round(x.to_f64())));
+        let mut env = self.env.clone();
+        // Each length is at most the shape's, which `Env::new` checked to fit i32.
+        env.set_lens(seq.q_len as i32, seq.kv_len as i32);
+        let kv_head = h / (heads / heads_kv);
+        // Offset of key `j`'s row in a K/V buffer of head dimension `d`.
+        let kv_offset = |j: usize, d: usize| ((seq.kv_start + j) * heads_kv + kv_head) * d;
+        let mut o = vec![0.0; seq.q_len * d_v];
+        let mut lse = vec![f64::NEG_INFINITY; seq.q_len];
+        // Per-row scratch: scores (−∞ for excluded keys), then exp(s − max).
+        let mut s = vec![F::NEG_INFINITY; seq.kv_len];
+        let mut acc = vec![F::ZERO; d_v];
+        for i in 0..seq.q_len {
+            let q_row = &q[((seq.q_start + i) * heads + h) * d_qk..][..d_qk];
+            let mut at = Position { b: seq.b as i32, h: h as i32, q: i as i32, k: 0, score: 0.0 };
+            let mut max = F::NEG_INFINITY;
+            for (j, s_j) in s.iter_mut().enumerate() {
+                at.k = j as i32;
+                *s_j = F::NEG_INFINITY;
+                if spec.mask.as_ref().is_some_and(|m| !env.eval(m, &at).as_bool()) {
+                    continue;
+                }
+                let mut x = keep(*scale * dot(q_row, &k[kv_offset(j, d_qk)..][..d_qk]));
+                if let Some(score) = &spec.score {
+                    at.score = x.to_f64();
+                    x = F::from_f64(env.eval(score, &at).as_f64());
+                }
+                *s_j = x;
+                // A NaN score sticks, poisoning the row instead of
+                // being skipped.
+                if x > max || x.is_nan() {
+                    max = x;
+                }
+            }
+            // The sink: one more logit in the denominator, with no value row.
+            let sink = spec.sink.as_ref().map(|e| F::from_f64(env.eval(e, &at).as_f64()));
+            if let Some(x) = sink.filter(|&x| x > max || x.is_nan()) {
+                max = x;
+            }
+            if max == F::NEG_INFINITY {
+                continue; // Fully masked, no sink: O = 0 and LSE = −∞ as initialized.
+            }
+            let mut sum = sink.map_or(F::ZERO, |x| (x - max).exp());
+            for s_j in s.iter_mut() {
+                *s_j = (*s_j - max).exp();
+                sum = sum + *s_j;
+            }
+            acc.fill(F::ZERO);
+            for (j, &e) in s.iter().enumerate() {
+                let z = dropout.map_or(1.0, |d| d.factor(seq.b, h, heads, i, j));
+                let p = store.map_or(e / sum, |g| F::from_f64(g.round_p((e / sum).to_f64())));
+                if p == F::ZERO || z == 0.0 {
+                    continue; // Excluded and dropped keys contribute nothing.
+                }
+                let p = if z == 1.0 { p } else { keep(p * F::from_f64(z)) };
+                for (a, &x) in acc.iter_mut().zip(&v[kv_offset(j, d_v)..][..d_v]) {
+                    *a = *a + p * x;
+                }
+            }
+            for (o, &a) in o[i * d_v..][..d_v].iter_mut().zip(&acc) {
+                *o = keep(a).to_f64();
+            }
+            lse[i] = (max + sum.ln()).to_f64();
+        }
+        (o, lse)
+    }
 }
 
 /// q·k with eight independent accumulators: vectorizable, and no less

@@ -35,6 +35,7 @@ mod backward;
 mod eval;
 mod metrics;
 mod paged;
+mod parallel;
 mod rounding;
 
 pub use attention::{forward, forward_dropout, forward_varlen, Output, Precision, Problem, VarlenProblem};
