@@ -14,6 +14,7 @@ pub mod grad;
 pub mod index_check;
 pub mod mask_parts;
 pub mod paged;
+pub mod parallel;
 pub mod reference;
 pub mod shard;
 pub mod spec;

@@ -69,7 +69,6 @@ mod lib_search;
 mod nccl_lib;
 mod operand;
 mod paged;
-mod parallel;
 mod ragged_error;
 mod shard_error;
 mod single_flight;

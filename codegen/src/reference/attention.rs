@@ -1,12 +1,12 @@
 //! The attention forward pass, row by row: scores over all keys, softmax,
 //! then P·V. O(B·H·Q·K·D); each (sequence, head) on a core of its own
-//! ([`super::parallel`]), allocation-free inside its rows' loop.
+//! ([`crate::parallel`]), allocation-free inside its rows' loop.
 
 use super::eval::{check_len, Arith, Env, ParamValue, Position, TensorData};
-use super::parallel::map_parallel;
 use super::rounding::Grid;
 use super::ReferenceError;
 use crate::dropout::Dropout;
+use crate::parallel;
 use crate::spec::{Dtype, Shape, Spec};
 use std::ops::{Add, Div, Mul, Sub};
 
@@ -276,7 +276,7 @@ fn run<F: Real>(
     let heads = problem.shape.heads;
     let d_v = spec.head_dims.v as usize;
     let pairs: Vec<(&Sequence, usize)> = rows.seqs.iter().flat_map(|seq| (0..heads).map(move |h| (seq, h))).collect();
-    let results = map_parallel(&pairs, |&(seq, h)| pass.head(seq, h));
+    let results = parallel::map(&pairs, |&(seq, h)| pass.head(seq, h));
     let total_q = rows.total_q;
     let mut out = Output { o: vec![0.0; total_q * heads * d_v], lse: vec![f64::NEG_INFINITY; heads * total_q] };
     for (&(seq, h), (o, lse)) in pairs.iter().zip(results) {

@@ -35,7 +35,6 @@ mod backward;
 mod eval;
 mod metrics;
 mod paged;
-mod parallel;
 mod rounding;
 
 pub use attention::{forward, forward_dropout, forward_varlen, Output, Precision, Problem, VarlenProblem};

@@ -2,6 +2,7 @@
 //! their gradients judged against the reference on every core, a row
 //! printed per run.
 
+use flashgen::codegen::parallel;
 use flashgen::codegen::reference::Problem;
 use flashgen::codegen::{Dropout, Spec};
 use flashgen::{Error, Runtime};
@@ -76,16 +77,7 @@ pub fn judge_all<R: Sync>(
     check: impl Fn(&R) -> Result<BackwardReport, String> + Sync,
     mut failures: Vec<String>,
 ) {
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let chunk = runs.len().div_ceil(workers).max(1);
-    let (row, check) = (&row, &check);
-    let verdicts: Vec<(String, Result<BackwardReport, String>)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = runs
-            .chunks(chunk)
-            .map(|part| scope.spawn(move || part.iter().map(|run| (row(run), check(run))).collect::<Vec<_>>()))
-            .collect();
-        handles.into_iter().flat_map(|h| h.join().expect("a reference thread panicked")).collect()
-    });
+    let verdicts = parallel::map(runs, |run| (row(run), check(run)));
     for (row, report) in verdicts {
         match report {
             Ok(r) if r.passed() => println!(

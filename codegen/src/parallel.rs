@@ -1,6 +1,8 @@
-//! Independent jobs over the CPU's cores: an NVRTC compile takes seconds, so
-//! a batch of them (a precompile, autotuning's candidates) should take about
-//! as long as its slowest, not as long as all of them.
+//! Independent jobs over the CPU's cores: the runtime's NVRTC compiles (a
+//! precompile, autotuning's candidates), which take seconds each, so a
+//! batch should take about as long as its slowest; the reference forward's
+//! (sequence, head) pairs, which a GPU test's shapes would otherwise keep
+//! on one core for minutes.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -10,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// launch whose kernels are loaded already) runs on the caller's thread
 /// without asking for the core count, which reads cgroup files (~50 µs, more
 /// than a launch's host time). A job's panic is the caller's.
-pub(crate) fn map<T: Sync, R: Send>(items: &[T], job: impl Fn(&T) -> R + Sync) -> Vec<R> {
+pub fn map<T: Sync, R: Send>(items: &[T], job: impl Fn(&T) -> R + Sync) -> Vec<R> {
     let workers = match items.len() {
         0 | 1 => 1,
         n => std::thread::available_parallelism().map_or(1, |cores| cores.get()).min(n),
