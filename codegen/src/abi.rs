@@ -269,6 +269,11 @@ pub enum Grid {
     Persistent { per_sm: u32 },
     /// The backward dK/dV kernel: `(ceil(kv_len / block_n), heads_kv, batch)`.
     KeyTiles,
+    /// A persistent dK/dV kernel: one block per SM, or one per unit (a key
+    /// tile of a (batch, K/V head) pair, `ceil(kv_len / block_n) · heads_kv
+    /// · batch` of them) if there are fewer; block i takes units i, i +
+    /// blocks, …
+    KeyUnits,
     /// The block-mask kernel: one block per tile,
     /// `(ceil(kv_len / block_n), ceil(q_len / block_m), batch' · heads')` where
     /// batch' and heads' are 1 unless the mask reads `b` or `h`.

@@ -395,7 +395,7 @@ pub(crate) unsafe fn launch(
 /// exact.
 pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize, sms: u32) -> Result<LaunchConfig, Error> {
     let zero_divisor = match kernel.grid {
-        Grid::KeyTiles => kernel.block_n == 0,
+        Grid::KeyTiles | Grid::KeyUnits => kernel.block_n == 0,
         Grid::Heads { per_block } | Grid::KvHeads { per_block } => per_block == 0,
         Grid::Persistent { per_sm } => per_sm == 0,
         _ => false,
@@ -422,6 +422,16 @@ pub(crate) fn launch_config(kernel: &Kernel, shape: &Shape, slices: usize, sms: 
             }
             Grid::KeyTiles => {
                 (shape.kv_len.div_ceil(kernel.block_n as usize) as u32, shape.heads_kv as u32, shape.batch as u32)
+            }
+            Grid::KeyUnits => {
+                // The kernel numbers units in 31 bits.
+                let tiles = shape.kv_len.div_ceil(kernel.block_n as usize) as u64;
+                let units = tiles * shape.heads_kv as u64 * shape.batch as u64;
+                if units > i32::MAX as u64 {
+                    let (what, max) = ("dK/dV units (key tiles × K/V heads × batch)", i32::MAX as usize);
+                    return Err(Error::TooLarge { what, value: units as usize, max });
+                }
+                (units.min(u64::from(sms.max(1))) as u32, 1, 1)
             }
             Grid::MaskTiles => (shape.kv_len.div_ceil(kernel.block_n as usize) as u32, q_tiles, slices as u32),
             Grid::Heads { per_block } => (1, shape.heads.div_ceil(per_block as usize) as u32, shape.batch as u32),

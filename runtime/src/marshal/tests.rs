@@ -410,6 +410,17 @@ fn grid_covers_every_query_tile() {
     assert!(matches!(launch_config(&k, &huge, 1, 132), Err(Error::TooLarge { value: 2_147_483_648, .. })));
     let most = Shape { batch: 255, ..huge };
     assert!(launch_config(&k, &most, 1, 132).is_ok());
+    // Persistent dK/dV: a block per SM, never more than the units (one key
+    // tile of 32 × 2 K/V heads × 3 batch rows here), numbered in 31 bits.
+    k.grid = Grid::KeyUnits;
+    assert_eq!(launch_config(&k, &SHAPE, 1, 132).unwrap().grid_dim, (6, 1, 1));
+    assert_eq!(launch_config(&k, &SHAPE, 1, 4).unwrap().grid_dim, (4, 1, 1));
+    let long = Shape { batch: 256, heads: 256, heads_kv: 256, q_len: 64, kv_len: 32 << 15 };
+    assert!(matches!(launch_config(&k, &long, 1, 132), Err(Error::TooLarge { value: 2_147_483_648, .. })));
+    assert!(launch_config(&k, &Shape { batch: 255, ..long }, 1, 132).is_ok());
+    k.block_n = 0;
+    assert!(matches!(launch_config(&k, &SHAPE, 1, 132), Err(Error::KernelAbi { .. })));
+    k.block_n = 32;
     // Work orders: one block per few heads (8 here) or K/V heads (2) of a batch.
     k.grid = Grid::Heads { per_block: 3 };
     assert_eq!(launch_config(&k, &SHAPE, 1, 132).unwrap().grid_dim, (1, 3, 3));

@@ -157,6 +157,32 @@ pub(super) fn write_key_tiles(
     )
 }
 
+/// Where a dK/dV CTA's work comes from: its block, one per key tile of
+/// every (batch, K/V head) pair (`Grid::KeyTiles`), or, persistent
+/// (`Grid::KeyUnits`), the unit `unit` of as many that its loop has taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum KeyWork {
+    Blocks,
+    Units,
+}
+
+impl KeyWork {
+    /// The C expressions of the work's index and of the virtual grid's key
+    /// tiles, K/V heads and batch rows it indexes.
+    fn index_and_dims(self, spec: &Spec) -> (String, [String; 3]) {
+        match self {
+            KeyWork::Blocks => (
+                "blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)".into(),
+                ["gridDim.x", "gridDim.y", "gridDim.z"].map(String::from),
+            ),
+            KeyWork::Units => {
+                let dims = ["key_tiles".to_string(), arg_name(spec, ArgKind::HeadsKv), arg_name(spec, ArgKind::Batch)];
+                ("unit".into(), dims)
+            }
+        }
+    }
+}
+
 /// A dK/dV kernel's CTA: its batch, K/V head and keys, the query heads of
 /// its group, the query steps, and the rows of dK and dV, and of K and V
 /// where its threads `load_kv`; a varlen CTA past its sequence's keys returns.
@@ -170,11 +196,17 @@ pub(super) fn write_key_cta(
     packing: Packing,
     columns: KeyColumns,
 ) -> fmt::Result {
-    let n = |kind| arg_name(spec, kind);
-    let [q_len, kv_len, heads, heads_kv] = [ArgKind::QLen, ArgKind::KvLen, ArgKind::Heads, ArgKind::HeadsKv].map(n);
-    let [k_stride, v_stride] = [Operand::K, Operand::V].map(|op| n(ArgKind::Stride(op, Axis::Seq)));
-    write_cta_order(w, spec)?;
+    let kv_len = arg_name(spec, ArgKind::KvLen);
+    write_cta_order(w, spec, KeyWork::Blocks)?;
     packing.write_sequence(w, spec, true, "k0", &kv_len)?;
+    write_key_lanes(w, spec, columns)?;
+    write_key_rows(w, spec, load_kv, packing)
+}
+
+/// The CTA's lanes, its group's query heads and the query steps: what
+/// every unit of a persistent CTA shares.
+pub(super) fn write_key_lanes(w: &mut Writer<String>, spec: &Spec, columns: KeyColumns) -> fmt::Result {
+    let [q_len, heads, heads_kv] = [ArgKind::QLen, ArgKind::Heads, ArgKind::HeadsKv].map(|kind| arg_name(spec, kind));
     match columns {
         KeyColumns::Whole | KeyColumns::Transposed => {
             w.write_str("const int warp = warp_index(), lane = threadIdx.x % 32;\n")?
@@ -191,10 +223,42 @@ pub(super) fn write_key_cta(
         "\
         const int g = lane / 4, t = lane % 4;  // accumulator row group and column pair\n\
         const int group = {heads} / {heads_kv};  // query heads sharing this K/V head\n\
-        const int q_steps = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n\
+        const int q_steps = ({q_len} + BLOCK_M - 1) / BLOCK_M;\n"
+    )
+}
+
+/// A persistent CTA's unit `unit` (dense operands): its batch, K/V head and
+/// keys. Its rows of dK and dV are [`write_unit_rows`]'s, written where they
+/// are stored: live across the unit's steps, they would take registers.
+pub(super) fn write_key_unit(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    write_cta_order(w, spec, KeyWork::Units)?;
+    write_key_range(w, spec)
+}
+
+/// A persistent CTA's unit's rows of dK and dV.
+pub(super) fn write_unit_rows(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    for (op, rows) in [(Operand::DK, "dk_rows"), (Operand::DV, "dv_rows")] {
+        Packing::Dense.write_rows(w, spec, op, rows, "kv_head")?;
+    }
+    Ok(())
+}
+
+/// The CTA's key range, for the tile classes.
+fn write_key_range(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+    let kv_len = arg_name(spec, ArgKind::KvLen);
+    write!(
+        w,
+        "\
         [[maybe_unused]] const int k_lo = k0, k_hi = min_i32(k0 + BLOCK_N, {kv_len}) - 1;  // this CTA's keys (for the classes)\n\
         \n"
-    )?;
+    )
+}
+
+/// The CTA's key range and the rows of dK and dV, and of K and V where its
+/// threads `load_kv`.
+fn write_key_rows(w: &mut Writer<String>, spec: &Spec, load_kv: bool, packing: Packing) -> fmt::Result {
+    let [k_stride, v_stride] = [Operand::K, Operand::V].map(|op| arg_name(spec, ArgKind::Stride(op, Axis::Seq)));
+    write_key_range(w, spec)?;
     let kv = [(Operand::K, "k_rows"), (Operand::V, "v_rows")].into_iter().filter(|_| load_kv);
     for (op, rows) in kv.chain([(Operand::DK, "dk_rows"), (Operand::DV, "dv_rows")]) {
         packing.write_rows(w, spec, op, rows, "kv_head")?;
@@ -205,7 +269,8 @@ pub(super) fn write_key_cta(
     }
 }
 
-/// The CTA's keys, K/V head and batch from its block index: under an
+/// The CTA's keys, K/V head and batch from its block index (or persistent,
+/// its unit's, as `work` says): under an
 /// analytic mask, whose first keys may see the most queries (causal), in an
 /// order that starts long CTAs early, the key tiles of global columns
 /// (`k < C`, which every query sees) first of all; under a data-dependent
@@ -213,18 +278,33 @@ pub(super) fn write_key_cta(
 /// few heads (`work_order`); else the launch order (no mask keeps the work
 /// even). `mask_parts::global_columns_first` is the analytic order's twin
 /// on the CPU.
-fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+fn write_cta_order(w: &mut Writer<String>, spec: &Spec, work: KeyWork) -> fmt::Result {
+    let (cta, [tiles, kv_heads, batch]) = work.index_and_dims(spec);
     let Some(mask) = &spec.mask else {
-        return w.write_str(
-            "\
-            // The spec's built-in b (h, q and k are bound in the loops below).\n\
-            const int b = blockIdx.z;\n\
-            const int kv_head = blockIdx.y;\n\
-            const int k0 = blockIdx.x * BLOCK_N;\n",
-        );
+        return match work {
+            KeyWork::Blocks => w.write_str(
+                "\
+                // The spec's built-in b (h, q and k are bound in the loops below).\n\
+                const int b = blockIdx.z;\n\
+                const int kv_head = blockIdx.y;\n\
+                const int k0 = blockIdx.x * BLOCK_N;\n",
+            ),
+            KeyWork::Units => write!(
+                w,
+                "\
+                // The spec's built-in b (h, q and k are bound in the loops below).\n\
+                const int b = {cta} / ({tiles} * {kv_heads});\n\
+                const int kv_head = {cta} / {tiles} % {kv_heads};\n\
+                const int k0 = {cta} % {tiles} * BLOCK_N;\n"
+            ),
+        };
     };
     if mask.reads_tensor() {
         let order = arg_name(spec, ArgKind::WorkOrder);
+        let (index, cta) = match work {
+            KeyWork::Blocks => (format!("const int cta = {cta};\n"), "cta".to_string()),
+            KeyWork::Units => (String::new(), cta),
+        };
         return write!(
             w,
             "\
@@ -232,14 +312,14 @@ fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
             // start in launch order; with the block mask's work order, longest first\n\
             // within windows of heads, so that the grid ends on short CTAs (null:\n\
             // in launch order).\n\
-            const int cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);\n\
-            const int slot = {order} != nullptr ? {order}[cta] : cta;\n\
-            const int b = slot / (gridDim.x * gridDim.y);\n\
-            const int kv_head = slot / gridDim.x % gridDim.y;\n\
-            const int k0 = slot % gridDim.x * BLOCK_N;\n"
+            {index}\
+            const int slot = {order} != nullptr ? {order}[{cta}] : {cta};\n\
+            const int b = slot / ({tiles} * {kv_heads});\n\
+            const int kv_head = slot / {tiles} % {kv_heads};\n\
+            const int k0 = slot % {tiles} * BLOCK_N;\n"
         );
     }
-    write_global_column_tiles(w, spec)?;
+    write_global_column_tiles(w, spec, &tiles)?;
     write!(
         w,
         "\
@@ -253,13 +333,13 @@ fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         // the last pairs of about TAIL_CTAS CTAs (two waves on a 132-SM GPU),\n\
         // so that the grid's last wave holds only their shortest CTAs.\n\
         constexpr int BAND = 4, TAIL_CTAS = {TAIL_ITEMS};\n\
-        const int pairs = gridDim.y * gridDim.z, cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);\n\
+        const int pairs = {kv_heads} * {batch}, cta = {cta};\n\
         int pair, key_tile;\n\
         if (cta < global_tiles * pairs) {{\n\
         \x20   key_tile = cta / pairs;\n\
         \x20   pair = cta % pairs;\n\
         }} else {{\n\
-        \x20   const int rest = cta - global_tiles * pairs, tiles = gridDim.x - global_tiles;\n\
+        \x20   const int rest = cta - global_tiles * pairs, tiles = {tiles} - global_tiles;\n\
         \x20   const int tail_pairs = max_i32(BAND, (TAIL_CTAS + tiles - 1) / tiles);\n\
         \x20   const int tail_first = max_i32(pairs - tail_pairs, 0) / BAND * BAND;  // the last band's first pair\n\
         \x20   const int first = rest < tail_first * tiles ? rest / (BAND * tiles) * BAND : tail_first;\n\
@@ -267,15 +347,15 @@ fn write_cta_order(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
         \x20   pair = first + in_band % band_pairs;\n\
         \x20   key_tile = global_tiles + in_band / band_pairs;\n\
         }}\n\
-        const int b = pair / gridDim.y;\n\
-        const int kv_head = pair % gridDim.y;\n\
+        const int b = pair / {kv_heads};\n\
+        const int kv_head = pair % {kv_heads};\n\
         const int k0 = key_tile * BLOCK_N;\n",
     )
 }
 
-/// `global_tiles`: the key tiles (of `gridDim.x`) holding a global column
+/// `global_tiles`: the key tiles (of `tiles`, C) holding a global column
 /// of the mask (`k < C`, a disjunct every query's row keeps), 0 without.
-fn write_global_column_tiles(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
+fn write_global_column_tiles(w: &mut Writer<String>, spec: &Spec, tiles: &str) -> fmt::Result {
     let columns = MaskParts::of(spec.mask.as_ref()).and_then(|parts| parts.global_columns());
     let Some(columns) = columns else {
         return writeln!(w, "constexpr int global_tiles = 0;  // the mask has no global columns");
@@ -287,7 +367,7 @@ fn write_global_column_tiles(w: &mut Writer<String>, spec: &Spec) -> fmt::Result
         "\
         const long long global_keys = (long long){bound}{inclusive};  // the global columns: k < global_keys\n\
         const int global_tiles = global_keys <= 0 ? 0\n\
-        \x20   : (int)min((global_keys + BLOCK_N - 1) / BLOCK_N, (long long)gridDim.x);\n"
+        \x20   : (int)min((global_keys + BLOCK_N - 1) / BLOCK_N, (long long){tiles});\n"
     )
 }
 
@@ -382,7 +462,7 @@ fn write_body(
         // reads every key: once all are done, K and V stage the stores.\n\
         __syncthreads();\n"
     )?;
-    write_key_stores(w, spec, columns, "warp")
+    write_key_stores(w, spec, columns, "warp", Staging::KeyTiles)
 }
 
 /// The per-head lambdas of the `mma.sync` dK/dV kernel: `load_step` queues
@@ -486,20 +566,33 @@ pub(super) fn write_head_grad_adds(w: &mut Writer<String>, spec: &Spec, terms: &
 
 /// The epilogue of a dK/dV kernel: dK = scale · dk_acc and dV = dv_acc,
 /// this warp's 16 keys, for the keys and columns that exist, staged in the
-/// warp's own rows of the K and V tiles, which the caller has freed: rows
+/// warp's own rows of `staging`, which the caller has freed: rows
 /// leave 16 bytes per lane (a 2-byte store per element kept the window's
 /// short CTAs waiting on the store queue for ~14% of their time).
 ///
 /// With halved columns a warp stores its part of the columns, staged in its
 /// part of its rows.
-pub(super) fn write_key_stores(w: &mut Writer<String>, spec: &Spec, columns: KeyColumns, warp: &str) -> fmt::Result {
+pub(super) fn write_key_stores(
+    w: &mut Writer<String>,
+    spec: &Spec,
+    columns: KeyColumns,
+    warp: &str,
+    staging: Staging,
+) -> fmt::Result {
     let [kv_len, scale] = [ArgKind::KvLen, ArgKind::Scale].map(|kind| arg_name(spec, kind));
     let [dk_stride, dv_stride] = [Operand::DK, Operand::DV].map(|op| arg_name(spec, ArgKind::Stride(op, Axis::Seq)));
+    let [k_stage, v_stage] = match staging {
+        Staging::KeyTiles => ["k_tile", "v_tile"],
+        Staging::DsTiles => ["ds_tiles"; 2],
+    };
     let stores = [
-        ("k_tile", "DP", "DK_TILES", "dk_acc", scale.as_str(), "dk_rows", dk_stride, "D"),
-        ("v_tile", "DVP", "DV_TILES", "dv_acc", "1.0f", "dv_rows", dv_stride, "DV"),
+        (k_stage, "DP", "DK_TILES", "dk_acc", scale.as_str(), "dk_rows", dk_stride, "D"),
+        (v_stage, "DVP", "DV_TILES", "dv_acc", "1.0f", "dv_rows", dv_stride, "DV"),
     ];
-    for (tile, width, tiles, acc, factor, rows, stride, cols) in stores {
+    for (i, (tile, width, tiles, acc, factor, rows, stride, cols)) in stores.into_iter().enumerate() {
+        if i == 1 && staging == Staging::DsTiles {
+            writeln!(w, "__syncwarp();  // every lane has read dK's rows before dV's take their place")?;
+        }
         match columns {
             KeyColumns::Whole | KeyColumns::Transposed => writeln!(
                 w,
@@ -512,6 +605,15 @@ pub(super) fn write_key_stores(w: &mut Writer<String>, spec: &Spec, columns: Key
         }
     }
     Ok(())
+}
+
+/// Where a warp stages its rows of dK and dV before storing them: in its
+/// rows of the K and V tiles, or (a persistent kernel, whose next unit's K
+/// and V are on their way) in the dS tiles, dK's then dV's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Staging {
+    KeyTiles,
+    DsTiles,
 }
 
 /// One step: the query tile j of head h against this CTA's keys.

@@ -4,7 +4,7 @@
 use super::query_terms::QueryTerms;
 use super::{Chunk, DqSplit, Layout};
 use crate::cuda::backward::common::{write_row_terms, write_spec_lambdas, SpecTerms};
-use crate::cuda::backward::dkdv::{write_head_grad_adds, write_head_grad_sums, write_key_stores};
+use crate::cuda::backward::dkdv::{write_head_grad_adds, write_head_grad_sums, write_key_stores, write_key_unit, write_unit_rows, Staging};
 use crate::cuda::backward::orientation::Rows;
 use crate::cuda::backward::step::{write_elements, write_split_elements, Part};
 use crate::cuda::backward::KeyColumns;
@@ -25,12 +25,15 @@ pub(super) struct Consumers<'a> {
     /// How the per-query terms reach the consumers (not read in transposed
     /// tiles, whose columns are keys).
     pub query_terms: &'a QueryTerms<'a, 'a>,
+    /// Whether the CTA is persistent (`Layout::persistent`): it takes unit
+    /// after unit, each a non-persistent CTA's keys.
+    pub units: bool,
 }
 
 /// The consumer warpgroups: per head and visited step, the products of the
 /// module note; at the end dK and dV.
 pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
-    let Consumers { spec, terms, layout, hoisted, query_terms } = *c;
+    let Consumers { spec, layout, .. } = *c;
     let k_dq = match (layout.dq_split(), layout.k_half_cols()) {
         (DqSplit::Rows, _) => "\
             // dQ by rows: every warpgroup reads every column of K.\n\
@@ -71,13 +74,32 @@ pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
         // this warpgroup's dQ, MN-major (dQ = dS K).\n\
         const unsigned long long k_own = gmma_desc(k_smem + {own_keys}, 16, 1024);\n\
         const unsigned long long v_own = gmma_desc(v_smem + {own_keys}, 16, 1024);\n\
-        {k_dq}\
+        {k_dq}"
+    )?;
+    if !c.units {
+        return write_keys(w, c, "0", "first_head");
+    }
+    w.block(format_args!("for (int unit = blockIdx.x; unit < units; unit += gridDim.x)"), |w| {
+        write_key_unit(w, spec)?;
+        writeln!(w, "const int u = (unit - blockIdx.x) / gridDim.x;  // units done")?;
+        write_keys(w, c, "u % 2", "first_head[u % 2]")
+    })
+}
+
+/// The consumers' work on one CTA's keys (a persistent kernel's unit, the
+/// `kv_full` phase of `parity`, its first visited head in `first_head`): dK
+/// and dV over every visited step, then stored.
+fn write_keys(w: &mut Writer<String>, c: &Consumers, parity: &str, first_head: &str) -> fmt::Result {
+    let Consumers { spec, terms, layout, hoisted, query_terms, .. } = *c;
+    write!(
+        w,
+        "\
         // This warp's 16 keys of dK and dV (f32), summed over every query of every\n\
         // head of the group: no atomics.\n\
         float dk_acc[DK_TILES][4] = {{}};\n\
         float dv_acc[DV_TILES][4] = {{}};\n\
-        mbar_wait(kv_full, 0);\n\
-        int next_h = first_head;  // the head of the next visited step (the producer's word)\n"
+        mbar_wait(kv_full, {parity});\n\
+        int next_h = {first_head};  // the head of the next visited step (the producer's word)\n"
     )?;
     w.block(format_args!("for (int h = kv_head * group; h < (kv_head + 1) * group; ++h)"), |w| {
         writeln!(w, "if (h != next_h) continue;  // the head visits no step")?;
@@ -95,7 +117,19 @@ pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
     writeln!(w, "named_barrier_sync(1, THREADS);")?;
     write_column_order(w, "dk_acc", &layout.dk)?;
     write_column_order(w, "dv_acc", &layout.dv)?;
-    write_key_stores(w, spec, layout.columns, "key_warp")
+    if !c.units {
+        return write_key_stores(w, spec, layout.columns, "key_warp", Staging::KeyTiles);
+    }
+    write!(
+        w,
+        "\
+        // The next unit's K and V may come: dK and dV go out through the dS tiles,\n\
+        // which the barrier freed too.\n\
+        if (threadIdx.x == 0) mbar_arrive(kv_empty);\n"
+    )?;
+    write_unit_rows(w, spec)?;
+    write_key_stores(w, spec, layout.columns, "key_warp", Staging::DsTiles)?;
+    writeln!(w, "named_barrier_sync(1, THREADS);  // every warp's rows are out before the next unit's dS")
 }
 
 /// One step: the producer's query tile j of head h against this

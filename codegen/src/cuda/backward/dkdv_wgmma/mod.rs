@@ -49,15 +49,15 @@ mod query_terms;
 mod transposed;
 
 use super::common::{dropout_kind, write_source, Sections, SpecTerms};
-use super::dkdv::{write_key_cta, write_key_tiles};
+use super::dkdv::{write_key_cta, write_key_lanes, write_key_tiles};
 use super::packing::Packing;
 use super::{BackwardConfig, DqAccum, DqOrder, KeyColumns};
-use crate::abi::{Grid, Kernel, Operand};
+use crate::abi::{ArgKind, Grid, Kernel, Operand};
 use crate::cuda::kit::hoist::hoist;
 use crate::cuda::kit::warp_roles::write_roles;
 use crate::cuda::library;
 use crate::cuda::library::wgmma_ops::AFrom;
-use crate::cuda::signature::with_dropout;
+use crate::cuda::signature::{arg_name, with_dropout};
 use crate::cuda::signature::{backward_args, with_dq_tickets, with_tensor_maps};
 use crate::cuda::source::kernel_name;
 use crate::cuda::source::Piece;
@@ -304,10 +304,21 @@ impl Layout {
         (crosses && self.columns != KeyColumns::Transposed).then_some(half.next_multiple_of(64))
     }
 
-    /// Static shared memory beside it: the ring's and dQ tiles' barriers and
-    /// the walk's words.
+    /// Static shared memory beside it: the ring's and dQ tiles' barriers (and
+    /// a persistent kernel's `kv_empty`) and the walk's words (its first
+    /// head in two slots).
     fn static_smem(&self) -> u32 {
-        8 * (1 + 2 * self.stages + 2 * self.dq_bufs) + 4 * (1 + 2 * self.stages)
+        8 * (2 + 2 * self.stages + 2 * self.dq_bufs) + 4 * (2 + 2 * self.stages)
+    }
+
+    /// Whether the kernel is persistent (`Grid::KeyUnits`): one CTA per SM
+    /// takes unit after unit (a non-persistent CTA's keys), copying the next
+    /// unit's K and V while it stores the last one's dK and dV through the dS
+    /// tiles, and the ring runs on across units. Whole columns (their dS
+    /// tiles hold a warp's 16 rows of dK at up to 128 columns), dense
+    /// operands copied by TMA.
+    fn persistent(&self, copy: TileCopy, packing: Packing) -> bool {
+        self.columns == KeyColumns::Whole && copy == TileCopy::Tma && packing == Packing::Dense
     }
 
     /// Shared memory a CTA may still take beside the layout's: room for
@@ -382,7 +393,7 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, layout: &Layout, packing
     Kernel {
         name,
         source,
-        grid: Grid::KeyTiles,
+        grid: if layout.persistent(copy, packing) { Grid::KeyUnits } else { Grid::KeyTiles },
         block_m: layout.block_m,
         block_n: layout.block_n(),
         threads: 32 * WARPS + PRODUCER_THREADS,
@@ -530,7 +541,21 @@ fn write_body(
             (_, None) => "k_half_tile + 0",
         },
     )?;
-    write_key_cta(w, spec, copy == TileCopy::Threads, packing, KeyColumns::Whole)?;
+    let units = layout.persistent(copy, packing);
+    if units {
+        let [kv_len, heads_kv, batch] = [ArgKind::KvLen, ArgKind::HeadsKv, ArgKind::Batch].map(|kind| arg_name(spec, kind));
+        write_key_lanes(w, spec, KeyColumns::Whole)?;
+        write!(
+            w,
+            "\
+            // Persistent: this CTA's units are blockIdx.x, + gridDim.x, ... (each a key tile\n\
+            // of a (batch, K/V head) pair); their dK and dV rows go out through the dS tiles.\n\
+            const int key_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N, units = key_tiles * {heads_kv} * {batch};\n\
+            static_assert(WARPS * 16 * DP <= 2 * DS_TILE, \"a warp's rows of dK fit its part of the dS tiles\");\n"
+        )?;
+    } else {
+        write_key_cta(w, spec, copy == TileCopy::Threads, packing, KeyColumns::Whole)?;
+    }
     // A full barrier's arrivals: the copies', K/V's also the walk's (it
     // publishes the first head) and a stage's also those of the threads that
     // store statistics.
@@ -558,9 +583,11 @@ fn write_body(
         // first visited step (-1: none), and with each stage its step's words: the\n\
         // query tile and its class (j << 1 | full), and the head of the step after\n\
         // it (-1: none).\n\
-        __shared__ int first_head, step_tile[STAGES], step_next[STAGES];\n\
+        __shared__ int {first_head}, step_tile[STAGES], step_next[STAGES];\n\
+        {kv_empty}\
         if (threadIdx.x == 0) {{\n\
         \x20   mbar_init(kv_full, {kv_copies} + {walkers});  // the copies + the first head's publishers\n\
+        {kv_empty_init}\
         \x20   for (int s = 0; s < STAGES; ++s) {{\n\
         \x20       mbar_init(stage_full + 8 * s, {copies} + {statistics});  // the copies + the statistics' writers\n\
         \x20       mbar_init(stage_empty + 8 * s, WARPS);  // one arrival per consumer warp\n\
@@ -572,14 +599,26 @@ fn write_body(
         }}\n\
         __syncthreads();\n\
         int it = 0;  // visited steps so far, over every head: step `it` uses stage it % STAGES\n\
-        \n"
+        \n",
+        first_head = if units { "first_head[2]" } else { "first_head" },
+        kv_empty = match units {
+            true => "\
+                // Persistent: the consumers free K and V once a unit's last dQ has read them.\n\
+                __shared__ __align__(8) unsigned long long kv_empty_bar;\n\
+                const unsigned kv_empty = smem_addr(&kv_empty_bar);\n",
+            false => "",
+        },
+        kv_empty_init = match units {
+            true => "\x20   mbar_init(kv_empty, 1);  // one consumer thread, behind their barrier\n",
+            false => "",
+        },
     )?;
     let exprs = terms.exprs(spec);
     let hoisted = hoist(&exprs);
     let query_terms = QueryTerms::of(spec, &hoisted, layout);
     query_terms.write_buffers(w)?;
-    let consumers = consumers::Consumers { spec, terms, layout, hoisted: &hoisted, query_terms: &query_terms };
-    let producer = producer::Producer { spec, layout, copy, packing, query_terms: &query_terms };
+    let consumers = consumers::Consumers { spec, terms, layout, hoisted: &hoisted, query_terms: &query_terms, units };
+    let producer = producer::Producer { spec, layout, copy, packing, query_terms: &query_terms, units };
     let producer = |w: &mut Writer<String>| producer::write(w, &producer);
     match layout.columns {
         KeyColumns::Transposed => write_roles(w, producer, |w| transposed::write(w, &consumers)),

@@ -4,6 +4,7 @@
 
 use crate::abi::{ArgKind, Axis, Operand};
 use crate::cuda::backward::common::{write_tile_walk, Walk};
+use crate::cuda::backward::dkdv::write_key_unit;
 use crate::cuda::backward::packing::Packing;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::names::{DELTA, DOUT_MAP, DQ_ACCUM, DQ_TICKETS, K_MAP, Q_MAP, V_MAP};
@@ -22,6 +23,8 @@ pub(super) struct Producer<'a> {
     pub copy: TileCopy,
     pub packing: Packing,
     pub query_terms: &'a QueryTerms<'a, 'a>,
+    /// Whether the CTA is persistent (`Layout::persistent`).
+    pub units: bool,
 }
 
 impl Producer<'_> {
@@ -36,7 +39,6 @@ impl Producer<'_> {
 /// tile into the accumulator; it ends with `return`.
 pub(super) fn write(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
     let Producer { spec, layout, copy, packing, .. } = *p;
-    let n = |kind| arg_name(spec, kind);
     // Who copies and who adds dQ (see the comment written below). Under a
     // data-dependent mask the walk tests tiles a warp at a time (see
     // `write_tile_walk`), so the adder's whole warp walks: the walk needs
@@ -68,7 +70,6 @@ pub(super) fn write(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
         }
         (TileCopy::Tma, false) => "if (!copies && !adds_dq) return;\n".to_string(),
     };
-    let q_len = n(ArgKind::QLen);
     write!(
         w,
         "\
@@ -85,12 +86,42 @@ pub(super) fn write(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
         int dq_last_bytes = 0;  // and the bytes of its tiles\n"
     )?;
     write_add_dq(w, p.tickets())?;
-    write_kv_loads(w, spec, copy, packing.tma_seq(Operand::K), layout.k_half_cols().is_some())?;
-    // With TMA the leader also publishes for the copies it issued.
-    let publish = match copy {
-        TileCopy::Tma => "if (leader) ",
-        TileCopy::Threads => "",
-    };
+    if p.units {
+        w.block(format_args!("for (int unit = blockIdx.x; unit < units; unit += gridDim.x)"), |w| {
+            write_key_unit(w, spec)?;
+            write_unit_walk(w, p)
+        })?;
+    } else {
+        write_kv_loads(w, spec, copy, packing.tma_seq(Operand::K), layout.k_half_cols().is_some())?;
+        write_walk(w, p)?;
+        // With TMA the leader also publishes for the copies it issued.
+        let publish = match copy {
+            TileCopy::Tma => "if (leader) ",
+            TileCopy::Threads => "",
+        };
+        write!(
+            w,
+            "\
+            int j = seek(0);\n\
+            if (leader) first_head = j < q_steps ? h : -1;\n\
+            {publish}mbar_arrive(kv_full);\n"
+        )?;
+        w.block(format_args!("while (j < q_steps)"), |w| write_step(w, p))?;
+    }
+    w.block(format_args!("if (dq_last != nullptr)"), |w| {
+        writeln!(w, "add_dq(dq_last, dq_last_seen, it - 1, dq_last_bytes);")?;
+        writeln!(w, "bulk_wait_read<0>();  // shared memory outlives the reads; the adds land by the kernel's end")
+    })?;
+    if copy == TileCopy::Threads {
+        writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
+    }
+    writeln!(w, "return;")
+}
+
+/// The walk over the query heads of the CTA's group and their tiles:
+/// `seek(j)`, the first visited tile from tile j of head h on.
+fn write_walk(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
+    let q_len = arg_name(p.spec, ArgKind::QLen);
     write!(
         w,
         "\
@@ -99,7 +130,7 @@ pub(super) fn write(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
         // moving h along (q_steps past the group's last head).\n\
         int h = kv_head * group;\n"
     )?;
-    write_tile_walk(w, spec, &Walk { axis: "q", tiles: "q_steps", size: "BLOCK_M", len: &q_len })?;
+    write_tile_walk(w, p.spec, &Walk { axis: "q", tiles: "q_steps", size: "BLOCK_M", len: &q_len })?;
     write!(
         w,
         "\
@@ -110,20 +141,45 @@ pub(super) fn write(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
         \x20       ++h;\n\
         \x20       j = 0;\n\
         \x20   }}\n\
-        }};\n\
+        }};\n"
+    )
+}
+
+/// A persistent CTA's unit: the walk, with the unit's K and V copied (by the
+/// leader, TMA) once its first step's tiles are on their way and the
+/// consumers have freed the last unit's: the ring meanwhile fills with the
+/// unit's first steps while the consumers store the last unit's dK and dV.
+fn write_unit_walk(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
+    let Producer { spec, layout, packing, .. } = *p;
+    write_walk(w, p)?;
+    write!(
+        w,
+        "\
         int j = seek(0);\n\
-        if (leader) first_head = j < q_steps ? h : -1;\n\
-        {publish}mbar_arrive(kv_full);\n"
+        // The unit's first visited head, in the slot of its parity: the consumers read\n\
+        // the slot's last word (two units back) before they freed that unit's K and V,\n\
+        // which the leader has waited for.\n\
+        const int u = (unit - blockIdx.x) / gridDim.x;  // units done\n\
+        if (leader) first_head[u % 2] = j < q_steps ? h : -1;\n\
+        // K and V once the consumers have freed the last unit's.\n\
+        auto load_kv = [&] {{\n\
+        \x20   if (!leader) return;\n\
+        \x20   mbar_wait(kv_empty, (u + 1) % 2);\n"
     )?;
-    w.block(format_args!("while (j < q_steps)"), |w| write_step(w, p))?;
-    w.block(format_args!("if (dq_last != nullptr)"), |w| {
-        writeln!(w, "add_dq(dq_last, dq_last_seen, it - 1, dq_last_bytes);")?;
-        writeln!(w, "bulk_wait_read<0>();  // shared memory outlives the reads; the adds land by the kernel's end")
+    w.indented(|w| write_kv_loads(w, spec, TileCopy::Tma, packing.tma_seq(Operand::K), layout.k_half_cols().is_some()))?;
+    write!(
+        w,
+        "\
+        \x20   mbar_arrive(kv_full);\n\
+        }};\n\
+        bool kv_loaded = false;\n"
+    )?;
+    w.block(format_args!("while (j < q_steps)"), |w| {
+        write_step(w, p)?;
+        writeln!(w, "if (!kv_loaded) load_kv();  // behind the unit's first step")?;
+        writeln!(w, "kv_loaded = true;")
     })?;
-    if copy == TileCopy::Threads {
-        writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
-    }
-    writeln!(w, "return;")
+    writeln!(w, "if (!kv_loaded) load_kv();  // a unit without steps: its dK and dV are zeros")
 }
 
 /// The adding thread's part of a visited step: the previous step's dQ tiles
