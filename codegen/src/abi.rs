@@ -271,8 +271,8 @@ pub enum Grid {
     KeyTiles,
     /// A persistent dK/dV kernel: one block per SM, or one per unit (a key
     /// tile of a (batch, K/V head) pair, `ceil(kv_len / block_n) · heads_kv
-    /// · batch` of them) if there are fewer; block i takes units i, i +
-    /// blocks, …
+    /// · batch` of them) if there are fewer; each block claims units from
+    /// the work counter.
     KeyUnits,
     /// The block-mask kernel: one block per tile,
     /// `(ceil(kv_len / block_n), ceil(q_len / block_m), batch' · heads')` where

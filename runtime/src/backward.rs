@@ -283,6 +283,8 @@ impl Runtime {
             _ => None,
         };
         let key_order = key_order.as_ref().map(|order| order.device_ptr(s));
+        // A persistent dK/dV kernel's CTAs claim their units from the work counter.
+        let work_counter = self.work_counter_for(main.kernel(), s);
         let bindings = Bindings {
             ptrs: [q_ptr, k_ptr, v_ptr, o_ptr],
             strides: [q.1.strides, k.1.strides, v.1.strides, o.1.strides],
@@ -290,6 +292,7 @@ impl Runtime {
             scale,
             block_mask: block_mask.as_ref().map_or((0, [0; 2]), |((ptr, _), strides)| (*ptr, *strides)),
             work_order: key_order.as_ref().map_or(0, |(ptr, _)| *ptr),
+            work_counter: work_counter.as_ref().map(|(ptr, _)| *ptr),
             tensor_maps,
             varlen,
             dropout,

@@ -42,7 +42,7 @@ impl Runtime {
         kernel: &Kernel,
         stream: &'s CudaStream,
     ) -> Option<(u64, SyncOnDrop<'s>)> {
-        matches!(kernel.grid, Grid::Persistent { .. }).then(|| self.work_counter().device_ptr(stream))
+        matches!(kernel.grid, Grid::Persistent { .. } | Grid::KeyUnits).then(|| self.work_counter().device_ptr(stream))
     }
 
     /// A ragged forward's tile configuration: `config` where it is a

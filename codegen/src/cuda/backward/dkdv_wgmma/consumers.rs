@@ -77,19 +77,21 @@ pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
         {k_dq}"
     )?;
     if !c.units {
-        return write_keys(w, c, "0", "first_head");
+        return write_keys(w, c, "mbar_wait(kv_full, 0);\n", "first_head");
     }
-    w.block(format_args!("for (int unit = blockIdx.x; unit < units; unit += gridDim.x)"), |w| {
+    w.block(format_args!("for (int u = 0;; ++u)"), |w| {
+        writeln!(w, "mbar_wait(kv_full, u % 2);")?;
+        writeln!(w, "const int unit = unit_slot[u % 2];  // the producer's claim, or past the last: the end")?;
+        writeln!(w, "if (unit >= units) break;")?;
         write_key_unit(w, spec)?;
-        writeln!(w, "const int u = (unit - blockIdx.x) / gridDim.x;  // units done")?;
-        write_keys(w, c, "u % 2", "first_head[u % 2]")
+        write_keys(w, c, "", "first_head[u % 2]")
     })
 }
 
-/// The consumers' work on one CTA's keys (a persistent kernel's unit, the
-/// `kv_full` phase of `parity`, its first visited head in `first_head`): dK
-/// and dV over every visited step, then stored.
-fn write_keys(w: &mut Writer<String>, c: &Consumers, parity: &str, first_head: &str) -> fmt::Result {
+/// The consumers' work on one CTA's keys (a persistent kernel's unit): dK
+/// and dV over every visited step from `first_head`'s, behind `wait_kv`
+/// (where the caller has not waited for K and V), then stored.
+fn write_keys(w: &mut Writer<String>, c: &Consumers, wait_kv: &str, first_head: &str) -> fmt::Result {
     let Consumers { spec, terms, layout, hoisted, query_terms, .. } = *c;
     write!(
         w,
@@ -98,7 +100,7 @@ fn write_keys(w: &mut Writer<String>, c: &Consumers, parity: &str, first_head: &
         // head of the group: no atomics.\n\
         float dk_acc[DK_TILES][4] = {{}};\n\
         float dv_acc[DV_TILES][4] = {{}};\n\
-        mbar_wait(kv_full, {parity});\n\
+        {wait_kv}\
         int next_h = {first_head};  // the head of the next visited step (the producer's word)\n"
     )?;
     w.block(format_args!("for (int h = kv_head * group; h < (kv_head + 1) * group; ++h)"), |w| {

@@ -52,11 +52,12 @@ use super::common::{dropout_kind, write_source, Sections, SpecTerms};
 use super::dkdv::{write_key_cta, write_key_lanes, write_key_tiles};
 use super::packing::Packing;
 use super::{BackwardConfig, DqAccum, DqOrder, KeyColumns};
-use crate::abi::{ArgKind, Grid, Kernel, Operand};
+use crate::abi::{ArgKind, Grid, Kernel, KernelArg, Operand};
 use crate::cuda::kit::hoist::hoist;
 use crate::cuda::kit::warp_roles::write_roles;
 use crate::cuda::library;
 use crate::cuda::library::wgmma_ops::AFrom;
+use crate::cuda::signature::names::DQ_ACCUM;
 use crate::cuda::signature::{arg_name, with_dropout};
 use crate::cuda::signature::{backward_args, with_dq_tickets, with_tensor_maps};
 use crate::cuda::source::kernel_name;
@@ -305,20 +306,23 @@ impl Layout {
     }
 
     /// Static shared memory beside it: the ring's and dQ tiles' barriers (and
-    /// a persistent kernel's `kv_empty`) and the walk's words (its first
-    /// head in two slots).
+    /// a persistent kernel's `kv_empty` and unit slots' barriers) and the
+    /// walk's words (its first head and unit in two slots each).
     fn static_smem(&self) -> u32 {
-        8 * (2 + 2 * self.stages + 2 * self.dq_bufs) + 4 * (2 + 2 * self.stages)
+        8 * (6 + 2 * self.stages + 2 * self.dq_bufs) + 4 * (4 + 2 * self.stages)
     }
 
     /// Whether the kernel is persistent (`Grid::KeyUnits`): one CTA per SM
-    /// takes unit after unit (a non-persistent CTA's keys), copying the next
-    /// unit's K and V while it stores the last one's dK and dV through the dS
-    /// tiles, and the ring runs on across units. Whole columns (their dS
-    /// tiles hold a warp's 16 rows of dK at up to 128 columns), dense
+    /// claims unit after unit (a non-persistent CTA's keys), copying the
+    /// next unit's K and V while it stores the last one's dK and dV through
+    /// the dS tiles, the ring running on across units. Whole columns in
+    /// 128-query steps (d = 64: dK and dV take 64 of the consumers'
+    /// registers, which leaves room for the unit's state; at d = 128 the
+    /// consumers spill it and the persistent kernel ran no faster), dense
     /// operands copied by TMA.
     fn persistent(&self, copy: TileCopy, packing: Packing) -> bool {
-        self.columns == KeyColumns::Whole && copy == TileCopy::Tma && packing == Packing::Dense
+        let long = self.dq_split() == DqSplit::Rows;
+        self.columns == KeyColumns::Whole && long && copy == TileCopy::Tma && packing == Packing::Dense
     }
 
     /// Shared memory a CTA may still take beside the layout's: room for
@@ -381,10 +385,14 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, layout: &Layout, packing
         TileCopy::Tma => with_tensor_maps(spec, args, &[Operand::Q, Operand::K, Operand::V, Operand::DO]),
         TileCopy::Threads => args,
     };
-    let args = with_dropout(spec, args, dropout);
+    let mut args = with_dropout(spec, args, dropout);
+    let units = layout.persistent(copy, packing);
+    if units {
+        args.push(KernelArg { name: arg_name(spec, ArgKind::WorkCounter), kind: ArgKind::WorkCounter });
+    }
     let source = write_source(
         spec,
-        Sections::Hopper { library: hopper_library(layout, copy, tickets), padded: layout.padded },
+        Sections::Hopper { library: hopper_library(layout, copy, tickets, units), padded: layout.padded },
         &name,
         &args,
         |w| write_config(w, spec, layout, copy),
@@ -393,7 +401,7 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, layout: &Layout, packing
     Kernel {
         name,
         source,
-        grid: if layout.persistent(copy, packing) { Grid::KeyUnits } else { Grid::KeyTiles },
+        grid: if units { Grid::KeyUnits } else { Grid::KeyTiles },
         block_m: layout.block_m,
         block_n: layout.block_n(),
         threads: 32 * WARPS + PRODUCER_THREADS,
@@ -405,8 +413,8 @@ pub(super) fn emit(spec: &Spec, config: BackwardConfig, layout: &Layout, packing
 /// The warpgroup MMA and stage-ring library sections and the products
 /// this kernel issues: m64 by BLOCK_M (Sᵀ, dPᵀ), by a warpgroup's dQ
 /// columns, and by each chunk's width of dK and dV; the dQ accumulator's
-/// tickets where it has them.
-fn hopper_library(layout: &Layout, copy: TileCopy, tickets: bool) -> Vec<Vec<Piece>> {
+/// tickets where it has them; a persistent kernel's work claims.
+fn hopper_library(layout: &Layout, copy: TileCopy, tickets: bool, units: bool) -> Vec<Vec<Piece>> {
     let mut wgmma = match layout.columns {
         KeyColumns::Transposed => transposed::products(layout),
         _ => {
@@ -436,6 +444,9 @@ fn hopper_library(layout: &Layout, copy: TileCopy, tickets: bool) -> Vec<Vec<Pie
     let mut sections = vec![wgmma, vec![Piece::Part(library::Part::Ring)]];
     if copy == TileCopy::Tma {
         sections.push(vec![Piece::Part(library::Part::Tma)]);
+    }
+    if units {
+        sections.push(vec![Piece::Part(library::Part::WorkClaims)]);
     }
     sections
 }
@@ -542,14 +553,27 @@ fn write_body(
         },
     )?;
     let units = layout.persistent(copy, packing);
+    // Every producer thread that walks reads each unit: the copiers and the adder.
+    let adder_threads = match spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) {
+        true => 32,
+        false => 1,
+    };
+    let unit_inits = format!(
+        "\
+        \x20   mbar_init(kv_empty, 1);  // one consumer thread, behind their barrier\n\
+        \x20   for (int s = 0; s < 2; ++s) {{\n\
+        \x20       mbar_init(unit_full + 8 * s, 1);  // the leader\n\
+        \x20       mbar_init(unit_empty + 8 * s, {TMA_COPIERS} + ({DQ_ACCUM} != nullptr ? {adder_threads} : 0));  // the walkers\n\
+        \x20   }}\n"
+    );
     if units {
         let [kv_len, heads_kv, batch] = [ArgKind::KvLen, ArgKind::HeadsKv, ArgKind::Batch].map(|kind| arg_name(spec, kind));
         write_key_lanes(w, spec, KeyColumns::Whole)?;
         write!(
             w,
             "\
-            // Persistent: this CTA's units are blockIdx.x, + gridDim.x, ... (each a key tile\n\
-            // of a (batch, K/V head) pair); their dK and dV rows go out through the dS tiles.\n\
+            // Persistent: this CTA claims units (each a key tile of a (batch, K/V head)\n\
+            // pair) until none are left; their dK and dV rows go out through the dS tiles.\n\
             const int key_tiles = ({kv_len} + BLOCK_N - 1) / BLOCK_N, units = key_tiles * {heads_kv} * {batch};\n\
             static_assert(WARPS * 16 * DP <= 2 * DS_TILE, \"a warp's rows of dK fit its part of the dS tiles\");\n"
         )?;
@@ -603,13 +627,16 @@ fn write_body(
         first_head = if units { "first_head[2]" } else { "first_head" },
         kv_empty = match units {
             true => "\
-                // Persistent: the consumers free K and V once a unit's last dQ has read them.\n\
-                __shared__ __align__(8) unsigned long long kv_empty_bar;\n\
-                const unsigned kv_empty = smem_addr(&kv_empty_bar);\n",
+                // Persistent: the consumers free K and V once a unit's last dQ has read them;\n\
+                // the leader claims each unit into slot u % 2 (full) once every walker has\n\
+                // read the unit two before (empty). Consumers read it behind kv_full.\n\
+                __shared__ __align__(8) unsigned long long unit_bars[5];\n\
+                __shared__ int unit_slot[2];\n\
+                const unsigned kv_empty = smem_addr(unit_bars), unit_full = kv_empty + 8, unit_empty = unit_full + 16;\n",
             false => "",
         },
         kv_empty_init = match units {
-            true => "\x20   mbar_init(kv_empty, 1);  // one consumer thread, behind their barrier\n",
+            true => unit_inits.as_str(),
             false => "",
         },
     )?;
