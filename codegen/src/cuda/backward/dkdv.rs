@@ -159,9 +159,9 @@ pub(super) fn write_key_tiles(
 
 /// Where a dK/dV CTA's work comes from: its block, one per key tile of
 /// every (batch, K/V head) pair (`Grid::KeyTiles`), or, persistent
-/// (`Grid::KeyUnits`), the unit `unit` of as many that its loop has taken.
+/// (`Grid::KeyUnits`), each unit `unit` it claims, numbered as the blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum KeyWork {
+enum KeyWork {
     Blocks,
     Units,
 }
@@ -269,10 +269,9 @@ fn write_key_rows(w: &mut Writer<String>, spec: &Spec, load_kv: bool, packing: P
     }
 }
 
-/// The CTA's keys, K/V head and batch from its block index (or persistent,
-/// its unit's, as `work` says): under an
-/// analytic mask, whose first keys may see the most queries (causal), in an
-/// order that starts long CTAs early, the key tiles of global columns
+/// The CTA's keys, K/V head and batch from its block index (persistent: its
+/// unit's, as `work` says): under an analytic mask, whose first keys may
+/// see the most queries (causal), in an order that starts long CTAs early, the key tiles of global columns
 /// (`k < C`, which every query sees) first of all; under a data-dependent
 /// one in the block mask's work order, longest first within windows of a
 /// few heads (`work_order`); else the launch order (no mask keeps the work

@@ -2,9 +2,11 @@
 //! the products and element code of the module note, then dK and dV.
 
 use super::query_terms::QueryTerms;
-use super::{Chunk, DqSplit, Layout};
+use super::{units, Chunk, DqSplit, Layout};
 use crate::cuda::backward::common::{write_row_terms, write_spec_lambdas, SpecTerms};
-use crate::cuda::backward::dkdv::{write_head_grad_adds, write_head_grad_sums, write_key_stores, write_key_unit, write_unit_rows, Staging};
+use crate::cuda::backward::dkdv::{
+    write_head_grad_adds, write_head_grad_sums, write_key_stores, write_key_unit, write_unit_rows, Staging,
+};
 use crate::cuda::backward::orientation::Rows;
 use crate::cuda::backward::step::{write_elements, write_split_elements, Part};
 use crate::cuda::backward::KeyColumns;
@@ -80,9 +82,7 @@ pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
         return write_keys(w, c, "mbar_wait(kv_full, 0);\n", "first_head");
     }
     w.block(format_args!("for (int u = 0;; ++u)"), |w| {
-        writeln!(w, "mbar_wait(kv_full, u % 2);")?;
-        writeln!(w, "const int unit = unit_slot[u % 2];  // the producer's claim, or past the last: the end")?;
-        writeln!(w, "if (unit >= units) break;")?;
+        units::write_consumer_entry(w)?;
         write_key_unit(w, spec)?;
         write_keys(w, c, "", "first_head[u % 2]")
     })

@@ -14,7 +14,7 @@ use crate::spec::Spec;
 use std::fmt::{self, Write};
 
 use super::query_terms::QueryTerms;
-use super::{DqSplit, Layout, DQT_GROUP_ROWS, TMA_COPIERS};
+use super::{units, DqSplit, Layout, DQT_GROUP_ROWS, TMA_COPIERS};
 /// What the producer's code is written from: the spec, the kernel's layout,
 /// how it copies and packs operands, and the per-query terms it stages.
 pub(super) struct Producer<'a> {
@@ -88,7 +88,7 @@ pub(super) fn write(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
     write_add_dq(w, p.tickets())?;
     if p.units {
         w.block(format_args!("for (int u = 0;; ++u)"), |w| {
-            write_unit_claim(w, p)?;
+            units::write_claim(w, spec, layout)?;
             write_key_unit(w, spec)?;
             write_unit_walk(w, p)
         })?;
@@ -146,37 +146,6 @@ fn write_walk(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
     )
 }
 
-/// A persistent CTA's unit u: the leader claims it (once the walkers have
-/// read the unit two before from its slot), the other walkers read it; past
-/// the last, the leader tells the consumers behind their K/V barrier (once
-/// they are done with the last unit) and every walker leaves the loop.
-fn write_unit_claim(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
-    let counter = arg_name(p.spec, ArgKind::WorkCounter);
-    let kv_arrivals = if p.layout.k_half_cols().is_some() { 4 } else { 3 };
-    write!(
-        w,
-        "\
-        int unit;\n\
-        if (leader) {{\n\
-        \x20   mbar_wait(unit_empty + 8 * (u % 2), (u / 2 + 1) % 2);\n\
-        \x20   unit = (int)claim({counter}, u, units);\n\
-        \x20   unit_slot[u % 2] = unit;\n\
-        \x20   mbar_arrive(unit_full + 8 * (u % 2));\n\
-        }} else {{\n\
-        \x20   mbar_wait(unit_full + 8 * (u % 2), u / 2 % 2);\n\
-        \x20   unit = unit_slot[u % 2];\n\
-        }}\n\
-        mbar_arrive(unit_empty + 8 * (u % 2));\n\
-        if (unit >= units) {{\n\
-        \x20   if (leader) {{\n\
-        \x20       mbar_wait(kv_empty, (u + 1) % 2);\n\
-        \x20       for (int i = 0; i < {kv_arrivals}; ++i) mbar_arrive(kv_full);  // no K and V: the end\n\
-        \x20   }}\n\
-        \x20   break;\n\
-        }}\n"
-    )
-}
-
 /// A persistent CTA's unit: the walk, with the unit's K and V copied (by the
 /// leader, TMA) once its first step's tiles are on their way and the
 /// consumers have freed the last unit's: the ring meanwhile fills with the
@@ -197,7 +166,9 @@ fn write_unit_walk(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
         \x20   if (!leader) return;\n\
         \x20   mbar_wait(kv_empty, (u + 1) % 2);\n"
     )?;
-    w.indented(|w| write_kv_loads(w, spec, TileCopy::Tma, packing.tma_seq(Operand::K), layout.k_half_cols().is_some()))?;
+    w.indented(|w| {
+        write_kv_loads(w, spec, TileCopy::Tma, packing.tma_seq(Operand::K), layout.k_half_cols().is_some())
+    })?;
     write!(
         w,
         "\
