@@ -328,10 +328,9 @@ impl Layout {
     /// claims unit after unit (a non-persistent CTA's keys), copying the
     /// next unit's K and V while it stores the last one's dK and dV through
     /// the dS tiles, the ring running on across units. Whole columns in
-    /// 128-query steps (d = 64: dK and dV take 64 of the consumers'
-    /// registers, which leaves room for the unit's state; at d = 128 the
-    /// consumers spill it and the persistent kernel ran no faster), dense
-    /// operands copied by TMA.
+    /// 128-query steps (d = 64, whose steps are half a d = 128 step's work
+    /// against the same fixed costs per unit; at d = 128 the persistent
+    /// kernel ran no faster), dense operands copied by TMA.
     fn persistent(&self, copy: TileCopy, packing: Packing) -> bool {
         let long = self.dq_split() == DqSplit::Rows;
         self.columns == KeyColumns::Whole && long && copy == TileCopy::Tma && packing == Packing::Dense
