@@ -61,7 +61,7 @@ pub(super) fn write(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
             "leader",
         ),
     };
-    let keep = match (copy, spec.mask.as_ref().is_some_and(|m| m.reads_tensor())) {
+    let keep = match (copy, adder_warp_walks(spec)) {
         (TileCopy::Threads, _) => String::new(),
         (TileCopy::Tma, true) => {
             format!(
@@ -117,6 +117,13 @@ pub(super) fn write(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
         writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
     }
     writeln!(w, "return;")
+}
+
+/// Whether the dQ adder's whole warp walks (TMA copies): under a mask that
+/// reads tensors the walk tests tiles a warp at a time; elsewhere its one
+/// lane walks alone.
+pub(super) fn adder_warp_walks(spec: &Spec) -> bool {
+    spec.mask.as_ref().is_some_and(|m| m.reads_tensor())
 }
 
 /// The walk over the query heads of the CTA's group and their tiles:

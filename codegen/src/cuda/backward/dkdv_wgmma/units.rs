@@ -12,6 +12,7 @@
 //! slot of the same parity. The ring, the dQ additions and the tickets run
 //! on across units.
 
+use super::producer::adder_warp_walks;
 use super::{Layout, TMA_COPIERS};
 use crate::abi::ArgKind;
 use crate::cuda::signature::arg_name;
@@ -41,10 +42,7 @@ pub(super) fn write_count(w: &mut Writer<String>, spec: &Spec) -> fmt::Result {
 /// thread 0: `unit_empty` counts every producer thread that walks, the
 /// copiers and the adder (a warp of them under a mask that reads tensors).
 pub(super) fn barriers(spec: &Spec) -> (&'static str, String) {
-    let adder = match spec.mask.as_ref().is_some_and(|m| m.reads_tensor()) {
-        true => 32,
-        false => 1,
-    };
+    let adder = if adder_warp_walks(spec) { 32 } else { 1 };
     let decls = "\
         // Persistent: K and V freed by the consumers, the unit slots' full and empty\n\
         // barriers, the slots.\n\
