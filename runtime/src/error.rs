@@ -300,6 +300,16 @@ impl fmt::Display for Error {
                 f,
                 "kernel `{kernel}` breaks the launch contract: {problem} (a flashgen code generator bug)"
             ),
+            launch => launch.fmt_launch(f),
+        }
+    }
+}
+
+impl Error {
+    /// The message of an error in a launch's inputs (shapes, layouts,
+    /// arguments, block masks, configurations); `fmt` writes the rest.
+    fn fmt_launch(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
             Error::Dtype { spec, got } => write!(f, "the spec's dtype is {spec} but Q/K/V/O are {got}"),
             Error::SizeMismatch { operand, other, what, got, expected } => {
                 write!(f, "{operand:?} has {what} = {got} but {other:?} has {what} = {expected}")
@@ -366,6 +376,8 @@ impl fmt::Display for Error {
                 write!(f, "autotuning `{spec}`: every tile configuration failed")?;
                 failures.iter().try_for_each(|(config, e)| write!(f, "\n{config}: {e}"))
             }
+            // `fmt` writes every other variant itself and never calls this with one.
+            other => write!(f, "{other:?}"),
         }
     }
 }

@@ -137,6 +137,44 @@ const int tile_begin = min(band_begin + split * per_split, band_end);
 const int tile_end = min(tile_begin + per_split, band_end);
 ",
     )?;
+    write_kv_copies(w, cache, config)?;
+    w.write_str(
+        "\
+// Prologue: STAGES - 1 K/V tiles in flight, one cp.async group each (empty
+// groups past the split's end keep the count the waits rely on), then the Q
+// rows (plain loads, once) while those are in flight.
+#pragma unroll
+for (int s = 0; s < STAGES - 1; ++s) {
+    if (tile_begin + s < tile_end) load_kv(tile_begin + s, s);
+    cp_async_commit();
+}
+const QRows q_rows{",
+    )?;
+    w.write_str(queries.q_rows())?;
+    w.write_str(" + (long long)kv_head * group * q_head_stride, q_seq_stride, q_head_stride, group, row0, rows};\n")?;
+    w.write_str(match (config.kv, spec.dtype) {
+        (KvCacheDtype::Spec, _) => "load_q_rows<BLOCK_M, DP, D, THREADS>(q_tile, q_rows);\n",
+        (KvCacheDtype::E4m3, Dtype::Bf16) => E4M3_Q_BF16,
+        (KvCacheDtype::E4m3, Dtype::F16) => E4M3_Q_F16,
+    })?;
+    w.write_str(
+        "
+// The spec's h and q of this lane's rows (a row past the group's end
+// repeats the last one: computed, never stored).
+int row_h[2 * M_TILES], row_q[2 * M_TILES];
+#pragma unroll
+for (int i = 0; i < 2 * M_TILES; ++i) {
+    const int row = min(row0 + i / 2 * 16 + g + 8 * (i % 2), rows - 1);
+    row_q[i] = row / group;
+    row_h[i] = kv_head * group + row % group;
+}
+",
+    )
+}
+
+/// This thread's share of every K and V tile (resolved once) and `load_kv`,
+/// which copies tile `j` into a stage.
+fn write_kv_copies(w: &mut Writer<String>, cache: DecodeCache, config: DecodeConfig) -> fmt::Result {
     let (copy, by) = match cache {
         DecodeCache::Dense => ("kv_tile_copy", "THREADS"),
         DecodeCache::Paged => ("paged_tile_copy", "WARPS"),
@@ -169,40 +207,7 @@ auto load_kv = [&](int j, int stage) {
     };
     w.write_str(k_load)?;
     w.write_str(if config.v_in_k { "    // V is K's first DV columns: K's copy brought them.\n" } else { v_load })?;
-    w.write_str(
-        "\
-};
-
-// Prologue: STAGES - 1 K/V tiles in flight, one cp.async group each (empty
-// groups past the split's end keep the count the waits rely on), then the Q
-// rows (plain loads, once) while those are in flight.
-#pragma unroll
-for (int s = 0; s < STAGES - 1; ++s) {
-    if (tile_begin + s < tile_end) load_kv(tile_begin + s, s);
-    cp_async_commit();
-}
-const QRows q_rows{",
-    )?;
-    w.write_str(queries.q_rows())?;
-    w.write_str(" + (long long)kv_head * group * q_head_stride, q_seq_stride, q_head_stride, group, row0, rows};\n")?;
-    w.write_str(match (config.kv, spec.dtype) {
-        (KvCacheDtype::Spec, _) => "load_q_rows<BLOCK_M, DP, D, THREADS>(q_tile, q_rows);\n",
-        (KvCacheDtype::E4m3, Dtype::Bf16) => E4M3_Q_BF16,
-        (KvCacheDtype::E4m3, Dtype::F16) => E4M3_Q_F16,
-    })?;
-    w.write_str(
-        "
-// The spec's h and q of this lane's rows (a row past the group's end
-// repeats the last one: computed, never stored).
-int row_h[2 * M_TILES], row_q[2 * M_TILES];
-#pragma unroll
-for (int i = 0; i < 2 * M_TILES; ++i) {
-    const int row = min(row0 + i / 2 * 16 + g + 8 * (i % 2), rows - 1);
-    row_q[i] = row / group;
-    row_h[i] = kv_head * group + row % group;
-}
-",
-    )
+    w.write_str("};\n\n")
 }
 
 /// The accumulators, the spec's logit and the loop over the split's tiles.
