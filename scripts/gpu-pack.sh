@@ -48,11 +48,12 @@ cp scripts/gpu-run.sh "$pack/run.sh"
 cp scripts/gpu-profile.sh "$pack/profile.sh"
 cp scripts/gpu-ab.sh "$pack/ab.sh"
 cp scripts/gpu-stalls.sh "$pack/stalls.sh"
+cp scripts/gpu-step-kernels.sh "$pack/step_kernels.sh"
 cp scripts/stalls.py "$pack/"
 # A/B against another build: BASE_BENCH=path/to/its/flashgen-bench.
 if [ -n "${BASE_BENCH:-}" ]; then cp "$BASE_BENCH" "$pack/bin/base-bench"; fi
 # Peers timed in the same run (PEERS=1 .gpu-pack/run.sh): python, no build.
-cp bench/peers.py bench/packed_peers.py bench/compare.py bench/cp_peers.py bench/fa4_step.py "$pack/"
+cp bench/peers.py bench/packed_peers.py bench/compare.py bench/cp_peers.py bench/peer_step.py "$pack/"
 # A carry holds 64 MiB: without their symbol tables the binaries leave room
 # beside them (a panic still prints its message).
 strip "$pack"/bin/*

@@ -9,8 +9,9 @@
 #
 # KERNEL: a regex of kernel names (default flashgen_fwd); SKIP: launches of
 # it to skip first (warm-up; default 3); TOP: instructions listed (default
-# 25). PEER=fa4 profiles FlashAttention-4 instead (PYTHONPATH set as its
-# README says), the arguments those of fa4_step.py:
+# 25). PEER=fa4 or PEER=cudnn profiles that peer instead (FlashAttention-4
+# on PYTHONPATH as its README says), the arguments those of peer_step.py
+# after its first:
 #
 #   PEER=fa4 KERNEL=FlashAttentionBackwardSm90 SKIP=2 stalls.sh 16384 0 128 3
 #
@@ -25,8 +26,8 @@ source "$(dirname "$0")/env.sh"  # here, out, LD_LIBRARY_PATH, ncu
 report="$(mktemp -d)/stalls"
 case "${PEER:-}" in
 "") target=("$here/bin/flashgen-bench") ;;
-fa4) target=(python3 "$here/fa4_step.py") ;;
-*) echo "stalls.sh: unknown PEER=$PEER (fa4, or unset for flashgen)" >&2; exit 2 ;;
+fa4 | cudnn) target=(python3 "$here/peer_step.py" "$PEER") ;;
+*) echo "stalls.sh: unknown PEER=$PEER (fa4, cudnn, or unset for flashgen)" >&2; exit 2 ;;
 esac
 balance=sm__cycles_active.avg,sm__cycles_active.max,sm__cycles_elapsed.max,gpu__time_duration.sum
 FLASHGEN_CACHE_DIR="$(mktemp -d)" "$ncu" --clock-control none --section WarpStateStats --section SourceCounters \
