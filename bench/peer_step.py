@@ -42,6 +42,7 @@ def main():
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     grad = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     for _ in range(iters):
+        q.grad = k.grad = v.grad = None  # as peers.py's steps: no gradient accumulation kernels
         step(q, k, v).backward(grad)
     torch.cuda.synchronize()
 

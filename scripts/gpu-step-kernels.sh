@@ -44,7 +44,7 @@ for who in whos:
     head = rows[0]
     name, unit, value = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
     for r in rows[1:]:
-        scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(r[unit], 1.0)
+        scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[r[unit]]
         times.setdefault(r[name], []).append(float(r[value].replace(",", "")) * scale)
     print(f"== {who}, {tag} (median µs per launch, launches seen)")
     total = 0.0
