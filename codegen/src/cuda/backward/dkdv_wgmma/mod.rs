@@ -379,6 +379,13 @@ const PRODUCER_THREADS: u32 = 128;
 /// first two warps (each arrives on a stage's full barrier).
 const TMA_COPIERS: u32 = 64;
 
+/// Whether the dQ adder's whole warp walks (TMA copies): under a mask that
+/// reads tensors the walk tests tiles a warp at a time; elsewhere its one
+/// lane walks alone.
+fn adder_warp_walks(spec: &Spec) -> bool {
+    spec.mask.as_ref().is_some_and(|m| m.reads_tensor())
+}
+
 /// The kernel in `config` (its `tensor_grads`, `copy` and `dropout`), laid
 /// out as `layout` (`Layout::of` the two).
 pub(super) fn emit(spec: &Spec, config: BackwardConfig, layout: &Layout, packing: Packing) -> Kernel {

@@ -14,7 +14,7 @@ use crate::spec::Spec;
 use std::fmt::{self, Write};
 
 use super::query_terms::QueryTerms;
-use super::{units, DqSplit, Layout, DQT_GROUP_ROWS, TMA_COPIERS};
+use super::{adder_warp_walks, units, DqSplit, Layout, DQT_GROUP_ROWS, TMA_COPIERS};
 /// What the producer's code is written from: the spec, the kernel's layout,
 /// how it copies and packs operands, and the per-query terms it stages.
 pub(super) struct Producer<'a> {
@@ -117,13 +117,6 @@ pub(super) fn write(w: &mut Writer<String>, p: &Producer) -> fmt::Result {
         writeln!(w, "cp_async_wait_all();  // no copy outlives its thread")?;
     }
     writeln!(w, "return;")
-}
-
-/// Whether the dQ adder's whole warp walks (TMA copies): under a mask that
-/// reads tensors the walk tests tiles a warp at a time; elsewhere its one
-/// lane walks alone.
-pub(super) fn adder_warp_walks(spec: &Spec) -> bool {
-    spec.mask.as_ref().is_some_and(|m| m.reads_tensor())
 }
 
 /// The walk over the query heads of the CTA's group and their tiles:

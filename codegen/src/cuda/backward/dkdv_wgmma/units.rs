@@ -12,8 +12,7 @@
 //! slot of the same parity. The ring, the dQ additions and the tickets run
 //! on across units.
 
-use super::producer::adder_warp_walks;
-use super::{Layout, TMA_COPIERS};
+use super::{adder_warp_walks, Layout, TMA_COPIERS};
 use crate::abi::ArgKind;
 use crate::cuda::signature::arg_name;
 use crate::cuda::signature::names::DQ_ACCUM;
