@@ -4,8 +4,8 @@
 # there as step_kernels.sh): Nsight Compute times every launch of a few
 # steps (gpu__time_duration, clocks free, caches flushed before each
 # launch as the timed runs flush L2) and the table gives each kernel's
-# median per launch and the sum of those medians (for the peers, their
-# steps' other kernels too: inputs drawn, gradients zeroed).
+# median per launch and the sum of those medians (for the peers the
+# script's other kernels too: its inputs drawn, once per tensor).
 #
 #   step_kernels.sh VARIANT D SEQ [PEERS]   e.g. step_kernels.sh causal 128 1024 "fa4 cudnn"
 #
