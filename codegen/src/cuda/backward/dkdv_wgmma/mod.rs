@@ -606,10 +606,10 @@ fn write_body(
         // query tile and its class (j << 1 | full), and the head of the step after\n\
         // it (-1: none).\n\
         __shared__ int {first_head}, step_tile[STAGES], step_next[STAGES];\n\
-        {kv_empty}\
+        {unit_decls}\
         if (threadIdx.x == 0) {{\n\
         \x20   mbar_init(kv_full, {kv_copies} + {walkers});  // the copies + the first head's publishers\n\
-        {kv_empty_init}\
+        {unit_inits}\
         \x20   for (int s = 0; s < STAGES; ++s) {{\n\
         \x20       mbar_init(stage_full + 8 * s, {copies} + {statistics});  // the copies + the statistics' writers\n\
         \x20       mbar_init(stage_empty + 8 * s, WARPS);  // one arrival per consumer warp\n\
@@ -623,8 +623,8 @@ fn write_body(
         int it = 0;  // visited steps so far, over every head: step `it` uses stage it % STAGES\n\
         \n",
         first_head = if units { "first_head[2]" } else { "first_head" },
-        kv_empty = if units { unit_decls } else { "" },
-        kv_empty_init = if units { unit_inits.as_str() } else { "" },
+        unit_decls = if units { unit_decls } else { "" },
+        unit_inits = if units { unit_inits.as_str() } else { "" },
     )?;
     let exprs = terms.exprs(spec);
     let hoisted = hoist(&exprs);
