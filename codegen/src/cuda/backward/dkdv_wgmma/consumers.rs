@@ -13,6 +13,7 @@ use crate::cuda::backward::KeyColumns;
 use crate::cuda::kit::hoist::Hoisted;
 use crate::cuda::kit::terms::interior_decl;
 use crate::cuda::signature::names::DQ_ACCUM;
+use crate::cuda::tile_config::TileCopy;
 use crate::cuda::writer::Writer;
 use crate::spec::Spec;
 use std::fmt::{self, Write};
@@ -30,6 +31,8 @@ pub(super) struct Consumers<'a> {
     /// Whether the CTA is persistent (`Layout::persistent`): it takes unit
     /// after unit, each a non-persistent CTA's keys.
     pub units: bool,
+    /// How the producer fills the stages.
+    pub copy: TileCopy,
 }
 
 /// The consumer warpgroups: per head and visited step, the products of the
@@ -138,7 +141,7 @@ fn write_keys(w: &mut Writer<String>, c: &Consumers, wait_kv: &str, first_head: 
 /// warpgroup's keys.
 fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
     let Consumers { spec, terms, layout, .. } = *c;
-    write_step_entry(w, spec, "K-major (S^T, dP^T) and\n// MN-major (dK, dV)")?;
+    write_step_entry(w, spec, c.copy, "K-major (S^T, dP^T) and\n// MN-major (dK, dV)")?;
     write!(
         w,
         "\
@@ -148,7 +151,6 @@ fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
     write!(
         w,
         "\
-        fence_async_smem();  // the tensor cores read the stage through the async proxy\n\
         \n\
         // S^T = K Q^T, then dP^T = V dO^T, each in a group of its own, on this\n\
         // warpgroup's 64 keys x BLOCK_M queries, both operands from shared memory;\n\
@@ -229,9 +231,15 @@ pub(super) fn write_score_products(
 
 /// The start of a step: the stage's wait, the producer's words, and
 /// descriptors of the stage's Q and dO tiles, K-major and MN-major (`what`
-/// each serves, for the comment).
-pub(super) fn write_step_entry(w: &mut Writer<String>, spec: &Spec, what: &str) -> fmt::Result {
+/// each serves, for the comment); where threads filled the stage (`copy`),
+/// the fence that shows their writes to the tensor cores (TMA's copies
+/// already write through the async proxy that wgmma reads through).
+pub(super) fn write_step_entry(w: &mut Writer<String>, spec: &Spec, copy: TileCopy, what: &str) -> fmt::Result {
     let interior = interior_decl(spec, "k0");
+    let fence = match copy {
+        TileCopy::Threads => "fence_async_smem();  // the tensor cores read the stage through the async proxy\n",
+        TileCopy::Tma => "",
+    };
     write!(
         w,
         "\
@@ -245,7 +253,8 @@ pub(super) fn write_step_entry(w: &mut Writer<String>, spec: &Spec, what: &str) 
         const unsigned q_smem = smem_addr(q_tiles + stage * Q_TILE), dout_smem = smem_addr(dout_tiles + stage * DO_TILE);\n\
         // Descriptors of the stage's Q and dO tiles: {what}.\n\
         const unsigned long long q_smem_k = gmma_desc(q_smem, 16, 1024), q_smem_mn = gmma_desc(q_smem, BLOCK_M * 128, 1024);\n\
-        const unsigned long long dout_smem_k = gmma_desc(dout_smem, 16, 1024), dout_smem_mn = gmma_desc(dout_smem, BLOCK_M * 128, 1024);\n"
+        const unsigned long long dout_smem_k = gmma_desc(dout_smem, 16, 1024), dout_smem_mn = gmma_desc(dout_smem, BLOCK_M * 128, 1024);\n\
+        {fence}"
     )
 }
 

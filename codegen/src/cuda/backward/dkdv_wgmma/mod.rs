@@ -630,7 +630,8 @@ fn write_body(
     let hoisted = hoist(&exprs);
     let query_terms = QueryTerms::of(spec, &hoisted, layout);
     query_terms.write_buffers(w)?;
-    let consumers = consumers::Consumers { spec, terms, layout, hoisted: &hoisted, query_terms: &query_terms, units };
+    let consumers =
+        consumers::Consumers { spec, terms, layout, hoisted: &hoisted, query_terms: &query_terms, units, copy };
     let producer = producer::Producer { spec, layout, copy, packing, query_terms: &query_terms, units };
     let producer = |w: &mut Writer<String>| producer::write(w, &producer);
     match layout.columns {

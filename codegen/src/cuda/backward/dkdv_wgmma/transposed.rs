@@ -136,11 +136,10 @@ pub(super) fn write(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
 fn write_step(w: &mut Writer<String>, c: &Consumers) -> fmt::Result {
     let Consumers { spec, terms, hoisted, layout, .. } = *c;
     let keys = keys(layout.padded);
-    write_step_entry(w, spec, "K-major (S, dP) and MN-major\n// (dK^T, dV^T: their head dims are the rows)")?;
+    write_step_entry(w, spec, c.copy, "K-major (S, dP) and MN-major\n// (dK^T, dV^T: their head dims are the rows)")?;
     write!(
         w,
         "\
-        fence_async_smem();  // the tensor cores read the stage through the async proxy\n\
         \n\
         // S = Q K^T, then dP = dO V^T, each in a group of its own, on BLOCK_M\n\
         // queries x this warpgroup's keys; the first k-step overwrites them.\n\
