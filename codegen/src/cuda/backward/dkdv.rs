@@ -275,8 +275,9 @@ fn write_key_rows(w: &mut Writer<String>, spec: &Spec, load_kv: bool, packing: P
 /// the key tiles of global columns (`k < C`, which every query sees) first
 /// of all; under a data-dependent one in the block mask's work order,
 /// longest first within windows of a few heads (`work_order`); else the
-/// launch order (no mask keeps the work even). `mask_parts::global_columns_first` is the analytic order's twin
-/// on the CPU.
+/// launch order (no mask keeps the work even).
+/// `mask_parts::global_columns_first` is the analytic order's twin on the
+/// CPU.
 fn write_cta_order(w: &mut Writer<String>, spec: &Spec, work: KeyWork) -> fmt::Result {
     let (cta, [tiles, kv_heads, batch]) = work.index_and_dims(spec);
     let Some(mask) = &spec.mask else {
