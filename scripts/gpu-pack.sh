@@ -45,6 +45,7 @@ cp target/release/flashgen target/release/flashgen-bench target/release/examples
 cp -r specs "$pack/"
 cp scripts/gpu-env.sh "$pack/env.sh"
 cp scripts/gpu-run.sh "$pack/run.sh"
+cp scripts/gpu-tests.sh "$pack/tests.sh"
 cp scripts/gpu-profile.sh "$pack/profile.sh"
 cp scripts/gpu-ab.sh "$pack/ab.sh"
 cp scripts/gpu-stalls.sh "$pack/stalls.sh"
