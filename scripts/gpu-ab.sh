@@ -9,7 +9,7 @@
 #                          (put a base build's binary at bin/base-bench)
 #   ARGS="--variants doc --dims 64 --iters 10"   flashgen-bench's arguments
 #   ROUNDS=2               alternating rounds
-#   TESTS=1                first run the GPU tests (TESTLIST: names, else all)
+#   TESTS=1                first run the GPU tests (tests.sh: TESTLIST, FILTER, LIMIT)
 #   PEERS=1                last time the peers with the same ARGS
 # Logs go to $OUT (or ./gpu-logs), tarred into logs.tgz; where that leaves
 # more than the 8 files the device tool brings back, only logs.tgz stays.
@@ -22,14 +22,7 @@ args="${ARGS:-}"
 bench() { [ "$1" = flashgen ] && echo bin/flashgen-bench || echo "bin/$1-bench"; }
 
 if [ "${TESTS:-0}" = 1 ]; then
-    for t in bin/test-*; do
-        name=${t#bin/test-}
-        [ -n "${TESTLIST:-}" ] && [[ " $TESTLIST " != *" $name "* ]] && continue
-        cache="$(mktemp -d)"
-        if FLASHGEN_CACHE_DIR="$cache" "$t" --nocapture >"$out/$name.log" 2>&1; then s=ok; else s=FAILED; fi
-        printf '%-28s %s (%s)\n' "$name" "$s" "$(grep -Eo '[0-9]+ passed; [0-9]+ failed' "$out/$name.log" | tail -1)"
-        rm -rf "$cache"
-    done
+    bash "$here/tests.sh" || echo "tests FAILED"  # TESTLIST, FILTER, LIMIT, JOBS as tests.sh reads them
 fi
 
 for r in $(seq 1 "$rounds"); do
